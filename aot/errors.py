@@ -1,0 +1,37 @@
+"""The one exception family of aotpack.
+
+Every user-facing failure is one of these; the CLI prints ``str(err)`` as one line and exits
+non-zero. Messages say what was expected, what was got, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class AotError(Exception):
+    """Root of every aotpack error. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class SpecError(AotError):
+    """The model file is malformed: missing spec, bad dims, bad inputs."""
+
+
+class TraceError(AotError):
+    """The model could not be exported; names the user's file:line and what to change."""
+
+
+class GuardError(AotError):
+    """A call's inputs fall outside the bundle's guards."""
+
+
+class BundleError(AotError):
+    """The bundle is corrupt, truncated, hostile, or of another schema version."""
+
+
+class EnvError(AotError):
+    """The environment cannot run this bundle (no cubin for this arch, missing op, old driver)."""
+
+
+class CodegenError(AotError):
+    """A kernel could not be generated or compiled."""

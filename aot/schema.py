@@ -1,0 +1,330 @@
+"""The bundle schema: every record a ``.tpk`` holds, as frozen dataclasses of primitives.
+
+This is the one file that defines the on-disk format. Change a field and you must bump
+``SCHEMA_VERSION`` (``tests/aot/test_schema.py`` fails otherwise): a new optional field is a minor
+bump, anything a loader of the same major could misread is a major bump.
+
+Records are (de)serialized with ``to_json`` / ``from_json``, which validate every field's type,
+so a hostile manifest becomes a ``BundleError``, never an ``AttributeError`` deep in the loader.
+
+Step arguments are JSON values where tensors, symbolic ints, dtypes and the device are tagged::
+
+    {"buf": "addmm_3"}  {"sym": "batch*seq"}  {"dtype": "float16"}  {"device": "runtime"}
+    {"float": "inf"}    {"layout": "strided"}  {"memory_format": "contiguous_format"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from aot.errors import BundleError
+
+SCHEMA_VERSION = (1, 0)
+FORMAT_NAME = "aotpack-bundle"
+
+# Archive layout: every member path is one of these.
+MANIFEST_PATH = "manifest.json"
+PROGRAM_PATH = "program.json.zst"
+WEIGHTS_PATH = "weights.safetensors"
+REFERENCE_PATH = "reference.safetensors"
+GUARDS_PATH = "guards.txt"
+KERNELS_DIR = "kernels/"
+KERNEL_SOURCE_FORMAT = "kernels/{kernel}.py"
+KERNEL_CUBIN_FORMAT = "kernels/{kernel}.{arch}.cubin"
+WEIGHTS_ALIGNMENT = 64
+
+# Reference tensors are stored under these prefixes in REFERENCE_PATH.
+REFERENCE_INPUT_PREFIX = "input."
+REFERENCE_OUTPUT_PREFIX = "output."
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's dtype and shape; each size is expression text (``"768"``, ``"batch*seq"``)."""
+
+    dtype: str
+    shape: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NamedTensor:
+    name: str
+    spec: TensorSpec
+
+
+@dataclass(frozen=True)
+class SymbolSource:
+    """Where a symbol's value is read at call time: ``inputs[input].shape[dim]``."""
+
+    symbol: str
+    input: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the program.
+
+    ``kind == "aten"``: ``target`` is an ATen overload (``aten.addmm.default``) called with
+    ``args``/``kwargs``; its results bind to ``outputs`` (``None`` for results nobody uses).
+    ``kind == "kernel"``: ``target`` is a kernel id from ``Program.kernels``; ``args`` are the
+    kernel's runtime arguments in parameter order, ``grid`` its launch grid, and ``reference`` the
+    ATen steps it replaces (what the CPU path runs and ``aotpack verify`` compares against).
+    """
+
+    kind: str
+    target: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    outputs: tuple[Union[str, None], ...]
+    grid: tuple[str, ...] = ()
+    reference: tuple[Step, ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    name: str
+    kind: str  # "ptr" (tensor) or "i32"/"i64" (runtime size)
+    dtype: str = ""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A fused Triton kernel: source kept for review, cubins per arch, launch metadata."""
+
+    id: str
+    name: str
+    source: str
+    params: tuple[KernelParam, ...]
+    num_warps: int
+    num_stages: int
+    shared: dict[str, int]  # arch -> dynamic shared memory bytes
+    archs: tuple[str, ...]
+    ops: tuple[str, ...]  # the ATen ops it fuses
+    config: dict[str, Any]  # block sizes and the heuristic that chose them
+    bytes_moved: str  # estimate of bytes read + written, as expression text
+    scratch_params: int = 2  # trailing pointer params Triton's ABI appends
+
+
+@dataclass(frozen=True)
+class Program:
+    """A straight-line program over named buffers with symbolic sizes."""
+
+    inputs: tuple[NamedTensor, ...]
+    weights: tuple[NamedTensor, ...]
+    buffers: dict[str, TensorSpec]
+    steps: tuple[Step, ...]
+    outputs: tuple[str, ...]
+    symbols: tuple[SymbolSource, ...]
+    kernels: tuple[Kernel, ...] = ()
+
+
+@dataclass(frozen=True)
+class InputGuard:
+    """Declared contract of one input: dtype, rank, and per-dim size (int text or symbol)."""
+
+    name: str
+    dtype: str
+    shape: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GuardSource:
+    """One guard discovered while tracing, with the user's line that caused it."""
+
+    text: str  # its effect, simplified: "seq >= 9", "seq % 2 == 0"
+    file: str
+    line: int
+    code: str
+
+
+@dataclass(frozen=True)
+class SymbolGuard:
+    """A dynamic symbol's admissible set: ``min <= v <= max``, ``v % modulus in residues``,
+    ``v not in excluded``; ``declared_*`` is what the model file asked for."""
+
+    name: str
+    declared_min: int
+    declared_max: int
+    min: int
+    max: int
+    modulus: int = 1
+    residues: tuple[int, ...] = (0,)
+    excluded: tuple[int, ...] = ()
+    sources: tuple[GuardSource, ...] = ()
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A residual guard over several symbols, as a boolean expression."""
+
+    expr: str
+    source: GuardSource
+
+
+@dataclass(frozen=True)
+class Environment:
+    archs: tuple[str, ...]
+    torch_built: str
+    torch_min: str
+    triton_built: str
+    python_built: str
+
+
+@dataclass(frozen=True)
+class Guards:
+    inputs: tuple[InputGuard, ...]
+    symbols: tuple[SymbolGuard, ...]
+    relations: tuple[Relation, ...]
+    specializations: tuple[GuardSource, ...] = ()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """CUDA-graph sizes for one symbol; ``paddable`` only when the build checked padding."""
+
+    symbol: str
+    sizes: tuple[int, ...]
+    paddable: bool = False
+    pad_check: str = ""  # what the build checked, e.g. "max abs diff 0 on real rows at seq=3->4"
+
+
+@dataclass(frozen=True)
+class Member:
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format: str
+    schema_version: tuple[int, int]
+    name: str
+    dtype: str
+    guards: Guards
+    environment: Environment
+    buckets: tuple[Bucket, ...]
+    members: dict[str, Member]
+    ops: tuple[str, ...]  # every ATen overload the program calls; the loader checks they exist
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generic, validating JSON (de)serialization.
+
+
+def to_json(obj: Any) -> Any:
+    """A dataclass tree → JSON-ready primitives (tuples become lists)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    return obj
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Deterministic JSON bytes: sorted keys, fixed separators, trailing newline."""
+    return (json.dumps(to_json(obj), sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _fail(path: str, expected: str, got: Any) -> BundleError:
+    shown = type(got).__name__ if not isinstance(got, (int, str)) else repr(got)[:60]
+    return BundleError(f"bundle field {path}: expected {expected}, got {shown}")
+
+
+def _decode(tp: Any, data: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return data
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if data is None and type(None) in options:
+            return None
+        for opt in options:
+            if opt is not type(None):
+                return _decode(opt, data, path)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise _fail(path, f"an object ({tp.__name__})", data)
+        hints = _hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        unknown = set(data) - names
+        if unknown:
+            raise _fail(path, f"fields of {tp.__name__}", f"unknown {sorted(unknown)[:3]}")
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in data:
+                kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{path}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise _fail(path, f"field {f.name!r}", "nothing")
+        return tp(**kwargs)
+    if origin is tuple:
+        if not isinstance(data, list):
+            raise _fail(path, "a list", data)
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(data))
+        if len(args) != len(data):
+            raise _fail(path, f"a list of {len(args)}", f"{len(data)} items")
+        return tuple(_decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise _fail(path, "an object", data)
+        _, vt = typing.get_args(tp)
+        return {k: _decode(vt, v, f"{path}.{k}") for k, v in data.items()}
+    if tp is int:
+        if type(data) is not int:
+            raise _fail(path, "an integer", data)
+        return data
+    if tp is float:
+        if type(data) not in (int, float):
+            raise _fail(path, "a number", data)
+        return float(data)
+    if tp is str:
+        if type(data) is not str:
+            raise _fail(path, "a string", data)
+        return data
+    if tp is bool:
+        if type(data) is not bool:
+            raise _fail(path, "a boolean", data)
+        return data
+    raise BundleError(f"bundle field {path}: unsupported schema type {tp!r}")
+
+
+T = typing.TypeVar("T")
+
+
+def from_json(cls: type[T], data: Any, path: str = "") -> T:
+    """Validate JSON primitives against ``cls`` and build it; ``BundleError`` on any mismatch."""
+    try:
+        return _decode(cls, data, path or cls.__name__)
+    except RecursionError:
+        raise BundleError(f"bundle field {path or cls.__name__}: nested too deeply") from None
+
+
+def schema_fingerprint() -> str:
+    """Text listing every record and field type; a test pins it to ``SCHEMA_VERSION``."""
+    records = [TensorSpec, NamedTensor, SymbolSource, Step, KernelParam, Kernel, Program, InputGuard,
+               GuardSource, SymbolGuard, Relation, Environment, Guards, Bucket, Member, Manifest]
+    lines = []
+    for cls in records:
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            lines.append(f"{cls.__name__}.{f.name}: {hints[f.name]}")
+    return "\n".join(lines)

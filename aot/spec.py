@@ -1,0 +1,155 @@
+"""The model-file API: how a model file declares what to build.
+
+A model file is ordinary Python that defines ``spec = ModelSpec(...)`` at module level::
+
+    batch = Dim("batch", 1, 64, buckets=(1, 8, 64), paddable=True)
+    spec = ModelSpec(
+        module=make_mlp,                              # zero-argument callable -> nn.Module
+        inputs=[Input("x", (batch, 1024))],           # ints are static sizes, Dims are dynamic
+        dtype="float16",
+    )
+
+Everything here is plain data (stdlib only); the tracer turns it into torch objects.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aot.errors import SpecError
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "bool")
+DTYPES = FLOAT_DTYPES + INT_DTYPES
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+MAX_DIM = 1 << 31
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A dynamic input dimension with an inclusive range ``min <= value <= max``.
+
+    ``buckets``: sizes to capture CUDA graphs for (default: powers of two up to ``max``).
+    ``paddable``: a call may be padded up to a bucket along this dim (checked at build time).
+    ``example``: the size used to trace and to make the example inputs.
+    """
+
+    name: str
+    min: int
+    max: int
+    buckets: tuple[int, ...] | None = None
+    paddable: bool = False
+    example: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise SpecError(f"Dim name {self.name!r} is not an identifier; use letters, digits and _")
+        if not (1 <= self.min <= self.max <= MAX_DIM):
+            raise SpecError(
+                f"Dim {self.name!r}: expected 1 <= min <= max <= {MAX_DIM}, got min={self.min} max={self.max}"
+            )
+        if self.buckets is not None:
+            object.__setattr__(self, "buckets", tuple(sorted(set(self.buckets))))
+            bad = [b for b in self.buckets if not self.min <= b <= self.max]
+            if bad:
+                raise SpecError(
+                    f"Dim {self.name!r}: buckets {bad} fall outside {self.min}..{self.max}"
+                )
+        if self.example is not None and not self.min <= self.example <= self.max:
+            raise SpecError(
+                f"Dim {self.name!r}: example {self.example} falls outside {self.min}..{self.max}"
+            )
+
+    @property
+    def example_size(self) -> int:
+        if self.example is not None:
+            return self.example
+        return min(self.max, max(self.min, 4))
+
+    def default_buckets(self) -> tuple[int, ...]:
+        if self.buckets is not None:
+            return self.buckets
+        sizes, b = [], 1
+        while b < self.max:
+            if b >= self.min:
+                sizes.append(b)
+            b *= 2
+        sizes.append(self.max)
+        return tuple(sizes)
+
+
+@dataclass(frozen=True)
+class Input:
+    """One positional input of ``forward``: its name, shape (ints and Dims) and dtype.
+
+    ``dtype=None`` means the model's dtype. ``low``/``high`` bound the values of example inputs
+    (integer inputs such as token ids need them).
+    """
+
+    name: str
+    shape: tuple[int | Dim, ...]
+    dtype: str | None = None
+    low: float = -1.0
+    high: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise SpecError(f"input name {self.name!r} is not an identifier")
+        object.__setattr__(self, "shape", tuple(self.shape))
+        for size in self.shape:
+            if isinstance(size, bool) or not isinstance(size, (int, Dim)):
+                raise SpecError(
+                    f"input {self.name!r}: shape entries must be ints or Dims, got {size!r}"
+                )
+            if isinstance(size, int) and not 0 <= size <= MAX_DIM:
+                raise SpecError(f"input {self.name!r}: static size {size} out of range")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise SpecError(f"input {self.name!r}: dtype {self.dtype!r} is not one of {DTYPES}")
+        if not self.low < self.high:
+            raise SpecError(f"input {self.name!r}: expected low < high, got {self.low}, {self.high}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to build: the module, its inputs, dtype and optional weights file.
+
+    ``module``: an ``nn.Module`` or a zero-argument callable returning one.
+    ``weights``: a safetensors file (relative to the model file) loaded into the module's
+    state dict; ``aotpack build --weights`` overrides it.
+    ``seed``: seeds module construction and example inputs, so builds are reproducible.
+    """
+
+    module: Any
+    inputs: tuple[Input, ...]
+    dtype: str = "float32"
+    weights: str | None = None
+    name: str | None = None
+    seed: int = 0
+    example_inputs: Callable[..., Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if not self.inputs:
+            raise SpecError("ModelSpec needs at least one Input")
+        if self.dtype not in FLOAT_DTYPES:
+            raise SpecError(f"ModelSpec dtype {self.dtype!r} is not one of {FLOAT_DTYPES}")
+        names = [i.name for i in self.inputs]
+        if len(set(names)) != len(names):
+            raise SpecError(f"input names must be unique, got {names}")
+        dims: dict[str, Dim] = {}
+        for d in self.dims():
+            if d.name in dims and dims[d.name] != d:
+                raise SpecError(f"two different Dims are named {d.name!r}; give them distinct names")
+            dims[d.name] = d
+
+    def dims(self) -> list[Dim]:
+        """Every distinct Dim, in order of first appearance."""
+        seen: dict[str, Dim] = {}
+        for inp in self.inputs:
+            for size in inp.shape:
+                if isinstance(size, Dim):
+                    seen.setdefault(size.name, size)
+        return list(seen.values())

@@ -1,0 +1,102 @@
+"""Loader stage: ``.tpk`` → ``Runner``.
+
+Opens and verifies the bundle, preflights the environment (schema, ops this torch must have),
+loads the weights, and serves calls: every call's inputs are checked against the guards, then the
+program runs. This package imports only ``aot`` core, torch, safetensors and zstandard: never
+the tracer, codegen, packager, triton, sympy, torch._dynamo or torch._inductor.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from aot import schema
+from aot.errors import BundleError
+from aot.loader.bundle import Bundle, open_bundle
+from aot.loader.guards import GuardChecker
+from aot.loader.program import DTYPES, AtenProgram, resolve_op
+from aot.manifest_text import guards_text
+from aot.schema import Manifest
+
+__all__ = ["Runner", "load", "open_bundle"]
+
+
+def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    data = bundle.read(name)
+    try:
+        return load(data)
+    except (SafetensorError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise BundleError(f"{bundle.path}: {name} is not valid safetensors: {e}") from None
+
+
+class Runner:
+    """A loaded bundle, callable like the model: ``runner(x)`` or ``runner(x=x)``.
+
+    Thread-safe: each call keeps its intermediates to itself.
+    """
+
+    def __init__(self, bundle: Bundle, device: str | torch.device = "cpu"):
+        self.bundle = bundle
+        self.manifest: Manifest = bundle.manifest
+        self.device = torch.device(device)
+        for op in self.manifest.ops:
+            resolve_op(op)
+        self.program = bundle.program()
+        weights = _load_tensors(bundle, schema.WEIGHTS_PATH)
+        for w in self.program.weights:
+            t = weights.get(w.name)
+            if t is None:
+                raise BundleError(f"{bundle.path}: weight {w.name!r} is missing from {schema.WEIGHTS_PATH}")
+            if str(t.dtype).removeprefix("torch.") != w.spec.dtype or [str(s) for s in t.shape] != list(w.spec.shape):
+                raise BundleError(
+                    f"{bundle.path}: weight {w.name!r} is {t.dtype} {list(t.shape)}, the program expects "
+                    f"{w.spec.dtype} {list(w.spec.shape)}"
+                )
+        self.weights = {k: v.to(self.device) for k, v in weights.items()}
+        self.guards = GuardChecker(self.manifest.guards, DTYPES)
+        self._aten = AtenProgram(self.program, self.weights, self.device)
+        self._lock = threading.Lock()
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.guards.names
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values = self.guards.bind(args, dict(kwargs))
+        sizes = self.guards.check(values, self.device)
+        outputs = self._aten(dict(zip(self.guards.names, values)), sizes)
+        outputs = [o.clone() if o.data_ptr() in self._owned_ptrs(values) else o for o in outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _owned_ptrs(self, values) -> set[int]:
+        # outputs must never alias a weight or an input the caller may mutate
+        return {v.data_ptr() for v in values} | {w.data_ptr() for w in self.weights.values()}
+
+    def example_inputs(self) -> dict[str, torch.Tensor]:
+        ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)
+        return {n: ref[schema.REFERENCE_INPUT_PREFIX + n].to(self.device) for n in self.input_names}
+
+    def reference_outputs(self) -> list[torch.Tensor]:
+        ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)
+        outs = sorted(
+            (int(k.removeprefix(schema.REFERENCE_OUTPUT_PREFIX)), v)
+            for k, v in ref.items()
+            if k.startswith(schema.REFERENCE_OUTPUT_PREFIX)
+        )
+        return [v for _, v in outs]
+
+    def guards_text(self) -> str:
+        m = self.manifest
+        return guards_text(m.name, m.guards, m.environment, m.buckets, m.schema_version)
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Runner:
+    """Open, verify and prepare a bundle for calls on ``device``."""
+    return Runner(open_bundle(path), device)

@@ -1,0 +1,146 @@
+"""Packager stage: ``Compiled`` → ``.tpk``, deterministically and atomically.
+
+The archive is a zip: ``manifest.json`` first (readable, sorted keys), then members in sorted
+order with fixed timestamps. Weights are safetensors, stored uncompressed and 64-byte aligned so
+the loader can map them; the program is canonical JSON compressed with zstd. The manifest holds a
+sha256 for every member. Output goes to a temporary file and ``os.replace``: a failed or killed
+build never leaves a partial bundle at the target path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import tempfile
+import zipfile
+from pathlib import Path
+
+from aot import schema
+from aot.manifest_text import guards_text
+from aot.schema import Environment, Manifest, Member
+from aot.stages import Compiled
+
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+ZSTD_LEVEL = 10
+ALIGN_EXTRA_ID = 0xD935  # the id zipalign uses for padding extras
+TORCH_MIN = "2.11"
+PYTHON_BUILT = "3"
+
+
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(data)
+
+
+def _safetensors(tensors) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.contiguous() for k, v in sorted(tensors.items())})
+
+
+def build_members(compiled: Compiled) -> dict[str, bytes]:
+    """Every archive member except the manifest."""
+    traced = compiled.traced
+    members: dict[str, bytes] = {
+        schema.PROGRAM_PATH: _zstd(schema.canonical_json(compiled.program)),
+        schema.WEIGHTS_PATH: _safetensors(traced.weights),
+    }
+    reference = {f"{schema.REFERENCE_INPUT_PREFIX}{k}": v for k, v in traced.reference_inputs.items()}
+    reference.update({f"{schema.REFERENCE_OUTPUT_PREFIX}{i}": v for i, v in enumerate(traced.reference_outputs)})
+    members[schema.REFERENCE_PATH] = _safetensors(reference)
+    for kernel in compiled.program.kernels:
+        members[schema.KERNEL_SOURCE_FORMAT.format(kernel=kernel.id)] = kernel.source.encode()
+        for arch in kernel.archs:
+            members[schema.KERNEL_CUBIN_FORMAT.format(kernel=kernel.id, arch=arch)] = compiled.cubins[(kernel.id, arch)]
+    return members
+
+
+def make_manifest(compiled: Compiled, members: dict[str, bytes]) -> Manifest:
+    traced = compiled.traced
+    env = Environment(
+        archs=tuple(compiled.archs) if compiled.program.kernels else (),
+        torch_built=traced.torch_version,
+        torch_min=TORCH_MIN,
+        triton_built=compiled.triton_version,
+        python_built=PYTHON_BUILT,
+    )
+    ops = sorted({s.target for s in compiled.program.steps if s.kind == "aten"}
+                 | {r.target for s in compiled.program.steps for r in s.reference})
+    n_ref = sum(len(s.reference) if s.kind == "kernel" else 1 for s in compiled.program.steps)
+    stats = {
+        "steps": len(compiled.program.steps),
+        "aten_ops_replaced": n_ref,
+        "kernels": len(compiled.program.kernels),
+        "weights_bytes": len(members[schema.WEIGHTS_PATH]),
+        **dict(compiled.stats),
+    }
+    return Manifest(
+        format=schema.FORMAT_NAME,
+        schema_version=schema.SCHEMA_VERSION,
+        name=traced.name,
+        dtype=traced.dtype,
+        guards=traced.guards,
+        environment=env,
+        buckets=traced.buckets,
+        members={p: Member(sha256=hashlib.sha256(b).hexdigest(), size=len(b)) for p, b in sorted(members.items())},
+        ops=tuple(ops),
+        stats=stats,
+    )
+
+
+def _zipinfo(name: str, compress: bool) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=ZIP_DATE)
+    info.compress_type = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    info.create_system = 3
+    info.external_attr = 0o644 << 16
+    return info
+
+
+def _write_aligned(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    """Store ``data`` uncompressed with its first byte on a ``WEIGHTS_ALIGNMENT`` boundary."""
+    info = _zipinfo(name, compress=False)
+    header_end = zf.fp.tell() + 30 + len(name.encode()) + 4
+    pad = (-header_end) % schema.WEIGHTS_ALIGNMENT
+    info.extra = struct.pack("<HH", ALIGN_EXTRA_ID, pad) + b"\0" * pad
+    zf.writestr(info, data)
+
+
+def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str, bytes]) -> None:
+    """Write the archive to a temporary file beside ``path`` and move it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, "w") as zf:
+                manifest_bytes = schema.canonical_json(manifest)
+                zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), manifest_bytes)
+                for name in sorted(members):
+                    data = members[name]
+                    if name.endswith(".safetensors") or name.endswith(".cubin"):
+                        _write_aligned(zf, name, data)
+                    else:
+                        zf.writestr(_zipinfo(name, compress=name.endswith((".txt", ".py"))), data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def pack(compiled: Compiled, path: str | os.PathLike) -> Manifest:
+    """Write ``compiled`` as a bundle at ``path``; returns the manifest written."""
+    members = build_members(compiled)
+    draft = make_manifest(compiled, members)
+    members[schema.GUARDS_PATH] = guards_text(
+        draft.name, draft.guards, draft.environment, draft.buckets, draft.schema_version
+    ).encode()
+    manifest = make_manifest(compiled, members)
+    write_bundle(path, manifest, members)
+    return manifest

@@ -1,0 +1,182 @@
+"""Lower a decomposed ExportedProgram to an ``aot.schema.Program`` of ATen steps.
+
+The result is device-neutral: ``device=`` arguments become ``{"device": "runtime"}`` and metadata
+asserts (which name the tracing device) are dropped, so a graph traced on CPU runs on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Mapping
+
+import sympy
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from aot.errors import TraceError
+from aot.schema import NamedTensor, Program, Step, SymbolSource, TensorSpec
+from aot.tracer.symtext import to_text
+
+# Ops that only assert facts about the tracing run; they carry no computation.
+DROPPED_OPS = {
+    "aten._assert_tensor_metadata.default",
+    "aten._assert_scalar.default",
+    "aten.sym_constrain_range.default",
+    "aten.sym_constrain_range_for_size.default",
+    "aten._assert_async.msg",
+    "aten._assert_async.default",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def op_name(target: Any) -> str:
+    """``torch.ops.aten.addmm.default`` → ``aten.addmm.default``."""
+    return f"{target.namespace}.{target._schema.name.split('::', 1)[1]}.{target._overloadname}"
+
+
+class Lowering:
+    def __init__(self, ep: ExportedProgram, input_names: list[str], names: Mapping[sympy.Symbol, str]):
+        self.ep = ep
+        self.names = names
+        self.input_names = input_names
+        self.value_names: dict[torch.fx.Node, str] = {}
+        self.buffers: dict[str, TensorSpec] = {}
+        self.steps: list[Step] = []
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def sym(self, value: Any) -> Any:
+        if isinstance(value, torch.SymInt):
+            expr = value.node.expr
+            if expr.is_Integer:
+                return int(expr)
+            return {"sym": to_text(expr, self.names)}
+        if isinstance(value, (torch.SymFloat, torch.SymBool)):
+            raise TraceError(f"symbolic {type(value).__name__} values are not supported in bundles: {value}")
+        return value
+
+    def spec_of(self, val: Any, what: str) -> TensorSpec:
+        if not isinstance(val, torch.Tensor):
+            raise TraceError(f"{what} is not a tensor ({type(val).__name__}); aotpack lowers tensor programs only")
+        shape = []
+        for s in val.shape:
+            v = self.sym(s)
+            shape.append(v["sym"] if isinstance(v, dict) else str(v))
+        return TensorSpec(dtype=dtype_name(val.dtype), shape=tuple(shape))
+
+    def encode(self, a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            if a in self.value_names:
+                return {"buf": self.value_names[a]}
+            val = a.meta.get("val")
+            if isinstance(val, (torch.SymInt, int)):
+                return self.sym(val)
+            raise TraceError(f"graph value {a.name} ({a.op} {a.target}) cannot be an argument in a bundle")
+        if isinstance(a, (list, tuple)):
+            return [self.encode(v) for v in a]
+        if isinstance(a, bool) or a is None or isinstance(a, (int, str)):
+            return a
+        if isinstance(a, float):
+            return a if math.isfinite(a) else {"float": repr(a)}
+        if isinstance(a, torch.dtype):
+            return {"dtype": dtype_name(a)}
+        if isinstance(a, torch.device):
+            return {"device": "runtime"}
+        if isinstance(a, torch.layout):
+            return {"layout": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.memory_format):
+            return {"memory_format": str(a).removeprefix("torch.")}
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.sym(a)
+        raise TraceError(f"argument {a!r} of type {type(a).__name__} cannot be stored in a bundle")
+
+    def run(self) -> tuple[Program, dict[str, torch.Tensor]]:
+        ep = self.ep
+        graph = ep.graph_module.graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        user_inputs: list[NamedTensor] = []
+        weights: list[NamedTensor] = []
+        state = {**ep.state_dict, **ep.constants}
+        user_index = 0
+        for node, spec in zip(placeholders, ep.graph_signature.input_specs):
+            if spec.kind == InputKind.USER_INPUT:
+                if user_index >= len(self.input_names):
+                    raise TraceError("forward takes more inputs than the model file declares")
+                name = self.input_names[user_index]
+                user_index += 1
+                self.value_names[node] = name
+                user_inputs.append(NamedTensor(name, self.spec_of(node.meta["val"], f"input {name}")))
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                tensor = state[spec.target]
+                name = spec.target
+                self.value_names[node] = name
+                self.weights[name] = tensor.detach().contiguous().clone()
+                weights.append(NamedTensor(name, self.spec_of(tensor, f"weight {name}")))
+            else:
+                raise TraceError(f"unsupported graph input kind {spec.kind.name} for {spec.target}")
+
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node.target is operator.getitem:
+                parent, index = node.args
+                self.value_names[node] = node.name
+                self.buffers[node.name] = self.spec_of(node.meta["val"], node.name)
+                continue
+            if not isinstance(node.target, torch._ops.OpOverload):
+                val = node.meta.get("val")
+                if isinstance(val, (torch.SymInt, int)):  # size arithmetic: folded into expressions
+                    continue
+                raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
+            name = op_name(node.target)
+            if name in DROPPED_OPS:
+                continue
+            val = node.meta.get("val")
+            if name == "aten.sym_size.int" or isinstance(val, (torch.SymInt, int)):
+                continue
+            outputs: tuple[str | None, ...]
+            if isinstance(val, (tuple, list)):
+                by_index = {u.args[1]: u.name for u in node.users if u.target is operator.getitem}
+                outputs = tuple(by_index.get(i) for i in range(len(val)))
+            else:
+                self.value_names[node] = node.name
+                self.buffers[node.name] = self.spec_of(val, node.name)
+                outputs = (node.name,)
+            self.steps.append(
+                Step(
+                    kind="aten",
+                    target=name,
+                    args=tuple(self.encode(a) for a in node.args),
+                    kwargs={k: self.encode(v) for k, v in node.kwargs.items()},
+                    outputs=outputs,
+                )
+            )
+
+        out_node = next(n for n in graph.nodes if n.op == "output")
+        outputs = []
+        for o in out_node.args[0]:
+            if not isinstance(o, torch.fx.Node) or o not in self.value_names:
+                raise TraceError(f"model output {o} is not a tensor; return tensors only")
+            outputs.append(self.value_names[o])
+
+        symbols = []
+        seen = set()
+        for inp in user_inputs:
+            for d, size in enumerate(inp.spec.shape):
+                if size.isidentifier() and size not in seen:
+                    seen.add(size)
+                    symbols.append(SymbolSource(symbol=size, input=inp.name, dim=d))
+        program = Program(
+            inputs=tuple(user_inputs),
+            weights=tuple(sorted(weights, key=lambda w: w.name)),
+            buffers=self.buffers,
+            steps=tuple(self.steps),
+            outputs=tuple(outputs),
+            symbols=tuple(symbols),
+        )
+        return program, self.weights

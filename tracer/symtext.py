@@ -1,0 +1,140 @@
+"""Sympy (as torch's shape environment produces it) → aotpack expression text, and a numpy
+evaluator of that text used to simplify guards over their bounded ranges."""
+
+from __future__ import annotations
+
+import ast
+from typing import Callable, Mapping
+
+import numpy as np
+import sympy
+from torch.utils._sympy import functions as tfn
+
+from aot.errors import TraceError
+
+
+def to_text(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
+    """Render ``expr`` in the grammar of ``aot.symexpr`` with symbols renamed by ``names``."""
+    return _render(sympy.sympify(expr), names)
+
+
+def _paren(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
+    text = _render(expr, names)
+    if isinstance(expr, (sympy.Symbol, sympy.Integer)) and not text.startswith("-"):
+        return text
+    return f"({text})"
+
+
+def _render(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
+    if e is sympy.true:
+        return "1"
+    if e is sympy.false:
+        return "0"
+    if isinstance(e, sympy.Symbol):
+        if e not in names:
+            raise TraceError(f"size symbol {e} does not come from a declared Dim; declare that input dim")
+        return names[e]
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Add):
+        terms = sorted(e.args, key=sympy.default_sort_key)
+        out = _render(terms[0], names)
+        for t in terms[1:]:
+            text = _render(t, names)
+            out += f" - {text[1:]}" if text.startswith("-") else f" + {text}"
+        return out
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        factors = sorted(sympy.Mul.make_args(rest), key=sympy.default_sort_key)
+        if coeff.is_Rational and not coeff.is_Integer:
+            raise TraceError(f"size expression {e} has a fraction; aotpack handles integer sizes only")
+        parts = [_paren(f, names) for f in factors]
+        if coeff == -1:
+            return "-" + "*".join(parts)
+        if coeff != 1:
+            parts.insert(0, str(int(coeff)))
+        return "*".join(parts)
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and 0 < int(e.exp) <= 8:
+        return "*".join([_paren(e.base, names)] * int(e.exp))
+    if isinstance(e, (tfn.FloorDiv, tfn.CleanDiv)):
+        return f"{_paren(e.args[0], names)}//{_paren(e.args[1], names)}"
+    if isinstance(e, tfn.CeilDiv):
+        a, b = _paren(e.args[0], names), _paren(e.args[1], names)
+        return f"-((-{a})//{b})"
+    if isinstance(e, (tfn.Mod, tfn.PythonMod, sympy.Mod)):
+        return f"{_paren(e.args[0], names)} % {_paren(e.args[1], names)}"
+    if isinstance(e, tfn.ModularIndexing):
+        a, b, c = (_paren(x, names) for x in e.args)
+        return f"({a}//{b}) % {c}"
+    if isinstance(e, tfn.Identity):
+        return _render(e.args[0], names)
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "max" if isinstance(e, sympy.Max) else "min"
+        args = sorted(e.args, key=sympy.default_sort_key)
+        return f"{fn}({', '.join(_render(a, names) for a in args)})"
+    rel = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
+    for cls, op in rel.items():
+        if isinstance(e, cls):
+            return f"{_render(e.lhs, names)} {op} {_render(e.rhs, names)}"
+    if isinstance(e, sympy.And):
+        return " and ".join(_paren_bool(a, names) for a in sorted(e.args, key=sympy.default_sort_key))
+    if isinstance(e, sympy.Or):
+        return " or ".join(_paren_bool(a, names) for a in sorted(e.args, key=sympy.default_sort_key))
+    if isinstance(e, sympy.Not):
+        return f"not ({_render(e.args[0], names)})"
+    raise TraceError(f"cannot express size expression {e} ({type(e).__name__}) in a bundle")
+
+
+def _paren_bool(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
+    return f"({_render(e, names)})"
+
+
+_VEC_BIN: dict[type, Callable] = {
+    ast.Add: np.add,
+    ast.Sub: np.subtract,
+    ast.Mult: np.multiply,
+    ast.FloorDiv: lambda a, b: np.floor_divide(a, np.where(b == 0, 1, b)),
+    ast.Mod: lambda a, b: np.mod(a, np.where(b == 0, 1, b)),
+}
+_VEC_CMP: dict[type, Callable] = {
+    ast.Eq: np.equal,
+    ast.NotEq: np.not_equal,
+    ast.Lt: np.less,
+    ast.LtE: np.less_equal,
+    ast.Gt: np.greater,
+    ast.GtE: np.greater_equal,
+}
+
+
+def evaluate_vectorized(text: str, env: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Evaluate expression text over numpy int64 arrays (broadcasting), for guard simplification."""
+
+    def ev(n: ast.AST):
+        if isinstance(n, ast.Constant):
+            return np.int64(int(n.value))
+        if isinstance(n, ast.Name):
+            return env[n.id]
+        if isinstance(n, ast.BinOp):
+            return _VEC_BIN[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.UnaryOp):
+            v = ev(n.operand)
+            return np.negative(v) if isinstance(n.op, ast.USub) else np.logical_not(v)
+        if isinstance(n, ast.Compare):
+            return _VEC_CMP[type(n.ops[0])](ev(n.left), ev(n.comparators[0]))
+        if isinstance(n, ast.BoolOp):
+            vals = [ev(v) for v in n.values]
+            fn = np.logical_and if isinstance(n.op, ast.And) else np.logical_or
+            out = vals[0]
+            for v in vals[1:]:
+                out = fn(out, v)
+            return out
+        if isinstance(n, ast.Call):
+            vals = [ev(a) for a in n.args]
+            fn = np.maximum if n.func.id == "max" else np.minimum
+            out = vals[0]
+            for v in vals[1:]:
+                out = fn(out, v)
+            return out
+        raise TraceError(f"cannot evaluate {ast.dump(n)[:60]}")
+
+    return np.asarray(ev(ast.parse(text, mode="eval").body))
