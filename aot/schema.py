@@ -26,6 +26,8 @@ from aot.errors import BundleError
 
 SCHEMA_VERSION = (1, 0)
 FORMAT_NAME = "aotpack-bundle"
+# The oldest torch whose ATen ops the loader has been checked against.
+TORCH_MIN = "2.11"
 
 # Archive layout: every member path is one of these.
 MANIFEST_PATH = "manifest.json"
@@ -81,7 +83,7 @@ class Step:
     target: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    outputs: tuple[Union[str, None], ...]
+    outputs: tuple[str | None, ...]
     grid: tuple[str, ...] = ()
     reference: tuple[Step, ...] = ()
 

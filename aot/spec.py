@@ -15,8 +15,9 @@ Everything here is plain data (stdlib only); the tracer turns it into torch obje
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from aot.errors import SpecError
 

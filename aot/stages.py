@@ -6,10 +6,11 @@ reference data) travel as a name → tensor mapping; everything else is schema r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from aot.schema import Bucket, Guards, Program
+from aot.schema import TORCH_MIN, Bucket, Environment, Guards, Program
 
 
 @dataclass(frozen=True)
@@ -34,3 +35,11 @@ class Compiled:
     cubins: Mapping[tuple[str, str], bytes] = field(default_factory=dict)  # (kernel id, arch) -> cubin
     triton_version: str = ""
     stats: Mapping[str, Any] = field(default_factory=dict)
+
+
+def environment(archs: tuple[str, ...], torch_built: str, triton_built: str = "") -> Environment:
+    """The environment guards of a bundle built for ``archs``."""
+    import sys
+
+    return Environment(archs=tuple(archs), torch_built=torch_built, torch_min=TORCH_MIN,
+                       triton_built=triton_built, python_built=f"{sys.version_info[0]}.{sys.version_info[1]}")

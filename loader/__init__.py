@@ -13,12 +13,12 @@ import threading
 from typing import Any
 
 import torch
-
-from aot import schema
-from aot.errors import BundleError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import DTYPES, AtenProgram, resolve_op
+
+from aot import schema
+from aot.errors import BundleError
 from aot.manifest_text import guards_text
 from aot.schema import Manifest
 

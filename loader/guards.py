@@ -8,7 +8,8 @@ line that introduced the guard.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from aot.errors import BundleError, GuardError
 from aot.guardtext import admissible_text, admits

@@ -8,7 +8,8 @@ reference decomposition here. Buffers are dropped after their last use.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

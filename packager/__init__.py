@@ -18,14 +18,12 @@ from pathlib import Path
 
 from aot import schema
 from aot.manifest_text import guards_text
-from aot.schema import Environment, Manifest, Member
-from aot.stages import Compiled
+from aot.schema import Manifest, Member
+from aot.stages import Compiled, environment
 
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 ZSTD_LEVEL = 10
 ALIGN_EXTRA_ID = 0xD935  # the id zipalign uses for padding extras
-TORCH_MIN = "2.11"
-PYTHON_BUILT = "3"
 
 
 def _zstd(data: bytes) -> bytes:
@@ -59,13 +57,7 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
 
 def make_manifest(compiled: Compiled, members: dict[str, bytes]) -> Manifest:
     traced = compiled.traced
-    env = Environment(
-        archs=tuple(compiled.archs) if compiled.program.kernels else (),
-        torch_built=traced.torch_version,
-        torch_min=TORCH_MIN,
-        triton_built=compiled.triton_version,
-        python_built=PYTHON_BUILT,
-    )
+    env = environment(compiled.archs, traced.torch_version, compiled.triton_version)
     ops = sorted({s.target for s in compiled.program.steps if s.kind == "aten"}
                  | {r.target for s in compiled.program.steps for r in s.reference})
     n_ref = sum(len(s.reference) if s.kind == "kernel" else 1 for s in compiled.program.steps)

@@ -13,15 +13,17 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from aot.errors import SpecError, TraceError
 from aot.schema import Bucket, Guards, InputGuard
 from aot.spec import Dim, ModelSpec
 from aot.stages import Traced
 
-__all__ = ["load_model_file", "trace", "example_inputs"]
+__all__ = ["load_model_file", "trace", "export_model", "guard_manifest_text", "example_inputs"]
 
 # ATen ops kept whole (library calls at run time) even where a decomposition exists.
 KEEP_OPS = ("scaled_dot_product_attention.default",)
@@ -200,16 +202,26 @@ def _export_error(e: Exception, spec: ModelSpec) -> TraceError:
     return TraceError(f"{where}cannot export the model{code}: {name}: {first[:300]}; {hint}")
 
 
-def trace(spec: ModelSpec, weights: str | None = None) -> Traced:
-    """Export, decompose, collect guards and lower ``spec`` to a ``Traced``."""
+@dataclass(frozen=True)
+class Exported:
+    """The result of ``export_model``: enough for guards; ``trace`` goes on to lower it."""
+
+    ep: Any
+    module: Any
+    examples: dict[str, Any]
+    guards: Guards
+    buckets: tuple[Bucket, ...]
+    start: float
+
+
+def export_model(spec: ModelSpec, weights: str | None = None) -> Exported:
+    """``torch.export`` the model with its declared dims and collect the simplified guards."""
     import torch
     import torch.fx.experimental._config as fx_config
-    from torch.export import Dim as TorchDim
-    from torch.export import default_decompositions, export
-
-    from aot.tracer.guards import GuardSimplifier
-    from aot.tracer.lower import Lowering, dtype_name
+    from aot.tracer.guards import GuardSimplifier, RawGuard
     from aot.tracer.symtext import to_text
+    from torch.export import Dim as TorchDim
+    from torch.export import export
 
     start = time.perf_counter()
     model_path = Path(spec.extra.get("path", "model.py"))
@@ -227,66 +239,25 @@ def trace(spec: ModelSpec, weights: str | None = None) -> Traced:
     except Exception as e:
         raise _export_error(e, spec) from None
 
-    # symbols → declared names, read off the traced inputs' shapes
+    names = _symbol_names(ep, spec, check=True)
     user_vals = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"][-len(spec.inputs):]
-    names: dict[Any, str] = {}
-    for inp, val in zip(spec.inputs, user_vals):
-        for d, (declared, size) in enumerate(zip(inp.shape, val.shape)):
-            if isinstance(declared, Dim):
-                if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
-                    raise TraceError(
-                        f"input {inp.name!r} dim {d} ({declared.name}) was specialized to {size} while "
-                        f"tracing; make it a static size or remove the code that fixes it"
-                    )
-                names.setdefault(size.node.expr, declared.name)
-    shape_env = user_vals[0].fake_mode.shape_env if hasattr(user_vals[0], "fake_mode") else None
-
+    fake_mode = next((v.fake_mode for v in user_vals if hasattr(v, "fake_mode")), None)
     raw = []
-    if shape_env is not None:
-        from aot.tracer.guards import RawGuard
-
-        for g in shape_env.guards:
-            frame = sites.get(id(g.sloc))
-            expr = g.expr
-            if not expr.free_symbols:
-                continue
-            text = to_text(expr, names)
-            raw.append(
-                RawGuard(
-                    text=text,
-                    symbols=tuple(sorted(names[s] for s in expr.free_symbols)),
-                    file=_display_path(frame.filename, model_path) if frame else "<torch>",
-                    line=frame.lineno if frame else 0,
-                    code=(frame.line or "").strip() if frame else "",
-                )
+    for g in fake_mode.shape_env.guards if fake_mode is not None else ():
+        if not g.expr.free_symbols:
+            continue
+        frame = sites.get(id(g.sloc))
+        raw.append(
+            RawGuard(
+                text=to_text(g.expr, names),
+                symbols=tuple(sorted(names[s] for s in g.expr.free_symbols)),
+                file=_display_path(frame.filename, model_path) if frame else "<torch>",
+                line=frame.lineno if frame else 0,
+                code=(frame.line or "").strip() if frame else "",
             )
-    declared = {d.name: (d.min, d.max) for d in spec.dims()}
-    simplifier = GuardSimplifier(declared)
+        )
+    simplifier = GuardSimplifier({d.name: (d.min, d.max) for d in spec.dims()})
     simplifier.add(raw)
-
-    # keep attention (and friends) whole; everything else to core ATen
-    table = default_decompositions()
-    for op_name_ in KEEP_OPS:
-        packet, overload = op_name_.split(".")
-        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
-    try:
-        with fx_config.patch(backed_size_oblivious=True):
-            ep = ep.run_decompositions(table)
-    except Exception as e:
-        raise _export_error(e, spec) from None
-    user_vals = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"][-len(spec.inputs):]
-    names = {}
-    for inp, val in zip(spec.inputs, user_vals):
-        for declared_size, size in zip(inp.shape, val.shape):
-            if isinstance(declared_size, Dim) and isinstance(size, torch.SymInt):
-                names.setdefault(size.node.expr, declared_size.name)
-
-    program, weight_tensors = Lowering(ep, [i.name for i in spec.inputs], names).run()
-
-    with torch.no_grad():
-        ref = module(*args)
-    ref_outputs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
-
     guards = Guards(
         inputs=tuple(
             InputGuard(
@@ -299,17 +270,92 @@ def trace(spec: ModelSpec, weights: str | None = None) -> Traced:
         symbols=simplifier.symbol_guards(),
         relations=simplifier.relation_guards(),
     )
-    buckets = tuple(Bucket(symbol=d.name, sizes=d.default_buckets(), paddable=d.paddable) for d in spec.dims())
-    del dtype_name
+    return Exported(ep=ep, module=module, examples=examples, guards=guards, buckets=_buckets(spec, guards),
+                    start=start)
+
+
+def _symbol_names(ep, spec: ModelSpec, check: bool = False) -> dict[Any, str]:
+    """Map the export's size symbols to the model file's Dim names via the traced input shapes."""
+    import torch
+
+    user_vals = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"][-len(spec.inputs):]
+    names: dict[Any, str] = {}
+    for inp, val in zip(spec.inputs, user_vals):
+        for d, (declared, size) in enumerate(zip(inp.shape, val.shape)):
+            if not isinstance(declared, Dim):
+                continue
+            if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+                if check:
+                    raise TraceError(
+                        f"input {inp.name!r} dim {d} ({declared.name}) was specialized to {size} while "
+                        f"tracing; make it a static size or remove the code that fixes it"
+                    )
+                continue
+            names.setdefault(size.node.expr, declared.name)
+    return names
+
+
+def guard_manifest_text(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None) -> str:
+    """The guard manifest of a model file, from export alone (no decomposition, no kernels)."""
+    import torch
+
+    from aot.manifest_text import guards_text
+    from aot.schema import SCHEMA_VERSION
+    from aot.stages import environment
+
+    exported = export_model(spec, weights)
+    env = environment(archs, torch.__version__.split("+")[0])
+    return guards_text(spec.name or "model", exported.guards, env, exported.buckets, SCHEMA_VERSION)
+
+
+def trace(spec: ModelSpec, weights: str | None = None) -> Traced:
+    """Export, decompose, collect guards and lower ``spec`` to a ``Traced``."""
+    import torch
+    import torch.fx.experimental._config as fx_config
+    from aot.tracer.lower import Lowering
+    from torch.export import default_decompositions
+
+    exported = export_model(spec, weights)
+    # keep attention (and friends) whole; everything else to core ATen
+    table = default_decompositions()
+    for name in KEEP_OPS:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    try:
+        with fx_config.patch(backed_size_oblivious=True):
+            ep = exported.ep.run_decompositions(table)
+    except Exception as e:
+        raise _export_error(e, spec) from None
+    program, weight_tensors = Lowering(ep, [i.name for i in spec.inputs], _symbol_names(ep, spec)).run()
+
+    args = tuple(exported.examples[i.name] for i in spec.inputs)
+    with torch.no_grad():
+        ref = exported.module(*args)
+    ref_outputs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
     return Traced(
-        name=spec.name or model_path.stem,
+        name=spec.name or "model",
         dtype=spec.dtype,
         program=program,
-        guards=guards,
+        guards=exported.guards,
         weights=weight_tensors,
-        reference_inputs=examples,
+        reference_inputs=exported.examples,
         reference_outputs=tuple(o.detach().contiguous() for o in ref_outputs),
-        buckets=buckets,
+        buckets=exported.buckets,
         torch_version=torch.__version__.split("+")[0],
-        trace_seconds=time.perf_counter() - start,
+        trace_seconds=time.perf_counter() - exported.start,
     )
+
+
+def _buckets(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:
+    """Declared (or default) bucket sizes that the guards admit; the largest admitted size is
+    always a bucket, so every admitted call fits one."""
+    from aot.guardtext import admits
+
+    symbols = {g.name: g for g in guards.symbols}
+    out = []
+    for d in spec.dims():
+        g = symbols[d.name]
+        sizes = {s for s in d.default_buckets() if admits(g, s)}
+        sizes.add(g.max)
+        out.append(Bucket(symbol=d.name, sizes=tuple(sorted(sizes)), paddable=d.paddable))
+    return tuple(out)

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import sympy
 import torch
 import torch.fx
+from aot.tracer.symtext import to_text
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from aot.errors import TraceError
 from aot.schema import NamedTensor, Program, Step, SymbolSource, TensorSpec
-from aot.tracer.symtext import to_text
 
 # Ops that only assert facts about the tracing run; they carry no computation.
 DROPPED_OPS = {
@@ -103,6 +104,7 @@ class Lowering:
         weights: list[NamedTensor] = []
         state = {**ep.state_dict, **ep.constants}
         user_index = 0
+        stored: dict[int, str] = {}
         for node, spec in zip(placeholders, ep.graph_signature.input_specs):
             if spec.kind == InputKind.USER_INPUT:
                 if user_index >= len(self.input_names):
@@ -114,6 +116,10 @@ class Lowering:
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 tensor = state[spec.target]
                 name = spec.target
+                if id(tensor) in stored:  # tied weights (lm_head = wte) are stored once
+                    self.value_names[node] = stored[id(tensor)]
+                    continue
+                stored[id(tensor)] = name
                 self.value_names[node] = name
                 self.weights[name] = tensor.detach().contiguous().clone()
                 weights.append(NamedTensor(name, self.spec_of(tensor, f"weight {name}")))

@@ -4,7 +4,7 @@ evaluator of that text used to simplify guards over their bounded ranges."""
 from __future__ import annotations
 
 import ast
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import sympy

@@ -1,6 +1,5 @@
 """A small model whose code adds guards: a branch on T and a reshape that needs T even."""
 
-import torch
 from torch import nn
 
 from aot import Dim, Input, ModelSpec

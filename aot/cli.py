@@ -1,0 +1,224 @@
+"""The ``aotpack`` command line.
+
+Every failure is one line on stderr and a non-zero exit: ``AotError`` subclasses exit with their
+``exit_code``; anything unexpected exits 3 as an internal error (``AOTPACK_DEBUG=1`` shows the
+traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+import click
+
+from aot.errors import AotError
+
+
+def _info(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="aotpack")
+def cli() -> None:
+    """Ahead-of-time packaging of PyTorch models: build a bundle, load it, review its guards."""
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="bundle path [default: MODEL's name .tpk]")
+@click.option("--arch", default="sm_80,sm_90", show_default=True, help="GPU archs to compile kernels for")
+@click.option("--weights", type=click.Path(dir_okay=False), help="safetensors file with the module's state dict")
+def build(model: str, output: str | None, arch: str, weights: str | None) -> None:
+    """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
+    from aot.codegen import generate, parse_archs
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    archs = parse_archs(arch)
+    output = output or os.path.splitext(os.path.basename(model))[0] + ".tpk"
+    start = time.perf_counter()
+    spec = load_model_file(model)
+    _info(f"tracing {model} …")
+    traced = trace(spec, weights=weights)
+    _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps, "
+          f"{len(traced.weights)} weights")
+    compiled = generate(traced, archs, progress=_info)
+    pack(compiled, output)
+    size = os.path.getsize(output)
+    _info(f"wrote {output} ({_mb(size)}, {len(compiled.program.kernels)} kernels for "
+          f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s")
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False),
+              help="safetensors file with one tensor per input name [default: the bundle's example inputs]")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, or auto")
+@click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 100000), help="timed calls")
+@click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
+def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs: bool) -> None:
+    """Load BUNDLE, run it, and compare with the reference stored at build time."""
+    import torch
+
+    from aot.loader import load as load_bundle
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    start = time.perf_counter()
+    runner = load_bundle(bundle, device=device)
+    _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
+    reference = None
+    if inputs_file:
+        from safetensors.torch import load_file
+
+        try:
+            inputs = load_file(inputs_file, device=str(runner.device))
+        except Exception as e:
+            raise click.ClickException(f"cannot read inputs {inputs_file}: {e}") from None
+    else:
+        inputs = runner.example_inputs()
+        reference = runner.reference_outputs()
+    outputs = runner(**inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    times = []
+    for _ in range(runs):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner(**inputs)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    for i, out in enumerate(outputs):
+        line = f"output {i}: {str(out.dtype).removeprefix('torch.')}{list(out.shape)}"
+        if reference is not None:
+            err = (out.float().cpu() - reference[i].float()).abs().max().item()
+            line += f"  max abs error vs build reference {err:.3g}"
+        click.echo(line)
+    click.echo(f"latency: median {times[len(times) // 2] * 1e3:.3f} ms, p90 "
+               f"{times[min(len(times) - 1, int(len(times) * 0.9))] * 1e3:.3f} ms over {runs} calls")
+
+
+def _manifest_text(target: str) -> str:
+    """Guard text of a bundle, a model file (trace only), or a committed manifest file."""
+    if target.endswith(".py"):
+        from aot.codegen import DEFAULT_ARCHS
+        from aot.tracer import guard_manifest_text, load_model_file
+
+        return guard_manifest_text(load_model_file(target), DEFAULT_ARCHS)
+    from aot.loader.bundle import open_bundle
+    from aot.manifest_text import guards_text
+
+    b = open_bundle(target)
+    try:
+        m = b.manifest
+        return guards_text(m.name, m.guards, m.environment, m.buckets, m.schema_version)
+    finally:
+        b.close()
+
+
+@cli.command()
+@click.argument("target", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the manifest to this file")
+def guards(target: str, output: str | None) -> None:
+    """Print the guard manifest of a BUNDLE or a MODEL.py (traced, nothing compiled)."""
+    text = _manifest_text(target)
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+        _info(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def inspect(bundle: str, as_json: bool) -> None:
+    """Summarize a bundle: members, program, kernels, buckets, environment."""
+    from aot.loader.bundle import open_bundle
+    from aot.schema import to_json
+
+    b = open_bundle(bundle)
+    try:
+        m = b.manifest
+        program = b.program()
+    finally:
+        b.close()
+    kernels = [
+        {"id": k.id, "name": k.name, "ops": list(k.ops), "archs": list(k.archs), "bytes_moved": k.bytes_moved,
+         "num_warps": k.num_warps, "config": k.config}
+        for k in program.kernels
+    ]
+    steps = {"aten": sum(s.kind == "aten" for s in program.steps),
+             "kernel": sum(s.kind == "kernel" for s in program.steps)}
+    replaced = sum(len(s.reference) for s in program.steps if s.kind == "kernel")
+    info = {
+        "name": m.name,
+        "dtype": m.dtype,
+        "schema_version": list(m.schema_version),
+        "environment": to_json(m.environment),
+        "members": {k: v.size for k, v in m.members.items()},
+        "steps": steps,
+        "aten_ops_fused": replaced,
+        "kernels": kernels,
+        "buckets": to_json(m.buckets),
+        "ops": list(m.ops),
+        "stats": m.stats,
+    }
+    if as_json:
+        click.echo(json.dumps(info, indent=1, sort_keys=True))
+        return
+    click.echo(f"{m.name}  ({m.dtype}, schema {m.schema_version[0]}.{m.schema_version[1]}, "
+               f"built with torch {m.environment.torch_built})")
+    click.echo("members:")
+    for name, size in sorted(info["members"].items()):
+        click.echo(f"  {size:>12,}  {name}")
+    click.echo(f"program: {steps['aten']} library calls, {steps['kernel']} kernel launches "
+               f"({len(program.kernels)} distinct kernels fusing {replaced} ATen ops)")
+    for k in kernels:
+        click.echo(f"  kernel {k['name']}: {len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
+                   f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}")
+    click.echo(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
+    for bk in m.buckets:
+        click.echo(f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    warnings.filterwarnings("ignore")
+    try:
+        cli.main(args=argv, prog_name="aotpack", standalone_mode=False)
+    except AotError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:
+        if os.environ.get("AOTPACK_DEBUG"):
+            raise
+        click.echo(f"internal error: {type(e).__name__}: {e} (set AOTPACK_DEBUG=1 for a traceback)", err=True)
+        sys.exit(3)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
