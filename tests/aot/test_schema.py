@@ -1,0 +1,46 @@
+"""The schema is pinned: changing a record without bumping SCHEMA_VERSION fails here."""
+
+import hashlib
+
+import pytest
+
+from aot import schema
+from aot.errors import BundleError
+
+# SCHEMA_VERSION → sha256 of schema_fingerprint(). Bump the version and add a line when the schema changes.
+PINNED = {
+    (1, 0): "8db5a88ff9687f1bd1265ff85621224c6658862650718494ea0b1f7f20b671ab",
+}
+
+
+def test_schema_change_bumps_version():
+    digest = hashlib.sha256(schema.schema_fingerprint().encode()).hexdigest()
+    assert schema.SCHEMA_VERSION in PINNED, f"add SCHEMA_VERSION {schema.SCHEMA_VERSION} to PINNED"
+    assert PINNED[schema.SCHEMA_VERSION] == digest, (
+        "the bundle schema changed: bump SCHEMA_VERSION (minor for added optional fields, major otherwise) "
+        f"and pin the new fingerprint {digest}"
+    )
+
+
+def test_roundtrip_and_validation():
+    spec = schema.TensorSpec(dtype="float16", shape=("batch", "768"))
+    step = schema.Step(kind="aten", target="aten.relu.default", args=({"buf": "x"},), kwargs={}, outputs=("y",))
+    program = schema.Program(
+        inputs=(schema.NamedTensor("x", spec),), weights=(), buffers={"y": spec}, steps=(step,),
+        outputs=("y",), symbols=(schema.SymbolSource("batch", "x", 0),),
+    )
+    data = schema.to_json(program)
+    assert schema.from_json(schema.Program, data) == program
+    bad = dict(data, outputs="y")
+    with pytest.raises(BundleError, match=r"Program.outputs: expected a list"):
+        schema.from_json(schema.Program, bad)
+    with pytest.raises(BundleError, match="unknown"):
+        schema.from_json(schema.Program, dict(data, evil=1))
+    with pytest.raises(BundleError, match="expected an integer"):
+        schema.from_json(schema.SymbolSource, {"symbol": "b", "input": "x", "dim": True})
+
+
+def test_canonical_json_is_sorted_and_stable():
+    a = schema.canonical_json({"b": 1, "a": [1, 2]})
+    assert a == schema.canonical_json({"a": [1, 2], "b": 1})
+    assert a.index(b'"a"') < a.index(b'"b"')

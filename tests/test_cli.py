@@ -1,0 +1,71 @@
+"""The command line, as a user runs it: one readable line and a non-zero exit on every error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import model_path
+
+
+def aotpack(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True,
+                          timeout=600, cwd=cwd)
+
+
+def test_build_load_guards_inspect(tmp_path):
+    out = tmp_path / "b.tpk"
+    r = aotpack("build", str(model_path("branchy")), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.is_file() and "wrote" in r.stderr
+
+    r = aotpack("load", str(out), "--runs", "3")
+    assert r.returncode == 0, r.stderr
+    assert "output 0: float32[4, 16, 16]  max abs error vs build reference 0" in r.stdout
+    assert "latency: median" in r.stdout
+
+    r = aotpack("guards", str(out))
+    assert r.returncode == 0 and "symbol seq: 10 <= seq <= 256, seq % 2 == 0" in r.stdout
+
+    r = aotpack("inspect", str(out), "--json")
+    info = json.loads(r.stdout)
+    assert info["name"] == "branchy" and info["schema_version"] == [1, 0]
+    assert "weights.safetensors" in info["members"]
+
+
+def test_load_with_inputs_file(tmp_path, built):
+    import torch
+    from safetensors.torch import save_file
+
+    inputs = tmp_path / "in.safetensors"
+    save_file({"x": torch.ones(2, 12, 16)}, inputs)
+    r = aotpack("load", str(built("branchy")), "--inputs", str(inputs), "--runs", "1")
+    assert r.returncode == 0, r.stderr
+    assert "output 0: float32[2, 12, 16]" in r.stdout
+
+
+def _one_line_error(r: subprocess.CompletedProcess, code: int, fragment: str) -> None:
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    # progress lines may come first; the error itself is exactly one line, and the last one
+    assert len(errors) == 1 and lines[-1] == errors[0] and fragment in errors[0], r.stderr
+
+
+def test_errors_are_one_line(tmp_path, built):
+    _one_line_error(aotpack("load", str(tmp_path / "missing.tpk")), 1, "does not exist")
+    junk = tmp_path / "junk.tpk"
+    junk.write_bytes(b"not a zip")
+    _one_line_error(aotpack("load", str(junk)), 1, "not a bundle")
+    _one_line_error(aotpack("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk")), 1,
+                    "untraceable.py:10")
+    assert not (tmp_path / "u.tpk").exists()
+    import torch
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad.safetensors"
+    save_file({"x": torch.ones(2, 7, 16)}, bad)
+    _one_line_error(aotpack("load", str(built("branchy")), "--inputs", str(bad)), 1, "seq >= 9")
+    _one_line_error(aotpack("build", str(model_path("branchy")), "--arch", "volta"), 1, "--arch")

@@ -1,0 +1,121 @@
+"""Build each example model, load the bundle on CPU, and compare with eager PyTorch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from aot.loader import load
+from aot.tracer import example_inputs, instantiate, load_model_file
+
+from aot.errors import GuardError, TraceError
+from tests.conftest import model_path
+
+# (model, shapes to check, a shape outside the declared ranges, what the error must name)
+CASES = [
+    ("mlp", [{"batch": 1}, {"batch": 5}, {"batch": 64}], {"batch": 65}, "batch"),
+    ("gpt", [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 37}, {"batch": 3, "seq": 128}], {"batch": 1, "seq": 1025}, "seq"),
+    ("cnn", [{"batch": 1}, {"batch": 3}], {"batch": 33}, "batch"),
+    ("branchy", [{"batch": 1, "seq": 10}, {"batch": 3, "seq": 52}], {"batch": 2, "seq": 9}, "seq"),
+]
+# fp16 models: the bundle runs the same ATen ops as eager, so differences are accumulation-order noise.
+ATOL = {"float16": 2e-2, "float32": 1e-5}
+
+
+@pytest.mark.parametrize("name, shapes, outside, symbol", CASES, ids=[c[0] for c in CASES])
+def test_bundle_matches_eager_and_rejects_outside(built, name, shapes, outside, symbol):
+    spec = load_model_file(model_path(name))
+    module = instantiate(spec)
+    runner = load(built(name), device="cpu")
+    for sizes in shapes:
+        inputs = example_inputs(spec, sizes, seed=sum(sizes.values()))
+        with torch.no_grad():
+            expected = module(*inputs.values())
+        got = runner(**inputs)
+        assert got.shape == expected.shape
+        err = (got.float() - expected.float()).abs().max().item()
+        assert err <= ATOL[spec.dtype], f"{name} at {sizes}: max abs error {err}"
+    with pytest.raises(GuardError, match=rf"\({symbol}\): expected .* got {outside[symbol]}"):
+        runner(**example_inputs(spec, outside))
+
+
+def test_reference_outputs_reproduce_on_load(built):
+    runner = load(built("mlp"))
+    out = runner(**runner.example_inputs())
+    assert torch.equal(out, runner.reference_outputs()[0])
+
+
+def test_identical_builds_are_byte_identical(tmp_path):
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    for name in ("branchy", "mlp"):
+        paths = []
+        for i in range(2):
+            p = tmp_path / f"{name}{i}.tpk"
+            pack(generate(trace(load_model_file(model_path(name)))), p)
+            paths.append(p.read_bytes())
+        assert paths[0] == paths[1], f"{name}: two builds differ"
+
+
+def test_weights_are_stored_aligned_and_once(built):
+    import zipfile
+
+    from aot import schema
+
+    path = built("gpt")
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(schema.WEIGHTS_PATH)
+        assert info.compress_type == zipfile.ZIP_STORED
+        with open(path, "rb") as f:
+            f.seek(info.header_offset + 26)
+            name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        assert (info.header_offset + 30 + name_len + extra_len) % schema.WEIGHTS_ALIGNMENT == 0
+        weights_bytes = info.file_size
+    n_params = sum(p.numel() for p in instantiate(load_model_file(model_path("gpt"))).parameters())
+    # tied lm_head/wte stored once: the file is the fp16 parameters plus a small header
+    assert 2 * n_params <= weights_bytes <= 2 * n_params * 1.01
+    assert path.stat().st_size <= 1.05 * 2 * n_params
+
+
+BRANCHY_GUARDS = """\
+# aotpack guard manifest for branchy
+# A call whose inputs fall outside these guards is rejected with GuardError.
+
+input x: float32[batch, seq, 16]
+
+symbol batch: 1 <= batch <= 16  (declared 1..16)
+symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)
+  guard seq >= 9  at data/branchy.py:15  if T > 8:
+  guard seq % 2 == 0  at data/branchy.py:17  pairs = x.reshape(B, T // 2, 2 * C)
+"""
+
+
+def test_branch_and_reshape_guards_are_simplified_with_their_lines(built):
+    text = load(built("branchy")).guards_text()
+    assert text.startswith(BRANCHY_GUARDS), text
+
+
+def test_untraceable_model_names_the_line():
+    from aot.tracer import trace
+
+    with pytest.raises(TraceError, match=r"untraceable\.py:10: cannot export the model \(if x\.sum\(\) > 0:\)"):
+        trace(load_model_file(model_path("untraceable")))
+
+
+def test_loader_imports_no_compiler(built):
+    path = built("mlp")
+    code = f"""
+import sys
+import aot.loader
+runner = aot.loader.load({str(path)!r})
+runner(**runner.example_inputs())
+banned = ("triton", "sympy", "torch._dynamo", "torch._inductor", "aot.tracer", "aot.codegen", "aot.packager")
+print(sorted(m for m in sys.modules if m.startswith(banned)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
