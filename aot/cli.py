@@ -37,7 +37,9 @@ def cli() -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="bundle path [default: MODEL's name .tpk]")
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help="GPU archs to compile kernels for")
 @click.option("--weights", type=click.Path(dir_okay=False), help="safetensors file with the module's state dict")
-def build(model: str, output: str | None, arch: str, weights: str | None) -> None:
+@click.option("--split-weights", is_flag=True,
+              help="write the weights beside the bundle as OUT.weights.safetensors (checksummed by the bundle)")
+def build(model: str, output: str | None, arch: str, weights: str | None, split_weights: bool) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
     from aot.codegen import generate, parse_archs
     from aot.packager import pack
@@ -52,7 +54,7 @@ def build(model: str, output: str | None, arch: str, weights: str | None) -> Non
     _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps, "
           f"{len(traced.weights)} weights")
     compiled = generate(traced, archs, progress=_info)
-    pack(compiled, output)
+    pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
     _info(f"wrote {output} ({_mb(size)}, {len(compiled.program.kernels)} kernels for "
           f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s")

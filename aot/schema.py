@@ -214,6 +214,9 @@ class Manifest:
     members: dict[str, Member]
     ops: tuple[str, ...]  # every ATen overload the program calls; the loader checks they exist
     stats: dict[str, Any] = field(default_factory=dict)
+    # When set, WEIGHTS_PATH is not inside the archive but in this file beside it (``--split-weights``);
+    # its sha256 and size are still in ``members``.
+    external_weights: str = ""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ MAX_MANIFEST_BYTES = 16 << 20
 MAX_PROGRAM_BYTES = 512 << 20
 MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is a zip bomb
 _KERNEL_MEMBER = re.compile(r"^kernels/[a-z0-9_]{1,80}\.(py|sm_[0-9]{2,3}a?\.cubin)$")
+_EXTERNAL_WEIGHTS = re.compile(r"^[A-Za-z0-9_.-]{1,200}\.safetensors$")
 _FIXED_MEMBERS = {
     schema.MANIFEST_PATH,
     schema.PROGRAM_PATH,
@@ -53,13 +54,36 @@ class Bundle:
         member = self.manifest.members.get(name)
         if member is None:
             raise BundleError(f"{self.path}: member {name!r} is missing; rebuild the bundle")
-        data = _read_bounded(self._zip, self._infos[name], member.size, self.path)
+        if name == schema.WEIGHTS_PATH and self.manifest.external_weights:
+            data = self._read_external(member.size)
+        else:
+            data = _read_bounded(self._zip, self._infos[name], member.size, self.path)
         if hashlib.sha256(data).hexdigest() != member.sha256:
             raise BundleError(
                 f"{self.path}: checksum mismatch in {name!r} (expected sha256 {member.sha256[:16]}…); "
                 f"the bundle is corrupt, rebuild or re-copy it"
             )
         return data
+
+    def external_path(self) -> Path:
+        name = self.manifest.external_weights
+        if not _EXTERNAL_WEIGHTS.match(name):
+            raise BundleError(f"{self.path}: external weights name {name[:80]!r} is not a plain .safetensors file name")
+        return self.path.with_name(name)
+
+    def _read_external(self, size: int) -> bytes:
+        path = self.external_path()
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size != size:
+                    raise BundleError(
+                        f"{path}: {os.fstat(f.fileno()).st_size} bytes, the bundle expects {size}; "
+                        f"copy the weights file that was built with this bundle"
+                    )
+                return f.read(size)
+        except OSError as e:
+            raise BundleError(f"{self.path}: its weights file {path.name} is unreadable ({e.strerror}); "
+                              f"keep it beside the bundle") from None
 
     def program(self) -> Program:
         import zstandard
@@ -161,13 +185,13 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
             f"{schema.SCHEMA_VERSION[0]}.{schema.SCHEMA_VERSION[1]}; upgrade aotpack"
         )
     manifest = from_json(Manifest, data, "manifest")
-    listed = set(manifest.members)
+    listed = set(manifest.members) - ({schema.WEIGHTS_PATH} if manifest.external_weights else set())
     present = set(by_name) - {schema.MANIFEST_PATH}
     if listed != present:
         missing, extra = sorted(listed - present), sorted(present - listed)
         raise BundleError(f"{path}: members do not match the manifest: missing {missing[:3]}, unlisted {extra[:3]}")
     for name, member in manifest.members.items():
-        if by_name[name].file_size != member.size:
+        if name in by_name and by_name[name].file_size != member.size:
             raise BundleError(
                 f"{path}: member {name!r} is {by_name[name].file_size} bytes, the manifest says {member.size}"
             )

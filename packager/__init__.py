@@ -55,7 +55,7 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
     return members
 
 
-def make_manifest(compiled: Compiled, members: dict[str, bytes]) -> Manifest:
+def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weights: str = "") -> Manifest:
     traced = compiled.traced
     env = environment(compiled.archs, traced.torch_version, compiled.triton_version)
     ops = sorted({s.target for s in compiled.program.steps if s.kind == "aten"}
@@ -79,6 +79,7 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes]) -> Manifest:
         members={p: Member(sha256=hashlib.sha256(b).hexdigest(), size=len(b)) for p, b in sorted(members.items())},
         ops=tuple(ops),
         stats=stats,
+        external_weights=external_weights,
     )
 
 
@@ -103,7 +104,7 @@ def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str,
     """Write the archive to a temporary file beside ``path`` and move it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    fd, tmp = _mkstemp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             with zipfile.ZipFile(f, "w") as zf:
@@ -126,13 +127,54 @@ def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str,
         raise
 
 
-def pack(compiled: Compiled, path: str | os.PathLike) -> Manifest:
-    """Write ``compiled`` as a bundle at ``path``; returns the manifest written."""
+def external_weights_path(bundle: str | os.PathLike) -> Path:
+    """``model.tpk`` → ``model.weights.safetensors`` beside it."""
+    bundle = Path(bundle)
+    return bundle.with_name(bundle.stem + ".weights.safetensors")
+
+
+def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = False) -> Manifest:
+    """Write ``compiled`` as a bundle at ``path``; returns the manifest written.
+
+    ``split_weights``: write the weights to ``<name>.weights.safetensors`` beside the bundle (same
+    bytes, same sha256 in the manifest) so the archive itself stays small, e.g. to ship kernels and
+    weights separately.
+    """
     members = build_members(compiled)
-    draft = make_manifest(compiled, members)
+    external = external_weights_path(path).name if split_weights else ""
+    draft = make_manifest(compiled, members, external)
     members[schema.GUARDS_PATH] = guards_text(
         draft.name, draft.guards, draft.environment, draft.buckets, draft.schema_version
     ).encode()
-    manifest = make_manifest(compiled, members)
+    manifest = make_manifest(compiled, members, external)
+    if split_weights:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(external_weights_path(path), members.pop(schema.WEIGHTS_PATH))
     write_bundle(path, manifest, members)
     return manifest
+
+
+def _mkstemp_beside(path: Path) -> tuple[int, str]:
+    """A temporary file in the target's directory (so ``os.replace`` is atomic), with the
+    permissions a plain ``open`` would give it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return fd, tmp
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = _mkstemp_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
