@@ -50,7 +50,7 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     start = time.perf_counter()
     spec = load_model_file(model)
     _info(f"tracing {model} …")
-    traced = trace(spec, weights=weights)
+    traced = trace(spec, weights=weights, progress=_info)
     _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps, "
           f"{len(traced.weights)} weights")
     compiled = generate(traced, archs, progress=_info)
@@ -67,7 +67,9 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, or auto")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 100000), help="timed calls")
 @click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
-def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs: bool) -> None:
+@click.option("--capture", type=click.Choice(["lazy", "all"]), default="lazy", show_default=True,
+              help="capture each bucket's CUDA graph on its first call, or all at load (largest first)")
+def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs: bool, capture: str) -> None:
     """Load BUNDLE, run it, and compare with the reference stored at build time."""
     import torch
 
@@ -76,7 +78,7 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
-    runner = load_bundle(bundle, device=device)
+    runner = load_bundle(bundle, device=device, capture="none" if no_graphs else capture)
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
     reference = None
     if inputs_file:
@@ -111,36 +113,135 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
                f"{times[min(len(times) - 1, int(len(times) * 0.9))] * 1e3:.3f} ms over {runs} calls")
 
 
-def _manifest_text(target: str) -> str:
-    """Guard text of a bundle, a model file (trace only), or a committed manifest file."""
+def _read_side(target: str, arch: str):
+    """A bundle, a manifest text file, or a model file traced for ``arch`` (nothing compiled)."""
+    from aot.diff import read_side
+
+    archs = None
     if target.endswith(".py"):
-        from aot.codegen import DEFAULT_ARCHS
-        from aot.tracer import guard_manifest_text, load_model_file
+        from aot.codegen import parse_archs
 
-        return guard_manifest_text(load_model_file(target), DEFAULT_ARCHS)
-    from aot.loader.bundle import open_bundle
-    from aot.manifest_text import guards_text
+        archs = parse_archs(arch)
+    return read_side(target, archs)
 
-    b = open_bundle(target)
-    try:
-        m = b.manifest
-        return guards_text(m.name, m.guards, m.environment, m.buckets, m.schema_version)
-    finally:
-        b.close()
+
+def _manifest_text(target: str, arch: str = "sm_80,sm_90") -> str:
+    """Guard text of a bundle, a model file (trace only), or a committed manifest file."""
+    from aot.manifest_text import render
+
+    return render(_read_side(target, arch).manifest)
+
+
+_ARCH_HELP = "archs a build of MODEL.py targets (env archs in its manifest)"
 
 
 @cli.command()
 @click.argument("target", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the manifest to this file")
-def guards(target: str, output: str | None) -> None:
-    """Print the guard manifest of a BUNDLE or a MODEL.py (traced, nothing compiled)."""
-    text = _manifest_text(target)
+@click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
+def guards(target: str, output: str | None, arch: str) -> None:
+    """Print the guard manifest of a BUNDLE, a MODEL.py (traced, nothing compiled) or a manifest
+    file (rewritten in canonical form)."""
+    text = _manifest_text(target, arch)
     if output:
-        with open(output, "w") as f:
+        with open(output, "w", newline="\n") as f:
             f.write(text)
         _info(f"wrote {output}")
     else:
         click.echo(text, nl=False)
+
+
+class _VerdictCommand(click.Command):
+    """``diff`` and ``check`` exit 0/1/2 with their verdict, so a failure to run at all (bad
+    usage, unreadable file, model that does not trace) exits ``aot.diff.EXIT_ERROR`` (4) instead
+    of the usual 1 or 2; an internal error still exits 3."""
+
+    def make_context(self, *args, **kwargs):
+        from aot.diff import EXIT_ERROR
+
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            e.exit_code = EXIT_ERROR
+            raise
+
+    def invoke(self, ctx):
+        from aot.diff import EXIT_ERROR
+
+        try:
+            return super().invoke(ctx)
+        except (AotError, click.ClickException) as e:
+            e.exit_code = EXIT_ERROR
+            raise
+        except OSError as e:
+            err = click.ClickException(f"{e.filename or ''}: {e.strerror or e}")
+            err.exit_code = EXIT_ERROR
+            raise err from None
+
+
+@cli.command("diff", cls=_VerdictCommand)
+@click.argument("old", type=click.Path(dir_okay=False))
+@click.argument("new", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
+def diff_command(old: str, new: str, as_json: bool, arch: str) -> None:
+    """Classify every change from OLD to NEW: each a bundle, a manifest file or a MODEL.py.
+
+    Guards, environment and buckets always; kernels, ops and weights too when both are bundles.
+    Exit status: 0 no change, 1 only safe changes (widened, removed guard, arch added, ...),
+    2 at least one breaking change (narrowed, specialized, dtype/rank, input added/removed,
+    arch dropped, ...), 4 an input could not be read, 3 internal error.
+    """
+    from aot.diff import diff
+
+    result = diff(_read_side(old, arch), _read_side(new, arch))
+    if as_json:
+        click.echo(json.dumps({"old": old, "new": new, **result.to_json()}, indent=1, sort_keys=True))
+    else:
+        click.echo(result.text(), nl=False)
+    sys.exit(result.exit_code)  # click's non-standalone mode would swallow ctx.exit's code
+
+
+@cli.command(cls=_VerdictCommand)
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--against", required=True, type=click.Path(dir_okay=False),
+              help="the committed manifest file (or a bundle) to compare with")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
+def check(model: str, against: str, as_json: bool, arch: str) -> None:
+    """Re-trace MODEL.py (nothing compiled) and fail if the committed manifest no longer matches.
+
+    Exit status: 0 it matches; 2 it does not, whatever the change (the report says which changes
+    are breaking; regenerate with `aotpack guards MODEL.py -o FILE` and review); 4 an input could
+    not be read or MODEL.py does not trace; 3 internal error.
+    """
+    import difflib
+
+    from aot.diff import EXIT_BREAKING, EXIT_SAME, diff
+    from aot.manifest_text import render
+
+    committed = _read_side(against, arch)
+    current = _read_side(model, arch)
+    result = diff(committed, current)
+    before, after = render(committed.manifest), render(current.manifest)
+    stale = before != after or bool(result.changes)
+    code = EXIT_BREAKING if stale else EXIT_SAME
+    if as_json:
+        click.echo(json.dumps({"model": model, "against": against, "stale": stale, "exit_code": code,
+                               "verdict": result.verdict, "changes": result.to_json()["changes"]},
+                              indent=1, sort_keys=True))
+        sys.exit(code)
+    if not stale:
+        click.echo(f"{against} matches {model}")
+        sys.exit(code)
+    click.echo(result.text() if result.changes else "no change in the guards; the manifest text differs\n", nl=False)
+    click.echo("")
+    click.echo("".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                            fromfile=against, tofile=f"{model} (traced now)")), nl=False)
+    kind = {"breaking": "with breaking changes", "safe": "safe changes only"}.get(result.verdict, "text only")
+    _info(f"error: {against} is stale ({kind}); regenerate it with "
+          f"`aotpack guards {model} -o {against}` and review the change")
+    sys.exit(code)
 
 
 @cli.command()

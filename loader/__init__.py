@@ -9,20 +9,21 @@ the tracer, codegen, packager, triton, sympy, torch._dynamo or torch._inductor.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 import torch
+
+from aot import schema
+from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import DTYPES, AtenProgram, resolve_op
-
-from aot import schema
-from aot.errors import BundleError
 from aot.manifest_text import guards_text
 from aot.schema import Manifest
 
 __all__ = ["Runner", "load", "open_bundle"]
+
+CAPTURE_MODES = ("lazy", "all", "none")
 
 
 def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
@@ -42,10 +43,14 @@ class Runner:
     Thread-safe: each call keeps its intermediates to itself.
     """
 
-    def __init__(self, bundle: Bundle, device: str | torch.device = "cpu"):
+    def __init__(self, bundle: Bundle, device: str | torch.device = "cpu", capture: str = "lazy"):
+        if capture not in CAPTURE_MODES:
+            raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         self.bundle = bundle
         self.manifest: Manifest = bundle.manifest
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EnvError("device cuda requested but torch sees no CUDA GPU; load with device='cpu'")
         for op in self.manifest.ops:
             resolve_op(op)
         self.program = bundle.program()
@@ -61,8 +66,18 @@ class Runner:
                 )
         self.weights = {k: v.to(self.device) for k, v in weights.items()}
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
-        self._aten = AtenProgram(self.program, self.weights, self.device)
-        self._lock = threading.Lock()
+        self._gpu = None
+        self._graphs = None
+        if self.device.type == "cuda":
+            from aot.loader.gpu import GpuProgram, GraphRunner
+
+            self._gpu = GpuProgram(bundle, self.program, self.weights, self.device)
+            if capture != "none":
+                self._graphs = GraphRunner(self._gpu, self.manifest.buckets)
+                if capture == "all":
+                    self._graphs.capture_all()
+        else:
+            self._aten = AtenProgram(self.program, self.weights, self.device)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -71,9 +86,16 @@ class Runner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = self.guards.bind(args, dict(kwargs))
         sizes = self.guards.check(values, self.device)
-        outputs = self._aten(dict(zip(self.guards.names, values)), sizes)
-        outputs = [o.clone() if o.data_ptr() in self._owned_ptrs(values) else o for o in outputs]
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        inputs = dict(zip(self.guards.names, values))
+        if self._gpu is None:
+            outputs = self._aten(inputs, sizes)
+        else:
+            key = self._graphs.bucket_for(sizes) if self._graphs is not None else None
+            if key is not None:
+                return _unpack(self._graphs(key, inputs, sizes))  # copied out of the graph: caller-owned
+            outputs = self._gpu(inputs, sizes)
+        owned = self._owned_ptrs(values)
+        return _unpack([o.clone() if o.data_ptr() in owned else o for o in outputs])
 
     def _owned_ptrs(self, values) -> set[int]:
         # outputs must never alias a weight or an input the caller may mutate
@@ -97,6 +119,15 @@ class Runner:
         return guards_text(m.name, m.guards, m.environment, m.buckets, m.schema_version)
 
 
-def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Runner:
-    """Open, verify and prepare a bundle for calls on ``device``."""
-    return Runner(open_bundle(path), device)
+def _unpack(outputs: list[torch.Tensor]) -> Any:
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu", capture: str = "lazy") -> Runner:
+    """Open, verify and prepare a bundle for calls on ``device``.
+
+    On CUDA, ``capture`` picks when CUDA graphs are captured: ``"lazy"`` (a bucket's graph on its
+    first call: the fastest start), ``"all"`` (every bucket at load, largest first), or ``"none"``
+    (kernels launched one by one on every call).
+    """
+    return Runner(open_bundle(path), device, capture)

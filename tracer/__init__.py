@@ -23,7 +23,7 @@ from aot.schema import Bucket, Guards, InputGuard
 from aot.spec import Dim, ModelSpec
 from aot.stages import Traced
 
-__all__ = ["load_model_file", "trace", "export_model", "guard_manifest_text", "example_inputs"]
+__all__ = ["load_model_file", "trace", "export_model", "guard_manifest", "guard_manifest_text", "example_inputs"]
 
 # ATen ops kept whole (library calls at run time) even where a decomposition exists.
 KEEP_OPS = ("scaled_dot_product_attention.default",)
@@ -85,9 +85,21 @@ def _user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary 
     return None
 
 
+# A folder holding one of these is the root of the model's project; guard sites are shown
+# relative to it, so a manifest reads the same on every checkout.
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def _project_root(model_path: Path) -> Path:
+    start = model_path.resolve().parent
+    for folder in (start, *start.parents):
+        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+            return folder
+    return start.parent
+
+
 def _display_path(filename: str, model_path: Path) -> str:
-    base = model_path.resolve().parent.parent
-    rel = os.path.relpath(os.path.realpath(filename), base)
+    rel = os.path.relpath(os.path.realpath(filename), _project_root(model_path))
     return rel if not rel.startswith("..") else os.path.realpath(filename)
 
 
@@ -161,6 +173,29 @@ def instantiate(spec: ModelSpec, weights: str | None = None):
     return module.to(getattr(torch, spec.dtype)).eval()
 
 
+def instantiate_shapes_only(spec: ModelSpec):
+    """The module ``instantiate`` builds, with uninitialized weights (no init, no weights file),
+    or None when the module cannot be built that way.
+
+    Export never reads a parameter's or buffer's value (it traces with fake tensors), so the
+    guards are those of the real module; what this saves is weight initialization, seconds for
+    a model of 100M+ parameters. The module is built on the meta device, then given empty CPU
+    storage so that devices match the example inputs as in a full build.
+    """
+    import torch
+
+    if isinstance(spec.module, torch.nn.Module):
+        return None
+    try:
+        with torch.device("meta"):
+            module = spec.module()
+        if not isinstance(module, torch.nn.Module):
+            return None
+        return module.to(getattr(torch, spec.dtype)).to_empty(device="cpu").eval()
+    except Exception:
+        return None
+
+
 def _load_weights(module, path: Path) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -214,18 +249,26 @@ class Exported:
     start: float
 
 
-def export_model(spec: ModelSpec, weights: str | None = None) -> Exported:
-    """``torch.export`` the model with its declared dims and collect the simplified guards."""
+def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False) -> Exported:
+    """``torch.export`` the model with its declared dims and collect the simplified guards.
+
+    ``fast``: export a module with uninitialized weights (``instantiate_shapes_only``): the same
+    guards, for callers that need only them (``aotpack guards``/``check``); if that module does
+    not export, the full module is exported instead.
+    """
     import torch
     import torch.fx.experimental._config as fx_config
-    from aot.tracer.guards import GuardSimplifier, RawGuard
-    from aot.tracer.symtext import to_text
     from torch.export import Dim as TorchDim
     from torch.export import export
 
+    from aot.tracer.guards import GuardSimplifier, RawGuard
+    from aot.tracer.symtext import to_text
+
     start = time.perf_counter()
     model_path = Path(spec.extra.get("path", "model.py"))
-    module = instantiate(spec, weights)
+    module = instantiate_shapes_only(spec) if fast else None
+    if module is None:
+        fast, module = False, instantiate(spec, weights)
     examples = example_inputs(spec)
     args = tuple(examples[i.name] for i in spec.inputs)
     dynamic = tuple(
@@ -237,6 +280,8 @@ def export_model(spec: ModelSpec, weights: str | None = None) -> Exported:
         with _record_guard_sites(sites), fx_config.patch(backed_size_oblivious=True), torch.no_grad():
             ep = export(module, args, dynamic_shapes=dynamic)
     except Exception as e:
+        if fast:
+            return export_model(spec, weights)
         raise _export_error(e, spec) from None
 
     names = _symbol_names(ep, spec, check=True)
@@ -295,25 +340,36 @@ def _symbol_names(ep, spec: ModelSpec, check: bool = False) -> dict[Any, str]:
     return names
 
 
-def guard_manifest_text(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None) -> str:
-    """The guard manifest of a model file, from export alone (no decomposition, no kernels)."""
+def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None):
+    """The guard manifest (``aot.manifest_text.GuardManifest``) a build of ``spec`` for ``archs``
+    would have, from export alone: no weight init, decomposition or kernels."""
     import torch
 
-    from aot.manifest_text import guards_text
+    from aot.manifest_text import GuardManifest
     from aot.schema import SCHEMA_VERSION
     from aot.stages import environment
 
-    exported = export_model(spec, weights)
-    env = environment(archs, torch.__version__.split("+")[0])
-    return guards_text(spec.name or "model", exported.guards, env, exported.buckets, SCHEMA_VERSION)
+    exported = export_model(spec, weights, fast=True)
+    return GuardManifest(name=spec.name or "model", guards=exported.guards,
+                         environment=environment(archs, torch.__version__.split("+")[0]),
+                         buckets=exported.buckets, schema_version=SCHEMA_VERSION, dtype=spec.dtype)
 
 
-def trace(spec: ModelSpec, weights: str | None = None) -> Traced:
+def guard_manifest_text(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None) -> str:
+    """The guard manifest text of a model file (see ``guard_manifest``)."""
+    from aot.manifest_text import render
+
+    return render(guard_manifest(spec, archs, weights))
+
+
+def trace(spec: ModelSpec, weights: str | None = None, progress=None) -> Traced:
     """Export, decompose, collect guards and lower ``spec`` to a ``Traced``."""
     import torch
     import torch.fx.experimental._config as fx_config
-    from aot.tracer.lower import Lowering
     from torch.export import default_decompositions
+
+    from aot.tracer.lower import Lowering
+    from aot.tracer.padding import check_padding
 
     exported = export_model(spec, weights)
     # keep attention (and friends) whole; everything else to core ATen
@@ -327,6 +383,7 @@ def trace(spec: ModelSpec, weights: str | None = None) -> Traced:
     except Exception as e:
         raise _export_error(e, spec) from None
     program, weight_tensors = Lowering(ep, [i.name for i in spec.inputs], _symbol_names(ep, spec)).run()
+    buckets = check_padding(spec, exported.guards, exported.buckets, exported.ep, exported.module, progress)
 
     args = tuple(exported.examples[i.name] for i in spec.inputs)
     with torch.no_grad():
@@ -340,7 +397,7 @@ def trace(spec: ModelSpec, weights: str | None = None) -> Traced:
         weights=weight_tensors,
         reference_inputs=exported.examples,
         reference_outputs=tuple(o.detach().contiguous() for o in ref_outputs),
-        buckets=exported.buckets,
+        buckets=buckets,
         torch_version=torch.__version__.split("+")[0],
         trace_seconds=time.perf_counter() - exported.start,
     )

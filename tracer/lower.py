@@ -14,12 +14,12 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from aot.tracer.symtext import to_text
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from aot.errors import TraceError
 from aot.schema import NamedTensor, Program, Step, SymbolSource, TensorSpec
+from aot.tracer.symtext import to_text
 
 # Ops that only assert facts about the tracing run; they carry no computation.
 DROPPED_OPS = {

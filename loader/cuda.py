@@ -1,0 +1,129 @@
+"""Launch cubins through the CUDA driver API with ctypes: no triton, no C compiler.
+
+``cuModuleLoadData`` loads a cubin the build compiled (the bundle's sha256 was checked first),
+``cuLaunchKernel`` launches it on torch's current stream. Triton's ABI: the PTX entry takes the
+user arguments, then ``scratch_params`` trailing pointers (global and profile scratch), passed as
+NULL since the build only emits kernels that need none. Dynamic shared memory above 48 KiB needs
+``cuFuncSetAttribute`` first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from aot.errors import EnvError
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+DEFAULT_SHARED_LIMIT = 48 * 1024
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def driver() -> ctypes.CDLL:
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as e:
+                raise EnvError(f"cannot load the CUDA driver libcuda.so.1 ({e}); is an NVIDIA driver installed?") from None
+            lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+            lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+            lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+            lib.cuLaunchKernel.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+            ]
+            lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+            lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+            lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
+            _lib = lib
+    return _lib
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        msg = ctypes.c_char_p()
+        driver().cuGetErrorString(result, ctypes.byref(msg))
+        text = msg.value.decode() if msg.value else "unknown error"
+        raise EnvError(f"CUDA driver: {what} failed with error {result} ({text})")
+
+
+def driver_version() -> int:
+    v = ctypes.c_int()
+    check(driver().cuDriverGetVersion(ctypes.byref(v)), "cuDriverGetVersion")
+    return v.value
+
+
+class Context:
+    """The CUDA context torch made current; bound to each thread that launches."""
+
+    def __init__(self):
+        import torch
+
+        torch.cuda.init()
+        torch.cuda.current_stream()  # makes torch's primary context current on this thread
+        ctx = ctypes.c_void_p()
+        check(driver().cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            raise EnvError("no CUDA context is current after torch initialised CUDA")
+        self.handle = ctx.value
+        self._bound = threading.local()
+
+    def bind(self) -> None:
+        if getattr(self._bound, "ok", False):
+            return
+        cur = ctypes.c_void_p()
+        check(driver().cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+        if cur.value != self.handle:
+            check(driver().cuCtxSetCurrent(self.handle), "cuCtxSetCurrent")
+        self._bound.ok = True
+
+
+class Function:
+    """One kernel of one loaded cubin."""
+
+    def __init__(self, cubin: bytes, name: str, shared: int, num_warps: int):
+        lib = driver()
+        self._image = ctypes.create_string_buffer(cubin, len(cubin))  # must outlive the load call
+        module = ctypes.c_void_p()
+        check(lib.cuModuleLoadData(ctypes.byref(module), self._image), f"cuModuleLoadData({name})")
+        fn = ctypes.c_void_p()
+        check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name})")
+        if shared > DEFAULT_SHARED_LIMIT:
+            check(lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+                  f"cuFuncSetAttribute({name}, shared={shared})")
+        self.module = module
+        self.handle = fn.value
+        self.name = name
+        self.shared = shared
+        self.block = 32 * num_warps
+
+    def launch(self, grid: tuple[int, int, int], stream: int, params: ctypes.Array) -> None:
+        check(
+            _lib.cuLaunchKernel(self.handle, grid[0], grid[1], grid[2], self.block, 1, 1, self.shared,
+                                stream, params, None),
+            f"cuLaunchKernel({self.name})",
+        )
+
+
+def pack_params(values: list[tuple[str, int]]) -> tuple[ctypes.Array, list]:
+    """[(kind, value)] → the ``void**`` array cuLaunchKernel takes, plus the storage it points to
+    (keep both alive as long as the array is used)."""
+    storage = []
+    for kind, value in values:
+        if kind == "ptr":
+            storage.append(ctypes.c_uint64(value))
+        elif kind == "i32":
+            storage.append(ctypes.c_int32(value))
+        elif kind == "i64":
+            storage.append(ctypes.c_int64(value))
+        else:
+            raise EnvError(f"unknown kernel parameter kind {kind!r}")
+    array = (ctypes.c_void_p * max(len(storage), 1))(*[ctypes.cast(ctypes.byref(s), ctypes.c_void_p) for s in storage])
+    return array, storage

@@ -1,0 +1,277 @@
+"""The GPU runtime: kernel steps launched from cubins, library steps through ATen, and CUDA-graph
+capture per bucket, replayed on every call that fits one.
+
+Memory plan: every buffer is released after its last use (liveness computed once at load), so
+inside a capture torch's graph pool hands the same memory to later buffers; all buckets capture
+into one shared pool. Replays are serialized by one lock per runner (calls on one GPU stream
+serialize anyway); outputs are copied out of the graph's static buffers before the lock is
+released, so the caller owns them and a later call never overwrites them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from aot.errors import BundleError, EnvError
+from aot.loader.bundle import Bundle
+from aot.loader.cuda import Context, Function, pack_params
+from aot.loader.program import DTYPES, AtenCall
+from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Kernel, Program, Step
+from aot.symexpr import Expr, compile_expr
+
+ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
+
+
+def pick_arch(archs: tuple[str, ...], capability: tuple[int, int]) -> str:
+    """The cubin arch to load on a device: exact match, else the newest of the same major whose
+    minor does not exceed the device's (sm_80 code runs on sm_86/sm_89)."""
+    major, minor = capability
+    exact = f"sm_{major}{minor}"
+    if exact in archs:
+        return exact
+    compatible = sorted(
+        (a for a in archs if a[3:].isdigit() and int(a[3:-1]) == major and int(a[-1]) <= minor),
+        key=lambda a: int(a[3:]),
+    )
+    if compatible:
+        return compatible[-1]
+    raise EnvError(
+        f"this GPU is {exact}, the bundle has cubins for {', '.join(archs) or 'no arch'}; "
+        f"rebuild with --arch {','.join([*archs, exact])}"
+    )
+
+
+class KernelCall:
+    """One prepared kernel step: function, parameter getters, grid, output allocations."""
+
+    __slots__ = ("fn", "params", "grid", "allocs", "outputs", "reads", "name", "scratch")
+
+    def __init__(self, step: Step, kernel: Kernel, fn: Function, program: Program, device: torch.device):
+        if len(step.args) != len(kernel.params):
+            raise BundleError(f"kernel step {kernel.id} passes {len(step.args)} args for {len(kernel.params)} params")
+        self.fn = fn
+        self.name = kernel.name
+        self.reads: set[str] = set()
+        self.params: list[tuple[str, Any]] = []
+        for param, arg in zip(kernel.params, step.args):
+            if not isinstance(arg, dict) or len(arg) != 1:
+                raise BundleError(f"kernel {kernel.id}: malformed argument {str(arg)[:60]}")
+            if param.kind == "ptr":
+                name = arg.get("buf")
+                if not isinstance(name, str):
+                    raise BundleError(f"kernel {kernel.id}: pointer parameter {param.name} needs a buffer")
+                self.params.append(("ptr", name))
+                if name not in step.outputs:
+                    self.reads.add(name)
+            elif param.kind in ("i32", "i64"):
+                text = arg.get("sym")
+                if not isinstance(text, str):
+                    raise BundleError(f"kernel {kernel.id}: integer parameter {param.name} needs an expression")
+                self.params.append((param.kind, compile_expr(text)))
+            else:
+                raise BundleError(f"kernel {kernel.id}: unknown parameter kind {param.kind[:20]!r}")
+        self.scratch = kernel.scratch_params
+        if not 1 <= len(step.grid) <= 3:
+            raise BundleError(f"kernel {kernel.id}: grid must have 1 to 3 dims, has {len(step.grid)}")
+        self.grid = [compile_expr(g) for g in step.grid] + [compile_expr("1")] * (3 - len(step.grid))
+        self.outputs = tuple(step.outputs)
+        self.allocs = []
+        for name in self.outputs:
+            spec = program.buffers.get(name)
+            if spec is None or spec.dtype not in DTYPES:
+                raise BundleError(f"kernel {kernel.id}: output {name!r} has no buffer spec")
+            self.allocs.append((name, DTYPES[spec.dtype], [compile_expr(s) for s in spec.shape], device))
+
+    def __call__(self, env: dict, sizes: dict, stream: int) -> None:
+        for name, dtype, shape, device in self.allocs:
+            env[name] = torch.empty([s(sizes) for s in shape], dtype=dtype, device=device)
+        values = []
+        for kind, what in self.params:
+            if kind == "ptr":
+                t = env[what]
+                if not t.is_contiguous() or t.data_ptr() % ALIGNMENT:
+                    t = env[what] = t.contiguous() if not t.is_contiguous() else t.clone()
+                values.append(("ptr", t.data_ptr()))
+            else:
+                values.append((kind, what(sizes)))
+        values.extend([("ptr", 0)] * self.scratch)
+        grid = (self.grid[0](sizes), self.grid[1](sizes), self.grid[2](sizes))
+        if min(grid) <= 0:
+            return
+        params, storage = pack_params(values)
+        self.fn.launch(grid, stream, params)
+        del storage
+
+
+class GpuProgram:
+    """Runs the program on a CUDA device, step by step (no graph)."""
+
+    def __init__(self, bundle: Bundle, program: Program, weights: dict[str, torch.Tensor], device: torch.device):
+        self.program = program
+        self.weights = weights
+        self.device = device
+        self.context = Context()
+        kernels = {k.id: k for k in program.kernels}
+        self.arch = None
+        functions: dict[str, Function] = {}
+        if kernels:
+            archs = bundle.manifest.environment.archs
+            self.arch = pick_arch(tuple(archs), torch.cuda.get_device_capability(device))
+            for k in kernels.values():
+                if self.arch not in k.archs:
+                    raise EnvError(f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})")
+                cubin = bundle.read(KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=self.arch))  # sha256 checked
+                functions[k.id] = Function(cubin, k.name, int(k.shared.get(self.arch, 0)), k.num_warps)
+        self.calls: list[Any] = []
+        for step in program.steps:
+            if step.kind == "kernel":
+                k = kernels.get(step.target)
+                if k is None:
+                    raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
+                self.calls.append(KernelCall(step, k, functions[k.id], program, device))
+            else:
+                self.calls.append(AtenCall(step, device))
+        self.frees = _liveness(self.calls, program, weights)
+
+    def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+        self.context.bind()
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        env: dict[str, Any] = dict(self.weights)
+        env.update(inputs)
+        for call, frees in zip(self.calls, self.frees):
+            if type(call) is KernelCall:
+                call(env, sizes, stream)
+            else:
+                call(env, sizes)
+            for name in frees:
+                del env[name]
+        return [env[o] for o in self.program.outputs]
+
+
+def _liveness(calls: list[Any], program: Program, weights: dict) -> list[tuple[str, ...]]:
+    known = set(weights) | {i.name for i in program.inputs}
+    last_use: dict[str, int] = {}
+    for i, call in enumerate(calls):
+        missing = call.reads - known
+        if missing:
+            raise BundleError(f"step {i} ({call.name}) reads {sorted(missing)[:3]} before they are written")
+        for r in call.reads:
+            last_use[r] = i
+        known.update(o for o in call.outputs if o is not None)
+    if set(program.outputs) - known:
+        raise BundleError(f"program outputs {sorted(set(program.outputs) - known)[:3]} are never written")
+    keep = set(program.outputs) | set(weights) | {i.name for i in program.inputs}
+    frees: list[tuple[str, ...]] = [() for _ in calls]
+    for name, i in last_use.items():
+        if name not in keep:
+            frees[i] += (name,)
+    # buffers written but never read (unused multi-outputs) die right away
+    for i, call in enumerate(calls):
+        for o in call.outputs:
+            if o is not None and o not in last_use and o not in keep:
+                frees[i] += (o,)
+    return frees
+
+
+class _Captured:
+    __slots__ = ("graph", "inputs", "outputs", "sizes")
+
+    def __init__(self, graph, inputs, outputs, sizes):
+        self.graph, self.inputs, self.outputs, self.sizes = graph, inputs, outputs, sizes
+
+
+class GraphRunner:
+    """CUDA graphs per bucket: captured lazily on first use (``capture="lazy"``) or all at load,
+    largest first (``capture="all"``), into one shared memory pool."""
+
+    def __init__(self, gpu: GpuProgram, buckets: tuple[Bucket, ...]):
+        self.gpu = gpu
+        self.buckets = {b.symbol: b for b in buckets}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple, _Captured] = {}
+        self.lock = threading.Lock()
+        program = gpu.program
+        self.symbols = [s.symbol for s in program.symbols]
+        self._input_shapes = {i.name: [compile_expr(s) for s in i.spec.shape] for i in program.inputs}
+        self._input_dtypes = {i.name: DTYPES[i.spec.dtype] for i in program.inputs}
+        # outputs: which dims are exactly a symbol (sliceable after padding)
+        self._out_dims: list[list[tuple[int, Expr]]] = []
+        for name in program.outputs:
+            spec = program.buffers.get(name) or next((i.spec for i in program.inputs if i.name == name), None)
+            self._out_dims.append([(d, compile_expr(s)) for d, s in enumerate(spec.shape)] if spec else [])
+
+    def bucket_for(self, sizes: dict[str, int]) -> tuple | None:
+        key = []
+        for sym in self.symbols:
+            value = sizes[sym]
+            b = self.buckets.get(sym)
+            if b is None:
+                return None
+            if value in b.sizes:
+                key.append(value)
+            elif b.paddable:
+                bigger = [s for s in b.sizes if s >= value]
+                if not bigger:
+                    return None
+                key.append(bigger[0])
+            else:
+                return None
+        return tuple(key)
+
+    def all_keys(self) -> list[tuple]:
+        import itertools
+
+        sizes = [self.buckets[s].sizes for s in self.symbols]
+        keys = list(itertools.product(*sizes))
+        return sorted(keys, key=lambda k: [-v for v in k])
+
+    def capture(self, key: tuple) -> _Captured:
+        gpu = self.gpu
+        sizes = dict(zip(self.symbols, key))
+        inputs = {
+            name: torch.zeros([s(sizes) for s in shape], dtype=self._input_dtypes[name], device=gpu.device)
+            for name, shape in self._input_shapes.items()
+        }
+        side = torch.cuda.Stream(gpu.device)
+        side.wait_stream(torch.cuda.current_stream(gpu.device))
+        with torch.cuda.stream(side):
+            gpu(inputs, sizes)  # warm-up: library handles and workspaces exist before capture
+        torch.cuda.current_stream(gpu.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = gpu(inputs, sizes)
+        captured = _Captured(graph, inputs, outputs, sizes)
+        self.graphs[key] = captured
+        return captured
+
+    def capture_all(self) -> None:
+        with self.lock:
+            for key in self.all_keys():
+                if key not in self.graphs:
+                    self.capture(key)
+
+    def __call__(self, key: tuple, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+        with self.lock:
+            captured = self.graphs.get(key) or self.capture(key)
+            padded = captured.sizes != sizes
+            for name, value in inputs.items():
+                static = captured.inputs[name]
+                if padded and static.shape != value.shape:
+                    static[tuple(slice(0, n) for n in value.shape)].copy_(value)
+                else:
+                    static.copy_(value)
+            captured.graph.replay()
+            results = []
+            for out, dims in zip(captured.outputs, self._out_dims):
+                if padded:
+                    index = tuple(slice(0, e(sizes)) for _, e in dims)
+                    out = out[index]
+                results.append(out.clone())
+            return results
+
+    def output_dims_paddable(self) -> bool:
+        """Padding is only sound when every output dim is a constant or exactly one symbol."""
+        return all(e.is_constant or e.text in self.symbols for dims in self._out_dims for _, e in dims)

@@ -1,0 +1,144 @@
+"""GPU runtime tests: run on a GPU machine against bundles built on the CPU build box.
+
+    AOTPACK_GPU_BUNDLES=/path/with/{mlp,gpt,cnn}.tpk pytest -m gpu tests/gpu
+
+Never run in CI (no GPU there).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+BUNDLES = Path(os.environ.get("AOTPACK_GPU_BUNDLES", "bundles"))
+ROOT = Path(__file__).resolve().parents[2]
+# fp16 against eager fp16 on the same GPU: fused kernels reassociate sums and GELU/LayerNorm run in
+# fp32 registers, so allow a few fp16 ulps of the output scale.
+TOLERANCE = {"mlp": 3e-2, "gpt": 6e-2, "cnn": 6e-2}
+SHAPES = {
+    "mlp": [{"batch": 1}, {"batch": 8}, {"batch": 3}, {"batch": 64}],
+    "gpt": [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 128}, {"batch": 1, "seq": 1}, {"batch": 3, "seq": 100},
+            {"batch": 2, "seq": 77}],
+    "cnn": [{"batch": 1}, {"batch": 8}, {"batch": 3}],
+}
+
+
+def _bundle(name: str) -> Path:
+    path = BUNDLES / f"{name}.tpk"
+    if not path.is_file():
+        pytest.skip(f"no prebuilt bundle {path}")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    return path
+
+
+@pytest.fixture(scope="module")
+def eager():
+    from aot.tracer import instantiate, load_model_file
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            spec = load_model_file(ROOT / "models" / f"{name}.py")
+            cache[name] = (spec, instantiate(spec).cuda())
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("capture", ["lazy", "none"])
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
+def test_matches_eager_fp16(name, capture, eager):
+    from aot.loader import load
+    from aot.tracer import example_inputs
+
+    runner = load(_bundle(name), device="cuda", capture=capture)
+    spec, module = eager(name)
+    for sizes in SHAPES[name]:
+        inputs = {k: v.cuda() for k, v in example_inputs(spec, sizes, seed=7).items()}
+        with torch.no_grad():
+            want = module(*inputs.values()).float()
+        got = runner(**inputs).float()
+        first = got.clone()
+        runner(**inputs)  # a later call must not overwrite an earlier result
+        assert torch.equal(first, got)
+        err = (got - want).abs().max().item()
+        scale = want.abs().max().item()
+        assert err <= TOLERANCE[name] * max(1.0, scale), f"{name} {sizes} capture={capture}: {err} (scale {scale})"
+
+
+def test_padded_bucket_matches_exact(eager):
+    from aot.loader import load
+    from aot.tracer import example_inputs
+
+    runner = load(_bundle("mlp"), device="cuda")
+    spec, _ = eager("mlp")
+    x = example_inputs(spec, {"batch": 5}, seed=3)["x"].cuda()
+    padded = runner(x)  # batch 5 runs in the batch-8 graph, padded
+    assert runner._graphs.bucket_for({"batch": 5}) == (8,)
+    exact = load(_bundle("mlp"), device="cuda", capture="none")(x)
+    assert padded.shape == exact.shape
+    assert (padded.float() - exact.float()).abs().max().item() <= 1e-2
+
+
+def test_load_compiles_nothing():
+    path = _bundle("gpt")
+    code = f"""
+import sys, torch
+from aot.loader import load
+r = load({str(path)!r}, device="cuda")
+x = torch.randint(0, 50257, (2, 64), device="cuda")
+r(x); torch.cuda.synchronize()
+banned = ("triton", "torch._dynamo", "torch._inductor", "sympy", "aot.tracer", "aot.codegen", "aot.packager")
+print(sorted(m for m in sys.modules if m.startswith(banned)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_missing_arch_is_an_env_error():
+    from aot.errors import EnvError
+    from aot.loader.gpu import pick_arch
+
+    assert pick_arch(("sm_80", "sm_90"), (9, 0)) == "sm_90"
+    assert pick_arch(("sm_80", "sm_90"), (8, 9)) == "sm_80"
+    with pytest.raises(EnvError, match=r"this GPU is sm_100, the bundle has cubins for sm_80, sm_90"):
+        pick_arch(("sm_80", "sm_90"), (10, 0))
+
+
+def test_concurrent_calls_with_graphs(eager):
+    import threading
+
+    from aot.loader import load
+    from aot.tracer import example_inputs
+
+    runner = load(_bundle("mlp"), device="cuda")
+    spec, module = eager("mlp")
+    errors = []
+
+    def work(i):
+        torch.cuda.set_device(0)
+        for j in range(5):
+            sizes = {"batch": 1 + (i * 7 + j) % 64}
+            x = example_inputs(spec, sizes, seed=i * 10 + j)["x"].cuda()
+            with torch.no_grad():
+                want = module(x).float()
+            got = runner(x).float()
+            if (got - want).abs().max().item() > 3e-2 * max(1.0, want.abs().max().item()):
+                errors.append((i, j, sizes))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

@@ -1,0 +1,100 @@
+"""Check, at build time, that padding a paddable dim leaves the real rows' outputs unchanged.
+
+A call whose size has no CUDA graph of its own may run in a larger bucket's graph with its inputs
+padded. That is only sound when (1) every output dim that depends on the padded symbol is exactly
+that symbol (so the real rows can be sliced out) and (2) the real rows do not depend on the padded
+ones. (1) is read off the traced output shapes; (2) is tested by running the model at a size ``n``
+and padded to the next bucket with random values in the padding, then comparing the real rows.
+A dim that fails either is not padded, and the bundle records why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from aot.guardtext import admits
+from aot.schema import Bucket, Guards
+from aot.spec import ModelSpec
+
+# Real rows may differ by this much relative to the output's scale: a different size can change a
+# library's blocking and hence rounding (a few ulps); random padding that leaks differs by O(1).
+PAD_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4, "float64": 1e-8}
+
+
+def check_padding(spec: ModelSpec, guards: Guards, buckets: tuple[Bucket, ...], ep: Any, module: Any,
+                  progress=None) -> tuple[Bucket, ...]:
+    import torch
+
+    from aot.tracer import example_inputs
+
+    symbols = {g.name: g for g in guards.symbols}
+    out_shapes = [v.shape for v in _output_vals(ep)]
+    sym_of = {}
+    for inp, val in zip(spec.inputs, [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"][-len(spec.inputs):]):
+        for declared, size in zip(inp.shape, val.shape):
+            if hasattr(declared, "name") and isinstance(size, torch.SymInt):
+                sym_of[declared.name] = size.node.expr
+    result = []
+    for bucket in buckets:
+        if not bucket.paddable:
+            result.append(bucket)
+            continue
+        name = bucket.symbol
+        expr = sym_of.get(name)
+        reason = None
+        for i, shape in enumerate(out_shapes):
+            for d, size in enumerate(shape):
+                e = size.node.expr if isinstance(size, torch.SymInt) else None
+                if e is not None and expr in e.free_symbols and e != expr:
+                    reason = f"output {i} dim {d} is {e}, not {name} alone"
+        g = symbols[name]
+        pair = _sizes_to_check(g, bucket.sizes)
+        if reason is None and pair is None:
+            result.append(replace(bucket, pad_check="every admitted size is a bucket: padding never needed"))
+            continue
+        if reason is None:
+            n, b = pair
+            base = {d.name: d.example_size for d in spec.dims()}
+            real = example_inputs(spec, {**base, name: n}, seed=spec.seed + 1)
+            padded = example_inputs(spec, {**base, name: b}, seed=spec.seed + 2)
+            for inp in spec.inputs:
+                dims = [d for d, s in enumerate(inp.shape) if getattr(s, "name", None) == name]
+                index = tuple(slice(0, n) if d in dims else slice(None) for d in range(len(inp.shape)))
+                padded[inp.name][index] = real[inp.name]
+            with torch.no_grad():
+                want = _as_list(module(*real.values()))
+                got = _as_list(module(*padded.values()))
+            diff, scale = 0.0, 1.0
+            for w, p, shape in zip(want, got, out_shapes):
+                index = tuple(
+                    slice(0, n) if isinstance(s, torch.SymInt) and s.node.expr == expr else slice(None) for s in shape
+                )
+                diff = max(diff, (p[index].float() - w.float()).abs().max().item())
+                scale = max(scale, w.float().abs().max().item())
+            if diff <= PAD_TOLERANCE[spec.dtype] * scale:
+                result.append(replace(bucket, pad_check=f"{name} {n} padded to {b}: real rows differ by at most {diff:.3g}"))
+                continue
+            reason = f"padding {name} {n} to {b} changed real rows by {diff:.3g}"
+        if progress:
+            progress(f"  {name} is marked paddable but will not be padded: {reason}")
+        result.append(replace(bucket, paddable=False, pad_check=f"refused: {reason}"))
+    return tuple(result)
+
+
+def _sizes_to_check(g, sizes: tuple[int, ...]) -> tuple[int, int] | None:
+    """The smallest admitted size that is not a bucket, and the bucket it pads to."""
+    for b_prev, b in zip((g.min - 1, *sizes), sizes):
+        for n in range(b_prev + 1, b):
+            if admits(g, n):
+                return n, b
+    return None
+
+
+def _output_vals(ep) -> list:
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    return [a.meta["val"] for a in out.args[0]]
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, (tuple, list)) else [x]
