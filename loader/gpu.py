@@ -241,7 +241,8 @@ class GraphRunner:
             gpu(inputs, sizes)  # warm-up: library handles and workspaces exist before capture
         torch.cuda.current_stream(gpu.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: other threads may keep using CUDA while this one captures
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             outputs = gpu(inputs, sizes)
         captured = _Captured(graph, inputs, outputs, sizes)
         self.graphs[key] = captured

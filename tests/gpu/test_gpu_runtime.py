@@ -126,6 +126,12 @@ def test_concurrent_calls_with_graphs(eager):
     errors = []
 
     def work(i):
+        try:
+            run(i)
+        except Exception as e:  # a thread's exception must fail the test, not vanish
+            errors.append((i, repr(e)))
+
+    def run(i):
         torch.cuda.set_device(0)
         for j in range(5):
             sizes = {"batch": 1 + (i * 7 + j) % 64}
@@ -137,6 +143,7 @@ def test_concurrent_calls_with_graphs(eager):
                 errors.append((i, j, sizes))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    # 8 threads, shapes spread over many buckets: captures happen while other threads run
     for t in threads:
         t.start()
     for t in threads:
