@@ -22,9 +22,9 @@ def main() -> None:
     start = time.time()
     import torch
     import torch._inductor
+    from common import SHAPES, build_module, load_spec, make_inputs
 
     from aot.spec import Dim
-    from common import SHAPES, build_module, load_spec, make_inputs
 
     spec = load_spec(args.model)
     module = build_module(args.model, args.weights)

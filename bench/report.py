@@ -38,6 +38,10 @@ def pick(runs, model, system, run=None):
     return None
 
 
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a and b else "—"
+
+
 def fmt(v, unit=""):
     return "—" if v is None else f"{v:.3f}{unit}" if v < 10 else f"{v:.1f}{unit}"
 
@@ -70,14 +74,15 @@ def main(paths: list[str]) -> None:
                     cells.append("—" if r is None or not r.get("error") else "failed")
             a = med.get("aotpack")
             others = [v for s, v in med.items() if s != "aotpack"]
-            ratio = lambda d: f"{a / d:.2f}" if a and d else "—"  # noqa: E731
-            out.append(f"| {m} | {shape} | " + " | ".join(cells) + f" | {ratio(min(others) if others else None)} | "
-                       f"{ratio(med.get('reduce-overhead'))} | {ratio(med.get('graph'))} |")
+            out.append(f"| {m} | {shape} | " + " | ".join(cells) + f" | {_ratio(a, min(others) if others else None)} | "
+                       f"{_ratio(a, med.get('reduce-overhead'))} | {_ratio(a, med.get('graph'))} |")
     out += ["", "## Cold start (process spawn → first correct output), s", "",
             "| model | eager | eager + graph | compile cold / warm | reduce-overhead cold / warm | AOTInductor load | aotpack | "
             "aotpack / eager | aotpack / best warm compile |", "|---" * 9 + "|"]
     for m in models:
-        cs = lambda s, run=None: (pick(runs, m, s, run) or {}).get("cold_start_s")  # noqa: E731
+        def cs(system, run=None, model=m):
+            return (pick(runs, model, system, run) or {}).get("cold_start_s")
+
         a, e = cs("aotpack"), cs("eager")
         warm = [v for v in (cs("compile", "warm"), cs("reduce-overhead", "warm")) if v]
         out.append(

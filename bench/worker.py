@@ -28,7 +28,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-
     from common import SHAPES, build_module, make_inputs, shape_label, timed_calls
 
     result = {"system": args.system, "model": args.model}
