@@ -297,6 +297,38 @@ def inspect(bundle: str, as_json: bool) -> None:
         click.echo(f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}")
 
 
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--device", default="cuda", show_default=True, help="the GPU to verify on")
+def verify(bundle: str, device: str) -> None:
+    """On a GPU: every kernel against its reference decomposition and the whole program against
+    the CPU reference path, at the bundle's buckets; prints max errors, exits 2 on a mismatch."""
+    import torch
+
+    from aot.errors import EnvError
+    from aot.loader.verify import TOLERANCE, passed
+    from aot.loader.verify import verify as run_verify
+
+    if not torch.cuda.is_available():
+        raise EnvError("aotpack verify needs a CUDA GPU; torch sees none")
+    reports = run_verify(bundle, device)
+    from aot.loader.bundle import open_bundle
+
+    dtype = open_bundle(bundle).manifest.dtype
+    failed = 0
+    for r in reports:
+        ok = passed(r, dtype)
+        failed += not ok
+        worst = max(r.kernel_errs.items(), key=lambda kv: kv[1], default=("-", 0.0))
+        graph = "-" if r.graph_err is None else f"{r.graph_err:.3g}"
+        click.echo(f"{'ok  ' if ok else 'FAIL'} {', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
+                   f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
+                   f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}")
+    click.echo(f"{len(reports) - failed}/{len(reports)} sizes passed (tolerance {TOLERANCE.get(dtype)} of the output scale)")
+    if failed:
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     try:
