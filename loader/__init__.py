@@ -18,6 +18,7 @@ from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import DTYPES, AtenProgram, resolve_op
+from aot.loader.weights import to_device
 from aot.manifest_text import guards_text
 from aot.schema import Manifest
 
@@ -54,7 +55,7 @@ class Runner:
         for op in self.manifest.ops:
             resolve_op(op)
         self.program = bundle.program()
-        weights = _load_tensors(bundle, schema.WEIGHTS_PATH)
+        weights = to_device(bundle.read(schema.WEIGHTS_PATH), self.device, f"{bundle.path}: {schema.WEIGHTS_PATH}")
         for w in self.program.weights:
             t = weights.get(w.name)
             if t is None:
@@ -64,7 +65,7 @@ class Runner:
                     f"{bundle.path}: weight {w.name!r} is {t.dtype} {list(t.shape)}, the program expects "
                     f"{w.spec.dtype} {list(w.spec.shape)}"
                 )
-        self.weights = {k: v.to(self.device) for k, v in weights.items()}
+        self.weights = weights
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._gpu = None
         self._graphs = None
@@ -103,6 +104,9 @@ class Runner:
 
     def example_inputs(self) -> dict[str, torch.Tensor]:
         ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)
+        missing = [n for n in self.input_names if schema.REFERENCE_INPUT_PREFIX + n not in ref]
+        if missing:
+            raise BundleError(f"{self.bundle.path}: {schema.REFERENCE_PATH} has no example for inputs {missing[:3]}")
         return {n: ref[schema.REFERENCE_INPUT_PREFIX + n].to(self.device) for n in self.input_names}
 
     def reference_outputs(self) -> list[torch.Tensor]:
@@ -110,7 +114,7 @@ class Runner:
         outs = sorted(
             (int(k.removeprefix(schema.REFERENCE_OUTPUT_PREFIX)), v)
             for k, v in ref.items()
-            if k.startswith(schema.REFERENCE_OUTPUT_PREFIX)
+            if k.startswith(schema.REFERENCE_OUTPUT_PREFIX) and k[len(schema.REFERENCE_OUTPUT_PREFIX):].isdecimal()
         )
         return [v for _, v in outs]
 
@@ -130,4 +134,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu", capture: s
     first call: the fastest start), ``"all"`` (every bucket at load, largest first), or ``"none"``
     (kernels launched one by one on every call).
     """
-    return Runner(open_bundle(path), device, capture)
+    bundle = open_bundle(path)
+    try:
+        return Runner(bundle, device, capture)
+    except BaseException:
+        bundle.close()  # a server that retries a bad bundle must not leak its file handle
+        raise
