@@ -191,6 +191,7 @@ class GraphRunner:
         self.gpu = gpu
         self.buckets = {b.symbol: b for b in buckets}
         self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(gpu.device)
         self.graphs: dict[tuple, _Captured] = {}
         self.lock = threading.Lock()
         program = gpu.program
@@ -235,14 +236,16 @@ class GraphRunner:
             name: torch.zeros([s(sizes) for s in shape], dtype=self._input_dtypes[name], device=gpu.device)
             for name, shape in self._input_shapes.items()
         }
-        side = torch.cuda.Stream(gpu.device)
+        # Warm up and capture on one stream of our own: library handles and workspaces (cuBLAS
+        # keeps one per stream) exist before capture, and exist once.
+        side = self.stream
         side.wait_stream(torch.cuda.current_stream(gpu.device))
         with torch.cuda.stream(side):
-            gpu(inputs, sizes)  # warm-up: library handles and workspaces exist before capture
+            gpu(inputs, sizes)
         torch.cuda.current_stream(gpu.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads may keep using CUDA while this one captures
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             outputs = gpu(inputs, sizes)
         captured = _Captured(graph, inputs, outputs, sizes)
         self.graphs[key] = captured
