@@ -39,7 +39,9 @@ def cli() -> None:
 @click.option("--weights", type=click.Path(dir_okay=False), help="safetensors file with the module's state dict")
 @click.option("--split-weights", is_flag=True,
               help="write the weights beside the bundle as OUT.weights.safetensors (checksummed by the bundle)")
-def build(model: str, output: str | None, arch: str, weights: str | None, split_weights: bool) -> None:
+@click.option("--no-fuse", is_flag=True, help="keep every ATen op a library call (no kernels compiled)")
+def build(model: str, output: str | None, arch: str, weights: str | None, split_weights: bool,
+          no_fuse: bool) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
     from aot.codegen import generate, parse_archs
     from aot.packager import pack
@@ -53,7 +55,7 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     traced = trace(spec, weights=weights, progress=_info)
     _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps, "
           f"{len(traced.weights)} weights")
-    compiled = generate(traced, archs, progress=_info)
+    compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
     _info(f"wrote {output} ({_mb(size)}, {len(compiled.program.kernels)} kernels for "
@@ -260,7 +262,8 @@ def inspect(bundle: str, as_json: bool) -> None:
         b.close()
     kernels = [
         {"id": k.id, "name": k.name, "ops": list(k.ops), "archs": list(k.archs), "bytes_moved": k.bytes_moved,
-         "num_warps": k.num_warps, "config": k.config}
+         "num_warps": k.num_warps, "config": k.config,
+         "launches": sum(s.kind == "kernel" and s.target == k.id for s in program.steps)}
         for k in program.kernels
     ]
     steps = {"aten": sum(s.kind == "aten" for s in program.steps),
@@ -290,7 +293,8 @@ def inspect(bundle: str, as_json: bool) -> None:
     click.echo(f"program: {steps['aten']} library calls, {steps['kernel']} kernel launches "
                f"({len(program.kernels)} distinct kernels fusing {replaced} ATen ops)")
     for k in kernels:
-        click.echo(f"  kernel {k['name']}: {len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
+        click.echo(f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
+                   f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
                    f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}")
     click.echo(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
     for bk in m.buckets:

@@ -1,40 +1,323 @@
 """The guard manifest as stable, sorted, line-oriented text: what ``aotpack guards`` prints and
-what teams commit and review. One fact per line so ``git diff`` shows exactly what changed."""
+what teams commit and review. One fact per line so ``git diff`` shows exactly what changed, and a
+parser for it, so a committed manifest can be compared with a bundle or a freshly traced model.
+
+The format (``#`` lines and blank lines are comments)::
+
+    model branchy
+    dtype float32
+
+    input x: float32[batch, seq, 16]                     # in call order: positional calls bind by it
+
+    symbol batch: 1 <= batch <= 16  (declared 1..16)       # sorted by name
+    symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)
+      guard seq >= 9  at tests/data/branchy.py:15  if T > 8:
+      guard seq % 2 == 0  at tests/data/branchy.py:17  pairs = x.reshape(B, T // 2, 2 * C)
+    relation batch*seq <= 4096  at models/m.py:30  ...     # multi-symbol guards, sorted
+    specialized ...  at FILE:LINE  CODE                    # sizes tracing fixed, sorted
+
+    bucket seq: 16, 32, 64, 128, 256  paddable
+
+    env schema 1.0
+    env archs sm_80, sm_90
+    env torch >= 2.11
+
+Fields within a line are separated by two spaces; guard text, expressions and file paths never
+hold two spaces in a row, so a line splits back unambiguously. Nothing machine- or time-specific
+is written: the build's own torch/triton/python versions stay in the bundle, not here.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, replace
+
+from aot.errors import BundleError
 from aot.guardtext import admissible_text
-from aot.schema import Bucket, Environment, Guards
+from aot.schema import (
+    Bucket,
+    Environment,
+    Guards,
+    GuardSource,
+    InputGuard,
+    Manifest,
+    Relation,
+    SymbolGuard,
+)
+
+HEADER = (
+    "# aotpack guard manifest: a call whose inputs fall outside these guards is rejected with GuardError.\n"
+    "# Regenerate: aotpack guards MODEL.py -o FILE   Review a change: aotpack diff OLD NEW\n"
+)
+CPU_ONLY = "(none: CPU only)"
+# Bounds on what a parsed manifest may hold, so a hand-edited or hostile file cannot make the
+# exact set comparison in ``aot.diff`` (whose cost grows with the modulus) run for long.
+MAX_MODULUS = 1024
+MAX_EXCLUDED = 1024
+MAX_SIZE = 1 << 62
+
+
+@dataclass(frozen=True)
+class GuardManifest:
+    """What the manifest text holds: a bundle's contract without its kernels and weights."""
+
+    name: str
+    guards: Guards
+    environment: Environment
+    buckets: tuple[Bucket, ...] = ()
+    schema_version: tuple[int, int] = (0, 0)
+    dtype: str = ""  # the model's compute dtype ("" when unknown)
+
+
+def manifest_of_bundle(m: Manifest) -> GuardManifest:
+    return GuardManifest(name=m.name, guards=m.guards, environment=m.environment, buckets=m.buckets,
+                         schema_version=m.schema_version, dtype=m.dtype)
+
+
+def _arch_key(arch: str) -> tuple[int, str]:
+    digits = re.sub(r"\D", "", arch)
+    return (int(digits) if digits else 0, arch)
+
+
+def canonical(m: GuardManifest) -> GuardManifest:
+    """``m`` as its text holds it: sorted, build-only environment fields dropped. For any ``m``,
+    ``parse_guards_text(render(m)) == canonical(m)``."""
+    g = m.guards
+    symbols = tuple(
+        replace(s, residues=tuple(sorted(s.residues)), excluded=tuple(sorted(s.excluded)),
+                sources=tuple(sorted({_one_line_source(src) for src in s.sources}, key=_source_key)))
+        for s in sorted(g.symbols, key=lambda s: s.name)
+    )
+    relations = tuple(sorted({Relation(expr=_one_line(r.expr), source=_one_line_source(replace(r.source, text=r.expr)))
+                              for r in g.relations}, key=lambda r: (r.expr, *_source_key(r.source))))
+    specializations = tuple(sorted({_one_line_source(s) for s in g.specializations},
+                                   key=lambda s: (s.text, *_source_key(s))))
+    env = Environment(archs=tuple(sorted(set(m.environment.archs), key=_arch_key)), torch_built="",
+                      torch_min=m.environment.torch_min, triton_built="", python_built="")
+    buckets = tuple(replace(b, sizes=tuple(sorted(set(b.sizes))), pad_check="")
+                    for b in sorted(m.buckets, key=lambda b: b.symbol))
+    return GuardManifest(
+        name=_one_line(m.name), guards=Guards(inputs=g.inputs, symbols=symbols, relations=relations,
+                                   specializations=specializations),
+        environment=env, buckets=buckets, schema_version=tuple(m.schema_version), dtype=m.dtype,
+    )
+
+
+def _source_key(s: GuardSource) -> tuple[str, int, str, str]:
+    return (s.file, s.line, s.text, s.code)
+
+
+def _one_line(text: str) -> str:
+    """No line breaks or runs of spaces inside a field (they would split the line differently)."""
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _one_line_source(src: GuardSource) -> GuardSource:
+    return GuardSource(text=_one_line(src.text), file=_one_line(src.file), line=src.line, code=_one_line(src.code))
+
+
+def site_text(src: GuardSource) -> str:
+    """``at FILE:LINE  CODE``: where a guard came from."""
+    code = _one_line(src.code)
+    return f"at {_one_line(src.file)}:{src.line}" + (f"  {code}" if code else "")
+
+
+def render(m: GuardManifest) -> str:
+    """The manifest text of ``m`` (canonicalized first)."""
+    m = canonical(m)
+    lines = [HEADER.rstrip("\n"), f"model {_one_line(m.name)}"]
+    if m.dtype:
+        lines.append(f"dtype {m.dtype}")
+    lines.append("")
+    for inp in m.guards.inputs:
+        lines.append(f"input {inp.name}: {inp.dtype}[{', '.join(inp.shape)}]")
+    if m.guards.symbols or m.guards.relations or m.guards.specializations:
+        lines.append("")
+    for sym in m.guards.symbols:
+        lines.append(f"symbol {sym.name}: {admissible_text(sym)}  (declared {sym.declared_min}..{sym.declared_max})")
+        for src in sym.sources:
+            lines.append(f"  guard {_one_line(src.text)}  {site_text(src)}")
+    for rel in m.guards.relations:
+        lines.append(f"relation {_one_line(rel.expr)}  {site_text(rel.source)}")
+    for spec in m.guards.specializations:
+        lines.append(f"specialized {_one_line(spec.text)}  {site_text(spec)}")
+    if m.buckets:
+        lines.append("")
+        for b in m.buckets:
+            pad = "  paddable" if b.paddable else ""
+            lines.append(f"bucket {b.symbol}: {', '.join(map(str, b.sizes))}{pad}")
+    env = m.environment
+    lines += [
+        "",
+        f"env schema {m.schema_version[0]}.{m.schema_version[1]}",
+        f"env archs {', '.join(env.archs) if env.archs else CPU_ONLY}",
+        f"env torch >= {env.torch_min}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def guards_text(name: str, guards: Guards, environment: Environment, buckets: tuple[Bucket, ...] = (),
-                schema_version: tuple[int, int] = (0, 0)) -> str:
-    lines = [
-        f"# aotpack guard manifest for {name}",
-        "# A call whose inputs fall outside these guards is rejected with GuardError.",
-        "",
-    ]
-    for inp in guards.inputs:
-        lines.append(f"input {inp.name}: {inp.dtype}[{', '.join(inp.shape)}]")
-    lines.append("")
-    for sym in guards.symbols:
-        lines.append(f"symbol {sym.name}: {admissible_text(sym)}  (declared {sym.declared_min}..{sym.declared_max})")
-        for src in sym.sources:
-            lines.append(f"  guard {src.text}  at {src.file}:{src.line}  {src.code}".rstrip())
-    for rel in guards.relations:
-        src = rel.source
-        lines.append(f"relation {rel.expr}  at {src.file}:{src.line}  {src.code}".rstrip())
-    for spec in guards.specializations:
-        lines.append(f"specialized {spec.text}  at {spec.file}:{spec.line}  {spec.code}".rstrip())
-    if buckets:
-        lines.append("")
-        for b in buckets:
-            pad = "  paddable" if b.paddable else ""
-            lines.append(f"bucket {b.symbol}: {', '.join(map(str, b.sizes))}{pad}")
-    lines += [
-        "",
-        f"env schema {schema_version[0]}.{schema_version[1]}",
-        f"env archs {', '.join(environment.archs) if environment.archs else '(none: CPU only)'}",
-        f"env torch >= {environment.torch_min}",
-    ]
-    return "\n".join(lines) + "\n"
+                schema_version: tuple[int, int] = (0, 0), dtype: str = "") -> str:
+    return render(GuardManifest(name=name, guards=guards, environment=environment, buckets=buckets,
+                                schema_version=schema_version, dtype=dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing: the text back into a GuardManifest.
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_INT = r"-?[0-9]{1,19}"
+_SITE = r"  at (?P<file>.+?):(?P<line>[0-9]{1,9})(?:  (?P<code>.*))?$"
+_LINES = {
+    "model": re.compile(r"^model (?P<name>.+)$"),
+    "dtype": re.compile(rf"^dtype (?P<dtype>{_IDENT})$"),
+    "input": re.compile(rf"^input (?P<name>{_IDENT}): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"),
+    "symbol": re.compile(
+        rf"^symbol (?P<name>{_IDENT}): (?P<set>.+)  \(declared (?P<lo>{_INT})\.\.(?P<hi>{_INT})\)$"
+    ),
+    "guard": re.compile(r"^  guard (?P<text>.+?)" + _SITE),
+    "relation": re.compile(r"^relation (?P<text>.+?)" + _SITE),
+    "specialized": re.compile(r"^specialized (?P<text>.+?)" + _SITE),
+    "bucket": re.compile(rf"^bucket (?P<name>{_IDENT}): (?P<sizes>[0-9]{{1,19}}(?:, [0-9]{{1,19}})*)(?P<pad>  paddable)?$"),
+    "schema": re.compile(r"^env schema (?P<major>[0-9]{1,6})\.(?P<minor>[0-9]{1,6})$"),
+    "archs": re.compile(r"^env archs (?P<archs>.+)$"),
+    "torch": re.compile(r"^env torch >= (?P<version>\S+)$"),
+}
+_RANGE = re.compile(rf"^(?P<lo>{_INT}) <= (?P<name>{_IDENT}) <= (?P<hi>{_INT})$")
+_RESIDUE = re.compile(rf"^(?P<name>{_IDENT}) % (?P<m>[0-9]{{1,9}}) == (?P<r>[0-9]{{1,9}})$")
+_EXCLUDED = re.compile(rf"^(?P<name>{_IDENT}) != (?P<v>{_INT})$")
+_EXPECTED = (
+    "one of: model NAME | dtype DTYPE | input NAME: DTYPE[dims] | symbol NAME: SET  (declared A..B) | "
+    "  guard TEXT  at FILE:LINE  CODE | relation ... | specialized ... | bucket SYM: sizes | env schema/archs/torch"
+)
+
+
+class _Parser:
+    def __init__(self, source: str):
+        self.source = source
+        self.lineno = 0
+
+    def fail(self, expected: str, got: str) -> BundleError:
+        return BundleError(
+            f"{self.source} line {self.lineno}: expected {expected}, got {got[:120]!r}; "
+            f"regenerate the file with `aotpack guards MODEL.py -o FILE`"
+        )
+
+    def int(self, text: str, what: str) -> int:
+        value = int(text)
+        if abs(value) > MAX_SIZE:
+            raise self.fail(f"{what} within ±2**62", text)
+        return value
+
+    def symbol(self, m: re.Match) -> SymbolGuard:
+        name = m["name"]
+        parts = m["set"].split(", ")
+        rng = _RANGE.match(parts[0])
+        if not rng or rng["name"] != name:
+            raise self.fail(f"an admissible set starting `LO <= {name} <= HI`", m["set"])
+        modulus, residues, excluded = 1, (0,), []
+        for part in parts[1:]:
+            ex = _EXCLUDED.match(part)
+            if ex and ex["name"] == name:
+                excluded.append(self.int(ex["v"], "an excluded size"))
+                continue
+            terms = part[1:-1].split(" or ") if part.startswith("(") and part.endswith(")") else [part]
+            found = [_RESIDUE.match(t) for t in terms]
+            if modulus != 1 or excluded or not all(f and f["name"] == name for f in found):
+                raise self.fail(f"`{name} % M == R`, `({name} % M == R or ...)` or `{name} != V`", part)
+            moduli = {int(f["m"]) for f in found}
+            modulus = moduli.pop()
+            residues = tuple(sorted({int(f["r"]) for f in found}))
+            if moduli or not 2 <= modulus <= MAX_MODULUS or residues[-1] >= modulus:
+                raise self.fail(f"one modulus in 2..{MAX_MODULUS} with residues below it", part)
+        if len(excluded) > MAX_EXCLUDED:
+            raise self.fail(f"at most {MAX_EXCLUDED} excluded sizes", f"{len(excluded)}")
+        lo, hi = self.int(rng["lo"], "a size"), self.int(rng["hi"], "a size")
+        dlo, dhi = self.int(m["lo"], "a size"), self.int(m["hi"], "a size")
+        if not (lo <= hi and dlo <= dhi):
+            raise self.fail("ranges with LO <= HI", m["set"])
+        return SymbolGuard(name=name, declared_min=dlo, declared_max=dhi, min=lo, max=hi, modulus=modulus,
+                           residues=residues, excluded=tuple(sorted(excluded)))
+
+    def source_of(self, m: re.Match) -> GuardSource:
+        return GuardSource(text=m["text"], file=m["file"], line=int(m["line"]), code=m["code"] or "")
+
+
+def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
+    """Parse manifest text (as ``render`` writes it) back into a ``GuardManifest``.
+
+    Raises ``BundleError`` naming the line that does not parse and what was expected there."""
+    p = _Parser(source)
+    name = dtype = None
+    inputs: list[InputGuard] = []
+    symbols: list[SymbolGuard] = []
+    sources: dict[str, list[GuardSource]] = {}
+    relations: list[Relation] = []
+    specializations: list[GuardSource] = []
+    buckets: list[Bucket] = []
+    schema_version = archs = torch_min = None
+    for p.lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        kind, m = next(((k, m) for k, rx in _LINES.items() if (m := rx.match(line))), (None, None))
+        if m is None:
+            raise p.fail(_EXPECTED, line)
+        if kind == "model":
+            name = m["name"]
+        elif kind == "dtype":
+            dtype = m["dtype"]
+        elif kind == "input":
+            shape = tuple(s.strip() for s in m["shape"].split(",")) if m["shape"].strip() else ()
+            if any(not re.fullmatch(rf"[0-9]{{1,19}}|{_IDENT}", s) for s in shape):
+                raise p.fail("input dims that are sizes or symbol names, separated by `, `", line)
+            inputs.append(InputGuard(name=m["name"], dtype=m["dtype"], shape=shape))
+        elif kind == "symbol":
+            symbols.append(p.symbol(m))
+            sources[symbols[-1].name] = []
+        elif kind == "guard":
+            if not symbols:
+                raise p.fail("a `symbol` line before its `  guard` lines", line)
+            sources[symbols[-1].name].append(p.source_of(m))
+        elif kind == "relation":
+            src = p.source_of(m)
+            relations.append(Relation(expr=src.text, source=src))
+        elif kind == "specialized":
+            specializations.append(p.source_of(m))
+        elif kind == "bucket":
+            sizes = tuple(p.int(s, "a bucket size") for s in m["sizes"].split(", "))
+            buckets.append(Bucket(symbol=m["name"], sizes=sizes, paddable=bool(m["pad"])))
+        elif kind == "schema":
+            schema_version = (int(m["major"]), int(m["minor"]))
+        elif kind == "archs":
+            archs = () if m["archs"] == CPU_ONLY else tuple(a.strip() for a in m["archs"].split(","))
+        elif kind == "torch":
+            torch_min = m["version"]
+    p.lineno = len(text.splitlines())
+    missing = [what for what, v in (("model NAME", name), ("env schema", schema_version),
+                                    ("env archs", archs), ("env torch", torch_min)) if v is None]
+    if missing or not inputs:
+        raise p.fail("a complete manifest", f"no {', '.join(missing or ['input'])} line")
+    _check_names(p, inputs, symbols, buckets)
+    guards = Guards(
+        inputs=tuple(inputs),
+        symbols=tuple(replace(s, sources=tuple(sources[s.name])) for s in symbols),
+        relations=tuple(relations),
+        specializations=tuple(specializations),
+    )
+    env = Environment(archs=archs, torch_built="", torch_min=torch_min, triton_built="", python_built="")
+    return canonical(GuardManifest(name=name, guards=guards, environment=env, buckets=tuple(buckets),
+                                   schema_version=schema_version, dtype=dtype or ""))
+
+
+def _check_names(p: _Parser, inputs: list[InputGuard], symbols: list[SymbolGuard], buckets: list[Bucket]) -> None:
+    declared = {s.name for s in symbols}
+    for kind, names in (("input", [i.name for i in inputs]), ("symbol", [s.name for s in symbols]),
+                        ("bucket", [b.symbol for b in buckets])):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise p.fail(f"each {kind} once", f"{dup[0]} more than once")
+    used = {d for i in inputs for d in i.shape if not d.isdigit()}
+    for sym in sorted(used - declared):
+        raise p.fail("a `symbol` line for every symbol the inputs use", f"no symbol {sym}")
+    for sym in sorted({b.symbol for b in buckets} - declared):
+        raise p.fail("buckets only for declared symbols", f"bucket {sym}")
