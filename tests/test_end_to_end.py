@@ -117,3 +117,18 @@ print(sorted(m for m in sys.modules if m.startswith(banned)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_inputs_sharing_dims_bind_one_symbol(built):
+    runner = load(built("shared_dims"))
+    assert runner(torch.ones(3, 5, 4), torch.full((3, 5), 2.0)).eq(2).all()
+    with pytest.raises(GuardError, match=r"input 'mask' dim 1 \(seq\): expected 5, the size of seq in input 'x' dim 1, got 6"):
+        runner(torch.ones(3, 5, 4), torch.ones(3, 6))
+
+
+def test_dims_the_model_forces_equal_become_a_relation(built):
+    runner = load(built("forced_equal"))
+    assert "relation a == b  at tests/data/forced_equal.py:10  return x + y" in runner.guards_text()
+    assert runner(torch.ones(3, 4), torch.ones(3, 4)).eq(2).all()
+    with pytest.raises(GuardError, match=r"inputs violate a == b with a=3, b=2 \(guard from tests/data/forced_equal.py:10"):
+        runner(torch.ones(3, 4), torch.ones(2, 4))

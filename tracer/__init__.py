@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +287,10 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
     names = _symbol_names(ep, spec, check=True)
     user_vals = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"][-len(spec.inputs):]
     fake_mode = next((v.fake_mode for v in user_vals if hasattr(v, "fake_mode")), None)
+    if fake_mode is not None:
+        # Inputs that share a size get one symbol after export (the others are replaced), but guards
+        # recorded before that still name the originals: name every symbol by where it was read.
+        names = {**names, **_source_names(fake_mode.shape_env, spec, module)}
     raw = []
     for g in fake_mode.shape_env.guards if fake_mode is not None else ():
         if not g.expr.free_symbols:
@@ -340,6 +344,28 @@ def _symbol_names(ep, spec: ModelSpec, check: bool = False) -> dict[Any, str]:
     return names
 
 
+def _source_names(shape_env, spec: ModelSpec, module) -> dict[Any, str]:
+    """Each size symbol → the declared Dim of the input dim it was read from (by ``forward``'s
+    parameter order), for symbols that export later replaced by another."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+    position = {p: i for i, p in enumerate(params)}
+    names: dict[Any, str] = {}
+    for sym, sources in getattr(shape_env, "var_to_sources", {}).items():
+        for src in sources:
+            local = getattr(getattr(src, "base", None), "local_name", None)
+            idx = getattr(src, "idx", None)
+            if local in position and position[local] < len(spec.inputs) and isinstance(idx, int):
+                shape = spec.inputs[position[local]].shape
+                if 0 <= idx < len(shape) and isinstance(shape[idx], Dim):
+                    names.setdefault(sym, shape[idx].name)
+    return names
+
+
 def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None):
     """The guard manifest (``aot.manifest_text.GuardManifest``) a build of ``spec`` for ``archs``
     would have, from export alone: no weight init, decomposition or kernels."""
@@ -368,7 +394,7 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None) -> Traced:
     import torch.fx.experimental._config as fx_config
     from torch.export import default_decompositions
 
-    from aot.tracer.lower import Lowering
+    from aot.tracer.lower import Lowering, symbol_sources
     from aot.tracer.padding import check_padding
 
     exported = export_model(spec, weights)
@@ -383,6 +409,11 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None) -> Traced:
     except Exception as e:
         raise _export_error(e, spec) from None
     program, weight_tensors = Lowering(ep, [i.name for i in spec.inputs], _symbol_names(ep, spec)).run()
+    # Inputs keep their declared dim names even where export unified two Dims (the guards then
+    # hold the relation between them); sizes read from the inputs bind every declared symbol.
+    declared = {g.name: g.shape for g in exported.guards.inputs}
+    inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
+    program = replace(program, inputs=inputs, symbols=symbol_sources(inputs))
     buckets = check_padding(spec, exported.guards, exported.buckets, exported.ep, exported.module, progress)
 
     args = tuple(exported.examples[i.name] for i in spec.inputs)

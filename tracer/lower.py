@@ -41,6 +41,17 @@ def op_name(target: Any) -> str:
     return f"{target.namespace}.{target._schema.name.split('::', 1)[1]}.{target._overloadname}"
 
 
+def symbol_sources(inputs) -> tuple[SymbolSource, ...]:
+    """Where each symbol is first read: the first input dim whose size is that symbol."""
+    symbols, seen = [], set()
+    for inp in inputs:
+        for d, size in enumerate(inp.spec.shape):
+            if size.isidentifier() and size not in seen:
+                seen.add(size)
+                symbols.append(SymbolSource(symbol=size, input=inp.name, dim=d))
+    return tuple(symbols)
+
+
 class Lowering:
     def __init__(self, ep: ExportedProgram, input_names: list[str], names: Mapping[sympy.Symbol, str]):
         self.ep = ep
@@ -170,19 +181,13 @@ class Lowering:
                 raise TraceError(f"model output {o} is not a tensor; return tensors only")
             outputs.append(self.value_names[o])
 
-        symbols = []
-        seen = set()
-        for inp in user_inputs:
-            for d, size in enumerate(inp.spec.shape):
-                if size.isidentifier() and size not in seen:
-                    seen.add(size)
-                    symbols.append(SymbolSource(symbol=size, input=inp.name, dim=d))
+        symbols = symbol_sources(user_inputs)
         program = Program(
             inputs=tuple(user_inputs),
             weights=tuple(sorted(weights, key=lambda w: w.name)),
             buffers=self.buffers,
             steps=tuple(self.steps),
             outputs=tuple(outputs),
-            symbols=tuple(symbols),
+            symbols=symbols,
         )
         return program, self.weights
