@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
-from aot.loader import load
-from aot.tracer import example_inputs, instantiate, load_model_file
 
 from aot.errors import GuardError, TraceError
+from aot.loader import load
+from aot.tracer import example_inputs, instantiate, load_model_file
 from tests.conftest import model_path
 
 # (model, shapes to check, a shape outside the declared ranges, what the error must name)
