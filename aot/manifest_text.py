@@ -156,12 +156,6 @@ def render(m: GuardManifest) -> str:
     return "\n".join(lines) + "\n"
 
 
-def guards_text(name: str, guards: Guards, environment: Environment, buckets: tuple[Bucket, ...] = (),
-                schema_version: tuple[int, int] = (0, 0), dtype: str = "") -> str:
-    return render(GuardManifest(name=name, guards=guards, environment=environment, buckets=buckets,
-                                schema_version=schema_version, dtype=dtype))
-
-
 # ---------------------------------------------------------------------------------------------
 # Parsing: the text back into a GuardManifest.
 

@@ -19,7 +19,7 @@ from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import DTYPES, AtenProgram, resolve_op
 from aot.loader.weights import to_device
-from aot.manifest_text import guards_text
+from aot.manifest_text import manifest_of_bundle, render
 from aot.schema import Manifest
 
 __all__ = ["Runner", "load", "open_bundle"]
@@ -119,8 +119,7 @@ class Runner:
         return [v for _, v in outs]
 
     def guards_text(self) -> str:
-        m = self.manifest
-        return guards_text(m.name, m.guards, m.environment, m.buckets, m.schema_version)
+        return render(manifest_of_bundle(self.manifest))
 
 
 def _unpack(outputs: list[torch.Tensor]) -> Any:

@@ -4,20 +4,29 @@ The archive is a zip: ``manifest.json`` first (readable, sorted keys), then memb
 order with fixed timestamps. Weights are safetensors, stored uncompressed and 64-byte aligned so
 the loader can map them; the program is canonical JSON compressed with zstd. The manifest holds a
 sha256 for every member. Output goes to a temporary file and ``os.replace``: a failed or killed
-build never leaves a partial bundle at the target path.
+build never leaves a partial bundle at the target path, and a bundle already there stays intact
+until the new one is complete.
+
+A build killed mid-write (SIGKILL, power loss) leaves its temporary file ``.NAME.HOST-PID.*.partial``
+beside the target. The next build of the same target removes those whose process no longer runs on
+this machine; files of a live build, and of builds on other machines sharing the directory, are
+left alone.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import re
+import socket
 import struct
 import tempfile
 import zipfile
 from pathlib import Path
 
 from aot import schema
-from aot.manifest_text import guards_text
+from aot.manifest_text import manifest_of_bundle, render
 from aot.schema import Manifest, Member
 from aot.stages import Compiled, environment
 
@@ -119,6 +128,7 @@ def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str,
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -143,9 +153,7 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
     members = build_members(compiled)
     external = external_weights_path(path).name if split_weights else ""
     draft = make_manifest(compiled, members, external)
-    members[schema.GUARDS_PATH] = guards_text(
-        draft.name, draft.guards, draft.environment, draft.buckets, draft.schema_version
-    ).encode()
+    members[schema.GUARDS_PATH] = render(manifest_of_bundle(draft)).encode()
     manifest = make_manifest(compiled, members, external)
     if split_weights:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -154,10 +162,52 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
     return manifest
 
 
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
+
+
+def remove_stale_partials(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that killed builds of ``path`` left beside it: those named for
+    this machine and a process id that no longer runs. Returns what was removed."""
+    path = Path(path)
+    prefix = f".{path.name}.{_host()}-"
+    removed = []
+    for partial in path.parent.glob(glob.escape(prefix) + "*.partial"):
+        pid = partial.name[len(prefix):].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            partial.unlink()
+            removed.append(partial)
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's live process
+        return True
+    return True
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (the new directory entry survives a power loss)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _mkstemp_beside(path: Path) -> tuple[int, str]:
     """A temporary file in the target's directory (so ``os.replace`` is atomic), with the
-    permissions a plain ``open`` would give it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    permissions a plain ``open`` would give it; stale ones of killed builds are removed first."""
+    remove_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}-{os.getpid()}.", suffix=".partial", dir=path.parent)
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)
@@ -172,6 +222,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         try:
             os.unlink(tmp)
