@@ -55,6 +55,13 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     traced = trace(spec, weights=weights, progress=_info)
     _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps, "
           f"{len(traced.weights)} weights")
+    for sym in traced.guards.symbols:
+        if (sym.min, sym.max, sym.modulus, sym.excluded) != (sym.declared_min, sym.declared_max, 1, ()):
+            from aot.guardtext import admissible_text
+
+            sites = ", ".join(f"{s.file}:{s.line}" for s in sym.sources) or "tracing"
+            _info(f"  note: {sym.name} declared {sym.declared_min}..{sym.declared_max} admits only "
+                  f"{admissible_text(sym)} (guards from {sites}); see `aotpack guards`")
     compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
