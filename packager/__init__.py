@@ -27,6 +27,7 @@ from pathlib import Path
 
 from aot import schema
 from aot.manifest_text import manifest_of_bundle, render
+from aot.packager.plan import memory_plan
 from aot.schema import Manifest, Member
 from aot.stages import Compiled, environment
 
@@ -71,6 +72,7 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
                  | {r.target for s in compiled.program.steps for r in s.reference})
     n_ref = sum(len(s.reference) if s.kind == "kernel" else 1 for s in compiled.program.steps)
     stats = {
+        "memory_plan": memory_plan(compiled.program, traced.buckets),
         "steps": len(compiled.program.steps),
         "aten_ops_replaced": n_ref,
         "kernels": len(compiled.program.kernels),
