@@ -9,6 +9,7 @@ symbol names, and turns it into a tree of closures that evaluates in microsecond
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from aot.errors import BundleError
 MAX_TEXT = 4096
 MAX_DEPTH = 64
 MAX_VALUE = 1 << 62
+CACHE_SIZE = 4096  # compiled expressions kept (a GPT-2 program has a few hundred distinct ones)
 
 _BINOPS: dict[type, Callable[[int, int], int]] = {
     ast.Add: operator.add,
@@ -66,6 +68,8 @@ def _compile(node: ast.AST, symbols: set[str], depth: int) -> Fn:
         return lookup
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         op, lhs, rhs = _BINOPS[type(node.op)], _compile(node.left, symbols, d), _compile(node.right, symbols, d)
+        if op in (operator.floordiv, operator.mod) and isinstance(node.right, ast.Constant) and not node.right.value:
+            raise BundleError("symbolic expression divides by the constant 0")
 
         def binop(env: Env) -> int:
             b = rhs(env)
@@ -119,11 +123,20 @@ class Expr:
 
 
 def compile_expr(text: str) -> Expr:
-    """Parse ``text`` into an ``Expr``; raises ``BundleError`` for anything outside the grammar."""
+    """Parse ``text`` into an ``Expr``; raises ``BundleError`` for anything outside the grammar.
+
+    Compiled expressions are immutable and cached: a program repeats the same few sizes."""
     if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
         raise BundleError(f"symbolic expression must be a non-empty string of at most {MAX_TEXT} chars")
+    return _compile_text(text)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _compile_text(text: str) -> Expr:
     if "\x00" in text:
         raise BundleError("symbolic expression contains a NUL byte")
+    if not text.isascii():  # symbol names are ASCII identifiers; keep the parser's input small
+        raise BundleError(f"symbolic expression {ascii(text[:40])} is not ASCII")
     try:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
@@ -133,6 +146,8 @@ def compile_expr(text: str) -> Expr:
         fn = _compile(tree.body, symbols, 0)
     except RecursionError:
         raise BundleError(f"symbolic expression nests deeper than {MAX_DEPTH}") from None
+    if not symbols:
+        fn({})  # a constant that overflows or divides by zero fails here, at load, not on a call
     return Expr(text, frozenset(symbols), fn)
 
 

@@ -1,8 +1,11 @@
 """Open a ``.tpk`` and verify it before anything in it is used.
 
 Every member's name is checked against the schema's layout, its size against the manifest and the
-zip directory, and its sha256 before it is parsed. Reads are bounded by the sizes the manifest
-declares, so a zip bomb or a lying directory ends in a ``BundleError``, not an allocation.
+zip directory, and its sha256 before it is parsed: at open for every member but the weights (checked
+when they are read), and again on every ``read``. Reads are bounded by the sizes the manifest
+declares, so a zip bomb or a lying directory ends in a ``BundleError``, not an allocation. The
+program must agree with the manifest (inputs, ops, symbols, kernels) and every expression in it
+must parse, so a hostile bundle is refused at load rather than on some later call.
 """
 
 from __future__ import annotations
@@ -17,12 +20,22 @@ from pathlib import Path
 
 from aot import schema
 from aot.errors import BundleError
+from aot.guardtext import admissible_text, admits
 from aot.schema import Manifest, Program, from_json
+from aot.symexpr import compile_expr
 
 MAX_MEMBERS = 4096
 MAX_MANIFEST_BYTES = 16 << 20
-MAX_PROGRAM_BYTES = 512 << 20
+MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its kernels is well under 1 MB
+# JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
+# this bounds what parsing allocates (16 MiB of "[]," would otherwise be ~400 MB of lists).
+MAX_JSON_CONTAINERS = 1 << 20
+MAX_DEFLATED_BYTES = 64 << 20  # a deflated member (manifest, guards, kernel source) inflates to at most this
 MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is a zip bomb
+MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
+MAX_BUCKETS = 1024  # CUDA-graph sizes per symbol
+_REQUIRED = (schema.PROGRAM_PATH, schema.WEIGHTS_PATH, schema.REFERENCE_PATH, schema.GUARDS_PATH)
+_COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what the packager writes; others inflate unbounded
 _KERNEL_MEMBER = re.compile(r"^kernels/[a-z0-9_]{1,80}\.(py|sm_[0-9]{2,3}a?\.cubin)$")
 _EXTERNAL_WEIGHTS = re.compile(r"^[A-Za-z0-9_.-]{1,200}\.safetensors$")
 _FIXED_MEMBERS = {
@@ -94,14 +107,114 @@ class Bundle:
             if size < 0 or size > MAX_PROGRAM_BYTES:
                 raise BundleError(f"{self.path}: program declares {size} bytes (limit {MAX_PROGRAM_BYTES})")
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_PROGRAM_BYTES)
-            return from_json(Program, json.loads(raw.decode("utf-8")), "program")
+            tree = _json_loads(raw, self.path, "program")
+            _check_depth(tree, self.path, "program")
+            program = from_json(Program, tree, "program")
         except BundleError:
             raise
         except (zstandard.ZstdError, UnicodeDecodeError, ValueError, RecursionError) as e:
             raise BundleError(f"{self.path}: program is unreadable: {type(e).__name__}: {e}") from None
+        _check_program(program, self.manifest, self.path)
+        return program
 
     def close(self) -> None:
         self._zip.close()
+
+
+def _json_loads(raw: bytes, path: Path, what: str) -> object:
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers > MAX_JSON_CONTAINERS:
+        raise BundleError(f"{path}: {what} holds {containers} JSON arrays/objects (limit {MAX_JSON_CONTAINERS})")
+    return json.loads(raw.decode("utf-8"))
+
+
+def _check_depth(tree: object, path: Path, what: str) -> None:
+    """Refuse JSON nested deeper than ``MAX_JSON_DEPTH`` before anything recurses over it."""
+    level, depth = [tree], 0
+    while level:
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            raise BundleError(f"{path}: {what} is nested deeper than {MAX_JSON_DEPTH} levels; not a bundle this loader wrote")
+        level = [v for node in level if isinstance(node, (list, dict))
+                 for v in (node.values() if isinstance(node, dict) else node)]
+
+
+def _step_targets(steps) -> set[str]:
+    out: set[str] = set()
+    for step in steps:
+        if step.kind == "aten":
+            out.add(step.target)
+        out |= _step_targets(step.reference)
+    return out
+
+
+def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
+    """The program must agree with the manifest that was checked before it: the same inputs as the
+    guards, only ops the manifest lists (so the preflight of ``manifest.ops`` covers every call), and
+    symbols that the guards bind."""
+    want = [(i.name, i.dtype, tuple(i.shape)) for i in manifest.guards.inputs]
+    got = [(i.name, i.spec.dtype, tuple(i.spec.shape)) for i in program.inputs]
+    if want != got:
+        raise BundleError(f"{path}: the program's inputs {got[:4]} differ from the manifest's guards {want[:4]}")
+    unlisted = sorted(_step_targets(program.steps) - set(manifest.ops))
+    if unlisted:
+        raise BundleError(f"{path}: the program calls {unlisted[0][:80]!r}, which the manifest's ops do not list")
+    symbols = {s.name for s in manifest.guards.symbols}
+    names = {i.name: len(i.spec.shape) for i in program.inputs}
+    for src in program.symbols:
+        if src.symbol not in symbols or not 0 <= src.dim < names.get(src.input, 0):
+            raise BundleError(f"{path}: program symbol {src.symbol[:40]!r} is read from {src.input[:40]!r} dim "
+                              f"{src.dim}, which the guards do not declare")
+    kernels = {k.id for k in program.kernels}
+    for step in program.steps:
+        if step.kind == "kernel" and step.target not in kernels:
+            raise BundleError(f"{path}: a step launches kernel {step.target[:40]!r}, which the program does not define")
+    for k in program.kernels:
+        needed = [schema.KERNEL_SOURCE_FORMAT.format(kernel=k.id)]
+        needed += [schema.KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=a) for a in k.archs]
+        missing = [n for n in needed if n not in manifest.members or not _valid_name(n)]
+        if missing:
+            raise BundleError(f"{path}: kernel {k.id[:40]!r} has no member {missing[0][:80]!r}")
+    if not program.outputs:
+        raise BundleError(f"{path}: the program has no outputs")
+    # every size, argument and grid expression parses and uses only symbols the guards bind
+    for text in _expressions(program):
+        unknown = compile_expr(text).symbols - symbols
+        if unknown:
+            raise BundleError(f"{path}: program expression {text[:60]!r} uses {sorted(unknown)[0][:40]!r}, "
+                              f"which is not a symbol of the guards")
+
+
+def _expressions(program: Program):
+    for spec in [*(i.spec for i in program.inputs), *(w.spec for w in program.weights), *program.buffers.values()]:
+        yield from spec.shape
+    steps = list(program.steps)
+    while steps:
+        step = steps.pop()
+        yield from step.grid
+        steps.extend(step.reference)
+        values = [*step.args, *step.kwargs.values()]
+        while values:
+            v = values.pop()
+            if isinstance(v, list):
+                values.extend(v)
+            elif isinstance(v, dict) and "sym" in v:
+                yield v["sym"]
+
+
+def _check_buckets(manifest: Manifest, path: Path) -> None:
+    """Bucket sizes are sizes the guards admit, ascending, for distinct known symbols."""
+    guards = {g.name: g for g in manifest.guards.symbols}
+    seen: set[str] = set()
+    for b in manifest.buckets:
+        g = guards.get(b.symbol)
+        if g is None or b.symbol in seen:
+            raise BundleError(f"{path}: bucket for {b.symbol[:40]!r}, which is not a symbol of the guards or repeats")
+        seen.add(b.symbol)
+        sizes = list(b.sizes)
+        if not 1 <= len(sizes) <= MAX_BUCKETS or sizes != sorted(set(sizes)) or not all(admits(g, v) for v in sizes):
+            raise BundleError(f"{path}: buckets of {b.symbol!r} must be 1..{MAX_BUCKETS} ascending sizes its guards "
+                              f"admit ({admissible_text(g)}), got {sizes[:8]}")
 
 
 def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: Path) -> bytes:
@@ -141,12 +254,20 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
     archive_size = path.stat().st_size
     for info in infos:
         name = info.filename
-        if not _valid_name(name):
-            raise BundleError(f"{path}: unexpected member {name[:80]!r}; bundles hold only the schema's members")
+        if not _valid_name(name) or info.orig_filename != name:  # zipfile cuts names at NUL
+            raise BundleError(
+                f"{path}: unexpected member {info.orig_filename[:80]!r}; bundles hold only the schema's members"
+            )
         if name in by_name:
             raise BundleError(f"{path}: member {name!r} appears twice")
         if info.flag_bits & 0x1:
             raise BundleError(f"{path}: member {name!r} is encrypted")
+        if info.compress_type not in _COMPRESSIONS:
+            raise BundleError(f"{path}: member {name!r} uses compression method {info.compress_type}; "
+                              f"bundles are stored or deflated")
+        if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > MAX_DEFLATED_BYTES:
+            raise BundleError(f"{path}: member {name!r} inflates to {info.file_size} bytes "
+                              f"(limit {MAX_DEFLATED_BYTES} for compressed members)")
         if info.compress_type == zipfile.ZIP_STORED and info.file_size > archive_size:
             raise BundleError(f"{path}: member {name!r} claims {info.file_size} bytes, more than the archive")
         if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATION * max(info.compress_size, 1) + (1 << 20):
@@ -159,18 +280,19 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
         raise BundleError(f"{path}: manifest is {minfo.file_size} bytes (limit {MAX_MANIFEST_BYTES})")
     raw = _read_bounded(zf, minfo, minfo.file_size, path)
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = _json_loads(raw, path, "manifest")
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BundleError(f"{path}: manifest is not valid UTF-8 JSON: {e}") from None
     if not isinstance(data, dict):
         raise BundleError(f"{path}: manifest is not a JSON object")
+    _check_depth(data, path, "manifest")
     if data.get("format") != schema.FORMAT_NAME:
         raise BundleError(f"{path}: not an aotpack bundle (format {str(data.get('format'))[:40]!r})")
     version = data.get("schema_version")
     if (
         not isinstance(version, list)
         or len(version) != 2
-        or not all(type(v) is int for v in version)
+        or not all(type(v) is int and v >= 0 for v in version)
     ):
         raise BundleError(f"{path}: manifest has no valid schema_version")
     if version[0] != schema.SCHEMA_VERSION[0]:
@@ -185,6 +307,10 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
             f"{schema.SCHEMA_VERSION[0]}.{schema.SCHEMA_VERSION[1]}; upgrade aotpack"
         )
     manifest = from_json(Manifest, data, "manifest")
+    absent = [m for m in _REQUIRED if m not in manifest.members]
+    if absent:
+        raise BundleError(f"{path}: the manifest lists no {absent[0]}; every bundle has one, rebuild it")
+    _check_buckets(manifest, path)
     listed = set(manifest.members) - ({schema.WEIGHTS_PATH} if manifest.external_weights else set())
     present = set(by_name) - {schema.MANIFEST_PATH}
     if listed != present:
@@ -197,4 +323,26 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
             )
         if not re.fullmatch(r"[0-9a-f]{64}", member.sha256):
             raise BundleError(f"{path}: member {name!r} has a malformed sha256")
+    # Every member but the weights (which the loader reads, and checks, right away) is checked now,
+    # so a corrupt bundle is refused at open even where a member is not used on this device.
+    for name, member in manifest.members.items():
+        if name in by_name and name != schema.WEIGHTS_PATH:
+            _check_member(zf, by_name[name], member, path)
     return Bundle(path=path, manifest=manifest, _zip=zf, _infos=by_name)
+
+
+def _check_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, member: schema.Member, path: Path) -> None:
+    """Stream a member through sha256 in bounded memory."""
+    digest, seen = hashlib.sha256(), 0
+    try:
+        with zf.open(info) as f:
+            while seen <= member.size and (chunk := f.read(1 << 20)):
+                digest.update(chunk)
+                seen += len(chunk)
+    except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError ...
+        raise BundleError(f"{path}: member {info.filename!r} is unreadable: {type(e).__name__}: {e}") from None
+    if seen != member.size or digest.hexdigest() != member.sha256:
+        raise BundleError(
+            f"{path}: checksum mismatch in {info.filename!r} (expected sha256 {member.sha256[:16]}…); "
+            f"the bundle is corrupt, rebuild or re-copy it"
+        )

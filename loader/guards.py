@@ -3,7 +3,21 @@
 Everything is prepared once at load: per input its dtype, rank and each dim as a static size or a
 symbol; per symbol its admissible set; relations compiled by ``aot.symexpr`` (never ``eval``). A
 call that fails gets a ``GuardError`` naming the input, dim, admissible set, value, and the model
-line that introduced the guard.
+line that introduced the guard. Guards that could not have come from a build (sizes beyond
+``MAX_SIZE``, empty admissible sets, unknown symbols) are refused at load with ``BundleError``.
+
+What a call may pass, and what happens to it:
+
+- Each input must be a dense (strided) ``torch.Tensor`` of the guarded dtype and rank, on the
+  runner's device (and on its device index when the runner names one). Anything else (a list, a
+  NumPy array, a sparse or nested tensor, a tensor on another device) is a ``GuardError`` that says
+  what was expected; nothing is converted or moved across devices.
+- Memory layout is not part of the contract. An input that is not contiguous (a transposed or
+  sliced view, ``channels_last``) or whose elements overlap in memory (``expand()``, stride 0,
+  ``as_strided``) is copied once into a contiguous tensor before the program sees it, so kernels
+  and views in the program always get the row-major layout the build traced. The caller's tensor
+  is never written. Contiguous inputs are used as they are, without a copy.
+- Inputs are passed by position in the bundle's input order or by name, not both, and all of them.
 """
 
 from __future__ import annotations
@@ -12,13 +26,52 @@ from collections.abc import Sequence
 from typing import Any
 
 from aot.errors import BundleError, GuardError
-from aot.guardtext import admissible_text, admits
+from aot.guardtext import admissible_text, admits, first_admissible
 from aot.schema import Guards, SymbolGuard
+from aot.spec import MAX_DIM
 from aot.symexpr import compile_expr
+
+MAX_SIZE = MAX_DIM  # the largest size a model file may declare; larger guards are not from a build
+MAX_EXCLUDED = 1024  # excluded values per symbol (checked on every call)
+
+
+def _validate(guards: Guards) -> None:
+    """Refuse guards that no build writes; each failure names the field and the bound."""
+    names = [i.name for i in guards.inputs]
+    if not names or len(set(names)) != len(names):
+        raise BundleError(f"guards name inputs {names[:8]}; expected one or more distinct names")
+    symbols = [s.name for s in guards.symbols]
+    if len(set(symbols)) != len(symbols):
+        raise BundleError(f"guards declare symbols {symbols[:8]} more than once")
+    used = {size for i in guards.inputs for size in i.shape}
+    for g in guards.symbols:
+        what = f"symbol {g.name[:40]!r}"
+        if g.name not in used:
+            raise BundleError(f"{what} is not the size of any input dim, so no call could bind it")
+        if not (0 <= g.declared_min <= g.declared_max <= MAX_SIZE and 0 <= g.min <= g.max <= MAX_SIZE):
+            raise BundleError(
+                f"{what}: expected 0 <= min <= max <= {MAX_SIZE} (declared and admissible), got "
+                f"declared {g.declared_min}..{g.declared_max}, admissible {g.min}..{g.max}"
+            )
+        if not 1 <= g.modulus <= MAX_SIZE or not all(0 <= r < g.modulus for r in g.residues) or (
+            g.modulus > 1 and not g.residues
+        ):
+            raise BundleError(f"{what}: expected residues in 0..modulus-1 of a modulus in 1..{MAX_SIZE}, "
+                              f"got modulus {g.modulus} residues {list(g.residues)[:8]}")
+        if len(g.excluded) > MAX_EXCLUDED:
+            raise BundleError(f"{what} excludes {len(g.excluded)} values (limit {MAX_EXCLUDED})")
+        if first_admissible(g.min, g.modulus, g.residues) > g.max:
+            raise BundleError(f"{what} admits no size at all ({admissible_text(g)})")
+    known = set(symbols)
+    for r in guards.relations:
+        unknown = compile_expr(r.expr).symbols - known
+        if unknown:
+            raise BundleError(f"relation {r.expr[:60]!r} uses symbols {sorted(unknown)[:3]} that no input binds")
 
 
 class GuardChecker:
     def __init__(self, guards: Guards, dtypes: dict[str, Any]):
+        _validate(guards)
         self.guards = guards
         self.names = tuple(i.name for i in guards.inputs)
         self.symbols: dict[str, SymbolGuard] = {s.name: s for s in guards.symbols}
@@ -28,7 +81,9 @@ class GuardChecker:
                 raise BundleError(f"input {inp.name!r} has unknown dtype {inp.dtype!r}")
             dims = []
             for size in inp.shape:
-                if size.isdigit():
+                if size.isascii() and size.isdigit():
+                    if len(size) > 10 or int(size) > MAX_SIZE:
+                        raise BundleError(f"input {inp.name!r} has static size {size[:24]} beyond {MAX_SIZE}")
                     dims.append(int(size))
                 elif size in self.symbols:
                     dims.append(size)
@@ -39,11 +94,18 @@ class GuardChecker:
         self._sources = {
             s.name: [(compile_expr(src.text), src) for src in s.sources if src.text] for s in guards.symbols
         }
+        for s in guards.symbols:
+            for expr, src in self._sources[s.name]:
+                if not expr.symbols <= {s.name}:
+                    raise BundleError(f"guard {src.text[:60]!r} of symbol {s.name[:40]!r} uses other symbols")
 
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """Order positional and keyword arguments as the bundle's inputs."""
         if len(args) > len(self.names):
             raise GuardError(f"expected at most {len(self.names)} inputs {list(self.names)}, got {len(args)}")
+        twice = [n for n in self.names[:len(args)] if n in kwargs]
+        if twice:
+            raise GuardError(f"input(s) {twice} given both by position and by name; expected inputs {list(self.names)}")
         values = list(args)
         for name in self.names[len(args):]:
             if name not in kwargs:
@@ -54,14 +116,24 @@ class GuardChecker:
         return values
 
     def check(self, values: Sequence[Any], device: Any = None) -> dict[str, int]:
-        """Validate inputs; returns the symbol values. Raises ``GuardError``."""
+        """Validate inputs; returns the symbol values. Raises ``GuardError``.
+
+        When ``values`` is a list, inputs that are not contiguous are replaced in it by contiguous
+        copies (see the module docstring); the caller's tensors are not touched.
+        """
         import torch
 
         sizes: dict[str, int] = {}
         where: dict[str, str] = {}
-        for (name, dtype, dtype_name, dims), value in zip(self._inputs, values):
+        index = None
+        if device is not None and device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+        for k, ((name, dtype, dtype_name, dims), value) in enumerate(zip(self._inputs, values)):
             if not isinstance(value, torch.Tensor):
                 raise GuardError(f"input {name!r}: expected a tensor, got {type(value).__name__}")
+            if value.layout != torch.strided or value.is_nested:
+                kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+                raise GuardError(f"input {name!r}: expected a dense (strided) tensor, got a {kind} one")
             if value.dtype != dtype:
                 raise GuardError(
                     f"input {name!r}: expected dtype {dtype_name}, got {str(value.dtype).removeprefix('torch.')}"
@@ -71,8 +143,9 @@ class GuardChecker:
                     f"input {name!r}: expected rank {len(dims)} [{', '.join(map(str, dims))}], "
                     f"got rank {value.dim()} {list(value.shape)}"
                 )
-            if device is not None and value.device.type != device.type:
-                raise GuardError(f"input {name!r}: expected a tensor on {device.type}, got one on {value.device}")
+            if device is not None and (value.device.type != device.type or (index is not None and value.device.index != index)):
+                want = device.type if index is None else f"{device.type}:{index}"
+                raise GuardError(f"input {name!r}: expected a tensor on {want}, got one on {value.device}")
             for d, (want, got) in enumerate(zip(dims, value.shape)):
                 if type(want) is int:
                     if got != want:
@@ -87,6 +160,8 @@ class GuardChecker:
                     self._check_symbol(want, got, f"input {name!r} dim {d}")
                     sizes[want] = got
                     where[want] = f"input {name!r} dim {d}"
+            if not value.is_contiguous() and isinstance(values, list):
+                values[k] = value.contiguous()
         for expr, rel in self._relations:
             if not expr(sizes):
                 src = rel.source

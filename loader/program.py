@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from aot.errors import BundleError, EnvError
+from aot.errors import AotError, BundleError, EnvError
 from aot.schema import Program, Step
 from aot.symexpr import compile_expr
 
@@ -35,13 +35,35 @@ _FLOATS = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 Getter = Callable[[dict, dict], Any]
 
 
+# ATen ops that reach outside the tensors they are given (files, stdout, process-wide state): a
+# bundle never needs them, and a hostile one must not call them. Ops that write into an argument
+# (in-place, out=) are refused by their schema in ``resolve_op``.
+FORBIDDEN_OPS = frozenset({
+    "save", "from_file", "_print", "warn", "set_grad_enabled", "manual_seed", "seed", "wait", "to_here",
+    "_cufft_set_plan_cache_max_size", "_cufft_clear_plan_cache",
+})
+
+
 def resolve_op(name: str) -> Any:
-    """``aten.addmm.default`` → the OpOverload; only the aten namespace is reachable."""
+    """``aten.addmm.default`` → the OpOverload; only the aten namespace is reachable, and only ops
+    that compute new tensors from their arguments (no file access, no global state, no writes)."""
     m = _OP_NAME.match(name)
     if not m:
         raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op name")
-    packet = getattr(torch.ops.aten, m.group(1), None)
-    overload = getattr(packet, m.group(2), None) if packet is not None else None
+    try:
+        packet = getattr(torch.ops.aten, m.group(1), None)
+        overload = getattr(packet, m.group(2), None) if isinstance(packet, torch._ops.OpOverloadPacket) else None
+    except Exception:  # torch's lookup of an odd name may raise instead of returning nothing
+        packet = overload = None
+    if packet is not None and not isinstance(overload, torch._ops.OpOverload):
+        raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op overload")
+    if overload is not None and (m.group(1) in FORBIDDEN_OPS
+                                 or any(a.alias_info is not None and a.alias_info.is_write
+                                        for a in overload._schema.arguments)):
+        raise BundleError(
+            f"step calls {name}, which writes to its arguments or reaches outside its tensors; "
+            f"bundles run only functional ATen ops"
+        )
     if overload is None:
         raise EnvError(
             f"this torch ({torch.__version__}) has no ATen op {name}, which the bundle needs; "
@@ -162,8 +184,17 @@ class AtenProgram:
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         env: dict[str, Any] = dict(self.weights)
         env.update(inputs)
-        for call, frees in zip(self.calls, self.frees):
-            call(env, sizes)
-            for name in frees:
-                del env[name]
+        try:
+            for call, frees in zip(self.calls, self.frees):
+                call(env, sizes)
+                for name in frees:
+                    del env[name]
+        except (AotError, torch.OutOfMemoryError):
+            raise
+        except Exception as e:  # the inputs passed the guards, so the program itself is at fault
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), "")[:300]
+            raise BundleError(
+                f"step {self.calls.index(call)} ({call.name}) failed at sizes {sizes}: {type(e).__name__}: {first}; "
+                f"the inputs passed the bundle's guards, so its program or guards are wrong: rebuild the bundle"
+            ) from None
         return [env[o] for o in self.program.outputs]

@@ -22,7 +22,7 @@ _DTYPES = {
     "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
     "BOOL": torch.bool,
 }
-MAX_HEADER = 100 << 20
+MAX_HEADER = 16 << 20  # JSON parsed into Python objects: keep it far below memory (GPT-2: 15 kB)
 
 
 def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
@@ -55,7 +55,7 @@ def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, l
                 raise BundleError(f"{where}: {name[:60]!r} has a negative size")
             numel *= s
         itemsize = torch.empty((), dtype=dtype).element_size()
-        if not 0 <= begin <= end <= len(data) - base or end - begin != numel * itemsize or begin % itemsize:
+        if not 0 <= begin <= end <= len(data) - base or end - begin != numel * itemsize or (base + begin) % itemsize:
             raise BundleError(f"{where}: {name[:60]!r} has offsets {begin}..{end} that do not fit its shape or the data")
         out[name] = (dtype, shape, base + begin, base + end)
     return out
