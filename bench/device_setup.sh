@@ -8,7 +8,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 for m in mlp gpt cnn; do
-  if [ -f .bundles/$m.tpk ] && [ ! -f .bundles/$m.weights.safetensors ]; then
+  if [ -f .bundles/$m.tpk ] && ! ls .bundles/$m.weights.*.safetensors >/dev/null 2>&1; then
     python3 bench/regen_weights.py models/$m.py .bundles/$m.tpk
   fi
 done

@@ -1,7 +1,7 @@
 """Re-create the split weights file of a bundle from its model file's seeded initialisation.
 
 Bundles of the example models carry random, seeded weights. A serving box that receives
-``model.tpk`` without ``model.weights.safetensors`` (e.g. a size-limited transfer) can rebuild the
+``model.tpk`` without its ``model.weights.<sha>.safetensors`` (e.g. a size-limited transfer) can rebuild the
 file here; the bundle's sha256 then proves the bytes are exactly what the build wrote.
 
     python bench/regen_weights.py models/gpt.py gpt.tpk
@@ -14,7 +14,7 @@ import sys
 
 from aot import schema
 from aot.loader.bundle import open_bundle
-from aot.packager import _safetensors, external_weights_path
+from aot.packager import _safetensors
 from aot.tracer import instantiate, load_model_file
 
 
@@ -27,8 +27,8 @@ def main(model: str, bundle_path: str) -> None:
     got = hashlib.sha256(data).hexdigest()
     if got != want:
         sys.exit(f"regenerated weights differ from the build's (sha256 {got[:16]} vs {want[:16]})")
-    external_weights_path(bundle_path).write_bytes(data)
-    print(f"wrote {external_weights_path(bundle_path)} ({len(data)} bytes, sha256 matches the bundle)")
+    bundle.external_path().write_bytes(data)
+    print(f"wrote {bundle.external_path()} ({len(data)} bytes, sha256 matches the bundle)")
 
 
 if __name__ == "__main__":

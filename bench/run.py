@@ -77,7 +77,7 @@ def main() -> None:
 
     for model in models:
         bundle = Path(args.bundles) / f"{model}.tpk"
-        weights = Path(args.bundles) / f"{model}.weights.safetensors"
+        weights = next(Path(args.bundles).glob(f"{model}.weights.*.safetensors"))
         results.setdefault("bundle_bytes", {})[model] = bundle.stat().st_size + weights.stat().st_size
         results.setdefault("weights_bytes", {})[model] = weights.stat().st_size
         for system in args.systems.split(","):

@@ -139,27 +139,33 @@ def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str,
         raise
 
 
-def external_weights_path(bundle: str | os.PathLike) -> Path:
-    """``model.tpk`` → ``model.weights.safetensors`` beside it."""
+def external_weights_path(bundle: str | os.PathLike, sha256: str) -> Path:
+    """``model.tpk`` → ``model.weights.<sha256[:16]>.safetensors`` beside it. Named by content, so
+    a new build never replaces the weights an existing bundle at the same path still uses."""
     bundle = Path(bundle)
-    return bundle.with_name(bundle.stem + ".weights.safetensors")
+    return bundle.with_name(f"{bundle.stem}.weights.{sha256[:16]}.safetensors")
 
 
 def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = False) -> Manifest:
     """Write ``compiled`` as a bundle at ``path``; returns the manifest written.
 
-    ``split_weights``: write the weights to ``<name>.weights.safetensors`` beside the bundle (same
-    bytes, same sha256 in the manifest) so the archive itself stays small, e.g. to ship kernels and
-    weights separately.
+    ``split_weights``: write the weights to ``<name>.weights.<sha>.safetensors`` beside the bundle
+    (same bytes, same sha256 in the manifest) so the archive itself stays small, e.g. to ship
+    kernels and weights separately; rebuilding with unchanged weights reuses the file.
     """
     members = build_members(compiled)
-    external = external_weights_path(path).name if split_weights else ""
+    weights_file = None
+    if split_weights:
+        weights_file = external_weights_path(path, hashlib.sha256(members[schema.WEIGHTS_PATH]).hexdigest())
+    external = weights_file.name if weights_file else ""
     draft = make_manifest(compiled, members, external)
     members[schema.GUARDS_PATH] = render(manifest_of_bundle(draft)).encode()
     manifest = make_manifest(compiled, members, external)
-    if split_weights:
+    if weights_file is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(external_weights_path(path), members.pop(schema.WEIGHTS_PATH))
+        data = members.pop(schema.WEIGHTS_PATH)
+        if not (weights_file.is_file() and weights_file.stat().st_size == len(data)):
+            _write_atomic(weights_file, data)
     write_bundle(path, manifest, members)
     return manifest
 

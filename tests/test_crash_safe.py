@@ -245,11 +245,6 @@ def test_stale_partials_are_removed_only_for_dead_builds_of_this_machine(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="--split-weights replaces the weights file before the bundle: a kill "
-    "between the two renames leaves the old bundle with new weights",
-)
 def test_split_weights_kill_between_renames_keeps_the_old_pair(tmp_path: Path, monkeypatch) -> None:
     from aot import packager
     from aot.codegen import generate
