@@ -15,7 +15,7 @@ import warnings
 
 import click
 
-from aot.errors import AotError
+from aot.errors import AotError, BundleError
 
 
 def _info(msg: str) -> None:
@@ -38,7 +38,7 @@ def cli() -> None:
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help="GPU archs to compile kernels for")
 @click.option("--weights", type=click.Path(dir_okay=False), help="safetensors file with the module's state dict")
 @click.option("--split-weights", is_flag=True,
-              help="write the weights beside the bundle as OUT.weights.safetensors (checksummed by the bundle)")
+              help="write the weights beside the bundle as OUT.weights.SHA.safetensors (checksummed by the bundle)")
 @click.option("--no-fuse", is_flag=True, help="keep every ATen op a library call (no kernels compiled)")
 def build(model: str, output: str | None, arch: str, weights: str | None, split_weights: bool,
           no_fuse: bool) -> None:
@@ -102,6 +102,9 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
         reference = runner.reference_outputs()
     outputs = runner(**inputs)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    if reference is not None and [r.shape for r in reference] != [o.shape for o in outputs]:
+        raise BundleError(f"{bundle}: its reference outputs have shapes {[list(r.shape) for r in reference][:4]}, "
+                          f"the program gives {[list(o.shape) for o in outputs][:4]}; the bundle is inconsistent")
     times = []
     for _ in range(runs):
         if device.startswith("cuda"):
@@ -303,6 +306,11 @@ def inspect(bundle: str, as_json: bool) -> None:
         click.echo(f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
                    f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
                    f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}")
+    plan = m.stats.get("memory_plan") or {}
+    if plan:
+        lo, hi = min(plan, key=plan.get), max(plan, key=plan.get)
+        click.echo(f"memory plan: {len(plan)} CUDA-graph buckets, peak activations {_mb(plan[lo])} ({lo}) .. "
+                   f"{_mb(plan[hi])} ({hi})")
     click.echo(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
     for bk in m.buckets:
         click.echo(f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}")

@@ -1,21 +1,31 @@
 """Codegen stage: ``Traced`` → ``Compiled``.
 
-Partitions the ATen program into fusion groups, renders each group as a Triton kernel, and
-compiles it to a cubin per target arch (no GPU needed).
+Partitions the ATen program into fusion groups (``partition``), renders each group as a Triton
+kernel (``render``), and compiles every distinct kernel once per target arch to a cubin
+(``compile``; no GPU needed). The program it hands on has one ``kernel`` step per group: the
+kernel's runtime arguments (root buffers and dim symbols), its launch grid, and its reference
+decomposition, the ATen steps it replaces. A kernel that fails to compile falls back to those
+steps; an op the fuser does not know stays an ATen step.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
+from collections.abc import Callable
+
+from aot.errors import CodegenError
+from aot.schema import Kernel, Program
 from aot.stages import Compiled, Traced
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
+PROGRESS_INTERVAL = 1.0  # seconds between progress lines while compiling
 
 
 def parse_archs(text: str) -> tuple[str, ...]:
     """``"sm_80,sm_90"`` → ``("sm_80", "sm_90")``, validated."""
     import re
-
-    from aot.errors import CodegenError
 
     archs = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
     bad = [a for a in archs if not re.fullmatch(r"sm_[0-9]{2,3}a?", a)]
@@ -24,6 +34,140 @@ def parse_archs(text: str) -> tuple[str, ...]:
     return archs
 
 
-def generate(traced: Traced, archs: tuple[str, ...] = DEFAULT_ARCHS, progress=None) -> Compiled:
-    """Without fusion every step stays an ATen library call."""
-    return Compiled(traced=traced, program=traced.program, archs=tuple(archs))
+def kernel_id(source: str, signature: dict, config: dict) -> str:
+    """Content hash of a kernel: identical kernels (12 GPT layers) share one id and one compile."""
+    text = json.dumps({"source": source, "signature": signature, "config": config}, sort_keys=True)
+    return "k_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def generate(
+    traced: Traced,
+    archs: tuple[str, ...] = DEFAULT_ARCHS,
+    progress: Callable[[str], None] | None = None,
+    fuse: bool = True,
+) -> Compiled:
+    """Fuse and compile ``traced``'s program for ``archs``; ``fuse=False`` keeps every ATen step."""
+    import triton
+
+    from aot.codegen.compile import Job, compile_job
+    from aot.codegen.epilogue import fold_activations
+    from aot.codegen.partition import partition, rewrite
+
+    say = progress or (lambda msg: None)
+    archs = tuple(archs)
+    program = traced.program
+    if not fuse:
+        return Compiled(
+            traced=traced,
+            program=program,
+            archs=archs,
+            triton_version=triton.__version__,
+            stats={"kernels": 0, "fused": False},
+        )
+    start = time.perf_counter()
+    program, folded = fold_activations(program)
+    if folded:
+        say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
+    ranges = {g.name: (g.min, g.max) for g in traced.guards.symbols}
+    graph, groups, unfused = partition(program, ranges, log=say)
+    ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
+    distinct = list(dict.fromkeys(ids))
+    by_id = {i: g.rendered for i, g in zip(ids, groups)}
+    partition_s = time.perf_counter() - start
+    say(
+        f"  fused {sum(len(g.members) for g in groups)} ATen ops into {len(groups)} kernel launches "
+        f"({len(distinct)} distinct kernels) in {partition_s:.1f}s"
+    )
+
+    jobs = [
+        Job(k, by_id[k].name, by_id[k].source, by_id[k].signature, by_id[k].num_warps, by_id[k].num_stages, a)
+        for k in distinct
+        for a in archs
+    ]
+    results, failed, hits = {}, {}, 0
+    last = 0.0
+    for n, job in enumerate(jobs, 1):
+        try:
+            res = compile_job(job)
+            scratch = res.meta["global_scratch_size"], res.meta["profile_scratch_size"]
+            if scratch != (0, 0):
+                raise CodegenError(f"kernel needs scratch memory {scratch}; the launcher passes none")
+            results[(job.kernel_id, job.arch)] = res
+            hits += res.cached
+        except Exception as e:  # any compiler failure: this kernel's steps stay ATen calls
+            failed.setdefault(job.kernel_id, f"{job.arch}: {type(e).__name__}: {str(e).strip()[:300]}")
+        now = time.perf_counter()
+        if n == len(jobs) or now - last >= PROGRESS_INTERVAL:
+            say(f"  compiling {len(distinct)} kernels × {len(archs)} archs: {n}/{len(jobs)} ({hits} cached)")
+            last = now
+    for k in distinct:  # every arch must agree on the entry point the launcher looks up
+        metas = [results[(k, a)].meta for a in archs if (k, a) in results]
+        if k not in failed and (
+            {m["name"] for m in metas} != {by_id[k].name} or len({m["ptx_params"] for m in metas}) != 1
+        ):
+            failed[k] = f"PTX entries differ across archs: {[(m['name'], m['ptx_params']) for m in metas]}"
+    for k, why in failed.items():
+        say(
+            f"  warning: kernel {by_id[k].name} ({k}) failed to compile, its {len(by_id[k].ops)} ATen ops "
+            f"stay library calls: {why}"
+        )
+
+    kept = [(g, i) for g, i in zip(groups, ids) if i not in failed]
+    try:
+        steps = rewrite(graph, [g for g, _ in kept], [i for _, i in kept])
+    except AssertionError as e:  # never fail a build over a fusion decision: ship the ATen program
+        say(f"  warning: fusion produced an unschedulable program ({e}); every step stays an ATen call")
+        kept, steps = [], program.steps
+    kernels, cubins = [], {}
+    for k in dict.fromkeys(i for _, i in kept):
+        r = by_id[k]
+        ptx_params = results[(k, archs[0])].meta["ptx_params"]
+        config = dict(r.config, global_scratch_size=0, profile_scratch_size=0, signature=dict(r.signature))
+        kernels.append(
+            Kernel(
+                id=k,
+                name=r.name,
+                source=r.source,
+                params=r.params,
+                num_warps=r.num_warps,
+                num_stages=r.num_stages,
+                shared={a: results[(k, a)].meta["shared"] for a in archs},
+                archs=archs,
+                ops=r.ops,
+                config=config,
+                bytes_moved=r.bytes_moved,
+                scratch_params=ptx_params - len(r.params),
+            )
+        )
+        for a in archs:
+            cubins[(k, a)] = results[(k, a)].cubin
+    new_program = Program(
+        inputs=program.inputs,
+        weights=program.weights,
+        buffers=program.buffers,
+        steps=steps,
+        outputs=program.outputs,
+        symbols=program.symbols,
+        kernels=tuple(kernels),
+    )
+    n_kernel_steps = sum(s.kind == "kernel" for s in steps)
+    stats = {
+        "kernels": len(kernels),
+        "kernel_steps": n_kernel_steps,
+        "aten_ops_fused": sum(len(s.reference) for s in steps if s.kind == "kernel"),
+        "fallbacks": len(failed),
+        "unfused_ops": len(unfused),
+        "activations_folded": folded,
+    }
+    say(
+        f"  codegen done in {time.perf_counter() - start:.1f}s: {len(kernels)} kernels, {n_kernel_steps} launches, "
+        f"{len(failed)} fallbacks, {hits}/{len(jobs)} compiles from the cache"
+    )
+    return Compiled(
+        traced=traced,
+        program=new_program,
+        archs=archs,
+        cubins=cubins,
+        triton_version=triton.__version__,
+        stats=stats,
+    )

@@ -132,3 +132,22 @@ def test_dims_the_model_forces_equal_become_a_relation(built):
     assert runner(torch.ones(3, 4), torch.ones(3, 4)).eq(2).all()
     with pytest.raises(GuardError, match=r"inputs violate a == b with a=3, b=2 \(guard from tests/data/forced_equal.py:10"):
         runner(torch.ones(3, 4), torch.ones(2, 4))
+
+
+def test_a_missing_library_op_is_an_env_error(tmp_path):
+    """A bundle built against a torch with an op this torch lacks names the op at load."""
+    from dataclasses import replace
+
+    from aot.codegen import generate
+    from aot.errors import EnvError
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    traced = trace(load_model_file(model_path("branchy")))
+    steps = list(traced.program.steps)
+    i = next(i for i, s in enumerate(steps) if s.target == "aten.relu.default")
+    steps[i] = replace(steps[i], target="aten.relu_from_the_future.default")
+    traced = replace(traced, program=replace(traced.program, steps=tuple(steps)))
+    pack(generate(traced, fuse=False), tmp_path / "future.tpk")
+    with pytest.raises(EnvError, match=r"has no ATen op aten\.relu_from_the_future\.default, which the bundle needs"):
+        load(tmp_path / "future.tpk")

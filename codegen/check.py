@@ -1,0 +1,225 @@
+"""Run every kernel of a program on CPU with Triton's interpreter and compare it with its reference.
+
+``TRITON_INTERPRET=1`` makes ``@triton.jit`` kernels run on CPU tensors, but it must be set
+before ``triton`` is first imported, so checks normally run in a fresh process:
+``check_in_subprocess(bundle, model, sizes)`` runs ``python -m aot.codegen.check`` and returns its
+results. In that process, each step of the bundle's program runs in order: ATen steps with the
+loader's ``AtenCall``; a kernel step runs its reference decomposition *and* the kernel (outputs
+pre-filled with NaN or a sentinel, so an element the kernel fails to write shows up), and every
+output is compared. Later steps continue from the reference values, so errors do not compound.
+
+Tolerances: an element passes when ``|kernel - reference| <= atol + rtol * |reference|``
+(``TOLERANCE`` by dtype). The kernels compute half-precision chains in fp32 and round once, while
+the reference rounds after every op, hence the fp16 tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TOLERANCE = {  # dtype -> (atol, rtol)
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 2e-2),
+    "float32": (1e-4, 1e-4),
+    "float64": (1e-8, 1e-8),
+}
+INT_SENTINEL = -7
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    step: int
+    kernel: str  # kernel id
+    name: str  # kernel function name
+    output: str  # buffer name
+    dtype: str
+    max_abs_error: float
+    worst_ratio: float  # max |err| / (atol + rtol*|ref|); <= 1 passes
+    ok: bool
+
+
+def _sizes_env(sizes: dict[str, int]) -> dict[str, int]:
+    return {k: int(v) for k, v in sizes.items()}
+
+
+def check_program(
+    program, weights: dict, inputs: dict, sizes: dict[str, int], launches_per_kernel: int | None = None
+) -> list[OutputCheck]:
+    """Run ``program``'s kernels in the interpreter; needs ``TRITON_INTERPRET=1`` before triton loads.
+
+    ``launches_per_kernel``: interpret only the first N launches of each distinct kernel (the
+    interpreter costs milliseconds per program instance); later launches run their reference only.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "check_program needs TRITON_INTERPRET=1 set before triton is imported; use check_in_subprocess"
+        )
+    import torch
+
+    from aot.codegen.compile import load_function
+    from aot.loader.program import DTYPES, AtenCall
+    from aot.symexpr import evaluate
+
+    cpu = torch.device("cpu")
+    env: dict[str, Any] = dict(weights)
+    env.update(inputs)
+    kernels = {k.id: k for k in program.kernels}
+    functions: dict[str, Any] = {}
+    launches: dict[str, int] = {}
+    last = max((i for i, s in enumerate(program.steps) if s.kind == "kernel"), default=-1)
+    results: list[OutputCheck] = []
+    for index, step in enumerate(program.steps[: last + 1]):
+        if step.kind == "aten":
+            AtenCall(step, cpu)(env, sizes)
+            continue
+        ref_env = dict(env)
+        for r in step.reference:
+            AtenCall(r, cpu)(ref_env, sizes)
+        kernel = kernels[step.target]
+        launches[kernel.id] = launches.get(kernel.id, 0) + 1
+        if launches_per_kernel is not None and launches[kernel.id] > launches_per_kernel:
+            env.update({o: ref_env[o] for o in step.outputs})
+            continue
+        if kernel.id not in functions:
+            functions[kernel.id] = load_function(kernel.id, kernel.name, kernel.source)
+        outs: dict[str, torch.Tensor] = {}
+        for o in step.outputs:
+            spec = program.buffers[o]
+            shape = [evaluate(s, sizes) for s in spec.shape]
+            dtype = DTYPES[spec.dtype]
+            fill = (
+                float("nan") if dtype.is_floating_point else (False if dtype == torch.bool else INT_SENTINEL)
+            )
+            outs[o] = torch.full(shape, fill, dtype=dtype)
+        args = []
+        for a, p in zip(step.args, kernel.params):
+            if p.kind == "ptr":
+                name = a["buf"]
+                args.append(outs[name] if name in outs else env[name].contiguous())
+            else:
+                args.append(evaluate(a["sym"], sizes))
+        grid = tuple(evaluate(g, sizes) for g in step.grid)
+        if all(g > 0 for g in grid):
+            functions[kernel.id][grid](*args)
+        for o in step.outputs:
+            got, want = outs[o], ref_env[o]
+            spec = program.buffers[o]
+            atol, rtol = TOLERANCE.get(spec.dtype, (0.0, 0.0))
+            if got.shape != want.shape:
+                err, ratio = float("inf"), float("inf")
+            elif got.numel() == 0:
+                err, ratio = 0.0, 0.0
+            elif got.dtype.is_floating_point:
+                g64, w64 = got.double(), want.double()
+                both_nan = torch.isnan(g64) & torch.isnan(w64)
+                same_inf = torch.isinf(w64) & (g64 == w64)
+                diff = (g64 - w64).abs().masked_fill(both_nan | same_inf, 0.0).nan_to_num(nan=float("inf"))
+                err = diff.max().item()
+                ratio = (diff / (atol + rtol * w64.abs().nan_to_num(0.0, 0.0, 0.0))).max().item()
+            else:
+                err = (
+                    (got.long() - want.long()).abs().max().item()
+                    if got.dtype != torch.bool
+                    else float((got != want).sum().item())
+                )
+                ratio = float(err > 0) * float("inf") if err else 0.0
+            results.append(
+                OutputCheck(
+                    index, kernel.id, kernel.name, o, spec.dtype, float(err), float(ratio), bool(ratio <= 1.0)
+                )
+            )
+        for o in step.outputs:
+            env[o] = ref_env[o]
+    return results
+
+
+def check_bundle(
+    bundle: str | os.PathLike,
+    model: str | os.PathLike,
+    sizes_list: list[dict[str, int]],
+    seed: int = 0,
+    launches_per_kernel: int | None = None,
+) -> dict[str, list[OutputCheck]]:
+    """Check ``bundle``'s kernels at each size, with the model file's example inputs at those sizes."""
+    from safetensors.torch import load as load_safetensors
+
+    from aot import schema
+    from aot.loader.bundle import open_bundle
+    from aot.tracer import example_inputs, load_model_file
+
+    spec = load_model_file(model)
+    b = open_bundle(bundle)
+    try:
+        program = b.program()
+        weights = load_safetensors(b.read(schema.WEIGHTS_PATH))
+    finally:
+        b.close()
+    out = {}
+    for sizes in sizes_list:
+        inputs = example_inputs(spec, sizes, seed=seed + sum(sizes.values()))
+        out[json.dumps(sizes, sort_keys=True)] = check_program(
+            program, weights, inputs, _sizes_env(sizes), launches_per_kernel
+        )
+    return out
+
+
+def check_in_subprocess(
+    bundle: str | os.PathLike,
+    model: str | os.PathLike,
+    sizes_list: list[dict[str, int]],
+    launches_per_kernel: int | None = None,
+    timeout: float = 1800,
+) -> dict[str, list[OutputCheck]]:
+    """``check_bundle`` in a fresh Python with ``TRITON_INTERPRET=1``."""
+    return check_many_in_subprocess([(bundle, model, sizes_list, launches_per_kernel)], timeout)[0]
+
+
+def check_many_in_subprocess(plan: list[tuple], timeout: float = 1800) -> list[dict[str, list[OutputCheck]]]:
+    """Several ``(bundle, model, sizes_list, launches_per_kernel)`` checks in one fresh interpreter."""
+    import tempfile
+
+    items = [{"bundle": str(b), "model": str(m), "sizes": s, "launches": n} for b, m, s, n in plan]
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_path = os.path.join(tmp, "plan.json")
+        with open(plan_path, "w") as f:
+            json.dump(items, f)
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        cmd = [sys.executable, "-m", "aot.codegen.check", plan_path]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"interpreter check failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [{k: [OutputCheck(**r) for r in v] for k, v in item.items()} for item in data]
+
+
+def main(argv: list[str]) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    with open(argv[0]) as f:
+        plan = json.load(f)
+    out = []
+    for item in plan:
+        results = check_bundle(
+            item["bundle"], item["model"], item["sizes"], launches_per_kernel=item["launches"]
+        )
+        out.append({k: [asdict(r) for r in v] for k, v in results.items()})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise SystemExit("TRITON_INTERPRET must be set before triton is imported")
+        os.environ["TRITON_INTERPRET"] = "1"
+    if len(sys.argv) != 2:
+        raise SystemExit(
+            "usage: python -m aot.codegen.check PLAN.json  "
+            '(a list of {"bundle", "model", "sizes": [{"batch": 2}], "launches": null})'
+        )
+    main(sys.argv[1:])

@@ -1,0 +1,158 @@
+"""Compile rendered kernels to cubins with Triton, for any arch, without a GPU; cache the results.
+
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))`` runs the whole pipeline
+(TTIR → TTGIR → LLVM IR → PTX → ptxas) on the build machine. Each (kernel, arch) result is kept in
+a content-addressed cache (``AOTPACK_CACHE_DIR``, default ``~/.cache/aotpack/kernels``): the key
+covers the source, signature, options, arch and the Triton version, and entries are written to a
+temporary file and moved into place, so concurrent builds never see half-written entries.
+
+The kernel's source is compiled under the file name it has in the bundle (``kernels/<id>.py``),
+so line info in the cubin does not depend on where the build ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import linecache
+import os
+import re
+import tempfile
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aot.schema import KERNEL_SOURCE_FORMAT
+
+CACHE_ENV = "AOTPACK_CACHE_DIR"
+CACHE_FORMAT = 1  # bump when what an entry holds changes
+POINTER_ALIGNMENT = 16  # root buffers are fresh allocations: pointers may assume 16-byte alignment
+# Line info names the files of inlined Triton library code by absolute path (the build machine's
+# site-packages), which would make cubins differ between machines; off, builds are reproducible.
+LINE_INFO = False
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "aotpack" / "kernels"
+
+
+@dataclass(frozen=True)
+class Job:
+    kernel_id: str
+    name: str
+    source: str
+    signature: dict[str, str]
+    num_warps: int
+    num_stages: int
+    arch: str  # "sm_90"
+
+
+@dataclass(frozen=True)
+class Result:
+    cubin: bytes
+    meta: dict[str, Any]  # name, shared, global/profile scratch sizes, ptx_params
+    cached: bool
+
+
+def _options(job: Job) -> dict[str, Any]:
+    return {"num_warps": job.num_warps, "num_stages": job.num_stages, "enable_fp_fusion": True}
+
+
+def cache_key(job: Job) -> str:
+    import triton
+
+    text = json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "source": job.source,
+            "signature": job.signature,
+            "options": _options(job),
+            "arch": job.arch,
+            "triton": triton.__version__,
+            "align": POINTER_ALIGNMENT,
+            "line_info": LINE_INFO,
+            "file": KERNEL_SOURCE_FORMAT.format(kernel=job.kernel_id),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def load_function(kernel_id: str, name: str, source: str):
+    """The ``@triton.jit`` function of ``source``, with the bundle's file name as its source file."""
+    filename = KERNEL_SOURCE_FORMAT.format(kernel=kernel_id)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(f"aotpack_kernel_{kernel_id}")
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return getattr(module, name)
+
+
+def _ptx_params(ptx: str, name: str) -> int:
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    if not m:
+        raise RuntimeError(f"no .entry {name} in the PTX")
+    return len(re.findall(r"\.param\b", m.group(1)))
+
+
+def compile_job(job: Job) -> Result:
+    """Compile one kernel for one arch (or read it from the cache)."""
+    key = cache_key(job)
+    base = cache_dir() / key[:2] / key
+    cubin_path, meta_path = base.with_suffix(".cubin"), base.with_suffix(".json")
+    try:
+        meta = json.loads(meta_path.read_text())
+        cubin = cubin_path.read_bytes()
+        if hashlib.sha256(cubin).hexdigest() == meta.get("cubin_sha256"):
+            return Result(cubin, meta, cached=True)
+    except (OSError, ValueError):
+        pass
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = load_function(job.kernel_id, job.name, job.source)
+    attrs = {
+        (i,): [["tt.divisibility", POINTER_ALIGNMENT]]
+        for i, t in enumerate(job.signature.values())
+        if t.startswith("*")
+    }
+    src = ASTSource(fn, signature=dict(job.signature), constexprs=None, attrs=attrs)
+    cc = int(job.arch.removeprefix("sm_").rstrip("a"))
+    with triton.knobs.cache.scope(), triton.knobs.compilation.scope():
+        triton.knobs.cache.dir = str(cache_dir() / "triton")
+        triton.knobs.compilation.disable_line_info = not LINE_INFO
+        compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=_options(job))
+    md = compiled.metadata
+    cubin = compiled.asm["cubin"]
+    meta = {
+        "name": md.name,
+        "shared": int(md.shared),
+        "num_warps": int(md.num_warps),
+        "num_stages": int(md.num_stages),
+        "global_scratch_size": int(getattr(md, "global_scratch_size", 0) or 0),
+        "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0) or 0),
+        "ptx_params": _ptx_params(compiled.asm["ptx"], md.name),
+        "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+    }
+    _write_atomic(cubin_path, cubin)
+    _write_atomic(meta_path, json.dumps(meta, sort_keys=True).encode())
+    return Result(cubin, meta, cached=False)

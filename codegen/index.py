@@ -1,0 +1,433 @@
+"""Index arithmetic of fused kernels: sizes as sympy, flat indices as sums of digit fragments.
+
+Inside a kernel every value is addressed by its *flat* row-major index. A reshape keeps the flat
+index; a permute, expand, slice or broadcast splits it into per-dim indices, changes them and
+joins them again. Indices are kept as ``const + sum(coef * ((base // div) % mod))`` so that a
+split followed by a join cancels (``(r // T) * T + r % T`` is ``r`` again): kernels do no needless
+division, and a reduction kernel can prove that a row value is read at its own row.
+
+Sizes are sympy expressions over positive integer symbols named after the model's dims;
+``parse_size`` reads the program's size text and ``size_text`` writes it back (for grids and
+arguments), ``triton_size`` renders it for kernel source.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+from aot.tracer.symtext import to_text
+
+Size = sympy.Expr
+ZERO = sympy.Integer(0)
+ONE = sympy.Integer(1)
+
+
+class IndexError_(Exception):
+    """An index the algebra cannot express; the caller keeps the ops unfused."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes
+
+
+@functools.cache
+def symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_size(text: str) -> Size:
+    """Size text of the program (``"seq*batch"``, ``"768"``, ``"seq//2"``) → sympy."""
+
+    def conv(n: ast.AST) -> Size:
+        if isinstance(n, ast.Constant) and type(n.value) is int:
+            return sympy.Integer(n.value)
+        if isinstance(n, ast.Name):
+            return symbol(n.id)
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -conv(n.operand)
+        if isinstance(n, ast.BinOp):
+            a, b = conv(n.left), conv(n.right)
+            if isinstance(n.op, ast.Add):
+                return a + b
+            if isinstance(n.op, ast.Sub):
+                return a - b
+            if isinstance(n.op, ast.Mult):
+                return a * b
+            if isinstance(n.op, ast.FloorDiv):
+                return FloorDiv(a, b)
+            if isinstance(n.op, ast.Mod):
+                return PythonMod(a, b)
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name)
+            and n.func.id in ("max", "min")
+            and n.args
+        ):
+            fn = sympy.Max if n.func.id == "max" else sympy.Min
+            return fn(*[conv(a) for a in n.args])
+        raise IndexError_(f"size expression {text!r} is outside the size grammar")
+
+    return canon(conv(ast.parse(text, mode="eval").body))
+
+
+def size_of(value) -> Size:
+    """A step argument that is a size: an int or ``{"sym": text}``."""
+    if isinstance(value, bool):
+        raise IndexError_(f"expected a size, got {value!r}")
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    if isinstance(value, dict) and set(value) == {"sym"}:
+        return parse_size(value["sym"])
+    raise IndexError_(f"expected a size, got {value!r}")
+
+
+def canon(e) -> Size:
+    """The canonical (expanded) form of a size, so equal sizes compare equal."""
+    return sympy.expand(sympy.sympify(e))
+
+
+def same(a: Size, b: Size) -> bool:
+    return canon(a - b) == ZERO
+
+
+def numel(shape: tuple[Size, ...]) -> Size:
+    return canon(sympy.Mul(*shape)) if shape else ONE
+
+
+def size_text(expr: Size) -> str:
+    """sympy → the expression text of ``aot.symexpr`` (grids, arguments)."""
+    return to_text(expr, {s: s.name for s in expr.free_symbols})
+
+
+def param_name(sym: sympy.Symbol) -> str:
+    return f"s_{sym.name}"
+
+
+def triton_size(e: Size) -> str:
+    """sympy size → Triton source over the kernel's size parameters (``s_batch``)."""
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Symbol):
+        return param_name(e)
+    if isinstance(e, sympy.Add):
+        terms = sorted(e.args, key=sympy.default_sort_key)
+        out = triton_size(terms[0])
+        for t in terms[1:]:
+            text = triton_size(t)
+            out += f" - {text[1:]}" if text.startswith("-") else f" + {text}"
+        return f"({out})"
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        if not coeff.is_Integer:
+            raise IndexError_(f"size {e} is not an integer expression")
+        parts = [triton_size(f) for f in sorted(sympy.Mul.make_args(rest), key=sympy.default_sort_key)]
+        if coeff == -1:
+            return "-" + "*".join(parts)
+        if coeff != 1:
+            parts.insert(0, str(int(coeff)))
+        return "*".join(parts)
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and 0 < int(e.exp) <= 8:
+        return "*".join([triton_size(e.base)] * int(e.exp))
+    if isinstance(e, FloorDiv):
+        return f"({triton_size(e.args[0])} // {triton_size(e.args[1])})"
+    if isinstance(e, (PythonMod, Mod, sympy.Mod)):
+        return f"({triton_size(e.args[0])} % {triton_size(e.args[1])})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "tl.maximum" if isinstance(e, sympy.Max) else "tl.minimum"
+        args = sorted(e.args, key=sympy.default_sort_key)
+        out = triton_size(args[0])
+        for a in args[1:]:
+            out = f"{fn}({out}, {triton_size(a)})"
+        return out
+    raise IndexError_(f"cannot render size {e} ({type(e).__name__}) in a kernel")
+
+
+@functools.lru_cache(maxsize=65536)
+def divides(b: Size, a: Size) -> bool:
+    """Whether ``b`` divides ``a`` for every value of the symbols (as polynomials)."""
+    if b == ONE or a == b:
+        return True
+    if a == ZERO:
+        return True
+    q = sympy.cancel(a / b)
+    num, den = sympy.fraction(q)
+    if den != ONE:
+        return False
+    coeff, _ = sympy.Mul(num).as_coeff_Mul()
+    return bool(coeff.is_Integer) and not any(
+        isinstance(f, sympy.Pow) and f.exp.is_negative for f in sympy.Mul.make_args(num)
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def quotient(a: Size, b: Size) -> Size:
+    return canon(sympy.cancel(a / b)) if b != ONE else a
+
+
+# ---------------------------------------------------------------------------------------------
+# Flat indices
+
+
+@dataclass(frozen=True)
+class Frag:
+    """``(base // div) % mod`` with ``0 <= base < extent``; ``mod is None``: no modulo needed."""
+
+    base: str | Lin  # an atom of the kernel ("x", "r", "c") or a derived index
+    extent: Size
+    div: Size = ONE
+    mod: Size | None = None
+
+    @property
+    def span(self) -> Size:
+        """Number of values the fragment takes."""
+        if self.mod is not None:
+            return self.mod
+        return (
+            quotient(self.extent, self.div)
+            if divides(self.div, self.extent)
+            else FloorDiv(self.extent + self.div - 1, self.div)
+        )
+
+
+@dataclass(frozen=True)
+class Lin:
+    """``const + sum(coef * frag)``; build through ``make_lin`` so equal indices compare equal."""
+
+    terms: tuple[tuple[Size, Frag], ...] = ()
+    const: Size = ZERO
+
+    @property
+    def atoms(self) -> frozenset[str]:
+        out: set[str] = set()
+        for _, f in self.terms:
+            out |= f.base.atoms if isinstance(f.base, Lin) else {f.base}
+        return frozenset(out)
+
+
+def _sort_key(term: tuple[Size, Frag]):
+    coef, f = term
+    base = (0, f.base) if isinstance(f.base, str) else (1, repr(f.base))
+    return base, sympy.default_sort_key(f.div), sympy.default_sort_key(coef)
+
+
+def _simplify_frag(f: Frag) -> Frag | None:
+    """None when the fragment is always 0."""
+    if f.mod is not None and f.mod == ONE:
+        return None
+    if divides(f.extent, f.div):  # base < extent <= div
+        return None
+    if f.mod is not None and divides(f.div, f.extent) and divides(quotient(f.extent, f.div), f.mod):
+        return Frag(f.base, f.extent, f.div, None)
+    return f
+
+
+def make_lin(terms, const: Size = ZERO) -> Lin:
+    """Normalize: drop zero fragments, add equal fragments, merge adjacent digits of one base."""
+    acc: dict[Frag, Size] = {}
+    for coef, f in terms:
+        coef = canon(coef)
+        f = _simplify_frag(
+            Frag(f.base, canon(f.extent), canon(f.div), None if f.mod is None else canon(f.mod))
+        )
+        if f is None or coef == ZERO:
+            continue
+        acc[f] = acc.get(f, ZERO) + coef
+    changed = True
+    while changed:
+        changed = False
+        items = list(acc.items())
+        for f_lo, c_lo in items:
+            for f_hi, c_hi in items:
+                if f_hi is f_lo or f_lo.base != f_hi.base or f_lo.mod is None:
+                    continue
+                # c_hi * ((b // (d*m)) % M) + c_lo * ((b // d) % m) == c_lo * ((b // d) % (m*M))
+                if f_hi.div == canon(f_lo.div * f_lo.mod) and c_hi == canon(c_lo * f_lo.mod):
+                    merged = Frag(
+                        f_lo.base,
+                        f_lo.extent,
+                        f_lo.div,
+                        None if f_hi.mod is None else canon(f_lo.mod * f_hi.mod),
+                    )
+                    del acc[f_lo], acc[f_hi]
+                    merged = _simplify_frag(merged)
+                    if merged is not None:
+                        acc[merged] = canon(acc.get(merged, ZERO) + c_lo)
+                    changed = True
+                    break
+            if changed:
+                break
+    return Lin(
+        tuple(sorted(((canon(c), f) for f, c in acc.items() if canon(c) != ZERO), key=_sort_key)),
+        canon(const),
+    )
+
+
+def atom(name: str, extent: Size) -> Lin:
+    return make_lin([(ONE, Frag(name, extent))])
+
+
+def const_lin(value: Size) -> Lin:
+    return Lin((), sympy.sympify(value))
+
+
+def add(a: Lin, b: Lin) -> Lin:
+    return make_lin(a.terms + b.terms, a.const + b.const)
+
+
+def scale(a: Lin, k: Size) -> Lin:
+    return make_lin([(c * k, f) for c, f in a.terms], a.const * k)
+
+
+def derived(lin: Lin, extent: Size) -> Lin:
+    """An opaque index with values in ``[0, extent)`` (a sliced or selected dim), kept whole so
+    that it stays one digit of the flat index."""
+    if lin == Lin() or (lin.const == ZERO and len(lin.terms) == 1 and lin.terms[0][0] == ONE):
+        return lin
+    return make_lin([(ONE, Frag(lin, extent))])
+
+
+def strides(shape: tuple[Size, ...]) -> list[Size]:
+    out, acc = [], ONE
+    for s in reversed(shape):
+        out.append(acc)
+        acc = canon(acc * s)
+    return out[::-1]
+
+
+def flatten(per_dim: list[Lin], shape: tuple[Size, ...]) -> Lin:
+    """Per-dim indices into ``shape`` → the flat row-major index."""
+    terms, const = [], ZERO
+    for lin, st in zip(per_dim, strides(shape)):
+        terms += [(c * st, f) for c, f in lin.terms]
+        const += lin.const * st
+    return make_lin(terms, const)
+
+
+def _split(term: tuple[Size, Frag], boundary: Size) -> list[tuple[Size, Frag]] | None:
+    """Split a digit term at ``boundary`` when the boundary falls strictly inside its range."""
+    coef, f = term
+    if not divides(coef, boundary) or boundary == coef:
+        return None
+    q = quotient(boundary, coef)
+    span = f.span
+    if not divides(q, span) or q == span:
+        return None
+    lo = Frag(f.base, f.extent, f.div, q)
+    hi = Frag(f.base, f.extent, f.div * q, None if f.mod is None else quotient(f.mod, q))
+    return [(coef, lo), (boundary, hi)]
+
+
+@functools.lru_cache(maxsize=65536)
+def nonneg(e: Size) -> bool:
+    """Provably ``e >= 0`` for all sizes: every coefficient of the expanded polynomial is >= 0."""
+    e = canon(e)
+    if e.is_Number:
+        return bool(e >= 0)
+    # dims are >= 1: with d = 1 + d', d' >= 0, nonnegative coefficients prove it
+    shifted = canon(e.subs({s: s + 1 for s in e.free_symbols if isinstance(s, sympy.Symbol)}))
+    if shifted.is_Number:
+        return bool(shifted >= 0)
+    return all(c >= 0 for c in shifted.as_coefficients_dict().values())
+
+
+def unflatten(lin: Lin, shape: tuple[Size, ...]) -> list[Lin]:
+    """Flat index into ``shape`` → per-dim indices (``(flat // stride) % size``).
+
+    Digits are split where a dim boundary falls inside them and then given to the dim whose
+    stride divides their coefficient; when the digits of the lower dims provably never carry into
+    a higher one, each dim's index is its digits. Otherwise the flat index is divided out.
+    """
+    if len(shape) == 0:
+        return []
+    if len(shape) == 1:
+        return [lin]
+    st = strides(shape)
+    total = numel(shape)
+    if lin.const == ZERO:
+        terms = list(lin.terms)
+        for b in st[:-1]:
+            out = []
+            for t in terms:
+                parts = _split(t, b)
+                out += parts if parts else [t]
+            terms = out
+        dims: list[list] = [[] for _ in shape]
+        ok = True
+        for coef, f in terms:
+            k = next((k for k in range(len(shape)) if divides(st[k], coef)), None)
+            if k is None:
+                ok = False
+                break
+            dims[k].append((coef, f))
+        top = ZERO  # largest value of the digits of dims >= k
+        for k in range(len(shape) - 1, -1, -1):
+            top = top + sum((c * (f.span - 1) for c, f in dims[k]), ZERO)
+            if not nonneg(st[k] * shape[k] - 1 - top):
+                ok = False
+                break
+        if ok:
+            return [make_lin([(quotient(c, st[k]), f) for c, f in dims[k]]) for k in range(len(shape))]
+    if (
+        lin.const == ZERO
+        and len(lin.terms) == 1
+        and lin.terms[0][0] == ONE
+        and lin.terms[0][1].div == ONE
+        and lin.terms[0][1].mod is None
+    ):
+        base, extent = lin.terms[0][1].base, lin.terms[0][1].extent
+    else:
+        base, extent = lin, total
+    return [
+        make_lin([(ONE, Frag(base, extent, st[k], None if k == 0 else shape[k]))]) for k in range(len(shape))
+    ]
+
+
+def same_shape(a: tuple[Size, ...], b: tuple[Size, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or same(x, y) for x, y in zip(a, b))
+
+
+def broadcast_in(lin: Lin, out_shape: tuple[Size, ...], in_shape: tuple[Size, ...]) -> Lin:
+    """Index of the output of a broadcasting op → index of one of its inputs."""
+    if same_shape(out_shape, in_shape):
+        return lin
+    if len(in_shape) == 0:
+        return const_lin(ZERO)
+    if numel(in_shape) == ONE:
+        return const_lin(ZERO)
+    per = unflatten(lin, out_shape)[len(out_shape) - len(in_shape) :]
+    tail = out_shape[len(out_shape) - len(in_shape) :]
+    per = [const_lin(ZERO) if s == ONE and t != ONE else p for p, s, t in zip(per, in_shape, tail)]
+    return flatten(per, in_shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _atomic(e: Size) -> str:
+    text = triton_size(e)
+    return text if isinstance(e, (sympy.Integer, sympy.Symbol)) and not text.startswith("-") else f"({text})"
+
+
+def render(lin: Lin) -> str:
+    """Triton source of an index over the kernel's atoms and size parameters."""
+    parts = []
+    for coef, f in lin.terms:
+        base = f.base if isinstance(f.base, str) else f"({render(f.base)})"
+        text = base
+        if f.div != ONE:
+            text = f"({text} // {_atomic(f.div)})"
+        if f.mod is not None:
+            text = f"({text} % {_atomic(f.mod)})"
+        if coef != ONE:
+            text = f"{text} * {_atomic(coef)}"
+        parts.append(text)
+    if lin.const != ZERO or not parts:
+        parts.append(triton_size(lin.const))
+    return " + ".join(parts)

@@ -1,0 +1,227 @@
+"""Fusion decisions and the kernel-step contract the GPU launcher relies on."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from aot import schema
+from aot.codegen import generate
+from aot.codegen.ops import VIEW_OPS, returns_view
+from aot.loader.bundle import open_bundle
+from aot.symexpr import compile_expr
+
+EXAMPLES = ("mlp", "gpt", "cnn", "branchy")
+
+
+def program_of(path):
+    b = open_bundle(path)
+    try:
+        return b.program(), b.manifest
+    finally:
+        b.close()
+
+
+def kernel_steps(program):
+    return [s for s in program.steps if s.kind == "kernel"]
+
+
+def test_gpt_block_fuses_into_two_kernels_per_layer(built):
+    program, manifest = program_of(built("gpt"))
+    steps = kernel_steps(program)
+    # per layer: residual add + ln_2, residual add + next ln_1 (GELU rides in the fc matmul's
+    # cuBLASLt epilogue); plus embeddings add + ln_1 of layer 0, and the last residual add + ln_f
+    assert len(steps) == 2 * 12 + 1
+    assert len(program.kernels) == 3  # each distinct kernel compiled once
+    assert Counter(s.target for s in steps).most_common(1)[0][1] == 2 * 12 - 1
+    fused = Counter(r.target for s in steps for r in s.reference)
+    assert fused["aten.native_layer_norm.default"] == 2 * 12 + 1
+    assert fused["aten.add.Tensor"] == 2 * 12 + 1
+    left = Counter(s.target for s in program.steps if s.kind == "aten")
+    for op in ("aten.native_layer_norm.default", "aten.gelu.default", "aten.add.Tensor"):
+        assert left[op] == 0, f"{op} left as a library call"
+    assert left["aten.addmm.default"] == 3 * 12
+    assert left["aten._addmm_activation.default"] == 12  # fc + bias + tanh-GELU in one library call
+    assert left["aten.scaled_dot_product_attention.default"] == 12
+    assert manifest.stats["kernel_steps"] == 25
+    assert manifest.stats["activations_folded"] == 12
+    cubins = [n for n in manifest.members if n.endswith(".cubin")]
+    assert sorted(cubins) == sorted(
+        schema.KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=a)
+        for k in program.kernels
+        for a in ("sm_80", "sm_90")
+    )
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_models_fuse_without_fallbacks(built, name):
+    program, manifest = program_of(built(name))
+    assert manifest.stats["fallbacks"] == 0
+    assert manifest.stats["unfused_ops"] == 0
+    assert kernel_steps(program)
+    # every pointwise/normalization op of the examples ends up inside a kernel
+    left = {s.target for s in program.steps if s.kind == "aten"}
+    for op in (
+        "aten.relu.default",
+        "aten.gelu.default",
+        "aten.native_layer_norm.default",
+        "aten._native_batch_norm_legit_no_training.default",
+        "aten.mean.dim",
+        "aten.mul.Tensor",
+    ):
+        assert op not in left, f"{name}: {op} stayed a library call"
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_kernel_steps_follow_the_launcher_contract(built, name):
+    program, manifest = program_of(built(name))
+    kernels = {k.id: k for k in program.kernels}
+    ranges = {g.name: (g.min, g.max) for g in manifest.guards.symbols}
+    # who produces each buffer, over the CPU path (kernel steps expanded to their references)
+    producer = {}
+    for s in program.steps:
+        for r in s.reference if s.kind == "kernel" else (s,):
+            for o in r.outputs:
+                if o is not None:
+                    producer.setdefault(o, r.target)
+    roots = {i.name for i in program.inputs} | {w.name for w in program.weights}
+    later_reads: Counter = Counter()
+    for s in program.steps:
+        later_reads.update(_bufs(s.args) + _bufs(list(s.kwargs.values())))
+    for k in program.kernels:
+        assert re.fullmatch(r"[a-z0-9_]{1,80}", k.id)
+        assert k.name.isidentifier() and f"def {k.name}(" in k.source
+        assert k.archs == manifest.environment.archs and set(k.shared) == set(k.archs)
+        assert k.scratch_params == 2
+        assert k.config["global_scratch_size"] == 0 and k.config["profile_scratch_size"] == 0
+        assert k.config["heuristic"] and k.config["kind"] in (
+            "pointwise",
+            "reduction-single",
+            "reduction-loop",
+        )
+        assert {p.kind for p in k.params} <= {"ptr", "i32", "i64"}
+        compile_expr(k.bytes_moved)
+    for s in kernel_steps(program):
+        k = kernels[s.target]
+        assert s.kwargs == {} and len(s.args) == len(k.params)
+        assert 1 <= len(s.grid) <= 3
+        for g in s.grid:
+            assert compile_expr(g).symbols <= set(ranges)
+        ptrs = []
+        for a, p in zip(s.args, k.params):
+            if p.kind == "ptr":
+                name = a["buf"]
+                ptrs.append(name)
+                assert program.buffers.get(name, None) is not None or name in roots
+                if name not in roots and name not in s.outputs:
+                    target = producer[name]
+                    assert target not in VIEW_OPS and not returns_view(target), (
+                        f"{k.name} reads {name}, the result of view {target}"
+                    )
+                spec = (
+                    program.buffers[name]
+                    if name in program.buffers
+                    else next(t.spec for t in program.inputs + program.weights if t.name == name)
+                )
+                assert p.dtype == spec.dtype
+            else:  # i32 unless the dim range (or the buffers it sizes) can pass 2**31
+                hi = compile_expr(a["sym"])({n: r[1] for n, r in ranges.items()})
+                assert p.kind == k.config["index"] and (hi < 2**31 or p.kind == "i64")
+        assert set(s.outputs) <= set(ptrs)
+        for o in s.outputs:  # only buffers used outside the kernel are materialized
+            assert later_reads[o] > 0 or o in program.outputs, f"{k.name} materializes internal {o}"
+        inside = {o for r in s.reference for o in r.outputs if o is not None}
+        for o in inside - set(s.outputs):
+            assert later_reads[o] == 0 and o not in program.outputs, f"{o} is needed but not written"
+
+
+def _bufs(value) -> list[str]:
+    if isinstance(value, dict):
+        return [value["buf"]] if set(value) == {"buf"} else []
+    if isinstance(value, (list, tuple)):
+        return [b for v in value for b in _bufs(v)]
+    return []
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_original_step_is_kept_or_replaced_once(built, name):
+    """Each non-view step of the traced program is either a library step or in exactly one kernel's
+    reference (views may be folded into several kernels and also stay for library calls)."""
+    program, _ = program_of(built(name))
+    seen: Counter = Counter()
+    for s in program.steps:
+        for r in s.reference if s.kind == "kernel" else (s,):
+            if r.target not in VIEW_OPS and not r.target.startswith("aten.arange"):
+                seen[r.outputs] += 1
+    assert seen and max(seen.values()) == 1
+
+
+def test_unknown_op_stays_a_library_call(pattern):
+    _, compiled, _, _, messages = pattern("unknown")
+    steps = compiled.program.steps
+    assert [s.kind for s in steps] == ["kernel", "aten", "kernel"]
+    assert steps[1].target == "aten.cumsum.default"
+    assert compiled.stats["fallbacks"] == 0
+
+
+def test_views_fold_into_kernels_without_copies(pattern):
+    _, compiled, _, _, _ = pattern("views")
+    steps = compiled.program.steps
+    assert all(s.kind == "kernel" for s in steps), [s.target for s in steps if s.kind != "kernel"]
+    for s in steps:
+        for a in s.args:
+            if "buf" in a and a["buf"] not in s.outputs:
+                assert a["buf"] == "x"  # every kernel reads the input itself, never a view of it
+
+
+def test_reductions_fuse_with_prologue_and_epilogue(pattern):
+    _, compiled, _, _, _ = pattern("norms")
+    steps = kernel_steps(compiled.program)
+    big = max(steps, key=lambda s: len(s.reference))
+    ops = {r.target for r in big.reference}
+    # residual add, layer norm, RMS norm (pow/mean/rsqrt) and var_mean in one kernel
+    assert {
+        "aten.add.Tensor",
+        "aten.native_layer_norm.default",
+        "aten.pow.Tensor_Scalar",
+        "aten.mean.dim",
+        "aten.rsqrt.default",
+        "aten.var_mean.correction",
+    } <= ops
+    _, looped, _, _, _ = pattern("looped")
+    (k,) = looped.program.kernels
+    assert k.config["kind"] == "reduction-loop"
+    _, soft, _, _, _ = pattern("softmax")
+    kinds = {k.config["kind"] for k in soft.program.kernels}
+    assert kinds == {"reduction-single"}
+    masked = next(s for s in kernel_steps(soft.program) if any("arange" in r.target for r in s.reference))
+    assert {"aten.where.self", "aten.ge.Tensor", "aten._softmax.default"} <= {
+        r.target for r in masked.reference
+    }
+
+
+def test_large_dim_ranges_index_with_int64(pattern):
+    _, compiled, _, _, _ = pattern("big")
+    assert len(compiled.program.kernels) == 2
+    for k in compiled.program.kernels:
+        assert k.config["index"] == "i64"
+        assert [p.kind for p in k.params if p.kind != "ptr"] == ["i64"]
+        assert "tl.program_id(0).to(tl.int64)" in k.source
+    _, small, _, _, _ = pattern("pointwise")
+    assert {k.config["index"] for k in small.program.kernels} == {"i32"}
+
+
+def test_generate_is_deterministic(pattern):
+    traced, first, _, _, _ = pattern("pointwise")
+    again = generate(traced, first.archs)
+    assert schema.canonical_json(again.program) == schema.canonical_json(first.program)
+    assert dict(again.cubins) == dict(first.cubins)
+    assert list(again.cubins) == list(first.cubins)
+
+
+def test_no_fuse_keeps_the_aten_program(pattern):
+    traced, _, _, _, _ = pattern("unknown")
+    plain = generate(traced, ("sm_90",), fuse=False)
+    assert plain.program == traced.program and not plain.cubins
