@@ -1,0 +1,47 @@
+"""Where the GPU time goes: top CUDA kernels of aotpack vs reduce-overhead at one shape.
+
+    python bench/profile.py gpt 8 128
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def top(fn, x, label: str, n: int = 12) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn(x)
+        torch.cuda.synchronize()
+    print(f"== {label}")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=n, max_name_column_width=70))
+
+
+def main(model: str, batch: int, seq: int) -> None:
+    import torch
+    from common import build_module, make_inputs
+
+    from aot.loader import load
+
+    bundles = Path(".bundles")
+    weights = str(next(bundles.glob(f"{model}.weights.*.safetensors")))
+    (x,) = make_inputs(model, {"batch": batch, "seq": seq})
+    runner = load(bundles / f"{model}.tpk", device="cuda", capture="none")
+    with torch.inference_mode():
+        top(runner, x, "aotpack (kernels launched one by one)")
+        module = build_module(model, weights)
+        compiled = torch.compile(module, mode="reduce-overhead")
+        top(compiled, x, "reduce-overhead")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
