@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import sys
 
+import torch
+
 from aot import schema
 from aot.loader.bundle import open_bundle
 from aot.packager import _safetensors
@@ -22,7 +24,14 @@ def main(model: str, bundle_path: str) -> None:
     bundle = open_bundle(bundle_path)
     program = bundle.program()
     state = instantiate(load_model_file(model)).state_dict()
-    data = _safetensors({w.name: state[w.name].detach().contiguous() for w in program.weights})
+    tensors = {}
+    for w in program.weights:
+        t = state[w.name].detach()
+        rows = int(w.spec.shape[0]) if w.spec.shape and w.spec.shape[0].isdigit() else t.shape[0] if t.dim() else 0
+        if t.dim() == 2 and rows > t.shape[0]:  # the build pads unaligned matmul weights with zero rows
+            t = torch.cat([t, t.new_zeros(rows - t.shape[0], t.shape[1])])
+        tensors[w.name] = t.contiguous()
+    data = _safetensors(tensors)
     want = bundle.manifest.members[schema.WEIGHTS_PATH].sha256
     got = hashlib.sha256(data).hexdigest()
     if got != want:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from aot.errors import CodegenError
 from aot.schema import Kernel, Program
@@ -51,6 +52,7 @@ def generate(
 
     from aot.codegen.compile import Job, compile_job
     from aot.codegen.epilogue import fold_activations
+    from aot.codegen.layout import PAD_TO, pad_matmul_weights
     from aot.codegen.partition import partition, rewrite
 
     say = progress or (lambda msg: None)
@@ -65,6 +67,10 @@ def generate(
             stats={"kernels": 0, "fused": False},
         )
     start = time.perf_counter()
+    program, weights, padded = pad_matmul_weights(program, dict(traced.weights))
+    if padded:
+        say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
+        traced = replace(traced, program=program, weights=weights)
     program, folded = fold_activations(program)
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
@@ -158,6 +164,7 @@ def generate(
         "fallbacks": len(failed),
         "unfused_ops": len(unfused),
         "activations_folded": folded,
+        "weights_padded": padded,
     }
     say(
         f"  codegen done in {time.perf_counter() - start:.1f}s: {len(kernels)} kernels, {n_kernel_steps} launches, "

@@ -1,0 +1,82 @@
+"""Pad a matmul weight whose output dim is not a multiple of ``PAD_TO``.
+
+cuBLAS picks fast Hopper/Ampere kernels only for aligned leading dimensions: GPT-2's tied
+vocabulary projection (N = 50257) ran in a legacy sm_75 CUTLASS kernel that took more than half
+of a B=8 T=128 forward. The build pads such a weight with zero rows to a multiple of ``PAD_TO``
+(+72 KB for GPT-2), computes ``mm`` into the padded width and slices the real columns back out
+(a view). Only weights whose every use is ``permute([1, 0]) → mm`` or ``embedding`` (rows past
+the vocabulary are never gathered) are padded, so nothing else can see the extra rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from aot.schema import NamedTensor, Program, Step, TensorSpec
+
+PAD_TO = 64
+MIN_N = 1024  # small matrices are not worth it
+
+
+def _reads(step: Step) -> list[str]:
+    return [a["buf"] for a in step.args if isinstance(a, dict) and "buf" in a]
+
+
+def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
+    """Returns the rewritten program, its weights, and how many weights were padded."""
+    import torch
+
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(program.steps):
+        for r in _reads(s):
+            readers.setdefault(r, []).append(i)
+    steps: list[Step | tuple[Step, ...]] = list(program.steps)
+    buffers = dict(program.buffers)
+    specs = {w.name: w.spec for w in program.weights}
+    weights = dict(weights)
+    padded = 0
+    for name, spec in specs.items():
+        if len(spec.shape) != 2 or not spec.shape[0].isdigit() or name in program.outputs:
+            continue
+        n, k = int(spec.shape[0]), spec.shape[1]
+        if n < MIN_N or n % PAD_TO == 0:
+            continue
+        uses = [program.steps[i] for i in readers.get(name, [])]
+        mms = []
+        ok = bool(uses)
+        for u in uses:
+            if u.target == "aten.embedding.default" and _reads(u)[:1] == [name]:
+                continue
+            if u.target == "aten.permute.default" and list(u.args[1:]) == [[1, 0]]:
+                consumers = [program.steps[i] for i in readers.get(u.outputs[0], [])]
+                if consumers and all(c.target == "aten.mm.default" and _reads(c) == [_reads(c)[0], u.outputs[0]]
+                                     for c in consumers) and u.outputs[0] not in program.outputs:
+                    mms += [(u, c) for c in consumers]
+                    continue
+            ok = False
+        if not ok or not mms:
+            continue
+        npad = -(-n // PAD_TO) * PAD_TO
+        w = weights[name]
+        weights[name] = torch.cat([w, w.new_zeros(npad - n, w.shape[1])]).contiguous()
+        specs[name] = TensorSpec(spec.dtype, (str(npad), k))
+        for perm, mm in mms:
+            buffers[perm.outputs[0]] = TensorSpec(spec.dtype, (k, str(npad)))
+            out = mm.outputs[0]
+            wide = f"{out}_padded"
+            m = buffers[out].shape[0]
+            buffers[wide] = TensorSpec(buffers[out].dtype, (m, str(npad)))
+            i = program.steps.index(mm)
+            steps[i] = (
+                replace(mm, outputs=(wide,)),
+                Step("aten", "aten.slice.Tensor", ({"buf": wide}, 1, 0, n), {}, (out,)),
+            )
+        padded += 1
+    if not padded:
+        return program, weights, 0
+    flat: list[Step] = []
+    for s in steps:
+        flat.extend(s if isinstance(s, tuple) else (s,))
+    new_weights = tuple(NamedTensor(w.name, specs[w.name]) for w in program.weights)
+    return replace(program, steps=tuple(flat), buffers=buffers, weights=new_weights), weights, padded

@@ -1,0 +1,29 @@
+"""Padding an unaligned matmul weight (GPT-2's 50257-row vocabulary) leaves results unchanged."""
+
+import torch
+
+from aot.codegen.layout import PAD_TO, pad_matmul_weights
+from aot.loader.program import AtenProgram
+from aot.tracer import example_inputs, load_model_file, trace
+from tests.conftest import model_path
+
+
+def test_gpt_vocabulary_is_padded_and_logits_unchanged():
+    spec = load_model_file(model_path("gpt"))
+    traced = trace(spec)
+    program, weights, n = pad_matmul_weights(traced.program, dict(traced.weights))
+    assert n == 1
+    assert weights["wte.weight"].shape == (50304, 768) and 50304 % PAD_TO == 0
+    assert weights["wte.weight"][50257:].abs().max() == 0  # zero rows: never gathered, sliced away
+    sizes = {"batch": 2, "seq": 9}
+    inputs = example_inputs(spec, sizes, seed=3)
+    want = AtenProgram(traced.program, dict(traced.weights), torch.device("cpu"))(inputs, sizes)[0]
+    got = AtenProgram(program, weights, torch.device("cpu"))(inputs, sizes)[0]
+    assert got.shape == want.shape == (2, 9, 50257)
+    assert torch.equal(got, want)
+
+
+def test_aligned_or_otherwise_used_weights_are_left_alone():
+    spec = load_model_file(model_path("mlp"))  # 1024 and 4096 wide: already aligned
+    traced = trace(spec)
+    assert pad_matmul_weights(traced.program, dict(traced.weights))[2] == 0
