@@ -57,6 +57,10 @@ def build_module(model: str, weights: str, device: str = "cuda"):
         ties.setdefault(id(p), []).append(name)
     module = module.to(getattr(torch, spec.dtype)).to_empty(device=device)
     state = load_file(weights, device=device)
+    expected = module.state_dict()
+    for k, v in state.items():  # aotpack pads unaligned matmul weights with zero rows: drop them
+        if k in expected and v.dim() == 2 and v.shape[0] > expected[k].shape[0]:
+            state[k] = v[: expected[k].shape[0]]
     for names in ties.values():
         present = [n for n in names if n in state]
         for n in names:
