@@ -18,7 +18,7 @@ import torch
 from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle
 from aot.loader.cuda import Context, Function, pack_params
-from aot.loader.program import DTYPES, AtenCall
+from aot.loader.program import DTYPES, AtenCall, liveness_frees
 from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Kernel, Program, Step
 from aot.symexpr import Expr, compile_expr
 
@@ -134,7 +134,7 @@ class GpuProgram:
                 self.calls.append(KernelCall(step, k, functions[k.id], program, device))
             else:
                 self.calls.append(AtenCall(step, device))
-        self.frees = _liveness(self.calls, program, weights)
+        self.frees = liveness_frees(self.calls, program, weights)
 
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         self.context.bind()
@@ -149,31 +149,6 @@ class GpuProgram:
             for name in frees:
                 del env[name]
         return [env[o] for o in self.program.outputs]
-
-
-def _liveness(calls: list[Any], program: Program, weights: dict) -> list[tuple[str, ...]]:
-    known = set(weights) | {i.name for i in program.inputs}
-    last_use: dict[str, int] = {}
-    for i, call in enumerate(calls):
-        missing = call.reads - known
-        if missing:
-            raise BundleError(f"step {i} ({call.name}) reads {sorted(missing)[:3]} before they are written")
-        for r in call.reads:
-            last_use[r] = i
-        known.update(o for o in call.outputs if o is not None)
-    if set(program.outputs) - known:
-        raise BundleError(f"program outputs {sorted(set(program.outputs) - known)[:3]} are never written")
-    keep = set(program.outputs) | set(weights) | {i.name for i in program.inputs}
-    frees: list[tuple[str, ...]] = [() for _ in calls]
-    for name, i in last_use.items():
-        if name not in keep:
-            frees[i] += (name,)
-    # buffers written but never read (unused multi-outputs) die right away
-    for i, call in enumerate(calls):
-        for o in call.outputs:
-            if o is not None and o not in last_use and o not in keep:
-                frees[i] += (o,)
-    return frees
 
 
 class _Captured:

@@ -163,23 +163,7 @@ class AtenProgram:
         self.program = program
         self.weights = weights
         self.calls = [AtenCall(s, device) for s in (steps if steps is not None else flatten_steps(program))]
-        known = set(weights) | {i.name for i in program.inputs}
-        last_use: dict[str, int] = {}
-        for i, call in enumerate(self.calls):
-            missing = call.reads - known
-            if missing:
-                raise BundleError(f"step {i} ({call.name}) reads {sorted(missing)[:3]} before they are written")
-            for r in call.reads:
-                last_use[r] = i
-            known.update(o for o in call.outputs if o is not None)
-        missing_out = set(program.outputs) - known
-        if missing_out:
-            raise BundleError(f"program outputs {sorted(missing_out)[:3]} are never written")
-        keep = set(program.outputs) | set(weights)
-        self.frees: list[tuple[str, ...]] = [() for _ in self.calls]
-        for name, i in last_use.items():
-            if name not in keep:
-                self.frees[i] += (name,)
+        self.frees = liveness_frees(self.calls, program, weights)
 
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         env: dict[str, Any] = dict(self.weights)
@@ -198,3 +182,30 @@ class AtenProgram:
                 f"the inputs passed the bundle's guards, so its program or guards are wrong: rebuild the bundle"
             ) from None
         return [env[o] for o in self.program.outputs]
+
+
+def liveness_frees(calls: list[Any], program: Program, weights: dict) -> list[tuple[str, ...]]:
+    """For each prepared call, the buffers to drop after it (their last use), validating on the
+    way that every read comes after its write and every output is written."""
+    known = set(weights) | {i.name for i in program.inputs}
+    last_use: dict[str, int] = {}
+    for i, call in enumerate(calls):
+        missing = call.reads - known
+        if missing:
+            raise BundleError(f"step {i} ({call.name}) reads {sorted(missing)[:3]} before they are written")
+        for r in call.reads:
+            last_use[r] = i
+        known.update(o for o in call.outputs if o is not None)
+    if set(program.outputs) - known:
+        raise BundleError(f"program outputs {sorted(set(program.outputs) - known)[:3]} are never written")
+    keep = set(program.outputs) | set(weights) | {i.name for i in program.inputs}
+    frees: list[tuple[str, ...]] = [() for _ in calls]
+    for name, i in last_use.items():
+        if name not in keep:
+            frees[i] += (name,)
+    # buffers written but never read (unused multi-outputs) die right away
+    for i, call in enumerate(calls):
+        for o in call.outputs:
+            if o is not None and o not in last_use and o not in keep:
+                frees[i] += (o,)
+    return frees

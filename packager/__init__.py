@@ -15,6 +15,7 @@ left alone.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -23,7 +24,9 @@ import socket
 import struct
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from aot import schema
 from aot.manifest_text import manifest_of_bundle, render
@@ -111,22 +114,13 @@ def _write_aligned(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str, bytes]) -> None:
-    """Write the archive to a temporary file beside ``path`` and move it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file that appears at ``path`` whole or not at all: written beside it, fsynced, renamed."""
     fd, tmp = _mkstemp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w") as zf:
-                manifest_bytes = schema.canonical_json(manifest)
-                zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), manifest_bytes)
-                for name in sorted(members):
-                    data = members[name]
-                    if name.endswith(".safetensors") or name.endswith(".cubin"):
-                        _write_aligned(zf, name, data)
-                    else:
-                        zf.writestr(_zipinfo(name, compress=name.endswith((".txt", ".py"))), data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -137,6 +131,20 @@ def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str,
         except FileNotFoundError:
             pass
         raise
+
+
+def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str, bytes]) -> None:
+    """Write the archive to a temporary file beside ``path`` and move it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _atomic_file(path) as f, zipfile.ZipFile(f, "w") as zf:
+        zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), schema.canonical_json(manifest))
+        for name in sorted(members):
+            data = members[name]
+            if name.endswith(".safetensors") or name.endswith(".cubin"):
+                _write_aligned(zf, name, data)
+            else:
+                zf.writestr(_zipinfo(name, compress=name.endswith((".txt", ".py"))), data)
 
 
 def external_weights_path(bundle: str | os.PathLike, sha256: str) -> Path:
@@ -223,17 +231,5 @@ def _mkstemp_beside(path: Path) -> tuple[int, str]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = _mkstemp_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with _atomic_file(path) as f:
+        f.write(data)
