@@ -66,6 +66,7 @@ class Runner:
                     f"{w.spec.dtype} {list(w.spec.shape)}"
                 )
         self.weights = weights
+        self._weight_ptrs = frozenset(w.data_ptr() for w in weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._gpu = None
         self._graphs = None
@@ -95,12 +96,9 @@ class Runner:
             if key is not None:
                 return _unpack(self._graphs(key, inputs, sizes))  # copied out of the graph: caller-owned
             outputs = self._gpu(inputs, sizes)
-        owned = self._owned_ptrs(values)
-        return _unpack([o.clone() if o.data_ptr() in owned else o for o in outputs])
-
-    def _owned_ptrs(self, values) -> set[int]:
         # outputs must never alias a weight or an input the caller may mutate
-        return {v.data_ptr() for v in values} | {w.data_ptr() for w in self.weights.values()}
+        owned = self._weight_ptrs | {v.data_ptr() for v in values}
+        return _unpack([o.clone() if o.data_ptr() in owned else o for o in outputs])
 
     def example_inputs(self) -> dict[str, torch.Tensor]:
         ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)
