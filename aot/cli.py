@@ -333,7 +333,9 @@ def verify(bundle: str, device: str) -> None:
     reports = run_verify(bundle, device)
     from aot.loader.bundle import open_bundle
 
-    dtype = open_bundle(bundle).manifest.dtype
+    opened = open_bundle(bundle)
+    dtype = opened.manifest.dtype
+    opened.close()
     failed = 0
     for r in reports:
         ok = passed(r, dtype)

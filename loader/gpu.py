@@ -250,7 +250,3 @@ class GraphRunner:
                     out = out[index]
                 results.append(out.clone())
             return results
-
-    def output_dims_paddable(self) -> bool:
-        """Padding is only sound when every output dim is a constant or exactly one symbol."""
-        return all(e.is_constant or e.text in self.symbols for dims in self._out_dims for _, e in dims)
