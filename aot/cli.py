@@ -100,8 +100,10 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
     else:
         inputs = runner.example_inputs()
         reference = runner.reference_outputs()
-    outputs = runner(**inputs)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    from aot.pytree import leaf_paths, leaves
+
+    outputs = leaves(runner(**inputs))
+    names = leaf_paths(runner.program.output_tree, len(outputs))
     if reference is not None and [r.shape for r in reference] != [o.shape for o in outputs]:
         raise BundleError(f"{bundle}: its reference outputs have shapes {[list(r.shape) for r in reference][:4]}, "
                           f"the program gives {[list(o.shape) for o in outputs][:4]}; the bundle is inconsistent")
@@ -116,7 +118,7 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
         times.append(time.perf_counter() - t0)
     times.sort()
     for i, out in enumerate(outputs):
-        line = f"output {i}: {str(out.dtype).removeprefix('torch.')}{list(out.shape)}"
+        line = f"output {names[i]}: {str(out.dtype).removeprefix('torch.')}{list(out.shape)}"
         if reference is not None:
             err = (out.float().cpu() - reference[i].float()).abs().max().item()
             line += f"  max abs error vs build reference {err:.3g}"

@@ -287,6 +287,15 @@ def diff_manifests(old: GuardManifest, new: GuardManifest) -> list[Change]:
         changes.append(_change("dtype", "model dtype", old.dtype, new.dtype,
                                ("outputs computed in another dtype",)))
     changes += _input_changes(old, new)
+    if old.programs != new.programs:
+        # The contract (the symbols above) is what callers see; how it is split into programs is
+        # worth a reviewer's glance but never breaks a caller by itself.
+        for line in old.programs:
+            if line not in new.programs:
+                changes.append(_change("program", "program", old=line, summary=f"program removed: {line}"))
+        for line in new.programs:
+            if line not in old.programs:
+                changes.append(_change("program", "program", new=line, summary=f"program added: {line}"))
     old_rel = {r.expr: r for r in old.guards.relations}
     new_rel = {r.expr: r for r in new.guards.relations}
     for expr in sorted(old_rel.keys() | new_rel.keys()):

@@ -18,6 +18,9 @@ The format (``#`` lines and blank lines are comments)::
 
     bucket seq: 16, 32, 64, 128, 256  paddable
 
+    program general  admits  2 <= batch <= 16; 10 <= seq <= 256     # when one trace could not cover
+    program batch == 1  admits  10 <= seq <= 256                    # the declared ranges: dispatch order
+
     env schema 1.0
     env archs sm_80, sm_90
     env torch >= 2.11
@@ -67,11 +70,23 @@ class GuardManifest:
     buckets: tuple[Bucket, ...] = ()
     schema_version: tuple[int, int] = (0, 0)
     dtype: str = ""  # the model's compute dtype ("" when unknown)
+    programs: tuple[str, ...] = ()  # "NAME  admits  SETS" per program, in dispatch order (several only)
+
+
+def program_lines(entries) -> tuple[str, ...]:
+    """One line per ``ProgramEntry``: its name and what its guards admit."""
+    out = []
+    for e in entries:
+        sets = "; ".join(admissible_text(s) for s in sorted(e.guards.symbols, key=lambda s: s.name))
+        rel = "; ".join(r.expr for r in e.guards.relations)
+        what = "; ".join(x for x in (sets, rel) if x) or "its static sizes"
+        out.append(f"{_one_line(e.name)}  admits  {_one_line(what)}")
+    return tuple(out)
 
 
 def manifest_of_bundle(m: Manifest) -> GuardManifest:
     return GuardManifest(name=m.name, guards=m.guards, environment=m.environment, buckets=m.buckets,
-                         schema_version=m.schema_version, dtype=m.dtype)
+                         schema_version=m.schema_version, dtype=m.dtype, programs=program_lines(m.programs))
 
 
 def _arch_key(arch: str) -> tuple[int, str]:
@@ -94,12 +109,16 @@ def canonical(m: GuardManifest) -> GuardManifest:
                                    key=lambda s: (s.text, *_source_key(s))))
     env = Environment(archs=tuple(sorted(set(m.environment.archs), key=_arch_key)), torch_built="",
                       torch_min=m.environment.torch_min, triton_built="", python_built="")
-    buckets = tuple(replace(b, sizes=tuple(sorted(set(b.sizes))), pad_check="")
+    # "paddable" as declared: a padding the build checked and refused still reads paddable here,
+    # so a model file's manifest (traced without running the model) matches its bundle's.
+    buckets = tuple(replace(b, sizes=tuple(sorted(set(b.sizes))), pad_check="",
+                            paddable=b.paddable or b.pad_check.startswith("refused"))
                     for b in sorted(m.buckets, key=lambda b: b.symbol))
     return GuardManifest(
         name=_one_line(m.name), guards=Guards(inputs=g.inputs, symbols=symbols, relations=relations,
                                    specializations=specializations),
         environment=env, buckets=buckets, schema_version=tuple(m.schema_version), dtype=m.dtype,
+        programs=tuple(m.programs),
     )
 
 
@@ -146,6 +165,9 @@ def render(m: GuardManifest) -> str:
         for b in m.buckets:
             pad = "  paddable" if b.paddable else ""
             lines.append(f"bucket {b.symbol}: {', '.join(map(str, b.sizes))}{pad}")
+    if m.programs:
+        lines.append("")
+        lines += [f"program {p}" for p in m.programs]
     env = m.environment
     lines += [
         "",
@@ -173,6 +195,7 @@ _LINES = {
     "relation": re.compile(r"^relation (?P<text>.+?)" + _SITE),
     "specialized": re.compile(r"^specialized (?P<text>.+?)" + _SITE),
     "bucket": re.compile(rf"^bucket (?P<name>{_IDENT}): (?P<sizes>[0-9]{{1,19}}(?:, [0-9]{{1,19}})*)(?P<pad>  paddable)?$"),
+    "program": re.compile(r"^program (?P<text>.+  admits  .+)$"),
     "schema": re.compile(r"^env schema (?P<major>[0-9]{1,6})\.(?P<minor>[0-9]{1,6})$"),
     "archs": re.compile(r"^env archs (?P<archs>.+)$"),
     "torch": re.compile(r"^env torch >= (?P<version>\S+)$"),
@@ -182,7 +205,8 @@ _RESIDUE = re.compile(rf"^(?P<name>{_IDENT}) % (?P<m>[0-9]{{1,9}}) == (?P<r>[0-9
 _EXCLUDED = re.compile(rf"^(?P<name>{_IDENT}) != (?P<v>{_INT})$")
 _EXPECTED = (
     "one of: model NAME | dtype DTYPE | input NAME: DTYPE[dims] | symbol NAME: SET  (declared A..B) | "
-    "  guard TEXT  at FILE:LINE  CODE | relation ... | specialized ... | bucket SYM: sizes | env schema/archs/torch"
+    "  guard TEXT  at FILE:LINE  CODE | relation ... | specialized ... | bucket SYM: sizes | "
+    "program NAME  admits  SETS | env schema/archs/torch"
 )
 
 
@@ -249,6 +273,7 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
     relations: list[Relation] = []
     specializations: list[GuardSource] = []
     buckets: list[Bucket] = []
+    programs: list[str] = []
     schema_version = archs = torch_min = None
     for p.lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
@@ -280,6 +305,8 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
         elif kind == "bucket":
             sizes = tuple(p.int(s, "a bucket size") for s in m["sizes"].split(", "))
             buckets.append(Bucket(symbol=m["name"], sizes=sizes, paddable=bool(m["pad"])))
+        elif kind == "program":
+            programs.append(m["text"])
         elif kind == "schema":
             schema_version = (int(m["major"]), int(m["minor"]))
         elif kind == "archs":
@@ -300,7 +327,7 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
     )
     env = Environment(archs=archs, torch_built="", torch_min=torch_min, triton_built="", python_built="")
     return canonical(GuardManifest(name=name, guards=guards, environment=env, buckets=tuple(buckets),
-                                   schema_version=schema_version, dtype=dtype or ""))
+                                   schema_version=schema_version, dtype=dtype or "", programs=tuple(programs)))
 
 
 def _check_names(p: _Parser, inputs: list[InputGuard], symbols: list[SymbolGuard], buckets: list[Bucket]) -> None:

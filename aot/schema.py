@@ -24,7 +24,7 @@ from typing import Any, Union
 
 from aot.errors import BundleError
 
-SCHEMA_VERSION = (1, 0)
+SCHEMA_VERSION = (1, 1)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -114,8 +114,28 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class TreeSpec:
+    """The structure of a model's outputs, so the runner returns what the model returned.
+
+    ``kind``: ``"tensor"`` (the next flat output), ``"none"``, ``"tuple"``, ``"list"``, ``"dict"``,
+    or ``"record"`` (a dataclass, named tuple or HF ``ModelOutput``: ordered ``keys``, its class
+    named in ``type`` for display; the loader returns an ``aot.pytree.Record``, never the class).
+    """
+
+    kind: str
+    type: str = ""
+    keys: tuple[str, ...] = ()
+    children: tuple[TreeSpec, ...] = ()
+
+
+@dataclass(frozen=True)
 class Program:
-    """A straight-line program over named buffers with symbolic sizes."""
+    """A straight-line program over named buffers with symbolic sizes.
+
+    ``variants``: further programs of the same model, each traced under its own guards (e.g. a
+    ``batch == 1`` specialization beside the general trace); ``Manifest.programs`` holds their
+    guards, in the same order after this one's. They share this program's weights.
+    """
 
     inputs: tuple[NamedTensor, ...]
     weights: tuple[NamedTensor, ...]
@@ -124,6 +144,8 @@ class Program:
     outputs: tuple[str, ...]
     symbols: tuple[SymbolSource, ...]
     kernels: tuple[Kernel, ...] = ()
+    output_tree: TreeSpec | None = None
+    variants: tuple[Program, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,6 +219,18 @@ class Bucket:
 
 
 @dataclass(frozen=True)
+class ProgramEntry:
+    """One program of the bundle: the guards a call must satisfy to run it, and its buckets.
+
+    A call runs the first program whose guards admit it; ``Manifest.guards`` is the bundle's
+    contract as a whole (every size some program admits)."""
+
+    name: str  # what it covers, e.g. "batch == 1"; "general" for the first
+    guards: Guards
+    buckets: tuple[Bucket, ...]
+
+
+@dataclass(frozen=True)
 class Member:
     sha256: str
     size: int
@@ -217,6 +251,9 @@ class Manifest:
     # When set, WEIGHTS_PATH is not inside the archive but in this file beside it (``--split-weights``);
     # its sha256 and size are still in ``members``.
     external_weights: str = ""
+    # Empty for a bundle of one program (its guards and buckets are the fields above); else one
+    # entry per program, in dispatch order: ``Program`` itself, then ``Program.variants``.
+    programs: tuple[ProgramEntry, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,8 +362,8 @@ def from_json(cls: type[T], data: Any, path: str = "") -> T:
 
 def schema_fingerprint() -> str:
     """Text listing every record and field type; a test pins it to ``SCHEMA_VERSION``."""
-    records = [TensorSpec, NamedTensor, SymbolSource, Step, KernelParam, Kernel, Program, InputGuard,
-               GuardSource, SymbolGuard, Relation, Environment, Guards, Bucket, Member, Manifest]
+    records = [TensorSpec, NamedTensor, SymbolSource, Step, KernelParam, Kernel, TreeSpec, Program, InputGuard,
+               GuardSource, SymbolGuard, Relation, Environment, Guards, Bucket, ProgramEntry, Member, Manifest]
     lines = []
     for cls in records:
         hints = _hints(cls)

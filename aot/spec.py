@@ -120,6 +120,14 @@ class ModelSpec:
     ``weights``: a safetensors file (relative to the model file) loaded into the module's
     state dict; ``aotpack build --weights`` overrides it.
     ``seed``: seeds module construction and example inputs, so builds are reproducible.
+    ``kwargs``: constant keyword arguments of ``forward`` (``{"return_dict": True}``): plain
+    ``bool``/``int``/``float``/``str``/``None``, fixed in the bundle. A ``forward`` that takes
+    ``use_cache`` gets ``use_cache=False`` unless given here: a bundle keeps no cache to return.
+    ``allow_narrowing``: build even when the traced programs cannot cover every declared size
+    (the bundle then admits less than declared, as its guards say); without it such a build fails.
+
+    Inputs are passed to ``forward`` by keyword when every input's name is one of its parameters
+    (``input_ids``, ``attention_mask``: an unmodified HF model), else by position.
     """
 
     module: Any
@@ -129,10 +137,22 @@ class ModelSpec:
     name: str | None = None
     seed: int = 0
     example_inputs: Callable[..., Any] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    allow_narrowing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "kwargs", dict(self.kwargs))
+        for k, v in self.kwargs.items():
+            if not isinstance(k, str) or not (v is None or isinstance(v, (bool, int, float, str))):
+                raise SpecError(
+                    f"ModelSpec kwargs[{k!r}] is a {type(v).__name__}; constant keyword arguments must be "
+                    f"bool, int, float, str or None (tensors are Inputs)"
+                )
+        clash = sorted(set(self.kwargs) & {i.name for i in self.inputs})
+        if clash:
+            raise SpecError(f"{clash} are both Inputs and constant kwargs; keep one")
         if not self.inputs:
             raise SpecError("ModelSpec needs at least one Input")
         if self.dtype not in FLOAT_DTYPES:

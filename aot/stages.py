@@ -14,17 +14,30 @@ from aot.schema import TORCH_MIN, Bucket, Environment, Guards, Program
 
 
 @dataclass(frozen=True)
+class TracedProgram:
+    """One traced program and the guards under which it is valid (see ``ProgramEntry``)."""
+
+    name: str
+    program: Program
+    guards: Guards
+    buckets: tuple[Bucket, ...]
+
+
+@dataclass(frozen=True)
 class Traced:
     name: str
     dtype: str
-    program: Program  # every step an ATen call
-    guards: Guards
+    program: Program  # every step an ATen call; the first of ``programs``
+    guards: Guards  # the bundle's contract: every size some program admits
     weights: Mapping[str, Any]  # name -> torch.Tensor, contiguous, on CPU
     reference_inputs: Mapping[str, Any]  # example inputs, by input name
     reference_outputs: tuple[Any, ...]  # eager outputs on the example inputs
     buckets: tuple[Bucket, ...]
     torch_version: str
     trace_seconds: float = 0.0
+    # Every program in dispatch order when one trace could not cover the declared ranges (the
+    # first is ``program``); empty when ``program`` covers them alone.
+    programs: tuple[TracedProgram, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from aot.errors import CodegenError
-from aot.schema import Kernel, Program
+from aot.schema import Kernel
 from aot.stages import Compiled, Traced
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -47,8 +47,14 @@ def generate(
     progress: Callable[[str], None] | None = None,
     fuse: bool = True,
 ) -> Compiled:
-    """Fuse and compile ``traced``'s program for ``archs``; ``fuse=False`` keeps every ATen step."""
+    """Fuse and compile ``traced``'s program for ``archs``; ``fuse=False`` keeps every ATen step.
+
+    A model traced as several programs (``Traced.programs``) has each fused on its own; they come
+    out as one ``Program`` with the others in ``variants``, kernels compiled once across them."""
     import triton
+
+    if traced.programs:
+        return _generate_programs(traced, archs, progress, fuse)
 
     from aot.codegen.compile import Job, compile_job
     from aot.codegen.epilogue import fold_activations
@@ -147,15 +153,7 @@ def generate(
         )
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin
-    new_program = Program(
-        inputs=program.inputs,
-        weights=program.weights,
-        buffers=program.buffers,
-        steps=steps,
-        outputs=program.outputs,
-        symbols=program.symbols,
-        kernels=tuple(kernels),
-    )
+    new_program = replace(program, steps=steps, kernels=tuple(kernels))
     n_kernel_steps = sum(s.kind == "kernel" for s in steps)
     stats = {
         "kernels": len(kernels),
@@ -176,5 +174,35 @@ def generate(
         archs=archs,
         cubins=cubins,
         triton_version=triton.__version__,
+        stats=stats,
+    )
+
+
+def _generate_programs(traced: Traced, archs: tuple[str, ...], progress, fuse: bool) -> Compiled:
+    say = progress or (lambda msg: None)
+    parts = []
+    for tp in traced.programs:
+        say(f"  program {tp.name}:")
+        single = replace(traced, program=tp.program, guards=tp.guards, buckets=tp.buckets, programs=())
+        parts.append(generate(single, archs, progress, fuse))
+    main = parts[0]
+    shapes = {k: tuple(v.shape) for k, v in main.traced.weights.items()}
+    for tp, part in zip(traced.programs[1:], parts[1:]):
+        if {k: tuple(v.shape) for k, v in part.traced.weights.items()} != shapes:
+            raise CodegenError(f"the program for {tp.name} laid out the shared weights differently from the "
+                               f"general one; build with --no-fuse")
+    cubins = {}
+    for part in parts:
+        cubins.update(part.cubins)
+    program = replace(main.program, variants=tuple(p.program for p in parts[1:]))
+    stats = dict(main.stats)
+    stats["programs"] = len(parts)
+    stats["kernels"] = len({k.id for p in parts for k in p.program.kernels})
+    return Compiled(
+        traced=replace(traced, program=main.traced.program, weights=main.traced.weights),
+        program=program,
+        archs=main.archs,
+        cubins=cubins,
+        triton_version=main.triton_version,
         stats=stats,
     )

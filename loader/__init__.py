@@ -14,12 +14,14 @@ from typing import Any
 import torch
 
 from aot import schema
-from aot.errors import BundleError, EnvError
+from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import DTYPES, AtenProgram, resolve_op
 from aot.loader.weights import to_device
 from aot.manifest_text import manifest_of_bundle, render
+from aot.pytree import unflatten
+from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
 
 __all__ = ["Runner", "load", "open_bundle"]
@@ -38,10 +40,22 @@ def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
         raise BundleError(f"{bundle.path}: {name} is not valid safetensors: {e}") from None
 
 
-class Runner:
-    """A loaded bundle, callable like the model: ``runner(x)`` or ``runner(x=x)``.
+class _Entry:
+    """One program of the bundle, ready to run: its guards, and its CPU or GPU executor."""
 
-    Thread-safe: each call keeps its intermediates to itself.
+    __slots__ = ("name", "program", "guards", "aten", "gpu", "graphs")
+
+    def __init__(self, name: str, program: schema.Program, guards: GuardChecker):
+        self.name, self.program, self.guards = name, program, guards
+        self.aten = self.gpu = self.graphs = None
+
+
+class Runner:
+    """A loaded bundle, callable like the model: ``runner(x)`` or ``runner(x=x)``; returns what
+    the model returned (a tensor, tuple, dict, or a ``Record`` for a ``ModelOutput``).
+
+    A bundle may hold several programs (``batch == 1`` beside the general trace); each call runs
+    the first whose guards admit it. Thread-safe: each call keeps its intermediates to itself.
     """
 
     def __init__(self, bundle: Bundle, device: str | torch.device = "cpu", capture: str = "lazy"):
@@ -55,8 +69,14 @@ class Runner:
         for op in self.manifest.ops:
             resolve_op(op)
         self.program = bundle.program()
+        programs = (self.program, *self.program.variants)
+        for p in programs:
+            if p.variants and p is not self.program:
+                raise BundleError(f"{bundle.path}: a program variant has variants of its own")
+            if p.output_tree is not None:
+                validate_tree(p.output_tree, len(p.outputs))
         weights = to_device(bundle.read(schema.WEIGHTS_PATH), self.device, f"{bundle.path}: {schema.WEIGHTS_PATH}")
-        for w in self.program.weights:
+        for w in {w.name: w for p in programs for w in p.weights}.values():
             t = weights.get(w.name)
             if t is None:
                 raise BundleError(f"{bundle.path}: weight {w.name!r} is missing from {schema.WEIGHTS_PATH}")
@@ -68,37 +88,73 @@ class Runner:
         self.weights = weights
         self._weight_ptrs = frozenset(w.data_ptr() for w in weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
-        self._gpu = None
-        self._graphs = None
-        if self.device.type == "cuda":
-            from aot.loader.gpu import GpuProgram, GraphRunner
-
-            self._gpu = GpuProgram(bundle, self.program, self.weights, self.device)
-            if capture != "none":
-                self._graphs = GraphRunner(self._gpu, self.manifest.buckets)
-                if capture == "all":
-                    self._graphs.capture_all()
+        if self.manifest.programs:
+            if len(self.manifest.programs) != len(programs):
+                raise BundleError(f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
+                                  f"the program member holds {len(programs)}")
+            entries = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
         else:
-            self._aten = AtenProgram(self.program, self.weights, self.device)
+            if len(programs) != 1:
+                raise BundleError(f"{bundle.path}: the program member holds {len(programs)} programs but the "
+                                  f"manifest lists no guards for them")
+            entries = [("general", self.manifest.guards, self.manifest.buckets)]
+        self._entries: list[_Entry] = []
+        for (name, guards, buckets), program in zip(entries, programs):
+            checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
+            if set(checker.names) != set(self.guards.names):
+                raise BundleError(f"{bundle.path}: program {name[:40]!r} takes inputs {list(checker.names)[:8]}, "
+                                  f"the bundle {list(self.guards.names)[:8]}")
+            entry = _Entry(name, program, checker)
+            if self.device.type == "cuda":
+                from aot.loader.gpu import GpuProgram, GraphRunner
+
+                entry.gpu = GpuProgram(bundle, program, self.weights, self.device)
+                if capture != "none":
+                    entry.graphs = GraphRunner(entry.gpu, buckets)
+                    if capture == "all":
+                        entry.graphs.capture_all()
+            else:
+                entry.aten = AtenProgram(program, self.weights, self.device)
+            self._entries.append(entry)
 
     @property
     def input_names(self) -> tuple[str, ...]:
         return self.guards.names
 
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """The names of the bundle's programs, in dispatch order."""
+        return tuple(e.name for e in self._entries)
+
+    def _dispatch(self, values: list[Any]) -> tuple[_Entry, dict[str, int]]:
+        """The first program whose guards admit the call, and its symbol values."""
+        errors = []
+        for entry in self._entries:
+            try:
+                return entry, entry.guards.check(values, self.device)
+            except GuardError as e:
+                errors.append(f"program {entry.name}: {e}")
+        raise GuardError("the inputs satisfy the bundle's declared guards, but no program admits this combination "
+                         "of sizes: " + "; ".join(errors))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = self.guards.bind(args, dict(kwargs))
         sizes = self.guards.check(values, self.device)
+        entry = self._entries[0]
+        if len(self._entries) > 1:
+            entry, sizes = self._dispatch(values)
         inputs = dict(zip(self.guards.names, values))
-        if self._gpu is None:
-            outputs = self._aten(inputs, sizes)
+        tree = entry.program.output_tree
+        if entry.gpu is None:
+            outputs = entry.aten(inputs, sizes)
         else:
-            key = self._graphs.bucket_for(sizes) if self._graphs is not None else None
+            key = entry.graphs.bucket_for(sizes) if entry.graphs is not None else None
             if key is not None:
-                return _unpack(self._graphs(key, inputs, sizes))  # copied out of the graph: caller-owned
-            outputs = self._gpu(inputs, sizes)
+                return unflatten(tree, entry.graphs(key, inputs, sizes))  # copied out of the graph: caller-owned
+            outputs = entry.gpu(inputs, sizes)
         # outputs must never alias a weight or an input the caller may mutate
         owned = self._weight_ptrs | {v.data_ptr() for v in values}
-        return _unpack([o.clone() if o.data_ptr() in owned else o for o in outputs])
+        return unflatten(tree, [o.clone() if o.data_ptr() in owned else o for o in outputs])
 
     def example_inputs(self) -> dict[str, torch.Tensor]:
         ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)
@@ -108,6 +164,8 @@ class Runner:
         return {n: ref[schema.REFERENCE_INPUT_PREFIX + n].to(self.device) for n in self.input_names}
 
     def reference_outputs(self) -> list[torch.Tensor]:
+        """The eager model's outputs on ``example_inputs()`` at build time, flat (``aot.pytree.leaves``
+        order)."""
         ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)
         outs = sorted(
             (int(k.removeprefix(schema.REFERENCE_OUTPUT_PREFIX)), v)
@@ -118,10 +176,6 @@ class Runner:
 
     def guards_text(self) -> str:
         return render(manifest_of_bundle(self.manifest))
-
-
-def _unpack(outputs: list[torch.Tensor]) -> Any:
-    return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu", capture: str = "lazy") -> Runner:

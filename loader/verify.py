@@ -15,6 +15,8 @@ from aot.guardtext import admits
 from aot.loader import Runner, load
 from aot.loader.gpu import KernelCall
 from aot.loader.program import AtenCall, AtenProgram
+from aot.pytree import leaves
+from aot.schema import Bucket, Guards, Program
 
 # fp16 kernels reorder sums and keep fp32 in registers: a few fp16 ulps of the output scale.
 TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4, "float64": 1e-8}
@@ -23,20 +25,21 @@ TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4, "float64": 1e-8
 @dataclass
 class BucketReport:
     sizes: dict[str, int]
+    program: str = "general"
     program_err: float = 0.0
     program_scale: float = 0.0
     graph_err: float | None = None
     kernel_errs: dict[str, float] = field(default_factory=dict)  # kernel name -> worst relative error
 
 
-def check_sizes(runner: Runner, max_per_symbol: int = 8) -> list[dict[str, int]]:
+def check_sizes(guards: Guards, buckets: tuple[Bucket, ...], max_per_symbol: int = 8) -> list[dict[str, int]]:
     """Each symbol's buckets in turn, the other symbols at a small admitted size."""
-    guards = {g.name: g for g in runner.manifest.guards.symbols}
+    symbols = {g.name: g for g in guards.symbols}
     base = {}
-    for name, g in guards.items():
+    for name, g in symbols.items():
         base[name] = next((v for v in range(min(g.max, 4), g.max + 1) if admits(g, v)), g.min)
     out = [dict(base)]
-    for b in runner.manifest.buckets:
+    for b in buckets:
         sizes = list(b.sizes)
         if len(sizes) > max_per_symbol:
             step = (len(sizes) - 1) / (max_per_symbol - 1)
@@ -48,10 +51,10 @@ def check_sizes(runner: Runner, max_per_symbol: int = 8) -> list[dict[str, int]]
     return out
 
 
-def _inputs(runner: Runner, sizes: dict[str, int], gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _inputs(runner: Runner, program: Program, sizes: dict[str, int], gen: torch.Generator) -> dict[str, torch.Tensor]:
     ref = runner.example_inputs()
     out = {}
-    for inp in runner.program.inputs:
+    for inp in program.inputs:
         shape = [sizes[s] if s in sizes else int(s) for s in inp.spec.shape]
         example = ref[inp.name]
         if example.dtype.is_floating_point:
@@ -64,19 +67,28 @@ def _inputs(runner: Runner, sizes: dict[str, int], gen: torch.Generator) -> dict
 
 
 def verify(path: str, device: str = "cuda") -> list[BucketReport]:
+    """Every program of the bundle at its bucket sizes (see the module docstring)."""
     gpu_runner = load(path, device=device, capture="lazy")
     cpu_runner = load(path, device="cpu")
-    gpu = gpu_runner._gpu
+    reports = []
+    for gpu_entry, cpu_entry in zip(gpu_runner._entries, cpu_runner._entries):
+        buckets = tuple(gpu_entry.graphs.buckets.values()) if gpu_entry.graphs is not None else ()
+        reports += _verify_program(gpu_runner, gpu_entry, cpu_entry, buckets)
+    return reports
+
+
+def _verify_program(gpu_runner: Runner, entry, cpu_entry, buckets: tuple[Bucket, ...]) -> list[BucketReport]:
+    gpu = entry.gpu
     references = {
         i: [AtenCall(s, gpu.device) for s in step.reference]
         for i, step in enumerate(gpu.program.steps) if step.kind == "kernel"
     }
     reports = []
     gen = torch.Generator().manual_seed(0)
-    cpu_prog: AtenProgram = cpu_runner._aten
-    for sizes in check_sizes(gpu_runner):
-        inputs = _inputs(gpu_runner, sizes, gen)
-        report = BucketReport(sizes=sizes)
+    cpu_prog: AtenProgram = cpu_entry.aten
+    for sizes in check_sizes(entry.guards.guards, buckets):
+        inputs = _inputs(gpu_runner, gpu.program, sizes, gen)
+        report = BucketReport(sizes=sizes, program=entry.name)
         want = cpu_prog(dict(inputs), sizes)
         env = dict(gpu.weights)
         env.update({k: v.to(gpu.device) for k, v in inputs.items()})
@@ -99,9 +111,8 @@ def verify(path: str, device: str = "cuda") -> list[BucketReport]:
         for w, g in zip(want, got):
             report.program_err = max(report.program_err, (g.float().cpu() - w.float()).abs().max().item())
             report.program_scale = max(report.program_scale, w.float().abs().max().item())
-        if gpu_runner._graphs is not None and gpu_runner._graphs.bucket_for(sizes) is not None:
-            replayed = gpu_runner(**{k: v.to(gpu.device) for k, v in inputs.items()})
-            replayed = replayed if isinstance(replayed, tuple) else (replayed,)
+        if entry.graphs is not None and entry.graphs.bucket_for(sizes) is not None:
+            replayed = leaves(gpu_runner(**{k: v.to(gpu.device) for k, v in inputs.items()}))
             report.graph_err = max((r.float() - g.float()).abs().max().item() for r, g in zip(replayed, got))
         reports.append(report)
     return reports

@@ -61,7 +61,7 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
     reference = {f"{schema.REFERENCE_INPUT_PREFIX}{k}": v for k, v in traced.reference_inputs.items()}
     reference.update({f"{schema.REFERENCE_OUTPUT_PREFIX}{i}": v for i, v in enumerate(traced.reference_outputs)})
     members[schema.REFERENCE_PATH] = _safetensors(reference)
-    for kernel in compiled.program.kernels:
+    for kernel in {k.id: k for p in (compiled.program, *compiled.program.variants) for k in p.kernels}.values():
         members[schema.KERNEL_SOURCE_FORMAT.format(kernel=kernel.id)] = kernel.source.encode()
         for arch in kernel.archs:
             members[schema.KERNEL_CUBIN_FORMAT.format(kernel=kernel.id, arch=arch)] = compiled.cubins[(kernel.id, arch)]
@@ -71,8 +71,8 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
 def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weights: str = "") -> Manifest:
     traced = compiled.traced
     env = environment(compiled.archs, traced.torch_version, compiled.triton_version)
-    ops = sorted({s.target for s in compiled.program.steps if s.kind == "aten"}
-                 | {r.target for s in compiled.program.steps for r in s.reference})
+    steps = [s for p in (compiled.program, *compiled.program.variants) for s in p.steps]
+    ops = sorted({s.target for s in steps if s.kind == "aten"} | {r.target for s in steps for r in s.reference})
     n_ref = sum(len(s.reference) if s.kind == "kernel" else 1 for s in compiled.program.steps)
     stats = {
         "memory_plan": memory_plan(compiled.program, traced.buckets),
@@ -94,6 +94,8 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
         ops=tuple(ops),
         stats=stats,
         external_weights=external_weights,
+        programs=tuple(schema.ProgramEntry(name=p.name, guards=p.guards, buckets=p.buckets)
+                       for p in traced.programs),
     )
 
 

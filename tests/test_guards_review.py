@@ -184,13 +184,14 @@ PAIRS = [
     ("base", "narrowed", EXIT_BREAKING, {"narrowed", "bucket"}),
     ("base", "widened", EXIT_SAFE, {"widened", "bucket"}),
     ("base", "static", EXIT_BREAKING, {"specialized", "bucket"}),
-    ("base", "branch", EXIT_BREAKING, {"narrowed", "new guard", "bucket"}),
+    # a branch on T no longer narrows: the build traces a second program for the other side
+    ("base", "branch", EXIT_SAFE, {"new guard", "program"}),
     ("base", "reshape", EXIT_BREAKING, {"narrowed", "new guard", "bucket"}),
     ("base", "dtype", EXIT_BREAKING, {"dtype"}),
     ("base", "input_added", EXIT_BREAKING, {"input added"}),
     ("input_added", "base", EXIT_BREAKING, {"input removed"}),
     ("base", "rank", EXIT_BREAKING, {"rank", "bucket"}),
-    ("branch", "base", EXIT_SAFE, {"widened", "removed guard", "bucket"}),
+    ("branch", "base", EXIT_SAFE, {"removed guard", "program"}),
     ("branch", "branch_moved", EXIT_SAFE, {"moved guard"}),
     ("base", "buckets", EXIT_SAFE, {"bucket"}),
 ]
@@ -238,8 +239,8 @@ def _edited(name: str, *edits: tuple[str, str]) -> GuardManifest:
 ENV_EDITS = [
     (("env archs sm_80, sm_90", "env archs sm_90"), "arch dropped", True, "arch added", False),
     (("env archs sm_80, sm_90", "env archs sm_80, sm_90, sm_100"), "arch added", False, "arch dropped", True),
-    (("env schema 1.0", "env schema 1.1"), "schema", True, "schema", False),
-    (("env schema 1.0", "env schema 2.0"), "schema", True, "schema", True),
+    (("env schema 1.1", "env schema 1.2"), "schema", True, "schema", False),
+    (("env schema 1.1", "env schema 2.0"), "schema", True, "schema", True),
     (("env torch >= 2.11", "env torch >= 2.12"), "torch", True, "torch", False),
     (("model net", "model net2"), "model", False, "model", False),
     (("dtype float32", "dtype bfloat16"), "dtype", True, "dtype", True),

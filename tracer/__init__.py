@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from aot.errors import SpecError, TraceError
-from aot.schema import Bucket, Guards, InputGuard
+from aot.schema import Bucket, Guards, InputGuard, Program, SymbolGuard, TreeSpec
 from aot.spec import Dim, ModelSpec
-from aot.stages import Traced
+from aot.stages import Traced, TracedProgram
 
-__all__ = ["load_model_file", "trace", "export_model", "guard_manifest", "guard_manifest_text", "example_inputs"]
+__all__ = ["load_model_file", "trace", "export_model", "export_programs", "guard_manifest", "guard_manifest_text",
+           "example_inputs", "call_model", "instantiate"]
 
 # ATen ops kept whole (library calls at run time) even where a decomposition exists.
 KEEP_OPS = ("scaled_dot_product_attention.default",)
@@ -67,6 +68,8 @@ def load_model_file(path: str | os.PathLike) -> ModelSpec:
 
 
 def _is_user_file(filename: str) -> bool:
+    """A frame of the user's code or a library the model uses (transformers, timm): not torch,
+    the standard library or aotpack itself."""
     if not filename or filename.startswith("<"):
         return False
     real = os.path.realpath(filename)
@@ -74,12 +77,19 @@ def _is_user_file(filename: str) -> bool:
 
     torch_dir = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
     stdlib = os.path.dirname(os.path.realpath(os.__file__)) + os.sep
-    return not (real.startswith(torch_dir) or real.startswith(stdlib) or real.startswith(_PACKAGE_DIRS)
-                or "site-packages" in real)
+    return not (real.startswith(torch_dir) or real.startswith(stdlib) or real.startswith(_PACKAGE_DIRS))
 
 
 def _user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
-    for fr in reversed(frames):
+    """The innermost user or library frame; only frames inside aotpack's own call into the model
+    count (``frames`` is outermost first), so a launcher or test runner is never blamed."""
+    ours = [os.path.realpath(f.filename).startswith(_PACKAGE_DIRS) for f in frames]
+    end = len(frames)
+    while end and ours[end - 1]:  # aotpack's own hook that asked (the guard-site recorder)
+        end -= 1
+    start = next((i + 1 for i in range(end - 1, -1, -1) if ours[i]), 0)
+    inner = frames[start:end]
+    for fr in reversed(inner):
         if _is_user_file(fr.filename):
             return fr
     return None
@@ -98,17 +108,35 @@ def _project_root(model_path: Path) -> Path:
     return start.parent
 
 
+def _library_roots() -> list[str]:
+    """Folders packages are installed in (site-packages and the like), longest first."""
+    import site
+    import sysconfig
+
+    roots = {sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    return sorted({os.path.realpath(r) + os.sep for r in roots if r}, key=len, reverse=True)
+
+
 def _display_path(filename: str, model_path: Path) -> str:
-    rel = os.path.relpath(os.path.realpath(filename), _project_root(model_path))
-    return rel if not rel.startswith("..") else os.path.realpath(filename)
+    """A guard site as it reads on every machine: a library file relative to the folder it is
+    installed in (``transformers/masking_utils.py``), the user's relative to their project."""
+    real = os.path.realpath(filename)
+    for root in _library_roots():
+        if real.startswith(root):
+            return os.path.relpath(real, root)
+    rel = os.path.relpath(real, _project_root(model_path))
+    return rel if not rel.startswith("..") else real
 
 
 @contextlib.contextmanager
 def _record_guard_sites(sites: dict[int, traceback.FrameSummary | None]) -> Iterator[None]:
-    """Remember the user's frame for every guard the shape environment records.
+    """Remember the user's (or the model library's) frame for every guard the shape environment
+    records.
 
-    Export runs the model's Python live (non-strict), so the user's frame is on the stack when a
-    guard is added; torch's own location often points inside torch (e.g. a reshape's meta).
+    Export runs the model's Python live (non-strict), so that frame is on the stack when a guard
+    is added; torch's own location often points inside torch (e.g. a reshape's meta).
     """
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -237,9 +265,75 @@ def _export_error(e: Exception, spec: ModelSpec) -> TraceError:
     return TraceError(f"{where}cannot export the model{code}: {name}: {first[:300]}; {hint}")
 
 
+# How many programs one build may trace to cover the declared ranges, and how many separate
+# intervals of one symbol's uncovered sizes it traces (an odd/even split is never covered this way).
+MAX_PROGRAMS = 8
+MAX_REGIONS = 2
+
+
+def call_plan(spec: ModelSpec, module) -> tuple[bool, dict[str, Any]]:
+    """How ``forward`` is called: by keyword (every Input names one of its parameters) or by
+    position, and the constant keyword arguments (``spec.kwargs``, plus ``use_cache=False`` for
+    a ``forward`` that takes it)."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    names = [i.name for i in spec.inputs]
+    by_keyword = bool(params) and all(n in params for n in names)
+    if not by_keyword and any(n in params for n in names) and spec.kwargs:
+        raise SpecError(f"inputs {names} only partly match forward's parameters {list(params)}; name every "
+                        f"Input after a parameter so the constant kwargs can be passed by keyword")
+    constants = dict(spec.kwargs)
+    unknown = [k for k in constants if params and k not in params and not any(
+        p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())]
+    if unknown:
+        raise SpecError(f"ModelSpec kwargs {unknown} are not parameters of forward {list(params)}")
+    if "use_cache" in params and "use_cache" not in constants and "use_cache" not in names:
+        constants["use_cache"] = False
+    return by_keyword, constants
+
+
+def call_model(spec: ModelSpec, module, inputs: dict[str, Any]) -> Any:
+    """Run the eager module on ``inputs`` (by input name) the way the bundle's trace called it."""
+    by_keyword, constants = call_plan(spec, module)
+    if by_keyword:
+        return module(**{i.name: inputs[i.name] for i in spec.inputs}, **constants)
+    return module(*(inputs[i.name] for i in spec.inputs), **constants)
+
+
+def _tree_spec(ts) -> TreeSpec:
+    """torch's pytree spec of the outputs → the bundle's ``TreeSpec`` (plain data)."""
+    from collections import OrderedDict
+
+    from aot.pytree import type_name
+
+    if ts.is_leaf():
+        return TreeSpec(kind="tensor")
+    cls = ts.type
+    if cls is type(None):
+        return TreeSpec(kind="none")
+    children = tuple(_tree_spec(c) for c in ts.children_specs)
+    if cls is tuple or cls is list:
+        return TreeSpec(kind=cls.__name__, children=children)
+    if isinstance(ts.context, type) and hasattr(ts.context, "_fields"):  # a named tuple
+        return TreeSpec(kind="record", type=type_name(ts.context), keys=tuple(ts.context._fields), children=children)
+    keys = ts.context
+    if isinstance(keys, (list, tuple)) and len(keys) == len(children) and all(isinstance(k, str) for k in keys):
+        kind = "dict" if cls in (dict, OrderedDict) else "record"
+        return TreeSpec(kind=kind, type="" if kind == "dict" else type_name(cls), keys=tuple(keys), children=children)
+    raise TraceError(f"the model returns a {cls.__name__}, which a bundle cannot rebuild; return tensors in "
+                     f"tuples, lists, dicts with string keys, dataclasses or ModelOutputs")
+
+
 @dataclass(frozen=True)
 class Exported:
-    """The result of ``export_model``: enough for guards; ``trace`` goes on to lower it."""
+    """The result of ``export_model``: enough for guards; ``trace`` goes on to lower it.
+
+    ``ranges``: each symbol's range in this trace (a sub-range of the declared one when the
+    trace covers part of it; ``lo == hi`` traced as a static size)."""
 
     ep: Any
     module: Any
@@ -247,50 +341,90 @@ class Exported:
     guards: Guards
     buckets: tuple[Bucket, ...]
     start: float
+    ranges: dict[str, tuple[int, int]]
+    name: str = "general"
+    # Symbols whose only exclusion was size 1 from a size-oblivious guard that export's own
+    # ranges do not enforce (HF's ``if batch_size != position_ids.shape[0]``): admitted, and
+    # checked against eager at size 1 by the build; ``strict`` holds the guards without that.
+    relaxed: tuple[str, ...] = ()
+    strict: Guards | None = None
 
 
-def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False) -> Exported:
+def _user_input_nodes(ep, spec: ModelSpec) -> dict[str, Any]:
+    """Each declared input's placeholder in the exported graph (constant kwargs have none)."""
+    from torch.export.graph_signature import InputKind, TensorArgument
+
+    nodes = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    user = [(n, sp) for n, sp in zip(nodes, ep.graph_signature.input_specs)
+            if sp.kind == InputKind.USER_INPUT and isinstance(sp.arg, TensorArgument)]
+    names = [i.name for i in spec.inputs]
+    by_name = {sp.arg.name: n for n, sp in user}
+    if all(n in by_name for n in names):
+        return {n: by_name[n] for n in names}
+    if len(user) != len(names):
+        raise TraceError(f"the exported graph takes {len(user)} tensor inputs, the model file declares "
+                         f"{len(names)} ({names})")
+    return {name: n for name, (n, _) in zip(names, user)}
+
+
+def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False,
+                 ranges: dict[str, tuple[int, int]] | None = None, module: Any = None) -> Exported:
     """``torch.export`` the model with its declared dims and collect the simplified guards.
 
+    ``ranges`` restricts symbols to sub-ranges of their declared ones (``lo == hi``: static).
     ``fast``: export a module with uninitialized weights (``instantiate_shapes_only``): the same
     guards, for callers that need only them (``aotpack guards``/``check``); if that module does
-    not export, the full module is exported instead.
+    not export, the full module is exported instead. ``module``: reuse one already built.
     """
     import torch
     import torch.fx.experimental._config as fx_config
     from torch.export import Dim as TorchDim
     from torch.export import export
 
-    from aot.tracer.guards import GuardSimplifier, RawGuard
+    from aot.tracer.guards import RawGuard
     from aot.tracer.symtext import to_text
 
     start = time.perf_counter()
     model_path = Path(spec.extra.get("path", "model.py"))
-    module = instantiate_shapes_only(spec) if fast else None
+    ranges = ranges or {d.name: (d.min, d.max) for d in spec.dims()}
     if module is None:
-        fast, module = False, instantiate(spec, weights)
-    examples = example_inputs(spec)
-    args = tuple(examples[i.name] for i in spec.inputs)
-    dynamic = tuple(
-        {d: TorchDim.DYNAMIC(min=s.min, max=s.max) for d, s in enumerate(i.shape) if isinstance(s, Dim)} or None
-        for i in spec.inputs
-    )
+        module = instantiate_shapes_only(spec) if fast else None
+        if module is None:
+            fast, module = False, instantiate(spec, weights)
+    sizes = {d.name: min(max(d.example_size, ranges[d.name][0]), ranges[d.name][1]) for d in spec.dims()}
+    examples = example_inputs(spec, sizes)
+    by_keyword, constants = call_plan(spec, module)
+
+    def dims_of(inp):
+        return {d: TorchDim.DYNAMIC(min=ranges[s.name][0], max=ranges[s.name][1])
+                for d, s in enumerate(inp.shape)
+                if isinstance(s, Dim) and ranges[s.name][0] < ranges[s.name][1]} or None
+
+    if by_keyword:
+        args, kwargs = (), {**{i.name: examples[i.name] for i in spec.inputs}, **constants}
+        dynamic: Any = {**{i.name: dims_of(i) for i in spec.inputs}, **{k: None for k in constants}}
+    else:
+        args, kwargs = tuple(examples[i.name] for i in spec.inputs), dict(constants)
+        dynamic = tuple(dims_of(i) for i in spec.inputs)
+        if constants:
+            dynamic = {**dict(zip(_positional_names(module, len(args)), dynamic)), **{k: None for k in constants}}
     sites: dict[int, traceback.FrameSummary | None] = {}
     try:
         with _record_guard_sites(sites), fx_config.patch(backed_size_oblivious=True), torch.no_grad():
-            ep = export(module, args, dynamic_shapes=dynamic)
+            ep = export(module, args, kwargs, dynamic_shapes=dynamic)
     except Exception as e:
         if fast:
-            return export_model(spec, weights)
+            return export_model(spec, weights, ranges=ranges)
         raise _export_error(e, spec) from None
 
-    names = _symbol_names(ep, spec, check=True)
-    user_vals = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"][-len(spec.inputs):]
+    static = {name: lo for name, (lo, hi) in ranges.items() if lo == hi}
+    names = _symbol_names(ep, spec, check=True, static=static)
+    user_vals = [n.meta["val"] for n in _user_input_nodes(ep, spec).values()]
     fake_mode = next((v.fake_mode for v in user_vals if hasattr(v, "fake_mode")), None)
     if fake_mode is not None:
         # Inputs that share a size get one symbol after export (the others are replaced), but guards
         # recorded before that still name the originals: name every symbol by where it was read.
-        names = {**names, **_source_names(fake_mode.shape_env, spec, module)}
+        names = {**names, **_source_names(fake_mode.shape_env, spec, module, by_keyword)}
     raw = []
     for g in fake_mode.shape_env.guards if fake_mode is not None else ():
         if not g.expr.free_symbols:
@@ -305,33 +439,132 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
                 code=(frame.line or "").strip() if frame else "",
             )
         )
-    simplifier = GuardSimplifier({d.name: (d.min, d.max) for d in spec.dims()})
+    dynamic_ranges = {d.name: ranges[d.name] for d in spec.dims() if d.name not in static}
+    relaxable = _oblivious_guards(ep, names, raw, dynamic_ranges)
+    binding = [g for g in raw if g not in relaxable]
+    guards = _guards(spec, static, dynamic_ranges, binding)
+    strict = _guards(spec, static, dynamic_ranges, raw) if relaxable else None
+    relaxed = tuple(sorted({g.symbols[0] for g in relaxable}))
+    return Exported(ep=ep, module=module, examples=examples, guards=guards, buckets=_buckets(spec, guards),
+                    start=start, ranges=dict(ranges), name=_region_name(spec, ranges), relaxed=relaxed,
+                    strict=strict)
+
+
+def _oblivious_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, int]]) -> list:
+    """Guards that exclude only size 1 of one symbol whose range in export's own
+    ``range_constraints`` still starts at 1: export traced them size-obliviously (the ``>= 2``
+    branch, which it holds valid for 1 too)."""
+    import numpy as np
+
+    from aot.tracer.symtext import evaluate_vectorized
+
+    export_lo = {}
+    for sym, vr in ep.range_constraints.items():
+        if sym in names:
+            try:
+                export_lo[names[sym]] = int(vr.lower)
+            except (TypeError, ValueError):
+                pass
+    out = []
+    for g in raw:
+        if len(g.symbols) != 1:
+            continue
+        (sym,) = g.symbols
+        lo, hi = ranges.get(sym, (0, 0))
+        if lo != 1 or hi < 2 or export_lo.get(sym, 2) > 1:
+            continue
+        values = np.arange(1, min(hi, 64) + 1, dtype=np.int64)
+        mask = np.broadcast_to(evaluate_vectorized(g.text, {sym: values}), values.shape).astype(bool)
+        if not mask[0] and mask[1:].all():
+            out.append(g)
+    return out
+
+
+def _guards(spec: ModelSpec, static: dict[str, int], ranges: dict[str, tuple[int, int]], raw: list) -> Guards:
+    from aot.tracer.guards import GuardSimplifier
+
+    simplifier = GuardSimplifier(ranges)
     simplifier.add(raw)
-    guards = Guards(
+    return Guards(
         inputs=tuple(
             InputGuard(
                 name=i.name,
                 dtype=i.dtype or spec.dtype,
-                shape=tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape),
+                shape=tuple((str(static[s.name]) if s.name in static else s.name) if isinstance(s, Dim) else str(s)
+                            for s in i.shape),
             )
             for i in spec.inputs
         ),
         symbols=simplifier.symbol_guards(),
         relations=simplifier.relation_guards(),
     )
-    return Exported(ep=ep, module=module, examples=examples, guards=guards, buckets=_buckets(spec, guards),
-                    start=start)
 
 
-def _symbol_names(ep, spec: ModelSpec, check: bool = False) -> dict[Any, str]:
+def _check_relaxed(spec: ModelSpec, ex: Exported) -> str | None:
+    """Run the exported program at size 1 of each relaxed symbol against the eager module; the
+    reason it may not be relaxed, or None when every output matches."""
+    import torch
+    from torch.utils._pytree import tree_leaves as leaves
+
+    from aot.tracer.padding import PAD_TOLERANCE
+
+    by_keyword, constants = call_plan(spec, ex.module)
+    base = {d.name: min(max(d.example_size, ex.ranges[d.name][0]), ex.ranges[d.name][1]) for d in spec.dims()}
+    try:  # the size-1 call must reach the graph, not the guard check export wraps around it
+        graph = ex.ep.module(check_guards=False)
+    except TypeError:  # torch without the option checks input ranges only, which admit 1
+        graph = ex.ep.module()
+    for sym in ex.relaxed:
+        inputs = example_inputs(spec, {**base, sym: 1}, seed=spec.seed + 3)
+        try:
+            with torch.no_grad():
+                want = leaves(call_model(spec, ex.module, inputs))
+                if by_keyword:
+                    got = leaves(graph(**{i.name: inputs[i.name] for i in spec.inputs}, **constants))
+                else:
+                    got = leaves(graph(*(inputs[i.name] for i in spec.inputs), **constants))
+        except Exception as e:
+            return f"the trace fails at {sym} = 1: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        for w, g in zip(want, got):
+            if w.shape != g.shape:
+                return f"at {sym} = 1 the trace gives shape {list(g.shape)}, eager {list(w.shape)}"
+            if w.dtype.is_floating_point:
+                err = (w.float() - g.float()).abs().max().item() if w.numel() else 0.0
+                scale = max(1.0, w.float().abs().max().item() if w.numel() else 1.0)
+                if not err <= PAD_TOLERANCE[spec.dtype] * scale:
+                    return f"at {sym} = 1 the trace differs from eager by {err:.3g}"
+            elif not torch.equal(w, g):
+                return f"at {sym} = 1 the trace differs from eager"
+    return None
+
+
+def _positional_names(module, n: int) -> list[str]:
+    import inspect
+
+    return list(inspect.signature(module.forward).parameters)[:n]
+
+
+def _region_name(spec: ModelSpec, ranges: dict[str, tuple[int, int]]) -> str:
+    """What a program covers, where it differs from the declared ranges: ``batch == 1``."""
+    parts = []
+    for d in spec.dims():
+        lo, hi = ranges[d.name]
+        if (lo, hi) != (d.min, d.max):
+            parts.append(f"{d.name} == {lo}" if lo == hi else f"{lo} <= {d.name} <= {hi}")
+    return ", ".join(parts) or "general"
+
+
+def _symbol_names(ep, spec: ModelSpec, check: bool = False, static: dict[str, int] | None = None) -> dict[Any, str]:
     """Map the export's size symbols to the model file's Dim names via the traced input shapes."""
     import torch
 
-    user_vals = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"][-len(spec.inputs):]
+    static = static or {}
     names: dict[Any, str] = {}
-    for inp, val in zip(spec.inputs, user_vals):
+    nodes = _user_input_nodes(ep, spec)
+    for inp in spec.inputs:
+        val = nodes[inp.name].meta["val"]
         for d, (declared, size) in enumerate(zip(inp.shape, val.shape)):
-            if not isinstance(declared, Dim):
+            if not isinstance(declared, Dim) or declared.name in static:
                 continue
             if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
                 if check:
@@ -344,26 +577,176 @@ def _symbol_names(ep, spec: ModelSpec, check: bool = False) -> dict[Any, str]:
     return names
 
 
-def _source_names(shape_env, spec: ModelSpec, module) -> dict[Any, str]:
+def _source_names(shape_env, spec: ModelSpec, module, by_keyword: bool = False) -> dict[Any, str]:
     """Each size symbol → the declared Dim of the input dim it was read from (by ``forward``'s
-    parameter order), for symbols that export later replaced by another."""
+    parameter names or order), for symbols that export later replaced by another."""
     import inspect
 
     try:
         params = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         return {}
-    position = {p: i for i, p in enumerate(params)}
+    if by_keyword:
+        by_param = {i.name: i for i in spec.inputs}
+    else:
+        by_param = {p: i for p, i in zip(params, spec.inputs)}
     names: dict[Any, str] = {}
     for sym, sources in getattr(shape_env, "var_to_sources", {}).items():
         for src in sources:
             local = getattr(getattr(src, "base", None), "local_name", None)
             idx = getattr(src, "idx", None)
-            if local in position and position[local] < len(spec.inputs) and isinstance(idx, int):
-                shape = spec.inputs[position[local]].shape
+            if local is None:  # kwargs arrive as ``kwargs['input_ids']``
+                base = getattr(src, "base", None)
+                local = getattr(base, "index", None) if getattr(getattr(base, "base", None), "local_name", None) else None
+            if local in by_param and isinstance(idx, int):
+                shape = by_param[local].shape
                 if 0 <= idx < len(shape) and isinstance(shape[idx], Dim):
                     names.setdefault(sym, shape[idx].name)
     return names
+
+
+def _uncovered(g, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The sizes in ``lo..hi`` that ``g`` does not admit, as maximal intervals."""
+    import numpy as np
+
+    if hi - lo >= (1 << 22):
+        return [] if (g.min, g.max) == (lo, hi) and g.modulus == 1 and not g.excluded else [(lo, hi)] * 99
+    v = np.arange(lo, hi + 1, dtype=np.int64)
+    ok = (v >= g.min) & (v <= g.max) & np.isin(v % max(g.modulus, 1), g.residues if g.modulus > 1 else (0,))
+    ok &= ~np.isin(v, g.excluded)
+    bad = v[~ok]
+    if bad.size == 0:
+        return []
+    breaks = np.nonzero(np.diff(bad) != 1)[0]
+    starts = np.concatenate([[bad[0]], bad[breaks + 1]])
+    ends = np.concatenate([bad[breaks], [bad[-1]]])
+    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
+
+def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = False,
+                    allow_narrowing: bool | None = None, progress=None) -> list[Exported]:
+    """Export the model over its declared ranges, and again over every part of them that the
+    first trace's guards do not admit (``batch == 1`` beside ``2 <= batch <= 64``), until the
+    programs together cover the declared ranges: the ahead-of-time counterpart of Dynamo's cache
+    of guarded graphs. A part that cannot be covered (an odd size a reshape forbids, a model that
+    fails to trace there) fails the build with the guard's site, unless ``allow_narrowing``.
+    """
+    say = progress or (lambda msg: None)
+    allow = spec.allow_narrowing if allow_narrowing is None else allow_narrowing
+    programs: list[Exported] = []
+    failures: list[str] = []
+    module = None
+
+    def cover(ranges: dict[str, tuple[int, int]]) -> None:
+        nonlocal module
+        if len(programs) >= MAX_PROGRAMS:
+            failures.append(f"{_region_name(spec, ranges)}: more than {MAX_PROGRAMS} programs would be needed")
+            return
+        try:
+            ex = export_model(spec, weights, fast, ranges, module=module)
+        except TraceError as e:
+            if not programs:
+                raise
+            failures.append(f"{_region_name(spec, ranges)}: {e}")
+            return
+        module = ex.module
+        if ex.relaxed and not fast:
+            why = _check_relaxed(spec, ex)
+            if why is None:
+                say(f"  {', '.join(ex.relaxed)} = 1 runs the general trace: checked against eager")
+            else:
+                say(f"  {', '.join(ex.relaxed)} = 1 needs a program of its own: {why}")
+                ex = replace(ex, guards=ex.strict, buckets=_buckets(spec, ex.strict), relaxed=(), strict=None)
+        if programs:
+            say(f"  traced a program for {ex.name} (the general trace's guards exclude it)")
+        programs.append(ex)
+        symbols = {g.name: g for g in ex.guards.symbols}
+        fixed = dict(ranges)
+        for d in spec.dims():
+            lo, hi = ranges[d.name]
+            if lo == hi:
+                continue
+            g = symbols[d.name]
+            parts = _uncovered(g, lo, hi)
+            if len(parts) > MAX_REGIONS:
+                why = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources) or "tracing"
+                failures.append(f"{d.name} {lo}..{hi} admits only {_admitted_text(g)} ({why})")
+            else:
+                for a, b in parts:
+                    cover({**fixed, d.name: (a, b)})
+            fixed[d.name] = (g.min, g.max)
+
+    cover({d.name: (d.min, d.max) for d in spec.dims()})
+    if failures and not allow:
+        raise TraceError(
+            "the build cannot cover every declared size: " + " | ".join(failures)
+            + "; change the model at those lines, declare narrower Dims, or accept the narrower contract with "
+              "--allow-narrowing (ModelSpec(allow_narrowing=True))"
+        )
+    return programs
+
+
+def _admitted_text(g) -> str:
+    from aot.guardtext import admissible_text
+
+    return admissible_text(g)
+
+
+def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
+    """The bundle's guards as a whole: per symbol, every size some program admits (a program
+    tracing a symbol as static admits that one size); relations of the general program; the
+    guard sources of every program (they explain where the programs split)."""
+    import numpy as np
+
+    from aot.tracer.guards import MAX_RANGE, describe_mask
+
+    if len(programs) == 1:
+        return programs[0].guards
+    first = programs[0].guards
+    symbols = []
+    for d in spec.dims():
+        per = [{g.name: g for g in p.guards.symbols}.get(d.name) for p in programs]
+        general = per[0]
+        if d.max - d.min >= MAX_RANGE:
+            symbols.append(general)
+            continue
+        values = np.arange(d.min, d.max + 1, dtype=np.int64)
+        mask = np.zeros(values.shape, dtype=bool)
+        for p, g in zip(programs, per):
+            if g is None:  # static in that program
+                mask |= values == p.ranges[d.name][0]
+            else:
+                m = (values >= g.min) & (values <= g.max) & ~np.isin(values, g.excluded)
+                if g.modulus > 1:
+                    m &= np.isin(values % g.modulus, g.residues)
+                mask |= m
+        shape = describe_mask(values, mask)
+        if shape is None:
+            raise TraceError(f"no program admits any size of {d.name}")
+        # Every program's guards stay listed: they say why the programs split where they do.
+        sources = list(dict.fromkeys(src for g in per if g is not None for src in g.sources))
+        symbols.append(SymbolGuard(
+            name=d.name, declared_min=d.min, declared_max=d.max, min=shape.lo, max=shape.hi,
+            modulus=shape.modulus, residues=shape.residues, excluded=shape.excluded,
+            sources=tuple(sorted(sources, key=lambda s: (s.file, s.line, s.text))),
+        ))
+    declared_inputs = tuple(
+        InputGuard(name=i.name, dtype=i.dtype or spec.dtype,
+                   shape=tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape))
+        for i in spec.inputs
+    )
+    return Guards(inputs=declared_inputs, symbols=tuple(symbols), relations=first.relations,
+                  specializations=first.specializations)
+
+
+def program_entries(spec: ModelSpec, programs: list[Exported], buckets: list[tuple[Bucket, ...]] | None = None):
+    """``ProgramEntry`` per program (for the manifest); empty when there is only one."""
+    from aot.schema import ProgramEntry
+
+    if len(programs) == 1:
+        return ()
+    buckets = buckets or [p.buckets for p in programs]
+    return tuple(ProgramEntry(name=p.name, guards=p.guards, buckets=b) for p, b in zip(programs, buckets))
 
 
 def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None):
@@ -371,14 +754,16 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
     would have, from export alone: no weight init, decomposition or kernels."""
     import torch
 
-    from aot.manifest_text import GuardManifest
+    from aot.manifest_text import GuardManifest, program_lines
     from aot.schema import SCHEMA_VERSION
     from aot.stages import environment
 
-    exported = export_model(spec, weights, fast=True)
-    return GuardManifest(name=spec.name or "model", guards=exported.guards,
+    programs = export_programs(spec, weights, fast=True, allow_narrowing=True)
+    guards = contract(spec, programs)
+    return GuardManifest(name=spec.name or "model", guards=guards,
                          environment=environment(archs, torch.__version__.split("+")[0]),
-                         buckets=exported.buckets, schema_version=SCHEMA_VERSION, dtype=spec.dtype)
+                         buckets=_buckets(spec, guards), schema_version=SCHEMA_VERSION,
+                         dtype=spec.dtype, programs=program_lines(program_entries(spec, programs)))
 
 
 def guard_manifest_text(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None) -> str:
@@ -388,8 +773,8 @@ def guard_manifest_text(spec: ModelSpec, archs: tuple[str, ...], weights: str | 
     return render(guard_manifest(spec, archs, weights))
 
 
-def trace(spec: ModelSpec, weights: str | None = None, progress=None) -> Traced:
-    """Export, decompose, collect guards and lower ``spec`` to a ``Traced``."""
+def _lower(spec: ModelSpec, exported: Exported, progress=None) -> tuple[Program, dict[str, Any], tuple[Bucket, ...]]:
+    """Decompose one export to core ATen, lower it to a ``Program``, and check its padding."""
     import torch
     import torch.fx.experimental._config as fx_config
     from torch.export import default_decompositions
@@ -397,7 +782,6 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None) -> Traced:
     from aot.tracer.lower import Lowering, symbol_sources
     from aot.tracer.padding import check_padding
 
-    exported = export_model(spec, weights)
     # keep attention (and friends) whole; everything else to core ATen
     table = default_decompositions()
     for name in KEEP_OPS:
@@ -408,41 +792,66 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None) -> Traced:
             ep = exported.ep.run_decompositions(table)
     except Exception as e:
         raise _export_error(e, spec) from None
-    program, weight_tensors = Lowering(ep, [i.name for i in spec.inputs], _symbol_names(ep, spec)).run()
+    static = {n: lo for n, (lo, hi) in exported.ranges.items() if lo == hi}
+    nodes = _user_input_nodes(ep, spec)
+    order = sorted(spec.inputs, key=lambda i: list(ep.graph.nodes).index(nodes[i.name]))
+    program, weight_tensors = Lowering(ep, [i.name for i in order], _symbol_names(ep, spec, static=static)).run()
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
     declared = {g.name: g.shape for g in exported.guards.inputs}
     inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
-    program = replace(program, inputs=inputs, symbols=symbol_sources(inputs))
-    buckets = check_padding(spec, exported.guards, exported.buckets, exported.ep, exported.module, progress)
+    program = replace(program, inputs=inputs, symbols=symbol_sources(inputs),
+                      output_tree=_tree_spec(ep.call_spec.out_spec))
+    buckets = check_padding(spec, exported, progress)
+    return program, weight_tensors, buckets
 
-    args = tuple(exported.examples[i.name] for i in spec.inputs)
+
+def trace(spec: ModelSpec, weights: str | None = None, progress=None, allow_narrowing: bool | None = None) -> Traced:
+    """Export, decompose, collect guards and lower ``spec`` to a ``Traced``: one program, or
+    several when one trace cannot cover the declared ranges (see ``export_programs``)."""
+    import torch
+    from torch.utils._pytree import tree_leaves as leaves
+
+    exported = export_programs(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
+    lowered = [_lower(spec, ex, progress) for ex in exported]
+    weight_tensors = lowered[0][1]
+    for (_, w, _), ex in zip(lowered[1:], exported[1:]):
+        if set(w) != set(weight_tensors) or any(not torch.equal(w[k], weight_tensors[k]) for k in w):
+            raise TraceError(f"the program for {ex.name} uses other weights than the general one; aotpack "
+                             f"expects every program of a model to share its parameters")
+    main = exported[0]
     with torch.no_grad():
-        ref = exported.module(*args)
-    ref_outputs = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
+        ref = call_model(spec, main.module, main.examples)
+    programs = tuple(TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b)
+                     for ex, (p, _, b) in zip(exported, lowered))
+    guards = contract(spec, exported)
     return Traced(
         name=spec.name or "model",
         dtype=spec.dtype,
-        program=program,
-        guards=exported.guards,
+        program=programs[0].program,
+        guards=guards,
         weights=weight_tensors,
-        reference_inputs=exported.examples,
-        reference_outputs=tuple(o.detach().contiguous() for o in ref_outputs),
-        buckets=buckets,
+        reference_inputs=main.examples,
+        reference_outputs=tuple(o.detach().contiguous() for o in leaves(ref)),
+        buckets=programs[0].buckets if len(programs) == 1 else _buckets(spec, guards),
         torch_version=torch.__version__.split("+")[0],
-        trace_seconds=time.perf_counter() - exported.start,
+        trace_seconds=time.perf_counter() - main.start,
+        programs=programs if len(programs) > 1 else (),
     )
 
 
 def _buckets(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:
     """Declared (or default) bucket sizes that the guards admit; the largest admitted size is
-    always a bucket, so every admitted call fits one."""
+    always a bucket, so every admitted call fits one. Symbols a program traced as static have
+    no buckets in it."""
     from aot.guardtext import admits
 
     symbols = {g.name: g for g in guards.symbols}
     out = []
     for d in spec.dims():
-        g = symbols[d.name]
+        g = symbols.get(d.name)
+        if g is None:
+            continue
         sizes = {s for s in d.default_buckets() if admits(g, s)}
         sizes.add(g.max)
         out.append(Bucket(symbol=d.name, sizes=tuple(sorted(sizes)), paddable=d.paddable))

@@ -15,7 +15,7 @@ import sympy
 import torch
 import torch.fx
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, TensorArgument
 
 from aot.errors import TraceError
 from aot.schema import NamedTensor, Program, Step, SymbolSource, TensorSpec
@@ -117,6 +117,8 @@ class Lowering:
         user_index = 0
         stored: dict[int, str] = {}
         for node, spec in zip(placeholders, ep.graph_signature.input_specs):
+            if spec.kind == InputKind.USER_INPUT and not isinstance(spec.arg, TensorArgument):
+                continue  # a constant keyword argument (use_cache=False): fixed in the trace
             if spec.kind == InputKind.USER_INPUT:
                 if user_index >= len(self.input_names):
                     raise TraceError("forward takes more inputs than the model file declares")

@@ -1,0 +1,154 @@
+"""Model outputs as trees: flatten them to tensors in a stable order, rebuild them from a ``TreeSpec``.
+
+A model may return a tensor, a tuple or list, a dict, a dataclass, a named tuple, or an HF
+``ModelOutput``. The bundle stores the tensors flat (``Program.outputs``) and the structure as a
+``TreeSpec``: plain data, never pickle. The runner rebuilds the structure with ``unflatten``;
+records (dataclasses, named tuples, ``ModelOutput``) come back as a ``Record``, which reads like
+a ``ModelOutput`` (``out.logits``, ``out["logits"]``, ``out[0]``, ``out.to_tuple()``) without
+importing the library that defined the class.
+
+``leaves`` flattens the runner's outputs (and an eager model's tuples, dicts and ``ModelOutput``\s)
+to their tensors in the order the bundle stores them, which is how tests compare the two; the
+build flattens eager outputs with torch's own pytree, as export does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from aot.errors import BundleError
+from aot.schema import TreeSpec
+
+KINDS = ("tensor", "none", "tuple", "list", "dict", "record")
+MAX_DEPTH = 32
+
+
+class Record(dict):
+    """A named record of outputs (an HF ``ModelOutput``, a dataclass, a named tuple), rebuilt
+    without its class: a dict in field order that also answers ``r.field`` and ``r[0]``."""
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name: str, items: Sequence[tuple[str, Any]]):
+        super().__init__(items)
+        self.type_name = type_name
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"{self.type_name or 'record'} has no field {name!r}; it has {list(self)}") from None
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, slice)):
+            return self.to_tuple()[key]
+        return super().__getitem__(key)
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(self.values())
+
+    def __repr__(self) -> str:
+        short = self.type_name.rsplit(".", 1)[-1] or "Record"
+        return f"{short}({', '.join(f'{k}={v!r}' for k, v in self.items())})"
+
+
+def type_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def leaves(obj: Any) -> list[Any]:
+    """The tensors of an output tree in storage order (``None`` fields carry none)."""
+    out: list[Any] = []
+
+    def walk(x: Any, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"output nests deeper than {MAX_DEPTH}")
+        if x is None:
+            return
+        if _is_tensor(x):
+            out.append(x)
+            return
+        if isinstance(x, Mapping):
+            for v in x.values():
+                walk(v, depth + 1)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v, depth + 1)
+        else:
+            raise TypeError(f"output of type {type(x).__name__} is not a tensor, tuple, list or mapping of them")
+
+    walk(obj, 0)
+    return out
+
+
+def count(spec: TreeSpec) -> int:
+    """How many tensors the tree holds."""
+    return (spec.kind == "tensor") + sum(count(c) for c in spec.children)
+
+
+def leaf_paths(spec: TreeSpec | None, n: int) -> list[str]:
+    """A name per tensor for display: ``logits``, ``hidden_states.0``; positions without a tree."""
+    if spec is None:
+        return [str(i) for i in range(n)]
+    out: list[str] = []
+
+    def walk(s: TreeSpec, path: str) -> None:
+        if s.kind == "tensor":
+            out.append(path or "0")
+        keys = s.keys if s.kind in ("dict", "record") else [str(i) for i in range(len(s.children))]
+        for k, c in zip(keys, s.children):
+            walk(c, f"{path}.{k}" if path else k)
+
+    walk(spec, "")
+    return out if len(out) == n else [str(i) for i in range(n)]
+
+
+def validate(spec: TreeSpec, n_outputs: int) -> None:
+    """Refuse trees no build writes: unknown kinds, keys that do not match children, a tensor
+    count other than the program's outputs, or nesting beyond ``MAX_DEPTH``."""
+
+    def check(s: TreeSpec, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise BundleError(f"output tree nests deeper than {MAX_DEPTH}")
+        if s.kind not in KINDS:
+            raise BundleError(f"output tree has unknown kind {s.kind[:20]!r}; expected one of {KINDS}")
+        if s.kind in ("tensor", "none") and s.children:
+            raise BundleError(f"output tree: a {s.kind} leaf has children")
+        if s.kind in ("dict", "record") and len(s.keys) != len(s.children):
+            raise BundleError(f"output tree: {len(s.keys)} keys for {len(s.children)} children")
+        for c in s.children:
+            check(c, depth + 1)
+
+    check(spec, 0)
+    if count(spec) != n_outputs:
+        raise BundleError(f"output tree holds {count(spec)} tensors, the program has {n_outputs} outputs")
+
+
+def unflatten(spec: TreeSpec | None, flat: Sequence[Any]) -> Any:
+    """Rebuild the model's output structure from its flat tensors. Without a tree (bundles of
+    schema 1.0) one output comes back bare and several as a tuple."""
+    if spec is None:
+        return flat[0] if len(flat) == 1 else tuple(flat)
+    it = iter(flat)
+    return _build(spec, it)
+
+
+def _build(spec: TreeSpec, it: Iterator[Any]) -> Any:
+    kind = spec.kind
+    if kind == "tensor":
+        return next(it)
+    if kind == "none":
+        return None
+    children = [_build(c, it) for c in spec.children]
+    if kind == "tuple":
+        return tuple(children)
+    if kind == "list":
+        return children
+    if kind == "dict":
+        return dict(zip(spec.keys, children))
+    return Record(spec.type, list(zip(spec.keys, children)))
