@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from aot import schema
 from tests.conftest import model_path
 
 
@@ -30,7 +31,7 @@ def test_build_load_guards_inspect(tmp_path):
 
     r = aotpack("inspect", str(out), "--json")
     info = json.loads(r.stdout)
-    assert info["name"] == "branchy" and info["schema_version"] == [1, 0]
+    assert info["name"] == "branchy" and info["schema_version"] == list(schema.SCHEMA_VERSION)
     assert "weights.safetensors" in info["members"]
 
 

@@ -304,18 +304,21 @@ def call_model(spec: ModelSpec, module, inputs: dict[str, Any]) -> Any:
     return module(*(inputs[i.name] for i in spec.inputs), **constants)
 
 
-def _tree_spec(ts) -> TreeSpec:
-    """torch's pytree spec of the outputs → the bundle's ``TreeSpec`` (plain data)."""
+def _tree_spec(ts, none_leaves: set[int] = frozenset(), counter: list[int] | None = None) -> TreeSpec:
+    """torch's pytree spec of the outputs → the bundle's ``TreeSpec`` (plain data); the flat
+    outputs in ``none_leaves`` (by position) were ``None``."""
     from collections import OrderedDict
 
     from aot.pytree import type_name
 
+    counter = [0] if counter is None else counter
     if ts.is_leaf():
-        return TreeSpec(kind="tensor")
+        counter[0] += 1
+        return TreeSpec(kind="none" if counter[0] - 1 in none_leaves else "tensor")
     cls = ts.type
     if cls is type(None):
         return TreeSpec(kind="none")
-    children = tuple(_tree_spec(c) for c in ts.children_specs)
+    children = tuple(_tree_spec(c, none_leaves, counter) for c in ts.children_specs)
     if cls is tuple or cls is list:
         return TreeSpec(kind=cls.__name__, children=children)
     if isinstance(ts.context, type) and hasattr(ts.context, "_fields"):  # a named tuple
@@ -500,25 +503,27 @@ def _guards(spec: ModelSpec, static: dict[str, int], ranges: dict[str, tuple[int
     )
 
 
-def _check_relaxed(spec: ModelSpec, ex: Exported) -> str | None:
-    """Run the exported program at size 1 of each relaxed symbol against the eager module; the
-    reason it may not be relaxed, or None when every output matches."""
+def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
+    """Run the exported program at size 1 of each relaxed symbol against the eager ``module``
+    (whose weights it takes); the reason it may not be relaxed, or None when every output matches."""
     import torch
-    from torch.utils._pytree import tree_leaves as leaves
 
+    from aot.tracer.lower import tensor_leaves as leaves
     from aot.tracer.padding import PAD_TOLERANCE
 
-    by_keyword, constants = call_plan(spec, ex.module)
+    by_keyword, constants = call_plan(spec, module)
     base = {d.name: min(max(d.example_size, ex.ranges[d.name][0]), ex.ranges[d.name][1]) for d in spec.dims()}
     try:  # the size-1 call must reach the graph, not the guard check export wraps around it
         graph = ex.ep.module(check_guards=False)
     except TypeError:  # torch without the option checks input ranges only, which admit 1
         graph = ex.ep.module()
+    if module is not ex.module:  # traced with uninitialized weights (the guards-only path)
+        graph.load_state_dict(module.state_dict(), strict=False)
     for sym in ex.relaxed:
         inputs = example_inputs(spec, {**base, sym: 1}, seed=spec.seed + 3)
         try:
             with torch.no_grad():
-                want = leaves(call_model(spec, ex.module, inputs))
+                want = leaves(call_model(spec, module, inputs))
                 if by_keyword:
                     got = leaves(graph(**{i.name: inputs[i.name] for i in spec.inputs}, **constants))
                 else:
@@ -635,10 +640,10 @@ def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = Fa
     allow = spec.allow_narrowing if allow_narrowing is None else allow_narrowing
     programs: list[Exported] = []
     failures: list[str] = []
-    module = None
+    module = real = None
 
     def cover(ranges: dict[str, tuple[int, int]]) -> None:
-        nonlocal module
+        nonlocal module, real
         if len(programs) >= MAX_PROGRAMS:
             failures.append(f"{_region_name(spec, ranges)}: more than {MAX_PROGRAMS} programs would be needed")
             return
@@ -650,8 +655,10 @@ def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = Fa
             failures.append(f"{_region_name(spec, ranges)}: {e}")
             return
         module = ex.module
-        if ex.relaxed and not fast:
-            why = _check_relaxed(spec, ex)
+        if ex.relaxed:
+            if fast and real is None:  # the check runs the model: it needs real weights
+                real = instantiate(spec, weights)
+            why = _check_relaxed(spec, ex, real if fast else ex.module)
             if why is None:
                 say(f"  {', '.join(ex.relaxed)} = 1 runs the general trace: checked against eager")
             else:
@@ -795,13 +802,14 @@ def _lower(spec: ModelSpec, exported: Exported, progress=None) -> tuple[Program,
     static = {n: lo for n, (lo, hi) in exported.ranges.items() if lo == hi}
     nodes = _user_input_nodes(ep, spec)
     order = sorted(spec.inputs, key=lambda i: list(ep.graph.nodes).index(nodes[i.name]))
-    program, weight_tensors = Lowering(ep, [i.name for i in order], _symbol_names(ep, spec, static=static)).run()
+    lowering = Lowering(ep, [i.name for i in order], _symbol_names(ep, spec, static=static))
+    program, weight_tensors = lowering.run()
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
     declared = {g.name: g.shape for g in exported.guards.inputs}
     inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
     program = replace(program, inputs=inputs, symbols=symbol_sources(inputs),
-                      output_tree=_tree_spec(ep.call_spec.out_spec))
+                      output_tree=_tree_spec(ep.call_spec.out_spec, lowering.none_outputs))
     buckets = check_padding(spec, exported, progress)
     return program, weight_tensors, buckets
 
@@ -810,7 +818,8 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None, allow_narr
     """Export, decompose, collect guards and lower ``spec`` to a ``Traced``: one program, or
     several when one trace cannot cover the declared ranges (see ``export_programs``)."""
     import torch
-    from torch.utils._pytree import tree_leaves as leaves
+
+    from aot.tracer.lower import tensor_leaves as leaves
 
     exported = export_programs(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
     lowered = [_lower(spec, ex, progress) for ex in exported]

@@ -32,6 +32,13 @@ DROPPED_OPS = {
 }
 
 
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """The tensors of an eager output tree in the order export flattens it (None skipped)."""
+    from torch.utils._pytree import tree_leaves
+
+    return [x for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -178,7 +185,11 @@ class Lowering:
 
         out_node = next(n for n in graph.nodes if n.op == "output")
         outputs = []
-        for o in out_node.args[0]:
+        self.none_outputs: set[int] = set()  # flat outputs that are None (an optional field)
+        for k, o in enumerate(out_node.args[0]):
+            if o is None:
+                self.none_outputs.add(k)
+                continue
             if not isinstance(o, torch.fx.Node) or o not in self.value_names:
                 raise TraceError(f"model output {o} is not a tensor; return tensors only")
             outputs.append(self.value_names[o])

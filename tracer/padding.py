@@ -25,9 +25,9 @@ PAD_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4, "float64": 
 def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket, ...]:
     """``exported.buckets`` with each paddable one checked (``pad_check`` says what was found)."""
     import torch
-    from torch.utils._pytree import tree_leaves as leaves
 
     from aot.tracer import _user_input_nodes, call_model, example_inputs
+    from aot.tracer.lower import tensor_leaves as leaves
 
     guards: Guards = exported.guards
     ep, module = exported.ep, exported.module
@@ -101,6 +101,6 @@ def _sizes_to_check(g, sizes: tuple[int, ...]) -> tuple[int, int] | None:
 
 def _output_vals(ep) -> list:
     out = next(n for n in ep.graph.nodes if n.op == "output")
-    return [a.meta["val"] for a in out.args[0]]
+    return [a.meta["val"] for a in out.args[0] if a is not None and hasattr(a, "meta")]
 
 

@@ -1,0 +1,92 @@
+"""Bundles of several guarded programs, keyword inputs and output trees, against eager PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aot.errors import TraceError
+from aot.loader import load
+from aot.pytree import Record, leaves
+from aot.tracer import call_model, example_inputs, instantiate, load_model_file, trace
+from tests.conftest import model_path
+
+ATOL = 1e-5  # float32: the bundle runs the same ATen ops as eager
+
+
+def _compare(spec, module, runner, sizes: dict[str, int]) -> None:
+    inputs = example_inputs(spec, sizes, seed=sum(sizes.values()))
+    with torch.no_grad():
+        want = call_model(spec, module, inputs)
+    got = runner(**inputs)
+    assert len(leaves(got)) == len(leaves(want))
+    for g, w in zip(leaves(got), leaves(want)):
+        assert g.shape == w.shape
+        assert (g - w).abs().max().item() <= ATOL, f"at {sizes}"
+
+
+def test_a_size_one_branch_and_a_length_branch_get_programs_of_their_own(built):
+    spec = load_model_file(model_path("size_one"))
+    runner = load(built("size_one", ("sm_90",)))
+    # the general trace's `B != 1` is size-oblivious, but eager differs at 1: the build's check
+    # against eager refuses to relax it, so batch 1 gets its own program; T > 4 splits seq.
+    assert len(runner.programs) >= 3, runner.programs
+    assert any("batch == 1" in p for p in runner.programs)
+    for g in runner.manifest.guards.symbols:  # nothing declared is lost
+        assert (g.min, g.max, g.modulus, g.excluded) == (g.declared_min, g.declared_max, 1, ())
+    module = instantiate(spec)
+    for sizes in ({"batch": 1, "seq": 1}, {"batch": 1, "seq": 9}, {"batch": 3, "seq": 4},
+                  {"batch": 5, "seq": 5}, {"batch": 6, "seq": 16}):
+        _compare(spec, module, runner, sizes)
+    text = runner.guards_text()
+    assert "program general  admits" in text and "tests/data/size_one.py:17" in text, text
+
+
+def test_a_range_no_program_can_cover_fails_the_build_with_its_site():
+    spec = load_model_file(model_path("guards/reshape"))
+    with pytest.raises(TraceError) as e:
+        trace(spec)
+    msg = str(e.value)
+    assert "cannot cover every declared size" in msg and "seq % 2 == 0" in msg
+    assert "tests/data/guards/reshape.py:" in msg and "--allow-narrowing" in msg
+    narrowed = trace(spec, allow_narrowing=True)
+    (seq,) = [g for g in narrowed.guards.symbols if g.name == "seq"]
+    assert seq.modulus == 2
+
+
+def test_keyword_inputs_constant_kwargs_and_output_trees(built):
+    spec = load_model_file(model_path("structured"))
+    runner = load(built("structured", ("sm_90",)))
+    inputs = example_inputs(spec, {"batch": 3}, seed=5)
+    out = runner(**inputs)
+    assert isinstance(out, dict) and list(out) == ["hidden", "pair", "masked", "extra"]
+    assert isinstance(out["pair"], Record) and out["pair"].type_name.endswith("Pair")
+    assert out["pair"].high is out["pair"]["high"] is out["pair"][1]
+    assert isinstance(out["masked"], tuple) and out["masked"][1] is None
+    assert isinstance(out["extra"], list) and out["extra"][0].shape == ()
+    module = instantiate(spec)
+    for sizes in ({"batch": 1}, {"batch": 3}, {"batch": 8}):
+        _compare(spec, module, runner, sizes)
+    with torch.no_grad():
+        want = module(features=inputs["features"], mask=inputs["mask"], scale=2.0, return_extra=True)
+    assert torch.allclose(out["masked"][0], want["masked"][0], atol=ATOL)
+
+
+def test_constant_kwargs_must_be_plain_values():
+    from aot import Input, ModelSpec
+    from aot.errors import SpecError
+
+    with pytest.raises(SpecError, match="constant keyword arguments must be"):
+        ModelSpec(module=torch.nn.Identity, inputs=[Input("input", (2,))], kwargs={"t": torch.ones(1)})
+
+
+def test_the_model_files_manifest_matches_its_bundles(built):
+    """``aotpack guards MODEL.py`` (trace only) agrees with the bundle, programs included, so
+    ``aotpack check`` passes on a fresh build."""
+    from aot.manifest_text import manifest_of_bundle, render
+    from aot.tracer import guard_manifest_text
+
+    for name in ("size_one", "structured"):
+        runner = load(built(name, ("sm_90",)))
+        spec = load_model_file(model_path(name))
+        assert guard_manifest_text(spec, ("sm_90",)) == render(manifest_of_bundle(runner.manifest))
