@@ -40,8 +40,11 @@ def cli() -> None:
 @click.option("--split-weights", is_flag=True,
               help="write the weights beside the bundle as OUT.weights.SHA.safetensors (checksummed by the bundle)")
 @click.option("--no-fuse", is_flag=True, help="keep every ATen op a library call (no kernels compiled)")
+@click.option("--allow-narrowing", is_flag=True,
+              help="build even when the traced programs cannot cover every declared size (the bundle then "
+                   "admits less than declared, as `aotpack guards` shows)")
 def build(model: str, output: str | None, arch: str, weights: str | None, split_weights: bool,
-          no_fuse: bool) -> None:
+          no_fuse: bool, allow_narrowing: bool) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
     from aot.codegen import generate, parse_archs
     from aot.packager import pack
@@ -52,16 +55,17 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     start = time.perf_counter()
     spec = load_model_file(model)
     _info(f"tracing {model} …")
-    traced = trace(spec, weights=weights, progress=_info)
-    _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps, "
+    traced = trace(spec, weights=weights, progress=_info, allow_narrowing=allow_narrowing or None)
+    programs = f" in {len(traced.programs)} programs" if traced.programs else ""
+    _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps{programs}, "
           f"{len(traced.weights)} weights")
     for sym in traced.guards.symbols:
         if (sym.min, sym.max, sym.modulus, sym.excluded) != (sym.declared_min, sym.declared_max, 1, ()):
             from aot.guardtext import admissible_text
 
-            sites = ", ".join(f"{s.file}:{s.line}" for s in sym.sources) or "tracing"
-            _info(f"  note: {sym.name} declared {sym.declared_min}..{sym.declared_max} admits only "
-                  f"{admissible_text(sym)} (guards from {sites}); see `aotpack guards`")
+            sites = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in sym.sources) or "tracing"
+            _info(f"  warning: narrowed as allowed: {sym.name} declared {sym.declared_min}..{sym.declared_max} "
+                  f"admits only {admissible_text(sym)} ({sites})")
     compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
@@ -253,8 +257,11 @@ def check(model: str, against: str, as_json: bool, arch: str) -> None:
     click.echo("".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
                                             fromfile=against, tofile=f"{model} (traced now)")), nl=False)
     kind = {"breaking": "with breaking changes", "safe": "safe changes only"}.get(result.verdict, "text only")
-    _info(f"error: {against} is stale ({kind}); regenerate it with "
-          f"`aotpack guards {model} -o {against}` and review the change")
+    if against.endswith(".tpk"):  # never suggest writing manifest text over a bundle
+        fix = f"rebuild it with `aotpack build {model} -o {against}`"
+    else:
+        fix = f"regenerate it with `aotpack guards {model} -o {against}`"
+    _info(f"error: {against} is stale ({kind}); {fix} and review the change")
     sys.exit(code)
 
 

@@ -56,6 +56,7 @@ def generate(
     if traced.programs:
         return _generate_programs(traced, archs, progress, fuse)
 
+    from aot.codegen.attention import simplify_attention_masks
     from aot.codegen.compile import Job, compile_job
     from aot.codegen.epilogue import fold_activations
     from aot.codegen.layout import PAD_TO, pad_matmul_weights
@@ -77,6 +78,8 @@ def generate(
     if padded:
         say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
         traced = replace(traced, program=program, weights=weights)
+    ranges = {g.name: (g.min, g.max) for g in traced.guards.symbols}
+    program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, folded = fold_activations(program)
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")

@@ -318,7 +318,8 @@ def _tree_spec(ts, none_leaves: set[int] = frozenset(), counter: list[int] | Non
     cls = ts.type
     if cls is type(None):
         return TreeSpec(kind="none")
-    children = tuple(_tree_spec(c, none_leaves, counter) for c in ts.children_specs)
+    kids = ts.children() if callable(getattr(ts, "children", None)) else ts.children_specs
+    children = tuple(_tree_spec(c, none_leaves, counter) for c in kids)
     if cls is tuple or cls is list:
         return TreeSpec(kind=cls.__name__, children=children)
     if isinstance(ts.context, type) and hasattr(ts.context, "_fields"):  # a named tuple
