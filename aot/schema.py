@@ -11,6 +11,7 @@ Step arguments are JSON values where tensors, symbolic ints, dtypes and the devi
 
     {"buf": "addmm_3"}  {"sym": "batch*seq"}  {"dtype": "float16"}  {"device": "runtime"}
     {"float": "inf"}    {"layout": "strided"}  {"memory_format": "contiguous_format"}
+    {"symbool": "seq > 1"}  (a size comparison, evaluated to a bool per call)
 """
 
 from __future__ import annotations

@@ -34,6 +34,13 @@ _FLOATS = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 
 Getter = Callable[[dict, dict], Any]
 
+# The program was traced with CPU strides; on another device a library op may return another
+# layout (CUDA attention kernels return [B, T, H, D]-major outputs where the CPU's are
+# [B, H, T, D]-major), and a ``view`` the trace found valid is not. Programs are functional (no
+# step writes into a view), so running views as reshapes (a view where the strides allow, a copy
+# otherwise) gives the same values on every device.
+RESHAPED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
+
 
 # ATen ops that reach outside the tensors they are given (files, stdout, process-wide state): a
 # bundle never needs them, and a hostile one must not call them. Ops that write into an argument
@@ -94,6 +101,11 @@ def compile_arg(a: Any, device: torch.device, reads: set[str]) -> _Const | Gette
             if expr.is_constant:
                 return _Const(expr({}))
             return lambda env, sizes: expr(sizes)
+        if tag == "symbool":
+            cond = compile_expr(v)
+            if cond.is_constant:
+                return _Const(bool(cond({})))
+            return lambda env, sizes: bool(cond(sizes))
         if tag == "dtype" and v in DTYPES:
             return _Const(DTYPES[v])
         if tag == "device":
@@ -125,6 +137,8 @@ class AtenCall:
             raise BundleError(f"expected an ATen step, got kind {step.kind[:20]!r}")
         self.name = step.target
         self.op = resolve_op(step.target)
+        if step.target in RESHAPED_VIEWS:
+            self.op = torch.ops.aten.reshape.default
         self.reads: set[str] = set()
         self.args = [compile_arg(a, device, self.reads) for a in step.args]
         self.kwargs = {k: compile_arg(v, device, self.reads) for k, v in step.kwargs.items()}

@@ -90,3 +90,38 @@ def test_the_model_files_manifest_matches_its_bundles(built):
         runner = load(built(name, ("sm_90",)))
         spec = load_model_file(model_path(name))
         assert guard_manifest_text(spec, ("sm_90",)) == render(manifest_of_bundle(runner.manifest))
+
+
+def test_size_comparisons_are_bools_evaluated_per_call():
+    """``is_causal=q_len > 1`` traced symbolically (torch 2.11) is stored as a ``symbool``."""
+    from aot.loader.program import AtenCall
+    from aot.schema import Step
+
+    step = Step(kind="aten", target="aten.scaled_dot_product_attention.default",
+                args=({"buf": "q"}, {"buf": "k"}, {"buf": "v"}, None, 0.0, {"symbool": "seq > 1"}),
+                kwargs={}, outputs=("out",))
+    call = AtenCall(step, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    for seq in (1, 5):
+        q, k, v = (torch.randn(2, 3, seq, 8, generator=gen) for _ in range(3))
+        env = {"q": q, "k": k, "v": v}
+        call(env, {"seq": seq})
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=seq > 1)
+        assert torch.equal(env["out"], want)
+
+
+def test_views_run_on_layouts_the_trace_did_not_see():
+    """A CUDA attention kernel returns another layout than the CPU one the program was traced
+    with; a ``view`` the trace found valid must still give the traced values (as a reshape)."""
+    from aot.loader.program import AtenCall
+    from aot.schema import Step
+
+    step = Step(kind="aten", target="aten.view.default", args=({"buf": "x"}, [2, {"sym": "seq*8"}]),
+                kwargs={}, outputs=("y",))
+    call = AtenCall(step, torch.device("cpu"))
+    x = torch.arange(2 * 5 * 8, dtype=torch.float32).reshape(2, 8, 5).transpose(1, 2)  # [2, 5, 8], not contiguous
+    env = {"x": x}
+    call(env, {"seq": 5})
+    assert torch.equal(env["y"], x.reshape(2, 40))
+    with pytest.raises(RuntimeError):
+        x.view(2, 40)  # what a plain view does with this layout

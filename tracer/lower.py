@@ -75,7 +75,12 @@ class Lowering:
             if expr.is_Integer:
                 return int(expr)
             return {"sym": to_text(expr, self.names)}
-        if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        if isinstance(value, torch.SymBool):  # HF's `is_causal = q_len > 1` under torch 2.11
+            expr = value.node.expr
+            if expr in (sympy.true, sympy.false):
+                return bool(expr)
+            return {"symbool": to_text(expr, self.names)}
+        if isinstance(value, torch.SymFloat):
             raise TraceError(f"symbolic {type(value).__name__} values are not supported in bundles: {value}")
         return value
 
@@ -93,7 +98,7 @@ class Lowering:
             if a in self.value_names:
                 return {"buf": self.value_names[a]}
             val = a.meta.get("val")
-            if isinstance(val, (torch.SymInt, int)):
+            if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
                 return self.sym(val)
             raise TraceError(f"graph value {a.name} ({a.op} {a.target}) cannot be an argument in a bundle")
         if isinstance(a, (list, tuple)):
@@ -156,14 +161,15 @@ class Lowering:
                 continue
             if not isinstance(node.target, torch._ops.OpOverload):
                 val = node.meta.get("val")
-                if isinstance(val, (torch.SymInt, int)):  # size arithmetic: folded into expressions
+                if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):  # size arithmetic and
+                    # comparisons: folded into the expressions of the arguments that use them
                     continue
                 raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
             name = op_name(node.target)
             if name in DROPPED_OPS:
                 continue
             val = node.meta.get("val")
-            if name == "aten.sym_size.int" or isinstance(val, (torch.SymInt, int)):
+            if name == "aten.sym_size.int" or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
                 continue
             outputs: tuple[str | None, ...]
             if isinstance(val, (tuple, list)):

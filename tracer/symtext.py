@@ -68,8 +68,18 @@ def _render(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
         return f"({a}//{b}) % {c}"
     if isinstance(e, tfn.Identity):
         return _render(e.args[0], names)
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "max" if isinstance(e, sympy.Max) else "min"
+    if isinstance(e, tfn.PowByNatural) and e.args[1].is_Integer and 0 < int(e.args[1]) <= 8:
+        return "*".join([_paren(e.args[0], names)] * int(e.args[1]))
+    if isinstance(e, tfn.Where):  # c is 0/1 in the evaluators: c*a + (1 - c)*b
+        c, a, b = (_render(x, names) for x in e.args)
+        return f"({c})*({a}) + (1 - ({c}))*({b})"
+    if isinstance(e, (tfn.TruncToInt, tfn.FloorToInt, tfn.CeilToInt)) and isinstance(e.args[0], tfn.IntTrueDiv):
+        a, b = (_paren(x, names) for x in e.args[0].args)
+        if isinstance(e, tfn.CeilToInt):
+            return f"-((-{a})//{b})"
+        return f"{a}//{b}"  # sizes are non-negative: truncation is floor division
+    if isinstance(e, (sympy.Max, sympy.Min, tfn.Max, tfn.Min)):
+        fn = "max" if isinstance(e, (sympy.Max, tfn.Max)) else "min"
         args = sorted(e.args, key=sympy.default_sort_key)
         return f"{fn}({', '.join(_render(a, names) for a in args)})"
     rel = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
@@ -82,7 +92,14 @@ def _render(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
         return " or ".join(_paren_bool(a, names) for a in sorted(e.args, key=sympy.default_sort_key))
     if isinstance(e, sympy.Not):
         return f"not ({_render(e.args[0], names)})"
-    raise TraceError(f"cannot express size expression {e} ({type(e).__name__}) in a bundle")
+    shown = str(e)
+    for sym, name in names.items():
+        shown = shown.replace(str(sym), name)
+    raise TraceError(
+        f"cannot express the size expression {shown} ({type(e).__name__}) in a bundle: aotpack stores integer "
+        f"+ - * // %, comparisons and min/max of the declared Dims; make that size static in the model file or "
+        f"compute it without {type(e).__name__}"
+    )
 
 
 def _paren_bool(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
