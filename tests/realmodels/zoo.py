@@ -1,0 +1,196 @@
+"""Tiny random-weight configs of real architectures, built unmodified from the libraries users
+deploy (transformers, timm, torchvision): no wrappers, no downloads.
+
+``ZOO[name]()`` returns the model's ``ModelSpec``; each entry also says at which sizes the suite
+compares the bundle with eager PyTorch. Sizes are small so the whole suite runs on a 2-core CPU in
+a few minutes; the architectures (attention masks, RoPE, GQA, relative position buckets, conv
+stems, squeeze-excite, layer scale, ...) are the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from aot import Dim, Input, ModelSpec
+
+VOCAB = 96
+
+
+def import_torchvision():
+    """``import torchvision`` with a CPU torch: the package index's torchvision wheels are built
+    for CUDA torch, and their ``_meta_registrations`` register fake kernels for C ops
+    (``torchvision::nms``) that did not load. Classification models never call those ops, so the
+    registrations of ops that do not exist are skipped while importing."""
+    try:
+        import torchvision
+
+        return torchvision
+    except RuntimeError as e:
+        if "torchvision::" not in str(e):
+            raise
+    import sys
+
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    original = torch.library.register_fake
+
+    def register_fake(op, *args, **kwargs):
+        name = op if isinstance(op, str) else ""
+        if name.startswith("torchvision::"):
+            ns, _, opname = name.partition("::")
+            if not torch._C._dispatch_has_kernel(name) and not hasattr(getattr(torch.ops, ns), opname):
+                return lambda fn: fn
+        return original(op, *args, **kwargs)
+
+    torch.library.register_fake = register_fake
+    try:
+        import torchvision
+    finally:
+        torch.library.register_fake = original
+    return torchvision
+
+
+@dataclass(frozen=True)
+class Case:
+    spec: Callable[[], ModelSpec]
+    sizes: tuple[dict[str, int], ...]  # where the suite compares with eager
+    library: str
+
+
+def _tokens(*names: str, batch: Dim, seq: Dim, vocab: int = VOCAB) -> list[Input]:
+    out = []
+    for n in names:
+        if n == "input_ids":
+            out.append(Input(n, (batch, seq), dtype="int64", low=0, high=vocab))
+        elif n == "attention_mask":
+            out.append(Input(n, (batch, seq), dtype="int64", low=1, high=2))
+        elif n == "token_type_ids":
+            out.append(Input(n, (batch, seq), dtype="int64", low=0, high=2))
+    return out
+
+
+TEXT_SIZES = ({"batch": 1, "seq": 1}, {"batch": 1, "seq": 7}, {"batch": 3, "seq": 13}, {"batch": 4, "seq": 32})
+IMAGE_SIZES = ({"batch": 1}, {"batch": 3}, {"batch": 4})
+
+
+def _transformers():
+    """transformers imports torchvision when Pillow is installed: make that import work first."""
+    import_torchvision()
+    import transformers
+
+    return transformers
+
+
+def _causal_lm(config_cls, model_cls, **cfg) -> Callable[[], ModelSpec]:
+    def spec() -> ModelSpec:
+        transformers = _transformers()
+
+        config = getattr(transformers, config_cls)(vocab_size=VOCAB, **cfg)
+        batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
+        return ModelSpec(module=lambda: getattr(transformers, model_cls)(config),
+                         inputs=_tokens("input_ids", batch=batch, seq=seq), name=model_cls)
+
+    return spec
+
+
+LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _bert(minilm: bool = False) -> ModelSpec:
+    _transformers()
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=VOCAB, hidden_size=48 if minilm else 32, num_hidden_layers=2,
+                        num_attention_heads=4 if minilm else 2, intermediate_size=96 if minilm else 64,
+                        max_position_embeddings=64)
+    batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
+    names = ("input_ids", "attention_mask") if minilm else ("input_ids", "attention_mask", "token_type_ids")
+
+    def padded(sizes):  # rows of different lengths: the mask's zeros pad the shorter ones
+        b, t = sizes["batch"], sizes["seq"]
+        mask = torch.ones(b, t, dtype=torch.int64)
+        for row in range(1, b):
+            mask[row, max(1, t - row * 3):] = 0
+        return {"attention_mask": mask}
+
+    return ModelSpec(module=lambda: BertModel(config), inputs=_tokens(*names, batch=batch, seq=seq),
+                     name="MiniLM" if minilm else "BertModel", example_inputs=padded)
+
+
+def _t5() -> ModelSpec:
+    _transformers()
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=16)
+    batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
+    return ModelSpec(module=lambda: T5EncoderModel(config),
+                     inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq), name="T5EncoderModel")
+
+
+def _vit() -> ModelSpec:
+    _transformers()
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64, num_labels=5)
+    return ModelSpec(module=lambda: ViTForImageClassification(config),
+                     inputs=[Input("pixel_values", (Dim("batch", 1, 4), 3, 32, 32))], name="ViTForImageClassification")
+
+
+def _whisper() -> ModelSpec:
+    _transformers()
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    config = WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2,
+                           encoder_ffn_dim=64, max_source_positions=24, vocab_size=VOCAB,
+                           pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
+    # the encoder takes 2 * max_source_positions mel frames, no other length
+    return ModelSpec(module=lambda: WhisperEncoder(config),
+                     inputs=[Input("input_features", (Dim("batch", 1, 4), 16, 48))], name="WhisperEncoder")
+
+
+def _timm(name: str, **kwargs) -> Callable[[], ModelSpec]:
+    def spec() -> ModelSpec:
+        import_torchvision()
+        import timm
+
+        size = kwargs.pop("img", 64)
+        return ModelSpec(module=lambda: timm.create_model(name, pretrained=False, num_classes=10, **kwargs),
+                         inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))], name=f"timm-{name}")
+
+    return spec
+
+
+def _torchvision(name: str, size: int = 64) -> Callable[[], ModelSpec]:
+    def spec() -> ModelSpec:
+        tv = import_torchvision()
+        return ModelSpec(module=lambda: getattr(tv.models, name)(num_classes=10),
+                         inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))], name=f"torchvision-{name}")
+
+    return spec
+
+
+ZOO: dict[str, Case] = {
+    "gpt2": Case(_causal_lm("GPT2Config", "GPT2LMHeadModel", n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                                 bos_token_id=0, eos_token_id=0),
+                 TEXT_SIZES, "transformers"),
+    "llama": Case(_causal_lm("LlamaConfig", "LlamaForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
+    "qwen2": Case(_causal_lm("Qwen2Config", "Qwen2ForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
+    "mistral": Case(_causal_lm("MistralConfig", "MistralForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
+    "bert": Case(_bert, TEXT_SIZES, "transformers"),
+    "minilm": Case(lambda: _bert(minilm=True), TEXT_SIZES, "transformers"),
+    "t5-encoder": Case(_t5, TEXT_SIZES, "transformers"),
+    "vit": Case(_vit, IMAGE_SIZES, "transformers"),
+    "whisper-encoder": Case(_whisper, IMAGE_SIZES, "transformers"),
+    "timm-resnet50": Case(_timm("resnet50"), IMAGE_SIZES, "timm"),
+    "timm-convnext_tiny": Case(_timm("convnext_tiny"), IMAGE_SIZES, "timm"),
+    "timm-vit_small": Case(_timm("vit_small_patch16_224", img=32, img_size=32, patch_size=8), IMAGE_SIZES, "timm"),
+    "torchvision-mobilenet_v3_small": Case(_torchvision("mobilenet_v3_small"), IMAGE_SIZES, "torchvision"),
+    "torchvision-efficientnet_b0": Case(_torchvision("efficientnet_b0"), IMAGE_SIZES, "torchvision"),
+}
