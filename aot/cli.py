@@ -351,7 +351,8 @@ def verify(bundle: str, device: str) -> None:
         failed += not ok
         worst = max(r.kernel_errs.items(), key=lambda kv: kv[1], default=("-", 0.0))
         graph = "-" if r.graph_err is None else f"{r.graph_err:.3g}"
-        click.echo(f"{'ok  ' if ok else 'FAIL'} {', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
+        where = f"[{r.program}] " if len({x.program for x in reports}) > 1 else ""
+        click.echo(f"{'ok  ' if ok else 'FAIL'} {where}{', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
                    f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
                    f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}")
     click.echo(f"{len(reports) - failed}/{len(reports)} sizes passed (tolerance {TOLERANCE.get(dtype)} of the output scale)")

@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="out/realmodels")
     ap.add_argument("--bundles", default=None)
+    ap.add_argument("--json", default=None, help="where to write the rows [default: OUT/realmodels-DEVICE-DTYPE.json]")
     ap.add_argument("models", nargs="*", default=list(ZOO))
     args = ap.parse_args()
     out = Path(args.out)
@@ -127,7 +128,7 @@ def main() -> None:
             row = {"model": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    (out / f"realmodels-{args.device}-{args.dtype}.json").write_text(json.dumps(rows, indent=1))
+    Path(args.json or out / f"realmodels-{args.device}-{args.dtype}.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
