@@ -38,6 +38,9 @@ class Traced:
     # Every program in dispatch order when one trace could not cover the declared ranges (the
     # first is ``program``); empty when ``program`` covers them alone.
     programs: tuple[TracedProgram, ...] = ()
+    # Half-precision models: how far eager at the model dtype is from eager float32 on the
+    # example inputs, relative to the output scale (what ``aotpack verify`` may expect at best).
+    reference_noise: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
         "aten_ops_replaced": n_ref,
         "kernels": len(compiled.program.kernels),
         "weights_bytes": len(members[schema.WEIGHTS_PATH]),
+        "reference_noise": traced.reference_noise,
         **dict(compiled.stats),
     }
     return Manifest(

@@ -832,6 +832,7 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None, allow_narr
     main = exported[0]
     with torch.no_grad():
         ref = call_model(spec, main.module, main.examples)
+    noise = _half_precision_noise(spec, main.module, main.examples, leaves(ref))
     programs = tuple(TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b)
                      for ex, (p, _, b) in zip(exported, lowered))
     guards = contract(spec, exported)
@@ -847,7 +848,32 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None, allow_narr
         torch_version=torch.__version__.split("+")[0],
         trace_seconds=time.perf_counter() - main.start,
         programs=programs if len(programs) > 1 else (),
+        reference_noise=noise,
     )
+
+
+def _half_precision_noise(spec: ModelSpec, module, examples: dict[str, Any], outputs: list) -> float:
+    """For a float16/bfloat16 model: max |eager - eager float32| / max |eager float32| over the
+    floating outputs at the example inputs; 0.0 for other dtypes."""
+    import copy
+
+    import torch
+
+    from aot.tracer.lower import tensor_leaves
+
+    if spec.dtype not in ("float16", "bfloat16"):
+        return 0.0
+    wide = copy.deepcopy(module).float()
+    inputs = {k: v.float() if v.is_floating_point() else v for k, v in examples.items()}
+    with torch.no_grad():
+        exact = tensor_leaves(call_model(spec, wide, inputs))
+    worst = 0.0
+    for half, ref in zip(outputs, exact):
+        if ref.is_floating_point() and ref.numel():
+            scale = ref.abs().max().item()
+            if scale > 0:
+                worst = max(worst, (half.float() - ref).abs().max().item() / scale)
+    return round(worst, 6)
 
 
 def _buckets(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:
