@@ -187,7 +187,7 @@ _SITE = r"  at (?P<file>.+?):(?P<line>[0-9]{1,9})(?:  (?P<code>.*))?$"
 _LINES = {
     "model": re.compile(r"^model (?P<name>.+)$"),
     "dtype": re.compile(rf"^dtype (?P<dtype>{_IDENT})$"),
-    "input": re.compile(rf"^input (?P<name>{_IDENT}): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"),
+    "input": re.compile(rf"^input (?P<name>{_IDENT}(?:\.[A-Za-z0-9_]+)*): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"),
     "symbol": re.compile(
         rf"^symbol (?P<name>{_IDENT}): (?P<set>.+)  \(declared (?P<lo>{_INT})\.\.(?P<hi>{_INT})\)$"
     ),

@@ -152,3 +152,54 @@ def _build(spec: TreeSpec, it: Iterator[Any]) -> Any:
     if kind == "dict":
         return dict(zip(spec.keys, children))
     return Record(spec.type, list(zip(spec.keys, children)))
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Inputs by dotted name → forward's nested arguments: ``{"inputs.image": x, "past.0": k,
+    "past.1": v}`` → ``{"inputs": {"image": x}, "past": (k, v)}`` (numbered levels are tuples)."""
+    root: dict[str, Any] = {}
+    for name, value in flat.items():
+        parts = name.split(".")
+        node = root
+        for part in parts[:-1]:
+            node = node.setdefault(part, _Level())
+        node[parts[-1]] = value
+    return {k: _tuples(v) for k, v in root.items()}
+
+
+class _Level(dict):
+    """A level ``nest`` made (a leaf value may itself be a dict)."""
+
+
+def _tuples(node: Any) -> Any:
+    if not isinstance(node, _Level):
+        return node
+    items = {k: _tuples(v) for k, v in node.items()}
+    if items and all(k.isdigit() for k in items):
+        if sorted(int(k) for k in items) != list(range(len(items))):
+            raise ValueError(f"numbered inputs {sorted(items)} must be 0..{len(items) - 1}")
+        return tuple(items[str(i)] for i in range(len(items)))
+    return items
+
+
+def flatten_inputs(kwargs: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """The inverse of ``nest`` for a call: nested keyword arguments (``inputs={"image": x}``)
+    spread into the bundle's dotted input names; values already named are kept as they are."""
+    wanted = set(names)
+    out: dict[str, Any] = {}
+
+    def spread(prefix: str, value: Any, depth: int) -> None:
+        if prefix in wanted or depth > MAX_DEPTH:
+            out[prefix] = value
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                spread(f"{prefix}.{k}", v, depth + 1)
+        elif isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                spread(f"{prefix}.{i}", v, depth + 1)
+        else:
+            out[prefix] = value  # an unknown name: the guard check reports it
+
+    for k, v in kwargs.items():
+        spread(k, v, 0)
+    return out

@@ -25,6 +25,9 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "bool")
 DTYPES = FLOAT_DTYPES + INT_DTYPES
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# An input's name is a path into forward's arguments: ``pixel_values``, ``inputs.image`` (a dict's
+# key), ``past.0`` (a tuple's element).
+_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.([A-Za-z_][A-Za-z0-9_]{0,63}|[0-9]{1,4}))*$")
 MAX_DIM = 1 << 31
 
 
@@ -96,8 +99,9 @@ class Input:
     high: float = 1.0
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise SpecError(f"input name {self.name!r} is not an identifier")
+        if not _PATH.match(self.name) or len(self.name) > 256:
+            raise SpecError(f"input name {self.name!r} is not an identifier, or a path of them into a nested "
+                            f"argument (`inputs.image`, `past.0`)")
         object.__setattr__(self, "shape", tuple(self.shape))
         for size in self.shape:
             if isinstance(size, bool) or not isinstance(size, (int, Dim)):
@@ -160,6 +164,10 @@ class ModelSpec:
         names = [i.name for i in self.inputs]
         if len(set(names)) != len(names):
             raise SpecError(f"input names must be unique, got {names}")
+        for a in names:
+            for b in names:
+                if b.startswith(a + "."):
+                    raise SpecError(f"input {a!r} is a tensor and also holds {b!r}; name the leaves only")
         dims: dict[str, Dim] = {}
         for d in self.dims():
             if d.name in dims and dims[d.name] != d:

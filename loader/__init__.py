@@ -20,7 +20,7 @@ from aot.loader.guards import GuardChecker
 from aot.loader.program import DTYPES, AtenProgram, resolve_op
 from aot.loader.weights import to_device
 from aot.manifest_text import manifest_of_bundle, render
-from aot.pytree import unflatten
+from aot.pytree import flatten_inputs, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
 
@@ -88,6 +88,7 @@ class Runner:
         self.weights = weights
         self._weight_ptrs = frozenset(w.data_ptr() for w in weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
+        self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         if self.manifest.programs:
             if len(self.manifest.programs) != len(programs):
                 raise BundleError(f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
@@ -138,6 +139,8 @@ class Runner:
                          "of sizes: " + "; ".join(errors))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._nested and kwargs:
+            kwargs = flatten_inputs(kwargs, self.guards.names)
         values = self.guards.bind(args, dict(kwargs))
         sizes = self.guards.check(values, self.device)
         entry = self._entries[0]

@@ -125,3 +125,23 @@ def test_views_run_on_layouts_the_trace_did_not_see():
     assert torch.equal(env["y"], x.reshape(2, 40))
     with pytest.raises(RuntimeError):
         x.view(2, 40)  # what a plain view does with this layout
+
+
+def test_nested_inputs_by_path_and_called_nested(built):
+    spec = load_model_file(model_path("nested"))
+    runner = load(built("nested", ("sm_90",)))
+    assert runner.input_names == ("inputs.image", "inputs.scale", "past.0", "past.1")
+    module = instantiate(spec)
+    for b in (1, 3, 8):
+        flat = example_inputs(spec, {"batch": b}, seed=b)
+        with torch.no_grad():
+            want = module({"image": flat["inputs.image"], "scale": flat["inputs.scale"]},
+                          (flat["past.0"], flat["past.1"]))
+        nested = runner(inputs={"image": flat["inputs.image"], "scale": flat["inputs.scale"]},
+                        past=(flat["past.0"], flat["past.1"]))
+        assert (nested - want).abs().max().item() <= ATOL
+        assert torch.equal(runner(**flat), nested)  # by dotted name too
+    assert "input inputs.image: float32[batch, 4]" in runner.guards_text()
+    from aot.manifest_text import parse_guards_text
+
+    assert [i.name for i in parse_guards_text(runner.guards_text()).guards.inputs][0] == "inputs.image"

@@ -281,8 +281,11 @@ def call_plan(spec: ModelSpec, module) -> tuple[bool, dict[str, Any]]:
         params = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
         params = {}
-    names = [i.name for i in spec.inputs]
+    names = [i.name.split(".")[0] for i in spec.inputs]
     by_keyword = bool(params) and all(n in params for n in names)
+    if not by_keyword and any("." in i.name for i in spec.inputs):
+        raise SpecError(f"inputs {[i.name for i in spec.inputs]} name nested arguments, so each must start with a "
+                        f"parameter of forward {list(params)}")
     if not by_keyword and any(n in params for n in names) and spec.kwargs:
         raise SpecError(f"inputs {names} only partly match forward's parameters {list(params)}; name every "
                         f"Input after a parameter so the constant kwargs can be passed by keyword")
@@ -298,9 +301,11 @@ def call_plan(spec: ModelSpec, module) -> tuple[bool, dict[str, Any]]:
 
 def call_model(spec: ModelSpec, module, inputs: dict[str, Any]) -> Any:
     """Run the eager module on ``inputs`` (by input name) the way the bundle's trace called it."""
+    from aot.pytree import nest
+
     by_keyword, constants = call_plan(spec, module)
     if by_keyword:
-        return module(**{i.name: inputs[i.name] for i in spec.inputs}, **constants)
+        return module(**nest({i.name: inputs[i.name] for i in spec.inputs}), **constants)
     return module(*(inputs[i.name] for i in spec.inputs), **constants)
 
 
@@ -355,13 +360,25 @@ class Exported:
 
 
 def _user_input_nodes(ep, spec: ModelSpec) -> dict[str, Any]:
-    """Each declared input's placeholder in the exported graph (constant kwargs have none)."""
+    """Each declared input's placeholder in the exported graph (constant kwargs have none),
+    matched by its path in forward's arguments (``inputs.image``)."""
     from torch.export.graph_signature import InputKind, TensorArgument
+    from torch.utils._pytree import MappingKey, SequenceKey, tree_flatten_with_path, tree_unflatten
 
     nodes = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    user = [(n, sp) for n, sp in zip(nodes, ep.graph_signature.input_specs)
-            if sp.kind == InputKind.USER_INPUT and isinstance(sp.arg, TensorArgument)]
+    every = [(n, sp) for n, sp in zip(nodes, ep.graph_signature.input_specs) if sp.kind == InputKind.USER_INPUT]
+    user = [(n, sp) for n, sp in every if isinstance(sp.arg, TensorArgument)]
     names = [i.name for i in spec.inputs]
+    in_spec = ep.call_spec.in_spec
+    if in_spec is not None and in_spec.num_leaves == len(every):
+        paths = {}
+        for path, leaf in tree_flatten_with_path(tree_unflatten(list(range(len(every))), in_spec))[0]:
+            keys = [str(k.key) if isinstance(k, MappingKey) else str(k.idx) for k in path[1:]
+                    if isinstance(k, (MappingKey, SequenceKey))]
+            if path and isinstance(path[0], SequenceKey) and path[0].idx == 1:  # kwargs
+                paths[".".join(keys)] = every[leaf][0]
+        if all(n in paths for n in names):
+            return {n: paths[n] for n in names}
     by_name = {sp.arg.name: n for n, sp in user}
     if all(n in by_name for n in names):
         return {n: by_name[n] for n in names}
@@ -405,8 +422,10 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
                 if isinstance(s, Dim) and ranges[s.name][0] < ranges[s.name][1]} or None
 
     if by_keyword:
-        args, kwargs = (), {**{i.name: examples[i.name] for i in spec.inputs}, **constants}
-        dynamic: Any = {**{i.name: dims_of(i) for i in spec.inputs}, **{k: None for k in constants}}
+        from aot.pytree import nest
+
+        args, kwargs = (), {**nest({i.name: examples[i.name] for i in spec.inputs}), **constants}
+        dynamic: Any = {**nest({i.name: dims_of(i) for i in spec.inputs}), **{k: None for k in constants}}
     else:
         args, kwargs = tuple(examples[i.name] for i in spec.inputs), dict(constants)
         dynamic = tuple(dims_of(i) for i in spec.inputs)
@@ -584,30 +603,34 @@ def _symbol_names(ep, spec: ModelSpec, check: bool = False, static: dict[str, in
 
 
 def _source_names(shape_env, spec: ModelSpec, module, by_keyword: bool = False) -> dict[Any, str]:
-    """Each size symbol → the declared Dim of the input dim it was read from (by ``forward``'s
-    parameter names or order), for symbols that export later replaced by another."""
+    """Each size symbol → the declared Dim of the input dim it was read from (``L['inputs']
+    ['image'].size()[0]``: by forward's parameter names, or by position), for symbols that export
+    later replaced by another."""
     import inspect
 
     try:
         params = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         return {}
-    if by_keyword:
-        by_param = {i.name: i for i in spec.inputs}
-    else:
-        by_param = {p: i for p, i in zip(params, spec.inputs)}
+    inputs = {i.name: i for i in spec.inputs}
+    if not by_keyword:
+        inputs = {p: i for p, i in zip(params, spec.inputs)}
     names: dict[Any, str] = {}
     for sym, sources in getattr(shape_env, "var_to_sources", {}).items():
         for src in sources:
-            local = getattr(getattr(src, "base", None), "local_name", None)
             idx = getattr(src, "idx", None)
-            if local is None:  # kwargs arrive as ``kwargs['input_ids']``
-                base = getattr(src, "base", None)
-                local = getattr(base, "index", None) if getattr(getattr(base, "base", None), "local_name", None) else None
-            if local in by_param and isinstance(idx, int):
-                shape = by_param[local].shape
-                if 0 <= idx < len(shape) and isinstance(shape[idx], Dim):
-                    names.setdefault(sym, shape[idx].name)
+            path, cur = [], getattr(src, "base", None)
+            while cur is not None and getattr(cur, "local_name", None) is None:
+                if not hasattr(cur, "index"):
+                    break
+                path.append(str(cur.index))
+                cur = getattr(cur, "base", None)
+            local = getattr(cur, "local_name", None)
+            if local is None or not isinstance(idx, int):
+                continue
+            inp = inputs.get(".".join([local, *reversed(path)]))
+            if inp is not None and 0 <= idx < len(inp.shape) and isinstance(inp.shape[idx], Dim):
+                names.setdefault(sym, inp.shape[idx].name)
     return names
 
 
