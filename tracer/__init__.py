@@ -54,7 +54,7 @@ def load_model_file(path: str | os.PathLike) -> ModelSpec:
     except Exception as e:
         frame = _user_frame(traceback.extract_tb(e.__traceback__))
         where = f"{frame.filename}:{frame.lineno}" if frame else str(path)
-        raise SpecError(f"{where}: importing the model file failed: {type(e).__name__}: {e}") from None
+        raise SpecError(f"{where}: importing the model file failed: {type(e).__name__}: {e}{_import_hint(e)}") from None
     spec = getattr(module, "spec", None)
     if not isinstance(spec, ModelSpec):
         raise SpecError(
@@ -65,6 +65,18 @@ def load_model_file(path: str | os.PathLike) -> ModelSpec:
         object.__setattr__(spec, "name", path.stem)
     object.__setattr__(spec, "extra", {**spec.extra, "path": str(path.resolve())})
     return spec
+
+
+def _import_hint(e: BaseException) -> str:
+    """What to do about a known environment problem somewhere in ``e``'s chain."""
+    seen = 0
+    while e is not None and seen < 16:
+        if "torchvision::" in str(e):
+            return ("; torchvision was built for another torch (the package index's wheels are CUDA builds, and "
+                    "transformers imports torchvision when Pillow is installed): install the torchvision that "
+                    "matches this torch, e.g. `pip install torchvision --index-url https://download.pytorch.org/whl/cpu`")
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return ""
 
 
 def _is_user_file(filename: str) -> bool:
@@ -415,6 +427,7 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
     sizes = {d.name: min(max(d.example_size, ranges[d.name][0]), ranges[d.name][1]) for d in spec.dims()}
     examples = example_inputs(spec, sizes)
     by_keyword, constants = call_plan(spec, module)
+    constants, bound = _split_constants(module, constants)
 
     def dims_of(inp):
         return {d: TorchDim.DYNAMIC(min=ranges[s.name][0], max=ranges[s.name][1])
@@ -433,7 +446,8 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
             dynamic = {**dict(zip(_positional_names(module, len(args)), dynamic)), **{k: None for k in constants}}
     sites: dict[int, traceback.FrameSummary | None] = {}
     try:
-        with _record_guard_sites(sites), fx_config.patch(backed_size_oblivious=True), torch.no_grad():
+        with (_record_guard_sites(sites), fx_config.patch(backed_size_oblivious=True), torch.no_grad(),
+              _bound_forward(module, bound)):
             ep = export(module, args, kwargs, dynamic_shapes=dynamic)
     except Exception as e:
         if fast:
@@ -474,27 +488,21 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
 
 
 def _oblivious_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, int]]) -> list:
-    """Guards that exclude only size 1 of one symbol whose range in export's own
-    ``range_constraints`` still starts at 1: export traced them size-obliviously (the ``>= 2``
-    branch, which it holds valid for 1 too)."""
+    """Guards that exclude only size 1 of one symbol declared from 1: the ``>= 2`` side of a
+    size-oblivious decision (HF's ``if batch_size != position_ids.shape[0]``) or of a branch whose
+    other side computes the same at 1 (``is_causal = q_len > 1``: a 1x1 causal mask allows all).
+    The build admits size 1 in this trace only after running it there against eager."""
     import numpy as np
 
     from aot.tracer.symtext import evaluate_vectorized
 
-    export_lo = {}
-    for sym, vr in ep.range_constraints.items():
-        if sym in names:
-            try:
-                export_lo[names[sym]] = int(vr.lower)
-            except (TypeError, ValueError):
-                pass
     out = []
     for g in raw:
         if len(g.symbols) != 1:
             continue
         (sym,) = g.symbols
         lo, hi = ranges.get(sym, (0, 0))
-        if lo != 1 or hi < 2 or export_lo.get(sym, 2) > 1:
+        if lo != 1 or hi < 2:
             continue
         values = np.arange(1, min(hi, 64) + 1, dtype=np.int64)
         mask = np.broadcast_to(evaluate_vectorized(g.text, {sym: values}), values.shape).astype(bool)
@@ -532,6 +540,7 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
     from aot.tracer.padding import PAD_TOLERANCE
 
     by_keyword, constants = call_plan(spec, module)
+    constants, _ = _split_constants(module, constants)  # the rest are bound inside the trace
     base = {d.name: min(max(d.example_size, ex.ranges[d.name][0]), ex.ranges[d.name][1]) for d in spec.dims()}
     try:  # the size-1 call must reach the graph, not the guard check export wraps around it
         graph = ex.ep.module(check_guards=False)
@@ -539,8 +548,9 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
         graph = ex.ep.module()
     if module is not ex.module:  # traced with uninitialized weights (the guards-only path)
         graph.load_state_dict(module.state_dict(), strict=False)
-    for sym in ex.relaxed:
-        inputs = example_inputs(spec, {**base, sym: 1}, seed=spec.seed + 3)
+    smallest = {d.name: ex.ranges[d.name][0] for d in spec.dims()}
+    for sym, others in ((s, o) for s in ex.relaxed for o in (base, smallest)):
+        inputs = example_inputs(spec, {**others, sym: 1}, seed=spec.seed + 3)
         try:
             with torch.no_grad():
                 want = leaves(call_model(spec, module, inputs))
@@ -561,6 +571,32 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
             elif not torch.equal(w, g):
                 return f"at {sym} = 1 the trace differs from eager"
     return None
+
+
+def _split_constants(module, constants: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Constant kwargs that ``forward`` names (passed to export) and those it collects in
+    ``**kwargs`` (bound to ``forward`` while exporting: export cannot take ``dynamic_shapes`` for
+    them)."""
+    import inspect
+
+    params = inspect.signature(module.forward).parameters
+    named = {k: v for k, v in constants.items() if k in params}
+    return named, {k: v for k, v in constants.items() if k not in params}
+
+
+@contextlib.contextmanager
+def _bound_forward(module, bound: dict[str, Any]) -> Iterator[None]:
+    """``module.forward`` with ``bound`` keyword arguments fixed, for the duration."""
+    import functools
+
+    if not bound:
+        yield
+        return
+    module.forward = functools.partial(type(module).forward.__get__(module), **bound)
+    try:
+        yield
+    finally:
+        del module.forward
 
 
 def _positional_names(module, n: int) -> list[str]:
