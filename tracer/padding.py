@@ -26,15 +26,15 @@ def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket
     """``exported.buckets`` with each paddable one checked (``pad_check`` says what was found)."""
     import torch
 
-    from aot.tracer import _user_input_nodes, call_model, example_inputs
     from aot.tracer.lower import tensor_leaves as leaves
+    from aot.tracer.model import call_model, example_inputs, user_input_nodes
 
     guards: Guards = exported.guards
     ep, module = exported.ep, exported.module
     symbols = {g.name: g for g in guards.symbols}
     out_shapes = [v.shape for v in _output_vals(ep)]
     sym_of = {}
-    nodes = _user_input_nodes(ep, spec)
+    nodes = user_input_nodes(ep, spec)
     for inp in spec.inputs:
         for declared, size in zip(inp.shape, nodes[inp.name].meta["val"].shape):
             if hasattr(declared, "name") and isinstance(size, torch.SymInt):

@@ -1,0 +1,281 @@
+"""One ``torch.export`` of the model over given ranges of its symbols, and the guards it needed.
+
+Every guard the shape environment records is renamed to the model file's Dim names, placed at its
+source line (``aot.tracer.sites``) and simplified over the bounded ranges (``aot.tracer.guards``).
+Guards that exclude only size 1 are set apart: ``aot.tracer.programs`` checks them against eager.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aot.errors import TraceError
+from aot.schema import Bucket, Guards, InputGuard
+from aot.spec import Dim, ModelSpec
+from aot.tracer.model import (
+    bound_forward,
+    call_plan,
+    example_inputs,
+    instantiate,
+    instantiate_shapes_only,
+    positional_names,
+    split_constants,
+    user_input_nodes,
+)
+from aot.tracer.sites import display_path, record_guard_sites, user_frame
+
+
+def export_error(e: Exception, spec: ModelSpec) -> TraceError:
+    model_path = Path(spec.extra.get("path", "model.py"))
+    frame = user_frame(traceback.extract_tb(e.__traceback__))
+    where = f"{display_path(frame.filename, model_path)}:{frame.lineno}: " if frame else ""
+    code = f" ({frame.line.strip()})" if frame and frame.line else ""
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    name = type(e).__name__
+    if "DataDependent" in name or "data-dependent" in str(e).lower():
+        hint = "the model branches on tensor values; use torch.cond, or torch._check to state the assumption"
+    elif "Constraint" in name or "specializ" in str(e).lower():
+        hint = "a Dim was specialized or its range conflicts with the code; make that dim static or change the code"
+    else:
+        hint = "change the model so torch.export can trace it (https://pytorch.org/docs/stable/export.html)"
+    return TraceError(f"{where}cannot export the model{code}: {name}: {first[:300]}; {hint}")
+
+
+@dataclass(frozen=True)
+class Exported:
+    """The result of ``export_model``: enough for guards; ``trace`` goes on to lower it.
+
+    ``ranges``: each symbol's range in this trace (a sub-range of the declared one when the
+    trace covers part of it; ``lo == hi`` traced as a static size)."""
+
+    ep: Any
+    module: Any
+    examples: dict[str, Any]
+    guards: Guards
+    buckets: tuple[Bucket, ...]
+    start: float
+    ranges: dict[str, tuple[int, int]]
+    name: str = "general"
+    # Symbols whose only exclusion was size 1 from a size-oblivious guard that export's own
+    # ranges do not enforce (HF's ``if batch_size != position_ids.shape[0]``): admitted, and
+    # checked against eager at size 1 by the build; ``strict`` holds the guards without that.
+    relaxed: tuple[str, ...] = ()
+    strict: Guards | None = None
+
+
+def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False,
+                 ranges: dict[str, tuple[int, int]] | None = None, module: Any = None) -> Exported:
+    """``torch.export`` the model with its declared dims and collect the simplified guards.
+
+    ``ranges`` restricts symbols to sub-ranges of their declared ones (``lo == hi``: static).
+    ``fast``: export a module with uninitialized weights (``instantiate_shapes_only``): the same
+    guards, for callers that need only them (``aotpack guards``/``check``); if that module does
+    not export, the full module is exported instead. ``module``: reuse one already built.
+    """
+    import torch
+    import torch.fx.experimental._config as fx_config
+    from torch.export import Dim as TorchDim
+    from torch.export import export
+
+    from aot.tracer.guards import RawGuard
+    from aot.tracer.symtext import to_text
+
+    start = time.perf_counter()
+    model_path = Path(spec.extra.get("path", "model.py"))
+    ranges = ranges or {d.name: (d.min, d.max) for d in spec.dims()}
+    if module is None:
+        module = instantiate_shapes_only(spec) if fast else None
+        if module is None:
+            fast, module = False, instantiate(spec, weights)
+    sizes = {d.name: min(max(d.example_size, ranges[d.name][0]), ranges[d.name][1]) for d in spec.dims()}
+    examples = example_inputs(spec, sizes)
+    by_keyword, constants = call_plan(spec, module)
+    constants, bound = split_constants(module, constants)
+
+    def dims_of(inp):
+        return {d: TorchDim.DYNAMIC(min=ranges[s.name][0], max=ranges[s.name][1])
+                for d, s in enumerate(inp.shape)
+                if isinstance(s, Dim) and ranges[s.name][0] < ranges[s.name][1]} or None
+
+    if by_keyword:
+        from aot.pytree import nest
+
+        args, kwargs = (), {**nest({i.name: examples[i.name] for i in spec.inputs}), **constants}
+        dynamic: Any = {**nest({i.name: dims_of(i) for i in spec.inputs}), **{k: None for k in constants}}
+    else:
+        args, kwargs = tuple(examples[i.name] for i in spec.inputs), dict(constants)
+        dynamic = tuple(dims_of(i) for i in spec.inputs)
+        if constants:
+            dynamic = {**dict(zip(positional_names(module, len(args)), dynamic)), **{k: None for k in constants}}
+    sites: dict[int, traceback.FrameSummary | None] = {}
+    try:
+        with (record_guard_sites(sites), fx_config.patch(backed_size_oblivious=True), torch.no_grad(),
+              bound_forward(module, bound)):
+            ep = export(module, args, kwargs, dynamic_shapes=dynamic)
+    except Exception as e:
+        if fast:
+            return export_model(spec, weights, ranges=ranges)
+        raise export_error(e, spec) from None
+
+    static = {name: lo for name, (lo, hi) in ranges.items() if lo == hi}
+    names = symbol_names(ep, spec, check=True, static=static)
+    user_vals = [n.meta["val"] for n in user_input_nodes(ep, spec).values()]
+    fake_mode = next((v.fake_mode for v in user_vals if hasattr(v, "fake_mode")), None)
+    if fake_mode is not None:
+        # Inputs that share a size get one symbol after export (the others are replaced), but guards
+        # recorded before that still name the originals: name every symbol by where it was read.
+        names = {**names, **_source_names(fake_mode.shape_env, spec, module, by_keyword)}
+    raw = []
+    for g in fake_mode.shape_env.guards if fake_mode is not None else ():
+        if not g.expr.free_symbols:
+            continue
+        frame = sites.get(id(g.sloc))
+        raw.append(
+            RawGuard(
+                text=to_text(g.expr, names),
+                symbols=tuple(sorted(names[s] for s in g.expr.free_symbols)),
+                file=display_path(frame.filename, model_path) if frame else "<torch>",
+                line=frame.lineno if frame else 0,
+                code=(frame.line or "").strip() if frame else "",
+            )
+        )
+    dynamic_ranges = {d.name: ranges[d.name] for d in spec.dims() if d.name not in static}
+    relaxable = _oblivious_guards(ep, names, raw, dynamic_ranges)
+    binding = [g for g in raw if g not in relaxable]
+    guards = _guards(spec, static, dynamic_ranges, binding)
+    strict = _guards(spec, static, dynamic_ranges, raw) if relaxable else None
+    relaxed = tuple(sorted({g.symbols[0] for g in relaxable}))
+    return Exported(ep=ep, module=module, examples=examples, guards=guards, buckets=buckets_for(spec, guards),
+                    start=start, ranges=dict(ranges), name=region_name(spec, ranges), relaxed=relaxed,
+                    strict=strict)
+
+
+def _oblivious_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, int]]) -> list:
+    """Guards that exclude only size 1 of one symbol declared from 1: the ``>= 2`` side of a
+    size-oblivious decision (HF's ``if batch_size != position_ids.shape[0]``) or of a branch whose
+    other side computes the same at 1 (``is_causal = q_len > 1``: a 1x1 causal mask allows all).
+    The build admits size 1 in this trace only after running it there against eager."""
+    import numpy as np
+
+    from aot.tracer.symtext import evaluate_vectorized
+
+    out = []
+    for g in raw:
+        if len(g.symbols) != 1:
+            continue
+        (sym,) = g.symbols
+        lo, hi = ranges.get(sym, (0, 0))
+        if lo != 1 or hi < 2:
+            continue
+        values = np.arange(1, min(hi, 64) + 1, dtype=np.int64)
+        mask = np.broadcast_to(evaluate_vectorized(g.text, {sym: values}), values.shape).astype(bool)
+        if not mask[0] and mask[1:].all():
+            out.append(g)
+    return out
+
+
+def _guards(spec: ModelSpec, static: dict[str, int], ranges: dict[str, tuple[int, int]], raw: list) -> Guards:
+    from aot.tracer.guards import GuardSimplifier
+
+    simplifier = GuardSimplifier(ranges)
+    simplifier.add(raw)
+    return Guards(
+        inputs=tuple(
+            InputGuard(
+                name=i.name,
+                dtype=i.dtype or spec.dtype,
+                shape=tuple((str(static[s.name]) if s.name in static else s.name) if isinstance(s, Dim) else str(s)
+                            for s in i.shape),
+            )
+            for i in spec.inputs
+        ),
+        symbols=simplifier.symbol_guards(),
+        relations=simplifier.relation_guards(),
+    )
+
+
+def region_name(spec: ModelSpec, ranges: dict[str, tuple[int, int]]) -> str:
+    """What a program covers, where it differs from the declared ranges: ``batch == 1``."""
+    parts = []
+    for d in spec.dims():
+        lo, hi = ranges[d.name]
+        if (lo, hi) != (d.min, d.max):
+            parts.append(f"{d.name} == {lo}" if lo == hi else f"{lo} <= {d.name} <= {hi}")
+    return ", ".join(parts) or "general"
+
+
+def symbol_names(ep, spec: ModelSpec, check: bool = False, static: dict[str, int] | None = None) -> dict[Any, str]:
+    """Map the export's size symbols to the model file's Dim names via the traced input shapes."""
+    import torch
+
+    static = static or {}
+    names: dict[Any, str] = {}
+    nodes = user_input_nodes(ep, spec)
+    for inp in spec.inputs:
+        val = nodes[inp.name].meta["val"]
+        for d, (declared, size) in enumerate(zip(inp.shape, val.shape)):
+            if not isinstance(declared, Dim) or declared.name in static:
+                continue
+            if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+                if check:
+                    raise TraceError(
+                        f"input {inp.name!r} dim {d} ({declared.name}) was specialized to {size} while "
+                        f"tracing; make it a static size or remove the code that fixes it"
+                    )
+                continue
+            names.setdefault(size.node.expr, declared.name)
+    return names
+
+
+def _source_names(shape_env, spec: ModelSpec, module, by_keyword: bool = False) -> dict[Any, str]:
+    """Each size symbol → the declared Dim of the input dim it was read from (``L['inputs']
+    ['image'].size()[0]``: by forward's parameter names, or by position), for symbols that export
+    later replaced by another."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+    inputs = {i.name: i for i in spec.inputs}
+    if not by_keyword:
+        inputs = {p: i for p, i in zip(params, spec.inputs)}
+    names: dict[Any, str] = {}
+    for sym, sources in getattr(shape_env, "var_to_sources", {}).items():
+        for src in sources:
+            idx = getattr(src, "idx", None)
+            path, cur = [], getattr(src, "base", None)
+            while cur is not None and getattr(cur, "local_name", None) is None:
+                if not hasattr(cur, "index"):
+                    break
+                path.append(str(cur.index))
+                cur = getattr(cur, "base", None)
+            local = getattr(cur, "local_name", None)
+            if local is None or not isinstance(idx, int):
+                continue
+            inp = inputs.get(".".join([local, *reversed(path)]))
+            if inp is not None and 0 <= idx < len(inp.shape) and isinstance(inp.shape[idx], Dim):
+                names.setdefault(sym, inp.shape[idx].name)
+    return names
+
+
+def buckets_for(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:
+    """Declared (or default) bucket sizes that the guards admit; the largest admitted size is
+    always a bucket, so every admitted call fits one. Symbols a program traced as static have
+    no buckets in it."""
+    from aot.guardtext import admits
+
+    symbols = {g.name: g for g in guards.symbols}
+    out = []
+    for d in spec.dims():
+        g = symbols.get(d.name)
+        if g is None:
+            continue
+        sizes = {s for s in d.default_buckets() if admits(g, s)}
+        sizes.add(g.max)
+        out.append(Bucket(symbol=d.name, sizes=tuple(sorted(sizes)), paddable=d.paddable))
+    return tuple(out)

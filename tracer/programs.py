@@ -1,0 +1,209 @@
+"""Several programs for one model, so a bundle covers every size its model file declares.
+
+When one trace's guards exclude part of a declared range, the model is exported again over that
+part (``batch == 1`` beside ``2 <= batch <= 64``); the loader runs each call in the first program
+whose guards admit it. ``contract`` is what the bundle admits as a whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from aot.errors import TraceError
+from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
+from aot.spec import Dim, ModelSpec
+from aot.tracer.export import Exported, buckets_for, export_model, region_name
+from aot.tracer.model import call_model, call_plan, example_inputs, instantiate, split_constants
+
+# How many programs one build may trace to cover the declared ranges, and how many separate
+# intervals of one symbol's uncovered sizes it traces (an odd/even split is never covered this way).
+MAX_PROGRAMS = 8
+MAX_REGIONS = 2
+
+
+def _uncovered(g, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The sizes in ``lo..hi`` that ``g`` does not admit, as maximal intervals."""
+    import numpy as np
+
+    if hi - lo >= (1 << 22):
+        return [] if (g.min, g.max) == (lo, hi) and g.modulus == 1 and not g.excluded else [(lo, hi)] * 99
+    v = np.arange(lo, hi + 1, dtype=np.int64)
+    ok = (v >= g.min) & (v <= g.max) & np.isin(v % max(g.modulus, 1), g.residues if g.modulus > 1 else (0,))
+    ok &= ~np.isin(v, g.excluded)
+    bad = v[~ok]
+    if bad.size == 0:
+        return []
+    breaks = np.nonzero(np.diff(bad) != 1)[0]
+    starts = np.concatenate([[bad[0]], bad[breaks + 1]])
+    ends = np.concatenate([bad[breaks], [bad[-1]]])
+    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
+
+def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = False,
+                    allow_narrowing: bool | None = None, progress=None) -> list[Exported]:
+    """Export the model over its declared ranges, and again over every part of them that the
+    first trace's guards do not admit (``batch == 1`` beside ``2 <= batch <= 64``), until the
+    programs together cover the declared ranges: the ahead-of-time counterpart of Dynamo's cache
+    of guarded graphs. A part that cannot be covered (an odd size a reshape forbids, a model that
+    fails to trace there) fails the build with the guard's site, unless ``allow_narrowing``.
+    """
+    say = progress or (lambda msg: None)
+    allow = spec.allow_narrowing if allow_narrowing is None else allow_narrowing
+    programs: list[Exported] = []
+    failures: list[str] = []
+    module = real = None
+
+    def cover(ranges: dict[str, tuple[int, int]]) -> None:
+        nonlocal module, real
+        if len(programs) >= MAX_PROGRAMS:
+            failures.append(f"{region_name(spec, ranges)}: more than {MAX_PROGRAMS} programs would be needed")
+            return
+        try:
+            ex = export_model(spec, weights, fast, ranges, module=module)
+        except TraceError as e:
+            if not programs:
+                raise
+            failures.append(f"{region_name(spec, ranges)}: {e}")
+            return
+        module = ex.module
+        if ex.relaxed:
+            if fast and real is None:  # the check runs the model: it needs real weights
+                real = instantiate(spec, weights)
+            why = _check_relaxed(spec, ex, real if fast else ex.module)
+            if why is None:
+                say(f"  {', '.join(ex.relaxed)} = 1 runs the general trace: checked against eager")
+            else:
+                say(f"  {', '.join(ex.relaxed)} = 1 needs a program of its own: {why}")
+                ex = replace(ex, guards=ex.strict, buckets=buckets_for(spec, ex.strict), relaxed=(), strict=None)
+        if programs:
+            say(f"  traced a program for {ex.name} (the general trace's guards exclude it)")
+        programs.append(ex)
+        symbols = {g.name: g for g in ex.guards.symbols}
+        fixed = dict(ranges)
+        for d in spec.dims():
+            lo, hi = ranges[d.name]
+            if lo == hi:
+                continue
+            g = symbols[d.name]
+            parts = _uncovered(g, lo, hi)
+            if len(parts) > MAX_REGIONS:
+                why = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources) or "tracing"
+                failures.append(f"{d.name} {lo}..{hi} admits only {_admitted_text(g)} ({why})")
+            else:
+                for a, b in parts:
+                    cover({**fixed, d.name: (a, b)})
+            fixed[d.name] = (g.min, g.max)
+
+    cover({d.name: (d.min, d.max) for d in spec.dims()})
+    if failures and not allow:
+        raise TraceError(
+            "the build cannot cover every declared size: " + " | ".join(failures)
+            + "; change the model at those lines, declare narrower Dims, or accept the narrower contract with "
+              "--allow-narrowing (ModelSpec(allow_narrowing=True))"
+        )
+    return programs
+
+
+def _admitted_text(g) -> str:
+    from aot.guardtext import admissible_text
+
+    return admissible_text(g)
+
+
+def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
+    """Run the exported program at size 1 of each relaxed symbol against the eager ``module``
+    (whose weights it takes); the reason it may not be relaxed, or None when every output matches."""
+    import torch
+
+    from aot.tracer.lower import tensor_leaves as leaves
+    from aot.tracer.padding import PAD_TOLERANCE
+
+    by_keyword, constants = call_plan(spec, module)
+    constants, _ = split_constants(module, constants)  # the rest are bound inside the trace
+    base = {d.name: min(max(d.example_size, ex.ranges[d.name][0]), ex.ranges[d.name][1]) for d in spec.dims()}
+    try:  # the size-1 call must reach the graph, not the guard check export wraps around it
+        graph = ex.ep.module(check_guards=False)
+    except TypeError:  # torch without the option checks input ranges only, which admit 1
+        graph = ex.ep.module()
+    if module is not ex.module:  # traced with uninitialized weights (the guards-only path)
+        graph.load_state_dict(module.state_dict(), strict=False)
+    smallest = {d.name: ex.ranges[d.name][0] for d in spec.dims()}
+    for sym, others in ((s, o) for s in ex.relaxed for o in (base, smallest)):
+        inputs = example_inputs(spec, {**others, sym: 1}, seed=spec.seed + 3)
+        try:
+            with torch.no_grad():
+                want = leaves(call_model(spec, module, inputs))
+                if by_keyword:
+                    got = leaves(graph(**{i.name: inputs[i.name] for i in spec.inputs}, **constants))
+                else:
+                    got = leaves(graph(*(inputs[i.name] for i in spec.inputs), **constants))
+        except Exception as e:
+            return f"the trace fails at {sym} = 1: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        for w, g in zip(want, got):
+            if w.shape != g.shape:
+                return f"at {sym} = 1 the trace gives shape {list(g.shape)}, eager {list(w.shape)}"
+            if w.dtype.is_floating_point:
+                err = (w.float() - g.float()).abs().max().item() if w.numel() else 0.0
+                scale = max(1.0, w.float().abs().max().item() if w.numel() else 1.0)
+                if not err <= PAD_TOLERANCE[spec.dtype] * scale:
+                    return f"at {sym} = 1 the trace differs from eager by {err:.3g}"
+            elif not torch.equal(w, g):
+                return f"at {sym} = 1 the trace differs from eager"
+    return None
+
+
+def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
+    """The bundle's guards as a whole: per symbol, every size some program admits (a program
+    tracing a symbol as static admits that one size); relations of the general program; the
+    guard sources of every program (they explain where the programs split)."""
+    import numpy as np
+
+    from aot.tracer.guards import MAX_RANGE, describe_mask
+
+    if len(programs) == 1:
+        return programs[0].guards
+    first = programs[0].guards
+    symbols = []
+    for d in spec.dims():
+        per = [{g.name: g for g in p.guards.symbols}.get(d.name) for p in programs]
+        general = per[0]
+        if d.max - d.min >= MAX_RANGE:
+            symbols.append(general)
+            continue
+        values = np.arange(d.min, d.max + 1, dtype=np.int64)
+        mask = np.zeros(values.shape, dtype=bool)
+        for p, g in zip(programs, per):
+            if g is None:  # static in that program
+                mask |= values == p.ranges[d.name][0]
+            else:
+                m = (values >= g.min) & (values <= g.max) & ~np.isin(values, g.excluded)
+                if g.modulus > 1:
+                    m &= np.isin(values % g.modulus, g.residues)
+                mask |= m
+        shape = describe_mask(values, mask)
+        if shape is None:
+            raise TraceError(f"no program admits any size of {d.name}")
+        # Every program's guards stay listed: they say why the programs split where they do.
+        sources = list(dict.fromkeys(src for g in per if g is not None for src in g.sources))
+        symbols.append(SymbolGuard(
+            name=d.name, declared_min=d.min, declared_max=d.max, min=shape.lo, max=shape.hi,
+            modulus=shape.modulus, residues=shape.residues, excluded=shape.excluded,
+            sources=tuple(sorted(sources, key=lambda s: (s.file, s.line, s.text))),
+        ))
+    declared_inputs = tuple(
+        InputGuard(name=i.name, dtype=i.dtype or spec.dtype,
+                   shape=tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape))
+        for i in spec.inputs
+    )
+    return Guards(inputs=declared_inputs, symbols=tuple(symbols), relations=first.relations,
+                  specializations=first.specializations)
+
+
+def program_entries(spec: ModelSpec, programs: list[Exported], buckets: list[tuple[Bucket, ...]] | None = None):
+    """``ProgramEntry`` per program (for the manifest); empty when there is only one."""
+    from aot.schema import ProgramEntry
+
+    if len(programs) == 1:
+        return ()
+    buckets = buckets or [p.buckets for p in programs]
+    return tuple(ProgramEntry(name=p.name, guards=p.guards, buckets=b) for p, b in zip(programs, buckets))

@@ -1,0 +1,121 @@
+"""Where a guard comes from: the user's (or the model library's) source line, shown the same way
+on every machine.
+
+Export runs the model's Python live, so when the shape environment records a guard, the line that
+caused it is on the stack: the innermost frame inside aotpack's call into the model that is not
+torch, the standard library or aotpack. A library file is shown relative to the folder it is
+installed in (``transformers/masking_utils.py``), the user's relative to their project's root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+_PACKAGE_DIRS = tuple(
+    str(Path(p).resolve()) + os.sep
+    for p in {Path(__file__).parent, Path(__file__).parent.parent / "aot", Path(__file__).parent.parent / "codegen",
+              Path(__file__).parent.parent / "packager", Path(__file__).parent.parent / "loader"}
+)
+
+# A folder holding one of these is the root of the model's project; guard sites are shown
+# relative to it, so a manifest reads the same on every checkout.
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def import_hint(e: BaseException) -> str:
+    """What to do about a known environment problem somewhere in ``e``'s chain."""
+    seen = 0
+    while e is not None and seen < 16:
+        if "torchvision::" in str(e):
+            return ("; torchvision was built for another torch (the package index's wheels are CUDA builds, and "
+                    "transformers imports torchvision when Pillow is installed): install the torchvision that "
+                    "matches this torch, e.g. `pip install torchvision --index-url https://download.pytorch.org/whl/cpu`")
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return ""
+
+
+def _is_user_file(filename: str) -> bool:
+    """A frame of the user's code or a library the model uses (transformers, timm): not torch,
+    the standard library or aotpack itself."""
+    if not filename or filename.startswith("<"):
+        return False
+    real = os.path.realpath(filename)
+    import torch
+
+    torch_dir = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+    stdlib = os.path.dirname(os.path.realpath(os.__file__)) + os.sep
+    return not (real.startswith(torch_dir) or real.startswith(stdlib) or real.startswith(_PACKAGE_DIRS))
+
+
+def user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    """The innermost user or library frame; only frames inside aotpack's own call into the model
+    count (``frames`` is outermost first), so a launcher or test runner is never blamed."""
+    ours = [os.path.realpath(f.filename).startswith(_PACKAGE_DIRS) for f in frames]
+    end = len(frames)
+    while end and ours[end - 1]:  # aotpack's own hook that asked (the guard-site recorder)
+        end -= 1
+    start = next((i + 1 for i in range(end - 1, -1, -1) if ours[i]), 0)
+    inner = frames[start:end]
+    for fr in reversed(inner):
+        if _is_user_file(fr.filename):
+            return fr
+    return None
+
+
+def _project_root(model_path: Path) -> Path:
+    start = model_path.resolve().parent
+    for folder in (start, *start.parents):
+        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+            return folder
+    return start.parent
+
+
+def _library_roots() -> list[str]:
+    """Folders packages are installed in (site-packages and the like), longest first."""
+    import site
+    import sysconfig
+
+    roots = {sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    return sorted({os.path.realpath(r) + os.sep for r in roots if r}, key=len, reverse=True)
+
+
+def display_path(filename: str, model_path: Path) -> str:
+    """A guard site as it reads on every machine: a library file relative to the folder it is
+    installed in (``transformers/masking_utils.py``), the user's relative to their project."""
+    real = os.path.realpath(filename)
+    for root in _library_roots():
+        if real.startswith(root):
+            return os.path.relpath(real, root)
+    rel = os.path.relpath(real, _project_root(model_path))
+    return rel if not rel.startswith("..") else real
+
+
+@contextlib.contextmanager
+def record_guard_sites(sites: dict[int, traceback.FrameSummary | None]) -> Iterator[None]:
+    """Remember the user's (or the model library's) frame for every guard the shape environment
+    records.
+
+    Export runs the model's Python live (non-strict), so that frame is on the stack when a guard
+    is added; torch's own location often points inside torch (e.g. a reshape's meta).
+    """
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    original = ShapeEnv._get_sloc
+
+    def get_sloc(self, framework_loc=None):
+        sloc = original(self, framework_loc)
+        sites[id(sloc)] = user_frame(traceback.extract_stack())
+        return sloc
+
+    ShapeEnv._get_sloc = get_sloc
+    try:
+        yield
+    finally:
+        ShapeEnv._get_sloc = original
