@@ -7,7 +7,7 @@ records (dataclasses, named tuples, ``ModelOutput``) come back as a ``Record``, 
 a ``ModelOutput`` (``out.logits``, ``out["logits"]``, ``out[0]``, ``out.to_tuple()``) without
 importing the library that defined the class.
 
-``leaves`` flattens the runner's outputs (and an eager model's tuples, dicts and ``ModelOutput``\s)
+``leaves`` flattens the runner's outputs (and an eager model's tuples, dicts and ``ModelOutput`` objects)
 to their tensors in the order the bundle stores them, which is how tests compare the two; the
 build flattens eager outputs with torch's own pytree, as export does.
 """

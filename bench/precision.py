@@ -42,7 +42,7 @@ def main() -> None:
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    spec = ModelSpec(module=lambda: lively(timm.create_model(args.model, pretrained=False)),
+    spec = ModelSpec(module=lambda: lively(timm.create_model(args.model, pretrained=False), size=args.size),
                      inputs=[Input("x", (Dim("batch", 1, 8), 3, args.size, args.size))], dtype="float16",
                      name=args.model)
     out = Path(args.out)

@@ -126,7 +126,15 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
     except TypeError:  # torch without the option checks input ranges only, which admit 1
         graph = ex.ep.module()
     if module is not ex.module:  # traced with uninitialized weights (the guards-only path)
-        graph.load_state_dict(module.state_dict(), strict=False)
+        # every parameter and buffer, non-persistent ones included (BERT's position_ids, RoPE's
+        # inv_freq), which a state dict leaves out, and tied ones under each of their names
+        real = {**dict(module.named_parameters(remove_duplicate=False)),
+                **dict(module.named_buffers(remove_duplicate=False))}
+        with torch.no_grad():
+            for name, t in [*graph.named_parameters(remove_duplicate=False),
+                            *graph.named_buffers(remove_duplicate=False)]:
+                if name in real and real[name].shape == t.shape:
+                    t.copy_(real[name])
     smallest = {d.name: ex.ranges[d.name][0] for d in spec.dims()}
     for sym, others in ((s, o) for s in ex.relaxed for o in (base, smallest)):
         inputs = example_inputs(spec, {**others, sym: 1}, seed=spec.seed + 3)

@@ -1,10 +1,12 @@
 """Tiny random-weight configs of real architectures, built unmodified from the libraries users
 deploy (transformers, timm, torchvision): no wrappers, no downloads.
 
-``ZOO[name]()`` returns the model's ``ModelSpec``; each entry also says at which sizes the suite
-compares the bundle with eager PyTorch. Sizes are small so the whole suite runs on a 2-core CPU in
-a few minutes; the architectures (attention masks, RoPE, GQA, relative position buckets, conv
-stems, squeeze-excite, layer scale, ...) are the real ones.
+``ZOO[name]()`` returns the model's ``ModelSpec`` (the library is imported then, not before);
+``ZOO[name].sizes`` are the sizes the GPU suite, the kernel check and ``bench/realmodels.py`` use
+(batch 1 and seq 1, odd sizes, the maximum), while the CPU suite compares every declared size.
+Declared ranges are small (batch 1..4, seq 1..32) so the whole suite runs on a 2-core CPU in a few
+minutes; the architectures (attention masks, RoPE, GQA, relative position buckets, conv stems,
+squeeze-excite, layer scale, ...) are the real ones.
 """
 
 from __future__ import annotations
@@ -15,49 +17,19 @@ from dataclasses import dataclass
 import torch
 
 from aot import Dim, Input, ModelSpec
+from tests.realmodels.conftest import import_torchvision
 
 VOCAB = 96
 
 
-def import_torchvision():
-    """``import torchvision`` with a CPU torch: the package index's torchvision wheels are built
-    for CUDA torch, and their ``_meta_registrations`` register fake kernels for C ops
-    (``torchvision::nms``) that did not load. Classification models never call those ops, so the
-    registrations of ops that do not exist are skipped while importing."""
-    try:
-        import torchvision
-
-        return torchvision
-    except RuntimeError as e:
-        if "torchvision::" not in str(e):
-            raise
-    import sys
-
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    original = torch.library.register_fake
-
-    def register_fake(op, *args, **kwargs):
-        name = op if isinstance(op, str) else ""
-        if name.startswith("torchvision::"):
-            ns, _, opname = name.partition("::")
-            if not torch._C._dispatch_has_kernel(name) and not hasattr(getattr(torch.ops, ns), opname):
-                return lambda fn: fn
-        return original(op, *args, **kwargs)
-
-    torch.library.register_fake = register_fake
-    try:
-        import torchvision
-    finally:
-        torch.library.register_fake = original
-    return torchvision
-
-
 @dataclass(frozen=True)
 class Case:
-    spec: Callable[[], ModelSpec]
-    sizes: tuple[dict[str, int], ...]  # where the suite compares with eager
+    spec: Callable[[], ModelSpec]  # imports the library and builds the spec: lazily
+    sizes: tuple[dict[str, int], ...]  # batch 1 (seq 1), odd sizes, the maximum: the GPU suite's and bench's
     library: str
+
+    def __call__(self) -> ModelSpec:
+        return self.spec()
 
 
 def _tokens(*names: str, batch: Dim, seq: Dim, vocab: int = VOCAB) -> list[Input]:
@@ -84,14 +56,14 @@ def _transformers():
     return transformers
 
 
-def _causal_lm(config_cls, model_cls, **cfg) -> Callable[[], ModelSpec]:
+def _causal_lm(config_cls, model_cls, inputs=("input_ids",), **cfg) -> Callable[[], ModelSpec]:
     def spec() -> ModelSpec:
         transformers = _transformers()
 
         config = getattr(transformers, config_cls)(vocab_size=VOCAB, **cfg)
         batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
         return ModelSpec(module=lambda: getattr(transformers, model_cls)(config),
-                         inputs=_tokens("input_ids", batch=batch, seq=seq), name=model_cls)
+                         inputs=_tokens(*inputs, batch=batch, seq=seq), name=model_cls)
 
     return spec
 
@@ -155,13 +127,45 @@ def _whisper() -> ModelSpec:
                      inputs=[Input("input_features", (Dim("batch", 1, 4), 16, 48))], name="WhisperEncoder")
 
 
+def lively(module: torch.nn.Module, size: int = 64) -> torch.nn.Module:
+    """Trained-looking BatchNorm for a freshly built vision model: random affine parameters, and
+    running statistics measured on random ``size`` x ``size`` images, as after training.
+
+    At initialization these networks are nearly degenerate in eval mode: zero-initialized last
+    BatchNorm of each residual block, and unit statistics that do not match the activations, so
+    torchvision's efficientnet_b0 outputs ~1e-13; with random statistics instead, what the input
+    contributes still shrinks ~30x per stage and every image gives the same logits to 1e-7. A
+    comparison with eager proves nothing then (``test_outputs_depend_on_the_inputs`` checks).
+    Like loading a checkpoint, this changes values only, never the architecture."""
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms or any(p.is_meta for p in module.parameters()):  # shapes-only builds: nothing to measure
+        return module
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in norms:
+            m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+            m.bias.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+            m.reset_running_stats()
+        module.eval()  # dropout and stochastic depth off; BatchNorm alone measures
+        momenta = [m.momentum for m in norms]
+        for m in norms:
+            m.momentum = None  # a plain average over the calibration batch
+            m.train()
+        module(torch.rand(8, 3, size, size, generator=gen) * 2 - 1)
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+    return module.eval()
+
+
 def _timm(name: str, **kwargs) -> Callable[[], ModelSpec]:
     def spec() -> ModelSpec:
         import_torchvision()
         import timm
 
-        size = kwargs.pop("img", 64)
-        return ModelSpec(module=lambda: timm.create_model(name, pretrained=False, num_classes=10, **kwargs),
+        model_kwargs = {k: v for k, v in kwargs.items() if k != "img"}  # kwargs is shared by every call
+        size = kwargs.get("img", 64)
+        return ModelSpec(module=lambda: lively(timm.create_model(name, pretrained=False, num_classes=10,
+                                                                 **model_kwargs), size),
                          inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))], name=f"timm-{name}")
 
     return spec
@@ -170,7 +174,7 @@ def _timm(name: str, **kwargs) -> Callable[[], ModelSpec]:
 def _torchvision(name: str, size: int = 64) -> Callable[[], ModelSpec]:
     def spec() -> ModelSpec:
         tv = import_torchvision()
-        return ModelSpec(module=lambda: getattr(tv.models, name)(num_classes=10),
+        return ModelSpec(module=lambda: lively(getattr(tv.models, name)(num_classes=10), size),
                          inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))], name=f"torchvision-{name}")
 
     return spec
@@ -183,6 +187,9 @@ ZOO: dict[str, Case] = {
     "llama": Case(_causal_lm("LlamaConfig", "LlamaForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
     "qwen2": Case(_causal_lm("Qwen2Config", "Qwen2ForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
     "mistral": Case(_causal_lm("MistralConfig", "MistralForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
+    # batched prefill: the mask reads a user input, so the build must keep it (traced with all ones)
+    "llama-attention_mask": Case(_causal_lm("LlamaConfig", "LlamaForCausalLM", ("input_ids", "attention_mask"),
+                                            **LLAMA), TEXT_SIZES, "transformers"),
     "bert": Case(_bert, TEXT_SIZES, "transformers"),
     "minilm": Case(lambda: _bert(minilm=True), TEXT_SIZES, "transformers"),
     "t5-encoder": Case(_t5, TEXT_SIZES, "transformers"),
