@@ -7,6 +7,7 @@ launch its reference ATen steps run on the same inputs; the kernel's outputs mus
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -64,7 +65,7 @@ def _inputs(runner: Runner, program: Program, sizes: dict[str, int], gen: torch.
         elif example.dtype == torch.bool or set(example.unique().tolist()) <= {0, 1}:
             # a mask: random 0/1 would mask whole rows (an ill-defined softmax no two devices agree
             # on); keep the example's pattern, cropped or tiled to the shape
-            t = _fit(example, shape)
+            t = _fit(example.cpu(), shape)
         else:
             t = torch.randint(int(example.min()), int(example.max()) + 1, shape, generator=gen)
         out[inp.name] = t.to(example.dtype)
@@ -84,14 +85,28 @@ def _fit(example: torch.Tensor, shape: list[int]) -> torch.Tensor:
 
 
 def verify(path: str, device: str = "cuda") -> list[BucketReport]:
-    """Every program of the bundle at its bucket sizes (see the module docstring)."""
-    gpu_runner = load(path, device=device, capture="lazy")
-    cpu_runner = load(path, device="cpu")
-    reports = []
-    for gpu_entry, cpu_entry in zip(gpu_runner._entries, cpu_runner._entries):
-        buckets = tuple(gpu_entry.graphs.buckets.values()) if gpu_entry.graphs is not None else ()
-        reports += _verify_program(gpu_runner, gpu_entry, cpu_entry, buckets)
+    """Every program of the bundle at its bucket sizes (see the module docstring).
+
+    TF32 is off while it runs: with it, cuDNN and cuBLAS round float32 to a 10-bit mantissa, and a
+    deep network's float32 outputs then move by as much as float16's, hiding what verify is for."""
+    with _exact_float32():
+        gpu_runner = load(path, device=device, capture="lazy")
+        cpu_runner = load(path, device="cpu")
+        reports = []
+        for gpu_entry, cpu_entry in zip(gpu_runner._entries, cpu_runner._entries):
+            buckets = tuple(gpu_entry.graphs.buckets.values()) if gpu_entry.graphs is not None else ()
+            reports += _verify_program(gpu_runner, gpu_entry, cpu_entry, buckets)
     return reports
+
+
+@contextlib.contextmanager
+def _exact_float32():
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _verify_program(gpu_runner: Runner, entry, cpu_entry, buckets: tuple[Bucket, ...]) -> list[BucketReport]:

@@ -1335,5 +1335,5 @@ def test_symexpr_agrees_with_python_and_refuses_the_rest():
                 compiled += 1
             except BundleError:
                 refused += 1
-            assert time.perf_counter() - start < 0.5, mutated
+            assert time.perf_counter() - start < 2.0, mutated  # a hang, not a loaded machine
     assert compiled > 1500 and refused > 1000, (compiled, refused)
