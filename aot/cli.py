@@ -69,7 +69,8 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
-    _info(f"wrote {output} ({_mb(size)}, {len(compiled.program.kernels)} kernels for "
+    n_kernels = len({k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels})
+    _info(f"wrote {output} ({_mb(size)}, {n_kernels} kernels for "
           f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s")
 
 
@@ -279,15 +280,19 @@ def inspect(bundle: str, as_json: bool) -> None:
         program = b.program()
     finally:
         b.close()
+    programs = (program, *program.variants)
+    names = [e.name for e in m.programs] if len(m.programs) == len(programs) else ["general"] * len(programs)
+    all_steps = [s for p in programs for s in p.steps]
     kernels = [
         {"id": k.id, "name": k.name, "ops": list(k.ops), "archs": list(k.archs), "bytes_moved": k.bytes_moved,
          "num_warps": k.num_warps, "config": k.config,
-         "launches": sum(s.kind == "kernel" and s.target == k.id for s in program.steps)}
-        for k in program.kernels
+         "launches": sum(s.kind == "kernel" and s.target == k.id for s in all_steps)}
+        for k in {k.id: k for p in programs for k in p.kernels}.values()
     ]
-    steps = {"aten": sum(s.kind == "aten" for s in program.steps),
-             "kernel": sum(s.kind == "kernel" for s in program.steps)}
-    replaced = sum(len(s.reference) for s in program.steps if s.kind == "kernel")
+    per_program = [{"name": n, "aten": sum(s.kind == "aten" for s in p.steps),
+                    "kernel": sum(s.kind == "kernel" for s in p.steps)} for n, p in zip(names, programs)]
+    steps = {"aten": sum(s.kind == "aten" for s in all_steps), "kernel": sum(s.kind == "kernel" for s in all_steps)}
+    replaced = sum(len(s.reference) for s in all_steps if s.kind == "kernel")
     info = {
         "name": m.name,
         "dtype": m.dtype,
@@ -295,6 +300,7 @@ def inspect(bundle: str, as_json: bool) -> None:
         "environment": to_json(m.environment),
         "members": {k: v.size for k, v in m.members.items()},
         "steps": steps,
+        "programs": per_program,
         "aten_ops_fused": replaced,
         "kernels": kernels,
         "buckets": to_json(m.buckets),
@@ -309,8 +315,12 @@ def inspect(bundle: str, as_json: bool) -> None:
     click.echo("members:")
     for name, size in sorted(info["members"].items()):
         click.echo(f"  {size:>12,}  {name}")
-    click.echo(f"program: {steps['aten']} library calls, {steps['kernel']} kernel launches "
-               f"({len(program.kernels)} distinct kernels fusing {replaced} ATen ops)")
+    several = f" in {len(programs)} programs" if len(programs) > 1 else ""
+    click.echo(f"program: {steps['aten']} library calls, {steps['kernel']} kernel launches{several} "
+               f"({len(kernels)} distinct kernels fusing {replaced} ATen ops)")
+    if len(programs) > 1:
+        for p in per_program:
+            click.echo(f"  program {p['name']}: {p['aten']} library calls, {p['kernel']} kernel launches")
     for k in kernels:
         click.echo(f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
                    f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
