@@ -145,3 +145,45 @@ def test_nested_inputs_by_path_and_called_nested(built):
     from aot.manifest_text import parse_guards_text
 
     assert [i.name for i in parse_guards_text(runner.guards_text()).guards.inputs][0] == "inputs.image"
+
+
+def test_output_trees_no_build_writes_are_refused():
+    from aot.errors import BundleError
+    from aot.pytree import unflatten, validate
+    from aot.schema import TreeSpec
+
+    leaf = TreeSpec(kind="tensor")
+    good = TreeSpec(kind="record", type="m.Out", keys=("a", "b"), children=(leaf, TreeSpec(kind="none")))
+    validate(good, 1)
+    assert unflatten(good, ["x"]) == {"a": "x", "b": None}
+    with pytest.raises(BundleError, match="holds 1 tensors, the program has 2 outputs"):
+        validate(good, 2)
+    with pytest.raises(BundleError, match="unknown kind"):
+        validate(TreeSpec(kind="pickle"), 0)
+    with pytest.raises(BundleError, match="2 keys for 1 children"):
+        validate(TreeSpec(kind="dict", keys=("a", "b"), children=(leaf,)), 1)
+    deep = leaf
+    for _ in range(40):
+        deep = TreeSpec(kind="tuple", children=(deep,))
+    with pytest.raises(BundleError, match="nests deeper"):
+        validate(deep, 1)
+
+
+def test_a_bundle_whose_programs_disagree_with_its_manifest_is_refused(built, tmp_path):
+    """A re-signed manifest that drops a program's guards must not let that program run unguarded."""
+    from aot.errors import BundleError
+    from tests.hostile_util import (
+        manifest_bytes,
+        manifest_of,
+        read_entries,
+        with_manifest_text,
+        write_entries,
+    )
+
+    entries = read_entries(built("size_one", ("sm_90",)).read_bytes())
+    m = manifest_of(entries)
+    assert len(m["programs"]) >= 3
+    bad = tmp_path / "bad.tpk"
+    bad.write_bytes(write_entries(with_manifest_text(entries, manifest_bytes({**m, "programs": m["programs"][:1]}))))
+    with pytest.raises(BundleError, match="lists 1 programs, the program member holds"):
+        load(bad)
