@@ -187,3 +187,12 @@ def test_a_bundle_whose_programs_disagree_with_its_manifest_is_refused(built, tm
     bad.write_bytes(write_entries(with_manifest_text(entries, manifest_bytes({**m, "programs": m["programs"][:1]}))))
     with pytest.raises(BundleError, match="lists 1 programs, the program member holds"):
         load(bad)
+
+
+def test_paddable_dims_shared_by_two_inputs_are_checked_not_crashed(built):
+    runner = load(built("shared_paddable", ("sm_90",)))
+    checks = {b.symbol: b for b in runner.manifest.buckets}
+    for sym in ("batch", "seq"):  # rows are independent: padding either dim leaves real rows alone
+        assert checks[sym].paddable and "padded to" in checks[sym].pad_check, checks[sym]
+    spec = load_model_file(model_path("shared_paddable"))
+    _compare(spec, instantiate(spec), runner, {"batch": 3, "seq": 7})
