@@ -175,8 +175,9 @@ def _half_precision_noise(spec: ModelSpec, module, examples: dict[str, Any], out
     import torch
 
     from aot.tracer.lower import tensor_leaves
+    from aot.tracer.programs import float32_copy_fits
 
-    if spec.dtype not in ("float16", "bfloat16"):
+    if spec.dtype not in ("float16", "bfloat16") or not float32_copy_fits(module):
         return 0.0
     wide = copy.deepcopy(module).float()
     inputs = {k: v.float() if v.is_floating_point() else v for k, v in examples.items()}
