@@ -344,7 +344,7 @@ def verify(bundle: str, device: str) -> None:
     import torch
 
     from aot.errors import EnvError
-    from aot.loader.verify import passed, program_tolerance
+    from aot.loader.verify import passed, program_tolerance, reference_noise
     from aot.loader.verify import verify as run_verify
 
     if not torch.cuda.is_available():
@@ -354,8 +354,7 @@ def verify(bundle: str, device: str) -> None:
 
     opened = open_bundle(bundle)
     dtype = opened.manifest.dtype
-    noise = opened.manifest.stats.get("reference_noise", 0.0)
-    noise = float(noise) if isinstance(noise, (int, float)) and 0 <= noise < 1 else 0.0
+    noise = reference_noise(opened.manifest)
     opened.close()
     failed = 0
     for r in reports:

@@ -83,7 +83,6 @@ def generate(
     program, folded = fold_activations(program)
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
-    ranges = {g.name: (g.min, g.max) for g in traced.guards.symbols}
     graph, groups, unfused = partition(program, ranges, log=say)
     ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
     distinct = list(dict.fromkeys(ids))

@@ -128,13 +128,15 @@ class Runner:
         return tuple(e.name for e in self._entries)
 
     def _dispatch(self, values: list[Any]) -> tuple[_Entry, dict[str, int]]:
-        """The first program whose guards admit the call, and its symbol values."""
+        """The first program whose guards admit the call, and its symbol values. Only a call that
+        no program admits is checked against the bundle's whole contract, for its error."""
         errors = []
         for entry in self._entries:
             try:
                 return entry, entry.guards.check(values, self.device)
             except GuardError as e:
                 errors.append(f"program {entry.name}: {e}")
+        self.guards.check(values, self.device)  # out of the contract: the error names input, dim and line
         raise GuardError("the inputs satisfy the bundle's declared guards, but no program admits this combination "
                          "of sizes: " + "; ".join(errors))
 
@@ -142,9 +144,9 @@ class Runner:
         if self._nested and kwargs:
             kwargs = flatten_inputs(kwargs, self.guards.names)
         values = self.guards.bind(args, dict(kwargs))
-        sizes = self.guards.check(values, self.device)
-        entry = self._entries[0]
-        if len(self._entries) > 1:
+        if len(self._entries) == 1:
+            entry, sizes = self._entries[0], self.guards.check(values, self.device)
+        else:
             entry, sizes = self._dispatch(values)
         inputs = dict(zip(self.guards.names, values))
         tree = entry.program.output_tree

@@ -150,6 +150,13 @@ def _verify_program(gpu_runner: Runner, entry, cpu_entry, buckets: tuple[Bucket,
     return reports
 
 
+def reference_noise(manifest) -> float:
+    """The build's measure of the model's own half-precision error (``stats.reference_noise``);
+    0.0 when absent or not a fraction in [0, 1)."""
+    noise = manifest.stats.get("reference_noise", 0.0)
+    return float(noise) if isinstance(noise, (int, float)) and 0 <= noise < 1 else 0.0
+
+
 def program_tolerance(dtype: str, reference_noise: float = 0.0) -> float:
     """Relative tolerance of the whole program against the CPU path: the dtype's, or, for a
     network whose own half-precision error is larger (the build measured eager at the model dtype

@@ -60,9 +60,9 @@ class Exported:
     start: float
     ranges: dict[str, tuple[int, int]]
     name: str = "general"
-    # Symbols whose only exclusion was size 1 from a size-oblivious guard that export's own
-    # ranges do not enforce (HF's ``if batch_size != position_ids.shape[0]``): admitted, and
-    # checked against eager at size 1 by the build; ``strict`` holds the guards without that.
+    # Symbols whose only exclusion was size 1 (HF's ``if batch_size != position_ids.shape[0]``,
+    # ``is_causal = q_len > 1``): admitted here, checked against eager at size 1 by
+    # ``aot.tracer.programs``; ``strict`` holds the guards with those exclusions kept.
     relaxed: tuple[str, ...] = ()
     strict: Guards | None = None
 
@@ -144,7 +144,7 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
             )
         )
     dynamic_ranges = {d.name: ranges[d.name] for d in spec.dims() if d.name not in static}
-    relaxable = _oblivious_guards(ep, names, raw, dynamic_ranges)
+    relaxable = _size_one_guards(ep, names, raw, dynamic_ranges)
     binding = [g for g in raw if g not in relaxable]
     guards = _guards(spec, static, dynamic_ranges, binding)
     strict = _guards(spec, static, dynamic_ranges, raw) if relaxable else None
@@ -154,7 +154,7 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
                     strict=strict)
 
 
-def _oblivious_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, int]]) -> list:
+def _size_one_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, int]]) -> list:
     """Guards that exclude only size 1 of one symbol declared from 1: the ``>= 2`` side of a
     size-oblivious decision (HF's ``if batch_size != position_ids.shape[0]``) or of a branch whose
     other side computes the same at 1 (``is_causal = q_len > 1``: a 1x1 causal mask allows all).

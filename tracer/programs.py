@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aot.errors import TraceError
+from aot.guardtext import admissible_text
 from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
 from aot.spec import Dim, ModelSpec
 from aot.tracer.export import Exported, buckets_for, export_model, region_name
@@ -94,7 +95,7 @@ def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = Fa
             parts = _uncovered(g, lo, hi)
             if len(parts) > MAX_REGIONS:
                 why = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources) or "tracing"
-                failures.append(f"{d.name} {lo}..{hi} admits only {_admitted_text(g)} ({why})")
+                failures.append(f"{d.name} {lo}..{hi} admits only {admissible_text(g)} ({why})")
             else:
                 for a, b in parts:
                     cover({**fixed, d.name: (a, b)})
@@ -108,12 +109,6 @@ def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = Fa
               "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         )
     return programs
-
-
-def _admitted_text(g) -> str:
-    from aot.guardtext import admissible_text
-
-    return admissible_text(g)
 
 
 def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
