@@ -22,6 +22,10 @@ def _info(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+def _sizes_text(sizes: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sizes.items())
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -305,7 +309,7 @@ def inspect(bundle: str, as_json: bool) -> None:
         "kernels": kernels,
         "buckets": to_json(m.buckets),
         "ops": list(m.ops),
-        "stats": m.stats,
+        "stats": to_json(m.stats),
     }
     if as_json:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
@@ -325,11 +329,11 @@ def inspect(bundle: str, as_json: bool) -> None:
         click.echo(f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
                    f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
                    f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}")
-    plan = m.stats.get("memory_plan") or {}
+    plan = m.stats.memory_plan
     if plan:
-        lo, hi = min(plan, key=plan.get), max(plan, key=plan.get)
-        click.echo(f"memory plan: {len(plan)} CUDA-graph buckets, peak activations {_mb(plan[lo])} ({lo}) .. "
-                   f"{_mb(plan[hi])} ({hi})")
+        lo, hi = min(plan, key=lambda b: b.peak_bytes), max(plan, key=lambda b: b.peak_bytes)
+        click.echo(f"memory plan: {len(plan)} CUDA-graph buckets, peak activations {_mb(lo.peak_bytes)} "
+                   f"({_sizes_text(lo.sizes)}) .. {_mb(hi.peak_bytes)} ({_sizes_text(hi.sizes)})")
     click.echo(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
     for bk in m.buckets:
         click.echo(f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}")
@@ -344,8 +348,8 @@ def verify(bundle: str, device: str) -> None:
     import torch
 
     from aot.errors import EnvError
-    from aot.loader.verify import passed, program_tolerance, reference_noise
-    from aot.loader.verify import verify as run_verify
+    from aot.verify.device import passed, program_tolerance, reference_noise
+    from aot.verify.device import verify as run_verify
 
     if not torch.cuda.is_available():
         raise EnvError("aotpack verify needs a CUDA GPU; torch sees none")

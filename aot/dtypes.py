@@ -67,18 +67,16 @@ def tolerance(dtype: str) -> Tolerance:
 def torch_dtype(name: str) -> Any:
     """``"float16"`` → ``torch.float16``; ``KeyError`` for a name outside ``NAMES`` or missing
     from this torch."""
-    import torch
-
-    if name not in _TABLE or not hasattr(torch, name):
-        raise KeyError(name)
-    return getattr(torch, name)
+    return torch_dtypes()[name]
 
 
 def torch_dtypes() -> dict[str, Any]:
-    """Every name this torch has → its dtype."""
+    """Every name of ``NAMES`` this torch has → its dtype (read from torch's own dtype objects, so
+    no attribute is looked up by a name that came from a bundle)."""
     import torch
 
-    return {name: getattr(torch, name) for name in NAMES if hasattr(torch, name)}
+    present = {name_of(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+    return {name: present[name] for name in NAMES if name in present}
 
 
 def name_of(dtype: Any) -> str:

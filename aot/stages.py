@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aot.schema import TORCH_MIN, Bucket, Environment, Guards, Program
+from aot.schema import TORCH_MIN, Bucket, BuildStats, Environment, Guards, Program
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Compiled:
     archs: tuple[str, ...]
     cubins: Mapping[tuple[str, str], bytes] = field(default_factory=dict)  # (kernel id, arch) -> cubin
     triton_version: str = ""
-    stats: Mapping[str, Any] = field(default_factory=dict)
+    stats: BuildStats = BuildStats()
 
 
 def environment(archs: tuple[str, ...], torch_built: str, triton_built: str = "") -> Environment:

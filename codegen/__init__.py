@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from aot.errors import CodegenError
-from aot.schema import Kernel
+from aot.schema import BuildStats, Kernel, StepKind
 from aot.stages import Compiled, Traced
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -71,7 +71,7 @@ def generate(
             program=program,
             archs=archs,
             triton_version=triton.__version__,
-            stats={"kernels": 0, "fused": False},
+            stats=BuildStats(programs=1 + len(program.variants)),
         )
     start = time.perf_counter()
     program, weights, padded = pad_matmul_weights(program, dict(traced.weights))
@@ -156,16 +156,16 @@ def generate(
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin
     new_program = replace(program, steps=steps, kernels=tuple(kernels))
-    n_kernel_steps = sum(s.kind == "kernel" for s in steps)
-    stats = {
-        "kernels": len(kernels),
-        "kernel_steps": n_kernel_steps,
-        "aten_ops_fused": sum(len(s.reference) for s in steps if s.kind == "kernel"),
-        "fallbacks": len(failed),
-        "unfused_ops": len(unfused),
-        "activations_folded": folded,
-        "weights_padded": padded,
-    }
+    n_kernel_steps = sum(s.kind == StepKind.KERNEL for s in steps)
+    stats = BuildStats(
+        kernels=len(kernels),
+        kernel_steps=n_kernel_steps,
+        aten_ops_fused=sum(len(s.reference) for s in steps if s.kind == StepKind.KERNEL),
+        fallbacks=len(failed),
+        unfused_ops=len(unfused),
+        activations_folded=folded,
+        weights_padded=padded,
+    )
     say(
         f"  codegen done in {time.perf_counter() - start:.1f}s: {len(kernels)} kernels, {n_kernel_steps} launches, "
         f"{len(failed)} fallbacks, {hits}/{len(jobs)} compiles from the cache"
@@ -197,9 +197,7 @@ def _generate_programs(traced: Traced, archs: tuple[str, ...], progress, fuse: b
     for part in parts:
         cubins.update(part.cubins)
     program = replace(main.program, variants=tuple(p.program for p in parts[1:]))
-    stats = dict(main.stats)
-    stats["programs"] = len(parts)
-    stats["kernels"] = len({k.id for p in parts for k in p.program.kernels})
+    stats = replace(main.stats, programs=len(parts), kernels=len({k.id for p in parts for k in p.program.kernels}))
     return Compiled(
         traced=replace(traced, program=main.traced.program, weights=main.traced.weights),
         program=program,

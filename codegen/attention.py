@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from aot.schema import Program, Step
+from aot.program import buffers_in
+from aot.schema import Buf, Program, Step
 
 SDPA = "aten.scaled_dot_product_attention.default"
 SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (memory: B*L*S bools)
@@ -26,11 +27,7 @@ CAUSAL_ARG = 5
 
 def buffers_read(value: Any) -> list[str]:
     """Every buffer a step argument refers to."""
-    if isinstance(value, dict):
-        return [value["buf"]] if set(value) == {"buf"} else []
-    if isinstance(value, (list, tuple)):
-        return [b for v in value for b in buffers_read(v)]
-    return []
+    return list(buffers_in(value))
 
 
 def _reads(step: Step) -> list[str]:
@@ -90,7 +87,7 @@ def simplify_attention_masks(program: Program, weights: Mapping[str, Any], range
     """``program`` with size-only causal / all-true SDPA masks removed; how many were removed."""
     import torch
 
-    from aot.loader.program import AtenCall
+    from aot.aten import AtenCall
     from aot.symexpr import compile_expr
 
     producer = {o: i for i, s in enumerate(program.steps) for o in s.outputs if o is not None}
@@ -100,14 +97,14 @@ def simplify_attention_masks(program: Program, weights: Mapping[str, Any], range
         if step.kind != "aten" or step.target != SDPA:
             continue
         mask_ref = step.args[MASK_ARG] if len(step.args) > MASK_ARG else step.kwargs.get("attn_mask")
-        if not (isinstance(mask_ref, dict) and set(mask_ref) == {"buf"}):
+        if not isinstance(mask_ref, Buf):
             continue
         if len(step.args) > CAUSAL_ARG and step.args[CAUSAL_ARG] not in (False, None) or step.kwargs.get("is_causal"):
             continue
-        cone = _cone(program, mask_ref["buf"], producer)
+        cone = _cone(program, mask_ref.name, producer)
         if cone is None:
             continue
-        q, k = (program.buffers.get(a["buf"]) if isinstance(a, dict) and "buf" in a else None for a in step.args[:2])
+        q, k = (program.buffers.get(a.name) if isinstance(a, Buf) else None for a in step.args[:2])
         if q is None or k is None:
             continue
         found = set()
@@ -119,7 +116,7 @@ def simplify_attention_masks(program: Program, weights: Mapping[str, Any], range
                     call(env, sizes)
                 q_len = compile_expr(q.shape[-2])(sizes)
                 kv_len = compile_expr(k.shape[-2])(sizes)
-                found.add(_pattern(env[mask_ref["buf"]], q_len, kv_len))
+                found.add(_pattern(env[mask_ref.name], q_len, kv_len))
         except Exception:  # a mask this pass cannot evaluate stays as it is
             continue
         patterns = found - {"one"}

@@ -10,27 +10,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from aot.program import buffers_in
 from aot.schema import Program, Step
 
 _ACTIVATIONS = {"aten.relu.default": False, "aten.gelu.default": True}
 
 
 def _reads(step: Step) -> list[str]:
-    out = []
-
-    def walk(a):
-        if isinstance(a, dict) and "buf" in a:
-            out.append(a["buf"])
-        elif isinstance(a, (list, tuple)):
-            for v in a:
-                walk(v)
-        elif isinstance(a, dict):
-            for v in a.values():
-                walk(v)
-
-    walk(step.args)
-    walk(step.kwargs)
-    return out
+    return [*buffers_in(step.args), *buffers_in(tuple(step.kwargs.values()))]
 
 
 def fold_activations(program: Program) -> tuple[Program, int]:

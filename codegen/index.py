@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import sympy
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
+from aot.schema import Sym
 from aot.tracer.symtext import to_text
 
 Size = sympy.Expr
@@ -77,13 +78,13 @@ def parse_size(text: str) -> Size:
 
 
 def size_of(value) -> Size:
-    """A step argument that is a size: an int or ``{"sym": text}``."""
+    """A step argument that is a size: an int or a ``Sym``."""
     if isinstance(value, bool):
         raise IndexError_(f"expected a size, got {value!r}")
     if isinstance(value, int):
         return sympy.Integer(value)
-    if isinstance(value, dict) and set(value) == {"sym"}:
-        return parse_size(value["sym"])
+    if isinstance(value, Sym):
+        return parse_size(value.text)
     raise IndexError_(f"expected a size, got {value!r}")
 
 

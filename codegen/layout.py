@@ -13,14 +13,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aot.schema import NamedTensor, Program, Step, TensorSpec
+from aot.program import step_reads
+from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
 
 PAD_TO = 64
 MIN_N = 1024  # small matrices are not worth it
-
-
-def _reads(step: Step) -> list[str]:
-    return [a["buf"] for a in step.args if isinstance(a, dict) and "buf" in a]
 
 
 def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
@@ -29,7 +26,7 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
 
     readers: dict[str, list[int]] = {}
     for i, s in enumerate(program.steps):
-        for r in _reads(s):
+        for r in step_reads(s):
             readers.setdefault(r, []).append(i)
     steps: list[Step | tuple[Step, ...]] = list(program.steps)
     buffers = dict(program.buffers)
@@ -46,11 +43,11 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
         mms = []
         ok = bool(uses)
         for u in uses:
-            if u.target == "aten.embedding.default" and _reads(u)[:1] == [name]:
+            if u.target == "aten.embedding.default" and step_reads(u)[:1] == [name]:
                 continue
             if u.target == "aten.permute.default" and list(u.args[1:]) == [[1, 0]]:
                 consumers = [program.steps[i] for i in readers.get(u.outputs[0], [])]
-                if consumers and all(c.target == "aten.mm.default" and _reads(c) == [_reads(c)[0], u.outputs[0]]
+                if consumers and all(c.target == "aten.mm.default" and step_reads(c) == [step_reads(c)[0], u.outputs[0]]
                                      for c in consumers) and u.outputs[0] not in program.outputs:
                     mms += [(u, c) for c in consumers]
                     continue
@@ -70,7 +67,7 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
             i = program.steps.index(mm)
             steps[i] = (
                 replace(mm, outputs=(wide,)),
-                Step("aten", "aten.slice.Tensor", ({"buf": wide}, 1, 0, n), {}, (out,)),
+                Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(wide), 1, 0, n), {}, (out,)),
             )
         padded += 1
     if not padded:

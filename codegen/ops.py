@@ -27,7 +27,7 @@ from typing import Any
 
 from aot.codegen import index as ix
 from aot.codegen.index import Lin, Size
-from aot.schema import Step, TensorSpec
+from aot.schema import Buf, SpecialFloat, Step, Sym, TensorSpec
 
 # dtype of the program → type values are computed in inside a kernel
 COMPUTE = {
@@ -226,9 +226,9 @@ class Builder:
         return tuple(ix.parse_size(s) for s in self.spec(name).shape)
 
     def tensor(self, arg: Any) -> Node:
-        if not (isinstance(arg, dict) and set(arg) == {"buf"}):
+        if not isinstance(arg, Buf):
             raise Unsupported(f"expected a tensor argument, got {str(arg)[:40]}")
-        name = arg["buf"]
+        name = arg.name
         if name in self.env:
             return self.env[name]
         if name not in self.roots:
@@ -252,15 +252,15 @@ class Builder:
 
 
 def is_tensor(arg: Any) -> bool:
-    return isinstance(arg, dict) and set(arg) == {"buf"}
+    return isinstance(arg, Buf)
 
 
 def literal(value: Any, ty: str) -> str:
     """A scalar argument as Triton source of compute type ``ty``."""
-    if isinstance(value, dict) and set(value) == {"float"}:
-        value = float(value["float"])
-    if isinstance(value, dict) and set(value) == {"sym"}:
-        size = ix.parse_size(value["sym"])
+    if isinstance(value, SpecialFloat):
+        value = float(value.name)
+    if isinstance(value, Sym):
+        size = ix.parse_size(value.text)
         if size.is_Integer:
             return literal(int(size), ty)
         text = ix.triton_size(size)
@@ -309,7 +309,7 @@ def _common_type(operands: list[tuple[Node | None, str]], scalars: list[Any]) ->
     if any(t == "float64" for t in tys):
         return "fp64"
     if any(t in FLOATS for t in tys) or any(
-        isinstance(s, float) or (isinstance(s, dict) and "float" in s) for s in scalars
+        isinstance(s, (float, SpecialFloat)) for s in scalars
     ):
         return "fp32"
     if any(t == "int64" for t in tys) or not tys:
@@ -844,7 +844,7 @@ def _lower_reduction(b: Builder, step: Step) -> None:
         w = b.tensor(step.args[2]) if step.args[2] is not None else None
         bias = b.tensor(step.args[3]) if step.args[3] is not None else None
         eps = literal(step.args[4], "fp32")
-        n = literal({"sym": ix.size_text(width)} if not width.is_Integer else int(width), "fp32")
+        n = literal(Sym(ix.size_text(width)) if not width.is_Integer else int(width), "fp32")
         s1 = _reduce("sum", _op(x.shape, "float32", "$0", [x]), k, "float32")
         mean = _op(s1.shape, "float32", f"($0 / {n})", [s1])
         centered = _op(x.shape, "float32", "($0 - $1)", [x, mean])
@@ -884,7 +884,7 @@ def _lower_reduction(b: Builder, step: Step) -> None:
         dims = step.args[1] if len(step.args) > 1 else step.kwargs.get("dim")
     k = _trailing(dims, rank)
     width = ix.numel(x.shape[rank - k :])
-    n = literal({"sym": ix.size_text(width)} if not width.is_Integer else int(width), "fp32")
+    n = literal(Sym(ix.size_text(width)) if not width.is_Integer else int(width), "fp32")
     if t in ("aten.sum.dim_IntList", "aten.sum.default"):
         acc = _acc_dtype(dtype)
         b.set(name, _reduce("sum", _op(x.shape, acc, "$0", [x], COMPUTE[acc]), k, dtype, shape))

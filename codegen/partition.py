@@ -26,18 +26,13 @@ from dataclasses import dataclass
 
 from aot.codegen import ops
 from aot.codegen.render import NotFusible, Rendered, render
-from aot.schema import Program, Step, TensorSpec
+from aot.program import buffers_in
+from aot.schema import Program, Step, StepKind, TensorSpec
 
 
 def reads_of(value) -> list[str]:
     """Buffer names a step argument refers to, in order."""
-    if isinstance(value, dict):
-        if set(value) == {"buf"} and isinstance(value["buf"], str):
-            return [value["buf"]]
-        return []
-    if isinstance(value, (list, tuple)):
-        return [b for v in value for b in reads_of(v)]
-    return []
+    return list(buffers_in(value))
 
 
 @dataclass(frozen=True)
@@ -317,7 +312,7 @@ def rewrite(graph: Graph, groups: list[Group], kernel_ids: list[str]) -> tuple[S
         r = grp.rendered
         out.append(
             Step(
-                kind="kernel",
+                kind=StepKind.KERNEL,
                 target=kernel_ids[u[1]],
                 args=r.args,
                 kwargs={},

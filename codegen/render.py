@@ -33,7 +33,7 @@ from aot.codegen import index as ix
 from aot.codegen import ops
 from aot.codegen.index import Lin, Size
 from aot.codegen.ops import STORAGE, TL_TYPE, Node
-from aot.schema import KernelParam, Step, TensorSpec
+from aot.schema import Buf, KernelParam, ParamKind, Step, Sym, TensorSpec
 
 # ---------------------------------------------------------------------------------------------
 # Heuristics (no autotuning yet: these choose every config; the choice is recorded per kernel)
@@ -398,18 +398,18 @@ def render(
     args: list[Any] = []
     for buf, pname in w.ptrs.items():
         dt = w.ptr_dtypes[buf]
-        params.append(KernelParam(pname, "ptr", dt))
+        params.append(KernelParam(pname, ParamKind.PTR, dt))
         signature[pname] = "*" + STORAGE[dt]
-        args.append({"buf": buf})
+        args.append(Buf(buf))
     for i, o in enumerate(outputs):
         dt = b.spec(o).dtype
-        params.append(KernelParam(f"out{i}", "ptr", dt))
+        params.append(KernelParam(f"out{i}", ParamKind.PTR, dt))
         signature[f"out{i}"] = "*" + STORAGE[dt]
-        args.append({"buf": o})
+        args.append(Buf(o))
     for s in sizes:
-        params.append(KernelParam(f"s_{s}", index_ty, ""))
+        params.append(KernelParam(f"s_{s}", ParamKind(index_ty), ""))
         signature[f"s_{s}"] = index_ty
-        args.append({"sym": s})
+        args.append(Sym(s))
 
     name = kernel_name(steps)
     config.update({"heuristic": HEURISTIC, "index": index_ty, "num_warps": warps, "num_stages": NUM_STAGES})

@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from aot import schema
+from aot.aten import DTYPES, resolve_op
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
-from aot.loader.program import DTYPES, AtenProgram, resolve_op
+from aot.loader.program import AtenProgram
 from aot.loader.weights import to_device
 from aot.manifest_text import manifest_of_bundle, render
 from aot.pytree import flatten_inputs, unflatten

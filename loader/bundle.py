@@ -21,7 +21,7 @@ from pathlib import Path
 from aot import schema
 from aot.errors import BundleError
 from aot.guardtext import admissible_text, admits
-from aot.schema import Manifest, Program, from_json
+from aot.schema import Manifest, Program, StepKind, Sym, SymBool, from_json
 from aot.symexpr import compile_expr
 
 MAX_MEMBERS = 4096
@@ -142,7 +142,7 @@ def _check_depth(tree: object, path: Path, what: str) -> None:
 def _step_targets(steps) -> set[str]:
     out: set[str] = set()
     for step in steps:
-        if step.kind == "aten":
+        if step.kind == StepKind.ATEN:
             out.add(step.target)
         out |= _step_targets(step.reference)
     return out
@@ -167,7 +167,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
                               f"{src.dim}, which the guards do not declare")
     kernels = {k.id for k in program.kernels}
     for step in program.steps:
-        if step.kind == "kernel" and step.target not in kernels:
+        if step.kind == StepKind.KERNEL and step.target not in kernels:
             raise BundleError(f"{path}: a step launches kernel {step.target[:40]!r}, which the program does not define")
     for k in program.kernels:
         needed = [schema.KERNEL_SOURCE_FORMAT.format(kernel=k.id)]
@@ -198,8 +198,8 @@ def _expressions(program: Program):
             v = values.pop()
             if isinstance(v, list):
                 values.extend(v)
-            elif isinstance(v, dict) and "sym" in v:
-                yield v["sym"]
+            elif isinstance(v, (Sym, SymBool)):
+                yield v.text
 
 
 def _check_buckets(manifest: Manifest, path: Path) -> None:
@@ -306,7 +306,7 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
             f"{path}: bundle schema {version[0]}.{version[1]} is newer than this loader's "
             f"{schema.SCHEMA_VERSION[0]}.{schema.SCHEMA_VERSION[1]}; upgrade aotpack"
         )
-    manifest = from_json(Manifest, data, "manifest")
+    manifest = from_json(Manifest, schema.upgrade_manifest(data), "manifest")
     absent = [m for m in _REQUIRED if m not in manifest.members]
     if absent:
         raise BundleError(f"{path}: the manifest lists no {absent[0]}; every bundle has one, rebuild it")

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle
 from aot.loader.cuda import Context, Function, pack_params
-from aot.loader.program import DTYPES, AtenCall, liveness_frees
-from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Kernel, Program, Step
+from aot.program import frees_after
+from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Buf, Kernel, ParamKind, Program, Step, StepKind, Sym
 from aot.symexpr import Expr, compile_expr
 
 ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
@@ -47,32 +48,23 @@ def pick_arch(archs: tuple[str, ...], capability: tuple[int, int]) -> str:
 class KernelCall:
     """One prepared kernel step: function, parameter getters, grid, output allocations."""
 
-    __slots__ = ("fn", "params", "grid", "allocs", "outputs", "reads", "name", "scratch")
+    __slots__ = ("fn", "params", "grid", "allocs", "outputs", "name", "scratch")
 
     def __init__(self, step: Step, kernel: Kernel, fn: Function, program: Program, device: torch.device):
         if len(step.args) != len(kernel.params):
             raise BundleError(f"kernel step {kernel.id} passes {len(step.args)} args for {len(kernel.params)} params")
         self.fn = fn
         self.name = kernel.name
-        self.reads: set[str] = set()
         self.params: list[tuple[str, Any]] = []
         for param, arg in zip(kernel.params, step.args):
-            if not isinstance(arg, dict) or len(arg) != 1:
-                raise BundleError(f"kernel {kernel.id}: malformed argument {str(arg)[:60]}")
-            if param.kind == "ptr":
-                name = arg.get("buf")
-                if not isinstance(name, str):
+            if param.kind == ParamKind.PTR:
+                if not isinstance(arg, Buf):
                     raise BundleError(f"kernel {kernel.id}: pointer parameter {param.name} needs a buffer")
-                self.params.append(("ptr", name))
-                if name not in step.outputs:
-                    self.reads.add(name)
-            elif param.kind in ("i32", "i64"):
-                text = arg.get("sym")
-                if not isinstance(text, str):
-                    raise BundleError(f"kernel {kernel.id}: integer parameter {param.name} needs an expression")
-                self.params.append((param.kind, compile_expr(text)))
+                self.params.append(("ptr", arg.name))
             else:
-                raise BundleError(f"kernel {kernel.id}: unknown parameter kind {param.kind[:20]!r}")
+                if not isinstance(arg, Sym):
+                    raise BundleError(f"kernel {kernel.id}: integer parameter {param.name} needs an expression")
+                self.params.append((ParamKind(param.kind).value, compile_expr(arg.text)))
         self.scratch = kernel.scratch_params
         if not 1 <= len(step.grid) <= 3:
             raise BundleError(f"kernel {kernel.id}: grid must have 1 to 3 dims, has {len(step.grid)}")
@@ -127,14 +119,14 @@ class GpuProgram:
                 functions[k.id] = Function(cubin, k.name, int(k.shared.get(self.arch, 0)), k.num_warps)
         self.calls: list[Any] = []
         for step in program.steps:
-            if step.kind == "kernel":
+            if step.kind == StepKind.KERNEL:
                 k = kernels.get(step.target)
                 if k is None:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
                 self.calls.append(KernelCall(step, k, functions[k.id], program, device))
             else:
                 self.calls.append(AtenCall(step, device))
-        self.frees = liveness_frees(self.calls, program, weights)
+        self.frees = frees_after(program.steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
 
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         self.context.bind()

@@ -25,6 +25,7 @@ import struct
 import tempfile
 import zipfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -74,15 +75,14 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
     steps = [s for p in (compiled.program, *compiled.program.variants) for s in p.steps]
     ops = sorted({s.target for s in steps if s.kind == "aten"} | {r.target for s in steps for r in s.reference})
     n_ref = sum(len(s.reference) if s.kind == "kernel" else 1 for s in compiled.program.steps)
-    stats = {
-        "memory_plan": memory_plan(compiled.program, traced.buckets),
-        "steps": len(compiled.program.steps),
-        "aten_ops_replaced": n_ref,
-        "kernels": len(compiled.program.kernels),
-        "weights_bytes": len(members[schema.WEIGHTS_PATH]),
-        "reference_noise": traced.reference_noise,
-        **dict(compiled.stats),
-    }
+    stats = replace(
+        compiled.stats,
+        steps=len(compiled.program.steps),
+        aten_ops_replaced=n_ref,
+        weights_bytes=len(members[schema.WEIGHTS_PATH]),
+        reference_noise=traced.reference_noise,
+        memory_plan=memory_plan(compiled.program, traced.buckets),
+    )
     return Manifest(
         format=schema.FORMAT_NAME,
         schema_version=schema.SCHEMA_VERSION,

@@ -136,7 +136,7 @@ def test_device_index_is_checked():
     """A runner on a named device refuses a tensor on another index of the same type (no GPU needed:
     the check runs before anything touches the device)."""
     from aot.loader.guards import GuardChecker
-    from aot.loader.program import DTYPES
+    from aot.aten import DTYPES
     from aot.schema import Guards, InputGuard
 
     checker = GuardChecker(

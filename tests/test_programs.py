@@ -8,6 +8,7 @@ import torch
 from aot.errors import TraceError
 from aot.loader import load
 from aot.pytree import Record, leaves
+from aot.schema import Buf, Sym, SymBool
 from aot.tracer import call_model, example_inputs, instantiate, load_model_file, trace
 from tests.conftest import model_path
 
@@ -98,7 +99,7 @@ def test_size_comparisons_are_bools_evaluated_per_call():
     from aot.schema import Step
 
     step = Step(kind="aten", target="aten.scaled_dot_product_attention.default",
-                args=({"buf": "q"}, {"buf": "k"}, {"buf": "v"}, None, 0.0, {"symbool": "seq > 1"}),
+                args=(Buf("q"), Buf("k"), Buf("v"), None, 0.0, SymBool("seq > 1")),
                 kwargs={}, outputs=("out",))
     call = AtenCall(step, torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
@@ -116,7 +117,7 @@ def test_views_run_on_layouts_the_trace_did_not_see():
     from aot.loader.program import AtenCall
     from aot.schema import Step
 
-    step = Step(kind="aten", target="aten.view.default", args=({"buf": "x"}, [2, {"sym": "seq*8"}]),
+    step = Step(kind="aten", target="aten.view.default", args=(Buf("x"), [2, Sym("seq*8")]),
                 kwargs={}, outputs=("y",))
     call = AtenCall(step, torch.device("cpu"))
     x = torch.arange(2 * 5 * 8, dtype=torch.float32).reshape(2, 8, 5).transpose(1, 2)  # [2, 5, 8], not contiguous

@@ -17,8 +17,24 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, TensorArgument
 
+from aot.dtypes import name_of as dtype_name
 from aot.errors import TraceError
-from aot.schema import NamedTensor, Program, Step, SymbolSource, TensorSpec
+from aot.schema import (
+    Buf,
+    Device,
+    DType,
+    Layout,
+    MemoryFormat,
+    NamedTensor,
+    Program,
+    SpecialFloat,
+    Step,
+    StepKind,
+    Sym,
+    SymbolSource,
+    SymBool,
+    TensorSpec,
+)
 from aot.tracer.symtext import to_text
 
 # Ops that only assert facts about the tracing run; they carry no computation.
@@ -37,10 +53,6 @@ def tensor_leaves(tree: Any) -> list[torch.Tensor]:
     from torch.utils._pytree import tree_leaves
 
     return [x for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def op_name(target: Any) -> str:
@@ -74,12 +86,12 @@ class Lowering:
             expr = value.node.expr
             if expr.is_Integer:
                 return int(expr)
-            return {"sym": to_text(expr, self.names)}
+            return Sym(to_text(expr, self.names))
         if isinstance(value, torch.SymBool):  # HF's `is_causal = q_len > 1` under torch 2.11
             expr = value.node.expr
             if expr in (sympy.true, sympy.false):
                 return bool(expr)
-            return {"symbool": to_text(expr, self.names)}
+            return SymBool(to_text(expr, self.names))
         if isinstance(value, torch.SymFloat):
             raise TraceError(f"symbolic {type(value).__name__} values are not supported in bundles: {value}")
         return value
@@ -90,13 +102,13 @@ class Lowering:
         shape = []
         for s in val.shape:
             v = self.sym(s)
-            shape.append(v["sym"] if isinstance(v, dict) else str(v))
+            shape.append(v.text if isinstance(v, Sym) else str(v))
         return TensorSpec(dtype=dtype_name(val.dtype), shape=tuple(shape))
 
     def encode(self, a: Any) -> Any:
         if isinstance(a, torch.fx.Node):
             if a in self.value_names:
-                return {"buf": self.value_names[a]}
+                return Buf(self.value_names[a])
             val = a.meta.get("val")
             if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
                 return self.sym(val)
@@ -106,15 +118,15 @@ class Lowering:
         if isinstance(a, bool) or a is None or isinstance(a, (int, str)):
             return a
         if isinstance(a, float):
-            return a if math.isfinite(a) else {"float": repr(a)}
+            return a if math.isfinite(a) else SpecialFloat(repr(a))
         if isinstance(a, torch.dtype):
-            return {"dtype": dtype_name(a)}
+            return DType(dtype_name(a))
         if isinstance(a, torch.device):
-            return {"device": "runtime"}
+            return Device()
         if isinstance(a, torch.layout):
-            return {"layout": str(a).removeprefix("torch.")}
+            return Layout(str(a).removeprefix("torch."))
         if isinstance(a, torch.memory_format):
-            return {"memory_format": str(a).removeprefix("torch.")}
+            return MemoryFormat(str(a).removeprefix("torch."))
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.sym(a)
         raise TraceError(f"argument {a!r} of type {type(a).__name__} cannot be stored in a bundle")
@@ -181,7 +193,7 @@ class Lowering:
                 outputs = (node.name,)
             self.steps.append(
                 Step(
-                    kind="aten",
+                    kind=StepKind.ATEN,
                     target=name,
                     args=tuple(self.encode(a) for a in node.args),
                     kwargs={k: self.encode(v) for k, v in node.kwargs.items()},

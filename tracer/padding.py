@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from aot.dtypes import tolerance
 from aot.guardtext import admits
 from aot.schema import Bucket, Guards
 from aot.spec import ModelSpec
 
-# Real rows may differ by this much relative to the output's scale: a different size can change a
-# library's blocking and hence rounding (a few ulps); random padding that leaks differs by O(1).
-PAD_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4, "float64": 1e-8}
+# Real rows may differ by ``aot.dtypes.tolerance(dtype).rtol`` of the output's scale: a different
+# size can change a library's blocking and hence rounding (a few ulps); padding that leaks differs by O(1).
 
 
 def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket, ...]:
@@ -80,7 +80,7 @@ def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket
                     continue
                 diff = max(diff, (p[index].float() - w.float()).abs().max().item())
                 scale = max(scale, w.float().abs().max().item())
-            if diff <= PAD_TOLERANCE[spec.dtype] * scale:
+            if diff <= tolerance(spec.dtype).rtol * scale:
                 result.append(replace(bucket, pad_check=f"{name} {n} padded to {b}: real rows differ by at most {diff:.3g}"))
                 continue
             reason = f"padding {name} {n} to {b} changed real rows by {diff:.3g}"

@@ -118,9 +118,9 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
 
     import torch
 
+    from aot.dtypes import tolerance
     from aot.pytree import nest
     from aot.tracer.lower import tensor_leaves as leaves
-    from aot.tracer.padding import PAD_TOLERANCE
 
     by_keyword, constants = call_plan(spec, module)
     constants, _ = split_constants(module, constants)  # the rest are bound inside the trace
@@ -164,7 +164,7 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
                 scale = max(1.0, w.float().abs().max().item() if w.numel() else 1.0)
                 # two half-precision evaluations differ by up to about twice their own error
                 noise = (w.float() - x.float()).abs().max().item() if w.numel() else 0.0
-                if not err <= max(PAD_TOLERANCE[spec.dtype] * scale, 4 * noise):
+                if not err <= max(tolerance(spec.dtype).rtol * scale, 4 * noise):
                     return f"at {sym} = 1 the trace differs from eager by {err:.3g}"
             elif not torch.equal(w, g):
                 return f"at {sym} = 1 the trace differs from eager"

@@ -1,6 +1,9 @@
-"""The schema is pinned: changing a record without bumping SCHEMA_VERSION fails here."""
+"""The schema is pinned: changing a record without bumping SCHEMA_VERSION fails here, and the
+fingerprint text (every record, field type and enum value) is a golden file, so a schema change
+shows in review as a diff of ``schema_fingerprint.txt``."""
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +14,16 @@ from aot.errors import BundleError
 PINNED = {
     (1, 0): "9d8b3cd95f2ca856d6db2f0e33e560896e33f680cc0a4c90cf5f9b5432024512",
     (1, 1): "422f4746c2a64ba801725cb23aebefb695cbffb8c6a3821d2a13b299360bec77",  # output trees, several programs per bundle
+    # typed step arguments and kinds (same JSON), typed build stats and memory plan, cuda_built
+    (1, 2): "8294459e5353e15a66b962d6ce43b619b52330bb436264db63875b323f826f31",
 }
+FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
+
+
+def test_schema_fingerprint_matches_the_golden_text():
+    assert schema.schema_fingerprint() == FINGERPRINT.read_text(), (
+        f"the bundle schema changed; review the difference, bump SCHEMA_VERSION and rewrite {FINGERPRINT.name}"
+    )
 
 
 def test_schema_change_bumps_version():
@@ -25,7 +37,7 @@ def test_schema_change_bumps_version():
 
 def test_roundtrip_and_validation():
     spec = schema.TensorSpec(dtype="float16", shape=("batch", "768"))
-    step = schema.Step(kind="aten", target="aten.relu.default", args=({"buf": "x"},), kwargs={}, outputs=("y",))
+    step = schema.Step(kind="aten", target="aten.relu.default", args=(schema.Buf("x"),), kwargs={}, outputs=("y",))
     program = schema.Program(
         inputs=(schema.NamedTensor("x", spec),), weights=(), buffers={"y": spec}, steps=(step,),
         outputs=("y",), symbols=(schema.SymbolSource("batch", "x", 0),),

@@ -8,6 +8,7 @@ from aot.codegen import generate
 from aot.codegen.attention import SDPA
 from aot.loader import load
 from aot.packager import pack
+from aot.schema import Buf
 from aot.tracer import call_model, example_inputs, instantiate, load_model_file, trace
 from tests.conftest import ROOT
 
@@ -18,7 +19,7 @@ def test_causal_mask_from_sizes_becomes_is_causal_and_input_masks_stay(tmp_path)
     compiled = generate(traced, ("sm_90",))
     sdpa = [s for p in (compiled.program, *compiled.program.variants) for s in p.steps if s.target == SDPA]
     dropped = [s for s in sdpa if len(s.args) > 3 and s.args[3] is None]
-    kept = [s for s in sdpa if len(s.args) > 3 and isinstance(s.args[3], dict)]
+    kept = [s for s in sdpa if len(s.args) > 3 and isinstance(s.args[3], Buf)]
     assert dropped and kept, [s.args[3:] for s in sdpa]
     for s in dropped:  # causal where the query is longer than one token, as eager's is_causal
         assert s.kwargs.get("is_causal") in (True, None)

@@ -64,7 +64,7 @@ def test_kernel_that_fails_to_compile_falls_back_to_aten(pattern, monkeypatch):
     monkeypatch.setattr(cc, "compile_job", flaky)
     messages: list[str] = []
     compiled = generate(traced, ("sm_90",), progress=messages.append)
-    assert compiled.stats["fallbacks"] == 1
+    assert compiled.stats.fallbacks == 1
     assert any("failed to compile" in m and "ptxas exploded" in m for m in messages)
     assert bad_id not in {k.id for k in compiled.program.kernels}
     assert len(compiled.program.kernels) == len(good.program.kernels) - 1

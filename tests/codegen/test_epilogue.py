@@ -4,6 +4,7 @@ import torch
 
 from aot.codegen.epilogue import fold_activations
 from aot.loader.program import AtenProgram
+from aot.schema import Buf
 from aot.tracer import example_inputs, load_model_file, trace
 from tests.conftest import model_path
 
@@ -29,11 +30,11 @@ def test_exact_gelu_and_shared_outputs_are_left_alone():
 
     spec = TensorSpec("float32", ("4", "4"))
     steps = (
-        Step("aten", "aten.addmm.default", ({"buf": "b"}, {"buf": "x"}, {"buf": "w"}), {}, ("mm",)),
-        Step("aten", "aten.gelu.default", ({"buf": "mm"},), {}, ("g",)),  # exact GELU: not the epilogue's
-        Step("aten", "aten.addmm.default", ({"buf": "b"}, {"buf": "x"}, {"buf": "w"}), {}, ("mm2",)),
-        Step("aten", "aten.relu.default", ({"buf": "mm2"},), {}, ("r",)),
-        Step("aten", "aten.add.Tensor", ({"buf": "r"}, {"buf": "mm2"}), {}, ("out",)),  # mm2 used twice
+        Step("aten", "aten.addmm.default", (Buf("b"), Buf("x"), Buf("w")), {}, ("mm",)),
+        Step("aten", "aten.gelu.default", (Buf("mm"),), {}, ("g",)),  # exact GELU: not the epilogue's
+        Step("aten", "aten.addmm.default", (Buf("b"), Buf("x"), Buf("w")), {}, ("mm2",)),
+        Step("aten", "aten.relu.default", (Buf("mm2"),), {}, ("r",)),
+        Step("aten", "aten.add.Tensor", (Buf("r"), Buf("mm2")), {}, ("out",)),  # mm2 used twice
     )
     program = Program(
         inputs=(NamedTensor("x", spec),), weights=(NamedTensor("w", spec), NamedTensor("b", TensorSpec("float32", ("4",)))),

@@ -11,6 +11,8 @@ from aot import schema
 from aot.codegen import generate
 from aot.codegen.ops import VIEW_OPS, returns_view
 from aot.loader.bundle import open_bundle
+from aot.program import buffers_in
+from aot.schema import Buf
 from aot.symexpr import compile_expr
 
 EXAMPLES = ("mlp", "gpt", "cnn", "branchy")
@@ -45,8 +47,8 @@ def test_gpt_block_fuses_into_two_kernels_per_layer(built):
     assert left["aten.addmm.default"] == 3 * 12
     assert left["aten._addmm_activation.default"] == 12  # fc + bias + tanh-GELU in one library call
     assert left["aten.scaled_dot_product_attention.default"] == 12
-    assert manifest.stats["kernel_steps"] == 25
-    assert manifest.stats["activations_folded"] == 12
+    assert manifest.stats.kernel_steps == 25
+    assert manifest.stats.activations_folded == 12
     cubins = [n for n in manifest.members if n.endswith(".cubin")]
     assert sorted(cubins) == sorted(
         schema.KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=a)
@@ -58,8 +60,8 @@ def test_gpt_block_fuses_into_two_kernels_per_layer(built):
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_models_fuse_without_fallbacks(built, name):
     program, manifest = program_of(built(name))
-    assert manifest.stats["fallbacks"] == 0
-    assert manifest.stats["unfused_ops"] == 0
+    assert manifest.stats.fallbacks == 0
+    assert manifest.stats.unfused_ops == 0
     assert kernel_steps(program)
     # every pointwise/normalization op of the examples ends up inside a kernel
     left = {s.target for s in program.steps if s.kind == "aten"}
@@ -112,7 +114,7 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
         ptrs = []
         for a, p in zip(s.args, k.params):
             if p.kind == "ptr":
-                name = a["buf"]
+                name = a.name
                 ptrs.append(name)
                 assert program.buffers.get(name, None) is not None or name in roots
                 if name not in roots and name not in s.outputs:
@@ -127,7 +129,7 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
                 )
                 assert p.dtype == spec.dtype
             else:  # i32 unless the dim range (or the buffers it sizes) can pass 2**31
-                hi = compile_expr(a["sym"])({n: r[1] for n, r in ranges.items()})
+                hi = compile_expr(a.text)({n: r[1] for n, r in ranges.items()})
                 assert p.kind == k.config["index"] and (hi < 2**31 or p.kind == "i64")
         assert set(s.outputs) <= set(ptrs)
         for o in s.outputs:  # only buffers used outside the kernel are materialized
@@ -138,11 +140,7 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
 
 
 def _bufs(value) -> list[str]:
-    if isinstance(value, dict):
-        return [value["buf"]] if set(value) == {"buf"} else []
-    if isinstance(value, (list, tuple)):
-        return [b for v in value for b in _bufs(v)]
-    return []
+    return list(buffers_in(value))
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -163,7 +161,7 @@ def test_unknown_op_stays_a_library_call(pattern):
     steps = compiled.program.steps
     assert [s.kind for s in steps] == ["kernel", "aten", "kernel"]
     assert steps[1].target == "aten.cumsum.default"
-    assert compiled.stats["fallbacks"] == 0
+    assert compiled.stats.fallbacks == 0
 
 
 def test_views_fold_into_kernels_without_copies(pattern):
@@ -172,8 +170,8 @@ def test_views_fold_into_kernels_without_copies(pattern):
     assert all(s.kind == "kernel" for s in steps), [s.target for s in steps if s.kind != "kernel"]
     for s in steps:
         for a in s.args:
-            if "buf" in a and a["buf"] not in s.outputs:
-                assert a["buf"] == "x"  # every kernel reads the input itself, never a view of it
+            if isinstance(a, Buf) and a.name not in s.outputs:
+                assert a.name == "x"  # every kernel reads the input itself, never a view of it
 
 
 def test_reductions_fuse_with_prologue_and_epilogue(pattern):

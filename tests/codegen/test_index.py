@@ -10,7 +10,7 @@ import torch
 
 from aot.codegen import index as ix
 from aot.codegen import ops
-from aot.schema import Step, TensorSpec
+from aot.schema import Buf, Step, Sym, TensorSpec
 
 B, T = ix.symbol("batch"), ix.symbol("seq")
 
@@ -73,7 +73,7 @@ class _Tl:  # enough of triton.language for rendered index text evaluated with n
 
 
 def _sym_text(e) -> object:
-    return int(e) if e.is_Integer else {"sym": ix.size_text(e)}
+    return int(e) if e.is_Integer else Sym(ix.size_text(e))
 
 
 def _random_chain(rng: random.Random):
@@ -88,18 +88,18 @@ def _random_chain(rng: random.Random):
         if choice == "permute":
             perm = list(range(rank))
             rng.shuffle(perm)
-            target, args, new = "aten.permute.default", [{"buf": cur}, perm], [shape[p] for p in perm]
+            target, args, new = "aten.permute.default", [Buf(cur), perm], [shape[p] for p in perm]
             torch_ops.append(lambda t, perm=perm: t.permute(*perm))
         elif choice == "transpose" and rank >= 2:
             d0, d1 = rng.sample(range(rank), 2)
             new = list(shape)
             new[d0], new[d1] = new[d1], new[d0]
-            target, args = "aten.transpose.int", [{"buf": cur}, d0, d1]
+            target, args = "aten.transpose.int", [Buf(cur), d0, d1]
             torch_ops.append(lambda t, d0=d0, d1=d1: t.transpose(d0, d1))
         elif choice == "view_merge" and rank >= 2:
             k = rng.randrange(rank - 1)
             new = shape[:k] + [ix.canon(shape[k] * shape[k + 1])] + shape[k + 2 :]
-            target, args = "aten.view.default", [{"buf": cur}, [_sym_text(s) for s in new]]
+            target, args = "aten.view.default", [Buf(cur), [_sym_text(s) for s in new]]
             torch_ops.append(lambda t, k=k: t.reshape(*t.shape[:k], -1, *t.shape[k + 2 :]))
         elif choice == "view_split":
             k = next(
@@ -108,15 +108,15 @@ def _random_chain(rng: random.Random):
             if k is None:
                 continue
             new = shape[:k] + [ix.sympy.Integer(2), ix.sympy.Integer(int(shape[k]) // 2)] + shape[k + 1 :]
-            target, args = "aten.view.default", [{"buf": cur}, [_sym_text(s) for s in new]]
+            target, args = "aten.view.default", [Buf(cur), [_sym_text(s) for s in new]]
             torch_ops.append(lambda t, k=k: t.reshape(*t.shape[:k], 2, -1, *t.shape[k + 1 :]))
         elif choice == "expand":
             k = rng.randrange(rank + 1)
             unsq = shape[:k] + [ix.ONE] + shape[k:]
-            steps.append(Step("aten", "aten.unsqueeze.default", ({"buf": cur}, k), {}, (f"u{n}",)))
+            steps.append(Step("aten", "aten.unsqueeze.default", (Buf(cur), k), {}, (f"u{n}",)))
             buffers[f"u{n}"] = unsq
             new = shape[:k] + [ix.sympy.Integer(3)] + shape[k:]
-            target, args = "aten.expand.default", [{"buf": f"u{n}"}, [_sym_text(s) for s in new]]
+            target, args = "aten.expand.default", [Buf(f"u{n}"), [_sym_text(s) for s in new]]
             torch_ops.append(lambda t, k=k: t.unsqueeze(k).expand(*t.shape[:k], 3, *t.shape[k:]))
         elif choice in ("slice", "select"):
             k = next(
@@ -129,7 +129,7 @@ def _random_chain(rng: random.Random):
                 start, step = rng.randrange(size - 1), rng.choice([1, 2])
                 count = len(range(start, size, step))
                 new = shape[:k] + [ix.sympy.Integer(count)] + shape[k + 1 :]
-                target, args = "aten.slice.Tensor", [{"buf": cur}, k, start, size, step]
+                target, args = "aten.slice.Tensor", [Buf(cur), k, start, size, step]
                 torch_ops.append(
                     lambda t, k=k, start=start, step=step: t.narrow(k, start, t.shape[k] - start)[
                         (slice(None),) * k + (slice(None, None, step),)
@@ -138,7 +138,7 @@ def _random_chain(rng: random.Random):
             else:
                 index = rng.randrange(-size, size)
                 new = shape[:k] + shape[k + 1 :]
-                target, args = "aten.select.int", [{"buf": cur}, k, index]
+                target, args = "aten.select.int", [Buf(cur), k, index]
                 torch_ops.append(lambda t, k=k, index=index: t.select(k, index))
         else:
             continue

@@ -2,7 +2,7 @@
 
 One fresh interpreter process (``TRITON_INTERPRET=1``) checks all example models, another all
 pattern models. Sizes cover at least two values of every dynamic dim, including sizes that are not
-multiples of any block size. Tolerances (``aot.codegen.check.TOLERANCE``): fp16 1e-2 absolute +
+multiples of any block size. Tolerances (``aot.dtypes.TOLERANCE``): fp16 1e-2 absolute +
 1e-2 relative (kernels round once, the ATen reference after every op), fp32 1e-4 + 1e-4.
 """
 
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from aot.codegen.check import check_many_in_subprocess
+from aot.verify.interpret import interpret_in_subprocess
 from tests.conftest import model_path
 
 # model -> (sizes, interpret at most this many launches of each distinct kernel)
@@ -48,13 +48,13 @@ def _assert_all_pass(name, results, sizes, bundle_kernels):
 @pytest.fixture(scope="module")
 def example_results(built):
     plan = [(built(n), model_path(n), sizes, launches) for n, (sizes, launches) in EXAMPLE_SIZES.items()]
-    return dict(zip(EXAMPLE_SIZES, check_many_in_subprocess(plan)))
+    return dict(zip(EXAMPLE_SIZES, interpret_in_subprocess(plan)))
 
 
 @pytest.fixture(scope="module")
 def pattern_results(pattern):
     plan = [(pattern(n)[2], pattern(n)[3], sizes, None) for n, sizes in PATTERN_SIZES.items()]
-    return dict(zip(PATTERN_SIZES, check_many_in_subprocess(plan)))
+    return dict(zip(PATTERN_SIZES, interpret_in_subprocess(plan)))
 
 
 @pytest.mark.slow

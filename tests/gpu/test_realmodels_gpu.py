@@ -67,7 +67,7 @@ def test_built_here_matches_eager_on_cuda_with_and_without_graphs(cuda, tmp_path
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CPU_BUNDLES.glob("*.tpk")) or ["none"])
 def test_bundles_built_on_the_cpu_box_verify_here(cuda, name):
-    from aot.loader.verify import passed, verify
+    from aot.verify.device import passed, verify
 
     path = CPU_BUNDLES / f"{name}.tpk"
     if not path.is_file():

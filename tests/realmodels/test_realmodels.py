@@ -237,7 +237,7 @@ def test_constant_kwargs_reach_forward(zoo_build, key):
 def kernel_checks(zoo_build, tmp_path_factory, request):
     """The selected zoo bundles' kernels in one Triton-interpreter process, at batch 1 (seq 1) and
     an odd size, each model from a model file that imports its spec from the zoo."""
-    from aot.codegen.check import check_many_in_subprocess
+    from aot.verify.interpret import interpret_in_subprocess
 
     selected = {item.callspec.params["name"] for item in request.session.items
                 if item.originalname == "test_kernels_match_their_reference_in_the_interpreter"}
@@ -252,7 +252,7 @@ def kernel_checks(zoo_build, tmp_path_factory, request):
                          f"from tests.realmodels.zoo import ZOO\nspec = ZOO[{name!r}]()\n")
         plan.append((b.path, model, [case.sizes[0], case.sizes[-2]], INTERPRETED_LAUNCHES))
         names.append(name)
-    return dict(zip(names, check_many_in_subprocess(plan))) if plan else {}
+    return dict(zip(names, interpret_in_subprocess(plan))) if plan else {}
 
 
 @pytest.mark.parametrize("name", list(ZOO))

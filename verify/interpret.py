@@ -1,16 +1,17 @@
 """Run every kernel of a program on CPU with Triton's interpreter and compare it with its reference.
 
 ``TRITON_INTERPRET=1`` makes ``@triton.jit`` kernels run on CPU tensors, but it must be set
-before ``triton`` is first imported, so checks normally run in a fresh process:
-``check_in_subprocess(bundle, model, sizes)`` runs ``python -m aot.codegen.check`` and returns its
-results. In that process, each step of the bundle's program runs in order: ATen steps with the
-loader's ``AtenCall``; a kernel step runs its reference decomposition *and* the kernel (outputs
-pre-filled with NaN or a sentinel, so an element the kernel fails to write shows up), and every
-output is compared. Later steps continue from the reference values, so errors do not compound.
+before ``triton`` is first imported, so this runs in a fresh process:
+``interpret_in_subprocess([(bundle, model, sizes_list, launches)])`` runs
+``python -m aot.verify.interpret`` and returns its results. In that process, each step of the
+bundle's program runs in order: ATen steps as the loader runs them; a kernel step runs its
+reference decomposition *and* the kernel (outputs pre-filled with NaN or a sentinel, so an element
+the kernel fails to write shows up), and every output is compared. Later steps continue from the
+reference values, so errors do not compound.
 
-Tolerances: an element passes when ``|kernel - reference| <= atol + rtol * |reference|``
-(``TOLERANCE`` by dtype). The kernels compute half-precision chains in fp32 and round once, while
-the reference rounds after every op, hence the fp16 tolerance.
+An element passes when ``|kernel - reference| <= atol + rtol * |reference|`` (``aot.dtypes.TOLERANCE``).
+The kernels compute half-precision chains in fp32 and round once, while the reference rounds after
+every op, hence the fp16 tolerance.
 """
 
 from __future__ import annotations
@@ -22,17 +23,13 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-TOLERANCE = {  # dtype -> (atol, rtol)
-    "float16": (1e-2, 1e-2),
-    "bfloat16": (5e-2, 2e-2),
-    "float32": (1e-4, 1e-4),
-    "float64": (1e-8, 1e-8),
-}
+from aot.dtypes import tolerance
+
 INT_SENTINEL = -7
 
 
 @dataclass(frozen=True)
-class OutputCheck:
+class KernelOutputComparison:
     step: int
     kernel: str  # kernel id
     name: str  # kernel function name
@@ -47,9 +44,9 @@ def _sizes_env(sizes: dict[str, int]) -> dict[str, int]:
     return {k: int(v) for k, v in sizes.items()}
 
 
-def check_program(
+def interpret_kernels(
     program, weights: dict, inputs: dict, sizes: dict[str, int], launches_per_kernel: int | None = None
-) -> list[OutputCheck]:
+) -> list[KernelOutputComparison]:
     """Run ``program``'s kernels in the interpreter; needs ``TRITON_INTERPRET=1`` before triton loads.
 
     ``launches_per_kernel``: interpret only the first N launches of each distinct kernel (the
@@ -57,12 +54,13 @@ def check_program(
     """
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
-            "check_program needs TRITON_INTERPRET=1 set before triton is imported; use check_in_subprocess"
+            "interpret_kernels needs TRITON_INTERPRET=1 set before triton is imported; use interpret_in_subprocess"
         )
     import torch
 
+    from aot.aten import DTYPES, AtenCall
     from aot.codegen.compile import load_function
-    from aot.loader.program import DTYPES, AtenCall
+    from aot.schema import ParamKind, StepKind
     from aot.symexpr import evaluate
 
     cpu = torch.device("cpu")
@@ -71,10 +69,10 @@ def check_program(
     kernels = {k.id: k for k in program.kernels}
     functions: dict[str, Any] = {}
     launches: dict[str, int] = {}
-    last = max((i for i, s in enumerate(program.steps) if s.kind == "kernel"), default=-1)
-    results: list[OutputCheck] = []
+    last = max((i for i, s in enumerate(program.steps) if s.kind == StepKind.KERNEL), default=-1)
+    results: list[KernelOutputComparison] = []
     for index, step in enumerate(program.steps[: last + 1]):
-        if step.kind == "aten":
+        if step.kind == StepKind.ATEN:
             AtenCall(step, cpu)(env, sizes)
             continue
         ref_env = dict(env)
@@ -98,18 +96,17 @@ def check_program(
             outs[o] = torch.full(shape, fill, dtype=dtype)
         args = []
         for a, p in zip(step.args, kernel.params):
-            if p.kind == "ptr":
-                name = a["buf"]
-                args.append(outs[name] if name in outs else env[name].contiguous())
+            if p.kind == ParamKind.PTR:
+                args.append(outs[a.name] if a.name in outs else env[a.name].contiguous())
             else:
-                args.append(evaluate(a["sym"], sizes))
+                args.append(evaluate(a.text, sizes))
         grid = tuple(evaluate(g, sizes) for g in step.grid)
         if all(g > 0 for g in grid):
             functions[kernel.id][grid](*args)
         for o in step.outputs:
             got, want = outs[o], ref_env[o]
             spec = program.buffers[o]
-            atol, rtol = TOLERANCE.get(spec.dtype, (0.0, 0.0))
+            tol = tolerance(spec.dtype)
             if got.shape != want.shape:
                 err, ratio = float("inf"), float("inf")
             elif got.numel() == 0:
@@ -120,7 +117,7 @@ def check_program(
                 same_inf = torch.isinf(w64) & (g64 == w64)
                 diff = (g64 - w64).abs().masked_fill(both_nan | same_inf, 0.0).nan_to_num(nan=float("inf"))
                 err = diff.max().item()
-                ratio = (diff / (atol + rtol * w64.abs().nan_to_num(0.0, 0.0, 0.0))).max().item()
+                ratio = (diff / (tol.atol + tol.rtol * w64.abs().nan_to_num(0.0, 0.0, 0.0))).max().item()
             else:
                 err = (
                     (got.long() - want.long()).abs().max().item()
@@ -129,7 +126,7 @@ def check_program(
                 )
                 ratio = float(err > 0) * float("inf") if err else 0.0
             results.append(
-                OutputCheck(
+                KernelOutputComparison(
                     index, kernel.id, kernel.name, o, spec.dtype, float(err), float(ratio), bool(ratio <= 1.0)
                 )
             )
@@ -138,13 +135,13 @@ def check_program(
     return results
 
 
-def check_bundle(
+def interpret_bundle(
     bundle: str | os.PathLike,
     model: str | os.PathLike,
     sizes_list: list[dict[str, int]],
     seed: int = 0,
     launches_per_kernel: int | None = None,
-) -> dict[str, list[OutputCheck]]:
+) -> dict[str, list[KernelOutputComparison]]:
     """Check ``bundle``'s kernels at each size, with the model file's example inputs at those sizes."""
     from safetensors.torch import load as load_safetensors
 
@@ -162,25 +159,15 @@ def check_bundle(
     out = {}
     for sizes in sizes_list:
         inputs = example_inputs(spec, sizes, seed=seed + sum(sizes.values()))
-        out[json.dumps(sizes, sort_keys=True)] = check_program(
+        out[json.dumps(sizes, sort_keys=True)] = interpret_kernels(
             program, weights, inputs, _sizes_env(sizes), launches_per_kernel
         )
     return out
 
 
-def check_in_subprocess(
-    bundle: str | os.PathLike,
-    model: str | os.PathLike,
-    sizes_list: list[dict[str, int]],
-    launches_per_kernel: int | None = None,
-    timeout: float = 1800,
-) -> dict[str, list[OutputCheck]]:
-    """``check_bundle`` in a fresh Python with ``TRITON_INTERPRET=1``."""
-    return check_many_in_subprocess([(bundle, model, sizes_list, launches_per_kernel)], timeout)[0]
-
-
-def check_many_in_subprocess(plan: list[tuple], timeout: float = 1800) -> list[dict[str, list[OutputCheck]]]:
-    """Several ``(bundle, model, sizes_list, launches_per_kernel)`` checks in one fresh interpreter."""
+def interpret_in_subprocess(plan: list[tuple], timeout: float = 1800) -> list[dict[str, list[KernelOutputComparison]]]:
+    """``interpret_bundle`` for several ``(bundle, model, sizes_list, launches_per_kernel)`` in one
+    fresh Python with ``TRITON_INTERPRET=1``."""
     import tempfile
 
     items = [{"bundle": str(b), "model": str(m), "sizes": s, "launches": n} for b, m, s, n in plan]
@@ -189,12 +176,12 @@ def check_many_in_subprocess(plan: list[tuple], timeout: float = 1800) -> list[d
         with open(plan_path, "w") as f:
             json.dump(items, f)
         env = dict(os.environ, TRITON_INTERPRET="1")
-        cmd = [sys.executable, "-m", "aot.codegen.check", plan_path]
+        cmd = [sys.executable, "-m", "aot.verify.interpret", plan_path]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"interpreter check failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     data = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [{k: [OutputCheck(**r) for r in v] for k, v in item.items()} for item in data]
+    return [{k: [KernelOutputComparison(**r) for r in v] for k, v in item.items()} for item in data]
 
 
 def main(argv: list[str]) -> None:
@@ -205,7 +192,7 @@ def main(argv: list[str]) -> None:
         plan = json.load(f)
     out = []
     for item in plan:
-        results = check_bundle(
+        results = interpret_bundle(
             item["bundle"], item["model"], item["sizes"], launches_per_kernel=item["launches"]
         )
         out.append({k: [asdict(r) for r in v] for k, v in results.items()})
@@ -219,7 +206,7 @@ if __name__ == "__main__":
         os.environ["TRITON_INTERPRET"] = "1"
     if len(sys.argv) != 2:
         raise SystemExit(
-            "usage: python -m aot.codegen.check PLAN.json  "
+            "usage: python -m aot.verify.interpret PLAN.json  "
             '(a list of {"bundle", "model", "sizes": [{"batch": 2}], "launches": null})'
         )
     main(sys.argv[1:])

@@ -1,0 +1,123 @@
+"""What every stage must agree on about a program's steps, written once: which buffers a step
+reads and writes, which ops return a view of their input, the steps a device runs without the
+kernels, and when each buffer dies.
+
+The tracer writes programs, codegen rewrites them, the packager plans their memory, the loader
+and the verifiers run them; all of them ask these questions here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from aot.errors import BundleError
+from aot.schema import Buf, Program, Step, StepKind
+
+# Ops whose result may share storage with their first tensor argument: they allocate nothing, a
+# kernel reads through them by index arithmetic, and the buffer they view lives as long as they do.
+VIEW_OPS = frozenset({
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.reshape.default",
+    "aten.permute.default",
+    "aten.transpose.int",
+    "aten.t.default",
+    "aten.expand.default",
+    "aten.unsqueeze.default",
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.squeeze.default",
+    "aten.slice.Tensor",
+    "aten.select.int",
+    "aten.narrow.default",
+    "aten.alias.default",
+    "aten.detach.default",
+    "aten.as_strided.default",
+    "aten.split_with_sizes.default",
+    "aten.split.Tensor",
+    "aten.unbind.int",
+})
+
+
+def buffers_in(value: Any) -> Iterator[str]:
+    """Every buffer an argument names, in order, however deep (``aten.cat([w, x])``)."""
+    if isinstance(value, Buf):
+        yield value.name
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from buffers_in(v)
+
+
+def step_reads(step: Step) -> list[str]:
+    """The buffers ``step`` reads, in argument order (a kernel's output pointers excluded)."""
+    reads = [*buffers_in(step.args), *buffers_in(tuple(step.kwargs.values()))]
+    if step.kind == StepKind.KERNEL:
+        written = set(step.outputs)
+        reads = [r for r in reads if r not in written]
+    return reads
+
+
+def step_writes(step: Step) -> list[str]:
+    return [o for o in step.outputs if o is not None]
+
+
+def is_view(step: Step) -> bool:
+    return step.kind == StepKind.ATEN and step.target in VIEW_OPS
+
+
+def reference_steps(program: Program) -> list[Step]:
+    """The program with each kernel step replaced by its reference ATen steps: what a device
+    without the kernels (the CPU) runs."""
+    out: list[Step] = []
+    for step in program.steps:
+        out.extend(step.reference if step.kind == StepKind.KERNEL else (step,))
+    return out
+
+
+def frees_after(steps: Sequence[Step], given: Iterable[str], outputs: Sequence[str]) -> list[tuple[str, ...]]:
+    """For each step, the buffers to drop after it (those it was the last to use), checking on the
+    way that every read comes after its write and every output is written. ``given``: the
+    buffers that exist before the first step (inputs, weights); they and the outputs are kept."""
+    known = set(given)
+    keep = known | set(outputs)
+    last_use: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        reads = step_reads(step)
+        missing = set(reads) - known
+        if missing:
+            raise BundleError(f"step {i} ({step.target[:60]}) reads {sorted(missing)[:3]} before they are written")
+        for r in reads:
+            last_use[r] = i
+        known.update(step_writes(step))
+    unwritten = set(outputs) - known
+    if unwritten:
+        raise BundleError(f"program outputs {sorted(unwritten)[:3]} are never written")
+    frees: list[tuple[str, ...]] = [() for _ in steps]
+    for name, i in last_use.items():
+        if name not in keep:
+            frees[i] += (name,)
+    for i, step in enumerate(steps):  # written but never read (unused multi-outputs): dead at once
+        frees[i] += tuple(o for o in step_writes(step) if o not in last_use and o not in keep)
+    return frees
+
+
+def lifetimes(program: Program) -> list[tuple[str, int, int]]:
+    """(buffer, first step, last step) for every buffer that owns memory: a view's uses count as
+    uses of the buffer it views; outputs live past the last step."""
+    root: dict[str, str] = {}
+    born: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, step in enumerate(program.steps):
+        reads = step_reads(step)
+        for r in reads:
+            last[root.get(r, r)] = i
+        for o in step_writes(step):
+            if is_view(step) and reads:
+                root[o] = root.get(reads[0], reads[0])
+            else:
+                born[o] = i
+                last.setdefault(o, i)
+    for o in program.outputs:
+        last[root.get(o, o)] = len(program.steps)
+    return [(b, born[b], last[b]) for b in born]
