@@ -65,7 +65,7 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
           f"{len(traced.weights)} weights")
     for sym in traced.guards.symbols:
         if (sym.min, sym.max, sym.modulus, sym.excluded) != (sym.declared_min, sym.declared_max, 1, ()):
-            from aot.guardtext import admissible_text
+            from aot.admissible import admissible_text
 
             sites = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in sym.sources) or "tracing"
             _info(f"  warning: narrowed as allowed: {sym.name} declared {sym.declared_min}..{sym.declared_max} "

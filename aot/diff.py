@@ -7,7 +7,7 @@ specialized, dtype/rank, inputs added/removed/reordered, a new relation, an arch
 schema or torch required) or **safe** (it cannot: widened, removed or moved guards, arch added,
 buckets, kernels, weights). Admissible sets are compared exactly: they are bounded, and within a
 range a set only depends on ``v % modulus`` apart from a few excluded values, so the difference
-of two sets is counted segment by segment, one period at a time (``aot.guardtext.admits``
+of two sets is counted segment by segment, one period at a time (``aot.admissible.admits``
 decides membership), whatever the size of the ranges.
 
 Exit status (``exit_code``): 0 no change, 1 only safe changes, 2 at least one breaking change.
@@ -22,7 +22,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from aot.errors import BundleError
-from aot.guardtext import admissible_text, admits
+from aot.admissible import admissible_text, admits
 from aot.manifest_text import GuardManifest, canonical, manifest_of_bundle, parse_guards_text, site_text
 from aot.schema import GuardSource, SymbolGuard
 

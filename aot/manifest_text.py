@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, replace
 
 from aot.errors import BundleError
-from aot.guardtext import admissible_text
+from aot.admissible import admissible_text
 from aot.schema import (
     Bucket,
     Environment,

@@ -21,7 +21,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
 from aot.schema import Sym
-from aot.tracer.symtext import to_text
+from aot.sympy_text import to_text
 
 Size = sympy.Expr
 ZERO = sympy.Integer(0)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from aot import schema
 from aot.errors import BundleError
-from aot.guardtext import admissible_text, admits
+from aot.admissible import admissible_text, admits
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool, from_json
 from aot.symexpr import compile_expr
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aot.errors import BundleError, GuardError
-from aot.guardtext import admissible_text, admits, first_admissible
+from aot.admissible import admissible_text, admits, first_admissible
 from aot.schema import Guards, SymbolGuard
 from aot.spec import MAX_DIM
 from aot.symexpr import compile_expr

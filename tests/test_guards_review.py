@@ -34,7 +34,7 @@ from aot.diff import (
     read_side,
 )
 from aot.errors import BundleError
-from aot.guardtext import admits
+from aot.admissible import admits
 from aot.manifest_text import GuardManifest, canonical, manifest_of_bundle, parse_guards_text, render
 from aot.schema import GuardSource, InputGuard, Relation, SymbolGuard
 from tests.conftest import ROOT, model_path

@@ -82,7 +82,7 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
     from torch.export import export
 
     from aot.tracer.guards import RawGuard
-    from aot.tracer.symtext import to_text
+    from aot.sympy_text import to_text
 
     start = time.perf_counter()
     model_path = Path(spec.extra.get("path", "model.py"))
@@ -161,7 +161,7 @@ def _size_one_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, in
     The build admits size 1 in this trace only after running it there against eager."""
     import numpy as np
 
-    from aot.tracer.symtext import evaluate_vectorized
+    from aot.sympy_text import evaluate_vectorized
 
     out = []
     for g in raw:
@@ -267,7 +267,7 @@ def buckets_for(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:
     """Declared (or default) bucket sizes that the guards admit; the largest admitted size is
     always a bucket, so every admitted call fits one. Symbols a program traced as static have
     no buckets in it."""
-    from aot.guardtext import admits
+    from aot.admissible import admits
 
     symbols = {g.name: g for g in guards.symbols}
     out = []

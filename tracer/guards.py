@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from aot.errors import TraceError
-from aot.guardtext import relative_text
+from aot.admissible import relative_text
 from aot.schema import GuardSource, Relation, SymbolGuard
-from aot.tracer.symtext import evaluate_vectorized
+from aot.sympy_text import evaluate_vectorized
 
 MAX_RANGE = 1 << 22  # largest declared range enumerated per symbol
 MAX_GRID = 1 << 22  # largest grid enumerated for a multi-symbol guard

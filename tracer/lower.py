@@ -35,7 +35,7 @@ from aot.schema import (
     SymBool,
     TensorSpec,
 )
-from aot.tracer.symtext import to_text
+from aot.sympy_text import to_text
 
 # Ops that only assert facts about the tracing run; they carry no computation.
 DROPPED_OPS = {

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from aot.dtypes import tolerance
-from aot.guardtext import admits
+from aot.admissible import admits
 from aot.schema import Bucket, Guards
 from aot.spec import ModelSpec
 

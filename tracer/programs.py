@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aot.errors import TraceError
-from aot.guardtext import admissible_text
+from aot.admissible import admissible_text
 from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
 from aot.spec import Dim, ModelSpec
 from aot.tracer.export import Exported, buckets_for, export_model, region_name

@@ -14,7 +14,7 @@ import torch
 
 from aot.aten import AtenCall
 from aot.dtypes import tolerance
-from aot.guardtext import admits
+from aot.admissible import admits
 from aot.loader import Runner, load
 from aot.loader.gpu import KernelCall
 from aot.loader.program import AtenProgram

@@ -148,7 +148,7 @@ def test_outputs_depend_on_the_inputs(zoo_build, name):
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_declared_ranges_are_not_narrowed(zoo_build, name):
-    from aot.guardtext import admissible_text
+    from aot.admissible import admissible_text
 
     require(ZOO[name].library)
     guards = zoo_build(name).ok().runner.manifest.guards

@@ -1,5 +1,6 @@
-"""Sympy (as torch's shape environment produces it) → aotpack expression text, and a numpy
-evaluator of that text used to simplify guards over their bounded ranges."""
+"""Sympy expressions (as torch's shape environment produces them) → size-expression text in the grammar of
+``aot.symexpr``, and a numpy evaluator of that text used to simplify guards over their bounded ranges.
+Build-time only (sympy, numpy): the loader never imports it."""
 
 from __future__ import annotations
 

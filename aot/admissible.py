@@ -1,4 +1,5 @@
-"""Text forms of admissible sets, shared by the tracer (which writes them) and the CLI."""
+"""A symbol's admissible set (range, period, residues): membership, which the loader tests on every
+call, and the text forms the tracer writes and the review tools print."""
 
 from __future__ import annotations
 
