@@ -19,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aot.admissible import admits
 from aot.errors import SpecError
+from aot.schema import Bucket, Guards
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "bool")
@@ -182,3 +184,19 @@ class ModelSpec:
                 if isinstance(size, Dim):
                     seen.setdefault(size.name, size)
         return list(seen.values())
+
+
+def plan_buckets(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:
+    """The CUDA-graph buckets of a build: declared (or default) sizes that the guards admit; the largest admitted size is
+    always a bucket, so every admitted call fits one. Symbols a program traced as static have
+    no buckets in it."""
+    symbols = {g.name: g for g in guards.symbols}
+    out = []
+    for d in spec.dims():
+        g = symbols.get(d.name)
+        if g is None:
+            continue
+        sizes = {s for s in d.default_buckets() if admits(g, s)}
+        sizes.add(g.max)
+        out.append(Bucket(symbol=d.name, sizes=tuple(sorted(sizes)), paddable=d.paddable))
+    return tuple(out)

@@ -4,6 +4,10 @@ Bundles store sizes such as ``batch*seq*768`` and guards such as ``seq % 2 == 0`
 loader never calls ``eval``: ``compile_expr`` parses the text with ``ast`` once, accepts only
 integer arithmetic (``+ - * // %``), comparisons, ``and``/``or``/``not``, ``max``/``min`` and
 symbol names, and turns it into a tree of closures that evaluates in microseconds.
+
+The grammar is defined once, by ``fold``; other interpretations of the same text (numpy arrays
+for guard simplification, sympy for kernel index arithmetic) are ``Algebra`` instances beside
+the code that needs them, so the build and the loader can never read a size differently.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import functools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from aot.errors import BundleError
 
@@ -21,25 +26,91 @@ MAX_DEPTH = 64
 MAX_VALUE = 1 << 62
 CACHE_SIZE = 4096  # compiled expressions kept (a GPT-2 program has a few hundred distinct ones)
 
-_BINOPS: dict[type, Callable[[int, int], int]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_CMPOPS: dict[type, Callable[[int, int], bool]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-}
-_FUNCS: dict[str, Callable[..., int]] = {"max": max, "min": min}
+T = TypeVar("T")
+
+# The grammar's operators by name; every interpretation of the text (integers here, numpy arrays
+# in ``aot.sympy_text``, sympy in ``aot.codegen.index``) maps these names to its own operations.
+_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
+_COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+_FUNCTIONS = ("max", "min")
+MAX_ARGS = 8
+
+
+class Algebra(Protocol[T]):
+    """One interpretation of the size-expression grammar: how to build a value of type ``T``
+    from each construct. ``fold`` walks the text and calls these; it alone decides what the
+    grammar admits."""
+
+    def const(self, value: int) -> T: ...
+    def name(self, name: str) -> T: ...
+    def binary(self, op: str, a: T, b: T) -> T: ...  # + - * // %
+    def compare(self, op: str, a: T, b: T) -> T: ...  # == != < <= > >=
+    def neg(self, a: T) -> T: ...
+    def not_(self, a: T) -> T: ...
+    def boolean(self, op: str, parts: list[T]) -> T: ...  # and / or
+    def call(self, fn: str, args: list[T]) -> T: ...  # max / min
+
+
+def parse(text: str) -> ast.expr:
+    """``text`` → its syntax tree, or ``BundleError`` (bounded size, ASCII, no NUL)."""
+    if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
+        raise BundleError(f"symbolic expression must be a non-empty string of at most {MAX_TEXT} chars")
+    if "\x00" in text:
+        raise BundleError("symbolic expression contains a NUL byte")
+    if not text.isascii():  # symbol names are ASCII identifiers; keep the parser's input small
+        raise BundleError(f"symbolic expression {ascii(text[:40])} is not ASCII")
+    try:
+        return ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        raise BundleError(f"symbolic expression {text[:80]!r} does not parse: {e}") from None
+
+
+def fold(node: ast.expr, algebra: Algebra[T], depth: int = 0) -> T:
+    """Interpret a parsed expression in ``algebra``; ``BundleError`` for anything outside the grammar:
+    integer constants, names, ``+ - * // %``, unary ``-``, ``not``, ``and``/``or``, one comparison,
+    ``max``/``min`` of 1 to ``MAX_ARGS`` arguments, nested at most ``MAX_DEPTH`` deep."""
+    if depth > MAX_DEPTH:
+        raise BundleError(f"symbolic expression nests deeper than {MAX_DEPTH}")
+    d = depth + 1
+    if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
+        return algebra.const(int(node.value))
+    if isinstance(node, ast.Name):
+        return algebra.name(node.id)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return algebra.binary(_BINARY[type(node.op)], fold(node.left, algebra, d), fold(node.right, algebra, d))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return algebra.neg(fold(node.operand, algebra, d))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return algebra.not_(fold(node.operand, algebra, d))
+    if isinstance(node, ast.BoolOp):
+        return algebra.boolean("and" if isinstance(node.op, ast.And) else "or",
+                               [fold(v, algebra, d) for v in node.values])
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+        return algebra.compare(_COMPARE[type(node.ops[0])], fold(node.left, algebra, d),
+                               fold(node.comparators[0], algebra, d))
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCTIONS
+        and not node.keywords
+        and 1 <= len(node.args) <= MAX_ARGS
+    ):
+        return algebra.call(node.func.id, [fold(a, algebra, d) for a in node.args])
+    raise BundleError(f"symbolic expression contains a forbidden construct: {type(node).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Integers, as the loader evaluates them: compiled once into closures over a symbol environment.
 
 Env = Mapping[str, int]
 Fn = Callable[[Env], int]
+
+_INT_BINARY: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod,
+}
+_INT_COMPARE: dict[str, Callable[[int, int], bool]] = {
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
 
 
 def _checked(value: int) -> int:
@@ -48,16 +119,23 @@ def _checked(value: int) -> int:
     return value
 
 
-def _compile(node: ast.AST, symbols: set[str], depth: int) -> Fn:
-    if depth > MAX_DEPTH:
-        raise BundleError(f"symbolic expression nests deeper than {MAX_DEPTH}")
-    d = depth + 1
-    if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
-        value = _checked(int(node.value))
-        return lambda env: value
-    if isinstance(node, ast.Name):
-        name = node.id
-        symbols.add(name)
+class _Closures:
+    """The integer algebra: each construct becomes a closure ``env -> int``."""
+
+    def __init__(self) -> None:
+        self.symbols: set[str] = set()
+
+    def const(self, value: int) -> Fn:
+        value = _checked(value)
+
+        def constant(env: Env) -> int:
+            return value
+
+        constant.value = value  # type: ignore[attr-defined]  # lets ``binary`` reject ``x // 0`` at load
+        return constant
+
+    def name(self, name: str) -> Fn:
+        self.symbols.add(name)
 
         def lookup(env: Env) -> int:
             try:
@@ -66,44 +144,40 @@ def _compile(node: ast.AST, symbols: set[str], depth: int) -> Fn:
                 raise BundleError(f"symbolic expression uses unknown symbol {name!r}") from None
 
         return lookup
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        op, lhs, rhs = _BINOPS[type(node.op)], _compile(node.left, symbols, d), _compile(node.right, symbols, d)
-        if op in (operator.floordiv, operator.mod) and isinstance(node.right, ast.Constant) and not node.right.value:
+
+    def binary(self, op: str, lhs: Fn, rhs: Fn) -> Fn:
+        fn, divides = _INT_BINARY[op], op in ("//", "%")
+        if divides and getattr(rhs, "value", None) == 0:
             raise BundleError("symbolic expression divides by the constant 0")
 
         def binop(env: Env) -> int:
             b = rhs(env)
-            if b == 0 and op in (operator.floordiv, operator.mod):
+            if divides and b == 0:
                 raise BundleError("symbolic expression divides by zero")
-            return _checked(op(lhs(env), b))
+            return _checked(fn(lhs(env), b))
 
         return binop
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _compile(node.operand, symbols, d)
+
+    def compare(self, op: str, lhs: Fn, rhs: Fn) -> Fn:
+        cmp = _INT_COMPARE[op]
+        return lambda env: int(cmp(lhs(env), rhs(env)))
+
+    def neg(self, inner: Fn) -> Fn:
         return lambda env: -inner(env)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        inner = _compile(node.operand, symbols, d)
+
+    def not_(self, inner: Fn) -> Fn:
         return lambda env: int(not inner(env))
-    if isinstance(node, ast.BoolOp):
-        parts = [_compile(v, symbols, d) for v in node.values]
-        if isinstance(node.op, ast.And):
+
+    def boolean(self, op: str, parts: list[Fn]) -> Fn:
+        if op == "and":
             return lambda env: int(all(p(env) for p in parts))
         return lambda env: int(any(p(env) for p in parts))
-    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMPOPS:
-        cmp = _CMPOPS[type(node.ops[0])]
-        lhs, rhs = _compile(node.left, symbols, d), _compile(node.comparators[0], symbols, d)
-        return lambda env: int(cmp(lhs(env), rhs(env)))
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in _FUNCS
-        and not node.keywords
-        and 1 <= len(node.args) <= 8
-    ):
-        fn = _FUNCS[node.func.id]
-        args = [_compile(a, symbols, d) for a in node.args]
-        return lambda env: fn(a(env) for a in args) if len(args) > 1 else args[0](env)
-    raise BundleError(f"symbolic expression contains a forbidden construct: {type(node).__name__}")
+
+    def call(self, fn: str, args: list[Fn]) -> Fn:
+        pick = max if fn == "max" else min
+        if len(args) == 1:
+            return args[0]
+        return lambda env: pick(a(env) for a in args)
 
 
 @dataclass(frozen=True)
@@ -133,22 +207,14 @@ def compile_expr(text: str) -> Expr:
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _compile_text(text: str) -> Expr:
-    if "\x00" in text:
-        raise BundleError("symbolic expression contains a NUL byte")
-    if not text.isascii():  # symbol names are ASCII identifiers; keep the parser's input small
-        raise BundleError(f"symbolic expression {ascii(text[:40])} is not ASCII")
+    algebra = _Closures()
     try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        raise BundleError(f"symbolic expression {text[:80]!r} does not parse: {e}") from None
-    symbols: set[str] = set()
-    try:
-        fn = _compile(tree.body, symbols, 0)
+        fn = fold(parse(text), algebra)
     except RecursionError:
         raise BundleError(f"symbolic expression nests deeper than {MAX_DEPTH}") from None
-    if not symbols:
+    if not algebra.symbols:
         fn({})  # a constant that overflows or divides by zero fails here, at load, not on a call
-    return Expr(text, frozenset(symbols), fn)
+    return Expr(text, frozenset(algebra.symbols), fn)
 
 
 def evaluate(text: str, env: Env) -> int:

@@ -4,7 +4,7 @@ Build-time only (sympy, numpy): the loader never imports it."""
 
 from __future__ import annotations
 
-import ast
+import functools
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -12,6 +12,7 @@ import sympy
 from torch.utils._sympy import functions as tfn
 
 from aot.errors import TraceError
+from aot.symexpr import fold, parse
 
 
 def to_text(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
@@ -107,52 +108,53 @@ def _paren_bool(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     return f"({_render(e, names)})"
 
 
-_VEC_BIN: dict[type, Callable] = {
-    ast.Add: np.add,
-    ast.Sub: np.subtract,
-    ast.Mult: np.multiply,
-    ast.FloorDiv: lambda a, b: np.floor_divide(a, np.where(b == 0, 1, b)),
-    ast.Mod: lambda a, b: np.mod(a, np.where(b == 0, 1, b)),
-}
-_VEC_CMP: dict[type, Callable] = {
-    ast.Eq: np.equal,
-    ast.NotEq: np.not_equal,
-    ast.Lt: np.less,
-    ast.LtE: np.less_equal,
-    ast.Gt: np.greater,
-    ast.GtE: np.greater_equal,
-}
+def _where_nonzero(b):
+    return np.where(b == 0, 1, b)
+
+
+class _Arrays:
+    """The numpy algebra of ``aot.symexpr.fold``: every symbol an int64 array (broadcasting)."""
+
+    BINARY: dict[str, Callable] = {
+        "+": np.add,
+        "-": np.subtract,
+        "*": np.multiply,
+        "//": lambda a, b: np.floor_divide(a, _where_nonzero(b)),
+        "%": lambda a, b: np.mod(a, _where_nonzero(b)),
+    }
+    COMPARE: dict[str, Callable] = {
+        "==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
+        ">=": np.greater_equal,
+    }
+
+    def __init__(self, env: Mapping[str, np.ndarray]) -> None:
+        self.env = env
+
+    def const(self, value: int):
+        return np.int64(value)
+
+    def name(self, name: str):
+        return self.env[name]
+
+    def binary(self, op: str, a, b):
+        return self.BINARY[op](a, b)
+
+    def compare(self, op: str, a, b):
+        return self.COMPARE[op](a, b)
+
+    def neg(self, a):
+        return np.negative(a)
+
+    def not_(self, a):
+        return np.logical_not(a)
+
+    def boolean(self, op: str, parts: list):
+        return functools.reduce(np.logical_and if op == "and" else np.logical_or, parts)
+
+    def call(self, fn: str, args: list):
+        return functools.reduce(np.maximum if fn == "max" else np.minimum, args)
 
 
 def evaluate_vectorized(text: str, env: Mapping[str, np.ndarray]) -> np.ndarray:
     """Evaluate expression text over numpy int64 arrays (broadcasting), for guard simplification."""
-
-    def ev(n: ast.AST):
-        if isinstance(n, ast.Constant):
-            return np.int64(int(n.value))
-        if isinstance(n, ast.Name):
-            return env[n.id]
-        if isinstance(n, ast.BinOp):
-            return _VEC_BIN[type(n.op)](ev(n.left), ev(n.right))
-        if isinstance(n, ast.UnaryOp):
-            v = ev(n.operand)
-            return np.negative(v) if isinstance(n.op, ast.USub) else np.logical_not(v)
-        if isinstance(n, ast.Compare):
-            return _VEC_CMP[type(n.ops[0])](ev(n.left), ev(n.comparators[0]))
-        if isinstance(n, ast.BoolOp):
-            vals = [ev(v) for v in n.values]
-            fn = np.logical_and if isinstance(n.op, ast.And) else np.logical_or
-            out = vals[0]
-            for v in vals[1:]:
-                out = fn(out, v)
-            return out
-        if isinstance(n, ast.Call):
-            vals = [ev(a) for a in n.args]
-            fn = np.maximum if n.func.id == "max" else np.minimum
-            out = vals[0]
-            for v in vals[1:]:
-                out = fn(out, v)
-            return out
-        raise TraceError(f"cannot evaluate {ast.dump(n)[:60]}")
-
-    return np.asarray(ev(ast.parse(text, mode="eval").body))
+    return np.asarray(fold(parse(text), _Arrays(env)))

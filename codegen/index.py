@@ -13,14 +13,15 @@ arguments), ``triton_size`` renders it for kernel source.
 
 from __future__ import annotations
 
-import ast
 import functools
 from dataclasses import dataclass
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
+from aot.errors import BundleError
 from aot.schema import Sym
+from aot.symexpr import fold, parse
 from aot.sympy_text import to_text
 
 Size = sympy.Expr
@@ -41,40 +42,41 @@ def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, positive=True)
 
 
+class _Sizes:
+    """The sympy algebra of ``aot.symexpr.fold`` for sizes (no comparisons or booleans: a size
+    is never one)."""
+
+    BINARY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+              "//": FloorDiv, "%": PythonMod}
+
+    def const(self, value: int) -> Size:
+        return sympy.Integer(value)
+
+    def name(self, name: str) -> Size:
+        return symbol(name)
+
+    def binary(self, op: str, a: Size, b: Size) -> Size:
+        return self.BINARY[op](a, b)
+
+    def neg(self, a: Size) -> Size:
+        return -a
+
+    def call(self, fn: str, args: list[Size]) -> Size:
+        return (sympy.Max if fn == "max" else sympy.Min)(*args)
+
+    def _not_a_size(self, *args) -> Size:
+        raise IndexError_("a size expression holds a comparison or boolean")
+
+    compare = not_ = boolean = _not_a_size
+
+
 @functools.lru_cache(maxsize=4096)
 def parse_size(text: str) -> Size:
     """Size text of the program (``"seq*batch"``, ``"768"``, ``"seq//2"``) → sympy."""
-
-    def conv(n: ast.AST) -> Size:
-        if isinstance(n, ast.Constant) and type(n.value) is int:
-            return sympy.Integer(n.value)
-        if isinstance(n, ast.Name):
-            return symbol(n.id)
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            return -conv(n.operand)
-        if isinstance(n, ast.BinOp):
-            a, b = conv(n.left), conv(n.right)
-            if isinstance(n.op, ast.Add):
-                return a + b
-            if isinstance(n.op, ast.Sub):
-                return a - b
-            if isinstance(n.op, ast.Mult):
-                return a * b
-            if isinstance(n.op, ast.FloorDiv):
-                return FloorDiv(a, b)
-            if isinstance(n.op, ast.Mod):
-                return PythonMod(a, b)
-        if (
-            isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Name)
-            and n.func.id in ("max", "min")
-            and n.args
-        ):
-            fn = sympy.Max if n.func.id == "max" else sympy.Min
-            return fn(*[conv(a) for a in n.args])
-        raise IndexError_(f"size expression {text!r} is outside the size grammar")
-
-    return canon(conv(ast.parse(text, mode="eval").body))
+    try:
+        return canon(fold(parse(text), _Sizes()))
+    except BundleError as e:
+        raise IndexError_(f"size expression {text!r} is outside the size grammar: {e}") from None
 
 
 def size_of(value) -> Size:

@@ -36,7 +36,7 @@ from aot.diff import (
 from aot.errors import BundleError
 from aot.admissible import admits
 from aot.manifest_text import GuardManifest, canonical, manifest_of_bundle, parse_guards_text, render
-from aot.schema import GuardSource, InputGuard, Relation, SymbolGuard
+from aot.schema import SCHEMA_VERSION, GuardSource, InputGuard, Relation, SymbolGuard
 from tests.conftest import ROOT, model_path
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -235,12 +235,13 @@ def _edited(name: str, *edits: tuple[str, str]) -> GuardManifest:
     return parse_guards_text(text)
 
 
+_MAJOR, _MINOR = SCHEMA_VERSION
 # (edit to the base manifest, kind of change, breaking, kind of the reverse change, breaking)
 ENV_EDITS = [
     (("env archs sm_80, sm_90", "env archs sm_90"), "arch dropped", True, "arch added", False),
     (("env archs sm_80, sm_90", "env archs sm_80, sm_90, sm_100"), "arch added", False, "arch dropped", True),
-    (("env schema 1.1", "env schema 1.2"), "schema", True, "schema", False),
-    (("env schema 1.1", "env schema 2.0"), "schema", True, "schema", True),
+    ((f"env schema {_MAJOR}.{_MINOR}", f"env schema {_MAJOR}.{_MINOR + 1}"), "schema", True, "schema", False),
+    ((f"env schema {_MAJOR}.{_MINOR}", f"env schema {_MAJOR + 1}.0"), "schema", True, "schema", True),
     (("env torch >= 2.11", "env torch >= 2.12"), "torch", True, "torch", False),
     (("model net", "model net2"), "model", False, "model", False),
     (("dtype float32", "dtype bfloat16"), "dtype", True, "dtype", True),

@@ -15,7 +15,7 @@ from typing import Any
 
 from aot.errors import TraceError
 from aot.schema import Bucket, Guards, InputGuard
-from aot.spec import Dim, ModelSpec
+from aot.spec import Dim, ModelSpec, plan_buckets
 from aot.tracer.model import (
     bound_forward,
     call_plan,
@@ -149,7 +149,7 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
     guards = _guards(spec, static, dynamic_ranges, binding)
     strict = _guards(spec, static, dynamic_ranges, raw) if relaxable else None
     relaxed = tuple(sorted({g.symbols[0] for g in relaxable}))
-    return Exported(ep=ep, module=module, examples=examples, guards=guards, buckets=buckets_for(spec, guards),
+    return Exported(ep=ep, module=module, examples=examples, guards=guards, buckets=plan_buckets(spec, guards),
                     start=start, ranges=dict(ranges), name=region_name(spec, ranges), relaxed=relaxed,
                     strict=strict)
 
@@ -261,21 +261,3 @@ def _source_names(shape_env, spec: ModelSpec, module, by_keyword: bool = False) 
             if inp is not None and 0 <= idx < len(inp.shape) and isinstance(inp.shape[idx], Dim):
                 names.setdefault(sym, inp.shape[idx].name)
     return names
-
-
-def buckets_for(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:
-    """Declared (or default) bucket sizes that the guards admit; the largest admitted size is
-    always a bucket, so every admitted call fits one. Symbols a program traced as static have
-    no buckets in it."""
-    from aot.admissible import admits
-
-    symbols = {g.name: g for g in guards.symbols}
-    out = []
-    for d in spec.dims():
-        g = symbols.get(d.name)
-        if g is None:
-            continue
-        sizes = {s for s in d.default_buckets() if admits(g, s)}
-        sizes.add(g.max)
-        out.append(Bucket(symbol=d.name, sizes=tuple(sorted(sizes)), paddable=d.paddable))
-    return tuple(out)

@@ -12,8 +12,8 @@ from dataclasses import replace
 from aot.errors import TraceError
 from aot.admissible import admissible_text
 from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
-from aot.spec import Dim, ModelSpec
-from aot.tracer.export import Exported, buckets_for, export_model, region_name
+from aot.spec import Dim, ModelSpec, plan_buckets
+from aot.tracer.export import Exported, export_model, region_name
 from aot.tracer.model import call_model, call_plan, example_inputs, instantiate, split_constants
 
 # How many programs one build may trace to cover the declared ranges, and how many separate
@@ -81,7 +81,7 @@ def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = Fa
                 say(f"  {', '.join(ex.relaxed)} = 1 runs the general trace: checked against eager")
             else:
                 say(f"  {', '.join(ex.relaxed)} = 1 needs a program of its own: {why}")
-                ex = replace(ex, guards=ex.strict, buckets=buckets_for(spec, ex.strict), relaxed=(), strict=None)
+                ex = replace(ex, guards=ex.strict, buckets=plan_buckets(spec, ex.strict), relaxed=(), strict=None)
         if programs:
             say(f"  traced a program for {ex.name} (the general trace's guards exclude it)")
         programs.append(ex)

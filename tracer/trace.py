@@ -1,0 +1,138 @@
+"""``trace``: model spec → ``Traced``, and ``guard_manifest``: the same trace's contract alone.
+
+Export with the model file's dynamic dims (``export_programs``), decompose to core ATen (attention
+stays a library call), lower to a device-neutral ``Program``, measure whether padding the paddable
+dims is sound, and record the eager reference the later stages compare against.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from aot.errors import TraceError
+from aot.schema import Bucket, Program
+from aot.spec import ModelSpec, plan_buckets
+from aot.stages import Traced, TracedProgram
+from aot.tracer.export import Exported, export_error, symbol_names
+from aot.tracer.model import call_model, tree_spec, user_input_nodes
+from aot.tracer.programs import contract, export_programs, program_entries
+
+# ATen ops kept whole (library calls at run time) even where a decomposition exists.
+KEEP_OPS = ("scaled_dot_product_attention.default",)
+
+
+def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None):
+    """The guard manifest (``aot.manifest_text.GuardManifest``) a build of ``spec`` for ``archs``
+    would have, from export alone: no weight init, decomposition or kernels."""
+    import torch
+
+    from aot.manifest_text import GuardManifest, program_lines
+    from aot.schema import SCHEMA_VERSION
+    from aot.stages import environment
+
+    programs = export_programs(spec, weights, fast=True, allow_narrowing=True)
+    guards = contract(spec, programs)
+    return GuardManifest(name=spec.name or "model", guards=guards,
+                         environment=environment(archs, torch.__version__.split("+")[0]),
+                         buckets=plan_buckets(spec, guards), schema_version=SCHEMA_VERSION,
+                         dtype=spec.dtype, programs=program_lines(program_entries(spec, programs)))
+
+
+def _lower(spec: ModelSpec, exported: Exported, progress=None) -> tuple[Program, dict[str, Any], tuple[Bucket, ...]]:
+    """Decompose one export to core ATen, lower it to a ``Program``, and check its padding."""
+    import torch
+    import torch.fx.experimental._config as fx_config
+    from torch.export import default_decompositions
+
+    from aot.tracer.lower import Lowering, symbol_sources
+    from aot.tracer.padding import check_padding
+
+    # keep attention (and friends) whole; everything else to core ATen
+    table = default_decompositions()
+    for name in KEEP_OPS:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    try:
+        with fx_config.patch(backed_size_oblivious=True):
+            ep = exported.ep.run_decompositions(table)
+    except Exception as e:
+        raise export_error(e, spec) from None
+    static = {n: lo for n, (lo, hi) in exported.ranges.items() if lo == hi}
+    nodes = user_input_nodes(ep, spec)
+    order = sorted(spec.inputs, key=lambda i: list(ep.graph.nodes).index(nodes[i.name]))
+    lowering = Lowering(ep, [i.name for i in order], symbol_names(ep, spec, static=static))
+    program, weight_tensors = lowering.run()
+    # Inputs keep their declared dim names even where export unified two Dims (the guards then
+    # hold the relation between them); sizes read from the inputs bind every declared symbol.
+    declared = {g.name: g.shape for g in exported.guards.inputs}
+    inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
+    program = replace(program, inputs=inputs, symbols=symbol_sources(inputs),
+                      output_tree=tree_spec(ep.call_spec.out_spec, lowering.none_outputs))
+    buckets = check_padding(spec, exported, progress)
+    return program, weight_tensors, buckets
+
+
+def trace(spec: ModelSpec, weights: str | None = None, progress=None, allow_narrowing: bool | None = None) -> Traced:
+    """Export, decompose, collect guards and lower ``spec`` to a ``Traced``: one program, or
+    several when one trace cannot cover the declared ranges (see ``export_programs``)."""
+    import torch
+
+    from aot.tracer.lower import tensor_leaves as leaves
+
+    exported = export_programs(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
+    lowered = [_lower(spec, ex, progress) for ex in exported]
+    weight_tensors = lowered[0][1]
+    for (_, w, _), ex in zip(lowered[1:], exported[1:]):
+        if set(w) != set(weight_tensors) or any(not torch.equal(w[k], weight_tensors[k]) for k in w):
+            raise TraceError(f"the program for {ex.name} uses other weights than the general one; aotpack "
+                             f"expects every program of a model to share its parameters")
+    main = exported[0]
+    with torch.no_grad():
+        ref = call_model(spec, main.module, main.examples)
+    noise = _half_precision_noise(spec, main.module, main.examples, leaves(ref))
+    programs = tuple(TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b)
+                     for ex, (p, _, b) in zip(exported, lowered))
+    guards = contract(spec, exported)
+    return Traced(
+        name=spec.name or "model",
+        dtype=spec.dtype,
+        program=programs[0].program,
+        guards=guards,
+        weights=weight_tensors,
+        reference_inputs=main.examples,
+        reference_outputs=tuple(o.detach().contiguous() for o in leaves(ref)),
+        buckets=programs[0].buckets if len(programs) == 1 else plan_buckets(spec, guards),
+        torch_version=torch.__version__.split("+")[0],
+        trace_seconds=time.perf_counter() - main.start,
+        programs=programs if len(programs) > 1 else (),
+        reference_noise=noise,
+    )
+
+
+def _half_precision_noise(spec: ModelSpec, module, examples: dict[str, Any], outputs: list) -> float:
+    """For a float16/bfloat16 model: max |eager - eager float32| / max |eager float32| over the
+    floating outputs at the example inputs; 0.0 for other dtypes."""
+    import copy
+
+    import torch
+
+    from aot.tracer.lower import tensor_leaves
+    from aot.tracer.programs import float32_copy_fits
+
+    if spec.dtype not in ("float16", "bfloat16") or not float32_copy_fits(module):
+        return 0.0
+    wide = copy.deepcopy(module).float()
+    inputs = {k: v.float() if v.is_floating_point() else v for k, v in examples.items()}
+    with torch.no_grad():
+        exact = tensor_leaves(call_model(spec, wide, inputs))
+    worst = 0.0
+    for half, ref in zip(outputs, exact):
+        if ref.is_floating_point() and ref.numel():
+            scale = ref.abs().max().item()
+            if scale > 0:
+                worst = max(worst, (half.float() - ref).abs().max().item() / scale)
+    return round(worst, 6)
+
+
