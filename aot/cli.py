@@ -276,7 +276,7 @@ def check(model: str, against: str, as_json: bool, arch: str) -> None:
 def inspect(bundle: str, as_json: bool) -> None:
     """Summarize a bundle: members, program, kernels, buckets, environment."""
     from aot.loader.bundle import open_bundle
-    from aot.schema import to_json
+    from aot.serde import to_json
 
     b = open_bundle(bundle)
     try:

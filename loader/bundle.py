@@ -21,7 +21,8 @@ from pathlib import Path
 from aot import schema
 from aot.errors import BundleError
 from aot.admissible import admissible_text, admits
-from aot.schema import Manifest, Program, StepKind, Sym, SymBool, from_json
+from aot.schema import Manifest, Program, StepKind, Sym, SymBool
+from aot.serde import from_json, upgrade_manifest
 from aot.symexpr import compile_expr
 
 MAX_MEMBERS = 4096
@@ -306,7 +307,7 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
             f"{path}: bundle schema {version[0]}.{version[1]} is newer than this loader's "
             f"{schema.SCHEMA_VERSION[0]}.{schema.SCHEMA_VERSION[1]}; upgrade aotpack"
         )
-    manifest = from_json(Manifest, schema.upgrade_manifest(data), "manifest")
+    manifest = from_json(Manifest, upgrade_manifest(data), "manifest")
     absent = [m for m in _REQUIRED if m not in manifest.members]
     if absent:
         raise BundleError(f"{path}: the manifest lists no {absent[0]}; every bundle has one, rebuild it")

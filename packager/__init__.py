@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-from aot import schema
+from aot import schema, serde
 from aot.manifest_text import manifest_of_bundle, render
 from aot.packager.plan import memory_plan
 from aot.schema import Manifest, Member
@@ -56,7 +56,7 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
     """Every archive member except the manifest."""
     traced = compiled.traced
     members: dict[str, bytes] = {
-        schema.PROGRAM_PATH: _zstd(schema.canonical_json(compiled.program)),
+        schema.PROGRAM_PATH: _zstd(serde.canonical_json(compiled.program)),
         schema.WEIGHTS_PATH: _safetensors(traced.weights),
     }
     reference = {f"{schema.REFERENCE_INPUT_PREFIX}{k}": v for k, v in traced.reference_inputs.items()}
@@ -141,7 +141,7 @@ def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _atomic_file(path) as f, zipfile.ZipFile(f, "w") as zf:
-        zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), schema.canonical_json(manifest))
+        zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), serde.canonical_json(manifest))
         for name in sorted(members):
             data = members[name]
             if name.endswith(".safetensors") or name.endswith(".cubin"):

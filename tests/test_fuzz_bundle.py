@@ -51,7 +51,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aot import schema
+from aot import serde
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader import load
 from tests.hostile_util import (
@@ -1136,7 +1136,7 @@ def test_fuzz_bundles(tmp_path: Path, built) -> None:
     total = 0
     t0 = time.perf_counter()
     bases = {model: built(model) for model in MODELS}  # before any case can disturb the process
-    schema.schema_fingerprint()  # resolves the records' annotations (typing evaluates them) up front
+    serde.schema_fingerprint()  # resolves the records' annotations (typing evaluates them) up front
     try:
         for model in MODELS:
             base_path = bases[model]
@@ -1247,7 +1247,7 @@ def test_cli_prints_one_line_for_hostile_bundles(tmp_path: Path, built) -> None:
     inputs = runner.example_inputs()
     expected = [runner(**inputs)]
     runner.bundle.close()
-    schema.schema_fingerprint()
+    serde.schema_fingerprint()
     taken: Counter = Counter()
     paths: list[Path] = []
     may_load: set[str] = set()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aot import schema
+from aot import schema, serde
 from aot.errors import BundleError
 
 # SCHEMA_VERSION → sha256 of schema_fingerprint(). Bump the version and add a line when the schema changes.
@@ -21,13 +21,13 @@ FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 
 
 def test_schema_fingerprint_matches_the_golden_text():
-    assert schema.schema_fingerprint() == FINGERPRINT.read_text(), (
+    assert serde.schema_fingerprint() == FINGERPRINT.read_text(), (
         f"the bundle schema changed; review the difference, bump SCHEMA_VERSION and rewrite {FINGERPRINT.name}"
     )
 
 
 def test_schema_change_bumps_version():
-    digest = hashlib.sha256(schema.schema_fingerprint().encode()).hexdigest()
+    digest = hashlib.sha256(serde.schema_fingerprint().encode()).hexdigest()
     assert schema.SCHEMA_VERSION in PINNED, f"add SCHEMA_VERSION {schema.SCHEMA_VERSION} to PINNED"
     assert PINNED[schema.SCHEMA_VERSION] == digest, (
         "the bundle schema changed: bump SCHEMA_VERSION (minor for added optional fields, major otherwise) "
@@ -42,18 +42,18 @@ def test_roundtrip_and_validation():
         inputs=(schema.NamedTensor("x", spec),), weights=(), buffers={"y": spec}, steps=(step,),
         outputs=("y",), symbols=(schema.SymbolSource("batch", "x", 0),),
     )
-    data = schema.to_json(program)
-    assert schema.from_json(schema.Program, data) == program
+    data = serde.to_json(program)
+    assert serde.from_json(schema.Program, data) == program
     bad = dict(data, outputs="y")
     with pytest.raises(BundleError, match=r"Program.outputs: expected a list"):
-        schema.from_json(schema.Program, bad)
+        serde.from_json(schema.Program, bad)
     with pytest.raises(BundleError, match="unknown"):
-        schema.from_json(schema.Program, dict(data, evil=1))
+        serde.from_json(schema.Program, dict(data, evil=1))
     with pytest.raises(BundleError, match="expected an integer"):
-        schema.from_json(schema.SymbolSource, {"symbol": "b", "input": "x", "dim": True})
+        serde.from_json(schema.SymbolSource, {"symbol": "b", "input": "x", "dim": True})
 
 
 def test_canonical_json_is_sorted_and_stable():
-    a = schema.canonical_json({"b": 1, "a": [1, 2]})
-    assert a == schema.canonical_json({"a": [1, 2], "b": 1})
+    a = serde.canonical_json({"b": 1, "a": [1, 2]})
+    assert a == serde.canonical_json({"a": [1, 2], "b": 1})
     assert a.index(b'"a"') < a.index(b'"b"')
