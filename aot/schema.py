@@ -39,7 +39,6 @@ PROGRAM_PATH = "program.json.zst"
 WEIGHTS_PATH = "weights.safetensors"
 REFERENCE_PATH = "reference.safetensors"
 GUARDS_PATH = "guards.txt"
-KERNELS_DIR = "kernels/"
 KERNEL_SOURCE_FORMAT = "kernels/{kernel}.py"
 KERNEL_CUBIN_FORMAT = "kernels/{kernel}.{arch}.cubin"
 WEIGHTS_ALIGNMENT = 64

@@ -57,7 +57,7 @@ def generate(
         return _generate_programs(traced, archs, progress, fuse)
 
     from aot.codegen.attention import simplify_attention_masks
-    from aot.codegen.compile import Job, compile_job
+    from aot.codegen.compile import Job, compile_job, ptxas_release
     from aot.codegen.epilogue import fold_activations
     from aot.codegen.layout import PAD_TO, pad_matmul_weights
     from aot.codegen.partition import partition, rewrite
@@ -176,6 +176,7 @@ def generate(
         archs=archs,
         cubins=cubins,
         triton_version=triton.__version__,
+        cuda_version=ptxas_release() if cubins else "",
         stats=stats,
     )
 
@@ -204,5 +205,6 @@ def _generate_programs(traced: Traced, archs: tuple[str, ...], progress, fuse: b
         archs=main.archs,
         cubins=cubins,
         triton_version=main.triton_version,
+        cuda_version=next((p.cuda_version for p in parts if p.cuda_version), ""),
         stats=stats,
     )

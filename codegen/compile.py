@@ -156,3 +156,12 @@ def compile_job(job: Job) -> Result:
     _write_atomic(cubin_path, cubin)
     _write_atomic(meta_path, json.dumps(meta, sort_keys=True).encode())
     return Result(cubin, meta, cached=False)
+
+
+def ptxas_release() -> str:
+    """The CUDA release of the ptxas that triton compiles cubins with (``"12.9"``): a driver of an
+    older CUDA major cannot load them, so the bundle records it (``Environment.cuda_built``)."""
+    from triton.backends.nvidia.compiler import get_ptxas_version
+
+    m = re.search(r"release (\d+\.\d+)", get_ptxas_version())
+    return m.group(1) if m else ""

@@ -61,9 +61,6 @@ class Bundle:
     _zip: zipfile.ZipFile
     _infos: dict[str, zipfile.ZipInfo]
 
-    def has(self, name: str) -> bool:
-        return name in self.manifest.members
-
     def read(self, name: str) -> bytes:
         member = self.manifest.members.get(name)
         if member is None:

@@ -18,7 +18,7 @@ import torch
 from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle
-from aot.loader.cuda import Context, Function, pack_params
+from aot.loader.cuda import Context, Function, driver_version, pack_params
 from aot.program import frees_after
 from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Buf, Kernel, ParamKind, Program, Step, StepKind, Sym
 from aot.symexpr import Expr, compile_expr
@@ -43,6 +43,20 @@ def pick_arch(archs: tuple[str, ...], capability: tuple[int, int]) -> str:
         f"this GPU is {exact}, the bundle has cubins for {', '.join(archs) or 'no arch'}; "
         f"rebuild with --arch {','.join([*archs, exact])}"
     )
+
+
+def check_driver(cuda_built: str, driver: int) -> None:
+    """Cubins from the ptxas of CUDA ``cuda_built`` (``"12.9"``) load on a driver of that CUDA major
+    or newer (minor-version compatibility); ``driver`` is ``cuDriverGetVersion``'s 12080-style number."""
+    major = cuda_built.split(".")[0]
+    if not major.isdigit():  # bundles of schema 1.0/1.1 did not record it
+        return
+    if driver // 1000 < int(major):
+        raise EnvError(
+            f"the bundle's kernels were compiled for CUDA {cuda_built} (needs a driver of CUDA {major}.x or newer), "
+            f"this driver supports CUDA {driver // 1000}.{driver % 1000 // 10}; update the NVIDIA driver, or "
+            f"rebuild with a triton whose ptxas is CUDA {driver // 1000}.x"
+        )
 
 
 class KernelCall:
@@ -112,6 +126,7 @@ class GpuProgram:
         if kernels:
             archs = bundle.manifest.environment.archs
             self.arch = pick_arch(tuple(archs), torch.cuda.get_device_capability(device))
+            check_driver(bundle.manifest.environment.cuda_built, driver_version())
             for k in kernels.values():
                 if self.arch not in k.archs:
                     raise EnvError(f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})")

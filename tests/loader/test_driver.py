@@ -1,0 +1,36 @@
+"""The minimum-driver environment guard: a bundle records the CUDA release of the ptxas that
+compiled its cubins, and the loader refuses a driver of an older CUDA major before loading any."""
+
+from __future__ import annotations
+
+import pytest
+
+from aot.errors import EnvError
+from aot.loader.gpu import check_driver
+
+
+def test_bundle_records_the_cuda_release_of_its_cubins(built):
+    from aot.codegen.compile import ptxas_release
+    from aot.loader import load
+
+    release = ptxas_release()
+    assert release.count(".") == 1 and all(p.isdigit() for p in release.split(".")), release
+    assert load(built("mlp")).manifest.environment.cuda_built == release
+
+
+@pytest.mark.parametrize("built_with, driver", [("12.9", 12000), ("12.9", 12080), ("12.9", 13000), ("13.0", 13020)])
+def test_driver_of_the_same_or_newer_major_loads(built_with, driver):
+    check_driver(built_with, driver)  # raises on refusal
+
+
+def test_driver_of_an_older_major_is_refused_with_what_to_do():
+    with pytest.raises(EnvError) as e:
+        check_driver("13.0", 12080)
+    assert str(e.value) == (
+        "the bundle's kernels were compiled for CUDA 13.0 (needs a driver of CUDA 13.x or newer), this driver "
+        "supports CUDA 12.8; update the NVIDIA driver, or rebuild with a triton whose ptxas is CUDA 12.x"
+    )
+
+
+def test_bundles_that_did_not_record_it_are_not_refused():
+    check_driver("", 11000)
