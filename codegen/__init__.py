@@ -70,7 +70,6 @@ def generate(
             traced=traced,
             program=program,
             archs=archs,
-            triton_version=triton.__version__,
             stats=BuildStats(programs=1 + len(program.variants)),
         )
     start = time.perf_counter()
@@ -175,7 +174,7 @@ def generate(
         program=new_program,
         archs=archs,
         cubins=cubins,
-        triton_version=triton.__version__,
+        triton_version=triton.__version__ if cubins else "",  # a bundle without kernels needs no triton
         cuda_version=ptxas_release() if cubins else "",
         stats=stats,
     )
@@ -204,7 +203,7 @@ def _generate_programs(traced: Traced, archs: tuple[str, ...], progress, fuse: b
         program=program,
         archs=main.archs,
         cubins=cubins,
-        triton_version=main.triton_version,
+        triton_version=next((p.triton_version for p in parts if p.triton_version), ""),
         cuda_version=next((p.cuda_version for p in parts if p.cuda_version), ""),
         stats=stats,
     )
