@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aot.errors import SpecError, TraceError
-from aot.schema import TreeSpec
+from aot.schema import TreeKind, TreeSpec
 from aot.spec import Dim, ModelSpec
 from aot.tracer.sites import user_frame
 
@@ -220,19 +220,19 @@ def tree_spec(ts, none_leaves: set[int] = frozenset(), counter: list[int] | None
     counter = [0] if counter is None else counter
     if ts.is_leaf():
         counter[0] += 1
-        return TreeSpec(kind="none" if counter[0] - 1 in none_leaves else "tensor")
+        return TreeSpec(kind=TreeKind.NONE if counter[0] - 1 in none_leaves else TreeKind.TENSOR)
     cls = ts.type
     if cls is type(None):
-        return TreeSpec(kind="none")
+        return TreeSpec(kind=TreeKind.NONE)
     kids = ts.children() if callable(getattr(ts, "children", None)) else ts.children_specs
     children = tuple(tree_spec(c, none_leaves, counter) for c in kids)
     if cls is tuple or cls is list:
-        return TreeSpec(kind=cls.__name__, children=children)
+        return TreeSpec(kind=TreeKind(cls.__name__), children=children)
     if isinstance(ts.context, type) and hasattr(ts.context, "_fields"):  # a named tuple
-        return TreeSpec(kind="record", type=type_name(ts.context), keys=tuple(ts.context._fields), children=children)
+        return TreeSpec(kind=TreeKind.RECORD, type=type_name(ts.context), keys=tuple(ts.context._fields), children=children)
     keys = ts.context
     if isinstance(keys, (list, tuple)) and len(keys) == len(children) and all(isinstance(k, str) for k in keys):
-        kind = "dict" if cls in (dict, OrderedDict) else "record"
-        return TreeSpec(kind=kind, type="" if kind == "dict" else type_name(cls), keys=tuple(keys), children=children)
+        kind = TreeKind.DICT if cls in (dict, OrderedDict) else TreeKind.RECORD
+        return TreeSpec(kind=kind, type="" if kind == TreeKind.DICT else type_name(cls), keys=tuple(keys), children=children)
     raise TraceError(f"the model returns a {cls.__name__}, which a bundle cannot rebuild; return tensors in "
                      f"tuples, lists, dicts with string keys, dataclasses or ModelOutputs")
