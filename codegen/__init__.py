@@ -56,11 +56,11 @@ def generate(
     if traced.programs:
         return _generate_programs(traced, archs, progress, fuse)
 
+    from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import simplify_attention_masks
     from aot.codegen.compile import Job, compile_job, ptxas_release
-    from aot.codegen.epilogue import fold_activations
-    from aot.codegen.layout import PAD_TO, pad_matmul_weights
     from aot.codegen.partition import partition, rewrite
+    from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 
     say = progress or (lambda msg: None)
     archs = tuple(archs)

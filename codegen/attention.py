@@ -16,22 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from aot.program import buffers_in
+from aot.program import step_reads
 from aot.schema import Buf, Program, Step
 
 SDPA = "aten.scaled_dot_product_attention.default"
 SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (memory: B*L*S bools)
 MASK_ARG = 3  # scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, ...)
 CAUSAL_ARG = 5
-
-
-def buffers_read(value: Any) -> list[str]:
-    """Every buffer a step argument refers to."""
-    return list(buffers_in(value))
-
-
-def _reads(step: Step) -> list[str]:
-    return buffers_read(list(step.args)) + buffers_read(list(step.kwargs.values()))
 
 
 def _cone(program: Program, name: str, producer: dict[str, int]) -> list[int] | None:
@@ -47,7 +38,7 @@ def _cone(program: Program, name: str, producer: dict[str, int]) -> list[int] | 
         if i is None or i in seen:
             continue  # a weight (constant), or already visited
         seen.add(i)
-        todo.extend(_reads(program.steps[i]))
+        todo.extend(step_reads(program.steps[i]))
     return sorted(seen)
 
 
@@ -152,7 +143,7 @@ def _drop_dead_steps(program: Program) -> Program:
         if step.kind == "aten" and not any(o in live for o in step.outputs if o is not None):
             continue
         kept.append(step)
-        live.update(_reads(step))
+        live.update(step_reads(step))
     kept.reverse()
     used = {o for s in kept for o in s.outputs if o is not None} | live
     buffers = {k: v for k, v in program.buffers.items() if k in used}

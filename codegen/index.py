@@ -29,7 +29,7 @@ ZERO = sympy.Integer(0)
 ONE = sympy.Integer(1)
 
 
-class IndexError_(Exception):
+class InexpressibleIndex(Exception):
     """An index the algebra cannot express; the caller keeps the ops unfused."""
 
 
@@ -65,7 +65,7 @@ class _Sizes:
         return (sympy.Max if fn == "max" else sympy.Min)(*args)
 
     def _not_a_size(self, *args) -> Size:
-        raise IndexError_("a size expression holds a comparison or boolean")
+        raise InexpressibleIndex("a size expression holds a comparison or boolean")
 
     compare = not_ = boolean = _not_a_size
 
@@ -76,18 +76,18 @@ def parse_size(text: str) -> Size:
     try:
         return canon(fold(parse(text), _Sizes()))
     except BundleError as e:
-        raise IndexError_(f"size expression {text!r} is outside the size grammar: {e}") from None
+        raise InexpressibleIndex(f"size expression {text!r} is outside the size grammar: {e}") from None
 
 
 def size_of(value) -> Size:
     """A step argument that is a size: an int or a ``Sym``."""
     if isinstance(value, bool):
-        raise IndexError_(f"expected a size, got {value!r}")
+        raise InexpressibleIndex(f"expected a size, got {value!r}")
     if isinstance(value, int):
         return sympy.Integer(value)
     if isinstance(value, Sym):
         return parse_size(value.text)
-    raise IndexError_(f"expected a size, got {value!r}")
+    raise InexpressibleIndex(f"expected a size, got {value!r}")
 
 
 def canon(e) -> Size:
@@ -128,7 +128,7 @@ def triton_size(e: Size) -> str:
     if isinstance(e, sympy.Mul):
         coeff, rest = e.as_coeff_Mul()
         if not coeff.is_Integer:
-            raise IndexError_(f"size {e} is not an integer expression")
+            raise InexpressibleIndex(f"size {e} is not an integer expression")
         parts = [triton_size(f) for f in sorted(sympy.Mul.make_args(rest), key=sympy.default_sort_key)]
         if coeff == -1:
             return "-" + "*".join(parts)
@@ -148,7 +148,7 @@ def triton_size(e: Size) -> str:
         for a in args[1:]:
             out = f"{fn}({out}, {triton_size(a)})"
         return out
-    raise IndexError_(f"cannot render size {e} ({type(e).__name__}) in a kernel")
+    raise InexpressibleIndex(f"cannot render size {e} ({type(e).__name__}) in a kernel")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -279,14 +279,6 @@ def const_lin(value: Size) -> Lin:
     return Lin((), sympy.sympify(value))
 
 
-def add(a: Lin, b: Lin) -> Lin:
-    return make_lin(a.terms + b.terms, a.const + b.const)
-
-
-def scale(a: Lin, k: Size) -> Lin:
-    return make_lin([(c * k, f) for c, f in a.terms], a.const * k)
-
-
 def derived(lin: Lin, extent: Size) -> Lin:
     """An opaque index with values in ``[0, extent)`` (a sliced or selected dim), kept whole so
     that it stays one digit of the flat index."""
@@ -410,7 +402,7 @@ def broadcast_in(lin: Lin, out_shape: tuple[Size, ...], in_shape: tuple[Size, ..
 
 
 # ---------------------------------------------------------------------------------------------
-# Rendering
+# Kernel source of an index
 
 
 def _atomic(e: Size) -> str:
@@ -418,11 +410,11 @@ def _atomic(e: Size) -> str:
     return text if isinstance(e, (sympy.Integer, sympy.Symbol)) and not text.startswith("-") else f"({text})"
 
 
-def render(lin: Lin) -> str:
+def triton_index(lin: Lin) -> str:
     """Triton source of an index over the kernel's atoms and size parameters."""
     parts = []
     for coef, f in lin.terms:
-        base = f.base if isinstance(f.base, str) else f"({render(f.base)})"
+        base = f.base if isinstance(f.base, str) else f"({triton_index(f.base)})"
         text = base
         if f.div != ONE:
             text = f"({text} // {_atomic(f.div)})"

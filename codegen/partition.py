@@ -9,7 +9,7 @@ from (all of them together if possible, else the latest one, else a new group), 
 
 - the union stays *convex*: no path leaves it and comes back through other steps or groups (its
   kernel could not run before or after them), and
-- the union renders as one kernel (``render.render``: same reduction rows and extent, outputs
+- the union renders as one kernel (``render.render_kernel``: same reduction rows and extent, outputs
   that are full or row values, rows read at their own row…).
 
 A step that cannot render even alone stays a library call. ``rewrite`` then orders kernels, library
@@ -24,15 +24,11 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aot.codegen import ops
-from aot.codegen.render import NotFusible, Rendered, render
-from aot.program import buffers_in
+from aot.codegen.classify import classify, returns_view
+from aot.codegen.render import Rendered, render_kernel
+from aot.codegen.valuegraph import NotFusible
+from aot.program import step_reads
 from aot.schema import Program, Step, StepKind, TensorSpec
-
-
-def reads_of(value) -> list[str]:
-    """Buffer names a step argument refers to, in order."""
-    return list(buffers_in(value))
 
 
 @dataclass(frozen=True)
@@ -50,13 +46,13 @@ class Graph:
         self.steps = program.steps
         self.buffers = program.buffers
         self.known: dict[str, TensorSpec] = {t.name: t.spec for t in program.inputs + program.weights}
-        self.reads = [reads_of(list(s.args)) + reads_of(list(s.kwargs.values())) for s in self.steps]
+        self.reads = [step_reads(s) for s in self.steps]
         self.producer: dict[str, int] = {}
         for i, s in enumerate(self.steps):
             for o in s.outputs:
                 if o is not None:
                     self.producer[o] = i
-        kinds = [ops.classify(s, self.buffers) for s in self.steps]
+        kinds = [classify(s, self.buffers) for s in self.steps]
         pure = [False] * len(self.steps)  # computed from the index alone
         for i, k in enumerate(kinds):
             srcs = [self.producer.get(b) for b in self.reads[i]]
@@ -69,7 +65,7 @@ class Graph:
         self.not_roots = frozenset(
             o
             for i, s in enumerate(self.steps)
-            if kinds[i] == "library" and ops.returns_view(s.target)
+            if kinds[i] == "library" and returns_view(s.target)
             for o in s.outputs
             if o is not None
         )
@@ -154,7 +150,7 @@ class Partitioner:
         g = self.g
         ref = sorted(set(members) | set(g.virtual_closure(sorted(members))))
         try:
-            return render(
+            return render_kernel(
                 [g.steps[i] for i in ref], g.outputs_of(members), g.buffers, g.known, self.ranges, g.not_roots
             )
         except NotFusible:

@@ -9,7 +9,7 @@ import pytest
 
 from aot import schema, serde
 from aot.codegen import generate
-from aot.codegen.ops import VIEW_OPS, returns_view
+from aot.codegen.classify import VIEW_OPS, returns_view
 from aot.loader.bundle import open_bundle
 from aot.program import buffers_in
 from aot.schema import Buf

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from aot.codegen import index as ix
-from aot.codegen import ops
+from aot.codegen.classify import lower
+from aot.codegen.valuegraph import Builder
 from aot.schema import Buf, Step, Sym, TensorSpec
 
 B, T = ix.symbol("batch"), ix.symbol("seq")
@@ -36,7 +37,7 @@ def test_split_then_join_cancels():
     rows = B * T
     r = ix.atom("r", rows)
     per = ix.unflatten(r, (B, T))
-    assert [ix.render(p) for p in per] == ["(r // s_seq)", "(r % s_seq)"]
+    assert [ix.triton_index(p) for p in per] == ["(r // s_seq)", "(r % s_seq)"]
     assert ix.flatten(per, (B, T)) == r
 
 
@@ -44,13 +45,13 @@ def test_row_value_broadcast_is_read_at_its_own_row():
     # layer norm: x [B, T, 768] at r*768 + c, its mean [B, T, 1] must be read at r
     full = ix.make_lin([(768, ix.Frag("r", B * T)), (1, ix.Frag("c", 768))])
     assert ix.broadcast_in(full, (B, T, 768), (B, T, 1)) == ix.atom("r", B * T)
-    assert ix.render(ix.broadcast_in(full, (B, T, 768), (T, 768))) == "c + (r % s_seq) * 768"
-    assert ix.render(ix.broadcast_in(full, (B, T, 768), (768,))) == "c"
+    assert ix.triton_index(ix.broadcast_in(full, (B, T, 768), (T, 768))) == "c + (r % s_seq) * 768"
+    assert ix.triton_index(ix.broadcast_in(full, (B, T, 768), (768,))) == "c"
 
 
 def test_channel_broadcast_of_nchw_is_static_arithmetic():
     x = ix.atom("x", ix.canon(B * 512 * 49))
-    assert ix.render(ix.broadcast_in(x, (B, 512, 7, 7), (512, 1, 1))) == "((x // 49) % 512)"
+    assert ix.triton_index(ix.broadcast_in(x, (B, 512, 7, 7), (512, 1, 1))) == "((x // 49) % 512)"
 
 
 def test_unflatten_falls_back_to_division_when_digits_do_not_align():
@@ -156,9 +157,9 @@ def test_random_view_chains_match_torch(seed):
         return
     buffers = {n: TensorSpec("float32", tuple(ix.size_text(s) for s in sh)) for n, sh in shapes.items()}
     known = {"x": TensorSpec("float32", ("batch", "seq", "12"))}
-    b = ops.Builder(buffers, known)
+    b = Builder(buffers, known)
     for s in steps:
-        ops.lower(b, s)
+        lower(b, s)
     node = b.env[out]
     lin = ix.atom("x", ix.numel(tuple(out_shape)))
     while node.kind == "remap":
@@ -171,5 +172,5 @@ def test_random_view_chains_match_torch(seed):
             t = op(t)
         expected = t.reshape(-1).numpy()
         env = {"x": np.arange(expected.size), "s_batch": batch, "s_seq": seq, "tl": _Tl}
-        got = np.broadcast_to(eval(ix.render(lin), env), expected.shape)  # noqa: S307 (test-only)
-        assert (got == expected).all(), f"seed {seed} at batch={batch}, seq={seq}: {ix.render(lin)}"
+        got = np.broadcast_to(eval(ix.triton_index(lin), env), expected.shape)  # noqa: S307 (test-only)
+        assert (got == expected).all(), f"seed {seed} at batch={batch}, seq={seq}: {ix.triton_index(lin)}"

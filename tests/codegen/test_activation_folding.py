@@ -2,7 +2,7 @@
 
 import torch
 
-from aot.codegen.epilogue import fold_activations
+from aot.codegen.activation_folding import fold_activations
 from aot.loader.program import AtenProgram
 from aot.schema import Buf
 from aot.tracer import example_inputs, load_model_file, trace

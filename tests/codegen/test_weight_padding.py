@@ -2,7 +2,7 @@
 
 import torch
 
-from aot.codegen.layout import PAD_TO, pad_matmul_weights
+from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 from aot.loader.program import AtenProgram
 from aot.tracer import example_inputs, load_model_file, trace
 from tests.conftest import model_path

@@ -10,19 +10,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from aot.program import buffers_in
-from aot.schema import Program, Step
+from aot.program import step_reads
+from aot.schema import Program
 
 _ACTIVATIONS = {"aten.relu.default": False, "aten.gelu.default": True}
 
 
-def _reads(step: Step) -> list[str]:
-    return [*buffers_in(step.args), *buffers_in(tuple(step.kwargs.values()))]
-
-
 def fold_activations(program: Program) -> tuple[Program, int]:
     """Returns the rewritten program and how many activations were folded."""
-    uses = Counter(name for s in program.steps for name in _reads(s))
+    uses = Counter(name for s in program.steps for name in step_reads(s))
     uses.update(program.outputs)
     steps = list(program.steps)
     producer = {o: i for i, s in enumerate(steps) for o in s.outputs if o}
@@ -32,13 +28,13 @@ def fold_activations(program: Program) -> tuple[Program, int]:
             continue
         if act.target == "aten.gelu.default" and act.kwargs.get("approximate") != "tanh":
             continue  # the epilogue computes the tanh approximation only
-        (src,) = _reads(act)[:1] or (None,)
+        (src,) = step_reads(act)[:1] or (None,)
         j = producer.get(src)
         if j is None or uses[src] != 1 or steps[j] is None:
             continue
         view = None
         if steps[j].target == "aten.view.default":
-            view, j = j, producer.get(_reads(steps[j])[0])
+            view, j = j, producer.get(step_reads(steps[j])[0])
             if j is None or steps[j] is None or uses[steps[j].outputs[0]] != 1:
                 continue
         mm = steps[j]

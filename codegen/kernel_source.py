@@ -1,0 +1,352 @@
+"""The Triton source writer: a group's value graph (``valuegraph``) and its launch (``launch``)
+in, the kernel's module source out.
+
+Every value is read at an index expressed over ``x`` or ``r``/``c`` (``index.Lin``): views and
+broadcasts only change that index, and a value is computed once per index it is read at. A row
+value (a reduction result) can only be read at its own row; a group where that fails raises
+``NotFusible`` and the partitioner splits it. A looped reduction runs one pass over ``c`` per
+dependent reduction (mean before variance, max before sum of exponentials) plus one pass for the
+outputs; otherwise a row sits in registers and every value is loaded once.
+
+Dynamic sizes are kernel parameters (one per dim symbol, ``s_batch``); static sizes are literals;
+block sizes are module-level constexprs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.classify import VIEW_OPS
+from aot.codegen.index import Lin, Size
+from aot.codegen.launch import Launch
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.codegen.valuegraph import Node, NotFusible
+from aot.schema import Step
+
+_REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+@dataclass(frozen=True)
+class Val:
+    name: str
+    ty: str  # compute type
+    in_loop: bool  # depends on the loop index ``c`` (looped reductions only)
+
+
+class SourceWriter:
+    """Writes the statements of one kernel body: each value at each index it is read at, once.
+
+    ``outer`` holds the statements outside any loop, ``body`` (while a loop of a looped reduction
+    is being written) those inside it; ``ptrs`` the root buffers read, in order of first read.
+    """
+
+    def __init__(self, launch: Launch):
+        self.mode = launch.mode  # "pointwise" | "single" | "loop"
+        self.row_lin = launch.row_lin
+        self.full_lin = launch.full_lin
+        self.masks = launch.masks  # atom -> needs a mask
+        self.outer: list[str] = []
+        self.body: list[str] | None = None
+        self.cache_outer: dict[tuple[int, Lin], Val] = {}
+        self.cache_body: dict[tuple[int, Lin], Val] = {}
+        self.reduced: dict[int, Val] = {}
+        self.ptrs: dict[str, str] = {}  # root buffer -> parameter name
+        self.ptr_dtypes: dict[str, str] = {}
+        self.n = 0
+
+    # -- emission
+    def emit(self, expr: str, ty: str, in_loop: bool) -> Val:
+        name = f"v{self.n}"
+        self.n += 1
+        (self.body if in_loop and self.body is not None else self.outer).append(f"{name} = {expr}")
+        return Val(name, ty, in_loop and self.body is not None)
+
+    def mask_for(self, atoms: frozenset[str]) -> str | None:
+        need = sorted(a for a in atoms if self.masks.get(a))
+        if not need:
+            return None
+        if need == ["c", "r"]:
+            return "rc_mask"
+        return f"{need[0]}_mask"
+
+    @staticmethod
+    def cast(v: Val, ty: str | None) -> str:
+        if ty is None or v.ty == ty:
+            return v.name
+        return f"{v.name}.to({TL_TYPE[ty]})"
+
+    def operand(self, inp: Node, v: Val, cast: str | None) -> str:
+        """``v`` (the value of ``inp``) as an op's operand; ``"@ty"`` rounds a half value first."""
+        if cast is None or not cast.startswith("@"):
+            return self.cast(v, cast)
+        ty = cast[1:] or None
+        if inp.dtype not in ("float16", "bfloat16") or v.ty != "fp32":
+            return self.cast(v, ty)
+        text = f"{v.name}.to({TL_TYPE[STORAGE[inp.dtype]]}).to(tl.float32)"
+        return text if ty in (None, "fp32") else f"{text}.to({TL_TYPE[ty]})"
+
+    # -- values
+    def value(self, node: Node, lin: Lin) -> Val:
+        key = (id(node), lin)
+        hit = self.cache_body.get(key) or self.cache_outer.get(key)
+        if hit is not None:
+            return hit
+        if node.kind == "remap":
+            val = self.value(node.inputs[0], node.remap(lin))
+        elif node.kind == "load":
+            val = self._load(node, lin)
+        elif node.kind == "op":
+            val = self._op(node, lin)
+        elif node.kind == "reduce":
+            val = self._reduced(node, lin)
+        else:
+            raise NotFusible(f"unknown node kind {node.kind}")
+        (self.cache_body if val.in_loop else self.cache_outer)[key] = val
+        return val
+
+    def _load(self, node: Node, lin: Lin) -> Val:
+        if node.buf not in self.ptrs:
+            self.ptrs[node.buf] = f"in{len(self.ptrs)}"
+            self.ptr_dtypes[node.buf] = node.dtype
+        ptr = self.ptrs[node.buf]
+        atoms = lin.atoms
+        mask = self.mask_for(atoms)
+        offset = ix.triton_index(lin)
+        expr = f"tl.load({ptr} + ({offset})" + (f", mask={mask}, other=0)" if mask else ")")
+        if STORAGE[node.dtype] != node.ty:
+            expr += f".to({TL_TYPE[node.ty]})"
+        return self.emit(expr, node.ty, "c" in atoms)
+
+    def _op(self, node: Node, lin: Lin) -> Val:
+        uses_idx = "$idx" in node.fmt
+        args, in_loop = [], uses_idx and "c" in lin.atoms
+        for inp, cast in zip(node.inputs, node.casts):
+            v = self.value(inp, ix.broadcast_in(lin, node.shape, inp.shape))
+            in_loop = in_loop or v.in_loop
+            args.append(self.operand(inp, v, cast))
+        idx = ""
+        if uses_idx:  # an index without atoms is a Python int in the source: make it a tensor
+            idx = f"({ix.triton_index(lin)})" if lin.atoms else f"tl.full([], {ix.triton_index(lin)}, tl.int32)"
+        expr = re.sub(
+            r"\$(\d+|idx)", lambda m: idx if m.group(1) == "idx" else args[int(m.group(1))], node.fmt
+        )
+        if re.fullmatch(r"v\d+", expr):  # a copy or a no-op cast: reuse the value
+            return Val(expr, node.ty, in_loop)
+        return self.emit(expr, node.ty, in_loop)
+
+    def _reduced(self, node: Node, lin: Lin) -> Val:
+        if lin != self.row_lin:
+            raise NotFusible("a reduction result is read at another row than its own")
+        if id(node) in self.reduced:
+            return self.reduced[id(node)]
+        if self.mode != "single":
+            raise NotFusible("reduction result needed before its pass")
+        src = self.value(node.inputs[0], self.full_lin)
+        ident = _identity(node.reduce, node.ty)
+        fn = _REDUCE_FN[node.reduce]
+        val = self.emit(
+            f"{fn}(tl.where(rc_mask, {self.cast(src, node.ty)}, {ident}), axis=1, keep_dims=True)",
+            node.ty,
+            False,
+        )
+        self.reduced[id(node)] = val
+        return val
+
+
+def _identity(kind: str, ty: str) -> str:
+    if ty not in ("fp32", "fp64"):
+        if kind != "sum":
+            raise NotFusible("integer max/min reductions")
+        return "0"
+    return {"sum": "0.0", "max": '-float("inf")', "min": 'float("inf")'}[kind]
+
+
+def rc_mask_line(masks: dict[str, bool]) -> str:
+    if masks["r"] and masks["c"]:
+        return "rc_mask = r_mask & c_mask"
+    if masks["r"]:
+        return "rc_mask = r_mask & (c >= 0)"
+    if masks["c"]:
+        return "rc_mask = (r >= 0) & c_mask"
+    return "rc_mask = (r >= 0) & (c >= 0)"
+
+
+def store(param: str, v: Val, dtype: str, w: SourceWriter, level: str) -> str:
+    """Store a full (``x`` or ``r``/``c``) or row (``r``) value; every lane writes its element."""
+    if w.mode == "pointwise":
+        lin, atoms = w.full_lin, ("x",)
+    elif level == "full":
+        lin, atoms = w.full_lin, ("r", "c")
+    else:
+        lin, atoms = w.row_lin, ("r",)
+    offset = ix.triton_index(lin)
+    missing = [a for a in atoms if a not in lin.atoms]  # size-1 extents vanish from the index
+    if missing:
+        offset += "".join(f" + 0 * {a}" for a in missing)
+    mask = w.mask_for(frozenset(atoms))
+    if w.mode != "pointwise" and level == "full" and (w.masks["r"] or w.masks["c"]):
+        mask = "rc_mask"
+    storage = STORAGE[dtype]
+    value = v.name if v.ty == storage else f"{v.name}.to({TL_TYPE[storage]})"
+    return f"tl.store({param} + ({offset}), {value}" + (f", mask={mask})" if mask else ")")
+
+
+def write_body(
+    w: SourceWriter, launch: Launch, order: list[Node], out_nodes: list[Node], out_dtypes: list[str]
+) -> None:
+    """The statements computing and storing every output, after the prologue."""
+    if launch.mode == "loop":
+        write_loop(w, order, out_nodes, out_dtypes, list(launch.levels), launch.width)
+        return
+    if launch.mode == "single":
+        w.outer.append("c = tl.arange(0, BLOCK_R)[None, :]")
+        if launch.masks["c"]:
+            w.outer.append(f"c_mask = c < {ix.triton_size(launch.width)}")
+        w.outer.append(rc_mask_line(launch.masks))
+    values = [
+        w.value(node, launch.full_lin if level == "full" else launch.row_lin)
+        for node, level in zip(out_nodes, launch.levels)
+    ]
+    for i, (v, dt, level) in enumerate(zip(values, out_dtypes, launch.levels)):
+        w.outer.append(store(f"out{i}", v, dt, w, level))
+
+
+def write_loop(
+    w: SourceWriter,
+    order: list[Node],
+    out_nodes: list[Node],
+    out_dtypes: list[str],
+    levels: list[str],
+    width: Size,
+) -> None:
+    """Looped reduction: one pass per reduction stage, then one pass for the full outputs."""
+    stage: dict[int, int] = {}
+    for node in order:  # inputs come first
+        s = max((stage[id(i)] for i in node.inputs), default=0)
+        stage[id(node)] = s + 1 if node.kind == "reduce" else s
+    reduces = [n for n in order if n.kind == "reduce"]
+    n_stages = max(stage[id(n)] for n in reduces)
+    loop_head = [
+        f"for c0 in range(0, {ix.triton_size(width)}, BLOCK_R):",
+        "    c = c0 + tl.arange(0, BLOCK_R)[None, :]",
+    ]
+    if w.masks["c"]:
+        loop_head.append(f"    c_mask = c < {ix.triton_size(width)}")
+    loop_head.append("    " + rc_mask_line(w.masks))
+
+    def run_loop(fill) -> None:
+        w.body, w.cache_body = [], {}
+        fill()
+        w.outer.extend(loop_head + ["    " + line for line in w.body])
+        w.body, w.cache_body = None, {}
+
+    n_acc = 0
+    for k in range(1, n_stages + 1):
+        here = [n for n in reduces if stage[id(n)] == k]
+        accs = [f"acc{n_acc + i}" for i in range(len(here))]
+        n_acc += len(here)
+        for red, acc in zip(here, accs):
+            w.outer.append(
+                f"{acc} = tl.full([ROWS, BLOCK_R], {_identity(red.reduce, red.ty)}, {TL_TYPE[red.ty]})"
+            )
+
+        def fill(here=here, accs=accs) -> None:
+            for red, acc in zip(here, accs):
+                v = w.value(red.inputs[0], w.full_lin)
+                term = f"tl.where(rc_mask, {w.cast(v, red.ty)}, {_identity(red.reduce, red.ty)})"
+                update = {
+                    "sum": f"{acc} + {term}",
+                    "max": f"tl.maximum({acc}, {term})",
+                    "min": f"tl.minimum({acc}, {term})",
+                }[red.reduce]
+                w.body.append(f"{acc} = {update}")
+
+        run_loop(fill)
+        for red, acc in zip(here, accs):
+            fn = _REDUCE_FN[red.reduce]
+            w.reduced[id(red)] = w.emit(f"{fn}({acc}, axis=1, keep_dims=True)", red.ty, False)
+
+    full = [i for i, lv in enumerate(levels) if lv == "full"]
+    if full:
+
+        def fill_outputs() -> None:
+            values = [w.value(out_nodes[i], w.full_lin) for i in full]
+            for i, v in zip(full, values):
+                w.body.append(store(f"out{i}", v, out_dtypes[i], w, "full"))
+
+        run_loop(fill_outputs)
+    for i, lv in enumerate(levels):
+        if lv == "row":
+            w.outer.append(store(f"out{i}", w.value(out_nodes[i], w.row_lin), out_dtypes[i], w, "row"))
+
+
+def module_source(name, steps, signature, config, mode, body, grid, shape_note) -> str:
+    """The kernel's module: a docstring naming its ops and grid, block constexprs, the function."""
+    ops_list = ", ".join(dict.fromkeys(s.target for s in steps))
+    head = [
+        f'"""Fused kernel ({config["kind"]}): {ops_list}.',
+        "",
+        f"grid: ({', '.join(grid)},)" + (f"; {shape_note}" if shape_note else ""),
+        '"""',
+        "",
+        "import triton",
+        "import triton.language as tl",
+        "",
+    ]
+    if mode == "pointwise":
+        head.append(f"BLOCK = tl.constexpr({config['BLOCK']})")
+    else:
+        head.append(f"ROWS = tl.constexpr({config['ROWS']})")
+        head.append(f"BLOCK_R = tl.constexpr({config['BLOCK_R']})")
+    head += ["", "", "@triton.jit", f"def {name}({', '.join(signature)}):"]
+    sig_doc = ", ".join(f"{p}: {t}" for p, t in signature.items())
+    lines = [f"# {sig_doc}"] + body.split("\n")
+    return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
+
+
+def prologue(launch: Launch, index_ty: str) -> list[str]:
+    """The program's own indices (``x``, or rows ``r``) and their masks."""
+    mode, masks, full_lin, row_lin = launch.mode, launch.masks, launch.full_lin, launch.row_lin
+    pid = "tl.program_id(0)" + (".to(tl.int64)" if index_ty == "i64" else "")
+    if mode == "pointwise":
+        numel = ix.triton_size(full_lin.terms[0][1].extent) if full_lin.terms else "1"
+        lines = [f"x = {pid} * BLOCK + tl.arange(0, BLOCK)"]
+        if masks["x"]:
+            lines.append(f"x_mask = x < {numel}")
+        return lines
+    rows = row_lin.terms[0][1].extent if row_lin.terms else sympy.Integer(1)
+    lines = [f"r = {pid} * ROWS + tl.arange(0, ROWS)[:, None]"]
+    if masks["r"]:
+        lines.append(f"r_mask = r < {ix.triton_size(rows)}")
+    return lines
+
+
+_SHORT = {
+    "_native_batch_norm_legit_no_training": "batch_norm",
+    "native_layer_norm": "layer_norm",
+    "_to_copy": "cast",
+    "_softmax": "softmax",
+    "_log_softmax": "log_softmax",
+}
+
+
+def _short(target: str) -> str:
+    name = target.split(".")[1]
+    return _SHORT.get(name, name.lstrip("_"))
+
+
+def kernel_name(steps: list[Step]) -> str:
+    names: list[str] = []
+    for s in steps:
+        if s.target in VIEW_OPS:
+            continue
+        n = _short(s.target)
+        if n not in names:
+            names.append(n)
+    text = "_".join(names[:4]) + ("_etc" if len(names) > 4 else "")
+    return ("fused_" + re.sub(r"[^a-z0-9_]", "_", text.lower()))[:60].rstrip("_") or "fused"
+

@@ -1,0 +1,165 @@
+"""Lowering of reductions over trailing dims (sum, mean, amax/amin, var, logsumexp, softmax,
+layer norm): each becomes ``reduce`` nodes with its prologue and epilogue as pointwise nodes
+around them. Statistics are accumulated in fp32 (fp64 for fp64, int64 for integer sums).
+
+Only trailing dims are fused; a reduction over other dims raises ``Unsupported`` and stays an
+ATen call. The source writer (``kernel_source``) decides how a ``reduce`` node is computed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aot.codegen import index as ix
+from aot.codegen.step_args import literal, norm_dim
+from aot.codegen.triton_types import COMPUTE
+from aot.codegen.valuegraph import Builder, Node, Unsupported, same_index
+from aot.dtypes import FLOATS
+from aot.schema import Step, Sym
+
+
+def _trailing(dims: Any, rank: int) -> int:
+    """Number of trailing dims reduced; ``Unsupported`` unless ``dims`` are exactly the last ones."""
+    if dims is None or dims == []:
+        return rank
+    if isinstance(dims, int):
+        dims = [dims]
+    norm = sorted({norm_dim(d, rank) for d in dims})
+    if norm != list(range(rank - len(norm), rank)):
+        raise Unsupported(f"reduction over dims {dims} (only trailing dims are fused)")
+    return len(norm)
+
+
+def _reduce(kind: str, src: Node, k: int, dtype: str, shape=None) -> Node:
+    keep = src.shape[: len(src.shape) - k] + (ix.ONE,) * k
+    width = ix.numel(src.shape[len(src.shape) - k :])
+    return Node("reduce", shape if shape is not None else keep, dtype, (src,), reduce=kind, width=width)
+
+
+def _op(shape, dtype, fmt, inputs, ty="fp32") -> Node:
+    return Node("op", shape, dtype, tuple(inputs), fmt, (ty,) * len(inputs))
+
+
+def _acc_dtype(dtype: str) -> str:
+    return "float64" if dtype == "float64" else "float32" if dtype in FLOATS else "int64"
+
+
+def _count(width) -> str:
+    """The number of reduced elements as an fp32 literal (a size expression when dynamic)."""
+    return literal(Sym(ix.size_text(width)) if not width.is_Integer else int(width), "fp32")
+
+
+def lower_reduction(b: Builder, step: Step) -> None:
+    if step.target == "aten.native_layer_norm.default":
+        _lower_layer_norm(b, step)
+    elif step.target in ("aten._softmax.default", "aten._log_softmax.default"):
+        _lower_softmax(b, step)
+    else:
+        _lower_dim_reduction(b, step)
+
+
+def _lower_layer_norm(b: Builder, step: Step) -> None:
+    x = b.tensor(step.args[0])
+    rank = len(x.shape)
+    name, _, dtype = b.out(step)
+    k = len(step.args[1])
+    if k > rank or k == 0:
+        raise Unsupported("layer norm over no dims")
+    width = ix.numel(x.shape[rank - k :])
+    w = b.tensor(step.args[2]) if step.args[2] is not None else None
+    bias = b.tensor(step.args[3]) if step.args[3] is not None else None
+    eps = literal(step.args[4], "fp32")
+    n = _count(width)
+    s1 = _reduce("sum", _op(x.shape, "float32", "$0", [x]), k, "float32")
+    mean = _op(s1.shape, "float32", f"($0 / {n})", [s1])
+    centered = _op(x.shape, "float32", "($0 - $1)", [x, mean])
+    s2 = _reduce("sum", _op(x.shape, "float32", "($0 * $0)", [centered]), k, "float32")
+    rstd = _op(s1.shape, "float32", f"tl.rsqrt($0 / {n} + {eps})", [s2])
+    inputs, fmt = [centered, rstd], "($0 * $1)"
+    if w is not None:
+        fmt = f"({fmt} * ${len(inputs)})"
+        inputs.append(w)
+    if bias is not None:
+        fmt = f"({fmt} + ${len(inputs)})"
+        inputs.append(bias)
+    b.set(name, _op(x.shape, dtype, fmt, inputs))
+    for i, stat in ((1, mean), (2, rstd)):
+        out, out_shape, out_dtype = b.out(step, i)
+        if out is not None:
+            b.set(out, Node("remap", out_shape, out_dtype, (stat,), remap=same_index))
+
+
+def _lower_softmax(b: Builder, step: Step) -> None:
+    x = b.tensor(step.args[0])
+    rank = len(x.shape)
+    name, _, dtype = b.out(step)
+    if norm_dim(step.args[1], rank) != max(rank - 1, 0):
+        raise Unsupported("softmax over a dim that is not the last")
+    ty = COMPUTE[dtype]
+    m = _reduce("max", _op(x.shape, "float32", "$0", [x]), 1, "float32")
+    shifted = _op(x.shape, "float32", "($0 - $1)", [x, m])
+    e = _op(x.shape, "float32", "tl.exp($0)", [shifted])
+    s = _reduce("sum", e, 1, "float32")
+    if step.target == "aten._softmax.default":
+        b.set(name, _op(x.shape, dtype, "($0 / $1)", [e, s], ty if ty == "fp64" else "fp32"))
+    else:
+        b.set(name, _op(x.shape, dtype, "($0 - tl.log($1))", [shifted, s]))
+
+
+def _lower_dim_reduction(b: Builder, step: Step) -> None:
+    """sum, mean, amax/amin, var(_mean), logsumexp over the trailing ``dim`` argument."""
+    t = step.target
+    x = b.tensor(step.args[0])
+    rank = len(x.shape)
+    name, shape, dtype = b.out(step)
+    if t in ("aten.sum.default", "aten.mean.default"):
+        dims = None
+    else:
+        dims = step.args[1] if len(step.args) > 1 else step.kwargs.get("dim")
+    k = _trailing(dims, rank)
+    n = _count(ix.numel(x.shape[rank - k :]))
+    if t in ("aten.sum.dim_IntList", "aten.sum.default"):
+        acc = _acc_dtype(dtype)
+        b.set(name, _reduce("sum", _op(x.shape, acc, "$0", [x], COMPUTE[acc]), k, dtype, shape))
+    elif t in ("aten.mean.dim", "aten.mean.default"):
+        if dtype not in FLOATS:
+            raise Unsupported("mean of integers")
+        s = _reduce("sum", _op(x.shape, "float32", "$0", [x]), k, "float32", shape)
+        b.set(name, _op(shape, dtype, f"($0 / {n})", [s]))
+    elif t in ("aten.amax.default", "aten.amin.default"):
+        if x.dtype not in FLOATS:
+            raise Unsupported("integer amax/amin")
+        kind = "max" if t == "aten.amax.default" else "min"
+        b.set(name, _reduce(kind, _op(x.shape, "float32", "$0", [x]), k, dtype, shape))
+    elif t in ("aten.var.correction", "aten.var_mean.correction"):
+        _lower_variance(b, step, x, k, n)
+    elif t == "aten.logsumexp.default":
+        if x.dtype not in FLOATS:
+            raise Unsupported("logsumexp of integers")
+        m = _reduce("max", _op(x.shape, "float32", "$0", [x]), k, "float32")
+        safe = _op(m.shape, "float32", 'tl.where(tl.abs($0) == float("inf"), 0.0, $0)', [m])
+        s = _reduce("sum", _op(x.shape, "float32", "tl.exp($0 - $1)", [x, safe]), k, "float32", shape)
+        safe_out = Node("remap", shape, "float32", (safe,), remap=same_index)
+        b.set(name, _op(shape, dtype, "(tl.log($0) + $1)", [s, safe_out]))
+    else:
+        raise Unsupported(t)
+
+
+def _lower_variance(b: Builder, step: Step, x: Node, k: int, n: str) -> None:
+    """``var.correction`` and ``var_mean.correction`` over the last ``k`` dims (``n`` elements)."""
+    name, shape, dtype = b.out(step)
+    if x.dtype not in FLOATS:
+        raise Unsupported("variance of integers")
+    corr = step.kwargs.get("correction", 1)
+    corr = 1 if corr is None else corr
+    s1 = _reduce("sum", _op(x.shape, "float32", "$0", [x]), k, "float32")
+    mean = _op(s1.shape, "float32", f"($0 / {n})", [s1])
+    centered = _op(x.shape, "float32", "($0 - $1)", [x, mean])
+    s2 = _reduce("sum", _op(x.shape, "float32", "($0 * $0)", [centered]), k, "float32", shape)
+    denom = f"({n} - {literal(corr, 'fp32')})"
+    b.set(name, _op(shape, dtype, f"($0 / tl.maximum({denom}, 0.0))", [s2]))
+    if step.target == "aten.var_mean.correction":
+        out, out_shape, out_dtype = b.out(step, 1)
+        if out is not None:
+            stat = Node("remap", out_shape, "float32", (mean,), remap=same_index)
+            b.set(out, _op(out_shape, out_dtype, "$0", [stat]))

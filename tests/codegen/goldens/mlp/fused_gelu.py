@@ -1,0 +1,19 @@
+"""Fused kernel (pointwise): aten.gelu.default.
+
+grid: ((4096*batch + 1023)//1024,)
+"""
+
+import triton
+import triton.language as tl
+
+BLOCK = tl.constexpr(1024)
+
+
+@triton.jit
+def fused_gelu(in0, out0, s_batch):
+    # in0: *fp16, out0: *fp16, s_batch: i32
+    x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x_mask = x < 4096*s_batch
+    v0 = tl.load(in0 + (x), mask=x_mask, other=0).to(tl.float32)
+    v1 = (0.5 * v0 * (1.0 + tl.erf(v0 * 0.7071067811865476)))
+    tl.store(out0 + (x), v1.to(tl.float16), mask=x_mask)

@@ -1,0 +1,27 @@
+"""Fused kernel (reduction-single): aten.view.default, aten._log_softmax.default.
+
+grid: ((batch*seq + 7)//8,); rows = batch*seq, reduced extent = seq
+"""
+
+import triton
+import triton.language as tl
+
+ROWS = tl.constexpr(8)
+BLOCK_R = tl.constexpr(128)
+
+
+@triton.jit
+def fused_log_softmax(in0, out0, s_batch, s_seq):
+    # in0: *fp32, out0: *fp32, s_batch: i32, s_seq: i32
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    r_mask = r < s_batch*s_seq
+    c = tl.arange(0, BLOCK_R)[None, :]
+    c_mask = c < s_seq
+    rc_mask = r_mask & c_mask
+    v0 = tl.load(in0 + (c + r * s_seq), mask=rc_mask, other=0)
+    v1 = tl.max(tl.where(rc_mask, v0, -float("inf")), axis=1, keep_dims=True)
+    v2 = (v0 - v1)
+    v3 = tl.exp(v2)
+    v4 = tl.sum(tl.where(rc_mask, v3, 0.0), axis=1, keep_dims=True)
+    v5 = (v2 - tl.log(v4))
+    tl.store(out0 + (c + r * s_seq), v5, mask=rc_mask)

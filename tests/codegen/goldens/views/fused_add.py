@@ -1,0 +1,20 @@
+"""Fused kernel (pointwise): aten.view.default, aten.slice.Tensor, aten.select.int, aten.add.Tensor.
+
+grid: ((24*batch + 127)//128,)
+"""
+
+import triton
+import triton.language as tl
+
+BLOCK = tl.constexpr(128)
+
+
+@triton.jit
+def fused_add(in0, out0, s_batch, s_seq):
+    # in0: *fp16, out0: *fp16, s_batch: i32, s_seq: i32
+    x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x_mask = x < 24*s_batch
+    v0 = tl.load(in0 + ((x // 24) * (48*s_seq) + ((x % 24) + 8) + (-1 + s_seq) * 48), mask=x_mask, other=0).to(tl.float32)
+    v1 = tl.load(in0 + ((x // 24) * (48*s_seq) + ((x % 24) + 8)), mask=x_mask, other=0).to(tl.float32)
+    v2 = (v0 + v1)
+    tl.store(out0 + (x), v2.to(tl.float16), mask=x_mask)

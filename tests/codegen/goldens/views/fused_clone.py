@@ -1,0 +1,18 @@
+"""Fused kernel (pointwise): aten.permute.default, aten.clone.default.
+
+grid: ((48*batch*seq + 1023)//1024,)
+"""
+
+import triton
+import triton.language as tl
+
+BLOCK = tl.constexpr(1024)
+
+
+@triton.jit
+def fused_clone(in0, out0, s_batch, s_seq):
+    # in0: *fp16, out0: *fp16, s_batch: i32, s_seq: i32
+    x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x_mask = x < 48*s_batch*s_seq
+    v0 = tl.load(in0 + ((x % 8) + ((x // 8) % s_seq) * 48 + ((x // (8*s_seq)) % 6) * 8 + (x // (48*s_seq)) * (48*s_seq)), mask=x_mask, other=0).to(tl.float32)
+    tl.store(out0 + (x), v0.to(tl.float16), mask=x_mask)
