@@ -54,7 +54,7 @@ HEADER = (
 )
 CPU_ONLY = "(none: CPU only)"
 # Bounds on what a parsed manifest may hold, so a hand-edited or hostile file cannot make the
-# exact set comparison in ``aot.diff`` (whose cost grows with the modulus) run for long.
+# exact set comparison in ``aot.review.sets`` (whose cost grows with the modulus) run for long.
 MAX_MODULUS = 1024
 MAX_EXCLUDED = 1024
 MAX_SIZE = 1 << 62

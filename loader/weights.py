@@ -14,14 +14,12 @@ import warnings
 
 import torch
 
+from aot.aten import DTYPES
+from aot.dtypes import SAFETENSORS
 from aot.errors import BundleError
 
 # safetensors dtype names → torch dtypes, and their sizes in bytes
-_DTYPES = {
-    "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
-    "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
-    "BOOL": torch.bool,
-}
+_DTYPES = {code: DTYPES[name] for code, name in SAFETENSORS.items() if name in DTYPES}  # code -> torch dtype
 MAX_HEADER = 16 << 20  # JSON parsed into Python objects: keep it far below memory (GPT-2: 15 kB)
 
 

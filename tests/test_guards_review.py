@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from aot.diff import (
+from aot.review import (
     EXIT_BREAKING,
     EXIT_ERROR,
     EXIT_SAFE,
@@ -394,7 +394,7 @@ def test_bundle_diff_reports_buckets_and_weights(tmp_path):
 
 
 def test_kernel_changes_by_id_and_name():
-    from aot.diff import _kernel_changes
+    from aot.review.bundle_changes import _kernel_changes
     from aot.schema import Kernel
 
     def kernel(kid, name, ops):

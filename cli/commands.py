@@ -1,9 +1,5 @@
-"""The ``aotpack`` command line.
-
-Every failure is one line on stderr and a non-zero exit: ``AotError`` subclasses exit with their
-``exit_code``; anything unexpected exits 3 as an internal error (``AOTPACK_DEBUG=1`` shows the
-traceback).
-"""
+"""The ``aotpack`` verbs: each parses its options and calls the stage, review or verify function
+that does the work; what they print about bundles is in ``aot.cli.reports``."""
 
 from __future__ import annotations
 
@@ -11,23 +7,15 @@ import json
 import os
 import sys
 import time
-import warnings
 
 import click
 
+from aot.cli.reports import mb
 from aot.errors import AotError, BundleError
 
 
 def _info(msg: str) -> None:
     click.echo(msg, err=True)
-
-
-def _sizes_text(sizes: dict[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sizes.items())
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,7 +62,7 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
     n_kernels = len({k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels})
-    _info(f"wrote {output} ({_mb(size)}, {n_kernels} kernels for "
+    _info(f"wrote {output} ({mb(size)}, {n_kernels} kernels for "
           f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s")
 
 
@@ -138,7 +126,7 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
 
 def _read_side(target: str, arch: str):
     """A bundle, a manifest text file, or a model file traced for ``arch`` (nothing compiled)."""
-    from aot.diff import read_side
+    from aot.review import read_side
 
     archs = None
     if target.endswith(".py"):
@@ -176,11 +164,11 @@ def guards(target: str, output: str | None, arch: str) -> None:
 
 class _VerdictCommand(click.Command):
     """``diff`` and ``check`` exit 0/1/2 with their verdict, so a failure to run at all (bad
-    usage, unreadable file, model that does not trace) exits ``aot.diff.EXIT_ERROR`` (4) instead
+    usage, unreadable file, model that does not trace) exits ``aot.review.EXIT_ERROR`` (4) instead
     of the usual 1 or 2; an internal error still exits 3."""
 
     def make_context(self, *args, **kwargs):
-        from aot.diff import EXIT_ERROR
+        from aot.review import EXIT_ERROR
 
         try:
             return super().make_context(*args, **kwargs)
@@ -189,7 +177,7 @@ class _VerdictCommand(click.Command):
             raise
 
     def invoke(self, ctx):
-        from aot.diff import EXIT_ERROR
+        from aot.review import EXIT_ERROR
 
         try:
             return super().invoke(ctx)
@@ -215,7 +203,7 @@ def diff_command(old: str, new: str, as_json: bool, arch: str) -> None:
     2 at least one breaking change (narrowed, specialized, dtype/rank, input added/removed,
     arch dropped, ...), 4 an input could not be read, 3 internal error.
     """
-    from aot.diff import diff
+    from aot.review import diff
 
     result = diff(_read_side(old, arch), _read_side(new, arch))
     if as_json:
@@ -225,49 +213,29 @@ def diff_command(old: str, new: str, as_json: bool, arch: str) -> None:
     sys.exit(result.exit_code)  # click's non-standalone mode would swallow ctx.exit's code
 
 
-@cli.command(cls=_VerdictCommand)
+@cli.command("check", cls=_VerdictCommand)
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--against", required=True, type=click.Path(dir_okay=False),
               help="the committed manifest file (or a bundle) to compare with")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
-def check(model: str, against: str, as_json: bool, arch: str) -> None:
+def stale_manifest_command(model: str, against: str, as_json: bool, arch: str) -> None:
     """Re-trace MODEL.py (nothing compiled) and fail if the committed manifest no longer matches.
 
     Exit status: 0 it matches; 2 it does not, whatever the change (the report says which changes
     are breaking; regenerate with `aotpack guards MODEL.py -o FILE` and review); 4 an input could
     not be read or MODEL.py does not trace; 3 internal error.
     """
-    import difflib
+    from aot.review.check import check_manifest
 
-    from aot.diff import EXIT_BREAKING, EXIT_SAME, diff
-    from aot.manifest_text import render
-
-    committed = _read_side(against, arch)
-    current = _read_side(model, arch)
-    result = diff(committed, current)
-    before, after = render(committed.manifest), render(current.manifest)
-    stale = before != after or bool(result.changes)
-    code = EXIT_BREAKING if stale else EXIT_SAME
+    result = check_manifest(model, against, _read_side(against, arch), _read_side(model, arch))
     if as_json:
-        click.echo(json.dumps({"model": model, "against": against, "stale": stale, "exit_code": code,
-                               "verdict": result.verdict, "changes": result.to_json()["changes"]},
-                              indent=1, sort_keys=True))
-        sys.exit(code)
-    if not stale:
-        click.echo(f"{against} matches {model}")
-        sys.exit(code)
-    click.echo(result.text() if result.changes else "no change in the guards; the manifest text differs\n", nl=False)
-    click.echo("")
-    click.echo("".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                            fromfile=against, tofile=f"{model} (traced now)")), nl=False)
-    kind = {"breaking": "with breaking changes", "safe": "safe changes only"}.get(result.verdict, "text only")
-    if against.endswith(".tpk"):  # never suggest writing manifest text over a bundle
-        fix = f"rebuild it with `aotpack build {model} -o {against}`"
+        click.echo(json.dumps(result.to_json(), indent=1, sort_keys=True))
     else:
-        fix = f"regenerate it with `aotpack guards {model} -o {against}`"
-    _info(f"error: {against} is stale ({kind}); {fix} and review the change")
-    sys.exit(code)
+        click.echo(result.report(), nl=False)
+        if result.stale:
+            _info(result.advice())
+    sys.exit(result.exit_code)
 
 
 @cli.command()
@@ -275,68 +243,13 @@ def check(model: str, against: str, as_json: bool, arch: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def inspect(bundle: str, as_json: bool) -> None:
     """Summarize a bundle: members, program, kernels, buckets, environment."""
-    from aot.loader.bundle import open_bundle
-    from aot.serde import to_json
+    from aot.cli.reports import bundle_summary, summary_text
 
-    b = open_bundle(bundle)
-    try:
-        m = b.manifest
-        program = b.program()
-    finally:
-        b.close()
-    programs = (program, *program.variants)
-    names = [e.name for e in m.programs] if len(m.programs) == len(programs) else ["general"] * len(programs)
-    all_steps = [s for p in programs for s in p.steps]
-    kernels = [
-        {"id": k.id, "name": k.name, "ops": list(k.ops), "archs": list(k.archs), "bytes_moved": k.bytes_moved,
-         "num_warps": k.num_warps, "config": k.config,
-         "launches": sum(s.kind == "kernel" and s.target == k.id for s in all_steps)}
-        for k in {k.id: k for p in programs for k in p.kernels}.values()
-    ]
-    per_program = [{"name": n, "aten": sum(s.kind == "aten" for s in p.steps),
-                    "kernel": sum(s.kind == "kernel" for s in p.steps)} for n, p in zip(names, programs)]
-    steps = {"aten": sum(s.kind == "aten" for s in all_steps), "kernel": sum(s.kind == "kernel" for s in all_steps)}
-    replaced = sum(len(s.reference) for s in all_steps if s.kind == "kernel")
-    info = {
-        "name": m.name,
-        "dtype": m.dtype,
-        "schema_version": list(m.schema_version),
-        "environment": to_json(m.environment),
-        "members": {k: v.size for k, v in m.members.items()},
-        "steps": steps,
-        "programs": per_program,
-        "aten_ops_fused": replaced,
-        "kernels": kernels,
-        "buckets": to_json(m.buckets),
-        "ops": list(m.ops),
-        "stats": to_json(m.stats),
-    }
+    manifest, info = bundle_summary(bundle)
     if as_json:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
-        return
-    click.echo(f"{m.name}  ({m.dtype}, schema {m.schema_version[0]}.{m.schema_version[1]}, "
-               f"built with torch {m.environment.torch_built})")
-    click.echo("members:")
-    for name, size in sorted(info["members"].items()):
-        click.echo(f"  {size:>12,}  {name}")
-    several = f" in {len(programs)} programs" if len(programs) > 1 else ""
-    click.echo(f"program: {steps['aten']} library calls, {steps['kernel']} kernel launches{several} "
-               f"({len(kernels)} distinct kernels fusing {replaced} ATen ops)")
-    if len(programs) > 1:
-        for p in per_program:
-            click.echo(f"  program {p['name']}: {p['aten']} library calls, {p['kernel']} kernel launches")
-    for k in kernels:
-        click.echo(f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
-                   f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
-                   f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}")
-    plan = m.stats.memory_plan
-    if plan:
-        lo, hi = min(plan, key=lambda b: b.peak_bytes), max(plan, key=lambda b: b.peak_bytes)
-        click.echo(f"memory plan: {len(plan)} CUDA-graph buckets, peak activations {_mb(lo.peak_bytes)} "
-                   f"({_sizes_text(lo.sizes)}) .. {_mb(hi.peak_bytes)} ({_sizes_text(hi.sizes)})")
-    click.echo(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
-    for bk in m.buckets:
-        click.echo(f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}")
+    else:
+        click.echo(summary_text(manifest, info), nl=False)
 
 
 @cli.command()
@@ -375,33 +288,3 @@ def verify(bundle: str, device: str) -> None:
                f"{program_tolerance(dtype, noise):.2g} of the output scale{why})")
     if failed:
         sys.exit(2)
-
-
-def main(argv: list[str] | None = None) -> None:
-    warnings.filterwarnings("ignore")
-    try:
-        cli.main(args=argv, prog_name="aotpack", standalone_mode=False)
-    except AotError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except Exception as e:
-        if os.environ.get("AOTPACK_DEBUG"):
-            raise
-        click.echo(f"internal error: {type(e).__name__}: {e} (set AOTPACK_DEBUG=1 for a traceback)", err=True)
-        sys.exit(3)
-    sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()
