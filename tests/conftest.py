@@ -1,4 +1,6 @@
-"""Shared fixtures: example bundles are built once per test session (the API, not the CLI)."""
+"""Shared fixtures: example models traced once and bundles built once per test session (the API,
+not the CLI). ``built`` hands on bundle paths and, for tests that look at a stage's output, the
+``Traced`` and ``Compiled`` objects they were made from."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_ARCHS = ("sm_80", "sm_90")
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -23,24 +26,66 @@ def model_path(name: str) -> Path:
 
 
 class BundleFactory:
+    """Each model is traced once, generated once per arch set and packed once. Callers must not
+    change what they are handed: other tests get the same objects."""
+
     def __init__(self, base: Path):
         self.base = base
-        self.cache: dict[tuple[str, tuple[str, ...]], Path] = {}
+        self._traced: dict[str, object] = {}
+        self._compiled: dict[tuple[str, tuple[str, ...]], object] = {}
+        self._fusion_inputs: dict[tuple[str, tuple[str, ...]], list] = {}
+        self._paths: dict[tuple[str, tuple[str, ...]], Path] = {}
 
-    def __call__(self, name: str, archs: tuple[str, ...] = ("sm_80", "sm_90")) -> Path:
-        key = (name, archs)
-        if key not in self.cache:
-            from aot.codegen import generate
-            from aot.packager import pack
+    def traced(self, name: str):
+        """``Traced`` of ``models/<name>.py`` or ``tests/data/<name>.py``."""
+        if name not in self._traced:
             from aot.tracer import load_model_file, trace
 
-            out = self.base / f"{name}-{'-'.join(archs)}.tpk"
-            pack(generate(trace(load_model_file(model_path(name))), archs), out)
-            self.cache[key] = out
-        return self.cache[key]
+            self._traced[name] = trace(load_model_file(model_path(name)))
+        return self._traced[name]
+
+    def compiled(self, name: str, archs: tuple[str, ...] = DEFAULT_ARCHS):
+        """``Compiled`` of the model for ``archs``."""
+        key = (name, tuple(archs))
+        if key not in self._compiled:
+            import aot.codegen.partition as partition_module
+            from aot.codegen import generate
+
+            # record the program each partition call is given (one per traced program), so that a
+            # test can check the fused program against exactly what fusion started from
+            given, original = [], partition_module.partition
+
+            def recording(program, *args, **kwargs):
+                given.append(program)
+                return original(program, *args, **kwargs)
+
+            partition_module.partition = recording
+            try:
+                self._compiled[key] = generate(self.traced(name), key[1])
+            finally:
+                partition_module.partition = original
+            self._fusion_inputs[key] = given
+        return self._compiled[key]
+
+    def fusion_inputs(self, name: str, archs: tuple[str, ...] = DEFAULT_ARCHS) -> list:
+        """The programs fusion was given while compiling the model (the main one, then variants)."""
+        self.compiled(name, archs)
+        return self._fusion_inputs[(name, tuple(archs))]
+
+    def __call__(self, name: str, archs: tuple[str, ...] = DEFAULT_ARCHS) -> Path:
+        """Path of the model's bundle for ``archs``."""
+        key = (name, tuple(archs))
+        if key not in self._paths:
+            from aot.packager import pack
+
+            out = self.base / f"{name}-{'-'.join(key[1])}.tpk"
+            pack(self.compiled(name, key[1]), out)
+            self._paths[key] = out
+        return self._paths[key]
 
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> BundleFactory:
-    """``built("gpt")`` → path of a bundle of models/gpt.py, built once per session."""
+    """``built("gpt")`` → path of a bundle of models/gpt.py, built once per session;
+    ``built.traced("gpt")``, ``built.compiled("gpt")``: the stages' outputs it was made from."""
     return BundleFactory(tmp_path_factory.mktemp("bundles"))

@@ -1,17 +1,19 @@
 """Folding addmm → [view] → gelu(tanh)/relu into one _addmm_activation library call."""
 
+import pytest
 import torch
 
 from aot.codegen.activation_folding import fold_activations
 from aot.loader.program import AtenProgram
 from aot.schema import Buf
-from aot.tracer import example_inputs, load_model_file, trace
+from aot.tracer import example_inputs, load_model_file
 from tests.conftest import model_path
 
 
-def test_gpt_folds_every_mlp_gelu_and_matches():
+@pytest.mark.slow
+def test_gpt_folds_every_mlp_gelu_and_matches(built):
     spec = load_model_file(model_path("gpt"))
-    traced = trace(spec)
+    traced = built.traced("gpt")  # shared with the other tests of this session
     folded, n = fold_activations(traced.program)
     assert n == 12  # one tanh-GELU per layer
     targets = [s.target for s in folded.steps]

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from aot.codegen import generate
 from aot.codegen.attention import SDPA
 from aot.loader import load
-from aot.packager import pack
 from aot.schema import Buf
-from aot.tracer import call_model, example_inputs, instantiate, load_model_file, trace
-from tests.conftest import ROOT
+from aot.tracer import call_model, example_inputs, instantiate, load_model_file
 
 
-def test_causal_mask_from_sizes_becomes_is_causal_and_input_masks_stay(tmp_path):
-    spec = load_model_file(ROOT / "tests/codegen/models/masked_attention.py")
-    traced = trace(spec)
-    compiled = generate(traced, ("sm_90",))
+def test_causal_mask_from_sizes_becomes_is_causal_and_input_masks_stay(pattern):
+    _, compiled, path, model, _ = pattern("masked_attention")  # traced and built once per session
+    spec = load_model_file(model)
     sdpa = [s for p in (compiled.program, *compiled.program.variants) for s in p.steps if s.target == SDPA]
     dropped = [s for s in sdpa if len(s.args) > 3 and s.args[3] is None]
     kept = [s for s in sdpa if len(s.args) > 3 and isinstance(s.args[3], Buf)]
@@ -24,8 +20,6 @@ def test_causal_mask_from_sizes_becomes_is_causal_and_input_masks_stay(tmp_path)
     for s in dropped:  # causal where the query is longer than one token, as eager's is_causal
         assert s.kwargs.get("is_causal") in (True, None)
     assert any(s.kwargs.get("is_causal") is True for s in dropped)
-    path = tmp_path / "attn.tpk"
-    pack(compiled, path)
     runner = load(path)
     module = instantiate(spec)
     for sizes in ({"batch": 1, "seq": 1}, {"batch": 2, "seq": 7}, {"batch": 4, "seq": 32}):

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from aot import schema, serde
+from aot import schema
 from aot.codegen import generate
 from aot.codegen.classify import VIEW_OPS, returns_view
 from aot.loader.bundle import open_bundle
@@ -15,7 +15,8 @@ from aot.program import buffers_in
 from aot.schema import Buf
 from aot.symexpr import compile_expr
 
-EXAMPLES = ("mlp", "gpt", "cnn", "branchy")
+SLOW = pytest.mark.slow  # building GPT-2-small, ResNet-18 or the d-1024 MLP takes tens of seconds
+EXAMPLES = (*(pytest.param(n, marks=SLOW) for n in ("mlp", "gpt", "cnn")), "branchy")
 
 
 def program_of(path):
@@ -30,6 +31,7 @@ def kernel_steps(program):
     return [s for s in program.steps if s.kind == "kernel"]
 
 
+@SLOW
 def test_gpt_block_fuses_into_two_kernels_per_layer(built):
     program, manifest = program_of(built("gpt"))
     steps = kernel_steps(program)
@@ -143,19 +145,6 @@ def _bufs(value) -> list[str]:
     return list(buffers_in(value))
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
-def test_every_original_step_is_kept_or_replaced_once(built, name):
-    """Each non-view step of the traced program is either a library step or in exactly one kernel's
-    reference (views may be folded into several kernels and also stay for library calls)."""
-    program, _ = program_of(built(name))
-    seen: Counter = Counter()
-    for s in program.steps:
-        for r in s.reference if s.kind == "kernel" else (s,):
-            if r.target not in VIEW_OPS and not r.target.startswith("aten.arange"):
-                seen[r.outputs] += 1
-    assert seen and max(seen.values()) == 1
-
-
 def test_unknown_op_stays_a_library_call(pattern):
     _, compiled, _, _, messages = pattern("unknown")
     steps = compiled.program.steps
@@ -209,14 +198,6 @@ def test_large_dim_ranges_index_with_int64(pattern):
         assert "tl.program_id(0).to(tl.int64)" in k.source
     _, small, _, _, _ = pattern("pointwise")
     assert {k.config["index"] for k in small.program.kernels} == {"i32"}
-
-
-def test_generate_is_deterministic(pattern):
-    traced, first, _, _, _ = pattern("pointwise")
-    again = generate(traced, first.archs)
-    assert serde.canonical_json(again.program) == serde.canonical_json(first.program)
-    assert dict(again.cubins) == dict(first.cubins)
-    assert list(again.cubins) == list(first.cubins)
 
 
 def test_no_fuse_keeps_the_aten_program(pattern):

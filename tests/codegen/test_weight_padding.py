@@ -1,16 +1,18 @@
 """Padding an unaligned matmul weight (GPT-2's 50257-row vocabulary) leaves results unchanged."""
 
+import pytest
 import torch
 
 from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 from aot.loader.program import AtenProgram
-from aot.tracer import example_inputs, load_model_file, trace
+from aot.tracer import example_inputs, load_model_file
 from tests.conftest import model_path
 
 
-def test_gpt_vocabulary_is_padded_and_logits_unchanged():
+@pytest.mark.slow
+def test_gpt_vocabulary_is_padded_and_logits_unchanged(built):
     spec = load_model_file(model_path("gpt"))
-    traced = trace(spec)
+    traced = built.traced("gpt")  # shared with the other tests of this session
     program, weights, n = pad_matmul_weights(traced.program, dict(traced.weights))
     assert n == 1
     assert weights["wte.weight"].shape == (50304, 768) and 50304 % PAD_TO == 0
@@ -23,7 +25,7 @@ def test_gpt_vocabulary_is_padded_and_logits_unchanged():
     assert torch.equal(got, want)
 
 
-def test_aligned_or_otherwise_used_weights_are_left_alone():
-    spec = load_model_file(model_path("mlp"))  # 1024 and 4096 wide: already aligned
-    traced = trace(spec)
+@pytest.mark.slow
+def test_aligned_or_otherwise_used_weights_are_left_alone(built):
+    traced = built.traced("mlp")  # 1024 and 4096 wide: already aligned
     assert pad_matmul_weights(traced.program, dict(traced.weights))[2] == 0

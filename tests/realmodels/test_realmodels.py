@@ -39,6 +39,8 @@ KWARGS = {
     "bert+return_dict=False": ("bert", {"return_dict": False}),
     "gpt2+output_hidden_states": ("gpt2", {"output_hidden_states": True}),
 }
+pytestmark = pytest.mark.slow  # fourteen real architectures built from scratch: minutes
+
 INTERPRETED_LAUNCHES = 1  # per distinct kernel: the interpreter costs milliseconds per program instance
 
 

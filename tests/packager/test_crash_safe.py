@@ -245,13 +245,11 @@ def test_stale_partials_are_removed_only_for_dead_builds_of_this_machine(tmp_pat
 
 
 @pytest.mark.slow
-def test_split_weights_kill_between_renames_keeps_the_old_pair(tmp_path: Path, monkeypatch) -> None:
+def test_split_weights_kill_between_renames_keeps_the_old_pair(tmp_path: Path, monkeypatch, built) -> None:
     from aot import packager
-    from aot.codegen import generate
-    from aot.tracer import load_model_file, trace
 
     out = tmp_path / "model.tpk"
-    packager.pack(generate(trace(load_model_file(model_path("small_mlp")))), out, split_weights=True)
+    packager.pack(built.compiled("small_mlp"), out, split_weights=True)
     old = load(out)
     expected = old(**old.example_inputs())
     old.bundle.close()
@@ -259,7 +257,7 @@ def test_split_weights_kill_between_renames_keeps_the_old_pair(tmp_path: Path, m
     def killed(*a, **k):
         raise KeyboardInterrupt  # as if SIGKILLed after the weights file was replaced
 
-    new = generate(trace(load_model_file(model_path("branchy"))))
+    new = built.compiled("branchy")
     monkeypatch.setattr(packager, "write_bundle", killed)
     with pytest.raises(KeyboardInterrupt):
         packager.pack(new, out, split_weights=True)
