@@ -96,7 +96,7 @@ def _arch_key(arch: str) -> tuple[int, str]:
 
 def canonical(m: GuardManifest) -> GuardManifest:
     """``m`` as its text holds it: sorted, build-only environment fields dropped. For any ``m``,
-    ``parse_guards_text(render(m)) == canonical(m)``."""
+    ``parse_guards_text(render_manifest(m)) == canonical(m)``."""
     g = m.guards
     symbols = tuple(
         replace(s, residues=tuple(sorted(s.residues)), excluded=tuple(sorted(s.excluded)),
@@ -141,7 +141,7 @@ def site_text(src: GuardSource) -> str:
     return f"at {_one_line(src.file)}:{src.line}" + (f"  {code}" if code else "")
 
 
-def render(m: GuardManifest) -> str:
+def render_manifest(m: GuardManifest) -> str:
     """The manifest text of ``m`` (canonicalized first)."""
     m = canonical(m)
     lines = [HEADER.rstrip("\n"), f"model {_one_line(m.name)}"]
@@ -262,7 +262,7 @@ class _Parser:
 
 
 def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
-    """Parse manifest text (as ``render`` writes it) back into a ``GuardManifest``.
+    """Parse manifest text (as ``render_manifest`` writes it) back into a ``GuardManifest``.
 
     Raises ``BundleError`` naming the line that does not parse and what was expected there."""
     p = _Parser(source)

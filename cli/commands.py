@@ -138,9 +138,9 @@ def _read_side(target: str, arch: str):
 
 def _manifest_text(target: str, arch: str = "sm_80,sm_90") -> str:
     """Guard text of a bundle, a model file (trace only), or a committed manifest file."""
-    from aot.manifest_text import render
+    from aot.manifest_text import render_manifest
 
-    return render(_read_side(target, arch).manifest)
+    return render_manifest(_read_side(target, arch).manifest)
 
 
 _ARCH_HELP = "archs a build of MODEL.py targets (env archs in its manifest)"

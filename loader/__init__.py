@@ -20,7 +20,7 @@ from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import AtenProgram
 from aot.loader.weights import to_device
-from aot.manifest_text import manifest_of_bundle, render
+from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.pytree import flatten_inputs, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
@@ -181,7 +181,7 @@ class Runner:
         return [v for _, v in outs]
 
     def guards_text(self) -> str:
-        return render(manifest_of_bundle(self.manifest))
+        return render_manifest(manifest_of_bundle(self.manifest))
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu", capture: str = "lazy") -> Runner:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from aot import schema, serde
-from aot.manifest_text import manifest_of_bundle, render
+from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.packager.plan import memory_plan
 from aot.schema import Manifest, Member
 from aot.stages import Compiled, environment
@@ -170,7 +170,7 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
         weights_file = external_weights_path(path, hashlib.sha256(members[schema.WEIGHTS_PATH]).hexdigest())
     external = weights_file.name if weights_file else ""
     draft = make_manifest(compiled, members, external)
-    members[schema.GUARDS_PATH] = render(manifest_of_bundle(draft)).encode()
+    members[schema.GUARDS_PATH] = render_manifest(manifest_of_bundle(draft)).encode()
     manifest = make_manifest(compiled, members, external)
     if weights_file is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from aot.manifest_text import render
+from aot.manifest_text import render_manifest
 from aot.review.side import diff
 from aot.review.verdict import EXIT_BREAKING, EXIT_SAME, Diff, Side
 
@@ -55,4 +55,4 @@ class StaleCheck:
 
 def check_manifest(model: str, against: str, committed: Side, current: Side) -> StaleCheck:
     """Compare the committed side (manifest file or bundle) with the model traced now."""
-    return StaleCheck(model, against, diff(committed, current), render(committed.manifest), render(current.manifest))
+    return StaleCheck(model, against, diff(committed, current), render_manifest(committed.manifest), render_manifest(current.manifest))

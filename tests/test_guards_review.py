@@ -35,7 +35,7 @@ from aot.review import (
 )
 from aot.errors import BundleError
 from aot.admissible import admits
-from aot.manifest_text import GuardManifest, canonical, manifest_of_bundle, parse_guards_text, render
+from aot.manifest_text import GuardManifest, canonical, manifest_of_bundle, parse_guards_text, render_manifest
 from aot.schema import SCHEMA_VERSION, GuardSource, InputGuard, Relation, SymbolGuard
 from tests.conftest import ROOT, model_path
 
@@ -91,22 +91,22 @@ def run_cli(*args: str, capsys) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_manifest_golden(name):
-    check_golden(f"guards/models/{name}.guards", render(traced(name)))
+    check_golden(f"guards/models/{name}.guards", render_manifest(traced(name)))
 
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_fixture_manifest_golden(name):
-    check_golden(f"guards/fixtures/{name}.guards", render(traced(name)))
+    check_golden(f"guards/fixtures/{name}.guards", render_manifest(traced(name)))
 
 
 @pytest.mark.parametrize("name", EXAMPLES + ("branch", "reshape", "input_added"))
 def test_text_round_trips(name):
     """Also for guard lines whose code has runs of spaces (``if T > 8:  # long sequences``)."""
     m = traced(name)
-    text = render(m)
+    text = render_manifest(m)
     parsed = parse_guards_text(text)
     assert parsed == canonical(m)
-    assert render(parsed) == text
+    assert render_manifest(parsed) == text
     assert diff_manifests(parsed, m) == []  # a committed manifest matches a fresh trace
     # nothing machine-specific: no absolute path, no build versions
     assert str(ROOT) not in text and not re.search(r"(^|\s)/\w", text)
@@ -118,10 +118,10 @@ def test_text_is_sorted_and_order_invariant():
     g = m.guards
     shuffled = replace(m, guards=replace(g, symbols=g.symbols[::-1]), buckets=m.buckets[::-1],
                        environment=replace(m.environment, archs=("sm_90", "sm_80")))
-    assert render(shuffled) == render(m)
+    assert render_manifest(shuffled) == render_manifest(m)
     seq = next(s for s in m.guards.symbols if s.name == "seq")
     assert [src.line for src in seq.sources] == sorted(src.line for src in seq.sources)
-    lines = render(m).splitlines()
+    lines = render_manifest(m).splitlines()
     assert lines.index("symbol batch: 1 <= batch <= 16  (declared 1..16)") < lines.index(
         "symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)")
 
@@ -129,7 +129,7 @@ def test_text_is_sorted_and_order_invariant():
 def test_every_line_kind_round_trips():
     """Relations, specializations, residues with several values, exclusions, paddable buckets,
     CPU-only archs and guards without code: everything the format can hold parses back."""
-    text = render(traced("branchy"))
+    text = render_manifest(traced("branchy"))
     text = text.replace(
         "symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)",
         "symbol seq: 10 <= seq <= 250, (seq % 4 == 0 or seq % 4 == 2), seq != 12, seq != 14  (declared 1..256)\n"
@@ -148,10 +148,10 @@ def test_every_line_kind_round_trips():
         "batch*seq <= 2048", "tests/data/branchy.py", 18, "return x")),)
     assert m.guards.specializations[0].text == "batch == 3"
     assert m.buckets[0].paddable and m.environment.archs == ()
-    again = render(m)
+    again = render_manifest(m)
     assert parse_guards_text(again) == m
-    # the text is canonical: what we wrote is what render writes (relations after symbols, etc.)
-    assert render(parse_guards_text(again)) == again
+    # the text is canonical: what we wrote is what render_manifest writes (relations after symbols, etc.)
+    assert render_manifest(parse_guards_text(again)) == again
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -168,8 +168,8 @@ def test_every_line_kind_round_trips():
     (("  guard seq >= 9  at tests/data/branchy.py:15", "  guard seq >= 9  at tests/data/branchy.py"), "expected one of"),
 ])
 def test_parse_errors_name_the_line_and_what_was_expected(edit, message):
-    text = render(traced("branchy")).replace(*edit)
-    assert text != render(traced("branchy"))
+    text = render_manifest(traced("branchy")).replace(*edit)
+    assert text != render_manifest(traced("branchy"))
     with pytest.raises(BundleError, match=r"^my\.guards line \d+: expected .*regenerate the file") as e:
         parse_guards_text(text, "my.guards")
     assert message in str(e.value)
@@ -228,7 +228,7 @@ def test_diff_json_golden():
 
 
 def _edited(name: str, *edits: tuple[str, str]) -> GuardManifest:
-    text = render(traced(name))
+    text = render_manifest(traced(name))
     for a, b in edits:
         assert a in text, a
         text = text.replace(a, b)
@@ -389,7 +389,7 @@ def test_bundle_diff_reports_buckets_and_weights(tmp_path):
     assert weights.details == ("values changed: proj.bias, proj.weight",)
     # a bundle against the committed text of the same model: guards only, no change
     text = tmp_path / "base.guards"
-    text.write_text(render(traced("base")))
+    text.write_text(render_manifest(traced("base")))
     assert diff(read_side(str(text)), read_side(str(paths["base"]))).exit_code == EXIT_SAME
 
 
@@ -423,7 +423,7 @@ def guards_files(tmp_path, monkeypatch):
     files = {}
     for name in ("base", "narrowed", "widened"):
         files[name] = tmp_path / f"{name}.guards"
-        files[name].write_text(render(traced(name)))
+        files[name].write_text(render_manifest(traced(name)))
     return files
 
 
@@ -480,7 +480,7 @@ def test_cli_guards_writes_the_file_and_normalizes_text(tmp_path, capsys, monkey
     code, _, err = run_cli("guards", "tests/data/guards/branch.py", "-o", str(out), "--arch", "sm_90,sm_80",
                            capsys=capsys)
     assert code == 0 and f"wrote {out}" in err
-    assert out.read_text() == render(traced("branch"))  # archs are sorted, whatever --arch's order
+    assert out.read_text() == render_manifest(traced("branch"))  # archs are sorted, whatever --arch's order
     noisy = tmp_path / "noisy.guards"
     noisy.write_text("# a comment\n" + out.read_text().replace("\n\n", "\n\n\n"))
     code, text, _ = run_cli("guards", str(noisy), capsys=capsys)
@@ -526,4 +526,4 @@ def test_trace_only_manifest_equals_the_built_bundles(built, name):
         from_bundle = manifest_of_bundle(bundle.manifest)
     finally:
         bundle.close()
-    assert render(traced(name)) == render(from_bundle)
+    assert render_manifest(traced(name)) == render_manifest(from_bundle)

@@ -84,13 +84,13 @@ def test_constant_kwargs_must_be_plain_values():
 def test_the_model_files_manifest_matches_its_bundles(built):
     """``aotpack guards MODEL.py`` (trace only) agrees with the bundle, programs included, so
     ``aotpack check`` passes on a fresh build."""
-    from aot.manifest_text import manifest_of_bundle, render
+    from aot.manifest_text import manifest_of_bundle, render_manifest
     from aot.tracer import guard_manifest
 
     for name in ("size_one", "structured"):
         runner = load(built(name, ("sm_90",)))
         spec = load_model_file(model_path(name))
-        assert render(guard_manifest(spec, ("sm_90",))) == render(manifest_of_bundle(runner.manifest))
+        assert render_manifest(guard_manifest(spec, ("sm_90",))) == render_manifest(manifest_of_bundle(runner.manifest))
 
 
 def test_size_comparisons_are_bools_evaluated_per_call():

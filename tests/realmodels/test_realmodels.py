@@ -183,12 +183,12 @@ def test_guards_from_the_model_match_the_bundle(zoo_build, name):
     ``aotpack check`` compares in CI: it must be the bundle's, or the gate reports a stale manifest."""
     import difflib
 
-    from aot.manifest_text import render
+    from aot.manifest_text import render_manifest
     from aot.tracer import guard_manifest
 
     require(ZOO[name].library)
     b = zoo_build(name).ok()
-    from_model, from_bundle = render(guard_manifest(b.spec, ARCHS)), b.runner.guards_text()
+    from_model, from_bundle = render_manifest(guard_manifest(b.spec, ARCHS)), b.runner.guards_text()
     diff = difflib.unified_diff(from_model.splitlines(), from_bundle.splitlines(), "aotpack guards MODEL.py",
                                 "bundle", lineterm="", n=0)
     if from_model != from_bundle:
