@@ -39,8 +39,9 @@ PROGRAM_PATH = "program.json.zst"
 WEIGHTS_PATH = "weights.safetensors"
 REFERENCE_PATH = "reference.safetensors"
 GUARDS_PATH = "guards.txt"
-KERNEL_SOURCE_FORMAT = "kernels/{kernel}.py"
-KERNEL_CUBIN_FORMAT = "kernels/{kernel}.{arch}.cubin"
+KERNELS_DIR = "kernels/"
+KERNEL_SOURCE_FORMAT = KERNELS_DIR + "{kernel}.py"
+KERNEL_CUBIN_FORMAT = KERNELS_DIR + "{kernel}.{arch}.cubin"
 WEIGHTS_ALIGNMENT = 64
 
 # Reference tensors are stored under these prefixes in REFERENCE_PATH.
