@@ -83,7 +83,7 @@ def test_padded_bucket_matches_exact(eager):
     spec, _ = eager("mlp")
     x = example_inputs(spec, {"batch": 5}, seed=3)["x"].cuda()
     padded = runner(x)  # batch 5 runs in the batch-8 graph, padded
-    assert runner._graphs.bucket_for({"batch": 5}) == (8,)
+    assert runner._entries[0].graphs.bucket_for({"batch": 5}) == (8,)  # the one program's graphs
     exact = load(_bundle("mlp"), device="cuda", capture="none")(x)
     assert padded.shape == exact.shape
     assert (padded.float() - exact.float()).abs().max().item() <= 1e-2
