@@ -24,7 +24,7 @@ as a one-key object::
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
@@ -282,16 +282,16 @@ class Relation:
 
 @dataclass(frozen=True)
 class Environment:
-    """What the serving host must offer. ``cuda_built``: the CUDA release of the ptxas that
-    compiled the cubins (``"13.4"``); a driver of an older CUDA major cannot load them (the
-    loader checks). Empty when the bundle has no kernels."""
+    """What the serving host must offer. ``cuda_built``: per arch, the CUDA release of the ptxas
+    that compiled its cubins (``{"sm_80": "12.9", "sm_90": "13.4"}``); a driver of an older CUDA
+    major cannot load them (the loader checks). Empty when the bundle has no kernels."""
 
     archs: tuple[str, ...]
     torch_built: str
     torch_min: str
     triton_built: str
     python_built: str
-    cuda_built: str = ""
+    cuda_built: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

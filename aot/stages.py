@@ -50,14 +50,16 @@ class Compiled:
     archs: tuple[str, ...]
     cubins: Mapping[tuple[str, str], bytes] = field(default_factory=dict)  # (kernel id, arch) -> cubin
     triton_version: str = ""
-    cuda_version: str = ""  # CUDA release of the ptxas that compiled ``cubins`` ("" without kernels)
+    # arch -> CUDA release of the ptxas that compiled its cubins (empty without kernels)
+    cuda_versions: Mapping[str, str] = field(default_factory=dict)
     stats: BuildStats = BuildStats()
 
 
-def environment(archs: tuple[str, ...], torch_built: str, triton_built: str = "", cuda_built: str = "") -> Environment:
+def environment(archs: tuple[str, ...], torch_built: str, triton_built: str = "",
+                cuda_built: Mapping[str, str] | None = None) -> Environment:
     """The environment guards of a bundle built for ``archs``."""
     import sys
 
     return Environment(archs=tuple(archs), torch_built=torch_built, torch_min=TORCH_MIN,
                        triton_built=triton_built, python_built=f"{sys.version_info[0]}.{sys.version_info[1]}",
-                       cuda_built=cuda_built)
+                       cuda_built=dict(cuda_built or {}))

@@ -43,6 +43,10 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     from aot.tracer import load_model_file, trace
 
     archs = parse_archs(arch)
+    if not no_fuse:
+        from aot.codegen.compile import check_archs
+
+        check_archs(archs)  # before the trace: a minute of tracing must not end in a ptxas crash
     output = output or os.path.splitext(os.path.basename(model))[0] + ".tpk"
     start = time.perf_counter()
     spec = load_model_file(model)

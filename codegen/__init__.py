@@ -175,7 +175,7 @@ def generate(
         archs=archs,
         cubins=cubins,
         triton_version=triton.__version__ if cubins else "",  # a bundle without kernels needs no triton
-        cuda_version=ptxas_release() if cubins else "",
+        cuda_versions={arch: ptxas_release(arch) for arch in archs} if cubins else {},
         stats=stats,
     )
 
@@ -204,6 +204,6 @@ def _generate_programs(traced: Traced, archs: tuple[str, ...], progress, fuse: b
         archs=main.archs,
         cubins=cubins,
         triton_version=next((p.triton_version for p in parts if p.triton_version), ""),
-        cuda_version=next((p.cuda_version for p in parts if p.cuda_version), ""),
+        cuda_versions=next((p.cuda_versions for p in parts if p.cuda_versions), {}),
         stats=stats,
     )

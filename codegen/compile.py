@@ -12,11 +12,13 @@ so line info in the cubin does not depend on where the build ran.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import linecache
 import os
 import re
+import subprocess
 import tempfile
 import types
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ POINTER_ALIGNMENT = 16  # root buffers are fresh allocations: pointers may assum
 # Line info names the files of inlined Triton library code by absolute path (the build machine's
 # site-packages), which would make cubins differ between machines; off, builds are reproducible.
 LINE_INFO = False
+MIN_ARCH = 75  # triton's oldest target (Turing)
 
 
 def cache_dir() -> Path:
@@ -158,10 +161,49 @@ def compile_job(job: Job) -> Result:
     return Result(cubin, meta, cached=False)
 
 
-def ptxas_release() -> str:
-    """The CUDA release of the ptxas that triton compiles cubins with (``"12.9"``): a driver of an
-    older CUDA major cannot load them, so the bundle records it (``Environment.cuda_built``)."""
-    from triton.backends.nvidia.compiler import get_ptxas_version
+@functools.cache
+def _ptxas(cc: int) -> tuple[str, frozenset[str]]:
+    """(CUDA release, the ``sm_*`` targets it accepts) of the ptxas triton compiles sm_{cc} with:
+    triton >= 3.8 ships two, CUDA 12.x for sm_75..sm_89 and CUDA 13.x from sm_90 on."""
+    from triton.backends.nvidia import compiler
 
-    m = re.search(r"release (\d+\.\d+)", get_ptxas_version())
-    return m.group(1) if m else ""
+    try:
+        tool = compiler.get_ptxas(cc)
+    except TypeError:  # older triton: one ptxas for every arch
+        tool = compiler.get_ptxas()
+    version = subprocess.run([tool.path, "--version"], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([tool.path, "--help"], capture_output=True, text=True).stdout
+    start = usage.find("--gpu-name")
+    end = usage.find("\n--", start + 1)
+    m = re.search(r"release (\d+\.\d+)", version)
+    return (m.group(1) if m else ""), frozenset(re.findall(r"'(sm_\w+)'", usage[start:end if end > 0 else None]))
+
+
+def ptxas_release(arch: str) -> str:
+    """The CUDA release of the ptxas that compiles ``arch``'s cubins (``"12.9"``, ``"13.4"``): a
+    driver of an older CUDA major cannot load them, so the bundle records it per arch
+    (``Environment.cuda_built``)."""
+    return _ptxas(arch_number(arch))[0]
+
+
+def arch_number(arch: str) -> int:
+    """``"sm_90a"`` → 90."""
+    return int(re.sub(r"\D", "", arch))
+
+
+def check_archs(archs: tuple[str, ...]) -> None:
+    """Refuse, before any tracing, an arch this triton cannot compile cubins for."""
+    import triton
+
+    from aot.errors import CodegenError
+
+    for arch in archs:
+        release, accepted = _ptxas(arch_number(arch))
+        if arch_number(arch) < MIN_ARCH or arch not in accepted:
+            known = sorted({a for cc in (MIN_ARCH, 90) for a in _ptxas(cc)[1]
+                            if a[3:].isdigit() and int(a[3:]) >= MIN_ARCH and (int(a[3:]) < 90) == (cc < 90)},
+                           key=arch_number)
+            raise CodegenError(
+                f"--arch {arch}: triton {triton.__version__} (ptxas of CUDA {release}) cannot compile cubins for it; "
+                f"it can for {', '.join(known)}"
+            )

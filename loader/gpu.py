@@ -126,7 +126,7 @@ class GpuProgram:
         if kernels:
             archs = bundle.manifest.environment.archs
             self.arch = pick_arch(tuple(archs), torch.cuda.get_device_capability(device))
-            check_driver(bundle.manifest.environment.cuda_built, driver_version())
+            check_driver(bundle.manifest.environment.cuda_built.get(self.arch, ""), driver_version())
             for k in kernels.values():
                 if self.arch not in k.archs:
                     raise EnvError(f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})")

@@ -71,7 +71,7 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
 
 def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weights: str = "") -> Manifest:
     traced = compiled.traced
-    env = environment(compiled.archs, traced.torch_version, compiled.triton_version, compiled.cuda_version)
+    env = environment(compiled.archs, traced.torch_version, compiled.triton_version, compiled.cuda_versions)
     steps = [s for p in (compiled.program, *compiled.program.variants) for s in p.steps]
     ops = sorted({s.target for s in steps if s.kind == "aten"} | {r.target for s in steps for r in s.reference})
     n_ref = sum(len(s.reference) if s.kind == "kernel" else 1 for s in compiled.program.steps)

@@ -38,7 +38,7 @@ class StaleCheck:
         """The classified changes, then the unified diff of the manifest text."""
         if not self.stale:
             return f"{self.against} matches {self.model}\n"
-        head = self.result.text() if self.result.changes else "no change in the guards; the manifest text differs\n"
+        head = self.result.text(self.exit_code) if self.result.changes else "no change in the guards; the manifest text differs\n"
         text = "".join(difflib.unified_diff(self.before.splitlines(keepends=True), self.after.splitlines(keepends=True),
                                            fromfile=self.against, tofile=f"{self.model} (traced now)"))
         return head + "\n" + text

@@ -75,8 +75,10 @@ class Diff:
     def verdict(self) -> str:
         return {EXIT_SAME: "same", EXIT_SAFE: "safe", EXIT_BREAKING: "breaking"}[self.exit_code]
 
-    def text(self) -> str:
-        """The human report: one line per change (details indented), then a one-line verdict."""
+    def text(self, exit_code: int | None = None) -> str:
+        """The human report: one line per change (details indented), then a one-line verdict naming
+        ``exit_code`` (the diff's own unless a caller such as ``check`` exits otherwise)."""
+        exit_code = self.exit_code if exit_code is None else exit_code
         lines = []
         for c in self.changes:
             lines.append(f"{'BREAKING' if c.breaking else 'safe':<9} {c.kind:<14} {c.summary}")
@@ -84,10 +86,10 @@ class Diff:
         n_break = len(self.breaking)
         n_safe = len(self.changes) - n_break
         if not self.changes:
-            lines.append("no changes (exit 0)")
+            lines.append(f"no changes (exit {exit_code})")
         else:
             lines.append(f"{len(self.changes)} change{'s' if len(self.changes) != 1 else ''}: {n_break} breaking, "
-                         f"{n_safe} safe (exit {self.exit_code})")
+                         f"{n_safe} safe (exit {exit_code})")
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict:

@@ -70,3 +70,13 @@ def test_errors_are_one_line(tmp_path, built):
     save_file({"x": torch.ones(2, 7, 16)}, bad)
     _one_line_error(aotpack("load", str(built("branchy")), "--inputs", str(bad)), 1, "seq >= 9")
     _one_line_error(aotpack("build", str(model_path("branchy")), "--arch", "volta"), 1, "--arch")
+
+
+def test_an_arch_triton_cannot_compile_is_refused_before_tracing(tmp_path):
+    out = tmp_path / "b.tpk"
+    r = aotpack("build", str(model_path("small_mlp")), "-o", str(out), "--arch", "sm_80,sm_999")
+    assert r.returncode != 0 and not out.exists()
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr  # no "tracing …" line: refused before the trace
+    assert lines[0].startswith("error: --arch sm_999: triton ") and "cannot compile cubins for it" in lines[0]
+    assert "sm_80" in lines[0] and "sm_90" in lines[0]  # says which archs it can compile

@@ -528,3 +528,16 @@ def test_trace_only_manifest_equals_the_built_bundles(built, name):
     finally:
         bundle.close()
     assert render_manifest(traced(name)) == render_manifest(from_bundle)
+
+
+def test_check_names_its_own_exit_status_when_only_safe_changes_made_the_manifest_stale():
+    from aot.review.check import StaleCheck
+    from aot.review.verdict import Diff, change
+
+    widened = Diff((change("widened", "symbol seq", "1 <= seq <= 8", "1 <= seq <= 16"),))
+    assert widened.exit_code == EXIT_SAFE and widened.text().endswith("(exit 1)\n")
+    stale = StaleCheck("m.py", "m.guards", widened, "symbol seq: 1 <= seq <= 8\n", "symbol seq: 1 <= seq <= 16\n")
+    assert stale.exit_code == EXIT_BREAKING
+    assert "1 change: 0 breaking, 1 safe (exit 2)\n" in stale.report()
+    assert stale.advice() == ("error: m.guards is stale (safe changes only); regenerate it with "
+                              "`aotpack guards m.py -o m.guards` and review the change")

@@ -14,8 +14,8 @@ from aot.errors import BundleError
 PINNED = {
     (1, 0): "9d8b3cd95f2ca856d6db2f0e33e560896e33f680cc0a4c90cf5f9b5432024512",
     (1, 1): "422f4746c2a64ba801725cb23aebefb695cbffb8c6a3821d2a13b299360bec77",  # output trees, several programs per bundle
-    # typed step arguments and kinds (same JSON), typed build stats and memory plan, cuda_built
-    (1, 2): "8294459e5353e15a66b962d6ce43b619b52330bb436264db63875b323f826f31",
+    # typed step arguments and kinds (same JSON), typed build stats and memory plan, cuda_built per arch
+    (1, 2): "8e2e745424196e9a8e5d3106f87d8a394dadcb79bc13ba397b5a533603623fca",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

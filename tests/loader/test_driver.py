@@ -1,5 +1,6 @@
-"""The minimum-driver environment guard: a bundle records the CUDA release of the ptxas that
-compiled its cubins, and the loader refuses a driver of an older CUDA major before loading any."""
+"""The minimum-driver environment guard: a bundle records, per arch, the CUDA release of the ptxas
+that compiled its cubins (triton 3.9 compiles sm_80 with CUDA 12.9 and sm_90 with CUDA 13.4), and
+the loader refuses a driver of an older CUDA major before loading any."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ def test_bundle_records_the_cuda_release_of_its_cubins(built):
     from aot.codegen.compile import ptxas_release
     from aot.loader import load
 
-    release = ptxas_release()
-    assert release.count(".") == 1 and all(p.isdigit() for p in release.split(".")), release
-    assert load(built("mlp")).manifest.environment.cuda_built == release
+    recorded = load(built("mlp")).manifest.environment.cuda_built
+    assert recorded == {arch: ptxas_release(arch) for arch in ("sm_80", "sm_90")}
+    for release in recorded.values():
+        assert release.count(".") == 1 and all(p.isdigit() for p in release.split(".")), release
 
 
 @pytest.mark.parametrize("built_with, driver", [("12.9", 12000), ("12.9", 12080), ("12.9", 13000), ("13.0", 13020)])
