@@ -48,6 +48,9 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
 
         check_archs(archs)  # before the trace: a minute of tracing must not end in a ptxas crash
     output = output or os.path.splitext(os.path.basename(model))[0] + ".tpk"
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):  # found before the trace, not after
+        raise click.ClickException(f"cannot write {output}: {folder} is not a folder this user can write to")
     start = time.perf_counter()
     spec = load_model_file(model)
     _info(f"tracing {model} …")

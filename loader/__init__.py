@@ -64,7 +64,12 @@ class Runner:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         self.bundle = bundle
         self.manifest: Manifest = bundle.manifest
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise EnvError(f"device {str(device)[:40]!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'") from None
+        if self.device.type not in ("cpu", "cuda"):
+            raise EnvError(f"bundles run on 'cpu' or 'cuda' devices, not {self.device.type!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EnvError("device cuda requested but torch sees no CUDA GPU; load with device='cpu'")
         for op in self.manifest.ops:

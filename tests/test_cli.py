@@ -80,3 +80,14 @@ def test_an_arch_triton_cannot_compile_is_refused_before_tracing(tmp_path):
     assert len(lines) == 1, r.stderr  # no "tracing …" line: refused before the trace
     assert lines[0].startswith("error: --arch sm_999: triton ") and "cannot compile cubins for it" in lines[0]
     assert "sm_80" in lines[0] and "sm_90" in lines[0]  # says which archs it can compile
+
+
+def test_an_unwritable_output_folder_and_an_unknown_device_are_one_line_errors(tmp_path, built):
+    missing = tmp_path / "no" / "such" / "b.tpk"
+    r = aotpack("build", str(model_path("small_mlp")), "-o", str(missing))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "tracing" not in r.stderr, r.stderr
+    assert f"cannot write {missing}: {missing.parent} is not a folder this user can write to" in r.stderr
+    for device in ("tpu", "cuda:x"):
+        r = aotpack("load", str(built("small_mlp")), "--device", device)
+        assert r.returncode == 1 and r.stderr == (
+            f"error: device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'\n"), r.stderr
