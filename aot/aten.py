@@ -41,10 +41,21 @@ RESHAPED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
 # ATen ops that reach outside the tensors they are given (files, stdout, process-wide state): a
 # bundle never needs them, and a hostile one must not call them. Ops that write into an argument
 # (in-place, out=) are refused by their schema in ``resolve_op``.
-FORBIDDEN_OPS = frozenset({
-    "save", "from_file", "_print", "warn", "set_grad_enabled", "manual_seed", "seed", "wait", "to_here",
-    "_cufft_set_plan_cache_max_size", "_cufft_clear_plan_cache",
-})
+FORBIDDEN_OPS = frozenset(
+    {
+        "save",
+        "from_file",
+        "_print",
+        "warn",
+        "set_grad_enabled",
+        "manual_seed",
+        "seed",
+        "wait",
+        "to_here",
+        "_cufft_set_plan_cache_max_size",
+        "_cufft_clear_plan_cache",
+    }
+)
 
 
 def resolve_op(name: str) -> Any:
@@ -55,14 +66,17 @@ def resolve_op(name: str) -> Any:
         raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op name")
     try:
         packet = getattr(torch.ops.aten, m.group(1), None)
-        overload = getattr(packet, m.group(2), None) if isinstance(packet, torch._ops.OpOverloadPacket) else None
+        overload = (
+            getattr(packet, m.group(2), None) if isinstance(packet, torch._ops.OpOverloadPacket) else None
+        )
     except Exception:  # torch's lookup of an odd name may raise instead of returning nothing
         packet = overload = None
     if packet is not None and not isinstance(overload, torch._ops.OpOverload):
         raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op overload")
-    if overload is not None and (m.group(1) in FORBIDDEN_OPS
-                                 or any(a.alias_info is not None and a.alias_info.is_write
-                                        for a in overload._schema.arguments)):
+    if overload is not None and (
+        m.group(1) in FORBIDDEN_OPS
+        or any(a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments)
+    ):
         raise BundleError(
             f"step calls {name}, which writes to its arguments or reaches outside its tensors; "
             f"bundles run only functional ATen ops"

@@ -35,8 +35,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from aot.errors import BundleError
 from aot.admissible import admissible_text
+from aot.errors import BundleError
 from aot.schema import (
     Bucket,
     Environment,
@@ -85,8 +85,15 @@ def program_lines(entries) -> tuple[str, ...]:
 
 
 def manifest_of_bundle(m: Manifest) -> GuardManifest:
-    return GuardManifest(name=m.name, guards=m.guards, environment=m.environment, buckets=m.buckets,
-                         schema_version=m.schema_version, dtype=m.dtype, programs=program_lines(m.programs))
+    return GuardManifest(
+        name=m.name,
+        guards=m.guards,
+        environment=m.environment,
+        buckets=m.buckets,
+        schema_version=m.schema_version,
+        dtype=m.dtype,
+        programs=program_lines(m.programs),
+    )
 
 
 def _arch_key(arch: str) -> tuple[int, str]:
@@ -99,25 +106,51 @@ def canonical(m: GuardManifest) -> GuardManifest:
     ``parse_guards_text(render_manifest(m)) == canonical(m)``."""
     g = m.guards
     symbols = tuple(
-        replace(s, residues=tuple(sorted(s.residues)), excluded=tuple(sorted(s.excluded)),
-                sources=tuple(sorted({_one_line_source(src) for src in s.sources}, key=_source_key)))
+        replace(
+            s,
+            residues=tuple(sorted(s.residues)),
+            excluded=tuple(sorted(s.excluded)),
+            sources=tuple(sorted({_one_line_source(src) for src in s.sources}, key=_source_key)),
+        )
         for s in sorted(g.symbols, key=lambda s: s.name)
     )
-    relations = tuple(sorted({Relation(expr=_one_line(r.expr), source=_one_line_source(replace(r.source, text=r.expr)))
-                              for r in g.relations}, key=lambda r: (r.expr, *_source_key(r.source))))
-    specializations = tuple(sorted({_one_line_source(s) for s in g.specializations},
-                                   key=lambda s: (s.text, *_source_key(s))))
-    env = Environment(archs=tuple(sorted(set(m.environment.archs), key=_arch_key)), torch_built="",
-                      torch_min=m.environment.torch_min, triton_built="", python_built="")
+    relations = tuple(
+        sorted(
+            {
+                Relation(expr=_one_line(r.expr), source=_one_line_source(replace(r.source, text=r.expr)))
+                for r in g.relations
+            },
+            key=lambda r: (r.expr, *_source_key(r.source)),
+        )
+    )
+    specializations = tuple(
+        sorted({_one_line_source(s) for s in g.specializations}, key=lambda s: (s.text, *_source_key(s)))
+    )
+    env = Environment(
+        archs=tuple(sorted(set(m.environment.archs), key=_arch_key)),
+        torch_built="",
+        torch_min=m.environment.torch_min,
+        triton_built="",
+        python_built="",
+    )
     # "paddable" as declared: a padding the build checked and refused still reads paddable here,
     # so a model file's manifest (traced without running the model) matches its bundle's.
-    buckets = tuple(replace(b, sizes=tuple(sorted(set(b.sizes))), pad_check="",
-                            paddable=b.paddable or b.pad_check.startswith("refused"))
-                    for b in sorted(m.buckets, key=lambda b: b.symbol))
+    buckets = tuple(
+        replace(
+            b,
+            sizes=tuple(sorted(set(b.sizes))),
+            pad_check="",
+            paddable=b.paddable or b.pad_check.startswith("refused"),
+        )
+        for b in sorted(m.buckets, key=lambda b: b.symbol)
+    )
     return GuardManifest(
-        name=_one_line(m.name), guards=Guards(inputs=g.inputs, symbols=symbols, relations=relations,
-                                   specializations=specializations),
-        environment=env, buckets=buckets, schema_version=tuple(m.schema_version), dtype=m.dtype,
+        name=_one_line(m.name),
+        guards=Guards(inputs=g.inputs, symbols=symbols, relations=relations, specializations=specializations),
+        environment=env,
+        buckets=buckets,
+        schema_version=tuple(m.schema_version),
+        dtype=m.dtype,
         programs=tuple(m.programs),
     )
 
@@ -132,7 +165,9 @@ def _one_line(text: str) -> str:
 
 
 def _one_line_source(src: GuardSource) -> GuardSource:
-    return GuardSource(text=_one_line(src.text), file=_one_line(src.file), line=src.line, code=_one_line(src.code))
+    return GuardSource(
+        text=_one_line(src.text), file=_one_line(src.file), line=src.line, code=_one_line(src.code)
+    )
 
 
 def site_text(src: GuardSource) -> str:
@@ -153,7 +188,9 @@ def render_manifest(m: GuardManifest) -> str:
     if m.guards.symbols or m.guards.relations or m.guards.specializations:
         lines.append("")
     for sym in m.guards.symbols:
-        lines.append(f"symbol {sym.name}: {admissible_text(sym)}  (declared {sym.declared_min}..{sym.declared_max})")
+        lines.append(
+            f"symbol {sym.name}: {admissible_text(sym)}  (declared {sym.declared_min}..{sym.declared_max})"
+        )
         for src in sym.sources:
             lines.append(f"  guard {_one_line(src.text)}  {site_text(src)}")
     for rel in m.guards.relations:
@@ -187,14 +224,18 @@ _SITE = r"  at (?P<file>.+?):(?P<line>[0-9]{1,9})(?:  (?P<code>.*))?$"
 _LINES = {
     "model": re.compile(r"^model (?P<name>.+)$"),
     "dtype": re.compile(rf"^dtype (?P<dtype>{_IDENT})$"),
-    "input": re.compile(rf"^input (?P<name>{_IDENT}(?:\.[A-Za-z0-9_]+)*): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"),
+    "input": re.compile(
+        rf"^input (?P<name>{_IDENT}(?:\.[A-Za-z0-9_]+)*): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"
+    ),
     "symbol": re.compile(
         rf"^symbol (?P<name>{_IDENT}): (?P<set>.+)  \(declared (?P<lo>{_INT})\.\.(?P<hi>{_INT})\)$"
     ),
     "guard": re.compile(r"^  guard (?P<text>.+?)" + _SITE),
     "relation": re.compile(r"^relation (?P<text>.+?)" + _SITE),
     "specialized": re.compile(r"^specialized (?P<text>.+?)" + _SITE),
-    "bucket": re.compile(rf"^bucket (?P<name>{_IDENT}): (?P<sizes>[0-9]{{1,19}}(?:, [0-9]{{1,19}})*)(?P<pad>  paddable)?$"),
+    "bucket": re.compile(
+        rf"^bucket (?P<name>{_IDENT}): (?P<sizes>[0-9]{{1,19}}(?:, [0-9]{{1,19}})*)(?P<pad>  paddable)?$"
+    ),
     "program": re.compile(r"^program (?P<text>.+  admits  .+)$"),
     "schema": re.compile(r"^env schema (?P<major>[0-9]{1,6})\.(?P<minor>[0-9]{1,6})$"),
     "archs": re.compile(r"^env archs (?P<archs>.+)$"),
@@ -254,8 +295,16 @@ class _Parser:
         dlo, dhi = self.int(m["lo"], "a size"), self.int(m["hi"], "a size")
         if not (lo <= hi and dlo <= dhi):
             raise self.fail("ranges with LO <= HI", m["set"])
-        return SymbolGuard(name=name, declared_min=dlo, declared_max=dhi, min=lo, max=hi, modulus=modulus,
-                           residues=residues, excluded=tuple(sorted(excluded)))
+        return SymbolGuard(
+            name=name,
+            declared_min=dlo,
+            declared_max=dhi,
+            min=lo,
+            max=hi,
+            modulus=modulus,
+            residues=residues,
+            excluded=tuple(sorted(excluded)),
+        )
 
     def source_of(self, m: re.Match) -> GuardSource:
         return GuardSource(text=m["text"], file=m["file"], line=int(m["line"]), code=m["code"] or "")
@@ -314,8 +363,16 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
         elif kind == "torch":
             torch_min = m["version"]
     p.lineno = len(text.splitlines())
-    missing = [what for what, v in (("model NAME", name), ("env schema", schema_version),
-                                    ("env archs", archs), ("env torch", torch_min)) if v is None]
+    missing = [
+        what
+        for what, v in (
+            ("model NAME", name),
+            ("env schema", schema_version),
+            ("env archs", archs),
+            ("env torch", torch_min),
+        )
+        if v is None
+    ]
     if missing or not inputs:
         raise p.fail("a complete manifest", f"no {', '.join(missing or ['input'])} line")
     _check_names(p, inputs, symbols, buckets)
@@ -326,14 +383,28 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
         specializations=tuple(specializations),
     )
     env = Environment(archs=archs, torch_built="", torch_min=torch_min, triton_built="", python_built="")
-    return canonical(GuardManifest(name=name, guards=guards, environment=env, buckets=tuple(buckets),
-                                   schema_version=schema_version, dtype=dtype or "", programs=tuple(programs)))
+    return canonical(
+        GuardManifest(
+            name=name,
+            guards=guards,
+            environment=env,
+            buckets=tuple(buckets),
+            schema_version=schema_version,
+            dtype=dtype or "",
+            programs=tuple(programs),
+        )
+    )
 
 
-def _check_names(p: _Parser, inputs: list[InputGuard], symbols: list[SymbolGuard], buckets: list[Bucket]) -> None:
+def _check_names(
+    p: _Parser, inputs: list[InputGuard], symbols: list[SymbolGuard], buckets: list[Bucket]
+) -> None:
     declared = {s.name for s in symbols}
-    for kind, names in (("input", [i.name for i in inputs]), ("symbol", [s.name for s in symbols]),
-                        ("bucket", [b.symbol for b in buckets])):
+    for kind, names in (
+        ("input", [i.name for i in inputs]),
+        ("symbol", [s.name for s in symbols]),
+        ("bucket", [b.symbol for b in buckets]),
+    ):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise p.fail(f"each {kind} once", f"{dup[0]} more than once")

@@ -16,28 +16,30 @@ from aot.schema import Buf, Program, Step, StepKind
 
 # Ops whose result may share storage with their first tensor argument: they allocate nothing, a
 # kernel reads through them by index arithmetic, and the buffer they view lives as long as they do.
-VIEW_OPS = frozenset({
-    "aten.view.default",
-    "aten._unsafe_view.default",
-    "aten.reshape.default",
-    "aten.permute.default",
-    "aten.transpose.int",
-    "aten.t.default",
-    "aten.expand.default",
-    "aten.unsqueeze.default",
-    "aten.squeeze.dim",
-    "aten.squeeze.dims",
-    "aten.squeeze.default",
-    "aten.slice.Tensor",
-    "aten.select.int",
-    "aten.narrow.default",
-    "aten.alias.default",
-    "aten.detach.default",
-    "aten.as_strided.default",
-    "aten.split_with_sizes.default",
-    "aten.split.Tensor",
-    "aten.unbind.int",
-})
+VIEW_OPS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.permute.default",
+        "aten.transpose.int",
+        "aten.t.default",
+        "aten.expand.default",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.squeeze.default",
+        "aten.slice.Tensor",
+        "aten.select.int",
+        "aten.narrow.default",
+        "aten.alias.default",
+        "aten.detach.default",
+        "aten.as_strided.default",
+        "aten.split_with_sizes.default",
+        "aten.split.Tensor",
+        "aten.unbind.int",
+    }
+)
 
 
 def buffers_in(value: Any) -> Iterator[str]:
@@ -86,7 +88,9 @@ def frees_after(steps: Sequence[Step], given: Iterable[str], outputs: Sequence[s
         reads = step_reads(step)
         missing = set(reads) - known
         if missing:
-            raise BundleError(f"step {i} ({step.target[:60]}) reads {sorted(missing)[:3]} before they are written")
+            raise BundleError(
+                f"step {i} ({step.target[:60]}) reads {sorted(missing)[:3]} before they are written"
+            )
         for r in reads:
             last_use[r] = i
         known.update(step_writes(step))

@@ -37,7 +37,9 @@ class Record(dict):
         try:
             return self[name]
         except KeyError:
-            raise AttributeError(f"{self.type_name or 'record'} has no field {name!r}; it has {list(self)}") from None
+            raise AttributeError(
+                f"{self.type_name or 'record'} has no field {name!r}; it has {list(self)}"
+            ) from None
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, (int, slice)):
@@ -79,7 +81,9 @@ def leaves(obj: Any) -> list[Any]:
             for v in x:
                 walk(v, depth + 1)
         else:
-            raise TypeError(f"output of type {type(x).__name__} is not a tensor, tuple, list or mapping of them")
+            raise TypeError(
+                f"output of type {type(x).__name__} is not a tensor, tuple, list or mapping of them"
+            )
 
     walk(obj, 0)
     return out
@@ -99,7 +103,9 @@ def leaf_paths(spec: TreeSpec | None, n: int) -> list[str]:
     def walk(s: TreeSpec, path: str) -> None:
         if s.kind == TreeKind.TENSOR:
             out.append(path or "0")
-        keys = s.keys if s.kind in (TreeKind.DICT, TreeKind.RECORD) else [str(i) for i in range(len(s.children))]
+        keys = (
+            s.keys if s.kind in (TreeKind.DICT, TreeKind.RECORD) else [str(i) for i in range(len(s.children))]
+        )
         for k, c in zip(keys, s.children):
             walk(c, f"{path}.{k}" if path else k)
 

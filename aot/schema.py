@@ -27,7 +27,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-
 SCHEMA_VERSION = (1, 2)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
@@ -130,7 +129,22 @@ ARG_VALUES: dict[type, frozenset[str]] = {
     SpecialFloat: frozenset({"inf", "-inf", "nan"}),
 }
 # A step argument: a JSON scalar, a tagged record, or a list of arguments.
-Arg = None | bool | int | float | str | Buf | Sym | SymBool | DType | Device | Layout | MemoryFormat | SpecialFloat | list
+Arg = (
+    None
+    | bool
+    | int
+    | float
+    | str
+    | Buf
+    | Sym
+    | SymBool
+    | DType
+    | Device
+    | Layout
+    | MemoryFormat
+    | SpecialFloat
+    | list
+)
 
 
 @dataclass(frozen=True)
@@ -380,8 +394,26 @@ class Manifest:
 
 
 RECORDS: tuple[type, ...] = (
-    TensorSpec, NamedTensor, SymbolSource, *TAGGED_ARGS, Step, KernelParam, Kernel, TreeSpec, Program, InputGuard,
-    GuardSource, SymbolGuard, Relation, Environment, Guards, Bucket, ProgramEntry, BucketMemory, BuildStats, Member,
+    TensorSpec,
+    NamedTensor,
+    SymbolSource,
+    *TAGGED_ARGS,
+    Step,
+    KernelParam,
+    Kernel,
+    TreeSpec,
+    Program,
+    InputGuard,
+    GuardSource,
+    SymbolGuard,
+    Relation,
+    Environment,
+    Guards,
+    Bucket,
+    ProgramEntry,
+    BucketMemory,
+    BuildStats,
+    Member,
     Manifest,
 )
 ENUMS: tuple[type[enum.Enum], ...] = (StepKind, ParamKind, TreeKind)

@@ -33,7 +33,7 @@ def _decode_arg(data: Any, path: str, depth: int = 0) -> Any:
     if isinstance(data, list):
         return [_decode_arg(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(data)]
     if isinstance(data, dict) and len(data) == 1:
-        (tag, value), = data.items()
+        ((tag, value),) = data.items()
         cls = _BY_TAG.get(tag)
         if cls is not None and isinstance(value, str) and value in ARG_VALUES.get(cls, (value,)):
             return cls(value)
@@ -58,7 +58,9 @@ def to_json(obj: Any) -> Any:
 
 def canonical_json(obj: Any) -> bytes:
     """Deterministic JSON bytes: sorted keys, fixed separators, trailing newline."""
-    return (json.dumps(to_json(obj), sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
+    return (
+        json.dumps(to_json(obj), sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    ).encode()
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -164,8 +166,12 @@ def upgrade_manifest(data: dict[str, Any]) -> dict[str, Any]:
     plan = stats.get("memory_plan")
     if isinstance(plan, dict):
         typed["memory_plan"] = [
-            {"sizes": {k: int(v) for k, v in (kv.split("=") for kv in key.split(",") if "=" in kv)}, "peak_bytes": peak}
-            for key, peak in plan.items() if isinstance(key, str) and key
+            {
+                "sizes": {k: int(v) for k, v in (kv.split("=") for kv in key.split(",") if "=" in kv)},
+                "peak_bytes": peak,
+            }
+            for key, peak in plan.items()
+            if isinstance(key, str) and key
         ]
     return {**data, "stats": typed}
 

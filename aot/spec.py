@@ -60,13 +60,9 @@ class Dim:
             object.__setattr__(self, "buckets", tuple(sorted(set(self.buckets))))
             bad = [b for b in self.buckets if not self.min <= b <= self.max]
             if bad:
-                raise SpecError(
-                    f"Dim {self.name!r}: buckets {bad} fall outside {self.min}..{self.max}"
-                )
+                raise SpecError(f"Dim {self.name!r}: buckets {bad} fall outside {self.min}..{self.max}")
         if self.example is not None and not self.min <= self.example <= self.max:
-            raise SpecError(
-                f"Dim {self.name!r}: example {self.example} falls outside {self.min}..{self.max}"
-            )
+            raise SpecError(f"Dim {self.name!r}: example {self.example} falls outside {self.min}..{self.max}")
 
     @property
     def example_size(self) -> int:
@@ -102,14 +98,14 @@ class Input:
 
     def __post_init__(self) -> None:
         if not _PATH.match(self.name) or len(self.name) > 256:
-            raise SpecError(f"input name {self.name!r} is not an identifier, or a path of them into a nested "
-                            f"argument (`inputs.image`, `past.0`)")
+            raise SpecError(
+                f"input name {self.name!r} is not an identifier, or a path of them into a nested "
+                f"argument (`inputs.image`, `past.0`)"
+            )
         object.__setattr__(self, "shape", tuple(self.shape))
         for size in self.shape:
             if isinstance(size, bool) or not isinstance(size, (int, Dim)):
-                raise SpecError(
-                    f"input {self.name!r}: shape entries must be ints or Dims, got {size!r}"
-                )
+                raise SpecError(f"input {self.name!r}: shape entries must be ints or Dims, got {size!r}")
             if isinstance(size, int) and not 0 <= size <= MAX_DIM:
                 raise SpecError(f"input {self.name!r}: static size {size} out of range")
         if self.dtype is not None and self.dtype not in DTYPES:

@@ -55,11 +55,20 @@ class Compiled:
     stats: BuildStats = BuildStats()
 
 
-def environment(archs: tuple[str, ...], torch_built: str, triton_built: str = "",
-                cuda_built: Mapping[str, str] | None = None) -> Environment:
+def environment(
+    archs: tuple[str, ...],
+    torch_built: str,
+    triton_built: str = "",
+    cuda_built: Mapping[str, str] | None = None,
+) -> Environment:
     """The environment guards of a bundle built for ``archs``."""
     import sys
 
-    return Environment(archs=tuple(archs), torch_built=torch_built, torch_min=TORCH_MIN,
-                       triton_built=triton_built, python_built=f"{sys.version_info[0]}.{sys.version_info[1]}",
-                       cuda_built=dict(cuda_built or {}))
+    return Environment(
+        archs=tuple(archs),
+        torch_built=torch_built,
+        torch_min=TORCH_MIN,
+        triton_built=triton_built,
+        python_built=f"{sys.version_info[0]}.{sys.version_info[1]}",
+        cuda_built=dict(cuda_built or {}),
+    )

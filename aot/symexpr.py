@@ -77,17 +77,21 @@ def fold(node: ast.expr, algebra: Algebra[T], depth: int = 0) -> T:
     if isinstance(node, ast.Name):
         return algebra.name(node.id)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return algebra.binary(_BINARY[type(node.op)], fold(node.left, algebra, d), fold(node.right, algebra, d))
+        return algebra.binary(
+            _BINARY[type(node.op)], fold(node.left, algebra, d), fold(node.right, algebra, d)
+        )
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return algebra.neg(fold(node.operand, algebra, d))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return algebra.not_(fold(node.operand, algebra, d))
     if isinstance(node, ast.BoolOp):
-        return algebra.boolean("and" if isinstance(node.op, ast.And) else "or",
-                               [fold(v, algebra, d) for v in node.values])
+        return algebra.boolean(
+            "and" if isinstance(node.op, ast.And) else "or", [fold(v, algebra, d) for v in node.values]
+        )
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
-        return algebra.compare(_COMPARE[type(node.ops[0])], fold(node.left, algebra, d),
-                               fold(node.comparators[0], algebra, d))
+        return algebra.compare(
+            _COMPARE[type(node.ops[0])], fold(node.left, algebra, d), fold(node.comparators[0], algebra, d)
+        )
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -106,10 +110,19 @@ Env = Mapping[str, int]
 Fn = Callable[[Env], int]
 
 _INT_BINARY: dict[str, Callable[[int, int], int]] = {
-    "+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod,
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "//": operator.floordiv,
+    "%": operator.mod,
 }
 _INT_COMPARE: dict[str, Callable[[int, int], bool]] = {
-    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
 }
 
 

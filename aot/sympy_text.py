@@ -75,7 +75,9 @@ def _render(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     if isinstance(e, tfn.Where):  # c is 0/1 in the evaluators: c*a + (1 - c)*b
         c, a, b = (_render(x, names) for x in e.args)
         return f"({c})*({a}) + (1 - ({c}))*({b})"
-    if isinstance(e, (tfn.TruncToInt, tfn.FloorToInt, tfn.CeilToInt)) and isinstance(e.args[0], tfn.IntTrueDiv):
+    if isinstance(e, (tfn.TruncToInt, tfn.FloorToInt, tfn.CeilToInt)) and isinstance(
+        e.args[0], tfn.IntTrueDiv
+    ):
         a, b = (_paren(x, names) for x in e.args[0].args)
         if isinstance(e, tfn.CeilToInt):
             return f"-((-{a})//{b})"
@@ -123,7 +125,11 @@ class _Arrays:
         "%": lambda a, b: np.mod(a, _where_nonzero(b)),
     }
     COMPARE: dict[str, Callable] = {
-        "==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
+        "==": np.equal,
+        "!=": np.not_equal,
+        "<": np.less,
+        "<=": np.less_equal,
+        ">": np.greater,
         ">=": np.greater_equal,
     }
 

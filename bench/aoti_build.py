@@ -1,6 +1,6 @@
 """AOTInductor build of a model, as its users do it: torch.export → aoti_compile_and_package.
 
-    python bench/aoti_build.py MODEL --weights W --package OUT.pt2
+python bench/aoti_build.py MODEL --weights W --package OUT.pt2
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ def main() -> None:
     sizes = {d.name: max(2, d.example_size) for d in spec.dims()}
     example = make_inputs(args.model, {**SHAPES[args.model][0], **sizes})
     dynamic = tuple(
-        {d: torch.export.Dim.DYNAMIC(min=s.min, max=s.max) for d, s in enumerate(i.shape) if isinstance(s, Dim)}
+        {
+            d: torch.export.Dim.DYNAMIC(min=s.min, max=s.max)
+            for d, s in enumerate(i.shape)
+            if isinstance(s, Dim)
+        }
         for i in spec.inputs
     )
     with torch.inference_mode():

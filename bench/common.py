@@ -69,7 +69,9 @@ def build_module(model: str, weights: str, device: str = "cuda"):
     missing, unexpected = module.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith("num_batches_tracked")]
     if missing or unexpected:
-        raise RuntimeError(f"weights {weights} do not fit {model}: missing {missing[:3]} unexpected {unexpected[:3]}")
+        raise RuntimeError(
+            f"weights {weights} do not fit {model}: missing {missing[:3]} unexpected {unexpected[:3]}"
+        )
     return module.eval()
 
 

@@ -1,6 +1,6 @@
 """Where the GPU time goes: top CUDA kernels of aotpack vs reduce-overhead at one shape.
 
-    python bench/kernel_profile.py gpt 8 128
+python bench/kernel_profile.py gpt 8 128
 """
 
 from __future__ import annotations

@@ -42,9 +42,12 @@ def main() -> None:
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    spec = ModelSpec(module=lambda: lively(timm.create_model(args.model, pretrained=False), size=args.size),
-                     inputs=[Input("x", (Dim("batch", 1, 8), 3, args.size, args.size))], dtype="float16",
-                     name=args.model)
+    spec = ModelSpec(
+        module=lambda: lively(timm.create_model(args.model, pretrained=False), size=args.size),
+        inputs=[Input("x", (Dim("batch", 1, 8), 3, args.size, args.size))],
+        dtype="float16",
+        name=args.model,
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.model}-fp16.tpk"
@@ -65,7 +68,9 @@ def main() -> None:
         scale = ref.abs().max().item()
         row = {"model": args.model, "size": args.size, "batch": b, "ref_scale": scale}
         row.update({k: (v - ref).abs().max().item() / scale for k, v in got.items()})
-        row["gpu_vs_cpu_path"] = (got["aotpack_gpu_fp16"] - got["aotpack_cpu_fp16"]).abs().max().item() / scale
+        row["gpu_vs_cpu_path"] = (
+            got["aotpack_gpu_fp16"] - got["aotpack_cpu_fp16"]
+        ).abs().max().item() / scale
         rows.append(row)
         print(json.dumps(row), flush=True)
 

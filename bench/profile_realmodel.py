@@ -1,6 +1,6 @@
 """Top CUDA kernels of a zoo model's bundle against eager captured in a CUDA graph, one GPU.
 
-    python bench/profile_realmodel.py MODEL [--dtype float16] [--batch 1] [--seq 32]
+python bench/profile_realmodel.py MODEL [--dtype float16] [--batch 1] [--seq 32]
 """
 
 from __future__ import annotations

@@ -84,7 +84,9 @@ def run(name: str, device: str, dtype: str, out: Path, bundles: Path | None) -> 
     module = instantiate(spec).to(device)
     worst = 0.0
     for sizes in case.sizes:
-        inputs = {k: v.to(device) for k, v in example_inputs(spec, sizes, seed=7 + sum(sizes.values())).items()}
+        inputs = {
+            k: v.to(device) for k, v in example_inputs(spec, sizes, seed=7 + sum(sizes.values())).items()
+        }
         with torch.no_grad():
             want = leaves(call_model(spec, module, inputs))
         got = leaves(runner(**inputs))
@@ -115,7 +117,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default="out/realmodels")
     ap.add_argument("--bundles", default=None)
-    ap.add_argument("--json", default=None, help="where to write the rows [default: OUT/realmodels-DEVICE-DTYPE.json]")
+    ap.add_argument(
+        "--json", default=None, help="where to write the rows [default: OUT/realmodels-DEVICE-DTYPE.json]"
+    )
     ap.add_argument("models", nargs="*", default=list(ZOO))
     args = ap.parse_args()
     out = Path(args.out)
@@ -125,10 +129,15 @@ def main() -> None:
         try:
             row = run(name, args.device, args.dtype, out, Path(args.bundles) if args.bundles else None)
         except Exception as e:
-            row = {"model": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+            row = {
+                "model": name,
+                "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+            }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    Path(args.json or out / f"realmodels-{args.device}-{args.dtype}.json").write_text(json.dumps(rows, indent=1))
+    Path(args.json or out / f"realmodels-{args.device}-{args.dtype}.json").write_text(
+        json.dumps(rows, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,13 @@ def main(model: str, bundle_path: str) -> None:
     tensors = {}
     for w in program.weights:
         t = state[w.name].detach()
-        rows = int(w.spec.shape[0]) if w.spec.shape and w.spec.shape[0].isdigit() else t.shape[0] if t.dim() else 0
+        rows = (
+            int(w.spec.shape[0])
+            if w.spec.shape and w.spec.shape[0].isdigit()
+            else t.shape[0]
+            if t.dim()
+            else 0
+        )
         if t.dim() == 2 and rows > t.shape[0]:  # the build pads unaligned matmul weights with zero rows
             t = torch.cat([t, t.new_zeros(rows - t.shape[0], t.shape[1])])
         tensors[w.name] = t.contiguous()

@@ -1,6 +1,6 @@
 """Turn benchmark result files into a markdown report with ratios.
 
-    python bench/report.py OUT/results-*.json > bench/RESULTS.md
+python bench/report.py OUT/results-*.json > bench/RESULTS.md
 """
 
 from __future__ import annotations
@@ -49,14 +49,22 @@ def fmt(v, unit=""):
 def main(paths: list[str]) -> None:
     meta, runs, extra = load(paths)
     models = list(dict.fromkeys(r["model"] for r in runs))
-    out = ["# aotpack benchmark", "",
-           f"{meta['gpu']} ({meta['nvidia_smi']}), torch {meta['torch']}, triton {meta['triton']}, "
-           f"Python {meta['python']}, {meta['date']}. fp16, random weights loaded from safetensors, every system "
-           "in its own fresh process. aotpack bundles were built on a CPU-only machine (torch 2.13, triton 3.9).",
-           "", f"`python -c \"import torch\"`: {min(extra['import_torch_s']):.2f} s (the floor under every cold start).",
-           "", "## Per-call latency, median ms (p90), synchronized, 200 calls after warm-up", "",
-           "| model | shape | " + " | ".join(NAMES[s] for s in ORDER) + " | aotpack / best other | / reduce-overhead | / CUDA graph |",
-           "|---" * (len(ORDER) + 5) + "|"]
+    out = [
+        "# aotpack benchmark",
+        "",
+        f"{meta['gpu']} ({meta['nvidia_smi']}), torch {meta['torch']}, triton {meta['triton']}, "
+        f"Python {meta['python']}, {meta['date']}. fp16, random weights loaded from safetensors, every system "
+        "in its own fresh process. aotpack bundles were built on a CPU-only machine (torch 2.13, triton 3.9).",
+        "",
+        f'`python -c "import torch"`: {min(extra["import_torch_s"]):.2f} s (the floor under every cold start).',
+        "",
+        "## Per-call latency, median ms (p90), synchronized, 200 calls after warm-up",
+        "",
+        "| model | shape | "
+        + " | ".join(NAMES[s] for s in ORDER)
+        + " | aotpack / best other | / reduce-overhead | / CUDA graph |",
+        "|---" * (len(ORDER) + 5) + "|",
+    ]
     for m in models:
         shapes = []
         for r in runs:
@@ -74,12 +82,22 @@ def main(paths: list[str]) -> None:
                     cells.append("—" if r is None or not r.get("error") else "failed")
             a = med.get("aotpack")
             others = [v for s, v in med.items() if s != "aotpack"]
-            out.append(f"| {m} | {shape} | " + " | ".join(cells) + f" | {_ratio(a, min(others) if others else None)} | "
-                       f"{_ratio(a, med.get('reduce-overhead'))} | {_ratio(a, med.get('graph'))} |")
-    out += ["", "## Cold start (process spawn → first correct output), s", "",
-            "| model | eager | eager + graph | compile cold / warm | reduce-overhead cold / warm | AOTInductor load | aotpack | "
-            "aotpack / eager | aotpack / best warm compile |", "|---" * 9 + "|"]
+            out.append(
+                f"| {m} | {shape} | "
+                + " | ".join(cells)
+                + f" | {_ratio(a, min(others) if others else None)} | "
+                f"{_ratio(a, med.get('reduce-overhead'))} | {_ratio(a, med.get('graph'))} |"
+            )
+    out += [
+        "",
+        "## Cold start (process spawn → first correct output), s",
+        "",
+        "| model | eager | eager + graph | compile cold / warm | reduce-overhead cold / warm | AOTInductor load | aotpack | "
+        "aotpack / eager | aotpack / best warm compile |",
+        "|---" * 9 + "|",
+    ]
     for m in models:
+
         def cs(system, run=None, model=m):
             return (pick(runs, model, system, run) or {}).get("cold_start_s")
 
@@ -88,10 +106,17 @@ def main(paths: list[str]) -> None:
         out.append(
             f"| {m} | {fmt(e)} | {fmt(cs('graph'))} | {fmt(cs('compile', 'cold'))} / {fmt(cs('compile', 'warm'))} | "
             f"{fmt(cs('reduce-overhead', 'cold'))} / {fmt(cs('reduce-overhead', 'warm'))} | {fmt(cs('aoti'))} | {fmt(a)} | "
-            f"{f'{a / e:.2f}' if a and e else '—'} | {f'{a / min(warm):.2f}' if a and warm else '—'} |")
-    out += ["", "## Peak GPU memory (torch.cuda.max_memory_allocated), MB, and accuracy", "",
-            "| model | " + " | ".join(NAMES[s] for s in ORDER) + " | aotpack / reduce-overhead | aotpack max abs err vs eager |",
-            "|---" * (len(ORDER) + 3) + "|"]
+            f"{f'{a / e:.2f}' if a and e else '—'} | {f'{a / min(warm):.2f}' if a and warm else '—'} |"
+        )
+    out += [
+        "",
+        "## Peak GPU memory (torch.cuda.max_memory_allocated), MB, and accuracy",
+        "",
+        "| model | "
+        + " | ".join(NAMES[s] for s in ORDER)
+        + " | aotpack / reduce-overhead | aotpack max abs err vs eager |",
+        "|---" * (len(ORDER) + 3) + "|",
+    ]
     for m in models:
         mem = {}
         for s in ORDER:
@@ -99,20 +124,41 @@ def main(paths: list[str]) -> None:
             if r and r.get("peak_mem_mb") is not None:
                 mem[s] = r["peak_mem_mb"]
         a = pick(runs, m, "aotpack") or {}
-        errs = [v.get("max_abs_err") for v in a.get("shapes", {}).values() if v.get("max_abs_err") is not None]
-        mem_ratio = f"{mem['aotpack'] / mem['reduce-overhead']:.2f}" if "aotpack" in mem and "reduce-overhead" in mem else "—"
-        out.append(f"| {m} | " + " | ".join(f"{mem[s]:.0f}" if s in mem else "—" for s in ORDER)
-                   + f" | {mem_ratio} | " + (f"{max(errs):.3g}" if errs else "—") + " |")
-    out += ["", "## Build and artifact", "", "| model | AOTInductor build (GPU box) | aotpack bundle + weights | fp16 weights | ratio |",
-            "|---|---|---|---|---|"]
+        errs = [
+            v.get("max_abs_err") for v in a.get("shapes", {}).values() if v.get("max_abs_err") is not None
+        ]
+        mem_ratio = (
+            f"{mem['aotpack'] / mem['reduce-overhead']:.2f}"
+            if "aotpack" in mem and "reduce-overhead" in mem
+            else "—"
+        )
+        out.append(
+            f"| {m} | "
+            + " | ".join(f"{mem[s]:.0f}" if s in mem else "—" for s in ORDER)
+            + f" | {mem_ratio} | "
+            + (f"{max(errs):.3g}" if errs else "—")
+            + " |"
+        )
+    out += [
+        "",
+        "## Build and artifact",
+        "",
+        "| model | AOTInductor build (GPU box) | aotpack bundle + weights | fp16 weights | ratio |",
+        "|---|---|---|---|---|",
+    ]
     for m in models:
         aoti = pick(runs, m, "aoti") or {}
         b, w = extra["bundle_bytes"].get(m), extra["weights_bytes"].get(m)
-        out.append(f"| {m} | {fmt(aoti.get('build_s'), ' s')} | {b / 1e6:.1f} MB | {w / 1e6:.1f} MB | {b / w:.3f} |"
-                   if b and w else f"| {m} | — | — | — | — |")
+        out.append(
+            f"| {m} | {fmt(aoti.get('build_s'), ' s')} | {b / 1e6:.1f} MB | {w / 1e6:.1f} MB | {b / w:.3f} |"
+            if b and w
+            else f"| {m} | — | — | — | — |"
+        )
     errors = [r for r in runs if r.get("error")]
     if errors:
-        out += ["", "## Failures", ""] + [f"- {r['model']} {r['system']} ({r['run']}): {r['error']}" for r in errors]
+        out += ["", "## Failures", ""] + [
+            f"- {r['model']} {r['system']} ({r['run']}): {r['error']}" for r in errors
+        ]
     print("\n".join(out))
 
 

@@ -29,7 +29,9 @@ def spawn(args: list[str], env: dict | None = None, timeout: int = TIMEOUT) -> t
     if "--spawned-at" in args:
         cmd[cmd.index("--spawned-at") + 1] = repr(start)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        )
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout}s"
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -51,11 +53,19 @@ def device_info() -> dict:
     import torch
     import triton
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return {"gpu": torch.cuda.get_device_name(), "nvidia_smi": smi, "torch": torch.__version__,
-            "triton": triton.__version__, "python": sys.version.split()[0],
-            "date": datetime.date.today().isoformat()}
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "nvidia_smi": smi,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": sys.version.split()[0],
+        "date": datetime.date.today().isoformat(),
+    }
 
 
 def main() -> None:
@@ -81,8 +91,17 @@ def main() -> None:
         results.setdefault("bundle_bytes", {})[model] = bundle.stat().st_size + weights.stat().st_size
         results.setdefault("weights_bytes", {})[model] = weights.stat().st_size
         for system in args.systems.split(","):
-            base = ["bench/worker.py", system, model, "--spawned-at", "0", "--weights", str(weights),
-                    "--out", str(work)]
+            base = [
+                "bench/worker.py",
+                system,
+                model,
+                "--spawned-at",
+                "0",
+                "--weights",
+                str(weights),
+                "--out",
+                str(work),
+            ]
             runs = []
             if system in ("compile", "reduce-overhead"):
                 cache = work / f"cache-{model}-{system}"
@@ -92,14 +111,19 @@ def main() -> None:
                     runs.append((label, r, err))
             elif system == "aoti":
                 package = work / f"{model}.pt2"
-                b, err = spawn(["bench/aoti_build.py", model, "--weights", str(weights), "--package", str(package)],
-                               timeout=400)
+                b, err = spawn(
+                    ["bench/aoti_build.py", model, "--weights", str(weights), "--package", str(package)],
+                    timeout=400,
+                )
                 if b is None:
                     runs.append(("build", None, err))
                 else:
-                    preload = subprocess.run(["g++", "-print-file-name=libstdc++.so.6"], capture_output=True,
-                                             text=True).stdout.strip()
-                    r, err = spawn([*base, "--package", str(package)], {"LD_PRELOAD": preload} if preload else {})
+                    preload = subprocess.run(
+                        ["g++", "-print-file-name=libstdc++.so.6"], capture_output=True, text=True
+                    ).stdout.strip()
+                    r, err = spawn(
+                        [*base, "--package", str(package)], {"LD_PRELOAD": preload} if preload else {}
+                    )
                     if r is not None:
                         r["build_s"] = b["build_s"]
                         r["artifact_bytes"] = package.stat().st_size
@@ -113,10 +137,17 @@ def main() -> None:
                 if r is not None:
                     entry.update(r)
                 results["runs"].append(entry)
-                print(f"{model:4} {system:16} {label:5} "
-                      + (f"cold {r['cold_start_s']:.1f}s " + " ".join(f"{k}: {v['median_ms']:.3f}ms"
-                         for k, v in r["shapes"].items()) + f" peak {r['peak_mem_mb']:.0f}MB" if r else f"ERROR {err}"),
-                      flush=True)
+                print(
+                    f"{model:4} {system:16} {label:5} "
+                    + (
+                        f"cold {r['cold_start_s']:.1f}s "
+                        + " ".join(f"{k}: {v['median_ms']:.3f}ms" for k, v in r["shapes"].items())
+                        + f" peak {r['peak_mem_mb']:.0f}MB"
+                        if r
+                        else f"ERROR {err}"
+                    ),
+                    flush=True,
+                )
                 save()
         # accuracy: every system's outputs against eager's
         from safetensors.torch import load_file

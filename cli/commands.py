@@ -26,17 +26,34 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="bundle path [default: MODEL's name .tpk]")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="bundle path [default: MODEL's name .tpk]"
+)
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help="GPU archs to compile kernels for")
-@click.option("--weights", type=click.Path(dir_okay=False), help="safetensors file with the module's state dict")
-@click.option("--split-weights", is_flag=True,
-              help="write the weights beside the bundle as OUT.weights.SHA.safetensors (checksummed by the bundle)")
+@click.option(
+    "--weights", type=click.Path(dir_okay=False), help="safetensors file with the module's state dict"
+)
+@click.option(
+    "--split-weights",
+    is_flag=True,
+    help="write the weights beside the bundle as OUT.weights.SHA.safetensors (checksummed by the bundle)",
+)
 @click.option("--no-fuse", is_flag=True, help="keep every ATen op a library call (no kernels compiled)")
-@click.option("--allow-narrowing", is_flag=True,
-              help="build even when the traced programs cannot cover every declared size (the bundle then "
-                   "admits less than declared, as `aotpack guards` shows)")
-def build(model: str, output: str | None, arch: str, weights: str | None, split_weights: bool,
-          no_fuse: bool, allow_narrowing: bool) -> None:
+@click.option(
+    "--allow-narrowing",
+    is_flag=True,
+    help="build even when the traced programs cannot cover every declared size (the bundle then "
+    "admits less than declared, as `aotpack guards` shows)",
+)
+def build(
+    model: str,
+    output: str | None,
+    arch: str,
+    weights: str | None,
+    split_weights: bool,
+    no_fuse: bool,
+    allow_narrowing: bool,
+) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
     from aot.codegen import generate, parse_archs
     from aot.packager import pack
@@ -56,32 +73,47 @@ def build(model: str, output: str | None, arch: str, weights: str | None, split_
     _info(f"tracing {model} …")
     traced = trace(spec, weights=weights, progress=_info, allow_narrowing=allow_narrowing or None)
     programs = f" in {len(traced.programs)} programs" if traced.programs else ""
-    _info(f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps{programs}, "
-          f"{len(traced.weights)} weights")
+    _info(
+        f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps{programs}, "
+        f"{len(traced.weights)} weights"
+    )
     for sym in traced.guards.symbols:
         if (sym.min, sym.max, sym.modulus, sym.excluded) != (sym.declared_min, sym.declared_max, 1, ()):
             from aot.admissible import admissible_text
 
             sites = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in sym.sources) or "tracing"
-            _info(f"  warning: narrowed as allowed: {sym.name} declared {sym.declared_min}..{sym.declared_max} "
-                  f"admits only {admissible_text(sym)} ({sites})")
+            _info(
+                f"  warning: narrowed as allowed: {sym.name} declared {sym.declared_min}..{sym.declared_max} "
+                f"admits only {admissible_text(sym)} ({sites})"
+            )
     compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
     n_kernels = len({k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels})
-    _info(f"wrote {output} ({mb(size)}, {n_kernels} kernels for "
-          f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s")
+    _info(
+        f"wrote {output} ({mb(size)}, {n_kernels} kernels for "
+        f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s"
+    )
 
 
 @cli.command()
 @click.argument("bundle", type=click.Path(dir_okay=False))
-@click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False),
-              help="safetensors file with one tensor per input name [default: the bundle's example inputs]")
+@click.option(
+    "--inputs",
+    "inputs_file",
+    type=click.Path(dir_okay=False),
+    help="safetensors file with one tensor per input name [default: the bundle's example inputs]",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, or auto")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 100000), help="timed calls")
 @click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
-@click.option("--capture", type=click.Choice(["lazy", "all"]), default="lazy", show_default=True,
-              help="capture each bucket's CUDA graph on its first call, or all at load (largest first)")
+@click.option(
+    "--capture",
+    type=click.Choice(["lazy", "all"]),
+    default="lazy",
+    show_default=True,
+    help="capture each bucket's CUDA graph on its first call, or all at load (largest first)",
+)
 def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs: bool, capture: str) -> None:
     """Load BUNDLE, run it, and compare with the reference stored at build time."""
     import torch
@@ -109,8 +141,10 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
     outputs = leaves(runner(**inputs))
     names = leaf_paths(runner.program.output_tree, len(outputs))
     if reference is not None and [r.shape for r in reference] != [o.shape for o in outputs]:
-        raise BundleError(f"{bundle}: its reference outputs have shapes {[list(r.shape) for r in reference][:4]}, "
-                          f"the program gives {[list(o.shape) for o in outputs][:4]}; the bundle is inconsistent")
+        raise BundleError(
+            f"{bundle}: its reference outputs have shapes {[list(r.shape) for r in reference][:4]}, "
+            f"the program gives {[list(o.shape) for o in outputs][:4]}; the bundle is inconsistent"
+        )
     times = []
     for _ in range(runs):
         if device.startswith("cuda"):
@@ -127,8 +161,10 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
             err = (out.float().cpu() - reference[i].float()).abs().max().item()
             line += f"  max abs error vs build reference {err:.3g}"
         click.echo(line)
-    click.echo(f"latency: median {times[len(times) // 2] * 1e3:.3f} ms, p90 "
-               f"{times[min(len(times) - 1, int(len(times) * 0.9))] * 1e3:.3f} ms over {runs} calls")
+    click.echo(
+        f"latency: median {times[len(times) // 2] * 1e3:.3f} ms, p90 "
+        f"{times[min(len(times) - 1, int(len(times) * 0.9))] * 1e3:.3f} ms over {runs} calls"
+    )
 
 
 def _read_side(target: str, arch: str):
@@ -222,8 +258,12 @@ def diff_command(old: str, new: str, as_json: bool, arch: str) -> None:
 
 @cli.command("check", cls=_VerdictCommand)
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--against", required=True, type=click.Path(dir_okay=False),
-              help="the committed manifest file (or a bundle) to compare with")
+@click.option(
+    "--against",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="the committed manifest file (or a bundle) to compare with",
+)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
 def stale_manifest_command(model: str, against: str, as_json: bool, arch: str) -> None:
@@ -287,11 +327,15 @@ def verify(bundle: str, device: str) -> None:
         worst = max(r.kernel_errs.items(), key=lambda kv: kv[1], default=("-", 0.0))
         graph = "-" if r.graph_err is None else f"{r.graph_err:.3g}"
         where = f"[{r.program}] " if len({x.program for x in reports}) > 1 else ""
-        click.echo(f"{'ok  ' if ok else 'FAIL'} {where}{', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
-                   f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
-                   f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}")
+        click.echo(
+            f"{'ok  ' if ok else 'FAIL'} {where}{', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
+            f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
+            f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}"
+        )
     why = f", {dtype} eager differs from float32 by {noise:.2g} of its scale" if noise else ""
-    click.echo(f"{len(reports) - failed}/{len(reports)} sizes passed (program tolerance "
-               f"{program_tolerance(dtype, noise):.2g} of the output scale{why})")
+    click.echo(
+        f"{len(reports) - failed}/{len(reports)} sizes passed (program tolerance "
+        f"{program_tolerance(dtype, noise):.2g} of the output scale{why})"
+    )
     if failed:
         sys.exit(2)

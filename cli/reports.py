@@ -29,14 +29,30 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
     names = [e.name for e in m.programs] if len(m.programs) == len(programs) else ["general"] * len(programs)
     all_steps = [s for p in programs for s in p.steps]
     kernels = [
-        {"id": k.id, "name": k.name, "ops": list(k.ops), "archs": list(k.archs), "bytes_moved": k.bytes_moved,
-         "num_warps": k.num_warps, "config": k.config,
-         "launches": sum(s.kind == "kernel" and s.target == k.id for s in all_steps)}
+        {
+            "id": k.id,
+            "name": k.name,
+            "ops": list(k.ops),
+            "archs": list(k.archs),
+            "bytes_moved": k.bytes_moved,
+            "num_warps": k.num_warps,
+            "config": k.config,
+            "launches": sum(s.kind == "kernel" and s.target == k.id for s in all_steps),
+        }
         for k in {k.id: k for p in programs for k in p.kernels}.values()
     ]
-    per_program = [{"name": n, "aten": sum(s.kind == "aten" for s in p.steps),
-                    "kernel": sum(s.kind == "kernel" for s in p.steps)} for n, p in zip(names, programs)]
-    steps = {"aten": sum(s.kind == "aten" for s in all_steps), "kernel": sum(s.kind == "kernel" for s in all_steps)}
+    per_program = [
+        {
+            "name": n,
+            "aten": sum(s.kind == "aten" for s in p.steps),
+            "kernel": sum(s.kind == "kernel" for s in p.steps),
+        }
+        for n, p in zip(names, programs)
+    ]
+    steps = {
+        "aten": sum(s.kind == "aten" for s in all_steps),
+        "kernel": sum(s.kind == "kernel" for s in all_steps),
+    }
     replaced = sum(len(s.reference) for s in all_steps if s.kind == "kernel")
     info = {
         "name": m.name,
@@ -59,27 +75,37 @@ def summary_text(m, info: dict[str, Any]) -> str:
     """The human ``inspect`` report."""
     per_program, kernels, replaced = info["programs"], info["kernels"], info["aten_ops_fused"]
     lines: list[str] = []
-    lines.append(f"{m.name}  ({m.dtype}, schema {m.schema_version[0]}.{m.schema_version[1]}, "
-               f"built with torch {m.environment.torch_built})")
+    lines.append(
+        f"{m.name}  ({m.dtype}, schema {m.schema_version[0]}.{m.schema_version[1]}, "
+        f"built with torch {m.environment.torch_built})"
+    )
     lines.append("members:")
     for name, size in sorted(info["members"].items()):
         lines.append(f"  {size:>12,}  {name}")
     several = f" in {len(per_program)} programs" if len(per_program) > 1 else ""
-    lines.append(f"program: {info['steps']['aten']} library calls, {info['steps']['kernel']} kernel launches{several} "
-               f"({len(kernels)} distinct kernels fusing {replaced} ATen ops)")
+    lines.append(
+        f"program: {info['steps']['aten']} library calls, {info['steps']['kernel']} kernel launches{several} "
+        f"({len(kernels)} distinct kernels fusing {replaced} ATen ops)"
+    )
     if len(per_program) > 1:
         for p in per_program:
             lines.append(f"  program {p['name']}: {p['aten']} library calls, {p['kernel']} kernel launches")
     for k in kernels:
-        lines.append(f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
-                   f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
-                   f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}")
+        lines.append(
+            f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
+            f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
+            f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}"
+        )
     plan = m.stats.memory_plan
     if plan:
         lo, hi = min(plan, key=lambda b: b.peak_bytes), max(plan, key=lambda b: b.peak_bytes)
-        lines.append(f"memory plan: {len(plan)} CUDA-graph buckets, peak activations {mb(lo.peak_bytes)} "
-                   f"({sizes_text(lo.sizes)}) .. {mb(hi.peak_bytes)} ({sizes_text(hi.sizes)})")
+        lines.append(
+            f"memory plan: {len(plan)} CUDA-graph buckets, peak activations {mb(lo.peak_bytes)} "
+            f"({sizes_text(lo.sizes)}) .. {mb(hi.peak_bytes)} ({sizes_text(hi.sizes)})"
+        )
     lines.append(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
     for bk in m.buckets:
-        lines.append(f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}")
+        lines.append(
+            f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}"
+        )
     return "\n".join(lines) + "\n"

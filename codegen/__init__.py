@@ -191,13 +191,17 @@ def _generate_programs(traced: Traced, archs: tuple[str, ...], progress, fuse: b
     shapes = {k: tuple(v.shape) for k, v in main.traced.weights.items()}
     for tp, part in zip(traced.programs[1:], parts[1:]):
         if {k: tuple(v.shape) for k, v in part.traced.weights.items()} != shapes:
-            raise CodegenError(f"the program for {tp.name} laid out the shared weights differently from the "
-                               f"general one; build with --no-fuse")
+            raise CodegenError(
+                f"the program for {tp.name} laid out the shared weights differently from the "
+                f"general one; build with --no-fuse"
+            )
     cubins = {}
     for part in parts:
         cubins.update(part.cubins)
     program = replace(main.program, variants=tuple(p.program for p in parts[1:]))
-    stats = replace(main.stats, programs=len(parts), kernels=len({k.id for p in parts for k in p.program.kernels}))
+    stats = replace(
+        main.stats, programs=len(parts), kernels=len({k.id for p in parts for k in p.program.kernels})
+    )
     return Compiled(
         traced=replace(traced, program=main.traced.program, weights=main.traced.weights),
         program=program,

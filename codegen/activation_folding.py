@@ -40,8 +40,9 @@ def fold_activations(program: Program) -> tuple[Program, int]:
         mm = steps[j]
         if mm.target != "aten.addmm.default" or mm.kwargs:
             continue
-        steps[j] = replace(mm, target="aten._addmm_activation.default",
-                           kwargs={"use_gelu": _ACTIVATIONS[act.target]})
+        steps[j] = replace(
+            mm, target="aten._addmm_activation.default", kwargs={"use_gelu": _ACTIVATIONS[act.target]}
+        )
         if view is not None:  # the view now yields the activation's result directly
             steps[view] = replace(steps[view], outputs=act.outputs)
         else:

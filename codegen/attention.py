@@ -45,7 +45,12 @@ def _cone(program: Program, name: str, producer: dict[str, int]) -> list[int] | 
 def _samples(ranges: Mapping[str, tuple[int, int]]) -> list[dict[str, int]]:
     """Sizes to evaluate a mask at: every symbol at its minimum, at its cap, and at odd values."""
     out = []
-    for pick in (lambda lo, hi: lo, lambda lo, hi: hi, lambda lo, hi: (lo + hi) // 2 | 1, lambda lo, hi: lo + 2):
+    for pick in (
+        lambda lo, hi: lo,
+        lambda lo, hi: hi,
+        lambda lo, hi: (lo + hi) // 2 | 1,
+        lambda lo, hi: lo + 2,
+    ):
         out.append({s: max(lo, min(hi, pick(lo, min(hi, SAMPLE_CAP)))) for s, (lo, hi) in ranges.items()})
     return [dict(t) for t in {tuple(sorted(s.items())) for s in out}]
 
@@ -73,8 +78,12 @@ def _pattern(mask: Any, q_len: int, kv_len: int) -> str | None:
     return None
 
 
-def simplify_attention_masks(program: Program, weights: Mapping[str, Any], ranges: Mapping[str, tuple[int, int]],
-                             log: Callable[[str], None] | None = None) -> tuple[Program, int]:
+def simplify_attention_masks(
+    program: Program,
+    weights: Mapping[str, Any],
+    ranges: Mapping[str, tuple[int, int]],
+    log: Callable[[str], None] | None = None,
+) -> tuple[Program, int]:
     """``program`` with size-only causal / all-true SDPA masks removed; how many were removed."""
     import torch
 
@@ -90,7 +99,11 @@ def simplify_attention_masks(program: Program, weights: Mapping[str, Any], range
         mask_ref = step.args[MASK_ARG] if len(step.args) > MASK_ARG else step.kwargs.get("attn_mask")
         if not isinstance(mask_ref, Buf):
             continue
-        if len(step.args) > CAUSAL_ARG and step.args[CAUSAL_ARG] not in (False, None) or step.kwargs.get("is_causal"):
+        if (
+            len(step.args) > CAUSAL_ARG
+            and step.args[CAUSAL_ARG] not in (False, None)
+            or step.kwargs.get("is_causal")
+        ):
             continue
         cone = _cone(program, mask_ref.name, producer)
         if cone is None:

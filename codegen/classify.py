@@ -35,36 +35,40 @@ UNFOLDABLE_VIEWS = frozenset({"aten.as_strided.default"})
 VIEW_OPS = PROGRAM_VIEW_OPS - UNFOLDABLE_VIEWS
 assert VIEW_OPS == FOLDED_VIEWS, sorted(VIEW_OPS ^ FOLDED_VIEWS)
 
-GENERATOR_OPS = frozenset({
-    "aten.arange.default",
-    "aten.arange.start",
-    "aten.arange.start_step",
-    "aten.full.default",
-    "aten.full_like.default",
-    "aten.scalar_tensor.default",
-    "aten.fill.Scalar",
-    "aten.zeros_like.default",
-    "aten.ones_like.default",
-    "aten.zeros.default",
-    "aten.ones.default",
-    "aten.new_zeros.default",
-    "aten.new_ones.default",
-    "aten.new_full.default",
-})
-REDUCTION_OPS = frozenset({
-    "aten.native_layer_norm.default",
-    "aten._softmax.default",
-    "aten._log_softmax.default",
-    "aten.sum.dim_IntList",
-    "aten.sum.default",
-    "aten.mean.dim",
-    "aten.mean.default",
-    "aten.amax.default",
-    "aten.amin.default",
-    "aten.var.correction",
-    "aten.var_mean.correction",
-    "aten.logsumexp.default",
-})
+GENERATOR_OPS = frozenset(
+    {
+        "aten.arange.default",
+        "aten.arange.start",
+        "aten.arange.start_step",
+        "aten.full.default",
+        "aten.full_like.default",
+        "aten.scalar_tensor.default",
+        "aten.fill.Scalar",
+        "aten.zeros_like.default",
+        "aten.ones_like.default",
+        "aten.zeros.default",
+        "aten.ones.default",
+        "aten.new_zeros.default",
+        "aten.new_ones.default",
+        "aten.new_full.default",
+    }
+)
+REDUCTION_OPS = frozenset(
+    {
+        "aten.native_layer_norm.default",
+        "aten._softmax.default",
+        "aten._log_softmax.default",
+        "aten.sum.dim_IntList",
+        "aten.sum.default",
+        "aten.mean.dim",
+        "aten.mean.default",
+        "aten.amax.default",
+        "aten.amin.default",
+        "aten.var.correction",
+        "aten.var_mean.correction",
+        "aten.logsumexp.default",
+    }
+)
 
 
 def returns_view(target: str) -> bool:

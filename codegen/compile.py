@@ -176,7 +176,9 @@ def _ptxas(cc: int) -> tuple[str, frozenset[str]]:
     start = usage.find("--gpu-name")
     end = usage.find("\n--", start + 1)
     m = re.search(r"release (\d+\.\d+)", version)
-    return (m.group(1) if m else ""), frozenset(re.findall(r"'(sm_\w+)'", usage[start:end if end > 0 else None]))
+    return (m.group(1) if m else ""), frozenset(
+        re.findall(r"'(sm_\w+)'", usage[start : end if end > 0 else None])
+    )
 
 
 def ptxas_release(arch: str) -> str:
@@ -200,9 +202,15 @@ def check_archs(archs: tuple[str, ...]) -> None:
     for arch in archs:
         release, accepted = _ptxas(arch_number(arch))
         if arch_number(arch) < MIN_ARCH or arch not in accepted:
-            known = sorted({a for cc in (MIN_ARCH, 90) for a in _ptxas(cc)[1]
-                            if a[3:].isdigit() and int(a[3:]) >= MIN_ARCH and (int(a[3:]) < 90) == (cc < 90)},
-                           key=arch_number)
+            known = sorted(
+                {
+                    a
+                    for cc in (MIN_ARCH, 90)
+                    for a in _ptxas(cc)[1]
+                    if a[3:].isdigit() and int(a[3:]) >= MIN_ARCH and (int(a[3:]) < 90) == (cc < 90)
+                },
+                key=arch_number,
+            )
             raise CodegenError(
                 f"--arch {arch}: triton {triton.__version__} (ptxas of CUDA {release}) cannot compile cubins for it; "
                 f"it can for {', '.join(known)}"

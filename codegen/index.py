@@ -46,8 +46,13 @@ class _Sizes:
     """The sympy algebra of ``aot.symexpr.fold`` for sizes (no comparisons or booleans: a size
     is never one)."""
 
-    BINARY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-              "//": FloorDiv, "%": PythonMod}
+    BINARY = {
+        "+": lambda a, b: a + b,
+        "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b,
+        "//": FloorDiv,
+        "%": PythonMod,
+    }
 
     def const(self, value: int) -> Size:
         return sympy.Integer(value)

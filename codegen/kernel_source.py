@@ -130,7 +130,9 @@ class SourceWriter:
             args.append(self.operand(inp, v, cast))
         idx = ""
         if uses_idx:  # an index without atoms is a Python int in the source: make it a tensor
-            idx = f"({ix.triton_index(lin)})" if lin.atoms else f"tl.full([], {ix.triton_index(lin)}, tl.int32)"
+            idx = (
+                f"({ix.triton_index(lin)})" if lin.atoms else f"tl.full([], {ix.triton_index(lin)}, tl.int32)"
+            )
         expr = re.sub(
             r"\$(\d+|idx)", lambda m: idx if m.group(1) == "idx" else args[int(m.group(1))], node.fmt
         )
@@ -349,4 +351,3 @@ def kernel_name(steps: list[Step]) -> str:
             names.append(n)
     text = "_".join(names[:4]) + ("_etc" if len(names) > 4 else "")
     return ("fused_" + re.sub(r"[^a-z0-9_]", "_", text.lower()))[:60].rstrip("_") or "fused"
-

@@ -161,7 +161,11 @@ def index_type(biggest: int, config: dict[str, Any]) -> str:
 
 
 def kernel_params(
-    ptrs: dict[str, str], ptr_dtypes: dict[str, str], outputs: list[tuple[str, str]], sizes: list[str], index_ty: str
+    ptrs: dict[str, str],
+    ptr_dtypes: dict[str, str],
+    outputs: list[tuple[str, str]],
+    sizes: list[str],
+    index_ty: str,
 ) -> tuple[list[KernelParam], dict[str, str], list[Any]]:
     """(parameters, Triton signature, step arguments): input pointers (``ptrs``: root buffer →
     parameter name), output pointers (``outputs``: buffer, dtype), then one size per symbol."""

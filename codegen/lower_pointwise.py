@@ -24,9 +24,7 @@ def _common_type(operands: list[tuple[Node | None, str]], scalars: list[Any]) ->
     tys = [n.dtype for n, _ in operands if n is not None]
     if any(t == "float64" for t in tys):
         return "fp64"
-    if any(t in FLOATS for t in tys) or any(
-        isinstance(s, (float, SpecialFloat)) for s in scalars
-    ):
+    if any(t in FLOATS for t in tys) or any(isinstance(s, (float, SpecialFloat)) for s in scalars):
         return "fp32"
     if any(t == "int64" for t in tys) or not tys:
         return "i64"
@@ -98,7 +96,9 @@ def _lower_unary(b: Builder, step: Step) -> None:
     if step.target in _UNARY_FLOAT and ty not in ("fp32", "fp64"):
         raise Unsupported(f"{step.target} on {dtype}")
     rounding = step.target in ("aten.floor.default", "aten.ceil.default", "aten.trunc.default")
-    b.set(name, pointwise_node(shape, dtype, fmt, [operand(b, step.args[0], ty)], f"@{ty}" if rounding else ty))
+    b.set(
+        name, pointwise_node(shape, dtype, fmt, [operand(b, step.args[0], ty)], f"@{ty}" if rounding else ty)
+    )
 
 
 def _lower_binary(b: Builder, step: Step) -> None:
@@ -185,7 +185,9 @@ def _lower_masked_fill(b: Builder, step: Step) -> None:
     name, shape, dtype = b.out(step)
     ty = COMPUTE[dtype]
     x, mask, value = b.tensor(step.args[0]), b.tensor(step.args[1]), step.args[2]
-    node = pointwise_node(shape, dtype, "tl.where($0, $1, $2)", [(mask, ""), operand(b, value, ty), (x, "")], ty)
+    node = pointwise_node(
+        shape, dtype, "tl.where($0, $1, $2)", [(mask, ""), operand(b, value, ty), (x, "")], ty
+    )
     node.casts = tuple("i1" if n is mask else ty for n in node.inputs)
     b.set(name, node)
 

@@ -15,27 +15,25 @@ from aot.codegen.valuegraph import Builder, Node, Unsupported, same_index
 from aot.schema import Step
 
 # views that keep the flat index: the output's element i is the input's element i
-SAME_INDEX_VIEWS = frozenset({
-    "aten.view.default",
-    "aten._unsafe_view.default",
-    "aten.reshape.default",
-    "aten.unsqueeze.default",
-    "aten.squeeze.dim",
-    "aten.squeeze.dims",
-    "aten.squeeze.default",
-    "aten.alias.default",
-    "aten.detach.default",
-})
+SAME_INDEX_VIEWS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.squeeze.default",
+        "aten.alias.default",
+        "aten.detach.default",
+    }
+)
 PERMUTE_VIEWS = frozenset({"aten.permute.default", "aten.transpose.int", "aten.t.default"})
 SLICE_VIEWS = frozenset({"aten.slice.Tensor", "aten.narrow.default"})
 SPLIT_VIEWS = frozenset({"aten.split_with_sizes.default", "aten.split.Tensor", "aten.unbind.int"})
 # every view this module folds (``classify`` checks it against ``aot.program.VIEW_OPS``)
 FOLDED_VIEWS = (
-    SAME_INDEX_VIEWS
-    | PERMUTE_VIEWS
-    | SLICE_VIEWS
-    | SPLIT_VIEWS
-    | {"aten.expand.default", "aten.select.int"}
+    SAME_INDEX_VIEWS | PERMUTE_VIEWS | SLICE_VIEWS | SPLIT_VIEWS | {"aten.expand.default", "aten.select.int"}
 )
 
 
@@ -165,9 +163,7 @@ def _slice_view(step: Step, x: Node, shape: tuple[Size, ...]) -> Node:
         else (args[2] if args[2] is not None else step.kwargs.get("start"))
     )
     stride = (
-        1
-        if t == "aten.narrow.default"
-        else (args[4] if args[4] is not None else step.kwargs.get("step", 1))
+        1 if t == "aten.narrow.default" else (args[4] if args[4] is not None else step.kwargs.get("step", 1))
     )
     if start is None:
         start = 0

@@ -93,12 +93,18 @@ def render_kernel(
     unknown = [s for s in sizes if s not in ranges]
     if unknown:
         raise NotFusible(f"size symbols {unknown} have no declared range")
-    params, signature, args = kernel_params(w.ptrs, w.ptr_dtypes, list(zip(outputs, out_dtypes)), sizes, index_ty)
+    params, signature, args = kernel_params(
+        w.ptrs, w.ptr_dtypes, list(zip(outputs, out_dtypes)), sizes, index_ty
+    )
 
     name = kernel_name(steps)
-    config.update({"heuristic": HEURISTIC, "index": index_ty, "num_warps": launch.num_warps, "num_stages": NUM_STAGES})
+    config.update(
+        {"heuristic": HEURISTIC, "index": index_ty, "num_warps": launch.num_warps, "num_stages": NUM_STAGES}
+    )
     note = (
-        f"rows = {ix.size_text(launch.rows)}, reduced extent = {ix.size_text(launch.width)}" if reduces else ""
+        f"rows = {ix.size_text(launch.rows)}, reduced extent = {ix.size_text(launch.width)}"
+        if reduces
+        else ""
     )
     source = module_source(name, steps, signature, config, launch.mode, body, launch.grid, note)
     return Rendered(

@@ -47,8 +47,14 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
                 continue
             if u.target == "aten.permute.default" and list(u.args[1:]) == [[1, 0]]:
                 consumers = [program.steps[i] for i in readers.get(u.outputs[0], [])]
-                if consumers and all(c.target == "aten.mm.default" and step_reads(c) == [step_reads(c)[0], u.outputs[0]]
-                                     for c in consumers) and u.outputs[0] not in program.outputs:
+                if (
+                    consumers
+                    and all(
+                        c.target == "aten.mm.default" and step_reads(c) == [step_reads(c)[0], u.outputs[0]]
+                        for c in consumers
+                    )
+                    and u.outputs[0] not in program.outputs
+                ):
                     mms += [(u, c) for c in consumers]
                     continue
             ok = False

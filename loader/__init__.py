@@ -67,7 +67,9 @@ class Runner:
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError):
-            raise EnvError(f"device {str(device)[:40]!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'") from None
+            raise EnvError(
+                f"device {str(device)[:40]!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
+            ) from None
         if self.device.type not in ("cpu", "cuda"):
             raise EnvError(f"bundles run on 'cpu' or 'cuda' devices, not {self.device.type!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -81,12 +83,16 @@ class Runner:
                 raise BundleError(f"{bundle.path}: a program variant has variants of its own")
             if p.output_tree is not None:
                 validate_tree(p.output_tree, len(p.outputs))
-        weights = to_device(bundle.read(schema.WEIGHTS_PATH), self.device, f"{bundle.path}: {schema.WEIGHTS_PATH}")
+        weights = to_device(
+            bundle.read(schema.WEIGHTS_PATH), self.device, f"{bundle.path}: {schema.WEIGHTS_PATH}"
+        )
         for w in {w.name: w for p in programs for w in p.weights}.values():
             t = weights.get(w.name)
             if t is None:
                 raise BundleError(f"{bundle.path}: weight {w.name!r} is missing from {schema.WEIGHTS_PATH}")
-            if str(t.dtype).removeprefix("torch.") != w.spec.dtype or [str(s) for s in t.shape] != list(w.spec.shape):
+            if str(t.dtype).removeprefix("torch.") != w.spec.dtype or [str(s) for s in t.shape] != list(
+                w.spec.shape
+            ):
                 raise BundleError(
                     f"{bundle.path}: weight {w.name!r} is {t.dtype} {list(t.shape)}, the program expects "
                     f"{w.spec.dtype} {list(w.spec.shape)}"
@@ -97,20 +103,26 @@ class Runner:
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         if self.manifest.programs:
             if len(self.manifest.programs) != len(programs):
-                raise BundleError(f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
-                                  f"the program member holds {len(programs)}")
+                raise BundleError(
+                    f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
+                    f"the program member holds {len(programs)}"
+                )
             entries = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
         else:
             if len(programs) != 1:
-                raise BundleError(f"{bundle.path}: the program member holds {len(programs)} programs but the "
-                                  f"manifest lists no guards for them")
+                raise BundleError(
+                    f"{bundle.path}: the program member holds {len(programs)} programs but the "
+                    f"manifest lists no guards for them"
+                )
             entries = [("general", self.manifest.guards, self.manifest.buckets)]
         self._entries: list[_Entry] = []
         for (name, guards, buckets), program in zip(entries, programs):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
             if set(checker.names) != set(self.guards.names):
-                raise BundleError(f"{bundle.path}: program {name[:40]!r} takes inputs {list(checker.names)[:8]}, "
-                                  f"the bundle {list(self.guards.names)[:8]}")
+                raise BundleError(
+                    f"{bundle.path}: program {name[:40]!r} takes inputs {list(checker.names)[:8]}, "
+                    f"the bundle {list(self.guards.names)[:8]}"
+                )
             entry = _Entry(name, program, checker)
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
@@ -143,8 +155,10 @@ class Runner:
             except GuardError as e:
                 errors.append(f"program {entry.name}: {e}")
         self.guards.check(values, self.device)  # out of the contract: the error names input, dim and line
-        raise GuardError("the inputs satisfy the bundle's declared guards, but no program admits this combination "
-                         "of sizes: " + "; ".join(errors))
+        raise GuardError(
+            "the inputs satisfy the bundle's declared guards, but no program admits this combination "
+            "of sizes: " + "; ".join(errors)
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._nested and kwargs:
@@ -161,7 +175,9 @@ class Runner:
         else:
             key = entry.graphs.bucket_for(sizes) if entry.graphs is not None else None
             if key is not None:
-                return unflatten(tree, entry.graphs(key, inputs, sizes))  # copied out of the graph: caller-owned
+                return unflatten(
+                    tree, entry.graphs(key, inputs, sizes)
+                )  # copied out of the graph: caller-owned
             outputs = entry.gpu(inputs, sizes)
         # outputs must never alias a weight or an input the caller may mutate
         owned = self._weight_ptrs | {v.data_ptr() for v in values}
@@ -171,7 +187,9 @@ class Runner:
         ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)
         missing = [n for n in self.input_names if schema.REFERENCE_INPUT_PREFIX + n not in ref]
         if missing:
-            raise BundleError(f"{self.bundle.path}: {schema.REFERENCE_PATH} has no example for inputs {missing[:3]}")
+            raise BundleError(
+                f"{self.bundle.path}: {schema.REFERENCE_PATH} has no example for inputs {missing[:3]}"
+            )
         return {n: ref[schema.REFERENCE_INPUT_PREFIX + n].to(self.device) for n in self.input_names}
 
     def reference_outputs(self) -> list[torch.Tensor]:
@@ -181,7 +199,8 @@ class Runner:
         outs = sorted(
             (int(k.removeprefix(schema.REFERENCE_OUTPUT_PREFIX)), v)
             for k, v in ref.items()
-            if k.startswith(schema.REFERENCE_OUTPUT_PREFIX) and k[len(schema.REFERENCE_OUTPUT_PREFIX):].isdecimal()
+            if k.startswith(schema.REFERENCE_OUTPUT_PREFIX)
+            and k[len(schema.REFERENCE_OUTPUT_PREFIX) :].isdecimal()
         )
         return [v for _, v in outs]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot import schema
-from aot.errors import BundleError
 from aot.admissible import admissible_text, admits
+from aot.errors import BundleError
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool
 from aot.serde import from_json, upgrade_manifest
 from aot.symexpr import compile_expr
@@ -36,7 +36,10 @@ MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is 
 MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
 MAX_BUCKETS = 1024  # CUDA-graph sizes per symbol
 _REQUIRED = (schema.PROGRAM_PATH, schema.WEIGHTS_PATH, schema.REFERENCE_PATH, schema.GUARDS_PATH)
-_COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what the packager writes; others inflate unbounded
+_COMPRESSIONS = (
+    zipfile.ZIP_STORED,
+    zipfile.ZIP_DEFLATED,
+)  # what the packager writes; others inflate unbounded
 _KERNEL_MEMBER = re.compile(r"^kernels/[a-z0-9_]{1,80}\.(py|sm_[0-9]{2,3}a?\.cubin)$")
 _EXTERNAL_WEIGHTS = re.compile(r"^[A-Za-z0-9_.-]{1,200}\.safetensors$")
 _FIXED_MEMBERS = {
@@ -79,7 +82,9 @@ class Bundle:
     def external_path(self) -> Path:
         name = self.manifest.external_weights
         if not _EXTERNAL_WEIGHTS.match(name):
-            raise BundleError(f"{self.path}: external weights name {name[:80]!r} is not a plain .safetensors file name")
+            raise BundleError(
+                f"{self.path}: external weights name {name[:80]!r} is not a plain .safetensors file name"
+            )
         return self.path.with_name(name)
 
     def _read_external(self, size: int) -> bytes:
@@ -93,8 +98,10 @@ class Bundle:
                     )
                 return f.read(size)
         except OSError as e:
-            raise BundleError(f"{self.path}: its weights file {path.name} is unreadable ({e.strerror}); "
-                              f"keep it beside the bundle") from None
+            raise BundleError(
+                f"{self.path}: its weights file {path.name} is unreadable ({e.strerror}); "
+                f"keep it beside the bundle"
+            ) from None
 
     def program(self) -> Program:
         import zstandard
@@ -122,7 +129,9 @@ class Bundle:
 def _json_loads(raw: bytes, path: Path, what: str) -> object:
     containers = raw.count(b"[") + raw.count(b"{")
     if containers > MAX_JSON_CONTAINERS:
-        raise BundleError(f"{path}: {what} holds {containers} JSON arrays/objects (limit {MAX_JSON_CONTAINERS})")
+        raise BundleError(
+            f"{path}: {what} holds {containers} JSON arrays/objects (limit {MAX_JSON_CONTAINERS})"
+        )
     return json.loads(raw.decode("utf-8"))
 
 
@@ -132,9 +141,15 @@ def _check_depth(tree: object, path: Path, what: str) -> None:
     while level:
         depth += 1
         if depth > MAX_JSON_DEPTH:
-            raise BundleError(f"{path}: {what} is nested deeper than {MAX_JSON_DEPTH} levels; not a bundle this loader wrote")
-        level = [v for node in level if isinstance(node, (list, dict))
-                 for v in (node.values() if isinstance(node, dict) else node)]
+            raise BundleError(
+                f"{path}: {what} is nested deeper than {MAX_JSON_DEPTH} levels; not a bundle this loader wrote"
+            )
+        level = [
+            v
+            for node in level
+            if isinstance(node, (list, dict))
+            for v in (node.values() if isinstance(node, dict) else node)
+        ]
 
 
 def _step_targets(steps) -> set[str]:
@@ -153,20 +168,28 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
     want = [(i.name, i.dtype, tuple(i.shape)) for i in manifest.guards.inputs]
     got = [(i.name, i.spec.dtype, tuple(i.spec.shape)) for i in program.inputs]
     if want != got:
-        raise BundleError(f"{path}: the program's inputs {got[:4]} differ from the manifest's guards {want[:4]}")
+        raise BundleError(
+            f"{path}: the program's inputs {got[:4]} differ from the manifest's guards {want[:4]}"
+        )
     unlisted = sorted(_step_targets(program.steps) - set(manifest.ops))
     if unlisted:
-        raise BundleError(f"{path}: the program calls {unlisted[0][:80]!r}, which the manifest's ops do not list")
+        raise BundleError(
+            f"{path}: the program calls {unlisted[0][:80]!r}, which the manifest's ops do not list"
+        )
     symbols = {s.name for s in manifest.guards.symbols}
     names = {i.name: len(i.spec.shape) for i in program.inputs}
     for src in program.symbols:
         if src.symbol not in symbols or not 0 <= src.dim < names.get(src.input, 0):
-            raise BundleError(f"{path}: program symbol {src.symbol[:40]!r} is read from {src.input[:40]!r} dim "
-                              f"{src.dim}, which the guards do not declare")
+            raise BundleError(
+                f"{path}: program symbol {src.symbol[:40]!r} is read from {src.input[:40]!r} dim "
+                f"{src.dim}, which the guards do not declare"
+            )
     kernels = {k.id for k in program.kernels}
     for step in program.steps:
         if step.kind == StepKind.KERNEL and step.target not in kernels:
-            raise BundleError(f"{path}: a step launches kernel {step.target[:40]!r}, which the program does not define")
+            raise BundleError(
+                f"{path}: a step launches kernel {step.target[:40]!r}, which the program does not define"
+            )
     for k in program.kernels:
         needed = [schema.KERNEL_SOURCE_FORMAT.format(kernel=k.id)]
         needed += [schema.KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=a) for a in k.archs]
@@ -179,12 +202,18 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
     for text in _expressions(program):
         unknown = compile_expr(text).symbols - symbols
         if unknown:
-            raise BundleError(f"{path}: program expression {text[:60]!r} uses {sorted(unknown)[0][:40]!r}, "
-                              f"which is not a symbol of the guards")
+            raise BundleError(
+                f"{path}: program expression {text[:60]!r} uses {sorted(unknown)[0][:40]!r}, "
+                f"which is not a symbol of the guards"
+            )
 
 
 def _expressions(program: Program):
-    for spec in [*(i.spec for i in program.inputs), *(w.spec for w in program.weights), *program.buffers.values()]:
+    for spec in [
+        *(i.spec for i in program.inputs),
+        *(w.spec for w in program.weights),
+        *program.buffers.values(),
+    ]:
         yield from spec.shape
     steps = list(program.steps)
     while steps:
@@ -207,12 +236,20 @@ def _check_buckets(manifest: Manifest, path: Path) -> None:
     for b in manifest.buckets:
         g = guards.get(b.symbol)
         if g is None or b.symbol in seen:
-            raise BundleError(f"{path}: bucket for {b.symbol[:40]!r}, which is not a symbol of the guards or repeats")
+            raise BundleError(
+                f"{path}: bucket for {b.symbol[:40]!r}, which is not a symbol of the guards or repeats"
+            )
         seen.add(b.symbol)
         sizes = list(b.sizes)
-        if not 1 <= len(sizes) <= MAX_BUCKETS or sizes != sorted(set(sizes)) or not all(admits(g, v) for v in sizes):
-            raise BundleError(f"{path}: buckets of {b.symbol!r} must be 1..{MAX_BUCKETS} ascending sizes its guards "
-                              f"admit ({admissible_text(g)}), got {sizes[:8]}")
+        if (
+            not 1 <= len(sizes) <= MAX_BUCKETS
+            or sizes != sorted(set(sizes))
+            or not all(admits(g, v) for v in sizes)
+        ):
+            raise BundleError(
+                f"{path}: buckets of {b.symbol!r} must be 1..{MAX_BUCKETS} ascending sizes its guards "
+                f"admit ({admissible_text(g)}), got {sizes[:8]}"
+            )
 
 
 def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: Path) -> bytes:
@@ -222,9 +259,13 @@ def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: P
     except BundleError:
         raise
     except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError, NotImplementedError ...
-        raise BundleError(f"{path}: member {info.filename!r} is unreadable: {type(e).__name__}: {e}") from None
+        raise BundleError(
+            f"{path}: member {info.filename!r} is unreadable: {type(e).__name__}: {e}"
+        ) from None
     if len(data) != size:
-        raise BundleError(f"{path}: member {info.filename!r} holds {len(data)}+ bytes, the manifest says {size}")
+        raise BundleError(
+            f"{path}: member {info.filename!r} holds {len(data)}+ bytes, the manifest says {size}"
+        )
     return data
 
 
@@ -236,7 +277,9 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
     try:
         zf = zipfile.ZipFile(path, "r")
     except Exception as e:
-        raise BundleError(f"{path} is not a bundle (not a readable zip archive: {type(e).__name__}: {e})") from None
+        raise BundleError(
+            f"{path} is not a bundle (not a readable zip archive: {type(e).__name__}: {e})"
+        ) from None
     try:
         return _verify(path, zf)
     except BaseException:
@@ -261,15 +304,23 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
         if info.flag_bits & 0x1:
             raise BundleError(f"{path}: member {name!r} is encrypted")
         if info.compress_type not in _COMPRESSIONS:
-            raise BundleError(f"{path}: member {name!r} uses compression method {info.compress_type}; "
-                              f"bundles are stored or deflated")
+            raise BundleError(
+                f"{path}: member {name!r} uses compression method {info.compress_type}; "
+                f"bundles are stored or deflated"
+            )
         if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > MAX_DEFLATED_BYTES:
-            raise BundleError(f"{path}: member {name!r} inflates to {info.file_size} bytes "
-                              f"(limit {MAX_DEFLATED_BYTES} for compressed members)")
+            raise BundleError(
+                f"{path}: member {name!r} inflates to {info.file_size} bytes "
+                f"(limit {MAX_DEFLATED_BYTES} for compressed members)"
+            )
         if info.compress_type == zipfile.ZIP_STORED and info.file_size > archive_size:
             raise BundleError(f"{path}: member {name!r} claims {info.file_size} bytes, more than the archive")
-        if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATION * max(info.compress_size, 1) + (1 << 20):
-            raise BundleError(f"{path}: member {name!r} inflates {info.compress_size} → {info.file_size} bytes; refusing")
+        if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATION * max(
+            info.compress_size, 1
+        ) + (1 << 20):
+            raise BundleError(
+                f"{path}: member {name!r} inflates {info.compress_size} → {info.file_size} bytes; refusing"
+            )
         by_name[name] = info
     if schema.MANIFEST_PATH not in by_name:
         raise BundleError(f"{path}: no {schema.MANIFEST_PATH}; not a bundle or truncated")
@@ -313,7 +364,9 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
     present = set(by_name) - {schema.MANIFEST_PATH}
     if listed != present:
         missing, extra = sorted(listed - present), sorted(present - listed)
-        raise BundleError(f"{path}: members do not match the manifest: missing {missing[:3]}, unlisted {extra[:3]}")
+        raise BundleError(
+            f"{path}: members do not match the manifest: missing {missing[:3]}, unlisted {extra[:3]}"
+        )
     for name, member in manifest.members.items():
         if name in by_name and by_name[name].file_size != member.size:
             raise BundleError(
@@ -338,7 +391,9 @@ def _check_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, member: schema.Mem
                 digest.update(chunk)
                 seen += len(chunk)
     except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError ...
-        raise BundleError(f"{path}: member {info.filename!r} is unreadable: {type(e).__name__}: {e}") from None
+        raise BundleError(
+            f"{path}: member {info.filename!r} is unreadable: {type(e).__name__}: {e}"
+        ) from None
     if seen != member.size or digest.hexdigest() != member.sha256:
         raise BundleError(
             f"{path}: checksum mismatch in {info.filename!r} (expected sha256 {member.sha256[:16]}…); "

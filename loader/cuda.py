@@ -28,16 +28,29 @@ def driver() -> ctypes.CDLL:
             try:
                 lib = ctypes.CDLL("libcuda.so.1")
             except OSError as e:
-                raise EnvError(f"cannot load the CUDA driver libcuda.so.1 ({e}); is an NVIDIA driver installed?") from None
+                raise EnvError(
+                    f"cannot load the CUDA driver libcuda.so.1 ({e}); is an NVIDIA driver installed?"
+                ) from None
             lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
             lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-            lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+            lib.cuModuleGetFunction.argtypes = [
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.c_void_p,
+                ctypes.c_char_p,
+            ]
             lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
             lib.cuLaunchKernel.argtypes = [
                 ctypes.c_void_p,
-                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                ctypes.c_uint,
+                ctypes.c_uint,
+                ctypes.c_uint,
+                ctypes.c_uint,
+                ctypes.c_uint,
+                ctypes.c_uint,
+                ctypes.c_uint,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
             ]
             lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
@@ -94,10 +107,14 @@ class Function:
         module = ctypes.c_void_p()
         check(lib.cuModuleLoadData(ctypes.byref(module), self._image), f"cuModuleLoadData({name})")
         fn = ctypes.c_void_p()
-        check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name})")
+        check(
+            lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name})"
+        )
         if shared > DEFAULT_SHARED_LIMIT:
-            check(lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
-                  f"cuFuncSetAttribute({name}, shared={shared})")
+            check(
+                lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+                f"cuFuncSetAttribute({name}, shared={shared})",
+            )
         self.module = module
         self.handle = fn.value
         self.name = name
@@ -106,8 +123,9 @@ class Function:
 
     def launch(self, grid: tuple[int, int, int], stream: int, params: ctypes.Array) -> None:
         check(
-            _lib.cuLaunchKernel(self.handle, grid[0], grid[1], grid[2], self.block, 1, 1, self.shared,
-                                stream, params, None),
+            _lib.cuLaunchKernel(
+                self.handle, grid[0], grid[1], grid[2], self.block, 1, 1, self.shared, stream, params, None
+            ),
             f"cuLaunchKernel({self.name})",
         )
 
@@ -125,5 +143,7 @@ def pack_params(values: list[tuple[str, int]]) -> tuple[ctypes.Array, list]:
             storage.append(ctypes.c_int64(value))
         else:
             raise EnvError(f"unknown kernel parameter kind {kind!r}")
-    array = (ctypes.c_void_p * max(len(storage), 1))(*[ctypes.cast(ctypes.byref(s), ctypes.c_void_p) for s in storage])
+    array = (ctypes.c_void_p * max(len(storage), 1))(
+        *[ctypes.cast(ctypes.byref(s), ctypes.c_void_p) for s in storage]
+    )
     return array, storage

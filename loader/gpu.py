@@ -66,7 +66,9 @@ class KernelCall:
 
     def __init__(self, step: Step, kernel: Kernel, fn: Function, program: Program, device: torch.device):
         if len(step.args) != len(kernel.params):
-            raise BundleError(f"kernel step {kernel.id} passes {len(step.args)} args for {len(kernel.params)} params")
+            raise BundleError(
+                f"kernel step {kernel.id} passes {len(step.args)} args for {len(kernel.params)} params"
+            )
         self.fn = fn
         self.name = kernel.name
         self.params: list[tuple[str, Any]] = []
@@ -77,7 +79,9 @@ class KernelCall:
                 self.params.append(("ptr", arg.name))
             else:
                 if not isinstance(arg, Sym):
-                    raise BundleError(f"kernel {kernel.id}: integer parameter {param.name} needs an expression")
+                    raise BundleError(
+                        f"kernel {kernel.id}: integer parameter {param.name} needs an expression"
+                    )
                 self.params.append((ParamKind(param.kind).value, compile_expr(arg.text)))
         self.scratch = kernel.scratch_params
         if not 1 <= len(step.grid) <= 3:
@@ -115,7 +119,9 @@ class KernelCall:
 class GpuProgram:
     """Runs the program on a CUDA device, step by step (no graph)."""
 
-    def __init__(self, bundle: Bundle, program: Program, weights: dict[str, torch.Tensor], device: torch.device):
+    def __init__(
+        self, bundle: Bundle, program: Program, weights: dict[str, torch.Tensor], device: torch.device
+    ):
         self.program = program
         self.weights = weights
         self.device = device
@@ -129,7 +135,9 @@ class GpuProgram:
             check_driver(bundle.manifest.environment.cuda_built.get(self.arch, ""), driver_version())
             for k in kernels.values():
                 if self.arch not in k.archs:
-                    raise EnvError(f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})")
+                    raise EnvError(
+                        f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})"
+                    )
                 cubin = bundle.read(KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=self.arch))  # sha256 checked
                 functions[k.id] = Function(cubin, k.name, int(k.shared.get(self.arch, 0)), k.num_warps)
         self.calls: list[Any] = []
@@ -141,7 +149,9 @@ class GpuProgram:
                 self.calls.append(KernelCall(step, k, functions[k.id], program, device))
             else:
                 self.calls.append(AtenCall(step, device))
-        self.frees = frees_after(program.steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
+        self.frees = frees_after(
+            program.steps, [*weights, *(i.name for i in program.inputs)], program.outputs
+        )
 
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         self.context.bind()
@@ -239,7 +249,9 @@ class GraphRunner:
                 if key not in self.graphs:
                     self.capture(key)
 
-    def __call__(self, key: tuple, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+    def __call__(
+        self, key: tuple, inputs: dict[str, torch.Tensor], sizes: dict[str, int]
+    ) -> list[torch.Tensor]:
         with self.lock:
             captured = self.graphs.get(key) or self.capture(key)
             padded = captured.sizes != sizes

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from aot.errors import BundleError, GuardError
 from aot.admissible import admissible_text, admits, first_admissible
+from aot.errors import BundleError, GuardError
 from aot.schema import Guards, SymbolGuard
 from aot.spec import MAX_DIM
 from aot.symexpr import compile_expr
@@ -53,11 +53,15 @@ def _validate(guards: Guards) -> None:
                 f"{what}: expected 0 <= min <= max <= {MAX_SIZE} (declared and admissible), got "
                 f"declared {g.declared_min}..{g.declared_max}, admissible {g.min}..{g.max}"
             )
-        if not 1 <= g.modulus <= MAX_SIZE or not all(0 <= r < g.modulus for r in g.residues) or (
-            g.modulus > 1 and not g.residues
+        if (
+            not 1 <= g.modulus <= MAX_SIZE
+            or not all(0 <= r < g.modulus for r in g.residues)
+            or (g.modulus > 1 and not g.residues)
         ):
-            raise BundleError(f"{what}: expected residues in 0..modulus-1 of a modulus in 1..{MAX_SIZE}, "
-                              f"got modulus {g.modulus} residues {list(g.residues)[:8]}")
+            raise BundleError(
+                f"{what}: expected residues in 0..modulus-1 of a modulus in 1..{MAX_SIZE}, "
+                f"got modulus {g.modulus} residues {list(g.residues)[:8]}"
+            )
         if len(g.excluded) > MAX_EXCLUDED:
             raise BundleError(f"{what} excludes {len(g.excluded)} values (limit {MAX_EXCLUDED})")
         if first_admissible(g.min, g.modulus, g.residues) > g.max:
@@ -66,7 +70,9 @@ def _validate(guards: Guards) -> None:
     for r in guards.relations:
         unknown = compile_expr(r.expr).symbols - known
         if unknown:
-            raise BundleError(f"relation {r.expr[:60]!r} uses symbols {sorted(unknown)[:3]} that no input binds")
+            raise BundleError(
+                f"relation {r.expr[:60]!r} uses symbols {sorted(unknown)[:3]} that no input binds"
+            )
 
 
 class GuardChecker:
@@ -88,7 +94,9 @@ class GuardChecker:
                 elif size in self.symbols:
                     dims.append(size)
                 else:
-                    raise BundleError(f"input {inp.name!r} has a size {size[:40]!r} that is neither an int nor a symbol")
+                    raise BundleError(
+                        f"input {inp.name!r} has a size {size[:40]!r} that is neither an int nor a symbol"
+                    )
             self._inputs.append((inp.name, dtypes[inp.dtype], inp.dtype, tuple(dims)))
         self._relations = [(compile_expr(r.expr), r) for r in guards.relations]
         self._sources = {
@@ -103,11 +111,13 @@ class GuardChecker:
         """Order positional and keyword arguments as the bundle's inputs."""
         if len(args) > len(self.names):
             raise GuardError(f"expected at most {len(self.names)} inputs {list(self.names)}, got {len(args)}")
-        twice = [n for n in self.names[:len(args)] if n in kwargs]
+        twice = [n for n in self.names[: len(args)] if n in kwargs]
         if twice:
-            raise GuardError(f"input(s) {twice} given both by position and by name; expected inputs {list(self.names)}")
+            raise GuardError(
+                f"input(s) {twice} given both by position and by name; expected inputs {list(self.names)}"
+            )
         values = list(args)
-        for name in self.names[len(args):]:
+        for name in self.names[len(args) :]:
             if name not in kwargs:
                 raise GuardError(f"missing input {name!r}; expected inputs {list(self.names)}")
             values.append(kwargs.pop(name))
@@ -143,7 +153,9 @@ class GuardChecker:
                     f"input {name!r}: expected rank {len(dims)} [{', '.join(map(str, dims))}], "
                     f"got rank {value.dim()} {list(value.shape)}"
                 )
-            if device is not None and (value.device.type != device.type or (index is not None and value.device.index != index)):
+            if device is not None and (
+                value.device.type != device.type or (index is not None and value.device.index != index)
+            ):
                 want = device.type if index is None else f"{device.type}:{index}"
                 raise GuardError(f"input {name!r}: expected a tensor on {want}, got one on {value.device}")
             for d, (want, got) in enumerate(zip(dims, value.shape)):

@@ -20,8 +20,13 @@ from aot.schema import Program, Step
 class AtenProgram:
     """Executes the program with ATen calls only; stateless per call, so thread-safe."""
 
-    def __init__(self, program: Program, weights: dict[str, torch.Tensor], device: torch.device,
-                 steps: list[Step] | None = None):
+    def __init__(
+        self,
+        program: Program,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        steps: list[Step] | None = None,
+    ):
         self.program = program
         self.weights = weights
         steps = steps if steps is not None else reference_steps(program)

@@ -31,7 +31,7 @@ def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, l
     if n > MAX_HEADER or 8 + n > len(data):
         raise BundleError(f"{where}: safetensors header claims {n} bytes of {len(data)}")
     try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
+        header = json.loads(data[8 : 8 + n].decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BundleError(f"{where}: safetensors header is not JSON: {e}") from None
     if not isinstance(header, dict):
@@ -53,8 +53,14 @@ def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, l
                 raise BundleError(f"{where}: {name[:60]!r} has a negative size")
             numel *= s
         itemsize = torch.empty((), dtype=dtype).element_size()
-        if not 0 <= begin <= end <= len(data) - base or end - begin != numel * itemsize or (base + begin) % itemsize:
-            raise BundleError(f"{where}: {name[:60]!r} has offsets {begin}..{end} that do not fit its shape or the data")
+        if (
+            not 0 <= begin <= end <= len(data) - base
+            or end - begin != numel * itemsize
+            or (base + begin) % itemsize
+        ):
+            raise BundleError(
+                f"{where}: {name[:60]!r} has offsets {begin}..{end} that do not fit its shape or the data"
+            )
         out[name] = (dtype, shape, base + begin, base + end)
     return out
 

@@ -79,7 +79,9 @@ class GPT(nn.Module):
 
 
 batch = Dim("batch", 1, 32, paddable=True)
-seq = Dim("seq", 1, N_CTX, buckets=(1, 16, 32, 64, 128, 256, 512, 1024), paddable=True)  # causal: later tokens never reach earlier ones
+seq = Dim(
+    "seq", 1, N_CTX, buckets=(1, 16, 32, 64, 128, 256, 512, 1024), paddable=True
+)  # causal: later tokens never reach earlier ones
 spec = ModelSpec(
     module=GPT,
     inputs=[Input("idx", (batch, seq), dtype="int64", low=0, high=VOCAB)],

@@ -60,12 +60,18 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
         schema.WEIGHTS_PATH: _safetensors(traced.weights),
     }
     reference = {f"{schema.REFERENCE_INPUT_PREFIX}{k}": v for k, v in traced.reference_inputs.items()}
-    reference.update({f"{schema.REFERENCE_OUTPUT_PREFIX}{i}": v for i, v in enumerate(traced.reference_outputs)})
+    reference.update(
+        {f"{schema.REFERENCE_OUTPUT_PREFIX}{i}": v for i, v in enumerate(traced.reference_outputs)}
+    )
     members[schema.REFERENCE_PATH] = _safetensors(reference)
-    for kernel in {k.id: k for p in (compiled.program, *compiled.program.variants) for k in p.kernels}.values():
+    for kernel in {
+        k.id: k for p in (compiled.program, *compiled.program.variants) for k in p.kernels
+    }.values():
         members[schema.KERNEL_SOURCE_FORMAT.format(kernel=kernel.id)] = kernel.source.encode()
         for arch in kernel.archs:
-            members[schema.KERNEL_CUBIN_FORMAT.format(kernel=kernel.id, arch=arch)] = compiled.cubins[(kernel.id, arch)]
+            members[schema.KERNEL_CUBIN_FORMAT.format(kernel=kernel.id, arch=arch)] = compiled.cubins[
+                (kernel.id, arch)
+            ]
     return members
 
 
@@ -73,7 +79,9 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
     traced = compiled.traced
     env = environment(compiled.archs, traced.torch_version, compiled.triton_version, compiled.cuda_versions)
     steps = [s for p in (compiled.program, *compiled.program.variants) for s in p.steps]
-    ops = sorted({s.target for s in steps if s.kind == "aten"} | {r.target for s in steps for r in s.reference})
+    ops = sorted(
+        {s.target for s in steps if s.kind == "aten"} | {r.target for s in steps for r in s.reference}
+    )
     n_ref = sum(len(s.reference) if s.kind == "kernel" else 1 for s in compiled.program.steps)
     stats = replace(
         compiled.stats,
@@ -91,12 +99,15 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
         guards=traced.guards,
         environment=env,
         buckets=traced.buckets,
-        members={p: Member(sha256=hashlib.sha256(b).hexdigest(), size=len(b)) for p, b in sorted(members.items())},
+        members={
+            p: Member(sha256=hashlib.sha256(b).hexdigest(), size=len(b)) for p, b in sorted(members.items())
+        },
         ops=tuple(ops),
         stats=stats,
         external_weights=external_weights,
-        programs=tuple(schema.ProgramEntry(name=p.name, guards=p.guards, buckets=p.buckets)
-                       for p in traced.programs),
+        programs=tuple(
+            schema.ProgramEntry(name=p.name, guards=p.guards, buckets=p.buckets) for p in traced.programs
+        ),
     )
 
 
@@ -192,7 +203,7 @@ def remove_stale_partials(path: str | os.PathLike) -> list[Path]:
     prefix = f".{path.name}.{_host()}-"
     removed = []
     for partial in path.parent.glob(glob.escape(prefix) + "*.partial"):
-        pid = partial.name[len(prefix):].split(".", 1)[0]
+        pid = partial.name[len(prefix) :].split(".", 1)[0]
         if not pid.isdigit() or _alive(int(pid)):
             continue
         try:
@@ -226,7 +237,9 @@ def _mkstemp_beside(path: Path) -> tuple[int, str]:
     """A temporary file in the target's directory (so ``os.replace`` is atomic), with the
     permissions a plain ``open`` would give it; stale ones of killed builds are removed first."""
     remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}-{os.getpid()}.", suffix=".partial", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}.{_host()}-{os.getpid()}.", suffix=".partial", dir=path.parent
+    )
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)

@@ -39,5 +39,7 @@ def memory_plan(program: Program, buckets: tuple[Bucket, ...]) -> tuple[BucketMe
     if any(s not in by_symbol for s in order):
         return ()
     keys = sorted(itertools.product(*(by_symbol[s] for s in order)), key=lambda k: [-v for v in k])
-    return tuple(BucketMemory(sizes=dict(zip(order, key)), peak_bytes=peak_bytes(program, dict(zip(order, key))))
-                 for key in keys)
+    return tuple(
+        BucketMemory(sizes=dict(zip(order, key)), peak_bytes=peak_bytes(program, dict(zip(order, key))))
+        for key in keys
+    )

@@ -12,5 +12,18 @@ from aot.review.sets import Sizes, difference
 from aot.review.side import diff, read_side
 from aot.review.verdict import EXIT_BREAKING, EXIT_ERROR, EXIT_SAFE, EXIT_SAME, Change, Diff, Side
 
-__all__ = ["Change", "Diff", "Side", "Sizes", "diff", "diff_manifests", "diff_bundles", "difference",
-           "read_side", "EXIT_SAME", "EXIT_SAFE", "EXIT_BREAKING", "EXIT_ERROR"]
+__all__ = [
+    "Change",
+    "Diff",
+    "Side",
+    "Sizes",
+    "diff",
+    "diff_manifests",
+    "diff_bundles",
+    "difference",
+    "read_side",
+    "EXIT_SAME",
+    "EXIT_SAFE",
+    "EXIT_BREAKING",
+    "EXIT_ERROR",
+]

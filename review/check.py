@@ -31,21 +31,39 @@ class StaleCheck:
         return EXIT_BREAKING if self.stale else EXIT_SAME
 
     def to_json(self) -> dict:
-        return {"model": self.model, "against": self.against, "stale": self.stale, "exit_code": self.exit_code,
-                "verdict": self.result.verdict, "changes": self.result.to_json()["changes"]}
+        return {
+            "model": self.model,
+            "against": self.against,
+            "stale": self.stale,
+            "exit_code": self.exit_code,
+            "verdict": self.result.verdict,
+            "changes": self.result.to_json()["changes"],
+        }
 
     def report(self) -> str:
         """The classified changes, then the unified diff of the manifest text."""
         if not self.stale:
             return f"{self.against} matches {self.model}\n"
-        head = self.result.text(self.exit_code) if self.result.changes else "no change in the guards; the manifest text differs\n"
-        text = "".join(difflib.unified_diff(self.before.splitlines(keepends=True), self.after.splitlines(keepends=True),
-                                           fromfile=self.against, tofile=f"{self.model} (traced now)"))
+        head = (
+            self.result.text(self.exit_code)
+            if self.result.changes
+            else "no change in the guards; the manifest text differs\n"
+        )
+        text = "".join(
+            difflib.unified_diff(
+                self.before.splitlines(keepends=True),
+                self.after.splitlines(keepends=True),
+                fromfile=self.against,
+                tofile=f"{self.model} (traced now)",
+            )
+        )
         return head + "\n" + text
 
     def advice(self) -> str:
         """The one-line error of a stale manifest, with the command that fixes it."""
-        kind = {"breaking": "with breaking changes", "safe": "safe changes only"}.get(self.result.verdict, "text only")
+        kind = {"breaking": "with breaking changes", "safe": "safe changes only"}.get(
+            self.result.verdict, "text only"
+        )
         if self.against.endswith(".tpk"):  # never suggest writing manifest text over a bundle
             fix = f"rebuild it with `aotpack build {self.model} -o {self.against}`"
         else:
@@ -55,4 +73,10 @@ class StaleCheck:
 
 def check_manifest(model: str, against: str, committed: Side, current: Side) -> StaleCheck:
     """Compare the committed side (manifest file or bundle) with the model traced now."""
-    return StaleCheck(model, against, diff(committed, current), render_manifest(committed.manifest), render_manifest(current.manifest))
+    return StaleCheck(
+        model,
+        against,
+        diff(committed, current),
+        render_manifest(committed.manifest),
+        render_manifest(current.manifest),
+    )

@@ -6,10 +6,9 @@ from __future__ import annotations
 from aot.admissible import admissible_text
 from aot.errors import BundleError
 from aot.manifest_text import GuardManifest, canonical, site_text
-from aot.schema import GuardSource
 from aot.review.sets import Sizes, compare_sets, difference, sizes_text, static_set
 from aot.review.verdict import Change, change
-
+from aot.schema import GuardSource
 
 
 def _rejects(text: str, name: str, lost: Sizes) -> int | None:
@@ -25,8 +24,14 @@ def _rejects(text: str, name: str, lost: Sizes) -> int | None:
         return None
 
 
-def _guard_changes(subject: str, old: tuple[GuardSource, ...], new: tuple[GuardSource, ...],
-                   new_kind: str = "new guard", lost: Sizes | None = None, name: str = "") -> list[Change]:
+def _guard_changes(
+    subject: str,
+    old: tuple[GuardSource, ...],
+    new: tuple[GuardSource, ...],
+    new_kind: str = "new guard",
+    lost: Sizes | None = None,
+    name: str = "",
+) -> list[Change]:
     """Guards matched by text: the same text at another line (or with other code) has moved."""
     old_left = [s for s in old if s not in new]
     new_left = [s for s in new if s not in old]
@@ -37,13 +42,22 @@ def _guard_changes(subject: str, old: tuple[GuardSource, ...], new: tuple[GuardS
             if match is not None:
                 old_left.remove(match)
                 new_left.remove(n)
-                changes.append(change("moved guard", subject, site_text(match), site_text(n),
-                                       summary=f"{subject}: {n.text}  {site_text(match)}  ->  {site_text(n)}"))
+                changes.append(
+                    change(
+                        "moved guard",
+                        subject,
+                        site_text(match),
+                        site_text(n),
+                        summary=f"{subject}: {n.text}  {site_text(match)}  ->  {site_text(n)}",
+                    )
+                )
     for s in old_left:
         changes.append(change("removed guard", subject, old=f"{s.text}  {site_text(s)}"))
     for s in new_left:
         rejected = _rejects(s.text, name, lost) if lost is not None and lost.count else None
-        details = (f"this line rejects {name} = {rejected}, which was accepted",) if rejected is not None else ()
+        details = (
+            (f"this line rejects {name} = {rejected}, which was accepted",) if rejected is not None else ()
+        )
         changes.append(change(new_kind, subject, new=f"{s.text}  {site_text(s)}", details=details))
     return changes
 
@@ -60,14 +74,17 @@ def diff_manifests(old: GuardManifest, new: GuardManifest) -> list[Change]:
         for i in m.guards.inputs:
             unknown = [d for d in i.shape if not d.isdigit() and d not in declared]
             if unknown:
-                raise BundleError(f"manifest of {m.name}: input {i.name} uses symbol {unknown[0][:40]!r}, "
-                                  f"which it does not declare; regenerate the manifest")
+                raise BundleError(
+                    f"manifest of {m.name}: input {i.name} uses symbol {unknown[0][:40]!r}, "
+                    f"which it does not declare; regenerate the manifest"
+                )
     changes: list[Change] = []
     if old.name != new.name:
         changes.append(change("model", "model name", old.name, new.name))
     if old.dtype and new.dtype and old.dtype != new.dtype:
-        changes.append(change("dtype", "model dtype", old.dtype, new.dtype,
-                               ("outputs computed in another dtype",)))
+        changes.append(
+            change("dtype", "model dtype", old.dtype, new.dtype, ("outputs computed in another dtype",))
+        )
     changes += _input_changes(old, new)
     if old.programs != new.programs:
         # The contract (the symbols above) is what callers see; how it is split into programs is
@@ -85,12 +102,19 @@ def diff_manifests(old: GuardManifest, new: GuardManifest) -> list[Change]:
         if expr not in new_rel:
             changes.append(change("removed guard", subject, old=f"{expr}  {site_text(old_rel[expr].source)}"))
         elif expr not in old_rel:
-            changes.append(change("new relation", subject, new=f"{expr}  {site_text(new_rel[expr].source)}",
-                                   details=("may reject calls the old manifest accepted",)))
+            changes.append(
+                change(
+                    "new relation",
+                    subject,
+                    new=f"{expr}  {site_text(new_rel[expr].source)}",
+                    details=("may reject calls the old manifest accepted",),
+                )
+            )
         else:
             changes += _guard_changes(subject, (old_rel[expr].source,), (new_rel[expr].source,))
-    changes += _guard_changes("specialized", old.guards.specializations, new.guards.specializations,
-                              new_kind="specialized")
+    changes += _guard_changes(
+        "specialized", old.guards.specializations, new.guards.specializations, new_kind="specialized"
+    )
     changes += _bucket_changes(old, new)
     changes += _env_changes(old, new)
     return changes
@@ -109,13 +133,26 @@ def _input_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
             changes.append(change("input removed", f"input {i.name}", old=shape_text(i)))
     for i in new.guards.inputs:
         if i.name not in old_in:
-            changes.append(change("input added", f"input {i.name}", new=shape_text(i),
-                                   details=("every call must now pass it",)))
+            changes.append(
+                change(
+                    "input added",
+                    f"input {i.name}",
+                    new=shape_text(i),
+                    details=("every call must now pass it",),
+                )
+            )
     common_old = [i.name for i in old.guards.inputs if i.name in new_in]
     common_new = [i.name for i in new.guards.inputs if i.name in old_in]
     if common_old != common_new:
-        changes.append(change("input order", "inputs", ", ".join(common_old), ", ".join(common_new),
-                               ("positional calls bind to other inputs",)))
+        changes.append(
+            change(
+                "input order",
+                "inputs",
+                ", ".join(common_old),
+                ", ".join(common_new),
+                ("positional calls bind to other inputs",),
+            )
+        )
     old_sym = {s.name: s for s in old.guards.symbols}
     new_sym = {s.name: s for s in new.guards.symbols}
     pairs: dict[tuple[str, str], list[str]] = {}  # (old symbol, new symbol) -> dims where they meet
@@ -124,8 +161,14 @@ def _input_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
         if a.dtype != b.dtype:
             changes.append(change("dtype", f"input {name}", a.dtype, b.dtype))
         if len(a.shape) != len(b.shape):
-            changes.append(change("rank", f"input {name}", f"{shape_text(a)} (rank {len(a.shape)})",
-                                   f"{shape_text(b)} (rank {len(b.shape)})"))
+            changes.append(
+                change(
+                    "rank",
+                    f"input {name}",
+                    f"{shape_text(a)} (rank {len(a.shape)})",
+                    f"{shape_text(b)} (rank {len(b.shape)})",
+                )
+            )
             continue
         for d, (x, y) in enumerate(zip(a.shape, b.shape)):
             where = f"input {name} dim {d}"
@@ -136,8 +179,18 @@ def _input_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
             elif y.isdigit():
                 sizes = difference(old_sym[x], static_set(int(y)))
                 if sizes.count:
-                    changes.append(change("specialized", where, f"{x} ({admissible_text(old_sym[x])})", y, (
-                        f"dynamic -> static: only {y} is accepted", f"no longer accepted: {x} in {sizes_text(sizes)}")))
+                    changes.append(
+                        change(
+                            "specialized",
+                            where,
+                            f"{x} ({admissible_text(old_sym[x])})",
+                            y,
+                            (
+                                f"dynamic -> static: only {y} is accepted",
+                                f"no longer accepted: {x} in {sizes_text(sizes)}",
+                            ),
+                        )
+                    )
             else:
                 pairs.setdefault((x, y), []).append(f"{name}.shape[{d}]")
     changes += _symbol_changes(pairs, old_sym, new_sym, old, new)
@@ -156,13 +209,27 @@ def _symbol_changes(pairs, old_sym, new_sym, old: GuardManifest, new: GuardManif
     for y, xs in sorted(by_new.items()):
         if len(xs) > 1:
             dims = sorted(d for (x, yy), ds in pairs.items() if yy == y for d in ds)
-            changes.append(change("narrowed", f"symbol {y}", " / ".join(sorted(xs)), y, (
-                f"dims {', '.join(dims)} must now be equal; they were independent",)))
+            changes.append(
+                change(
+                    "narrowed",
+                    f"symbol {y}",
+                    " / ".join(sorted(xs)),
+                    y,
+                    (f"dims {', '.join(dims)} must now be equal; they were independent",),
+                )
+            )
     for x, ys in sorted(by_old.items()):
         if len(ys) > 1:
             dims = sorted(d for (xx, y), ds in pairs.items() if xx == x for d in ds)
-            changes.append(change("widened", f"symbol {x}", x, " / ".join(sorted(ys)), (
-                f"dims {', '.join(dims)} no longer must be equal",)))
+            changes.append(
+                change(
+                    "widened",
+                    f"symbol {x}",
+                    x,
+                    " / ".join(sorted(ys)),
+                    (f"dims {', '.join(dims)} no longer must be equal",),
+                )
+            )
     for (x, y), dims in sorted(pairs.items()):
         a, b = old_sym[x], new_sym[y]
         subject = f"symbol {y}" if x == y else f"symbol {x} -> {y}"
@@ -170,9 +237,15 @@ def _symbol_changes(pairs, old_sym, new_sym, old: GuardManifest, new: GuardManif
             changes.append(change("renamed", f"symbol {x}", x, y, (f"at {', '.join(dims)}",)))
         found = compare_sets(subject, a, b, y)
         if not found and (a.declared_min, a.declared_max) != (b.declared_min, b.declared_max):
-            found = [change("declared", subject, f"{a.declared_min}..{a.declared_max}",
-                             f"{b.declared_min}..{b.declared_max}",
-                             (f"admissible set unchanged: {admissible_text(b)}",))]
+            found = [
+                change(
+                    "declared",
+                    subject,
+                    f"{a.declared_min}..{a.declared_max}",
+                    f"{b.declared_min}..{b.declared_max}",
+                    (f"admissible set unchanged: {admissible_text(b)}",),
+                )
+            ]
         changes += found
         if x == y:
             changes += _guard_changes(subject, a.sources, b.sources, lost=difference(a, b), name=y)
@@ -194,14 +267,30 @@ def _bucket_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
             if x is not None and y is not None:
                 dropped = sorted(set(x.sizes) - set(y.sizes))
                 added = sorted(set(y.sizes) - set(x.sizes))
-                details = [f"{label}: {', '.join(map(str, s))}" for label, s in
-                           (("sizes dropped", dropped), ("sizes added", added)) if s]
+                details = [
+                    f"{label}: {', '.join(map(str, s))}"
+                    for label, s in (("sizes dropped", dropped), ("sizes added", added))
+                    if s
+                ]
                 if x.paddable != y.paddable:
                     details.append("padding now allowed" if y.paddable else "padding no longer allowed")
-            summary = (f"bucket {sym} removed: {text(x)}" if y is None else f"bucket {sym} added: {text(y)}"
-                       if x is None else "")
-            changes.append(change("bucket", f"bucket {sym}", text(x) if x else "", text(y) if y else "",
-                                   tuple(details), summary=summary))
+            summary = (
+                f"bucket {sym} removed: {text(x)}"
+                if y is None
+                else f"bucket {sym} added: {text(y)}"
+                if x is None
+                else ""
+            )
+            changes.append(
+                change(
+                    "bucket",
+                    f"bucket {sym}",
+                    text(x) if x else "",
+                    text(y) if y else "",
+                    tuple(details),
+                    summary=summary,
+                )
+            )
     return changes
 
 
@@ -215,20 +304,49 @@ def _env_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
     dropped = [a for a in ea.archs if a not in eb.archs]
     added = [a for a in eb.archs if a not in ea.archs]
     if dropped:
-        changes.append(change("arch dropped", "env archs", _arch_list(ea.archs), _arch_list(eb.archs),
-                               (f"no kernels for {', '.join(dropped)}: GPUs of that arch cannot load it",)))
+        changes.append(
+            change(
+                "arch dropped",
+                "env archs",
+                _arch_list(ea.archs),
+                _arch_list(eb.archs),
+                (f"no kernels for {', '.join(dropped)}: GPUs of that arch cannot load it",),
+            )
+        )
     if added:
         changes.append(change("arch added", "env archs", _arch_list(ea.archs), _arch_list(eb.archs)))
     va, vb = old.schema_version, new.schema_version
     if va != vb:
         newer = vb > va
-        why = (f"a loader of schema {va[0]}.x reads only bundles of that major" if vb[0] != va[0] else
-               "loaders older than schema {}.{} reject it".format(*vb)) if newer else "older loaders read it"
-        changes.append(change("schema", "env schema", f"{va[0]}.{va[1]}", f"{vb[0]}.{vb[1]}", (why,),
-                               breaking=newer or vb[0] != va[0]))
+        why = (
+            (
+                f"a loader of schema {va[0]}.x reads only bundles of that major"
+                if vb[0] != va[0]
+                else "loaders older than schema {}.{} reject it".format(*vb)
+            )
+            if newer
+            else "older loaders read it"
+        )
+        changes.append(
+            change(
+                "schema",
+                "env schema",
+                f"{va[0]}.{va[1]}",
+                f"{vb[0]}.{vb[1]}",
+                (why,),
+                breaking=newer or vb[0] != va[0],
+            )
+        )
     if ea.torch_min != eb.torch_min:
         raised = _version(eb.torch_min) > _version(ea.torch_min)
-        changes.append(change("torch", "env torch", f">= {ea.torch_min}", f">= {eb.torch_min}",
-                               ("serving hosts need a newer torch" if raised else "older torch accepted",),
-                               breaking=raised))
+        changes.append(
+            change(
+                "torch",
+                "env torch",
+                f">= {ea.torch_min}",
+                f">= {eb.torch_min}",
+                ("serving hosts need a newer torch" if raised else "older torch accepted",),
+                breaking=raised,
+            )
+        )
     return changes

@@ -10,14 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aot.errors import BundleError
 from aot.admissible import admissible_text, admits
-from aot.schema import SymbolGuard
+from aot.errors import BundleError
 from aot.review.verdict import Change, change
+from aot.schema import SymbolGuard
 
 RUNS_SHOWN = 6  # runs of sizes listed when a set gains or loses values
 MAX_PERIOD_WORK = 1 << 24  # bound on the exact set comparison: period × segments
-
 
 
 @dataclass(frozen=True)
@@ -34,8 +33,10 @@ class Sizes:
         starts = [a for a, b in self.runs]
         if self.more and all(a == b for a, b in self.runs) and len(starts) > 2:
             step = starts[1] - starts[0]
-            if all(y - x == step for x, y in zip(starts, starts[1:])) and \
-                    self.count == (self.last - starts[0]) // step + 1:
+            if (
+                all(y - x == step for x, y in zip(starts, starts[1:]))
+                and self.count == (self.last - starts[0]) // step + 1
+            ):
                 return f"{starts[0]}..{self.last} step {step}"
         shown = [str(a) if a == b else (f"{a}, {b}" if b == a + 1 else f"{a}..{b}") for a, b in self.runs]
         return ", ".join(shown + ([f"…, {self.last}"] if self.more else []))

@@ -15,7 +15,6 @@ MAX_MANIFEST_FILE = 16 << 20
 ZIP_MAGIC = b"PK\x03\x04"
 
 
-
 def read_side(path: str, archs: tuple[str, ...] | None = None) -> Side:
     """A bundle (zip), a model file (``.py``, traced for ``archs``) or a manifest text file."""
     if path.endswith(".py"):
@@ -23,8 +22,10 @@ def read_side(path: str, archs: tuple[str, ...] | None = None) -> Side:
 
         return Side(path, guard_manifest(load_model_file(path), archs or ("sm_80", "sm_90")))
     if not os.path.isfile(path):
-        raise BundleError(f"{path} does not exist or is not a file; expected a bundle, a manifest file "
-                          f"(`aotpack guards MODEL.py -o FILE`) or a model file")
+        raise BundleError(
+            f"{path} does not exist or is not a file; expected a bundle, a manifest file "
+            f"(`aotpack guards MODEL.py -o FILE`) or a model file"
+        )
     with open(path, "rb") as f:
         head = f.read(4)
     if head == ZIP_MAGIC:
@@ -36,8 +37,10 @@ def read_side(path: str, archs: tuple[str, ...] | None = None) -> Side:
         finally:
             bundle.close()
     if os.path.getsize(path) > MAX_MANIFEST_FILE:
-        raise BundleError(f"{path} is {os.path.getsize(path)} bytes; a manifest file is at most "
-                          f"{MAX_MANIFEST_FILE} (is it the right file?)")
+        raise BundleError(
+            f"{path} is {os.path.getsize(path)} bytes; a manifest file is at most "
+            f"{MAX_MANIFEST_FILE} (is it the right file?)"
+        )
     with open(path, "rb") as f:
         raw = f.read()
     try:

@@ -18,10 +18,35 @@ EXIT_BREAKING = 2
 EXIT_ERROR = 4  # a side could not be read (3 is the CLI's internal error)
 
 
-BREAKING_KINDS = ("narrowed", "specialized", "dtype", "rank", "input added", "input removed", "input order",
-                  "new relation", "arch dropped", "schema", "torch")
-SAFE_KINDS = ("widened", "declared", "renamed", "new guard", "removed guard", "moved guard", "arch added",
-              "model", "bucket", "kernel", "ops", "program", "weights", "toolchain")
+BREAKING_KINDS = (
+    "narrowed",
+    "specialized",
+    "dtype",
+    "rank",
+    "input added",
+    "input removed",
+    "input order",
+    "new relation",
+    "arch dropped",
+    "schema",
+    "torch",
+)
+SAFE_KINDS = (
+    "widened",
+    "declared",
+    "renamed",
+    "new guard",
+    "removed guard",
+    "moved guard",
+    "arch added",
+    "model",
+    "bucket",
+    "kernel",
+    "ops",
+    "program",
+    "weights",
+    "toolchain",
+)
 
 
 @dataclass(frozen=True)
@@ -37,15 +62,29 @@ class Change:
     details: tuple[str, ...] = ()
 
 
-def change(kind: str, subject: str, old: str = "", new: str = "", details: tuple[str, ...] = (),
-            breaking: bool | None = None, summary: str = "") -> Change:
+def change(
+    kind: str,
+    subject: str,
+    old: str = "",
+    new: str = "",
+    details: tuple[str, ...] = (),
+    breaking: bool | None = None,
+    summary: str = "",
+) -> Change:
     if breaking is None:
         assert kind in BREAKING_KINDS or kind in SAFE_KINDS, kind
         breaking = kind in BREAKING_KINDS
     if not summary:
         summary = f"{subject}: {old} -> {new}" if old and new else f"{subject}: {old or new}"
-    return Change(kind=kind, breaking=breaking, subject=subject, old=old, new=new, summary=summary,
-                  details=tuple(details))
+    return Change(
+        kind=kind,
+        breaking=breaking,
+        subject=subject,
+        old=old,
+        new=new,
+        summary=summary,
+        details=tuple(details),
+    )
 
 
 @dataclass(frozen=True)
@@ -88,10 +127,15 @@ class Diff:
         if not self.changes:
             lines.append(f"no changes (exit {exit_code})")
         else:
-            lines.append(f"{len(self.changes)} change{'s' if len(self.changes) != 1 else ''}: {n_break} breaking, "
-                         f"{n_safe} safe (exit {exit_code})")
+            lines.append(
+                f"{len(self.changes)} change{'s' if len(self.changes) != 1 else ''}: {n_break} breaking, "
+                f"{n_safe} safe (exit {exit_code})"
+            )
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict:
-        return {"verdict": self.verdict, "exit_code": self.exit_code,
-                "changes": [{**asdict(c), "details": list(c.details)} for c in self.changes]}
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "changes": [{**asdict(c), "details": list(c.details)} for c in self.changes],
+        }

@@ -11,8 +11,9 @@ from tests.conftest import model_path
 
 
 def aotpack(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
 
 
 def test_build_load_guards_inspect(tmp_path):
@@ -60,8 +61,11 @@ def test_errors_are_one_line(tmp_path, built):
     junk = tmp_path / "junk.tpk"
     junk.write_bytes(b"not a zip")
     _one_line_error(aotpack("load", str(junk)), 1, "not a bundle")
-    _one_line_error(aotpack("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk")), 1,
-                    "untraceable.py:10")
+    _one_line_error(
+        aotpack("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk")),
+        1,
+        "untraceable.py:10",
+    )
     assert not (tmp_path / "u.tpk").exists()
     import torch
     from safetensors.torch import save_file
@@ -90,4 +94,5 @@ def test_an_unwritable_output_folder_and_an_unknown_device_are_one_line_errors(t
     for device in ("tpu", "cuda:x"):
         r = aotpack("load", str(built("small_mlp")), "--device", device)
         assert r.returncode == 1 and r.stderr == (
-            f"error: device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'\n"), r.stderr
+            f"error: device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'\n"
+        ), r.stderr

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from aot.admissible import admits
+from aot.errors import BundleError
+from aot.manifest_text import GuardManifest, canonical, manifest_of_bundle, parse_guards_text, render_manifest
 from aot.review import (
     EXIT_BREAKING,
     EXIT_ERROR,
@@ -33,9 +36,6 @@ from aot.review import (
     difference,
     read_side,
 )
-from aot.errors import BundleError
-from aot.admissible import admits
-from aot.manifest_text import GuardManifest, canonical, manifest_of_bundle, parse_guards_text, render_manifest
 from aot.schema import SCHEMA_VERSION, GuardSource, InputGuard, Relation, SymbolGuard
 from tests.conftest import ROOT, model_path
 
@@ -44,7 +44,12 @@ FIXTURES = Path(__file__).resolve().parent / "data" / "guards"
 UPDATE = os.environ.get("AOTPACK_UPDATE_GOLDEN") == "1"
 ARCHS = ("sm_80", "sm_90")
 # gpt and cnn take tens of seconds to trace and build: slow (CI runs them; the default run leaves them out)
-EXAMPLES = ("mlp", pytest.param("gpt", marks=pytest.mark.slow), pytest.param("cnn", marks=pytest.mark.slow), "branchy")
+EXAMPLES = (
+    "mlp",
+    pytest.param("gpt", marks=pytest.mark.slow),
+    pytest.param("cnn", marks=pytest.mark.slow),
+    "branchy",
+)
 FIXTURE_NAMES = sorted(p.stem for p in FIXTURES.glob("*.py"))
 
 
@@ -57,7 +62,8 @@ def check_golden(name: str, text: str) -> None:
     assert path.is_file(), f"no golden {path}; create it with AOTPACK_UPDATE_GOLDEN=1"
     expected = path.read_text()
     assert text == expected, "golden mismatch (AOTPACK_UPDATE_GOLDEN=1 regenerates):\n" + "".join(
-        difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "now"))
+        difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "now")
+    )
 
 
 def fixture_path(name: str) -> Path:
@@ -117,36 +123,48 @@ def test_text_round_trips(name):
 def test_text_is_sorted_and_order_invariant():
     m = traced("branchy")
     g = m.guards
-    shuffled = replace(m, guards=replace(g, symbols=g.symbols[::-1]), buckets=m.buckets[::-1],
-                       environment=replace(m.environment, archs=("sm_90", "sm_80")))
+    shuffled = replace(
+        m,
+        guards=replace(g, symbols=g.symbols[::-1]),
+        buckets=m.buckets[::-1],
+        environment=replace(m.environment, archs=("sm_90", "sm_80")),
+    )
     assert render_manifest(shuffled) == render_manifest(m)
     seq = next(s for s in m.guards.symbols if s.name == "seq")
     assert [src.line for src in seq.sources] == sorted(src.line for src in seq.sources)
     lines = render_manifest(m).splitlines()
     assert lines.index("symbol batch: 1 <= batch <= 16  (declared 1..16)") < lines.index(
-        "symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)")
+        "symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)"
+    )
 
 
 def test_every_line_kind_round_trips():
     """Relations, specializations, residues with several values, exclusions, paddable buckets,
     CPU-only archs and guards without code: everything the format can hold parses back."""
     text = render_manifest(traced("branchy"))
-    text = text.replace(
-        "symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)",
-        "symbol seq: 10 <= seq <= 250, (seq % 4 == 0 or seq % 4 == 2), seq != 12, seq != 14  (declared 1..256)\n"
-        "  guard seq != 12  at <torch>:0",
-    ).replace(
-        "bucket batch: 1, 2, 4, 8, 16",
-        "relation batch*seq <= 2048  at tests/data/branchy.py:18  return x\n"
-        "specialized batch == 3  at tests/data/branchy.py:19  y = x[:3]\n\n"
-        "bucket batch: 1, 2, 4, 8, 16  paddable",
-    ).replace("env archs sm_80, sm_90", "env archs (none: CPU only)")
+    text = (
+        text.replace(
+            "symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)",
+            "symbol seq: 10 <= seq <= 250, (seq % 4 == 0 or seq % 4 == 2), seq != 12, seq != 14  (declared 1..256)\n"
+            "  guard seq != 12  at <torch>:0",
+        )
+        .replace(
+            "bucket batch: 1, 2, 4, 8, 16",
+            "relation batch*seq <= 2048  at tests/data/branchy.py:18  return x\n"
+            "specialized batch == 3  at tests/data/branchy.py:19  y = x[:3]\n\n"
+            "bucket batch: 1, 2, 4, 8, 16  paddable",
+        )
+        .replace("env archs sm_80, sm_90", "env archs (none: CPU only)")
+    )
     m = parse_guards_text(text)
     seq = next(s for s in m.guards.symbols if s.name == "seq")
     assert (seq.min, seq.max, seq.modulus, seq.residues, seq.excluded) == (10, 250, 4, (0, 2), (12, 14))
     assert GuardSource("seq != 12", "<torch>", 0, "") in seq.sources
-    assert m.guards.relations == (Relation("batch*seq <= 2048", GuardSource(
-        "batch*seq <= 2048", "tests/data/branchy.py", 18, "return x")),)
+    assert m.guards.relations == (
+        Relation(
+            "batch*seq <= 2048", GuardSource("batch*seq <= 2048", "tests/data/branchy.py", 18, "return x")
+        ),
+    )
     assert m.guards.specializations[0].text == "batch == 3"
     assert m.buckets[0].paddable and m.environment.archs == ()
     again = render_manifest(m)
@@ -155,19 +173,28 @@ def test_every_line_kind_round_trips():
     assert render_manifest(parse_guards_text(again)) == again
 
 
-@pytest.mark.parametrize("edit, message", [
-    (("input x: float32[batch, seq, 16]", "input x float32[batch, seq, 16]"), "line 6: expected one of"),
-    (("seq % 2 == 0  (declared", "seq % 99999 == 0  (declared"), "one modulus in 2..1024"),
-    (("10 <= seq <= 256", "300 <= seq <= 256"), "LO <= HI"),
-    (("10 <= seq <= 256", "10 <= batch <= 256"), "`LO <= seq <= HI`"),
-    (("symbol batch: 1 <= batch <= 16  (declared 1..16)\n", ""), "no symbol batch"),
-    (("model branchy\n", ""), "no model NAME line"),
-    (("env archs sm_80, sm_90\n", ""), "no env archs line"),
-    (("bucket seq: 16", "bucket seq: 16, x"), "expected one of"),
-    (("bucket batch", "bucket other"), "buckets only for declared symbols"),
-    (("input x: float32[batch, seq, 16]", "input x: float32[batch, seq, 16]\ninput x: float32[1]"), "each input once"),
-    (("  guard seq >= 9  at tests/data/branchy.py:15", "  guard seq >= 9  at tests/data/branchy.py"), "expected one of"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("input x: float32[batch, seq, 16]", "input x float32[batch, seq, 16]"), "line 6: expected one of"),
+        (("seq % 2 == 0  (declared", "seq % 99999 == 0  (declared"), "one modulus in 2..1024"),
+        (("10 <= seq <= 256", "300 <= seq <= 256"), "LO <= HI"),
+        (("10 <= seq <= 256", "10 <= batch <= 256"), "`LO <= seq <= HI`"),
+        (("symbol batch: 1 <= batch <= 16  (declared 1..16)\n", ""), "no symbol batch"),
+        (("model branchy\n", ""), "no model NAME line"),
+        (("env archs sm_80, sm_90\n", ""), "no env archs line"),
+        (("bucket seq: 16", "bucket seq: 16, x"), "expected one of"),
+        (("bucket batch", "bucket other"), "buckets only for declared symbols"),
+        (
+            ("input x: float32[batch, seq, 16]", "input x: float32[batch, seq, 16]\ninput x: float32[1]"),
+            "each input once",
+        ),
+        (
+            ("  guard seq >= 9  at tests/data/branchy.py:15", "  guard seq >= 9  at tests/data/branchy.py"),
+            "expected one of",
+        ),
+    ],
+)
 def test_parse_errors_name_the_line_and_what_was_expected(edit, message):
     text = render_manifest(traced("branchy")).replace(*edit)
     assert text != render_manifest(traced("branchy"))
@@ -213,8 +240,9 @@ def test_diff_exact_sets_in_the_reports():
     reshape = next(c for c in diff(side("base"), side("reshape")).changes if c.kind == "narrowed")
     assert "no longer accepted: seq in 1..63 step 2 (32 sizes)" in reshape.details
     guard = next(c for c in diff(side("base"), side("reshape")).changes if c.kind == "new guard")
-    assert guard.new == ("seq % 2 == 0  at tests/data/guards/reshape.py:17  "
-                         "x = x.reshape(B, T // 2, 2 * C).reshape(B, T, C)")
+    assert guard.new == (
+        "seq % 2 == 0  at tests/data/guards/reshape.py:17  x = x.reshape(B, T // 2, 2 * C).reshape(B, T, C)"
+    )
     static = diff(side("base"), side("static")).changes[0]
     assert static.subject == "input x dim 1" and static.new == "16"
 
@@ -224,7 +252,9 @@ def test_diff_json_golden():
     data = result.to_json()
     assert data["verdict"] == "breaking" and data["exit_code"] == EXIT_BREAKING
     assert [c["kind"] for c in data["changes"]] == ["narrowed", "new guard", "bucket"]
-    assert all(set(c) == {"kind", "breaking", "subject", "old", "new", "summary", "details"} for c in data["changes"])
+    assert all(
+        set(c) == {"kind", "breaking", "subject", "old", "new", "summary", "details"} for c in data["changes"]
+    )
     check_golden("diff/base--reshape.json", json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
@@ -259,19 +289,28 @@ def test_environment_changes(edit, kind, breaking, back_kind, back_breaking):
 
 def _manifest(inputs, symbols, relations=()) -> GuardManifest:
     base = traced("base")
-    return replace(base, guards=replace(base.guards, inputs=tuple(inputs), symbols=tuple(symbols),
-                                        relations=tuple(relations)), buckets=())
+    return replace(
+        base,
+        guards=replace(base.guards, inputs=tuple(inputs), symbols=tuple(symbols), relations=tuple(relations)),
+        buckets=(),
+    )
 
 
 def _sym(name, lo, hi, **kw) -> SymbolGuard:
-    return SymbolGuard(name=name, declared_min=kw.pop("dlo", lo), declared_max=kw.pop("dhi", hi), min=lo, max=hi, **kw)
+    return SymbolGuard(
+        name=name, declared_min=kw.pop("dlo", lo), declared_max=kw.pop("dhi", hi), min=lo, max=hi, **kw
+    )
 
 
 def test_dims_that_must_now_be_equal_are_narrowed():
-    apart = _manifest([InputGuard("x", "float32", ("b", "s")), InputGuard("y", "float32", ("b", "t"))],
-                      [_sym("b", 1, 8), _sym("s", 1, 64), _sym("t", 1, 64)])
-    tied = _manifest([InputGuard("x", "float32", ("b", "s")), InputGuard("y", "float32", ("b", "s"))],
-                     [_sym("b", 1, 8), _sym("s", 1, 64)])
+    apart = _manifest(
+        [InputGuard("x", "float32", ("b", "s")), InputGuard("y", "float32", ("b", "t"))],
+        [_sym("b", 1, 8), _sym("s", 1, 64), _sym("t", 1, 64)],
+    )
+    tied = _manifest(
+        [InputGuard("x", "float32", ("b", "s")), InputGuard("y", "float32", ("b", "s"))],
+        [_sym("b", 1, 8), _sym("s", 1, 64)],
+    )
     narrowed = diff_manifests(apart, tied)
     assert [(c.kind, c.breaking) for c in narrowed] == [("narrowed", True)]
     assert "dims x.shape[1], y.shape[1] must now be equal" in narrowed[0].details[0]
@@ -284,7 +323,10 @@ def test_renamed_symbol_is_safe_and_its_sets_still_compared():
     same = _manifest([InputGuard("x", "float32", ("seq",))], [_sym("seq", 1, 64)])
     assert [c.kind for c in diff_manifests(old, same)] == ["renamed"]
     smaller = _manifest([InputGuard("x", "float32", ("seq",))], [_sym("seq", 1, 32)])
-    assert [(c.kind, c.breaking) for c in diff_manifests(old, smaller)] == [("renamed", False), ("narrowed", True)]
+    assert [(c.kind, c.breaking) for c in diff_manifests(old, smaller)] == [
+        ("renamed", False),
+        ("narrowed", True),
+    ]
 
 
 def test_static_size_changes_and_generalization():
@@ -293,7 +335,8 @@ def test_static_size_changes_and_generalization():
     dynamic = _manifest([InputGuard("x", "float32", ("s",))], [_sym("s", 1, 64)])
     excluding = _manifest([InputGuard("x", "float32", ("s",))], [_sym("s", 17, 64)])
     assert [(c.kind, c.details) for c in diff_manifests(static, other)] == [
-        ("narrowed", ("no longer accepted: size in 16 (1 size)", "newly accepted: size in 32 (1 size)"))]
+        ("narrowed", ("no longer accepted: size in 16 (1 size)", "newly accepted: size in 32 (1 size)"))
+    ]
     assert [c.kind for c in diff_manifests(static, dynamic)] == ["widened"]
     assert [c.kind for c in diff_manifests(static, excluding)] == ["narrowed"]
     assert [c.kind for c in diff_manifests(dynamic, static)] == ["specialized"]
@@ -346,8 +389,9 @@ def test_difference_matches_brute_force():
         if expected:
             assert got.last == expected[-1]
         shown = difference(a, b, limit=3)
-        assert [v for f, l_ in shown.runs for v in range(f, l_ + 1)] == expected[:len(
-            [v for f, l_ in shown.runs for v in range(f, l_ + 1)])]
+        assert [v for f, l_ in shown.runs for v in range(f, l_ + 1)] == expected[
+            : len([v for f, l_ in shown.runs for v in range(f, l_ + 1)])
+        ]
         assert shown.count == len(expected)
 
 
@@ -399,10 +443,24 @@ def test_kernel_changes_by_id_and_name():
     from aot.schema import Kernel
 
     def kernel(kid, name, ops):
-        return Kernel(id=kid, name=name, source="", params=(), num_warps=4, num_stages=1, shared={}, archs=ARCHS,
-                      ops=ops, config={}, bytes_moved="0")
+        return Kernel(
+            id=kid,
+            name=name,
+            source="",
+            params=(),
+            num_warps=4,
+            num_stages=1,
+            shared={},
+            archs=ARCHS,
+            ops=ops,
+            config={},
+            bytes_moved="0",
+        )
 
-    old = (kernel("k1", "fused_gelu", ("aten.mul.Tensor", "aten.tanh.default")), kernel("k2", "norm", ("aten.mean.dim",)))
+    old = (
+        kernel("k1", "fused_gelu", ("aten.mul.Tensor", "aten.tanh.default")),
+        kernel("k2", "norm", ("aten.mean.dim",)),
+    )
     new = (kernel("k3", "fused_gelu", ("aten.mul.Tensor",)), kernel("k4", "softmax", ("aten.exp.default",)))
     changes = _kernel_changes(old, new)
     assert [c.summary for c in changes] == [
@@ -444,8 +502,13 @@ def test_cli_diff_exit_codes(guards_files, capsys, tmp_path):
     # failures to run exit 4, never 1 or 2
     junk = tmp_path / "junk.guards"
     junk.write_text("this is not a manifest\n")
-    for args in ((f["base"], str(tmp_path / "missing.guards")), (f["base"], str(junk)), (f["base"],),
-                 ("--bogus", f["base"], f["base"]), (f["base"], "tests/data/untraceable.py")):
+    for args in (
+        (f["base"], str(tmp_path / "missing.guards")),
+        (f["base"], str(junk)),
+        (f["base"],),
+        ("--bogus", f["base"], f["base"]),
+        (f["base"], "tests/data/untraceable.py"),
+    ):
         code, out, err = run_cli("diff", *args, capsys=capsys)
         assert code == EXIT_ERROR, (args, code, err)
         assert "Traceback" not in err and err.strip()
@@ -468,18 +531,24 @@ def test_cli_check_gate(guards_files, capsys, tmp_path):
     code, out, err = run_cli("check", "tests/data/guards/narrowed.py", "--against", base, capsys=capsys)
     check_golden("check/base--narrowed.txt", out.replace(base, "base.guards"))
     assert "with breaking changes" in err
-    code, out, _ = run_cli("check", "--json", "tests/data/guards/widened.py", "--against", base, capsys=capsys)
+    code, out, _ = run_cli(
+        "check", "--json", "tests/data/guards/widened.py", "--against", base, capsys=capsys
+    )
     data = json.loads(out)
     assert code == EXIT_BREAKING and data["stale"] and data["verdict"] == "safe"
-    assert run_cli("check", "tests/data/guards/base.py", "--against", str(tmp_path / "none"), capsys=capsys)[0] == 4
+    assert (
+        run_cli("check", "tests/data/guards/base.py", "--against", str(tmp_path / "none"), capsys=capsys)[0]
+        == 4
+    )
     assert run_cli("check", "tests/data/guards/base.py", capsys=capsys)[0] == 4  # --against is required
 
 
 def test_cli_guards_writes_the_file_and_normalizes_text(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "b.guards"
-    code, _, err = run_cli("guards", "tests/data/guards/branch.py", "-o", str(out), "--arch", "sm_90,sm_80",
-                           capsys=capsys)
+    code, _, err = run_cli(
+        "guards", "tests/data/guards/branch.py", "-o", str(out), "--arch", "sm_90,sm_80", capsys=capsys
+    )
     assert code == 0 and f"wrote {out}" in err
     assert out.read_text() == render_manifest(traced("branch"))  # archs are sorted, whatever --arch's order
     noisy = tmp_path / "noisy.guards"
@@ -490,8 +559,9 @@ def test_cli_guards_writes_the_file_and_normalizes_text(tmp_path, capsys, monkey
 
 def test_cli_exit_codes_in_a_real_process(guards_files):
     def aotpack(*args):
-        return subprocess.run([sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True,
-                              timeout=300, cwd=ROOT)
+        return subprocess.run(
+            [sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
+        )
 
     f = {k: str(v) for k, v in guards_files.items()}
     assert aotpack("diff", f["base"], f["base"]).returncode == 0
@@ -536,8 +606,12 @@ def test_check_names_its_own_exit_status_when_only_safe_changes_made_the_manifes
 
     widened = Diff((change("widened", "symbol seq", "1 <= seq <= 8", "1 <= seq <= 16"),))
     assert widened.exit_code == EXIT_SAFE and widened.text().endswith("(exit 1)\n")
-    stale = StaleCheck("m.py", "m.guards", widened, "symbol seq: 1 <= seq <= 8\n", "symbol seq: 1 <= seq <= 16\n")
+    stale = StaleCheck(
+        "m.py", "m.guards", widened, "symbol seq: 1 <= seq <= 8\n", "symbol seq: 1 <= seq <= 16\n"
+    )
     assert stale.exit_code == EXIT_BREAKING
     assert "1 change: 0 breaking, 1 safe (exit 2)\n" in stale.report()
-    assert stale.advice() == ("error: m.guards is stale (safe changes only); regenerate it with "
-                              "`aotpack guards m.py -o m.guards` and review the change")
+    assert stale.advice() == (
+        "error: m.guards is stale (safe changes only); regenerate it with "
+        "`aotpack guards m.py -o m.guards` and review the change"
+    )

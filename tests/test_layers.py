@@ -75,7 +75,13 @@ def test_each_folder_imports_only_what_its_layer_allows(folder):
 
 
 def test_every_product_folder_is_placed_in_a_layer():
-    mapped = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "models", "bench", "examples", "docs"}
+    mapped = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {
+        "tests",
+        "models",
+        "bench",
+        "examples",
+        "docs",
+    }
     assert mapped <= set(FOLDERS), f"folders with no layer: {sorted(mapped - set(FOLDERS))}"
     # the rules are not vacuous: each folder has modules, and the stages do import the core
     for folder in FOLDERS:

@@ -67,8 +67,13 @@ class Exported:
     strict: Guards | None = None
 
 
-def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False,
-                 ranges: dict[str, tuple[int, int]] | None = None, module: Any = None) -> Exported:
+def export_model(
+    spec: ModelSpec,
+    weights: str | None = None,
+    fast: bool = False,
+    ranges: dict[str, tuple[int, int]] | None = None,
+    module: Any = None,
+) -> Exported:
     """``torch.export`` the model with its declared dims and collect the simplified guards.
 
     ``ranges`` restricts symbols to sub-ranges of their declared ones (``lo == hi``: static).
@@ -81,8 +86,8 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
     from torch.export import Dim as TorchDim
     from torch.export import export
 
-    from aot.tracer.guards import RawGuard
     from aot.sympy_text import to_text
+    from aot.tracer.guards import RawGuard
 
     start = time.perf_counter()
     model_path = Path(spec.extra.get("path", "model.py"))
@@ -97,9 +102,11 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
     constants, bound = split_constants(module, constants)
 
     def dims_of(inp):
-        return {d: TorchDim.DYNAMIC(min=ranges[s.name][0], max=ranges[s.name][1])
-                for d, s in enumerate(inp.shape)
-                if isinstance(s, Dim) and ranges[s.name][0] < ranges[s.name][1]} or None
+        return {
+            d: TorchDim.DYNAMIC(min=ranges[s.name][0], max=ranges[s.name][1])
+            for d, s in enumerate(inp.shape)
+            if isinstance(s, Dim) and ranges[s.name][0] < ranges[s.name][1]
+        } or None
 
     if by_keyword:
         from aot.pytree import nest
@@ -110,11 +117,18 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
         args, kwargs = tuple(examples[i.name] for i in spec.inputs), dict(constants)
         dynamic = tuple(dims_of(i) for i in spec.inputs)
         if constants:
-            dynamic = {**dict(zip(positional_names(module, len(args)), dynamic)), **{k: None for k in constants}}
+            dynamic = {
+                **dict(zip(positional_names(module, len(args)), dynamic)),
+                **{k: None for k in constants},
+            }
     sites: dict[int, traceback.FrameSummary | None] = {}
     try:
-        with (record_guard_sites(sites), fx_config.patch(backed_size_oblivious=True), torch.no_grad(),
-              bound_forward(module, bound)):
+        with (
+            record_guard_sites(sites),
+            fx_config.patch(backed_size_oblivious=True),
+            torch.no_grad(),
+            bound_forward(module, bound),
+        ):
             ep = export(module, args, kwargs, dynamic_shapes=dynamic)
     except Exception as e:
         if fast:
@@ -149,9 +163,18 @@ def export_model(spec: ModelSpec, weights: str | None = None, fast: bool = False
     guards = _guards(spec, static, dynamic_ranges, binding)
     strict = _guards(spec, static, dynamic_ranges, raw) if relaxable else None
     relaxed = tuple(sorted({g.symbols[0] for g in relaxable}))
-    return Exported(ep=ep, module=module, examples=examples, guards=guards, buckets=plan_buckets(spec, guards),
-                    start=start, ranges=dict(ranges), name=region_name(spec, ranges), relaxed=relaxed,
-                    strict=strict)
+    return Exported(
+        ep=ep,
+        module=module,
+        examples=examples,
+        guards=guards,
+        buckets=plan_buckets(spec, guards),
+        start=start,
+        ranges=dict(ranges),
+        name=region_name(spec, ranges),
+        relaxed=relaxed,
+        strict=strict,
+    )
 
 
 def _size_one_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, int]]) -> list:
@@ -188,8 +211,10 @@ def _guards(spec: ModelSpec, static: dict[str, int], ranges: dict[str, tuple[int
             InputGuard(
                 name=i.name,
                 dtype=i.dtype or spec.dtype,
-                shape=tuple((str(static[s.name]) if s.name in static else s.name) if isinstance(s, Dim) else str(s)
-                            for s in i.shape),
+                shape=tuple(
+                    (str(static[s.name]) if s.name in static else s.name) if isinstance(s, Dim) else str(s)
+                    for s in i.shape
+                ),
             )
             for i in spec.inputs
         ),
@@ -208,7 +233,9 @@ def region_name(spec: ModelSpec, ranges: dict[str, tuple[int, int]]) -> str:
     return ", ".join(parts) or "general"
 
 
-def symbol_names(ep, spec: ModelSpec, check: bool = False, static: dict[str, int] | None = None) -> dict[Any, str]:
+def symbol_names(
+    ep, spec: ModelSpec, check: bool = False, static: dict[str, int] | None = None
+) -> dict[Any, str]:
     """Map the export's size symbols to the model file's Dim names via the traced input shapes."""
     import torch
 

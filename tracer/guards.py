@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aot.errors import TraceError
 from aot.admissible import relative_text
+from aot.errors import TraceError
 from aot.schema import GuardSource, Relation, SymbolGuard
 from aot.sympy_text import evaluate_vectorized
 
@@ -68,8 +68,11 @@ def describe_mask(values: np.ndarray, mask: np.ndarray) -> SetShape | None:
 class GuardSimplifier:
     def __init__(self, declared: dict[str, tuple[int, int]]):
         self.declared = declared
-        self.values = {s: np.arange(lo, hi + 1, dtype=np.int64) for s, (lo, hi) in declared.items()
-                       if hi - lo < MAX_RANGE}
+        self.values = {
+            s: np.arange(lo, hi + 1, dtype=np.int64)
+            for s, (lo, hi) in declared.items()
+            if hi - lo < MAX_RANGE
+        }
         self.masks = {s: np.ones(v.shape, dtype=bool) for s, v in self.values.items()}
         self.sources: dict[str, list[GuardSource]] = {s: [] for s in declared}
         self.relations: list[Relation] = []
@@ -103,7 +106,9 @@ class GuardSimplifier:
                 continue
             if len(g.symbols) == 1:
                 (sym,) = g.symbols
-                mask = np.broadcast_to(evaluate_vectorized(g.text, {sym: self.values[sym]}), self.values[sym].shape)
+                mask = np.broadcast_to(
+                    evaluate_vectorized(g.text, {sym: self.values[sym]}), self.values[sym].shape
+                )
                 self._narrow(sym, mask.astype(bool), g)
                 continue
             self._add_multi(g)
@@ -115,7 +120,9 @@ class GuardSimplifier:
             self.relations.append(Relation(expr=g.text, source=self._source(g, g.text)))
             return
         grids = np.meshgrid(*axes, indexing="ij", sparse=True)
-        full = np.broadcast_to(evaluate_vectorized(g.text, dict(zip(syms, grids))), [a.size for a in axes]).astype(bool)
+        full = np.broadcast_to(
+            evaluate_vectorized(g.text, dict(zip(syms, grids))), [a.size for a in axes]
+        ).astype(bool)
         if full.all():
             return
         projections = []
@@ -133,9 +140,17 @@ class GuardSimplifier:
                 continue
             # Evaluate this symbol over its whole declared range (the others over what they admit),
             # so the guard's own effect reads as simply as it is: "seq % 2 == 0".
-            env = {s: a for s, a in zip(syms, np.meshgrid(*[self.values[sym] if j == i else axes[j]
-                                                              for j in range(len(syms))],
-                                                            indexing="ij", sparse=True))}
+            env = {
+                s: a
+                for s, a in zip(
+                    syms,
+                    np.meshgrid(
+                        *[self.values[sym] if j == i else axes[j] for j in range(len(syms))],
+                        indexing="ij",
+                        sparse=True,
+                    ),
+                )
+            }
             shape = [self.values[sym].size if j == i else axes[j].size for j in range(len(syms))]
             over = np.broadcast_to(evaluate_vectorized(g.text, env), shape).astype(bool)
             other = tuple(j for j in range(len(syms)) if j != i)
@@ -145,16 +160,30 @@ class GuardSimplifier:
         out = []
         for sym, (lo, hi) in self.declared.items():
             if sym not in self.values:
-                out.append(SymbolGuard(name=sym, declared_min=lo, declared_max=hi, min=lo, max=hi,
-                                       sources=tuple(self.sources[sym])))
+                out.append(
+                    SymbolGuard(
+                        name=sym,
+                        declared_min=lo,
+                        declared_max=hi,
+                        min=lo,
+                        max=hi,
+                        sources=tuple(self.sources[sym]),
+                    )
+                )
                 continue
             shape = describe_mask(self.values[sym], self.masks[sym])
             if shape is None:
-                    raise TraceError(f"the guards on {sym} together admit no value in {lo}..{hi}")
+                raise TraceError(f"the guards on {sym} together admit no value in {lo}..{hi}")
             out.append(
                 SymbolGuard(
-                    name=sym, declared_min=lo, declared_max=hi, min=shape.lo, max=shape.hi,
-                    modulus=shape.modulus, residues=shape.residues, excluded=shape.excluded,
+                    name=sym,
+                    declared_min=lo,
+                    declared_max=hi,
+                    min=shape.lo,
+                    max=shape.hi,
+                    modulus=shape.modulus,
+                    residues=shape.residues,
+                    excluded=shape.excluded,
                     sources=tuple(sorted(self.sources[sym], key=lambda s: (s.file, s.line, s.text))),
                 )
             )

@@ -98,7 +98,9 @@ class Lowering:
 
     def spec_of(self, val: Any, what: str) -> TensorSpec:
         if not isinstance(val, torch.Tensor):
-            raise TraceError(f"{what} is not a tensor ({type(val).__name__}); aotpack lowers tensor programs only")
+            raise TraceError(
+                f"{what} is not a tensor ({type(val).__name__}); aotpack lowers tensor programs only"
+            )
         shape = []
         for s in val.shape:
             v = self.sym(s)

@@ -16,7 +16,9 @@ from aot.spec import Dim, ModelSpec
 from aot.tracer.sites import user_frame
 
 
-def example_inputs(spec: ModelSpec, sizes: dict[str, int] | None = None, seed: int | None = None) -> dict[str, Any]:
+def example_inputs(
+    spec: ModelSpec, sizes: dict[str, int] | None = None, seed: int | None = None
+) -> dict[str, Any]:
     """Deterministic example inputs for ``spec`` at the given symbol sizes (default: examples)."""
     import torch
 
@@ -124,14 +126,23 @@ def call_plan(spec: ModelSpec, module) -> tuple[bool, dict[str, Any]]:
     names = [i.name.split(".")[0] for i in spec.inputs]
     by_keyword = bool(params) and all(n in params for n in names)
     if not by_keyword and any("." in i.name for i in spec.inputs):
-        raise SpecError(f"inputs {[i.name for i in spec.inputs]} name nested arguments, so each must start with a "
-                        f"parameter of forward {list(params)}")
+        raise SpecError(
+            f"inputs {[i.name for i in spec.inputs]} name nested arguments, so each must start with a "
+            f"parameter of forward {list(params)}"
+        )
     if not by_keyword and any(n in params for n in names) and spec.kwargs:
-        raise SpecError(f"inputs {names} only partly match forward's parameters {list(params)}; name every "
-                        f"Input after a parameter so the constant kwargs can be passed by keyword")
+        raise SpecError(
+            f"inputs {names} only partly match forward's parameters {list(params)}; name every "
+            f"Input after a parameter so the constant kwargs can be passed by keyword"
+        )
     constants = dict(spec.kwargs)
-    unknown = [k for k in constants if params and k not in params and not any(
-        p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())]
+    unknown = [
+        k
+        for k in constants
+        if params
+        and k not in params
+        and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    ]
     if unknown:
         raise SpecError(f"ModelSpec kwargs {unknown} are not parameters of forward {list(params)}")
     if "use_cache" in params and "use_cache" not in constants and "use_cache" not in names:
@@ -188,15 +199,20 @@ def user_input_nodes(ep, spec: ModelSpec) -> dict[str, Any]:
     from torch.utils._pytree import MappingKey, SequenceKey, tree_flatten_with_path, tree_unflatten
 
     nodes = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    every = [(n, sp) for n, sp in zip(nodes, ep.graph_signature.input_specs) if sp.kind == InputKind.USER_INPUT]
+    every = [
+        (n, sp) for n, sp in zip(nodes, ep.graph_signature.input_specs) if sp.kind == InputKind.USER_INPUT
+    ]
     user = [(n, sp) for n, sp in every if isinstance(sp.arg, TensorArgument)]
     names = [i.name for i in spec.inputs]
     in_spec = ep.call_spec.in_spec
     if in_spec is not None and in_spec.num_leaves == len(every):
         paths = {}
         for path, leaf in tree_flatten_with_path(tree_unflatten(list(range(len(every))), in_spec))[0]:
-            keys = [str(k.key) if isinstance(k, MappingKey) else str(k.idx) for k in path[1:]
-                    if isinstance(k, (MappingKey, SequenceKey))]
+            keys = [
+                str(k.key) if isinstance(k, MappingKey) else str(k.idx)
+                for k in path[1:]
+                if isinstance(k, (MappingKey, SequenceKey))
+            ]
             if path and isinstance(path[0], SequenceKey) and path[0].idx == 1:  # kwargs
                 paths[".".join(keys)] = every[leaf][0]
         if all(n in paths for n in names):
@@ -205,8 +221,10 @@ def user_input_nodes(ep, spec: ModelSpec) -> dict[str, Any]:
     if all(n in by_name for n in names):
         return {n: by_name[n] for n in names}
     if len(user) != len(names):
-        raise TraceError(f"the exported graph takes {len(user)} tensor inputs, the model file declares "
-                         f"{len(names)} ({names})")
+        raise TraceError(
+            f"the exported graph takes {len(user)} tensor inputs, the model file declares "
+            f"{len(names)} ({names})"
+        )
     return {name: n for name, (n, _) in zip(names, user)}
 
 
@@ -229,10 +247,26 @@ def tree_spec(ts, none_leaves: set[int] = frozenset(), counter: list[int] | None
     if cls is tuple or cls is list:
         return TreeSpec(kind=TreeKind(cls.__name__), children=children)
     if isinstance(ts.context, type) and hasattr(ts.context, "_fields"):  # a named tuple
-        return TreeSpec(kind=TreeKind.RECORD, type=type_name(ts.context), keys=tuple(ts.context._fields), children=children)
+        return TreeSpec(
+            kind=TreeKind.RECORD,
+            type=type_name(ts.context),
+            keys=tuple(ts.context._fields),
+            children=children,
+        )
     keys = ts.context
-    if isinstance(keys, (list, tuple)) and len(keys) == len(children) and all(isinstance(k, str) for k in keys):
+    if (
+        isinstance(keys, (list, tuple))
+        and len(keys) == len(children)
+        and all(isinstance(k, str) for k in keys)
+    ):
         kind = TreeKind.DICT if cls in (dict, OrderedDict) else TreeKind.RECORD
-        return TreeSpec(kind=kind, type="" if kind == TreeKind.DICT else type_name(cls), keys=tuple(keys), children=children)
-    raise TraceError(f"the model returns a {cls.__name__}, which a bundle cannot rebuild; return tensors in "
-                     f"tuples, lists, dicts with string keys, dataclasses or ModelOutputs")
+        return TreeSpec(
+            kind=kind,
+            type="" if kind == TreeKind.DICT else type_name(cls),
+            keys=tuple(keys),
+            children=children,
+        )
+    raise TraceError(
+        f"the model returns a {cls.__name__}, which a bundle cannot rebuild; return tensors in "
+        f"tuples, lists, dicts with string keys, dataclasses or ModelOutputs"
+    )

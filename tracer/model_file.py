@@ -31,7 +31,9 @@ def load_model_file(path: str | os.PathLike) -> ModelSpec:
     except Exception as e:
         frame = user_frame(traceback.extract_tb(e.__traceback__))
         where = f"{frame.filename}:{frame.lineno}" if frame else str(path)
-        raise SpecError(f"{where}: importing the model file failed: {type(e).__name__}: {e}{import_hint(e)}") from None
+        raise SpecError(
+            f"{where}: importing the model file failed: {type(e).__name__}: {e}{import_hint(e)}"
+        ) from None
     spec = getattr(module, "spec", None)
     if not isinstance(spec, ModelSpec):
         raise SpecError(

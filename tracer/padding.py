@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aot.dtypes import tolerance
 from aot.admissible import admits
+from aot.dtypes import tolerance
 from aot.schema import Bucket, Guards
 from aot.spec import ModelSpec
 
@@ -59,8 +59,10 @@ def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket
             continue
         if reason is None:
             n, b = pair
-            base = {d.name: min(max(d.example_size, exported.ranges[d.name][0]), exported.ranges[d.name][1])
-                    for d in spec.dims()}
+            base = {
+                d.name: min(max(d.example_size, exported.ranges[d.name][0]), exported.ranges[d.name][1])
+                for d in spec.dims()
+            }
             real = example_inputs(spec, {**base, name: n}, seed=spec.seed + 1)
             padded = example_inputs(spec, {**base, name: b}, seed=spec.seed + 2)
             for inp in spec.inputs:
@@ -81,7 +83,11 @@ def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket
                 diff = max(diff, (p[index].float() - w.float()).abs().max().item())
                 scale = max(scale, w.float().abs().max().item())
             if diff <= tolerance(spec.dtype).rtol * scale:
-                result.append(replace(bucket, pad_check=f"{name} {n} padded to {b}: real rows differ by at most {diff:.3g}"))
+                result.append(
+                    replace(
+                        bucket, pad_check=f"{name} {n} padded to {b}: real rows differ by at most {diff:.3g}"
+                    )
+                )
                 continue
             reason = f"padding {name} {n} to {b} changed real rows by {diff:.3g}"
         if progress:
@@ -102,5 +108,3 @@ def _sizes_to_check(g, sizes: tuple[int, ...]) -> tuple[int, int] | None:
 def _output_vals(ep) -> list:
     out = next(n for n in ep.graph.nodes if n.op == "output")
     return [a.meta["val"] for a in out.args[0] if a is not None and hasattr(a, "meta")]
-
-

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from aot.errors import TraceError
 from aot.admissible import admissible_text
+from aot.errors import TraceError
 from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
 from aot.tracer.export import Exported, export_model, region_name
@@ -46,8 +46,13 @@ def _uncovered(g, lo: int, hi: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, ends)]
 
 
-def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = False,
-                    allow_narrowing: bool | None = None, progress=None) -> list[Exported]:
+def export_programs(
+    spec: ModelSpec,
+    weights: str | None = None,
+    fast: bool = False,
+    allow_narrowing: bool | None = None,
+    progress=None,
+) -> list[Exported]:
     """Export the model over its declared ranges, and again over every part of them that the
     first trace's guards do not admit (``batch == 1`` beside ``2 <= batch <= 64``), until the
     programs together cover the declared ranges: the ahead-of-time counterpart of Dynamo's cache
@@ -81,7 +86,9 @@ def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = Fa
                 say(f"  {', '.join(ex.relaxed)} = 1 runs the general trace: checked against eager")
             else:
                 say(f"  {', '.join(ex.relaxed)} = 1 needs a program of its own: {why}")
-                ex = replace(ex, guards=ex.strict, buckets=plan_buckets(spec, ex.strict), relaxed=(), strict=None)
+                ex = replace(
+                    ex, guards=ex.strict, buckets=plan_buckets(spec, ex.strict), relaxed=(), strict=None
+                )
         if programs:
             say(f"  traced a program for {ex.name} (the general trace's guards exclude it)")
         programs.append(ex)
@@ -104,9 +111,10 @@ def export_programs(spec: ModelSpec, weights: str | None = None, fast: bool = Fa
     cover({d.name: (d.min, d.max) for d in spec.dims()})
     if failures and not allow:
         raise TraceError(
-            "the build cannot cover every declared size: " + " | ".join(failures)
+            "the build cannot cover every declared size: "
+            + " | ".join(failures)
             + "; change the model at those lines, declare narrower Dims, or accept the narrower contract with "
-              "--allow-narrowing (ModelSpec(allow_narrowing=True))"
+            "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         )
     return programs
 
@@ -132,11 +140,15 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
     if module is not ex.module:  # traced with uninitialized weights (the guards-only path)
         # every parameter and buffer, non-persistent ones included (BERT's position_ids, RoPE's
         # inv_freq), which a state dict leaves out, and tied ones under each of their names
-        real = {**dict(module.named_parameters(remove_duplicate=False)),
-                **dict(module.named_buffers(remove_duplicate=False))}
+        real = {
+            **dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False)),
+        }
         with torch.no_grad():
-            for name, t in [*graph.named_parameters(remove_duplicate=False),
-                            *graph.named_buffers(remove_duplicate=False)]:
+            for name, t in [
+                *graph.named_parameters(remove_duplicate=False),
+                *graph.named_buffers(remove_duplicate=False),
+            ]:
                 if name in real and real[name].shape == t.shape:
                     t.copy_(real[name])
     # half precision's own error, measured against a float32 copy when that copy is affordable
@@ -152,8 +164,17 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
                     got = leaves(graph(**nest({i.name: inputs[i.name] for i in spec.inputs}), **constants))
                 else:
                     got = leaves(graph(*(inputs[i.name] for i in spec.inputs), **constants))
-                exact = leaves(call_model(spec, wide, {k: v.float() if v.is_floating_point() else v
-                                                       for k, v in inputs.items()})) if half else want
+                exact = (
+                    leaves(
+                        call_model(
+                            spec,
+                            wide,
+                            {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()},
+                        )
+                    )
+                    if half
+                    else want
+                )
         except Exception as e:
             return f"the trace fails at {sym} = 1: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         for w, g, x in zip(want, got, exact):
@@ -204,21 +225,38 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
             raise TraceError(f"no program admits any size of {d.name}")
         # Every program's guards stay listed: they say why the programs split where they do.
         sources = list(dict.fromkeys(src for g in per if g is not None for src in g.sources))
-        symbols.append(SymbolGuard(
-            name=d.name, declared_min=d.min, declared_max=d.max, min=shape.lo, max=shape.hi,
-            modulus=shape.modulus, residues=shape.residues, excluded=shape.excluded,
-            sources=tuple(sorted(sources, key=lambda s: (s.file, s.line, s.text))),
-        ))
+        symbols.append(
+            SymbolGuard(
+                name=d.name,
+                declared_min=d.min,
+                declared_max=d.max,
+                min=shape.lo,
+                max=shape.hi,
+                modulus=shape.modulus,
+                residues=shape.residues,
+                excluded=shape.excluded,
+                sources=tuple(sorted(sources, key=lambda s: (s.file, s.line, s.text))),
+            )
+        )
     declared_inputs = tuple(
-        InputGuard(name=i.name, dtype=i.dtype or spec.dtype,
-                   shape=tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape))
+        InputGuard(
+            name=i.name,
+            dtype=i.dtype or spec.dtype,
+            shape=tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape),
+        )
         for i in spec.inputs
     )
-    return Guards(inputs=declared_inputs, symbols=tuple(symbols), relations=first.relations,
-                  specializations=first.specializations)
+    return Guards(
+        inputs=declared_inputs,
+        symbols=tuple(symbols),
+        relations=first.relations,
+        specializations=first.specializations,
+    )
 
 
-def program_entries(spec: ModelSpec, programs: list[Exported], buckets: list[tuple[Bucket, ...]] | None = None):
+def program_entries(
+    spec: ModelSpec, programs: list[Exported], buckets: list[tuple[Bucket, ...]] | None = None
+):
     """``ProgramEntry`` per program (for the manifest); empty when there is only one."""
     from aot.schema import ProgramEntry
 

@@ -18,8 +18,13 @@ from pathlib import Path
 
 _PACKAGE_DIRS = tuple(
     str(Path(p).resolve()) + os.sep
-    for p in {Path(__file__).parent, Path(__file__).parent.parent / "aot", Path(__file__).parent.parent / "codegen",
-              Path(__file__).parent.parent / "packager", Path(__file__).parent.parent / "loader"}
+    for p in {
+        Path(__file__).parent,
+        Path(__file__).parent.parent / "aot",
+        Path(__file__).parent.parent / "codegen",
+        Path(__file__).parent.parent / "packager",
+        Path(__file__).parent.parent / "loader",
+    }
 )
 
 # A folder holding one of these is the root of the model's project; guard sites are shown
@@ -32,9 +37,11 @@ def import_hint(e: BaseException) -> str:
     seen = 0
     while e is not None and seen < 16:
         if "torchvision::" in str(e):
-            return ("; torchvision was built for another torch (the package index's wheels are CUDA builds, and "
-                    "transformers imports torchvision when Pillow is installed): install the torchvision that "
-                    "matches this torch, e.g. `pip install torchvision --index-url https://download.pytorch.org/whl/cpu`")
+            return (
+                "; torchvision was built for another torch (the package index's wheels are CUDA builds, and "
+                "transformers imports torchvision when Pillow is installed): install the torchvision that "
+                "matches this torch, e.g. `pip install torchvision --index-url https://download.pytorch.org/whl/cpu`"
+            )
         e, seen = e.__cause__ or e.__context__, seen + 1
     return ""
 

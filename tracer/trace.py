@@ -34,13 +34,20 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
 
     programs = export_programs(spec, weights, fast=True, allow_narrowing=True)
     guards = contract(spec, programs)
-    return GuardManifest(name=spec.name or "model", guards=guards,
-                         environment=environment(archs, torch.__version__.split("+")[0]),
-                         buckets=plan_buckets(spec, guards), schema_version=SCHEMA_VERSION,
-                         dtype=spec.dtype, programs=program_lines(program_entries(spec, programs)))
+    return GuardManifest(
+        name=spec.name or "model",
+        guards=guards,
+        environment=environment(archs, torch.__version__.split("+")[0]),
+        buckets=plan_buckets(spec, guards),
+        schema_version=SCHEMA_VERSION,
+        dtype=spec.dtype,
+        programs=program_lines(program_entries(spec, programs)),
+    )
 
 
-def _lower(spec: ModelSpec, exported: Exported, progress=None) -> tuple[Program, dict[str, Any], tuple[Bucket, ...]]:
+def _lower(
+    spec: ModelSpec, exported: Exported, progress=None
+) -> tuple[Program, dict[str, Any], tuple[Bucket, ...]]:
     """Decompose one export to core ATen, lower it to a ``Program``, and check its padding."""
     import torch
     import torch.fx.experimental._config as fx_config
@@ -68,13 +75,19 @@ def _lower(spec: ModelSpec, exported: Exported, progress=None) -> tuple[Program,
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
     declared = {g.name: g.shape for g in exported.guards.inputs}
     inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
-    program = replace(program, inputs=inputs, symbols=symbol_sources(inputs),
-                      output_tree=tree_spec(ep.call_spec.out_spec, lowering.none_outputs))
+    program = replace(
+        program,
+        inputs=inputs,
+        symbols=symbol_sources(inputs),
+        output_tree=tree_spec(ep.call_spec.out_spec, lowering.none_outputs),
+    )
     buckets = check_padding(spec, exported, progress)
     return program, weight_tensors, buckets
 
 
-def trace(spec: ModelSpec, weights: str | None = None, progress=None, allow_narrowing: bool | None = None) -> Traced:
+def trace(
+    spec: ModelSpec, weights: str | None = None, progress=None, allow_narrowing: bool | None = None
+) -> Traced:
     """Export, decompose, collect guards and lower ``spec`` to a ``Traced``: one program, or
     several when one trace cannot cover the declared ranges (see ``export_programs``)."""
     import torch
@@ -86,14 +99,18 @@ def trace(spec: ModelSpec, weights: str | None = None, progress=None, allow_narr
     weight_tensors = lowered[0][1]
     for (_, w, _), ex in zip(lowered[1:], exported[1:]):
         if set(w) != set(weight_tensors) or any(not torch.equal(w[k], weight_tensors[k]) for k in w):
-            raise TraceError(f"the program for {ex.name} uses other weights than the general one; aotpack "
-                             f"expects every program of a model to share its parameters")
+            raise TraceError(
+                f"the program for {ex.name} uses other weights than the general one; aotpack "
+                f"expects every program of a model to share its parameters"
+            )
     main = exported[0]
     with torch.no_grad():
         ref = call_model(spec, main.module, main.examples)
     noise = _half_precision_noise(spec, main.module, main.examples, leaves(ref))
-    programs = tuple(TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b)
-                     for ex, (p, _, b) in zip(exported, lowered))
+    programs = tuple(
+        TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b)
+        for ex, (p, _, b) in zip(exported, lowered)
+    )
     guards = contract(spec, exported)
     return Traced(
         name=spec.name or "model",
@@ -134,5 +151,3 @@ def _half_precision_noise(spec: ModelSpec, module, examples: dict[str, Any], out
             if scale > 0:
                 worst = max(worst, (half.float() - ref).abs().max().item() / scale)
     return round(worst, 6)
-
-

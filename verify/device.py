@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from aot.admissible import admits
 from aot.aten import AtenCall
 from aot.dtypes import tolerance
-from aot.admissible import admits
 from aot.loader import Runner, load
 from aot.loader.gpu import KernelCall
 from aot.loader.program import AtenProgram
@@ -55,7 +55,9 @@ def check_sizes(guards: Guards, buckets: tuple[Bucket, ...], max_per_symbol: int
     return out
 
 
-def _inputs(runner: Runner, program: Program, sizes: dict[str, int], gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _inputs(
+    runner: Runner, program: Program, sizes: dict[str, int], gen: torch.Generator
+) -> dict[str, torch.Tensor]:
     ref = runner.example_inputs()
     out = {}
     for inp in program.inputs:
@@ -115,7 +117,8 @@ def _verify_program(gpu_runner: Runner, entry, cpu_entry, buckets: tuple[Bucket,
     gpu = entry.gpu
     references = {
         i: [AtenCall(s, gpu.device) for s in step.reference]
-        for i, step in enumerate(gpu.program.steps) if step.kind == StepKind.KERNEL
+        for i, step in enumerate(gpu.program.steps)
+        if step.kind == StepKind.KERNEL
     }
     reports = []
     gen = torch.Generator().manual_seed(0)

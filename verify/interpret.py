@@ -165,7 +165,9 @@ def interpret_bundle(
     return out
 
 
-def interpret_in_subprocess(plan: list[tuple], timeout: float = 1800) -> list[dict[str, list[KernelOutputComparison]]]:
+def interpret_in_subprocess(
+    plan: list[tuple], timeout: float = 1800
+) -> list[dict[str, list[KernelOutputComparison]]]:
     """``interpret_bundle`` for several ``(bundle, model, sizes_list, launches_per_kernel)`` in one
     fresh Python with ``TRITON_INTERPRET=1``."""
     import tempfile

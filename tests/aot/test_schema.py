@@ -13,7 +13,10 @@ from aot.errors import BundleError
 # SCHEMA_VERSION → sha256 of schema_fingerprint(). Bump the version and add a line when the schema changes.
 PINNED = {
     (1, 0): "9d8b3cd95f2ca856d6db2f0e33e560896e33f680cc0a4c90cf5f9b5432024512",
-    (1, 1): "422f4746c2a64ba801725cb23aebefb695cbffb8c6a3821d2a13b299360bec77",  # output trees, several programs per bundle
+    (
+        1,
+        1,
+    ): "422f4746c2a64ba801725cb23aebefb695cbffb8c6a3821d2a13b299360bec77",  # output trees, several programs per bundle
     # typed step arguments and kinds (same JSON), typed build stats and memory plan, cuda_built per arch
     (1, 2): "8e2e745424196e9a8e5d3106f87d8a394dadcb79bc13ba397b5a533603623fca",
 }
@@ -37,10 +40,16 @@ def test_schema_change_bumps_version():
 
 def test_roundtrip_and_validation():
     spec = schema.TensorSpec(dtype="float16", shape=("batch", "768"))
-    step = schema.Step(kind="aten", target="aten.relu.default", args=(schema.Buf("x"),), kwargs={}, outputs=("y",))
+    step = schema.Step(
+        kind="aten", target="aten.relu.default", args=(schema.Buf("x"),), kwargs={}, outputs=("y",)
+    )
     program = schema.Program(
-        inputs=(schema.NamedTensor("x", spec),), weights=(), buffers={"y": spec}, steps=(step,),
-        outputs=("y",), symbols=(schema.SymbolSource("batch", "x", 0),),
+        inputs=(schema.NamedTensor("x", spec),),
+        weights=(),
+        buffers={"y": spec},
+        steps=(step,),
+        outputs=("y",),
+        symbols=(schema.SymbolSource("batch", "x", 0),),
     )
     data = serde.to_json(program)
     assert serde.from_json(schema.Program, data) == program

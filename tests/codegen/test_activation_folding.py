@@ -39,7 +39,11 @@ def test_exact_gelu_and_shared_outputs_are_left_alone():
         Step("aten", "aten.add.Tensor", (Buf("r"), Buf("mm2")), {}, ("out",)),  # mm2 used twice
     )
     program = Program(
-        inputs=(NamedTensor("x", spec),), weights=(NamedTensor("w", spec), NamedTensor("b", TensorSpec("float32", ("4",)))),
-        buffers={n: spec for n in ("mm", "g", "mm2", "r", "out")}, steps=steps, outputs=("g", "out"), symbols=(),
+        inputs=(NamedTensor("x", spec),),
+        weights=(NamedTensor("w", spec), NamedTensor("b", TensorSpec("float32", ("4",)))),
+        buffers={n: spec for n in ("mm", "g", "mm2", "r", "out")},
+        steps=steps,
+        outputs=("g", "out"),
+        symbols=(),
     )
     assert fold_activations(program) == (program, 0)

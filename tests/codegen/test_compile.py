@@ -78,7 +78,9 @@ def test_kernel_that_fails_to_compile_falls_back_to_aten(pattern, monkeypatch, t
     assert len(compiled.program.kernels) == len(good.program.kernels) - 1
     assert not [k for k, _ in compiled.cubins if k == bad.id]
     # its launches became its reference steps, as library calls, and nothing else changed kind
-    replaced = [r for s in good.program.steps if s.kind == "kernel" and s.target == bad.id for r in s.reference]
+    replaced = [
+        r for s in good.program.steps if s.kind == "kernel" and s.target == bad.id for r in s.reference
+    ]
     aten = [s for s in compiled.program.steps if s.kind == "aten"]
     assert replaced and all(r in aten for r in replaced)
     assert len(aten) == len(replaced) + sum(s.kind == "aten" for s in good.program.steps)

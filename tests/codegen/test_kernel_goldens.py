@@ -57,8 +57,13 @@ def check_goldens(model: str, kernels) -> None:
     assert have == sorted(files), f"{model}: golden kernels {have}, generated {sorted(files)}"
     for name, source in files.items():
         expected = (folder / name).read_text()
-        assert source == expected, f"{model}/{name} differs from its golden (AOTPACK_UPDATE_GOLDEN=1 regenerates):\n" + "".join(
-            difflib.unified_diff(expected.splitlines(True), source.splitlines(True), "golden", "generated")
+        assert source == expected, (
+            f"{model}/{name} differs from its golden (AOTPACK_UPDATE_GOLDEN=1 regenerates):\n"
+            + "".join(
+                difflib.unified_diff(
+                    expected.splitlines(True), source.splitlines(True), "golden", "generated"
+                )
+            )
         )
 
 

@@ -39,7 +39,9 @@ def test_every_step_is_kept_or_replaced_exactly_once(built, name):
         got = Counter(_key(s) for s in reference_steps(after) if not _may_repeat(s))
         dropped, doubled, new = want - got, got - want, set(got) - set(want)
         assert not dropped, f"{name}: steps neither kept nor in a kernel: {sorted(dropped)[:5]}"
-        assert not doubled and not new, f"{name}: steps run more than once or out of nowhere: {sorted(doubled)[:5]}"
+        assert not doubled and not new, (
+            f"{name}: steps run more than once or out of nowhere: {sorted(doubled)[:5]}"
+        )
         views_before = {_key(s) for s in before.steps if _may_repeat(s)}
         views_after = {_key(s) for s in reference_steps(after) if _may_repeat(s)}
         assert views_before == views_after, f"{name}: views lost {sorted(views_before - views_after)[:5]}"

@@ -9,4 +9,5 @@ class M(nn.Module):
     def forward(self, x, y):  # x: [A, 4], y: [B, 4]
         return x + y
 
+
 spec = ModelSpec(module=M, inputs=[Input("x", (Dim("a", 1, 8), 4)), Input("y", (Dim("b", 1, 8), 4))])

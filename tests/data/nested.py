@@ -10,7 +10,9 @@ class Nested(nn.Module):
         super().__init__()
         self.proj = nn.Linear(4, 4)
 
-    def forward(self, inputs, past, bias=None):  # inputs: {"image": [B, 4], "scale": [B, 1]}; past: ([B, 4], [B, 4])
+    def forward(
+        self, inputs, past, bias=None
+    ):  # inputs: {"image": [B, 4], "scale": [B, 1]}; past: ([B, 4], [B, 4])
         h = self.proj(inputs["image"]) * inputs["scale"]
         if bias is not None:
             h = h + bias
@@ -20,6 +22,10 @@ class Nested(nn.Module):
 batch = Dim("batch", 1, 8)
 spec = ModelSpec(
     module=Nested,
-    inputs=[Input("inputs.image", (batch, 4)), Input("inputs.scale", (batch, 1)),
-            Input("past.0", (batch, 4)), Input("past.1", (batch, 4))],
+    inputs=[
+        Input("inputs.image", (batch, 4)),
+        Input("inputs.scale", (batch, 1)),
+        Input("past.0", (batch, 4)),
+        Input("past.1", (batch, 4)),
+    ],
 )

@@ -17,7 +17,12 @@ from tests.conftest import model_path
 SLOW = pytest.mark.slow  # GPT-2-small, ResNet-18 and the d-1024 MLP take tens of seconds to build
 CASES = [
     ("mlp", [{"batch": 1}, {"batch": 5}, {"batch": 64}], {"batch": 65}, "batch"),
-    ("gpt", [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 37}, {"batch": 3, "seq": 128}], {"batch": 1, "seq": 1025}, "seq"),
+    (
+        "gpt",
+        [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 37}, {"batch": 3, "seq": 128}],
+        {"batch": 1, "seq": 1025},
+        "seq",
+    ),
     ("cnn", [{"batch": 1}, {"batch": 3}], {"batch": 33}, "batch"),
     ("branchy", [{"batch": 1, "seq": 10}, {"batch": 3, "seq": 52}], {"batch": 2, "seq": 9}, "seq"),
 ]
@@ -91,7 +96,9 @@ def test_branch_and_reshape_guards_are_simplified_with_their_lines(built):
 def test_untraceable_model_names_the_line():
     from aot.tracer import trace
 
-    with pytest.raises(TraceError, match=r"untraceable\.py:10: cannot export the model \(if x\.sum\(\) > 0:\)"):
+    with pytest.raises(
+        TraceError, match=r"untraceable\.py:10: cannot export the model \(if x\.sum\(\) > 0:\)"
+    ):
         trace(load_model_file(model_path("untraceable")))
 
 
@@ -113,7 +120,9 @@ print(sorted(m for m in sys.modules if m.startswith(banned)))
 def test_inputs_sharing_dims_bind_one_symbol(built):
     runner = load(built("shared_dims"))
     assert runner(torch.ones(3, 5, 4), torch.full((3, 5), 2.0)).eq(2).all()
-    with pytest.raises(GuardError, match=r"input 'mask' dim 1 \(seq\): expected 5, the size of seq in input 'x' dim 1, got 6"):
+    with pytest.raises(
+        GuardError, match=r"input 'mask' dim 1 \(seq\): expected 5, the size of seq in input 'x' dim 1, got 6"
+    ):
         runner(torch.ones(3, 5, 4), torch.ones(3, 6))
 
 
@@ -121,7 +130,9 @@ def test_dims_the_model_forces_equal_become_a_relation(built):
     runner = load(built("forced_equal"))
     assert "relation a == b  at tests/data/forced_equal.py:10  return x + y" in runner.guards_text()
     assert runner(torch.ones(3, 4), torch.ones(3, 4)).eq(2).all()
-    with pytest.raises(GuardError, match=r"inputs violate a == b with a=3, b=2 \(guard from tests/data/forced_equal.py:10"):
+    with pytest.raises(
+        GuardError, match=r"inputs violate a == b with a=3, b=2 \(guard from tests/data/forced_equal.py:10"
+    ):
         runner(torch.ones(3, 4), torch.ones(2, 4))
 
 
@@ -139,5 +150,7 @@ def test_a_missing_library_op_is_an_env_error(tmp_path, built):
     steps[i] = replace(steps[i], target="aten.relu_from_the_future.default")
     traced = replace(traced, program=replace(traced.program, steps=tuple(steps)))
     pack(generate(traced, fuse=False), tmp_path / "future.tpk")
-    with pytest.raises(EnvError, match=r"has no ATen op aten\.relu_from_the_future\.default, which the bundle needs"):
+    with pytest.raises(
+        EnvError, match=r"has no ATen op aten\.relu_from_the_future\.default, which the bundle needs"
+    ):
         load(tmp_path / "future.tpk")

@@ -36,8 +36,13 @@ def test_a_size_one_branch_and_a_length_branch_get_programs_of_their_own(built):
     for g in runner.manifest.guards.symbols:  # nothing declared is lost
         assert (g.min, g.max, g.modulus, g.excluded) == (g.declared_min, g.declared_max, 1, ())
     module = instantiate(spec)
-    for sizes in ({"batch": 1, "seq": 1}, {"batch": 1, "seq": 9}, {"batch": 3, "seq": 4},
-                  {"batch": 5, "seq": 5}, {"batch": 6, "seq": 16}):
+    for sizes in (
+        {"batch": 1, "seq": 1},
+        {"batch": 1, "seq": 9},
+        {"batch": 3, "seq": 4},
+        {"batch": 5, "seq": 5},
+        {"batch": 6, "seq": 16},
+    ):
         _compare(spec, module, runner, sizes)
     text = runner.guards_text()
     assert "program general  admits" in text and "tests/data/size_one.py:17" in text, text
@@ -90,7 +95,9 @@ def test_the_model_files_manifest_matches_its_bundles(built):
     for name in ("size_one", "structured"):
         runner = load(built(name, ("sm_90",)))
         spec = load_model_file(model_path(name))
-        assert render_manifest(guard_manifest(spec, ("sm_90",))) == render_manifest(manifest_of_bundle(runner.manifest))
+        assert render_manifest(guard_manifest(spec, ("sm_90",))) == render_manifest(
+            manifest_of_bundle(runner.manifest)
+        )
 
 
 def test_size_comparisons_are_bools_evaluated_per_call():
@@ -98,9 +105,13 @@ def test_size_comparisons_are_bools_evaluated_per_call():
     from aot.loader.program import AtenCall
     from aot.schema import Step
 
-    step = Step(kind="aten", target="aten.scaled_dot_product_attention.default",
-                args=(Buf("q"), Buf("k"), Buf("v"), None, 0.0, SymBool("seq > 1")),
-                kwargs={}, outputs=("out",))
+    step = Step(
+        kind="aten",
+        target="aten.scaled_dot_product_attention.default",
+        args=(Buf("q"), Buf("k"), Buf("v"), None, 0.0, SymBool("seq > 1")),
+        kwargs={},
+        outputs=("out",),
+    )
     call = AtenCall(step, torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
     for seq in (1, 5):
@@ -117,10 +128,13 @@ def test_views_run_on_layouts_the_trace_did_not_see():
     from aot.loader.program import AtenCall
     from aot.schema import Step
 
-    step = Step(kind="aten", target="aten.view.default", args=(Buf("x"), [2, Sym("seq*8")]),
-                kwargs={}, outputs=("y",))
+    step = Step(
+        kind="aten", target="aten.view.default", args=(Buf("x"), [2, Sym("seq*8")]), kwargs={}, outputs=("y",)
+    )
     call = AtenCall(step, torch.device("cpu"))
-    x = torch.arange(2 * 5 * 8, dtype=torch.float32).reshape(2, 8, 5).transpose(1, 2)  # [2, 5, 8], not contiguous
+    x = (
+        torch.arange(2 * 5 * 8, dtype=torch.float32).reshape(2, 8, 5).transpose(1, 2)
+    )  # [2, 5, 8], not contiguous
     env = {"x": x}
     call(env, {"seq": 5})
     assert torch.equal(env["y"], x.reshape(2, 40))
@@ -136,10 +150,14 @@ def test_nested_inputs_by_path_and_called_nested(built):
     for b in (1, 3, 8):
         flat = example_inputs(spec, {"batch": b}, seed=b)
         with torch.no_grad():
-            want = module({"image": flat["inputs.image"], "scale": flat["inputs.scale"]},
-                          (flat["past.0"], flat["past.1"]))
-        nested = runner(inputs={"image": flat["inputs.image"], "scale": flat["inputs.scale"]},
-                        past=(flat["past.0"], flat["past.1"]))
+            want = module(
+                {"image": flat["inputs.image"], "scale": flat["inputs.scale"]},
+                (flat["past.0"], flat["past.1"]),
+            )
+        nested = runner(
+            inputs={"image": flat["inputs.image"], "scale": flat["inputs.scale"]},
+            past=(flat["past.0"], flat["past.1"]),
+        )
         assert (nested - want).abs().max().item() <= ATOL
         assert torch.equal(runner(**flat), nested)  # by dotted name too
     assert "input inputs.image: float32[batch, 4]" in runner.guards_text()
@@ -151,8 +169,8 @@ def test_nested_inputs_by_path_and_called_nested(built):
 def test_output_trees_no_build_writes_are_refused():
     from aot.errors import BundleError
     from aot.pytree import unflatten, validate
-    from aot.serde import from_json
     from aot.schema import TreeSpec
+    from aot.serde import from_json
 
     leaf = TreeSpec(kind="tensor")
     good = TreeSpec(kind="record", type="m.Out", keys=("a", "b"), children=(leaf, TreeSpec(kind="none")))
@@ -186,7 +204,9 @@ def test_a_bundle_whose_programs_disagree_with_its_manifest_is_refused(built, tm
     m = manifest_of(entries)
     assert len(m["programs"]) >= 3
     bad = tmp_path / "bad.tpk"
-    bad.write_bytes(write_entries(with_manifest_text(entries, manifest_bytes({**m, "programs": m["programs"][:1]}))))
+    bad.write_bytes(
+        write_entries(with_manifest_text(entries, manifest_bytes({**m, "programs": m["programs"][:1]})))
+    )
     with pytest.raises(BundleError, match="lists 1 programs, the program member holds"):
         load(bad)
 

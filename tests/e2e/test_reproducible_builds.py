@@ -71,7 +71,9 @@ def builds(tmp_path_factory):
         # each process filled its own cache, which it found empty: every cubin was compiled there
         # (were AOTPACK_CACHE_DIR ignored, both would read the shared cache and this would be empty)
         cache = base / label / "kernel-cache"
-        built = {n for (lb, _, _), p in paths.items() if lb == label for n in _members(p) if n.endswith(".cubin")}
+        built = {
+            n for (lb, _, _), p in paths.items() if lb == label for n in _members(p) if n.endswith(".cubin")
+        }
         assert len(list(cache.glob("??/*.cubin"))) == len(built), f"process {label}: {cache}"
         assert not list(cache.glob("??/*.tmp"))
     return paths

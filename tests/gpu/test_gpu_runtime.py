@@ -24,8 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = {"mlp": 3e-2, "gpt": 6e-2, "cnn": 6e-2}
 SHAPES = {
     "mlp": [{"batch": 1}, {"batch": 8}, {"batch": 3}, {"batch": 64}],
-    "gpt": [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 128}, {"batch": 1, "seq": 1}, {"batch": 3, "seq": 100},
-            {"batch": 2, "seq": 77}],
+    "gpt": [
+        {"batch": 1, "seq": 128},
+        {"batch": 8, "seq": 128},
+        {"batch": 1, "seq": 1},
+        {"batch": 3, "seq": 100},
+        {"batch": 2, "seq": 77},
+    ],
     "cnn": [{"batch": 1}, {"batch": 8}, {"batch": 3}],
 }
 
@@ -72,7 +77,9 @@ def test_matches_eager_fp16(name, capture, eager):
         assert torch.equal(first, got)
         err = (got - want).abs().max().item()
         scale = want.abs().max().item()
-        assert err <= TOLERANCE[name] * max(1.0, scale), f"{name} {sizes} capture={capture}: {err} (scale {scale})"
+        assert err <= TOLERANCE[name] * max(1.0, scale), (
+            f"{name} {sizes} capture={capture}: {err} (scale {scale})"
+        )
 
 
 def test_padded_bucket_matches_exact(eager):

@@ -55,7 +55,9 @@ def test_built_here_matches_eager_on_cuda_with_and_without_graphs(cuda, tmp_path
     for capture in ("lazy", "none"):
         runner = load(path, device="cuda", capture=capture)
         for sizes in case.sizes:
-            inputs = {k: v.to(cuda) for k, v in example_inputs(spec, sizes, seed=7 + sum(sizes.values())).items()}
+            inputs = {
+                k: v.to(cuda) for k, v in example_inputs(spec, sizes, seed=7 + sum(sizes.values())).items()
+            }
             with torch.no_grad():
                 want = leaves(call_model(spec, module, inputs))
             got = leaves(runner(**inputs))

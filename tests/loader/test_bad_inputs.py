@@ -135,8 +135,8 @@ def test_bad_call_is_a_guard_error_that_says_what_was_expected(branchy, label, c
 def test_device_index_is_checked():
     """A runner on a named device refuses a tensor on another index of the same type (no GPU needed:
     the check runs before anything touches the device)."""
-    from aot.loader.guards import GuardChecker
     from aot.aten import DTYPES
+    from aot.loader.guards import GuardChecker
     from aot.schema import Guards, InputGuard
 
     checker = GuardChecker(

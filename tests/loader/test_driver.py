@@ -20,7 +20,9 @@ def test_bundle_records_the_cuda_release_of_its_cubins(built):
         assert release.count(".") == 1 and all(p.isdigit() for p in release.split(".")), release
 
 
-@pytest.mark.parametrize("built_with, driver", [("12.9", 12000), ("12.9", 12080), ("12.9", 13000), ("13.0", 13020)])
+@pytest.mark.parametrize(
+    "built_with, driver", [("12.9", 12000), ("12.9", 12080), ("12.9", 13000), ("13.0", 13020)]
+)
 def test_driver_of_the_same_or_newer_major_loads(built_with, driver):
     check_driver(built_with, driver)  # raises on refusal
 

@@ -6,16 +6,25 @@ from aot.schema import Bucket, Buf, NamedTensor, Program, Step, SymbolSource, Te
 def _program() -> Program:
     f32 = lambda *shape: TensorSpec("float32", shape)  # noqa: E731
     steps = (
-        Step("aten", "aten.relu.default", (Buf("x"),), {}, ("a",)),           # a: [n, 4]
+        Step("aten", "aten.relu.default", (Buf("x"),), {}, ("a",)),  # a: [n, 4]
         Step("aten", "aten.view.default", (Buf("a"), [-1]), {}, ("a_flat",)),  # view of a
-        Step("aten", "aten.relu.default", (Buf("x"),), {}, ("b",)),           # b: [n, 4]
-        Step("aten", "aten.sum.default", (Buf("a_flat"),), {}, ("s",)),       # last use of a
+        Step("aten", "aten.relu.default", (Buf("x"),), {}, ("b",)),  # b: [n, 4]
+        Step("aten", "aten.sum.default", (Buf("a_flat"),), {}, ("s",)),  # last use of a
         Step("aten", "aten.mul.Tensor", (Buf("b"), Buf("s")), {}, ("out",)),
     )
     return Program(
-        inputs=(NamedTensor("x", f32("n", "4")),), weights=(),
-        buffers={"a": f32("n", "4"), "a_flat": f32("n*4"), "b": f32("n", "4"), "s": f32(), "out": f32("n", "4")},
-        steps=steps, outputs=("out",), symbols=(SymbolSource("n", "x", 0),),
+        inputs=(NamedTensor("x", f32("n", "4")),),
+        weights=(),
+        buffers={
+            "a": f32("n", "4"),
+            "a_flat": f32("n*4"),
+            "b": f32("n", "4"),
+            "s": f32(),
+            "out": f32("n", "4"),
+        },
+        steps=steps,
+        outputs=("out",),
+        symbols=(SymbolSource("n", "x", 0),),
     )
 
 

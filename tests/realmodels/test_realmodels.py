@@ -96,7 +96,10 @@ def difference(got, want) -> str | None:
 
 def declared_sizes(spec) -> list[dict[str, int]]:
     dims = spec.dims()
-    return [dict(zip([d.name for d in dims], v)) for v in itertools.product(*[range(d.min, d.max + 1) for d in dims])]
+    return [
+        dict(zip([d.name for d in dims], v))
+        for v in itertools.product(*[range(d.min, d.max + 1) for d in dims])
+    ]
 
 
 def one_line(e: BaseException) -> str:
@@ -122,7 +125,9 @@ def test_matches_eager_at_every_declared_size(zoo_build, name):
         why = difference(got, want)
         if why:
             failures.append(f"{sizes} compare: {why}")
-    assert not failures, f"{name}: {len(failures)} of {len(sizes_list)} sizes fail: " + "; ".join(failures[:4])
+    assert not failures, f"{name}: {len(failures)} of {len(sizes_list)} sizes fail: " + "; ".join(
+        failures[:4]
+    )
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -156,11 +161,14 @@ def test_declared_ranges_are_not_narrowed(zoo_build, name):
     guards = zoo_build(name).ok().runner.manifest.guards
     narrowed = [
         f"{g.name} declared {g.declared_min}..{g.declared_max} admits {admissible_text(g)} ("
-        + "; ".join(f"guard {s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources) + ")"
+        + "; ".join(f"guard {s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources)
+        + ")"
         for g in guards.symbols
         if (g.min, g.max, g.modulus, tuple(g.excluded)) != (g.declared_min, g.declared_max, 1, ())
     ]
-    narrowed += [f"relation {r.expr} at {r.source.file}:{r.source.line}: {r.source.code}" for r in guards.relations]
+    narrowed += [
+        f"relation {r.expr} at {r.source.file}:{r.source.line}: {r.source.code}" for r in guards.relations
+    ]
     narrowed += [f"specialized {s.text} at {s.file}:{s.line}: {s.code}" for s in guards.specializations]
     assert not narrowed, f"{name}: " + " | ".join(narrowed)
 
@@ -189,8 +197,14 @@ def test_guards_from_the_model_match_the_bundle(zoo_build, name):
     require(ZOO[name].library)
     b = zoo_build(name).ok()
     from_model, from_bundle = render_manifest(guard_manifest(b.spec, ARCHS)), b.runner.guards_text()
-    diff = difflib.unified_diff(from_model.splitlines(), from_bundle.splitlines(), "aotpack guards MODEL.py",
-                                "bundle", lineterm="", n=0)
+    diff = difflib.unified_diff(
+        from_model.splitlines(),
+        from_bundle.splitlines(),
+        "aotpack guards MODEL.py",
+        "bundle",
+        lineterm="",
+        n=0,
+    )
     if from_model != from_bundle:
         pytest.fail(f"{name}: the manifests differ:\n" + "\n".join(diff), pytrace=False)
 
@@ -200,7 +214,7 @@ def right_padded(batch: int, seq: int) -> torch.Tensor:
     max(1, seq - 3r) tokens, row 0 all of them."""
     mask = torch.ones(batch, seq, dtype=torch.int64)
     for row in range(1, batch):
-        mask[row, max(1, seq - 3 * row):] = 0
+        mask[row, max(1, seq - 3 * row) :] = 0
     return mask
 
 
@@ -215,8 +229,12 @@ def test_padded_attention_mask_matches_eager(zoo_build, name):
         inputs = example_inputs(b.spec, sizes, seed=11)
         inputs["attention_mask"] = right_padded(sizes["batch"], sizes["seq"])
         want = eager(b.spec, b.module, inputs)
-        unpadded = eager(b.spec, b.module, {**inputs, "attention_mask": torch.ones_like(inputs["attention_mask"])})
-        assert difference(want, unpadded) is not None, f"{name} at {sizes}: padding does not change eager's outputs"
+        unpadded = eager(
+            b.spec, b.module, {**inputs, "attention_mask": torch.ones_like(inputs["attention_mask"])}
+        )
+        assert difference(want, unpadded) is not None, (
+            f"{name} at {sizes}: padding does not change eager's outputs"
+        )
         why = difference(b.runner(**inputs), want)
         assert why is None, f"{name} at {sizes} with a right-padded mask: {why}"
 
@@ -242,8 +260,11 @@ def kernel_checks(zoo_build, tmp_path_factory, request):
     an odd size, each model from a model file that imports its spec from the zoo."""
     from aot.verify.interpret import interpret_in_subprocess
 
-    selected = {item.callspec.params["name"] for item in request.session.items
-                if item.originalname == "test_kernels_match_their_reference_in_the_interpreter"}
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.originalname == "test_kernels_match_their_reference_in_the_interpreter"
+    }
     base = tmp_path_factory.mktemp("realmodel-files")
     plan, names = [], []
     for name, case in ZOO.items():
@@ -251,8 +272,10 @@ def kernel_checks(zoo_build, tmp_path_factory, request):
         if b is None or b.failure is not None:
             continue
         model = base / f"{name.replace('-', '_')}.py"
-        model.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-                         f"from tests.realmodels.zoo import ZOO\nspec = ZOO[{name!r}]()\n")
+        model.write_text(
+            f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+            f"from tests.realmodels.zoo import ZOO\nspec = ZOO[{name!r}]()\n"
+        )
         plan.append((b.path, model, [case.sizes[0], case.sizes[-2]], INTERPRETED_LAUNCHES))
         names.append(name)
     return dict(zip(names, interpret_in_subprocess(plan))) if plan else {}
@@ -274,6 +297,9 @@ def test_kernels_match_their_reference_in_the_interpreter(zoo_build, kernel_chec
     assert set(results) == {json.dumps(s, sort_keys=True) for s in (case.sizes[0], case.sizes[-2])}
     for size, checks in results.items():
         assert {c.kernel for c in checks} == kernels, f"{name} at {size}: some kernels never ran"
-        bad = [f"{c.name} {c.output}: max abs err {c.max_abs_error:.3g} ({c.worst_ratio:.2f}x tolerance)"
-               for c in checks if not c.ok]
+        bad = [
+            f"{c.name} {c.output}: max abs err {c.max_abs_error:.3g} ({c.worst_ratio:.2f}x tolerance)"
+            for c in checks
+            if not c.ok
+        ]
         assert not bad, f"{name} at {size}: " + "; ".join(bad)

@@ -44,7 +44,12 @@ def _tokens(*names: str, batch: Dim, seq: Dim, vocab: int = VOCAB) -> list[Input
     return out
 
 
-TEXT_SIZES = ({"batch": 1, "seq": 1}, {"batch": 1, "seq": 7}, {"batch": 3, "seq": 13}, {"batch": 4, "seq": 32})
+TEXT_SIZES = (
+    {"batch": 1, "seq": 1},
+    {"batch": 1, "seq": 7},
+    {"batch": 3, "seq": 13},
+    {"batch": 4, "seq": 32},
+)
 IMAGE_SIZES = ({"batch": 1}, {"batch": 3}, {"batch": 4})
 
 
@@ -62,23 +67,37 @@ def _causal_lm(config_cls, model_cls, inputs=("input_ids",), **cfg) -> Callable[
 
         config = getattr(transformers, config_cls)(vocab_size=VOCAB, **cfg)
         batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
-        return ModelSpec(module=lambda: getattr(transformers, model_cls)(config),
-                         inputs=_tokens(*inputs, batch=batch, seq=seq), name=model_cls)
+        return ModelSpec(
+            module=lambda: getattr(transformers, model_cls)(config),
+            inputs=_tokens(*inputs, batch=batch, seq=seq),
+            name=model_cls,
+        )
 
     return spec
 
 
-LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64)
+LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 def _bert(minilm: bool = False) -> ModelSpec:
     _transformers()
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=VOCAB, hidden_size=48 if minilm else 32, num_hidden_layers=2,
-                        num_attention_heads=4 if minilm else 2, intermediate_size=96 if minilm else 64,
-                        max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=48 if minilm else 32,
+        num_hidden_layers=2,
+        num_attention_heads=4 if minilm else 2,
+        intermediate_size=96 if minilm else 64,
+        max_position_embeddings=64,
+    )
     batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
     names = ("input_ids", "attention_mask") if minilm else ("input_ids", "attention_mask", "token_type_ids")
 
@@ -86,32 +105,57 @@ def _bert(minilm: bool = False) -> ModelSpec:
         b, t = sizes["batch"], sizes["seq"]
         mask = torch.ones(b, t, dtype=torch.int64)
         for row in range(1, b):
-            mask[row, max(1, t - row * 3):] = 0
+            mask[row, max(1, t - row * 3) :] = 0
         return {"attention_mask": mask}
 
-    return ModelSpec(module=lambda: BertModel(config), inputs=_tokens(*names, batch=batch, seq=seq),
-                     name="MiniLM" if minilm else "BertModel", example_inputs=padded)
+    return ModelSpec(
+        module=lambda: BertModel(config),
+        inputs=_tokens(*names, batch=batch, seq=seq),
+        name="MiniLM" if minilm else "BertModel",
+        example_inputs=padded,
+    )
 
 
 def _t5() -> ModelSpec:
     _transformers()
     from transformers import T5Config, T5EncoderModel
 
-    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                      relative_attention_num_buckets=8, relative_attention_max_distance=16)
+    config = T5Config(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+    )
     batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
-    return ModelSpec(module=lambda: T5EncoderModel(config),
-                     inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq), name="T5EncoderModel")
+    return ModelSpec(
+        module=lambda: T5EncoderModel(config),
+        inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq),
+        name="T5EncoderModel",
+    )
 
 
 def _vit() -> ModelSpec:
     _transformers()
     from transformers import ViTConfig, ViTForImageClassification
 
-    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64, num_labels=5)
-    return ModelSpec(module=lambda: ViTForImageClassification(config),
-                     inputs=[Input("pixel_values", (Dim("batch", 1, 4), 3, 32, 32))], name="ViTForImageClassification")
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=5,
+    )
+    return ModelSpec(
+        module=lambda: ViTForImageClassification(config),
+        inputs=[Input("pixel_values", (Dim("batch", 1, 4), 3, 32, 32))],
+        name="ViTForImageClassification",
+    )
 
 
 def _whisper() -> ModelSpec:
@@ -119,12 +163,25 @@ def _whisper() -> ModelSpec:
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    config = WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2,
-                           encoder_ffn_dim=64, max_source_positions=24, vocab_size=VOCAB,
-                           pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
+    config = WhisperConfig(
+        num_mel_bins=16,
+        d_model=32,
+        encoder_layers=2,
+        encoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        max_source_positions=24,
+        vocab_size=VOCAB,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+        decoder_start_token_id=0,
+    )
     # the encoder takes 2 * max_source_positions mel frames, no other length
-    return ModelSpec(module=lambda: WhisperEncoder(config),
-                     inputs=[Input("input_features", (Dim("batch", 1, 4), 16, 48))], name="WhisperEncoder")
+    return ModelSpec(
+        module=lambda: WhisperEncoder(config),
+        inputs=[Input("input_features", (Dim("batch", 1, 4), 16, 48))],
+        name="WhisperEncoder",
+    )
 
 
 def lively(module: torch.nn.Module, size: int = 64) -> torch.nn.Module:
@@ -164,9 +221,13 @@ def _timm(name: str, **kwargs) -> Callable[[], ModelSpec]:
 
         model_kwargs = {k: v for k, v in kwargs.items() if k != "img"}  # kwargs is shared by every call
         size = kwargs.get("img", 64)
-        return ModelSpec(module=lambda: lively(timm.create_model(name, pretrained=False, num_classes=10,
-                                                                 **model_kwargs), size),
-                         inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))], name=f"timm-{name}")
+        return ModelSpec(
+            module=lambda: lively(
+                timm.create_model(name, pretrained=False, num_classes=10, **model_kwargs), size
+            ),
+            inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))],
+            name=f"timm-{name}",
+        )
 
     return spec
 
@@ -174,22 +235,39 @@ def _timm(name: str, **kwargs) -> Callable[[], ModelSpec]:
 def _torchvision(name: str, size: int = 64) -> Callable[[], ModelSpec]:
     def spec() -> ModelSpec:
         tv = import_torchvision()
-        return ModelSpec(module=lambda: lively(getattr(tv.models, name)(num_classes=10), size),
-                         inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))], name=f"torchvision-{name}")
+        return ModelSpec(
+            module=lambda: lively(getattr(tv.models, name)(num_classes=10), size),
+            inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))],
+            name=f"torchvision-{name}",
+        )
 
     return spec
 
 
 ZOO: dict[str, Case] = {
-    "gpt2": Case(_causal_lm("GPT2Config", "GPT2LMHeadModel", n_embd=32, n_layer=2, n_head=2, n_positions=64,
-                                 bos_token_id=0, eos_token_id=0),
-                 TEXT_SIZES, "transformers"),
+    "gpt2": Case(
+        _causal_lm(
+            "GPT2Config",
+            "GPT2LMHeadModel",
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        TEXT_SIZES,
+        "transformers",
+    ),
     "llama": Case(_causal_lm("LlamaConfig", "LlamaForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
     "qwen2": Case(_causal_lm("Qwen2Config", "Qwen2ForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
     "mistral": Case(_causal_lm("MistralConfig", "MistralForCausalLM", **LLAMA), TEXT_SIZES, "transformers"),
     # batched prefill: the mask reads a user input, so the build must keep it (traced with all ones)
-    "llama-attention_mask": Case(_causal_lm("LlamaConfig", "LlamaForCausalLM", ("input_ids", "attention_mask"),
-                                            **LLAMA), TEXT_SIZES, "transformers"),
+    "llama-attention_mask": Case(
+        _causal_lm("LlamaConfig", "LlamaForCausalLM", ("input_ids", "attention_mask"), **LLAMA),
+        TEXT_SIZES,
+        "transformers",
+    ),
     "bert": Case(_bert, TEXT_SIZES, "transformers"),
     "minilm": Case(lambda: _bert(minilm=True), TEXT_SIZES, "transformers"),
     "t5-encoder": Case(_t5, TEXT_SIZES, "transformers"),
@@ -197,7 +275,9 @@ ZOO: dict[str, Case] = {
     "whisper-encoder": Case(_whisper, IMAGE_SIZES, "transformers"),
     "timm-resnet50": Case(_timm("resnet50"), IMAGE_SIZES, "timm"),
     "timm-convnext_tiny": Case(_timm("convnext_tiny"), IMAGE_SIZES, "timm"),
-    "timm-vit_small": Case(_timm("vit_small_patch16_224", img=32, img_size=32, patch_size=8), IMAGE_SIZES, "timm"),
+    "timm-vit_small": Case(
+        _timm("vit_small_patch16_224", img=32, img_size=32, patch_size=8), IMAGE_SIZES, "timm"
+    ),
     "torchvision-mobilenet_v3_small": Case(_torchvision("mobilenet_v3_small"), IMAGE_SIZES, "torchvision"),
     "torchvision-efficientnet_b0": Case(_torchvision("efficientnet_b0"), IMAGE_SIZES, "torchvision"),
 }

@@ -131,7 +131,9 @@ def test_a_multi_symbol_guard_narrows_each_symbol_it_constrains():
 
 def test_a_multi_symbol_guard_implied_by_single_symbol_ones_is_dropped():
     # with a >= 2 already known, a*b >= 2 always holds: nothing more to record
-    symbols, relations = simplify({"a": (1, 8), "b": (1, 8)}, guard("a*b >= 2", "a", "b"), guard("a >= 2", "a"))
+    symbols, relations = simplify(
+        {"a": (1, 8), "b": (1, 8)}, guard("a*b >= 2", "a", "b"), guard("a >= 2", "a")
+    )
     assert admissible(symbols["a"]) == (2, 8, 1, (0,), ())
     assert symbols["a"].sources == (source("a >= 2"),)
     assert symbols["b"] == SymbolGuard("b", 1, 8, 1, 8)

@@ -19,11 +19,16 @@ class MaskedAttention(nn.Module):
         pos = torch.arange(T, device=x.device)
         causal = (pos[None, :] <= pos[:, None])[None, None].expand(B, 1, T, T)  # built from sizes only
         a = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal)
-        b = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=padding[:, None, None, :] | ~causal.any(-1, keepdim=True))
+        b = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=padding[:, None, None, :] | ~causal.any(-1, keepdim=True)
+        )
         return (a + b).transpose(1, 2).reshape(B, T, D)
 
 
 spec = ModelSpec(
     module=MaskedAttention,
-    inputs=[Input("x", (Dim("batch", 1, 4), Dim("seq", 1, 32), 16)), Input("padding", (Dim("batch", 1, 4), Dim("seq", 1, 32)), dtype="bool")],
+    inputs=[
+        Input("x", (Dim("batch", 1, 4), Dim("seq", 1, 32), 16)),
+        Input("padding", (Dim("batch", 1, 4), Dim("seq", 1, 32)), dtype="bool"),
+    ],
 )
