@@ -67,6 +67,9 @@ def test_errors_are_one_line(tmp_path, built):
         "untraceable.py:10",
     )
     assert not (tmp_path / "u.tpk").exists()
+    r = aotpack("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk"))
+    # torch's partial graph dumps and log lines stay out of the log: progress, then the one error
+    assert r.stderr.splitlines()[:-1] == [f"tracing {model_path('untraceable')} …"], r.stderr
     import torch
     from safetensors.torch import save_file
 

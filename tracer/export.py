@@ -7,6 +7,10 @@ Guards that exclude only size 1 are set apart: ``aot.tracer.programs`` checks th
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -27,6 +31,24 @@ from aot.tracer.model import (
     user_input_nodes,
 )
 from aot.tracer.sites import display_path, record_guard_sites, user_frame
+
+
+@contextlib.contextmanager
+def quiet_torch():
+    """Keep torch's own output out of a build's log: a failed export prints its partial graph to
+    stderr and logs warnings and errors before raising, and aotpack reports the failure in one line
+    with the model's file:line. ``AOTPACK_DEBUG=1`` lets it all through."""
+    if os.environ.get("AOTPACK_DEBUG"):
+        yield
+        return
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def export_error(e: Exception, spec: ModelSpec) -> TraceError:
@@ -128,6 +150,7 @@ def export_model(
             fx_config.patch(backed_size_oblivious=True),
             torch.no_grad(),
             bound_forward(module, bound),
+            quiet_torch(),
         ):
             ep = export(module, args, kwargs, dynamic_shapes=dynamic)
     except Exception as e:

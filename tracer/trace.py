@@ -15,7 +15,7 @@ from aot.errors import TraceError
 from aot.schema import Bucket, Program
 from aot.spec import ModelSpec, plan_buckets
 from aot.stages import Traced, TracedProgram
-from aot.tracer.export import Exported, export_error, symbol_names
+from aot.tracer.export import Exported, export_error, quiet_torch, symbol_names
 from aot.tracer.model import call_model, tree_spec, user_input_nodes
 from aot.tracer.programs import contract, export_programs, program_entries
 
@@ -63,7 +63,8 @@ def _lower(
         table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
     try:
         with fx_config.patch(backed_size_oblivious=True):
-            ep = exported.ep.run_decompositions(table)
+            with quiet_torch():
+                ep = exported.ep.run_decompositions(table)
     except Exception as e:
         raise export_error(e, spec) from None
     static = {n: lo for n, (lo, hi) in exported.ranges.items() if lo == hi}
