@@ -11,7 +11,7 @@ import time
 import click
 
 from aot.cli.reports import mb
-from aot.errors import AotError, BundleError
+from aot.errors import AotError
 
 
 def _info(msg: str) -> None:
@@ -104,8 +104,38 @@ def build(
     type=click.Path(dir_okay=False),
     help="safetensors file with one tensor per input name [default: the bundle's example inputs]",
 )
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, or auto")
-@click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 100000), help="timed calls")
+@click.option(
+    "--sizes", help="run at these sizes with generated inputs, e.g. batch=3,seq=77 (others: the example's)"
+)
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N, or auto")
+@click.option(
+    "--iters",
+    "--runs",
+    "iters",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="timed calls",
+)
+@click.option(
+    "--warmup",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0, 1_000_000),
+    help="untimed calls first (CUDA-graph capture happens in the first)",
+)
+@click.option(
+    "--atol",
+    type=float,
+    help="max abs error allowed vs the reference [default: the dtype's tolerance "
+    "× the reference's scale]; a FAIL exits 2",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="print one JSON object (sizes, latency_ms, max_abs_err, ...)"
+)
+@click.option(
+    "--save-outputs", type=click.Path(dir_okay=False), help="write the outputs to this safetensors file"
+)
 @click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
 @click.option(
     "--capture",
@@ -114,18 +144,34 @@ def build(
     show_default=True,
     help="capture each bucket's CUDA graph on its first call, or all at load (largest first)",
 )
-def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs: bool, capture: str) -> None:
-    """Load BUNDLE, run it, and compare with the reference stored at build time."""
+def load(
+    bundle: str,
+    inputs_file: str | None,
+    sizes: str | None,
+    device: str,
+    iters: int,
+    warmup: int,
+    atol: float | None,
+    as_json: bool,
+    save_outputs: str | None,
+    no_graphs: bool,
+    capture: str,
+) -> None:
+    """Load BUNDLE, run it, time it, and check it against a reference: the eager outputs recorded
+    at build time (example inputs) or, on a GPU, the same bundle on the CPU. Exit 2 on FAIL."""
     import torch
 
+    from aot.cli import bench
     from aot.loader import load as load_bundle
 
+    if inputs_file and sizes:
+        raise click.UsageError("--inputs and --sizes both choose the inputs; give one")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
     runner = load_bundle(bundle, device=device, capture="none" if no_graphs else capture)
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
-    reference = None
+    reference, reference_name = None, None
     if inputs_file:
         from safetensors.torch import load_file
 
@@ -133,38 +179,46 @@ def load(bundle: str, inputs_file: str | None, device: str, runs: int, no_graphs
             inputs = load_file(inputs_file, device=str(runner.device))
         except Exception as e:
             raise click.ClickException(f"cannot read inputs {inputs_file}: {e}") from None
+    elif sizes:
+        inputs = runner.inputs_at(_parse_sizes(sizes))
     else:
-        inputs = runner.example_inputs()
-        reference = runner.reference_outputs()
-    from aot.pytree import leaf_paths, leaves
-
-    outputs = leaves(runner(**inputs))
-    names = leaf_paths(runner.program.output_tree, len(outputs))
-    if reference is not None and [r.shape for r in reference] != [o.shape for o in outputs]:
-        raise BundleError(
-            f"{bundle}: its reference outputs have shapes {[list(r.shape) for r in reference][:4]}, "
-            f"the program gives {[list(o.shape) for o in outputs][:4]}; the bundle is inconsistent"
+        inputs, reference, reference_name = (
+            runner.example_inputs(),
+            runner.reference_outputs(),
+            "build reference",
         )
-    times = []
-    for _ in range(runs):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        runner(**inputs)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    for i, out in enumerate(outputs):
-        line = f"output {names[i]}: {str(out.dtype).removeprefix('torch.')}{list(out.shape)}"
-        if reference is not None:
-            err = (out.float().cpu() - reference[i].float()).abs().max().item()
-            line += f"  max abs error vs build reference {err:.3g}"
-        click.echo(line)
-    click.echo(
-        f"latency: median {times[len(times) // 2] * 1e3:.3f} ms, p90 "
-        f"{times[min(len(times) - 1, int(len(times) * 0.9))] * 1e3:.3f} ms over {runs} calls"
-    )
+    if reference is None and runner.device.type == "cuda":
+        from aot.pytree import leaves
+
+        on_cpu = load_bundle(bundle, device="cpu")
+        reference = leaves(on_cpu(**{k: v.cpu() for k, v in inputs.items()}))
+        reference_name = "cpu program"
+    report = bench.run(runner, bundle, inputs, reference, reference_name, iters, warmup, atol)
+    if save_outputs:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in report.tensors.items()}, save_outputs)
+        _info(f"wrote {save_outputs}")
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1, sort_keys=True))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    if report.passed is False:
+        sys.exit(2)
+
+
+def _parse_sizes(text: str) -> dict[str, int]:
+    """``"batch=3,seq=77"`` → ``{"batch": 3, "seq": 77}``."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if not name.strip().isidentifier() or not value.strip().isdigit():
+            raise click.UsageError(f"--sizes expects name=N,... (e.g. batch=3,seq=77); got {part!r}")
+        out[name.strip()] = int(value)
+    if not out:
+        raise click.UsageError("--sizes expects name=N,... (e.g. batch=3,seq=77)")
+    return out
 
 
 def _read_side(target: str, arch: str):

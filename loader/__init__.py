@@ -192,6 +192,34 @@ class Runner:
             )
         return {n: ref[schema.REFERENCE_INPUT_PREFIX + n].to(self.device) for n in self.input_names}
 
+    def inputs_at(self, sizes: dict[str, int], seed: int = 0) -> dict[str, torch.Tensor]:
+        """Generated inputs at ``sizes`` (symbol -> value; the example inputs' sizes for the symbols
+        not named): floats standard normal, integers and bools drawn from the range the example
+        inputs span (token ids stay within the vocabulary). ``GuardError`` for sizes the bundle
+        does not admit, naming the symbol and its admissible set."""
+        examples = self.example_inputs()
+        values = [examples[n] for n in self.input_names]
+        unknown = sorted(set(sizes) - set(self.guards.symbols))
+        if unknown:
+            raise GuardError(
+                f"unknown size symbol(s) {unknown}; the bundle's symbols are {sorted(self.guards.symbols)}"
+            )
+        at = {**self.guards.check(values, self.device), **sizes}
+        for name, value in sizes.items():
+            self.guards.check_symbol(name, value, "requested size")
+        generator = torch.Generator().manual_seed(seed)
+        out = {}
+        for (name, _, _, dims), example in zip(self.guards.inputs, values):
+            shape = [at[d] if isinstance(d, str) else d for d in dims]
+            if example.dtype.is_floating_point:
+                value = torch.randn(shape, generator=generator).to(example.dtype)
+            else:
+                low = int(example.min()) if example.numel() else 0
+                high = int(example.max()) + 1 if example.numel() else 1
+                value = torch.randint(low, max(high, low + 1), shape, generator=generator).to(example.dtype)
+            out[name] = value.to(self.device)
+        return out
+
     def reference_outputs(self) -> list[torch.Tensor]:
         """The eager model's outputs on ``example_inputs()`` at build time, flat (``aot.pytree.leaves``
         order)."""

@@ -81,7 +81,7 @@ class GuardChecker:
         self.guards = guards
         self.names = tuple(i.name for i in guards.inputs)
         self.symbols: dict[str, SymbolGuard] = {s.name: s for s in guards.symbols}
-        self._inputs = []
+        self.inputs = []
         for inp in guards.inputs:
             if inp.dtype not in dtypes:
                 raise BundleError(f"input {inp.name!r} has unknown dtype {inp.dtype!r}")
@@ -97,7 +97,7 @@ class GuardChecker:
                     raise BundleError(
                         f"input {inp.name!r} has a size {size[:40]!r} that is neither an int nor a symbol"
                     )
-            self._inputs.append((inp.name, dtypes[inp.dtype], inp.dtype, tuple(dims)))
+            self.inputs.append((inp.name, dtypes[inp.dtype], inp.dtype, tuple(dims)))
         self._relations = [(compile_expr(r.expr), r) for r in guards.relations]
         self._sources = {
             s.name: [(compile_expr(src.text), src) for src in s.sources if src.text] for s in guards.symbols
@@ -138,7 +138,7 @@ class GuardChecker:
         index = None
         if device is not None and device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-        for k, ((name, dtype, dtype_name, dims), value) in enumerate(zip(self._inputs, values)):
+        for k, ((name, dtype, dtype_name, dims), value) in enumerate(zip(self.inputs, values)):
             if not isinstance(value, torch.Tensor):
                 raise GuardError(f"input {name!r}: expected a tensor, got {type(value).__name__}")
             if value.layout != torch.strided or value.is_nested:
@@ -169,7 +169,7 @@ class GuardChecker:
                             f"in {where[want]}, got {got}"
                         )
                 else:
-                    self._check_symbol(want, got, f"input {name!r} dim {d}")
+                    self.check_symbol(want, got, f"input {name!r} dim {d}")
                     sizes[want] = got
                     where[want] = f"input {name!r} dim {d}"
             if not value.is_contiguous() and isinstance(values, list):
@@ -183,7 +183,7 @@ class GuardChecker:
                 )
         return sizes
 
-    def _check_symbol(self, sym: str, value: int, what: str) -> None:
+    def check_symbol(self, sym: str, value: int, what: str) -> None:
         g = self.symbols[sym]
         if admits(g, value):
             return

@@ -99,3 +99,41 @@ def test_an_unwritable_output_folder_and_an_unknown_device_are_one_line_errors(t
         assert r.returncode == 1 and r.stderr == (
             f"error: device {device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'\n"
         ), r.stderr
+
+
+def test_load_benchmarks_and_checks(tmp_path, built):
+    """``load --sizes/--iters/--warmup/--json/--save-outputs/--atol``: generated inputs at any
+    admitted size, latency percentiles, a PASS/FAIL verdict against the build reference."""
+    import torch
+    from safetensors.torch import load_file
+
+    from aot.loader import load
+    from aot.tracer import instantiate, load_model_file
+
+    bundle, saved = str(built("small_mlp")), tmp_path / "out.safetensors"
+    r = aotpack("load", bundle, "--sizes", "batch=5", "--iters", "3", "--warmup", "1", "--json",
+                "--save-outputs", str(saved))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["sizes"] == {"batch": 5} and report["iters"] == 3 and report["warmup"] == 1
+    lat = report["latency_ms"]
+    assert set(lat) == {"min", "median", "p90", "p99", "max"} and 0 < lat["min"] <= lat["median"] <= lat["max"]
+    assert report["outputs"] == [{"name": "0", "dtype": "float16", "shape": [5, 32], "max_abs_err": None}]
+    assert report["passed"] is None and report["reference"] is None  # CPU, generated inputs: no reference
+    # the saved outputs are the model's on the generated inputs (fp16 tolerance 1e-2)
+    x = load(bundle).inputs_at({"batch": 5})["x"]
+    spec = load_model_file(model_path("small_mlp"))
+    with torch.no_grad():
+        want = instantiate(spec)(x).float()
+    got = load_file(saved)["0"].float()
+    assert got.shape == (5, 32) and (got - want).abs().max().item() <= 1e-2 * max(1.0, want.abs().max().item())
+
+    r = aotpack("load", bundle, "--iters", "2")
+    assert r.returncode == 0 and "PASS: max abs error 0 <= atol" in r.stdout, r.stdout
+    r = aotpack("load", bundle, "--iters", "2", "--atol", "-1")
+    assert r.returncode == 2 and "FAIL: max abs error 0 > atol -1 vs the build reference" in r.stdout
+    r = aotpack("load", bundle, "--sizes", "batch=999")
+    assert r.returncode == 1 and r.stderr.splitlines()[-1] == (
+        "error: requested size (batch): expected 1 <= batch <= 64, got 999 (declared in the model file)")
+    r = aotpack("load", bundle, "--sizes", "seq=3")
+    assert r.returncode == 1 and "unknown size symbol(s) ['seq']; the bundle's symbols are ['batch']" in r.stderr
