@@ -15,7 +15,7 @@ def fused_bitwise_not_bitwise_or(in0, in1, out0, s_batch, s_seq):
     x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x_mask = x < s_batch*s_seq*s_seq
     v0 = tl.load(in0 + ((x % s_seq) + (x // (s_seq*s_seq)) * s_seq), mask=x_mask, other=0)
-    v1 = tl.load(in1 + (x // s_seq), mask=x_mask, other=0)
+    v1 = tl.load(in1 + ((x // s_seq)), mask=x_mask, other=0)
     v2 = (v1 == 0)
     v3 = (v0 | v2)
     tl.store(out0 + (x), v3, mask=x_mask)

@@ -16,7 +16,7 @@ def fused_mul_add_gt_sigmoid_etc(in0, in1, in2, out0, out1, s_batch, s_seq):
     x_mask = x < 24*s_batch*s_seq
     v0 = tl.load(in0 + (x), mask=x_mask, other=0).to(tl.float32)
     v1 = (v0 * 2.0)
-    v2 = tl.load(in1 + (x % 24), mask=x_mask, other=0).to(tl.float32)
+    v2 = tl.load(in1 + ((x % 24)), mask=x_mask, other=0).to(tl.float32)
     v3 = (v1 + v2)
     v4 = (v3.to(tl.float16).to(tl.float32) > 0.25)
     v5 = tl.sigmoid(v3)
@@ -36,7 +36,7 @@ def fused_mul_add_gt_sigmoid_etc(in0, in1, in2, out0, out1, s_batch, s_seq):
     v19 = (v15 + v18)
     v20 = (1.0 - 2.0 / (tl.exp(2.0 * v9) + 1.0))
     v21 = (v19 + v20)
-    v22 = tl.load(in2 + (x % 24), mask=x_mask, other=0).to(tl.float32)
+    v22 = tl.load(in2 + ((x % 24)), mask=x_mask, other=0).to(tl.float32)
     v23 = (v21 / v22)
     v24 = v23.to(tl.float16).to(tl.float32)
     v25 = tl.full([], 0.0, tl.float32)

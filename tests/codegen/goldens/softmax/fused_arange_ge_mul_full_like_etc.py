@@ -18,8 +18,8 @@ def fused_arange_ge_mul_full_like_etc(in0, out0, s_batch, s_seq):
     c = tl.arange(0, BLOCK_R)[None, :]
     c_mask = c < s_seq
     rc_mask = r_mask & c_mask
-    v0 = (r % s_seq).to(tl.int64).to(tl.int64)
-    v1 = (c).to(tl.int64).to(tl.int64)
+    v0 = (((r % s_seq))).to(tl.int64).to(tl.int64)
+    v1 = ((c)).to(tl.int64).to(tl.int64)
     v2 = (v0 >= v1)
     v3 = tl.load(in0 + (c + r * s_seq), mask=rc_mask, other=0)
     v4 = (v3 * 0.25)
