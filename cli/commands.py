@@ -10,18 +10,27 @@ import time
 
 import click
 
+from aot.cli.progress import PROGRESS
 from aot.cli.reports import mb
 from aot.errors import AotError
 
-
-def _info(msg: str) -> None:
-    click.echo(msg, err=True)
+_info = PROGRESS.say  # progress: dropped under --quiet
+_result = PROGRESS.result  # results and warnings: always shown
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="aotpack")
-def cli() -> None:
+@click.option("-q", "--quiet", is_flag=True, help="print results, warnings and errors only (no progress)")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="also show torch's own logs and graph dumps while tracing"
+)
+def cli(quiet: bool, verbose: bool) -> None:
     """Ahead-of-time packaging of PyTorch models: build a bundle, load it, review its guards."""
+    if quiet and verbose:
+        raise click.UsageError("--quiet and --verbose contradict each other; give one")
+    PROGRESS.quiet = quiet
+    if verbose:
+        os.environ["AOTPACK_VERBOSE"] = "1"  # read by the tracer's quiet_torch
 
 
 @cli.command()
@@ -71,7 +80,8 @@ def build(
     start = time.perf_counter()
     spec = load_model_file(model)
     _info(f"tracing {model} …")
-    traced = trace(spec, weights=weights, progress=_info, allow_narrowing=allow_narrowing or None)
+    with PROGRESS.heartbeat("tracing"):
+        traced = trace(spec, weights=weights, progress=_info, allow_narrowing=allow_narrowing or None)
     programs = f" in {len(traced.programs)} programs" if traced.programs else ""
     _info(
         f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps{programs}, "
@@ -82,15 +92,16 @@ def build(
             from aot.admissible import admissible_text
 
             sites = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in sym.sources) or "tracing"
-            _info(
+            _result(
                 f"  warning: narrowed as allowed: {sym.name} declared {sym.declared_min}..{sym.declared_max} "
                 f"admits only {admissible_text(sym)} ({sites})"
             )
-    compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
+    with PROGRESS.heartbeat("generating kernels"):
+        compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
     n_kernels = len({k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels})
-    _info(
+    _result(
         f"wrote {output} ({mb(size)}, {n_kernels} kernels for "
         f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s"
     )

@@ -69,7 +69,8 @@ def test_errors_are_one_line(tmp_path, built):
     assert not (tmp_path / "u.tpk").exists()
     r = aotpack("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk"))
     # torch's partial graph dumps and log lines stay out of the log: progress, then the one error
-    assert r.stderr.splitlines()[:-1] == [f"tracing {model_path('untraceable')} …"], r.stderr
+    progress = [line for line in r.stderr.splitlines()[:-1] if "… still tracing" not in line]  # heartbeats
+    assert progress == [f"tracing {model_path('untraceable')} …"], r.stderr
     import torch
     from safetensors.torch import save_file
 
@@ -111,13 +112,26 @@ def test_load_benchmarks_and_checks(tmp_path, built):
     from aot.tracer import instantiate, load_model_file
 
     bundle, saved = str(built("small_mlp")), tmp_path / "out.safetensors"
-    r = aotpack("load", bundle, "--sizes", "batch=5", "--iters", "3", "--warmup", "1", "--json",
-                "--save-outputs", str(saved))
+    r = aotpack(
+        "load",
+        bundle,
+        "--sizes",
+        "batch=5",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+        "--save-outputs",
+        str(saved),
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["sizes"] == {"batch": 5} and report["iters"] == 3 and report["warmup"] == 1
     lat = report["latency_ms"]
-    assert set(lat) == {"min", "median", "p90", "p99", "max"} and 0 < lat["min"] <= lat["median"] <= lat["max"]
+    assert (
+        set(lat) == {"min", "median", "p90", "p99", "max"} and 0 < lat["min"] <= lat["median"] <= lat["max"]
+    )
     assert report["outputs"] == [{"name": "0", "dtype": "float16", "shape": [5, 32], "max_abs_err": None}]
     assert report["passed"] is None and report["reference"] is None  # CPU, generated inputs: no reference
     # the saved outputs are the model's on the generated inputs (fp16 tolerance 1e-2)
@@ -126,7 +140,9 @@ def test_load_benchmarks_and_checks(tmp_path, built):
     with torch.no_grad():
         want = instantiate(spec)(x).float()
     got = load_file(saved)["0"].float()
-    assert got.shape == (5, 32) and (got - want).abs().max().item() <= 1e-2 * max(1.0, want.abs().max().item())
+    assert got.shape == (5, 32) and (got - want).abs().max().item() <= 1e-2 * max(
+        1.0, want.abs().max().item()
+    )
 
     r = aotpack("load", bundle, "--iters", "2")
     assert r.returncode == 0 and "PASS: max abs error 0 <= atol" in r.stdout, r.stdout
@@ -134,6 +150,39 @@ def test_load_benchmarks_and_checks(tmp_path, built):
     assert r.returncode == 2 and "FAIL: max abs error 0 > atol -1 vs the build reference" in r.stdout
     r = aotpack("load", bundle, "--sizes", "batch=999")
     assert r.returncode == 1 and r.stderr.splitlines()[-1] == (
-        "error: requested size (batch): expected 1 <= batch <= 64, got 999 (declared in the model file)")
+        "error: requested size (batch): expected 1 <= batch <= 64, got 999 (declared in the model file)"
+    )
     r = aotpack("load", bundle, "--sizes", "seq=3")
-    assert r.returncode == 1 and "unknown size symbol(s) ['seq']; the bundle's symbols are ['batch']" in r.stderr
+    assert (
+        r.returncode == 1 and "unknown size symbol(s) ['seq']; the bundle's symbols are ['batch']" in r.stderr
+    )
+
+
+def test_quiet_build_prints_only_its_result(tmp_path):
+    out = tmp_path / "q.tpk"
+    r = aotpack("-q", "build", str(model_path("small_mlp")), "-o", str(out))
+    assert r.returncode == 0 and out.is_file(), r.stderr
+    assert r.stderr.splitlines() == [r.stderr.splitlines()[0]] and r.stderr.startswith(f"wrote {out} ("), (
+        r.stderr
+    )
+    r = aotpack("-q", "-v", "build", str(model_path("small_mlp")))
+    assert r.returncode == 2 and "--quiet and --verbose contradict each other" in r.stderr
+
+
+def test_heartbeat_speaks_during_a_silent_stage_only(capsys):
+    import time
+
+    from aot.cli.progress import Progress
+
+    progress = Progress()
+    with progress.heartbeat("tracing", every=0.2):
+        time.sleep(0.5)  # silent: two beats
+        progress.say("  stage done")
+        time.sleep(0.1)  # progress was just said: no beat
+    beats = [line for line in capsys.readouterr().err.splitlines() if "still tracing" in line]
+    assert len(beats) == 2 and beats[0].startswith("  … still tracing ("), beats
+    progress.quiet = True
+    with progress.heartbeat("tracing", every=0.05):
+        time.sleep(0.2)
+    progress.result("wrote x")
+    assert capsys.readouterr().err == "wrote x\n"

@@ -37,8 +37,9 @@ from aot.tracer.sites import display_path, record_guard_sites, user_frame
 def quiet_torch():
     """Keep torch's own output out of a build's log: a failed export prints its partial graph to
     stderr and logs warnings and errors before raising, and aotpack reports the failure in one line
-    with the model's file:line. ``AOTPACK_DEBUG=1`` lets it all through."""
-    if os.environ.get("AOTPACK_DEBUG"):
+    with the model's file:line. ``aotpack --verbose`` (``AOTPACK_VERBOSE=1``) or ``AOTPACK_DEBUG=1``
+    lets it all through."""
+    if os.environ.get("AOTPACK_VERBOSE") or os.environ.get("AOTPACK_DEBUG"):
         yield
         return
     logger = logging.getLogger("torch")
