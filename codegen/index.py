@@ -410,16 +410,33 @@ def broadcast_in(lin: Lin, out_shape: tuple[Size, ...], in_shape: tuple[Size, ..
 # Kernel source of an index
 
 
+def _enclosed(text: str) -> bool:
+    """Whether ``text`` is one parenthesised group: ``(a + b)`` yes, ``(a) * (b)`` no."""
+    if not text.startswith("("):
+        return False
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
+def _group(text: str) -> str:
+    """``text`` as one operand: parenthesised once, however it was built."""
+    return text if _enclosed(text) else f"({text})"
+
+
 def _atomic(e: Size) -> str:
     text = triton_size(e)
-    return text if isinstance(e, (sympy.Integer, sympy.Symbol)) and not text.startswith("-") else f"({text})"
+    return text if isinstance(e, (sympy.Integer, sympy.Symbol)) and not text.startswith("-") else _group(text)
 
 
 def triton_index(lin: Lin) -> str:
     """Triton source of an index over the kernel's atoms and size parameters."""
     parts = []
     for coef, f in lin.terms:
-        base = f.base if isinstance(f.base, str) else f"({triton_index(f.base)})"
+        base = f.base if isinstance(f.base, str) else _group(triton_index(f.base))
         text = base
         if f.div != ONE:
             text = f"({text} // {_atomic(f.div)})"

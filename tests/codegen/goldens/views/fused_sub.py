@@ -14,7 +14,7 @@ def fused_sub(in0, out0, s_batch, s_seq):
     # in0: *fp16, out0: *fp16, s_batch: i32, s_seq: i32
     x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x_mask = x < (-24*s_batch + 24*s_batch*s_seq)
-    v0 = tl.load(in0 + ((x // ((-24 + 24*s_seq))) * (48*s_seq) + ((x % 24) + 8) + (((x // 24) % ((-1 + s_seq))) + 1) * 48), mask=x_mask, other=0).to(tl.float32)
-    v1 = tl.load(in0 + (((x // 24) % ((-1 + s_seq))) * 48 + (x // ((-24 + 24*s_seq))) * (48*s_seq) + ((x % 24) + 8)), mask=x_mask, other=0).to(tl.float32)
+    v0 = tl.load(in0 + ((x // (-24 + 24*s_seq)) * (48*s_seq) + ((x % 24) + 8) + (((x // 24) % (-1 + s_seq)) + 1) * 48), mask=x_mask, other=0).to(tl.float32)
+    v1 = tl.load(in0 + (((x // 24) % (-1 + s_seq)) * 48 + (x // (-24 + 24*s_seq)) * (48*s_seq) + ((x % 24) + 8)), mask=x_mask, other=0).to(tl.float32)
     v2 = (v0 - v1)
     tl.store(out0 + (x), v2.to(tl.float16), mask=x_mask)
