@@ -13,10 +13,13 @@ import warnings
 
 import click
 
-from aot.cli.commands import cli
+from aot.cli.commands import cli, output_options
 from aot.errors import AotError
 
 __all__ = ["cli", "main"]
+
+for _command in (cli, *cli.commands.values()):
+    _command.params.extend(output_options())
 
 
 def main(argv: list[str] | None = None) -> None:

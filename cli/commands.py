@@ -18,19 +18,43 @@ _info = PROGRESS.say  # progress: dropped under --quiet
 _result = PROGRESS.result  # results and warnings: always shown
 
 
+def _output_mode(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value:
+        return
+    chosen = ctx.find_root().meta.setdefault("aotpack.output", set())
+    chosen.add(param.name)
+    if chosen == {"quiet", "verbose"}:
+        raise click.UsageError("--quiet and --verbose contradict each other; give one")
+    if param.name == "quiet":
+        PROGRESS.quiet = True
+    else:
+        os.environ["AOTPACK_VERBOSE"] = "1"  # read by the tracer's quiet_torch
+
+
+def output_options() -> list[click.Option]:
+    """``-q/--quiet`` and ``-v/--verbose``, taken before or after the command name."""
+    return [
+        click.Option(
+            ["-q", "--quiet"],
+            is_flag=True,
+            expose_value=False,
+            callback=_output_mode,
+            help="print results, warnings and errors only (no progress)",
+        ),
+        click.Option(
+            ["-v", "--verbose"],
+            is_flag=True,
+            expose_value=False,
+            callback=_output_mode,
+            help="also show torch's own logs and graph dumps while tracing",
+        ),
+    ]
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="aotpack")
-@click.option("-q", "--quiet", is_flag=True, help="print results, warnings and errors only (no progress)")
-@click.option(
-    "-v", "--verbose", is_flag=True, help="also show torch's own logs and graph dumps while tracing"
-)
-def cli(quiet: bool, verbose: bool) -> None:
+def cli() -> None:
     """Ahead-of-time packaging of PyTorch models: build a bundle, load it, review its guards."""
-    if quiet and verbose:
-        raise click.UsageError("--quiet and --verbose contradict each other; give one")
-    PROGRESS.quiet = quiet
-    if verbose:
-        os.environ["AOTPACK_VERBOSE"] = "1"  # read by the tracer's quiet_torch
 
 
 @cli.command()

@@ -186,3 +186,115 @@ def test_heartbeat_speaks_during_a_silent_stage_only(capsys):
         time.sleep(0.2)
     progress.result("wrote x")
     assert capsys.readouterr().err == "wrote x\n"
+
+
+MHA_MODEL = """
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.out = nn.Linear(32, 8)
+
+    def forward(self, x):
+        y, _ = self.attn(x, x, x, need_weights=False)
+        return self.out(y)
+
+spec = ModelSpec(module=Net, inputs=[Input("x", (Dim("batch", 1, 8), Dim("seq", 1, 64), 32))])
+"""
+
+
+def test_a_build_keeps_the_declared_range_or_says_why_not(tmp_path):
+    """nn.MultiheadAttention at batch 1 / seq 1 once narrowed the contract with a bare note; now
+    the build keeps every declared size (size 1 checked against eager), and a model that truly
+    cannot cover its range fails with the guard and its line, or narrows only when allowed, loudly."""
+    model = tmp_path / "mha.py"
+    model.write_text(MHA_MODEL)
+    r = aotpack("build", str(model), "-o", str(tmp_path / "mha.tpk"))
+    assert r.returncode == 0, r.stderr
+    assert "batch, seq = 1 runs the general trace: checked against eager" in r.stderr
+    guards = aotpack("guards", str(tmp_path / "mha.tpk")).stdout
+    assert "symbol batch: 1 <= batch <= 8  (declared 1..8)" in guards
+    assert "symbol seq: 1 <= seq <= 64  (declared 1..64)" in guards
+
+    reshape = model_path("guards/reshape")
+    _one_line_error(aotpack("build", str(reshape), "-o", str(tmp_path / "r.tpk")), 1, "")
+    r = aotpack("build", str(reshape), "-o", str(tmp_path / "r.tpk"))
+    assert r.stderr.splitlines()[-1] == (
+        "error: the build cannot cover every declared size: seq 1..64 admits only 2 <= seq <= 64, "
+        "seq % 2 == 0 (seq % 2 == 0 at tests/data/guards/reshape.py:17: x = x.reshape(B, T // 2, 2 * C)"
+        ".reshape(B, T, C)); change the model at those lines, declare narrower Dims, or accept the "
+        "narrower contract with --allow-narrowing (ModelSpec(allow_narrowing=True))"
+    )
+    r = aotpack("build", str(reshape), "-o", str(tmp_path / "r.tpk"), "--allow-narrowing", "-q")
+    assert r.returncode == 0
+    warning = "warning: narrowed as allowed: seq declared 1..64 admits only 2 <= seq <= 64, seq % 2 == 0"
+    assert r.stderr.splitlines()[0].strip().startswith(warning), r.stderr
+
+
+TOKEN_MODEL = """
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+
+    def forward(self, ids):
+        return self.emb(ids).sum(-1)
+
+spec = ModelSpec(module=Net, inputs=[INPUTS])
+"""
+
+
+def test_spec_mistakes_are_named_as_spec_mistakes_before_or_instead_of_a_trace(tmp_path):
+    cases = {
+        # token ids without low/high: values in [-1, 1) index the embedding at -1
+        'Input("ids", (1, Dim("seq", 1, 32)), dtype="int64")': (
+            "error: model.py:11: the model fails in eager PyTorch on inputs built from the spec "
+            "(ids int64[1, seq] in [-1, 1)): IndexError: index out of range in self; fix the Inputs' "
+            "shape, dtype or low/high (token ids: dtype='int64', low=0, high=the vocabulary size)"
+        ),
+        # no int64 dtype: float ids
+        'Input("ids", (1, Dim("seq", 1, 32)))': (
+            "error: model.py:11: the model fails in eager PyTorch on inputs built from the spec "
+            "(ids float32[1, seq] in [-1, 1)): RuntimeError: Expected tensor for argument #1 'indices'"
+        ),
+        'Input("ids", (1, Dim("seq", 1, 32)), dtype="int64", high=100), Input("mask", (1, 4))': (
+            "error: the spec declares 2 inputs (ids, mask) but Net.forward(ids) takes 1 by position; "
+            "remove the extra Inputs or name each after a parameter"
+        ),
+        'Input("id", (1, Dim("seq", 1, 32)), dtype="int64", high=100)': (
+            "error: Input 'id' is not a parameter of Net.forward(ids); did you mean 'ids'?"
+        ),
+    }
+    model = tmp_path / "model.py"
+    for inputs, first_line in cases.items():
+        model.write_text(TOKEN_MODEL.replace("INPUTS", inputs))
+        r = aotpack("build", str(model), "-o", str(tmp_path / "m.tpk"), "-q")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.splitlines()[0].startswith(first_line), (inputs, r.stderr)
+        assert not (tmp_path / "m.tpk").exists()
+    # a name that is no parameter, bound by position: the build says how
+    model.write_text(
+        TOKEN_MODEL.replace("INPUTS", 'Input("tokens", (1, Dim("seq", 1, 32)), dtype="int64", high=100)')
+    )
+    r = aotpack("build", str(model), "-o", str(tmp_path / "m.tpk"))
+    assert r.returncode == 0 and "  inputs passed to forward by position: tokens → ids" in r.stderr, r.stderr
+
+
+def test_guard_sites_do_not_move_when_the_folder_becomes_a_repository(tmp_path):
+    project = tmp_path / "proj"
+    (project / "models").mkdir(parents=True)
+    model = project / "models" / "net.py"
+    model.write_text(model_path("guards/reshape").read_text())
+    guards = project / "net.guards"
+    r = aotpack("guards", str(model), "-o", str(guards))
+    assert r.returncode == 0, r.stderr
+    assert "at net.py:17  " in guards.read_text()
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    r = aotpack("check", str(model), "--against", str(guards))
+    assert r.returncode == 0, r.stdout + r.stderr

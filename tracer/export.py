@@ -27,6 +27,7 @@ from aot.tracer.model import (
     instantiate,
     instantiate_shapes_only,
     positional_names,
+    run_eager,
     split_constants,
     user_input_nodes,
 )
@@ -157,6 +158,7 @@ def export_model(
     except Exception as e:
         if fast:
             return export_model(spec, weights, ranges=ranges)
+        run_eager(spec, module, examples)  # a spec mistake is reported as one
         raise export_error(e, spec) from None
 
     static = {name: lo for name, (lo, hi) in ranges.items() if lo == hi}

@@ -13,7 +13,7 @@ from typing import Any
 from aot.errors import SpecError, TraceError
 from aot.schema import TreeKind, TreeSpec
 from aot.spec import Dim, ModelSpec
-from aot.tracer.sites import user_frame
+from aot.tracer.sites import display_path, user_frame
 
 
 def example_inputs(
@@ -125,6 +125,8 @@ def call_plan(spec: ModelSpec, module) -> tuple[bool, dict[str, Any]]:
         params = {}
     names = [i.name.split(".")[0] for i in spec.inputs]
     by_keyword = bool(params) and all(n in params for n in names)
+    if params:
+        check_signature(spec, module, params, by_keyword)
     if not by_keyword and any("." in i.name for i in spec.inputs):
         raise SpecError(
             f"inputs {[i.name for i in spec.inputs]} name nested arguments, so each must start with a "
@@ -148,6 +150,80 @@ def call_plan(spec: ModelSpec, module) -> tuple[bool, dict[str, Any]]:
     if "use_cache" in params and "use_cache" not in constants and "use_cache" not in names:
         constants["use_cache"] = False
     return by_keyword, constants
+
+
+def check_signature(spec: ModelSpec, module, params, by_keyword: bool) -> None:
+    """The spec's inputs and constant kwargs against ``forward``'s parameters, before any trace:
+    a misspelled name, too many inputs or a required parameter left out is a spec mistake."""
+    import difflib
+    import inspect
+
+    kinds = inspect.Parameter
+    forward = f"{type(module).__name__}.forward({', '.join(params)})"
+    names = [i.name.split(".")[0] for i in spec.inputs]
+    for n in names:
+        close = difflib.get_close_matches(n, [p for p in params if p not in names], n=1, cutoff=0.8)
+        if n not in params and close:
+            raise SpecError(f"Input {n!r} is not a parameter of {forward}; did you mean {close[0]!r}?")
+    positional = [
+        p for p, v in params.items() if v.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    takes_varargs = any(v.kind == kinds.VAR_POSITIONAL for v in params.values())
+    if not by_keyword and len(names) > len(positional) and not takes_varargs:
+        raise SpecError(
+            f"the spec declares {len(names)} inputs ({', '.join(names)}) but {forward} takes "
+            f"{len(positional)} by position; remove the extra Inputs or name each after a parameter"
+        )
+    given = set(names if by_keyword else positional[: len(names)]) | set(spec.kwargs)
+    missing = [
+        p
+        for p, v in params.items()
+        if v.default is kinds.empty
+        and v.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        and p not in given
+    ]
+    if missing:
+        raise SpecError(
+            f"{forward} requires {', '.join(missing)}, which the spec does not give; add an Input "
+            f"named after each (or a constant in ModelSpec.kwargs)"
+        )
+
+
+def run_eager(spec: ModelSpec, module, inputs: dict[str, Any]) -> Any:
+    """The eager outputs on inputs built from the spec; a failure there is a spec mistake (a
+    wrong dtype, token ids without ``low``/``high``), raised as a SpecError."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            return call_model(spec, module, inputs)
+    except Exception as e:
+        frame = user_frame(traceback.extract_tb(e.__traceback__))
+        where = f"{display_path(frame.filename, Path(spec.extra.get('path', 'model.py')))}:{frame.lineno}: "
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+        described = ", ".join(_described(spec, i) for i in spec.inputs)
+        raise SpecError(
+            f"{where if frame else ''}the model fails in eager PyTorch on inputs built from the spec "
+            f"({described}): {type(e).__name__}: {first[:200]}; fix the Inputs' shape, dtype or "
+            f"low/high (token ids: dtype='int64', low=0, high=the vocabulary size)"
+        ) from None
+
+
+def binding_note(spec: ModelSpec, module) -> str | None:
+    """``image → x``: how inputs not named after ``forward``'s parameters are passed, by position."""
+    by_keyword, _ = call_plan(spec, module)
+    names = [i.name for i in spec.inputs]
+    params = positional_names(module, len(names))
+    if by_keyword or names == params:
+        return None
+    return "inputs passed to forward by position: " + ", ".join(f"{n} → {p}" for n, p in zip(names, params))
+
+
+def _described(spec: ModelSpec, inp) -> str:
+    dtype = inp.dtype or spec.dtype
+    dims = ", ".join(s.name if isinstance(s, Dim) else str(s) for s in inp.shape)
+    values = "" if dtype == "bool" else f" in [{inp.low:g}, {inp.high:g})"
+    return f"{inp.name} {dtype}[{dims}]{values}"
 
 
 def call_model(spec: ModelSpec, module, inputs: dict[str, Any]) -> Any:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aot.admissible import admissible_text
-from aot.errors import TraceError
+from aot.errors import SpecError, TraceError
 from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
 from aot.tracer.export import Exported, export_model, region_name
-from aot.tracer.model import call_model, call_plan, example_inputs, instantiate, split_constants
+from aot.tracer.model import binding_note, call_model, call_plan, example_inputs, instantiate, split_constants
 
 # How many programs one build may trace to cover the declared ranges, and how many separate
 # intervals of one symbol's uncovered sizes it traces (an odd/even split is never covered this way).
@@ -72,7 +72,7 @@ def export_programs(
             return
         try:
             ex = export_model(spec, weights, fast, ranges, module=module)
-        except TraceError as e:
+        except (TraceError, SpecError) as e:
             if not programs:
                 raise
             failures.append(f"{region_name(spec, ranges)}: {e}")
@@ -91,6 +91,8 @@ def export_programs(
                 )
         if programs:
             say(f"  traced a program for {ex.name} (the general trace's guards exclude it)")
+        elif note := binding_note(spec, ex.module):
+            say(f"  {note}")
         programs.append(ex)
         symbols = {g.name: g for g in ex.guards.symbols}
         fixed = dict(ranges)

@@ -28,8 +28,9 @@ _PACKAGE_DIRS = tuple(
 )
 
 # A folder holding one of these is the root of the model's project; guard sites are shown
-# relative to it, so a manifest reads the same on every checkout.
-_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+# relative to it (else to the model file's folder), so a manifest reads the same on every checkout.
+# Version-control folders are not markers: `git init` must not change a manifest.
+_ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
 
 
 def import_hint(e: BaseException) -> str:
@@ -79,7 +80,7 @@ def _project_root(model_path: Path) -> Path:
     for folder in (start, *start.parents):
         if any((folder / marker).exists() for marker in _ROOT_MARKERS):
             return folder
-    return start.parent
+    return start
 
 
 def _library_roots() -> list[str]:

@@ -16,7 +16,7 @@ from aot.schema import Bucket, Program
 from aot.spec import ModelSpec, plan_buckets
 from aot.stages import Traced, TracedProgram
 from aot.tracer.export import Exported, export_error, quiet_torch, symbol_names
-from aot.tracer.model import call_model, tree_spec, user_input_nodes
+from aot.tracer.model import call_model, run_eager, tree_spec, user_input_nodes
 from aot.tracer.programs import contract, export_programs, program_entries
 
 # ATen ops kept whole (library calls at run time) even where a decomposition exists.
@@ -105,8 +105,7 @@ def trace(
                 f"expects every program of a model to share its parameters"
             )
     main = exported[0]
-    with torch.no_grad():
-        ref = call_model(spec, main.module, main.examples)
+    ref = run_eager(spec, main.module, main.examples)
     noise = _half_precision_noise(spec, main.module, main.examples, leaves(ref))
     programs = tuple(
         TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b)
