@@ -64,7 +64,9 @@ def cli() -> None:
 )
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help="GPU archs to compile kernels for")
 @click.option(
-    "--weights", type=click.Path(dir_okay=False), help="safetensors file with the module's state dict"
+    "--weights",
+    type=click.Path(dir_okay=False),
+    help="the module's state dict: a safetensors file, or a torch.save checkpoint (.pt, read with weights_only=True)",
 )
 @click.option(
     "--split-weights",

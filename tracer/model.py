@@ -89,15 +89,11 @@ def instantiate_shapes_only(spec: ModelSpec):
 
 
 def _load_weights(module, path: Path) -> None:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     if not path.is_file():
         raise SpecError(f"weights file {path} does not exist")
-    try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise SpecError(f"weights file {path} is not a valid safetensors file: {e}") from None
+    with open(path, "rb") as f:
+        head = f.read(4)
+    state = _read_checkpoint(path) if head[:2] in (b"PK", b"\x80\x02") else _read_safetensors(path)
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -111,6 +107,49 @@ def _load_weights(module, path: Path) -> None:
                 f"weights file {path}: {k} has shape {tuple(v.shape)}, the module expects {tuple(expected[k].shape)}"
             )
     module.load_state_dict(state, strict=True)
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise SpecError(f"weights file {path} is not a valid safetensors file: {e}") from None
+
+
+# Where training scripts put the state dict inside a checkpoint dictionary.
+_STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module")
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    """A ``torch.save`` checkpoint (.pt/.pth/.bin), read with ``torch.load(weights_only=True)``:
+    a state dict, or one under a usual key (``{"state_dict": ...}``), ``module.`` prefixes of
+    DistributedDataParallel dropped. Only the build reads checkpoints; bundles hold safetensors."""
+    import torch
+
+    convert = (
+        "save the state dict instead (torch.save(model.state_dict(), PATH)) or convert it: "
+        "safetensors.torch.save_file(model.state_dict(), 'weights.safetensors')"
+    )
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise SpecError(
+            f"weights file {path} is a pickled checkpoint that torch.load(weights_only=True) refuses "
+            f"({first[:160]}); {convert}"
+        ) from None
+    for key in _STATE_DICT_KEYS:
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise SpecError(f"weights file {path} holds no state dict of tensors; {convert}")
+    if all(k.startswith("module.") for k in obj):
+        obj = {k.removeprefix("module."): v for k, v in obj.items()}
+    return obj
 
 
 def call_plan(spec: ModelSpec, module) -> tuple[bool, dict[str, Any]]:
