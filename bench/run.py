@@ -142,7 +142,7 @@ def main() -> None:
                     + (
                         f"cold {r['cold_start_s']:.1f}s "
                         + " ".join(f"{k}: {v['median_ms']:.3f}ms" for k, v in r["shapes"].items())
-                        + f" peak {r['peak_mem_mb']:.0f}MB"
+                        + f" device {r['device_mem_mb']:.0f} MiB, peak alloc {r['peak_alloc_mb']:.0f} MiB"
                         if r
                         else f"ERROR {err}"
                     ),

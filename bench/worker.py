@@ -1,4 +1,14 @@
-"""One system, one model, one fresh process: cold start, per-call latency per shape, peak memory.
+"""One system, one model, one fresh process: cold start, per-call latency per shape, memory.
+
+Memory, in MiB (2**20 bytes):
+- ``device_mem_mb``: device-level memory the system holds: free memory (cudaMemGetInfo) right after
+  the CUDA context is created, minus the lowest free memory seen after loading and after each
+  shape's timed calls. It counts everything the process allocates on the device, the caching
+  allocator's reserve and memory taken outside it (AOTInductor's weights are plain cudaMalloc),
+  and excludes the CUDA context itself.
+- ``peak_alloc_mb``: ``torch.cuda.max_memory_allocated`` over the timed calls only (the allocator's
+  live tensors; blind to memory allocated outside it).
+Outputs are copied to the CPU before any conversion, so the harness adds no device copies.
 
     python bench/worker.py SYSTEM MODEL --spawned-at T --weights W --out DIR [--bundle B] [--package P]
 
@@ -32,6 +42,15 @@ def main() -> None:
 
     result = {"system": args.system, "model": args.model}
     shapes = SHAPES[args.model]
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    free_after_context = torch.cuda.mem_get_info()[0]
+    lowest_free = [free_after_context]
+
+    def sample_free() -> None:
+        torch.cuda.synchronize()
+        lowest_free.append(torch.cuda.mem_get_info()[0])
+
     first_inputs = make_inputs(args.model, shapes[0])
     torch.cuda.synchronize()
 
@@ -62,22 +81,28 @@ def main() -> None:
         out = fn(*first_inputs)
         torch.cuda.synchronize()
         result["cold_start_s"] = time.time() - args.spawned_at
+        sample_free()
+        del out
         result["shapes"] = {}
         from safetensors.torch import save_file
 
         outputs = {}
+        torch.cuda.reset_peak_memory_stats()
         for sizes in shapes:
             inputs = make_inputs(args.model, sizes)
             times = sorted(timed_calls(fn, inputs))
+            sample_free()
             out = fn(*inputs)
             out = out[0] if isinstance(out, (tuple, list)) else out
-            outputs[shape_label(sizes)] = out.detach().float().cpu().contiguous()
+            outputs[shape_label(sizes)] = out.detach().cpu().float().contiguous()
+            del out
             result["shapes"][shape_label(sizes)] = {
                 "median_ms": times[len(times) // 2] * 1e3,
                 "p90_ms": times[int(len(times) * 0.9)] * 1e3,
             }
         save_file(outputs, f"{args.out}/{args.model}.{args.system}.safetensors")
-    result["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        result["peak_alloc_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    result["device_mem_mb"] = (free_after_context - min(lowest_free)) / 2**20
     print(json.dumps(result), flush=True)
 
 
