@@ -158,6 +158,15 @@ def referenced_weights(folder: Path) -> set[str] | None:
     return names
 
 
+def is_bundle(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a zip archive holding a bundle manifest (what a build may replace)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return schema.MANIFEST_PATH in zf.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
 def _manifest_of(path: Path) -> object:
     """The parsed manifest of a zip at ``path``, or None when it has none (not a bundle)."""
     with zipfile.ZipFile(path) as zf:
