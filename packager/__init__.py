@@ -9,8 +9,8 @@ until the new one is complete.
 
 A build killed mid-write (SIGKILL, power loss) leaves its temporary file ``.NAME.HOST-PID.*.partial``
 beside the target. The next build of the same target removes those no live process holds locked
-(``aot.packager.files``); a split-weights build also removes the earlier ``NAME.weights.*`` files no
-bundle refers to any more. A write the system refuses (disk full, read-only) is an ``EnvError`` that
+(``aot.packager.files``); it also removes the earlier ``NAME.weights.*`` files that no bundle refers
+to any more. A write the system refuses (disk full, read-only) is an ``EnvError`` that
 says what to do, with nothing left behind.
 """
 
@@ -153,7 +153,8 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
     ``split_weights``: write the weights to ``<name>.weights.<sha>.safetensors`` beside the bundle
     (same bytes, same sha256 in the manifest) so the archive itself stays small, e.g. to ship
     kernels and weights separately; rebuilding with unchanged weights reuses the file when its
-    content still matches, and earlier weights files no bundle refers to any more are removed.
+    content still matches. Earlier weights files of ``path`` that no bundle refers to any more are
+    removed, whether or not this build splits its own.
     A write the system refuses raises ``EnvError``; the target keeps what it held before.
     """
     path = Path(path)
@@ -173,11 +174,9 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
                 held.enter_context(weights_in_place(weights_file, members.pop(schema.WEIGHTS_PATH)))
             write_bundle(path, manifest, members)
     except OSError as e:
-        if split_weights:
-            collect_weights(path)  # weights written for a bundle that never appeared
+        collect_weights(path)  # weights written for a bundle that never appeared
         raise EnvError(_cannot_write(path, e, size)) from None
-    if split_weights:
-        collect_weights(path)
+    collect_weights(path)
     return manifest
 
 

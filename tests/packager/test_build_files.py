@@ -87,6 +87,8 @@ def test_split_weights_builds_collect_the_weights_no_bundle_refers_to(tmp_path: 
     pack(built.compiled("small_mlp"), out, split_weights=True)  # back to the first weights
     assert _weights_files(tmp_path) == [first]
     assert torch.equal(_outputs(out), expected)
+    pack(built.compiled("small_mlp"), out)  # weights inside the bundle: the file is nobody's now
+    assert sorted(os.listdir(tmp_path)) == sorted(["m.tpk", *bystanders])
 
 
 def test_weights_a_running_build_holds_or_an_unreadable_bundle_may_use_are_kept(
