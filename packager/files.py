@@ -11,11 +11,15 @@ Split weights (``NAME.weights.SHA.safetensors``) are named by content. A build h
 on the one it uses from the moment it is in place (checked by content, rewritten when it differs)
 until its bundle is; afterwards ``collect_weights`` removes the other ``NAME.weights.*`` files that
 no bundle in the folder refers to and that no running build holds.
+
+On a file system without ``flock`` a build still writes (unlocked), and nothing is removed: a
+lock that cannot be tried cannot tell a dead build's file from a live one's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -188,20 +192,34 @@ def _names(folder: Path) -> list[str]:
 
 def _open_locked(path: Path, operation: int, follow: bool = True) -> int | None:
     """A descriptor of the regular file at ``path`` holding ``flock(operation)``, or None when
-    there is none, the lock is not granted (``LOCK_NB``), or the file was replaced meanwhile."""
+    there is none, the lock is not granted (``LOCK_NB``), or the file was replaced meanwhile.
+    Where the file system has no locks, a blocking request goes on unlocked and a ``LOCK_NB`` one
+    (asked only to remove the file) is refused."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, operation)
-        if stat.S_ISREG(os.fstat(fd).st_mode) and _same_file(fd, path):
+        granted = _flock(fd, operation) or not operation & fcntl.LOCK_NB
+        if granted and stat.S_ISREG(os.fstat(fd).st_mode) and _same_file(fd, path):
             return fd
     except OSError:
         pass
     os.close(fd)
     return None
+
+
+def _flock(fd: int, operation: int) -> bool:
+    """``flock``; False where the file system has no such locks. A lock held by another process
+    raises ``BlockingIOError`` under ``LOCK_NB``."""
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS):
+            return False
+        raise
+    return True
 
 
 def _unlink_held(path: Path, fd: int, close: bool = True) -> bool:
@@ -240,7 +258,7 @@ def _locked_partial(path: Path) -> tuple[int, str]:
         fd, tmp = tempfile.mkstemp(
             prefix=f".{path.name}.{host()}-{os.getpid()}.", suffix=".partial", dir=path.parent
         )
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _flock(fd, fcntl.LOCK_EX)
         if _same_file(fd, Path(tmp)):  # not removed by another build between mkstemp and flock
             umask = os.umask(0)
             os.umask(umask)

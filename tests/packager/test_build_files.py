@@ -177,3 +177,22 @@ def test_cli_build_on_a_full_disk_is_one_line_and_not_an_internal_error(tmp_path
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: cannot write {out}: No space left"), r.stderr
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_without_flock_a_build_still_writes_and_removes_nothing(tmp_path: Path, built, monkeypatch) -> None:
+    """A file system without locks (some network and FUSE ones): nothing can tell a dead build's
+    files from a live one's, so nothing is removed, and the build goes on."""
+    out = tmp_path / "m.tpk"
+    pack(built.compiled("small_mlp"), out, split_weights=True)
+    (first,) = _weights_files(tmp_path)
+    partial = tmp_path / f".m.tpk.{host()}-1.abcd1234.partial"
+    partial.write_bytes(b"x")
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    pack(built.compiled("branchy"), out, split_weights=True)
+    assert partial.exists() and first in _weights_files(tmp_path) and len(_weights_files(tmp_path)) == 2
+    monkeypatch.undo()
+    _outputs(out)
