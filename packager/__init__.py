@@ -159,9 +159,8 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
     """
     path = Path(path)
     members = build_members(compiled)
-    weights_file = None
-    if split_weights:
-        weights_file = external_weights_path(path, hashlib.sha256(members[schema.WEIGHTS_PATH]).hexdigest())
+    weights_sha256 = hashlib.sha256(members[schema.WEIGHTS_PATH]).hexdigest() if split_weights else ""
+    weights_file = external_weights_path(path, weights_sha256) if split_weights else None
     external = weights_file.name if weights_file else ""
     draft = make_manifest(compiled, members, external)
     members[schema.GUARDS_PATH] = render_manifest(manifest_of_bundle(draft)).encode()
@@ -171,7 +170,9 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as held:
             if weights_file is not None:
-                held.enter_context(weights_in_place(weights_file, members.pop(schema.WEIGHTS_PATH)))
+                held.enter_context(
+                    weights_in_place(weights_file, members.pop(schema.WEIGHTS_PATH), weights_sha256)
+                )
             write_bundle(path, manifest, members)
     except OSError as e:
         collect_weights(path)  # weights written for a bundle that never appeared

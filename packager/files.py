@@ -38,9 +38,8 @@ from aot.errors import EnvError
 
 LOCK_ATTEMPTS = 5  # a partial removed between its creation and its lock, or weights between rename and lock
 HASH_CHUNK = 1 << 20
-MAX_MANIFEST_BYTES = (
-    16 << 20
-)  # a neighbour whose manifest is larger is not read (and keeps every weights file)
+# A neighbour whose manifest is larger is not read, and every weights file is kept.
+MAX_MANIFEST_BYTES = 16 << 20
 ZIP_MAGIC = b"PK\x03\x04"
 
 
@@ -72,14 +71,14 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def weights_in_place(path: Path, data: bytes) -> Iterator[None]:
-    """``path`` holding ``data`` while the block runs: an existing file is kept only when its
-    content hashes to ``data``'s (a damaged one is rewritten), and a shared lock keeps other
-    builds' ``collect_weights`` from removing it before the bundle that uses it is in place."""
-    want = hashlib.sha256(data).hexdigest()
+def weights_in_place(path: Path, data: bytes, sha256: str) -> Iterator[None]:
+    """``path`` holding ``data`` (whose hash is ``sha256``) while the block runs: an existing file
+    is kept only when its content hashes the same (a damaged one is rewritten), and a shared lock
+    keeps other builds' ``collect_weights`` from removing it before the bundle that uses it is in
+    place."""
     for _ in range(LOCK_ATTEMPTS):
         fd = _open_locked(path, fcntl.LOCK_SH)
-        if fd is not None and _sha256(fd) == want:
+        if fd is not None and _sha256(fd) == sha256:
             try:
                 yield
             finally:
@@ -132,8 +131,8 @@ def collect_weights(bundle: str | os.PathLike) -> list[Path]:
                 fd = _open_locked(bundle.parent / name, fcntl.LOCK_EX | fcntl.LOCK_NB, follow=False)
                 if fd is not None:
                     held[bundle.parent / name] = fd
-        # read only now: a build that put its weights in place before we locked them has its
-        # bundle in place too, and one that comes later writes them again
+        # read only now: a build keeps its weights locked until its bundle is in place, so those
+        # held here belong to no build in progress (one that comes later writes them again)
         referenced = referenced_weights(bundle.parent) if held else set()
         if referenced is None:
             return []
@@ -146,7 +145,11 @@ def collect_weights(bundle: str | os.PathLike) -> list[Path]:
 def referenced_weights(folder: Path) -> set[str] | None:
     """The external weights names of the bundles in ``folder``; None when one cannot be read."""
     names = set()
-    for name in _names(folder):
+    try:
+        neighbours = os.listdir(folder)
+    except OSError:
+        return None
+    for name in neighbours:
         path = folder / name
         try:
             if name.endswith(".partial") or not path.is_file():
