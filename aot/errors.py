@@ -30,7 +30,8 @@ class BundleError(AotError):
 
 
 class EnvError(AotError):
-    """The environment cannot run this bundle (no cubin for this arch, missing op, old driver)."""
+    """The environment cannot run this bundle (no cubin for this arch, missing op, old driver), or
+    cannot hold the one being built (disk full, read-only folder)."""
 
 
 class CodegenError(AotError):

@@ -80,6 +80,7 @@ def cli() -> None:
     help="build even when the traced programs cannot cover every declared size (the bundle then "
     "admits less than declared, as `aotpack guards` shows)",
 )
+@click.option("--force", is_flag=True, help="overwrite OUTPUT even when it is not a bundle")
 def build(
     model: str,
     output: str | None,
@@ -88,6 +89,7 @@ def build(
     split_weights: bool,
     no_fuse: bool,
     allow_narrowing: bool,
+    force: bool,
 ) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
     from aot.codegen import generate, parse_archs
@@ -103,6 +105,7 @@ def build(
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):  # found before the trace, not after
         raise click.ClickException(f"cannot write {output}: {folder} is not a folder this user can write to")
+    _check_output(output, [model, weights], force)
     start = time.perf_counter()
     spec = load_model_file(model)
     _info(f"tracing {model} …")
@@ -131,6 +134,23 @@ def build(
         f"wrote {output} ({mb(size)}, {n_kernels} kernels for "
         f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s"
     )
+
+
+def _check_output(output: str, inputs: list[str | None], force: bool) -> None:
+    """Refuse to overwrite an input of the build, or (without ``--force``) a file that is not a bundle."""
+    from aot.packager.files import is_bundle
+
+    if not os.path.lexists(output):
+        return
+    for given in filter(None, inputs):
+        if os.path.exists(given) and os.path.exists(output) and os.path.samefile(given, output):
+            raise click.ClickException(
+                f"-o {output} is {given}, an input of this build; give the bundle another path"
+            )
+    if not force and not is_bundle(output):
+        raise click.ClickException(
+            f"-o {output} exists and is not an aotpack bundle; give another path, or --force to overwrite it"
+        )
 
 
 @cli.command()

@@ -99,9 +99,13 @@ def generate(
     ]
     results, failed, hits = {}, {}, 0
     last = 0.0
+    cache_warned = False
     for n, job in enumerate(jobs, 1):
         try:
             res = compile_job(job)
+            if res.cache_error and not cache_warned:
+                say(f"  warning: the kernel cache cannot be written ({res.cache_error}); building without it")
+                cache_warned = True
             scratch = res.meta["global_scratch_size"], res.meta["profile_scratch_size"]
             if scratch != (0, 0):
                 raise CodegenError(f"kernel needs scratch memory {scratch}; the launcher passes none")

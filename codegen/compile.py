@@ -3,8 +3,14 @@
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))`` runs the whole pipeline
 (TTIR → TTGIR → LLVM IR → PTX → ptxas) on the build machine. Each (kernel, arch) result is kept in
 a content-addressed cache (``AOTPACK_CACHE_DIR``, default ``~/.cache/aotpack/kernels``): the key
-covers the source, signature, options, arch and the Triton version, and entries are written to a
-temporary file and moved into place, so concurrent builds never see half-written entries.
+covers the source, signature, options, arch and the toolchain (Triton and ptxas versions), and
+entries are written to a temporary file and moved into place, so concurrent builds never see
+half-written entries. An entry is checked on every read: its metadata must be the object this
+module writes, naming the same key, with the cubin's sha256; anything else (damaged, truncated,
+copied from another kernel, ill-typed) is a miss, compiled again and rewritten. Triton's own cache
+is not kept between compiles, so a miss really compiles the source. A cache directory that cannot
+be written is no error: the kernel is compiled all the same and ``Result.cache_error`` says why
+it was not stored.
 
 The kernel's source is compiled under the file name it has in the bundle (``kernels/<id>.py``),
 so line info in the cubin does not depend on where the build ran.
@@ -23,12 +29,12 @@ import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from aot.schema import KERNEL_SOURCE_FORMAT
 
 CACHE_ENV = "AOTPACK_CACHE_DIR"
-CACHE_FORMAT = 1  # bump when what an entry holds changes
+CACHE_FORMAT = 2  # bump when what an entry holds changes
 POINTER_ALIGNMENT = 16  # root buffers are fresh allocations: pointers may assume 16-byte alignment
 # Line info names the files of inlined Triton library code by absolute path (the build machine's
 # site-packages), which would make cubins differ between machines; off, builds are reproducible.
@@ -57,6 +63,21 @@ class Result:
     cubin: bytes
     meta: dict[str, Any]  # name, shared, global/profile scratch sizes, ptx_params
     cached: bool
+    cache_error: str = ""  # why the result could not be stored in the cache ("" when it was)
+
+
+# What an entry's metadata holds, and the type of each field; an entry that differs is a miss.
+META_FIELDS = {
+    "key": str,
+    "name": str,
+    "shared": int,
+    "num_warps": int,
+    "num_stages": int,
+    "global_scratch_size": int,
+    "profile_scratch_size": int,
+    "ptx_params": int,
+    "cubin_sha256": str,
+}
 
 
 def _options(job: Job) -> dict[str, Any]:
@@ -74,6 +95,7 @@ def cache_key(job: Job) -> str:
             "options": _options(job),
             "arch": job.arch,
             "triton": triton.__version__,
+            "ptxas": _ptxas(arch_number(job.arch)).version,
             "align": POINTER_ALIGNMENT,
             "line_info": LINE_INFO,
             "file": KERNEL_SOURCE_FORMAT.format(kernel=job.kernel_id),
@@ -120,14 +142,53 @@ def compile_job(job: Job) -> Result:
     key = cache_key(job)
     base = cache_dir() / key[:2] / key
     cubin_path, meta_path = base.with_suffix(".cubin"), base.with_suffix(".json")
+    cached = _read_entry(cubin_path, meta_path, key, job)
+    if cached is not None:
+        return cached
+    cubin, meta = _compile(job)
+    meta["key"] = key
     try:
-        meta = json.loads(meta_path.read_text())
-        cubin = cubin_path.read_bytes()
-        if hashlib.sha256(cubin).hexdigest() == meta.get("cubin_sha256"):
-            return Result(cubin, meta, cached=True)
-    except (OSError, ValueError):
-        pass
+        _write_atomic(cubin_path, cubin)
+        _write_atomic(meta_path, json.dumps(meta, sort_keys=True).encode())
+    except OSError as e:
+        return Result(
+            cubin, meta, cached=False, cache_error=f"{e.strerror or e} ({e.filename or cache_dir()})"
+        )
+    return Result(cubin, meta, cached=False)
 
+
+def _read_entry(cubin_path: Path, meta_path: Path, key: str, job: Job) -> Result | None:
+    """The cached result of ``key``, or None when the entry is missing or is not exactly what
+    ``compile_job`` writes for this job."""
+    try:
+        meta = json.loads(meta_path.read_bytes())
+        cubin = cubin_path.read_bytes()
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    if not _valid_meta(meta) or meta["key"] != key or meta["name"] != job.name:
+        return None
+    if (meta["num_warps"], meta["num_stages"]) != (job.num_warps, job.num_stages):
+        return None
+    if hashlib.sha256(cubin).hexdigest() != meta["cubin_sha256"]:
+        return None
+    return Result(cubin, meta, cached=True)
+
+
+def _valid_meta(meta: Any) -> bool:
+    return (
+        isinstance(meta, dict)
+        and set(meta) == set(META_FIELDS)
+        and all(
+            type(meta[field]) is kind and (kind is str or meta[field] >= 0)
+            for field, kind in META_FIELDS.items()
+        )
+    )
+
+
+def _compile(job: Job) -> tuple[bytes, dict[str, Any]]:
+    """Run Triton on ``job``: the cubin and its metadata (every field but the key). Triton's own
+    cache lives in a fresh directory that is removed afterwards: what it would find in a lasting
+    one is nothing this module has checked."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -140,13 +201,17 @@ def compile_job(job: Job) -> Result:
     }
     src = ASTSource(fn, signature=dict(job.signature), constexprs=None, attrs=attrs)
     cc = int(job.arch.removeprefix("sm_").rstrip("a"))
-    with triton.knobs.cache.scope(), triton.knobs.compilation.scope():
-        triton.knobs.cache.dir = str(cache_dir() / "triton")
+    with (
+        tempfile.TemporaryDirectory(prefix="aotpack-triton-") as scratch,
+        triton.knobs.cache.scope(),
+        triton.knobs.compilation.scope(),
+    ):
+        triton.knobs.cache.dir = scratch
         triton.knobs.compilation.disable_line_info = not LINE_INFO
         compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=_options(job))
     md = compiled.metadata
     cubin = compiled.asm["cubin"]
-    meta = {
+    return cubin, {
         "name": md.name,
         "shared": int(md.shared),
         "num_warps": int(md.num_warps),
@@ -156,14 +221,17 @@ def compile_job(job: Job) -> Result:
         "ptx_params": _ptx_params(compiled.asm["ptx"], md.name),
         "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
     }
-    _write_atomic(cubin_path, cubin)
-    _write_atomic(meta_path, json.dumps(meta, sort_keys=True).encode())
-    return Result(cubin, meta, cached=False)
+
+
+class Ptxas(NamedTuple):
+    release: str  # "12.9"
+    version: str  # everything ``ptxas --version`` says, build included
+    accepted: frozenset[str]  # the ``sm_*`` targets it compiles for
 
 
 @functools.cache
-def _ptxas(cc: int) -> tuple[str, frozenset[str]]:
-    """(CUDA release, the ``sm_*`` targets it accepts) of the ptxas triton compiles sm_{cc} with:
+def _ptxas(cc: int) -> Ptxas:
+    """The ptxas triton compiles sm_{cc} with:
     triton >= 3.8 ships two, CUDA 12.x for sm_75..sm_89 and CUDA 13.x from sm_90 on."""
     from triton.backends.nvidia import compiler
 
@@ -176,16 +244,15 @@ def _ptxas(cc: int) -> tuple[str, frozenset[str]]:
     start = usage.find("--gpu-name")
     end = usage.find("\n--", start + 1)
     m = re.search(r"release (\d+\.\d+)", version)
-    return (m.group(1) if m else ""), frozenset(
-        re.findall(r"'(sm_\w+)'", usage[start : end if end > 0 else None])
-    )
+    accepted = frozenset(re.findall(r"'(sm_\w+)'", usage[start : end if end > 0 else None]))
+    return Ptxas(m.group(1) if m else "", version.strip(), accepted)
 
 
 def ptxas_release(arch: str) -> str:
     """The CUDA release of the ptxas that compiles ``arch``'s cubins (``"12.9"``, ``"13.4"``): a
     driver of an older CUDA major cannot load them, so the bundle records it per arch
     (``Environment.cuda_built``)."""
-    return _ptxas(arch_number(arch))[0]
+    return _ptxas(arch_number(arch)).release
 
 
 def arch_number(arch: str) -> int:
@@ -200,13 +267,13 @@ def check_archs(archs: tuple[str, ...]) -> None:
     from aot.errors import CodegenError
 
     for arch in archs:
-        release, accepted = _ptxas(arch_number(arch))
+        release, _, accepted = _ptxas(arch_number(arch))
         if arch_number(arch) < MIN_ARCH or arch not in accepted:
             known = sorted(
                 {
                     a
                     for cc in (MIN_ARCH, 90)
-                    for a in _ptxas(cc)[1]
+                    for a in _ptxas(cc).accepted
                     if a[3:].isdigit() and int(a[3:]) >= MIN_ARCH and (int(a[3:]) < 90) == (cc < 90)
                 },
                 key=arch_number,

@@ -8,29 +8,27 @@ build never leaves a partial bundle at the target path, and a bundle already the
 until the new one is complete.
 
 A build killed mid-write (SIGKILL, power loss) leaves its temporary file ``.NAME.HOST-PID.*.partial``
-beside the target. The next build of the same target removes those whose process no longer runs on
-this machine; files of a live build, and of builds on other machines sharing the directory, are
-left alone.
+beside the target. The next build of the same target removes those no live process holds locked
+(``aot.packager.files``); it also removes the earlier ``NAME.weights.*`` files that no bundle refers
+to any more. A write the system refuses (disk full, read-only) is an ``EnvError`` that
+says what to do, with nothing left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
+import errno
 import hashlib
 import os
-import re
-import socket
 import struct
-import tempfile
 import zipfile
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
 
 from aot import schema, serde
+from aot.errors import EnvError
 from aot.manifest_text import manifest_of_bundle, render_manifest
+from aot.packager.files import atomic_file, collect_weights, weights_in_place
 from aot.packager.plan import memory_plan
 from aot.schema import Manifest, Member
 from aot.stages import Compiled, environment
@@ -128,30 +126,11 @@ def _write_aligned(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-@contextlib.contextmanager
-def _atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file that appears at ``path`` whole or not at all: written beside it, fsynced, renamed."""
-    fd, tmp = _mkstemp_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str, bytes]) -> None:
     """Write the archive to a temporary file beside ``path`` and move it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _atomic_file(path) as f, zipfile.ZipFile(f, "w") as zf:
+    with atomic_file(path) as f, zipfile.ZipFile(f, "w") as zf:
         zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), serde.canonical_json(manifest))
         for name in sorted(members):
             data = members[name]
@@ -173,79 +152,39 @@ def pack(compiled: Compiled, path: str | os.PathLike, split_weights: bool = Fals
 
     ``split_weights``: write the weights to ``<name>.weights.<sha>.safetensors`` beside the bundle
     (same bytes, same sha256 in the manifest) so the archive itself stays small, e.g. to ship
-    kernels and weights separately; rebuilding with unchanged weights reuses the file.
+    kernels and weights separately; rebuilding with unchanged weights reuses the file when its
+    content still matches. Earlier weights files of ``path`` that no bundle refers to any more are
+    removed, whether or not this build splits its own.
+    A write the system refuses raises ``EnvError``; the target keeps what it held before.
     """
+    path = Path(path)
     members = build_members(compiled)
-    weights_file = None
-    if split_weights:
-        weights_file = external_weights_path(path, hashlib.sha256(members[schema.WEIGHTS_PATH]).hexdigest())
+    weights_sha256 = hashlib.sha256(members[schema.WEIGHTS_PATH]).hexdigest() if split_weights else ""
+    weights_file = external_weights_path(path, weights_sha256) if split_weights else None
     external = weights_file.name if weights_file else ""
     draft = make_manifest(compiled, members, external)
     members[schema.GUARDS_PATH] = render_manifest(manifest_of_bundle(draft)).encode()
     manifest = make_manifest(compiled, members, external)
-    if weights_file is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        data = members.pop(schema.WEIGHTS_PATH)
-        if not (weights_file.is_file() and weights_file.stat().st_size == len(data)):
-            _write_atomic(weights_file, data)
-    write_bundle(path, manifest, members)
+    size = sum(map(len, members.values()))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as held:
+            if weights_file is not None:
+                held.enter_context(
+                    weights_in_place(weights_file, members.pop(schema.WEIGHTS_PATH), weights_sha256)
+                )
+            write_bundle(path, manifest, members)
+    except OSError as e:
+        collect_weights(path)  # weights written for a bundle that never appeared
+        raise EnvError(_cannot_write(path, e, size)) from None
+    collect_weights(path)
     return manifest
 
 
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
-
-
-def remove_stale_partials(path: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files that killed builds of ``path`` left beside it: those named for
-    this machine and a process id that no longer runs. Returns what was removed."""
-    path = Path(path)
-    prefix = f".{path.name}.{_host()}-"
-    removed = []
-    for partial in path.parent.glob(glob.escape(prefix) + "*.partial"):
-        pid = partial.name[len(prefix) :].split(".", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        try:
-            partial.unlink()
-            removed.append(partial)
-        except OSError:
-            pass
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: someone else's live process
-        return True
-    return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (the new directory entry survives a power loss)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _mkstemp_beside(path: Path) -> tuple[int, str]:
-    """A temporary file in the target's directory (so ``os.replace`` is atomic), with the
-    permissions a plain ``open`` would give it; stale ones of killed builds are removed first."""
-    remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.name}.{_host()}-{os.getpid()}.", suffix=".partial", dir=path.parent
-    )
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-    return fd, tmp
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    with _atomic_file(path) as f:
-        f.write(data)
+def _cannot_write(path: Path, e: OSError, size: int) -> str:
+    what = f"cannot write {path}: {e.strerror or e} ({errno.errorcode.get(e.errno or 0, 'OSError')})"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{what}; the bundle needs about {size / 1e6:.1f} MB: free space there or write it elsewhere"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"{what}; write it to a folder this user can write to"
+    return f"{what}; nothing was written, check that folder and build again"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zipfile
 
 from aot import schema
 from tests.conftest import model_path
@@ -298,3 +299,30 @@ def test_guard_sites_do_not_move_when_the_folder_becomes_a_repository(tmp_path):
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     r = aotpack("check", str(model), "--against", str(guards))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_build_refuses_to_overwrite_its_model_or_a_file_that_is_not_a_bundle(tmp_path):
+    import shutil
+
+    model = tmp_path / "model.py"
+    shutil.copy(model_path("small_mlp"), model)
+    source = model.read_bytes()
+    r = aotpack("build", str(model), "-o", str(model), "--force")  # not even with --force
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "tracing" not in r.stderr, r.stderr
+    assert f"-o {model} is {model}, an input of this build; give the bundle another path" in r.stderr
+    r = aotpack("build", "model.py", "-o", "./model.py", cwd=tmp_path)  # the same file by another name
+    assert r.returncode == 1 and "an input of this build" in r.stderr, r.stderr
+    assert model.read_bytes() == source
+
+    out = tmp_path / "notes.tpk"
+    out.write_text("not a bundle")
+    r = aotpack("build", str(model), "-o", str(out))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "tracing" not in r.stderr, r.stderr
+    assert "exists and is not an aotpack bundle; give another path, or --force to overwrite it" in r.stderr
+    assert out.read_text() == "not a bundle"
+    r = aotpack("build", str(model), "-o", str(out), "--no-fuse", "--force")
+    assert r.returncode == 0 and zipfile.is_zipfile(out), r.stderr
+    first = out.read_bytes()
+    out.write_bytes(first.replace(b"small_mlp", b"other_mlp"))  # a bundle, even a damaged one, is replaced
+    r = aotpack("build", str(model), "-o", str(out), "--no-fuse")
+    assert r.returncode == 0 and out.read_bytes() == first, r.stderr

@@ -6,11 +6,12 @@ small wrapper around the real CLI slows down so the kill lands between members, 
 or just before the ``os.replace``. After every kill the output path holds either the old bundle,
 byte for byte, or (when the build had finished) a complete bundle that loads and reproduces its
 reference outputs. Nothing else appears beside it but the killed build's ``.NAME.HOST-PID.*.partial``
-file, and the next build removes those of builds that are no longer running (and only those).
+file, and the next build removes those no live process holds locked (and only those).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import re
@@ -169,22 +170,24 @@ def test_sigkill_during_build_never_leaves_a_partial_bundle(tmp_path: Path, buil
     leftovers = sorted(p.name for p in out_dir.iterdir() if p != out)
     assert any(name.endswith(".partial") for name in leftovers), f"no kill landed in a write: {states}"
     # the next build completes, replaces the old bundle, and removes the killed builds' partials,
-    # but not a live build's (this process) nor another machine's
+    # but not a live build's (one this process holds locked) nor another machine's
     live = out_dir / f".{out.name}.{_host()}-{os.getpid()}.live0000.partial"
     other_host = out_dir / f".{out.name}.elsewhere-1.remote00.partial"
     live.write_bytes(b"x")
     other_host.write_bytes(b"x")
-    final = Build(out, instrumented=False)
-    assert final.wait() == 0, "".join(final.lines)
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        final = Build(out, instrumented=False)
+        assert final.wait() == 0, "".join(final.lines)
     assert output_state(out, old) == "new bundle complete"
     assert sorted(p.name for p in out_dir.iterdir()) == sorted([out.name, live.name, other_host.name]), states
     print("\n".join(states))
 
 
 def _host() -> str:
-    from aot.packager import _host
+    from aot.packager.files import host
 
-    return _host()
+    return host()
 
 
 def test_failed_write_keeps_the_old_bundle_and_removes_its_temporary(
@@ -222,26 +225,54 @@ def test_failed_write_keeps_the_old_bundle_and_removes_its_temporary(
     assert sorted(os.listdir(tmp_path)) == ["model.tpk"]
 
 
-def test_stale_partials_are_removed_only_for_dead_builds_of_this_machine(tmp_path: Path) -> None:
-    from aot.packager import _host, remove_stale_partials
+# Holds an exclusive lock on the file named by argv[1] until its stdin closes: a live build, seen
+# from another PID namespace (its process id means nothing here).
+HOLDER = """
+import fcntl, sys
+f = open(sys.argv[1], "rb")
+fcntl.flock(f, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_stale_partials_are_the_ones_no_process_holds_locked(tmp_path: Path) -> None:
+    """A partial named for a process id that does not run here may be a live build's in another
+    PID namespace; one named for a running process may be a dead build's whose id was reused.
+    The lock decides, not the process id."""
+    from aot.packager.files import remove_stale_partials
 
     done = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     dead = int(done.stdout)  # that process has exited
-    out = tmp_path / "m.tpk"
+    host = _host()
     names = {
-        "dead": f".m.tpk.{_host()}-{dead}.abcd1234.partial",
-        "live": f".m.tpk.{_host()}-{os.getpid()}.abcd1234.partial",
+        "dead": f".m.tpk.{host}-{dead}.abcd1234.partial",
+        "live elsewhere": f".m.tpk.{host}-{dead}.efgh5678.partial",
+        "id reused": f".m.tpk.{host}-{os.getpid()}.abcd1234.partial",
+        "dead weights": f".m.weights.0123456789abcdef.safetensors.{host}-{dead}.ijkl9012.partial",
         "other host": f".m.tpk.otherhost-{dead}.abcd1234.partial",
-        "other target": f".n.tpk.{_host()}-{dead}.abcd1234.partial",
+        "other target": f".n.tpk.{host}-{dead}.abcd1234.partial",
         "not ours": ".m.tpk.notes",
     }
     for name in names.values():
         (tmp_path / name).write_bytes(b"x")
-    removed = remove_stale_partials(out)
-    assert [p.name for p in removed] == [names["dead"]]
-    assert sorted(os.listdir(tmp_path)) == sorted(v for k, v in names.items() if k != "dead")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / names["live elsewhere"])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        removed = remove_stale_partials(tmp_path / "m.tpk")
+    finally:
+        holder.communicate("", timeout=60)
+    stale = ("dead", "id reused", "dead weights")
+    assert sorted(p.name for p in removed) == sorted(names[k] for k in stale)
+    assert sorted(os.listdir(tmp_path)) == sorted(v for k, v in names.items() if k not in stale)
+    assert [p.name for p in remove_stale_partials(tmp_path / "m.tpk")] == [names["live elsewhere"]]
 
 
 @pytest.mark.slow
