@@ -12,7 +12,7 @@ import click
 
 from aot.cli.progress import PROGRESS
 from aot.cli.reports import mb
-from aot.errors import AotError
+from aot.errors import AotError, printable
 
 _info = PROGRESS.say  # progress: dropped under --quiet
 _result = PROGRESS.result  # results and warnings: always shown
@@ -214,7 +214,7 @@ def load(
         click.echo(json.dumps(report.to_json(), indent=1, sort_keys=True))
     else:
         for line in report.lines():
-            click.echo(line)
+            click.echo(printable(line))  # output names come from the bundle
     if report.passed is False:
         sys.exit(2)
 
@@ -393,9 +393,11 @@ def verify(bundle: str, device: str) -> None:
         graph = "-" if r.graph_err is None else f"{r.graph_err:.3g}"
         where = f"[{r.program}] " if len({x.program for x in reports}) > 1 else ""
         click.echo(
-            f"{'ok  ' if ok else 'FAIL'} {where}{', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
-            f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
-            f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}"
+            printable(
+                f"{'ok  ' if ok else 'FAIL'} {where}{', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
+                f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
+                f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}"
+            )
         )
     why = f", {dtype} eager differs from float32 by {noise:.2g} of its scale" if noise else ""
     click.echo(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aot.errors import printable
 from aot.loader.bundle import open_bundle
 from aot.serde import to_json
 
@@ -108,4 +109,4 @@ def summary_text(m, info: dict[str, Any]) -> str:
         lines.append(
             f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(printable, lines)) + "\n"  # names and text from the bundle, escaped
