@@ -38,6 +38,11 @@ class BundleError(AotError):
     """The bundle is corrupt, truncated, hostile, or of another schema version."""
 
 
+class SignatureError(BundleError):
+    """A loader with a trust list refused the bundle: unsigned, signed by a key it does not trust,
+    or changed after signing."""
+
+
 class EnvError(AotError):
     """The environment cannot run this bundle (no cubin for this arch, missing op, old driver)."""
 

@@ -155,6 +155,13 @@ def build(
     show_default=True,
     help="capture each bucket's CUDA graph on its first call, or all at load (largest first)",
 )
+@click.option(
+    "--trust",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="public key file (KEY.pub of `aotpack keygen`); repeatable: load only bundles signed by one "
+    "of them [default: $AOTPACK_TRUST, os.pathsep-separated]",
+)
 def load(
     bundle: str,
     inputs_file: str | None,
@@ -167,6 +174,7 @@ def load(
     save_outputs: str | None,
     no_graphs: bool,
     capture: str,
+    trust: tuple[str, ...],
 ) -> None:
     """Load BUNDLE, run it, time it, and check it against a reference: the eager outputs recorded
     at build time (example inputs) or, on a GPU, the same bundle on the CPU. Exit 2 on FAIL."""
@@ -180,7 +188,8 @@ def load(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
-    runner = load_bundle(bundle, device=device, capture="none" if no_graphs else capture)
+    trusted = list(trust) or None  # None: $AOTPACK_TRUST
+    runner = load_bundle(bundle, device=device, capture="none" if no_graphs else capture, trust=trusted)
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
     reference, reference_name = None, None
     if inputs_file:
@@ -201,7 +210,7 @@ def load(
     if reference is None and runner.device.type == "cuda":
         from aot.pytree import leaves
 
-        on_cpu = load_bundle(bundle, device="cpu")
+        on_cpu = load_bundle(bundle, device="cpu", trust=trusted)
         reference = leaves(on_cpu(**{k: v.cpu() for k, v in inputs.items()}))
         reference_name = "cpu program"
     report = bench.run(runner, bundle, inputs, reference, reference_name, iters, warmup, atol)
@@ -348,6 +357,39 @@ def stale_manifest_command(model: str, against: str, as_json: bool, arch: str) -
         if result.stale:
             _info(result.advice())
     sys.exit(result.exit_code)
+
+
+@cli.command()
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="private key file; KEY.pub beside it",
+)
+def keygen(output: str) -> None:
+    """Make an Ed25519 key pair for signing bundles: KEY (private, PEM PKCS#8, mode 0600: keep it
+    secret, e.g. in the CI's secret store) and KEY.pub (public: give it to servers with --trust)."""
+    from aot.signing import write_key_pair
+
+    fingerprint = write_key_pair(output)
+    _result(f"wrote {output} (private: keep it secret) and {output}.pub (public), key {fingerprint}")
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option(
+    "--key", required=True, type=click.Path(dir_okay=False), help="private key file (aotpack keygen)"
+)
+def sign(bundle: str, key: str) -> None:
+    """Sign BUNDLE: add a signature of its manifest (which pins every member's sha256), replacing
+    any earlier one. Servers that trust the key's KEY.pub then load it; any change is refused."""
+    from aot.loader import open_bundle
+    from aot.packager.sign import sign_bundle
+
+    open_bundle(bundle).close()  # sign only a bundle that verifies
+    sig = sign_bundle(bundle, key)
+    _result(f"signed {bundle} with key {sig.fingerprint}")
 
 
 @cli.command()
