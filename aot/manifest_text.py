@@ -188,7 +188,7 @@ def site_text(src: GuardSource) -> str:
 def render_manifest(m: GuardManifest) -> str:
     """The manifest text of ``m`` (canonicalized first)."""
     m = canonical(m)
-    lines = [HEADER.rstrip("\n"), f"model {_one_line(m.name)}"]
+    lines = [f"model {_one_line(m.name)}"]
     if m.dtype:
         lines.append(f"dtype {m.dtype}")
     lines.append("")
@@ -221,7 +221,7 @@ def render_manifest(m: GuardManifest) -> str:
         f"env archs {', '.join(env.archs) if env.archs else CPU_ONLY}",
         f"env torch >= {env.torch_min}",
     ]
-    return "\n".join(map(printable, lines)) + "\n"
+    return HEADER + "\n".join(map(printable, lines)) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
