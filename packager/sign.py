@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from aot import schema, serde, signing
-from aot.errors import BundleError
+from aot.errors import BundleError, EnvError
 from aot.packager import write_archive
 from aot.schema import Manifest
 from aot.signing import Signature
@@ -57,5 +57,8 @@ def sign_bundle(path: str | os.PathLike, key: str | os.PathLike) -> Signature:
         raise BundleError(f"{path}: its manifest is not JSON; not a bundle") from None
     _check_checksums(path, serde.from_json(Manifest, data, "manifest"), members)
     sig = signing.sign(private_key, manifest_bytes)
-    write_archive(path, manifest_bytes, {**members, schema.SIGNATURE_PATH: signing.encode(sig)})
+    try:
+        write_archive(path, manifest_bytes, {**members, schema.SIGNATURE_PATH: signing.encode(sig)})
+    except OSError as e:  # the bundle as it was stays in place
+        raise EnvError(f"cannot write the signed bundle to {path}: {e.strerror or e}") from None
     return sig

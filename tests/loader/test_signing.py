@@ -257,6 +257,20 @@ def test_sign_refuses_a_bundle_that_does_not_verify(built, keys, tmp_path):
         sign_bundle(path, keys / "ours")
 
 
+def test_a_failed_write_leaves_the_bundle_as_it_was(built, keys, tmp_path, monkeypatch):
+    path = tmp_path / "b.tpk"
+    path.write_bytes(built("branchy").read_bytes())
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(EnvError, match=f"cannot write the signed bundle to {path}: No space left on device"):
+        sign_bundle(path, keys / "ours")
+    assert path.read_bytes() == built("branchy").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tpk"]  # no partial file left
+
+
 def test_the_loader_imports_cryptography_only_for_trust(built):
     code = (
         "import sys, aot.loader; r = aot.loader.load(sys.argv[1]); r(**r.example_inputs()); "
