@@ -271,6 +271,27 @@ def test_a_failed_write_leaves_the_bundle_as_it_was(built, keys, tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tpk"]  # no partial file left
 
 
+def test_inspect_says_whether_the_signature_matches(signed, keys, tmp_path, monkeypatch):
+    from aot.cli.reports import bundle_summary, summary_text
+
+    ours = fingerprint(read_public_key(keys / "ours.pub"))
+    entries = read_entries(signed.read_bytes())
+    m = copy.deepcopy(manifest_of(entries))
+    m["name"] = "renamed"
+    changed = tmp_path / "changed.tpk"
+    changed.write_bytes(write_entries(with_manifest_text(entries, manifest_bytes(m))))
+    for path, matches, text in (
+        (signed, True, "matches the manifest"),
+        (changed, False, "DOES NOT match the manifest: changed after signing"),
+    ):
+        manifest, info = bundle_summary(str(path))
+        assert info["signature"] == {"key": ours, "matches_manifest": matches}
+        assert f"signature: signed by {ours} ({text})" in summary_text(manifest, info).splitlines()
+    for name in [m for m in sys.modules if m.split(".")[0] == "cryptography"] + ["cryptography"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    assert bundle_summary(str(signed))[1]["signature"] == {"key": ours, "matches_manifest": None}
+
+
 def test_the_loader_imports_cryptography_only_for_trust(built):
     code = (
         "import sys, aot.loader; r = aot.loader.load(sys.argv[1]); r(**r.example_inputs()); "
