@@ -127,6 +127,25 @@ def compile_arg(a: Any, device: torch.device) -> _Const | Getter:
     raise BundleError(f"unknown step argument {str(a)[:60]}")
 
 
+def _is_device_param(t: Any) -> bool:
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch._C.DeviceObjType)
+
+
+def _check_devices(op: Any, step: Step) -> None:
+    """A device parameter takes the runner's device (``{"device": "runtime"}``) or None: a string or
+    an index would put results on a device the runner does not own (``"meta"`` ones hold no data)."""
+    params = op._schema.arguments
+    given = [*zip(params, step.args), *((p, step.kwargs[p.name]) for p in params if p.name in step.kwargs)]
+    for p, value in given:
+        if _is_device_param(p.type) and not (value is None or isinstance(value, Device)):
+            raise BundleError(
+                f"step {step.target} passes {p.name}={str(value)[:40]!r}; a bundle's steps run on the "
+                "runner's device (the tagged value {'device': 'runtime'}): not a bundle aotpack wrote, rebuild it"
+            )
+
+
 class AtenCall:
     """One prepared ATen step."""
 
@@ -139,6 +158,7 @@ class AtenCall:
         self.op = resolve_op(step.target)
         if step.target in RESHAPED_VIEWS:
             self.op = torch.ops.aten.reshape.default
+        _check_devices(self.op, step)
         self.args = [compile_arg(a, device) for a in step.args]
         self.kwargs = {k: compile_arg(v, device) for k, v in step.kwargs.items()}
         self.outputs = step.outputs

@@ -7,6 +7,15 @@ non-zero. Messages say what was expected, what was got, and what to do.
 from __future__ import annotations
 
 
+def printable(text: str) -> str:
+    """``text`` safe to show on a terminal or in a one-line message: control and other
+    non-printable characters (newlines, escape sequences, bidi overrides) become visible escapes
+    as ``repr`` writes them (``\\n``, ``\\x1b``, ``\\u202e``). For strings read from a bundle."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class AotError(Exception):
     """Root of every aotpack error. ``exit_code`` is what the CLI exits with."""
 
@@ -27,6 +36,11 @@ class GuardError(AotError):
 
 class BundleError(AotError):
     """The bundle is corrupt, truncated, hostile, or of another schema version."""
+
+
+class SignatureError(BundleError):
+    """A loader with a trust list refused the bundle: unsigned, signed by a key it does not trust,
+    or changed after signing."""
 
 
 class EnvError(AotError):

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, replace
 
 from aot.admissible import admissible_text
-from aot.errors import BundleError
+from aot.errors import BundleError, printable
 from aot.schema import (
     Bucket,
     Environment,
@@ -155,13 +155,22 @@ def canonical(m: GuardManifest) -> GuardManifest:
     )
 
 
+def static_size(dim: str) -> int | None:
+    """An input dim's text as a static size (ASCII digits, at most 19 of them: ``isdigit`` alone
+    admits ``"²"`` and numbers too long for ``int``), else None: a symbol, or not a size at all."""
+    if dim.isascii() and dim.isdigit() and len(dim) <= 19:
+        return int(dim)
+    return None
+
+
 def _source_key(s: GuardSource) -> tuple[str, int, str, str]:
     return (s.file, s.line, s.text, s.code)
 
 
 def _one_line(text: str) -> str:
-    """No line breaks or runs of spaces inside a field (they would split the line differently)."""
-    return re.sub(r"\s+", " ", text).strip()
+    """No line breaks or runs of spaces inside a field (they would split the line differently), and
+    no other control characters (escape sequences): those are shown escaped."""
+    return printable(re.sub(r"\s+", " ", text).strip())
 
 
 def _one_line_source(src: GuardSource) -> GuardSource:
@@ -179,7 +188,7 @@ def site_text(src: GuardSource) -> str:
 def render_manifest(m: GuardManifest) -> str:
     """The manifest text of ``m`` (canonicalized first)."""
     m = canonical(m)
-    lines = [HEADER.rstrip("\n"), f"model {_one_line(m.name)}"]
+    lines = [f"model {_one_line(m.name)}"]
     if m.dtype:
         lines.append(f"dtype {m.dtype}")
     lines.append("")
@@ -212,7 +221,7 @@ def render_manifest(m: GuardManifest) -> str:
         f"env archs {', '.join(env.archs) if env.archs else CPU_ONLY}",
         f"env torch >= {env.torch_min}",
     ]
-    return "\n".join(lines) + "\n"
+    return HEADER + "\n".join(map(printable, lines)) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,7 +417,7 @@ def _check_names(
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise p.fail(f"each {kind} once", f"{dup[0]} more than once")
-    used = {d for i in inputs for d in i.shape if not d.isdigit()}
+    used = {d for i in inputs for d in i.shape if static_size(d) is None}
     for sym in sorted(used - declared):
         raise p.fail("a `symbol` line for every symbol the inputs use", f"no symbol {sym}")
     for sym in sorted({b.symbol for b in buckets} - declared):

@@ -38,6 +38,9 @@ PROGRAM_PATH = "program.json.zst"
 WEIGHTS_PATH = "weights.safetensors"
 REFERENCE_PATH = "reference.safetensors"
 GUARDS_PATH = "guards.txt"
+# Ed25519 signature of MANIFEST_PATH's bytes (``aot.signing``); optional, and outside the manifest
+# it signs, so adding or replacing it changes no other member.
+SIGNATURE_PATH = "signature.json"
 KERNELS_DIR = "kernels/"
 KERNEL_SOURCE_FORMAT = KERNELS_DIR + "{kernel}.py"
 KERNEL_CUBIN_FORMAT = KERNELS_DIR + "{kernel}.{arch}.cubin"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 import types
 import typing
 from typing import Any, Union
@@ -166,14 +167,20 @@ def upgrade_manifest(data: dict[str, Any]) -> dict[str, Any]:
     plan = stats.get("memory_plan")
     if isinstance(plan, dict):
         typed["memory_plan"] = [
-            {
-                "sizes": {k: int(v) for k, v in (kv.split("=") for kv in key.split(",") if "=" in kv)},
-                "peak_bytes": peak,
-            }
-            for key, peak in plan.items()
-            if isinstance(key, str) and key
+            {"sizes": _plan_sizes(key), "peak_bytes": peak} for key, peak in plan.items() if key
         ]
     return {**data, "stats": typed}
+
+
+_PLAN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[0-9]{1,19}")
+
+
+def _plan_sizes(key: str) -> dict[str, int]:
+    """``"batch=8,seq=128"`` (a schema 1.0/1.1 memory-plan key) → ``{"batch": 8, "seq": 128}``."""
+    parts = key.split(",")
+    if not all(_PLAN_KEY.fullmatch(kv) for kv in parts):
+        raise _fail("manifest.stats.memory_plan", "keys such as 'batch=8,seq=128'", key)
+    return {k: int(v) for k, v in (kv.split("=") for kv in parts)}
 
 
 def schema_fingerprint() -> str:

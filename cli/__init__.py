@@ -14,7 +14,7 @@ import warnings
 import click
 
 from aot.cli.commands import cli, output_options
-from aot.errors import AotError
+from aot.errors import AotError, printable
 
 __all__ = ["cli", "main"]
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="aotpack", standalone_mode=False)
     except AotError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if os.environ.get("AOTPACK_DEBUG"):
             raise
-        click.echo(f"internal error: {type(e).__name__}: {e} (set AOTPACK_DEBUG=1 for a traceback)", err=True)
+        click.echo(
+            f"internal error: {type(e).__name__}: {printable(str(e))} (set AOTPACK_DEBUG=1 for a traceback)",
+            err=True,
+        )
         sys.exit(3)
     sys.exit(0)

@@ -12,7 +12,7 @@ import click
 
 from aot.cli.progress import PROGRESS
 from aot.cli.reports import mb
-from aot.errors import AotError
+from aot.errors import AotError, printable
 
 _info = PROGRESS.say  # progress: dropped under --quiet
 _result = PROGRESS.result  # results and warnings: always shown
@@ -201,6 +201,13 @@ def _check_output(output: str, inputs: list[str | None], force: bool) -> None:
     show_default=True,
     help="capture each bucket's CUDA graph on its first call, or all at load (largest first)",
 )
+@click.option(
+    "--trust",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="public key file (KEY.pub of `aotpack keygen`); repeatable: load only bundles signed by one "
+    "of them [default: $AOTPACK_TRUST, os.pathsep-separated]",
+)
 def load(
     bundle: str,
     inputs_file: str | None,
@@ -213,6 +220,7 @@ def load(
     save_outputs: str | None,
     no_graphs: bool,
     capture: str,
+    trust: tuple[str, ...],
 ) -> None:
     """Load BUNDLE, run it, time it, and check it against a reference: the eager outputs recorded
     at build time (example inputs) or, on a GPU, the same bundle on the CPU. Exit 2 on FAIL."""
@@ -226,7 +234,8 @@ def load(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
-    runner = load_bundle(bundle, device=device, capture="none" if no_graphs else capture)
+    trusted = list(trust) or None  # None: $AOTPACK_TRUST
+    runner = load_bundle(bundle, device=device, capture="none" if no_graphs else capture, trust=trusted)
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
     reference, reference_name = None, None
     if inputs_file:
@@ -247,7 +256,7 @@ def load(
     if reference is None and runner.device.type == "cuda":
         from aot.pytree import leaves
 
-        on_cpu = load_bundle(bundle, device="cpu")
+        on_cpu = load_bundle(bundle, device="cpu", trust=trusted)
         reference = leaves(on_cpu(**{k: v.cpu() for k, v in inputs.items()}))
         reference_name = "cpu program"
     report = bench.run(runner, bundle, inputs, reference, reference_name, iters, warmup, atol)
@@ -260,7 +269,7 @@ def load(
         click.echo(json.dumps(report.to_json(), indent=1, sort_keys=True))
     else:
         for line in report.lines():
-            click.echo(line)
+            click.echo(printable(line))  # output names come from the bundle
     if report.passed is False:
         sys.exit(2)
 
@@ -397,6 +406,39 @@ def stale_manifest_command(model: str, against: str, as_json: bool, arch: str) -
 
 
 @cli.command()
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="private key file; KEY.pub beside it",
+)
+def keygen(output: str) -> None:
+    """Make an Ed25519 key pair for signing bundles: KEY (private, PEM PKCS#8, mode 0600: keep it
+    secret, e.g. in the CI's secret store) and KEY.pub (public: give it to servers with --trust)."""
+    from aot.signing import write_key_pair
+
+    fingerprint = write_key_pair(output)
+    _result(f"wrote {output} (private: keep it secret) and {output}.pub (public), key {fingerprint}")
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option(
+    "--key", required=True, type=click.Path(dir_okay=False), help="private key file (aotpack keygen)"
+)
+def sign(bundle: str, key: str) -> None:
+    """Sign BUNDLE: add a signature of its manifest (which pins every member's sha256), replacing
+    any earlier one. Servers that trust the key's KEY.pub then load it; any change is refused."""
+    from aot.loader import open_bundle
+    from aot.packager.sign import sign_bundle
+
+    open_bundle(bundle).close()  # sign only a bundle that verifies
+    sig = sign_bundle(bundle, key)
+    _result(f"signed {bundle} with key {sig.fingerprint}")
+
+
+@cli.command()
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def inspect(bundle: str, as_json: bool) -> None:
@@ -439,9 +481,11 @@ def verify(bundle: str, device: str) -> None:
         graph = "-" if r.graph_err is None else f"{r.graph_err:.3g}"
         where = f"[{r.program}] " if len({x.program for x in reports}) > 1 else ""
         click.echo(
-            f"{'ok  ' if ok else 'FAIL'} {where}{', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
-            f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
-            f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}"
+            printable(
+                f"{'ok  ' if ok else 'FAIL'} {where}{', '.join(f'{k}={v}' for k, v in r.sizes.items()):24} "
+                f"program vs CPU {r.program_err:.3g} (scale {r.program_scale:.3g})  graph vs launches {graph}  "
+                f"{len(r.kernel_errs)} kernels, worst {worst[0]} {worst[1]:.3g}"
+            )
         )
     why = f", {dtype} eager differs from float32 by {noise:.2g} of its scale" if noise else ""
     click.echo(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aot.errors import printable
 from aot.loader.bundle import open_bundle
 from aot.serde import to_json
 
@@ -23,6 +24,7 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
     try:
         m = b.manifest
         program = b.program()
+        signed = b.signature()
     finally:
         b.close()
     programs = (program, *program.variants)
@@ -67,8 +69,36 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
         "buckets": to_json(m.buckets),
         "ops": list(m.ops),
         "stats": to_json(m.stats),
+        "signature": _signature_info(signed),
     }
     return m, info
+
+
+def _signature_info(signed) -> dict[str, Any] | None:
+    """The signer's key and whether its signature matches the manifest (None: cryptography is not
+    installed to check). Whether the key is trusted is for the loader's trust list to say."""
+    if signed is None:
+        return None
+    from aot.errors import EnvError
+    from aot.signing import verifies
+
+    sig, manifest = signed
+    try:
+        matches = verifies(sig.public_key, sig, manifest)
+    except EnvError:
+        matches = None
+    return {"key": sig.fingerprint, "matches_manifest": matches}
+
+
+def _signature_text(sig: dict[str, Any] | None) -> str:
+    if sig is None:
+        return "none (aotpack sign BUNDLE --key KEY)"
+    check = {
+        True: "matches the manifest",
+        False: "DOES NOT match the manifest: changed after signing",
+        None: "not checked: pip install 'aotpack[sign]'",
+    }[sig["matches_manifest"]]
+    return f"signed by {sig['key']} ({check})"
 
 
 def summary_text(m, info: dict[str, Any]) -> str:
@@ -104,8 +134,9 @@ def summary_text(m, info: dict[str, Any]) -> str:
             f"({sizes_text(lo.sizes)}) .. {mb(hi.peak_bytes)} ({sizes_text(hi.sizes)})"
         )
     lines.append(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
+    lines.append(f"signature: {_signature_text(info['signature'])}")
     for bk in m.buckets:
         lines.append(
             f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(printable, lines)) + "\n"  # names and text from the bundle, escaped

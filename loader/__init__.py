@@ -9,6 +9,7 @@ the tracer, codegen, packager, triton, sympy, torch._dynamo or torch._inductor.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import AtenProgram
+from aot.loader.signature import trusted_keys
 from aot.loader.weights import to_device
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.pytree import flatten_inputs, unflatten
@@ -236,14 +238,23 @@ class Runner:
         return render_manifest(manifest_of_bundle(self.manifest))
 
 
-def load(path: str | os.PathLike, device: str | torch.device = "cpu", capture: str = "lazy") -> Runner:
+def load(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    capture: str = "lazy",
+    trust: Sequence[str | os.PathLike] | None = None,
+) -> Runner:
     """Open, verify and prepare a bundle for calls on ``device``.
 
     On CUDA, ``capture`` picks when CUDA graphs are captured: ``"lazy"`` (a bucket's graph on its
     first call: the fastest start), ``"all"`` (every bucket at load, largest first), or ``"none"``
     (kernels launched one by one on every call).
+
+    ``trust``: public key files (``aotpack keygen``'s ``KEY.pub``); the bundle must be signed by one
+    of them (``SignatureError`` otherwise, before anything but its manifest is read). None reads
+    them from ``$AOTPACK_TRUST`` (``os.pathsep``-separated); with neither, signatures are not checked.
     """
-    bundle = open_bundle(path)
+    bundle = open_bundle(path, trusted_keys(trust))
     try:
         return Runner(bundle, device, capture)
     except BaseException:

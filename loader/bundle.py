@@ -44,6 +44,7 @@ _KERNEL_MEMBER = re.compile(r"^kernels/[a-z0-9_]{1,80}\.(py|sm_[0-9]{2,3}a?\.cub
 _EXTERNAL_WEIGHTS = re.compile(r"^[A-Za-z0-9_.-]{1,200}\.safetensors$")
 _FIXED_MEMBERS = {
     schema.MANIFEST_PATH,
+    schema.SIGNATURE_PATH,
     schema.PROGRAM_PATH,
     schema.WEIGHTS_PATH,
     schema.REFERENCE_PATH,
@@ -121,6 +122,12 @@ class Bundle:
             raise BundleError(f"{self.path}: program is unreadable: {type(e).__name__}: {e}") from None
         _check_program(program, self.manifest, self.path)
         return program
+
+    def signature(self):
+        """``(Signature, manifest bytes)`` of a signed bundle, not verified; None when unsigned."""
+        from aot.loader.signature import read_signature
+
+        return read_signature(self._zip, self.path)
 
     def close(self) -> None:
         self._zip.close()
@@ -269,8 +276,10 @@ def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: P
     return data
 
 
-def open_bundle(path: str | os.PathLike) -> Bundle:
-    """Open and verify the directory and manifest of a bundle (members are checked on read)."""
+def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bundle:
+    """Open and verify the directory and manifest of a bundle (members are checked on read).
+    With ``trusted`` public keys (``aot.loader.signature.trusted_keys``), the bundle must be signed
+    by one of them, checked before anything but the zip directory is read."""
     path = Path(path)
     if not path.is_file():
         raise BundleError(f"bundle {path} does not exist or is not a file")
@@ -281,6 +290,10 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
             f"{path} is not a bundle (not a readable zip archive: {type(e).__name__}: {e})"
         ) from None
     try:
+        if trusted:
+            from aot.loader.signature import check_signature  # it reads this module's limits
+
+            check_signature(zf, path, trusted)
         return _verify(path, zf)
     except BaseException:
         zf.close()
@@ -361,7 +374,7 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
         raise BundleError(f"{path}: the manifest lists no {absent[0]}; every bundle has one, rebuild it")
     _check_buckets(manifest, path)
     listed = set(manifest.members) - ({schema.WEIGHTS_PATH} if manifest.external_weights else set())
-    present = set(by_name) - {schema.MANIFEST_PATH}
+    present = set(by_name) - {schema.MANIFEST_PATH, schema.SIGNATURE_PATH}
     if listed != present:
         missing, extra = sorted(listed - present), sorted(present - listed)
         raise BundleError(

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from aot.admissible import admissible_text, admits, first_admissible
-from aot.errors import BundleError, GuardError
+from aot.errors import BundleError, GuardError, printable
+from aot.manifest_text import static_size
 from aot.schema import Guards, SymbolGuard
 from aot.spec import MAX_DIM
 from aot.symexpr import compile_expr
@@ -87,10 +88,11 @@ class GuardChecker:
                 raise BundleError(f"input {inp.name!r} has unknown dtype {inp.dtype!r}")
             dims = []
             for size in inp.shape:
-                if size.isascii() and size.isdigit():
-                    if len(size) > 10 or int(size) > MAX_SIZE:
+                static = static_size(size)
+                if static is not None:
+                    if static > MAX_SIZE:
                         raise BundleError(f"input {inp.name!r} has static size {size[:24]} beyond {MAX_SIZE}")
-                    dims.append(int(size))
+                    dims.append(static)
                 elif size in self.symbols:
                     dims.append(size)
                 else:
@@ -178,8 +180,10 @@ class GuardChecker:
             if not expr(sizes):
                 src = rel.source
                 raise GuardError(
-                    f"inputs violate {rel.expr} with {', '.join(f'{k}={v}' for k, v in sorted(sizes.items()))} "
-                    f"(guard from {src.file}:{src.line}: {src.code})"
+                    printable(
+                        f"inputs violate {rel.expr} with {', '.join(f'{k}={v}' for k, v in sorted(sizes.items()))} "
+                        f"(guard from {src.file}:{src.line}: {src.code})"
+                    )
                 )
         return sizes
 
@@ -193,4 +197,4 @@ class GuardChecker:
                 if not expr({sym: value}):
                     cause = f"guard {src.text} from {src.file}:{src.line}: {src.code}"
                     break
-        raise GuardError(f"{what} ({sym}): expected {admissible_text(g)}, got {value} ({cause})")
+        raise GuardError(printable(f"{what} ({sym}): expected {admissible_text(g)}, got {value} ({cause})"))

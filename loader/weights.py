@@ -23,6 +23,26 @@ _DTYPES = {code: DTYPES[name] for code, name in SAFETENSORS.items() if name in D
 MAX_HEADER = 16 << 20  # JSON parsed into Python objects: keep it far below memory (GPT-2: 15 kB)
 
 
+def _is_int(v: object) -> bool:
+    return type(v) is int  # not bool, not a float such as 1e400 (inf) or 2.5
+
+
+def _well_typed(info: object) -> bool:
+    """One header entry as safetensors writes it; anything else (lists, floats, nesting) is refused
+    before a field is used."""
+    return (
+        isinstance(info, dict)
+        and set(info) == {"dtype", "shape", "data_offsets"}
+        and isinstance(info["dtype"], str)
+        and info["dtype"] in _DTYPES
+        and isinstance(info["shape"], list)
+        and all(_is_int(s) for s in info["shape"])
+        and isinstance(info["data_offsets"], list)
+        and len(info["data_offsets"]) == 2
+        and all(_is_int(x) for x in info["data_offsets"])
+    )
+
+
 def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
     """name → (dtype, shape, begin, end) with offsets into ``data``; every field validated."""
     if len(data) < 8:
@@ -41,12 +61,12 @@ def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, l
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype = _DTYPES[info["dtype"]]
-            shape = [int(s) for s in info["shape"]]
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise BundleError(f"{where}: malformed safetensors entry {name[:60]!r}") from None
+        if not _well_typed(info):
+            raise BundleError(
+                f"{where}: malformed safetensors entry {name[:60]!r}: expected an object of a known "
+                f"dtype name, a shape of ints and two integer data_offsets"
+            )
+        dtype, shape, (begin, end) = _DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
         numel = 1
         for s in shape:
             if s < 0:

@@ -128,10 +128,15 @@ def _write_aligned(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
 
 def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str, bytes]) -> None:
     """Write the archive to a temporary file beside ``path`` and move it into place."""
+    write_archive(path, serde.canonical_json(manifest), members)
+
+
+def write_archive(path: str | os.PathLike, manifest: bytes, members: dict[str, bytes]) -> None:
+    """``write_bundle`` with the manifest's bytes as given (signing keeps them exactly)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as f, zipfile.ZipFile(f, "w") as zf:
-        zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), serde.canonical_json(manifest))
+        zf.writestr(_zipinfo(schema.MANIFEST_PATH, compress=True), manifest)
         for name in sorted(members):
             data = members[name]
             if name.endswith(".safetensors") or name.endswith(".cubin"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aot.admissible import admissible_text
 from aot.errors import BundleError
-from aot.manifest_text import GuardManifest, canonical, site_text
+from aot.manifest_text import GuardManifest, canonical, site_text, static_size
 from aot.review.sets import Sizes, compare_sets, difference, sizes_text, static_set
 from aot.review.verdict import Change, change
 from aot.schema import GuardSource
@@ -72,11 +72,11 @@ def diff_manifests(old: GuardManifest, new: GuardManifest) -> list[Change]:
     for m in (old, new):
         declared = {s.name for s in m.guards.symbols}
         for i in m.guards.inputs:
-            unknown = [d for d in i.shape if not d.isdigit() and d not in declared]
+            unknown = [d for d in i.shape if static_size(d) is None and d not in declared]
             if unknown:
                 raise BundleError(
-                    f"manifest of {m.name}: input {i.name} uses symbol {unknown[0][:40]!r}, "
-                    f"which it does not declare; regenerate the manifest"
+                    f"manifest of {m.name}: input {i.name} has size {unknown[0][:40]!r}, which is "
+                    f"neither a static size nor a symbol it declares; regenerate the manifest"
                 )
     changes: list[Change] = []
     if old.name != new.name:
@@ -172,12 +172,13 @@ def _input_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
             continue
         for d, (x, y) in enumerate(zip(a.shape, b.shape)):
             where = f"input {name} dim {d}"
-            if x.isdigit() and y.isdigit():
-                changes += compare_sets(where, static_set(int(x)), static_set(int(y)), "size")
-            elif x.isdigit():
-                changes += compare_sets(where, static_set(int(x)), new_sym[y], y)
-            elif y.isdigit():
-                sizes = difference(old_sym[x], static_set(int(y)))
+            sx, sy = static_size(x), static_size(y)
+            if sx is not None and sy is not None:
+                changes += compare_sets(where, static_set(sx), static_set(sy), "size")
+            elif sx is not None:
+                changes += compare_sets(where, static_set(sx), new_sym[y], y)
+            elif sy is not None:
+                sizes = difference(old_sym[x], static_set(sy))
                 if sizes.count:
                     changes.append(
                         change(

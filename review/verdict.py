@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from aot.errors import printable
 from aot.manifest_text import GuardManifest
 
 EXIT_SAME = 0
@@ -131,7 +132,7 @@ class Diff:
                 f"{len(self.changes)} change{'s' if len(self.changes) != 1 else ''}: {n_break} breaking, "
                 f"{n_safe} safe (exit {exit_code})"
             )
-        return "\n".join(lines) + "\n"
+        return "\n".join(map(printable, lines)) + "\n"  # manifest strings reach a terminal: escaped
 
     def to_json(self) -> dict:
         return {

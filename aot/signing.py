@@ -1,0 +1,175 @@
+"""Ed25519 signatures of bundles: key files, the signature member, fingerprints.
+
+A bundle is signed over the exact bytes of its ``manifest.json``, which pins every other member's
+sha256 and size (and the split weights file's), so one signature covers the whole bundle. The
+signature member (``schema.SIGNATURE_PATH``) is small canonical JSON::
+
+    {"algorithm": "ed25519", "public_key": "<base64, 32 bytes>", "signature": "<base64, 64 bytes>"}
+
+The public key in it names the signer (``inspect`` shows its fingerprint); it is never trusted:
+a loader with a trust list verifies with its own keys. Key files are PEM: the private key PKCS#8
+(unencrypted, written with mode 0600), the public key SubjectPublicKeyInfo, as ``openssl genpkey
+-algorithm ed25519`` and ``openssl pkey -pubout`` write them.
+
+``cryptography`` is imported here only, and only when a key is read or a signature made or
+checked: a loader without a trust list never needs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aot.errors import EnvError, SignatureError
+
+ALGORITHM = "ed25519"
+MAX_SIGNATURE_BYTES = 4096  # the member is ~170 bytes; read no more than this of a hostile one
+INSTALL = "pip install 'aotpack[sign]'"
+_FIELDS = {"algorithm", "public_key", "signature"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    public_key: bytes  # raw, 32 bytes
+    signature: bytes  # 64 bytes, over the manifest's bytes
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.public_key)
+
+
+def fingerprint(public_key: bytes) -> str:
+    """``ed25519:`` and the first 16 hex digits of the raw public key's sha256: what ``keygen``,
+    ``sign`` and ``inspect`` print, to tell keys apart (trust compares whole keys)."""
+    return f"{ALGORITHM}:{hashlib.sha256(public_key).hexdigest()[:16]}"
+
+
+def _crypto():
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:
+        raise EnvError(
+            f"signed bundles need the cryptography package, which is not installed; {INSTALL}"
+        ) from None
+    return ed25519, serialization
+
+
+def encode(sig: Signature) -> bytes:
+    """The signature member's bytes (canonical: the same signature is always the same bytes)."""
+    fields = {
+        "algorithm": ALGORITHM,
+        "public_key": base64.b64encode(sig.public_key).decode(),
+        "signature": base64.b64encode(sig.signature).decode(),
+    }
+    return (json.dumps(fields, sort_keys=True, indent=1) + "\n").encode()
+
+
+def decode(data: bytes, where: str) -> Signature:
+    """The signature member's bytes → ``Signature``; anything else is a ``SignatureError``."""
+    try:
+        fields = json.loads(data.decode("utf-8"))
+        ok = isinstance(fields, dict) and set(fields) == _FIELDS and fields["algorithm"] == ALGORITHM
+        key = base64.b64decode(fields["public_key"], validate=True) if ok else b""
+        sig = base64.b64decode(fields["signature"], validate=True) if ok else b""
+    except (UnicodeDecodeError, ValueError, TypeError, RecursionError, binascii.Error):
+        ok = False
+    if not ok or len(key) != 32 or len(sig) != 64:
+        raise SignatureError(
+            f"{where}: its signature member is not an {ALGORITHM} signature aotpack wrote; "
+            f"re-sign the bundle with `aotpack sign`"
+        )
+    return Signature(public_key=key, signature=sig)
+
+
+def _read_key_file(path: str | os.PathLike, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 16)
+    except OSError as e:
+        raise EnvError(
+            f"{what} {path}: cannot be read ({e.strerror}); make a key pair with `aotpack keygen`"
+        ) from None
+
+
+def read_public_key(path: str | os.PathLike) -> bytes:
+    """A PEM (SubjectPublicKeyInfo) Ed25519 public key file → its raw 32 bytes."""
+    ed25519, serialization = _crypto()
+    data = _read_key_file(path, "trusted key")
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError):
+        key = None
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise EnvError(
+            f"trusted key {path}: not an {ALGORITHM} public key in PEM (BEGIN PUBLIC KEY); "
+            f"trust the KEY.pub that `aotpack keygen` wrote, never the private key"
+        )
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def read_private_key(path: str | os.PathLike):
+    """A PEM (PKCS#8, unencrypted) Ed25519 private key file → the key."""
+    ed25519, serialization = _crypto()
+    data = _read_key_file(path, "signing key")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        key = None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise EnvError(
+            f"signing key {path}: not an unencrypted {ALGORITHM} private key in PEM (BEGIN PRIVATE KEY); "
+            f"make one with `aotpack keygen -o KEY`"
+        )
+    return key
+
+
+def sign(private_key, manifest: bytes) -> Signature:
+    _, serialization = _crypto()
+    public = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return Signature(public_key=public, signature=private_key.sign(manifest))
+
+
+def verifies(public_key: bytes, sig: Signature, manifest: bytes) -> bool:
+    """Whether ``sig`` is ``public_key``'s signature of exactly these manifest bytes."""
+    ed25519, _ = _crypto()
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        ed25519.Ed25519PublicKey.from_public_bytes(public_key).verify(sig.signature, manifest)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def write_key_pair(path: str | os.PathLike) -> str:
+    """A new key pair: the private key at ``path`` (mode 0600, never overwritten) and the public
+    key at ``path``.pub. Returns the key's fingerprint."""
+    ed25519, serialization = _crypto()
+    path = Path(path)
+    public_path = path.with_name(path.name + ".pub")
+    for p in (path, public_path):
+        if p.exists():
+            raise EnvError(f"{p} exists; keygen never overwrites a key, choose another path or remove it")
+    key = ed25519.Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key()
+    public_pem = public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(private_pem)
+        public_path.write_bytes(public_pem)
+    except OSError as e:
+        raise EnvError(f"cannot write the key pair at {path}: {e.strerror}") from None
+    return fingerprint(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
