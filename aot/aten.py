@@ -16,6 +16,7 @@ import torch
 from aot.allowed_ops import ALLOWED_OPS, ZERO_ARGS
 from aot.dtypes import torch_dtypes
 from aot.errors import BundleError, EnvError
+from aot.program import VIEW_OPS
 from aot.schema import Buf, Device, DType, Layout, MemoryFormat, SpecialFloat, Step, StepKind, Sym, SymBool
 from aot.symexpr import compile_expr
 
@@ -161,29 +162,38 @@ class AtenCall:
         self.kwargs = {k: compile_arg(v, device) for k, v in step.kwargs.items()}
         self.outputs = step.outputs
         self.check_views = step.target in STRIDED_VIEWS
-        if self.check_views and self._checked_at_load(step, weights or {}):
+        if step.target in VIEW_OPS and self._checked_at_load(step, weights or {}):
             self.check_views = False
 
     def _checked_at_load(self, step: Step, weights: dict[str, torch.Tensor]) -> bool:
-        """A strided view of a weight with constant geometry: made once now (a view reads no
-        data) and checked against the weight's storage; True when so checked."""
+        """A view of a weight with constant arguments: made once now (a view reads no data) and
+        checked against the weight's storage, so a bad one is refused before any call; True when
+        so checked. Views of what a call computes are checked by ATen, and strided ones here too,
+        on every call."""
         base = step.args[0] if step.args else None
         constant = all(isinstance(a, _Const) for a in (*self.args[1:], *self.kwargs.values()))
         if not (isinstance(base, Buf) and base.name in weights and constant):
             return False
         try:
-            self({base.name: weights[base.name]}, {})
+            result = self.run({base.name: weights[base.name]}, {})
         except (RuntimeError, ValueError, TypeError, IndexError) as e:
             first = next((ln for ln in str(e).splitlines() if ln.strip()), "")[:200]
             raise BundleError(
-                f"step {self.name} cannot view weight {base.name!r}: {first}; rebuild the bundle with a trusted aotpack"
+                f"step {self.name} cannot view weight {base.name!r}: {first}; "
+                f"rebuild the bundle with a trusted aotpack"
             ) from None
+        for t in result if isinstance(result, (list, tuple)) else [result]:
+            check_in_storage(t, self.name)
         return True
 
-    def __call__(self, env: dict, sizes: dict) -> None:
+    def run(self, env: dict, sizes: dict) -> Any:
+        """The op's result on ``env``, unbound."""
         args = [a.value if isinstance(a, _Const) else a(env, sizes) for a in self.args]
         kwargs = {k: a.value if isinstance(a, _Const) else a(env, sizes) for k, a in self.kwargs.items()}
-        result = self.op(*args, **kwargs)
+        return self.op(*args, **kwargs)
+
+    def __call__(self, env: dict, sizes: dict) -> None:
+        result = self.run(env, sizes)
         if self.check_views:
             check_in_storage(result, self.name)
         if len(self.outputs) == 1:
