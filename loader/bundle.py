@@ -35,6 +35,7 @@ MAX_DEFLATED_BYTES = 64 << 20  # a deflated member (manifest, guards, kernel sou
 MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is a zip bomb
 MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
 MAX_BUCKETS = 1024  # CUDA-graph sizes per symbol
+MAX_STEP_OUTPUTS = 1 << 16  # results of one step (split, unbind): far above any model's widest split
 _REQUIRED = (schema.PROGRAM_PATH, schema.WEIGHTS_PATH, schema.REFERENCE_PATH, schema.GUARDS_PATH)
 _COMPRESSIONS = (
     zipfile.ZIP_STORED,
@@ -114,6 +115,7 @@ class Bundle:
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_PROGRAM_BYTES)
             tree = _json_loads(raw, self.path, "program")
             _check_depth(tree, self.path, "program")
+            _check_step_outputs(tree, self.path)
             program = from_json(Program, tree, "program")
         except BundleError:
             raise
@@ -150,6 +152,29 @@ def _check_depth(tree: object, path: Path, what: str) -> None:
             if isinstance(node, (list, dict))
             for v in (node.values() if isinstance(node, dict) else node)
         ]
+
+
+def _check_step_outputs(tree: object, path: Path) -> None:
+    """Refuse a step that binds more than ``MAX_STEP_OUTPUTS`` results, on the raw JSON: decoding
+    a million of them into records alone would take a minute."""
+    programs = [tree]
+    while programs:
+        program = programs.pop()
+        if not isinstance(program, dict):
+            continue
+        programs.extend(program.get("variants") or ())
+        steps = list(program.get("steps") or ())
+        while steps:
+            step = steps.pop()
+            if not isinstance(step, dict):
+                continue
+            steps.extend(step.get("reference") or ())
+            outputs = step.get("outputs")
+            if isinstance(outputs, list) and len(outputs) > MAX_STEP_OUTPUTS:
+                raise BundleError(
+                    f"{path}: step {str(step.get('target'))[:80]} binds {len(outputs)} results "
+                    f"(limit {MAX_STEP_OUTPUTS}); rebuild the bundle with a trusted aotpack"
+                )
 
 
 def _step_targets(steps) -> set[str]:

@@ -319,28 +319,29 @@ def test_outputs_are_checked_against_their_specs(tmp_path, branchy, change, expe
 
 
 def test_liveness_of_many_buffers_freed_at_one_step_is_linear():
-    """One step whose 300,000 outputs nobody reads: every one is freed after it, in linear time
-    (a tuple grown one name at a time took minutes)."""
+    """One step reads the 300,000 results of another, the last to use each: all are freed after
+    it, in linear time (a tuple grown one name at a time took hours)."""
     n = 300_000
+    names = tuple(f"o{i}" for i in range(n))
     steps = [
+        Step(kind=StepKind.ATEN, target="aten.split.Tensor", args=(Buf("x"), 1), kwargs={}, outputs=names),
         Step(
             kind=StepKind.ATEN,
-            target="aten.split.Tensor",
-            args=(Buf("x"), 1),
+            target="aten.cat.default",
+            args=([Buf(o) for o in names],),
             kwargs={},
-            outputs=tuple(f"o{i}" for i in range(n)),
+            outputs=("y",),
         ),
-        Step(kind=StepKind.ATEN, target="aten.clone.default", args=(Buf("x"),), kwargs={}, outputs=("y",)),
     ]
     start = time.perf_counter()
     frees = frees_after(steps, ["x"], ["y"])
     assert time.perf_counter() - start < 5.0
-    assert len(frees[0]) == n and frees[1] == ()
+    assert frees[0] == () and sorted(frees[1]) == sorted(names)
 
 
 def test_a_step_with_a_million_outputs_is_refused_at_load(tmp_path, branchy):
-    """0.6 MB of bundle whose one extra step binds 1.5 million unused results: refused in
-    seconds, not a hang."""
+    """0.6 MB of bundle whose one extra step binds 1.5 million unused results: refused on the raw
+    JSON in about a second (decoding it took over 20 s)."""
     base, prog = branchy
     names = [f"{i:x}" for i in range(1_500_000)]
     step = aten_step("aten.split.Tensor", [{"buf": "x"}, 1], names)
@@ -350,4 +351,4 @@ def test_a_step_with_a_million_outputs_is_refused_at_load(tmp_path, branchy):
     start = time.perf_counter()
     with pytest.raises(BundleError, match=r"binds 1500000 results \(limit 65536\)"):
         load(path)
-    assert time.perf_counter() - start < 30.0
+    assert time.perf_counter() - start < 10.0
