@@ -31,6 +31,9 @@ MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its 
 # JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
 # this bounds what parsing allocates (16 MiB of "[]," would otherwise be ~400 MB of lists).
 MAX_JSON_CONTAINERS = 1 << 20
+# JSON values (bounded by the commas between them): each is decoded into a record field at ~10 µs,
+# so this bounds load time (GPT-2 small's program holds ~6,000)
+MAX_JSON_VALUES = 1 << 19
 MAX_DEFLATED_BYTES = 64 << 20  # a deflated member (manifest, guards, kernel source) inflates to at most this
 MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is a zip bomb
 MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
@@ -134,6 +137,9 @@ def _json_loads(raw: bytes, path: Path, what: str) -> object:
         raise BundleError(
             f"{path}: {what} holds {containers} JSON arrays/objects (limit {MAX_JSON_CONTAINERS})"
         )
+    values = raw.count(b",")
+    if values > MAX_JSON_VALUES:
+        raise BundleError(f"{path}: {what} holds {values} JSON values (limit {MAX_JSON_VALUES})")
     return json.loads(raw.decode("utf-8"))
 
 

@@ -352,3 +352,16 @@ def test_a_step_with_a_million_outputs_is_refused_at_load(tmp_path, branchy):
     with pytest.raises(BundleError, match=r"binds 1500000 results \(limit 65536\)"):
         load(path)
     assert time.perf_counter() - start < 10.0
+
+
+def test_a_program_of_millions_of_values_is_refused_at_load(tmp_path, branchy):
+    """8 MB of program holding 4 million integers (a view's size list): refused before decoding
+    (decoding them into records took 40 s)."""
+    base, prog = branchy
+    step = aten_step("aten.view.default", [{"buf": "x"}, [1] * 4_000_000], ["zz_v"])
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, with_steps(prog, [step])))
+    start = time.perf_counter()
+    with pytest.raises(BundleError, match=r"program holds 4000\d\d\d JSON values \(limit 524288\)"):
+        load(path)
+    assert time.perf_counter() - start < 10.0
