@@ -162,25 +162,28 @@ def _check_depth(tree: object, path: Path, what: str) -> None:
 
 def _check_step_outputs(tree: object, path: Path) -> None:
     """Refuse a step that binds more than ``MAX_STEP_OUTPUTS`` results, on the raw JSON: decoding
-    a million of them into records alone would take a minute."""
-    programs = [tree]
+    a million of them into records alone would take a minute. (Types are checked later.)"""
+    programs, steps = [tree], []
     while programs:
         program = programs.pop()
-        if not isinstance(program, dict):
+        if isinstance(program, dict):
+            programs += _list(program.get("variants"))
+            steps += _list(program.get("steps"))
+    while steps:
+        step = steps.pop()
+        if not isinstance(step, dict):
             continue
-        programs.extend(program.get("variants") or ())
-        steps = list(program.get("steps") or ())
-        while steps:
-            step = steps.pop()
-            if not isinstance(step, dict):
-                continue
-            steps.extend(step.get("reference") or ())
-            outputs = step.get("outputs")
-            if isinstance(outputs, list) and len(outputs) > MAX_STEP_OUTPUTS:
-                raise BundleError(
-                    f"{path}: step {str(step.get('target'))[:80]} binds {len(outputs)} results "
-                    f"(limit {MAX_STEP_OUTPUTS}); rebuild the bundle with a trusted aotpack"
-                )
+        steps += _list(step.get("reference"))
+        outputs = _list(step.get("outputs"))
+        if len(outputs) > MAX_STEP_OUTPUTS:
+            raise BundleError(
+                f"{path}: step {str(step.get('target'))[:80]} binds {len(outputs)} results "
+                f"(limit {MAX_STEP_OUTPUTS}); rebuild the bundle with a trusted aotpack"
+            )
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _step_targets(steps) -> set[str]:

@@ -23,7 +23,14 @@ from aot.loader import load
 from aot.program import frees_after
 from aot.schema import Buf, Step, StepKind
 from tests.conftest import ROOT
-from tests.hostile_util import aten_step, program_json, read_entries, resigned_program
+from tests.hostile_util import (
+    aten_step,
+    program_json,
+    read_entries,
+    resigned_program,
+    with_program_text,
+    write_entries,
+)
 
 CPU = {"device": "runtime"}
 F32 = {"dtype": "float32"}
@@ -365,3 +372,26 @@ def test_a_program_of_millions_of_values_is_refused_at_load(tmp_path, branchy):
     with pytest.raises(BundleError, match=r"program holds 4000\d\d\d JSON values \(limit 524288\)"):
         load(path)
     assert time.perf_counter() - start < 10.0
+
+
+@pytest.mark.parametrize(
+    "where, value",
+    [
+        (("steps",), 1.5),
+        (("steps", 0, "reference"), -1),
+        (("steps", 0, "outputs"), True),
+        (("variants",), "x"),
+    ],
+)
+def test_wrong_types_around_step_results_are_bundle_errors(tmp_path, branchy, where, value):
+    """The bound on step results reads the raw JSON before its types are checked."""
+    base, prog = branchy
+    p = copy.deepcopy(prog)
+    parent = p
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = value
+    path = tmp_path / "case.tpk"
+    path.write_bytes(write_entries(with_program_text(read_entries(base), json.dumps(p).encode())))
+    with pytest.raises(BundleError):
+        load(path)
