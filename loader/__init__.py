@@ -18,7 +18,7 @@ from aot.aten import DTYPES, resolve_op
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
-from aot.loader.program import AtenProgram, OutputSpecs, Storages
+from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.weights import to_device
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.pytree import flatten_inputs, unflatten
@@ -186,8 +186,15 @@ class Runner:
             outputs = entry.gpu(inputs, sizes)
         entry.outputs.check(outputs, sizes)
         # an output must never share memory with a weight, or an input the caller may mutate
-        owned = (self._weight_storages, Storages(values))
-        return [o.clone() if any(s.overlaps(o) for s in owned) else o for o in outputs]
+        inputs_at = [storage_span(v) for v in values]
+        owned = []
+        for out in outputs:
+            start, end = storage_span(out)
+            shared = self._weight_storages.overlaps(start, end) or any(
+                s < end and start < e for s, e in inputs_at
+            )
+            owned.append(out.clone() if shared else out)
+        return owned
 
     def example_inputs(self) -> dict[str, torch.Tensor]:
         ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)

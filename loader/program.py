@@ -66,7 +66,7 @@ class OutputSpecs:
             **{i.name: i.spec for i in program.inputs},
             **program.buffers,
         }
-        self.device = device
+        self.device_type, self.device_index = device.type, device.index
         self.expected: list[tuple[str, torch.dtype, list[int | Expr]]] = []
         for name in program.outputs:
             spec = specs.get(name)
@@ -77,41 +77,46 @@ class OutputSpecs:
 
     def check(self, outputs: list[Any], sizes: dict[str, int]) -> None:
         for (name, dtype, dims), out in zip(self.expected, outputs):
-            if not (
-                isinstance(out, torch.Tensor)
-                and out.dtype == dtype
-                and out.device.type == self.device.type
-                and (self.device.index is None or out.device.index == self.device.index)
-                and len(out.shape) == len(dims)
-                and all(n == (d if type(d) is int else d(sizes)) for n, d in zip(out.shape, dims))
+            shape = tuple(d if type(d) is int else d(sizes) for d in dims)
+            if (
+                type(out) is not torch.Tensor
+                or out.dtype != dtype
+                or out.shape != shape
+                or out.device.type != self.device_type
+                or (self.device_index is not None and out.device.index != self.device_index)
             ):
-                want = [d if type(d) is int else d(sizes) for d in dims]
                 got = (
                     f"{out.dtype} {list(out.shape)} on {out.device}"
                     if isinstance(out, torch.Tensor)
                     else type(out).__name__
                 )
+                where = (
+                    self.device_type
+                    if self.device_index is None
+                    else f"{self.device_type}:{self.device_index}"
+                )
                 raise BundleError(
-                    f"program output {name!r} is {got}, the program declares {dtype} {want} on "
-                    f"{self.device}; the bundle's program is wrong: rebuild it with a trusted aotpack"
+                    f"program output {name!r} is {got}, the program declares {dtype} {list(shape)} on "
+                    f"{where}; the bundle's program is wrong: rebuild it with a trusted aotpack"
                 )
 
 
 class Storages:
-    """Memory the caller or the runner owns (weights, a call's inputs), as sorted byte ranges, so
-    that an output sharing any of it, a view of a weight included, is told apart."""
+    """Memory the runner owns (its weights), as sorted byte ranges, so that an output sharing any
+    of it, a view of a weight included, is told apart in logarithmic time."""
 
     def __init__(self, tensors: Iterable[torch.Tensor]):
-        spans = sorted(_span(t) for t in tensors)
+        spans = sorted(storage_span(t) for t in tensors)
         self.starts = [s for s, _ in spans]
         self.ends = list(itertools.accumulate((e for _, e in spans), max))  # furthest end so far
 
-    def overlaps(self, t: torch.Tensor) -> bool:
-        start, end = _span(t)
-        i = bisect.bisect_left(self.starts, end)  # spans starting before ``end``
+    def overlaps(self, start: int, end: int) -> bool:
+        i = bisect.bisect_left(self.starts, end)  # ranges starting before ``end``
         return i > 0 and self.ends[i - 1] > start
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range of the whole storage ``t`` views."""
     storage = t.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
