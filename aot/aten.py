@@ -49,27 +49,33 @@ STRIDED_VIEWS = {"aten.as_strided.default": (1, 2, 3)}
 def resolve_op(name: str) -> Any:
     """``aten.addmm.default`` → the OpOverload. Only the ops of ``aot.allowed_ops`` are reachable:
     pure functions of their arguments (no random numbers, autograd, files or process state, no
-    writes, no unchecked views). ``BundleError`` for any other, ``EnvError`` for an allowed op this
-    torch lacks."""
+    writes, no unchecked views). ``EnvError`` for an op this torch lacks (a bundle built against
+    another torch), ``BundleError`` for any other op off the list."""
     m = _OP_NAME.match(name)
     if not m:
         raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op name")
-    if name not in ALLOWED_OPS:
-        raise BundleError(
-            f"step calls {name[:80]}, which bundles may not call: aotpack runs only the pure ATen ops "
-            f"of its allowlist (no random numbers, autograd, files, process state or unchecked views); "
-            f"rebuild the bundle with a trusted aotpack (or load it with the newer aotpack that built it)"
+    try:
+        packet = getattr(torch.ops.aten, m.group(1), None)
+        overload = (
+            getattr(packet, m.group(2), None) if isinstance(packet, torch._ops.OpOverloadPacket) else None
         )
-    packet = getattr(torch.ops.aten, m.group(1), None)
-    overload = getattr(packet, m.group(2), None) if isinstance(packet, torch._ops.OpOverloadPacket) else None
-    if not isinstance(overload, torch._ops.OpOverload):
+    except Exception:  # torch's lookup of an odd name may raise instead of returning nothing
+        packet = overload = None
+    if packet is not None and not isinstance(overload, torch._ops.OpOverload):
+        raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op overload")
+    if overload is None:
         raise EnvError(
             f"this torch ({torch.__version__}) has no ATen op {name}, which the bundle needs; "
             f"use the torch version the bundle was built with or rebuild it against this one"
         )
-    if any(a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments):
+    if name not in ALLOWED_OPS or any(
+        a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments
+    ):
         raise BundleError(
-            f"step calls {name}, which writes to its arguments; bundles run only functional ops"
+            f"step calls {name}, which bundles may not call: aotpack runs only the pure ATen ops "
+            f"of its allowlist (no random numbers, autograd, files, process state, writes or unchecked "
+            f"views); rebuild the bundle with a trusted aotpack (or load it with the newer aotpack that "
+            f"built it)"
         )
     return overload
 
