@@ -40,10 +40,10 @@ Getter = Callable[[dict, dict], Any]
 RESHAPED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
 
 
-# Views whose size, stride and storage offset a step chooses freely (argument positions): each
-# result is checked against the storage it views (``check_in_storage``), at load where the base is a
-# weight and the geometry is constant, else on every call.
-STRIDED_VIEWS = {"aten.as_strided.default": (1, 2, 3)}
+# Views whose size, stride and storage offset a step chooses freely: each result is checked against
+# the storage it views (``check_in_storage``), at load where the base is a weight and the geometry is
+# constant, else on every call (ATen checks them too; this holds whatever the op's own checks).
+STRIDED_VIEWS = frozenset({"aten.as_strided.default"})
 
 
 def resolve_op(name: str) -> Any:
@@ -145,8 +145,8 @@ def compile_arg(a: Any, device: torch.device) -> _Const | Getter:
 
 
 class AtenCall:
-    """One prepared ATen step. ``weights``: the tensors known at load, against which a strided
-    view of constant geometry is checked right away."""
+    """One prepared ATen step. ``weights``: the tensors known at load; a view of one with
+    constant arguments is made and checked against its storage right away."""
 
     __slots__ = ("op", "args", "kwargs", "outputs", "name", "check_views")
 
