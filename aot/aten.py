@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
+from aot.allowed_ops import ALLOWED_OPS, ZERO_ARGS
 from aot.dtypes import torch_dtypes
 from aot.errors import BundleError, EnvError
+from aot.program import VIEW_OPS
 from aot.schema import Buf, Device, DType, Layout, MemoryFormat, SpecialFloat, Step, StepKind, Sym, SymBool
 from aot.symexpr import compile_expr
 
@@ -38,29 +40,17 @@ Getter = Callable[[dict, dict], Any]
 RESHAPED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
 
 
-# ATen ops that reach outside the tensors they are given (files, stdout, process-wide state): a
-# bundle never needs them, and a hostile one must not call them. Ops that write into an argument
-# (in-place, out=) are refused by their schema in ``resolve_op``.
-FORBIDDEN_OPS = frozenset(
-    {
-        "save",
-        "from_file",
-        "_print",
-        "warn",
-        "set_grad_enabled",
-        "manual_seed",
-        "seed",
-        "wait",
-        "to_here",
-        "_cufft_set_plan_cache_max_size",
-        "_cufft_clear_plan_cache",
-    }
-)
+# Views whose size, stride and storage offset a step chooses freely: each result is checked against
+# the storage it views (``check_in_storage``), at load where the base is a weight and the geometry is
+# constant, else on every call (ATen checks them too; this holds whatever the op's own checks).
+STRIDED_VIEWS = frozenset({"aten.as_strided.default"})
 
 
 def resolve_op(name: str) -> Any:
-    """``aten.addmm.default`` → the OpOverload; only the aten namespace is reachable, and only ops
-    that compute new tensors from their arguments (no file access, no global state, no writes)."""
+    """``aten.addmm.default`` → the OpOverload. Only the ops of ``aot.allowed_ops`` are reachable:
+    pure functions of their arguments (no random numbers, autograd, files or process state, no
+    writes, no unchecked views). ``EnvError`` for an op this torch lacks (a bundle built against
+    another torch), ``BundleError`` for any other op off the list."""
     m = _OP_NAME.match(name)
     if not m:
         raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op name")
@@ -73,20 +63,47 @@ def resolve_op(name: str) -> Any:
         packet = overload = None
     if packet is not None and not isinstance(overload, torch._ops.OpOverload):
         raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op overload")
-    if overload is not None and (
-        m.group(1) in FORBIDDEN_OPS
-        or any(a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments)
-    ):
-        raise BundleError(
-            f"step calls {name}, which writes to its arguments or reaches outside its tensors; "
-            f"bundles run only functional ATen ops"
-        )
     if overload is None:
         raise EnvError(
             f"this torch ({torch.__version__}) has no ATen op {name}, which the bundle needs; "
             f"use the torch version the bundle was built with or rebuild it against this one"
         )
+    if name not in ALLOWED_OPS or any(
+        a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments
+    ):
+        raise BundleError(
+            f"step calls {name}, which bundles may not call: aotpack runs only the pure ATen ops "
+            f"of its allowlist (no random numbers, autograd, files, process state, writes or unchecked "
+            f"views); rebuild the bundle with a trusted aotpack (or load it with the newer aotpack that "
+            f"built it)"
+        )
     return overload
+
+
+def check_in_storage(t: torch.Tensor, op: str) -> None:
+    """``BundleError`` unless every element of view ``t`` lies inside the storage it views."""
+    if t.numel() == 0:
+        return
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    if (last + 1) * t.element_size() > t.untyped_storage().nbytes():  # ATen refuses negative strides
+        raise BundleError(
+            f"step {op} makes a view of sizes {list(t.shape)}, strides {list(t.stride())} and offset "
+            f"{t.storage_offset()} that reaches outside its {t.untyped_storage().nbytes()}-byte storage; "
+            f"rebuild the bundle with a trusted aotpack"
+        )
+
+
+def check_zero_args(step: Step) -> None:
+    """Arguments that would draw random numbers (attention's ``dropout_p``) must be zero."""
+    for op, name, position in ZERO_ARGS:
+        if step.target != op:
+            continue
+        value = step.kwargs.get(name, step.args[position] if len(step.args) > position else 0)
+        if type(value) not in (int, float) or value != 0:
+            raise BundleError(
+                f"step {op} passes {name}={str(value)[:40]}, which draws random numbers; bundles run "
+                f"deterministic programs (0 or nothing): rebuild the bundle with a trusted aotpack"
+            )
 
 
 class _Const:
@@ -147,26 +164,58 @@ def _check_devices(op: Any, step: Step) -> None:
 
 
 class AtenCall:
-    """One prepared ATen step."""
+    """One prepared ATen step. ``weights``: the tensors known at load; a view of one with
+    constant arguments is made and checked against its storage right away."""
 
-    __slots__ = ("op", "args", "kwargs", "outputs", "name")
+    __slots__ = ("op", "args", "kwargs", "outputs", "name", "check_views")
 
-    def __init__(self, step: Step, device: torch.device):
+    def __init__(self, step: Step, device: torch.device, weights: dict[str, torch.Tensor] | None = None):
         if step.kind != StepKind.ATEN:
             raise BundleError(f"expected an ATen step, got kind {str(step.kind)[:20]!r}")
         self.name = step.target
         self.op = resolve_op(step.target)
+        check_zero_args(step)
         if step.target in RESHAPED_VIEWS:
             self.op = torch.ops.aten.reshape.default
         _check_devices(self.op, step)
         self.args = [compile_arg(a, device) for a in step.args]
         self.kwargs = {k: compile_arg(v, device) for k, v in step.kwargs.items()}
         self.outputs = step.outputs
+        self.check_views = step.target in STRIDED_VIEWS
+        if step.target in VIEW_OPS and self._checked_at_load(step, weights or {}):
+            self.check_views = False
 
-    def __call__(self, env: dict, sizes: dict) -> None:
+    def _checked_at_load(self, step: Step, weights: dict[str, torch.Tensor]) -> bool:
+        """A view of a weight with constant arguments: made once now (a view reads no data) and
+        checked against the weight's storage, so a bad one is refused before any call; True when
+        so checked. Views of what a call computes are checked by ATen, and strided ones here too,
+        on every call."""
+        base = step.args[0] if step.args else None
+        constant = all(isinstance(a, _Const) for a in (*self.args[1:], *self.kwargs.values()))
+        if not (isinstance(base, Buf) and base.name in weights and constant):
+            return False
+        try:
+            result = self.run({base.name: weights[base.name]}, {})
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), "")[:200]
+            raise BundleError(
+                f"step {self.name} cannot view weight {base.name!r}: {first}; "
+                f"rebuild the bundle with a trusted aotpack"
+            ) from None
+        for t in result if isinstance(result, (list, tuple)) else [result]:
+            check_in_storage(t, self.name)
+        return True
+
+    def run(self, env: dict, sizes: dict) -> Any:
+        """The op's result on ``env``, unbound."""
         args = [a.value if isinstance(a, _Const) else a(env, sizes) for a in self.args]
         kwargs = {k: a.value if isinstance(a, _Const) else a(env, sizes) for k, a in self.kwargs.items()}
-        result = self.op(*args, **kwargs)
+        return self.op(*args, **kwargs)
+
+    def __call__(self, env: dict, sizes: dict) -> None:
+        result = self.run(env, sizes)
+        if self.check_views:
+            check_in_storage(result, self.name)
         if len(self.outputs) == 1:
             env[self.outputs[0]] = result
         else:

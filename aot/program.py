@@ -97,13 +97,13 @@ def frees_after(steps: Sequence[Step], given: Iterable[str], outputs: Sequence[s
     unwritten = set(outputs) - known
     if unwritten:
         raise BundleError(f"program outputs {sorted(unwritten)[:3]} are never written")
-    frees: list[tuple[str, ...]] = [() for _ in steps]
+    frees: list[list[str]] = [[] for _ in steps]
     for name, i in last_use.items():
         if name not in keep:
-            frees[i] += (name,)
+            frees[i].append(name)
     for i, step in enumerate(steps):  # written but never read (unused multi-outputs): dead at once
-        frees[i] += tuple(o for o in step_writes(step) if o not in last_use and o not in keep)
-    return frees
+        frees[i].extend(o for o in step_writes(step) if o not in last_use and o not in keep)
+    return [tuple(f) for f in frees]
 
 
 def lifetimes(program: Program) -> list[tuple[str, int, int]]:

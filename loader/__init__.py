@@ -19,7 +19,7 @@ from aot.aten import DTYPES, resolve_op
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
-from aot.loader.program import AtenProgram
+from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
 from aot.loader.weights import to_device
 from aot.manifest_text import manifest_of_bundle, render_manifest
@@ -46,10 +46,11 @@ def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
 class _Entry:
     """One program of the bundle, ready to run: its guards, and its CPU or GPU executor."""
 
-    __slots__ = ("name", "program", "guards", "aten", "gpu", "graphs")
+    __slots__ = ("name", "program", "guards", "outputs", "aten", "gpu", "graphs")
 
-    def __init__(self, name: str, program: schema.Program, guards: GuardChecker):
+    def __init__(self, name: str, program: schema.Program, guards: GuardChecker, device: torch.device):
         self.name, self.program, self.guards = name, program, guards
+        self.outputs = OutputSpecs(program, device)
         self.aten = self.gpu = self.graphs = None
 
 
@@ -100,7 +101,7 @@ class Runner:
                     f"{w.spec.dtype} {list(w.spec.shape)}"
                 )
         self.weights = weights
-        self._weight_ptrs = frozenset(w.data_ptr() for w in weights.values())
+        self._weight_storages = Storages(weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         if self.manifest.programs:
@@ -125,7 +126,7 @@ class Runner:
                     f"{bundle.path}: program {name[:40]!r} takes inputs {list(checker.names)[:8]}, "
                     f"the bundle {list(self.guards.names)[:8]}"
                 )
-            entry = _Entry(name, program, checker)
+            entry = _Entry(name, program, checker, self.device)
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
@@ -170,20 +171,32 @@ class Runner:
             entry, sizes = self._entries[0], self.guards.check(values, self.device)
         else:
             entry, sizes = self._dispatch(values)
+        with torch.no_grad():  # no autograd graph, whatever the inputs require
+            outputs = self._run(entry, values, sizes)
+        return unflatten(entry.program.output_tree, outputs)
+
+    def _run(self, entry: _Entry, values: list[Any], sizes: dict[str, int]) -> list[torch.Tensor]:
         inputs = dict(zip(self.guards.names, values))
-        tree = entry.program.output_tree
         if entry.gpu is None:
             outputs = entry.aten(inputs, sizes)
         else:
             key = entry.graphs.bucket_for(sizes) if entry.graphs is not None else None
             if key is not None:
-                return unflatten(
-                    tree, entry.graphs(key, inputs, sizes)
-                )  # copied out of the graph: caller-owned
+                outputs = entry.graphs(key, inputs, sizes)  # copied out of the graph: caller-owned
+                entry.outputs.check(outputs, sizes)
+                return outputs
             outputs = entry.gpu(inputs, sizes)
-        # outputs must never alias a weight or an input the caller may mutate
-        owned = self._weight_ptrs | {v.data_ptr() for v in values}
-        return unflatten(tree, [o.clone() if o.data_ptr() in owned else o for o in outputs])
+        entry.outputs.check(outputs, sizes)
+        # an output must never share memory with a weight, or an input the caller may mutate
+        inputs_at = [storage_span(v) for v in values]
+        owned = []
+        for out in outputs:
+            start, end = storage_span(out)
+            shared = self._weight_storages.overlaps(start, end) or any(
+                s < end and start < e for s, e in inputs_at
+            )
+            owned.append(out.clone() if shared else out)
+        return owned
 
     def example_inputs(self) -> dict[str, torch.Tensor]:
         ref = _load_tensors(self.bundle, schema.REFERENCE_PATH)

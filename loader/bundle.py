@@ -31,10 +31,14 @@ MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its 
 # JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
 # this bounds what parsing allocates (16 MiB of "[]," would otherwise be ~400 MB of lists).
 MAX_JSON_CONTAINERS = 1 << 20
+# JSON values (bounded by the commas between them): each is decoded into a record field at ~10 µs,
+# so this bounds load time (GPT-2 small's program holds ~6,000)
+MAX_JSON_VALUES = 1 << 19
 MAX_DEFLATED_BYTES = 64 << 20  # a deflated member (manifest, guards, kernel source) inflates to at most this
 MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is a zip bomb
 MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
 MAX_BUCKETS = 1024  # CUDA-graph sizes per symbol
+MAX_STEP_OUTPUTS = 1 << 16  # results of one step (split, unbind): far above any model's widest split
 _REQUIRED = (schema.PROGRAM_PATH, schema.WEIGHTS_PATH, schema.REFERENCE_PATH, schema.GUARDS_PATH)
 _COMPRESSIONS = (
     zipfile.ZIP_STORED,
@@ -115,6 +119,7 @@ class Bundle:
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_PROGRAM_BYTES)
             tree = _json_loads(raw, self.path, "program")
             _check_depth(tree, self.path, "program")
+            _check_step_outputs(tree, self.path)
             program = from_json(Program, tree, "program")
         except BundleError:
             raise
@@ -139,6 +144,9 @@ def _json_loads(raw: bytes, path: Path, what: str) -> object:
         raise BundleError(
             f"{path}: {what} holds {containers} JSON arrays/objects (limit {MAX_JSON_CONTAINERS})"
         )
+    values = raw.count(b",")
+    if values > MAX_JSON_VALUES:
+        raise BundleError(f"{path}: {what} holds {values} JSON values (limit {MAX_JSON_VALUES})")
     return json.loads(raw.decode("utf-8"))
 
 
@@ -157,6 +165,32 @@ def _check_depth(tree: object, path: Path, what: str) -> None:
             if isinstance(node, (list, dict))
             for v in (node.values() if isinstance(node, dict) else node)
         ]
+
+
+def _check_step_outputs(tree: object, path: Path) -> None:
+    """Refuse a step that binds more than ``MAX_STEP_OUTPUTS`` results, on the raw JSON: decoding
+    a million of them into records alone would take a minute. (Types are checked later.)"""
+    programs, steps = [tree], []
+    while programs:
+        program = programs.pop()
+        if isinstance(program, dict):
+            programs += _list(program.get("variants"))
+            steps += _list(program.get("steps"))
+    while steps:
+        step = steps.pop()
+        if not isinstance(step, dict):
+            continue
+        steps += _list(step.get("reference"))
+        outputs = _list(step.get("outputs"))
+        if len(outputs) > MAX_STEP_OUTPUTS:
+            raise BundleError(
+                f"{path}: step {str(step.get('target'))[:80]} binds {len(outputs)} results "
+                f"(limit {MAX_STEP_OUTPUTS}); rebuild the bundle with a trusted aotpack"
+            )
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
 
 
 def _step_targets(steps) -> set[str]:

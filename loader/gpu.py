@@ -148,7 +148,7 @@ class GpuProgram:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
                 self.calls.append(KernelCall(step, k, functions[k.id], program, device))
             else:
-                self.calls.append(AtenCall(step, device))
+                self.calls.append(AtenCall(step, device, weights))
         self.frees = frees_after(
             program.steps, [*weights, *(i.name for i in program.inputs)], program.outputs
         )

@@ -7,14 +7,18 @@ after their last use.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from aot.aten import AtenCall
+from aot.aten import DTYPES, AtenCall
 from aot.errors import AotError, BundleError
 from aot.program import frees_after, reference_steps
 from aot.schema import Program, Step
+from aot.symexpr import Expr, compile_expr
 
 
 class AtenProgram:
@@ -30,7 +34,7 @@ class AtenProgram:
         self.program = program
         self.weights = weights
         steps = steps if steps is not None else reference_steps(program)
-        self.calls = [AtenCall(s, device) for s in steps]
+        self.calls = [AtenCall(s, device, weights) for s in steps]
         self.frees = frees_after(steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
 
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
@@ -50,3 +54,69 @@ class AtenProgram:
                 f"the inputs passed the bundle's guards, so its program or guards are wrong: rebuild the bundle"
             ) from None
         return [env[o] for o in self.program.outputs]
+
+
+class OutputSpecs:
+    """The dtype, shape and device the program declares for each output, checked after every call
+    (a few comparisons per output) so that a program cannot hand the caller something else."""
+
+    def __init__(self, program: Program, device: torch.device):
+        specs = {
+            **{w.name: w.spec for w in program.weights},
+            **{i.name: i.spec for i in program.inputs},
+            **program.buffers,
+        }
+        self.device_type, self.device_index = device.type, device.index
+        self.expected: list[tuple[str, torch.dtype, list[int | Expr]]] = []
+        for name in program.outputs:
+            spec = specs.get(name)
+            if spec is None or spec.dtype not in DTYPES:
+                raise BundleError(f"program output {name[:40]!r} has no tensor spec; rebuild the bundle")
+            dims = [compile_expr(s) for s in spec.shape]
+            self.expected.append((name, DTYPES[spec.dtype], [d({}) if d.is_constant else d for d in dims]))
+
+    def check(self, outputs: list[Any], sizes: dict[str, int]) -> None:
+        for (name, dtype, dims), out in zip(self.expected, outputs):
+            shape = tuple(d if type(d) is int else d(sizes) for d in dims)
+            if (
+                type(out) is not torch.Tensor
+                or out.dtype != dtype
+                or out.shape != shape
+                or out.device.type != self.device_type
+                or (self.device_index is not None and out.device.index != self.device_index)
+            ):
+                got = (
+                    f"{out.dtype} {list(out.shape)} on {out.device}"
+                    if isinstance(out, torch.Tensor)
+                    else type(out).__name__
+                )
+                where = (
+                    self.device_type
+                    if self.device_index is None
+                    else f"{self.device_type}:{self.device_index}"
+                )
+                raise BundleError(
+                    f"program output {name!r} is {got}, the program declares {dtype} {list(shape)} on "
+                    f"{where}; the bundle's program is wrong: rebuild it with a trusted aotpack"
+                )
+
+
+class Storages:
+    """Memory the runner owns (its weights), as sorted byte ranges, so that an output sharing any
+    of it, a view of a weight included, is told apart in logarithmic time."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]):
+        spans = sorted(storage_span(t) for t in tensors)
+        self.starts = [s for s, _ in spans]
+        self.ends = list(itertools.accumulate((e for _, e in spans), max))  # furthest end so far
+
+    def overlaps(self, start: int, end: int) -> bool:
+        i = bisect.bisect_left(self.starts, end)  # ranges starting before ``end``
+        return i > 0 and self.ends[i - 1] > start
+
+
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range of the whole storage ``t`` views."""
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()

@@ -212,3 +212,29 @@ def bomb_archive(entries: list[Entry], name: str, inflated_size: int, declared_s
         struct.pack_into("<H", out, method_at, zipfile.ZIP_DEFLATED)
         struct.pack_into("<I", out, usize_at, declared_size)
     return bytes(out)
+
+
+def resigned_program(archive: bytes, program: dict) -> bytes:
+    """``archive`` with its program replaced by ``program`` (a JSON tree), re-signed, and every op
+    the program calls listed in the manifest: the self-consistent bundle an attacker would write."""
+    entries = with_program_text(read_entries(archive), json.dumps(program, sort_keys=True).encode())
+    m = manifest_of(entries)
+    steps = [s for p in (program, *program.get("variants", ())) for s in p["steps"]]
+    ops = {s["target"] for s in steps if s["kind"] == "aten"} | {
+        r["target"] for s in steps for r in s["reference"]
+    }
+    m["ops"] = sorted(set(m["ops"]) | ops)
+    return write_entries(with_manifest_text(entries, manifest_bytes(m)))
+
+
+def aten_step(target: str, args: list, outputs: list, **kwargs) -> dict:
+    """An ATen step of a program's JSON tree; ``{"buf": name}`` args name buffers."""
+    return {
+        "kind": "aten",
+        "target": target,
+        "args": args,
+        "kwargs": kwargs,
+        "outputs": outputs,
+        "grid": [],
+        "reference": [],
+    }

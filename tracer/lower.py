@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, TensorArgument
 
+from aot.allowed_ops import ALLOWED_OPS
 from aot.dtypes import name_of as dtype_name
 from aot.errors import TraceError
 from aot.schema import (
@@ -58,6 +60,12 @@ def tensor_leaves(tree: Any) -> list[torch.Tensor]:
 def op_name(target: Any) -> str:
     """``torch.ops.aten.addmm.default`` → ``aten.addmm.default``."""
     return f"{target.namespace}.{target._schema.name.split('::', 1)[1]}.{target._overloadname}"
+
+
+def _model_line(node: torch.fx.Node) -> str:
+    """``file:line: `` of the model code that made ``node`` (the innermost frame export recorded)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    return f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
 
 
 def symbol_sources(inputs) -> tuple[SymbolSource, ...]:
@@ -185,6 +193,13 @@ class Lowering:
             val = node.meta.get("val")
             if name == "aten.sym_size.int" or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
                 continue
+            if name not in ALLOWED_OPS:
+                raise TraceError(
+                    f"{_model_line(node)}the model calls {name}, which a bundle may not run (only the pure "
+                    f"ATen ops of aot/allowed_ops.py: no random numbers, autograd or process state); "
+                    f"build the model in eval mode, pass random values in as inputs, or add the op to "
+                    f"aot/allowed_ops.py if it is a pure function of its arguments"
+                )
             outputs: tuple[str | None, ...]
             if isinstance(val, (tuple, list)):
                 by_index = {u.args[1]: u.name for u in node.users if u.target is operator.getitem}

@@ -86,6 +86,8 @@ LOCAL_HEADER_FLIPS = 150
 DIRECTORY_FLIPS = 250
 WRONG_VALUES_PER_FIELD = 4
 PROGRAM_PATHS = 60
+NAMESPACE_OPS = 60  # ops drawn from the aten namespace, off the allowlist, per base bundle
+VIEW_ARG_VALUES = [-(2**63), -(2**31), -2, -1, 0, 1, 3, 2**31 + 1, 2**40, 2**62, 2**63 - 1]
 # Categories whose cases run under tracemalloc (it slows a case about 5x); the bulk categories,
 # which only flip, cut or retype small fields, are bounded by the whole run's peak RSS instead.
 # (tracemalloc sees Python objects only; tensor memory shows in the RSS bound.)
@@ -193,6 +195,17 @@ HOSTILE_OPS = [
     "aten.add",
     "",
     "a" * 5000,
+    # memory-unsafe: views over any memory, unchecked indices
+    "aten._reshape_alias.default",
+    "aten._sparse_coo_tensor_unsafe.default",
+    "aten._to_dense.default",
+    "aten.segment_reduce.default",
+    "aten.empty.memory_format",
+    # effects outside the bundle: autograd, the process's random generator
+    "aten._backward.default",
+    "aten.randn.default",
+    "aten.native_dropout.default",
+    "aten.bernoulli.p",
 ]
 
 WRONG_VALUES = [None, True, 0, -1, 2**64, 1.5, "", "x", [], {}, [[[[]]]], "\ud800"]
@@ -756,6 +769,20 @@ def program_cases(base: bytes, rng: random.Random, canary_dir: Path) -> Iterator
                 signed(p, ops=[op] if listed else None),
                 "error",
             )
+    # any op of the aten namespace that is not on the allowlist: refused by name at load
+    first_step = lambda op: {  # noqa: E731
+        "kind": "aten",
+        "target": op,
+        "args": [{"buf": first_in}],
+        "kwargs": {},
+        "outputs": ["zz_ns"],
+        "grid": [],
+        "reference": [],
+    }
+    for op in rng.sample(unlisted_aten_ops(), NAMESPACE_OPS):
+        p = copy.deepcopy(prog)
+        p["steps"].insert(0, first_step(op))
+        yield Case("ops:aten-namespace", op, signed(p, ops=[op]), "error")
     victim = canary_dir / "victim.bin"
     target = canary_dir / "written-by-bundle.bin"
     crafted = {
@@ -944,6 +971,117 @@ def checksum_cases(base: bytes, rng: random.Random) -> Iterator[Case]:
             bad[pos] ^= 1 << rng.randrange(8)
             yield Case(
                 "checksum:crc-fixed", f"{rec.name}@{pos}", crc_patched(base, rec.name, bytes(bad)), "error"
+            )
+
+
+@functools.cache
+def unlisted_aten_ops() -> list[str]:
+    """Every overload of torch's aten namespace that is not on the allowlist, sorted."""
+    from aot.allowed_ops import ALLOWED_OPS
+
+    out = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if isinstance(packet, torch._ops.OpOverloadPacket):
+            out += [f"aten.{name}.{o}" for o in packet.overloads() if f"aten.{name}.{o}" not in ALLOWED_OPS]
+    return sorted(out)
+
+
+def _int_slots(value, path=()) -> Iterator[tuple]:
+    """Paths of the integer literals inside a step argument (lists included)."""
+    if type(value) is int:
+        yield path
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _int_slots(v, path + (i,))
+
+
+def view_arg_cases(base: bytes, rng: random.Random) -> Iterator[Case]:
+    """Hostile sizes, strides, offsets, dims and ranks in the program's view steps, and strided
+    views over weights and inputs: each refused, or run within its base's storage."""
+    from aot.program import VIEW_OPS
+
+    entries = read_entries(base)
+    prog = program_json(entries)
+    first_in = prog["inputs"][0]["name"]
+
+    def signed(p, ops=()):
+        out = with_program_text(entries, dumps(p))
+        mm = manifest_of(out)
+        mm["ops"] = sorted(set(mm["ops"]) | set(ops))
+        return write_entries(with_manifest_text(out, manifest_bytes(mm)))
+
+    # every view step of the program and of its kernels' references
+    views = []
+    for i, step in enumerate(prog["steps"]):
+        if step["target"] in VIEW_OPS:
+            views.append(("steps", i))
+        views += [
+            ("steps", i, "reference", j) for j, r in enumerate(step["reference"]) if r["target"] in VIEW_OPS
+        ]
+    for where in views:
+        step = get_at(prog, where)
+        for a, arg in enumerate(step["args"]):
+            for slot in _int_slots(arg):
+                for v in rng.sample(VIEW_ARG_VALUES, 8):
+                    p = set_at(prog, (*where, "args", a, *slot), v)
+                    yield Case(
+                        "views:int-arg",
+                        f"{step['target']}{path_text(where)}[{a}]{list(slot)}={v}",
+                        signed(p),
+                        CLEAN,
+                    )
+            if isinstance(arg, list):
+                for label, value in (("empty", []), ("longer", [*arg, 1]), ("huge", [2**62] * len(arg))):
+                    p = set_at(prog, (*where, "args", a), value)
+                    yield Case(
+                        "views:list-arg", f"{step['target']}{path_text(where)}[{a}] {label}", signed(p), CLEAN
+                    )
+    # strided views of a weight (geometry fixed: checked at load) and of an input (sized by the
+    # call's symbols), then read through a copy
+    weight = min(prog["weights"], key=lambda w: len(w["spec"]["shape"]))["name"]
+    geometries = [
+        ([4], [1], 0),
+        ([4], [1], 2**40),
+        ([65536], [1], 0),
+        ([4], [2**40], 0),
+        ([2, 2], [0, 1], 3),
+        ([2**31, 2**31], [1, 1], 0),
+        ([4], [1], -1),
+        ([-1], [1], 0),
+        ([4], [-1], 0),
+        ([4, 4], [1], 0),
+        ([{"sym": "batch*seq"}], [{"sym": "seq"}], 0),
+        ([{"sym": "seq"}], [1], {"sym": "batch*4611686018427387903"}),
+    ]
+    for base_name in (weight, first_in):
+        for size, stride, offset in geometries:
+            p = copy.deepcopy(prog)
+            p["steps"][0:0] = [
+                {
+                    "kind": "aten",
+                    "target": "aten.as_strided.default",
+                    "args": [{"buf": base_name}, size, stride, offset],
+                    "kwargs": {},
+                    "outputs": ["zz_view"],
+                    "grid": [],
+                    "reference": [],
+                },
+                {
+                    "kind": "aten",
+                    "target": "aten.clone.default",
+                    "args": [{"buf": "zz_view"}],
+                    "kwargs": {},
+                    "outputs": ["zz_read"],
+                    "grid": [],
+                    "reference": [],
+                },
+            ]
+            yield Case(
+                "views:as_strided",
+                f"{base_name} {size} {stride} {offset}"[:80],
+                signed(p, ["aten.as_strided.default", "aten.clone.default"]),
+                CLEAN,
             )
 
 
@@ -1149,6 +1287,7 @@ def test_fuzz_bundles(tmp_path: Path, built) -> None:
             tol = 1e-2 if expected[0].dtype == torch.float16 else 1e-5
             torch.testing.assert_close(expected[0], eager, atol=tol, rtol=tol)
             runner.bundle.close()
+            rng_state = torch.get_rng_state()  # after the eager model's seeded initialization
             for case in all_cases(model, base, canary):
                 r = measured(case, work / "case.tpk", inputs, expected)
                 total += 1
@@ -1175,6 +1314,9 @@ def test_fuzz_bundles(tmp_path: Path, built) -> None:
                 if Watch.events:
                     failures.append(f"{where}: side effects {Watch.events[:3]}")
                     Watch.events.clear()
+                if not torch.equal(torch.get_rng_state(), rng_state):
+                    failures.append(f"{where}: advanced the process's random generator")
+                    torch.set_rng_state(rng_state)
     finally:
         signal.signal(signal.SIGALRM, old_alarm)
     elapsed = time.perf_counter() - t0
@@ -1207,6 +1349,113 @@ def test_fuzz_bundles(tmp_path: Path, built) -> None:
     assert rss_growth < RSS_GROWTH_LIMIT, f"peak RSS grew by {rss_growth / 2**20:.0f} MiB"
     assert total > 3000
     assert not failures, f"{len(failures)} of {total} cases failed:\n" + "\n".join(failures[:40])
+
+
+CASE_DRIVER = r"""
+import json, signal, sys
+from pathlib import Path
+
+import torch
+
+from aot.loader import load
+from tests.loader import test_fuzz_bundle as fuzz
+
+base, folder = sys.argv[1], Path(sys.argv[2])
+runner = load(base)
+inputs = runner.example_inputs()
+expected = runner(**inputs)
+expected = list(expected) if isinstance(expected, tuple) else [expected]
+runner.bundle.close()
+signal.signal(signal.SIGALRM, fuzz._on_alarm)
+rng = torch.get_rng_state()
+for i, (category, label, policy) in enumerate(json.loads((folder / "index.json").read_text())):
+    case = fuzz.Case(category, label, (folder / f"{i}.tpk").read_bytes(), policy)
+    r = fuzz.run_case(case, folder / "case.tpk", inputs, expected)
+    clean = torch.is_grad_enabled() and torch.equal(torch.get_rng_state(), rng)
+    print(json.dumps([i, r.outcome, fuzz.allowed(case, r) and clean, r.detail[-400:]]), flush=True)
+"""
+
+
+def run_in_subprocess(base: Path, cases: list[Case], folder: Path) -> list[tuple[Case, str, bool, str]]:
+    """Each case loaded and called once in a fresh process (for cases that could crash one):
+    (case, outcome, allowed, detail). A process that dies fails the test, naming the case."""
+    folder.mkdir()
+    for i, case in enumerate(cases):
+        (folder / f"{i}.tpk").write_bytes(case.data)
+    (folder / "index.json").write_text(json.dumps([[c.category, c.label, c.policy] for c in cases]))
+    r = subprocess.run(
+        [sys.executable, "-c", CASE_DRIVER, str(base), str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("[")]
+    if r.returncode != 0:
+        at = cases[len(rows)] if len(rows) < len(cases) else None
+        pytest.fail(
+            f"the process died (status {r.returncode}) at case {len(rows)} of {len(cases)}: "
+            f"{at.category if at else ''} {at.label if at else ''!r}; {r.stderr[-1500:]}"
+        )
+    return [(cases[i], outcome, ok, detail) for i, outcome, ok, detail in rows]
+
+
+@pytest.mark.slow
+def test_view_arguments_are_refused_or_stay_in_storage(tmp_path: Path, built) -> None:
+    """Hostile sizes, strides, offsets and ranks in every view step, and strided views of weights
+    and inputs: refused at load or at the call, or run within their base's storage (never a crash,
+    in a subprocess so that a crash names its case)."""
+    counts: Counter = Counter()
+    bad = []
+    for model in MODELS:
+        cases = list(view_arg_cases(built(model).read_bytes(), random.Random(f"{SEED}:views:{model}")))
+        for case, outcome, ok, detail in run_in_subprocess(built(model), cases, tmp_path / model):
+            counts[(case.category, outcome)] += 1
+            if not ok:
+                bad.append(f"[{model}] {case.category} {case.label!r}: {outcome} {detail}")
+    print("\n".join(f"  {c:20s} {o:24s} {n}" for (c, o), n in sorted(counts.items())))
+    assert sum(counts.values()) > 150, counts
+    assert counts[("views:as_strided", "BundleError@load")] >= 8, counts
+    assert counts[("views:as_strided", "BundleError@call")] >= 4, counts
+    assert not bad, f"{len(bad)} cases failed:\n" + "\n".join(bad[:30])
+
+
+@pytest.mark.slow
+def test_every_unlisted_aten_op_is_refused_at_load(tmp_path: Path, built) -> None:
+    """Each overload of the aten namespace that is off the allowlist, called by a re-signed step
+    that the manifest lists, is refused at load with a BundleError naming it (in a subprocess)."""
+    base = built("branchy")
+    entries = read_entries(base.read_bytes())
+    prog = program_json(entries)
+    cases = []
+    for op in unlisted_aten_ops():
+        p = copy.deepcopy(prog)
+        p["steps"].insert(
+            0,
+            {
+                "kind": "aten",
+                "target": op,
+                "args": [{"buf": prog["inputs"][0]["name"]}],
+                "kwargs": {},
+                "outputs": ["zz_op"],
+                "grid": [],
+                "reference": [],
+            },
+        )
+        out = with_program_text(entries, dumps(p))
+        m = manifest_of(out)
+        m["ops"] = sorted({*m["ops"], op})
+        cases.append(
+            Case("ops:aten-namespace", op, write_entries(with_manifest_text(out, manifest_bytes(m))), "error")
+        )
+    assert len(cases) > 1500
+    rows = run_in_subprocess(base, cases, tmp_path / "ops")
+    bad = [
+        f"{case.label}: {outcome} {detail[:200]}"
+        for case, outcome, _, detail in rows
+        if outcome != "BundleError@load" or case.label not in detail
+    ]
+    assert len(rows) == len(cases) and not bad, f"{len(bad)} ops not refused at load:\n" + "\n".join(bad[:30])
 
 
 CLI_DRIVER = r"""

@@ -1,0 +1,403 @@
+"""Hostile but self-consistent programs: re-signed bundles whose steps try to read or write memory
+outside their tensors, touch autograd or the process's random generator, alias the runner's
+weights, hand back other outputs than they declare, or make loading slow.
+
+Cases that crashed the process before the loader refused them run in a subprocess, so that a
+regression fails the test instead of killing the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aot.errors import BundleError
+from aot.loader import load
+from aot.program import frees_after
+from aot.schema import Buf, Step, StepKind
+from tests.conftest import ROOT
+from tests.hostile_util import (
+    aten_step,
+    program_json,
+    read_entries,
+    resigned_program,
+    with_program_text,
+    write_entries,
+)
+
+CPU = {"device": "runtime"}
+F32 = {"dtype": "float32"}
+I64 = {"dtype": "int64"}
+
+
+@pytest.fixture(scope="module")
+def branchy(built) -> tuple[bytes, dict]:
+    """The bundle of tests/data/branchy.py (weights proj.weight [16, 16], proj.bias [16]: 64
+    bytes) and its program's JSON tree."""
+    data = built("branchy").read_bytes()
+    return data, program_json(read_entries(data))
+
+
+def with_steps(prog: dict, steps: list[dict], output: str | None = None, spec: dict | None = None) -> dict:
+    """``prog`` with ``steps`` run first; with ``output``, the program returns that buffer alone."""
+    p = copy.deepcopy(prog)
+    p["steps"][0:0] = steps
+    if output is not None:
+        p["outputs"] = [output]
+        p["buffers"][output] = spec
+    return p
+
+
+DRIVER = r"""
+import json, sys
+import torch
+from aot.errors import AotError
+from aot.loader import load
+
+for path in sys.argv[1:]:
+    try:
+        runner = load(path)
+    except AotError as e:
+        print(json.dumps([path, type(e).__name__ + "@load", str(e)]), flush=True)
+        continue
+    try:
+        runner(torch.ones(2, 16, 16))
+        print(json.dumps([path, "accepted", ""]), flush=True)
+    except AotError as e:
+        print(json.dumps([path, type(e).__name__ + "@call", str(e)]), flush=True)
+"""
+
+
+def outcomes_in_subprocess(paths: list[Path]) -> dict[str, tuple[str, str]]:
+    """Load and call each bundle in a fresh process: path → (outcome, message). A crash fails."""
+    r = subprocess.run(
+        [sys.executable, "-c", DRIVER, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    done = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("[")]
+    assert r.returncode == 0, (
+        f"the process died (status {r.returncode}) after {len(done)} of {len(paths)} bundles, "
+        f"at {paths[len(done)] if len(done) < len(paths) else '?'}: {r.stderr[-2000:]}"
+    )
+    return {path: (outcome, message) for path, outcome, message in done}
+
+
+def memory_unsafe_programs(prog: dict) -> dict[str, tuple[str, dict]]:
+    """label → (the op that must be named, program): each read the heap or crashed the process
+    when any ATen op was reachable."""
+    out_spec = lambda *shape: {"dtype": "float32", "shape": [str(s) for s in shape]}  # noqa: E731
+    return {
+        # 256 KiB of the heap past the 64-byte bias, returned to the caller
+        "_reshape_alias reads past a weight": (
+            "aten._reshape_alias.default",
+            with_steps(
+                prog,
+                [
+                    aten_step("aten._reshape_alias.default", [{"buf": "proj.bias"}, [65536], [1]], ["zz_v"]),
+                    aten_step("aten.clone.default", [{"buf": "zz_v"}], ["zz_leak"]),
+                ],
+                "zz_leak",
+                out_spec(65536),
+            ),
+        ),
+        "_reshape_alias with a huge stride": (
+            "aten._reshape_alias.default",
+            with_steps(
+                prog,
+                [
+                    aten_step(
+                        "aten._reshape_alias.default", [{"buf": "proj.bias"}, [4], [1 << 40]], ["zz_v"]
+                    ),
+                    aten_step("aten.clone.default", [{"buf": "zz_v"}], ["zz_out"]),
+                ],
+                "zz_out",
+                out_spec(4),
+            ),
+        ),
+        "_sparse_coo_tensor_unsafe + _to_dense writes out of bounds": (
+            "aten._sparse_coo_tensor_unsafe.default",
+            with_steps(
+                prog,
+                [
+                    aten_step("aten.full.default", [[2, 1], 1 << 30], ["zz_idx"], dtype=I64, device=CPU),
+                    aten_step("aten.full.default", [[1], 7.0], ["zz_val"], dtype=F32, device=CPU),
+                    aten_step(
+                        "aten._sparse_coo_tensor_unsafe.default",
+                        [{"buf": "zz_idx"}, {"buf": "zz_val"}, [4, 4]],
+                        ["zz_sp"],
+                    ),
+                    aten_step("aten._to_dense.default", [{"buf": "zz_sp"}], ["zz_out"]),
+                ],
+                "zz_out",
+                out_spec(4, 4),
+            ),
+        ),
+        "segment_reduce unsafe": (
+            "aten.segment_reduce.default",
+            with_steps(
+                prog,
+                [
+                    aten_step("aten.full.default", [[1], 1 << 30], ["zz_len"], dtype=I64, device=CPU),
+                    aten_step(
+                        "aten.segment_reduce.default",
+                        [{"buf": "proj.bias"}, "sum"],
+                        ["zz_out"],
+                        lengths={"buf": "zz_len"},
+                        unsafe=True,
+                    ),
+                ],
+                "zz_out",
+                out_spec(1),
+            ),
+        ),
+    }
+
+
+def test_memory_unsafe_ops_are_refused_at_load(tmp_path, branchy):
+    base, prog = branchy
+    cases = memory_unsafe_programs(prog)
+    paths = []
+    for i, (_, p) in enumerate(cases.values()):
+        paths.append(tmp_path / f"case{i}.tpk")
+        paths[-1].write_bytes(resigned_program(base, p))
+    got = outcomes_in_subprocess(paths)
+    for path, (label, (op, _)) in zip(paths, cases.items()):
+        outcome, message = got[str(path)]
+        assert outcome == "BundleError@load", (label, outcome, message)
+        assert op in message and "rebuild the bundle with a trusted aotpack" in message, (label, message)
+
+
+@pytest.mark.parametrize(
+    "op, step",
+    [
+        # set a caller's parameter .grad through autograd
+        (
+            "aten._backward.default",
+            aten_step("aten._backward.default", [{"buf": "x"}, [], None, None, False], [None]),
+        ),
+        # advance the process-wide generator
+        ("aten.randn.default", aten_step("aten.randn.default", [[4]], ["zz_r"], dtype=F32, device=CPU)),
+        ("aten.bernoulli.p", aten_step("aten.bernoulli.p", [{"buf": "x"}, 0.5], ["zz_r"])),
+        (
+            "aten.native_dropout.default",
+            aten_step("aten.native_dropout.default", [{"buf": "x"}, 0.5, True], ["zz_r", None]),
+        ),
+        (
+            "dropout_p=0.5",
+            aten_step(
+                "aten.scaled_dot_product_attention.default",
+                [{"buf": "x"}, {"buf": "x"}, {"buf": "x"}, None, 0.5],
+                ["zz_r"],
+            ),
+        ),
+    ],
+)
+def test_ops_with_effects_outside_the_bundle_are_refused_at_load(tmp_path, branchy, op, step):
+    base, prog = branchy
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, with_steps(prog, [step])))
+    rng = torch.get_rng_state()
+    with pytest.raises(BundleError, match=r"rebuild the bundle with a trusted aotpack") as e:
+        load(path)(torch.ones(2, 16, 16))
+    assert op in str(e.value)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_strided_view_of_a_weight_is_checked_at_load(tmp_path, branchy):
+    """``as_strided`` over the 16-float bias reaching float 40: refused before any call."""
+    base, prog = branchy
+    step = aten_step("aten.as_strided.default", [{"buf": "proj.bias"}, [4], [10], 2], ["zz_v"])
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, with_steps(prog, [step])))
+    with pytest.raises(
+        BundleError, match=r"aten.as_strided.default cannot view weight 'proj.bias'.*trusted aotpack"
+    ):
+        load(path)
+
+
+def test_size_dependent_strided_view_is_checked_per_call(tmp_path, branchy):
+    """A view whose geometry depends on the call's sizes fits at some sizes and not at others:
+    refused at the call that would reach outside its base, and the runner keeps serving."""
+    base, prog = branchy
+    step = aten_step("aten.as_strided.default", [{"buf": "x"}, [{"sym": "seq*seq"}], [16], 0], ["zz_v"])
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, with_steps(prog, [step])))
+    runner = load(path)
+    runner(torch.ones(16, 16, 16))  # seq*seq rows of 16 floats fit in batch*seq rows while seq <= batch
+    with pytest.raises(BundleError, match=r"aten.as_strided.default.*out of bounds"):
+        runner(torch.ones(2, 16, 16))
+    runner(torch.ones(16, 16, 16))
+
+
+def test_check_in_storage_refuses_views_beyond_their_storage():
+    from aot.aten import check_in_storage
+
+    w = torch.zeros(16)
+    check_in_storage(w[4:], "aten.slice.Tensor")
+    check_in_storage(w.expand(3, 16), "aten.expand.default")
+    check_in_storage(torch.zeros(0)[:0], "aten.slice.Tensor")
+    for size, stride in (([65536], [1]), ([4], [1 << 40])):
+        unchecked = torch.ops.aten._reshape_alias.default(w, size, stride)  # never read
+        with pytest.raises(BundleError, match=r"reaches outside its 64-byte storage"):
+            check_in_storage(unchecked, "aten._reshape_alias.default")
+
+
+def test_calls_record_no_autograd_graph(built):
+    """An input that requires grad gives outputs without a graph, which stay ordinary tensors:
+    writable in place and usable in the caller's own autograd."""
+    runner = load(built("branchy"))
+    x = torch.randn(2, 16, 16, requires_grad=True)
+    out = runner(x)
+    assert not out.requires_grad and out.grad_fn is None and x.grad is None
+    assert not any(w.requires_grad or w.grad is not None for w in runner.weights.values())
+    head = torch.ones(16, requires_grad=True)
+    (out * head).sum().backward()
+    assert head.grad is not None and x.grad is None
+    out.add_(1)  # an inference tensor would refuse this
+
+
+def test_output_that_views_a_weight_is_the_callers_own(built):
+    """``self.prompt[1:]`` is a slice of the runner's weight: editing it must not change the
+    weight, nor what later calls return (CPU path; the GPU path clones through the same rule)."""
+    runner = load(built("prompt_slice"))
+    x = torch.randn(2, 8)
+    first = runner(x)
+    kept = [t.clone() for t in first]
+    torch.testing.assert_close(kept[1], runner.weights["prompt"][1:], rtol=0, atol=0)
+    for t in first:
+        t.add_(100.0)
+    again = runner(x)
+    for got, want in zip(again, kept):
+        assert torch.equal(got, want)
+
+
+def test_output_that_views_an_input_is_the_callers_own(tmp_path, branchy):
+    """A program whose output is a reshape of the input: the caller's later edit of the input
+    must not reach the output it was handed, nor the reverse."""
+    base, prog = branchy
+    p = copy.deepcopy(prog)
+    p["steps"].append(aten_step("aten.slice.Tensor", [{"buf": "x"}, 1, 1, 9223372036854775807], ["zz_s"]))
+    p["outputs"] = ["zz_s"]
+    p["buffers"]["zz_s"] = {"dtype": "float32", "shape": ["batch", "seq - 1", "16"]}
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, p))
+    x = torch.randn(2, 16, 16)
+    out = load(path)(x)
+    assert torch.equal(out, x[:, 1:])
+    x.add_(1)
+    assert not torch.equal(out, x[:, 1:])
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (
+            {"dtype": "float64"},
+            r"'relu' is torch.float32 \[2, 16, 16\] on cpu, the program declares torch.float64 \[2, 16, 16\]",
+        ),
+        (
+            {"shape": ["batch", "seq", "17"]},
+            r"'relu' is torch.float32 \[2, 16, 16\] on cpu, the program declares torch.float32 \[2, 16, 17\]",
+        ),
+        (
+            {"shape": ["batch", "seq"]},
+            r"'relu' is torch.float32 \[2, 16, 16\] on cpu, the program declares torch.float32 \[2, 16\]",
+        ),
+    ],
+)
+def test_outputs_are_checked_against_their_specs(tmp_path, branchy, change, expected):
+    base, prog = branchy
+    p = copy.deepcopy(prog)
+    p["buffers"]["relu"] = {**p["buffers"]["relu"], **change}
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, p))
+    with pytest.raises(BundleError, match=expected + r".*rebuild it with a trusted aotpack"):
+        load(path)(torch.ones(2, 16, 16))
+
+
+def test_liveness_of_many_buffers_freed_at_one_step_is_linear():
+    """One step reads the 300,000 results of another, the last to use each: all are freed after
+    it, in linear time (a tuple grown one name at a time took hours)."""
+    n = 300_000
+    names = tuple(f"o{i}" for i in range(n))
+    steps = [
+        Step(kind=StepKind.ATEN, target="aten.split.Tensor", args=(Buf("x"), 1), kwargs={}, outputs=names),
+        Step(
+            kind=StepKind.ATEN,
+            target="aten.cat.default",
+            args=([Buf(o) for o in names],),
+            kwargs={},
+            outputs=("y",),
+        ),
+    ]
+    start = time.perf_counter()
+    frees = frees_after(steps, ["x"], ["y"])
+    assert time.perf_counter() - start < 5.0
+    assert frees[0] == () and sorted(frees[1]) == sorted(names)
+
+
+@pytest.mark.parametrize(
+    "n, refusal",
+    [
+        (1_500_000, r"program holds 1500\d\d\d JSON values \(limit 524288\)"),
+        (100_000, r"step aten.split.Tensor binds 100000 results \(limit 65536\)"),
+    ],
+)
+def test_a_step_with_a_million_outputs_is_refused_at_load(tmp_path, branchy, n, refusal):
+    """0.6 MB of bundle whose one extra step binds 1.5 million unused results (and a smaller one
+    of 100,000): refused on the raw JSON in about a second (decoding it took over 20 s)."""
+    base, prog = branchy
+    step = aten_step("aten.split.Tensor", [{"buf": "x"}, 1], [f"{i:x}" for i in range(n)])
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, with_steps(prog, [step])))
+    assert path.stat().st_size < 2 << 20
+    start = time.perf_counter()
+    with pytest.raises(BundleError, match=refusal):
+        load(path)
+    assert time.perf_counter() - start < 10.0
+
+
+def test_a_program_of_millions_of_values_is_refused_at_load(tmp_path, branchy):
+    """8 MB of program holding 4 million integers (a view's size list): refused before decoding
+    (decoding them into records took 40 s)."""
+    base, prog = branchy
+    step = aten_step("aten.view.default", [{"buf": "x"}, [1] * 4_000_000], ["zz_v"])
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, with_steps(prog, [step])))
+    start = time.perf_counter()
+    with pytest.raises(BundleError, match=r"program holds 4000\d\d\d JSON values \(limit 524288\)"):
+        load(path)
+    assert time.perf_counter() - start < 10.0
+
+
+@pytest.mark.parametrize(
+    "where, value",
+    [
+        (("steps",), 1.5),
+        (("steps", 0, "reference"), -1),
+        (("steps", 0, "outputs"), True),
+        (("variants",), "x"),
+    ],
+)
+def test_wrong_types_around_step_results_are_bundle_errors(tmp_path, branchy, where, value):
+    """The bound on step results reads the raw JSON before its types are checked."""
+    base, prog = branchy
+    p = copy.deepcopy(prog)
+    parent = p
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = value
+    path = tmp_path / "case.tpk"
+    path.write_bytes(write_entries(with_program_text(read_entries(base), json.dumps(p).encode())))
+    with pytest.raises(BundleError):
+        load(path)
