@@ -19,9 +19,10 @@ from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.program import AtenProgram
-from aot.loader.weights import to_device
+from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.pytree import flatten_inputs, unflatten
+from aot.program import step_reads
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
 
@@ -39,6 +40,19 @@ def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
         return load(data)
     except (SafetensorError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise BundleError(f"{bundle.path}: {name} is not valid safetensors: {e}") from None
+
+
+def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
+    """The buffers some step of ``programs`` reads, on either path (kernel arguments or their
+    reference steps), and their outputs."""
+    read: set[str] = set()
+    for p in programs:
+        read.update(p.outputs)
+        for step in p.steps:
+            read.update(step_reads(step))
+            for ref in step.reference:
+                read.update(step_reads(ref))
+    return read
 
 
 class _Entry:
@@ -83,10 +97,26 @@ class Runner:
                 raise BundleError(f"{bundle.path}: a program variant has variants of its own")
             if p.output_tree is not None:
                 validate_tree(p.output_tree, len(p.outputs))
+        declared = {w.name: w for p in programs for w in p.weights}
+        used = weights_read(programs)
+        where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
+        limit = weights_size_limit({n: w.spec for n, w in declared.items()}, where)
+        size = self.manifest.members[schema.WEIGHTS_PATH].size
+        if size > limit:
+            raise BundleError(
+                f"{where} is {size} bytes, more than the {limit} that the program's {len(declared)} "
+                f"weights take; not a bundle this aotpack wrote"
+            )
         weights = to_device(
-            bundle.read(schema.WEIGHTS_PATH), self.device, f"{bundle.path}: {schema.WEIGHTS_PATH}"
+            bundle.read(schema.WEIGHTS_PATH),
+            self.device,
+            where,
+            keep=used & set(declared),
+            max_header=header_limit(len(declared)),
         )
-        for w in {w.name: w for p in programs for w in p.weights}.values():
+        for w in declared.values():
+            if w.name not in used:
+                continue  # never copied: no step reads it
             t = weights.get(w.name)
             if t is None:
                 raise BundleError(f"{bundle.path}: weight {w.name!r} is missing from {schema.WEIGHTS_PATH}")

@@ -33,6 +33,10 @@ from aot.symexpr import compile_expr
 
 MAX_SIZE = MAX_DIM  # the largest size a model file may declare; larger guards are not from a build
 MAX_EXCLUDED = 1024  # excluded values per symbol (checked on every call)
+# Relations among symbols, all evaluated on every call (7 µs for a whole check today): real models
+# have none or a few (``a == b`` where the model adds two inputs).
+MAX_RELATIONS = 64
+MAX_RELATION_NODES = 1024  # syntax nodes of all relations together: about 20 µs a check at most
 
 
 def _validate(guards: Guards) -> None:
@@ -67,8 +71,17 @@ def _validate(guards: Guards) -> None:
         if first_admissible(g.min, g.modulus, g.residues) > g.max:
             raise BundleError(f"{what} admits no size at all ({admissible_text(g)})")
     known = set(symbols)
+    if len(guards.relations) > MAX_RELATIONS:
+        raise BundleError(f"guards hold {len(guards.relations)} relations (limit {MAX_RELATIONS})")
+    nodes = 0
     for r in guards.relations:
-        unknown = compile_expr(r.expr).symbols - known
+        expr = compile_expr(r.expr)
+        nodes += expr.nodes
+        if nodes > MAX_RELATION_NODES:
+            raise BundleError(
+                f"guards' relations have more than {MAX_RELATION_NODES} syntax nodes in all (the limit)"
+            )
+        unknown = expr.symbols - known
         if unknown:
             raise BundleError(
                 f"relation {r.expr[:60]!r} uses symbols {sorted(unknown)[:3]} that no input binds"
