@@ -18,6 +18,7 @@ from aot.aten import DTYPES, resolve_op
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
+from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
@@ -73,9 +74,17 @@ class Runner:
     the first whose guards admit it. Thread-safe: each call keeps its intermediates to itself.
     """
 
-    def __init__(self, bundle: Bundle, device: str | torch.device = "cpu", capture: str = "lazy"):
+    def __init__(
+        self,
+        bundle: Bundle,
+        device: str | torch.device = "cpu",
+        capture: str = "lazy",
+        max_memory: int | None = None,
+    ):
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
+        if max_memory is not None and (type(max_memory) is not int or max_memory <= 0):
+            raise ValueError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
         self.bundle = bundle
         self.manifest: Manifest = bundle.manifest
         try:
@@ -97,6 +106,25 @@ class Runner:
                 raise BundleError(f"{bundle.path}: a program variant has variants of its own")
             if p.output_tree is not None:
                 validate_tree(p.output_tree, len(p.outputs))
+        if self.manifest.programs:
+            if len(self.manifest.programs) != len(programs):
+                raise BundleError(
+                    f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
+                    f"the program member holds {len(programs)}"
+                )
+            entries = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
+        else:
+            if len(programs) != 1:
+                raise BundleError(
+                    f"{bundle.path}: the program member holds {len(programs)} programs but the "
+                    f"manifest lists no guards for them"
+                )
+            entries = [("general", self.manifest.guards, self.manifest.buckets)]
+        check_plan(self.manifest, self.program, bundle.path)
+        for (name, guards, _), program in zip(entries, programs):
+            peak, sizes = planned_peak(program, guards, cpu=self.device.type == "cpu")
+            if max_memory is not None:
+                check_max_memory(peak, sizes, max_memory, name)
         declared = {w.name: w for p in programs for w in p.weights}
         used = weights_read(programs)
         where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
@@ -131,20 +159,6 @@ class Runner:
         self._weight_ptrs = frozenset(w.data_ptr() for w in weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
-        if self.manifest.programs:
-            if len(self.manifest.programs) != len(programs):
-                raise BundleError(
-                    f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
-                    f"the program member holds {len(programs)}"
-                )
-            entries = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
-        else:
-            if len(programs) != 1:
-                raise BundleError(
-                    f"{bundle.path}: the program member holds {len(programs)} programs but the "
-                    f"manifest lists no guards for them"
-                )
-            entries = [("general", self.manifest.guards, self.manifest.buckets)]
         self._entries: list[_Entry] = []
         for (name, guards, buckets), program in zip(entries, programs):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
@@ -266,16 +280,25 @@ class Runner:
         return render_manifest(manifest_of_bundle(self.manifest))
 
 
-def load(path: str | os.PathLike, device: str | torch.device = "cpu", capture: str = "lazy") -> Runner:
+def load(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    capture: str = "lazy",
+    max_memory: int | None = None,
+) -> Runner:
     """Open, verify and prepare a bundle for calls on ``device``.
 
     On CUDA, ``capture`` picks when CUDA graphs are captured: ``"lazy"`` (a bucket's graph on its
     first call: the fastest start), ``"all"`` (every bucket at load, largest first), or ``"none"``
     (kernels launched one by one on every call).
+
+    ``max_memory`` (bytes): refuse, with ``EnvError``, a bundle whose program needs more activation
+    memory than this for one call at the largest sizes its guards admit (weights and inputs not
+    counted). Without it, the bundle's own memory plan is still checked.
     """
     bundle = open_bundle(path)
     try:
-        return Runner(bundle, device, capture)
+        return Runner(bundle, device, capture, max_memory)
     except BaseException:
         bundle.close()  # a server that retries a bad bundle must not leak its file handle
         raise
