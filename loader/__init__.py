@@ -22,8 +22,8 @@ from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
-from aot.pytree import flatten_inputs, unflatten
 from aot.program import step_reads
+from aot.pytree import flatten_inputs, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
 

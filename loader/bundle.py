@@ -349,7 +349,7 @@ def _check_directory(path: Path) -> int:
     """Read the end-of-central-directory record (the one ``zipfile`` reads next, found the same
     way) and refuse a directory too large to parse; returns where the directory starts."""
     with open(path, "rb") as f:
-        end = zipfile._EndRecData(f)  # noqa: SLF001  # zipfile's own reader: the same record it will use
+        end = zipfile._EndRecData(f)  # zipfile's own reader: the same record it will use
     if not end:
         raise BundleError(f"{path} is not a bundle (no zip end-of-central-directory record)")
     # the record's fields: [4] entries in total, [5] directory size, [9] where the record starts
