@@ -7,7 +7,6 @@ Large hostile files are made here, in ``tmp_path``, and each test stays within s
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import json
 import os
@@ -29,9 +28,10 @@ from aot.loader.guards import MAX_RELATION_NODES, MAX_RELATIONS
 from aot.loader.weights import header_limit, parse_safetensors
 from aot.symexpr import MAX_NODES, compile_expr
 from tests.hostile_util import (
-    Entry,
+    deflated_members,
     manifest_bytes,
     manifest_of,
+    overlapping,
     patch,
     program_json,
     read_entries,
@@ -73,18 +73,6 @@ def member_reads(monkeypatch):
 # Zip layout: overlapping members, inflation in total, the directory's size.
 
 
-def overlapping(entries: list[Entry], name: str) -> bytes:
-    """The archive of ``entries`` with stored member ``name``'s compressed size stretched over the
-    next member's header and data in the directory: a stored member is read by its uncompressed
-    size, so it still reads right, but its data range covers the next member."""
-    archive = write_entries(entries)
-    layout = sorted(zip_layout(archive), key=lambda r: r.local_offset)
-    i = next(i for i, r in enumerate(layout) if r.name == name)
-    rec, following = layout[i], layout[i + 1]
-    stretched = following.data_start + following.compress_size - rec.data_start
-    return patch(archive, rec.cd_offset + 20, "<I", stretched)
-
-
 def test_overlapping_members_are_refused_before_any_is_inflated(tmp_path, entries, member_reads):
     stored = [r.name for r in sorted(zip_layout(write_entries(entries)), key=lambda r: r.local_offset)]
     name = next(n for n, following in zip(stored, stored[1:]) if n.endswith(".cubin"))
@@ -105,20 +93,9 @@ def test_member_data_past_the_directory_is_refused(tmp_path, entries):
         load(path)
 
 
-def _deflated_members(entries: list[Entry], count: int, size: int) -> list[Entry]:
-    """``entries`` plus ``count`` listed kernel sources of ``size`` zero bytes each, deflated."""
-    data = bytes(size)
-    digest = hashlib.sha256(data).hexdigest()
-    m = manifest_of(entries)
-    extra = [Entry(f"kernels/zz_{i:04d}.py", data, deflate=True) for i in range(count)]
-    for e in extra:
-        m["members"][e.name] = {"sha256": digest, "size": size}
-    return with_manifest_text(entries, manifest_bytes(m)) + extra
-
-
 def test_deflated_members_are_bounded_in_total(tmp_path, entries, member_reads):
     count = MAX_INFLATED_TOTAL // (1 << 20) + 8  # each 1 MiB member is far within the per-member limit
-    path = _write(tmp_path, write_entries(_deflated_members(entries, count, 1 << 20)))
+    path = _write(tmp_path, write_entries(deflated_members(entries, count, 1 << 20)))
     assert path.stat().st_size < 2 << 20
     member_reads.clear()
     start = time.perf_counter()
@@ -128,7 +105,7 @@ def test_deflated_members_are_bounded_in_total(tmp_path, entries, member_reads):
 
 
 def test_many_small_deflated_members_within_the_total_still_load(tmp_path, entries):
-    path = _write(tmp_path, write_entries(_deflated_members(entries, 40, 1 << 16)))
+    path = _write(tmp_path, write_entries(deflated_members(entries, 40, 1 << 16)))
     load(path).bundle.close()
 
 
