@@ -23,9 +23,10 @@ from aot.errors import BundleError
 
 MAX_TEXT = 4096
 MAX_DEPTH = 64
-# Syntax-tree nodes of one expression: each costs a closure call per evaluation. The longest a
-# build writes has about 20 (a launch grid's ceiling division); text of MAX_TEXT chars could hold 2000.
-MAX_NODES = 256
+# Syntax-tree nodes of one expression: each costs a closure call per evaluation (1024: about 0.1 ms).
+# The longest a build writes has about 20 (a launch grid's ceiling division); the grammar's random
+# expressions in the tests reach 600; text of MAX_TEXT chars could hold 2000.
+MAX_NODES = 1024
 MAX_VALUE = 1 << 62
 CACHE_SIZE = 4096  # compiled expressions kept (a GPT-2 program has a few hundred distinct ones)
 

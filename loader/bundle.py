@@ -135,6 +135,7 @@ class Bundle:
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_PROGRAM_BYTES)
             tree = _json_loads(raw, self.path, "program")
             _check_depth(tree, self.path, "program")
+            _check_step_count(_raw_step_count(tree), self.path)  # before decoding: that is the slow part
             program = from_json(Program, tree, "program")
         except BundleError:
             raise
@@ -242,15 +243,31 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
             )
 
 
-def _check_size(program: Program, path: Path) -> None:
-    """What a call costs the runner before any tensor math: its steps and the size expressions it
-    evaluates, over the program and its variants, within ``MAX_STEPS`` and ``MAX_EXPRESSION_NODES``."""
-    programs = [program, *program.variants]
-    steps = sum(len(p.steps) + sum(len(s.reference) for s in p.steps) for p in programs)
+def _raw_step_count(tree: object) -> int:
+    """Steps (references included) of a program's JSON and its variants', before it is decoded."""
+    if not isinstance(tree, dict):
+        return 0
+    steps = tree.get("steps")
+    count = 0
+    for step in steps if isinstance(steps, list) else ():
+        reference = step.get("reference") if isinstance(step, dict) else None
+        count += 1 + (len(reference) if isinstance(reference, list) else 0)
+    variants = tree.get("variants")
+    return count + sum(_raw_step_count(v) for v in (variants if isinstance(variants, list) else ()))
+
+
+def _check_step_count(steps: int, path: Path) -> None:
     if steps > MAX_STEPS:
         raise BundleError(
             f"{path}: the programs have {steps} steps (limit {MAX_STEPS}); not a bundle this aotpack wrote"
         )
+
+
+def _check_size(program: Program, path: Path) -> None:
+    """What a call costs the runner before any tensor math: its steps and the size expressions it
+    evaluates, over the program and its variants, within ``MAX_STEPS`` and ``MAX_EXPRESSION_NODES``."""
+    programs = [program, *program.variants]
+    _check_step_count(sum(len(p.steps) + sum(len(s.reference) for s in p.steps) for p in programs), path)
     nodes = 0
     for p in programs:
         for text in _expressions(p):
