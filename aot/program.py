@@ -8,7 +8,7 @@ and the verifiers run them; all of them ask these questions here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from aot.dtypes import ITEMSIZE
@@ -140,12 +140,17 @@ def spec_bytes(spec: TensorSpec, sizes: dict[str, int]) -> int:
 def peak_bytes(program: Program, sizes: dict[str, int]) -> int:
     """The most bytes the program's buffers hold at once at ``sizes``, freeing each after its last
     use (``lifetimes``): the memory plan's number for one bucket."""
+    return peak_of(program, lambda spec: spec_bytes(spec, sizes))
+
+
+def peak_of(program: Program, nbytes: Callable[[TensorSpec], int]) -> int:
+    """The most bytes the program's buffers hold at once, each buffer taking ``nbytes(spec)``."""
     events: list[tuple[int, int]] = []
     for name, first, end in lifetimes(program):
         spec = program.buffers.get(name)
         if spec is None:
             raise BundleError(f"step result {name[:60]!r} has no declared buffer (dtype and shape)")
-        n = spec_bytes(spec, sizes)
+        n = nbytes(spec)
         events += [(first, n), (end + 1, -n)]
     peak = live = 0
     for _, delta in sorted(events, key=lambda e: (e[0], e[1])):

@@ -273,8 +273,8 @@ def test_max_memory_refuses_a_bundle_whose_peak_exceeds_it(built):
     peak = load(path).manifest.stats.memory_plan[0].peak_bytes  # the largest bucket: batch=16, seq=256
     with pytest.raises(
         EnvError,
-        match=r"program 'general' needs up to 0\.5 MiB of activations per call \(at batch=16, seq=256, "
-        r"the largest sizes its guards admit\), more than max_memory 0\.1 MiB; raise max_memory",
+        match=r"program 'general' needs up to 0\.5 MiB of activations per call \(at the sizes its guards "
+        r"admit, up to batch=16, seq=256\), more than max_memory 0\.1 MiB; raise max_memory",
     ):
         load(path, max_memory=100_000)
     assert peak == 524288
@@ -290,9 +290,9 @@ def test_cli_max_memory(built):
         timeout=300,
     )
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
-        "error: program 'general' needs up to 0.5 MiB of activations per call (at batch=16, seq=256, "
-        "the largest sizes its guards admit), more than max_memory 0.1 MiB; raise max_memory, or "
-        "rebuild with smaller declared ranges"
+        "error: program 'general' needs up to 0.5 MiB of activations per call (at the sizes its guards "
+        "admit, up to batch=16, seq=256), more than max_memory 0.1 MiB; raise max_memory, or rebuild "
+        "with smaller declared ranges"
     ]
     ok = subprocess.run(
         [
@@ -352,6 +352,30 @@ def test_a_plan_that_understates_the_programs_buffers_is_refused(tmp_path, entri
         match=r"the memory plan says 524288 bytes at batch=16, seq=256, the program's buffers take",
     ):
         load(path)
+
+
+def test_max_memory_bounds_every_admitted_size_not_only_the_largest(tmp_path, entries):
+    """A buffer that shrinks as ``seq`` grows: at the largest sizes the peak is within the budget,
+    at the smallest it is not; the bound covers both (the manifest's plan re-signed to match)."""
+    from aot.program import peak_bytes
+    from aot.schema import Program
+    from aot.serde import from_json
+
+    shrinking = "max(1, 1000000 - seq*4000)"  # 3.8 MB of float32 at seq=10, 4 bytes at seq=256
+    archive = read_entries(_allocating(entries, shrinking, shrinking))
+    program = from_json(Program, program_json(archive))
+    m = manifest_of(archive)
+    for entry in m["stats"]["memory_plan"]:
+        entry["peak_bytes"] = peak_bytes(program, entry["sizes"])
+    path = _write(tmp_path, write_entries(with_manifest_text(archive, manifest_bytes(m))))
+    runner = load(path)  # the plan agrees with the program now
+    inputs = runner.inputs_at({"seq": 10})  # the smallest seq branchy admits
+    runner(**inputs)  # makes the 3.8 MB buffer: what max_memory must count
+    with pytest.raises(
+        EnvError,
+        match=r"needs up to 3\.7 MiB of activations per call \(at the sizes its guards admit, up to batch=16, seq=256\)",
+    ):
+        load(path, max_memory=1 << 20)
 
 
 def test_a_step_that_makes_more_than_its_buffer_declares_is_refused(tmp_path, entries):
