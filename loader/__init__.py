@@ -292,9 +292,10 @@ def load(
     first call: the fastest start), ``"all"`` (every bucket at load, largest first), or ``"none"``
     (kernels launched one by one on every call).
 
-    ``max_memory`` (bytes): refuse, with ``EnvError``, a bundle whose program needs more activation
-    memory than this for one call at the largest sizes its guards admit (weights and inputs not
-    counted). Without it, the bundle's own memory plan is still checked.
+    ``max_memory`` (bytes): refuse, with ``EnvError``, a bundle whose program may need more
+    activation memory than this for one call at any size its guards admit (for a real model: at the
+    largest), on this device's path; weights and inputs are not counted. Without it, the bundle's
+    own memory plan is still checked (``aot.loader.memory``).
     """
     bundle = open_bundle(path)
     try:
