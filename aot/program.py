@@ -8,11 +8,13 @@ and the verifiers run them; all of them ask these questions here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError
-from aot.schema import Buf, Program, Step, StepKind
+from aot.schema import Buf, Program, Step, StepKind, TensorSpec
+from aot.symexpr import compile_expr
 
 # Ops whose result may share storage with their first tensor argument: they allocate nothing, a
 # kernel reads through them by index arithmetic, and the buffer they view lives as long as they do.
@@ -125,3 +127,33 @@ def lifetimes(program: Program) -> list[tuple[str, int, int]]:
     for o in program.outputs:
         last[root.get(o, o)] = len(program.steps)
     return [(b, born[b], last[b]) for b in born]
+
+
+def spec_bytes(spec: TensorSpec, sizes: dict[str, int]) -> int:
+    """Bytes of a tensor of ``spec`` at ``sizes``."""
+    n = ITEMSIZE.get(spec.dtype, 8)
+    for s in spec.shape:
+        n *= compile_expr(s)(sizes)
+    return n
+
+
+def peak_bytes(program: Program, sizes: dict[str, int]) -> int:
+    """The most bytes the program's buffers hold at once at ``sizes``, freeing each after its last
+    use (``lifetimes``): the memory plan's number for one bucket."""
+    return peak_of(program, lambda spec: spec_bytes(spec, sizes))
+
+
+def peak_of(program: Program, nbytes: Callable[[TensorSpec], int]) -> int:
+    """The most bytes the program's buffers hold at once, each buffer taking ``nbytes(spec)``."""
+    events: list[tuple[int, int]] = []
+    for name, first, end in lifetimes(program):
+        spec = program.buffers.get(name)
+        if spec is None:
+            raise BundleError(f"step result {name[:60]!r} has no declared buffer (dtype and shape)")
+        n = nbytes(spec)
+        events += [(first, n), (end + 1, -n)]
+    peak = live = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        live += delta
+        peak = max(peak, live)
+    return peak

@@ -23,6 +23,10 @@ from aot.errors import BundleError
 
 MAX_TEXT = 4096
 MAX_DEPTH = 64
+# Syntax-tree nodes of one expression: each costs a closure call per evaluation (1024: about 0.1 ms).
+# The longest a build writes has about 20 (a launch grid's ceiling division); the grammar's random
+# expressions in the tests reach 600; text of MAX_TEXT chars could hold 2000.
+MAX_NODES = 1024
 MAX_VALUE = 1 << 62
 CACHE_SIZE = 4096  # compiled expressions kept (a GPT-2 program has a few hundred distinct ones)
 
@@ -200,6 +204,7 @@ class Expr:
     text: str
     symbols: frozenset[str]
     fn: Fn
+    nodes: int = 1  # syntax-tree nodes: what one evaluation costs
 
     def __call__(self, env: Env) -> int:
         return self.fn(env)
@@ -222,12 +227,18 @@ def compile_expr(text: str) -> Expr:
 def _compile_text(text: str) -> Expr:
     algebra = _Closures()
     try:
-        fn = fold(parse(text), algebra)
+        tree = parse(text)
+        nodes = sum(1 for _ in ast.walk(tree))
+        if nodes > MAX_NODES:
+            raise BundleError(
+                f"symbolic expression {text[:60]!r}… has {nodes} syntax nodes (limit {MAX_NODES})"
+            )
+        fn = fold(tree, algebra)
     except RecursionError:
         raise BundleError(f"symbolic expression nests deeper than {MAX_DEPTH}") from None
     if not algebra.symbols:
         fn({})  # a constant that overflows or divides by zero fails here, at load, not on a call
-    return Expr(text, frozenset(algebra.symbols), fn)
+    return Expr(text, frozenset(algebra.symbols), fn, nodes)
 
 
 def evaluate(text: str, env: Env) -> int:

@@ -195,6 +195,11 @@ def _check_output(output: str, inputs: list[str | None], force: bool) -> None:
 )
 @click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
 @click.option(
+    "--max-memory",
+    callback=lambda ctx, param, value: None if value is None else _parse_bytes(value),
+    help="refuse the bundle if one call may need more activation memory than this, e.g. 2GiB, 512MB",
+)
+@click.option(
     "--capture",
     type=click.Choice(["lazy", "all"]),
     default="lazy",
@@ -219,6 +224,7 @@ def load(
     as_json: bool,
     save_outputs: str | None,
     no_graphs: bool,
+    max_memory: int | None,
     capture: str,
     trust: tuple[str, ...],
 ) -> None:
@@ -235,7 +241,13 @@ def load(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
     trusted = list(trust) or None  # None: $AOTPACK_TRUST
-    runner = load_bundle(bundle, device=device, capture="none" if no_graphs else capture, trust=trusted)
+    runner = load_bundle(
+        bundle,
+        device=device,
+        capture="none" if no_graphs else capture,
+        trust=trusted,
+        max_memory=max_memory,
+    )
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
     reference, reference_name = None, None
     if inputs_file:
@@ -272,6 +284,23 @@ def load(
             click.echo(printable(line))  # output names come from the bundle
     if report.passed is False:
         sys.exit(2)
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_BYTE_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+
+
+def _parse_bytes(text: str) -> int:
+    """``"2GiB"`` → 2147483648; a number with an optional unit (B, KB, MB, GB, TB, KiB, ... TiB)."""
+    number = text.strip().rstrip("bBiIkKmMgGtT ")
+    unit = text.strip()[len(number) :].strip().lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _BYTE_UNITS or not 0 < value * _BYTE_UNITS[unit] < 2**63:
+        raise click.BadParameter(f"expected a size such as 2GiB, 512MB or 1000000, got {text!r}")
+    return int(value * _BYTE_UNITS[unit])
 
 
 def _parse_sizes(text: str) -> dict[str, int]:

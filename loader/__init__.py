@@ -19,10 +19,12 @@ from aot.aten import DTYPES, resolve_op
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
+from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
-from aot.loader.weights import to_device
+from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
+from aot.program import step_reads
 from aot.pytree import flatten_inputs, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
@@ -41,6 +43,19 @@ def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
         return load(data)
     except (SafetensorError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise BundleError(f"{bundle.path}: {name} is not valid safetensors: {e}") from None
+
+
+def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
+    """The buffers some step of ``programs`` reads, on either path (kernel arguments or their
+    reference steps), and their outputs."""
+    read: set[str] = set()
+    for p in programs:
+        read.update(p.outputs)
+        for step in p.steps:
+            read.update(step_reads(step))
+            for ref in step.reference:
+                read.update(step_reads(ref))
+    return read
 
 
 class _Entry:
@@ -62,9 +77,17 @@ class Runner:
     the first whose guards admit it. Thread-safe: each call keeps its intermediates to itself.
     """
 
-    def __init__(self, bundle: Bundle, device: str | torch.device = "cpu", capture: str = "lazy"):
+    def __init__(
+        self,
+        bundle: Bundle,
+        device: str | torch.device = "cpu",
+        capture: str = "lazy",
+        max_memory: int | None = None,
+    ):
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
+        if max_memory is not None and (type(max_memory) is not int or max_memory <= 0):
+            raise ValueError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
         self.bundle = bundle
         self.manifest: Manifest = bundle.manifest
         try:
@@ -86,24 +109,6 @@ class Runner:
                 raise BundleError(f"{bundle.path}: a program variant has variants of its own")
             if p.output_tree is not None:
                 validate_tree(p.output_tree, len(p.outputs))
-        weights = to_device(
-            bundle.read(schema.WEIGHTS_PATH), self.device, f"{bundle.path}: {schema.WEIGHTS_PATH}"
-        )
-        for w in {w.name: w for p in programs for w in p.weights}.values():
-            t = weights.get(w.name)
-            if t is None:
-                raise BundleError(f"{bundle.path}: weight {w.name!r} is missing from {schema.WEIGHTS_PATH}")
-            if str(t.dtype).removeprefix("torch.") != w.spec.dtype or [str(s) for s in t.shape] != list(
-                w.spec.shape
-            ):
-                raise BundleError(
-                    f"{bundle.path}: weight {w.name!r} is {t.dtype} {list(t.shape)}, the program expects "
-                    f"{w.spec.dtype} {list(w.spec.shape)}"
-                )
-        self.weights = weights
-        self._weight_storages = Storages(weights.values())
-        self.guards = GuardChecker(self.manifest.guards, DTYPES)
-        self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         if self.manifest.programs:
             if len(self.manifest.programs) != len(programs):
                 raise BundleError(
@@ -118,6 +123,45 @@ class Runner:
                     f"manifest lists no guards for them"
                 )
             entries = [("general", self.manifest.guards, self.manifest.buckets)]
+        check_plan(self.manifest, self.program, bundle.path)
+        for (name, guards, _), program in zip(entries, programs):
+            peak, sizes = planned_peak(program, guards, cpu=self.device.type == "cpu")
+            if max_memory is not None:
+                check_max_memory(peak, sizes, max_memory, name)
+        declared = {w.name: w for p in programs for w in p.weights}
+        used = weights_read(programs)
+        where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
+        limit = weights_size_limit({n: w.spec for n, w in declared.items()}, where)
+        size = self.manifest.members[schema.WEIGHTS_PATH].size
+        if size > limit:
+            raise BundleError(
+                f"{where} is {size} bytes, more than the {limit} that the program's {len(declared)} "
+                f"weights take; not a bundle this aotpack wrote"
+            )
+        weights = to_device(
+            bundle.read(schema.WEIGHTS_PATH),
+            self.device,
+            where,
+            keep=used & set(declared),
+            max_header=header_limit(len(declared)),
+        )
+        for w in declared.values():
+            if w.name not in used:
+                continue  # never copied: no step reads it
+            t = weights.get(w.name)
+            if t is None:
+                raise BundleError(f"{bundle.path}: weight {w.name!r} is missing from {schema.WEIGHTS_PATH}")
+            if str(t.dtype).removeprefix("torch.") != w.spec.dtype or [str(s) for s in t.shape] != list(
+                w.spec.shape
+            ):
+                raise BundleError(
+                    f"{bundle.path}: weight {w.name!r} is {t.dtype} {list(t.shape)}, the program expects "
+                    f"{w.spec.dtype} {list(w.spec.shape)}"
+                )
+        self.weights = weights
+        self._weight_storages = Storages(weights.values())
+        self.guards = GuardChecker(self.manifest.guards, DTYPES)
+        self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         self._entries: list[_Entry] = []
         for (name, guards, buckets), program in zip(entries, programs):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
@@ -256,6 +300,7 @@ def load(
     device: str | torch.device = "cpu",
     capture: str = "lazy",
     trust: Sequence[str | os.PathLike] | None = None,
+    max_memory: int | None = None,
 ) -> Runner:
     """Open, verify and prepare a bundle for calls on ``device``.
 
@@ -266,10 +311,14 @@ def load(
     ``trust``: public key files (``aotpack keygen``'s ``KEY.pub``); the bundle must be signed by one
     of them (``SignatureError`` otherwise, before anything but its manifest is read). None reads
     them from ``$AOTPACK_TRUST`` (``os.pathsep``-separated); with neither, signatures are not checked.
+    ``max_memory`` (bytes): refuse, with ``EnvError``, a bundle whose program may need more
+    activation memory than this for one call at any size its guards admit (for a real model: at the
+    largest), on this device's path; weights and inputs are not counted. Without it, the bundle's
+    own memory plan is still checked (``aot.loader.memory``).
     """
     bundle = open_bundle(path, trusted_keys(trust))
     try:
-        return Runner(bundle, device, capture)
+        return Runner(bundle, device, capture, max_memory)
     except BaseException:
         bundle.close()  # a server that retries a bad bundle must not leak its file handle
         raise

@@ -1,9 +1,13 @@
 """Open a ``.tpk`` and verify it before anything in it is used.
 
-Every member's name is checked against the schema's layout, its size against the manifest and the
-zip directory, and its sha256 before it is parsed: at open for every member but the weights (checked
-when they are read), and again on every ``read``. Reads are bounded by the sizes the manifest
-declares, so a zip bomb or a lying directory ends in a ``BundleError``, not an allocation. The
+The end-of-central-directory record is read first, so an archive whose directory is too large or
+holds too many entries is refused before ``zipfile`` parses it. Every member's name is checked
+against the schema's layout, its size against the manifest and the zip directory, its local header
+and data against every other member's (no two overlap, all lie before the directory), and its
+sha256 before it is parsed: at open for every member but the weights (checked when they are read),
+and again on every ``read``. Reads are bounded by the sizes the manifest declares, and the deflated
+members together by ``MAX_INFLATED_TOTAL``, so a zip bomb, overlapping members or a lying
+directory end in a ``BundleError``, not an allocation or minutes of inflating. The
 program must agree with the manifest (inputs, ops, symbols, kernels) and every expression in it
 must parse, so a hostile bundle is refused at load rather than on some later call.
 """
@@ -14,6 +18,8 @@ import hashlib
 import json
 import os
 import re
+import stat
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,9 @@ from aot.serde import from_json, upgrade_manifest
 from aot.symexpr import compile_expr
 
 MAX_MEMBERS = 4096
+# Central directory bytes: an entry is 46 fixed bytes, a name of at most ~100 and extras (zip64
+# sizes, weights alignment) of at most ~100; real bundles stay under 200 bytes an entry.
+MAX_DIRECTORY_BYTES = MAX_MEMBERS * 512
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its kernels is well under 1 MB
 # JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
@@ -36,9 +45,20 @@ MAX_JSON_CONTAINERS = 1 << 20
 MAX_JSON_VALUES = 1 << 19
 MAX_DEFLATED_BYTES = 64 << 20  # a deflated member (manifest, guards, kernel source) inflates to at most this
 MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is a zip bomb
+# All deflated members together (manifest, guards, kernel sources): what opening a bundle inflates
+# and hashes at most. GPT-2 small's are 20 kB; a model with a thousand kernels stays under 20 MB.
+MAX_INFLATED_TOTAL = 64 << 20
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then (at 26) name and extra lengths
 MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
 MAX_BUCKETS = 1024  # CUDA-graph sizes per symbol
 MAX_STEP_OUTPUTS = 1 << 16  # results of one step (split, unbind): far above any model's widest split
+# Steps of all programs, kernels' reference steps included: each is run (and its arguments
+# evaluated) on every call. GPT-2 small has 395, a 32-layer Llama about 1,500, a 100-layer
+# decoder about 5,000.
+MAX_STEPS = 20_000
+# Syntax-tree nodes of all the programs' size expressions (shapes, arguments, grids), evaluated on
+# every call: GPT-2 small has 3,248, about 8 a step.
+MAX_EXPRESSION_NODES = 20 * MAX_STEPS
 _REQUIRED = (schema.PROGRAM_PATH, schema.WEIGHTS_PATH, schema.REFERENCE_PATH, schema.GUARDS_PATH)
 _COMPRESSIONS = (
     zipfile.ZIP_STORED,
@@ -93,14 +113,15 @@ class Bundle:
         return self.path.with_name(name)
 
     def _read_external(self, size: int) -> bytes:
+        """The split weights file, once it is known to be a regular file of exactly ``size`` bytes:
+        a FIFO or a device named like it would block the load or never end."""
         path = self.external_path()
         try:
-            with open(path, "rb") as f:
-                if os.fstat(f.fileno()).st_size != size:
-                    raise BundleError(
-                        f"{path}: {os.fstat(f.fileno()).st_size} bytes, the bundle expects {size}; "
-                        f"copy the weights file that was built with this bundle"
-                    )
+            _check_regular(path, os.stat(path), size)
+            # O_NONBLOCK: should the name be swapped for a FIFO after the stat, open does not wait
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+            with open(fd, "rb") as f:
+                _check_regular(path, os.fstat(fd), size)
                 return f.read(size)
         except OSError as e:
             raise BundleError(
@@ -119,7 +140,7 @@ class Bundle:
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_PROGRAM_BYTES)
             tree = _json_loads(raw, self.path, "program")
             _check_depth(tree, self.path, "program")
-            _check_step_outputs(tree, self.path)
+            _check_raw_steps(tree, self.path)
             program = from_json(Program, tree, "program")
         except BundleError:
             raise
@@ -136,6 +157,18 @@ class Bundle:
 
     def close(self) -> None:
         self._zip.close()
+
+
+def _check_regular(path: Path, info: os.stat_result, size: int) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise BundleError(
+            f"{path}: not a regular file; the bundle's weights file must be the plain file built with it"
+        )
+    if info.st_size != size:
+        raise BundleError(
+            f"{path}: {info.st_size} bytes, the bundle expects {size}; "
+            f"copy the weights file that was built with this bundle"
+        )
 
 
 def _json_loads(raw: bytes, path: Path, what: str) -> object:
@@ -167,10 +200,12 @@ def _check_depth(tree: object, path: Path, what: str) -> None:
         ]
 
 
-def _check_step_outputs(tree: object, path: Path) -> None:
-    """Refuse a step that binds more than ``MAX_STEP_OUTPUTS`` results, on the raw JSON: decoding
-    a million of them into records alone would take a minute. (Types are checked later.)"""
-    programs, steps = [tree], []
+def _check_raw_steps(tree: object, path: Path) -> None:
+    """The step bounds on the raw program JSON, before it is decoded into records (decoding a
+    million steps or step results alone would take a minute): at most ``MAX_STEPS`` steps over the
+    program, its variants and kernels' reference steps, and at most ``MAX_STEP_OUTPUTS`` results
+    per step. (Types are checked later.)"""
+    programs, steps, count = [tree], [], 0
     while programs:
         program = programs.pop()
         if isinstance(program, dict):
@@ -178,6 +213,7 @@ def _check_step_outputs(tree: object, path: Path) -> None:
             steps += _list(program.get("steps"))
     while steps:
         step = steps.pop()
+        count += 1
         if not isinstance(step, dict):
             continue
         steps += _list(step.get("reference"))
@@ -187,6 +223,7 @@ def _check_step_outputs(tree: object, path: Path) -> None:
                 f"{path}: step {str(step.get('target'))[:80]} binds {len(outputs)} results "
                 f"(limit {MAX_STEP_OUTPUTS}); rebuild the bundle with a trusted aotpack"
             )
+        _check_step_count(count, path)
 
 
 def _list(value: object) -> list:
@@ -206,6 +243,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
     """The program must agree with the manifest that was checked before it: the same inputs as the
     guards, only ops the manifest lists (so the preflight of ``manifest.ops`` covers every call), and
     symbols that the guards bind."""
+    _check_size(program, path)
     want = [(i.name, i.dtype, tuple(i.shape)) for i in manifest.guards.inputs]
     got = [(i.name, i.spec.dtype, tuple(i.spec.shape)) for i in program.inputs]
     if want != got:
@@ -247,6 +285,29 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
                 f"{path}: program expression {text[:60]!r} uses {sorted(unknown)[0][:40]!r}, "
                 f"which is not a symbol of the guards"
             )
+
+
+def _check_step_count(steps: int, path: Path) -> None:
+    if steps > MAX_STEPS:
+        raise BundleError(
+            f"{path}: the programs have {steps} steps (limit {MAX_STEPS}); not a bundle this aotpack wrote"
+        )
+
+
+def _check_size(program: Program, path: Path) -> None:
+    """What a call costs the runner before any tensor math: its steps and the size expressions it
+    evaluates, over the program and its variants, within ``MAX_STEPS`` and ``MAX_EXPRESSION_NODES``."""
+    programs = [program, *program.variants]
+    _check_step_count(sum(len(p.steps) + sum(len(s.reference) for s in p.steps) for p in programs), path)
+    nodes = 0
+    for p in programs:
+        for text in _expressions(p):
+            nodes += compile_expr(text).nodes
+            if nodes > MAX_EXPRESSION_NODES:
+                raise BundleError(
+                    f"{path}: the programs' size expressions have more than {MAX_EXPRESSION_NODES} "
+                    f"syntax nodes (the limit); not a bundle this aotpack wrote"
+                )
 
 
 def _expressions(program: Program):
@@ -318,7 +379,10 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bun
     if not path.is_file():
         raise BundleError(f"bundle {path} does not exist or is not a file")
     try:
+        directory_start = _check_directory(path)
         zf = zipfile.ZipFile(path, "r")
+    except BundleError:
+        raise
     except Exception as e:
         raise BundleError(
             f"{path} is not a bundle (not a readable zip archive: {type(e).__name__}: {e})"
@@ -328,18 +392,67 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bun
             from aot.loader.signature import check_signature  # it reads this module's limits
 
             check_signature(zf, path, trusted)
-        return _verify(path, zf)
+        bundle = _verify(path, zf, directory_start)
     except BaseException:
         zf.close()
         raise
+    return bundle
 
 
-def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
+def _check_directory(path: Path) -> int:
+    """Read the end-of-central-directory record (the one ``zipfile`` reads next, found the same
+    way) and refuse a directory too large to parse; returns where the directory starts."""
+    with open(path, "rb") as f:
+        end = zipfile._EndRecData(f)  # zipfile's own reader: the same record it will use
+    if not end:
+        raise BundleError(f"{path} is not a bundle (no zip end-of-central-directory record)")
+    # the record's fields: [4] entries in total, [5] directory size, [9] where the record starts
+    entries, size, location = end[4], end[5], end[9]
+    if entries > MAX_MEMBERS or size > MAX_DIRECTORY_BYTES:
+        raise BundleError(
+            f"{path}: zip directory of {entries} entries in {size} bytes (limit {MAX_MEMBERS} entries, "
+            f"{MAX_DIRECTORY_BYTES} bytes); not a bundle"
+        )
+    zip64 = end[0] == zipfile.stringEndArchive64
+    return location - size - (zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator if zip64 else 0)
+
+
+def _check_layout(path: Path, infos: list[zipfile.ZipInfo], directory_start: int) -> None:
+    """Each member's local header and data lie before the central directory and overlap no other
+    member's: overlapping members would let a small archive inflate one deflate stream many times."""
+    extents = []
+    with open(path, "rb") as f:
+        for info in infos:
+            header = b""
+            if 0 <= info.header_offset < directory_start:
+                f.seek(info.header_offset)
+                header = f.read(_LOCAL_HEADER.size)
+            if len(header) != _LOCAL_HEADER.size or header[:4] != zipfile.stringFileHeader:
+                raise BundleError(
+                    f"{path}: member {info.filename!r} has no local header at offset {info.header_offset}"
+                )
+            _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+            end = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length + info.compress_size
+            extents.append((info.header_offset, end, info.filename))
+    extents.sort()
+    for (_, end, name), (start, _, following) in zip(extents, extents[1:]):
+        if end > start:
+            raise BundleError(
+                f"{path}: members {name!r} and {following!r} overlap in the archive; not a bundle"
+            )
+    if extents and extents[-1][1] > directory_start:
+        raise BundleError(
+            f"{path}: member {extents[-1][2]!r} runs past the start of the zip directory; not a bundle"
+        )
+
+
+def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int) -> Bundle:
     infos = zf.infolist()
     if len(infos) > MAX_MEMBERS:
         raise BundleError(f"{path}: {len(infos)} members (limit {MAX_MEMBERS}); not a bundle")
     by_name: dict[str, zipfile.ZipInfo] = {}
     archive_size = path.stat().st_size
+    inflated = 0
     for info in infos:
         name = info.filename
         if not _valid_name(name) or info.orig_filename != name:  # zipfile cuts names at NUL
@@ -368,7 +481,15 @@ def _verify(path: Path, zf: zipfile.ZipFile) -> Bundle:
             raise BundleError(
                 f"{path}: member {name!r} inflates {info.compress_size} → {info.file_size} bytes; refusing"
             )
+        if info.compress_type != zipfile.ZIP_STORED:
+            inflated += info.file_size
+            if inflated > MAX_INFLATED_TOTAL:
+                raise BundleError(
+                    f"{path}: compressed members inflate to more than {MAX_INFLATED_TOTAL} bytes in all "
+                    f"(the limit); not a bundle"
+                )
         by_name[name] = info
+    _check_layout(path, infos, directory_start)
     if schema.MANIFEST_PATH not in by_name:
         raise BundleError(f"{path}: no {schema.MANIFEST_PATH}; not a bundle or truncated")
     minfo = by_name[schema.MANIFEST_PATH]

@@ -34,6 +34,11 @@ from aot.symexpr import compile_expr
 
 MAX_SIZE = MAX_DIM  # the largest size a model file may declare; larger guards are not from a build
 MAX_EXCLUDED = 1024  # excluded values per symbol (checked on every call)
+# Relations among symbols, all evaluated on every call: real models have none or a few (``a == b``
+# where the model adds two inputs of independent dims). At these bounds a check costs at most about
+# 0.1 ms more (measured on a busy 2-core box: 64 relations or 1,000 nodes added 0.2 ms to 16 µs).
+MAX_RELATIONS = 32
+MAX_RELATION_NODES = 512  # syntax nodes of all relations together
 
 
 def _validate(guards: Guards) -> None:
@@ -68,8 +73,17 @@ def _validate(guards: Guards) -> None:
         if first_admissible(g.min, g.modulus, g.residues) > g.max:
             raise BundleError(f"{what} admits no size at all ({admissible_text(g)})")
     known = set(symbols)
+    if len(guards.relations) > MAX_RELATIONS:
+        raise BundleError(f"guards hold {len(guards.relations)} relations (limit {MAX_RELATIONS})")
+    nodes = 0
     for r in guards.relations:
-        unknown = compile_expr(r.expr).symbols - known
+        expr = compile_expr(r.expr)
+        nodes += expr.nodes
+        if nodes > MAX_RELATION_NODES:
+            raise BundleError(
+                f"guards' relations have more than {MAX_RELATION_NODES} syntax nodes in all (the limit)"
+            )
+        unknown = expr.symbols - known
         if unknown:
             raise BundleError(
                 f"relation {r.expr[:60]!r} uses symbols {sorted(unknown)[:3]} that no input binds"

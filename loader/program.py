@@ -2,7 +2,8 @@
 
 Steps are prepared once at load (``aot.aten``: each overload resolved, a missing one an
 ``EnvError`` naming it). A kernel step runs its reference decomposition here. Buffers are dropped
-after their last use.
+after their last use, and every result is held to its declared buffer's bytes at the call's sizes
+(``aot.loader.memory``): a step that makes more than its program declares is a ``BundleError``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 
 from aot.aten import DTYPES, AtenCall
 from aot.errors import AotError, BundleError
-from aot.program import frees_after, reference_steps
+from aot.loader.memory import OutputBytes
+from aot.program import frees_after, reference_steps, step_writes
 from aot.schema import Program, Step
 from aot.symexpr import Expr, compile_expr
 
@@ -34,15 +36,30 @@ class AtenProgram:
         self.program = program
         self.weights = weights
         steps = steps if steps is not None else reference_steps(program)
+        undeclared = [o for s in steps for o in step_writes(s) if o not in program.buffers]
+        if undeclared:
+            raise BundleError(
+                f"step result {undeclared[0][:60]!r} has no declared buffer (dtype and shape); "
+                f"rebuild the bundle"
+            )
         self.calls = [AtenCall(s, device, weights) for s in steps]
         self.frees = frees_after(steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
+        self.declared = OutputBytes(program)
 
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         env: dict[str, Any] = dict(self.weights)
         env.update(inputs)
+        declared = self.declared.at(sizes)
         try:
             for call, frees in zip(self.calls, self.frees):
                 call(env, sizes)
+                for name in call.outputs:
+                    if name is not None and _nbytes(env[name]) > declared[name]:
+                        raise BundleError(
+                            f"step {self.calls.index(call)} ({call.name}) made {name[:60]!r} of "
+                            f"{_nbytes(env[name])} bytes at sizes {sizes}, its buffer declares "
+                            f"{declared[name]}; the program is wrong, rebuild the bundle"
+                        )
                 for name in frees:
                     del env[name]
         except (AotError, torch.OutOfMemoryError):
@@ -120,3 +137,11 @@ def storage_span(t: torch.Tensor) -> tuple[int, int]:
     storage = t.untyped_storage()
     start = storage.data_ptr()
     return start, start + storage.nbytes()
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0

@@ -15,12 +15,21 @@ import warnings
 import torch
 
 from aot.aten import DTYPES
-from aot.dtypes import SAFETENSORS
+from aot.dtypes import ITEMSIZE, SAFETENSORS
 from aot.errors import BundleError
+from aot.manifest_text import static_size
+from aot.schema import TensorSpec
 
 # safetensors dtype names → torch dtypes, and their sizes in bytes
 _DTYPES = {code: DTYPES[name] for code, name in SAFETENSORS.items() if name in DTYPES}  # code -> torch dtype
 MAX_HEADER = 16 << 20  # JSON parsed into Python objects: keep it far below memory (GPT-2: 15 kB)
+# What the header of a weights file may take per tensor the program declares: its name, dtype,
+# shape and offsets as JSON (GPT-2: 92 bytes; long Hugging Face names stay under 300), plus room
+# for a ``__metadata__`` object. A header beyond this is refused before it is parsed.
+HEADER_BYTES_PER_TENSOR = 1024
+HEADER_BYTES_BASE = 64 << 10
+# Bytes a weights file may hold beyond its header and its tensors' data (padding between tensors).
+SLACK_BYTES_PER_TENSOR = 64
 
 
 def _is_int(v: object) -> bool:
@@ -43,12 +52,40 @@ def _well_typed(info: object) -> bool:
     )
 
 
-def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
-    """name → (dtype, shape, begin, end) with offsets into ``data``; every field validated."""
+def header_limit(tensors: int) -> int:
+    """The largest safetensors header a file of ``tensors`` tensors may have."""
+    return min(MAX_HEADER, HEADER_BYTES_BASE + HEADER_BYTES_PER_TENSOR * tensors)
+
+
+def weights_size_limit(specs: dict[str, TensorSpec], where: str) -> int:
+    """The largest weights file that can hold the tensors of ``specs`` (name -> static spec):
+    its 8-byte length, the header, the data, and padding."""
+    data = 0
+    for name, spec in specs.items():
+        n = ITEMSIZE.get(spec.dtype, 8)
+        for size in spec.shape:
+            dim = static_size(size)
+            if dim is None:
+                raise BundleError(f"{where}: weight {name[:60]!r} has size {size[:24]!r}; weights are static")
+            n *= dim
+        data += n
+    return 8 + header_limit(len(specs)) + data + SLACK_BYTES_PER_TENSOR * len(specs)
+
+
+def parse_safetensors(
+    data: bytes, where: str, max_header: int = MAX_HEADER
+) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
+    """name → (dtype, shape, begin, end) with offsets into ``data``; every field validated. A
+    header over ``max_header`` bytes is refused before it is parsed."""
     if len(data) < 8:
         raise BundleError(f"{where}: safetensors data is {len(data)} bytes, too short for a header")
     (n,) = struct.unpack("<Q", data[:8])
-    if n > MAX_HEADER or 8 + n > len(data):
+    if n > max_header:
+        raise BundleError(
+            f"{where}: safetensors header of {n} bytes, more than the {max_header} its tensors need; "
+            f"not a file this loader wrote"
+        )
+    if 8 + n > len(data):
         raise BundleError(f"{where}: safetensors header claims {n} bytes of {len(data)}")
     try:
         header = json.loads(data[8 : 8 + n].decode("utf-8"))
@@ -85,13 +122,19 @@ def parse_safetensors(data: bytes, where: str) -> dict[str, tuple[torch.dtype, l
     return out
 
 
-def to_device(data: bytes, device: torch.device, where: str) -> dict[str, torch.Tensor]:
-    entries = parse_safetensors(data, where)
+def to_device(
+    data: bytes, device: torch.device, where: str, keep: set[str], max_header: int = MAX_HEADER
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``data`` named in ``keep`` on ``device`` (the rest are never copied: a call
+    starts from the weights it keeps, so tensors nobody reads would cost every call)."""
+    entries = parse_safetensors(data, where, max_header)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # frombuffer on read-only bytes: the view is only read
         raw = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     out = {}
     for name, (dtype, shape, begin, end) in entries.items():
+        if name not in keep:
+            continue
         host = raw[begin:end].view(dtype).reshape(shape)
         out[name] = host.to(device, copy=True)
     return out

@@ -11,25 +11,10 @@ from __future__ import annotations
 
 import itertools
 
-from aot.dtypes import ITEMSIZE
-from aot.program import lifetimes
+from aot.program import peak_bytes
 from aot.schema import Bucket, BucketMemory, Program
-from aot.symexpr import compile_expr
 
-
-def peak_bytes(program: Program, sizes: dict[str, int]) -> int:
-    events: list[tuple[int, int]] = []
-    for name, first, end in lifetimes(program):
-        spec = program.buffers[name]
-        n = ITEMSIZE.get(spec.dtype, 4)
-        for s in spec.shape:
-            n *= compile_expr(s)(sizes)
-        events += [(first, n), (end + 1, -n)]
-    peak = live = 0
-    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
-        live += delta
-        peak = max(peak, live)
-    return peak
+__all__ = ["memory_plan", "peak_bytes"]
 
 
 def memory_plan(program: Program, buckets: tuple[Bucket, ...]) -> tuple[BucketMemory, ...]:

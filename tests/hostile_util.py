@@ -238,3 +238,26 @@ def aten_step(target: str, args: list, outputs: list, **kwargs) -> dict:
         "grid": [],
         "reference": [],
     }
+
+
+def overlapping(entries: list[Entry], name: str) -> bytes:
+    """The archive of ``entries`` with stored member ``name``'s compressed size stretched over the
+    next member's header and data in the directory: a stored member is read by its uncompressed
+    size, so it still reads right, but its data range covers the next member."""
+    archive = write_entries(entries)
+    layout = sorted(zip_layout(archive), key=lambda r: r.local_offset)
+    i = next(i for i, r in enumerate(layout) if r.name == name)
+    rec, following = layout[i], layout[i + 1]
+    stretched = following.data_start + following.compress_size - rec.data_start
+    return patch(archive, rec.cd_offset + 20, "<I", stretched)
+
+
+def deflated_members(entries: list[Entry], count: int, size: int) -> list[Entry]:
+    """``entries`` plus ``count`` listed kernel sources of ``size`` zero bytes each, deflated."""
+    data = bytes(size)
+    digest = hashlib.sha256(data).hexdigest()
+    m = manifest_of(entries)
+    extra = [Entry(f"kernels/zz_{i:04d}.py", data, deflate=True) for i in range(count)]
+    for e in extra:
+        m["members"][e.name] = {"sha256": digest, "size": size}
+    return with_manifest_text(entries, manifest_bytes(m)) + extra

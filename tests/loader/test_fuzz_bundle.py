@@ -6,7 +6,9 @@ member, in every local header and in the central directory; truncation at many o
 removed, duplicated, renamed, reordered; zip bombs (a member that inflates far beyond its declared
 size, and headers that lie about sizes); hostile names; invalid UTF-8 / JSON in the manifest; wrong
 schema versions; wrong types in every manifest field; huge numbers in shapes; symbolic expressions
-that try to call, import or take attributes; ops that would touch files or process state.
+that try to call, import or take attributes; ops that would touch files or process state; bundles
+that would cost far more than their size (overlapping members, inflation beyond the total, too many
+members, a huge weights header, programs and guard relations beyond their bounds).
 
 Every case is written to a temporary directory, loaded with ``aot.loader.load`` and called once with
 the original example inputs. Its outcome must be one of:
@@ -58,10 +60,12 @@ from tests.hostile_util import (
     Entry,
     bomb_archive,
     crc_patched,
+    deflated_members,
     eager_module,
     find_eocd,
     manifest_bytes,
     manifest_of,
+    overlapping,
     patch,
     program_json,
     read_entries,
@@ -100,6 +104,7 @@ TRACED = (
     "program:json",
     "shapes:symbol-excluded",
     "tensors:",
+    "resources:zip",
 )
 
 # Hostile symbolic expressions: calls, imports, attributes, power towers, deep nesting, odd text.
@@ -1085,6 +1090,62 @@ def view_arg_cases(base: bytes, rng: random.Random) -> Iterator[Case]:
             )
 
 
+def resource_cases(base: bytes) -> Iterator[Case]:
+    """Self-consistent bundles that would cost the loader far more than their size: overlapping
+    members, deflated members beyond the total, a directory of too many entries, a weights header
+    of 16 MiB, a program beyond the step bound, guard relations beyond theirs."""
+    from aot.loader.bundle import MAX_INFLATED_TOTAL, MAX_MEMBERS, MAX_STEPS
+    from aot.loader.guards import MAX_RELATIONS
+
+    entries = read_entries(base)
+    stored = [r.name for r in sorted(zip_layout(base), key=lambda r: r.local_offset) if r.method == 0]
+    for name in stored[:-1]:
+        yield Case("resources:zip-overlapping", name, overlapping(entries, name), "error")
+    count = MAX_INFLATED_TOTAL // (1 << 20) + 8
+    yield Case(
+        "resources:zip-inflated-total",
+        f"{count} x 1 MiB",
+        write_entries(deflated_members(entries, count, 1 << 20)),
+        "error",
+    )
+    many = entries + [Entry(f"kernels/k{i}.py", b"") for i in range(MAX_MEMBERS)]
+    yield Case("resources:zip-many-members", str(len(many)), write_entries(many), "error")
+    data = next(e.data for e in entries if e.name == "weights.safetensors")
+    n = struct.unpack("<Q", data[:8])[0]
+    text = data[8 : 8 + n] + b" " * (16 << 20)
+    yield Case(
+        "resources:weights-header",
+        "16 MiB",
+        write_entries(
+            with_member(entries, "weights.safetensors", struct.pack("<Q", len(text)) + text + data[8 + n :])
+        ),
+        "error",
+    )
+    prog = program_json(entries)
+    step = next(s for s in prog["steps"] if s["kind"] == "aten" and s["outputs"][0] is not None)
+    source = step["outputs"][0]
+    p = copy.deepcopy(prog)
+    for i in range(MAX_STEPS + 1):
+        p["steps"].append({**step, "outputs": [f"zz_{i}"]})
+        p["buffers"][f"zz_{i}"] = p["buffers"][source]
+    yield Case(
+        "resources:program-steps",
+        str(len(p["steps"])),
+        write_entries(with_program_text(entries, dumps(p))),
+        "error",
+    )
+    m = manifest_of(entries)
+    symbol = m["guards"]["symbols"][0]["name"]
+    source_line = {"text": "", "file": "model.py", "line": 1, "code": "x"}
+    m["guards"]["relations"] = [{"expr": f"{symbol} >= {i % 2}", "source": source_line}] * (MAX_RELATIONS + 1)
+    yield Case(
+        "resources:guard-relations",
+        str(MAX_RELATIONS + 1),
+        write_entries(with_manifest_text(entries, manifest_bytes(m))),
+        "error",
+    )
+
+
 def all_cases(model: str, base: bytes, canary_dir: Path) -> Iterator[Case]:
     rng = random.Random(f"{SEED}:{model}")
     yield from raw_cases(base, rng)
@@ -1097,6 +1158,7 @@ def all_cases(model: str, base: bytes, canary_dir: Path) -> Iterator[Case]:
     yield from manifest_shape_cases(base)
     yield from tensor_member_cases(base)
     yield from program_cases(base, rng, canary_dir)
+    yield from resource_cases(base)
 
 
 # ---------------------------------------------------------------------------------------------
