@@ -1045,6 +1045,7 @@ def view_arg_cases(base: bytes, rng: random.Random) -> Iterator[Case]:
     # strided views of a weight (geometry fixed: checked at load) and of an input (sized by the
     # call's symbols), then read through a copy
     weight = min(prog["weights"], key=lambda w: len(w["spec"]["shape"]))["name"]
+    dtypes = {t["name"]: t["spec"]["dtype"] for t in (*prog["weights"], *prog["inputs"])}
     geometries = [
         ([4], [1], 0),
         ([4], [1], 2**40),
@@ -1082,6 +1083,10 @@ def view_arg_cases(base: bytes, rng: random.Random) -> Iterator[Case]:
                     "reference": [],
                 },
             ]
+            # declared as the view's own geometry, so each reaches the storage checks
+            shape = [d["sym"] if isinstance(d, dict) else str(d) for d in size]
+            for name in ("zz_view", "zz_read"):
+                p["buffers"][name] = {"dtype": dtypes[base_name], "shape": shape}
             yield Case(
                 "views:as_strided",
                 f"{base_name} {size} {stride} {offset}"[:80],
