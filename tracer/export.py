@@ -31,7 +31,7 @@ from aot.tracer.model import (
     split_constants,
     user_input_nodes,
 )
-from aot.tracer.sites import display_path, record_guard_sites, user_frame
+from aot.tracer.sites import display_path, error_site, first_line, record_guard_sites
 
 
 @contextlib.contextmanager
@@ -54,11 +54,9 @@ def quiet_torch():
 
 
 def export_error(e: Exception, spec: ModelSpec) -> TraceError:
-    model_path = Path(spec.extra.get("path", "model.py"))
-    frame = user_frame(traceback.extract_tb(e.__traceback__))
-    where = f"{display_path(frame.filename, model_path)}:{frame.lineno}: " if frame else ""
+    where, frame = error_site(e, Path(spec.extra.get("path", "model.py")))
     code = f" ({frame.line.strip()})" if frame and frame.line else ""
-    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    first = first_line(e)
     name = type(e).__name__
     if "DataDependent" in name or "data-dependent" in str(e).lower():
         hint = "the model branches on tensor values; use torch.cond, or torch._check to state the assumption"

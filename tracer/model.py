@@ -13,7 +13,7 @@ from typing import Any
 from aot.errors import SpecError, TraceError
 from aot.schema import TreeKind, TreeSpec
 from aot.spec import Dim, ModelSpec
-from aot.tracer.sites import display_path, user_frame
+from aot.tracer.sites import error_site, first_line, user_frame
 
 
 def example_inputs(
@@ -136,10 +136,9 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise SpecError(
             f"weights file {path} is a pickled checkpoint that torch.load(weights_only=True) refuses "
-            f"({first[:160]}); {convert}"
+            f"({first_line(e)[:160]}); {convert}"
         ) from None
     for key in _STATE_DICT_KEYS:
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -237,13 +236,11 @@ def run_eager(spec: ModelSpec, module, inputs: dict[str, Any]) -> Any:
         with torch.no_grad():
             return call_model(spec, module, inputs)
     except Exception as e:
-        frame = user_frame(traceback.extract_tb(e.__traceback__))
-        where = f"{display_path(frame.filename, Path(spec.extra.get('path', 'model.py')))}:{frame.lineno}: "
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+        where, _ = error_site(e, Path(spec.extra.get("path", "model.py")))
         described = ", ".join(_described(spec, i) for i in spec.inputs)
         raise SpecError(
-            f"{where if frame else ''}the model fails in eager PyTorch on inputs built from the spec "
-            f"({described}): {type(e).__name__}: {first[:200]}; fix the Inputs' shape, dtype or "
+            f"{where}the model fails in eager PyTorch on inputs built from the spec "
+            f"({described}): {type(e).__name__}: {first_line(e)[:200]}; fix the Inputs' shape, dtype or "
             f"low/high (token ids: dtype='int64', low=0, high=the vocabulary size)"
         ) from None
 

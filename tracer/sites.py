@@ -94,6 +94,18 @@ def _library_roots() -> list[str]:
     return sorted({os.path.realpath(r) + os.sep for r in roots if r}, key=len, reverse=True)
 
 
+def first_line(e: BaseException) -> str:
+    """The first non-blank line of an exception's message (torch's run to many), else its type."""
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+
+
+def error_site(e: BaseException, model_path: Path) -> tuple[str, traceback.FrameSummary | None]:
+    """``"model.py:12: "`` for the user (or model library) frame that raised ``e``, and that frame;
+    ``""`` and None when no such frame is on its traceback."""
+    frame = user_frame(traceback.extract_tb(e.__traceback__))
+    return (f"{display_path(frame.filename, model_path)}:{frame.lineno}: ", frame) if frame else ("", None)
+
+
 def display_path(filename: str, model_path: Path) -> str:
     """A guard site as it reads on every machine: a library file relative to the folder it is
     installed in (``transformers/masking_utils.py``), the user's relative to their project."""
