@@ -31,6 +31,7 @@ PATTERN_SIZES = {
     "unknown": [{"batch": 1}, {"batch": 5}],
     "big": [{"batch": 1}, {"batch": 3}],
     "concat": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
+    "siblings": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
 }
 
 
