@@ -19,7 +19,7 @@ from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle
 from aot.loader.cuda import Context, Function, driver_version, pack_params
-from aot.loader.program import Storages, storage_span
+from aot.loader.program import OutputSpecs, Storages, storage_span
 from aot.program import frees_after
 from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Buf, Kernel, ParamKind, Program, Step, StepKind, Sym
 from aot.symexpr import Expr, compile_expr
@@ -199,6 +199,7 @@ class GraphRunner:
         self.pool, self.stream, self.lock = arena.pool, arena.stream, arena.lock
         self.graphs: dict[tuple, _Captured] = {}
         self._weights = Storages(gpu.weights.values())
+        self._specs = OutputSpecs(gpu.program, gpu.device)
         program = gpu.program
         self.symbols = [s.symbol for s in program.symbols]
         self._input_shapes = {i.name: [compile_expr(s) for s in i.spec.shape] for i in program.inputs}
@@ -252,6 +253,7 @@ class GraphRunner:
         # thread_local: other threads may keep using CUDA while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             outputs = gpu(inputs, sizes)
+        self._specs.check(outputs, sizes)  # once: replays and slices keep dtype, device and shape exprs
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
         captured = _Captured(graph, inputs, outputs, sizes, lendable)
         self.graphs[key] = captured
