@@ -157,6 +157,46 @@ def _build(spec: TreeSpec, it: Iterator[Any]) -> Any:
     return Record(spec.type, list(zip(spec.keys, children)))
 
 
+def match_leaves(spec: TreeSpec | None, n: int, obj: Any) -> list[Any]:
+    """The tensors of ``obj`` in flat output order, where ``obj`` must be shaped like the model's
+    output (``spec``; without one, a bare tensor for one output, a tuple or list for several):
+    caller-provided output buffers. ``ValueError`` names the first place where it is not."""
+    if spec is None:
+        spec = (
+            TreeSpec(TreeKind.TENSOR)
+            if n == 1
+            else TreeSpec(TreeKind.TUPLE, children=(TreeSpec(TreeKind.TENSOR),) * n)
+        )
+    out: list[Any] = []
+
+    def walk(s: TreeSpec, x: Any, path: str) -> None:
+        kind = s.kind
+        if kind == TreeKind.TENSOR:
+            if not _is_tensor(x):
+                raise ValueError(f"{path or 'out'}: expected a tensor, got {type(x).__name__}")
+            out.append(x)
+        elif kind == TreeKind.NONE:
+            if x is not None:
+                raise ValueError(f"{path or 'out'}: the model returns None here, got {type(x).__name__}")
+        elif kind in (TreeKind.TUPLE, TreeKind.LIST) or (
+            kind == TreeKind.RECORD and isinstance(x, (tuple, list))  # a named tuple, by position
+        ):
+            if not isinstance(x, (tuple, list)) or len(x) != len(s.children):
+                got = f"{type(x).__name__} of {len(x)}" if isinstance(x, (tuple, list)) else type(x).__name__
+                raise ValueError(f"{path or 'out'}: expected a sequence of {len(s.children)}, got {got}")
+            for i, (c, v) in enumerate(zip(s.children, x)):
+                walk(c, v, f"{path}[{i}]")
+        else:  # DICT, RECORD: by key
+            if not isinstance(x, Mapping) or list(x.keys()) != list(s.keys):
+                got = list(x.keys()) if isinstance(x, Mapping) else type(x).__name__
+                raise ValueError(f"{path or 'out'}: expected a mapping with keys {list(s.keys)}, got {got}")
+            for k, c in zip(s.keys, s.children):
+                walk(c, x[k], f"{path}[{k!r}]")
+
+    walk(spec, obj, "")
+    return out
+
+
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Inputs by dotted name → forward's nested arguments: ``{"inputs.image": x, "past.0": k,
     "past.1": v}`` → ``{"inputs": {"image": x}, "past": (k, v)}`` (numbered levels are tuples)."""

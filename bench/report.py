@@ -15,6 +15,7 @@ NAMES = {
     "reduce-overhead": "reduce-overhead",
     "aoti": "AOTInductor",
     "aotpack": "aotpack",
+    "aotpack-borrow": "aotpack (borrowed outputs)",
 }
 ORDER = list(NAMES)
 
@@ -81,7 +82,7 @@ def main(paths: list[str]) -> None:
                 else:
                     cells.append("—" if r is None or not r.get("error") else "failed")
             a = med.get("aotpack")
-            others = [v for s, v in med.items() if s != "aotpack"]
+            others = [v for s, v in med.items() if not s.startswith("aotpack")]
             out.append(
                 f"| {m} | {shape} | "
                 + " | ".join(cells)
@@ -133,7 +134,7 @@ def main(paths: list[str]) -> None:
         errs = [
             v.get("max_abs_err") for v in a.get("shapes", {}).values() if v.get("max_abs_err") is not None
         ]
-        others = [v for s, v in mem.items() if s != "aotpack"]
+        others = [v for s, v in mem.items() if not s.startswith("aotpack")]
         mem_ratio = f"{mem['aotpack'] / min(others):.2f}" if "aotpack" in mem and others else "—"
         out.append(
             f"| {m} | "

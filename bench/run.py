@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("eager", "graph", "compile", "reduce-overhead", "aoti", "aotpack")
+SYSTEMS = ("eager", "graph", "compile", "reduce-overhead", "aoti", "aotpack", "aotpack-borrow")
 TIMEOUT = 300
 
 
@@ -129,7 +129,7 @@ def main() -> None:
                         r["artifact_bytes"] = package.stat().st_size
                     runs.append(("cold", r, err))
             else:
-                extra = ["--bundle", str(bundle)] if system == "aotpack" else []
+                extra = ["--bundle", str(bundle)] if system.startswith("aotpack") else []
                 r, err = spawn([*base, *extra])
                 runs.append(("cold", r, err))
             for label, r, err in runs:

@@ -54,10 +54,12 @@ def main() -> None:
     first_inputs = make_inputs(args.model, shapes[0])
     torch.cuda.synchronize()
 
-    if args.system == "aotpack":
+    if args.system in ("aotpack", "aotpack-borrow"):
         from aot.loader import load
 
-        runner = load(args.bundle, device="cuda")
+        # aotpack-borrow: outputs lent from the graph until the next call (no copy per call)
+        outputs = "borrow" if args.system == "aotpack-borrow" else "copy"
+        runner = load(args.bundle, device="cuda", outputs=outputs)
         fn = runner
     elif args.system == "aoti":
         import torch._inductor

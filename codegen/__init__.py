@@ -60,6 +60,7 @@ def generate(
     from aot.codegen.attention import simplify_attention_masks
     from aot.codegen.compile import Job, compile_job, ptxas_release
     from aot.codegen.partition import partition, rewrite
+    from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
     from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 
     say = progress or (lambda msg: None)
@@ -73,6 +74,10 @@ def generate(
             stats=BuildStats(programs=1 + len(program.variants)),
         )
     start = time.perf_counter()
+    program, weights, stacked = fuse_sibling_matmuls(program, dict(traced.weights))
+    if stacked:
+        say(f"  stacked the weights of {stacked} groups of sibling matmuls (one GEMM each)")
+        traced = replace(traced, program=program, weights=weights)
     program, weights, padded = pad_matmul_weights(program, dict(traced.weights))
     if padded:
         say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")

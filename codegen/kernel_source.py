@@ -57,6 +57,10 @@ class SourceWriter:
         self.ptrs: dict[str, str] = {}  # root buffer -> parameter name
         self.ptr_dtypes: dict[str, str] = {}
         self.n = 0
+        # conditions under which the value being written is read (inside a ``cat`` piece): its
+        # loads are masked by them, and its values are cached apart from unconditional ones
+        self.conds: tuple[str, ...] = ()
+        self.cond_in_loop = False
 
     # -- emission
     def emit(self, expr: str, ty: str, in_loop: bool) -> Val:
@@ -91,7 +95,7 @@ class SourceWriter:
 
     # -- values
     def value(self, node: Node, lin: Lin) -> Val:
-        key = (id(node), lin)
+        key = (id(node), lin, self.conds)
         hit = self.cache_body.get(key) or self.cache_outer.get(key)
         if hit is not None:
             return hit
@@ -103,6 +107,8 @@ class SourceWriter:
             val = self._op(node, lin)
         elif node.kind == "reduce":
             val = self._reduced(node, lin)
+        elif node.kind == "cat":
+            val = self._cat(node, lin)
         else:
             raise NotFusible(f"unknown node kind {node.kind}")
         (self.cache_body if val.in_loop else self.cache_outer)[key] = val
@@ -115,11 +121,50 @@ class SourceWriter:
         ptr = self.ptrs[node.buf]
         atoms = lin.atoms
         mask = self.mask_for(atoms)
+        if self.conds:  # a cat piece: lanes that read another piece must not touch this buffer
+            mask = " & ".join(([mask] if mask else []) + [f"({c})" for c in self.conds])
         offset = ix.triton_index(lin)
         expr = f"tl.load({ptr} + ({offset})" + (f", mask={mask}, other=0)" if mask else ")")
         if STORAGE[node.dtype] != node.ty:
             expr += f".to({TL_TYPE[node.ty]})"
-        return self.emit(expr, node.ty, "c" in atoms)
+        return self.emit(expr, node.ty, "c" in atoms or (self.cond_in_loop and bool(self.conds)))
+
+    def _cat(self, node: Node, lin: Lin) -> Val:
+        """Each piece is read under the condition that it holds the element (masked loads), and
+        the element takes the value of the piece that does."""
+        per = ix.unflatten(lin, node.shape)
+        d = per[node.cat_dim]
+        if not d.atoms:
+            raise NotFusible("cat read at a constant position along its dim")
+        where = ix.triton_index(d)
+        where = where if re.fullmatch(r"\w+", where) else f"({where})"
+        d_in_loop = "c" in d.atoms
+        values, in_loop, start = [], d_in_loop, ix.ZERO
+        last = len(node.inputs) - 1
+        for i, (inp, end, cast) in enumerate(zip(node.inputs, node.cat_ends, node.casts)):
+            conds = []
+            if i > 0:
+                conds.append(f"{where} >= {ix.triton_size(start)}")
+            if i < last:
+                conds.append(f"{where} < {ix.triton_size(end)}")
+            sub = list(per)
+            if len(node.inputs) > 1:  # within its piece the index spans the piece's extent only
+                shifted = ix.make_lin(d.terms, d.const - start)
+                sub[node.cat_dim] = ix.make_lin([(ix.ONE, ix.Frag(shifted, ix.canon(end - start)))])
+            saved = (self.conds, self.cond_in_loop)
+            self.conds = self.conds + tuple(conds)
+            self.cond_in_loop = self.cond_in_loop or (d_in_loop and bool(conds))
+            try:
+                v = self.value(inp, ix.flatten(sub, inp.shape))
+            finally:
+                self.conds, self.cond_in_loop = saved
+            in_loop = in_loop or v.in_loop
+            values.append(self.operand(inp, v, cast))
+            start = end
+        expr = values[-1]
+        for i in range(last - 1, -1, -1):
+            expr = f"tl.where({where} < {ix.triton_size(node.cat_ends[i])}, {values[i]}, {expr})"
+        return self.emit(expr, node.ty, in_loop)
 
     def _op(self, node: Node, lin: Lin) -> Val:
         uses_idx = "$idx" in node.fmt
@@ -147,7 +192,12 @@ class SourceWriter:
             return self.reduced[id(node)]
         if self.mode != "single":
             raise NotFusible("reduction result needed before its pass")
-        src = self.value(node.inputs[0], self.full_lin)
+        saved = (self.conds, self.cond_in_loop)
+        self.conds, self.cond_in_loop = (), False  # a row's statistic reads every element of the row
+        try:
+            src = self.value(node.inputs[0], self.full_lin)
+        finally:
+            self.conds, self.cond_in_loop = saved
         ident = _identity(node.reduce, node.ty)
         fn = _REDUCE_FN[node.reduce]
         val = self.emit(

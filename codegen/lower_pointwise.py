@@ -13,7 +13,7 @@ from typing import Any
 
 from aot.codegen import index as ix
 from aot.codegen.index import Lin
-from aot.codegen.step_args import arg, is_tensor, literal, operand
+from aot.codegen.step_args import arg, is_tensor, literal, norm_dim, operand
 from aot.codegen.triton_types import COMPUTE, STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Builder, Node, Unsupported, pointwise_node
 from aot.dtypes import FLOATS
@@ -347,6 +347,31 @@ def _lower_batch_norm(b: Builder, step: Step) -> None:
     b.set(name, Node("op", shape, dtype, tuple(inputs), fmt, ("fp32",) * len(inputs)))
 
 
+def _lower_cat(b: Builder, step: Step) -> None:
+    """``cat``: no copy of the pieces; each output element reads the one piece that holds it (RoPE's
+    ``rotate_half`` becomes index arithmetic inside the kernel that uses it)."""
+    name, shape, dtype = b.out(step)
+    pieces = step.args[0]
+    if not isinstance(pieces, (list, tuple)) or not pieces:
+        raise Unsupported("cat of no tensors")
+    dim = norm_dim(arg(step, 1, "dim", 0), len(shape))
+    nodes, ends, end = [], [], ix.ZERO
+    for piece in pieces:
+        node = b.tensor(piece)
+        if len(node.shape) != len(shape):
+            raise Unsupported("cat of tensors of different ranks")
+        if node.shape[dim] == ix.ZERO:
+            continue  # an empty piece holds no element
+        end = ix.canon(end + node.shape[dim])
+        nodes.append(node)
+        ends.append(end)
+    if not nodes or not ix.same(end, shape[dim]):
+        raise Unsupported("cat pieces do not add up to the output")
+    ty = COMPUTE[dtype]
+    cat = Node("cat", shape, dtype, tuple(nodes), casts=(ty,) * len(nodes), cat_dim=dim, cat_ends=tuple(ends))
+    b.set(name, cat)
+
+
 POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     **dict.fromkeys(_UNARY_FLOAT, _lower_unary),
     **dict.fromkeys(_UNARY_ANY, _lower_unary),
@@ -401,4 +426,5 @@ POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     "aten._to_copy.default": _lower_cast,
     "aten.copy.default": _lower_copy,
     "aten._native_batch_norm_legit_no_training.default": _lower_batch_norm,
+    "aten.cat.default": _lower_cat,
 }

@@ -40,7 +40,8 @@ class Node:
     dtype, for ops whose result jumps, like casts to int and comparisons), ``$idx`` in ``fmt`` is
     the node's own flat index;
     ``remap``: the input at ``remap(index)``; ``reduce``: ``reduce`` ("sum", "max", "min") of the
-    input over its last ``width`` elements per row.
+    input over its last ``width`` elements per row; ``cat``: the inputs laid end to end along
+    dim ``cat_dim`` (input i ends at ``cat_ends[i]``), each read only where it is the one chosen.
     """
 
     kind: str
@@ -53,6 +54,8 @@ class Node:
     remap: Callable[[Lin], Lin] | None = None
     reduce: str = ""
     width: Size = ix.ONE
+    cat_dim: int = 0
+    cat_ends: tuple[Size, ...] = ()
 
     @property
     def ty(self) -> str:

@@ -25,13 +25,14 @@ from aot.loader.signature import trusted_keys
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.program import step_reads
-from aot.pytree import flatten_inputs, unflatten
+from aot.pytree import flatten_inputs, match_leaves, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
 
 __all__ = ["Runner", "load", "open_bundle"]
 
 CAPTURE_MODES = ("lazy", "all", "none")
+OUTPUT_MODES = ("copy", "borrow")
 
 
 def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
@@ -83,9 +84,13 @@ class Runner:
         device: str | torch.device = "cpu",
         capture: str = "lazy",
         max_memory: int | None = None,
+        outputs: str = "copy",
     ):
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
+        if outputs not in OUTPUT_MODES:
+            raise ValueError(f"outputs must be one of {OUTPUT_MODES}, got {outputs!r}")
+        self.borrow = outputs == "borrow"
         if max_memory is not None and (type(max_memory) is not int or max_memory <= 0):
             raise ValueError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
         self.bundle = bundle
@@ -162,7 +167,13 @@ class Runner:
         self._weight_storages = Storages(weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
+        self._input_set = frozenset(self.guards.names)
         self._entries: list[_Entry] = []
+        arena = None
+        if self.device.type == "cuda" and capture != "none":
+            from aot.loader.gpu import Arena
+
+            arena = Arena(self.device)  # every program's graphs share one pool
         for (name, guards, buckets), program in zip(entries, programs):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
             if set(checker.names) != set(self.guards.names):
@@ -176,7 +187,7 @@ class Runner:
 
                 entry.gpu = GpuProgram(bundle, program, self.weights, self.device)
                 if capture != "none":
-                    entry.graphs = GraphRunner(entry.gpu, buckets)
+                    entry.graphs = GraphRunner(entry.gpu, buckets, arena)
                     if capture == "all":
                         entry.graphs.capture_all()
             else:
@@ -208,6 +219,12 @@ class Runner:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model. ``out=`` (unless the model has an input of that name): buffers shaped
+        like the model's output (a tensor, tuple, list, dict or ``Record`` of contiguous tensors
+        of exactly the outputs' dtypes, shapes and device for this call) to write the results
+        into; they are returned. ``GuardError`` for a buffer that does not fit or shares memory
+        with the inputs, the weights or another buffer."""
+        out = kwargs.pop("out", None) if "out" not in self._input_set else None
         if self._nested and kwargs:
             kwargs = flatten_inputs(kwargs, self.guards.names)
         values = self.guards.bind(args, dict(kwargs))
@@ -215,22 +232,40 @@ class Runner:
             entry, sizes = self._entries[0], self.guards.check(values, self.device)
         else:
             entry, sizes = self._dispatch(values)
-        with torch.no_grad():  # no autograd graph, whatever the inputs require
-            outputs = self._run(entry, values, sizes)
-        return unflatten(entry.program.output_tree, outputs)
+        buffers = None
+        if out is not None:
+            try:
+                buffers = match_leaves(entry.program.output_tree, len(entry.program.outputs), out)
+            except ValueError as e:
+                raise GuardError(f"out= is not shaped like the model's output: {e}") from None
+            taken = [storage_span(v) for v in values if isinstance(v, torch.Tensor)]
+            entry.outputs.check_out(buffers, sizes, taken, self._weight_storages)
+        grad = torch.is_grad_enabled()
+        if grad:  # no autograd graph, whatever the inputs require (no_grad's manager costs µs)
+            torch._C._set_grad_enabled(False)
+        try:
+            outputs = self._run(entry, values, sizes, buffers)
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
+        return out if out is not None else unflatten(entry.program.output_tree, outputs)
 
-    def _run(self, entry: _Entry, values: list[Any], sizes: dict[str, int]) -> list[torch.Tensor]:
+    def _run(
+        self, entry: _Entry, values: list[Any], sizes: dict[str, int], out: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
         inputs = dict(zip(self.guards.names, values))
         if entry.gpu is None:
             outputs = entry.aten(inputs, sizes)
         else:
             key = entry.graphs.bucket_for(sizes) if entry.graphs is not None else None
             if key is not None:
-                outputs = entry.graphs(key, inputs, sizes)  # copied out of the graph: caller-owned
-                entry.outputs.check(outputs, sizes)
-                return outputs
+                # copied out of the graph (caller-owned), into ``out``, or lent until the next call
+                # the graph's outputs were checked against their specs when it was captured
+                return entry.graphs(key, inputs, sizes, out=out, borrow=self.borrow)
             outputs = entry.gpu(inputs, sizes)
         entry.outputs.check(outputs, sizes)
+        if out is not None:
+            return [buf.copy_(result) for buf, result in zip(out, outputs)]
         # an output must never share memory with a weight, or an input the caller may mutate
         inputs_at = [storage_span(v) for v in values]
         owned = []
@@ -301,6 +336,7 @@ def load(
     capture: str = "lazy",
     trust: Sequence[str | os.PathLike] | None = None,
     max_memory: int | None = None,
+    outputs: str = "copy",
 ) -> Runner:
     """Open, verify and prepare a bundle for calls on ``device``.
 
@@ -315,10 +351,15 @@ def load(
     activation memory than this for one call at any size its guards admit (for a real model: at the
     largest), on this device's path; weights and inputs are not counted. Without it, the bundle's
     own memory plan is still checked (``aot.loader.memory``).
+    ``outputs``: ``"copy"`` (default) returns outputs the caller owns; ``"borrow"`` returns, on a
+    CUDA-graph replay, the graph's own output memory without a copy: valid until the runner's
+    next call (as CUDA-graph trees and serving engines do), so read or copy it before calling
+    again, and call from one thread at a time. Elsewhere outputs are the caller's in both modes.
+    ``runner(..., out=buffers)`` writes into the caller's own buffers instead.
     """
     bundle = open_bundle(path, trusted_keys(trust))
     try:
-        return Runner(bundle, device, capture, max_memory)
+        return Runner(bundle, device, capture, max_memory, outputs)
     except BaseException:
         bundle.close()  # a server that retries a bad bundle must not leak its file handle
         raise

@@ -19,6 +19,7 @@ from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle
 from aot.loader.cuda import Context, Function, driver_version, pack_params
+from aot.loader.program import OutputSpecs, Storages, storage_span
 from aot.program import frees_after
 from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Buf, Kernel, ParamKind, Program, Step, StepKind, Sym
 from aot.symexpr import Expr, compile_expr
@@ -169,23 +170,36 @@ class GpuProgram:
 
 
 class _Captured:
-    __slots__ = ("graph", "inputs", "outputs", "sizes")
+    __slots__ = ("graph", "inputs", "outputs", "sizes", "lendable")
 
-    def __init__(self, graph, inputs, outputs, sizes):
+    def __init__(self, graph, inputs, outputs, sizes, lendable):
         self.graph, self.inputs, self.outputs, self.sizes = graph, inputs, outputs, sizes
+        self.lendable = lendable  # per output: graph memory that may be lent (not a weight's)
+
+
+class Arena:
+    """What every CUDA graph of one runner shares, whatever its program or bucket: one memory
+    pool (a bucket's intermediates reuse the memory another bucket's capture freed), one side
+    stream to capture on, and one lock, since graphs that share a pool must never replay at once."""
+
+    def __init__(self, device: torch.device):
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device)
+        self.lock = threading.Lock()
 
 
 class GraphRunner:
     """CUDA graphs per bucket: captured lazily on first use (``capture="lazy"``) or all at load,
-    largest first (``capture="all"``), into one shared memory pool."""
+    largest first (``capture="all"``), into the runner's arena."""
 
-    def __init__(self, gpu: GpuProgram, buckets: tuple[Bucket, ...]):
+    def __init__(self, gpu: GpuProgram, buckets: tuple[Bucket, ...], arena: Arena | None = None):
         self.gpu = gpu
         self.buckets = {b.symbol: b for b in buckets}
-        self.pool = torch.cuda.graph_pool_handle()
-        self.stream = torch.cuda.Stream(gpu.device)
+        arena = arena or Arena(gpu.device)
+        self.pool, self.stream, self.lock = arena.pool, arena.stream, arena.lock
         self.graphs: dict[tuple, _Captured] = {}
-        self.lock = threading.Lock()
+        self._weights = Storages(gpu.weights.values())
+        self._specs = OutputSpecs(gpu.program, gpu.device)
         program = gpu.program
         self.symbols = [s.symbol for s in program.symbols]
         self._input_shapes = {i.name: [compile_expr(s) for s in i.spec.shape] for i in program.inputs}
@@ -239,7 +253,9 @@ class GraphRunner:
         # thread_local: other threads may keep using CUDA while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             outputs = gpu(inputs, sizes)
-        captured = _Captured(graph, inputs, outputs, sizes)
+        self._specs.check(outputs, sizes)  # once: replays and slices keep dtype, device and shape exprs
+        lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
+        captured = _Captured(graph, inputs, outputs, sizes, lendable)
         self.graphs[key] = captured
         return captured
 
@@ -250,8 +266,17 @@ class GraphRunner:
                     self.capture(key)
 
     def __call__(
-        self, key: tuple, inputs: dict[str, torch.Tensor], sizes: dict[str, int]
+        self,
+        key: tuple,
+        inputs: dict[str, torch.Tensor],
+        sizes: dict[str, int],
+        out: list[torch.Tensor] | None = None,
+        borrow: bool = False,
     ) -> list[torch.Tensor]:
+        """Replay the bucket's graph on ``inputs``. The outputs are copies the caller owns; with
+        ``out``, written into those buffers (no allocation); with ``borrow``, the graph's own
+        output memory, valid until this runner's next call (an output that is a weight is still
+        copied)."""
         with self.lock:
             captured = self.graphs.get(key) or self.capture(key)
             padded = captured.sizes != sizes
@@ -263,9 +288,13 @@ class GraphRunner:
                     static.copy_(value)
             captured.graph.replay()
             results = []
-            for out, dims in zip(captured.outputs, self._out_dims):
+            for i, (result, dims) in enumerate(zip(captured.outputs, self._out_dims)):
                 if padded:
-                    index = tuple(slice(0, e(sizes)) for _, e in dims)
-                    out = out[index]
-                results.append(out.clone())
+                    result = result[tuple(slice(0, e(sizes)) for _, e in dims)]
+                if out is not None:
+                    results.append(out[i].copy_(result))
+                elif borrow and captured.lendable[i]:
+                    results.append(result)
+                else:
+                    results.append(result.clone())
             return results

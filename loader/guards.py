@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from aot.admissible import admissible_text, admits, first_admissible
 from aot.errors import BundleError, GuardError, printable
 from aot.manifest_text import static_size
@@ -147,10 +149,8 @@ class GuardChecker:
         When ``values`` is a list, inputs that are not contiguous are replaced in it by contiguous
         copies (see the module docstring); the caller's tensors are not touched.
         """
-        import torch
-
         sizes: dict[str, int] = {}
-        where: dict[str, str] = {}
+        where: dict[str, tuple[str, int]] = {}  # symbol -> the input and dim that bound it
         index = None
         if device is not None and device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
@@ -180,14 +180,16 @@ class GuardChecker:
                         raise GuardError(f"input {name!r} dim {d}: expected static size {want}, got {got}")
                 elif want in sizes:
                     if sizes[want] != got:
+                        first, first_dim = where[want]
                         raise GuardError(
                             f"input {name!r} dim {d} ({want}): expected {sizes[want]}, the size of {want} "
-                            f"in {where[want]}, got {got}"
+                            f"in input {first!r} dim {first_dim}, got {got}"
                         )
                 else:
-                    self.check_symbol(want, got, f"input {name!r} dim {d}")
+                    if not admits(self.symbols[want], got):
+                        self.check_symbol(want, got, f"input {name!r} dim {d}")
                     sizes[want] = got
-                    where[want] = f"input {name!r} dim {d}"
+                    where[want] = (name, d)
             if not value.is_contiguous() and isinstance(values, list):
                 values[k] = value.contiguous()
         for expr, rel in self._relations:

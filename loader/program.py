@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from aot.aten import DTYPES, AtenCall
-from aot.errors import AotError, BundleError
+from aot.errors import AotError, BundleError, GuardError
 from aot.loader.memory import OutputBytes
 from aot.program import frees_after, reference_steps, step_writes
 from aot.schema import Program, Step
@@ -116,6 +116,44 @@ class OutputSpecs:
                     f"program output {name!r} is {got}, the program declares {dtype} {list(shape)} on "
                     f"{where}; the bundle's program is wrong: rebuild it with a trusted aotpack"
                 )
+
+    def check_out(
+        self, out: list[Any], sizes: dict[str, int], taken: list[tuple[int, int]], weights: Storages
+    ) -> None:
+        """Caller-provided output buffers (``runner(..., out=...)``): each must be a contiguous
+        tensor of exactly the output's dtype, shape and device at these sizes, sharing no memory
+        with ``taken`` (inputs, weights, state) or with another buffer. ``GuardError`` otherwise,
+        before anything runs."""
+        spans = list(taken)
+        for i, ((name, dtype, dims), buf) in enumerate(zip(self.expected, out)):
+            shape = tuple(d if type(d) is int else d(sizes) for d in dims)
+            where = (
+                self.device_type if self.device_index is None else f"{self.device_type}:{self.device_index}"
+            )
+            if (
+                buf.dtype != dtype
+                or buf.shape != shape
+                or buf.device.type != self.device_type
+                or (self.device_index is not None and buf.device.index != self.device_index)
+            ):
+                raise GuardError(
+                    f"out buffer {i} (output {name!r}) is {buf.dtype} {list(buf.shape)} on {buf.device}; "
+                    f"expected {dtype} {list(shape)} on {where} for this call: allocate it with that "
+                    f"dtype, shape and device"
+                )
+            if not buf.is_contiguous():
+                raise GuardError(
+                    f"out buffer {i} (output {name!r}) is not contiguous (strides {list(buf.stride())}); "
+                    f"pass a contiguous tensor (torch.empty(...))"
+                )
+            start = buf.data_ptr()
+            end = start + buf.numel() * buf.element_size()
+            if weights.overlaps(start, end) or any(s < end and start < e for s, e in spans):
+                raise GuardError(
+                    f"out buffer {i} (output {name!r}) shares memory with an input, a weight, the state "
+                    f"or another out buffer; pass buffers of their own"
+                )
+            spans.append((start, end))
 
 
 class Storages:

@@ -30,6 +30,8 @@ PATTERN_SIZES = {
     "views": [{"batch": 1, "seq": 2}, {"batch": 3, "seq": 37}],
     "unknown": [{"batch": 1}, {"batch": 5}],
     "big": [{"batch": 1}, {"batch": 3}],
+    "concat": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
+    "siblings": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
 }
 
 

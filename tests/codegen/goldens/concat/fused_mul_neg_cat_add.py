@@ -1,0 +1,27 @@
+"""Fused kernel (pointwise): aten.mul.Tensor, aten.slice.Tensor, aten.neg.default, aten.cat.default, aten.add.Tensor.
+
+grid: ((32*batch*seq + 1023)//1024,)
+"""
+
+import triton
+import triton.language as tl
+
+BLOCK = tl.constexpr(1024)
+
+
+@triton.jit
+def fused_mul_neg_cat_add(in0, in1, in2, out0, s_batch, s_seq):
+    # in0: *fp16, in1: *fp16, in2: *fp16, out0: *fp16, s_batch: i32, s_seq: i32
+    x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x_mask = x < 32*s_batch*s_seq
+    v0 = tl.load(in0 + (x), mask=x_mask, other=0).to(tl.float32)
+    v1 = tl.load(in1 + ((x % (16*s_seq))), mask=x_mask, other=0).to(tl.float32)
+    v2 = (v0 * v1)
+    v3 = tl.load(in0 + ((x // 16) * 16 + ((x % 16) + 8)), mask=x_mask & (((x % 16)) < 8), other=0).to(tl.float32)
+    v4 = (-v3)
+    v5 = tl.load(in0 + ((x // 16) * 16 + ((x % 16) + -8)), mask=x_mask & (((x % 16)) >= 8), other=0).to(tl.float32)
+    v6 = tl.where(((x % 16)) < 8, v4, v5)
+    v7 = tl.load(in2 + ((x % (16*s_seq))), mask=x_mask, other=0).to(tl.float32)
+    v8 = (v6 * v7)
+    v9 = (v2 + v8)
+    tl.store(out0 + (x), v9.to(tl.float16), mask=x_mask)

@@ -1,0 +1,20 @@
+"""Fused kernel (pointwise): aten.slice.Tensor, aten.view.default, aten.mul.Tensor.
+
+grid: ((24*batch*seq + 1023)//1024,)
+"""
+
+import triton
+import triton.language as tl
+
+BLOCK = tl.constexpr(1024)
+
+
+@triton.jit
+def fused_mul(in0, out0, s_batch, s_seq):
+    # in0: *fp16, out0: *fp16, s_batch: i32, s_seq: i32
+    x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x_mask = x < 24*s_batch*s_seq
+    v0 = tl.load(in0 + ((x % 24) + (x // 24) * 48), mask=x_mask, other=0).to(tl.float32)
+    v1 = tl.load(in0 + ((x // 24) * 48 + ((x % 24) + 24)), mask=x_mask, other=0).to(tl.float32)
+    v2 = (v0 * v1)
+    tl.store(out0 + (x), v2.to(tl.float16), mask=x_mask)
