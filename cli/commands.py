@@ -80,6 +80,12 @@ def cli() -> None:
     help="build even when the traced programs cannot cover every declared size (the bundle then "
     "admits less than declared, as `aotpack guards` shows)",
 )
+@click.option(
+    "--gemm-candidates",
+    is_flag=True,
+    help="also compile Triton candidates (fused epilogues, split-K) for the library GEMMs; "
+    "`aotpack tune` picks them on the target GPU, an untuned bundle runs the library calls",
+)
 @click.option("--force", is_flag=True, help="overwrite OUTPUT even when it is not a bundle")
 def build(
     model: str,
@@ -89,6 +95,7 @@ def build(
     split_weights: bool,
     no_fuse: bool,
     allow_narrowing: bool,
+    gemm_candidates: bool,
     force: bool,
 ) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
@@ -126,7 +133,9 @@ def build(
                 f"admits only {admissible_text(sym)} ({sites})"
             )
     with PROGRESS.heartbeat("generating kernels"):
-        compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
+        compiled = generate(
+            traced, archs, progress=_info, fuse=not no_fuse, gemm_candidates=gemm_candidates and not no_fuse
+        )
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
     n_kernels = len({k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels})

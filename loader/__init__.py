@@ -162,8 +162,12 @@ class Runner:
         self._weight_storages = Storages(weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
+        from aot.loader.tuning import read_tuning, tuned_plans
+
+        # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on
+        self.tuning = read_tuning(bundle, programs, [b for _, _, b in entries])
         self._entries: list[_Entry] = []
-        for (name, guards, buckets), program in zip(entries, programs):
+        for index, ((name, guards, buckets), program) in enumerate(zip(entries, programs)):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
             if set(checker.names) != set(self.guards.names):
                 raise BundleError(
@@ -174,7 +178,9 @@ class Runner:
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
-                entry.gpu = GpuProgram(bundle, program, self.weights, self.device)
+                major, minor = torch.cuda.get_device_capability(self.device)
+                plans = tuned_plans(self.tuning, index, program, f"sm_{major}{minor}")
+                entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans)
                 if capture != "none":
                     entry.graphs = GraphRunner(entry.gpu, buckets)
                     if capture == "all":
