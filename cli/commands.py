@@ -492,6 +492,43 @@ def inspect(bundle: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="write the tuned bundle here [default: in place]"
+)
+@click.option(
+    "--bucket",
+    "bucket_texts",
+    multiple=True,
+    help="tune only buckets with these sizes, e.g. batch=1 or batch=8,seq=128 (repeatable) [default: all]",
+)
+@click.option("--repeats", default=50, show_default=True, type=int, help="timed CUDA-graph replays per form")
+@click.option("--device", default="cuda", show_default=True, help="the GPU to tune on")
+def tune(bundle: str, output: str | None, bucket_texts: tuple[str, ...], repeats: int, device: str) -> None:
+    """On the target GPU: time each GEMM site's library call against the Triton candidates the
+    build compiled (--gemm-candidates), per bucket, and record the winners in BUNDLE (tuning.json)."""
+    import torch
+
+    from aot.errors import EnvError
+
+    if not torch.cuda.is_available():
+        raise EnvError("aotpack tune needs a CUDA GPU; torch sees none")
+    from aot.verify.tune import tune as run_tune
+
+    buckets = [_parse_sizes(t) for t in bucket_texts]
+    result = run_tune(bundle, output, buckets or None, repeats, device, say=_info)
+    chosen = sum(c.choice != "library" for c in result.table.choices)
+    _result(
+        f"wrote {result.output}: {chosen}/{len(result.table.choices)} site-buckets use a Triton candidate "
+        f"on {result.table.device} ({result.table.arch})"
+    )
+    if result.signature_dropped:
+        _result(
+            f"the bundle was signed; its signature no longer matches: re-sign it with `aotpack sign {result.output} --key KEY`"
+        )
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--device", default="cuda", show_default=True, help="the GPU to verify on")
 def verify(bundle: str, device: str) -> None:
     """On a GPU: every kernel against its reference decomposition and the whole program against

@@ -168,8 +168,9 @@ class GpuProgram:
             )
         return self._functions[kernel.id]
 
-    def prepare(self, steps: tuple[Step, ...]) -> tuple[list[Any], list[tuple[str, ...]]]:
-        """The calls that run ``steps`` and the buffers to drop after each."""
+    def prepare(self, steps: tuple[Step, ...], plan: bool = True) -> tuple[list[Any], list[tuple[str, ...]]]:
+        """The calls that run ``steps`` and the buffers to drop after each; ``plan=False`` for a
+        part of a program (``aotpack tune`` runs one GEMM site): nothing is dropped."""
         calls: list[Any] = []
         for step in steps:
             if step.kind == StepKind.KERNEL:
@@ -179,6 +180,8 @@ class GpuProgram:
                 calls.append(KernelCall(step, k, self.function(k), self.program, self.device))
             else:
                 calls.append(AtenCall(step, self.device, self.weights))
+        if not plan:
+            return calls, [() for _ in calls]
         frees = frees_after(
             steps, [*self.weights, *(i.name for i in self.program.inputs)], self.program.outputs
         )
