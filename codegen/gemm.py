@@ -415,12 +415,16 @@ class _Epilogue:
                 if not isinstance(dt, DType) or dt.name not in FLOAT_DTYPES:
                     raise NoSite(f"{t} to {dt}")
                 x = self.value(s.args[0])
-                if dt.name not in ROUND:  # values are fp32 already
+                # values are fp32 in registers; the reference rounds a half value when it is
+                # made, so round it here: to the narrower of its own dtype and the target
+                src = self.spec(self.alias.get(s.args[0].name, (s.args[0].name,))[0]).dtype
+                narrow = dt.name if dt.name in ROUND else src if src in ROUND else None
+                if narrow is None:
                     if self.layout(ospec.shape) != "full":
                         raise NoSite(f"{t} result {ospec.shape} is not [M, N]")
                     self.vals[out] = x
                     continue
-                expr = f"{x}.to({ROUND[dt.name]}).to(tl.float32)"
+                expr = f"{x}.to({ROUND[narrow]}).to(tl.float32)"
             elif t in _UNARY and len(s.args) == 1 and not s.kwargs:
                 expr = _UNARY[t].format(self.value(s.args[0]))
             elif t == "aten.gelu.default":
@@ -469,10 +473,11 @@ def render_candidates(
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
     ranges: dict[str, tuple[int, int]],
-    configs: tuple[TileConfig, ...] = CONFIGS,
+    configs: tuple[TileConfig, ...] | None = None,
 ) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec]]]:
-    """Per config that fits the site: its kernels (one, or the split-K pair) and the workspace
-    buffers they add to the program."""
+    """Per config (default ``CONFIGS``) that fits the site: its kernels (one, or the split-K
+    pair) and the workspace buffers they add to the program."""
+    configs = CONFIGS if configs is None else configs
     ep = _Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
     if site.epilogue:
         ep.lower(site.epilogue, site.outputs)

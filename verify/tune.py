@@ -34,6 +34,7 @@ from aot.loader.bundle import open_bundle
 from aot.loader.gpu import KernelCall
 from aot.loader.tuning import LIBRARY, TUNING_FORMAT, parse_tuning
 from aot.schema import Member, Program, TuningChoice, TuningTable
+from aot.verify.interpret import looser_dtype
 
 MIN_GAIN = 0.03  # a candidate must be at least this much faster than the library
 DEFAULT_REPEATS = 50  # timed graph replays per form
@@ -193,7 +194,11 @@ def tune(
                         cand_calls, _ = gpu.prepare(cand.steps, plan=False)
                         got = dict(env)
                         _run(cand_calls, got, sizes, dev)
-                        if not all(_close(got[o], want[o], program.buffers[o].dtype) for o in site.outputs):
+                        a_dtype = gpu._kernels[cand.steps[0].target].params[0].dtype
+                        if not all(
+                            _close(got[o], want[o], looser_dtype(program.buffers[o].dtype, a_dtype))
+                            for o in site.outputs
+                        ):
                             rejected.append(cand.name)
                             continue
                         times[cand.name] = time_form(cand_calls, env, sizes, dev, repeats)
