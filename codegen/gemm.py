@@ -82,6 +82,10 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("splitk4_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=4, max_m=64, min_k=1024),
 )
 ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+# Shared memory a block may use per arch (bytes, opt-in maximum): a candidate whose pipelined tiles
+# need more would compile but never launch there, so it is left out.
+SHARED_LIMIT = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10}
+DEFAULT_SHARED_LIMIT = 99 << 10
 
 
 class NoSite(Exception):
@@ -788,6 +792,10 @@ def add_gemm_alternatives(
             pending.append((site, cfg, kernels, ids, extra, fit))
     todo = {kid: r for _, _, kernels, ids, _, _ in pending for kid, r in zip(ids, kernels)}
     results, failed = compile_kernels(list(todo.items()))
+    for (kid, arch), res in results.items():
+        limit = SHARED_LIMIT.get(int("".join(c for c in arch if c.isdigit())), DEFAULT_SHARED_LIMIT)
+        if kid not in failed and res.meta["shared"] > limit:
+            failed[kid] = f"{arch}: needs {res.meta['shared']} bytes of shared memory, the arch has {limit}"
     for kid, why in failed.items():
         say(f"  warning: GEMM candidate kernel {todo[kid].name} ({kid}) failed to compile, left out: {why}")
     existing = {k.id for k in program.kernels}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -180,6 +181,10 @@ class Runner:
 
                 major, minor = torch.cuda.get_device_capability(self.device)
                 plans = tuned_plans(self.tuning, index, program, f"sm_{major}{minor}")
+                if max_memory is not None:  # a tuned plan's workspaces count too
+                    for steps in {id(s): s for s in plans.values()}.values():
+                        peak, sizes = planned_peak(replace(program, steps=steps), guards, cpu=False)
+                        check_max_memory(peak, sizes, max_memory, name)
                 entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans)
                 if capture != "none":
                     entry.graphs = GraphRunner(entry.gpu, buckets)

@@ -165,6 +165,7 @@ def tune(
         program, gpu = entry.program, entry.gpu
         if not program.alternatives:
             continue
+        gpu.context.bind()
         program_buckets = (
             runner.manifest.programs[index].buckets if runner.manifest.programs else runner.manifest.buckets
         )
