@@ -59,8 +59,8 @@ HEURISTIC = "gemm-candidates-v1"
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One candidate form: block sizes, warps, pipeline stages, K slices (1: no split-K), and the
-    bucket rows ``M`` it is meant for (inclusive)."""
+    """One candidate form: block sizes, warps, pipeline stages, K slices (1: no split-K; 0: chosen
+    per site by ``split_factor``), and the bucket rows ``M`` it is meant for (inclusive)."""
 
     name: str
     block_m: int
@@ -79,8 +79,13 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("tile_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, max_m=64),  # decode, batch 1
     TileConfig("tile_64x128x64", 64, 128, 64, num_warps=4, num_stages=3),
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
-    TileConfig("splitk4_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=4, max_m=64, min_k=1024),
+    TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),
 )
+# Split-K: enough K slices that a skinny GEMM's tiles fill about one wave of the GPU (an H100 has
+# 132 SMs, an A100 108), each slice keeping at least MIN_SLICE_BLOCKS blocks of K.
+SPLIT_TARGET_BLOCKS = 128
+MAX_SPLIT = 8
+MIN_SLICE_BLOCKS = 2
 ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 # Shared memory a block may use per arch (bytes, opt-in maximum): a candidate whose pipelined tiles
 # need more would compile but never launch there, so it is left out.
@@ -490,8 +495,13 @@ def render_candidates(
     m_max = max_value(ix.parse_size(site.m), ranges)
     out = []
     for cfg in configs:
-        if cfg.split_k > 1 and site.k < cfg.min_k:
+        if cfg.split_k != 1 and site.k < cfg.min_k:
             continue
+        if cfg.split_k == 0:
+            split = split_factor(site, cfg)
+            if split < 2:
+                continue
+            cfg = replace(cfg, split_k=split, name=cfg.name.replace("splitk", f"splitk{split}", 1))
         s, g = cfg.split_k, len(site.weights)
         biggest = m_max * max(site.k, site.n * s * g, site.n)
         index = "i64" if biggest >= 2**31 - 1 else "i32"
@@ -504,6 +514,13 @@ def render_candidates(
             kernels = [_render_partial(site, cfg, index, ws), _render_reduce(site, ep, cfg, index, ws)]
         out.append((cfg, kernels, extra))
     return out
+
+
+def split_factor(site: Site, cfg: TileConfig) -> int:
+    """K slices for ``site``: its N tiles times the slices should reach ``SPLIT_TARGET_BLOCKS``."""
+    n_tiles = -(-site.n // cfg.block_n)
+    want = -(-SPLIT_TARGET_BLOCKS // n_tiles)
+    return max(1, min(MAX_SPLIT, want, site.k // (MIN_SLICE_BLOCKS * cfg.block_k)))
 
 
 def _what(site: Site) -> str:

@@ -1,7 +1,7 @@
 """GEMM candidates (``aot.codegen.gemm``), their alternatives in the bundle, the tuning table and
 the plans it makes (``aot.loader.tuning``), and ``aotpack tune`` without a GPU.
 
-Every candidate of the pattern models in ``models/gemm_*.py`` runs in Triton's interpreter
+Every candidate of the pattern models in ``gemm_models/`` runs in Triton's interpreter
 against the library steps it replaces at M = 1, 16 and 37 (fp16: 1e-2 + 1e-2·|ref|, fp32: 1e-4 +
 1e-4·|ref|, ``aot.dtypes.TOLERANCE``); split-K forms run twice more and must agree bit for bit.
 """
@@ -20,7 +20,7 @@ import pytest
 from aot import schema, serde
 from aot.errors import BundleError, EnvError
 
-MODELS = Path(__file__).resolve().parent / "models"
+MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = ("sm_90",)
 ROWS = (1, 16, 37)

@@ -131,4 +131,4 @@ def test_tune_cli_reports_signature(tuned, tmp_path):
         text=True,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sum("re-sign it with" in line for line in proc.stdout.splitlines()) == 1
+    assert sum("re-sign it with" in line for line in proc.stderr.splitlines()) == 1  # results go to stderr
