@@ -494,3 +494,20 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path):
     for sizes, comparisons in result.items():
         assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == 8, sizes
         assert all(c.ok for c in comparisons), [c for c in comparisons if not c.ok][:3]
+
+
+def test_inspect_reports_candidates_and_tuning(built, tmp_path):
+    from aot.cli.reports import bundle_summary, summary_text
+    from aot.verify.tune import write_tuned
+
+    compiled, bundle, _ = built["gemm_mlp"]
+    m, info = bundle_summary(str(bundle))
+    assert [s["candidates"] for s in info["gemm_sites"]] == [
+        [c.name for c in s.candidates] for s in compiled.program.alternatives
+    ]
+    assert info["tuning"] is None
+    assert "GEMM candidates: 7 for 2 sites (8 kernels); untuned" in summary_text(m, info)
+    tuned = tmp_path / "tuned.tpk"
+    write_tuned(bundle, tuned, _table(compiled.program))
+    m, info = bundle_summary(str(tuned))
+    assert "tuned on Test GPU (sm_90): 8/8 site-buckets use a candidate" in summary_text(m, info)
