@@ -511,3 +511,15 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
     write_tuned(bundle, tuned, _table(compiled.program))
     m, info = bundle_summary(str(tuned))
     assert "tuned on Test GPU (sm_90): 8/8 site-buckets use a candidate" in summary_text(m, info)
+
+
+def test_candidate_builds_are_byte_identical(built, tmp_path):
+    from aot.codegen import gemm
+
+    saved = gemm.CONFIGS
+    gemm.CONFIGS = _all_configs()
+    try:
+        _build(MODELS / "gemm_swiglu.py", tmp_path / "again.tpk")
+    finally:
+        gemm.CONFIGS = saved
+    assert (tmp_path / "again.tpk").read_bytes() == built["gemm_swiglu"][1].read_bytes()
