@@ -365,6 +365,8 @@ def test_signed_bundle_must_be_signed_again(built, tmp_path):
     assert load(signed).tuning is not None  # unsigned now; a server with --trust refuses it
     with pytest.raises(BundleError):
         load(signed, trust=[str(key) + ".pub"])
+    sign_bundle(str(signed), str(key))  # signed again, the tuned bundle is trusted
+    assert load(signed, trust=[str(key) + ".pub"]).tuning is not None
 
 
 def _with_tuning(bundle: Path, out: Path, data: bytes) -> Path:
