@@ -23,7 +23,7 @@ from pathlib import Path
 
 from aot import schema
 from aot.errors import BundleError
-from aot.program import frees_after, step_reads, step_writes
+from aot.program import step_reads, step_writes
 from aot.schema import Bucket, GemmSite, Program, Step, StepKind, TuningTable
 from aot.serde import from_json
 
@@ -82,7 +82,14 @@ def check_alternatives(program: Program, path: Path | str) -> None:
     kernels = {k.id for k in program.kernels}
     n_steps = len(program.steps)
     given = [*(w.name for w in program.weights), *(i.name for i in program.inputs)]
-    written_by_program = {o for s in program.steps for o in step_writes(s)}
+    written_at: dict[str, int] = {}  # buffer -> the step that writes it
+    readers: dict[str, set[int]] = {}  # buffer -> the steps that read it
+    for i, s in enumerate(program.steps):
+        for o in step_writes(s):
+            written_at.setdefault(o, i)
+        for r in step_reads(s):
+            readers.setdefault(r, set()).add(i)
+    all_read = set(readers) | set(program.outputs)
     taken: set[int] = set()
     ids: set[str] = set()
     for site in alts:
@@ -98,13 +105,14 @@ def check_alternatives(program: Program, path: Path | str) -> None:
             )
         taken.update(lib)
         lib_writes = {o for i in lib for o in step_writes(program.steps[i])}
-        if not site.outputs or not set(site.outputs) <= lib_writes:
+        # a candidate stands in the last library step's place: that step writes what the site hands on
+        if not site.outputs or not set(site.outputs) <= set(step_writes(program.steps[lib[-1]])):
             raise BundleError(
-                f"{where}: its outputs {list(site.outputs)[:4]} are not written by its library steps"
+                f"{where}: its outputs {list(site.outputs)[:4]} are not written by its last library step"
             )
         internal = lib_writes - set(site.outputs)
-        outside = {r for i, s in enumerate(program.steps) if i not in set(lib) for r in step_reads(s)}
-        leaked = sorted(internal & (outside | set(program.outputs)))
+        lib_set = set(lib)
+        leaked = sorted(b for b in internal if readers.get(b, set()) - lib_set or b in program.outputs)
         if leaked:
             raise BundleError(
                 f"{where}: {leaked[0][:40]!r} is read outside the site but not among its outputs"
@@ -127,7 +135,7 @@ def check_alternatives(program: Program, path: Path | str) -> None:
             if not set(site.outputs) <= set(writes) or len(writes) != len(set(writes)):
                 raise BundleError(f"{what}: must write each of the site's outputs once")
             clash = sorted(
-                (scratch & (written_by_program | outside | set(given))) | (set(writes) - set(program.buffers))
+                (scratch & (set(written_at) | all_read | set(given))) | (set(writes) - set(program.buffers))
             )
             if clash:
                 raise BundleError(
@@ -136,10 +144,17 @@ def check_alternatives(program: Program, path: Path | str) -> None:
             for sizes in cand.buckets:
                 if not all(type(v) is int and v >= 0 for v in sizes.values()):
                     raise BundleError(f"{what}: bucket sizes must be integers")
-            try:  # every read after its write, every program output written
-                frees_after(plan_steps(program, {site.id: cand.name}), given, program.outputs)
-            except BundleError as e:
-                raise BundleError(f"{what}: the program with it in place is wrong: {e}") from None
+            # in place of the site's last library step, everything it reads is written before it
+            # (by an earlier step the site keeps, or by the candidate's own earlier steps)
+            available = set(given)
+            for step in cand.steps:
+                for r in step_reads(step):
+                    i = written_at.get(r)
+                    if r not in available and (i is None or i >= lib[-1] or i in lib_set):
+                        raise BundleError(
+                            f"{what}: the program with it in place is wrong: it reads {r[:40]!r} before it is written"
+                        )
+                available.update(step_writes(step))
 
 
 def read_tuning(
