@@ -23,7 +23,7 @@ from pathlib import Path
 
 from aot import schema
 from aot.errors import BundleError
-from aot.program import step_reads, step_writes
+from aot.program import frees_after, step_reads, step_writes
 from aot.schema import Bucket, GemmSite, Program, Step, StepKind, TuningTable
 from aot.serde import from_json
 
@@ -217,6 +217,25 @@ def parse_tuning(
         if key in seen:
             raise BundleError(f"{what}: listed twice")
         seen.add(key)
+    # every bucket's combination of choices makes a program whose reads follow their writes
+    plans: dict[tuple, dict[str, str]] = {}
+    for c in table.choices:
+        if c.choice != LIBRARY:
+            plans.setdefault((c.program, tuple(sorted(c.sizes.items()))), {})[c.site] = c.choice
+    checked: set[tuple] = set()
+    for (index, _), chosen in plans.items():
+        ident = (index, tuple(sorted(chosen.items())))
+        if ident in checked:
+            continue
+        checked.add(ident)
+        program = programs[index]
+        given = [*(w.name for w in program.weights), *(i.name for i in program.inputs)]
+        try:
+            frees_after(plan_steps(program, chosen), given, program.outputs)
+        except BundleError as e:
+            raise BundleError(
+                f"{where}: the choices {dict(list(chosen.items())[:4])} make a wrong program: {e}"
+            ) from None
     return table
 
 
