@@ -136,14 +136,14 @@ class GpuProgram:
         self.device = device
         self.context = Context()
         self.bundle = bundle
-        self._kernels = {k.id: k for k in program.kernels}
+        self.kernels = {k.id: k for k in program.kernels}
         self.arch = None
         self._functions: dict[str, Function] = {}
-        if self._kernels:
+        if self.kernels:
             archs = bundle.manifest.environment.archs
             self.arch = pick_arch(tuple(archs), torch.cuda.get_device_capability(device))
             check_driver(bundle.manifest.environment.cuda_built.get(self.arch, ""), driver_version())
-            for k in self._kernels.values():
+            for k in self.kernels.values():
                 if self.arch not in k.archs:
                     raise EnvError(
                         f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})"
@@ -174,7 +174,7 @@ class GpuProgram:
         calls: list[Any] = []
         for step in steps:
             if step.kind == StepKind.KERNEL:
-                k = self._kernels.get(step.target)
+                k = self.kernels.get(step.target)
                 if k is None:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
                 calls.append(KernelCall(step, k, self.function(k), self.program, self.device))

@@ -195,7 +195,7 @@ def tune(
                         cand_calls, _ = gpu.prepare(cand.steps, plan=False)
                         got = dict(env)
                         _run(cand_calls, got, sizes, dev)
-                        a_dtype = gpu._kernels[cand.steps[0].target].params[0].dtype
+                        a_dtype = gpu.kernels[cand.steps[0].target].params[0].dtype
                         if not all(
                             _close(got[o], want[o], looser_dtype(program.buffers[o].dtype, a_dtype))
                             for o in site.outputs
@@ -215,6 +215,7 @@ def tune(
             del env
             torch.cuda.empty_cache()
     table = make_table(arch, torch.cuda.get_device_name(dev), choices)
+    runner.bundle.close()  # the bundle may be rewritten in place
     out = Path(output) if output is not None else Path(path)
     dropped = write_tuned(path, out, table)
     return TuneResult(table, out, dropped)
