@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 2)
+SCHEMA_VERSION = (1, 3)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -41,6 +41,8 @@ GUARDS_PATH = "guards.txt"
 # Ed25519 signature of MANIFEST_PATH's bytes (``aot.signing``); optional, and outside the manifest
 # it signs, so adding or replacing it changes no other member.
 SIGNATURE_PATH = "signature.json"
+# ``aotpack tune``'s measurements and choices (``TuningTable``); optional, listed in the manifest.
+TUNING_PATH = "tuning.json"
 KERNELS_DIR = "kernels/"
 KERNEL_SOURCE_FORMAT = KERNELS_DIR + "{kernel}.py"
 KERNEL_CUBIN_FORMAT = KERNELS_DIR + "{kernel}.{arch}.cubin"
@@ -235,6 +237,38 @@ class TreeSpec:
 
 
 @dataclass(frozen=True)
+class GemmCandidate:
+    """A Triton form of one GEMM site: ``steps`` (kernel steps; the split-K form has two) compute
+    the site's outputs from its inputs; the last step's ``reference`` is the library steps it
+    replaces. ``buckets``: the bucket sizes (symbol → size) it was compiled for and may be chosen at.
+    """
+
+    name: str  # "tile_16x64x128", "splitk4_16x64x128"
+    steps: tuple[Step, ...]
+    buckets: tuple[dict[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class GemmSite:
+    """A library GEMM of the program (and the epilogue kernel it absorbs): ``library`` are the
+    indices in ``Program.steps`` of the steps a candidate replaces (ascending), ``outputs`` the
+    buffers the site hands to later steps; ``m``/``n``/``k`` its shape (``m`` as size text)."""
+
+    id: str  # "gemm_3"
+    library: tuple[int, ...]
+    outputs: tuple[str, ...]
+    m: str
+    n: int
+    k: int
+    candidates: tuple[GemmCandidate, ...]
+
+
+# Fields written only when they hold something: a bundle that does not use them keeps the bytes
+# of the schema that had none.
+OMIT_EMPTY = {"omit_empty": True}
+
+
+@dataclass(frozen=True)
 class Program:
     """A straight-line program over named buffers with symbolic sizes.
 
@@ -252,6 +286,7 @@ class Program:
     kernels: tuple[Kernel, ...] = ()
     output_tree: TreeSpec | None = None
     variants: tuple[Program, ...] = ()
+    alternatives: tuple[GemmSite, ...] = field(default=(), metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)
@@ -396,6 +431,32 @@ class Manifest:
     programs: tuple[ProgramEntry, ...] = ()
 
 
+@dataclass(frozen=True)
+class TuningChoice:
+    """One GEMM site at one bucket, as ``aotpack tune`` measured it: median microseconds per
+    form (``"library"`` and each candidate that matched the library's results), the candidates
+    refused for differing results, and the form chosen (``"library"`` unless a candidate won by
+    ``TuningTable.min_gain``)."""
+
+    program: int  # 0: the first program, i: its variant i - 1
+    site: str
+    sizes: dict[str, int]
+    choice: str
+    times_us: dict[str, float]
+    rejected: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TuningTable:
+    """``TUNING_PATH``: what ``aotpack tune`` chose on a GPU of ``arch``; applied only there."""
+
+    format: str  # "aotpack-tuning"
+    arch: str  # "sm_90"
+    device: str  # the GPU's name, for the reader
+    min_gain: float  # the fraction a candidate had to win by
+    choices: tuple[TuningChoice, ...]
+
+
 RECORDS: tuple[type, ...] = (
     TensorSpec,
     NamedTensor,
@@ -405,6 +466,8 @@ RECORDS: tuple[type, ...] = (
     KernelParam,
     Kernel,
     TreeSpec,
+    GemmCandidate,
+    GemmSite,
     Program,
     InputGuard,
     GuardSource,
@@ -418,5 +481,7 @@ RECORDS: tuple[type, ...] = (
     BuildStats,
     Member,
     Manifest,
+    TuningChoice,
+    TuningTable,
 )
 ENUMS: tuple[type[enum.Enum], ...] = (StepKind, ParamKind, TreeKind)

@@ -49,7 +49,11 @@ def to_json(obj: Any) -> Any:
     if isinstance(obj, enum.Enum):
         return obj.value
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {
+            f.name: to_json(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not (f.metadata.get("omit_empty") and not getattr(obj, f.name))
+        }
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]
     if isinstance(obj, dict):

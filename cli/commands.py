@@ -80,6 +80,12 @@ def cli() -> None:
     help="build even when the traced programs cannot cover every declared size (the bundle then "
     "admits less than declared, as `aotpack guards` shows)",
 )
+@click.option(
+    "--gemm-candidates",
+    is_flag=True,
+    help="also compile Triton candidates (fused epilogues, split-K) for the library GEMMs; "
+    "`aotpack tune` picks them on the target GPU, an untuned bundle runs the library calls",
+)
 @click.option("--force", is_flag=True, help="overwrite OUTPUT even when it is not a bundle")
 def build(
     model: str,
@@ -89,6 +95,7 @@ def build(
     split_weights: bool,
     no_fuse: bool,
     allow_narrowing: bool,
+    gemm_candidates: bool,
     force: bool,
 ) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
@@ -126,7 +133,9 @@ def build(
                 f"admits only {admissible_text(sym)} ({sites})"
             )
     with PROGRESS.heartbeat("generating kernels"):
-        compiled = generate(traced, archs, progress=_info, fuse=not no_fuse)
+        compiled = generate(
+            traced, archs, progress=_info, fuse=not no_fuse, gemm_candidates=gemm_candidates and not no_fuse
+        )
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)
     n_kernels = len({k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels})
@@ -479,6 +488,43 @@ def inspect(bundle: str, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
     else:
         click.echo(summary_text(manifest, info), nl=False)
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="write the tuned bundle here [default: in place]"
+)
+@click.option(
+    "--bucket",
+    "bucket_texts",
+    multiple=True,
+    help="tune only buckets with these sizes, e.g. batch=1 or batch=8,seq=128 (repeatable) [default: all]",
+)
+@click.option("--repeats", default=50, show_default=True, type=int, help="timed CUDA-graph replays per form")
+@click.option("--device", default="cuda", show_default=True, help="the GPU to tune on")
+def tune(bundle: str, output: str | None, bucket_texts: tuple[str, ...], repeats: int, device: str) -> None:
+    """On the target GPU: time each GEMM site's library call against the Triton candidates the
+    build compiled (--gemm-candidates), per bucket, and record the winners in BUNDLE (tuning.json)."""
+    import torch
+
+    from aot.errors import EnvError
+
+    if not torch.cuda.is_available():
+        raise EnvError("aotpack tune needs a CUDA GPU; torch sees none")
+    from aot.verify.tune import tune as run_tune
+
+    buckets = [_parse_sizes(t) for t in bucket_texts]
+    result = run_tune(bundle, output, buckets or None, repeats, device, say=_info)
+    chosen = sum(c.choice != "library" for c in result.table.choices)
+    _result(
+        f"wrote {result.output}: {chosen}/{len(result.table.choices)} site-buckets use a Triton candidate "
+        f"on {result.table.device} ({result.table.arch})"
+    )
+    if result.signature_dropped:
+        _result(
+            f"the bundle was signed; its signature no longer matches: re-sign it with `aotpack sign {result.output} --key KEY`"
+        )
 
 
 @cli.command()

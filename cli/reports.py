@@ -25,9 +25,12 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
         m = b.manifest
         program = b.program()
         signed = b.signature()
+        from aot.loader.tuning import read_tuning
+
+        programs = (program, *program.variants)
+        tuning = read_tuning(b, programs, [e.buckets for e in m.programs] if m.programs else [m.buckets])
     finally:
         b.close()
-    programs = (program, *program.variants)
     names = [e.name for e in m.programs] if len(m.programs) == len(programs) else ["general"] * len(programs)
     all_steps = [s for p in programs for s in p.steps]
     kernels = [
@@ -70,6 +73,19 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
         "ops": list(m.ops),
         "stats": to_json(m.stats),
         "signature": _signature_info(signed),
+        "gemm_sites": [
+            {
+                "program": i,
+                "id": site.id,
+                "m": site.m,
+                "n": site.n,
+                "k": site.k,
+                "candidates": [c.name for c in site.candidates],
+            }
+            for i, p in enumerate(programs)
+            for site in p.alternatives
+        ],
+        "tuning": to_json(tuning) if tuning is not None else None,
     }
     return m, info
 
@@ -101,6 +117,16 @@ def _signature_text(sig: dict[str, Any] | None) -> str:
     return f"signed by {sig['key']} ({check})"
 
 
+def _tuning_text(tuning: dict[str, Any] | None) -> str:
+    if tuning is None:
+        return "untuned: the library calls run (aotpack tune BUNDLE on the target GPU)"
+    chosen = sum(c["choice"] != "library" for c in tuning["choices"])
+    return (
+        f"tuned on {tuning['device']} ({tuning['arch']}): {chosen}/{len(tuning['choices'])} "
+        f"site-buckets use a candidate"
+    )
+
+
 def summary_text(m, info: dict[str, Any]) -> str:
     """The human ``inspect`` report."""
     per_program, kernels, replaced = info["programs"], info["kernels"], info["aten_ops_fused"]
@@ -120,11 +146,21 @@ def summary_text(m, info: dict[str, Any]) -> str:
     if len(per_program) > 1:
         for p in per_program:
             lines.append(f"  program {p['name']}: {p['aten']} library calls, {p['kernel']} kernel launches")
+    candidates = [k for k in kernels if k["config"].get("kind") == "gemm"]
     for k in kernels:
+        if k["config"].get("kind") == "gemm" and not k["launches"]:
+            continue  # GEMM candidates: summarized below
         lines.append(
             f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
             f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
             f"{', …' if len(k['ops']) > 6 else ''}] archs {','.join(k['archs'])} bytes≈{k['bytes_moved']}"
+        )
+    sites = info["gemm_sites"]
+    if sites:
+        n_cands = sum(len(x["candidates"]) for x in sites)
+        lines.append(
+            f"GEMM candidates: {n_cands} for {len(sites)} sites ({len(candidates)} kernels); "
+            + _tuning_text(info["tuning"])
         )
     plan = m.stats.memory_plan
     if plan:

@@ -46,15 +46,18 @@ def generate(
     archs: tuple[str, ...] = DEFAULT_ARCHS,
     progress: Callable[[str], None] | None = None,
     fuse: bool = True,
+    gemm_candidates: bool = False,
 ) -> Compiled:
     """Fuse and compile ``traced``'s program for ``archs``; ``fuse=False`` keeps every ATen step.
+    ``gemm_candidates``: also compile Triton candidates for the library GEMMs
+    (``Program.alternatives``, ``aot.codegen.gemm``); the program's steps stay as without it.
 
     A model traced as several programs (``Traced.programs``) has each fused on its own; they come
     out as one ``Program`` with the others in ``variants``, kernels compiled once across them."""
     import triton
 
     if traced.programs:
-        return _generate_programs(traced, archs, progress, fuse)
+        return _generate_programs(traced, archs, progress, fuse, gemm_candidates)
 
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import simplify_attention_masks
@@ -164,6 +167,38 @@ def generate(
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin
     new_program = replace(program, steps=steps, kernels=tuple(kernels))
+    if gemm_candidates:
+        from aot.codegen.gemm import add_gemm_alternatives
+
+        def compile_kernels(todo):
+            jobs = [
+                Job(kid, r.name, r.source, r.signature, r.num_warps, r.num_stages, a)
+                for kid, r in todo
+                for a in archs
+            ]
+            done, bad = {}, {}
+            for n, job in enumerate(jobs, 1):
+                try:
+                    res = compile_job(job)
+                    if (res.meta["global_scratch_size"], res.meta["profile_scratch_size"]) != (0, 0):
+                        raise CodegenError("kernel needs scratch memory; the launcher passes none")
+                    done[(job.kernel_id, job.arch)] = res
+                except Exception as e:  # a candidate that does not compile is left out
+                    bad.setdefault(job.kernel_id, f"{job.arch}: {type(e).__name__}: {str(e).strip()[:300]}")
+                if n == len(jobs) or n % 8 == 0:
+                    say(f"  compiling GEMM candidates: {n}/{len(jobs)}")
+            for kid, r in todo:
+                metas = [done[(kid, a)].meta for a in archs if (kid, a) in done]
+                if kid not in bad and (
+                    {m["name"] for m in metas} != {r.name} or len({m["ptx_params"] for m in metas}) != 1
+                ):
+                    bad[kid] = "PTX entries differ across archs"
+            return done, bad
+
+        new_program, gemm_cubins, _ = add_gemm_alternatives(
+            new_program, traced.buckets, ranges, archs, compile_kernels, say
+        )
+        cubins.update(gemm_cubins)
     n_kernel_steps = sum(s.kind == StepKind.KERNEL for s in steps)
     stats = BuildStats(
         kernels=len(kernels),
@@ -189,13 +224,15 @@ def generate(
     )
 
 
-def _generate_programs(traced: Traced, archs: tuple[str, ...], progress, fuse: bool) -> Compiled:
+def _generate_programs(
+    traced: Traced, archs: tuple[str, ...], progress, fuse: bool, gemm_candidates: bool = False
+) -> Compiled:
     say = progress or (lambda msg: None)
     parts = []
     for tp in traced.programs:
         say(f"  program {tp.name}:")
         single = replace(traced, program=tp.program, guards=tp.guards, buckets=tp.buckets, programs=())
-        parts.append(generate(single, archs, progress, fuse))
+        parts.append(generate(single, archs, progress, fuse, gemm_candidates))
     main = parts[0]
     shapes = {k: tuple(v.shape) for k, v in main.traced.weights.items()}
     for tp, part in zip(traced.programs[1:], parts[1:]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -168,13 +169,17 @@ class Runner:
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         self._input_set = frozenset(self.guards.names)
+        from aot.loader.tuning import read_tuning, tuned_plans
+
+        # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on
+        self.tuning = read_tuning(bundle, programs, [b for _, _, b in entries])
         self._entries: list[_Entry] = []
         arena = None
         if self.device.type == "cuda" and capture != "none":
             from aot.loader.gpu import Arena
 
             arena = Arena(self.device)  # every program's graphs share one pool
-        for (name, guards, buckets), program in zip(entries, programs):
+        for index, ((name, guards, buckets), program) in enumerate(zip(entries, programs)):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
             if set(checker.names) != set(self.guards.names):
                 raise BundleError(
@@ -185,7 +190,13 @@ class Runner:
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
-                entry.gpu = GpuProgram(bundle, program, self.weights, self.device)
+                major, minor = torch.cuda.get_device_capability(self.device)
+                plans = tuned_plans(self.tuning, index, program, f"sm_{major}{minor}")
+                if max_memory is not None:  # a tuned plan's workspaces count too
+                    for steps in {id(s): s for s in plans.values()}.values():
+                        peak, sizes = planned_peak(replace(program, steps=steps), guards, cpu=False)
+                        check_max_memory(peak, sizes, max_memory, name)
+                entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans)
                 if capture != "none":
                     entry.graphs = GraphRunner(entry.gpu, buckets, arena)
                     if capture == "all":

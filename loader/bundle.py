@@ -27,6 +27,7 @@ from pathlib import Path
 from aot import schema
 from aot.admissible import admissible_text, admits
 from aot.errors import BundleError
+from aot.loader.tuning import check_alternatives
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool
 from aot.serde import from_json, upgrade_manifest
 from aot.symexpr import compile_expr
@@ -73,6 +74,7 @@ _FIXED_MEMBERS = {
     schema.WEIGHTS_PATH,
     schema.REFERENCE_PATH,
     schema.GUARDS_PATH,
+    schema.TUNING_PATH,
 }
 
 
@@ -211,6 +213,9 @@ def _check_raw_steps(tree: object, path: Path) -> None:
         if isinstance(program, dict):
             programs += _list(program.get("variants"))
             steps += _list(program.get("steps"))
+            for site in _list(program.get("alternatives")):
+                for cand in _list(site.get("candidates") if isinstance(site, dict) else None):
+                    steps += _list(cand.get("steps") if isinstance(cand, dict) else None)
     while steps:
         step = steps.pop()
         count += 1
@@ -250,7 +255,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
         raise BundleError(
             f"{path}: the program's inputs {got[:4]} differ from the manifest's guards {want[:4]}"
         )
-    unlisted = sorted(_step_targets(program.steps) - set(manifest.ops))
+    unlisted = sorted(_step_targets(_all_steps(program)) - set(manifest.ops))
     if unlisted:
         raise BundleError(
             f"{path}: the program calls {unlisted[0][:80]!r}, which the manifest's ops do not list"
@@ -264,7 +269,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
                 f"{src.dim}, which the guards do not declare"
             )
     kernels = {k.id for k in program.kernels}
-    for step in program.steps:
+    for step in _all_steps(program):
         if step.kind == StepKind.KERNEL and step.target not in kernels:
             raise BundleError(
                 f"{path}: a step launches kernel {step.target[:40]!r}, which the program does not define"
@@ -277,6 +282,8 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
             raise BundleError(f"{path}: kernel {k.id[:40]!r} has no member {missing[0][:80]!r}")
     if not program.outputs:
         raise BundleError(f"{path}: the program has no outputs")
+    for p in (program, *program.variants):
+        check_alternatives(p, path)
     # every size, argument and grid expression parses and uses only symbols the guards bind
     for text in _expressions(program):
         unknown = compile_expr(text).symbols - symbols
@@ -285,6 +292,11 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
                 f"{path}: program expression {text[:60]!r} uses {sorted(unknown)[0][:40]!r}, "
                 f"which is not a symbol of the guards"
             )
+
+
+def _all_steps(program: Program) -> list:
+    """The program's steps and those of its GEMM candidates."""
+    return [*program.steps, *(s for site in program.alternatives for c in site.candidates for s in c.steps)]
 
 
 def _check_step_count(steps: int, path: Path) -> None:
@@ -317,7 +329,7 @@ def _expressions(program: Program):
         *program.buffers.values(),
     ]:
         yield from spec.shape
-    steps = list(program.steps)
+    steps = list(_all_steps(program))
     while steps:
         step = steps.pop()
         yield from step.grid

@@ -118,53 +118,92 @@ class KernelCall:
 
 
 class GpuProgram:
-    """Runs the program on a CUDA device, step by step (no graph)."""
+    """Runs the program on a CUDA device, step by step (no graph).
+
+    ``plans``: bucket key → the steps to run there instead of the program's own (a tuning
+    table's GEMM choices, ``aot.loader.tuning.tuned_plans``); every other call runs
+    ``program.steps``. Cubins are loaded for the kernels some plan launches, only."""
 
     def __init__(
-        self, bundle: Bundle, program: Program, weights: dict[str, torch.Tensor], device: torch.device
+        self,
+        bundle: Bundle,
+        program: Program,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        plans: dict[tuple, tuple[Step, ...]] | None = None,
     ):
         self.program = program
         self.weights = weights
         self.device = device
         self.context = Context()
-        kernels = {k.id: k for k in program.kernels}
+        self.bundle = bundle
+        self.kernels = {k.id: k for k in program.kernels}
         self.arch = None
-        functions: dict[str, Function] = {}
-        if kernels:
+        self._functions: dict[str, Function] = {}
+        if self.kernels:
             archs = bundle.manifest.environment.archs
             self.arch = pick_arch(tuple(archs), torch.cuda.get_device_capability(device))
             check_driver(bundle.manifest.environment.cuda_built.get(self.arch, ""), driver_version())
-            for k in kernels.values():
+            for k in self.kernels.values():
                 if self.arch not in k.archs:
                     raise EnvError(
                         f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})"
                     )
-                cubin = bundle.read(KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=self.arch))  # sha256 checked
-                functions[k.id] = Function(cubin, k.name, int(k.shared.get(self.arch, 0)), k.num_warps)
-        self.calls: list[Any] = []
-        for step in program.steps:
+        self.steps = program.steps
+        self.calls, self.frees = self.prepare(program.steps)
+        self.plans: dict[tuple, tuple[list[Any], list[tuple[str, ...]]]] = {}
+        self.plan_steps: dict[tuple, tuple[Step, ...]] = dict(plans or {})
+        prepared: dict[int, tuple[list[Any], list[tuple[str, ...]]]] = {}
+        for key, steps in (plans or {}).items():
+            if id(steps) not in prepared:
+                prepared[id(steps)] = self.prepare(steps)
+            self.plans[key] = prepared[id(steps)]
+
+    def function(self, kernel: Kernel) -> Function:
+        if kernel.id not in self._functions:
+            cubin = self.bundle.read(
+                KERNEL_CUBIN_FORMAT.format(kernel=kernel.id, arch=self.arch)
+            )  # sha256 checked
+            self._functions[kernel.id] = Function(
+                cubin, kernel.name, int(kernel.shared.get(self.arch, 0)), kernel.num_warps
+            )
+        return self._functions[kernel.id]
+
+    def prepare(self, steps: tuple[Step, ...], plan: bool = True) -> tuple[list[Any], list[tuple[str, ...]]]:
+        """The calls that run ``steps`` and the buffers to drop after each; ``plan=False`` for a
+        part of a program (``aotpack tune`` runs one GEMM site): nothing is dropped."""
+        calls: list[Any] = []
+        for step in steps:
             if step.kind == StepKind.KERNEL:
-                k = kernels.get(step.target)
+                k = self.kernels.get(step.target)
                 if k is None:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
-                self.calls.append(KernelCall(step, k, functions[k.id], program, device))
+                calls.append(KernelCall(step, k, self.function(k), self.program, self.device))
             else:
-                self.calls.append(AtenCall(step, device, weights))
-        self.frees = frees_after(
-            program.steps, [*weights, *(i.name for i in program.inputs)], program.outputs
+                calls.append(AtenCall(step, self.device, self.weights))
+        if not plan:
+            return calls, [() for _ in calls]
+        frees = frees_after(
+            steps, [*self.weights, *(i.name for i in self.program.inputs)], self.program.outputs
         )
+        return calls, frees
 
-    def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+    def __call__(
+        self, inputs: dict[str, torch.Tensor], sizes: dict[str, int], key: tuple | None = None
+    ) -> list[torch.Tensor]:
         self.context.bind()
         stream = torch.cuda.current_stream(self.device).cuda_stream
         env: dict[str, Any] = dict(self.weights)
         env.update(inputs)
-        for call, frees in zip(self.calls, self.frees):
+        calls, frees = (
+            self.plans.get(key, (self.calls, self.frees)) if key is not None else (self.calls, self.frees)
+        )
+        for call, free in zip(calls, frees):
             if type(call) is KernelCall:
                 call(env, sizes, stream)
             else:
                 call(env, sizes)
-            for name in frees:
+            for name in free:
                 del env[name]
         return [env[o] for o in self.program.outputs]
 
@@ -247,12 +286,12 @@ class GraphRunner:
         side = self.stream
         side.wait_stream(torch.cuda.current_stream(gpu.device))
         with torch.cuda.stream(side):
-            gpu(inputs, sizes)
+            gpu(inputs, sizes, key)
         torch.cuda.current_stream(gpu.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads may keep using CUDA while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            outputs = gpu(inputs, sizes)
+            outputs = gpu(inputs, sizes, key)
         self._specs.check(outputs, sizes)  # once: replays and slices keep dtype, device and shape exprs
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
         captured = _Captured(graph, inputs, outputs, sizes, lendable)

@@ -135,12 +135,129 @@ def interpret_kernels(
     return results
 
 
+def _compare(index, kernel_id, name, output, dtype, got, want) -> KernelOutputComparison:
+    tol = tolerance(dtype)
+    if got.shape != want.shape:
+        err, ratio = float("inf"), float("inf")
+    elif got.numel() == 0:
+        err, ratio = 0.0, 0.0
+    else:
+        g64, w64 = got.double(), want.double()
+        diff = (g64 - w64).abs().nan_to_num(nan=float("inf"))
+        err = diff.max().item()
+        scale = tol.atol + tol.rtol * w64.abs().nan_to_num(0.0, 0.0, 0.0)
+        ratio = (diff / scale).max().item() if (tol.atol or tol.rtol) else (float("inf") if err else 0.0)
+    return KernelOutputComparison(
+        index, kernel_id, name, output, dtype, float(err), float(ratio), bool(ratio <= 1.0)
+    )
+
+
+def looser_dtype(a: str, b: str) -> str:
+    """Of two dtypes, the one with the looser tolerance: a float32 output of a float16 GEMM is
+    compared at float16's, since the reference rounded its intermediates to float16."""
+    return a if tolerance(a).rtol >= tolerance(b).rtol else b
+
+
+def run_candidate(program, candidate, env: dict, sizes: dict[str, int], functions: dict) -> dict:
+    """Run a GEMM candidate's kernel steps in the interpreter on ``env`` (not modified); returns
+    the buffers they wrote. Outputs start as NaN, so an element never written shows up."""
+    import torch
+
+    from aot.aten import DTYPES
+    from aot.codegen.compile import load_function
+    from aot.schema import ParamKind
+    from aot.symexpr import evaluate
+
+    kernels = {k.id: k for k in program.kernels}
+    local = dict(env)
+    written = {}
+    for step in candidate.steps:
+        kernel = kernels[step.target]
+        if kernel.id not in functions:
+            functions[kernel.id] = load_function(kernel.id, kernel.name, kernel.source)
+        for o in step.outputs:
+            spec = program.buffers[o]
+            local[o] = written[o] = torch.full(
+                [evaluate(d, sizes) for d in spec.shape], float("nan"), dtype=DTYPES[spec.dtype]
+            )
+        args = [
+            (local[a.name] if a.name in written else local[a.name].contiguous())
+            if p.kind == ParamKind.PTR
+            else evaluate(a.text, sizes)
+            for a, p in zip(step.args, kernel.params)
+        ]
+        grid = tuple(evaluate(g, sizes) for g in step.grid)
+        if all(g > 0 for g in grid):
+            functions[kernel.id][grid](*args)
+    return written
+
+
+def interpret_alternatives(
+    program, weights: dict, inputs: dict, sizes: dict[str, int], repeat: bool = True
+) -> list[KernelOutputComparison]:
+    """Every GEMM candidate of ``program`` (``Program.alternatives``) in the interpreter against
+    the library steps it replaces, on the values the reference path computes at ``sizes``; needs
+    ``TRITON_INTERPRET=1``. ``repeat``: run each split-K candidate twice more and compare the
+    two runs bit for bit (an ``exact`` comparison named ``<site>/<candidate>/rerun``)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("interpret_alternatives needs TRITON_INTERPRET=1 set before triton is imported")
+    import torch
+
+    from aot.aten import AtenCall
+    from aot.program import reference_steps
+
+    cpu = torch.device("cpu")
+    env: dict[str, Any] = dict(weights)
+    env.update(inputs)
+    for step in reference_steps(program):  # nothing freed: every site's inputs and outputs stay
+        AtenCall(step, cpu)(env, sizes)
+    functions: dict = {}
+    results = []
+    kernels = {k.id: k for k in program.kernels}
+    for site in program.alternatives:
+        for cand in site.candidates:
+            got = run_candidate(program, cand, env, sizes, functions)
+            label = f"{site.id}/{cand.name}"
+            gemm_dtype = kernels[cand.steps[0].target].params[0].dtype  # A's
+            for o in site.outputs:
+                results.append(
+                    _compare(
+                        site.library[-1],
+                        cand.steps[-1].target,
+                        label,
+                        o,
+                        looser_dtype(program.buffers[o].dtype, gemm_dtype),
+                        got[o],
+                        env[o],
+                    )
+                )
+            if repeat and len(cand.steps) > 1:
+                first = run_candidate(program, cand, env, sizes, functions)
+                again = run_candidate(program, cand, env, sizes, functions)
+                for o in site.outputs:
+                    same = bool(torch.equal(first[o], again[o]))
+                    results.append(
+                        KernelOutputComparison(
+                            site.library[-1],
+                            cand.steps[-1].target,
+                            label + "/rerun",
+                            o,
+                            "exact",
+                            0.0 if same else 1.0,
+                            0.0 if same else float("inf"),
+                            same,
+                        )
+                    )
+    return results
+
+
 def interpret_bundle(
     bundle: str | os.PathLike,
     model: str | os.PathLike,
     sizes_list: list[dict[str, int]],
     seed: int = 0,
     launches_per_kernel: int | None = None,
+    alternatives: bool = False,
 ) -> dict[str, list[KernelOutputComparison]]:
     """Check ``bundle``'s kernels at each size, with the model file's example inputs at those sizes."""
     from safetensors.torch import load as load_safetensors
@@ -159,9 +276,11 @@ def interpret_bundle(
     out = {}
     for sizes in sizes_list:
         inputs = example_inputs(spec, sizes, seed=seed + sum(sizes.values()))
-        out[json.dumps(sizes, sort_keys=True)] = interpret_kernels(
-            program, weights, inputs, _sizes_env(sizes), launches_per_kernel
-        )
+        key = json.dumps(sizes, sort_keys=True)
+        if alternatives:
+            out[key] = interpret_alternatives(program, weights, inputs, _sizes_env(sizes))
+        else:
+            out[key] = interpret_kernels(program, weights, inputs, _sizes_env(sizes), launches_per_kernel)
     return out
 
 
@@ -169,10 +288,20 @@ def interpret_in_subprocess(
     plan: list[tuple], timeout: float = 1800
 ) -> list[dict[str, list[KernelOutputComparison]]]:
     """``interpret_bundle`` for several ``(bundle, model, sizes_list, launches_per_kernel)`` in one
-    fresh Python with ``TRITON_INTERPRET=1``."""
+    fresh Python with ``TRITON_INTERPRET=1``; a fifth item ``True`` checks the bundle's GEMM
+    candidates instead of its kernels (``interpret_alternatives``)."""
     import tempfile
 
-    items = [{"bundle": str(b), "model": str(m), "sizes": s, "launches": n} for b, m, s, n in plan]
+    items = [
+        {
+            "bundle": str(p[0]),
+            "model": str(p[1]),
+            "sizes": p[2],
+            "launches": p[3],
+            "alternatives": bool(p[4:5] and p[4]),
+        }
+        for p in plan
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = os.path.join(tmp, "plan.json")
         with open(plan_path, "w") as f:
@@ -195,7 +324,11 @@ def main(argv: list[str]) -> None:
     out = []
     for item in plan:
         results = interpret_bundle(
-            item["bundle"], item["model"], item["sizes"], launches_per_kernel=item["launches"]
+            item["bundle"],
+            item["model"],
+            item["sizes"],
+            launches_per_kernel=item["launches"],
+            alternatives=item.get("alternatives", False),
         )
         out.append({k: [asdict(r) for r in v] for k, v in results.items()})
     print(json.dumps(out))

@@ -19,6 +19,8 @@ PINNED = {
     ): "422f4746c2a64ba801725cb23aebefb695cbffb8c6a3821d2a13b299360bec77",  # output trees, several programs per bundle
     # typed step arguments and kinds (same JSON), typed build stats and memory plan, cuda_built per arch
     (1, 2): "8e2e745424196e9a8e5d3106f87d8a394dadcb79bc13ba397b5a533603623fca",
+    # GEMM alternatives per program (omitted when empty), the tuning table member
+    (1, 3): "153d4a2eb6a7bcb941a6d3706edcbf4f43977ed920d0793d623870bfc97d7992",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

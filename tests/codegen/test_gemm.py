@@ -1,0 +1,527 @@
+"""GEMM candidates (``aot.codegen.gemm``), their alternatives in the bundle, the tuning table and
+the plans it makes (``aot.loader.tuning``), and ``aotpack tune`` without a GPU.
+
+Every candidate of the pattern models in ``gemm_models/`` runs in Triton's interpreter
+against the library steps it replaces at M = 1, 16 and 37 (fp16: 1e-2 + 1e-2·|ref|, fp32: 1e-4 +
+1e-4·|ref|, ``aot.dtypes.TOLERANCE``); split-K forms run twice more and must agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from aot import schema, serde
+from aot.errors import BundleError, EnvError
+
+MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
+ROOT = Path(__file__).resolve().parents[2]
+ARCHS = ("sm_90",)
+ROWS = (1, 16, 37)
+
+
+def _all_configs():
+    """Every config eligible at every bucket, so each form is built and checked in the tests."""
+    from aot.codegen import gemm
+
+    return tuple(replace(c, min_m=1, max_m=1 << 62) for c in gemm.CONFIGS)
+
+
+def _build(path: Path, out: Path, gemm_candidates: bool = True, monkeypatch=None):
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    traced = trace(load_model_file(path))
+    compiled = generate(traced, ARCHS, gemm_candidates=gemm_candidates)
+    pack(compiled, out)
+    return compiled
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """name → (compiled, bundle path, model path), built with every config eligible."""
+    from aot.codegen import gemm
+
+    saved = gemm.CONFIGS
+    gemm.CONFIGS = _all_configs()
+    try:
+        base = tmp_path_factory.mktemp("gemm")
+        out = {}
+        for name in ("gemm_mlp", "gemm_mlp32", "gemm_swiglu", "gemm_acts"):
+            model = MODELS / f"{name}.py"
+            out[name] = (_build(model, base / f"{name}.tpk"), base / f"{name}.tpk", model)
+        return out
+    finally:
+        gemm.CONFIGS = saved
+
+
+SIZES = {
+    "gemm_mlp": [{"batch": m} for m in ROWS],
+    "gemm_mlp32": [{"batch": m} for m in ROWS],
+    "gemm_acts": [{"batch": m} for m in ROWS],
+    "gemm_swiglu": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 8}, {"batch": 37, "seq": 1}],
+}
+
+
+@pytest.fixture(scope="module")
+def interpreted(built):
+    from aot.verify.interpret import interpret_in_subprocess
+
+    names = list(SIZES)
+    results = interpret_in_subprocess(
+        [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=900
+    )
+    return dict(zip(names, results))
+
+
+def test_sites_and_epilogues_found(built):
+    alts = {n: built[n][0].program.alternatives for n in built}
+    kinds = {n: [len(s.candidates) for s in a] for n, a in alts.items()}
+    # mlp: up + GELU epilogue (3 tiles), down + bias + residual (3 tiles + split-K, K = 1024)
+    assert kinds["gemm_mlp"] == [3, 4] and kinds["gemm_mlp32"] == [3, 4]
+    up, down = alts["gemm_mlp"]
+    program = built["gemm_mlp"][0].program
+    assert [program.steps[i].target for i in up.library][-2:] == [
+        "aten.addmm.default",
+        program.steps[up.library[-1]].target,
+    ]
+    assert program.steps[up.library[-1]].kind == schema.StepKind.KERNEL  # the GELU kernel is absorbed
+    assert up.outputs == ("gelu",) and (up.n, up.k) == (1024, 64)
+    assert (down.n, down.k) == (64, 1024)
+    split = down.candidates[-1]
+    assert split.name.startswith("splitk") and len(split.steps) == 2 and split.steps[0].reference == ()
+    # swiglu: gate and up in one dual GEMM with the SiLU*up product; down with the residual
+    swiglu = built["gemm_swiglu"][0].program
+    gate = swiglu.alternatives[0]
+    mms = [swiglu.steps[i].target for i in gate.library].count("aten.mm.default")
+    assert mms == 2 and len(swiglu.alternatives) == 2
+    kernels = {k.id: k for k in swiglu.kernels}
+    source = kernels[gate.candidates[0].steps[-1].target].source
+    assert "w1_ptr" in source and "tl.sigmoid" in source
+    # acts: dual GEMM with biases; relu folded into _addmm_activation; tanh-GELU + cast epilogue
+    acts = built["gemm_acts"][0].program
+    targets = [[acts.steps[i].target for i in s.library] for s in acts.alternatives]
+    assert targets[0].count("aten.addmm.default") == 2
+    assert "aten._addmm_activation.default" in targets[1]
+    assert acts.buffers[acts.alternatives[2].outputs[0]].dtype == "float32"
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_every_candidate_matches_its_reference(interpreted, built, name):
+    results = interpreted[name]
+    program = built[name][0].program
+    n_cands = sum(len(s.candidates) for s in program.alternatives)
+    for sizes, comparisons in results.items():
+        checked = {c.name for c in comparisons if not c.name.endswith("/rerun")}
+        assert len(checked) == n_cands, sizes
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, f"{name} at {sizes}: {bad[:3]}"
+
+
+def test_split_k_is_bit_identical_across_runs(interpreted):
+    reruns = [c for r in interpreted.values() for cs in r.values() for c in cs if c.name.endswith("/rerun")]
+    assert reruns and all(c.ok and c.max_abs_error == 0.0 for c in reruns)
+
+
+def test_interpreter_check_can_fail(built, tmp_path):
+    """A candidate whose epilogue is wrong (the bias added twice) is caught."""
+    from aot.verify.interpret import interpret_in_subprocess
+
+    compiled, bundle, model = built["gemm_mlp"]
+    program = compiled.program
+    site = program.alternatives[1]
+    kid = site.candidates[0].steps[-1].target
+    kernels = [
+        replace(
+            k, source=k.source.replace("acc0 = acc0 + tl.load(b0_ptr", "acc0 = 2 * acc0 + tl.load(b0_ptr")
+        )
+        if k.id == kid
+        else k
+        for k in program.kernels
+    ]
+    assert kernels != list(program.kernels)
+    from aot.packager import pack
+
+    bad = tmp_path / "bad.tpk"
+    pack(replace(compiled, program=replace(program, kernels=tuple(kernels))), bad)
+    (result,) = interpret_in_subprocess([(bad, model, [{"batch": 16}], None, True)], timeout=600)
+    failed = {c.name for c in next(iter(result.values())) if not c.ok}
+    assert failed == {f"{site.id}/{site.candidates[0].name}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Bundles with and without candidates
+
+
+def test_default_build_takes_no_gemm_path(tmp_path, monkeypatch):
+    """Without the flag the candidate code never runs, and the program JSON has no new field."""
+    from aot.codegen import gemm
+
+    model = ROOT / "tests" / "data" / "small_mlp.py"
+    _build(model, tmp_path / "a.tpk", gemm_candidates=False)
+
+    def boom(*a, **k):
+        raise AssertionError("GEMM candidates built without --gemm-candidates")
+
+    monkeypatch.setattr(gemm, "add_gemm_alternatives", boom)
+    monkeypatch.setattr(gemm, "find_sites", boom)
+    _build(model, tmp_path / "b.tpk", gemm_candidates=False)
+    a, b = (hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() for n in ("a.tpk", "b.tpk"))
+    assert a == b
+    from aot.loader import open_bundle
+
+    opened = open_bundle(tmp_path / "a.tpk")
+    try:
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().decompress(opened.read(schema.PROGRAM_PATH))
+        assert b'"alternatives"' not in raw
+    finally:
+        opened.close()
+
+
+def test_candidates_bundle_runs_like_the_default_on_cpu(tmp_path):
+    """models/mlp.py built with --gemm-candidates: same outputs on the CPU as the default bundle."""
+    import torch
+
+    from aot.loader import load
+
+    model = ROOT / "models" / "mlp.py"
+    _build(model, tmp_path / "plain.tpk", gemm_candidates=False)
+    compiled = _build(model, tmp_path / "gemm.tpk", gemm_candidates=True)
+    assert len(compiled.program.alternatives) == 8
+    plain, cand = load(tmp_path / "plain.tpk"), load(tmp_path / "gemm.tpk")
+    for batch in (1, 5):
+        x = torch.randn(batch, 1024, generator=torch.Generator().manual_seed(batch)).half()
+        assert torch.equal(plain(x), cand(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile alternatives
+
+
+def _rewrite_program(bundle: Path, out: Path, edit) -> Path:
+    from tests.hostile_util import program_json, read_entries, with_program_text, write_entries
+
+    entries = read_entries(bundle.read_bytes())
+    tree = program_json(entries)
+    edit(tree)
+    out.write_bytes(write_entries(with_program_text(entries, json.dumps(tree).encode())))
+    return out
+
+
+def _site(tree, i=0):
+    return tree["alternatives"][i]
+
+
+HOSTILE_ALTERNATIVES = {
+    "index past the steps": (lambda t: _site(t).update(library=[0, 999]), "library steps"),
+    "unsorted library": (
+        lambda t: _site(t).update(library=list(reversed(_site(t)["library"]))),
+        "library steps",
+    ),
+    "overlapping sites": (lambda t: _site(t, 1).update(library=_site(t)["library"]), "library steps"),
+    "bad id": (lambda t: _site(t).update(id="../x"), "ids are gemm_"),
+    "duplicate id": (lambda t: _site(t, 1).update(id=_site(t)["id"]), "ids are gemm_"),
+    "output not written": (lambda t: _site(t).update(outputs=["x"]), "outputs"),
+    "internal buffer read later": (lambda t: _site(t).update(outputs=[]), "outputs"),
+    "unknown kernel": (
+        lambda t: _site(t)["candidates"][0]["steps"][0].update(target="k_0000000000000000"),
+        "does not define",
+    ),
+    "aten step": (lambda t: _site(t)["candidates"][0]["steps"][0].update(kind="aten"), "do not list"),
+    "writes an input": (
+        lambda t: _site(t)["candidates"][0]["steps"][0].update(
+            outputs=_site(t)["candidates"][0]["steps"][0]["outputs"] + ["x"]
+        ),
+        "does not own",
+    ),
+    "named library": (lambda t: _site(t)["candidates"][0].update(name="library"), "names are"),
+    "reads before written": (
+        lambda t: _site(t)["candidates"][0]["steps"][0]["args"].__setitem__(0, {"buf": "addmm_1"}),
+        "is wrong",
+    ),
+    "no candidates": (lambda t: _site(t).update(candidates=[]), "candidates"),
+    "unknown field": (lambda t: _site(t).update(evil=1), "unknown"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_ALTERNATIVES))
+def test_hostile_alternatives_are_refused(built, tmp_path, case):
+    from aot.loader import load
+
+    edit, message = HOSTILE_ALTERNATIVES[case]
+    path = _rewrite_program(built["gemm_mlp"][1], tmp_path / "bad.tpk", edit)
+    with pytest.raises(BundleError, match=message):
+        load(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning tables
+
+
+def _table(program, arch="sm_90", program_index=0):
+    """A table as ``aotpack tune`` would write it: the first candidate of every site wins at
+    every bucket it was compiled for."""
+    from aot.verify.tune import make_table
+
+    choices = []
+    for site in program.alternatives:
+        cand = site.candidates[0]
+        for sizes in cand.buckets:
+            times = {"library": 10.0, cand.name: 8.0}
+            choices.append(schema.TuningChoice(program_index, site.id, sizes, cand.name, times))
+    return make_table(arch, "Test GPU", choices)
+
+
+def _programs_and_buckets(bundle: Path):
+    from aot.loader import open_bundle
+
+    opened = open_bundle(bundle)
+    try:
+        program = opened.program()
+        m = opened.manifest
+        return [program, *program.variants], ([e.buckets for e in m.programs] if m.programs else [m.buckets])
+    finally:
+        opened.close()
+
+
+def test_tuning_table_bytes_are_deterministic(built):
+    from aot.verify.tune import make_table, tuning_bytes
+
+    table = _table(built["gemm_mlp"][0].program)
+    shuffled = make_table(table.arch, table.device, list(reversed(table.choices)))
+    assert tuning_bytes(table) == tuning_bytes(shuffled)
+    again = make_table(
+        table.arch,
+        table.device,
+        [replace(c, times_us={k: v + 1e-9 for k, v in c.times_us.items()}) for c in table.choices],
+    )
+    assert tuning_bytes(again) == tuning_bytes(table)  # rounded: the same measurements, the same bytes
+
+
+def test_choose_needs_a_three_percent_win():
+    from aot.verify.tune import choose
+
+    assert choose({"library": 10.0, "tile_a": 9.8}) == "library"
+    assert choose({"library": 10.0, "tile_a": 9.7, "tile_b": 9.69}) == "tile_b"
+    assert choose({"library": 10.0, "tile_a": 9.0, "tile_b": 9.0}) == "tile_a"
+
+
+def test_tuned_table_changes_the_gpu_plan(built, tmp_path):
+    """The plan a GPU of the table's arch would launch replaces the chosen sites' library steps by
+    the candidates' kernels; another arch, or no table, keeps the program's steps."""
+    from aot.loader import load
+    from aot.loader.tuning import read_tuning, tuned_plans
+    from aot.program import frees_after
+    from aot.verify.tune import write_tuned
+
+    compiled, bundle, _ = built["gemm_mlp"]
+    program = compiled.program
+    tuned = tmp_path / "tuned.tpk"
+    assert write_tuned(bundle, tuned, _table(program)) is False
+    runner = load(tuned)  # CPU: the table is checked, not applied
+    assert runner.tuning is not None and len(runner.tuning.choices) == 8
+    plans = tuned_plans(runner.tuning, 0, runner.program, "sm_90")
+    assert set(plans) == {(1,), (16,), (37,), (64,)}
+    steps = plans[(1,)]
+    launched = {s.target for s in steps if s.kind == schema.StepKind.KERNEL}
+    for site in program.alternatives:
+        assert site.candidates[0].steps[-1].target in launched
+        assert not any(program.steps[i] in steps for i in site.library if program.steps[i].kind == "aten")
+    assert len(steps) < len(program.steps)
+    frees_after(steps, [*(w.name for w in program.weights), "x"], program.outputs)
+    assert tuned_plans(runner.tuning, 0, runner.program, "sm_80") == {}
+    assert tuned_plans(None, 0, runner.program, "sm_90") == {}
+    # the CPU runs the untuned program, identically
+    import torch
+
+    x = torch.randn(3, 64).half()
+    assert torch.equal(runner(x), load(bundle)(x))
+    programs, buckets = _programs_and_buckets(tuned)
+    assert read_tuning is not None and programs[0].alternatives == program.alternatives
+
+
+def test_signed_bundle_must_be_signed_again(built, tmp_path):
+    from aot.packager.sign import sign_bundle
+    from aot.signing import write_key_pair
+    from aot.verify.tune import write_tuned
+
+    key = tmp_path / "k.key"
+    write_key_pair(str(key))
+    signed = tmp_path / "signed.tpk"
+    signed.write_bytes(built["gemm_mlp"][1].read_bytes())
+    sign_bundle(str(signed), str(key))
+    assert write_tuned(signed, signed, _table(built["gemm_mlp"][0].program)) is True
+    from aot.loader import load
+
+    assert load(signed).tuning is not None  # unsigned now; a server with --trust refuses it
+    with pytest.raises(BundleError):
+        load(signed, trust=[str(key) + ".pub"])
+    sign_bundle(str(signed), str(key))  # signed again, the tuned bundle is trusted
+    assert load(signed, trust=[str(key) + ".pub"]).tuning is not None
+
+
+def _with_tuning(bundle: Path, out: Path, data: bytes) -> Path:
+    from tests.hostile_util import read_entries, with_member, write_entries
+
+    out.write_bytes(write_entries(with_member(read_entries(bundle.read_bytes()), schema.TUNING_PATH, data)))
+    return out
+
+
+def _tree(program):
+    return serde.to_json(_table(program))
+
+
+def _choice0(t):
+    return t["choices"][0]
+
+
+HOSTILE_TABLES = {
+    "unknown site": (lambda t: _choice0(t).update(site="gemm_99"), "no such GEMM site"),
+    "unknown candidate": (lambda t: _choice0(t).update(choice="tile_1x1x1"), "unknown candidate"),
+    "unknown bucket": (lambda t: _choice0(t).update(sizes={"batch": 3}), "not a bucket"),
+    "unknown symbol": (lambda t: _choice0(t).update(sizes={"seq": 1}), "not a bucket"),
+    "program index": (lambda t: _choice0(t).update(program=5), "programs"),
+    "negative time": (lambda t: _choice0(t)["times_us"].update(library=-1.0), "not a measurement"),
+    "huge time": (lambda t: _choice0(t)["times_us"].update(library=1e300), "not a measurement"),
+    "unknown timed form": (lambda t: _choice0(t)["times_us"].update(evil=1.0), "unknown form"),
+    "arch": (lambda t: t.update(arch="x86"), "arch"),
+    "format": (lambda t: t.update(format="other"), "format"),
+    "min gain": (lambda t: t.update(min_gain=2.0), "min_gain"),
+    "duplicate": (lambda t: t["choices"].append(dict(_choice0(t))), "listed twice"),
+    "rejected choice": (lambda t: _choice0(t).update(rejected=[_choice0(t)["choice"]]), "rejected"),
+    "wrong type": (lambda t: _choice0(t).update(sizes={"batch": "1"}), "expected an integer"),
+    "unknown field": (lambda t: t.update(evil=True), "unknown"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_TABLES))
+def test_hostile_tuning_tables_are_refused(built, tmp_path, case):
+    from aot.loader import load
+
+    edit, message = HOSTILE_TABLES[case]
+    tree = _tree(built["gemm_mlp"][0].program)
+    edit(tree)
+    path = _with_tuning(built["gemm_mlp"][1], tmp_path / "bad.tpk", json.dumps(tree).encode())
+    with pytest.raises(BundleError, match=message):
+        load(path)
+
+
+@pytest.mark.parametrize("text", [b"{", b"\xff", b'{"format": NaN}', b"[]", b"1" * 10])
+def test_malformed_tuning_member_is_refused(built, tmp_path, text):
+    from aot.loader import load
+
+    path = _with_tuning(built["gemm_mlp"][1], tmp_path / "bad.tpk", text)
+    with pytest.raises(BundleError):
+        load(path)
+
+
+def test_nan_time_is_refused(built, tmp_path):
+    from aot.loader import load
+
+    text = json.dumps(_tree(built["gemm_mlp"][0].program)).replace("10.0", "NaN", 1).encode()
+    with pytest.raises(BundleError, match="NaN"):
+        load(_with_tuning(built["gemm_mlp"][1], tmp_path / "bad.tpk", text))
+
+
+def test_table_for_a_bundle_without_candidates_is_refused(tmp_path):
+    from aot.verify.tune import write_tuned
+
+    bundle = tmp_path / "plain.tpk"
+    _build(ROOT / "tests" / "data" / "small_mlp.py", bundle, gemm_candidates=False)
+    choice = schema.TuningChoice(0, "gemm_0", {"batch": 1}, "library", {"library": 1.0})
+    from aot.verify.tune import make_table
+
+    with pytest.raises(BundleError, match="no such GEMM site"):
+        write_tuned(bundle, tmp_path / "t.tpk", make_table("sm_90", "x", [choice]))
+    assert not (tmp_path / "t.tpk").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# tune without a GPU
+
+
+def test_tune_refuses_without_a_gpu(built):
+    import torch
+
+    from aot.verify.tune import tune
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(EnvError, match="needs a CUDA GPU"):
+        tune(built["gemm_mlp"][1])
+    proc = subprocess.run(
+        [sys.executable, "-m", "aot.cli", "tune", str(built["gemm_mlp"][1])], capture_output=True, text=True
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == ["error: aotpack tune needs a CUDA GPU; torch sees none"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The big shape
+
+
+@pytest.mark.slow
+def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path):
+    """Linear(1024→4096) + bias + GELU and Linear(4096→1024) + bias at M = 1, 16, 37: every
+    candidate against its reference (the shapes of models/mlp.py)."""
+    from aot.codegen import gemm
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = tmp_path / "big.py"
+    model.write_text(
+        (MODELS / "gemm_mlp.py")
+        .read_text()
+        .replace("nn.Linear(64, 1024)", "nn.Linear(1024, 4096)")
+        .replace("nn.Linear(1024, 64)", "nn.Linear(4096, 1024)")
+        .replace("(batch, 64)", "(batch, 1024)")
+    )
+    saved = gemm.CONFIGS
+    gemm.CONFIGS = _all_configs()
+    try:
+        _build(model, tmp_path / "big.tpk")
+    finally:
+        gemm.CONFIGS = saved
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "big.tpk", model, [{"batch": m} for m in ROWS], None, True)], timeout=3600
+    )
+    for sizes, comparisons in result.items():
+        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == 8, sizes
+        assert all(c.ok for c in comparisons), [c for c in comparisons if not c.ok][:3]
+
+
+def test_inspect_reports_candidates_and_tuning(built, tmp_path):
+    from aot.cli.reports import bundle_summary, summary_text
+    from aot.verify.tune import write_tuned
+
+    compiled, bundle, _ = built["gemm_mlp"]
+    m, info = bundle_summary(str(bundle))
+    assert [s["candidates"] for s in info["gemm_sites"]] == [
+        [c.name for c in s.candidates] for s in compiled.program.alternatives
+    ]
+    assert info["tuning"] is None
+    assert "GEMM candidates: 7 for 2 sites (8 kernels); untuned" in summary_text(m, info)
+    tuned = tmp_path / "tuned.tpk"
+    write_tuned(bundle, tuned, _table(compiled.program))
+    m, info = bundle_summary(str(tuned))
+    assert "tuned on Test GPU (sm_90): 8/8 site-buckets use a candidate" in summary_text(m, info)
+
+
+def test_candidate_builds_are_byte_identical(built, tmp_path):
+    from aot.codegen import gemm
+
+    saved = gemm.CONFIGS
+    gemm.CONFIGS = _all_configs()
+    try:
+        _build(MODELS / "gemm_swiglu.py", tmp_path / "again.tpk")
+    finally:
+        gemm.CONFIGS = saved
+    assert (tmp_path / "again.tpk").read_bytes() == built["gemm_swiglu"][1].read_bytes()

@@ -1,0 +1,134 @@
+"""GEMM candidates on a GPU: tune a bundle built with ``--gemm-candidates`` on the CPU box, check
+the tuned bundle against the untuned one and against eager, and ``aotpack verify`` it.
+
+    AOTPACK_GPU_BUNDLES=/path/with/{mlp,gpt}-gemm.tpk pytest -m gpu tests/gpu/test_gemm_gpu.py
+
+(``aotpack build models/mlp.py -o mlp-gemm.tpk --gemm-candidates``; ``bench/gemm_tune.sh`` does it
+all.) Never run in CI (no GPU there).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+BUNDLES = Path(os.environ.get("AOTPACK_GPU_BUNDLES", "bundles"))
+# tuned vs untuned, fp16: both sides are GEMMs with fp32 accumulation over the same K; the Triton
+# epilogue rounds once where the library path rounds after each op (a few fp16 ulps of the scale)
+TOLERANCE = {"mlp": 2e-2, "gpt": 6e-2}
+SHAPES = {
+    "mlp": [{"batch": 1}, {"batch": 8}, {"batch": 3}, {"batch": 64}],
+    "gpt": [{"batch": 1, "seq": 1}, {"batch": 1, "seq": 128}, {"batch": 3, "seq": 100}],
+}
+
+
+def _bundle(name: str) -> Path:
+    path = BUNDLES / f"{name}-gemm.tpk"
+    if not path.is_file():
+        pytest.skip(f"no prebuilt bundle {path} (aotpack build models/{name}.py --gemm-candidates)")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    from aot.verify.tune import tune
+
+    out = {}
+
+    def get(name: str) -> tuple[Path, Path, object]:
+        if name not in out:
+            src = _bundle(name)
+            dst = tmp_path_factory.mktemp("tuned") / src.name
+            buckets = [{"batch": 1}, {"batch": 8}] if name == "mlp" else [{"batch": 1}]
+            result = tune(src, dst, buckets=buckets, repeats=20)
+            out[name] = (src, dst, result)
+        return out[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_tune_writes_a_table_the_loader_accepts(tuned, name):
+    from aot.loader import load
+
+    src, dst, result = tuned(name)
+    table = result.table
+    assert table.choices and table.arch == "sm_{}{}".format(*torch.cuda.get_device_capability())
+    for c in table.choices:
+        assert "library" in c.times_us and all(0 < t < 1e6 for t in c.times_us.values())
+        if c.choice != "library":
+            assert c.times_us[c.choice] <= 0.97 * c.times_us["library"]
+    runner = load(dst, device="cuda")
+    assert runner.tuning == table
+    plans = [e.gpu.plans for e in runner._entries]
+    assert bool(any(plans)) == any(c.choice != "library" for c in table.choices)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_tuned_matches_untuned(tuned, name):
+    from aot.loader import load
+    from aot.pytree import leaves
+
+    src, dst, _ = tuned(name)
+    plain, fast = load(src, device="cuda"), load(dst, device="cuda")
+    for sizes in SHAPES[name]:
+        inputs = plain.inputs_at(sizes, seed=1)
+        want = [t.float() for t in leaves(plain(**inputs))]
+        got = [t.float() for t in leaves(fast(**inputs))]
+        for w, g in zip(want, got):
+            scale = max(1.0, w.abs().max().item())
+            assert (g - w).abs().max().item() <= TOLERANCE[name] * scale, sizes
+
+
+def test_same_measurements_same_bytes(tuned, tmp_path):
+    from aot import schema
+    from aot.loader import open_bundle
+    from aot.verify.tune import write_tuned
+
+    src, dst, result = tuned("mlp")
+    again = tmp_path / "again.tpk"
+    write_tuned(src, again, result.table)
+    a, b = open_bundle(dst), open_bundle(again)
+    try:
+        assert a.read(schema.TUNING_PATH) == b.read(schema.TUNING_PATH)
+    finally:
+        a.close(), b.close()
+    assert dst.read_bytes() == again.read_bytes()
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_verify_passes_on_the_tuned_bundle(tuned, name):
+    _, dst, _ = tuned(name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aot.cli", "verify", str(dst)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_tune_cli_reports_signature(tuned, tmp_path):
+    """A signed bundle: tune writes it and says in one line that it must be signed again."""
+    from aot.packager.sign import sign_bundle
+    from aot.signing import write_key_pair
+
+    src = _bundle("mlp")
+    key = tmp_path / "k.key"
+    write_key_pair(str(key))
+    signed = tmp_path / "signed.tpk"
+    signed.write_bytes(src.read_bytes())
+    sign_bundle(str(signed), str(key))
+    proc = subprocess.run(
+        [sys.executable, "-m", "aot.cli", "tune", str(signed), "--bucket", "batch=1", "--repeats", "5"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sum("re-sign it with" in line for line in proc.stderr.splitlines()) == 1  # results go to stderr

@@ -1,0 +1,258 @@
+"""``aotpack tune``: choose, on the target GPU, between each GEMM site's library steps and the
+Triton candidates the build compiled for it (``aotpack build --gemm-candidates``).
+
+For every program, bucket and site: the program runs once at the bucket's sizes (generated inputs)
+so every buffer the site reads exists; then each form (``"library"`` and every candidate compiled
+for that bucket) runs on those buffers. A candidate whose results differ from the library's
+(``|cand - lib| > atol + rtol·|lib|``, the dtype's tolerance: fp16 1e-2 + 1e-2·|lib|) is refused.
+Each remaining form is captured ``REPLAYS`` times back to back in one CUDA graph and timed with
+CUDA events over ``repeats`` replays; the median per run counts. A candidate is chosen only when
+it beats the library by ``MIN_GAIN``.
+
+The result is ``tuning.json`` (``aot.schema.TuningTable``): canonical JSON, sorted, times rounded to
+``TIME_DECIMALS``, no timestamps, so the same measurements give the same bytes. It is added to the
+bundle (written to ``-o`` or in place, atomically); every other member keeps its bytes. The
+manifest lists the new member, so a signature no longer matches: the bundle must be signed again.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aot import schema, serde
+from aot.dtypes import tolerance
+from aot.errors import EnvError
+from aot.loader import load
+from aot.loader.bundle import open_bundle
+from aot.loader.gpu import KernelCall
+from aot.loader.tuning import LIBRARY, TUNING_FORMAT, parse_tuning
+from aot.schema import Member, Program, TuningChoice, TuningTable
+from aot.verify.interpret import looser_dtype
+
+MIN_GAIN = 0.03  # a candidate must be at least this much faster than the library
+DEFAULT_REPEATS = 50  # timed graph replays per form
+REPLAYS = 10  # copies of the form captured back to back in one graph (launch cost amortized)
+WARMUP = 3
+TIME_DECIMALS = 2  # microseconds
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    table: TuningTable
+    output: Path
+    signature_dropped: bool
+
+
+def bucket_sizes(program: Program, buckets) -> list[dict[str, int]]:
+    import itertools
+
+    by_symbol = {b.symbol: b.sizes for b in buckets}
+    symbols = list(dict.fromkeys(s.symbol for s in program.symbols))
+    if any(s not in by_symbol for s in symbols):
+        return []
+    return [dict(zip(symbols, c)) for c in itertools.product(*(by_symbol[s] for s in symbols))]
+
+
+def _run(calls: list[Any], env: dict[str, Any], sizes: dict[str, int], device: torch.device) -> None:
+    stream = torch.cuda.current_stream(device).cuda_stream
+    for call in calls:
+        if type(call) is KernelCall:
+            call(env, sizes, stream)
+        else:
+            call(env, sizes)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: str) -> bool:
+    tol = tolerance(dtype)
+    if got.shape != want.shape:
+        return False
+    g, w = got.double(), want.double()
+    return bool(((g - w).abs() <= tol.atol + tol.rtol * w.abs()).all().item())
+
+
+def time_form(calls: list[Any], env: dict[str, Any], sizes: dict[str, int], device, repeats: int) -> float:
+    """Median microseconds of one run of ``calls``, replayed in a CUDA graph."""
+    local = dict(env)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):  # library handles and workspaces exist before capture
+            _run(calls, local, sizes, device)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        for _ in range(REPLAYS):
+            _run(calls, local, sizes, device)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / REPLAYS)
+    del graph
+    return statistics.median(times)
+
+
+def choose(times_us: dict[str, float], min_gain: float = MIN_GAIN) -> str:
+    """The fastest candidate when it beats the library by ``min_gain``, else ``"library"``; ties
+    go to the name first in sort order, so the choice depends on the times alone."""
+    lib = times_us[LIBRARY]
+    best = min(sorted(times_us), key=lambda k: times_us[k])
+    return best if best != LIBRARY and times_us[best] <= (1.0 - min_gain) * lib else LIBRARY
+
+
+def make_table(
+    arch: str, device_name: str, choices: list[TuningChoice], min_gain: float = MIN_GAIN
+) -> TuningTable:
+    """The table as tune writes it: choices sorted by program, site number and sizes; times rounded."""
+
+    def key(c: TuningChoice):
+        return (c.program, int(c.site.split("_")[-1]), sorted(c.sizes.items()))
+
+    rounded = [
+        replace(
+            c,
+            sizes=dict(sorted(c.sizes.items())),
+            times_us={k: round(float(v), TIME_DECIMALS) for k, v in sorted(c.times_us.items())},
+            rejected=tuple(sorted(c.rejected)),
+        )
+        for c in choices
+    ]
+    return TuningTable(
+        format=TUNING_FORMAT,
+        arch=arch,
+        device=device_name[:200],
+        min_gain=min_gain,
+        choices=tuple(sorted(rounded, key=key)),
+    )
+
+
+def tuning_bytes(table: TuningTable) -> bytes:
+    return serde.canonical_json(table)
+
+
+def tune(
+    path: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    buckets: list[dict[str, int]] | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    device: str = "cuda",
+    say: Callable[[str], None] = lambda msg: None,
+) -> TuneResult:
+    """Measure and write (see the module docstring); ``buckets``: only these bucket sizes (a
+    partial dict matches every bucket with those values)."""
+    if not torch.cuda.is_available():
+        raise EnvError("aotpack tune needs a CUDA GPU; torch sees none")
+    if repeats < 1:
+        raise EnvError(f"--repeats must be at least 1, got {repeats}")
+    runner = load(path, device=device, capture="none")
+    dev = runner.device
+    major, minor = torch.cuda.get_device_capability(dev)
+    arch = f"sm_{major}{minor}"
+    choices: list[TuningChoice] = []
+    for index, entry in enumerate(runner._entries):
+        program, gpu = entry.program, entry.gpu
+        if not program.alternatives:
+            continue
+        gpu.context.bind()
+        program_buckets = (
+            runner.manifest.programs[index].buckets if runner.manifest.programs else runner.manifest.buckets
+        )
+        for sizes in bucket_sizes(program, program_buckets):
+            if buckets and not any(all(sizes.get(k) == v for k, v in b.items()) for b in buckets):
+                continue
+            try:
+                inputs = runner.inputs_at(sizes)
+                entry.guards.check([inputs[n] for n in runner.input_names], dev)
+            except Exception:  # a bucket another program serves, or out of this one's contract
+                continue
+            env: dict[str, Any] = dict(gpu.weights)
+            env.update(inputs)
+            calls, _ = gpu.prepare(program.steps, plan=False)
+            with torch.no_grad():
+                _run(calls, env, sizes, dev)  # every buffer kept: each site finds its inputs
+                for site in program.alternatives:
+                    forms = [c for c in site.candidates if sizes in c.buckets]
+                    if not forms:
+                        continue
+                    lib_calls, _ = gpu.prepare(tuple(program.steps[i] for i in site.library), plan=False)
+                    want = dict(env)
+                    _run(lib_calls, want, sizes, dev)
+                    times = {LIBRARY: time_form(lib_calls, env, sizes, dev, repeats)}
+                    rejected = []
+                    for cand in forms:
+                        cand_calls, _ = gpu.prepare(cand.steps, plan=False)
+                        got = dict(env)
+                        _run(cand_calls, got, sizes, dev)
+                        a_dtype = gpu.kernels[cand.steps[0].target].params[0].dtype
+                        if not all(
+                            _close(got[o], want[o], looser_dtype(program.buffers[o].dtype, a_dtype))
+                            for o in site.outputs
+                        ):
+                            rejected.append(cand.name)
+                            continue
+                        times[cand.name] = time_form(cand_calls, env, sizes, dev, repeats)
+                    choice = choose(times)
+                    choices.append(TuningChoice(index, site.id, sizes, choice, times, tuple(rejected)))
+                    say(
+                        f"  [{entry.name}] {site.id} M={site.m} N={site.n} K={site.k} at "
+                        f"{', '.join(f'{k}={v}' for k, v in sizes.items())}: "
+                        + "  ".join(f"{k} {v:.2f}µs" for k, v in sorted(times.items(), key=lambda kv: kv[1]))
+                        + (f"  rejected {', '.join(rejected)}" if rejected else "")
+                        + f" -> {choice}"
+                    )
+            del env
+            torch.cuda.empty_cache()
+    table = make_table(arch, torch.cuda.get_device_name(dev), choices)
+    runner.bundle.close()  # the bundle may be rewritten in place
+    out = Path(output) if output is not None else Path(path)
+    dropped = write_tuned(path, out, table)
+    return TuneResult(table, out, dropped)
+
+
+def write_tuned(path: str | os.PathLike, output: str | os.PathLike, table: TuningTable) -> bool:
+    """Write the bundle at ``path`` with ``table`` as its tuning member to ``output`` (atomically;
+    ``output`` may be ``path``). Returns whether a signature was dropped (it no longer matched)."""
+    from aot.packager import write_archive
+
+    path, output = Path(path), Path(output)
+    data = tuning_bytes(table)
+    bundle = open_bundle(path)
+    try:
+        manifest = bundle.manifest
+        programs = [bundle.program()]
+        programs += list(programs[0].variants)
+        buckets = [e.buckets for e in manifest.programs] if manifest.programs else [manifest.buckets]
+        parse_tuning(data, programs, buckets, path)  # what tune writes, the loader accepts
+        if manifest.external_weights and output.resolve().parent != path.resolve().parent:
+            raise EnvError(
+                f"{path} keeps its weights in {manifest.external_weights} beside it; write the tuned bundle "
+                f"to the same folder"
+            )
+        members = {
+            name: bundle.read(name)
+            for name in manifest.members
+            if name != schema.TUNING_PATH and not (name == schema.WEIGHTS_PATH and manifest.external_weights)
+        }
+        signed = bundle.signature() is not None
+    finally:
+        bundle.close()
+    import hashlib
+
+    members[schema.TUNING_PATH] = data
+    listed = dict(manifest.members)
+    listed[schema.TUNING_PATH] = Member(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    new = replace(manifest, members=dict(sorted(listed.items())))
+    write_archive(output, serde.canonical_json(new), members)
+    return signed
