@@ -77,7 +77,11 @@ def generate(
             stats=BuildStats(programs=1 + len(program.variants)),
         )
     start = time.perf_counter()
-    program, weights, stacked = fuse_sibling_matmuls(program, dict(traced.weights))
+    # With GEMM candidates the siblings stay apart: tune then chooses per bucket between the library
+    # GEMMs and candidates that fuse more than stacking does (a dual GEMM with SiLU(gate) * up).
+    stacked = 0
+    if not gemm_candidates:
+        program, weights, stacked = fuse_sibling_matmuls(program, dict(traced.weights))
     if stacked:
         say(f"  stacked the weights of {stacked} groups of sibling matmuls (one GEMM each)")
         traced = replace(traced, program=program, weights=weights)

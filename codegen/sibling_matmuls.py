@@ -11,6 +11,10 @@ A site is ``permute(W, [1, 0]) → mm(A, ·)`` or ``addmm(bias, A, ·)``, with `
 static shape read by nothing else; siblings read the same ``A`` (the same buffer, or identical
 views of one buffer, as export writes one view per projection), have the same kind, dtype and
 inner size.
+
+A build with GEMM candidates (``--gemm-candidates``) keeps siblings apart: ``aotpack tune`` then
+picks per bucket between the library GEMMs and candidates that fuse more (a dual GEMM computing
+``SiLU(gate) * up`` in its epilogue).
 """
 
 from __future__ import annotations
