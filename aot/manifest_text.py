@@ -354,6 +354,40 @@ class _Parser:
         return GuardSource(text=m["text"], file=m["file"], line=int(m["line"]), code=m["code"] or "")
 
 
+_SET_ITEM = re.compile(
+    rf"^(?:(?P<fixed>{_IDENT}) == (?P<v>[0-9]{{1,19}})|-?[0-9]{{1,19}} <= (?P<name>{_IDENT}) <= .+)$"
+)
+
+
+def program_sets(line: str) -> dict[str, SymbolGuard] | None:
+    """What a ``program`` line admits, per symbol (``seq == 1; 1 <= batch <= 4``), or None when a
+    part is not a symbol's set (a relation, ``its static sizes``)."""
+    _, _, what = line.partition("  admits  ")
+    parts = [p.strip() for p in what.split("; ")]
+    out: dict[str, SymbolGuard] = {}
+    p = _Parser("<program line>")
+    for part in parts:
+        m = _SET_ITEM.match(part)
+        if m is None:
+            return None
+        if m["fixed"]:
+            v = int(m["v"])
+            out[m["fixed"]] = SymbolGuard(name=m["fixed"], declared_min=v, declared_max=v, min=v, max=v)
+            continue
+        rng = _RANGE.match(part.split(", ")[0])
+        if rng is None:
+            return None
+        fake = re.match(
+            r"^(?P<name>\S+) (?P<set>.+) (?P<lo>\S+) (?P<hi>\S+)$",
+            f"{m['name']} {part} {rng['lo']} {rng['hi']}",
+        )
+        try:
+            out[m["name"]] = p.symbol(fake)
+        except BundleError:
+            return None
+    return out
+
+
 def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
     """Parse manifest text (as ``render_manifest`` writes it) back into a ``GuardManifest``.
 

@@ -334,3 +334,33 @@ def test_cli_generate_and_load(tiny_lm, runner):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
+
+
+def test_diff_compares_entry_points_and_state(runner):
+    from aot.review.manifest_changes import diff_manifests
+
+    text = runner.guards_text()
+    base = parse_guards_text(text)
+    assert diff_manifests(base, base) == []
+
+    def kinds(new_text: str) -> list[tuple[str, str, bool]]:
+        return [(c.kind, c.subject, c.breaking) for c in diff_manifests(base, parse_guards_text(new_text))]
+
+    narrowed = text.replace(
+        "program decode  admits  seq == 1; 1 <= batch <= 4",
+        "program decode  admits  seq == 1; 1 <= batch <= 2",
+    )
+    assert ("narrowed", "entry point decode batch", True) in kinds(narrowed)
+    widened = text.replace("seq == 1; 1 <= batch <= 4", "1 <= seq <= 2; 1 <= batch <= 4")
+    assert ("widened", "entry point decode seq", False) in kinds(widened)
+    removed = text.replace("entry decode\n", "").replace(
+        "program decode  admits  seq == 1; 1 <= batch <= 4\n", ""
+    )
+    assert ("entry point removed", "entry point decode", True) in kinds(removed)
+    assert ("entry point added", "entry point decode", False) in [
+        (c.kind, c.subject, c.breaking) for c in diff_manifests(parse_guards_text(removed), base)
+    ]
+    flipped = text.replace("state value_cache_1:", "input value_cache_1:")
+    assert ("state", "input value_cache_1", True) in kinds(flipped)
+    dropped = text.replace("state value_cache_1: float32[batch, 2, 32, 8]\n", "")
+    assert kinds(dropped) == [("state removed", "state value_cache_1", False)]
