@@ -120,3 +120,30 @@ def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
         timeout=300,
     )
     assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
+
+
+def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
+    """Llama's repeat_kv (4 query heads over 2 KV heads) copies the cache every step in eager; the
+    decode program's SDPA reads the state itself, its query heads folded into query rows. Prefill
+    (a longer query) keeps the repeat. The tokens equal transformers' (the tests above)."""
+    _, runner, _ = hf_bundles("llama")
+    prefill, decode = runner.program, runner.program.variants[0]
+
+    def ops(program) -> list[str]:
+        return [x.target for s in program.steps for x in (s, *s.reference)]
+
+    assert "aten.clone.default" in ops(prefill)
+    assert "aten.clone.default" not in ops(decode) and "aten.expand.default" not in ops(decode)
+    writes = {s.outputs[0]: s.args[0].name for s in decode.steps if s.target in STATE_WRITE_OPS}
+    producer = {o: s for s in decode.steps for o in s.outputs}
+    attention = [s for s in decode.steps if s.target == "aten.scaled_dot_product_attention.default"]
+    assert len(attention) == 2
+    for sdpa in attention:
+        read = []
+        for arg in sdpa.args[1:3]:
+            name = arg.name
+            while name not in writes and producer[name].target == "aten.slice.Tensor":
+                name = producer[name].args[0].name  # a full slice of the cache: a view
+            read.append(writes.get(name))
+        assert read[0].startswith("key_cache_") and read[1].startswith("value_cache_")
+        assert decode.buffers[sdpa.outputs[0]].shape[1:] == ("2", "2", "8")  # [B, KV, G, D]
