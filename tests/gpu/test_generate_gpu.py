@@ -40,7 +40,9 @@ def bundle(request, tmp_path_factory):
         from tests.realmodels.conftest import require
 
         require("transformers")
-        spec = causal_lm(factory(request.param), max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name=request.param)
+        spec = causal_lm(
+            factory(request.param), max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name=request.param
+        )
     path = tmp_path_factory.mktemp("gpu_lm") / f"{request.param}.tpk"
     pack(generate(trace(spec), (_arch(),)), path)
     return path
