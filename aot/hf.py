@@ -395,14 +395,18 @@ def additive_mask(
     """The 4-D additive mask [B, 1, S, C]: 0 where query s may attend slot c, the dtype's most
     negative value elsewhere. A slot is visible when it holds a real token (``attention_mask``
     [B, C] is 1), is not after the query's slot ``cache_position[s]``, and, with a sliding
-    ``window``, is fewer than ``window`` slots before it. A query with no visible slot (left
-    padding) attends uniformly rather than to nothing, so no NaN reaches the cache."""
+    ``window``, is fewer than ``window`` slots before it. The query's own slot is always
+    visible: a left-padding query would otherwise see no slot at all, and a fully masked row is
+    NaN in some attention kernels (half precision, -inf masks), which would then reach the
+    cache. Real tokens never see padding slots, so what padding queries compute stays there."""
     slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     query = cache_position[:, None]  # [S, 1]
     visible = slots[None, :] <= query  # [S, C]
     if window is not None:
         visible = visible & (slots[None, :] > query - window)
-    visible = visible[None] & attention_mask[:, None, :].bool()  # [B, S, C]
+    visible = (visible[None] & attention_mask[:, None, :].bool()) | (slots[None, :] == query)[
+        None
+    ]  # [B, S, C]
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
     lowest = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
     return torch.where(visible, zero, lowest)[:, None]
