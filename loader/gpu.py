@@ -120,7 +120,12 @@ class GpuProgram:
     """Runs the program on a CUDA device, step by step (no graph)."""
 
     def __init__(
-        self, bundle: Bundle, program: Program, weights: dict[str, torch.Tensor], device: torch.device
+        self,
+        bundle: Bundle,
+        program: Program,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        state_aliases: frozenset[str] = frozenset(),
     ):
         self.program = program
         self.weights = weights
@@ -148,7 +153,7 @@ class GpuProgram:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
                 self.calls.append(KernelCall(step, k, functions[k.id], program, device))
             else:
-                self.calls.append(AtenCall(step, device, weights))
+                self.calls.append(AtenCall(step, device, weights, state_aliases))
         self.frees = frees_after(
             program.steps, [*weights, *(i.name for i in program.inputs)], program.outputs
         )
@@ -177,9 +182,16 @@ class _Captured:
 
 class GraphRunner:
     """CUDA graphs per bucket: captured lazily on first use (``capture="lazy"``) or all at load,
-    largest first (``capture="all"``), into one shared memory pool."""
+    largest first (``capture="all"``), into one shared memory pool.
 
-    def __init__(self, gpu: GpuProgram, buckets: tuple[Bucket, ...]):
+    A stateful program (``Program.state``, a KV cache) captures the runner's state where it lives
+    (the row views of ``aot.loader.state.State`` at the bucket's batch), so a replay updates it in
+    place and nothing is copied in or out. Its calls are never padded (padded rows or positions
+    would write into the state), and a lazy capture warms up on the call's own inputs: the
+    warm-up's state writes are the ones the call makes anyway, and its outputs are the call's.
+    """
+
+    def __init__(self, gpu: GpuProgram, buckets: tuple[Bucket, ...], state: Any = None):
         self.gpu = gpu
         self.buckets = {b.symbol: b for b in buckets}
         self.pool = torch.cuda.graph_pool_handle()
@@ -187,9 +199,13 @@ class GraphRunner:
         self.graphs: dict[tuple, _Captured] = {}
         self.lock = threading.Lock()
         program = gpu.program
+        self.state = state if program.state else None
+        owned = set(program.state)
         self.symbols = [s.symbol for s in program.symbols]
-        self._input_shapes = {i.name: [compile_expr(s) for s in i.spec.shape] for i in program.inputs}
-        self._input_dtypes = {i.name: DTYPES[i.spec.dtype] for i in program.inputs}
+        self._input_shapes = {
+            i.name: [compile_expr(s) for s in i.spec.shape] for i in program.inputs if i.name not in owned
+        }
+        self._input_dtypes = {i.name: DTYPES[i.spec.dtype] for i in program.inputs if i.name not in owned}
         # outputs: which dims are exactly a symbol (sliceable after padding)
         self._out_dims: list[list[tuple[int, Expr]]] = []
         for name in program.outputs:
@@ -205,7 +221,7 @@ class GraphRunner:
                 return None
             if value in b.sizes:
                 key.append(value)
-            elif b.paddable:
+            elif b.paddable and self.state is None:
                 bigger = [s for s in b.sizes if s >= value]
                 if not bigger:
                     return None
@@ -221,27 +237,35 @@ class GraphRunner:
         keys = list(itertools.product(*sizes))
         return sorted(keys, key=lambda k: [-v for v in k])
 
-    def capture(self, key: tuple) -> _Captured:
+    def capture(
+        self, key: tuple, call: dict[str, torch.Tensor] | None = None
+    ) -> tuple[_Captured, list[torch.Tensor]]:
+        """Capture the bucket ``key``'s graph; warm up on ``call``'s inputs when given (their sizes
+        are the bucket's), else on zeros. Returns the graph and the warm-up's outputs."""
         gpu = self.gpu
         sizes = dict(zip(self.symbols, key))
         inputs = {
             name: torch.zeros([s(sizes) for s in shape], dtype=self._input_dtypes[name], device=gpu.device)
             for name, shape in self._input_shapes.items()
         }
+        if call is not None:
+            for name, value in call.items():
+                inputs[name].copy_(value)
+        bound = {**inputs, **(self.state.views(sizes) if self.state is not None else {})}
         # Warm up and capture on one stream of our own: library handles and workspaces (cuBLAS
         # keeps one per stream) exist before capture, and exist once.
         side = self.stream
         side.wait_stream(torch.cuda.current_stream(gpu.device))
         with torch.cuda.stream(side):
-            gpu(inputs, sizes)
+            warm = gpu(bound, sizes)
         torch.cuda.current_stream(gpu.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads may keep using CUDA while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            outputs = gpu(inputs, sizes)
+            outputs = gpu(bound, sizes)
         captured = _Captured(graph, inputs, outputs, sizes)
         self.graphs[key] = captured
-        return captured
+        return captured, warm
 
     def capture_all(self) -> None:
         with self.lock:
@@ -253,7 +277,13 @@ class GraphRunner:
         self, key: tuple, inputs: dict[str, torch.Tensor], sizes: dict[str, int]
     ) -> list[torch.Tensor]:
         with self.lock:
-            captured = self.graphs.get(key) or self.capture(key)
+            captured = self.graphs.get(key)
+            if captured is None and self.state is not None:
+                # the warm-up ran this very call (its state writes included): its outputs are the call's
+                _, warm = self.capture(key, inputs)
+                return [out.clone() for out in warm]
+            if captured is None:
+                captured, _ = self.capture(key)
             padded = captured.sizes != sizes
             for name, value in inputs.items():
                 static = captured.inputs[name]

@@ -32,6 +32,7 @@ class AtenProgram:
         weights: dict[str, torch.Tensor],
         device: torch.device,
         steps: list[Step] | None = None,
+        state_aliases: frozenset[str] = frozenset(),
     ):
         self.program = program
         self.weights = weights
@@ -42,7 +43,7 @@ class AtenProgram:
                 f"step result {undeclared[0][:60]!r} has no declared buffer (dtype and shape); "
                 f"rebuild the bundle"
             )
-        self.calls = [AtenCall(s, device, weights) for s in steps]
+        self.calls = [AtenCall(s, device, weights, state_aliases) for s in steps]
         self.frees = frees_after(steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
         self.declared = OutputBytes(program)
 

@@ -19,6 +19,8 @@ PINNED = {
     ): "422f4746c2a64ba801725cb23aebefb695cbffb8c6a3821d2a13b299360bec77",  # output trees, several programs per bundle
     # typed step arguments and kinds (same JSON), typed build stats and memory plan, cuda_built per arch
     (1, 2): "8e2e745424196e9a8e5d3106f87d8a394dadcb79bc13ba397b5a533603623fca",
+    # state inputs (Program.state, InputGuard.state) and entry points (ProgramEntry.entry)
+    (1, 3): "36f59b58bd91faa8a5031e62dc293086d6b0f8ae412e86e23fb84a8be61381cf",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 
