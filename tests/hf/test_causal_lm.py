@@ -214,7 +214,7 @@ def test_half_precision_models_keep_their_dtype(dtype):
     assert logits.dtype == getattr(torch, dtype) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
 def test_export_keeps_the_cache_writes_as_state_mutations(kind):
     """torch.export of the Decoder (dynamic batch and seq, as the tracer exports it) records the
     cache writes as mutations of the state inputs, and decomposition to core ATen keeps them; the
@@ -304,3 +304,36 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("kind", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
+    """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
+    cache in place (``index_put_`` into the state input, no copy); the bundle's greedy tokens
+    equal transformers' ``generate`` (fp32, CPU), left padding included."""
+    import aot.loader
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    spec = causal_lm(factory(kind), max_batch=4, max_context=MAX_CONTEXT)
+    traced = trace(spec)
+    state = tuple(i.name for i in spec.state_inputs())
+    programs = traced.programs or ()
+    assert sorted(p.entry for p in programs) == ["decode", "prefill"]
+    for p in programs:
+        assert p.program.state == state
+        writes = [s for s in p.program.steps if s.target.startswith("aten.index_put")]
+        assert [s.target for s in writes] == ["aten.index_put_.default"] * len(state)
+        assert sorted(s.args[0].name for s in writes) == sorted(state)
+        assert not [
+            s for s in p.program.steps if s.target in ("aten.copy_.default", "aten.index_put.default")
+        ]
+    path = tmp_path / f"{kind}.tpk"
+    pack(generate(traced, ("sm_90",)), path)
+    runner = aot.loader.load(path)
+    ids, mask = prompts(3)
+    expected, _ = hf_greedy(built(kind), ids, mask, NEW_TOKENS)
+    assert runner.generate(ids, NEW_TOKENS, attention_mask=mask) == expected.tolist()
+    alone, _ = hf_greedy(built(kind), ids[:1], mask[:1], 10)
+    assert runner.generate(ids[0].tolist(), 10) == alone[0].tolist()
