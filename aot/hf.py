@@ -330,15 +330,13 @@ class Decoder(torch.nn.Module):
                 ) from None
         params = inspect.signature(model.forward).parameters
         self._keep_last = "logits_to_keep" in params
+        # transformers 5 takes no cache_position (the cache knows its slots here); a model that
+        # still does gets it, so it never derives one from the cache's length.
+        self._takes_cache_position = "cache_position" in params
 
-        # forward names each state input, so callers and torch.export bind them like any parameter.
-        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-            return self.decode(*args, **kwargs)
+        self.__class__ = _decoder_class(self.layout.num_layers)
 
-        forward.__signature__ = forward_signature(self.layout.num_layers)  # type: ignore[attr-defined]
-        self.forward = forward
-
-    def decode(
+    def forward(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
@@ -361,6 +359,8 @@ class Decoder(torch.nn.Module):
         # hidden states is contiguous only when batch or seq is 1 (a batch != 1 guard in export).
         last = torch.arange(input_ids.shape[1], device=input_ids.device)[-1:]
         extra = {"logits_to_keep": last} if self._keep_last else {}
+        if self._takes_cache_position:
+            extra["cache_position"] = cache_position
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -380,13 +380,26 @@ class Decoder(torch.nn.Module):
         return out.logits[:, -1].to(keys[0].dtype)
 
 
-def forward_signature(num_layers: int) -> inspect.Signature:
-    """``Decoder.forward``'s signature with each state input named (``key_cache_0``, ...), so that
-    callers and ``torch.export`` bind them by keyword like any other parameter."""
+@functools.cache
+def _decoder_class(num_layers: int) -> type[Decoder]:
+    """``Decoder`` with a ``forward`` whose signature names each state input (``key_cache_0``,
+    ...), so that callers, the tracer and ``torch.export`` bind them by keyword like any other
+    parameter. A class of its own (not an attribute of the instance), so that a copy of the
+    module (``copy.deepcopy``, as the tracer makes of half-precision models) runs itself."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     names = ["input_ids", "position_ids", "cache_position", "attention_mask"]
     names += [f"{k}_cache_{i}" for i in range(num_layers) for k in ("key", "value")]
-    return inspect.Signature([inspect.Parameter(n, kind, annotation=torch.Tensor) for n in names])
+    parameters = [inspect.Parameter("self", kind)]
+    parameters += [inspect.Parameter(n, kind, annotation=torch.Tensor) for n in names]
+
+    def forward(self: Decoder, *args: Any, **kwargs: Any) -> torch.Tensor:
+        bound = forward.__signature__.bind(self, *args, **kwargs)
+        return Decoder.forward(**bound.arguments)
+
+    forward.__signature__ = inspect.Signature(parameters, return_annotation=torch.Tensor)  # type: ignore[attr-defined]
+    return type(
+        "Decoder", (Decoder,), {"forward": forward, "__module__": __name__, "__qualname__": "Decoder"}
+    )
 
 
 def additive_mask(

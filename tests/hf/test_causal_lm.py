@@ -212,6 +212,15 @@ def test_half_precision_models_keep_their_dtype(dtype):
     assert inputs["key_cache_0"].dtype == getattr(torch, dtype)
     logits = run_eager(spec, module, inputs)
     assert logits.dtype == getattr(torch, dtype) and torch.isfinite(logits).all()
+    # a float32 copy (the tracer measures half-precision error against one) runs itself
+    import copy
+
+    wide = copy.deepcopy(module).float()
+    inputs32 = {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}
+    with torch.no_grad():
+        wide_logits = wide(**inputs32)
+    assert wide_logits.dtype == torch.float32
+    torch.testing.assert_close(wide_logits.to(logits.dtype), logits, atol=0.1, rtol=0.05)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
