@@ -66,8 +66,8 @@ def causal_lm(
     dtype: str = "float32",
     seed: int = 0,
     name: str | None = None,
-    weights: str | None = None,
     batch_buckets: tuple[int, ...] | None = None,
+    seq_buckets: tuple[int, ...] | None = None,
     attn_implementation: str | None = None,
 ) -> ModelSpec:
     """The spec of a transformers causal LM with a static KV cache of ``max_batch`` rows and
@@ -77,8 +77,11 @@ def causal_lm(
     ``factory``: a zero-argument callable returning the model (``lambda:
     LlamaForCausalLM(config)``, ``lambda: AutoModelForCausalLM.from_pretrained(path)``); it is
     called as ModelSpec does (``torch.manual_seed(seed); factory()``), once here on the meta
-    device to read the cache layout, and again by the build. ``attn_implementation``: "sdpa"
-    (default where the model supports it) or "eager".
+    device to read the cache layout, and again by the build. Trained weights come with the
+    model (``from_pretrained`` in the factory): the module the bundle is built from holds the
+    transformers model under ``model.``, so its state dict is not a transformers checkpoint's.
+    ``batch_buckets``/``seq_buckets``: CUDA-graph sizes (default: powers of two up to the
+    maximum). ``attn_implementation``: "sdpa" (default where the model supports it) or "eager".
     """
     if not isinstance(max_batch, int) or max_batch < 1:
         raise SpecError(f"causal_lm: max_batch must be an int >= 1, got {max_batch!r}")
@@ -96,7 +99,7 @@ def causal_lm(
         return Decoder(factory(), max_context, attn_implementation)
 
     batch = Dim("batch", 1, max_batch, buckets=batch_buckets, example=min(2, max_batch))
-    seq = Dim("seq", 1, max_context, example=min(4, max_context - 1))
+    seq = Dim("seq", 1, max_context, buckets=seq_buckets, example=min(4, max_context - 1))
     cache_shape = (batch, layout.num_kv_heads, max_context, layout.head_dim)
     inputs = [
         Input("input_ids", (batch, seq), dtype="int64", low=0, high=layout.vocab_size),
@@ -111,12 +114,10 @@ def causal_lm(
         module=make_module,
         inputs=inputs,
         dtype=dtype,
-        weights=weights,
         name=name or layout.model_class,
         seed=seed,
         example_inputs=functools.partial(example_inputs, max_context=max_context),
         entry_points=(EntryPoint("prefill", {}), EntryPoint("decode", {"seq": 1})),
-        extra={"causal_lm": {"max_batch": max_batch, "max_context": max_context, "vocab": layout.vocab_size}},
     )
 
 
@@ -138,20 +139,20 @@ def example_inputs(sizes: dict[str, int], *, max_context: int) -> dict[str, torc
 
 def _probe(factory: Callable[[], Any], seed: int) -> Any:
     """The model as ``factory`` builds it, on the meta device when it can be (no weights are
-    initialized or read), else for real."""
-    torch.manual_seed(seed)
-    try:
-        with torch.device("meta"):
+    initialized or read), else for real; the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            with torch.device("meta"):
+                return factory()
+        except Exception:
+            pass
+        torch.manual_seed(seed)
+        try:
             return factory()
-    except Exception:
-        pass
-    torch.manual_seed(seed)
-    try:
-        return factory()
-    except Exception as e:
-        raise SpecError(
-            f"causal_lm: the factory failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        ) from None
+        except Exception as e:
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise SpecError(f"causal_lm: the factory failed: {type(e).__name__}: {first}") from None
 
 
 def cache_layout(model: Any, max_context: int) -> CacheLayout:

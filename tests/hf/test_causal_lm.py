@@ -155,7 +155,10 @@ def test_the_mask_sees_valid_slots_up_to_the_query_and_within_the_window():
 
 
 def test_the_spec_declares_the_contract():
-    spec = causal_lm(factory("llama"), max_batch=4, max_context=MAX_CONTEXT, name="tiny-llama")
+    make = factory("llama")
+    before = torch.random.get_rng_state()
+    spec = causal_lm(make, max_batch=4, max_context=MAX_CONTEXT, name="tiny-llama", seq_buckets=(1, 8, 16))
+    assert torch.equal(torch.random.get_rng_state(), before)  # probing the model drew nothing
     by_name = {i.name: i for i in spec.inputs}
     names = [i.name for i in spec.inputs]
     assert names[:4] == ["input_ids", "position_ids", "cache_position", "attention_mask"]
@@ -178,6 +181,8 @@ def test_the_spec_declares_the_contract():
     assert [i.name for i in spec.state_inputs()] == names[4:]
     assert [(e.name, e.sizes) for e in spec.entry_points] == [("prefill", {}), ("decode", {"seq": 1})]
     assert (spec.name, spec.dtype, spec.seed) == ("tiny-llama", "float32", 0)
+    assert (batch.buckets, seq.buckets) == (None, (1, 8, 16))
+    assert causal_lm(factory("gpt2"), max_batch=1, max_context=MAX_CONTEXT).name == "GPT2LMHeadModel"
 
 
 def test_the_module_is_built_as_modelspec_builds_it_and_runs_its_examples():
@@ -301,6 +306,12 @@ def test_models_it_cannot_serve_are_refused_by_name():
         SpecError, match=r"Qwen2ForCausalLM mixes sliding-window layers \(window 4\) with full-attention"
     ):
         causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT)
+
+    def broken():
+        raise OSError("no such checkpoint: /models/x")
+
+    with pytest.raises(SpecError, match=r"the factory failed: OSError: no such checkpoint: /models/x"):
+        causal_lm(broken, max_batch=2, max_context=MAX_CONTEXT)
     with pytest.raises(SpecError, match=r"max_batch must be an int >= 1, got 0"):
         causal_lm(factory("gpt2"), max_batch=0, max_context=MAX_CONTEXT)
 
