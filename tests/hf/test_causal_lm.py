@@ -326,7 +326,9 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("kind", ["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kind", ["llama"] + [pytest.param(k, marks=pytest.mark.slow) for k in ("gpt2", *SLOW)]
+)
 def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
     """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
     cache in place (``index_put_`` into the state input, no copy); the bundle's greedy tokens
