@@ -47,15 +47,19 @@ REQUIRED_PARAMETERS = ("input_ids", "attention_mask", "position_ids", "past_key_
 class CacheLayout:
     """What the spec needs to know about a model: its KV cache's shape and its vocabulary.
 
-    ``window``: the sliding-window length that applies to every layer when it is shorter than
-    the context (Mistral), else None."""
+    ``key_shapes``/``value_shapes``: each layer's ``(kv_heads, head_dim)`` as its attention
+    hands keys and values to the cache. ``window``: the sliding-window length that applies to
+    every layer when it is shorter than the context (Mistral), else None."""
 
     model_class: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    key_shapes: tuple[tuple[int, int], ...]
+    value_shapes: tuple[tuple[int, int], ...]
     vocab_size: int
     window: int | None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.key_shapes)
 
 
 def causal_lm(
@@ -100,16 +104,15 @@ def causal_lm(
 
     batch = Dim("batch", 1, max_batch, buckets=batch_buckets, example=min(2, max_batch))
     seq = Dim("seq", 1, max_context, buckets=seq_buckets, example=min(4, max_context - 1))
-    cache_shape = (batch, layout.num_kv_heads, max_context, layout.head_dim)
     inputs = [
         Input("input_ids", (batch, seq), dtype="int64", low=0, high=layout.vocab_size),
         Input("position_ids", (batch, seq), dtype="int64", low=0, high=max_context),
         Input("cache_position", (seq,), dtype="int64", low=0, high=max_context),
         Input("attention_mask", (batch, max_context), dtype="int64", low=0, high=2),
     ]
-    for i in range(layout.num_layers):
-        inputs.append(Input(f"key_cache_{i}", cache_shape, state=True))
-        inputs.append(Input(f"value_cache_{i}", cache_shape, state=True))
+    for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(zip(layout.key_shapes, layout.value_shapes)):
+        inputs.append(Input(f"key_cache_{i}", (batch, k_heads, max_context, k_dim), state=True))
+        inputs.append(Input(f"value_cache_{i}", (batch, v_heads, max_context, v_dim), state=True))
     return ModelSpec(
         module=make_module,
         inputs=inputs,
@@ -191,19 +194,57 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
             f"use max_context <= {limit}"
         )
     num_layers = config.num_hidden_layers
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     output = model.get_output_embeddings()
     vocab = output.weight.shape[0] if output is not None else config.vocab_size
+    keys, values = _measured_shapes(model, cls, num_layers) or _config_shapes(config, num_layers)
     return CacheLayout(
         model_class=cls,
-        num_layers=num_layers,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        key_shapes=keys,
+        value_shapes=values,
         vocab_size=vocab,
         window=_window(config, cls, num_layers, max_context),
     )
+
+
+Shapes = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
+
+
+def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
+    """Each layer's ``(kv_heads, head_dim)`` of keys and of values, as its attention hands them
+    to ``past_key_values.update`` for one token (on the meta device, nothing is computed), or
+    None when the model does not run that way here (the config's figures are used then). Read
+    from the model rather than its config, whose names for them vary (Falcon's multi-query
+    ``num_kv_heads``, per-layer head counts)."""
+    _, _, RecordingCache = _state_cache_classes()
+    try:
+        weight = next(model.parameters())
+        recorder = RecordingCache(num_layers)
+        with torch.no_grad():
+            model(
+                input_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
+                attention_mask=torch.zeros(1, 1, 1, 1, dtype=weight.dtype, device=weight.device),
+                position_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
+                past_key_values=recorder,
+                use_cache=True,
+            )
+    except Exception:
+        return None
+    seen = [layer.shapes for layer in recorder.layers]
+    if any(len(s) != 1 for s in seen):
+        calls = [len(s) for s in seen]
+        raise SpecError(
+            f"causal_lm cannot serve {cls}: its layers must each write their keys and values once through "
+            f"past_key_values.update per call; the {num_layers} layers wrote {calls} times"
+        )
+    return tuple(s[0][0] for s in seen), tuple(s[0][1] for s in seen)
+
+
+def _config_shapes(config: Any, num_layers: int) -> Shapes:
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    every = tuple((kv_heads, head_dim) for _ in range(num_layers))
+    return every, every
 
 
 def _is_causal_lm(model: Any) -> bool:
@@ -240,8 +281,9 @@ def _window(config: Any, cls: str, num_layers: int, max_context: int) -> int | N
 
 
 @functools.cache
-def _state_cache_classes() -> tuple[type, type]:
-    """``StateCache`` and its layer, defined on first use (transformers is imported lazily)."""
+def _state_cache_classes() -> tuple[type, type, type]:
+    """``StateCache``, its layer and ``RecordingCache``, defined on first use (transformers is
+    imported lazily)."""
     from transformers.cache_utils import Cache, CacheLayerMixin
 
     class StateLayer(CacheLayerMixin):
@@ -272,7 +314,7 @@ def _state_cache_classes() -> tuple[type, type]:
                 if tuple(new.shape) != expected:
                     raise TraceError(
                         f"{self.owner}'s attention wrote {what} of shape {tuple(new.shape)} into a cache laid out "
-                        f"for {expected} ([batch, kv_heads, seq, head_dim] from its config); causal_lm cannot "
+                        f"for {expected} ([batch, kv_heads, seq, head_dim] as the spec declared it); causal_lm cannot "
                         f"serve this model"
                     )
             self.keys.index_copy_(2, self.cache_position, key_states.to(self.keys.dtype))
@@ -303,7 +345,45 @@ def _state_cache_classes() -> tuple[type, type]:
         ):
             super().__init__(layers=[StateLayer(k, v, cache_position, owner) for k, v in zip(keys, values)])
 
-    return StateCache, StateLayer
+    class RecordingLayer(CacheLayerMixin):
+        """Records the ``(heads, head_dim)`` of what the attention writes; holds nothing."""
+
+        is_compileable = False
+        is_sliding = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[tuple[int, int], tuple[int, int]]] = []
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            pass
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            # [B, heads, S, head_dim]: a call of one token attends to itself alone
+            self.shapes.append(
+                ((key_states.shape[1], key_states.shape[3]), (value_states.shape[1], value_states.shape[3]))
+            )
+            return key_states, value_states
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return query_length, 0
+
+        def get_seq_length(self) -> int:
+            return 0
+
+        def get_max_length(self) -> int:
+            return -1
+
+    class RecordingCache(Cache):
+        """``past_key_values`` that records each layer's key and value shapes (``cache_layout``)."""
+
+        def __init__(self, num_layers: int):
+            super().__init__(layers=[RecordingLayer() for _ in range(num_layers)])
+
+    return StateCache, StateLayer, RecordingCache
 
 
 class Decoder(torch.nn.Module):
@@ -353,7 +433,7 @@ class Decoder(torch.nn.Module):
             )
         keys = [state[f"key_cache_{i}"] for i in range(n)]
         values = [state[f"value_cache_{i}"] for i in range(n)]
-        StateCache, _ = _state_cache_classes()
+        StateCache, _, _ = _state_cache_classes()
         cache = StateCache(keys, values, cache_position, self.layout.model_class)
         mask = additive_mask(attention_mask, cache_position, keys[0].dtype, self.layout.window)
         # Only the last position's logits: an index tensor rather than the int 1, whose slice of the

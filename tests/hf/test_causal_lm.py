@@ -40,6 +40,10 @@ def _config(kind: str):
         return tf.MistralForCausalLM, tf.MistralConfig(
             num_key_value_heads=1, sliding_window=5, max_position_embeddings=64, **DECODER, **COMMON
         )
+    if kind == "falcon":  # multi-query: one KV head, which its config calls neither num_key_value_heads
+        return tf.FalconForCausalLM, tf.FalconConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True, **COMMON
+        )
     raise ValueError(kind)
 
 
@@ -66,9 +70,13 @@ def prompts(batch: int, length: int = 5, vocab: int = 96) -> tuple[torch.Tensor,
 
 
 def empty_cache(decoder: Decoder, batch: int) -> dict[str, torch.Tensor]:
-    lay = decoder.layout
-    shape = (batch, lay.num_kv_heads, decoder.max_context, lay.head_dim)
-    return {f"{k}_cache_{i}": torch.zeros(shape) for i in range(lay.num_layers) for k in ("key", "value")}
+    out, context = {}, decoder.max_context
+    for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(
+        zip(decoder.layout.key_shapes, decoder.layout.value_shapes)
+    ):
+        out[f"key_cache_{i}"] = torch.zeros(batch, k_heads, context, k_dim)
+        out[f"value_cache_{i}"] = torch.zeros(batch, v_heads, context, v_dim)
+    return out
 
 
 def eager_greedy(decoder: Decoder, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int):
@@ -125,7 +133,7 @@ SLOW = ["qwen2", "mistral"]
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("kind", FAST + [pytest.param(k, marks=pytest.mark.slow) for k in SLOW])
+@pytest.mark.parametrize("kind", FAST + [pytest.param(k, marks=pytest.mark.slow) for k in (*SLOW, "falcon")])
 def test_greedy_tokens_and_logits_equal_generate(kind, batch):
     reference = built(kind)
     decoder = Decoder(built(kind), MAX_CONTEXT).eval()
@@ -178,11 +186,19 @@ def test_the_spec_declares_the_contract():
     assert by_name["cache_position"].shape == (seq,) and by_name["cache_position"].high == MAX_CONTEXT
     assert by_name["attention_mask"].shape == (batch, MAX_CONTEXT)
     assert by_name["key_cache_1"].shape == (batch, 2, MAX_CONTEXT, 8) and by_name["key_cache_1"].dtype is None
+    assert by_name["value_cache_1"].shape == (batch, 2, MAX_CONTEXT, 8)
     assert [i.name for i in spec.state_inputs()] == names[4:]
     assert [(e.name, e.sizes) for e in spec.entry_points] == [("prefill", {}), ("decode", {"seq": 1})]
     assert (spec.name, spec.dtype, spec.seed) == ("tiny-llama", "float32", 0)
     assert (batch.buckets, seq.buckets) == (None, (1, 8, 16))
     assert causal_lm(factory("gpt2"), max_batch=1, max_context=MAX_CONTEXT).name == "GPT2LMHeadModel"
+
+
+def test_cache_shapes_are_read_from_the_model_not_guessed_from_its_config():
+    # Falcon's config has no num_key_value_heads (4 attention heads, multi-query: one KV head)
+    spec = causal_lm(factory("falcon"), max_batch=2, max_context=MAX_CONTEXT)
+    shapes = {i.name: i.shape[1:] for i in spec.state_inputs()}
+    assert shapes == {f"{k}_cache_{i}": (1, MAX_CONTEXT, 8) for i in range(2) for k in ("key", "value")}
 
 
 def test_the_module_is_built_as_modelspec_builds_it_and_runs_its_examples():
@@ -286,6 +302,9 @@ def test_models_it_cannot_serve_are_refused_by_name():
         SpecError, match=r"decoder-only models; T5ForConditionalGeneration \(t5\) is an encoder-decoder"
     ):
         causal_lm(lambda: tf.T5ForConditionalGeneration(t5), max_batch=2, max_context=MAX_CONTEXT)
+    bloom = tf.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4)
+    with pytest.raises(SpecError, match=r"cannot drive BloomForCausalLM: its forward takes no position_ids"):
+        causal_lm(lambda: tf.BloomForCausalLM(bloom), max_batch=2, max_context=MAX_CONTEXT)
     with pytest.raises(SpecError, match=r"needs a transformers causal LM .*; the factory returned a Linear"):
         causal_lm(lambda: torch.nn.Linear(2, 2), max_batch=2, max_context=MAX_CONTEXT)
     with pytest.raises(
