@@ -17,7 +17,9 @@ The cache tensors are passed to the model as its ``past_key_values`` through ``S
 into their slots in place and hands the whole cache back. The attention mask is built here as a
 4-D additive float mask (a slot is visible when its ``attention_mask`` bit is set and it is not
 after the query's slot, nor outside a sliding window); transformers passes a 4-D mask through its
-mask code unchanged, so no version-specific mask logic is involved.
+mask code unchanged, so no version-specific mask logic is involved. The cache's shape per layer
+is read from the model itself: one token through it on the meta device, with a ``past_key_values``
+that records what each attention layer writes.
 
 transformers is imported inside functions only: a serving host that loads a bundle never needs it.
 """
@@ -87,9 +89,9 @@ def causal_lm(
     ``batch_buckets``/``seq_buckets``: CUDA-graph sizes (default: powers of two up to the
     maximum). ``attn_implementation``: "sdpa" (default where the model supports it) or "eager".
     """
-    if not isinstance(max_batch, int) or max_batch < 1:
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise SpecError(f"causal_lm: max_batch must be an int >= 1, got {max_batch!r}")
-    if not isinstance(max_context, int) or max_context < 2:
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise SpecError(f"causal_lm: max_context must be an int >= 2, got {max_context!r}")
     if attn_implementation is not None and attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise SpecError(
@@ -219,7 +221,8 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
     try:
         weight = next(model.parameters())
         recorder = RecordingCache(num_layers)
-        with torch.no_grad():
+        # a model still in training mode draws for dropout: leave the caller's random state alone
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(
                 input_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
                 attention_mask=torch.zeros(1, 1, 1, 1, dtype=weight.dtype, device=weight.device),
