@@ -345,9 +345,10 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize(
-    "kind", ["llama"] + [pytest.param(k, marks=pytest.mark.slow) for k in ("gpt2", *SLOW)]
-)
+# Slow: tests/lm/test_hf_generate.py builds GPT-2 and Llama bundles in the default run (generate,
+# eos, sampling, CLI); this one is the tracer-level check, for every kind.
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2", *SLOW])
 def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
     """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
     cache in place (``index_put_`` into the state input, no copy); the bundle's greedy tokens
