@@ -99,7 +99,9 @@ def causal_lm(
         )
     if not callable(factory):
         raise SpecError(f"causal_lm: factory must be a zero-argument callable, got {type(factory).__name__}")
-    layout = cache_layout(_probe(factory, seed), max_context)
+    # the wrapper the build will make, made here on the meta device: a model it cannot serve
+    # is refused now, and its cache layout read
+    layout = Decoder(_probe(factory, seed), max_context, attn_implementation).layout
 
     def make_module() -> torch.nn.Module:
         return Decoder(factory(), max_context, attn_implementation)
@@ -405,13 +407,16 @@ class Decoder(torch.nn.Module):
             else ("sdpa" if getattr(model, "_supports_sdpa", False) else "eager")
         )
         if getattr(model.config, "_attn_implementation", None) != implementation:
+            why = "transformers kept " + repr(getattr(model.config, "_attn_implementation", None))
             try:
                 model.set_attn_implementation(implementation)
             except (ValueError, ImportError) as e:
+                why = (str(e).splitlines() or [""])[0][:200]
+            if getattr(model.config, "_attn_implementation", None) != implementation:
                 raise SpecError(
                     f"causal_lm: {self.layout.model_class} cannot use attn_implementation {implementation!r}: "
-                    f"{str(e).splitlines()[0][:200]}"
-                ) from None
+                    f"{why}; leave attn_implementation unset to use what the model supports"
+                )
         params = inspect.signature(model.forward).parameters
         self._keep_last = "logits_to_keep" in params
         # transformers 5 takes no cache_position (the cache knows its slots here); a model that

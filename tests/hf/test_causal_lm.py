@@ -326,6 +326,12 @@ def test_models_it_cannot_serve_are_refused_by_name():
     ):
         causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT)
 
+    gptj = tf.GPTJConfig(vocab_size=96, n_embd=32, n_layer=1, n_head=4, rotary_dim=4, n_positions=64)
+    with pytest.raises(SpecError, match=r"GPTJForCausalLM cannot use attn_implementation 'sdpa': "):
+        causal_lm(
+            lambda: tf.GPTJForCausalLM(gptj), max_batch=2, max_context=MAX_CONTEXT, attn_implementation="sdpa"
+        )
+
     def broken():
         raise OSError("no such checkpoint: /models/x")
 
