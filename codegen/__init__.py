@@ -57,7 +57,7 @@ def generate(
         return _generate_programs(traced, archs, progress, fuse)
 
     from aot.codegen.activation_folding import fold_activations
-    from aot.codegen.attention import simplify_attention_masks
+    from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.compile import Job, compile_job, ptxas_release
     from aot.codegen.partition import partition, rewrite
     from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
@@ -79,6 +79,7 @@ def generate(
         traced = replace(traced, program=program, weights=weights)
     ranges = {g.name: (g.min, g.max) for g in traced.guards.symbols}
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
+    program, _ = fold_gqa_repeats(program, log=say)
     program, folded = fold_activations(program)
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")

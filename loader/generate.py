@@ -124,43 +124,46 @@ def generate(
         mask[i, longest - len(p) : longest] = 1
     # positions count each row's own tokens (padding slots get 1, as transformers does; masked anyway)
     positions = (mask[:, :longest].cumsum(-1) - 1).masked_fill(mask[:, :longest] == 0, 1)
-    last = positions[:, -1].clone()  # [B]
     mask, ids, positions = mask.to(device), ids.to(device), positions.to(device)
+    last = positions[:, -1:].clone()  # [B, 1]
+    slots = torch.arange(context, dtype=torch.int64, device=device)  # cache_position: a slice of it
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    eos_ids = torch.tensor(sorted(eos), dtype=torch.int64, device=device) if eos else None
+    padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
 
     runner.reset(range(batch))
     logits = _logits(
         runner.entry("prefill")(
-            input_ids=ids,
-            position_ids=positions,
-            cache_position=torch.arange(longest, dtype=torch.int64, device=device),
-            attention_mask=mask,
+            input_ids=ids, position_ids=positions, cache_position=slots[:longest], attention_mask=mask
         )
     )
     decode = runner.entry("decode")
-    finished = torch.zeros(batch, dtype=torch.bool)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    done = [False] * batch
     new: list[list[int]] = [[] for _ in prompts]
     for step in range(max_new_tokens):
-        token = _choose(logits, do_sample, temperature, top_k, generator)  # [B] on CPU
-        token = torch.where(finished, torch.full_like(token, pad), token)
-        values = token.tolist()
+        token = _choose(logits, do_sample, temperature, top_k, generator).to(device)  # [B]
+        if eos_ids is not None:
+            token = torch.where(finished, padding, token)
+        values = token.tolist()  # the one host sync of a step
         for i, t in enumerate(values):
-            if not finished[i]:
+            if not done[i]:
                 new[i].append(t)
+                done[i] = t in eos
         if on_token is not None:
             on_token(step, values)
-        if eos:
-            finished |= torch.tensor([t in eos for t in values])
-        if step + 1 == max_new_tokens or bool(finished.all()):
+        if step + 1 == max_new_tokens or all(done):
             break
+        if eos_ids is not None:
+            finished |= torch.isin(token, eos_ids)
         slot = longest + step
         mask[:, slot] = 1
-        last += 1
+        last = last + 1
         logits = _logits(
             decode(
-                input_ids=token[:, None].to(device),
-                position_ids=last[:, None].to(device),
-                cache_position=torch.tensor([slot], dtype=torch.int64, device=device),
+                input_ids=token[:, None],
+                position_ids=last,
+                cache_position=slots[slot : slot + 1],
                 attention_mask=mask,
             )
         )
@@ -179,11 +182,11 @@ def _choose(
     logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, generator: Any
 ) -> torch.Tensor:
     """The next token of each row: the most likely (greedy), or a sample of the softmax of
-    ``logits / temperature`` over the ``top_k`` most likely, drawn with ``generator``."""
-    logits = logits.float().cpu()  # [B, vocab]
+    ``logits / temperature`` over the ``top_k`` most likely, drawn with ``generator`` on the CPU
+    (so a seed gives the same tokens on every device)."""
     if not do_sample:
-        return logits.argmax(-1)
-    logits = logits / temperature
+        return logits.argmax(-1)  # on the logits' device
+    logits = logits.float().cpu() / temperature  # [B, vocab]; drawn on the CPU, whatever the device
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

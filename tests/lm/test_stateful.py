@@ -364,3 +364,15 @@ def test_diff_compares_entry_points_and_state(runner):
     assert ("state", "input value_cache_1", True) in kinds(flipped)
     dropped = text.replace("state value_cache_1: float32[batch, 2, 32, 8]\n", "")
     assert kinds(dropped) == [("state removed", "state value_cache_1", False)]
+
+
+def test_a_cache_position_beyond_the_state_is_a_guard_error(runner):
+    with pytest.raises(
+        GuardError, match=r"writes the state out of its bounds.*cache_position must address slots"
+    ):
+        runner.entry("decode")(
+            input_ids=torch.tensor([[4]]),
+            position_ids=torch.tensor([[3]]),
+            cache_position=torch.tensor([32]),
+            attention_mask=torch.ones(1, 32, dtype=torch.int64),
+        )
