@@ -17,7 +17,9 @@ The cache tensors are passed to the model as its ``past_key_values`` through ``S
 into their slots in place and hands the whole cache back. The attention mask is built here as a
 4-D additive float mask (a slot is visible when its ``attention_mask`` bit is set and it is not
 after the query's slot, nor outside a sliding window); transformers passes a 4-D mask through its
-mask code unchanged, so no version-specific mask logic is involved.
+mask code unchanged, so no version-specific mask logic is involved. The cache's shape per layer
+is read from the model itself: one token through it on the meta device, with a ``past_key_values``
+that records what each attention layer writes.
 
 transformers is imported inside functions only: a serving host that loads a bundle never needs it.
 """
@@ -47,15 +49,19 @@ REQUIRED_PARAMETERS = ("input_ids", "attention_mask", "position_ids", "past_key_
 class CacheLayout:
     """What the spec needs to know about a model: its KV cache's shape and its vocabulary.
 
-    ``window``: the sliding-window length that applies to every layer when it is shorter than
-    the context (Mistral), else None."""
+    ``key_shapes``/``value_shapes``: each layer's ``(kv_heads, head_dim)`` as its attention
+    hands keys and values to the cache. ``window``: the sliding-window length that applies to
+    every layer when it is shorter than the context (Mistral), else None."""
 
     model_class: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    key_shapes: tuple[tuple[int, int], ...]
+    value_shapes: tuple[tuple[int, int], ...]
     vocab_size: int
     window: int | None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.key_shapes)
 
 
 def causal_lm(
@@ -66,8 +72,8 @@ def causal_lm(
     dtype: str = "float32",
     seed: int = 0,
     name: str | None = None,
-    weights: str | None = None,
     batch_buckets: tuple[int, ...] | None = None,
+    seq_buckets: tuple[int, ...] | None = None,
     attn_implementation: str | None = None,
 ) -> ModelSpec:
     """The spec of a transformers causal LM with a static KV cache of ``max_batch`` rows and
@@ -77,12 +83,15 @@ def causal_lm(
     ``factory``: a zero-argument callable returning the model (``lambda:
     LlamaForCausalLM(config)``, ``lambda: AutoModelForCausalLM.from_pretrained(path)``); it is
     called as ModelSpec does (``torch.manual_seed(seed); factory()``), once here on the meta
-    device to read the cache layout, and again by the build. ``attn_implementation``: "sdpa"
-    (default where the model supports it) or "eager".
+    device to read the cache layout, and again by the build. Trained weights come with the
+    model (``from_pretrained`` in the factory): the module the bundle is built from holds the
+    transformers model under ``model.``, so its state dict is not a transformers checkpoint's.
+    ``batch_buckets``/``seq_buckets``: CUDA-graph sizes (default: powers of two up to the
+    maximum). ``attn_implementation``: "sdpa" (default where the model supports it) or "eager".
     """
-    if not isinstance(max_batch, int) or max_batch < 1:
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise SpecError(f"causal_lm: max_batch must be an int >= 1, got {max_batch!r}")
-    if not isinstance(max_context, int) or max_context < 2:
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise SpecError(f"causal_lm: max_context must be an int >= 2, got {max_context!r}")
     if attn_implementation is not None and attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise SpecError(
@@ -90,33 +99,32 @@ def causal_lm(
         )
     if not callable(factory):
         raise SpecError(f"causal_lm: factory must be a zero-argument callable, got {type(factory).__name__}")
-    layout = cache_layout(_probe(factory, seed), max_context)
+    # the wrapper the build will make, made here on the meta device: a model it cannot serve
+    # is refused now, and its cache layout read
+    layout = Decoder(_probe(factory, seed), max_context, attn_implementation).layout
 
     def make_module() -> torch.nn.Module:
         return Decoder(factory(), max_context, attn_implementation)
 
     batch = Dim("batch", 1, max_batch, buckets=batch_buckets, example=min(2, max_batch))
-    seq = Dim("seq", 1, max_context, example=min(4, max_context - 1))
-    cache_shape = (batch, layout.num_kv_heads, max_context, layout.head_dim)
+    seq = Dim("seq", 1, max_context, buckets=seq_buckets, example=min(4, max_context - 1))
     inputs = [
         Input("input_ids", (batch, seq), dtype="int64", low=0, high=layout.vocab_size),
         Input("position_ids", (batch, seq), dtype="int64", low=0, high=max_context),
         Input("cache_position", (seq,), dtype="int64", low=0, high=max_context),
         Input("attention_mask", (batch, max_context), dtype="int64", low=0, high=2),
     ]
-    for i in range(layout.num_layers):
-        inputs.append(Input(f"key_cache_{i}", cache_shape, state=True))
-        inputs.append(Input(f"value_cache_{i}", cache_shape, state=True))
+    for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(zip(layout.key_shapes, layout.value_shapes)):
+        inputs.append(Input(f"key_cache_{i}", (batch, k_heads, max_context, k_dim), state=True))
+        inputs.append(Input(f"value_cache_{i}", (batch, v_heads, max_context, v_dim), state=True))
     return ModelSpec(
         module=make_module,
         inputs=inputs,
         dtype=dtype,
-        weights=weights,
         name=name or layout.model_class,
         seed=seed,
         example_inputs=functools.partial(example_inputs, max_context=max_context),
         entry_points=(EntryPoint("prefill", {}), EntryPoint("decode", {"seq": 1})),
-        extra={"causal_lm": {"max_batch": max_batch, "max_context": max_context, "vocab": layout.vocab_size}},
     )
 
 
@@ -138,20 +146,20 @@ def example_inputs(sizes: dict[str, int], *, max_context: int) -> dict[str, torc
 
 def _probe(factory: Callable[[], Any], seed: int) -> Any:
     """The model as ``factory`` builds it, on the meta device when it can be (no weights are
-    initialized or read), else for real."""
-    torch.manual_seed(seed)
-    try:
-        with torch.device("meta"):
+    initialized or read), else for real; the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            with torch.device("meta"):
+                return factory()
+        except Exception:
+            pass
+        torch.manual_seed(seed)
+        try:
             return factory()
-    except Exception:
-        pass
-    torch.manual_seed(seed)
-    try:
-        return factory()
-    except Exception as e:
-        raise SpecError(
-            f"causal_lm: the factory failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        ) from None
+        except Exception as e:
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise SpecError(f"causal_lm: the factory failed: {type(e).__name__}: {first}") from None
 
 
 def cache_layout(model: Any, max_context: int) -> CacheLayout:
@@ -190,19 +198,58 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
             f"use max_context <= {limit}"
         )
     num_layers = config.num_hidden_layers
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     output = model.get_output_embeddings()
     vocab = output.weight.shape[0] if output is not None else config.vocab_size
+    keys, values = _measured_shapes(model, cls, num_layers) or _config_shapes(config, num_layers)
     return CacheLayout(
         model_class=cls,
-        num_layers=num_layers,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
+        key_shapes=keys,
+        value_shapes=values,
         vocab_size=vocab,
         window=_window(config, cls, num_layers, max_context),
     )
+
+
+Shapes = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
+
+
+def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
+    """Each layer's ``(kv_heads, head_dim)`` of keys and of values, as its attention hands them
+    to ``past_key_values.update`` for one token (on the meta device, nothing is computed), or
+    None when the model does not run that way here (the config's figures are used then). Read
+    from the model rather than its config, whose names for them vary (Falcon's multi-query
+    ``num_kv_heads``, per-layer head counts)."""
+    _, _, RecordingCache = _state_cache_classes()
+    try:
+        weight = next(model.parameters())
+        recorder = RecordingCache(num_layers)
+        # a model still in training mode draws for dropout: leave the caller's random state alone
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(
+                input_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
+                attention_mask=torch.zeros(1, 1, 1, 1, dtype=weight.dtype, device=weight.device),
+                position_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
+                past_key_values=recorder,
+                use_cache=True,
+            )
+    except Exception:
+        return None
+    seen = [layer.shapes for layer in recorder.layers]
+    if any(len(s) != 1 for s in seen):
+        calls = [len(s) for s in seen]
+        raise SpecError(
+            f"causal_lm cannot serve {cls}: its layers must each write their keys and values once through "
+            f"past_key_values.update per call; the {num_layers} layers wrote {calls} times"
+        )
+    return tuple(s[0][0] for s in seen), tuple(s[0][1] for s in seen)
+
+
+def _config_shapes(config: Any, num_layers: int) -> Shapes:
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    every = tuple((kv_heads, head_dim) for _ in range(num_layers))
+    return every, every
 
 
 def _is_causal_lm(model: Any) -> bool:
@@ -239,8 +286,9 @@ def _window(config: Any, cls: str, num_layers: int, max_context: int) -> int | N
 
 
 @functools.cache
-def _state_cache_classes() -> tuple[type, type]:
-    """``StateCache`` and its layer, defined on first use (transformers is imported lazily)."""
+def _state_cache_classes() -> tuple[type, type, type]:
+    """``StateCache``, its layer and ``RecordingCache``, defined on first use (transformers is
+    imported lazily)."""
     from transformers.cache_utils import Cache, CacheLayerMixin
 
     class StateLayer(CacheLayerMixin):
@@ -271,7 +319,7 @@ def _state_cache_classes() -> tuple[type, type]:
                 if tuple(new.shape) != expected:
                     raise TraceError(
                         f"{self.owner}'s attention wrote {what} of shape {tuple(new.shape)} into a cache laid out "
-                        f"for {expected} ([batch, kv_heads, seq, head_dim] from its config); causal_lm cannot "
+                        f"for {expected} ([batch, kv_heads, seq, head_dim] as the spec declared it); causal_lm cannot "
                         f"serve this model"
                     )
             self.keys.index_copy_(2, self.cache_position, key_states.to(self.keys.dtype))
@@ -302,7 +350,45 @@ def _state_cache_classes() -> tuple[type, type]:
         ):
             super().__init__(layers=[StateLayer(k, v, cache_position, owner) for k, v in zip(keys, values)])
 
-    return StateCache, StateLayer
+    class RecordingLayer(CacheLayerMixin):
+        """Records the ``(heads, head_dim)`` of what the attention writes; holds nothing."""
+
+        is_compileable = False
+        is_sliding = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[tuple[int, int], tuple[int, int]]] = []
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            pass
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            # [B, heads, S, head_dim]: a call of one token attends to itself alone
+            self.shapes.append(
+                ((key_states.shape[1], key_states.shape[3]), (value_states.shape[1], value_states.shape[3]))
+            )
+            return key_states, value_states
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return query_length, 0
+
+        def get_seq_length(self) -> int:
+            return 0
+
+        def get_max_length(self) -> int:
+            return -1
+
+    class RecordingCache(Cache):
+        """``past_key_values`` that records each layer's key and value shapes (``cache_layout``)."""
+
+        def __init__(self, num_layers: int):
+            super().__init__(layers=[RecordingLayer() for _ in range(num_layers)])
+
+    return StateCache, StateLayer, RecordingCache
 
 
 class Decoder(torch.nn.Module):
@@ -321,24 +407,25 @@ class Decoder(torch.nn.Module):
             else ("sdpa" if getattr(model, "_supports_sdpa", False) else "eager")
         )
         if getattr(model.config, "_attn_implementation", None) != implementation:
+            why = "transformers kept " + repr(getattr(model.config, "_attn_implementation", None))
             try:
                 model.set_attn_implementation(implementation)
             except (ValueError, ImportError) as e:
+                why = (str(e).splitlines() or [""])[0][:200]
+            if getattr(model.config, "_attn_implementation", None) != implementation:
                 raise SpecError(
                     f"causal_lm: {self.layout.model_class} cannot use attn_implementation {implementation!r}: "
-                    f"{str(e).splitlines()[0][:200]}"
-                ) from None
+                    f"{why}; leave attn_implementation unset to use what the model supports"
+                )
         params = inspect.signature(model.forward).parameters
         self._keep_last = "logits_to_keep" in params
+        # transformers 5 takes no cache_position (the cache knows its slots here); a model that
+        # still does gets it, so it never derives one from the cache's length.
+        self._takes_cache_position = "cache_position" in params
 
-        # forward names each state input, so callers and torch.export bind them like any parameter.
-        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-            return self.decode(*args, **kwargs)
+        self.__class__ = _decoder_class(self.layout.num_layers)
 
-        forward.__signature__ = forward_signature(self.layout.num_layers)  # type: ignore[attr-defined]
-        self.forward = forward
-
-    def decode(
+    def forward(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
@@ -354,13 +441,15 @@ class Decoder(torch.nn.Module):
             )
         keys = [state[f"key_cache_{i}"] for i in range(n)]
         values = [state[f"value_cache_{i}"] for i in range(n)]
-        StateCache, _ = _state_cache_classes()
+        StateCache, _, _ = _state_cache_classes()
         cache = StateCache(keys, values, cache_position, self.layout.model_class)
         mask = additive_mask(attention_mask, cache_position, keys[0].dtype, self.layout.window)
         # Only the last position's logits: an index tensor rather than the int 1, whose slice of the
         # hidden states is contiguous only when batch or seq is 1 (a batch != 1 guard in export).
         last = torch.arange(input_ids.shape[1], device=input_ids.device)[-1:]
         extra = {"logits_to_keep": last} if self._keep_last else {}
+        if self._takes_cache_position:
+            extra["cache_position"] = cache_position
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -380,13 +469,26 @@ class Decoder(torch.nn.Module):
         return out.logits[:, -1].to(keys[0].dtype)
 
 
-def forward_signature(num_layers: int) -> inspect.Signature:
-    """``Decoder.forward``'s signature with each state input named (``key_cache_0``, ...), so that
-    callers and ``torch.export`` bind them by keyword like any other parameter."""
+@functools.cache
+def _decoder_class(num_layers: int) -> type[Decoder]:
+    """``Decoder`` with a ``forward`` whose signature names each state input (``key_cache_0``,
+    ...), so that callers, the tracer and ``torch.export`` bind them by keyword like any other
+    parameter. A class of its own (not an attribute of the instance), so that a copy of the
+    module (``copy.deepcopy``, as the tracer makes of half-precision models) runs itself."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     names = ["input_ids", "position_ids", "cache_position", "attention_mask"]
     names += [f"{k}_cache_{i}" for i in range(num_layers) for k in ("key", "value")]
-    return inspect.Signature([inspect.Parameter(n, kind, annotation=torch.Tensor) for n in names])
+    parameters = [inspect.Parameter("self", kind)]
+    parameters += [inspect.Parameter(n, kind, annotation=torch.Tensor) for n in names]
+
+    def forward(self: Decoder, *args: Any, **kwargs: Any) -> torch.Tensor:
+        bound = forward.__signature__.bind(self, *args, **kwargs)
+        return Decoder.forward(**bound.arguments)
+
+    forward.__signature__ = inspect.Signature(parameters, return_annotation=torch.Tensor)  # type: ignore[attr-defined]
+    return type(
+        "Decoder", (Decoder,), {"forward": forward, "__module__": __name__, "__qualname__": "Decoder"}
+    )
 
 
 def additive_mask(
@@ -395,14 +497,18 @@ def additive_mask(
     """The 4-D additive mask [B, 1, S, C]: 0 where query s may attend slot c, the dtype's most
     negative value elsewhere. A slot is visible when it holds a real token (``attention_mask``
     [B, C] is 1), is not after the query's slot ``cache_position[s]``, and, with a sliding
-    ``window``, is fewer than ``window`` slots before it. A query with no visible slot (left
-    padding) attends uniformly rather than to nothing, so no NaN reaches the cache."""
+    ``window``, is fewer than ``window`` slots before it. The query's own slot is always
+    visible: a left-padding query would otherwise see no slot at all, and a fully masked row is
+    NaN in some attention kernels (half precision, -inf masks), which would then reach the
+    cache. Real tokens never see padding slots, so what padding queries compute stays there."""
     slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     query = cache_position[:, None]  # [S, 1]
     visible = slots[None, :] <= query  # [S, C]
     if window is not None:
         visible = visible & (slots[None, :] > query - window)
-    visible = visible[None] & attention_mask[:, None, :].bool()  # [B, S, C]
+    visible = (visible[None] & attention_mask[:, None, :].bool()) | (slots[None, :] == query)[
+        None
+    ]  # [B, S, C]
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
     lowest = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
     return torch.where(visible, zero, lowest)[:, None]
