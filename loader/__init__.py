@@ -201,6 +201,7 @@ class Runner:
         self.state.allocate()
         self._state_storages = Storages(self.state.tensors.values()) if self.state.tensors else None
         self._state_lock = threading.Lock()
+        self._generate_lock = threading.Lock()  # a generation owns the state from prefill to its last token
         self._entries: list[_Entry] = []
         for (name, guards, buckets, entry_name), program, state_aliases in zip(entries, programs, aliases):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
@@ -276,23 +277,25 @@ class Runner:
         ``eos_token_id`` (which it keeps); rows that stopped are fed ``pad_token_id``. Returns each
         prompt's new tokens; ``on_token(step, tokens)`` sees each step's tokens as they come.
         ``GuardError`` before anything runs when the prompts and new tokens overflow the context
-        or the batch. The state's rows ``0..batch-1`` are reset first.
+        or the batch. The state's rows ``0..batch-1`` are reset first; generations on one runner run
+        one at a time.
         """
         from aot.loader.generate import generate
 
-        return generate(
-            self,
-            prompt_ids,
-            max_new_tokens,
-            attention_mask=attention_mask,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            seed=seed,
-            on_token=on_token,
-        )
+        with self._generate_lock:
+            return generate(
+                self,
+                prompt_ids,
+                max_new_tokens,
+                attention_mask=attention_mask,
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+                do_sample=do_sample,
+                temperature=temperature,
+                top_k=top_k,
+                seed=seed,
+                on_token=on_token,
+            )
 
     def reset(self, rows: int | Sequence[int] | None = None) -> None:
         """Zero the state (every row, or the given batch rows) before new sequences use it."""

@@ -376,3 +376,20 @@ def test_a_cache_position_beyond_the_state_is_a_guard_error(runner):
             cache_position=torch.tensor([32]),
             attention_mask=torch.ones(1, 32, dtype=torch.int64),
         )
+
+
+def test_generations_on_one_runner_run_one_at_a_time(runner):
+    import threading
+
+    prompts = [[[5, 6, 7]], [[1, 2, 3, 4]], [[9]], [[2, 2]]]
+    want = [runner.generate(p, 10) for p in prompts]
+    got: dict[int, list] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: got.update({i: runner.generate(prompts[i], 10)}))
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[i] for i in range(4)] == want
