@@ -10,6 +10,8 @@ training-mode, uninitialized-memory and private kernel ops, plus the ops the tra
 emit beyond it. ``tests/aot/test_allowed_ops.py`` checks that every op of every bundle the test
 suite builds is listed, and that no listed op writes to its arguments or draws random numbers.
 
+``STATE_WRITE_OPS`` are the exception: in-place writes, allowed only into a program's state.
+
 Teaching the fuser a new op, or tracing a model whose decomposition emits one, means adding it
 here after checking that it is such a pure function; a bundle that calls anything else is refused
 at load.
@@ -240,3 +242,21 @@ EMITTED_OPS = frozenset(
 )
 
 ALLOWED_OPS = CORE_OPS | EMITTED_OPS
+
+# In-place writes into the runner's state (``Input(state=True)``: a static KV cache): the one kind
+# of write a bundle may make. Kept apart from ``ALLOWED_OPS`` (pure functions): the loader resolves
+# one only for a step whose first argument is a state input (or a state write's result, which
+# aliases it), so a program can write nothing but the state it declares.
+STATE_WRITE_OPS = frozenset(
+    {
+        "aten.index_put_.default",
+        "aten.index_copy_.default",
+        "aten.copy_.default",
+    }
+)
+# The functional op each state write replaces: what ``torch.export`` records for the write.
+FUNCTIONAL_OF_STATE_WRITE = {
+    "aten.index_put.default": "aten.index_put_.default",
+    "aten.index_copy.default": "aten.index_copy_.default",
+    "aten.copy.default": "aten.copy_.default",
+}

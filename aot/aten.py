@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from aot.allowed_ops import ALLOWED_OPS, ZERO_ARGS
+from aot.allowed_ops import ALLOWED_OPS, STATE_WRITE_OPS, ZERO_ARGS
 from aot.dtypes import torch_dtypes
 from aot.errors import BundleError, EnvError
 from aot.program import VIEW_OPS
@@ -46,11 +46,13 @@ RESHAPED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
 STRIDED_VIEWS = frozenset({"aten.as_strided.default"})
 
 
-def resolve_op(name: str) -> Any:
+def resolve_op(name: str, state_write: bool = False) -> Any:
     """``aten.addmm.default`` → the OpOverload. Only the ops of ``aot.allowed_ops`` are reachable:
     pure functions of their arguments (no random numbers, autograd, files or process state, no
     writes, no unchecked views). ``EnvError`` for an op this torch lacks (a bundle built against
-    another torch), ``BundleError`` for any other op off the list."""
+    another torch), ``BundleError`` for any other op off the list. ``state_write``: also resolve
+    the in-place writes of ``STATE_WRITE_OPS``, for a step its caller has checked writes into a
+    program's state (``AtenCall``)."""
     m = _OP_NAME.match(name)
     if not m:
         raise BundleError(f"step calls {name[:80]!r}, which is not an ATen op name")
@@ -68,6 +70,8 @@ def resolve_op(name: str) -> Any:
             f"this torch ({torch.__version__}) has no ATen op {name}, which the bundle needs; "
             f"use the torch version the bundle was built with or rebuild it against this one"
         )
+    if state_write and name in STATE_WRITE_OPS:
+        return overload
     if name not in ALLOWED_OPS or any(
         a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments
     ):
@@ -163,17 +167,50 @@ def _check_devices(op: Any, step: Step) -> None:
             )
 
 
+def state_writes_checked(steps: list[Step] | tuple[Step, ...], state: tuple[str, ...]) -> frozenset[str]:
+    """The buffers that alias a program's state: the state inputs and the results of the state
+    writes into them. ``BundleError`` for a state write (``STATE_WRITE_OPS``) whose first argument
+    is anything else (a weight, a caller's input, an intermediate), or that writes a state input
+    the program does not declare: a bundle writes nothing but its own state."""
+    aliases = set(state)
+    for i, step in enumerate(steps):
+        if step.kind != StepKind.ATEN or step.target not in STATE_WRITE_OPS:
+            continue
+        first = step.args[0] if step.args else None
+        if not (isinstance(first, Buf) and first.name in aliases):
+            got = first.name if isinstance(first, Buf) else str(first)
+            raise BundleError(
+                f"step {i} ({step.target}) writes into {got[:60]!r}, which is not a state input of the "
+                f"program (state: {sorted(state)[:8]}); bundles write only into their own state: "
+                f"rebuild the bundle with a trusted aotpack"
+            )
+        aliases.update(o for o in step.outputs if o is not None)
+    return frozenset(aliases)
+
+
 class AtenCall:
     """One prepared ATen step. ``weights``: the tensors known at load; a view of one with
-    constant arguments is made and checked against its storage right away."""
+    constant arguments is made and checked against its storage right away. ``state_aliases``:
+    the buffers a state write may write into (``state_writes_checked``); any other write is
+    refused."""
 
     __slots__ = ("op", "args", "kwargs", "outputs", "name", "check_views")
 
-    def __init__(self, step: Step, device: torch.device, weights: dict[str, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        step: Step,
+        device: torch.device,
+        weights: dict[str, torch.Tensor] | None = None,
+        state_aliases: frozenset[str] = frozenset(),
+    ):
         if step.kind != StepKind.ATEN:
             raise BundleError(f"expected an ATen step, got kind {str(step.kind)[:20]!r}")
         self.name = step.target
-        self.op = resolve_op(step.target)
+        first = step.args[0] if step.args else None
+        writes_state = (
+            step.target in STATE_WRITE_OPS and isinstance(first, Buf) and first.name in state_aliases
+        )
+        self.op = resolve_op(step.target, state_write=writes_state)
         check_zero_args(step)
         if step.target in RESHAPED_VIEWS:
             self.op = torch.ops.aten.reshape.default

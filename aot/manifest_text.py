@@ -21,6 +21,17 @@ The format (``#`` lines and blank lines are comments)::
     program general  admits  2 <= batch <= 16; 10 <= seq <= 256     # when one trace could not cover
     program batch == 1  admits  10 <= seq <= 256                    # the declared ranges: dispatch order
 
+A stateful bundle (an LLM with a KV cache) lists its state after its inputs, and its entry points,
+each program under the entry point it serves with the sizes that entry point fixes::
+
+    input input_ids: int64[batch, seq]
+    state key_cache_0: float16[batch, 8, 2048, 64]       # runner-owned, allocated at the largest batch
+
+    entry prefill
+    entry decode
+    program prefill  admits  1 <= batch <= 8; 1 <= seq <= 2048
+    program decode  admits  seq == 1; 1 <= batch <= 8
+
     env schema 1.0
     env archs sm_80, sm_90
     env torch >= 2.11
@@ -71,17 +82,35 @@ class GuardManifest:
     schema_version: tuple[int, int] = (0, 0)
     dtype: str = ""  # the model's compute dtype ("" when unknown)
     programs: tuple[str, ...] = ()  # "NAME  admits  SETS" per program, in dispatch order (several only)
+    entry_points: tuple[str, ...] = ()  # the bundle's named entry points, in declaration order
 
 
-def program_lines(entries) -> tuple[str, ...]:
-    """One line per ``ProgramEntry``: its name and what its guards admit."""
+def program_lines(entries, contract: Guards | None = None) -> tuple[str, ...]:
+    """One line per ``ProgramEntry``: its name (its entry point's, where it serves one) and what
+    its guards admit; for an entry point, first the sizes it fixes (``seq == 1``), read off its
+    inputs against the bundle's ``contract``."""
     out = []
+    declared = {i.name: i.shape for i in contract.inputs} if contract is not None else {}
     for e in entries:
-        sets = "; ".join(admissible_text(s) for s in sorted(e.guards.symbols, key=lambda s: s.name))
+        fixed: list[str] = []
+        if e.entry:
+            for inp in e.guards.inputs:
+                for mine, theirs in zip(inp.shape, declared.get(inp.name, ())):
+                    text = f"{theirs} == {mine}"
+                    if static_size(mine) is not None and static_size(theirs) is None and text not in fixed:
+                        fixed.append(text)
+        sets = "; ".join(
+            [*sorted(fixed), *(admissible_text(s) for s in sorted(e.guards.symbols, key=lambda s: s.name))]
+        )
         rel = "; ".join(r.expr for r in e.guards.relations)
         what = "; ".join(x for x in (sets, rel) if x) or "its static sizes"
-        out.append(f"{_one_line(e.name)}  admits  {_one_line(what)}")
+        out.append(f"{_one_line(e.entry or e.name)}  admits  {_one_line(what)}")
     return tuple(out)
+
+
+def entry_point_names(entries) -> tuple[str, ...]:
+    """The distinct entry points of ``ProgramEntry``s, in order."""
+    return tuple(dict.fromkeys(e.entry for e in entries if e.entry))
 
 
 def manifest_of_bundle(m: Manifest) -> GuardManifest:
@@ -92,7 +121,8 @@ def manifest_of_bundle(m: Manifest) -> GuardManifest:
         buckets=m.buckets,
         schema_version=m.schema_version,
         dtype=m.dtype,
-        programs=program_lines(m.programs),
+        programs=program_lines(m.programs, m.guards),
+        entry_points=entry_point_names(m.programs),
     )
 
 
@@ -152,6 +182,7 @@ def canonical(m: GuardManifest) -> GuardManifest:
         schema_version=tuple(m.schema_version),
         dtype=m.dtype,
         programs=tuple(m.programs),
+        entry_points=tuple(m.entry_points),
     )
 
 
@@ -193,7 +224,8 @@ def render_manifest(m: GuardManifest) -> str:
         lines.append(f"dtype {m.dtype}")
     lines.append("")
     for inp in m.guards.inputs:
-        lines.append(f"input {inp.name}: {inp.dtype}[{', '.join(inp.shape)}]")
+        kind = "state" if inp.state else "input"
+        lines.append(f"{kind} {inp.name}: {inp.dtype}[{', '.join(inp.shape)}]")
     if m.guards.symbols or m.guards.relations or m.guards.specializations:
         lines.append("")
     for sym in m.guards.symbols:
@@ -211,8 +243,9 @@ def render_manifest(m: GuardManifest) -> str:
         for b in m.buckets:
             pad = "  paddable" if b.paddable else ""
             lines.append(f"bucket {b.symbol}: {', '.join(map(str, b.sizes))}{pad}")
-    if m.programs:
+    if m.programs or m.entry_points:
         lines.append("")
+        lines += [f"entry {e}" for e in m.entry_points]
         lines += [f"program {p}" for p in m.programs]
     env = m.environment
     lines += [
@@ -234,7 +267,7 @@ _LINES = {
     "model": re.compile(r"^model (?P<name>.+)$"),
     "dtype": re.compile(rf"^dtype (?P<dtype>{_IDENT})$"),
     "input": re.compile(
-        rf"^input (?P<name>{_IDENT}(?:\.[A-Za-z0-9_]+)*): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"
+        rf"^(?P<kind>input|state) (?P<name>{_IDENT}(?:\.[A-Za-z0-9_]+)*): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"
     ),
     "symbol": re.compile(
         rf"^symbol (?P<name>{_IDENT}): (?P<set>.+)  \(declared (?P<lo>{_INT})\.\.(?P<hi>{_INT})\)$"
@@ -245,6 +278,7 @@ _LINES = {
     "bucket": re.compile(
         rf"^bucket (?P<name>{_IDENT}): (?P<sizes>[0-9]{{1,19}}(?:, [0-9]{{1,19}})*)(?P<pad>  paddable)?$"
     ),
+    "entry": re.compile(rf"^entry (?P<name>{_IDENT})$"),
     "program": re.compile(r"^program (?P<text>.+  admits  .+)$"),
     "schema": re.compile(r"^env schema (?P<major>[0-9]{1,6})\.(?P<minor>[0-9]{1,6})$"),
     "archs": re.compile(r"^env archs (?P<archs>.+)$"),
@@ -254,9 +288,10 @@ _RANGE = re.compile(rf"^(?P<lo>{_INT}) <= (?P<name>{_IDENT}) <= (?P<hi>{_INT})$"
 _RESIDUE = re.compile(rf"^(?P<name>{_IDENT}) % (?P<m>[0-9]{{1,9}}) == (?P<r>[0-9]{{1,9}})$")
 _EXCLUDED = re.compile(rf"^(?P<name>{_IDENT}) != (?P<v>{_INT})$")
 _EXPECTED = (
-    "one of: model NAME | dtype DTYPE | input NAME: DTYPE[dims] | symbol NAME: SET  (declared A..B) | "
+    "one of: model NAME | dtype DTYPE | input NAME: DTYPE[dims] | state NAME: DTYPE[dims] | "
+    "symbol NAME: SET  (declared A..B) | "
     "  guard TEXT  at FILE:LINE  CODE | relation ... | specialized ... | bucket SYM: sizes | "
-    "program NAME  admits  SETS | env schema/archs/torch"
+    "entry NAME | program NAME  admits  SETS | env schema/archs/torch"
 )
 
 
@@ -319,6 +354,40 @@ class _Parser:
         return GuardSource(text=m["text"], file=m["file"], line=int(m["line"]), code=m["code"] or "")
 
 
+_SET_ITEM = re.compile(
+    rf"^(?:(?P<fixed>{_IDENT}) == (?P<v>[0-9]{{1,19}})|-?[0-9]{{1,19}} <= (?P<name>{_IDENT}) <= .+)$"
+)
+
+
+def program_sets(line: str) -> dict[str, SymbolGuard] | None:
+    """What a ``program`` line admits, per symbol (``seq == 1; 1 <= batch <= 4``), or None when a
+    part is not a symbol's set (a relation, ``its static sizes``)."""
+    _, _, what = line.partition("  admits  ")
+    parts = [p.strip() for p in what.split("; ")]
+    out: dict[str, SymbolGuard] = {}
+    p = _Parser("<program line>")
+    for part in parts:
+        m = _SET_ITEM.match(part)
+        if m is None:
+            return None
+        if m["fixed"]:
+            v = int(m["v"])
+            out[m["fixed"]] = SymbolGuard(name=m["fixed"], declared_min=v, declared_max=v, min=v, max=v)
+            continue
+        rng = _RANGE.match(part.split(", ")[0])
+        if rng is None:
+            return None
+        fake = re.match(
+            r"^(?P<name>\S+) (?P<set>.+) (?P<lo>\S+) (?P<hi>\S+)$",
+            f"{m['name']} {part} {rng['lo']} {rng['hi']}",
+        )
+        try:
+            out[m["name"]] = p.symbol(fake)
+        except BundleError:
+            return None
+    return out
+
+
 def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
     """Parse manifest text (as ``render_manifest`` writes it) back into a ``GuardManifest``.
 
@@ -332,6 +401,7 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
     specializations: list[GuardSource] = []
     buckets: list[Bucket] = []
     programs: list[str] = []
+    entry_points: list[str] = []
     schema_version = archs = torch_min = None
     for p.lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
@@ -347,7 +417,9 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
             shape = tuple(s.strip() for s in m["shape"].split(",")) if m["shape"].strip() else ()
             if any(not re.fullmatch(rf"[0-9]{{1,19}}|{_IDENT}", s) for s in shape):
                 raise p.fail("input dims that are sizes or symbol names, separated by `, `", line)
-            inputs.append(InputGuard(name=m["name"], dtype=m["dtype"], shape=shape))
+            inputs.append(
+                InputGuard(name=m["name"], dtype=m["dtype"], shape=shape, state=m["kind"] == "state")
+            )
         elif kind == "symbol":
             symbols.append(p.symbol(m))
             sources[symbols[-1].name] = []
@@ -363,6 +435,8 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
         elif kind == "bucket":
             sizes = tuple(p.int(s, "a bucket size") for s in m["sizes"].split(", "))
             buckets.append(Bucket(symbol=m["name"], sizes=sizes, paddable=bool(m["pad"])))
+        elif kind == "entry":
+            entry_points.append(m["name"])
         elif kind == "program":
             programs.append(m["text"])
         elif kind == "schema":
@@ -384,7 +458,7 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
     ]
     if missing or not inputs:
         raise p.fail("a complete manifest", f"no {', '.join(missing or ['input'])} line")
-    _check_names(p, inputs, symbols, buckets)
+    _check_names(p, inputs, symbols, buckets, tuple(entry_points))
     guards = Guards(
         inputs=tuple(inputs),
         symbols=tuple(replace(s, sources=tuple(sources[s.name])) for s in symbols),
@@ -401,16 +475,22 @@ def parse_guards_text(text: str, source: str = "<manifest>") -> GuardManifest:
             schema_version=schema_version,
             dtype=dtype or "",
             programs=tuple(programs),
+            entry_points=tuple(entry_points),
         )
     )
 
 
 def _check_names(
-    p: _Parser, inputs: list[InputGuard], symbols: list[SymbolGuard], buckets: list[Bucket]
+    p: _Parser,
+    inputs: list[InputGuard],
+    symbols: list[SymbolGuard],
+    buckets: list[Bucket],
+    entry_points: tuple[str, ...] = (),
 ) -> None:
     declared = {s.name for s in symbols}
     for kind, names in (
         ("input", [i.name for i in inputs]),
+        ("entry", list(entry_points)),
         ("symbol", [s.name for s in symbols]),
         ("bucket", [b.symbol for b in buckets]),
     ):

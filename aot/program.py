@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from aot.allowed_ops import STATE_WRITE_OPS
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
@@ -67,7 +68,9 @@ def step_writes(step: Step) -> list[str]:
 
 
 def is_view(step: Step) -> bool:
-    return step.kind == StepKind.ATEN and step.target in VIEW_OPS
+    """Whether the step's result shares its first argument's memory: a view, or a state write
+    (``aot.allowed_ops.STATE_WRITE_OPS``), whose result is the state it wrote into."""
+    return step.kind == StepKind.ATEN and (step.target in VIEW_OPS or step.target in STATE_WRITE_OPS)
 
 
 def reference_steps(program: Program) -> list[Step]:

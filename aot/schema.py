@@ -273,8 +273,13 @@ class Program:
     """A straight-line program over named buffers with symbolic sizes.
 
     ``variants``: further programs of the same model, each traced under its own guards (e.g. a
-    ``batch == 1`` specialization beside the general trace); ``Manifest.programs`` holds their
-    guards, in the same order after this one's. They share this program's weights.
+    ``batch == 1`` specialization beside the general trace, or another entry point such as
+    ``decode``); ``Manifest.programs`` holds their guards, in the same order after this one's.
+    They share this program's weights, and its state.
+
+    ``state``: the inputs the runner owns (``Input(state=True)``, a KV cache), by name; they are
+    among ``inputs``. Only ``aot.allowed_ops.STATE_WRITE_OPS`` steps write, and only into them
+    (or into a state write's result, which aliases its state).
     """
 
     inputs: tuple[NamedTensor, ...]
@@ -287,15 +292,20 @@ class Program:
     output_tree: TreeSpec | None = None
     variants: tuple[Program, ...] = ()
     alternatives: tuple[GemmSite, ...] = field(default=(), metadata=OMIT_EMPTY)
+    state: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)
 class InputGuard:
-    """Declared contract of one input: dtype, rank, and per-dim size (int text or symbol)."""
+    """Declared contract of one input: dtype, rank, and per-dim size (int text or symbol).
+
+    ``state``: the runner owns it (a KV cache): allocated once at its largest size, never passed
+    by the caller; a call on ``b`` rows of its first dim sees rows ``0..b-1``."""
 
     name: str
     dtype: str
     shape: tuple[str, ...]
+    state: bool = False
 
 
 @dataclass(frozen=True)
@@ -374,6 +384,10 @@ class ProgramEntry:
     name: str  # what it covers, e.g. "batch == 1"; "general" for the first
     guards: Guards
     buckets: tuple[Bucket, ...]
+    # The entry point it serves (``aot.spec.EntryPoint``: "prefill", "decode"); "" in a bundle
+    # without named entry points. A call of an entry point runs the first of its programs that
+    # admits it.
+    entry: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,20 @@ A model file is ordinary Python that defines ``spec = ModelSpec(...)`` at module
         dtype="float16",
     )
 
+A stateful model (an LLM with a static KV cache) declares its cache as state inputs and its
+entry points, each the same ``forward`` with some Dims fixed::
+
+    batch, seq = Dim("batch", 1, 8), Dim("seq", 1, 512)
+    spec = ModelSpec(
+        module=make_lm,
+        inputs=[
+            Input("input_ids", (batch, seq), dtype="int64", low=0, high=vocab),
+            Input("key_cache_0", (batch, heads, 512, head_dim), state=True),   # runner-owned
+            ...
+        ],
+        entry_points=(EntryPoint("prefill"), EntryPoint("decode", {"seq": 1})),
+    )
+
 Everything here is plain data (stdlib only); the tracer turns it into torch objects.
 """
 
@@ -88,6 +102,13 @@ class Input:
 
     ``dtype=None`` means the model's dtype. ``low``/``high`` bound the values of example inputs
     (integer inputs such as token ids need them).
+
+    ``state=True``: the runner owns this tensor, not the caller. The loader allocates it once,
+    zero-initialised, at the maximum of its dims (only the first dim may be a Dim: the batch; the
+    rest are static), and passes it to every call, which ``forward`` receives as an ordinary
+    tensor argument and may update in place (``k_cache[:, :, cache_position] = k``,
+    ``index_copy_``, ``index_put_``). A call on ``b`` rows sees rows ``0..b-1`` of it;
+    ``Runner.reset`` zeroes it.
     """
 
     name: str
@@ -95,6 +116,7 @@ class Input:
     dtype: str | None = None
     low: float = -1.0
     high: float = 1.0
+    state: bool = False
 
     def __post_init__(self) -> None:
         if not _PATH.match(self.name) or len(self.name) > 256:
@@ -112,6 +134,47 @@ class Input:
             raise SpecError(f"input {self.name!r}: dtype {self.dtype!r} is not one of {DTYPES}")
         if not self.low < self.high:
             raise SpecError(f"input {self.name!r}: expected low < high, got {self.low}, {self.high}")
+        if not isinstance(self.state, bool):
+            raise SpecError(f"input {self.name!r}: state must be True or False, got {self.state!r}")
+        if self.state:
+            if not self.shape:
+                raise SpecError(f"state input {self.name!r} is a scalar; state must have at least one dim")
+            dynamic = [i for i, s in enumerate(self.shape) if isinstance(s, Dim)]
+            if any(i != 0 for i in dynamic):
+                raise SpecError(
+                    f"state input {self.name!r}: only its first dim (the batch) may be a Dim, got a Dim at "
+                    f"dim {[i for i in dynamic if i != 0][0]}; make the other dims static (the maximum size)"
+                )
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One entry point of a bundle: ``forward`` exported with some Dims fixed to a size.
+
+    ``EntryPoint("prefill")`` keeps every Dim dynamic; ``EntryPoint("decode", {"seq": 1})``
+    exports ``forward`` again with ``seq`` fixed to 1. Each entry point is a program of its own
+    (its own guards, buckets and kernels); all share the weights and the state.
+    """
+
+    name: str
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise SpecError(f"entry point name {self.name!r} is not an identifier; use letters, digits and _")
+        if not isinstance(self.sizes, dict):
+            raise SpecError(
+                f"entry point {self.name!r}: sizes must be a dict {{dim name: size}}, got {self.sizes!r}"
+            )
+        object.__setattr__(self, "sizes", dict(self.sizes))
+        for k, v in self.sizes.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int):
+                raise SpecError(
+                    f"entry point {self.name!r}: sizes must map Dim names to ints, got {k!r}: {v!r}"
+                )
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.sizes.items()))))
 
 
 @dataclass(frozen=True)
@@ -128,6 +191,10 @@ class ModelSpec:
     ``allow_narrowing``: build even when the traced programs cannot cover every declared size
     (the bundle then admits less than declared, as its guards say); without it such a build fails.
 
+    ``entry_points``: named variants of ``forward`` with some Dims fixed (``prefill``, ``decode``);
+    empty means one unnamed entry point with every Dim dynamic. Each is traced as a program of its
+    own; all share weights and state (``Input(state=True)``).
+
     Inputs are passed to ``forward`` by keyword when every input's name is one of its parameters
     (``input_ids``, ``attention_mask``: an unmodified HF model), else by position.
     """
@@ -142,9 +209,11 @@ class ModelSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     allow_narrowing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    entry_points: tuple[EntryPoint, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "entry_points", tuple(self.entry_points))
         object.__setattr__(self, "kwargs", dict(self.kwargs))
         for k, v in self.kwargs.items():
             if not isinstance(k, str) or not (v is None or isinstance(v, (bool, int, float, str))):
@@ -171,6 +240,42 @@ class ModelSpec:
             if d.name in dims and dims[d.name] != d:
                 raise SpecError(f"two different Dims are named {d.name!r}; give them distinct names")
             dims[d.name] = d
+        if all(i.state for i in self.inputs):
+            raise SpecError("every Input is state; a call needs at least one input from the caller")
+        for inp in self.inputs:
+            if inp.state and inp.shape and isinstance(inp.shape[0], Dim):
+                callers = {s.name for i in self.inputs if not i.state for s in i.shape if isinstance(s, Dim)}
+                if inp.shape[0].name not in callers:
+                    raise SpecError(
+                        f"state input {inp.name!r}: its first dim {inp.shape[0].name!r} is no dim of a caller's "
+                        f"input, so a call could not say how many rows it uses"
+                    )
+        seen_names: set[str] = set()
+        for ep in self.entry_points:
+            if not isinstance(ep, EntryPoint):
+                raise SpecError(f"ModelSpec entry_points must be EntryPoint objects, got {ep!r}")
+            if ep.name in seen_names:
+                raise SpecError(f"two entry points are named {ep.name!r}; give them distinct names")
+            seen_names.add(ep.name)
+            for k, v in ep.sizes.items():
+                d = dims.get(k)
+                if d is None:
+                    raise SpecError(
+                        f"entry point {ep.name!r} fixes {k!r}, which is no Dim of the inputs {sorted(dims)}"
+                    )
+                if not d.min <= v <= d.max:
+                    raise SpecError(
+                        f"entry point {ep.name!r} fixes {k} = {v}, outside Dim {k!r}'s range {d.min}..{d.max}"
+                    )
+                if any(i.state and isinstance(i.shape[0], Dim) and i.shape[0].name == k for i in self.inputs):
+                    raise SpecError(
+                        f"entry point {ep.name!r} fixes {k!r}, the batch dim of the state; a program must keep "
+                        f"the batch dynamic so that it can run on any rows of the state"
+                    )
+
+    def state_inputs(self) -> tuple[Input, ...]:
+        """The inputs the runner owns (``Input(state=True)``), in declaration order."""
+        return tuple(i for i in self.inputs if i.state)
 
     def dims(self) -> list[Dim]:
         """Every distinct Dim, in order of first appearance."""

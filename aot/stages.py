@@ -21,6 +21,7 @@ class TracedProgram:
     program: Program
     guards: Guards
     buckets: tuple[Bucket, ...]
+    entry: str = ""  # the entry point it serves ("prefill", "decode"); "" without entry points
 
 
 @dataclass(frozen=True)

@@ -569,3 +569,96 @@ def verify(bundle: str, device: str) -> None:
     )
     if failed:
         sys.exit(2)
+
+
+def _parse_prompts(text: str) -> list[list[int]]:
+    """``"1,2,3;4,5"`` → ``[[1, 2, 3], [4, 5]]``."""
+    prompts = []
+    for part in text.split(";"):
+        ids = [t.strip() for t in part.split(",") if t.strip()]
+        if not ids or not all(t.isascii() and t.isdigit() and len(t) <= 18 for t in ids):
+            raise click.UsageError(
+                f"--prompt-ids expects token ids like 1,2,3 (prompts separated by ;), got {part!r}"
+            )
+        prompts.append([int(t) for t in ids])
+    return prompts
+
+
+@cli.command("generate")
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option(
+    "--prompt-ids", required=True, help="token ids, comma-separated; several prompts separated by ;"
+)
+@click.option(
+    "--max-new-tokens", required=True, type=click.IntRange(1, 1 << 20), help="tokens to generate per prompt"
+)
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N, or auto")
+@click.option("--eos-token-id", type=int, help="a prompt stops after this token (kept in its output)")
+@click.option("--pad-token-id", type=int, help="fed to prompts that stopped [default: eos, else 0]")
+@click.option("--sample", is_flag=True, help="sample instead of greedy decoding")
+@click.option("--temperature", default=1.0, show_default=True, type=float, help="with --sample")
+@click.option("--top-k", type=click.IntRange(1), help="with --sample: only the k most likely tokens")
+@click.option("--seed", type=int, help="with --sample: seed of the sampling generator")
+@click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
+@click.option(
+    "--trust",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="public key file: load only bundles signed by one of them [default: $AOTPACK_TRUST]",
+)
+def generate_tokens(
+    bundle: str,
+    prompt_ids: str,
+    max_new_tokens: int,
+    device: str,
+    eos_token_id: int | None,
+    pad_token_id: int | None,
+    sample: bool,
+    temperature: float,
+    top_k: int | None,
+    seed: int | None,
+    no_graphs: bool,
+    trust: tuple[str, ...],
+) -> None:
+    """Generate tokens with a causal-LM BUNDLE (aot.hf.causal_lm: prefill and decode over a KV
+    cache): prints each prompt's new token ids, space-separated, one line per prompt (the last
+    line for one prompt); tokens/s on stderr."""
+    import torch
+
+    from aot.loader import load as load_bundle
+
+    prompts = _parse_prompts(prompt_ids)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    start = time.perf_counter()
+    runner = load_bundle(
+        bundle, device=device, capture="none" if no_graphs else "lazy", trust=list(trust) or None
+    )
+    _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
+    stamps: list[float] = []
+
+    def on_token(step: int, tokens: list[int]) -> None:
+        stamps.append(time.perf_counter())
+
+    start = time.perf_counter()
+    out = runner.generate(
+        prompts,
+        max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        do_sample=sample,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+        on_token=on_token,
+    )
+    total = time.perf_counter() - start
+    for tokens in out:
+        click.echo(" ".join(map(str, tokens)))
+    new = sum(len(t) for t in out)
+    decode = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
+    steps = f", decode {(len(stamps) - 1) * len(prompts) / decode:.1f} tokens/s" if decode > 0 else ""
+    _result(
+        f"{new} new tokens for {len(prompts)} prompt(s) in {total:.3f}s: {new / total:.1f} tokens/s "
+        f"(prefill {(stamps[0] - start) * 1e3:.1f} ms{steps})",
+    )

@@ -31,7 +31,11 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
         tuning = read_tuning(b, programs, [e.buckets for e in m.programs] if m.programs else [m.buckets])
     finally:
         b.close()
-    names = [e.name for e in m.programs] if len(m.programs) == len(programs) else ["general"] * len(programs)
+    names = (
+        [f"{e.entry} ({e.name})" if e.entry else e.name for e in m.programs]
+        if len(m.programs) == len(programs)
+        else ["general"] * len(programs)
+    )
     all_steps = [s for p in programs for s in p.steps]
     kernels = [
         {
@@ -67,6 +71,9 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
         "members": {k: v.size for k, v in m.members.items()},
         "steps": steps,
         "programs": per_program,
+        "state": [
+            {"name": i.name, "dtype": i.dtype, "shape": list(i.shape)} for i in m.guards.inputs if i.state
+        ],
         "aten_ops_fused": replaced,
         "kernels": kernels,
         "buckets": to_json(m.buckets),

@@ -60,7 +60,7 @@ def generate(
         return _generate_programs(traced, archs, progress, fuse, gemm_candidates)
 
     from aot.codegen.activation_folding import fold_activations
-    from aot.codegen.attention import simplify_attention_masks
+    from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.compile import Job, compile_job, ptxas_release
     from aot.codegen.partition import partition, rewrite
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
@@ -91,6 +91,7 @@ def generate(
         traced = replace(traced, program=program, weights=weights)
     ranges = {g.name: (g.min, g.max) for g in traced.guards.symbols}
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
+    program, _ = fold_gqa_repeats(program, log=say)
     program, folded = fold_activations(program)
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")

@@ -1,4 +1,7 @@
-"""Attention masks that only restate causality: call SDPA the way eager does, so flash applies.
+"""Attention as the kernels want it: masks that only restate causality dropped, and one-token
+attention over a grouped-query KV cache without copying the cache.
+
+Masks that only restate causality: call SDPA the way eager does, so flash applies.
 
 Under ``torch.export`` an HF model builds its attention mask explicitly (``masking_utils``: an
 ``arange`` comparison, ``expand``, ...) and passes it to ``scaled_dot_product_attention``, where
@@ -8,6 +11,14 @@ across the declared ranges; if it is the causal pattern at every one (or all-tru
 calls SDPA without it (``is_causal=True`` when the pattern is causal and the query is longer than
 one token) and the steps that built it are dropped. A mask that reads a user input (BERT's
 ``attention_mask``) is left alone: only the caller knows its values.
+
+Grouped-query decode (``fold_gqa_repeats``): transformers' ``repeat_kv`` expands each of the
+``KV`` cache heads to the ``G`` query heads that share it and copies the result
+(``unsqueeze``/``expand``/``clone``/``view``): for a one-token query that copies the whole cache of
+every layer on every step. Instead the ``G`` query heads of each KV head become ``G`` query rows of
+one SDPA call on the cache where it lives: ``q [B, KV*G, 1, D]`` viewed as ``[B, KV, G, D]``
+against ``k, v [B, KV, S, D]``, the result viewed back. Each query row attends exactly as before
+(same keys, same mask row, same scale), so the values are the same.
 """
 
 from __future__ import annotations
@@ -16,8 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from aot.allowed_ops import STATE_WRITE_OPS
 from aot.program import step_reads
-from aot.schema import Buf, Program, Step
+from aot.schema import Buf, Program, Step, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
 SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (memory: B*L*S bools)
@@ -149,11 +161,16 @@ def simplify_attention_masks(
 
 
 def _drop_dead_steps(program: Program) -> Program:
-    """Remove steps whose results nothing reads (the mask's construction after its last use)."""
+    """Remove steps whose results nothing reads (the mask's construction after its last use);
+    state writes stay (their effect is the write)."""
     live = set(program.outputs)
     kept: list[Step] = []
     for step in reversed(program.steps):
-        if step.kind == "aten" and not any(o in live for o in step.outputs if o is not None):
+        if (
+            step.kind == "aten"
+            and step.target not in STATE_WRITE_OPS
+            and not any(o in live for o in step.outputs if o is not None)
+        ):
             continue
         kept.append(step)
         live.update(step_reads(step))
@@ -161,3 +178,119 @@ def _drop_dead_steps(program: Program) -> Program:
     used = {o for s in kept for o in s.outputs if o is not None} | live
     buffers = {k: v for k, v in program.buffers.items() if k in used}
     return replace(program, steps=tuple(kept), buffers=buffers)
+
+
+def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tuple[str, int] | None:
+    """``name = view(clone(expand(unsqueeze(src, 2), [B, KV, G, S, D])), [B, KV*G, S, D])`` (the
+    shape of ``repeat_kv``): ``(src, G)``; None for anything else."""
+    chain = []
+    for target in (
+        ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"),
+        ("aten.clone.default",),
+        ("aten.expand.default",),
+        ("aten.unsqueeze.default",),
+    ):
+        i = producer.get(name)
+        step = program.steps[i] if i is not None else None
+        if step is None or step.kind != "aten" or step.target not in target or not step.args:
+            return None
+        if not isinstance(step.args[0], Buf):
+            return None
+        chain.append(step)
+        name = step.args[0].name
+    unsqueeze, expand = chain[3], chain[2]
+    if len(unsqueeze.args) < 2 or unsqueeze.args[1] != 2:
+        return None
+    src = program.buffers.get(name) or next((i.spec for i in program.inputs if i.name == name), None)
+    sizes = expand.args[1] if len(expand.args) > 1 else None
+    if src is None or len(src.shape) != 4 or not isinstance(sizes, list) or len(sizes) != 5:
+        return None
+    groups = sizes[2]
+    if type(groups) is not int or groups < 1 or not src.shape[1].isdigit():
+        return None
+    return name, groups
+
+
+def _arg(step: Step, position: int, key: str, default=None):
+    return step.args[position] if len(step.args) > position else step.kwargs.get(key, default)
+
+
+def _size_arg(text: str):
+    return int(text) if text.isdigit() else Sym(text)
+
+
+def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None) -> tuple[Program, int]:
+    """``program`` with each one-token SDPA over a repeated grouped-query cache run on the cache
+    itself (see the module docstring); how many were folded."""
+    producer = {o: i for i, s in enumerate(program.steps) for o in s.outputs if o is not None}
+    steps: list[Step] = []
+    buffers = dict(program.buffers)
+    folded = 0
+    for step in program.steps:
+        done = None
+        if step.kind == "aten" and step.target == SDPA and len(step.args) >= 3 and len(step.outputs) == 1:
+            done = _fold_one(program, step, producer, buffers)
+        if done is None:
+            steps.append(step)
+        else:
+            steps.extend(done)
+            folded += 1
+    if not folded:
+        return program, 0
+    program = _drop_dead_steps(replace(program, steps=tuple(steps), buffers=buffers))
+    if log:
+        log(
+            f"  {folded} one-token attention calls read the grouped-query KV cache in place (no repeat_kv copy)"
+        )
+    return program, folded
+
+
+def _fold_one(program: Program, step: Step, producer: dict[str, int], buffers: dict[str, TensorSpec]):
+    q, k, v = step.args[:3]
+    if not all(isinstance(a, Buf) for a in (q, k, v)):
+        return None
+    if _arg(step, 4, "dropout_p", 0.0) not in (0, 0.0) or _arg(step, 5, "is_causal", False) not in (
+        False,
+        None,
+    ):
+        return None
+    if _arg(step, 7, "enable_gqa", False) not in (False, None):
+        return None
+    q_spec = buffers.get(q.name)
+    out = step.outputs[0]
+    out_spec = buffers.get(out)
+    k_src, v_src = _repeat_source(program, k.name, producer), _repeat_source(program, v.name, producer)
+    if q_spec is None or out_spec is None or k_src is None or v_src is None or k_src[1] != v_src[1]:
+        return None
+    (k_name, groups), (v_name, _) = k_src, v_src
+    specs = {i.name: i.spec for i in program.inputs}
+    k_spec = buffers.get(k_name) or specs.get(k_name)
+    v_spec = buffers.get(v_name) or specs.get(v_name)
+    if len(q_spec.shape) != 4 or q_spec.shape[2] != "1" or k_spec.shape != v_spec.shape:
+        return None
+    batch, heads, _, dim = q_spec.shape
+    kv_heads = k_spec.shape[1]
+    if not heads.isdigit() or int(heads) != int(kv_heads) * groups or k_spec.shape[3] != dim:
+        return None
+    mask = _arg(step, 3, "attn_mask")
+    if mask is not None:
+        m = buffers.get(mask.name) or specs.get(mask.name) if isinstance(mask, Buf) else None
+        if m is None or len(m.shape) != 4 or m.shape[1] != "1" or m.shape[2] != "1":
+            return None  # a per-head or per-query mask does not broadcast over the folded rows
+    rows = f"{q.name}__gqa"
+    folded = f"{out}__gqa"
+    grouped = [_size_arg(batch), int(kv_heads), groups, _size_arg(dim)]
+    buffers[rows] = TensorSpec(dtype=q_spec.dtype, shape=(batch, kv_heads, str(groups), dim))
+    buffers[folded] = TensorSpec(dtype=out_spec.dtype, shape=(batch, kv_heads, str(groups), dim))
+    args = [Buf(rows), Buf(k_name), Buf(v_name), *step.args[3:]]
+    return [
+        Step(kind=step.kind, target="aten.view.default", args=(q, grouped), kwargs={}, outputs=(rows,)),
+        replace(step, args=tuple(args), outputs=(folded,)),
+        Step(
+            kind=step.kind,
+            target="aten.view.default",
+            args=(Buf(folded), [_size_arg(s) for s in out_spec.shape]),
+            kwargs={},
+            outputs=(out,),
+        ),
+    ]

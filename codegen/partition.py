@@ -24,6 +24,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aot.allowed_ops import STATE_WRITE_OPS
 from aot.codegen.classify import classify, returns_view
 from aot.codegen.render import Rendered, render_kernel
 from aot.codegen.valuegraph import NotFusible
@@ -287,6 +288,17 @@ def rewrite(graph: Graph, groups: list[Group], kernel_ids: list[str]) -> tuple[S
             if pu != u:
                 deps[u].add(pu)
                 users[pu].add(u)
+    # A state write (``aot.allowed_ops.STATE_WRITE_OPS``) comes after every unit that reads the
+    # state's old value and came before it in the program: nothing orders them through the data.
+    for w in units:
+        if w[0] != "s" or steps[w[1]].target not in STATE_WRITE_OPS or not unit_reads(w):
+            continue
+        state = graph.sources(unit_reads(w)[0])
+        for u in units:
+            if u != w and key(u) < key(w) and any(set(graph.sources(b)) & set(state) for b in unit_reads(u)):
+                if u not in deps[w]:
+                    deps[w].add(u)
+                    users[u].add(w)
     ready = [(key(u), u) for u in units if not deps[u]]
     heapq.heapify(ready)
     order: list[tuple[str, int]] = []

@@ -9,6 +9,7 @@ the tracer, codegen, packager, triton, sympy, torch._dynamo or torch._inductor.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -16,16 +17,18 @@ from typing import Any
 import torch
 
 from aot import schema
-from aot.aten import DTYPES, resolve_op
+from aot.allowed_ops import STATE_WRITE_OPS
+from aot.aten import DTYPES, resolve_op, state_writes_checked
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
+from aot.loader.state import State
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
-from aot.program import step_reads
+from aot.program import reference_steps, step_reads
 from aot.pytree import flatten_inputs, match_leaves, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
@@ -63,12 +66,33 @@ def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
 class _Entry:
     """One program of the bundle, ready to run: its guards, and its CPU or GPU executor."""
 
-    __slots__ = ("name", "program", "guards", "outputs", "aten", "gpu", "graphs")
+    __slots__ = ("name", "entry", "program", "guards", "outputs", "aten", "gpu", "graphs")
 
-    def __init__(self, name: str, program: schema.Program, guards: GuardChecker, device: torch.device):
-        self.name, self.program, self.guards = name, program, guards
+    def __init__(
+        self, name: str, program: schema.Program, guards: GuardChecker, device: torch.device, entry: str = ""
+    ):
+        self.name, self.program, self.guards, self.entry = name, program, guards, entry
         self.outputs = OutputSpecs(program, device)
         self.aten = self.gpu = self.graphs = None
+
+
+class EntryRunner:
+    """One entry point of a loaded bundle (``runner.entry("decode")``), callable like the runner:
+    each call runs the first of that entry point's programs whose guards admit it."""
+
+    def __init__(self, runner: Runner, name: str):
+        self.runner, self.name = runner, name
+        self._entries = [e for e in runner._entries if e.entry == name]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.runner.input_names
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.runner._call(self._entries, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<entry point {self.name} of {self.runner.manifest.name}: {len(self._entries)} program(s)>"
 
 
 class Runner:
@@ -77,6 +101,12 @@ class Runner:
 
     A bundle may hold several programs (``batch == 1`` beside the general trace); each call runs
     the first whose guards admit it. Thread-safe: each call keeps its intermediates to itself.
+
+    A stateful bundle (an LLM with a KV cache: ``Input(state=True)``) holds its state here,
+    allocated once at load (``aot.loader.state``); each call updates the rows it runs on in place,
+    ``reset()`` zeroes it, and calls are serialized (they share the state). Its entry points
+    (``entry_points``: "prefill", "decode") are callables of their own: ``runner.entry("decode")``;
+    ``generate`` runs prefill then decode steps.
     """
 
     def __init__(
@@ -106,8 +136,8 @@ class Runner:
             raise EnvError(f"bundles run on 'cpu' or 'cuda' devices, not {self.device.type!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EnvError("device cuda requested but torch sees no CUDA GPU; load with device='cpu'")
-        for op in self.manifest.ops:
-            resolve_op(op)
+        for op in self.manifest.ops:  # whether a state write writes state is checked per step below
+            resolve_op(op, state_write=op in STATE_WRITE_OPS)
         self.program = bundle.program()
         programs = (self.program, *self.program.variants)
         for p in programs:
@@ -121,19 +151,25 @@ class Runner:
                     f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
                     f"the program member holds {len(programs)}"
                 )
-            entries = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
+            entries = [(e.name, e.guards, e.buckets, e.entry) for e in self.manifest.programs]
         else:
             if len(programs) != 1:
                 raise BundleError(
                     f"{bundle.path}: the program member holds {len(programs)} programs but the "
                     f"manifest lists no guards for them"
                 )
-            entries = [("general", self.manifest.guards, self.manifest.buckets)]
+            entries = [("general", self.manifest.guards, self.manifest.buckets, "")]
         check_plan(self.manifest, self.program, bundle.path)
-        for (name, guards, _), program in zip(entries, programs):
+        self.state = State(self.manifest.guards, DTYPES, self.device, str(bundle.path))
+        aliases = []
+        for (name, guards, _, _), program in zip(entries, programs):
+            self.state.check_program(program, str(bundle.path))
+            # a program writes nothing but its own state, on either path (kernels' references run on CPU)
+            state_writes_checked(program.steps, program.state)
+            aliases.append(state_writes_checked(reference_steps(program), program.state))
             peak, sizes = planned_peak(program, guards, cpu=self.device.type == "cpu")
             if max_memory is not None:
-                check_max_memory(peak, sizes, max_memory, name)
+                check_max_memory(peak + self.state.nbytes, sizes, max_memory, name)
         declared = {w.name: w for p in programs for w in p.weights}
         used = weights_read(programs)
         where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
@@ -169,24 +205,30 @@ class Runner:
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         self._input_set = frozenset(self.guards.names)
+        self.state.allocate()
+        self._state_storages = Storages(self.state.tensors.values()) if self.state.tensors else None
+        self._state_lock = threading.Lock()
+        self._generate_lock = threading.Lock()  # a generation owns the state from prefill to its last token
         from aot.loader.tuning import read_tuning, tuned_plans
 
         # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on
-        self.tuning = read_tuning(bundle, programs, [b for _, _, b in entries])
+        self.tuning = read_tuning(bundle, programs, [e[2] for e in entries])
         self._entries: list[_Entry] = []
         arena = None
         if self.device.type == "cuda" and capture != "none":
             from aot.loader.gpu import Arena
 
             arena = Arena(self.device)  # every program's graphs share one pool
-        for index, ((name, guards, buckets), program) in enumerate(zip(entries, programs)):
+        for index, ((name, guards, buckets, entry_name), program, state_aliases) in enumerate(
+            zip(entries, programs, aliases)
+        ):
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
-            if set(checker.names) != set(self.guards.names):
+            if set(checker.names) != set(self.guards.names) or checker.state_names != self.guards.state_names:
                 raise BundleError(
                     f"{bundle.path}: program {name[:40]!r} takes inputs {list(checker.names)[:8]}, "
                     f"the bundle {list(self.guards.names)[:8]}"
                 )
-            entry = _Entry(name, program, checker, self.device)
+            entry = _Entry(name, program, checker, self.device, entry_name)
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
@@ -196,14 +238,16 @@ class Runner:
                     for steps in {id(s): s for s in plans.values()}.values():
                         peak, sizes = planned_peak(replace(program, steps=steps), guards, cpu=False)
                         check_max_memory(peak, sizes, max_memory, name)
-                entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans)
+                entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans, state_aliases)
                 if capture != "none":
-                    entry.graphs = GraphRunner(entry.gpu, buckets, arena)
+                    entry.graphs = GraphRunner(entry.gpu, buckets, self.state, arena)
                     if capture == "all":
                         entry.graphs.capture_all()
             else:
-                entry.aten = AtenProgram(program, self.weights, self.device)
+                entry.aten = AtenProgram(program, self.weights, self.device, state_aliases=state_aliases)
             self._entries.append(entry)
+        if capture == "all" and self.state.tensors:
+            self.state.reset()  # the captures' warm-ups wrote into it
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -214,11 +258,81 @@ class Runner:
         """The names of the bundle's programs, in dispatch order."""
         return tuple(e.name for e in self._entries)
 
-    def _dispatch(self, values: list[Any]) -> tuple[_Entry, dict[str, int]]:
+    @property
+    def entry_points(self) -> tuple[str, ...]:
+        """The bundle's named entry points ("prefill", "decode"), in declaration order; empty for
+        a bundle of one unnamed entry point."""
+        return tuple(dict.fromkeys(e.entry for e in self._entries if e.entry))
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The runner-owned state tensors (a KV cache), by name."""
+        return tuple(self.state.tensors)
+
+    def entry(self, name: str) -> EntryRunner:
+        """The entry point ``name`` as a callable (``runner.entry("decode")(input_ids=...)``)."""
+        if name not in self.entry_points:
+            raise GuardError(
+                f"the bundle has no entry point {str(name)[:40]!r}; its entry points are "
+                f"{list(self.entry_points) or '(none: call the runner itself)'}"
+            )
+        return EntryRunner(self, name)
+
+    def generate(
+        self,
+        prompt_ids: Any,
+        max_new_tokens: int,
+        attention_mask: Any = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+        on_token: Any = None,
+    ) -> list[list[int]] | list[int]:
+        """Generate up to ``max_new_tokens`` tokens after each prompt, with a bundle of a causal LM
+        (``aot.hf.causal_lm``: entry points ``prefill`` and ``decode`` over a KV cache).
+
+        ``prompt_ids``: one prompt (a list of ints: the result is a list of ints), several (a list
+        of lists, left-padded here), or an int tensor [batch, seq] whose ``attention_mask`` marks
+        left padding with 0. Greedy unless ``do_sample`` (softmax of ``logits / temperature`` over
+        the ``top_k`` most likely, drawn from a generator seeded with ``seed``). A row stops after
+        ``eos_token_id`` (which it keeps); rows that stopped are fed ``pad_token_id``. Returns each
+        prompt's new tokens; ``on_token(step, tokens)`` sees each step's tokens as they come.
+        ``GuardError`` before anything runs when the prompts and new tokens overflow the context
+        or the batch. The state's rows ``0..batch-1`` are reset first; generations on one runner run
+        one at a time.
+        """
+        from aot.loader.generate import generate
+
+        with self._generate_lock:
+            return generate(
+                self,
+                prompt_ids,
+                max_new_tokens,
+                attention_mask=attention_mask,
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+                do_sample=do_sample,
+                temperature=temperature,
+                top_k=top_k,
+                seed=seed,
+                on_token=on_token,
+            )
+
+    def reset(self, rows: int | Sequence[int] | None = None) -> None:
+        """Zero the state (every row, or the given batch rows) before new sequences use it."""
+        with self._state_lock:
+            self.state.reset(rows)
+
+    def _dispatch(
+        self, values: list[Any], entries: list[_Entry] | None = None
+    ) -> tuple[_Entry, dict[str, int]]:
         """The first program whose guards admit the call, and its symbol values. Only a call that
         no program admits is checked against the bundle's whole contract, for its error."""
         errors = []
-        for entry in self._entries:
+        for entry in entries if entries is not None else self._entries:
             try:
                 return entry, entry.guards.check(values, self.device)
             except GuardError as e:
@@ -234,15 +348,18 @@ class Runner:
         like the model's output (a tensor, tuple, list, dict or ``Record`` of contiguous tensors
         of exactly the outputs' dtypes, shapes and device for this call) to write the results
         into; they are returned. ``GuardError`` for a buffer that does not fit or shares memory
-        with the inputs, the weights or another buffer."""
+        with the inputs, the weights, the state or another buffer."""
+        return self._call(None, args, kwargs)
+
+    def _call(self, entries: list[_Entry] | None, args: tuple, kwargs: dict) -> Any:
         out = kwargs.pop("out", None) if "out" not in self._input_set else None
         if self._nested and kwargs:
             kwargs = flatten_inputs(kwargs, self.guards.names)
         values = self.guards.bind(args, dict(kwargs))
-        if len(self._entries) == 1:
+        if entries is None and len(self._entries) == 1:
             entry, sizes = self._entries[0], self.guards.check(values, self.device)
         else:
-            entry, sizes = self._dispatch(values)
+            entry, sizes = self._dispatch(values, entries)
         buffers = None
         if out is not None:
             try:
@@ -250,12 +367,17 @@ class Runner:
             except ValueError as e:
                 raise GuardError(f"out= is not shaped like the model's output: {e}") from None
             taken = [storage_span(v) for v in values if isinstance(v, torch.Tensor)]
+            taken += [storage_span(t) for t in self.state.tensors.values()]
             entry.outputs.check_out(buffers, sizes, taken, self._weight_storages)
         grad = torch.is_grad_enabled()
         if grad:  # no autograd graph, whatever the inputs require (no_grad's manager costs µs)
             torch._C._set_grad_enabled(False)
         try:
-            outputs = self._run(entry, values, sizes, buffers)
+            if entry.program.state:
+                with self._state_lock:  # calls share the state: one at a time
+                    outputs = self._run(entry, values, sizes, buffers)
+            else:
+                outputs = self._run(entry, values, sizes, buffers)
         finally:
             if grad:
                 torch._C._set_grad_enabled(True)
@@ -266,24 +388,26 @@ class Runner:
     ) -> list[torch.Tensor]:
         inputs = dict(zip(self.guards.names, values))
         if entry.gpu is None:
-            outputs = entry.aten(inputs, sizes)
+            outputs = entry.aten({**inputs, **self.state.views(sizes)}, sizes)
         else:
             key = entry.graphs.bucket_for(sizes) if entry.graphs is not None else None
             if key is not None:
-                # copied out of the graph (caller-owned), into ``out``, or lent until the next call
+                # copied out of the graph (caller-owned), into ``out``, or lent until the next call;
                 # the graph's outputs were checked against their specs when it was captured
                 return entry.graphs(key, inputs, sizes, out=out, borrow=self.borrow)
-            outputs = entry.gpu(inputs, sizes)
+            outputs = entry.gpu({**inputs, **self.state.views(sizes)}, sizes)
         entry.outputs.check(outputs, sizes)
         if out is not None:
             return [buf.copy_(result) for buf, result in zip(out, outputs)]
-        # an output must never share memory with a weight, or an input the caller may mutate
+        # an output must never share memory with a weight, the state, or an input the caller may mutate
         inputs_at = [storage_span(v) for v in values]
         owned = []
         for out in outputs:
             start, end = storage_span(out)
-            shared = self._weight_storages.overlaps(start, end) or any(
-                s < end and start < e for s, e in inputs_at
+            shared = (
+                self._weight_storages.overlaps(start, end)
+                or (self._state_storages is not None and self._state_storages.overlaps(start, end))
+                or any(s < end and start < e for s, e in inputs_at)
             )
             owned.append(out.clone() if shared else out)
         return owned

@@ -131,12 +131,14 @@ class GpuProgram:
         weights: dict[str, torch.Tensor],
         device: torch.device,
         plans: dict[tuple, tuple[Step, ...]] | None = None,
+        state_aliases: frozenset[str] = frozenset(),
     ):
         self.program = program
         self.weights = weights
         self.device = device
         self.context = Context()
         self.bundle = bundle
+        self.state_aliases = state_aliases
         self.kernels = {k.id: k for k in program.kernels}
         self.arch = None
         self._functions: dict[str, Function] = {}
@@ -180,7 +182,7 @@ class GpuProgram:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
                 calls.append(KernelCall(step, k, self.function(k), self.program, self.device))
             else:
-                calls.append(AtenCall(step, self.device, self.weights))
+                calls.append(AtenCall(step, self.device, self.weights, self.state_aliases))
         if not plan:
             return calls, [() for _ in calls]
         frees = frees_after(
@@ -229,9 +231,18 @@ class Arena:
 
 class GraphRunner:
     """CUDA graphs per bucket: captured lazily on first use (``capture="lazy"``) or all at load,
-    largest first (``capture="all"``), into the runner's arena."""
+    largest first (``capture="all"``), into the runner's arena.
 
-    def __init__(self, gpu: GpuProgram, buckets: tuple[Bucket, ...], arena: Arena | None = None):
+    A stateful program (``Program.state``, a KV cache) captures the runner's state where it lives
+    (the row views of ``aot.loader.state.State`` at the bucket's batch), so a replay updates it in
+    place and nothing is copied in or out. Its calls are never padded (padded rows or positions
+    would write into the state), and a lazy capture warms up on the call's own inputs: the
+    warm-up's state writes are the ones the call makes anyway, and its outputs are the call's.
+    """
+
+    def __init__(
+        self, gpu: GpuProgram, buckets: tuple[Bucket, ...], state: Any = None, arena: Arena | None = None
+    ):
         self.gpu = gpu
         self.buckets = {b.symbol: b for b in buckets}
         arena = arena or Arena(gpu.device)
@@ -240,9 +251,13 @@ class GraphRunner:
         self._weights = Storages(gpu.weights.values())
         self._specs = OutputSpecs(gpu.program, gpu.device)
         program = gpu.program
+        self.state = state if program.state else None
+        owned = set(program.state)
         self.symbols = [s.symbol for s in program.symbols]
-        self._input_shapes = {i.name: [compile_expr(s) for s in i.spec.shape] for i in program.inputs}
-        self._input_dtypes = {i.name: DTYPES[i.spec.dtype] for i in program.inputs}
+        self._input_shapes = {
+            i.name: [compile_expr(s) for s in i.spec.shape] for i in program.inputs if i.name not in owned
+        }
+        self._input_dtypes = {i.name: DTYPES[i.spec.dtype] for i in program.inputs if i.name not in owned}
         # outputs: which dims are exactly a symbol (sliceable after padding)
         self._out_dims: list[list[tuple[int, Expr]]] = []
         for name in program.outputs:
@@ -258,7 +273,7 @@ class GraphRunner:
                 return None
             if value in b.sizes:
                 key.append(value)
-            elif b.paddable:
+            elif b.paddable and self.state is None:
                 bigger = [s for s in b.sizes if s >= value]
                 if not bigger:
                     return None
@@ -274,29 +289,37 @@ class GraphRunner:
         keys = list(itertools.product(*sizes))
         return sorted(keys, key=lambda k: [-v for v in k])
 
-    def capture(self, key: tuple) -> _Captured:
+    def capture(
+        self, key: tuple, call: dict[str, torch.Tensor] | None = None
+    ) -> tuple[_Captured, list[torch.Tensor]]:
+        """Capture the bucket ``key``'s graph; warm up on ``call``'s inputs when given (their sizes
+        are the bucket's), else on zeros. Returns the graph and the warm-up's outputs."""
         gpu = self.gpu
         sizes = dict(zip(self.symbols, key))
         inputs = {
             name: torch.zeros([s(sizes) for s in shape], dtype=self._input_dtypes[name], device=gpu.device)
             for name, shape in self._input_shapes.items()
         }
+        if call is not None:
+            for name, value in call.items():
+                inputs[name].copy_(value)
+        bound = {**inputs, **(self.state.views(sizes) if self.state is not None else {})}
         # Warm up and capture on one stream of our own: library handles and workspaces (cuBLAS
         # keeps one per stream) exist before capture, and exist once.
         side = self.stream
         side.wait_stream(torch.cuda.current_stream(gpu.device))
         with torch.cuda.stream(side):
-            gpu(inputs, sizes, key)
+            warm = gpu(bound, sizes, key)
         torch.cuda.current_stream(gpu.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads may keep using CUDA while this one captures
         with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            outputs = gpu(inputs, sizes, key)
+            outputs = gpu(bound, sizes, key)
         self._specs.check(outputs, sizes)  # once: replays and slices keep dtype, device and shape exprs
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
         captured = _Captured(graph, inputs, outputs, sizes, lendable)
         self.graphs[key] = captured
-        return captured
+        return captured, warm
 
     def capture_all(self) -> None:
         with self.lock:
@@ -317,7 +340,15 @@ class GraphRunner:
         output memory, valid until this runner's next call (an output that is a weight is still
         copied)."""
         with self.lock:
-            captured = self.graphs.get(key) or self.capture(key)
+            captured = self.graphs.get(key)
+            if captured is None and self.state is not None:
+                # the warm-up ran this very call (its state writes included): its outputs are the call's
+                _, warm = self.capture(key, inputs)
+                if out is not None:
+                    return [buf.copy_(result) for buf, result in zip(out, warm)]
+                return [result.clone() for result in warm]  # once per bucket: caller-owned
+            if captured is None:
+                captured, _ = self.capture(key)
             padded = captured.sizes != sizes
             for name, value in inputs.items():
                 static = captured.inputs[name]

@@ -18,6 +18,8 @@ What a call may pass, and what happens to it:
   and views in the program always get the row-major layout the build traced. The caller's tensor
   is never written. Contiguous inputs are used as they are, without a copy.
 - Inputs are passed by position in the bundle's input order or by name, not both, and all of them.
+- State inputs (``InputGuard.state``: a KV cache) are the runner's, never the caller's: they are not
+  among ``names``, and a call that passes one by name is a ``GuardError``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _validate(guards: Guards) -> None:
     symbols = [s.name for s in guards.symbols]
     if len(set(symbols)) != len(symbols):
         raise BundleError(f"guards declare symbols {symbols[:8]} more than once")
-    used = {size for i in guards.inputs for size in i.shape}
+    used = {size for i in guards.inputs if not i.state for size in i.shape}
     for g in guards.symbols:
         what = f"symbol {g.name[:40]!r}"
         if g.name not in used:
@@ -96,10 +98,15 @@ class GuardChecker:
     def __init__(self, guards: Guards, dtypes: dict[str, Any]):
         _validate(guards)
         self.guards = guards
-        self.names = tuple(i.name for i in guards.inputs)
+        self.names = tuple(i.name for i in guards.inputs if not i.state)
+        self.state_names = frozenset(i.name for i in guards.inputs if i.state)
+        if not self.names:
+            raise BundleError("every input of the guards is state; a call needs at least one input")
         self.symbols: dict[str, SymbolGuard] = {s.name: s for s in guards.symbols}
         self.inputs = []
         for inp in guards.inputs:
+            if inp.state:
+                continue
             if inp.dtype not in dtypes:
                 raise BundleError(f"input {inp.name!r} has unknown dtype {inp.dtype!r}")
             dims = []
@@ -133,6 +140,12 @@ class GuardChecker:
         if twice:
             raise GuardError(
                 f"input(s) {twice} given both by position and by name; expected inputs {list(self.names)}"
+            )
+        state = sorted(self.state_names & kwargs.keys())
+        if state:
+            raise GuardError(
+                f"input {state[0]!r} is state: the runner owns it (allocated once, updated in place by "
+                f"every call); pass only {list(self.names)}, and clear the state with runner.reset()"
             )
         values = list(args)
         for name in self.names[len(args) :]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from aot.allowed_ops import STATE_WRITE_OPS
 from aot.aten import DTYPES, AtenCall
 from aot.errors import AotError, BundleError, GuardError
 from aot.loader.memory import OutputBytes
@@ -32,6 +33,7 @@ class AtenProgram:
         weights: dict[str, torch.Tensor],
         device: torch.device,
         steps: list[Step] | None = None,
+        state_aliases: frozenset[str] = frozenset(),
     ):
         self.program = program
         self.weights = weights
@@ -42,7 +44,7 @@ class AtenProgram:
                 f"step result {undeclared[0][:60]!r} has no declared buffer (dtype and shape); "
                 f"rebuild the bundle"
             )
-        self.calls = [AtenCall(s, device, weights) for s in steps]
+        self.calls = [AtenCall(s, device, weights, state_aliases) for s in steps]
         self.frees = frees_after(steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
         self.declared = OutputBytes(program)
 
@@ -66,6 +68,13 @@ class AtenProgram:
             raise
         except Exception as e:  # the inputs passed the guards, so the program itself is at fault
             first = next((ln for ln in str(e).splitlines() if ln.strip()), "")[:300]
+            if call.name in STATE_WRITE_OPS and isinstance(e, (IndexError, RuntimeError)):
+                # guards check sizes, not values: an index input (cache_position) beyond the state
+                raise GuardError(
+                    f"step {self.calls.index(call)} ({call.name}) writes the state out of its bounds at sizes "
+                    f"{sizes}: {first}; index inputs such as cache_position must address slots of the state "
+                    f"(0 <= slot < its size)"
+                ) from None
             raise BundleError(
                 f"step {self.calls.index(call)} ({call.name}) failed at sizes {sizes}: {type(e).__name__}: {first}; "
                 f"the inputs passed the bundle's guards, so its program or guards are wrong: rebuild the bundle"

@@ -104,7 +104,8 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
         stats=stats,
         external_weights=external_weights,
         programs=tuple(
-            schema.ProgramEntry(name=p.name, guards=p.guards, buckets=p.buckets) for p in traced.programs
+            schema.ProgramEntry(name=p.name, guards=p.guards, buckets=p.buckets, entry=p.entry)
+            for p in traced.programs
         ),
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aot.admissible import admissible_text
 from aot.errors import BundleError
-from aot.manifest_text import GuardManifest, canonical, site_text, static_size
+from aot.manifest_text import GuardManifest, canonical, program_sets, site_text, static_size
 from aot.review.sets import Sizes, compare_sets, difference, sizes_text, static_set
 from aot.review.verdict import Change, change
 from aot.schema import GuardSource
@@ -86,9 +86,11 @@ def diff_manifests(old: GuardManifest, new: GuardManifest) -> list[Change]:
             change("dtype", "model dtype", old.dtype, new.dtype, ("outputs computed in another dtype",))
         )
     changes += _input_changes(old, new)
+    changes += _entry_changes(old, new)
     if old.programs != new.programs:
         # The contract (the symbols above) is what callers see; how it is split into programs is
-        # worth a reviewer's glance but never breaks a caller by itself.
+        # worth a reviewer's glance but never breaks a caller by itself (an entry point's own
+        # contract is compared by ``_entry_changes``).
         for line in old.programs:
             if line not in new.programs:
                 changes.append(change("program", "program", old=line, summary=f"program removed: {line}"))
@@ -120,6 +122,40 @@ def diff_manifests(old: GuardManifest, new: GuardManifest) -> list[Change]:
     return changes
 
 
+def _entry_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
+    """Entry points added or removed, and per entry point of one program on both sides, its
+    sizes widened or narrowed (the bundle's contract is the union over entry points, so a
+    narrower ``decode`` may leave it unchanged)."""
+    changes = []
+    for name in old.entry_points:
+        if name not in new.entry_points:
+            changes.append(
+                change(
+                    "entry point removed",
+                    f"entry point {name}",
+                    old=name,
+                    details=(f"runner.entry({name!r}) now fails",),
+                )
+            )
+    for name in new.entry_points:
+        if name not in old.entry_points:
+            changes.append(change("entry point added", f"entry point {name}", new=name))
+
+    def lines_of(m: GuardManifest, name: str) -> list[str]:
+        return [line for line in m.programs if line.partition("  admits  ")[0] == name]
+
+    for name in (e for e in old.entry_points if e in new.entry_points):
+        a, b = lines_of(old, name), lines_of(new, name)
+        if len(a) != 1 or len(b) != 1 or a == b:
+            continue
+        sa, sb = program_sets(a[0]), program_sets(b[0])
+        if sa is None or sb is None:
+            continue
+        for sym in sorted(sa.keys() & sb.keys()):
+            changes += compare_sets(f"entry point {name} {sym}", sa[sym], sb[sym], sym)
+    return changes
+
+
 def _input_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
     changes = []
     old_in = {i.name: i for i in old.guards.inputs}
@@ -128,21 +164,53 @@ def _input_changes(old: GuardManifest, new: GuardManifest) -> list[Change]:
     def shape_text(i) -> str:
         return f"{i.dtype}[{', '.join(i.shape)}]"
 
+    def kind(i) -> str:
+        return "state" if i.state else "input"
+
     for i in old.guards.inputs:
         if i.name not in new_in:
-            changes.append(change("input removed", f"input {i.name}", old=shape_text(i)))
+            if i.state:
+                changes.append(change("state removed", f"state {i.name}", old=shape_text(i)))
+            else:
+                changes.append(change("input removed", f"input {i.name}", old=shape_text(i)))
     for i in new.guards.inputs:
         if i.name not in old_in:
+            if i.state:
+                changes.append(
+                    change(
+                        "state added",
+                        f"state {i.name}",
+                        new=shape_text(i),
+                        details=("runner-owned: callers pass nothing new",),
+                    )
+                )
+            else:
+                changes.append(
+                    change(
+                        "input added",
+                        f"input {i.name}",
+                        new=shape_text(i),
+                        details=("every call must now pass it",),
+                    )
+                )
+    for i in old.guards.inputs:
+        j = new_in.get(i.name)
+        if j is not None and i.state != j.state:
             changes.append(
                 change(
-                    "input added",
+                    "state",
                     f"input {i.name}",
-                    new=shape_text(i),
-                    details=("every call must now pass it",),
+                    kind(i),
+                    kind(j),
+                    (
+                        "callers must no longer pass it: the runner owns it"
+                        if j.state
+                        else "every call must now pass it",
+                    ),
                 )
             )
-    common_old = [i.name for i in old.guards.inputs if i.name in new_in]
-    common_new = [i.name for i in new.guards.inputs if i.name in old_in]
+    common_old = [i.name for i in old.guards.inputs if i.name in new_in and not i.state]
+    common_new = [i.name for i in new.guards.inputs if i.name in old_in and not i.state]
     if common_old != common_new:
         changes.append(
             change(

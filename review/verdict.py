@@ -27,6 +27,8 @@ BREAKING_KINDS = (
     "input added",
     "input removed",
     "input order",
+    "state",
+    "entry point removed",
     "new relation",
     "arch dropped",
     "schema",
@@ -45,6 +47,9 @@ SAFE_KINDS = (
     "kernel",
     "ops",
     "program",
+    "state added",
+    "state removed",
+    "entry point added",
     "weights",
     "toolchain",
 )

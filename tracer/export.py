@@ -87,6 +87,7 @@ class Exported:
     # ``aot.tracer.programs``; ``strict`` holds the guards with those exclusions kept.
     relaxed: tuple[str, ...] = ()
     strict: Guards | None = None
+    entry: str = ""  # the entry point (``aot.spec.EntryPoint``) this export serves
 
 
 def export_model(
@@ -239,6 +240,7 @@ def _guards(spec: ModelSpec, static: dict[str, int], ranges: dict[str, tuple[int
                     (str(static[s.name]) if s.name in static else s.name) if isinstance(s, Dim) else str(s)
                     for s in i.shape
                 ),
+                state=i.state,
             )
             for i in spec.inputs
         ),

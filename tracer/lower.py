@@ -2,6 +2,13 @@
 
 The result is device-neutral: ``device=`` arguments become ``{"device": "runtime"}`` and metadata
 asserts (which name the tracing device) are dropped, so a graph traced on CPU runs on CUDA.
+
+State (``Input(state=True)``, a KV cache): ``torch.export`` records the model's in-place writes
+into its inputs as functional ops (``index_put``) whose results the graph returns as input
+mutations. Each becomes an in-place write into the state at run time (``index_put_``), its
+result an alias of the state that the later reads take, so nothing is copied; where the old
+value is still read after the write, the write stays functional and a trailing ``copy_`` stores
+it. A write into a caller's input or a module buffer is a ``TraceError`` naming the model line.
 """
 
 from __future__ import annotations
@@ -16,9 +23,9 @@ import sympy
 import torch
 import torch.fx
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, TensorArgument
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
-from aot.allowed_ops import ALLOWED_OPS
+from aot.allowed_ops import ALLOWED_OPS, FUNCTIONAL_OF_STATE_WRITE
 from aot.dtypes import name_of as dtype_name
 from aot.errors import TraceError
 from aot.schema import (
@@ -79,15 +86,129 @@ def symbol_sources(inputs) -> tuple[SymbolSource, ...]:
     return tuple(symbols)
 
 
+def _shape_text(node: Any) -> list[str] | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return [str(s) for s in val.shape] if isinstance(val, torch.Tensor) else None
+
+
+def _full_slice(node: Any) -> bool:
+    """``x[:, :]``: an ``aten.slice`` that keeps all of its input (``x[:, :, pos] = v`` makes one)."""
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target is torch.ops.aten.slice.Tensor
+        and (len(node.args) < 5 or node.args[4] == 1)
+        and _shape_text(node) is not None
+        and _shape_text(node) == _shape_text(node.args[0])
+    )
+
+
+def _full_scatter(node: Any) -> bool:
+    """``slice_scatter(x, y)`` where ``y`` covers all of ``x``: the value is ``y``."""
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target is torch.ops.aten.slice_scatter.default
+        and (len(node.args) < 6 or node.args[5] == 1)
+        and _shape_text(node.args[1]) is not None
+        and _shape_text(node.args[1]) == _shape_text(node.args[0])
+    )
+
+
+def _is_size(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymBool, int, bool))
+
+
 class Lowering:
-    def __init__(self, ep: ExportedProgram, input_names: list[str], names: Mapping[sympy.Symbol, str]):
+    def __init__(
+        self,
+        ep: ExportedProgram,
+        input_names: list[str],
+        names: Mapping[sympy.Symbol, str],
+        state: frozenset[str] = frozenset(),
+    ):
         self.ep = ep
         self.names = names
         self.input_names = input_names
+        self.state = state
         self.value_names: dict[torch.fx.Node, str] = {}
         self.buffers: dict[str, TensorSpec] = {}
         self.steps: list[Step] = []
         self.weights: dict[str, torch.Tensor] = {}
+        # state writes (see the module docstring)
+        self.alias: dict[torch.fx.Node, torch.fx.Node] = {}  # a full slice_scatter -> its source
+        self.skip: set[torch.fx.Node] = set()  # full slices only an in-place write read
+        self.inplace: dict[torch.fx.Node, tuple[str, torch.fx.Node]] = {}  # node -> (op, what it writes)
+        self.trailing: list[tuple[str, torch.fx.Node]] = []  # (state input, its new value)
+
+    def plan_state_writes(self, placeholders: list[torch.fx.Node]) -> list[int]:
+        """Decide how each input mutation the export recorded is written (in place, or a trailing
+        copy); the positions of the graph's outputs that are the model's own outputs."""
+        graph_outputs = list(next(n for n in self.ep.graph.nodes if n.op == "output").args[0])
+        by_name = {n.name: n for n in placeholders}
+        user_outputs = []
+        for k, (o, spec) in enumerate(zip(graph_outputs, self.ep.graph_signature.output_specs)):
+            if spec.kind == OutputKind.USER_OUTPUT:
+                user_outputs.append(k)
+                continue
+            where = _model_line(o) if isinstance(o, torch.fx.Node) else ""
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                raise TraceError(
+                    f"{where}the model writes into its buffer {spec.target!r} in place; a bundle's weights "
+                    f"and buffers are read-only: pass the tensor in as a state input "
+                    f"(Input(..., state=True)), or compute a new tensor instead of writing"
+                )
+            if spec.kind != OutputKind.USER_INPUT_MUTATION:
+                raise TraceError(f"{where}unsupported graph output kind {spec.kind.name} for {spec.target}")
+            x = by_name[spec.target]
+            name = self.value_names[x]
+            if name not in self.state:
+                raise TraceError(
+                    f"{where}the model writes into its input {name!r} in place, which is not state; declare "
+                    f"it Input(..., state=True) (the runner then owns it across calls), or write into a "
+                    f"copy (x = x.clone()) if the caller's tensor must stay as it was"
+                )
+            self._plan_one(x, o)
+        return user_outputs
+
+    def _plan_one(self, x: torch.fx.Node, value: torch.fx.Node) -> None:
+        while _full_scatter(value):
+            self.alias[value] = value.args[1]
+            value = value.args[1]
+
+        def readers(n: torch.fx.Node) -> set[torch.fx.Node]:
+            return {u for u in n.users if not _is_size(u) and u not in self.alias}
+
+        chain: list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = []  # (write, its arg, base)
+        node = value
+        while (
+            isinstance(node, torch.fx.Node)
+            and node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and op_name(node.target) in FUNCTIONAL_OF_STATE_WRITE
+            and isinstance(node.args[0], torch.fx.Node)
+            and len(chain) < 64
+        ):
+            src = node.args[0]
+            base = src.args[0] if _full_slice(src) else src
+            chain.append((node, src, base))
+            if base is x:
+                break
+            node = base
+        in_place = bool(chain) and chain[-1][2] is x
+        for write, src, base in chain if in_place else ():
+            # the old value is read by nothing but this write: writing in place loses nothing
+            if readers(base) != {src if src is not base else write} or (
+                src is not base and readers(src) != {write}
+            ):
+                in_place = False
+        if not in_place:
+            self.trailing.append((self.value_names[x], value))
+            return
+        for write, src, base in chain:
+            self.inplace[write] = (FUNCTIONAL_OF_STATE_WRITE[op_name(write.target)], base)
+            if src is not base:
+                self.skip.add(src)
 
     def sym(self, value: Any) -> Any:
         if isinstance(value, torch.SymInt):
@@ -173,8 +294,15 @@ class Lowering:
             else:
                 raise TraceError(f"unsupported graph input kind {spec.kind.name} for {spec.target}")
 
+        user_outputs = self.plan_state_writes(placeholders)
         for node in graph.nodes:
-            if node.op != "call_function":
+            if node.op != "call_function" or node in self.skip:
+                continue
+            if node in self.alias:
+                source = node
+                while source in self.alias:
+                    source = self.alias[source]
+                self.value_names[node] = self.value_names[source]
                 continue
             if node.target is operator.getitem:
                 parent, index = node.args
@@ -208,20 +336,40 @@ class Lowering:
                 self.value_names[node] = node.name
                 self.buffers[node.name] = self.spec_of(val, node.name)
                 outputs = (node.name,)
+            if node in self.inplace:  # a state write, in place: its result aliases the state
+                name, base = self.inplace[node]
+                args = (Buf(self.value_names[base]), *(self.encode(a) for a in node.args[1:]))
+            else:
+                args = tuple(self.encode(a) for a in node.args)
             self.steps.append(
                 Step(
                     kind=StepKind.ATEN,
                     target=name,
-                    args=tuple(self.encode(a) for a in node.args),
+                    args=args,
                     kwargs={k: self.encode(v) for k, v in node.kwargs.items()},
                     outputs=outputs,
+                )
+            )
+        for state_name, value in self.trailing:  # the old value was read after the write
+            written = f"{state_name}__written"
+            self.buffers[written] = self.buffers.get(self.value_names[value]) or next(
+                i.spec for i in user_inputs if i.name == state_name
+            )
+            self.steps.append(
+                Step(
+                    kind=StepKind.ATEN,
+                    target="aten.copy_.default",
+                    args=(Buf(state_name), Buf(self.value_names[value])),
+                    kwargs={},
+                    outputs=(written,),
                 )
             )
 
         out_node = next(n for n in graph.nodes if n.op == "output")
         outputs = []
         self.none_outputs: set[int] = set()  # flat outputs that are None (an optional field)
-        for k, o in enumerate(out_node.args[0]):
+        for k, position in enumerate(user_outputs):
+            o = out_node.args[0][position]
             if o is None:
                 self.none_outputs.add(k)
                 continue
@@ -237,5 +385,6 @@ class Lowering:
             steps=tuple(self.steps),
             outputs=tuple(outputs),
             symbols=symbols,
+            state=tuple(i.name for i in user_inputs if i.name in self.state),
         )
         return program, self.weights

@@ -47,6 +47,13 @@ def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket
         name = bucket.symbol
         expr = sym_of.get(name)
         reason = None
+        state = [i.name for i in spec.state_inputs() if getattr(i.shape[0], "name", None) == name]
+        if state:  # padded rows would write into rows of the state that other calls own
+            reason = f"{name} is the batch of state input {state[0]!r}"
+            if progress:
+                progress(f"  {name} is marked paddable but will not be padded: {reason}")
+            result.append(replace(bucket, paddable=False, pad_check=f"refused: {reason}"))
+            continue
         for i, shape in enumerate(out_shapes):
             for d, size in enumerate(shape):
                 e = size.node.expr if isinstance(size, torch.SymInt) else None

@@ -52,18 +52,23 @@ def export_programs(
     fast: bool = False,
     allow_narrowing: bool | None = None,
     progress=None,
+    ranges: dict[str, tuple[int, int]] | None = None,
+    entry: str = "",
+    module=None,
 ) -> list[Exported]:
     """Export the model over its declared ranges, and again over every part of them that the
     first trace's guards do not admit (``batch == 1`` beside ``2 <= batch <= 64``), until the
     programs together cover the declared ranges: the ahead-of-time counterpart of Dynamo's cache
     of guarded graphs. A part that cannot be covered (an odd size a reshape forbids, a model that
     fails to trace there) fails the build with the guard's site, unless ``allow_narrowing``.
+    ``ranges``: where to start instead of the declared ranges (an entry point's fixed sizes);
+    ``entry``: the entry point the programs serve.
     """
     say = progress or (lambda msg: None)
     allow = spec.allow_narrowing if allow_narrowing is None else allow_narrowing
     programs: list[Exported] = []
     failures: list[str] = []
-    module = real = None
+    real = None
 
     def cover(ranges: dict[str, tuple[int, int]]) -> None:
         nonlocal module, real
@@ -78,6 +83,7 @@ def export_programs(
             failures.append(f"{region_name(spec, ranges)}: {e}")
             return
         module = ex.module
+        ex = replace(ex, entry=entry)
         if ex.relaxed:
             if fast and real is None:  # the check runs the model: it needs real weights
                 real = instantiate(spec, weights)
@@ -91,6 +97,8 @@ def export_programs(
                 )
         if programs:
             say(f"  traced a program for {ex.name} (the general trace's guards exclude it)")
+        elif entry:
+            say(f"  traced entry point {entry} ({ex.name})")
         elif note := binding_note(spec, ex.module):
             say(f"  {note}")
         programs.append(ex)
@@ -110,7 +118,7 @@ def export_programs(
                     cover({**fixed, d.name: (a, b)})
             fixed[d.name] = (g.min, g.max)
 
-    cover({d.name: (d.min, d.max) for d in spec.dims()})
+    cover(dict(ranges) if ranges else {d.name: (d.min, d.max) for d in spec.dims()})
     if failures and not allow:
         raise TraceError(
             "the build cannot cover every declared size: "
@@ -159,9 +167,14 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
     smallest = {d.name: ex.ranges[d.name][0] for d in spec.dims()}
     for sym, others in ((s, o) for s in ex.relaxed for o in (base, smallest)):
         inputs = example_inputs(spec, {**others, sym: 1}, seed=spec.seed + 3)
+        state = {i.name for i in spec.state_inputs()}
+        fresh = {k: v.clone() for k, v in inputs.items() if k in state}  # each run writes its own
         try:
             with torch.no_grad():
-                want = leaves(call_model(spec, module, inputs))
+                want = leaves(
+                    call_model(spec, module, {**inputs, **{k: v.clone() for k, v in fresh.items()}})
+                )
+                inputs = {**inputs, **{k: v.clone() for k, v in fresh.items()}}
                 if by_keyword:
                     got = leaves(graph(**nest({i.name: inputs[i.name] for i in spec.inputs}), **constants))
                 else:
@@ -245,6 +258,7 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
             name=i.name,
             dtype=i.dtype or spec.dtype,
             shape=tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape),
+            state=i.state,
         )
         for i in spec.inputs
     )
@@ -262,7 +276,33 @@ def program_entries(
     """``ProgramEntry`` per program (for the manifest); empty when there is only one."""
     from aot.schema import ProgramEntry
 
-    if len(programs) == 1:
+    if len(programs) == 1 and not programs[0].entry:
         return ()
     buckets = buckets or [p.buckets for p in programs]
-    return tuple(ProgramEntry(name=p.name, guards=p.guards, buckets=b) for p, b in zip(programs, buckets))
+    return tuple(
+        ProgramEntry(name=p.name, guards=p.guards, buckets=b, entry=p.entry)
+        for p, b in zip(programs, buckets)
+    )
+
+
+def export_entry_points(
+    spec: ModelSpec,
+    weights: str | None = None,
+    fast: bool = False,
+    allow_narrowing: bool | None = None,
+    progress=None,
+) -> list[Exported]:
+    """``export_programs`` for each entry point of ``spec`` (its Dims fixed as the entry point
+    says), in declaration order; for a spec without entry points, ``export_programs`` itself."""
+    if not spec.entry_points:
+        return export_programs(spec, weights, fast, allow_narrowing, progress)
+    out: list[Exported] = []
+    for ep in spec.entry_points:
+        ranges = {
+            d.name: (ep.sizes[d.name],) * 2 if d.name in ep.sizes else (d.min, d.max) for d in spec.dims()
+        }
+        module = out[0].module if out else None
+        out += export_programs(
+            spec, weights, fast, allow_narrowing, progress, ranges=ranges, entry=ep.name, module=module
+        )
+    return out

@@ -17,7 +17,7 @@ from aot.spec import ModelSpec, plan_buckets
 from aot.stages import Traced, TracedProgram
 from aot.tracer.export import Exported, export_error, quiet_torch, symbol_names
 from aot.tracer.model import call_model, run_eager, tree_spec, user_input_nodes
-from aot.tracer.programs import contract, export_programs, program_entries
+from aot.tracer.programs import contract, export_entry_points, program_entries
 
 # ATen ops kept whole (library calls at run time) even where a decomposition exists.
 KEEP_OPS = ("scaled_dot_product_attention.default",)
@@ -28,11 +28,11 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
     would have, from export alone: no weight init, decomposition or kernels."""
     import torch
 
-    from aot.manifest_text import GuardManifest, program_lines
+    from aot.manifest_text import GuardManifest, entry_point_names, program_lines
     from aot.schema import SCHEMA_VERSION
     from aot.stages import environment
 
-    programs = export_programs(spec, weights, fast=True, allow_narrowing=True)
+    programs = export_entry_points(spec, weights, fast=True, allow_narrowing=True)
     guards = contract(spec, programs)
     return GuardManifest(
         name=spec.name or "model",
@@ -41,7 +41,8 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
         buckets=plan_buckets(spec, guards),
         schema_version=SCHEMA_VERSION,
         dtype=spec.dtype,
-        programs=program_lines(program_entries(spec, programs)),
+        programs=program_lines(program_entries(spec, programs), guards),
+        entry_points=entry_point_names(program_entries(spec, programs)),
     )
 
 
@@ -70,7 +71,8 @@ def _lower(
     static = {n: lo for n, (lo, hi) in exported.ranges.items() if lo == hi}
     nodes = user_input_nodes(ep, spec)
     order = sorted(spec.inputs, key=lambda i: list(ep.graph.nodes).index(nodes[i.name]))
-    lowering = Lowering(ep, [i.name for i in order], symbol_names(ep, spec, static=static))
+    state = frozenset(i.name for i in spec.state_inputs())
+    lowering = Lowering(ep, [i.name for i in order], symbol_names(ep, spec, static=static), state)
     program, weight_tensors = lowering.run()
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
@@ -79,7 +81,7 @@ def _lower(
     program = replace(
         program,
         inputs=inputs,
-        symbols=symbol_sources(inputs),
+        symbols=symbol_sources([i for i in inputs if i.name not in state]),
         output_tree=tree_spec(ep.call_spec.out_spec, lowering.none_outputs),
     )
     buckets = check_padding(spec, exported, progress)
@@ -95,7 +97,7 @@ def trace(
 
     from aot.tracer.lower import tensor_leaves as leaves
 
-    exported = export_programs(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
+    exported = export_entry_points(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
     lowered = [_lower(spec, ex, progress) for ex in exported]
     weight_tensors = lowered[0][1]
     for (_, w, _), ex in zip(lowered[1:], exported[1:]):
@@ -105,10 +107,16 @@ def trace(
                 f"expects every program of a model to share its parameters"
             )
     main = exported[0]
-    ref = run_eager(spec, main.module, main.examples)
-    noise = _half_precision_noise(spec, main.module, main.examples, leaves(ref))
+    state = {i.name for i in spec.state_inputs()}
+    # the eager reference runs on fresh (zero) state, as a freshly loaded runner's first call does;
+    # the state is the runner's, so the bundle's example inputs leave it out
+    examples = {k: v.zero_() if k in state else v for k, v in main.examples.items()}
+    ref = run_eager(spec, main.module, {k: v.clone() if k in state else v for k, v in examples.items()})
+    noise = _half_precision_noise(
+        spec, main.module, {k: v.clone() if k in state else v for k, v in examples.items()}, leaves(ref)
+    )
     programs = tuple(
-        TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b)
+        TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b, entry=ex.entry)
         for ex, (p, _, b) in zip(exported, lowered)
     )
     guards = contract(spec, exported)
@@ -118,12 +126,12 @@ def trace(
         program=programs[0].program,
         guards=guards,
         weights=weight_tensors,
-        reference_inputs=main.examples,
+        reference_inputs={k: v for k, v in examples.items() if k not in state},
         reference_outputs=tuple(o.detach().contiguous() for o in leaves(ref)),
         buckets=programs[0].buckets if len(programs) == 1 else plan_buckets(spec, guards),
         torch_version=torch.__version__.split("+")[0],
         trace_seconds=time.perf_counter() - main.start,
-        programs=programs if len(programs) > 1 else (),
+        programs=programs if len(programs) > 1 or spec.entry_points else (),
         reference_noise=noise,
     )
 

@@ -62,6 +62,9 @@ def _inputs(
     out = {}
     for inp in program.inputs:
         shape = [sizes[s] if s in sizes else int(s) for s in inp.spec.shape]
+        if inp.name in program.state:  # the runner's state starts zeroed (a fresh KV cache)
+            out[inp.name] = torch.zeros(shape, dtype=getattr(torch, inp.spec.dtype))
+            continue
         example = ref[inp.name]
         if example.dtype.is_floating_point:
             lo, hi = example.min().item(), example.max().item()
@@ -130,7 +133,8 @@ def _verify_program(gpu_runner: Runner, entry, cpu_entry, buckets: tuple[Bucket,
         }
         inputs = _inputs(gpu_runner, gpu.program, sizes, gen)
         report = BucketReport(sizes=sizes, program=entry.name)
-        want = cpu_prog(dict(inputs), sizes)
+        # each path writes into a state of its own (the CPU program writes in place)
+        want = cpu_prog({k: v.clone() if k in gpu.program.state else v for k, v in inputs.items()}, sizes)
         env = dict(gpu.weights)
         env.update({k: v.to(gpu.device) for k, v in inputs.items()})
         gpu.context.bind()
@@ -155,7 +159,11 @@ def _verify_program(gpu_runner: Runner, entry, cpu_entry, buckets: tuple[Bucket,
             report.program_err = max(report.program_err, (g.float().cpu() - w.float()).abs().max().item())
             report.program_scale = max(report.program_scale, w.float().abs().max().item())
         if entry.graphs is not None and entry.graphs.bucket_for(sizes) is not None:
-            replayed = leaves(gpu_runner(**{k: v.to(gpu.device) for k, v in inputs.items()}))
+            given = {k: inputs[k].to(gpu.device) for k in gpu_runner.input_names}
+            # a stateful program's first call captures on its own inputs (no replay); the second replays
+            for _ in range(2 if gpu.program.state else 1):
+                gpu_runner.reset()  # the runner's own state, zeroed as the program's above was
+                replayed = leaves(gpu_runner._call([entry], (), dict(given)))
             report.graph_err = max((r.float() - g.float()).abs().max().item() for r, g in zip(replayed, got))
         reports.append(report)
     return reports

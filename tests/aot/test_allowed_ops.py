@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from aot.allowed_ops import ALLOWED_OPS, CORE_OPS, ZERO_ARGS
+from aot.allowed_ops import ALLOWED_OPS, CORE_OPS, STATE_WRITE_OPS, ZERO_ARGS
 from aot.aten import resolve_op
 from aot.errors import BundleError, TraceError
 from tests.conftest import DATA, MODELS, ROOT
@@ -83,7 +83,24 @@ def test_every_op_of_every_example_bundle_is_allowed(path):
     compiled = generate(trace(load_model_file(path)), ("sm_90",))
     steps = [s for p in (compiled.program, *compiled.program.variants) for s in p.steps]
     ops = {s.target for s in steps if s.kind == "aten"} | {r.target for s in steps for r in s.reference}
-    assert ops and ops <= ALLOWED_OPS, sorted(ops - ALLOWED_OPS)
+    assert ops and ops <= ALLOWED_OPS | STATE_WRITE_OPS, sorted(ops - ALLOWED_OPS - STATE_WRITE_OPS)
+    if ops & STATE_WRITE_OPS:  # a stateful model (tests/data/tiny_lm.py): writes into its state only
+        from aot.aten import state_writes_checked
+        from aot.program import reference_steps
+
+        for p in (compiled.program, *compiled.program.variants):
+            assert p.state
+            state_writes_checked(reference_steps(p), p.state)
+
+
+def test_state_writes_write_and_are_resolved_only_as_state_writes():
+    for name in STATE_WRITE_OPS:
+        op = overload(name)
+        assert op._schema.arguments[0].alias_info.is_write, name
+        assert name not in ALLOWED_OPS
+        with pytest.raises(BundleError, match="may not call"):
+            resolve_op(name)
+        assert resolve_op(name, state_write=True) is op
 
 
 MODEL_FILE = """

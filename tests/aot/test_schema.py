@@ -19,8 +19,9 @@ PINNED = {
     ): "422f4746c2a64ba801725cb23aebefb695cbffb8c6a3821d2a13b299360bec77",  # output trees, several programs per bundle
     # typed step arguments and kinds (same JSON), typed build stats and memory plan, cuda_built per arch
     (1, 2): "8e2e745424196e9a8e5d3106f87d8a394dadcb79bc13ba397b5a533603623fca",
-    # GEMM alternatives per program (omitted when empty), the tuning table member
-    (1, 3): "153d4a2eb6a7bcb941a6d3706edcbf4f43977ed920d0793d623870bfc97d7992",
+    # GEMM alternatives per program and the tuning table member; state inputs (Program.state,
+    # InputGuard.state) and entry points (ProgramEntry.entry); new fields omitted when empty
+    (1, 3): "e5e6766406893641adc3f5b3b599a68e754bb7ad724dda062f125628e0c2c9c2",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

@@ -1,0 +1,514 @@
+"""Causal language models from transformers, as stateful bundles for token-by-token decoding.
+
+``causal_lm(factory, max_batch=..., max_context=...)`` returns the ``ModelSpec`` of an unmodified
+transformers causal LM (GPT-2, Llama, Qwen2, Mistral, ...) wrapped in a ``Decoder``: one forward
+that serves both prefill and decode over a static KV cache held by the runner as state::
+
+    logits = decoder(
+        input_ids=...,        # int64 [batch, seq]
+        position_ids=...,     # int64 [batch, seq]   (RoPE / absolute position of each token)
+        cache_position=...,   # int64 [seq]          (the cache slots this call writes, every row alike)
+        attention_mask=...,   # int64 [batch, max_context]  (1 = a slot holding a real token)
+        key_cache_0=..., value_cache_0=..., ...,  # [batch, kv_heads, max_context, head_dim], written in place
+    )                         # -> [batch, vocab]: the logits of each row's last position
+
+The cache tensors are passed to the model as its ``past_key_values`` through ``StateCache``, whose
+``update`` (the one call every transformers attention layer makes) copies the new keys and values
+into their slots in place and hands the whole cache back. The attention mask is built here as a
+4-D additive float mask (a slot is visible when its ``attention_mask`` bit is set and it is not
+after the query's slot, nor outside a sliding window); transformers passes a 4-D mask through its
+mask code unchanged, so no version-specific mask logic is involved. The cache's shape per layer
+is read from the model itself: one token through it on the meta device, with a ``past_key_values``
+that records what each attention layer writes.
+
+transformers is imported inside functions only: a serving host that loads a bundle never needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from aot.errors import SpecError, TraceError
+from aot.spec import Dim, EntryPoint, Input, ModelSpec
+
+# Attention implementations that take the 4-D additive float mask built here and read the cache
+# through ``past_key_values.update``. "sdpa" exports as one scaled_dot_product_attention call
+# (a library call in the bundle); "eager" is the fallback for models without SDPA support.
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+# The forward parameters a causal LM must take for the wrapper to drive it.
+REQUIRED_PARAMETERS = ("input_ids", "attention_mask", "position_ids", "past_key_values")
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What the spec needs to know about a model: its KV cache's shape and its vocabulary.
+
+    ``key_shapes``/``value_shapes``: each layer's ``(kv_heads, head_dim)`` as its attention
+    hands keys and values to the cache. ``window``: the sliding-window length that applies to
+    every layer when it is shorter than the context (Mistral), else None."""
+
+    model_class: str
+    key_shapes: tuple[tuple[int, int], ...]
+    value_shapes: tuple[tuple[int, int], ...]
+    vocab_size: int
+    window: int | None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.key_shapes)
+
+
+def causal_lm(
+    factory: Callable[[], Any],
+    *,
+    max_batch: int,
+    max_context: int,
+    dtype: str = "float32",
+    seed: int = 0,
+    name: str | None = None,
+    batch_buckets: tuple[int, ...] | None = None,
+    seq_buckets: tuple[int, ...] | None = None,
+    attn_implementation: str | None = None,
+) -> ModelSpec:
+    """The spec of a transformers causal LM with a static KV cache of ``max_batch`` rows and
+    ``max_context`` slots, and two entry points: ``prefill`` (any ``seq``) and ``decode``
+    (``seq == 1``).
+
+    ``factory``: a zero-argument callable returning the model (``lambda:
+    LlamaForCausalLM(config)``, ``lambda: AutoModelForCausalLM.from_pretrained(path)``); it is
+    called as ModelSpec does (``torch.manual_seed(seed); factory()``), once here on the meta
+    device to read the cache layout, and again by the build. Trained weights come with the
+    model (``from_pretrained`` in the factory): the module the bundle is built from holds the
+    transformers model under ``model.``, so its state dict is not a transformers checkpoint's.
+    ``batch_buckets``/``seq_buckets``: CUDA-graph sizes (default: powers of two up to the
+    maximum). ``attn_implementation``: "sdpa" (default where the model supports it) or "eager".
+    """
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise SpecError(f"causal_lm: max_batch must be an int >= 1, got {max_batch!r}")
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
+        raise SpecError(f"causal_lm: max_context must be an int >= 2, got {max_context!r}")
+    if attn_implementation is not None and attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise SpecError(
+            f"causal_lm: attn_implementation {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
+        )
+    if not callable(factory):
+        raise SpecError(f"causal_lm: factory must be a zero-argument callable, got {type(factory).__name__}")
+    # the wrapper the build will make, made here on the meta device: a model it cannot serve
+    # is refused now, and its cache layout read
+    layout = Decoder(_probe(factory, seed), max_context, attn_implementation).layout
+
+    def make_module() -> torch.nn.Module:
+        return Decoder(factory(), max_context, attn_implementation)
+
+    batch = Dim("batch", 1, max_batch, buckets=batch_buckets, example=min(2, max_batch))
+    seq = Dim("seq", 1, max_context, buckets=seq_buckets, example=min(4, max_context - 1))
+    inputs = [
+        Input("input_ids", (batch, seq), dtype="int64", low=0, high=layout.vocab_size),
+        Input("position_ids", (batch, seq), dtype="int64", low=0, high=max_context),
+        Input("cache_position", (seq,), dtype="int64", low=0, high=max_context),
+        Input("attention_mask", (batch, max_context), dtype="int64", low=0, high=2),
+    ]
+    for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(zip(layout.key_shapes, layout.value_shapes)):
+        inputs.append(Input(f"key_cache_{i}", (batch, k_heads, max_context, k_dim), state=True))
+        inputs.append(Input(f"value_cache_{i}", (batch, v_heads, max_context, v_dim), state=True))
+    return ModelSpec(
+        module=make_module,
+        inputs=inputs,
+        dtype=dtype,
+        name=name or layout.model_class,
+        seed=seed,
+        example_inputs=functools.partial(example_inputs, max_context=max_context),
+        entry_points=(EntryPoint("prefill", {}), EntryPoint("decode", {"seq": 1})),
+    )
+
+
+def example_inputs(sizes: dict[str, int], *, max_context: int) -> dict[str, torch.Tensor]:
+    """Inputs that make a valid call at ``sizes``: ``seq`` tokens written at consecutive slots
+    after some already-filled ones (slot k holds position k), every earlier slot valid. The
+    token ids and the cache contents are left to the spec's random examples."""
+    batch, seq = sizes["batch"], sizes["seq"]
+    start = (max_context - seq) // 2
+    cache_position = torch.arange(start, start + seq, dtype=torch.int64)
+    attention_mask = torch.zeros(batch, max_context, dtype=torch.int64)
+    attention_mask[:, : start + seq] = 1
+    return {
+        "position_ids": cache_position.expand(batch, seq).clone(),
+        "cache_position": cache_position,
+        "attention_mask": attention_mask,
+    }
+
+
+def _probe(factory: Callable[[], Any], seed: int) -> Any:
+    """The model as ``factory`` builds it, on the meta device when it can be (no weights are
+    initialized or read), else for real; the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            with torch.device("meta"):
+                return factory()
+        except Exception:
+            pass
+        torch.manual_seed(seed)
+        try:
+            return factory()
+        except Exception as e:
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise SpecError(f"causal_lm: the factory failed: {type(e).__name__}: {first}") from None
+
+
+def cache_layout(model: Any, max_context: int) -> CacheLayout:
+    """Check that ``model`` is a decoder-only transformers causal LM this wrapper can drive, and
+    read its cache layout; a SpecError naming the model class says why not."""
+    from transformers import PreTrainedModel
+
+    cls = type(model).__name__
+    if not isinstance(model, PreTrainedModel):
+        raise SpecError(
+            f"causal_lm needs a transformers causal LM (a PreTrainedModel such as LlamaForCausalLM); "
+            f"the factory returned a {cls}"
+        )
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise SpecError(
+            f"causal_lm supports decoder-only models; {cls} ({config.model_type}) is an encoder-decoder "
+            f"or has cross-attention"
+        )
+    if not _is_causal_lm(model):
+        raise SpecError(
+            f"causal_lm supports decoder-only causal LMs (AutoModelForCausalLM classes: GPT2LMHeadModel, "
+            f"LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, ...); {cls} ({config.model_type}) is not one"
+        )
+    params = inspect.signature(model.forward).parameters
+    missing = [p for p in REQUIRED_PARAMETERS if p not in params]
+    if missing:
+        raise SpecError(
+            f"causal_lm cannot drive {cls}: its forward takes no {', '.join(missing)} "
+            f"(a static cache needs explicit positions and a past_key_values cache)"
+        )
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and max_context > limit:
+        raise SpecError(
+            f"causal_lm: max_context {max_context} exceeds {cls}'s max_position_embeddings {limit}; "
+            f"use max_context <= {limit}"
+        )
+    num_layers = config.num_hidden_layers
+    output = model.get_output_embeddings()
+    vocab = output.weight.shape[0] if output is not None else config.vocab_size
+    keys, values = _measured_shapes(model, cls, num_layers) or _config_shapes(config, num_layers)
+    return CacheLayout(
+        model_class=cls,
+        key_shapes=keys,
+        value_shapes=values,
+        vocab_size=vocab,
+        window=_window(config, cls, num_layers, max_context),
+    )
+
+
+Shapes = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
+
+
+def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
+    """Each layer's ``(kv_heads, head_dim)`` of keys and of values, as its attention hands them
+    to ``past_key_values.update`` for one token (on the meta device, nothing is computed), or
+    None when the model does not run that way here (the config's figures are used then). Read
+    from the model rather than its config, whose names for them vary (Falcon's multi-query
+    ``num_kv_heads``, per-layer head counts)."""
+    _, _, RecordingCache = _state_cache_classes()
+    try:
+        weight = next(model.parameters())
+        recorder = RecordingCache(num_layers)
+        # a model still in training mode draws for dropout: leave the caller's random state alone
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(
+                input_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
+                attention_mask=torch.zeros(1, 1, 1, 1, dtype=weight.dtype, device=weight.device),
+                position_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
+                past_key_values=recorder,
+                use_cache=True,
+            )
+    except Exception:
+        return None
+    seen = [layer.shapes for layer in recorder.layers]
+    if any(len(s) != 1 for s in seen):
+        calls = [len(s) for s in seen]
+        raise SpecError(
+            f"causal_lm cannot serve {cls}: its layers must each write their keys and values once through "
+            f"past_key_values.update per call; the {num_layers} layers wrote {calls} times"
+        )
+    return tuple(s[0][0] for s in seen), tuple(s[0][1] for s in seen)
+
+
+def _config_shapes(config: Any, num_layers: int) -> Shapes:
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    every = tuple((kv_heads, head_dim) for _ in range(num_layers))
+    return every, every
+
+
+def _is_causal_lm(model: Any) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return any(c.__name__ in names for c in type(model).__mro__) and model.can_generate()
+
+
+def _window(config: Any, cls: str, num_layers: int, max_context: int) -> int | None:
+    """The sliding window the mask must apply, or None when every layer sees the whole context.
+
+    Layers list their kind in ``config.layer_types`` ("sliding_attention" layers use
+    ``config.sliding_window``); a config without it (Mistral) slides every layer when it sets a
+    window. A window of W slots hides slot k from query slot q when q - k >= W, so it matters
+    only when W < max_context. One mask serves every layer, so all must slide alike."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window >= max_context:
+        return None
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:
+        return window
+    sliding = [k == "sliding_attention" for k in kinds[:num_layers]]
+    if all(sliding):
+        return window
+    if not any(sliding):
+        return None
+    raise SpecError(
+        f"causal_lm: {cls} mixes sliding-window layers (window {window}) with full-attention layers, "
+        f"which one mask cannot serve; use max_context <= {window}"
+    )
+
+
+@functools.cache
+def _state_cache_classes() -> tuple[type, type, type]:
+    """``StateCache``, its layer and ``RecordingCache``, defined on first use (transformers is
+    imported lazily)."""
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class StateLayer(CacheLayerMixin):
+        """One layer's keys and values: the runner's state tensors, written at ``cache_position``."""
+
+        is_compileable = True
+        is_sliding = False
+
+        def __init__(
+            self, keys: torch.Tensor, values: torch.Tensor, cache_position: torch.Tensor, owner: str
+        ):
+            super().__init__()
+            self.keys, self.values = keys, values
+            self.cache_position = cache_position
+            self.owner = owner
+            self.writes = 0
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            pass
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            # key_states: [B, kv_heads, S, head_dim] → slots cache_position of [B, kv_heads, C, head_dim]
+            for new, cache, what in ((key_states, self.keys, "keys"), (value_states, self.values, "values")):
+                expected = (*cache.shape[:2], self.cache_position.shape[0], cache.shape[3])
+                if tuple(new.shape) != expected:
+                    raise TraceError(
+                        f"{self.owner}'s attention wrote {what} of shape {tuple(new.shape)} into a cache laid out "
+                        f"for {expected} ([batch, kv_heads, seq, head_dim] as the spec declared it); causal_lm cannot "
+                        f"serve this model"
+                    )
+            self.keys.index_copy_(2, self.cache_position, key_states.to(self.keys.dtype))
+            self.values.index_copy_(2, self.cache_position, value_states.to(self.values.dtype))
+            self.writes += 1
+            return self.keys, self.values
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.keys.shape[2], 0
+
+        def get_seq_length(self) -> int:
+            # The slots before this call's first one (callers pass positions, so it is only a hint).
+            return self.cache_position[0]
+
+        def get_max_length(self) -> int:
+            return self.keys.shape[2]
+
+    class StateCache(Cache):
+        """``past_key_values`` over the runner's cache tensors: each layer's ``update`` writes
+        the call's keys and values into their slots in place and returns the whole cache."""
+
+        def __init__(
+            self,
+            keys: list[torch.Tensor],
+            values: list[torch.Tensor],
+            cache_position: torch.Tensor,
+            owner: str,
+        ):
+            super().__init__(layers=[StateLayer(k, v, cache_position, owner) for k, v in zip(keys, values)])
+
+    class RecordingLayer(CacheLayerMixin):
+        """Records the ``(heads, head_dim)`` of what the attention writes; holds nothing."""
+
+        is_compileable = False
+        is_sliding = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[tuple[int, int], tuple[int, int]]] = []
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            pass
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            # [B, heads, S, head_dim]: a call of one token attends to itself alone
+            self.shapes.append(
+                ((key_states.shape[1], key_states.shape[3]), (value_states.shape[1], value_states.shape[3]))
+            )
+            return key_states, value_states
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return query_length, 0
+
+        def get_seq_length(self) -> int:
+            return 0
+
+        def get_max_length(self) -> int:
+            return -1
+
+    class RecordingCache(Cache):
+        """``past_key_values`` that records each layer's key and value shapes (``cache_layout``)."""
+
+        def __init__(self, num_layers: int):
+            super().__init__(layers=[RecordingLayer() for _ in range(num_layers)])
+
+    return StateCache, StateLayer, RecordingCache
+
+
+class Decoder(torch.nn.Module):
+    """A transformers causal LM as one forward over a static cache (the contract in the module
+    docstring). ``model`` is kept unmodified, except that its attention implementation is set
+    to one that takes an additive 4-D mask ("sdpa" where supported, else "eager")."""
+
+    def __init__(self, model: Any, max_context: int, attn_implementation: str | None = None):
+        super().__init__()
+        self.layout = cache_layout(model, max_context)
+        self.max_context = max_context
+        self.model = model
+        implementation = attn_implementation or (
+            getattr(model.config, "_attn_implementation", None)
+            if getattr(model.config, "_attn_implementation", None) in ATTENTION_IMPLEMENTATIONS
+            else ("sdpa" if getattr(model, "_supports_sdpa", False) else "eager")
+        )
+        if getattr(model.config, "_attn_implementation", None) != implementation:
+            why = "transformers kept " + repr(getattr(model.config, "_attn_implementation", None))
+            try:
+                model.set_attn_implementation(implementation)
+            except (ValueError, ImportError) as e:
+                why = (str(e).splitlines() or [""])[0][:200]
+            if getattr(model.config, "_attn_implementation", None) != implementation:
+                raise SpecError(
+                    f"causal_lm: {self.layout.model_class} cannot use attn_implementation {implementation!r}: "
+                    f"{why}; leave attn_implementation unset to use what the model supports"
+                )
+        params = inspect.signature(model.forward).parameters
+        self._keep_last = "logits_to_keep" in params
+        # transformers 5 takes no cache_position (the cache knows its slots here); a model that
+        # still does gets it, so it never derives one from the cache's length.
+        self._takes_cache_position = "cache_position" in params
+
+        self.__class__ = _decoder_class(self.layout.num_layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache_position: torch.Tensor,
+        attention_mask: torch.Tensor,
+        **state: torch.Tensor,
+    ) -> torch.Tensor:
+        n = self.layout.num_layers
+        names = [f"{kind}_cache_{i}" for i in range(n) for kind in ("key", "value")]
+        if sorted(state) != sorted(names):
+            raise SpecError(
+                f"Decoder({self.layout.model_class}) takes the state inputs {names}; got {sorted(state)}"
+            )
+        keys = [state[f"key_cache_{i}"] for i in range(n)]
+        values = [state[f"value_cache_{i}"] for i in range(n)]
+        StateCache, _, _ = _state_cache_classes()
+        cache = StateCache(keys, values, cache_position, self.layout.model_class)
+        mask = additive_mask(attention_mask, cache_position, keys[0].dtype, self.layout.window)
+        # Only the last position's logits: an index tensor rather than the int 1, whose slice of the
+        # hidden states is contiguous only when batch or seq is 1 (a batch != 1 guard in export).
+        last = torch.arange(input_ids.shape[1], device=input_ids.device)[-1:]
+        extra = {"logits_to_keep": last} if self._keep_last else {}
+        if self._takes_cache_position:
+            extra["cache_position"] = cache_position
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            **extra,
+        )
+        unwritten = [i for i, layer in enumerate(cache.layers) if layer.writes != 1]
+        if unwritten:
+            raise TraceError(
+                f"{self.layout.model_class}'s attention layers {unwritten} did not write the cache once through "
+                f"past_key_values.update; causal_lm cannot serve this model"
+            )
+        # logits: [B, S or 1, V] → the last position's, [B, V]
+        return out.logits[:, -1].to(keys[0].dtype)
+
+
+@functools.cache
+def _decoder_class(num_layers: int) -> type[Decoder]:
+    """``Decoder`` with a ``forward`` whose signature names each state input (``key_cache_0``,
+    ...), so that callers, the tracer and ``torch.export`` bind them by keyword like any other
+    parameter. A class of its own (not an attribute of the instance), so that a copy of the
+    module (``copy.deepcopy``, as the tracer makes of half-precision models) runs itself."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    names = ["input_ids", "position_ids", "cache_position", "attention_mask"]
+    names += [f"{k}_cache_{i}" for i in range(num_layers) for k in ("key", "value")]
+    parameters = [inspect.Parameter("self", kind)]
+    parameters += [inspect.Parameter(n, kind, annotation=torch.Tensor) for n in names]
+
+    def forward(self: Decoder, *args: Any, **kwargs: Any) -> torch.Tensor:
+        bound = forward.__signature__.bind(self, *args, **kwargs)
+        return Decoder.forward(**bound.arguments)
+
+    forward.__signature__ = inspect.Signature(parameters, return_annotation=torch.Tensor)  # type: ignore[attr-defined]
+    return type(
+        "Decoder", (Decoder,), {"forward": forward, "__module__": __name__, "__qualname__": "Decoder"}
+    )
+
+
+def additive_mask(
+    attention_mask: torch.Tensor, cache_position: torch.Tensor, dtype: torch.dtype, window: int | None = None
+) -> torch.Tensor:
+    """The 4-D additive mask [B, 1, S, C]: 0 where query s may attend slot c, the dtype's most
+    negative value elsewhere. A slot is visible when it holds a real token (``attention_mask``
+    [B, C] is 1), is not after the query's slot ``cache_position[s]``, and, with a sliding
+    ``window``, is fewer than ``window`` slots before it. The query's own slot is always
+    visible: a left-padding query would otherwise see no slot at all, and a fully masked row is
+    NaN in some attention kernels (half precision, -inf masks), which would then reach the
+    cache. Real tokens never see padding slots, so what padding queries compute stays there."""
+    slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    query = cache_position[:, None]  # [S, 1]
+    visible = slots[None, :] <= query  # [S, C]
+    if window is not None:
+        visible = visible & (slots[None, :] > query - window)
+    visible = (visible[None] & attention_mask[:, None, :].bool()) | (slots[None, :] == query)[
+        None
+    ]  # [B, S, C]
+    zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
+    lowest = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
+    return torch.where(visible, zero, lowest)[:, None]

@@ -1,0 +1,335 @@
+"""Decode latency of causal LMs: ms per token (median of the decode steps) and tokens/s, per batch,
+for each system in a fresh process, beside the physical floor of a decode step.
+
+Systems: ``hf_eager`` (transformers ``generate``, dynamic cache), ``hf_static_compile``
+(transformers ``generate`` with a static cache and ``torch.compile(model.forward,
+mode="reduce-overhead", fullgraph=True)``: the gpt-fast recipe), ``aotpack`` (a bundle of
+``aot.hf.causal_lm``, ``Runner.generate``: one prefill, one decode call per token). Models:
+GPT-2 small and a Llama-style model with grouped-query attention (32 query heads over 8 KV heads).
+Every system gets the same random-weight model (``torch.manual_seed(0)``) and the same prompts;
+a decode step's time is the gap between two consecutive tokens, each synchronized.
+
+The floor of one decode step: the bytes it must read (every weight once, and the KV cache of
+every row up to the context) over the device's memory bandwidth (``--bandwidth``, default by
+device name: H100 3.35 TB/s, H200 4.8 TB/s).
+
+    python bench/decode.py --out bench/results/decode              # on a GPU: GPT-2 small, Llama-style
+    python bench/decode.py --device cpu --tiny --out /tmp/decode   # tiny configs, end to end on a CPU
+
+Writes ``decode.json`` (one row per model, system and batch) and ``decode.md`` (the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests/realmodels/conftest.py, for a CPU torch (see _transformers)
+SYSTEMS = ("hf_eager", "hf_static_compile", "aotpack")
+MODELS = ("gpt2", "llama")
+# Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
+BATCHES = (1, 8, 32)
+PROMPT, NEW_TOKENS = 448, 64
+# --tiny: small configs that run on a CPU in seconds.
+TINY_BATCHES = (1, 2, 4)
+TINY_PROMPT, TINY_NEW_TOKENS = 24, 8
+BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}  # bytes/s by device name
+
+
+def _transformers():
+    """transformers, importable on a CPU torch too (the index's torchvision wheels are built for
+    CUDA torch: ``tests/realmodels/conftest.py`` says how that is worked around)."""
+    try:
+        from tests.realmodels.conftest import import_torchvision
+
+        import_torchvision()
+    except Exception:  # no torchvision, or the real one loads: transformers copes either way
+        pass
+    import transformers
+
+    return transformers
+
+
+def config(model: str, tiny: bool):
+    tf = _transformers()
+
+    if model == "gpt2":
+        if tiny:
+            return tf.GPT2LMHeadModel, tf.GPT2Config(
+                n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64
+            )
+        return tf.GPT2LMHeadModel, tf.GPT2Config()  # 124M: 12 layers, d 768, vocab 50257
+    if tiny:
+        cfg = tf.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=64,
+        )
+    else:  # about 0.58B parameters, GQA 32/8
+        cfg = tf.LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=10,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+        )
+    return tf.LlamaForCausalLM, cfg
+
+
+def make_model(model: str, tiny: bool, dtype, device):
+    import torch
+
+    cls, cfg = config(model, tiny)
+    cfg.pad_token_id = 0
+    cfg.eos_token_id = None
+    torch.manual_seed(0)
+    return cls(cfg).to(dtype).to(device).eval()
+
+
+def prompts(batch: int, length: int, vocab: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 + batch)
+    return torch.randint(1, vocab, (batch, length), generator=gen)
+
+
+def floor_ms(module, batch: int, context: int, bandwidth: float) -> float:
+    """Bytes a decode step reads (weights once, every row's KV cache up to ``context``) / bandwidth."""
+    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    cfg = module.config
+    layers = cfg.num_hidden_layers
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    item = next(module.parameters()).element_size()
+    cache = 2 * layers * batch * heads * context * head_dim * item
+    return (weights + cache) / bandwidth * 1e3
+
+
+# ---------------------------------------------------------------------------------------------
+# One system in a fresh process.
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _hf_steps(module, ids, new_tokens: int, device: str, static: bool) -> tuple[list[float], list[list[int]]]:
+    """Token times of one transformers ``generate`` call (a logits processor stamps each step)."""
+    import torch
+
+    tf = _transformers()
+    LogitsProcessor, LogitsProcessorList = tf.LogitsProcessor, tf.LogitsProcessorList
+
+    stamps: list[float] = []
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            _sync(device)
+            stamps.append(time.perf_counter())
+            return scores
+
+    kwargs = dict(cache_implementation="static") if static else {}
+    with torch.no_grad():
+        out = module.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            logits_processor=LogitsProcessorList([Stamp()]),
+            **kwargs,
+        )
+    return stamps, out[:, ids.shape[1] :].tolist()
+
+
+def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None) -> list[dict]:
+    import torch
+
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    batches = TINY_BATCHES if tiny else BATCHES
+    prompt, new_tokens = (TINY_PROMPT, TINY_NEW_TOKENS) if tiny else (PROMPT, NEW_TOKENS)
+    rows = []
+    if system == "aotpack":
+        import aot.loader
+
+        runner = aot.loader.load(bundle, device=device)
+        vocab = runner.reference_outputs()[0].shape[-1]
+    else:
+        module = make_model(model, tiny, dtype, device)
+        vocab = module.config.vocab_size
+        if system == "hf_static_compile":
+            module.forward = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True)
+    for batch in batches:
+        ids = prompts(batch, prompt, vocab).to(device)
+        row = {"model": model, "system": system, "batch": batch, "prompt": prompt, "new_tokens": new_tokens}
+        try:
+            for _ in range(3):  # the first runs compile or capture; time the last
+                if system == "aotpack":
+                    stamps = []
+
+                    def stamp(step: int, tokens: list[int], stamps: list[float] = stamps) -> None:
+                        _sync(device)
+                        stamps.append(time.perf_counter())
+
+                    tokens = runner.generate(ids.tolist(), new_tokens, on_token=stamp)
+                else:
+                    stamps, tokens = _hf_steps(module, ids, new_tokens, device, system == "hf_static_compile")
+            steps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+            ms = statistics.median(steps)
+            row.update(ms_per_token=ms, tokens_per_s=batch * 1e3 / ms, tokens=tokens[0][:16])
+        except Exception as e:  # one system failing (a compile error) must not lose the others
+            row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: builds bundles, spawns one process per system and model, writes the table.
+
+
+def build_bundle(model: str, tiny: bool, device: str, out: Path) -> Path:
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    cls, cfg = config(model, tiny)
+    cfg.pad_token_id = 0
+    cfg.eos_token_id = None
+    batches = TINY_BATCHES if tiny else BATCHES
+    prompt, new_tokens = (TINY_PROMPT, TINY_NEW_TOKENS) if tiny else (PROMPT, NEW_TOKENS)
+    archs = ("sm_90",)
+    if device.startswith("cuda"):
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        archs = (f"sm_{major}{minor}",)
+    spec = causal_lm(
+        lambda: cls(cfg),
+        max_batch=max(batches),
+        max_context=prompt + new_tokens,
+        dtype="float32" if device == "cpu" else "float16",
+        name=model,
+        batch_buckets=batches,
+    )
+    path = out / f"{model}{'-tiny' if tiny else ''}.tpk"
+    start = time.perf_counter()
+    pack(generate(trace(spec), archs), path)
+    print(f"built {path} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return path
+
+
+def bandwidth_of(device: str, given: float | None) -> float:
+    if given:
+        return given
+    if device.startswith("cuda"):
+        import torch
+
+        name = torch.cuda.get_device_name()
+        for key, bw in BANDWIDTH.items():
+            if key in name:
+                return bw
+    return 50e9  # a CPU's memory, roughly
+
+
+def markdown(rows: list[dict], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| model | batch | system | ms/token | tokens/s | floor ms | / floor | vs hf_static_compile |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    compiled = {
+        (r["model"], r["batch"]): r.get("ms_per_token") for r in rows if r["system"] == "hf_static_compile"
+    }
+    for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['system']} | failed: {r['error'][:80]} | | | | |"
+            )
+            continue
+        ms, floor = r["ms_per_token"], r["floor_ms"]
+        base = compiled.get((r["model"], r["batch"]))
+        ratio = f"{ms / base:.2f}" if base else "-"
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['system']} | {ms:.3f} | {r['tokens_per_s']:.0f} | "
+            f"{floor:.3f} | {ms / floor:.1f} | {ratio} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny configs (a CPU run end to end)")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--bandwidth", type=float, help="bytes/s for the floor [default: by device name]")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode"))
+    ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
+    ap.add_argument("--bundle", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.tiny, args.device, args.bundle)))
+        return
+
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bandwidth = bandwidth_of(args.device, args.bandwidth)
+    dtype = torch.float32 if args.device == "cpu" else torch.float16
+    rows: list[dict] = []
+    for model in args.models.split(","):
+        bundle = build_bundle(model, args.tiny, args.device, out) if "aotpack" in args.systems else None
+        module = make_model(model, args.tiny, dtype, "meta")
+        context = (TINY_PROMPT + TINY_NEW_TOKENS) if args.tiny else (PROMPT + NEW_TOKENS)
+        for system in args.systems.split(","):
+            cmd = [sys.executable, __file__, "--worker", system, model, "--device", args.device]
+            cmd += ["--tiny"] * args.tiny + (["--bundle", str(bundle)] if bundle else [])
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+            )
+            if done.returncode != 0:
+                tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+                rows.append({"model": model, "system": system, "batch": 0, "error": tail})
+                print(f"{model} {system}: failed: {tail}", file=sys.stderr)
+                continue
+            for row in json.loads(done.stdout.strip().splitlines()[-1]):
+                row["floor_ms"] = floor_ms(module, row["batch"], context, bandwidth)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    env = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "bandwidth_bytes_per_s": bandwidth,
+        "tiny": args.tiny,
+    }
+    (out / "decode.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")
+    header = (
+        f"Decode latency on {env['device']} (torch {env['torch']}; {'tiny configs' if args.tiny else 'GPT-2 small, Llama-style 0.58B'}, "
+        f"{'float32' if args.device == 'cpu' else 'float16'}; median of decode steps; each system a fresh process)"
+    )
+    (out / "decode.md").write_text(markdown(rows, header))
+    print(markdown(rows, header))
+
+
+if __name__ == "__main__":
+    main()

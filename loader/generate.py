@@ -1,0 +1,194 @@
+"""Token generation with a stateful LM bundle: one prefill call, then one decode call per token.
+
+The bundle follows the LM wrapper contract of ``aot.hf.causal_lm``: entry points ``prefill``
+(any prompt length) and ``decode`` (one token), keyword inputs ``input_ids`` [batch, seq],
+``position_ids`` [batch, seq], ``cache_position`` [seq] (the cache slots this call writes, the
+same for every row) and ``attention_mask`` [batch, max_context] (1 = a valid slot), a KV cache as
+state, and the logits of each row's last position as output, [batch, vocab].
+
+Several prompts of different lengths are left-padded to the longest: each row's padding slots
+stay 0 in the attention mask, and its positions count its own tokens only, as transformers'
+``generate`` does, so the tokens of each row are those it would get alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from aot.errors import GuardError
+from aot.manifest_text import static_size
+
+LM_INPUTS = ("input_ids", "position_ids", "cache_position", "attention_mask")
+ENTRY_POINTS = ("prefill", "decode")
+
+
+def lm_contract(runner: Any) -> tuple[int, int]:
+    """(max batch, max context) of a runner that follows the LM contract; ``GuardError`` if not."""
+    missing = [e for e in ENTRY_POINTS if e not in runner.entry_points]
+    if missing or set(runner.input_names) != set(LM_INPUTS):
+        raise GuardError(
+            f"generate needs a bundle with entry points {list(ENTRY_POINTS)} and inputs {list(LM_INPUTS)} "
+            f"(as aot.hf.causal_lm builds), this one has entry points {list(runner.entry_points)} and "
+            f"inputs {list(runner.input_names)}"
+        )
+    guards = {i.name: i for i in runner.manifest.guards.inputs}
+    mask = guards["attention_mask"].shape
+    context = static_size(mask[1]) if len(mask) == 2 else None
+    batch = runner.guards.symbols.get(guards["input_ids"].shape[0])
+    if context is None or batch is None:
+        raise GuardError(
+            f"generate needs attention_mask of shape [batch, max_context] with a static max_context and "
+            f"a dynamic batch, the bundle declares input_ids {list(guards['input_ids'].shape)}, "
+            f"attention_mask {list(mask)}"
+        )
+    return batch.max, context
+
+
+def _prompts(prompt_ids: Any, attention_mask: Any) -> list[list[int]]:
+    """The prompts as lists of token ids, left padding (attention_mask 0) removed."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 1:
+            prompt_ids = prompt_ids[None]
+        if prompt_ids.dim() != 2 or prompt_ids.dtype.is_floating_point:
+            raise GuardError(
+                f"prompt_ids: expected integer token ids [batch, seq], got {prompt_ids.dtype} {list(prompt_ids.shape)}"
+            )
+        rows = prompt_ids.tolist()
+    else:
+        rows = [list(r) for r in prompt_ids]
+    if attention_mask is None:
+        return [[int(t) for t in r] for r in rows]
+    mask = (
+        attention_mask.tolist()
+        if isinstance(attention_mask, torch.Tensor)
+        else [list(m) for m in attention_mask]
+    )
+    if len(mask) != len(rows) or any(len(m) != len(r) for m, r in zip(mask, rows)):
+        raise GuardError("attention_mask must have the shape of prompt_ids")
+    out = []
+    for i, (r, m) in enumerate(zip(rows, mask)):
+        first = next((k for k, v in enumerate(m) if v), len(m))
+        if any(not v for v in m[first:]):
+            raise GuardError(
+                f"prompt {i}: attention_mask {m} is not left padding (0s then 1s); generate pads on the left"
+            )
+        out.append([int(t) for t in r[first:]])
+    return out
+
+
+def generate(
+    runner: Any,
+    prompt_ids: Any,
+    max_new_tokens: int,
+    attention_mask: Any = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    on_token: Callable[[int, list[int]], None] | None = None,
+) -> list[list[int]] | list[int]:
+    """Generate up to ``max_new_tokens`` tokens after each prompt; see ``Runner.generate``."""
+    flat = not isinstance(prompt_ids, torch.Tensor) and bool(prompt_ids) and isinstance(prompt_ids[0], int)
+    prompts = _prompts([prompt_ids] if flat else prompt_ids, attention_mask)
+    if type(max_new_tokens) is not int or max_new_tokens < 1:
+        raise GuardError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if do_sample and not temperature > 0:
+        raise GuardError(f"temperature must be > 0 when sampling, got {temperature}")
+    if top_k is not None and (type(top_k) is not int or top_k < 1):
+        raise GuardError(f"top_k must be a positive int, got {top_k!r}")
+    max_batch, context = lm_contract(runner)
+    if not prompts or any(not p for p in prompts):
+        raise GuardError("every prompt needs at least one token")
+    if len(prompts) > max_batch:
+        raise GuardError(f"{len(prompts)} prompts, the bundle's batch admits at most {max_batch}")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > context:
+        raise GuardError(
+            f"a prompt of {longest} tokens plus {max_new_tokens} new tokens needs {longest + max_new_tokens} "
+            f"cache slots, the bundle's context holds {context}; shorten the prompt or max_new_tokens"
+        )
+    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
+    device = runner.device
+    batch = len(prompts)
+
+    ids = torch.full((batch, longest), pad, dtype=torch.int64)
+    mask = torch.zeros((batch, context), dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, longest - len(p) :] = torch.tensor(p, dtype=torch.int64)
+        mask[i, longest - len(p) : longest] = 1
+    # positions count each row's own tokens (padding slots get 1, as transformers does; masked anyway)
+    positions = (mask[:, :longest].cumsum(-1) - 1).masked_fill(mask[:, :longest] == 0, 1)
+    mask, ids, positions = mask.to(device), ids.to(device), positions.to(device)
+    last = positions[:, -1:].clone()  # [B, 1]
+    slots = torch.arange(context, dtype=torch.int64, device=device)  # cache_position: a slice of it
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    eos_ids = torch.tensor(sorted(eos), dtype=torch.int64, device=device) if eos else None
+    padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
+
+    runner.reset(range(batch))
+    logits = _logits(
+        runner.entry("prefill")(
+            input_ids=ids, position_ids=positions, cache_position=slots[:longest], attention_mask=mask
+        )
+    )
+    decode = runner.entry("decode")
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    done = [False] * batch
+    new: list[list[int]] = [[] for _ in prompts]
+    for step in range(max_new_tokens):
+        token = _choose(logits, do_sample, temperature, top_k, generator).to(device)  # [B]
+        if eos_ids is not None:
+            token = torch.where(finished, padding, token)
+        values = token.tolist()  # the one host sync of a step
+        for i, t in enumerate(values):
+            if not done[i]:
+                new[i].append(t)
+                done[i] = t in eos
+        if on_token is not None:
+            on_token(step, values)
+        if step + 1 == max_new_tokens or all(done):
+            break
+        if eos_ids is not None:
+            finished |= torch.isin(token, eos_ids)
+        slot = longest + step
+        mask[:, slot] = 1
+        last = last + 1
+        logits = _logits(
+            decode(
+                input_ids=token[:, None],
+                position_ids=last,
+                cache_position=slots[slot : slot + 1],
+                attention_mask=mask,
+            )
+        )
+    return new[0] if flat else new
+
+
+def _logits(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0]
+
+
+def _choose(
+    logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, generator: Any
+) -> torch.Tensor:
+    """The next token of each row: the most likely (greedy), or a sample of the softmax of
+    ``logits / temperature`` over the ``top_k`` most likely, drawn with ``generator`` on the CPU
+    (so a seed gives the same tokens on every device)."""
+    if not do_sample:
+        return logits.argmax(-1)  # on the logits' device
+    logits = logits.float().cpu() / temperature  # [B, vocab]; drawn on the CPU, whatever the device
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -1,0 +1,79 @@
+"""Stateful bundles on a GPU: bundles of causal LMs built on the CPU box generate on the GPU the
+same tokens as on the CPU (fp32), with lazily captured CUDA graphs, all captured at load, and
+without graphs; the state stays where the graphs captured it.
+
+    pytest -m gpu tests/gpu/test_generate_gpu.py
+
+Builds its bundles itself (tiny configs, seconds each) for the GPU's arch. Never run in CI (no GPU
+there).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+MAX_BATCH, MAX_CONTEXT, NEW_TOKENS = 4, 16, 6
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+@pytest.fixture(scope="module", params=["tiny_lm", "gpt2", "llama"])
+def bundle(request, tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from tests.conftest import DATA
+
+    if request.param == "tiny_lm":
+        spec = load_model_file(DATA / "tiny_lm.py")
+    else:
+        from aot.hf import causal_lm
+        from tests.hf.test_causal_lm import factory
+        from tests.realmodels.conftest import require
+
+        require("transformers")
+        spec = causal_lm(
+            factory(request.param), max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name=request.param
+        )
+    path = tmp_path_factory.mktemp("gpu_lm") / f"{request.param}.tpk"
+    pack(generate(trace(spec), (_arch(),)), path)
+    return path
+
+
+@pytest.mark.parametrize("capture", ["lazy", "all", "none"])
+def test_gpu_generates_the_cpu_tokens(bundle, capture):
+    import aot.loader
+
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3], [4]]
+    cpu = aot.loader.load(bundle, device="cpu")
+    gpu = aot.loader.load(bundle, device="cuda", capture=capture)
+    want = cpu.generate(prompts, NEW_TOKENS)
+    assert gpu.generate(prompts, NEW_TOKENS) == want
+    # again, now replaying the graphs captured by the first run (batch 3 has no bucket: no graph)
+    assert gpu.generate(prompts, NEW_TOKENS) == want
+    assert gpu.generate(prompts[:2], NEW_TOKENS) == cpu.generate(prompts[:2], NEW_TOKENS)
+    assert gpu.generate([1, 2, 3], NEW_TOKENS) == cpu.generate([1, 2, 3], NEW_TOKENS)
+
+
+def test_graphs_write_the_state_where_it_lives(bundle):
+    import aot.loader
+
+    gpu = aot.loader.load(bundle, device="cuda", capture="lazy")
+    cpu = aot.loader.load(bundle, device="cpu")
+    pointers = {n: t.data_ptr() for n, t in gpu.state.tensors.items()}
+    for _ in range(2):  # capture, then replay
+        gpu.generate([[3, 4], [5, 6]], NEW_TOKENS)
+    cpu.generate([[3, 4], [5, 6]], NEW_TOKENS)
+    assert {n: t.data_ptr() for n, t in gpu.state.tensors.items()} == pointers
+    for name, t in cpu.state.tensors.items():
+        torch.testing.assert_close(gpu.state.tensors[name].cpu(), t, rtol=1e-4, atol=1e-4)
+    decode = [e for e in gpu._entries if e.entry == "decode"][0]
+    assert decode.graphs is not None and (2,) in decode.graphs.graphs

@@ -1,0 +1,440 @@
+"""``aot.hf.causal_lm``: an unmodified transformers causal LM as one forward over a static KV cache.
+
+The eager ``Decoder`` driven token by token (prefill, then one-token decode steps) must pick the
+tokens transformers' greedy ``generate`` picks, with the same logits at every step (fp32, atol
+1e-5), with and without left padding; ``torch.export`` of it must keep the cache writes as
+mutations of the state inputs; models it cannot serve are refused with a SpecError naming them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aot.errors import SpecError
+from aot.hf import Decoder, additive_mask, causal_lm
+
+MAX_CONTEXT = 16
+NEW_TOKENS = 6
+ATOL = 1e-5
+# Tiny random-weight configs. A wide initializer spreads the logits, so greedy picks are not
+# near-ties that rounding could flip; no eos, so generate runs every step.
+COMMON = dict(vocab_size=96, bos_token_id=None, eos_token_id=None, pad_token_id=0, initializer_range=0.3)
+DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+
+
+def _config(kind: str):
+    import transformers as tf
+
+    if kind == "gpt2":
+        return tf.GPT2LMHeadModel, tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **COMMON)
+    if kind == "llama":  # grouped-query attention: 4 query heads over 2 KV heads
+        return tf.LlamaForCausalLM, tf.LlamaConfig(
+            num_key_value_heads=2, max_position_embeddings=64, **DECODER, **COMMON
+        )
+    if kind == "qwen2":
+        return tf.Qwen2ForCausalLM, tf.Qwen2Config(
+            num_key_value_heads=2, max_position_embeddings=64, **DECODER, **COMMON
+        )
+    if kind == "mistral":  # a sliding window shorter than the context: the mask must slide too
+        return tf.MistralForCausalLM, tf.MistralConfig(
+            num_key_value_heads=1, sliding_window=5, max_position_embeddings=64, **DECODER, **COMMON
+        )
+    if kind == "falcon":  # multi-query: one KV head, which its config calls neither num_key_value_heads
+        return tf.FalconForCausalLM, tf.FalconConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True, **COMMON
+        )
+    if kind in MORE:
+        name, fields = MORE[kind]
+        return getattr(tf, f"{name}ForCausalLM"), getattr(tf, f"{name}Config")(**{**COMMON, **fields})
+    raise ValueError(kind)
+
+
+# Other architectures, checked in the slow run (eager wrapper against generate).
+_GQA = dict(num_key_value_heads=2, max_position_embeddings=64, **DECODER)
+MORE = {
+    "phi3": ("Phi3", _GQA),
+    "gemma": ("Gemma", dict(_GQA, num_key_value_heads=1, head_dim=8)),
+    # attention soft-capping: the eager attention path. Untied: its scaled tied embedding makes
+    # every greedy token repeat the last one
+    "gemma2": (
+        "Gemma2",
+        dict(_GQA, num_key_value_heads=1, head_dim=8, sliding_window=32, tie_word_embeddings=False),
+    ),
+    "gpt_neox": ("GPTNeoX", dict(max_position_embeddings=64, **DECODER)),
+    "opt": (
+        "OPT",
+        dict(
+            hidden_size=32,
+            ffn_dim=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+        ),
+    ),
+    "gptj": ("GPTJ", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)),
+    "qwen3": ("Qwen3", dict(_GQA, head_dim=8)),
+    "stablelm": ("StableLm", _GQA),
+    "mixtral": ("Mixtral", dict(_GQA, num_local_experts=4, num_experts_per_tok=2)),
+    "gpt_bigcode": ("GPTBigCode", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+}
+
+
+def factory(kind: str):
+    cls, config = _config(kind)
+    return lambda: cls(config)
+
+
+def built(kind: str, seed: int = 0):
+    """The model as ModelSpec builds it: ``torch.manual_seed(seed); factory()``, eval."""
+    torch.manual_seed(seed)
+    return factory(kind)().eval()
+
+
+def prompts(batch: int, length: int = 5, vocab: int = 96) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [batch, length] and their mask; row r > 0 is left-padded by r + 1 tokens."""
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, vocab, (batch, length), generator=gen)
+    mask = torch.ones(batch, length, dtype=torch.int64)
+    for r in range(1, batch):
+        mask[r, : r + 1] = 0
+        ids[r, : r + 1] = 0
+    return ids, mask
+
+
+def empty_cache(decoder: Decoder, batch: int) -> dict[str, torch.Tensor]:
+    out, context = {}, decoder.max_context
+    for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(
+        zip(decoder.layout.key_shapes, decoder.layout.value_shapes)
+    ):
+        out[f"key_cache_{i}"] = torch.zeros(batch, k_heads, context, k_dim)
+        out[f"value_cache_{i}"] = torch.zeros(batch, v_heads, context, v_dim)
+    return out
+
+
+def eager_greedy(decoder: Decoder, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int):
+    """Greedy decoding through the Decoder's contract, as a runner drives it: one prefill of the
+    (left-padded) prompt into slots 0..T-1, then one token per call into slot T + i. Positions
+    count real tokens only, as transformers' ``generate`` computes them. Returns the new tokens
+    [B, new_tokens] and the logits [B, V] that chose each."""
+    batch, length = ids.shape
+    state = empty_cache(decoder, batch)
+    valid = torch.zeros(batch, decoder.max_context, dtype=torch.int64)
+    valid[:, :length] = mask
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    tokens, logits_seen = [], []
+    with torch.no_grad():
+        logits = decoder(
+            input_ids=ids,
+            position_ids=positions,
+            cache_position=torch.arange(length),
+            attention_mask=valid,
+            **state,
+        )
+        last = positions[:, -1:]
+        for step in range(new_tokens):
+            logits_seen.append(logits)
+            token = logits.argmax(-1, keepdim=True)  # [B, 1]
+            tokens.append(token)
+            slot = length + step
+            valid[:, slot] = 1
+            last = last + 1
+            logits = decoder(
+                input_ids=token,
+                position_ids=last,
+                cache_position=torch.tensor([slot]),
+                attention_mask=valid,
+                **state,
+            )
+    return torch.cat(tokens, 1), logits_seen
+
+
+def hf_greedy(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int):
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences[:, ids.shape[1] :], list(out.logits)
+
+
+FAST = ["gpt2", "llama"]
+SLOW = ["qwen2", "mistral"]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize(
+    "kind", FAST + [pytest.param(k, marks=pytest.mark.slow) for k in (*SLOW, "falcon", *MORE)]
+)
+def test_greedy_tokens_and_logits_equal_generate(kind, batch):
+    reference = built(kind)
+    decoder = Decoder(built(kind), MAX_CONTEXT).eval()
+    ids, mask = prompts(batch)
+    expected, expected_logits = hf_greedy(reference, ids, mask, NEW_TOKENS)
+    got, got_logits = eager_greedy(decoder, ids, mask, NEW_TOKENS)
+    assert got.tolist() == expected.tolist()
+    assert len(set(got.flatten().tolist())) > 2, "the tokens barely vary; the comparison would prove little"
+    for step, (a, b) in enumerate(zip(got_logits, expected_logits)):
+        assert a.shape == b.shape == (batch, 96) and a.dtype == torch.float32
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0, msg=lambda m, s=step: f"step {s}: {m}")
+
+
+def test_the_mask_sees_valid_slots_up_to_the_query_and_within_the_window():
+    # row 1 is left padding up to slot 2: its query at slot 2 sees nothing valid, so only itself
+    valid = torch.tensor([[1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 0]])
+    cache_position = torch.tensor([2, 3])
+    lowest = torch.finfo(torch.float32).min
+    mask = additive_mask(valid, cache_position, torch.float32)
+    assert mask.shape == (2, 1, 2, 6) and mask.dtype == torch.float32
+    seen = (mask == 0).int()[:, 0].tolist()
+    assert seen == [[[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]], [[0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0]]]
+    assert set(mask.unique().tolist()) == {0.0, lowest}
+    windowed = (additive_mask(valid, cache_position, torch.float32, window=2) == 0).int()[:, 0].tolist()
+    assert windowed == [[[0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0]], [[0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0]]]
+    assert additive_mask(valid, cache_position, torch.float16).dtype == torch.float16
+
+
+def test_the_spec_declares_the_contract():
+    make = factory("llama")
+    before = torch.random.get_rng_state()
+    spec = causal_lm(make, max_batch=4, max_context=MAX_CONTEXT, name="tiny-llama", seq_buckets=(1, 8, 16))
+    assert torch.equal(torch.random.get_rng_state(), before)  # probing the model drew nothing
+    by_name = {i.name: i for i in spec.inputs}
+    names = [i.name for i in spec.inputs]
+    assert names[:4] == ["input_ids", "position_ids", "cache_position", "attention_mask"]
+    assert names[4:] == [f"{k}_cache_{i}" for i in range(2) for k in ("key", "value")]
+    batch, seq = spec.dims()
+    assert (batch.name, batch.min, batch.max, seq.name, seq.min, seq.max) == (
+        "batch",
+        1,
+        4,
+        "seq",
+        1,
+        MAX_CONTEXT,
+    )
+    assert by_name["input_ids"].shape == (batch, seq) and by_name["input_ids"].dtype == "int64"
+    assert (by_name["input_ids"].low, by_name["input_ids"].high) == (0, 96)
+    assert by_name["position_ids"].shape == (batch, seq) and by_name["position_ids"].high == MAX_CONTEXT
+    assert by_name["cache_position"].shape == (seq,) and by_name["cache_position"].high == MAX_CONTEXT
+    assert by_name["attention_mask"].shape == (batch, MAX_CONTEXT)
+    assert by_name["key_cache_1"].shape == (batch, 2, MAX_CONTEXT, 8) and by_name["key_cache_1"].dtype is None
+    assert by_name["value_cache_1"].shape == (batch, 2, MAX_CONTEXT, 8)
+    assert [i.name for i in spec.state_inputs()] == names[4:]
+    assert [(e.name, e.sizes) for e in spec.entry_points] == [("prefill", {}), ("decode", {"seq": 1})]
+    assert (spec.name, spec.dtype, spec.seed) == ("tiny-llama", "float32", 0)
+    assert (batch.buckets, seq.buckets) == (None, (1, 8, 16))
+    assert causal_lm(factory("gpt2"), max_batch=1, max_context=MAX_CONTEXT).name == "GPT2LMHeadModel"
+
+
+def test_cache_shapes_are_read_from_the_model_not_guessed_from_its_config():
+    # Falcon's config has no num_key_value_heads (4 attention heads, multi-query: one KV head)
+    spec = causal_lm(factory("falcon"), max_batch=2, max_context=MAX_CONTEXT)
+    shapes = {i.name: i.shape[1:] for i in spec.state_inputs()}
+    assert shapes == {f"{k}_cache_{i}": (1, MAX_CONTEXT, 8) for i in range(2) for k in ("key", "value")}
+
+
+def test_the_module_is_built_as_modelspec_builds_it_and_runs_its_examples():
+    from aot.tracer.model import example_inputs, instantiate, run_eager
+
+    spec = causal_lm(factory("gpt2"), max_batch=3, max_context=MAX_CONTEXT, seed=5)
+    module = instantiate(spec)
+    assert isinstance(module, Decoder) and not module.training
+    reference = built("gpt2", seed=5)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(module.model.state_dict()[name], tensor), name
+    for sizes in ({"batch": 1, "seq": 1}, {"batch": 3, "seq": 7}, {"batch": 2, "seq": MAX_CONTEXT}):
+        inputs = example_inputs(spec, sizes)
+        slots = inputs["cache_position"]
+        assert slots.shape == (sizes["seq"],) and 0 <= slots.min() and slots.max() < MAX_CONTEXT
+        assert torch.equal(inputs["position_ids"], slots.expand(sizes["batch"], -1))
+        assert inputs["attention_mask"][:, slots].all()
+        logits = run_eager(spec, module, inputs)
+        assert logits.shape == (sizes["batch"], 96) and torch.isfinite(logits).all()
+        # the call wrote its slots of every layer's cache, and nothing else
+        written = inputs["key_cache_0"].ne(example_inputs(spec, sizes)["key_cache_0"]).any(-1).any(1)
+        assert written.any(0).nonzero().flatten().tolist() == slots.tolist()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_models_keep_their_dtype(dtype):
+    from aot.tracer.model import example_inputs, instantiate, run_eager
+
+    spec = causal_lm(factory("llama"), max_batch=2, max_context=MAX_CONTEXT, dtype=dtype)
+    module = instantiate(spec)
+    inputs = example_inputs(spec, {"batch": 2, "seq": 3})
+    assert inputs["key_cache_0"].dtype == getattr(torch, dtype)
+    logits = run_eager(spec, module, inputs)
+    assert logits.dtype == getattr(torch, dtype) and torch.isfinite(logits).all()
+    # a float32 copy (the tracer measures half-precision error against one) runs itself
+    import copy
+
+    wide = copy.deepcopy(module).float()
+    inputs32 = {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}
+    with torch.no_grad():
+        wide_logits = wide(**inputs32)
+    assert wide_logits.dtype == torch.float32
+    torch.testing.assert_close(wide_logits.to(logits.dtype), logits, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
+def test_export_keeps_the_cache_writes_as_state_mutations(kind):
+    """torch.export of the Decoder (dynamic batch and seq, as the tracer exports it) records the
+    cache writes as mutations of the state inputs, and decomposition to core ATen keeps them; the
+    exported program run at other sizes gives eager's logits and cache."""
+    import torch.fx.experimental._config as fx_config
+    from torch.export import Dim, default_decompositions, export
+
+    from aot.tracer.model import example_inputs, instantiate
+
+    spec = causal_lm(factory(kind), max_batch=4, max_context=MAX_CONTEXT)
+    module = instantiate(spec)
+    dims = {"batch": Dim.DYNAMIC(min=1, max=4), "seq": Dim.DYNAMIC(min=1, max=MAX_CONTEXT)}
+    dynamic = {
+        i.name: {d: dims[s.name] for d, s in enumerate(i.shape) if hasattr(s, "name")} for i in spec.inputs
+    }
+    table = default_decompositions()
+    table.pop(torch.ops.aten.scaled_dot_product_attention.default)
+    with torch.no_grad(), fx_config.patch(backed_size_oblivious=True):
+        ep = export(module, (), example_inputs(spec), dynamic_shapes=dynamic)
+        ep = ep.run_decompositions(table)
+    state = [i.name for i in spec.state_inputs()]
+    assert sorted(ep.graph_signature.user_inputs_to_mutate.values()) == sorted(state)
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "aten.index_put.default" in targets and "aten.scaled_dot_product_attention.default" in targets
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    batch = placeholders["input_ids"].meta["val"].shape[0].node.expr
+    assert (ep.range_constraints[batch].lower, ep.range_constraints[batch].upper) == (1, 4)
+    # batch 1 in the same program: the Decoder adds no batch != 1 guard of its own (GPT-2 adds none;
+    # Llama's RoPE matmul does in transformers 5.17, where the tracer exports batch 1 apart)
+    sizes_run = [{"batch": 3, "seq": 6}, {"batch": 2, "seq": 2}] + (
+        [{"batch": 1, "seq": 3}] if kind == "gpt2" else []
+    )
+    for sizes in sizes_run:
+        inputs = example_inputs(spec, sizes, seed=11)
+        mine = {k: v.clone() for k, v in inputs.items()}
+        with torch.no_grad():
+            expected = module(**inputs)
+            got = ep.module()(**mine)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+        for name in state:
+            torch.testing.assert_close(mine[name], inputs[name], atol=ATOL, rtol=0, msg=name)
+        assert not torch.equal(mine["key_cache_0"], example_inputs(spec, sizes, seed=11)["key_cache_0"])
+
+
+def test_models_it_cannot_serve_are_refused_by_name():
+    import transformers as tf
+
+    bert = tf.BertConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
+    with pytest.raises(SpecError, match=r"decoder-only causal LMs .*; BertForMaskedLM \(bert\) is not one"):
+        causal_lm(lambda: tf.BertForMaskedLM(bert), max_batch=2, max_context=MAX_CONTEXT)
+    t5 = tf.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
+    with pytest.raises(
+        SpecError, match=r"decoder-only models; T5ForConditionalGeneration \(t5\) is an encoder-decoder"
+    ):
+        causal_lm(lambda: tf.T5ForConditionalGeneration(t5), max_batch=2, max_context=MAX_CONTEXT)
+    bloom = tf.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4)
+    with pytest.raises(SpecError, match=r"cannot drive BloomForCausalLM: its forward takes no position_ids"):
+        causal_lm(lambda: tf.BloomForCausalLM(bloom), max_batch=2, max_context=MAX_CONTEXT)
+    with pytest.raises(SpecError, match=r"needs a transformers causal LM .*; the factory returned a Linear"):
+        causal_lm(lambda: torch.nn.Linear(2, 2), max_batch=2, max_context=MAX_CONTEXT)
+    with pytest.raises(
+        SpecError, match=r"max_context 128 exceeds GPT2LMHeadModel's max_position_embeddings 64"
+    ):
+        causal_lm(factory("gpt2"), max_batch=2, max_context=128)
+    _, qwen = _config("qwen2")
+    mixed = tf.Qwen2Config(
+        **{
+            **qwen.to_dict(),
+            "use_sliding_window": True,
+            "sliding_window": 4,
+            "max_window_layers": 1,
+            "layer_types": None,
+        }
+    )
+    with pytest.raises(
+        SpecError, match=r"Qwen2ForCausalLM mixes sliding-window layers \(window 4\) with full-attention"
+    ):
+        causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT)
+
+    gptj = tf.GPTJConfig(vocab_size=96, n_embd=32, n_layer=1, n_head=4, rotary_dim=4, n_positions=64)
+    with pytest.raises(SpecError, match=r"GPTJForCausalLM cannot use attn_implementation 'sdpa': "):
+        causal_lm(
+            lambda: tf.GPTJForCausalLM(gptj), max_batch=2, max_context=MAX_CONTEXT, attn_implementation="sdpa"
+        )
+
+    def broken():
+        raise OSError("no such checkpoint: /models/x")
+
+    with pytest.raises(SpecError, match=r"the factory failed: OSError: no such checkpoint: /models/x"):
+        causal_lm(broken, max_batch=2, max_context=MAX_CONTEXT)
+    with pytest.raises(SpecError, match=r"max_batch must be an int >= 1, got 0"):
+        causal_lm(factory("gpt2"), max_batch=0, max_context=MAX_CONTEXT)
+
+
+def test_the_loader_needs_neither_this_module_nor_transformers():
+    import subprocess
+    import sys
+
+    code = "import sys, aot.loader; print(sorted(m for m in sys.modules if m.startswith(('aot.hf', 'transformers'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# Slow: tests/lm/test_hf_generate.py builds GPT-2 and Llama bundles in the default run (generate,
+# eos, sampling, CLI); this one is the tracer-level check, for every kind.
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2", *SLOW])
+def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
+    """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
+    cache in place (``index_put_`` into the state input, no copy); the bundle's greedy tokens
+    equal transformers' ``generate`` (fp32, CPU), left padding included."""
+    import aot.loader
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    spec = causal_lm(factory(kind), max_batch=4, max_context=MAX_CONTEXT)
+    traced = trace(spec)
+    state = tuple(i.name for i in spec.state_inputs())
+    programs = traced.programs or ()
+    assert sorted(p.entry for p in programs) == ["decode", "prefill"]
+    for p in programs:
+        assert p.program.state == state
+        writes = [s for s in p.program.steps if s.target.startswith("aten.index_put")]
+        assert [s.target for s in writes] == ["aten.index_put_.default"] * len(state)
+        assert sorted(s.args[0].name for s in writes) == sorted(state)
+        assert not [
+            s for s in p.program.steps if s.target in ("aten.copy_.default", "aten.index_put.default")
+        ]
+    path = tmp_path / f"{kind}.tpk"
+    pack(generate(traced, ("sm_90",)), path)
+    runner = aot.loader.load(path)
+    ids, mask = prompts(3)
+    expected, _ = hf_greedy(built(kind), ids, mask, NEW_TOKENS)
+    assert runner.generate(ids, NEW_TOKENS, attention_mask=mask) == expected.tolist()
+    alone, _ = hf_greedy(built(kind), ids[:1], mask[:1], 10)
+    assert runner.generate(ids[0].tolist(), 10) == alone[0].tolist()
+
+
+def test_trained_weights_come_through_from_pretrained(tmp_path):
+    import transformers as tf
+
+    from aot.tracer.model import instantiate
+
+    built("llama", seed=3).save_pretrained(tmp_path)
+    spec = causal_lm(
+        lambda: tf.AutoModelForCausalLM.from_pretrained(tmp_path), max_batch=2, max_context=MAX_CONTEXT
+    )
+    module = instantiate(spec)  # seed 0: the weights are the checkpoint's, not the seed's
+    ids, mask = prompts(2)
+    expected, _ = hf_greedy(built("llama", seed=3), ids, mask, NEW_TOKENS)
+    got, _ = eager_greedy(module, ids, mask, NEW_TOKENS)
+    assert got.tolist() == expected.tolist()
+    assert got.tolist() != hf_greedy(built("llama", seed=0), ids, mask, NEW_TOKENS)[0].tolist()

@@ -1,0 +1,149 @@
+"""Bundles of unmodified transformers causal LMs (``aot.hf.causal_lm``) generate exactly the tokens
+of transformers' greedy ``generate`` (fp32, CPU): tiny random-weight GPT-2 and Llama (grouped-
+query) configs by default, Qwen2 and Mistral (sliding window) in the slow run. Each bundle is built
+once per session; the configs and the reference ``generate`` call are those of tests/hf."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aot.allowed_ops import STATE_WRITE_OPS
+from aot.errors import GuardError
+from tests.realmodels.conftest import unusable
+
+MAX_BATCH, MAX_CONTEXT = 4, 16
+NEW_TOKENS = 6
+KINDS = [
+    "gpt2",
+    "llama",
+    pytest.param("qwen2", marks=pytest.mark.slow),
+    pytest.param("mistral", marks=pytest.mark.slow),
+]
+
+
+class HfBundles:
+    """Each kind's bundle and its eager model (as ModelSpec builds it), built once."""
+
+    def __init__(self, base):
+        self.base = base
+        self._made: dict[str, tuple] = {}
+
+    def __call__(self, kind: str):
+        if kind not in self._made:
+            import aot.loader
+            from aot.codegen import generate
+            from aot.hf import causal_lm
+            from aot.packager import pack
+            from aot.tracer import trace
+            from tests.hf.test_causal_lm import built, factory
+
+            spec = causal_lm(factory(kind), max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name=kind)
+            path = self.base / f"{kind}.tpk"
+            pack(generate(trace(spec), ("sm_90",)), path)
+            self._made[kind] = (path, aot.loader.load(path), built(kind))
+        return self._made[kind]
+
+
+@pytest.fixture(scope="session")
+def hf_bundles(tmp_path_factory):
+    why = unusable("transformers")
+    if why is not None:
+        pytest.skip(why)
+    return HfBundles(tmp_path_factory.mktemp("hf_bundles"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generate_equals_transformers_greedy_generate(hf_bundles, kind):
+    from tests.hf.test_causal_lm import hf_greedy, prompts
+
+    _, runner, model = hf_bundles(kind)
+    ids, mask = prompts(3)  # rows 1 and 2 left-padded
+    want, _ = hf_greedy(model, ids, mask, NEW_TOKENS)
+    assert runner.generate(ids, NEW_TOKENS, attention_mask=mask) == want.tolist()
+    one, _ = hf_greedy(model, ids[:1], mask[:1], NEW_TOKENS)
+    assert runner.generate(ids[0].tolist(), NEW_TOKENS) == one[0].tolist()
+
+
+def test_eos_and_sampling(hf_bundles):
+    _, runner, model = hf_bundles("llama")
+    prompt = [5, 17, 33, 2]
+    greedy = runner.generate(prompt, NEW_TOKENS)
+    eos = greedy[2]
+    with torch.no_grad():
+        hf = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+    assert runner.generate(prompt, NEW_TOKENS, eos_token_id=eos) == hf[: hf.index(eos) + 1]
+    a = runner.generate([prompt, [9, 9]], NEW_TOKENS, do_sample=True, temperature=2.0, seed=11)
+    assert a == runner.generate([prompt, [9, 9]], NEW_TOKENS, do_sample=True, temperature=2.0, seed=11)
+    assert a != runner.generate([prompt, [9, 9]], NEW_TOKENS, do_sample=True, temperature=2.0, seed=12)
+    with pytest.raises(GuardError, match="needs 17 cache slots, the bundle's context holds 16"):
+        runner.generate(list(range(1, 12)), 6)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_cache_writes_run_in_place_in_both_entry_points(hf_bundles, kind):
+    _, runner, _ = hf_bundles(kind)
+    assert runner.entry_points == ("prefill", "decode")
+    for program in (runner.program, *runner.program.variants):
+        writes = [s for s in program.steps if s.target in STATE_WRITE_OPS]
+        assert len(writes) == len(program.state) == 2 * 2  # key and value, 2 layers
+        assert sorted(s.args[0].name for s in writes) == sorted(program.state)
+        assert "aten.copy_.default" not in {s.target for s in writes}
+    text = runner.guards_text()
+    assert "state key_cache_0: float32[batch, " in text
+    assert f"program decode  admits  seq == 1; 1 <= batch <= {MAX_BATCH}\n" in text
+    assert f"program prefill  admits  1 <= batch <= {MAX_BATCH}; 1 <= seq <= {MAX_CONTEXT}\n" in text
+
+
+def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
+    path, runner, _ = hf_bundles("gpt2")
+    want = runner.generate([[3, 4, 5], [7]], NEW_TOKENS)
+    cmd = [sys.executable, "-m", "aot.cli", "generate", str(path), "--prompt-ids", "3,4,5;7"]
+    done = subprocess.run(
+        [*cmd, "--max-new-tokens", str(NEW_TOKENS)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [" ".join(map(str, w)) for w in want]
+    done = subprocess.run(
+        [sys.executable, "-m", "aot.cli", "load", str(path), "--iters", "2", "--warmup", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
+
+
+def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
+    """Llama's repeat_kv (4 query heads over 2 KV heads) copies the cache every step in eager; the
+    decode program's SDPA reads the state itself, its query heads folded into query rows. Prefill
+    (a longer query) keeps the repeat. The tokens equal transformers' (the tests above)."""
+    _, runner, _ = hf_bundles("llama")
+    prefill, decode = runner.program, runner.program.variants[0]
+
+    def ops(program) -> list[str]:
+        return [x.target for s in program.steps for x in (s, *s.reference)]
+
+    assert "aten.clone.default" in ops(prefill)
+    assert "aten.clone.default" not in ops(decode) and "aten.expand.default" not in ops(decode)
+    writes = {s.outputs[0]: s.args[0].name for s in decode.steps if s.target in STATE_WRITE_OPS}
+    producer = {o: s for s in decode.steps for o in s.outputs}
+    attention = [s for s in decode.steps if s.target == "aten.scaled_dot_product_attention.default"]
+    assert len(attention) == 2
+    for sdpa in attention:
+        read = []
+        for arg in sdpa.args[1:3]:
+            name = arg.name
+            while name not in writes and producer[name].target == "aten.slice.Tensor":
+                name = producer[name].args[0].name  # a full slice of the cache: a view
+            read.append(writes.get(name))
+        assert read[0].startswith("key_cache_") and read[1].startswith("value_cache_")
+        assert decode.buffers[sdpa.outputs[0]].shape[1:] == ("2", "2", "8")  # [B, KV, G, D]
