@@ -570,7 +570,7 @@ def serve(
             if spec.max_batch_size
             else "no batching: request by request"
         )
-        _result(
+        click.echo(  # on stdout, once the model is ready: a script may wait for this line
             f"serving {spec.name} on {server.url} (gRPC :{server.grpc_port}, metrics "
             f":{server.metrics_port}/metrics); {batching}; SIGTERM to drain and stop"
         )
