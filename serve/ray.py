@@ -97,8 +97,11 @@ class BundleDeployment:
         self.spec = open_spec(bundle_path, name)
         self.runner = aot.loader.load(bundle_path, device=device)
         self.max_rows = self.spec.max_batch_size
-        self.handle_batch.set_max_batch_size(max(1, max_batch_size))
-        self.handle_batch.set_batch_wait_timeout_s(wait_s)
+        # per instance: @serve.batch on the class would share one queue (and its event loop, and
+        # its batch size) among every replica object of this class in the process
+        self.handle_batch = serve.batch(
+            max_batch_size=max(1, max_batch_size), batch_wait_timeout_s=wait_s, batch_size_fn=_rows
+        )(self._run_batch)
 
     def _call(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         from aot.pytree import leaves
@@ -106,8 +109,7 @@ class BundleDeployment:
         inputs = {s.name: v.to(self.runner.device) for s, v in zip(self.spec.inputs, values)}
         return leaves(self.runner(**inputs))
 
-    @serve.batch(max_batch_size=1, batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S, batch_size_fn=_rows)
-    async def handle_batch(self, requests: list[list[torch.Tensor]]) -> list[Reply]:
+    async def _run_batch(self, requests: list[list[torch.Tensor]]) -> list[Reply]:
         return run_requests(self._call, requests, self.max_rows)
 
     async def __call__(self, request: Any) -> Any:
