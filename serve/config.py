@@ -74,8 +74,9 @@ class ServingSpec:
 def preferred_sizes(buckets: tuple[int, ...], max_batch_size: int) -> tuple[int, ...]:
     """The batch sizes Triton's dynamic batcher should aim for: the buckets (a call padded up to a
     bucket replays its CUDA graph), but not 1. A preferred size of 1 is always met at once, so a
-    request arriving alone would never wait ``max_queue_delay`` for company and every request would
-    run alone (16 concurrent requests took 16 executions with it; 3 without)."""
+    request that arrives alone is sent without waiting ``max_queue_delay`` for company: on the CPU
+    test box, 16 concurrent single-row requests took 3 to 9 executions with 1 among the preferred
+    sizes, and 2 without."""
     return tuple(b for b in sorted(set(buckets)) if 1 < b <= max_batch_size)
 
 

@@ -248,6 +248,17 @@ def load_error(log: list[str], name: str) -> str:
     return text.strip()
 
 
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it dies (Linux's
+    PR_SET_PDEATHSIG), so a killed ``aotpack serve`` leaves no tritonserver behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class TritonServer:
     """A running tritonserver on one model repository. ``start`` returns once the model is ready;
     ``stop`` sends SIGTERM and waits for the drain; ``wait`` blocks until it exits."""
@@ -337,6 +348,7 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches us, and we drain the server ourselves
+            preexec_fn=_stop_with_parent,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
