@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import json
 import re
+import socket
 import statistics
 import sys
 import tempfile
@@ -41,9 +42,6 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 CONCURRENCY = (1, 8, 32, 64)
 SECONDS = 15.0
@@ -101,6 +99,17 @@ class TritonPythonModel:
                 answers.append(pb.InferenceResponse(error=pb.TritonError(reply.error)))
         return answers
 '''
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 right now."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 def metric(port: int, name: str, model: str) -> float:
@@ -207,7 +216,6 @@ def main() -> None:
     import aot.loader
     from aot.serve.config import open_spec
     from aot.serve.triton import TritonServer, write_model
-    from tests.serve.conftest import free_ports
 
     spec = open_spec(args.bundle)
     example = aot.loader.load(args.bundle).example_inputs()
