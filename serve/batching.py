@@ -82,7 +82,9 @@ def groups(requests: Sequence[Sequence[torch.Tensor]], max_rows: int) -> list[li
 def _one(call: Call, request: Sequence[torch.Tensor], stats: BatchStats) -> Reply:
     stats.calls += 1
     try:
-        return Reply(outputs=tuple(call(request)))
+        outputs = tuple(call(request))
+        stats.rows += _rows(request)
+        return Reply(outputs=outputs)
     except GuardError as e:
         return Reply(error=str(e), kind=GUARD)
     except Exception as e:  # one request's failure must not take the server down

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot.errors import EnvError, printable
-from aot.serve.config import DEFAULT_MAX_QUEUE_DELAY_US, ServingSpec, open_spec, render_config
+from aot.serve.config import DEFAULT_MAX_QUEUE_DELAY_US, ServingSpec, open_spec, render_config, serving_spec
 from aot.serve.triton_model import ENV_SITE_DIRS
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large bundle on CPU, or capturing graphs, takes a while
@@ -178,24 +178,24 @@ def write_repository(
     README on how the backend finds aotpack. Returns the model's folder."""
     from aot.loader import open_bundle
 
-    spec = open_spec(bundle, name)
+    src = Path(bundle)
+    opened = open_bundle(src)
+    try:
+        spec = serving_spec(opened.manifest, opened.program(), name)
+        weights = opened.external_path() if opened.manifest.external_weights else None
+    finally:
+        opened.close()
     repo = Path(out)
     folder = repo / check_name(spec.name)
     if folder.exists() and any(folder.iterdir()) and not force:
         raise EnvError(f"{folder} already exists and is not empty; remove it or pass --force")
     if folder.exists():
         shutil.rmtree(folder)
-    src = Path(bundle)
     target = f"{MODEL_VERSION}/{spec.name}.tpk"
     write_model(repo, spec, target, device, max_queue_delay_us)
     shutil.copyfile(src, folder / target)
-    opened = open_bundle(src)
-    try:
-        if opened.manifest.external_weights:
-            weights = opened.external_path()
-            shutil.copyfile(weights, folder / MODEL_VERSION / weights.name)
-    finally:
-        opened.close()
+    if weights is not None:  # split weights: found beside the bundle by their own name
+        shutil.copyfile(weights, folder / MODEL_VERSION / weights.name)
     batch_note = (
         f"`{spec.batch_symbol}`, dynamic batching with preferred sizes {list(spec.preferred_batch_sizes)}"
         if spec.max_batch_size

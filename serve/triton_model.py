@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aot.pytree import leaves
 from aot.serve.batching import GUARD, BatchStats, run_requests
 
 ENV_SITE_DIRS = "AOTPACK_SITE_DIRS"
@@ -50,8 +51,6 @@ class TritonPythonModel:
         self.stats = BatchStats()
 
     def _call(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
-        from aot.pytree import leaves
-
         return leaves(self.runner(**dict(zip(self.inputs, values))))
 
     def _tensor(self, request: Any, name: str) -> torch.Tensor:

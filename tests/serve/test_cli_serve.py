@@ -93,3 +93,27 @@ def test_serving_is_imported_only_by_the_serving_verbs():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_triton_repo_copies_split_weights(tmp_path):
+    import torch
+
+    import aot.loader
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.serve.triton import write_repository
+    from aot.tracer import load_model_file, trace
+    from tests.conftest import model_path
+
+    bundle = tmp_path / "split.tpk"
+    pack(
+        generate(trace(load_model_file(model_path("branchy"))), ("sm_80",), fuse=False),
+        bundle,
+        split_weights=True,
+    )
+    folder = write_repository(bundle, tmp_path / "repo")
+    weights = [p.name for p in (folder / "1").iterdir() if p.suffix == ".safetensors"]
+    assert len(weights) == 1 and (tmp_path / weights[0]).is_file()
+    copied = aot.loader.load(folder / "1" / "branchy.tpk")
+    x = torch.randn(2, 12, 16)
+    torch.testing.assert_close(copied(x), aot.loader.load(bundle)(x), atol=0, rtol=0)
