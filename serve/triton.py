@@ -441,7 +441,9 @@ def serve(
                 if stopping.is_set():  # stopped while loading: nothing was served, nothing lost
                     return 0
                 raise
-            if on_ready is not None:
+            if stopping.is_set():  # the signal came before the server's process existed
+                server.process.send_signal(signal.SIGTERM)
+            elif on_ready is not None:
                 on_ready(server, spec)
             code = server.wait()
         finally:
