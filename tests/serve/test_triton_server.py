@@ -6,6 +6,7 @@ is reported in one line, and a ``triton-repo`` repository serves as it is."""
 
 from __future__ import annotations
 
+import json
 import re
 import select
 import signal
@@ -54,8 +55,9 @@ class Served:
             self.process.kill()
             pytest.fail(f"aotpack serve did not start: {self.banner} {self.process.communicate()[1][-2000:]}")
 
-    def stop(self, timeout: float = 60) -> tuple[int, str]:
-        self.process.send_signal(signal.SIGTERM)
+    def stop(self, timeout: float = 60, signal_it: bool = True) -> tuple[int, str]:
+        if signal_it:
+            self.process.send_signal(signal.SIGTERM)
         out, err = self.process.communicate(timeout=timeout)
         return self.process.returncode, err
 
@@ -192,18 +194,48 @@ def test_metrics_endpoint(served):
         assert f'{name}{{model="{MODEL}",version="1"}}' in text
 
 
-def test_sigterm_drains_and_exits_zero(bundles):
-    import tritonclient.http as httpclient
+def test_sigterm_drains_and_exits_zero(bundles, runner):
+    """Requests still waiting in the batcher's queue (a 3 s queue delay) when SIGTERM comes, one over
+    gRPC and one over HTTP, are answered before the server exits 0."""
+    import queue
 
-    server = Served(bundles(MODEL))
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
-    x = x_of(2)
-    given = httpclient.InferInput("x", list(x.shape), "FP32")
+    import tritonclient.grpc as grpcclient
+
+    server = Served(bundles(MODEL), "--max-queue-delay-us=3000000")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    x = x_of(1)
+    given = grpcclient.InferInput("x", list(x.shape), "FP32")
     given.set_data_from_numpy(x)
-    assert client.infer(MODEL, [given]).as_numpy("output").shape == (2, 16, 16)
-    # the client's keep-alive connection is still open: the drain must not turn that into a failure
+    answers: queue.Queue = queue.Queue()
+    client.async_infer(
+        MODEL, [given], callback=lambda result, error: answers.put((result, error, time.monotonic()))
+    )
+    x2 = x_of(2, seed=5)  # 1 + 2 rows: no preferred size (2, 4, ...) is met, so both wait in the queue
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2, 16, 16], "datatype": "FP32", "data": x2.flatten().tolist()}]}
+    ).encode()
+    url = f"http://127.0.0.1:{server.http}/v2/models/{MODEL}/infer"
+    over_http: queue.Queue = queue.Queue()
+
+    def post() -> None:
+        answer = urllib.request.urlopen(urllib.request.Request(url, body), timeout=30).read()
+        over_http.put((answer, time.monotonic()))
+
+    threading.Thread(target=post, daemon=True).start()
+    time.sleep(1.0)  # both in the batcher's queue now
     start = time.monotonic()
-    code, err = server.stop()
+    server.process.send_signal(signal.SIGTERM)
+    result, error, answered = answers.get(timeout=30)
+    assert error is None, error
+    np.testing.assert_allclose(result.as_numpy("output"), expected(runner, x), atol=ATOL, rtol=0)
+    answer, answered_http = over_http.get(timeout=30)
+    (output,) = json.loads(answer)["outputs"]
+    np.testing.assert_allclose(
+        np.reshape(output["data"], output["shape"]), expected(runner, x2), atol=ATOL, rtol=0
+    )
+    assert min(answered, answered_http) > start  # they were still in flight when SIGTERM came
+    # the client's keep-alive connection is still open: the drain must not turn that into a failure
+    code, err = server.stop(signal_it=False)
     client.close()
     assert code == 0, err
     assert "Traceback" not in err and "error" not in err.lower()
