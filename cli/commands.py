@@ -662,3 +662,89 @@ def generate_tokens(
         f"{new} new tokens for {len(prompts)} prompt(s) in {total:.3f}s: {new / total:.1f} tokens/s "
         f"(prefill {(stamps[0] - start) * 1e3:.1f} ms{steps})",
     )
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--name", help="the model's name on the server [default: the bundle's model name]")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--address", default="0.0.0.0", show_default=True, help="address the endpoints listen on")
+@click.option("--http-port", type=int, default=8000, show_default=True, help="KServe v2 over HTTP")
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="KServe v2 over gRPC")
+@click.option("--metrics-port", type=int, default=8002, show_default=True, help="Prometheus metrics")
+@click.option(
+    "--max-queue-delay-us",
+    type=click.IntRange(0),
+    default=2000,
+    show_default=True,
+    help="how long a request may wait for others to join its batch",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.IntRange(0),
+    default=30,
+    show_default=True,
+    help="seconds SIGTERM waits for requests in flight",
+)
+def serve(
+    bundle: str,
+    name: str | None,
+    device: str,
+    address: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    max_queue_delay_us: int,
+    drain_timeout: int,
+) -> None:
+    """Serve BUNDLE on Triton Inference Server (KServe v2 over HTTP and gRPC, health, metrics),
+    configured from its guard manifest, with dynamic batching at its CUDA-graph buckets. SIGTERM
+    drains and exits 0. Needs `pip install 'aotpack[serve]'`."""
+    from aot.serve.triton import serve as run_server
+
+    def on_ready(server, spec) -> None:
+        batching = (
+            f"batches up to {spec.max_batch_size} on {spec.batch_symbol}, preferred "
+            f"{list(spec.preferred_batch_sizes)}"
+            if spec.max_batch_size
+            else "no batching: request by request"
+        )
+        click.echo(  # on stdout, once the model is ready: a script may wait for this line
+            f"serving {spec.name} on {server.url} (gRPC :{server.grpc_port}, metrics "
+            f":{server.metrics_port}/metrics); {batching}; SIGTERM to drain and stop"
+        )
+        sys.stdout.flush()
+
+    echo = (lambda line: click.echo(line, err=True)) if os.environ.get("AOTPACK_VERBOSE") else None
+    run_server(
+        bundle,
+        name=name,
+        device=device,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        address=address,
+        max_queue_delay_us=max_queue_delay_us,
+        drain_timeout=drain_timeout,
+        on_ready=on_ready,
+        echo=echo,
+    )
+    _info("drained and stopped")
+
+
+@cli.command("triton-repo")
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="the model repository")
+@click.option("--name", help="the model's name [default: the bundle's model name]")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--max-queue-delay-us", type=click.IntRange(0), default=2000, show_default=True)
+@click.option("--force", is_flag=True, help="replace OUTPUT/NAME when it exists")
+def triton_repo(
+    bundle: str, output: str, name: str | None, device: str, max_queue_delay_us: int, force: bool
+) -> None:
+    """Write a Triton model repository serving BUNDLE (config.pbtxt, a Python-backend model.py,
+    the bundle), for an existing tritonserver (Kubernetes, KServe)."""
+    from aot.serve.triton import write_repository
+
+    folder = write_repository(bundle, output, name, device, max_queue_delay_us, force)
+    _result(f"wrote {folder} ({folder.name}/config.pbtxt, {folder.name}/1/model.py); see {output}/README.md")

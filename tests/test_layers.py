@@ -1,10 +1,12 @@
 """The import layers, by test: consumers on top, then the stages in pipeline order, then the core.
 
     cli  →  review, verify  →  tracer → codegen → packager → loader  →  core (aot/)
+    cli  →  serve  →  loader  →  core (aot/)
 
 The core imports no stage and no consumer; a stage imports the core and earlier stages only
 (never a later one); the loader imports the core alone, so a serving host needs nothing of the
-build; review and verify sit above the stages and below the CLI. Every import counts, including
+build; review and verify sit above the stages and below the CLI; serve (the serving engines) sits
+above the loader and imports only it and the core, so a serving host needs nothing of the build. Every import counts, including
 those inside functions.
 """
 
@@ -19,7 +21,7 @@ from tests.conftest import ROOT
 
 # folder → (its module prefix, what it may import besides itself and the standard/third-party world)
 STAGES = ["tracer", "codegen", "packager", "loader"]
-CONSUMERS = ["verify", "review", "cli"]
+CONSUMERS = ["verify", "review", "serve", "cli"]
 FOLDERS = {"aot": "aot", **{f: f"aot.{f}" for f in STAGES + CONSUMERS}}
 
 
@@ -33,7 +35,9 @@ def allowed(folder: str) -> set[str]:
         return {"aot", *STAGES[: STAGES.index(folder)]}
     if folder in ("verify", "review"):
         return {"aot", *STAGES}
-    return {"aot", *STAGES, "verify", "review"}  # cli
+    if folder == "serve":
+        return {"aot", "loader"}
+    return {"aot", *STAGES, "verify", "review", "serve"}  # cli
 
 
 def folder_of(module: str) -> str | None:
@@ -98,3 +102,4 @@ def test_the_checker_catches_a_breach(tmp_path):
     assert imports(fake) == [(2, "aot.loader")]
     assert folder_of("aot.loader") not in allowed("codegen") | {"codegen"}
     assert folder_of("aot.codegen.index") in allowed("packager")
+    assert folder_of("aot.tracer") not in allowed("serve") and folder_of("aot.serve.ray") in allowed("cli")

@@ -1,0 +1,264 @@
+"""Closed-loop gRPC load on Triton: a bundle behind ``aotpack serve``'s model vs the same model
+eager behind a Python-backend model of the same shape, in one tritonserver.
+
+Both models get the same ``config.pbtxt`` (rendered from the bundle's manifest: same dynamic batching,
+preferred sizes and queue delay) and the same request batching code (``aot.serve.batching``); only
+the call differs: the bundle's runner, or the model file's ``nn.Module`` in eager mode (random
+weights from the spec's seed: the weights do not change the time). PyTriton's own binding is not
+used for the eager side: its proxy needs a Python whose libpython matches the one the stub links.
+
+For each model and each concurrency C (default 1, 8, 32, 64), C client threads each send one
+single-row request over gRPC, wait for the answer and send the next, for ``--seconds``; the report
+gives throughput (requests/s), p50/p99 latency (ms, at the client) and the mean batch Triton ran
+(inferences / executions, from its metrics). JSON to ``--json``, a markdown table to stdout (and
+``--md``).
+
+    python bench/serve_load.py models/mlp.py mlp.tpk --device cpu --seconds 15
+
+On the GPU machine (which lacks nvidia-pytriton and has no network): the pytriton wheel is 55 MB and
+the carry limit is 64 MiB per call, so carry its wheel alone in one call and its dependencies
+(``pip download nvidia-pytriton==0.7.0 'tritonclient[http,grpc]==2.73.0' -d .whl``, all but the
+pytriton wheel: ~20 MB) in a second call on the same warm machine, each installed with
+``pip install --no-index --no-deps --target /tmp/site .whl/*.whl`` and ``PYTHONPATH=/tmp/site``
+(numpy<2 comes with them). The stub of the box's Python version links ``libpython3.X.so.1.0``:
+check ``ldd`` finds it first. Then build or carry ``mlp.tpk`` (built on the CPU box for sm_90) and
+
+    python bench/serve_load.py models/mlp.py mlp.tpk --device cuda --seconds 15 --json serve.json --md serve.md
+
+and copy the table into bench/RESULTS.md with the card, driver and torch version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+CONCURRENCY = (1, 8, 32, 64)
+SECONDS = 15.0
+WARMUP_REQUESTS = 20
+
+# The eager model: the model file's module, called on the joined requests like the bundle is.
+EAGER_MODEL_PY = '''"""Eager baseline for bench/serve_load.py: the model file's nn.Module behind the Python backend."""
+
+import json
+import os
+import site
+
+for _folder in filter(None, os.environ.get("AOTPACK_SITE_DIRS", "").split(os.pathsep)):
+    site.addsitedir(_folder)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import triton_python_backend_utils as pb
+
+        from aot.serve.batching import run_requests
+        from aot.tracer import load_model_file
+
+        self.pb, self.run_requests = pb, run_requests
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config["parameters"].items()}
+        spec = load_model_file(params["model_file"])
+        torch.manual_seed(spec.seed)
+        self.device = torch.device(params["device"])
+        self.module = spec.module().to(getattr(torch, spec.dtype)).to(self.device).eval()
+        self.inputs = [i["name"] for i in config["input"]]
+        self.outputs = [o["name"] for o in config["output"]]
+        self.max_rows = int(config["max_batch_size"])
+
+    def _call(self, values):
+        with torch.no_grad():
+            out = self.module(*values)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def execute(self, requests):
+        pb = self.pb
+        values = [
+            [torch.from_numpy(pb.get_input_tensor_by_name(r, n).as_numpy().copy()).to(self.device) for n in self.inputs]
+            for r in requests
+        ]
+        answers = []
+        for reply in self.run_requests(self._call, values, self.max_rows):
+            if reply.ok:
+                tensors = [pb.Tensor(n, t.cpu().numpy()) for n, t in zip(self.outputs, reply.outputs)]
+                answers.append(pb.InferenceResponse(output_tensors=tensors))
+            else:
+                answers.append(pb.InferenceResponse(error=pb.TritonError(reply.error)))
+        return answers
+'''
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 right now."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def metric(port: int, name: str, model: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = re.search(rf'^{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def load(
+    grpc_port: int, metrics_port: int, model: str, inputs: dict, concurrency: int, seconds: float
+) -> dict:
+    """``concurrency`` closed loops of single requests for ``seconds``: throughput, p50/p99, mean batch."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    def request():
+        given = []
+        for name, value in inputs.items():
+            t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+            t.set_data_from_numpy(value)
+            given.append(t)
+        return given
+
+    warm = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    for _ in range(WARMUP_REQUESTS):
+        warm.infer(model, request())
+    warm.close()
+    before = (
+        metric(metrics_port, "nv_inference_count", model),
+        metric(metrics_port, "nv_inference_exec_count", model),
+    )
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    start = threading.Barrier(concurrency + 1)
+    stop_at = [0.0]
+
+    def loop(i: int) -> None:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        given = request()
+        start.wait()
+        while time.perf_counter() < stop_at[0]:
+            t0 = time.perf_counter()
+            try:
+                client.infer(model, given)
+            except Exception:
+                errors[i] += 1
+                continue
+            latencies[i].append(time.perf_counter() - t0)
+        client.close()
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    stop_at[0] = time.perf_counter() + seconds
+    began = time.perf_counter()
+    start.wait()
+    for t in threads:
+        t.join(seconds + 60)
+    elapsed = time.perf_counter() - began
+    done = sorted(x for lat in latencies for x in lat)
+    count = metric(metrics_port, "nv_inference_count", model) - before[0]
+    execs = metric(metrics_port, "nv_inference_exec_count", model) - before[1]
+    return {
+        "model": model,
+        "concurrency": concurrency,
+        "requests": len(done),
+        "errors": sum(errors),
+        "seconds": round(elapsed, 2),
+        "throughput_rps": round(len(done) / elapsed, 1),
+        "p50_ms": round(1000 * statistics.median(done), 3) if done else None,
+        "p99_ms": round(1000 * done[min(len(done) - 1, int(0.99 * len(done)))], 3) if done else None,
+        "mean_batch": round(count / execs, 2) if execs else None,
+    }
+
+
+def markdown(rows: list[dict], device: str) -> str:
+    lines = [
+        f"Closed-loop gRPC load, single-row requests, device {device}:",
+        "",
+        "| model | concurrency | requests/s | p50 ms | p99 ms | mean batch | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['concurrency']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | "
+            f"{r['mean_batch']} | {r['errors']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_file", help="the model file the bundle was built from (the eager baseline)")
+    ap.add_argument("bundle")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--seconds", type=float, default=SECONDS)
+    ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
+    ap.add_argument("--max-queue-delay-us", type=int, default=2000)
+    ap.add_argument("--systems", default="aotpack,eager", help="which of aotpack, eager to load")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--md", help="write the markdown table here")
+    args = ap.parse_args()
+
+    import aot.loader
+    from aot.serve.config import open_spec
+    from aot.serve.triton import TritonServer, write_model
+
+    spec = open_spec(args.bundle)
+    example = aot.loader.load(args.bundle).example_inputs()
+    inputs = {n: v[:1].numpy() if spec.max_batch_size else v.numpy() for n, v in example.items()}
+    systems = [s for s in args.systems.split(",") if s]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
+        repo = Path(tmp)
+        if "aotpack" in systems:
+            aot_spec = dataclasses.replace(spec, name="aotpack")
+            write_model(
+                repo, aot_spec, str(Path(args.bundle).resolve()), args.device, args.max_queue_delay_us
+            )
+        if "eager" in systems:
+            eager = dataclasses.replace(spec, name="eager")
+            folder = write_model(repo, eager, "unused", args.device, args.max_queue_delay_us)
+            config = folder / "config.pbtxt"
+            model_file = json.dumps(str(Path(args.model_file).resolve()))
+            config.write_text(
+                config.read_text()
+                + f'parameters {{\n  key: "model_file"\n  value: {{ string_value: {model_file} }}\n}}\n'
+            )
+            (folder / "1" / "model.py").write_text(EAGER_MODEL_PY)
+        http, grpc, metrics = free_ports(3)
+        server = TritonServer(
+            repo, "aotpack" if "aotpack" in systems else "eager", http, grpc, metrics, "127.0.0.1"
+        )
+        server.start()
+        try:
+            for model in systems:
+                for c in (int(x) for x in args.concurrency.split(",")):
+                    row = load(grpc, metrics, model, inputs, c, args.seconds)
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+        finally:
+            server.stop()
+    table = markdown(rows, args.device)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": args.device, "rows": rows}, indent=1) + "\n")
+    if args.md:
+        Path(args.md).write_text(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,463 @@
+"""Serving a bundle on Triton Inference Server: ``serve`` runs it, ``write_repository`` writes a
+model repository for a tritonserver someone else runs.
+
+``serve`` runs the ``tritonserver`` binary that the ``nvidia-pytriton`` wheel ships (no Docker, no
+GPU needed) on a repository of one model: ``config.pbtxt`` rendered from the guard manifest
+(``aot.serve.config``) and a Python-backend ``model.py`` (``aot.serve.triton_model``). Triton speaks
+the KServe v2 protocol over HTTP and gRPC, answers health and readiness probes, and exports
+Prometheus metrics. The backend stub is the one built for this interpreter's Python version, and it
+is pointed at this interpreter's ``libpython`` and site-packages, so the model sees the same aotpack
+and torch. SIGTERM (or Ctrl-C) makes tritonserver stop taking requests, finish those in flight (up
+to the drain timeout) and exit; ``serve`` then returns.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import os
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aot.errors import EnvError, printable
+from aot.serve.config import DEFAULT_MAX_QUEUE_DELAY_US, ServingSpec, open_spec, render_config, serving_spec
+from aot.serve.triton_model import ENV_SITE_DIRS
+
+STARTUP_TIMEOUT_S = 600.0  # loading a large bundle on CPU, or capturing graphs, takes a while
+POLL_S = 0.1
+LOG_LINES = 200  # tritonserver log lines kept for the error message
+MODEL_VERSION = "1"
+
+# The model.py Triton's Python backend runs: it finds aotpack through AOTPACK_SITE_DIRS (site
+# folders, whose .pth files count, so editable installs work) or PYTHONPATH, then the model class.
+MODEL_PY = f'''"""Triton Python-backend model serving an aotpack bundle; see the repository's README.md."""
+
+import os
+import site
+
+for _folder in filter(None, os.environ.get("{ENV_SITE_DIRS}", "").split(os.pathsep)):
+    site.addsitedir(_folder)
+
+from aot.serve.triton_model import TritonPythonModel  # noqa: E402,F401
+'''
+
+
+@dataclass(frozen=True)
+class TritonDist:
+    """Where the nvidia-pytriton wheel keeps tritonserver, its libraries and the Python backend."""
+
+    server: Path  # bin/tritonserver
+    libs: Path  # nvidia_pytriton.libs: libtritonserver and the CUDA runtime it links
+    backend: Path  # backends/python: libtriton_python.so, triton_python_backend_utils.py
+    stub: Path  # triton_python_backend_stub for this Python version
+
+
+def find_tritonserver() -> TritonDist:
+    """The tritonserver of the installed nvidia-pytriton, without importing pytriton."""
+    hint = "install it with `pip install 'aotpack[serve]'` (the nvidia-pytriton wheel ships tritonserver)"
+    found = importlib.util.find_spec("pytriton")
+    if found is None or not found.submodule_search_locations:
+        raise EnvError(
+            f"aotpack serve needs Triton Inference Server, and nvidia-pytriton is not installed; {hint}"
+        )
+    root = Path(next(iter(found.submodule_search_locations)))
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    dist = TritonDist(
+        server=root / "tritonserver" / "bin" / "tritonserver",
+        libs=root.parent / "nvidia_pytriton.libs",
+        backend=root / "tritonserver" / "backends" / "python",
+        stub=root / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub",
+    )
+    for what, path in (("tritonserver", dist.server), ("the Python backend", dist.backend)):
+        if not path.exists():
+            raise EnvError(f"nvidia-pytriton at {root} has no {what} ({path}); reinstall it: {hint}")
+    if not dist.stub.exists():
+        raise EnvError(
+            f"nvidia-pytriton has no Python backend stub for Python {version} ({dist.stub}); "
+            "run aotpack under a Python it ships a stub for (3.8 to 3.13)"
+        )
+    return dist
+
+
+def site_dirs() -> list[str]:
+    """This interpreter's site folders, for the backend stub's interpreter to add."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        dirs.append(site.getusersitepackages())
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def server_env(dist: TritonDist) -> dict[str, str]:
+    """tritonserver's environment: this Python's libpython first (the stub links libpython3.X and
+    must get the one whose standard library it will read, not another install's), then the wheel's
+    libraries; this interpreter's site folders for the model."""
+    env = dict(os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    paths = [p for p in (libdir, str(dist.libs), env.get("LD_LIBRARY_PATH", "")) if p]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
+    env[ENV_SITE_DIRS] = os.pathsep.join(
+        site_dirs() + [d for d in env.get(ENV_SITE_DIRS, "").split(os.pathsep) if d]
+    )
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def check_name(name: str) -> str:
+    if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+        raise EnvError(f"model name {printable(name)[:60]!r} must be letters, digits, '-', '_' or '.'")
+    return name
+
+
+def write_model(
+    repo: Path, spec: ServingSpec, bundle_param: str, device: str, max_queue_delay_us: int
+) -> Path:
+    """REPO/NAME/config.pbtxt and REPO/NAME/1/model.py; returns the model's folder."""
+    folder = repo / check_name(spec.name)
+    (folder / MODEL_VERSION).mkdir(parents=True, exist_ok=True)
+    config = render_config(spec, {"bundle": bundle_param}, device, max_queue_delay_us)
+    (folder / "config.pbtxt").write_text(config)
+    (folder / MODEL_VERSION / "model.py").write_text(MODEL_PY)
+    return folder
+
+
+REPO_README = """# Triton model repository for the aotpack bundle `{name}`
+
+`{name}/config.pbtxt` was rendered from the bundle's guard manifest: inputs and outputs with their
+dtypes and shapes (-1: a dynamic size), `max_batch_size` {max_batch} from the batch dim
+{batch_note}. `{name}/1/model.py` serves `{name}/1/{bundle}` through Triton's Python backend;
+a request outside the bundle's guards gets the GuardError text as INVALID_ARG (HTTP 400, gRPC
+INVALID_ARGUMENT).
+
+    tritonserver --model-repository=$PWD
+
+## How the backend's interpreter finds aotpack and torch
+
+Triton's Python backend runs `model.py` in its stub, `triton_python_backend_stub`, which embeds
+the Python it was built for (the NGC containers' stub: the container's Python; nvidia-pytriton's
+wheel has one per version under `pytriton/tritonserver/python_backend_stubs/3.X/`). aotpack and
+torch must be installed for that same Python version; then either
+
+- set `AOTPACK_SITE_DIRS` in tritonserver's environment to that environment's site-packages
+  (several: separated by `:`); `model.py` adds each with `site.addsitedir`, so editable installs
+  (`.pth` files) work too:
+  `AOTPACK_SITE_DIRS=$(python -c 'import site; print(site.getsitepackages()[0])') tritonserver ...`;
+- or set `PYTHONPATH` to a site-packages holding regular (non-editable) installs;
+- or pack the environment with `conda-pack` and name the archive in `config.pbtxt`:
+  `parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }} }}`.
+
+The stub links `libpython3.X.so.1.0`: when several Pythons of that version are installed, put the
+directory of the one aotpack is installed for first in `LD_LIBRARY_PATH`, or its standard library
+and the stub's interpreter will not match. On a GPU node, render the repository with
+`--device cuda` (instances of kind KIND_GPU, one per GPU Triton gives them).
+"""
+
+
+def write_repository(
+    bundle: str | os.PathLike,
+    out: str | os.PathLike,
+    name: str | None = None,
+    device: str = "cpu",
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
+    force: bool = False,
+) -> Path:
+    """A Triton model repository at ``out`` serving ``bundle``: OUT/NAME/config.pbtxt,
+    OUT/NAME/1/model.py, the bundle copied beside it (and its split weights file, if any), and a
+    README on how the backend finds aotpack. Returns the model's folder."""
+    from aot.loader import open_bundle
+
+    src = Path(bundle)
+    opened = open_bundle(src)
+    try:
+        spec = serving_spec(opened.manifest, opened.program(), name)
+        weights = opened.external_path() if opened.manifest.external_weights else None
+    finally:
+        opened.close()
+    repo = Path(out)
+    folder = repo / check_name(spec.name)
+    if folder.exists() and any(folder.iterdir()) and not force:
+        raise EnvError(f"{folder} already exists and is not empty; remove it or pass --force")
+    if folder.exists():
+        shutil.rmtree(folder)
+    target = f"{MODEL_VERSION}/{spec.name}.tpk"
+    write_model(repo, spec, target, device, max_queue_delay_us)
+    shutil.copyfile(src, folder / target)
+    if weights is not None:  # split weights: found beside the bundle by their own name
+        shutil.copyfile(weights, folder / MODEL_VERSION / weights.name)
+    batch_note = (
+        f"`{spec.batch_symbol}`, dynamic batching with preferred sizes {list(spec.preferred_batch_sizes)}"
+        if spec.max_batch_size
+        else "(none: the bundle's first dims are not one batch symbol, so requests run one by one)"
+    )
+    (repo / "README.md").write_text(
+        REPO_README.format(
+            name=spec.name, max_batch=spec.max_batch_size, batch_note=batch_note, bundle=f"{spec.name}.tpk"
+        )
+    )
+    return folder
+
+
+def _check_port(address: str, port: int, what: str) -> None:
+    if not 0 < port < 65536:
+        raise EnvError(f"{what} port must be between 1 and 65535, got {port}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError as e:
+            raise EnvError(
+                f"{what} port {port} on {address} is not free ({e.strerror}); pick another"
+            ) from None
+
+
+# tritonserver's error lines that are noise on a CPU-only host
+_NOISE = ("CudaDriverHelper", "pinned memory", "CUDA driver")
+
+
+def drained(log: list[str]) -> bool:
+    """Whether a tritonserver that exited non-zero after SIGTERM had finished every inference: it
+    also waits for idle keep-alive connections, and exits 1 when they outlast the drain timeout."""
+    return any("Found 0 model versions that have in-flight inferences" in line for line in log[-20:])
+
+
+def load_error(log: list[str], name: str) -> str:
+    """The one line of tritonserver's log that says why the model did not load or the server
+    stopped, without the Python traceback the backend appends."""
+    keys = (f"failed to load '{name}'", "failed to load", "failed to start", "error: creating server")
+    errors = [line for line in log if line[:1] == "E" and line[1:5].isdigit()]
+    candidates = [line for key in keys for line in log if key in line]
+    candidates += [line for line in errors if not any(n in line for n in _NOISE)]
+    if not candidates:
+        return log[-1].strip() if log else "no output"
+    text = candidates[0].strip()
+    if text[:1] in "EIW" and "] " in text:
+        text = text.split("] ", 1)[1]
+    text = text.strip('"').split("\\n", 1)[0]  # the log escapes the traceback's newlines
+    return text.strip()
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it dies (Linux's
+    PR_SET_PDEATHSIG), so a killed ``aotpack serve`` leaves no tritonserver behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class TritonServer:
+    """A running tritonserver on one model repository. ``start`` returns once the model is ready;
+    ``stop`` sends SIGTERM and waits for the drain; ``wait`` blocks until it exits."""
+
+    def __init__(
+        self,
+        repo: Path,
+        name: str,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        address: str = "0.0.0.0",
+        drain_timeout: int = 30,
+        echo: Callable[[str], None] | None = None,
+    ):
+        self.repo, self.name = Path(repo), name
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.address, self.drain_timeout, self.echo = address, drain_timeout, echo
+        self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
+        self.process: subprocess.Popen | None = None
+        self._backends: tempfile.TemporaryDirectory | None = None
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.address == "0.0.0.0" else self.address
+        return f"http://{host}:{self.http_port}"
+
+    def _backend_directory(self, dist: TritonDist) -> Path:
+        self._backends = tempfile.TemporaryDirectory(prefix="aotpack-triton-")
+        python = Path(self._backends.name) / "python"
+        python.mkdir()
+        for f in dist.backend.iterdir():
+            if f.is_file():
+                shutil.copy2(f, python / f.name)
+        shutil.copy2(dist.stub, python / "triton_python_backend_stub")
+        return Path(self._backends.name)
+
+    def command(self, dist: TritonDist, backends: Path) -> list[str]:
+        return [
+            str(dist.server),
+            f"--model-repository={self.repo}",
+            f"--backend-directory={backends}",
+            f"--http-address={self.address}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}",
+            f"--grpc-port={self.grpc_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            f"--metrics-address={self.address}",
+            f"--metrics-port={self.metrics_port}",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            "--disable-auto-complete-config",
+            f"--exit-timeout-secs={int(self.drain_timeout)}",
+            "--log-verbose=0",
+        ]
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for raw in self.process.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.log.append(line)
+            if self.echo is not None:
+                self.echo(line)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        dist = find_tritonserver()
+        for port, what in (
+            (self.http_port, "HTTP"),
+            (self.grpc_port, "gRPC"),
+            (self.metrics_port, "metrics"),
+        ):
+            _check_port(self.address, port, what)
+        backends = self._backend_directory(dist)
+        self.process = subprocess.Popen(
+            self.command(dist, backends),
+            env=server_env(dist),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches us, and we drain the server ourselves
+            preexec_fn=_stop_with_parent,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if self.process.poll() is not None:
+                self._reader.join(timeout=5)
+                self.close()
+                raise EnvError(
+                    f"tritonserver stopped before model {self.name!r} was ready: "
+                    f"{printable(load_error(list(self.log), self.name))}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EnvError(
+                    f"model {self.name!r} was not ready after {timeout:.0f} s; see tritonserver's log"
+                )
+            time.sleep(POLL_S)
+
+    def stop(self) -> int:
+        """SIGTERM: tritonserver refuses new requests, finishes those in flight, unloads and exits.
+        Returns its exit status."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=self.drain_timeout + 30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self.close()
+        return code
+
+    def wait(self) -> int:
+        assert self.process is not None
+        code = self.process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self.close()
+        return code
+
+    def close(self) -> None:
+        if self._backends is not None:
+            self._backends.cleanup()
+            self._backends = None
+
+
+def serve(
+    bundle: str | os.PathLike,
+    name: str | None = None,
+    device: str = "cpu",
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    address: str = "0.0.0.0",
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
+    drain_timeout: int = 30,
+    on_ready: Callable[[TritonServer, ServingSpec], None] | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> int:
+    """Serve ``bundle`` on tritonserver until SIGTERM or SIGINT; returns 0 after a clean drain.
+    ``EnvError`` when the server cannot start or the model cannot load (the log's reason, one line)."""
+    if device not in ("cpu", "cuda"):
+        raise EnvError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EnvError("--device cuda requested but torch sees no CUDA GPU; serve with --device cpu")
+    spec = open_spec(bundle, name)
+    with tempfile.TemporaryDirectory(prefix="aotpack-repo-") as tmp:
+        repo = Path(tmp)
+        write_model(repo, spec, str(Path(bundle).resolve()), device, max_queue_delay_us)
+        server = TritonServer(
+            repo, spec.name, http_port, grpc_port, metrics_port, address, drain_timeout, echo
+        )
+        stopping = threading.Event()
+
+        def on_signal(signum: int, frame: object) -> None:
+            stopping.set()
+            if server.process is not None and server.process.poll() is None:
+                server.process.send_signal(signal.SIGTERM)
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            try:
+                server.start()
+            except EnvError:
+                if stopping.is_set():  # stopped while loading: nothing was served, nothing lost
+                    return 0
+                raise
+            if stopping.is_set():  # the signal came before the server's process existed
+                server.process.send_signal(signal.SIGTERM)
+            elif on_ready is not None:
+                on_ready(server, spec)
+            code = server.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if server.process is not None and server.process.poll() is None:
+                server.stop()
+    if stopping.is_set():
+        if code == 0 or drained(list(server.log)):
+            return 0
+        raise EnvError(
+            f"tritonserver exited with status {code} while draining, with requests still in flight after "
+            f"the {drain_timeout} s drain timeout: {printable(load_error(list(server.log), spec.name))}"
+        )
+    raise EnvError(
+        f"tritonserver exited with status {code}: {printable(load_error(list(server.log), spec.name))}"
+    )

@@ -1,0 +1,94 @@
+"""The Triton Python-backend model that serves a bundle: ``TritonPythonModel`` for ``model.py``.
+
+Triton's Python backend runs ``model.py`` in its own interpreter (the backend stub) and calls
+``initialize`` once per instance and ``execute`` with the requests its dynamic batcher gathered.
+``initialize`` loads the bundle named by the config's ``bundle`` parameter (a path relative to the
+model's folder, or absolute) on the config's ``device``; ``execute`` runs the requests through
+``aot.serve.batching`` and answers each one: its outputs, or its error as ``INVALID_ARG`` (outside
+the guards: HTTP 400, gRPC INVALID_ARGUMENT) or ``INTERNAL``. PyTriton's own model binding cannot
+fail one request of a batch, which is why the bundle is bound here rather than through it.
+
+``triton_python_backend_utils`` exists only inside the stub, so it is imported in ``initialize``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from aot.pytree import leaves
+from aot.serve.batching import GUARD, BatchStats, run_requests
+
+ENV_SITE_DIRS = "AOTPACK_SITE_DIRS"
+
+
+class TritonPythonModel:
+    """One instance of the bundle's model in Triton."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        import aot.loader
+
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        folder = args["model_repository"]  # the model's folder: REPO/NAME
+        bundle = os.path.join(folder, params["bundle"])  # an absolute parameter stays absolute
+        device = params.get("device", "cpu")
+        if device == "cuda" and args.get("model_instance_kind") == "GPU":
+            device = f"cuda:{args['model_instance_device_id']}"
+        self.runner = aot.loader.load(bundle, device=device)
+        self.device = self.runner.device
+        self.inputs = [i["name"] for i in config["input"]]
+        self.bf16 = {i["name"] for i in config["input"] if i["data_type"] == "TYPE_BF16"}
+        self.outputs = [(o["name"], o["data_type"]) for o in config["output"]]
+        self.max_rows = int(config.get("max_batch_size", 0))
+        self.stats = BatchStats()
+
+    def _call(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        return leaves(self.runner(**dict(zip(self.inputs, values))))
+
+    def _tensor(self, request: Any, name: str) -> torch.Tensor:
+        tensor = self.pb.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            raise KeyError(name)
+        if name in self.bf16:  # numpy has no bfloat16: through DLPack
+            value = torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).clone()
+        else:
+            array = tensor.as_numpy()
+            value = torch.from_numpy(array if array.flags.writeable else array.copy())
+        return value.to(self.device)
+
+    def _output(self, name: str, value: torch.Tensor) -> Any:
+        value = value.detach().contiguous().cpu()
+        if value.dtype == torch.bfloat16:
+            return self.pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value))
+        return self.pb.Tensor(name, np.ascontiguousarray(value.numpy()))
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        pb = self.pb
+        values, answers = [], [None] * len(requests)
+        for i, request in enumerate(requests):
+            try:
+                values.append((i, [self._tensor(request, n) for n in self.inputs]))
+            except Exception as e:  # a missing or unreadable input: this request's error only
+                answers[i] = pb.InferenceResponse(
+                    error=pb.TritonError(f"{type(e).__name__}: {e}", pb.TritonError.INVALID_ARG)
+                )
+        replies = run_requests(self._call, [v for _, v in values], self.max_rows, self.stats)
+        for (i, _), reply in zip(values, replies):
+            if reply.ok:
+                tensors = [self._output(n, t) for (n, _), t in zip(self.outputs, reply.outputs)]
+                answers[i] = pb.InferenceResponse(output_tensors=tensors)
+            else:
+                code = pb.TritonError.INVALID_ARG if reply.kind == GUARD else pb.TritonError.INTERNAL
+                answers[i] = pb.InferenceResponse(error=pb.TritonError(reply.error, code))
+        return answers
+
+    def finalize(self) -> None:
+        self.runner = None

@@ -1,0 +1,277 @@
+"""The real tritonserver (from the nvidia-pytriton wheel) serving bundles on loopback ports: KServe
+v2 answers over HTTP and gRPC equal the runner's, concurrent requests are batched and each gets its
+own answer, requests outside the guards get the GuardError text as a 400-class error while the
+server keeps serving, metrics are exported, SIGTERM drains and exits 0, a model that fails to load
+is reported in one line, and a ``triton-repo`` repository serves as it is."""
+
+from __future__ import annotations
+
+import json
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from aot.errors import EnvError
+from tests.serve.conftest import free_ports
+
+pytestmark = pytest.mark.slow
+
+ATOL = 1e-5
+STARTUP_S = 120
+MODEL = "branchy"  # float32, batch 1..16, seq even and >= 10
+
+
+class Served:
+    """``aotpack serve`` running in a subprocess on free loopback ports."""
+
+    def __init__(self, bundle, *extra: str):
+        self.http, self.grpc, self.metrics = free_ports(3)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "aot.cli", "serve", str(bundle), "--address", "127.0.0.1"]
+            + [f"--http-port={self.http}", f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics}"]
+            + ["--drain-timeout=10", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        ready, _, _ = select.select([self.process.stdout], [], [], STARTUP_S)  # the banner: model ready
+        if not ready:
+            self.process.kill()
+            pytest.fail(
+                f"aotpack serve printed nothing in {STARTUP_S} s: {self.process.communicate()[1][-2000:]}"
+            )
+        self.banner = self.process.stdout.readline()
+        if not self.banner.startswith("serving "):
+            self.process.kill()
+            pytest.fail(f"aotpack serve did not start: {self.banner} {self.process.communicate()[1][-2000:]}")
+
+    def stop(self, timeout: float = 60, signal_it: bool = True) -> tuple[int, str]:
+        if signal_it:
+            self.process.send_signal(signal.SIGTERM)
+        out, err = self.process.communicate(timeout=timeout)
+        return self.process.returncode, err
+
+    def metric(self, name: str) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=10).read().decode()
+        found = re.search(rf'^{name}{{[^}}]*model="{MODEL}"[^}}]*}} (\S+)$', text, re.M)
+        assert found, f"{name} not in metrics"
+        return float(found.group(1))
+
+
+@pytest.fixture(scope="module")
+def runner(bundles):
+    import aot.loader
+
+    return aot.loader.load(bundles(MODEL))
+
+
+@pytest.fixture(scope="module")
+def served(bundles):
+    server = Served(bundles(MODEL))
+    yield server
+    if server.process.poll() is None:
+        server.stop()
+
+
+def x_of(rows: int, seq: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, seq, 16)).astype(np.float32)
+
+
+def expected(runner, x: np.ndarray) -> np.ndarray:
+    return runner(torch.from_numpy(x)).numpy()
+
+
+def test_http_and_grpc_answers_equal_the_runner(served, runner):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    assert served.banner.startswith(f"serving {MODEL} on http://127.0.0.1:{served.http}")
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{served.http}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc}")
+    try:
+        assert http.is_server_live() and http.is_server_ready() and http.is_model_ready(MODEL)
+        meta = http.get_model_metadata(MODEL)
+        assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, -1, 16]}]
+        for rows, seq in ((1, 16), (3, 10), (16, 32)):
+            x = x_of(rows, seq, seed=rows)
+            want = expected(runner, x)
+            for client, module in ((http, httpclient), (grpc, grpcclient)):
+                given = module.InferInput("x", list(x.shape), "FP32")
+                given.set_data_from_numpy(x)
+                got = client.infer(MODEL, [given]).as_numpy("output")
+                np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_concurrent_single_rows_are_batched_and_each_gets_its_answer(served, runner):
+    import tritonclient.grpc as grpcclient
+
+    before = served.metric("nv_inference_exec_count"), served.metric("nv_inference_request_success")
+    inputs = [x_of(1, 16, seed=100 + i) for i in range(16)]
+    start = threading.Barrier(16)
+
+    def one(x):
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc}")
+        given = grpcclient.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        start.wait()
+        try:
+            return client.infer(MODEL, [given]).as_numpy("output")
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, inputs))
+    for x, got in zip(inputs, answers):
+        np.testing.assert_allclose(got, expected(runner, x), atol=ATOL, rtol=0)
+    executions = served.metric("nv_inference_exec_count") - before[0]
+    assert served.metric("nv_inference_request_success") - before[1] == 16
+    assert 1 <= executions < 16, f"16 concurrent requests took {executions} executions: not batched"
+
+
+def test_out_of_contract_requests_get_the_guard_text_and_the_server_keeps_serving(served, runner):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    bad = x_of(2, 7)
+    with pytest.raises(Exception) as caught:
+        runner(torch.from_numpy(bad))
+    guard_text = str(caught.value)
+    assert "seq" in guard_text and "got 7" in guard_text
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{served.http}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc}")
+    try:
+        for client, module, status in (
+            (http, httpclient, "400"),
+            (grpc, grpcclient, "StatusCode.INVALID_ARGUMENT"),
+        ):
+            given = module.InferInput("x", list(bad.shape), "FP32")
+            given.set_data_from_numpy(bad)
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer(MODEL, [given])
+            assert str(refused.value.status()) == status
+            assert refused.value.message() == guard_text
+        # raw HTTP: the status line itself says 400, and the body carries the guard text
+        body = (
+            b'{"inputs": [{"name": "x", "shape": [1, 7, 16], "datatype": "FP32", "data": ['
+            + b", ".join([b"0.5"] * 112)
+            + b"]}]}"
+        )
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{served.http}/v2/models/{MODEL}/infer", data=body, method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as http_error:
+            urllib.request.urlopen(request, timeout=30)
+        assert http_error.value.code == 400 and "got 7" in http_error.value.read().decode()
+        x = x_of(2, 12)
+        given = grpcclient.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        np.testing.assert_allclose(
+            grpc.infer(MODEL, [given]).as_numpy("output"), expected(runner, x), atol=ATOL, rtol=0
+        )
+        assert http.is_server_live()
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_metrics_endpoint(served):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{served.metrics}/metrics", timeout=10).read().decode()
+    for name in ("nv_inference_request_success", "nv_inference_exec_count", "nv_inference_queue_duration_us"):
+        assert f'{name}{{model="{MODEL}",version="1"}}' in text
+
+
+def test_sigterm_drains_and_exits_zero(bundles, runner):
+    """Requests still waiting in the batcher's queue (a 3 s queue delay) when SIGTERM comes, one over
+    gRPC and one over HTTP, are answered before the server exits 0."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    server = Served(bundles(MODEL), "--max-queue-delay-us=3000000")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    x = x_of(1)
+    given = grpcclient.InferInput("x", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    answers: queue.Queue = queue.Queue()
+    client.async_infer(
+        MODEL, [given], callback=lambda result, error: answers.put((result, error, time.monotonic()))
+    )
+    x2 = x_of(2, seed=5)  # 1 + 2 rows: no preferred size (2, 4, ...) is met, so both wait in the queue
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2, 16, 16], "datatype": "FP32", "data": x2.flatten().tolist()}]}
+    ).encode()
+    url = f"http://127.0.0.1:{server.http}/v2/models/{MODEL}/infer"
+    over_http: queue.Queue = queue.Queue()
+
+    def post() -> None:
+        answer = urllib.request.urlopen(urllib.request.Request(url, body), timeout=30).read()
+        over_http.put((answer, time.monotonic()))
+
+    threading.Thread(target=post, daemon=True).start()
+    time.sleep(1.0)  # both in the batcher's queue now
+    start = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    result, error, answered = answers.get(timeout=30)
+    assert error is None, error
+    np.testing.assert_allclose(result.as_numpy("output"), expected(runner, x), atol=ATOL, rtol=0)
+    answer, answered_http = over_http.get(timeout=30)
+    (output,) = json.loads(answer)["outputs"]
+    np.testing.assert_allclose(
+        np.reshape(output["data"], output["shape"]), expected(runner, x2), atol=ATOL, rtol=0
+    )
+    assert min(answered, answered_http) > start  # they were still in flight when SIGTERM came
+    # the client's keep-alive connection is still open: the drain must not turn that into a failure
+    code, err = server.stop(signal_it=False)
+    client.close()
+    assert code == 0, err
+    assert "Traceback" not in err and "error" not in err.lower()
+    assert time.monotonic() - start < 40
+
+
+def test_a_model_that_fails_to_load_is_reported_in_one_line(tmp_path, bundles):
+    from aot.serve.config import open_spec
+    from aot.serve.triton import TritonServer, write_model
+
+    spec = open_spec(bundles(MODEL))
+    write_model(tmp_path, spec, "1/missing.tpk", "cpu", 100)
+    server = TritonServer(tmp_path, spec.name, *free_ports(3), address="127.0.0.1")
+    with pytest.raises(EnvError) as caught:
+        server.start(timeout=120)
+    message = str(caught.value)
+    assert "\n" not in message and "\\n" not in message, message
+    assert f"failed to load '{MODEL}'" in message and "BundleError" in message and "missing.tpk" in message
+
+
+def test_a_triton_repo_repository_is_served_by_the_real_server(tmp_path, bundles, runner):
+    import tritonclient.http as httpclient
+
+    from aot.serve.triton import TritonServer, write_repository
+
+    repo = tmp_path / "repo"
+    write_repository(bundles(MODEL), repo, name="served-repo")
+    server = TritonServer(repo, "served-repo", *free_ports(3), address="127.0.0.1", drain_timeout=5)
+    server.start(timeout=120)
+    try:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        x = x_of(4, 20, seed=7)
+        given = httpclient.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        got = client.infer("served-repo", [given]).as_numpy("output")
+        client.close()
+        np.testing.assert_allclose(got, expected(runner, x), atol=ATOL, rtol=0)
+    finally:
+        assert server.stop() == 0
