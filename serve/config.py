@@ -119,13 +119,8 @@ def _dtype(what: str, dtype: str) -> str:
 def check_stateless(manifest: schema.Manifest, program: schema.Program) -> None:
     """Refuse a bundle with several entry points or state (a KV cache the program mutates): a
     request-response engine cannot keep state per client between calls."""
-    entries = getattr(manifest, "entry_points", None) or getattr(manifest, "entries", None) or ()
-    state = (
-        getattr(manifest, "state", None)
-        or getattr(program, "state", None)
-        or getattr(program, "state_inputs", None)
-        or ()
-    )
+    entries = sorted({e.entry for e in manifest.programs if e.entry})
+    state = sorted({*program.state, *(i.name for i in manifest.guards.inputs if i.state)})
     if len(entries) > 1 or state:
         what = f"{len(entries)} entry points" if len(entries) > 1 else f"{len(state)} state tensors"
         raise EnvError(

@@ -3,8 +3,6 @@ back with Triton's own ModelConfig protobuf)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from aot.errors import EnvError
@@ -69,17 +67,20 @@ def test_preferred_sizes_leave_out_one_and_sizes_past_the_maximum():
     assert preferred_sizes((), 8) == ()
 
 
-def test_stateful_bundles_are_refused():
-    program = SimpleNamespace()
-    for manifest in (
-        SimpleNamespace(name="gpt", entry_points=("prefill", "decode")),
-        SimpleNamespace(name="gpt", state=("k_cache", "v_cache")),
-    ):
-        with pytest.raises(EnvError, match=r"stateful .*aotpack generate"):
-            check_stateless(manifest, program)
-    check_stateless(SimpleNamespace(name="mlp", entry_points=("forward",)), program)
-    with pytest.raises(EnvError, match="state tensors"):
-        check_stateless(SimpleNamespace(name="gpt"), SimpleNamespace(state_inputs=("cache",)))
+def test_stateful_bundles_are_refused(built, bundles):
+    from aot.loader.bundle import open_bundle
+
+    stateful = open_bundle(built("tiny_lm"))
+    try:
+        with pytest.raises(EnvError, match=r"stateful \(2 entry points\).*aotpack generate"):
+            check_stateless(stateful.manifest, stateful.program())
+    finally:
+        stateful.close()
+    stateless = open_bundle(bundles("branchy"))
+    try:
+        check_stateless(stateless.manifest, stateless.program())
+    finally:
+        stateless.close()
 
 
 def test_bad_device_is_refused(bundles):
