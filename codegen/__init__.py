@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from aot.errors import CodegenError
-from aot.schema import BuildStats, Kernel, StepKind
+from aot.schema import BuildStats, StepKind
 from aot.stages import Compiled, Traced
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -63,6 +63,7 @@ def generate(
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.compile import Job, compile_job, ptxas_release
     from aot.codegen.partition import partition, rewrite
+    from aot.codegen.render import kernel_record
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
     from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 
@@ -150,25 +151,7 @@ def generate(
         kept, steps = [], program.steps
     kernels, cubins = [], {}
     for k in dict.fromkeys(i for _, i in kept):
-        r = by_id[k]
-        ptx_params = results[(k, archs[0])].meta["ptx_params"]
-        config = dict(r.config, global_scratch_size=0, profile_scratch_size=0, signature=dict(r.signature))
-        kernels.append(
-            Kernel(
-                id=k,
-                name=r.name,
-                source=r.source,
-                params=r.params,
-                num_warps=r.num_warps,
-                num_stages=r.num_stages,
-                shared={a: results[(k, a)].meta["shared"] for a in archs},
-                archs=archs,
-                ops=r.ops,
-                config=config,
-                bytes_moved=r.bytes_moved,
-                scratch_params=ptx_params - len(r.params),
-            )
-        )
+        kernels.append(kernel_record(k, by_id[k], results, archs))
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin
     new_program = replace(program, steps=steps, kernels=tuple(kernels))

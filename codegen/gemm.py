@@ -32,7 +32,7 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.launch import max_value
-from aot.codegen.render import Rendered
+from aot.codegen.render import Rendered, kernel_record
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.program import step_reads
 from aot.schema import (
@@ -826,24 +826,7 @@ def add_gemm_alternatives(
         for r, kid in zip(kernels, ids):
             if kid in existing or kid in kernels_out:
                 continue
-            ptx_params = results[(kid, archs[0])].meta["ptx_params"]
-            config = dict(
-                r.config, global_scratch_size=0, profile_scratch_size=0, signature=dict(r.signature)
-            )
-            kernels_out[kid] = Kernel(
-                id=kid,
-                name=r.name,
-                source=r.source,
-                params=r.params,
-                num_warps=r.num_warps,
-                num_stages=r.num_stages,
-                shared={a: results[(kid, a)].meta["shared"] for a in archs},
-                archs=archs,
-                ops=r.ops,
-                config=config,
-                bytes_moved=r.bytes_moved,
-                scratch_params=ptx_params - len(r.params),
-            )
+            kernels_out[kid] = kernel_record(kid, r, results, archs)
             for a in archs:
                 cubins[(kid, a)] = results[(kid, a)].cubin
         buffers.update(extra)

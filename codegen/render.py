@@ -24,7 +24,7 @@ from aot.codegen.kernel_source import SourceWriter, kernel_name, module_source, 
 from aot.codegen.launch import HEURISTIC, NUM_STAGES, index_type, kernel_params, max_value, plan_launch
 from aot.codegen.valuegraph import Builder, NotFusible, Unsupported, walk
 from aot.dtypes import ITEMSIZE
-from aot.schema import KernelParam, Step, TensorSpec
+from aot.schema import Kernel, KernelParam, Step, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,26 @@ class Rendered:
     config: dict[str, Any]
     ops: tuple[str, ...]
     bytes_moved: str
+
+
+def kernel_record(kernel_id: str, r: Rendered, results: dict, archs: tuple[str, ...]) -> Kernel:
+    """The bundle's record of a rendered kernel compiled for ``archs`` (``results``: (id, arch) →
+    the compile result); its PTX entry's trailing scratch parameters are counted from the first arch."""
+    ptx_params = results[(kernel_id, archs[0])].meta["ptx_params"]
+    return Kernel(
+        id=kernel_id,
+        name=r.name,
+        source=r.source,
+        params=r.params,
+        num_warps=r.num_warps,
+        num_stages=r.num_stages,
+        shared={a: results[(kernel_id, a)].meta["shared"] for a in archs},
+        archs=archs,
+        ops=r.ops,
+        config=dict(r.config, global_scratch_size=0, profile_scratch_size=0, signature=dict(r.signature)),
+        bytes_moved=r.bytes_moved,
+        scratch_params=ptx_params - len(r.params),
+    )
 
 
 def render_kernel(
