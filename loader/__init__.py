@@ -50,6 +50,15 @@ def _load_tensors(bundle: Bundle, name: str) -> dict[str, torch.Tensor]:
         raise BundleError(f"{bundle.path}: {name} is not valid safetensors: {e}") from None
 
 
+def admitted_count(guards: GuardChecker) -> int:
+    """How many size combinations a program's guards admit at most (the product of its symbols'
+    ranges): the smaller, the narrower the program."""
+    count = 1
+    for g in guards.symbols.values():
+        count *= g.max - g.min + 1
+    return count
+
+
 def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
     """The buffers some step of ``programs`` reads, on either path (kernel arguments or their
     reference steps), and their outputs."""
@@ -248,6 +257,14 @@ class Runner:
             self._entries.append(entry)
         if capture == "all" and self.state.tensors:
             self.state.reset()  # the captures' warm-ups wrote into it
+        # A plain call on a bundle with entry points goes to the narrowest program that admits it
+        # (a one-token call to decode, whose program is made for it, not to prefill); programs of
+        # one entry point (a size-1 specialization beside the general trace) keep their order.
+        self._dispatch_order = (
+            sorted(self._entries, key=lambda e: admitted_count(e.guards) if e.entry else 0)
+            if any(e.entry for e in self._entries)
+            else self._entries
+        )
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -332,7 +349,7 @@ class Runner:
         """The first program whose guards admit the call, and its symbol values. Only a call that
         no program admits is checked against the bundle's whole contract, for its error."""
         errors = []
-        for entry in entries if entries is not None else self._entries:
+        for entry in entries if entries is not None else self._dispatch_order:
             try:
                 return entry, entry.guards.check(values, self.device)
             except GuardError as e:

@@ -187,6 +187,27 @@ def test_entry_points_have_their_own_programs_and_guards(runner, tiny_lm):
     assert [b.symbol for b in entries[1].buckets] == ["batch"]  # seq is static in decode
 
 
+def test_a_plain_call_goes_to_the_narrowest_entry_point_that_admits_it(runner):
+    def call(seq: int):
+        return dict(
+            input_ids=torch.tensor([[4] * seq]),
+            position_ids=torch.arange(seq)[None],
+            cache_position=torch.arange(seq),
+            attention_mask=torch.ones(1, 32, dtype=torch.int64),
+        )
+
+    bind = runner.guards.bind
+    one, _ = runner._dispatch(bind((), call(1)))
+    two, _ = runner._dispatch(bind((), call(2)))
+    assert (one.entry, two.entry) == ("decode", "prefill")
+    runner.reset()
+    via_plain = runner(**call(1))
+    runner.reset()
+    via_decode = runner.entry("decode")(**call(1))
+    runner.reset()
+    torch.testing.assert_close(via_plain, via_decode, rtol=0, atol=0)
+
+
 def test_guards_of_the_model_file_match_the_bundle(tiny_lm):
     cmd = [
         sys.executable,
