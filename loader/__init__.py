@@ -215,7 +215,10 @@ class Runner:
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         self._input_set = frozenset(self.guards.names)
         self.state.allocate()
-        self._state_storages = Storages(self.state.tensors.values()) if self.state.tensors else None
+        # memory the runner owns, never handed to a caller as an output: weights, and the state
+        self._owned_storages = [self._weight_storages]
+        if self.state.tensors:
+            self._owned_storages.append(Storages(self.state.tensors.values()))
         self._state_lock = threading.Lock()
         self._generate_lock = threading.Lock()  # a generation owns the state from prefill to its last token
         from aot.loader.tuning import read_tuning, tuned_plans
@@ -249,7 +252,9 @@ class Runner:
                         check_max_memory(peak, sizes, max_memory, name)
                 entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans, state_aliases)
                 if capture != "none":
-                    entry.graphs = GraphRunner(entry.gpu, buckets, self.state, arena)
+                    entry.graphs = GraphRunner(
+                        entry.gpu, buckets, arena, entry.outputs, self._weight_storages, self.state
+                    )
                     if capture == "all":
                         entry.graphs.capture_all()
             else:
@@ -258,11 +263,12 @@ class Runner:
         if capture == "all" and self.state.tensors:
             self.state.reset()  # the captures' warm-ups wrote into it
         # A plain call on a bundle with entry points goes to the narrowest program that admits it
-        # (a one-token call to decode, whose program is made for it, not to prefill); programs of
-        # one entry point (a size-1 specialization beside the general trace) keep their order.
+        # (a one-token call to decode, whose program is made for it, not to prefill). The programs
+        # of one entry point admit disjoint sizes, so reordering them changes nothing; a bundle
+        # without entry points keeps its order.
         self._dispatch_order = (
-            sorted(self._entries, key=lambda e: admitted_count(e.guards) if e.entry else 0)
-            if any(e.entry for e in self._entries)
+            sorted(self._entries, key=lambda e: admitted_count(e.guards))
+            if self.entry_points
             else self._entries
         )
 
@@ -384,8 +390,7 @@ class Runner:
             except ValueError as e:
                 raise GuardError(f"out= is not shaped like the model's output: {e}") from None
             taken = [storage_span(v) for v in values if isinstance(v, torch.Tensor)]
-            taken += [storage_span(t) for t in self.state.tensors.values()]
-            entry.outputs.check_out(buffers, sizes, taken, self._weight_storages)
+            entry.outputs.check_out(buffers, sizes, taken, self._owned_storages)
         grad = torch.is_grad_enabled()
         if grad:  # no autograd graph, whatever the inputs require (no_grad's manager costs µs)
             torch._C._set_grad_enabled(False)
@@ -421,10 +426,8 @@ class Runner:
         owned = []
         for out in outputs:
             start, end = storage_span(out)
-            shared = (
-                self._weight_storages.overlaps(start, end)
-                or (self._state_storages is not None and self._state_storages.overlaps(start, end))
-                or any(s < end and start < e for s, e in inputs_at)
+            shared = any(o.overlaps(start, end) for o in self._owned_storages) or any(
+                s < end and start < e for s, e in inputs_at
             )
             owned.append(out.clone() if shared else out)
         return owned

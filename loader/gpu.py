@@ -241,15 +241,22 @@ class GraphRunner:
     """
 
     def __init__(
-        self, gpu: GpuProgram, buckets: tuple[Bucket, ...], state: Any = None, arena: Arena | None = None
+        self,
+        gpu: GpuProgram,
+        buckets: tuple[Bucket, ...],
+        arena: Arena,
+        specs: OutputSpecs,
+        weights: Storages,
+        state: Any = None,
     ):
+        """``specs``: the program's output specs; ``weights``: the runner's weights, whose memory
+        is never lent out."""
         self.gpu = gpu
         self.buckets = {b.symbol: b for b in buckets}
-        arena = arena or Arena(gpu.device)
         self.pool, self.stream, self.lock = arena.pool, arena.stream, arena.lock
         self.graphs: dict[tuple, _Captured] = {}
-        self._weights = Storages(gpu.weights.values())
-        self._specs = OutputSpecs(gpu.program, gpu.device)
+        self._weights = weights
+        self._specs = specs
         program = gpu.program
         self.state = state if program.state else None
         owned = set(program.state)

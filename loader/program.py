@@ -93,6 +93,7 @@ class OutputSpecs:
             **program.buffers,
         }
         self.device_type, self.device_index = device.type, device.index
+        self.where = device.type if device.index is None else f"{device.type}:{device.index}"
         self.expected: list[tuple[str, torch.dtype, list[int | Expr]]] = []
         for name in program.outputs:
             spec = specs.get(name)
@@ -101,53 +102,42 @@ class OutputSpecs:
             dims = [compile_expr(s) for s in spec.shape]
             self.expected.append((name, DTYPES[spec.dtype], [d({}) if d.is_constant else d for d in dims]))
 
+    def _fits(self, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+        return (
+            t.dtype == dtype
+            and t.shape == shape
+            and t.device.type == self.device_type
+            and (self.device_index is None or t.device.index == self.device_index)
+        )
+
     def check(self, outputs: list[Any], sizes: dict[str, int]) -> None:
         for (name, dtype, dims), out in zip(self.expected, outputs):
             shape = tuple(d if type(d) is int else d(sizes) for d in dims)
-            if (
-                type(out) is not torch.Tensor
-                or out.dtype != dtype
-                or out.shape != shape
-                or out.device.type != self.device_type
-                or (self.device_index is not None and out.device.index != self.device_index)
-            ):
+            if type(out) is not torch.Tensor or not self._fits(out, dtype, shape):
                 got = (
                     f"{out.dtype} {list(out.shape)} on {out.device}"
                     if isinstance(out, torch.Tensor)
                     else type(out).__name__
                 )
-                where = (
-                    self.device_type
-                    if self.device_index is None
-                    else f"{self.device_type}:{self.device_index}"
-                )
                 raise BundleError(
                     f"program output {name!r} is {got}, the program declares {dtype} {list(shape)} on "
-                    f"{where}; the bundle's program is wrong: rebuild it with a trusted aotpack"
+                    f"{self.where}; the bundle's program is wrong: rebuild it with a trusted aotpack"
                 )
 
     def check_out(
-        self, out: list[Any], sizes: dict[str, int], taken: list[tuple[int, int]], weights: Storages
+        self, out: list[Any], sizes: dict[str, int], taken: list[tuple[int, int]], owned: list[Storages]
     ) -> None:
         """Caller-provided output buffers (``runner(..., out=...)``): each must be a contiguous
         tensor of exactly the output's dtype, shape and device at these sizes, sharing no memory
-        with ``taken`` (inputs, weights, state) or with another buffer. ``GuardError`` otherwise,
-        before anything runs."""
+        with ``taken`` (the inputs' storages), ``owned`` (the weights, the state) or another buffer.
+        ``GuardError`` otherwise, before anything runs."""
         spans = list(taken)
         for i, ((name, dtype, dims), buf) in enumerate(zip(self.expected, out)):
             shape = tuple(d if type(d) is int else d(sizes) for d in dims)
-            where = (
-                self.device_type if self.device_index is None else f"{self.device_type}:{self.device_index}"
-            )
-            if (
-                buf.dtype != dtype
-                or buf.shape != shape
-                or buf.device.type != self.device_type
-                or (self.device_index is not None and buf.device.index != self.device_index)
-            ):
+            if not self._fits(buf, dtype, shape):
                 raise GuardError(
                     f"out buffer {i} (output {name!r}) is {buf.dtype} {list(buf.shape)} on {buf.device}; "
-                    f"expected {dtype} {list(shape)} on {where} for this call: allocate it with that "
+                    f"expected {dtype} {list(shape)} on {self.where} for this call: allocate it with that "
                     f"dtype, shape and device"
                 )
             if not buf.is_contiguous():
@@ -157,7 +147,7 @@ class OutputSpecs:
                 )
             start = buf.data_ptr()
             end = start + buf.numel() * buf.element_size()
-            if weights.overlaps(start, end) or any(s < end and start < e for s, e in spans):
+            if any(o.overlaps(start, end) for o in owned) or any(s < end and start < e for s, e in spans):
                 raise GuardError(
                     f"out buffer {i} (output {name!r}) shares memory with an input, a weight, the state "
                     f"or another out buffer; pass buffers of their own"
