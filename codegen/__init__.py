@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from aot.errors import CodegenError
 from aot.schema import BuildStats, StepKind
@@ -41,6 +42,49 @@ def kernel_id(source: str, signature: dict, config: dict) -> str:
     return "k_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def compile_kernels(
+    rendered: dict[str, Any], archs: tuple[str, ...], say: Callable[[str], None], what: str = "kernels"
+) -> tuple[dict[tuple[str, str], Any], dict[str, str], int]:
+    """Compile each rendered kernel (id → ``Rendered``) for every arch, through the kernel cache.
+    Returns the results by (id, arch), why each kernel that cannot be launched failed (a compiler
+    error, scratch memory the launcher does not pass, PTX entries that differ across archs), and
+    how many compiles came from the cache. Never raises for a kernel: its steps stay library calls."""
+    from aot.codegen.compile import Job, compile_job
+
+    jobs = [
+        Job(k, r.name, r.source, r.signature, r.num_warps, r.num_stages, a)
+        for k, r in rendered.items()
+        for a in archs
+    ]
+    results, failed, hits = {}, {}, 0
+    last = 0.0
+    cache_warned = False
+    for n, job in enumerate(jobs, 1):
+        try:
+            res = compile_job(job)
+            if res.cache_error and not cache_warned:
+                say(f"  warning: the kernel cache cannot be written ({res.cache_error}); building without it")
+                cache_warned = True
+            scratch = res.meta["global_scratch_size"], res.meta["profile_scratch_size"]
+            if scratch != (0, 0):
+                raise CodegenError(f"kernel needs scratch memory {scratch}; the launcher passes none")
+            results[(job.kernel_id, job.arch)] = res
+            hits += res.cached
+        except Exception as e:  # any compiler failure: this kernel's steps stay ATen calls
+            failed.setdefault(job.kernel_id, f"{job.arch}: {type(e).__name__}: {str(e).strip()[:300]}")
+        now = time.perf_counter()
+        if n == len(jobs) or now - last >= PROGRESS_INTERVAL:
+            say(f"  compiling {len(rendered)} {what} × {len(archs)} archs: {n}/{len(jobs)} ({hits} cached)")
+            last = now
+    for k, r in rendered.items():  # every arch must agree on the entry point the launcher looks up
+        metas = [results[(k, a)].meta for a in archs if (k, a) in results]
+        if k not in failed and (
+            {m["name"] for m in metas} != {r.name} or len({m["ptx_params"] for m in metas}) != 1
+        ):
+            failed[k] = f"PTX entries differ across archs: {[(m['name'], m['ptx_params']) for m in metas]}"
+    return results, failed, hits
+
+
 def generate(
     traced: Traced,
     archs: tuple[str, ...] = DEFAULT_ARCHS,
@@ -61,7 +105,7 @@ def generate(
 
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
-    from aot.codegen.compile import Job, compile_job, ptxas_release
+    from aot.codegen.compile import ptxas_release
     from aot.codegen.partition import partition, rewrite
     from aot.codegen.render import kernel_record
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
@@ -106,37 +150,7 @@ def generate(
         f"({len(distinct)} distinct kernels) in {partition_s:.1f}s"
     )
 
-    jobs = [
-        Job(k, by_id[k].name, by_id[k].source, by_id[k].signature, by_id[k].num_warps, by_id[k].num_stages, a)
-        for k in distinct
-        for a in archs
-    ]
-    results, failed, hits = {}, {}, 0
-    last = 0.0
-    cache_warned = False
-    for n, job in enumerate(jobs, 1):
-        try:
-            res = compile_job(job)
-            if res.cache_error and not cache_warned:
-                say(f"  warning: the kernel cache cannot be written ({res.cache_error}); building without it")
-                cache_warned = True
-            scratch = res.meta["global_scratch_size"], res.meta["profile_scratch_size"]
-            if scratch != (0, 0):
-                raise CodegenError(f"kernel needs scratch memory {scratch}; the launcher passes none")
-            results[(job.kernel_id, job.arch)] = res
-            hits += res.cached
-        except Exception as e:  # any compiler failure: this kernel's steps stay ATen calls
-            failed.setdefault(job.kernel_id, f"{job.arch}: {type(e).__name__}: {str(e).strip()[:300]}")
-        now = time.perf_counter()
-        if n == len(jobs) or now - last >= PROGRESS_INTERVAL:
-            say(f"  compiling {len(distinct)} kernels × {len(archs)} archs: {n}/{len(jobs)} ({hits} cached)")
-            last = now
-    for k in distinct:  # every arch must agree on the entry point the launcher looks up
-        metas = [results[(k, a)].meta for a in archs if (k, a) in results]
-        if k not in failed and (
-            {m["name"] for m in metas} != {by_id[k].name} or len({m["ptx_params"] for m in metas}) != 1
-        ):
-            failed[k] = f"PTX entries differ across archs: {[(m['name'], m['ptx_params']) for m in metas]}"
+    results, failed, hits = compile_kernels(by_id, archs, say)
     for k, why in failed.items():
         say(
             f"  warning: kernel {by_id[k].name} ({k}) failed to compile, its {len(by_id[k].ops)} ATen ops "
@@ -158,33 +172,13 @@ def generate(
     if gemm_candidates:
         from aot.codegen.gemm import add_gemm_alternatives
 
-        def compile_kernels(todo):
-            jobs = [
-                Job(kid, r.name, r.source, r.signature, r.num_warps, r.num_stages, a)
-                for kid, r in todo
-                for a in archs
-            ]
-            done, bad = {}, {}
-            for n, job in enumerate(jobs, 1):
-                try:
-                    res = compile_job(job)
-                    if (res.meta["global_scratch_size"], res.meta["profile_scratch_size"]) != (0, 0):
-                        raise CodegenError("kernel needs scratch memory; the launcher passes none")
-                    done[(job.kernel_id, job.arch)] = res
-                except Exception as e:  # a candidate that does not compile is left out
-                    bad.setdefault(job.kernel_id, f"{job.arch}: {type(e).__name__}: {str(e).strip()[:300]}")
-                if n == len(jobs) or n % 8 == 0:
-                    say(f"  compiling GEMM candidates: {n}/{len(jobs)}")
-            for kid, r in todo:
-                metas = [done[(kid, a)].meta for a in archs if (kid, a) in done]
-                if kid not in bad and (
-                    {m["name"] for m in metas} != {r.name} or len({m["ptx_params"] for m in metas}) != 1
-                ):
-                    bad[kid] = "PTX entries differ across archs"
-            return done, bad
-
         new_program, gemm_cubins, _ = add_gemm_alternatives(
-            new_program, traced.buckets, ranges, archs, compile_kernels, say
+            new_program,
+            traced.buckets,
+            ranges,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "GEMM candidates")[:2],
+            say,
         )
         cubins.update(gemm_cubins)
     n_kernel_steps = sum(s.kind == StepKind.KERNEL for s in steps)
@@ -199,7 +193,7 @@ def generate(
     )
     say(
         f"  codegen done in {time.perf_counter() - start:.1f}s: {len(kernels)} kernels, {n_kernel_steps} launches, "
-        f"{len(failed)} fallbacks, {hits}/{len(jobs)} compiles from the cache"
+        f"{len(failed)} fallbacks, {hits}/{len(by_id) * len(archs)} compiles from the cache"
     )
     return Compiled(
         traced=traced,
