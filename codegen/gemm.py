@@ -34,6 +34,7 @@ from aot.codegen import index as ix
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered, kernel_record
 from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.dtypes import ITEMSIZE
 from aot.program import step_reads
 from aot.schema import (
     Bucket,
@@ -657,7 +658,7 @@ def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, gri
     lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *body]
     source = "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
     m = ix.parse_size(site.m)
-    elem = 2 if site.dtype != "float32" else 4
+    elem = ITEMSIZE[site.dtype]
     traffic = (
         m * site.k * elem + len(site.weights) * site.n * site.k * elem + m * site.n * elem * len(outputs)
     )

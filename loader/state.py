@@ -51,9 +51,7 @@ class State:
             self.batch[inp.name] = None if static_size(inp.shape[0]) is not None else inp.shape[0]
             shapes[inp.name] = (shape, dtypes[inp.dtype])
         self.shapes = shapes
-        self.nbytes = sum(
-            _numel(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in shapes.values()
-        )
+        self.nbytes = sum(_numel(shape) * dtype.itemsize for shape, dtype in shapes.values())
         self.device = device
         self.rows = max((shape[0] for shape, _ in shapes.values()), default=0)
 
