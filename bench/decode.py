@@ -144,7 +144,9 @@ def _hf_steps(module, ids, new_tokens: int, device: str, static: bool) -> tuple[
             stamps.append(time.perf_counter())
             return scores
 
-    kwargs = dict(cache_implementation="static") if static else {}
+    # static: the forward was compiled by the caller; transformers' own auto-compile of static-cache
+    # decoding stays off so that one compile (the recipe's) is measured
+    kwargs = dict(cache_implementation="static", disable_compile=True) if static else {}
     with torch.no_grad():
         out = module.generate(
             ids,
@@ -281,6 +283,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a CPU run end to end)")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--timeout", type=float, default=600, help="seconds one system may take [default: 600]")
     ap.add_argument("--bandwidth", type=float, help="bytes/s for the floor [default: by device name]")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode"))
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
@@ -296,7 +299,25 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     bandwidth = bandwidth_of(args.device, args.bandwidth)
     dtype = torch.float32 if args.device == "cpu" else torch.float16
+    env = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "bandwidth_bytes_per_s": bandwidth,
+        "tiny": args.tiny,
+    }
+    header = (
+        f"Decode latency on {env['device']} (torch {env['torch']}; "
+        f"{'tiny configs' if args.tiny else 'GPT-2 small, Llama-style 0.58B'}, "
+        f"{'float32' if args.device == 'cpu' else 'float16'}; median of decode steps; "
+        "each system a fresh process)"
+    )
     rows: list[dict] = []
+
+    def save() -> None:  # after every system: a run cut off keeps what was measured
+        (out / "decode.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")
+        (out / "decode.md").write_text(markdown(rows, header))
+
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     for model in args.models.split(","):
         bundle = build_bundle(model, args.tiny, args.device, out) if "aotpack" in args.systems else None
         module = make_model(model, args.tiny, dtype, "meta")
@@ -304,30 +325,28 @@ def main() -> None:
         for system in args.systems.split(","):
             cmd = [sys.executable, __file__, "--worker", system, model, "--device", args.device]
             cmd += ["--tiny"] * args.tiny + (["--bundle", str(bundle)] if bundle else [])
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-            )
-            if done.returncode != 0:
-                tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-                rows.append({"model": model, "system": system, "batch": 0, "error": tail})
-                print(f"{model} {system}: failed: {tail}", file=sys.stderr)
-                continue
-            for row in json.loads(done.stdout.strip().splitlines()[-1]):
-                row["floor_ms"] = floor_ms(module, row["batch"], context, bandwidth)
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr)
-    env = {
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        "torch": torch.__version__,
-        "bandwidth_bytes_per_s": bandwidth,
-        "tiny": args.tiny,
-    }
-    (out / "decode.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")
-    header = (
-        f"Decode latency on {env['device']} (torch {env['torch']}; {'tiny configs' if args.tiny else 'GPT-2 small, Llama-style 0.58B'}, "
-        f"{'float32' if args.device == 'cpu' else 'float16'}; median of decode steps; each system a fresh process)"
-    )
-    (out / "decode.md").write_text(markdown(rows, header))
+            try:
+                done = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "PYTHONPATH": path},
+                    timeout=args.timeout,
+                )
+                error = (
+                    (done.stderr.strip().splitlines() or ["no output"])[-1][:200] if done.returncode else ""
+                )
+            except subprocess.TimeoutExpired:
+                error = f"timed out after {args.timeout:.0f}s"
+            if error:
+                rows.append({"model": model, "system": system, "batch": 0, "error": error})
+                print(f"{model} {system}: {error}", file=sys.stderr)
+            else:
+                for row in json.loads(done.stdout.strip().splitlines()[-1]):
+                    row["floor_ms"] = floor_ms(module, row["batch"], context, bandwidth)
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr)
+            save()
     print(markdown(rows, header))
 
 

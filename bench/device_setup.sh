@@ -7,8 +7,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
-for m in mlp gpt cnn; do
-  if [ -f .bundles/$m.tpk ] && ! ls .bundles/$m.weights.*.safetensors >/dev/null 2>&1; then
-    python3 bench/regen_weights.py models/$m.py .bundles/$m.tpk
+for b in .bundles/*.tpk; do
+  [ -f "$b" ] || continue
+  stem=$(basename "$b" .tpk)
+  model=models/${stem%%-*}.py  # gpt-gemm.tpk is a build of models/gpt.py
+  if [ -f "$model" ] && ! ls .bundles/$stem.weights.*.safetensors >/dev/null 2>&1; then
+    python3 bench/regen_weights.py "$model" "$b"
   fi
 done

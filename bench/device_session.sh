@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one command: install offline (bench/device_setup.sh), then run the named
+# steps, each under its own time limit, keeping every log and result in $OUT/results.tgz (re-packed
+# after each step, so a step cut off by the command's limit still returns what came before it).
+#   bash bench/device_session.sh generate:150 decode-gpt2:200 runtime:120 ...
+# Bundles built on the CPU box travel in .bundles/ (without their split weights: device_setup.sh
+# re-creates those from the seeded model files and checks them against the bundle's sha256).
+set -uo pipefail
+OUT=${OUT:-out}
+RES=/tmp/res
+mkdir -p "$RES" "$OUT"
+T0=$(date +%s)
+bash bench/device_setup.sh > "$RES/setup.log" 2>&1 || { cat "$RES/setup.log"; exit 1; }
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 AOTPACK_GPU_BUNDLES=.bundles
+python3 - > "$RES/env.txt" 2>&1 <<'PY'
+import sys, torch, triton
+print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__,
+      torch.cuda.get_device_name(), "cc", torch.cuda.get_device_capability())
+for name in ("transformers", "timm", "torchvision", "zstandard", "safetensors", "click"):
+    try:
+        print(name, __import__(name).__version__)
+    except Exception as e:
+        print(name, "missing:", type(e).__name__)
+PY
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/env.txt" 2>&1
+cat "$RES/env.txt"
+pack() { tar czf "$OUT/results.tgz" -C "$RES" . ; }
+pack
+for item in "$@"; do
+  step=${item%%:*}
+  limit=${item#*:}; [ "$limit" = "$item" ] && limit=300
+  start=$(date +%s)
+  case $step in
+    generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py) ;;
+    runtime) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py) ;;
+    gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
+    realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
+    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}") ;;
+    run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"}) ;;
+    tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  echo "== $step (limit ${limit}s, at +$((start - T0))s): ${cmd[*]}"
+  timeout -k 10 "$limit" "${cmd[@]}" > "$RES/$step.log" 2>&1
+  rc=$?
+  echo "== $step rc=$rc in $(( $(date +%s) - start ))s"
+  tail -15 "$RES/$step.log"
+  pack
+done
