@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests/realmodels/conftest.py, for a CPU torch (see _transformers)
-SYSTEMS = ("hf_eager", "hf_static_compile", "aotpack")
+SYSTEMS = ("aotpack", "hf_static_compile", "hf_eager")
 MODELS = ("gpt2", "llama")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
@@ -40,6 +40,8 @@ PROMPT, NEW_TOKENS = 448, 64
 # --tiny: small configs that run on a CPU in seconds.
 TINY_BATCHES = (1, 2, 4)
 TINY_PROMPT, TINY_NEW_TOKENS = 24, 8
+# Generations per batch: the first compiles or captures, the last is timed (its median step).
+RUNS = 2
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}  # bytes/s by device name
 
 
@@ -182,7 +184,8 @@ def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None)
         ids = prompts(batch, prompt, vocab).to(device)
         row = {"model": model, "system": system, "batch": batch, "prompt": prompt, "new_tokens": new_tokens}
         try:
-            for _ in range(3):  # the first runs compile or capture; time the last
+            for run in range(RUNS):  # the first run compiles or captures; time the last
+                start = time.perf_counter()
                 if system == "aotpack":
                     stamps = []
 
@@ -193,12 +196,16 @@ def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None)
                     tokens = runner.generate(ids.tolist(), new_tokens, on_token=stamp)
                 else:
                     stamps, tokens = _hf_steps(module, ids, new_tokens, device, system == "hf_static_compile")
+                print(
+                    f"{system} batch {batch} run {run}: {time.perf_counter() - start:.1f}s", file=sys.stderr
+                )
             steps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
             ms = statistics.median(steps)
             row.update(ms_per_token=ms, tokens_per_s=batch * 1e3 / ms, tokens=tokens[0][:16])
         except Exception as e:  # one system failing (a compile error) must not lose the others
             row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         rows.append(row)
+        print(json.dumps(row), flush=True)  # one line per batch: a run cut off keeps the batches done
     return rows
 
 
@@ -286,11 +293,12 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="seconds one system may take [default: 600]")
     ap.add_argument("--bandwidth", type=float, help="bytes/s for the floor [default: by device name]")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode"))
+    ap.add_argument("--bundles", help="where to build the bundles [default: OUT]")
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--bundle", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.tiny, args.device, args.bundle)))
+        worker(*args.worker, args.tiny, args.device, args.bundle)
         return
 
     import torch
@@ -319,7 +327,9 @@ def main() -> None:
 
     path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     for model in args.models.split(","):
-        bundle = build_bundle(model, args.tiny, args.device, out) if "aotpack" in args.systems else None
+        bundles = Path(args.bundles or out)
+        bundles.mkdir(parents=True, exist_ok=True)
+        bundle = build_bundle(model, args.tiny, args.device, bundles) if "aotpack" in args.systems else None
         module = make_model(model, args.tiny, dtype, "meta")
         context = (TINY_PROMPT + TINY_NEW_TOKENS) if args.tiny else (PROMPT + NEW_TOKENS)
         for system in args.systems.split(","):
@@ -333,19 +343,22 @@ def main() -> None:
                     env={**os.environ, "PYTHONPATH": path},
                     timeout=args.timeout,
                 )
-                error = (
-                    (done.stderr.strip().splitlines() or ["no output"])[-1][:200] if done.returncode else ""
+                stdout, stderr = done.stdout, done.stderr
+                error = (stderr.strip().splitlines() or ["no output"])[-1][:200] if done.returncode else ""
+            except subprocess.TimeoutExpired as e:
+                stdout, stderr = (
+                    x.decode() if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)
                 )
-            except subprocess.TimeoutExpired:
                 error = f"timed out after {args.timeout:.0f}s"
+            (out / f"{model}-{system}.log").write_text(stderr)
+            done_rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+            for row in done_rows:
+                row["floor_ms"] = floor_ms(module, row["batch"], context, bandwidth)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
             if error:
                 rows.append({"model": model, "system": system, "batch": 0, "error": error})
                 print(f"{model} {system}: {error}", file=sys.stderr)
-            else:
-                for row in json.loads(done.stdout.strip().splitlines()[-1]):
-                    row["floor_ms"] = floor_ms(module, row["batch"], context, bandwidth)
-                    rows.append(row)
-                    print(json.dumps(row), file=sys.stderr)
             save()
     print(markdown(rows, header))
 

@@ -2,7 +2,8 @@
 # On the GPU machine, in one command: install offline (bench/device_setup.sh), then run the named
 # steps, each under its own time limit, keeping every log and result in $OUT/results.tgz (re-packed
 # after each step, so a step cut off by the command's limit still returns what came before it).
-#   bash bench/device_session.sh generate:150 decode-gpt2:200 runtime:120 ...
+#   DEADLINE=580 bash bench/device_session.sh generate:150 decode-gpt2:200 runtime:120 ...
+# (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # Bundles built on the CPU box travel in .bundles/ (without their split weights: device_setup.sh
 # re-creates those from the seeded model files and checks them against the bundle's sha256).
 set -uo pipefail
@@ -35,11 +36,16 @@ for item in "$@"; do
     runtime) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py) ;;
     gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
-    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}") ;;
+    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"}) ;;
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
     *) echo "unknown step $step"; continue ;;
   esac
+  if [ -n "${DEADLINE:-}" ]; then  # seconds after the start by which every step must have ended
+    left=$((DEADLINE - start + T0))
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -le 0 ] && { echo "== $step skipped: past the deadline"; continue; }
+  fi
   echo "== $step (limit ${limit}s, at +$((start - T0))s): ${cmd[*]}"
   timeout -k 10 "$limit" "${cmd[@]}" > "$RES/$step.log" 2>&1
   rc=$?
