@@ -2,8 +2,10 @@
 for each system in a fresh process, beside the physical floor of a decode step.
 
 Systems: ``hf_eager`` (transformers ``generate``, dynamic cache), ``hf_static_compile``
-(transformers ``generate`` with a static cache and ``torch.compile(model.forward,
-mode="reduce-overhead", fullgraph=True)``: the gpt-fast recipe), ``aotpack`` (a bundle of
+(transformers ``generate`` with a static cache, decode steps compiled with
+``mode="reduce-overhead"``: the gpt-fast recipe, as transformers runs it on a GPU: its own
+compile of static-cache decoding; on a CPU, where transformers compiles nothing,
+``torch.compile(model.forward)``), ``aotpack`` (a bundle of
 ``aot.hf.causal_lm``, ``Runner.generate``: one prefill, one decode call per token). Models:
 GPT-2 small and a Llama-style model with grouped-query attention (32 query heads over 8 KV heads).
 Every system gets the same random-weight model (``torch.manual_seed(0)``) and the same prompts;
@@ -146,9 +148,12 @@ def _hf_steps(module, ids, new_tokens: int, device: str, static: bool) -> tuple[
             stamps.append(time.perf_counter())
             return scores
 
-    # static: the forward was compiled by the caller; transformers' own auto-compile of static-cache
-    # decoding stays off so that one compile (the recipe's) is measured
-    kwargs = dict(cache_implementation="static", disable_compile=True) if static else {}
+    # static, on a GPU: transformers compiles the decode step itself (CompileConfig's default is
+    # mode="reduce-overhead") and copies the logits out of the CUDA graph's memory before the next
+    # replay; compiling model.forward by hand instead makes generate read logits a later replay
+    # overwrote (torch 2.11, transformers 5.17: "accessing tensor output of CUDAGraphs that has been
+    # overwritten by a subsequent run")
+    kwargs = dict(cache_implementation="static") if static else {}
     with torch.no_grad():
         out = module.generate(
             ids,
@@ -178,7 +183,7 @@ def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None)
     else:
         module = make_model(model, tiny, dtype, device)
         vocab = module.config.vocab_size
-        if system == "hf_static_compile":
+        if system == "hf_static_compile" and device == "cpu":  # no auto-compile there (see _hf_steps)
             module.forward = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True)
     for batch in batches:
         ids = prompts(batch, prompt, vocab).to(device)
