@@ -18,20 +18,21 @@ for what in "$@"; do
     tune)
       for m in mlp gpt; do
         [ -f "$BUNDLES/$m-gemm.tpk" ] || { echo "no $BUNDLES/$m-gemm.tpk"; continue; }
-        python3 -m aot.cli tune "$BUNDLES/$m-gemm.tpk" -o "$OUT/gemm/$m-tuned.tpk" --repeats 50 -v 2>&1 | tee "$OUT/gemm/tune-$m.log" | tail -5
-        unzip -p "$OUT/gemm/$m-tuned.tpk" tuning.json > "$OUT/gemm/tuning-$m.json"
+        # beside the untuned bundle: a bundle with split weights reads them from its own folder
+        python3 -m aot.cli tune "$BUNDLES/$m-gemm.tpk" -o "$BUNDLES/$m-tuned.tpk" --repeats 50 -v 2>&1 | tee "$OUT/gemm/tune-$m.log" | tail -5
+        python3 -c "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read('tuning.json'))" "$BUNDLES/$m-tuned.tpk" > "$OUT/gemm/tuning-$m.json"
       done ;;
     bench)
       for m in mlp gpt; do
         sizes=$([ $m = mlp ] && echo "batch=1 batch=8 batch=64" || echo "batch=1,seq=1 batch=1,seq=128 batch=8,seq=128")
         for s in $sizes; do
-          for b in "$BUNDLES/$m-gemm.tpk" "$OUT/gemm/$m-tuned.tpk"; do
+          for b in "$BUNDLES/$m-gemm.tpk" "$BUNDLES/$m-tuned.tpk"; do
             [ -f "$b" ] || continue
             echo "== $b $s"
             python3 -m aot.cli load "$b" --device cuda --sizes "$s" --iters 500 --json 2>&1 | tail -1
           done
         done
       done 2>&1 | tee "$OUT/gemm/bench.log" ;;
-    verify) for b in "$OUT"/gemm/*-tuned.tpk; do echo "== $b"; python3 -m aot.cli verify "$b" 2>&1 | tail -4; done 2>&1 | tee "$OUT/gemm/verify.log" ;;
+    verify) for b in "$BUNDLES"/*-tuned.tpk; do echo "== $b"; python3 -m aot.cli verify "$b" 2>&1 | tail -4; done 2>&1 | tee "$OUT/gemm/verify.log" ;;
   esac
 done

@@ -38,6 +38,16 @@ def _bundle(name: str) -> Path:
     return path
 
 
+def _copy(src: Path, folder: Path, name: str | None = None) -> Path:
+    """``src`` copied into ``folder`` (as ``name``) with its split weights, which a bundle reads from
+    beside itself (the weights file keeps its name: the bundle checks it by its sha256)."""
+    dst = folder / (name or src.name)
+    dst.write_bytes(src.read_bytes())
+    for weights in src.parent.glob(f"{src.stem}.weights.*.safetensors"):
+        (folder / weights.name).write_bytes(weights.read_bytes())
+    return dst
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     from aot.verify.tune import tune
@@ -47,7 +57,9 @@ def tuned(tmp_path_factory):
     def get(name: str) -> tuple[Path, Path, object]:
         if name not in out:
             src = _bundle(name)
-            dst = tmp_path_factory.mktemp("tuned") / src.name
+            folder = tmp_path_factory.mktemp("tuned")
+            src = _copy(src, folder)  # the tuned bundle goes beside the weights it shares
+            dst = folder / f"{name}-tuned.tpk"
             buckets = [{"batch": 1}, {"batch": 8}] if name == "mlp" else [{"batch": 1}]
             result = tune(src, dst, buckets=buckets, repeats=20)
             out[name] = (src, dst, result)
@@ -89,13 +101,13 @@ def test_tuned_matches_untuned(tuned, name):
             assert (g - w).abs().max().item() <= TOLERANCE[name] * scale, sizes
 
 
-def test_same_measurements_same_bytes(tuned, tmp_path):
+def test_same_measurements_same_bytes(tuned):
     from aot import schema
     from aot.loader import open_bundle
     from aot.verify.tune import write_tuned
 
     src, dst, result = tuned("mlp")
-    again = tmp_path / "again.tpk"
+    again = dst.parent / "again.tpk"
     write_tuned(src, again, result.table)
     a, b = open_bundle(dst), open_bundle(again)
     try:
@@ -116,14 +128,13 @@ def test_verify_passes_on_the_tuned_bundle(tuned, name):
 
 def test_tune_cli_reports_signature(tuned, tmp_path):
     """A signed bundle: tune writes it and says in one line that it must be signed again."""
+    pytest.importorskip("cryptography")
     from aot.packager.sign import sign_bundle
     from aot.signing import write_key_pair
 
-    src = _bundle("mlp")
     key = tmp_path / "k.key"
     write_key_pair(str(key))
-    signed = tmp_path / "signed.tpk"
-    signed.write_bytes(src.read_bytes())
+    signed = _copy(_bundle("mlp"), tmp_path, "signed.tpk")
     sign_bundle(str(signed), str(key))
     proc = subprocess.run(
         [sys.executable, "-m", "aot.cli", "tune", str(signed), "--bucket", "batch=1", "--repeats", "5"],
