@@ -1,8 +1,9 @@
 """``aotpack tune``: choose, on the target GPU, between each GEMM site's library steps and the
 Triton candidates the build compiled for it (``aotpack build --gemm-candidates``).
 
-For every program, bucket and site: the program runs once at the bucket's sizes (generated inputs)
-so every buffer the site reads exists; then each form (``"library"`` and every candidate compiled
+For every program, bucket and site: the program runs at the bucket's sizes (generated inputs), step
+by step, dropping buffers after their last use as a plain call does, so the largest bucket needs no
+more memory than a call of it; once every buffer a site reads exists, each form (``"library"`` and every candidate compiled
 for that bucket) runs on those buffers. A candidate whose results differ from the library's
 (``|cand - lib| > atol + rtol·|lib|``, the dtype's tolerance: fp16 1e-2 + 1e-2·|lib|) is refused.
 Each remaining form is captured ``REPLAYS`` times back to back in one CUDA graph and timed with
@@ -33,6 +34,7 @@ from aot.loader import load
 from aot.loader.bundle import open_bundle
 from aot.loader.gpu import KernelCall
 from aot.loader.tuning import LIBRARY, TUNING_FORMAT, parse_tuning
+from aot.program import step_reads, step_writes
 from aot.schema import Member, Program, TuningChoice, TuningTable
 from aot.verify.interpret import looser_dtype
 
@@ -142,6 +144,100 @@ def tuning_bytes(table: TuningTable) -> bytes:
     return serde.canonical_json(table)
 
 
+def site_inputs(program: Program, site: Any) -> set[str]:
+    """The buffers a site's library steps read that the site does not write itself."""
+    steps = [program.steps[i] for i in site.library]
+    return {r for st in steps for r in step_reads(st)} - {w for st in steps for w in step_writes(st)}
+
+
+def tune_points(program: Program) -> dict[int, list[Any]]:
+    """The GEMM sites of ``program`` keyed by the step before which each is timed: the first step
+    by which every input of the site has been written (0: it reads only inputs and weights)."""
+    writer = {w: i for i, st in enumerate(program.steps) for w in step_writes(st)}
+    points: dict[int, list[Any]] = {}
+    for site in program.alternatives:
+        ready = 1 + max((writer[r] for r in site_inputs(program, site) if r in writer), default=-1)
+        points.setdefault(ready, []).append(site)
+    return points
+
+
+def run_timing_sites(
+    program: Program,
+    calls: list[Any],
+    frees: list[tuple[str, ...]],
+    env: dict[str, Any],
+    run: Callable[[Any, dict[str, Any]], None],
+    time_site: Callable[[Any, dict[str, Any]], None],
+) -> None:
+    """Run the program's ``calls`` on ``env`` step by step, dropping each buffer after its last use
+    (``frees``) as a plain call does, and ``time_site(site, env)`` each GEMM site once all its
+    inputs exist; a buffer whose last use comes before a pending site's timing is held for it."""
+    points = tune_points(program)
+    wanted: dict[str, int] = {}  # buffer -> sites not yet timed that read it
+    for sites in points.values():
+        for site in sites:
+            for name in site_inputs(program, site):
+                wanted[name] = wanted.get(name, 0) + 1
+    held: set[str] = set()
+
+    def release(name: str) -> None:
+        if wanted.get(name):
+            held.add(name)
+        else:
+            env.pop(name, None)
+
+    for index, (call, free) in enumerate(zip(calls, frees)):
+        for site in points.get(index, ()):
+            time_site(site, env)
+            for name in site_inputs(program, site):
+                wanted[name] -= 1
+                if name in held and not wanted[name]:
+                    held.discard(name)
+                    env.pop(name, None)
+        run(call, env)
+        for name in free:
+            release(name)
+
+
+def _tune_site(
+    index: int, site: Any, gpu: Any, env: dict[str, Any], sizes: dict[str, int], dev, repeats: int
+) -> TuningChoice | None:
+    """Time the library form and each candidate of ``site`` at ``sizes`` on the live buffers of
+    ``env`` (left as they were: every form writes into a copy); None when no candidate serves
+    this bucket."""
+    program = gpu.program
+    forms = [c for c in site.candidates if sizes in c.buckets]
+    if not forms:
+        return None
+    lib_calls, _ = gpu.prepare(tuple(program.steps[i] for i in site.library), plan=False)
+    want = dict(env)
+    _run(lib_calls, want, sizes, dev)
+    times = {LIBRARY: time_form(lib_calls, env, sizes, dev, repeats)}
+    rejected = []
+    for cand in forms:
+        cand_calls, _ = gpu.prepare(cand.steps, plan=False)
+        got = dict(env)
+        _run(cand_calls, got, sizes, dev)
+        a_dtype = gpu.kernels[cand.steps[0].target].params[0].dtype
+        if not all(
+            _close(got[o], want[o], looser_dtype(program.buffers[o].dtype, a_dtype)) for o in site.outputs
+        ):
+            rejected.append(cand.name)
+            continue
+        times[cand.name] = time_form(cand_calls, env, sizes, dev, repeats)
+    return TuningChoice(index, site.id, sizes, choose(times), times, tuple(rejected))
+
+
+def _describe(entry: str, site: Any, c: TuningChoice) -> str:
+    return (
+        f"  [{entry}] {site.id} M={site.m} N={site.n} K={site.k} at "
+        f"{', '.join(f'{k}={v}' for k, v in c.sizes.items())}: "
+        + "  ".join(f"{k} {v:.2f}µs" for k, v in sorted(c.times_us.items(), key=lambda kv: kv[1]))
+        + (f"  rejected {', '.join(c.rejected)}" if c.rejected else "")
+        + f" -> {c.choice}"
+    )
+
+
 def tune(
     path: str | os.PathLike,
     output: str | os.PathLike | None = None,
@@ -179,39 +275,21 @@ def tune(
                 continue
             env: dict[str, Any] = dict(gpu.weights)
             env.update(inputs)
-            calls, _ = gpu.prepare(program.steps, plan=False)
+            # The program runs step by step, dropping each buffer after its last use as a plain call
+            # does; each site is timed when the run reaches it, while its inputs are live. (Keeping
+            # every buffer of a large bucket, gpt at batch 32 x seq 1024, ran out of an 80 GB GPU.)
+            calls, frees = gpu.prepare(program.steps, plan=True)
+
+            def time_site(site: Any, env: dict[str, Any], index=index, entry=entry, sizes=sizes) -> None:
+                choice = _tune_site(index, site, entry.gpu, env, sizes, dev, repeats)
+                if choice is not None:
+                    choices.append(choice)
+                    say(_describe(entry.name, site, choice))
+
             with torch.no_grad():
-                _run(calls, env, sizes, dev)  # every buffer kept: each site finds its inputs
-                for site in program.alternatives:
-                    forms = [c for c in site.candidates if sizes in c.buckets]
-                    if not forms:
-                        continue
-                    lib_calls, _ = gpu.prepare(tuple(program.steps[i] for i in site.library), plan=False)
-                    want = dict(env)
-                    _run(lib_calls, want, sizes, dev)
-                    times = {LIBRARY: time_form(lib_calls, env, sizes, dev, repeats)}
-                    rejected = []
-                    for cand in forms:
-                        cand_calls, _ = gpu.prepare(cand.steps, plan=False)
-                        got = dict(env)
-                        _run(cand_calls, got, sizes, dev)
-                        a_dtype = gpu.kernels[cand.steps[0].target].params[0].dtype
-                        if not all(
-                            _close(got[o], want[o], looser_dtype(program.buffers[o].dtype, a_dtype))
-                            for o in site.outputs
-                        ):
-                            rejected.append(cand.name)
-                            continue
-                        times[cand.name] = time_form(cand_calls, env, sizes, dev, repeats)
-                    choice = choose(times)
-                    choices.append(TuningChoice(index, site.id, sizes, choice, times, tuple(rejected)))
-                    say(
-                        f"  [{entry.name}] {site.id} M={site.m} N={site.n} K={site.k} at "
-                        f"{', '.join(f'{k}={v}' for k, v in sizes.items())}: "
-                        + "  ".join(f"{k} {v:.2f}µs" for k, v in sorted(times.items(), key=lambda kv: kv[1]))
-                        + (f"  rejected {', '.join(rejected)}" if rejected else "")
-                        + f" -> {choice}"
-                    )
+                run_timing_sites(
+                    program, calls, frees, env, lambda c, e, sizes=sizes: _run([c], e, sizes, dev), time_site
+                )
             del env
             torch.cuda.empty_cache()
     table = make_table(arch, torch.cuda.get_device_name(dev), choices)

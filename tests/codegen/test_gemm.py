@@ -307,6 +307,37 @@ def test_tuning_table_bytes_are_deterministic(built):
     assert tuning_bytes(again) == tuning_bytes(table)  # rounded: the same measurements, the same bytes
 
 
+@pytest.mark.parametrize("name", ["gemm_mlp", "gemm_swiglu", "gemm_acts"])
+def test_tune_walk_times_each_site_once_with_its_inputs_and_frees_the_rest(built, name):
+    """``aotpack tune`` walks the program as a call does, dropping buffers after their last use (a
+    run that kept every buffer of gpt's largest bucket ran out of an 80 GB GPU), and times every
+    site once, when each buffer it reads exists: checked with placeholder buffers, no GPU."""
+    from aot.program import frees_after, step_reads, step_writes
+    from aot.verify.tune import run_timing_sites, site_inputs
+
+    program = built[name][0].program
+    assert program.alternatives
+    given = [*(w.name for w in program.weights), *(i.name for i in program.inputs)]
+    frees = frees_after(program.steps, given, program.outputs)
+    env = {n: object() for n in given}
+    live, timed = [], []
+
+    def run(step, env):
+        missing = [r for r in step_reads(step) if r not in env]
+        assert not missing, (step.target, missing)
+        env.update({w: object() for w in step_writes(step)})
+        live.append(len(env))
+
+    def time_site(site, env):
+        assert site_inputs(program, site) <= env.keys(), site.id
+        timed.append(site.id)
+
+    run_timing_sites(program, list(program.steps), frees, env, run, time_site)
+    assert sorted(timed) == sorted(s.id for s in program.alternatives)
+    assert set(env) == set(given) | set(program.outputs)  # every intermediate dropped
+    assert max(live) < len(given) + len(program.steps)  # not every buffer at once
+
+
 def test_choose_needs_a_three_percent_win():
     from aot.verify.tune import choose
 
