@@ -14,7 +14,7 @@ import warnings
 import click
 
 from aot.cli.commands import cli, output_options
-from aot.errors import AotError, printable
+from aot.errors import AotError, EnvError, printable
 
 __all__ = ["cli", "main"]
 
@@ -43,6 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if os.environ.get("AOTPACK_DEBUG"):
             raise
+        if type(e).__name__ == "OutOfMemoryError":  # torch's, from a call no command foresaw
+            first = ". ".join(printable(str(e)).split(". ")[:2])  # what ran out, and how much was asked
+            click.echo(
+                f"error: out of GPU memory: {first}; free the GPU of other processes or run smaller sizes",
+                err=True,
+            )
+            sys.exit(EnvError.exit_code)
         click.echo(
             f"internal error: {type(e).__name__}: {printable(str(e))} (set AOTPACK_DEBUG=1 for a traceback)",
             err=True,

@@ -326,3 +326,25 @@ def test_build_refuses_to_overwrite_its_model_or_a_file_that_is_not_a_bundle(tmp
     out.write_bytes(first.replace(b"small_mlp", b"other_mlp"))  # a bundle, even a damaged one, is replaced
     r = aotpack("build", str(model), "-o", str(out), "--no-fuse")
     assert r.returncode == 0 and out.read_bytes() == first, r.stderr
+
+
+def test_running_out_of_gpu_memory_is_one_line_not_an_internal_error(monkeypatch, capsys):
+    """torch's OutOfMemoryError from a call no command foresaw: one ``error:`` line saying what to
+    do, the environment's exit code, no traceback (a CPU-only torch still has the class)."""
+    import pytest
+    import torch
+
+    from aot.cli import cli, main
+    from aot.errors import EnvError
+
+    def boom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.28 GiB. GPU 0 has ...")
+
+    monkeypatch.setattr(cli.commands["guards"], "callback", boom)
+    with pytest.raises(SystemExit) as exit_:
+        main(["guards", "x.tpk"])
+    assert exit_.value.code == EnvError.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: out of GPU memory: CUDA out of memory. Tried to allocate 12.28 GiB; free the GPU of other processes or run smaller sizes"
+    ]

@@ -286,10 +286,24 @@ def tune(
                     choices.append(choice)
                     say(_describe(entry.name, site, choice))
 
-            with torch.no_grad():
-                run_timing_sites(
-                    program, calls, frees, env, lambda c, e, sizes=sizes: _run([c], e, sizes, dev), time_site
-                )
+            try:
+                with torch.no_grad():
+                    run_timing_sites(
+                        program,
+                        calls,
+                        frees,
+                        env,
+                        lambda c, e, sizes=sizes: _run([c], e, sizes, dev),
+                        time_site,
+                    )
+            except torch.OutOfMemoryError:
+                free, total = torch.cuda.mem_get_info(dev)
+                raise EnvError(
+                    f"the GPU ran out of memory tuning {entry.name} at "
+                    f"{', '.join(f'{k}={v}' for k, v in sizes.items())} ({free / 2**30:.1f} of "
+                    f"{total / 2**30:.1f} GiB free now); free the GPU of other processes, or tune fewer "
+                    "buckets (--bucket batch=8)"
+                ) from None
             del env
             torch.cuda.empty_cache()
     table = make_table(arch, torch.cuda.get_device_name(dev), choices)
