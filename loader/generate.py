@@ -141,25 +141,20 @@ def generate(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     done = [False] * batch
     new: list[list[int]] = [[] for _ in prompts]
-    for step in range(max_new_tokens):
-        token = _choose(logits, do_sample, temperature, top_k, generator).to(device)  # [B]
-        if eos_ids is not None:
-            token = torch.where(finished, padding, token)
-        values = token.tolist()  # the one host sync of a step
-        for i, t in enumerate(values):
-            if not done[i]:
-                new[i].append(t)
-                done[i] = t in eos
-        if on_token is not None:
-            on_token(step, values)
-        if step + 1 == max_new_tokens or all(done):
-            break
-        if eos_ids is not None:
-            finished |= torch.isin(token, eos_ids)
+    # On a GPU, greedy decoding launches step t+1 before the host reads step t's tokens: the next
+    # step needs only tensors already on the device, so the GPU runs it while the host copies,
+    # records and checks the tokens (a finished generation then has launched one step too many,
+    # whose results nobody reads). Sampling draws on the host, so it cannot run ahead.
+    ahead = _runs_ahead(device, do_sample)
+    host = _HostCopy(batch, device)
+
+    def advance(step: int) -> torch.Tensor:
+        """Launch the decode step that feeds this step's ``token`` back."""
+        nonlocal last
         slot = longest + step
         mask[:, slot] = 1
         last = last + 1
-        logits = _logits(
+        return _logits(
             decode(
                 input_ids=token[:, None],
                 position_ids=last,
@@ -167,7 +162,52 @@ def generate(
                 attention_mask=mask,
             )
         )
+
+    for step in range(max_new_tokens):
+        token = _choose(logits, do_sample, temperature, top_k, generator).to(device)  # [B]
+        if eos_ids is not None:
+            token = torch.where(finished, padding, token)
+            finished |= torch.isin(token, eos_ids)
+        more = step + 1 < max_new_tokens and not all(done)
+        host.start(token)
+        if ahead and more:
+            logits = advance(step)
+        values = host.values()  # the one host sync of a step: the copy only, not a step after it
+        for i, t in enumerate(values):
+            if not done[i]:
+                new[i].append(t)
+                done[i] = t in eos
+        if on_token is not None:
+            on_token(step, values)
+        if not more or all(done):
+            break
+        if not ahead:
+            logits = advance(step)
     return new[0] if flat else new
+
+
+def _runs_ahead(device: torch.device, do_sample: bool) -> bool:
+    return device.type == "cuda" and not do_sample
+
+
+class _HostCopy:
+    """The tokens of a step copied to the host without waiting for work queued after them: on a
+    GPU into pinned memory, with an event recorded after the copy."""
+
+    def __init__(self, batch: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.buffer = torch.empty(batch, dtype=torch.int64, pin_memory=self.cuda)
+        self.event = torch.cuda.Event() if self.cuda else None
+
+    def start(self, token: torch.Tensor) -> None:  # token: [B] int64 on the device
+        self.buffer.copy_(token, non_blocking=self.cuda)
+        if self.event is not None:
+            self.event.record()
+
+    def values(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.buffer.tolist()
 
 
 def _logits(out: Any) -> torch.Tensor:

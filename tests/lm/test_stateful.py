@@ -86,6 +86,41 @@ def test_eos_stops_a_row_and_keeps_the_eos(runner):
         assert got == want[:stop]
 
 
+def test_running_ahead_of_the_host_changes_no_token(runner, monkeypatch):
+    """What a GPU does for greedy decoding (the next step launched before the host reads this
+    step's tokens), forced on the CPU: the same tokens, eos cut-offs and on_token calls, and no
+    step launched past the last token."""
+    import aot.loader.generate as gen
+
+    prompts = [[5, 6, 7], [1, 2]]
+    want = runner.generate(prompts, 10)
+    eos = want[0][3]
+    want_eos = runner.generate(prompts, 10, eos_token_id=eos)
+    want_seen: list[list[int]] = []
+    runner.generate(prompts, 10, on_token=lambda step, values: want_seen.append(values))
+    alone = runner.generate([5, 6, 7], 10)
+    want_cut = runner.generate([5, 6, 7], 10, eos_token_id=alone[2])
+    assert len(want_cut) < 10
+
+    decodes = []
+    entry = runner.entry
+
+    def counting_entry(name):
+        call = entry(name)
+        return (lambda **inputs: decodes.append(1) or call(**inputs)) if name == "decode" else call
+
+    monkeypatch.setattr(runner, "entry", counting_entry)
+    monkeypatch.setattr(gen, "_runs_ahead", lambda device, do_sample: not do_sample)
+    seen: list[list[int]] = []
+    assert runner.generate(prompts, 10, on_token=lambda step, values: seen.append(values)) == want
+    assert seen == want_seen
+    assert len(decodes) == 9  # 10 tokens: the prefill's and 9 decode steps
+    assert runner.generate(prompts, 10, eos_token_id=eos) == want_eos
+    decodes.clear()
+    assert runner.generate([5, 6, 7], 10, eos_token_id=alone[2]) == want_cut
+    assert len(decodes) == len(want_cut)  # one step ran ahead of the eos nobody had read yet
+
+
 def test_sampling_is_reproducible_with_a_seed(runner):
     a = runner.generate([[5, 6, 7]], 16, do_sample=True, temperature=1.5, top_k=20, seed=7)
     b = runner.generate([[5, 6, 7]], 16, do_sample=True, temperature=1.5, top_k=20, seed=7)
