@@ -6,7 +6,9 @@ Systems: ``hf_eager`` (transformers ``generate``, dynamic cache), ``hf_static_co
 ``mode="reduce-overhead"``: the gpt-fast recipe, as transformers runs it on a GPU: its own
 compile of static-cache decoding; on a CPU, where transformers compiles nothing,
 ``torch.compile(model.forward)``), ``aotpack`` (a bundle of
-``aot.hf.causal_lm``, ``Runner.generate``: one prefill, one decode call per token). Models:
+``aot.hf.causal_lm``, ``Runner.generate``: one prefill, one decode call per token) and
+``aotpack-tuned`` (the same built with GEMM candidates and ``aotpack tune --entry decode`` on this
+GPU; needs a GPU). Models:
 GPT-2 small and a Llama-style model with grouped-query attention (32 query heads over 8 KV heads).
 Every system gets the same random-weight model (``torch.manual_seed(0)``) and the same prompts;
 a decode step's time is the gap between two consecutive tokens, each synchronized.
@@ -34,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests/realmodels/conftest.py, for a CPU torch (see _transformers)
-SYSTEMS = ("aotpack", "hf_static_compile", "hf_eager")
+SYSTEMS = ("aotpack", "aotpack-tuned", "hf_static_compile", "hf_eager")
 MODELS = ("gpt2", "llama")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
@@ -175,7 +177,7 @@ def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None)
     batches = TINY_BATCHES if tiny else BATCHES
     prompt, new_tokens = (TINY_PROMPT, TINY_NEW_TOKENS) if tiny else (PROMPT, NEW_TOKENS)
     rows = []
-    if system == "aotpack":
+    if system.startswith("aotpack"):
         import aot.loader
 
         runner = aot.loader.load(bundle, device=device)
@@ -191,7 +193,7 @@ def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None)
         try:
             for run in range(RUNS):  # the first run compiles or captures; time the last
                 start = time.perf_counter()
-                if system == "aotpack":
+                if system.startswith("aotpack"):
                     stamps = []
 
                     # the tokens are on the host when on_token runs: no sync, which would also
@@ -219,12 +221,18 @@ def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None)
 # The parent: builds bundles, spawns one process per system and model, writes the table.
 
 
-def build_bundle(model: str, tiny: bool, device: str, out: Path) -> Path:
+def build_bundles(model: str, tiny: bool, device: str, out: Path, systems: list[str]) -> dict[str, Path]:
+    """The bundle of each aotpack system: ``aotpack`` the default build, ``aotpack-tuned`` a build
+    with GEMM candidates tuned on this GPU at the decode entry point (``aotpack tune --entry
+    decode``). One trace serves both."""
     from aot.codegen import generate
     from aot.hf import causal_lm
     from aot.packager import pack
     from aot.tracer import trace
 
+    wanted = [s for s in systems if s.startswith("aotpack")]
+    if not wanted:
+        return {}
     cls, cfg = config(model, tiny)
     cfg.pad_token_id = 0
     cfg.eos_token_id = None
@@ -244,11 +252,32 @@ def build_bundle(model: str, tiny: bool, device: str, out: Path) -> Path:
         name=model,
         batch_buckets=batches,
     )
-    path = out / f"{model}{'-tiny' if tiny else ''}.tpk"
+    stem = f"{model}{'-tiny' if tiny else ''}"
     start = time.perf_counter()
-    pack(generate(trace(spec), archs), path)
-    print(f"built {path} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
-    return path
+    traced = trace(spec)
+    print(f"traced {model} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    paths = {}
+    if "aotpack" in wanted:
+        start = time.perf_counter()
+        paths["aotpack"] = out / f"{stem}.tpk"
+        pack(generate(traced, archs), paths["aotpack"])
+        print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    if "aotpack-tuned" in wanted and device.startswith("cuda"):  # tuning needs the GPU
+        from aot.verify.tune import tune
+
+        start = time.perf_counter()
+        untuned = out / f"{stem}-gemm.tpk"
+        pack(generate(traced, archs, gemm_candidates=True), untuned)
+        built = time.perf_counter() - start
+        paths["aotpack-tuned"] = out / f"{stem}-tuned.tpk"
+        result = tune(untuned, paths["aotpack-tuned"], repeats=20, entries=("decode",))
+        chosen = sum(c.choice != "library" for c in result.table.choices)
+        print(
+            f"built {untuned} in {built:.1f}s, tuned decode in {time.perf_counter() - start - built:.1f}s: "
+            f"{chosen}/{len(result.table.choices)} site-buckets chose a Triton candidate",
+            file=sys.stderr,
+        )
+    return paths
 
 
 def bandwidth_of(device: str, given: float | None) -> float:
@@ -335,10 +364,14 @@ def main() -> None:
     for model in args.models.split(","):
         bundles = Path(args.bundles or out)
         bundles.mkdir(parents=True, exist_ok=True)
-        bundle = build_bundle(model, args.tiny, args.device, bundles) if "aotpack" in args.systems else None
+        built = build_bundles(model, args.tiny, args.device, bundles, args.systems.split(","))
         module = make_model(model, args.tiny, dtype, "meta")
         context = (TINY_PROMPT + TINY_NEW_TOKENS) if args.tiny else (PROMPT + NEW_TOKENS)
         for system in args.systems.split(","):
+            if system.startswith("aotpack") and system not in built:
+                rows.append({"model": model, "system": system, "batch": 0, "error": "tuning needs a GPU"})
+                continue
+            bundle = built.get(system)
             cmd = [sys.executable, __file__, "--worker", system, model, "--device", args.device]
             cmd += ["--tiny"] * args.tiny + (["--bundle", str(bundle)] if bundle else [])
             try:

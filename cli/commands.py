@@ -501,9 +501,22 @@ def inspect(bundle: str, as_json: bool) -> None:
     multiple=True,
     help="tune only buckets with these sizes, e.g. batch=1 or batch=8,seq=128 (repeatable) [default: all]",
 )
+@click.option(
+    "--entry",
+    "entries",
+    multiple=True,
+    help="tune only this entry point's programs, e.g. decode (repeatable) [default: all]",
+)
 @click.option("--repeats", default=50, show_default=True, type=int, help="timed CUDA-graph replays per form")
 @click.option("--device", default="cuda", show_default=True, help="the GPU to tune on")
-def tune(bundle: str, output: str | None, bucket_texts: tuple[str, ...], repeats: int, device: str) -> None:
+def tune(
+    bundle: str,
+    output: str | None,
+    bucket_texts: tuple[str, ...],
+    entries: tuple[str, ...],
+    repeats: int,
+    device: str,
+) -> None:
     """On the target GPU: time each GEMM site's library call against the Triton candidates the
     build compiled (--gemm-candidates), per bucket, and record the winners in BUNDLE (tuning.json)."""
     import torch
@@ -515,7 +528,7 @@ def tune(bundle: str, output: str | None, bucket_texts: tuple[str, ...], repeats
     from aot.verify.tune import tune as run_tune
 
     buckets = [_parse_sizes(t) for t in bucket_texts]
-    result = run_tune(bundle, output, buckets or None, repeats, device, say=_info)
+    result = run_tune(bundle, output, buckets or None, repeats, device, say=_info, entries=entries)
     chosen = sum(c.choice != "library" for c in result.table.choices)
     _result(
         f"wrote {result.output}: {chosen}/{len(result.table.choices)} site-buckets use a Triton candidate "

@@ -34,6 +34,7 @@ from aot.loader import load
 from aot.loader.bundle import open_bundle
 from aot.loader.gpu import KernelCall
 from aot.loader.tuning import LIBRARY, TUNING_FORMAT, parse_tuning
+from aot.manifest_text import static_size
 from aot.program import step_reads, step_writes
 from aot.schema import Member, Program, TuningChoice, TuningTable
 from aot.verify.interpret import looser_dtype
@@ -144,6 +145,21 @@ def tuning_bytes(table: TuningTable) -> bytes:
     return serde.canonical_json(table)
 
 
+def pinned_sizes(manifest: Any, index: int) -> dict[str, int]:
+    """The sizes program ``index`` fixes that the bundle's contract leaves free: a decode entry
+    point's programs have ``seq == 1`` where the contract has a symbol ``seq`` (read off the input
+    shapes: a static size in the program where the contract names a symbol)."""
+    if not manifest.programs:
+        return {}
+    contract = {i.name: i.shape for i in manifest.guards.inputs}
+    pinned: dict[str, int] = {}
+    for inp in manifest.programs[index].guards.inputs:
+        for free, fixed in zip(contract.get(inp.name, ()), inp.shape):
+            if static_size(free) is None and static_size(fixed) is not None:
+                pinned[free] = static_size(fixed)
+    return pinned
+
+
 def site_inputs(program: Program, site: Any) -> set[str]:
     """The buffers a site's library steps read that the site does not write itself."""
     steps = [program.steps[i] for i in site.library]
@@ -245,21 +261,28 @@ def tune(
     repeats: int = DEFAULT_REPEATS,
     device: str = "cuda",
     say: Callable[[str], None] = lambda msg: None,
+    entries: tuple[str, ...] = (),
 ) -> TuneResult:
     """Measure and write (see the module docstring); ``buckets``: only these bucket sizes (a
-    partial dict matches every bucket with those values)."""
+    partial dict matches every bucket with those values); ``entries``: only these entry points'
+    programs (a language model's ``decode``), every program when empty."""
     if not torch.cuda.is_available():
         raise EnvError("aotpack tune needs a CUDA GPU; torch sees none")
     if repeats < 1:
         raise EnvError(f"--repeats must be at least 1, got {repeats}")
     runner = load(path, device=device, capture="none")
+    unknown = [e for e in entries if e not in runner.entry_points]
+    if unknown:
+        raise EnvError(
+            f"--entry {unknown[0]!r}: the bundle's entry points are {list(runner.entry_points) or '(none)'}"
+        )
     dev = runner.device
     major, minor = torch.cuda.get_device_capability(dev)
     arch = f"sm_{major}{minor}"
     choices: list[TuningChoice] = []
     for index, entry in enumerate(runner._entries):
         program, gpu = entry.program, entry.gpu
-        if not program.alternatives:
+        if not program.alternatives or (entries and entry.entry not in entries):
             continue
         gpu.context.bind()
         program_buckets = (
@@ -269,12 +292,13 @@ def tune(
             if buckets and not any(all(sizes.get(k) == v for k, v in b.items()) for b in buckets):
                 continue
             try:
-                inputs = runner.inputs_at(sizes)
+                inputs = runner.inputs_at({**pinned_sizes(runner.manifest, index), **sizes})
                 entry.guards.check([inputs[n] for n in runner.input_names], dev)
             except Exception:  # a bucket another program serves, or out of this one's contract
                 continue
             env: dict[str, Any] = dict(gpu.weights)
             env.update(inputs)
+            env.update(runner.state.views(sizes))  # a stateful bundle's KV cache: written, then reset
             # The program runs step by step, dropping each buffer after its last use as a plain call
             # does; each site is timed when the run reaches it, while its inputs are live. (Keeping
             # every buffer of a large bucket, gpt at batch 32 x seq 1024, ran out of an 80 GB GPU.)

@@ -143,3 +143,33 @@ def test_tune_cli_reports_signature(tuned, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sum("re-sign it with" in line for line in proc.stderr.splitlines()) == 1  # results go to stderr
+
+
+def test_a_tuned_stateful_lm_generates_the_untuned_tokens(tmp_path):
+    """A causal LM bundle with GEMM candidates (built here for this GPU's arch), tuned at its
+    decode buckets: the KV cache is bound while timing, and the tuned bundle generates the tokens
+    of the untuned one (fp32)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+    from aot.verify.tune import tune
+    from tests.hf.test_causal_lm import factory
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    spec = causal_lm(factory("llama"), max_batch=4, max_context=16, name="llama")
+    plain = tmp_path / "llama.tpk"
+    pack(generate(trace(spec), (arch,), gemm_candidates=True), plain)
+    tuned = tmp_path / "llama-tuned.tpk"
+    result = tune(plain, tuned, repeats=3)
+    runner = load(plain, device="cuda")
+    decode = {i for i, p in enumerate(runner.manifest.programs) if p.entry == "decode"}
+    assert {c.program for c in result.table.choices} & decode  # decode's programs were timed too
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    want = runner.generate(prompts, 6)
+    assert load(tuned, device="cuda").generate(prompts, 6) == want

@@ -121,6 +121,19 @@ def test_running_ahead_of_the_host_changes_no_token(runner, monkeypatch):
     assert len(decodes) == len(want_cut)  # one step ran ahead of the eos nobody had read yet
 
 
+def test_tune_generates_inputs_each_entry_points_programs_admit(runner):
+    """``aotpack tune`` times every program at its buckets: a decode program fixes seq to 1 where
+    the bundle's contract leaves it free, so its inputs are made at seq 1 (checked without a GPU)."""
+    from aot.verify.tune import pinned_sizes
+
+    for index, program in enumerate(runner.manifest.programs):
+        pinned = pinned_sizes(runner.manifest, index)
+        assert pinned == ({"seq": 1} if program.entry == "decode" else {})
+        for batch in (1, 2):
+            inputs = runner.inputs_at({**pinned, "batch": batch})
+            runner._entries[index].guards.check([inputs[n] for n in runner.input_names], runner.device)
+
+
 def test_sampling_is_reproducible_with_a_seed(runner):
     a = runner.generate([[5, 6, 7]], 16, do_sample=True, temperature=1.5, top_k=20, seed=7)
     b = runner.generate([[5, 6, 7]], 16, do_sample=True, temperature=1.5, top_k=20, seed=7)
