@@ -170,7 +170,37 @@ def _hf_steps(module, ids, new_tokens: int, device: str, static: bool) -> tuple[
     return stamps, out[:, ids.shape[1] :].tolist()
 
 
-def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None) -> list[dict]:
+def profile_step(runner, ids, new_tokens: int, device: str, path: Path) -> dict:
+    """Where a decode step's time goes: one more ``generate`` under torch's profiler; writes its
+    kernel table to ``path`` and returns the device time per token (every kernel's time, summed:
+    the GPU is busy that long per token) beside the wall time per token (the host loop included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    _sync(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        runner.generate(ids.tolist(), new_tokens)
+        _sync(device)
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    attr = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    busy_us = sum(
+        getattr(e, attr, 0)
+        for e in events
+        if getattr(e, attr, 0) > 0 and not e.key.startswith("ProfilerStep")
+    )
+    sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    path.write_text(events.table(sort_by=sort, row_limit=40, max_name_column_width=90))
+    return {
+        "profile_device_ms_per_token": busy_us / 1e3 / new_tokens,
+        "profile_wall_ms_per_token": wall * 1e3 / new_tokens,
+    }
+
+
+def worker(
+    system: str, model: str, tiny: bool, device: str, bundle: str | None, profile: Path | None = None
+) -> list[dict]:
     import torch
 
     dtype = torch.float32 if device == "cpu" else torch.float16
@@ -210,6 +240,10 @@ def worker(system: str, model: str, tiny: bool, device: str, bundle: str | None)
             steps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
             ms = statistics.median(steps)
             row.update(ms_per_token=ms, tokens_per_s=batch * 1e3 / ms, tokens=tokens[0][:16])
+            if profile and system.startswith("aotpack"):
+                row.update(
+                    profile_step(runner, ids, new_tokens, device, profile / f"{model}-{system}-b{batch}.txt")
+                )
         except Exception as e:  # one system failing (a compile error) must not lose the others
             row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         rows.append(row)
@@ -331,9 +365,21 @@ def main() -> None:
     ap.add_argument("--bundles", help="where to build the bundles [default: OUT]")
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--bundle", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-to", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one generate of each aotpack system and batch (kernel tables in OUT)",
+    )
     args = ap.parse_args()
     if args.worker:
-        worker(*args.worker, args.tiny, args.device, args.bundle)
+        worker(
+            *args.worker,
+            args.tiny,
+            args.device,
+            args.bundle,
+            Path(args.profile_to) if args.profile_to else None,
+        )
         return
 
     import torch
@@ -374,6 +420,7 @@ def main() -> None:
             bundle = built.get(system)
             cmd = [sys.executable, __file__, "--worker", system, model, "--device", args.device]
             cmd += ["--tiny"] * args.tiny + (["--bundle", str(bundle)] if bundle else [])
+            cmd += ["--profile-to", str(out)] if args.profile else []
             try:
                 done = subprocess.run(
                     cmd,
