@@ -25,7 +25,7 @@ from aot.loader.guards import GuardChecker
 from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
-from aot.loader.state import State
+from aot.loader.state import State, check_index_bounds
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.program import reference_steps, step_reads
@@ -75,7 +75,7 @@ def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
 class _Entry:
     """One program of the bundle, ready to run: its guards, and its CPU or GPU executor."""
 
-    __slots__ = ("name", "entry", "program", "guards", "outputs", "aten", "gpu", "graphs")
+    __slots__ = ("name", "entry", "program", "guards", "outputs", "aten", "gpu", "graphs", "index_bounds")
 
     def __init__(
         self, name: str, program: schema.Program, guards: GuardChecker, device: torch.device, entry: str = ""
@@ -83,6 +83,7 @@ class _Entry:
         self.name, self.program, self.guards, self.entry = name, program, guards, entry
         self.outputs = OutputSpecs(program, device)
         self.aten = self.gpu = self.graphs = None
+        self.index_bounds: tuple[tuple[str, str, int], ...] = ()  # caller's inputs that index the state
 
 
 class EntryRunner:
@@ -92,13 +93,16 @@ class EntryRunner:
     def __init__(self, runner: Runner, name: str):
         self.runner, self.name = runner, name
         self._entries = [e for e in runner._entries if e.entry == name]
+        # Index inputs (cache_position) are checked against the state's slots on every call;
+        # ``generate`` turns this off for the calls it makes, whose slots it checked up front.
+        self.check_indices = True
 
     @property
     def input_names(self) -> tuple[str, ...]:
         return self.runner.input_names
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.runner._call(self._entries, args, kwargs)
+        return self.runner._call(self._entries, args, kwargs, self.check_indices)
 
     def __repr__(self) -> str:
         return f"<entry point {self.name} of {self.runner.manifest.name}: {len(self._entries)} program(s)>"
@@ -241,6 +245,7 @@ class Runner:
                     f"the bundle {list(self.guards.names)[:8]}"
                 )
             entry = _Entry(name, program, checker, self.device, entry_name)
+            entry.index_bounds = self.state.index_bounds(program)
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
@@ -374,7 +379,9 @@ class Runner:
         with the inputs, the weights, the state or another buffer."""
         return self._call(None, args, kwargs)
 
-    def _call(self, entries: list[_Entry] | None, args: tuple, kwargs: dict) -> Any:
+    def _call(
+        self, entries: list[_Entry] | None, args: tuple, kwargs: dict, check_indices: bool = True
+    ) -> Any:
         out = kwargs.pop("out", None) if "out" not in self._input_set else None
         if self._nested and kwargs:
             kwargs = flatten_inputs(kwargs, self.guards.names)
@@ -396,6 +403,8 @@ class Runner:
             torch._C._set_grad_enabled(False)
         try:
             if entry.program.state:
+                if check_indices and entry.index_bounds:
+                    check_index_bounds(entry.index_bounds, dict(zip(self.guards.names, values)))
                 with self._state_lock:  # calls share the state: one at a time
                     outputs = self._run(entry, values, sizes, buffers)
             else:

@@ -132,12 +132,13 @@ def generate(
     padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
 
     runner.reset(range(batch))
+    prefill, decode = runner.entry("prefill"), runner.entry("decode")
+    # every slot written below is < longest + max_new_tokens <= context (checked above): no call
+    # needs its cache_position checked, which on a GPU would wait for the step before it
+    prefill.check_indices = decode.check_indices = False
     logits = _logits(
-        runner.entry("prefill")(
-            input_ids=ids, position_ids=positions, cache_position=slots[:longest], attention_mask=mask
-        )
+        prefill(input_ids=ids, position_ids=positions, cache_position=slots[:longest], attention_mask=mask)
     )
-    decode = runner.entry("decode")
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     done = [False] * batch
     new: list[list[int]] = [[] for _ in prompts]

@@ -18,7 +18,7 @@ import torch
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader.memory import largest_sizes
 from aot.manifest_text import static_size
-from aot.schema import Guards, Program
+from aot.schema import Buf, Guards, Program
 
 
 class State:
@@ -81,6 +81,34 @@ class State:
             if spec is None:
                 raise BundleError(f"{where}: state {name[:40]!r} is not an input of its program")
 
+    def index_bounds(self, program: Program) -> tuple[tuple[str, str, int], ...]:
+        """(input, state, slots) for each caller's input that a state write of ``program`` uses as
+        an index (``cache_position`` in ``index_put_(key_cache, [None, None, cache_position], k)``):
+        a slot outside ``0 <= slot < slots`` would write out of the state on a GPU (a device-side
+        assert that ends the process) or, negative, wrap around to another slot on any device."""
+        callers = {i.name for i in program.inputs} - set(program.state)
+        bounds: dict[tuple[str, str], int] = {}
+        for step in program.steps:
+            if step.target == "aten.index_put_.default" and len(step.args) >= 2:
+                target, indices = step.args[0], list(enumerate(step.args[1] or ()))
+            elif step.target == "aten.index_copy_.default" and len(step.args) >= 3:
+                target, indices = step.args[0], [(step.args[1], step.args[2])]
+            else:
+                continue
+            if not isinstance(target, Buf) or target.name not in self.shapes:
+                continue
+            shape = self.shapes[target.name][0]
+            for dim, index in indices:
+                if (
+                    isinstance(index, Buf)
+                    and index.name in callers
+                    and isinstance(dim, int)
+                    and -len(shape) <= dim < len(shape)
+                ):
+                    key = (index.name, target.name)
+                    bounds[key] = min(bounds.get(key, shape[dim]), shape[dim])
+        return tuple((name, state, n) for (name, state), n in sorted(bounds.items()))
+
     def views(self, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
         """Each state tensor's rows ``0..b-1`` for a call on ``b`` rows (the whole tensor when its
         first dim is static)."""
@@ -117,3 +145,23 @@ def _numel(shape: list[int]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def check_index_bounds(bounds: tuple[tuple[str, str, int], ...], inputs: dict[str, torch.Tensor]) -> None:
+    """``GuardError`` unless every index input addresses slots of the state it writes (one small
+    reduction and one host sync per index input on a GPU)."""
+    for name, state, slots in bounds:
+        index = inputs.get(name)
+        if (
+            not isinstance(index, torch.Tensor)
+            or not index.numel()
+            or index.dtype in (torch.bool, torch.uint8)
+        ):
+            continue
+        low, high = torch.stack(torch.aminmax(index.reshape(-1))).tolist()
+        if low < 0 or high >= slots:
+            raise GuardError(
+                f"{name} holds slot {low if low < 0 else high}, the state {state[:60]!r} has {slots} slots: "
+                f"each must be 0 <= slot < {slots}; start a new sequence (reset) or use a bundle built "
+                f"with a longer context"
+            )

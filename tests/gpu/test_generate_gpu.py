@@ -77,3 +77,23 @@ def test_graphs_write_the_state_where_it_lives(bundle):
         torch.testing.assert_close(gpu.state.tensors[name].cpu(), t, rtol=1e-4, atol=1e-4)
     decode = [e for e in gpu._entries if e.entry == "decode"][0]
     assert decode.graphs is not None and (2,) in decode.graphs.graphs
+
+
+def test_a_slot_outside_the_cache_is_a_guard_error_and_the_gpu_keeps_working(bundle):
+    """Unchecked, an index past the cache is a device-side assert that ends the process."""
+    import aot.loader
+    from aot.errors import GuardError
+    from aot.loader.generate import lm_contract
+
+    gpu = aot.loader.load(bundle, device="cuda", capture="lazy")
+    _, context = lm_contract(gpu)
+    want = gpu.generate([[1, 2, 3]], NEW_TOKENS)
+    for slot in (context, -1):
+        with pytest.raises(GuardError, match=f"cache_position holds slot {slot}"):
+            gpu.entry("decode")(
+                input_ids=torch.tensor([[4]], device="cuda"),
+                position_ids=torch.tensor([[3]], device="cuda"),
+                cache_position=torch.tensor([slot], device="cuda"),
+                attention_mask=torch.ones(1, context, dtype=torch.int64, device="cuda"),
+            )
+    assert gpu.generate([[1, 2, 3]], NEW_TOKENS) == want

@@ -435,16 +435,31 @@ def test_diff_compares_entry_points_and_state(runner):
     assert kinds(dropped) == [("state removed", "state value_cache_1", False)]
 
 
-def test_a_cache_position_beyond_the_state_is_a_guard_error(runner):
-    with pytest.raises(
-        GuardError, match=r"writes the state out of its bounds.*cache_position must address slots"
-    ):
+@pytest.mark.parametrize("slot", [32, 99, -1])
+def test_a_cache_position_outside_the_state_is_a_guard_error_before_anything_runs(runner, slot):
+    """Checked before the call on every device (on a GPU an index past the state is a device-side
+    assert that ends the process; a negative one wraps around to another slot everywhere), and
+    the state is untouched."""
+    runner.reset()
+    before = {n: t.clone() for n, t in runner.state.tensors.items()}
+    with pytest.raises(GuardError) as err:
         runner.entry("decode")(
             input_ids=torch.tensor([[4]]),
             position_ids=torch.tensor([[3]]),
-            cache_position=torch.tensor([32]),
+            cache_position=torch.tensor([slot]),
             attention_mask=torch.ones(1, 32, dtype=torch.int64),
         )
+    assert str(err.value).startswith(
+        f"cache_position holds slot {slot}, the state 'key_cache_0' has 32 slots"
+    )
+    for name, t in runner.state.tensors.items():
+        assert torch.equal(t, before[name]), name
+
+
+def test_the_index_inputs_of_state_writes_are_found(runner):
+    for entry in runner._entries:
+        assert {(n, b) for n, _, b in entry.index_bounds} == {("cache_position", 32)}
+        assert {s for _, s, _ in entry.index_bounds} == set(runner.state_names)
 
 
 def test_generations_on_one_runner_run_one_at_a_time(runner):
