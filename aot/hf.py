@@ -8,7 +8,8 @@ that serves both prefill and decode over a static KV cache held by the runner as
         input_ids=...,        # int64 [batch, seq]
         position_ids=...,     # int64 [batch, seq]   (RoPE / absolute position of each token)
         cache_position=...,   # int64 [seq]          (the cache slots this call writes, every row alike)
-        attention_mask=...,   # int64 [batch, max_context]  (1 = a slot holding a real token)
+        attention_mask=...,   # int64 [batch, max_context]  (1 = a slot holding a real token;
+                              #   [batch, context] with context_buckets: attention reads slots < context)
         key_cache_0=..., value_cache_0=..., ...,  # [batch, kv_heads, max_context, head_dim], written in place
     )                         # -> [batch, vocab]: the logits of each row's last position
 
@@ -75,6 +76,7 @@ def causal_lm(
     batch_buckets: tuple[int, ...] | None = None,
     seq_buckets: tuple[int, ...] | None = None,
     attn_implementation: str | None = None,
+    context_buckets: tuple[int, ...] | None = None,
 ) -> ModelSpec:
     """The spec of a transformers causal LM with a static KV cache of ``max_batch`` rows and
     ``max_context`` slots, and two entry points: ``prefill`` (any ``seq``) and ``decode``
@@ -88,6 +90,13 @@ def causal_lm(
     transformers model under ``model.``, so its state dict is not a transformers checkpoint's.
     ``batch_buckets``/``seq_buckets``: CUDA-graph sizes (default: powers of two up to the
     maximum). ``attn_implementation``: "sdpa" (default where the model supports it) or "eager".
+
+    ``context_buckets``: attend over the filled part of the cache only. ``attention_mask`` is then
+    [batch, context] with ``context`` a size of its own (these buckets, ``max_context`` among
+    them), and attention reads cache slots ``0..context-1`` alone; ``generate`` passes the
+    smallest bucket that covers every slot written so far, so a short conversation in a long
+    context reads a short cache. Without them, every call attends over all ``max_context``
+    slots (one graph per batch bucket instead of one per batch and context bucket).
     """
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise SpecError(f"causal_lm: max_batch must be an int >= 1, got {max_batch!r}")
@@ -104,15 +113,27 @@ def causal_lm(
     layout = Decoder(_probe(factory, seed), max_context, attn_implementation).layout
 
     def make_module() -> torch.nn.Module:
-        return Decoder(factory(), max_context, attn_implementation)
+        return Decoder(factory(), max_context, attn_implementation, sized_context=context_buckets is not None)
 
     batch = Dim("batch", 1, max_batch, buckets=batch_buckets, example=min(2, max_batch))
     seq = Dim("seq", 1, max_context, buckets=seq_buckets, example=min(4, max_context - 1))
+    context: Dim | int = max_context
+    if context_buckets is not None:
+        buckets = tuple(sorted(set(context_buckets) | {max_context}))
+        if any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= max_context for b in buckets):
+            raise SpecError(
+                f"causal_lm: context_buckets must be ints in 1..max_context ({max_context}), got {context_buckets!r}"
+            )
+        # An example below max_context: a slice of the cache is contiguous only at max_context, a
+        # case export then guards out and the build traces as a program of its own (the whole
+        # cache). The example holds the example's seq tokens after some filled slots.
+        example = min(max_context - 1, max(seq.example + 1, max_context // 2))
+        context = Dim("context", 1, max_context, buckets=buckets, example=max(example, 1))
     inputs = [
         Input("input_ids", (batch, seq), dtype="int64", low=0, high=layout.vocab_size),
         Input("position_ids", (batch, seq), dtype="int64", low=0, high=max_context),
         Input("cache_position", (seq,), dtype="int64", low=0, high=max_context),
-        Input("attention_mask", (batch, max_context), dtype="int64", low=0, high=2),
+        Input("attention_mask", (batch, context), dtype="int64", low=0, high=2),
     ]
     for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(zip(layout.key_shapes, layout.value_shapes)):
         inputs.append(Input(f"key_cache_{i}", (batch, k_heads, max_context, k_dim), state=True))
@@ -133,9 +154,10 @@ def example_inputs(sizes: dict[str, int], *, max_context: int) -> dict[str, torc
     after some already-filled ones (slot k holds position k), every earlier slot valid. The
     token ids and the cache contents are left to the spec's random examples."""
     batch, seq = sizes["batch"], sizes["seq"]
-    start = (max_context - seq) // 2
+    context = sizes.get("context", max_context)  # [batch, context] masks (context buckets)
+    start = max(0, (context - seq) // 2)
     cache_position = torch.arange(start, start + seq, dtype=torch.int64)
-    attention_mask = torch.zeros(batch, max_context, dtype=torch.int64)
+    attention_mask = torch.zeros(batch, context, dtype=torch.int64)
     attention_mask[:, : start + seq] = 1
     return {
         "position_ids": cache_position.expand(batch, seq).clone(),
@@ -298,12 +320,19 @@ def _state_cache_classes() -> tuple[type, type, type]:
         is_sliding = False
 
         def __init__(
-            self, keys: torch.Tensor, values: torch.Tensor, cache_position: torch.Tensor, owner: str
+            self,
+            keys: torch.Tensor,
+            values: torch.Tensor,
+            cache_position: torch.Tensor,
+            owner: str,
+            context: Any = None,
         ):
             super().__init__()
             self.keys, self.values = keys, values
             self.cache_position = cache_position
             self.owner = owner
+            # the slots attention reads: 0..context-1 (the attention mask's length), or all (None)
+            self.context = context
             self.writes = 0
             self.is_initialized = True
 
@@ -325,17 +354,20 @@ def _state_cache_classes() -> tuple[type, type, type]:
             self.keys.index_copy_(2, self.cache_position, key_states.to(self.keys.dtype))
             self.values.index_copy_(2, self.cache_position, value_states.to(self.values.dtype))
             self.writes += 1
-            return self.keys, self.values
+            if self.context is None:
+                return self.keys, self.values
+            # narrow, not a slice: its length is exactly ``context`` (a slice's is min(C, context))
+            return self.keys.narrow(2, 0, self.context), self.values.narrow(2, 0, self.context)
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return self.keys.shape[2], 0
+            return self.keys.shape[2] if self.context is None else self.context, 0
 
         def get_seq_length(self) -> int:
             # The slots before this call's first one (callers pass positions, so it is only a hint).
             return self.cache_position[0]
 
         def get_max_length(self) -> int:
-            return self.keys.shape[2]
+            return self.keys.shape[2] if self.context is None else self.context
 
     class StateCache(Cache):
         """``past_key_values`` over the runner's cache tensors: each layer's ``update`` writes
@@ -347,8 +379,11 @@ def _state_cache_classes() -> tuple[type, type, type]:
             values: list[torch.Tensor],
             cache_position: torch.Tensor,
             owner: str,
+            context: Any = None,
         ):
-            super().__init__(layers=[StateLayer(k, v, cache_position, owner) for k, v in zip(keys, values)])
+            super().__init__(
+                layers=[StateLayer(k, v, cache_position, owner, context) for k, v in zip(keys, values)]
+            )
 
     class RecordingLayer(CacheLayerMixin):
         """Records the ``(heads, head_dim)`` of what the attention writes; holds nothing."""
@@ -396,10 +431,17 @@ class Decoder(torch.nn.Module):
     docstring). ``model`` is kept unmodified, except that its attention implementation is set
     to one that takes an additive 4-D mask ("sdpa" where supported, else "eager")."""
 
-    def __init__(self, model: Any, max_context: int, attn_implementation: str | None = None):
+    def __init__(
+        self,
+        model: Any,
+        max_context: int,
+        attn_implementation: str | None = None,
+        sized_context: bool = False,
+    ):
         super().__init__()
         self.layout = cache_layout(model, max_context)
         self.max_context = max_context
+        self.sized_context = sized_context  # attention_mask [batch, context]: read slots < context only
         self.model = model
         implementation = attn_implementation or (
             getattr(model.config, "_attn_implementation", None)
@@ -442,7 +484,9 @@ class Decoder(torch.nn.Module):
         keys = [state[f"key_cache_{i}"] for i in range(n)]
         values = [state[f"value_cache_{i}"] for i in range(n)]
         StateCache, _, _ = _state_cache_classes()
-        cache = StateCache(keys, values, cache_position, self.layout.model_class)
+        # context buckets: the mask's length says which slots attention reads (0..context-1)
+        context = attention_mask.shape[1] if self.sized_context else None
+        cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
         mask = additive_mask(attention_mask, cache_position, keys[0].dtype, self.layout.window)
         # Only the last position's logits: an index tensor rather than the int 1, whose slice of the
         # hidden states is contiguous only when batch or seq is 1 (a batch != 1 guard in export).

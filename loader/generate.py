@@ -36,15 +36,34 @@ def lm_contract(runner: Any) -> tuple[int, int]:
         )
     guards = {i.name: i for i in runner.manifest.guards.inputs}
     mask = guards["attention_mask"].shape
-    context = static_size(mask[1]) if len(mask) == 2 else None
-    batch = runner.guards.symbols.get(guards["input_ids"].shape[0])
+    symbols = runner.guards.symbols
+    context = None
+    if len(mask) == 2:
+        context = static_size(mask[1])
+        if context is None and mask[1] in symbols:  # context buckets: [batch, context]
+            context = symbols[mask[1]].max
+    batch = symbols.get(guards["input_ids"].shape[0])
     if context is None or batch is None:
         raise GuardError(
-            f"generate needs attention_mask of shape [batch, max_context] with a static max_context and "
-            f"a dynamic batch, the bundle declares input_ids {list(guards['input_ids'].shape)}, "
+            f"generate needs attention_mask of shape [batch, max_context] or [batch, context] and a "
+            f"dynamic batch, the bundle declares input_ids {list(guards['input_ids'].shape)}, "
             f"attention_mask {list(mask)}"
         )
     return batch.max, context
+
+
+def context_sizes(runner: Any) -> tuple[int, ...]:
+    """The attention-mask lengths a decode call may take, smallest first: the decode programs'
+    buckets of the ``context`` size of a bundle built with context buckets, else () (every call
+    passes the whole mask)."""
+    mask = next(i for i in runner.manifest.guards.inputs if i.name == "attention_mask").shape
+    if len(mask) != 2 or static_size(mask[1]) is not None:
+        return ()
+    sizes: set[int] = set()
+    programs = [p for p in runner.manifest.programs if p.entry == "decode"] or [runner.manifest]
+    for program in programs:
+        sizes.update(s for b in program.buckets if b.symbol == mask[1] for s in b.sizes)
+    return tuple(sorted(sizes | {runner.guards.symbols[mask[1]].max}))
 
 
 def _prompts(prompt_ids: Any, attention_mask: Any) -> list[list[int]]:
@@ -132,12 +151,26 @@ def generate(
     padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
 
     runner.reset(range(batch))
+    contexts = context_sizes(runner)
+
+    def visible(slots_used: int) -> torch.Tensor:
+        """The mask a call passes: all of it, or (context buckets) the smallest bucket's length
+        that covers the slots used so far, so that attention reads no slot past it."""
+        if not contexts:
+            return mask
+        return mask[:, : next(c for c in contexts if c >= slots_used)]
+
     prefill, decode = runner.entry("prefill"), runner.entry("decode")
     # every slot written below is < longest + max_new_tokens <= context (checked above): no call
     # needs its cache_position checked, which on a GPU would wait for the step before it
     prefill.check_indices = decode.check_indices = False
     logits = _logits(
-        prefill(input_ids=ids, position_ids=positions, cache_position=slots[:longest], attention_mask=mask)
+        prefill(
+            input_ids=ids,
+            position_ids=positions,
+            cache_position=slots[:longest],
+            attention_mask=visible(longest),
+        )
     )
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     done = [False] * batch
@@ -160,7 +193,7 @@ def generate(
                 input_ids=token[:, None],
                 position_ids=last,
                 cache_position=slots[slot : slot + 1],
-                attention_mask=mask,
+                attention_mask=visible(slot + 1),
             )
         )
 

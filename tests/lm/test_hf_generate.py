@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import unittest.mock
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from tests.realmodels.conftest import unusable
 
 MAX_BATCH, MAX_CONTEXT = 4, 16
 NEW_TOKENS = 6
+CONTEXT_BUCKETS = (4, 8)  # and MAX_CONTEXT: a 5-token prompt + 6 tokens crosses from 8 to 16
 KINDS = [
     "gpt2",
     "llama",
@@ -41,10 +43,17 @@ class HfBundles:
             from aot.tracer import trace
             from tests.hf.test_causal_lm import built, factory
 
-            spec = causal_lm(factory(kind), max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name=kind)
-            path = self.base / f"{kind}.tpk"
+            model, _, sized = kind.partition("@")  # "llama@context": built with context buckets
+            spec = causal_lm(
+                factory(model),
+                max_batch=MAX_BATCH,
+                max_context=MAX_CONTEXT,
+                name=model,
+                context_buckets=CONTEXT_BUCKETS if sized else None,
+            )
+            path = self.base / f"{model}{'-' + sized if sized else ''}.tpk"
             pack(generate(trace(spec), ("sm_90",)), path)
-            self._made[kind] = (path, aot.loader.load(path), built(kind))
+            self._made[kind] = (path, aot.loader.load(path), built(model))
         return self._made[kind]
 
 
@@ -147,3 +156,44 @@ def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
             read.append(writes.get(name))
         assert read[0].startswith("key_cache_") and read[1].startswith("value_cache_")
         assert decode.buffers[sdpa.outputs[0]].shape[1:] == ("2", "2", "8")  # [B, KV, G, D]
+
+
+@pytest.mark.parametrize(
+    "kind", ["gpt2@context", "llama@context", pytest.param("mistral@context", marks=pytest.mark.slow)]
+)
+def test_context_buckets_read_only_the_filled_slots_and_change_no_token(hf_bundles, kind):
+    """With context buckets, attention_mask is [batch, context] and every program's attention
+    reads cache slots 0..context-1 only; generate passes the smallest bucket covering the slots
+    written so far (8, then 16 here), and the tokens are still transformers' greedy ones."""
+    from tests.hf.test_causal_lm import hf_greedy, prompts
+
+    _, runner, model = hf_bundles(kind)
+    masks = {i.name: tuple(i.shape) for i in runner.manifest.guards.inputs}
+    assert masks["attention_mask"] == ("batch", "context")
+    for program in (runner.program, *runner.program.variants):
+        attention = [s for s in program.steps if s.target == "aten.scaled_dot_product_attention.default"]
+        assert attention
+        for sdpa in attention:
+            keys = program.buffers[sdpa.args[1].name].shape[2]  # keys: [B, H, context, D]
+            assert keys == "context", keys
+    if kind.startswith("llama"):  # grouped-query decode still reads the cache in place (no repeat_kv copy)
+        decode = runner.program.variants[0]
+        assert "aten.clone.default" not in [x.target for s in decode.steps for x in (s, *s.reference)]
+    seen = []
+    decode = runner.entry
+
+    def watching(name):
+        call = decode(name)
+
+        def run(**inputs):
+            seen.append(inputs["attention_mask"].shape[1])
+            return call(**inputs)
+
+        run.check_indices = call.check_indices
+        return run
+
+    ids, mask = prompts(3)
+    want, _ = hf_greedy(model, ids, mask, NEW_TOKENS)
+    with unittest.mock.patch.object(runner, "entry", watching):
+        assert runner.generate(ids, NEW_TOKENS, attention_mask=mask) == want.tolist()
+    assert seen == [8, 8, 8, 8, 16, 16]  # prefill (5 slots), then decode at slots 5..9
