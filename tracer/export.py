@@ -277,7 +277,9 @@ def symbol_names(
                 if check:
                     raise TraceError(
                         f"input {inp.name!r} dim {d} ({declared.name}) was specialized to {size} while "
-                        f"tracing; make it a static size or remove the code that fixes it"
+                        f"tracing; make it a static size or remove the code that fixes it (or, where "
+                        f"{size} is also the length of a tensor that {declared.name} slices, trace at "
+                        f"another example: Dim(..., example=N))"
                     )
                 continue
             names.setdefault(size.node.expr, declared.name)

@@ -72,7 +72,10 @@ def _lower(
     nodes = user_input_nodes(ep, spec)
     order = sorted(spec.inputs, key=lambda i: list(ep.graph.nodes).index(nodes[i.name]))
     state = frozenset(i.name for i in spec.state_inputs())
-    lowering = Lowering(ep, [i.name for i in order], symbol_names(ep, spec, static=static), state)
+    # check=True: decomposing can fix a size at its example that export left dynamic (a slice of a
+    # buffer by an input's size, traced where the two are equal); the guards would then admit sizes
+    # the program cannot run
+    lowering = Lowering(ep, [i.name for i in order], symbol_names(ep, spec, check=True, static=static), state)
     program, weight_tensors = lowering.run()
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.

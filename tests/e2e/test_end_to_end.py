@@ -102,6 +102,28 @@ def test_untraceable_model_names_the_line():
         trace(load_model_file(model_path("untraceable")))
 
 
+def test_a_size_fixed_while_decomposing_is_a_trace_error_and_another_example_builds(tmp_path):
+    """tests/data/sliced_by_size.py traced at ctx == 16 (its buffer's length): decomposing fixes
+    ctx there, so the build refuses rather than admit 1..16; traced at its own example, 8, the
+    program holds at other sizes, matching eager."""
+    from dataclasses import replace
+
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    spec = load_model_file(model_path("sliced_by_size"))
+    mask = next(i for i in spec.inputs if i.name == "mask")
+    at_16 = replace(mask, shape=(1, replace(mask.shape[1], example=16)))
+    with pytest.raises(TraceError, match=r"input 'mask' dim 1 \(ctx\) was specialized to 16.*example=N"):
+        trace(replace(spec, inputs=[at_16 if i is mask else i for i in spec.inputs]))
+    pack(generate(trace(spec), ("sm_90",)), tmp_path / "sliced.tpk")  # its own example: 8
+    runner, module = load(tmp_path / "sliced.tpk"), instantiate(spec)
+    for sizes in ({"seq": 3, "ctx": 5}, {"seq": 1, "ctx": 16}, {"seq": 16, "ctx": 1}):
+        inputs = example_inputs(spec, sizes, seed=1)
+        torch.testing.assert_close(runner(**inputs), module(**inputs), rtol=1e-5, atol=1e-5)
+
+
 def test_loader_imports_no_compiler(built):
     path = built("small_mlp")  # a bundle with kernels; any would do
     code = f"""
