@@ -15,17 +15,19 @@ gives throughput (requests/s), p50/p99 latency (ms, at the client) and the mean 
 
     python bench/serve_load.py models/mlp.py mlp.tpk --device cpu --seconds 15
 
-On the GPU machine (which lacks nvidia-pytriton and has no network): the pytriton wheel is 55 MB and
-the carry limit is 64 MiB per call, so carry its wheel alone in one call and its dependencies
-(``pip download nvidia-pytriton==0.7.0 'tritonclient[http,grpc]==2.73.0' -d .whl``, all but the
-pytriton wheel: ~20 MB) in a second call on the same warm machine, each installed with
-``pip install --no-index --no-deps --target /tmp/site .whl/*.whl`` and ``PYTHONPATH=/tmp/site``
-(numpy<2 comes with them). The stub of the box's Python version links ``libpython3.X.so.1.0``:
-check ``ldd`` finds it first. Then build or carry ``mlp.tpk`` (built on the CPU box for sm_90) and
+On the GPU machine (no network, no nvidia-pytriton, numpy 2, at most 64 MiB carried a call; the
+pytriton wheel alone is 55 MB): stage the wheels and bundles here with
+``bash bench/stage_serve_wheels.sh``, then make two calls on one warm machine, the second at once
+(the machine and its /tmp stay warm 30 s):
 
-    python bench/serve_load.py models/mlp.py mlp.tpk --device cuda --seconds 15 --json serve.json --md serve.md
+    bash bench/device_serve.sh install1     # carry: .whl-serve1
+    bash bench/device_serve.sh measure      # carry: .whl-serve2 .bundles
 
-and copy the table into bench/RESULTS.md with the card, driver and torch version.
+``measure`` serves from a venv with numpy 1.26 where the image's numpy breaks the backend stub
+(nvidia-pytriton 0.7's stubs read tensors wrongly under numpy 2; the stub runs isolated, so
+PYTHONPATH does not reach it), runs tests/gpu/test_serve_gpu.py, then this script for mlp and gpt
+with ``--device cuda --seconds 10``. Logs, JSON and tables come back in ``$OUT/serve.tgz``; copy the
+tables into bench/RESULTS.md with the card, driver and torch version (``report.log``, ``gpu.txt``).
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb
 
         from aot.serve.batching import run_requests
+        from aot.serve.triton_model import check_numpy_bridge
         from aot.tracer import load_model_file
 
+        check_numpy_bridge(pb)
         self.pb, self.run_requests = pb, run_requests
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config["parameters"].items()}
@@ -185,9 +189,9 @@ def load(
     }
 
 
-def markdown(rows: list[dict], device: str) -> str:
+def markdown(rows: list[dict], device: str, request: str) -> str:
     lines = [
-        f"Closed-loop gRPC load, single-row requests, device {device}:",
+        f"Closed-loop gRPC load, one request = {request}, device {device}:",
         "",
         "| model | concurrency | requests/s | p50 ms | p99 ms | mean batch | errors |",
         "|---|---|---|---|---|---|---|",
@@ -198,6 +202,17 @@ def markdown(rows: list[dict], device: str) -> str:
             f"{r['mean_batch']} | {r['errors']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def write(rows: list[dict], device: str, request: str, json_path: str | None, md_path: str | None) -> str:
+    """The rows so far to ``--json`` and ``--md``, after each load: a run cut off keeps what it did."""
+    table = markdown(rows, device, request)
+    if json_path:
+        text = json.dumps({"device": device, "request": request, "rows": rows}, indent=1)
+        Path(json_path).write_text(text + "\n")
+    if md_path:
+        Path(md_path).write_text(table)
+    return table
 
 
 def main() -> None:
@@ -220,6 +235,7 @@ def main() -> None:
     spec = open_spec(args.bundle)
     example = aot.loader.load(args.bundle).example_inputs()
     inputs = {n: v[:1].numpy() if spec.max_batch_size else v.numpy() for n, v in example.items()}
+    request = ", ".join(f"{n} {list(v.shape)} {v.dtype}" for n, v in inputs.items())
     systems = [s for s in args.systems.split(",") if s]
     rows = []
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
@@ -250,14 +266,10 @@ def main() -> None:
                     row = load(grpc, metrics, model, inputs, c, args.seconds)
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
+                    write(rows, args.device, request, args.json, args.md)
         finally:
             server.stop()
-    table = markdown(rows, args.device)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": args.device, "rows": rows}, indent=1) + "\n")
-    if args.md:
-        Path(args.md).write_text(table)
+    print(write(rows, args.device, request, args.json, args.md))
 
 
 if __name__ == "__main__":

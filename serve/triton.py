@@ -6,9 +6,10 @@ GPU needed) on a repository of one model: ``config.pbtxt`` rendered from the gua
 (``aot.serve.config``) and a Python-backend ``model.py`` (``aot.serve.triton_model``). Triton speaks
 the KServe v2 protocol over HTTP and gRPC, answers health and readiness probes, and exports
 Prometheus metrics. The backend stub is the one built for this interpreter's Python version, and it
-is pointed at this interpreter's ``libpython`` and site-packages, so the model sees the same aotpack
-and torch. SIGTERM (or Ctrl-C) makes tritonserver stop taking requests, finish those in flight (up
-to the drain timeout) and exit; ``serve`` then returns.
+is pointed at this interpreter (first on PATH), its ``libpython``, and its site-packages and
+PYTHONPATH folders, so the model sees the same aotpack and torch. SIGTERM (or Ctrl-C) makes
+tritonserver stop taking requests, finish those in flight (up to the drain timeout) and exit;
+``serve`` then returns.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ POLL_S = 0.1
 LOG_LINES = 200  # tritonserver log lines kept for the error message
 MODEL_VERSION = "1"
 
-# The model.py Triton's Python backend runs: it finds aotpack through AOTPACK_SITE_DIRS (site
-# folders, whose .pth files count, so editable installs work) or PYTHONPATH, then the model class.
+# The model.py Triton's Python backend runs: it finds aotpack in the environment of the stub's
+# Python (the first python3 on PATH) or through AOTPACK_SITE_DIRS (site folders, whose .pth files
+# count, so editable installs work), then the model class.
 MODEL_PY = f'''"""Triton Python-backend model serving an aotpack bundle; see the repository's README.md."""
 
 import os
@@ -103,14 +105,20 @@ def site_dirs() -> list[str]:
 def server_env(dist: TritonDist) -> dict[str, str]:
     """tritonserver's environment: this Python's libpython first (the stub links libpython3.X and
     must get the one whose standard library it will read, not another install's), then the wheel's
-    libraries; this interpreter's site folders for the model."""
+    libraries; this interpreter's folder first on PATH (the stub's embedded Python takes the first
+    ``python3`` on PATH as its executable, and with it its prefix, venv and site-packages: numpy is
+    imported from there before ``model.py`` runs); for the model, this interpreter's site folders
+    and PYTHONPATH folders (the stub's Python runs isolated and ignores PYTHONPATH)."""
     env = dict(os.environ)
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     paths = [p for p in (libdir, str(dist.libs), env.get("LD_LIBRARY_PATH", "")) if p]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
-    env[ENV_SITE_DIRS] = os.pathsep.join(
-        site_dirs() + [d for d in env.get(ENV_SITE_DIRS, "").split(os.pathsep) if d]
-    )
+    bindir = os.path.dirname(sys.executable)
+    if os.path.isfile(os.path.join(bindir, "python3")):
+        env["PATH"] = os.pathsep.join(p for p in (bindir, env.get("PATH", "")) if p)
+    given = [env.get("PYTHONPATH", ""), env.get(ENV_SITE_DIRS, "")]
+    folders = site_dirs() + [os.path.abspath(d) for v in given for d in v.split(os.pathsep) if d]
+    env[ENV_SITE_DIRS] = os.pathsep.join(dict.fromkeys(folders))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -147,14 +155,19 @@ INVALID_ARGUMENT).
 
 Triton's Python backend runs `model.py` in its stub, `triton_python_backend_stub`, which embeds
 the Python it was built for (the NGC containers' stub: the container's Python; nvidia-pytriton's
-wheel has one per version under `pytriton/tritonserver/python_backend_stubs/3.X/`). aotpack and
-torch must be installed for that same Python version; then either
+wheel has one per version under `pytriton/tritonserver/python_backend_stubs/3.X/`). The embedded
+Python runs isolated: it ignores `PYTHONPATH`, takes the first `python3` on tritonserver's `PATH`
+as its executable and reads that one's standard library and site-packages (its virtualenv's, if it
+is in one); the stub imports numpy from there before `model.py` runs. aotpack, torch and numpy<2
+(nvidia-pytriton's stubs read tensors wrongly under numpy 2; the model then refuses to load) must
+be installed for that same Python version; then either
 
-- set `AOTPACK_SITE_DIRS` in tritonserver's environment to that environment's site-packages
-  (several: separated by `:`); `model.py` adds each with `site.addsitedir`, so editable installs
-  (`.pth` files) work too:
+- put the `bin` folder of that environment first on tritonserver's `PATH`:
+  `PATH=/path/to/venv/bin:$PATH tritonserver ...`;
+- and/or set `AOTPACK_SITE_DIRS` to further site folders (several: separated by `:`); `model.py`
+  adds each after the environment's own with `site.addsitedir`, so editable installs (`.pth`
+  files) work too:
   `AOTPACK_SITE_DIRS=$(python -c 'import site; print(site.getsitepackages()[0])') tritonserver ...`;
-- or set `PYTHONPATH` to a site-packages holding regular (non-editable) installs;
 - or pack the environment with `conda-pack` and name the archive in `config.pbtxt`:
   `parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" }} }}`.
 

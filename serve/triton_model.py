@@ -9,21 +9,40 @@ the guards: HTTP 400, gRPC INVALID_ARGUMENT) or ``INTERNAL``. PyTriton's own mod
 fail one request of a batch, which is why the bundle is bound here rather than through it.
 
 ``triton_python_backend_utils`` exists only inside the stub, so it is imported in ``initialize``.
+``initialize`` first checks that the stub moves tensor bytes intact under this numpy
+(``check_numpy_bridge``): nvidia-pytriton's stubs (0.7) were built with a pybind11 that predates
+numpy 2, and under numpy 2 they read every input wrongly and send empty outputs, without an error.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
 import torch
 
+from aot.errors import EnvError
 from aot.pytree import leaves
 from aot.serve.batching import GUARD, BatchStats, run_requests
 
 ENV_SITE_DIRS = "AOTPACK_SITE_DIRS"
+
+
+def check_numpy_bridge(pb_utils: Any) -> None:
+    """``EnvError`` unless a tensor read back through the stub's C++ side (the path every request's
+    inputs take) has the bytes that were put in."""
+    sent = np.arange(1, 5, dtype=np.float32)
+    back = pb_utils.Tensor.from_dlpack("probe", pb_utils.Tensor("probe", sent).to_dlpack()).as_numpy()
+    if back.shape != sent.shape or not np.array_equal(back, sent):
+        raise EnvError(
+            f"Triton's Python backend stub reads tensors wrongly under numpy {np.__version__} "
+            f"(read back {back.tolist()} for {sent.tolist()}): nvidia-pytriton's stubs need numpy<2. "
+            f"Install numpy<2 in the environment of the stub's Python ({sys.executable}): it runs "
+            "isolated, so PYTHONPATH does not reach it"
+        )
 
 
 class TritonPythonModel:
@@ -34,6 +53,7 @@ class TritonPythonModel:
 
         import aot.loader
 
+        check_numpy_bridge(pb_utils)
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}

@@ -1,6 +1,6 @@
 """``aotpack serve --device cuda`` on a GPU: the bundle's answers over gRPC equal the runner's on the
-same GPU, and concurrent single-row requests are batched. Needs nvidia-pytriton on the GPU machine
-(see bench/serve_load.py for carrying its wheels there).
+same GPU, and concurrent single-row requests are batched. Needs nvidia-pytriton's tritonserver on the
+GPU machine (bench/device_serve.sh carries its wheels there and runs this test).
 
     AOTPACK_GPU_BUNDLES=/path/with/mlp.tpk pytest -m gpu tests/gpu/test_serve_gpu.py
 """
@@ -24,12 +24,16 @@ BUNDLES = Path(os.environ.get("AOTPACK_GPU_BUNDLES", "bundles"))
 
 @pytest.fixture(scope="module")
 def served():
+    from aot.errors import EnvError
     from aot.serve.config import open_spec
-    from aot.serve.triton import TritonServer, write_model
+    from aot.serve.triton import TritonServer, find_tritonserver, write_model
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    pytest.importorskip("pytriton")
+    try:  # the wheel's files only (importing pytriton would import its client and its needs)
+        find_tritonserver()
+    except EnvError as e:
+        pytest.skip(str(e))
     bundle = BUNDLES / "mlp.tpk"
     if not bundle.is_file():
         pytest.skip(f"no {bundle}")

@@ -2,7 +2,8 @@
 v2 answers over HTTP and gRPC equal the runner's, concurrent requests are batched and each gets its
 own answer, requests outside the guards get the GuardError text as a 400-class error while the
 server keeps serving, metrics are exported, SIGTERM drains and exits 0, a model that fails to load
-is reported in one line, and a ``triton-repo`` repository serves as it is."""
+is reported in one line, a ``triton-repo`` repository serves as it is, and the backend stub embeds
+this interpreter whatever ``python3`` PATH finds first."""
 
 from __future__ import annotations
 
@@ -271,6 +272,33 @@ def test_a_triton_repo_repository_is_served_by_the_real_server(tmp_path, bundles
         given = httpclient.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
         got = client.infer("served-repo", [given]).as_numpy("output")
+        client.close()
+        np.testing.assert_allclose(got, expected(runner, x), atol=ATOL, rtol=0)
+    finally:
+        assert server.stop() == 0
+
+
+def test_the_stub_embeds_this_interpreter_whatever_python3_path_finds_first(
+    tmp_path, bundles, runner, monkeypatch
+):
+    import tritonclient.http as httpclient
+
+    from aot.serve.config import open_spec
+    from aot.serve.triton import TritonServer, write_model
+
+    # The stub's Python takes the first python3 on PATH as its own; another install's (here the
+    # system's, if any) would give it the wrong standard library, site-packages and numpy.
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    spec = open_spec(bundles(MODEL))
+    write_model(tmp_path, spec, str(bundles(MODEL)), "cpu", 100)
+    server = TritonServer(tmp_path, spec.name, *free_ports(3), address="127.0.0.1", drain_timeout=5)
+    server.start(timeout=120)
+    try:
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        x = x_of(2, 12, seed=3)
+        given = httpclient.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        got = client.infer(MODEL, [given]).as_numpy("output")
         client.close()
         np.testing.assert_allclose(got, expected(runner, x), atol=ATOL, rtol=0)
     finally:
