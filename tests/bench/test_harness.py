@@ -16,6 +16,7 @@ torch.compile 1.2e-3 of the scale (mlp) and 9e-4 (llama). An eager module whose 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,6 +58,7 @@ def test_smoke_run(tmp_path):
     done = subprocess.run(
         [*cmd, "--bundles", str(bundles), "--out", str(out)],
         cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # run.py's scratch folder (outputs, caches)
         capture_output=True,
         text=True,
         timeout=900,
