@@ -1,61 +1,130 @@
-"""Shared pieces of the benchmark: model construction from a weights file, inputs, shapes.
+"""Shared pieces of the benchmark: model files, shapes, inputs, model construction from a weights
+file, timing.
 
-Every system loads the same fp16 weights from a safetensors file (not random init, which would
-put seconds of initialization into every cold start but aotpack's).
+Models: the example models (``models/{mlp,gpt,cnn}.py``) and real ones from the libraries users
+deploy (``bench/models/{llama,resnet50,convnext_tiny}.py``: transformers and timm). Every system
+loads the same fp16 weights from a safetensors file (not random init, which would put seconds of
+initialization into every cold start but aotpack's).
+
+``AOTPACK_BENCH_SMOKE=1`` (``bench/run.py --smoke``) checks the harness without a GPU: tiny
+shapes, a few calls, and the real-model files switch to tiny configurations.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The shapes each model is timed at: symbol values.
-SHAPES = {
+MODEL_DIRS = (ROOT / "models", ROOT / "bench" / "models")
+SMOKE = os.environ.get("AOTPACK_BENCH_SMOKE") == "1"
+# The shapes each model is timed at: symbol values. Every one is a CUDA-graph bucket of its model
+# file, so no system pads, and `aotpack tune --bucket` tunes exactly these.
+GPU_SHAPES = {
     "mlp": [{"batch": 1}, {"batch": 8}],
     "gpt": [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 128}, {"batch": 1, "seq": 1}],
     "cnn": [{"batch": 1}, {"batch": 8}],
+    "llama": [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 128}, {"batch": 1, "seq": 1}],
+    "resnet50": [{"batch": 1}, {"batch": 8}],
+    "convnext_tiny": [{"batch": 1}, {"batch": 8}],
 }
-WARMUP = 20
-CALLS = 200
+SMOKE_SHAPES = {
+    "mlp": [{"batch": 1}, {"batch": 2}],
+    "gpt": [{"batch": 1, "seq": 8}, {"batch": 1, "seq": 1}],
+    "cnn": [{"batch": 1}, {"batch": 2}],
+    "llama": [{"batch": 1, "seq": 8}, {"batch": 2, "seq": 8}, {"batch": 1, "seq": 1}],
+    "resnet50": [{"batch": 1}, {"batch": 2}],
+    "convnext_tiny": [{"batch": 1}, {"batch": 2}],
+}
+SHAPES = SMOKE_SHAPES if SMOKE else GPU_SHAPES
+WARMUP = 2 if SMOKE else 20
+CALLS = 5 if SMOKE else 200
 
 
 def shape_label(sizes: dict[str, int]) -> str:
     return " ".join(f"{k[0].upper()}={v}" for k, v in sizes.items())
 
 
-def make_inputs(model: str, sizes: dict[str, int], device: str = "cuda") -> list:
-    import torch
-
-    gen = torch.Generator().manual_seed(1234 + sum(sizes.values()))
-    if model == "mlp":
-        x = torch.randn(sizes["batch"], 1024, generator=gen).half()
-    elif model == "gpt":
-        x = torch.randint(0, 50257, (sizes["batch"], sizes["seq"]), generator=gen)
-    else:
-        x = torch.randn(sizes["batch"], 3, 224, 224, generator=gen).half()
-    return [x.to(device)]
+def model_file(model: str) -> Path:
+    for folder in MODEL_DIRS:
+        path = folder / f"{model}.py"
+        if path.is_file():
+            return path
+    raise SystemExit(f"no model file {model}.py in {' or '.join(str(d) for d in MODEL_DIRS)}")
 
 
+@functools.cache
 def load_spec(model: str):
+    """The model file's ``spec``. Real-model files import their library only when the module is
+    built, so reading the spec (for the inputs) stays cheap in every worker."""
     from aot.tracer import load_model_file
 
-    return load_model_file(ROOT / "models" / f"{model}.py")
+    return load_model_file(model_file(model))
+
+
+def make_inputs(model: str, sizes: dict[str, int], device: str = "cuda") -> list:
+    """The spec's inputs at ``sizes``, seeded by the sizes: token ids below the input's ``high``,
+    float values (standard normal) at the model's dtype."""
+    import torch
+
+    from aot import Dim
+
+    spec = load_spec(model)
+    gen = torch.Generator().manual_seed(1234 + sum(sizes.values()))
+    out = []
+    for inp in spec.inputs:
+        shape = [sizes[s.name] if isinstance(s, Dim) else s for s in inp.shape]
+        dtype = getattr(torch, inp.dtype or spec.dtype)
+        if dtype.is_floating_point:
+            x = torch.randn(shape, generator=gen).to(dtype)
+        else:
+            x = torch.randint(int(inp.low), int(inp.high), shape, generator=gen, dtype=dtype)
+        out.append(x.to(device))
+    return out
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Parameters created on the meta device (their initialization costs nothing), buffers for
+    real: non-persistent buffers (a rotary embedding's ``inv_freq``) are computed when the module
+    is built and are in no weights file."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(self, name, param):
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(self, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
 
 
 def build_module(model: str, weights: str, device: str = "cuda"):
-    """The model file's module in fp16 on ``device`` with weights read from ``weights``: built on
-    the meta device (no init cost), materialized empty, tied parameters re-tied, then loaded."""
+    """The model file's module at its dtype on ``device`` with weights read from ``weights``:
+    parameters built on the meta device (no init cost), materialized empty, tied parameters
+    re-tied, then loaded; buffers the weights file lacks keep the values they were built with."""
     import torch
     from safetensors.torch import load_file
 
     spec = load_spec(model)
-    with torch.device("meta"):
+    with parameters_on_meta():
         module = spec.module()
     ties: dict[int, list[str]] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
         ties.setdefault(id(p), []).append(name)
-    module = module.to(getattr(torch, spec.dtype)).to_empty(device=device)
+    module = module.to(getattr(torch, spec.dtype))
+    buffers = {name: b.to(device) for name, b in module.named_buffers()}
+    module = module.to_empty(device=device)
+    for name, b in buffers.items():
+        module.get_buffer(name).copy_(b)
     state = load_file(weights, device=device)
     expected = module.state_dict()
     for k, v in state.items():  # aotpack pads unaligned matmul weights with zero rows: drop them
@@ -75,16 +144,37 @@ def build_module(model: str, weights: str, device: str = "cuda"):
     return module.eval()
 
 
-def timed_calls(fn, inputs, calls: int = CALLS, warmup: int = WARMUP) -> list[float]:
+def first_tensor(out):
+    """The first tensor of a model's output: a tensor, tuple, list, dict, ``ModelOutput`` (a dict
+    of its non-None fields) or a bundle's ``Record``: a causal LM's logits."""
     import torch
 
+    if isinstance(out, torch.Tensor):
+        return out
+    values = out.values() if hasattr(out, "values") else out
+    for v in values:
+        if v is not None:
+            found = first_tensor(v)
+            if found is not None:
+                return found
+    return None
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed_calls(fn, inputs, calls: int = CALLS, warmup: int = WARMUP, device: str = "cuda") -> list[float]:
     for _ in range(warmup):
         fn(*inputs)
-    torch.cuda.synchronize()
+    synchronize(device)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
         fn(*inputs)
-        torch.cuda.synchronize()
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return times

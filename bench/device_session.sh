@@ -3,6 +3,7 @@
 # steps, each under its own time limit, keeping every log and result in $OUT/results.tgz (re-packed
 # after each step, so a step cut off by the command's limit still returns what came before it).
 #   DEADLINE=580 bash bench/device_session.sh generate:150 decode-gpt2:200 runtime:120 ...
+#   DEADLINE=580 bash bench/device_session.sh run-llama:570      (RUN_SYSTEMS, RUN_JOBS: run.py's --systems, --jobs)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system) and DECODE_PROFILE=1 (kernel tables per aotpack system and batch).
@@ -39,7 +40,8 @@ for item in "$@"; do
     gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
     decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_PROFILE:+--profile}) ;;
-    run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"}) ;;
+    # run-MODELS (comma-separated): bench/run.py builds what .bundles lacks here (real models always)
+    run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
     *) echo "unknown step $step"; continue ;;
   esac

@@ -1,9 +1,31 @@
-"""Benchmark driver: every system in its own fresh process, on one GPU, in one run.
+"""Benchmark driver: every system in its own fresh process, on one device, in one run.
 
     python bench/run.py --models mlp,cnn --bundles .bundles --out OUT_DIR
+    python bench/run.py --models llama,resnet50,convnext_tiny --out OUT_DIR   # builds what is missing
+    python bench/run.py --device cpu --smoke --models mlp,llama --bundles B --out OUT_DIR
 
-Writes OUT_DIR/results-<models>.json after every measurement (a timeout keeps what was done);
-``bench/report.py`` turns result files into RESULTS.md.
+First, before anything is timed, the files each model's systems load are made where missing
+(in ``--bundles``, up to ``--jobs`` at a time: they use the CPU, and their seconds are recorded
+with how many ran at once):
+
+- ``MODEL.state.safetensors``: the model file's seeded module (``bench/state_dict.py``), the
+  weights every system but aotpack loads, and every bundle built here is built from;
+- ``MODEL.tpk``: ``aotpack build --split-weights --arch <this device's> --weights STATE``; a
+  prebuilt one (an example model's, from a CPU box) holds the same seeded weights, its split
+  weights re-created and checked against its sha256 by ``bench/device_setup.sh``;
+- ``MODEL-gemm.tpk`` (for aotpack-tuned): the same build with ``--gemm-candidates`` (its weights
+  file differs from ``MODEL.tpk``'s: with candidates the build leaves sibling matmuls apart, for
+  tune to choose between library GEMMs and fused candidates, where without it stacks them);
+- ``MODEL.pt2`` (for aoti, in a scratch folder): ``bench/aoti_build.py``.
+
+Then per model: ``aotpack tune`` of the GEMM bundle at the measured shapes only (alone on the
+GPU, into ``MODEL-tuned.tpk`` beside the weights it shares), then each system in a fresh process.
+Every system's outputs are compared with eager's at the end (``max_abs_err``): one that ran other
+weights would show there. Writes OUT_DIR/results-<models>.json after every measurement (a
+timeout keeps what was done); ``bench/report.py`` turns result files into RESULTS.md.
+
+``--smoke`` (``AOTPACK_BENCH_SMOKE=1`` for every process) checks the harness on a CPU: tiny
+shapes, a few calls, tiny real-model configs, the systems that run there (eager, compile, aotpack).
 """
 
 from __future__ import annotations
@@ -12,15 +34,30 @@ import argparse
 import datetime
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("eager", "graph", "compile", "reduce-overhead", "aoti", "aotpack", "aotpack-borrow")
-TIMEOUT = 300
+SYSTEMS = (
+    "eager",
+    "graph",
+    "compile",
+    "reduce-overhead",
+    "aoti",
+    "aotpack",
+    "aotpack-tuned",
+    "aotpack-borrow",
+)
+CPU_SYSTEMS = ("eager", "compile", "aotpack")
+TIMEOUT = 300  # seconds one worker may take
+BUILD_TIMEOUT = 400  # seconds one build may take
+TUNE_REPEATS = 50  # timed CUDA-graph replays per GEMM form (aotpack tune's default)
+JOBS = 4  # builds at once: each is mostly one core (tracing) or its own worker pool (compiling)
 
 
 def spawn(args: list[str], env: dict | None = None, timeout: int = TIMEOUT) -> tuple[dict | None, str]:
@@ -36,8 +73,30 @@ def spawn(args: list[str], env: dict | None = None, timeout: int = TIMEOUT) -> t
         return None, f"timed out after {timeout}s"
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
-        return None, (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return None, _last_line(p)
     return json.loads(lines[-1]), ""
+
+
+def _last_line(p: subprocess.CompletedProcess) -> str:
+    """What went wrong, in one line: the last exception line of stderr, else its last line."""
+    lines = (p.stderr or "").strip().splitlines() or (p.stdout or "").strip().splitlines() or ["no output"]
+    errors = [ln for ln in lines if ln and not ln[0].isspace() and ("Error" in ln or "Exception" in ln)]
+    return (errors or lines)[-1][:300]
+
+
+def timed_command(cmd: list[str], timeout: int = BUILD_TIMEOUT) -> dict:
+    """Run a build step; its wall seconds, or why it failed."""
+    start = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout}s"}
+    record = {"seconds": time.time() - start}
+    if p.returncode != 0:
+        record["error"] = _last_line(p)
+    elif p.stdout.strip():
+        record["said"] = p.stdout.strip().splitlines()[-1][:300]
+    return record
 
 
 def import_torch_floor() -> float:
@@ -49,59 +108,168 @@ def import_torch_floor() -> float:
     return sorted(times)[1]
 
 
-def device_info() -> dict:
+def device_info(device: str) -> dict:
     import torch
     import triton
 
-    smi = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "nvidia_smi": smi,
+    sys.path.insert(0, str(HERE))
+    from decode import bandwidth_of
+
+    info = {
+        "gpu": "cpu",
+        "nvidia_smi": "",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": sys.version.split()[0],
         "date": datetime.date.today().isoformat(),
+        "bandwidth_bytes_per_s": bandwidth_of(device, None),
     }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+        info["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    return info
+
+
+def device_arch(device: str) -> str:
+    """The arch the bundles built here compile for: this GPU's, or sm_90 on a CPU run."""
+    if not device.startswith("cuda"):
+        return "sm_90"
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def split_weights(bundle: Path) -> Path:
+    """The split weights file beside ``bundle``, as its manifest names it."""
+    from aot.loader.bundle import open_bundle
+
+    opened = open_bundle(bundle)
+    try:
+        return opened.external_path()
+    finally:
+        opened.close()
+
+
+def tensor_bytes(path: Path) -> int:
+    """Bytes of the tensors in a safetensors file (its header excluded)."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+
+
+def prepare(models: list[str], systems: list[str], bundles: Path, work: Path, device: str, jobs: int) -> dict:
+    """Per model: the files its systems load, made where missing (see the module docstring), as
+    {model: {"weights", "bundle", "gemm", "package": paths, "builds": {step: record}}}."""
+    from common import load_spec, model_file
+
+    arch = device_arch(device)
+    aotpack = [sys.executable, "-m", "aot.cli", "build", "--split-weights", "--arch", arch, "-q"]
+    plan: dict = {}
+    states, builds = [], []  # (model, step, command): states first, every build may read one
+    for model in models:
+        load_spec(model)  # a broken model file fails here, not after minutes of building
+        source = str(model_file(model))
+        bundle, state = bundles / f"{model}.tpk", bundles / f"{model}.state.safetensors"
+        p = plan[model] = {"bundle": bundle, "gemm": bundles / f"{model}-gemm.tpk", "builds": {}}
+        p["package"] = work / f"{model}.pt2"
+        p["weights"] = state
+        if not state.exists():
+            states.append((model, "state", [sys.executable, str(HERE / "state_dict.py"), source, str(state)]))
+        if not bundle.exists():
+            builds.append((model, "aotpack", [*aotpack, source, "-o", str(bundle), "--weights", str(state)]))
+        if "aotpack-tuned" in systems and not p["gemm"].exists():
+            gemm = [*aotpack, source, "-o", str(p["gemm"]), "--gemm-candidates", "--weights", str(state)]
+            builds.append((model, "aotpack-gemm", gemm))
+        if "aoti" in systems:
+            aoti = [str(HERE / "aoti_build.py"), model, "--weights", str(p["weights"]), "--device", device]
+            builds.append((model, "aoti", [sys.executable, *aoti, "--package", str(p["package"])]))
+    builds.sort(key=lambda step: step[1] != "aoti")  # the longest first
+    for wave in (states, builds):
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            records = list(pool.map(lambda step: timed_command(step[2]), wave))
+        for (model, step, _), record in zip(wave, records):
+            record["at_once"] = min(jobs, len(wave))  # at most; fewer once the others are done
+            plan[model]["builds"][step] = record
+            took = f"ERROR {record['error']}" if "error" in record else f"{record['seconds']:.1f}s"
+            print(f"{model:13} build {step:12} {took} (up to {record['at_once']} at once)", flush=True)
+    return plan
+
+
+def tune(model: str, gemm: Path, tuned: Path, shapes: list[dict[str, int]]) -> dict:
+    """``aotpack tune`` of ``gemm`` at ``shapes`` only, into ``tuned`` (beside the weights it shares)."""
+    buckets = [a for sizes in shapes for a in ("--bucket", ",".join(f"{k}={v}" for k, v in sizes.items()))]
+    cmd = [sys.executable, "-m", "aot.cli", "tune", str(gemm), "-o", str(tuned)]
+    cmd += ["--repeats", str(TUNE_REPEATS)]
+    record = timed_command([*cmd, *buckets])
+    took = f"ERROR {record['error']}" if "error" in record else f"{record['seconds']:.1f}s"
+    print(f"{model:13} tune  {took}", flush=True)
+    return record
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="mlp,gpt,cnn")
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", help=f"[default: {','.join(SYSTEMS)}; on a CPU {','.join(CPU_SYSTEMS)}]")
     ap.add_argument("--bundles", default=".bundles")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda", help="cuda or cpu [default: cuda]")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes and configs, a few calls: the harness")
+    ap.add_argument("--jobs", type=int, default=JOBS, help=f"builds at once [default: {JOBS}]")
     args = ap.parse_args()
-    out = Path(args.out)
+    if args.smoke:
+        os.environ["AOTPACK_BENCH_SMOKE"] = "1"  # before common is imported; every child inherits it
+    sys.path.insert(0, str(HERE))
+    from common import CALLS, SHAPES, WARMUP
+
+    out, bundles = Path(args.out), Path(args.bundles)
     out.mkdir(parents=True, exist_ok=True)
+    bundles.mkdir(parents=True, exist_ok=True)
     models = args.models.split(",")
-    results: dict = {"device": device_info(), "import_torch_s": import_torch_floor(), "runs": []}
+    systems = (args.systems or ",".join(SYSTEMS if args.device.startswith("cuda") else CPU_SYSTEMS)).split(
+        ","
+    )
+    results: dict = {
+        "device": device_info(args.device),
+        "import_torch_s": import_torch_floor(),
+        "smoke": args.smoke,
+        "calls": CALLS,
+        "warmup": WARMUP,
+        "runs": [],
+    }
     path = out / f"results-{'-'.join(models)}.json"
     work = Path(tempfile.mkdtemp(prefix="aotbench-"))
 
     def save():
         path.write_text(json.dumps(results, indent=1))
 
+    plan = prepare(models, systems, bundles, work, args.device, args.jobs)
     for model in models:
-        bundle = Path(args.bundles) / f"{model}.tpk"
-        weights = next(Path(args.bundles).glob(f"{model}.weights.*.safetensors"))
-        results.setdefault("bundle_bytes", {})[model] = bundle.stat().st_size + weights.stat().st_size
-        results.setdefault("weights_bytes", {})[model] = weights.stat().st_size
-        for system in args.systems.split(","):
-            base = [
-                "bench/worker.py",
-                system,
-                model,
-                "--spawned-at",
-                "0",
-                "--weights",
-                str(weights),
-                "--out",
-                str(work),
-            ]
+        p = plan[model]
+        builds = results.setdefault("builds", {})[model] = {k: dict(v) for k, v in p["builds"].items()}
+        if p["bundle"].exists():
+            weights = split_weights(p["bundle"])
+            results.setdefault("bundle_bytes", {})[model] = (
+                p["bundle"].stat().st_size + weights.stat().st_size
+            )
+            results.setdefault("weights_bytes", {})[model] = weights.stat().st_size
+            # the weights a call must read at least once: the bundle's (tied ones stored once)
+            results.setdefault("weight_tensor_bytes", {})[model] = tensor_bytes(weights)
+        tuned, why_not_tuned = bundles / f"{model}-tuned.tpk", ""
+        if "aotpack-tuned" in systems:
+            if not p["gemm"].exists():
+                why_not_tuned = "no bundle: " + builds.get("aotpack-gemm", {}).get("error", "")
+            else:
+                builds["tune"] = tune(model, p["gemm"], tuned, SHAPES[model])
+                why_not_tuned = builds["tune"].get("error", "")
+        for system in systems:
+            worker = [str(HERE / "worker.py"), system, model, "--spawned-at", "0"]
+            base = [*worker, "--weights", str(p["weights"]), "--out", str(work), "--device", args.device]
             runs = []
             if system in ("compile", "reduce-overhead"):
                 cache = work / f"cache-{model}-{system}"
@@ -110,39 +278,52 @@ def main() -> None:
                     r, err = spawn(base, env)
                     runs.append((label, r, err))
             elif system == "aoti":
-                package = work / f"{model}.pt2"
-                b, err = spawn(
-                    ["bench/aoti_build.py", model, "--weights", str(weights), "--package", str(package)],
-                    timeout=400,
-                )
-                if b is None:
-                    runs.append(("build", None, err))
+                if "error" in builds["aoti"]:
+                    runs.append(("build", None, builds["aoti"]["error"]))
                 else:
                     preload = subprocess.run(
                         ["g++", "-print-file-name=libstdc++.so.6"], capture_output=True, text=True
                     ).stdout.strip()
                     r, err = spawn(
-                        [*base, "--package", str(package)], {"LD_PRELOAD": preload} if preload else {}
+                        [*base, "--package", str(p["package"])], {"LD_PRELOAD": preload} if preload else {}
                     )
                     if r is not None:
-                        r["build_s"] = b["build_s"]
-                        r["artifact_bytes"] = package.stat().st_size
+                        r["build_s"] = builds["aoti"]["seconds"]
+                        r["artifact_bytes"] = p["package"].stat().st_size
                     runs.append(("cold", r, err))
+            elif system.startswith("aotpack"):
+                bundle = tuned if system == "aotpack-tuned" else p["bundle"]
+                if system == "aotpack-tuned" and why_not_tuned:
+                    r, err = None, why_not_tuned
+                elif not bundle.exists():
+                    r, err = None, "no bundle: " + builds.get("aotpack", {}).get("error", "")
+                else:
+                    r, err = spawn([*base, "--bundle", str(bundle)])
+                if r is not None and system == "aotpack" and "aotpack" in builds:
+                    r["build_s"] = builds["aotpack"]["seconds"]
+                if r is not None and system == "aotpack-tuned":
+                    r["build_s"] = builds.get("aotpack-gemm", {}).get("seconds")
+                    r["tune_s"] = builds["tune"]["seconds"]
+                runs.append(("cold", r, err))
             else:
-                extra = ["--bundle", str(bundle)] if system.startswith("aotpack") else []
-                r, err = spawn([*base, *extra])
+                r, err = spawn(base)
                 runs.append(("cold", r, err))
             for label, r, err in runs:
                 entry = {"model": model, "system": system, "run": label, "error": err}
                 if r is not None:
                     entry.update(r)
                 results["runs"].append(entry)
+                memory = (
+                    f" device {r['device_mem_mb']:.0f} MiB, peak alloc {r['peak_alloc_mb']:.0f} MiB"
+                    if r and "device_mem_mb" in r
+                    else ""
+                )
                 print(
-                    f"{model:4} {system:16} {label:5} "
+                    f"{model:13} {system:16} {label:5} "
                     + (
                         f"cold {r['cold_start_s']:.1f}s "
                         + " ".join(f"{k}: {v['median_ms']:.3f}ms" for k, v in r["shapes"].items())
-                        + f" device {r['device_mem_mb']:.0f} MiB, peak alloc {r['peak_alloc_mb']:.0f} MiB"
+                        + memory
                         if r
                         else f"ERROR {err}"
                     ),
@@ -161,6 +342,7 @@ def main() -> None:
                     got = load_file(str(f))
                     for k, v in entry["shapes"].items():
                         v["max_abs_err"] = (got[k] - ref[k]).abs().max().item()
+                        v["ref_scale"] = ref[k].abs().max().item()
         save()
     print(f"wrote {path}")
 

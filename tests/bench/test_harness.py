@@ -1,0 +1,155 @@
+"""The benchmark harness (``bench/run.py``, ``bench/worker.py``, ``bench/report.py``) without a GPU.
+
+``test_smoke_run`` runs ``bench/run.py --device cpu --smoke`` for an example model (mlp) and a real
+one (the Llama-style model from transformers, at decode.py's tiny config): the harness builds
+the state dict and the bundles itself, as it does on the GPU machine, then runs eager,
+torch.compile (cold and warm) and aotpack, each in its own process, through the worker's code.
+
+Tolerance: aotpack's and torch.compile's outputs match eager's within float16's relative
+tolerance of the outputs' scale (``aot.dtypes.tolerance``: max |x - eager| <= 1e-2 * max |eager|)
+at every shape; the scale itself, not at least 1, since the tiny Llama's logits stay below 1.
+Seen on a 2-core CPU (torch 2.13): aotpack 0 (its CPU path runs eager's ATen ops),
+torch.compile 1.2e-3 of the scale (mlp) and 9e-4 (llama). An eager module whose rotary
+``inv_freq`` was left uninitialized differed from the bundle by 2.5e-2 of the scale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from aot.dtypes import tolerance
+from tests.conftest import ROOT
+
+SYSTEMS = ("eager", "compile", "aotpack")
+# smoke shapes (bench/common.py SMOKE_SHAPES) -> (input bytes, output bytes), at float16 and int64
+MLP_IO = {"B=1": (1 * 1024 * 2, 1 * 1024 * 2), "B=2": (2 * 1024 * 2, 2 * 1024 * 2)}
+LLAMA_VOCAB = 128
+LLAMA_IO = {f"B={b} S={s}": (b * s * 8, b * s * LLAMA_VOCAB * 2) for b, s in ((1, 8), (2, 8), (1, 1))}
+MLP_WEIGHT_BYTES = 2 * (4 * (2 * 1024 + 1024 * 4096 + 4096 + 4096 * 1024 + 1024) + 2 * 1024)
+
+
+def report(results: dict, tmp_path) -> str:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "report.py"), str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def row(text: str, model: str, shape: str) -> list[str]:
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {model} | {shape} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+@pytest.mark.slow
+def test_smoke_run(tmp_path):
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    out, bundles = tmp_path / "out", tmp_path / "bundles"
+    cmd = [sys.executable, "bench/run.py", "--device", "cpu", "--smoke", "--models", "mlp,llama"]
+    done = subprocess.run(
+        [*cmd, "--bundles", str(bundles), "--out", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # run.py's scratch folder (outputs, caches)
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((out / "results-mlp-llama.json").read_text())
+    assert results["smoke"] and results["device"]["gpu"] == "cpu"
+
+    # the harness built what the run needed: the state dict every other system loads, the bundle
+    for model in ("mlp", "llama"):
+        assert (bundles / f"{model}.state.safetensors").is_file()
+        assert (bundles / f"{model}.tpk").is_file()
+        assert set(results["builds"][model]) == {"state", "aotpack"}
+        assert all("error" not in b and b["seconds"] > 0 for b in results["builds"][model].values())
+    assert results["weight_tensor_bytes"]["mlp"] == MLP_WEIGHT_BYTES
+
+    rtol = tolerance("float16").rtol
+    for model, io in (("mlp", MLP_IO), ("llama", LLAMA_IO)):
+        runs = [r for r in results["runs"] if r["model"] == model]
+        assert sorted((r["system"], r["run"]) for r in runs) == sorted(
+            [("eager", "cold"), ("compile", "cold"), ("compile", "warm"), ("aotpack", "cold")]
+        )
+        for r in runs:
+            assert r["error"] == "", (model, r["system"], r["error"])
+            assert list(r["shapes"]) == list(io), (model, r["system"])
+            assert r["cold_start_s"] > 0
+            for shape, v in r["shapes"].items():
+                assert v["median_ms"] > 0 and v["p90_ms"] >= v["median_ms"]
+                assert (v["input_bytes"], v["output_bytes"]) == io[shape], (model, r["system"], shape)
+                assert v["ref_scale"] > 0.1, f"{model} {shape}: eager's outputs are nearly zero"
+                assert v["max_abs_err"] <= rtol * v["ref_scale"], (model, r["system"], shape, v)
+
+    # the report puts the floor beside each row: (weights + inputs + outputs) / bandwidth
+    text = report(results, tmp_path)
+    bandwidth = results["device"]["bandwidth_bytes_per_s"]
+    floor = (MLP_WEIGHT_BYTES + sum(MLP_IO["B=2"])) / bandwidth * 1e3
+    cells = row(text, "mlp", "B=2")
+    assert cells[2] == f"{floor:.3f}"
+    aotpack = results["runs"][[(r["model"], r["system"]) for r in results["runs"]].index(("mlp", "aotpack"))]
+    assert cells[-1] == f"{aotpack['shapes']['B=2']['median_ms'] / floor:.2f}"
+
+
+def _results(gpu: str) -> dict:
+    shapes = {"B=8 S=128": {"median_ms": 2.0, "p90_ms": 2.5, "input_bytes": 8192, "output_bytes": 65536000}}
+    runs = [
+        {
+            "model": "llama",
+            "system": s,
+            "run": "warm" if s == "compile" else "cold",
+            "error": "",
+            "shapes": shapes,
+        }
+        for s in ("eager", "compile", "aotpack")
+    ]
+    return {
+        "device": {
+            "gpu": gpu,
+            "nvidia_smi": "",
+            "torch": "2.11",
+            "triton": "3.6",
+            "python": "3.12",
+            "date": "-",
+        },
+        "import_torch_s": 3.0,
+        "runs": runs,
+        "weight_tensor_bytes": {"llama": 1_000_000_000},
+        "weights_bytes": {"llama": 1_000_010_000},
+        "builds": {"llama": {"aotpack": {"seconds": 40.0, "at_once": 3}}},
+    }
+
+
+@pytest.mark.parametrize("gpu, bandwidth", [("NVIDIA H100 80GB HBM3", 3.35e12), ("NVIDIA H200", 4.8e12)])
+def test_report_floor_by_device_name(tmp_path, gpu, bandwidth):
+    text = report(_results(gpu), tmp_path)
+    floor = (1_000_000_000 + 8192 + 65536000) / bandwidth * 1e3
+    cells = row(text, "llama", "B=8 S=128")
+    assert cells[2] == f"{floor:.3f}"
+    assert cells[-1] == f"{2.0 / floor:.2f}"
+    assert f"({bandwidth / 1e12:.2f} TB/s)" in text
+    assert "| llama | — | 40.0 s (3) |" in text  # the aotpack build, with how many ran at once
+
+
+def test_report_floor_of_older_results(tmp_path):
+    """Result files from before the worker recorded bytes: the model file says them."""
+    results = _results("NVIDIA H200")
+    for r in results["runs"]:
+        r["model"] = "mlp"
+        r["shapes"] = {"B=8": {"median_ms": 0.1, "p90_ms": 0.1}}
+    results["weight_tensor_bytes"] = {}
+    results["weights_bytes"] = {"mlp": MLP_WEIGHT_BYTES}
+    results["builds"] = {}
+    text = report(results, tmp_path)
+    floor = (MLP_WEIGHT_BYTES + 2 * 8 * 1024 * 2) / 4.8e12 * 1e3
+    assert row(text, "mlp", "B=8")[2] == f"{floor:.3f}"
