@@ -195,6 +195,20 @@ def test_metrics_endpoint(served):
         assert f'{name}{{model="{MODEL}",version="1"}}' in text
 
 
+def _pending(server: Served, model: str, want: int, within: float) -> int:
+    """Triton's count of requests waiting for ``model``, polled until it reaches ``want`` or
+    ``within`` seconds pass."""
+    pattern = re.compile(rf'nv_inference_pending_request_count\{{model="{model}",version="1"\}} (\d+)')
+    deadline, count = time.monotonic() + within, 0
+    while True:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics}/metrics", timeout=5).read().decode()
+        found = pattern.search(text)
+        count = int(found.group(1)) if found else 0
+        if count >= want or time.monotonic() > deadline:
+            return count
+        time.sleep(0.02)
+
+
 def test_sigterm_drains_and_exits_zero(bundles, runner):
     """Requests still waiting in the batcher's queue (a 3 s queue delay) when SIGTERM comes, one over
     gRPC and one over HTTP, are answered before the server exits 0."""
@@ -204,16 +218,18 @@ def test_sigterm_drains_and_exits_zero(bundles, runner):
 
     server = Served(bundles(MODEL), "--max-queue-delay-us=3000000")
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
-    x = x_of(1)
+    x = x_of(3)
     given = grpcclient.InferInput("x", list(x.shape), "FP32")
     given.set_data_from_numpy(x)
     answers: queue.Queue = queue.Queue()
     client.async_infer(
         MODEL, [given], callback=lambda result, error: answers.put((result, error, time.monotonic()))
     )
-    x2 = x_of(2, seed=5)  # 1 + 2 rows: no preferred size (2, 4, ...) is met, so both wait in the queue
+    # 3 rows each, 6 together: no preferred size (the batch buckets above 1: 2, 4, 8, 16) is met in whichever
+    # order they arrive, so both wait in the queue (2 rows alone met one and ran at once)
+    x2 = x_of(3, seed=5)
     body = json.dumps(
-        {"inputs": [{"name": "x", "shape": [2, 16, 16], "datatype": "FP32", "data": x2.flatten().tolist()}]}
+        {"inputs": [{"name": "x", "shape": [3, 16, 16], "datatype": "FP32", "data": x2.flatten().tolist()}]}
     ).encode()
     url = f"http://127.0.0.1:{server.http}/v2/models/{MODEL}/infer"
     over_http: queue.Queue = queue.Queue()
@@ -223,7 +239,9 @@ def test_sigterm_drains_and_exits_zero(bundles, runner):
         over_http.put((answer, time.monotonic()))
 
     threading.Thread(target=post, daemon=True).start()
-    time.sleep(1.0)  # both in the batcher's queue now
+    # SIGTERM once both wait in the batcher's queue (Triton's pending-request gauge), well inside
+    # the 3 s delay: a fixed sleep lost the HTTP request on a loaded machine, before it was sent
+    assert _pending(server, MODEL, want=2, within=2.5) == 2, "the two requests never reached the queue"
     start = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     result, error, answered = answers.get(timeout=30)
