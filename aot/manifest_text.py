@@ -90,15 +90,8 @@ def program_lines(entries, contract: Guards | None = None) -> tuple[str, ...]:
     its guards admit; for an entry point, first the sizes it fixes (``seq == 1``), read off its
     inputs against the bundle's ``contract``."""
     out = []
-    declared = {i.name: i.shape for i in contract.inputs} if contract is not None else {}
     for e in entries:
-        fixed: list[str] = []
-        if e.entry:
-            for inp in e.guards.inputs:
-                for mine, theirs in zip(inp.shape, declared.get(inp.name, ())):
-                    text = f"{theirs} == {mine}"
-                    if static_size(mine) is not None and static_size(theirs) is None and text not in fixed:
-                        fixed.append(text)
+        fixed = [f"{name} == {size}" for name, size in fixed_sizes(e.guards, contract)] if e.entry else []
         sets = "; ".join(
             [*sorted(fixed), *(admissible_text(s) for s in sorted(e.guards.symbols, key=lambda s: s.name))]
         )
@@ -106,6 +99,20 @@ def program_lines(entries, contract: Guards | None = None) -> tuple[str, ...]:
         what = "; ".join(x for x in (sets, rel) if x) or "its static sizes"
         out.append(f"{_one_line(e.entry or e.name)}  admits  {_one_line(what)}")
     return tuple(out)
+
+
+def fixed_sizes(guards: Guards, contract: Guards | None) -> list[tuple[str, int]]:
+    """The sizes a program's ``guards`` fix that the bundle's ``contract`` leaves free, read off
+    the inputs (a decode entry point's ``input_ids [batch, 1]`` against ``[batch, seq]``: ``seq``
+    is 1), each (symbol, size) once, in input order."""
+    declared = {i.name: i.shape for i in contract.inputs} if contract is not None else {}
+    fixed: list[tuple[str, int]] = []
+    for inp in guards.inputs:
+        for mine, theirs in zip(inp.shape, declared.get(inp.name, ())):
+            size = static_size(mine)
+            if size is not None and static_size(theirs) is None and (theirs, size) not in fixed:
+                fixed.append((theirs, size))
+    return fixed
 
 
 def entry_point_names(entries) -> tuple[str, ...]:

@@ -18,9 +18,11 @@ manifest lists the new member, so a signature no longer matches: the bundle must
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from aot.loader import load
 from aot.loader.bundle import open_bundle
 from aot.loader.gpu import KernelCall
 from aot.loader.tuning import LIBRARY, TUNING_FORMAT, parse_tuning
-from aot.manifest_text import static_size
+from aot.manifest_text import fixed_sizes
 from aot.program import step_reads, step_writes
 from aot.schema import Member, Program, TuningChoice, TuningTable
 from aot.verify.interpret import looser_dtype
@@ -70,6 +72,10 @@ def _run(calls: list[Any], env: dict[str, Any], sizes: dict[str, int], device: t
             call(env, sizes, stream)
         else:
             call(env, sizes)
+
+
+def _run_one(call: Any, env: dict[str, Any], sizes: dict[str, int], device: torch.device) -> None:
+    _run([call], env, sizes, device)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: str) -> bool:
@@ -146,18 +152,11 @@ def tuning_bytes(table: TuningTable) -> bytes:
 
 
 def pinned_sizes(manifest: Any, index: int) -> dict[str, int]:
-    """The sizes program ``index`` fixes that the bundle's contract leaves free: a decode entry
-    point's programs have ``seq == 1`` where the contract has a symbol ``seq`` (read off the input
-    shapes: a static size in the program where the contract names a symbol)."""
+    """The sizes program ``index`` fixes that the bundle's contract leaves free (a decode entry
+    point's programs have ``seq == 1`` where the contract has a symbol ``seq``)."""
     if not manifest.programs:
         return {}
-    contract = {i.name: i.shape for i in manifest.guards.inputs}
-    pinned: dict[str, int] = {}
-    for inp in manifest.programs[index].guards.inputs:
-        for free, fixed in zip(contract.get(inp.name, ()), inp.shape):
-            if static_size(free) is None and static_size(fixed) is not None:
-                pinned[free] = static_size(fixed)
-    return pinned
+    return dict(fixed_sizes(manifest.programs[index].guards, manifest.guards))
 
 
 def site_inputs(program: Program, site: Any) -> set[str]:
@@ -166,53 +165,39 @@ def site_inputs(program: Program, site: Any) -> set[str]:
     return {r for st in steps for r in step_reads(st)} - {w for st in steps for w in step_writes(st)}
 
 
-def tune_points(program: Program) -> dict[int, list[Any]]:
-    """The GEMM sites of ``program`` keyed by the step before which each is timed: the first step
-    by which every input of the site has been written (0: it reads only inputs and weights)."""
-    writer = {w: i for i, st in enumerate(program.steps) for w in step_writes(st)}
-    points: dict[int, list[Any]] = {}
-    for site in program.alternatives:
-        ready = 1 + max((writer[r] for r in site_inputs(program, site) if r in writer), default=-1)
-        points.setdefault(ready, []).append(site)
-    return points
-
-
-def run_timing_sites(
+def walk_sites(
     program: Program,
     calls: list[Any],
     frees: list[tuple[str, ...]],
     env: dict[str, Any],
     run: Callable[[Any, dict[str, Any]], None],
-    time_site: Callable[[Any, dict[str, Any]], None],
-) -> None:
+) -> Iterator[Any]:
     """Run the program's ``calls`` on ``env`` step by step, dropping each buffer after its last use
-    (``frees``) as a plain call does, and ``time_site(site, env)`` each GEMM site once all its
-    inputs exist; a buffer whose last use comes before a pending site's timing is held for it."""
-    points = tune_points(program)
-    wanted: dict[str, int] = {}  # buffer -> sites not yet timed that read it
-    for sites in points.values():
-        for site in sites:
-            for name in site_inputs(program, site):
-                wanted[name] = wanted.get(name, 0) + 1
+    (``frees``) as a plain call does, and yield each GEMM site once every buffer it reads exists
+    in ``env`` (the caller times it then): before the first step by which all its inputs have been
+    written. A buffer whose last use comes before a pending site is held for it."""
+    reads = {site.id: site_inputs(program, site) for site in program.alternatives}
+    writer = {w: i for i, st in enumerate(program.steps) for w in step_writes(st)}
+    points: dict[int, list[Any]] = {}  # step index -> the sites timed just before it
+    for site in program.alternatives:
+        ready = 1 + max((writer[r] for r in reads[site.id] if r in writer), default=-1)
+        points.setdefault(ready, []).append(site)
+    wanted = Counter(name for names in reads.values() for name in names)  # reads of untimed sites
     held: set[str] = set()
-
-    def release(name: str) -> None:
-        if wanted.get(name):
-            held.add(name)
-        else:
-            env.pop(name, None)
-
     for index, (call, free) in enumerate(zip(calls, frees)):
         for site in points.get(index, ()):
-            time_site(site, env)
-            for name in site_inputs(program, site):
+            yield site
+            for name in reads[site.id]:
                 wanted[name] -= 1
                 if name in held and not wanted[name]:
                     held.discard(name)
                     env.pop(name, None)
         run(call, env)
         for name in free:
-            release(name)
+            if wanted[name]:
+                held.add(name)
+            else:
+                env.pop(name, None)
 
 
 def _tune_site(
@@ -288,38 +273,30 @@ def tune(
         program_buckets = (
             runner.manifest.programs[index].buckets if runner.manifest.programs else runner.manifest.buckets
         )
+        pinned = pinned_sizes(runner.manifest, index)
+        # The program runs step by step, dropping each buffer after its last use as a plain call
+        # does; each site is timed when the run reaches it, while its inputs are live. (Keeping
+        # every buffer of a large bucket, gpt at batch 32 x seq 1024, ran out of an 80 GB GPU.)
+        calls, frees = gpu.prepare(program.steps, plan=True)
         for sizes in bucket_sizes(program, program_buckets):
             if buckets and not any(all(sizes.get(k) == v for k, v in b.items()) for b in buckets):
                 continue
             try:
-                inputs = runner.inputs_at({**pinned_sizes(runner.manifest, index), **sizes})
+                inputs = runner.inputs_at({**pinned, **sizes})
                 entry.guards.check([inputs[n] for n in runner.input_names], dev)
             except Exception:  # a bucket another program serves, or out of this one's contract
                 continue
             env: dict[str, Any] = dict(gpu.weights)
             env.update(inputs)
-            env.update(runner.state.views(sizes))  # a stateful bundle's KV cache: written, then reset
-            # The program runs step by step, dropping each buffer after its last use as a plain call
-            # does; each site is timed when the run reaches it, while its inputs are live. (Keeping
-            # every buffer of a large bucket, gpt at batch 32 x seq 1024, ran out of an 80 GB GPU.)
-            calls, frees = gpu.prepare(program.steps, plan=True)
-
-            def time_site(site: Any, env: dict[str, Any], index=index, entry=entry, sizes=sizes) -> None:
-                choice = _tune_site(index, site, entry.gpu, env, sizes, dev, repeats)
-                if choice is not None:
-                    choices.append(choice)
-                    say(_describe(entry.name, site, choice))
-
+            env.update(runner.state.views(sizes))  # a stateful bundle's KV cache (this runner's own)
+            run = functools.partial(_run_one, sizes=sizes, device=dev)
             try:
                 with torch.no_grad():
-                    run_timing_sites(
-                        program,
-                        calls,
-                        frees,
-                        env,
-                        lambda c, e, sizes=sizes: _run([c], e, sizes, dev),
-                        time_site,
-                    )
+                    for site in walk_sites(program, calls, frees, env, run):
+                        choice = _tune_site(index, site, gpu, env, sizes, dev, repeats)
+                        if choice is not None:
+                            choices.append(choice)
+                            say(_describe(entry.name, site, choice))
             except torch.OutOfMemoryError:
                 free, total = torch.cuda.mem_get_info(dev)
                 raise EnvError(

@@ -313,7 +313,7 @@ def test_tune_walk_times_each_site_once_with_its_inputs_and_frees_the_rest(built
     run that kept every buffer of gpt's largest bucket ran out of an 80 GB GPU), and times every
     site once, when each buffer it reads exists: checked with placeholder buffers, no GPU."""
     from aot.program import frees_after, step_reads, step_writes
-    from aot.verify.tune import run_timing_sites, site_inputs
+    from aot.verify.tune import site_inputs, walk_sites
 
     program = built[name][0].program
     assert program.alternatives
@@ -328,11 +328,9 @@ def test_tune_walk_times_each_site_once_with_its_inputs_and_frees_the_rest(built
         env.update({w: object() for w in step_writes(step)})
         live.append(len(env))
 
-    def time_site(site, env):
+    for site in walk_sites(program, list(program.steps), frees, env, run):
         assert site_inputs(program, site) <= env.keys(), site.id
         timed.append(site.id)
-
-    run_timing_sites(program, list(program.steps), frees, env, run, time_site)
     assert sorted(timed) == sorted(s.id for s in program.alternatives)
     assert set(env) == set(given) | set(program.outputs)  # every intermediate dropped
     assert max(live) < len(given) + len(program.steps)  # not every buffer at once
