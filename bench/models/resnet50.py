@@ -19,13 +19,9 @@ IMAGE = 64 if os.environ.get("AOTPACK_BENCH_SMOKE") == "1" else 224
 
 def make_model():
     sys.path.insert(0, str(ROOT))
-    from tests.realmodels.conftest import import_torchvision
-    from tests.realmodels.zoo import lively
+    from tests.realmodels.zoo import timm_model
 
-    import_torchvision()  # timm imports torchvision; on a CPU torch only through this
-    import timm
-
-    return lively(timm.create_model(NAME, pretrained=False), IMAGE)
+    return timm_model(NAME, IMAGE)
 
 
 batch = Dim("batch", 1, 32, buckets=(1, 8, 32))

@@ -214,17 +214,23 @@ def lively(module: torch.nn.Module, size: int = 64) -> torch.nn.Module:
     return module.eval()
 
 
+def timm_model(name: str, size: int, **kwargs) -> torch.nn.Module:
+    """timm's ``name``, unmodified, with random weights and BatchNorm calibrated on ``size`` x
+    ``size`` images (``lively``); ``kwargs`` go to ``timm.create_model``."""
+    import_torchvision()  # timm imports torchvision; on a CPU torch only through this
+    import timm
+
+    return lively(timm.create_model(name, pretrained=False, **kwargs), size)
+
+
 def _timm(name: str, **kwargs) -> Callable[[], ModelSpec]:
     def spec() -> ModelSpec:
         import_torchvision()
-        import timm
 
         model_kwargs = {k: v for k, v in kwargs.items() if k != "img"}  # kwargs is shared by every call
         size = kwargs.get("img", 64)
         return ModelSpec(
-            module=lambda: lively(
-                timm.create_model(name, pretrained=False, num_classes=10, **model_kwargs), size
-            ),
+            module=lambda: timm_model(name, size, num_classes=10, **model_kwargs),
             inputs=[Input("x", (Dim("batch", 1, 4), 3, size, size))],
             name=f"timm-{name}",
         )
