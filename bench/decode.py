@@ -36,6 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests/realmodels/conftest.py, for a CPU torch (see _transformers)
+sys.path.insert(0, str(ROOT / "bench"))
+from common import synchronize  # noqa: E402  (the bench's own helpers, beside this file)
+
 SYSTEMS = ("aotpack", "aotpack-tuned", "hf_static_compile", "hf_eager")
 MODELS = ("gpt2", "llama")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
@@ -128,13 +131,6 @@ def floor_ms(module, batch: int, context: int, bandwidth: float) -> float:
 # One system in a fresh process.
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _hf_steps(module, ids, new_tokens: int, device: str, static: bool) -> tuple[list[float], list[list[int]]]:
     """Token times of one transformers ``generate`` call (a logits processor stamps each step)."""
     import torch
@@ -146,7 +142,7 @@ def _hf_steps(module, ids, new_tokens: int, device: str, static: bool) -> tuple[
 
     class Stamp(LogitsProcessor):
         def __call__(self, input_ids, scores):
-            _sync(device)
+            synchronize(device)
             stamps.append(time.perf_counter())
             return scores
 
@@ -177,11 +173,11 @@ def profile_step(runner, ids, new_tokens: int, device: str, path: Path) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     with profile(activities=activities) as prof:
         runner.generate(ids.tolist(), new_tokens)
-        _sync(device)
+        synchronize(device)
     wall = time.perf_counter() - start
     events = prof.key_averages()
     attr = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
