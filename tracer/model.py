@@ -56,9 +56,10 @@ def instantiate(spec: ModelSpec, weights: str | None = None):
             raise SpecError(f"{where}constructing the module failed: {type(e).__name__}: {e}") from None
         if not isinstance(module, torch.nn.Module):
             raise SpecError(f"spec.module must be an nn.Module or return one, got {type(module).__name__}")
-    weights = weights or spec.weights
-    if weights:
-        path = Path(weights)
+    if weights:  # given by the caller (the CLI's --weights): relative to the working directory
+        _load_weights(module, Path(weights))
+    elif spec.weights:  # declared in the model file: relative to that file
+        path = Path(spec.weights)
         if not path.is_absolute() and "path" in spec.extra:
             path = Path(spec.extra["path"]).parent / path
         _load_weights(module, path)

@@ -60,3 +60,12 @@ def test_checkpoints_weights_only_refuses_are_spec_errors_that_say_how_to_conver
     torch.save({"epoch": 3}, empty)
     with pytest.raises(SpecError, match="holds no state dict of tensors"):
         trace(spec, weights=str(empty))
+
+
+def test_a_relative_weights_path_is_read_from_the_working_directory(tmp_path, spec, trained, monkeypatch):
+    """``--weights w.safetensors`` names a file where the command runs, not beside the model file
+    (a model file's own ``weights=`` stays relative to that file)."""
+    save_file(trained, tmp_path / "w.safetensors")
+    monkeypatch.chdir(tmp_path)
+    traced = trace(spec, weights="w.safetensors")
+    torch.testing.assert_close(traced.reference_outputs[0], _eager(spec, trained), rtol=0, atol=0)
