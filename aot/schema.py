@@ -461,6 +461,20 @@ class TuningChoice:
 
 
 @dataclass(frozen=True)
+class TuningCheck:
+    """One bucket's whole program, timed with every site's library steps and with the bucket's
+    chosen candidates: the choices stand only when the whole program is faster with them (a GEMM
+    timed alone can win where, among its neighbours, it does not); ``kept`` false: every site of
+    the bucket was set back to ``"library"``."""
+
+    program: int
+    sizes: dict[str, int]
+    library_us: float
+    tuned_us: float
+    kept: bool
+
+
+@dataclass(frozen=True)
 class TuningTable:
     """``TUNING_PATH``: what ``aotpack tune`` chose on a GPU of ``arch``; applied only there."""
 
@@ -469,6 +483,7 @@ class TuningTable:
     device: str  # the GPU's name, for the reader
     min_gain: float  # the fraction a candidate had to win by
     choices: tuple[TuningChoice, ...]
+    checks: tuple[TuningCheck, ...] = ()  # per bucket where some site chose a candidate
 
 
 RECORDS: tuple[type, ...] = (
@@ -496,6 +511,7 @@ RECORDS: tuple[type, ...] = (
     Member,
     Manifest,
     TuningChoice,
+    TuningCheck,
     TuningTable,
 )
 ENUMS: tuple[type[enum.Enum], ...] = (StepKind, ParamKind, TreeKind)

@@ -200,10 +200,7 @@ def parse_tuning(
         names = {cand.name: cand for cand in site.candidates}
         if c.choice != LIBRARY and c.choice not in names:
             raise BundleError(f"{what}: unknown candidate {c.choice[:40]!r}")
-        symbols = [s.symbol for s in program.symbols]
-        by_symbol = {b.symbol: b.sizes for b in buckets[c.program]}
-        if set(c.sizes) != set(symbols) or any(c.sizes[s] not in by_symbol.get(s, ()) for s in symbols):
-            raise BundleError(f"{what}: not a bucket of the program (symbols {symbols[:4]})")
+        _check_bucket(c.sizes, program, buckets[c.program], what)
         if c.choice != LIBRARY and c.sizes not in names[c.choice].buckets:
             raise BundleError(f"{what}: candidate {c.choice!r} was not compiled for this bucket")
         for form, us in c.times_us.items():
@@ -217,6 +214,22 @@ def parse_tuning(
         if key in seen:
             raise BundleError(f"{what}: listed twice")
         seen.add(key)
+    chosen_at = {(c.program, tuple(sorted(c.sizes.items()))) for c in table.choices if c.choice != LIBRARY}
+    checked_at: set[tuple] = set()
+    for check in table.checks:
+        what = f"{where}: whole-program check of program {check.program} at {dict(list(check.sizes.items())[:4])}"
+        if not 0 <= check.program < len(programs):
+            raise BundleError(f"{what}: the bundle has {len(programs)} programs")
+        _check_bucket(check.sizes, programs[check.program], buckets[check.program], what)
+        for us in (check.library_us, check.tuned_us):
+            if not math.isfinite(us) or not 0 <= us <= MAX_TIME_US:
+                raise BundleError(f"{what}: time {us!r} µs is not a measurement")
+        key = (check.program, tuple(sorted(check.sizes.items())))
+        if key in checked_at:
+            raise BundleError(f"{what}: listed twice")
+        checked_at.add(key)
+        if not check.kept and key in chosen_at:
+            raise BundleError(f"{what}: the choices were set back to the library, yet a candidate is chosen")
     # every bucket's combination of choices makes a program whose reads follow their writes
     plans: dict[tuple, dict[str, str]] = {}
     for c in table.choices:
@@ -237,6 +250,13 @@ def parse_tuning(
                 f"{where}: the choices {dict(list(chosen.items())[:4])} make a wrong program: {e}"
             ) from None
     return table
+
+
+def _check_bucket(sizes: Mapping[str, int], program: Program, buckets: Sequence[Bucket], what: str) -> None:
+    symbols = [s.symbol for s in program.symbols]
+    by_symbol = {b.symbol: b.sizes for b in buckets}
+    if set(sizes) != set(symbols) or any(sizes[s] not in by_symbol.get(s, ()) for s in symbols):
+        raise BundleError(f"{what}: not a bucket of the program (symbols {symbols[:4]})")
 
 
 def _no_constant(text: str):

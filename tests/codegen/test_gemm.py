@@ -429,7 +429,28 @@ HOSTILE_TABLES = {
     "rejected choice": (lambda t: _choice0(t).update(rejected=[_choice0(t)["choice"]]), "rejected"),
     "wrong type": (lambda t: _choice0(t).update(sizes={"batch": "1"}), "expected an integer"),
     "unknown field": (lambda t: t.update(evil=True), "unknown"),
+    "check set back yet chosen": (
+        lambda t: t["checks"].append(_check(t, kept=False)),
+        "set back to the library",
+    ),
+    "check at no bucket": (lambda t: t["checks"].append(_check(t, sizes={"batch": 3})), "not a bucket"),
+    "check time": (lambda t: t["checks"].append(_check(t, tuned_us=-2.0)), "not a measurement"),
+    "check program": (lambda t: t["checks"].append(_check(t, program=7)), "programs"),
+    "check twice": (lambda t: t["checks"].extend([_check(t), _check(t)]), "listed twice"),
 }
+
+
+def _check(t, **fields):
+    """A whole-program check (JSON) at the first choice's bucket: kept, tuned faster."""
+    check = {
+        "program": 0,
+        "sizes": dict(_choice0(t)["sizes"]),
+        "library_us": 20.0,
+        "tuned_us": 16.0,
+        "kept": True,
+    }
+    check.update(fields)
+    return check
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_TABLES))
@@ -442,6 +463,46 @@ def test_hostile_tuning_tables_are_refused(built, tmp_path, case):
     path = _with_tuning(built["gemm_mlp"][1], tmp_path / "bad.tpk", json.dumps(tree).encode())
     with pytest.raises(BundleError, match=message):
         load(path)
+
+
+def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tmp_path):
+    """``check_bucket`` (tune's last step per bucket) keeps the choices only where the whole
+    program was faster with them; set back, the table loads and that bucket has no plan."""
+    from aot.loader import load
+    from aot.verify import tune as tune_mod
+
+    program = built["gemm_mlp"][0].program
+    table = _table(program)
+    sizes = table.choices[0].sizes
+    bucket = [c for c in table.choices if c.sizes == sizes]
+
+    class Gpu:  # what check_bucket reads of a GpuProgram; prepare only passes the steps on
+        calls, frees = "library", ()
+
+        def __init__(self):
+            self.program = program
+
+        def prepare(self, steps):
+            return steps, ()
+
+    def timer(library_us: float, tuned_us: float):
+        """time_program as measured: the library's steps take library_us, the chosen ones tuned_us."""
+        return lambda calls, *_: library_us if calls == "library" else tuned_us
+
+    for library_us, tuned_us, kept in ((20.0, 16.0, True), (20.0, 23.0, False), (20.0, 20.0, False)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tune_mod, "time_program", timer(library_us, tuned_us))
+            got, check = tune_mod.check_bucket(0, Gpu(), bucket, {}, sizes, None, 5)
+        assert check == schema.TuningCheck(0, sizes, library_us, tuned_us, kept)
+        assert [c.choice != "library" for c in got] == [kept] * len(bucket)
+        assert [c.times_us for c in got] == [c.times_us for c in bucket]  # the measurements stay
+    others = [c for c in table.choices if c.sizes != sizes]
+    set_back = tune_mod.make_table(table.arch, table.device, [*got, *others], checks=[check])
+    path = _with_tuning(built["gemm_mlp"][1], tmp_path / "t.tpk", tune_mod.tuning_bytes(set_back))
+    runner = load(path)
+    assert runner.tuning.checks == (check,)
+    got_none, none = tune_mod.check_bucket(0, Gpu(), got, {}, sizes, None, 5)  # times nothing
+    assert none is None and got_none == got  # nothing chosen: nothing to check
 
 
 @pytest.mark.parametrize("text", [b"{", b"\xff", b'{"format": NaN}', b"[]", b"1" * 10])

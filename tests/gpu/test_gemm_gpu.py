@@ -79,6 +79,14 @@ def test_tune_writes_a_table_the_loader_accepts(tuned, name):
         assert "library" in c.times_us and all(0 < t < 1e6 for t in c.times_us.values())
         if c.choice != "library":
             assert c.times_us[c.choice] <= 0.97 * c.times_us["library"]
+    # a candidate stands only where its bucket's whole program was faster with the choices
+    checks = {(k.program, tuple(sorted(k.sizes.items()))): k for k in table.checks}
+    for c in table.choices:
+        if c.choice != "library":
+            check = checks[(c.program, tuple(sorted(c.sizes.items())))]
+            assert check.kept and check.tuned_us < check.library_us
+    for k in table.checks:
+        assert 0 < k.library_us < 1e6 and 0 < k.tuned_us < 1e6 and k.kept == (k.tuned_us < k.library_us)
     runner = load(dst, device="cuda")
     assert runner.tuning == table
     plans = [e.gpu.plans for e in runner._entries]

@@ -1,0 +1,120 @@
+"""Where a system's device memory goes, stage by stage, on a GPU: one fresh process per
+configuration, printing after each stage the device memory taken since the CUDA context was made
+(cudaMemGetInfo), the caching allocator's reserved and allocated bytes, MiB.
+
+    python bench/memory_stages.py --model mlp --bundle .bundles/mlp.tpk [--out stages.json]
+
+Configurations: ``aotpack`` (lazy capture, as the benchmark loads it), ``aotpack-nograph``
+(capture="none": what the CUDA graphs add is the difference), ``aotpack-borrow``, and ``probe``:
+one fp16 ``torch.mm`` and one ``torch.cuda.graph`` of it, what cuBLAS and a first graph cost any
+system in a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = ("probe", "aotpack", "aotpack-nograph", "aotpack-borrow")
+
+
+def child(model: str, bundle: str, config: str) -> list[dict]:
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from common import SHAPES, make_inputs, shape_label
+
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    base = torch.cuda.mem_get_info()[0]
+    stages: list[dict] = []
+
+    def stage(name: str) -> None:
+        torch.cuda.synchronize()
+        stages.append(
+            {
+                "stage": name,
+                "device_mib": round((base - torch.cuda.mem_get_info()[0]) / 2**20, 1),
+                "reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1),
+                "allocated_mib": round(torch.cuda.memory_allocated() / 2**20, 1),
+            }
+        )
+
+    stage("context")
+    if config == "probe":
+        a = torch.randn(64, 1024, dtype=torch.float16, device="cuda")
+        b = torch.randn(1024, 1024, dtype=torch.float16, device="cuda")
+        stage("two small tensors")
+        torch.mm(a, b)
+        stage("first cuBLAS mm")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.mm(a, b)
+        torch.cuda.current_stream().wait_stream(side)
+        stage("mm on a side stream")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch.mm(a, b)
+        graph.replay()
+        stage("a CUDA graph of the mm")
+        return stages
+
+    from aot.loader import load
+
+    capture = "none" if config == "aotpack-nograph" else "lazy"
+    outputs = "borrow" if config == "aotpack-borrow" else "copy"
+    runner = load(bundle, device="cuda", capture=capture, outputs=outputs)
+    stage("load")
+    with torch.inference_mode():
+        for sizes in SHAPES[model]:
+            inputs = make_inputs(model, sizes, "cuda")
+            for calls in (1, 20):
+                for _ in range(calls):
+                    out = runner(*inputs)
+                del out
+                stage(f"{shape_label(sizes)} after {'1 call' if calls == 1 else '21 calls'}")
+            del inputs
+    return stages
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--out")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.model, args.bundle, args.child)))
+        return
+    report = {}
+    for config in args.configs.split(","):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--model", args.model, "--bundle", args.bundle, "--child", config],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode:
+            print(f"{args.model} {config}: failed\n{proc.stderr[-2000:]}", flush=True)
+            report[config] = {"error": proc.stderr[-2000:]}
+            continue
+        report[config] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"{args.model} {config}", flush=True)
+        for s in report[config]:
+            print(
+                f"  {s['stage']:28} device {s['device_mib']:8.1f}  reserved {s['reserved_mib']:8.1f}  "
+                f"allocated {s['allocated_mib']:8.1f} MiB",
+                flush=True,
+            )
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
