@@ -84,13 +84,15 @@ def _last_line(p: subprocess.CompletedProcess) -> str:
     return (errors or lines)[-1][:300]
 
 
-def timed_command(cmd: list[str], timeout: int = BUILD_TIMEOUT) -> dict:
-    """Run a build step; its wall seconds, or why it failed."""
+def timed_command(cmd: list[str], timeout: int = BUILD_TIMEOUT, log: Path | None = None) -> dict:
+    """Run a build step; its wall seconds, or why it failed (its whole output into ``log``)."""
     start = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout}s"}
+    if log is not None:
+        log.write_text(p.stdout + p.stderr)
     record = {"seconds": time.time() - start}
     if p.returncode != 0:
         record["error"] = _last_line(p)
@@ -201,14 +203,19 @@ def prepare(models: list[str], systems: list[str], bundles: Path, work: Path, de
     return plan
 
 
-def tune(model: str, gemm: Path, tuned: Path, shapes: list[dict[str, int]]) -> dict:
-    """``aotpack tune`` of ``gemm`` at ``shapes`` only, into ``tuned`` (beside the weights it shares)."""
+def tune(model: str, gemm: Path, tuned: Path, shapes: list[dict[str, int]], out: Path) -> dict:
+    """``aotpack tune`` of ``gemm`` at ``shapes`` only, into ``tuned`` (beside the weights it shares);
+    what it said per site and bucket into ``out/tune-MODEL.log``, its whole-program checks printed."""
     buckets = [a for sizes in shapes for a in ("--bucket", ",".join(f"{k}={v}" for k, v in sizes.items()))]
     cmd = [sys.executable, "-m", "aot.cli", "tune", str(gemm), "-o", str(tuned)]
     cmd += ["--repeats", str(TUNE_REPEATS)]
-    record = timed_command([*cmd, *buckets])
+    log = out / f"tune-{model}.log"
+    record = timed_command([*cmd, *buckets], log=log)
     took = f"ERROR {record['error']}" if "error" in record else f"{record['seconds']:.1f}s"
     print(f"{model:13} tune  {took}", flush=True)
+    for line in log.read_text().splitlines() if log.exists() else ():
+        if "whole program" in line:
+            print(f"{model:13} tune {line.strip()}", flush=True)
     return record
 
 
@@ -265,7 +272,7 @@ def main() -> None:
             if not p["gemm"].exists():
                 why_not_tuned = "no bundle: " + builds.get("aotpack-gemm", {}).get("error", "")
             else:
-                builds["tune"] = tune(model, p["gemm"], tuned, SHAPES[model])
+                builds["tune"] = tune(model, p["gemm"], tuned, SHAPES[model], out)
                 why_not_tuned = builds["tune"].get("error", "")
         for system in systems:
             worker = [str(HERE / "worker.py"), system, model, "--spawned-at", "0"]

@@ -86,6 +86,12 @@ def cli() -> None:
     help="also compile Triton candidates (fused epilogues, split-K) for the library GEMMs; "
     "`aotpack tune` picks them on the target GPU, an untuned bundle runs the library calls",
 )
+@click.option(
+    "--keep-siblings",
+    is_flag=True,
+    help="keep matmuls that read the same input apart (q/k/v, gate/up) instead of stacking their "
+    "weights into one GEMM: with --gemm-candidates, a gated MLP gets a dual-GEMM candidate",
+)
 @click.option("--force", is_flag=True, help="overwrite OUTPUT even when it is not a bundle")
 def build(
     model: str,
@@ -96,6 +102,7 @@ def build(
     no_fuse: bool,
     allow_narrowing: bool,
     gemm_candidates: bool,
+    keep_siblings: bool,
     force: bool,
 ) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
@@ -134,7 +141,12 @@ def build(
             )
     with PROGRESS.heartbeat("generating kernels"):
         compiled = generate(
-            traced, archs, progress=_info, fuse=not no_fuse, gemm_candidates=gemm_candidates and not no_fuse
+            traced,
+            archs,
+            progress=_info,
+            fuse=not no_fuse,
+            gemm_candidates=gemm_candidates and not no_fuse,
+            stack_siblings=not keep_siblings,
         )
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)

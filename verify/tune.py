@@ -14,8 +14,9 @@ over different weights, it never does: on an H200 the mlp's tuned bundle came ou
 untuned one.) A candidate is chosen only when it beats the library by ``MIN_GAIN``. Then, per
 bucket where some site chose a candidate, the whole program is timed (one call a replay, buffers
 dropped as a call drops them) with the library steps and with the chosen candidates; the choices
-stand only when the whole program is faster with them, else every site of the bucket goes back to
-the library (``TuningCheck``, recorded beside the choices).
+stand only when the whole program is faster with them by ``WHOLE_MIN_GAIN`` (beyond the noise of
+two timings), else every site of the bucket goes back to the library (``TuningCheck``, recorded
+beside the choices).
 
 The result is ``tuning.json`` (``aot.schema.TuningTable``): canonical JSON, sorted, times rounded to
 ``TIME_DECIMALS``, no timestamps, so the same measurements give the same bytes. It is added to the
@@ -49,6 +50,7 @@ from aot.schema import Member, Program, TuningCheck, TuningChoice, TuningTable
 from aot.verify.interpret import looser_dtype
 
 MIN_GAIN = 0.03  # a candidate must be at least this much faster than the library
+WHOLE_MIN_GAIN = 0.01  # and the whole program with a bucket's choices, than with the library
 DEFAULT_REPEATS = 50  # timed graph replays per form
 REPLAYS = 10  # copies of the form captured back to back in one graph (launch cost amortized)
 WARMUP = 3
@@ -322,15 +324,15 @@ def check_bucket(
     repeats: int,
 ) -> tuple[list[TuningChoice], TuningCheck | None]:
     """Time the whole program at ``sizes`` with the library steps and with ``bucket``'s chosen
-    candidates; the choices as they stand when the tuned program is faster, else set back to the
-    library. No check (None) where every site kept the library."""
+    candidates; the choices as they stand when the tuned program is faster by ``WHOLE_MIN_GAIN``,
+    else set back to the library. No check (None) where every site kept the library."""
     chosen = {c.site: c.choice for c in bucket if c.choice != LIBRARY}
     if not chosen:
         return bucket, None
     library_us = time_program(gpu.calls, gpu.frees, given, sizes, dev, repeats)
     calls, frees = gpu.prepare(plan_steps(gpu.program, chosen))
     tuned_us = time_program(calls, frees, given, sizes, dev, repeats)
-    kept = tuned_us < library_us
+    kept = tuned_us <= (1.0 - WHOLE_MIN_GAIN) * library_us
     if not kept:
         bucket = [replace(c, choice=LIBRARY) for c in bucket]
     return bucket, TuningCheck(index, dict(sizes), library_us, tuned_us, kept)

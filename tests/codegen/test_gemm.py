@@ -33,13 +33,13 @@ def _all_configs():
     return tuple(replace(c, min_m=1, max_m=1 << 62) for c in gemm.CONFIGS)
 
 
-def _build(path: Path, out: Path, gemm_candidates: bool = True, monkeypatch=None):
+def _build(path: Path, out: Path, gemm_candidates: bool = True, stack_siblings: bool = True):
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
 
     traced = trace(load_model_file(path))
-    compiled = generate(traced, ARCHS, gemm_candidates=gemm_candidates)
+    compiled = generate(traced, ARCHS, gemm_candidates=gemm_candidates, stack_siblings=stack_siblings)
     pack(compiled, out)
     return compiled
 
@@ -56,7 +56,10 @@ def built(tmp_path_factory):
         out = {}
         for name in ("gemm_mlp", "gemm_mlp32", "gemm_swiglu", "gemm_acts"):
             model = MODELS / f"{name}.py"
-            out[name] = (_build(model, base / f"{name}.tpk"), base / f"{name}.tpk", model)
+            # the dual-GEMM models keep their siblings apart (--keep-siblings), or they would be stacked
+            apart = name in ("gemm_swiglu", "gemm_acts")
+            compiled = _build(model, base / f"{name}.tpk", stack_siblings=not apart)
+            out[name] = (compiled, base / f"{name}.tpk", model)
         return out
     finally:
         gemm.CONFIGS = saved
@@ -201,6 +204,24 @@ def test_candidates_bundle_runs_like_the_default_on_cpu(tmp_path):
     for batch in (1, 5):
         x = torch.randn(batch, 1024, generator=torch.Generator().manual_seed(batch)).half()
         assert torch.equal(plain(x), cand(x))
+
+
+def test_candidates_build_stacks_siblings_like_the_default(tmp_path):
+    """gate and up read the same input: a --gemm-candidates build stacks them as the default
+    build does (same steps, same weights), and the stacked GEMM is a site with candidates of its
+    own; --keep-siblings keeps them apart with a dual-GEMM site instead."""
+    model = MODELS / "gemm_swiglu.py"
+    plain = _build(model, tmp_path / "plain.tpk", gemm_candidates=False)
+    cand = _build(model, tmp_path / "cand.tpk")
+    apart = _build(model, tmp_path / "apart.tpk", stack_siblings=False)
+    assert cand.program.steps == plain.program.steps
+    assert sorted(cand.traced.weights) == sorted(plain.traced.weights)
+    assert any(name.endswith(".stacked2") for name in plain.traced.weights)
+    sites = cand.program.alternatives
+    stacked = [s for s in sites if s.n == 2 * apart.program.alternatives[0].n]
+    assert len(stacked) == 1 and stacked[0].candidates
+    gate = apart.program.alternatives[0]
+    assert [apart.program.steps[i].target for i in gate.library].count("aten.mm.default") == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,7 +510,14 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
         """time_program as measured: the library's steps take library_us, the chosen ones tuned_us."""
         return lambda calls, *_: library_us if calls == "library" else tuned_us
 
-    for library_us, tuned_us, kept in ((20.0, 16.0, True), (20.0, 23.0, False), (20.0, 20.0, False)):
+    cases = (
+        (20.0, 16.0, True),
+        (20.0, 19.8, True),
+        (20.0, 19.9, False),
+        (20.0, 20.0, False),
+        (20.0, 23.0, False),
+    )
+    for library_us, tuned_us, kept in cases:  # kept: faster by at least 1% (WHOLE_MIN_GAIN)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(tune_mod, "time_program", timer(library_us, tuned_us))
             got, check = tune_mod.check_bucket(0, Gpu(), bucket, {}, sizes, None, 5)
@@ -611,7 +639,7 @@ def test_candidate_builds_are_byte_identical(built, tmp_path):
     saved = gemm.CONFIGS
     gemm.CONFIGS = _all_configs()
     try:
-        _build(MODELS / "gemm_swiglu.py", tmp_path / "again.tpk")
+        _build(MODELS / "gemm_swiglu.py", tmp_path / "again.tpk", stack_siblings=False)  # as `built`
     finally:
         gemm.CONFIGS = saved
     assert (tmp_path / "again.tpk").read_bytes() == built["gemm_swiglu"][1].read_bytes()

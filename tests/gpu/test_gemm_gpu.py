@@ -86,7 +86,8 @@ def test_tune_writes_a_table_the_loader_accepts(tuned, name):
             check = checks[(c.program, tuple(sorted(c.sizes.items())))]
             assert check.kept and check.tuned_us < check.library_us
     for k in table.checks:
-        assert 0 < k.library_us < 1e6 and 0 < k.tuned_us < 1e6 and k.kept == (k.tuned_us < k.library_us)
+        assert 0 < k.library_us < 1e6 and 0 < k.tuned_us < 1e6
+        assert k.tuned_us < k.library_us or not k.kept
     runner = load(dst, device="cuda")
     assert runner.tuning == table
     plans = [e.gpu.plans for e in runner._entries]
