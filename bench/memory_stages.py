@@ -5,9 +5,10 @@ configuration, printing after each stage the device memory taken since the CUDA 
     python bench/memory_stages.py --model mlp --bundle .bundles/mlp.tpk [--out stages.json]
 
 Configurations: ``aotpack`` (lazy capture, as the benchmark loads it), ``aotpack-nograph``
-(capture="none": what the CUDA graphs add is the difference), ``aotpack-borrow``, and ``probe``:
-one fp16 ``torch.mm`` and one ``torch.cuda.graph`` of it, what cuBLAS and a first graph cost any
-system in a process.
+(capture="none": what the CUDA graphs add is the difference), ``aotpack-borrow``, and ``probe``
+(``probe-own-stream``): a side stream from torch's pool (from ``cuStreamCreate``), an add and a
+CUDA graph of it, a first fp16 ``torch.mm`` and a graph of it, all on that stream, then an mm on
+the default stream: what a stream, cuBLAS and a graph cost any system in a process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = ("probe", "aotpack", "aotpack-nograph", "aotpack-borrow")
+CONFIGS = ("probe", "probe-own-stream", "aotpack", "aotpack-nograph", "aotpack-borrow")
 
 
 def child(model: str, bundle: str, config: str) -> list[dict]:
@@ -45,23 +46,38 @@ def child(model: str, bundle: str, config: str) -> list[dict]:
         )
 
     stage("context")
-    if config == "probe":
+    if config in ("probe", "probe-own-stream"):
+        if config == "probe":
+            side = torch.cuda.Stream()
+            stage("torch.cuda.Stream() (its pool)")
+        else:
+            from aot.loader.cuda import capture_stream
+
+            side, _ = capture_stream(torch.device("cuda"))
+            stage("cuStreamCreate stream")
         a = torch.randn(64, 1024, dtype=torch.float16, device="cuda")
         b = torch.randn(1024, 1024, dtype=torch.float16, device="cuda")
         stage("two small tensors")
-        torch.mm(a, b)
-        stage("first cuBLAS mm")
-        side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
+            c = a + 1
+            stage("an add on the side stream")
+            add = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(add, stream=side):
+                c = a + 1
+            add.replay()
+            stage("a CUDA graph of the add")
             torch.mm(a, b)
+            stage("first cuBLAS mm, side stream")
+            mm = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(mm, stream=side):
+                c = torch.mm(a, b)
+            mm.replay()
+            stage("a CUDA graph of the mm")
         torch.cuda.current_stream().wait_stream(side)
-        stage("mm on a side stream")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            torch.mm(a, b)
-        graph.replay()
-        stage("a CUDA graph of the mm")
+        torch.mm(a, b)
+        stage("mm on the default stream")
+        del c
         return stages
 
     from aot.loader import load
@@ -101,8 +117,9 @@ def main() -> None:
             text=True,
         )
         if proc.returncode:
-            print(f"{args.model} {config}: failed\n{proc.stderr[-2000:]}", flush=True)
-            report[config] = {"error": proc.stderr[-2000:]}
+            why = f"exit status {proc.returncode}\n{proc.stderr[-2000:]}"
+            print(f"{args.model} {config}: failed, {why}", flush=True)
+            report[config] = {"error": why}
             continue
         report[config] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{args.model} {config}", flush=True)

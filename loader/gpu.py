@@ -18,7 +18,7 @@ import torch
 from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.loader.bundle import Bundle
-from aot.loader.cuda import Context, Function, driver_version, pack_params
+from aot.loader.cuda import Context, Function, capture_stream, driver_version, pack_params
 from aot.loader.program import OutputSpecs, Storages, storage_span
 from aot.program import frees_after
 from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Buf, Kernel, ParamKind, Program, Step, StepKind, Sym
@@ -225,7 +225,8 @@ class Arena:
 
     def __init__(self, device: torch.device):
         self.pool = torch.cuda.graph_pool_handle()
-        self.stream = torch.cuda.Stream(device)
+        # one stream per device for every runner's captures (not torch's stream pool: see there)
+        self.stream, self.capture_lock = capture_stream(device)
         self.lock = threading.Lock()
 
 
@@ -254,6 +255,7 @@ class GraphRunner:
         self.gpu = gpu
         self.buckets = {b.symbol: b for b in buckets}
         self.pool, self.stream, self.lock = arena.pool, arena.stream, arena.lock
+        self.capture_lock = arena.capture_lock  # the stream is the process's: one capture at a time
         self.graphs: dict[tuple, _Captured] = {}
         self._weights = weights
         self._specs = specs
@@ -314,14 +316,15 @@ class GraphRunner:
         # Warm up and capture on one stream of our own: library handles and workspaces (cuBLAS
         # keeps one per stream) exist before capture, and exist once.
         side = self.stream
-        side.wait_stream(torch.cuda.current_stream(gpu.device))
-        with torch.cuda.stream(side):
-            warm = gpu(bound, sizes, key)
-        torch.cuda.current_stream(gpu.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads may keep using CUDA while this one captures
-        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-            outputs = gpu(bound, sizes, key)
+        with self.capture_lock:
+            side.wait_stream(torch.cuda.current_stream(gpu.device))
+            with torch.cuda.stream(side):
+                warm = gpu(bound, sizes, key)
+            torch.cuda.current_stream(gpu.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: other threads may keep using CUDA while this one captures
+            with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+                outputs = gpu(bound, sizes, key)
         self._specs.check(outputs, sizes)  # once: replays and slices keep dtype, device and shape exprs
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
         captured = _Captured(graph, inputs, outputs, sizes, lendable)
