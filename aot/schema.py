@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 3)
+SCHEMA_VERSION = (1, 4)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"

@@ -474,5 +474,7 @@ def write_tuned(path: str | os.PathLike, output: str | os.PathLike, table: Tunin
     listed = dict(manifest.members)
     listed[schema.TUNING_PATH] = Member(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
     new = replace(manifest, members=dict(sorted(listed.items())))
+    if table.checks:  # a field older loaders do not know: they refuse the bundle as too new
+        new = replace(new, schema_version=max(tuple(manifest.schema_version), schema.SCHEMA_VERSION))
     write_archive(output, serde.canonical_json(new), members)
     return signed

@@ -22,6 +22,8 @@ PINNED = {
     # GEMM alternatives per program and the tuning table member; state inputs (Program.state,
     # InputGuard.state) and entry points (ProgramEntry.entry); new fields omitted when empty
     (1, 3): "e5e6766406893641adc3f5b3b599a68e754bb7ad724dda062f125628e0c2c9c2",
+    # tune's whole-program check per bucket (TuningTable.checks, omitted when empty)
+    (1, 4): "11d69a7da50bdd303ab798541a1c5d64d459984f1943e07491b06678cc2bcaeb",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

@@ -529,6 +529,23 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
     path = _with_tuning(built["gemm_mlp"][1], tmp_path / "t.tpk", tune_mod.tuning_bytes(set_back))
     runner = load(path)
     assert runner.tuning.checks == (check,)
+    # a bundle of schema 1.3 tuned with checks says 1.4: a 1.3 loader refuses it as too new
+    from tests.hostile_util import (
+        manifest_bytes,
+        manifest_of,
+        read_entries,
+        with_manifest_text,
+        write_entries,
+    )
+
+    entries = read_entries(built["gemm_mlp"][1].read_bytes())
+    older = dict(manifest_of(entries), schema_version=[1, 3])
+    (tmp_path / "old.tpk").write_bytes(write_entries(with_manifest_text(entries, manifest_bytes(older))))
+    assert load(tmp_path / "old.tpk").manifest.schema_version == (1, 3)
+    tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w.tpk", set_back)
+    assert load(tmp_path / "w.tpk").manifest.schema_version == schema.SCHEMA_VERSION == (1, 4)
+    tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w2.tpk", replace(set_back, checks=()))
+    assert load(tmp_path / "w2.tpk").manifest.schema_version == (1, 3)  # no checks: readable as before
     got_none, none = tune_mod.check_bucket(0, Gpu(), got, {}, sizes, None, 5)  # times nothing
     assert none is None and got_none == got  # nothing chosen: nothing to check
 
