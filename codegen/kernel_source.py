@@ -21,7 +21,7 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.classify import VIEW_OPS
-from aot.codegen.index import Lin, Size
+from aot.codegen.index import Frag, Lin, Size
 from aot.codegen.launch import Launch
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Node, NotFusible
@@ -56,6 +56,7 @@ class SourceWriter:
         self.reduced: dict[int, Val] = {}
         self.ptrs: dict[str, str] = {}  # root buffer -> parameter name
         self.ptr_dtypes: dict[str, str] = {}
+        self.load_lins: list[Lin] = []  # the index of every load written
         self.n = 0
         # conditions under which the value being written is read (inside a ``cat`` piece): its
         # loads are masked by them, and its values are cached apart from unconditional ones
@@ -123,6 +124,7 @@ class SourceWriter:
         mask = self.mask_for(atoms)
         if self.conds:  # a cat piece: lanes that read another piece must not touch this buffer
             mask = " & ".join(([mask] if mask else []) + [f"({c})" for c in self.conds])
+        self.load_lins.append(lin)
         offset = ix.triton_index(lin)
         expr = f"tl.load({ptr} + ({offset})" + (f", mask={mask}, other=0)" if mask else ")")
         if STORAGE[node.dtype] != node.ty:
@@ -207,6 +209,21 @@ class SourceWriter:
         )
         self.reduced[id(node)] = val
         return val
+
+
+def strided_rows(load_lins: list[Lin]) -> bool:
+    """Whether some load of a reduction walks the reduced elements ``c`` with a stride while its
+    rows ``r`` are consecutive in memory: ``c`` only in terms of coefficient other than 1, ``r``
+    in a term of coefficient 1 without division."""
+
+    def coefs(lin: Lin, atom: str) -> list[tuple[Size, Frag]]:
+        return [(coef, f) for coef, f in lin.terms if f.base == atom]
+
+    for lin in load_lins:
+        c, r = coefs(lin, "c"), coefs(lin, "r")
+        if c and all(coef != 1 for coef, _ in c) and any(coef == 1 and f.div == 1 for coef, f in r):
+            return True
+    return False
 
 
 def _identity(kind: str, ty: str) -> str:

@@ -29,6 +29,7 @@ POINTWISE_BLOCK = 1024  # elements per program of a pointwise kernel (8 per thre
 POINTWISE_MIN_BLOCK = 128
 SINGLE_BLOCK_MAX = 8192  # largest reduced extent kept in registers (single-block reduction)
 REDUCTION_TILE = 1024  # target ROWS * BLOCK_R of a single-block reduction (small rows share a program)
+STRIDED_TILE = 8192  # the same when a load walks the reduced dim with a stride and the rows contiguously
 MAX_ROWS = 64
 LOOP_BLOCK = 2048  # reduced elements per iteration of a looped reduction
 LOOP_WARPS = 8
@@ -82,11 +83,16 @@ class Launch:
     config: dict[str, Any]
 
 
-def plan_launch(reduces: list[Node], out_numels: list[Size], maxv: Callable[[Size], int]) -> Launch:
+def plan_launch(
+    reduces: list[Node], out_numels: list[Size], maxv: Callable[[Size], int], strided: bool = False
+) -> Launch:
     """The launch of a group whose value graph has ``reduces`` and outputs of ``out_numels``
-    elements; ``maxv`` bounds a size over the declared dim ranges."""
+    elements; ``maxv`` bounds a size over the declared dim ranges. ``strided``: some load reads the
+    reduced dim with a stride and consecutive rows at consecutive addresses (a LayerNorm over the
+    channels of an NCHW tensor): a program then takes up to ``MAX_ROWS`` rows, so that each
+    channel's load is one contiguous run of rows (eight rows read 16 bytes per channel)."""
     if reduces:
-        return _plan_reduction(reduces, out_numels, maxv)
+        return _plan_reduction(reduces, out_numels, maxv, strided)
     numel0 = out_numels[0]
     if any(not ix.same(n, numel0) for n in out_numels):
         raise NotFusible("outputs of different sizes")
@@ -109,7 +115,9 @@ def plan_launch(reduces: list[Node], out_numels: list[Size], maxv: Callable[[Siz
     )
 
 
-def _plan_reduction(reduces: list[Node], out_numels: list[Size], maxv: Callable[[Size], int]) -> Launch:
+def _plan_reduction(
+    reduces: list[Node], out_numels: list[Size], maxv: Callable[[Size], int], strided: bool = False
+) -> Launch:
     first = reduces[0]
     width = first.width
     rows = ix.quotient(ix.numel(first.inputs[0].shape), width)
@@ -128,7 +136,8 @@ def _plan_reduction(reduces: list[Node], out_numels: list[Size], maxv: Callable[
     if width_max <= SINGLE_BLOCK_MAX:
         mode = "single"
         block_r = next_pow2(max(width_max, 1))
-        n_rows = max(1, min(MAX_ROWS, REDUCTION_TILE // block_r, next_pow2(max(rows_max, 1))))
+        tile = STRIDED_TILE if strided else REDUCTION_TILE
+        n_rows = max(1, min(MAX_ROWS, tile // block_r, next_pow2(max(rows_max, 1))))
         warps = reduction_warps(n_rows * block_r)
     else:
         mode = "loop"

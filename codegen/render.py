@@ -20,7 +20,14 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.classify import lower
-from aot.codegen.kernel_source import SourceWriter, kernel_name, module_source, prologue, write_body
+from aot.codegen.kernel_source import (
+    SourceWriter,
+    kernel_name,
+    module_source,
+    prologue,
+    strided_rows,
+    write_body,
+)
 from aot.codegen.launch import HEURISTIC, NUM_STAGES, index_type, kernel_params, max_value, plan_launch
 from aot.codegen.valuegraph import Builder, NotFusible, Unsupported, walk
 from aot.dtypes import ITEMSIZE
@@ -94,10 +101,16 @@ def render_kernel(
         except (TypeError, ValueError) as err:
             raise NotFusible(f"size {e} cannot be bounded: {err}") from None
 
-    launch = plan_launch(reduces, [ix.numel(s) for s in out_shapes], maxv)
-    w = SourceWriter(launch)
+    out_numels = [ix.numel(s) for s in out_shapes]
     out_dtypes = [b.spec(o).dtype for o in outputs]
+    launch = plan_launch(reduces, out_numels, maxv)
+    w = SourceWriter(launch)
     write_body(w, launch, order, out_nodes, out_dtypes)
+    if launch.mode == "single" and strided_rows(w.load_lins):  # coalesce along the rows instead
+        wide = plan_launch(reduces, out_numels, maxv, strided=True)
+        if wide.config != launch.config:
+            launch, w = wide, SourceWriter(wide)
+            write_body(w, launch, order, out_nodes, out_dtypes)
 
     # buffers touched, for the index width and the traffic estimate
     touched = [(buf, b.shape(buf), dt) for buf, dt in w.ptr_dtypes.items()] + [

@@ -204,3 +204,18 @@ def test_no_fuse_keeps_the_aten_program(pattern):
     traced, _, _, _, _ = pattern("unknown")
     plain = generate(traced, ("sm_90",), fuse=False)
     assert plain.program == traced.program and not plain.cubins
+
+
+def test_a_norm_over_strided_channels_takes_wide_row_tiles(pattern):
+    """LayerNorm over the channels of NCHW (ConvNeXt): each channel sits 120 elements from the
+    next, consecutive rows (positions) are adjacent, so a program takes 64 rows and its loads read
+    64 adjacent elements per channel; a norm over contiguous elements keeps the 1024-element tile
+    (``codegen.launch``). The interpreter test checks the kernels' values."""
+    from aot.codegen.launch import STRIDED_TILE
+
+    compiled = pattern("channel_norm")[1]
+    norm = next(k for k in compiled.program.kernels if "layer_norm" in k.name)
+    assert "ROWS = tl.constexpr(64)" in norm.source and "BLOCK_R = tl.constexpr(32)" in norm.source
+    assert 64 * 32 <= STRIDED_TILE
+    plain = next(k for k in pattern("norms")[1].program.kernels if "layer_norm" in k.name)
+    assert "ROWS = tl.constexpr(16)" in plain.source and "BLOCK_R = tl.constexpr(64)" in plain.source

@@ -32,6 +32,7 @@ PATTERN_SIZES = {
     "big": [{"batch": 1}, {"batch": 3}],
     "concat": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
     "siblings": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
+    "channel_norm": [{"batch": 1}, {"batch": 3}],
 }
 
 
