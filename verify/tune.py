@@ -165,12 +165,8 @@ def time_program(
 
     def run() -> None:
         local = dict(env)
-        stream = torch.cuda.current_stream(device).cuda_stream
         for call, free in zip(calls, frees):
-            if type(call) is KernelCall:
-                call(local, sizes, stream)
-            else:
-                call(local, sizes)
+            _run_one(call, local, sizes, device)
             for name in free:
                 local.pop(name, None)
 
