@@ -542,9 +542,11 @@ def tune(
     buckets = [_parse_sizes(t) for t in bucket_texts]
     result = run_tune(bundle, output, buckets or None, repeats, device, say=_info, entries=entries)
     chosen = sum(c.choice != "library" for c in result.table.choices)
+    set_back = sum(not c.kept for c in result.table.checks)
     _result(
         f"wrote {result.output}: {chosen}/{len(result.table.choices)} site-buckets use a Triton candidate "
         f"on {result.table.device} ({result.table.arch})"
+        + (f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else "")
     )
     if result.signature_dropped:
         _result(

@@ -128,9 +128,11 @@ def _tuning_text(tuning: dict[str, Any] | None) -> str:
     if tuning is None:
         return "untuned: the library calls run (aotpack tune BUNDLE on the target GPU)"
     chosen = sum(c["choice"] != "library" for c in tuning["choices"])
+    set_back = sum(not c["kept"] for c in tuning.get("checks", ()))
     return (
         f"tuned on {tuning['device']} ({tuning['arch']}): {chosen}/{len(tuning['choices'])} "
         f"site-buckets use a candidate"
+        + (f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else "")
     )
 
 

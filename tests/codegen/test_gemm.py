@@ -544,6 +544,10 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
     assert load(tmp_path / "old.tpk").manifest.schema_version == (1, 3)
     tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w.tpk", set_back)
     assert load(tmp_path / "w.tpk").manifest.schema_version == schema.SCHEMA_VERSION == (1, 4)
+    from aot.cli.reports import bundle_summary, summary_text
+
+    m, info = bundle_summary(str(tmp_path / "w.tpk"))
+    assert "; 1 bucket(s) set back to the library by the whole-program check" in summary_text(m, info)
     tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w2.tpk", replace(set_back, checks=()))
     assert load(tmp_path / "w2.tpk").manifest.schema_version == (1, 3)  # no checks: readable as before
     got_none, none = tune_mod.check_bucket(0, Gpu(), got, {}, sizes, None, 5)  # times nothing
