@@ -45,7 +45,7 @@ class SourceWriter:
     """
 
     def __init__(self, launch: Launch):
-        self.mode = launch.mode  # "pointwise" | "single" | "loop"
+        self.mode = launch.mode  # "pointwise" | "tiled" | "single" | "loop"
         self.row_lin = launch.row_lin
         self.full_lin = launch.full_lin
         self.masks = launch.masks  # atom -> needs a mask
@@ -211,6 +211,18 @@ class SourceWriter:
         return val
 
 
+def transposed_width(load_lins: list[Lin]) -> Size | None:
+    """The output columns of a pointwise group (the span of the innermost fragment of ``x``) when
+    some load reads it transposed: that fragment with a coefficient other than 1, and another
+    fragment of ``x`` with coefficient 1 (the load's adjacent elements lie a row apart)."""
+    for lin in load_lins:
+        xs = [(coef, f) for coef, f in lin.terms if f.base == "x"]
+        inner = [(coef, f) for coef, f in xs if f.div == 1 and f.mod is not None]
+        if inner and inner[0][0] != 1 and any(coef == 1 and f.div != 1 for coef, f in xs):
+            return inner[0][1].mod
+    return None
+
+
 def strided_rows(load_lins: list[Lin]) -> bool:
     """Whether some load of a reduction walks the reduced elements ``c`` with a stride while its
     rows ``r`` are consecutive in memory: ``c`` only in terms of coefficient other than 1, ``r``
@@ -271,7 +283,7 @@ def write_body(
     if launch.mode == "loop":
         write_loop(w, order, out_nodes, out_dtypes, list(launch.levels), launch.width)
         return
-    if launch.mode == "single":
+    if launch.mode == "single":  # (a tiled program's c and masks come with its prologue)
         w.outer.append("c = tl.arange(0, BLOCK_R)[None, :]")
         if launch.masks["c"]:
             w.outer.append(f"c_mask = c < {ix.triton_size(launch.width)}")
@@ -391,6 +403,11 @@ def prologue(launch: Launch, index_ty: str) -> list[str]:
     lines = [f"r = {pid} * ROWS + tl.arange(0, ROWS)[:, None]"]
     if masks["r"]:
         lines.append(f"r_mask = r < {ix.triton_size(rows)}")
+    if mode == "tiled":
+        lines.append(f"c = {pid.replace('(0)', '(1)')} * BLOCK_R + tl.arange(0, BLOCK_R)[None, :]")
+        if masks["c"]:
+            lines.append(f"c_mask = c < {ix.triton_size(launch.width)}")
+        lines.append(rc_mask_line(masks))
     return lines
 
 

@@ -2,6 +2,8 @@
 block or looped), its block sizes, warps and grid, the index width, and its parameters.
 
 - **pointwise**: one flat index ``x`` over the outputs' elements, ``BLOCK`` per program;
+- **tiled pointwise**: rows ``r`` × columns ``c`` of the output, a 2-D grid of ``ROWS`` ×
+  ``BLOCK_R`` tiles, for a group that reads some input transposed (``plan_tiled``);
 - **reduction**: rows ``r`` × reduced elements ``c`` (the reduced dims are the trailing ones);
   ``ROWS`` rows per program. When the reduced extent can exceed ``SINGLE_BLOCK_MAX`` the kernel
   loops over ``c`` in ``BLOCK_R`` chunks; otherwise a row sits in registers.
@@ -31,6 +33,8 @@ SINGLE_BLOCK_MAX = 8192  # largest reduced extent kept in registers (single-bloc
 REDUCTION_TILE = 1024  # target ROWS * BLOCK_R of a single-block reduction (small rows share a program)
 STRIDED_TILE = 8192  # the same when a load walks the reduced dim with a stride and the rows contiguously
 MAX_ROWS = 64
+TILE = 64  # rows and columns of a tiled pointwise program (a transposing copy: 64 x 64 elements)
+TILE_MIN = 16  # tile only when both the rows and the columns reach this
 LOOP_BLOCK = 2048  # reduced elements per iteration of a looped reduction
 LOOP_WARPS = 8
 NUM_STAGES = 1  # no software pipelining: the kernels do no dot products
@@ -70,7 +74,7 @@ def _cdiv_text(n: Size, block: int) -> str:
 
 @dataclass(frozen=True)
 class Launch:
-    mode: str  # "pointwise" | "single" | "loop"
+    mode: str  # "pointwise" | "tiled" | "single" | "loop"
     levels: tuple[str, ...]  # per output: "full" (every element) or "row" (one per reduced row)
     masks: dict[str, bool]  # atom ("x", "r", "c") -> needs a bounds mask
     row_lin: Lin | None  # index of a row value (reductions)
@@ -112,6 +116,37 @@ def plan_launch(
         grid=(_cdiv_text(numel0, block),),
         num_warps=pointwise_warps(block),
         config={"kind": "pointwise", "BLOCK": block},
+    )
+
+
+def plan_tiled(numel: Size, width: Size, n_outputs: int, maxv: Callable[[Size], int]) -> Launch | None:
+    """A pointwise group seen as ``numel / width`` rows of ``width`` contiguous output elements,
+    in ``TILE`` x ``TILE`` tiles on a 2-D grid: for a group that reads an input transposed (its
+    consecutive elements a row apart, ``kernel_source.transposed_width``), whose flat loads would
+    touch a sector per element; in a tile both that load (down the rows) and the store (along the
+    columns) are runs of adjacent elements. None when the rows or columns are too few to tile."""
+    rows = ix.quotient(numel, width)
+    if not ix.same(rows * width, numel) or rows.free_symbols - numel.free_symbols:
+        return None
+    rows_max, width_max = maxv(rows), maxv(width)
+    if rows_max < TILE_MIN or width_max < TILE_MIN:
+        return None
+    n_rows, block_c = min(TILE, next_pow2(rows_max)), min(TILE, next_pow2(width_max))
+    return Launch(
+        mode="tiled",
+        levels=("full",) * n_outputs,
+        masks={
+            "r": not (rows.is_Integer and int(rows) % n_rows == 0),
+            "c": not (width.is_Integer and int(width) % block_c == 0),
+        },
+        row_lin=ix.atom("r", rows),
+        full_lin=ix.make_lin([(width, ix.Frag("r", rows)), (ix.ONE, ix.Frag("c", width))]),
+        rows=rows,
+        width=width,
+        domain_max=rows_max * width_max,
+        grid=(_cdiv_text(rows, n_rows), _cdiv_text(width, block_c)),
+        num_warps=pointwise_warps(n_rows * block_c),
+        config={"kind": "pointwise-tiled", "ROWS": n_rows, "BLOCK_R": block_c},
     )
 
 

@@ -26,9 +26,18 @@ from aot.codegen.kernel_source import (
     module_source,
     prologue,
     strided_rows,
+    transposed_width,
     write_body,
 )
-from aot.codegen.launch import HEURISTIC, NUM_STAGES, index_type, kernel_params, max_value, plan_launch
+from aot.codegen.launch import (
+    HEURISTIC,
+    NUM_STAGES,
+    index_type,
+    kernel_params,
+    max_value,
+    plan_launch,
+    plan_tiled,
+)
 from aot.codegen.valuegraph import Builder, NotFusible, Unsupported, walk
 from aot.dtypes import ITEMSIZE
 from aot.schema import Kernel, KernelParam, Step, TensorSpec
@@ -106,6 +115,11 @@ def render_kernel(
     launch = plan_launch(reduces, out_numels, maxv)
     w = SourceWriter(launch)
     write_body(w, launch, order, out_nodes, out_dtypes)
+    width = transposed_width(w.load_lins) if launch.mode == "pointwise" else None
+    tiled = plan_tiled(out_numels[0], width, len(outputs), maxv) if width is not None else None
+    if tiled is not None:  # reads an input transposed: tiles coalesce both its loads and the stores
+        launch, w = tiled, SourceWriter(tiled)
+        write_body(w, launch, order, out_nodes, out_dtypes)
     if launch.mode == "single" and strided_rows(w.load_lins):  # coalesce along the rows instead
         wide = plan_launch(reduces, out_numels, maxv, strided=True)
         if wide.config != launch.config:
@@ -134,11 +148,11 @@ def render_kernel(
     config.update(
         {"heuristic": HEURISTIC, "index": index_ty, "num_warps": launch.num_warps, "num_stages": NUM_STAGES}
     )
-    note = (
-        f"rows = {ix.size_text(launch.rows)}, reduced extent = {ix.size_text(launch.width)}"
-        if reduces
-        else ""
-    )
+    note = ""
+    if reduces:
+        note = f"rows = {ix.size_text(launch.rows)}, reduced extent = {ix.size_text(launch.width)}"
+    elif launch.mode == "tiled":
+        note = f"rows = {ix.size_text(launch.rows)}, columns = {ix.size_text(launch.width)}"
     source = module_source(name, steps, signature, config, launch.mode, body, launch.grid, note)
     return Rendered(
         name=name,

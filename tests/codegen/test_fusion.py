@@ -219,3 +219,20 @@ def test_a_norm_over_strided_channels_takes_wide_row_tiles(pattern):
     assert 64 * 32 <= STRIDED_TILE
     plain = next(k for k in pattern("norms")[1].program.kernels if "layer_norm" in k.name)
     assert "ROWS = tl.constexpr(16)" in plain.source and "BLOCK_R = tl.constexpr(64)" in plain.source
+
+
+def test_a_pointwise_group_that_reads_transposed_is_tiled(pattern):
+    """``y + x`` with y read back in NHWC order while the output is NCHW: a flat index would read
+    y 24 elements apart from lane to lane, so the kernel runs 64 x 64 tiles on a 2-D grid (rows:
+    channels of each image; columns: its 120 positions), y read down the rows, x and the output
+    along them. Pointwise groups that read nothing transposed keep the flat index (the example
+    models' goldens)."""
+    compiled = pattern("channel_norm")[1]
+    add = next(k for k in compiled.program.kernels if k.name == "fused_add")
+    step = next(s for s in compiled.program.steps if s.target == add.id)
+    assert step.grid == ("(24*batch + 63)//64", "2")
+    assert "c = tl.program_id(1) * BLOCK_R" in add.source
+    assert "tl.load(in0 + (c * 24 + (r % 24) + (r // 24) * 2880)" in add.source  # down the rows
+    assert "tl.store(out0 + (c + r * 120)" in add.source
+    flat = next(k for k in pattern("pointwise")[1].program.kernels)
+    assert "x = tl.program_id(0) * BLOCK" in flat.source
