@@ -8,7 +8,9 @@ Configurations: ``aotpack`` (lazy capture, as the benchmark loads it), ``aotpack
 (capture="none": what the CUDA graphs add is the difference), ``aotpack-borrow``, and ``probe``
 (``probe-own-stream``): a side stream from torch's pool (from ``cuStreamCreate``), an add and a
 CUDA graph of it, a first fp16 ``torch.mm`` and a graph of it, all on that stream, then an mm on
-the default stream: what a stream, cuBLAS and a graph cost any system in a process.
+the default stream: what a stream, cuBLAS and a graph cost any system in a process; and
+``probe-default-first``: the same kernels eager on the default stream first, the side stream used
+only to capture (whether a first launch costs its memory, or a second stream does).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = ("probe", "probe-own-stream", "aotpack", "aotpack-nograph", "aotpack-borrow")
+CONFIGS = ("probe", "probe-own-stream", "probe-default-first", "aotpack", "aotpack-nograph", "aotpack-borrow")
 
 
 def child(model: str, bundle: str, config: str) -> list[dict]:
@@ -77,6 +79,35 @@ def child(model: str, bundle: str, config: str) -> list[dict]:
         torch.cuda.current_stream().wait_stream(side)
         torch.mm(a, b)
         stage("mm on the default stream")
+        del c
+        return stages
+
+    if config == "probe-default-first":
+        # Is the ~92 MiB of a first launch on a second stream paid by any first kernel (module
+        # loading), or by a second stream? Everything eager runs on the default stream here, and
+        # the side stream only ever captures.
+        from aot.loader.cuda import capture_stream
+
+        side, _ = capture_stream(torch.device("cuda"))
+        a = torch.randn(64, 1024, dtype=torch.float16, device="cuda")
+        b = torch.randn(1024, 1024, dtype=torch.float16, device="cuda")
+        stage("two small tensors")
+        c = a + 1
+        stage("an add on the default stream")
+        torch.mm(a, b)
+        stage("first cuBLAS mm, default stream")
+        side.wait_stream(torch.cuda.current_stream())
+        add = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(add, stream=side):
+            c = a + 1
+        add.replay()
+        stage("a graph of the add captured on the side stream")
+        mm = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(mm, stream=side):
+            c = torch.mm(a, b)
+        mm.replay()
+        torch.cuda.synchronize()
+        stage("a graph of the mm captured on the side stream")
         del c
         return stages
 
