@@ -8,8 +8,8 @@ for that bucket) runs on those buffers. A candidate whose results differ from th
 (``|cand - lib| > atol + rtol·|lib|``, the dtype's tolerance: fp16 1e-2 + 1e-2·|lib|) is refused.
 Each remaining form is captured ``REPLAYS`` times back to back in one CUDA graph, each copy after
 a write of a buffer twice the GPU's L2 cache, and timed with CUDA events over ``repeats`` replays;
-the median per run, less that of the L2 writes alone, counts. (Without the flush a GEMM timed
-alone reads its weights from L2 from the second copy on, which in a call, one GEMM after another
+the median per run, less that of the L2 write alone (timed once), counts. (Without the flush a GEMM
+timed alone reads its weights from L2 from the second copy on, which in a call, one GEMM after another
 over different weights, it never does: on an H200 the mlp's tuned bundle came out slower than its
 untuned one.) A candidate is chosen only when it beats the library by ``MIN_GAIN``. Then, per
 bucket where some site chose a candidate, the whole program is timed (one call a replay, buffers
@@ -95,12 +95,6 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: str) -> bool:
     return bool(((g - w).abs() <= tol.atol + tol.rtol * w.abs()).all().item())
 
 
-def l2_flush_buffer(device) -> torch.Tensor:
-    """A buffer twice the GPU's L2 cache (at least 64 MiB): writing it evicts what a form read."""
-    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
-    return torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
-
-
 def _graph_us(run: Callable[[], None], device, copies: int, repeats: int) -> float:
     """Median microseconds per copy of ``run``: warmed up on a side stream (library handles and
     workspaces exist before capture), captured ``copies`` times in one CUDA graph, replayed
@@ -129,27 +123,40 @@ def _graph_us(run: Callable[[], None], device, copies: int, repeats: int) -> flo
     return statistics.median(times)
 
 
+@dataclass(frozen=True)
+class L2Flush:
+    """A buffer twice the GPU's L2 cache (at least 64 MiB), whose write evicts what a form read,
+    and the median microseconds of that write, timed once and taken off every form's time."""
+
+    buffer: torch.Tensor
+    us: float
+
+
+def l2_flush(device, repeats: int) -> L2Flush:
+    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    buffer = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
+    return L2Flush(buffer, _graph_us(buffer.zero_, device, REPLAYS, repeats))
+
+
 def time_form(
     calls: list[Any],
     env: dict[str, Any],
     sizes: dict[str, int],
     device,
     repeats: int,
-    flush: torch.Tensor | None = None,
+    flush: L2Flush | None = None,
 ) -> float:
     """Median microseconds of one run of ``calls``, replayed in a CUDA graph; with ``flush``, each
-    run after a write of it (L2 cold, as in a call), the writes' own time taken off."""
+    run after a write of its buffer (L2 cold, as in a call), the write's own time taken off."""
     local = dict(env)
 
     def run() -> None:
         if flush is not None:
-            flush.zero_()
+            flush.buffer.zero_()
         _run(calls, local, sizes, device)
 
     us = _graph_us(run, device, REPLAYS, repeats)
-    if flush is not None:
-        us -= _graph_us(flush.zero_, device, REPLAYS, repeats)
-    return max(us, 0.0)
+    return max(us - flush.us, 0.0) if flush is not None else us
 
 
 def time_program(
@@ -282,7 +289,7 @@ def _tune_site(
     sizes: dict[str, int],
     dev,
     repeats: int,
-    flush: torch.Tensor | None = None,
+    flush: L2Flush | None = None,
 ) -> TuningChoice | None:
     """Time the library form and each candidate of ``site`` at ``sizes`` on the live buffers of
     ``env`` (left as they were: every form writes into a copy); None when no candidate serves
@@ -379,7 +386,7 @@ def tune(
     arch = f"sm_{major}{minor}"
     choices: list[TuningChoice] = []
     checks: list[TuningCheck] = []
-    flush = l2_flush_buffer(dev)
+    flush = l2_flush(dev, repeats)
     for index, entry in enumerate(runner._entries):
         program, gpu = entry.program, entry.gpu
         if not program.alternatives or (entries and entry.entry not in entries):
