@@ -11,7 +11,7 @@ import time
 import click
 
 from aot.cli.progress import PROGRESS
-from aot.cli.reports import mb
+from aot.cli.reports import mb, set_back_note
 from aot.errors import AotError, printable
 
 _info = PROGRESS.say  # progress: dropped under --quiet
@@ -545,8 +545,7 @@ def tune(
     set_back = sum(not c.kept for c in result.table.checks)
     _result(
         f"wrote {result.output}: {chosen}/{len(result.table.choices)} site-buckets use a Triton candidate "
-        f"on {result.table.device} ({result.table.arch})"
-        + (f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else "")
+        f"on {result.table.device} ({result.table.arch})" + set_back_note(set_back)
     )
     if result.signature_dropped:
         _result(

@@ -124,6 +124,11 @@ def _signature_text(sig: dict[str, Any] | None) -> str:
     return f"signed by {sig['key']} ({check})"
 
 
+def set_back_note(set_back: int) -> str:
+    """What tune's whole-program check undid, for a report line ("" when nothing)."""
+    return f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else ""
+
+
 def _tuning_text(tuning: dict[str, Any] | None) -> str:
     if tuning is None:
         return "untuned: the library calls run (aotpack tune BUNDLE on the target GPU)"
@@ -131,8 +136,7 @@ def _tuning_text(tuning: dict[str, Any] | None) -> str:
     set_back = sum(not c["kept"] for c in tuning.get("checks", ()))
     return (
         f"tuned on {tuning['device']} ({tuning['arch']}): {chosen}/{len(tuning['choices'])} "
-        f"site-buckets use a candidate"
-        + (f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else "")
+        f"site-buckets use a candidate" + set_back_note(set_back)
     )
 
 

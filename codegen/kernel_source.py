@@ -211,12 +211,17 @@ class SourceWriter:
         return val
 
 
+def _terms(lin: Lin, atom: str) -> list[tuple[Size, Frag]]:
+    """The (coefficient, fragment) terms of ``lin`` over the kernel index ``atom``."""
+    return [(coef, f) for coef, f in lin.terms if f.base == atom]
+
+
 def transposed_width(load_lins: list[Lin]) -> Size | None:
     """The output columns of a pointwise group (the span of the innermost fragment of ``x``) when
     some load reads it transposed: that fragment with a coefficient other than 1, and another
     fragment of ``x`` with coefficient 1 (the load's adjacent elements lie a row apart)."""
     for lin in load_lins:
-        xs = [(coef, f) for coef, f in lin.terms if f.base == "x"]
+        xs = _terms(lin, "x")
         inner = [(coef, f) for coef, f in xs if f.div == 1 and f.mod is not None]
         if inner and inner[0][0] != 1 and any(coef == 1 and f.div != 1 for coef, f in xs):
             return inner[0][1].mod
@@ -227,12 +232,8 @@ def strided_rows(load_lins: list[Lin]) -> bool:
     """Whether some load of a reduction walks the reduced elements ``c`` with a stride while its
     rows ``r`` are consecutive in memory: ``c`` only in terms of coefficient other than 1, ``r``
     in a term of coefficient 1 without division."""
-
-    def coefs(lin: Lin, atom: str) -> list[tuple[Size, Frag]]:
-        return [(coef, f) for coef, f in lin.terms if f.base == atom]
-
     for lin in load_lins:
-        c, r = coefs(lin, "c"), coefs(lin, "r")
+        c, r = _terms(lin, "c"), _terms(lin, "r")
         if c and all(coef != 1 for coef, _ in c) and any(coef == 1 and f.div == 1 for coef, f in r):
             return True
     return False

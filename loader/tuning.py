@@ -206,8 +206,7 @@ def parse_tuning(
         for form, us in c.times_us.items():
             if form != LIBRARY and form not in names:
                 raise BundleError(f"{what}: times an unknown form {form[:40]!r}")
-            if not math.isfinite(us) or not 0 <= us <= MAX_TIME_US:
-                raise BundleError(f"{what}: time {us!r} µs is not a measurement")
+            _check_time(us, what)
         if any(r not in names for r in c.rejected) or c.choice in c.rejected:
             raise BundleError(f"{what}: rejected candidates must be the site's, and not the choice")
         key = (c.program, c.site, tuple(sorted(c.sizes.items())))
@@ -222,8 +221,7 @@ def parse_tuning(
             raise BundleError(f"{what}: the bundle has {len(programs)} programs")
         _check_bucket(check.sizes, programs[check.program], buckets[check.program], what)
         for us in (check.library_us, check.tuned_us):
-            if not math.isfinite(us) or not 0 <= us <= MAX_TIME_US:
-                raise BundleError(f"{what}: time {us!r} µs is not a measurement")
+            _check_time(us, what)
         key = (check.program, tuple(sorted(check.sizes.items())))
         if key in checked_at:
             raise BundleError(f"{what}: listed twice")
@@ -250,6 +248,11 @@ def parse_tuning(
                 f"{where}: the choices {dict(list(chosen.items())[:4])} make a wrong program: {e}"
             ) from None
     return table
+
+
+def _check_time(us: float, what: str) -> None:
+    if not math.isfinite(us) or not 0 <= us <= MAX_TIME_US:
+        raise BundleError(f"{what}: time {us!r} µs is not a measurement")
 
 
 def _check_bucket(sizes: Mapping[str, int], program: Program, buckets: Sequence[Bucket], what: str) -> None:

@@ -275,49 +275,43 @@ def test_a_model_that_fails_to_load_is_reported_in_one_line(tmp_path, bundles):
     assert f"failed to load '{MODEL}'" in message and "BundleError" in message and "missing.tpk" in message
 
 
-def test_a_triton_repo_repository_is_served_by_the_real_server(tmp_path, bundles, runner):
+def _answers_like_the_runner(repo, name: str, x: np.ndarray, runner) -> None:
+    """tritonserver on the model repository ``repo``: one HTTP request of ``x`` to model ``name``
+    gets the runner's answer, and the server then stops with exit status 0."""
     import tritonclient.http as httpclient
 
-    from aot.serve.triton import TritonServer, write_repository
+    from aot.serve.triton import TritonServer
 
-    repo = tmp_path / "repo"
-    write_repository(bundles(MODEL), repo, name="served-repo")
-    server = TritonServer(repo, "served-repo", *free_ports(3), address="127.0.0.1", drain_timeout=5)
+    server = TritonServer(repo, name, *free_ports(3), address="127.0.0.1", drain_timeout=5)
     server.start(timeout=120)
     try:
         client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
-        x = x_of(4, 20, seed=7)
         given = httpclient.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
-        got = client.infer("served-repo", [given]).as_numpy("output")
+        got = client.infer(name, [given]).as_numpy("output")
         client.close()
         np.testing.assert_allclose(got, expected(runner, x), atol=ATOL, rtol=0)
     finally:
         assert server.stop() == 0
 
 
+def test_a_triton_repo_repository_is_served_by_the_real_server(tmp_path, bundles, runner):
+    from aot.serve.triton import write_repository
+
+    repo = tmp_path / "repo"
+    write_repository(bundles(MODEL), repo, name="served-repo")
+    _answers_like_the_runner(repo, "served-repo", x_of(4, 20, seed=7), runner)
+
+
 def test_the_stub_embeds_this_interpreter_whatever_python3_path_finds_first(
     tmp_path, bundles, runner, monkeypatch
 ):
-    import tritonclient.http as httpclient
-
     from aot.serve.config import open_spec
-    from aot.serve.triton import TritonServer, write_model
+    from aot.serve.triton import write_model
 
     # The stub's Python takes the first python3 on PATH as its own; another install's (here the
     # system's, if any) would give it the wrong standard library, site-packages and numpy.
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     spec = open_spec(bundles(MODEL))
     write_model(tmp_path, spec, str(bundles(MODEL)), "cpu", 100)
-    server = TritonServer(tmp_path, spec.name, *free_ports(3), address="127.0.0.1", drain_timeout=5)
-    server.start(timeout=120)
-    try:
-        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
-        x = x_of(2, 12, seed=3)
-        given = httpclient.InferInput("x", list(x.shape), "FP32")
-        given.set_data_from_numpy(x)
-        got = client.infer(MODEL, [given]).as_numpy("output")
-        client.close()
-        np.testing.assert_allclose(got, expected(runner, x), atol=ATOL, rtol=0)
-    finally:
-        assert server.stop() == 0
+    _answers_like_the_runner(tmp_path, spec.name, x_of(2, 12, seed=3), runner)
