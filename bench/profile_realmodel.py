@@ -1,6 +1,9 @@
-"""Top CUDA kernels of a zoo model's bundle against eager captured in a CUDA graph, one GPU.
+"""Top CUDA kernels of a model's bundle against eager captured in a CUDA graph, one GPU.
 
 python bench/profile_realmodel.py MODEL [--dtype float16] [--batch 1] [--seq 32]
+
+MODEL is a real-model suite case (``tests/realmodels/zoo.py``, small configs) or, failing that, a
+bench model file's name (``bench/models``, ``models``: the benchmarked sizes, at the file's dtype).
 """
 
 from __future__ import annotations
@@ -37,11 +40,18 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
-    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--dtype", default=None, help="the zoo's cases: float16 unless given")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=32)
     args = ap.parse_args()
-    spec = replace(ZOO[args.model](), dtype=args.dtype)
+    if args.model in ZOO:
+        spec = replace(ZOO[args.model](), dtype=args.dtype or "float16")
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from common import load_spec
+
+        spec = load_spec(args.model)
+        spec = replace(spec, dtype=args.dtype) if args.dtype else spec
     path = Path("/tmp") / f"profile-{args.model}.tpk"
     pack(generate(trace(spec), ("sm_80", "sm_90")), path)
     runner = load(path, device="cuda")

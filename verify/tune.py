@@ -314,6 +314,7 @@ def _tune_site(
             rejected.append(cand.name)
             continue
         times[cand.name] = time_form(cand_calls, env, sizes, dev, repeats, flush)
+    times = {k: round(float(t), TIME_DECIMALS) for k, t in times.items()}  # chosen on the times recorded
     return TuningChoice(index, site.id, sizes, choose(times), times, tuple(rejected))
 
 
