@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 4)
+SCHEMA_VERSION = (1, 5)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -47,6 +47,9 @@ KERNELS_DIR = "kernels/"
 KERNEL_SOURCE_FORMAT = KERNELS_DIR + "{kernel}.py"
 KERNEL_CUBIN_FORMAT = KERNELS_DIR + "{kernel}.{arch}.cubin"
 WEIGHTS_ALIGNMENT = 64
+# A field with this metadata is left out of the JSON while empty, so records written before it
+# existed serialize unchanged.
+OMIT_EMPTY = {"omit_empty": True}
 
 # Reference tensors are stored under these prefixes in REFERENCE_PATH.
 REFERENCE_INPUT_PREFIX = "input."
@@ -154,10 +157,15 @@ Arg = (
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A tensor's dtype and shape; each size is expression text (``"768"``, ``"batch*seq"``)."""
+    """A tensor's dtype and shape; each size is expression text (``"768"``, ``"batch*seq"``).
+
+    ``order``: the dims from the outermost in memory to the innermost, where the codegen lays the
+    tensor out other than row-major (``(0, 2, 3, 1)``: channels-last); empty for row-major
+    (``aot.layout``)."""
 
     dtype: str
     shape: tuple[str, ...]
+    order: tuple[int, ...] = field(default=(), metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)
@@ -265,7 +273,6 @@ class GemmSite:
 
 # Fields written only when they hold something: a bundle that does not use them keeps the bytes
 # of the schema that had none.
-OMIT_EMPTY = {"omit_empty": True}
 
 
 @dataclass(frozen=True)

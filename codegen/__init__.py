@@ -92,6 +92,7 @@ def generate(
     fuse: bool = True,
     gemm_candidates: bool = False,
     stack_siblings: bool = True,
+    channels_last: bool = True,
 ) -> Compiled:
     """Fuse and compile ``traced``'s program for ``archs``; ``fuse=False`` keeps every ATen step.
     ``gemm_candidates``: also compile Triton candidates for the library GEMMs
@@ -99,18 +100,21 @@ def generate(
     ``stack_siblings=False`` keeps sibling matmuls apart (``aot.codegen.sibling_matmuls``): with
     candidates, a gated MLP's gate and up then get a dual-GEMM candidate, but the library steps
     (an untuned bundle, and every bucket where tune keeps the library) launch one GEMM per
-    sibling.
+    sibling. ``channels_last=False`` keeps every tensor row-major (``aot.codegen.layouts``).
 
     A model traced as several programs (``Traced.programs``) has each fused on its own; they come
     out as one ``Program`` with the others in ``variants``, kernels compiled once across them."""
     import triton
 
     if traced.programs:
-        return _generate_programs(traced, archs, progress, fuse, gemm_candidates, stack_siblings)
+        return _generate_programs(
+            traced, archs, progress, fuse, gemm_candidates, stack_siblings, channels_last
+        )
 
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.compile import ptxas_release
+    from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.partition import partition, rewrite
     from aot.codegen.render import kernel_record
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
@@ -147,6 +151,10 @@ def generate(
     program, folded = fold_activations(program)
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
+    if channels_last:
+        program, n_cl = lay_out_channels_last(program)
+        if n_cl:
+            say(f"  {n_cl} convolutions run channels-last (NHWC tensors and weights, no cuDNN transposes)")
     graph, groups, unfused = partition(program, ranges, log=say)
     ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
     distinct = list(dict.fromkeys(ids))
@@ -220,13 +228,14 @@ def _generate_programs(
     fuse: bool,
     gemm_candidates: bool = False,
     stack_siblings: bool = True,
+    channels_last: bool = True,
 ) -> Compiled:
     say = progress or (lambda msg: None)
     parts = []
     for tp in traced.programs:
         say(f"  program {tp.name}:")
         single = replace(traced, program=tp.program, guards=tp.guards, buckets=tp.buckets, programs=())
-        parts.append(generate(single, archs, progress, fuse, gemm_candidates, stack_siblings))
+        parts.append(generate(single, archs, progress, fuse, gemm_candidates, stack_siblings, channels_last))
     main = parts[0]
     shapes = {k: tuple(v.shape) for k, v in main.traced.weights.items()}
     for tp, part in zip(traced.programs[1:], parts[1:]):

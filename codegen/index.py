@@ -388,6 +388,26 @@ def unflatten(lin: Lin, shape: tuple[Size, ...]) -> list[Lin]:
     ]
 
 
+def permuted(shape: tuple[Size, ...], order: tuple[int, ...]) -> tuple[Size, ...]:
+    """The dims of ``shape`` as they lie in memory in ``order`` (``aot.layout``)."""
+    return tuple(shape[d] for d in order)
+
+
+def to_memory(lin: Lin, shape: tuple[Size, ...], order: tuple[int, ...]) -> Lin:
+    """The flat index of a tensor of ``shape`` → its offset when laid out in memory in ``order``."""
+    per = unflatten(lin, shape)
+    return flatten([per[d] for d in order], permuted(shape, order))
+
+
+def from_memory(lin: Lin, shape: tuple[Size, ...], order: tuple[int, ...]) -> Lin:
+    """The inverse of ``to_memory``: an offset in memory → the flat (row-major) index."""
+    per = unflatten(lin, permuted(shape, order))
+    back: list[Lin] = [const_lin(ZERO)] * len(order)
+    for k, d in enumerate(order):
+        back[d] = per[k]
+    return flatten(back, shape)
+
+
 def same_shape(a: tuple[Size, ...], b: tuple[Size, ...]) -> bool:
     return len(a) == len(b) and all(x == y or same(x, y) for x, y in zip(a, b))
 

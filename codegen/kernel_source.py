@@ -62,6 +62,13 @@ class SourceWriter:
         # loads are masked by them, and its values are cached apart from unconditional ones
         self.conds: tuple[str, ...] = ()
         self.cond_in_loop = False
+        # per output, where it lies in memory: (shape, order) when not row-major (``aot.layout``)
+        self.out_layouts: list[tuple[tuple[Size, ...], tuple[int, ...]] | None] = []
+
+    def store_lin(self, i: int, lin: Lin) -> Lin:
+        """The offset at which output ``i`` stores the element of flat index ``lin``."""
+        layout = self.out_layouts[i] if i < len(self.out_layouts) else None
+        return lin if layout is None else ix.to_memory(lin, *layout)
 
     # -- emission
     def emit(self, expr: str, ty: str, in_loop: bool) -> Val:
@@ -257,14 +264,17 @@ def rc_mask_line(masks: dict[str, bool]) -> str:
     return "rc_mask = (r >= 0) & (c >= 0)"
 
 
-def store(param: str, v: Val, dtype: str, w: SourceWriter, level: str) -> str:
-    """Store a full (``x`` or ``r``/``c``) or row (``r``) value; every lane writes its element."""
+def store(i: int, v: Val, dtype: str, w: SourceWriter, level: str) -> str:
+    """Store output ``i``'s full (``x`` or ``r``/``c``) or row (``r``) value; every lane writes
+    its element, at the offset the output's memory order gives it."""
+    param = f"out{i}"
     if w.mode == "pointwise":
         lin, atoms = w.full_lin, ("x",)
     elif level == "full":
         lin, atoms = w.full_lin, ("r", "c")
     else:
         lin, atoms = w.row_lin, ("r",)
+    lin = w.store_lin(i, lin)
     offset = ix.triton_index(lin)
     missing = [a for a in atoms if a not in lin.atoms]  # size-1 extents vanish from the index
     if missing:
@@ -294,7 +304,7 @@ def write_body(
         for node, level in zip(out_nodes, launch.levels)
     ]
     for i, (v, dt, level) in enumerate(zip(values, out_dtypes, launch.levels)):
-        w.outer.append(store(f"out{i}", v, dt, w, level))
+        w.outer.append(store(i, v, dt, w, level))
 
 
 def write_loop(
@@ -358,12 +368,12 @@ def write_loop(
         def fill_outputs() -> None:
             values = [w.value(out_nodes[i], w.full_lin) for i in full]
             for i, v in zip(full, values):
-                w.body.append(store(f"out{i}", v, out_dtypes[i], w, "full"))
+                w.body.append(store(i, v, out_dtypes[i], w, "full"))
 
         run_loop(fill_outputs)
     for i, lv in enumerate(levels):
         if lv == "row":
-            w.outer.append(store(f"out{i}", w.value(out_nodes[i], w.row_lin), out_dtypes[i], w, "row"))
+            w.outer.append(store(i, w.value(out_nodes[i], w.row_lin), out_dtypes[i], w, "row"))
 
 
 def module_source(name, steps, signature, config, mode, body, grid, shape_note) -> str:

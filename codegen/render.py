@@ -13,7 +13,7 @@ declared dim ranges.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sympy
@@ -32,6 +32,7 @@ from aot.codegen.kernel_source import (
 from aot.codegen.launch import (
     HEURISTIC,
     NUM_STAGES,
+    Launch,
     index_type,
     kernel_params,
     max_value,
@@ -40,6 +41,7 @@ from aot.codegen.launch import (
 )
 from aot.codegen.valuegraph import Builder, NotFusible, Unsupported, walk
 from aot.dtypes import ITEMSIZE
+from aot.layout import is_row_major
 from aot.schema import Kernel, KernelParam, Step, TensorSpec
 
 
@@ -112,19 +114,28 @@ def render_kernel(
 
     out_numels = [ix.numel(s) for s in out_shapes]
     out_dtypes = [b.spec(o).dtype for o in outputs]
+    orders = [b.spec(o).order for o in outputs]
+    layouts = [None if is_row_major(p) else (shape, p) for shape, p in zip(out_shapes, orders)]
+
+    def written(launch: Launch) -> SourceWriter:
+        w = SourceWriter(launch)
+        w.out_layouts = layouts
+        write_body(w, launch, order, out_nodes, out_dtypes)
+        return w
+
     launch = plan_launch(reduces, out_numels, maxv)
-    w = SourceWriter(launch)
-    write_body(w, launch, order, out_nodes, out_dtypes)
+    first = next((lay for lay in layouts if lay is not None), None)
+    if launch.mode == "pointwise" and first is not None:  # x walks that output's memory, in order
+        launch = replace(launch, full_lin=ix.from_memory(launch.full_lin, *first))
+    w = written(launch)
     width = transposed_width(w.load_lins) if launch.mode == "pointwise" else None
     tiled = plan_tiled(out_numels[0], width, len(outputs), maxv) if width is not None else None
     if tiled is not None:  # reads an input transposed: tiles coalesce both its loads and the stores
-        launch, w = tiled, SourceWriter(tiled)
-        write_body(w, launch, order, out_nodes, out_dtypes)
+        launch, w = tiled, written(tiled)
     if launch.mode == "single" and strided_rows(w.load_lins):  # coalesce along the rows instead
         wide = plan_launch(reduces, out_numels, maxv, strided=True)
         if wide.config != launch.config:
-            launch, w = wide, SourceWriter(wide)
-            write_body(w, launch, order, out_nodes, out_dtypes)
+            launch, w = wide, written(wide)
 
     # buffers touched, for the index width and the traffic estimate
     touched = [(buf, b.shape(buf), dt) for buf, dt in w.ptr_dtypes.items()] + [

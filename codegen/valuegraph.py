@@ -20,6 +20,7 @@ from typing import Any
 from aot.codegen import index as ix
 from aot.codegen.index import Lin, Size
 from aot.codegen.triton_types import COMPUTE
+from aot.layout import is_row_major
 from aot.schema import Buf, Step, TensorSpec
 
 
@@ -103,7 +104,18 @@ class Builder:
             spec = self.spec(name)
             if spec.dtype not in COMPUTE:
                 raise Unsupported(f"dtype {spec.dtype}")
-            self.roots[name] = Node("load", self.shape(name), spec.dtype, buf=name)
+            shape = self.shape(name)
+            if is_row_major(spec.order):
+                self.roots[name] = Node("load", shape, spec.dtype, buf=name)
+            else:  # read through its memory order: a load of the stored dims, permuted back
+                stored = Node("load", ix.permuted(shape, spec.order), spec.dtype, buf=name)
+                self.roots[name] = Node(
+                    "remap",
+                    shape,
+                    spec.dtype,
+                    (stored,),
+                    remap=lambda lin: ix.to_memory(lin, shape, spec.order),
+                )
         return self.roots[name]
 
     def out(self, step: Step, i: int = 0) -> tuple[str | None, tuple[Size, ...], str]:

@@ -17,6 +17,7 @@ import torch
 
 from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
+from aot.layout import check_order, empty_ordered, has_order, to_order
 from aot.loader.bundle import Bundle
 from aot.loader.cuda import Context, Function, capture_stream, driver_version, pack_params
 from aot.loader.program import OutputSpecs, Storages, storage_span
@@ -73,11 +74,14 @@ class KernelCall:
         self.fn = fn
         self.name = kernel.name
         self.params: list[tuple[str, Any]] = []
+        specs = {**{t.name: t.spec for t in (*program.weights, *program.inputs)}, **program.buffers}
         for param, arg in zip(kernel.params, step.args):
             if param.kind == ParamKind.PTR:
                 if not isinstance(arg, Buf):
                     raise BundleError(f"kernel {kernel.id}: pointer parameter {param.name} needs a buffer")
-                self.params.append(("ptr", arg.name))
+                spec = specs.get(arg.name)
+                order = check_order(spec.order, len(spec.shape), f"buffer {arg.name!r}") if spec else ()
+                self.params.append(("ptr", (arg.name, order)))
             else:
                 if not isinstance(arg, Sym):
                     raise BundleError(
@@ -94,17 +98,22 @@ class KernelCall:
             spec = program.buffers.get(name)
             if spec is None or spec.dtype not in DTYPES:
                 raise BundleError(f"kernel {kernel.id}: output {name!r} has no buffer spec")
-            self.allocs.append((name, DTYPES[spec.dtype], [compile_expr(s) for s in spec.shape], device))
+            order = check_order(spec.order, len(spec.shape), f"kernel {kernel.id}: output {name!r}")
+            shape = [compile_expr(s) for s in spec.shape]
+            self.allocs.append((name, DTYPES[spec.dtype], shape, order, device))
 
     def __call__(self, env: dict, sizes: dict, stream: int) -> None:
-        for name, dtype, shape, device in self.allocs:
-            env[name] = torch.empty([s(sizes) for s in shape], dtype=dtype, device=device)
+        for name, dtype, shape, order, device in self.allocs:
+            env[name] = empty_ordered([s(sizes) for s in shape], order, dtype, device)
         values = []
         for kind, what in self.params:
             if kind == "ptr":
-                t = env[what]
-                if not t.is_contiguous() or t.data_ptr() % ALIGNMENT:
-                    t = env[what] = t.contiguous() if not t.is_contiguous() else t.clone()
+                name, order = what
+                t = env[name]
+                if not has_order(t, order):  # another layout than the kernel indexes: lay it out so
+                    t = env[name] = to_order(t, order)
+                elif t.data_ptr() % ALIGNMENT:
+                    t = env[name] = t.clone(memory_format=torch.preserve_format)
                 values.append(("ptr", t.data_ptr()))
             else:
                 values.append((kind, what(sizes)))

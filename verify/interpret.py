@@ -60,10 +60,12 @@ def interpret_kernels(
 
     from aot.aten import DTYPES, AtenCall
     from aot.codegen.compile import load_function
+    from aot.layout import empty_ordered, to_order
     from aot.schema import ParamKind, StepKind
     from aot.symexpr import evaluate
 
     cpu = torch.device("cpu")
+    specs = {**{t.name: t.spec for t in (*program.weights, *program.inputs)}, **program.buffers}
     env: dict[str, Any] = dict(weights)
     env.update(inputs)
     kernels = {k.id: k for k in program.kernels}
@@ -93,11 +95,14 @@ def interpret_kernels(
             fill = (
                 float("nan") if dtype.is_floating_point else (False if dtype == torch.bool else INT_SENTINEL)
             )
-            outs[o] = torch.full(shape, fill, dtype=dtype)
+            outs[o] = empty_ordered(shape, spec.order, dtype, cpu).fill_(fill)
         args = []
         for a, p in zip(step.args, kernel.params):
             if p.kind == ParamKind.PTR:
-                args.append(outs[a.name] if a.name in outs else env[a.name].contiguous())
+                spec = specs.get(a.name)
+                args.append(
+                    outs[a.name] if a.name in outs else to_order(env[a.name], spec.order if spec else ())
+                )
             else:
                 args.append(evaluate(a.text, sizes))
         grid = tuple(evaluate(g, sizes) for g in step.grid)

@@ -180,6 +180,9 @@ def time_program(
     return _graph_us(run, device, 1, repeats)
 
 
+CHECKS_SCHEMA = (1, 4)  # the schema that brought TuningTable.checks
+
+
 def choose(times_us: dict[str, float], min_gain: float = MIN_GAIN) -> str:
     """The fastest candidate when it beats the library by ``min_gain``, else ``"library"``; ties
     go to the name first in sort order, so the choice depends on the times alone."""
@@ -479,6 +482,6 @@ def write_tuned(path: str | os.PathLike, output: str | os.PathLike, table: Tunin
     listed[schema.TUNING_PATH] = Member(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
     new = replace(manifest, members=dict(sorted(listed.items())))
     if table.checks:  # a field older loaders do not know: they refuse the bundle as too new
-        new = replace(new, schema_version=max(tuple(manifest.schema_version), schema.SCHEMA_VERSION))
+        new = replace(new, schema_version=max(tuple(manifest.schema_version), CHECKS_SCHEMA))
     write_archive(output, serde.canonical_json(new), members)
     return signed

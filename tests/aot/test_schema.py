@@ -24,6 +24,8 @@ PINNED = {
     (1, 3): "e5e6766406893641adc3f5b3b599a68e754bb7ad724dda062f125628e0c2c9c2",
     # tune's whole-program check per bucket (TuningTable.checks, omitted when empty)
     (1, 4): "11d69a7da50bdd303ab798541a1c5d64d459984f1943e07491b06678cc2bcaeb",
+    # memory orders of buffers and weights (TensorSpec.order, omitted when row-major)
+    (1, 5): "a0cbbe479a2b1e9494cc92c819c4b5c5c7f9a1842e4210f53943a20297a937dc",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

@@ -543,7 +543,7 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
     (tmp_path / "old.tpk").write_bytes(write_entries(with_manifest_text(entries, manifest_bytes(older))))
     assert load(tmp_path / "old.tpk").manifest.schema_version == (1, 3)
     tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w.tpk", set_back)
-    assert load(tmp_path / "w.tpk").manifest.schema_version == schema.SCHEMA_VERSION == (1, 4)
+    assert load(tmp_path / "w.tpk").manifest.schema_version == tune_mod.CHECKS_SCHEMA == (1, 4)
     from aot.cli.reports import bundle_summary, summary_text
 
     m, info = bundle_summary(str(tmp_path / "w.tpk"))

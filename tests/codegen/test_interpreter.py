@@ -33,6 +33,7 @@ PATTERN_SIZES = {
     "concat": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
     "siblings": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 37}],
     "channel_norm": [{"batch": 1}, {"batch": 3}],
+    "conv_layouts": [{"batch": 1}, {"batch": 3}],
 }
 
 

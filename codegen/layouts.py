@@ -1,0 +1,160 @@
+"""Channels-last convolutions: which buffers and weights a program keeps as NHWC in memory.
+
+cuDNN convolves half-precision NCHW tensors by transposing the input to NHWC, convolving, and
+transposing the result back: two extra kernels per convolution (on an H200, resnet50 at batch 1
+spent 35 x 3.5 us and 19 x 1.7 us on them, half its convolution time). Fed NHWC tensors and NHWC
+weights it runs one kernel and returns NHWC, and its depthwise kernels are twice as fast. So the
+codegen gives ``aot.layout.CHANNELS_LAST`` to
+
+- every 4-D convolution's output, and its weight (laid out so when the bundle loads), unless the
+  output reaches the program's outputs, through views or directly (a caller gets row-major
+  tensors), or the weight is also read by something else;
+- the input of such a convolution, where a kernel writes it (its stores follow the order) and every
+  convolution reading it is channels-last too (one that is not would return NHWC where the program
+  declares NCHW: still right, but a copy for every kernel that reads it);
+- the output of a pooling op whose input is channels-last, as ATen's pooling keeps its input's
+  layout (and such a pool's input only when its output may be).
+
+A layout is a matter of speed alone: kernels index their loads and stores by it, the loader
+allocates kernel outputs in it, and any tensor reaching a kernel in another layout is copied into
+the declared one first (``aot.loader.gpu``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from aot.codegen.classify import classify
+from aot.layout import CHANNELS_LAST
+from aot.program import VIEW_OPS, buffers_in
+from aot.schema import Buf, NamedTensor, Program, Step, StepKind
+
+CONVOLUTION = "aten.convolution.default"
+# ATen pooling whose result takes its input's layout
+POOLS = frozenset(
+    {
+        "aten.max_pool2d_with_indices.default",
+        "aten.max_pool2d.default",
+        "aten.avg_pool2d.default",
+        "aten._adaptive_avg_pool2d.default",
+        "aten.adaptive_avg_pool2d.default",
+    }
+)
+FLOATS = frozenset({"float16", "bfloat16", "float32"})
+
+
+def channels_last(program: Program) -> tuple[Program, int]:
+    """``program`` with channels-last orders on its convolutions' buffers and weights (see the
+    module doc); and how many convolutions run channels-last."""
+    readers: dict[str, list[Step]] = {}
+    producer: dict[str, Step] = {}
+    for step in program.steps:
+        for name in dict.fromkeys(buffers_in((step.args, tuple(step.kwargs.values())))):
+            readers.setdefault(name, []).append(step)
+        for o in step.outputs:
+            if o is not None:
+                producer[o] = step
+    outputs, state = set(program.outputs), set(program.state)
+
+    def reaches_output(name: str, seen: set[str]) -> bool:
+        if name in outputs:
+            return True
+        for r in readers.get(name, []):
+            if r.kind == StepKind.ATEN and r.target in VIEW_OPS:
+                for o in r.outputs:
+                    if o is not None and o not in seen:
+                        seen.add(o)
+                        if reaches_output(o, seen):
+                            return True
+        return False
+
+    def eligible(name: str | None, any_dtype: bool = False) -> bool:
+        spec = program.buffers.get(name) if name else None
+        return (
+            spec is not None
+            and len(spec.shape) == 4
+            and (any_dtype or spec.dtype in FLOATS)
+            and name not in state
+            and not reaches_output(name, {name})
+        )
+
+    def first_buf(step: Step) -> str | None:
+        return step.args[0].name if step.args and isinstance(step.args[0], Buf) else None
+
+    def _may_write(src: str) -> bool:  # a kernel writes it, and no row-major convolution reads it
+        return (
+            eligible(src)
+            and _kernel_written(producer.get(src), program)
+            and _conv_readers_agree(src, readers, cl_convs)
+        )
+
+    convs = [s for s in program.steps if s.kind == StepKind.ATEN and s.target == CONVOLUTION]
+    convs = [s for s in convs if len(s.args) > 1 and isinstance(s.args[1], Buf)]
+    cl_convs = {id(s) for s in convs if eligible(s.outputs[0])}
+    pools = [s for s in program.steps if s.kind == StepKind.ATEN and s.target in POOLS]
+    marked: set[str] = set()
+    changed = True
+    while changed:  # demotions only, so this ends
+        changed = False
+        marked = {s.outputs[0] for s in convs if id(s) in cl_convs}
+        for s in convs:  # an input a kernel writes, when every convolution reading it is channels-last
+            src = first_buf(s)
+            if src is not None and src not in marked and _may_write(src):
+                marked.add(src)
+        for pool in pools:  # a pool keeps its input's layout
+            src, outs = first_buf(pool), [o for o in pool.outputs if o is not None]
+            if not all(
+                eligible(o, any_dtype=True) and _conv_readers_agree(o, readers, cl_convs) for o in outs
+            ):
+                continue
+            if src in marked or (src is not None and _may_write(src)):
+                marked.add(src)
+                marked.update(outs)
+        for s in convs:  # a row-major convolution must not be handed an NHWC input
+            src = first_buf(s)
+            if id(s) not in cl_convs and src in marked:
+                maker = producer.get(src)
+                if maker is not None and id(maker) in cl_convs:
+                    cl_convs.discard(id(maker))
+                    changed = True
+        for pool in pools:  # nor a pool whose output may not be NHWC
+            src = first_buf(pool)
+            if src in marked and not all(o in marked for o in pool.outputs if o is not None):
+                maker = producer.get(src)
+                if maker is not None and id(maker) in cl_convs:
+                    cl_convs.discard(id(maker))
+                    changed = True
+    cl_weights = set()
+    for s in convs:
+        w = s.args[1].name
+        if id(s) in cl_convs and all(
+            r.target == CONVOLUTION and id(r) in cl_convs and first_buf(r) != w for r in readers.get(w, [])
+        ):
+            cl_weights.add(w)
+    if not cl_convs:
+        return program, 0
+    buffers = {
+        name: replace(spec, order=CHANNELS_LAST) if name in marked else spec
+        for name, spec in program.buffers.items()
+    }
+    weights = tuple(
+        NamedTensor(w.name, replace(w.spec, order=CHANNELS_LAST))
+        if w.name in cl_weights and len(w.spec.shape) == 4
+        else w
+        for w in program.weights
+    )
+    return replace(program, buffers=buffers, weights=weights), len(cl_convs)
+
+
+def _kernel_written(step: Step | None, program: Program) -> bool:
+    """Whether ``step``'s result comes out of a kernel (a step the fuser computes), whose stores
+    can take any order."""
+    return step is not None and classify(step, program.buffers) in ("pointwise", "reduction", "generator")
+
+
+def _conv_readers_agree(name: str, readers: dict[str, list[Step]], cl_convs: set[int]) -> bool:
+    return all(
+        id(r) in cl_convs
+        for r in readers.get(name, [])
+        if r.kind == StepKind.ATEN and r.target == CONVOLUTION and r.args and r.args[0] == Buf(name)
+    )
