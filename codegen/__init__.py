@@ -115,6 +115,7 @@ def generate(
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.compile import ptxas_release
     from aot.codegen.layouts import channels_last as lay_out_channels_last
+    from aot.codegen.layouts import split_conv_bias
     from aot.codegen.partition import partition, rewrite
     from aot.codegen.render import kernel_record
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
@@ -151,6 +152,9 @@ def generate(
     program, folded = fold_activations(program)
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
+    program, split = split_conv_bias(program)
+    if split:
+        say(f"  {split} convolution biases join the kernels after them")
     if channels_last:
         program, n_cl = lay_out_channels_last(program)
         if n_cl:

@@ -10,6 +10,7 @@ import torch
 
 from aot.codegen import index as ix
 from aot.layout import CHANNELS_LAST, empty_ordered, has_order, to_order
+from aot.schema import Buf
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,24 @@ def test_inputs_are_nhwc_only_where_a_kernel_writes_them_and_every_reader_agrees
     assert program.buffers[block].order == CHANNELS_LAST  # the residual block's ReLU, written NHWC
     # read by the channels-last head and by the row-major output convolution: stays row-major
     assert head == out and program.buffers[head].order == ()
+
+
+def test_a_convolution_bias_joins_the_kernel_after_it(pattern):
+    from aot.codegen.layouts import CONVOLUTION
+
+    traced, compiled, *_ = pattern("conv_layouts")
+    biased = [
+        s.args[2].name for s in traced.program.steps if s.target == CONVOLUTION and s.args[2] is not None
+    ]
+    assert biased == ["dw.bias", "head.bias"]
+    convs = [s for s in compiled.program.steps if s.target == CONVOLUTION]
+    assert len(convs) == 5 and all(s.args[2] is None for s in convs)
+    kernels = {k.id: k.name for k in compiled.program.kernels}
+    readers = {
+        b: [kernels[s.target] for s in compiled.program.steps if s.kind == "kernel" and Buf(b) in s.args]
+        for b in biased
+    }
+    assert readers == {"dw.bias": ["fused_add_layer_norm"], "head.bias": ["fused_add_softmax"]}
 
 
 def test_off_keeps_every_tensor_row_major(pattern):

@@ -1,7 +1,8 @@
 """Convolutions in the layouts the codegen gives them (``aot.codegen.layouts``): a stem with
 BatchNorm + ReLU and a max pool, a residual block, a ConvNeXt-style block (depthwise convolution,
 LayerNorm over the channels of the permuted tensor, layer scale and residual), a convolution whose
-output is read through a view, and one whose output is the model's output (kept row-major)."""
+output is read through a view, and one whose output is the model's output (kept row-major). The
+biases of the depthwise and the head convolution join the kernels after them."""
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ class ConvLayouts(nn.Module):
         self.norm = nn.LayerNorm(C, eps=1e-6)
         self.gamma = nn.Parameter(torch.linspace(0.5, 1.0, C))
         self.head = nn.Conv2d(C, 8, 1)
-        self.out = nn.Conv2d(C, 4, 1)
+        self.out = nn.Conv2d(C, 4, 1, bias=False)
 
     def forward(self, x):  # x: [B, 3, H, W]
         x = F.max_pool2d(F.relu(self.bn0(self.stem(x))), 2)
