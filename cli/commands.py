@@ -92,6 +92,12 @@ def cli() -> None:
     help="keep matmuls that read the same input apart (q/k/v, gate/up) instead of stacking their "
     "weights into one GEMM: with --gemm-candidates, a gated MLP gets a dual-GEMM candidate",
 )
+@click.option(
+    "--no-channels-last",
+    is_flag=True,
+    help="keep every tensor row-major: convolutions then take and return NCHW, which cuDNN "
+    "transposes to NHWC and back around each one",
+)
 @click.option("--force", is_flag=True, help="overwrite OUTPUT even when it is not a bundle")
 def build(
     model: str,
@@ -103,6 +109,7 @@ def build(
     allow_narrowing: bool,
     gemm_candidates: bool,
     keep_siblings: bool,
+    no_channels_last: bool,
     force: bool,
 ) -> None:
     """Trace MODEL.py, fuse and compile its kernels, and write a bundle."""
@@ -147,6 +154,7 @@ def build(
             fuse=not no_fuse,
             gemm_candidates=gemm_candidates and not no_fuse,
             stack_siblings=not keep_siblings,
+            channels_last=not no_channels_last,
         )
     pack(compiled, output, split_weights=split_weights)
     size = os.path.getsize(output)

@@ -98,3 +98,22 @@ def test_layout_helpers():
     e = empty_ordered([2, 3, 4, 5], CHANNELS_LAST, torch.float16, "cpu")
     assert e.shape == (2, 3, 4, 5) and e.stride() == (60, 1, 15, 3)
     assert empty_ordered([2, 3], (), torch.float16, "cpu").is_contiguous()
+
+
+def test_the_build_command_keeps_row_major_when_asked(tmp_path):
+    import subprocess
+    import sys
+
+    from aot.loader import load
+    from tests.codegen.conftest import PATTERNS
+
+    orders = {}
+    for flag in ([], ["--no-channels-last"]):
+        out = tmp_path / f"b{len(flag)}.tpk"
+        cmd = [sys.executable, "-m", "aot.cli", "build", str(PATTERNS / "conv_layouts.py"), "-o", str(out)]
+        r = subprocess.run(cmd + flag + ["--arch", "sm_90"], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        program = load(out).program
+        orders[bool(flag)] = [s.order for s in program.buffers.values() if s.order]
+    assert orders[False] and all(o == CHANNELS_LAST for o in orders[False])
+    assert orders[True] == []
