@@ -14,12 +14,14 @@ arguments), ``triton_size`` renders it for kernel source.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
 from aot.errors import BundleError
+from aot.layout import inverse
 from aot.schema import Sym
 from aot.symexpr import fold, parse
 from aot.sympy_text import to_text
@@ -393,19 +395,28 @@ def permuted(shape: tuple[Size, ...], order: tuple[int, ...]) -> tuple[Size, ...
     return tuple(shape[d] for d in order)
 
 
+def through_permute(
+    lin: Lin, in_shape: tuple[Size, ...], perm: Sequence[int], out_shape: tuple[Size, ...] | None = None
+) -> Lin:
+    """The flat index into ``x.permute(perm)`` (of ``out_shape``; ``x`` of ``in_shape``) → the
+    flat index into ``x``."""
+    per = unflatten(lin, permuted(in_shape, perm) if out_shape is None else out_shape)
+    back: list[Lin] = [const_lin(ZERO)] * len(perm)
+    for k, d in enumerate(perm):
+        back[d] = per[k]
+    return flatten(back, in_shape)
+
+
 def to_memory(lin: Lin, shape: tuple[Size, ...], order: tuple[int, ...]) -> Lin:
-    """The flat index of a tensor of ``shape`` → its offset when laid out in memory in ``order``."""
-    per = unflatten(lin, shape)
-    return flatten([per[d] for d in order], permuted(shape, order))
+    """The flat index of a tensor of ``shape`` → its offset when laid out in memory in ``order``
+    (the tensor is ``stored.permute(inverse(order))``)."""
+    return through_permute(lin, permuted(shape, order), inverse(order), shape)
 
 
 def from_memory(lin: Lin, shape: tuple[Size, ...], order: tuple[int, ...]) -> Lin:
-    """The inverse of ``to_memory``: an offset in memory → the flat (row-major) index."""
-    per = unflatten(lin, permuted(shape, order))
-    back: list[Lin] = [const_lin(ZERO)] * len(order)
-    for k, d in enumerate(order):
-        back[d] = per[k]
-    return flatten(back, shape)
+    """The inverse of ``to_memory``: an offset in memory → the flat (row-major) index (the
+    memory is ``tensor.permute(order)``)."""
+    return through_permute(lin, shape, order)
 
 
 def same_shape(a: tuple[Size, ...], b: tuple[Size, ...]) -> bool:

@@ -142,11 +142,7 @@ def _permute_remap(step: Step, in_shape: tuple[Size, ...], shape: tuple[Size, ..
             perm[d0], perm[d1] = perm[d1], perm[d0]
 
     def permute(lin: Lin, perm=perm, shape=shape, in_shape=in_shape) -> Lin:
-        per = ix.unflatten(lin, shape)
-        back = [ix.const_lin(ix.ZERO)] * len(perm)
-        for k, p in enumerate(perm):
-            back[p] = per[k]
-        return ix.flatten(back, in_shape)
+        return ix.through_permute(lin, in_shape, perm, shape)
 
     return permute
 
