@@ -147,20 +147,19 @@ def channels_last(program: Program) -> tuple[Program, int]:
             if src in marked or (src is not None and _may_write(src)):
                 marked.add(src)
                 marked.update(outs)
-        for s in convs:  # a row-major convolution must not be handed an NHWC input
+        # a row-major convolution, or a pool whose output may not be NHWC, must not be handed an
+        # NHWC input: the convolution that makes it goes back to row-major
+        for s in (*convs, *pools):
             src = first_buf(s)
-            if id(s) not in cl_convs and src in marked:
-                maker = producer.get(src)
-                if maker is not None and id(maker) in cl_convs:
-                    cl_convs.discard(id(maker))
-                    changed = True
-        for pool in pools:  # nor a pool whose output may not be NHWC
-            src = first_buf(pool)
-            if src in marked and not all(o in marked for o in pool.outputs if o is not None):
-                maker = producer.get(src)
-                if maker is not None and id(maker) in cl_convs:
-                    cl_convs.discard(id(maker))
-                    changed = True
+            nhwc_out = (
+                id(s) in cl_convs
+                if s.target == CONVOLUTION
+                else all(o in marked for o in s.outputs if o is not None)
+            )
+            maker = producer.get(src) if src in marked and not nhwc_out else None
+            if maker is not None and id(maker) in cl_convs:
+                cl_convs.discard(id(maker))
+                changed = True
     cl_weights = set()
     for s in convs:
         w = s.args[1].name
