@@ -54,6 +54,15 @@ def buffers_in(value: Any) -> Iterator[str]:
             yield from buffers_in(v)
 
 
+def tensor_specs(program: Program) -> dict[str, TensorSpec]:
+    """The spec of every tensor the program names: its weights, inputs and buffers."""
+    return {
+        **{w.name: w.spec for w in program.weights},
+        **{i.name: i.spec for i in program.inputs},
+        **program.buffers,
+    }
+
+
 def step_reads(step: Step) -> list[str]:
     """The buffers ``step`` reads, in argument order (a kernel's output pointers excluded)."""
     reads = [*buffers_in(step.args), *buffers_in(tuple(step.kwargs.values()))]

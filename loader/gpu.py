@@ -21,8 +21,19 @@ from aot.layout import check_order, empty_ordered, has_order, to_order
 from aot.loader.bundle import Bundle
 from aot.loader.cuda import Context, Function, capture_stream, driver_version, pack_params
 from aot.loader.program import OutputSpecs, Storages, storage_span
-from aot.program import frees_after
-from aot.schema import KERNEL_CUBIN_FORMAT, Bucket, Buf, Kernel, ParamKind, Program, Step, StepKind, Sym
+from aot.program import frees_after, tensor_specs
+from aot.schema import (
+    KERNEL_CUBIN_FORMAT,
+    Bucket,
+    Buf,
+    Kernel,
+    ParamKind,
+    Program,
+    Step,
+    StepKind,
+    Sym,
+    TensorSpec,
+)
 from aot.symexpr import Expr, compile_expr
 
 ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
@@ -66,7 +77,16 @@ class KernelCall:
 
     __slots__ = ("fn", "params", "grid", "allocs", "outputs", "name", "scratch")
 
-    def __init__(self, step: Step, kernel: Kernel, fn: Function, program: Program, device: torch.device):
+    def __init__(
+        self,
+        step: Step,
+        kernel: Kernel,
+        fn: Function,
+        program: Program,
+        specs: dict[str, TensorSpec],
+        device: torch.device,
+    ):
+        """``specs``: every tensor's spec in ``program`` (``aot.program.tensor_specs``)."""
         if len(step.args) != len(kernel.params):
             raise BundleError(
                 f"kernel step {kernel.id} passes {len(step.args)} args for {len(kernel.params)} params"
@@ -74,7 +94,6 @@ class KernelCall:
         self.fn = fn
         self.name = kernel.name
         self.params: list[tuple[str, Any]] = []
-        specs = {**{t.name: t.spec for t in (*program.weights, *program.inputs)}, **program.buffers}
         for param, arg in zip(kernel.params, step.args):
             if param.kind == ParamKind.PTR:
                 if not isinstance(arg, Buf):
@@ -149,6 +168,7 @@ class GpuProgram:
         self.bundle = bundle
         self.state_aliases = state_aliases
         self.kernels = {k.id: k for k in program.kernels}
+        self.specs = tensor_specs(program)
         self.arch = None
         self._functions: dict[str, Function] = {}
         if self.kernels:
@@ -189,7 +209,7 @@ class GpuProgram:
                 k = self.kernels.get(step.target)
                 if k is None:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
-                calls.append(KernelCall(step, k, self.function(k), self.program, self.device))
+                calls.append(KernelCall(step, k, self.function(k), self.program, self.specs, self.device))
             else:
                 calls.append(AtenCall(step, self.device, self.weights, self.state_aliases))
         if not plan:

@@ -19,7 +19,7 @@ from aot.allowed_ops import STATE_WRITE_OPS
 from aot.aten import DTYPES, AtenCall
 from aot.errors import AotError, BundleError, GuardError
 from aot.loader.memory import OutputBytes
-from aot.program import frees_after, reference_steps, step_writes
+from aot.program import frees_after, reference_steps, step_writes, tensor_specs
 from aot.schema import Program, Step
 from aot.symexpr import Expr, compile_expr
 
@@ -87,11 +87,7 @@ class OutputSpecs:
     (a few comparisons per output) so that a program cannot hand the caller something else."""
 
     def __init__(self, program: Program, device: torch.device):
-        specs = {
-            **{w.name: w.spec for w in program.weights},
-            **{i.name: i.spec for i in program.inputs},
-            **program.buffers,
-        }
+        specs = tensor_specs(program)
         self.device_type, self.device_index = device.type, device.index
         self.where = device.type if device.index is None else f"{device.type}:{device.index}"
         self.expected: list[tuple[str, torch.dtype, list[int | Expr]]] = []

@@ -61,11 +61,12 @@ def interpret_kernels(
     from aot.aten import DTYPES, AtenCall
     from aot.codegen.compile import load_function
     from aot.layout import empty_ordered, to_order
+    from aot.program import tensor_specs
     from aot.schema import ParamKind, StepKind
     from aot.symexpr import evaluate
 
     cpu = torch.device("cpu")
-    specs = {**{t.name: t.spec for t in (*program.weights, *program.inputs)}, **program.buffers}
+    specs = tensor_specs(program)
     env: dict[str, Any] = dict(weights)
     env.update(inputs)
     kernels = {k.id: k for k in program.kernels}
