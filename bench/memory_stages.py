@@ -10,7 +10,9 @@ Configurations: ``aotpack`` (lazy capture, as the benchmark loads it), ``aotpack
 CUDA graph of it, a first fp16 ``torch.mm`` and a graph of it, all on that stream, then an mm on
 the default stream: what a stream, cuBLAS and a graph cost any system in a process; and
 ``probe-default-first``: the same kernels eager on the default stream first, the side stream used
-only to capture (whether a first launch costs its memory, or a second stream does).
+only to capture (whether a first launch costs its memory, or a second stream does); and
+``probe-fill``: a driver memset, a device-to-device copy, then ATen's fill kernel and an add (which
+first launch costs the memory: any kernel, or ATen's kernels).
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = ("probe", "probe-own-stream", "probe-default-first", "aotpack", "aotpack-nograph", "aotpack-borrow")
+CONFIGS = (
+    "probe",
+    "probe-own-stream",
+    "probe-default-first",
+    "probe-fill",
+    "aotpack",
+    "aotpack-nograph",
+    "aotpack-borrow",
+)
 
 
 def child(model: str, bundle: str, config: str) -> list[dict]:
@@ -108,6 +118,22 @@ def child(model: str, bundle: str, config: str) -> list[dict]:
         mm.replay()
         torch.cuda.synchronize()
         stage("a graph of the mm captured on the side stream")
+        del c
+        return stages
+
+    if config == "probe-fill":
+        from aot.loader.cuda import zeros
+
+        a = zeros([64, 1024], torch.float16, "cuda")
+        stage("a driver memset (cuMemsetD8Async)")
+        b = a.clone()
+        stage("a device-to-device copy (clone)")
+        b.zero_()
+        stage("ATen fill kernel (zero_)")
+        c = a + b
+        stage("ATen add kernel")
+        torch.mm(a, b.t())
+        stage("first cuBLAS mm")
         del c
         return stages
 

@@ -1,6 +1,7 @@
-"""Top CUDA kernels of a model's bundle against eager captured in a CUDA graph, one GPU.
+"""Top CUDA kernels of a model's bundle against eager captured in a CUDA graph, one GPU, and per
+call: the synchronized wall time, the GPU's kernel time and the number of kernels.
 
-python bench/profile_realmodel.py MODEL [--dtype float16] [--batch 1] [--seq 32]
+python bench/profile_realmodel.py MODEL [--dtype float16] [--batch 1] [--seq 32] [--bundle B.tpk]
 
 MODEL is a real-model suite case (``tests/realmodels/zoo.py``, small configs) or, failing that, a
 bench model file's name (``bench/models``, ``models``: the benchmarked sizes, at the file's dtype).
@@ -19,16 +20,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _top(fn, runs: int = 50) -> str:
+    import statistics
+    import time
+
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
+    walls = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(runs):
             fn()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70)
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / runs  # µs of kernels (and copies) per call
+    launches = sum(e.count for e in events if e.self_device_time_total > 0) / runs
+    head = (
+        f"per call: wall {statistics.median(walls) * 1e3:.3f} ms (synchronized, median of 200), "
+        f"GPU busy {busy / 1e3:.3f} ms in {launches:.0f} kernels and copies\n"
+    )
+    return head + events.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
 
 
 def main() -> None:
@@ -43,6 +60,8 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="the zoo's cases: float16 unless given")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--bundle", help="a bundle already built (else built here, default options)")
+    ap.add_argument("--no-eager", action="store_true", help="the bundle only")
     args = ap.parse_args()
     if args.model in ZOO:
         spec = replace(ZOO[args.model](), dtype=args.dtype or "float16")
@@ -52,14 +71,25 @@ def main() -> None:
 
         spec = load_spec(args.model)
         spec = replace(spec, dtype=args.dtype) if args.dtype else spec
-    path = Path("/tmp") / f"profile-{args.model}.tpk"
-    pack(generate(trace(spec), ("sm_80", "sm_90")), path)
+    path = Path(args.bundle) if args.bundle else Path("/tmp") / f"profile-{args.model}.tpk"
+    if not args.bundle:
+        pack(generate(trace(spec), ("sm_80", "sm_90")), path)
     runner = load(path, device="cuda")
-    module = instantiate(spec).cuda()
     sizes = {d.name: {"batch": args.batch, "seq": args.seq}.get(d.name, d.max) for d in spec.dims()}
     inputs = {k: v.cuda() for k, v in example_inputs(spec, sizes, seed=1).items()}
     print(f"== aotpack {args.model} {sizes}")
     print(_top(lambda: runner(**inputs)))
+    try:
+        empty = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(empty):
+            pass  # a graph of nothing: a replay's launch and sync cost alone
+        print("== an empty CUDA graph")
+        print(_top(empty.replay).splitlines()[0])
+    except RuntimeError as e:
+        print(f"== an empty CUDA graph: {e}")
+    if args.no_eager:
+        return
+    module = instantiate(spec).cuda()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(stream):
