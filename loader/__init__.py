@@ -20,7 +20,7 @@ from aot import schema
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.aten import DTYPES, resolve_op, state_writes_checked
 from aot.errors import BundleError, EnvError, GuardError
-from aot.layout import check_order, to_order
+from aot.layout import check_order
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.guards import GuardChecker
 from aot.loader.memory import check_max_memory, check_plan, planned_peak
@@ -194,12 +194,18 @@ class Runner:
                 f"{where} is {size} bytes, more than the {limit} that the program's {len(declared)} "
                 f"weights take; not a bundle this aotpack wrote"
             )
+        orders = {}  # laid out as the codegen chose (``aot.layout``) on a GPU; row-major on CPU
+        if self.device.type == "cuda":
+            for w in declared.values():
+                if w.spec.order and w.name in used:
+                    orders[w.name] = check_order(w.spec.order, len(w.spec.shape), f"{where}: weight {w.name!r}")
         weights = to_device(
             bundle.read(schema.WEIGHTS_PATH),
             self.device,
             where,
             keep=used & set(declared),
             max_header=header_limit(len(declared)),
+            orders=orders,
         )
         for w in declared.values():
             if w.name not in used:
@@ -214,11 +220,6 @@ class Runner:
                     f"{bundle.path}: weight {w.name!r} is {t.dtype} {list(t.shape)}, the program expects "
                     f"{w.spec.dtype} {list(w.spec.shape)}"
                 )
-        if self.device.type == "cuda":  # laid out as the codegen chose (``aot.layout``); row-major on CPU
-            for w in declared.values():
-                if w.spec.order and w.name in weights:
-                    order = check_order(w.spec.order, len(w.spec.shape), f"{bundle.path}: weight {w.name!r}")
-                    weights[w.name] = to_order(weights[w.name], order)
         self.weights = weights
         self._weight_storages = Storages(weights.values())
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
