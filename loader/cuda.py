@@ -57,6 +57,18 @@ def driver() -> ctypes.CDLL:
             lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
             lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
             lib.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+            lib.cuStreamBeginCapture_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            lib.cuStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+            lib.cuGraphInstantiateWithFlags.argtypes = [
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.c_void_p,
+                ctypes.c_ulonglong,
+            ]
+            lib.cuGraphUpload.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            lib.cuGraphExecDestroy.argtypes = [ctypes.c_void_p]
+            lib.cuGraphDestroy.argtypes = [ctypes.c_void_p]
+            lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
             _lib = lib
     return _lib
 
@@ -128,6 +140,75 @@ def capture_stream(device) -> tuple[Any, threading.Lock]:
         made = (torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index)), threading.Lock())
     with _lib_lock:
         return _capture_streams.setdefault(index, made)  # a racing thread's stream leaks: harmless
+
+
+def zeros(shape: list[int], dtype, device):
+    """A zero-filled tensor by the driver's memset, not ATen's fill kernel: on an H200 with torch
+    2.11 the first ATen elementwise kernel of a process took about 90 MiB of device memory, which
+    a runner whose every kernel is its own or a library's never needs to pay."""
+    import torch
+
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if out.numel():
+        stream = torch.cuda.current_stream(out.device).cuda_stream
+        nbytes = out.numel() * out.element_size()
+        check(driver().cuMemsetD8Async(out.data_ptr(), 0, nbytes, stream), "cuMemsetD8Async")
+    return out
+
+
+CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+
+
+class Graph:
+    """A CUDA graph captured, instantiated and launched through the driver, its memory from a
+    ``torch.cuda.MemPool`` (kept alive by the graph: the captured kernels address its blocks).
+
+    Not ``torch.cuda.CUDAGraph``: its ``capture_begin`` fills the default generator's seed and
+    offset tensors with ATen's fill kernel, and on an H200 with torch 2.11 a process's first ATen
+    kernel took about 90 MiB of device memory, which a program of our own kernels and library
+    calls never needs. Nothing here uses random numbers, so there is no generator state to
+    register. Capture is thread-local (other threads may keep using CUDA); the caching allocator
+    notices the capture on the stream and allocates as it does for torch's graphs."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self._graph = ctypes.c_void_p()
+        self._exec = ctypes.c_void_p()
+
+    def capture(self, stream, fn):
+        """Run ``fn()`` under capture on ``stream`` (a torch stream), allocating from the pool;
+        returns what ``fn`` returned."""
+        import torch
+
+        lib = driver()
+        device = stream.device
+        with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.pool, device):
+            check(
+                lib.cuStreamBeginCapture_v2(stream.cuda_stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                "cuStreamBeginCapture",
+            )
+            try:
+                result = fn()
+            finally:
+                ended = lib.cuStreamEndCapture(stream.cuda_stream, ctypes.byref(self._graph))
+            check(ended, "cuStreamEndCapture")
+        check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph, 0), "cuGraphInstantiate")
+        check(lib.cuGraphUpload(self._exec, stream.cuda_stream), "cuGraphUpload")
+        return result
+
+    def replay(self) -> None:
+        import torch
+
+        check(driver().cuGraphLaunch(self._exec, torch.cuda.current_stream().cuda_stream), "cuGraphLaunch")
+
+    def __del__(self):
+        lib = _lib
+        if lib is None:
+            return
+        if self._exec.value:
+            lib.cuGraphExecDestroy(self._exec)
+        if self._graph.value:
+            lib.cuGraphDestroy(self._graph)
 
 
 class Function:

@@ -2,8 +2,8 @@
 capture per bucket, replayed on every call that fits one.
 
 Memory plan: every buffer is released after its last use (liveness computed once at load), so
-inside a capture torch's graph pool hands the same memory to later buffers; all buckets capture
-into one shared pool. Replays are serialized by one lock per runner (calls on one GPU stream
+inside a capture the runner's memory pool hands the same memory to later buffers; all buckets
+capture into one shared pool (graphs captured through the driver: ``aot.loader.cuda.Graph``). Replays are serialized by one lock per runner (calls on one GPU stream
 serialize anyway); outputs are copied out of the graph's static buffers before the lock is
 released, so the caller owns them and a later call never overwrites them.
 """
@@ -19,7 +19,7 @@ from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.layout import check_order, empty_ordered, has_order, to_order
 from aot.loader.bundle import Bundle
-from aot.loader.cuda import Context, Function, capture_stream, driver_version, pack_params
+from aot.loader.cuda import Context, Function, Graph, capture_stream, driver_version, pack_params, zeros
 from aot.loader.program import OutputSpecs, Storages, storage_span
 from aot.program import frees_after, tensor_specs
 from aot.schema import (
@@ -253,7 +253,7 @@ class Arena:
     stream to capture on, and one lock, since graphs that share a pool must never replay at once."""
 
     def __init__(self, device: torch.device):
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.MemPool()
         # one stream per device for every runner's captures (not torch's stream pool: see there)
         self.stream, self.capture_lock = capture_stream(device)
         self.lock = threading.Lock()
@@ -335,7 +335,7 @@ class GraphRunner:
         gpu = self.gpu
         sizes = dict(zip(self.symbols, key))
         inputs = {
-            name: torch.zeros([s(sizes) for s in shape], dtype=self._input_dtypes[name], device=gpu.device)
+            name: zeros([s(sizes) for s in shape], self._input_dtypes[name], gpu.device)
             for name, shape in self._input_shapes.items()
         }
         if call is not None:
@@ -350,10 +350,9 @@ class GraphRunner:
             with torch.cuda.stream(side):
                 warm = gpu(bound, sizes, key)
             torch.cuda.current_stream(gpu.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other threads may keep using CUDA while this one captures
-            with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
-                outputs = gpu(bound, sizes, key)
+            graph = Graph(self.pool)
+            torch.cuda.synchronize(gpu.device)
+            outputs = graph.capture(side, lambda: gpu(bound, sizes, key))
         self._specs.check(outputs, sizes)  # once: replays and slices keep dtype, device and shape exprs
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
         captured = _Captured(graph, inputs, outputs, sizes, lendable)
