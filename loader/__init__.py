@@ -198,7 +198,9 @@ class Runner:
         if self.device.type == "cuda":
             for w in declared.values():
                 if w.spec.order and w.name in used:
-                    orders[w.name] = check_order(w.spec.order, len(w.spec.shape), f"{where}: weight {w.name!r}")
+                    orders[w.name] = check_order(
+                        w.spec.order, len(w.spec.shape), f"{where}: weight {w.name!r}"
+                    )
         weights = to_device(
             bundle.read(schema.WEIGHTS_PATH),
             self.device,
