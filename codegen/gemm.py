@@ -77,6 +77,11 @@ class TileConfig:
 
 # Performance knobs: the candidate forms compiled for every site.
 CONFIGS: tuple[TileConfig, ...] = (
+    # Skinny M (decode, batch 1): narrow N tiles, so that even N = 768 spreads over 48 blocks and a
+    # 1024 x 4096 weight over 256, each streaming whole rows of W (K contiguous).
+    TileConfig("gemv_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, max_m=16),
+    TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
+    TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
     TileConfig("tile_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, max_m=64),  # decode, batch 1
     TileConfig("tile_64x128x64", 64, 128, 64, num_warps=4, num_stages=3),
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
@@ -88,6 +93,12 @@ SPLIT_TARGET_BLOCKS = 128
 MAX_SPLIT = 8
 MIN_SLICE_BLOCKS = 2
 ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+# LayerNorm prologue: the statistics read K in chunks of this many columns, all at once, so the
+# rows of a block stay in registers: only for skinny blocks (BLOCK_M <= PROLOGUE_MAX_BLOCK_M) and
+# K <= PROLOGUE_MAX_K; other sites keep their LayerNorm kernel
+STATS_CHUNK = 256
+PROLOGUE_MAX_K = 2048
+PROLOGUE_MAX_BLOCK_M = 16
 # Shared memory a block may use per arch (bytes, opt-in maximum): a candidate whose pipelined tiles
 # need more would compile but never launch there, so it is left out.
 SHARED_LIMIT = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10}
@@ -96,6 +107,22 @@ DEFAULT_SHARED_LIMIT = 99 << 10
 
 class NoSite(Exception):
     """A GEMM (or its epilogue) this module cannot express; it stays as it is."""
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """A LayerNorm of A's rows over K, and the residual add before it, that a candidate computes
+    as it loads A: ``A = layer_norm(x [+ y], (K,), weight, bias, eps)``. ``sum_out``: the add's
+    result, which later steps read; the blocks of the first N tile write it."""
+
+    x: str
+    y: str | None
+    weight: str | None
+    bias: str | None
+    eps: float
+    sum_out: str | None
+    kernel: Step  # the LayerNorm kernel's step, which the forms without the prologue keep
+    ln_out: str  # its LayerNorm output (A, through same-index views)
 
 
 @dataclass(frozen=True)
@@ -116,6 +143,7 @@ class Site:
     epilogue: tuple[Step, ...] = ()  # the absorbed kernel's reference steps
     outputs: tuple[str, ...] = ()  # the buffers the site hands to later steps
     reference: tuple[Step, ...] = field(default=())
+    prologue: Prologue | None = None  # the LayerNorm kernel that made A, absorbed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,6 +156,95 @@ def _shape(buffers: dict[str, TensorSpec], known: dict[str, TensorSpec], name: s
 
 def _same(a: str, b: str) -> bool:
     return ix.same(ix.parse_size(a), ix.parse_size(b))
+
+
+_SAME_INDEX = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+LAYER_NORM = "aten.native_layer_norm.default"
+
+
+def _row_major_rows(spec: TensorSpec | None, m: str, k: int, dtype: str) -> bool:
+    """``spec`` is ``[..., K]`` row-major with ``M * K`` elements of ``dtype``: element (m, k) at m*K + k."""
+    if spec is None or spec.dtype != dtype or spec.order or not spec.shape:
+        return False
+    dims = tuple(ix.parse_size(d) for d in spec.shape)
+    return ix.same(dims[-1], sympy.Integer(k)) and ix.same(ix.numel(dims), ix.parse_size(m) * k)
+
+
+def _prologue(
+    program: Program,
+    a: str,
+    m: str,
+    k: int,
+    dtype: str,
+    producer: dict[str, int],
+    readers: dict[str, list[int]],
+    reader: int,
+) -> tuple[Prologue, list[int]] | None:
+    """The LayerNorm kernel that made ``a`` (through same-index views only ``reader`` reads), as a
+    prologue, and the steps it replaces; None when ``a`` is not such a kernel's output."""
+    steps, known = program.steps, {t.name: t.spec for t in program.inputs + program.weights}
+    views, name, nxt = [], a, reader
+    while True:
+        if readers.get(name) != [nxt] or name in program.outputs:
+            return None
+        p = producer.get(name)
+        if p is None:
+            return None
+        s = steps[p]
+        if s.kind == StepKind.ATEN and s.target in _SAME_INDEX and isinstance(s.args[0], Buf):
+            views.append(p)
+            name, nxt = s.args[0].name, p
+            continue
+        break
+    if s.kind != StepKind.KERNEL or name not in s.outputs:
+        return None
+    alias: dict[str, str] = {}  # a reference view's output -> the buffer it views
+    summed: dict[str, tuple[str, str]] = {}
+    found = None
+    for r in s.reference:
+        if r.kind != StepKind.ATEN:
+            return None
+        if r.target in _SAME_INDEX and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
+            alias[r.outputs[0]] = alias.get(r.args[0].name, r.args[0].name)
+        elif r.target == "aten.add.Tensor" and len(r.args) == 2 and not r.kwargs and len(r.outputs) == 1:
+            if not all(isinstance(x, Buf) for x in r.args):
+                return None
+            summed[r.outputs[0]] = tuple(alias.get(x.name, x.name) for x in r.args)
+        elif r.target == LAYER_NORM and found is None and r is s.reference[-1]:
+            found = r
+        else:
+            return None
+    if found is None or len(found.args) != 5 or found.kwargs or found.outputs[0] != name:
+        return None
+    src, shape, weight, bias, eps = found.args
+    if any(o is not None and readers.get(o) for o in found.outputs[1:]):
+        return None  # mean / rstd read elsewhere
+    if not isinstance(src, Buf) or shape != [k] or not isinstance(eps, float) or k > PROLOGUE_MAX_K:
+        return None
+    if any(
+        w is not None and not (isinstance(w, Buf) and known.get(w.name) is not None) for w in (weight, bias)
+    ):
+        return None
+    for w in (weight, bias):
+        if w is not None and (known[w.name].dtype != dtype or list(known[w.name].shape) != [str(k)]):
+            return None
+    if src.name in summed:
+        x, y = summed[src.name]
+        sum_out = src.name if src.name in s.outputs else None
+    elif not summed:
+        x, y, sum_out = alias.get(src.name, src.name), None, None
+    else:
+        return None
+    if set(o for o in s.outputs if o is not None) - {name, sum_out}:
+        return None
+    specs = {**known, **program.buffers}
+    if not all(_row_major_rows(specs.get(b), m, k, dtype) for b in (x, y) if b is not None):
+        return None
+    if sum_out is not None and not _row_major_rows(specs.get(sum_out), m, k, dtype):
+        return None
+    w_name = weight.name if weight is not None else None
+    b_name = bias.name if bias is not None else None
+    return Prologue(x, y, w_name, b_name, eps, sum_out, s, name), [p, *views]
 
 
 def find_sites(program: Program) -> list[Site]:
@@ -144,6 +261,9 @@ def find_sites(program: Program) -> list[Site]:
             if o is not None:
                 producer[o] = i
     outputs = set(program.outputs)
+
+    def readers_of(name: str) -> set[int]:
+        return set(readers.get(name, []))
 
     def gemm(i: int) -> dict[str, Any] | None:
         s = steps[i]
@@ -288,6 +408,20 @@ def find_sites(program: Program) -> list[Site]:
                 library.append(rd[0])
             except NoSite:
                 pass
+        prologue = None
+        if len(gemms) == 1:
+            found = _prologue(program, g["a"], g["m"], g["k"], g["dtype"], producer, readers, g["index"])
+            if found is not None and not set(found[1]) & used:
+                prologue, before = found
+                # the candidate writes the add's result where the site's last step was: nothing
+                # the site leaves in between may read it
+                kept = set(range(before[0] + 1, max(library))) - set(library) - set(before)
+                if prologue.sum_out is None or not readers_of(prologue.sum_out) & kept:
+                    library += before
+                    if prologue.sum_out is not None:
+                        site_outputs = (*site_outputs, prologue.sum_out)
+                else:
+                    prologue = None
         library = sorted(set(library))
         if set(library) & used:
             continue
@@ -311,6 +445,7 @@ def find_sites(program: Program) -> list[Site]:
                 epilogue=epilogue,
                 outputs=site_outputs,
                 reference=tuple(reference),
+                prologue=prologue,
             )
         )
     return sites
@@ -484,13 +619,48 @@ def render_candidates(
     known: dict[str, TensorSpec],
     ranges: dict[str, tuple[int, int]],
     configs: tuple[TileConfig, ...] | None = None,
-) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec]]]:
-    """Per config (default ``CONFIGS``) that fits the site: its kernels (one, or the split-K
-    pair) and the workspace buffers they add to the program."""
+) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec], tuple[Step, ...]]]:
+    """Per form that fits the site: its config (named as the form), its kernels (one, or the split-K pair), the buffers
+    they add to the program, and the program steps that run before them. A site with a LayerNorm
+    prologue gets each skinny config twice: ``<config>_ln`` computes the LayerNorm as it loads A,
+    ``<config>`` runs the program's LayerNorm kernel first (into a buffer of its own) and then the
+    plain GEMM; which is faster depends on the GPU and the sizes, so ``aotpack tune`` decides."""
+    if site.prologue is not None:
+        pro = site.prologue
+        scratch = f"{site.id}_a"
+        plain = replace(
+            site, prologue=None, a=scratch, outputs=tuple(o for o in site.outputs if o != pro.sum_out)
+        )
+        ln_step = replace(
+            pro.kernel,
+            args=tuple(
+                Buf(scratch) if isinstance(x, Buf) and x.name == pro.ln_out else x for x in pro.kernel.args
+            ),
+            outputs=tuple(scratch if o == pro.ln_out else o for o in pro.kernel.outputs),
+            reference=(),
+        )
+        a_spec = buffers[pro.ln_out]
+        out = []
+        for cfg, kernels, extra, pre in render_candidates(plain, buffers, known, ranges, configs):
+            out.append((cfg, kernels, {**extra, scratch: a_spec}, (ln_step, *pre)))
+        fused = [c for c in (CONFIGS if configs is None else configs) if c.block_m <= PROLOGUE_MAX_BLOCK_M]
+        for cfg, kernels, extra, pre in _render_forms(site, buffers, known, ranges, tuple(fused)):
+            out.append((replace(cfg, name=cfg.name + "_ln"), kernels, extra, pre))
+        return out
+    return _render_forms(site, buffers, known, ranges, configs)
+
+
+def _render_forms(
+    site: Site,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    ranges: dict[str, tuple[int, int]],
+    configs: tuple[TileConfig, ...] | None,
+) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec], tuple[Step, ...]]]:
     configs = CONFIGS if configs is None else configs
     ep = _Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
     if site.epilogue:
-        ep.lower(site.epilogue, site.outputs)
+        ep.lower(site.epilogue, tuple(o for o in site.outputs if o not in _prologue_outputs(site)))
     else:
         ep.stores.append((site.gemm_outputs[0], "acc0", site.dtype))
     m_max = max_value(ix.parse_size(site.m), ranges)
@@ -513,7 +683,7 @@ def render_candidates(
             ws = f"{site.id}_{cfg.name}_partial"
             extra = {ws: TensorSpec("float32", (str(s), str(g), site.m, str(site.n)))}
             kernels = [_render_partial(site, cfg, index, ws), _render_reduce(site, ep, cfg, index, ws)]
-        out.append((cfg, kernels, extra))
+        out.append((cfg, kernels, extra, ()))
     return out
 
 
@@ -526,6 +696,8 @@ def split_factor(site: Site, cfg: TileConfig) -> int:
 
 def _what(site: Site) -> str:
     parts = ["dual GEMM" if len(site.weights) > 1 else "GEMM"]
+    if site.prologue is not None:
+        parts.insert(0, "LayerNorm" + (" of a sum" if site.prologue.y is not None else "") + " prologue")
     if any(site.biases):
         parts.append("bias")
     if site.activation:
@@ -580,15 +752,82 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
     need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
     kmask_a = " & (rk[None, :] < " + str(site.k) + ")" if need_k_mask else ""
     kmask_w = " & (rk[:, None] < " + str(site.k) + ")" if need_k_mask else ""
-    lines.append(
-        f"    a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
-    )
+    if site.prologue is None:
+        lines.append(
+            f"    a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
+        )
+    else:
+        lines += ["    " + ln for ln in _prologue_a(site, need_k_mask or k_offset != "0")]
     for g in range(len(site.weights)):
         lines.append(
             f"    w{g} = tl.load(w{g}_ptr + rn[None, :] * {site.k} + rk[:, None], "
             f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
         )
         lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+    return lines
+
+
+def _prologue_rows(site: Site, rk: str = "rk", xs: str = "xs") -> list[str]:
+    """``xs``: the rows of ``x [+ y]`` at ``rk`` as fp32, rounded to the dtype as the add's result is."""
+    pro = site.prologue
+    k = site.k
+    kmask = f"mask_m[:, None] & ({rk}[None, :] < {k})"
+    at = f"rm[:, None] * {k} + {rk}[None, :]"
+    lines = [f"{xs} = tl.load(x_ptr + {at}, mask={kmask}, other=0.0).to(tl.float32)"]
+    if pro.y is not None:
+        lines.append(f"{xs} = {xs} + tl.load(y_ptr + {at}, mask={kmask}, other=0.0).to(tl.float32)")
+        if site.dtype in ROUND:
+            lines.append(f"{xs} = {xs}.to({ROUND[site.dtype]}).to(tl.float32)")
+    return lines
+
+
+def _stats_chunks(k: int) -> tuple[int, int]:
+    """(width, count) of the column chunks the prologue's statistics read K in."""
+    width = min(STATS_CHUNK, 1 << (k - 1).bit_length())
+    return width, -(-k // width)
+
+
+def _prologue_stats(site: Site, write_sum: str) -> list[str]:
+    """Mean and 1/std of the block's rows over all of K, as straight-line code: every chunk of
+    the rows is loaded before the first sum (one memory latency, not one per chunk), the mean
+    taken, then the squared deviations from the chunks already in registers. The add's result
+    is written on the way where ``write_sum`` (a condition) holds."""
+    k = site.k
+    width, count = _stats_chunks(k)
+    lines = []
+    for c in range(count):
+        lines.append(f"rs{c} = {c * width} + tl.arange(0, {width})")
+        lines += _prologue_rows(site, f"rs{c}", f"xs{c}")
+    if site.prologue.sum_out is not None:
+        dt = TL_TYPE[STORAGE[site.dtype]]
+        lines.append(f"if {write_sum}:")
+        for c in range(count):
+            lines.append(
+                f"    tl.store(sum_ptr + rm[:, None] * {k} + rs{c}[None, :], xs{c}.to({dt}), "
+                f"mask=mask_m[:, None] & (rs{c}[None, :] < {k}))"
+            )
+    lines.append(f"mean = ({' + '.join(f'tl.sum(xs{c}, axis=1)' for c in range(count))}) / {k}")
+    for c in range(count):
+        lines.append(f"dev{c} = tl.where(rs{c}[None, :] < {k}, xs{c} - mean[:, None], 0.0)")
+    lines.append(f"var = ({' + '.join(f'tl.sum(dev{c} * dev{c}, axis=1)' for c in range(count))}) / {k}")
+    lines.append(f"rstd = 1.0 / tl.sqrt(var + {site.prologue.eps!r})")
+    return lines
+
+
+def _prologue_a(site: Site, masked: bool) -> list[str]:
+    """The A tile at ``rk``: the rows normalized, scaled and shifted, rounded to the dtype as the
+    LayerNorm's output is (masked elements 0, so they add nothing)."""
+    pro = site.prologue
+    k = site.k
+    lines = _prologue_rows(site)
+    lines.append("a = (xs - mean[:, None]) * rstd[:, None]")
+    if pro.weight is not None:
+        lines.append(f"a = a * tl.load(lnw_ptr + rk, mask=rk < {k}, other=0.0).to(tl.float32)[None, :]")
+    if pro.bias is not None:
+        lines.append(f"a = a + tl.load(lnb_ptr + rk, mask=rk < {k}, other=0.0).to(tl.float32)[None, :]")
+    lines.append(
+        f"a = tl.where(mask_m[:, None] & (rk[None, :] < {k}), a, 0.0).to({TL_TYPE[STORAGE[site.dtype]]})"
+    )
     return lines
 
 
@@ -631,7 +870,19 @@ def _params(site: Site, ep: _Epilogue | None, index: str, ws: str | None, part: 
         args.append(Buf(buf))
 
     if part in ("fused", "partial"):
-        ptr("a_ptr", site.a, site.dtype)
+        pro = site.prologue
+        if pro is None:
+            ptr("a_ptr", site.a, site.dtype)
+        else:
+            ptr("x_ptr", pro.x, site.dtype)
+            if pro.y is not None:
+                ptr("y_ptr", pro.y, site.dtype)
+            if pro.weight is not None:
+                ptr("lnw_ptr", pro.weight, site.dtype)
+            if pro.bias is not None:
+                ptr("lnb_ptr", pro.bias, site.dtype)
+            if pro.sum_out is not None:
+                ptr("sum_ptr", pro.sum_out, site.dtype)
         for g, w in enumerate(site.weights):
             ptr(f"w{g}_ptr", w, site.dtype)
     if part == "partial":
@@ -691,14 +942,23 @@ def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, gri
 
 def _tag(site: Site) -> str:
     tag = "dual" if len(site.weights) > 1 else ("addmm" if any(site.biases) else "mm")
+    tag = ("ln_" if site.prologue is not None else "") + tag
     return tag + ("_" + site.activation if site.activation else "") + ("_epilogue" if site.epilogue else "")
+
+
+def _prologue_outputs(site: Site) -> list[str]:
+    pro = site.prologue
+    return [pro.sum_out] if pro is not None and pro.sum_out is not None else []
 
 
 def _render_fused(site: Site, ep: _Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)))
-    body = _indices(site, index) + _k_loop(site, cfg, "0", site.k) + _epilogue_lines(site, ep)
+    body = _indices(site, index)
+    if site.prologue is not None:
+        body += _prologue_stats(site, "(tl.program_id(1) == 0)")
+    body += _k_loop(site, cfg, "0", site.k) + _epilogue_lines(site, ep)
     params, signature, args = _params(site, ep, index, None, "fused")
-    outputs = [buf for buf, _, _ in ep.stores]
+    outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
     name = f"gemm_{_tag(site)}_{cfg.name}"
     return _rendered(site, cfg, name, "fused", body, params, signature, args, outputs, grid, ())
 
@@ -711,6 +971,8 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
     cast = ".to(tl.int64)" if index == "i64" else ""
     body = _indices(site, index)
     body.append(f"ks = tl.program_id(2){cast}")
+    if site.prologue is not None:
+        body += _prologue_stats(site, "(tl.program_id(1) == 0) & (ks == 0)")
     body += _k_loop(site, cfg, f"ks * {chunk}", chunk)
     body.append("# each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order")
     for gi in range(g):
@@ -719,7 +981,10 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
         )
     params, signature, args = _params(site, None, index, ws, "partial")
     name = f"gemm_{_tag(site)}_{cfg.name}_partial"
-    return _rendered(site, cfg, name, "split-K partial sums", body, params, signature, args, [ws], grid, ())
+    outputs = [ws, *_prologue_outputs(site)]
+    return _rendered(
+        site, cfg, name, "split-K partial sums", body, params, signature, args, outputs, grid, ()
+    )
 
 
 def _render_reduce(site: Site, ep: _Epilogue, cfg: TileConfig, index: str, ws: str) -> Rendered:
@@ -760,9 +1025,12 @@ def candidate_buckets(site: Site, cfg: TileConfig, sizes: list[dict[str, int]]) 
     return tuple(s for s in sizes if cfg.min_m <= rows(s) <= cfg.max_m)
 
 
-def candidate_steps(site: Site, kernels: list[Rendered], ids: list[str]) -> tuple[Step, ...]:
-    """The candidate's kernel steps; the last carries the site's reference (what it replaces)."""
-    steps = []
+def candidate_steps(
+    site: Site, kernels: list[Rendered], ids: list[str], pre: tuple[Step, ...] = ()
+) -> tuple[Step, ...]:
+    """The candidate's kernel steps after ``pre`` (program kernels it runs first); the last
+    carries the site's reference (what it replaces)."""
+    steps = list(pre)
     for i, (r, kid) in enumerate(zip(kernels, ids)):
         steps.append(
             Step(
@@ -802,13 +1070,13 @@ def add_gemm_alternatives(
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
             say(f"  GEMM {site.id} has no candidate: {e}")
             continue
-        for cfg, kernels, extra in forms:
+        for cfg, kernels, extra, pre in forms:
             fit = candidate_buckets(site, cfg, sizes)
             if sizes and not fit:
                 continue
             ids = [kernel_id(r.source, r.signature, r.config) for r in kernels]
-            pending.append((site, cfg, kernels, ids, extra, fit))
-    todo = {kid: r for _, _, kernels, ids, _, _ in pending for kid, r in zip(ids, kernels)}
+            pending.append((site, cfg.name, kernels, ids, extra, fit, pre))
+    todo = {kid: r for _, _, kernels, ids, _, _, _ in pending for kid, r in zip(ids, kernels)}
     results, failed = compile_kernels(list(todo.items()))
     for (kid, arch), res in results.items():
         limit = SHARED_LIMIT.get(int("".join(c for c in arch if c.isdigit())), DEFAULT_SHARED_LIMIT)
@@ -821,7 +1089,7 @@ def add_gemm_alternatives(
     cubins: dict[tuple[str, str], bytes] = {}
     buffers = dict(program.buffers)
     by_site: dict[str, list[GemmCandidate]] = {}
-    for site, cfg, kernels, ids, extra, fit in pending:
+    for site, name, kernels, ids, extra, fit, pre in pending:
         if any(k in failed for k in ids):
             continue
         for r, kid in zip(kernels, ids):
@@ -832,7 +1100,7 @@ def add_gemm_alternatives(
                 cubins[(kid, a)] = results[(kid, a)].cubin
         buffers.update(extra)
         by_site.setdefault(site.id, []).append(
-            GemmCandidate(name=cfg.name, steps=candidate_steps(site, kernels, ids), buckets=fit)
+            GemmCandidate(name=name, steps=candidate_steps(site, kernels, ids, pre), buckets=fit)
         )
     alternatives = tuple(
         GemmSite(

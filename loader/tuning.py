@@ -105,13 +105,21 @@ def check_alternatives(program: Program, path: Path | str) -> None:
             )
         taken.update(lib)
         lib_writes = {o for i in lib for o in step_writes(program.steps[i])}
-        # a candidate stands in the last library step's place: that step writes what the site hands on
-        if not site.outputs or not set(site.outputs) <= set(step_writes(program.steps[lib[-1]])):
+        # a candidate stands in the last library step's place and writes what the site hands on: an
+        # output an earlier library step wrote (a LayerNorm prologue's sum) is read by no step the
+        # site keeps before that place
+        if not site.outputs or not set(site.outputs) <= lib_writes:
             raise BundleError(
-                f"{where}: its outputs {list(site.outputs)[:4]} are not written by its last library step"
+                f"{where}: its outputs {list(site.outputs)[:4]} are not written by its library steps"
             )
-        internal = lib_writes - set(site.outputs)
         lib_set = set(lib)
+        for o in site.outputs:
+            early = sorted(r for r in readers.get(o, ()) if written_at[o] < r < lib[-1] and r not in lib_set)
+            if early:
+                raise BundleError(
+                    f"{where}: its output {o[:40]!r} is read by step {early[0]} before the site's last step"
+                )
+        internal = lib_writes - set(site.outputs)
         leaked = sorted(b for b in internal if readers.get(b, set()) - lib_set or b in program.outputs)
         if leaked:
             raise BundleError(

@@ -54,7 +54,7 @@ def built(tmp_path_factory):
     try:
         base = tmp_path_factory.mktemp("gemm")
         out = {}
-        for name in ("gemm_mlp", "gemm_mlp32", "gemm_swiglu", "gemm_acts"):
+        for name in ("gemm_mlp", "gemm_mlp32", "gemm_swiglu", "gemm_acts", "gemm_ln"):
             model = MODELS / f"{name}.py"
             # the dual-GEMM models keep their siblings apart (--keep-siblings), or they would be stacked
             apart = name in ("gemm_swiglu", "gemm_acts")
@@ -70,6 +70,7 @@ SIZES = {
     "gemm_mlp32": [{"batch": m} for m in ROWS],
     "gemm_acts": [{"batch": m} for m in ROWS],
     "gemm_swiglu": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 8}, {"batch": 37, "seq": 1}],
+    "gemm_ln": [{"batch": m} for m in ROWS],
 }
 
 
@@ -87,8 +88,9 @@ def interpreted(built):
 def test_sites_and_epilogues_found(built):
     alts = {n: built[n][0].program.alternatives for n in built}
     kinds = {n: [len(s.candidates) for s in a] for n, a in alts.items()}
-    # mlp: up + GELU epilogue (3 tiles), down + bias + residual (3 tiles + split-K, K = 1024)
-    assert kinds["gemm_mlp"] == [3, 4] and kinds["gemm_mlp32"] == [3, 4]
+    # mlp: up + GELU epilogue (2 skinny + 3 tiles), down + bias + residual (2 skinny + 3 tiles +
+    # split-K at K = 1024; the narrow split-K form needs K >= 2048)
+    assert kinds["gemm_mlp"] == [5, 6] and kinds["gemm_mlp32"] == [5, 6]
     up, down = alts["gemm_mlp"]
     program = built["gemm_mlp"][0].program
     assert [program.steps[i].target for i in up.library][-2:] == [
@@ -114,6 +116,24 @@ def test_sites_and_epilogues_found(built):
     assert targets[0].count("aten.addmm.default") == 2
     assert "aten._addmm_activation.default" in targets[1]
     assert acts.buffers[acts.alternatives[2].outputs[0]].dtype == "float32"
+    # ln: each LayerNorm kernel is absorbed as its GEMM's prologue; the second one's sum (read
+    # later: a model output) is written by the candidates, which read x and the down GEMM's result
+    ln = built["gemm_ln"][0].program
+    first, _, last = ln.alternatives
+    for site in (first, last):
+        head = ln.steps[site.library[0]]
+        assert head.kind == schema.StepKind.KERNEL
+        assert [r.target for r in head.reference][-1] == "aten.native_layer_norm.default"
+    assert last.outputs[-1] in ln.outputs and len(last.outputs) == 2
+    kernels = {k.id: k for k in ln.kernels}
+    forms = {c.name: c for c in last.candidates}
+    source = kernels[forms["gemv_16x16x256_ln"].steps[-1].target].source
+    assert "LayerNorm of a sum prologue" in source and "sum_ptr" in source and "rstd" in source
+    # the same configs without the prologue run the program's LayerNorm kernel first
+    plain = forms["gemv_16x16x256"]
+    assert plain.steps[0].target == ln.steps[last.library[0]].target and len(plain.steps) == 2
+    assert "prologue" not in kernels[plain.steps[-1].target].source
+    assert not [n for n in forms if n.endswith("_ln") and n.startswith("tile_64")]  # skinny blocks only
 
 
 @pytest.mark.parametrize("name", list(SIZES))
@@ -253,6 +273,15 @@ HOSTILE_ALTERNATIVES = {
     "duplicate id": (lambda t: _site(t, 1).update(id=_site(t)["id"]), "ids are gemm_"),
     "output not written": (lambda t: _site(t).update(outputs=["x"]), "outputs"),
     "internal buffer read later": (lambda t: _site(t).update(outputs=[]), "outputs"),
+    # a candidate writes its outputs where the site's last step was: one an earlier library step
+    # wrote (a LayerNorm prologue's sum) may not be read by a step the site keeps before that
+    "output read before the site's last step": (
+        lambda t: (
+            t["alternatives"].pop(1),
+            _site(t).update(library=[0, 1, 3], outputs=["addmm", "permute_1"]),
+        ),
+        "before the site's last step",
+    ),
     "unknown kernel": (
         lambda t: _site(t)["candidates"][0]["steps"][0].update(target="k_0000000000000000"),
         "does not define",
@@ -633,7 +662,7 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path):
         [(tmp_path / "big.tpk", model, [{"batch": m} for m in ROWS], None, True)], timeout=3600
     )
     for sizes, comparisons in result.items():
-        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == 8, sizes
+        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == 13, sizes
         assert all(c.ok for c in comparisons), [c for c in comparisons if not c.ok][:3]
 
 
@@ -647,7 +676,7 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
         [c.name for c in s.candidates] for s in compiled.program.alternatives
     ]
     assert info["tuning"] is None
-    assert "GEMM candidates: 7 for 2 sites (8 kernels); untuned" in summary_text(m, info)
+    assert "GEMM candidates: 11 for 2 sites (12 kernels); untuned" in summary_text(m, info)
     tuned = tmp_path / "tuned.tpk"
     write_tuned(bundle, tuned, _table(compiled.program))
     m, info = bundle_summary(str(tuned))
