@@ -95,10 +95,14 @@ MIN_SLICE_BLOCKS = 2
 ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 # LayerNorm prologue: the statistics read K in chunks of this many columns, all at once, so the
 # rows of a block stay in registers: only for skinny blocks (BLOCK_M <= PROLOGUE_MAX_BLOCK_M) and
-# K <= PROLOGUE_MAX_K; other sites keep their LayerNorm kernel
+# K <= PROLOGUE_MAX_K; other sites keep their LayerNorm kernel. Each block reads A's rows again
+# per K step to normalize them, so only configs with long K steps and no split get a prologue form
+# (BLOCK_K >= PROLOGUE_MIN_BLOCK_K): on an H200, gpt at batch 1 with K = 768, the 16x32x128 form
+# with the prologue took 12.0 us where the LayerNorm kernel and the plain form took 8.0 us together.
 STATS_CHUNK = 256
 PROLOGUE_MAX_K = 2048
 PROLOGUE_MAX_BLOCK_M = 16
+PROLOGUE_MIN_BLOCK_K = 256
 # Shared memory a block may use per arch (bytes, opt-in maximum): a candidate whose pipelined tiles
 # need more would compile but never launch there, so it is left out.
 SHARED_LIMIT = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10}
@@ -643,7 +647,11 @@ def render_candidates(
         out = []
         for cfg, kernels, extra, pre in render_candidates(plain, buffers, known, ranges, configs):
             out.append((cfg, kernels, {**extra, scratch: a_spec}, (ln_step, *pre)))
-        fused = [c for c in (CONFIGS if configs is None else configs) if c.block_m <= PROLOGUE_MAX_BLOCK_M]
+        fused = [
+            c
+            for c in (CONFIGS if configs is None else configs)
+            if c.block_m <= PROLOGUE_MAX_BLOCK_M and c.block_k >= PROLOGUE_MIN_BLOCK_K and c.split_k == 1
+        ]
         for cfg, kernels, extra, pre in _render_forms(site, buffers, known, ranges, tuple(fused)):
             out.append((replace(cfg, name=cfg.name + "_ln"), kernels, extra, pre))
         return out
@@ -757,7 +765,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
             f"    a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
         )
     else:
-        lines += ["    " + ln for ln in _prologue_a(site, need_k_mask or k_offset != "0")]
+        lines += ["    " + ln for ln in _prologue_a(site)]
     for g in range(len(site.weights)):
         lines.append(
             f"    w{g} = tl.load(w{g}_ptr + rn[None, :] * {site.k} + rk[:, None], "
@@ -814,7 +822,7 @@ def _prologue_stats(site: Site, write_sum: str) -> list[str]:
     return lines
 
 
-def _prologue_a(site: Site, masked: bool) -> list[str]:
+def _prologue_a(site: Site) -> list[str]:
     """The A tile at ``rk``: the rows normalized, scaled and shifted, rounded to the dtype as the
     LayerNorm's output is (masked elements 0, so they add nothing)."""
     pro = site.prologue
@@ -971,8 +979,6 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
     cast = ".to(tl.int64)" if index == "i64" else ""
     body = _indices(site, index)
     body.append(f"ks = tl.program_id(2){cast}")
-    if site.prologue is not None:
-        body += _prologue_stats(site, "(tl.program_id(1) == 0) & (ks == 0)")
     body += _k_loop(site, cfg, f"ks * {chunk}", chunk)
     body.append("# each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order")
     for gi in range(g):
