@@ -48,6 +48,30 @@ def _top(fn, runs: int = 50) -> str:
     return head + events.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
 
 
+def _host(fn, runs: int = 200) -> str:
+    """Where a synchronized call's time goes: until ``fn`` returns (the host's work: guards,
+    copies, launches; the GPU runs meanwhile), and the wait after it; medians, µs."""
+    import statistics
+    import time
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    host, wait = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        host.append(t1 - t0)
+        wait.append(t2 - t1)
+    return (
+        f"host until the call returns {statistics.median(host) * 1e6:.1f} µs, "
+        f"then the wait for the GPU {statistics.median(wait) * 1e6:.1f} µs"
+    )
+
+
 def main() -> None:
     from aot.codegen import generate
     from aot.loader import load
@@ -79,12 +103,14 @@ def main() -> None:
     inputs = {k: v.cuda() for k, v in example_inputs(spec, sizes, seed=1).items()}
     print(f"== aotpack {args.model} {sizes}")
     print(_top(lambda: runner(**inputs)))
+    print(_host(lambda: runner(**inputs)))
     try:
         empty = torch.cuda.CUDAGraph()
         with torch.cuda.graph(empty):
             pass  # a graph of nothing: a replay's launch and sync cost alone
         print("== an empty CUDA graph")
         print(_top(empty.replay).splitlines()[0])
+        print(_host(empty.replay))
     except RuntimeError as e:
         print(f"== an empty CUDA graph: {e}")
     if args.no_eager:

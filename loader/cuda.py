@@ -142,6 +142,14 @@ def capture_stream(device) -> tuple[Any, threading.Lock]:
         return _capture_streams.setdefault(index, made)  # a racing thread's stream leaks: harmless
 
 
+def raw_stream(index: int) -> int:
+    """The current stream's handle on device ``index`` (torch's fast path where it has one)."""
+    import torch
+
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def zeros(shape: list[int], dtype, device):
     """A zero-filled tensor by the driver's memset, not ATen's fill kernel: on an H200 with torch
     2.11 the first ATen elementwise kernel of a process took about 90 MiB of device memory, which
@@ -196,10 +204,13 @@ class Graph:
         check(lib.cuGraphUpload(self._exec, stream.cuda_stream), "cuGraphUpload")
         return result
 
-    def replay(self) -> None:
-        import torch
+    def replay(self, stream: int | None = None) -> None:
+        """Launch on ``stream`` (a raw handle), by default torch's current stream."""
+        if stream is None:
+            import torch
 
-        check(driver().cuGraphLaunch(self._exec, torch.cuda.current_stream().cuda_stream), "cuGraphLaunch")
+            stream = torch.cuda.current_stream().cuda_stream
+        check(_lib.cuGraphLaunch(self._exec, stream), "cuGraphLaunch")
 
     def __del__(self):
         lib = _lib

@@ -19,7 +19,16 @@ from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.layout import check_order, empty_ordered, has_order, to_order
 from aot.loader.bundle import Bundle
-from aot.loader.cuda import Context, Function, Graph, capture_stream, driver_version, pack_params, zeros
+from aot.loader.cuda import (
+    Context,
+    Function,
+    Graph,
+    capture_stream,
+    driver_version,
+    pack_params,
+    raw_stream,
+    zeros,
+)
 from aot.loader.program import OutputSpecs, Storages, storage_span
 from aot.program import frees_after, tensor_specs
 from aot.schema import (
@@ -282,6 +291,8 @@ class GraphRunner:
         """``specs``: the program's output specs; ``weights``: the runner's weights, whose memory
         is never lent out."""
         self.gpu = gpu
+        index = gpu.device.index
+        self.device_index = torch.cuda.current_device() if index is None else index
         self.buckets = {b.symbol: b for b in buckets}
         self.pool, self.stream, self.lock = arena.pool, arena.stream, arena.lock
         self.capture_lock = arena.capture_lock  # the stream is the process's: one capture at a time
@@ -388,13 +399,14 @@ class GraphRunner:
             if captured is None:
                 captured, _ = self.capture(key)
             padded = captured.sizes != sizes
+            stream = raw_stream(self.device_index)
             for name, value in inputs.items():
                 static = captured.inputs[name]
                 if padded and static.shape != value.shape:
                     static[tuple(slice(0, n) for n in value.shape)].copy_(value)
                 else:
                     static.copy_(value)
-            captured.graph.replay()
+            captured.graph.replay(stream)
             results = []
             for i, (result, dims) in enumerate(zip(captured.outputs, self._out_dims)):
                 if padded:
