@@ -150,6 +150,10 @@ class Runner:
             raise EnvError(f"bundles run on 'cpu' or 'cuda' devices, not {self.device.type!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EnvError("device cuda requested but torch sees no CUDA GPU; load with device='cpu'")
+        if self.device.type == "cuda" and self.device.index is None:
+            # the GPU current at load: weights live there, and calls are checked against it
+            # without asking torch for the current device every call
+            self.device = torch.device("cuda", torch.cuda.current_device())
         for op in self.manifest.ops:  # whether a state write writes state is checked per step below
             resolve_op(op, state_write=op in STATE_WRITE_OPS)
         self.program = bundle.program()

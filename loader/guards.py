@@ -9,9 +9,9 @@ line that introduced the guard. Guards that could not have come from a build (si
 What a call may pass, and what happens to it:
 
 - Each input must be a dense (strided) ``torch.Tensor`` of the guarded dtype and rank, on the
-  runner's device (and on its device index when the runner names one). Anything else (a list, a
-  NumPy array, a sparse or nested tensor, a tensor on another device) is a ``GuardError`` that says
-  what was expected; nothing is converted or moved across devices.
+  runner's device (a GPU runner's is the GPU named at load, else the one current then). Anything
+  else (a list, a NumPy array, a sparse or nested tensor, a tensor on another device) is a
+  ``GuardError`` that says what was expected; nothing is converted or moved across devices.
 - Memory layout is not part of the contract. An input that is not contiguous (a transposed or
   sliced view, ``channels_last``) or whose elements overlap in memory (``expand()``, stride 0,
   ``as_strided``) is copied once into a contiguous tensor before the program sees it, so kernels
