@@ -266,9 +266,6 @@ def find_sites(program: Program) -> list[Site]:
                 producer[o] = i
     outputs = set(program.outputs)
 
-    def readers_of(name: str) -> set[int]:
-        return set(readers.get(name, []))
-
     def gemm(i: int) -> dict[str, Any] | None:
         s = steps[i]
         if s.kind != StepKind.ATEN or s.target not in GEMM_TARGETS or len(s.outputs) != 1:
@@ -420,7 +417,7 @@ def find_sites(program: Program) -> list[Site]:
                 # the candidate writes the add's result where the site's last step was: nothing
                 # the site leaves in between may read it
                 kept = set(range(before[0] + 1, max(library))) - set(library) - set(before)
-                if prologue.sum_out is None or not readers_of(prologue.sum_out) & kept:
+                if prologue.sum_out is None or not set(readers.get(prologue.sum_out, ())) & kept:
                     library += before
                     if prologue.sum_out is not None:
                         site_outputs = (*site_outputs, prologue.sum_out)
@@ -918,8 +915,13 @@ def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, gri
     source = "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
     m = ix.parse_size(site.m)
     elem = ITEMSIZE[site.dtype]
+    pro = site.prologue
+    rows = 1 if pro is None else 1 + (pro.y is not None) + (pro.sum_out is not None)  # A, or x [+ y] [+ sum]
+    stored = [o for o in outputs if pro is None or o != pro.sum_out]
     traffic = (
-        m * site.k * elem + len(site.weights) * site.n * site.k * elem + m * site.n * elem * len(outputs)
+        rows * m * site.k * elem
+        + len(site.weights) * site.n * site.k * elem
+        + m * site.n * elem * len(stored)
     )
     config = {
         "kind": "gemm",
