@@ -74,3 +74,49 @@ def test_every_program_and_bucket_shares_one_pool():
         runner(**runner.inputs_at(sizes))
     graphs = [e.graphs for e in runner._entries if e.graphs is not None]
     assert graphs and len({g.pool for g in graphs}) == 1 and len({id(g.lock) for g in graphs}) == 1
+
+
+# One fresh process per measurement: device memory is the process's, and what an earlier test
+# loaded (ATen's kernels, cuBLAS) would hide what a runner costs.
+_PROBE = """
+import sys, torch
+from aot.loader import load
+torch.cuda.init(); torch.cuda.synchronize()
+base = torch.cuda.mem_get_info()[0]
+runner = load(sys.argv[1], device="cuda", capture=sys.argv[2])
+weights = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in runner.weights.values()}.values())
+reserved = torch.cuda.memory_reserved()
+for batch in (1, 8):
+    x = runner.inputs_at({"batch": batch}, seed=1)
+    for _ in range(3):
+        runner(**x)
+torch.cuda.synchronize()
+print((base - torch.cuda.mem_get_info()[0]) / 2**20, reserved / 2**20, weights / 2**20)
+"""
+
+
+def _probe(path: Path, capture: str) -> tuple[float, float, float]:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(path), capture], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    device, reserved, weights = map(float, done.stdout.split()[-3:])
+    return device, reserved, weights
+
+
+def test_cuda_graphs_and_weights_cost_the_mlp_next_to_no_device_memory():
+    """Graphs captured through the driver launch no ATen kernel (torch.cuda.CUDAGraph's capture
+    did: ~92 MiB on an H200 for a process's first one), and the weights are one allocation (one
+    by one, the allocator served each 8 MiB matrix from a 20 MiB segment)."""
+    path = _bundle("mlp")
+    graphs, reserved, weights = _probe(path, "lazy")
+    plain, _, _ = _probe(path, "none")
+    assert graphs - plain <= 16, (
+        f"CUDA graphs took {graphs - plain:.0f} MiB more than none ({graphs:.0f} vs {plain:.0f})"
+    )
+    assert reserved - weights <= 4, (
+        f"after load the allocator holds {reserved:.1f} MiB for {weights:.1f} MiB of weights"
+    )
