@@ -180,13 +180,15 @@ def _prologue(
     m: str,
     k: int,
     dtype: str,
+    known: dict[str, TensorSpec],
     producer: dict[str, int],
     readers: dict[str, list[int]],
     reader: int,
 ) -> tuple[Prologue, list[int]] | None:
     """The LayerNorm kernel that made ``a`` (through same-index views only ``reader`` reads), as a
-    prologue, and the steps it replaces; None when ``a`` is not such a kernel's output."""
-    steps, known = program.steps, {t.name: t.spec for t in program.inputs + program.weights}
+    prologue, and the steps it replaces; None when ``a`` is not such a kernel's output.
+    ``known``: the program's inputs' and weights' specs."""
+    steps = program.steps
     views, name, nxt = [], a, reader
     while True:
         if readers.get(name) != [nxt] or name in program.outputs:
@@ -241,10 +243,8 @@ def _prologue(
         return None
     if set(o for o in s.outputs if o is not None) - {name, sum_out}:
         return None
-    specs = {**known, **program.buffers}
-    if not all(_row_major_rows(specs.get(b), m, k, dtype) for b in (x, y) if b is not None):
-        return None
-    if sum_out is not None and not _row_major_rows(specs.get(sum_out), m, k, dtype):
+    rows = [b for b in (x, y, sum_out) if b is not None]
+    if not all(_row_major_rows(_shape(program.buffers, known, b), m, k, dtype) for b in rows):
         return None
     w_name = weight.name if weight is not None else None
     b_name = bias.name if bias is not None else None
@@ -411,7 +411,9 @@ def find_sites(program: Program) -> list[Site]:
                 pass
         prologue = None
         if len(gemms) == 1:
-            found = _prologue(program, g["a"], g["m"], g["k"], g["dtype"], producer, readers, g["index"])
+            found = _prologue(
+                program, g["a"], g["m"], g["k"], g["dtype"], known, producer, readers, g["index"]
+            )
             if found is not None and not set(found[1]) & used:
                 prologue, before = found
                 # the candidate writes the add's result where the site's last step was: nothing
@@ -621,17 +623,16 @@ def render_candidates(
     ranges: dict[str, tuple[int, int]],
     configs: tuple[TileConfig, ...] | None = None,
 ) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec], tuple[Step, ...]]]:
-    """Per form that fits the site: its config (named as the form), its kernels (one, or the split-K pair), the buffers
-    they add to the program, and the program steps that run before them. A site with a LayerNorm
-    prologue gets each skinny config twice: ``<config>_ln`` computes the LayerNorm as it loads A,
-    ``<config>`` runs the program's LayerNorm kernel first (into a buffer of its own) and then the
-    plain GEMM; which is faster depends on the GPU and the sizes, so ``aotpack tune`` decides."""
+    """Per form that fits the site: its config (named as the form), its kernels (one, or the
+    split-K pair), the buffers they add to the program, and the program steps that run before
+    them. A site with a LayerNorm prologue gets each config twice: ``<config>`` runs the program's
+    LayerNorm kernel first (into a buffer of its own), then the plain GEMM; ``<config>_ln``, for
+    the skinny configs, computes the LayerNorm as it loads A. Which is faster depends on the GPU
+    and the sizes, so ``aotpack tune`` decides."""
     if site.prologue is not None:
         pro = site.prologue
         scratch = f"{site.id}_a"
-        plain = replace(
-            site, prologue=None, a=scratch, outputs=tuple(o for o in site.outputs if o != pro.sum_out)
-        )
+        plain = replace(site, prologue=None, a=scratch, outputs=_gemm_outputs(site))
         ln_step = replace(
             pro.kernel,
             args=tuple(
@@ -665,7 +666,7 @@ def _render_forms(
     configs = CONFIGS if configs is None else configs
     ep = _Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
     if site.epilogue:
-        ep.lower(site.epilogue, tuple(o for o in site.outputs if o not in _prologue_outputs(site)))
+        ep.lower(site.epilogue, _gemm_outputs(site))
     else:
         ep.stores.append((site.gemm_outputs[0], "acc0", site.dtype))
     m_max = max_value(ix.parse_size(site.m), ranges)
@@ -961,6 +962,11 @@ def _prologue_outputs(site: Site) -> list[str]:
     return [pro.sum_out] if pro is not None and pro.sum_out is not None else []
 
 
+def _gemm_outputs(site: Site) -> tuple[str, ...]:
+    """The site's outputs but the prologue's sum: what the GEMM and its epilogue write."""
+    return tuple(o for o in site.outputs if o not in _prologue_outputs(site))
+
+
 def _render_fused(site: Site, ep: _Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)))
     body = _indices(site, index)
@@ -989,10 +995,7 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
         )
     params, signature, args = _params(site, None, index, ws, "partial")
     name = f"gemm_{_tag(site)}_{cfg.name}_partial"
-    outputs = [ws, *_prologue_outputs(site)]
-    return _rendered(
-        site, cfg, name, "split-K partial sums", body, params, signature, args, outputs, grid, ()
-    )
+    return _rendered(site, cfg, name, "split-K partial sums", body, params, signature, args, [ws], grid, ())
 
 
 def _render_reduce(site: Site, ep: _Epilogue, cfg: TileConfig, index: str, ws: str) -> Rendered:

@@ -158,9 +158,11 @@ def zeros(shape: list[int], dtype, device):
 
     out = torch.empty(shape, dtype=dtype, device=device)
     if out.numel():
-        stream = torch.cuda.current_stream(out.device).cuda_stream
         nbytes = out.numel() * out.element_size()
-        check(driver().cuMemsetD8Async(out.data_ptr(), 0, nbytes, stream), "cuMemsetD8Async")
+        check(
+            driver().cuMemsetD8Async(out.data_ptr(), 0, nbytes, raw_stream(out.device.index)),
+            "cuMemsetD8Async",
+        )
     return out
 
 
@@ -204,12 +206,8 @@ class Graph:
         check(lib.cuGraphUpload(self._exec, stream.cuda_stream), "cuGraphUpload")
         return result
 
-    def replay(self, stream: int | None = None) -> None:
-        """Launch on ``stream`` (a raw handle), by default torch's current stream."""
-        if stream is None:
-            import torch
-
-            stream = torch.cuda.current_stream().cuda_stream
+    def replay(self, stream: int) -> None:
+        """Launch on ``stream``, a raw handle (``raw_stream``)."""
         check(_lib.cuGraphLaunch(self._exec, stream), "cuGraphLaunch")
 
     def __del__(self):

@@ -3,9 +3,10 @@ capture per bucket, replayed on every call that fits one.
 
 Memory plan: every buffer is released after its last use (liveness computed once at load), so
 inside a capture the runner's memory pool hands the same memory to later buffers; all buckets
-capture into one shared pool (graphs captured through the driver: ``aot.loader.cuda.Graph``). Replays are serialized by one lock per runner (calls on one GPU stream
-serialize anyway); outputs are copied out of the graph's static buffers before the lock is
-released, so the caller owns them and a later call never overwrites them.
+capture into one shared pool (graphs captured through the driver: ``aot.loader.cuda.Graph``).
+Replays are serialized by one lock per runner (calls on one GPU stream serialize anyway); outputs
+are copied out of the graph's static buffers before the lock is released, so the caller owns them
+and a later call never overwrites them.
 """
 
 from __future__ import annotations
