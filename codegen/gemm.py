@@ -73,12 +73,27 @@ class TileConfig:
     min_m: int = 1
     max_m: int = 1 << 62
     min_k: int = 1  # split-K: each slice must keep at least a couple of K blocks
+    dot: bool = True  # False: a dot-free GEMV body for one row (BLOCK_M = 1), products summed over K
+    target_blocks: int = 0  # split-K: blocks to aim for (0: SPLIT_TARGET_BLOCKS)
+
+    def __post_init__(self):
+        if not self.dot and self.block_m != 1:
+            raise ValueError(f"{self.name}: the dot-free form computes one row per block (BLOCK_M = 1)")
 
 
 # Performance knobs: the candidate forms compiled for every site.
 CONFIGS: tuple[TileConfig, ...] = (
     # Skinny M (decode, batch 1): narrow N tiles, so that even N = 768 spreads over 48 blocks and a
     # 1024 x 4096 weight over 256, each streaming whole rows of W (K contiguous).
+    # One row (decode, batch 1) without tensor cores: each block multiplies a few whole rows of W
+    # by A's row and sums along K, so a block's loads are wide and contiguous and there are enough
+    # blocks (about four per SM) to keep HBM busy; a BLOCK_M = 16 tile wastes 15/16 of its dot.
+    TileConfig("vec_1x8x512", 1, 8, 512, num_warps=4, num_stages=2, max_m=1, dot=False),
+    TileConfig("vec_1x4x1024", 1, 4, 1024, num_warps=4, num_stages=2, max_m=1, dot=False),
+    TileConfig(
+        "splitk_1x8x512", 1, 8, 512, num_warps=4, num_stages=2, split_k=0, max_m=1, min_k=2048,
+        dot=False, target_blocks=512,
+    ),
     TileConfig("gemv_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, max_m=16),
     TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
     TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
@@ -696,7 +711,7 @@ def _render_forms(
 def split_factor(site: Site, cfg: TileConfig) -> int:
     """K slices for ``site``: its N tiles times the slices should reach ``SPLIT_TARGET_BLOCKS``."""
     n_tiles = -(-site.n // cfg.block_n)
-    want = -(-SPLIT_TARGET_BLOCKS // n_tiles)
+    want = -(-(cfg.target_blocks or SPLIT_TARGET_BLOCKS) // n_tiles)
     return max(1, min(MAX_SPLIT, want, site.k // (MIN_SLICE_BLOCKS * cfg.block_k)))
 
 
@@ -748,8 +763,15 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
     """Accumulate ``acc{g}`` over ``k_offset <= k < k_offset + k_extent`` (and ``k < K``) in
     BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads."""
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
-    lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in range(len(site.weights))]
-    lines.append(f"for k0 in range(0, {k_extent}, BLOCK_K):")
+    weights = range(len(site.weights))
+    if cfg.dot:
+        lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in weights]
+    else:  # A's one row times W's rows, summed elementwise across K steps, reduced once after
+        lines = [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in weights]
+    # the dot-free form unrolls its K steps: every step's loads can be in flight at once (Triton
+    # pipelines only the loads that feed a dot), and a row of W is a few steps at most
+    loop = "range" if cfg.dot else "tl.static_range"
+    lines.append(f"for k0 in {loop}(0, {k_extent}, BLOCK_K):")
     lines.append(
         f"    rk = {k_offset} + k0 + tl.arange(0, BLOCK_K)"
         if k_offset != "0"
@@ -765,11 +787,20 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
     else:
         lines += ["    " + ln for ln in _prologue_a(site)]
     for g in range(len(site.weights)):
+        if not cfg.dot:
+            lines.append(
+                f"    w{g} = tl.load(w{g}_ptr + rn[:, None] * {site.k} + rk[None, :], "
+                f"mask=mask_n[:, None]{kmask_a}, other=0.0)  # W tile: [BLOCK_N, BLOCK_K]"
+            )
+            lines.append(f"    part{g} += w{g}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]")
+            continue
         lines.append(
             f"    w{g} = tl.load(w{g}_ptr + rn[None, :] * {site.k} + rk[:, None], "
             f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
         )
         lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+    if not cfg.dot:
+        lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in weights]
     return lines
 
 

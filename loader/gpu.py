@@ -355,12 +355,16 @@ class GraphRunner:
                 inputs[name].copy_(value)
         bound = {**inputs, **(self.state.views(sizes) if self.state is not None else {})}
         # Warm up and capture on one stream of our own: library handles and workspaces (cuBLAS
-        # keeps one per stream) exist before capture, and exist once.
+        # keeps one per stream) exist before capture, and exist once. The warm-up allocates from
+        # the arena's pool too, so the capture reuses its memory instead of the caching allocator
+        # keeping a second copy of the bucket's intermediates (and outputs) reserved beside the pool.
         side = self.stream
         with self.capture_lock:
             side.wait_stream(torch.cuda.current_stream(gpu.device))
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), torch.cuda.use_mem_pool(self.pool, gpu.device):
                 warm = gpu(bound, sizes, key)
+                if call is None:  # nobody reads the warm-up's outputs: let the capture reuse them
+                    warm = []
             torch.cuda.current_stream(gpu.device).wait_stream(side)
             graph = Graph(self.pool)
             torch.cuda.synchronize(gpu.device)

@@ -88,9 +88,9 @@ def interpreted(built):
 def test_sites_and_epilogues_found(built):
     alts = {n: built[n][0].program.alternatives for n in built}
     kinds = {n: [len(s.candidates) for s in a] for n, a in alts.items()}
-    # mlp: up + GELU epilogue (2 skinny + 3 tiles), down + bias + residual (2 skinny + 3 tiles +
-    # split-K at K = 1024; the narrow split-K form needs K >= 2048)
-    assert kinds["gemm_mlp"] == [5, 6] and kinds["gemm_mlp32"] == [5, 6]
+    # mlp: up + GELU epilogue (2 one-row GEMVs + 2 skinny + 3 tiles), down + bias + residual (the
+    # same + split-K at K = 1024; the narrow split-K forms need K >= 2048)
+    assert kinds["gemm_mlp"] == [7, 8] and kinds["gemm_mlp32"] == [7, 8]
     up, down = alts["gemm_mlp"]
     program = built["gemm_mlp"][0].program
     assert [program.steps[i].target for i in up.library][-2:] == [
@@ -134,7 +134,8 @@ def test_sites_and_epilogues_found(built):
     assert plain.steps[0].target == ln.steps[last.library[0]].target and len(plain.steps) == 2
     assert "prologue" not in kernels[plain.steps[-1].target].source
     # only skinny, unsplit blocks with long K steps get the prologue form
-    assert [n for n in forms if n.endswith("_ln")] == ["gemv_16x16x256_ln"]
+    assert [n for n in forms if n.endswith("_ln")] == ["vec_1x8x512_ln", "vec_1x4x1024_ln", "gemv_16x16x256_ln"]
+    assert "tl.dot" not in kernels[forms["vec_1x8x512_ln"].steps[-1].target].source
 
 
 @pytest.mark.parametrize("name", list(SIZES))
@@ -677,7 +678,7 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
         [c.name for c in s.candidates] for s in compiled.program.alternatives
     ]
     assert info["tuning"] is None
-    assert "GEMM candidates: 11 for 2 sites (12 kernels); untuned" in summary_text(m, info)
+    assert "GEMM candidates: 15 for 2 sites (16 kernels); untuned" in summary_text(m, info)
     tuned = tmp_path / "tuned.tpk"
     write_tuned(bundle, tuned, _table(compiled.program))
     m, info = bundle_summary(str(tuned))
