@@ -91,8 +91,17 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("vec_1x8x512", 1, 8, 512, num_warps=4, num_stages=2, max_m=1, dot=False),
     TileConfig("vec_1x4x1024", 1, 4, 1024, num_warps=4, num_stages=2, max_m=1, dot=False),
     TileConfig(
-        "splitk_1x8x512", 1, 8, 512, num_warps=4, num_stages=2, split_k=0, max_m=1, min_k=2048,
-        dot=False, target_blocks=512,
+        "splitk_1x8x512",
+        1,
+        8,
+        512,
+        num_warps=4,
+        num_stages=2,
+        split_k=0,
+        max_m=1,
+        min_k=2048,
+        dot=False,
+        target_blocks=512,
     ),
     TileConfig("gemv_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, max_m=16),
     TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
@@ -792,7 +801,9 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
                 f"    w{g} = tl.load(w{g}_ptr + rn[:, None] * {site.k} + rk[None, :], "
                 f"mask=mask_n[:, None]{kmask_a}, other=0.0)  # W tile: [BLOCK_N, BLOCK_K]"
             )
-            lines.append(f"    part{g} += w{g}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]")
+            lines.append(
+                f"    part{g} += w{g}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
+            )
             continue
         lines.append(
             f"    w{g} = tl.load(w{g}_ptr + rn[None, :] * {site.k} + rk[:, None], "

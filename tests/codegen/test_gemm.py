@@ -134,7 +134,11 @@ def test_sites_and_epilogues_found(built):
     assert plain.steps[0].target == ln.steps[last.library[0]].target and len(plain.steps) == 2
     assert "prologue" not in kernels[plain.steps[-1].target].source
     # only skinny, unsplit blocks with long K steps get the prologue form
-    assert [n for n in forms if n.endswith("_ln")] == ["vec_1x8x512_ln", "vec_1x4x1024_ln", "gemv_16x16x256_ln"]
+    assert [n for n in forms if n.endswith("_ln")] == [
+        "vec_1x8x512_ln",
+        "vec_1x4x1024_ln",
+        "gemv_16x16x256_ln",
+    ]
     assert "tl.dot" not in kernels[forms["vec_1x8x512_ln"].steps[-1].target].source
 
 
