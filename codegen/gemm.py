@@ -9,8 +9,8 @@ steps become the GEMM's epilogue (GELU/tanh-GELU/ReLU/SiLU/sigmoid/tanh, add/sub
 GEMM of the same input ``A`` (the Llama MLP's ``silu(A @ Wg^T) * (A @ Wu^T)``), both GEMMs run in one
 kernel that shares the loads of ``A`` (a *dual* GEMM) and the product is its epilogue.
 
-Each site gets one candidate per tile config (``CONFIGS``: a skinny-M tile for decode and batch 1,
-a middle and a large tile) plus a deterministic split-K form: a first kernel writes each K slice's
+Each site gets one candidate per tile config (``CONFIGS``: dot-free one-row forms and skinny-M
+tiles for decode and batch 1, a middle and a large tile) plus deterministic split-K forms: a first kernel writes each K slice's
 fp32 partial sums to its own slab of a workspace, a second adds the slabs in a fixed order and
 applies the epilogue; no atomics, so two runs give the same bits. A candidate is compiled like every
 kernel (``compile``: same cache, same determinism) and lists the bucket sizes it is meant for.
