@@ -10,9 +10,9 @@ GEMM of the same input ``A`` (the Llama MLP's ``silu(A @ Wg^T) * (A @ Wu^T)``), 
 kernel that shares the loads of ``A`` (a *dual* GEMM) and the product is its epilogue.
 
 Each site gets one candidate per tile config (``CONFIGS``: dot-free one-row forms and skinny-M
-tiles for decode and batch 1, a middle and a large tile) plus deterministic split-K forms: a first kernel writes each K slice's
-fp32 partial sums to its own slab of a workspace, a second adds the slabs in a fixed order and
-applies the epilogue; no atomics, so two runs give the same bits. A candidate is compiled like every
+tiles for decode and batch 1, a middle and a large tile) plus deterministic split-K forms: a first
+kernel writes each K slice's fp32 partial sums to its own slab of a workspace, a second adds the
+slabs in a fixed order and applies the epilogue; no atomics, so two runs give the same bits. A candidate is compiled like every
 kernel (``compile``: same cache, same determinism) and lists the bucket sizes it is meant for.
 
 The program keeps its library steps; ``Program.alternatives`` records, per site, the indices of
@@ -83,8 +83,6 @@ class TileConfig:
 
 # Performance knobs: the candidate forms compiled for every site.
 CONFIGS: tuple[TileConfig, ...] = (
-    # Skinny M (decode, batch 1): narrow N tiles, so that even N = 768 spreads over 48 blocks and a
-    # 1024 x 4096 weight over 256, each streaming whole rows of W (K contiguous).
     # One row (decode, batch 1) without tensor cores: each block multiplies a few whole rows of W
     # by A's row and sums along K, so a block's loads are wide and contiguous and there are enough
     # blocks (about four per SM) to keep HBM busy; a BLOCK_M = 16 tile wastes 15/16 of its dot.
@@ -103,6 +101,8 @@ CONFIGS: tuple[TileConfig, ...] = (
         dot=False,
         target_blocks=512,
     ),
+    # Skinny M (decode, batch 1): narrow N tiles, so that even N = 768 spreads over 48 blocks and a
+    # 1024 x 4096 weight over 256, each streaming whole rows of W (K contiguous).
     TileConfig("gemv_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, max_m=16),
     TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
     TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
