@@ -12,8 +12,9 @@ kernel that shares the loads of ``A`` (a *dual* GEMM) and the product is its epi
 Each site gets one candidate per tile config (``CONFIGS``: dot-free one-row forms and skinny-M
 tiles for decode and batch 1, a middle and a large tile) plus deterministic split-K forms: a first
 kernel writes each K slice's fp32 partial sums to its own slab of a workspace, a second adds the
-slabs in a fixed order and applies the epilogue; no atomics, so two runs give the same bits. A candidate is compiled like every
-kernel (``compile``: same cache, same determinism) and lists the bucket sizes it is meant for.
+slabs in a fixed order and applies the epilogue; no atomics, so two runs give the same bits. A
+candidate is compiled like every kernel (``compile``: same cache, same determinism) and lists the
+bucket sizes it is meant for.
 
 The program keeps its library steps; ``Program.alternatives`` records, per site, the indices of
 the steps a candidate replaces and the candidate's kernel steps, whose ``reference`` is exactly
@@ -770,7 +771,8 @@ def _indices(site: Site, index: str) -> list[str]:
 
 def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
     """Accumulate ``acc{g}`` over ``k_offset <= k < k_offset + k_extent`` (and ``k < K``) in
-    BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads."""
+    BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads (a dot's)
+    or unroll the steps (the dot-free form's)."""
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     weights = range(len(site.weights))
     if cfg.dot:
@@ -795,8 +797,14 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
         )
     else:
         lines += ["    " + ln for ln in _prologue_a(site)]
-    for g in range(len(site.weights)):
-        if not cfg.dot:
+    for g in weights:
+        if cfg.dot:
+            lines.append(
+                f"    w{g} = tl.load(w{g}_ptr + rn[None, :] * {site.k} + rk[:, None], "
+                f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+            )
+            lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+        else:
             lines.append(
                 f"    w{g} = tl.load(w{g}_ptr + rn[:, None] * {site.k} + rk[None, :], "
                 f"mask=mask_n[:, None]{kmask_a}, other=0.0)  # W tile: [BLOCK_N, BLOCK_K]"
@@ -804,12 +812,6 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
             lines.append(
                 f"    part{g} += w{g}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
             )
-            continue
-        lines.append(
-            f"    w{g} = tl.load(w{g}_ptr + rn[None, :] * {site.k} + rk[:, None], "
-            f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
-        )
-        lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
     if not cfg.dot:
         lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in weights]
     return lines

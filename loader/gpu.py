@@ -343,7 +343,8 @@ class GraphRunner:
         self, key: tuple, call: dict[str, torch.Tensor] | None = None
     ) -> tuple[_Captured, list[torch.Tensor]]:
         """Capture the bucket ``key``'s graph; warm up on ``call``'s inputs when given (their sizes
-        are the bucket's), else on zeros. Returns the graph and the warm-up's outputs."""
+        are the bucket's), else on zeros. Returns the graph and the warm-up's outputs (none when it
+        warmed up on zeros: nobody reads them, and the capture reuses their memory)."""
         gpu = self.gpu
         sizes = dict(zip(self.symbols, key))
         inputs = {
@@ -363,7 +364,7 @@ class GraphRunner:
             side.wait_stream(torch.cuda.current_stream(gpu.device))
             with torch.cuda.stream(side), torch.cuda.use_mem_pool(self.pool, gpu.device):
                 warm = gpu(bound, sizes, key)
-                if call is None:  # nobody reads the warm-up's outputs: let the capture reuse them
+                if call is None:
                     warm = []
             torch.cuda.current_stream(gpu.device).wait_stream(side)
             graph = Graph(self.pool)
