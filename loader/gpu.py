@@ -7,6 +7,12 @@ capture into one shared pool (graphs captured through the driver: ``aot.loader.c
 Replays are serialized by one lock per runner (calls on one GPU stream serialize anyway); outputs
 are copied out of the graph's static buffers before the lock is released, so the caller owns them
 and a later call never overwrites them.
+
+Large outputs are not copied: where a bucket's outputs come to ``TAIL_MIN_BYTES`` or more and the
+last steps of the program are only what computes them (one library call or kernel per output, and
+views of it: gpt's logits GEMM), those steps are left out of the graph (``output_tail``) and run
+after each replay into memory the caller owns. The graph's pool then holds no copy of any bucket's
+outputs, and no copy is made per call (gpt at batch 8 x seq 128: 98 MiB of logits each).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from aot.loader.cuda import (
     zeros,
 )
 from aot.loader.program import OutputSpecs, Storages, storage_span
-from aot.program import frees_after, tensor_specs
+from aot.program import frees_after, is_view, spec_bytes, step_reads, step_writes, tensor_specs
 from aot.schema import (
     KERNEL_CUBIN_FORMAT,
     Bucket,
@@ -47,6 +53,32 @@ from aot.schema import (
 from aot.symexpr import Expr, compile_expr
 
 ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
+# Outputs of at least this many bytes per bucket are computed after the graph, into memory the
+# caller owns, rather than copied out of the graph's (module docstring). Below it, one more eager
+# launch per call costs more host time than the copy costs the GPU.
+TAIL_MIN_BYTES = 4 << 20
+
+
+def output_tail(steps: tuple[Step, ...], outputs: tuple[str, ...]) -> int | None:
+    """Where the steps that only compute ``outputs`` begin: each output's producing step (the
+    first step behind it that is not a view) and the views between, when they are the program's
+    last steps with nothing else among them; None when there are none such (an output that is an
+    input or weight, or another step after the producer) or they are the whole program."""
+    writer = {w: i for i, step in enumerate(steps) for w in step_writes(step)}
+    chain: set[int] = set()
+    for name in outputs:
+        i = writer.get(name)
+        while i is not None and is_view(steps[i]):
+            chain.add(i)
+            reads = step_reads(steps[i])
+            i = writer.get(reads[0]) if reads else None
+        if i is None:
+            return None
+        chain.add(i)
+    start = min(chain)
+    if start == 0 or any(i not in chain and not is_view(steps[i]) for i in range(start, len(steps))):
+        return None
+    return start
 
 
 def pick_arch(archs: tuple[str, ...], capability: tuple[int, int]) -> str:
@@ -229,9 +261,21 @@ class GpuProgram:
         )
         return calls, frees
 
+    def steps_at(self, key: tuple | None) -> tuple[Step, ...]:
+        """The steps a call at bucket ``key`` runs (a tuning plan's, or the program's)."""
+        return self.plan_steps.get(key, self.steps) if key is not None else self.steps
+
     def __call__(
-        self, inputs: dict[str, torch.Tensor], sizes: dict[str, int], key: tuple | None = None
+        self,
+        inputs: dict[str, torch.Tensor],
+        sizes: dict[str, int],
+        key: tuple | None = None,
+        span: tuple[int, int] | None = None,
+        returns: tuple[str, ...] | None = None,
     ) -> list[torch.Tensor]:
+        """Run the steps at bucket ``key`` on ``inputs`` (and the weights); ``span``: only the
+        steps ``[start, stop)`` of them, ``inputs`` then holding what earlier steps wrote that
+        these read; returns the buffers ``returns`` (default: the program's outputs)."""
         self.context.bind()
         stream = torch.cuda.current_stream(self.device).cuda_stream
         env: dict[str, Any] = dict(self.weights)
@@ -239,6 +283,8 @@ class GpuProgram:
         calls, frees = (
             self.plans.get(key, (self.calls, self.frees)) if key is not None else (self.calls, self.frees)
         )
+        if span is not None:
+            calls, frees = calls[span[0] : span[1]], frees[span[0] : span[1]]
         for call, free in zip(calls, frees):
             if type(call) is KernelCall:
                 call(env, sizes, stream)
@@ -246,15 +292,18 @@ class GpuProgram:
                 call(env, sizes)
             for name in free:
                 del env[name]
-        return [env[o] for o in self.program.outputs]
+        return [env[o] for o in (self.program.outputs if returns is None else returns)]
 
 
 class _Captured:
-    __slots__ = ("graph", "inputs", "outputs", "sizes", "lendable")
+    __slots__ = ("key", "graph", "inputs", "outputs", "sizes", "lendable", "tail")
 
-    def __init__(self, graph, inputs, outputs, sizes, lendable):
-        self.graph, self.inputs, self.outputs, self.sizes = graph, inputs, outputs, sizes
+    def __init__(self, key, graph, inputs, outputs, sizes, lendable, tail=None):
+        self.key, self.graph, self.inputs, self.outputs, self.sizes = key, graph, inputs, outputs, sizes
         self.lendable = lendable  # per output: graph memory that may be lent (not a weight's)
+        # (first step after the graph, the buffers it hands them) when the outputs are computed
+        # after each replay (``output_tail``); ``outputs`` are then those buffers
+        self.tail: tuple[int, tuple[str, ...]] | None = tail
 
 
 class Arena:
@@ -355,6 +404,8 @@ class GraphRunner:
             for name, value in call.items():
                 inputs[name].copy_(value)
         bound = {**inputs, **(self.state.views(sizes) if self.state is not None else {})}
+        tail = self._tail(key, sizes)
+        span, returns = ((0, tail[0]), tail[1]) if tail is not None else (None, None)
         # Warm up and capture on one stream of our own: library handles and workspaces (cuBLAS
         # keeps one per stream) exist before capture, and exist once. The warm-up allocates from
         # the arena's pool too, so the capture reuses its memory instead of the caching allocator
@@ -363,18 +414,52 @@ class GraphRunner:
         with self.capture_lock:
             side.wait_stream(torch.cuda.current_stream(gpu.device))
             with torch.cuda.stream(side), torch.cuda.use_mem_pool(self.pool, gpu.device):
-                warm = gpu(bound, sizes, key)
-                if call is None:
+                warm = gpu(bound, sizes, key, span, returns)
+                if call is None or tail is not None:
                     warm = []
             torch.cuda.current_stream(gpu.device).wait_stream(side)
             graph = Graph(self.pool)
             torch.cuda.synchronize(gpu.device)
-            outputs = graph.capture(side, lambda: gpu(bound, sizes, key))
-        self._specs.check(outputs, sizes)  # once: replays and slices keep dtype, device and shape exprs
+            outputs = graph.capture(side, lambda: gpu(bound, sizes, key, span, returns))
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
-        captured = _Captured(graph, inputs, outputs, sizes, lendable)
+        captured = _Captured(key, graph, inputs, outputs, sizes, lendable, tail)
+        # once: replays and slices keep dtype, device and shape exprs
+        self._specs.check(self._run_tail(captured) if tail is not None else outputs, sizes)
         self.graphs[key] = captured
         return captured, warm
+
+    def _tail(self, key: tuple, sizes: dict[str, int]) -> tuple[int, tuple[str, ...]] | None:
+        """Where the steps after the graph begin and what the graph hands them, when the bucket's
+        outputs are large enough to compute after it (module docstring); None otherwise."""
+        if self.state is not None:
+            return None  # a stateful call's outputs are small (one step's logits), its writes in place
+        program = self.gpu.program
+        specs = [program.buffers.get(o) for o in program.outputs]
+        if any(spec is None for spec in specs) or sum(spec_bytes(s, sizes) for s in specs) < TAIL_MIN_BYTES:
+            return None
+        steps = self.gpu.steps_at(key)
+        start = output_tail(steps, program.outputs)
+        if start is None:
+            return None
+        before = {w for step in steps[:start] for w in step_writes(step)}
+        handed = tuple(dict.fromkeys(r for step in steps[start:] for r in step_reads(step) if r in before))
+        return start, handed
+
+    def _run_tail(self, captured: _Captured) -> list[torch.Tensor]:
+        """The steps after the graph, on what its replay left, at the bucket's sizes: on the
+        capture stream (whose library workspaces exist already), ordered after the replay; the
+        results belong to the caller."""
+        gpu, side = self.gpu, self.stream
+        start, handed = captured.tail
+        current = torch.cuda.current_stream(gpu.device)
+        env = {**captured.inputs, **dict(zip(handed, captured.outputs))}
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            results = gpu(env, captured.sizes, captured.key, (start, len(gpu.steps_at(captured.key))))
+        current.wait_stream(side)
+        for r in results:
+            r.record_stream(current)
+        return results
 
     def capture_all(self) -> None:
         with self.lock:
@@ -413,12 +498,18 @@ class GraphRunner:
                 else:
                     static.copy_(value)
             captured.graph.replay(stream)
+            if captured.tail is not None:
+                outputs, fresh = self._run_tail(captured), True
+            else:
+                outputs, fresh = captured.outputs, False
             results = []
-            for i, (result, dims) in enumerate(zip(captured.outputs, self._out_dims)):
+            for i, (result, dims) in enumerate(zip(outputs, self._out_dims)):
                 if padded:
                     result = result[tuple(slice(0, e(sizes)) for _, e in dims)]
                 if out is not None:
                     results.append(out[i].copy_(result))
+                elif fresh:  # computed after the graph: the caller's own; a padded one copied smaller
+                    results.append(result.clone() if padded and not borrow else result)
                 elif borrow and captured.lendable[i]:
                     results.append(result)
                 else:

@@ -155,3 +155,45 @@ def test_a_named_tuple_output_takes_its_buffers_by_key_or_by_position(structured
     structured(**inputs, out=out)
     torch.testing.assert_close(out["pair"][0], expected["pair"].low, rtol=0, atol=0)
     torch.testing.assert_close(out["pair"][1], expected["pair"].high, rtol=0, atol=0)
+
+
+def _aten(target: str, reads: list[str], out: str, *rest):
+    from aot.schema import Buf, Step, StepKind
+
+    return Step(
+        kind=StepKind.ATEN,
+        target=target,
+        args=[Buf(r) for r in reads] + list(rest),
+        kwargs={},
+        outputs=(out,),
+    )
+
+
+def test_output_tail_is_the_outputs_last_computation_and_the_views_of_it():
+    """The steps a graph leaves to run after each replay (``aot.loader.gpu.output_tail``): gpt's
+    logits GEMM and the slice and view behind it, with the weight's permute before them kept in
+    the graph; nothing when another computation comes after the output's, or the output is an
+    input's view."""
+    from aot.loader.gpu import output_tail
+
+    steps = (
+        _aten("aten.native_layer_norm.default", ["x", "w", "b"], "ln"),
+        _aten("aten.permute.default", ["wte"], "wt", [1, 0]),
+        _aten("aten.view.default", ["ln"], "rows", [4, 8]),
+        _aten("aten.mm.default", ["rows", "wt"], "mm_padded"),
+        _aten("aten.slice.Tensor", ["mm_padded"], "mm", 1, 0, 50),
+        _aten("aten.view.default", ["mm"], "logits", [1, 4, 50]),
+    )
+    assert output_tail(steps, ("logits",)) == 3
+    assert output_tail(steps[:4], ("mm_padded",)) == 3
+    # two outputs computed last: the tail starts at the first one's producer
+    two = steps[:4] + (_aten("aten.relu.default", ["mm_padded"], "act"),)
+    assert output_tail(two, ("mm_padded", "act")) == 3
+    # an output computed by the first step: the tail would be the whole program
+    assert output_tail(steps, ("logits", "ln")) is None
+    # an unrelated computation after the producer: no tail
+    late = steps + (_aten("aten.relu.default", ["ln"], "other"),)
+    assert output_tail(late, ("logits",)) is None
+    # an output that is a view of an input: nothing to compute after the graph
+    assert output_tail(steps, ("logits", "xv")) is None
+    assert output_tail((_aten("aten.view.default", ["x"], "xv", [8]),), ("xv",)) is None
