@@ -1131,6 +1131,17 @@ def add_gemm_alternatives(
                 continue
             ids = [kernel_id(r.source, r.signature, r.config) for r in kernels]
             pending.append((site, cfg.name, kernels, ids, extra, fit, pre))
+    from aot.codegen.flash import attention_buckets, find_attention_sites, render_attention
+
+    taken = {i for site in sites for i in site.library}
+    attention = [a for a in find_attention_sites(program) if not taken & set(a.library)]
+    for site in attention:
+        for cfg, kernel in render_attention(site, ranges):
+            fit = attention_buckets(site, cfg, sizes)
+            if sizes and not fit:
+                continue
+            kid = kernel_id(kernel.source, kernel.signature, kernel.config)
+            pending.append((site, cfg.name, [kernel], [kid], {}, fit, ()))
     todo = {kid: r for _, _, kernels, ids, _, _, _ in pending for kid, r in zip(ids, kernels)}
     results, failed = compile_kernels(list(todo.items()))
     for (kid, arch), res in results.items():
@@ -1164,10 +1175,10 @@ def add_gemm_alternatives(
             outputs=site.outputs,
             m=ix.size_text(ix.parse_size(site.m)),
             n=site.n,
-            k=site.k,
+            k=site.k if isinstance(site, Site) else site.head_dim,
             candidates=tuple(by_site[site.id]),
         )
-        for site in sites
+        for site in [*sites, *attention]
         if by_site.get(site.id)
     )
     new = replace(
@@ -1177,8 +1188,10 @@ def add_gemm_alternatives(
         alternatives=alternatives,
     )
     n = sum(len(s.candidates) for s in alternatives)
+    n_attn = sum(s.id.startswith("attn_") for s in alternatives)
     say(
-        f"  GEMM candidates: {n} for {len(alternatives)} sites, {len(kernels_out)} kernels "
+        f"  GEMM and attention candidates: {n} for {len(alternatives) - n_attn} GEMM and {n_attn} "
+        f"attention sites, {len(kernels_out)} kernels "
         f"(the library steps stay the default; `aotpack tune` picks on the GPU)"
     )
     return new, cubins, len(alternatives)

@@ -34,7 +34,7 @@ MAX_CANDIDATES = 16  # per site
 MAX_CANDIDATE_STEPS = 4
 MAX_TUNING_BYTES = 8 << 20
 MAX_TIME_US = 1e9  # a measurement beyond this is no measurement
-_ID = re.compile(r"^gemm_[0-9]{1,6}$")
+_ID = re.compile(r"^(gemm|attn)_[0-9]{1,6}$")  # a GEMM site, or an attention site (aot.codegen.flash)
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 _ARCH = re.compile(r"^sm_[0-9]{2,3}a?$")
 
@@ -95,7 +95,7 @@ def check_alternatives(program: Program, path: Path | str) -> None:
     for site in alts:
         where = f"{path}: GEMM site {site.id[:40]!r}"
         if not _ID.match(site.id) or site.id in ids:
-            raise BundleError(f"{where}: ids are gemm_<n> and unique")
+            raise BundleError(f"{where}: ids are gemm_<n> or attn_<n>, and unique")
         ids.add(site.id)
         lib = list(site.library)
         if not lib or lib != sorted(set(lib)) or lib[0] < 0 or lib[-1] >= n_steps or taken & set(lib):

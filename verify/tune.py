@@ -202,7 +202,7 @@ def make_table(
     program and sizes; times rounded."""
 
     def key(c: TuningChoice):
-        return (c.program, int(c.site.split("_")[-1]), sorted(c.sizes.items()))
+        return (c.program, int(c.site.split("_")[-1]), c.site, sorted(c.sizes.items()))
 
     def us(t: float) -> float:
         return round(float(t), TIME_DECIMALS)
