@@ -196,7 +196,7 @@ def generate(
             traced.buckets,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "GEMM candidates")[:2],
+            lambda todo: compile_kernels(dict(todo), archs, say, "GEMM and attention candidates")[:2],
             say,
         )
         cubins.update(gemm_cubins)
