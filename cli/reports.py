@@ -159,10 +159,11 @@ def summary_text(m, info: dict[str, Any]) -> str:
     if len(per_program) > 1:
         for p in per_program:
             lines.append(f"  program {p['name']}: {p['aten']} library calls, {p['kernel']} kernel launches")
-    candidates = [k for k in kernels if k["config"].get("kind") == "gemm"]
+    alternative = ("gemm", "attention")
+    candidates = [k for k in kernels if k["config"].get("kind") in alternative]
     for k in kernels:
-        if k["config"].get("kind") == "gemm" and not k["launches"]:
-            continue  # GEMM candidates: summarized below
+        if k["config"].get("kind") in alternative and not k["launches"]:
+            continue  # GEMM and attention candidates: summarized below
         lines.append(
             f"  kernel {k['name']} ({k['id']}, {k['config'].get('kind', '?')}, ×{k['launches']}): "
             f"{len(k['ops'])} ops [{', '.join(k['ops'][:6])}"
@@ -171,8 +172,14 @@ def summary_text(m, info: dict[str, Any]) -> str:
     sites = info["gemm_sites"]
     if sites:
         n_cands = sum(len(x["candidates"]) for x in sites)
+        n_attn = sum(str(x["id"]).startswith("attn_") for x in sites)
+        where = (
+            f"{len(sites)} sites"
+            if not n_attn
+            else f"{len(sites) - n_attn} GEMM and {n_attn} attention sites"
+        )
         lines.append(
-            f"GEMM candidates: {n_cands} for {len(sites)} sites ({len(candidates)} kernels); "
+            f"GEMM candidates: {n_cands} for {where} ({len(candidates)} kernels); "
             + _tuning_text(info["tuning"])
         )
     plan = m.stats.memory_plan

@@ -114,6 +114,13 @@ def generate(
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.compile import ptxas_release
+    from aot.codegen.embeddings import (
+        EMBEDDING,
+        gather_sites,
+        gather_step,
+        positions_as_slices,
+        render_gather,
+    )
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import split_conv_bias
     from aot.codegen.partition import partition, rewrite
@@ -150,6 +157,9 @@ def generate(
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, _ = fold_gqa_repeats(program, log=say)
     program, folded = fold_activations(program)
+    program, n_positions = positions_as_slices(program, ranges)
+    if n_positions:
+        say(f"  position lookups read in place from their table: {n_positions}")
     if folded:
         say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
     program, split = split_conv_bias(program)
@@ -163,6 +173,12 @@ def generate(
     ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
     distinct = list(dict.fromkeys(ids))
     by_id = {i: g.rendered for i, g in zip(ids, groups)}
+    # embedding lookups: a Triton gather each, so a call launches no ATen kernel for them
+    gathers: dict[str, tuple[str, Any]] = {}  # the lookup's output -> its kernel
+    for step in gather_sites(program):
+        r = render_gather(step, program, ranges)
+        gathers[step.outputs[0]] = kernel_id(r.source, r.signature, r.config), r
+        by_id[gathers[step.outputs[0]][0]] = r
     partition_s = time.perf_counter() - start
     say(
         f"  fused {sum(len(g.members) for g in groups)} ATen ops into {len(groups)} kernel launches "
@@ -182,8 +198,15 @@ def generate(
     except AssertionError as e:  # never fail a build over a fusion decision: ship the ATen program
         say(f"  warning: fusion produced an unschedulable program ({e}); every step stays an ATen call")
         kept, steps = [], program.steps
+    gathered = {out: (k, r) for out, (k, r) in gathers.items() if k not in failed}
+    steps = tuple(
+        gather_step(s, gathered[s.outputs[0]][1], gathered[s.outputs[0]][0])
+        if s.kind == StepKind.ATEN and s.target == EMBEDDING and s.outputs[0] in gathered
+        else s
+        for s in steps
+    )
     kernels, cubins = [], {}
-    for k in dict.fromkeys(i for _, i in kept):
+    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _ in gathered.values())]):
         kernels.append(kernel_record(k, by_id[k], results, archs))
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin

@@ -446,20 +446,14 @@ class GraphRunner:
         return start, handed
 
     def _run_tail(self, captured: _Captured) -> list[torch.Tensor]:
-        """The steps after the graph, on what its replay left, at the bucket's sizes: on the
-        capture stream (whose library workspaces exist already), ordered after the replay; the
-        results belong to the caller."""
-        gpu, side = self.gpu, self.stream
+        """The steps after the graph, on what its replay left, at the bucket's sizes, on the
+        caller's stream: their results come from the caller's own allocations, which the
+        allocator reuses in stream order once the caller drops them. (On the capture stream, with
+        ``record_stream`` for the caller's, each freed result waited on an event the host ran
+        ahead of: 21 unsynchronized calls of gpt at batch 8 held 1.4 GiB of logits.)"""
         start, handed = captured.tail
-        current = torch.cuda.current_stream(gpu.device)
         env = {**captured.inputs, **dict(zip(handed, captured.outputs))}
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            results = gpu(env, captured.sizes, captured.key, (start, len(gpu.steps_at(captured.key))))
-        current.wait_stream(side)
-        for r in results:
-            r.record_stream(current)
-        return results
+        return self.gpu(env, captured.sizes, captured.key, (start, len(self.gpu.steps_at(captured.key))))
 
     def capture_all(self) -> None:
         with self.lock:

@@ -32,7 +32,8 @@ def _bundle(name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name,sizes", [("mlp", {"batch": 8}), ("gpt", {"batch": 2, "seq": 64})])
+# gpt at batch 2 x seq 16: 3 MiB of logits, below TAIL_MIN_BYTES, so the graph computes them
+@pytest.mark.parametrize("name,sizes", [("mlp", {"batch": 8}), ("gpt", {"batch": 2, "seq": 16})])
 def test_borrowed_outputs_are_the_graphs_memory_and_equal_copied_ones(name, sizes):
     owned = load(_bundle(name), device="cuda")
     borrowed = load(_bundle(name), device="cuda", outputs="borrow")
