@@ -144,6 +144,20 @@ def build_module(model: str, weights: str, device: str = "cuda"):
     return module.eval()
 
 
+def to_host(t):
+    """``t`` on the CPU without device work: the memory its view spans copied as it lies (one
+    plain copy), the view rebuilt on the host. (``.cpu()`` of a strided view, gpt's logits sliced
+    out of their padded GEMM, first makes it contiguous with an ATen kernel on the device, which
+    would charge the system with ATen's kernel images: 92 MiB on an H100.)"""
+    import torch
+
+    if t.is_contiguous() or t.numel() == 0 or t.device.type == "cpu":
+        return t.cpu()
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    flat = torch.as_strided(t, (span,), (1,), t.storage_offset()).cpu()
+    return torch.as_strided(flat, t.shape, t.stride(), 0)
+
+
 def first_tensor(out):
     """The first tensor of a model's output: a tensor, tuple, list, dict, ``ModelOutput`` (a dict
     of its non-None fields) or a bundle's ``Record``: a causal LM's logits."""

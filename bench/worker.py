@@ -8,7 +8,8 @@ Memory, in MiB (2**20 bytes), on a GPU:
   and excludes the CUDA context itself.
 - ``peak_alloc_mb``: ``torch.cuda.max_memory_allocated`` over the timed calls only (the allocator's
   live tensors; blind to memory allocated outside it).
-Outputs are copied to the CPU before any conversion, so the harness adds no device copies. Per
+Outputs are copied to the CPU before any conversion, a strided one as the memory it spans
+(``common.to_host``), so the harness adds no device work. Per
 shape it also records the bytes of the inputs and of the outputs (the model's first output, a
 causal LM's logits), which with the weights make the physical floor of a call.
 
@@ -49,7 +50,16 @@ def main() -> None:
         raise SystemExit(f"{args.system} needs a CUDA device, got --device {args.device}")
 
     import torch
-    from common import SHAPES, build_module, first_tensor, make_inputs, shape_label, synchronize, timed_calls
+    from common import (
+        SHAPES,
+        build_module,
+        first_tensor,
+        make_inputs,
+        shape_label,
+        synchronize,
+        timed_calls,
+        to_host,
+    )
 
     result = {"system": args.system, "model": args.model}
     shapes = SHAPES[args.model]
@@ -108,7 +118,7 @@ def main() -> None:
             times = sorted(timed_calls(fn, inputs, device=args.device))
             sample_free()
             out = first_tensor(fn(*inputs))
-            outputs[shape_label(sizes)] = out.detach().cpu().float().contiguous()
+            outputs[shape_label(sizes)] = to_host(out.detach()).float().contiguous()
             result["shapes"][shape_label(sizes)] = {
                 "median_ms": times[len(times) // 2] * 1e3,
                 "p90_ms": times[int(len(times) * 0.9)] * 1e3,

@@ -108,12 +108,6 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
     TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
     TileConfig("tile_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, max_m=64),  # decode, batch 1
-    # Middle M (a prompt of 128 tokens): K = 768 walked by 12 output tiles of 64 x 128 leaves most
-    # SMs idle, so narrower tiles, and K split across blocks, give the GPU more blocks at once.
-    TileConfig("tile_32x64x64", 32, 64, 64, num_warps=4, num_stages=4, min_m=17, max_m=512),
-    TileConfig(
-        "splitk_32x64x64", 32, 64, 64, num_warps=4, num_stages=3, split_k=0, min_m=17, max_m=512, min_k=512
-    ),
     TileConfig("tile_64x128x64", 64, 128, 64, num_warps=4, num_stages=3),
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
     TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),

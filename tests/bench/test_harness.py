@@ -153,3 +153,19 @@ def test_report_floor_of_older_results(tmp_path):
     text = report(results, tmp_path)
     floor = (MLP_WEIGHT_BYTES + 2 * 8 * 1024 * 2) / 4.8e12 * 1e3
     assert row(text, "mlp", "B=8")[2] == f"{floor:.3f}"
+
+
+def test_outputs_reach_the_host_as_they_are_without_a_device_copy():
+    """``common.to_host``: a strided view (gpt's logits sliced from their padded GEMM) arrives
+    with its values and strides; a contiguous one as ``.cpu()`` gives it."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import to_host
+
+    wide = torch.randn(2, 3, 72)
+    view = wide[..., :65]
+    got = to_host(view)
+    assert torch.equal(got, view) and got.stride() == view.stride()
+    assert torch.equal(to_host(wide[0].t()), wide[0].t())
+    assert to_host(torch.empty(0, 4)).shape == (0, 4)
