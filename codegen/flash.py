@@ -111,10 +111,6 @@ class AttnSite:
     def n(self) -> int:  # the output's row width
         return self.heads * self.head_dim
 
-    @property
-    def k_dim(self) -> int:
-        return self.head_dim
-
 
 def _size(arg: Any) -> str | None:
     if isinstance(arg, Sym):

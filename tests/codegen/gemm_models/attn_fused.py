@@ -1,7 +1,6 @@
 """Attention candidates, GPT-style: one QKV projection split into 4 causal heads of 16, the heads
 merged back for the output projection; fp16."""
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
