@@ -55,6 +55,8 @@ def _arange_span(step: Step) -> tuple[int, str] | None:
     step_by = args[2] if len(args) > 2 else 1
     if type(start) is not int or start < 0 or step_by != 1 or _size_text(end) is None:
         return None
+    if set(step.kwargs) - {"dtype", "layout", "device", "pin_memory"}:
+        return None  # a step (or anything else) given by keyword: not consecutive positions for sure
     dtype = step.kwargs.get("dtype")
     if dtype is not None and dtype != DType("int64"):
         return None
@@ -206,11 +208,11 @@ def render_gather(step: Step, program: Program, ranges: dict[str, tuple[int, int
 
 
 def gather_step(step: Step, rendered: Rendered, kernel_id: str) -> Step:
-    """The kernel step that stands for ``step`` (its reference)."""
+    """The kernel step that stands for ``step`` (its reference), on the step's own buffers."""
     return Step(
         kind=StepKind.KERNEL,
         target=kernel_id,
-        args=rendered.args,
+        args=(step.args[0], step.args[1], Buf(step.outputs[0])),
         kwargs={},
         outputs=rendered.outputs,
         grid=rendered.grid,

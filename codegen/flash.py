@@ -10,7 +10,7 @@ and ``view([B, T, H*D])`` on to the output projection. The candidate kernel read
 they lie in the projection's rows and writes the ``[B, T, H*D]`` rows the output projection reads:
 the view, split, permute and copy steps go with the library call it replaces.
 
-One program instance per (block of queries, batch x head): the queries' rows stay in registers,
+One program instance per (batch x head, block of queries): the queries' rows stay in registers,
 the keys and values stream through in blocks, and the softmax is computed online in fp32 (running
 maximum and sum, the accumulator rescaled as the maximum grows). A causal site stops at the
 block's last query. For a one-token query (decode without a cache, gpt at ``seq == 1``) that is
@@ -47,6 +47,7 @@ _SPLITS = ("aten.split_with_sizes.default", "aten.split.Tensor")
 _CLONE = "aten.clone.default"
 MAX_HEAD_DIM = 256  # the queries' rows of a block stay in registers
 LOG2E = 1.4426950408889634
+MAX_GRID_Y = 65535
 
 
 @dataclass(frozen=True)
@@ -368,7 +369,12 @@ def render_attention(
     rows_max = max_value(ix.parse_size(site.batch) * ix.parse_size(site.seq), ranges)
     width = max(site.q.width, site.k.width, site.v.width, site.n)
     index = "i64" if rows_max * width >= 2**31 - 1 else "i32"
-    return [(cfg, _render(site, cfg, index)) for cfg in (CONFIGS if configs is None else configs)]
+    t_max = max_value(ix.parse_size(site.seq), ranges)
+    return [
+        (cfg, _render(site, cfg, index))
+        for cfg in (CONFIGS if configs is None else configs)
+        if -(-t_max // cfg.block_m) <= MAX_GRID_Y  # query blocks on the grid's second axis
+    ]
 
 
 def _render(site: AttnSite, cfg: AttnConfig, index: str) -> Rendered:
@@ -379,15 +385,16 @@ def _render(site: AttnSite, cfg: AttnConfig, index: str) -> Rendered:
     kind = "causal" if site.causal else "full"
     name = f"attn_{kind}_{cfg.name}"
     t_text = ix.size_text(ix.parse_size(site.seq))
+    # batch x heads on the first axis (up to 2**31 - 1 blocks; the others stop at 65535)
     grid = (
-        f"({t_text} + {cfg.block_m - 1})//{cfg.block_m}",
         ix.size_text(ix.parse_size(site.batch) * site.heads),
+        f"({t_text} + {cfg.block_m - 1})//{cfg.block_m}",
     )
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     body = [
-        f"pid_m = tl.program_id(0){cast}",
-        f"bh = tl.program_id(1){cast}",
+        f"bh = tl.program_id(0){cast}",
+        f"pid_m = tl.program_id(1){cast}",
         "b = bh // HEADS",
         "h = bh % HEADS",
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",

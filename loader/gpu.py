@@ -59,11 +59,27 @@ ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
 TAIL_MIN_BYTES = 4 << 20
 
 
+# What may compute an output after the graph: a kernel, or these library calls, whose results are
+# always new memory (an op that may return a view of its input, such as ``diagonal``, must not:
+# its result would be graph or weight memory handed to the caller)
+TAIL_PRODUCERS = frozenset(
+    {
+        "aten.mm.default",
+        "aten.addmm.default",
+        "aten._addmm_activation.default",
+        "aten.bmm.default",
+        "aten.baddbmm.default",
+        "aten.convolution.default",
+    }
+)
+
+
 def output_tail(steps: tuple[Step, ...], outputs: tuple[str, ...]) -> int | None:
     """Where the steps that only compute ``outputs`` begin: each output's producing step (the
-    first step behind it that is not a view) and the views between, when they are the program's
-    last steps with nothing else among them; None when there are none such (an output that is an
-    input or weight, or another step after the producer) or they are the whole program."""
+    first step behind it that is not a view: a kernel or a ``TAIL_PRODUCERS`` call) and the views
+    between, when they are the program's last steps with nothing else among them; None when there
+    are none such (an output that is an input or weight, or another step after the producer) or
+    they are the whole program."""
     writer = {w: i for i, step in enumerate(steps) for w in step_writes(step)}
     chain: set[int] = set()
     for name in outputs:
@@ -72,7 +88,7 @@ def output_tail(steps: tuple[Step, ...], outputs: tuple[str, ...]) -> int | None
             chain.add(i)
             reads = step_reads(steps[i])
             i = writer.get(reads[0]) if reads else None
-        if i is None:
+        if i is None or not (steps[i].kind == StepKind.KERNEL or steps[i].target in TAIL_PRODUCERS):
             return None
         chain.add(i)
     start = min(chain)
@@ -296,10 +312,11 @@ class GpuProgram:
 
 
 class _Captured:
-    __slots__ = ("key", "graph", "inputs", "outputs", "sizes", "lendable", "tail")
+    __slots__ = ("key", "graph", "inputs", "outputs", "sizes", "lendable", "tail", "checked")
 
     def __init__(self, key, graph, inputs, outputs, sizes, lendable, tail=None):
         self.key, self.graph, self.inputs, self.outputs, self.sizes = key, graph, inputs, outputs, sizes
+        self.checked = tail is None  # the outputs' specs: checked at capture, or after the first replay
         self.lendable = lendable  # per output: graph memory that may be lent (not a weight's)
         # (first step after the graph, the buffers it hands them) when the outputs are computed
         # after each replay (``output_tail``); ``outputs`` are then those buffers
@@ -423,8 +440,8 @@ class GraphRunner:
             outputs = graph.capture(side, lambda: gpu(bound, sizes, key, span, returns))
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
         captured = _Captured(key, graph, inputs, outputs, sizes, lendable, tail)
-        # once: replays and slices keep dtype, device and shape exprs
-        self._specs.check(self._run_tail(captured) if tail is not None else outputs, sizes)
+        if tail is None:  # once: replays and slices keep dtype, device and shape exprs
+            self._specs.check(outputs, sizes)
         self.graphs[key] = captured
         return captured, warm
 
@@ -494,6 +511,9 @@ class GraphRunner:
             captured.graph.replay(stream)
             if captured.tail is not None:
                 outputs, fresh = self._run_tail(captured), True
+                if not captured.checked:  # after a replay: the steps ran on what the graph wrote
+                    self._specs.check(outputs, captured.sizes)
+                    captured.checked = True
             else:
                 outputs, fresh = captured.outputs, False
             results = []

@@ -172,8 +172,8 @@ def _aten(target: str, reads: list[str], out: str, *rest):
 def test_output_tail_is_the_outputs_last_computation_and_the_views_of_it():
     """The steps a graph leaves to run after each replay (``aot.loader.gpu.output_tail``): gpt's
     logits GEMM and the slice and view behind it, with the weight's permute before them kept in
-    the graph; nothing when another computation comes after the output's, or the output is an
-    input's view."""
+    the graph; nothing when another computation comes after the output's, the output is an
+    input's view, or what computes it is not a GEMM or a kernel."""
     from aot.loader.gpu import output_tail
 
     steps = (
@@ -187,8 +187,12 @@ def test_output_tail_is_the_outputs_last_computation_and_the_views_of_it():
     assert output_tail(steps, ("logits",)) == 3
     assert output_tail(steps[:4], ("mm_padded",)) == 3
     # two outputs computed last: the tail starts at the first one's producer
-    two = steps[:4] + (_aten("aten.relu.default", ["mm_padded"], "act"),)
-    assert output_tail(two, ("mm_padded", "act")) == 3
+    two = steps[:4] + (_aten("aten.mm.default", ["rows", "wt"], "again"),)
+    assert output_tail(two, ("mm_padded", "again")) == 3
+    # computed by an op that may return a view of its input (or anything but a GEMM or a kernel):
+    # its result could be graph memory, so it stays in the graph and is copied out
+    assert output_tail(steps[:4] + (_aten("aten.diagonal.default", ["mm_padded"], "d"),), ("d",)) is None
+    assert output_tail(steps[:4] + (_aten("aten.relu.default", ["mm_padded"], "act"),), ("act",)) is None
     # an output computed by the first step: the tail would be the whole program
     assert output_tail(steps, ("logits", "ln")) is None
     # an unrelated computation after the producer: no tail
