@@ -36,20 +36,28 @@ def test_gpt_block_fuses_into_two_kernels_per_layer(built):
     program, manifest = program_of(built("gpt"))
     steps = kernel_steps(program)
     # per layer: residual add + ln_2, residual add + next ln_1 (GELU rides in the fc matmul's
-    # cuBLASLt epilogue); plus embeddings add + ln_1 of layer 0, and the last residual add + ln_f
-    assert len(steps) == 2 * 12 + 1
-    assert len(program.kernels) == 3  # each distinct kernel compiled once
+    # cuBLASLt epilogue); plus embeddings add + ln_1 of layer 0 (reading the position table in
+    # place), the last residual add + ln_f, and the token lookup's gather kernel
+    assert len(steps) == 2 * 12 + 2
+    assert len(program.kernels) == 4  # each distinct kernel compiled once
     assert Counter(s.target for s in steps).most_common(1)[0][1] == 2 * 12 - 1
     fused = Counter(r.target for s in steps for r in s.reference)
     assert fused["aten.native_layer_norm.default"] == 2 * 12 + 1
     assert fused["aten.add.Tensor"] == 2 * 12 + 1
+    assert fused["aten.embedding.default"] == 1
     left = Counter(s.target for s in program.steps if s.kind == "aten")
-    for op in ("aten.native_layer_norm.default", "aten.gelu.default", "aten.add.Tensor"):
+    for op in (
+        "aten.native_layer_norm.default",
+        "aten.gelu.default",
+        "aten.add.Tensor",
+        "aten.embedding.default",
+        "aten.arange.start_step",
+    ):
         assert left[op] == 0, f"{op} left as a library call"
     assert left["aten.addmm.default"] == 3 * 12
     assert left["aten._addmm_activation.default"] == 12  # fc + bias + tanh-GELU in one library call
     assert left["aten.scaled_dot_product_attention.default"] == 12
-    assert manifest.stats.kernel_steps == 25
+    assert manifest.stats.kernel_steps == 26
     assert manifest.stats.activations_folded == 12
     cubins = [n for n in manifest.members if n.endswith(".cubin")]
     assert sorted(cubins) == sorted(
@@ -104,6 +112,7 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
             "pointwise",
             "reduction-single",
             "reduction-loop",
+            "gather",  # an embedding lookup (aot.codegen.embeddings)
         )
         assert {p.kind for p in k.params} <= {"ptr", "i32", "i64"}
         compile_expr(k.bytes_moved)

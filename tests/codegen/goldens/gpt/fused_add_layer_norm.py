@@ -1,4 +1,4 @@
-"""Fused kernel (reduction-single): aten.add.Tensor, aten.native_layer_norm.default.
+"""Fused kernel (reduction-single): aten.slice.Tensor, aten.add.Tensor, aten.native_layer_norm.default.
 
 grid: (batch*seq,); rows = batch*seq, reduced extent = 768
 """
