@@ -21,16 +21,16 @@ from dataclasses import replace
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.gemm import FLOAT_DTYPES
+from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
-from aot.codegen.triton_types import STORAGE
 from aot.dtypes import ITEMSIZE
-from aot.program import step_reads
+from aot.program import step_reads, tensor_specs
 from aot.schema import Buf, DType, KernelParam, ParamKind, Program, Step, StepKind, Sym
 
 EMBEDDING = "aten.embedding.default"
 ARANGES = ("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
-FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 INDEX_DTYPES = ("int64", "int32")
 MAX_BLOCK = 1024  # columns per program instance
 HEURISTIC = "gather-rows-v1"
@@ -112,8 +112,7 @@ def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) ->
 
 def gather_sites(program: Program) -> list[Step]:
     """The ``embedding`` steps of a weight table by ids the gather kernel can replace."""
-    specs = {**{w.name: w.spec for w in program.weights}, **{i.name: i.spec for i in program.inputs}}
-    specs.update(program.buffers)
+    specs = tensor_specs(program)
     weights = {w.name for w in program.weights}
     out = []
     for s in program.steps:
@@ -139,8 +138,7 @@ def gather_sites(program: Program) -> list[Step]:
 
 def render_gather(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered:
     """The Triton kernel for one ``embedding(W, ids)`` step: ``out[r, :] = W[ids[r], :]``."""
-    specs = {**{w.name: w.spec for w in program.weights}, **{i.name: i.spec for i in program.inputs}}
-    specs.update(program.buffers)
+    specs = tensor_specs(program)
     table, ids = step.args[0].name, step.args[1].name
     w, i = specs[table], specs[ids]
     rows_n, cols = int(w.shape[0]), int(w.shape[1])
@@ -150,46 +148,30 @@ def render_gather(step: Step, program: Program, ranges: dict[str, tuple[int, int
     index = "i64" if max_value(n, ranges) * cols >= 2**31 - 1 or rows_n * cols >= 2**31 - 1 else "i32"
     name = "gather_rows"
     grid = (n_text, str(-(-cols // block)))
-    signature = {
-        "w_ptr": "*" + STORAGE[w.dtype],
-        "ids_ptr": "*" + STORAGE[i.dtype],
-        "out_ptr": "*" + STORAGE[w.dtype],
-    }
-    mask_c = "" if cols % block == 0 else " & (cols < COLS)"
-    store_mask = ", mask=cols < COLS" if mask_c else ""
-    lines = [
-        f'"""Embedding lookup: out[r, :] = W[ids[r], :] for {n_text} ids into a [{rows_n}, {cols}] {w.dtype} table.',
-        "",
-        "An id outside the table gives a row of NaN (ATen's kernel would stop the process).",
-        f"grid: ({', '.join(grid)},)",
-        '"""',
-        "",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        f"ROWS = tl.constexpr({rows_n})",
-        f"COLS = tl.constexpr({cols})",
-        f"BLOCK = tl.constexpr({block})",
-        "",
-        "",
-        "@triton.jit",
-        f"def {name}({', '.join(signature)}):",
-        f"    # {', '.join(f'{p}: {t}' for p, t in signature.items())}",
-        f"    r = tl.program_id(0){'.to(tl.int64)' if index == 'i64' else ''}",
-        "    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)",
-        "    row = tl.load(ids_ptr + r).to(tl.int64)",
-        "    inside = (row >= 0) & (row < ROWS)",
-        "    safe = tl.where(inside, row, 0)",
-        f"    v = tl.load(w_ptr + safe * COLS + cols{', mask=cols < COLS' if mask_c else ''})",
-        "    v = tl.where(inside, v, float('nan'))",
-        f"    tl.store(out_ptr + r * COLS + cols, v{store_mask})",
-    ]
-    source = "\n".join(lines) + "\n"
     params = (
         KernelParam("w_ptr", ParamKind.PTR, w.dtype),
         KernelParam("ids_ptr", ParamKind.PTR, i.dtype),
         KernelParam("out_ptr", ParamKind.PTR, w.dtype),
     )
+    signature = signature_of(params, index)
+    mask = ", mask=cols < COLS" if cols % block else ""
+    doc = [
+        f"Embedding lookup: out[r, :] = W[ids[r], :] for {n_text} ids into a [{rows_n}, {cols}] {w.dtype} table.",
+        "",
+        "An id outside the table gives a row of NaN (ATen's kernel would stop the process).",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    body = [
+        f"r = tl.program_id(0){'.to(tl.int64)' if index == 'i64' else ''}",
+        "cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)",
+        "row = tl.load(ids_ptr + r).to(tl.int64)",
+        "inside = (row >= 0) & (row < ROWS)",
+        "safe = tl.where(inside, row, 0)",
+        f"v = tl.load(w_ptr + safe * COLS + cols{mask})",
+        "v = tl.where(inside, v, float('nan'))",
+        f"tl.store(out_ptr + r * COLS + cols, v{mask})",
+    ]
+    source = kernel_module(doc, {"ROWS": rows_n, "COLS": cols, "BLOCK": block}, name, signature, body)
     traffic = n * (2 * cols * ITEMSIZE[w.dtype] + ITEMSIZE[i.dtype])
     return Rendered(
         name=name,

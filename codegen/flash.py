@@ -31,18 +31,18 @@ from typing import Any
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.gemm import FLOAT_DTYPES, SAME_INDEX_VIEWS
+from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
-from aot.program import VIEW_OPS, step_reads
+from aot.program import VIEW_OPS, step_reads, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
-FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 HEURISTIC = "attention-candidates-v1"
 _PERMUTES = ("aten.permute.default", "aten.transpose.int")
-_SAME_INDEX = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 _SPLITS = ("aten.split_with_sizes.default", "aten.split.Tensor")
 _CLONE = "aten.clone.default"
 MAX_HEAD_DIM = 256  # the queries' rows of a block stay in registers
@@ -136,7 +136,7 @@ class _Finder:
     def __init__(self, program: Program):
         self.program = program
         self.steps = program.steps
-        self.known = {t.name: t.spec for t in program.inputs + program.weights}
+        self.specs = tensor_specs(program)
         self.producer: dict[str, int] = {}
         self.readers: dict[str, list[int]] = {}
         for i, s in enumerate(self.steps):
@@ -147,7 +147,7 @@ class _Finder:
                     self.producer[o] = i
 
     def spec(self, name: str) -> TensorSpec | None:
-        return self.program.buffers.get(name) or self.known.get(name)
+        return self.specs.get(name)
 
     def made_by(self, name: str, targets: tuple[str, ...]) -> int | None:
         i = self.producer.get(name)
@@ -186,7 +186,7 @@ class _Finder:
             if spec is None or width is None:
                 return None
             last = len(spec.shape) - 1
-            if step.target in _SAME_INDEX:
+            if step.target in SAME_INDEX_VIEWS:
                 if self.width(name) != width:
                     return None  # the last dim split or merged: columns would move
             elif step.target in _SPLITS:
@@ -224,7 +224,7 @@ class _Finder:
             return None
         used.append(p)
         viewed = self.steps[p].args[0].name
-        v = self.made_by(viewed, _SAME_INDEX)
+        v = self.made_by(viewed, SAME_INDEX_VIEWS)
         if v is None:
             return None
         view = self.steps[v]
@@ -267,7 +267,7 @@ class _Finder:
         if len(readers) != 1 or name in self.program.outputs:
             return None
         view = self.steps[readers[0]]
-        if view.kind != StepKind.ATEN or view.target not in _SAME_INDEX or len(view.outputs) != 1:
+        if view.kind != StepKind.ATEN or view.target not in SAME_INDEX_VIEWS or len(view.outputs) != 1:
             return None
         out = view.outputs[0]
         rows = ix.parse_size(batch) * ix.parse_size(seq)
@@ -435,7 +435,7 @@ def _render(site: AttnSite, cfg: AttnConfig, index: str) -> Rendered:
         KernelParam("T", ParamKind(index), ""),
     ]
     args = (Buf(site.q.base), Buf(site.k.base), Buf(site.v.base), Buf(site.outputs[0]), Sym(t_text))
-    signature = {p.name: ("*" + STORAGE[p.dtype] if p.kind == ParamKind.PTR else index) for p in params}
+    signature = signature_of(params, index)
     consts = {
         "BLOCK_M": cfg.block_m,
         "BLOCK_N": cfg.block_n,
@@ -450,26 +450,15 @@ def _render(site: AttnSite, cfg: AttnConfig, index: str) -> Rendered:
         "V_COLUMN": site.v.column,
         "OUT_WIDTH": site.n,
     }
-    head = [
-        f'"""Attention candidate {cfg.name}: {kind} softmax(q k^T * {site.scale!r}) v, online, fp32 accumulation.',
+    doc = [
+        f"Attention candidate {cfg.name}: {kind} softmax(q k^T * {site.scale!r}) v, online, fp32 accumulation.",
         "",
         f"q, k, v: [B, H, T, D] head views of row-major projections, B = {site.batch}, T = {t_text},",
         f"H = {site.heads}, D = {d}, {site.dtype}; out: [B, T, H * D] rows.",
         f"grid: ({', '.join(grid)},)",
-        '"""',
-        "",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        *(f"{k} = tl.constexpr({v})" for k, v in consts.items()),
-        f"SCALE_LOG2E = tl.constexpr({site.scale * LOG2E!r})",
-        "",
-        "",
-        "@triton.jit",
-        f"def {name}({', '.join(signature)}):",
     ]
-    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *body]
-    source = "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
+    consts["SCALE_LOG2E"] = repr(site.scale * LOG2E)
+    source = kernel_module(doc, consts, name, signature, body)
     elem = ITEMSIZE[site.dtype]
     rows = ix.parse_size(site.batch) * ix.parse_size(site.seq)
     traffic = 4 * rows * site.n * elem  # q, k and v read once (from a causal block's view), out written

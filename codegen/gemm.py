@@ -32,6 +32,7 @@ from typing import Any
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered, kernel_record
 from aot.codegen.triton_types import STORAGE, TL_TYPE
@@ -187,7 +188,8 @@ def _same(a: str, b: str) -> bool:
     return ix.same(ix.parse_size(a), ix.parse_size(b))
 
 
-_SAME_INDEX = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+# views that keep every element at its index in row-major order
+SAME_INDEX_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 LAYER_NORM = "aten.native_layer_norm.default"
 
 
@@ -222,7 +224,7 @@ def _prologue(
         if p is None:
             return None
         s = steps[p]
-        if s.kind == StepKind.ATEN and s.target in _SAME_INDEX and isinstance(s.args[0], Buf):
+        if s.kind == StepKind.ATEN and s.target in SAME_INDEX_VIEWS and isinstance(s.args[0], Buf):
             views.append(p)
             name, nxt = s.args[0].name, p
             continue
@@ -235,7 +237,7 @@ def _prologue(
     for r in s.reference:
         if r.kind != StepKind.ATEN:
             return None
-        if r.target in _SAME_INDEX and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
+        if r.target in SAME_INDEX_VIEWS and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
             alias[r.outputs[0]] = alias.get(r.args[0].name, r.args[0].name)
         elif r.target == "aten.add.Tensor" and len(r.args) == 2 and not r.kwargs and len(r.outputs) == 1:
             if not all(isinstance(x, Buf) for x in r.args):
@@ -738,23 +740,12 @@ def _what(site: Site) -> str:
     return " + ".join(parts)
 
 
-def _head(site: Site, cfg: TileConfig, kind: str, grid: tuple[str, ...]) -> list[str]:
+def _doc(site: Site, cfg: TileConfig, kind: str, grid: tuple[str, ...]) -> list[str]:
     return [
-        f'"""GEMM candidate {cfg.name} ({kind}): {_what(site)}.',
+        f"GEMM candidate {cfg.name} ({kind}): {_what(site)}.",
         "",
         f"C[M, N] = A[M, K] @ W[N, K]^T with M = {ix.size_text(ix.parse_size(site.m))}, N = {site.n}, K = {site.k}, {site.dtype};",
         f"grid: ({', '.join(grid)},)",
-        '"""',
-        "",
-        "import triton",
-        "import triton.language as tl",
-        "",
-        f"BLOCK_M = tl.constexpr({cfg.block_m})",
-        f"BLOCK_N = tl.constexpr({cfg.block_n})",
-        f"BLOCK_K = tl.constexpr({cfg.block_k})",
-        "",
-        "",
-        "@triton.jit",
     ]
 
 
@@ -949,15 +940,12 @@ def _params(site: Site, ep: _Epilogue | None, index: str, ws: str | None, part: 
             ptr(f"out{i}_ptr", buf, dtype)
     params.append(KernelParam("M", ParamKind(index), ""))
     args.append(Sym(ix.size_text(ix.parse_size(site.m))))
-    signature = {p.name: ("*" + STORAGE[p.dtype] if p.kind == ParamKind.PTR else index) for p in params}
-    return params, signature, args
+    return params, signature_of(params, index), args
 
 
 def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, grid, ops) -> Rendered:
-    head = _head(site, cfg, kind, grid)
-    head.append(f"def {name}({', '.join(signature)}):")
-    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *body]
-    source = "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
+    blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    source = kernel_module(_doc(site, cfg, kind, grid), blocks, name, signature, body)
     m = ix.parse_size(site.m)
     elem = ITEMSIZE[site.dtype]
     pro = site.prologue

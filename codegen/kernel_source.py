@@ -15,7 +15,9 @@ block sizes are module-level constexprs.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 
@@ -25,7 +27,7 @@ from aot.codegen.index import Frag, Lin, Size
 from aot.codegen.launch import Launch
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Node, NotFusible
-from aot.schema import Step
+from aot.schema import KernelParam, ParamKind, Step
 
 _REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 
@@ -376,28 +378,48 @@ def write_loop(
             w.outer.append(store(i, w.value(out_nodes[i], w.row_lin), out_dtypes[i], w, "row"))
 
 
-def module_source(name, steps, signature, config, mode, body, grid, shape_note) -> str:
-    """The kernel's module: a docstring naming its ops and grid, block constexprs, the function."""
-    ops_list = ", ".join(dict.fromkeys(s.target for s in steps))
+def kernel_module(
+    doc: list[str], consts: dict[str, Any], name: str, signature: dict[str, str], body: list[str]
+) -> str:
+    """A kernel's module, as every kernel the codegen writes has it: the docstring (``doc``, one
+    line each), the imports, one ``tl.constexpr`` per entry of ``consts``, and the ``@triton.jit``
+    function, its body opened by a comment listing the signature."""
     head = [
-        f'"""Fused kernel ({config["kind"]}): {ops_list}.',
-        "",
-        f"grid: ({', '.join(grid)},)" + (f"; {shape_note}" if shape_note else ""),
+        f'"""{doc[0]}',
+        *doc[1:],
         '"""',
         "",
         "import triton",
         "import triton.language as tl",
         "",
+        *(f"{k} = tl.constexpr({v})" for k, v in consts.items()),
+        "",
+        "",
+        "@triton.jit",
+        f"def {name}({', '.join(signature)}):",
+    ]
+    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *body]
+    return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
+
+
+def signature_of(params: Sequence[KernelParam], index: str) -> dict[str, str]:
+    """The Triton signature of ``params``: a pointer's element type, ``index`` for every size."""
+    return {p.name: ("*" + STORAGE[p.dtype] if p.kind == ParamKind.PTR else index) for p in params}
+
+
+def module_source(name, steps, signature, config, mode, body, grid, shape_note) -> str:
+    """The kernel's module: a docstring naming its ops and grid, block constexprs, the function."""
+    ops_list = ", ".join(dict.fromkeys(s.target for s in steps))
+    doc = [
+        f"Fused kernel ({config['kind']}): {ops_list}.",
+        "",
+        f"grid: ({', '.join(grid)},)" + (f"; {shape_note}" if shape_note else ""),
     ]
     if mode == "pointwise":
-        head.append(f"BLOCK = tl.constexpr({config['BLOCK']})")
+        consts = {"BLOCK": config["BLOCK"]}
     else:
-        head.append(f"ROWS = tl.constexpr({config['ROWS']})")
-        head.append(f"BLOCK_R = tl.constexpr({config['BLOCK_R']})")
-    head += ["", "", "@triton.jit", f"def {name}({', '.join(signature)}):"]
-    sig_doc = ", ".join(f"{p}: {t}" for p, t in signature.items())
-    lines = [f"# {sig_doc}"] + body.split("\n")
-    return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
+        consts = {"ROWS": config["ROWS"], "BLOCK_R": config["BLOCK_R"]}
+    return kernel_module(doc, consts, name, signature, body.split("\n"))
 
 
 def prologue(launch: Launch, index_ty: str) -> list[str]:

@@ -286,11 +286,11 @@ class GpuProgram:
         inputs: dict[str, torch.Tensor],
         sizes: dict[str, int],
         key: tuple | None = None,
-        span: tuple[int, int] | None = None,
+        span: tuple[int, int | None] | None = None,
         returns: tuple[str, ...] | None = None,
     ) -> list[torch.Tensor]:
         """Run the steps at bucket ``key`` on ``inputs`` (and the weights); ``span``: only the
-        steps ``[start, stop)`` of them, ``inputs`` then holding what earlier steps wrote that
+        steps ``[start, stop)`` of them (``stop`` None: to the end), ``inputs`` then holding what earlier steps wrote that
         these read; returns the buffers ``returns`` (default: the program's outputs)."""
         self.context.bind()
         stream = torch.cuda.current_stream(self.device).cuda_stream
@@ -470,7 +470,7 @@ class GraphRunner:
         ahead of: 21 unsynchronized calls of gpt at batch 8 held 1.4 GiB of logits.)"""
         start, handed = captured.tail
         env = {**captured.inputs, **dict(zip(handed, captured.outputs))}
-        return self.gpu(env, captured.sizes, captured.key, (start, len(self.gpu.steps_at(captured.key))))
+        return self.gpu(env, captured.sizes, captured.key, (start, None))
 
     def capture_all(self) -> None:
         with self.lock:

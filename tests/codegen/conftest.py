@@ -36,3 +36,24 @@ class PatternFactory:
 @pytest.fixture(scope="session")
 def pattern(tmp_path_factory) -> PatternFactory:
     return PatternFactory(tmp_path_factory.mktemp("patterns"))
+
+
+def failing_candidates(
+    compiled, model: Path, kernel_id: str, old: str, new: str, sizes: dict, out: Path
+) -> set[str]:
+    """The candidate checks (``<site>/<candidate>``) that fail in Triton's interpreter at
+    ``sizes`` once kernel ``kernel_id``'s source has ``old`` replaced by ``new``: a wrong kernel
+    the comparison must catch."""
+    from dataclasses import replace
+
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    program = compiled.program
+    kernels = tuple(
+        replace(k, source=k.source.replace(old, new)) if k.id == kernel_id else k for k in program.kernels
+    )
+    assert kernels != program.kernels, f"{old!r} is not in kernel {kernel_id}"
+    pack(replace(compiled, program=replace(program, kernels=kernels)), out)
+    (result,) = interpret_in_subprocess([(out, model, [sizes], None, True)], timeout=600)
+    return {c.name for c in next(iter(result.values())) if not c.ok}

@@ -19,6 +19,7 @@ import pytest
 
 from aot import schema, serde
 from aot.errors import BundleError, EnvError
+from tests.codegen.conftest import failing_candidates
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,27 +162,18 @@ def test_split_k_is_bit_identical_across_runs(interpreted):
 
 def test_interpreter_check_can_fail(built, tmp_path):
     """A candidate whose epilogue is wrong (the bias added twice) is caught."""
-    from aot.verify.interpret import interpret_in_subprocess
-
-    compiled, bundle, model = built["gemm_mlp"]
-    program = compiled.program
-    site = program.alternatives[1]
+    compiled, _, model = built["gemm_mlp"]
+    site = compiled.program.alternatives[1]
     kid = site.candidates[0].steps[-1].target
-    kernels = [
-        replace(
-            k, source=k.source.replace("acc0 = acc0 + tl.load(b0_ptr", "acc0 = 2 * acc0 + tl.load(b0_ptr")
-        )
-        if k.id == kid
-        else k
-        for k in program.kernels
-    ]
-    assert kernels != list(program.kernels)
-    from aot.packager import pack
-
-    bad = tmp_path / "bad.tpk"
-    pack(replace(compiled, program=replace(program, kernels=tuple(kernels))), bad)
-    (result,) = interpret_in_subprocess([(bad, model, [{"batch": 16}], None, True)], timeout=600)
-    failed = {c.name for c in next(iter(result.values())) if not c.ok}
+    failed = failing_candidates(
+        compiled,
+        model,
+        kid,
+        "acc0 = acc0 + tl.load(b0_ptr",
+        "acc0 = 2 * acc0 + tl.load(b0_ptr",
+        {"batch": 16},
+        tmp_path / "bad.tpk",
+    )
     assert failed == {f"{site.id}/{site.candidates[0].name}"}
 
 
