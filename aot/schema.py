@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 5)
+SCHEMA_VERSION = (1, 6)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -472,13 +472,19 @@ class TuningCheck:
     """One bucket's whole program, timed with every site's library steps and with the bucket's
     chosen candidates: the choices stand only when the whole program is faster with them (a GEMM
     timed alone can win where, among its neighbours, it does not); ``kept`` false: every site of
-    the bucket was set back to ``"library"``."""
+    the bucket was set back to ``"library"``.
+
+    ``library_free``: the choices stand (``kept``) without that gain, because with them every GEMM
+    site of every bucket runs a candidate and no call at a bucket loads cuBLAS; ``tuned_us`` is
+    then the whole program with that plan, timed beside ``library_us`` (at most tune's
+    ``FREE_MAX_LOSS`` slower)."""
 
     program: int
     sizes: dict[str, int]
     library_us: float
     tuned_us: float
     kept: bool
+    library_free: bool = field(default=False, metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

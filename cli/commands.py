@@ -11,7 +11,7 @@ import time
 import click
 
 from aot.cli.progress import PROGRESS
-from aot.cli.reports import mb, set_back_note
+from aot.cli.reports import checks_note, mb
 from aot.errors import AotError, printable
 
 _info = PROGRESS.say  # progress: dropped under --quiet
@@ -529,6 +529,12 @@ def inspect(bundle: str, as_json: bool) -> None:
 )
 @click.option("--repeats", default=50, show_default=True, type=int, help="timed CUDA-graph replays per form")
 @click.option("--device", default="cuda", show_default=True, help="the GPU to tune on")
+@click.option(
+    "--no-library-free",
+    is_flag=True,
+    help="keep the checked choices: do not move every GEMM site onto a candidate where that leaves "
+    "no cuBLAS call at the buckets for at most 1% of the whole program",
+)
 def tune(
     bundle: str,
     output: str | None,
@@ -536,9 +542,12 @@ def tune(
     entries: tuple[str, ...],
     repeats: int,
     device: str,
+    no_library_free: bool,
 ) -> None:
     """On the target GPU: time each GEMM site's library call against the Triton candidates the
-    build compiled (--gemm-candidates), per bucket, and record the winners in BUNDLE (tuning.json)."""
+    build compiled (--gemm-candidates), per bucket, and record the winners in BUNDLE (tuning.json).
+    Where every GEMM site can run a candidate at every bucket for at most 1% of the whole program,
+    they all do, and no call at a bucket loads cuBLAS (--no-library-free: the checked choices)."""
     import torch
 
     from aot.errors import EnvError
@@ -548,12 +557,22 @@ def tune(
     from aot.verify.tune import tune as run_tune
 
     buckets = [_parse_sizes(t) for t in bucket_texts]
-    result = run_tune(bundle, output, buckets or None, repeats, device, say=_info, entries=entries)
+    result = run_tune(
+        bundle,
+        output,
+        buckets or None,
+        repeats,
+        device,
+        say=_info,
+        entries=entries,
+        library_free=not no_library_free,
+    )
     chosen = sum(c.choice != "library" for c in result.table.choices)
     set_back = sum(not c.kept for c in result.table.checks)
+    library_free = sum(c.library_free for c in result.table.checks)
     _result(
         f"wrote {result.output}: {chosen}/{len(result.table.choices)} site-buckets use a Triton candidate "
-        f"on {result.table.device} ({result.table.arch})" + set_back_note(set_back)
+        f"on {result.table.device} ({result.table.arch})" + checks_note(set_back, library_free)
     )
     if result.signature_dropped:
         _result(

@@ -124,9 +124,13 @@ def _signature_text(sig: dict[str, Any] | None) -> str:
     return f"signed by {sig['key']} ({check})"
 
 
-def set_back_note(set_back: int) -> str:
-    """What tune's whole-program check undid, for a report line ("" when nothing)."""
-    return f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else ""
+def checks_note(set_back: int, library_free: int) -> str:
+    """What tune's whole-program check undid, and the buckets it kept for leaving no cuBLAS call,
+    for a report line ("" when neither)."""
+    note = f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else ""
+    if library_free:
+        note += f"; {library_free} bucket(s) kept library-free (every GEMM site on a candidate, no cuBLAS)"
+    return note
 
 
 def _tuning_text(tuning: dict[str, Any] | None) -> str:
@@ -134,9 +138,10 @@ def _tuning_text(tuning: dict[str, Any] | None) -> str:
         return "untuned: the library calls run (aotpack tune BUNDLE on the target GPU)"
     chosen = sum(c["choice"] != "library" for c in tuning["choices"])
     set_back = sum(not c["kept"] for c in tuning.get("checks", ()))
+    library_free = sum(bool(c.get("library_free")) for c in tuning.get("checks", ()))
     return (
         f"tuned on {tuning['device']} ({tuning['arch']}): {chosen}/{len(tuning['choices'])} "
-        f"site-buckets use a candidate" + set_back_note(set_back)
+        f"site-buckets use a candidate" + checks_note(set_back, library_free)
     )
 
 

@@ -7,7 +7,9 @@ and the Triton candidates that may replace them (``Program.alternatives``). ``ao
 ``check_alternatives`` refuses alternatives that could not have come from a build (unknown kernels,
 overlapping or out-of-range sites, a candidate that reads what is not yet written or writes what
 another step owns); ``read_tuning`` refuses a table naming an unknown program, site, candidate or
-bucket, or holding hostile values. Both run wherever the bundle is loaded, the CPU included.
+bucket, holding hostile values, or keeping a bucket's plan for being library-free
+(``TuningCheck.library_free``) where a GEMM site runs the library. Both run wherever the bundle is
+loaded, the CPU included.
 ``tuned_plans`` turns a table into the steps each bucket's CUDA graph launches, only on a GPU of
 the table's arch; without a table (or elsewhere) every call runs the program's own steps, exactly
 as an untuned bundle does. ``plan_steps`` is the one place a choice becomes steps.
@@ -29,6 +31,7 @@ from aot.serde import from_json
 
 TUNING_FORMAT = "aotpack-tuning"
 LIBRARY = "library"  # the choice that keeps a site's library steps
+GEMM_SITE = "gemm_"  # a GEMM site's id begins so; an attention site's with "attn_"
 MAX_SITES = 4096
 MAX_CANDIDATES = 16  # per site
 MAX_CANDIDATE_STEPS = 4
@@ -221,7 +224,12 @@ def parse_tuning(
         if key in seen:
             raise BundleError(f"{what}: listed twice")
         seen.add(key)
-    chosen_at = {(c.program, tuple(sorted(c.sizes.items()))) for c in table.choices if c.choice != LIBRARY}
+    # bucket (program, sizes) -> the sites that run a candidate there, and which
+    plans: dict[tuple, dict[str, str]] = {}
+    for c in table.choices:
+        if c.choice != LIBRARY:
+            plans.setdefault((c.program, tuple(sorted(c.sizes.items()))), {})[c.site] = c.choice
+    gemm_sites = [[s.id for s in p.alternatives if s.id.startswith(GEMM_SITE)] for p in programs]
     checked_at: set[tuple] = set()
     for check in table.checks:
         what = f"{where}: whole-program check of program {check.program} at {dict(list(check.sizes.items())[:4])}"
@@ -234,13 +242,17 @@ def parse_tuning(
         if key in checked_at:
             raise BundleError(f"{what}: listed twice")
         checked_at.add(key)
-        if not check.kept and key in chosen_at:
+        if not check.kept and key in plans:
             raise BundleError(f"{what}: the choices were set back to the library, yet a candidate is chosen")
+        if check.library_free:
+            if not check.kept:
+                raise BundleError(f"{what}: library_free says the choices stand, yet kept is false")
+            on_library = [s for s in gemm_sites[check.program] if s not in plans.get(key, {})]
+            if on_library:
+                raise BundleError(
+                    f"{what}: library_free, yet GEMM site {on_library[0]!r} runs the library there"
+                )
     # every bucket's combination of choices makes a program whose reads follow their writes
-    plans: dict[tuple, dict[str, str]] = {}
-    for c in table.choices:
-        if c.choice != LIBRARY:
-            plans.setdefault((c.program, tuple(sorted(c.sizes.items()))), {})[c.site] = c.choice
     checked: set[tuple] = set()
     for (index, _), chosen in plans.items():
         ident = (index, tuple(sorted(chosen.items())))

@@ -18,6 +18,18 @@ stand only when the whole program is faster with them by ``WHOLE_MIN_GAIN`` (bey
 two timings), else every site of the bucket goes back to the library (``TuningCheck``, recorded
 beside the choices).
 
+Last, the library-free plan (``library_free_plan``; ``--no-library-free`` skips it). The first
+cuBLAS call in a process loads cuBLAS's kernels and allocates its workspace (96-98 MiB on an H100);
+a model whose one library GEMM is a classifier's head pays that for a GEMM whose Triton form wins
+alone but moves the whole program by less than ``WHOLE_MIN_GAIN``. So where every GEMM site
+(``gemm_<n>``) of every program has, at every bucket its graphs serve, a candidate that matched the
+library, and no other step calls cuBLAS (``CUBLAS_OPS``), each bucket where a GEMM site kept the
+library is timed again: the library steps, the choices as they stood, and every GEMM site on its
+fastest matching candidate (attention sites as they were). If at every such bucket that plan is
+at most ``FREE_MAX_LOSS`` slower than the library and than the choices as they stood, it is taken
+at all of them (``TuningCheck.library_free``); else nothing changes: one bucket on the library
+loads cuBLAS for the process. A call outside every bucket still runs the library steps.
+
 The result is ``tuning.json`` (``aot.schema.TuningTable``): canonical JSON, sorted, times rounded to
 ``TIME_DECIMALS``, no timestamps, so the same measurements give the same bytes. It is added to the
 bundle (written to ``-o`` or in place, atomically); every other member keeps its bytes. The
@@ -27,6 +39,7 @@ manifest lists the new member, so a signature no longer matches: the bundle must
 from __future__ import annotations
 
 import functools
+import math
 import os
 import statistics
 from collections import Counter
@@ -43,18 +56,56 @@ from aot.errors import EnvError
 from aot.loader import load
 from aot.loader.bundle import open_bundle
 from aot.loader.gpu import KernelCall
-from aot.loader.tuning import LIBRARY, TUNING_FORMAT, parse_tuning, plan_steps
+from aot.loader.tuning import GEMM_SITE, LIBRARY, TUNING_FORMAT, parse_tuning, plan_steps
 from aot.manifest_text import fixed_sizes
 from aot.program import step_reads, step_writes
-from aot.schema import Member, Program, TuningCheck, TuningChoice, TuningTable
+from aot.schema import Member, Program, Step, StepKind, TuningCheck, TuningChoice, TuningTable
 from aot.verify.interpret import looser_dtype
 
 MIN_GAIN = 0.03  # a candidate must be at least this much faster than the library
 WHOLE_MIN_GAIN = 0.01  # and the whole program with a bucket's choices, than with the library
+FREE_MAX_LOSS = 0.01  # a library-free plan may be this much slower (the noise of two timings)
 DEFAULT_REPEATS = 50  # timed graph replays per form
 REPLAYS = 10  # copies of the form captured back to back in one graph (launch cost amortized)
 WARMUP = 3
 TIME_DECIMALS = 2  # microseconds
+
+# ATen ops (overload packets) whose CUDA kernels call cuBLAS or cuBLASLt: the first such call in a
+# process loads cuBLAS's kernels and allocates its workspace (~96-98 MiB on an H100, torch 2.11).
+# The loader runs only ``aot.allowed_ops`` (of these: mm, addmm, _addmm_activation, bmm, the ones
+# ``aot.codegen.gemm`` makes sites of and ``aot.loader.gpu.TAIL_PRODUCERS`` names); the rest are
+# here so that an op added there counts without a second look. Not counted: convolution (cuDNN),
+# and scaled_dot_product_attention, whose flash and memory-efficient kernels call no library (only
+# its math fallback, listed, runs bmm: a head size those kernels refuse, float64).
+CUBLAS_OPS = frozenset(
+    {
+        "aten.mm",
+        "aten.addmm",
+        "aten._addmm_activation",
+        "aten.bmm",
+        "aten.baddbmm",
+        "aten.addbmm",
+        "aten.mv",
+        "aten.addmv",
+        "aten.dot",
+        "aten.vdot",
+        "aten.inner",
+        "aten.linear",
+        "aten.bilinear",
+        "aten._trilinear",
+        "aten.matmul",
+        "aten.einsum",
+        "aten.tensordot",
+        "aten.chain_matmul",
+        "aten.linalg_multi_dot",
+        "aten.cdist",
+        "aten._cdist_forward",
+        "aten._euclidean_dist",
+        "aten._scaled_mm",
+        "aten._int_mm",
+        "aten._scaled_dot_product_attention_math",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -181,6 +232,7 @@ def time_program(
 
 
 CHECKS_SCHEMA = (1, 4)  # the schema that brought TuningTable.checks
+LIBRARY_FREE_SCHEMA = (1, 6)  # the schema that brought TuningCheck.library_free
 
 
 def choose(times_us: dict[str, float], min_gain: float = MIN_GAIN) -> str:
@@ -345,6 +397,158 @@ def check_bucket(
     return bucket, TuningCheck(index, dict(sizes), library_us, tuned_us, kept)
 
 
+def calls_cublas(step: Step) -> bool:
+    """Whether ``step`` is a library call that runs cuBLAS (``CUBLAS_OPS``)."""
+    return step.kind == StepKind.ATEN and ".".join(step.target.split(".")[:2]) in CUBLAS_OPS
+
+
+# (program index, bucket sizes, plans: site -> candidate, {} for the library steps) -> the whole
+# program's microseconds with each plan, timed one after another
+TimePlans = Callable[[int, dict[str, int], Sequence[dict[str, str]]], list[float]]
+
+
+@dataclass(frozen=True)
+class FreeBucket:
+    """One bucket timed for the library-free plan: the whole program with the library steps, with
+    the plan that stood before (None where every site ran the library) and with ``chosen``, where
+    every GEMM site runs a candidate."""
+
+    program: int
+    sizes: dict[str, int]
+    chosen: dict[str, str]
+    library_us: float
+    kept_us: float | None
+    free_us: float
+
+    @property
+    def within(self) -> bool:
+        """No slower than the library, nor than the plan that stood, by more than FREE_MAX_LOSS."""
+        kept = self.kept_us if self.kept_us is not None else math.inf
+        return self.free_us <= (1.0 + FREE_MAX_LOSS) * min(self.library_us, kept)
+
+
+@dataclass(frozen=True)
+class LibraryFree:
+    """What the library-free rule made of a tuning: ``why_not``, why it does not apply ("" when it
+    does); ``timed``, the buckets it timed (up to the first that lost); ``adopted``, whether their
+    plans replaced the choices; ``choices`` and ``checks`` as they stand after it."""
+
+    why_not: str
+    timed: tuple[FreeBucket, ...]
+    adopted: bool
+    choices: tuple[TuningChoice, ...]
+    checks: tuple[TuningCheck, ...]
+
+
+def _bucket_key(program: int, sizes: dict[str, int]) -> tuple:
+    return program, tuple(sorted(sizes.items()))
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items()) or "its one size"
+
+
+def library_free_plan(
+    programs: Sequence[Program],
+    buckets: Sequence[Sequence[dict[str, int]]],
+    choices: Sequence[TuningChoice],
+    checks: Sequence[TuningCheck],
+    time_plans: TimePlans,
+) -> LibraryFree:
+    """The library-free rule (module docstring) on a tuning's ``choices`` and ``checks``;
+    ``buckets``: per program, the buckets its graphs serve. It applies where every GEMM site has,
+    at every bucket, a candidate that matched the library, and no cuBLAS call lies outside a GEMM
+    site. Each bucket where a GEMM site kept the library is timed with every such site on its
+    fastest matching candidate (the other choices as they are); when each is within
+    ``FREE_MAX_LOSS`` of the library and of the plan that stood, those plans replace the buckets'
+    choices, all of them or none (cuBLAS is loaded per process)."""
+
+    def unchanged(why_not: str, timed: tuple[FreeBucket, ...] = ()) -> LibraryFree:
+        return LibraryFree(why_not, timed, False, tuple(choices), tuple(checks))
+
+    for index, program in enumerate(programs):
+        in_sites = {i for s in program.alternatives if s.id.startswith(GEMM_SITE) for i in s.library}
+        for i, step in enumerate(program.steps):
+            if calls_cublas(step) and i not in in_sites:
+                return unchanged(
+                    f"program {index} step {i} ({step.target}) calls cuBLAS outside any GEMM site"
+                )
+    by_bucket: dict[tuple, dict[str, TuningChoice]] = {}
+    for c in choices:
+        by_bucket.setdefault(_bucket_key(c.program, c.sizes), {})[c.site] = c
+    todo: list[tuple[int, dict[str, int], dict[str, str], dict[str, str]]] = []  # plan, plan that stood
+    for index, program in enumerate(programs):
+        gemm_sites = [s.id for s in program.alternatives if s.id.startswith(GEMM_SITE)]
+        for sizes in buckets[index] if gemm_sites else ():
+            bucket = by_bucket.get(_bucket_key(index, sizes), {})
+            stood = {site: c.choice for site, c in bucket.items() if c.choice != LIBRARY}
+            chosen = dict(stood)
+            for site in gemm_sites:
+                c = bucket.get(site)
+                if c is None:
+                    return unchanged(
+                        f"GEMM site {site} of program {index} was not timed at {_sizes_text(sizes)} (no "
+                        "candidate compiled for that bucket, or the bucket or its entry point left out)"
+                    )
+                matched = sorted(k for k in c.times_us if k not in (LIBRARY, *c.rejected))
+                if not matched:
+                    return unchanged(
+                        f"GEMM site {site} of program {index} has no candidate that matched the library "
+                        f"at {_sizes_text(sizes)}"
+                    )
+                if c.choice == LIBRARY:
+                    chosen[site] = min(matched, key=lambda k: c.times_us[k])  # ties: first in sort order
+            if chosen != stood:
+                todo.append((index, sizes, chosen, stood))
+    timed: list[FreeBucket] = []
+    for index, sizes, chosen, stood in todo:
+        plans = [{}, chosen, stood] if stood else [{}, chosen]
+        times = time_plans(index, sizes, plans)
+        timed.append(FreeBucket(index, dict(sizes), chosen, times[0], times[2] if stood else None, times[1]))
+        if not timed[-1].within:
+            return unchanged("", tuple(timed))
+    if not timed:
+        return unchanged("")  # every GEMM site runs a candidate already
+    free = {_bucket_key(b.program, b.sizes): b for b in timed}
+    new_choices = []
+    for c in choices:
+        b = free.get(_bucket_key(c.program, c.sizes))
+        new_choices.append(replace(c, choice=b.chosen.get(c.site, LIBRARY)) if b is not None else c)
+    new_checks = [c for c in checks if _bucket_key(c.program, c.sizes) not in free]
+    new_checks += [
+        TuningCheck(b.program, dict(b.sizes), b.library_us, b.free_us, True, library_free=True) for b in timed
+    ]
+    return LibraryFree("", tuple(timed), True, tuple(new_choices), tuple(new_checks))
+
+
+def _describe_free_bucket(entry: str, b: FreeBucket) -> str:
+    stood = f", as chosen {b.kept_us:.2f}µs" if b.kept_us is not None else ""
+    verdict = f"within {FREE_MAX_LOSS:.0%}" if b.within else f"more than {FREE_MAX_LOSS:.0%} slower"
+    return (
+        f"  [{entry}] library-free at {_sizes_text(b.sizes)}: library {b.library_us:.2f}µs{stood}, "
+        f"every GEMM site on a candidate {b.free_us:.2f}µs -> {verdict}"
+    )
+
+
+def _describe_library_free(freed: LibraryFree) -> str:
+    if freed.why_not:
+        return f"library-free: does not apply: {freed.why_not}"
+    if freed.adopted:
+        return (
+            "library-free: every GEMM site on a Triton candidate at every bucket, no cuBLAS call at a "
+            f"bucket's sizes (~100 MiB less device memory on an H100); whole program within "
+            f"{FREE_MAX_LOSS:.0%} of the library at the {len(freed.timed)} bucket(s) this changed"
+        )
+    if not freed.timed:
+        return "library-free: every GEMM site already runs a Triton candidate at every bucket"
+    lost = freed.timed[-1]
+    return (
+        f"library-free: not taken: the whole program at {_sizes_text(lost.sizes)} (program "
+        f"{lost.program}) is slower by more than {FREE_MAX_LOSS:.0%} with every GEMM site on a "
+        "candidate; the choices stay as checked"
+    )
+
+
 def _describe_check(entry: str, c: TuningCheck) -> str:
     verdict = "the choices stand" if c.kept else "every site back to the library"
     return (
@@ -363,6 +567,59 @@ def _describe(entry: str, site: Any, c: TuningChoice) -> str:
     )
 
 
+def program_buckets(manifest: Any, index: int) -> tuple[Any, ...]:
+    return manifest.programs[index].buckets if manifest.programs else manifest.buckets
+
+
+def call_env(runner: Any, index: int, sizes: dict[str, int]) -> dict[str, Any] | None:
+    """What a call of program ``index`` at bucket ``sizes`` starts from: the weights, generated
+    inputs and the state's views (a stateful bundle's KV cache, this runner's own); None where the
+    program does not serve the bucket (another program does, or it is out of this one's contract)."""
+    entry = runner._entries[index]
+    try:
+        inputs = runner.inputs_at({**pinned_sizes(runner.manifest, index), **sizes})
+        entry.guards.check([inputs[n] for n in runner.input_names], runner.device)
+    except Exception:
+        return None
+    env: dict[str, Any] = dict(entry.gpu.weights)
+    env.update(inputs)
+    env.update(runner.state.views(sizes))
+    return env
+
+
+def _out_of_memory(entry: str, sizes: dict[str, int], dev) -> EnvError:
+    free, total = torch.cuda.mem_get_info(dev)
+    return EnvError(
+        f"the GPU ran out of memory tuning {entry} at {_sizes_text(sizes)} ({free / 2**30:.1f} of "
+        f"{total / 2**30:.1f} GiB free now); free the GPU of other processes, or tune fewer "
+        "buckets (--bucket batch=8)"
+    )
+
+
+def _time_plans(
+    runner: Any, repeats: int, index: int, sizes: dict[str, int], plans: Sequence[dict[str, str]]
+) -> list[float]:
+    """``TimePlans`` on the GPU: program ``index``'s whole call at ``sizes`` with each plan, one
+    after another, as ``check_bucket`` times it."""
+    entry, dev = runner._entries[index], runner.device
+    entry.gpu.context.bind()
+    given = call_env(runner, index, sizes)
+    assert given is not None, "only buckets tune timed before"
+    try:
+        with torch.no_grad():
+            return [
+                time_program(
+                    *entry.gpu.prepare(plan_steps(entry.program, chosen)), given, sizes, dev, repeats
+                )
+                for chosen in plans
+            ]
+    except torch.OutOfMemoryError:
+        raise _out_of_memory(entry.name, sizes, dev) from None
+    finally:
+        del given
+        torch.cuda.empty_cache()
+
+
 def tune(
     path: str | os.PathLike,
     output: str | os.PathLike | None = None,
@@ -371,10 +628,12 @@ def tune(
     device: str = "cuda",
     say: Callable[[str], None] = lambda msg: None,
     entries: tuple[str, ...] = (),
+    library_free: bool = True,
 ) -> TuneResult:
     """Measure and write (see the module docstring); ``buckets``: only these bucket sizes (a
     partial dict matches every bucket with those values); ``entries``: only these entry points'
-    programs (a language model's ``decode``), every program when empty."""
+    programs (a language model's ``decode``), every program when empty; ``library_free``: try the
+    library-free plan after the checks (it applies only when every program and bucket was tuned)."""
     if not torch.cuda.is_available():
         raise EnvError("aotpack tune needs a CUDA GPU; torch sees none")
     if repeats < 1:
@@ -390,31 +649,27 @@ def tune(
     arch = f"sm_{major}{minor}"
     choices: list[TuningChoice] = []
     checks: list[TuningCheck] = []
+    served: list[list[dict[str, int]]] = []  # per program, the buckets its graphs serve
     flush = l2_flush(dev, repeats)
     for index, entry in enumerate(runner._entries):
         program, gpu = entry.program, entry.gpu
+        every = bucket_sizes(program, program_buckets(runner.manifest, index))
         if not program.alternatives or (entries and entry.entry not in entries):
+            served.append(every)  # left out: it runs the library at each of them
             continue
+        served.append([])
         gpu.context.bind()
-        program_buckets = (
-            runner.manifest.programs[index].buckets if runner.manifest.programs else runner.manifest.buckets
-        )
-        pinned = pinned_sizes(runner.manifest, index)
         # The program runs step by step, dropping each buffer after its last use as a plain call
         # does; each site is timed when the run reaches it, while its inputs are live. (Keeping
         # every buffer of a large bucket, gpt at batch 32 x seq 1024, ran out of an 80 GB GPU.)
         calls, frees = gpu.prepare(program.steps, plan=True)
-        for sizes in bucket_sizes(program, program_buckets):
+        for sizes in every:
+            env = call_env(runner, index, sizes)
+            if env is None:  # a bucket another program serves, or out of this one's contract
+                continue
+            served[index].append(sizes)
             if buckets and not any(all(sizes.get(k) == v for k, v in b.items()) for b in buckets):
                 continue
-            try:
-                inputs = runner.inputs_at({**pinned, **sizes})
-                entry.guards.check([inputs[n] for n in runner.input_names], dev)
-            except Exception:  # a bucket another program serves, or out of this one's contract
-                continue
-            env: dict[str, Any] = dict(gpu.weights)
-            env.update(inputs)
-            env.update(runner.state.views(sizes))  # a stateful bundle's KV cache (this runner's own)
             given = dict(env)  # what a call starts from, for the whole-program check
             run = functools.partial(_run_one, sizes=sizes, device=dev)
             try:
@@ -432,15 +687,18 @@ def tune(
                         say(_describe_check(entry.name, check))
                     choices.extend(bucket)
             except torch.OutOfMemoryError:
-                free, total = torch.cuda.mem_get_info(dev)
-                raise EnvError(
-                    f"the GPU ran out of memory tuning {entry.name} at "
-                    f"{', '.join(f'{k}={v}' for k, v in sizes.items())} ({free / 2**30:.1f} of "
-                    f"{total / 2**30:.1f} GiB free now); free the GPU of other processes, or tune fewer "
-                    "buckets (--bucket batch=8)"
-                ) from None
+                raise _out_of_memory(entry.name, sizes, dev) from None
             del given
             torch.cuda.empty_cache()
+    del flush
+    if library_free and choices:
+        programs = [e.program for e in runner._entries]
+        time_plans = functools.partial(_time_plans, runner, repeats)
+        freed = library_free_plan(programs, served, choices, checks, time_plans)
+        for b in freed.timed:
+            say(_describe_free_bucket(runner._entries[b.program].name, b))
+        say(_describe_library_free(freed))
+        choices, checks = list(freed.choices), list(freed.checks)
     table = make_table(arch, torch.cuda.get_device_name(dev), choices, checks=checks)
     runner.bundle.close()  # the bundle may be rewritten in place
     out = Path(output) if output is not None else Path(path)
@@ -481,7 +739,10 @@ def write_tuned(path: str | os.PathLike, output: str | os.PathLike, table: Tunin
     listed = dict(manifest.members)
     listed[schema.TUNING_PATH] = Member(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
     new = replace(manifest, members=dict(sorted(listed.items())))
-    if table.checks:  # a field older loaders do not know: they refuse the bundle as too new
-        new = replace(new, schema_version=max(tuple(manifest.schema_version), CHECKS_SCHEMA))
+    # fields older loaders do not know: they refuse the bundle as too new rather than misread it
+    if table.checks:
+        new = replace(new, schema_version=max(tuple(new.schema_version), CHECKS_SCHEMA))
+    if any(c.library_free for c in table.checks):
+        new = replace(new, schema_version=max(tuple(new.schema_version), LIBRARY_FREE_SCHEMA))
     write_archive(output, serde.canonical_json(new), members)
     return signed

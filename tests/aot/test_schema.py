@@ -26,6 +26,8 @@ PINNED = {
     (1, 4): "11d69a7da50bdd303ab798541a1c5d64d459984f1943e07491b06678cc2bcaeb",
     # memory orders of buffers and weights (TensorSpec.order, omitted when row-major)
     (1, 5): "a0cbbe479a2b1e9494cc92c819c4b5c5c7f9a1842e4210f53943a20297a937dc",
+    # a bucket's plan kept for leaving no cuBLAS call (TuningCheck.library_free, omitted when false)
+    (1, 6): "cf1afdb7efc96f976129ee23c0fb9d6a073e613f80711025d99afb732fc55af1",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 
