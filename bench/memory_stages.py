@@ -12,7 +12,9 @@ the default stream: what a stream, cuBLAS and a graph cost any system in a proce
 ``probe-default-first``: the same kernels eager on the default stream first, the side stream used
 only to capture (whether a first launch costs its memory, or a second stream does); and
 ``probe-fill``: a driver memset, a device-to-device copy, then ATen's fill kernel and an add (which
-first launch costs the memory: any kernel, or ATen's kernels).
+first launch costs the memory: any kernel, or ATen's kernels); ``probe-conv``: after an ATen add, a
+first fp16 convolution (cuDNN), one channels-last, one captured in a CUDA graph, then a first cuBLAS
+mm (what cuDNN costs a process beyond ATen's kernels).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ CONFIGS = (
     "probe-own-stream",
     "probe-default-first",
     "probe-fill",
+    "probe-conv",
     "aotpack",
     "aotpack-nograph",
     "aotpack-borrow",
@@ -135,6 +138,28 @@ def child(model: str, bundle: str, config: str) -> list[dict]:
         torch.mm(a, b.t())
         stage("first cuBLAS mm")
         del c
+        return stages
+
+    if config == "probe-conv":
+        x = torch.randn(8, 64, 56, 56, dtype=torch.float16, device="cuda")
+        w = torch.randn(64, 64, 3, 3, dtype=torch.float16, device="cuda")
+        y = x + 1
+        stage("input, weight, an ATen add")
+        y = torch.nn.functional.conv2d(x, w, padding=1)
+        stage("first cuDNN convolution (NCHW)")
+        xl, wl = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+        y = torch.nn.functional.conv2d(xl, wl, padding=1)
+        stage("a channels-last convolution")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side):
+            y = torch.nn.functional.conv2d(xl, wl, padding=1)
+        g.replay()
+        stage("a CUDA graph of the convolution")
+        torch.mm(x[0, 0], x[0, 1])
+        stage("first cuBLAS mm")
+        del y
         return stages
 
     from aot.loader import load

@@ -114,17 +114,12 @@ def generate(
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.compile import ptxas_release
-    from aot.codegen.embeddings import (
-        EMBEDDING,
-        gather_sites,
-        gather_step,
-        positions_as_slices,
-        render_gather,
-    )
+    from aot.codegen.embeddings import gather_sites, positions_as_slices, render_gather
     from aot.codegen.layouts import channels_last as lay_out_channels_last
-    from aot.codegen.layouts import split_conv_bias
+    from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
     from aot.codegen.partition import partition, rewrite
-    from aot.codegen.render import kernel_record
+    from aot.codegen.pooling import pool_sites, render_max_pool
+    from aot.codegen.render import kernel_record, standalone_step
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
     from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 
@@ -169,16 +164,22 @@ def generate(
         program, n_cl = lay_out_channels_last(program)
         if n_cl:
             say(f"  {n_cl} convolutions run channels-last (NHWC tensors and weights, no cuDNN transposes)")
+        program, n_copies = relayout_conv_inputs(program)
+        if n_copies:
+            say(
+                f"  {n_copies} convolution inputs copied NHWC by a kernel (no ATen copy inside the convolution)"
+            )
     graph, groups, unfused = partition(program, ranges, log=say)
     ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
     distinct = list(dict.fromkeys(ids))
     by_id = {i: g.rendered for i, g in zip(ids, groups)}
-    # embedding lookups: a Triton gather each, so a call launches no ATen kernel for them
-    gathers: dict[str, tuple[str, Any]] = {}  # the lookup's output -> its kernel
-    for step in gather_sites(program):
-        r = render_gather(step, program, ranges)
-        gathers[step.outputs[0]] = kernel_id(r.source, r.signature, r.config), r
-        by_id[gathers[step.outputs[0]][0]] = r
+    # embedding lookups and max pools: a Triton kernel each, so a call launches no ATen kernel for them
+    standalone: dict[str, tuple[str, Any]] = {}  # the replaced step's output -> its kernel
+    rendered = [render_gather(s, program, ranges) for s in gather_sites(program)]
+    rendered += [render_max_pool(s, program, ranges) for s in pool_sites(program)]
+    for r in filter(None, rendered):
+        standalone[r.outputs[0]] = kernel_id(r.source, r.signature, r.config), r
+        by_id[standalone[r.outputs[0]][0]] = r
     partition_s = time.perf_counter() - start
     say(
         f"  fused {sum(len(g.members) for g in groups)} ATen ops into {len(groups)} kernel launches "
@@ -198,15 +199,18 @@ def generate(
     except AssertionError as e:  # never fail a build over a fusion decision: ship the ATen program
         say(f"  warning: fusion produced an unschedulable program ({e}); every step stays an ATen call")
         kept, steps = [], program.steps
-    gathered = {out: (k, r) for out, (k, r) in gathers.items() if k not in failed}
+    alone = {out: (k, r) for out, (k, r) in standalone.items() if k not in failed}
     steps = tuple(
-        gather_step(s, gathered[s.outputs[0]][1], gathered[s.outputs[0]][0])
-        if s.kind == StepKind.ATEN and s.target == EMBEDDING and s.outputs[0] in gathered
+        standalone_step(s, alone[s.outputs[0]][1], alone[s.outputs[0]][0])
+        if s.kind == StepKind.ATEN
+        and s.outputs
+        and s.outputs[0] in alone
+        and s.target in alone[s.outputs[0]][1].ops
         else s
         for s in steps
     )
     kernels, cubins = [], {}
-    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _ in gathered.values())]):
+    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _ in alone.values())]):
         kernels.append(kernel_record(k, by_id[k], results, archs))
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin

@@ -187,16 +187,3 @@ def render_gather(step: Step, program: Program, ranges: dict[str, tuple[int, int
         ops=(step.target,),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
     )
-
-
-def gather_step(step: Step, rendered: Rendered, kernel_id: str) -> Step:
-    """The kernel step that stands for ``step`` (its reference), on the step's own buffers."""
-    return Step(
-        kind=StepKind.KERNEL,
-        target=kernel_id,
-        args=(step.args[0], step.args[1], Buf(step.outputs[0])),
-        kwargs={},
-        outputs=rendered.outputs,
-        grid=rendered.grid,
-        reference=(step,),
-    )

@@ -16,6 +16,10 @@ codegen gives ``aot.layout.CHANNELS_LAST`` to
   layout (and such a pool's input only when its output may be).
 
 ``split_conv_bias`` moves a convolution's bias into the pointwise kernel that follows it.
+``relayout_conv_inputs`` gives a channels-last convolution whose input no kernel writes (a program
+input, say an image) a copy kernel that writes it NHWC: else ATen copies it with a kernel of its own
+inside the convolution, and a process's first ATen kernel loads ATen's kernel images (92 MiB of
+device memory on an H100, ``bench/memory_stages.py``).
 
 A layout is a matter of speed alone: kernels index their loads and stores by it, the loader
 allocates kernel outputs in it, and any tensor reaching a kernel in another layout is copied into
@@ -28,7 +32,7 @@ from dataclasses import replace
 
 from aot.codegen.classify import classify
 from aot.layout import CHANNELS_LAST
-from aot.program import VIEW_OPS, buffers_in
+from aot.program import VIEW_OPS, buffers_in, tensor_specs
 from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
@@ -194,3 +198,41 @@ def _conv_readers_agree(name: str, readers: dict[str, list[Step]], cl_convs: set
         for r in readers.get(name, [])
         if r.kind == StepKind.ATEN and r.target == CONVOLUTION and r.args and r.args[0] == Buf(name)
     )
+
+
+def relayout_conv_inputs(program: Program) -> tuple[Program, int]:
+    """``convolution(x, w, ...)`` → ``convolution(clone(x), w, ...)`` where the convolution is
+    channels-last (its weight is) and ``x`` is not: the clone, a pointwise step, becomes a kernel
+    whose stores follow its output's NHWC order (module docstring). One copy per such input,
+    shared by every convolution that reads it. Returns the program and how many copies."""
+    weights = {w.name: w.spec for w in program.weights}
+    specs = tensor_specs(program)
+    copies: dict[str, str] = {}  # input -> its NHWC copy
+    buffers = dict(program.buffers)
+    steps: list[Step] = []
+    for step in program.steps:
+        x = step.args[0] if step.target == CONVOLUTION and step.args else None
+        w = step.args[1] if x is not None and len(step.args) > 1 else None
+        spec = specs.get(x.name) if isinstance(x, Buf) else None
+        if (
+            spec is None
+            or not isinstance(w, Buf)
+            or w.name not in weights
+            or weights[w.name].order != CHANNELS_LAST
+            or len(spec.shape) != 4
+            or spec.order
+            or spec.dtype not in FLOATS
+        ):
+            steps.append(step)
+            continue
+        if x.name not in copies:
+            name = f"{x.name}_nhwc"
+            while name in specs or name in buffers:
+                name += "_"
+            copies[x.name] = name
+            buffers[name] = replace(spec, order=CHANNELS_LAST)
+            steps.append(Step(StepKind.ATEN, "aten.clone.default", (x,), {}, (name,)))
+        steps.append(replace(step, args=(Buf(copies[x.name]), *step.args[1:])))
+    if not copies:
+        return program, 0
+    return replace(program, steps=tuple(steps), buffers=buffers), len(copies)

@@ -42,7 +42,7 @@ from aot.codegen.launch import (
 from aot.codegen.valuegraph import Builder, NotFusible, Unsupported, walk
 from aot.dtypes import ITEMSIZE
 from aot.layout import is_row_major
-from aot.schema import Kernel, KernelParam, Step, TensorSpec
+from aot.schema import Buf, Kernel, KernelParam, Step, StepKind, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -178,4 +178,22 @@ def render_kernel(
         config=config,
         ops=tuple(s.target for s in steps),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
+
+
+def standalone_step(step: Step, rendered: Rendered, kernel_id: str) -> Step:
+    """The kernel step that stands for one ATen ``step`` (its reference), rendered on its own
+    rather than fused (a lookup's gather, a max pool): such a kernel's arguments are the step's
+    tensor arguments, in order, then its outputs, here on the step's own buffers."""
+    n_in = len(rendered.args) - len(rendered.outputs)
+    tensors = [a for a in step.args if isinstance(a, Buf)][:n_in]
+    outputs = tuple(step.outputs[: len(rendered.outputs)])
+    return Step(
+        kind=StepKind.KERNEL,
+        target=kernel_id,
+        args=(*tensors, *(Buf(o) for o in outputs)),
+        kwargs={},
+        outputs=outputs,
+        grid=rendered.grid,
+        reference=(step,),
     )

@@ -1,0 +1,200 @@
+"""Max pooling without ATen kernels.
+
+A GPU call that launches any ATen kernel makes the process load ATen's kernel images (92 MiB of
+device memory on an H100 with torch 2.11, ``bench/memory_stages.py``). A ResNet's stem max pool was
+its only ATen kernel besides the copy cuDNN's convolution made of the image (``layouts.
+relayout_conv_inputs``), and ATen's NHWC pool took 18.7 µs at batch 1 on an H200, four times what
+reading its input costs. So a 2-D max pool whose indices nothing reads becomes one Triton kernel:
+each program takes one image, a block of output positions and a block of channels, and takes the
+maximum over the window, NaN propagating as ATen's does; padding is -inf, as ATen pads.
+
+The input and output keep whatever layout the program gives them (``TensorSpec.order``, NCHW or
+NHWC): the kernel indexes both by their strides. Channels, height and width must be static (the
+batch may be symbolic: it is the grid's first axis).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.gemm import FLOAT_DTYPES
+from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.launch import max_value
+from aot.codegen.render import Rendered
+from aot.dtypes import ITEMSIZE
+from aot.program import step_reads, tensor_specs
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
+
+MAX_POOLS = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
+MAX_WINDOW = 64  # kernel_h * kernel_w unrolled in the kernel
+GRID_YZ = 65535  # CUDA's limit on a grid's second and third axes
+TILE = 2048  # output elements per program instance
+HEURISTIC = "max-pool-v1"
+
+
+def _pair(v, default: list[int] | None = None) -> list[int] | None:
+    """A pooling argument (an int, or a list of one or two) as two ints; ``default`` for ``[]``."""
+    if type(v) is int:
+        return [v, v]
+    if isinstance(v, (list, tuple)) and all(type(e) is int for e in v):
+        if len(v) == 0:
+            return default
+        if len(v) in (1, 2):
+            return [v[0], v[-1]]
+    return None
+
+
+def _window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    """(kernel, stride, padding, dilation) of a max pool's arguments; None where not plain ints."""
+    args = [*step.args[1:], None, None, None, None][:5]
+    kernel = _pair(args[0])
+    if kernel is None or step.kwargs.keys() - {"stride", "padding", "dilation", "ceil_mode"}:
+        return None
+    given = {
+        "stride": step.kwargs.get("stride", args[1] if args[1] is not None else []),
+        "padding": step.kwargs.get("padding", args[2] if args[2] is not None else 0),
+        "dilation": step.kwargs.get("dilation", args[3] if args[3] is not None else 1),
+    }
+    stride = _pair(given["stride"], default=kernel)
+    padding, dilation = _pair(given["padding"]), _pair(given["dilation"])
+    if stride is None or padding is None or dilation is None:
+        return None
+    if min(*kernel, *stride, *dilation) < 1 or min(padding) < 0 or kernel[0] * kernel[1] > MAX_WINDOW:
+        return None
+    return kernel, stride, padding, dilation
+
+
+def _strides(spec: TensorSpec) -> list[int]:
+    """Element strides of a static 4-D tensor laid out in ``spec.order`` (row-major when empty)."""
+    shape = [int(d) if d.isdigit() else None for d in spec.shape]
+    order = list(spec.order) or list(range(len(shape)))
+    strides = [0] * len(shape)
+    step = 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= shape[dim] if shape[dim] is not None else 0
+    return strides
+
+
+def pool_sites(program: Program) -> list[Step]:
+    """The max-pool steps the kernel can replace: a 4-D float input with static channels, height
+    and width, an output of the same dtype, indices that nothing reads."""
+    specs = tensor_specs(program)
+    read = {r for s in program.steps for r in step_reads(s)} | set(program.outputs)
+    out = []
+    for s in program.steps:
+        if (
+            s.kind != StepKind.ATEN
+            or s.target not in MAX_POOLS
+            or not s.args
+            or not isinstance(s.args[0], Buf)
+        ):
+            continue
+        if not s.outputs or s.outputs[0] is None or any(o is not None and o in read for o in s.outputs[1:]):
+            continue
+        x, o = specs.get(s.args[0].name), specs.get(s.outputs[0])
+        if x is None or o is None or len(x.shape) != 4 or len(o.shape) != 4 or _window(s) is None:
+            continue
+        if x.dtype not in FLOAT_DTYPES or o.dtype != x.dtype:
+            continue
+        if not all(d.isdigit() for d in (*x.shape[1:], *o.shape[1:])) or x.shape[0] != o.shape[0]:
+            continue
+        if x.shape[1] != o.shape[1] or int(o.shape[2]) * int(o.shape[3]) == 0:
+            continue
+        out.append(s)
+    return out
+
+
+def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered | None:
+    """The Triton kernel for one max-pool step of ``pool_sites``; None where its grid would pass
+    CUDA's limits."""
+    specs = tensor_specs(program)
+    x, o = specs[step.args[0].name], specs[step.outputs[0]]
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(step)
+    c, h, w = (int(d) for d in x.shape[1:])
+    oh, ow = int(o.shape[2]), int(o.shape[3])
+    block_c = min(128, 1 << max(0, (c - 1).bit_length()))
+    block_p = min(max(1, TILE // block_c), 1 << max(0, (oh * ow - 1).bit_length()))
+    grid_p, grid_c = -(-oh * ow // block_p), -(-c // block_c)
+    if grid_p > GRID_YZ or grid_c > GRID_YZ:
+        return None
+    batch = ix.parse_size(x.shape[0])
+    biggest = max_value(batch, ranges) * max(c * h * w, c * oh * ow)
+    index = "i64" if biggest >= 2**31 - 1 else "i32"
+    xs, os_ = _strides(x), _strides(o)
+    name = "max_pool2d"
+    grid = (ix.size_text(batch), str(grid_p), str(grid_c))
+    params = (
+        KernelParam("x_ptr", ParamKind.PTR, x.dtype),
+        KernelParam("out_ptr", ParamKind.PTR, x.dtype),
+    )
+    signature = signature_of(params, index)
+    layout = "NHWC" if x.order else "NCHW"
+    doc = [
+        f"Max pool {kh}x{kw}, stride {sh}x{sw}, padding {ph}x{pw}, dilation {dh}x{dw}: "
+        f"[{x.shape[0]}, {c}, {h}, {w}] {x.dtype} ({layout}) -> [{o.shape[0]}, {c}, {oh}, {ow}] "
+        f"({'NHWC' if o.order else 'NCHW'}).",
+        "",
+        "Padding reads as -inf; NaN propagates, as in ATen's max pool.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    consts = {
+        "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
+        "KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw, "DH": dh, "DW": dw,
+        "XN": xs[0], "XC": xs[1], "XH": xs[2], "XW": xs[3],
+        "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
+        "BLOCK_P": block_p, "BLOCK_C": block_c,
+    }  # fmt: skip
+    body = [
+        f"n = tl.program_id(0){'.to(tl.int64)' if index == 'i64' else ''}",
+        "p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)",
+        "ch = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)",
+        "p_ok = p < OH * OW",
+        "c_ok = ch < C",
+        "oy = p // OW",
+        "ox = p % OW",
+        "acc = tl.full([BLOCK_P, BLOCK_C], float('-inf'), tl.float32)",
+        "for ky in tl.static_range(KH):",
+        "    iy = oy * SH - PH + ky * DH",
+        "    for kx in tl.static_range(KW):",
+        "        ix = ox * SW - PW + kx * DW",
+        "        ok = p_ok & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)",
+        "        v = tl.load(",
+        "            x_ptr + n * XN + (iy * XH + ix * XW)[:, None] + ch[None, :] * XC,",
+        "            mask=ok[:, None] & c_ok[None, :],",
+        "            other=float('-inf'),",
+        "        )",
+        "        acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)",
+        "tl.store(",
+        "    out_ptr + n * ON + (oy * OH_S + ox * OW_S)[:, None] + ch[None, :] * OC,",
+        f"    acc.to(tl.{_TL[x.dtype]}),",
+        "    mask=p_ok[:, None] & c_ok[None, :],",
+        ")",
+    ]
+    source = kernel_module(doc, consts, name, signature, body)
+    traffic = batch * (c * h * w + c * oh * ow) * ITEMSIZE[x.dtype]
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=params,
+        args=(step.args[0], Buf(step.outputs[0])),
+        outputs=(step.outputs[0],),
+        grid=grid,
+        num_warps=4,
+        num_stages=1,
+        config={
+            "kind": "pool",
+            "BLOCK_P": block_p,
+            "BLOCK_C": block_c,
+            "heuristic": HEURISTIC,
+            "num_warps": 4,
+            "num_stages": 1,
+        },
+        ops=(step.target,),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
+
+
+_TL = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}

@@ -1,0 +1,168 @@
+"""Max pooling and convolution inputs without ATen kernels (``aot.codegen.pooling``,
+``aot.codegen.layouts.relayout_conv_inputs``): a max pool whose indices nothing reads is a Triton
+kernel, checked in the interpreter against ATen's pool (exactly: a maximum rounds nothing), NCHW
+and NHWC, with padding, stride, dilation and ceil mode; NaN propagates; a program input that a
+channels-last convolution reads is copied NHWC by a kernel; the CPU path agrees with eager."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aot.schema import StepKind
+
+MODEL = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(3, 2, 1)                       # NHWC: a kernel writes its input
+        self.pool2 = nn.MaxPool2d(2, ceil_mode=True)             # NHWC, the last window cut short
+        self.pool3 = nn.MaxPool2d(3, stride=1, dilation=2)       # on the image itself: NCHW
+        self.conv2 = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):  # x: [B, 3, 15, 17]
+        y = self.pool(self.bn(self.conv(x)).relu())
+        y = self.conv2(self.pool2(y))
+        return y.mean(dim=(2, 3)), self.pool3(x)
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 3, 15, 17))])
+"""
+
+INDICES = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def forward(self, x):  # the indices are an output: ATen's pool makes them
+        return nn.functional.max_pool2d(x * 2, 2, return_indices=True)
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 3, 8, 8))])
+"""
+
+
+def _build(tmp_path: Path, text: str = MODEL, name: str = "pool"):
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    compiled = generate(trace(load_model_file(path)), ("sm_90",))
+    pack(compiled, tmp_path / f"{name}.tpk")
+    return compiled, tmp_path / f"{name}.tpk", path
+
+
+def _kernel_steps(program, name):
+    kernels = {k.id: k for k in program.kernels}
+    return [s for s in program.steps if s.kind == StepKind.KERNEL and kernels[s.target].name == name]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return _build(tmp_path_factory.mktemp("pool"))
+
+
+def test_pools_and_the_image_copy_are_kernels(built):
+    compiled, _, _ = built
+    program = compiled.program
+    aten = [s.target for s in program.steps if s.kind == StepKind.ATEN]
+    # convolutions are cuDNN's; everything else a kernel, or a view
+    assert set(aten) <= {"aten.convolution.default", "aten.view.default", "aten.permute.default"}, aten
+    pools = _kernel_steps(program, "max_pool2d")
+    assert len(pools) == 3
+    assert all([r.target for r in s.reference] == ["aten.max_pool2d_with_indices.default"] for s in pools)
+    # a pool keeps its input's layout: NHWC after the kernel that writes it, NCHW on the image
+    orders = {s.args[0].name: program.buffers[s.outputs[0]].order for s in pools}
+    assert orders.pop("x") == () and list(orders.values()) == [(0, 2, 3, 1)] * 2
+    # the image reaches the first convolution through a kernel that writes it NHWC
+    conv = next(s for s in program.steps if s.target == "aten.convolution.default")
+    copy = next(s for s in program.steps if conv.args[0].name in s.outputs)
+    assert copy.kind == StepKind.KERNEL and copy.reference[0].target == "aten.clone.default"
+    assert copy.reference[0].args[0].name == "x"
+    assert program.buffers[conv.args[0].name].order == (0, 2, 3, 1)
+
+
+def test_cpu_path_agrees_with_eager(built):
+    from aot.loader import load
+    from aot.tracer import load_model_file
+
+    compiled, bundle, path = built
+    module = load_model_file(path).module()
+    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
+    module.eval()
+    x = torch.randn(3, 3, 15, 17)
+    got = load(bundle)(x)
+    want = module(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_pool_kernels_match_aten_in_the_interpreter(built):
+    """Every kernel of the model against its reference, at batch 1 and 3: the pools exactly."""
+    from aot.verify.interpret import interpret_in_subprocess
+
+    _, bundle, path = built
+    (results,) = interpret_in_subprocess([(bundle, path, [{"batch": 1}, {"batch": 3}], None)])
+    for size, checks in results.items():
+        pools = [c for c in checks if c.name == "max_pool2d"]
+        assert len(pools) == 3 and all(c.max_abs_error == 0.0 for c in pools), (size, pools)
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+
+
+def test_nan_propagates_and_padding_never_wins(built):
+    """The first pool's kernel alone, in the interpreter, on NHWC input with a NaN and with every
+    value negative: the NaN's windows give NaN, padding (-inf) never shows, other windows as ATen."""
+    compiled, _, _ = built
+    step = next(
+        s for s in _kernel_steps(compiled.program, "max_pool2d") if s.reference[0].args[1] == [3, 3]
+    )
+    kernel = next(k for k in compiled.program.kernels if k.id == step.target)
+    grid = [g.replace("batch", "2") for g in step.grid]
+    script = f"""
+import json, torch
+from aot.codegen.compile import load_function
+fn = load_function({kernel.id!r}, {kernel.name!r}, {kernel.source!r})
+torch.manual_seed(0)
+x = (-1 - torch.rand(2, 8, 15, 17)).contiguous(memory_format=torch.channels_last)
+x[1, 5, 7, 9] = float("nan")
+want = torch.nn.functional.max_pool2d(x, 3, 2, 1)
+out = torch.empty_like(want).contiguous(memory_format=torch.channels_last)
+fn[tuple(eval(g) for g in {grid!r})](x, out)
+nan = out.isnan()
+print(json.dumps([
+    bool(torch.equal(nan, want.isnan())), int(nan.sum()), bool(nan[1, 5].any()),
+    bool(torch.equal(out[~nan], want[~nan])), bool((out[~nan] < 0).all()),
+]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    same_nans, n_nan, in_channel, same_values, all_negative = json.loads(done.stdout.strip().splitlines()[-1])
+    assert same_nans and n_nan > 0 and in_channel and same_values and all_negative
+
+
+def test_read_indices_keep_atens_pool(tmp_path):
+    compiled, _, _ = _build(tmp_path, INDICES, "indices")
+    program = compiled.program
+    assert "aten.max_pool2d_with_indices.default" in [s.target for s in program.steps]
+    assert not _kernel_steps(program, "max_pool2d")
