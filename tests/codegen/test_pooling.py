@@ -128,9 +128,7 @@ def test_nan_propagates_and_padding_never_wins(built):
     """The first pool's kernel alone, in the interpreter, on NHWC input with a NaN and with every
     value negative: the NaN's windows give NaN, padding (-inf) never shows, other windows as ATen."""
     compiled, _, _ = built
-    step = next(
-        s for s in _kernel_steps(compiled.program, "max_pool2d") if s.reference[0].args[1] == [3, 3]
-    )
+    step = next(s for s in _kernel_steps(compiled.program, "max_pool2d") if s.reference[0].args[1] == [3, 3])
     kernel = next(k for k in compiled.program.kernels if k.id == step.target)
     grid = [g.replace("batch", "2") for g in step.grid]
     script = f"""
