@@ -57,6 +57,9 @@ CPU_SYSTEMS = ("eager", "compile", "aotpack")
 TIMEOUT = 300  # seconds one worker may take
 BUILD_TIMEOUT = 400  # seconds one build may take
 TUNE_REPEATS = 50  # timed CUDA-graph replays per GEMM form (aotpack tune's default)
+# tuned at every bucket (a few seconds each), so tune may find a plan without cuBLAS, which needs
+# every bucket (verify/tune.py); the others only at the shapes measured
+TUNE_EVERY_BUCKET = ("mlp", "cnn", "resnet50", "convnext_tiny")
 JOBS = 4  # builds at once: each is mostly one core (tracing) or its own worker pool (compiling)
 
 
@@ -207,6 +210,8 @@ def tune(model: str, gemm: Path, tuned: Path, shapes: list[dict[str, int]], out:
     """``aotpack tune`` of ``gemm`` at ``shapes`` only, into ``tuned`` (beside the weights it shares);
     what it said per site and bucket into ``out/tune-MODEL.log``, its whole-program checks printed."""
     buckets = [a for sizes in shapes for a in ("--bucket", ",".join(f"{k}={v}" for k, v in sizes.items()))]
+    if model in TUNE_EVERY_BUCKET:
+        buckets = []
     cmd = [sys.executable, "-m", "aot.cli", "tune", str(gemm), "-o", str(tuned)]
     cmd += ["--repeats", str(TUNE_REPEATS)]
     log = out / f"tune-{model}.log"
@@ -214,7 +219,7 @@ def tune(model: str, gemm: Path, tuned: Path, shapes: list[dict[str, int]], out:
     took = f"ERROR {record['error']}" if "error" in record else f"{record['seconds']:.1f}s"
     print(f"{model:13} tune  {took}", flush=True)
     for line in log.read_text().splitlines() if log.exists() else ():
-        if "whole program" in line:
+        if "whole program" in line or "library-free" in line:
             print(f"{model:13} tune {line.strip()}", flush=True)
     return record
 
