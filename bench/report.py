@@ -261,7 +261,8 @@ def main(paths: list[str]) -> None:
         "",
         "Seconds of each build on the benchmark machine, wall clock of its own process; in brackets "
         "up to how many builds ran at once (the run builds on every core before it times anything). aotpack "
-        "tuned: the build with `--gemm-candidates`, then `aotpack tune` at the measured shapes only.",
+        "tuned: the build with `--gemm-candidates`, then `aotpack tune` at the measured shapes only "
+        "(at every bucket for mlp, cnn, resnet50 and convnext_tiny, so tune may keep them free of cuBLAS).",
         "",
         "| model | AOTInductor build | aotpack build | aotpack tuned: build + tune | aotpack bundle + weights | "
         "fp16 weights | ratio |",

@@ -18,8 +18,8 @@ with how many ran at once):
   tune to choose between library GEMMs and fused candidates, where without it stacks them);
 - ``MODEL.pt2`` (for aoti, in a scratch folder): ``bench/aoti_build.py``.
 
-Then per model: ``aotpack tune`` of the GEMM bundle at the measured shapes only (alone on the
-GPU, into ``MODEL-tuned.tpk`` beside the weights it shares), then each system in a fresh process.
+Then per model: ``aotpack tune`` of the GEMM bundle at the measured shapes only (at every bucket
+for ``TUNE_EVERY_BUCKET``; alone on the GPU, into ``MODEL-tuned.tpk`` beside the weights it shares), then each system in a fresh process.
 Every system's outputs are compared with eager's at the end (``max_abs_err``): one that ran other
 weights would show there. Writes OUT_DIR/results-<models>.json after every measurement (a
 timeout keeps what was done); ``bench/report.py`` turns result files into RESULTS.md.
