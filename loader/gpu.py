@@ -6,7 +6,10 @@ inside a capture the runner's memory pool hands the same memory to later buffers
 capture into one shared pool (graphs captured through the driver: ``aot.loader.cuda.Graph``).
 Replays are serialized by one lock per runner (calls on one GPU stream serialize anyway); outputs
 are copied out of the graph's static buffers before the lock is released, so the caller owns them
-and a later call never overwrites them.
+and a later call never overwrites them. The lock orders the launches, not the GPU work: a call on
+another stream than the runner's last call first waits for what that call enqueued, so its copy
+into the static inputs and its replay cannot run while the last call's graph, or its copies out
+of the pool, still do (``Arena.after_last_call``).
 
 Large outputs are not copied: where a bucket's outputs come to ``TAIL_MIN_BYTES`` or more and the
 last steps of the program are only what computes them (one library call or kernel per output, and
@@ -333,6 +336,18 @@ class Arena:
         # one stream per device for every runner's captures (not torch's stream pool: see there)
         self.stream, self.capture_lock = capture_stream(device)
         self.lock = threading.Lock()
+        self.device = device
+        self.last_stream: int | None = None  # the stream the last replay was launched on
+
+    def after_last_call(self, stream: int) -> None:
+        """Order ``stream`` (a raw handle; the caller holds ``lock``) after the work the last call
+        launched on another stream: the pool and static inputs are shared by every call. Free when
+        every call comes on one stream, as most do."""
+        last = self.last_stream
+        if last is not None and last != stream:
+            here = torch.cuda.ExternalStream(stream, device=self.device)
+            here.wait_stream(torch.cuda.ExternalStream(last, device=self.device))
+        self.last_stream = stream
 
 
 class GraphRunner:
@@ -361,6 +376,7 @@ class GraphRunner:
         index = gpu.device.index
         self.device_index = torch.cuda.current_device() if index is None else index
         self.buckets = {b.symbol: b for b in buckets}
+        self.arena = arena
         self.pool, self.stream, self.lock = arena.pool, arena.stream, arena.lock
         self.capture_lock = arena.capture_lock  # the stream is the process's: one capture at a time
         self.graphs: dict[tuple, _Captured] = {}
@@ -491,6 +507,8 @@ class GraphRunner:
         output memory, valid until this runner's next call (an output that is a weight is still
         copied)."""
         with self.lock:
+            stream = raw_stream(self.device_index)
+            self.arena.after_last_call(stream)  # before a capture too: it warms up in the shared pool
             captured = self.graphs.get(key)
             if captured is None and self.state is not None:
                 # the warm-up ran this very call (its state writes included): its outputs are the call's
@@ -501,7 +519,6 @@ class GraphRunner:
             if captured is None:
                 captured, _ = self.capture(key)
             padded = captured.sizes != sizes
-            stream = raw_stream(self.device_index)
             for name, value in inputs.items():
                 static = captured.inputs[name]
                 if padded and static.shape != value.shape:

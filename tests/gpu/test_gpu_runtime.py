@@ -122,6 +122,49 @@ def test_missing_arch_is_an_env_error():
         pick_arch(("sm_80", "sm_90"), (10, 0))
 
 
+def _two_stream_mismatches(runner, xs, wants, rounds: int = 20) -> int:
+    """Calls of ``runner`` on two streams, each queued behind a sleep of the same length on its
+    own stream, so that the GPU would run both at once unless the runner orders them; how many
+    results differ from ``wants``."""
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    bad = 0
+    for _ in range(rounds):
+        outs = []
+        for x, stream in zip(xs, streams):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(1_000_000)
+                outs.append(runner(x))
+        torch.cuda.synchronize()
+        for got, want in zip(outs, wants):
+            bad += (got.float() - want).abs().max().item() > 3e-2 * max(1.0, want.abs().max().item())
+    return bad
+
+
+def test_calls_on_two_streams_never_replay_at_once(eager):
+    """One runner called from two streams: every result is its own input's (the second call
+    waits for what the first enqueued on its stream: the static inputs and the pool are shared).
+    With that ordering taken out, the same calls give wrong results: the test can fail."""
+    from aot.loader import load
+    from aot.loader.gpu import Arena
+    from aot.tracer import example_inputs
+
+    runner = load(_bundle("mlp"), device="cuda")
+    spec, module = eager("mlp")
+    xs = [example_inputs(spec, {"batch": 8}, seed=s)["x"].cuda() for s in (1, 2)]
+    with torch.no_grad():
+        wants = [module(x).float() for x in xs]
+    runner(xs[0])  # captured before the race
+    torch.cuda.synchronize()
+    assert _two_stream_mismatches(runner, xs, wants) == 0
+    ordered = Arena.after_last_call
+    try:
+        Arena.after_last_call = lambda self, stream: None
+        assert _two_stream_mismatches(runner, xs, wants) > 0
+    finally:
+        Arena.after_last_call = ordered
+
+
 def test_concurrent_calls_with_graphs(eager):
     import threading
 
