@@ -5,9 +5,11 @@ with torch 2.11 the first one took 92 MiB of device memory (``bench/memory_stage
 than gpt's activations. gpt's only ATen kernels were its two lookups, so:
 
 - ``positions_as_slices``: ``embedding(W, arange(s, s + T))`` is ``W[s : s + T]``, a view of the
-  table (learned positions); the kernel after it reads the rows in place. Only where ``s + T``
-  stays within the table's rows over the declared ranges (else the lookup's index error would
-  become a short slice); the ``arange`` goes with it when nothing else reads it.
+  table (learned positions); the kernel after it reads the rows in place. Also where the
+  positions come as transformers makes them (``(arange(0, T) + 0).unsqueeze(0)``: an int added,
+  shape-only views), the slice then viewed to the lookup's shape. Only where ``s + T`` stays
+  within the table's rows over the declared ranges (else the lookup's index error would become a
+  short slice); the steps that made the positions go with it when nothing else reads them.
 - ``gather_kernels``: the remaining ``embedding(W, ids)`` of a weight table become one Triton
   kernel each, a row copy per id. An id outside the table gives a row of NaN, where ATen's kernel
   stops the process with a device-side assert: the call's results are visibly wrong, never a
@@ -27,7 +29,7 @@ from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
 from aot.dtypes import ITEMSIZE
 from aot.program import step_reads, tensor_specs
-from aot.schema import Buf, DType, KernelParam, ParamKind, Program, Step, StepKind, Sym
+from aot.schema import Buf, DType, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 EMBEDDING = "aten.embedding.default"
 ARANGES = ("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
@@ -63,16 +65,65 @@ def _arange_span(step: Step) -> tuple[int, str] | None:
     return start, _size_text(end)
 
 
+SHAPE_VIEWS = (
+    "aten.unsqueeze.default",
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.reshape.default",
+)
+
+
+def _positions(
+    name: str, program: Program, producer: dict[str, int], specs
+) -> tuple[int, str, list[int]] | None:
+    """(start, end as size text, the steps walked) where the ids ``name`` are consecutive
+    positions: ``arange(s, e)``, plus an int (``arange + past`` with no past, as transformers
+    writes it), in shape-only views that keep every value (``unsqueeze(0)``: position ids of one
+    row). None otherwise."""
+    walked: list[int] = []
+    shift = 0
+    while True:
+        i = producer.get(name)
+        if i is None:
+            return None
+        step = program.steps[i]
+        walked.append(i)
+        span = _arange_span(step)
+        if span is not None:
+            start, end = span
+            if shift:
+                end = ix.size_text(ix.parse_size(end) + shift)
+            return start + shift, end, walked
+        if step.kind != StepKind.ATEN or not step.args or not isinstance(step.args[0], Buf):
+            return None
+        if step.target == "aten.add.Tensor" and len(step.args) == 2 and type(step.args[1]) is int:
+            if step.kwargs or step.args[1] < 0:
+                return None
+            shift += step.args[1]
+        elif step.target in SHAPE_VIEWS:
+            here, there = specs.get(step.outputs[0]), specs.get(step.args[0].name)
+            if (
+                here is None
+                or there is None
+                or ix.numel(tuple(map(ix.parse_size, here.shape)))
+                != ix.numel(tuple(map(ix.parse_size, there.shape)))
+            ):
+                return None
+        else:
+            return None
+        name = step.args[0].name
+
+
 def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) -> tuple[Program, int]:
     """``program`` with each lookup of consecutive positions in a weight table made a slice of the
-    table (module docstring); also how many."""
+    table, viewed to the lookup's shape (module docstring); also how many. The steps that made
+    the positions go too where nothing else reads them."""
     weights = {w.name: w.spec for w in program.weights}
+    specs = tensor_specs(program)
     producer = {o: i for i, s in enumerate(program.steps) for o in s.outputs if o is not None}
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(program.steps):
-        for r in dict.fromkeys(step_reads(s)):
-            readers.setdefault(r, []).append(i)
-    replaced: dict[int, Step] = {}
+    replaced: dict[int, list[Step]] = {}
+    buffers = dict(program.buffers)
+    chains: set[int] = set()
     for i, s in enumerate(program.steps):
         if s.kind != StepKind.ATEN or s.target != EMBEDDING or len(s.args) < 2:
             continue
@@ -80,34 +131,45 @@ def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) ->
         if not (isinstance(table, Buf) and isinstance(ids, Buf)) or table.name not in weights:
             continue
         spec = weights[table.name]
-        a = producer.get(ids.name)
-        span = _arange_span(program.steps[a]) if a is not None else None
-        if span is None or len(spec.shape) != 2 or not spec.shape[0].isdigit():
+        found = _positions(ids.name, program, producer, specs)
+        if found is None or len(spec.shape) != 2 or not all(d.isdigit() for d in spec.shape):
             continue
-        start, end = span
+        start, end, walked = found
         if max_value(ix.parse_size(end), ranges) > int(spec.shape[0]):
             continue  # the lookup could fail at some declared size: keep it, and its error
         end_arg = Sym(end) if not end.lstrip("-").isdigit() else int(end)
-        replaced[i] = Step(
-            kind=StepKind.ATEN,
-            target="aten.slice.Tensor",
-            args=(table, 0, start, end_arg),
-            kwargs={},
-            outputs=s.outputs,
-        )
+        out = s.outputs[0]
+        ids_shape = specs[ids.name].shape
+        if len(ids_shape) == 1:  # [T] ids: the slice is the lookup
+            replaced[i] = [Step(StepKind.ATEN, "aten.slice.Tensor", (table, 0, start, end_arg), {}, (out,))]
+        else:  # [1, T] ids and the like: the slice viewed to the lookup's shape
+            rows = f"{out}_rows"
+            while rows in specs or rows in buffers:
+                rows += "_"
+            buffers[rows] = TensorSpec(spec.dtype, (ix.size_text(ix.parse_size(end) - start), spec.shape[1]))
+            shape = [Sym(d) if not d.isdigit() else int(d) for d in (*ids_shape, spec.shape[1])]
+            replaced[i] = [
+                Step(StepKind.ATEN, "aten.slice.Tensor", (table, 0, start, end_arg), {}, (rows,)),
+                Step(StepKind.ATEN, "aten.view.default", (Buf(rows), shape), {}, (out,)),
+            ]
+        chains.update(walked)
     if not replaced:
         return program, 0
-    # an arange whose every reader became a slice goes too
-    dead = set()
-    for i, s in enumerate(program.steps):
-        if _arange_span(s) is not None and readers.get(s.outputs[0]):
-            if set(readers[s.outputs[0]]) <= set(replaced) and s.outputs[0] not in program.outputs:
-                dead.add(i)
-    steps = tuple(replaced.get(i, s) for i, s in enumerate(program.steps) if i not in dead)
-    buffers = {
-        k: v for k, v in program.buffers.items() if k not in {program.steps[i].outputs[0] for i in dead}
-    }
-    return replace(program, steps=steps, buffers=buffers), len(replaced)
+    steps = [replaced.get(i, [s]) for i, s in enumerate(program.steps)]
+    # the steps that made the positions, where nothing reads them any more
+    dead: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        read = {r for j, group in enumerate(steps) if j not in dead for st in group for r in step_reads(st)}
+        for j in chains - dead:
+            if not any(o in read or o in program.outputs for o in program.steps[j].outputs if o is not None):
+                dead.add(j)
+                changed = True
+    gone = {o for j in dead for o in program.steps[j].outputs if o is not None}
+    out_steps = tuple(st for j, group in enumerate(steps) if j not in dead for st in group)
+    buffers = {k: v for k, v in buffers.items() if k not in gone}
+    return replace(program, steps=out_steps, buffers=buffers), len(replaced)
 
 
 def gather_sites(program: Program) -> list[Step]:

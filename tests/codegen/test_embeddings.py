@@ -130,3 +130,52 @@ print(json.dumps([bool(torch.equal(out[0], w[3])), bool(out[1].isnan().all()), b
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, True, True]
+
+
+HF_POSITIONS = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(50, 24)
+        self.pos = nn.Embedding(40, 24)
+
+    def forward(self, idx):  # positions as transformers makes them: (arange + past).unsqueeze(0)
+        pos = (torch.arange(idx.shape[1], device=idx.device) + {past}).unsqueeze(0)
+        return self.tok(idx) + self.pos(pos)
+
+batch = Dim("batch", 1, 4)
+seq = Dim("seq", 1, 32)
+spec = ModelSpec(module=M, inputs=[Input("idx", (batch, seq), dtype="int64", low=0, high=50)])
+"""
+
+
+def test_positions_made_as_transformers_makes_them_become_a_slice(tmp_path):
+    """``(arange(T) + past).unsqueeze(0)`` with ``past`` 0 and 8: a slice of rows past..past+T
+    viewed to [1, T, D], nothing left of the arange, the add or the unsqueeze; the CPU path as
+    eager's."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    for past in (0, 8):
+        path = tmp_path / f"hf{past}.py"
+        path.write_text(HF_POSITIONS.format(past=past))
+        compiled = generate(trace(load_model_file(path)), ("sm_90",))
+        program = compiled.program
+        targets = _targets(program)
+        assert "aten.embedding.default" not in targets and "aten.add.Tensor" not in targets, targets
+        assert not any(t.startswith("aten.arange") for t in targets), targets
+        # the slice is a view: the kernel after it reads the table's rows in place
+        (table_slice,) = [
+            r for s in program.steps for r in (s.reference or (s,)) if r.target == "aten.slice.Tensor"
+        ]
+        assert table_slice.args[0].name == "pos.weight" and table_slice.args[2] == past
+        pack(compiled, tmp_path / f"hf{past}.tpk")
+        idx = torch.randint(0, 50, (2, 23))
+        got = load(tmp_path / f"hf{past}.tpk")(idx)
+        torch.testing.assert_close(got, spec_module(compiled, path)(idx), rtol=1e-5, atol=1e-5)
