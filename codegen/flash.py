@@ -230,8 +230,9 @@ class _Finder:
         view = self.steps[v]
         if len(view.args) != 2 or not isinstance(view.args[0], Buf) or not isinstance(view.args[1], list):
             return None
-        shape = [_size(a) for a in view.args[1]]
-        if len(shape) != 4 or None in shape or not shape[2].isdigit() or not shape[3].isdigit():
+        spec = self.spec(viewed)  # its shape resolved: a view may say -1 for the heads
+        shape = list(spec.shape) if spec is not None else []
+        if len(shape) != 4 or not shape[2].isdigit() or not shape[3].isdigit():
             return None
         batch, seq, heads, head_dim = shape[0], shape[1], int(shape[2]), int(shape[3])
         piece = view.args[0].name
@@ -248,10 +249,22 @@ class _Finder:
             return None
         return Operand(base, width, column), batch, seq, heads, head_dim, used
 
+    def _same_shape_view(self, i: int) -> bool:
+        step = self.steps[i]
+        if step.kind != StepKind.ATEN or step.target not in SAME_INDEX_VIEWS or len(step.outputs) != 1:
+            return False
+        src = step.args[0] if step.args else None
+        here, there = self.spec(step.outputs[0]), self.spec(src.name) if isinstance(src, Buf) else None
+        return here is not None and there is not None and here.shape == there.shape and not there.order
+
     def output(self, name: str, batch: str, seq: str, width: int, dtype: str) -> tuple[str, list[int]] | None:
         """The ``[B, T, H*D]`` rows SDPA's result ``name`` becomes, and the steps on the way."""
         used: list[int] = []
         readers = self.readers.get(name, [])
+        while len(readers) == 1 and self._same_shape_view(readers[0]) and name not in self.program.outputs:
+            used.append(readers[0])  # a view to the shape it has (transformers reshapes to [B, H, T, D])
+            name = self.steps[readers[0]].outputs[0]
+            readers = self.readers.get(name, [])
         if len(readers) != 1 or not _is_head_permute(self.steps[readers[0]]) or name in self.program.outputs:
             return None
         used.append(readers[0])

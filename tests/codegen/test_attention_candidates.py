@@ -19,6 +19,7 @@ ARCHS = ("sm_90",)
 SIZES = {
     "attn_fused": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 37}, {"batch": 1, "seq": 96}],
     "attn_separate": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 17}],
+    "attn_hf": [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 29}],
 }
 
 
@@ -84,6 +85,12 @@ def test_sites_found_with_their_operands(built):
     kernels = {k.id: k for k in separate.kernels}
     source = kernels[_attention(separate)[0].candidates[0].steps[0].target].source
     assert "(rd < HEAD_DIM)" in source and "input_precision='ieee'" in source
+    # heads viewed with -1, and SDPA's result viewed to its own shape before the heads merge
+    hf = built["attn_hf"][0].program
+    (site,) = find_attention_sites(hf)
+    assert [(o.width, o.column) for o in (site.q, site.k, site.v)] == [(192, 0), (192, 64), (192, 128)]
+    assert (site.heads, site.head_dim, site.causal) == (4, 16, True)
+    assert [hf.steps[i].target for i in site.library].count("aten.view.default") >= 4
 
 
 def test_default_buckets_offer_short_and_long_forms(tmp_path):
