@@ -533,7 +533,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     "--no-library-free",
     is_flag=True,
     help="keep the checked choices: do not move every GEMM site onto a candidate where that leaves "
-    "no cuBLAS call at the buckets for at most 1% of the whole program",
+    "no cuBLAS call at the buckets for at most 2% of the whole program",
 )
 def tune(
     bundle: str,
@@ -546,7 +546,7 @@ def tune(
 ) -> None:
     """On the target GPU: time each GEMM site's library call against the Triton candidates the
     build compiled (--gemm-candidates), per bucket, and record the winners in BUNDLE (tuning.json).
-    Where every GEMM site can run a candidate at every bucket for at most 1% of the whole program,
+    Where every GEMM site can run a candidate at every bucket for at most 2% of the whole program,
     they all do, and no call at a bucket loads cuBLAS (--no-library-free: the checked choices)."""
     import torch
 

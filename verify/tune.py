@@ -64,7 +64,8 @@ from aot.verify.interpret import looser_dtype
 
 MIN_GAIN = 0.03  # a candidate must be at least this much faster than the library
 WHOLE_MIN_GAIN = 0.01  # and the whole program with a bucket's choices, than with the library
-FREE_MAX_LOSS = 0.01  # a library-free plan may be this much slower (the noise of two timings)
+FREE_MAX_LOSS = 0.02  # a library-free plan may be this much slower: the noise of whole-program timings
+# (cnn on an H100: the same plan came out 1% ahead, then more than 1% behind, in two tunes)
 DEFAULT_REPEATS = 50  # timed graph replays per form
 REPLAYS = 10  # copies of the form captured back to back in one graph (launch cost amortized)
 WARMUP = 3

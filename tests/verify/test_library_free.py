@@ -193,9 +193,9 @@ def _unchanged(freed) -> None:
 @pytest.mark.parametrize(
     "extra, timed",
     [
-        # 1.5% slower than the library at batch 16: the last bucket loses, nothing changes
-        (lambda sizes, plan: 5.0 if sizes["batch"] == 16 and "gemm_1" in plan else 0.0, 3),
-        # within 1% of the library at batch 1 (100.5), but 5.8% slower than the plan that stood (95)
+        # 6.5% slower than the library at batch 16: the last bucket loses, nothing changes
+        (lambda sizes, plan: 10.0 if sizes["batch"] == 16 and "gemm_1" in plan else 0.0, 3),
+        # within 2% of the library at batch 1 (100.5), but 5.8% slower than the plan that stood (95)
         (lambda sizes, plan: 5.0 if sizes["batch"] == 1 and "gemm_1" in plan else 0.0, 1),
     ],
 )
@@ -206,15 +206,15 @@ def test_one_bucket_beyond_the_margin_keeps_every_choice(extra, timed):
     assert not freed.timed[-1].within and all(b.within for b in freed.timed[:-1])
 
 
-def test_the_margin_is_one_percent_of_the_library_and_of_the_plan_that_stood():
+def test_the_margin_is_two_percent_of_the_library_and_of_the_plan_that_stood():
     from aot.verify.tune import FREE_MAX_LOSS, FreeBucket
 
-    assert FREE_MAX_LOSS == 0.01
-    assert FreeBucket(0, {}, {}, 100.0, None, 101.0).within
-    assert not FreeBucket(0, {}, {}, 100.0, None, 101.01).within
-    assert FreeBucket(0, {}, {}, 100.0, 95.0, 95.95).within
-    assert not FreeBucket(0, {}, {}, 100.0, 95.0, 96.0).within
-    assert not FreeBucket(0, {}, {}, 90.0, 95.0, 91.0).within  # a plan that stood slower: the library counts
+    assert FREE_MAX_LOSS == 0.02
+    assert FreeBucket(0, {}, {}, 100.0, None, 102.0).within
+    assert not FreeBucket(0, {}, {}, 100.0, None, 102.01).within
+    assert FreeBucket(0, {}, {}, 100.0, 95.0, 96.85).within
+    assert not FreeBucket(0, {}, {}, 100.0, 95.0, 97.0).within
+    assert not FreeBucket(0, {}, {}, 90.0, 95.0, 92.0).within  # a plan that stood slower: the library counts
 
 
 def test_a_site_without_a_matching_candidate_at_one_bucket_keeps_every_choice():
