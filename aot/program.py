@@ -45,6 +45,70 @@ VIEW_OPS = frozenset(
 )
 
 
+# The loader runs only ``aot.allowed_ops`` (of these: mm, addmm, _addmm_activation, bmm, the ones
+# ``aot.codegen.gemm`` makes sites of and ``aot.loader.gpu.TAIL_PRODUCERS`` names); the rest are
+# here so that an op added there counts without a second look. Not counted: convolution (cuDNN),
+# and scaled_dot_product_attention, whose flash and memory-efficient kernels call no library (only
+# its math fallback, listed, runs bmm: a head size those kernels refuse, float64).
+CUBLAS_OPS = frozenset(
+    {
+        "aten.mm",
+        "aten.addmm",
+        "aten._addmm_activation",
+        "aten.bmm",
+        "aten.baddbmm",
+        "aten.addbmm",
+        "aten.mv",
+        "aten.addmv",
+        "aten.dot",
+        "aten.vdot",
+        "aten.inner",
+        "aten.linear",
+        "aten.bilinear",
+        "aten._trilinear",
+        "aten.matmul",
+        "aten.einsum",
+        "aten.tensordot",
+        "aten.chain_matmul",
+        "aten.linalg_multi_dot",
+        "aten.cdist",
+        "aten._cdist_forward",
+        "aten._euclidean_dist",
+        "aten._scaled_mm",
+        "aten._int_mm",
+        "aten._scaled_dot_product_attention_math",
+    }
+)
+CUDNN_OPS = frozenset(
+    {"aten.convolution", "aten.cudnn_convolution", "aten.conv2d", "aten.conv1d", "aten.conv3d"}
+)
+ATTENTION_OPS = frozenset({"aten.scaled_dot_product_attention", "aten._scaled_dot_product_flash_attention"})
+# what a process pays the first time a library runs, on an H100 with torch 2.11 (device MiB,
+# bench/memory_stages.py): ATen's kernel images (its elementwise, copy and pooling kernels; gpt
+# took 90 MiB less once its lookups were kernels, with its flash attention still ATen's), and
+# cuBLAS's kernels and workspace
+FIRST_CALL_MIB = {"aten": 92, "cublas": 98}
+
+
+def calls_cublas(step: Step) -> bool:
+    """Whether ``step`` is a library call that runs cuBLAS (``CUBLAS_OPS``)."""
+    return step.kind == StepKind.ATEN and ".".join(step.target.split(".")[:2]) in CUBLAS_OPS
+
+
+def library_of(step: Step) -> str | None:
+    """Which library a GPU run of ``step`` launches: ``"cublas"``, ``"cudnn"``, ``"attention"``
+    (ATen's flash or memory-efficient attention), ``"aten"`` (ATen's other kernels), or None (a
+    kernel step of the bundle's, or a view, which launches nothing)."""
+    if step.kind != StepKind.ATEN or step.target in VIEW_OPS:
+        return None
+    op = ".".join(step.target.split(".")[:2])
+    if op in CUBLAS_OPS:
+        return "cublas"
+    if op in CUDNN_OPS:
+        return "cudnn"
+    return "attention" if op in ATTENTION_OPS else "aten"
+
+
 def buffers_in(value: Any) -> Iterator[str]:
     """Every buffer an argument names, in order, however deep (``aten.cat([w, x])``)."""
     if isinstance(value, Buf):

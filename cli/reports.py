@@ -7,6 +7,7 @@ from typing import Any
 
 from aot.errors import printable
 from aot.loader.bundle import open_bundle
+from aot.program import FIRST_CALL_MIB, library_of
 from aot.serde import to_json
 
 
@@ -63,6 +64,12 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
         "kernel": sum(s.kind == "kernel" for s in all_steps),
     }
     replaced = sum(len(s.reference) for s in all_steps if s.kind == "kernel")
+    libraries: dict[str, dict[str, int]] = {}  # library -> ATen op -> calls, untuned
+    for s in all_steps:
+        lib = library_of(s)
+        if lib is not None:
+            ops = libraries.setdefault(lib, {})
+            ops[s.target] = ops.get(s.target, 0) + 1
     info = {
         "name": m.name,
         "dtype": m.dtype,
@@ -75,6 +82,7 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
             {"name": i.name, "dtype": i.dtype, "shape": list(i.shape)} for i in m.guards.inputs if i.state
         ],
         "aten_ops_fused": replaced,
+        "libraries": libraries,
         "kernels": kernels,
         "buckets": to_json(m.buckets),
         "ops": list(m.ops),
@@ -145,6 +153,29 @@ def _tuning_text(tuning: dict[str, Any] | None) -> str:
     )
 
 
+LIBRARY_NAMES = {"cudnn": "cuDNN", "cublas": "cuBLAS", "attention": "ATen attention", "aten": "ATen kernels"}
+
+
+def _libraries_text(libraries: dict[str, dict[str, int]], tuning: dict[str, Any] | None) -> str:
+    """Which libraries the library calls launch on a GPU, and what loading them costs a process
+    (``aot.program.FIRST_CALL_MIB``): the line that says why a bundle takes the memory it does."""
+    parts = []
+    for lib in LIBRARY_NAMES:
+        ops = libraries.get(lib)
+        if ops:
+            calls = ", ".join(f"{op.split('.')[1]} ×{n}" for op, n in sorted(ops.items()))
+            parts.append(f"{LIBRARY_NAMES[lib]} ({calls})")
+    text = "library calls launch: " + (
+        "; ".join(parts) if parts else "nothing (every step a kernel or a view)"
+    )
+    costs = [f"{LIBRARY_NAMES[lib]} ~{mib} MiB" for lib, mib in FIRST_CALL_MIB.items() if lib in libraries]
+    if costs:
+        text += f"; loading them costs a process {', '.join(costs)} of device memory (H100)"
+    if "cublas" in libraries and tuning and any(c.get("library_free") for c in tuning.get("checks", ())):
+        text += "; tuned library-free: no cuBLAS call at the buckets"
+    return text
+
+
 def summary_text(m, info: dict[str, Any]) -> str:
     """The human ``inspect`` report."""
     per_program, kernels, replaced = info["programs"], info["kernels"], info["aten_ops_fused"]
@@ -164,6 +195,7 @@ def summary_text(m, info: dict[str, Any]) -> str:
     if len(per_program) > 1:
         for p in per_program:
             lines.append(f"  program {p['name']}: {p['aten']} library calls, {p['kernel']} kernel launches")
+    lines.append("  " + _libraries_text(info["libraries"], info["tuning"]))
     alternative = ("gemm", "attention")
     candidates = [k for k in kernels if k["config"].get("kind") in alternative]
     for k in kernels:

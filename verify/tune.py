@@ -23,7 +23,7 @@ cuBLAS call in a process loads cuBLAS's kernels and allocates its workspace (96-
 a model whose one library GEMM is a classifier's head pays that for a GEMM whose Triton form wins
 alone but moves the whole program by less than ``WHOLE_MIN_GAIN``. So where every GEMM site
 (``gemm_<n>``) of every program has, at every bucket its graphs serve, a candidate that matched the
-library, and no other step calls cuBLAS (``CUBLAS_OPS``), each bucket where a GEMM site kept the
+library, and no other step calls cuBLAS (``aot.program.CUBLAS_OPS``), each bucket where a GEMM site kept the
 library is timed again: the library steps, the choices as they stood, and every GEMM site on its
 fastest matching candidate (attention sites as they were). If at every such bucket that plan is
 at most ``FREE_MAX_LOSS`` slower than the library and than the choices as they stood, it is taken
@@ -58,8 +58,8 @@ from aot.loader.bundle import open_bundle
 from aot.loader.gpu import KernelCall
 from aot.loader.tuning import GEMM_SITE, LIBRARY, TUNING_FORMAT, parse_tuning, plan_steps
 from aot.manifest_text import fixed_sizes
-from aot.program import step_reads, step_writes
-from aot.schema import Member, Program, Step, StepKind, TuningCheck, TuningChoice, TuningTable
+from aot.program import calls_cublas, step_reads, step_writes
+from aot.schema import Member, Program, TuningCheck, TuningChoice, TuningTable
 from aot.verify.interpret import looser_dtype
 
 MIN_GAIN = 0.03  # a candidate must be at least this much faster than the library
@@ -73,40 +73,6 @@ TIME_DECIMALS = 2  # microseconds
 
 # ATen ops (overload packets) whose CUDA kernels call cuBLAS or cuBLASLt: the first such call in a
 # process loads cuBLAS's kernels and allocates its workspace (~96-98 MiB on an H100, torch 2.11).
-# The loader runs only ``aot.allowed_ops`` (of these: mm, addmm, _addmm_activation, bmm, the ones
-# ``aot.codegen.gemm`` makes sites of and ``aot.loader.gpu.TAIL_PRODUCERS`` names); the rest are
-# here so that an op added there counts without a second look. Not counted: convolution (cuDNN),
-# and scaled_dot_product_attention, whose flash and memory-efficient kernels call no library (only
-# its math fallback, listed, runs bmm: a head size those kernels refuse, float64).
-CUBLAS_OPS = frozenset(
-    {
-        "aten.mm",
-        "aten.addmm",
-        "aten._addmm_activation",
-        "aten.bmm",
-        "aten.baddbmm",
-        "aten.addbmm",
-        "aten.mv",
-        "aten.addmv",
-        "aten.dot",
-        "aten.vdot",
-        "aten.inner",
-        "aten.linear",
-        "aten.bilinear",
-        "aten._trilinear",
-        "aten.matmul",
-        "aten.einsum",
-        "aten.tensordot",
-        "aten.chain_matmul",
-        "aten.linalg_multi_dot",
-        "aten.cdist",
-        "aten._cdist_forward",
-        "aten._euclidean_dist",
-        "aten._scaled_mm",
-        "aten._int_mm",
-        "aten._scaled_dot_product_attention_math",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -396,11 +362,6 @@ def check_bucket(
     if not kept:
         bucket = [replace(c, choice=LIBRARY) for c in bucket]
     return bucket, TuningCheck(index, dict(sizes), library_us, tuned_us, kept)
-
-
-def calls_cublas(step: Step) -> bool:
-    """Whether ``step`` is a library call that runs cuBLAS (``CUBLAS_OPS``)."""
-    return step.kind == StepKind.ATEN and ".".join(step.target.split(".")[:2]) in CUBLAS_OPS
 
 
 # (program index, bucket sizes, plans: site -> candidate, {} for the library steps) -> the whole

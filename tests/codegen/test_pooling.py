@@ -164,3 +164,21 @@ def test_read_indices_keep_atens_pool(tmp_path):
     program = compiled.program
     assert "aten.max_pool2d_with_indices.default" in [s.target for s in program.steps]
     assert not _kernel_steps(program, "max_pool2d")
+
+
+def test_inspect_names_the_libraries_the_calls_launch(built, tmp_path):
+    """The pool model launches cuDNN's convolutions and nothing of ATen's; a model that keeps
+    ATen's pool (its indices read) says so, with what ATen's kernels cost a process."""
+    from aot.cli.reports import bundle_summary, summary_text
+
+    _, bundle, _ = built
+    m, info = bundle_summary(str(bundle))
+    assert info["libraries"] == {"cudnn": {"aten.convolution.default": 2}}
+    text = summary_text(m, info)
+    assert "library calls launch: cuDNN (convolution ×2)" in text and "costs a process" not in text
+    _, indices, _ = _build(tmp_path, INDICES, "indices")
+    m, info = bundle_summary(str(indices))
+    assert info["libraries"] == {"aten": {"aten.max_pool2d_with_indices.default": 1}}
+    assert "ATen kernels (max_pool2d_with_indices ×1); loading them costs a process ATen kernels ~92 MiB" in (
+        summary_text(m, info)
+    )
