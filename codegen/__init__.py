@@ -174,12 +174,13 @@ def generate(
     distinct = list(dict.fromkeys(ids))
     by_id = {i: g.rendered for i, g in zip(ids, groups)}
     # embedding lookups and max pools: a Triton kernel each, so a call launches no ATen kernel for them
-    standalone: dict[str, tuple[str, Any]] = {}  # the replaced step's output -> its kernel
-    rendered = [render_gather(s, program, ranges) for s in gather_sites(program)]
-    rendered += [render_max_pool(s, program, ranges) for s in pool_sites(program)]
-    for r in filter(None, rendered):
-        standalone[r.outputs[0]] = kernel_id(r.source, r.signature, r.config), r
-        by_id[standalone[r.outputs[0]][0]] = r
+    standalone: dict[str, tuple[str, Any, Any]] = {}  # the replaced step's output -> its kernel
+    sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
+    sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
+    for step, r in sites:
+        if r is not None:
+            standalone[step.outputs[0]] = kernel_id(r.source, r.signature, r.config), r, step
+            by_id[standalone[step.outputs[0]][0]] = r
     partition_s = time.perf_counter() - start
     say(
         f"  fused {sum(len(g.members) for g in groups)} ATen ops into {len(groups)} kernel launches "
@@ -199,18 +200,18 @@ def generate(
     except AssertionError as e:  # never fail a build over a fusion decision: ship the ATen program
         say(f"  warning: fusion produced an unschedulable program ({e}); every step stays an ATen call")
         kept, steps = [], program.steps
-    alone = {out: (k, r) for out, (k, r) in standalone.items() if k not in failed}
+    alone = {out: site for out, site in standalone.items() if site[0] not in failed}
     steps = tuple(
-        standalone_step(s, alone[s.outputs[0]][1], alone[s.outputs[0]][0])
+        standalone_step(s, alone[s.outputs[0]][1], alone[s.outputs[0]][0], alone[s.outputs[0]][2])
         if s.kind == StepKind.ATEN
         and s.outputs
         and s.outputs[0] in alone
-        and s.target in alone[s.outputs[0]][1].ops
+        and s.target == alone[s.outputs[0]][2].target
         else s
         for s in steps
     )
     kernels, cubins = [], {}
-    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _ in alone.values())]):
+    for k in dict.fromkeys([*(i for _, i in kept), *(site[0] for site in alone.values())]):
         kernels.append(kernel_record(k, by_id[k], results, archs))
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin

@@ -172,18 +172,41 @@ def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) ->
     return replace(program, steps=out_steps, buffers=buffers), len(replaced)
 
 
+def _tables(program: Program) -> dict[str, tuple[str, int]]:
+    """Lookup tables: each weight, and each slice of a weight's first rows (a padded table's real
+    ones, ``weight_padding``), as (the weight, rows a lookup may read)."""
+    specs = {w.name: w.spec for w in program.weights}
+    tables = {n: (n, int(s.shape[0])) for n, s in specs.items() if s.shape and s.shape[0].isdigit()}
+    for s in program.steps:
+        if (
+            s.kind == StepKind.ATEN
+            and s.target == "aten.slice.Tensor"
+            and len(s.args) in (4, 5)
+            and isinstance(s.args[0], Buf)
+            and s.args[0].name in specs
+            and s.args[1:3] == (0, 0)
+            and type(s.args[3]) is int
+            and 0 < s.args[3] <= tables.get(s.args[0].name, ("", 0))[1]
+            and (len(s.args) < 5 or s.args[4] == 1)
+            and not s.kwargs
+        ):
+            tables[s.outputs[0]] = (s.args[0].name, s.args[3])
+    return tables
+
+
 def gather_sites(program: Program) -> list[Step]:
-    """The ``embedding`` steps of a weight table by ids the gather kernel can replace."""
+    """The ``embedding`` steps of a weight table (or of its first rows) by ids the gather kernel
+    can replace."""
     specs = tensor_specs(program)
-    weights = {w.name for w in program.weights}
+    tables = _tables(program)
     out = []
     for s in program.steps:
         if s.kind != StepKind.ATEN or s.target != EMBEDDING or len(s.args) < 2 or len(s.outputs) != 1:
             continue
         table, ids = s.args[0], s.args[1]
-        if not (isinstance(table, Buf) and isinstance(ids, Buf)) or table.name not in weights:
+        if not (isinstance(table, Buf) and isinstance(ids, Buf)) or table.name not in tables:
             continue
-        w, i, o = specs.get(table.name), specs.get(ids.name), specs.get(s.outputs[0])
+        w, i, o = specs.get(tables[table.name][0]), specs.get(ids.name), specs.get(s.outputs[0])
         if w is None or i is None or o is None or len(w.shape) != 2 or not all(d.isdigit() for d in w.shape):
             continue
         if (
@@ -192,6 +215,7 @@ def gather_sites(program: Program) -> list[Step]:
             or o.dtype != w.dtype
             or o.order
             or i.order
+            or w.order
         ):
             continue
         out.append(s)
@@ -201,9 +225,9 @@ def gather_sites(program: Program) -> list[Step]:
 def render_gather(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered:
     """The Triton kernel for one ``embedding(W, ids)`` step: ``out[r, :] = W[ids[r], :]``."""
     specs = tensor_specs(program)
-    table, ids = step.args[0].name, step.args[1].name
+    (table, rows_n), ids = _tables(program)[step.args[0].name], step.args[1].name
     w, i = specs[table], specs[ids]
-    rows_n, cols = int(w.shape[0]), int(w.shape[1])
+    cols = int(w.shape[1])  # a table of a weight's first rows reads the weight: a root, rows < ROWS
     n = ix.numel(tuple(ix.parse_size(d) for d in i.shape))
     n_text = ix.size_text(n)
     block = min(MAX_BLOCK, 1 << max(4, (cols - 1).bit_length()))

@@ -181,19 +181,23 @@ def render_kernel(
     )
 
 
-def standalone_step(step: Step, rendered: Rendered, kernel_id: str) -> Step:
+def standalone_step(step: Step, rendered: Rendered, kernel_id: str, rendered_from: Step) -> Step:
     """The kernel step that stands for one ATen ``step`` (its reference), rendered on its own
-    rather than fused (a lookup's gather, a max pool): such a kernel's arguments are the step's
-    tensor arguments, in order, then its outputs, here on the step's own buffers."""
-    n_in = len(rendered.args) - len(rendered.outputs)
-    tensors = [a for a in step.args if isinstance(a, Buf)][:n_in]
-    outputs = tuple(step.outputs[: len(rendered.outputs)])
+    rather than fused (a lookup's gather, a max pool) from ``rendered_from``, the same step as the
+    program had it then: the rendered arguments on ``step``'s own buffers, where they name the
+    step's (a gather of a padded table's real rows reads the weight itself, a root)."""
+
+    def bufs(args) -> list[str]:
+        return [a.name for a in args if isinstance(a, Buf)]
+
+    rename = dict(zip(bufs(rendered_from.args), bufs(step.args)))
+    rename.update((a, b) for a, b in zip(rendered_from.outputs, step.outputs) if a is not None)
     return Step(
         kind=StepKind.KERNEL,
         target=kernel_id,
-        args=(*tensors, *(Buf(o) for o in outputs)),
+        args=tuple(Buf(rename.get(a.name, a.name)) if isinstance(a, Buf) else a for a in rendered.args),
         kwargs={},
-        outputs=outputs,
+        outputs=tuple(rename.get(o, o) for o in rendered.outputs),
         grid=rendered.grid,
         reference=(step,),
     )

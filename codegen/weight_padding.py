@@ -4,8 +4,10 @@ cuBLAS picks fast Hopper/Ampere kernels only for aligned leading dimensions: GPT
 vocabulary projection (N = 50257) ran in a legacy sm_75 CUTLASS kernel that took more than half
 of a B=8 T=128 forward. The build pads such a weight with zero rows to a multiple of ``PAD_TO``
 (+72 KB for GPT-2), computes ``mm`` into the padded width and slices the real columns back out
-(a view). Only weights whose every use is ``permute([1, 0]) → mm`` or ``embedding`` (rows past
-the vocabulary are never gathered) are padded, so nothing else can see the extra rows.
+(a view). Only weights whose every use is ``permute([1, 0]) → mm`` or ``embedding`` are padded,
+so nothing else can see the extra rows; a lookup reads a slice of the real rows (a view), so an id
+past the vocabulary is refused as before (``IndexError`` on the CPU, a row of NaN from the gather
+kernel), never a zero row from the padding.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
         if n < MIN_N or n % PAD_TO == 0:
             continue
         uses = [program.steps[i] for i in readers.get(name, [])]
-        mms = []
+        mms, lookups = [], []
         ok = bool(uses)
         for u in uses:
             if u.target == "aten.embedding.default" and step_reads(u)[:1] == [name]:
+                lookups.append(u)
                 continue
             if u.target == "aten.permute.default" and list(u.args[1:]) == [[1, 0]]:
                 consumers = [program.steps[i] for i in readers.get(u.outputs[0], [])]
@@ -75,6 +78,17 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
                 replace(mm, outputs=(wide,)),
                 Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(wide), 1, 0, n), {}, (out,)),
             )
+        if lookups:
+            rows = f"{name}_rows"
+            while rows in buffers or rows in specs:
+                rows += "_"
+            buffers[rows] = TensorSpec(spec.dtype, (str(n), k))
+            first = min(program.steps.index(u) for u in lookups)
+            head = Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(name), 0, 0, n), {}, (rows,))
+            for u in lookups:
+                i = program.steps.index(u)
+                lookup = replace(u, args=(Buf(rows), *u.args[1:]))
+                steps[i] = (head, lookup) if i == first else lookup
         padded += 1
     if not padded:
         return program, weights, 0

@@ -29,3 +29,78 @@ def test_gpt_vocabulary_is_padded_and_logits_unchanged(built):
 def test_aligned_or_otherwise_used_weights_are_left_alone(built):
     traced = built.traced("mlp")  # 1024 and 4096 wide: already aligned
     assert pad_matmul_weights(traced.program, dict(traced.weights))[2] == 0
+
+
+TIED = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):  # a tied vocabulary of 1030 rows: padded to 1088 for the logits GEMM
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(1030, 16)
+
+    def forward(self, idx):
+        return self.wte(idx) @ self.wte.weight.t()
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("idx", (batch, 5), dtype="int64", low=0, high=1030)])
+"""
+
+
+def test_a_lookup_past_the_vocabulary_is_refused_not_read_from_the_padding(tmp_path):
+    """The padded rows are the GEMM's alone: the lookup reads a slice of the real 1030 rows, so an
+    id in [1030, 1088) is refused on the CPU as before padding, and the gather kernel (checked in the
+    interpreter) gives that id a row of NaN, not the padding's zeros."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.schema import StepKind
+    from aot.tracer import trace
+
+    path = tmp_path / "tied.py"
+    path.write_text(TIED)
+    compiled = generate(trace(load_model_file(path)), ("sm_90",))
+    program = compiled.program
+    assert compiled.traced.weights["wte.weight"].shape == (1088, 16)
+    kernels = {k.id: k for k in program.kernels}
+    (gather,) = [
+        s for s in program.steps if s.kind == StepKind.KERNEL and kernels[s.target].name == "gather_rows"
+    ]
+    kernel = kernels[gather.target]
+    assert "ROWS = tl.constexpr(1030)" in kernel.source
+    pack(compiled, tmp_path / "tied.tpk")
+    runner = load(tmp_path / "tied.tpk")
+    ok = torch.tensor([[0, 5, 1029, 7, 3]])
+    w = compiled.traced.weights["wte.weight"][:1030]
+    torch.testing.assert_close(runner(ok), w[ok] @ w.t())
+    from aot.errors import BundleError
+
+    with pytest.raises(BundleError, match="IndexError: index out of range"):  # as before padding
+        runner(torch.tensor([[0, 5, 1031, 7, 3]]))
+    script = f"""
+import json, torch
+from aot.codegen.compile import load_function
+fn = load_function({kernel.id!r}, {kernel.name!r}, {kernel.source!r})
+w = torch.randn(1088, 16)
+w[1030:] = 0
+ids = torch.tensor([1029, 1030, 1087])
+out = torch.zeros(3, 16)
+fn[(3, 1)](w, ids, out)
+print(json.dumps([bool(torch.equal(out[0], w[1029])), bool(out[1].isnan().all()), bool(out[2].isnan().all())]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, True]

@@ -1,4 +1,4 @@
-"""Embedding lookup: out[r, :] = W[ids[r], :] for batch*seq ids into a [50304, 768] float16 table.
+"""Embedding lookup: out[r, :] = W[ids[r], :] for batch*seq ids into a [50257, 768] float16 table.
 
 An id outside the table gives a row of NaN (ATen's kernel would stop the process).
 grid: (batch*seq, 1,)
@@ -7,7 +7,7 @@ grid: (batch*seq, 1,)
 import triton
 import triton.language as tl
 
-ROWS = tl.constexpr(50304)
+ROWS = tl.constexpr(50257)
 COLS = tl.constexpr(768)
 BLOCK = tl.constexpr(1024)
 
