@@ -206,7 +206,8 @@ def test_concurrent_calls_with_graphs(eager):
 def test_an_id_in_the_padded_vocabulary_gives_nan_not_the_padding():
     """gpt's tied table is padded from 50257 to 50304 rows for the logits GEMM; a token id in the
     padding gets a NaN row from the gather (as any id outside the vocabulary), so the call's
-    logits from that position on (causal attention) are NaN, and the ones before it are not."""
+    logits from that position on are NaN (and the earlier ones too where attention multiplies
+    the NaN value row by a zero weight in the same block): visibly wrong, never plausible."""
     from aot.loader import load
 
     runner = load(_bundle("gpt"), device="cuda")
@@ -214,4 +215,4 @@ def test_an_id_in_the_padded_vocabulary_gives_nan_not_the_padding():
     assert torch.isfinite(runner(idx)).all()
     idx[0, 3] = 50300
     logits = runner(idx)
-    assert torch.isfinite(logits[0, :3]).all() and torch.isnan(logits[0, 3:]).all(dim=-1).all()
+    assert torch.isnan(logits[0, 3:]).all()
