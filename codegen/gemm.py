@@ -1,7 +1,8 @@
 """GEMM candidates: Triton forms of a program's library GEMMs, with their epilogues fused.
 
 ``aotpack build --gemm-candidates`` runs this on the fused program. A *site* is a library GEMM
-whose second operand is a transposed weight (``permute(W, [1, 0])``, ``W: [N, K]`` static):
+whose second operand is a transposed weight (``permute(W, [1, 0])``, ``W: [N, K]`` static) or a
+weight as stored (``W: [K, N]``, transformers' Conv1D; no one-row forms, which read W along K):
 ``aten.mm``, ``aten.addmm`` (bias ``[N]``) or ``aten._addmm_activation`` (bias + ReLU or tanh-GELU),
 and, when the GEMM's result is read only by one pointwise kernel, that kernel too: its reference
 steps become the GEMM's epilogue (GELU/tanh-GELU/ReLU/SiLU/sigmoid/tanh, add/sub/mul/div with an
@@ -162,7 +163,7 @@ class Site:
     id: str
     library: tuple[int, ...]  # indices of Program.steps the candidates replace, ascending
     a: str  # A: [M, K]
-    weights: tuple[str, ...]  # W: [N, K], one, or two for the dual GEMM
+    weights: tuple[str, ...]  # W: [N, K] (or [K, N]: ``w_kn``), one, or two for the dual GEMM
     biases: tuple[str | None, ...]  # per GEMM: bias [N] or None
     activation: str  # "", "relu", "gelu_tanh" (``_addmm_activation`` of the first GEMM)
     gemm_outputs: tuple[str, ...]  # the GEMM results as the program names them
@@ -174,6 +175,7 @@ class Site:
     outputs: tuple[str, ...] = ()  # the buffers the site hands to later steps
     reference: tuple[Step, ...] = field(default=())
     prologue: Prologue | None = None  # the LayerNorm kernel that made A, absorbed
+    w_kn: bool = False  # W stored [K, N] (N contiguous), read as is: transformers' Conv1D
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,21 +313,26 @@ def find_sites(program: Program) -> list[Site]:
             if not isinstance(bias, Buf):
                 return None
             bias = bias.name
-        if not isinstance(a, Buf) or not isinstance(b, Buf) or b.name not in producer:
+        if not isinstance(a, Buf) or not isinstance(b, Buf):
             return None
-        p = producer[b.name]
-        perm = steps[p]
-        if not (
-            perm.kind == StepKind.ATEN
-            and (
-                (perm.target == "aten.permute.default" and list(perm.args[1:]) == [[1, 0]])
-                or (perm.target == "aten.t.default" and len(perm.args) == 1)
-            )
-            and isinstance(perm.args[0], Buf)
-            and perm.args[0].name in weights
-        ):
-            return None
-        w = perm.args[0].name
+        if b.name in weights:  # A @ W with W [K, N] as stored (transformers' Conv1D)
+            p, w, w_kn = None, b.name, True
+        else:
+            if b.name not in producer:
+                return None
+            p = producer[b.name]
+            perm = steps[p]
+            if not (
+                perm.kind == StepKind.ATEN
+                and (
+                    (perm.target == "aten.permute.default" and list(perm.args[1:]) == [[1, 0]])
+                    or (perm.target == "aten.t.default" and len(perm.args) == 1)
+                )
+                and isinstance(perm.args[0], Buf)
+                and perm.args[0].name in weights
+            ):
+                return None
+            w, w_kn = perm.args[0].name, False
         wspec, aspec, ospec = (
             known[w],
             _shape(program.buffers, known, a.name),
@@ -333,9 +340,11 @@ def find_sites(program: Program) -> list[Site]:
         )
         if aspec is None or ospec is None or len(wspec.shape) != 2 or len(aspec.shape) != 2:
             return None
-        if not all(d.isdigit() for d in wspec.shape):
+        if not all(d.isdigit() for d in wspec.shape) or wspec.order:
             return None
         n, k = int(wspec.shape[0]), int(wspec.shape[1])
+        if w_kn:
+            n, k = k, n
         dtype = wspec.dtype
         if dtype not in FLOAT_DTYPES or aspec.dtype != dtype or ospec.dtype != dtype:
             return None
@@ -351,7 +360,9 @@ def find_sites(program: Program) -> list[Site]:
         if s.target == "aten._addmm_activation.default":
             activation = "gelu_tanh" if s.kwargs.get("use_gelu") is True else "relu"
         # the permute goes with the GEMM when nothing else reads the transposed view
-        library = ([p] if readers.get(b.name) == [i] and b.name not in outputs else []) + [i]
+        library = ([p] if p is not None and readers.get(b.name) == [i] and b.name not in outputs else []) + [
+            i
+        ]
         return dict(
             index=i,
             a=a.name,
@@ -364,6 +375,7 @@ def find_sites(program: Program) -> list[Site]:
             k=k,
             dtype=dtype,
             library=library,
+            w_kn=w_kn,
         )
 
     def a_key(name: str) -> tuple:
@@ -418,7 +430,8 @@ def find_sites(program: Program) -> list[Site]:
                     and readers.get(other["out"]) == [rd[0]]
                     and other["out"] not in outputs
                     and a_key(other["a"]) == a_key(g["a"])
-                    and (other["n"], other["k"], other["dtype"]) == (g["n"], g["k"], g["dtype"])
+                    and (other["n"], other["k"], other["dtype"], other["w_kn"])
+                    == (g["n"], g["k"], g["dtype"], g["w_kn"])
                     and not g["activation"]
                     and not set(other["library"]) & set(library)
                 ):
@@ -476,6 +489,7 @@ def find_sites(program: Program) -> list[Site]:
                 outputs=site_outputs,
                 reference=tuple(reference),
                 prologue=prologue,
+                w_kn=g["w_kn"],
             )
         )
     return sites
@@ -701,6 +715,8 @@ def _render_forms(
     for cfg in configs:
         if cfg.split_k != 1 and site.k < cfg.min_k:
             continue
+        if site.w_kn and not cfg.dot:
+            continue  # a one-row form reads W's rows along K: strided where W is [K, N]
         if cfg.split_k == 0:
             split = split_factor(site, cfg)
             if split < 2:
@@ -744,7 +760,7 @@ def _doc(site: Site, cfg: TileConfig, kind: str, grid: tuple[str, ...]) -> list[
     return [
         f"GEMM candidate {cfg.name} ({kind}): {_what(site)}.",
         "",
-        f"C[M, N] = A[M, K] @ W[N, K]^T with M = {ix.size_text(ix.parse_size(site.m))}, N = {site.n}, K = {site.k}, {site.dtype};",
+        f"C[M, N] = A[M, K] @ {'W[K, N]' if site.w_kn else 'W[N, K]^T'} with M = {ix.size_text(ix.parse_size(site.m))}, N = {site.n}, K = {site.k}, {site.dtype};",
         f"grid: ({', '.join(grid)},)",
     ]
 
@@ -790,14 +806,24 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
         lines += ["    " + ln for ln in _prologue_a(site)]
     for g in weights:
         if cfg.dot:
+            at = (
+                f"rk[:, None] * {site.n} + rn[None, :]"
+                if site.w_kn
+                else f"rn[None, :] * {site.k} + rk[:, None]"
+            )
             lines.append(
-                f"    w{g} = tl.load(w{g}_ptr + rn[None, :] * {site.k} + rk[:, None], "
+                f"    w{g} = tl.load(w{g}_ptr + {at}, "
                 f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
             )
             lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
         else:
+            at = (
+                f"rk[None, :] * {site.n} + rn[:, None]"
+                if site.w_kn
+                else f"rn[:, None] * {site.k} + rk[None, :]"
+            )
             lines.append(
-                f"    w{g} = tl.load(w{g}_ptr + rn[:, None] * {site.k} + rk[None, :], "
+                f"    w{g} = tl.load(w{g}_ptr + {at}, "
                 f"mask=mask_n[:, None]{kmask_a}, other=0.0)  # W tile: [BLOCK_N, BLOCK_K]"
             )
             lines.append(

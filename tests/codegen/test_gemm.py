@@ -55,7 +55,7 @@ def built(tmp_path_factory):
     try:
         base = tmp_path_factory.mktemp("gemm")
         out = {}
-        for name in ("gemm_mlp", "gemm_mlp32", "gemm_swiglu", "gemm_acts", "gemm_ln"):
+        for name in ("gemm_mlp", "gemm_mlp32", "gemm_swiglu", "gemm_acts", "gemm_ln", "gemm_conv1d"):
             model = MODELS / f"{name}.py"
             # the dual-GEMM models keep their siblings apart (--keep-siblings), or they would be stacked
             apart = name in ("gemm_swiglu", "gemm_acts")
@@ -72,6 +72,7 @@ SIZES = {
     "gemm_acts": [{"batch": m} for m in ROWS],
     "gemm_swiglu": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 8}, {"batch": 37, "seq": 1}],
     "gemm_ln": [{"batch": m} for m in ROWS],
+    "gemm_conv1d": [{"batch": m} for m in ROWS],
 }
 
 
@@ -84,6 +85,22 @@ def interpreted(built):
         [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=900
     )
     return dict(zip(names, results))
+
+
+def test_weights_stored_k_by_n_are_sites_read_as_stored(built):
+    """transformers' Conv1D (``addmm(b, x, W)`` with W [K, N]): each projection is a site, no
+    permute among its library steps, its kernels read W with N contiguous, and the one-row forms
+    (which stream W's rows along K) are left out."""
+    program = built["gemm_conv1d"][0].program
+    up, down = program.alternatives
+    assert [program.steps[i].target for i in up.library] == ["aten._addmm_activation.default"]
+    assert [program.steps[i].target for i in down.library][0] == "aten.addmm.default"
+    assert (up.n, up.k, down.n, down.k) == (192, 64, 64, 192)
+    kernels = {k.id: k for k in program.kernels}
+    for site in (up, down):
+        assert site.candidates and not any(c.name.startswith("vec_") for c in site.candidates)
+        source = kernels[site.candidates[0].steps[-1].target].source
+        assert f"rk[:, None] * {site.n} + rn[None, :]" in source and "W[K, N]" in source
 
 
 def test_sites_and_epilogues_found(built):
