@@ -98,7 +98,9 @@ def calls_cublas(step: Step) -> bool:
 def library_of(step: Step) -> str | None:
     """Which library a GPU run of ``step`` launches: ``"cublas"``, ``"cudnn"``, ``"attention"``
     (ATen's flash or memory-efficient attention), ``"aten"`` (ATen's other kernels), or None (a
-    kernel step of the bundle's, or a view, which launches nothing)."""
+    kernel step of the bundle's, or a view, which launches nothing). Every convolution counts as
+    cuDNN's, which is how the codegen lays them out to run (channels-last, half precision); ATen
+    keeps a few kernels of its own (an fp32 NCHW depthwise convolution may run one)."""
     if step.kind != StepKind.ATEN or step.target in VIEW_OPS:
         return None
     op = ".".join(step.target.split(".")[:2])

@@ -723,7 +723,7 @@ def _render_forms(
                 continue
             cfg = replace(cfg, split_k=split, name=cfg.name.replace("splitk", f"splitk{split}", 1))
         s, g = cfg.split_k, len(site.weights)
-        biggest = m_max * max(site.k, site.n * s * g, site.n)
+        biggest = max(m_max * max(site.k, site.n * s * g, site.n), site.k * site.n)
         index = "i64" if biggest >= 2**31 - 1 else "i32"
         if cfg.split_k == 1:
             kernels = [_render_fused(site, ep, cfg, index)]
@@ -776,10 +776,10 @@ def _indices(site: Site, index: str) -> list[str]:
     ]
 
 
-def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str = "i32") -> list[str]:
     """Accumulate ``acc{g}`` over ``k_offset <= k < k_offset + k_extent`` (and ``k < K``) in
     BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads (a dot's)
-    or unroll the steps (the dot-free form's)."""
+    or unroll the steps (the dot-free form's). ``index``: "i64" where W's offsets may pass 2**31."""
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     weights = range(len(site.weights))
     if cfg.dot:
@@ -806,8 +806,9 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[s
         lines += ["    " + ln for ln in _prologue_a(site)]
     for g in weights:
         if cfg.dot:
+            rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
             at = (
-                f"rk[:, None] * {site.n} + rn[None, :]"
+                f"{rk_w}[:, None] * {site.n} + rn[None, :]"
                 if site.w_kn
                 else f"rn[None, :] * {site.k} + rk[:, None]"
             )
@@ -1030,7 +1031,7 @@ def _render_fused(site: Site, ep: _Epilogue, cfg: TileConfig, index: str) -> Ren
     body = _indices(site, index)
     if site.prologue is not None:
         body += _prologue_stats(site, "(tl.program_id(1) == 0)")
-    body += _k_loop(site, cfg, "0", site.k) + _epilogue_lines(site, ep)
+    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
     params, signature, args = _params(site, ep, index, None, "fused")
     outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
     name = f"gemm_{_tag(site)}_{cfg.name}"
@@ -1045,7 +1046,7 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
     cast = ".to(tl.int64)" if index == "i64" else ""
     body = _indices(site, index)
     body.append(f"ks = tl.program_id(2){cast}")
-    body += _k_loop(site, cfg, f"ks * {chunk}", chunk)
+    body += _k_loop(site, cfg, f"ks * {chunk}", chunk, index)
     body.append("# each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order")
     for gi in range(g):
         body.append(

@@ -146,10 +146,11 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
         "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
         "BLOCK_P": block_p, "BLOCK_C": block_c,
     }  # fmt: skip
+    wide = ".to(tl.int64)" if index == "i64" else ""  # every index: one image may pass 2**31 too
     body = [
-        f"n = tl.program_id(0){'.to(tl.int64)' if index == 'i64' else ''}",
-        "p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)",
-        "ch = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)",
+        f"n = tl.program_id(0){wide}",
+        f"p = tl.program_id(1){wide} * BLOCK_P + tl.arange(0, BLOCK_P)",
+        f"ch = tl.program_id(2){wide} * BLOCK_C + tl.arange(0, BLOCK_C)",
         "p_ok = p < OH * OW",
         "c_ok = ch < C",
         "oy = p // OW",

@@ -243,6 +243,11 @@ class Runner:
         # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on
         self.tuning = read_tuning(bundle, programs, [e[2] for e in entries])
         self._entries: list[_Entry] = []
+        self._state_order = None
+        if self.device.type == "cuda" and self.state.tensors:
+            from aot.loader.gpu import StreamOrder
+
+            self._state_order = StreamOrder(self.device)
         arena = None
         if self.device.type == "cuda" and capture != "none":
             from aot.loader.gpu import Arena
@@ -365,7 +370,16 @@ class Runner:
     def reset(self, rows: int | Sequence[int] | None = None) -> None:
         """Zero the state (every row, or the given batch rows) before new sequences use it."""
         with self._state_lock:
+            self._after_last_state_call()
             self.state.reset(rows)
+
+    def _after_last_state_call(self) -> None:
+        """On a GPU: order this call's stream after the last call that touched the state on
+        another stream (``aot.loader.gpu.StreamOrder``); the caller holds ``_state_lock``."""
+        if self._state_order is not None:
+            from aot.loader.cuda import raw_stream
+
+            self._state_order.after_last_call(raw_stream(self.device.index))
 
     def _dispatch(
         self, values: list[Any], entries: list[_Entry] | None = None
@@ -418,7 +432,8 @@ class Runner:
             if entry.program.state:
                 if check_indices and entry.index_bounds:
                     check_index_bounds(entry.index_bounds, dict(zip(self.guards.names, values)))
-                with self._state_lock:  # calls share the state: one at a time
+                with self._state_lock:  # calls share the state: one at a time, in stream order
+                    self._after_last_state_call()
                     outputs = self._run(entry, values, sizes, buffers)
             else:
                 outputs = self._run(entry, values, sizes, buffers)

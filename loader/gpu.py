@@ -9,7 +9,8 @@ are copied out of the graph's static buffers before the lock is released, so the
 and a later call never overwrites them. The lock orders the launches, not the GPU work: a call on
 another stream than the runner's last call first waits for what that call enqueued, so its copy
 into the static inputs and its replay cannot run while the last call's graph, or its copies out
-of the pool, still do (``Arena.after_last_call``).
+of the pool, still do (``StreamOrder``). A stateful bundle orders every call and reset that touches
+its state the same way (``aot.loader.Runner``).
 
 Large outputs are not copied: where a bucket's outputs come to ``TAIL_MIN_BYTES`` or more and the
 last steps of the program are only what computes them (one library call or kernel per output, and
@@ -336,13 +337,22 @@ class Arena:
         # one stream per device for every runner's captures (not torch's stream pool: see there)
         self.stream, self.capture_lock = capture_stream(device)
         self.lock = threading.Lock()
+        self.order = StreamOrder(device)  # the pool and static inputs are shared by every call
+
+
+class StreamOrder:
+    """Orders the GPU work of calls that share memory (a graph's pool and static inputs, a
+    stateful bundle's state) across the streams they come on: a lock orders their launches, not
+    their work, so a call on another stream than the last one's first waits for what that call
+    enqueued. Free when every call comes on one stream, as most do."""
+
+    def __init__(self, device: torch.device):
         self.device = device
-        self.last_stream: int | None = None  # the stream the last replay was launched on
+        self.last_stream: int | None = None  # the stream the last call was launched on
 
     def after_last_call(self, stream: int) -> None:
-        """Order ``stream`` (a raw handle; the caller holds ``lock``) after the work the last call
-        launched on another stream: the pool and static inputs are shared by every call. Free when
-        every call comes on one stream, as most do."""
+        """Order ``stream`` (a raw handle; the caller holds the lock of what is shared) after the
+        work the last call launched on another stream."""
         last = self.last_stream
         if last is not None and last != stream:
             here = torch.cuda.ExternalStream(stream, device=self.device)
@@ -508,7 +518,7 @@ class GraphRunner:
         copied)."""
         with self.lock:
             stream = raw_stream(self.device_index)
-            self.arena.after_last_call(stream)  # before a capture too: it warms up in the shared pool
+            self.arena.order.after_last_call(stream)  # before a capture too: it warms up in the shared pool
             captured = self.graphs.get(key)
             if captured is None and self.state is not None:
                 # the warm-up ran this very call (its state writes included): its outputs are the call's

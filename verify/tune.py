@@ -71,9 +71,6 @@ REPLAYS = 10  # copies of the form captured back to back in one graph (launch co
 WARMUP = 3
 TIME_DECIMALS = 2  # microseconds
 
-# ATen ops (overload packets) whose CUDA kernels call cuBLAS or cuBLASLt: the first such call in a
-# process loads cuBLAS's kernels and allocates its workspace (~96-98 MiB on an H100, torch 2.11).
-
 
 @dataclass(frozen=True)
 class TuneResult:

@@ -148,7 +148,7 @@ def test_calls_on_two_streams_never_replay_at_once(eager):
     waits for what the first enqueued on its stream: the static inputs and the pool are shared).
     With that ordering taken out, the same calls give wrong results: the test can fail."""
     from aot.loader import load
-    from aot.loader.gpu import Arena
+    from aot.loader.gpu import StreamOrder
     from aot.tracer import example_inputs
 
     runner = load(_bundle("mlp"), device="cuda")
@@ -159,12 +159,12 @@ def test_calls_on_two_streams_never_replay_at_once(eager):
     runner(xs[0])  # captured before the race
     torch.cuda.synchronize()
     assert _two_stream_mismatches(runner, xs, wants) == 0
-    ordered = Arena.after_last_call
+    ordered = StreamOrder.after_last_call
     try:
-        Arena.after_last_call = lambda self, stream: None
+        StreamOrder.after_last_call = lambda self, stream: None
         assert _two_stream_mismatches(runner, xs, wants) > 0
     finally:
-        Arena.after_last_call = ordered
+        StreamOrder.after_last_call = ordered
 
 
 def test_concurrent_calls_with_graphs(eager):
