@@ -57,3 +57,22 @@ def failing_candidates(
     pack(replace(compiled, program=replace(program, kernels=kernels)), out)
     (result,) = interpret_in_subprocess([(out, model, [sizes], None, True)], timeout=600)
     return {c.name for c in next(iter(result.values())) if not c.ok}
+
+
+def interpreted_json(script: str, timeout: float = 300):
+    """Run ``script`` in a fresh Python with ``TRITON_INTERPRET=1`` (a kernel called on CPU
+    tensors) and return the JSON its last printed line holds."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -6,16 +6,13 @@ channels-last convolution reads is copied NHWC by a kernel; the CPU path agrees 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from aot.schema import StepKind
+from tests.codegen.conftest import interpreted_json
 
 MODEL = """
 import torch
@@ -147,15 +144,7 @@ print(json.dumps([
     bool(torch.equal(out[~nan], want[~nan])), bool((out[~nan] < 0).all()),
 ]))
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    same_nans, n_nan, in_channel, same_values, all_negative = json.loads(done.stdout.strip().splitlines()[-1])
+    same_nans, n_nan, in_channel, same_values, all_negative = interpreted_json(script)
     assert same_nans and n_nan > 0 and in_channel and same_values and all_negative
 
 
