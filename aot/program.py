@@ -8,7 +8,7 @@ and the verifiers run them; all of them ask these questions here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
@@ -109,6 +109,15 @@ def library_of(step: Step) -> str | None:
     if op in CUDNN_OPS:
         return "cudnn"
     return "attention" if op in ATTENTION_OPS else "aten"
+
+
+def fresh_name(base: str, *taken: Container[str]) -> str:
+    """``base``, with ``_`` appended until none of ``taken`` (buffer specs, names) holds it: the
+    name of a buffer a rewrite adds."""
+    name = base
+    while any(name in t for t in taken):
+        name += "_"
+    return name
 
 
 def buffers_in(value: Any) -> Iterator[str]:

@@ -174,13 +174,15 @@ def generate(
     distinct = list(dict.fromkeys(ids))
     by_id = {i: g.rendered for i, g in zip(ids, groups)}
     # embedding lookups and max pools: a Triton kernel each, so a call launches no ATen kernel for them
-    standalone: dict[str, tuple[str, Any, Any]] = {}  # the replaced step's output -> its kernel
+    # the replaced step's output -> (its kernel's id, the kernel, the step it was rendered from)
+    standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
     sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
     for step, r in sites:
         if r is not None:
-            standalone[step.outputs[0]] = kernel_id(r.source, r.signature, r.config), r, step
-            by_id[standalone[step.outputs[0]][0]] = r
+            k = kernel_id(r.source, r.signature, r.config)
+            standalone[step.outputs[0]] = k, r, step
+            by_id[k] = r
     partition_s = time.perf_counter() - start
     say(
         f"  fused {sum(len(g.members) for g in groups)} ATen ops into {len(groups)} kernel launches "
@@ -201,17 +203,17 @@ def generate(
         say(f"  warning: fusion produced an unschedulable program ({e}); every step stays an ATen call")
         kept, steps = [], program.steps
     alone = {out: site for out, site in standalone.items() if site[0] not in failed}
-    steps = tuple(
-        standalone_step(s, alone[s.outputs[0]][1], alone[s.outputs[0]][0], alone[s.outputs[0]][2])
-        if s.kind == StepKind.ATEN
-        and s.outputs
-        and s.outputs[0] in alone
-        and s.target == alone[s.outputs[0]][2].target
-        else s
-        for s in steps
-    )
+
+    def on_its_own(s):  # the ATen step a standalone kernel replaces, as that kernel's step
+        site = alone.get(s.outputs[0]) if s.kind == StepKind.ATEN and s.outputs else None
+        if site is None or s.target != site[2].target:
+            return s
+        k, r, source = site
+        return standalone_step(s, r, k, source)
+
+    steps = tuple(map(on_its_own, steps))
     kernels, cubins = [], {}
-    for k in dict.fromkeys([*(i for _, i in kept), *(site[0] for site in alone.values())]):
+    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _, _ in alone.values())]):
         kernels.append(kernel_record(k, by_id[k], results, archs))
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin

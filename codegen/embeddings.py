@@ -28,7 +28,7 @@ from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
 from aot.dtypes import ITEMSIZE
-from aot.program import step_reads, tensor_specs
+from aot.program import fresh_name, step_reads, tensor_specs
 from aot.schema import Buf, DType, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 EMBEDDING = "aten.embedding.default"
@@ -143,9 +143,7 @@ def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) ->
         if len(ids_shape) == 1:  # [T] ids: the slice is the lookup
             replaced[i] = [Step(StepKind.ATEN, "aten.slice.Tensor", (table, 0, start, end_arg), {}, (out,))]
         else:  # [1, T] ids and the like: the slice viewed to the lookup's shape
-            rows = f"{out}_rows"
-            while rows in specs or rows in buffers:
-                rows += "_"
+            rows = fresh_name(f"{out}_rows", specs, buffers)
             buffers[rows] = TensorSpec(spec.dtype, (ix.size_text(ix.parse_size(end) - start), spec.shape[1]))
             shape = [Sym(d) if not d.isdigit() else int(d) for d in (*ids_shape, spec.shape[1])]
             replaced[i] = [

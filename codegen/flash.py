@@ -33,7 +33,7 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.gemm import FLOAT_DTYPES, SAME_INDEX_VIEWS
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.launch import max_value
+from aot.codegen.launch import MAX_GRID_YZ, max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
@@ -47,7 +47,6 @@ _SPLITS = ("aten.split_with_sizes.default", "aten.split.Tensor")
 _CLONE = "aten.clone.default"
 MAX_HEAD_DIM = 256  # the queries' rows of a block stay in registers
 LOG2E = 1.4426950408889634
-MAX_GRID_Y = 65535
 
 
 @dataclass(frozen=True)
@@ -386,7 +385,7 @@ def render_attention(
     return [
         (cfg, _render(site, cfg, index))
         for cfg in (CONFIGS if configs is None else configs)
-        if -(-t_max // cfg.block_m) <= MAX_GRID_Y  # query blocks on the grid's second axis
+        if -(-t_max // cfg.block_m) <= MAX_GRID_YZ  # query blocks on the grid's second axis
     ]
 
 

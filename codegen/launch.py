@@ -38,6 +38,7 @@ TILE_MIN = 16  # tile only when both the rows and the columns reach this
 LOOP_BLOCK = 2048  # reduced elements per iteration of a looped reduction
 LOOP_WARPS = 8
 NUM_STAGES = 1  # no software pipelining: the kernels do no dot products
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's second and third axes (the first: 2**31 - 1)
 INT32_LIMIT = 2**31 - 1
 
 

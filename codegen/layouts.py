@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from aot.codegen.classify import classify
 from aot.layout import CHANNELS_LAST
-from aot.program import VIEW_OPS, buffers_in, tensor_specs
+from aot.program import VIEW_OPS, buffers_in, fresh_name, tensor_specs
 from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
@@ -226,9 +226,7 @@ def relayout_conv_inputs(program: Program) -> tuple[Program, int]:
             steps.append(step)
             continue
         if x.name not in copies:
-            name = f"{x.name}_nhwc"
-            while name in specs or name in buffers:
-                name += "_"
+            name = fresh_name(f"{x.name}_nhwc", specs, buffers)
             copies[x.name] = name
             buffers[name] = replace(spec, order=CHANNELS_LAST)
             steps.append(Step(StepKind.ATEN, "aten.clone.default", (x,), {}, (name,)))

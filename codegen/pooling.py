@@ -20,15 +20,15 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.gemm import FLOAT_DTYPES
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.launch import max_value
+from aot.codegen.launch import MAX_GRID_YZ, max_value
 from aot.codegen.render import Rendered
+from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import step_reads, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
 
 MAX_POOLS = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
 MAX_WINDOW = 64  # kernel_h * kernel_w unrolled in the kernel
-GRID_YZ = 65535  # CUDA's limit on a grid's second and third axes
 TILE = 2048  # output elements per program instance
 HEURISTIC = "max-pool-v1"
 
@@ -66,15 +66,13 @@ def _window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | N
 
 
 def _strides(spec: TensorSpec) -> list[int]:
-    """Element strides of a static 4-D tensor laid out in ``spec.order`` (row-major when empty)."""
-    shape = [int(d) if d.isdigit() else None for d in spec.shape]
-    order = list(spec.order) or list(range(len(shape)))
-    strides = [0] * len(shape)
-    step = 1
-    for dim in reversed(order):
-        strides[dim] = step
-        step *= shape[dim] if shape[dim] is not None else 0
-    return strides
+    """Element strides of a 4-D tensor laid out in ``spec.order`` (row-major when empty), the
+    batch outermost: every stride static."""
+    order = list(spec.order) or list(range(len(spec.shape)))
+    out = [0] * len(order)
+    for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
+        out[dim] = int(stride)
+    return out
 
 
 def pool_sites(program: Program) -> list[Step]:
@@ -117,7 +115,7 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
     block_c = min(128, 1 << max(0, (c - 1).bit_length()))
     block_p = min(max(1, TILE // block_c), 1 << max(0, (oh * ow - 1).bit_length()))
     grid_p, grid_c = -(-oh * ow // block_p), -(-c // block_c)
-    if grid_p > GRID_YZ or grid_c > GRID_YZ:
+    if grid_p > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
         return None
     batch = ix.parse_size(x.shape[0])
     biggest = max_value(batch, ranges) * max(c * h * w, c * oh * ow)
@@ -169,7 +167,7 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
         "        acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)",
         "tl.store(",
         "    out_ptr + n * ON + (oy * OH_S + ox * OW_S)[:, None] + ch[None, :] * OC,",
-        f"    acc.to(tl.{_TL[x.dtype]}),",
+        f"    acc.to({TL_TYPE[STORAGE[x.dtype]]}),",
         "    mask=p_ok[:, None] & c_ok[None, :],",
         ")",
     ]
@@ -196,6 +194,3 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
         ops=(step.target,),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
     )
-
-
-_TL = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}

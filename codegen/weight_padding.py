@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aot.program import step_reads
+from aot.program import fresh_name, step_reads
 from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
 
 PAD_TO = 64
@@ -79,9 +79,7 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
                 Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(wide), 1, 0, n), {}, (out,)),
             )
         if lookups:
-            rows = f"{name}_rows"
-            while rows in buffers or rows in specs:
-                rows += "_"
+            rows = fresh_name(f"{name}_rows", buffers, specs)
             buffers[rows] = TensorSpec(spec.dtype, (str(n), k))
             first = min(program.steps.index(u) for u in lookups)
             head = Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(name), 0, 0, n), {}, (rows,))
