@@ -22,6 +22,7 @@ from aot.aten import DTYPES, resolve_op, state_writes_checked
 from aot.errors import BundleError, EnvError, GuardError
 from aot.layout import check_order
 from aot.loader.bundle import Bundle, open_bundle
+from aot.loader.cuda import raw_stream
 from aot.loader.guards import GuardChecker
 from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
@@ -377,8 +378,6 @@ class Runner:
         """On a GPU: order this call's stream after the last call that touched the state on
         another stream (``aot.loader.gpu.StreamOrder``); the caller holds ``_state_lock``."""
         if self._state_order is not None:
-            from aot.loader.cuda import raw_stream
-
             self._state_order.after_last_call(raw_stream(self.device.index))
 
     def _dispatch(
