@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 6)
+SCHEMA_VERSION = (1, 7)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -227,6 +227,9 @@ class Kernel:
     config: dict[str, Any]  # block sizes and the heuristic that chose them
     bytes_moved: str  # estimate of bytes read + written, as expression text
     scratch_params: int = 2  # trailing pointer params Triton's ABI appends
+    # the archs whose cubin waits for the kernel before it (griddepcontrol.wait) before touching
+    # memory: there the loader may launch it early (programmatic dependent launch)
+    dependent_launch: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)
@@ -485,6 +488,10 @@ class TuningCheck:
     tuned_us: float
     kept: bool
     library_free: bool = field(default=False, metadata=OMIT_EMPTY)
+    # the choices are every site's fastest candidate that matched the library, taken because the
+    # whole program ran faster with them than with the choices made site by site (a kernel among
+    # kernels launched early, programmatic dependent launch, gains what it does not alone)
+    whole_plan: bool = field(default=False, metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

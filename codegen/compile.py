@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from aot.schema import KERNEL_SOURCE_FORMAT
 
 CACHE_ENV = "AOTPACK_CACHE_DIR"
-CACHE_FORMAT = 2  # bump when what an entry holds changes
+CACHE_FORMAT = 3  # bump when what an entry holds changes
 POINTER_ALIGNMENT = 16  # root buffers are fresh allocations: pointers may assume 16-byte alignment
 # Line info names the files of inlined Triton library code by absolute path (the build machine's
 # site-packages), which would make cubins differ between machines; off, builds are reproducible.
@@ -76,6 +76,7 @@ META_FIELDS = {
     "global_scratch_size": int,
     "profile_scratch_size": int,
     "ptx_params": int,
+    "dependent_launch": int,  # 1: the cubin waits for the kernel before (GDC), may launch early
     "cubin_sha256": str,
 }
 
@@ -120,14 +121,30 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def load_function(kernel_id: str, name: str, source: str):
-    """The ``@triton.jit`` function of ``source``, with the bundle's file name as its source file."""
+def load_function(kernel_id: str, name: str, source: str, dependent_launch: bool = False):
+    """The ``@triton.jit`` function of ``source``, with the bundle's file name as its source file;
+    ``dependent_launch``: the module's ``GDC`` set true (``kernel_source.DEPENDENT_LAUNCH``)."""
     filename = KERNEL_SOURCE_FORMAT.format(kernel=kernel_id)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(f"aotpack_kernel_{kernel_id}")
     module.__file__ = filename
     exec(compile(source, filename, "exec"), module.__dict__)
+    if dependent_launch:
+        import triton.language as tl
+
+        module.GDC = tl.constexpr(True)
     return getattr(module, name)
+
+
+def dependent_launch(arch: str, source: str) -> bool:
+    """Whether ``source`` compiles for ``arch`` with programmatic dependent launch: from sm_90 on,
+    where the kernel has the ``GDC`` switch and this Triton has the grid-dependency calls."""
+    if arch_number(arch) < 90 or "\nGDC = tl.constexpr(" not in source:
+        return False
+    import triton.language as tl
+
+    cuda = getattr(tl.extra, "cuda", None)
+    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
 
 
 def _ptx_params(ptx: str, name: str) -> int:
@@ -193,7 +210,8 @@ def _compile(job: Job) -> tuple[bytes, dict[str, Any]]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = load_function(job.kernel_id, job.name, job.source)
+    gdc = dependent_launch(job.arch, job.source)
+    fn = load_function(job.kernel_id, job.name, job.source, gdc)
     attrs = {
         (i,): [["tt.divisibility", POINTER_ALIGNMENT]]
         for i, t in enumerate(job.signature.values())
@@ -219,6 +237,7 @@ def _compile(job: Job) -> tuple[bytes, dict[str, Any]]:
         "global_scratch_size": int(getattr(md, "global_scratch_size", 0) or 0),
         "profile_scratch_size": int(getattr(md, "profile_scratch_size", 0) or 0),
         "ptx_params": _ptx_params(compiled.asm["ptx"], md.name),
+        "dependent_launch": int(gdc and "griddepcontrol.wait" in compiled.asm["ptx"]),
         "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
     }
 

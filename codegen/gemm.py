@@ -110,6 +110,14 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
     TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
     TileConfig("tile_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, max_m=64),  # decode, batch 1
+    # Middle M (a prompt of one sequence, 17-512 rows): 64-row tiles with long K steps and four
+    # stages, narrow in N so that a 768-wide output still spreads over 24-48 blocks. At 128 rows
+    # on an H100 with cold weights (bench/gemm_sweep.py, bench/results/gemm-sweep-m128-*.json):
+    # qkv 768 -> 2304 4.85 us against cuBLAS's 4.84, attention out 768 -> 768 3.87 against 4.23,
+    # fc 768 -> 3072 with GELU 5.78 against 5.76 (cuBLASLt's fused epilogue), mlp out 3072 -> 768
+    # 8.98 against 7.28.
+    TileConfig("tile_64x64x128", 64, 64, 128, num_warps=4, num_stages=4, min_m=17, max_m=512),
+    TileConfig("tile_64x32x128", 64, 32, 128, num_warps=4, num_stages=4, min_m=17, max_m=512),
     TileConfig("tile_64x128x64", 64, 128, 64, num_warps=4, num_stages=3),
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
     TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),

@@ -378,12 +378,28 @@ def write_loop(
             w.outer.append(store(i, w.value(out_nodes[i], w.row_lin), out_dtypes[i], w, "row"))
 
 
+# Programmatic dependent launch (sm_90 on): the loader may start a kernel while the one before it
+# still runs, so that its blocks are resident and launched when that one ends. Every kernel first
+# waits (griddepcontrol.wait: the kernel before has finished and its writes are visible) and only
+# then touches memory, reads and writes alike, so no buffer the kernel before reads is overwritten
+# early; then it lets the kernel after it start. The build compiles sm_90+ cubins with GDC true
+# (codegen/compile.py) and records those archs in ``Kernel.dependent_launch``; elsewhere, and in
+# Triton's interpreter, GDC is false and the lines compile to nothing.
+DEPENDENT_LAUNCH = ("GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel",)
+GDC_PROLOGUE = (
+    "if GDC:  # wait for the kernel before (its writes), then let the kernel after start",
+    "    tl.extra.cuda.gdc_wait()",
+    "    tl.extra.cuda.gdc_launch_dependents()",
+)
+
+
 def kernel_module(
     doc: list[str], consts: dict[str, Any], name: str, signature: dict[str, str], body: list[str]
 ) -> str:
     """A kernel's module, as every kernel the codegen writes has it: the docstring (``doc``, one
-    line each), the imports, one ``tl.constexpr`` per entry of ``consts``, and the ``@triton.jit``
-    function, its body opened by a comment listing the signature."""
+    line each), the imports, one ``tl.constexpr`` per entry of ``consts``, ``GDC`` (see
+    ``DEPENDENT_LAUNCH``), and the ``@triton.jit`` function, its body opened by a comment listing
+    the signature and the wait for the kernel before."""
     head = [
         f'"""{doc[0]}',
         *doc[1:],
@@ -393,12 +409,13 @@ def kernel_module(
         "import triton.language as tl",
         "",
         *(f"{k} = tl.constexpr({v})" for k, v in consts.items()),
+        *DEPENDENT_LAUNCH,
         "",
         "",
         "@triton.jit",
         f"def {name}({', '.join(signature)}):",
     ]
-    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *body]
+    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *GDC_PROLOGUE, *body]
     return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
 
 

@@ -78,6 +78,7 @@ def kernel_record(kernel_id: str, r: Rendered, results: dict, archs: tuple[str, 
         config=dict(r.config, global_scratch_size=0, profile_scratch_size=0, signature=dict(r.signature)),
         bytes_moved=r.bytes_moved,
         scratch_params=ptx_params - len(r.params),
+        dependent_launch=tuple(a for a in archs if results[(kernel_id, a)].meta["dependent_launch"]),
     )
 
 

@@ -5,11 +5,18 @@
 user arguments, then ``scratch_params`` trailing pointers (global and profile scratch), passed as
 NULL since the build only emits kernels that need none. Dynamic shared memory above 48 KiB needs
 ``cuFuncSetAttribute`` first.
+
+A kernel whose cubin waits for the kernel before it (``Kernel.dependent_launch``) is launched with
+``cuLaunchKernelEx`` and the programmatic-stream-serialization attribute, so the GPU may start it
+before the kernel before it ends (its blocks wait inside; see ``codegen.kernel_source``); stream
+capture records that as a programmatic edge of the CUDA graph. That needs a driver of CUDA 12.3 or
+later; ``AOTPACK_DEPENDENT_LAUNCH=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any
 
@@ -17,6 +24,25 @@ from aot.errors import EnvError
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 DEFAULT_SHARED_LIMIT = 48 * 1024
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+DEPENDENT_LAUNCH_DRIVER = 12030  # CUDA 12.3: programmatic edges in captured graphs
+DEPENDENT_LAUNCH_ENV = "AOTPACK_DEPENDENT_LAUNCH"
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -69,6 +95,13 @@ def driver() -> ctypes.CDLL:
             lib.cuGraphExecDestroy.argtypes = [ctypes.c_void_p]
             lib.cuGraphDestroy.argtypes = [ctypes.c_void_p]
             lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+            if hasattr(lib, "cuLaunchKernelEx"):  # CUDA 12.0 on
+                lib.cuLaunchKernelEx.argtypes = [
+                    ctypes.POINTER(_LaunchConfig),
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                ]
             _lib = lib
     return _lib
 
@@ -85,6 +118,14 @@ def driver_version() -> int:
     v = ctypes.c_int()
     check(driver().cuDriverGetVersion(ctypes.byref(v)), "cuDriverGetVersion")
     return v.value
+
+
+def dependent_launch_allowed() -> bool:
+    """Whether kernels built for it may launch early here: a driver of CUDA 12.3 or later, and
+    ``AOTPACK_DEPENDENT_LAUNCH`` not ``0``."""
+    if os.environ.get(DEPENDENT_LAUNCH_ENV, "1") == "0":
+        return False
+    return driver_version() >= DEPENDENT_LAUNCH_DRIVER and hasattr(driver(), "cuLaunchKernelEx")
 
 
 class Context:
@@ -223,7 +264,9 @@ class Graph:
 class Function:
     """One kernel of one loaded cubin."""
 
-    def __init__(self, cubin: bytes, name: str, shared: int, num_warps: int):
+    def __init__(self, cubin: bytes, name: str, shared: int, num_warps: int, dependent: bool = False):
+        """``dependent``: the cubin waits for the kernel before it, so it launches early
+        (``dependent_launch_allowed`` decides whether it may)."""
         lib = driver()
         self._image = ctypes.create_string_buffer(cubin, len(cubin))  # must outlive the load call
         module = ctypes.c_void_p()
@@ -242,8 +285,26 @@ class Function:
         self.name = name
         self.shared = shared
         self.block = 32 * num_warps
+        self.dependent = dependent
+        if dependent:
+            self._attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            self._attr.value[0] = 1  # programmaticStreamSerializationAllowed
 
     def launch(self, grid: tuple[int, int, int], stream: int, params: ctypes.Array) -> None:
+        if self.dependent:
+            config = _LaunchConfig(
+                (ctypes.c_uint * 3)(*grid),
+                (ctypes.c_uint * 3)(self.block, 1, 1),
+                self.shared,
+                stream,
+                ctypes.pointer(self._attr),
+                1,
+            )
+            check(
+                _lib.cuLaunchKernelEx(ctypes.byref(config), self.handle, params, None),
+                f"cuLaunchKernelEx({self.name})",
+            )
+            return
         check(
             _lib.cuLaunchKernel(
                 self.handle, grid[0], grid[1], grid[2], self.block, 1, 1, self.shared, stream, params, None

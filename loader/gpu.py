@@ -35,6 +35,7 @@ from aot.loader.cuda import (
     Function,
     Graph,
     capture_stream,
+    dependent_launch_allowed,
     driver_version,
     pack_params,
     raw_stream,
@@ -233,10 +234,12 @@ class GpuProgram:
         self.specs = tensor_specs(program)
         self.arch = None
         self._functions: dict[str, Function] = {}
+        self.dependent_launch = False
         if self.kernels:
             archs = bundle.manifest.environment.archs
             self.arch = pick_arch(tuple(archs), torch.cuda.get_device_capability(device))
             check_driver(bundle.manifest.environment.cuda_built.get(self.arch, ""), driver_version())
+            self.dependent_launch = dependent_launch_allowed()
             for k in self.kernels.values():
                 if self.arch not in k.archs:
                     raise EnvError(
@@ -258,7 +261,11 @@ class GpuProgram:
                 KERNEL_CUBIN_FORMAT.format(kernel=kernel.id, arch=self.arch)
             )  # sha256 checked
             self._functions[kernel.id] = Function(
-                cubin, kernel.name, int(kernel.shared.get(self.arch, 0)), kernel.num_warps
+                cubin,
+                kernel.name,
+                int(kernel.shared.get(self.arch, 0)),
+                kernel.num_warps,
+                dependent=self.arch in kernel.dependent_launch and self.dependent_launch,
             )
         return self._functions[kernel.id]
 

@@ -244,6 +244,8 @@ def parse_tuning(
         checked_at.add(key)
         if not check.kept and key in plans:
             raise BundleError(f"{what}: the choices were set back to the library, yet a candidate is chosen")
+        if check.whole_plan and not check.kept:
+            raise BundleError(f"{what}: whole_plan says a plan stood, yet kept is false")
         if check.library_free:
             if not check.kept:
                 raise BundleError(f"{what}: library_free says the choices stand, yet kept is false")

@@ -12,11 +12,15 @@ the median per run, less that of the L2 write alone (timed once), counts. (Witho
 timed alone reads its weights from L2 from the second copy on, which in a call, one GEMM after another
 over different weights, it never does: on an H200 the mlp's tuned bundle came out slower than its
 untuned one.) A candidate is chosen only when it beats the library by ``MIN_GAIN``. Then, per
-bucket where some site chose a candidate, the whole program is timed (one call a replay, buffers
-dropped as a call drops them) with the library steps and with the chosen candidates; the choices
-stand only when the whole program is faster with them by ``WHOLE_MIN_GAIN`` (beyond the noise of
-two timings), else every site of the bucket goes back to the library (``TuningCheck``, recorded
-beside the choices).
+bucket where some site has a candidate that matched, the whole program is timed (one call a
+replay, buffers dropped as a call drops them) with the library steps, with the chosen candidates,
+and with every site on its fastest matching candidate (``fastest_plan``), win or lose alone: on
+sm_90 the kernels launch early, each waiting inside for the one before (programmatic dependent
+launch), which a kernel timed alone does not show and a library call between two kernels stops.
+The whole plan replaces the choices when it is faster than they are by ``WHOLE_MIN_GAIN``; the
+plan that is left stands only when the whole program is faster with it than with the library by
+``WHOLE_MIN_GAIN`` (beyond the noise of two timings), else every site of the bucket goes back to
+the library (``TuningCheck``, recorded beside the choices; ``whole_plan`` says which plan stood).
 
 Last, the library-free plan (``library_free_plan``; ``--no-library-free`` skips it). The first
 cuBLAS call in a process loads cuBLAS's kernels and allocates its workspace (96-98 MiB on an H100);
@@ -197,6 +201,7 @@ def time_program(
 
 CHECKS_SCHEMA = (1, 4)  # the schema that brought TuningTable.checks
 LIBRARY_FREE_SCHEMA = (1, 6)  # the schema that brought TuningCheck.library_free
+WHOLE_PLAN_SCHEMA = (1, 7)  # the schema that brought TuningCheck.whole_plan
 
 
 def choose(times_us: dict[str, float], min_gain: float = MIN_GAIN) -> str:
@@ -337,6 +342,17 @@ def _tune_site(
     return TuningChoice(index, site.id, sizes, choose(times), times, tuple(rejected))
 
 
+def fastest_plan(bucket: Sequence[TuningChoice]) -> dict[str, str]:
+    """Every site of ``bucket`` on its fastest candidate that matched the library (ties: first in
+    sort order), whether or not it beat the library alone; sites with none keep the library."""
+    plan = {}
+    for c in bucket:
+        matched = sorted(k for k in c.times_us if k not in (LIBRARY, *c.rejected))
+        if matched:
+            plan[c.site] = min(matched, key=lambda k: c.times_us[k])
+    return plan
+
+
 def check_bucket(
     index: int,
     gpu: Any,
@@ -346,19 +362,30 @@ def check_bucket(
     dev,
     repeats: int,
 ) -> tuple[list[TuningChoice], TuningCheck | None]:
-    """Time the whole program at ``sizes`` with the library steps and with ``bucket``'s chosen
-    candidates; the choices as they stand when the tuned program is faster by ``WHOLE_MIN_GAIN``,
-    else set back to the library. No check (None) where every site kept the library."""
+    """Time the whole program at ``sizes`` with the library steps, with ``bucket``'s chosen
+    candidates and with every site on its fastest matching candidate (``fastest_plan``, where
+    that differs: kernels launched one after another gain together what each does not alone);
+    the faster of the two plans, the whole plan only when faster by ``WHOLE_MIN_GAIN``, stands
+    when it beats the library by ``WHOLE_MIN_GAIN``, else every site goes back to the library.
+    No check (None) where no site has a candidate that matched."""
     chosen = {c.site: c.choice for c in bucket if c.choice != LIBRARY}
-    if not chosen:
+    fastest = fastest_plan(bucket)
+    if not chosen and not fastest:
         return bucket, None
     library_us = time_program(gpu.calls, gpu.frees, given, sizes, dev, repeats)
-    calls, frees = gpu.prepare(plan_steps(gpu.program, chosen))
-    tuned_us = time_program(calls, frees, given, sizes, dev, repeats)
+    tuned_us = math.inf
+    if chosen:
+        tuned_us = time_program(*gpu.prepare(plan_steps(gpu.program, chosen)), given, sizes, dev, repeats)
+    whole = False
+    if fastest != chosen:
+        fastest_us = time_program(*gpu.prepare(plan_steps(gpu.program, fastest)), given, sizes, dev, repeats)
+        if fastest_us <= (1.0 - WHOLE_MIN_GAIN) * tuned_us:  # (inf where nothing was chosen)
+            bucket = [replace(c, choice=fastest.get(c.site, LIBRARY)) for c in bucket]
+            tuned_us, whole = fastest_us, True
     kept = tuned_us <= (1.0 - WHOLE_MIN_GAIN) * library_us
     if not kept:
         bucket = [replace(c, choice=LIBRARY) for c in bucket]
-    return bucket, TuningCheck(index, dict(sizes), library_us, tuned_us, kept)
+    return bucket, TuningCheck(index, dict(sizes), library_us, tuned_us, kept, whole_plan=whole and kept)
 
 
 # (program index, bucket sizes, plans: site -> candidate, {} for the library steps) -> the whole
@@ -510,6 +537,8 @@ def _describe_library_free(freed: LibraryFree) -> str:
 
 def _describe_check(entry: str, c: TuningCheck) -> str:
     verdict = "the choices stand" if c.kept else "every site back to the library"
+    if c.whole_plan:
+        verdict = "every site on its fastest candidate (the whole program is faster so)"
     return (
         f"  [{entry}] whole program at {', '.join(f'{k}={v}' for k, v in c.sizes.items())}: "
         f"library {c.library_us:.2f}µs, tuned {c.tuned_us:.2f}µs -> {verdict}"
@@ -703,5 +732,7 @@ def write_tuned(path: str | os.PathLike, output: str | os.PathLike, table: Tunin
         new = replace(new, schema_version=max(tuple(new.schema_version), CHECKS_SCHEMA))
     if any(c.library_free for c in table.checks):
         new = replace(new, schema_version=max(tuple(new.schema_version), LIBRARY_FREE_SCHEMA))
+    if any(c.whole_plan for c in table.checks):
+        new = replace(new, schema_version=max(tuple(new.schema_version), WHOLE_PLAN_SCHEMA))
     write_archive(output, serde.canonical_json(new), members)
     return signed

@@ -28,6 +28,9 @@ PINNED = {
     (1, 5): "a0cbbe479a2b1e9494cc92c819c4b5c5c7f9a1842e4210f53943a20297a937dc",
     # a bucket's plan kept for leaving no cuBLAS call (TuningCheck.library_free, omitted when false)
     (1, 6): "cf1afdb7efc96f976129ee23c0fb9d6a073e613f80711025d99afb732fc55af1",
+    # the archs whose cubins launch early (Kernel.dependent_launch) and a bucket's plan of every
+    # site's fastest candidate (TuningCheck.whole_plan), both omitted when empty
+    (1, 7): "ddc76d007178d85ce5f50710c3e4629c3f4e8e05c0d6be5b24f8c177d9281380",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

@@ -33,6 +33,12 @@ def test_compile_for_two_archs_and_cache(pattern, tmp_path, monkeypatch):
         assert res.meta["ptx_params"] == len(kernel.params) + 2  # Triton appends two scratch pointers
         results[arch] = res
     assert results["sm_80"].cubin != results["sm_90"].cubin
+    # sm_90's cubin waits for the kernel before it (programmatic dependent launch), sm_80's cannot
+    assert (results["sm_80"].meta["dependent_launch"], results["sm_90"].meta["dependent_launch"]) == (0, 1)
+    assert cc.dependent_launch("sm_90", kernel.source) and not cc.dependent_launch("sm_89", kernel.source)
+    assert compiled.program.kernels[0].dependent_launch == tuple(
+        a for a in compiled.program.kernels[0].archs if cc.arch_number(a) >= 90
+    )
     entries = sorted(p.name for p in (tmp_path / "cache").glob("??/*"))  # <key[:2]>/<key>.{cubin,json}
     assert len(entries) == 4 and not [e for e in entries if e.endswith(".tmp")]
     again = cc.compile_job(_job(compiled, "sm_90"))

@@ -594,8 +594,85 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
     assert "; 1 bucket(s) set back to the library by the whole-program check" in summary_text(m, info)
     tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w2.tpk", replace(set_back, checks=()))
     assert load(tmp_path / "w2.tpk").manifest.schema_version == (1, 3)  # no checks: readable as before
-    got_none, none = tune_mod.check_bucket(0, Gpu(), got, {}, sizes, None, 5)  # times nothing
-    assert none is None and got_none == got  # nothing chosen: nothing to check
+    unmatched = [replace(c, rejected=tuple(k for k in c.times_us if k != "library")) for c in got]
+    got_none, none = tune_mod.check_bucket(0, Gpu(), unmatched, {}, sizes, None, 5)  # times nothing
+    assert none is None and got_none == unmatched  # no candidate matched: nothing to check
+
+
+def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
+    """Where a site's candidate loses alone, ``check_bucket`` also times every site on its fastest
+    matching candidate (``fastest_plan``): that plan replaces the choices made site by site when the
+    whole program is faster with it by WHOLE_MIN_GAIN, and stands only where it beats the library."""
+    from aot.loader.tuning import plan_steps
+    from aot.verify import tune as tune_mod
+
+    program = built["gemm_mlp"][0].program
+    table = _table(program)
+    sizes = table.choices[0].sizes
+    bucket = [c for c in table.choices if c.sizes == sizes]
+    assert len(bucket) >= 2, "the test needs two sites at one bucket"
+    first, rest = bucket[0], bucket[1:]
+    # the first site's candidate wins alone; the others' lose alone by a little
+    bucket = [
+        first,
+        *(replace(c, choice="library", times_us={"library": 10.0, c.choice: 10.4}) for c in rest),
+    ]
+    chosen = {first.site: first.choice}
+    fastest = tune_mod.fastest_plan(bucket)
+    assert fastest == {c.site: next(k for k in c.times_us if k != "library") for c in bucket}
+    steps_of = {"chosen": plan_steps(program, chosen), "fastest": plan_steps(program, fastest)}
+
+    class Gpu:
+        calls, frees = "library", ()
+
+        def __init__(self):
+            self.program = program
+
+        def prepare(self, steps):
+            return steps, ()
+
+    def timer(times: dict[str, float]):
+        def time_program(calls, *_):
+            if calls == "library":
+                return times["library"]
+            return next(times[k] for k, steps in steps_of.items() if steps == calls)
+
+        return time_program
+
+    cases = (  # library, chosen, fastest -> which plan stands (None: the library), whole_plan
+        (20.0, 19.0, 17.0, "fastest"),
+        (20.0, 19.0, 18.9, "chosen"),  # not faster than the choices by 1%
+        (20.0, 19.0, 18.8, "fastest"),
+        (20.0, 19.9, 19.5, "fastest"),  # beats the library by 2.5%
+        (20.0, 20.0, 19.9, None),  # faster than the choices, not than the library by 1%
+        (20.0, 21.0, 25.0, None),
+    )
+    for library_us, chosen_us, fastest_us, stands in cases:
+        times = {"library": library_us, "chosen": chosen_us, "fastest": fastest_us}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tune_mod, "time_program", timer(times))
+            got, check = tune_mod.check_bucket(0, Gpu(), bucket, {}, sizes, None, 5)
+        plan = {"fastest": fastest, "chosen": chosen, None: {}}[stands]
+        assert {c.site: c.choice for c in got if c.choice != "library"} == plan, (times, stands)
+        tuned_us = fastest_us if fastest_us <= 0.99 * chosen_us else chosen_us
+        assert check == schema.TuningCheck(
+            0, sizes, library_us, tuned_us, stands is not None, whole_plan=stands == "fastest"
+        ), (times, stands)
+        assert [c.times_us for c in got] == [c.times_us for c in bucket]  # the measurements stay
+    # nothing chosen site by site: the whole plan is timed against the library alone
+    alone = [
+        replace(
+            c, choice="library", times_us={"library": 10.0, **{k: 10.4 for k in c.times_us if k != "library"}}
+        )
+        for c in bucket
+    ]
+    steps_of["fastest"] = plan_steps(program, tune_mod.fastest_plan(alone))
+    for fastest_us, kept in ((18.0, True), (19.9, False)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tune_mod, "time_program", timer({"library": 20.0, "fastest": fastest_us}))
+            got, check = tune_mod.check_bucket(0, Gpu(), alone, {}, sizes, None, 5)
+        assert check == schema.TuningCheck(0, sizes, 20.0, fastest_us, kept, whole_plan=kept)
+        assert all((c.choice != "library") == kept for c in got)
 
 
 @pytest.mark.parametrize("text", [b"{", b"\xff", b'{"format": NaN}', b"[]", b"1" * 10])

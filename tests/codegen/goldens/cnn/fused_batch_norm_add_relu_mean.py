@@ -8,11 +8,15 @@ import triton.language as tl
 
 ROWS = tl.constexpr(64)
 BLOCK_R = tl.constexpr(64)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
 def fused_batch_norm_add_relu_mean(in0, in1, in2, in3, in4, in5, out0, s_batch):
     # in0: *fp16, in1: *fp16, in2: *fp16, in3: *fp16, in4: *fp16, in5: *fp16, out0: *fp16, s_batch: i32
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     r_mask = r < 512*s_batch
     c = tl.arange(0, BLOCK_R)[None, :]

@@ -7,11 +7,15 @@ import triton
 import triton.language as tl
 
 BLOCK = tl.constexpr(1024)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
 def fused_arange_div_pow_reciprocal_etc(in0, out0, out1, s_seq):
     # in0: *i64, out0: *fp16, out1: *fp16, s_seq: i32
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x_mask = x < 16*s_seq
     v0 = tl.load(in0 + ((x // 16)), mask=x_mask & (((x % 16)) < 8), other=0)

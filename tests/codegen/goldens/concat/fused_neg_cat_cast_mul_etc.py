@@ -8,11 +8,15 @@ import triton.language as tl
 
 ROWS = tl.constexpr(1)
 BLOCK_R = tl.constexpr(2048)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
 def fused_neg_cat_cast_mul_etc(in0, in1, out0):
     # in0: *fp16, in1: *fp32, out0: *fp32
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     acc0 = tl.full([ROWS, BLOCK_R], -float("inf"), tl.float32)
     v4 = tl.load(in1 + (0))

@@ -30,11 +30,15 @@ OH_S = tl.constexpr(80)
 OW_S = tl.constexpr(16)
 BLOCK_P = tl.constexpr(32)
 BLOCK_C = tl.constexpr(16)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
 def max_pool2d(x_ptr, out_ptr):
     # x_ptr: *fp16, out_ptr: *fp16
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
     ch = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)

@@ -8,11 +8,15 @@ import triton.language as tl
 
 ROWS = tl.constexpr(8)
 BLOCK_R = tl.constexpr(128)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
 def fused_log_softmax(in0, out0, s_batch, s_seq):
     # in0: *fp32, out0: *fp32, s_batch: i32, s_seq: i32
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     r_mask = r < s_batch*s_seq
     c = tl.arange(0, BLOCK_R)[None, :]

@@ -7,11 +7,15 @@ import triton
 import triton.language as tl
 
 BLOCK = tl.constexpr(128)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
 def fused_add(in0, out0, s_batch, s_seq):
     # in0: *fp16, out0: *fp16, s_batch: i32, s_seq: i32
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x_mask = x < 24*s_batch
     v0 = tl.load(in0 + ((x // 24) * (48*s_seq) + ((x % 24) + 8) + (-1 + s_seq) * 48), mask=x_mask, other=0).to(tl.float32)
