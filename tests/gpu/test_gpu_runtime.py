@@ -216,3 +216,38 @@ def test_an_id_in_the_padded_vocabulary_gives_nan_not_the_padding():
     idx[0, 3] = 50300
     logits = runner(idx)
     assert torch.isnan(logits[0, 3:]).all()
+
+
+@pytest.mark.parametrize("name", ["gpt", "cnn"])
+def test_dependent_launch_gives_the_same_results_as_plain_launches(name, eager, monkeypatch):
+    """On sm_90 the kernels launch early and wait inside for the one before (programmatic
+    dependent launch): every result, in graphs and without, is bit for bit what plain launches
+    (``AOTPACK_DEPENDENT_LAUNCH=0``) give the same way, over calls that reuse every buffer."""
+    from aot.loader import load
+    from aot.loader.cuda import DEPENDENT_LAUNCH_ENV
+    from aot.tracer import example_inputs
+
+    path = _bundle(name)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    spec, _ = eager(name)
+    shapes = SHAPES[name]
+    inputs = [
+        {k: v.cuda() for k, v in example_inputs(spec, s, seed=11 + i).items()} for i, s in enumerate(shapes)
+    ]
+    results = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(DEPENDENT_LAUNCH_ENV, flag)
+        for capture in ("lazy", "none"):
+            runner = load(path, device="cuda", capture=capture)
+            gpu = runner._entries[0].gpu
+            early = {f.dependent for f in gpu._functions.values()}
+            assert early == {flag == "1"}, (flag, early)  # every kernel of an sm_90 build, or none
+            outs = []
+            for _ in range(3):  # every buffer and graph reused between calls
+                for x in inputs:
+                    outs.append(runner(**x).float().cpu())
+            results[(flag, capture)] = outs
+    for capture in ("lazy", "none"):  # (graphs may pick other library kernels than plain calls)
+        same = [torch.equal(a, b) for a, b in zip(results[("1", capture)], results[("0", capture)])]
+        assert all(same), (capture, same)
