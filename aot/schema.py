@@ -488,9 +488,10 @@ class TuningCheck:
     tuned_us: float
     kept: bool
     library_free: bool = field(default=False, metadata=OMIT_EMPTY)
-    # the choices are every site's fastest candidate that matched the library, taken because the
-    # whole program ran faster with them than with the choices made site by site (a kernel among
-    # kernels launched early, programmatic dependent launch, gains what it does not alone)
+    # the choices are a whole plan: every site on its fastest candidate that matched the library
+    # (every site, or those within tune's NEAR_LOSS of the library alone), taken because the whole
+    # program ran faster with it than with the choices made site by site (a kernel among kernels
+    # launched early, programmatic dependent launch, gains what it does not alone)
     whole_plan: bool = field(default=False, metadata=OMIT_EMPTY)
 
 

@@ -635,7 +635,7 @@ def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
         def time_program(calls, *_):
             if calls == "library":
                 return times["library"]
-            return next(times[k] for k, steps in steps_of.items() if steps == calls)
+            return next(times[k] for k, steps in steps_of.items() if k in times and steps == calls)
 
         return time_program
 
@@ -659,6 +659,39 @@ def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
             0, sizes, library_us, tuned_us, stands is not None, whole_plan=stands == "fastest"
         ), (times, stands)
         assert [c.times_us for c in got] == [c.times_us for c in bucket]  # the measurements stay
+    # a site whose candidate loses alone by more than NEAR_LOSS: the near plan leaves it on the
+    # library, the fastest plan does not, and the faster of the two whole plans is the one tried
+    slow = {"library": 10.0}
+    far = [  # nothing wins alone; the last site's candidate loses by more than NEAR_LOSS
+        *(
+            replace(
+                c, choice="library", times_us=dict(slow, **{k: 10.4 for k in c.times_us if k != "library"})
+            )
+            for c in bucket[:-1]
+        ),
+        replace(
+            bucket[-1],
+            choice="library",
+            times_us=dict(
+                slow,
+                **{k: 10.0 * (1 + tune_mod.NEAR_LOSS) + 1 for k in bucket[-1].times_us if k != "library"},
+            ),
+        ),
+    ]
+    near = tune_mod.fastest_plan(far, tune_mod.NEAR_LOSS)
+    assert (
+        near == {k: v for k, v in fastest.items() if k != bucket[-1].site}
+        and tune_mod.fastest_plan(far) == fastest
+    )
+    steps_of["near"] = plan_steps(program, near)
+    for near_us, fastest_us, stands in ((17.0, 18.0, near), (18.0, 17.0, fastest), (19.9, 19.9, {})):
+        times = {"library": 20.0, "near": near_us, "fastest": fastest_us}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tune_mod, "time_program", timer(times))
+            got, check = tune_mod.check_bucket(0, Gpu(), far, {}, sizes, None, 5)
+        assert {c.site: c.choice for c in got if c.choice != "library"} == stands
+        assert check.whole_plan == bool(stands) and check.tuned_us == min(near_us, fastest_us)
+    del steps_of["near"]
     # nothing chosen site by site: the whole plan is timed against the library alone
     alone = [
         replace(
