@@ -286,20 +286,21 @@ class Function:
         self.shared = shared
         self.block = 32 * num_warps
         self.dependent = dependent
-        if dependent:
-            self._attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            self._attr.value[0] = 1  # programmaticStreamSerializationAllowed
+        if dependent:  # what every launch's config shares (a config is made per launch: threads)
+            attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value[0] = 1  # programmaticStreamSerializationAllowed
+            self._attrs = ctypes.pointer(attr)
+            self._block = (ctypes.c_uint * 3)(self.block, 1, 1)
 
     def launch(self, grid: tuple[int, int, int], stream: int, params: ctypes.Array) -> None:
         if self.dependent:
-            config = _LaunchConfig(
-                (ctypes.c_uint * 3)(*grid),
-                (ctypes.c_uint * 3)(self.block, 1, 1),
-                self.shared,
-                stream,
-                ctypes.pointer(self._attr),
-                1,
-            )
+            config = _LaunchConfig()
+            config.grid[:] = grid
+            config.block = self._block
+            config.shared = self.shared
+            config.stream = stream
+            config.attrs = self._attrs
+            config.num_attrs = 1
             check(
                 _lib.cuLaunchKernelEx(ctypes.byref(config), self.handle, params, None),
                 f"cuLaunchKernelEx({self.name})",

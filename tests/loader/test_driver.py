@@ -38,3 +38,25 @@ def test_driver_of_an_older_major_is_refused_with_what_to_do():
 
 def test_bundles_that_did_not_record_it_are_not_refused():
     check_driver("", 11000)
+
+
+def test_dependent_launch_config_has_the_driver_api_layout():
+    """``cuLaunchKernelEx`` reads ``CUlaunchConfig`` and ``CUlaunchAttribute`` as cuda.h lays them
+    out (CUDA 12): three grid and three block dims, the shared bytes, the stream at 32, the
+    attributes at 40 and their count at 48; an attribute is its id, 4 bytes of padding and a
+    64-byte value."""
+    import ctypes
+
+    from aot.loader.cuda import _LaunchAttribute, _LaunchConfig
+
+    offsets = {name: getattr(_LaunchConfig, name).offset for name, _ in _LaunchConfig._fields_}
+    assert offsets == {"grid": 0, "block": 12, "shared": 24, "stream": 32, "attrs": 40, "num_attrs": 48}
+    assert ctypes.sizeof(_LaunchConfig) == 56
+    assert (_LaunchAttribute.value.offset, ctypes.sizeof(_LaunchAttribute)) == (8, 72)
+
+
+def test_dependent_launch_can_be_turned_off(monkeypatch):
+    from aot.loader import cuda
+
+    monkeypatch.setenv(cuda.DEPENDENT_LAUNCH_ENV, "0")
+    assert cuda.dependent_launch_allowed() is False  # without asking the driver, which may be absent
