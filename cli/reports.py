@@ -44,6 +44,7 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
             "name": k.name,
             "ops": list(k.ops),
             "archs": list(k.archs),
+            "dependent_launch": list(k.dependent_launch),
             "bytes_moved": k.bytes_moved,
             "num_warps": k.num_warps,
             "config": k.config,
@@ -147,9 +148,12 @@ def _tuning_text(tuning: dict[str, Any] | None) -> str:
     chosen = sum(c["choice"] != "library" for c in tuning["choices"])
     set_back = sum(not c["kept"] for c in tuning.get("checks", ()))
     library_free = sum(bool(c.get("library_free")) for c in tuning.get("checks", ()))
+    whole = sum(bool(c.get("whole_plan")) for c in tuning.get("checks", ()))
     return (
         f"tuned on {tuning['device']} ({tuning['arch']}): {chosen}/{len(tuning['choices'])} "
-        f"site-buckets use a candidate" + checks_note(set_back, library_free)
+        f"site-buckets use a candidate"
+        + checks_note(set_back, library_free)
+        + (f"; {whole} bucket(s) on a whole plan (faster together than site by site)" if whole else "")
     )
 
 
@@ -226,7 +230,11 @@ def summary_text(m, info: dict[str, Any]) -> str:
             f"memory plan: {len(plan)} CUDA-graph buckets, peak activations {mb(lo.peak_bytes)} "
             f"({sizes_text(lo.sizes)}) .. {mb(hi.peak_bytes)} ({sizes_text(hi.sizes)})"
         )
-    lines.append(f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}")
+    early = sorted({a for k in kernels for a in k["dependent_launch"]})
+    lines.append(
+        f"archs: {', '.join(m.environment.archs) or '(none: CPU only)'}"
+        + (f"; {', '.join(early)}: kernels launch early (programmatic dependent launch)" if early else "")
+    )
     lines.append(f"signature: {_signature_text(info['signature'])}")
     for bk in m.buckets:
         lines.append(

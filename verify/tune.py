@@ -370,6 +370,7 @@ def check_bucket(
     sizes: dict[str, int],
     dev,
     repeats: int,
+    say: Callable[[str], None] = lambda msg: None,
 ) -> tuple[list[TuningChoice], TuningCheck | None]:
     """Time the whole program at ``sizes`` with the library steps, with ``bucket``'s chosen
     candidates, and with the whole plans where they differ (kernels launched one after another
@@ -394,6 +395,8 @@ def check_bucket(
     whole = None
     if wholes:
         times = [timed(plan) for plan in wholes]
+        for plan, us in zip(wholes, times):
+            say(f"whole plan, {len(plan)}/{len(bucket)} sites on candidates: {us:.2f}µs")
         best = min(range(len(wholes)), key=times.__getitem__)
         if times[best] <= (1.0 - WHOLE_MIN_GAIN) * tuned_us:  # (inf where nothing was chosen)
             whole, tuned_us = wholes[best], times[best]
@@ -687,7 +690,17 @@ def tune(
                             bucket.append(choice)
                             say(_describe(entry.name, site, choice))
                     del env
-                    bucket, check = check_bucket(index, gpu, bucket, given, sizes, dev, repeats)
+                    where = f"  [{entry.name}] at {_sizes_text(sizes)}: "
+                    bucket, check = check_bucket(
+                        index,
+                        gpu,
+                        bucket,
+                        given,
+                        sizes,
+                        dev,
+                        repeats,
+                        say=lambda msg, where=where: say(where + msg),
+                    )
                     if check is not None:
                         checks.append(check)
                         say(_describe_check(entry.name, check))
