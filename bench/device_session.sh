@@ -5,6 +5,7 @@
 #   DEADLINE=580 bash bench/device_session.sh generate:150 decode-gpt2:200 runtime:120 ...
 #   DEADLINE=580 bash bench/device_session.sh run-llama:570      (RUN_SYSTEMS, RUN_JOBS: run.py's --systems, --jobs)
 #   DEADLINE=580 bash bench/device_session.sh memory-mlp:90 memory-gpt:120
+#   DEADLINE=580 bash bench/device_session.sh sweep:120 chain:60
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system) and DECODE_PROFILE=1 (kernel tables per aotpack system and batch).
@@ -44,6 +45,10 @@ for item in "$@"; do
     # run-MODELS (comma-separated): bench/run.py builds what .bundles lacks here (real models always)
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
+    # GEMM tile shapes against cuBLAS at 128 rows with cold weights, and a forward's GEMMs in one
+    # graph with and without dependent launch (bench/gemm_sweep.py; needs only torch and triton)
+    sweep) cmd=(python3 bench/gemm_sweep.py --rows 128 --json "$RES/gemm-sweep.json") ;;
+    chain) cmd=(python3 bench/gemm_sweep.py --rows 128 --chain --json "$RES/gemm-chain.json") ;;
     # memory-MODEL: where its device memory goes, stage by stage (bench/memory_stages.py, .bundles/MODEL.tpk)
     memory-*) cmd=(python3 bench/memory_stages.py --model "${step#memory-}" --bundle ".bundles/${step#memory-}.tpk" --out "$RES/memory-${step#memory-}.json") ;;
     *) echo "unknown step $step"; continue ;;

@@ -8,11 +8,17 @@ same every launch (a bundle's A was just written by the kernel before).
 
 Forms: a plain tile loop (``split`` 1), and split-K in one launch: every slice writes its fp32
 partial, counts itself in on a per-tile counter, and the slice that arrives last sums the
-partials and runs the epilogue (then zeroes the counter for the next launch). ``stats`` also sums
-each row of A and its squares on the way (a LayerNorm folded into the GEMM: the epilogue turns
-the raw product into the normalized one with the row's mean and deviation and W's column sums).
+partials and runs the epilogue (then zeroes the counter for the next launch). For the sites a
+LayerNorm feeds, the best forms are timed again with the LayerNorm folded in: the rows' sums and
+sums of squares gathered in the K loop (``STATS=1``) or in a pass of their own before it
+(``STATS=2``), the epilogue turning the raw product into the normalized one with W's column sums.
+
+``--chain``: a forward's GEMMs (12 layers of gpt's four, each layer its own weights) in one graph,
+cuBLAS against the Triton forms launched plainly, with programmatic dependent launch (each kernel
+waits inside for the one before), and with that plus an L2 prefetch of W before the wait.
 
     python3 bench/gemm_sweep.py --rows 128 --json out/sweep.json
+    python3 bench/gemm_sweep.py --rows 128 --chain --json out/chain.json
 """
 
 from __future__ import annotations
