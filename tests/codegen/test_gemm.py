@@ -814,8 +814,9 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
         [c.name for c in s.candidates] for s in compiled.program.alternatives
     ]
     assert info["tuning"] is None
-    assert "GEMM candidates: 19 for 2 sites (20 kernels); untuned" in summary_text(m, info)
-    assert "archs: sm_90; sm_90: kernels launch early (programmatic dependent launch)" in summary_text(m, info)
+    text = summary_text(m, info)
+    assert "GEMM candidates: 19 for 2 sites (20 kernels); untuned" in text
+    assert "archs: sm_90; sm_90: kernels launch early (programmatic dependent launch)" in text
     tuned = tmp_path / "tuned.tpk"
     write_tuned(bundle, tuned, _table(compiled.program))
     m, info = bundle_summary(str(tuned))
