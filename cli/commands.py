@@ -570,9 +570,10 @@ def tune(
     chosen = sum(c.choice != "library" for c in result.table.choices)
     set_back = sum(not c.kept for c in result.table.checks)
     library_free = sum(c.library_free for c in result.table.checks)
+    whole = sum(c.whole_plan for c in result.table.checks)
     _result(
         f"wrote {result.output}: {chosen}/{len(result.table.choices)} site-buckets use a Triton candidate "
-        f"on {result.table.device} ({result.table.arch})" + checks_note(set_back, library_free)
+        f"on {result.table.device} ({result.table.arch})" + checks_note(set_back, library_free, whole)
     )
     if result.signature_dropped:
         _result(

@@ -133,12 +133,14 @@ def _signature_text(sig: dict[str, Any] | None) -> str:
     return f"signed by {sig['key']} ({check})"
 
 
-def checks_note(set_back: int, library_free: int) -> str:
-    """What tune's whole-program check undid, and the buckets it kept for leaving no cuBLAS call,
-    for a report line ("" when neither)."""
+def checks_note(set_back: int, library_free: int, whole: int = 0) -> str:
+    """What tune's whole-program check undid, the buckets it kept for leaving no cuBLAS call, and
+    those on a whole plan, for a report line ("" when none)."""
     note = f"; {set_back} bucket(s) set back to the library by the whole-program check" if set_back else ""
     if library_free:
         note += f"; {library_free} bucket(s) kept library-free (every GEMM site on a candidate, no cuBLAS)"
+    if whole:
+        note += f"; {whole} bucket(s) on a whole plan (faster together than site by site)"
     return note
 
 
@@ -151,9 +153,7 @@ def _tuning_text(tuning: dict[str, Any] | None) -> str:
     whole = sum(bool(c.get("whole_plan")) for c in tuning.get("checks", ()))
     return (
         f"tuned on {tuning['device']} ({tuning['arch']}): {chosen}/{len(tuning['choices'])} "
-        f"site-buckets use a candidate"
-        + checks_note(set_back, library_free)
-        + (f"; {whole} bucket(s) on a whole plan (faster together than site by site)" if whole else "")
+        f"site-buckets use a candidate" + checks_note(set_back, library_free, whole)
     )
 
 

@@ -347,17 +347,21 @@ def _tune_site(
     return TuningChoice(index, site.id, sizes, choose(times), times, tuple(rejected))
 
 
+def fastest_match(c: TuningChoice) -> str | None:
+    """The fastest candidate of ``c`` that matched the library (ties: first in sort order), None
+    where none did."""
+    matched = sorted(k for k in c.times_us if k not in (LIBRARY, *c.rejected))
+    return min(matched, key=lambda k: c.times_us[k]) if matched else None
+
+
 def fastest_plan(bucket: Sequence[TuningChoice], near: float | None = None) -> dict[str, str]:
-    """Every site of ``bucket`` on its fastest candidate that matched the library (ties: first in
-    sort order), whether or not it beat the library alone; sites with none keep the library.
-    ``near``: only where that candidate is at most this fraction slower than the library alone."""
+    """Every site of ``bucket`` on its fastest candidate that matched the library, whether or not
+    it beat the library alone; sites with none keep the library. ``near``: only where that
+    candidate is at most this fraction slower than the library alone."""
     plan = {}
     for c in bucket:
-        matched = sorted(k for k in c.times_us if k not in (LIBRARY, *c.rejected))
-        if not matched:
-            continue
-        best = min(matched, key=lambda k: c.times_us[k])
-        if near is None or c.times_us[best] <= (1.0 + near) * c.times_us[LIBRARY]:
+        best = fastest_match(c)
+        if best is not None and (near is None or c.times_us[best] <= (1.0 + near) * c.times_us[LIBRARY]):
             plan[c.site] = best
     return plan
 
@@ -497,14 +501,14 @@ def library_free_plan(
                         f"GEMM site {site} of program {index} was not timed at {_sizes_text(sizes)} (no "
                         "candidate compiled for that bucket, or the bucket or its entry point left out)"
                     )
-                matched = sorted(k for k in c.times_us if k not in (LIBRARY, *c.rejected))
-                if not matched:
+                best = fastest_match(c)
+                if best is None:
                     return unchanged(
                         f"GEMM site {site} of program {index} has no candidate that matched the library "
                         f"at {_sizes_text(sizes)}"
                     )
                 if c.choice == LIBRARY:
-                    chosen[site] = min(matched, key=lambda k: c.times_us[k])  # ties: first in sort order
+                    chosen[site] = best
             if chosen != stood:
                 todo.append((index, sizes, chosen, stood))
     timed: list[FreeBucket] = []
