@@ -120,12 +120,12 @@ def driver_version() -> int:
     return v.value
 
 
-def dependent_launch_allowed() -> bool:
-    """Whether kernels built for it may launch early here: a driver of CUDA 12.3 or later, and
-    ``AOTPACK_DEPENDENT_LAUNCH`` not ``0``."""
+def dependent_launch_allowed(version: int) -> bool:
+    """Whether kernels built for it may launch early under a driver of ``version``
+    (``driver_version()``): CUDA 12.3 or later, and ``AOTPACK_DEPENDENT_LAUNCH`` not ``0``."""
     if os.environ.get(DEPENDENT_LAUNCH_ENV, "1") == "0":
         return False
-    return driver_version() >= DEPENDENT_LAUNCH_DRIVER and hasattr(driver(), "cuLaunchKernelEx")
+    return version >= DEPENDENT_LAUNCH_DRIVER and hasattr(driver(), "cuLaunchKernelEx")
 
 
 class Context:

@@ -238,8 +238,9 @@ class GpuProgram:
         if self.kernels:
             archs = bundle.manifest.environment.archs
             self.arch = pick_arch(tuple(archs), torch.cuda.get_device_capability(device))
-            check_driver(bundle.manifest.environment.cuda_built.get(self.arch, ""), driver_version())
-            self.dependent_launch = dependent_launch_allowed()
+            version = driver_version()
+            check_driver(bundle.manifest.environment.cuda_built.get(self.arch, ""), version)
+            self.dependent_launch = dependent_launch_allowed(version)
             for k in self.kernels.values():
                 if self.arch not in k.archs:
                     raise EnvError(

@@ -59,4 +59,4 @@ def test_dependent_launch_can_be_turned_off(monkeypatch):
     from aot.loader import cuda
 
     monkeypatch.setenv(cuda.DEPENDENT_LAUNCH_ENV, "0")
-    assert cuda.dependent_launch_allowed() is False  # without asking the driver, which may be absent
+    assert cuda.dependent_launch_allowed(13000) is False  # without asking the driver, which may be absent
