@@ -46,7 +46,7 @@ for item in "$@"; do
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
     # GEMM tile shapes against cuBLAS at 128 rows with cold weights, and a forward's GEMMs in one
-    # graph with and without dependent launch (bench/gemm_sweep.py; needs only torch and triton)
+    # graph with and without dependent launch (bench/gemm_sweep.py)
     sweep) cmd=(python3 bench/gemm_sweep.py --rows 128 --json "$RES/gemm-sweep.json") ;;
     chain) cmd=(python3 bench/gemm_sweep.py --rows 128 --chain --json "$RES/gemm-chain.json") ;;
     # memory-MODEL: where its device memory goes, stage by stage (bench/memory_stages.py, .bundles/MODEL.tpk)

@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from aot.verify.tune import graph_us
+
 
 @triton.jit
 def _gemm(
@@ -153,30 +155,10 @@ def forms(m: int, n: int, k: int):
 
 
 def graph_time(fn, copies: int, replays: int = 20) -> float:
-    """µs per launch: ``copies`` launches in one CUDA graph, each on its own weight copy."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(min(copies, 3)):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(copies):
-            fn(i)
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / copies)
-    times.sort()
-    return times[len(times) // 2]
+    """µs per launch: ``copies`` launches in one CUDA graph, each on its own weight copy (``fn(i)``
+    for copy ``i``), timed as ``aotpack tune`` times a form (``aot.verify.tune.graph_us``)."""
+    index = itertools.cycle(range(copies))  # the capture's ``copies`` calls take each copy once
+    return graph_us(lambda: fn(next(index)), "cuda", copies, replays)
 
 
 def sweep(name: str, m: int, n: int, k: int, gelu: bool, top: int, stats_pass: bool) -> dict:

@@ -119,7 +119,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: str) -> bool:
     return bool(((g - w).abs() <= tol.atol + tol.rtol * w.abs()).all().item())
 
 
-def _graph_us(run: Callable[[], None], device, copies: int, repeats: int) -> float:
+def graph_us(run: Callable[[], None], device, copies: int, repeats: int) -> float:
     """Median microseconds per copy of ``run``: warmed up on a side stream (library handles and
     workspaces exist before capture), captured ``copies`` times in one CUDA graph, replayed
     ``repeats`` times between CUDA events."""
@@ -159,7 +159,7 @@ class L2Flush:
 def l2_flush(device, repeats: int) -> L2Flush:
     l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
     buffer = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
-    return L2Flush(buffer, _graph_us(buffer.zero_, device, REPLAYS, repeats))
+    return L2Flush(buffer, graph_us(buffer.zero_, device, REPLAYS, repeats))
 
 
 def time_form(
@@ -179,7 +179,7 @@ def time_form(
             flush.buffer.zero_()
         _run(calls, local, sizes, device)
 
-    us = _graph_us(run, device, REPLAYS, repeats)
+    us = graph_us(run, device, REPLAYS, repeats)
     return max(us - flush.us, 0.0) if flush is not None else us
 
 
@@ -201,7 +201,7 @@ def time_program(
             for name in free:
                 local.pop(name, None)
 
-    return _graph_us(run, device, 1, repeats)
+    return graph_us(run, device, 1, repeats)
 
 
 CHECKS_SCHEMA = (1, 4)  # the schema that brought TuningTable.checks
