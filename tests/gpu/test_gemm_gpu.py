@@ -259,3 +259,59 @@ def test_transformers_gpt2_candidates_match_the_library_on_the_gpu(tmp_path):
         got = [t.float() for t in leaves(tuned(**inputs))]
         for w, g in zip(want, got):
             assert (g - w).abs().max().item() <= 2e-2 * max(1.0, w.abs().max().item()), sizes
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_one_launch_split_k_gives_the_same_bits_call_after_call(name, tmp_path):
+    """One-launch split-K forms chosen at every site and bucket they were built for (mlp's down
+    projections, gpt's MLP outputs: one row, and 17 to 512 rows): called again and again, in
+    CUDA graphs and without, the tuned bundle gives the same bits on every call and matches the
+    untuned bundle; afterwards every tile counter is zero again (the last slice of each tile
+    zeroes its counter, or the next launch's tiles would never see their count come up)."""
+    from aot import schema
+    from aot.loader import load, open_bundle
+    from aot.pytree import leaves
+    from aot.verify.tune import make_table, write_tuned
+
+    src = _copy(_bundle(name), tmp_path)
+    opened = open_bundle(src)
+    try:
+        programs = [opened.program(), *opened.program().variants]
+    finally:
+        opened.close()
+    choices = []
+    for index, program in enumerate(programs):
+        for n, site in enumerate(program.alternatives):
+            serial = [c for c in site.candidates if c.name.startswith("serialk")]
+            for sizes in {tuple(sorted(b.items())) for c in serial for b in c.buckets}:
+                # the site's forms in turn, so each form runs at some site
+                fits = [c for c in serial if dict(sizes) in c.buckets]
+                cand = fits[n % len(fits)]
+                times = {"library": 10.0, cand.name: 8.0}
+                choices.append(schema.TuningChoice(index, site.id, dict(sizes), cand.name, times))
+    assert choices, f"{name}: no one-launch split-K candidate was built"
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    dst = tmp_path / f"{name}-serial.tpk"
+    write_tuned(src, dst, make_table(arch, torch.cuda.get_device_name(), choices))
+    shapes = {
+        "mlp": [{"batch": 1}, {"batch": 64}],
+        "gpt": [{"batch": 1, "seq": 1}, {"batch": 1, "seq": 128}, {"batch": 8, "seq": 64}],
+    }
+    buckets = [tuple(sorted(s.items())) for s in shapes[name]]
+    assert {tuple(sorted(c.sizes.items())) for c in choices} >= set(buckets)
+    plain = load(src, device="cuda")
+    for capture in ("lazy", "none"):
+        tuned = load(dst, device="cuda", capture=capture)
+        for sizes in buckets:
+            inputs = tuned.inputs_at(dict(sizes), seed=3)
+            want = [t.float() for t in leaves(plain(**inputs))]
+            first = [t.clone() for t in leaves(tuned(**inputs))]
+            for _ in range(5):
+                again = leaves(tuned(**inputs))
+                assert all(torch.equal(a, b) for a, b in zip(first, again)), (capture, sizes)
+            for w, g in zip(want, first):
+                scale = max(1.0, w.abs().max().item())
+                assert (g.float() - w).abs().max().item() <= TOLERANCE[name] * scale, (capture, sizes)
+        torch.cuda.synchronize()
+        counters = [e.gpu.weights[c] for e in tuned._entries for c in e.program.zeroed]
+        assert counters and not any(c.any() for c in counters), capture
