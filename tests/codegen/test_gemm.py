@@ -332,6 +332,14 @@ HOSTILE_ALTERNATIVES = {
     ),
     "no candidates": (lambda t: _site(t).update(candidates=[]), "candidates"),
     "unknown field": (lambda t: _site(t).update(evil=1), "unknown"),
+    # tile counters are the runner's: int32 of constant shape, written by no step, no input
+    "zeroed input": (lambda t: t.update(zeroed=[*t["zeroed"], "x"]), "zeroed buffer 'x'"),
+    "zeroed step output": (lambda t: t.update(zeroed=[*t["zeroed"], "addmm"]), "zeroed buffer 'addmm'"),
+    "zeroed of a symbolic size": (
+        lambda t: t["buffers"][t["zeroed"][0]].update(shape=["batch"]),
+        "constant shape",
+    ),
+    "zeroed float": (lambda t: t["buffers"][t["zeroed"][0]].update(dtype="float32"), "int32"),
 }
 
 
