@@ -861,14 +861,10 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     or unroll the steps (the dot-free form's). ``index``: "i64" where W's offsets may pass 2**31."""
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     weights = range(len(site.weights))
-    if cfg.dot:
-        lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in weights]
-    else:  # A's one row times W's rows, summed elementwise across K steps, reduced once after
-        lines = [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in weights]
-    # the dot-free form unrolls its K steps: every step's loads can be in flight at once (Triton
-    # pipelines only the loads that feed a dot), and a row of W is a few steps at most
-    loop = "range" if cfg.dot else "tl.static_range"
-    lines.append(f"for k0 in {loop}(0, {k_extent}, BLOCK_K):")
+    if not cfg.dot:
+        return _vec_steps(site, cfg, k_offset, k_extent)
+    lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in weights]
+    lines.append(f"for k0 in range(0, {k_extent}, BLOCK_K):")
     lines.append(
         f"    rk = {k_offset} + k0 + tl.arange(0, BLOCK_K)"
         if k_offset != "0"
@@ -884,33 +880,65 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     else:
         lines += ["    " + ln for ln in _prologue_a(site)]
     for g in weights:
-        if cfg.dot:
-            rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
-            at = (
-                f"{rk_w}[:, None] * {site.n} + rn[None, :]"
-                if site.w_kn
-                else f"rn[None, :] * {site.k} + rk[:, None]"
-            )
+        rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
+        at = (
+            f"{rk_w}[:, None] * {site.n} + rn[None, :]"
+            if site.w_kn
+            else f"rn[None, :] * {site.k} + rk[:, None]"
+        )
+        lines.append(
+            f"    w{g} = tl.load(w{g}_ptr + {at}, "
+            f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+        )
+        lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+    return lines
+
+
+def _vec_k(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[tuple[str, str]]:
+    """The dot-free form's K steps, unrolled (a row of W is a few steps at most): per step, the
+    expression of its K indices and the mask of K it needs ("" where every step is whole)."""
+    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    steps = []
+    for k0 in range(0, k_extent, cfg.block_k):
+        base = f"{k_offset} + {k0}" if k_offset != "0" else str(k0)
+        steps.append(
+            (f"{base} + tl.arange(0, BLOCK_K)", f" & (rk[None, :] < {site.k})" if need_k_mask else "")
+        )
+    return steps
+
+
+def _vec_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+    """The dot-free form loads all of its W rows first, before the wait for the kernel before (a
+    weight: no kernel writes it), so that under dependent launch a GEMV streams its weights while
+    the kernel before still runs; each step's tile stays in registers until A's row is there."""
+    lines = ["# this block's rows of W, every K step, before the wait (see kernel_module)"]
+    for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
+        lines.append(f"rk = {rk}")
+        for g in range(len(site.weights)):
             lines.append(
-                f"    w{g} = tl.load(w{g}_ptr + {at}, "
-                f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+                f"w{g}_{i} = tl.load(w{g}_ptr + rn[:, None] * {site.k} + rk[None, :], "
+                f"mask=mask_n[:, None]{kmask}, other=0.0)  # [BLOCK_N, BLOCK_K]"
             )
-            lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+    return lines
+
+
+def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+    """A's one row times the early-loaded W rows, summed elementwise across K steps, reduced once
+    after."""
+    lines = [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
+    for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
+        lines.append(f"rk = {rk}")
+        if site.prologue is None:
+            lines.append(
+                f"a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask}, other=0.0)"
+            )
         else:
-            at = (
-                f"rk[None, :] * {site.n} + rn[:, None]"
-                if site.w_kn
-                else f"rn[:, None] * {site.k} + rk[None, :]"
-            )
+            lines += _prologue_a(site)
+        for g in range(len(site.weights)):
             lines.append(
-                f"    w{g} = tl.load(w{g}_ptr + {at}, "
-                f"mask=mask_n[:, None]{kmask_a}, other=0.0)  # W tile: [BLOCK_N, BLOCK_K]"
+                f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
             )
-            lines.append(
-                f"    part{g} += w{g}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
-            )
-    if not cfg.dot:
-        lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in weights]
+    lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
     return lines
 
 
@@ -1050,9 +1078,9 @@ def _params(site: Site, ep: _Epilogue | None, index: str, ws: str | None, part: 
     return params, signature_of(params, index), args
 
 
-def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, grid, ops) -> Rendered:
+def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, grid, ops, early=()) -> Rendered:
     blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
-    source = kernel_module(_doc(site, cfg, kind, grid), blocks, name, signature, body)
+    source = kernel_module(_doc(site, cfg, kind, grid), blocks, name, signature, body, early)
     m = ix.parse_size(site.m)
     elem = ITEMSIZE[site.dtype]
     pro = site.prologue
@@ -1109,14 +1137,27 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 
 def _render_fused(site: Site, ep: _Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)))
-    body = _indices(site, index)
+    early, body = _opening(site, cfg, index, "0", site.k)
     if site.prologue is not None:
         body += _prologue_stats(site, "(tl.program_id(1) == 0)")
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
     params, signature, args = _params(site, ep, index, None, "fused")
     outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
     name = f"gemm_{_tag(site)}_{cfg.name}"
-    return _rendered(site, cfg, name, "fused", body, params, signature, args, outputs, grid, ())
+    return _rendered(site, cfg, name, "fused", body, params, signature, args, outputs, grid, (), early)
+
+
+def _opening(
+    site: Site, cfg: TileConfig, index: str, k_offset: str, k_extent: int, sliced: bool = False
+) -> tuple[list[str], list[str]]:
+    """(lines before the wait for the kernel before, the body's first lines): the block's indices
+    (and K slice, ``sliced``), and for the dot-free form its rows of W, go before the wait."""
+    opening = _indices(site, index)
+    if sliced:
+        opening.append(f"ks = tl.program_id(2){'.to(tl.int64)' if index == 'i64' else ''}")
+    if cfg.dot:
+        return [], opening
+    return opening + _vec_w_early(site, cfg, k_offset, k_extent), []
 
 
 def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendered:
@@ -1124,9 +1165,7 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
     per_slice = -(-site.k // s)
     chunk = -(-per_slice // cfg.block_k) * cfg.block_k  # K per slice, a multiple of BLOCK_K
     grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)), str(s))
-    cast = ".to(tl.int64)" if index == "i64" else ""
-    body = _indices(site, index)
-    body.append(f"ks = tl.program_id(2){cast}")
+    early, body = _opening(site, cfg, index, f"ks * {chunk}", chunk, sliced=True)
     body += _k_loop(site, cfg, f"ks * {chunk}", chunk, index)
     body.append("# each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order")
     for gi in range(g):
@@ -1135,7 +1174,9 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
         )
     params, signature, args = _params(site, None, index, ws, "partial")
     name = f"gemm_{_tag(site)}_{cfg.name}_partial"
-    return _rendered(site, cfg, name, "split-K partial sums", body, params, signature, args, [ws], grid, ())
+    return _rendered(
+        site, cfg, name, "split-K partial sums", body, params, signature, args, [ws], grid, (), early
+    )
 
 
 def _render_reduce(site: Site, ep: _Epilogue, cfg: TileConfig, index: str, ws: str) -> Rendered:
@@ -1169,9 +1210,7 @@ def _render_serial(
     per_slice = -(-site.k // s)
     chunk = -(-per_slice // cfg.block_k) * cfg.block_k
     grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)), str(s))
-    cast = ".to(tl.int64)" if index == "i64" else ""
-    body = _indices(site, index)
-    body.append(f"ks = tl.program_id(2){cast}")
+    early, body = _opening(site, cfg, index, f"ks * {chunk}", chunk, sliced=True)
     body += _k_loop(site, cfg, f"ks * {chunk}", chunk, index)
     body.append("# each K slice writes its own slab: ws[ks, g, m, n]")
     for gi in range(g):
@@ -1198,7 +1237,18 @@ def _render_serial(
     outputs = [ws] + [buf for buf, _, _ in ep.stores]  # the slabs: scratch the runner allocates
     name = f"gemm_{_tag(site)}_{cfg.name}"
     return _rendered(
-        site, cfg, name, "split-K in one launch + epilogue", body, params, signature, args, outputs, grid, ()
+        site,
+        cfg,
+        name,
+        "split-K in one launch + epilogue",
+        body,
+        params,
+        signature,
+        args,
+        outputs,
+        grid,
+        (),
+        early,
     )
 
 

@@ -394,12 +394,19 @@ GDC_PROLOGUE = (
 
 
 def kernel_module(
-    doc: list[str], consts: dict[str, Any], name: str, signature: dict[str, str], body: list[str]
+    doc: list[str],
+    consts: dict[str, Any],
+    name: str,
+    signature: dict[str, str],
+    body: list[str],
+    early: Sequence[str] = (),
 ) -> str:
     """A kernel's module, as every kernel the codegen writes has it: the docstring (``doc``, one
     line each), the imports, one ``tl.constexpr`` per entry of ``consts``, ``GDC`` (see
     ``DEPENDENT_LAUNCH``), and the ``@triton.jit`` function, its body opened by a comment listing
-    the signature and the wait for the kernel before."""
+    the signature and the wait for the kernel before. ``early``: lines before that wait, which
+    may read only what no kernel writes (the weights): under dependent launch they run while the
+    kernel before still does."""
     head = [
         f'"""{doc[0]}',
         *doc[1:],
@@ -415,7 +422,7 @@ def kernel_module(
         "@triton.jit",
         f"def {name}({', '.join(signature)}):",
     ]
-    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *GDC_PROLOGUE, *body]
+    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *early, *GDC_PROLOGUE, *body]
     return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
 
 
