@@ -144,7 +144,10 @@ def zeroed_buffers(program: Program, device: torch.device) -> dict[str, torch.Te
         spec = program.buffers.get(name)
         if spec is None or spec.dtype != "int32" or not all(d.isdigit() for d in spec.shape):
             raise BundleError(f"zeroed buffer {name!r} needs an int32 buffer spec of constant shape")
-        out[name] = torch.zeros([int(d) for d in spec.shape], dtype=torch.int32, device=device)
+        # zeros copied from the host, not filled on the device: ATen's fill kernel would be the
+        # process's first ATen kernel in a bundle that launches none, and loading ATen's kernels
+        # costs ~90 MiB of device memory (bench/memory_stages.py, probe-fill)
+        out[name] = torch.zeros([int(d) for d in spec.shape], dtype=torch.int32).to(device)
     return out
 
 
