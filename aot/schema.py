@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 8)
+SCHEMA_VERSION = (1, 7)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -303,9 +303,6 @@ class Program:
     variants: tuple[Program, ...] = ()
     alternatives: tuple[GemmSite, ...] = field(default=(), metadata=OMIT_EMPTY)
     state: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
-    # buffers (int32, static shape) the runner allocates once, zero-filled, and keeps across calls:
-    # the tile counters of one-launch split-K candidates, which each launch leaves zero again
-    zeroed: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,9 @@ kernel that shares the loads of ``A`` (a *dual* GEMM) and the product is its epi
 Each site gets one candidate per tile config (``CONFIGS``: dot-free one-row forms and skinny-M
 tiles for decode and batch 1, a middle and a large tile) plus deterministic split-K forms: a first
 kernel writes each K slice's fp32 partial sums to its own slab of a workspace, a second adds the
-slabs in a fixed order and applies the epilogue, so two runs give the same bits. The one-launch
-split-K forms (``serialk``) do both in one kernel: each slice writes its slab, then counts itself
-in on its tile's counter (an atomic add), and the slice that arrives last adds the slabs in the
-same fixed order, runs the epilogue and zeroes the counter again. The counters live in a buffer the
-runner allocates once, zeroed, beside the weights (``Program.zeroed``). A candidate is compiled like
-every kernel (``compile``: same cache, same determinism) and lists the bucket sizes it is meant for.
+slabs in a fixed order and applies the epilogue; no atomics, so two runs give the same bits. A
+candidate is compiled like every kernel (``compile``: same cache, same determinism) and lists the
+bucket sizes it is meant for.
 
 The program keeps its library steps; ``Program.alternatives`` records, per site, the indices of
 the steps a candidate replaces and the candidate's kernel steps, whose ``reference`` is exactly
@@ -81,15 +78,10 @@ class TileConfig:
     min_k: int = 1  # split-K: each slice must keep at least a couple of K blocks
     dot: bool = True  # False: a dot-free GEMV body for one row (BLOCK_M = 1), products summed over K
     target_blocks: int = 0  # split-K: blocks to aim for (0: SPLIT_TARGET_BLOCKS)
-    # split-K in one launch: the slice that finishes a tile last adds the slabs (in a fixed order)
-    # and runs the epilogue; the tile counters live in a buffer the runner keeps zeroed
-    serial: bool = False
 
     def __post_init__(self):
         if not self.dot and self.block_m != 1:
             raise ValueError(f"{self.name}: the dot-free form computes one row per block (BLOCK_M = 1)")
-        if self.serial and self.split_k == 1:
-            raise ValueError(f"{self.name}: a one-launch split-K form needs K slices")
 
 
 # Performance knobs: the candidate forms compiled for every site.
@@ -117,22 +109,6 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("gemv_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, max_m=16),
     TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
     TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
-    # The same in one launch (no second kernel, no reduce launch between two GEMMs): each slice
-    # counts itself in on its tile's counter and the last one adds the slabs.
-    TileConfig(
-        "serialk_1x8x512",
-        1,
-        8,
-        512,
-        num_warps=4,
-        num_stages=2,
-        split_k=0,
-        max_m=1,
-        min_k=2048,
-        dot=False,
-        target_blocks=512,
-        serial=True,
-    ),
     TileConfig("tile_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, max_m=64),  # decode, batch 1
     # Middle M (a prompt of one sequence, 17-512 rows): 64-row tiles with long K steps and four
     # stages, narrow in N so that a 768-wide output still spreads over 24-48 blocks. At 128 rows
@@ -142,35 +118,6 @@ CONFIGS: tuple[TileConfig, ...] = (
     # 8.98 against 7.28.
     TileConfig("tile_64x64x128", 64, 64, 128, num_warps=4, num_stages=4, min_m=17, max_m=512),
     TileConfig("tile_64x32x128", 64, 32, 128, num_warps=4, num_stages=4, min_m=17, max_m=512),
-    # Long K at middle M (gpt's mlp out, 3072 -> 768): split-K in one launch, two or three slices.
-    # At 128 rows on an H100 (the sweep above): 7.71 us for 64x32x128 in 2 slices and 7.74 for
-    # 64x64x128 in 3, against 8.98 without a split and cuBLAS's 7.28.
-    TileConfig(
-        "serialk_64x32x128",
-        64,
-        32,
-        128,
-        num_warps=4,
-        num_stages=4,
-        split_k=2,
-        min_m=17,
-        max_m=512,
-        min_k=2048,
-        serial=True,
-    ),
-    TileConfig(
-        "serialk_64x64x128",
-        64,
-        64,
-        128,
-        num_warps=4,
-        num_stages=4,
-        split_k=3,
-        min_m=17,
-        max_m=512,
-        min_k=2048,
-        serial=True,
-    ),
     TileConfig("tile_64x128x64", 64, 128, 64, num_warps=4, num_stages=3),
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
     TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),
@@ -180,7 +127,6 @@ CONFIGS: tuple[TileConfig, ...] = (
 SPLIT_TARGET_BLOCKS = 128
 MAX_SPLIT = 8
 MIN_SLICE_BLOCKS = 2
-COUNTERS_SUFFIX = "_tiles"  # a one-launch split-K form's tile counters: ``<site>_<form>_tiles``
 ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 # LayerNorm prologue: the statistics read K in chunks of this many columns, all at once, so the
 # rows of a block stay in registers: only for skinny blocks (BLOCK_M <= PROLOGUE_MAX_BLOCK_M) and
@@ -779,40 +725,23 @@ def _render_forms(
             continue
         if site.w_kn and not cfg.dot:
             continue  # a one-row form reads W's rows along K: strided where W is [K, N]
-        if cfg.split_k != 1:
-            split = split_factor(site, cfg) if cfg.split_k == 0 else cfg.split_k
-            if split < 2 or site.k < split * MIN_SLICE_BLOCKS * cfg.block_k:
+        if cfg.split_k == 0:
+            split = split_factor(site, cfg)
+            if split < 2:
                 continue
-            prefix = "serialk" if cfg.serial else "splitk"
-            cfg = replace(cfg, split_k=split, name=f"{prefix}{split}_" + cfg.name.split("_", 1)[1])
+            cfg = replace(cfg, split_k=split, name=cfg.name.replace("splitk", f"splitk{split}", 1))
         s, g = cfg.split_k, len(site.weights)
         biggest = max(m_max * max(site.k, site.n * s * g, site.n), site.k * site.n)
         index = "i64" if biggest >= 2**31 - 1 else "i32"
-        extra: dict[str, TensorSpec] = {}
         if cfg.split_k == 1:
             kernels = [_render_fused(site, ep, cfg, index)]
+            extra: dict[str, TensorSpec] = {}
         else:
             ws = f"{site.id}_{cfg.name}_partial"
-            extra[ws] = TensorSpec("float32", (str(s), str(g), site.m, str(site.n)))
-            if cfg.serial:
-                counters = f"{site.id}_{cfg.name}_tiles"
-                rows = min(m_max, cfg.max_m)
-                extra[counters] = TensorSpec(
-                    "int32", (str(-(-rows // cfg.block_m) * -(-site.n // cfg.block_n)),)
-                )
-                kernels = [_render_serial(site, ep, cfg, index, ws, counters)]
-            else:
-                kernels = [_render_partial(site, cfg, index, ws), _render_reduce(site, ep, cfg, index, ws)]
+            extra = {ws: TensorSpec("float32", (str(s), str(g), site.m, str(site.n)))}
+            kernels = [_render_partial(site, cfg, index, ws), _render_reduce(site, ep, cfg, index, ws)]
         out.append((cfg, kernels, extra, ()))
     return out
-
-
-def tile_counters(buffers: dict[str, TensorSpec]) -> tuple[str, ...]:
-    """The buffers among ``buffers`` that one-launch split-K forms count their tiles on: the
-    runner keeps them zeroed (``Program.zeroed``)."""
-    return tuple(
-        name for name, spec in buffers.items() if name.endswith(COUNTERS_SUFFIX) and spec.dtype == "int32"
-    )
 
 
 def split_factor(site: Site, cfg: TileConfig) -> int:
@@ -1035,9 +964,8 @@ def _epilogue_lines(site: Site, ep: _Epilogue) -> list[str]:
     return lines
 
 
-def _params(site: Site, ep: _Epilogue | None, index: str, ws: str | None, part: str, counters: str = ""):
-    """(params, signature, args) for ``part``: "fused", "partial", "reduce" or "serial" (split-K
-    in one launch: the partial's inputs, then the workspace and tile counters, then the reduce's)."""
+def _params(site: Site, ep: _Epilogue | None, index: str, ws: str | None, part: str):
+    """(params, signature, args) for ``part``: "fused", "partial" or "reduce"."""
     params: list[KernelParam] = []
     args: list[Any] = []
 
@@ -1045,7 +973,7 @@ def _params(site: Site, ep: _Epilogue | None, index: str, ws: str | None, part: 
         params.append(KernelParam(name, ParamKind.PTR, dtype))
         args.append(Buf(buf))
 
-    if part in ("fused", "partial", "serial"):
+    if part in ("fused", "partial"):
         pro = site.prologue
         if pro is None:
             ptr("a_ptr", site.a, site.dtype)
@@ -1061,11 +989,11 @@ def _params(site: Site, ep: _Epilogue | None, index: str, ws: str | None, part: 
                 ptr("sum_ptr", pro.sum_out, site.dtype)
         for g, w in enumerate(site.weights):
             ptr(f"w{g}_ptr", w, site.dtype)
-    if part in ("partial", "reduce", "serial"):
+    if part == "partial":
         ptr("ws_ptr", ws, "float32")
-    if part == "serial":
-        ptr("count_ptr", counters, "int32")
-    if part in ("fused", "reduce", "serial"):
+    if part == "reduce":
+        ptr("ws_ptr", ws, "float32")
+    if part in ("fused", "reduce"):
         for g, b in enumerate(site.biases):
             if b is not None:
                 ptr(f"b{g}_ptr", b, site.dtype)
@@ -1098,7 +1026,6 @@ def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, gri
         "BLOCK_N": cfg.block_n,
         "BLOCK_K": cfg.block_k,
         "split_k": cfg.split_k,
-        **({"serial": True} if cfg.serial else {}),
         "heuristic": HEURISTIC,
         "num_warps": cfg.num_warps,
         "num_stages": cfg.num_stages,
@@ -1196,59 +1123,6 @@ def _render_reduce(site: Site, ep: _Epilogue, cfg: TileConfig, index: str, ws: s
     name = f"gemm_{_tag(site)}_{cfg.name}_reduce"
     return _rendered(
         site, cfg, name, "split-K reduce + epilogue", body, params, signature, args, outputs, grid, ()
-    )
-
-
-def _render_serial(
-    site: Site, ep: _Epilogue, cfg: TileConfig, index: str, ws: str, counters: str
-) -> Rendered:
-    """Split-K in one launch: each K slice writes its slab as the partial kernel does, then counts
-    itself in on its tile's counter; the slice that arrives last adds every slab in slice order
-    (so the same bits as the two-launch form, whichever slice is last), runs the epilogue and
-    zeroes the counter for the next launch."""
-    s, g = cfg.split_k, len(site.weights)
-    per_slice = -(-site.k // s)
-    chunk = -(-per_slice // cfg.block_k) * cfg.block_k
-    grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)), str(s))
-    early, body = _opening(site, cfg, index, f"ks * {chunk}", chunk, sliced=True)
-    body += _k_loop(site, cfg, f"ks * {chunk}", chunk, index)
-    body.append("# each K slice writes its own slab: ws[ks, g, m, n]")
-    for gi in range(g):
-        body.append(
-            f"tl.store(ws_ptr + ((ks * {g} + {gi}) * M + rm[:, None]) * {site.n} + rn[None, :], acc{gi}, mask=mask)"
-        )
-    body += [
-        "tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)",
-        "tl.debug_barrier()  # the whole block's slab is stored before it counts itself in",
-        'arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")',
-        f"if arrived == {s - 1}:  # the tile's last slice: the other slabs are written",
-    ]
-    last = [f"acc{gi} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for gi in range(g)]
-    last.append(f"for j in tl.static_range({s}):  # fixed order: the same bits on every run")
-    for gi in range(g):
-        last.append(
-            f"    acc{gi} += tl.load(ws_ptr + ((j * {g} + {gi}) * M + rm[:, None]) * {site.n} + rn[None, :], "
-            f'mask=mask, other=0.0, cache_modifier=".cg")'
-        )
-    last.append("tl.store(count_ptr + tile, 0)  # zero again for the next launch")
-    last += _epilogue_lines(site, ep)
-    body += ["    " + line for line in last]
-    params, signature, args = _params(site, ep, index, ws, "serial", counters)
-    outputs = [ws] + [buf for buf, _, _ in ep.stores]  # the slabs: scratch the runner allocates
-    name = f"gemm_{_tag(site)}_{cfg.name}"
-    return _rendered(
-        site,
-        cfg,
-        name,
-        "split-K in one launch + epilogue",
-        body,
-        params,
-        signature,
-        args,
-        outputs,
-        grid,
-        (),
-        early,
     )
 
 
@@ -1376,7 +1250,6 @@ def add_gemm_alternatives(
         kernels=program.kernels + tuple(kernels_out.values()),
         buffers=buffers,
         alternatives=alternatives,
-        zeroed=program.zeroed + tuple(n for n in tile_counters(buffers) if n not in program.zeroed),
     )
     n = sum(len(s.candidates) for s in alternatives)
     n_attn = sum(s.id.startswith("attn_") for s in alternatives)

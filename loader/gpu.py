@@ -135,22 +135,6 @@ def check_driver(cuda_built: str, driver: int) -> None:
         )
 
 
-def zeroed_buffers(program: Program, device: torch.device) -> dict[str, torch.Tensor]:
-    """The program's ``zeroed`` buffers, allocated once and zero-filled: one-launch split-K forms
-    count their tiles there, and each launch leaves its counters zero again. They live beside the
-    weights (outside any graph's pool), since every call must find them as the last left them."""
-    out = {}
-    for name in program.zeroed:
-        spec = program.buffers.get(name)
-        if spec is None or spec.dtype != "int32" or not all(d.isdigit() for d in spec.shape):
-            raise BundleError(f"zeroed buffer {name!r} needs an int32 buffer spec of constant shape")
-        # zeros copied from the host, not filled on the device: ATen's fill kernel would be the
-        # process's first ATen kernel in a bundle that launches none, and loading ATen's kernels
-        # costs ~90 MiB of device memory (bench/memory_stages.py, probe-fill)
-        out[name] = torch.zeros([int(d) for d in spec.shape], dtype=torch.int32).to(device)
-    return out
-
-
 class KernelCall:
     """One prepared kernel step: function, parameter getters, grid, output allocations."""
 
@@ -241,7 +225,7 @@ class GpuProgram:
         state_aliases: frozenset[str] = frozenset(),
     ):
         self.program = program
-        self.weights = {**weights, **zeroed_buffers(program, device)} if program.zeroed else weights
+        self.weights = weights
         self.device = device
         self.context = Context()
         self.bundle = bundle

@@ -93,20 +93,6 @@ def check_alternatives(program: Program, path: Path | str) -> None:
         for r in step_reads(s):
             readers.setdefault(r, set()).add(i)
     all_read = set(readers) | set(program.outputs)
-    for name in program.zeroed:  # tile counters: the runner's own, never a step's output
-        spec = program.buffers.get(name)
-        if (
-            spec is None
-            or spec.dtype != "int32"
-            or not all(d.isdigit() for d in spec.shape)
-            or name in written_at
-            or name in given
-            or name in program.outputs
-        ):
-            raise BundleError(
-                f"{path}: zeroed buffer {name[:40]!r} must be an int32 buffer of constant shape that no step writes"
-            )
-    given += program.zeroed
     taken: set[int] = set()
     ids: set[str] = set()
     for site in alts:
@@ -276,7 +262,7 @@ def parse_tuning(
             continue
         checked.add(ident)
         program = programs[index]
-        given = [*(w.name for w in program.weights), *(i.name for i in program.inputs), *program.zeroed]
+        given = [*(w.name for w in program.weights), *(i.name for i in program.inputs)]
         try:
             frees_after(plan_steps(program, chosen), given, program.outputs)
         except BundleError as e:

@@ -31,9 +31,6 @@ PINNED = {
     # the archs whose cubins launch early (Kernel.dependent_launch) and a bucket's plan of every
     # site's fastest candidate (TuningCheck.whole_plan), both omitted when empty
     (1, 7): "ddc76d007178d85ce5f50710c3e4629c3f4e8e05c0d6be5b24f8c177d9281380",
-    # buffers the runner keeps zeroed across calls: one-launch split-K tile counters
-    # (Program.zeroed, omitted when empty)
-    (1, 8): "a39f5ad2b49b760f6cdc773982b47906763dc868777b268f4c1e9e0d17f2a1de",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

@@ -28,11 +28,10 @@ ROWS = (1, 16, 37)
 
 
 def _all_configs():
-    """Every config eligible at every bucket, so each form is built and checked in the tests; the
-    split-K forms meant for K >= 2048 also at the small models' K = 1024."""
+    """Every config eligible at every bucket, so each form is built and checked in the tests."""
     from aot.codegen import gemm
 
-    return tuple(replace(c, min_m=1, max_m=1 << 62, min_k=min(c.min_k, 1024)) for c in gemm.CONFIGS)
+    return tuple(replace(c, min_m=1, max_m=1 << 62) for c in gemm.CONFIGS)
 
 
 def _build(path: Path, out: Path, gemm_candidates: bool = True, stack_siblings: bool = True):
@@ -108,9 +107,8 @@ def test_sites_and_epilogues_found(built):
     alts = {n: built[n][0].program.alternatives for n in built}
     kinds = {n: [len(s.candidates) for s in a] for n, a in alts.items()}
     # mlp: up + GELU epilogue (2 one-row GEMVs + 2 skinny + 5 tiles), down + bias + residual (the
-    # same + 2 split-K pairs + 2 one-launch split-K forms at K = 1024; the one-row split-K forms
-    # need K >= 2048)
-    assert kinds["gemm_mlp"] == [9, 13] and kinds["gemm_mlp32"] == [9, 13]
+    # same + split-K at K = 1024; the narrow split-K forms need K >= 2048)
+    assert kinds["gemm_mlp"] == [9, 10] and kinds["gemm_mlp32"] == [9, 10]
     up, down = alts["gemm_mlp"]
     program = built["gemm_mlp"][0].program
     assert [program.steps[i].target for i in up.library][-2:] == [
@@ -122,14 +120,6 @@ def test_sites_and_epilogues_found(built):
     assert (down.n, down.k) == (64, 1024)
     split = down.candidates[-1]
     assert split.name.startswith("splitk") and len(split.steps) == 2 and split.steps[0].reference == ()
-    # one launch: one kernel step, counting its tiles on a counter buffer the runner keeps zeroed
-    serial = {c.name: c for c in down.candidates}["serialk2_64x32x128"]
-    (step,) = serial.steps
-    counters = [a.name for a in step.args if isinstance(a, schema.Buf) and a.name in program.zeroed]
-    assert counters == ["gemm_1_serialk2_64x32x128_tiles"]
-    assert program.buffers[counters[0]] == schema.TensorSpec("int32", ("2",))  # 64 rows at most, 64 columns
-    source = {k.id: k for k in program.kernels}[step.target].source
-    assert "tl.atomic_add(count_ptr + tile, 1" in source and "tl.store(count_ptr + tile, 0)" in source
     # swiglu: gate and up in one dual GEMM with the SiLU*up product; down with the residual
     swiglu = built["gemm_swiglu"][0].program
     gate = swiglu.alternatives[0]
@@ -176,22 +166,15 @@ def test_every_candidate_matches_its_reference(interpreted, built, name):
     program = built[name][0].program
     n_cands = sum(len(s.candidates) for s in program.alternatives)
     for sizes, comparisons in results.items():
-        checked = {c.name for c in comparisons if not c.name.endswith(("/rerun", "/counters"))}
+        checked = {c.name for c in comparisons if not c.name.endswith("/rerun")}
         assert len(checked) == n_cands, sizes
         bad = [c for c in comparisons if not c.ok]
         assert not bad, f"{name} at {sizes}: {bad[:3]}"
 
 
 def test_split_k_is_bit_identical_across_runs(interpreted):
-    """Both split-K kinds give the same bits on every run, and the one-launch forms leave their
-    tile counters zero (else the next launch's last slice would never see its count come up)."""
     reruns = [c for r in interpreted.values() for cs in r.values() for c in cs if c.name.endswith("/rerun")]
     assert reruns and all(c.ok and c.max_abs_error == 0.0 for c in reruns)
-    assert any("/serialk" in c.name for c in reruns)
-    zeroed = [
-        c for r in interpreted.values() for cs in r.values() for c in cs if c.name.endswith("/counters")
-    ]
-    assert zeroed and all(c.ok for c in zeroed)
 
 
 def test_interpreter_check_can_fail(built, tmp_path):
@@ -332,14 +315,6 @@ HOSTILE_ALTERNATIVES = {
     ),
     "no candidates": (lambda t: _site(t).update(candidates=[]), "candidates"),
     "unknown field": (lambda t: _site(t).update(evil=1), "unknown"),
-    # tile counters are the runner's: int32 of constant shape, written by no step, no input
-    "zeroed input": (lambda t: t.update(zeroed=[*t["zeroed"], "x"]), "zeroed buffer 'x'"),
-    "zeroed step output": (lambda t: t.update(zeroed=[*t["zeroed"], "addmm"]), "zeroed buffer 'addmm'"),
-    "zeroed of a symbolic size": (
-        lambda t: t["buffers"][t["zeroed"][0]].update(shape=["batch"]),
-        "constant shape",
-    ),
-    "zeroed float": (lambda t: t["buffers"][t["zeroed"][0]].update(dtype="float32"), "int32"),
 }
 
 
@@ -791,13 +766,13 @@ def test_tune_refuses_without_a_gpu(built):
 @pytest.mark.parametrize(
     "forms, rows, expected",
     [
-        # the tensor-core forms at every row count (2 skinny + 5 tiles + split-K + 2 one-launch
-        # split-K per site, the narrow split-K at K = 4096 only)
-        ("dot", ROWS, 21),
+        # the tensor-core forms at every row count (2 skinny + 5 tiles + split-K per site, the
+        # narrow split-K at K = 4096 only)
+        ("dot", ROWS, 17),
         # the one-row forms at the bucket they are built for: in the interpreter each row of a
         # larger M is a grid program of its own (37 x 1024 for the up projection); every row count
         # is checked on the small models above
-        ("one-row", (1,), 6),
+        ("one-row", (1,), 5),
     ],
 )
 def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, expected):
@@ -825,9 +800,7 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
     )
     assert len(result) == len(rows)
     for sizes, comparisons in result.items():
-        assert (
-            len({c.name for c in comparisons if not c.name.endswith(("/rerun", "/counters"))}) == expected
-        ), sizes
+        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == expected, sizes
         assert all(c.ok for c in comparisons), [c for c in comparisons if not c.ok][:3]
 
 
