@@ -218,6 +218,18 @@ def generate(
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin
     new_program = replace(program, steps=steps, kernels=tuple(kernels))
+    if not gemm_candidates:  # a candidates build leaves every GEMM to tune
+        from aot.codegen.gemm import small_gemm_kernels
+
+        new_program, small_cubins = small_gemm_kernels(
+            new_program,
+            ranges,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "the small GEMM")[:2],
+            say,
+        )
+        cubins.update(small_cubins)
+    steps, n_default_kernels = new_program.steps, len(new_program.kernels)
     if gemm_candidates:
         from aot.codegen.gemm import add_gemm_alternatives
 
@@ -232,7 +244,7 @@ def generate(
         cubins.update(gemm_cubins)
     n_kernel_steps = sum(s.kind == StepKind.KERNEL for s in steps)
     stats = BuildStats(
-        kernels=len(kernels),
+        kernels=n_default_kernels,
         kernel_steps=n_kernel_steps,
         aten_ops_fused=sum(len(s.reference) for s in steps if s.kind == StepKind.KERNEL),
         fallbacks=len(failed),
@@ -241,7 +253,7 @@ def generate(
         weights_padded=padded,
     )
     say(
-        f"  codegen done in {time.perf_counter() - start:.1f}s: {len(kernels)} kernels, {n_kernel_steps} launches, "
+        f"  codegen done in {time.perf_counter() - start:.1f}s: {n_default_kernels} kernels, {n_kernel_steps} launches, "
         f"{len(failed)} fallbacks, {hits}/{len(by_id) * len(archs)} compiles from the cache"
     )
     return Compiled(

@@ -38,7 +38,7 @@ from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered, kernel_record
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
-from aot.program import step_reads
+from aot.program import calls_cublas, step_reads
 from aot.schema import (
     Bucket,
     Buf,
@@ -1259,3 +1259,82 @@ def add_gemm_alternatives(
         f"(the library steps stay the default; `aotpack tune` picks on the GPU)"
     )
     return new, cubins, len(alternatives)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small GEMMs in the default build
+
+# A program whose only cuBLAS call is its head (a GEMM site with small weights whose result is
+# the program's output, as a CNN's classifier) runs it as a Triton kernel in the default build: a
+# process that calls cuBLAS once loads it, ~98 MiB of device memory on an H100, far more than one
+# small GEMM is worth. A build with --gemm-candidates leaves the choice to ``aotpack tune``.
+# On an H100 (bench/results/tune-{cnn,resnet50}-library-free-*.log) the form below took 4.0-4.8
+# us against cuBLAS's 4.6-7.3 for ResNet-18's 512 -> 1000 head at 1-16 rows, and 7.3-7.4 against
+# 6.9-7.7 for ResNet-50's 2048 -> 1000.
+SMALL_GEMM_FORM = "gemv_16x16x256"
+SMALL_GEMM_ELEMENTS = 1 << 22  # the weights of the program's GEMM sites, elements in all
+
+
+def small_gemm_kernels(
+    program: Program,
+    ranges: dict[str, tuple[int, int]],
+    archs: tuple[str, ...],
+    compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
+    say: Callable[[str], None],
+) -> tuple[Program, dict[tuple[str, str], bytes]]:
+    """``program`` with its head run by a Triton kernel (``SMALL_GEMM_FORM``, its epilogue fused)
+    where its only cuBLAS call is one GEMM site whose outputs are the program's and whose weights
+    come to at most ``SMALL_GEMM_ELEMENTS``; else ``program`` as it is. The kernel step keeps the
+    library steps as its reference (what the CPU runs)."""
+    from aot.codegen import kernel_id
+    from aot.loader.tuning import plan_steps
+
+    sites = find_sites(program)
+    in_sites = {i for s in sites for i in s.library}
+    if (
+        len(sites) != 1
+        or sites[0].n * sites[0].k * len(sites[0].weights) > SMALL_GEMM_ELEMENTS
+        or not set(sites[0].outputs) <= set(program.outputs)
+        or any(calls_cublas(s) for i, s in enumerate(program.steps) if i not in in_sites)
+    ):
+        return program, {}
+    (cfg,) = [c for c in CONFIGS if c.name == SMALL_GEMM_FORM]
+    known = {t.name: t.spec for t in program.inputs + program.weights}
+    forms = []
+    for site in sites:
+        try:
+            rendered = render_candidates(site, program.buffers, known, ranges, (cfg,))
+        except NoSite:
+            return program, {}
+        # a LayerNorm prologue site gets the plain form first: the program's LayerNorm kernel, then the GEMM
+        if not rendered or rendered[0][0].name != cfg.name:
+            return program, {}
+        _, kernels, extra, pre = rendered[0]
+        forms.append(
+            (site, kernels, [kernel_id(r.source, r.signature, r.config) for r in kernels], extra, pre)
+        )
+    todo = {kid: r for _, kernels, ids, _, _ in forms for kid, r in zip(ids, kernels)}
+    results, failed = compile_kernels(list(todo.items()))
+    if failed:
+        say(
+            f"  warning: a small GEMM's kernel failed to compile, the GEMMs stay cuBLAS calls: {next(iter(failed.values()))}"
+        )
+        return program, {}
+    existing = {k.id for k in program.kernels}
+    kernels = {kid: kernel_record(kid, r, results, archs) for kid, r in todo.items() if kid not in existing}
+    buffers = dict(program.buffers)
+    alternatives = []
+    for site, site_kernels, ids, extra, pre in forms:
+        buffers.update(extra)
+        steps = candidate_steps(site, site_kernels, ids, pre)
+        candidate = GemmCandidate(name=cfg.name, steps=steps)
+        m = ix.size_text(ix.parse_size(site.m))
+        alternatives.append(GemmSite(site.id, site.library, site.outputs, m, site.n, site.k, (candidate,)))
+    chosen = replace(program, alternatives=tuple(alternatives))
+    steps = plan_steps(chosen, {s.id: cfg.name for s in alternatives})
+    say("  the small GEMM at the end runs as a Triton kernel (no cuBLAS for this program)")
+    cubins = {(kid, a): results[(kid, a)].cubin for kid in kernels for a in archs}
+    return (
+        replace(program, steps=steps, buffers=buffers, kernels=program.kernels + tuple(kernels.values())),
+        cubins,
+    )

@@ -199,7 +199,8 @@ def test_interpreter_check_can_fail(built, tmp_path):
 
 
 def test_default_build_takes_no_gemm_path(tmp_path, monkeypatch):
-    """Without the flag the candidate code never runs, and the program JSON has no new field."""
+    """Without the flag no candidate is built (the default build only looks for a small head,
+    which this MLP's two GEMMs are not), and the program JSON has no new field."""
     from aot.codegen import gemm
 
     model = ROOT / "tests" / "data" / "small_mlp.py"
@@ -209,7 +210,7 @@ def test_default_build_takes_no_gemm_path(tmp_path, monkeypatch):
         raise AssertionError("GEMM candidates built without --gemm-candidates")
 
     monkeypatch.setattr(gemm, "add_gemm_alternatives", boom)
-    monkeypatch.setattr(gemm, "find_sites", boom)
+    monkeypatch.setattr(gemm, "render_candidates", boom)
     _build(model, tmp_path / "b.tpk", gemm_candidates=False)
     a, b = (hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() for n in ("a.tpk", "b.tpk"))
     assert a == b
@@ -833,3 +834,50 @@ def test_candidate_builds_are_byte_identical(built, tmp_path):
     finally:
         gemm.CONFIGS = saved
     assert (tmp_path / "again.tpk").read_bytes() == built["gemm_swiglu"][1].read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# The small head in the default build
+
+
+def test_a_small_head_runs_as_a_triton_kernel_in_the_default_build(tmp_path):
+    """The default build of a model whose only library GEMM is a small head runs the head as a
+    Triton kernel, so its process never loads cuBLAS: no step calls cuBLAS, the kernel's reference
+    is the library steps (what the CPU runs, identically), and in the interpreter the kernel
+    matches them at every bucket (fp16: 1e-2 + 1e-2·|ref|); with --gemm-candidates the head stays a
+    library step and a site for tune, and a model with GEMMs besides its head keeps them all."""
+    import torch
+
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.program import calls_cublas
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = MODELS / "gemm_head.py"
+    compiled = generate(trace(load_model_file(model)), ARCHS)
+    program = compiled.program
+    assert not any(calls_cublas(s) for s in program.steps)
+    kernels = {k.id: k for k in program.kernels}
+    (head,) = [
+        s
+        for s in program.steps
+        if s.kind == schema.StepKind.KERNEL and kernels[s.target].config["kind"] == "gemm"
+    ]
+    assert kernels[head.target].config["candidate"] == "gemv_16x16x256"
+    assert "aten.addmm.default" in [r.target for r in head.reference]
+    path = tmp_path / "head.tpk"
+    pack(compiled, path)
+    runner = load(path)  # CPU: the reference steps
+    assert runner.program.steps == program.steps
+    assert runner(torch.randn(5, 3, 8, 8).half()).shape == (5, 10)
+    (result,) = interpret_in_subprocess([(path, model, [{"batch": 1}, {"batch": 5}, {"batch": 32}], None)])
+    checked = [c for cs in result.values() for c in cs if c.kernel == head.target]
+    assert len(checked) == 3 and all(c.ok for c in checked), checked
+    assert all(c.ok for cs in result.values() for c in cs)
+    # the candidates build leaves the head to tune; gemm_mlp's two GEMMs stay cuBLAS calls
+    cand = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True).program
+    assert any(calls_cublas(s) for s in cand.steps) and len(cand.alternatives) == 1
+    mlp = generate(trace(load_model_file(MODELS / "gemm_mlp.py")), ARCHS).program
+    assert sum(calls_cublas(s) for s in mlp.steps) == 2
