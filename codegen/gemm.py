@@ -1287,7 +1287,6 @@ def small_gemm_kernels(
     come to at most ``SMALL_GEMM_ELEMENTS``; else ``program`` as it is. The kernel step keeps the
     library steps as its reference (what the CPU runs)."""
     from aot.codegen import kernel_id
-    from aot.loader.tuning import plan_steps
 
     sites = find_sites(program)
     in_sites = {i for s in sites for i in s.library}
@@ -1322,19 +1321,21 @@ def small_gemm_kernels(
         return program, {}
     existing = {k.id for k in program.kernels}
     kernels = {kid: kernel_record(kid, r, results, archs) for kid, r in todo.items() if kid not in existing}
-    buffers = dict(program.buffers)
-    alternatives = []
-    for site, site_kernels, ids, extra, pre in forms:
-        buffers.update(extra)
-        steps = candidate_steps(site, site_kernels, ids, pre)
-        candidate = GemmCandidate(name=cfg.name, steps=steps)
-        m = ix.size_text(ix.parse_size(site.m))
-        alternatives.append(GemmSite(site.id, site.library, site.outputs, m, site.n, site.k, (candidate,)))
-    chosen = replace(program, alternatives=tuple(alternatives))
-    steps = plan_steps(chosen, {s.id: cfg.name for s in alternatives})
+    ((site, site_kernels, ids, extra, pre),) = forms
+    buffers = {**program.buffers, **extra}
+    # the kernel steps stand where the site's last library step was; its other steps go
+    last, dropped = site.library[-1], set(site.library)
+    steps = []
+    for i, step in enumerate(program.steps):
+        if i == last:
+            steps.extend(candidate_steps(site, site_kernels, ids, pre))
+        elif i not in dropped:
+            steps.append(step)
     say("  the small GEMM at the end runs as a Triton kernel (no cuBLAS for this program)")
     cubins = {(kid, a): results[(kid, a)].cubin for kid in kernels for a in archs}
     return (
-        replace(program, steps=steps, buffers=buffers, kernels=program.kernels + tuple(kernels.values())),
+        replace(
+            program, steps=tuple(steps), buffers=buffers, kernels=program.kernels + tuple(kernels.values())
+        ),
         cubins,
     )
