@@ -84,8 +84,9 @@ def test_example_models_fuse_without_fallbacks(built, name):
         "aten.mul.Tensor",
     ):
         assert op not in left, f"{name}: {op} stayed a library call"
-    if name == "cnn":  # no ATen kernel left: cuDNN's convolutions and the classifier's GEMM only
-        assert left == {"aten.convolution.default", "aten.addmm.default", "aten.permute.default"}, left
+    if name == "cnn":  # no ATen kernel left, and no cuBLAS: cuDNN's convolutions only (the small
+        # classifier head is a Triton kernel, codegen/gemm.small_gemm_kernels)
+        assert left == {"aten.convolution.default"}, left
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -116,6 +117,7 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
             "reduction-loop",
             "gather",  # an embedding lookup (aot.codegen.embeddings)
             "pool",  # a max pool (aot.codegen.pooling)
+            "gemm",  # a small head (aot.codegen.gemm.small_gemm_kernels)
         )
         assert {p.kind for p in k.params} <= {"ptr", "i32", "i64"}
         compile_expr(k.bytes_moved)
@@ -131,7 +133,9 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
                 name = a.name
                 ptrs.append(name)
                 assert program.buffers.get(name, None) is not None or name in roots
-                if name not in roots and name not in s.outputs:
+                # a GEMM kernel reads its A where the program left it (the launcher lays out a
+                # view that is not in the kernel's order); fused kernels fold their views in
+                if name not in roots and name not in s.outputs and k.config["kind"] != "gemm":
                     target = producer[name]
                     assert target not in VIEW_OPS and not returns_view(target), (
                         f"{k.name} reads {name}, the result of view {target}"
@@ -144,7 +148,8 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
                 assert p.dtype == spec.dtype
             else:  # i32 unless the dim range (or the buffers it sizes) can pass 2**31
                 hi = compile_expr(a.text)({n: r[1] for n, r in ranges.items()})
-                assert p.kind == k.config["index"] and (hi < 2**31 or p.kind == "i64")
+                index = k.config["index"] if "index" in k.config else k.params[-1].kind  # a GEMM's: M's
+                assert p.kind == index and (hi < 2**31 or p.kind == "i64")
         assert set(s.outputs) <= set(ptrs)
         for o in s.outputs:  # only buffers used outside the kernel are materialized
             assert later_reads[o] > 0 or o in program.outputs, f"{k.name} materializes internal {o}"
