@@ -50,3 +50,8 @@ class EnvError(AotError):
 
 class CodegenError(AotError):
     """A kernel could not be generated or compiled."""
+
+
+class BundleWarning(UserWarning):
+    """A bundle loads, but something about it deserves a look: a signature that no longer matches
+    its manifest when no trust list is set. The CLI prints it as one ``warning:`` line."""

@@ -4,8 +4,10 @@ The end-of-central-directory record is read first, so an archive whose directory
 holds too many entries is refused before ``zipfile`` parses it. Every member's name is checked
 against the schema's layout, its size against the manifest and the zip directory, its local header
 and data against every other member's (no two overlap, all lie before the directory), and its
-sha256 before it is parsed: at open for every member but the weights (checked when they are read),
-and again on every ``read``. Reads are bounded by the sizes the manifest declares, and the deflated
+sha256 before it is parsed: at open for every member but the weights (checked when they are read).
+Each member is read from the archive once and kept (``_Members``): the signature check, the
+checksum and the parser see the same bytes, so a file rewritten while it loads cannot slip a
+second version past the checks. Reads are bounded by the sizes the manifest declares, and the deflated
 members together by ``MAX_INFLATED_TOTAL``, so a zip bomb, overlapping members or a lying
 directory end in a ``BundleError``, not an allocation or minutes of inflating. The
 program must agree with the manifest (inputs, ops, symbols, kernels) and every expression in it
@@ -20,16 +22,19 @@ import os
 import re
 import stat
 import struct
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from aot import schema
 from aot.admissible import admissible_text, admits
-from aot.errors import BundleError
+from aot.errors import BundleError, BundleWarning, SignatureError
+from aot.loader.signature import check_signature, signature_problem, trusted_keys
 from aot.loader.tuning import check_alternatives
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool
 from aot.serde import from_json, upgrade_manifest
+from aot.signing import MAX_SIGNATURE_BYTES
 from aot.symexpr import compile_expr
 
 MAX_MEMBERS = 4096
@@ -82,14 +87,53 @@ def _valid_name(name: str) -> bool:
     return name in _FIXED_MEMBERS or bool(_KERNEL_MEMBER.match(name))
 
 
+class _Members:
+    """The archive's members, each read from it once and kept: the bytes a signature or checksum
+    was checked over are the bytes handed to a parser, even if the file changes underneath (a
+    member is never reopened by name after its check). The weights are not kept: ``Bundle.read``
+    reads and checks them on each call."""
+
+    def __init__(self, zf: zipfile.ZipFile, path: Path):
+        self.zf, self.path = zf, path
+        self._data: dict[str, bytes] = {}
+
+    def read(self, info: zipfile.ZipInfo, size: int) -> bytes:
+        """The member's bytes, exactly ``size`` of them; read from the archive on first use only."""
+        data = self._data.get(info.filename)
+        if data is None:
+            data = self._data[info.filename] = _read_bounded(self.zf, info, size, self.path)
+        return data
+
+    def signed(self, name: str, limit: int) -> bytes | None:
+        """A member the trust check reads before the zip directory is verified (the signature,
+        the manifest): at most ``limit`` bytes; None when absent."""
+        infos = [i for i in self.zf.infolist() if i.filename == name]
+        if not infos:
+            return None
+        info = infos[0]
+        if len(infos) > 1:
+            raise SignatureError(
+                f"{self.path}: member {name} appears {len(infos)} times; not a bundle aotpack wrote"
+            )
+        if info.file_size > limit:
+            raise SignatureError(f"{self.path}: member {name} is {info.file_size} bytes (limit {limit})")
+        if info.flag_bits & 0x1 or info.compress_type not in _COMPRESSIONS:
+            raise SignatureError(
+                f"{self.path}: member {name} is encrypted or oddly compressed; bundles are stored or deflated"
+            )
+        return self.read(info, info.file_size)
+
+
 @dataclass
 class Bundle:
-    """An opened, verified bundle. ``read`` returns a member's bytes after checking its sha256."""
+    """An opened, verified bundle. ``read`` returns a member's bytes: those whose sha256 was checked
+    at open, or for the weights, read and checked on the call."""
 
     path: Path
     manifest: Manifest
     _zip: zipfile.ZipFile
     _infos: dict[str, zipfile.ZipInfo]
+    _members: _Members
 
     def read(self, name: str) -> bytes:
         member = self.manifest.members.get(name)
@@ -97,13 +141,11 @@ class Bundle:
             raise BundleError(f"{self.path}: member {name!r} is missing; rebuild the bundle")
         if name == schema.WEIGHTS_PATH and self.manifest.external_weights:
             data = self._read_external(member.size)
-        else:
+        elif name == schema.WEIGHTS_PATH:
             data = _read_bounded(self._zip, self._infos[name], member.size, self.path)
-        if hashlib.sha256(data).hexdigest() != member.sha256:
-            raise BundleError(
-                f"{self.path}: checksum mismatch in {name!r} (expected sha256 {member.sha256[:16]}…); "
-                f"the bundle is corrupt, rebuild or re-copy it"
-            )
+        else:
+            data = self._members.read(self._infos[name], member.size)  # checked at open
+        _check_sha256(data, member, name, self.path)
         return data
 
     def external_path(self) -> Path:
@@ -152,10 +194,14 @@ class Bundle:
         return program
 
     def signature(self):
-        """``(Signature, manifest bytes)`` of a signed bundle, not verified; None when unsigned."""
-        from aot.loader.signature import read_signature
+        """``(Signature, manifest bytes)`` of a signed bundle, not verified; None when unsigned. The
+        manifest bytes are those this bundle's manifest was parsed from."""
+        from aot.signing import decode
 
-        return read_signature(self._zip, self.path)
+        data = self._members.signed(schema.SIGNATURE_PATH, MAX_SIGNATURE_BYTES)
+        if data is None:
+            return None
+        return decode(data, str(self.path)), self._members.signed(schema.MANIFEST_PATH, MAX_MANIFEST_BYTES)
 
     def close(self) -> None:
         self._zip.close()
@@ -383,11 +429,15 @@ def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: P
     return data
 
 
-def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bundle:
-    """Open and verify the directory and manifest of a bundle (members are checked on read).
-    With ``trusted`` public keys (``aot.loader.signature.trusted_keys``), the bundle must be signed
-    by one of them, checked before anything but the zip directory is read."""
+def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = None) -> Bundle:
+    """Open and verify the directory, manifest and members of a bundle (the weights are checked
+    when read). It must be signed by one of the ``trusted`` public keys (None: those of
+    ``$AOTPACK_TRUST``, see ``aot.loader.signature.trusted_keys``; ``()``: no trust list, for
+    reading a bundle to sign it), checked before anything but the zip directory is read. Without a
+    trust list, a signature that does not match the manifest is a ``BundleWarning``."""
     path = Path(path)
+    if trusted is None:
+        trusted = trusted_keys(None)
     if not path.is_file():
         raise BundleError(f"bundle {path} does not exist or is not a file")
     try:
@@ -399,16 +449,38 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bun
         raise BundleError(
             f"{path} is not a bundle (not a readable zip archive: {type(e).__name__}: {e})"
         ) from None
+    members = _Members(zf, path)
     try:
         if trusted:
-            from aot.loader.signature import check_signature  # it reads this module's limits
-
-            check_signature(zf, path, trusted)
-        bundle = _verify(path, zf, directory_start)
+            manifest = lambda: members.signed(schema.MANIFEST_PATH, MAX_MANIFEST_BYTES) or b""  # noqa: E731
+            check_signature(
+                members.signed(schema.SIGNATURE_PATH, MAX_SIGNATURE_BYTES), manifest, path, trusted
+            )
+        bundle = _verify(path, zf, directory_start, members)
+        if not trusted:
+            _warn_on_signature(bundle, members)
     except BaseException:
         zf.close()
         raise
     return bundle
+
+
+def _warn_on_signature(bundle: Bundle, members: _Members) -> None:
+    """No trust list asked for a signature; a signed bundle whose signature fails still loads, with a
+    warning (the signature member is read, bounded, only when there is one)."""
+    info, manifest = bundle._infos.get(schema.SIGNATURE_PATH), bundle._infos[schema.MANIFEST_PATH]
+    if info is None:
+        return
+    if info.file_size > MAX_SIGNATURE_BYTES:
+        problem = (
+            f"{bundle.path}: its signature member is {info.file_size} bytes (limit {MAX_SIGNATURE_BYTES})"
+        )
+    else:
+        problem = signature_problem(
+            members.read(info, info.file_size), members.read(manifest, manifest.file_size), bundle.path
+        )
+    if problem:
+        warnings.warn(BundleWarning(problem), stacklevel=3)
 
 
 def _check_directory(path: Path) -> int:
@@ -458,7 +530,7 @@ def _check_layout(path: Path, infos: list[zipfile.ZipInfo], directory_start: int
         )
 
 
-def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int) -> Bundle:
+def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: _Members) -> Bundle:
     infos = zf.infolist()
     if len(infos) > MAX_MEMBERS:
         raise BundleError(f"{path}: {len(infos)} members (limit {MAX_MEMBERS}); not a bundle")
@@ -507,7 +579,7 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int) -> Bundle:
     minfo = by_name[schema.MANIFEST_PATH]
     if minfo.file_size > MAX_MANIFEST_BYTES:
         raise BundleError(f"{path}: manifest is {minfo.file_size} bytes (limit {MAX_MANIFEST_BYTES})")
-    raw = _read_bounded(zf, minfo, minfo.file_size, path)
+    raw = members.read(minfo, minfo.file_size)  # the bytes a trust check verified, if any
     try:
         data = _json_loads(raw, path, "manifest")
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -558,24 +630,13 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int) -> Bundle:
     # so a corrupt bundle is refused at open even where a member is not used on this device.
     for name, member in manifest.members.items():
         if name in by_name and name != schema.WEIGHTS_PATH:
-            _check_member(zf, by_name[name], member, path)
-    return Bundle(path=path, manifest=manifest, _zip=zf, _infos=by_name)
+            _check_sha256(members.read(by_name[name], member.size), member, name, path)
+    return Bundle(path=path, manifest=manifest, _zip=zf, _infos=by_name, _members=members)
 
 
-def _check_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, member: schema.Member, path: Path) -> None:
-    """Stream a member through sha256 in bounded memory."""
-    digest, seen = hashlib.sha256(), 0
-    try:
-        with zf.open(info) as f:
-            while seen <= member.size and (chunk := f.read(1 << 20)):
-                digest.update(chunk)
-                seen += len(chunk)
-    except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError ...
+def _check_sha256(data: bytes, member: schema.Member, name: str, path: Path) -> None:
+    if hashlib.sha256(data).hexdigest() != member.sha256:
         raise BundleError(
-            f"{path}: member {info.filename!r} is unreadable: {type(e).__name__}: {e}"
-        ) from None
-    if seen != member.size or digest.hexdigest() != member.sha256:
-        raise BundleError(
-            f"{path}: checksum mismatch in {info.filename!r} (expected sha256 {member.sha256[:16]}…); "
+            f"{path}: checksum mismatch in {name!r} (expected sha256 {member.sha256[:16]}…); "
             f"the bundle is corrupt, rebuild or re-copy it"
         )

@@ -16,6 +16,7 @@ import safetensors.torch
 import zstandard
 
 import aot.loader.weights
+from aot import schema
 from aot.errors import BundleError
 from aot.loader import load
 from aot.loader.bundle import open_bundle
@@ -87,10 +88,11 @@ def test_crc_consistent_corruption_in_place(tmp_path, built):
             load(path)
 
 
-def test_cubin_is_rehashed_on_every_read(tmp_path, built, monkeypatch):
-    """A member is hashed again on every read, right before it is used: bytes that changed after the
-    bundle was opened and verified (disk corruption, a file rewritten in place) never reach
-    ``cuModuleLoadData``. The change is simulated at the one place the bytes come from."""
+def test_members_are_used_as_checked_and_weights_rehashed_on_every_read(tmp_path, built, monkeypatch):
+    """A member is read from the archive once, hashed and kept: bytes that changed after the bundle
+    was opened and verified (disk corruption, a file rewritten in place) never reach
+    ``cuModuleLoadData``. The weights, not kept, are hashed again on every read. The change is
+    simulated at the one place the bytes come from."""
     import aot.loader.bundle as bundle_module
 
     bundle = open_bundle(built("branchy"))
@@ -99,9 +101,10 @@ def test_cubin_is_rehashed_on_every_read(tmp_path, built, monkeypatch):
         good = bundle.read(cubin)
         real = bundle_module._read_bounded
         monkeypatch.setattr(bundle_module, "_read_bounded", lambda *a: _corrupt(real(*a)))
-        with pytest.raises(BundleError, match=f"checksum mismatch in '{cubin}'"):
-            bundle.read(cubin)
-        monkeypatch.setattr(bundle_module, "_read_bounded", real)
         assert bundle.read(cubin) == good
+        with pytest.raises(BundleError, match=f"checksum mismatch in '{schema.WEIGHTS_PATH}'"):
+            bundle.read(schema.WEIGHTS_PATH)
+        monkeypatch.setattr(bundle_module, "_read_bounded", real)
+        assert bundle.read(schema.WEIGHTS_PATH)
     finally:
         bundle.close()

@@ -199,8 +199,36 @@ def test_the_environment_sets_trust_for_a_whole_server(signed, built, keys, monk
     monkeypatch.setenv("AOTPACK_TRUST", _trust(keys, "theirs")[0])
     with pytest.raises(SignatureError, match="which is not a trusted key"):
         load(signed)
-    out, _ = _outputs(load(built("branchy"), trust=[]))  # an explicit list overrides the environment
-    assert out is not None
+    # an empty list names no key of its own: the server's trust list still holds
+    with pytest.raises(SignatureError, match="the bundle is not signed"):
+        load(built("branchy"), trust=[])
+
+
+def test_the_manifest_checked_is_the_manifest_parsed(signed, keys, monkeypatch):
+    """Whoever can rewrite the file while it loads swaps the manifest between reads: every member
+    is read once, and the signature, the checksums and the parser see those bytes."""
+    import io
+
+    entries = read_entries(signed.read_bytes())
+    good = next(e.data for e in entries if e.name == schema.MANIFEST_PATH)
+    evil = good.replace(b'"branchy"', b'"brunchy"')  # as long as the original, a widened guard alike
+    assert evil != good and len(evil) == len(good)
+    opened: list[str] = []
+    original_open = zipfile.ZipFile.open
+
+    def swapping_open(self, name, *args, **kwargs):
+        name = getattr(name, "filename", name)
+        opened.append(name)
+        if name == schema.MANIFEST_PATH and opened.count(name) > 1:
+            return io.BytesIO(evil)  # the second read sees the attacker's version
+        return original_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", swapping_open)
+    runner = load(signed, trust=_trust(keys, "ours"))
+    runner.bundle.close()
+    assert runner.manifest.name == "branchy"
+    assert opened.count(schema.MANIFEST_PATH) == 1
+    assert len(opened) == len(set(opened))  # no member reopened after its check
 
 
 def test_bad_trust_files_and_a_missing_library_are_environment_errors(signed, keys, monkeypatch):
