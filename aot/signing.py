@@ -22,6 +22,7 @@ import binascii
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,8 +89,15 @@ def decode(data: bytes, where: str) -> Signature:
 
 
 def _read_key_file(path: str | os.PathLike, what: str) -> bytes:
+    """A key file's bytes; a FIFO, device or folder is refused at once (O_NONBLOCK: opening a FIFO
+    with no writer would wait forever)."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise EnvError(
+                    f"{what} {path}: not a regular file (a FIFO, device or folder); give the key file itself"
+                )
             return f.read(1 << 16)
     except OSError as e:
         raise EnvError(

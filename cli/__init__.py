@@ -15,7 +15,7 @@ import click
 
 from aot.cli.commands import cli
 from aot.cli.options import output_options
-from aot.errors import AotError, EnvError, printable
+from aot.errors import AotError, BundleWarning, EnvError, printable
 
 __all__ = ["cli", "main"]
 
@@ -23,8 +23,14 @@ for _command in (cli, *cli.commands.values()):
     _command.params.extend(output_options())
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    click.echo(f"warning: {printable(str(message))}", err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", category=BundleWarning)  # once per bundle and message
+    warnings.showwarning = _show_warning
     try:
         cli.main(args=argv, prog_name="aotpack", standalone_mode=False)
     except AotError as e:
@@ -34,7 +40,9 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        e.show()
+        usage = isinstance(e, click.UsageError) and e.ctx is not None
+        hint = f" (see `{e.ctx.command_path} --help`)" if usage else ""
+        click.echo(f"error: {printable(e.format_message())}{hint}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

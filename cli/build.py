@@ -9,9 +9,10 @@ import time
 
 import click
 
+from aot.cli.options import trust_option
 from aot.cli.progress import PROGRESS
 from aot.cli.reports import mb
-from aot.errors import AotError
+from aot.errors import AotError, EnvError
 
 _info = PROGRESS.say  # progress: dropped under --quiet
 _result = PROGRESS.result  # results and warnings: always shown
@@ -83,9 +84,7 @@ def build(
 
         check_archs(archs)  # before the trace: a minute of tracing must not end in a ptxas crash
     output = output or os.path.splitext(os.path.basename(model))[0] + ".tpk"
-    folder = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):  # found before the trace, not after
-        raise click.ClickException(f"cannot write {output}: {folder} is not a folder this user can write to")
+    _check_folder(output)  # found before the trace, not after
     _check_output(output, [model, weights], force)
     start = time.perf_counter()
     spec = load_model_file(model)
@@ -123,6 +122,17 @@ def build(
         f"wrote {output} ({mb(size)}, {n_kernels} kernels for "
         f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s"
     )
+
+
+def _check_folder(output: str) -> None:
+    """The bundle's folder exists and this user may write in it."""
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.exists(folder):
+        raise EnvError(f"cannot write {output}: the folder {folder} does not exist; create it first")
+    if not os.path.isdir(folder):
+        raise EnvError(f"cannot write {output}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK):
+        raise EnvError(f"cannot write {output}: this user may not write to the folder {folder}")
 
 
 def _check_output(output: str, inputs: list[str | None], force: bool) -> None:
@@ -168,6 +178,7 @@ _ARCH_HELP = "archs a build of MODEL.py targets (env archs in its manifest)"
 @click.argument("target", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the manifest to this file")
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
+@trust_option
 def guards(target: str, output: str | None, arch: str) -> None:
     """Print the guard manifest of a BUNDLE, a MODEL.py (traced, nothing compiled) or a manifest
     file (rewritten in canonical form)."""
@@ -190,7 +201,7 @@ class _VerdictCommand(click.Command):
 
         try:
             return super().make_context(*args, **kwargs)
-        except click.UsageError as e:
+        except (click.UsageError, AotError) as e:  # a bad option, a bad --trust key
             e.exit_code = EXIT_ERROR
             raise
 
@@ -213,6 +224,7 @@ class _VerdictCommand(click.Command):
 @click.argument("new", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
+@trust_option
 def diff_command(old: str, new: str, as_json: bool, arch: str) -> None:
     """Classify every change from OLD to NEW: each a bundle, a manifest file or a MODEL.py.
 
@@ -241,6 +253,7 @@ def diff_command(old: str, new: str, as_json: bool, arch: str) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--arch", default="sm_80,sm_90", show_default=True, help=_ARCH_HELP)
+@trust_option
 def stale_manifest_command(model: str, against: str, as_json: bool, arch: str) -> None:
     """Re-trace MODEL.py (nothing compiled) and fail if the committed manifest no longer matches.
 

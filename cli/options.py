@@ -70,3 +70,27 @@ def parse_sizes(text: str) -> dict[str, int]:
     if not out:
         raise click.UsageError("--sizes expects name=N,... (e.g. batch=3,seq=77)")
     return out
+
+
+def _trust(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
+    """``--trust`` replaces ``$AOTPACK_TRUST`` for this command and the processes it starts (the
+    server of ``serve``): every bundle the command opens is then checked against it. Every key is
+    read now, so a bad key file, or one that would block (a FIFO), is refused before any work."""
+    from aot.loader.signature import TRUST_ENV, trusted_keys
+
+    if value:
+        os.environ[TRUST_ENV] = os.pathsep.join(os.path.abspath(v) for v in value)
+    trusted_keys(None)
+
+
+def trust_option(command):
+    """``--trust KEY.pub`` (repeatable) for a verb that reads bundles."""
+    return click.option(
+        "--trust",
+        multiple=True,
+        type=click.Path(dir_okay=False),
+        expose_value=False,
+        callback=_trust,
+        help="public key file (KEY.pub of `aotpack keygen`); repeatable: read only bundles signed by one "
+        "of them [default: $AOTPACK_TRUST, os.pathsep-separated]",
+    )(command)

@@ -20,9 +20,11 @@ def mb(n: int) -> str:
 
 
 def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
-    """(manifest, the ``inspect --json`` object): members, steps per program, kernels, buckets."""
+    """(manifest, the ``inspect --json`` object): members, steps per program, kernels, buckets.
+    Every member's sha256 is checked, the weights' too: a corrupt bundle is a ``BundleError``."""
     b = open_bundle(bundle)
     try:
+        b.check_weights()  # every member checked: "matches the manifest" then speaks for the bundle
         m = b.manifest
         program = b.program()
         signed = b.signature()

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from aot.cli.options import parse_bytes, parse_sizes
+from aot.cli.options import parse_bytes, parse_sizes, trust_option
 from aot.cli.progress import PROGRESS
 from aot.cli.reports import checks_note
 from aot.errors import printable
@@ -70,13 +70,7 @@ _result = PROGRESS.result  # results and warnings: always shown
     show_default=True,
     help="capture each bucket's CUDA graph on its first call, or all at load (largest first)",
 )
-@click.option(
-    "--trust",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="public key file (KEY.pub of `aotpack keygen`); repeatable: load only bundles signed by one "
-    "of them [default: $AOTPACK_TRUST, os.pathsep-separated]",
-)
+@trust_option
 def load(
     bundle: str,
     inputs_file: str | None,
@@ -90,7 +84,6 @@ def load(
     no_graphs: bool,
     max_memory: int | None,
     capture: str,
-    trust: tuple[str, ...],
 ) -> None:
     """Load BUNDLE, run it, time it, and check it against a reference: the eager outputs recorded
     at build time (example inputs) or, on a GPU, the same bundle on the CPU. Exit 2 on FAIL."""
@@ -104,12 +97,10 @@ def load(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
-    trusted = list(trust) or None  # None: $AOTPACK_TRUST
     runner = load_bundle(
         bundle,
         device=device,
         capture="none" if no_graphs else capture,
-        trust=trusted,
         max_memory=max_memory,
     )
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
@@ -132,7 +123,7 @@ def load(
     if reference is None and runner.device.type == "cuda":
         from aot.pytree import leaves
 
-        on_cpu = load_bundle(bundle, device="cpu", trust=trusted)
+        on_cpu = load_bundle(bundle, device="cpu")
         reference = leaves(on_cpu(**{k: v.cpu() for k, v in inputs.items()}))
         reference_name = "cpu program"
     report = bench.run(runner, bundle, inputs, reference, reference_name, iters, warmup, atol)
@@ -175,6 +166,7 @@ def load(
     help="keep the checked choices: do not move every GEMM site onto a candidate where that leaves "
     "no cuBLAS call at the buckets for at most 2% of the whole program",
 )
+@trust_option
 def tune(
     bundle: str,
     output: str | None,
@@ -224,6 +216,7 @@ def tune(
 @click.command()
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--device", default="cuda", show_default=True, help="the GPU to verify on")
+@trust_option
 def verify(bundle: str, device: str) -> None:
     """On a GPU: every kernel against its reference decomposition and the whole program against
     the CPU reference path, at the bundle's buckets; prints max errors, exits 2 on a mismatch."""
@@ -265,6 +258,12 @@ def verify(bundle: str, device: str) -> None:
         sys.exit(2)
 
 
+# Option ranges of ``generate``: token ids are int64 tensor values; a temperature below 1e-3
+# overflows float32 logits (±1e2 / 1e-45 is inf), and sampling that cold is greedy decoding anyway.
+TOKEN_ID_MAX = 2**63 - 1
+TEMPERATURES = (1e-3, 1e3)
+
+
 def _parse_prompts(text: str) -> list[list[int]]:
     """``"1,2,3;4,5"`` → ``[[1, 2, 3], [4, 5]]``."""
     prompts = []
@@ -287,19 +286,30 @@ def _parse_prompts(text: str) -> list[list[int]]:
     "--max-new-tokens", required=True, type=click.IntRange(1, 1 << 20), help="tokens to generate per prompt"
 )
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N, or auto")
-@click.option("--eos-token-id", type=int, help="a prompt stops after this token (kept in its output)")
-@click.option("--pad-token-id", type=int, help="fed to prompts that stopped [default: eos, else 0]")
-@click.option("--sample", is_flag=True, help="sample instead of greedy decoding")
-@click.option("--temperature", default=1.0, show_default=True, type=float, help="with --sample")
-@click.option("--top-k", type=click.IntRange(1), help="with --sample: only the k most likely tokens")
-@click.option("--seed", type=int, help="with --sample: seed of the sampling generator")
-@click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
 @click.option(
-    "--trust",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="public key file: load only bundles signed by one of them [default: $AOTPACK_TRUST]",
+    "--eos-token-id",
+    type=click.IntRange(0, TOKEN_ID_MAX),
+    help="a prompt stops after this token (kept in its output)",
 )
+@click.option(
+    "--pad-token-id",
+    type=click.IntRange(0, TOKEN_ID_MAX),
+    help="fed to prompts that stopped [default: eos, else 0]",
+)
+@click.option("--sample", is_flag=True, help="sample instead of greedy decoding")
+@click.option(
+    "--temperature",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(*TEMPERATURES),
+    help="with --sample: logits are divided by it (below 0.001 sampling is greedy decoding: leave out --sample)",
+)
+@click.option("--top-k", type=click.IntRange(1), help="with --sample: only the k most likely tokens")
+@click.option(
+    "--seed", type=click.IntRange(0, 2**64 - 1), help="with --sample: seed of the sampling generator"
+)
+@click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
+@trust_option
 def generate_tokens(
     bundle: str,
     prompt_ids: str,
@@ -312,7 +322,6 @@ def generate_tokens(
     top_k: int | None,
     seed: int | None,
     no_graphs: bool,
-    trust: tuple[str, ...],
 ) -> None:
     """Generate tokens with a causal-LM BUNDLE (aot.hf.causal_lm: prefill and decode over a KV
     cache): prints each prompt's new token ids, space-separated, one line per prompt (the last
@@ -325,9 +334,7 @@ def generate_tokens(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
-    runner = load_bundle(
-        bundle, device=device, capture="none" if no_graphs else "lazy", trust=list(trust) or None
-    )
+    runner = load_bundle(bundle, device=device, capture="none" if no_graphs else "lazy")
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
     stamps: list[float] = []
 

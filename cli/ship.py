@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from aot.cli.options import trust_option
 from aot.cli.progress import PROGRESS
 
 _info = PROGRESS.say  # progress: dropped under --quiet
@@ -42,7 +43,7 @@ def sign(bundle: str, key: str) -> None:
     from aot.loader import open_bundle
     from aot.packager.sign import sign_bundle
 
-    open_bundle(bundle).close()  # sign only a bundle that verifies
+    open_bundle(bundle, ()).close()  # sign only a bundle that verifies (whatever $AOTPACK_TRUST says)
     sig = sign_bundle(bundle, key)
     _result(f"signed {bundle} with key {sig.fingerprint}")
 
@@ -50,11 +51,25 @@ def sign(bundle: str, key: str) -> None:
 @click.command()
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def inspect(bundle: str, as_json: bool) -> None:
-    """Summarize a bundle: members, program, kernels, buckets, environment."""
+@click.option(
+    "--verify",
+    "full",
+    is_flag=True,
+    help="also run every check a load does (each program against the manifest and the guards, "
+    "the weights decoded, the memory plan), on the CPU",
+)
+@trust_option
+def inspect(bundle: str, as_json: bool, full: bool) -> None:
+    """Summarize a bundle: members, program, kernels, buckets, environment. Every member's sha256
+    is checked (exit 1 on a corrupt bundle); --verify also loads it."""
     from aot.cli.reports import bundle_summary, summary_text
 
     manifest, info = bundle_summary(bundle)
+    if full:
+        from aot.loader import load
+
+        load(bundle, device="cpu", capture="none").bundle.close()
+        _info(f"verified {bundle}: every member's sha256, and it loads on the CPU")
     if as_json:
         click.echo(json.dumps(info, indent=1, sort_keys=True))
     else:
@@ -83,6 +98,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     show_default=True,
     help="seconds SIGTERM waits for requests in flight",
 )
+@trust_option
 def serve(
     bundle: str,
     name: str | None,
@@ -136,6 +152,7 @@ def serve(
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--max-queue-delay-us", type=click.IntRange(0), default=2000, show_default=True)
 @click.option("--force", is_flag=True, help="replace OUTPUT/NAME when it exists")
+@trust_option
 def triton_repo(
     bundle: str, output: str, name: str | None, device: str, max_queue_delay_us: int, force: bool
 ) -> None:

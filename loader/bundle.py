@@ -148,6 +148,24 @@ class Bundle:
         _check_sha256(data, member, name, self.path)
         return data
 
+    def check_weights(self) -> None:
+        """Hash the weights in bounded memory, keeping none of them: what a report on the bundle
+        (``inspect``, ``guards``) checks, so that it never vouches for corrupt weights."""
+        member = self.manifest.members[schema.WEIGHTS_PATH]
+        if self.manifest.external_weights:
+            _check_sha256(self._read_external(member.size), member, schema.WEIGHTS_PATH, self.path)
+            return
+        digest, seen = hashlib.sha256(), 0
+        try:
+            with self._zip.open(self._infos[schema.WEIGHTS_PATH]) as f:
+                while seen <= member.size and (chunk := f.read(1 << 20)):
+                    digest.update(chunk)
+                    seen += len(chunk)
+        except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError ...
+            raise _unreadable(self.path, schema.WEIGHTS_PATH, e) from None
+        if seen != member.size or digest.hexdigest() != member.sha256:
+            raise _mismatch(self.path, schema.WEIGHTS_PATH, member)
+
     def external_path(self) -> Path:
         name = self.manifest.external_weights
         if not _EXTERNAL_WEIGHTS.match(name):
@@ -419,9 +437,7 @@ def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: P
     except BundleError:
         raise
     except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError, NotImplementedError ...
-        raise BundleError(
-            f"{path}: member {info.filename!r} is unreadable: {type(e).__name__}: {e}"
-        ) from None
+        raise _unreadable(path, info.filename, e) from None
     if len(data) != size:
         raise BundleError(
             f"{path}: member {info.filename!r} holds {len(data)}+ bytes, the manifest says {size}"
@@ -446,9 +462,7 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = Non
     except BundleError:
         raise
     except Exception as e:
-        raise BundleError(
-            f"{path} is not a bundle (not a readable zip archive: {type(e).__name__}: {e})"
-        ) from None
+        raise _not_a_zip(path, f"not a readable zip archive: {type(e).__name__}") from None
     members = _Members(zf, path)
     try:
         if trusted:
@@ -483,13 +497,23 @@ def _warn_on_signature(bundle: Bundle, members: _Members) -> None:
         warnings.warn(BundleWarning(problem), stacklevel=3)
 
 
+def _not_a_zip(path: Path, why: str) -> BundleError:
+    """A file that starts as a zip archive does but does not read as one was cut short or damaged;
+    anything else is not a bundle at all."""
+    with open(path, "rb") as f:
+        started = f.read(4) == zipfile.stringFileHeader
+    if started:
+        return BundleError(f"{path}: {why}: the bundle is {CORRUPT}")
+    return BundleError(f"{path} is not a bundle ({why}); give a .tpk that `aotpack build` wrote")
+
+
 def _check_directory(path: Path) -> int:
     """Read the end-of-central-directory record (the one ``zipfile`` reads next, found the same
     way) and refuse a directory too large to parse; returns where the directory starts."""
     with open(path, "rb") as f:
         end = zipfile._EndRecData(f)  # zipfile's own reader: the same record it will use
     if not end:
-        raise BundleError(f"{path} is not a bundle (no zip end-of-central-directory record)")
+        raise _not_a_zip(path, "no zip directory at its end")
     # the record's fields: [4] entries in total, [5] directory size, [9] where the record starts
     entries, size, location = end[4], end[5], end[9]
     if entries > MAX_MEMBERS or size > MAX_DIRECTORY_BYTES:
@@ -583,7 +607,9 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: _Mem
     try:
         data = _json_loads(raw, path, "manifest")
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise BundleError(f"{path}: manifest is not valid UTF-8 JSON: {e}") from None
+        raise BundleError(
+            f"{path}: manifest is not UTF-8 JSON ({type(e).__name__}): the bundle is {CORRUPT}"
+        ) from None
     if not isinstance(data, dict):
         raise BundleError(f"{path}: manifest is not a JSON object")
     _check_depth(data, path, "manifest")
@@ -634,9 +660,23 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: _Mem
     return Bundle(path=path, manifest=manifest, _zip=zf, _infos=by_name, _members=members)
 
 
+CORRUPT = "corrupt or truncated: rebuild or re-copy it"  # what every damaged bundle is told
+
+
 def _check_sha256(data: bytes, member: schema.Member, name: str, path: Path) -> None:
     if hashlib.sha256(data).hexdigest() != member.sha256:
-        raise BundleError(
-            f"{path}: checksum mismatch in {name!r} (expected sha256 {member.sha256[:16]}…); "
-            f"the bundle is corrupt, rebuild or re-copy it"
-        )
+        raise _mismatch(path, name, member)
+
+
+def _mismatch(path: Path, name: str, member: schema.Member) -> BundleError:
+    return BundleError(
+        f"{path}: checksum mismatch in {name!r} (expected sha256 {member.sha256[:16]}…): the bundle is {CORRUPT}"
+    )
+
+
+def _unreadable(path: Path, name: str, e: Exception) -> BundleError:
+    """A member zipfile cannot inflate or whose CRC fails; the library's own text (raw zlib
+    errors) says nothing a user can act on."""
+    return BundleError(
+        f"{path}: member {name!r} cannot be read ({type(e).__name__}): the bundle is {CORRUPT}"
+    )

@@ -33,6 +33,7 @@ def read_side(path: str, archs: tuple[str, ...] | None = None) -> Side:
 
         bundle = open_bundle(path)
         try:
+            bundle.check_weights()  # a review never vouches for a bundle whose weights are corrupt
             return Side(path, manifest_of_bundle(bundle.manifest), bundle_path=path)
         finally:
             bundle.close()
