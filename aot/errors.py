@@ -16,6 +16,12 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``counted(1, "kernel")`` → "1 kernel", ``counted(3, "kernel")`` → "3 kernels": progress and
+    report lines read right at every count."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 class AotError(Exception):
     """Root of every aotpack error. ``exit_code`` is what the CLI exits with."""
 

@@ -11,11 +11,16 @@ import click
 
 from aot.cli.options import trust_option
 from aot.cli.progress import PROGRESS
-from aot.cli.reports import mb
-from aot.errors import AotError, EnvError
+from aot.cli.reports import mb, sizes_text
+from aot.errors import AotError, EnvError, counted
 
 _info = PROGRESS.say  # progress: dropped under --quiet
 _result = PROGRESS.result  # results and warnings: always shown
+
+# A build warns when its CUDA graphs may hold more than this at the largest bucket, or when a
+# symbol has more buckets than this: what a huge Dim max (1e9: 31 powers of two) costs a server.
+LARGE_PEAK_BYTES = 8 << 30
+MANY_BUCKETS = 16
 
 
 @click.command()
@@ -85,7 +90,7 @@ def build(
         check_archs(archs)  # before the trace: a minute of tracing must not end in a ptxas crash
     output = output or os.path.splitext(os.path.basename(model))[0] + ".tpk"
     _check_folder(output)  # found before the trace, not after
-    _check_output(output, [model, weights], force)
+    was_signed = _check_output(output, [model, weights], force)
     start = time.perf_counter()
     spec = load_model_file(model)
     _info(f"tracing {model} …")
@@ -96,15 +101,8 @@ def build(
         f"  traced in {traced.trace_seconds:.1f}s: {len(traced.program.steps)} ATen steps{programs}, "
         f"{len(traced.weights)} weights"
     )
-    for sym in traced.guards.symbols:
-        if (sym.min, sym.max, sym.modulus, sym.excluded) != (sym.declared_min, sym.declared_max, 1, ()):
-            from aot.admissible import admissible_text
-
-            sites = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in sym.sources) or "tracing"
-            _result(
-                f"  warning: narrowed as allowed: {sym.name} declared {sym.declared_min}..{sym.declared_max} "
-                f"admits only {admissible_text(sym)} ({sites})"
-            )
+    for narrowed in _narrowings(traced.guards):
+        _result(f"  warning: narrowed as allowed: {narrowed}")
     with PROGRESS.heartbeat("generating kernels"):
         compiled = generate(
             traced,
@@ -115,12 +113,34 @@ def build(
             stack_siblings=not keep_siblings,
             channels_last=not no_channels_last,
         )
-    pack(compiled, output, split_weights=split_weights)
+    manifest = pack(compiled, output, split_weights=split_weights)
+    _warn_on_buckets(manifest)
+    if was_signed:
+        _result(
+            f"  warning: {output} was signed; the rebuilt bundle is not (a signature covers one build): "
+            f"sign it again with `aotpack sign {output} --key KEY`"
+        )
     size = os.path.getsize(output)
     n_kernels = len({k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels})
     _result(
-        f"wrote {output} ({mb(size)}, {n_kernels} kernels for "
+        f"wrote {output} ({mb(size)}, {counted(n_kernels, 'kernel')} for "
         f"{', '.join(archs)}) in {time.perf_counter() - start:.1f}s"
+    )
+
+
+def _warn_on_buckets(manifest) -> None:
+    """A huge Dim max builds, but the loader captures a CUDA graph per bucket up to it: say how
+    many and what the largest holds, and how to bound them."""
+    plan = manifest.stats.memory_plan
+    largest = max(plan, key=lambda b: b.peak_bytes, default=None)
+    many = any(len(b.sizes) > MANY_BUCKETS for b in manifest.buckets)
+    if largest is None or (largest.peak_bytes <= LARGE_PEAK_BYTES and not many):
+        return
+    counts = ", ".join(f"{len(b.sizes)} for {b.symbol}" for b in manifest.buckets)
+    _result(
+        f"  warning: {len(plan)} CUDA-graph buckets ({counts}), peak activations "
+        f"{largest.peak_bytes / 1e9:.1f} GB at {sizes_text(largest.sizes)}; bound them with a smaller "
+        f"Dim max or Dim(..., buckets=(...)) in the model file"
     )
 
 
@@ -135,12 +155,28 @@ def _check_folder(output: str) -> None:
         raise EnvError(f"cannot write {output}: this user may not write to the folder {folder}")
 
 
-def _check_output(output: str, inputs: list[str | None], force: bool) -> None:
-    """Refuse to overwrite an input of the build, or (without ``--force``) a file that is not a bundle."""
+def _narrowings(guards) -> list[str]:
+    """Each symbol that admits less than its declared range: what, and the model lines why."""
+    from aot.admissible import admissible_text
+
+    out = []
+    for sym in guards.symbols:
+        if (sym.min, sym.max, sym.modulus, sym.excluded) != (sym.declared_min, sym.declared_max, 1, ()):
+            sites = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in sym.sources) or "tracing"
+            out.append(
+                f"{sym.name} declared {sym.declared_min}..{sym.declared_max} admits only "
+                f"{admissible_text(sym)} ({sites})"
+            )
+    return out
+
+
+def _check_output(output: str, inputs: list[str | None], force: bool) -> bool:
+    """Refuse to overwrite an input of the build, or (without ``--force``) a file that is not a
+    bundle; whether the bundle it replaces was signed."""
     from aot.packager.files import is_bundle
 
     if not os.path.lexists(output):
-        return
+        return False
     for given in filter(None, inputs):
         if os.path.exists(given) and os.path.exists(output) and os.path.samefile(given, output):
             raise click.ClickException(
@@ -150,6 +186,19 @@ def _check_output(output: str, inputs: list[str | None], force: bool) -> None:
         raise click.ClickException(
             f"-o {output} exists and is not an aotpack bundle; give another path, or --force to overwrite it"
         )
+    return _signed(output)
+
+
+def _signed(path: str) -> bool:
+    import zipfile
+
+    from aot import schema
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return schema.SIGNATURE_PATH in zf.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
 
 
 def _read_side(target: str, arch: str):
@@ -181,8 +230,23 @@ _ARCH_HELP = "archs a build of MODEL.py targets (env archs in its manifest)"
 @trust_option
 def guards(target: str, output: str | None, arch: str) -> None:
     """Print the guard manifest of a BUNDLE, a MODEL.py (traced, nothing compiled) or a manifest
-    file (rewritten in canonical form)."""
-    text = _manifest_text(target, arch)
+    file (rewritten in canonical form). For a MODEL.py, says where the build would narrow the
+    declared ranges (and refuse to, without --allow-narrowing)."""
+    if target.endswith(".py"):
+        from aot.codegen import parse_archs
+        from aot.manifest_text import render_manifest
+        from aot.tracer import guard_manifest, load_model_file
+
+        spec = load_model_file(target)
+        manifest = guard_manifest(spec, parse_archs(arch))
+        for narrowed in _narrowings(manifest.guards):
+            if spec.allow_narrowing:
+                _result(f"warning: narrowed as the model file allows: {narrowed}")
+            else:
+                _result(f"warning: `aotpack build` refuses this model without --allow-narrowing: {narrowed}")
+        text = render_manifest(manifest)
+    else:
+        text = _manifest_text(target, arch)
     if output:
         with open(output, "w", newline="\n") as f:
             f.write(text)

@@ -11,7 +11,7 @@ import click
 from aot.cli.options import parse_bytes, parse_sizes, trust_option
 from aot.cli.progress import PROGRESS
 from aot.cli.reports import checks_note
-from aot.errors import printable
+from aot.errors import EnvError, printable
 
 _info = PROGRESS.say  # progress: dropped under --quiet
 _result = PROGRESS.result  # results and warnings: always shown
@@ -87,15 +87,13 @@ def load(
 ) -> None:
     """Load BUNDLE, run it, time it, and check it against a reference: the eager outputs recorded
     at build time (example inputs) or, on a GPU, the same bundle on the CPU. Exit 2 on FAIL."""
-    import torch
 
     from aot.cli import bench
     from aot.loader import load as load_bundle
 
     if inputs_file and sizes:
         raise click.UsageError("--inputs and --sizes both choose the inputs; give one")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device(device)
     start = time.perf_counter()
     runner = load_bundle(
         bundle,
@@ -111,7 +109,7 @@ def load(
         try:
             inputs = load_file(inputs_file, device=str(runner.device))
         except Exception as e:
-            raise click.ClickException(f"cannot read inputs {inputs_file}: {e}") from None
+            raise click.ClickException(_inputs_problem(inputs_file, e)) from None
     elif sizes:
         inputs = runner.inputs_at(parse_sizes(sizes))
     else:
@@ -264,6 +262,33 @@ TOKEN_ID_MAX = 2**63 - 1
 TEMPERATURES = (1e-3, 1e3)
 
 
+def _device(device: str) -> str:
+    """``--device``: "auto" picks the GPU when torch sees one; a GPU asked for that torch does not
+    see is refused here, in the terms of the option."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EnvError(f"--device {device}: torch sees no CUDA GPU; run with --device cpu (or --device auto)")
+    return device
+
+
+def _inputs_problem(path: str, e: Exception) -> str:
+    """Why ``--inputs`` could not be read; a torch.save file (zip or pickle) is told what to write."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        return f"--inputs {path}: cannot be read ({err.strerror})"
+    if head == b"PK\x03\x04" or head[:1] == b"\x80":
+        return (
+            f"--inputs {path} looks like a torch.save file; it expects safetensors: write one with "
+            f"safetensors.torch.save_file({{'x': tensor, ...}}, '{path}.safetensors')"
+        )
+    return f"--inputs {path}: not a safetensors file ({printable(str(e))[:200]})"
+
+
 def _parse_prompts(text: str) -> list[list[int]]:
     """``"1,2,3;4,5"`` → ``[[1, 2, 3], [4, 5]]``."""
     prompts = []
@@ -326,13 +351,11 @@ def generate_tokens(
     """Generate tokens with a causal-LM BUNDLE (aot.hf.causal_lm: prefill and decode over a KV
     cache): prints each prompt's new token ids, space-separated, one line per prompt (the last
     line for one prompt); tokens/s on stderr."""
-    import torch
 
     from aot.loader import load as load_bundle
 
     prompts = _parse_prompts(prompt_ids)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device(device)
     start = time.perf_counter()
     runner = load_bundle(bundle, device=device, capture="none" if no_graphs else "lazy")
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from aot.errors import CodegenError
+from aot.errors import CodegenError, counted
 from aot.schema import BuildStats, StepKind
 from aot.stages import Compiled, Traced
 
@@ -43,7 +43,7 @@ def kernel_id(source: str, signature: dict, config: dict) -> str:
 
 
 def compile_kernels(
-    rendered: dict[str, Any], archs: tuple[str, ...], say: Callable[[str], None], what: str = "kernels"
+    rendered: dict[str, Any], archs: tuple[str, ...], say: Callable[[str], None], what: str = "kernel"
 ) -> tuple[dict[tuple[str, str], Any], dict[str, str], int]:
     """Compile each rendered kernel (id → ``Rendered``) for every arch, through the kernel cache.
     Returns the results by (id, arch), why each kernel that cannot be launched failed (a compiler
@@ -74,7 +74,10 @@ def compile_kernels(
             failed.setdefault(job.kernel_id, f"{job.arch}: {type(e).__name__}: {str(e).strip()[:300]}")
         now = time.perf_counter()
         if n == len(jobs) or now - last >= PROGRESS_INTERVAL:
-            say(f"  compiling {len(rendered)} {what} × {len(archs)} archs: {n}/{len(jobs)} ({hits} cached)")
+            say(
+                f"  compiling {counted(len(rendered), what)} × {counted(len(archs), 'arch')}: "
+                f"{n}/{len(jobs)} ({hits} cached)"
+            )
             last = now
     for k, r in rendered.items():  # every arch must agree on the entry point the launcher looks up
         metas = [results[(k, a)].meta for a in archs if (k, a) in results]
@@ -156,7 +159,9 @@ def generate(
     if n_positions:
         say(f"  position lookups read in place from their table: {n_positions}")
     if folded:
-        say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
+        say(
+            f"  folded {counted(folded, 'activation')} into their matmuls (cuBLASLt bias+activation epilogue)"
+        )
     program, split = split_conv_bias(program)
     if split:
         say(f"  {split} convolution biases join the kernels after them")
@@ -185,8 +190,9 @@ def generate(
             by_id[k] = r
     partition_s = time.perf_counter() - start
     say(
-        f"  fused {sum(len(g.members) for g in groups)} ATen ops into {len(groups)} kernel launches "
-        f"({len(distinct)} distinct kernels) in {partition_s:.1f}s"
+        f"  fused {counted(sum(len(g.members) for g in groups), 'ATen op')} into "
+        f"{counted(len(groups), 'kernel launch', 'kernel launches')} "
+        f"({len(distinct)} distinct) in {partition_s:.1f}s"
     )
 
     results, failed, hits = compile_kernels(by_id, archs, say)
@@ -225,7 +231,7 @@ def generate(
             new_program,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "the small GEMM")[:2],
+            lambda todo: compile_kernels(dict(todo), archs, say, "small GEMM kernel")[:2],
             say,
         )
         cubins.update(small_cubins)
@@ -238,7 +244,7 @@ def generate(
             traced.buckets,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "GEMM and attention candidates")[:2],
+            lambda todo: compile_kernels(dict(todo), archs, say, "GEMM or attention candidate")[:2],
             say,
         )
         cubins.update(gemm_cubins)
@@ -252,9 +258,11 @@ def generate(
         activations_folded=folded,
         weights_padded=padded,
     )
+    compiles = len(by_id) * len(archs)
     say(
-        f"  codegen done in {time.perf_counter() - start:.1f}s: {n_default_kernels} kernels, {n_kernel_steps} launches, "
-        f"{len(failed)} fallbacks, {hits}/{len(by_id) * len(archs)} compiles from the cache"
+        f"  codegen done in {time.perf_counter() - start:.1f}s: {counted(n_default_kernels, 'kernel')}, "
+        f"{counted(n_kernel_steps, 'launch', 'launches')}, {counted(len(failed), 'fallback')}"
+        + (f", {hits}/{compiles} compiles from the cache" if compiles else "")
     )
     return Compiled(
         traced=traced,
