@@ -26,7 +26,12 @@ from typing import Any
 
 import torch
 
-MAX_SIZE = 1 << 40  # a size or count argument beyond this is no model's (item counts stay < 2**31)
+# A size or count argument beyond this is no model's (``aot.spec.MAX_DIM``); ATen's kernels compute
+# some of them in 32 bits (col2im with a padding of 2**31 loops for ever).
+MAX_SIZE = (1 << 31) - 1
+# Kernel sizes, strides, dilations and paddings of convolutions, pools and folds: far above any
+# model's (a 1-D audio convolution's padding is in the hundreds).
+MAX_WINDOW = 1 << 20
 UNKNOWN = object()  # an argument whose value is known only per call
 
 
@@ -57,17 +62,17 @@ def _ints(value: Any) -> list[int] | None:
     return [value] if type(value) is int else None
 
 
-def sizes(arg: str, infer: bool = False) -> Check:
-    """A size list: every entry 0..MAX_SIZE (``-1`` once where ``infer``: view, reshape, expand)."""
+def sizes(arg: str, infer: bool = False, high: int = MAX_SIZE) -> Check:
+    """A size list: every entry 0..high (``-1`` once where ``infer``: view, reshape, expand)."""
     low = -1 if infer else 0
 
     def test(value: Any) -> str | None:
         values = _ints(value)
         if values is None:
             return f"expected a list of ints, got {str(value)[:40]}"
-        bad = [v for v in values if not low <= v <= MAX_SIZE]
+        bad = [v for v in values if not low <= v <= high]
         if bad:
-            return f"expected sizes in {low}..{MAX_SIZE}, got {bad[0]}"
+            return f"expected sizes in {low}..{high}, got {bad[0]}"
         if infer and values.count(-1) > 1:
             return "expected at most one -1 (inferred size)"
         return None
@@ -75,17 +80,15 @@ def sizes(arg: str, infer: bool = False) -> Check:
     return Check((arg,), test)
 
 
-def positive(arg: str, optional: bool = False) -> Check:
-    """An int or int list whose entries are 1..MAX_SIZE (kernel sizes, strides, dilations, groups)."""
+def positive(arg: str, high: int = MAX_WINDOW) -> Check:
+    """An int or int list whose entries are 1..high (kernel sizes, strides, dilations, groups)."""
 
     def test(value: Any) -> str | None:
-        if value is None and optional:
-            return None
         values = _ints(value)
-        if values is None or (value is None):
+        if values is None or value is None:
             return f"expected a positive int or list of them, got {str(value)[:40]}"
-        bad = [v for v in values if not 1 <= v <= MAX_SIZE]
-        return f"expected values in 1..{MAX_SIZE}, got {bad[0]}" if bad else None
+        bad = [v for v in values if not 1 <= v <= high]
+        return f"expected values in 1..{high}, got {bad[0]}" if bad else None
 
     return Check((arg,), test)
 
@@ -222,7 +225,7 @@ _DIM_LIST = Contract((dims("dim", optional=True),))
 _SOFTMAX = Contract((dims("dim"), one_of("half_to_float", (False,))))
 _DIV_MODE = Contract((integer_division("rounding_mode"),))
 _INT_DIV = Contract((integer_division(),))
-_POOL2D = (positive("kernel_size"), sizes("stride"), sizes("padding"))
+_POOL = (positive("kernel_size"), sizes("stride", high=MAX_WINDOW), sizes("padding", high=MAX_WINDOW))
 
 # Elementwise ops, whole-tensor reductions and views without arguments: tensors that broadcast
 # (or match) and numbers, all checked by ATen.
@@ -368,8 +371,8 @@ CONTRACTS: dict[str, Contract] = {
         (sizes("size"), sizes("stride"), bounded("storage_offset", 0)),
         "the view within its storage (aot.aten.check_in_storage)",
     ),
-    "aten.avg_pool2d.default": Contract((*_POOL2D, bounded("divisor_override", 1))),
-    "aten.avg_pool3d.default": Contract((*_POOL2D, bounded("divisor_override", 1))),
+    "aten.avg_pool2d.default": Contract((*_POOL, bounded("divisor_override", 1))),
+    "aten.avg_pool3d.default": Contract((*_POOL, bounded("divisor_override", 1))),
     "aten.cat.default": Contract((dims("dim", of="tensors"),), "same ranks and sizes off the dim (ATen)"),
     "aten.col2im.default": Contract(
         (
@@ -381,7 +384,9 @@ CONTRACTS: dict[str, Contract] = {
         ),
         "the input's blocks against the output size (ATen)",
     ),
-    "aten.constant_pad_nd.default": Contract((bounded("pad"),), "no negative size after padding (ATen)"),
+    "aten.constant_pad_nd.default": Contract(
+        (bounded("pad", -MAX_SIZE, MAX_WINDOW),), "no negative size after padding (ATen)"
+    ),
     "aten.convolution.default": Contract(
         (
             positive("stride"),
@@ -414,13 +419,13 @@ CONTRACTS: dict[str, Contract] = {
     "aten.index_select.default": _index_dims(),
     "aten.logsumexp.default": _DIM_LIST,
     "aten.max.dim": _DIM,
-    "aten.max_pool2d_with_indices.default": Contract((*_POOL2D, positive("dilation"))),
-    "aten.max_pool3d_with_indices.default": Contract((*_POOL2D, positive("dilation"))),
+    "aten.max_pool2d_with_indices.default": Contract((*_POOL, positive("dilation"))),
+    "aten.max_pool3d_with_indices.default": Contract((*_POOL, positive("dilation"))),
     "aten.mean.dim": _DIM_LIST,
     "aten.min.dim": _DIM,
     "aten.narrow.default": Contract((dims("dim"), bounded("start"), sizes("length"))),
     "aten.native_group_norm.default": Contract(
-        (sizes("N"), sizes("C"), sizes("HxW"), positive("group")),
+        (sizes("N"), sizes("C"), sizes("HxW"), positive("group", MAX_SIZE)),
         "weight, bias and N*C*HxW against the input (ATen)",
     ),
     "aten.native_layer_norm.default": Contract((sizes("normalized_shape"),), "weight and bias shapes (ATen)"),
@@ -431,14 +436,20 @@ CONTRACTS: dict[str, Contract] = {
     "aten.ones.default": Contract((sizes("size"),)),
     "aten.permute.default": Contract((dims("dims"),)),
     "aten.prod.dim_int": _DIM,
-    "aten.reflection_pad1d.default": Contract((bounded("padding"),), "padding below the input's size (ATen)"),
-    "aten.reflection_pad2d.default": Contract((bounded("padding"),), "padding below the input's size (ATen)"),
-    "aten.reflection_pad3d.default": Contract((bounded("padding"),), "padding below the input's size (ATen)"),
+    "aten.reflection_pad1d.default": Contract(
+        (bounded("padding", -MAX_SIZE, MAX_WINDOW),), "padding below the input's size (ATen)"
+    ),
+    "aten.reflection_pad2d.default": Contract(
+        (bounded("padding", -MAX_SIZE, MAX_WINDOW),), "padding below the input's size (ATen)"
+    ),
+    "aten.reflection_pad3d.default": Contract(
+        (bounded("padding", -MAX_SIZE, MAX_WINDOW),), "padding below the input's size (ATen)"
+    ),
     "aten.remainder.Scalar": _INT_DIV,
     "aten.remainder.Tensor": _INT_DIV,
     "aten.repeat.default": Contract((sizes("repeats"),)),
-    "aten.replication_pad2d.default": Contract((bounded("padding"),)),
-    "aten.replication_pad3d.default": Contract((bounded("padding"),)),
+    "aten.replication_pad2d.default": Contract((bounded("padding", -MAX_SIZE, MAX_WINDOW),)),
+    "aten.replication_pad3d.default": Contract((bounded("padding", -MAX_SIZE, MAX_WINDOW),)),
     "aten.reshape.default": Contract((sizes("shape", infer=True),)),
     "aten._unsafe_view.default": Contract((sizes("size", infer=True),), "run as reshape (aot.aten)"),
     "aten.view.default": Contract((sizes("size", infer=True),), "run as reshape (aot.aten)"),
@@ -454,10 +465,10 @@ CONTRACTS: dict[str, Contract] = {
     ),
     "aten.select.int": Contract((dims("dim"), bounded("index"))),
     "aten.select_scatter.default": Contract((dims("dim"), bounded("index"))),
-    "aten.slice.Tensor": Contract((dims("dim"), positive("step"))),
-    "aten.slice_scatter.default": Contract((dims("dim"), positive("step"))),
+    "aten.slice.Tensor": Contract((dims("dim"), positive("step", MAX_SIZE))),
+    "aten.slice_scatter.default": Contract((dims("dim"), positive("step", MAX_SIZE))),
     "aten.sort.default": _DIM,
-    "aten.split.Tensor": Contract((positive("split_size"), dims("dim"))),
+    "aten.split.Tensor": Contract((positive("split_size", MAX_SIZE), dims("dim"))),
     "aten.split_with_sizes.default": Contract((sizes("split_sizes"), dims("dim"))),
     "aten.squeeze.dim": _DIM,
     "aten.squeeze.dims": _DIM,
