@@ -15,9 +15,22 @@ import torch
 
 from aot.allowed_ops import ALLOWED_OPS, STATE_WRITE_OPS, ZERO_ARGS
 from aot.dtypes import torch_dtypes
-from aot.errors import BundleError, EnvError
+from aot.errors import BundleError, EnvError, GuardError, printable
+from aot.op_contracts import CONTRACTS, UNKNOWN, Check
 from aot.program import VIEW_OPS
-from aot.schema import Buf, Device, DType, Layout, MemoryFormat, SpecialFloat, Step, StepKind, Sym, SymBool
+from aot.schema import (
+    Buf,
+    Device,
+    DType,
+    Layout,
+    MemoryFormat,
+    SpecialFloat,
+    Step,
+    StepKind,
+    Sym,
+    SymBool,
+    TensorSpec,
+)
 from aot.symexpr import compile_expr
 
 _OP_NAME = re.compile(r"^aten\.([a-z_][a-z0-9_]*)\.([a-zA-Z_][a-zA-Z0-9_]*)$")
@@ -72,8 +85,10 @@ def resolve_op(name: str, state_write: bool = False) -> Any:
         )
     if state_write and name in STATE_WRITE_OPS:
         return overload
-    if name not in ALLOWED_OPS or any(
-        a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments
+    if (
+        name not in ALLOWED_OPS
+        or name not in CONTRACTS
+        or any(a.alias_info is not None and a.alias_info.is_write for a in overload._schema.arguments)
     ):
         raise BundleError(
             f"step calls {name}, which bundles may not call: aotpack runs only the pure ATen ops "
@@ -188,13 +203,126 @@ def state_writes_checked(steps: list[Step] | tuple[Step, ...], state: tuple[str,
     return frozenset(aliases)
 
 
+class ContractChecker:
+    """A step's argument contract (``aot.op_contracts``), bound to where each argument comes
+    from: checked at load where the values are known there, and the rest on every call
+    (``check``), on the values the op is about to get."""
+
+    __slots__ = ("op", "where", "per_call", "slots", "buffers")
+
+    def __init__(
+        self,
+        step: Step,
+        op: Any,
+        args: list,
+        kwargs: dict,
+        weights: dict[str, torch.Tensor],
+        specs: dict[str, TensorSpec],
+        where: str,
+    ):
+        self.op, self.where = step.target, where
+        params = op._schema.arguments
+        # each schema argument: ("arg", position) | ("kwarg", name) | ("default", value)
+        self.slots: dict[str, tuple[str, Any]] = {}
+        raw: dict[str, Any] = {}
+        self.buffers: dict[str, str] = {}  # argument → the buffer it reads, for errors
+        for i, p in enumerate(params):
+            if i < len(step.args) and not p.kwarg_only:
+                self.slots[p.name], raw[p.name] = ("arg", i), step.args[i]
+            elif p.name in step.kwargs:
+                self.slots[p.name], raw[p.name] = ("kwarg", p.name), step.kwargs[p.name]
+            else:
+                value = p.default_value if p.has_default_value() else None
+                self.slots[p.name] = ("default", value)
+        compiled = {
+            n: (args[k] if kind == "arg" else kwargs[k])
+            for n, (kind, k) in self.slots.items()
+            if kind != "default"
+        }
+        self.per_call: list[Check] = []
+        for check in CONTRACTS[step.target].checks:
+            values, known, computed = [], True, False
+            for name in check.args:
+                kind, key = self.slots.get(name, ("default", None))
+                if kind == "default":
+                    values.append(key)
+                    continue
+                if isinstance(raw[name], Buf):
+                    self.buffers[name] = raw[name].name
+                value = _value_at_load(raw[name], compiled[name], weights, specs)
+                computed |= _reads_computed(raw[name], weights)
+                known &= value is not UNKNOWN
+                values.append(value)
+            if known:
+                self._apply(check, values, at_load=True)
+            if not known or (check.always and computed):
+                self.per_call.append(check)
+
+    def _apply(self, check: Check, values: list, at_load: bool = False) -> None:
+        problem = check.test(*values)
+        if problem is None:
+            return
+        arg = check.args[0]
+        if check.caller and not at_load:
+            buffer = self.buffers.get(arg)
+            what = f"{arg} ({printable(buffer[:60])!r})" if buffer else arg
+            raise GuardError(
+                f"{self.where}{self.op}: {problem} in argument {what}, computed from this call's "
+                f"inputs; pass values the model's integer arithmetic can take"
+            )
+        raise BundleError(
+            f"{self.where}{self.op}: argument {arg}: {problem}; the op would read or return memory "
+            f"it does not own: rebuild the bundle with a trusted aotpack"
+        )
+
+    def check(self, args: list, kwargs: dict) -> None:
+        for check in self.per_call:
+            values = []
+            for name in check.args:
+                kind, key = self.slots.get(name, ("default", None))
+                values.append(args[key] if kind == "arg" else kwargs[key] if kind == "kwarg" else key)
+            self._apply(check, values)
+
+
+def _reads_computed(raw: Any, weights: dict[str, torch.Tensor]) -> bool:
+    """Whether an argument reads a buffer a call computes (anything but a weight)."""
+    if isinstance(raw, Buf):
+        return raw.name not in weights
+    if isinstance(raw, list):
+        return any(_reads_computed(r, weights) for r in raw)
+    return False
+
+
+def _value_at_load(
+    raw: Any, compiled: Any, weights: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
+) -> Any:
+    """An argument's value as far as the load knows it: a constant, a weight, a tensor on the meta
+    device of a buffer's static declared shape, a list of those, or ``UNKNOWN``."""
+    if isinstance(compiled, _Const):
+        return compiled.value
+    if isinstance(raw, Buf):
+        if raw.name in weights:
+            return weights[raw.name]
+        spec = specs.get(raw.name)
+        if spec is None or spec.dtype not in DTYPES:
+            return UNKNOWN
+        shape = [compile_expr(s) for s in spec.shape]
+        if not all(d.is_constant for d in shape):
+            return UNKNOWN
+        return torch.empty([d({}) for d in shape], dtype=DTYPES[spec.dtype], device="meta")
+    if isinstance(raw, list):
+        parts = [_value_at_load(r, compile_arg(r, torch.device("meta")), weights, specs) for r in raw]
+        return UNKNOWN if any(p is UNKNOWN for p in parts) else parts
+    return UNKNOWN
+
+
 class AtenCall:
     """One prepared ATen step. ``weights``: the tensors known at load; a view of one with
     constant arguments is made and checked against its storage right away. ``state_aliases``:
     the buffers a state write may write into (``state_writes_checked``); any other write is
     refused."""
 
-    __slots__ = ("op", "args", "kwargs", "outputs", "name", "check_views")
+    __slots__ = ("op", "args", "kwargs", "outputs", "name", "check_views", "contract")
 
     def __init__(
         self,
@@ -202,6 +330,8 @@ class AtenCall:
         device: torch.device,
         weights: dict[str, torch.Tensor] | None = None,
         state_aliases: frozenset[str] = frozenset(),
+        specs: dict[str, TensorSpec] | None = None,
+        index: int | None = None,
     ):
         if step.kind != StepKind.ATEN:
             raise BundleError(f"expected an ATen step, got kind {str(step.kind)[:20]!r}")
@@ -210,7 +340,7 @@ class AtenCall:
         writes_state = (
             step.target in STATE_WRITE_OPS and isinstance(first, Buf) and first.name in state_aliases
         )
-        self.op = resolve_op(step.target, state_write=writes_state)
+        op = self.op = resolve_op(step.target, state_write=writes_state)
         check_zero_args(step)
         if step.target in RESHAPED_VIEWS:
             self.op = torch.ops.aten.reshape.default
@@ -218,6 +348,11 @@ class AtenCall:
         self.args = [compile_arg(a, device) for a in step.args]
         self.kwargs = {k: compile_arg(v, device) for k, v in step.kwargs.items()}
         self.outputs = step.outputs
+        self.contract = None
+        if step.target in CONTRACTS:  # state writes have none: they write only the state
+            where = f"step {index} " if index is not None else ""
+            checker = ContractChecker(step, op, self.args, self.kwargs, weights or {}, specs or {}, where)
+            self.contract = checker if checker.per_call else None
         self.check_views = step.target in STRIDED_VIEWS
         if step.target in VIEW_OPS and self._checked_at_load(step, weights or {}):
             self.check_views = False
@@ -247,6 +382,8 @@ class AtenCall:
         """The op's result on ``env``, unbound."""
         args = [a.value if isinstance(a, _Const) else a(env, sizes) for a in self.args]
         kwargs = {k: a.value if isinstance(a, _Const) else a(env, sizes) for k, a in self.kwargs.items()}
+        if self.contract is not None:
+            self.contract.check(args, kwargs)
         return self.op(*args, **kwargs)
 
     def __call__(self, env: dict, sizes: dict) -> None:

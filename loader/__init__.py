@@ -28,6 +28,7 @@ from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
 from aot.loader.state import State, check_index_bounds
+from aot.loader.variants import check_programs
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.program import reference_steps, step_reads
@@ -178,6 +179,7 @@ class Runner:
                     f"manifest lists no guards for them"
                 )
             entries = [("general", self.manifest.guards, self.manifest.buckets, "")]
+        check_programs(self.manifest, programs, [e[1] for e in entries], bundle.path)
         check_plan(self.manifest, self.program, bundle.path)
         self.state = State(self.manifest.guards, DTYPES, self.device, str(bundle.path))
         aliases = []

@@ -274,14 +274,14 @@ class GpuProgram:
         """The calls that run ``steps`` and the buffers to drop after each; ``plan=False`` for a
         part of a program (``aotpack tune`` runs one GEMM site): nothing is dropped."""
         calls: list[Any] = []
-        for step in steps:
+        for i, step in enumerate(steps):
             if step.kind == StepKind.KERNEL:
                 k = self.kernels.get(step.target)
                 if k is None:
                     raise BundleError(f"kernel step names unknown kernel {step.target[:40]!r}")
                 calls.append(KernelCall(step, k, self.function(k), self.program, self.specs, self.device))
             else:
-                calls.append(AtenCall(step, self.device, self.weights, self.state_aliases))
+                calls.append(AtenCall(step, self.device, self.weights, self.state_aliases, self.specs, i))
         if not plan:
             return calls, [() for _ in calls]
         frees = frees_after(

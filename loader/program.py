@@ -44,7 +44,8 @@ class AtenProgram:
                 f"step result {undeclared[0][:60]!r} has no declared buffer (dtype and shape); "
                 f"rebuild the bundle"
             )
-        self.calls = [AtenCall(s, device, weights, state_aliases) for s in steps]
+        specs = tensor_specs(program)
+        self.calls = [AtenCall(s, device, weights, state_aliases, specs, i) for i, s in enumerate(steps)]
         self.frees = frees_after(steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
         self.declared = OutputBytes(program)
 

@@ -214,9 +214,10 @@ def bomb_archive(entries: list[Entry], name: str, inflated_size: int, declared_s
     return bytes(out)
 
 
-def resigned_program(archive: bytes, program: dict) -> bytes:
+def resigned_program(archive: bytes, program: dict, replan: bool = False) -> bytes:
     """``archive`` with its program replaced by ``program`` (a JSON tree), re-signed, and every op
-    the program calls listed in the manifest: the self-consistent bundle an attacker would write."""
+    the program calls listed in the manifest: the self-consistent bundle an attacker would write.
+    ``replan``: the manifest's memory plan recomputed for the new program, as an attacker would."""
     entries = with_program_text(read_entries(archive), json.dumps(program, sort_keys=True).encode())
     m = manifest_of(entries)
     steps = [s for p in (program, *program.get("variants", ())) for s in p["steps"]]
@@ -224,6 +225,14 @@ def resigned_program(archive: bytes, program: dict) -> bytes:
         r["target"] for s in steps for r in s["reference"]
     }
     m["ops"] = sorted(set(m["ops"]) | ops)
+    if replan:
+        from aot.program import peak_bytes
+        from aot.schema import Program
+        from aot.serde import from_json
+
+        decoded = from_json(Program, program, "program")
+        for entry in m["stats"]["memory_plan"]:
+            entry["peak_bytes"] = peak_bytes(decoded, entry["sizes"])
     return write_entries(with_manifest_text(entries, manifest_bytes(m)))
 
 
