@@ -13,6 +13,8 @@ The format (``#`` lines and blank lines are comments)::
     symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)
       guard seq >= 9  at tests/data/branchy.py:15  if T > 8:
       guard seq % 2 == 0  at tests/data/branchy.py:17  pairs = x.reshape(B, T // 2, 2 * C)
+    # rows along seq: not independent, a server never joins requests along it: ...
+                                                           # a bundle's finding (aot.rows), a comment
     relation batch*seq <= 4096  at models/m.py:30  ...     # multi-symbol guards, sorted
     specialized ...  at FILE:LINE  CODE                    # sizes tracing fixed, sorted
 
@@ -148,6 +150,8 @@ def canonical(m: GuardManifest) -> GuardManifest:
             residues=tuple(sorted(s.residues)),
             excluded=tuple(sorted(s.excluded)),
             sources=tuple(sorted({_one_line_source(src) for src in s.sources}, key=_source_key)),
+            rows_independent=False,  # a build's finding, shown as a comment line (``render_manifest``)
+            rows_check="",
         )
         for s in sorted(g.symbols, key=lambda s: s.name)
     )
@@ -223,8 +227,21 @@ def site_text(src: GuardSource) -> str:
     return f"at {_one_line(src.file)}:{src.line}" + (f"  {code}" if code else "")
 
 
-def render_manifest(m: GuardManifest) -> str:
-    """The manifest text of ``m`` (canonicalized first)."""
+def rows_note(g: SymbolGuard) -> str:
+    """Whether a server may join requests along ``g`` (its rows independent, ``aot.rows``), as the
+    build found it; "" when the build did not check (a model file traced alone, an older bundle)."""
+    if not g.rows_check:
+        return ""
+    if g.rows_independent:
+        return f"rows along {g.name}: independent, a server may join requests along it ({g.rows_check})"
+    return f"rows along {g.name}: not independent, a server never joins requests along it: {g.rows_check}"
+
+
+def render_manifest(m: GuardManifest, notes: bool = True) -> str:
+    """The manifest text of ``m`` (canonicalized first). ``notes``: under each symbol, a comment
+    line with the build's row-independence finding (``rows_note``); comments are not part of the
+    contract, so ``aotpack check`` compares the text without them."""
+    found = {g.name: rows_note(g) for g in m.guards.symbols} if notes else {}
     m = canonical(m)
     lines = [f"model {_one_line(m.name)}"]
     if m.dtype:
@@ -241,6 +258,8 @@ def render_manifest(m: GuardManifest) -> str:
         )
         for src in sym.sources:
             lines.append(f"  guard {_one_line(src.text)}  {site_text(src)}")
+        if found.get(sym.name):
+            lines.append(f"# {_one_line(found[sym.name])}")
     for rel in m.guards.relations:
         lines.append(f"relation {_one_line(rel.expr)}  {site_text(rel.source)}")
     for spec in m.guards.specializations:

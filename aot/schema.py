@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 7)
+SCHEMA_VERSION = (1, 8)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -331,7 +331,12 @@ class GuardSource:
 @dataclass(frozen=True)
 class SymbolGuard:
     """A dynamic symbol's admissible set: ``min <= v <= max``, ``v % modulus in residues``,
-    ``v not in excluded``; ``declared_*`` is what the model file asked for."""
+    ``v not in excluded``; ``declared_*`` is what the model file asked for.
+
+    ``rows_independent``: the build proved that every program keeps the rows along this symbol
+    apart (``aot.rows``) and confirmed it on the eager model, so a server may join requests along
+    it; ``rows_check`` says what was checked, or why they are not independent (empty: not checked,
+    e.g. a bundle older than the check)."""
 
     name: str
     declared_min: int
@@ -342,6 +347,8 @@ class SymbolGuard:
     residues: tuple[int, ...] = (0,)
     excluded: tuple[int, ...] = ()
     sources: tuple[GuardSource, ...] = ()
+    rows_independent: bool = field(default=False, metadata=OMIT_EMPTY)
+    rows_check: str = field(default="", metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

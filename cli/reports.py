@@ -7,6 +7,7 @@ from typing import Any
 
 from aot.errors import printable
 from aot.loader.bundle import open_bundle
+from aot.manifest_text import rows_note
 from aot.program import FIRST_CALL_MIB, library_of
 from aot.serde import to_json
 
@@ -104,6 +105,9 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
             for site in p.alternatives
         ],
         "tuning": to_json(tuning) if tuning is not None else None,
+        "rows": {
+            g.name: {"independent": g.rows_independent, "check": g.rows_check} for g in m.guards.symbols
+        },
     }
     return m, info
 
@@ -241,5 +245,10 @@ def summary_text(m, info: dict[str, Any]) -> str:
     for bk in m.buckets:
         lines.append(
             f"bucket {bk.symbol}: {', '.join(map(str, bk.sizes))}{'  paddable' if bk.paddable else ''}"
+        )
+    for g in m.guards.symbols:
+        lines.append(
+            rows_note(g)
+            or f"rows along {g.name}: not checked (built before the check), a server never joins requests along it"
         )
     return "\n".join(map(printable, lines)) + "\n"  # names and text from the bundle, escaped

@@ -80,7 +80,14 @@ def inspect(bundle: str, as_json: bool, full: bool) -> None:
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--name", help="the model's name on the server [default: the bundle's model name]")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--address", default="0.0.0.0", show_default=True, help="address the endpoints listen on")
+@click.option(
+    "--host",
+    "--address",
+    "address",
+    default="127.0.0.1",
+    show_default=True,
+    help="address the endpoints listen on (0.0.0.0: every interface)",
+)
 @click.option("--http-port", type=int, default=8000, show_default=True, help="KServe v2 over HTTP")
 @click.option("--grpc-port", type=int, default=8001, show_default=True, help="KServe v2 over gRPC")
 @click.option("--metrics-port", type=int, default=8002, show_default=True, help="Prometheus metrics")
@@ -122,6 +129,7 @@ def serve(
             if spec.max_batch_size
             else "no batching: request by request"
         )
+        _result(spec.batching)
         click.echo(  # on stdout, once the model is ready: a script may wait for this line
             f"serving {spec.name} on {server.url} (gRPC :{server.grpc_port}, metrics "
             f":{server.metrics_port}/metrics); {batching}; SIGTERM to drain and stop"

@@ -77,6 +77,6 @@ def check_manifest(model: str, against: str, committed: Side, current: Side) -> 
         model,
         against,
         diff(committed, current),
-        render_manifest(committed.manifest),
-        render_manifest(current.manifest),
+        render_manifest(committed.manifest, notes=False),
+        render_manifest(current.manifest, notes=False),
     )

@@ -13,9 +13,11 @@ import os
 from dataclasses import dataclass
 
 from aot import schema
-from aot.errors import EnvError
-from aot.manifest_text import static_size
+from aot.admissible import admits
+from aot.errors import EnvError, printable
+from aot.manifest_text import rows_note, static_size
 from aot.pytree import leaf_paths
+from aot.rows import row_mixing
 
 # Triton's wire types for the dtypes a bundle's inputs and outputs may have.
 TRITON_DTYPES = {
@@ -52,7 +54,9 @@ class TensorSlot:
 class ServingSpec:
     """What an engine needs to serve a bundle. ``batch_symbol`` is set when it is the first dim of
     every input and output and of no other dim: requests may then be joined along dim 0, up to
-    ``max_batch_size`` rows (0: every request runs alone). ``preferred_batch_sizes``: the CUDA-graph
+    ``max_batch_size`` rows (0: every request runs alone), and only when the build proved the rows
+    along it independent (``SymbolGuard.rows_independent``): joining along any other dim would hand
+    one client answers computed from another's inputs. ``preferred_batch_sizes``: the CUDA-graph
     buckets of the batch symbol above 1 (see ``preferred_sizes``)."""
 
     name: str
@@ -61,6 +65,7 @@ class ServingSpec:
     batch_symbol: str
     max_batch_size: int
     buckets: tuple[int, ...]
+    batching: str = ""  # why requests are, or are not, joined: one line for the operator
 
     @property
     def preferred_batch_sizes(self) -> tuple[int, ...]:
@@ -143,16 +148,44 @@ def serving_spec(manifest: schema.Manifest, program: schema.Program, name: str |
         for n, s in zip(output_names(program), out_specs)
     )
     shapes = [i.shape for i in manifest.guards.inputs] + [s.shape for s in out_specs]
-    batch = _batch_symbol(shapes, {s.name for s in manifest.guards.symbols})
-    max_batch = 0
-    if batch:
+    symbols = {s.name: s for s in manifest.guards.symbols}
+    first = _batch_symbol(shapes, set(symbols))
+    batch, max_batch, batching = "", 0, ""
+    if not first:
+        batching = "no dynamic batching: the inputs' and outputs' first dims are not one dynamic dim"
+    elif not symbols[first].rows_independent:
+        why = printable(rows_note(symbols[first]))[:400] or (
+            f"the bundle does not record whether rows along {first} are independent (built before "
+            "aotpack checked it; rebuild it to batch)"
+        )
+        batching = f"no dynamic batching along {first}: {why}"
+    elif mixing := _mixing(program, first, symbols):  # what the bundle says, checked against its program
+        batching = (
+            f"no dynamic batching along {first}: the bundle records its rows as independent, but its "
+            f"program does not keep them apart: {printable(mixing)[:400]}"
+        )
+    else:
+        batch = first
         # the bundle's whole contract (every program) bounds the rows one call may hold
-        max_batch = next(s.max for s in manifest.guards.symbols if s.name == batch)
+        max_batch = symbols[batch].max
+        batching = f"dynamic batching along {batch}: the build proved its rows independent"
     sizes: tuple[int, ...] = ()
     for b in buckets:
         if b.symbol == batch:
             sizes = b.sizes
-    return ServingSpec(name or manifest.name, inputs, outputs, batch, max_batch, sizes)
+    return ServingSpec(name or manifest.name, inputs, outputs, batch, max_batch, sizes, batching)
+
+
+def _mixing(program: schema.Program, symbol: str, symbols: dict[str, schema.SymbolGuard]) -> str | None:
+    """``aot.rows.row_mixing`` over every program of the bundle, other symbols at their least
+    admitted size of two or more (where one is near their minimum)."""
+    sizes = {
+        name: next((v for v in range(max(g.min, 2), min(g.max, g.min + 64) + 1) if admits(g, v)), g.min)
+        for name, g in symbols.items()
+    }
+    return next(
+        (r for p in (program, *program.variants) if (r := row_mixing(p, symbol, sizes)) is not None), None
+    )
 
 
 def open_spec(bundle: str | os.PathLike, name: str | None = None) -> ServingSpec:

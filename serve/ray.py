@@ -14,6 +14,7 @@ Needs ``pip install 'aotpack[ray]'``.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -96,7 +97,8 @@ class BundleDeployment:
 
         self.spec = open_spec(bundle_path, name)
         self.runner = aot.loader.load(bundle_path, device=device)
-        self.max_rows = self.spec.max_batch_size
+        self.max_rows = self.spec.max_batch_size  # 0 unless the build proved the rows independent
+        logging.getLogger("ray.serve").info("aotpack %s: %s", self.spec.name, self.spec.batching)
         # per instance: @serve.batch on the class would share one queue (and its event loop, and
         # its batch size) among every replica object of this class in the process
         self.handle_batch = serve.batch(
@@ -146,7 +148,9 @@ def deployment(
     """A Ray Serve application serving the bundle: ``serve.run(deployment("mlp.tpk"))``.
 
     ``max_batch_size``: rows gathered into one call [default: the largest CUDA-graph bucket of the
-    batch dim, within the bundle's maximum; 1 when the bundle has no batch dim]. ``options`` go to
+    batch dim, within the bundle's maximum; 1 when the bundle has no batch dim]. Calls are joined
+    only along a dim whose rows the build proved independent (``ServingSpec.batching`` says why
+    not, and is logged at start); otherwise each runs alone whatever this says. ``options`` go to
     ``serve.deployment`` (``num_replicas``, ``ray_actor_options={"num_gpus": 1}``,
     ``autoscaling_config``, ...). The bundle path must be readable where the replicas run."""
     spec = open_spec(bundle_path, name)

@@ -212,7 +212,7 @@ def write_repository(
     batch_note = (
         f"`{spec.batch_symbol}`, dynamic batching with preferred sizes {list(spec.preferred_batch_sizes)}"
         if spec.max_batch_size
-        else "(none: the bundle's first dims are not one batch symbol, so requests run one by one)"
+        else f"(none, requests run one by one; {spec.batching})"
     )
     (repo / "README.md").write_text(
         REPO_README.format(
@@ -283,7 +283,7 @@ class TritonServer:
         http_port: int = 8000,
         grpc_port: int = 8001,
         metrics_port: int = 8002,
-        address: str = "0.0.0.0",
+        address: str = "127.0.0.1",
         drain_timeout: int = 30,
         echo: Callable[[str], None] | None = None,
     ):
@@ -417,7 +417,7 @@ def serve(
     http_port: int = 8000,
     grpc_port: int = 8001,
     metrics_port: int = 8002,
-    address: str = "0.0.0.0",
+    address: str = "127.0.0.1",
     max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
     drain_timeout: int = 30,
     on_ready: Callable[[TritonServer, ServingSpec], None] | None = None,

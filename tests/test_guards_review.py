@@ -597,7 +597,8 @@ def test_trace_only_manifest_equals_the_built_bundles(built, name):
         from_bundle = manifest_of_bundle(bundle.manifest)
     finally:
         bundle.close()
-    assert render_manifest(traced(name)) == render_manifest(from_bundle)
+    # the build's row-independence notes are comments, not contract: compared without them
+    assert render_manifest(traced(name)) == render_manifest(from_bundle, notes=False)
 
 
 def test_check_names_its_own_exit_status_when_only_safe_changes_made_the_manifest_stale():

@@ -2,7 +2,8 @@
 
 Export with the model file's dynamic dims (``export_programs``), decompose to core ATen (attention
 stays a library call), lower to a device-neutral ``Program``, measure whether padding the paddable
-dims is sound, and record the eager reference the later stages compare against.
+dims is sound, prove which dims keep their rows independent (``aot.tracer.independence``), and
+record the eager reference the later stages compare against.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from aot.schema import Bucket, Program
 from aot.spec import ModelSpec, plan_buckets
 from aot.stages import Traced, TracedProgram
 from aot.tracer.export import Exported, export_error, quiet_torch, symbol_names
+from aot.tracer.independence import check_rows
 from aot.tracer.model import call_model, run_eager, tree_spec, user_input_nodes
 from aot.tracer.programs import contract, export_entry_points, program_entries
 
@@ -122,7 +124,7 @@ def trace(
         TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b, entry=ex.entry)
         for ex, (p, _, b) in zip(exported, lowered)
     )
-    guards = contract(spec, exported)
+    guards = check_rows(spec, main.module, [p.program for p in programs], contract(spec, exported), progress)
     return Traced(
         name=spec.name or "model",
         dtype=spec.dtype,

@@ -31,6 +31,9 @@ PINNED = {
     # the archs whose cubins launch early (Kernel.dependent_launch) and a bucket's plan of every
     # site's fastest candidate (TuningCheck.whole_plan), both omitted when empty
     (1, 7): "ddc76d007178d85ce5f50710c3e4629c3f4e8e05c0d6be5b24f8c177d9281380",
+    # which dynamic dims keep their rows independent, so a server may join requests along them
+    # (SymbolGuard.rows_independent, rows_check; omitted when empty)
+    (1, 8): "ade8c0b07d9fab2587d55fa9eca037a36ab018d9740263a88e9c4b36f67232da",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

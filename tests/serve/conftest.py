@@ -10,18 +10,22 @@ import pytest
 
 from tests.conftest import model_path
 
+MODELS = Path(__file__).with_name("models")  # serving-specific model files
+
 
 def build(name: str, out: Path) -> Path:
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
 
-    pack(generate(trace(load_model_file(model_path(name))), ("sm_80",), fuse=False), out)
+    path = MODELS / f"{name}.py" if (MODELS / f"{name}.py").is_file() else model_path(name)
+    pack(generate(trace(load_model_file(path)), ("sm_80",), fuse=False), out)
     return out
 
 
 class Bundles:
-    """``bundles("branchy")`` → path of a kernel-free bundle of tests/data/branchy.py, built once."""
+    """``bundles("branchy")`` → path of a kernel-free bundle of tests/data/branchy.py (or of
+    tests/serve/models/NAME.py), built once."""
 
     def __init__(self, base: Path):
         self.base, self.paths = base, {}
