@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_ARCHS = ("sm_80", "sm_90")
+# The timeout of every subprocess a test starts: a guard against a hang only, far above what any
+# test's work needs on a loaded 2-core machine (the heaviest, the slow run's interpreter checks,
+# take minutes of CPU). A test bounds its work (sizes, launches, models), never its time.
+HANG_GUARD_S = 3600
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

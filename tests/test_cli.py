@@ -8,12 +8,16 @@ import sys
 import zipfile
 
 from aot import schema
-from tests.conftest import model_path
+from tests.conftest import HANG_GUARD_S, model_path
 
 
 def aotpack(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True, timeout=600, cwd=cwd
+        [sys.executable, "-m", "aot.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        cwd=cwd,
     )
 
 

@@ -37,7 +37,7 @@ from aot.review import (
     read_side,
 )
 from aot.schema import SCHEMA_VERSION, GuardSource, InputGuard, Relation, SymbolGuard
-from tests.conftest import ROOT, model_path
+from tests.conftest import HANG_GUARD_S, ROOT, model_path
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 FIXTURES = Path(__file__).resolve().parent / "data" / "guards"
@@ -560,7 +560,11 @@ def test_cli_guards_writes_the_file_and_normalizes_text(tmp_path, capsys, monkey
 def test_cli_exit_codes_in_a_real_process(guards_files):
     def aotpack(*args):
         return subprocess.run(
-            [sys.executable, "-m", "aot.cli", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
+            [sys.executable, "-m", "aot.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
+            cwd=ROOT,
         )
 
     f = {k: str(v) for k, v in guards_files.items()}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import HANG_GUARD_S, ROOT
 
 SCANNED = [ROOT / "aot", ROOT / "loader", ROOT / "review", ROOT / "cli"]
 FORBIDDEN_MODULES = {
@@ -289,7 +289,7 @@ def test_loading_and_calling_execute_nothing(tmp_path, built):
         path.write_bytes(write_entries(with_program_text(entries, json.dumps(p).encode())))
         paths.append(str(path))
     r = subprocess.run(
-        [sys.executable, "-c", RUNTIME_CHECK, *paths], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", RUNTIME_CHECK, *paths], capture_output=True, text=True, timeout=HANG_GUARD_S
     )
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])

@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from aot.dtypes import tolerance
-from tests.conftest import ROOT
+from tests.conftest import HANG_GUARD_S, ROOT
 
 SYSTEMS = ("eager", "compile", "aotpack")
 # smoke shapes (bench/common.py SMOKE_SHAPES) -> (input bytes, output bytes), at float16 and int64
@@ -61,7 +61,7 @@ def test_smoke_run(tmp_path):
         env={**os.environ, "TMPDIR": str(tmp_path)},  # run.py's scratch folder (outputs, caches)
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=HANG_GUARD_S,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     results = json.loads((out / "results-mlp-llama.json").read_text())

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import HANG_GUARD_S
+
 PATTERNS = Path(__file__).resolve().parent / "models"
 PATTERN_ARCHS = ("sm_90",)
 
@@ -55,11 +57,11 @@ def failing_candidates(
     )
     assert kernels != program.kernels, f"{old!r} is not in kernel {kernel_id}"
     pack(replace(compiled, program=replace(program, kernels=kernels)), out)
-    (result,) = interpret_in_subprocess([(out, model, [sizes], None, True)], timeout=600)
+    (result,) = interpret_in_subprocess([(out, model, [sizes], None, True)], timeout=HANG_GUARD_S)
     return {c.name for c in next(iter(result.values())) if not c.ok}
 
 
-def interpreted_json(script: str, timeout: float = 300):
+def interpreted_json(script: str, timeout: float = HANG_GUARD_S):
     """Run ``script`` in a fresh Python with ``TRITON_INTERPRET=1`` (a kernel called on CPU
     tensors) and return the JSON its last printed line holds."""
     import json

@@ -13,6 +13,7 @@ import pytest
 
 from aot import schema
 from tests.codegen.conftest import failing_candidates
+from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"
 ARCHS = ("sm_90",)
@@ -108,7 +109,7 @@ def interpreted(built):
 
     names = list(SIZES)
     results = interpret_in_subprocess(
-        [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=900
+        [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=HANG_GUARD_S
     )
     return dict(zip(names, results))
 

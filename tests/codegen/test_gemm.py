@@ -20,6 +20,7 @@ import pytest
 from aot import schema, serde
 from aot.errors import BundleError, EnvError
 from tests.codegen.conftest import failing_candidates
+from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def interpreted(built):
 
     names = list(SIZES)
     results = interpret_in_subprocess(
-        [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=900
+        [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=HANG_GUARD_S
     )
     return dict(zip(names, results))
 
@@ -797,7 +798,7 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
     finally:
         gemm_render.CONFIGS = saved
     (result,) = interpret_in_subprocess(
-        [(tmp_path / "big.tpk", model, [{"batch": m} for m in rows], None, True)], timeout=3600
+        [(tmp_path / "big.tpk", model, [{"batch": m} for m in rows], None, True)], timeout=HANG_GUARD_S
     )
     assert len(result) == len(rows)
     for sizes, comparisons in result.items():

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.codegen.conftest import PATTERNS
-from tests.conftest import ROOT, model_path
+from tests.conftest import HANG_GUARD_S, ROOT, model_path
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
 UPDATE = os.environ.get("AOTPACK_UPDATE_GOLDEN") == "1"
@@ -48,7 +48,7 @@ def fresh_sources(paths: list[Path]) -> dict[Path, list]:
         [sys.executable, "-c", GENERATE, *map(str, paths)],
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=HANG_GUARD_S,
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr[-3000:]

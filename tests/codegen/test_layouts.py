@@ -11,6 +11,7 @@ import torch
 from aot.codegen import index as ix
 from aot.layout import CHANNELS_LAST, empty_ordered, has_order, to_order
 from aot.schema import Buf
+from tests.conftest import HANG_GUARD_S
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,9 @@ def test_the_build_command_keeps_row_major_when_asked(tmp_path):
     for flag in ([], ["--no-channels-last"]):
         out = tmp_path / f"b{len(flag)}.tpk"
         cmd = [sys.executable, "-m", "aot.cli", "build", str(PATTERNS / "conv_layouts.py"), "-o", str(out)]
-        r = subprocess.run(cmd + flag + ["--arch", "sm_90"], capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            cmd + flag + ["--arch", "sm_90"], capture_output=True, text=True, timeout=HANG_GUARD_S
+        )
         assert r.returncode == 0, r.stderr
         program = load(out).program
         orders[bool(flag)] = [s.order for s in program.buffers.values() if s.order]

@@ -11,7 +11,7 @@ import torch
 from aot.errors import GuardError, TraceError
 from aot.loader import load
 from aot.tracer import example_inputs, instantiate, load_model_file
-from tests.conftest import model_path
+from tests.conftest import HANG_GUARD_S, model_path
 
 # (model, shapes to check, a shape outside the declared ranges, what the error must name)
 SLOW = pytest.mark.slow  # GPT-2-small, ResNet-18 and the d-1024 MLP take tens of seconds to build
@@ -134,7 +134,7 @@ runner(**runner.example_inputs())
 banned = ("triton", "sympy", "torch._dynamo", "torch._inductor", "aot.tracer", "aot.codegen", "aot.packager")
 print(sorted(m for m in sys.modules if m.startswith(banned)))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from aot import schema
-from tests.conftest import ROOT, model_path
+from tests.conftest import HANG_GUARD_S, ROOT, model_path
 
 # pointwise: three distinct kernels (fp16, bool and int64 stores); small_mlp: fp16 weights,
 # layer norms and a paddable dim. Two archs, so each arch's cubin is checked.
@@ -59,7 +59,7 @@ def builds(tmp_path_factory):
     base = tmp_path_factory.mktemp("reproducible")
     procs = {"a": _start(base / "a", "1", 1), "b": _start(base / "b", "2", 2)}  # run side by side
     for label, p in procs.items():
-        _, err = p.communicate(timeout=900)
+        _, err = p.communicate(timeout=HANG_GUARD_S)
         assert p.returncode == 0, f"build process {label} failed:\n{err[-4000:]}"
     paths = {
         (label, name, i): base / label / f"{name}.{i}.tpk"

@@ -13,6 +13,7 @@ import torch
 
 from aot.errors import SpecError
 from aot.hf import Decoder, additive_mask, causal_lm
+from tests.conftest import HANG_GUARD_S
 
 MAX_CONTEXT = 16
 NEW_TOKENS = 6
@@ -382,7 +383,7 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
     import sys
 
     code = "import sys, aot.loader; print(sorted(m for m in sys.modules if m.startswith(('aot.hf', 'transformers'))))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

@@ -14,6 +14,7 @@ import torch
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.errors import GuardError
+from tests.conftest import HANG_GUARD_S
 from tests.realmodels.conftest import unusable
 
 MAX_BATCH, MAX_CONTEXT = 4, 16
@@ -118,7 +119,7 @@ def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
     want = runner.generate([[3, 4, 5], [7]], NEW_TOKENS)
     cmd = [sys.executable, "-m", "aot.cli", "generate", str(path), "--prompt-ids", "3,4,5;7"]
     done = subprocess.run(
-        [*cmd, "--max-new-tokens", str(NEW_TOKENS)], capture_output=True, text=True, timeout=300
+        [*cmd, "--max-new-tokens", str(NEW_TOKENS)], capture_output=True, text=True, timeout=HANG_GUARD_S
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [" ".join(map(str, w)) for w in want]
@@ -126,7 +127,7 @@ def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
         [sys.executable, "-m", "aot.cli", "load", str(path), "--iters", "2", "--warmup", "1"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
 

@@ -14,7 +14,7 @@ import torch
 
 from aot.errors import BundleError, GuardError, TraceError
 from aot.manifest_text import parse_guards_text
-from tests.conftest import ROOT
+from tests.conftest import HANG_GUARD_S, ROOT
 from tests.hostile_util import aten_step, eager_module, program_json, read_entries, resigned_program
 
 ARCHS = ("sm_90",)
@@ -268,7 +268,7 @@ def test_guards_of_the_model_file_match_the_bundle(tiny_lm):
         "--arch",
         "sm_90",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -382,7 +382,7 @@ def test_cli_generate_and_load(tiny_lm, runner):
         "--max-new-tokens",
         "6",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     want = runner.generate([[5, 6, 7], [1, 2]], 6)
@@ -392,14 +392,14 @@ def test_cli_generate_and_load(tiny_lm, runner):
         [*cmd[:5], "--prompt-ids", ",".join(["1"] * 30), "--max-new-tokens", "5"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert done.returncode == 1 and "needs 35 cache slots" in done.stderr and "Traceback" not in done.stderr
     done = subprocess.run(
         [sys.executable, "-m", "aot.cli", "load", str(tiny_lm), "--iters", "2", "--warmup", "1"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout

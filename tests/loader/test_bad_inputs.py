@@ -18,6 +18,7 @@ import torch
 
 from aot.errors import GuardError
 from aot.loader import load
+from tests.conftest import HANG_GUARD_S
 from tests.hostile_util import eager_module
 
 ATOL = {torch.float32: 1e-5, torch.float16: 2e-2}
@@ -270,7 +271,7 @@ def test_cli_reports_bad_inputs_in_one_line(tmp_path, built):
         [sys.executable, "-c", script, str(built("branchy")), *map(str, files)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("loaded ")]

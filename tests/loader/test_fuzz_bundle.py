@@ -57,6 +57,7 @@ import torch
 from aot import serde
 from aot.errors import BundleError, EnvError, GuardError
 from aot.loader import load
+from tests.conftest import HANG_GUARD_S
 from tests.hostile_util import (
     Entry,
     bomb_archive,
@@ -1470,7 +1471,7 @@ def run_in_subprocess(base: Path, cases: list[Case], folder: Path) -> list[tuple
         [sys.executable, "-c", CASE_DRIVER, str(base), str(folder)],
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=HANG_GUARD_S,
         cwd=Path(__file__).resolve().parents[2],
     )
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("[")]
@@ -1595,7 +1596,10 @@ def test_cli_prints_one_line_for_hostile_bundles(tmp_path: Path, built) -> None:
         paths[-1].write_bytes(case.data)
     assert len(taken) >= 40 and len(may_load) >= 15, taken
     r = subprocess.run(
-        [sys.executable, "-c", CLI_DRIVER, *map(str, paths)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CLI_DRIVER, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
@@ -1612,7 +1616,10 @@ def test_cli_prints_one_line_for_hostile_bundles(tmp_path: Path, built) -> None:
     # and the real executable, for two of them
     for path in [p for p in paths if str(p) not in may_load][:2]:
         r = subprocess.run(
-            [sys.executable, "-m", "aot.cli", "load", str(path)], capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "aot.cli", "load", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
         )
         assert r.returncode == 1 and _one_line(r.stderr), r.stderr
 

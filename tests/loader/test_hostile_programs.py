@@ -22,7 +22,7 @@ from aot.errors import BundleError
 from aot.loader import load
 from aot.program import frees_after
 from aot.schema import Buf, Step, StepKind
-from tests.conftest import ROOT
+from tests.conftest import HANG_GUARD_S, ROOT
 from tests.hostile_util import (
     aten_step,
     program_json,
@@ -90,7 +90,7 @@ def outcomes_in_subprocess(paths: list[Path]) -> dict[str, tuple[str, str]]:
         [sys.executable, "-c", DRIVER, *map(str, paths)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_GUARD_S,
         cwd=ROOT,
     )
     done = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("[")]

@@ -27,6 +27,7 @@ from aot.loader.bundle import MAX_DIRECTORY_BYTES, MAX_INFLATED_TOTAL, MAX_MEMBE
 from aot.loader.guards import MAX_RELATION_NODES, MAX_RELATIONS
 from aot.loader.weights import header_limit, parse_safetensors
 from aot.symexpr import MAX_NODES, compile_expr
+from tests.conftest import HANG_GUARD_S
 from tests.hostile_util import (
     deflated_members,
     manifest_bytes,
@@ -287,7 +288,7 @@ def test_cli_max_memory(built):
         [sys.executable, "-m", "aot.cli", "load", path, "--max-memory", "100KB", "--runs", "1"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
         "error: program 'general' needs up to 0.5 MiB of activations per call (at the sizes its guards "

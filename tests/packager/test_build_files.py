@@ -22,6 +22,7 @@ from aot.errors import EnvError
 from aot.loader import load
 from aot.packager import pack
 from aot.packager.files import host
+from tests.conftest import HANG_GUARD_S
 
 
 def _outputs(path: Path) -> torch.Tensor:
@@ -171,7 +172,7 @@ def test_cli_build_on_a_full_disk_is_one_line_and_not_an_internal_error(tmp_path
         [sys.executable, "-c", FULL_DISK, "build", str(model_path("branchy")), "-o", str(out), "--no-fuse"],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_GUARD_S,
     )
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: cannot write {out}: No space left"), r.stderr

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from aot.errors import EnvError
+from tests.conftest import HANG_GUARD_S
 from tests.serve.test_config import parse
 from tests.test_cli import _one_line_error, aotpack
 
@@ -91,7 +92,7 @@ def test_serving_is_imported_only_by_the_serving_verbs():
         "bad = [m for m in sys.modules if m.startswith(('aot.serve', 'tritonclient', 'pytriton', 'ray'))]\n"
         "assert not bad, bad\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
 
 
