@@ -87,7 +87,9 @@ def config(model: str, tiny: bool):
             )
         return tf.GPT2LMHeadModel, tf.GPT2Config()  # 124M: 12 layers, d 768, vocab 50257
     if model == "llama-3.2-1b":
-        return tf.LlamaForCausalLM, tf.LlamaConfig(**llama_3_2_1b(tiny))
+        cfg = tf.LlamaConfig(**llama_3_2_1b(tiny))
+        cfg.tie_word_embeddings = True  # whatever the config class makes of the keyword
+        return tf.LlamaForCausalLM, cfg
     if tiny:
         cfg = tf.LlamaConfig(
             hidden_size=64,
@@ -311,6 +313,11 @@ def worker(
     else:
         module = make_model(model, tiny, dtype, device)
         vocab = module.config.vocab_size
+        out_emb, in_emb = module.get_output_embeddings(), module.get_input_embeddings()
+        tied = out_emb is not None and out_emb.weight is in_emb.weight
+        print(
+            f"{model}: {sum(p.numel() for p in module.parameters())} parameters, tied {tied}", file=sys.stderr
+        )
         if system == "hf_static_compile" and device == "cpu":  # no auto-compile there (see _hf_steps)
             module.forward = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True)
     for batch in batches:
@@ -410,14 +417,15 @@ def build_bundles(
     if "aotpack" in wanted:
         start = time.perf_counter()
         paths["aotpack"] = out / f"{stem}.tpk"
-        pack(generate(traced, archs), paths["aotpack"])
+        # split weights: a bundle over 2 GiB of weights (llama-3.2-1b) as one zip member does not load
+        pack(generate(traced, archs), paths["aotpack"], split_weights=True)
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-tuned" in wanted and device.startswith("cuda"):  # tuning needs the GPU
         from aot.verify.tune import tune
 
         start = time.perf_counter()
         untuned = out / f"{stem}-gemm.tpk"
-        pack(generate(traced, archs, gemm_candidates=True), untuned)
+        pack(generate(traced, archs, gemm_candidates=True), untuned, split_weights=True)
         built = time.perf_counter() - start
         paths["aotpack-tuned"] = out / f"{stem}-tuned.tpk"
         result = tune(untuned, paths["aotpack-tuned"], repeats=20, entries=("decode",))

@@ -218,6 +218,15 @@ def generate(
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin
     new_program = replace(program, steps=steps, kernels=tuple(kernels))
+    from aot.codegen.decode_attention import decode_attention_kernels
+
+    new_program, decode_cubins = decode_attention_kernels(
+        new_program,
+        archs,
+        lambda todo: compile_kernels(dict(todo), archs, say, "decode attention")[:2],
+        say,
+    )
+    cubins.update(decode_cubins)
     if not gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 
