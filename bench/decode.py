@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import synchronize  # noqa: E402  (the bench's own helpers, beside this file)
 
 SYSTEMS = ("aotpack", "aotpack-tuned", "hf_static_compile", "hf_eager")
+# also: "aotpack-sdpa", the default build with its decode attention left to the library (SDPA)
 MODELS = ("gpt2", "llama", "llama-3.2-1b")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
@@ -420,6 +421,11 @@ def build_bundles(
         # split weights: a bundle over 2 GiB of weights (llama-3.2-1b) as one zip member does not load
         pack(generate(traced, archs), paths["aotpack"], split_weights=True)
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    if "aotpack-sdpa" in wanted:
+        start = time.perf_counter()
+        paths["aotpack-sdpa"] = out / f"{stem}-sdpa.tpk"
+        pack(generate(traced, archs, decode_attention=False), paths["aotpack-sdpa"], split_weights=True)
+        print(f"built {paths['aotpack-sdpa']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-tuned" in wanted and device.startswith("cuda"):  # tuning needs the GPU
         from aot.verify.tune import tune
 

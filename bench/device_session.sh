@@ -38,7 +38,7 @@ for item in "$@"; do
   limit=${item#*:}; [ "$limit" = "$item" ] && limit=300
   start=$(date +%s)
   case $step in
-    generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py) ;;
+    generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py tests/gpu/test_decode_attention_gpu.py) ;;
     runtime) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py) ;;
     gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
