@@ -116,7 +116,7 @@ def config(model: str, tiny: bool):
 
 def llama_3_2_1b(tiny: bool) -> dict:
     """Llama-3.2-1B's configuration (its ``config.json``), random weights; tiny: the same kinds
-    (tied embeddings, llama3 RoPE, GQA 4:1, head dim 64 over fewer heads) at a CPU's size."""
+    (tied embeddings, llama3 RoPE, GQA 4:1 over two KV heads) at a CPU's size."""
     rope = {
         "rope_type": "llama3",
         "rope_theta": 500000.0,
@@ -140,9 +140,9 @@ def llama_3_2_1b(tiny: bool) -> dict:
             hidden_size=256,
             intermediate_size=512,
             num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=64,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
             vocab_size=256,
             max_position_embeddings=131072,
         )
@@ -167,6 +167,17 @@ def dtype_name(model: str, device: str) -> str:
     return "float32" if device == "cpu" else GPU_DTYPE.get(model, "float16")
 
 
+def instantiate(cls, cfg):
+    """``cls(cfg)``, its output embedding tied to its input embedding where the config says so
+    (transformers versions differ in whether a config built from keywords ties them)."""
+    module = cls(cfg)
+    if getattr(cfg, "tie_word_embeddings", False):
+        out, emb = module.get_output_embeddings(), module.get_input_embeddings()
+        if out is not None and out.weight is not emb.weight:
+            out.weight = emb.weight
+    return module
+
+
 def make_model(model: str, tiny: bool, dtype, device):
     import torch
 
@@ -174,7 +185,7 @@ def make_model(model: str, tiny: bool, dtype, device):
     cfg.pad_token_id = 0
     cfg.eos_token_id = None
     torch.manual_seed(0)
-    return cls(cfg).to(dtype).to(device).eval()
+    return instantiate(cls, cfg).to(dtype).to(device).eval()
 
 
 def prompts(batch: int, length: int, vocab: int):
@@ -403,7 +414,7 @@ def build_bundles(
         major, minor = torch.cuda.get_device_capability()
         archs = (f"sm_{major}{minor}",)
     spec = causal_lm(
-        lambda: cls(cfg),
+        lambda: instantiate(cls, cfg),
         max_batch=max(batches),
         max_context=prompt + new_tokens,
         dtype=dtype_name(model, device),

@@ -9,7 +9,8 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
 
 - a *site* is ``scaled_dot_product_attention(q, k, v, mask)`` without dropout, not causal, whose
   query ``q`` is ``[B, H, 1, D]`` (a buffer a kernel wrote, or a head view of a projection's rows
-  as ``aot.codegen.flash`` reads them), whose ``k`` and ``v`` are ``[B, H, C, D]`` views of a
+  as ``aot.codegen.flash`` reads them) or, grouped-query heads folded into rows
+  (``aot.codegen.attention.fold_gqa_repeats``), ``[B, KV, G, D]`` viewing such a buffer, whose ``k`` and ``v`` are ``[B, H, C, D]`` views of a
   row-major ``[B, KV, C, D]`` cache (full slices; grouped-query heads by ``unsqueeze`` /
   ``expand`` / ``view``, ``H = KV * G``), with a static ``C``, and whose mask (or none) is an
   additive float ``[B or 1, 1, 1, C]`` view of a row-major buffer;
@@ -179,7 +180,8 @@ def _sdpa_args(step: Step):
     scale = given.get("scale")
     if scale is not None and not isinstance(scale, (int, float)):
         return None
-    return given.get("query"), given.get("key"), given.get("value"), given.get("attn_mask"), scale
+    q, k, v, m = (given.get(n) for n in names[:4])
+    return q, k, v, m, scale, given.get("enable_gqa", False) is not False
 
 
 def find_decode_sites(program: Program) -> list[DecodeSite]:
@@ -195,20 +197,35 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         parsed = _sdpa_args(step)
         if parsed is None:
             continue
-        q, k, v, m, scale = parsed
+        q, k, v, m, scale, enable_gqa = parsed
         if not all(isinstance(x, Buf) for x in (q, k, v)) or not (m is None or isinstance(m, Buf)):
             continue
         qs, out = p.shape(q.name), step.outputs[0]
         spec = p.specs.get(q.name)
-        if qs is None or len(qs) != 4 or qs[2] != "1" or not qs[1].isdigit() or not qs[3].isdigit():
+        if qs is None or len(qs) != 4 or not all(d.isdigit() for d in qs[1:]) or enable_gqa:
             continue
-        batch, heads, head_dim, dtype = qs[0], int(qs[1]), int(qs[3]), spec.dtype
+        # [B, Hq, L, D]: one query per head (L == 1), or the L query heads sharing a KV head as
+        # rows (a grouped-query fold, aot.codegen.attention.fold_gqa_repeats)
+        batch, q_heads, rows, head_dim, dtype = qs[0], int(qs[1]), int(qs[2]), int(qs[3]), spec.dtype
+        heads = q_heads * rows
         if dtype not in FLOAT_DTYPES or head_dim > MAX_HEAD_DIM or p.shape(out) != qs:
             continue
-        if any(p.specs[x.name].dtype != dtype for x in (k, v)) or p.specs[out].dtype != dtype:
+        if any(p.specs[x.name].dtype != dtype or p.shape(x.name)[1] != qs[1] for x in (k, v)):
+            continue  # SDPA pairs query head i with key head i
+        if p.specs[out].dtype != dtype or p.specs[out].order:
             continue
         if p.materialized(q.name):
             q_base, q_stride, q_column = q.name, heads * head_dim, 0
+        elif rows > 1:  # the fold: a view of the [B, H, 1, D] queries a kernel wrote
+            viewed = p.view_step(q.name)
+            if viewed is None or viewed.target != "aten.view.default" or not isinstance(viewed.args[0], Buf):
+                continue
+            src = viewed.args[0]
+            if not p.materialized(src.name):
+                continue
+            if p.shape(src.name) != (batch, str(heads), "1", str(head_dim)):
+                continue
+            q_base, q_stride, q_column = src.name, heads * head_dim, 0
         else:  # a head view of a projection's rows (GPT-2's fused QKV)
             flash = flash or _Finder(program)
             found = flash.operand(q.name, dtype)

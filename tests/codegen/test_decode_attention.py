@@ -84,9 +84,13 @@ def test_decode_attention_matches_sdpa(interpreted, case):
 
 @pytest.mark.slow
 def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
-    """A Llama-3.2-shaped tiny causal LM (grouped-query 4:1, head dim 64, tied embeddings): its
-    decode program's SDPA calls become decode attention kernels, one per layer, whose reference
-    is the SDPA step; the prefill program's (queries of any length) stay."""
+    """A Llama-3.2-shaped tiny causal LM (grouped-query 4:1 over two KV heads, so that the codegen
+    folds the query heads into rows, tied embeddings): its decode program's SDPA calls become
+    decode attention kernels, one per layer, reading the queries where the RoPE kernel wrote
+    them, whose reference is the SDPA step; the prefill program's (queries of any length) stay."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
     import transformers
 
     from aot.codegen import generate
@@ -99,9 +103,9 @@ def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
         hidden_size=256,
         intermediate_size=512,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
         vocab_size=256,
         tie_word_embeddings=True,
     )
@@ -125,4 +129,6 @@ def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
         by_entry.setdefault(len(decode), []).append(len(library))
         for s in decode:
             assert [r.target for r in s.reference] == [SDPA]
+            source = kernels[s.target].source
+            assert "GROUPS = tl.constexpr(4)" in source and "KV_HEADS = tl.constexpr(2)" in source
     assert by_entry == {0: [2], 2: [0]} or by_entry == {2: [0], 0: [2]}, by_entry
