@@ -23,10 +23,10 @@ from dataclasses import replace
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.gemm import FLOAT_DTYPES
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
+from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.dtypes import ITEMSIZE
 from aot.program import fresh_name, step_reads, tensor_specs
 from aot.schema import Buf, DType, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec

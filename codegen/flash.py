@@ -31,11 +31,11 @@ from typing import Any
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.gemm import FLOAT_DTYPES, SAME_INDEX_VIEWS
+from aot.codegen.gemm_sites import SAME_INDEX_VIEWS
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import MAX_GRID_YZ, max_value
 from aot.codegen.render import Rendered
-from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import VIEW_OPS, step_reads, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec

@@ -18,11 +18,10 @@ from __future__ import annotations
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.gemm import FLOAT_DTYPES
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import MAX_GRID_YZ, max_value
 from aot.codegen.render import Rendered
-from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import step_reads, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec

@@ -8,6 +8,9 @@ parameters (``launch``) read ``STORAGE`` and ``TL_TYPE``.
 
 from __future__ import annotations
 
+# the float dtypes the hand-written kernels (GEMM and attention forms, gathers, pooling) take
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+
 # dtype of the program → type values are computed in inside a kernel
 COMPUTE = {
     "float16": "fp32",

@@ -29,9 +29,9 @@ ROWS = (1, 16, 37)
 
 def _all_configs():
     """Every config eligible at every bucket, so each form is built and checked in the tests."""
-    from aot.codegen import gemm
+    from aot.codegen import gemm_forms
 
-    return tuple(replace(c, min_m=1, max_m=1 << 62) for c in gemm.CONFIGS)
+    return tuple(replace(c, min_m=1, max_m=1 << 62) for c in gemm_forms.CONFIGS)
 
 
 def _build(path: Path, out: Path, gemm_candidates: bool = True, stack_siblings: bool = True):
@@ -48,10 +48,10 @@ def _build(path: Path, out: Path, gemm_candidates: bool = True, stack_siblings: 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name → (compiled, bundle path, model path), built with every config eligible."""
-    from aot.codegen import gemm
+    from aot.codegen import gemm_render
 
-    saved = gemm.CONFIGS
-    gemm.CONFIGS = _all_configs()
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = _all_configs()
     try:
         base = tmp_path_factory.mktemp("gemm")
         out = {}
@@ -63,7 +63,7 @@ def built(tmp_path_factory):
             out[name] = (compiled, base / f"{name}.tpk", model)
         return out
     finally:
-        gemm.CONFIGS = saved
+        gemm_render.CONFIGS = saved
 
 
 SIZES = {
@@ -779,7 +779,7 @@ def test_tune_refuses_without_a_gpu(built):
 def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, expected):
     """Linear(1024→4096) + bias + GELU and Linear(4096→1024) + bias: every candidate against its
     reference (the shapes of models/mlp.py)."""
-    from aot.codegen import gemm
+    from aot.codegen import gemm_render
     from aot.verify.interpret import interpret_in_subprocess
 
     model = tmp_path / "big.py"
@@ -790,12 +790,12 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
         .replace("nn.Linear(1024, 64)", "nn.Linear(4096, 1024)")
         .replace("(batch, 64)", "(batch, 1024)")
     )
-    saved = gemm.CONFIGS
-    gemm.CONFIGS = tuple(c for c in _all_configs() if c.dot == (forms == "dot"))
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = tuple(c for c in _all_configs() if c.dot == (forms == "dot"))
     try:
         _build(model, tmp_path / "big.tpk")
     finally:
-        gemm.CONFIGS = saved
+        gemm_render.CONFIGS = saved
     (result,) = interpret_in_subprocess(
         [(tmp_path / "big.tpk", model, [{"batch": m} for m in rows], None, True)], timeout=3600
     )
@@ -825,14 +825,14 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
 
 
 def test_candidate_builds_are_byte_identical(built, tmp_path):
-    from aot.codegen import gemm
+    from aot.codegen import gemm_render
 
-    saved = gemm.CONFIGS
-    gemm.CONFIGS = _all_configs()
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = _all_configs()
     try:
         _build(MODELS / "gemm_swiglu.py", tmp_path / "again.tpk", stack_siblings=False)  # as `built`
     finally:
-        gemm.CONFIGS = saved
+        gemm_render.CONFIGS = saved
     assert (tmp_path / "again.tpk").read_bytes() == built["gemm_swiglu"][1].read_bytes()
 
 

@@ -262,7 +262,7 @@ def test_already_library_free_times_nothing():
 
 def test_which_ops_count_as_cublas():
     from aot.allowed_ops import ALLOWED_OPS
-    from aot.codegen.gemm import GEMM_TARGETS
+    from aot.codegen.gemm_sites import GEMM_TARGETS
     from aot.loader.gpu import TAIL_PRODUCERS
     from aot.verify.tune import calls_cublas
 

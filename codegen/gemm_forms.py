@@ -1,0 +1,95 @@
+"""GEMM candidate forms: the tile configs compiled for every site and the knobs that pick them.
+
+The performance knobs of the GEMM candidates (``aot.codegen.gemm``) live here: which forms are
+compiled (``CONFIGS``), how split-K slices K, when a LayerNorm prologue is fused, and how much
+shared memory a block may take per arch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEURISTIC = "gemm-candidates-v1"
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One candidate form: block sizes, warps, pipeline stages, K slices (1: no split-K; 0: chosen
+    per site by ``split_factor``), and the bucket rows ``M`` it is meant for (inclusive)."""
+
+    name: str
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+    min_m: int = 1
+    max_m: int = 1 << 62
+    min_k: int = 1  # split-K: each slice must keep at least a couple of K blocks
+    dot: bool = True  # False: a dot-free GEMV body for one row (BLOCK_M = 1), products summed over K
+    target_blocks: int = 0  # split-K: blocks to aim for (0: SPLIT_TARGET_BLOCKS)
+
+    def __post_init__(self):
+        if not self.dot and self.block_m != 1:
+            raise ValueError(f"{self.name}: the dot-free form computes one row per block (BLOCK_M = 1)")
+
+
+# Performance knobs: the candidate forms compiled for every site.
+CONFIGS: tuple[TileConfig, ...] = (
+    # One row (decode, batch 1) without tensor cores: each block multiplies a few whole rows of W
+    # by A's row and sums along K, so a block's loads are wide and contiguous and there are enough
+    # blocks (about four per SM) to keep HBM busy; a BLOCK_M = 16 tile wastes 15/16 of its dot.
+    TileConfig("vec_1x8x512", 1, 8, 512, num_warps=4, num_stages=2, max_m=1, dot=False),
+    TileConfig("vec_1x4x1024", 1, 4, 1024, num_warps=4, num_stages=2, max_m=1, dot=False),
+    TileConfig(
+        "splitk_1x8x512",
+        1,
+        8,
+        512,
+        num_warps=4,
+        num_stages=2,
+        split_k=0,
+        max_m=1,
+        min_k=2048,
+        dot=False,
+        target_blocks=512,
+    ),
+    # Skinny M (decode, batch 1): narrow N tiles, so that even N = 768 spreads over 48 blocks and a
+    # 1024 x 4096 weight over 256, each streaming whole rows of W (K contiguous).
+    TileConfig("gemv_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, max_m=16),
+    TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
+    TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
+    TileConfig("tile_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, max_m=64),  # decode, batch 1
+    # Middle M (a prompt of one sequence, 17-512 rows): 64-row tiles with long K steps and four
+    # stages, narrow in N so that a 768-wide output still spreads over 24-48 blocks. At 128 rows
+    # on an H100 with cold weights (bench/gemm_sweep.py, bench/results/gemm-sweep-m128-*.json):
+    # qkv 768 -> 2304 4.85 us against cuBLAS's 4.84, attention out 768 -> 768 3.87 against 4.23,
+    # fc 768 -> 3072 with GELU 5.78 against 5.76 (cuBLASLt's fused epilogue), mlp out 3072 -> 768
+    # 8.98 against 7.28.
+    TileConfig("tile_64x64x128", 64, 64, 128, num_warps=4, num_stages=4, min_m=17, max_m=512),
+    TileConfig("tile_64x32x128", 64, 32, 128, num_warps=4, num_stages=4, min_m=17, max_m=512),
+    TileConfig("tile_64x128x64", 64, 128, 64, num_warps=4, num_stages=3),
+    TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
+    TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),
+)
+# Split-K: enough K slices that a skinny GEMM's tiles fill about one wave of the GPU (an H100 has
+# 132 SMs, an A100 108), each slice keeping at least MIN_SLICE_BLOCKS blocks of K.
+SPLIT_TARGET_BLOCKS = 128
+MAX_SPLIT = 8
+MIN_SLICE_BLOCKS = 2
+ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+# LayerNorm prologue: the statistics read K in chunks of this many columns, all at once, so the
+# rows of a block stay in registers: only for skinny blocks (BLOCK_M <= PROLOGUE_MAX_BLOCK_M) and
+# K <= PROLOGUE_MAX_K; other sites keep their LayerNorm kernel. Each block reads A's rows again
+# per K step to normalize them, so only configs with long K steps and no split get a prologue form
+# (BLOCK_K >= PROLOGUE_MIN_BLOCK_K): on an H200, gpt at batch 1 with K = 768, the 16x32x128 form
+# with the prologue took 12.0 us where the LayerNorm kernel and the plain form took 8.0 us together.
+STATS_CHUNK = 256
+PROLOGUE_MAX_K = 2048
+PROLOGUE_MAX_BLOCK_M = 16
+PROLOGUE_MIN_BLOCK_K = 256
+# Shared memory a block may use per arch (bytes, opt-in maximum): a candidate whose pipelined tiles
+# need more would compile but never launch there, so it is left out.
+SHARED_LIMIT = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10}
+DEFAULT_SHARED_LIMIT = 99 << 10

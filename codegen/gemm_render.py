@@ -1,0 +1,497 @@
+"""GEMM candidate rendering: a site's Triton kernels for each form that fits it (one fused
+kernel, or a split-K pair of partial sums and a fixed-order reduce), with their parameters,
+launch grid and documentation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.gemm_epilogue import GELU_TANH, Epilogue
+from aot.codegen.gemm_forms import (
+    CONFIGS,
+    HEURISTIC,
+    MAX_SPLIT,
+    MIN_SLICE_BLOCKS,
+    PROLOGUE_MAX_BLOCK_M,
+    PROLOGUE_MIN_BLOCK_K,
+    ROUND,
+    SPLIT_TARGET_BLOCKS,
+    STATS_CHUNK,
+    TileConfig,
+)
+from aot.codegen.gemm_sites import Site
+from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.launch import max_value
+from aot.codegen.render import Rendered
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.dtypes import ITEMSIZE
+from aot.schema import Buf, KernelParam, ParamKind, Step, Sym, TensorSpec
+
+
+def _grid_rows(m: str, block: int) -> str:
+    return f"({ix.size_text(ix.parse_size(m))} + {block - 1})//{block}"
+
+
+def render_candidates(
+    site: Site,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    ranges: dict[str, tuple[int, int]],
+    configs: tuple[TileConfig, ...] | None = None,
+) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec], tuple[Step, ...]]]:
+    """Per form that fits the site: its config (named as the form), its kernels (one, or the
+    split-K pair), the buffers they add to the program, and the program steps that run before
+    them. A site with a LayerNorm prologue gets each config twice: ``<config>`` runs the program's
+    LayerNorm kernel first (into a buffer of its own), then the plain GEMM; ``<config>_ln``, for
+    the skinny configs, computes the LayerNorm as it loads A. Which is faster depends on the GPU
+    and the sizes, so ``aotpack tune`` decides."""
+    if site.prologue is not None:
+        pro = site.prologue
+        scratch = f"{site.id}_a"
+        plain = replace(site, prologue=None, a=scratch, outputs=_gemm_outputs(site))
+        ln_step = replace(
+            pro.kernel,
+            args=tuple(
+                Buf(scratch) if isinstance(x, Buf) and x.name == pro.ln_out else x for x in pro.kernel.args
+            ),
+            outputs=tuple(scratch if o == pro.ln_out else o for o in pro.kernel.outputs),
+            reference=(),
+        )
+        a_spec = buffers[pro.ln_out]
+        out = []
+        for cfg, kernels, extra, pre in render_candidates(plain, buffers, known, ranges, configs):
+            out.append((cfg, kernels, {**extra, scratch: a_spec}, (ln_step, *pre)))
+        fused = [
+            c
+            for c in (CONFIGS if configs is None else configs)
+            if c.block_m <= PROLOGUE_MAX_BLOCK_M and c.block_k >= PROLOGUE_MIN_BLOCK_K and c.split_k == 1
+        ]
+        for cfg, kernels, extra, pre in _render_forms(site, buffers, known, ranges, tuple(fused)):
+            out.append((replace(cfg, name=cfg.name + "_ln"), kernels, extra, pre))
+        return out
+    return _render_forms(site, buffers, known, ranges, configs)
+
+
+def _render_forms(
+    site: Site,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    ranges: dict[str, tuple[int, int]],
+    configs: tuple[TileConfig, ...] | None,
+) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec], tuple[Step, ...]]]:
+    configs = CONFIGS if configs is None else configs
+    ep = Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
+    if site.epilogue:
+        ep.lower(site.epilogue, _gemm_outputs(site))
+    else:
+        ep.stores.append((site.gemm_outputs[0], "acc0", site.dtype))
+    m_max = max_value(ix.parse_size(site.m), ranges)
+    out = []
+    for cfg in configs:
+        if cfg.split_k != 1 and site.k < cfg.min_k:
+            continue
+        if site.w_kn and not cfg.dot:
+            continue  # a one-row form reads W's rows along K: strided where W is [K, N]
+        if cfg.split_k == 0:
+            split = split_factor(site, cfg)
+            if split < 2:
+                continue
+            cfg = replace(cfg, split_k=split, name=cfg.name.replace("splitk", f"splitk{split}", 1))
+        s, g = cfg.split_k, len(site.weights)
+        biggest = max(m_max * max(site.k, site.n * s * g, site.n), site.k * site.n)
+        index = "i64" if biggest >= 2**31 - 1 else "i32"
+        if cfg.split_k == 1:
+            kernels = [_render_fused(site, ep, cfg, index)]
+            extra: dict[str, TensorSpec] = {}
+        else:
+            ws = f"{site.id}_{cfg.name}_partial"
+            extra = {ws: TensorSpec("float32", (str(s), str(g), site.m, str(site.n)))}
+            kernels = [_render_partial(site, cfg, index, ws), _render_reduce(site, ep, cfg, index, ws)]
+        out.append((cfg, kernels, extra, ()))
+    return out
+
+
+def split_factor(site: Site, cfg: TileConfig) -> int:
+    """K slices for ``site``: its N tiles times the slices should reach ``SPLIT_TARGET_BLOCKS``."""
+    n_tiles = -(-site.n // cfg.block_n)
+    want = -(-(cfg.target_blocks or SPLIT_TARGET_BLOCKS) // n_tiles)
+    return max(1, min(MAX_SPLIT, want, site.k // (MIN_SLICE_BLOCKS * cfg.block_k)))
+
+
+def _what(site: Site) -> str:
+    parts = ["dual GEMM" if len(site.weights) > 1 else "GEMM"]
+    if site.prologue is not None:
+        parts.insert(0, "LayerNorm" + (" of a sum" if site.prologue.y is not None else "") + " prologue")
+    if any(site.biases):
+        parts.append("bias")
+    if site.activation:
+        parts.append(site.activation)
+    if site.epilogue:
+        parts.append("epilogue " + ", ".join(dict.fromkeys(s.target.split(".")[1] for s in site.epilogue)))
+    return " + ".join(parts)
+
+
+def _doc(site: Site, cfg: TileConfig, kind: str, grid: tuple[str, ...]) -> list[str]:
+    return [
+        f"GEMM candidate {cfg.name} ({kind}): {_what(site)}.",
+        "",
+        f"C[M, N] = A[M, K] @ {'W[K, N]' if site.w_kn else 'W[N, K]^T'} with M = {ix.size_text(ix.parse_size(site.m))}, N = {site.n}, K = {site.k}, {site.dtype};",
+        f"grid: ({', '.join(grid)},)",
+    ]
+
+
+def _indices(site: Site, index: str) -> list[str]:
+    cast = ".to(tl.int64)" if index == "i64" else ""
+    return [
+        f"rm = tl.program_id(0){cast} * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"rn = tl.program_id(1){cast} * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "mask_m = rm < M",
+        f"mask_n = rn < {site.n}",
+        "mask = mask_m[:, None] & mask_n[None, :]",
+    ]
+
+
+def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str = "i32") -> list[str]:
+    """Accumulate ``acc{g}`` over ``k_offset <= k < k_offset + k_extent`` (and ``k < K``) in
+    BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads (a dot's)
+    or unroll the steps (the dot-free form's). ``index``: "i64" where W's offsets may pass 2**31."""
+    precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
+    weights = range(len(site.weights))
+    if not cfg.dot:
+        return _vec_steps(site, cfg, k_offset, k_extent)
+    lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in weights]
+    lines.append(f"for k0 in range(0, {k_extent}, BLOCK_K):")
+    lines.append(
+        f"    rk = {k_offset} + k0 + tl.arange(0, BLOCK_K)"
+        if k_offset != "0"
+        else "    rk = k0 + tl.arange(0, BLOCK_K)"
+    )
+    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    kmask_a = " & (rk[None, :] < " + str(site.k) + ")" if need_k_mask else ""
+    kmask_w = " & (rk[:, None] < " + str(site.k) + ")" if need_k_mask else ""
+    if site.prologue is None:
+        lines.append(
+            f"    a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
+        )
+    else:
+        lines += ["    " + ln for ln in _prologue_a(site)]
+    for g in weights:
+        rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
+        at = (
+            f"{rk_w}[:, None] * {site.n} + rn[None, :]"
+            if site.w_kn
+            else f"rn[None, :] * {site.k} + rk[:, None]"
+        )
+        lines.append(
+            f"    w{g} = tl.load(w{g}_ptr + {at}, "
+            f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+        )
+        lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+    return lines
+
+
+def _vec_k(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[tuple[str, str]]:
+    """The dot-free form's K steps, unrolled (a row of W is a few steps at most): per step, the
+    expression of its K indices and the mask of K it needs ("" where every step is whole)."""
+    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    steps = []
+    for k0 in range(0, k_extent, cfg.block_k):
+        base = f"{k_offset} + {k0}" if k_offset != "0" else str(k0)
+        steps.append(
+            (f"{base} + tl.arange(0, BLOCK_K)", f" & (rk[None, :] < {site.k})" if need_k_mask else "")
+        )
+    return steps
+
+
+def _vec_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+    """The dot-free form loads all of its W rows first, before the wait for the kernel before (a
+    weight: no kernel writes it), so that under dependent launch a GEMV streams its weights while
+    the kernel before still runs; each step's tile stays in registers until A's row is there."""
+    lines = ["# this block's rows of W, every K step, before the wait (see kernel_module)"]
+    for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
+        lines.append(f"rk = {rk}")
+        for g in range(len(site.weights)):
+            lines.append(
+                f"w{g}_{i} = tl.load(w{g}_ptr + rn[:, None] * {site.k} + rk[None, :], "
+                f"mask=mask_n[:, None]{kmask}, other=0.0)  # [BLOCK_N, BLOCK_K]"
+            )
+    return lines
+
+
+def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+    """A's one row times the early-loaded W rows, summed elementwise across K steps, reduced once
+    after."""
+    lines = [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
+    for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
+        lines.append(f"rk = {rk}")
+        if site.prologue is None:
+            lines.append(
+                f"a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask}, other=0.0)"
+            )
+        else:
+            lines += _prologue_a(site)
+        for g in range(len(site.weights)):
+            lines.append(
+                f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
+            )
+    lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
+    return lines
+
+
+def _prologue_rows(site: Site, rk: str = "rk", xs: str = "xs") -> list[str]:
+    """``xs``: the rows of ``x [+ y]`` at ``rk`` as fp32, rounded to the dtype as the add's result is."""
+    pro = site.prologue
+    k = site.k
+    kmask = f"mask_m[:, None] & ({rk}[None, :] < {k})"
+    at = f"rm[:, None] * {k} + {rk}[None, :]"
+    lines = [f"{xs} = tl.load(x_ptr + {at}, mask={kmask}, other=0.0).to(tl.float32)"]
+    if pro.y is not None:
+        lines.append(f"{xs} = {xs} + tl.load(y_ptr + {at}, mask={kmask}, other=0.0).to(tl.float32)")
+        if site.dtype in ROUND:
+            lines.append(f"{xs} = {xs}.to({ROUND[site.dtype]}).to(tl.float32)")
+    return lines
+
+
+def _stats_chunks(k: int) -> tuple[int, int]:
+    """(width, count) of the column chunks the prologue's statistics read K in."""
+    width = min(STATS_CHUNK, 1 << (k - 1).bit_length())
+    return width, -(-k // width)
+
+
+def _prologue_stats(site: Site, write_sum: str) -> list[str]:
+    """Mean and 1/std of the block's rows over all of K, as straight-line code: every chunk of
+    the rows is loaded before the first sum (one memory latency, not one per chunk), the mean
+    taken, then the squared deviations from the chunks already in registers. The add's result
+    is written on the way where ``write_sum`` (a condition) holds."""
+    k = site.k
+    width, count = _stats_chunks(k)
+    lines = []
+    for c in range(count):
+        lines.append(f"rs{c} = {c * width} + tl.arange(0, {width})")
+        lines += _prologue_rows(site, f"rs{c}", f"xs{c}")
+    if site.prologue.sum_out is not None:
+        dt = TL_TYPE[STORAGE[site.dtype]]
+        lines.append(f"if {write_sum}:")
+        for c in range(count):
+            lines.append(
+                f"    tl.store(sum_ptr + rm[:, None] * {k} + rs{c}[None, :], xs{c}.to({dt}), "
+                f"mask=mask_m[:, None] & (rs{c}[None, :] < {k}))"
+            )
+    lines.append(f"mean = ({' + '.join(f'tl.sum(xs{c}, axis=1)' for c in range(count))}) / {k}")
+    for c in range(count):
+        lines.append(f"dev{c} = tl.where(rs{c}[None, :] < {k}, xs{c} - mean[:, None], 0.0)")
+    lines.append(f"var = ({' + '.join(f'tl.sum(dev{c} * dev{c}, axis=1)' for c in range(count))}) / {k}")
+    lines.append(f"rstd = 1.0 / tl.sqrt(var + {site.prologue.eps!r})")
+    return lines
+
+
+def _prologue_a(site: Site) -> list[str]:
+    """The A tile at ``rk``: the rows normalized, scaled and shifted, rounded to the dtype as the
+    LayerNorm's output is (masked elements 0, so they add nothing)."""
+    pro = site.prologue
+    k = site.k
+    lines = _prologue_rows(site)
+    lines.append("a = (xs - mean[:, None]) * rstd[:, None]")
+    if pro.weight is not None:
+        lines.append(f"a = a * tl.load(lnw_ptr + rk, mask=rk < {k}, other=0.0).to(tl.float32)[None, :]")
+    if pro.bias is not None:
+        lines.append(f"a = a + tl.load(lnb_ptr + rk, mask=rk < {k}, other=0.0).to(tl.float32)[None, :]")
+    lines.append(
+        f"a = tl.where(mask_m[:, None] & (rk[None, :] < {k}), a, 0.0).to({TL_TYPE[STORAGE[site.dtype]]})"
+    )
+    return lines
+
+
+def _epilogue_lines(site: Site, ep: Epilogue) -> list[str]:
+    lines = []
+    for g, bias in enumerate(site.biases):
+        if bias is not None:
+            lines.append(
+                f"acc{g} = acc{g} + tl.load(b{g}_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]"
+            )
+    if site.activation == "relu":
+        lines.append("acc0 = tl.maximum(acc0, 0.0)")
+    elif site.activation == "gelu_tanh":
+        lines.append("acc0 = " + GELU_TANH.format("acc0"))
+    for load in ep.loads.values():
+        p = load.param
+        if load.layout == "full":
+            lines.append(
+                f"{p}_v = tl.load({p}_ptr + rm[:, None] * {site.n} + rn[None, :], mask=mask, other=0.0).to(tl.float32)"
+            )
+        elif load.layout == "row":
+            lines.append(f"{p}_v = tl.load({p}_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]")
+        else:
+            lines.append(f"{p}_v = tl.load({p}_ptr).to(tl.float32)")
+    lines += ep.lines
+    for i, (_, val, dtype) in enumerate(ep.stores):
+        lines.append(
+            f"tl.store(out{i}_ptr + rm[:, None] * {site.n} + rn[None, :], {val}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"
+        )
+    return lines
+
+
+def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: str):
+    """(params, signature, args) for ``part``: "fused", "partial" or "reduce"."""
+    params: list[KernelParam] = []
+    args: list[Any] = []
+
+    def ptr(name: str, buf: str, dtype: str) -> None:
+        params.append(KernelParam(name, ParamKind.PTR, dtype))
+        args.append(Buf(buf))
+
+    if part in ("fused", "partial"):
+        pro = site.prologue
+        if pro is None:
+            ptr("a_ptr", site.a, site.dtype)
+        else:
+            ptr("x_ptr", pro.x, site.dtype)
+            if pro.y is not None:
+                ptr("y_ptr", pro.y, site.dtype)
+            if pro.weight is not None:
+                ptr("lnw_ptr", pro.weight, site.dtype)
+            if pro.bias is not None:
+                ptr("lnb_ptr", pro.bias, site.dtype)
+            if pro.sum_out is not None:
+                ptr("sum_ptr", pro.sum_out, site.dtype)
+        for g, w in enumerate(site.weights):
+            ptr(f"w{g}_ptr", w, site.dtype)
+    if part == "partial":
+        ptr("ws_ptr", ws, "float32")
+    if part == "reduce":
+        ptr("ws_ptr", ws, "float32")
+    if part in ("fused", "reduce"):
+        for g, b in enumerate(site.biases):
+            if b is not None:
+                ptr(f"b{g}_ptr", b, site.dtype)
+        for buf, load in ep.loads.items():
+            ptr(f"{load.param}_ptr", buf, load.dtype)
+        for i, (buf, _, dtype) in enumerate(ep.stores):
+            ptr(f"out{i}_ptr", buf, dtype)
+    params.append(KernelParam("M", ParamKind(index), ""))
+    args.append(Sym(ix.size_text(ix.parse_size(site.m))))
+    return params, signature_of(params, index), args
+
+
+def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, grid, ops, early=()) -> Rendered:
+    blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    source = kernel_module(_doc(site, cfg, kind, grid), blocks, name, signature, body, early)
+    m = ix.parse_size(site.m)
+    elem = ITEMSIZE[site.dtype]
+    pro = site.prologue
+    rows = 1 if pro is None else 1 + (pro.y is not None) + (pro.sum_out is not None)  # A, or x [+ y] [+ sum]
+    stored = [o for o in outputs if pro is None or o != pro.sum_out]
+    traffic = (
+        rows * m * site.k * elem
+        + len(site.weights) * site.n * site.k * elem
+        + m * site.n * elem * len(stored)
+    )
+    config = {
+        "kind": "gemm",
+        "candidate": cfg.name,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "split_k": cfg.split_k,
+        "heuristic": HEURISTIC,
+        "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages,
+    }
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=tuple(params),
+        args=tuple(args),
+        outputs=tuple(outputs),
+        grid=grid,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        config=config,
+        ops=tuple(s.target for s in site.reference),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
+
+
+def _tag(site: Site) -> str:
+    tag = "dual" if len(site.weights) > 1 else ("addmm" if any(site.biases) else "mm")
+    tag = ("ln_" if site.prologue is not None else "") + tag
+    return tag + ("_" + site.activation if site.activation else "") + ("_epilogue" if site.epilogue else "")
+
+
+def _prologue_outputs(site: Site) -> list[str]:
+    pro = site.prologue
+    return [pro.sum_out] if pro is not None and pro.sum_out is not None else []
+
+
+def _gemm_outputs(site: Site) -> tuple[str, ...]:
+    """The site's outputs but the prologue's sum: what the GEMM and its epilogue write."""
+    return tuple(o for o in site.outputs if o not in _prologue_outputs(site))
+
+
+def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
+    grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)))
+    early, body = _opening(site, cfg, index, "0", site.k)
+    if site.prologue is not None:
+        body += _prologue_stats(site, "(tl.program_id(1) == 0)")
+    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
+    params, signature, args = _params(site, ep, index, None, "fused")
+    outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
+    name = f"gemm_{_tag(site)}_{cfg.name}"
+    return _rendered(site, cfg, name, "fused", body, params, signature, args, outputs, grid, (), early)
+
+
+def _opening(
+    site: Site, cfg: TileConfig, index: str, k_offset: str, k_extent: int, sliced: bool = False
+) -> tuple[list[str], list[str]]:
+    """(lines before the wait for the kernel before, the body's first lines): the block's indices
+    (and K slice, ``sliced``), and for the dot-free form its rows of W, go before the wait."""
+    opening = _indices(site, index)
+    if sliced:
+        opening.append(f"ks = tl.program_id(2){'.to(tl.int64)' if index == 'i64' else ''}")
+    if cfg.dot:
+        return [], opening
+    return opening + _vec_w_early(site, cfg, k_offset, k_extent), []
+
+
+def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendered:
+    s, g = cfg.split_k, len(site.weights)
+    per_slice = -(-site.k // s)
+    chunk = -(-per_slice // cfg.block_k) * cfg.block_k  # K per slice, a multiple of BLOCK_K
+    grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)), str(s))
+    early, body = _opening(site, cfg, index, f"ks * {chunk}", chunk, sliced=True)
+    body += _k_loop(site, cfg, f"ks * {chunk}", chunk, index)
+    body.append("# each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order")
+    for gi in range(g):
+        body.append(
+            f"tl.store(ws_ptr + ((ks * {g} + {gi}) * M + rm[:, None]) * {site.n} + rn[None, :], acc{gi}, mask=mask)"
+        )
+    params, signature, args = _params(site, None, index, ws, "partial")
+    name = f"gemm_{_tag(site)}_{cfg.name}_partial"
+    return _rendered(
+        site, cfg, name, "split-K partial sums", body, params, signature, args, [ws], grid, (), early
+    )
+
+
+def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: str) -> Rendered:
+    s, g = cfg.split_k, len(site.weights)
+    grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)))
+    body = _indices(site, index)
+    body += [f"acc{gi} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for gi in range(g)]
+    body.append(f"for ks in tl.static_range({s}):  # fixed order: the same bits on every run")
+    for gi in range(g):
+        body.append(
+            f"    acc{gi} += tl.load(ws_ptr + ((ks * {g} + {gi}) * M + rm[:, None]) * {site.n} + rn[None, :], "
+            f"mask=mask, other=0.0)"
+        )
+    body += _epilogue_lines(site, ep)
+    params, signature, args = _params(site, ep, index, ws, "reduce")
+    outputs = [buf for buf, _, _ in ep.stores]
+    name = f"gemm_{_tag(site)}_{cfg.name}_reduce"
+    return _rendered(
+        site, cfg, name, "split-K reduce + epilogue", body, params, signature, args, outputs, grid, ()
+    )
