@@ -39,6 +39,8 @@ for item in "$@"; do
   start=$(date +%s)
   case $step in
     generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py tests/gpu/test_decode_attention_gpu.py) ;;
+    # the decode attention kernel at the bench's shapes, and a grouped-query Llama's greedy tokens against the CPU's
+    decode-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py -k "llama or decode_attention") ;;
     runtime) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py) ;;
     gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
