@@ -9,13 +9,18 @@ compile of static-cache decoding; on a CPU, where transformers compiles nothing,
 ``aot.hf.causal_lm``, ``Runner.generate``: one prefill, one decode call per token) and
 ``aotpack-tuned`` (the same built with GEMM candidates and ``aotpack tune --entry decode`` on this
 GPU; needs a GPU). Models:
-GPT-2 small and a Llama-style model with grouped-query attention (32 query heads over 8 KV heads).
-Every system gets the same random-weight model (``torch.manual_seed(0)``) and the same prompts;
+GPT-2 small, a Llama-style model with grouped-query attention (0.58B, 32 query heads over 8 KV
+heads) and ``llama-3.2-1b``, shaped as Llama-3.2-1B (hidden 2048, intermediate 8192, 16 layers, 32
+query heads over 8 KV heads, head dim 64, vocab 128256, tied embeddings, llama3 RoPE) in bfloat16
+at the published anchors' workload (a 32-token prompt, 128 new tokens). Every system gets the same random-weight model (``torch.manual_seed(0)``) and the same prompts;
 a decode step's time is the gap between two consecutive tokens, each synchronized.
 
 The floor of one decode step: the bytes it must read (every weight once, and the KV cache of
 every row up to the context) over the device's memory bandwidth (``--bandwidth``, default by
-device name: H100 3.35 TB/s, H200 4.8 TB/s).
+device name: H100 3.35 TB/s, H200 4.8 TB/s); ``pct_hbm`` is that floor over the measured step, in
+percent. ``launches_per_step``: the kernels a decode step launches, counted by torch's profiler
+(CUPTI sees each kernel of a CUDA graph) as the difference between two generates of N and 2N new
+tokens, over N (the prefill and the set-up cancel out).
 
     python bench/decode.py --out bench/results/decode              # on a GPU: GPT-2 small, Llama-style
     python bench/decode.py --device cpu --tiny --out /tmp/decode   # tiny configs, end to end on a CPU
@@ -40,7 +45,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import synchronize  # noqa: E402  (the bench's own helpers, beside this file)
 
 SYSTEMS = ("aotpack", "aotpack-tuned", "hf_static_compile", "hf_eager")
-MODELS = ("gpt2", "llama")
+# also: "aotpack-sdpa", the default build with its decode attention left to the library (SDPA)
+MODELS = ("gpt2", "llama", "llama-3.2-1b")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
 PROMPT, NEW_TOKENS = 448, 64
@@ -49,6 +55,12 @@ TINY_BATCHES = (1, 2, 4)
 TINY_PROMPT, TINY_NEW_TOKENS = 24, 8
 # Generations per batch: the first compiles or captures, the last is timed (its median step).
 RUNS = 2
+# Per model: (prompt, new tokens) where it differs from the default, and the dtype on a GPU. The
+# llama-3.2-1b rows take the workload of the published anchors (batch 1, 32 input tokens, 128
+# outputs, bf16: msaroufim/megakernels-vs-cuda-graphs, llama/docs/RESULTS.md).
+WORKLOAD = {"llama-3.2-1b": (32, 128)}
+GPU_DTYPE = {"llama-3.2-1b": "bfloat16"}
+LAUNCH_STEPS = 8  # launches per step: generates of LAUNCH_STEPS and 2 * LAUNCH_STEPS new tokens
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}  # bytes/s by device name
 
 
@@ -75,6 +87,10 @@ def config(model: str, tiny: bool):
                 n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64
             )
         return tf.GPT2LMHeadModel, tf.GPT2Config()  # 124M: 12 layers, d 768, vocab 50257
+    if model == "llama-3.2-1b":
+        cfg = tf.LlamaConfig(**llama_3_2_1b(tiny))
+        cfg.tie_word_embeddings = True  # whatever the config class makes of the keyword
+        return tf.LlamaForCausalLM, cfg
     if tiny:
         cfg = tf.LlamaConfig(
             hidden_size=64,
@@ -98,6 +114,70 @@ def config(model: str, tiny: bool):
     return tf.LlamaForCausalLM, cfg
 
 
+def llama_3_2_1b(tiny: bool) -> dict:
+    """Llama-3.2-1B's configuration (its ``config.json``), random weights; tiny: the same kinds
+    (tied embeddings, llama3 RoPE, GQA 4:1 over two KV heads) at a CPU's size."""
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+    }
+    shape = dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+    )
+    if tiny:
+        shape = dict(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=256,
+            max_position_embeddings=131072,
+        )
+    return dict(
+        shape,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        rope_parameters=rope,
+        attention_bias=False,
+        mlp_bias=False,
+    )
+
+
+def workload(model: str, tiny: bool) -> tuple[int, int]:
+    """(prompt tokens, new tokens) of a model's runs."""
+    if tiny:
+        return TINY_PROMPT, TINY_NEW_TOKENS
+    return WORKLOAD.get(model, (PROMPT, NEW_TOKENS))
+
+
+def dtype_name(model: str, device: str) -> str:
+    return "float32" if device == "cpu" else GPU_DTYPE.get(model, "float16")
+
+
+def instantiate(cls, cfg):
+    """``cls(cfg)``, its output embedding tied to its input embedding where the config says so
+    (transformers versions differ in whether a config built from keywords ties them)."""
+    module = cls(cfg)
+    if getattr(cfg, "tie_word_embeddings", False):
+        out, emb = module.get_output_embeddings(), module.get_input_embeddings()
+        if out is not None and out.weight is not emb.weight:
+            out.weight = emb.weight
+    return module
+
+
 def make_model(model: str, tiny: bool, dtype, device):
     import torch
 
@@ -105,7 +185,7 @@ def make_model(model: str, tiny: bool, dtype, device):
     cfg.pad_token_id = 0
     cfg.eos_token_id = None
     torch.manual_seed(0)
-    return cls(cfg).to(dtype).to(device).eval()
+    return instantiate(cls, cfg).to(dtype).to(device).eval()
 
 
 def prompts(batch: int, length: int, vocab: int):
@@ -121,7 +201,7 @@ def floor_ms(module, batch: int, context: int, bandwidth: float) -> float:
     cfg = module.config
     layers = cfg.num_hidden_layers
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     item = next(module.parameters()).element_size()
     cache = 2 * layers * batch * heads * context * head_dim * item
     return (weights + cache) / bandwidth * 1e3
@@ -187,21 +267,55 @@ def profile_step(runner, ids, new_tokens: int, device: str, path: Path) -> dict:
         if getattr(e, attr, 0) > 0 and not e.key.startswith("ProfilerStep")
     )
     sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
-    path.write_text(events.table(sort_by=sort, row_limit=40, max_name_column_width=90))
+    path.write_text(events.table(sort_by=sort, row_limit=60, max_name_column_width=90))
     return {
         "profile_device_ms_per_token": busy_us / 1e3 / new_tokens,
         "profile_wall_ms_per_token": wall * 1e3 / new_tokens,
     }
 
 
+def kernels_launched(run, device: str) -> int:
+    """The GPU kernels ``run()`` launches (CUPTI sees each kernel of a CUDA graph too); copies
+    and memsets are not counted."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        synchronize(device)
+    return sum(
+        1
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not e.name.lower().startswith(("memcpy", "memset"))
+    )
+
+
+def launches_per_step(generate, device: str) -> float | None:
+    """Kernels per decode step: ``generate(n)`` runs a whole generation of ``n`` new tokens; the
+    difference between 2N and N tokens, over N, leaves out the prefill and the set-up."""
+    if not device.startswith("cuda"):
+        return None
+    short = kernels_launched(lambda: generate(LAUNCH_STEPS), device)
+    long = kernels_launched(lambda: generate(2 * LAUNCH_STEPS), device)
+    return (long - short) / LAUNCH_STEPS
+
+
 def worker(
-    system: str, model: str, tiny: bool, device: str, bundle: str | None, profile: Path | None = None
+    system: str,
+    model: str,
+    tiny: bool,
+    device: str,
+    bundle: str | None,
+    profile: Path | None = None,
+    batches: tuple[int, ...] | None = None,
 ) -> list[dict]:
     import torch
 
-    dtype = torch.float32 if device == "cpu" else torch.float16
-    batches = TINY_BATCHES if tiny else BATCHES
-    prompt, new_tokens = (TINY_PROMPT, TINY_NEW_TOKENS) if tiny else (PROMPT, NEW_TOKENS)
+    dtype = getattr(torch, dtype_name(model, device))
+    batches = batches or (TINY_BATCHES if tiny else BATCHES)
+    prompt, new_tokens = workload(model, tiny)
     rows = []
     if system.startswith("aotpack"):
         import aot.loader
@@ -211,11 +325,23 @@ def worker(
     else:
         module = make_model(model, tiny, dtype, device)
         vocab = module.config.vocab_size
+        out_emb, in_emb = module.get_output_embeddings(), module.get_input_embeddings()
+        tied = out_emb is not None and out_emb.weight is in_emb.weight
+        print(
+            f"{model}: {sum(p.numel() for p in module.parameters())} parameters, tied {tied}", file=sys.stderr
+        )
         if system == "hf_static_compile" and device == "cpu":  # no auto-compile there (see _hf_steps)
             module.forward = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True)
     for batch in batches:
         ids = prompts(batch, prompt, vocab).to(device)
-        row = {"model": model, "system": system, "batch": batch, "prompt": prompt, "new_tokens": new_tokens}
+        row = {
+            "model": model,
+            "system": system,
+            "batch": batch,
+            "prompt": prompt,
+            "new_tokens": new_tokens,
+            "dtype": dtype_name(model, device),
+        }
         try:
             for run in range(RUNS):  # the first run compiles or captures; time the last
                 start = time.perf_counter()
@@ -236,6 +362,15 @@ def worker(
             steps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
             ms = statistics.median(steps)
             row.update(ms_per_token=ms, tokens_per_s=batch * 1e3 / ms, tokens=tokens[0][:16])
+            if system.startswith("aotpack"):
+                row["launches_per_step"] = launches_per_step(
+                    lambda n, ids=ids: runner.generate(ids.tolist(), n), device
+                )
+            else:
+                row["launches_per_step"] = launches_per_step(
+                    lambda n, ids=ids: _hf_steps(module, ids, n, device, system == "hf_static_compile"),
+                    device,
+                )
             if profile and system.startswith("aotpack"):
                 row.update(
                     profile_step(runner, ids, new_tokens, device, profile / f"{model}-{system}-b{batch}.txt")
@@ -251,7 +386,9 @@ def worker(
 # The parent: builds bundles, spawns one process per system and model, writes the table.
 
 
-def build_bundles(model: str, tiny: bool, device: str, out: Path, systems: list[str]) -> dict[str, Path]:
+def build_bundles(
+    model: str, tiny: bool, device: str, out: Path, systems: list[str], batches: tuple[int, ...] | None = None
+) -> dict[str, Path]:
     """The bundle of each aotpack system: ``aotpack`` the default build, ``aotpack-tuned`` a build
     with GEMM candidates tuned on this GPU at the decode entry point (``aotpack tune --entry
     decode``). One trace serves both."""
@@ -266,8 +403,10 @@ def build_bundles(model: str, tiny: bool, device: str, out: Path, systems: list[
     cls, cfg = config(model, tiny)
     cfg.pad_token_id = 0
     cfg.eos_token_id = None
-    batches = TINY_BATCHES if tiny else BATCHES
-    prompt, new_tokens = (TINY_PROMPT, TINY_NEW_TOKENS) if tiny else (PROMPT, NEW_TOKENS)
+    batches = batches or (TINY_BATCHES if tiny else BATCHES)
+    if max(batches) == 1:  # a batch dim of size 1 alone would be specialized away by export
+        batches = (1, 2)
+    prompt, new_tokens = workload(model, tiny)
     archs = ("sm_90",)
     if device.startswith("cuda"):
         import torch
@@ -275,10 +414,10 @@ def build_bundles(model: str, tiny: bool, device: str, out: Path, systems: list[
         major, minor = torch.cuda.get_device_capability()
         archs = (f"sm_{major}{minor}",)
     spec = causal_lm(
-        lambda: cls(cfg),
+        lambda: instantiate(cls, cfg),
         max_batch=max(batches),
         max_context=prompt + new_tokens,
-        dtype="float32" if device == "cpu" else "float16",
+        dtype=dtype_name(model, device),
         name=model,
         batch_buckets=batches,
     )
@@ -290,14 +429,20 @@ def build_bundles(model: str, tiny: bool, device: str, out: Path, systems: list[
     if "aotpack" in wanted:
         start = time.perf_counter()
         paths["aotpack"] = out / f"{stem}.tpk"
-        pack(generate(traced, archs), paths["aotpack"])
+        # split weights: a bundle over 2 GiB of weights (llama-3.2-1b) as one zip member does not load
+        pack(generate(traced, archs), paths["aotpack"], split_weights=True)
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    if "aotpack-sdpa" in wanted:
+        start = time.perf_counter()
+        paths["aotpack-sdpa"] = out / f"{stem}-sdpa.tpk"
+        pack(generate(traced, archs, decode_attention=False), paths["aotpack-sdpa"], split_weights=True)
+        print(f"built {paths['aotpack-sdpa']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-tuned" in wanted and device.startswith("cuda"):  # tuning needs the GPU
         from aot.verify.tune import tune
 
         start = time.perf_counter()
         untuned = out / f"{stem}-gemm.tpk"
-        pack(generate(traced, archs, gemm_candidates=True), untuned)
+        pack(generate(traced, archs, gemm_candidates=True), untuned, split_weights=True)
         built = time.perf_counter() - start
         paths["aotpack-tuned"] = out / f"{stem}-tuned.tpk"
         result = tune(untuned, paths["aotpack-tuned"], repeats=20, entries=("decode",))
@@ -327,8 +472,9 @@ def markdown(rows: list[dict], header: str) -> str:
     lines = [
         header,
         "",
-        "| model | batch | system | ms/token | tokens/s | floor ms | / floor | vs hf_static_compile |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | batch | system | ms/token | tokens/s | floor ms | % of HBM bandwidth | launches/step "
+        "| vs hf_static_compile |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     compiled = {
         (r["model"], r["batch"]): r.get("ms_per_token") for r in rows if r["system"] == "hf_static_compile"
@@ -336,15 +482,16 @@ def markdown(rows: list[dict], header: str) -> str:
     for r in rows:
         if "error" in r:
             lines.append(
-                f"| {r['model']} | {r['batch']} | {r['system']} | failed: {r['error'][:80]} | | | | |"
+                f"| {r['model']} | {r['batch']} | {r['system']} | failed: {r['error'][:80]} | | | | | |"
             )
             continue
         ms, floor = r["ms_per_token"], r["floor_ms"]
         base = compiled.get((r["model"], r["batch"]))
         ratio = f"{ms / base:.2f}" if base else "-"
+        launches = r.get("launches_per_step")
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['system']} | {ms:.3f} | {r['tokens_per_s']:.0f} | "
-            f"{floor:.3f} | {ms / floor:.1f} | {ratio} |"
+            f"{floor:.3f} | {r['pct_hbm']:.1f} | {'-' if launches is None else f'{launches:.1f}'} | {ratio} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -355,6 +502,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a CPU run end to end)")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--batches", help="comma-separated batch sizes [default: 1,8,32; --tiny 1,2,4]")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one system may take [default: 600]")
     ap.add_argument("--bandwidth", type=float, help="bytes/s for the floor [default: by device name]")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode"))
@@ -368,6 +516,7 @@ def main() -> None:
         help="also profile one generate of each aotpack system and batch (kernel tables in OUT)",
     )
     args = ap.parse_args()
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
     if args.worker:
         worker(
             *args.worker,
@@ -375,6 +524,7 @@ def main() -> None:
             args.device,
             args.bundle,
             Path(args.profile_to) if args.profile_to else None,
+            batches,
         )
         return
 
@@ -383,17 +533,23 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     bandwidth = bandwidth_of(args.device, args.bandwidth)
-    dtype = torch.float32 if args.device == "cpu" else torch.float16
     env = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "bandwidth_bytes_per_s": bandwidth,
         "tiny": args.tiny,
+        "workload": {m: workload(m, args.tiny) for m in args.models.split(",")},
+        "dtype": {m: dtype_name(m, args.device) for m in args.models.split(",")},
     }
+    if args.device.startswith("cuda"):
+        import triton
+
+        env["triton"] = triton.__version__
+        env["transformers"] = _transformers().__version__
     header = (
         f"Decode latency on {env['device']} (torch {env['torch']}; "
-        f"{'tiny configs' if args.tiny else 'GPT-2 small, Llama-style 0.58B'}, "
-        f"{'float32' if args.device == 'cpu' else 'float16'}; median of decode steps; "
+        f"{'tiny configs' if args.tiny else 'GPT-2 small, Llama-style 0.58B, Llama-3.2-1B-shaped'}; "
+        f"dtypes {env['dtype']}; (prompt, new tokens) {env['workload']}; median of decode steps; "
         "each system a fresh process)"
     )
     rows: list[dict] = []
@@ -406,9 +562,9 @@ def main() -> None:
     for model in args.models.split(","):
         bundles = Path(args.bundles or out)
         bundles.mkdir(parents=True, exist_ok=True)
-        built = build_bundles(model, args.tiny, args.device, bundles, args.systems.split(","))
-        module = make_model(model, args.tiny, dtype, "meta")
-        context = (TINY_PROMPT + TINY_NEW_TOKENS) if args.tiny else (PROMPT + NEW_TOKENS)
+        built = build_bundles(model, args.tiny, args.device, bundles, args.systems.split(","), batches)
+        module = make_model(model, args.tiny, getattr(torch, dtype_name(model, args.device)), "meta")
+        context = sum(workload(model, args.tiny))
         for system in args.systems.split(","):
             if system.startswith("aotpack") and system not in built:
                 rows.append({"model": model, "system": system, "batch": 0, "error": "tuning needs a GPU"})
@@ -417,6 +573,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--worker", system, model, "--device", args.device]
             cmd += ["--tiny"] * args.tiny + (["--bundle", str(bundle)] if bundle else [])
             cmd += ["--profile-to", str(out)] if args.profile else []
+            cmd += ["--batches", args.batches] if args.batches else []
             try:
                 done = subprocess.run(
                     cmd,
@@ -436,6 +593,8 @@ def main() -> None:
             done_rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
             for row in done_rows:
                 row["floor_ms"] = floor_ms(module, row["batch"], context, bandwidth)
+                if "ms_per_token" in row:
+                    row["pct_hbm"] = 100 * row["floor_ms"] / row["ms_per_token"]
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
             if error:

@@ -8,7 +8,8 @@
 #   DEADLINE=580 bash bench/device_session.sh sweep:120 chain:60
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
-# (seconds per system) and DECODE_PROFILE=1 (kernel tables per aotpack system and batch).
+# (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32) and DECODE_PROFILE=1 (kernel tables per
+# aotpack system and batch).
 # Bundles built on the CPU box travel in .bundles/ (without their split weights: device_setup.sh
 # re-creates those from the seeded model files and checks them against the bundle's sha256).
 set -uo pipefail
@@ -37,11 +38,13 @@ for item in "$@"; do
   limit=${item#*:}; [ "$limit" = "$item" ] && limit=300
   start=$(date +%s)
   case $step in
-    generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py) ;;
+    generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py tests/gpu/test_decode_attention_gpu.py) ;;
+    # the decode attention kernel at the bench's shapes, and a grouped-query Llama's greedy tokens against the CPU's
+    decode-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py -k "llama or decode_attention") ;;
     runtime) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py) ;;
     gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
-    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_PROFILE:+--profile}) ;;
+    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     # run-MODELS (comma-separated): bench/run.py builds what .bundles lacks here (real models always)
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;

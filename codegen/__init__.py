@@ -96,6 +96,7 @@ def generate(
     gemm_candidates: bool = False,
     stack_siblings: bool = True,
     channels_last: bool = True,
+    decode_attention: bool = True,
 ) -> Compiled:
     """Fuse and compile ``traced``'s program for ``archs``; ``fuse=False`` keeps every ATen step.
     ``gemm_candidates``: also compile Triton candidates for the library GEMMs
@@ -111,7 +112,7 @@ def generate(
 
     if traced.programs:
         return _generate_programs(
-            traced, archs, progress, fuse, gemm_candidates, stack_siblings, channels_last
+            traced, archs, progress, fuse, gemm_candidates, stack_siblings, channels_last, decode_attention
         )
 
     from aot.codegen.activation_folding import fold_activations
@@ -224,6 +225,16 @@ def generate(
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin
     new_program = replace(program, steps=steps, kernels=tuple(kernels))
+    if decode_attention:
+        from aot.codegen.decode_attention import decode_attention_kernels
+
+        new_program, decode_cubins = decode_attention_kernels(
+            new_program,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "decode attention")[:2],
+            say,
+        )
+        cubins.update(decode_cubins)
     if not gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 
@@ -283,13 +294,25 @@ def _generate_programs(
     gemm_candidates: bool = False,
     stack_siblings: bool = True,
     channels_last: bool = True,
+    decode_attention: bool = True,
 ) -> Compiled:
     say = progress or (lambda msg: None)
     parts = []
     for tp in traced.programs:
         say(f"  program {tp.name}:")
         single = replace(traced, program=tp.program, guards=tp.guards, buckets=tp.buckets, programs=())
-        parts.append(generate(single, archs, progress, fuse, gemm_candidates, stack_siblings, channels_last))
+        parts.append(
+            generate(
+                single,
+                archs,
+                progress,
+                fuse,
+                gemm_candidates,
+                stack_siblings,
+                channels_last,
+                decode_attention,
+            )
+        )
     main = parts[0]
     shapes = {k: tuple(v.shape) for k, v in main.traced.weights.items()}
     for tp, part in zip(traced.programs[1:], parts[1:]):

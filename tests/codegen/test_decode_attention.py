@@ -1,0 +1,134 @@
+"""Decode attention (``aot.codegen.decode_attention``): the kernel, run by Triton's interpreter on
+the CPU, against ``torch.nn.functional.scaled_dot_product_attention`` in float64 on the same
+inputs (grouped-query heads, a cache length that is no multiple of the block, left padding that
+masks a row's first slots, a query read from a projection's rows, a mask row shared by every
+row); and the sites found in a decode program. Tolerances: float32 1e-4, float16 2e-2, each
+absolute plus relative to the largest output (the output is rounded to float16 once). bfloat16
+is checked on the GPU only (``tests/gpu/test_decode_attention_gpu.py``): Triton's interpreter
+(3.9) computes ``tl.dot`` of bfloat16 operands wrongly (a 16x16 product off by 1e10)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.codegen.conftest import interpreted_json
+
+# (name, dtype, batch, heads, kv_heads, head_dim, context, q rows from a projection, shared mask)
+CASES = [
+    ("gqa_fp32", "float32", 2, 8, 2, 64, 40, False, False),
+    ("mha_projection_fp32", "float32", 2, 3, 3, 32, 20, True, True),
+    ("gqa_fp16", "float16", 1, 4, 1, 64, 300, False, False),
+]
+
+SCRIPT = r"""
+import importlib.util, json, math, sys, tempfile
+import torch
+from aot.codegen.decode_attention import DecodeSite, render_decode_attention
+
+cases = json.loads(sys.argv[1]) if len(sys.argv) > 1 else CASES
+out = {}
+for name, dtype, B, H, KV, D, C, projection, shared in cases:
+    torch.manual_seed(hash(name) % 1000)
+    dt = getattr(torch, dtype)
+    width = 3 * H * D if projection else H * D
+    column = H * D if projection else 0
+    rows = torch.randn(B, width, dtype=dt)
+    q = rows[:, column : column + H * D].reshape(B, H, 1, D)
+    k = torch.randn(B, KV, C, D, dtype=dt)
+    v = torch.randn(B, KV, C, D, dtype=dt)
+    keep = torch.ones(1 if shared else B, C, dtype=torch.bool)
+    keep[:, C // 2 + 1 :] = False  # slots after the query's
+    if not shared:
+        keep[-1, : min(C // 3, 70)] = False  # left padding: a whole first block masked on one row
+    mask = torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
+    site = DecodeSite(
+        step=0, q="q", q_batch_stride=width, q_column=column, k="k", v="v", mask="m",
+        mask_batch_stride=0 if shared else C, out="o", batch=str(B), heads=H, kv_heads=KV,
+        context=C, head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype,
+    )
+    r = render_decode_attention(site)
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(r.source)
+    spec = importlib.util.spec_from_file_location(r.name, f.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    o = torch.full((B, H, 1, D), float("nan"), dtype=dt)
+    getattr(module, r.name)[(B * KV,)](rows, k, v, mask.contiguous(), o, B, num_warps=r.num_warps)
+    G = H // KV
+    kk = k.double().repeat_interleave(G, 1)
+    vv = v.double().repeat_interleave(G, 1)
+    m4 = mask.double()[:, None, None, :]
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, attn_mask=m4)
+    err = (o.double() - ref).abs()
+    out[name] = {"max_err": float(err.max()), "ref_max": float(ref.abs().max()), "nan": bool(o.isnan().any())}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    script = SCRIPT.replace("CASES", json.dumps(CASES).replace("false", "False").replace("true", "True"))
+    return interpreted_json(script)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_decode_attention_matches_sdpa(interpreted, case):
+    name, dtype = case[0], case[1]
+    got = interpreted[name]
+    assert not got["nan"], f"{name}: unwritten or NaN outputs"
+    tol = 1e-4 if dtype == "float32" else 2e-2  # float16
+    assert got["max_err"] <= tol * (1 + got["ref_max"]), got
+
+
+@pytest.mark.slow
+def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
+    """A Llama-3.2-shaped tiny causal LM (grouped-query 4:1 over two KV heads, so that the codegen
+    folds the query heads into rows, tied embeddings): its decode program's SDPA calls become
+    decode attention kernels, one per layer, reading the queries where the RoPE kernel wrote
+    them, whose reference is the SDPA step; the prefill program's (queries of any length) stay."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    import transformers
+
+    from aot.codegen import generate
+    from aot.codegen.decode_attention import SDPA
+    from aot.hf import causal_lm
+    from aot.schema import StepKind
+    from aot.tracer import trace
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=256,
+        tie_word_embeddings=True,
+    )
+    spec = causal_lm(
+        lambda: transformers.LlamaForCausalLM(cfg),
+        max_batch=2,
+        max_context=32,
+        name="t",
+        batch_buckets=(1, 2),
+    )
+    program = generate(trace(spec), ("sm_90",)).program
+    by_entry = {}
+    for p in (program, *program.variants):
+        kernels = {k.id: k for k in p.kernels}
+        decode = [
+            s
+            for s in p.steps
+            if s.kind == StepKind.KERNEL and kernels[s.target].config.get("kind") == "decode_attention"
+        ]
+        library = [s for s in p.steps if s.kind == StepKind.ATEN and s.target == SDPA]
+        by_entry.setdefault(len(decode), []).append(len(library))
+        for s in decode:
+            assert [r.target for r in s.reference] == [SDPA]
+            source = kernels[s.target].source
+            assert "GROUPS = tl.constexpr(4)" in source and "KV_HEADS = tl.constexpr(2)" in source
+    assert by_entry == {0: [2], 2: [0]} or by_entry == {2: [0], 0: [2]}, by_entry

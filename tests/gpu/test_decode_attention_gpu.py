@@ -1,0 +1,71 @@
+"""Decode attention (``aot.codegen.decode_attention``) on the GPU at the decode bench's shapes,
+against SDPA in float32 on the same inputs (the library's own result, cast up, is the spread we
+allow: the kernel must be no further from float32 than twice that, plus 1e-3 of the output's
+scale). Greedy tokens against the CPU's (the SDPA reference) are ``test_generate_gpu.py``'s.
+
+    pytest -m gpu tests/gpu/test_decode_attention_gpu.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+# (dtype, batch, heads, kv_heads, head_dim, context, q from a projection's rows)
+SHAPES = [
+    ("bfloat16", 1, 32, 8, 64, 160, False),  # llama-3.2-1b at the anchors' context
+    ("float16", 1, 32, 8, 64, 512, False),  # the 0.58B Llama
+    ("float16", 8, 12, 12, 64, 512, True),  # GPT-2 small, q read from the fused QKV rows
+    ("bfloat16", 32, 32, 8, 64, 512, False),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}-b{s[1]}-h{s[2]}-kv{s[3]}-c{s[5]}" for s in SHAPES])
+def test_decode_attention_matches_sdpa_on_gpu(shape, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from aot.codegen.decode_attention import DecodeSite, render_decode_attention
+
+    dtype, B, H, KV, D, C, projection = shape
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    width = 3 * H * D if projection else H * D
+    column = H * D if projection else 0
+    rows = torch.randn(B, width, dtype=dt, device="cuda")
+    q = rows[:, column : column + H * D].reshape(B, H, 1, D)
+    k = torch.randn(B, KV, C, D, dtype=dt, device="cuda")
+    v = torch.randn(B, KV, C, D, dtype=dt, device="cuda")
+    keep = torch.ones(B, C, dtype=torch.bool, device="cuda")
+    keep[:, C - C // 4 :] = False
+    keep[0, : C // 3] = False  # left padding on the first row
+    mask = torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
+    site = DecodeSite(
+        step=0, q="q", q_batch_stride=width, q_column=column, k="k", v="v", mask="m",
+        mask_batch_stride=C, out="o", batch=str(B), heads=H, kv_heads=KV, context=C,
+        head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype,
+    )  # fmt: skip
+    r = render_decode_attention(site)
+    path = tmp_path / f"{r.name}.py"
+    path.write_text(r.source)
+    spec = importlib.util.spec_from_file_location(r.name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = torch.full((B, H, 1, D), float("nan"), dtype=dt, device="cuda")
+    getattr(module, r.name)[(B * KV,)](rows, k, v, mask, out, B, num_warps=r.num_warps, num_stages=2)
+    torch.cuda.synchronize()
+    G = H // KV
+    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    m4 = mask[:, None, None, :]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), kk.float(), vv.float(), attn_mask=m4.float()
+    )
+    library = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=m4).float()
+    assert not out.isnan().any()
+    spread = (library - ref).abs().max().item()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 2 * spread + 1e-3 * ref.abs().max().item(), (err, spread)
