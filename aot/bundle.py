@@ -27,10 +27,10 @@ from pathlib import Path
 from aot import schema
 from aot.admissible import admissible_text, admits
 from aot.errors import BundleError
-from aot.loader.tuning import check_alternatives
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool
 from aot.serde import from_json, upgrade_manifest
 from aot.symexpr import compile_expr
+from aot.tuning import check_alternatives
 
 MAX_MEMBERS = 4096
 # Central directory bytes: an entry is 46 fixed bytes, a name of at most ~100 and extras (zip64
@@ -153,7 +153,7 @@ class Bundle:
 
     def signature(self):
         """``(Signature, manifest bytes)`` of a signed bundle, not verified; None when unsigned."""
-        from aot.loader.signature import read_signature
+        from aot.signature import read_signature
 
         return read_signature(self._zip, self.path)
 
@@ -385,7 +385,7 @@ def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: P
 
 def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bundle:
     """Open and verify the directory and manifest of a bundle (members are checked on read).
-    With ``trusted`` public keys (``aot.loader.signature.trusted_keys``), the bundle must be signed
+    With ``trusted`` public keys (``aot.signature.trusted_keys``), the bundle must be signed
     by one of them, checked before anything but the zip directory is read."""
     path = Path(path)
     if not path.is_file():
@@ -401,7 +401,7 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bun
         ) from None
     try:
         if trusted:
-            from aot.loader.signature import check_signature  # it reads this module's limits
+            from aot.signature import check_signature  # it reads this module's limits
 
             check_signature(zf, path, trusted)
         bundle = _verify(path, zf, directory_start)

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aot import schema, signing
+from aot.bundle import MAX_MANIFEST_BYTES
 from aot.errors import SignatureError
-from aot.loader.bundle import MAX_MANIFEST_BYTES
 from aot.signing import Signature
 
 TRUST_ENV = "AOTPACK_TRUST"  # os.pathsep-separated public key files, for a whole server
