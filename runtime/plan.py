@@ -1,0 +1,236 @@
+"""A bundle checked for the runtime without torch, before any device is touched.
+
+``check_bundle`` opens and verifies the archive (``aot.bundle``: checksums, layout, resource
+bounds; ``aot.signature`` with a trust list), checks the memory plan at the guards' largest sizes
+(``aot.memory``), and refuses a bundle that is not library-free: after the steps nobody reads are
+dropped, every step must be a compiled kernel, a view that keeps a row-major buffer row-major at
+the same address (the kernels index the buffer it views), or a copy the driver makes. The first
+step that is none of these is named with its program, index, target and result.
+
+``Checked.bind`` checks a call's arrays against the guards with the same code and texts as the
+torch loader (``aot.guards.GuardCore``) and picks the first program whose guards admit it.
+``Checked.layout`` places, per size, every buffer of a program in one activation arena
+(``ArenaLayout``: offsets by liveness, views at their base's address).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aot.bundle import Bundle, open_bundle
+from aot.dtypes import ITEMSIZE
+from aot.errors import BundleError, EnvError, GuardError
+from aot.guards import GuardCore
+from aot.memory import check_max_memory, check_plan, planned_peak
+from aot.program import lifetimes, step_reads, step_writes
+from aot.pytree import flatten_inputs
+from aot.runtime.arrays import ArrayView, from_dlpack
+from aot.schema import Bucket, Program, Step, StepKind
+from aot.signature import trusted_keys
+from aot.symexpr import compile_expr
+
+ALIGN = 256  # bytes: every buffer of the arena and every weight starts at a multiple
+# Views whose result is the same bytes read in the same row-major order: kernels get its address.
+SAME_BYTES_VIEWS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.squeeze.default",
+        "aten.alias.default",
+        "aten.detach.default",
+        "aten.flatten.using_ints",
+    }
+)
+DRIVER_COPIES = frozenset({"aten.clone.default", "aten.contiguous.default"})  # of a row-major buffer
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One program of the bundle: its guards, buckets and the steps the runtime runs."""
+
+    name: str
+    program: Program
+    guards: GuardCore
+    buckets: tuple[Bucket, ...]
+    steps: tuple[Step, ...]  # the program's steps, those nobody reads dropped
+
+
+def live_steps(program: Program) -> tuple[Step, ...]:
+    """``program.steps`` without the steps whose results nothing reads (a weight's transpose that
+    a GEMM kernel no longer needs: the kernel reads the weight itself)."""
+    needed = set(program.outputs)
+    keep = []
+    for step in reversed(program.steps):
+        if step.kind == StepKind.KERNEL or any(o in needed for o in step_writes(step)):
+            keep.append(step)
+            needed.update(step_reads(step))
+    return tuple(reversed(keep))
+
+
+def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
+    """Refuse the first step the runtime cannot run without a library (module docstring)."""
+    if program.state:
+        raise EnvError(
+            f"{where}: the program keeps state ({', '.join(program.state[:3])}); aotpack-rt runs stateless "
+            f"bundles only so far: load it with the torch loader (`aotpack load`)"
+        )
+    for name, spec in [*((w.name, w.spec) for w in program.weights), *program.buffers.items()]:
+        if spec.order and list(spec.order) != list(range(len(spec.shape))):
+            raise EnvError(
+                f"{where}: tensor {name!r} is laid out in memory order {list(spec.order)}; aotpack-rt runs "
+                f"row-major bundles: rebuild with --no-channels-last --library-free"
+            )
+    for i, step in enumerate(steps):
+        if step.kind == StepKind.KERNEL or step.target in SAME_BYTES_VIEWS or step.target in DRIVER_COPIES:
+            continue
+        out = ", ".join(o for o in step.outputs if o) or "-"
+        raise EnvError(
+            f"{where}: step {i} ({step.target} -> {out}) is a library call; aotpack-rt runs library-free "
+            f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
+            f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
+        )
+
+
+class Checked:
+    """A verified bundle the runtime can run (module docstring); no device touched yet."""
+
+    def __init__(self, bundle: Bundle, max_memory: int | None = None):
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.program = bundle.program()
+        programs = (self.program, *self.program.variants)
+        if self.manifest.programs:
+            if len(self.manifest.programs) != len(programs):
+                raise BundleError(
+                    f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
+                    f"the program member holds {len(programs)}"
+                )
+            heads = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
+        else:
+            if len(programs) != 1:
+                raise BundleError(f"{bundle.path}: {len(programs)} programs but the manifest has no guards")
+            heads = [("general", self.manifest.guards, self.manifest.buckets)]
+        check_plan(self.manifest, self.program, bundle.path)
+        self.guards = GuardCore(self.manifest.guards, ITEMSIZE)
+        self.entries: list[Entry] = []
+        for (name, guards, buckets), program in zip(heads, programs):
+            where = f"{bundle.path}: program {name!r}"
+            steps = live_steps(program)
+            check_library_free(program, steps, where)
+            peak, sizes = planned_peak(program, guards, cpu=False)
+            if max_memory is not None:
+                check_max_memory(peak, sizes, max_memory, name)
+            core = self.guards if len(heads) == 1 else GuardCore(guards, ITEMSIZE)
+            if core.names != self.guards.names:
+                raise BundleError(
+                    f"{where} takes inputs {list(core.names)[:8]}, the bundle {list(self.guards.names)[:8]}"
+                )
+            self.entries.append(Entry(name, program, core, tuple(buckets), steps))
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.guards.names
+
+    def arrays(
+        self, args: Sequence[Any], kwargs: dict[str, Any], stream: int | None = None
+    ) -> list[ArrayView]:
+        """The call's inputs in the bundle's order, as ``ArrayView``s (DLPack, or a NumPy array)."""
+        kwargs = (
+            flatten_inputs(kwargs, self.guards.names) if any("." in n for n in self.guards.names) else kwargs
+        )
+        values = self.guards.bind(args, dict(kwargs))
+        return [from_dlpack(v, name, stream) for v, name in zip(values, self.guards.names)]
+
+    def bind(self, views: Sequence[ArrayView]) -> tuple[Entry, dict[str, int]]:
+        """The first program whose guards admit ``views``, and the symbols' values. ``GuardError``
+        (the first program's text) when none does."""
+        first: GuardError | None = None
+        for entry in self.entries:
+            try:
+                return entry, check_views(entry.guards, views)
+            except GuardError as e:
+                first = first or e
+        assert first is not None
+        raise first
+
+
+def check_views(guards: GuardCore, views: Sequence[ArrayView]) -> dict[str, int]:
+    """``GuardCore``'s checks on arrays: dtype and rank here, dims and relations shared."""
+    sizes: dict[str, int] = {}
+    where: dict[str, tuple[str, int]] = {}
+    for (name, _, dtype_name, dims), view in zip(guards.inputs, views):
+        if view.dtype != dtype_name:
+            raise GuardError(f"input {name!r}: expected dtype {dtype_name}, got {view.dtype}")
+        if len(view.shape) != len(dims):
+            raise GuardError(
+                f"input {name!r}: expected rank {len(dims)} [{', '.join(map(str, dims))}], "
+                f"got rank {len(view.shape)} {list(view.shape)}"
+            )
+        guards.bind_dims(name, dims, view.shape, sizes, where)
+        if not view.contiguous:
+            raise GuardError(
+                f"input {name!r}: expected a contiguous (row-major) array, got strides {list(view.strides)}; "
+                f"pass a contiguous copy"
+            )
+    guards.check_relations(sizes)
+    return sizes
+
+
+class ArenaLayout:
+    """Every buffer of ``steps`` at ``sizes`` placed in one allocation: ``offsets`` (bytes from the
+    arena's start; inputs included, so a CUDA graph's static inputs live there too), ``size``.
+    Buffers whose lifetimes do not overlap share bytes (first fit, in order of birth); a view sits
+    at its base's offset; weights are not here (``base`` names them)."""
+
+    def __init__(self, program: Program, steps: tuple[Step, ...], sizes: dict[str, int], weights: set[str]):
+        specs = {i.name: i.spec for i in program.inputs} | dict(program.buffers)
+        plan = Program(
+            inputs=program.inputs,
+            weights=program.weights,
+            buffers=program.buffers,
+            steps=steps,
+            outputs=program.outputs,
+            symbols=program.symbols,
+        )
+        spans = [(i.name, -1, len(steps)) for i in program.inputs] + lifetimes(plan)
+        self.base: dict[str, str] = {}  # view -> the buffer (or weight) whose memory it is
+        for step in steps:
+            if step.kind == StepKind.ATEN and step.target in SAME_BYTES_VIEWS:
+                (src,) = step_reads(step)[:1]
+                self.base[step.outputs[0]] = self.base.get(src, src)
+        self.nbytes: dict[str, int] = {}
+        placed: list[tuple[int, int, int]] = []  # (offset, end, last step)
+        self.offsets: dict[str, int] = {}
+        size = 0
+        for name, born, last in sorted(spans, key=lambda s: s[1]):
+            if name in weights or name in self.base:
+                continue
+            spec = specs[name]
+            n = ITEMSIZE[spec.dtype]
+            for s in spec.shape:
+                n *= compile_expr(s)(sizes)
+            self.nbytes[name] = n
+            live = sorted((o, e) for o, e, end in placed if end >= born)
+            offset = 0
+            for o, e in live:
+                if offset + n <= o:
+                    break
+                offset = max(offset, -(-e // ALIGN) * ALIGN)
+            placed.append((offset, offset + n, last))
+            self.offsets[name] = offset
+            size = max(size, offset + n)
+        self.size = -(-size // ALIGN) * ALIGN
+
+
+def check_bundle(
+    path: str | os.PathLike, trust: Sequence[str | os.PathLike] | None = None, max_memory: int | None = None
+) -> Checked:
+    """Open, verify and check ``path`` for the runtime (module docstring); no device needed."""
+    return Checked(open_bundle(path, trusted_keys(trust)), max_memory)
