@@ -13,7 +13,8 @@ import warnings
 
 import click
 
-from aot.cli.commands import cli, output_options
+from aot.cli.commands import cli
+from aot.cli.options import output_options
 from aot.errors import AotError, EnvError, printable
 
 __all__ = ["cli", "main"]

@@ -1,5 +1,5 @@
 """What the CLI prints about bundles: the ``inspect`` summary, ``load``'s outputs and latency,
-and ``verify``'s per-size lines. Text only; the verbs in ``aot.cli.commands`` decide what to run."""
+and ``verify``'s per-size lines. Text only; the verbs (``aot.cli.commands``) decide what to run."""
 
 from __future__ import annotations
 

@@ -299,15 +299,15 @@ def test_cli_max_memory(built):
 def test_cli_max_memory_sizes():
     import click
 
-    from aot.cli.commands import _parse_bytes
+    from aot.cli.options import parse_bytes
 
-    assert _parse_bytes("2GiB") == 2 << 30
-    assert _parse_bytes("512 MB") == 512_000_000
-    assert _parse_bytes("1.5kib") == 1536
-    assert _parse_bytes("1000000") == 1_000_000
+    assert parse_bytes("2GiB") == 2 << 30
+    assert parse_bytes("512 MB") == 512_000_000
+    assert parse_bytes("1.5kib") == 1536
+    assert parse_bytes("1000000") == 1_000_000
     for bad in ("lots", "-1GB", "0", "2XB", "1e30"):
         with pytest.raises(click.BadParameter, match="expected a size such as 2GiB"):
-            _parse_bytes(bad)
+            parse_bytes(bad)
 
 
 def _allocating(entries, shape: str, declared: str) -> bytes:

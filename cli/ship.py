@@ -1,0 +1,147 @@
+"""The verbs that ship a bundle: ``keygen``, ``sign``, ``inspect``, ``serve``, ``triton-repo``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from aot.cli.progress import PROGRESS
+
+_info = PROGRESS.say  # progress: dropped under --quiet
+_result = PROGRESS.result  # results and warnings: always shown
+
+
+@click.command()
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="private key file; KEY.pub beside it",
+)
+def keygen(output: str) -> None:
+    """Make an Ed25519 key pair for signing bundles: KEY (private, PEM PKCS#8, mode 0600: keep it
+    secret, e.g. in the CI's secret store) and KEY.pub (public: give it to servers with --trust)."""
+    from aot.signing import write_key_pair
+
+    fingerprint = write_key_pair(output)
+    _result(f"wrote {output} (private: keep it secret) and {output}.pub (public), key {fingerprint}")
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option(
+    "--key", required=True, type=click.Path(dir_okay=False), help="private key file (aotpack keygen)"
+)
+def sign(bundle: str, key: str) -> None:
+    """Sign BUNDLE: add a signature of its manifest (which pins every member's sha256), replacing
+    any earlier one. Servers that trust the key's KEY.pub then load it; any change is refused."""
+    from aot.loader import open_bundle
+    from aot.packager.sign import sign_bundle
+
+    open_bundle(bundle).close()  # sign only a bundle that verifies
+    sig = sign_bundle(bundle, key)
+    _result(f"signed {bundle} with key {sig.fingerprint}")
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def inspect(bundle: str, as_json: bool) -> None:
+    """Summarize a bundle: members, program, kernels, buckets, environment."""
+    from aot.cli.reports import bundle_summary, summary_text
+
+    manifest, info = bundle_summary(bundle)
+    if as_json:
+        click.echo(json.dumps(info, indent=1, sort_keys=True))
+    else:
+        click.echo(summary_text(manifest, info), nl=False)
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--name", help="the model's name on the server [default: the bundle's model name]")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--address", default="0.0.0.0", show_default=True, help="address the endpoints listen on")
+@click.option("--http-port", type=int, default=8000, show_default=True, help="KServe v2 over HTTP")
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="KServe v2 over gRPC")
+@click.option("--metrics-port", type=int, default=8002, show_default=True, help="Prometheus metrics")
+@click.option(
+    "--max-queue-delay-us",
+    type=click.IntRange(0),
+    default=2000,
+    show_default=True,
+    help="how long a request may wait for others to join its batch",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.IntRange(0),
+    default=30,
+    show_default=True,
+    help="seconds SIGTERM waits for requests in flight",
+)
+def serve(
+    bundle: str,
+    name: str | None,
+    device: str,
+    address: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    max_queue_delay_us: int,
+    drain_timeout: int,
+) -> None:
+    """Serve BUNDLE on Triton Inference Server (KServe v2 over HTTP and gRPC, health, metrics),
+    configured from its guard manifest, with dynamic batching at its CUDA-graph buckets. SIGTERM
+    drains and exits 0. Needs `pip install 'aotpack[serve]'`."""
+    from aot.serve.triton import serve as run_server
+
+    def on_ready(server, spec) -> None:
+        batching = (
+            f"batches up to {spec.max_batch_size} on {spec.batch_symbol}, preferred "
+            f"{list(spec.preferred_batch_sizes)}"
+            if spec.max_batch_size
+            else "no batching: request by request"
+        )
+        click.echo(  # on stdout, once the model is ready: a script may wait for this line
+            f"serving {spec.name} on {server.url} (gRPC :{server.grpc_port}, metrics "
+            f":{server.metrics_port}/metrics); {batching}; SIGTERM to drain and stop"
+        )
+        sys.stdout.flush()
+
+    echo = (lambda line: click.echo(line, err=True)) if os.environ.get("AOTPACK_VERBOSE") else None
+    run_server(
+        bundle,
+        name=name,
+        device=device,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        address=address,
+        max_queue_delay_us=max_queue_delay_us,
+        drain_timeout=drain_timeout,
+        on_ready=on_ready,
+        echo=echo,
+    )
+    _info("drained and stopped")
+
+
+@click.command("triton-repo")
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="the model repository")
+@click.option("--name", help="the model's name [default: the bundle's model name]")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--max-queue-delay-us", type=click.IntRange(0), default=2000, show_default=True)
+@click.option("--force", is_flag=True, help="replace OUTPUT/NAME when it exists")
+def triton_repo(
+    bundle: str, output: str, name: str | None, device: str, max_queue_delay_us: int, force: bool
+) -> None:
+    """Write a Triton model repository serving BUNDLE (config.pbtxt, a Python-backend model.py,
+    the bundle), for an existing tritonserver (Kubernetes, KServe)."""
+    from aot.serve.triton import write_repository
+
+    folder = write_repository(bundle, output, name, device, max_queue_delay_us, force)
+    _result(f"wrote {folder} ({folder.name}/config.pbtxt, {folder.name}/1/model.py); see {output}/README.md")
