@@ -13,7 +13,7 @@ from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.dtypes import ITEMSIZE
-from aot.errors import BundleError
+from aot.errors import BundleError, EnvError
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 from aot.symexpr import compile_expr
 
@@ -244,3 +244,70 @@ def peak_of(program: Program, nbytes: Callable[[TensorSpec], int]) -> int:
         live += delta
         peak = max(peak, live)
     return peak
+
+
+# What a runtime without libraries (``aot.runtime``) runs besides compiled kernels, and what
+# ``aotpack build --library-free`` may leave: views whose result is the same bytes read in the
+# same row-major order (kernels get the base's address), and copies the driver makes.
+SAME_BYTES_VIEWS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.squeeze.default",
+        "aten.alias.default",
+        "aten.detach.default",
+        "aten.flatten.using_ints",
+    }
+)
+DRIVER_COPIES = frozenset({"aten.clone.default", "aten.contiguous.default"})  # of a row-major buffer
+
+
+def live_steps(program: Program) -> tuple[Step, ...]:
+    """``program.steps`` without the steps whose results nothing reads (a weight's transpose that
+    a GEMM kernel no longer needs: the kernel reads the weight itself)."""
+    needed = set(program.outputs)
+    keep = []
+    for step in reversed(program.steps):
+        if step.kind == StepKind.KERNEL or any(o in needed for o in step_writes(step)):
+            keep.append(step)
+            needed.update(step_reads(step))
+    return tuple(reversed(keep))
+
+
+def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
+    """Refuse (``EnvError``) the first of ``steps`` (``live_steps``) that is not a compiled kernel, a
+    view in ``SAME_BYTES_VIEWS`` or a copy in ``DRIVER_COPIES``: what a runtime without libraries
+    (``aot.runtime``) cannot run. The message names the program, step, target and result."""
+    if program.state:
+        raise EnvError(
+            f"{where}: the program keeps state ({', '.join(program.state[:3])}); aotpack-rt runs stateless "
+            f"bundles only so far: load it with the torch loader (`aotpack load`)"
+        )
+    for name, spec in [*((w.name, w.spec) for w in program.weights), *program.buffers.items()]:
+        if spec.order and list(spec.order) != list(range(len(spec.shape))):
+            raise EnvError(
+                f"{where}: tensor {name!r} is laid out in memory order {list(spec.order)}; aotpack-rt runs "
+                f"row-major bundles: rebuild with --no-channels-last --library-free"
+            )
+    runs = [
+        step.kind == StepKind.KERNEL or step.target in SAME_BYTES_VIEWS or step.target in DRIVER_COPIES
+        for step in steps
+    ]
+    # a library call first; a view that only feeds one (a weight's transpose) is named only alone
+    calls = [i for i, ok in enumerate(runs) if not ok and not is_view(steps[i])]
+    views = [i for i, ok in enumerate(runs) if not ok]
+    if not views:
+        return
+    i = (calls or views)[0]
+    step = steps[i]
+    out = ", ".join(o for o in step.outputs if o) or "-"
+    what = "a library call" if calls else "a view whose layout a kernel cannot read in place"
+    raise EnvError(
+        f"{where}: step {i} ({step.target} -> {out}) is {what}; aotpack-rt runs library-free "
+        f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
+        f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
+    )

@@ -39,8 +39,10 @@ class Device:
             raise EnvError("aotpack-rt needs NVIDIA's cuda-bindings: pip install cuda-bindings")
         try:
             _check(cu.cuInit(0), "cuInit")
-        except EnvError as e:
-            raise EnvError(f"no usable NVIDIA GPU or driver: {e}") from None
+        except Exception as e:  # noqa: BLE001 - no libcuda at all raises the bindings' own error
+            raise EnvError(
+                f"no usable NVIDIA GPU or driver ({type(e).__name__}: {e}); aotpack-rt runs on a GPU"
+            ) from None
         count = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
         if not 0 <= ordinal < count:
             raise EnvError(f"GPU {ordinal} requested, this machine has {count}")

@@ -22,10 +22,10 @@ from typing import Any
 
 from aot.bundle import Bundle, open_bundle
 from aot.dtypes import ITEMSIZE
-from aot.errors import BundleError, EnvError, GuardError
+from aot.errors import BundleError, GuardError
 from aot.guards import GuardCore
 from aot.memory import check_max_memory, check_plan, planned_peak
-from aot.program import lifetimes, step_reads, step_writes
+from aot.program import SAME_BYTES_VIEWS, check_library_free, lifetimes, live_steps, step_reads
 from aot.pytree import flatten_inputs
 from aot.runtime.arrays import ArrayView, from_dlpack
 from aot.schema import Bucket, Program, Step, StepKind
@@ -33,22 +33,6 @@ from aot.signature import trusted_keys
 from aot.symexpr import compile_expr
 
 ALIGN = 256  # bytes: every buffer of the arena and every weight starts at a multiple
-# Views whose result is the same bytes read in the same row-major order: kernels get its address.
-SAME_BYTES_VIEWS = frozenset(
-    {
-        "aten.view.default",
-        "aten._unsafe_view.default",
-        "aten.reshape.default",
-        "aten.unsqueeze.default",
-        "aten.squeeze.dim",
-        "aten.squeeze.dims",
-        "aten.squeeze.default",
-        "aten.alias.default",
-        "aten.detach.default",
-        "aten.flatten.using_ints",
-    }
-)
-DRIVER_COPIES = frozenset({"aten.clone.default", "aten.contiguous.default"})  # of a row-major buffer
 
 
 @dataclass(frozen=True)
@@ -60,42 +44,6 @@ class Entry:
     guards: GuardCore
     buckets: tuple[Bucket, ...]
     steps: tuple[Step, ...]  # the program's steps, those nobody reads dropped
-
-
-def live_steps(program: Program) -> tuple[Step, ...]:
-    """``program.steps`` without the steps whose results nothing reads (a weight's transpose that
-    a GEMM kernel no longer needs: the kernel reads the weight itself)."""
-    needed = set(program.outputs)
-    keep = []
-    for step in reversed(program.steps):
-        if step.kind == StepKind.KERNEL or any(o in needed for o in step_writes(step)):
-            keep.append(step)
-            needed.update(step_reads(step))
-    return tuple(reversed(keep))
-
-
-def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
-    """Refuse the first step the runtime cannot run without a library (module docstring)."""
-    if program.state:
-        raise EnvError(
-            f"{where}: the program keeps state ({', '.join(program.state[:3])}); aotpack-rt runs stateless "
-            f"bundles only so far: load it with the torch loader (`aotpack load`)"
-        )
-    for name, spec in [*((w.name, w.spec) for w in program.weights), *program.buffers.items()]:
-        if spec.order and list(spec.order) != list(range(len(spec.shape))):
-            raise EnvError(
-                f"{where}: tensor {name!r} is laid out in memory order {list(spec.order)}; aotpack-rt runs "
-                f"row-major bundles: rebuild with --no-channels-last --library-free"
-            )
-    for i, step in enumerate(steps):
-        if step.kind == StepKind.KERNEL or step.target in SAME_BYTES_VIEWS or step.target in DRIVER_COPIES:
-            continue
-        out = ", ".join(o for o in step.outputs if o) or "-"
-        raise EnvError(
-            f"{where}: step {i} ({step.target} -> {out}) is a library call; aotpack-rt runs library-free "
-            f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
-            f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
-        )
 
 
 class Checked:

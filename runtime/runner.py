@@ -21,11 +21,11 @@ from typing import Any
 
 from aot import schema
 from aot.errors import BundleError, EnvError
-from aot.program import tensor_specs
+from aot.program import DRIVER_COPIES, SAME_BYTES_VIEWS, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray
-from aot.runtime.plan import ALIGN, DRIVER_COPIES, SAME_BYTES_VIEWS, ArenaLayout, Checked, Entry, check_bundle
+from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
 from aot.schema import ParamKind, StepKind
 from aot.symexpr import compile_expr
 from aot.weights import header_limit, parse_header, weights_size_limit
