@@ -9,6 +9,7 @@ and the verifiers run them; all of them ask these questions here.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
@@ -278,9 +279,60 @@ def live_steps(program: Program) -> tuple[Step, ...]:
     return tuple(reversed(keep))
 
 
+ROW_SLICE = "aten.slice.Tensor"  # of the last dim, step 1: rows apart, copied out with a 2-D copy
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Where a view's elements are: in ``base`` (a buffer, input or weight), from element
+    ``offset``; with ``width`` > 0, rows of ``width`` elements ``pitch`` apart (a slice of the last
+    dim: ``gpt``'s logits cut from their padded GEMM), which only a 2-D driver copy reads."""
+
+    base: str
+    offset: int = 0
+    width: int = 0
+    pitch: int = 0
+
+
+def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
+    """Every view's ``Alias`` among ``steps`` (``SAME_BYTES_VIEWS`` and ``ROW_SLICE``s); a view that
+    is neither is left out (``check_library_free`` refuses it)."""
+    from aot.manifest_text import static_size
+
+    specs = tensor_specs(program)
+    out: dict[str, Alias] = {}
+    for step in steps:
+        if step.kind != StepKind.ATEN or not step.args or not isinstance(step.args[0], Buf):
+            continue
+        src = step.args[0].name
+        at = out.get(src, Alias(src))
+        result = step.outputs[0] if step.outputs else None
+        spec, src_spec = specs.get(result or ""), specs.get(src)
+        if result is None or spec is None or src_spec is None:
+            continue
+        if step.target in SAME_BYTES_VIEWS:
+            if at.width and (not spec.shape or static_size(spec.shape[-1]) != at.width):
+                continue  # rows apart must stay rows: only the dims before them may change
+            out[result] = at
+        elif step.target == ROW_SLICE and not at.width:
+            args = [*step.args[1:], *([None] * 4)][:4]
+            dim, start, end, stride = args[0], args[1] or 0, args[2], args[3] or 1
+            rank = len(src_spec.shape)
+            size = static_size(src_spec.shape[-1]) if rank else None
+            if type(dim) is not int or dim % max(rank, 1) != rank - 1 or stride != 1 or size is None:
+                continue
+            if type(start) is not int or (end is not None and type(end) is not int):
+                continue
+            end = size if end is None else min(end, size)
+            if not 0 <= start < end:
+                continue
+            out[result] = Alias(at.base, at.offset + start, end - start, size)
+    return out
+
+
 def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
     """Refuse (``EnvError``) the first of ``steps`` (``live_steps``) that is not a compiled kernel, a
-    view in ``SAME_BYTES_VIEWS`` or a copy in ``DRIVER_COPIES``: what a runtime without libraries
+    view (``aliases``) or a copy in ``DRIVER_COPIES`` (of no sliced rows): what a runtime without libraries
     (``aot.runtime``) cannot run. The message names the program, step, target and result."""
     if program.state:
         raise EnvError(
@@ -293,8 +345,16 @@ def check_library_free(program: Program, steps: Sequence[Step], where: str) -> N
                 f"{where}: tensor {name!r} is laid out in memory order {list(spec.order)}; aotpack-rt runs "
                 f"row-major bundles: rebuild with --no-channels-last --library-free"
             )
+    views = aliases(program, steps)
+    rows_apart = {name for name, alias in views.items() if alias.width}
     runs = [
-        step.kind == StepKind.KERNEL or step.target in SAME_BYTES_VIEWS or step.target in DRIVER_COPIES
+        (
+            step.kind == StepKind.KERNEL
+            or step.target in DRIVER_COPIES
+            or all(o in views for o in step.outputs if o)
+        )
+        and not rows_apart
+        & set(step_reads(step) if step.kind == StepKind.KERNEL or step.target in DRIVER_COPIES else ())
         for step in steps
     ]
     # a library call first; a view that only feeds one (a weight's transpose) is named only alone

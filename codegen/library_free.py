@@ -5,7 +5,8 @@ very same steps.
 
 It starts from a candidates build (``aot.codegen.gemm.add_gemm_alternatives``: Triton forms for
 every library GEMM and attention site) and puts, at each site, the first candidate in
-``PREFERENCE`` order that was compiled for every bucket, where the library steps were
+``PREFERENCE`` order that was offered at every bucket (or, for the forms that mask their rows
+against any length, at the most buckets), where the library steps were
 (``aot.tuning.plan_steps``, as a tuning does). The kernel steps keep the library steps as their
 reference, which is what the CPU runs. What is left that no form covers is refused with the step.
 """
@@ -22,7 +23,11 @@ from aot.tuning import plan_steps
 
 # Candidate forms by name prefix, best default first when nothing was timed: whole tiles serve any
 # row count; split-K forms need a second reduction launch; the GEMV forms cover few rows.
-PREFERENCE = ("tile_16x64x128", "tile_64x128x64", "tile_", "flash", "splitk", "gemv_", "vec_")
+PREFERENCE = ("tile_16x64x128", "tile_64x128x64", "tile_", "flash_64x64", "flash", "splitk", "gemv_", "vec_")
+# Forms that mask every row against the sequence length (``codegen/flash.py``: ``rm < T``), so they
+# run correctly at any length; their buckets only say where they are worth timing. When none was
+# offered at every bucket, the one offered at the most runs everywhere.
+ANY_LENGTH = ("flash_",)
 
 
 def _rank(name: str) -> int:
@@ -38,6 +43,10 @@ def choose(site: GemmSite, buckets: tuple[Bucket, ...]) -> str:
     """The candidate of ``site`` the library-free program runs (module docstring)."""
     wanted = _bucket_sizes(buckets)
     fits = [c for c in site.candidates if not c.buckets or all(b in c.buckets for b in wanted)]
+    anywhere = [c for c in site.candidates if c.name.startswith(ANY_LENGTH)]
+    if not fits and anywhere:
+        most = max(sum(b in c.buckets for b in wanted) for c in anywhere)
+        fits = [c for c in anywhere if sum(b in c.buckets for b in wanted) == most]
     if not fits:
         raise CodegenError(
             f"--library-free: {site.id} (a {site.m}x{site.n}x{site.k} library call, result "

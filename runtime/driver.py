@@ -88,6 +88,15 @@ class Device:
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         _check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoDAsync")
 
+    def copy_rows(self, dst: int, src: int, width: int, pitch: int, rows: int) -> None:
+        """``rows`` rows of ``width`` bytes, ``pitch`` bytes apart at ``src``, packed at ``dst``."""
+        p = cu.CUDA_MEMCPY2D()
+        p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        p.srcDevice, p.srcPitch = src, pitch
+        p.dstDevice, p.dstPitch = dst, width
+        p.WidthInBytes, p.Height = width, rows
+        _check(cu.cuMemcpy2DAsync(p, self.stream), "cuMemcpy2DAsync")
+
     def synchronize(self) -> None:
         _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 

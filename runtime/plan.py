@@ -25,10 +25,10 @@ from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, GuardError
 from aot.guards import GuardCore
 from aot.memory import check_max_memory, check_plan, planned_peak
-from aot.program import SAME_BYTES_VIEWS, check_library_free, lifetimes, live_steps, step_reads
+from aot.program import aliases, check_library_free, lifetimes, live_steps
 from aot.pytree import flatten_inputs
 from aot.runtime.arrays import ArrayView, from_dlpack
-from aot.schema import Bucket, Program, Step, StepKind
+from aot.schema import Bucket, Program, Step
 from aot.signature import trusted_keys
 from aot.symexpr import compile_expr
 
@@ -135,7 +135,7 @@ class ArenaLayout:
     """Every buffer of ``steps`` at ``sizes`` placed in one allocation: ``offsets`` (bytes from the
     arena's start; inputs included, so a CUDA graph's static inputs live there too), ``size``.
     Buffers whose lifetimes do not overlap share bytes (first fit, in order of birth); a view sits
-    at its base's offset; weights are not here (``base`` names them)."""
+    at its base's offset (``aot.program.aliases``); weights are not here (``base`` names them)."""
 
     def __init__(self, program: Program, steps: tuple[Step, ...], sizes: dict[str, int], weights: set[str]):
         specs = {i.name: i.spec for i in program.inputs} | dict(program.buffers)
@@ -148,17 +148,13 @@ class ArenaLayout:
             symbols=program.symbols,
         )
         spans = [(i.name, -1, len(steps)) for i in program.inputs] + lifetimes(plan)
-        self.base: dict[str, str] = {}  # view -> the buffer (or weight) whose memory it is
-        for step in steps:
-            if step.kind == StepKind.ATEN and step.target in SAME_BYTES_VIEWS:
-                (src,) = step_reads(step)[:1]
-                self.base[step.outputs[0]] = self.base.get(src, src)
+        self.views = aliases(program, steps)  # view -> where its elements are (``aot.program.Alias``)
         self.nbytes: dict[str, int] = {}
         placed: list[tuple[int, int, int]] = []  # (offset, end, last step)
         self.offsets: dict[str, int] = {}
         size = 0
         for name, born, last in sorted(spans, key=lambda s: s[1]):
-            if name in weights or name in self.base:
+            if name in weights or name in self.views:
                 continue
             spec = specs[name]
             n = ITEMSIZE[spec.dtype]

@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from aot import schema
+from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, EnvError
-from aot.program import DRIVER_COPIES, SAME_BYTES_VIEWS, tensor_specs
+from aot.program import DRIVER_COPIES, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
-from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray
+from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
 from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
 from aot.schema import ParamKind, StepKind
 from aot.symexpr import compile_expr
@@ -88,18 +89,23 @@ class _Prepared:
                     self.ops.append(("kernel", kernel, grid, *drv.pack_params(values)))
             elif step.target in DRIVER_COPIES:
                 src = step.args[0].name
-                nbytes = layout.nbytes.get(src) or _spec_bytes(specs[src], sizes)
+                nbytes = _spec_bytes(specs[step.outputs[0]], sizes)
                 self.ops.append(
                     ("copy", runner.address(step.outputs[0], layout), runner.address(src, layout), nbytes)
                 )
             else:
-                assert step.target in SAME_BYTES_VIEWS, step.target  # checked at load
+                assert all(o in layout.views for o in step.outputs if o), step.target  # checked at load
         self.inputs = [(i.name, runner.address(i.name, layout)) for i in program.inputs]
-        self.outputs = []
+        self.outputs = []  # (address, dtype, shape, bytes, (row bytes, pitch bytes) when rows are apart)
         for name in program.outputs:
             spec = specs[name]
             shape = tuple(compile_expr(s)(sizes) for s in spec.shape)
-            self.outputs.append((runner.address(name, layout), spec.dtype, shape, _spec_bytes(spec, sizes)))
+            alias = layout.views.get(name)
+            item = ITEMSIZE[spec.dtype]
+            rows = (alias.width * item, alias.pitch * item) if alias and alias.width else None
+            self.outputs.append(
+                (runner.address(name, layout), spec.dtype, shape, _spec_bytes(spec, sizes), rows)
+            )
 
     def launch(self, device: drv.Device) -> None:
         stream = device.stream
@@ -111,8 +117,6 @@ class _Prepared:
 
 
 def _spec_bytes(spec, sizes) -> int:
-    from aot.dtypes import ITEMSIZE
-
     n = ITEMSIZE[spec.dtype]
     for s in spec.shape:
         n *= compile_expr(s)(sizes)
@@ -153,18 +157,24 @@ class Runner:
                 cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps
             )
         self._load_weights()
-        # the arena: sized for every bucket of every program, largest first
+        self.itemsize = {
+            name: ITEMSIZE[spec.dtype]
+            for e in checked.entries
+            for name, spec in tensor_specs(e.program).items()
+        }
+        # the arena: sized at each program's largest bucket (plans at other sizes are made on first use)
         self._prepared: dict[tuple, _Prepared] = {}
-        layouts = []
+        self.arena_bytes = 0
+        largest = []
         for entry in checked.entries:
-            for key in _bucket_keys(entry):
-                sizes = dict(zip([b.symbol for b in entry.buckets], key))
-                layouts.append(
-                    (entry, sizes, ArenaLayout(entry.program, entry.steps, sizes, set(self.weights)))
-                )
-        self.arena_bytes = max([layout.size for *_, layout in layouts], default=0)
+            keys = _bucket_keys(entry)
+            if keys:
+                sizes = dict(zip([b.symbol for b in entry.buckets], keys[0]))
+                layout = ArenaLayout(entry.program, entry.steps, sizes, self.weights)
+                largest.append((entry, sizes, layout))
+                self.arena_bytes = max(self.arena_bytes, layout.size)
         self.arena = self.gpu.alloc(self.arena_bytes) if self.arena_bytes else 0
-        for entry, sizes, layout in layouts:
+        for entry, sizes, layout in largest:
             self._prepared[(entry.name, *sorted(sizes.items()))] = _Prepared(self, entry, sizes, layout)
         self.gpu.synchronize()
 
@@ -206,10 +216,11 @@ class Runner:
         self.weights = set(self.weight_offsets)
 
     def address(self, name: str, layout: ArenaLayout) -> int:
-        base = layout.base.get(name, name)
+        alias = layout.views.get(name)
+        base, offset = (alias.base, alias.offset * self.itemsize[name]) if alias else (name, 0)
         if base in self.weight_offsets:
-            return self.weights_base + self.weight_offsets[base]
-        return self.arena + layout.offsets[base]
+            return self.weights_base + self.weight_offsets[base] + offset
+        return self.arena + layout.offsets[base] + offset
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -235,9 +246,12 @@ class Runner:
                 prepared.launch(self.gpu)
             outputs = []
             done = self.gpu.event()
-            for address, dtype, shape, nbytes in prepared.outputs:
+            for address, dtype, shape, nbytes, rows in prepared.outputs:
                 memory = _Memory(self.gpu, nbytes)
-                self.gpu.copy(memory.ptr, address, nbytes)
+                if rows is None:
+                    self.gpu.copy(memory.ptr, address, nbytes)
+                else:  # rows apart in the arena (a slice of the last dim): packed by a 2-D copy
+                    self.gpu.copy_rows(memory.ptr, address, rows[0], rows[1], nbytes // max(rows[0], 1))
                 outputs.append((memory, dtype, shape))
             self.gpu.record(done)
         gpu = self.gpu
@@ -251,6 +265,19 @@ class Runner:
         ]
         flat = [a.numpy() for a in arrays] if numpy else arrays
         return unflatten(entry.program.output_tree, flat)
+
+    def array(self, host: Any) -> DeviceArray:
+        """A copy of a host array (NumPy, or any CPU DLPack producer) in device memory of its own,
+        to pass to calls without a host-to-device copy each time."""
+        view = from_dlpack(host, "array")
+        if view.device_type != CPU or not view.contiguous:
+            raise EnvError("runner.array takes a contiguous host array (NumPy)")
+        memory = _Memory(self.gpu, view.nbytes)
+        self.gpu.to_device(memory.ptr, view.ptr, view.nbytes)
+        self.gpu.synchronize()
+        return DeviceArray(
+            memory.ptr, view.dtype, view.shape, (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
+        )
 
     def _copy_in(self, view: ArrayView, address: int, name: str) -> None:
         if view.device_type == CPU:
@@ -290,7 +317,8 @@ def _reads(step) -> list[str]:
 
 
 def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:
-    if not entry.buckets:
+    """Every bucket combination of ``entry``, largest first; none unless every symbol has buckets."""
+    if not entry.buckets or {b.symbol for b in entry.buckets} != {s.symbol for s in entry.program.symbols}:
         return []
     keys = itertools.product(*[b.sizes for b in entry.buckets])
     return sorted(keys, key=lambda k: [-v for v in k])
