@@ -30,6 +30,7 @@ import numpy as np
 import aot.runtime
 bundle, inp, out = sys.argv[1:4]
 runner = aot.runtime.load(bundle)
+loaded = time.time()
 host = dict(np.load(inp))
 x = {k: runner.array(v) for k, v in host.items()}
 y = runner.run((), x)
@@ -46,6 +47,7 @@ free, total = runner.gpu.memory()
 print(json.dumps({"t_first": t_first, "median_ms": 1e3 * sorted(times)[len(times) // 2],
                   "device_used_mib": (total - free) / 2**20, "weights_mib": runner.weights_bytes / 2**20,
                   "arena_mib": runner.arena_bytes / 2**20, "device": runner.gpu.name,
+                  "load_phases_s": runner.timings, "first_call_s": t_first - loaded,
                   "driver": runner.gpu.driver_version, "arch": runner.arch}))
 """
 

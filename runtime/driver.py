@@ -11,6 +11,7 @@ one call.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 from aot.errors import EnvError
@@ -21,6 +22,10 @@ except ImportError:  # pragma: no cover - the runtime's install pulls cuda-bindi
     cu = None
 
 DEFAULT_SHARED_LIMIT = 48 * 1024
+# Programmatic dependent launch (a kernel built to wait inside for the one before it starts early):
+# CUDA 12.3 on, as the torch loader (``aot.loader.cuda``); AOTPACK_DEPENDENT_LAUNCH=0 turns it off.
+DEPENDENT_LAUNCH_DRIVER = 12030
+DEPENDENT_LAUNCH_ENV = "AOTPACK_DEPENDENT_LAUNCH"
 
 
 def _check(result: Any, what: str) -> Any:
@@ -113,8 +118,12 @@ class Device:
         else:
             _check(cu.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
 
-    def load(self, cubin: bytes, name: str, shared: int, num_warps: int) -> Kernel:
-        return Kernel(cubin, name, shared, num_warps)
+    @property
+    def dependent_launch(self) -> bool:
+        return (
+            self.driver_version >= DEPENDENT_LAUNCH_DRIVER
+            and os.environ.get(DEPENDENT_LAUNCH_ENV, "1") != "0"
+        )
 
     def capture(self, launch) -> Any:
         """A CUDA graph of what ``launch()`` enqueues on the stream, instantiated."""
@@ -133,9 +142,11 @@ class Device:
 
 
 class Kernel:
-    """One kernel of one cubin (the bundle's sha256 was checked before the bytes came here)."""
+    """One kernel of one cubin (the bundle's sha256 was checked before the bytes came here);
+    ``dependent``: launched with programmatic stream serialization (``cuLaunchKernelEx``), which
+    stream capture records as a programmatic edge of the graph."""
 
-    def __init__(self, cubin: bytes, name: str, shared: int, num_warps: int):
+    def __init__(self, cubin: bytes, name: str, shared: int, num_warps: int, dependent: bool = False):
         self._image = ctypes.create_string_buffer(cubin, len(cubin))
         self.module = _check(cu.cuModuleLoadData(ctypes.addressof(self._image)), f"cuModuleLoadData({name})")
         self.function = _check(
@@ -145,8 +156,25 @@ class Kernel:
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(cu.cuFuncSetAttribute(self.function, attr, shared), f"cuFuncSetAttribute({name})")
         self.name, self.shared, self.block = name, shared, 32 * num_warps
+        self.dependent = dependent
+        if dependent:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            self._attrs = [attr]
 
     def launch(self, grid: tuple[int, int, int], stream: Any, params: ctypes.Array) -> None:
+        if self.dependent:
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = self.block, 1, 1
+            config.sharedMemBytes, config.hStream = self.shared, stream
+            config.attrs, config.numAttrs = self._attrs, 1
+            _check(
+                cu.cuLaunchKernelEx(config, self.function, ctypes.addressof(params), 0),
+                f"cuLaunchKernelEx({self.name})",
+            )
+            return
         _check(
             cu.cuLaunchKernel(
                 self.function, *grid, self.block, 1, 1, self.shared, stream, ctypes.addressof(params), 0
@@ -164,3 +192,9 @@ def pack_params(values: list[tuple[str, int]]) -> tuple[ctypes.Array, list]:
     storage = [_KINDS[kind](value) for kind, value in values]
     array = (ctypes.c_void_p * max(len(storage), 1))(*[ctypes.addressof(s) for s in storage])
     return array, storage
+
+
+def destroy_graph(graph: Any, instance: Any) -> None:
+    if cu is not None:
+        cu.cuGraphExecDestroy(instance)
+        cu.cuGraphDestroy(graph)

@@ -1,9 +1,9 @@
 """Run a library-free bundle on the CUDA driver alone: ``load(path) -> Runner``, ``runner(**inputs)``.
 
 Memory: one device allocation holds every weight (each at a multiple of ``ALIGN`` bytes, copied
-from the checked safetensors bytes straight into place), one holds the activation arena, sized at
-load for the largest bucket (``aot.runtime.plan.ArenaLayout``; grown once if an unbucketed call
-needs more). A call checks its arrays against the guards, copies them into the arena, runs the
+from the checked safetensors bytes straight into place), one holds the activation arena
+(``aot.runtime.plan.ArenaLayout``), allocated by the first call and grown when a later call needs
+more (a server that wants no growth loads with ``arena="largest"``: sized for the largest bucket). A call checks its arrays against the guards, copies them into the arena, runs the
 program's kernels and driver copies — as a CUDA graph captured with the driver API when every
 symbol sits exactly on a bucket, else launch by launch — and returns each output as a
 ``DeviceArray`` in memory of its own (stream-ordered ``cuMemAllocAsync``), which the caller owns:
@@ -16,6 +16,7 @@ import ctypes
 import itertools
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
 from aot.schema import ParamKind, StepKind
 from aot.symexpr import compile_expr
 from aot.weights import header_limit, parse_header, weights_size_limit
+
+ARENA_MODES = ("lazy", "largest")
 
 
 def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
@@ -107,6 +110,11 @@ class _Prepared:
                 (runner.address(name, layout), spec.dtype, shape, _spec_bytes(spec, sizes), rows)
             )
 
+    def release(self) -> None:
+        if self.graph is not None:
+            drv.destroy_graph(*self.graph)
+            self.graph = None
+
     def launch(self, device: drv.Device) -> None:
         stream = device.stream
         for op in self.ops:
@@ -126,10 +134,15 @@ def _spec_bytes(spec, sizes) -> int:
 class Runner:
     """A bundle loaded on a GPU without torch; callable like the model (module docstring)."""
 
-    def __init__(self, checked: Checked, device: int = 0, graphs: bool = True):
+    def __init__(self, checked: Checked, device: int = 0, graphs: bool = True, arena: str = "lazy"):
+        if arena not in ARENA_MODES:
+            raise ValueError(f"arena must be one of {ARENA_MODES}, got {arena!r}")
+        mark = time.perf_counter()
+        self.timings: dict[str, float] = {}  # seconds of each load phase
         self.checked = checked
         self.manifest = checked.manifest
         self.gpu = drv.Device(device)
+        self.timings["context_s"], mark = time.perf_counter() - mark, time.perf_counter()
         self.graphs = graphs
         self._lock = threading.Lock()
         bundle = checked.bundle
@@ -153,29 +166,29 @@ class Runner:
                     f"kernel {record.name} has no cubin for {self.arch} (it has {', '.join(record.archs)})"
                 )
             cubin = bundle.read(schema.KERNEL_CUBIN_FORMAT.format(kernel=kid, arch=self.arch))
+            dependent = self.arch in record.dependent_launch and self.gpu.dependent_launch
             self.kernels[kid] = drv.Kernel(
-                cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps
+                cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
             )
+        self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
         self._load_weights()
         self.itemsize = {
             name: ITEMSIZE[spec.dtype]
             for e in checked.entries
             for name, spec in tensor_specs(e.program).items()
         }
-        # the arena: sized at each program's largest bucket (plans at other sizes are made on first use)
+        self.timings["weights_s"] = time.perf_counter() - mark
+        # the arena: allocated on the first call and grown when a call needs more (every plan and
+        # graph then made again); ``arena="largest"`` sizes it at load for the largest bucket
         self._prepared: dict[tuple, _Prepared] = {}
-        self.arena_bytes = 0
-        largest = []
-        for entry in checked.entries:
-            keys = _bucket_keys(entry)
-            if keys:
-                sizes = dict(zip([b.symbol for b in entry.buckets], keys[0]))
-                layout = ArenaLayout(entry.program, entry.steps, sizes, self.weights)
-                largest.append((entry, sizes, layout))
-                self.arena_bytes = max(self.arena_bytes, layout.size)
-        self.arena = self.gpu.alloc(self.arena_bytes) if self.arena_bytes else 0
-        for entry, sizes, layout in largest:
-            self._prepared[(entry.name, *sorted(sizes.items()))] = _Prepared(self, entry, sizes, layout)
+        self.arena_bytes, self.arena = 0, 0
+        if arena == "largest":
+            for entry in checked.entries:
+                keys = _bucket_keys(entry)
+                if keys:
+                    sizes = dict(zip([b.symbol for b in entry.buckets], keys[0]))
+                    self._prepare(entry, sizes)
+        self._done = self.gpu.event()  # recorded after each call's output copies
         self.gpu.synchronize()
 
     def _load_weights(self) -> None:
@@ -245,7 +258,7 @@ class Runner:
             else:
                 prepared.launch(self.gpu)
             outputs = []
-            done = self.gpu.event()
+            done = self._done  # re-recorded by later calls: waiting on it then waits a little longer
             for address, dtype, shape, nbytes, rows in prepared.outputs:
                 memory = _Memory(self.gpu, nbytes)
                 if rows is None:
@@ -295,16 +308,20 @@ class Runner:
         prepared = self._prepared.get(key)
         if prepared is None:
             layout = ArenaLayout(entry.program, entry.steps, sizes, self.weights)
-            if layout.size > self.arena_bytes:  # an unbucketed call larger than every bucket
+            if layout.size > self.arena_bytes:  # the first call, or one larger than every call before
                 self.gpu.synchronize()
+                for old in self._prepared.values():
+                    old.release()
+                self._prepared.clear()  # every plan points into the old arena
                 self.gpu.free(self.arena)
                 self.arena_bytes, self.arena = layout.size, self.gpu.alloc(layout.size)
-                self._prepared.clear()  # every plan points into the old arena
             prepared = self._prepared[key] = _Prepared(self, entry, sizes, layout)
         return prepared
 
     def close(self) -> None:
         self.gpu.synchronize()
+        for prepared in self._prepared.values():
+            prepared.release()
         self.gpu.free(self.arena)
         self.gpu.free(self.weights_base)
         self.arena = self.weights_base = 0
@@ -335,6 +352,13 @@ def load(
     device: int = 0,
     graphs: bool = True,
     max_memory: int | None = None,
+    arena: str = "lazy",
 ) -> Runner:
-    """Verify ``path`` (``aot.runtime.plan.check_bundle``) and load it on GPU ``device``."""
-    return Runner(check_bundle(path, trust, max_memory), device, graphs)
+    """Verify ``path`` (``aot.runtime.plan.check_bundle``) and load it on GPU ``device``;
+    ``graphs=False`` launches kernel by kernel; ``arena``: ``"lazy"`` or ``"largest"`` (module docstring)."""
+    start = time.perf_counter()
+    checked = check_bundle(path, trust, max_memory)
+    checked_s = time.perf_counter() - start
+    runner = Runner(checked, device, graphs, arena)
+    runner.timings = {"check_s": checked_s, **runner.timings}
+    return runner

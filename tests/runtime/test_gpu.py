@@ -53,3 +53,19 @@ def test_more_bundles_equal_the_torch_loader():
     for item in os.environ.get("AOTPACK_RT_BUNDLES", "").split():
         path, _, text = item.partition(":")
         _compare(path, {k: int(v) for k, v in (p.split("=") for p in text.split(",") if p)})
+
+
+def test_the_arena_grows_for_a_larger_call_and_every_size_stays_right(pointwise):  # noqa: F811
+    import numpy as np
+    import torch
+
+    import aot.runtime
+    from aot.loader import load
+
+    rt, ref = aot.runtime.load(pointwise), load(pointwise, device="cuda")
+    sizes = []
+    for batch in (1, 8, 16, 3, 8):  # 16 needs more than 1 and 8 did: plans and graphs made again
+        x = torch.randn(batch, 16, generator=torch.Generator().manual_seed(batch)).cuda()
+        np.testing.assert_array_equal(rt.run((), {"x": x}, numpy=True), ref(x=x).cpu().numpy())
+        sizes.append(rt.arena_bytes)
+    assert sizes[0] < sizes[2] == sizes[-1]
