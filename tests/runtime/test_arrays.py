@@ -34,3 +34,27 @@ def test_what_is_not_an_array_is_a_guard_error():
         from_dlpack([1, 2], "x")
     with pytest.raises(GuardError, match="numpy has no bfloat16"):
         DeviceArray(0, "bfloat16", (1,), (CPU, 0)).numpy()
+
+
+class _Producer:
+    """A CPU DLPack producer that is not NumPy (the capsule path, as for torch or CuPy arrays)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_any_dlpack_producer_comes_in_through_its_capsule():
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    view = from_dlpack(_Producer(a), "x")
+    assert (view.ptr, view.dtype, view.shape, view.device_type) == (a.ctypes.data, "int64", (3, 4), CPU)
+    t = from_dlpack(_Producer(a.T), "x")
+    assert t.strides == (1, 4) and not t.contiguous
+    out = DeviceArray(a.ctypes.data, "int64", a.shape, (CPU, 0), owner=a)
+    mine = from_dlpack(out, "x")  # a runner's output fed back: no capsule
+    assert (mine.ptr, mine.dtype, mine.shape, mine.contiguous) == (a.ctypes.data, "int64", (3, 4), True)
