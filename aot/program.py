@@ -9,11 +9,12 @@ and the verifiers run them; all of them ask these questions here.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.dtypes import ITEMSIZE
-from aot.errors import BundleError
+from aot.errors import BundleError, EnvError
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 from aot.symexpr import compile_expr
 
@@ -244,3 +245,129 @@ def peak_of(program: Program, nbytes: Callable[[TensorSpec], int]) -> int:
         live += delta
         peak = max(peak, live)
     return peak
+
+
+# What a runtime without libraries (``aot.runtime``) runs besides compiled kernels, and what
+# ``aotpack build --library-free`` may leave: views whose result is the same bytes read in the
+# same row-major order (kernels get the base's address), and copies the driver makes.
+SAME_BYTES_VIEWS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.squeeze.default",
+        "aten.alias.default",
+        "aten.detach.default",
+        "aten.flatten.using_ints",
+    }
+)
+DRIVER_COPIES = frozenset({"aten.clone.default", "aten.contiguous.default"})  # of a row-major buffer
+
+
+def live_steps(program: Program) -> tuple[Step, ...]:
+    """``program.steps`` without the steps whose results nothing reads (a weight's transpose that
+    a GEMM kernel no longer needs: the kernel reads the weight itself)."""
+    needed = set(program.outputs)
+    keep = []
+    for step in reversed(program.steps):
+        if step.kind == StepKind.KERNEL or any(o in needed for o in step_writes(step)):
+            keep.append(step)
+            needed.update(step_reads(step))
+    return tuple(reversed(keep))
+
+
+ROW_SLICE = "aten.slice.Tensor"  # of the last dim, step 1: rows apart, copied out with a 2-D copy
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Where a view's elements are: in ``base`` (a buffer, input or weight), from element
+    ``offset``; with ``width`` > 0, rows of ``width`` elements ``pitch`` apart (a slice of the last
+    dim: ``gpt``'s logits cut from their padded GEMM), which only a 2-D driver copy reads."""
+
+    base: str
+    offset: int = 0
+    width: int = 0
+    pitch: int = 0
+
+
+def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
+    """Every view's ``Alias`` among ``steps`` (``SAME_BYTES_VIEWS`` and ``ROW_SLICE``s); a view that
+    is neither is left out (``check_library_free`` refuses it)."""
+    from aot.manifest_text import static_size
+
+    specs = tensor_specs(program)
+    out: dict[str, Alias] = {}
+    for step in steps:
+        if step.kind != StepKind.ATEN or not step.args or not isinstance(step.args[0], Buf):
+            continue
+        src = step.args[0].name
+        at = out.get(src, Alias(src))
+        result = step.outputs[0] if step.outputs else None
+        spec, src_spec = specs.get(result or ""), specs.get(src)
+        if result is None or spec is None or src_spec is None:
+            continue
+        if step.target in SAME_BYTES_VIEWS:
+            if at.width and (not spec.shape or static_size(spec.shape[-1]) != at.width):
+                continue  # rows apart must stay rows: only the dims before them may change
+            out[result] = at
+        elif step.target == ROW_SLICE and not at.width:
+            args = [*step.args[1:], *([None] * 4)][:4]
+            dim, start, end, stride = args[0], args[1] or 0, args[2], args[3] or 1
+            rank = len(src_spec.shape)
+            size = static_size(src_spec.shape[-1]) if rank else None
+            if type(dim) is not int or dim % max(rank, 1) != rank - 1 or stride != 1 or size is None:
+                continue
+            if type(start) is not int or (end is not None and type(end) is not int):
+                continue
+            end = size if end is None else min(end, size)
+            if not 0 <= start < end:
+                continue
+            out[result] = Alias(at.base, at.offset + start, end - start, size)
+    return out
+
+
+def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
+    """Refuse (``EnvError``) the first of ``steps`` (``live_steps``) that is not a compiled kernel, a
+    view (``aliases``) or a copy in ``DRIVER_COPIES`` (of no sliced rows): what a runtime without libraries
+    (``aot.runtime``) cannot run. The message names the program, step, target and result."""
+    if program.state:
+        raise EnvError(
+            f"{where}: the program keeps state ({', '.join(program.state[:3])}); aotpack-rt runs stateless "
+            f"bundles only so far: load it with the torch loader (`aotpack load`)"
+        )
+    for name, spec in [*((w.name, w.spec) for w in program.weights), *program.buffers.items()]:
+        if spec.order and list(spec.order) != list(range(len(spec.shape))):
+            raise EnvError(
+                f"{where}: tensor {name!r} is laid out in memory order {list(spec.order)}; aotpack-rt runs "
+                f"row-major bundles: rebuild with --no-channels-last --library-free"
+            )
+    views = aliases(program, steps)
+    rows_apart = {name for name, alias in views.items() if alias.width}
+    runs = [
+        (
+            step.kind == StepKind.KERNEL
+            or step.target in DRIVER_COPIES
+            or all(o in views for o in step.outputs if o)
+        )
+        and not rows_apart
+        & set(step_reads(step) if step.kind == StepKind.KERNEL or step.target in DRIVER_COPIES else ())
+        for step in steps
+    ]
+    # a library call first; a view that only feeds one (a weight's transpose) is named only alone
+    calls = [i for i, ok in enumerate(runs) if not ok and not is_view(steps[i])]
+    views = [i for i, ok in enumerate(runs) if not ok]
+    if not views:
+        return
+    i = (calls or views)[0]
+    step = steps[i]
+    out = ", ".join(o for o in step.outputs if o) or "-"
+    what = "a library call" if calls else "a view whose layout a kernel cannot read in place"
+    raise EnvError(
+        f"{where}: step {i} ({step.target} -> {out}) is {what}; aotpack-rt runs library-free "
+        f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
+        f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
+    )

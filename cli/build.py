@@ -53,6 +53,13 @@ MANY_BUCKETS = 16
     "`aotpack tune` picks them on the target GPU, an untuned bundle runs the library calls",
 )
 @click.option(
+    "--library-free",
+    is_flag=True,
+    help="every step a compiled kernel or a driver copy (no cuBLAS, cuDNN or ATen call on the GPU), "
+    "so `aotpack-rt` runs it without torch: each GEMM and attention site takes its Triton candidate; "
+    "refused, naming the step, where no form exists",
+)
+@click.option(
     "--keep-siblings",
     is_flag=True,
     help="keep matmuls that read the same input apart (q/k/v, gate/up) instead of stacking their "
@@ -74,6 +81,7 @@ def build(
     no_fuse: bool,
     allow_narrowing: bool,
     gemm_candidates: bool,
+    library_free: bool,
     keep_siblings: bool,
     no_channels_last: bool,
     force: bool,
@@ -109,7 +117,8 @@ def build(
             archs,
             progress=_info,
             fuse=not no_fuse,
-            gemm_candidates=gemm_candidates and not no_fuse,
+            gemm_candidates=(gemm_candidates or library_free) and not no_fuse,
+            library_free=library_free,
             stack_siblings=not keep_siblings,
             channels_last=not no_channels_last,
         )

@@ -76,7 +76,7 @@ def _trust(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
     """``--trust`` replaces ``$AOTPACK_TRUST`` for this command and the processes it starts (the
     server of ``serve``): every bundle the command opens is then checked against it. Every key is
     read now, so a bad key file, or one that would block (a FIFO), is refused before any work."""
-    from aot.loader.signature import TRUST_ENV, trusted_keys
+    from aot.signature import TRUST_ENV, trusted_keys
 
     if value:
         os.environ[TRUST_ENV] = os.pathsep.join(os.path.abspath(v) for v in value)

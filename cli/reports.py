@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from aot.bundle import open_bundle
 from aot.errors import printable
-from aot.loader.bundle import open_bundle
 from aot.manifest_text import rows_note
 from aot.program import FIRST_CALL_MIB, library_of
 from aot.serde import to_json
@@ -29,7 +29,7 @@ def bundle_summary(bundle: str) -> tuple[Any, dict[str, Any]]:
         m = b.manifest
         program = b.program()
         signed = b.signature()
-        from aot.loader.tuning import read_tuning
+        from aot.tuning import read_tuning
 
         programs = (program, *program.variants)
         tuning = read_tuning(b, programs, [e.buckets for e in m.programs] if m.programs else [m.buckets])

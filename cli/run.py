@@ -227,7 +227,7 @@ def verify(bundle: str, device: str) -> None:
     if not torch.cuda.is_available():
         raise EnvError("aotpack verify needs a CUDA GPU; torch sees none")
     reports = run_verify(bundle, device)
-    from aot.loader.bundle import open_bundle
+    from aot.bundle import open_bundle
 
     opened = open_bundle(bundle)
     dtype = opened.manifest.dtype

@@ -97,6 +97,7 @@ def generate(
     stack_siblings: bool = True,
     channels_last: bool = True,
     decode_attention: bool = True,
+    library_free: bool = False,
 ) -> Compiled:
     """Fuse and compile ``traced``'s program for ``archs``; ``fuse=False`` keeps every ATen step.
     ``gemm_candidates``: also compile Triton candidates for the library GEMMs
@@ -105,6 +106,8 @@ def generate(
     candidates, a gated MLP's gate and up then get a dual-GEMM candidate, but the library steps
     (an untuned bundle, and every bucket where tune keeps the library) launch one GEMM per
     sibling. ``channels_last=False`` keeps every tensor row-major (``aot.codegen.layouts``).
+    ``library_free`` (with ``gemm_candidates``): every site runs a Triton candidate, and a step no
+    form covers is a ``CodegenError`` (``aot.codegen.library_free``).
 
     A model traced as several programs (``Traced.programs``) has each fused on its own; they come
     out as one ``Program`` with the others in ``variants``, kernels compiled once across them."""
@@ -112,7 +115,15 @@ def generate(
 
     if traced.programs:
         return _generate_programs(
-            traced, archs, progress, fuse, gemm_candidates, stack_siblings, channels_last, decode_attention
+            traced,
+            archs,
+            progress,
+            fuse,
+            gemm_candidates,
+            stack_siblings,
+            channels_last,
+            decode_attention,
+            library_free,
         )
 
     from aot.codegen.activation_folding import fold_activations
@@ -259,6 +270,15 @@ def generate(
             say,
         )
         cubins.update(gemm_cubins)
+    if library_free:
+        from aot.codegen.library_free import library_free as make_library_free
+
+        if not fuse or not gemm_candidates:
+            raise CodegenError("--library-free needs fused kernels and GEMM candidates (drop --no-fuse)")
+        new_program = make_library_free(new_program, traced.buckets, say)
+        kept = {k.id for k in new_program.kernels}
+        cubins = {key: cubin for key, cubin in cubins.items() if key[0] in kept}
+        steps, n_default_kernels = new_program.steps, len(new_program.kernels)
     n_kernel_steps = sum(s.kind == StepKind.KERNEL for s in steps)
     stats = BuildStats(
         kernels=n_default_kernels,
@@ -295,6 +315,7 @@ def _generate_programs(
     stack_siblings: bool = True,
     channels_last: bool = True,
     decode_attention: bool = True,
+    library_free: bool = False,
 ) -> Compiled:
     say = progress or (lambda msg: None)
     parts = []
@@ -311,6 +332,7 @@ def _generate_programs(
                 stack_siblings,
                 channels_last,
                 decode_attention,
+                library_free,
             )
         )
     main = parts[0]

@@ -8,7 +8,9 @@ the tracer, codegen, packager, triton, sympy, torch._dynamo or torch._inductor.
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,24 +21,28 @@ import torch
 from aot import schema
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.aten import DTYPES, resolve_op, state_writes_checked
+from aot.bundle import Bundle, open_bundle
 from aot.errors import BundleError, EnvError, GuardError
 from aot.layout import check_order
-from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.cuda import raw_stream
 from aot.loader.guards import GuardChecker
-from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
-from aot.loader.signature import trusted_keys
 from aot.loader.state import State, check_index_bounds
 from aot.loader.variants import check_programs
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
+from aot.memory import check_max_memory, check_plan, planned_peak
 from aot.program import reference_steps, step_reads
 from aot.pytree import flatten_inputs, match_leaves, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
+from aot.signature import trusted_keys
 
 __all__ = ["Runner", "load", "open_bundle"]
+
+# The torch-free pieces moved to the core (``aot.runtime`` shares them); their old names still import.
+for _name in ("bundle", "memory", "signature", "tuning"):
+    sys.modules[f"{__name__}.{_name}"] = globals()[_name] = importlib.import_module(f"aot.{_name}")
 
 CAPTURE_MODES = ("lazy", "all", "none")
 OUTPUT_MODES = ("copy", "borrow")
@@ -241,7 +247,7 @@ class Runner:
             self._owned_storages.append(Storages(self.state.tensors.values()))
         self._state_lock = threading.Lock()
         self._generate_lock = threading.Lock()  # a generation owns the state from prefill to its last token
-        from aot.loader.tuning import read_tuning, tuned_plans
+        from aot.tuning import read_tuning, tuned_plans
 
         # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on
         self.tuning = read_tuning(bundle, programs, [e[2] for e in entries])
@@ -543,7 +549,7 @@ def load(
     ``max_memory`` (bytes): refuse, with ``EnvError``, a bundle whose program may need more
     activation memory than this for one call at any size its guards admit (for a real model: at the
     largest), on this device's path; weights and inputs are not counted. Without it, the bundle's
-    own memory plan is still checked (``aot.loader.memory``).
+    own memory plan is still checked (``aot.memory``).
     ``outputs``: ``"copy"`` (default) returns outputs the caller owns; ``"borrow"`` returns, on a
     CUDA-graph replay, the graph's own output memory without a copy: valid until the runner's
     next call (as CUDA-graph trees and serving engines do), so read or copy it before calling

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from aot.aten import DTYPES, AtenCall
+from aot.bundle import Bundle
 from aot.errors import BundleError, EnvError
 from aot.layout import check_order, empty_ordered, has_order, to_order
-from aot.loader.bundle import Bundle
 from aot.loader.cuda import (
     Context,
     Function,
@@ -212,7 +212,7 @@ class GpuProgram:
     """Runs the program on a CUDA device, step by step (no graph).
 
     ``plans``: bucket key → the steps to run there instead of the program's own (a tuning
-    table's GEMM choices, ``aot.loader.tuning.tuned_plans``); every other call runs
+    table's GEMM choices, ``aot.tuning.tuned_plans``); every other call runs
     ``program.steps``. Cubins are loaded for the kernels some plan launches, only."""
 
     def __init__(

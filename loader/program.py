@@ -3,7 +3,7 @@
 Steps are prepared once at load (``aot.aten``: each overload resolved, a missing one an
 ``EnvError`` naming it). A kernel step runs its reference decomposition here. Buffers are dropped
 after their last use, and every result is held to its declared buffer's bytes at the call's sizes
-(``aot.loader.memory``): a step that makes more than its program declares is a ``BundleError``.
+(``aot.memory``): a step that makes more than its program declares is a ``BundleError``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.aten import DTYPES, AtenCall
 from aot.errors import AotError, BundleError, GuardError
-from aot.loader.memory import OutputBytes
+from aot.memory import OutputBytes
 from aot.program import frees_after, reference_steps, step_writes, tensor_specs
 from aot.schema import Program, Step
 from aot.symexpr import Expr, compile_expr

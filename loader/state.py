@@ -16,8 +16,8 @@ from collections.abc import Iterable
 import torch
 
 from aot.errors import BundleError, EnvError, GuardError
-from aot.loader.memory import largest_sizes
 from aot.manifest_text import static_size
+from aot.memory import largest_sizes
 from aot.schema import Buf, Guards, Program
 
 

@@ -1,7 +1,7 @@
 """Every program of a bundle, checked as the first is.
 
 A bundle may hold several programs (``Program.variants``, one ``ProgramEntry`` each). Opening it
-checks the first program against the manifest (``aot.loader.bundle``); ``check_programs`` holds
+checks the first program against the manifest (``aot.bundle``); ``check_programs`` holds
 every one of them to the same rules, so a variant cannot admit more than the bundle's contract
 (``batch <= 1000`` under a contract of ``batch <= 6``), call an op the manifest does not list (the
 environment preflight reads ``manifest.ops``), take inputs other than its guards declare, read
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from aot.admissible import admissible_text, admits, first_admissible
 from aot.errors import BundleError
-from aot.loader.memory import largest_sizes
 from aot.manifest_text import static_size
+from aot.memory import largest_sizes
 from aot.schema import Guards, Manifest, Program, Step, StepKind, Sym, SymbolGuard, SymBool
 from aot.symexpr import compile_expr
 

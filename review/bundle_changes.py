@@ -24,7 +24,7 @@ def _tensor_digests(data: bytes, where: str) -> dict[str, tuple[str, tuple[int, 
 def diff_bundles(old_path: str, new_path: str) -> list[Change]:
     """Kernel, op, program and weight changes between two bundles (guards are compared apart)."""
     from aot import schema
-    from aot.loader.bundle import open_bundle
+    from aot.bundle import open_bundle
 
     a, b = open_bundle(old_path), open_bundle(new_path)
     try:

@@ -29,7 +29,7 @@ def read_side(path: str, archs: tuple[str, ...] | None = None) -> Side:
     with open(path, "rb") as f:
         head = f.read(4)
     if head == ZIP_MAGIC:
-        from aot.loader.bundle import open_bundle
+        from aot.bundle import open_bundle
 
         bundle = open_bundle(path)
         try:

@@ -2,6 +2,7 @@
 
     cli  →  review, verify  →  tracer → codegen → packager → loader  →  core (aot/)
     cli  →  serve  →  loader  →  core (aot/)
+    runtime (aotpack-rt, no torch)  →  core (aot/)
 
 The core imports no stage and no consumer; a stage imports the core and earlier stages only
 (never a later one); the loader imports the core alone, so a serving host needs nothing of the
@@ -22,14 +23,14 @@ from tests.conftest import ROOT
 # folder → (its module prefix, what it may import besides itself and the standard/third-party world)
 STAGES = ["tracer", "codegen", "packager", "loader"]
 CONSUMERS = ["verify", "review", "serve", "cli"]
-FOLDERS = {"aot": "aot", **{f: f"aot.{f}" for f in STAGES + CONSUMERS}}
+FOLDERS = {"aot": "aot", **{f: f"aot.{f}" for f in STAGES + CONSUMERS}, "runtime": "aot.runtime"}
 
 
 def allowed(folder: str) -> set[str]:
     """The aotpack folders whose modules ``folder`` may import (besides its own)."""
     if folder == "aot":
         return set()
-    if folder == "loader":
+    if folder in ("loader", "runtime"):
         return {"aot"}
     if folder in STAGES:
         return {"aot", *STAGES[: STAGES.index(folder)]}

@@ -269,7 +269,7 @@ def interpret_bundle(
     from safetensors.torch import load as load_safetensors
 
     from aot import schema
-    from aot.loader.bundle import open_bundle
+    from aot.bundle import open_bundle
     from aot.tracer import example_inputs, load_model_file
 
     spec = load_model_file(model)

@@ -56,15 +56,15 @@ from typing import Any
 import torch
 
 from aot import schema, serde
+from aot.bundle import open_bundle
 from aot.dtypes import tolerance
 from aot.errors import EnvError
 from aot.loader import load
-from aot.loader.bundle import open_bundle
 from aot.loader.gpu import KernelCall
-from aot.loader.tuning import GEMM_SITE, LIBRARY, TUNING_FORMAT, parse_tuning, plan_steps
 from aot.manifest_text import fixed_sizes
 from aot.program import calls_cublas, step_reads, step_writes
 from aot.schema import Member, Program, TuningCheck, TuningChoice, TuningTable
+from aot.tuning import GEMM_SITE, LIBRARY, TUNING_FORMAT, parse_tuning, plan_steps
 from aot.verify.interpret import looser_dtype
 
 MIN_GAIN = 0.03  # a candidate must be at least this much faster than the library

@@ -30,12 +30,12 @@ from pathlib import Path
 from aot import schema
 from aot.admissible import admissible_text, admits
 from aot.errors import BundleError, BundleWarning, SignatureError
-from aot.loader.signature import check_signature, signature_problem, trusted_keys
-from aot.loader.tuning import check_alternatives
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool
 from aot.serde import from_json, upgrade_manifest
+from aot.signature import check_signature, signature_problem, trusted_keys
 from aot.signing import MAX_SIGNATURE_BYTES
 from aot.symexpr import compile_expr
+from aot.tuning import check_alternatives
 
 MAX_MEMBERS = 4096
 # Central directory bytes: an entry is 46 fixed bytes, a name of at most ~100 and extras (zip64
@@ -448,7 +448,7 @@ def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: P
 def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = None) -> Bundle:
     """Open and verify the directory, manifest and members of a bundle (the weights are checked
     when read). It must be signed by one of the ``trusted`` public keys (None: those of
-    ``$AOTPACK_TRUST``, see ``aot.loader.signature.trusted_keys``; ``()``: no trust list, for
+    ``$AOTPACK_TRUST``, see ``aot.signature.trusted_keys``; ``()``: no trust list, for
     reading a bundle to sign it), checked before anything but the zip directory is read. Without a
     trust list, a signature that does not match the manifest is a ``BundleWarning``."""
     path = Path(path)

@@ -1,7 +1,7 @@
 """The trust check: with a trust list, a bundle loads only when it carries a signature of its exact
 ``manifest.json`` bytes by one of the trusted keys.
 
-``aot.loader.bundle`` runs it right after the zip directory is read and before anything else of the
+``aot.bundle`` runs it right after the zip directory is read and before anything else of the
 bundle is parsed, over the bytes it read of the signature and manifest members: the manifest bytes
 checked here are the bytes it then parses, never a second read of the file. Since the manifest pins
 every member's sha256, the checksum checks that follow extend the signature to the whole bundle.

@@ -1,0 +1,86 @@
+"""``aotpack build --library-free``: a program whose every step is a compiled kernel, a view that
+keeps its bytes, or a driver copy (``aot.program.check_library_free``), so that the runtime
+without torch (``aot.runtime``) runs it on the CUDA driver alone, and the torch loader runs the
+very same steps.
+
+It starts from a candidates build (``aot.codegen.gemm.add_gemm_alternatives``: Triton forms for
+every library GEMM and attention site) and puts, at each site, the first candidate in
+``PREFERENCE`` order that was offered at every bucket (or, for the forms that mask their rows
+against any length, at the most buckets), where the library steps were
+(``aot.tuning.plan_steps``, as a tuning does). The kernel steps keep the library steps as their
+reference, which is what the CPU runs. What is left that no form covers is refused with the step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from aot.errors import CodegenError, EnvError
+from aot.program import check_library_free, live_steps
+from aot.schema import Bucket, GemmSite, Program, StepKind
+from aot.tuning import plan_steps
+
+# Candidate forms by name prefix, best default first when nothing was timed: whole tiles serve any
+# row count; split-K forms need a second reduction launch; the GEMV forms cover few rows.
+PREFERENCE = ("tile_16x64x128", "tile_64x128x64", "tile_", "flash_64x64", "flash", "splitk", "gemv_", "vec_")
+# Forms that mask every row against the sequence length (``codegen/flash.py``: ``rm < T``), so they
+# run correctly at any length; their buckets only say where they are worth timing. When none was
+# offered at every bucket, the one offered at the most runs everywhere.
+ANY_LENGTH = ("flash_",)
+
+
+def _rank(name: str) -> int:
+    return next((i for i, p in enumerate(PREFERENCE) if name.startswith(p)), len(PREFERENCE))
+
+
+def _bucket_sizes(buckets: tuple[Bucket, ...]) -> list[dict[str, int]]:
+    symbols = [b.symbol for b in buckets]
+    return [dict(zip(symbols, key)) for key in itertools.product(*[b.sizes for b in buckets])]
+
+
+def choose(site: GemmSite, buckets: tuple[Bucket, ...]) -> str:
+    """The candidate of ``site`` the library-free program runs (module docstring)."""
+    wanted = _bucket_sizes(buckets)
+    fits = [c for c in site.candidates if not c.buckets or all(b in c.buckets for b in wanted)]
+    anywhere = [c for c in site.candidates if c.name.startswith(ANY_LENGTH)]
+    if not fits and anywhere:
+        most = max(sum(b in c.buckets for b in wanted) for c in anywhere)
+        fits = [c for c in anywhere if sum(b in c.buckets for b in wanted) == most]
+    if not fits:
+        raise CodegenError(
+            f"--library-free: {site.id} (a {site.m}x{site.n}x{site.k} library call, result "
+            f"{', '.join(site.outputs)}) has no Triton candidate compiled for every bucket "
+            f"({len(wanted)} bucket sizes; candidates: {', '.join(c.name for c in site.candidates) or 'none'}); "
+            f"build without --library-free and run it with the torch loader"
+        )
+    return min(fits, key=lambda c: (_rank(c.name), site.candidates.index(c))).name
+
+
+def library_free(program: Program, buckets: tuple[Bucket, ...], say=lambda msg: None) -> Program:
+    """``program`` (with ``alternatives``) as a library-free program: each site's chosen candidate
+    spliced in, the alternatives and the kernels no step launches dropped; ``CodegenError`` naming
+    the first step no form covers."""
+    chosen = {site.id: choose(site, buckets) for site in program.alternatives}
+    steps = plan_steps(program, chosen)
+    used = {s.target for s in steps if s.kind == StepKind.KERNEL}
+    out = replace(
+        program,
+        steps=steps,
+        alternatives=(),
+        kernels=tuple(k for k in program.kernels if k.id in used),
+    )
+    try:
+        check_library_free(out, live_steps(out), "--library-free")
+    except EnvError as e:
+        raise CodegenError(
+            f"{e}".replace(
+                "rebuild with `aotpack build --library-free`, or load it with the torch loader (`aotpack load`)",
+                "no Triton form exists for it yet: build without --library-free and run it with the torch loader",
+            )
+        ) from None
+    forms = sorted(set(chosen.values()))
+    say(
+        f"  library-free: {len(chosen)} sites on Triton candidates ({', '.join(forms)}), no library call left"
+    )
+    return out

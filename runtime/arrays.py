@@ -1,0 +1,294 @@
+"""Arrays in and out of the runtime through DLPack, without torch.
+
+In: any object with ``__dlpack__`` (a torch, CuPy or JAX array on the GPU, or a NumPy array on the
+host) becomes an ``ArrayView`` — its data pointer, device, dtype name, shape and strides, read
+from the producer's ``DLManagedTensor`` — and the capsule is kept alive as long as the view is.
+Out: ``DeviceArray`` is a dense row-major array over a pointer the runtime owns (device memory
+from the runner) or borrows (host memory, in tests), which any DLPack consumer takes without a
+copy (``torch.from_dlpack``, ``cupy.from_dlpack``, ``numpy.from_dlpack`` for host arrays), and
+which ``numpy()`` copies to the host.
+
+The structs are DLPack's stable ABI (``dlpack.h`` v0.8, unversioned capsules named "dltensor").
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+from aot.dtypes import ITEMSIZE
+from aot.errors import GuardError
+
+# DLDeviceType
+CPU = 1
+CUDA = 2
+CUDA_HOST = 3
+DEVICE_NAMES = {CPU: "cpu", CUDA: "cuda", CUDA_HOST: "cuda_host"}
+
+# (DLDataTypeCode, bits) <-> the bundle's dtype names
+_INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6
+_CODES: dict[str, tuple[int, int]] = {
+    "float16": (_FLOAT, 16),
+    "bfloat16": (_BFLOAT, 16),
+    "float32": (_FLOAT, 32),
+    "float64": (_FLOAT, 64),
+    "int8": (_INT, 8),
+    "int16": (_INT, 16),
+    "int32": (_INT, 32),
+    "int64": (_INT, 64),
+    "uint8": (_UINT, 8),
+    "bool": (_BOOL, 8),
+}
+_NAMES = {code: name for name, code in _CODES.items()}
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [
+    ("dl_tensor", DLTensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", _DELETER),
+]
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_USED = b"used_dltensor"
+
+# Exported tensors still held by a consumer: key (the struct's address) -> the struct, its shape
+# array and the array that owns the memory. One deleter serves them all; it is never freed, since a
+# consumer may free its tensor while the interpreter shuts down, after this module is torn down.
+_LIVE: dict[int, tuple] = {}
+
+
+@_DELETER
+def _release(pointer) -> None:
+    try:
+        _LIVE.pop(ctypes.cast(pointer, ctypes.c_void_p).value, None)
+    except Exception:  # noqa: BLE001 - at interpreter exit the module's globals may be gone
+        pass
+
+
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@_CAPSULE_DESTRUCTOR
+def _unconsumed(capsule: int) -> None:
+    """A capsule dropped before any consumer took it ("dltensor" still its name): release it."""
+    try:
+        name = b"dltensor"
+        if _api.PyCapsule_IsValid(ctypes.cast(capsule, ctypes.py_object), name):
+            _LIVE.pop(_api.PyCapsule_GetPointer(ctypes.cast(capsule, ctypes.py_object), name), None)
+    except Exception:  # noqa: BLE001 - at interpreter exit the module's globals may be gone
+        pass
+
+
+_api.Py_IncRef.argtypes = [ctypes.py_object]
+_api.Py_IncRef(_release)
+_api.Py_IncRef(_unconsumed)
+
+
+def dtype_code(name: str) -> tuple[int, int]:
+    return _CODES[name]
+
+
+class ArrayView:
+    """What a DLPack producer handed in: read-only facts plus the object that keeps it alive."""
+
+    __slots__ = ("ptr", "device_type", "device_id", "dtype", "shape", "strides", "_keep")
+
+    def __init__(self, ptr, device_type, device_id, dtype, shape, strides, keep):
+        self.ptr, self.device_type, self.device_id = ptr, device_type, device_id
+        self.dtype, self.shape, self.strides, self._keep = dtype, shape, strides, keep
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides is None or self.strides == row_major(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        n = ITEMSIZE[self.dtype]
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class _Consumed:
+    """Owns a consumed capsule's ``DLManagedTensor``: calls its deleter once the view is dropped."""
+
+    __slots__ = ("managed",)
+
+    def __init__(self, managed):
+        self.managed = managed
+
+    def __del__(self):
+        deleter = self.managed.contents.deleter
+        if deleter:
+            deleter(self.managed)
+
+
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a dense row-major array of ``shape``."""
+    strides, n = [], 1
+    for s in reversed(shape):
+        strides.append(n)
+        n *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def from_dlpack(value: Any, name: str, stream: int | None = None) -> ArrayView:
+    """``value``'s memory as an ``ArrayView``; ``stream``: the runner's CUDA stream, which the
+    producer orders its pending work before (DLPack's ``stream`` argument). ``GuardError`` for
+    anything that is not a DLPack array of a dtype a bundle speaks.
+
+    Two producers skip the capsule (a call's host time: ~3x less on a busy box): this module's
+    own ``DeviceArray`` (a runner's output fed to the next call) and a NumPy array, read through
+    its ``__array_interface__``."""
+    kind = type(value)
+    if kind is DeviceArray:
+        if value._ready is not None:
+            value._ready(stream)
+        return ArrayView(value.ptr, value.device[0], value.device[1], value.dtype, value.shape, None, value)
+    if kind.__module__ == "numpy" and kind.__name__ == "ndarray" and value.dtype.name in _CODES:
+        face = value.__array_interface__
+        item = value.itemsize
+        strides = None if face["strides"] is None else tuple(b // item for b in face["strides"])
+        return ArrayView(face["data"][0], CPU, 0, value.dtype.name, value.shape, strides, value)
+    if not hasattr(value, "__dlpack__") or not hasattr(value, "__dlpack_device__"):
+        raise GuardError(
+            f"input {name!r}: expected an array with __dlpack__ (torch, CuPy, JAX on the GPU, or NumPy "
+            f"on the host), got {type(value).__name__}"
+        )
+    device_type, _ = value.__dlpack_device__()
+    try:
+        capsule = value.__dlpack__(stream=stream) if device_type == CUDA and stream else value.__dlpack__()
+    except (TypeError, BufferError, RuntimeError) as e:
+        raise GuardError(f"input {name!r}: its producer refused to export it through DLPack ({e})") from None
+    if not _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        raise GuardError(f"input {name!r}: __dlpack__ returned no unconsumed 'dltensor' capsule")
+    address = _api.PyCapsule_GetPointer(capsule, b"dltensor")
+    managed = ctypes.cast(address, ctypes.POINTER(DLManagedTensor))
+    _api.PyCapsule_SetName(capsule, _USED)  # ours now: the producer's capsule destructor leaves it
+    keep = _Consumed(managed)
+    t = managed.contents.dl_tensor
+    code = (t.dtype.code, t.dtype.bits)
+    if t.dtype.lanes != 1 or code not in _NAMES:
+        raise GuardError(
+            f"input {name!r}: DLPack dtype code {t.dtype.code} bits {t.dtype.bits} lanes {t.dtype.lanes} "
+            f"is none of {sorted(_CODES)}"
+        )
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
+    return ArrayView(
+        (t.data or 0) + t.byte_offset,
+        t.device.device_type,
+        t.device.device_id,
+        _NAMES[code],
+        shape,
+        strides,
+        (keep, capsule, value),
+    )
+
+
+class DeviceArray:
+    """A dense row-major array over memory the runtime hands out, exported through DLPack.
+
+    ``owner``: what keeps the memory alive (the runner's allocation); ``copy_to_host(dst, src,
+    nbytes)``: how ``numpy()`` reads device memory; ``ready``: called with the consumer's stream
+    before it reads (orders it after the runner's work)."""
+
+    def __init__(
+        self,
+        ptr: int,
+        dtype: str,
+        shape: tuple[int, ...],
+        device: tuple[int, int],
+        owner: Any = None,
+        copy_to_host: Callable[[int, int, int], None] | None = None,
+        ready: Callable[[int | None], None] | None = None,
+    ):
+        if dtype not in _CODES:
+            raise ValueError(f"dtype {dtype!r} has no DLPack code; expected one of {sorted(_CODES)}")
+        self.ptr, self.dtype, self.shape, self.device = ptr, dtype, tuple(shape), device
+        self._owner, self._copy_to_host, self._ready = owner, copy_to_host, ready
+
+    @property
+    def nbytes(self) -> int:
+        n = ITEMSIZE[self.dtype]
+        for s in self.shape:
+            n *= s
+        return n
+
+    def __repr__(self) -> str:
+        kind = DEVICE_NAMES.get(self.device[0], str(self.device[0]))
+        return f"DeviceArray({self.dtype}, {list(self.shape)}, {kind}:{self.device[1]})"
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+    def __dlpack__(self, stream: int | None = None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("DeviceArray exports its own memory; copy=True is not supported")
+        if self._ready is not None:
+            self._ready(stream)
+        ndim = len(self.shape)
+        shape = (ctypes.c_int64 * max(ndim, 1))(*self.shape)
+        managed = DLManagedTensor()
+        t = managed.dl_tensor
+        t.data = self.ptr
+        t.device = DLDevice(*self.device)
+        t.ndim = ndim
+        t.dtype = DLDataType(*_CODES[self.dtype], 1)
+        t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+        t.strides = None  # row-major
+        t.byte_offset = 0
+        managed.deleter = _release
+        key = ctypes.addressof(managed)
+        _LIVE[key] = (managed, shape, self)  # until the consumer calls the deleter
+        return _api.PyCapsule_New(key, b"dltensor", ctypes.cast(_unconsumed, ctypes.c_void_p))
+
+    def numpy(self):
+        """A host copy (``numpy.ndarray``); numpy is imported only here."""
+        import numpy as np
+
+        if self.dtype == "bfloat16":
+            raise GuardError("numpy has no bfloat16; take the array through DLPack instead")
+        out = np.empty(self.shape, dtype=np.dtype("bool" if self.dtype == "bool" else self.dtype))
+        if self.device[0] == CPU:
+            ctypes.memmove(out.ctypes.data, self.ptr, self.nbytes)
+        else:
+            if self._ready is not None:
+                self._ready(None)
+            self._copy_to_host(out.ctypes.data, self.ptr, self.nbytes)
+        return out

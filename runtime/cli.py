@@ -1,0 +1,122 @@
+"""``aotpack-rt``: load a bundle on the CUDA driver alone, run it, time it.
+
+    aotpack-rt load BUNDLE [--sizes batch=1,seq=128] [--iters N] [--json] [--trust KEY.pub]...
+    aotpack-rt check BUNDLE [--trust KEY.pub]...      # every check that needs no GPU
+
+Inputs are zeros of the guarded dtypes at ``--sizes`` (each symbol's smallest bucket, else its
+smallest admitted size, where not given). Errors print one line starting ``error:`` and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from aot.errors import AotError
+
+STARTED = time.perf_counter()
+
+
+def _sizes(text: str) -> dict[str, int]:
+    out = {}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.partition("=")
+        if not value.strip().isdigit():
+            raise AotError(
+                f"--sizes {text!r}: expected name=int pairs separated by commas, e.g. batch=1,seq=128"
+            )
+        out[name.strip()] = int(value)
+    return out
+
+
+def _inputs(checked, sizes: dict[str, int]) -> dict:
+    import numpy as np
+
+    from aot.admissible import first_admissible
+
+    entry = checked.entries[0]
+    buckets = {b.symbol: b.sizes for b in entry.buckets}
+    for name, g in entry.guards.symbols.items():
+        if name not in sizes:
+            sizes[name] = (
+                buckets[name][0] if buckets.get(name) else first_admissible(g.min, g.modulus, g.residues)
+            )
+    return {
+        name: np.zeros([d if type(d) is int else sizes[d] for d in dims], dtype=np.dtype(dtype))
+        for name, _, dtype, dims in entry.guards.inputs
+    }
+
+
+def _load(args) -> dict:
+    from aot.runtime import check, load
+
+    if args.command == "check":
+        checked = check(args.bundle, args.trust or None)
+        return {"bundle": args.bundle, "programs": [e.name for e in checked.entries], "library_free": True}
+    t0 = time.perf_counter()
+    runner = load(args.bundle, args.trust or None, device=args.device)
+    loaded = time.perf_counter()
+    free0, total = runner.gpu.memory()
+    inputs = _inputs(runner.checked, _sizes(args.sizes))
+    out = runner.run((), inputs)
+    first = out if not isinstance(out, (tuple, list)) else out[0]
+    first.numpy() if first.dtype != "bfloat16" else runner.gpu.synchronize()
+    answered = time.perf_counter()
+    times = []
+    for _ in range(args.iters):
+        t = time.perf_counter()
+        runner.run((), inputs)
+        runner.gpu.synchronize()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    free, _ = runner.gpu.memory()
+    return {
+        "bundle": args.bundle,
+        "device": runner.gpu.name,
+        "driver": runner.gpu.driver_version,
+        "arch": runner.arch,
+        "sizes": {k: v for k, v in _sizes(args.sizes).items()} or "defaults",
+        "import_s": round(t0 - STARTED, 4),
+        "load_s": round(loaded - t0, 4),
+        "first_result_s": round(answered - STARTED, 4),
+        "median_ms": round(1e3 * times[len(times) // 2], 4) if times else None,
+        "weights_mib": round(runner.weights_bytes / 2**20, 1),
+        "arena_mib": round(runner.arena_bytes / 2**20, 1),
+        "device_used_mib": round((total - free) / 2**20, 1),
+        "device_used_before_first_call_mib": round((total - free0) / 2**20, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="aotpack-rt", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("load", "check"):
+        p = sub.add_parser(name)
+        p.add_argument("bundle")
+        p.add_argument("--trust", action="append", help="a trusted public key (repeatable)")
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "load":
+            p.add_argument("--sizes", default="", help="symbol sizes, e.g. batch=1,seq=128")
+            p.add_argument("--iters", type=int, default=0, help="timed calls after the first")
+            p.add_argument("--device", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        report = _load(args)
+    except AotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: {args.bundle}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        for k, v in report.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

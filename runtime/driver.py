@@ -1,0 +1,209 @@
+"""The CUDA driver through NVIDIA's ``cuda-bindings`` (``cuda.bindings.driver``): a context, one
+stream, allocations, copies, cubin modules, launches and CUDA graphs. Nothing else of CUDA is
+needed: no runtime library, no cuBLAS, no torch.
+
+Every driver error becomes an ``EnvError`` naming the call and the driver's message. The kernels'
+parameters are packed with ctypes into the ``void**`` array ``cuLaunchKernel`` takes (Triton's
+ABI: the user arguments, then ``scratch`` trailing null pointers), once per size, so a launch is
+one call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+from aot.errors import EnvError
+
+try:
+    from cuda.bindings import driver as cu
+except ImportError:  # pragma: no cover - the runtime's install pulls cuda-bindings
+    cu = None
+
+DEFAULT_SHARED_LIMIT = 48 * 1024
+# Programmatic dependent launch (a kernel built to wait inside for the one before it starts early):
+# CUDA 12.3 on, as the torch loader (``aot.loader.cuda``); AOTPACK_DEPENDENT_LAUNCH=0 turns it off.
+DEPENDENT_LAUNCH_DRIVER = 12030
+DEPENDENT_LAUNCH_ENV = "AOTPACK_DEPENDENT_LAUNCH"
+# Bytes of freed outputs the stream-ordered pool keeps for later calls (the driver's default, 0,
+# unmaps them at every synchronize: gpt's 98 MiB of logits at batch 8 were mapped anew each call)
+POOL_KEEP_BYTES = 1 << 62
+
+
+def _check(result: Any, what: str) -> Any:
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, text = cu.cuGetErrorString(err)
+        raise EnvError(f"CUDA driver: {what} failed with {err.name} ({(text or b'').decode()})")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+class Device:
+    """The primary context of GPU ``ordinal``, current on this thread, with one stream of its own."""
+
+    def __init__(self, ordinal: int = 0):
+        if cu is None:
+            raise EnvError("aotpack-rt needs NVIDIA's cuda-bindings: pip install cuda-bindings")
+        try:
+            _check(cu.cuInit(0), "cuInit")
+        except Exception as e:  # noqa: BLE001 - no libcuda at all raises the bindings' own error
+            raise EnvError(
+                f"no usable NVIDIA GPU or driver ({type(e).__name__}: {e}); aotpack-rt runs on a GPU"
+            ) from None
+        count = _check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not 0 <= ordinal < count:
+            raise EnvError(f"GPU {ordinal} requested, this machine has {count}")
+        self.ordinal = ordinal
+        self.device = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.context = _check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self.bind()
+        attr = cu.CUdevice_attribute
+        self.capability = (
+            _check(
+                cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cap"
+            ),
+            _check(
+                cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cap"
+            ),
+        )
+        self.driver_version = _check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+        self.name = _check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName").split(b"\0")[0].decode()
+        self.stream = _check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        # outputs come from the device's stream-ordered pool: keep what callers free for the next
+        # call's outputs instead of handing it back to the driver at every synchronize
+        pool = _check(cu.cuDeviceGetDefaultMemPool(self.device), "cuDeviceGetDefaultMemPool")
+        keep = cu.cuuint64_t(POOL_KEEP_BYTES)
+        attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+        _check(cu.cuMemPoolSetAttribute(pool, attr, keep), "cuMemPoolSetAttribute")
+        self.stream_handle = int(self.stream)
+
+    def bind(self) -> None:
+        _check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    def alloc(self, nbytes: int) -> int:
+        return int(_check(cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes} bytes)"))
+
+    def free(self, ptr: int) -> None:
+        if cu is not None and ptr:
+            cu.cuMemFree(ptr)
+
+    def memory(self) -> tuple[int, int]:
+        """(free, total) bytes of the device."""
+        return _check(cu.cuMemGetInfo(), "cuMemGetInfo")
+
+    def to_device(self, dst: int, src: int, nbytes: int) -> None:
+        _check(cu.cuMemcpyHtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyHtoDAsync")
+
+    def to_host(self, dst: int, src: int, nbytes: int) -> None:
+        _check(cu.cuMemcpyDtoHAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoHAsync")
+        self.synchronize()
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        _check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoDAsync")
+
+    def copy_rows(self, dst: int, src: int, width: int, pitch: int, rows: int) -> None:
+        """``rows`` rows of ``width`` bytes, ``pitch`` bytes apart at ``src``, packed at ``dst``."""
+        p = cu.CUDA_MEMCPY2D()
+        p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        p.srcDevice, p.srcPitch = src, pitch
+        p.dstDevice, p.dstPitch = dst, width
+        p.WidthInBytes, p.Height = width, rows
+        _check(cu.cuMemcpy2DAsync(p, self.stream), "cuMemcpy2DAsync")
+
+    def synchronize(self) -> None:
+        _check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def event(self) -> Any:
+        return _check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def record(self, event: Any) -> None:
+        _check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
+
+    def wait(self, event: Any, stream: int | None) -> None:
+        """Order ``stream`` (a consumer's raw handle; None: the host) after ``event``."""
+        if stream is None or stream == -1:
+            _check(cu.cuEventSynchronize(event), "cuEventSynchronize")
+        else:
+            _check(cu.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+
+    @property
+    def dependent_launch(self) -> bool:
+        return (
+            self.driver_version >= DEPENDENT_LAUNCH_DRIVER
+            and os.environ.get(DEPENDENT_LAUNCH_ENV, "1") != "0"
+        )
+
+    def capture(self, launch) -> Any:
+        """A CUDA graph of what ``launch()`` enqueues on the stream, instantiated."""
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        _check(cu.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+        try:
+            launch()
+        finally:
+            graph = _check(cu.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+        instance = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        _check(cu.cuGraphUpload(instance, self.stream), "cuGraphUpload")
+        return graph, instance
+
+    def replay(self, instance: Any) -> None:
+        _check(cu.cuGraphLaunch(instance, self.stream), "cuGraphLaunch")
+
+
+class Kernel:
+    """One kernel of one cubin (the bundle's sha256 was checked before the bytes came here);
+    ``dependent``: launched with programmatic stream serialization (``cuLaunchKernelEx``), which
+    stream capture records as a programmatic edge of the graph."""
+
+    def __init__(self, cubin: bytes, name: str, shared: int, num_warps: int, dependent: bool = False):
+        self._image = ctypes.create_string_buffer(cubin, len(cubin))
+        self.module = _check(cu.cuModuleLoadData(ctypes.addressof(self._image)), f"cuModuleLoadData({name})")
+        self.function = _check(
+            cu.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})"
+        )
+        if shared > DEFAULT_SHARED_LIMIT:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(cu.cuFuncSetAttribute(self.function, attr, shared), f"cuFuncSetAttribute({name})")
+        self.name, self.shared, self.block = name, shared, 32 * num_warps
+        self.dependent = dependent
+        if dependent:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            self._attrs = [attr]
+
+    def launch(self, grid: tuple[int, int, int], stream: Any, params: ctypes.Array) -> None:
+        if self.dependent:
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = self.block, 1, 1
+            config.sharedMemBytes, config.hStream = self.shared, stream
+            config.attrs, config.numAttrs = self._attrs, 1
+            _check(
+                cu.cuLaunchKernelEx(config, self.function, ctypes.addressof(params), 0),
+                f"cuLaunchKernelEx({self.name})",
+            )
+            return
+        _check(
+            cu.cuLaunchKernel(
+                self.function, *grid, self.block, 1, 1, self.shared, stream, ctypes.addressof(params), 0
+            ),
+            f"cuLaunchKernel({self.name})",
+        )
+
+
+_KINDS = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
+
+
+def pack_params(values: list[tuple[str, int]]) -> tuple[ctypes.Array, list]:
+    """[(kind, value)] → the ``void**`` array cuLaunchKernel takes, and the storage it points to
+    (both must outlive every launch that uses them, a graph's capture included)."""
+    storage = [_KINDS[kind](value) for kind, value in values]
+    array = (ctypes.c_void_p * max(len(storage), 1))(*[ctypes.addressof(s) for s in storage])
+    return array, storage
+
+
+def destroy_graph(graph: Any, instance: Any) -> None:
+    if cu is not None:
+        cu.cuGraphExecDestroy(instance)
+        cu.cuGraphDestroy(graph)

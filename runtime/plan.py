@@ -1,0 +1,180 @@
+"""A bundle checked for the runtime without torch, before any device is touched.
+
+``check_bundle`` opens and verifies the archive (``aot.bundle``: checksums, layout, resource
+bounds; ``aot.signature`` with a trust list), checks the memory plan at the guards' largest sizes
+(``aot.memory``), and refuses a bundle that is not library-free: after the steps nobody reads are
+dropped, every step must be a compiled kernel, a view that keeps a row-major buffer row-major at
+the same address (the kernels index the buffer it views), or a copy the driver makes. The first
+step that is none of these is named with its program, index, target and result.
+
+``Checked.bind`` checks a call's arrays against the guards with the same code and texts as the
+torch loader (``aot.guards.GuardCore``) and picks the first program whose guards admit it.
+``Checked.layout`` places, per size, every buffer of a program in one activation arena
+(``ArenaLayout``: offsets by liveness, views at their base's address).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aot.bundle import Bundle, open_bundle
+from aot.dtypes import ITEMSIZE
+from aot.errors import BundleError, GuardError
+from aot.guards import GuardCore
+from aot.memory import check_max_memory, check_plan, planned_peak
+from aot.program import aliases, check_library_free, lifetimes, live_steps
+from aot.pytree import flatten_inputs
+from aot.runtime.arrays import ArrayView, from_dlpack
+from aot.schema import Bucket, Program, Step
+from aot.signature import trusted_keys
+from aot.symexpr import compile_expr
+
+ALIGN = 256  # bytes: every buffer of the arena and every weight starts at a multiple
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One program of the bundle: its guards, buckets and the steps the runtime runs."""
+
+    name: str
+    program: Program
+    guards: GuardCore
+    buckets: tuple[Bucket, ...]
+    steps: tuple[Step, ...]  # the program's steps, those nobody reads dropped
+
+
+class Checked:
+    """A verified bundle the runtime can run (module docstring); no device touched yet."""
+
+    def __init__(self, bundle: Bundle, max_memory: int | None = None):
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.program = bundle.program()
+        programs = (self.program, *self.program.variants)
+        if self.manifest.programs:
+            if len(self.manifest.programs) != len(programs):
+                raise BundleError(
+                    f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
+                    f"the program member holds {len(programs)}"
+                )
+            heads = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
+        else:
+            if len(programs) != 1:
+                raise BundleError(f"{bundle.path}: {len(programs)} programs but the manifest has no guards")
+            heads = [("general", self.manifest.guards, self.manifest.buckets)]
+        check_plan(self.manifest, self.program, bundle.path)
+        self.guards = GuardCore(self.manifest.guards, ITEMSIZE)
+        self.entries: list[Entry] = []
+        for (name, guards, buckets), program in zip(heads, programs):
+            where = f"{bundle.path}: program {name!r}"
+            steps = live_steps(program)
+            check_library_free(program, steps, where)
+            peak, sizes = planned_peak(program, guards, cpu=False)
+            if max_memory is not None:
+                check_max_memory(peak, sizes, max_memory, name)
+            core = self.guards if len(heads) == 1 else GuardCore(guards, ITEMSIZE)
+            if core.names != self.guards.names:
+                raise BundleError(
+                    f"{where} takes inputs {list(core.names)[:8]}, the bundle {list(self.guards.names)[:8]}"
+                )
+            self.entries.append(Entry(name, program, core, tuple(buckets), steps))
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.guards.names
+
+    def arrays(
+        self, args: Sequence[Any], kwargs: dict[str, Any], stream: int | None = None
+    ) -> list[ArrayView]:
+        """The call's inputs in the bundle's order, as ``ArrayView``s (DLPack, or a NumPy array)."""
+        kwargs = (
+            flatten_inputs(kwargs, self.guards.names) if any("." in n for n in self.guards.names) else kwargs
+        )
+        values = self.guards.bind(args, dict(kwargs))
+        return [from_dlpack(v, name, stream) for v, name in zip(values, self.guards.names)]
+
+    def bind(self, views: Sequence[ArrayView]) -> tuple[Entry, dict[str, int]]:
+        """The first program whose guards admit ``views``, and the symbols' values. ``GuardError``
+        (the first program's text) when none does."""
+        first: GuardError | None = None
+        for entry in self.entries:
+            try:
+                return entry, check_views(entry.guards, views)
+            except GuardError as e:
+                first = first or e
+        assert first is not None
+        raise first
+
+
+def check_views(guards: GuardCore, views: Sequence[ArrayView]) -> dict[str, int]:
+    """``GuardCore``'s checks on arrays: dtype and rank here, dims and relations shared."""
+    sizes: dict[str, int] = {}
+    where: dict[str, tuple[str, int]] = {}
+    for (name, _, dtype_name, dims), view in zip(guards.inputs, views):
+        if view.dtype != dtype_name:
+            raise GuardError(f"input {name!r}: expected dtype {dtype_name}, got {view.dtype}")
+        if len(view.shape) != len(dims):
+            raise GuardError(
+                f"input {name!r}: expected rank {len(dims)} [{', '.join(map(str, dims))}], "
+                f"got rank {len(view.shape)} {list(view.shape)}"
+            )
+        guards.bind_dims(name, dims, view.shape, sizes, where)
+        if not view.contiguous:
+            raise GuardError(
+                f"input {name!r}: expected a contiguous (row-major) array, got strides {list(view.strides)}; "
+                f"pass a contiguous copy"
+            )
+    guards.check_relations(sizes)
+    return sizes
+
+
+class ArenaLayout:
+    """Every buffer of ``steps`` at ``sizes`` placed in one allocation: ``offsets`` (bytes from the
+    arena's start; inputs included, so a CUDA graph's static inputs live there too), ``size``.
+    Buffers whose lifetimes do not overlap share bytes (first fit, in order of birth); a view sits
+    at its base's offset (``aot.program.aliases``); weights are not here (``base`` names them)."""
+
+    def __init__(self, program: Program, steps: tuple[Step, ...], sizes: dict[str, int], weights: set[str]):
+        specs = {i.name: i.spec for i in program.inputs} | dict(program.buffers)
+        plan = Program(
+            inputs=program.inputs,
+            weights=program.weights,
+            buffers=program.buffers,
+            steps=steps,
+            outputs=program.outputs,
+            symbols=program.symbols,
+        )
+        spans = [(i.name, -1, len(steps)) for i in program.inputs] + lifetimes(plan)
+        self.views = aliases(program, steps)  # view -> where its elements are (``aot.program.Alias``)
+        self.nbytes: dict[str, int] = {}
+        placed: list[tuple[int, int, int]] = []  # (offset, end, last step)
+        self.offsets: dict[str, int] = {}
+        size = 0
+        for name, born, last in sorted(spans, key=lambda s: s[1]):
+            if name in weights or name in self.views:
+                continue
+            spec = specs[name]
+            n = ITEMSIZE[spec.dtype]
+            for s in spec.shape:
+                n *= compile_expr(s)(sizes)
+            self.nbytes[name] = n
+            live = sorted((o, e) for o, e, end in placed if end >= born)
+            offset = 0
+            for o, e in live:
+                if offset + n <= o:
+                    break
+                offset = max(offset, -(-e // ALIGN) * ALIGN)
+            placed.append((offset, offset + n, last))
+            self.offsets[name] = offset
+            size = max(size, offset + n)
+        self.size = -(-size // ALIGN) * ALIGN
+
+
+def check_bundle(
+    path: str | os.PathLike, trust: Sequence[str | os.PathLike] | None = None, max_memory: int | None = None
+) -> Checked:
+    """Open, verify and check ``path`` for the runtime (module docstring); no device needed."""
+    return Checked(open_bundle(path, trusted_keys(trust)), max_memory)

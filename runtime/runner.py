@@ -1,0 +1,393 @@
+"""Run a library-free bundle on the CUDA driver alone: ``load(path) -> Runner``, ``runner(**inputs)``.
+
+Memory: one device allocation holds every weight (each at a multiple of ``ALIGN`` bytes, copied
+from the checked safetensors bytes straight into place), one holds the activation arena
+(``aot.runtime.plan.ArenaLayout``), allocated by the first call and grown when a later call needs
+more (a server that wants no growth loads with ``arena="largest"``: sized for the largest bucket). A call checks its arrays against the guards, copies them into the arena, runs the
+program's kernels and driver copies — as a CUDA graph captured with the driver API when every
+symbol sits exactly on a bucket, else launch by launch — and returns each output as a
+``DeviceArray`` in memory of its own (stream-ordered ``cuMemAllocAsync``), which the caller owns:
+a later call never overwrites it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aot import schema
+from aot.dtypes import ITEMSIZE
+from aot.errors import BundleError, EnvError
+from aot.program import DRIVER_COPIES, tensor_specs
+from aot.pytree import unflatten
+from aot.runtime import driver as drv
+from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
+from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
+from aot.schema import ParamKind, StepKind
+from aot.symexpr import compile_expr
+from aot.weights import header_limit, parse_header, weights_size_limit
+
+ARENA_MODES = ("lazy", "largest")
+
+
+def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
+    """The cubin arch for a device: exact, else the newest of the same major not above its minor."""
+    major, minor = capability
+    exact = f"sm_{major}{minor}"
+    if exact in archs:
+        return exact
+    same = sorted(
+        (a for a in archs if a[3:].isdigit() and int(a[3:-1]) == major and int(a[-1]) <= minor),
+        key=lambda a: int(a[3:]),
+    )
+    if not same:
+        raise EnvError(
+            f"this GPU is {exact}, the bundle has cubins for {', '.join(archs) or 'no arch'}; "
+            f"rebuild with --arch {','.join([*archs, exact])}"
+        )
+    return same[-1]
+
+
+class _Memory:
+    """A device allocation freed when the last array over it goes."""
+
+    __slots__ = ("ptr", "device", "stream")
+
+    def __init__(self, device: drv.Device, nbytes: int):
+        self.device, self.stream = device, device.stream
+        self.ptr = int(drv._check(drv.cu.cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync"))
+
+    def __del__(self):
+        if drv.cu is not None:
+            drv.cu.cuMemFreeAsync(self.ptr, self.stream)
+
+
+class _Prepared:
+    """One program at one set of sizes: where each buffer lives and the ops that run it."""
+
+    def __init__(self, runner: Runner, entry: Entry, sizes: dict[str, int], layout: ArenaLayout):
+        self.entry, self.sizes, self.layout = entry, sizes, layout
+        self.graph: Any = None
+        program = entry.program
+        specs = tensor_specs(program)
+        self.ops: list[tuple] = []
+        for step in entry.steps:
+            if step.kind == StepKind.KERNEL:
+                kernel = runner.kernels[step.target]
+                record = runner.records[step.target]
+                values = []
+                for param, arg in zip(record.params, step.args):
+                    if param.kind == ParamKind.PTR:
+                        values.append(("ptr", runner.address(arg.name, layout)))
+                    else:
+                        values.append((ParamKind(param.kind).value, compile_expr(arg.text)(sizes)))
+                values.extend([("ptr", 0)] * record.scratch_params)
+                grid = tuple(compile_expr(g)(sizes) for g in step.grid) + (1,) * (3 - len(step.grid))
+                if min(grid) > 0:
+                    self.ops.append(("kernel", kernel, grid, *drv.pack_params(values)))
+            elif step.target in DRIVER_COPIES:
+                src = step.args[0].name
+                nbytes = _spec_bytes(specs[step.outputs[0]], sizes)
+                self.ops.append(
+                    ("copy", runner.address(step.outputs[0], layout), runner.address(src, layout), nbytes)
+                )
+            else:
+                assert all(o in layout.views for o in step.outputs if o), step.target  # checked at load
+        self.inputs = [(i.name, runner.address(i.name, layout)) for i in program.inputs]
+        self.outputs = []  # (address, dtype, shape, bytes, (row bytes, pitch bytes) when rows are apart)
+        for name in program.outputs:
+            spec = specs[name]
+            shape = tuple(compile_expr(s)(sizes) for s in spec.shape)
+            alias = layout.views.get(name)
+            item = ITEMSIZE[spec.dtype]
+            rows = (alias.width * item, alias.pitch * item) if alias and alias.width else None
+            self.outputs.append(
+                (runner.address(name, layout), spec.dtype, shape, _spec_bytes(spec, sizes), rows)
+            )
+
+    def release(self) -> None:
+        if self.graph is not None:
+            drv.destroy_graph(*self.graph)
+            self.graph = None
+
+    def launch(self, device: drv.Device) -> None:
+        stream = device.stream
+        for op in self.ops:
+            if op[0] == "kernel":
+                op[1].launch(op[2], stream, op[3])
+            else:
+                device.copy(op[1], op[2], op[3])
+
+
+def _spec_bytes(spec, sizes) -> int:
+    n = ITEMSIZE[spec.dtype]
+    for s in spec.shape:
+        n *= compile_expr(s)(sizes)
+    return n
+
+
+class Runner:
+    """A bundle loaded on a GPU without torch; callable like the model (module docstring)."""
+
+    def __init__(
+        self,
+        checked: Checked,
+        device: int | drv.Device = 0,
+        graphs: bool = True,
+        arena: str = "lazy",
+        weights: bytes | None = None,
+    ):
+        """``device``: a GPU ordinal, or a ``driver.Device`` made already; ``weights``: the weights
+        member's bytes when read already (``load`` reads them while the driver starts)."""
+        if arena not in ARENA_MODES:
+            raise ValueError(f"arena must be one of {ARENA_MODES}, got {arena!r}")
+        mark = time.perf_counter()
+        self.timings: dict[str, float] = {}  # seconds of each load phase
+        self.checked = checked
+        self.manifest = checked.manifest
+        self.gpu = device if isinstance(device, drv.Device) else drv.Device(device)
+        self.gpu.bind()
+        self.timings["context_s"], mark = time.perf_counter() - mark, time.perf_counter()
+        self.graphs = graphs
+        self._lock = threading.Lock()
+        bundle = checked.bundle
+        env = self.manifest.environment
+        self.arch = pick_arch(tuple(env.archs), self.gpu.capability)
+        built = env.cuda_built.get(self.arch, "")
+        if built.split(".")[0].isdigit() and self.gpu.driver_version // 1000 < int(built.split(".")[0]):
+            raise EnvError(
+                f"the bundle's kernels were compiled for CUDA {built}; this driver supports CUDA "
+                f"{self.gpu.driver_version // 1000}.{self.gpu.driver_version % 1000 // 10}: update the NVIDIA driver"
+            )
+        self.records = {k.id: k for e in checked.entries for k in e.program.kernels}
+        used = {s.target for e in checked.entries for s in e.steps if s.kind == StepKind.KERNEL}
+        self.kernels = {}
+        for kid in sorted(used):
+            record = self.records.get(kid)
+            if record is None:
+                raise BundleError(f"{bundle.path}: a step launches unknown kernel {kid[:40]!r}")
+            if self.arch not in record.archs:
+                raise EnvError(
+                    f"kernel {record.name} has no cubin for {self.arch} (it has {', '.join(record.archs)})"
+                )
+            cubin = bundle.read(schema.KERNEL_CUBIN_FORMAT.format(kernel=kid, arch=self.arch))
+            dependent = self.arch in record.dependent_launch and self.gpu.dependent_launch
+            self.kernels[kid] = drv.Kernel(
+                cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
+            )
+        self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
+        self._load_weights(weights)
+        self.itemsize = {
+            name: ITEMSIZE[spec.dtype]
+            for e in checked.entries
+            for name, spec in tensor_specs(e.program).items()
+        }
+        self.timings["weights_s"] = time.perf_counter() - mark
+        # the arena: allocated on the first call and grown when a call needs more (every plan and
+        # graph then made again); ``arena="largest"`` sizes it at load for the largest bucket
+        self._prepared: dict[tuple, _Prepared] = {}
+        self.arena_bytes, self.arena = 0, 0
+        if arena == "largest":
+            for entry in checked.entries:
+                keys = _bucket_keys(entry)
+                if keys:
+                    sizes = dict(zip([b.symbol for b in entry.buckets], keys[0]))
+                    self._prepare(entry, sizes)
+        self._done = self.gpu.event()  # recorded after each call's output copies
+        self.gpu.synchronize()
+
+    def _load_weights(self, data: bytes | None) -> None:
+        bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
+        declared = {w.name: w.spec for p in programs for w in p.weights}
+        read = {r for e in self.checked.entries for s in e.steps for r in _reads(s)} | {
+            o for p in programs for o in p.outputs
+        }
+        where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
+        limit = weights_size_limit(declared, where)
+        if self.manifest.members[schema.WEIGHTS_PATH].size > limit:
+            raise BundleError(f"{where} is larger than the {limit} bytes its weights take")
+        if data is None:
+            data = bundle.read(schema.WEIGHTS_PATH)  # sha256 checked
+        entries = parse_header(data, where, header_limit(len(declared)))
+        self.weight_offsets: dict[str, int] = {}
+        total = 0
+        for name, spec in declared.items():
+            if name not in read:
+                continue
+            got = entries.get(name)
+            if got is None:
+                raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
+            dtype, shape, begin, end = got
+            if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
+                raise BundleError(
+                    f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
+                    f"{spec.dtype} {list(spec.shape)}"
+                )
+            self.weight_offsets[name] = total
+            total += -(-(end - begin) // ALIGN) * ALIGN
+        self.weights_bytes = total
+        self.weights_base = self.gpu.alloc(total) if total else 0
+        host = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        for name, offset in self.weight_offsets.items():
+            _, _, begin, end = entries[name]
+            self.gpu.to_device(self.weights_base + offset, host + begin, end - begin)
+        self.gpu.synchronize()  # the host bytes go with this function
+        self.weights = set(self.weight_offsets)
+
+    def address(self, name: str, layout: ArenaLayout) -> int:
+        alias = layout.views.get(name)
+        base, offset = (alias.base, alias.offset * self.itemsize[name]) if alias else (name, 0)
+        if base in self.weight_offsets:
+            return self.weights_base + self.weight_offsets[base] + offset
+        return self.arena + layout.offsets[base] + offset
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.checked.input_names
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(args, kwargs)
+
+    def run(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, numpy: bool = False) -> Any:
+        """One call: outputs as ``DeviceArray``s in the model's structure, NumPy arrays with ``numpy``."""
+        self.gpu.bind()
+        views = self.checked.arrays(args, dict(kwargs or {}), self.gpu.stream_handle)
+        entry, sizes = self.checked.bind(views)
+        with self._lock:
+            prepared = self._prepare(entry, sizes)
+            for view, (name, address) in zip(views, prepared.inputs):
+                self._copy_in(view, address, name)
+            if prepared.graph is None and self.graphs and _on_bucket(entry, sizes):
+                prepared.graph = self.gpu.capture(lambda: prepared.launch(self.gpu))
+            if prepared.graph is not None:
+                self.gpu.replay(prepared.graph[1])
+            else:
+                prepared.launch(self.gpu)
+            outputs = []
+            done = self._done  # re-recorded by later calls: waiting on it then waits a little longer
+            for address, dtype, shape, nbytes, rows in prepared.outputs:
+                memory = _Memory(self.gpu, nbytes)
+                if rows is None:
+                    self.gpu.copy(memory.ptr, address, nbytes)
+                else:  # rows apart in the arena (a slice of the last dim): packed by a 2-D copy
+                    self.gpu.copy_rows(memory.ptr, address, rows[0], rows[1], nbytes // max(rows[0], 1))
+                outputs.append((memory, dtype, shape))
+            self.gpu.record(done)
+        gpu = self.gpu
+
+        def ready(stream: int | None, done=done) -> None:
+            gpu.wait(done, stream)
+
+        arrays = [
+            DeviceArray(m.ptr, dtype, shape, (CUDA, gpu.ordinal), m, gpu.to_host, ready)
+            for m, dtype, shape in outputs
+        ]
+        flat = [a.numpy() for a in arrays] if numpy else arrays
+        return unflatten(entry.program.output_tree, flat)
+
+    def array(self, host: Any) -> DeviceArray:
+        """A copy of a host array (NumPy, or any CPU DLPack producer) in device memory of its own,
+        to pass to calls without a host-to-device copy each time."""
+        view = from_dlpack(host, "array")
+        if view.device_type != CPU or not view.contiguous:
+            raise EnvError("runner.array takes a contiguous host array (NumPy)")
+        memory = _Memory(self.gpu, view.nbytes)
+        self.gpu.to_device(memory.ptr, view.ptr, view.nbytes)
+        self.gpu.synchronize()
+        return DeviceArray(
+            memory.ptr, view.dtype, view.shape, (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
+        )
+
+    def _copy_in(self, view: ArrayView, address: int, name: str) -> None:
+        if view.device_type == CPU:
+            self.gpu.to_device(address, view.ptr, view.nbytes)
+        elif view.device_type == CUDA and view.device_id == self.gpu.ordinal:
+            self.gpu.copy(address, view.ptr, view.nbytes)
+        else:
+            raise EnvError(
+                f"input {name!r} is on DLPack device {view.device_type}:{view.device_id}; expected the host "
+                f"or CUDA device {self.gpu.ordinal}"
+            )
+
+    def _prepare(self, entry: Entry, sizes: dict[str, int]) -> _Prepared:
+        key = (entry.name, *sorted(sizes.items()))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            layout = ArenaLayout(entry.program, entry.steps, sizes, self.weights)
+            if layout.size > self.arena_bytes:  # the first call, or one larger than every call before
+                self.gpu.synchronize()
+                for old in self._prepared.values():
+                    old.release()
+                self._prepared.clear()  # every plan points into the old arena
+                self.gpu.free(self.arena)
+                self.arena_bytes, self.arena = layout.size, self.gpu.alloc(layout.size)
+            prepared = self._prepared[key] = _Prepared(self, entry, sizes, layout)
+        return prepared
+
+    def close(self) -> None:
+        self.gpu.synchronize()
+        for prepared in self._prepared.values():
+            prepared.release()
+        self.gpu.free(self.arena)
+        self.gpu.free(self.weights_base)
+        self.arena = self.weights_base = 0
+
+
+def _reads(step) -> list[str]:
+    from aot.program import step_reads
+
+    return step_reads(step)
+
+
+def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:
+    """Every bucket combination of ``entry``, largest first; none unless every symbol has buckets."""
+    if not entry.buckets or {b.symbol for b in entry.buckets} != {s.symbol for s in entry.program.symbols}:
+        return []
+    keys = itertools.product(*[b.sizes for b in entry.buckets])
+    return sorted(keys, key=lambda k: [-v for v in k])
+
+
+def _on_bucket(entry: Entry, sizes: dict[str, int]) -> bool:
+    buckets = {b.symbol: b.sizes for b in entry.buckets}
+    return bool(sizes) and all(s in buckets and v in buckets[s] for s, v in sizes.items())
+
+
+def load(
+    path: str | os.PathLike,
+    trust: Sequence[str | os.PathLike] | None = None,
+    device: int = 0,
+    graphs: bool = True,
+    max_memory: int | None = None,
+    arena: str = "lazy",
+) -> Runner:
+    """Verify ``path`` (``aot.runtime.plan.check_bundle``) and load it on GPU ``device``;
+    ``graphs=False`` launches kernel by kernel; ``arena``: ``"lazy"`` or ``"largest"`` (module docstring)."""
+    start = time.perf_counter()
+    started: dict[str, Any] = {}
+
+    def start_driver() -> None:  # cuInit and the context take ~0.2-0.3 s: meanwhile the bundle is read
+        try:
+            started["gpu"] = drv.Device(device)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+            started["error"] = e
+
+    thread = threading.Thread(target=start_driver, name="aotpack-rt-driver", daemon=True)
+    thread.start()
+    checked = check_bundle(path, trust, max_memory)
+    weights = checked.bundle.read(schema.WEIGHTS_PATH)  # sha256 checked
+    read_s = time.perf_counter() - start
+    thread.join()
+    if "error" in started:
+        raise started["error"]
+    runner = Runner(checked, started["gpu"], graphs, arena, weights)
+    runner.timings = {
+        "check_and_read_s": read_s,
+        "waited_for_driver_s": runner.timings.pop("context_s"),
+        **runner.timings,
+    }
+    return runner

@@ -1,0 +1,60 @@
+"""DLPack in and out of the runtime, with NumPy on the host (``aot.runtime.arrays``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aot.errors import GuardError
+from aot.runtime.arrays import CPU, DeviceArray, from_dlpack
+
+
+def test_a_numpy_array_comes_in_zero_copy_with_its_facts():
+    a = np.arange(12, dtype=np.float16).reshape(3, 4)
+    view = from_dlpack(a, "x")
+    assert (view.ptr, view.dtype, view.shape, view.device_type) == (a.ctypes.data, "float16", (3, 4), CPU)
+    assert view.contiguous and view.nbytes == 24
+    t = from_dlpack(a.T, "x")
+    assert t.shape == (4, 3) and t.strides == (1, 4) and not t.contiguous
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "int32", "uint8", "bool"])
+def test_a_device_array_goes_out_through_dlpack_zero_copy(dtype):
+    a = (np.arange(24) % 3).astype(dtype).reshape(2, 3, 4)
+    out = DeviceArray(a.ctypes.data, dtype, a.shape, (CPU, 0), owner=a)
+    b = np.from_dlpack(out)
+    assert b.ctypes.data == a.ctypes.data and b.dtype == a.dtype and b.shape == a.shape
+    del out  # the consumer's array keeps the memory's owner alive
+    np.testing.assert_array_equal(b, a)
+    np.testing.assert_array_equal(DeviceArray(a.ctypes.data, dtype, a.shape, (CPU, 0), owner=a).numpy(), a)
+
+
+def test_what_is_not_an_array_is_a_guard_error():
+    with pytest.raises(GuardError, match=r"input 'x': expected an array with __dlpack__.*got list"):
+        from_dlpack([1, 2], "x")
+    with pytest.raises(GuardError, match="numpy has no bfloat16"):
+        DeviceArray(0, "bfloat16", (1,), (CPU, 0)).numpy()
+
+
+class _Producer:
+    """A CPU DLPack producer that is not NumPy (the capsule path, as for torch or CuPy arrays)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_any_dlpack_producer_comes_in_through_its_capsule():
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    view = from_dlpack(_Producer(a), "x")
+    assert (view.ptr, view.dtype, view.shape, view.device_type) == (a.ctypes.data, "int64", (3, 4), CPU)
+    t = from_dlpack(_Producer(a.T), "x")
+    assert t.strides == (1, 4) and not t.contiguous
+    out = DeviceArray(a.ctypes.data, "int64", a.shape, (CPU, 0), owner=a)
+    mine = from_dlpack(out, "x")  # a runner's output fed back: no capsule
+    assert (mine.ptr, mine.dtype, mine.shape, mine.contiguous) == (a.ctypes.data, "int64", (3, 4), True)

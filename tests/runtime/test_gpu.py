@@ -1,0 +1,71 @@
+"""The runtime on a GPU beside the torch loader, on the same library-free bundle: inputs from torch
+through DLPack (device) and from NumPy (host), outputs through DLPack into torch and as NumPy,
+equal bit for bit to the torch loader's GPU outputs (the same cubins run); CUDA-graph replay at a
+bucket and launch by launch off the buckets; outputs the caller owns. ``AOTPACK_RT_BUNDLES``:
+more library-free bundles to compare (``path:sym=n,...`` separated by spaces)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.runtime.test_torch_free import pointwise  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.gpu
+
+
+def _compare(path, sizes: dict[str, int]):
+    import numpy as np
+    import torch
+
+    import aot.runtime
+    from aot.loader import load
+
+    rt = aot.runtime.load(path)
+    ref = load(path, device="cuda")
+    gen = torch.Generator().manual_seed(0)
+    inputs = {}
+    for name, _, dtype, dims in rt.checked.entries[0].guards.inputs:
+        shape = [d if type(d) is int else sizes[d] for d in dims]
+        t = (
+            torch.randint(0, 50257, shape, generator=gen)
+            if dtype.startswith("int")
+            else torch.randn(shape, generator=gen)
+        )
+        inputs[name] = t.to(getattr(torch, dtype)).cuda()
+    want = ref(**inputs)
+    got = rt(**inputs)  # torch CUDA tensors in through DLPack
+    assert torch.equal(torch.from_dlpack(got), want)
+    host = rt.run((), {k: v.cpu().numpy() for k, v in inputs.items()}, numpy=True)
+    np.testing.assert_array_equal(host, want.cpu().numpy())
+    again = rt(**inputs)
+    assert again.ptr != got.ptr  # a later call never overwrites an earlier call's output
+    assert torch.equal(torch.from_dlpack(got), want)
+
+
+@pytest.mark.parametrize("batch", [8, 5])  # a bucket (graph) and no bucket (launch by launch)
+def test_the_runtime_equals_the_torch_loader_on_the_gpu(pointwise, batch):  # noqa: F811
+    _compare(pointwise, {"batch": batch})
+
+
+def test_more_bundles_equal_the_torch_loader():
+    for item in os.environ.get("AOTPACK_RT_BUNDLES", "").split():
+        path, _, text = item.partition(":")
+        _compare(path, {k: int(v) for k, v in (p.split("=") for p in text.split(",") if p)})
+
+
+def test_the_arena_grows_for_a_larger_call_and_every_size_stays_right(pointwise):  # noqa: F811
+    import numpy as np
+    import torch
+
+    import aot.runtime
+    from aot.loader import load
+
+    rt, ref = aot.runtime.load(pointwise), load(pointwise, device="cuda")
+    sizes = []
+    for batch in (1, 8, 16, 3, 8):  # 16 needs more than 1 and 8 did: plans and graphs made again
+        x = torch.randn(batch, 16, generator=torch.Generator().manual_seed(batch)).cuda()
+        np.testing.assert_array_equal(rt.run((), {"x": x}, numpy=True), ref(x=x).cpu().numpy())
+        sizes.append(rt.arena_bytes)
+    assert sizes[0] < sizes[2] == sizes[-1]
