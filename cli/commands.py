@@ -487,13 +487,17 @@ def keygen(output: str) -> None:
 )
 def sign(bundle: str, key: str) -> None:
     """Sign BUNDLE: add a signature of its manifest (which pins every member's sha256), replacing
-    any earlier one. Servers that trust the key's KEY.pub then load it; any change is refused."""
+    any earlier one, and write BUNDLE.sig beside it (OpenSSF Model Signing v1.0, as `model_signing`
+    verifies it). Servers that trust the key's KEY.pub then load it; any change is refused. An
+    ECDSA (P-256/384/521) key writes BUNDLE.sig only."""
     from aot.loader import open_bundle
+    from aot.oms import signature_path
     from aot.packager.sign import sign_bundle
 
     open_bundle(bundle).close()  # sign only a bundle that verifies
-    sig = sign_bundle(bundle, key)
-    _result(f"signed {bundle} with key {sig.fingerprint}")
+    fingerprint = sign_bundle(bundle, key)
+    _result(f"signed {bundle} with key {fingerprint}")
+    _result(f"wrote {signature_path(bundle)} (OpenSSF Model Signing v1.0)")
 
 
 @cli.command()

@@ -400,11 +400,12 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] = ()) -> Bun
             f"{path} is not a bundle (not a readable zip archive: {type(e).__name__}: {e})"
         ) from None
     try:
+        manifest = None
         if trusted:
             from aot.loader.signature import check_signature  # it reads this module's limits
 
-            check_signature(zf, path, trusted)
-        bundle = _verify(path, zf, directory_start)
+            manifest = check_signature(zf, path, trusted)  # the bytes it verified: parse those
+        bundle = _verify(path, zf, directory_start, manifest)
     except BaseException:
         zf.close()
         raise
@@ -458,7 +459,7 @@ def _check_layout(path: Path, infos: list[zipfile.ZipInfo], directory_start: int
         )
 
 
-def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int) -> Bundle:
+def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, manifest: bytes | None = None) -> Bundle:
     infos = zf.infolist()
     if len(infos) > MAX_MEMBERS:
         raise BundleError(f"{path}: {len(infos)} members (limit {MAX_MEMBERS}); not a bundle")
@@ -507,7 +508,7 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int) -> Bundle:
     minfo = by_name[schema.MANIFEST_PATH]
     if minfo.file_size > MAX_MANIFEST_BYTES:
         raise BundleError(f"{path}: manifest is {minfo.file_size} bytes (limit {MAX_MANIFEST_BYTES})")
-    raw = _read_bounded(zf, minfo, minfo.file_size, path)
+    raw = _read_bounded(zf, minfo, minfo.file_size, path) if manifest is None else manifest
     try:
         data = _json_loads(raw, path, "manifest")
     except (UnicodeDecodeError, ValueError, RecursionError) as e:

@@ -1,5 +1,6 @@
 """The trust check: with a trust list, a bundle loads only when it carries a signature of its exact
-``manifest.json`` bytes by one of the trusted keys.
+``manifest.json`` bytes by one of the trusted keys, or when its detached OpenSSF Model Signing
+signature ``BUNDLE.sig`` by one of them covers its bytes (``aot.loader.detached``).
 
 It runs right after the zip directory is read and before anything else of the bundle is parsed:
 it reads the manifest's bytes and the signature member only (bounded), so an unsigned, foreign or
@@ -18,6 +19,7 @@ from pathlib import Path
 from aot import schema, signing
 from aot.errors import SignatureError
 from aot.loader.bundle import MAX_MANIFEST_BYTES
+from aot.loader.detached import check_detached, read_detached
 from aot.signing import Signature
 
 TRUST_ENV = "AOTPACK_TRUST"  # os.pathsep-separated public key files, for a whole server
@@ -70,22 +72,44 @@ def read_signature(zf: zipfile.ZipFile, path: Path) -> tuple[Signature, bytes] |
     return None if sig is None else (sig, _manifest(zf, path))
 
 
-def check_signature(zf: zipfile.ZipFile, path: Path, trusted: tuple[bytes, ...]) -> None:
-    """Refuse the bundle unless one of the ``trusted`` keys signed its manifest."""
+def check_signature(zf: zipfile.ZipFile, path: Path, trusted: tuple[bytes, ...]) -> bytes:
+    """Refuse the bundle unless one of the ``trusted`` keys signed its manifest (the signature
+    member) or its bytes (``BUNDLE.sig``); returns the manifest's bytes that were verified, for
+    the loader to parse. When neither holds, the member's reason is given where there is one."""
     keys = ", ".join(signing.fingerprint(k) for k in trusted)
     sig = _signature(zf, path)
-    if sig is None:
+    detached = read_detached(path)
+    if sig is None and detached is None:
         raise SignatureError(
             f"{path}: the bundle is not signed, and this loader trusts only bundles signed by {keys}; "
             f"sign it with `aotpack sign {path} --key KEY`"
         )
+    if sig is None:
+        return check_detached(zf, path, detached, trusted)
+    try:
+        return _check_member(zf, path, sig, trusted, keys)
+    except SignatureError as e:
+        if detached is None:
+            raise
+        member_error = e
+    try:
+        return check_detached(zf, path, detached, trusted)
+    except SignatureError:
+        raise member_error from None
+
+
+def _check_member(
+    zf: zipfile.ZipFile, path: Path, sig: Signature, trusted: tuple[bytes, ...], keys: str
+) -> bytes:
     if sig.public_key not in trusted:
         raise SignatureError(
             f"{path}: signed by {sig.fingerprint}, which is not a trusted key ({keys}); trust its public "
             f"key (--trust / {TRUST_ENV}) or re-sign the bundle with a trusted key"
         )
-    if not signing.verifies(sig.public_key, sig, _manifest(zf, path)):
+    manifest = _manifest(zf, path)
+    if not signing.verifies(sig.public_key, sig, manifest):
         raise SignatureError(
             f"{path}: its signature by {sig.fingerprint} does not match its manifest: the bundle was "
             f"changed after signing; rebuild and re-sign it, or re-copy the signed original"
         )
+    return manifest
