@@ -158,12 +158,13 @@ def verifies(public_key: bytes, sig: OmsSignature) -> bool:
     return True
 
 
-def mismatches(sig: OmsSignature, files: Mapping[str, str]) -> list[str]:
+def mismatches(sig: OmsSignature, files: Mapping[str, str], model_file: str | None = None) -> list[str]:
     """The names of ``files`` (name → sha256 hex of the bytes that will be used) that ``sig`` does
-    not list with that digest. Resources it lists beyond ``files`` are not used, so not checked."""
+    not list with that digest. ``model_file``: the file a single-file model's one resource (named
+    ``.`` by model_signing) stands for. Resources beyond ``files`` are not used, so not checked."""
     resources = sig.resources
-    if len(files) == 1 and set(resources) == {SINGLE_FILE}:  # a single-file model as model_signing names it
-        resources = {next(iter(files)): resources[SINGLE_FILE]}
+    if model_file is not None and set(resources) == {SINGLE_FILE}:
+        resources = {model_file: resources[SINGLE_FILE]}
     return [name for name, digest in files.items() if resources.get(name) != digest]
 
 

@@ -66,7 +66,7 @@ def check_detached(zf: zipfile.ZipFile, path: Path, data: bytes, trusted: tuple[
             f"key (--trust / AOTPACK_TRUST) or re-sign the bundle with a trusted key"
         )
     digest, manifest = _hash_archive(zf, path)
-    bad = oms.mismatches(sig, {path.name: digest}) if oms.verifies(key, sig) else [where]
+    bad = oms.mismatches(sig, {path.name: digest}, path.name) if oms.verifies(key, sig) else [where]
     if not bad:
         weights = _external_weights(manifest)
         bad = oms.mismatches(sig, dict([weights])) if weights else []

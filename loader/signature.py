@@ -77,25 +77,26 @@ def check_signature(zf: zipfile.ZipFile, path: Path, trusted: tuple[bytes, ...])
     member) or its bytes (``BUNDLE.sig``); returns the manifest's bytes that were verified, for
     the loader to parse. When neither holds, the member's reason is given where there is one."""
     keys = ", ".join(signing.fingerprint(k) for k in trusted)
+    member_error = None
     sig = _signature(zf, path)
-    detached = read_detached(path)
-    if sig is None and detached is None:
-        raise SignatureError(
-            f"{path}: the bundle is not signed, and this loader trusts only bundles signed by {keys}; "
-            f"sign it with `aotpack sign {path} --key KEY`"
-        )
-    if sig is None:
-        return check_detached(zf, path, detached, trusted)
+    if sig is not None:
+        try:
+            return _check_member(zf, path, sig, trusted, keys)
+        except SignatureError as e:
+            member_error = e
     try:
-        return _check_member(zf, path, sig, trusted, keys)
-    except SignatureError as e:
-        if detached is None:
-            raise
-        member_error = e
-    try:
-        return check_detached(zf, path, detached, trusted)
+        detached = read_detached(path)  # read only when needed: a valid member never depends on it
+        if detached is not None:
+            return check_detached(zf, path, detached, trusted)
     except SignatureError:
-        raise member_error from None
+        if member_error is None:
+            raise
+    if member_error is not None:
+        raise member_error
+    raise SignatureError(
+        f"{path}: the bundle is not signed, and this loader trusts only bundles signed by {keys}; "
+        f"sign it with `aotpack sign {path} --key KEY`"
+    )
 
 
 def _check_member(

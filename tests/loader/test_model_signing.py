@@ -125,6 +125,14 @@ def test_an_ecdsa_key_writes_only_the_oms_signature_and_a_trusting_loader_runs_i
     _runs(path, [_pub(keys, "ours"), _pub(keys, "ec")])  # one of several trusted keys
 
 
+def test_key_hints_are_model_signings(keys):
+    """The OMS hint of a key is the sha256 of its PEM as ``cryptography`` writes it (model_signing's
+    computation), for Ed25519 keys as for ECDSA ones."""
+    for name in ("ours", "ec", "ec384"):
+        pem = (keys / f"{name}.pub").read_bytes()
+        assert oms.key_hint(read_public_key(keys / f"{name}.pub")) == hashlib.sha256(pem).hexdigest(), name
+
+
 def test_an_ed25519_key_writes_the_member_and_a_deterministic_oms_signature(built, keys, tmp_path):
     path = _copy(built, tmp_path)
     sign_bundle(path, keys / "ours")
@@ -135,7 +143,8 @@ def test_an_ed25519_key_writes_the_member_and_a_deterministic_oms_signature(buil
     _, sig = _decoded(path)
     public = read_public_key(_pub(keys, "ours"))
     assert oms.verifies(public, sig) and sig.signer([public]) == public
-    assert oms.mismatches(sig, {"b.tpk": _sha256(path)}) == []  # over the .tpk as written, member and all
+    assert oms.mismatches(sig, {"b.tpk": _sha256(path)}, "b.tpk") == []  # the .tpk as written, member and all
+    assert oms.mismatches(sig, {"b.tpk": _sha256(path)}) == ["b.tpk"]  # "." is the model file only
     # the member alone stripped: the loader falls back to BUNDLE.sig, which no longer matches the file
     entries = [e for e in read_entries(path.read_bytes()) if e.name != schema.SIGNATURE_PATH]
     path.write_bytes(write_entries(entries))
@@ -278,7 +287,7 @@ def test_the_specs_valid_key_vector_verifies_with_its_key(keys):
     # model_signing 1.0's form: the key's PEM in rawBytes, a single file named "."
     sig = oms.decode(_vector("model-signing-1.0.0-rawbytes.sig"), "model.sig")
     assert sig.hint is None and sig.signer([key]) == key and oms.verifies(key, sig)
-    assert oms.mismatches(sig, {"signme-1": _signme()["signme-1"]}) == []
+    assert oms.mismatches(sig, {"signme-1": _signme()["signme-1"]}, "signme-1") == []
 
 
 @pytest.mark.parametrize(
@@ -380,6 +389,10 @@ def test_a_fifo_named_as_the_signature_does_not_block(built, keys, tmp_path):
     thread.join(timeout=120)  # a hang guard far above the milliseconds it takes
     assert not thread.is_alive(), "loading blocked on a FIFO named BUNDLE.sig"
     assert isinstance(errors[0], SignatureError) and "not a regular file" in str(errors[0])
+    sign_bundle(path, keys / "ours")  # the signature member, when it verifies, needs no BUNDLE.sig
+    os.unlink(oms.signature_path(path))
+    os.mkfifo(oms.signature_path(path))
+    _runs(path, [_pub(keys, "ours")])
 
 
 # -- interoperability with the model_signing package -------------------------------------------
