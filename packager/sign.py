@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -67,6 +68,12 @@ def sign_bundle(path: str | os.PathLike, key: str | os.PathLike) -> str:
         raise BundleError(f"{path}: its manifest is not JSON; not a bundle") from None
     manifest = serde.from_json(Manifest, data, "manifest")
     _check_checksums(path, manifest, members)
+    if manifest.external_weights:  # checked before anything is written
+        weights = path.with_name(manifest.external_weights)
+        if _sha256_of(weights, path) != manifest.members[schema.WEIGHTS_PATH].sha256:
+            raise BundleError(
+                f"{path}: checksum mismatch in its weights file {weights.name}; rebuild the bundle before signing"
+            )
     if signing.is_ed25519(private_key):
         sig = signing.sign(private_key, manifest_bytes)
         try:
@@ -82,13 +89,8 @@ def _write_oms_signature(path: Path, manifest: Manifest, private_key) -> None:
     it signs the folder holding the two (the signature file itself left out, as model_signing does)."""
     target = oms.signature_path(path)
     digest = _sha256_of(path, path)
-    if manifest.external_weights:
-        weights = path.with_name(manifest.external_weights)
-        if _sha256_of(weights, path) != manifest.members[schema.WEIGHTS_PATH].sha256:
-            raise BundleError(
-                f"{path}: checksum mismatch in its weights file {weights.name}; rebuild the bundle before signing"
-            )
-        files = {path.name: digest, weights.name: manifest.members[schema.WEIGHTS_PATH].sha256}
+    if manifest.external_weights:  # its digest checked against the manifest's before signing
+        files = {path.name: digest, manifest.external_weights: manifest.members[schema.WEIGHTS_PATH].sha256}
         model_name, ignore = path.resolve().parent.name, (*oms.GIT_PATHS, target.name)
     else:
         files, model_name, ignore = {oms.SINGLE_FILE: digest}, path.name, oms.GIT_PATHS
@@ -99,9 +101,15 @@ def _write_oms_signature(path: Path, manifest: Manifest, private_key) -> None:
 
 
 def _sha256_of(file: Path, bundle: Path) -> str:
+    """The sha256 of a regular file's bytes (a FIFO named like it must not block signing)."""
     h = hashlib.sha256()
     try:
-        with open(file, "rb") as f:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BundleError(
+                    f"{bundle}: {file.name} is not a regular file; sign the files the build wrote"
+                )
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     except OSError as e:

@@ -259,8 +259,11 @@ def test_split_weights_are_signed_as_the_bundles_folder(built, keys, tmp_path):
     sign_bundle(path, keys / "ec")
     data = weights.read_bytes()
     weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    with pytest.raises(BundleError, match="checksum mismatch in its weights file"):
-        sign_bundle(path, keys / "ec")  # nor is such a bundle signed
+    before = path.read_bytes(), oms.signature_path(path).read_bytes()
+    for key in ("ec", "ours"):  # nor is such a bundle signed: nothing is written
+        with pytest.raises(BundleError, match="checksum mismatch in its weights file"):
+            sign_bundle(path, keys / key)
+        assert (path.read_bytes(), oms.signature_path(path).read_bytes()) == before
     with pytest.raises(BundleError, match="checksum mismatch in 'weights.safetensors'"):
         load(path, trust=[_pub(keys, "ec")])
 
