@@ -212,16 +212,26 @@ def verifies(public_key: bytes, sig: Signature, manifest: bytes) -> bool:
     return True
 
 
-def write_key_pair(path: str | os.PathLike) -> str:
+KEY_ALGORITHMS = (ALGORITHM, "ecdsa-p256")  # what keygen makes: aotpack's default, model_signing's
+
+
+def write_key_pair(path: str | os.PathLike, algorithm: str = ALGORITHM) -> str:
     """A new key pair: the private key at ``path`` (mode 0600, never overwritten) and the public
-    key at ``path``.pub. Returns the key's fingerprint."""
+    key at ``path``.pub. Returns the key's fingerprint. ``algorithm``: one of ``KEY_ALGORITHMS``;
+    ``ecdsa-p256`` for signatures that ``model_signing`` verifies too."""
+    assert algorithm in KEY_ALGORITHMS, algorithm
     ed25519, serialization = _crypto()
     path = Path(path)
     public_path = path.with_name(path.name + ".pub")
     for p in (path, public_path):
         if p.exists():
             raise EnvError(f"{p} exists; keygen never overwrites a key, choose another path or remove it")
-    key = ed25519.Ed25519PrivateKey.generate()
+    if algorithm == ALGORITHM:
+        key = ed25519.Ed25519PrivateKey.generate()
+    else:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        key = ec.generate_private_key(ec.SECP256R1())
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -237,4 +247,4 @@ def write_key_pair(path: str | os.PathLike) -> str:
         public_path.write_bytes(public_pem)
     except OSError as e:
         raise EnvError(f"cannot write the key pair at {path}: {e.strerror}") from None
-    return fingerprint(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+    return fingerprint(public_bytes(public))

@@ -471,12 +471,19 @@ def stale_manifest_command(model: str, against: str, as_json: bool, arch: str) -
     type=click.Path(dir_okay=False),
     help="private key file; KEY.pub beside it",
 )
-def keygen(output: str) -> None:
-    """Make an Ed25519 key pair for signing bundles: KEY (private, PEM PKCS#8, mode 0600: keep it
-    secret, e.g. in the CI's secret store) and KEY.pub (public: give it to servers with --trust)."""
+@click.option(
+    "--algorithm",
+    type=click.Choice(["ed25519", "ecdsa-p256"]),
+    default="ed25519",
+    show_default=True,
+    help="ecdsa-p256: for BUNDLE.sig signatures that `model_signing verify key` checks too",
+)
+def keygen(output: str, algorithm: str) -> None:
+    """Make a key pair for signing bundles (Ed25519 by default): KEY (private, PEM PKCS#8, mode 0600:
+    keep it secret, e.g. in the CI's secret store) and KEY.pub (public: give it to servers with --trust)."""
     from aot.signing import write_key_pair
 
-    fingerprint = write_key_pair(output)
+    fingerprint = write_key_pair(output, algorithm)
     _result(f"wrote {output} (private: keep it secret) and {output}.pub (public), key {fingerprint}")
 
 

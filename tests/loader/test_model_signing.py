@@ -423,6 +423,13 @@ def test_model_signing_verifies_what_aotpack_signs(built, keys, tmp_path):
     with pytest.raises(ValueError, match="Signature mismatch"):
         verifier.verify(path, oms.signature_path(path))
 
+    write_key_pair(tmp_path / "made", "ecdsa-p256")  # aotpack keygen --algorithm ecdsa-p256
+    path = _copy(built, tmp_path / "made-by-keygen")
+    sign_bundle(path, tmp_path / "made")
+    ms.verifying.Config().use_elliptic_key_verifier(public_key=tmp_path / "made.pub").verify(
+        path, oms.signature_path(path)
+    )
+
 
 @pytest.mark.parametrize("key", ["ec", "ec384"])
 def test_aotpack_loads_what_model_signing_signs(built, keys, tmp_path, key):
@@ -447,19 +454,25 @@ def test_aotpack_loads_what_model_signing_signs(built, keys, tmp_path, key):
 
 
 @pytest.mark.slow
-def test_cli_sign_and_load_with_an_ecdsa_key(built, keys, tmp_path):
-    path = _copy(built, tmp_path)
-    fp = fingerprint(read_public_key(_pub(keys, "ec")))
-    r = aotpack("sign", str(path), "--key", str(keys / "ec"))
+def test_cli_keygen_sign_and_load_with_an_ecdsa_key(built, tmp_path):
+    path, key = _copy(built, tmp_path), tmp_path / "ec"
+    r = aotpack("keygen", "--algorithm", "ecdsa-p256", "-o", str(key))
+    fp = fingerprint(read_public_key(f"{key}.pub"))
+    assert (r.returncode, r.stderr.splitlines()[0]) == (
+        0,
+        f"wrote {key} (private: keep it secret) and {key}.pub (public), key {fp}",
+    )
+    assert fp.startswith("ecdsa:") and (key.stat().st_mode & 0o777) == 0o600
+    r = aotpack("sign", str(path), "--key", str(key))
     assert (r.returncode, r.stderr.splitlines()[:2]) == (
         0,
         [f"signed {path} with key {fp}", f"wrote {path}.sig (OpenSSF Model Signing v1.0)"],
     ), r.stderr
-    r = aotpack("load", str(path), "--trust", _pub(keys, "ec"), "--runs", "1")
+    r = aotpack("load", str(path), "--trust", f"{key}.pub", "--runs", "1")
     assert r.returncode == 0 and "max abs error 0" in r.stdout, r.stderr
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    r = aotpack("load", str(path), "--trust", _pub(keys, "ec"))
+    r = aotpack("load", str(path), "--trust", f"{key}.pub")
     assert (r.returncode, r.stderr.splitlines()[0]) == (
         1,
         f"error: {path}: its signature by {fp} does not match b.tpk: the bundle was changed after "
