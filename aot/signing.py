@@ -219,7 +219,8 @@ def write_key_pair(path: str | os.PathLike, algorithm: str = ALGORITHM) -> str:
     """A new key pair: the private key at ``path`` (mode 0600, never overwritten) and the public
     key at ``path``.pub. Returns the key's fingerprint. ``algorithm``: one of ``KEY_ALGORITHMS``;
     ``ecdsa-p256`` for signatures that ``model_signing`` verifies too."""
-    assert algorithm in KEY_ALGORITHMS, algorithm
+    if algorithm not in KEY_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {KEY_ALGORITHMS}, got {algorithm!r}")
     ed25519, serialization = _crypto()
     path = Path(path)
     public_path = path.with_name(path.name + ".pub")
