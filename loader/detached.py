@@ -8,7 +8,7 @@ same pass: the loader parses those bytes, never a second read, and every other m
 against the checksums they pin. A split weights file is covered through the manifest too: the
 signature must list it with the sha256 the manifest records, which the loader checks on read.
 Whether a trusted key made the signature is decided first, from the signature file alone, so a
-foreign one is refused before the archive is read.
+foreign or forged one is refused before the archive is read.
 """
 
 from __future__ import annotations
@@ -65,17 +65,22 @@ def check_detached(zf: zipfile.ZipFile, path: Path, data: bytes, trusted: tuple[
             f"{path}: signed by {sig.signer_name}, which is not a trusted key ({keys}); trust its public "
             f"key (--trust / AOTPACK_TRUST) or re-sign the bundle with a trusted key"
         )
+    if not oms.verifies(key, sig):  # before the archive is read: a key's hint is public
+        raise _changed(path, key, where)
     digest, manifest = _hash_archive(zf, path)
-    bad = oms.mismatches(sig, {path.name: digest}, path.name) if oms.verifies(key, sig) else [where]
-    if not bad:
-        weights = _external_weights(manifest)
-        bad = oms.mismatches(sig, dict([weights])) if weights else []
-    if bad:
-        raise SignatureError(
-            f"{path}: its signature by {signing.fingerprint(key)} does not match {', '.join(bad)}: the "
-            f"bundle was changed after signing; rebuild and re-sign it, or re-copy the signed original"
-        )
+    if oms.mismatches(sig, {path.name: digest}, path.name):
+        raise _changed(path, key, path.name)
+    weights = _external_weights(manifest)  # parsed once the bytes are known to be signed
+    if weights and oms.mismatches(sig, dict([weights])):
+        raise _changed(path, key, weights[0])
     return manifest
+
+
+def _changed(path: Path, key: bytes, what: str) -> SignatureError:
+    return SignatureError(
+        f"{path}: its signature by {signing.fingerprint(key)} does not match {what}: the bundle was "
+        f"changed after signing; rebuild and re-sign it, or re-copy the signed original"
+    )
 
 
 def _hash_archive(zf: zipfile.ZipFile, path: Path) -> tuple[str, bytes]:
