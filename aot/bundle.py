@@ -104,6 +104,10 @@ class _Members:
             data = self._data[info.filename] = _read_bounded(self.zf, info, size, self.path)
         return data
 
+    def keep(self, name: str, data: bytes) -> None:
+        """Hold ``data`` as the member's bytes: those a signature over the whole archive verified."""
+        self._data[name] = data
+
     def signed(self, name: str, limit: int) -> bytes | None:
         """A member the trust check reads before the zip directory is verified (the signature,
         the manifest): at most ``limit`` bytes; None when absent."""
@@ -467,9 +471,11 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = Non
     try:
         if trusted:
             manifest = lambda: members.signed(schema.MANIFEST_PATH, MAX_MANIFEST_BYTES) or b""  # noqa: E731
-            check_signature(
-                members.signed(schema.SIGNATURE_PATH, MAX_SIGNATURE_BYTES), manifest, path, trusted
+            verified = check_signature(
+                members.signed(schema.SIGNATURE_PATH, MAX_SIGNATURE_BYTES), manifest, path, trusted, zf
             )
+            if verified is not None:  # a detached signature covered the archive: parse its pass's bytes
+                members.keep(schema.MANIFEST_PATH, verified)
         bundle = _verify(path, zf, directory_start, members)
         if not trusted:
             _warn_on_signature(bundle, members)

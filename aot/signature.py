@@ -1,5 +1,6 @@
 """The trust check: with a trust list, a bundle loads only when it carries a signature of its exact
-``manifest.json`` bytes by one of the trusted keys.
+``manifest.json`` bytes by one of the trusted keys, or when its detached OpenSSF Model Signing
+signature ``BUNDLE.sig`` by one of them covers its bytes (``aot.detached``).
 
 ``aot.bundle`` runs it right after the zip directory is read and before anything else of the
 bundle is parsed, over the bytes it read of the signature and manifest members: the manifest bytes
@@ -11,6 +12,7 @@ This module reads no archive itself.
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,17 +32,48 @@ def trusted_keys(trust: Sequence[str | os.PathLike] | None) -> tuple[bytes, ...]
 
 
 def check_signature(
-    signature: bytes | None, manifest: Callable[[], bytes], path: Path, trusted: tuple[bytes, ...]
-) -> None:
-    """Refuse the bundle unless one of the ``trusted`` keys signed its manifest. ``signature``: the
-    signature member's bytes (None: unsigned); ``manifest`` gives the manifest's bytes, read only
-    once the signer is known to be trusted."""
+    signature: bytes | None,
+    manifest: Callable[[], bytes],
+    path: Path,
+    trusted: tuple[bytes, ...],
+    zf: zipfile.ZipFile | None = None,
+) -> bytes | None:
+    """Refuse the bundle unless one of the ``trusted`` keys signed its manifest (the signature
+    member) or its bytes (the detached OpenSSF Model Signing ``BUNDLE.sig``, ``aot.detached``, read
+    through ``zf`` and only when the member does not hold). ``signature``: the signature member's
+    bytes (None: unsigned); ``manifest`` gives the manifest's bytes, read only once the signer is
+    known to be trusted. Returns None when the member held (the manifest bytes it read are the
+    ones to parse), else the manifest bytes of the archive pass the detached signature verified.
+    When neither holds, the member's reason is given where there is one."""
     keys = ", ".join(signing.fingerprint(k) for k in trusted)
-    if signature is None:
-        raise SignatureError(
-            f"{path}: the bundle is not signed, and this loader trusts only bundles signed by {keys}; "
-            f"sign it with `aotpack sign {path} --key KEY`"
-        )
+    member_error = None
+    if signature is not None:
+        try:
+            _check_member(signature, manifest, path, trusted, keys)
+            return None
+        except SignatureError as e:
+            member_error = e
+    if zf is not None:
+        from aot.detached import check_detached, read_detached  # it reads the bundle's limits
+
+        try:
+            detached = read_detached(path)  # read only when needed: a valid member never depends on it
+            if detached is not None:
+                return check_detached(zf, path, detached, trusted)
+        except SignatureError:
+            if member_error is None:
+                raise
+    if member_error is not None:
+        raise member_error
+    raise SignatureError(
+        f"{path}: the bundle is not signed, and this loader trusts only bundles signed by {keys}; "
+        f"sign it with `aotpack sign {path} --key KEY`"
+    )
+
+
+def _check_member(
+    signature: bytes, manifest: Callable[[], bytes], path: Path, trusted: tuple[bytes, ...], keys: str
+) -> None:
     sig = signing.decode(signature, str(path))
     if sig.public_key not in trusted:
         raise SignatureError(

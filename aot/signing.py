@@ -11,6 +11,11 @@ a loader with a trust list verifies with its own keys. Key files are PEM: the pr
 (unencrypted, written with mode 0600), the public key SubjectPublicKeyInfo, as ``openssl genpkey
 -algorithm ed25519`` and ``openssl pkey -pubout`` write them.
 
+ECDSA keys (P-256, P-384, P-521) are keys too: ``model_signing`` signs with those only, so a bundle
+signed in the OpenSSF Model Signing format (``aot.oms``) by another tool verifies with them. A public
+key travels as bytes: an Ed25519 key raw (32 bytes, as the signature member holds it), an ECDSA key
+as its DER SubjectPublicKeyInfo. The signature member stays Ed25519.
+
 ``cryptography`` is imported here only, and only when a key is read or a signature made or
 checked: a loader without a trust list never needs it.
 """
@@ -29,6 +34,8 @@ from pathlib import Path
 from aot.errors import EnvError, SignatureError
 
 ALGORITHM = "ed25519"
+ECDSA_CURVES = ("secp256r1", "secp384r1", "secp521r1")  # P-256, P-384, P-521: the OMS key types
+_KEY_TYPES = "an ed25519 or ECDSA (P-256, P-384, P-521)"
 MAX_SIGNATURE_BYTES = 4096  # the member is ~170 bytes; read no more than this of a hostile one
 INSTALL = "pip install 'aotpack[sign]'"
 _FIELDS = {"algorithm", "public_key", "signature"}
@@ -46,8 +53,51 @@ class Signature:
 
 def fingerprint(public_key: bytes) -> str:
     """``ed25519:`` and the first 16 hex digits of the raw public key's sha256: what ``keygen``,
-    ``sign`` and ``inspect`` print, to tell keys apart (trust compares whole keys)."""
-    return f"{ALGORITHM}:{hashlib.sha256(public_key).hexdigest()[:16]}"
+    ``sign`` and ``inspect`` print, to tell keys apart (trust compares whole keys). An ECDSA key's
+    is ``ecdsa:`` and the first 16 of its OMS hint (the sha256 of its PEM), which model_signing
+    writes into its signatures."""
+    if len(public_key) == 32:
+        return f"{ALGORITHM}:{hashlib.sha256(public_key).hexdigest()[:16]}"
+    return f"ecdsa:{hashlib.sha256(public_pem(public_key)).hexdigest()[:16]}"
+
+
+def public_pem(public_key: bytes) -> bytes:
+    """The PEM SubjectPublicKeyInfo of a public key, byte for byte as ``cryptography`` (and so
+    ``model_signing``) writes it: base64 of the DER in lines of 64."""
+    der = _ED25519_SPKI_PREFIX + public_key if len(public_key) == 32 else public_key
+    text = base64.b64encode(der).decode()
+    lines = [text[i : i + 64] for i in range(0, len(text), 64)]
+    return ("-----BEGIN PUBLIC KEY-----\n" + "\n".join(lines) + "\n-----END PUBLIC KEY-----\n").encode()
+
+
+_ED25519_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")  # DER before the raw 32-byte key
+
+
+def public_bytes(key) -> bytes:
+    """A ``cryptography`` public key → its bytes here: raw for Ed25519, DER SPKI for ECDSA."""
+    ed25519, serialization = _crypto()
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def public_key_object(public_key: bytes):
+    """The bytes of ``public_bytes`` → a ``cryptography`` public key."""
+    ed25519, serialization = _crypto()
+    if len(public_key) == 32:
+        return ed25519.Ed25519PublicKey.from_public_bytes(public_key)
+    return serialization.load_der_public_key(public_key)
+
+
+def _supported(key) -> bool:
+    ed25519, _ = _crypto()
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if isinstance(key, (ed25519.Ed25519PublicKey, ed25519.Ed25519PrivateKey)):
+        return True
+    return isinstance(key, (ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey)) and (
+        key.curve.name in ECDSA_CURVES
+    )
 
 
 def _crypto():
@@ -106,35 +156,50 @@ def _read_key_file(path: str | os.PathLike, what: str) -> bytes:
 
 
 def read_public_key(path: str | os.PathLike) -> bytes:
-    """A PEM (SubjectPublicKeyInfo) Ed25519 public key file → its raw 32 bytes."""
-    ed25519, serialization = _crypto()
-    data = _read_key_file(path, "trusted key")
-    try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError):
-        key = None
-    if not isinstance(key, ed25519.Ed25519PublicKey):
+    """A PEM (SubjectPublicKeyInfo) public key file → its bytes (``public_bytes``)."""
+    key = parse_public_pem(_read_key_file(path, "trusted key"))
+    if key is None:
         raise EnvError(
-            f"trusted key {path}: not an {ALGORITHM} public key in PEM (BEGIN PUBLIC KEY); "
+            f"trusted key {path}: not {_KEY_TYPES} public key in PEM (BEGIN PUBLIC KEY); "
             f"trust the KEY.pub that `aotpack keygen` wrote, never the private key"
         )
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key
+
+
+def parse_public_pem(data: bytes) -> bytes | None:
+    """A PEM SubjectPublicKeyInfo → the key's bytes (``public_bytes``); None when it is not a
+    public key of a supported type."""
+    _, serialization = _crypto()
+    from cryptography.exceptions import UnsupportedAlgorithm
+
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return None
+    return public_bytes(key) if _supported(key) else None
 
 
 def read_private_key(path: str | os.PathLike):
-    """A PEM (PKCS#8, unencrypted) Ed25519 private key file → the key."""
-    ed25519, serialization = _crypto()
+    """A PEM (PKCS#8 or SEC1, unencrypted) Ed25519 or ECDSA private key file → the key."""
+    _, serialization = _crypto()
+    from cryptography.exceptions import UnsupportedAlgorithm
+
     data = _read_key_file(path, "signing key")
     try:
         key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, UnsupportedAlgorithm):
         key = None
-    if not isinstance(key, ed25519.Ed25519PrivateKey):
+    if key is None or not _supported(key):
         raise EnvError(
-            f"signing key {path}: not an unencrypted {ALGORITHM} private key in PEM (BEGIN PRIVATE KEY); "
-            f"make one with `aotpack keygen -o KEY`"
+            f"signing key {path}: not an unencrypted {_KEY_TYPES.removeprefix('an ')} private key in PEM "
+            f"(BEGIN PRIVATE KEY); make one with `aotpack keygen -o KEY`"
         )
     return key
+
+
+def is_ed25519(private_key) -> bool:
+    ed25519, _ = _crypto()
+    return isinstance(private_key, ed25519.Ed25519PrivateKey)
 
 
 def sign(private_key, manifest: bytes) -> Signature:
@@ -155,16 +220,27 @@ def verifies(public_key: bytes, sig: Signature, manifest: bytes) -> bool:
     return True
 
 
-def write_key_pair(path: str | os.PathLike) -> str:
+KEY_ALGORITHMS = (ALGORITHM, "ecdsa-p256")  # what keygen makes: aotpack's default, model_signing's
+
+
+def write_key_pair(path: str | os.PathLike, algorithm: str = ALGORITHM) -> str:
     """A new key pair: the private key at ``path`` (mode 0600, never overwritten) and the public
-    key at ``path``.pub. Returns the key's fingerprint."""
+    key at ``path``.pub. Returns the key's fingerprint. ``algorithm``: one of ``KEY_ALGORITHMS``;
+    ``ecdsa-p256`` for signatures that ``model_signing`` verifies too."""
+    if algorithm not in KEY_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {KEY_ALGORITHMS}, got {algorithm!r}")
     ed25519, serialization = _crypto()
     path = Path(path)
     public_path = path.with_name(path.name + ".pub")
     for p in (path, public_path):
         if p.exists():
             raise EnvError(f"{p} exists; keygen never overwrites a key, choose another path or remove it")
-    key = ed25519.Ed25519PrivateKey.generate()
+    if algorithm == ALGORITHM:
+        key = ed25519.Ed25519PrivateKey.generate()
+    else:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        key = ec.generate_private_key(ec.SECP256R1())
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -180,4 +256,4 @@ def write_key_pair(path: str | os.PathLike) -> str:
         public_path.write_bytes(public_pem)
     except OSError as e:
         raise EnvError(f"cannot write the key pair at {path}: {e.strerror}") from None
-    return fingerprint(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+    return fingerprint(public_bytes(public))

@@ -23,12 +23,19 @@ _result = PROGRESS.result  # results and warnings: always shown
     type=click.Path(dir_okay=False),
     help="private key file; KEY.pub beside it",
 )
-def keygen(output: str) -> None:
-    """Make an Ed25519 key pair for signing bundles: KEY (private, PEM PKCS#8, mode 0600: keep it
-    secret, e.g. in the CI's secret store) and KEY.pub (public: give it to servers with --trust)."""
+@click.option(
+    "--algorithm",
+    type=click.Choice(["ed25519", "ecdsa-p256"]),
+    default="ed25519",
+    show_default=True,
+    help="ecdsa-p256: for BUNDLE.sig signatures that `model_signing verify key` checks too",
+)
+def keygen(output: str, algorithm: str) -> None:
+    """Make a key pair for signing bundles (Ed25519 by default): KEY (private, PEM PKCS#8, mode 0600:
+    keep it secret, e.g. in the CI's secret store) and KEY.pub (public: give it to servers with --trust)."""
     from aot.signing import write_key_pair
 
-    fingerprint = write_key_pair(output)
+    fingerprint = write_key_pair(output, algorithm)
     _result(f"wrote {output} (private: keep it secret) and {output}.pub (public), key {fingerprint}")
 
 
@@ -39,13 +46,17 @@ def keygen(output: str) -> None:
 )
 def sign(bundle: str, key: str) -> None:
     """Sign BUNDLE: add a signature of its manifest (which pins every member's sha256), replacing
-    any earlier one. Servers that trust the key's KEY.pub then load it; any change is refused."""
+    any earlier one, and write BUNDLE.sig beside it (OpenSSF Model Signing v1.0, as `model_signing`
+    verifies it). Servers that trust the key's KEY.pub then load it; any change is refused. An
+    ECDSA (P-256/384/521) key writes BUNDLE.sig only."""
     from aot.loader import open_bundle
+    from aot.oms import signature_path
     from aot.packager.sign import sign_bundle
 
     open_bundle(bundle, ()).close()  # sign only a bundle that verifies (whatever $AOTPACK_TRUST says)
-    sig = sign_bundle(bundle, key)
-    _result(f"signed {bundle} with key {sig.fingerprint}")
+    fingerprint = sign_bundle(bundle, key)
+    _result(f"signed {bundle} with key {fingerprint}")
+    _result(f"wrote {signature_path(bundle)} (OpenSSF Model Signing v1.0)")
 
 
 @click.command()

@@ -232,7 +232,7 @@ def test_the_manifest_checked_is_the_manifest_parsed(signed, keys, monkeypatch):
 
 
 def test_bad_trust_files_and_a_missing_library_are_environment_errors(signed, keys, monkeypatch):
-    with pytest.raises(EnvError, match="not an ed25519 public key in PEM"):
+    with pytest.raises(EnvError, match=r"not an ed25519 or ECDSA \(P-256, P-384, P-521\) public key in PEM"):
         load(signed, trust=[str(keys / "ours")])  # the private key by mistake
     with pytest.raises(EnvError, match="cannot be read"):
         load(signed, trust=[str(keys / "missing.pub")])
