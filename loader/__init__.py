@@ -19,6 +19,7 @@ import torch
 from aot import schema
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.aten import DTYPES, resolve_op, state_writes_checked
+from aot.buckets import check_buckets
 from aot.errors import BundleError, EnvError, GuardError
 from aot.layout import check_order
 from aot.loader.bundle import Bundle, open_bundle
@@ -170,6 +171,8 @@ class Runner:
                     f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
                     f"the program member holds {len(programs)}"
                 )
+            for e in self.manifest.programs:  # the bundle checks the top-level buckets; these, here
+                check_buckets(e.buckets, e.guards, f"{bundle.path}: program {e.name[:40]!r}")
             entries = [(e.name, e.guards, e.buckets, e.entry) for e in self.manifest.programs]
         else:
             if len(programs) != 1:
