@@ -10,24 +10,11 @@ from typing import Any
 
 import torch
 
-from aot.loader.gpu import KernelCall
+from aot.loader.executor import ProgramExecutor
 
 DEFAULT_REPEATS = 50  # timed graph replays per form
 REPLAYS = 10  # copies of the form captured back to back in one graph (launch cost amortized)
 WARMUP = 3
-
-
-def run_calls(calls: list[Any], env: dict[str, Any], sizes: dict[str, int], device: torch.device) -> None:
-    stream = torch.cuda.current_stream(device).cuda_stream
-    for call in calls:
-        if type(call) is KernelCall:
-            call(env, sizes, stream)
-        else:
-            call(env, sizes)
-
-
-def run_call(call: Any, env: dict[str, Any], sizes: dict[str, int], device: torch.device) -> None:
-    run_calls([call], env, sizes, device)
 
 
 def graph_us(run: Callable[[], None], device, copies: int, repeats: int) -> float:
@@ -74,32 +61,33 @@ def l2_flush(device, repeats: int) -> L2Flush:
 
 
 def time_form(
+    executor: ProgramExecutor,
     calls: list[Any],
     env: dict[str, Any],
     sizes: dict[str, int],
-    device,
     repeats: int,
     flush: L2Flush | None = None,
 ) -> float:
-    """Median microseconds of one run of ``calls``, replayed in a CUDA graph; with ``flush``, each
-    run after a write of its buffer (L2 cold, as in a call), the write's own time taken off."""
+    """Median microseconds of one run of ``calls`` (``executor``'s), replayed in a CUDA graph; with
+    ``flush``, each run after a write of its buffer (L2 cold, as in a call), the write's own time
+    taken off."""
     local = dict(env)
 
     def run() -> None:
         if flush is not None:
             flush.buffer.zero_()
-        run_calls(calls, local, sizes, device)
+        executor.run(calls, local, sizes)
 
-    us = graph_us(run, device, REPLAYS, repeats)
+    us = graph_us(run, executor.device, REPLAYS, repeats)
     return max(us - flush.us, 0.0) if flush is not None else us
 
 
 def time_program(
+    executor: ProgramExecutor,
     calls: list[Any],
     frees: list[tuple[str, ...]],
     env: dict[str, Any],
     sizes: dict[str, int],
-    device,
     repeats: int,
 ) -> float:
     """Median microseconds of one whole call of a program's ``calls`` on ``env`` (weights, inputs,
@@ -108,8 +96,8 @@ def time_program(
     def run() -> None:
         local = dict(env)
         for call, free in zip(calls, frees):
-            run_call(call, local, sizes, device)
+            executor.run((call,), local, sizes)
             for name in free:
                 local.pop(name, None)
 
-    return graph_us(run, device, 1, repeats)
+    return graph_us(run, executor.device, 1, repeats)

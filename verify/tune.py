@@ -56,16 +56,18 @@ from typing import Any
 
 import torch
 
+from aot.archs import arch_of
 from aot.buckets import bucket_sizes, program_buckets
 from aot.dtypes import tolerance
 from aot.errors import EnvError
 from aot.loader import load
+from aot.loader.executor import ProgramExecutor
 from aot.loader.tuning import LIBRARY, plan_steps
 from aot.manifest_text import fixed_sizes
 from aot.program import producer_of, step_reads, step_writes
 from aot.schema import Program, TuningCheck, TuningChoice, TuningTable
 from aot.verify.interpret import looser_dtype
-from aot.verify.timing import DEFAULT_REPEATS, L2Flush, l2_flush, run_call, run_calls, time_form, time_program
+from aot.verify.timing import DEFAULT_REPEATS, L2Flush, l2_flush, time_form, time_program
 from aot.verify.tune_rules import (
     check_bucket,
     choose,
@@ -146,54 +148,50 @@ def walk_sites(
 def _tune_site(
     index: int,
     site: Any,
-    gpu: Any,
+    executor: ProgramExecutor,
     env: dict[str, Any],
     sizes: dict[str, int],
-    dev,
     repeats: int,
     flush: L2Flush | None = None,
 ) -> TuningChoice | None:
     """Time the library form and each candidate of ``site`` at ``sizes`` on the live buffers of
     ``env`` (left as they were: every form writes into a copy); None when no candidate serves
     this bucket."""
-    program = gpu.program
+    program, gpu = executor.program, executor.gpu
     forms = [c for c in site.candidates if sizes in c.buckets]
     if not forms:
         return None
     lib_calls, _ = gpu.prepare(tuple(program.steps[i] for i in site.library), plan=False)
     want = dict(env)
-    run_calls(lib_calls, want, sizes, dev)
-    times = {LIBRARY: time_form(lib_calls, env, sizes, dev, repeats, flush)}
+    executor.run(lib_calls, want, sizes)
+    times = {LIBRARY: time_form(executor, lib_calls, env, sizes, repeats, flush)}
     rejected = []
     for cand in forms:
         cand_calls, _ = gpu.prepare(cand.steps, plan=False)
         got = dict(env)
-        run_calls(cand_calls, got, sizes, dev)
+        executor.run(cand_calls, got, sizes)
         a_dtype = gpu.kernels[cand.steps[0].target].params[0].dtype
         if not all(
             _close(got[o], want[o], looser_dtype(program.buffers[o].dtype, a_dtype)) for o in site.outputs
         ):
             rejected.append(cand.name)
             continue
-        times[cand.name] = time_form(cand_calls, env, sizes, dev, repeats, flush)
+        times[cand.name] = time_form(executor, cand_calls, env, sizes, repeats, flush)
     times = {k: round(float(t), TIME_DECIMALS) for k, t in times.items()}  # chosen on the times recorded
     return TuningChoice(index, site.id, sizes, choose(times), times, tuple(rejected))
 
 
-def call_env(runner: Any, index: int, sizes: dict[str, int]) -> dict[str, Any] | None:
-    """What a call of program ``index`` at bucket ``sizes`` starts from: the weights, generated
+def call_env(runner: Any, executor: ProgramExecutor, sizes: dict[str, int]) -> dict[str, Any] | None:
+    """What a call of ``executor``'s program at bucket ``sizes`` starts from: the weights, generated
     inputs and the state's views (a stateful bundle's KV cache, this runner's own); None where the
     program does not serve the bucket (another program does, or it is out of this one's contract)."""
-    entry = runner._entries[index]
     try:
-        inputs = runner.inputs_at({**pinned_sizes(runner.manifest, index), **sizes})
-        entry.guards.check([inputs[n] for n in runner.input_names], runner.device)
+        inputs = runner.inputs_at({**pinned_sizes(runner.manifest, executor.index), **sizes})
     except Exception:
         return None
-    env: dict[str, Any] = dict(entry.gpu.weights)
-    env.update(inputs)
-    env.update(runner.state.views(sizes))
-    return env
+    if executor.admits(inputs) is None:
+        return None
+    return executor.environment(inputs, sizes)
 
 
 def _out_of_memory(entry: str, sizes: dict[str, int], dev) -> EnvError:
@@ -206,12 +204,17 @@ def _out_of_memory(entry: str, sizes: dict[str, int], dev) -> EnvError:
 
 
 def _time_plan(
-    gpu: Any, given: dict[str, Any], sizes: dict[str, int], dev, repeats: int, plan: dict[str, str]
+    executor: ProgramExecutor,
+    given: dict[str, Any],
+    sizes: dict[str, int],
+    repeats: int,
+    plan: dict[str, str],
 ) -> float:
-    """Microseconds of one whole call of ``gpu``'s program at ``sizes`` with ``plan`` (site ->
+    """Microseconds of one whole call of ``executor``'s program at ``sizes`` with ``plan`` (site ->
     candidate; ``{}``: the library steps, as the runner plans them)."""
+    gpu = executor.gpu
     calls, frees = gpu.prepare(plan_steps(gpu.program, plan)) if plan else (gpu.calls, gpu.frees)
-    return time_program(calls, frees, given, sizes, dev, repeats)
+    return time_program(executor, calls, frees, given, sizes, repeats)
 
 
 def _time_plans(
@@ -219,23 +222,63 @@ def _time_plans(
 ) -> list[float]:
     """``TimePlans`` on the GPU: program ``index``'s whole call at ``sizes`` with each plan, one
     after another, as ``check_bucket`` times it."""
-    entry, dev = runner._entries[index], runner.device
-    entry.gpu.context.bind()
-    given = call_env(runner, index, sizes)
+    executor = runner.executors[index]
+    executor.gpu.context.bind()
+    given = call_env(runner, executor, sizes)
     assert given is not None, "only buckets tune timed before"
     try:
         with torch.no_grad():
             return [
                 time_program(
-                    *entry.gpu.prepare(plan_steps(entry.program, chosen)), given, sizes, dev, repeats
+                    executor,
+                    *executor.gpu.prepare(plan_steps(executor.program, chosen)),
+                    given,
+                    sizes,
+                    repeats,
                 )
                 for chosen in plans
             ]
     except torch.OutOfMemoryError:
-        raise _out_of_memory(entry.name, sizes, dev) from None
+        raise _out_of_memory(executor.name, sizes, runner.device) from None
     finally:
         del given
         torch.cuda.empty_cache()
+
+
+def _tune_bucket(
+    executor: ProgramExecutor,
+    calls: list[Any],
+    frees: list[tuple[str, ...]],
+    env: dict[str, Any],
+    sizes: dict[str, int],
+    repeats: int,
+    flush: L2Flush,
+    say: Callable[[str], None],
+) -> tuple[list[TuningChoice], TuningCheck | None]:
+    """One bucket of one program: each site timed as a run of the program on ``env`` reaches it,
+    then the whole-program check (``check_bucket``). ``env`` is emptied on the way: the run's
+    buffers go before the whole program is timed."""
+    given = dict(env)  # what a call starts from, for the whole-program check
+    bucket: list[TuningChoice] = []
+    for site in walk_sites(
+        executor.program, calls, frees, env, lambda call, env: executor.run((call,), env, sizes)
+    ):
+        choice = _tune_site(executor.index, site, executor, env, sizes, repeats, flush)
+        if choice is not None:
+            bucket.append(choice)
+            say(describe_choice(executor.name, site, choice))
+    env.clear()
+    where = f"  [{executor.name}] at {sizes_text(sizes)}: "
+    bucket, check = check_bucket(
+        executor.index,
+        bucket,
+        sizes,
+        functools.partial(_time_plan, executor, given, sizes, repeats),
+        say=lambda msg: say(where + msg),
+    )
+    if check is not None:
+        say(describe_check(executor.name, check))
+    return bucket, check
 
 
 def tune(
@@ -263,16 +306,15 @@ def tune(
             f"--entry {unknown[0]!r}: the bundle's entry points are {list(runner.entry_points) or '(none)'}"
         )
     dev = runner.device
-    major, minor = torch.cuda.get_device_capability(dev)
-    arch = f"sm_{major}{minor}"
+    arch = arch_of(torch.cuda.get_device_capability(dev))
     choices: list[TuningChoice] = []
     checks: list[TuningCheck] = []
     served: list[list[dict[str, int]]] = []  # per program, the buckets its graphs serve
     flush = l2_flush(dev, repeats)
-    for index, entry in enumerate(runner._entries):
-        program, gpu = entry.program, entry.gpu
+    for executor in runner.executors:
+        index, program, gpu = executor.index, executor.program, executor.gpu
         every = bucket_sizes(program, program_buckets(runner.manifest, index))
-        if not program.alternatives or (entries and entry.entry not in entries):
+        if not program.alternatives or (entries and executor.entry_point not in entries):
             served.append(every)  # left out: it runs the library at each of them
             continue
         served.append([])
@@ -282,46 +324,29 @@ def tune(
         # every buffer of a large bucket, gpt at batch 32 x seq 1024, ran out of an 80 GB GPU.)
         calls, frees = gpu.prepare(program.steps, plan=True)
         for sizes in every:
-            env = call_env(runner, index, sizes)
+            env = call_env(runner, executor, sizes)
             if env is None:  # a bucket another program serves, or out of this one's contract
                 continue
             served[index].append(sizes)
             if buckets and not any(all(sizes.get(k) == v for k, v in b.items()) for b in buckets):
                 continue
-            given = dict(env)  # what a call starts from, for the whole-program check
-            run = functools.partial(run_call, sizes=sizes, device=dev)
             try:
                 with torch.no_grad():
-                    bucket: list[TuningChoice] = []
-                    for site in walk_sites(program, calls, frees, env, run):
-                        choice = _tune_site(index, site, gpu, env, sizes, dev, repeats, flush)
-                        if choice is not None:
-                            bucket.append(choice)
-                            say(describe_choice(entry.name, site, choice))
-                    del env
-                    where = f"  [{entry.name}] at {sizes_text(sizes)}: "
-                    bucket, check = check_bucket(
-                        index,
-                        bucket,
-                        sizes,
-                        functools.partial(_time_plan, gpu, given, sizes, dev, repeats),
-                        say=lambda msg, where=where: say(where + msg),
-                    )
-                    if check is not None:
-                        checks.append(check)
-                        say(describe_check(entry.name, check))
-                    choices.extend(bucket)
+                    bucket, check = _tune_bucket(executor, calls, frees, env, sizes, repeats, flush, say)
             except torch.OutOfMemoryError:
-                raise _out_of_memory(entry.name, sizes, dev) from None
-            del given
+                raise _out_of_memory(executor.name, sizes, dev) from None
+            del env
             torch.cuda.empty_cache()
+            if check is not None:
+                checks.append(check)
+            choices.extend(bucket)
     del flush
     if library_free and choices:
-        programs = [e.program for e in runner._entries]
+        programs = [e.program for e in runner.executors]
         time_plans = functools.partial(_time_plans, runner, repeats)
         freed = library_free_plan(programs, served, choices, checks, time_plans)
         for b in freed.timed:
-            say(describe_free_bucket(runner._entries[b.program].name, b))
+            say(describe_free_bucket(runner.executors[b.program].name, b))
         say(describe_library_free(freed))
         choices, checks = list(freed.choices), list(freed.checks)
     table = make_table(arch, torch.cuda.get_device_name(dev), choices, checks=checks)
