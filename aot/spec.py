@@ -236,10 +236,17 @@ class ModelSpec:
                 if b.startswith(a + "."):
                     raise SpecError(f"input {a!r} is a tensor and also holds {b!r}; name the leaves only")
         dims: dict[str, Dim] = {}
-        for d in self.dims():
-            if d.name in dims and dims[d.name] != d:
-                raise SpecError(f"two different Dims are named {d.name!r}; give them distinct names")
-            dims[d.name] = d
+        where: dict[str, str] = {}
+        for inp in self.inputs:
+            for d in (s for s in inp.shape if isinstance(s, Dim)):
+                if d.name in dims and dims[d.name] != d:
+                    raise SpecError(
+                        f"two different Dims are named {d.name!r}: {_dim_text(dims[d.name])} on input "
+                        f"{where[d.name]!r} and {_dim_text(d)} on input {inp.name!r}; use one Dim for both, "
+                        f"or give them distinct names"
+                    )
+                dims.setdefault(d.name, d)
+                where.setdefault(d.name, inp.name)
         if all(i.state for i in self.inputs):
             raise SpecError("every Input is state; a call needs at least one input from the caller")
         for inp in self.inputs:
@@ -285,6 +292,16 @@ class ModelSpec:
                 if isinstance(size, Dim):
                     seen.setdefault(size.name, size)
         return list(seen.values())
+
+
+def _dim_text(d: Dim) -> str:
+    """``Dim('batch', 1, 64)``, with the fields set beyond the range."""
+    extra = "".join(
+        f", {k}={v!r}"
+        for k, v in (("buckets", d.buckets), ("paddable", d.paddable), ("example", d.example))
+        if v
+    )
+    return f"Dim({d.name!r}, {d.min}, {d.max}{extra})"
 
 
 def plan_buckets(spec: ModelSpec, guards: Guards) -> tuple[Bucket, ...]:

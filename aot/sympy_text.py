@@ -34,7 +34,10 @@ def _render(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
         return "0"
     if isinstance(e, sympy.Symbol):
         if e not in names:
-            raise TraceError(f"size symbol {e} does not come from a declared Dim; declare that input dim")
+            raise TraceError(
+                f"size symbol {e} does not come from an input dim: a size depends on tensor values "
+                f"(torch.nonzero, masked_select, .item()); a bundle's shapes follow its inputs' shapes alone"
+            )
         return names[e]
     if isinstance(e, sympy.Integer):
         return str(int(e))

@@ -18,7 +18,7 @@ def variants(tuned: Path, out: Path) -> dict[str, Path]:
     from dataclasses import replace
 
     from aot.loader import open_bundle
-    from aot.loader.tuning import read_tuning
+    from aot.tuning import read_tuning
     from aot.verify.tune import choose, make_table, write_tuned
 
     b = open_bundle(tuned)

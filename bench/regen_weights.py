@@ -15,7 +15,7 @@ import sys
 import torch
 
 from aot import schema
-from aot.loader.bundle import open_bundle
+from aot.bundle import open_bundle
 from aot.packager import _safetensors
 from aot.tracer import instantiate, load_model_file
 

@@ -151,7 +151,7 @@ def device_arch(device: str) -> str:
 
 def split_weights(bundle: Path) -> Path:
     """The split weights file beside ``bundle``, as its manifest names it."""
-    from aot.loader.bundle import open_bundle
+    from aot.bundle import open_bundle
 
     opened = open_bundle(bundle)
     try:

@@ -13,7 +13,7 @@ from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K
 from aot.codegen.triton_types import FLOAT_DTYPES
-from aot.program import step_reads
+from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
@@ -61,8 +61,6 @@ def _same(a: str, b: str) -> bool:
     return ix.same(ix.parse_size(a), ix.parse_size(b))
 
 
-# views that keep every element at its index in row-major order
-SAME_INDEX_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 LAYER_NORM = "aten.native_layer_norm.default"
 
 
@@ -97,7 +95,7 @@ def _prologue(
         if p is None:
             return None
         s = steps[p]
-        if s.kind == StepKind.ATEN and s.target in SAME_INDEX_VIEWS and isinstance(s.args[0], Buf):
+        if s.kind == StepKind.ATEN and s.target in RESHAPE_VIEWS and isinstance(s.args[0], Buf):
             views.append(p)
             name, nxt = s.args[0].name, p
             continue
@@ -110,7 +108,7 @@ def _prologue(
     for r in s.reference:
         if r.kind != StepKind.ATEN:
             return None
-        if r.target in SAME_INDEX_VIEWS and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
+        if r.target in RESHAPE_VIEWS and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
             alias[r.outputs[0]] = alias.get(r.args[0].name, r.args[0].name)
         elif r.target == "aten.add.Tensor" and len(r.args) == 2 and not r.kwargs and len(r.outputs) == 1:
             if not all(isinstance(x, Buf) for x in r.args):
@@ -151,198 +149,49 @@ def _prologue(
     return Prologue(x, y, w_name, b_name, eps, sum_out, s, name), [p, *views]
 
 
+@dataclass(frozen=True)
+class _Flow:
+    """What the site search asks of a program: its steps, the specs of its inputs and weights,
+    who writes and who reads each buffer."""
+
+    program: Program
+    known: dict[str, TensorSpec]
+    weights: frozenset[str]
+    producer: dict[str, int]
+    readers: dict[str, list[int]]
+    outputs: frozenset[str]
+
+    @classmethod
+    def of(cls, program: Program) -> _Flow:
+        return cls(
+            program=program,
+            known={t.name: t.spec for t in program.inputs + program.weights},
+            weights=frozenset(w.name for w in program.weights),
+            producer=producer_of(program.steps),
+            readers=readers_of(program.steps),
+            outputs=frozenset(program.outputs),
+        )
+
+
 def find_sites(program: Program) -> list[Site]:
-    """The program's GEMM sites, in program order; a step belongs to at most one site."""
-    steps = program.steps
-    known = {t.name: t.spec for t in program.inputs + program.weights}
-    weights = {w.name for w in program.weights}
-    readers: dict[str, list[int]] = {}
-    producer: dict[str, int] = {}
-    for i, s in enumerate(steps):
-        for r in dict.fromkeys(step_reads(s)):
-            readers.setdefault(r, []).append(i)
-        for o in s.outputs:
-            if o is not None:
-                producer[o] = i
-    outputs = set(program.outputs)
-
-    def gemm(i: int) -> dict[str, Any] | None:
-        s = steps[i]
-        if s.kind != StepKind.ATEN or s.target not in GEMM_TARGETS or len(s.outputs) != 1:
-            return None
-        if s.target == "aten.mm.default":
-            if len(s.args) != 2 or s.kwargs:
-                return None
-            bias, a, b = None, *s.args
-        else:
-            if len(s.args) != 3:
-                return None
-            allowed = {"use_gelu"} if s.target == "aten._addmm_activation.default" else set()
-            if set(s.kwargs) - allowed:
-                return None
-            bias, a, b = s.args
-            if not isinstance(bias, Buf):
-                return None
-            bias = bias.name
-        if not isinstance(a, Buf) or not isinstance(b, Buf):
-            return None
-        if b.name in weights:  # A @ W with W [K, N] as stored (transformers' Conv1D)
-            p, w, w_kn = None, b.name, True
-        else:
-            if b.name not in producer:
-                return None
-            p = producer[b.name]
-            perm = steps[p]
-            if not (
-                perm.kind == StepKind.ATEN
-                and (
-                    (perm.target == "aten.permute.default" and list(perm.args[1:]) == [[1, 0]])
-                    or (perm.target == "aten.t.default" and len(perm.args) == 1)
-                )
-                and isinstance(perm.args[0], Buf)
-                and perm.args[0].name in weights
-            ):
-                return None
-            w, w_kn = perm.args[0].name, False
-        wspec, aspec, ospec = (
-            known[w],
-            spec_of(program.buffers, known, a.name),
-            program.buffers.get(s.outputs[0]),
-        )
-        if aspec is None or ospec is None or len(wspec.shape) != 2 or len(aspec.shape) != 2:
-            return None
-        if not all(d.isdigit() for d in wspec.shape) or wspec.order:
-            return None
-        n, k = int(wspec.shape[0]), int(wspec.shape[1])
-        if w_kn:
-            n, k = k, n
-        dtype = wspec.dtype
-        if dtype not in FLOAT_DTYPES or aspec.dtype != dtype or ospec.dtype != dtype:
-            return None
-        if not _same(aspec.shape[1], str(k)) or list(ospec.shape[1:]) != [str(n)]:
-            return None
-        if not _same(ospec.shape[0], aspec.shape[0]):
-            return None
-        if bias is not None:
-            bspec = spec_of(program.buffers, known, bias)
-            if bspec is None or bspec.dtype != dtype or list(bspec.shape) != [str(n)]:
-                return None
-        activation = ""
-        if s.target == "aten._addmm_activation.default":
-            activation = "gelu_tanh" if s.kwargs.get("use_gelu") is True else "relu"
-        # the permute goes with the GEMM when nothing else reads the transposed view
-        library = ([p] if p is not None and readers.get(b.name) == [i] and b.name not in outputs else []) + [
-            i
-        ]
-        return dict(
-            index=i,
-            a=a.name,
-            w=w,
-            bias=bias,
-            activation=activation,
-            out=s.outputs[0],
-            m=aspec.shape[0],
-            n=n,
-            k=k,
-            dtype=dtype,
-            library=library,
-            w_kn=w_kn,
-        )
-
-    def a_key(name: str) -> tuple:
-        """Two views of one buffer with the same arguments read the same A."""
-        p = producer.get(name)
-        if (
-            p is not None
-            and steps[p].kind == StepKind.ATEN
-            and steps[p].target
-            in (
-                "aten.view.default",
-                "aten._unsafe_view.default",
-                "aten.reshape.default",
-            )
-        ):
-            return (
-                "view",
-                a_key(step_reads(steps[p])[0]) if step_reads(steps[p]) else name,
-                repr(steps[p].args[1:]),
-            )
-        return ("buf", name)
-
+    """The program's GEMM sites, in program order; a step belongs to at most one site: each GEMM,
+    with the pointwise kernel that alone reads it as its epilogue (and a second GEMM of the same
+    A that kernel reads: a dual GEMM), and the LayerNorm kernel that made its A as its prologue."""
+    flow = _Flow.of(program)
     used: set[int] = set()
     sites: list[Site] = []
-    for i in range(len(steps)):
-        if i in used:
-            continue
-        g = gemm(i)
+    for i in range(len(program.steps)):
+        g = None if i in used else _gemm_at(flow, i)
         if g is None:
             continue
-        gemms = [g]
-        library = list(g["library"])
-        epilogue: tuple[Step, ...] = ()
-        site_outputs: tuple[str, ...] = (g["out"],)
-        rd = readers.get(g["out"], [])
-        if (
-            len(rd) == 1
-            and g["out"] not in outputs
-            and steps[rd[0]].kind == StepKind.KERNEL
-            and rd[0] not in used
-        ):
-            kstep = steps[rd[0]]
-            extra = []
-            for r in dict.fromkeys(step_reads(kstep)):
-                j = producer.get(r)
-                if r == g["out"] or j is None or j in used or j == i:
-                    continue
-                other = gemm(j)
-                if (
-                    other is not None
-                    and not other["activation"]
-                    and readers.get(other["out"]) == [rd[0]]
-                    and other["out"] not in outputs
-                    and a_key(other["a"]) == a_key(g["a"])
-                    and (other["n"], other["k"], other["dtype"], other["w_kn"])
-                    == (g["n"], g["k"], g["dtype"], g["w_kn"])
-                    and not g["activation"]
-                    and not set(other["library"]) & set(library)
-                ):
-                    extra.append(other)
-            candidate_gemms = gemms + extra[:1]
-            try:
-                Epilogue([x["out"] for x in candidate_gemms], g["m"], g["n"], program.buffers, known).lower(
-                    kstep.reference, kstep.outputs
-                )
-                gemms = candidate_gemms
-                epilogue = kstep.reference
-                site_outputs = tuple(o for o in kstep.outputs if o is not None)
-                for x in extra[:1]:
-                    library += x["library"]
-                library.append(rd[0])
-            except NoSite:
-                pass
+        gemms, epilogue, site_outputs, library = _with_epilogue(flow, g, used)
         prologue = None
         if len(gemms) == 1:
-            found = _prologue(
-                program, g["a"], g["m"], g["k"], g["dtype"], known, producer, readers, g["index"]
-            )
-            if found is not None and not set(found[1]) & used:
-                prologue, before = found
-                # the candidate writes the add's result where the site's last step was: nothing
-                # the site leaves in between may read it
-                kept = set(range(before[0] + 1, max(library))) - set(library) - set(before)
-                if prologue.sum_out is None or not set(readers.get(prologue.sum_out, ())) & kept:
-                    library += before
-                    if prologue.sum_out is not None:
-                        site_outputs = (*site_outputs, prologue.sum_out)
-                else:
-                    prologue = None
+            prologue, library, site_outputs = _with_prologue(flow, g, library, site_outputs, used)
         library = sorted(set(library))
         if set(library) & used:
             continue
         used.update(library)
-        reference: list[Step] = []
-        for j in library:
-            reference.extend(steps[j].reference if steps[j].kind == StepKind.KERNEL else (steps[j],))
         sites.append(
             Site(
                 id=f"gemm_{len(sites)}",
@@ -358,9 +207,187 @@ def find_sites(program: Program) -> list[Site]:
                 dtype=g["dtype"],
                 epilogue=epilogue,
                 outputs=site_outputs,
-                reference=tuple(reference),
+                reference=_reference(program, library),
                 prologue=prologue,
                 w_kn=g["w_kn"],
             )
         )
     return sites
+
+
+def _gemm_at(flow: _Flow, i: int) -> dict[str, Any] | None:
+    """Step ``i`` as a GEMM a candidate can replace: ``A @ W^T`` (W a weight, through its
+    permute) or ``A @ W`` (transformers' Conv1D), with its bias and activation; None otherwise."""
+    program, known, producer = flow.program, flow.known, flow.producer
+    steps = program.steps
+    s = steps[i]
+    if s.kind != StepKind.ATEN or s.target not in GEMM_TARGETS or len(s.outputs) != 1:
+        return None
+    if s.target == "aten.mm.default":
+        if len(s.args) != 2 or s.kwargs:
+            return None
+        bias, a, b = None, *s.args
+    else:
+        if len(s.args) != 3:
+            return None
+        allowed = {"use_gelu"} if s.target == "aten._addmm_activation.default" else set()
+        if set(s.kwargs) - allowed:
+            return None
+        bias, a, b = s.args
+        if not isinstance(bias, Buf):
+            return None
+        bias = bias.name
+    if not isinstance(a, Buf) or not isinstance(b, Buf):
+        return None
+    if b.name in flow.weights:  # A @ W with W [K, N] as stored (transformers' Conv1D)
+        p, w, w_kn = None, b.name, True
+    else:
+        if b.name not in producer:
+            return None
+        p = producer[b.name]
+        perm = steps[p]
+        if not (
+            perm.kind == StepKind.ATEN
+            and (
+                (perm.target == "aten.permute.default" and list(perm.args[1:]) == [[1, 0]])
+                or (perm.target == "aten.t.default" and len(perm.args) == 1)
+            )
+            and isinstance(perm.args[0], Buf)
+            and perm.args[0].name in flow.weights
+        ):
+            return None
+        w, w_kn = perm.args[0].name, False
+    wspec, aspec, ospec = (
+        known[w],
+        spec_of(program.buffers, known, a.name),
+        program.buffers.get(s.outputs[0]),
+    )
+    if aspec is None or ospec is None or len(wspec.shape) != 2 or len(aspec.shape) != 2:
+        return None
+    if not all(d.isdigit() for d in wspec.shape) or wspec.order:
+        return None
+    n, k = int(wspec.shape[0]), int(wspec.shape[1])
+    if w_kn:
+        n, k = k, n
+    dtype = wspec.dtype
+    if dtype not in FLOAT_DTYPES or aspec.dtype != dtype or ospec.dtype != dtype:
+        return None
+    if not _same(aspec.shape[1], str(k)) or list(ospec.shape[1:]) != [str(n)]:
+        return None
+    if not _same(ospec.shape[0], aspec.shape[0]):
+        return None
+    if bias is not None:
+        bspec = spec_of(program.buffers, known, bias)
+        if bspec is None or bspec.dtype != dtype or list(bspec.shape) != [str(n)]:
+            return None
+    activation = ""
+    if s.target == "aten._addmm_activation.default":
+        activation = "gelu_tanh" if s.kwargs.get("use_gelu") is True else "relu"
+    # the permute goes with the GEMM when nothing else reads the transposed view
+    alone = p is not None and flow.readers.get(b.name) == [i] and b.name not in flow.outputs
+    library = ([p] if alone else []) + [i]
+    return dict(
+        index=i,
+        a=a.name,
+        w=w,
+        bias=bias,
+        activation=activation,
+        out=s.outputs[0],
+        m=aspec.shape[0],
+        n=n,
+        k=k,
+        dtype=dtype,
+        library=library,
+        w_kn=w_kn,
+    )
+
+
+def _a_key(flow: _Flow, name: str) -> tuple:
+    """Two views of one buffer with the same arguments read the same A."""
+    steps = flow.program.steps
+    p = flow.producer.get(name)
+    if p is not None and steps[p].kind == StepKind.ATEN and steps[p].target in RESHAPE_VIEWS:
+        return (
+            "view",
+            _a_key(flow, step_reads(steps[p])[0]) if step_reads(steps[p]) else name,
+            repr(steps[p].args[1:]),
+        )
+    return ("buf", name)
+
+
+def _with_epilogue(
+    flow: _Flow, g: dict[str, Any], used: set[int]
+) -> tuple[list[dict[str, Any]], tuple[Step, ...], tuple[str, ...], list[int]]:
+    """The GEMM ``g`` with the pointwise kernel that alone reads its result, when that kernel's
+    steps lower to an epilogue, and the second GEMM of the same A it reads (a dual GEMM): (the
+    GEMMs, the epilogue's steps, the site's outputs, its library steps)."""
+    steps, producer, readers = flow.program.steps, flow.producer, flow.readers
+    gemms, library = [g], list(g["library"])
+    rd = readers.get(g["out"], [])
+    if not (
+        len(rd) == 1
+        and g["out"] not in flow.outputs
+        and steps[rd[0]].kind == StepKind.KERNEL
+        and rd[0] not in used
+    ):
+        return gemms, (), (g["out"],), library
+    kstep = steps[rd[0]]
+    extra = []
+    for r in dict.fromkeys(step_reads(kstep)):
+        j = producer.get(r)
+        if r == g["out"] or j is None or j in used or j == g["index"]:
+            continue
+        other = _gemm_at(flow, j)
+        if (
+            other is not None
+            and not other["activation"]
+            and readers.get(other["out"]) == [rd[0]]
+            and other["out"] not in flow.outputs
+            and _a_key(flow, other["a"]) == _a_key(flow, g["a"])
+            and (other["n"], other["k"], other["dtype"], other["w_kn"])
+            == (g["n"], g["k"], g["dtype"], g["w_kn"])
+            and not g["activation"]
+            and not set(other["library"]) & set(library)
+        ):
+            extra.append(other)
+    candidate_gemms = gemms + extra[:1]
+    try:
+        Epilogue([x["out"] for x in candidate_gemms], g["m"], g["n"], flow.program.buffers, flow.known).lower(
+            kstep.reference, kstep.outputs
+        )
+    except NoSite:
+        return gemms, (), (g["out"],), library
+    for x in extra[:1]:
+        library += x["library"]
+    library.append(rd[0])
+    return candidate_gemms, kstep.reference, tuple(o for o in kstep.outputs if o is not None), library
+
+
+def _with_prologue(
+    flow: _Flow, g: dict[str, Any], library: list[int], site_outputs: tuple[str, ...], used: set[int]
+) -> tuple[Prologue | None, list[int], tuple[str, ...]]:
+    """The LayerNorm kernel that made ``g``'s A, as a prologue, where the site can take its place:
+    (the prologue or None, the library steps, the site's outputs) with it."""
+    found = _prologue(
+        flow.program, g["a"], g["m"], g["k"], g["dtype"], flow.known, flow.producer, flow.readers, g["index"]
+    )
+    if found is None or set(found[1]) & used:
+        return None, library, site_outputs
+    prologue, before = found
+    # the candidate writes the add's result where the site's last step was: nothing the site
+    # leaves in between may read it
+    kept = set(range(before[0] + 1, max(library))) - set(library) - set(before)
+    if prologue.sum_out is not None and set(flow.readers.get(prologue.sum_out, ())) & kept:
+        return None, library, site_outputs
+    if prologue.sum_out is not None:
+        site_outputs = (*site_outputs, prologue.sum_out)
+    return prologue, library + before, site_outputs
+
+
+def _reference(program: Program, library: list[int]) -> tuple[Step, ...]:
+    """What a site's library steps compute, as ATen steps (a kernel's by its reference)."""
+    reference: list[Step] = []
+    for j in library:
+        step = program.steps[j]
+        reference.extend(step.reference if step.kind == StepKind.KERNEL else (step,))
+    return tuple(reference)

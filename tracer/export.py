@@ -31,7 +31,14 @@ from aot.tracer.model import (
     split_constants,
     user_input_nodes,
 )
-from aot.tracer.sites import display_path, error_site, first_line, record_guard_sites
+from aot.tracer.sites import (
+    VALUE_SHAPES,
+    display_path,
+    error_site,
+    first_line,
+    record_guard_sites,
+    value_dependent_size,
+)
 
 
 @contextlib.contextmanager
@@ -58,8 +65,18 @@ def export_error(e: Exception, spec: ModelSpec) -> TraceError:
     code = f" ({frame.line.strip()})" if frame and frame.line else ""
     first = first_line(e)
     name = type(e).__name__
-    if "DataDependent" in name or "data-dependent" in str(e).lower():
-        hint = "the model branches on tensor values; use torch.cond, or torch._check to state the assumption"
+    text = str(e)
+    if "Could not extract specialized" in text or "Could not extract" in text and "data-dependent" in text:
+        hint = (
+            "the model turns a tensor value into a Python number (.item(), int(t), t.tolist()); "
+            + VALUE_SHAPES
+            + ", and keep values as tensors"
+        )
+    elif "DataDependent" in name or "data-dependent" in text.lower():
+        hint = (
+            "the model branches on tensor values (an `if` on a tensor); use torch.where or torch.cond, "
+            "or torch._check to state the assumption"
+        )
     elif "Constraint" in name or "specializ" in str(e).lower():
         hint = "a Dim was specialized or its range conflicts with the code; make that dim static or change the code"
     else:
@@ -173,6 +190,10 @@ def export_model(
         if not g.expr.free_symbols:
             continue
         frame = sites.get(id(g.sloc))
+        unnamed = sorted(str(s) for s in g.expr.free_symbols if s not in names)
+        if unnamed:
+            where = f"{display_path(frame.filename, model_path)}:{frame.lineno}: " if frame else ""
+            raise value_dependent_size(unnamed[0], where, (frame.line or "").strip() if frame else "")
         raw.append(
             RawGuard(
                 text=to_text(g.expr, names),

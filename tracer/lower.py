@@ -45,6 +45,7 @@ from aot.schema import (
     TensorSpec,
 )
 from aot.sympy_text import to_text
+from aot.tracer.sites import value_dependent_size
 
 # Ops that only assert facts about the tracing run; they carry no computation.
 DROPPED_OPS = {
@@ -132,6 +133,7 @@ class Lowering:
         self.input_names = input_names
         self.state = state
         self.value_names: dict[torch.fx.Node, str] = {}
+        self.node: torch.fx.Node | None = None  # the node being lowered, for errors at its model line
         self.buffers: dict[str, TensorSpec] = {}
         self.steps: list[Step] = []
         self.weights: dict[str, torch.Tensor] = {}
@@ -211,6 +213,11 @@ class Lowering:
                 self.skip.add(src)
 
     def sym(self, value: Any) -> Any:
+        if isinstance(value, (torch.SymInt, torch.SymBool)):
+            unnamed = sorted(str(s) for s in value.node.expr.free_symbols if s not in self.names)
+            if unnamed:  # no input dim gives it: torch.nonzero's size, say
+                where = _model_line(self.node) if self.node is not None else ""
+                raise value_dependent_size(unnamed[0], where)
         if isinstance(value, torch.SymInt):
             expr = value.node.expr
             if expr.is_Integer:
@@ -296,6 +303,7 @@ class Lowering:
 
         user_outputs = self.plan_state_writes(placeholders)
         for node in graph.nodes:
+            self.node = node
             if node.op != "call_function" or node in self.skip:
                 continue
             if node in self.alias:

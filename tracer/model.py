@@ -208,6 +208,14 @@ def check_signature(spec: ModelSpec, module, params, by_keyword: bool) -> None:
         p for p, v in params.items() if v.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
     ]
     takes_varargs = any(v.kind == kinds.VAR_POSITIONAL for v in params.values())
+    if not by_keyword and takes_varargs and len(names) > len(positional):
+        star = next(p for p, v in params.items() if v.kind == kinds.VAR_POSITIONAL)
+        packed = names[len(positional) :]
+        raise SpecError(
+            f"{type(module).__name__}.forward takes {', '.join(packed)} through *{star}, which torch.export "
+            f"cannot trace as separate inputs; give forward one parameter per Input "
+            f"(forward(self, {', '.join(names)})), or wrap the model in a module whose forward does"
+        )
     if not by_keyword and len(names) > len(positional) and not takes_varargs:
         raise SpecError(
             f"the spec declares {len(names)} inputs ({', '.join(names)}) but {forward} takes "

@@ -24,6 +24,11 @@ def load_model_file(path: str | os.PathLike) -> ModelSpec:
         raise SpecError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[mod_name] = module
+    # as `python model.py` would: modules beside the model file import (for the whole build, as
+    # a model may import them when it is made, not only when the file is read)
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         loader_spec.loader.exec_module(module)
     except SpecError as e:

@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from aot.errors import TraceError
+
 _PACKAGE_DIRS = tuple(
     str(Path(p).resolve()) + os.sep
     for p in {
@@ -31,6 +33,24 @@ _PACKAGE_DIRS = tuple(
 # relative to it (else to the model file's folder), so a manifest reads the same on every checkout.
 # Version-control folders are not markers: `git init` must not change a manifest.
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
+
+
+# What a bundle's shapes may depend on, said where a model makes one depend on tensor values.
+VALUE_SHAPES = (
+    "a bundle's shapes follow its inputs' shapes alone: keep the size fixed (a mask or torch.where "
+    "instead of indices, a padded result)"
+)
+
+
+def value_dependent_size(symbol: str, where: str = "", code: str = "") -> TraceError:
+    """A size symbol that no input dim gives (``u0``: torch.nonzero's result, masked_select's, a
+    size read with ``.item()``)."""
+    code = f" ({code})" if code else ""
+    return TraceError(
+        f"{where}a size depends on tensor values, not on input shapes{code}: {symbol} is the size of a "
+        f"result such as torch.nonzero's, masked_select's, unique's or a number read with .item(); "
+        + VALUE_SHAPES
+    )
 
 
 def import_hint(e: BaseException) -> str:

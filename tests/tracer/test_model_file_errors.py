@@ -1,0 +1,135 @@
+"""Model files a newcomer writes, through ``aotpack build``: the exit code and the one ``error:``
+line for a spec mistake or a model whose shapes depend on tensor values, and a helper module
+beside the model file that imports as it would under ``python model.py``."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from aot.cli import main
+
+HEAD = """\
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+"""
+
+
+def _build(tmp_path, capsys, body: str, name: str = "model.py") -> tuple[int, list[str]]:
+    """``aotpack build`` of a model file made of ``HEAD`` and ``body``: (exit code, stderr lines)."""
+    model = tmp_path / name
+    model.write_text(HEAD + textwrap.dedent(body))
+    with pytest.raises(SystemExit) as e:
+        main(["build", str(model), "-o", str(tmp_path / "out.tpk"), "--arch", "sm_90"])
+    return e.value.code, capsys.readouterr().err.splitlines()
+
+
+def _error(lines: list[str]) -> str:
+    assert not any("Traceback" in line for line in lines), lines
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, lines
+    return errors[0]
+
+
+def test_two_dims_of_one_name_with_different_ranges_are_refused(tmp_path, capsys):
+    code, lines = _build(
+        tmp_path,
+        capsys,
+        """
+        class M(nn.Module):
+            def forward(self, x, y):
+                return x.sum() + y.sum()
+
+        spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 64), 4)), Input("y", (Dim("batch", 1, 32), 4))])
+        """,
+    )
+    assert code == 1
+    assert _error(lines) == (
+        f"error: {tmp_path / 'model.py'}: two different Dims are named 'batch': Dim('batch', 1, 64) on input "
+        "'x' and Dim('batch', 1, 32) on input 'y'; use one Dim for both, or give them distinct names"
+    )
+
+
+def test_a_module_beside_the_model_file_imports(tmp_path, capsys, monkeypatch):
+    """As under ``python model.py``, the model file's folder is on sys.path: ``import helper``
+    finds helper.py beside it (the build then goes on: here to its one-line error at export)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder added is taken off after the test
+    (tmp_path / "helper_beside_the_model.py").write_text("SCALE = 3\n")
+    code, lines = _build(
+        tmp_path,
+        capsys,
+        """
+        from helper_beside_the_model import SCALE
+
+        class M(nn.Module):
+            def forward(self, x):
+                return x * SCALE
+
+        spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 8), 4))])
+        """,
+    )
+    assert code == 0 and not [line for line in lines if line.startswith("error:")], lines
+    assert (tmp_path / "out.tpk").is_file()
+
+
+@pytest.mark.parametrize(
+    "forward, expected",
+    [
+        (
+            "return torch.nonzero(x > 0).float().sum(0)",
+            "model.py:7: a size depends on tensor values, not on input shapes: u0 is the size of a result "
+            "such as torch.nonzero's, masked_select's, unique's or a number read with .item(); a bundle's "
+            "shapes follow its inputs' shapes alone: keep the size fixed (a mask or torch.where instead of "
+            "indices, a padded result)",
+        ),
+        (
+            "return torch.zeros(int((x > 0).sum().item()))",
+            "the model turns a tensor value into a Python number (.item(), int(t), t.tolist()); a bundle's "
+            "shapes follow its inputs' shapes alone",
+        ),
+        (
+            "return x * 2 if x.sum() > 0 else x",
+            "the model branches on tensor values (an `if` on a tensor); use torch.where or torch.cond, or "
+            "torch._check to state the assumption",
+        ),
+    ],
+    ids=["nonzero", "item", "branch"],
+)
+def test_value_dependent_shapes_are_named_for_what_they_are(tmp_path, capsys, forward, expected):
+    code, lines = _build(
+        tmp_path,
+        capsys,
+        f"""
+        class M(nn.Module):
+            def forward(self, x):
+                {forward}
+
+        spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 8), 4))])
+        """,
+    )
+    line = _error(lines)
+    assert code == 1 and expected in line, line
+    assert "declare that input dim" not in line
+
+
+def test_forward_with_star_args_gets_a_spec_error(tmp_path, capsys):
+    code, lines = _build(
+        tmp_path,
+        capsys,
+        """
+        class M(nn.Module):
+            def forward(self, *xs):
+                return xs[0] + xs[1]
+
+        spec = ModelSpec(module=M, inputs=[Input("a", (Dim("batch", 1, 8), 4)), Input("b", (Dim("batch", 1, 8), 4))])
+        """,
+    )
+    assert code == 1
+    assert _error(lines) == (
+        "error: M.forward takes a, b through *xs, which torch.export cannot trace as separate inputs; give "
+        "forward one parameter per Input (forward(self, a, b)), or wrap the model in a module whose "
+        "forward does"
+    )
