@@ -100,7 +100,12 @@ class _Program:
         while (s := self.view_step(name)) is not None and s.target == "aten.slice.Tensor":
             args = list(s.args) + [None] * 5
             src, dim, start, end, step = args[:5]
-            size = self.shape(src.name)[dim] if isinstance(src, Buf) and type(dim) is int else None
+            shape = self.shape(src.name) if isinstance(src, Buf) else None
+            size = (
+                shape[dim]
+                if shape is not None and type(dim) is int and -len(shape) <= dim < len(shape)
+                else None
+            )
             if s.kwargs or start not in (0, None) or step not in (1, None) or size is None:
                 break
             if not (end is None or (type(end) is int and (end >= FULL_END or str(end) == size))):
@@ -200,8 +205,7 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         q, k, v, m, scale, enable_gqa = parsed
         if not all(isinstance(x, Buf) for x in (q, k, v)) or not (m is None or isinstance(m, Buf)):
             continue
-        qs, out = p.shape(q.name), step.outputs[0]
-        spec = p.specs.get(q.name)
+        qs, out, spec = p.shape(q.name), step.outputs[0], p.specs.get(q.name)
         if qs is None or len(qs) != 4 or not all(d.isdigit() for d in qs[1:]) or enable_gqa:
             continue
         # [B, Hq, L, D]: one query per head (L == 1), or the L query heads sharing a KV head as
@@ -209,6 +213,8 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         batch, q_heads, rows, head_dim, dtype = qs[0], int(qs[1]), int(qs[2]), int(qs[3]), spec.dtype
         heads = q_heads * rows
         if dtype not in FLOAT_DTYPES or head_dim > MAX_HEAD_DIM or p.shape(out) != qs:
+            continue
+        if any(x.name not in p.specs or len(p.shape(x.name)) != 4 for x in (k, v)) or out not in p.specs:
             continue
         if any(p.specs[x.name].dtype != dtype or p.shape(x.name)[1] != qs[1] for x in (k, v)):
             continue  # SDPA pairs query head i with key head i
@@ -238,8 +244,9 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         context = int(kc[2])
         mask, mask_stride = None, 0
         if m is not None:
-            if p.specs[m.name].dtype != dtype or len(p.shape(m.name)) != 4:
-                continue
+            ms = p.shape(m.name)
+            if ms is None or p.specs[m.name].dtype != dtype or ms[1:] != ("1", "1", str(context)):
+                continue  # one additive mask row per batch row, for every head and query row
             found_mask = p.mask(m.name, batch, context)
             if found_mask is None:
                 continue
