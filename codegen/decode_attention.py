@@ -12,8 +12,8 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
   as ``aot.codegen.flash`` reads them) or, grouped-query heads folded into rows
   (``aot.codegen.attention.fold_gqa_repeats``), ``[B, KV, G, D]`` viewing such a buffer, whose ``k`` and ``v`` are ``[B, H, C, D]`` views of a
   row-major ``[B, KV, C, D]`` cache (full slices; grouped-query heads by ``unsqueeze`` /
-  ``expand`` / ``view``, ``H = KV * G``), with a static ``C``, and whose mask (or none) is an
-  additive float ``[B or 1, 1, 1, C]`` view of a row-major buffer;
+  ``expand`` / ``view``, ``H = KV * G``), with a static ``C``, and whose mask (or none) is a
+  ``[B or 1, 1, 1, C]`` view of a row-major buffer, additive or boolean;
 - the kernel runs one program per (row, KV head): the ``G`` query heads sharing that KV head are
   the rows of one tile (padded to 16 for the tensor cores), so every cache element is read once;
   keys and values stream in blocks of up to 256 slots with the softmax computed online in fp32.
@@ -56,7 +56,7 @@ class DecodeSite:
     q_column: int
     k: str  # [B, KV, C, D] row-major
     v: str
-    mask: str | None  # additive, [B or 1, C] row-major
+    mask: str | None  # [B or 1, C] row-major: additive (mask_dtype the operands'), or bool (True: attend)
     mask_batch_stride: int  # C, or 0 for one mask row shared by every row
     out: str  # [B, H, 1, D] row-major
     batch: str  # size text
@@ -66,6 +66,7 @@ class DecodeSite:
     head_dim: int
     scale: float
     dtype: str
+    mask_dtype: str = ""  # the operands' dtype when empty
 
 
 class _Program:
@@ -227,11 +228,16 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
             if viewed is None or viewed.target != "aten.view.default" or not isinstance(viewed.args[0], Buf):
                 continue
             src = viewed.args[0]
-            if not p.materialized(src.name):
-                continue
             if p.shape(src.name) != (batch, str(heads), "1", str(head_dim)):
                 continue
-            q_base, q_stride, q_column = src.name, heads * head_dim, 0
+            if p.materialized(src.name):
+                q_base, q_stride, q_column = src.name, heads * head_dim, 0
+            else:  # the fold over a head view of a projection's rows
+                flash = flash or _Finder(program)
+                found = flash.operand(src.name, dtype)
+                if found is None or found[2] != "1" or found[3] != heads or found[4] != head_dim:
+                    continue
+                q_base, q_stride, q_column = found[0].base, found[0].width, found[0].column
         else:  # a head view of a projection's rows (GPT-2's fused QKV)
             flash = flash or _Finder(program)
             found = flash.operand(q.name, dtype)
@@ -242,15 +248,20 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         if kc is None or vc is None or kc[1:] != vc[1:] or not kc[2].isdigit():
             continue
         context = int(kc[2])
-        mask, mask_stride = None, 0
+        mask, mask_stride, mask_dtype = None, 0, dtype
         if m is not None:
             ms = p.shape(m.name)
-            if ms is None or p.specs[m.name].dtype != dtype or ms[1:] != ("1", "1", str(context)):
-                continue  # one additive mask row per batch row, for every head and query row
+            if (
+                ms is None
+                or p.specs[m.name].dtype not in (dtype, "bool")
+                or ms[1:] != ("1", "1", str(context))
+            ):
+                continue  # one mask row per batch row (additive, or True = attend), for every head and query row
             found_mask = p.mask(m.name, batch, context)
             if found_mask is None:
                 continue
             mask, mask_stride = found_mask
+            mask_dtype = p.specs[m.name].dtype
         sites.append(
             DecodeSite(
                 step=i,
@@ -261,6 +272,7 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
                 v=vc[0],
                 mask=mask,
                 mask_batch_stride=mask_stride,
+                mask_dtype=mask_dtype,
                 out=out,
                 batch=batch,
                 heads=heads,
@@ -309,12 +321,19 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         f"    v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
         f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units",
     ]
-    if site.mask is not None:
+    bool_mask = site.mask is not None and site.mask_dtype == "bool"
+    if bool_mask:
         body.append(
-            "    s = s + tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0.0).to(tl.float32)[None, :] * LOG2E"
+            "    keep = valid_n & (tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0) != 0)"
         )
+    else:
+        body.append("    keep = valid_n")
+        if site.mask is not None:
+            body.append(
+                "    s = s + tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0.0).to(tl.float32)[None, :] * LOG2E"
+            )
     body += [
-        "    s = tl.where(valid_n[None, :], s, float('-inf'))",
+        "    s = tl.where(keep[None, :], s, float('-inf'))",
         "    m_new = tl.maximum(m_i, tl.max(s, 1))",
         "    alpha = tl.exp2(m_i - m_new)",
         "    p = tl.exp2(s - m_new[:, None])",
@@ -328,7 +347,11 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         KernelParam("q_ptr", ParamKind.PTR, site.dtype),
         KernelParam("k_ptr", ParamKind.PTR, site.dtype),
         KernelParam("v_ptr", ParamKind.PTR, site.dtype),
-        *([KernelParam("mask_ptr", ParamKind.PTR, site.dtype)] if site.mask is not None else []),
+        *(
+            [KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype or site.dtype)]
+            if site.mask is not None
+            else []
+        ),
         KernelParam("out_ptr", ParamKind.PTR, site.dtype),
         KernelParam("B", ParamKind("i32"), ""),
     ]
@@ -358,12 +381,15 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "LOG2E": repr(LOG2E),
     }
     grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
+    mask_doc = ""
+    if site.mask is not None:
+        mask_doc = f"mask: {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, C] rows; "
     doc = [
         f"Decode attention: softmax(q k^T * {site.scale!r} + mask) v for one query per row, online, fp32 accumulation.",
         "",
         f"q: [B, {site.heads}, 1, {d}] (row b at b * {site.q_batch_stride} + {site.q_column}); k, v: the cache,",
         f"[B, {site.kv_heads}, {site.context}, {d}] row-major, {groups} query heads per KV head; "
-        + ("mask: additive [B or 1, C] rows; " if site.mask is not None else "")
+        + mask_doc
         + f"B = {batch}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
