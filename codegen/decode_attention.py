@@ -2,7 +2,7 @@
 
 A decode step's SDPA call (``aot.hf.causal_lm``'s ``decode`` entry: one new token per row)
 reads a query of one position per head and the whole static cache of its layer, under the
-additive mask the wrapper builds. The library runs it as a flash kernel tiled for long queries
+mask the wrapper builds. The library runs it as a flash kernel tiled for long queries
 (cuDNN's took ~10 us per layer on an H200 for a 512-slot cache, work that moves ~1 MB). This
 pass finds such calls by their shapes and operands, not by model, and replaces each with one
 kernel step of its own (the SDPA step its reference, what the CPU runs):
@@ -10,10 +10,11 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
 - a *site* is ``scaled_dot_product_attention(q, k, v, mask)`` without dropout, not causal, whose
   query ``q`` is ``[B, H, 1, D]`` (a buffer a kernel wrote, or a head view of a projection's rows
   as ``aot.codegen.flash`` reads them) or, grouped-query heads folded into rows
-  (``aot.codegen.attention.fold_gqa_repeats``), ``[B, KV, G, D]`` viewing such a buffer, whose ``k`` and ``v`` are ``[B, H, C, D]`` views of a
-  row-major ``[B, KV, C, D]`` cache (full slices; grouped-query heads by ``unsqueeze`` /
-  ``expand`` / ``view``, ``H = KV * G``), with a static ``C``, and whose mask (or none) is a
-  ``[B or 1, 1, 1, C]`` view of a row-major buffer, additive or boolean;
+  (``aot.codegen.attention.fold_gqa_repeats``), ``[B, KV, G, D]`` viewing such a query; whose
+  ``k`` and ``v`` are ``[B, H, C, D]`` views of a row-major ``[B, KV, C, D]`` cache (full slices;
+  grouped-query heads by ``unsqueeze`` / ``expand`` / ``view``, ``H = KV * G``) with a static
+  ``C`` of at most ``MAX_CONTEXT``; and whose mask (or none) is a ``[B or 1, 1, 1, C]`` view of a
+  row-major buffer, additive or boolean (True: attend);
 - the kernel runs one program per (row, KV head): the ``G`` query heads sharing that KV head are
   the rows of one tile (padded to 16 for the tensor cores), so every cache element is read once;
   keys and values stream in blocks of up to 256 slots with the softmax computed online in fp32.
@@ -42,6 +43,10 @@ HEURISTIC = "decode-attention-v1"
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
 MAX_BLOCK_N = 256  # cache slots per step of the loop
+# One program per row and KV head walks the whole cache: measured at 160 and 512 slots (H200). A
+# longer cache at batch 1 would leave a few programs looping long where the library splits the
+# keys across blocks; until a split-KV form is measured, longer caches keep SDPA.
+MAX_CONTEXT = 1024
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
 LOG2E = 1.4426950408889634
 
@@ -248,6 +253,8 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         if kc is None or vc is None or kc[1:] != vc[1:] or not kc[2].isdigit():
             continue
         context = int(kc[2])
+        if context > MAX_CONTEXT:
+            continue
         mask, mask_stride, mask_dtype = None, 0, dtype
         if m is not None:
             ms = p.shape(m.name)
