@@ -47,6 +47,8 @@ MAX_BLOCK_N = 256  # cache slots per step of the loop
 # longer cache at batch 1 would leave a few programs looping long where the library splits the
 # keys across blocks; until a split-KV form is measured, longer caches keep SDPA.
 MAX_CONTEXT = 1024
+WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
+NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
 LOG2E = 1.4426950408889634
 
@@ -302,7 +304,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
     bn = min(MAX_BLOCK_N, max(16, _pow2(site.context)))
-    num_warps = 8 if bn * bd >= 128 * 64 else 4
+    num_warps = 8 if bn * bd >= WIDE_TILE else 4
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     name = f"decode_attention_g{groups}_d{d}"
@@ -411,7 +413,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "BLOCK_D": bd,
         "heuristic": HEURISTIC,
         "num_warps": num_warps,
-        "num_stages": 2,
+        "num_stages": NUM_STAGES,
     }
     return Rendered(
         name=name,
@@ -422,7 +424,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         outputs=(site.out,),
         grid=grid,
         num_warps=num_warps,
-        num_stages=2,
+        num_stages=NUM_STAGES,
         config=config,
         ops=(SDPA,),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
