@@ -47,6 +47,7 @@ import re
 from dataclasses import dataclass, replace
 
 from aot.admissible import admissible_text
+from aot.archs import sort_key as arch_sort_key
 from aot.errors import BundleError, printable
 from aot.schema import (
     Bucket,
@@ -133,11 +134,6 @@ def manifest_of_bundle(m: Manifest) -> GuardManifest:
     )
 
 
-def _arch_key(arch: str) -> tuple[int, str]:
-    digits = re.sub(r"\D", "", arch)
-    return (int(digits) if digits else 0, arch)
-
-
 def canonical(m: GuardManifest) -> GuardManifest:
     """``m`` as its text holds it: sorted, build-only environment fields dropped. For any ``m``,
     ``parse_guards_text(render_manifest(m)) == canonical(m)``."""
@@ -164,7 +160,7 @@ def canonical(m: GuardManifest) -> GuardManifest:
         sorted({_one_line_source(s) for s in g.specializations}, key=lambda s: (s.text, *_source_key(s)))
     )
     env = Environment(
-        archs=tuple(sorted(set(m.environment.archs), key=_arch_key)),
+        archs=tuple(sorted(set(m.environment.archs), key=arch_sort_key)),
         torch_built="",
         torch_min=m.environment.torch_min,
         triton_built="",

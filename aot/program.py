@@ -17,6 +17,11 @@ from aot.errors import BundleError
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 from aot.symexpr import compile_expr
 
+# The views that give their input a new shape and keep each element at its row-major index
+# (the rows of a GEMM's A read through one are its input's rows); ``aot.codegen.lower_views``
+# folds a wider set that also keeps the flat index (``SAME_INDEX_VIEWS``: squeezes, aliases).
+RESHAPE_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"})
+
 # Ops whose result may share storage with their first tensor argument: they allocate nothing, a
 # kernel reads through them by index arithmetic, and the buffer they view lives as long as they do.
 VIEW_OPS = frozenset(
@@ -145,6 +150,20 @@ def step_reads(step: Step) -> list[str]:
         written = set(step.outputs)
         reads = [r for r in reads if r not in written]
     return reads
+
+
+def producer_of(steps: Sequence[Step]) -> dict[str, int]:
+    """Each buffer → the index of the step whose outputs name it (the last, should two)."""
+    return {o: i for i, s in enumerate(steps) for o in s.outputs if o is not None}
+
+
+def readers_of(steps: Sequence[Step]) -> dict[str, list[int]]:
+    """Each buffer → the indices of the steps that read it (``step_reads``), ascending, each once."""
+    out: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for r in dict.fromkeys(step_reads(s)):
+            out.setdefault(r, []).append(i)
+    return out
 
 
 def step_writes(step: Step) -> list[str]:

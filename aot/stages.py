@@ -6,11 +6,16 @@ reference data) travel as a name → tensor mapping; everything else is schema r
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from aot.archs import parse_arch
 from aot.schema import TORCH_MIN, Bucket, BuildStats, Environment, Guards, Program
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,42 @@ class Traced:
     # Half-precision models: how far eager at the model dtype is from eager float32 on the
     # example inputs, relative to the output scale (what ``aotpack verify`` may expect at best).
     reference_noise: float = 0.0
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How ``generate`` builds: the cubin archs, and the switches of ``aotpack build``.
+
+    ``fuse=False`` keeps every ATen step; ``gemm_candidates`` also compiles Triton candidates for
+    the library GEMMs (``aotpack tune`` picks); ``stack_siblings=False`` keeps sibling matmuls
+    apart; ``channels_last=False`` keeps every tensor row-major; ``decode_attention=False`` keeps
+    one-token SDPA calls over a KV cache library calls (``aot.codegen.decode_attention``)."""
+
+    archs: tuple[str, ...] = DEFAULT_ARCHS
+    fuse: bool = True
+    gemm_candidates: bool = False
+    stack_siblings: bool = True
+    channels_last: bool = True
+    decode_attention: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.archs, str) or not self.archs:
+            raise ValueError(
+                f"BuildOptions.archs is a tuple of arch names such as ('sm_90',), got {self.archs!r}"
+            )
+        names = tuple(dict.fromkeys(parse_arch(a).name for a in self.archs))
+        if names != tuple(self.archs):
+            raise ValueError(
+                f"BuildOptions.archs must be distinct sm_ names, got {self.archs!r}; use {names!r}"
+            )
+        for name in ("fuse", "gemm_candidates", "stack_siblings", "channels_last", "decode_attention"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"BuildOptions.{name} is True or False, got {getattr(self, name)!r}")
+
+    def hash(self) -> str:
+        """A digest of every option (for cache keys and reports)."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -10,36 +10,28 @@ steps; an op the fuser does not know stays an ATen step.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from aot.archs import parse_arch
 from aot.errors import CodegenError
-from aot.schema import BuildStats, StepKind
-from aot.stages import Compiled, Traced
+from aot.schema import BuildStats, Program, StepKind
+from aot.stages import DEFAULT_ARCHS, BuildOptions, Compiled, Traced
 
-DEFAULT_ARCHS = ("sm_80", "sm_90")
 PROGRESS_INTERVAL = 1.0  # seconds between progress lines while compiling
 
 
 def parse_archs(text: str) -> tuple[str, ...]:
-    """``"sm_80,sm_90"`` → ``("sm_80", "sm_90")``, validated."""
-    import re
-
-    archs = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
-    bad = [a for a in archs if not re.fullmatch(r"sm_[0-9]{2,3}a?", a)]
-    if bad or not archs:
+    """``"sm_80,sm_90a"`` (or ``"80,90a"``) → ``("sm_80", "sm_90a")``, validated."""
+    try:
+        archs = tuple(dict.fromkeys(parse_arch(a).name for a in text.split(",") if a.strip()))
+    except ValueError:
+        archs = ()
+    if not archs:
         raise CodegenError(f"--arch expects a comma list like sm_80,sm_90; got {text!r}")
     return archs
-
-
-def kernel_id(source: str, signature: dict, config: dict) -> str:
-    """Content hash of a kernel: identical kernels (12 GPT layers) share one id and one compile."""
-    text = json.dumps({"source": source, "signature": signature, "config": config}, sort_keys=True)
-    return "k_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def compile_kernels(
@@ -102,124 +94,50 @@ def generate(
     candidates, a gated MLP's gate and up then get a dual-GEMM candidate, but the library steps
     (an untuned bundle, and every bucket where tune keeps the library) launch one GEMM per
     sibling. ``channels_last=False`` keeps every tensor row-major (``aot.codegen.layouts``).
+    ``decode_attention=False`` keeps one-token SDPA calls over a KV cache library calls
+    (``aot.codegen.decode_attention``).
 
     A model traced as several programs (``Traced.programs``) has each fused on its own; they come
     out as one ``Program`` with the others in ``variants``, kernels compiled once across them."""
-    import triton
-
-    if traced.programs:
-        return _generate_programs(
-            traced, archs, progress, fuse, gemm_candidates, stack_siblings, channels_last, decode_attention
-        )
-
-    from aot.codegen.activation_folding import fold_activations
-    from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
-    from aot.codegen.compile import ptxas_release
-    from aot.codegen.embeddings import gather_sites, positions_as_slices, render_gather
-    from aot.codegen.layouts import channels_last as lay_out_channels_last
-    from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
-    from aot.codegen.partition import partition, rewrite
-    from aot.codegen.pooling import pool_sites, render_max_pool
-    from aot.codegen.render import kernel_record, standalone_step
-    from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
-    from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
-
+    options = BuildOptions(
+        tuple(archs), fuse, gemm_candidates, stack_siblings, channels_last, decode_attention
+    )
     say = progress or (lambda msg: None)
-    archs = tuple(archs)
-    program = traced.program
-    if not fuse:
+    if traced.programs:
+        return _generate_programs(traced, options, say)
+    if not options.fuse:
+        program = traced.program
         return Compiled(
             traced=traced,
             program=program,
-            archs=archs,
+            archs=options.archs,
             stats=BuildStats(programs=1 + len(program.variants)),
         )
-    start = time.perf_counter()
-    # Siblings are stacked with or without GEMM candidates: the library steps of a candidates
-    # build are then the default build's, so neither an untuned bundle nor a bucket where tune
-    # keeps the library is slower than the default build (kept apart, Llama-0.58B's library steps
-    # took 0.92 ms at batch 1 x seq 128 on an H200 against 0.78 ms stacked).
-    stacked = 0
-    if stack_siblings:
-        program, weights, stacked = fuse_sibling_matmuls(program, dict(traced.weights))
-    if stacked:
-        say(f"  stacked the weights of {stacked} groups of sibling matmuls (one GEMM each)")
-        traced = replace(traced, program=program, weights=weights)
-    program, weights, padded = pad_matmul_weights(program, dict(traced.weights))
-    if padded:
-        say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
-        traced = replace(traced, program=program, weights=weights)
-    ranges = {g.name: (g.min, g.max) for g in traced.guards.symbols}
-    program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
-    program, _ = fold_gqa_repeats(program, log=say)
-    program, folded = fold_activations(program)
-    program, n_positions = positions_as_slices(program, ranges)
-    if n_positions:
-        say(f"  position lookups read in place from their table: {n_positions}")
-    if folded:
-        say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
-    program, split = split_conv_bias(program)
-    if split:
-        say(f"  {split} convolution biases join the kernels after them")
-    if channels_last:
-        program, n_cl = lay_out_channels_last(program)
-        if n_cl:
-            say(f"  {n_cl} convolutions run channels-last (NHWC tensors and weights, no cuDNN transposes)")
-        program, n_copies = relayout_conv_inputs(program)
-        if n_copies:
-            say(
-                f"  {n_copies} convolution inputs copied NHWC by a kernel (no ATen copy inside the convolution)"
-            )
-    graph, groups, unfused = partition(program, ranges, log=say)
-    ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
-    distinct = list(dict.fromkeys(ids))
-    by_id = {i: g.rendered for i, g in zip(ids, groups)}
-    # embedding lookups and max pools: a Triton kernel each, so a call launches no ATen kernel for them
-    # the replaced step's output -> (its kernel's id, the kernel, the step it was rendered from)
-    standalone: dict[str, tuple[str, Any, Any]] = {}
-    sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
-    sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
-    for step, r in sites:
-        if r is not None:
-            k = kernel_id(r.source, r.signature, r.config)
-            standalone[step.outputs[0]] = k, r, step
-            by_id[k] = r
-    partition_s = time.perf_counter() - start
-    say(
-        f"  fused {sum(len(g.members) for g in groups)} ATen ops into {len(groups)} kernel launches "
-        f"({len(distinct)} distinct kernels) in {partition_s:.1f}s"
-    )
+    return _generate_one(traced, options, say)
 
+
+def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], None]) -> Compiled:
+    """One program: rewritten for the kernels, fused, compiled; then its small head or its GEMM
+    candidates."""
+    import triton
+
+    from aot.codegen.compile import ptxas_release
+
+    archs = options.archs
+    start = time.perf_counter()
+    traced, program, folded, padded = _rewrite_for_kernels(traced, options, say)
+    ranges = _ranges(traced)
+    graph, groups, unfused, standalone, by_id = _fuse(program, ranges, say, start)
     results, failed, hits = compile_kernels(by_id, archs, say)
     for k, why in failed.items():
         say(
             f"  warning: kernel {by_id[k].name} ({k}) failed to compile, its {len(by_id[k].ops)} ATen ops "
             f"stay library calls: {why}"
         )
-
-    kept = [(g, i) for g, i in zip(groups, ids) if i not in failed]
-    try:
-        steps = rewrite(graph, [g for g, _ in kept], [i for _, i in kept])
-    except AssertionError as e:  # never fail a build over a fusion decision: ship the ATen program
-        say(f"  warning: fusion produced an unschedulable program ({e}); every step stays an ATen call")
-        kept, steps = [], program.steps
-    alone = {out: site for out, site in standalone.items() if site[0] not in failed}
-
-    def on_its_own(s):  # the ATen step a standalone kernel replaces, as that kernel's step
-        site = alone.get(s.outputs[0]) if s.kind == StepKind.ATEN and s.outputs else None
-        if site is None or s.target != site[2].target:
-            return s
-        k, r, source = site
-        return standalone_step(s, r, k, source)
-
-    steps = tuple(map(on_its_own, steps))
-    kernels, cubins = [], {}
-    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _, _ in alone.values())]):
-        kernels.append(kernel_record(k, by_id[k], results, archs))
-        for a in archs:
-            cubins[(k, a)] = results[(k, a)].cubin
-    new_program = replace(program, steps=steps, kernels=tuple(kernels))
-    if decode_attention:
+    new_program, cubins = _with_kernels(
+        program, graph, groups, standalone, by_id, results, failed, archs, say
+    )
+    if options.decode_attention:
         from aot.codegen.decode_attention import decode_attention_kernels
 
         new_program, decode_cubins = decode_attention_kernels(
@@ -229,7 +147,7 @@ def generate(
             say,
         )
         cubins.update(decode_cubins)
-    if not gemm_candidates:  # a candidates build leaves every GEMM to tune
+    if not options.gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 
         new_program, small_cubins = small_gemm_kernels(
@@ -241,7 +159,7 @@ def generate(
         )
         cubins.update(small_cubins)
     steps, n_default_kernels = new_program.steps, len(new_program.kernels)
-    if gemm_candidates:
+    if options.gemm_candidates:
         from aot.codegen.gemm import add_gemm_alternatives
 
         new_program, gemm_cubins, _ = add_gemm_alternatives(
@@ -278,17 +196,125 @@ def generate(
     )
 
 
-def _generate_programs(
-    traced: Traced,
-    archs: tuple[str, ...],
-    progress,
-    fuse: bool,
-    gemm_candidates: bool = False,
-    stack_siblings: bool = True,
-    channels_last: bool = True,
-    decode_attention: bool = True,
-) -> Compiled:
-    say = progress or (lambda msg: None)
+def _ranges(traced: Traced) -> dict[str, tuple[int, int]]:
+    return {g.name: (g.min, g.max) for g in traced.guards.symbols}
+
+
+def _rewrite_for_kernels(
+    traced: Traced, options: BuildOptions, say: Callable[[str], None]
+) -> tuple[Traced, Program, int, int]:
+    """The rewrites before fusion (siblings stacked, weights padded, attention masks and GQA
+    repeats folded, activations into their matmuls, position lookups, convolution biases and
+    layouts): ``traced`` with the stacked and padded weights, the rewritten program, and how
+    many activations were folded and weights padded."""
+    from aot.codegen.activation_folding import fold_activations
+    from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
+    from aot.codegen.embeddings import positions_as_slices
+    from aot.codegen.layouts import channels_last as lay_out_channels_last
+    from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
+    from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
+    from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
+
+    program = traced.program
+    # Siblings are stacked with or without GEMM candidates: the library steps of a candidates
+    # build are then the default build's, so neither an untuned bundle nor a bucket where tune
+    # keeps the library is slower than the default build (kept apart, Llama-0.58B's library steps
+    # took 0.92 ms at batch 1 x seq 128 on an H200 against 0.78 ms stacked).
+    stacked = 0
+    if options.stack_siblings:
+        program, weights, stacked = fuse_sibling_matmuls(program, dict(traced.weights))
+    if stacked:
+        say(f"  stacked the weights of {stacked} groups of sibling matmuls (one GEMM each)")
+        traced = replace(traced, program=program, weights=weights)
+    program, weights, padded = pad_matmul_weights(program, dict(traced.weights))
+    if padded:
+        say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
+        traced = replace(traced, program=program, weights=weights)
+    ranges = _ranges(traced)
+    program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
+    program, _ = fold_gqa_repeats(program, log=say)
+    program, folded = fold_activations(program)
+    program, n_positions = positions_as_slices(program, ranges)
+    if n_positions:
+        say(f"  position lookups read in place from their table: {n_positions}")
+    if folded:
+        say(f"  folded {folded} activations into their matmuls (cuBLASLt bias+activation epilogue)")
+    program, split = split_conv_bias(program)
+    if split:
+        say(f"  {split} convolution biases join the kernels after them")
+    if options.channels_last:
+        program, n_cl = lay_out_channels_last(program)
+        if n_cl:
+            say(f"  {n_cl} convolutions run channels-last (NHWC tensors and weights, no cuDNN transposes)")
+        program, n_copies = relayout_conv_inputs(program)
+        if n_copies:
+            say(
+                f"  {n_copies} convolution inputs copied NHWC by a kernel (no ATen copy inside the convolution)"
+            )
+    return traced, program, folded, padded
+
+
+def _fuse(program, ranges, say: Callable[[str], None], start: float):
+    """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max
+    pools: a Triton kernel each, so a call launches no ATen kernel for them): (the partition's
+    graph, its groups, the ops left unfused, the replaced step's output -> (its kernel's id, the
+    kernel, the step it was rendered from), every distinct kernel by id)."""
+    from aot.codegen.embeddings import gather_sites, render_gather
+    from aot.codegen.partition import partition
+    from aot.codegen.pooling import pool_sites, render_max_pool
+    from aot.codegen.render import kernel_id
+
+    graph, groups, unfused = partition(program, ranges, log=say)
+    ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
+    groups = list(zip(groups, ids))
+    by_id = {i: g.rendered for g, i in groups}
+    standalone: dict[str, tuple[str, Any, Any]] = {}
+    sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
+    sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
+    for step, r in sites:
+        if r is not None:
+            k = kernel_id(r.source, r.signature, r.config)
+            standalone[step.outputs[0]] = k, r, step
+            by_id[k] = r
+    partition_s = time.perf_counter() - start
+    say(
+        f"  fused {sum(len(g.members) for g, _ in groups)} ATen ops into {len(groups)} kernel launches "
+        f"({len(dict.fromkeys(ids))} distinct kernels) in {partition_s:.1f}s"
+    )
+    return graph, groups, unfused, standalone, by_id
+
+
+def _with_kernels(program, graph, groups, standalone, by_id, results, failed, archs, say):
+    """``program`` with each fusion group and standalone kernel that compiled as a kernel step
+    (the others stay ATen steps), and the kernels' cubins by (id, arch)."""
+    from aot.codegen.partition import rewrite
+    from aot.codegen.render import kernel_record, standalone_step
+
+    kept = [(g, i) for g, i in groups if i not in failed]
+    try:
+        steps = rewrite(graph, [g for g, _ in kept], [i for _, i in kept])
+    except AssertionError as e:  # never fail a build over a fusion decision: ship the ATen program
+        say(f"  warning: fusion produced an unschedulable program ({e}); every step stays an ATen call")
+        kept, steps = [], program.steps
+    alone = {out: site for out, site in standalone.items() if site[0] not in failed}
+
+    def on_its_own(s):  # the ATen step a standalone kernel replaces, as that kernel's step
+        site = alone.get(s.outputs[0]) if s.kind == StepKind.ATEN and s.outputs else None
+        if site is None or s.target != site[2].target:
+            return s
+        k, r, source = site
+        return standalone_step(s, r, k, source)
+
+    steps = tuple(map(on_its_own, steps))
+    kernels, cubins = [], {}
+    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _, _ in alone.values())]):
+        kernels.append(kernel_record(k, by_id[k], results, archs))
+        for a in archs:
+            cubins[(k, a)] = results[(k, a)].cubin
+    return replace(program, steps=steps, kernels=tuple(kernels)), cubins
+
+
+def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str], None]) -> Compiled:
     parts = []
     for tp in traced.programs:
         say(f"  program {tp.name}:")
@@ -296,13 +322,12 @@ def _generate_programs(
         parts.append(
             generate(
                 single,
-                archs,
-                progress,
-                fuse,
-                gemm_candidates,
-                stack_siblings,
-                channels_last,
-                decode_attention,
+                options.archs,
+                say,
+                options.fuse,
+                options.gemm_candidates,
+                options.stack_siblings,
+                options.channels_last,
             )
         )
     main = parts[0]

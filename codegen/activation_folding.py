@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from aot.program import step_reads
+from aot.program import producer_of, step_reads
 from aot.schema import Program
 
 _ACTIVATIONS = {"aten.relu.default": False, "aten.gelu.default": True}
@@ -21,7 +21,7 @@ def fold_activations(program: Program) -> tuple[Program, int]:
     uses = Counter(name for s in program.steps for name in step_reads(s))
     uses.update(program.outputs)
     steps = list(program.steps)
-    producer = {o: i for i, s in enumerate(steps) for o in s.outputs if o}
+    producer = producer_of(steps)
     folded = 0
     for i, act in enumerate(steps):
         if act is None or act.kind != "aten" or act.target not in _ACTIVATIONS:

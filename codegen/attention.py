@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
-from aot.program import step_reads
+from aot.program import RESHAPE_VIEWS, producer_of, step_reads
 from aot.schema import Buf, Program, Step, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
@@ -102,7 +102,7 @@ def simplify_attention_masks(
     from aot.aten import AtenCall
     from aot.symexpr import compile_expr
 
-    producer = {o: i for i, s in enumerate(program.steps) for o in s.outputs if o is not None}
+    producer = producer_of(program.steps)
     steps = list(program.steps)
     rewritten = 0
     for i, step in enumerate(program.steps):
@@ -185,7 +185,7 @@ def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tup
     shape of ``repeat_kv``): ``(src, G)``; None for anything else."""
     chain = []
     for target in (
-        ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"),
+        RESHAPE_VIEWS,
         ("aten.clone.default",),
         ("aten.expand.default",),
         ("aten.unsqueeze.default",),
@@ -222,7 +222,7 @@ def _size_arg(text: str):
 def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None) -> tuple[Program, int]:
     """``program`` with each one-token SDPA over a repeated grouped-query cache run on the cache
     itself (see the module docstring); how many were folded."""
-    producer = {o: i for i, s in enumerate(program.steps) for o in s.outputs if o is not None}
+    producer = producer_of(program.steps)
     steps: list[Step] = []
     buffers = dict(program.buffers)
     folded = 0

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from aot.archs import arch_number
 from aot.schema import KERNEL_SOURCE_FORMAT
 
 CACHE_ENV = "AOTPACK_CACHE_DIR"
@@ -218,7 +219,7 @@ def _compile(job: Job) -> tuple[bytes, dict[str, Any]]:
         if t.startswith("*")
     }
     src = ASTSource(fn, signature=dict(job.signature), constexprs=None, attrs=attrs)
-    cc = int(job.arch.removeprefix("sm_").rstrip("a"))
+    cc = arch_number(job.arch)
     with (
         tempfile.TemporaryDirectory(prefix="aotpack-triton-") as scratch,
         triton.knobs.cache.scope(),
@@ -274,11 +275,6 @@ def ptxas_release(arch: str) -> str:
     return _ptxas(arch_number(arch)).release
 
 
-def arch_number(arch: str) -> int:
-    """``"sm_90a"`` → 90."""
-    return int(re.sub(r"\D", "", arch))
-
-
 def check_archs(archs: tuple[str, ...]) -> None:
     """Refuse, before any tracing, an arch this triton cannot compile cubins for."""
     import triton
@@ -293,7 +289,9 @@ def check_archs(archs: tuple[str, ...]) -> None:
                     a
                     for cc in (MIN_ARCH, 90)
                     for a in _ptxas(cc).accepted
-                    if a[3:].isdigit() and int(a[3:]) >= MIN_ARCH and (int(a[3:]) < 90) == (cc < 90)
+                    if re.fullmatch(r"sm_\d+", a)
+                    and arch_number(a) >= MIN_ARCH
+                    and (arch_number(a) < 90) == (cc < 90)
                 },
                 key=arch_number,
             )

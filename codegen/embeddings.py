@@ -28,7 +28,7 @@ from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.dtypes import ITEMSIZE
-from aot.program import fresh_name, step_reads, tensor_specs
+from aot.program import fresh_name, producer_of, step_reads, tensor_specs
 from aot.schema import Buf, DType, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 EMBEDDING = "aten.embedding.default"
@@ -120,7 +120,7 @@ def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) ->
     the positions go too where nothing else reads them."""
     weights = {w.name: w.spec for w in program.weights}
     specs = tensor_specs(program)
-    producer = {o: i for i, s in enumerate(program.steps) for o in s.outputs if o is not None}
+    producer = producer_of(program.steps)
     replaced: dict[int, list[Step]] = {}
     buffers = dict(program.buffers)
     chains: set[int] = set()

@@ -25,19 +25,19 @@ bundle runs the library call.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.gemm_sites import SAME_INDEX_VIEWS
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import MAX_GRID_YZ, max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
-from aot.program import VIEW_OPS, step_reads, tensor_specs
+from aot.program import RESHAPE_VIEWS, VIEW_OPS, producer_of, readers_of, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
@@ -136,19 +136,13 @@ class _Finder:
         self.program = program
         self.steps = program.steps
         self.specs = tensor_specs(program)
-        self.producer: dict[str, int] = {}
-        self.readers: dict[str, list[int]] = {}
-        for i, s in enumerate(self.steps):
-            for r in dict.fromkeys(step_reads(s)):
-                self.readers.setdefault(r, []).append(i)
-            for o in s.outputs:
-                if o is not None:
-                    self.producer[o] = i
+        self.producer = producer_of(self.steps)
+        self.readers = readers_of(self.steps)
 
     def spec(self, name: str) -> TensorSpec | None:
         return self.specs.get(name)
 
-    def made_by(self, name: str, targets: tuple[str, ...]) -> int | None:
+    def made_by(self, name: str, targets: Collection[str]) -> int | None:
         i = self.producer.get(name)
         if i is None:
             return None
@@ -185,7 +179,7 @@ class _Finder:
             if spec is None or width is None:
                 return None
             last = len(spec.shape) - 1
-            if step.target in SAME_INDEX_VIEWS:
+            if step.target in RESHAPE_VIEWS:
                 if self.width(name) != width:
                     return None  # the last dim split or merged: columns would move
             elif step.target in _SPLITS:
@@ -223,7 +217,7 @@ class _Finder:
             return None
         used.append(p)
         viewed = self.steps[p].args[0].name
-        v = self.made_by(viewed, SAME_INDEX_VIEWS)
+        v = self.made_by(viewed, RESHAPE_VIEWS)
         if v is None:
             return None
         view = self.steps[v]
@@ -250,7 +244,7 @@ class _Finder:
 
     def _same_shape_view(self, i: int) -> bool:
         step = self.steps[i]
-        if step.kind != StepKind.ATEN or step.target not in SAME_INDEX_VIEWS or len(step.outputs) != 1:
+        if step.kind != StepKind.ATEN or step.target not in RESHAPE_VIEWS or len(step.outputs) != 1:
             return False
         src = step.args[0] if step.args else None
         here, there = self.spec(step.outputs[0]), self.spec(src.name) if isinstance(src, Buf) else None
@@ -279,7 +273,7 @@ class _Finder:
         if len(readers) != 1 or name in self.program.outputs:
             return None
         view = self.steps[readers[0]]
-        if view.kind != StepKind.ATEN or view.target not in SAME_INDEX_VIEWS or len(view.outputs) != 1:
+        if view.kind != StepKind.ATEN or view.target not in RESHAPE_VIEWS or len(view.outputs) != 1:
             return None
         out = view.outputs[0]
         rows = ix.parse_size(batch) * ix.parse_size(seq)

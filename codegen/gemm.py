@@ -29,29 +29,21 @@ build); its parts: ``gemm_sites`` finds the sites, ``gemm_epilogue`` lowers thei
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
+from aot.archs import arch_number
+from aot.buckets import bucket_sizes
 from aot.codegen import index as ix
 from aot.codegen.flash import attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_epilogue import NoSite
 from aot.codegen.gemm_forms import CONFIGS, DEFAULT_SHARED_LIMIT, SHARED_LIMIT, TileConfig
 from aot.codegen.gemm_render import render_candidates
 from aot.codegen.gemm_sites import Site, find_sites
-from aot.codegen.render import Rendered, kernel_record
+from aot.codegen.render import Rendered, kernel_id, kernel_record
 from aot.program import calls_cublas
 from aot.schema import Bucket, GemmCandidate, GemmSite, Kernel, Program, Step, StepKind
 from aot.symexpr import compile_expr
-
-
-def bucket_sizes(program: Program, buckets: tuple[Bucket, ...]) -> list[dict[str, int]]:
-    """Every bucket combination of ``program`` (the CUDA-graph keys), as symbol → size."""
-    by_symbol = {b.symbol: b.sizes for b in buckets}
-    symbols = list(dict.fromkeys(s.symbol for s in program.symbols))
-    if any(s not in by_symbol for s in symbols):
-        return []
-    return [dict(zip(symbols, combo)) for combo in itertools.product(*(by_symbol[s] for s in symbols))]
 
 
 def candidate_buckets(site: Site, cfg: TileConfig, sizes: list[dict[str, int]]) -> tuple[dict[str, int], ...]:
@@ -92,8 +84,6 @@ def add_gemm_alternatives(
 
     ``compile_kernels([(kernel id, rendered)])`` → (``{(id, arch): Result}``, ``{id: why}`` for
     those that failed); a candidate with a kernel that failed is left out."""
-    from aot.codegen import kernel_id
-
     known = {t.name: t.spec for t in program.inputs + program.weights}
     sites = find_sites(program)
     sizes = bucket_sizes(program, buckets)
@@ -123,7 +113,7 @@ def add_gemm_alternatives(
     todo = {kid: r for _, _, kernels, ids, _, _, _ in pending for kid, r in zip(ids, kernels)}
     results, failed = compile_kernels(list(todo.items()))
     for (kid, arch), res in results.items():
-        limit = SHARED_LIMIT.get(int("".join(c for c in arch if c.isdigit())), DEFAULT_SHARED_LIMIT)
+        limit = SHARED_LIMIT.get(arch_number(arch), DEFAULT_SHARED_LIMIT)
         if kid not in failed and res.meta["shared"] > limit:
             failed[kid] = f"{arch}: needs {res.meta['shared']} bytes of shared memory, the arch has {limit}"
     for kid, why in failed.items():
@@ -200,8 +190,6 @@ def small_gemm_kernels(
     where its only cuBLAS call is one GEMM site whose outputs are the program's and whose weights
     come to at most ``SMALL_GEMM_ELEMENTS``; else ``program`` as it is. The kernel step keeps the
     library steps as its reference (what the CPU runs)."""
-    from aot.codegen import kernel_id
-
     sites = find_sites(program)
     in_sites = {i for s in sites for i in s.library}
     if (

@@ -11,6 +11,7 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.gemm_forms import ROUND
 from aot.codegen.triton_types import FLOAT_DTYPES
+from aot.program import RESHAPE_VIEWS
 from aot.schema import Buf, DType, Step, StepKind, TensorSpec
 
 
@@ -22,7 +23,7 @@ def spec_of(buffers: dict[str, TensorSpec], known: dict[str, TensorSpec], name: 
     return buffers.get(name) or known.get(name)
 
 
-_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.clone.default")
+_VIEWS = RESHAPE_VIEWS | {"aten.clone.default"}
 _UNARY = {
     "aten.relu.default": "tl.maximum({0}, 0.0)",
     "aten.sigmoid.default": "tl.sigmoid({0})",

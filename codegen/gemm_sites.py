@@ -13,7 +13,7 @@ from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K
 from aot.codegen.triton_types import FLOAT_DTYPES
-from aot.program import step_reads
+from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
@@ -61,8 +61,6 @@ def _same(a: str, b: str) -> bool:
     return ix.same(ix.parse_size(a), ix.parse_size(b))
 
 
-# views that keep every element at its index in row-major order
-SAME_INDEX_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 LAYER_NORM = "aten.native_layer_norm.default"
 
 
@@ -97,7 +95,7 @@ def _prologue(
         if p is None:
             return None
         s = steps[p]
-        if s.kind == StepKind.ATEN and s.target in SAME_INDEX_VIEWS and isinstance(s.args[0], Buf):
+        if s.kind == StepKind.ATEN and s.target in RESHAPE_VIEWS and isinstance(s.args[0], Buf):
             views.append(p)
             name, nxt = s.args[0].name, p
             continue
@@ -110,7 +108,7 @@ def _prologue(
     for r in s.reference:
         if r.kind != StepKind.ATEN:
             return None
-        if r.target in SAME_INDEX_VIEWS and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
+        if r.target in RESHAPE_VIEWS and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
             alias[r.outputs[0]] = alias.get(r.args[0].name, r.args[0].name)
         elif r.target == "aten.add.Tensor" and len(r.args) == 2 and not r.kwargs and len(r.outputs) == 1:
             if not all(isinstance(x, Buf) for x in r.args):
@@ -156,14 +154,8 @@ def find_sites(program: Program) -> list[Site]:
     steps = program.steps
     known = {t.name: t.spec for t in program.inputs + program.weights}
     weights = {w.name for w in program.weights}
-    readers: dict[str, list[int]] = {}
-    producer: dict[str, int] = {}
-    for i, s in enumerate(steps):
-        for r in dict.fromkeys(step_reads(s)):
-            readers.setdefault(r, []).append(i)
-        for o in s.outputs:
-            if o is not None:
-                producer[o] = i
+    readers = readers_of(steps)
+    producer = producer_of(steps)
     outputs = set(program.outputs)
 
     def gemm(i: int) -> dict[str, Any] | None:
@@ -252,16 +244,7 @@ def find_sites(program: Program) -> list[Site]:
     def a_key(name: str) -> tuple:
         """Two views of one buffer with the same arguments read the same A."""
         p = producer.get(name)
-        if (
-            p is not None
-            and steps[p].kind == StepKind.ATEN
-            and steps[p].target
-            in (
-                "aten.view.default",
-                "aten._unsafe_view.default",
-                "aten.reshape.default",
-            )
-        ):
+        if p is not None and steps[p].kind == StepKind.ATEN and steps[p].target in RESHAPE_VIEWS:
             return (
                 "view",
                 a_key(step_reads(steps[p])[0]) if step_reads(steps[p]) else name,

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from aot.codegen.classify import classify
 from aot.layout import CHANNELS_LAST
-from aot.program import VIEW_OPS, buffers_in, fresh_name, tensor_specs
+from aot.program import VIEW_OPS, fresh_name, producer_of, readers_of, tensor_specs
 from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
@@ -87,14 +87,10 @@ def split_conv_bias(program: Program) -> tuple[Program, int]:
 def channels_last(program: Program) -> tuple[Program, int]:
     """``program`` with channels-last orders on its convolutions' buffers and weights (see the
     module doc); and how many convolutions run channels-last."""
-    readers: dict[str, list[Step]] = {}
-    producer: dict[str, Step] = {}
-    for step in program.steps:
-        for name in dict.fromkeys(buffers_in((step.args, tuple(step.kwargs.values())))):
-            readers.setdefault(name, []).append(step)
-        for o in step.outputs:
-            if o is not None:
-                producer[o] = step
+    # before partitioning: no kernel step yet, so a step's reads are all the buffers it names
+    steps = program.steps
+    readers = {name: [steps[i] for i in idx] for name, idx in readers_of(steps).items()}
+    producer = {name: steps[i] for name, i in producer_of(steps).items()}
     outputs, state = set(program.outputs), set(program.state)
 
     def reaches_output(name: str, seen: set[str]) -> bool:

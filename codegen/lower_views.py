@@ -12,14 +12,12 @@ from aot.codegen.index import Lin, Size
 from aot.codegen.step_args import arg, is_tensor, literal, norm_dim
 from aot.codegen.triton_types import COMPUTE, TL_TYPE
 from aot.codegen.valuegraph import Builder, Node, Unsupported, same_index
+from aot.program import RESHAPE_VIEWS
 from aot.schema import Step
 
 # views that keep the flat index: the output's element i is the input's element i
-SAME_INDEX_VIEWS = frozenset(
+SAME_INDEX_VIEWS = RESHAPE_VIEWS | frozenset(
     {
-        "aten.view.default",
-        "aten._unsafe_view.default",
-        "aten.reshape.default",
         "aten.unsqueeze.default",
         "aten.squeeze.dim",
         "aten.squeeze.dims",

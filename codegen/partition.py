@@ -28,7 +28,7 @@ from aot.allowed_ops import STATE_WRITE_OPS
 from aot.codegen.classify import classify, returns_view
 from aot.codegen.render import Rendered, render_kernel
 from aot.codegen.valuegraph import NotFusible
-from aot.program import step_reads
+from aot.program import producer_of, step_reads
 from aot.schema import Program, Step, StepKind, TensorSpec
 
 
@@ -48,11 +48,7 @@ class Graph:
         self.buffers = program.buffers
         self.known: dict[str, TensorSpec] = {t.name: t.spec for t in program.inputs + program.weights}
         self.reads = [step_reads(s) for s in self.steps]
-        self.producer: dict[str, int] = {}
-        for i, s in enumerate(self.steps):
-            for o in s.outputs:
-                if o is not None:
-                    self.producer[o] = i
+        self.producer = producer_of(self.steps)
         kinds = [classify(s, self.buffers) for s in self.steps]
         pure = [False] * len(self.steps)  # computed from the index alone
         for i, k in enumerate(kinds):

@@ -12,6 +12,8 @@ declared dim ranges.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -59,6 +61,12 @@ class Rendered:
     config: dict[str, Any]
     ops: tuple[str, ...]
     bytes_moved: str
+
+
+def kernel_id(source: str, signature: dict, config: dict) -> str:
+    """Content hash of a kernel: identical kernels (12 GPT layers) share one id and one compile."""
+    text = json.dumps({"source": source, "signature": signature, "config": config}, sort_keys=True)
+    return "k_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def kernel_record(kernel_id: str, r: Rendered, results: dict, archs: tuple[str, ...]) -> Kernel:

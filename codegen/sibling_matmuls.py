@@ -24,11 +24,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aot.program import step_reads
+from aot.program import RESHAPE_VIEWS, producer_of, readers_of
 from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
 
 MIN_SIBLINGS = 2
-SAME_VIEW = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"})
 
 
 def fuse_sibling_matmuls(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
@@ -36,18 +35,15 @@ def fuse_sibling_matmuls(program: Program, weights: dict[str, Any]) -> tuple[Pro
     import torch
 
     steps = program.steps
-    producer = {o: i for i, s in enumerate(steps) for o in s.outputs if o is not None}
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for r in step_reads(s):
-            readers.setdefault(r, []).append(i)
+    producer = producer_of(steps)
+    readers = readers_of(steps)
     specs = {w.name: w.spec for w in program.weights}
     outputs = set(program.outputs)
 
     def activation_key(name: str) -> tuple:
         """Equal for one buffer and for identical views of one buffer."""
         i = producer.get(name)
-        if i is not None and steps[i].target in SAME_VIEW and steps[i].kind == StepKind.ATEN:
+        if i is not None and steps[i].target in RESHAPE_VIEWS and steps[i].kind == StepKind.ATEN:
             return ("view", repr(steps[i].args), repr(sorted(steps[i].kwargs.items())))
         return ("buffer", name)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aot.program import fresh_name, step_reads
+from aot.program import fresh_name, readers_of, step_reads
 from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
 
 PAD_TO = 64
@@ -26,10 +26,7 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
     """Returns the rewritten program, its weights, and how many weights were padded."""
     import torch
 
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(program.steps):
-        for r in step_reads(s):
-            readers.setdefault(r, []).append(i)
+    readers = readers_of(program.steps)
     steps: list[Step | tuple[Step, ...]] = list(program.steps)
     buffers = dict(program.buffers)
     specs = {w.name: w.spec for w in program.weights}

@@ -18,11 +18,14 @@ import torch
 
 from aot import schema
 from aot.allowed_ops import STATE_WRITE_OPS
+from aot.archs import arch_of
 from aot.aten import DTYPES, resolve_op, state_writes_checked
+from aot.buckets import check_buckets
 from aot.errors import BundleError, EnvError, GuardError
 from aot.layout import check_order
 from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.cuda import raw_stream
+from aot.loader.executor import ProgramExecutor
 from aot.loader.guards import GuardChecker
 from aot.loader.memory import check_max_memory, check_plan, planned_peak
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
@@ -170,6 +173,8 @@ class Runner:
                     f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
                     f"the program member holds {len(programs)}"
                 )
+            for e in self.manifest.programs:  # the bundle checks the top-level buckets; these, here
+                check_buckets(e.buckets, e.guards, f"{bundle.path}: program {e.name[:40]!r}")
             entries = [(e.name, e.guards, e.buckets, e.entry) for e in self.manifest.programs]
         else:
             if len(programs) != 1:
@@ -268,8 +273,8 @@ class Runner:
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
-                major, minor = torch.cuda.get_device_capability(self.device)
-                plans = tuned_plans(self.tuning, index, program, f"sm_{major}{minor}")
+                arch = arch_of(torch.cuda.get_device_capability(self.device))
+                plans = tuned_plans(self.tuning, index, program, arch)
                 if max_memory is not None:  # a tuned plan's workspaces count too
                     for steps in {id(s): s for s in plans.values()}.values():
                         peak, sizes = planned_peak(replace(program, steps=steps), guards, cpu=False)
@@ -299,6 +304,12 @@ class Runner:
     @property
     def input_names(self) -> tuple[str, ...]:
         return self.guards.names
+
+    @property
+    def executors(self) -> tuple[ProgramExecutor, ...]:
+        """Each program of the bundle, in bundle order, as ``aotpack verify`` and ``tune`` drive it:
+        step by step, on buffers they read (``aot.loader.executor``)."""
+        return tuple(ProgramExecutor(self, i) for i in range(len(self._entries)))
 
     @property
     def programs(self) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from aot.archs import arch_of, best_arch
 from aot.aten import DTYPES, AtenCall
 from aot.errors import BundleError, EnvError
 from aot.layout import check_order, empty_ordered, has_order, to_order
@@ -103,18 +104,13 @@ def output_tail(steps: tuple[Step, ...], outputs: tuple[str, ...]) -> int | None
 
 
 def pick_arch(archs: tuple[str, ...], capability: tuple[int, int]) -> str:
-    """The cubin arch to load on a device: exact match, else the newest of the same major whose
-    minor does not exceed the device's (sm_80 code runs on sm_86/sm_89)."""
-    major, minor = capability
-    exact = f"sm_{major}{minor}"
-    if exact in archs:
-        return exact
-    compatible = sorted(
-        (a for a in archs if a[3:].isdigit() and int(a[3:-1]) == major and int(a[-1]) <= minor),
-        key=lambda a: int(a[3:]),
-    )
-    if compatible:
-        return compatible[-1]
+    """The cubin arch to load on a device (``aot.archs.best_arch``): its own, else its ``a`` arch
+    (sm_90a on sm_90), else the newest of the same major whose minor does not exceed the device's
+    (sm_80 code runs on sm_86/sm_89); ``EnvError`` when none runs there."""
+    picked = best_arch(archs, capability)
+    if picked is not None:
+        return picked
+    exact = arch_of(capability)
     raise EnvError(
         f"this GPU is {exact}, the bundle has cubins for {', '.join(archs) or 'no arch'}; "
         f"rebuild with --arch {','.join([*archs, exact])}"

@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from aot import schema
+from aot.buckets import is_bucket
 from aot.errors import BundleError
-from aot.program import frees_after, step_reads, step_writes
+from aot.program import frees_after, readers_of, step_reads, step_writes
 from aot.schema import Bucket, GemmSite, Program, Step, StepKind, TuningTable
 from aot.serde import from_json
 
@@ -85,13 +86,11 @@ def check_alternatives(program: Program, path: Path | str) -> None:
     kernels = {k.id for k in program.kernels}
     n_steps = len(program.steps)
     given = [*(w.name for w in program.weights), *(i.name for i in program.inputs)]
-    written_at: dict[str, int] = {}  # buffer -> the step that writes it
-    readers: dict[str, set[int]] = {}  # buffer -> the steps that read it
+    written_at: dict[str, int] = {}  # buffer -> the first step that writes it
     for i, s in enumerate(program.steps):
         for o in step_writes(s):
             written_at.setdefault(o, i)
-        for r in step_reads(s):
-            readers.setdefault(r, set()).add(i)
+    readers = readers_of(program.steps)
     all_read = set(readers) | set(program.outputs)
     taken: set[int] = set()
     ids: set[str] = set()
@@ -123,7 +122,7 @@ def check_alternatives(program: Program, path: Path | str) -> None:
                     f"{where}: its output {o[:40]!r} is read by step {early[0]} before the site's last step"
                 )
         internal = lib_writes - set(site.outputs)
-        leaked = sorted(b for b in internal if readers.get(b, set()) - lib_set or b in program.outputs)
+        leaked = sorted(b for b in internal if set(readers.get(b, ())) - lib_set or b in program.outputs)
         if leaked:
             raise BundleError(
                 f"{where}: {leaked[0][:40]!r} is read outside the site but not among its outputs"
@@ -278,9 +277,8 @@ def _check_time(us: float, what: str) -> None:
 
 
 def _check_bucket(sizes: Mapping[str, int], program: Program, buckets: Sequence[Bucket], what: str) -> None:
-    symbols = [s.symbol for s in program.symbols]
-    by_symbol = {b.symbol: b.sizes for b in buckets}
-    if set(sizes) != set(symbols) or any(sizes[s] not in by_symbol.get(s, ()) for s in symbols):
+    if not is_bucket(sizes, program, buckets):
+        symbols = [s.symbol for s in program.symbols]
         raise BundleError(f"{what}: not a bucket of the program (symbols {symbols[:4]})")
 
 

@@ -9,8 +9,7 @@ shows what a capture will hold and ``aotpack load`` can report it against what w
 
 from __future__ import annotations
 
-import itertools
-
+from aot.buckets import bucket_sizes, largest_first
 from aot.program import peak_bytes
 from aot.schema import Bucket, BucketMemory, Program
 
@@ -19,12 +18,5 @@ __all__ = ["memory_plan", "peak_bytes"]
 
 def memory_plan(program: Program, buckets: tuple[Bucket, ...]) -> tuple[BucketMemory, ...]:
     """Peak activation bytes at every combination of bucket sizes, largest first."""
-    order = [s.symbol for s in program.symbols]
-    by_symbol = {b.symbol: b.sizes for b in buckets}
-    if any(s not in by_symbol for s in order):
-        return ()
-    keys = sorted(itertools.product(*(by_symbol[s] for s in order)), key=lambda k: [-v for v in k])
-    return tuple(
-        BucketMemory(sizes=dict(zip(order, key)), peak_bytes=peak_bytes(program, dict(zip(order, key))))
-        for key in keys
-    )
+    every = sorted(bucket_sizes(program, buckets), key=largest_first)
+    return tuple(BucketMemory(sizes=sizes, peak_bytes=peak_bytes(program, sizes)) for sizes in every)

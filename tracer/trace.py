@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from aot.buckets import contract_buckets
 from aot.errors import TraceError
 from aot.schema import Bucket, Program
 from aot.spec import ModelSpec, plan_buckets
@@ -131,7 +132,9 @@ def trace(
         weights=weight_tensors,
         reference_inputs={k: v for k, v in examples.items() if k not in state},
         reference_outputs=tuple(o.detach().contiguous() for o in leaves(ref)),
-        buckets=programs[0].buckets if len(programs) == 1 else plan_buckets(spec, guards),
+        buckets=programs[0].buckets
+        if len(programs) == 1
+        else contract_buckets(plan_buckets(spec, guards), [(p.name, p.buckets) for p in programs]),
         torch_version=torch.__version__.split("+")[0],
         trace_seconds=time.perf_counter() - main.start,
         programs=programs if len(programs) > 1 or spec.entry_points else (),

@@ -16,6 +16,7 @@ from aot.admissible import admits
 from aot.aten import AtenCall
 from aot.dtypes import tolerance
 from aot.loader import Runner, load
+from aot.loader.executor import ProgramExecutor
 from aot.loader.gpu import KernelCall
 from aot.loader.program import AtenProgram
 from aot.pytree import leaves
@@ -100,9 +101,8 @@ def verify(path: str, device: str = "cuda") -> list[BucketReport]:
         gpu_runner = load(path, device=device, capture="lazy")
         cpu_runner = load(path, device="cpu")
         reports = []
-        for gpu_entry, cpu_entry in zip(gpu_runner._entries, cpu_runner._entries):
-            buckets = tuple(gpu_entry.graphs.buckets.values()) if gpu_entry.graphs is not None else ()
-            reports += _verify_program(gpu_runner, gpu_entry, cpu_entry, buckets)
+        for on_gpu, on_cpu in zip(gpu_runner.executors, cpu_runner.executors):
+            reports += _verify_program(gpu_runner, on_gpu, on_cpu)
     return reports
 
 
@@ -116,54 +116,53 @@ def _exact_float32():
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def _verify_program(gpu_runner: Runner, entry, cpu_entry, buckets: tuple[Bucket, ...]) -> list[BucketReport]:
-    gpu = entry.gpu
+def _verify_program(
+    gpu_runner: Runner, executor: ProgramExecutor, on_cpu: ProgramExecutor
+) -> list[BucketReport]:
+    gpu = executor.gpu
     reports = []
     gen = torch.Generator().manual_seed(0)
-    cpu_prog: AtenProgram = cpu_entry.aten
-    for sizes in check_sizes(entry.guards.guards, buckets):
+    cpu_prog: AtenProgram = on_cpu.cpu
+    for sizes in check_sizes(executor.guards, executor.buckets):
         # a tuned bucket launches its plan's GEMM candidates: check those kernels there
-        key = entry.graphs.bucket_for(sizes) if entry.graphs is not None else None
-        steps = gpu.plan_steps.get(key, gpu.steps) if key is not None else gpu.steps
-        calls = gpu.plans[key][0] if key in gpu.plans else gpu.calls
+        steps, calls = executor.plan_at(sizes)
         references = {
             i: [AtenCall(s, gpu.device) for s in step.reference]
             for i, step in enumerate(steps)
             if step.kind == StepKind.KERNEL
         }
         inputs = _inputs(gpu_runner, gpu.program, sizes, gen)
-        report = BucketReport(sizes=sizes, program=entry.name)
+        report = BucketReport(sizes=sizes, program=executor.name)
         # each path writes into a state of its own (the CPU program writes in place)
         want = cpu_prog({k: v.clone() if k in gpu.program.state else v for k, v in inputs.items()}, sizes)
         env = dict(gpu.weights)
         env.update({k: v.to(gpu.device) for k, v in inputs.items()})
         gpu.context.bind()
-        stream = torch.cuda.current_stream(gpu.device).cuda_stream
         for i, call in enumerate(calls):
-            if type(call) is KernelCall:
-                ref_env = dict(env)
-                for ref in references[i]:
-                    ref(ref_env, sizes)
-                call(env, sizes, stream)
-                for name in call.outputs:
-                    if not references[i]:  # a split-K partial sum: its reduce step is checked
-                        continue
-                    expected = ref_env[name].float()
-                    err = (env[name].float() - expected).abs().max().item() if expected.numel() else 0.0
-                    rel = err / max(1.0, expected.abs().max().item() if expected.numel() else 1.0)
-                    report.kernel_errs[call.name] = max(report.kernel_errs.get(call.name, 0.0), rel)
-            else:
-                call(env, sizes)
+            if type(call) is not KernelCall:
+                executor.run((call,), env, sizes)
+                continue
+            ref_env = dict(env)  # the reference runs on the buffers as the kernel finds them
+            for ref in references[i]:
+                ref(ref_env, sizes)
+            executor.run((call,), env, sizes)
+            for name in call.outputs:
+                if not references[i]:  # a split-K partial sum: its reduce step is checked
+                    continue
+                expected = ref_env[name].float()
+                err = (env[name].float() - expected).abs().max().item() if expected.numel() else 0.0
+                rel = err / max(1.0, expected.abs().max().item() if expected.numel() else 1.0)
+                report.kernel_errs[call.name] = max(report.kernel_errs.get(call.name, 0.0), rel)
         got = [env[o] for o in gpu.program.outputs]
         for w, g in zip(want, got):
             report.program_err = max(report.program_err, (g.float().cpu() - w.float()).abs().max().item())
             report.program_scale = max(report.program_scale, w.float().abs().max().item())
-        if entry.graphs is not None and entry.graphs.bucket_for(sizes) is not None:
+        if executor.bucket_for(sizes) is not None:
             given = {k: inputs[k].to(gpu.device) for k in gpu_runner.input_names}
             # a stateful program's first call captures on its own inputs (no replay); the second replays
             for _ in range(2 if gpu.program.state else 1):
                 gpu_runner.reset()  # the runner's own state, zeroed as the program's above was
-                replayed = leaves(gpu_runner._call([entry], (), dict(given)))
+                replayed = leaves(executor(**given))
             report.graph_err = max((r.float() - g.float()).abs().max().item() for r, g in zip(replayed, got))
         reports.append(report)
     return reports

@@ -196,7 +196,7 @@ def test_a_tuned_attention_choice_makes_a_sound_plan(built, tmp_path):
     from aot.loader import load
     from aot.loader.tuning import tuned_plans
     from aot.program import frees_after
-    from aot.verify.tune import make_table, write_tuned
+    from aot.verify.tuning_table import make_table, write_tuned
 
     compiled, bundle, _ = built["attn_fused"]
     program = compiled.program

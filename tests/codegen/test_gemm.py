@@ -336,7 +336,7 @@ def test_hostile_alternatives_are_refused(built, tmp_path, case):
 def _table(program, arch="sm_90", program_index=0):
     """A table as ``aotpack tune`` would write it: the first candidate of every site wins at
     every bucket it was compiled for."""
-    from aot.verify.tune import make_table
+    from aot.verify.tuning_table import make_table
 
     choices = []
     for site in program.alternatives:
@@ -360,7 +360,7 @@ def _programs_and_buckets(bundle: Path):
 
 
 def test_tuning_table_bytes_are_deterministic(built):
-    from aot.verify.tune import make_table, tuning_bytes
+    from aot.verify.tuning_table import make_table, tuning_bytes
 
     table = _table(built["gemm_mlp"][0].program)
     shuffled = make_table(table.arch, table.device, list(reversed(table.choices)))
@@ -403,7 +403,7 @@ def test_tune_walk_times_each_site_once_with_its_inputs_and_frees_the_rest(built
 
 
 def test_choose_needs_a_three_percent_win():
-    from aot.verify.tune import choose
+    from aot.verify.tune_rules import choose
 
     assert choose({"library": 10.0, "tile_a": 9.8}) == "library"
     assert choose({"library": 10.0, "tile_a": 9.7, "tile_b": 9.69}) == "tile_b"
@@ -416,7 +416,7 @@ def test_tuned_table_changes_the_gpu_plan(built, tmp_path):
     from aot.loader import load
     from aot.loader.tuning import read_tuning, tuned_plans
     from aot.program import frees_after
-    from aot.verify.tune import write_tuned
+    from aot.verify.tuning_table import write_tuned
 
     compiled, bundle, _ = built["gemm_mlp"]
     program = compiled.program
@@ -447,7 +447,7 @@ def test_tuned_table_changes_the_gpu_plan(built, tmp_path):
 def test_signed_bundle_must_be_signed_again(built, tmp_path):
     from aot.packager.sign import sign_bundle
     from aot.signing import write_key_pair
-    from aot.verify.tune import write_tuned
+    from aot.verify.tuning_table import write_tuned
 
     key = tmp_path / "k.key"
     write_key_pair(str(key))
@@ -535,25 +535,17 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
     """``check_bucket`` (tune's last step per bucket) keeps the choices only where the whole
     program was faster with them; set back, the table loads and that bucket has no plan."""
     from aot.loader import load
-    from aot.verify import tune as tune_mod
+    from aot.verify import tuning_table
+    from aot.verify.tune_rules import check_bucket
 
     program = built["gemm_mlp"][0].program
     table = _table(program)
     sizes = table.choices[0].sizes
     bucket = [c for c in table.choices if c.sizes == sizes]
 
-    class Gpu:  # what check_bucket reads of a GpuProgram; prepare only passes the steps on
-        calls, frees = "library", ()
-
-        def __init__(self):
-            self.program = program
-
-        def prepare(self, steps):
-            return steps, ()
-
     def timer(library_us: float, tuned_us: float):
-        """time_program as measured: the library's steps take library_us, the chosen ones tuned_us."""
-        return lambda calls, *_: library_us if calls == "library" else tuned_us
+        """The whole program as measured: the library's steps take library_us, the chosen ones tuned_us."""
+        return lambda plan: tuned_us if plan else library_us
 
     cases = (
         (20.0, 16.0, True),
@@ -563,15 +555,13 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
         (20.0, 23.0, False),
     )
     for library_us, tuned_us, kept in cases:  # kept: faster by at least 1% (WHOLE_MIN_GAIN)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tune_mod, "time_program", timer(library_us, tuned_us))
-            got, check = tune_mod.check_bucket(0, Gpu(), bucket, {}, sizes, None, 5)
+        got, check = check_bucket(0, bucket, sizes, timer(library_us, tuned_us))
         assert check == schema.TuningCheck(0, sizes, library_us, tuned_us, kept)
         assert [c.choice != "library" for c in got] == [kept] * len(bucket)
         assert [c.times_us for c in got] == [c.times_us for c in bucket]  # the measurements stay
     others = [c for c in table.choices if c.sizes != sizes]
-    set_back = tune_mod.make_table(table.arch, table.device, [*got, *others], checks=[check])
-    path = _with_tuning(built["gemm_mlp"][1], tmp_path / "t.tpk", tune_mod.tuning_bytes(set_back))
+    set_back = tuning_table.make_table(table.arch, table.device, [*got, *others], checks=[check])
+    path = _with_tuning(built["gemm_mlp"][1], tmp_path / "t.tpk", tuning_table.tuning_bytes(set_back))
     runner = load(path)
     assert runner.tuning.checks == (check,)
     # a bundle of schema 1.3 tuned with checks says 1.4: a 1.3 loader refuses it as too new
@@ -587,16 +577,16 @@ def test_a_bucket_set_back_by_its_whole_program_check_runs_the_library(built, tm
     older = dict(manifest_of(entries), schema_version=[1, 3])
     (tmp_path / "old.tpk").write_bytes(write_entries(with_manifest_text(entries, manifest_bytes(older))))
     assert load(tmp_path / "old.tpk").manifest.schema_version == (1, 3)
-    tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w.tpk", set_back)
-    assert load(tmp_path / "w.tpk").manifest.schema_version == tune_mod.CHECKS_SCHEMA == (1, 4)
+    tuning_table.write_tuned(tmp_path / "old.tpk", tmp_path / "w.tpk", set_back)
+    assert load(tmp_path / "w.tpk").manifest.schema_version == tuning_table.CHECKS_SCHEMA == (1, 4)
     from aot.cli.reports import bundle_summary, summary_text
 
     m, info = bundle_summary(str(tmp_path / "w.tpk"))
     assert "; 1 bucket(s) set back to the library by the whole-program check" in summary_text(m, info)
-    tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "w2.tpk", replace(set_back, checks=()))
+    tuning_table.write_tuned(tmp_path / "old.tpk", tmp_path / "w2.tpk", replace(set_back, checks=()))
     assert load(tmp_path / "w2.tpk").manifest.schema_version == (1, 3)  # no checks: readable as before
     unmatched = [replace(c, rejected=tuple(k for k in c.times_us if k != "library")) for c in got]
-    got_none, none = tune_mod.check_bucket(0, Gpu(), unmatched, {}, sizes, None, 5)  # times nothing
+    got_none, none = check_bucket(0, unmatched, sizes, lambda plan: pytest.fail("timed"))  # times nothing
     assert none is None and got_none == unmatched  # no candidate matched: nothing to check
 
 
@@ -604,8 +594,8 @@ def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
     """Where a site's candidate loses alone, ``check_bucket`` also times every site on its fastest
     matching candidate (``fastest_plan``): that plan replaces the choices made site by site when the
     whole program is faster with it by WHOLE_MIN_GAIN, and stands only where it beats the library."""
-    from aot.loader.tuning import plan_steps
-    from aot.verify import tune as tune_mod
+    from aot.verify import tune_rules
+    from aot.verify.tune_rules import check_bucket
 
     program = built["gemm_mlp"][0].program
     table = _table(program)
@@ -619,26 +609,17 @@ def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
         *(replace(c, choice="library", times_us={"library": 10.0, c.choice: 10.4}) for c in rest),
     ]
     chosen = {first.site: first.choice}
-    fastest = tune_mod.fastest_plan(bucket)
+    fastest = tune_rules.fastest_plan(bucket)
     assert fastest == {c.site: next(k for k in c.times_us if k != "library") for c in bucket}
-    steps_of = {"chosen": plan_steps(program, chosen), "fastest": plan_steps(program, fastest)}
-
-    class Gpu:
-        calls, frees = "library", ()
-
-        def __init__(self):
-            self.program = program
-
-        def prepare(self, steps):
-            return steps, ()
+    plans = {"chosen": chosen, "fastest": fastest}
 
     def timer(times: dict[str, float]):
-        def time_program(calls, *_):
-            if calls == "library":
+        def time_plan(plan):
+            if not plan:
                 return times["library"]
-            return next(times[k] for k, steps in steps_of.items() if k in times and steps == calls)
+            return next(times[k] for k, p in plans.items() if k in times and p == plan)
 
-        return time_program
+        return time_plan
 
     cases = (  # library, chosen, fastest -> which plan stands (None: the library), whole_plan
         (20.0, 19.0, 17.0, "fastest"),
@@ -650,9 +631,7 @@ def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
     )
     for library_us, chosen_us, fastest_us, stands in cases:
         times = {"library": library_us, "chosen": chosen_us, "fastest": fastest_us}
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tune_mod, "time_program", timer(times))
-            got, check = tune_mod.check_bucket(0, Gpu(), bucket, {}, sizes, None, 5)
+        got, check = check_bucket(0, bucket, sizes, timer(times))
         plan = {"fastest": fastest, "chosen": chosen, None: {}}[stands]
         assert {c.site: c.choice for c in got if c.choice != "library"} == plan, (times, stands)
         tuned_us = fastest_us if fastest_us <= 0.99 * chosen_us else chosen_us
@@ -675,24 +654,22 @@ def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
             choice="library",
             times_us=dict(
                 slow,
-                **{k: 10.0 * (1 + tune_mod.NEAR_LOSS) + 1 for k in bucket[-1].times_us if k != "library"},
+                **{k: 10.0 * (1 + tune_rules.NEAR_LOSS) + 1 for k in bucket[-1].times_us if k != "library"},
             ),
         ),
     ]
-    near = tune_mod.fastest_plan(far, tune_mod.NEAR_LOSS)
+    near = tune_rules.fastest_plan(far, tune_rules.NEAR_LOSS)
     assert (
         near == {k: v for k, v in fastest.items() if k != bucket[-1].site}
-        and tune_mod.fastest_plan(far) == fastest
+        and tune_rules.fastest_plan(far) == fastest
     )
-    steps_of["near"] = plan_steps(program, near)
+    plans["near"] = near
     for near_us, fastest_us, stands in ((17.0, 18.0, near), (18.0, 17.0, fastest), (19.9, 19.9, {})):
         times = {"library": 20.0, "near": near_us, "fastest": fastest_us}
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tune_mod, "time_program", timer(times))
-            got, check = tune_mod.check_bucket(0, Gpu(), far, {}, sizes, None, 5)
+        got, check = check_bucket(0, far, sizes, timer(times))
         assert {c.site: c.choice for c in got if c.choice != "library"} == stands
         assert check.whole_plan == bool(stands) and check.tuned_us == min(near_us, fastest_us)
-    del steps_of["near"]
+    del plans["near"]
     # nothing chosen site by site: the whole plan is timed against the library alone
     alone = [
         replace(
@@ -700,11 +677,9 @@ def test_the_whole_plan_stands_where_the_program_is_faster_with_it(built):
         )
         for c in bucket
     ]
-    steps_of["fastest"] = plan_steps(program, tune_mod.fastest_plan(alone))
+    plans["fastest"] = tune_rules.fastest_plan(alone)
     for fastest_us, kept in ((18.0, True), (19.9, False)):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tune_mod, "time_program", timer({"library": 20.0, "fastest": fastest_us}))
-            got, check = tune_mod.check_bucket(0, Gpu(), alone, {}, sizes, None, 5)
+        got, check = check_bucket(0, alone, sizes, timer({"library": 20.0, "fastest": fastest_us}))
         assert check == schema.TuningCheck(0, sizes, 20.0, fastest_us, kept, whole_plan=kept)
         assert all((c.choice != "library") == kept for c in got)
 
@@ -727,12 +702,12 @@ def test_nan_time_is_refused(built, tmp_path):
 
 
 def test_table_for_a_bundle_without_candidates_is_refused(tmp_path):
-    from aot.verify.tune import write_tuned
+    from aot.verify.tuning_table import write_tuned
 
     bundle = tmp_path / "plain.tpk"
     _build(ROOT / "tests" / "data" / "small_mlp.py", bundle, gemm_candidates=False)
     choice = schema.TuningChoice(0, "gemm_0", {"batch": 1}, "library", {"library": 1.0})
-    from aot.verify.tune import make_table
+    from aot.verify.tuning_table import make_table
 
     with pytest.raises(BundleError, match="no such GEMM site"):
         write_tuned(bundle, tmp_path / "t.tpk", make_table("sm_90", "x", [choice]))
@@ -807,7 +782,7 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
 
 def test_inspect_reports_candidates_and_tuning(built, tmp_path):
     from aot.cli.reports import bundle_summary, summary_text
-    from aot.verify.tune import write_tuned
+    from aot.verify.tuning_table import write_tuned
 
     compiled, bundle, _ = built["gemm_mlp"]
     m, info = bundle_summary(str(bundle))

@@ -211,6 +211,35 @@ def test_a_bundle_whose_programs_disagree_with_its_manifest_is_refused(built, tm
         load(bad)
 
 
+@pytest.mark.parametrize("sizes", [[1, 8], [1 << 40], [2, 2], []])
+def test_a_programs_own_buckets_are_checked_at_load(built, tmp_path, sizes):
+    """Each program's buckets (the ones its graphs capture) must be sizes its own guards admit:
+    a bundle whose general program (seq <= 4, the longer sequences have programs of their own)
+    lists seq 8 is refused, not captured."""
+    from aot.errors import BundleError
+    from tests.hostile_util import (
+        manifest_bytes,
+        manifest_of,
+        read_entries,
+        with_manifest_text,
+        write_entries,
+    )
+
+    entries = read_entries(built("size_one", ("sm_90",)).read_bytes())
+    m = manifest_of(entries)
+    general = m["programs"][0]
+    assert general["name"] == "general"
+    (at,) = [i for i, b in enumerate(general["buckets"]) if b["symbol"] == "seq"]
+    general["buckets"][at]["sizes"] = sizes
+    bad = tmp_path / "bad.tpk"
+    bad.write_bytes(write_entries(with_manifest_text(entries, manifest_bytes(m))))
+    with pytest.raises(BundleError) as e:
+        load(bad)
+    assert "program 'general': buckets of 'seq' must be 1..1024 ascending sizes its guards admit" in str(
+        e.value
+    ), e.value
+
+
 def test_paddable_dims_shared_by_two_inputs_are_checked_not_crashed(built):
     runner = load(built("shared_paddable", ("sm_90",)))
     checks = {b.symbol: b for b in runner.manifest.buckets}

@@ -72,7 +72,7 @@ def tuned(tmp_path_factory):
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
 def test_tune_writes_a_table_the_loader_accepts(tuned, name):
     from aot.loader import load
-    from aot.verify.tune import FREE_MAX_LOSS
+    from aot.verify.tune_rules import FREE_MAX_LOSS
 
     src, dst, result = tuned(name)
     table = result.table
@@ -123,7 +123,7 @@ def test_tuned_matches_untuned(tuned, name):
 def test_same_measurements_same_bytes(tuned):
     from aot import schema
     from aot.loader import open_bundle
-    from aot.verify.tune import write_tuned
+    from aot.verify.tuning_table import write_tuned
 
     src, dst, result = tuned("mlp")
     again = dst.parent / "again.tpk"
@@ -204,9 +204,10 @@ def test_a_library_free_cnn_calls_no_cublas_at_its_buckets(tmp_path):
     from aot.codegen import generate
     from aot.loader import load
     from aot.packager import pack
+    from aot.program import calls_cublas
     from aot.pytree import leaves
     from aot.tracer import load_model_file, trace
-    from aot.verify.tune import calls_cublas, tune
+    from aot.verify.tune import tune
 
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     plain = tmp_path / "cnn.tpk"

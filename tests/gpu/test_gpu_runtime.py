@@ -90,7 +90,7 @@ def test_padded_bucket_matches_exact(eager):
     spec, _ = eager("mlp")
     x = example_inputs(spec, {"batch": 5}, seed=3)["x"].cuda()
     padded = runner(x)  # batch 5 runs in the batch-8 graph, padded
-    assert runner._entries[0].graphs.bucket_for({"batch": 5}) == (8,)  # the one program's graphs
+    assert runner.executors[0].bucket_for({"batch": 5}) == (8,)  # the one program's graphs
     exact = load(_bundle("mlp"), device="cuda", capture="none")(x)
     assert padded.shape == exact.shape
     assert (padded.float() - exact.float()).abs().max().item() <= 1e-2
@@ -120,6 +120,28 @@ def test_missing_arch_is_an_env_error():
     assert pick_arch(("sm_80", "sm_90"), (8, 9)) == "sm_80"
     with pytest.raises(EnvError, match=r"this GPU is sm_100, the bundle has cubins for sm_80, sm_90"):
         pick_arch(("sm_80", "sm_90"), (10, 0))
+
+
+def test_an_sm_90a_bundle_runs_on_sm_90(tmp_path, eager):
+    """``--arch sm_90a`` builds; its cubins are the ones an H100/H200 (compute capability 9.0) loads."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a GPU of compute capability 9.0 (an H100 or H200)")
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import example_inputs, trace
+
+    spec, module = eager("mlp")
+    path = tmp_path / "mlp.tpk"
+    pack(generate(trace(spec), ("sm_90a",)), path)
+    runner = load(path, device="cuda")
+    assert runner.manifest.environment.archs == ("sm_90a",)
+    assert runner.executors[0].gpu.arch == "sm_90a"
+    x = example_inputs(spec, {"batch": 3}, seed=3)["x"].cuda()
+    with torch.no_grad():
+        want = module(x).float()
+    got = runner(x).float()
+    assert (got - want).abs().max().item() <= TOLERANCE["mlp"] * max(1.0, want.abs().max().item())
 
 
 def _two_stream_mismatches(runner, xs, wants, rounds: int = 10) -> int:

@@ -1,4 +1,4 @@
-"""``aotpack tune``'s library-free plan (``aot.verify.tune.library_free_plan``), without a GPU: the
+"""``aotpack tune``'s library-free plan (``aot.verify.tune_rules.library_free_plan``), without a GPU: the
 decision on a hand-made program and a fake timer, the table it makes through the loader's checks,
 and a bundle built with ``--gemm-candidates`` tuned library-free on paper, whose plans then call
 no cuBLAS at any bucket."""
@@ -121,7 +121,7 @@ class Timer:
 
 
 def _decide(programs=None, choices=None, checks=None, timer=None):
-    from aot.verify.tune import library_free_plan
+    from aot.verify.tune_rules import library_free_plan
 
     default_choices, default_checks = _tuned()
     programs = programs or [_program()]
@@ -207,7 +207,7 @@ def test_one_bucket_beyond_the_margin_keeps_every_choice(extra, timed):
 
 
 def test_the_margin_is_two_percent_of_the_library_and_of_the_plan_that_stood():
-    from aot.verify.tune import FREE_MAX_LOSS, FreeBucket
+    from aot.verify.tune_rules import FREE_MAX_LOSS, FreeBucket
 
     assert FREE_MAX_LOSS == 0.02
     assert FreeBucket(0, {}, {}, 100.0, None, 102.0).within
@@ -264,7 +264,7 @@ def test_which_ops_count_as_cublas():
     from aot.allowed_ops import ALLOWED_OPS
     from aot.codegen.gemm_sites import GEMM_TARGETS
     from aot.loader.gpu import TAIL_PRODUCERS
-    from aot.verify.tune import calls_cublas
+    from aot.program import calls_cublas
 
     def step(target: str, kind: StepKind = StepKind.ATEN) -> Step:
         return Step(kind=kind, target=target, args=(), kwargs={}, outputs=("o",))
@@ -288,14 +288,14 @@ def test_which_ops_count_as_cublas():
 
 
 def _table(freed):
-    from aot.verify.tune import make_table
+    from aot.verify.tuning_table import make_table
 
     return make_table("sm_90", "Test GPU", list(freed.choices), checks=list(freed.checks))
 
 
 def test_the_table_round_trips_through_the_loaders_checks():
     from aot.loader.tuning import parse_tuning
-    from aot.verify.tune import tuning_bytes
+    from aot.verify.tuning_table import tuning_bytes
 
     program = _program()
     freed, _ = _decide()
@@ -364,7 +364,8 @@ def test_a_library_free_bundle_calls_no_cublas_at_any_bucket(gemm_mlp, tmp_path)
     from aot.cli.reports import bundle_summary, summary_text
     from aot.loader import load
     from aot.loader.tuning import tuned_plans
-    from aot.verify import tune as tune_mod
+    from aot.program import calls_cublas
+    from aot.verify import tune_rules, tuning_table
     from tests.hostile_util import (
         manifest_bytes,
         manifest_of,
@@ -375,7 +376,7 @@ def test_a_library_free_bundle_calls_no_cublas_at_any_bucket(gemm_mlp, tmp_path)
 
     runner = load(gemm_mlp)
     program = runner.program
-    assert any(tune_mod.calls_cublas(s) for s in program.steps)  # the untuned bundle calls cuBLAS
+    assert any(calls_cublas(s) for s in program.steps)  # the untuned bundle calls cuBLAS
     buckets = [{"batch": b} for b in runner.manifest.buckets[0].sizes]
     choices = []
     for site in program.alternatives:
@@ -383,7 +384,7 @@ def test_a_library_free_bundle_calls_no_cublas_at_any_bucket(gemm_mlp, tmp_path)
             times = {"library": 10.0} | {c.name: 9.9 for c in site.candidates if sizes in c.buckets}
             choices.append(schema.TuningChoice(0, site.id, sizes, "library", times))
     checks = [schema.TuningCheck(0, {"batch": 16}, 30.0, 29.9, False)]
-    freed = tune_mod.library_free_plan(
+    freed = tune_rules.library_free_plan(
         [program], [buckets], choices, checks, lambda i, sizes, plans: [30.0, 30.2, 29.0][: len(plans)]
     )
     assert freed.adopted and len(freed.timed) == len(buckets)
@@ -393,19 +394,19 @@ def test_a_library_free_bundle_calls_no_cublas_at_any_bucket(gemm_mlp, tmp_path)
     entries = read_entries(gemm_mlp.read_bytes())
     older = dict(manifest_of(entries), schema_version=[1, 3])
     (tmp_path / "old.tpk").write_bytes(write_entries(with_manifest_text(entries, manifest_bytes(older))))
-    tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "free.tpk", table)
+    tuning_table.write_tuned(tmp_path / "old.tpk", tmp_path / "free.tpk", table)
     tuned = load(tmp_path / "free.tpk")
-    assert tuned.manifest.schema_version == tune_mod.LIBRARY_FREE_SCHEMA == (1, 6)
+    assert tuned.manifest.schema_version == tuning_table.LIBRARY_FREE_SCHEMA == (1, 6)
     assert tuned.tuning == table
     plans = tuned_plans(tuned.tuning, 0, tuned.program, "sm_90")
     assert sorted(plans) == [(b["batch"],) for b in buckets]
     for key, steps in plans.items():
-        assert not any(tune_mod.calls_cublas(s) for s in steps), key
+        assert not any(calls_cublas(s) for s in steps), key
     m, info = bundle_summary(str(tmp_path / "free.tpk"))
     note = f"; {len(buckets)} bucket(s) kept library-free (every GEMM site on a candidate, no cuBLAS)"
     assert note in summary_text(m, info)
     # the same choices kept on their own merit: the schema the checks need, no more
-    tune_mod.write_tuned(tmp_path / "old.tpk", tmp_path / "kept.tpk", replace(table, checks=()))
+    tuning_table.write_tuned(tmp_path / "old.tpk", tmp_path / "kept.tpk", replace(table, checks=()))
     assert load(tmp_path / "kept.tpk").manifest.schema_version == (1, 3)
 
 
