@@ -32,7 +32,7 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, kernel_record
+from aot.codegen.render import Rendered, kernel_id, kernel_record
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import VIEW_OPS, tensor_specs
@@ -439,8 +439,6 @@ def decode_attention_kernels(
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
     """``program`` with each decode SDPA site run by its kernel (the SDPA step its reference);
     a site whose kernel fails to compile stays the library call."""
-    from aot.codegen import kernel_id
-
     sites = find_decode_sites(program)
     if not sites:
         return program, {}
