@@ -422,6 +422,11 @@ def build_bundles(
         batch_buckets=batches,
     )
     stem = f"{model}{'-tiny' if tiny else ''}"
+
+    def say(message: str) -> None:  # what the codegen did with the decode program's attention
+        if "decode attention" in message:
+            print(message.strip(), file=sys.stderr)
+
     start = time.perf_counter()
     traced = trace(spec)
     print(f"traced {model} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
@@ -430,7 +435,7 @@ def build_bundles(
         start = time.perf_counter()
         paths["aotpack"] = out / f"{stem}.tpk"
         # split weights: a bundle over 2 GiB of weights (llama-3.2-1b) as one zip member does not load
-        pack(generate(traced, archs), paths["aotpack"], split_weights=True)
+        pack(generate(traced, archs, progress=say), paths["aotpack"], split_weights=True)
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-sdpa" in wanted:
         start = time.perf_counter()

@@ -148,7 +148,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         new_program, decode_cubins = decode_attention_kernels(
             new_program,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "decode attention")[:2],
+            lambda todo: compile_kernels(dict(todo), archs, say, "decode attention kernel")[:2],
             say,
         )
         cubins.update(decode_cubins)

@@ -2,7 +2,7 @@
 
 A decode step's SDPA call (``aot.hf.causal_lm``'s ``decode`` entry: one new token per row)
 reads a query of one position per head and the whole static cache of its layer, under the
-additive mask the wrapper builds. The library runs it as a flash kernel tiled for long queries
+mask the wrapper builds. The library runs it as a flash kernel tiled for long queries
 (cuDNN's took ~10 us per layer on an H200 for a 512-slot cache, work that moves ~1 MB). This
 pass finds such calls by their shapes and operands, not by model, and replaces each with one
 kernel step of its own (the SDPA step its reference, what the CPU runs):
@@ -10,10 +10,11 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
 - a *site* is ``scaled_dot_product_attention(q, k, v, mask)`` without dropout, not causal, whose
   query ``q`` is ``[B, H, 1, D]`` (a buffer a kernel wrote, or a head view of a projection's rows
   as ``aot.codegen.flash`` reads them) or, grouped-query heads folded into rows
-  (``aot.codegen.attention.fold_gqa_repeats``), ``[B, KV, G, D]`` viewing such a buffer, whose ``k`` and ``v`` are ``[B, H, C, D]`` views of a
-  row-major ``[B, KV, C, D]`` cache (full slices; grouped-query heads by ``unsqueeze`` /
-  ``expand`` / ``view``, ``H = KV * G``), with a static ``C``, and whose mask (or none) is an
-  additive float ``[B or 1, 1, 1, C]`` view of a row-major buffer;
+  (``aot.codegen.attention.fold_gqa_repeats``), ``[B, KV, G, D]`` viewing such a query; whose
+  ``k`` and ``v`` are ``[B, H, C, D]`` views of a row-major ``[B, KV, C, D]`` cache (full slices;
+  grouped-query heads by ``unsqueeze`` / ``expand`` / ``view``, ``H = KV * G``) with a static
+  ``C`` of at most ``MAX_CONTEXT``; and whose mask (or none) is a ``[B or 1, 1, 1, C]`` view of a
+  row-major buffer, additive or boolean (True: attend);
 - the kernel runs one program per (row, KV head): the ``G`` query heads sharing that KV head are
   the rows of one tile (padded to 16 for the tensor cores), so every cache element is read once;
   keys and values stream in blocks of up to 256 slots with the softmax computed online in fp32.
@@ -31,7 +32,7 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, kernel_record
+from aot.codegen.render import Rendered, kernel_id, kernel_record
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import VIEW_OPS, tensor_specs
@@ -42,6 +43,12 @@ HEURISTIC = "decode-attention-v1"
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
 MAX_BLOCK_N = 256  # cache slots per step of the loop
+# One program per row and KV head walks the whole cache: measured at 160 and 512 slots (H200). A
+# longer cache at batch 1 would leave a few programs looping long where the library splits the
+# keys across blocks; until a split-KV form is measured, longer caches keep SDPA.
+MAX_CONTEXT = 1024
+WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
+NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
 LOG2E = 1.4426950408889634
 
@@ -56,7 +63,7 @@ class DecodeSite:
     q_column: int
     k: str  # [B, KV, C, D] row-major
     v: str
-    mask: str | None  # additive, [B or 1, C] row-major
+    mask: str | None  # [B or 1, C] row-major: additive (mask_dtype the operands'), or bool (True: attend)
     mask_batch_stride: int  # C, or 0 for one mask row shared by every row
     out: str  # [B, H, 1, D] row-major
     batch: str  # size text
@@ -66,6 +73,7 @@ class DecodeSite:
     head_dim: int
     scale: float
     dtype: str
+    mask_dtype: str = ""  # the operands' dtype when empty
 
 
 class _Program:
@@ -100,7 +108,12 @@ class _Program:
         while (s := self.view_step(name)) is not None and s.target == "aten.slice.Tensor":
             args = list(s.args) + [None] * 5
             src, dim, start, end, step = args[:5]
-            size = self.shape(src.name)[dim] if isinstance(src, Buf) and type(dim) is int else None
+            shape = self.shape(src.name) if isinstance(src, Buf) else None
+            size = (
+                shape[dim]
+                if shape is not None and type(dim) is int and -len(shape) <= dim < len(shape)
+                else None
+            )
             if s.kwargs or start not in (0, None) or step not in (1, None) or size is None:
                 break
             if not (end is None or (type(end) is int and (end >= FULL_END or str(end) == size))):
@@ -200,8 +213,7 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         q, k, v, m, scale, enable_gqa = parsed
         if not all(isinstance(x, Buf) for x in (q, k, v)) or not (m is None or isinstance(m, Buf)):
             continue
-        qs, out = p.shape(q.name), step.outputs[0]
-        spec = p.specs.get(q.name)
+        qs, out, spec = p.shape(q.name), step.outputs[0], p.specs.get(q.name)
         if qs is None or len(qs) != 4 or not all(d.isdigit() for d in qs[1:]) or enable_gqa:
             continue
         # [B, Hq, L, D]: one query per head (L == 1), or the L query heads sharing a KV head as
@@ -209,6 +221,8 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         batch, q_heads, rows, head_dim, dtype = qs[0], int(qs[1]), int(qs[2]), int(qs[3]), spec.dtype
         heads = q_heads * rows
         if dtype not in FLOAT_DTYPES or head_dim > MAX_HEAD_DIM or p.shape(out) != qs:
+            continue
+        if any(x.name not in p.specs or len(p.shape(x.name)) != 4 for x in (k, v)) or out not in p.specs:
             continue
         if any(p.specs[x.name].dtype != dtype or p.shape(x.name)[1] != qs[1] for x in (k, v)):
             continue  # SDPA pairs query head i with key head i
@@ -221,11 +235,16 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
             if viewed is None or viewed.target != "aten.view.default" or not isinstance(viewed.args[0], Buf):
                 continue
             src = viewed.args[0]
-            if not p.materialized(src.name):
-                continue
             if p.shape(src.name) != (batch, str(heads), "1", str(head_dim)):
                 continue
-            q_base, q_stride, q_column = src.name, heads * head_dim, 0
+            if p.materialized(src.name):
+                q_base, q_stride, q_column = src.name, heads * head_dim, 0
+            else:  # the fold over a head view of a projection's rows
+                flash = flash or _Finder(program)
+                found = flash.operand(src.name, dtype)
+                if found is None or found[2] != "1" or found[3] != heads or found[4] != head_dim:
+                    continue
+                q_base, q_stride, q_column = found[0].base, found[0].width, found[0].column
         else:  # a head view of a projection's rows (GPT-2's fused QKV)
             flash = flash or _Finder(program)
             found = flash.operand(q.name, dtype)
@@ -236,14 +255,22 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
         if kc is None or vc is None or kc[1:] != vc[1:] or not kc[2].isdigit():
             continue
         context = int(kc[2])
-        mask, mask_stride = None, 0
+        if context > MAX_CONTEXT:
+            continue
+        mask, mask_stride, mask_dtype = None, 0, dtype
         if m is not None:
-            if p.specs[m.name].dtype != dtype or len(p.shape(m.name)) != 4:
-                continue
+            ms = p.shape(m.name)
+            if (
+                ms is None
+                or p.specs[m.name].dtype not in (dtype, "bool")
+                or ms[1:] != ("1", "1", str(context))
+            ):
+                continue  # one mask row per batch row (additive, or True = attend), for every head and query row
             found_mask = p.mask(m.name, batch, context)
             if found_mask is None:
                 continue
             mask, mask_stride = found_mask
+            mask_dtype = p.specs[m.name].dtype
         sites.append(
             DecodeSite(
                 step=i,
@@ -254,6 +281,7 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
                 v=vc[0],
                 mask=mask,
                 mask_batch_stride=mask_stride,
+                mask_dtype=mask_dtype,
                 out=out,
                 batch=batch,
                 heads=heads,
@@ -276,7 +304,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
     bn = min(MAX_BLOCK_N, max(16, _pow2(site.context)))
-    num_warps = 8 if bn * bd >= 128 * 64 else 4
+    num_warps = 8 if bn * bd >= WIDE_TILE else 4
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     name = f"decode_attention_g{groups}_d{d}"
@@ -302,12 +330,19 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         f"    v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
         f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units",
     ]
-    if site.mask is not None:
+    bool_mask = site.mask is not None and site.mask_dtype == "bool"
+    if bool_mask:
         body.append(
-            "    s = s + tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0.0).to(tl.float32)[None, :] * LOG2E"
+            "    keep = valid_n & (tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0) != 0)"
         )
+    else:
+        body.append("    keep = valid_n")
+        if site.mask is not None:
+            body.append(
+                "    s = s + tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0.0).to(tl.float32)[None, :] * LOG2E"
+            )
     body += [
-        "    s = tl.where(valid_n[None, :], s, float('-inf'))",
+        "    s = tl.where(keep[None, :], s, float('-inf'))",
         "    m_new = tl.maximum(m_i, tl.max(s, 1))",
         "    alpha = tl.exp2(m_i - m_new)",
         "    p = tl.exp2(s - m_new[:, None])",
@@ -321,7 +356,11 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         KernelParam("q_ptr", ParamKind.PTR, site.dtype),
         KernelParam("k_ptr", ParamKind.PTR, site.dtype),
         KernelParam("v_ptr", ParamKind.PTR, site.dtype),
-        *([KernelParam("mask_ptr", ParamKind.PTR, site.dtype)] if site.mask is not None else []),
+        *(
+            [KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype or site.dtype)]
+            if site.mask is not None
+            else []
+        ),
         KernelParam("out_ptr", ParamKind.PTR, site.dtype),
         KernelParam("B", ParamKind("i32"), ""),
     ]
@@ -351,12 +390,15 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "LOG2E": repr(LOG2E),
     }
     grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
+    mask_doc = ""
+    if site.mask is not None:
+        mask_doc = f"mask: {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, C] rows; "
     doc = [
         f"Decode attention: softmax(q k^T * {site.scale!r} + mask) v for one query per row, online, fp32 accumulation.",
         "",
         f"q: [B, {site.heads}, 1, {d}] (row b at b * {site.q_batch_stride} + {site.q_column}); k, v: the cache,",
         f"[B, {site.kv_heads}, {site.context}, {d}] row-major, {groups} query heads per KV head; "
-        + ("mask: additive [B or 1, C] rows; " if site.mask is not None else "")
+        + mask_doc
         + f"B = {batch}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
@@ -371,7 +413,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "BLOCK_D": bd,
         "heuristic": HEURISTIC,
         "num_warps": num_warps,
-        "num_stages": 2,
+        "num_stages": NUM_STAGES,
     }
     return Rendered(
         name=name,
@@ -382,7 +424,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         outputs=(site.out,),
         grid=grid,
         num_warps=num_warps,
-        num_stages=2,
+        num_stages=NUM_STAGES,
         config=config,
         ops=(SDPA,),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
@@ -397,8 +439,6 @@ def decode_attention_kernels(
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
     """``program`` with each decode SDPA site run by its kernel (the SDPA step its reference);
     a site whose kernel fails to compile stays the library call."""
-    from aot.codegen import kernel_id
-
     sites = find_decode_sites(program)
     if not sites:
         return program, {}

@@ -15,11 +15,13 @@ import pytest
 
 from tests.codegen.conftest import interpreted_json
 
-# (name, dtype, batch, heads, kv_heads, head_dim, context, q rows from a projection, shared mask)
+# (name, dtype, batch, heads, kv_heads, head_dim, context, q rows from a projection, shared mask,
+#  boolean mask)
 CASES = [
-    ("gqa_fp32", "float32", 2, 8, 2, 64, 40, False, False),
-    ("mha_projection_fp32", "float32", 2, 3, 3, 32, 20, True, True),
-    ("gqa_fp16", "float16", 1, 4, 1, 64, 300, False, False),
+    ("gqa_fp32", "float32", 2, 8, 2, 64, 40, False, False, False),
+    ("mha_projection_fp32", "float32", 2, 3, 3, 32, 20, True, True, False),
+    ("gqa_fp16", "float16", 1, 4, 1, 64, 300, False, False, False),
+    ("gqa_projection_bool_mask_fp32", "float32", 3, 4, 2, 8, 32, True, False, True),
 ]
 
 SCRIPT = r"""
@@ -29,7 +31,7 @@ from aot.codegen.decode_attention import DecodeSite, render_decode_attention
 
 cases = json.loads(sys.argv[1]) if len(sys.argv) > 1 else CASES
 out = {}
-for name, dtype, B, H, KV, D, C, projection, shared in cases:
+for name, dtype, B, H, KV, D, C, projection, shared, boolean in cases:
     torch.manual_seed(hash(name) % 1000)
     dt = getattr(torch, dtype)
     width = 3 * H * D if projection else H * D
@@ -42,11 +44,12 @@ for name, dtype, B, H, KV, D, C, projection, shared in cases:
     keep[:, C // 2 + 1 :] = False  # slots after the query's
     if not shared:
         keep[-1, : min(C // 3, 70)] = False  # left padding: a whole first block masked on one row
-    mask = torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
+    mask = keep if boolean else torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
     site = DecodeSite(
         step=0, q="q", q_batch_stride=width, q_column=column, k="k", v="v", mask="m",
         mask_batch_stride=0 if shared else C, out="o", batch=str(B), heads=H, kv_heads=KV,
         context=C, head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype,
+        mask_dtype="bool" if boolean else dtype,
     )
     r = render_decode_attention(site)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
@@ -59,7 +62,7 @@ for name, dtype, B, H, KV, D, C, projection, shared in cases:
     G = H // KV
     kk = k.double().repeat_interleave(G, 1)
     vv = v.double().repeat_interleave(G, 1)
-    m4 = mask.double()[:, None, None, :]
+    m4 = mask[:, None, None, :] if boolean else mask.double()[:, None, None, :]
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, attn_mask=m4)
     err = (o.double() - ref).abs()
     out[name] = {"max_err": float(err.max()), "ref_max": float(ref.abs().max()), "nan": bool(o.isnan().any())}
@@ -132,3 +135,38 @@ def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
             source = kernels[s.target].source
             assert "GROUPS = tl.constexpr(4)" in source and "KV_HEADS = tl.constexpr(2)" in source
     assert by_entry == {0: [2], 2: [0]} or by_entry == {2: [0], 0: [2]}, by_entry
+
+
+def test_tiny_lm_decode_program_runs_decode_attention(built):
+    """tests/data/tiny_lm.py (a GQA decoder of its own, 4 query heads over 2 KV heads, its queries
+    a head view of a projection, the cache expanded and reshaped per query head): each layer's
+    SDPA of the decode program is a decode attention kernel step reading the query where the
+    projection wrote it and the cache where it lives; the prefill program keeps SDPA."""
+    from aot.codegen.decode_attention import SDPA
+    from aot.loader.bundle import open_bundle
+    from aot.schema import StepKind
+
+    b = open_bundle(built("tiny_lm", ("sm_90",)))
+    try:
+        program = b.program()
+    finally:
+        b.close()
+    prefill, decode = program, program.variants[0]
+    assert sum(s.target == SDPA for s in prefill.steps) == 2
+    kernels = {k.id: k for k in decode.kernels}
+    steps = [
+        s
+        for s in decode.steps
+        if s.kind == StepKind.KERNEL and kernels[s.target].config["kind"] == "decode_attention"
+    ]
+    assert len(steps) == 2 and not any(s.target == SDPA for s in decode.steps)
+    state = {"key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"}
+    for step in steps:
+        (reference,) = step.reference
+        assert reference.target == SDPA
+        source = kernels[step.target].source
+        assert "GROUPS = tl.constexpr(2)" in source and "KV_HEADS = tl.constexpr(2)" in source
+        # the cache read where the state write left it: the write's result, which aliases the state
+        producers = {o: s for s in decode.steps for o in s.outputs}
+        k, v = step.args[1].name, step.args[2].name
+        assert {producers[k].args[0].name, producers[v].args[0].name} <= state
