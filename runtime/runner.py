@@ -152,6 +152,8 @@ class Runner:
         self.manifest = checked.manifest
         self.gpu = device if isinstance(device, drv.Device) else drv.Device(device)
         self.gpu.bind()
+        free, total = self.gpu.memory()
+        self.context_bytes = total - free  # the device's used bytes before the bundle takes any
         self.timings["context_s"], mark = time.perf_counter() - mark, time.perf_counter()
         self.graphs = graphs
         self._lock = threading.Lock()
