@@ -6,6 +6,7 @@ of a bundle that is not library-free, naming the step. Bundles are built here, w
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -158,3 +159,11 @@ def test_the_console_entry_prints_one_error_line_without_torch(pointwise, tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["library_free"] is True
+    # no GPU to load it on (none visible, or no driver at all): one line, exit 1, no traceback
+    script = BLOCKER + f"from aot.runtime.cli import main\nsys.exit(main(['load', {str(pointwise)!r}]))\n"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600, env=env
+    )
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: no usable NVIDIA GPU or driver")
