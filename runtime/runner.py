@@ -73,6 +73,7 @@ class _Prepared:
     def __init__(self, runner: Runner, entry: Entry, sizes: dict[str, int], layout: ArenaLayout):
         self.entry, self.sizes, self.layout = entry, sizes, layout
         self.graph: Any = None
+        self.on_bucket = _on_bucket(entry, sizes)  # captured as a CUDA graph on first use
         program = entry.program
         specs = tensor_specs(program)
         self.ops: list[tuple] = []
@@ -264,7 +265,7 @@ class Runner:
             prepared = self._prepare(entry, sizes)
             for view, (name, address) in zip(views, prepared.inputs):
                 self._copy_in(view, address, name)
-            if prepared.graph is None and self.graphs and _on_bucket(entry, sizes):
+            if prepared.graph is None and self.graphs and prepared.on_bucket:
                 prepared.graph = self.gpu.capture(lambda: prepared.launch(self.gpu))
             if prepared.graph is not None:
                 self.gpu.replay(prepared.graph[1])
