@@ -90,6 +90,14 @@ class Device:
     def alloc(self, nbytes: int) -> int:
         return int(_check(cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes} bytes)"))
 
+    def alloc_async(self, nbytes: int) -> int:
+        """Stream-ordered memory from the device's pool (a call's outputs)."""
+        return int(_check(cu.cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync"))
+
+    def free_async(self, ptr: int) -> None:
+        if cu is not None:  # at interpreter exit the bindings may be gone
+            cu.cuMemFreeAsync(ptr, self.stream)
+
     def free(self, ptr: int) -> None:
         if cu is not None and ptr:
             cu.cuMemFree(ptr)

@@ -23,7 +23,7 @@ from typing import Any
 from aot import schema
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, EnvError
-from aot.program import DRIVER_COPIES, tensor_specs
+from aot.program import DRIVER_COPIES, step_reads, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
@@ -56,15 +56,14 @@ def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
 class _Memory:
     """A device allocation freed when the last array over it goes."""
 
-    __slots__ = ("ptr", "device", "stream")
+    __slots__ = ("ptr", "device")
 
     def __init__(self, device: drv.Device, nbytes: int):
-        self.device, self.stream = device, device.stream
-        self.ptr = int(drv._check(drv.cu.cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync"))
+        self.device = device
+        self.ptr = device.alloc_async(nbytes)
 
     def __del__(self):
-        if drv.cu is not None:
-            drv.cu.cuMemFreeAsync(self.ptr, self.stream)
+        self.device.free_async(self.ptr)
 
 
 class _Prepared:
@@ -151,7 +150,7 @@ class Runner:
         self.timings: dict[str, float] = {}  # seconds of each load phase
         self.checked = checked
         self.manifest = checked.manifest
-        self.gpu = device if isinstance(device, drv.Device) else drv.Device(device)
+        self.gpu = drv.Device(device) if isinstance(device, int) else device
         self.gpu.bind()
         free, total = self.gpu.memory()
         self.context_bytes = total - free  # the device's used bytes before the bundle takes any
@@ -207,7 +206,7 @@ class Runner:
     def _load_weights(self, data: bytes | None) -> None:
         bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
         declared = {w.name: w.spec for p in programs for w in p.weights}
-        read = {r for e in self.checked.entries for s in e.steps for r in _reads(s)} | {
+        read = {r for e in self.checked.entries for s in e.steps for r in step_reads(s)} | {
             o for p in programs for o in p.outputs
         }
         where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
@@ -339,12 +338,6 @@ class Runner:
         self.gpu.free(self.arena)
         self.gpu.free(self.weights_base)
         self.arena = self.weights_base = 0
-
-
-def _reads(step) -> list[str]:
-    from aot.program import step_reads
-
-    return step_reads(step)
 
 
 def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:
