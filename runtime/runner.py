@@ -28,7 +28,7 @@ from aot.pytree import unflatten
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
 from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
-from aot.schema import ParamKind, StepKind
+from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.symexpr import compile_expr
 from aot.weights import header_limit, parse_header, weights_size_limit
 
@@ -80,12 +80,20 @@ class _Prepared:
             if step.kind == StepKind.KERNEL:
                 kernel = runner.kernels[step.target]
                 record = runner.records[step.target]
+                if len(step.args) != len(record.params):
+                    raise BundleError(
+                        f"kernel step {record.id} passes {len(step.args)} args for {len(record.params)} params"
+                    )
                 values = []
                 for param, arg in zip(record.params, step.args):
-                    if param.kind == ParamKind.PTR:
+                    if param.kind == ParamKind.PTR and isinstance(arg, Buf):
                         values.append(("ptr", runner.address(arg.name, layout)))
-                    else:
+                    elif param.kind != ParamKind.PTR and isinstance(arg, Sym):
                         values.append((ParamKind(param.kind).value, compile_expr(arg.text)(sizes)))
+                    else:
+                        raise BundleError(
+                            f"kernel {record.id}: parameter {param.name} gets {type(arg).__name__}"
+                        )
                 values.extend([("ptr", 0)] * record.scratch_params)
                 grid = tuple(compile_expr(g)(sizes) for g in step.grid) + (1,) * (3 - len(step.grid))
                 if min(grid) > 0:
