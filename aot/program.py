@@ -352,18 +352,13 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
 def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
     """Refuse (``EnvError``) the first of ``steps`` (``live_steps``) that is not a compiled kernel, a
     view (``aliases``) or a copy in ``DRIVER_COPIES`` (of no sliced rows): what a runtime without libraries
-    (``aot.runtime``) cannot run. The message names the program, step, target and result."""
+    (``aot.runtime``) cannot run, then a tensor that is not row-major. The message names the
+    program, step, target and result."""
     if program.state:
         raise EnvError(
             f"{where}: the program keeps state ({', '.join(program.state[:3])}); aotpack-rt runs stateless "
             f"bundles only so far: load it with the torch loader (`aotpack load`)"
         )
-    for name, spec in [*((w.name, w.spec) for w in program.weights), *program.buffers.items()]:
-        if spec.order and list(spec.order) != list(range(len(spec.shape))):
-            raise EnvError(
-                f"{where}: tensor {name!r} is laid out in memory order {list(spec.order)}; aotpack-rt runs "
-                f"row-major bundles: rebuild with --no-channels-last --library-free"
-            )
     views = aliases(program, steps)
     rows_apart = {name for name, alias in views.items() if alias.width}
     runs = [
@@ -378,15 +373,20 @@ def check_library_free(program: Program, steps: Sequence[Step], where: str) -> N
     ]
     # a library call first; a view that only feeds one (a weight's transpose) is named only alone
     calls = [i for i, ok in enumerate(runs) if not ok and not is_view(steps[i])]
-    views = [i for i, ok in enumerate(runs) if not ok]
-    if not views:
-        return
-    i = (calls or views)[0]
-    step = steps[i]
-    out = ", ".join(o for o in step.outputs if o) or "-"
-    what = "a library call" if calls else "a view whose layout a kernel cannot read in place"
-    raise EnvError(
-        f"{where}: step {i} ({step.target} -> {out}) is {what}; aotpack-rt runs library-free "
-        f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
-        f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
-    )
+    refused = [i for i, ok in enumerate(runs) if not ok]
+    if refused:
+        i = (calls or refused)[0]
+        step = steps[i]
+        out = ", ".join(o for o in step.outputs if o) or "-"
+        what = "a library call" if calls else "a view whose layout a kernel cannot read in place"
+        raise EnvError(
+            f"{where}: step {i} ({step.target} -> {out}) is {what}; aotpack-rt runs library-free "
+            f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
+            f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
+        )
+    for name, spec in [*((w.name, w.spec) for w in program.weights), *program.buffers.items()]:
+        if spec.order and list(spec.order) != list(range(len(spec.shape))):
+            raise EnvError(
+                f"{where}: tensor {name!r} is laid out in memory order {list(spec.order)}; aotpack-rt runs "
+                f"row-major bundles: rebuild with --no-channels-last --library-free"
+            )

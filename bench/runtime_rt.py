@@ -6,7 +6,8 @@ Per bundle and sizes, each system runs in a fresh process (the parent imports ne
 the runtime): cold start is the wall time from spawning the process to its first result on the
 host (the output copied back, so the GPU work is done); then ``ITERS`` calls, synchronized after
 each, give the median latency; device memory is the device's used bytes (``cuMemGetInfo`` /
-``torch.cuda.mem_get_info``: context, weights, plan, all) after the calls. Both get the same input,
+``torch.cuda.mem_get_info``: context, weights, plan, all) after the calls, and before the load
+(the context alone). Both get the same input,
 already on the device; both return outputs the caller owns. The outputs of the two are compared
 afterwards, bit for bit. Rows of their own: ``import torch``, ``import aot.runtime`` and the
 driver bindings' imports, each a fresh process.
@@ -47,7 +48,7 @@ free, total = runner.gpu.memory()
 print(json.dumps({"t_first": t_first, "median_ms": 1e3 * sorted(times)[len(times) // 2],
                   "device_used_mib": (total - free) / 2**20, "weights_mib": runner.weights_bytes / 2**20,
                   "arena_mib": runner.arena_bytes / 2**20, "device": runner.gpu.name,
-                  "load_phases_s": runner.timings, "first_call_s": t_first - loaded,
+                  "load_phases_s": runner.timings, "device_used_before_load_mib": runner.context_bytes / 2**20, "first_call_s": t_first - loaded,
                   "driver": runner.gpu.driver_version, "arch": runner.arch}))
 """
 
@@ -57,6 +58,8 @@ import numpy as np
 import torch
 from aot.loader import load
 bundle, inp, out = sys.argv[1:4]
+torch.cuda.init()
+free0, total0 = torch.cuda.mem_get_info()
 runner = load(bundle, device="cuda")
 x = {k: torch.from_numpy(v).cuda() for k, v in dict(np.load(inp)).items()}
 y = runner(**x)
@@ -71,7 +74,8 @@ for _ in range(ITERS):
     t = time.perf_counter(); r = runner(**x); torch.cuda.synchronize(); times.append(time.perf_counter() - t)
 free, total = torch.cuda.mem_get_info()
 print(json.dumps({"t_first": t_first, "median_ms": 1e3 * sorted(times)[len(times) // 2],
-                  "device_used_mib": (total - free) / 2**20, "torch": torch.__version__}))
+                  "device_used_mib": (total - free) / 2**20, "torch": torch.__version__,
+                  "device_used_before_load_mib": (total0 - free0) / 2**20}))
 """
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from typing import Any
 
 from aot.errors import EnvError
@@ -57,6 +58,7 @@ class Device:
         self.ordinal = ordinal
         self.device = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
         self.context = _check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self._bound = threading.local()
         self.bind()
         attr = cu.CUdevice_attribute
         self.capability = (
@@ -79,10 +81,22 @@ class Device:
         self.stream_handle = int(self.stream)
 
     def bind(self) -> None:
+        """Make the context current on this thread (once per thread: the driver keeps it)."""
+        if getattr(self._bound, "done", False):
+            return
         _check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._bound.done = True
 
     def alloc(self, nbytes: int) -> int:
         return int(_check(cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes} bytes)"))
+
+    def alloc_async(self, nbytes: int) -> int:
+        """Stream-ordered memory from the device's pool (a call's outputs)."""
+        return int(_check(cu.cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync"))
+
+    def free_async(self, ptr: int) -> None:
+        if cu is not None:  # at interpreter exit the bindings may be gone
+            cu.cuMemFreeAsync(ptr, self.stream)
 
     def free(self, ptr: int) -> None:
         if cu is not None and ptr:

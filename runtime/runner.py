@@ -23,12 +23,12 @@ from typing import Any
 from aot import schema
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, EnvError
-from aot.program import DRIVER_COPIES, tensor_specs
+from aot.program import DRIVER_COPIES, step_reads, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
 from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
-from aot.schema import ParamKind, StepKind
+from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.symexpr import compile_expr
 from aot.weights import header_limit, parse_header, weights_size_limit
 
@@ -56,15 +56,14 @@ def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
 class _Memory:
     """A device allocation freed when the last array over it goes."""
 
-    __slots__ = ("ptr", "device", "stream")
+    __slots__ = ("ptr", "device")
 
     def __init__(self, device: drv.Device, nbytes: int):
-        self.device, self.stream = device, device.stream
-        self.ptr = int(drv._check(drv.cu.cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync"))
+        self.device = device
+        self.ptr = device.alloc_async(nbytes)
 
     def __del__(self):
-        if drv.cu is not None:
-            drv.cu.cuMemFreeAsync(self.ptr, self.stream)
+        self.device.free_async(self.ptr)
 
 
 class _Prepared:
@@ -73,6 +72,7 @@ class _Prepared:
     def __init__(self, runner: Runner, entry: Entry, sizes: dict[str, int], layout: ArenaLayout):
         self.entry, self.sizes, self.layout = entry, sizes, layout
         self.graph: Any = None
+        self.on_bucket = _on_bucket(entry, sizes)  # captured as a CUDA graph on first use
         program = entry.program
         specs = tensor_specs(program)
         self.ops: list[tuple] = []
@@ -80,12 +80,20 @@ class _Prepared:
             if step.kind == StepKind.KERNEL:
                 kernel = runner.kernels[step.target]
                 record = runner.records[step.target]
+                if len(step.args) != len(record.params):
+                    raise BundleError(
+                        f"kernel step {record.id} passes {len(step.args)} args for {len(record.params)} params"
+                    )
                 values = []
                 for param, arg in zip(record.params, step.args):
-                    if param.kind == ParamKind.PTR:
+                    if param.kind == ParamKind.PTR and isinstance(arg, Buf):
                         values.append(("ptr", runner.address(arg.name, layout)))
-                    else:
+                    elif param.kind != ParamKind.PTR and isinstance(arg, Sym):
                         values.append((ParamKind(param.kind).value, compile_expr(arg.text)(sizes)))
+                    else:
+                        raise BundleError(
+                            f"kernel {record.id}: parameter {param.name} gets {type(arg).__name__}"
+                        )
                 values.extend([("ptr", 0)] * record.scratch_params)
                 grid = tuple(compile_expr(g)(sizes) for g in step.grid) + (1,) * (3 - len(step.grid))
                 if min(grid) > 0:
@@ -150,8 +158,10 @@ class Runner:
         self.timings: dict[str, float] = {}  # seconds of each load phase
         self.checked = checked
         self.manifest = checked.manifest
-        self.gpu = device if isinstance(device, drv.Device) else drv.Device(device)
+        self.gpu = drv.Device(device) if isinstance(device, int) else device
         self.gpu.bind()
+        free, total = self.gpu.memory()
+        self.context_bytes = total - free  # the device's used bytes before the bundle takes any
         self.timings["context_s"], mark = time.perf_counter() - mark, time.perf_counter()
         self.graphs = graphs
         self._lock = threading.Lock()
@@ -204,7 +214,7 @@ class Runner:
     def _load_weights(self, data: bytes | None) -> None:
         bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
         declared = {w.name: w.spec for p in programs for w in p.weights}
-        read = {r for e in self.checked.entries for s in e.steps for r in _reads(s)} | {
+        read = {r for e in self.checked.entries for s in e.steps for r in step_reads(s)} | {
             o for p in programs for o in p.outputs
         }
         where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
@@ -262,7 +272,7 @@ class Runner:
             prepared = self._prepare(entry, sizes)
             for view, (name, address) in zip(views, prepared.inputs):
                 self._copy_in(view, address, name)
-            if prepared.graph is None and self.graphs and _on_bucket(entry, sizes):
+            if prepared.graph is None and self.graphs and prepared.on_bucket:
                 prepared.graph = self.gpu.capture(lambda: prepared.launch(self.gpu))
             if prepared.graph is not None:
                 self.gpu.replay(prepared.graph[1])
@@ -336,12 +346,6 @@ class Runner:
         self.gpu.free(self.arena)
         self.gpu.free(self.weights_base)
         self.arena = self.weights_base = 0
-
-
-def _reads(step) -> list[str]:
-    from aot.program import step_reads
-
-    return step_reads(step)
 
 
 def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:

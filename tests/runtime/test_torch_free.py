@@ -6,6 +6,7 @@ of a bundle that is not library-free, naming the step. Bundles are built here, w
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -49,6 +50,7 @@ def pointwise(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # builds a bundle (trace and compile: ~10 s)
 def test_the_runtime_checks_a_bundle_without_torch(pointwise):
     got = run_torch_free(f"""
         import json
@@ -93,6 +95,7 @@ def test_the_runtime_checks_a_bundle_without_torch(pointwise):
     assert got["memory"] == "EnvError"
 
 
+@pytest.mark.slow  # builds a bundle (trace and compile: ~10 s)
 def test_the_guard_texts_are_the_torch_loaders(pointwise):
     """The same bad input gets the same ``GuardError`` text from both executors."""
     import torch
@@ -110,7 +113,7 @@ def test_the_guard_texts_are_the_torch_loaders(pointwise):
 
 
 def test_a_bundle_with_a_library_call_is_refused_naming_the_step(built):
-    path = built("branchy", ("sm_90",))
+    path = built("branchy")
     got = run_torch_free(f"""
         import json
         import aot.runtime
@@ -124,6 +127,7 @@ def test_a_bundle_with_a_library_call_is_refused_naming_the_step(built):
     assert "step " in got["error"] and "aten." in got["error"] and "--library-free" in got["error"]
 
 
+@pytest.mark.slow  # builds a bundle (trace and compile: ~10 s)
 def test_a_corrupt_bundle_is_a_bundle_error_without_torch(pointwise, tmp_path):
     bad = tmp_path / "bad.tpk"
     data = bytearray(pointwise.read_bytes())
@@ -142,13 +146,27 @@ def test_a_corrupt_bundle_is_a_bundle_error_without_torch(pointwise, tmp_path):
     assert got["error"] in ("BundleError", "SignatureError")
 
 
-def test_the_console_entry_prints_one_error_line_without_torch(pointwise, tmp_path):
+def test_importing_the_runtime_imports_no_torch():
+    got = run_torch_free("""
+        import json
+        import aot.runtime, aot.runtime.cli, aot.runtime.driver, aot.runtime.plan
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton", "numpy", "sympy"))
+        print(json.dumps({"heavy": heavy, "driver": "cuda.bindings.driver" in sys.modules}))
+    """)
+    assert got == {"heavy": [], "driver": True}  # numpy too: imported only for NumPy outputs
+
+
+def test_the_console_entry_prints_one_error_line_without_torch(tmp_path):
     missing = tmp_path / "none.tpk"
     script = BLOCKER + f"from aot.runtime.cli import main\nsys.exit(main(['check', {str(missing)!r}]))\n"
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600
     )
     assert done.returncode == 1 and done.stderr.startswith("error:") and len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow  # builds a bundle (trace and compile: ~10 s)
+def test_the_console_entry_checks_and_refuses_to_load_without_a_gpu(pointwise):
     script = (
         BLOCKER
         + f"from aot.runtime.cli import main\nsys.exit(main(['check', {str(pointwise)!r}, '--json']))\n"
@@ -158,3 +176,45 @@ def test_the_console_entry_prints_one_error_line_without_torch(pointwise, tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["library_free"] is True
+    # no GPU to load it on (none visible, or no driver at all): one line, exit 1, no traceback
+    script = BLOCKER + f"from aot.runtime.cli import main\nsys.exit(main(['load', {str(pointwise)!r}]))\n"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600, env=env
+    )
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: no usable NVIDIA GPU or driver")
+
+
+@pytest.mark.slow  # builds a bundle (trace and compile: ~10 s)
+def test_a_trust_list_is_kept_without_torch(pointwise, tmp_path):
+    """Signed by a trusted key: accepted; unsigned or signed by another key: ``SignatureError``."""
+    import shutil
+
+    from aot.packager.sign import sign_bundle
+    from aot.signing import write_key_pair
+
+    write_key_pair(tmp_path / "ours")
+    write_key_pair(tmp_path / "theirs")
+    signed, foreign = tmp_path / "signed.tpk", tmp_path / "foreign.tpk"
+    shutil.copy(pointwise, signed)
+    shutil.copy(pointwise, foreign)
+    sign_bundle(signed, tmp_path / "ours")
+    sign_bundle(foreign, tmp_path / "theirs")
+    trust = [str(tmp_path / "ours.pub")]
+    got = run_torch_free(f"""
+        import json
+        import aot.runtime
+        from aot.errors import SignatureError
+        out = {{}}
+        for name, path in (("signed", {str(signed)!r}), ("foreign", {str(foreign)!r}), ("unsigned", {str(pointwise)!r})):
+            try:
+                aot.runtime.check(path, trust={trust!r})
+                out[name] = "accepted"
+            except SignatureError as e:
+                out[name] = str(e)
+        print(json.dumps(out))
+    """)
+    assert got["signed"] == "accepted"
+    assert got["unsigned"].startswith(f"{pointwise}: the bundle is not signed, and this loader trusts only")
+    assert "signed by" in got["foreign"] and got["foreign"] != "accepted"

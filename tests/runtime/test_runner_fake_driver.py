@@ -1,0 +1,152 @@
+"""What the runtime enqueues on the driver, without a GPU: ``aot.runtime.runner.Runner`` over a
+recording stand-in for ``aot.runtime.driver`` (device memory is plain host memory, so copies are
+real and launches are recorded). Pins the weights' upload into one allocation, the arena's inputs
+and outputs, each kernel's packed parameters (pointers into the arena and the weights, sizes, the
+trailing scratch pointers) and grid, a CUDA graph captured once per bucket and replayed, and launch
+by launch off the buckets. The GPU tests check the same runner's results (``test_gpu.py``)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from aot.runtime import driver as drv
+from aot.runtime.arrays import CUDA
+from tests.runtime.test_torch_free import pointwise  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow  # builds the pointwise bundle (trace and compile)
+
+
+class FakeKernel:
+    def __init__(self, log, cubin, name, shared, num_warps, dependent=False):
+        self.log, self.name, self.block, self.dependent = log, name, 32 * num_warps, dependent
+        assert cubin[:4] == b"\x7fELF"  # the bundle's cubin, sha256 checked on read
+
+    def launch(self, grid, stream, params):
+        """Record the packed parameters; as the GPU would, run ``fused_mul_add_relu`` on them
+        (out = relu(2 * x + shift), x [batch, 16]), so results show every pointer was right."""
+        words = [
+            ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64)).contents.value for i in range(len(params))
+        ]
+        self.log.append(("launch", self.name, grid, words))
+        x_at, shift_at, out_at, batch = words[:4]
+        batch = ctypes.c_int32(batch & 0xFFFFFFFF).value
+        x = np.frombuffer(ctypes.string_at(x_at, batch * 64), np.float32).reshape(batch, 16)
+        shift = np.frombuffer(ctypes.string_at(shift_at, 64), np.float32)
+        out = np.maximum(0, x * 2 + shift).astype(np.float32)
+        ctypes.memmove(out_at, out.ctypes.data, out.nbytes)
+
+
+class FakeDevice:
+    """Device memory is host memory (ctypes buffers): copies really copy."""
+
+    ordinal, capability, driver_version, name = 0, (9, 0), 13000, "fake"
+    dependent_launch = True
+    stream = stream_handle = 7
+
+    def __init__(self):
+        self.log, self.buffers = [], {}
+
+    def bind(self):
+        pass
+
+    def memory(self):
+        return (1 << 30, 2 << 30)
+
+    def alloc(self, nbytes):
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        self.buffers[ctypes.addressof(buf)] = buf
+        self.log.append(("alloc", nbytes))
+        return ctypes.addressof(buf)
+
+    alloc_async = alloc
+
+    def free(self, ptr):
+        self.buffers.pop(ptr, None)
+
+    free_async = free
+
+    def to_device(self, dst, src, nbytes):
+        ctypes.memmove(dst, src, nbytes)
+
+    to_host = copy = to_device
+
+    def copy_rows(self, dst, src, width, pitch, rows):
+        for r in range(rows):
+            ctypes.memmove(dst + r * width, src + r * pitch, width)
+
+    def synchronize(self):
+        pass
+
+    def event(self):
+        return object()
+
+    def record(self, event):
+        pass
+
+    def wait(self, event, stream):
+        pass
+
+    def capture(self, launch):
+        """Capture runs nothing on a GPU; here it records the launches, and a replay runs them."""
+        self.log.append(("capture",))
+        launch()
+        return ("graph", launch)
+
+    def replay(self, instance):
+        self.log.append(("replay",))
+        instance()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    device = FakeDevice()
+    monkeypatch.setattr(drv, "Kernel", lambda *a: FakeKernel(device.log, *a))
+    monkeypatch.setattr(drv, "destroy_graph", lambda *a: None)
+    return device
+
+
+def test_what_a_call_enqueues(pointwise, fake):  # noqa: F811
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+
+    checked = check(pointwise)
+    runner = Runner(checked, fake)
+    (weight,) = runner.weight_offsets
+    assert fake.log == [("alloc", 256)]  # one allocation for the weights: 16 floats at a 256-byte offset
+    w = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(w, torch.linspace(-1, 1, 16).numpy())  # the model's shift, bit for bit
+
+    def call(batch: int, shift: float = 0.0):
+        fake.log.clear()
+        x = np.arange(batch * 16, dtype=np.float32).reshape(batch, 16) - 60 + shift
+        out = runner.run((), {"x": x})
+        assert out.device == (CUDA, 0) and out.shape == (batch, 16) and out.dtype == "float32"
+        np.testing.assert_array_equal(out.numpy(), np.maximum(0, x * 2 + w))
+        return out, list(fake.log)
+
+    (kernel,) = checked.entries[0].program.kernels
+    first, log = call(8)  # a bucket: arena, capture (recording the launch), replay, the output's memory
+    assert [e[0] for e in log] == ["alloc", "capture", "launch", "replay", "launch", "alloc"]
+    layout = runner._prepared[("general", ("batch", 8))].layout
+    (_, name, grid, words) = log[2]
+    assert name == kernel.name and grid == (1, 1, 1)  # (16*8 + 255)//256
+    assert words == [
+        runner.arena + layout.offsets["x"],
+        runner.weights_base,
+        runner.arena + layout.offsets["relu"],
+        8,  # s_batch
+        *[0] * kernel.scratch_params,
+    ]
+    second, log = call(8, shift=0.5)  # new inputs into the same arena, the graph replayed
+    assert [e[0] for e in log] == ["replay", "launch", "alloc"] and second.ptr != first.ptr
+    np.testing.assert_array_equal(
+        first.numpy(), np.maximum(0, (np.arange(128, dtype=np.float32).reshape(8, 16) - 60) * 2 + w)
+    )
+    _, log = call(16)  # larger than the arena: a new one, and a new graph
+    assert [e[0] for e in log] == ["alloc", "capture", "launch", "replay", "launch", "alloc"]
+    _, log = call(5)  # no bucket: launched one by one, in the arena sized for 16
+    assert [e[0] for e in log] == ["launch", "alloc"] and log[0][3][3] == 5
