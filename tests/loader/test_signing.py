@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import warnings
 import zipfile
 
 import pytest
@@ -20,7 +21,7 @@ import torch
 
 import aot.loader.bundle
 from aot import schema
-from aot.errors import BundleError, EnvError, SignatureError
+from aot.errors import BundleError, BundleWarning, EnvError, SignatureError
 from aot.loader import load
 from aot.packager import pack, write_archive
 from aot.packager.sign import sign_bundle
@@ -312,7 +313,17 @@ def test_inspect_says_whether_the_signature_matches(signed, keys, tmp_path, monk
         (signed, True, "matches the manifest"),
         (changed, False, "DOES NOT match the manifest: changed after signing"),
     ):
-        manifest, info = bundle_summary(str(path))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            manifest, info = bundle_summary(str(path))
+        assert [str(w.message) for w in caught if w.category is BundleWarning] == (
+            []
+            if matches
+            else [
+                f"{changed}: its signature by {ours} does not match its manifest: the bundle was changed "
+                f"after signing; loading it anyway (no trust list set: --trust / AOTPACK_TRUST)"
+            ]
+        )
         assert info["signature"] == {"key": ours, "matches_manifest": matches}
         assert f"signature: signed by {ours} ({text})" in summary_text(manifest, info).splitlines()
     for name in [m for m in sys.modules if m.split(".")[0] == "cryptography"] + ["cryptography"]:
