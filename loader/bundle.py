@@ -500,8 +500,11 @@ def _warn_on_signature(bundle: Bundle, members: _Members) -> None:
 def _not_a_zip(path: Path, why: str) -> BundleError:
     """A file that starts as a zip archive does but does not read as one was cut short or damaged;
     anything else is not a bundle at all."""
-    with open(path, "rb") as f:
-        started = f.read(4) == zipfile.stringFileHeader
+    try:
+        with open(path, "rb") as f:
+            started = f.read(4) == zipfile.stringFileHeader
+    except OSError:
+        started = False
     if started:
         return BundleError(f"{path}: {why}: the bundle is {CORRUPT}")
     return BundleError(f"{path} is not a bundle ({why}); give a .tpk that `aotpack build` wrote")
