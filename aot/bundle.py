@@ -5,9 +5,9 @@ holds too many entries is refused before ``zipfile`` parses it. Every member's n
 against the schema's layout, its size against the manifest and the zip directory, its local header
 and data against every other member's (no two overlap, all lie before the directory), and its
 sha256 before it is parsed: at open for every member but the weights (checked when they are read).
-Each member is read from the archive once and kept (``_Members``): the signature check, the
-checksum and the parser see the same bytes, so a file rewritten while it loads cannot slip a
-second version past the checks. Reads are bounded by the sizes the manifest declares, and the deflated
+Each member is read from the archive once and kept (``aot.archive``, the zip layer): the
+signature check, the checksum and the parser see the same bytes, so a file rewritten while it loads
+cannot slip a second version past the checks. Reads are bounded by the sizes the manifest declares, and the deflated
 members together by ``MAX_INFLATED_TOTAL``, so a zip bomb, overlapping members or a lying
 directory end in a ``BundleError``, not an allocation or minutes of inflating. The
 program must agree with the manifest (inputs, ops, symbols, kernels) and every expression in it
@@ -21,7 +21,6 @@ import json
 import os
 import re
 import stat
-import struct
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -29,7 +28,20 @@ from pathlib import Path
 
 from aot import schema
 from aot.admissible import admissible_text, admits
-from aot.errors import BundleError, BundleWarning, SignatureError
+from aot.archive import (
+    COMPRESSIONS,
+    CORRUPT,
+    MAX_MEMBERS,
+    Members,
+    check_directory,
+    check_layout,
+    check_sha256,
+    mismatch,
+    not_a_zip,
+    read_bounded,
+    unreadable,
+)
+from aot.errors import BundleError, BundleWarning
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool
 from aot.serde import from_json, upgrade_manifest
 from aot.signature import check_signature, signature_problem, trusted_keys
@@ -37,10 +49,6 @@ from aot.signing import MAX_SIGNATURE_BYTES
 from aot.symexpr import compile_expr
 from aot.tuning import check_alternatives
 
-MAX_MEMBERS = 4096
-# Central directory bytes: an entry is 46 fixed bytes, a name of at most ~100 and extras (zip64
-# sizes, weights alignment) of at most ~100; real bundles stay under 200 bytes an entry.
-MAX_DIRECTORY_BYTES = MAX_MEMBERS * 512
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its kernels is well under 1 MB
 # JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
@@ -54,7 +62,6 @@ MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is 
 # All deflated members together (manifest, guards, kernel sources): what opening a bundle inflates
 # and hashes at most. GPT-2 small's are 20 kB; a model with a thousand kernels stays under 20 MB.
 MAX_INFLATED_TOTAL = 64 << 20
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then (at 26) name and extra lengths
 MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
 MAX_BUCKETS = 1024  # CUDA-graph sizes per symbol
 MAX_STEP_OUTPUTS = 1 << 16  # results of one step (split, unbind): far above any model's widest split
@@ -66,10 +73,6 @@ MAX_STEPS = 20_000
 # every call: GPT-2 small has 3,248, about 8 a step.
 MAX_EXPRESSION_NODES = 20 * MAX_STEPS
 _REQUIRED = (schema.PROGRAM_PATH, schema.WEIGHTS_PATH, schema.REFERENCE_PATH, schema.GUARDS_PATH)
-_COMPRESSIONS = (
-    zipfile.ZIP_STORED,
-    zipfile.ZIP_DEFLATED,
-)  # what the packager writes; others inflate unbounded
 _KERNEL_MEMBER = re.compile(r"^kernels/[a-z0-9_]{1,80}\.(py|sm_[0-9]{2,3}a?\.cubin)$")
 _EXTERNAL_WEIGHTS = re.compile(r"^[A-Za-z0-9_.-]{1,200}\.safetensors$")
 _FIXED_MEMBERS = {
@@ -87,47 +90,6 @@ def _valid_name(name: str) -> bool:
     return name in _FIXED_MEMBERS or bool(_KERNEL_MEMBER.match(name))
 
 
-class _Members:
-    """The archive's members, each read from it once and kept: the bytes a signature or checksum
-    was checked over are the bytes handed to a parser, even if the file changes underneath (a
-    member is never reopened by name after its check). The weights are not kept: ``Bundle.read``
-    reads and checks them on each call."""
-
-    def __init__(self, zf: zipfile.ZipFile, path: Path):
-        self.zf, self.path = zf, path
-        self._data: dict[str, bytes] = {}
-
-    def read(self, info: zipfile.ZipInfo, size: int) -> bytes:
-        """The member's bytes, exactly ``size`` of them; read from the archive on first use only."""
-        data = self._data.get(info.filename)
-        if data is None:
-            data = self._data[info.filename] = _read_bounded(self.zf, info, size, self.path)
-        return data
-
-    def keep(self, name: str, data: bytes) -> None:
-        """Hold ``data`` as the member's bytes: those a signature over the whole archive verified."""
-        self._data[name] = data
-
-    def signed(self, name: str, limit: int) -> bytes | None:
-        """A member the trust check reads before the zip directory is verified (the signature,
-        the manifest): at most ``limit`` bytes; None when absent."""
-        infos = [i for i in self.zf.infolist() if i.filename == name]
-        if not infos:
-            return None
-        info = infos[0]
-        if len(infos) > 1:
-            raise SignatureError(
-                f"{self.path}: member {name} appears {len(infos)} times; not a bundle aotpack wrote"
-            )
-        if info.file_size > limit:
-            raise SignatureError(f"{self.path}: member {name} is {info.file_size} bytes (limit {limit})")
-        if info.flag_bits & 0x1 or info.compress_type not in _COMPRESSIONS:
-            raise SignatureError(
-                f"{self.path}: member {name} is encrypted or oddly compressed; bundles are stored or deflated"
-            )
-        return self.read(info, info.file_size)
-
-
 @dataclass
 class Bundle:
     """An opened, verified bundle. ``read`` returns a member's bytes: those whose sha256 was checked
@@ -137,7 +99,7 @@ class Bundle:
     manifest: Manifest
     _zip: zipfile.ZipFile
     _infos: dict[str, zipfile.ZipInfo]
-    _members: _Members
+    _members: Members
 
     def read(self, name: str) -> bytes:
         member = self.manifest.members.get(name)
@@ -146,10 +108,10 @@ class Bundle:
         if name == schema.WEIGHTS_PATH and self.manifest.external_weights:
             data = self._read_external(member.size)
         elif name == schema.WEIGHTS_PATH:
-            data = _read_bounded(self._zip, self._infos[name], member.size, self.path)
+            data = read_bounded(self._zip, self._infos[name], member.size, self.path)
         else:
             data = self._members.read(self._infos[name], member.size)  # checked at open
-        _check_sha256(data, member, name, self.path)
+        check_sha256(data, member, name, self.path)
         return data
 
     def check_weights(self) -> None:
@@ -157,7 +119,7 @@ class Bundle:
         (``inspect``, ``guards``) checks, so that it never vouches for corrupt weights."""
         member = self.manifest.members[schema.WEIGHTS_PATH]
         if self.manifest.external_weights:
-            _check_sha256(self._read_external(member.size), member, schema.WEIGHTS_PATH, self.path)
+            check_sha256(self._read_external(member.size), member, schema.WEIGHTS_PATH, self.path)
             return
         digest, seen = hashlib.sha256(), 0
         try:
@@ -166,9 +128,9 @@ class Bundle:
                     digest.update(chunk)
                     seen += len(chunk)
         except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError ...
-            raise _unreadable(self.path, schema.WEIGHTS_PATH, e) from None
+            raise unreadable(self.path, schema.WEIGHTS_PATH, e) from None
         if seen != member.size or digest.hexdigest() != member.sha256:
-            raise _mismatch(self.path, schema.WEIGHTS_PATH, member)
+            raise mismatch(self.path, schema.WEIGHTS_PATH, member)
 
     def external_path(self) -> Path:
         name = self.manifest.external_weights
@@ -434,21 +396,6 @@ def _check_buckets(manifest: Manifest, path: Path) -> None:
             )
 
 
-def _read_bounded(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, path: Path) -> bytes:
-    try:
-        with zf.open(info) as f:
-            data = f.read(size + 1)
-    except BundleError:
-        raise
-    except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError, NotImplementedError ...
-        raise _unreadable(path, info.filename, e) from None
-    if len(data) != size:
-        raise BundleError(
-            f"{path}: member {info.filename!r} holds {len(data)}+ bytes, the manifest says {size}"
-        )
-    return data
-
-
 def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = None) -> Bundle:
     """Open and verify the directory, manifest and members of a bundle (the weights are checked
     when read). It must be signed by one of the ``trusted`` public keys (None: those of
@@ -461,13 +408,13 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = Non
     if not path.is_file():
         raise BundleError(f"bundle {path} does not exist or is not a file")
     try:
-        directory_start = _check_directory(path)
+        directory_start = check_directory(path)
         zf = zipfile.ZipFile(path, "r")
     except BundleError:
         raise
     except Exception as e:
-        raise _not_a_zip(path, f"not a readable zip archive: {type(e).__name__}") from None
-    members = _Members(zf, path)
+        raise not_a_zip(path, f"not a readable zip archive: {type(e).__name__}") from None
+    members = Members(zf, path)
     try:
         if trusted:
             manifest = lambda: members.signed(schema.MANIFEST_PATH, MAX_MANIFEST_BYTES) or b""  # noqa: E731
@@ -485,7 +432,7 @@ def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = Non
     return bundle
 
 
-def _warn_on_signature(bundle: Bundle, members: _Members) -> None:
+def _warn_on_signature(bundle: Bundle, members: Members) -> None:
     """No trust list asked for a signature; a signed bundle whose signature fails still loads, with a
     warning (the signature member is read, bounded, only when there is one)."""
     info, manifest = bundle._infos.get(schema.SIGNATURE_PATH), bundle._infos[schema.MANIFEST_PATH]
@@ -503,64 +450,7 @@ def _warn_on_signature(bundle: Bundle, members: _Members) -> None:
         warnings.warn(BundleWarning(problem), stacklevel=3)
 
 
-def _not_a_zip(path: Path, why: str) -> BundleError:
-    """A file that starts as a zip archive does but does not read as one was cut short or damaged;
-    anything else is not a bundle at all."""
-    with open(path, "rb") as f:
-        started = f.read(4) == zipfile.stringFileHeader
-    if started:
-        return BundleError(f"{path}: {why}: the bundle is {CORRUPT}")
-    return BundleError(f"{path} is not a bundle ({why}); give a .tpk that `aotpack build` wrote")
-
-
-def _check_directory(path: Path) -> int:
-    """Read the end-of-central-directory record (the one ``zipfile`` reads next, found the same
-    way) and refuse a directory too large to parse; returns where the directory starts."""
-    with open(path, "rb") as f:
-        end = zipfile._EndRecData(f)  # zipfile's own reader: the same record it will use
-    if not end:
-        raise _not_a_zip(path, "no zip directory at its end")
-    # the record's fields: [4] entries in total, [5] directory size, [9] where the record starts
-    entries, size, location = end[4], end[5], end[9]
-    if entries > MAX_MEMBERS or size > MAX_DIRECTORY_BYTES:
-        raise BundleError(
-            f"{path}: zip directory of {entries} entries in {size} bytes (limit {MAX_MEMBERS} entries, "
-            f"{MAX_DIRECTORY_BYTES} bytes); not a bundle"
-        )
-    zip64 = end[0] == zipfile.stringEndArchive64
-    return location - size - (zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator if zip64 else 0)
-
-
-def _check_layout(path: Path, infos: list[zipfile.ZipInfo], directory_start: int) -> None:
-    """Each member's local header and data lie before the central directory and overlap no other
-    member's: overlapping members would let a small archive inflate one deflate stream many times."""
-    extents = []
-    with open(path, "rb") as f:
-        for info in infos:
-            header = b""
-            if 0 <= info.header_offset < directory_start:
-                f.seek(info.header_offset)
-                header = f.read(_LOCAL_HEADER.size)
-            if len(header) != _LOCAL_HEADER.size or header[:4] != zipfile.stringFileHeader:
-                raise BundleError(
-                    f"{path}: member {info.filename!r} has no local header at offset {info.header_offset}"
-                )
-            _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-            end = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length + info.compress_size
-            extents.append((info.header_offset, end, info.filename))
-    extents.sort()
-    for (_, end, name), (start, _, following) in zip(extents, extents[1:]):
-        if end > start:
-            raise BundleError(
-                f"{path}: members {name!r} and {following!r} overlap in the archive; not a bundle"
-            )
-    if extents and extents[-1][1] > directory_start:
-        raise BundleError(
-            f"{path}: member {extents[-1][2]!r} runs past the start of the zip directory; not a bundle"
-        )
-
-
-def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: _Members) -> Bundle:
+def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: Members) -> Bundle:
     infos = zf.infolist()
     if len(infos) > MAX_MEMBERS:
         raise BundleError(f"{path}: {len(infos)} members (limit {MAX_MEMBERS}); not a bundle")
@@ -577,7 +467,7 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: _Mem
             raise BundleError(f"{path}: member {name!r} appears twice")
         if info.flag_bits & 0x1:
             raise BundleError(f"{path}: member {name!r} is encrypted")
-        if info.compress_type not in _COMPRESSIONS:
+        if info.compress_type not in COMPRESSIONS:
             raise BundleError(
                 f"{path}: member {name!r} uses compression method {info.compress_type}; "
                 f"bundles are stored or deflated"
@@ -603,7 +493,7 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: _Mem
                     f"(the limit); not a bundle"
                 )
         by_name[name] = info
-    _check_layout(path, infos, directory_start)
+    check_layout(path, infos, directory_start)
     if schema.MANIFEST_PATH not in by_name:
         raise BundleError(f"{path}: no {schema.MANIFEST_PATH}; not a bundle or truncated")
     minfo = by_name[schema.MANIFEST_PATH]
@@ -662,27 +552,5 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: _Mem
     # so a corrupt bundle is refused at open even where a member is not used on this device.
     for name, member in manifest.members.items():
         if name in by_name and name != schema.WEIGHTS_PATH:
-            _check_sha256(members.read(by_name[name], member.size), member, name, path)
+            check_sha256(members.read(by_name[name], member.size), member, name, path)
     return Bundle(path=path, manifest=manifest, _zip=zf, _infos=by_name, _members=members)
-
-
-CORRUPT = "corrupt or truncated: rebuild or re-copy it"  # what every damaged bundle is told
-
-
-def _check_sha256(data: bytes, member: schema.Member, name: str, path: Path) -> None:
-    if hashlib.sha256(data).hexdigest() != member.sha256:
-        raise _mismatch(path, name, member)
-
-
-def _mismatch(path: Path, name: str, member: schema.Member) -> BundleError:
-    return BundleError(
-        f"{path}: checksum mismatch in {name!r} (expected sha256 {member.sha256[:16]}…): the bundle is {CORRUPT}"
-    )
-
-
-def _unreadable(path: Path, name: str, e: Exception) -> BundleError:
-    """A member zipfile cannot inflate or whose CRC fails; the library's own text (raw zlib
-    errors) says nothing a user can act on."""
-    return BundleError(
-        f"{path}: member {name!r} cannot be read ({type(e).__name__}): the bundle is {CORRUPT}"
-    )

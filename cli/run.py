@@ -269,7 +269,11 @@ def _device(device: str) -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        return device  # the loader says what a device is
+    if kind == "cuda" and not torch.cuda.is_available():
         raise EnvError(f"--device {device}: torch sees no CUDA GPU; run with --device cpu (or --device auto)")
     return device
 

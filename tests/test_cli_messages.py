@@ -105,3 +105,39 @@ def test_guards_of_a_model_the_build_would_refuse_say_so(capsys):
             "x = x.reshape(B, T // 2, 2 * C).reshape(B, T, C))"
         ],
     )
+
+
+TWO_PROGRAMS_NARROWED = """
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):  # x: [B, T, C]
+        B, T, C = x.shape
+        if B > 4:
+            x = x * 2
+        x = x.reshape(B, T // 2, 2 * C).reshape(B, T, C)
+        return self.proj(x).relu()
+
+spec = ModelSpec(module=Net, inputs=[Input("x", (Dim("batch", 1, 8), Dim("seq", 1, 64), 16))], name="net")
+"""
+
+
+@pytest.mark.slow
+def test_a_narrowing_is_named_once_though_two_programs_meet_it(capsys, tmp_path):
+    model = tmp_path / "twice.py"
+    model.write_text(TWO_PROGRAMS_NARROWED)
+    code, lines = cli(capsys, "build", str(model), "-o", str(tmp_path / "t.tpk"), "--no-fuse", "-q")
+    assert (code, lines) == (
+        1,
+        [
+            "error: the build cannot cover every declared size: seq 1..64 admits only 2 <= seq <= 64, "
+            "seq % 2 == 0 (seq % 2 == 0 at twice.py:14: x = x.reshape(B, T // 2, 2 * C).reshape(B, T, C)); "
+            "change the model at those lines, declare narrower Dims, or accept the narrower contract with "
+            "--allow-narrowing (ModelSpec(allow_narrowing=True))"
+        ],
+    )

@@ -160,9 +160,14 @@ def test_damaged_bundles_are_one_corrupt_or_truncated_line(capsys, unsigned, tmp
     flipped = tmp_path / "flipped.tpk"
     flipped.write_bytes(crc_patched(archive, schema.WEIGHTS_PATH, data[:-1] + bytes([data[-1] ^ 1])))
     mismatch = f"error: {flipped}: checksum mismatch in 'weights.safetensors' (expected sha256 "
-    for verb in (["inspect", str(flipped)], ["guards", str(flipped)], ["inspect", "--json", str(flipped)]):
+    for verb, exit_code in (
+        (["inspect", str(flipped)], 1),
+        (["guards", str(flipped)], 1),
+        (["inspect", "--json", str(flipped)], 1),
+        (["diff", str(unsigned), str(flipped)], 4),
+    ):
         code, lines = cli(capsys, *verb)
-        assert code == 1 and len(lines) == 1, lines
+        assert code == exit_code and len(lines) == 1, lines
         assert lines[0].startswith(mismatch) and lines[0].endswith(f"…): {CORRUPT}")
 
     truncated = tmp_path / "truncated.tpk"

@@ -122,7 +122,7 @@ def export_programs(
     if failures and not allow:
         raise TraceError(
             "the build cannot cover every declared size: "
-            + " | ".join(failures)
+            + " | ".join(dict.fromkeys(failures))  # once, though several regions of another dim miss it
             + "; change the model at those lines, declare narrower Dims, or accept the narrower contract with "
             "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         )

@@ -99,12 +99,12 @@ def test_members_are_used_as_checked_and_weights_rehashed_on_every_read(tmp_path
     try:
         cubin = next(n for n in bundle.manifest.members if n.endswith(".cubin"))
         good = bundle.read(cubin)
-        real = bundle_module._read_bounded
-        monkeypatch.setattr(bundle_module, "_read_bounded", lambda *a: _corrupt(real(*a)))
+        real = bundle_module.read_bounded
+        monkeypatch.setattr(bundle_module, "read_bounded", lambda *a: _corrupt(real(*a)))
         assert bundle.read(cubin) == good
         with pytest.raises(BundleError, match=f"checksum mismatch in '{schema.WEIGHTS_PATH}'"):
             bundle.read(schema.WEIGHTS_PATH)
-        monkeypatch.setattr(bundle_module, "_read_bounded", real)
+        monkeypatch.setattr(bundle_module, "read_bounded", real)
         assert bundle.read(schema.WEIGHTS_PATH)
     finally:
         bundle.close()

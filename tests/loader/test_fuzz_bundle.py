@@ -1116,7 +1116,8 @@ def resource_cases(base: bytes) -> Iterator[Case]:
     """Self-consistent bundles that would cost the loader far more than their size: overlapping
     members, deflated members beyond the total, a directory of too many entries, a weights header
     of 16 MiB, a program beyond the step bound, guard relations beyond theirs."""
-    from aot.loader.bundle import MAX_INFLATED_TOTAL, MAX_MEMBERS, MAX_STEPS
+    from aot.archive import MAX_MEMBERS
+    from aot.loader.bundle import MAX_INFLATED_TOTAL, MAX_STEPS
     from aot.loader.guards import MAX_RELATIONS
 
     entries = read_entries(base)

@@ -21,9 +21,10 @@ import pytest
 import torch
 
 import aot.loader.bundle as bundle_module
+from aot.archive import MAX_DIRECTORY_BYTES, MAX_MEMBERS
 from aot.errors import BundleError, EnvError
 from aot.loader import load
-from aot.loader.bundle import MAX_DIRECTORY_BYTES, MAX_INFLATED_TOTAL, MAX_MEMBERS, MAX_STEPS
+from aot.loader.bundle import MAX_INFLATED_TOTAL, MAX_STEPS
 from aot.loader.guards import MAX_RELATION_NODES, MAX_RELATIONS
 from aot.loader.weights import header_limit, parse_safetensors
 from aot.symexpr import MAX_NODES, compile_expr
