@@ -19,6 +19,8 @@ from pathlib import Path
 from aot import schema
 from aot.errors import BundleError, SignatureError
 
+MAX_MANIFEST_BYTES = 16 << 20  # manifest.json, read before anything else of the bundle
+
 MAX_MEMBERS = 4096
 # Central directory bytes: an entry is 46 fixed bytes, a name of at most ~100 and extras (zip64
 # sizes, weights alignment) of at most ~100; real bundles stay under 200 bytes an entry.

@@ -31,6 +31,7 @@ from aot.admissible import admissible_text, admits
 from aot.archive import (
     COMPRESSIONS,
     CORRUPT,
+    MAX_MANIFEST_BYTES,
     MAX_MEMBERS,
     Members,
     check_directory,
@@ -49,7 +50,6 @@ from aot.signing import MAX_SIGNATURE_BYTES
 from aot.symexpr import compile_expr
 from aot.tuning import check_alternatives
 
-MAX_MANIFEST_BYTES = 16 << 20
 MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its kernels is well under 1 MB
 # JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
 # this bounds what parsing allocates (16 MiB of "[]," would otherwise be ~400 MB of lists).

@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 
 from aot import oms, schema, signing
-from aot.bundle import MAX_MANIFEST_BYTES
+from aot.archive import MAX_MANIFEST_BYTES
 from aot.errors import SignatureError
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then (at 26) name and extra lengths

@@ -54,7 +54,7 @@ def check_signature(
         except SignatureError as e:
             member_error = e
     if zf is not None:
-        from aot.detached import check_detached, read_detached  # it reads the bundle's limits
+        from aot.detached import check_detached, read_detached  # only for a bundle signed beside it
 
         try:
             detached = read_detached(path)  # read only when needed: a valid member never depends on it

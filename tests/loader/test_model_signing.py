@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import aot.archive
 import aot.detached
 import aot.loader.bundle
 from aot import oms, schema
@@ -215,14 +216,14 @@ def test_the_manifest_parsed_is_the_one_verified(built, keys, tmp_path, monkeypa
     entries = read_entries(path.read_bytes())
     widened = copy.deepcopy(manifest_of(entries))
     widened["guards"]["symbols"][1]["min"] = 1
-    original = aot.loader.bundle._read_bounded
+    original = aot.archive.read_bounded
 
     def second_read(zf, info, size, where):
         if info.filename == schema.MANIFEST_PATH:
             return manifest_bytes(widened)
         return original(zf, info, size, where)
 
-    monkeypatch.setattr(aot.loader.bundle, "_read_bounded", second_read)
+    monkeypatch.setattr(aot.archive, "read_bounded", second_read)
     runner = load(path, trust=[_pub(keys, key)])
     runner.bundle.close()
     assert (
