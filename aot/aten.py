@@ -378,6 +378,12 @@ class AtenCall:
             check_in_storage(t, self.name)
         return True
 
+    def arguments(self, env: dict, sizes: dict) -> tuple[list, dict]:
+        """The step's arguments on ``env`` at ``sizes``."""
+        args = [a.value if isinstance(a, _Const) else a(env, sizes) for a in self.args]
+        kwargs = {k: a.value if isinstance(a, _Const) else a(env, sizes) for k, a in self.kwargs.items()}
+        return args, kwargs
+
     def run(self, env: dict, sizes: dict) -> Any:
         """The op's result on ``env``, unbound."""
         args = [a.value if isinstance(a, _Const) else a(env, sizes) for a in self.args]

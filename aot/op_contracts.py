@@ -215,6 +215,35 @@ def integer_division(rounding: str | None = None) -> Check:
     return Check(names, test, caller=True, always=True)
 
 
+def attention_shapes() -> Check:
+    """Query [..., L, E], key [..., S, E], value [..., S, Ev] (the same leading dims; with
+    ``enable_gqa``, query's heads a multiple of key's), the mask broadcasting to [..., L, S]: the
+    CPU kernel reads the value at every key position whatever its length."""
+
+    def test(q: Any, k: Any, v: Any, mask: Any, gqa: Any) -> str | None:
+        if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+            return None
+        qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+        if len(qs) < 2 or len(ks) != len(qs) or len(vs) != len(qs):
+            return f"expected query, key and value of one rank >= 2, got {len(qs)}, {len(ks)}, {len(vs)}"
+        if ks[:-1] != vs[:-1]:
+            return f"expected key {list(ks)} and value {list(vs)} of the same positions"
+        if qs[-1] != ks[-1]:
+            return f"expected query {list(qs)} and key {list(ks)} of the same last dim"
+        if qs[:-2] != ks[:-2] and not (
+            gqa is True and len(qs) >= 3 and qs[:-3] == ks[:-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0
+        ):
+            return f"expected query {list(qs)} and key {list(ks)} of the same leading dims"
+        if type(mask) is torch.Tensor:
+            full = (*qs[:-1], ks[-2])
+            ms = tuple(mask.shape)
+            if len(ms) > len(full) or any(m not in (1, f) for m, f in zip(reversed(ms), reversed(full))):
+                return f"expected a mask that broadcasts to {list(full)}, got {list(ms)}"
+        return None
+
+    return Check(("query", "key", "value", "attn_mask", "enable_gqa"), test, always=True)
+
+
 def _index_dims(dim_arg: str = "dim") -> Contract:
     return Contract((dims(dim_arg),), "index values against the indexed dim (ATen, CPU)")
 
@@ -454,7 +483,7 @@ CONTRACTS: dict[str, Contract] = {
     "aten._unsafe_view.default": Contract((sizes("size", infer=True),), "run as reshape (aot.aten)"),
     "aten.view.default": Contract((sizes("size", infer=True),), "run as reshape (aot.aten)"),
     "aten.scaled_dot_product_attention.default": Contract(
-        (one_of("dropout_p", (0, 0.0)),), "query, key, value and mask shapes (ATen)"
+        (one_of("dropout_p", (0, 0.0)), attention_shapes()), "dtypes (ATen); its kernel trusts the shapes"
     ),
     "aten.scatter.src": _index_dims(),
     "aten.scatter.value": _index_dims(),

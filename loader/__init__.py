@@ -25,6 +25,7 @@ from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.cuda import raw_stream
 from aot.loader.guards import GuardChecker
 from aot.loader.memory import check_max_memory, check_plan, planned_peak
+from aot.loader.prerun import PreRun
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
 from aot.loader.state import State, check_index_bounds
@@ -78,14 +79,25 @@ def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
 class _Entry:
     """One program of the bundle, ready to run: its guards, and its CPU or GPU executor."""
 
-    __slots__ = ("name", "entry", "program", "guards", "outputs", "aten", "gpu", "graphs", "index_bounds")
+    __slots__ = (
+        "name",
+        "entry",
+        "program",
+        "guards",
+        "outputs",
+        "aten",
+        "gpu",
+        "graphs",
+        "index_bounds",
+        "prerun",
+    )
 
     def __init__(
         self, name: str, program: schema.Program, guards: GuardChecker, device: torch.device, entry: str = ""
     ):
         self.name, self.program, self.guards, self.entry = name, program, guards, entry
         self.outputs = OutputSpecs(program, device)
-        self.aten = self.gpu = self.graphs = None
+        self.aten = self.gpu = self.graphs = self.prerun = None
         self.index_bounds: tuple[tuple[str, str, int], ...] = ()  # caller's inputs that index the state
 
 
@@ -132,6 +144,7 @@ class Runner:
         capture: str = "lazy",
         max_memory: int | None = None,
         outputs: str = "copy",
+        max_flops: int | None = None,
     ):
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
@@ -140,6 +153,8 @@ class Runner:
         self.borrow = outputs == "borrow"
         if max_memory is not None and (type(max_memory) is not int or max_memory <= 0):
             raise ValueError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
+        if max_flops is not None and (type(max_flops) is not int or max_flops <= 0):
+            raise ValueError(f"max_flops must be a positive number of operations, got {max_flops!r}")
         self.bundle = bundle
         self.manifest: Manifest = bundle.manifest
         try:
@@ -285,6 +300,11 @@ class Runner:
                         entry.graphs.capture_all()
             else:
                 entry.aten = AtenProgram(program, self.weights, self.device, state_aliases=state_aliases)
+            if entry.gpu is not None:
+                steps, calls = list(program.steps), entry.gpu.calls
+            else:
+                steps, calls = reference_steps(program), entry.aten.calls
+            entry.prerun = PreRun(name, program, steps, calls, self.weights, guards, max_flops)
             self._entries.append(entry)
         if capture == "all" and self.state.tensors:
             self.state.reset()  # the captures' warm-ups wrote into it
@@ -301,6 +321,13 @@ class Runner:
     @property
     def input_names(self) -> tuple[str, ...]:
         return self.guards.names
+
+    @property
+    def flops(self) -> int | None:
+        """About how many operations a call takes at most (its programs' at their largest admitted
+        sizes, counted from shapes: ``aot.loader.prerun``); None where a size depends on values."""
+        counts = [e.prerun.flops for e in self._entries]
+        return None if any(c is None for c in counts) else max(counts)
 
     @property
     def programs(self) -> tuple[str, ...]:
@@ -447,6 +474,7 @@ class Runner:
         self, entry: _Entry, values: list[Any], sizes: dict[str, int], out: list[torch.Tensor] | None = None
     ) -> list[torch.Tensor]:
         inputs = dict(zip(self.guards.names, values))
+        entry.prerun.check(sizes)  # memory and arithmetic, before anything runs
         if entry.gpu is None:
             outputs = entry.aten({**inputs, **self.state.views(sizes)}, sizes)
         else:
@@ -530,6 +558,7 @@ def load(
     trust: Sequence[str | os.PathLike] | None = None,
     max_memory: int | None = None,
     outputs: str = "copy",
+    max_flops: int | None = None,
 ) -> Runner:
     """Open, verify and prepare a bundle for calls on ``device``.
 
@@ -549,10 +578,15 @@ def load(
     next call (as CUDA-graph trees and serving engines do), so read or copy it before calling
     again, and call from one thread at a time. Elsewhere outputs are the caller's in both modes.
     ``runner(..., out=buffers)`` writes into the caller's own buffers instead.
+    ``max_flops``: refuse, with ``EnvError``, a bundle whose call may compute more operations than
+    this (counted from shapes at its largest admitted sizes: ``Runner.flops``), and any call that
+    would; without it, a call is held to what the program computes at its largest sizes. Each
+    call's steps are walked on the meta device first (once per distinct sizes), so memory and
+    arithmetic beyond the bounds are refused before anything runs.
     """
     bundle = open_bundle(path, trusted_keys(trust))
     try:
-        return Runner(bundle, device, capture, max_memory, outputs)
+        return Runner(bundle, device, capture, max_memory, outputs, max_flops)
     except BaseException:
         bundle.close()  # a server that retries a bad bundle must not leak its file handle
         raise
