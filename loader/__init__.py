@@ -29,6 +29,7 @@ from aot.loader.prerun import PreRun
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
 from aot.loader.state import State, check_index_bounds
+from aot.loader.values import check_values, value_bounds
 from aot.loader.variants import check_programs
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
@@ -90,6 +91,7 @@ class _Entry:
         "graphs",
         "index_bounds",
         "prerun",
+        "value_bounds",
     )
 
     def __init__(
@@ -99,6 +101,7 @@ class _Entry:
         self.outputs = OutputSpecs(program, device)
         self.aten = self.gpu = self.graphs = self.prerun = None
         self.index_bounds: tuple[tuple[str, str, int], ...] = ()  # caller's inputs that index the state
+        self.value_bounds: tuple = ()  # caller's inputs that index a weight's rows (aot.loader.values)
 
 
 class EntryRunner:
@@ -282,6 +285,7 @@ class Runner:
                 )
             entry = _Entry(name, program, checker, self.device, entry_name)
             entry.index_bounds = self.state.index_bounds(program)
+            entry.value_bounds = value_bounds(program, self.weights)
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
@@ -453,6 +457,8 @@ class Runner:
                 raise GuardError(f"out= is not shaped like the model's output: {e}") from None
             taken = [storage_span(v) for v in values if isinstance(v, torch.Tensor)]
             entry.outputs.check_out(buffers, sizes, taken, self._owned_storages)
+        if check_indices and entry.value_bounds:
+            check_values(entry.value_bounds, dict(zip(self.guards.names, values)))
         grad = torch.is_grad_enabled()
         if grad:  # no autograd graph, whatever the inputs require (no_grad's manager costs µs)
             torch._C._set_grad_enabled(False)
