@@ -427,6 +427,15 @@ CONTRACTS: dict[str, Contract] = {
         "weight and bias against the input's channels and groups (ATen)",
     ),
     "aten.cumsum.default": _DIM,
+    "aten.cumprod.default": _DIM,
+    "aten.linalg_vector_norm.default": Contract((dims("dim", optional=True),), "ord and dtype (ATen)"),
+    "aten.histc.default": Contract(
+        (positive("bins", MAX_SIZE),), "a finite range, max above min (ATen); its size: the memory bound"
+    ),
+    "aten.erfinv.default": _NONE,
+    "aten._cdist_forward.default": Contract(
+        (one_of("compute_mode", (None, 0, 1, 2)),), "p >= 0 and the inputs' widths (ATen)"
+    ),
     "aten.diagonal.default": Contract((dims("dim1"), dims("dim2"), bounded("offset"))),
     "aten.div.Tensor_mode": _DIV_MODE,
     "aten.div.Scalar_mode": _DIV_MODE,
