@@ -25,7 +25,6 @@ from aot.loader.bundle import Bundle, open_bundle
 from aot.loader.cuda import raw_stream
 from aot.loader.guards import GuardChecker
 from aot.loader.memory import check_max_memory, check_plan, planned_peak
-from aot.loader.prerun import PreRun
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.signature import trusted_keys
 from aot.loader.state import State, check_index_bounds
@@ -90,7 +89,6 @@ class _Entry:
         "gpu",
         "graphs",
         "index_bounds",
-        "prerun",
         "value_bounds",
     )
 
@@ -99,7 +97,7 @@ class _Entry:
     ):
         self.name, self.program, self.guards, self.entry = name, program, guards, entry
         self.outputs = OutputSpecs(program, device)
-        self.aten = self.gpu = self.graphs = self.prerun = None
+        self.aten = self.gpu = self.graphs = None
         self.index_bounds: tuple[tuple[str, str, int], ...] = ()  # caller's inputs that index the state
         self.value_bounds: tuple = ()  # caller's inputs that index a weight's rows (aot.loader.values)
 
@@ -295,7 +293,9 @@ class Runner:
                     for steps in {id(s): s for s in plans.values()}.values():
                         peak, sizes = planned_peak(replace(program, steps=steps), guards, cpu=False)
                         check_max_memory(peak, sizes, max_memory, name)
-                entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans, state_aliases)
+                entry.gpu = GpuProgram(
+                    bundle, program, self.weights, self.device, plans, state_aliases, max_flops
+                )
                 if capture != "none":
                     entry.graphs = GraphRunner(
                         entry.gpu, buckets, arena, entry.outputs, self._weight_storages, self.state
@@ -303,12 +303,9 @@ class Runner:
                     if capture == "all":
                         entry.graphs.capture_all()
             else:
-                entry.aten = AtenProgram(program, self.weights, self.device, state_aliases=state_aliases)
-            if entry.gpu is not None:
-                steps, calls = list(program.steps), entry.gpu.calls
-            else:
-                steps, calls = reference_steps(program), entry.aten.calls
-            entry.prerun = PreRun(name, program, steps, calls, self.weights, guards, max_flops)
+                entry.aten = AtenProgram(
+                    program, self.weights, self.device, state_aliases=state_aliases, max_flops=max_flops
+                )
             self._entries.append(entry)
         if capture == "all" and self.state.tensors:
             self.state.reset()  # the captures' warm-ups wrote into it
@@ -325,13 +322,6 @@ class Runner:
     @property
     def input_names(self) -> tuple[str, ...]:
         return self.guards.names
-
-    @property
-    def flops(self) -> int | None:
-        """About how many operations a call takes at most (its programs' at their largest admitted
-        sizes, counted from shapes: ``aot.loader.prerun``); None where a size depends on values."""
-        counts = [e.prerun.flops for e in self._entries]
-        return None if any(c is None for c in counts) else max(counts)
 
     @property
     def programs(self) -> tuple[str, ...]:
@@ -480,7 +470,6 @@ class Runner:
         self, entry: _Entry, values: list[Any], sizes: dict[str, int], out: list[torch.Tensor] | None = None
     ) -> list[torch.Tensor]:
         inputs = dict(zip(self.guards.names, values))
-        entry.prerun.check(sizes)  # memory and arithmetic, before anything runs
         if entry.gpu is None:
             outputs = entry.aten({**inputs, **self.state.views(sizes)}, sizes)
         else:
@@ -584,11 +573,9 @@ def load(
     next call (as CUDA-graph trees and serving engines do), so read or copy it before calling
     again, and call from one thread at a time. Elsewhere outputs are the caller's in both modes.
     ``runner(..., out=buffers)`` writes into the caller's own buffers instead.
-    ``max_flops``: refuse, with ``EnvError``, a bundle whose call may compute more operations than
-    this (counted from shapes at its largest admitted sizes: ``Runner.flops``), and any call that
-    would; without it, a call is held to what the program computes at its largest sizes. Each
-    call's steps are walked on the meta device first (once per distinct sizes), so memory and
-    arithmetic beyond the bounds are refused before anything runs.
+    ``max_flops``: refuse, with ``EnvError``, a call that would compute more operations than this
+    (counted from each step's operand shapes before it runs: ``aot.loader.prerun``). Every step that
+    could make more than its declared buffer is held to it before it runs, too.
     """
     bundle = open_bundle(path, trusted_keys(trust))
     try:
