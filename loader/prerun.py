@@ -44,11 +44,14 @@ def _shape(t: Any) -> tuple[int, ...]:
 
 def _broadcast(shapes: list[tuple[int, ...]]) -> int:
     """Elements of the broadcast of ``shapes`` (an upper bound where they do not broadcast)."""
-    rank = max((len(s) for s in shapes), default=0)
-    n = 1
-    for d in range(1, rank + 1):
-        n *= max((s[-d] for s in shapes if len(s) >= d), default=1)
-    return n
+    out = list(max(shapes, key=len))
+    rank = len(out)
+    for shape in shapes:
+        k = rank - len(shape)
+        for i, d in enumerate(shape):
+            if d != 1 and d != out[k + i]:
+                out[k + i] = d if out[k + i] == 1 else max(d, out[k + i])
+    return math.prod(out)
 
 
 def _product(values: Any) -> int | None:
