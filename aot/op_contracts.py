@@ -5,13 +5,15 @@ ATen validates most arguments itself (shapes that broadcast, dims in range, indi
 tensor on the CPU), but some kernels trust theirs: batch norm reads ``weight``, ``bias`` and the
 running statistics at every channel of its input whatever their length; ``grid_sampler_2d`` with
 an interpolation or padding mode outside 0..2 hands back its output unwritten (freed memory of
-earlier calls); integer division of ``INT_MIN`` by ``-1`` is a hardware trap (SIGFPE) on the CPU.
-A bundle's program chooses every argument, so each allowlisted op has a ``Contract`` here (a test
-holds ``CONTRACTS`` to ``aot.allowed_ops.ALLOWED_OPS``), and ``tests/loader/test_op_contracts.py``
-drives every op with hostile arguments under heap canaries.
+earlier calls); attention's CPU kernel reads the value at every key position whatever its length;
+``col2im`` with a padding of 2**31 never returns; integer ``trunc`` division of ``INT_MIN`` by
+``-1`` is a hardware trap (SIGFPE) on the CPU. A bundle's program chooses every argument, so each
+allowlisted op has a ``Contract`` here (``aot.aten.resolve_op`` refuses an op without one), and
+``tests/aot/test_op_contracts.py`` drives every allowlisted op with hostile arguments under guard
+bytes and heap canaries.
 
 A contract is a tuple of checks, each over named arguments of the op's schema. ``aot.aten.AtenCall``
-(the one checker) evaluates a check at load when every argument it reads is known there (a
+(through ``ContractChecker``, the one checker) evaluates a check at load when every argument it reads is known there (a
 constant, a weight, or a tensor of static declared shape) and raises ``BundleError`` naming the
 step, the op and the argument; the others run on every call, on the values the step is about to
 get: a few comparisons, or one reduction for integer division (``GuardError``: the caller's values
