@@ -250,6 +250,9 @@ class Runner:
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         self._input_set = frozenset(self.guards.names)
+        # with several programs, a call must also satisfy the contract's relations among symbols,
+        # which a program's own guards may leave out (``aot.loader.variants`` checks the rest)
+        self._contract_relations = bool(self.manifest.guards.relations) and len(entries) > 1
         self.state.allocate()
         # memory the runner owns, never handed to a caller as an output: weights, and the state
         self._owned_storages = [self._weight_storages]
@@ -439,6 +442,8 @@ class Runner:
             entry, sizes = self._entries[0], self.guards.check(values, self.device)
         else:
             entry, sizes = self._dispatch(values, entries)
+            if self._contract_relations:  # the bundle's relations hold whichever program runs
+                self.guards.check(values, self.device)
         buffers = None
         if out is not None:
             try:
