@@ -44,6 +44,9 @@ _MEMORY_FORMATS = {
 _FLOATS = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 
 Getter = Callable[[dict, dict], Any]
+# Where a call's environment holds the loader's per-call budget (``aot.loader.prerun.Budget``): no
+# buffer's name (a program's names are identifiers).
+CALL_BUDGET = "\x00budget"
 
 # The program was traced with CPU strides; on another device a library op may return another
 # layout (CUDA attention kernels return [B, T, H, D]-major outputs where the CPU's are
@@ -322,7 +325,7 @@ class AtenCall:
     the buffers a state write may write into (``state_writes_checked``); any other write is
     refused."""
 
-    __slots__ = ("op", "args", "kwargs", "outputs", "name", "check_views", "contract")
+    __slots__ = ("op", "args", "kwargs", "outputs", "name", "check_views", "contract", "where")
 
     def __init__(
         self,
@@ -349,8 +352,8 @@ class AtenCall:
         self.kwargs = {k: compile_arg(v, device) for k, v in step.kwargs.items()}
         self.outputs = step.outputs
         self.contract = None
+        self.where = where = f"step {index} " if index is not None else ""
         if step.target in CONTRACTS:  # state writes have none: they write only the state
-            where = f"step {index} " if index is not None else ""
             checker = ContractChecker(step, op, self.args, self.kwargs, weights or {}, specs or {}, where)
             self.contract = checker if checker.per_call else None
         self.check_views = step.target in STRIDED_VIEWS
@@ -378,12 +381,21 @@ class AtenCall:
             check_in_storage(t, self.name)
         return True
 
+    def arguments(self, env: dict, sizes: dict) -> tuple[list, dict]:
+        """The step's arguments on ``env`` at ``sizes``."""
+        args = [a.value if isinstance(a, _Const) else a(env, sizes) for a in self.args]
+        kwargs = {k: a.value if isinstance(a, _Const) else a(env, sizes) for k, a in self.kwargs.items()}
+        return args, kwargs
+
     def run(self, env: dict, sizes: dict) -> Any:
         """The op's result on ``env``, unbound."""
         args = [a.value if isinstance(a, _Const) else a(env, sizes) for a in self.args]
         kwargs = {k: a.value if isinstance(a, _Const) else a(env, sizes) for k, a in self.kwargs.items()}
         if self.contract is not None:
             self.contract.check(args, kwargs)
+        budget = env.get(CALL_BUDGET)
+        if budget is not None:  # the loader's bounds on what the step makes and computes
+            budget.before(self.where, self.name, self.outputs, args, kwargs)
         return self.op(*args, **kwargs)
 
     def __call__(self, env: dict, sizes: dict) -> None:

@@ -5,13 +5,15 @@ ATen validates most arguments itself (shapes that broadcast, dims in range, indi
 tensor on the CPU), but some kernels trust theirs: batch norm reads ``weight``, ``bias`` and the
 running statistics at every channel of its input whatever their length; ``grid_sampler_2d`` with
 an interpolation or padding mode outside 0..2 hands back its output unwritten (freed memory of
-earlier calls); integer division of ``INT_MIN`` by ``-1`` is a hardware trap (SIGFPE) on the CPU.
-A bundle's program chooses every argument, so each allowlisted op has a ``Contract`` here (a test
-holds ``CONTRACTS`` to ``aot.allowed_ops.ALLOWED_OPS``), and ``tests/loader/test_op_contracts.py``
-drives every op with hostile arguments under heap canaries.
+earlier calls); attention's CPU kernel reads the value at every key position whatever its length;
+``col2im`` with a padding of 2**31 never returns; integer ``trunc`` division of ``INT_MIN`` by
+``-1`` is a hardware trap (SIGFPE) on the CPU. A bundle's program chooses every argument, so each
+allowlisted op has a ``Contract`` here (``aot.aten.resolve_op`` refuses an op without one), and
+``tests/aot/test_op_contracts.py`` drives every allowlisted op with hostile arguments under guard
+bytes and heap canaries.
 
 A contract is a tuple of checks, each over named arguments of the op's schema. ``aot.aten.AtenCall``
-(the one checker) evaluates a check at load when every argument it reads is known there (a
+(through ``ContractChecker``, the one checker) evaluates a check at load when every argument it reads is known there (a
 constant, a weight, or a tensor of static declared shape) and raises ``BundleError`` naming the
 step, the op and the argument; the others run on every call, on the values the step is about to
 get: a few comparisons, or one reduction for integer division (``GuardError``: the caller's values
@@ -215,6 +217,35 @@ def integer_division(rounding: str | None = None) -> Check:
     return Check(names, test, caller=True, always=True)
 
 
+def attention_shapes() -> Check:
+    """Query [..., L, E], key [..., S, E], value [..., S, Ev] (the same leading dims; with
+    ``enable_gqa``, query's heads a multiple of key's), the mask broadcasting to [..., L, S]: the
+    CPU kernel reads the value at every key position whatever its length."""
+
+    def test(q: Any, k: Any, v: Any, mask: Any, gqa: Any) -> str | None:
+        if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+            return None
+        qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+        if len(qs) < 2 or len(ks) != len(qs) or len(vs) != len(qs):
+            return f"expected query, key and value of one rank >= 2, got {len(qs)}, {len(ks)}, {len(vs)}"
+        if ks[:-1] != vs[:-1]:
+            return f"expected key {list(ks)} and value {list(vs)} of the same positions"
+        if qs[-1] != ks[-1]:
+            return f"expected query {list(qs)} and key {list(ks)} of the same last dim"
+        if qs[:-2] != ks[:-2] and not (
+            gqa is True and len(qs) >= 3 and qs[:-3] == ks[:-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0
+        ):
+            return f"expected query {list(qs)} and key {list(ks)} of the same leading dims"
+        if type(mask) is torch.Tensor:
+            full = (*qs[:-1], ks[-2])
+            ms = tuple(mask.shape)
+            if len(ms) > len(full) or any(m not in (1, f) for m, f in zip(reversed(ms), reversed(full))):
+                return f"expected a mask that broadcasts to {list(full)}, got {list(ms)}"
+        return None
+
+    return Check(("query", "key", "value", "attn_mask", "enable_gqa"), test, always=True)
+
+
 def _index_dims(dim_arg: str = "dim") -> Contract:
     return Contract((dims(dim_arg),), "index values against the indexed dim (ATen, CPU)")
 
@@ -398,6 +429,15 @@ CONTRACTS: dict[str, Contract] = {
         "weight and bias against the input's channels and groups (ATen)",
     ),
     "aten.cumsum.default": _DIM,
+    "aten.cumprod.default": _DIM,
+    "aten.linalg_vector_norm.default": Contract((dims("dim", optional=True),), "ord and dtype (ATen)"),
+    "aten.histc.default": Contract(
+        (positive("bins", MAX_SIZE),), "a finite range, max above min (ATen); its size: the memory bound"
+    ),
+    "aten.erfinv.default": _NONE,
+    "aten._cdist_forward.default": Contract(
+        (one_of("compute_mode", (None, 0, 1, 2)),), "p >= 0 and the inputs' widths (ATen)"
+    ),
     "aten.diagonal.default": Contract((dims("dim1"), dims("dim2"), bounded("offset"))),
     "aten.div.Tensor_mode": _DIV_MODE,
     "aten.div.Scalar_mode": _DIV_MODE,
@@ -454,7 +494,7 @@ CONTRACTS: dict[str, Contract] = {
     "aten._unsafe_view.default": Contract((sizes("size", infer=True),), "run as reshape (aot.aten)"),
     "aten.view.default": Contract((sizes("size", infer=True),), "run as reshape (aot.aten)"),
     "aten.scaled_dot_product_attention.default": Contract(
-        (one_of("dropout_p", (0, 0.0)),), "query, key, value and mask shapes (ATen)"
+        (one_of("dropout_p", (0, 0.0)), attention_shapes()), "dtypes (ATen); its kernel trusts the shapes"
     ),
     "aten.scatter.src": _index_dims(),
     "aten.scatter.value": _index_dims(),

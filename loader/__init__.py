@@ -31,6 +31,7 @@ from aot.loader.executor import ProgramExecutor
 from aot.loader.guards import GuardChecker
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.state import State, check_index_bounds
+from aot.loader.values import check_values, value_bounds
 from aot.loader.variants import check_programs
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
@@ -87,7 +88,18 @@ def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
 class _Entry:
     """One program of the bundle, ready to run: its guards, and its CPU or GPU executor."""
 
-    __slots__ = ("name", "entry", "program", "guards", "outputs", "aten", "gpu", "graphs", "index_bounds")
+    __slots__ = (
+        "name",
+        "entry",
+        "program",
+        "guards",
+        "outputs",
+        "aten",
+        "gpu",
+        "graphs",
+        "index_bounds",
+        "value_bounds",
+    )
 
     def __init__(
         self, name: str, program: schema.Program, guards: GuardChecker, device: torch.device, entry: str = ""
@@ -96,6 +108,7 @@ class _Entry:
         self.outputs = OutputSpecs(program, device)
         self.aten = self.gpu = self.graphs = None
         self.index_bounds: tuple[tuple[str, str, int], ...] = ()  # caller's inputs that index the state
+        self.value_bounds: tuple = ()  # caller's inputs that index a weight's rows (aot.loader.values)
 
 
 class EntryRunner:
@@ -141,6 +154,7 @@ class Runner:
         capture: str = "lazy",
         max_memory: int | None = None,
         outputs: str = "copy",
+        max_flops: int | None = None,
     ):
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
@@ -149,6 +163,8 @@ class Runner:
         self.borrow = outputs == "borrow"
         if max_memory is not None and (type(max_memory) is not int or max_memory <= 0):
             raise ValueError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
+        if max_flops is not None and (type(max_flops) is not int or max_flops <= 0):
+            raise ValueError(f"max_flops must be a positive number of operations, got {max_flops!r}")
         self.bundle = bundle
         self.manifest: Manifest = bundle.manifest
         try:
@@ -245,6 +261,9 @@ class Runner:
         self.guards = GuardChecker(self.manifest.guards, DTYPES)
         self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
         self._input_set = frozenset(self.guards.names)
+        # with several programs, a call must also satisfy the contract's relations among symbols,
+        # which a program's own guards may leave out (``aot.loader.variants`` checks the rest)
+        self._contract_relations = bool(self.manifest.guards.relations) and len(entries) > 1
         self.state.allocate()
         # memory the runner owns, never handed to a caller as an output: weights, and the state
         self._owned_storages = [self._weight_storages]
@@ -278,6 +297,7 @@ class Runner:
                 )
             entry = _Entry(name, program, checker, self.device, entry_name)
             entry.index_bounds = self.state.index_bounds(program)
+            entry.value_bounds = value_bounds(program, self.weights)
             if self.device.type == "cuda":
                 from aot.loader.gpu import GpuProgram, GraphRunner
 
@@ -287,7 +307,9 @@ class Runner:
                     for steps in {id(s): s for s in plans.values()}.values():
                         peak, sizes = planned_peak(replace(program, steps=steps), guards, cpu=False)
                         check_max_memory(peak, sizes, max_memory, name)
-                entry.gpu = GpuProgram(bundle, program, self.weights, self.device, plans, state_aliases)
+                entry.gpu = GpuProgram(
+                    bundle, program, self.weights, self.device, plans, state_aliases, max_flops
+                )
                 if capture != "none":
                     entry.graphs = GraphRunner(
                         entry.gpu, buckets, arena, entry.outputs, self._weight_storages, self.state
@@ -295,7 +317,9 @@ class Runner:
                     if capture == "all":
                         entry.graphs.capture_all()
             else:
-                entry.aten = AtenProgram(program, self.weights, self.device, state_aliases=state_aliases)
+                entry.aten = AtenProgram(
+                    program, self.weights, self.device, state_aliases=state_aliases, max_flops=max_flops
+                )
             self._entries.append(entry)
         if capture == "all" and self.state.tensors:
             self.state.reset()  # the captures' warm-ups wrote into it
@@ -435,6 +459,8 @@ class Runner:
             entry, sizes = self._entries[0], self.guards.check(values, self.device)
         else:
             entry, sizes = self._dispatch(values, entries)
+            if self._contract_relations:  # the bundle's relations hold whichever program runs
+                self.guards.check(values, self.device)
         buffers = None
         if out is not None:
             try:
@@ -443,6 +469,8 @@ class Runner:
                 raise GuardError(f"out= is not shaped like the model's output: {e}") from None
             taken = [storage_span(v) for v in values if isinstance(v, torch.Tensor)]
             entry.outputs.check_out(buffers, sizes, taken, self._owned_storages)
+        if check_indices and entry.value_bounds:
+            check_values(entry.value_bounds, dict(zip(self.guards.names, values)))
         grad = torch.is_grad_enabled()
         if grad:  # no autograd graph, whatever the inputs require (no_grad's manager costs µs)
             torch._C._set_grad_enabled(False)
@@ -547,6 +575,7 @@ def load(
     trust: Sequence[str | os.PathLike] | None = None,
     max_memory: int | None = None,
     outputs: str = "copy",
+    max_flops: int | None = None,
 ) -> Runner:
     """Open, verify and prepare a bundle for calls on ``device``.
 
@@ -566,10 +595,13 @@ def load(
     next call (as CUDA-graph trees and serving engines do), so read or copy it before calling
     again, and call from one thread at a time. Elsewhere outputs are the caller's in both modes.
     ``runner(..., out=buffers)`` writes into the caller's own buffers instead.
+    ``max_flops``: refuse, with ``EnvError``, a call that would compute more operations than this
+    (counted from each step's operand shapes before it runs: ``aot.loader.prerun``). Every step that
+    could make more than its declared buffer is held to it before it runs, too.
     """
     bundle = open_bundle(path, trusted_keys(trust))
     try:
-        return Runner(bundle, device, capture, max_memory, outputs)
+        return Runner(bundle, device, capture, max_memory, outputs, max_flops)
     except BaseException:
         bundle.close()  # a server that retries a bad bundle must not leak its file handle
         raise

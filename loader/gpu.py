@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from aot.archs import arch_of, best_arch
-from aot.aten import DTYPES, AtenCall
+from aot.aten import CALL_BUDGET, DTYPES, AtenCall
 from aot.bundle import Bundle
 from aot.errors import BundleError, EnvError
 from aot.layout import check_order, empty_ordered, has_order, to_order
@@ -42,7 +42,9 @@ from aot.loader.cuda import (
     raw_stream,
     zeros,
 )
+from aot.loader.prerun import Budget, itemsizes
 from aot.loader.program import OutputSpecs, Storages, storage_span
+from aot.memory import OutputBytes
 from aot.program import frees_after, is_view, spec_bytes, step_reads, step_writes, tensor_specs
 from aot.schema import (
     KERNEL_CUBIN_FORMAT,
@@ -219,8 +221,12 @@ class GpuProgram:
         device: torch.device,
         plans: dict[tuple, tuple[Step, ...]] | None = None,
         state_aliases: frozenset[str] = frozenset(),
+        max_flops: int | None = None,
     ):
         self.program = program
+        self.max_flops = max_flops
+        self.declared = OutputBytes(program)
+        self.itemsizes = itemsizes(program)
         self.weights = weights
         self.device = device
         self.context = Context()
@@ -304,6 +310,7 @@ class GpuProgram:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         env: dict[str, Any] = dict(self.weights)
         env.update(inputs)
+        env[CALL_BUDGET] = Budget(self.declared.at(sizes), self.itemsizes, self.max_flops, sizes)
         calls, frees = (
             self.plans.get(key, (self.calls, self.frees)) if key is not None else (self.calls, self.frees)
         )

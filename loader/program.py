@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from aot.allowed_ops import STATE_WRITE_OPS
-from aot.aten import DTYPES, AtenCall
+from aot.aten import CALL_BUDGET, DTYPES, AtenCall
 from aot.errors import AotError, BundleError, GuardError
+from aot.loader.prerun import Budget, itemsizes
 from aot.memory import OutputBytes
 from aot.program import frees_after, reference_steps, step_writes, tensor_specs
 from aot.schema import Program, Step
@@ -34,8 +35,10 @@ class AtenProgram:
         device: torch.device,
         steps: list[Step] | None = None,
         state_aliases: frozenset[str] = frozenset(),
+        max_flops: int | None = None,
     ):
         self.program = program
+        self.max_flops = max_flops
         self.weights = weights
         steps = steps if steps is not None else reference_steps(program)
         undeclared = [o for s in steps for o in step_writes(s) if o not in program.buffers]
@@ -48,11 +51,13 @@ class AtenProgram:
         self.calls = [AtenCall(s, device, weights, state_aliases, specs, i) for i, s in enumerate(steps)]
         self.frees = frees_after(steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
         self.declared = OutputBytes(program)
+        self.itemsizes = itemsizes(program)
 
     def __call__(self, inputs: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         env: dict[str, Any] = dict(self.weights)
         env.update(inputs)
         declared = self.declared.at(sizes)
+        env[CALL_BUDGET] = Budget(declared, self.itemsizes, self.max_flops, sizes)
         try:
             for call, frees in zip(self.calls, self.frees):
                 call(env, sizes)

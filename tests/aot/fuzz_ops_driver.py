@@ -127,6 +127,10 @@ SAMPLES: dict[str, tuple[list, dict]] = {
     "aten.flip.default": ([X, [0, 2]], {}),
     "aten.logsumexp.default": ([X, [1, 2]], {}),
     "aten.t.default": ([_t(2, 3)], {}),
+    "aten.linalg_vector_norm.default": ([X, 2.0, [1, 2], True], {}),
+    "aten.histc.default": ([X, 4, 0.0, 1.0], {}),
+    "aten._cdist_forward.default": ([_t(2, 3, 4), _t(2, 5, 4), 2.0, None], {}),
+    "aten.cumprod.default": ([X, 1], {}),
     "aten.copy.default": ([X, X + 1], {}),
 }
 BOOL_OPS = ("logical_", "bitwise_")

@@ -1,7 +1,7 @@
 """Argument contracts of the allowlisted ops (``aot/op_contracts.py``), through re-signed hostile
 programs: an argument the op's kernel would trust is refused at load where it is constant, and on
 the call where it is not; the process always survives (the cases that read the heap or trap run in
-a subprocess). The fuzz over every allowlisted op is ``tests/aot/test_op_contracts_fuzz.py``."""
+a subprocess). The fuzz over every allowlisted op is ``tests/aot/test_op_contracts.py``."""
 
 from __future__ import annotations
 

@@ -98,3 +98,21 @@ def test_a_variant_declaring_a_weight_in_another_shape_is_refused(tmp_path, size
         match=r"program 3 declares weight 'proj.weight' as float32 \['4', '16'\], another program as float32 \['8', '8'\]",
     ):
         load(path)
+
+
+def test_the_contracts_relations_hold_whichever_program_runs(tmp_path, size_one):
+    """A relation of the bundle's contract that no program's guards repeat: a call that breaks it
+    ran on the program that admitted it."""
+    import torch
+
+    from aot.errors import GuardError
+
+    m = copy.deepcopy(manifest_of(size_one))
+    source = {"text": "batch <= seq", "file": "model.py", "line": 3, "code": "assert B <= T"}
+    m["guards"]["relations"] = [{"expr": "batch <= seq", "source": source}]
+    runner = load(_write(tmp_path, size_one, manifest=m))
+    runner(torch.ones(2, 3, 8))
+    with pytest.raises(
+        GuardError, match=r"inputs violate batch <= seq with batch=3, seq=2 \(guard from model.py:3"
+    ):
+        runner(torch.ones(3, 2, 8))
