@@ -773,7 +773,7 @@ def serve(
         _result(spec.batching)
         click.echo(  # on stdout, once the model is ready: a script may wait for this line
             f"serving {spec.name} on {server.url} (gRPC :{server.grpc_port}, metrics "
-            f":{server.metrics_port}/metrics); {batching}; SIGTERM to drain and stop"
+            f":{server.public_metrics_port}/metrics); {batching}; SIGTERM to drain and stop"
         )
         sys.stdout.flush()
 

@@ -15,6 +15,7 @@ tritonserver stop taking requests, finish those in flight (up to the drain timeo
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -35,10 +36,13 @@ from pathlib import Path
 
 from aot.errors import EnvError, printable
 from aot.serve.config import DEFAULT_MAX_QUEUE_DELAY_US, ServingSpec, open_spec, render_config, serving_spec
+from aot.serve.front import Front, Refused
+from aot.serve.requests import RequestCheck
 from aot.serve.triton_model import ENV_SITE_DIRS
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large bundle on CPU, or capturing graphs, takes a while
 POLL_S = 0.1
+STUB_POLL_S = 0.5  # how often serve checks that the model's backend process is alive
 LOG_LINES = 200  # tritonserver log lines kept for the error message
 MODEL_VERSION = "1"
 
@@ -222,6 +226,70 @@ def write_repository(
     return folder
 
 
+def request_check(bundle: str | os.PathLike) -> RequestCheck:
+    """The bundle's contract on declared shapes."""
+    from aot.loader import open_bundle
+
+    opened = open_bundle(bundle)
+    try:
+        return RequestCheck(opened.manifest.guards)
+    finally:
+        opened.close()
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stub_processes(pid: int) -> list[int]:
+    """The Python-backend stubs that tritonserver ``pid`` runs (its children of that name)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read(4096)
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"triton_python_backend_stub" in command:
+            found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def watch_stubs(
+    server: TritonServer, stopping: threading.Event, dead: threading.Event, why: list[str]
+) -> None:
+    """Until the server stops: when a stub dies (a request crashed it, or it was killed), the model
+    is gone for good while tritonserver still says ready, so mark it dead (the front's readiness
+    answers 503) and kill the server, so that ``serve`` exits non-zero and is restarted."""
+    process = server.process
+    if process is None or not os.path.isdir("/proc"):
+        return
+    stubs = stub_processes(process.pid)
+    while not stopping.wait(STUB_POLL_S) and process.poll() is None:
+        gone = [pid for pid in stubs if not _running(pid)]
+        if gone and not stopping.is_set():
+            why.append(f"pid {gone[0]} exited")
+            dead.set()
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own session: the stubs go with it
+            return
+
+
 def _check_port(address: str, port: int, what: str) -> None:
     if not 0 < port < 65536:
         raise EnvError(f"{what} port must be between 1 and 65535, got {port}")
@@ -286,10 +354,19 @@ class TritonServer:
         address: str = "127.0.0.1",
         drain_timeout: int = 30,
         echo: Callable[[str], None] | None = None,
+        http_address: str | None = None,
+        public_http_port: int | None = None,
+        public_metrics_port: int | None = None,
     ):
+        """``http_address``: where tritonserver's own HTTP and metrics endpoints listen [default:
+        ``address``]; ``public_*_port``: the ports clients use, when fronts relay to ``http_port``
+        and ``metrics_port``."""
         self.repo, self.name = Path(repo), name
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.address, self.drain_timeout, self.echo = address, drain_timeout, echo
+        self.http_address = http_address or address
+        self.public_http_port = public_http_port or http_port
+        self.public_metrics_port = public_metrics_port or metrics_port
         self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
         self.process: subprocess.Popen | None = None
         self._backends: tempfile.TemporaryDirectory | None = None
@@ -297,7 +374,14 @@ class TritonServer:
 
     @property
     def url(self) -> str:
+        """Where clients reach the HTTP endpoint."""
         host = "127.0.0.1" if self.address == "0.0.0.0" else self.address
+        return f"http://{host}:{self.public_http_port}"
+
+    @property
+    def own_url(self) -> str:
+        """tritonserver's own HTTP endpoint."""
+        host = "127.0.0.1" if self.http_address == "0.0.0.0" else self.http_address
         return f"http://{host}:{self.http_port}"
 
     def _backend_directory(self, dist: TritonDist) -> Path:
@@ -315,13 +399,13 @@ class TritonServer:
             str(dist.server),
             f"--model-repository={self.repo}",
             f"--backend-directory={backends}",
-            f"--http-address={self.address}",
+            f"--http-address={self.http_address}",
             f"--http-port={self.http_port}",
             f"--grpc-address={self.address}",
             f"--grpc-port={self.grpc_port}",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
-            f"--metrics-address={self.address}",
+            f"--metrics-address={self.http_address}",
             f"--metrics-port={self.metrics_port}",
             "--strict-readiness=true",
             "--exit-on-error=true",
@@ -340,19 +424,16 @@ class TritonServer:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.own_url}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
     def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         dist = find_tritonserver()
-        for port, what in (
-            (self.http_port, "HTTP"),
-            (self.grpc_port, "gRPC"),
-            (self.metrics_port, "metrics"),
-        ):
-            _check_port(self.address, port, what)
+        _check_port(self.http_address, self.http_port, "HTTP")
+        _check_port(self.http_address, self.metrics_port, "metrics")
+        _check_port(self.address, self.grpc_port, "gRPC")
         backends = self._backend_directory(dist)
         self.process = subprocess.Popen(
             self.command(dist, backends),
@@ -433,13 +514,27 @@ def serve(
         if not torch.cuda.is_available():
             raise EnvError("--device cuda requested but torch sees no CUDA GPU; serve with --device cpu")
     spec = open_spec(bundle, name)
+    check = request_check(bundle)
+    _check_port(address, http_port, "HTTP")
+    _check_port(address, metrics_port, "metrics")
     with tempfile.TemporaryDirectory(prefix="aotpack-repo-") as tmp:
         repo = Path(tmp)
         write_model(repo, spec, str(Path(bundle).resolve()), device, max_queue_delay_us)
         server = TritonServer(
-            repo, spec.name, http_port, grpc_port, metrics_port, address, drain_timeout, echo
+            repo,
+            spec.name,
+            free_port(),
+            grpc_port,
+            free_port(),
+            address,
+            drain_timeout,
+            echo,
+            http_address="127.0.0.1",  # behind the fronts (aot.serve.front)
+            public_http_port=http_port,
+            public_metrics_port=metrics_port,
         )
-        stopping = threading.Event()
+        stopping, dead, why = threading.Event(), threading.Event(), []
+        fronts: list[Front] = []
 
         def on_signal(signum: int, frame: object) -> None:
             stopping.set()
@@ -456,14 +551,36 @@ def serve(
                 raise
             if stopping.is_set():  # the signal came before the server's process existed
                 server.process.send_signal(signal.SIGTERM)
-            elif on_ready is not None:
-                on_ready(server, spec)
+            else:
+                refused, alive = Refused(), lambda: not dead.is_set()
+                fronts = [
+                    Front(address, http_port, server.http_port, spec.name, check, alive, refused),
+                    Front(address, metrics_port, server.metrics_port, spec.name, None, alive, refused),
+                ]
+                for front in fronts:
+                    front.serve_in_thread()
+                threading.Thread(
+                    target=watch_stubs,
+                    args=(server, stopping, dead, why),
+                    name="aotpack-stub-watch",
+                    daemon=True,
+                ).start()
+                if on_ready is not None:
+                    on_ready(server, spec)
             code = server.wait()
         finally:
+            for front in fronts:
+                front.shutdown()
+                front.server_close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             if server.process is not None and server.process.poll() is None:
                 server.stop()
+    if dead.is_set():
+        raise EnvError(
+            f"the backend process of model {spec.name!r} died ({why[0]}); the server stopped, so "
+            "that an orchestrator restarts it (readiness answered 503 meanwhile)"
+        )
     if stopping.is_set():
         if code == 0 or drained(list(server.log)):
             return 0

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from aot.errors import EnvError
+from aot.errors import EnvError, GuardError
 from aot.pytree import leaves
 from aot.serve.batching import GUARD, BatchStats, run_requests
+from aot.serve.requests import RequestCheck
 
 ENV_SITE_DIRS = "AOTPACK_SITE_DIRS"
 
@@ -63,6 +64,7 @@ class TritonPythonModel:
         if device == "cuda" and args.get("model_instance_kind") == "GPU":
             device = f"cuda:{args['model_instance_device_id']}"
         self.runner = aot.loader.load(bundle, device=device)
+        self.check = RequestCheck(self.runner.manifest.guards)
         self.device = self.runner.device
         self.inputs = [i["name"] for i in config["input"]]
         self.bf16 = {i["name"] for i in config["input"] if i["data_type"] == "TYPE_BF16"}
@@ -90,13 +92,28 @@ class TritonPythonModel:
             return self.pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value))
         return self.pb.Tensor(name, np.ascontiguousarray(value.numpy()))
 
+    def _read(self, request: Any) -> list[torch.Tensor]:
+        """The request's inputs, once their declared shapes are within the guards (reading a
+        tensor allocates what its shape says: ``[1, 2**62, 16]`` killed the stub); ``GuardError``
+        for a shape outside."""
+        shapes = {}
+        for name in self.inputs:
+            tensor = self.pb.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                raise GuardError(f"missing input {name!r}; expected inputs {self.inputs}")
+            shapes[name] = [int(s) for s in tensor.shape()]
+        self.check.shapes(shapes)
+        return [self._tensor(request, n) for n in self.inputs]
+
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = self.pb
         values, answers = [], [None] * len(requests)
         for i, request in enumerate(requests):
             try:
-                values.append((i, [self._tensor(request, n) for n in self.inputs]))
-            except Exception as e:  # a missing or unreadable input: this request's error only
+                values.append((i, self._read(request)))
+            except GuardError as e:
+                answers[i] = pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG))
+            except Exception as e:  # an unreadable input: this request's error only
                 answers[i] = pb.InferenceResponse(
                     error=pb.TritonError(f"{type(e).__name__}: {e}", pb.TritonError.INVALID_ARG)
                 )
