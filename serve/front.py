@@ -10,7 +10,9 @@ unchanged, except that readiness answers 503 once the model's backend process ha
 
 A second front serves the public metrics port: tritonserver's Prometheus text, with the requests
 refused here added to ``nv_inference_request_failure{reason="REJECTED"}`` of the model (they never
-reached tritonserver, which would not count them).
+reached tritonserver, which would not count them), and so are those the model answered 400 over
+HTTP (outside the guards: tritonserver 2.51 counts a Python-backend error response as a success,
+so they are moved out of ``nv_inference_request_success``). A 400 over gRPC stays a success there.
 
 Both are threaded stdlib HTTP/1.1 servers with keep-alive on both sides: one upstream connection
 per client connection.
@@ -75,27 +77,36 @@ class Front(ThreadingHTTPServer):
 
 
 class Refused:
-    """How many requests the front refused (thread-safe)."""
+    """Requests refused for the client's fault (thread-safe): ``here`` by the front, before
+    tritonserver saw them; ``by_model`` answered 400 by the model (outside the guards), which
+    tritonserver 2.51 counts as successes."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self.here = self.by_model = 0
         self._lock = threading.Lock()
 
-    def add(self) -> None:
+    def add(self, by_model: bool = False) -> None:
         with self._lock:
-            self.count += 1
+            if by_model:
+                self.by_model += 1
+            else:
+                self.here += 1
 
 
-def add_refused(text: str, model: str, refused: int) -> str:
-    """tritonserver's metrics text with ``refused`` added to the model's REJECTED failures."""
-    pattern = re.compile(
-        r'^(nv_inference_request_failure\{(?=[^}]*model="'
-        + re.escape(model)
-        + r'")(?=[^}]*reason="REJECTED")'
-        r"[^}]*\} )(\d+)$",
-        re.M,
+def _metric(name: str, model: str, extra: str = "") -> re.Pattern:
+    labels = rf'(?=[^}}]*model="{re.escape(model)}")' + (rf"(?=[^}}]*{extra})" if extra else "")
+    return re.compile(rf"^({name}\{{{labels}[^}}]*\}} )(\d+)$", re.M)
+
+
+def count_refused(text: str, model: str, refused: Refused) -> str:
+    """tritonserver's metrics text with the client errors of ``refused`` counted as failures of
+    the model (reason REJECTED), and those the model answered taken out of its successes."""
+    text = _metric("nv_inference_request_failure", model, 'reason="REJECTED"').sub(
+        lambda m: f"{m[1]}{int(m[2]) + refused.here + refused.by_model}", text
     )
-    return pattern.sub(lambda m: f"{m[1]}{int(m[2]) + refused}", text)
+    return _metric("nv_inference_request_success", model).sub(
+        lambda m: f"{m[1]}{max(0, int(m[2]) - refused.by_model)}", text
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -161,10 +172,16 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._error(503, "the model server is not reachable")
         path = self.path.split("?", 1)[0]
         if self.server.check is None and path == "/metrics" and response.status == 200:
-            data = add_refused(
-                data.decode("utf-8", "replace"), self.server.model, self.server.refused.count
+            data = count_refused(
+                data.decode("utf-8", "replace"), self.server.model, self.server.refused
             ).encode()
+        if self.server.check is not None and response.status == 400 and self._ours():
+            self.server.refused.add(by_model=True)
         self._answer(response.status, data, response.getheaders())
+
+    def _ours(self) -> bool:
+        found = _INFER.match(self.path.split("?", 1)[0])
+        return self.command == "POST" and found is not None and found["name"] == self.server.model
 
     def _handle(self) -> None:
         body = self._body()
@@ -173,13 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if _READY.match(path) and not self.server.alive():
             return self._answer(503, b"")
-        found = _INFER.match(path)
-        if (
-            self.server.check is None
-            or self.command != "POST"
-            or found is None
-            or found["name"] != self.server.model
-        ):
+        if self.server.check is None or not self._ours():
             return self._relay(body)
         try:
             length = self.headers.get(HEADER_LENGTH)
