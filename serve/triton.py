@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot.errors import EnvError, printable
-from aot.serve.config import DEFAULT_MAX_QUEUE_DELAY_US, ServingSpec, open_spec, render_config, serving_spec
+from aot.serve.config import (
+    DEFAULT_MAX_QUEUE_DELAY_US,
+    ServingSpec,
+    open_spec,
+    render_config,
+    serving_spec,
+    wire_dtype,
+)
 from aot.serve.front import Front, Refused
 from aot.serve.requests import RequestCheck
 from aot.serve.triton_model import ENV_SITE_DIRS
@@ -189,6 +196,7 @@ def write_repository(
     device: str = "cpu",
     max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
     force: bool = False,
+    io_dtype: str = "",
 ) -> Path:
     """A Triton model repository at ``out`` serving ``bundle``: OUT/NAME/config.pbtxt,
     OUT/NAME/1/model.py, the bundle copied beside it (and its split weights file, if any), and a
@@ -198,7 +206,7 @@ def write_repository(
     src = Path(bundle)
     opened = open_bundle(src)
     try:
-        spec = serving_spec(opened.manifest, opened.program(), name)
+        spec = serving_spec(opened.manifest, opened.program(), name, io_dtype)
         weights = opened.external_path() if opened.manifest.external_weights else None
     finally:
         opened.close()
@@ -226,13 +234,15 @@ def write_repository(
     return folder
 
 
-def request_check(bundle: str | os.PathLike) -> RequestCheck:
-    """The bundle's contract on declared shapes."""
+def request_check(bundle: str | os.PathLike, io_dtype: str = "") -> RequestCheck:
+    """The bundle's contract on declared shapes (and wire dtypes, under ``io_dtype``)."""
     from aot.loader import open_bundle
 
     opened = open_bundle(bundle)
     try:
-        return RequestCheck(opened.manifest.guards)
+        guards = opened.manifest.guards
+        wire = {i.name: wire_dtype(i.dtype, io_dtype) for i in guards.inputs}
+        return RequestCheck(guards, wire)
     finally:
         opened.close()
 
@@ -503,9 +513,11 @@ def serve(
     drain_timeout: int = 30,
     on_ready: Callable[[TritonServer, ServingSpec], None] | None = None,
     echo: Callable[[str], None] | None = None,
+    io_dtype: str = "",
 ) -> int:
     """Serve ``bundle`` on tritonserver until SIGTERM or SIGINT; returns 0 after a clean drain.
-    ``EnvError`` when the server cannot start or the model cannot load (the log's reason, one line)."""
+    ``EnvError`` when the server cannot start or the model cannot load (the log's reason, one line).
+    ``io_dtype`` "float32": half-precision inputs and outputs are float32 on the wire."""
     if device not in ("cpu", "cuda"):
         raise EnvError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda":
@@ -513,8 +525,8 @@ def serve(
 
         if not torch.cuda.is_available():
             raise EnvError("--device cuda requested but torch sees no CUDA GPU; serve with --device cpu")
-    spec = open_spec(bundle, name)
-    check = request_check(bundle)
+    spec = open_spec(bundle, name, io_dtype)
+    check = request_check(bundle, io_dtype)
     _check_port(address, http_port, "HTTP")
     _check_port(address, metrics_port, "metrics")
     with tempfile.TemporaryDirectory(prefix="aotpack-repo-") as tmp:

@@ -27,6 +27,7 @@ import torch
 from aot.errors import EnvError, GuardError
 from aot.pytree import leaves
 from aot.serve.batching import GUARD, BatchStats, run_requests
+from aot.serve.config import HALF_DTYPES
 from aot.serve.requests import RequestCheck
 
 ENV_SITE_DIRS = "AOTPACK_SITE_DIRS"
@@ -64,7 +65,14 @@ class TritonPythonModel:
         if device == "cuda" and args.get("model_instance_kind") == "GPU":
             device = f"cuda:{args['model_instance_device_id']}"
         self.runner = aot.loader.load(bundle, device=device)
-        self.check = RequestCheck(self.runner.manifest.guards)
+        # --io-dtype float32: half-precision inputs arrive as float32 and outputs leave as float32
+        io_dtype = params.get("io_dtype", "")
+        guards = self.runner.manifest.guards
+        self.casts = {
+            i.name: getattr(torch, i.dtype) for i in guards.inputs if io_dtype and i.dtype in HALF_DTYPES
+        }
+        self.io_dtype = getattr(torch, io_dtype) if io_dtype else None
+        self.check = RequestCheck(guards, {n: io_dtype for n in self.casts})
         self.device = self.runner.device
         self.inputs = [i["name"] for i in config["input"]]
         self.bf16 = {i["name"] for i in config["input"] if i["data_type"] == "TYPE_BF16"}
@@ -84,10 +92,13 @@ class TritonPythonModel:
         else:
             array = tensor.as_numpy()
             value = torch.from_numpy(array if array.flags.writeable else array.copy())
-        return value.to(self.device)
+        cast = self.casts.get(name)
+        return value.to(self.device, dtype=cast) if cast is not None else value.to(self.device)
 
     def _output(self, name: str, value: torch.Tensor) -> Any:
         value = value.detach().contiguous().cpu()
+        if self.io_dtype is not None and value.dtype in (torch.float16, torch.bfloat16):
+            value = value.to(self.io_dtype)
         if value.dtype == torch.bfloat16:
             return self.pb.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(value))
         return self.pb.Tensor(name, np.ascontiguousarray(value.numpy()))
