@@ -808,6 +808,11 @@ def serve(
         io_dtype="" if io_dtype == "bundle" else io_dtype,
     )
     _info("drained and stopped")
+    # drained, files removed: skip tearing torch down (about 2 s on a loaded 2-core box), so that
+    # SIGTERM returns promptly
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @cli.command("triton-repo")

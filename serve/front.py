@@ -33,6 +33,7 @@ from aot.serve.requests import RequestCheck, parse_kserve
 
 MAX_BODY = 64 * 1024 * 1024  # tritonserver's own default for --http-max-input-size
 IDLE_TIMEOUT_S = 60.0  # a client connection silent this long is closed
+SHUTDOWN_POLL_S = 0.05  # how often the front looks for its shutdown (SIGTERM returns this fast)
 UPSTREAM_TIMEOUT_S = 600.0  # one inference may take this long (a large bundle on the CPU)
 HEADER_LENGTH = "Inference-Header-Content-Length"
 HOP_BY_HOP = frozenset(
@@ -71,7 +72,9 @@ class Front(ThreadingHTTPServer):
         super().__init__((address, port), _Handler)
 
     def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="aotpack-front", daemon=True)
+        thread = threading.Thread(
+            target=self.serve_forever, args=(SHUTDOWN_POLL_S,), name="aotpack-front", daemon=True
+        )
         thread.start()
         return thread
 

@@ -49,6 +49,8 @@ from aot.serve.triton_model import ENV_SITE_DIRS
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large bundle on CPU, or capturing graphs, takes a while
 POLL_S = 0.1
+UNLOADING = "All models are stopped, unloading models"  # tritonserver's line once every inference is done
+STOP_GRACE_S = 0.3  # after the drain, before the unload is cut short
 STUB_POLL_S = 0.5  # how often serve checks that the model's backend process is alive
 LOG_LINES = 200  # tritonserver log lines kept for the error message
 MODEL_VERSION = "1"
@@ -378,6 +380,7 @@ class TritonServer:
         self.public_http_port = public_http_port or http_port
         self.public_metrics_port = public_metrics_port or metrics_port
         self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
+        self.stopping = False  # set on SIGTERM: once drained, the server is killed (see _read)
         self.process: subprocess.Popen | None = None
         self._backends: tempfile.TemporaryDirectory | None = None
         self._reader: threading.Thread | None = None
@@ -431,6 +434,16 @@ class TritonServer:
             self.log.append(line)
             if self.echo is not None:
                 self.echo(line)
+            if self.stopping and UNLOADING in line:
+                # drained: what is left is unloading the model (seconds for the stub's interpreter
+                # to tear torch down, then tritonserver's one-second polls), which holds nothing;
+                # the grace lets the last responses leave the frontends
+                threading.Timer(STOP_GRACE_S, self._kill).start()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.process is not None and self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def ready(self) -> bool:
         try:
@@ -550,6 +563,7 @@ def serve(
 
         def on_signal(signum: int, frame: object) -> None:
             stopping.set()
+            server.stopping = True
             if server.process is not None and server.process.poll() is None:
                 server.process.send_signal(signal.SIGTERM)
 

@@ -170,3 +170,16 @@ def _ancestors(pid: int) -> list[str]:
             break
         out.append(str(pid))
     return out
+
+
+def test_sigterm_when_idle_stops_once_drained_without_waiting_for_the_unload(bundles, monkeypatch):
+    """Idle, SIGTERM used to take 5 to 8 s here: tritonserver waits for the backend's interpreter to
+    tear torch down and polls once a second. Once every inference is done the server is stopped
+    (its log, echoed, never gets to the end of the unload)."""
+    monkeypatch.setenv("AOTPACK_VERBOSE", "1")
+    server = Served(bundles("branchy"))
+    server.process.send_signal(signal.SIGTERM)
+    code, err = server.stop(timeout=60, signal_it=False)
+    assert code == 0, err
+    assert "All models are stopped, unloading models" in err and "successfully unloaded" not in err
+    assert err.rstrip().endswith("drained and stopped")
