@@ -162,7 +162,17 @@ dtypes and shapes (-1: a dynamic size), `max_batch_size` {max_batch} from the ba
 a request outside the bundle's guards gets the GuardError text as INVALID_ARG (HTTP 400, gRPC
 INVALID_ARGUMENT).
 
-    tritonserver --model-repository=$PWD
+With the tritonserver of aotpack's `serve` extra (the nvidia-pytriton wheel), from the
+environment aotpack is installed in (activated, so that its `python3` is first on PATH):
+
+    $(python -c 'import pytriton, os; print(os.path.dirname(pytriton.__file__))')/tritonserver/bin/tritonserver \\
+        --model-repository=$PWD
+
+No backend folder or `LD_LIBRARY_PATH` is needed:
+{backend_note}
+
+Any other tritonserver (an NGC container's) runs it with `tritonserver --model-repository=$PWD` and
+its own Python backend, once aotpack is installed for the container's Python (below).
 
 ## How the backend's interpreter finds aotpack and torch
 
@@ -228,12 +238,45 @@ def write_repository(
         if spec.max_batch_size
         else f"(none, requests run one by one; {spec.batching})"
     )
+    backend_note = _link_backend(folder)
     (repo / "README.md").write_text(
         REPO_README.format(
-            name=spec.name, max_batch=spec.max_batch_size, batch_note=batch_note, bundle=f"{spec.name}.tpk"
+            name=spec.name,
+            max_batch=spec.max_batch_size,
+            batch_note=batch_note,
+            bundle=f"{spec.name}.tpk",
+            backend_note=backend_note,
         )
     )
     return folder
+
+
+def _link_backend(folder: Path) -> str:
+    """Make the model folder carry its own Python backend (tritonserver looks for a model's
+    backend in its folder before the backend directory): links to the wheel's
+    ``libtriton_python.so``, ``triton_python_backend_utils.py`` and the stub for this Python (links,
+    so that their RPATHs still find the wheel's libraries), and ``model.py`` beside them, where
+    the backend found there imports it from. Elsewhere the links dangle and tritonserver uses
+    its own backend. Returns the README's sentence about it."""
+    try:
+        dist = find_tritonserver()
+    except EnvError:
+        return (
+            "nvidia-pytriton was not installed when this repository was written, so it does not "
+            "carry the backend; write it again after `pip install 'aotpack[serve]'`."
+        )
+    links = {
+        "libtriton_python.so": dist.backend / "libtriton_python.so",
+        "triton_python_backend_utils.py": dist.backend / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": dist.stub,
+    }
+    for name, target in links.items():
+        (folder / name).symlink_to(Path(target).resolve())
+    shutil.copyfile(folder / MODEL_VERSION / "model.py", folder / "model.py")
+    return (
+        f"`{folder.name}/` links the wheel's Python backend and its stub for Python "
+        f"{sys.version_info.major}.{sys.version_info.minor}, which tritonserver finds in the model's folder."
+    )
 
 
 def request_check(bundle: str | os.PathLike, io_dtype: str = "") -> RequestCheck:
