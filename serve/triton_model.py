@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,10 @@ from aot.serve.config import HALF_DTYPES
 from aot.serve.requests import RequestCheck
 
 ENV_SITE_DIRS = "AOTPACK_SITE_DIRS"
+ENV_PROFILE = "AOTPACK_SERVE_PROFILE"
+# execute's stages: reading and checking the inputs, joining and splitting (run_requests less the
+# runner), the runner's calls, writing the outputs
+PROFILE_STAGES = ("read", "join_split", "runner", "runner_seen", "write", "executions", "requests")
 
 
 def check_numpy_bridge(pb_utils: Any) -> None:
@@ -79,9 +84,18 @@ class TritonPythonModel:
         self.outputs = [(o["name"], o["data_type"]) for o in config["output"]]
         self.max_rows = int(config.get("max_batch_size", 0))
         self.stats = BatchStats()
+        # AOTPACK_SERVE_PROFILE=FILE: seconds spent per stage of execute, written at finalize
+        self.profile_path = os.environ.get(ENV_PROFILE, "")
+        self.profile = dict.fromkeys(PROFILE_STAGES, 0.0) if self.profile_path else None
 
     def _call(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
-        return leaves(self.runner(**dict(zip(self.inputs, values))))
+        if self.profile is None:
+            return leaves(self.runner(**dict(zip(self.inputs, values))))
+        start = time.perf_counter()
+        try:
+            return leaves(self.runner(**dict(zip(self.inputs, values))))
+        finally:
+            self.profile["runner"] += time.perf_counter() - start
 
     def _tensor(self, request: Any, name: str) -> torch.Tensor:
         tensor = self.pb.get_input_tensor_by_name(request, name)
@@ -113,10 +127,25 @@ class TritonPythonModel:
             if tensor is None:
                 raise GuardError(f"missing input {name!r}; expected inputs {self.inputs}")
             shapes[name] = [int(s) for s in tensor.shape()]
-        self.check.shapes(shapes)
+        self.check.shapes(shapes, relations=False)  # the runner checks the relations
         return [self._tensor(request, n) for n in self.inputs]
 
     def execute(self, requests: list[Any]) -> list[Any]:
+        if self.profile is None:
+            return self._execute(requests)
+        marks = [time.perf_counter()]
+        answers = self._execute(requests, marks)
+        marks.append(time.perf_counter())
+        stages = self.profile
+        stages["read"] += marks[1] - marks[0]
+        stages["join_split"] += marks[2] - marks[1] - (stages["runner"] - stages["runner_seen"])
+        stages["runner_seen"] = stages["runner"]
+        stages["write"] += marks[3] - marks[2]
+        stages["executions"] += 1
+        stages["requests"] += len(requests)
+        return answers
+
+    def _execute(self, requests: list[Any], marks: list[float] | None = None) -> list[Any]:
         pb = self.pb
         values, answers = [], [None] * len(requests)
         for i, request in enumerate(requests):
@@ -128,7 +157,11 @@ class TritonPythonModel:
                 answers[i] = pb.InferenceResponse(
                     error=pb.TritonError(f"{type(e).__name__}: {e}", pb.TritonError.INVALID_ARG)
                 )
+        if marks is not None:
+            marks.append(time.perf_counter())
         replies = run_requests(self._call, [v for _, v in values], self.max_rows, self.stats)
+        if marks is not None:
+            marks.append(time.perf_counter())
         for (i, _), reply in zip(values, replies):
             if reply.ok:
                 tensors = [self._output(n, t) for (n, _), t in zip(self.outputs, reply.outputs)]
@@ -140,3 +173,6 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.runner = None
+        if self.profile is not None:
+            with open(self.profile_path, "w") as f:
+                json.dump({k: v for k, v in self.profile.items() if k != "runner_seen"}, f)
