@@ -300,20 +300,26 @@ def free_port() -> int:
 
 
 def stub_processes(pid: int) -> list[int]:
-    """The Python-backend stubs that tritonserver ``pid`` runs (its children of that name)."""
-    found = []
+    """The Python-backend stubs that tritonserver ``pid`` runs (its descendants of that name)."""
+    parents, stubs = {}, []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+                parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read(4096)
-        except OSError:
+                if b"triton_python_backend_stub" in f.read(4096):
+                    stubs.append(int(entry))
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == pid and b"triton_python_backend_stub" in command:
-            found.append(int(entry))
+    found = []
+    for stub in stubs:
+        ancestor, hops = parents.get(stub, 0), 0
+        while ancestor > 1 and ancestor != pid and hops < 64:
+            ancestor, hops = parents.get(ancestor, 0), hops + 1
+        if ancestor == pid:
+            found.append(stub)
     return found
 
 
@@ -326,7 +332,7 @@ def _running(pid: int) -> bool:
 
 
 def watch_stubs(
-    server: TritonServer, stopping: threading.Event, dead: threading.Event, why: list[str]
+    server: TritonServer, stubs: list[int], stopping: threading.Event, dead: threading.Event, why: list[str]
 ) -> None:
     """Until the server stops: when a stub dies (a request crashed it, or it was killed), the model
     is gone for good while tritonserver still says ready, so mark it dead (the front's readiness
@@ -334,8 +340,8 @@ def watch_stubs(
     process = server.process
     if process is None or not os.path.isdir("/proc"):
         return
-    stubs = stub_processes(process.pid)
     while not stopping.wait(STUB_POLL_S) and process.poll() is None:
+        stubs = stubs or stub_processes(process.pid)
         gone = [pid for pid in stubs if not _running(pid)]
         if gone and not stopping.is_set():
             why.append(f"pid {gone[0]} exited")
@@ -628,9 +634,10 @@ def serve(
                 ]
                 for front in fronts:
                     front.serve_in_thread()
+                stubs = stub_processes(server.process.pid)  # before the banner: a stub killed later is seen
                 threading.Thread(
                     target=watch_stubs,
-                    args=(server, stopping, dead, why),
+                    args=(server, stubs, stopping, dead, why),
                     name="aotpack-stub-watch",
                     daemon=True,
                 ).start()
