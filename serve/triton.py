@@ -7,9 +7,13 @@ GPU needed) on a repository of one model: ``config.pbtxt`` rendered from the gua
 the KServe v2 protocol over HTTP and gRPC, answers health and readiness probes, and exports
 Prometheus metrics. The backend stub is the one built for this interpreter's Python version, and it
 is pointed at this interpreter (first on PATH), its ``libpython``, and its site-packages and
-PYTHONPATH folders, so the model sees the same aotpack and torch. SIGTERM (or Ctrl-C) makes
-tritonserver stop taking requests, finish those in flight (up to the drain timeout) and exit;
-``serve`` then returns.
+PYTHONPATH folders, so the model sees the same aotpack and torch. tritonserver's HTTP and metrics
+endpoints sit on loopback behind ``aot.serve.front``, which checks each request before
+tritonserver allocates for it and counts refusals; gRPC is tritonserver's own. SIGTERM (or Ctrl-C)
+makes tritonserver stop taking requests and finish those in flight (up to the drain timeout); once
+drained it is stopped without waiting for the model's unload, and ``serve`` returns. A backend
+process that dies takes the model with it while tritonserver stays ready: ``serve`` then answers
+readiness 503, stops the server and raises ``EnvError`` (a non-zero exit, for a restart).
 """
 
 from __future__ import annotations
