@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import socket
 import statistics
@@ -226,11 +227,18 @@ def main() -> None:
     ap.add_argument("--systems", default="aotpack,eager", help="which of aotpack, eager to load")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--md", help="write the markdown table here")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="time the aotpack model's stages (read, join/split, runner, write) inside the server "
+        "and print them per request beside the client's latency and the runner called in process",
+    )
     args = ap.parse_args()
 
     import aot.loader
     from aot.serve.config import open_spec
     from aot.serve.triton import TritonServer, write_model
+    from aot.serve.triton_model import ENV_PROFILE
 
     spec = open_spec(args.bundle)
     example = aot.loader.load(args.bundle).example_inputs()
@@ -255,6 +263,9 @@ def main() -> None:
                 + f'parameters {{\n  key: "model_file"\n  value: {{ string_value: {model_file} }}\n}}\n'
             )
             (folder / "1" / "model.py").write_text(EAGER_MODEL_PY)
+        profile = repo / "profile.json"
+        if args.profile:
+            os.environ[ENV_PROFILE] = str(profile)
         http, grpc, metrics = free_ports(3)
         server = TritonServer(
             repo, "aotpack" if "aotpack" in systems else "eager", http, grpc, metrics, "127.0.0.1"
@@ -269,7 +280,43 @@ def main() -> None:
                     write(rows, args.device, request, args.json, args.md)
         finally:
             server.stop()
+        if args.profile and profile.is_file():
+            print(profile_text(json.loads(profile.read_text()), rows, args.bundle, inputs, args.device))
     print(write(rows, args.device, request, args.json, args.md))
+
+
+def profile_text(stages: dict, rows: list[dict], bundle: str, inputs: dict, device: str) -> str:
+    """Where an aotpack request's time went, per request (µs): the model's stages inside the
+    server, against the client's median latency at concurrency 1 and the runner in process."""
+    import torch
+
+    import aot.loader
+
+    runner = aot.loader.load(bundle, device=device)
+    given = {n: torch.from_numpy(v).to(runner.device) for n, v in inputs.items()}
+    for _ in range(WARMUP_REQUESTS):
+        runner(**given)
+    start, calls = time.perf_counter(), 200
+    for _ in range(calls):
+        runner(**given)
+    in_process = (time.perf_counter() - start) / calls * 1e6
+    n = max(1, stages["requests"])
+    per = {k: stages[k] / n * 1e6 for k in ("read", "join_split", "runner", "write")}
+    lines = [
+        f"aotpack model, {stages['requests']:.0f} requests in {stages['executions']:.0f} executions "
+        f"(all concurrencies), µs per request:"
+    ]
+    lines += [f"  {k:<10} {v:8.1f}" for k, v in per.items()]
+    inside = sum(per.values())
+    lines.append(f"  {'execute':<10} {inside:8.1f}  (the model's share)")
+    single = [r for r in rows if r.get("model") == "aotpack" and r.get("concurrency") == 1]
+    if single:
+        p50 = single[0]["p50_ms"] * 1e3
+        lines.append(
+            f"  client p50 at concurrency 1: {p50:.1f} µs; outside execute (gRPC, Triton, stub IPC): {p50 - inside:.1f}"
+        )
+    lines.append(f"  runner in process: {in_process:.1f} µs per call")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ TRITON_DTYPES = {
     "float32": "FP32",
     "float64": "FP64",
 }
+# ``--io-dtype``: "" keeps the bundle's dtypes on the wire; "float32" carries half-precision inputs
+# and outputs as float32 (cast inside the model backend), which KServe v2 JSON on Triton accepts.
+IO_DTYPES = ("", "float32")
+HALF_DTYPES = ("float16", "bfloat16")
 DEFAULT_MAX_QUEUE_DELAY_US = 2000  # how long the first request of a batch may wait for company
 BACKEND = "python"
 
@@ -66,6 +70,7 @@ class ServingSpec:
     max_batch_size: int
     buckets: tuple[int, ...]
     batching: str = ""  # why requests are, or are not, joined: one line for the operator
+    io_dtype: str = ""  # the dtype half-precision inputs and outputs take on the wire ("": the bundle's)
 
     @property
     def preferred_batch_sizes(self) -> tuple[int, ...]:
@@ -134,17 +139,23 @@ def check_stateless(manifest: schema.Manifest, program: schema.Program) -> None:
         )
 
 
-def serving_spec(manifest: schema.Manifest, program: schema.Program, name: str | None = None) -> ServingSpec:
-    """The serving contract of a bundle from its manifest and (first) program."""
+def serving_spec(
+    manifest: schema.Manifest, program: schema.Program, name: str | None = None, io_dtype: str = ""
+) -> ServingSpec:
+    """The serving contract of a bundle from its manifest and (first) program. ``io_dtype``
+    "float32": float16 and bfloat16 inputs and outputs are float32 on the wire, cast inside the
+    model backend (Triton refuses FP16 and BF16 in KServe v2 JSON both ways)."""
     check_stateless(manifest, program)
+    if io_dtype not in IO_DTYPES:
+        raise EnvError(f"io_dtype must be one of {sorted(IO_DTYPES)}, got {io_dtype!r}")
     buckets = manifest.programs[0].buckets if manifest.programs else manifest.buckets
     inputs = tuple(
-        TensorSlot(i.name, _dtype(f"input {i.name!r}", i.dtype), _dims(i.shape))
+        TensorSlot(i.name, wire_dtype(_dtype(f"input {i.name!r}", i.dtype), io_dtype), _dims(i.shape))
         for i in manifest.guards.inputs
     )
     out_specs = [_output_spec(program, b) for b in program.outputs]
     outputs = tuple(
-        TensorSlot(n, _dtype(f"output {n!r}", s.dtype), _dims(s.shape))
+        TensorSlot(n, wire_dtype(_dtype(f"output {n!r}", s.dtype), io_dtype), _dims(s.shape))
         for n, s in zip(output_names(program), out_specs)
     )
     shapes = [i.shape for i in manifest.guards.inputs] + [s.shape for s in out_specs]
@@ -173,7 +184,7 @@ def serving_spec(manifest: schema.Manifest, program: schema.Program, name: str |
     for b in buckets:
         if b.symbol == batch:
             sizes = b.sizes
-    return ServingSpec(name or manifest.name, inputs, outputs, batch, max_batch, sizes, batching)
+    return ServingSpec(name or manifest.name, inputs, outputs, batch, max_batch, sizes, batching, io_dtype)
 
 
 def _mixing(program: schema.Program, symbol: str, symbols: dict[str, schema.SymbolGuard]) -> str | None:
@@ -188,13 +199,18 @@ def _mixing(program: schema.Program, symbol: str, symbols: dict[str, schema.Symb
     )
 
 
-def open_spec(bundle: str | os.PathLike, name: str | None = None) -> ServingSpec:
+def wire_dtype(dtype: str, io_dtype: str) -> str:
+    """The dtype a tensor of ``dtype`` has on the wire under ``io_dtype``."""
+    return io_dtype if io_dtype and dtype in HALF_DTYPES else dtype
+
+
+def open_spec(bundle: str | os.PathLike, name: str | None = None, io_dtype: str = "") -> ServingSpec:
     """The serving contract of the bundle at ``bundle`` (verified; stateful bundles refused)."""
     from aot.loader import open_bundle
 
     opened = open_bundle(bundle)
     try:
-        return serving_spec(opened.manifest, opened.program(), name)
+        return serving_spec(opened.manifest, opened.program(), name, io_dtype)
     finally:
         opened.close()
 
@@ -261,6 +277,7 @@ def render_config(
         )
     kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
     lines.append(f"instance_group [\n  {{\n    count: {int(instances)}\n    kind: {kind}\n  }}\n]")
-    for key, value in sorted({**parameters, "device": device}.items()):
+    extra = {"io_dtype": spec.io_dtype} if spec.io_dtype else {}
+    for key, value in sorted({**parameters, "device": device, **extra}.items()):
         lines.append(f"parameters {{\n  key: {_quote(key)}\n  value: {{ string_value: {_quote(value)} }}\n}}")
     return "\n".join(lines) + "\n"

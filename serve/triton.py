@@ -7,14 +7,19 @@ GPU needed) on a repository of one model: ``config.pbtxt`` rendered from the gua
 the KServe v2 protocol over HTTP and gRPC, answers health and readiness probes, and exports
 Prometheus metrics. The backend stub is the one built for this interpreter's Python version, and it
 is pointed at this interpreter (first on PATH), its ``libpython``, and its site-packages and
-PYTHONPATH folders, so the model sees the same aotpack and torch. SIGTERM (or Ctrl-C) makes
-tritonserver stop taking requests, finish those in flight (up to the drain timeout) and exit;
-``serve`` then returns.
+PYTHONPATH folders, so the model sees the same aotpack and torch. tritonserver's HTTP and metrics
+endpoints sit on loopback behind ``aot.serve.front``, which checks each request before
+tritonserver allocates for it and counts refusals; gRPC is tritonserver's own. SIGTERM (or Ctrl-C)
+makes tritonserver stop taking requests and finish those in flight (up to the drain timeout); once
+drained it is stopped without waiting for the model's unload, and ``serve`` returns. A backend
+process that dies takes the model with it while tritonserver stays ready: ``serve`` then answers
+readiness 503, stops the server and raises ``EnvError`` (a non-zero exit, for a restart).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -34,11 +39,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot.errors import EnvError, printable
-from aot.serve.config import DEFAULT_MAX_QUEUE_DELAY_US, ServingSpec, open_spec, render_config, serving_spec
+from aot.serve.config import (
+    DEFAULT_MAX_QUEUE_DELAY_US,
+    ServingSpec,
+    open_spec,
+    render_config,
+    serving_spec,
+    wire_dtype,
+)
+from aot.serve.front import Front, Refused
+from aot.serve.requests import RequestCheck
 from aot.serve.triton_model import ENV_SITE_DIRS
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large bundle on CPU, or capturing graphs, takes a while
 POLL_S = 0.1
+UNLOADING = "All models are stopped, unloading models"  # tritonserver's line once every inference is done
+STOP_GRACE_S = 0.3  # after the drain, before the unload is cut short
+STUB_POLL_S = 0.5  # how often serve checks that the model's backend process is alive
 LOG_LINES = 200  # tritonserver log lines kept for the error message
 MODEL_VERSION = "1"
 
@@ -149,7 +166,17 @@ dtypes and shapes (-1: a dynamic size), `max_batch_size` {max_batch} from the ba
 a request outside the bundle's guards gets the GuardError text as INVALID_ARG (HTTP 400, gRPC
 INVALID_ARGUMENT).
 
-    tritonserver --model-repository=$PWD
+With the tritonserver of aotpack's `serve` extra (the nvidia-pytriton wheel), from the
+environment aotpack is installed in (activated, so that its `python3` is first on PATH):
+
+    $(python -c 'import pytriton, os; print(os.path.dirname(pytriton.__file__))')/tritonserver/bin/tritonserver \\
+        --model-repository=$PWD
+
+No backend folder or `LD_LIBRARY_PATH` is needed:
+{backend_note}
+
+Any other tritonserver (an NGC container's) runs it with `tritonserver --model-repository=$PWD` and
+its own Python backend, once aotpack is installed for the container's Python (below).
 
 ## How the backend's interpreter finds aotpack and torch
 
@@ -185,6 +212,7 @@ def write_repository(
     device: str = "cpu",
     max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
     force: bool = False,
+    io_dtype: str = "",
 ) -> Path:
     """A Triton model repository at ``out`` serving ``bundle``: OUT/NAME/config.pbtxt,
     OUT/NAME/1/model.py, the bundle copied beside it (and its split weights file, if any), and a
@@ -194,7 +222,7 @@ def write_repository(
     src = Path(bundle)
     opened = open_bundle(src)
     try:
-        spec = serving_spec(opened.manifest, opened.program(), name)
+        spec = serving_spec(opened.manifest, opened.program(), name, io_dtype)
         weights = opened.external_path() if opened.manifest.external_weights else None
     finally:
         opened.close()
@@ -214,12 +242,117 @@ def write_repository(
         if spec.max_batch_size
         else f"(none, requests run one by one; {spec.batching})"
     )
+    backend_note = _link_backend(folder)
     (repo / "README.md").write_text(
         REPO_README.format(
-            name=spec.name, max_batch=spec.max_batch_size, batch_note=batch_note, bundle=f"{spec.name}.tpk"
+            name=spec.name,
+            max_batch=spec.max_batch_size,
+            batch_note=batch_note,
+            bundle=f"{spec.name}.tpk",
+            backend_note=backend_note,
         )
     )
     return folder
+
+
+def _link_backend(folder: Path) -> str:
+    """Make the model folder carry its own Python backend (tritonserver looks for a model's
+    backend in its folder before the backend directory): links to the wheel's
+    ``libtriton_python.so``, ``triton_python_backend_utils.py`` and the stub for this Python (links,
+    so that their RPATHs still find the wheel's libraries), and ``model.py`` beside them, where
+    the backend found there imports it from. Elsewhere the links dangle and tritonserver uses
+    its own backend. Returns the README's sentence about it."""
+    try:
+        dist = find_tritonserver()
+    except EnvError:
+        return (
+            "nvidia-pytriton was not installed when this repository was written, so it does not "
+            "carry the backend; write it again after `pip install 'aotpack[serve]'`."
+        )
+    links = {
+        "libtriton_python.so": dist.backend / "libtriton_python.so",
+        "triton_python_backend_utils.py": dist.backend / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": dist.stub,
+    }
+    for name, target in links.items():
+        (folder / name).symlink_to(Path(target).resolve())
+    shutil.copyfile(folder / MODEL_VERSION / "model.py", folder / "model.py")
+    return (
+        f"`{folder.name}/` links the wheel's Python backend and its stub for Python "
+        f"{sys.version_info.major}.{sys.version_info.minor}, which tritonserver finds in the model's folder."
+    )
+
+
+def request_check(bundle: str | os.PathLike, io_dtype: str = "") -> RequestCheck:
+    """The bundle's contract on declared shapes (and wire dtypes, under ``io_dtype``)."""
+    from aot.loader import open_bundle
+
+    opened = open_bundle(bundle)
+    try:
+        guards = opened.manifest.guards
+        wire = {i.name: wire_dtype(i.dtype, io_dtype) for i in guards.inputs}
+        return RequestCheck(guards, wire)
+    finally:
+        opened.close()
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stub_processes(pid: int) -> list[int]:
+    """The Python-backend stubs that tritonserver ``pid`` runs (its descendants of that name)."""
+    parents, stubs = {}, []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"triton_python_backend_stub" in f.read(4096):
+                    stubs.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    found = []
+    for stub in stubs:
+        ancestor, hops = parents.get(stub, 0), 0
+        while ancestor > 1 and ancestor != pid and hops < 64:
+            ancestor, hops = parents.get(ancestor, 0), hops + 1
+        if ancestor == pid:
+            found.append(stub)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def watch_stubs(
+    server: TritonServer, stubs: list[int], stopping: threading.Event, dead: threading.Event, why: list[str]
+) -> None:
+    """Until the server stops: when a stub dies (a request crashed it, or it was killed), the model
+    is gone for good while tritonserver still says ready, so mark it dead (the front's readiness
+    answers 503) and kill the server, so that ``serve`` exits non-zero and is restarted."""
+    process = server.process
+    if process is None or not os.path.isdir("/proc"):
+        return
+    while not stopping.wait(STUB_POLL_S) and process.poll() is None:
+        stubs = stubs or stub_processes(process.pid)
+        gone = [pid for pid in stubs if not _running(pid)]
+        if gone and not stopping.is_set():
+            why.append(f"pid {gone[0]} exited")
+            dead.set()
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own session: the stubs go with it
+            return
 
 
 def _check_port(address: str, port: int, what: str) -> None:
@@ -286,18 +419,35 @@ class TritonServer:
         address: str = "127.0.0.1",
         drain_timeout: int = 30,
         echo: Callable[[str], None] | None = None,
+        http_address: str | None = None,
+        public_http_port: int | None = None,
+        public_metrics_port: int | None = None,
     ):
+        """``http_address``: where tritonserver's own HTTP and metrics endpoints listen [default:
+        ``address``]; ``public_*_port``: the ports clients use, when fronts relay to ``http_port``
+        and ``metrics_port``."""
         self.repo, self.name = Path(repo), name
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.address, self.drain_timeout, self.echo = address, drain_timeout, echo
+        self.http_address = http_address or address
+        self.public_http_port = public_http_port or http_port
+        self.public_metrics_port = public_metrics_port or metrics_port
         self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
+        self.stopping = False  # set on SIGTERM: once drained, the server is killed (see _read)
         self.process: subprocess.Popen | None = None
         self._backends: tempfile.TemporaryDirectory | None = None
         self._reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
+        """Where clients reach the HTTP endpoint."""
         host = "127.0.0.1" if self.address == "0.0.0.0" else self.address
+        return f"http://{host}:{self.public_http_port}"
+
+    @property
+    def own_url(self) -> str:
+        """tritonserver's own HTTP endpoint."""
+        host = "127.0.0.1" if self.http_address == "0.0.0.0" else self.http_address
         return f"http://{host}:{self.http_port}"
 
     def _backend_directory(self, dist: TritonDist) -> Path:
@@ -315,13 +465,13 @@ class TritonServer:
             str(dist.server),
             f"--model-repository={self.repo}",
             f"--backend-directory={backends}",
-            f"--http-address={self.address}",
+            f"--http-address={self.http_address}",
             f"--http-port={self.http_port}",
             f"--grpc-address={self.address}",
             f"--grpc-port={self.grpc_port}",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
-            f"--metrics-address={self.address}",
+            f"--metrics-address={self.http_address}",
             f"--metrics-port={self.metrics_port}",
             "--strict-readiness=true",
             "--exit-on-error=true",
@@ -337,22 +487,29 @@ class TritonServer:
             self.log.append(line)
             if self.echo is not None:
                 self.echo(line)
+            if self.stopping and UNLOADING in line:
+                # drained: what is left is unloading the model (seconds for the stub's interpreter
+                # to tear torch down, then tritonserver's one-second polls), which holds nothing;
+                # the grace lets the last responses leave the frontends
+                threading.Timer(STOP_GRACE_S, self._kill).start()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.process is not None and self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.own_url}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
     def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         dist = find_tritonserver()
-        for port, what in (
-            (self.http_port, "HTTP"),
-            (self.grpc_port, "gRPC"),
-            (self.metrics_port, "metrics"),
-        ):
-            _check_port(self.address, port, what)
+        _check_port(self.http_address, self.http_port, "HTTP")
+        _check_port(self.http_address, self.metrics_port, "metrics")
+        _check_port(self.address, self.grpc_port, "gRPC")
         backends = self._backend_directory(dist)
         self.process = subprocess.Popen(
             self.command(dist, backends),
@@ -422,9 +579,11 @@ def serve(
     drain_timeout: int = 30,
     on_ready: Callable[[TritonServer, ServingSpec], None] | None = None,
     echo: Callable[[str], None] | None = None,
+    io_dtype: str = "",
 ) -> int:
     """Serve ``bundle`` on tritonserver until SIGTERM or SIGINT; returns 0 after a clean drain.
-    ``EnvError`` when the server cannot start or the model cannot load (the log's reason, one line)."""
+    ``EnvError`` when the server cannot start or the model cannot load (the log's reason, one line).
+    ``io_dtype`` "float32": half-precision inputs and outputs are float32 on the wire."""
     if device not in ("cpu", "cuda"):
         raise EnvError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda":
@@ -432,17 +591,32 @@ def serve(
 
         if not torch.cuda.is_available():
             raise EnvError("--device cuda requested but torch sees no CUDA GPU; serve with --device cpu")
-    spec = open_spec(bundle, name)
+    spec = open_spec(bundle, name, io_dtype)
+    check = request_check(bundle, io_dtype)
+    _check_port(address, http_port, "HTTP")
+    _check_port(address, metrics_port, "metrics")
     with tempfile.TemporaryDirectory(prefix="aotpack-repo-") as tmp:
         repo = Path(tmp)
         write_model(repo, spec, str(Path(bundle).resolve()), device, max_queue_delay_us)
         server = TritonServer(
-            repo, spec.name, http_port, grpc_port, metrics_port, address, drain_timeout, echo
+            repo,
+            spec.name,
+            free_port(),
+            grpc_port,
+            free_port(),
+            address,
+            drain_timeout,
+            echo,
+            http_address="127.0.0.1",  # behind the fronts (aot.serve.front)
+            public_http_port=http_port,
+            public_metrics_port=metrics_port,
         )
-        stopping = threading.Event()
+        stopping, dead, why = threading.Event(), threading.Event(), []
+        fronts: list[Front] = []
 
         def on_signal(signum: int, frame: object) -> None:
             stopping.set()
+            server.stopping = True
             if server.process is not None and server.process.poll() is None:
                 server.process.send_signal(signal.SIGTERM)
 
@@ -456,14 +630,37 @@ def serve(
                 raise
             if stopping.is_set():  # the signal came before the server's process existed
                 server.process.send_signal(signal.SIGTERM)
-            elif on_ready is not None:
-                on_ready(server, spec)
+            else:
+                refused, alive = Refused(), lambda: not dead.is_set()
+                fronts = [
+                    Front(address, http_port, server.http_port, spec.name, check, alive, refused),
+                    Front(address, metrics_port, server.metrics_port, spec.name, None, alive, refused),
+                ]
+                for front in fronts:
+                    front.serve_in_thread()
+                stubs = stub_processes(server.process.pid)  # before the banner: a stub killed later is seen
+                threading.Thread(
+                    target=watch_stubs,
+                    args=(server, stubs, stopping, dead, why),
+                    name="aotpack-stub-watch",
+                    daemon=True,
+                ).start()
+                if on_ready is not None:
+                    on_ready(server, spec)
             code = server.wait()
         finally:
+            for front in fronts:
+                front.shutdown()
+                front.server_close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             if server.process is not None and server.process.poll() is None:
                 server.stop()
+    if dead.is_set():
+        raise EnvError(
+            f"the backend process of model {spec.name!r} died ({why[0]}); the server stopped, so "
+            "that an orchestrator restarts it (readiness answered 503 meanwhile)"
+        )
     if stopping.is_set():
         if code == 0 or drained(list(server.log)):
             return 0

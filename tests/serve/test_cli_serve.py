@@ -61,6 +61,10 @@ def test_triton_repo_writes_config_model_bundle_and_readme(tmp_path, bundles):
         "branchy/1/branchy.tpk",
         "branchy/1/model.py",
         "branchy/config.pbtxt",
+        "branchy/libtriton_python.so",  # the wheel's Python backend, linked (see write_repository)
+        "branchy/model.py",
+        "branchy/triton_python_backend_stub",
+        "branchy/triton_python_backend_utils.py",
     ]
     config = parse((out / "branchy/config.pbtxt").read_text())
     assert config.max_batch_size == 16 and config.dynamic_batching.max_queue_delay_microseconds == 100

@@ -86,3 +86,21 @@ def test_stateful_bundles_are_refused(built, bundles):
 def test_bad_device_is_refused(bundles):
     with pytest.raises(EnvError, match="'cpu' or 'cuda'"):
         render_config(open_spec(bundles("branchy")), {}, "tpu")
+
+
+def test_io_dtype_float32_carries_half_precision_as_float32(bundles):
+    spec = open_spec(bundles("small_mlp"), io_dtype="float32")  # float16 in and out
+    assert [(s.name, s.dtype) for s in (*spec.inputs, *spec.outputs)] == [
+        ("x", "float32"),
+        ("output", "float32"),
+    ]
+    config = parse(render_config(spec, {"bundle": "/b.tpk"}))
+    assert [i.data_type for i in config.input] == [11] and [o.data_type for o in config.output] == [
+        11
+    ]  # FP32
+    assert config.parameters["io_dtype"].string_value == "float32"
+    plain = open_spec(bundles("small_mlp"))
+    assert [s.dtype for s in (*plain.inputs, *plain.outputs)] == ["float16", "float16"]
+    assert "io_dtype" not in parse(render_config(plain, {"bundle": "/b.tpk"})).parameters
+    with pytest.raises(EnvError, match=r"io_dtype must be one of \['', 'float32'\], got 'int8'"):
+        open_spec(bundles("small_mlp"), io_dtype="int8")

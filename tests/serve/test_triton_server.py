@@ -315,3 +315,45 @@ def test_the_stub_embeds_this_interpreter_whatever_python3_path_finds_first(
     spec = open_spec(bundles(MODEL))
     write_model(tmp_path, spec, str(bundles(MODEL)), "cpu", 100)
     _answers_like_the_runner(tmp_path, spec.name, x_of(2, 12, seed=3), runner)
+
+
+def test_a_triton_repo_repository_loads_with_the_documented_command(tmp_path, bundles, runner):
+    """The README's command, with the tritonserver of the serve extra: no backend folder, no
+    LD_LIBRARY_PATH, only the environment's bin first on PATH (an activated venv); ports added."""
+    import os
+
+    import tritonclient.http as httpclient
+
+    from aot.serve.triton import find_tritonserver, write_repository
+
+    repo = tmp_path / "repo"
+    write_repository(bundles(MODEL), repo, name="documented")
+    assert "--model-repository=$PWD" in (repo / "README.md").read_text()
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "AOTPACK_SITE_DIRS")}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    http, grpc, metrics = free_ports(3)
+    command = [str(find_tritonserver().server), f"--model-repository={repo}"]
+    command += [f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
+    process = subprocess.Popen(
+        command, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+        for _ in range(int(STARTUP_S / 0.5)):
+            try:
+                if client.is_model_ready("documented"):
+                    break
+            except Exception:
+                pass
+            assert process.poll() is None, "tritonserver exited"
+            time.sleep(0.5)
+        x = x_of(2, 12, seed=11)
+        given = httpclient.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        np.testing.assert_allclose(
+            client.infer("documented", [given]).as_numpy("output"), expected(runner, x), atol=ATOL, rtol=0
+        )
+        client.close()
+    finally:
+        process.kill()
+        process.wait()
