@@ -78,16 +78,17 @@ class BuildOptions:
             raise ValueError(
                 f"BuildOptions.archs must be distinct sm_ names, got {self.archs!r}; use {names!r}"
             )
-        for name in (
-            "fuse",
-            "gemm_candidates",
-            "stack_siblings",
-            "channels_last",
-            "decode_attention",
-            "library_free",
-        ):
-            if type(getattr(self, name)) is not bool:
-                raise ValueError(f"BuildOptions.{name} is True or False, got {getattr(self, name)!r}")
+        switches = {
+            "fuse": self.fuse,
+            "gemm_candidates": self.gemm_candidates,
+            "stack_siblings": self.stack_siblings,
+            "channels_last": self.channels_last,
+            "decode_attention": self.decode_attention,
+            "library_free": self.library_free,
+        }
+        for name, value in switches.items():
+            if type(value) is not bool:
+                raise ValueError(f"BuildOptions.{name} is True or False, got {value!r}")
 
     def hash(self) -> str:
         """A digest of every option (for cache keys and reports)."""

@@ -32,8 +32,41 @@ MIN_SIBLINGS = 2
 
 def fuse_sibling_matmuls(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
     """The rewritten program, its weights, and how many sibling groups became one matmul."""
-    import torch
+    groups = _sibling_groups(program)
+    if not groups:
+        return program, weights, 0
+    specs = {w.name: w.spec for w in program.weights}
+    weights = dict(weights)
+    buffers = dict(program.buffers)
+    new_specs = dict(specs)
+    dropped: set[int] = set()
+    inserted: dict[int, list[Step]] = {}
+    for sites in groups.values():
+        sites.sort()
+        inserted[sites[0][0]] = _stack(program.steps, sites, specs, weights, buffers, new_specs, dropped)
+    flat: list[Step] = []
+    for i, s in enumerate(program.steps):
+        flat.extend(inserted.get(i, ()))
+        if i not in dropped:
+            flat.append(s)
+    # the stacked weight takes the place of its first sibling in the weights' order
+    order: list[NamedTensor] = []
+    for w in program.weights:
+        if w.name in new_specs:
+            order.append(w)
+    for name, spec in new_specs.items():
+        if name not in {w.name for w in order}:
+            order.append(NamedTensor(name, spec))
+    for name in set(specs) - set(new_specs):
+        weights.pop(name, None)  # stacked into another weight
+    program = replace(program, steps=tuple(flat), buffers=buffers, weights=tuple(order))
+    return program, weights, len(groups)
 
+
+def _sibling_groups(program: Program) -> dict[tuple, list[tuple[int, int, str]]]:
+    """Matmuls of one activation by weights that nothing else reads, grouped by that activation,
+    op, dtype and K (groups of ``MIN_SIBLINGS`` or more): (mm step index, permute step index,
+    weight name) each."""
     steps = program.steps
     producer = producer_of(steps)
     readers = readers_of(steps)
@@ -47,7 +80,6 @@ def fuse_sibling_matmuls(program: Program, weights: dict[str, Any]) -> tuple[Pro
             return ("view", repr(steps[i].args), repr(sorted(steps[i].kwargs.items())))
         return ("buffer", name)
 
-    # candidate sites: (mm step index, permute step index, weight name)
     groups: dict[tuple, list[tuple[int, int, str]]] = {}
     for i, s in enumerate(steps):
         if s.kind != StepKind.ATEN or s.kwargs or len(s.outputs) != 1 or s.outputs[0] in outputs:
@@ -77,78 +109,61 @@ def fuse_sibling_matmuls(program: Program, weights: dict[str, Any]) -> tuple[Pro
                 continue
         key = (activation_key(a.name), s.target, spec.dtype, spec.shape[1])
         groups.setdefault(key, []).append((i, p, w.name))
+    return {k: v for k, v in groups.items() if len(v) >= MIN_SIBLINGS}
 
-    groups = {k: v for k, v in groups.items() if len(v) >= MIN_SIBLINGS}
-    if not groups:
-        return program, weights, 0
 
-    weights = dict(weights)
-    buffers = dict(program.buffers)
-    new_specs = dict(specs)
-    dropped: set[int] = set()
-    inserted: dict[int, list[Step]] = {}
-    for sites in groups.values():
-        sites.sort()
-        first = steps[sites[0][0]]
-        names = [w for _, _, w in sites]
-        fused = f"{names[0]}.stacked{len(names)}"  # after the first sibling: unique, and readable
-        ns = [int(specs[w].shape[0]) for w in names]
-        k = specs[names[0]].shape[1]
-        dtype = specs[names[0]].dtype
-        weights[fused] = torch.cat([weights[w] for w in names], 0).contiguous()
-        new_specs[fused] = TensorSpec(dtype, (str(sum(ns)), k))
-        transposed = f"{fused}.t"
-        product = f"{first.outputs[0]}_siblings"
-        rows = buffers[first.outputs[0]].shape[0]
-        buffers[transposed] = TensorSpec(dtype, (k, str(sum(ns))))
-        buffers[product] = TensorSpec(buffers[first.outputs[0]].dtype, (rows, str(sum(ns))))
-        new = [Step(StepKind.ATEN, "aten.permute.default", (Buf(fused), [1, 0]), {}, (transposed,))]
-        if first.target == "aten.addmm.default":
-            bias = f"{fused}.bias"
-            bnames = [steps[i].args[0].name for i, _, _ in sites]
-            weights[bias] = torch.cat([weights[b] for b in bnames], 0).contiguous()
-            new_specs[bias] = TensorSpec(new_specs[bnames[0]].dtype, (str(sum(ns)),))
-            new.append(
-                Step(
-                    StepKind.ATEN,
-                    "aten.addmm.default",
-                    (Buf(bias), first.args[1], Buf(transposed)),
-                    {},
-                    (product,),
-                )
-            )
-            for b in bnames:
-                del new_specs[b]
-        else:
-            new.append(
-                Step(StepKind.ATEN, "aten.mm.default", (first.args[0], Buf(transposed)), {}, (product,))
-            )
-        start = 0
-        for (i, p, w), n in zip(sites, ns):
-            out = steps[i].outputs[0]
-            new.append(
-                Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(product), 1, start, start + n), {}, (out,))
-            )
-            start += n
-            dropped.update((i, p))
-            del new_specs[w]
-            buffers.pop(steps[p].outputs[0], None)
-        inserted[sites[0][0]] = new
+def _stack(
+    steps: tuple[Step, ...],
+    sites: list[tuple[int, int, str]],
+    specs: dict[str, TensorSpec],
+    weights: dict[str, Any],
+    buffers: dict[str, TensorSpec],
+    new_specs: dict[str, TensorSpec],
+    dropped: set[int],
+) -> list[Step]:
+    """One group's weights (and biases) stacked, in ``weights`` / ``new_specs`` / ``buffers``, its
+    steps marked ``dropped``; the steps that stand in for them: one transpose and one matmul of
+    the stacked weight, then a slice per sibling."""
+    import torch
 
-    flat: list[Step] = []
-    for i, s in enumerate(steps):
-        flat.extend(inserted.get(i, ()))
-        if i not in dropped:
-            flat.append(s)
-    # the stacked weight takes the place of its first sibling in the weights' order
-    order: list[NamedTensor] = []
-    for w in program.weights:
-        if w.name in new_specs:
-            order.append(w)
-    for name, spec in new_specs.items():
-        if name not in {w.name for w in order}:
-            order.append(NamedTensor(name, spec))
-    for name in set(specs) - set(new_specs):
-        weights.pop(name, None)  # stacked into another weight
-    program = replace(program, steps=tuple(flat), buffers=buffers, weights=tuple(order))
-    return program, weights, len(groups)
+    first = steps[sites[0][0]]
+    names = [w for _, _, w in sites]
+    fused = f"{names[0]}.stacked{len(names)}"  # after the first sibling: unique, and readable
+    ns = [int(specs[w].shape[0]) for w in names]
+    k = specs[names[0]].shape[1]
+    dtype = specs[names[0]].dtype
+    weights[fused] = torch.cat([weights[w] for w in names], 0).contiguous()
+    new_specs[fused] = TensorSpec(dtype, (str(sum(ns)), k))
+    transposed = f"{fused}.t"
+    product = f"{first.outputs[0]}_siblings"
+    rows = buffers[first.outputs[0]].shape[0]
+    buffers[transposed] = TensorSpec(dtype, (k, str(sum(ns))))
+    buffers[product] = TensorSpec(buffers[first.outputs[0]].dtype, (rows, str(sum(ns))))
+    new = [Step(StepKind.ATEN, "aten.permute.default", (Buf(fused), [1, 0]), {}, (transposed,))]
+    if first.target == "aten.addmm.default":
+        bias = f"{fused}.bias"
+        bnames = [steps[i].args[0].name for i, _, _ in sites]
+        weights[bias] = torch.cat([weights[b] for b in bnames], 0).contiguous()
+        new_specs[bias] = TensorSpec(new_specs[bnames[0]].dtype, (str(sum(ns)),))
+        new.append(
+            Step(
+                StepKind.ATEN,
+                "aten.addmm.default",
+                (Buf(bias), first.args[1], Buf(transposed)),
+                {},
+                (product,),
+            )
+        )
+        for b in bnames:
+            del new_specs[b]
+    else:
+        new.append(Step(StepKind.ATEN, "aten.mm.default", (first.args[0], Buf(transposed)), {}, (product,)))
+    start = 0
+    for (i, p, w), n in zip(sites, ns):
+        out = steps[i].outputs[0]
+        new.append(Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(product), 1, start, start + n), {}, (out,)))
+        start += n
+        dropped.update((i, p))
+        del new_specs[w]
+        buffers.pop(steps[p].outputs[0], None)
+    return new

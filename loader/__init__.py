@@ -85,6 +85,36 @@ def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
     return read
 
 
+def _check_options(capture: str, outputs: str, max_memory: int | None, max_flops: int | None) -> None:
+    if capture not in CAPTURE_MODES:
+        raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
+    if outputs not in OUTPUT_MODES:
+        raise ValueError(f"outputs must be one of {OUTPUT_MODES}, got {outputs!r}")
+    if max_memory is not None and (type(max_memory) is not int or max_memory <= 0):
+        raise ValueError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
+    if max_flops is not None and (type(max_flops) is not int or max_flops <= 0):
+        raise ValueError(f"max_flops must be a positive number of operations, got {max_flops!r}")
+
+
+def _device_of(device: str | torch.device) -> torch.device:
+    """The torch device a runner loads on; a CUDA one with its index (the GPU current at load)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise EnvError(
+            f"device {str(device)[:40]!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    if device.type not in ("cpu", "cuda"):
+        raise EnvError(f"bundles run on 'cpu' or 'cuda' devices, not {device.type!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EnvError("device cuda requested but torch sees no CUDA GPU; load with device='cpu'")
+    if device.type == "cuda" and device.index is None:
+        # the GPU current at load: weights live there, and calls are checked against it
+        # without asking torch for the current device every call
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class _Entry:
     """One program of the bundle, ready to run: its guards, and its CPU or GPU executor."""
 
@@ -156,68 +186,108 @@ class Runner:
         outputs: str = "copy",
         max_flops: int | None = None,
     ):
-        if capture not in CAPTURE_MODES:
-            raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
-        if outputs not in OUTPUT_MODES:
-            raise ValueError(f"outputs must be one of {OUTPUT_MODES}, got {outputs!r}")
+        _check_options(capture, outputs, max_memory, max_flops)
         self.borrow = outputs == "borrow"
-        if max_memory is not None and (type(max_memory) is not int or max_memory <= 0):
-            raise ValueError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
-        if max_flops is not None and (type(max_flops) is not int or max_flops <= 0):
-            raise ValueError(f"max_flops must be a positive number of operations, got {max_flops!r}")
         self.bundle = bundle
         self.manifest: Manifest = bundle.manifest
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise EnvError(
-                f"device {str(device)[:40]!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
-            ) from None
-        if self.device.type not in ("cpu", "cuda"):
-            raise EnvError(f"bundles run on 'cpu' or 'cuda' devices, not {self.device.type!r}")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise EnvError("device cuda requested but torch sees no CUDA GPU; load with device='cpu'")
-        if self.device.type == "cuda" and self.device.index is None:
-            # the GPU current at load: weights live there, and calls are checked against it
-            # without asking torch for the current device every call
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        for op in self.manifest.ops:  # whether a state write writes state is checked per step below
-            resolve_op(op, state_write=op in STATE_WRITE_OPS)
-        self.program = bundle.program()
-        programs = (self.program, *self.program.variants)
-        for p in programs:
-            if p.variants and p is not self.program:
-                raise BundleError(f"{bundle.path}: a program variant has variants of its own")
-            if p.output_tree is not None:
-                validate_tree(p.output_tree, len(p.outputs))
-        if self.manifest.programs:
-            if len(self.manifest.programs) != len(programs):
-                raise BundleError(
-                    f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
-                    f"the program member holds {len(programs)}"
-                )
-            for e in self.manifest.programs:  # the bundle checks the top-level buckets; these, here
-                check_buckets(e.buckets, e.guards, f"{bundle.path}: program {e.name[:40]!r}")
-            entries = [(e.name, e.guards, e.buckets, e.entry) for e in self.manifest.programs]
-        else:
-            if len(programs) != 1:
-                raise BundleError(
-                    f"{bundle.path}: the program member holds {len(programs)} programs but the "
-                    f"manifest lists no guards for them"
-                )
-            entries = [("general", self.manifest.guards, self.manifest.buckets, "")]
+        self.device = _device_of(device)
+        programs = self._read_programs()
+        entries = self._program_entries(programs)
         check_programs(self.manifest, programs, [e[1] for e in entries], bundle.path)
         check_plan(self.manifest, self.program, bundle.path)
         self.state = State(self.manifest.guards, DTYPES, self.device, str(bundle.path))
+        aliases = self._check_programs(entries, programs, max_memory)
+        self.weights = self._load_weights(programs)
+        self._weight_storages = Storages(self.weights.values())
+        self.guards = GuardChecker(self.manifest.guards, DTYPES)
+        self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
+        self._input_set = frozenset(self.guards.names)
+        # with several programs, a call must also satisfy the contract's relations among symbols,
+        # which a program's own guards may leave out (``aot.loader.variants`` checks the rest)
+        self._contract_relations = bool(self.manifest.guards.relations) and len(entries) > 1
+        self.state.allocate()
+        # memory the runner owns, never handed to a caller as an output: weights, and the state
+        self._owned_storages = [self._weight_storages]
+        if self.state.tensors:
+            self._owned_storages.append(Storages(self.state.tensors.values()))
+        self._state_lock = threading.Lock()
+        self._generate_lock = threading.Lock()  # a generation owns the state from prefill to its last token
+        from aot.tuning import read_tuning
+
+        # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on
+        self.tuning = read_tuning(bundle, programs, [e[2] for e in entries])
+        self._state_order = None
+        if self.device.type == "cuda" and self.state.tensors:
+            from aot.loader.gpu import StreamOrder
+
+            self._state_order = StreamOrder(self.device)
+        self._entries = self._load_programs(entries, programs, aliases, capture, max_memory, max_flops)
+        if capture == "all" and self.state.tensors:
+            self.state.reset()  # the captures' warm-ups wrote into it
+        # A plain call on a bundle with entry points goes to the narrowest program that admits it
+        # (a one-token call to decode, whose program is made for it, not to prefill). The programs
+        # of one entry point admit disjoint sizes, so reordering them changes nothing; a bundle
+        # without entry points keeps its order.
+        self._dispatch_order = (
+            sorted(self._entries, key=lambda e: admitted_count(e.guards))
+            if self.entry_points
+            else self._entries
+        )
+
+    def _read_programs(self) -> tuple[schema.Program, ...]:
+        """The bundle's programs (the general one, then its variants), their ops resolved in this
+        torch and their output trees checked."""
+        for op in self.manifest.ops:  # whether a state write writes state is checked per step below
+            resolve_op(op, state_write=op in STATE_WRITE_OPS)
+        self.program = self.bundle.program()
+        programs = (self.program, *self.program.variants)
+        for p in programs:
+            if p.variants and p is not self.program:
+                raise BundleError(f"{self.bundle.path}: a program variant has variants of its own")
+            if p.output_tree is not None:
+                validate_tree(p.output_tree, len(p.outputs))
+        return programs
+
+    def _program_entries(self, programs: tuple[schema.Program, ...]) -> list[tuple]:
+        """Per program: (name, guards, buckets, entry point), as the manifest lists them; each
+        program's own buckets checked against its guards."""
+        path = self.bundle.path
+        if self.manifest.programs:
+            if len(self.manifest.programs) != len(programs):
+                raise BundleError(
+                    f"{path}: the manifest lists {len(self.manifest.programs)} programs, "
+                    f"the program member holds {len(programs)}"
+                )
+            for e in self.manifest.programs:  # the bundle checks the top-level buckets; these, here
+                check_buckets(e.buckets, e.guards, f"{path}: program {e.name[:40]!r}")
+            return [(e.name, e.guards, e.buckets, e.entry) for e in self.manifest.programs]
+        if len(programs) != 1:
+            raise BundleError(
+                f"{path}: the program member holds {len(programs)} programs but the "
+                f"manifest lists no guards for them"
+            )
+        return [("general", self.manifest.guards, self.manifest.buckets, "")]
+
+    def _check_programs(
+        self, entries: list[tuple], programs: tuple[schema.Program, ...], max_memory: int | None
+    ) -> list[Any]:
+        """Each program against the state and the memory limit; per program, the state aliases
+        of its reference steps."""
         aliases = []
         for (name, guards, _, _), program in zip(entries, programs):
-            self.state.check_program(program, str(bundle.path))
+            self.state.check_program(program, str(self.bundle.path))
             # a program writes nothing but its own state, on either path (kernels' references run on CPU)
             state_writes_checked(program.steps, program.state)
             aliases.append(state_writes_checked(reference_steps(program), program.state))
             peak, sizes = planned_peak(program, guards, cpu=self.device.type == "cpu")
             if max_memory is not None:
                 check_max_memory(peak + self.state.nbytes, sizes, max_memory, name)
+        return aliases
+
+    def _load_weights(self, programs: tuple[schema.Program, ...]) -> dict[str, torch.Tensor]:
+        """The weights some step reads, on the device, laid out as the codegen chose, each checked
+        against the program's dtype and shape."""
+        bundle = self.bundle
         declared = {w.name: w for p in programs for w in p.weights}
         used = weights_read(programs)
         where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
@@ -256,31 +326,22 @@ class Runner:
                     f"{bundle.path}: weight {w.name!r} is {t.dtype} {list(t.shape)}, the program expects "
                     f"{w.spec.dtype} {list(w.spec.shape)}"
                 )
-        self.weights = weights
-        self._weight_storages = Storages(weights.values())
-        self.guards = GuardChecker(self.manifest.guards, DTYPES)
-        self._nested = any("." in n for n in self.guards.names)  # runner(inputs={"image": x}) spreads
-        self._input_set = frozenset(self.guards.names)
-        # with several programs, a call must also satisfy the contract's relations among symbols,
-        # which a program's own guards may leave out (``aot.loader.variants`` checks the rest)
-        self._contract_relations = bool(self.manifest.guards.relations) and len(entries) > 1
-        self.state.allocate()
-        # memory the runner owns, never handed to a caller as an output: weights, and the state
-        self._owned_storages = [self._weight_storages]
-        if self.state.tensors:
-            self._owned_storages.append(Storages(self.state.tensors.values()))
-        self._state_lock = threading.Lock()
-        self._generate_lock = threading.Lock()  # a generation owns the state from prefill to its last token
-        from aot.tuning import read_tuning, tuned_plans
+        return weights
 
-        # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on
-        self.tuning = read_tuning(bundle, programs, [e[2] for e in entries])
-        self._entries: list[_Entry] = []
-        self._state_order = None
-        if self.device.type == "cuda" and self.state.tensors:
-            from aot.loader.gpu import StreamOrder
+    def _load_programs(
+        self,
+        entries: list[tuple],
+        programs: tuple[schema.Program, ...],
+        aliases: list[Any],
+        capture: str,
+        max_memory: int | None,
+        max_flops: int | None,
+    ) -> list[_Entry]:
+        """Each program ready to run: its guards, and its GPU program (with its tuned plans and
+        CUDA graphs) or its CPU one."""
+        from aot.tuning import tuned_plans
 
-            self._state_order = StreamOrder(self.device)
+        loaded: list[_Entry] = []
         arena = None
         if self.device.type == "cuda" and capture != "none":
             from aot.loader.gpu import Arena
@@ -292,7 +353,7 @@ class Runner:
             checker = self.guards if len(entries) == 1 else GuardChecker(guards, DTYPES)
             if set(checker.names) != set(self.guards.names) or checker.state_names != self.guards.state_names:
                 raise BundleError(
-                    f"{bundle.path}: program {name[:40]!r} takes inputs {list(checker.names)[:8]}, "
+                    f"{self.bundle.path}: program {name[:40]!r} takes inputs {list(checker.names)[:8]}, "
                     f"the bundle {list(self.guards.names)[:8]}"
                 )
             entry = _Entry(name, program, checker, self.device, entry_name)
@@ -308,7 +369,7 @@ class Runner:
                         peak, sizes = planned_peak(replace(program, steps=steps), guards, cpu=False)
                         check_max_memory(peak, sizes, max_memory, name)
                 entry.gpu = GpuProgram(
-                    bundle, program, self.weights, self.device, plans, state_aliases, max_flops
+                    self.bundle, program, self.weights, self.device, plans, state_aliases, max_flops
                 )
                 if capture != "none":
                     entry.graphs = GraphRunner(
@@ -320,18 +381,8 @@ class Runner:
                 entry.aten = AtenProgram(
                     program, self.weights, self.device, state_aliases=state_aliases, max_flops=max_flops
                 )
-            self._entries.append(entry)
-        if capture == "all" and self.state.tensors:
-            self.state.reset()  # the captures' warm-ups wrote into it
-        # A plain call on a bundle with entry points goes to the narrowest program that admits it
-        # (a one-token call to decode, whose program is made for it, not to prefill). The programs
-        # of one entry point admit disjoint sizes, so reordering them changes nothing; a bundle
-        # without entry points keeps its order.
-        self._dispatch_order = (
-            sorted(self._entries, key=lambda e: admitted_count(e.guards))
-            if self.entry_points
-            else self._entries
-        )
+            loaded.append(entry)
+        return loaded
 
     @property
     def input_names(self) -> tuple[str, ...]:

@@ -270,9 +270,31 @@ class Lowering:
         raise TraceError(f"argument {a!r} of type {type(a).__name__} cannot be stored in a bundle")
 
     def run(self) -> tuple[Program, dict[str, torch.Tensor]]:
-        ep = self.ep
-        graph = ep.graph_module.graph
+        graph = self.ep.graph_module.graph
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        user_inputs, weights = self._lower_inputs(placeholders)
+        user_outputs = self.plan_state_writes(placeholders)
+        for node in graph.nodes:
+            self.node = node
+            self._lower_node(node)
+        self._write_back_state(user_inputs)
+        outputs = self._outputs(graph, user_outputs)
+        symbols = symbol_sources(user_inputs)
+        program = Program(
+            inputs=tuple(user_inputs),
+            weights=tuple(sorted(weights, key=lambda w: w.name)),
+            buffers=self.buffers,
+            steps=tuple(self.steps),
+            outputs=tuple(outputs),
+            symbols=symbols,
+            state=tuple(i.name for i in user_inputs if i.name in self.state),
+        )
+        return program, self.weights
+
+    def _lower_inputs(self, placeholders: list[torch.fx.Node]) -> tuple[list[NamedTensor], list[NamedTensor]]:
+        """The graph's inputs as the program's: the user's, by the model file's names, and its
+        weights (tied ones stored once)."""
+        ep = self.ep
         user_inputs: list[NamedTensor] = []
         weights: list[NamedTensor] = []
         state = {**ep.state_dict, **ep.constants}
@@ -300,64 +322,68 @@ class Lowering:
                 weights.append(NamedTensor(name, self.spec_of(tensor, f"weight {name}")))
             else:
                 raise TraceError(f"unsupported graph input kind {spec.kind.name} for {spec.target}")
+        return user_inputs, weights
 
-        user_outputs = self.plan_state_writes(placeholders)
-        for node in graph.nodes:
-            self.node = node
-            if node.op != "call_function" or node in self.skip:
-                continue
-            if node in self.alias:
-                source = node
-                while source in self.alias:
-                    source = self.alias[source]
-                self.value_names[node] = self.value_names[source]
-                continue
-            if node.target is operator.getitem:
-                parent, index = node.args
-                self.value_names[node] = node.name
-                self.buffers[node.name] = self.spec_of(node.meta["val"], node.name)
-                continue
-            if not isinstance(node.target, torch._ops.OpOverload):
-                val = node.meta.get("val")
-                if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):  # size arithmetic and
-                    # comparisons: folded into the expressions of the arguments that use them
-                    continue
-                raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
-            name = op_name(node.target)
-            if name in DROPPED_OPS:
-                continue
+    def _lower_node(self, node: torch.fx.Node) -> None:
+        """One graph node as a step of the program (or folded away: views of state, size arithmetic)."""
+        if node.op != "call_function" or node in self.skip:
+            return
+        if node in self.alias:
+            source = node
+            while source in self.alias:
+                source = self.alias[source]
+            self.value_names[node] = self.value_names[source]
+            return
+        if node.target is operator.getitem:
+            parent, index = node.args
+            self.value_names[node] = node.name
+            self.buffers[node.name] = self.spec_of(node.meta["val"], node.name)
+            return
+        if not isinstance(node.target, torch._ops.OpOverload):
             val = node.meta.get("val")
-            if name == "aten.sym_size.int" or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
-                continue
-            if name not in ALLOWED_OPS:
-                raise TraceError(
-                    f"{_model_line(node)}the model calls {name}, which a bundle may not run (only the pure "
-                    f"ATen ops of aot/allowed_ops.py: no random numbers, autograd or process state); "
-                    f"build the model in eval mode, pass random values in as inputs, or add the op to "
-                    f"aot/allowed_ops.py if it is a pure function of its arguments"
-                )
-            outputs: tuple[str | None, ...]
-            if isinstance(val, (tuple, list)):
-                by_index = {u.args[1]: u.name for u in node.users if u.target is operator.getitem}
-                outputs = tuple(by_index.get(i) for i in range(len(val)))
-            else:
-                self.value_names[node] = node.name
-                self.buffers[node.name] = self.spec_of(val, node.name)
-                outputs = (node.name,)
-            if node in self.inplace:  # a state write, in place: its result aliases the state
-                name, base = self.inplace[node]
-                args = (Buf(self.value_names[base]), *(self.encode(a) for a in node.args[1:]))
-            else:
-                args = tuple(self.encode(a) for a in node.args)
-            self.steps.append(
-                Step(
-                    kind=StepKind.ATEN,
-                    target=name,
-                    args=args,
-                    kwargs={k: self.encode(v) for k, v in node.kwargs.items()},
-                    outputs=outputs,
-                )
+            if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):  # size arithmetic and
+                # comparisons: folded into the expressions of the arguments that use them
+                return
+            raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
+        name = op_name(node.target)
+        if name in DROPPED_OPS:
+            return
+        val = node.meta.get("val")
+        if name == "aten.sym_size.int" or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
+            return
+        if name not in ALLOWED_OPS:
+            raise TraceError(
+                f"{_model_line(node)}the model calls {name}, which a bundle may not run (only the pure "
+                f"ATen ops of aot/allowed_ops.py: no random numbers, autograd or process state); "
+                f"build the model in eval mode, pass random values in as inputs, or add the op to "
+                f"aot/allowed_ops.py if it is a pure function of its arguments"
             )
+        outputs: tuple[str | None, ...]
+        if isinstance(val, (tuple, list)):
+            by_index = {u.args[1]: u.name for u in node.users if u.target is operator.getitem}
+            outputs = tuple(by_index.get(i) for i in range(len(val)))
+        else:
+            self.value_names[node] = node.name
+            self.buffers[node.name] = self.spec_of(val, node.name)
+            outputs = (node.name,)
+        if node in self.inplace:  # a state write, in place: its result aliases the state
+            name, base = self.inplace[node]
+            args = (Buf(self.value_names[base]), *(self.encode(a) for a in node.args[1:]))
+        else:
+            args = tuple(self.encode(a) for a in node.args)
+        self.steps.append(
+            Step(
+                kind=StepKind.ATEN,
+                target=name,
+                args=args,
+                kwargs={k: self.encode(v) for k, v in node.kwargs.items()},
+                outputs=outputs,
+            )
+        )
+
+    def _write_back_state(self, user_inputs: list[NamedTensor]) -> None:
+        """A state whose old value is read after its in-place write gets the new value copied in
+        last."""
         for state_name, value in self.trailing:  # the old value was read after the write
             written = f"{state_name}__written"
             self.buffers[written] = self.buffers.get(self.value_names[value]) or next(
@@ -373,6 +399,8 @@ class Lowering:
                 )
             )
 
+    def _outputs(self, graph: torch.fx.Graph, user_outputs: list[int]) -> list[str]:
+        """The program's outputs, by buffer name; ``none_outputs``: the flat outputs that are None."""
         out_node = next(n for n in graph.nodes if n.op == "output")
         outputs = []
         self.none_outputs: set[int] = set()  # flat outputs that are None (an optional field)
@@ -384,15 +412,4 @@ class Lowering:
             if not isinstance(o, torch.fx.Node) or o not in self.value_names:
                 raise TraceError(f"model output {o} is not a tensor; return tensors only")
             outputs.append(self.value_names[o])
-
-        symbols = symbol_sources(user_inputs)
-        program = Program(
-            inputs=tuple(user_inputs),
-            weights=tuple(sorted(weights, key=lambda w: w.name)),
-            buffers=self.buffers,
-            steps=tuple(self.steps),
-            outputs=tuple(outputs),
-            symbols=symbols,
-            state=tuple(i.name for i in user_inputs if i.name in self.state),
-        )
-        return program, self.weights
+        return outputs
