@@ -81,9 +81,11 @@ BRANCHY_GUARDS = """\
 input x: float32[batch, seq, 16]
 
 symbol batch: 1 <= batch <= 16  (declared 1..16)
+# rows along batch: independent, a server may join requests along it (no step mixes rows; changing row 1 of 3 left the other rows of every output bitwise equal)
 symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)
   guard seq >= 9  at tests/data/branchy.py:15  if T > 8:
   guard seq % 2 == 0  at tests/data/branchy.py:17  pairs = x.reshape(B, T // 2, 2 * C)
+# rows along seq: not independent, a server never joins requests along it: step 1 (view.default) reshapes across seq ([batch, seq, 16] to [batch, seq//2, 32])
 """
 
 

@@ -95,8 +95,9 @@ def test_the_model_files_manifest_matches_its_bundles(built):
     for name in ("size_one", "structured"):
         runner = load(built(name, ("sm_90",)))
         spec = load_model_file(model_path(name))
-        assert render_manifest(guard_manifest(spec, ("sm_90",))) == render_manifest(
-            manifest_of_bundle(runner.manifest)
+        # the row-independence notes are comments, outside the contract `aotpack check` compares
+        assert render_manifest(guard_manifest(spec, ("sm_90",)), notes=False) == render_manifest(
+            manifest_of_bundle(runner.manifest), notes=False
         )
 
 
