@@ -196,7 +196,7 @@ def test_interpreter_check_can_fail(built, tmp_path):
         kid,
         "acc0 = acc0 + tl.load(b0_ptr",
         "acc0 = 2 * acc0 + tl.load(b0_ptr",
-        {"batch": 16},
+        {"batch": 1},  # one row: every form runs, at the interpreter's least cost
         tmp_path / "bad.tpk",
     )
     assert failed == {f"{site.id}/{site.candidates[0].name}"}
