@@ -12,6 +12,21 @@ from tests.conftest import HANG_GUARD_S
 PATTERNS = Path(__file__).resolve().parent / "models"
 PATTERN_ARCHS = ("sm_90",)
 
+# Interpreter checks over several sizes come in two tiers: the default run checks each model at its
+# first size (with every form eligible there, every kernel runs), the slow run at the other sizes.
+# A module-scoped fixture that runs them takes its tier as ``request.param``; parametrize the tests
+# that use it with ``@pytest.mark.parametrize("<fixture>", SIZE_TIERS, indirect=True)``.
+SIZE_TIERS = [
+    pytest.param("first", id="first-size"),
+    pytest.param("rest", id="other-sizes", marks=pytest.mark.slow),
+]
+
+
+def tier_sizes(sizes: dict[str, list[dict]], tier: str) -> dict[str, list[dict]]:
+    """The sizes of each model that ``tier`` (``SIZE_TIERS``) checks."""
+    assert tier in ("first", "rest"), tier
+    return {name: s[:1] if tier == "first" else s[1:] for name, s in sizes.items()}
+
 
 class PatternFactory:
     def __init__(self, base: Path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from aot import schema
-from tests.codegen.conftest import failing_candidates
+from tests.codegen.conftest import SIZE_TIERS, failing_candidates, tier_sizes
 from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"
@@ -36,11 +36,13 @@ def _build(path: Path, out: Path):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """name → (compiled, bundle, model), every attention form offered at every length."""
-    from aot.codegen import flash
+    """name → (compiled, bundle, model), every attention form offered at every length, and no GEMM
+    form (``tests/codegen/test_gemm.py`` checks those): the projections stay library steps."""
+    from aot.codegen import flash, gemm
 
-    saved = flash.CONFIGS
-    flash.CONFIGS = tuple(replace(c, min_t=1, max_t=1 << 62) for c in saved)
+    saved = flash.CONFIGS, gemm.CONFIGS
+    flash.CONFIGS = tuple(replace(c, min_t=1, max_t=1 << 62) for c in flash.CONFIGS)
+    gemm.CONFIGS = ()
     try:
         base = tmp_path_factory.mktemp("attn")
         return {
@@ -48,7 +50,7 @@ def built(tmp_path_factory):
             for n in SIZES
         }
     finally:
-        flash.CONFIGS = saved
+        flash.CONFIGS, gemm.CONFIGS = saved
 
 
 def _attention(program):
@@ -104,16 +106,21 @@ def test_default_buckets_offer_short_and_long_forms(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def interpreted(built):
+def interpreted(built, request):
+    """name → {sizes: comparisons} at the sizes of the tier ``request.param`` (``SIZE_TIERS``)."""
     from aot.verify.interpret import interpret_in_subprocess
 
+    sizes = tier_sizes(SIZES, request.param)
     names = list(SIZES)
     results = interpret_in_subprocess(
-        [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=HANG_GUARD_S
+        [(built[n][1], built[n][2], sizes[n], None, True) for n in names], timeout=HANG_GUARD_S
     )
+    for name, result in zip(names, results):
+        assert len(result) == len(sizes[name]), f"{name}: {len(result)} sizes checked of {sizes[name]}"
     return dict(zip(names, results))
 
 
+@pytest.mark.parametrize("interpreted", SIZE_TIERS, indirect=True)
 @pytest.mark.parametrize("name", list(SIZES))
 def test_every_attention_candidate_matches_the_library_call(interpreted, built, name):
     program = built[name][0].program

@@ -19,7 +19,7 @@ import pytest
 
 from aot import schema, serde
 from aot.errors import BundleError, EnvError
-from tests.codegen.conftest import failing_candidates
+from tests.codegen.conftest import SIZE_TIERS, failing_candidates, tier_sizes
 from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
@@ -78,13 +78,18 @@ SIZES = {
 
 
 @pytest.fixture(scope="module")
-def interpreted(built):
+def interpreted(built, request):
+    """name → {sizes: comparisons} at the sizes of the tier ``request.param`` (``SIZE_TIERS``), all
+    models in one interpreter process."""
     from aot.verify.interpret import interpret_in_subprocess
 
+    sizes = tier_sizes(SIZES, request.param)
     names = list(SIZES)
     results = interpret_in_subprocess(
-        [(built[n][1], built[n][2], SIZES[n], None, True) for n in names], timeout=HANG_GUARD_S
+        [(built[n][1], built[n][2], sizes[n], None, True) for n in names], timeout=HANG_GUARD_S
     )
+    for name, result in zip(names, results):
+        assert len(result) == len(sizes[name]), f"{name}: {len(result)} sizes checked of {sizes[name]}"
     return dict(zip(names, results))
 
 
@@ -161,6 +166,7 @@ def test_sites_and_epilogues_found(built):
     assert "tl.dot" not in kernels[forms["vec_1x8x512_ln"].steps[-1].target].source
 
 
+@pytest.mark.parametrize("interpreted", SIZE_TIERS, indirect=True)
 @pytest.mark.parametrize("name", list(SIZES))
 def test_every_candidate_matches_its_reference(interpreted, built, name):
     results = interpreted[name]
@@ -173,6 +179,7 @@ def test_every_candidate_matches_its_reference(interpreted, built, name):
         assert not bad, f"{name} at {sizes}: {bad[:3]}"
 
 
+@pytest.mark.parametrize("interpreted", SIZE_TIERS, indirect=True)
 def test_split_k_is_bit_identical_across_runs(interpreted):
     reruns = [c for r in interpreted.values() for cs in r.values() for c in cs if c.name.endswith("/rerun")]
     assert reruns and all(c.ok and c.max_abs_error == 0.0 for c in reruns)
@@ -189,7 +196,7 @@ def test_interpreter_check_can_fail(built, tmp_path):
         kid,
         "acc0 = acc0 + tl.load(b0_ptr",
         "acc0 = 2 * acc0 + tl.load(b0_ptr",
-        {"batch": 16},
+        {"batch": 1},  # one row: every form runs, at the interpreter's least cost
         tmp_path / "bad.tpk",
     )
     assert failed == {f"{site.id}/{site.candidates[0].name}"}
@@ -227,6 +234,7 @@ def test_default_build_takes_no_gemm_path(tmp_path, monkeypatch):
         opened.close()
 
 
+@pytest.mark.slow  # builds models/mlp.py twice, once with every GEMM form compiled
 def test_candidates_bundle_runs_like_the_default_on_cpu(tmp_path):
     """models/mlp.py built with --gemm-candidates: same outputs on the CPU as the default bundle."""
     import torch

@@ -101,6 +101,7 @@ def test_layout_helpers():
     assert empty_ordered([2, 3], (), torch.float16, "cpu").is_contiguous()
 
 
+@pytest.mark.slow  # two builds through the CLI, each in a fresh process
 def test_the_build_command_keeps_row_major_when_asked(tmp_path):
     import subprocess
     import sys

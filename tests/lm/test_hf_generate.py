@@ -160,7 +160,12 @@ def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
 
 
 @pytest.mark.parametrize(
-    "kind", ["gpt2@context", "llama@context", pytest.param("mistral@context", marks=pytest.mark.slow)]
+    "kind",
+    [
+        "gpt2@context",
+        pytest.param("llama@context", marks=pytest.mark.slow),  # a bundle of its own: 16 CPU s
+        pytest.param("mistral@context", marks=pytest.mark.slow),
+    ],
 )
 def test_context_buckets_read_only_the_filled_slots_and_change_no_token(hf_bundles, kind):
     """With context buckets, attention_mask is [batch, context] and every program's attention
