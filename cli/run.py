@@ -64,6 +64,12 @@ _result = PROGRESS.result  # results and warnings: always shown
     help="refuse the bundle if one call may need more activation memory than this, e.g. 2GiB, 512MB",
 )
 @click.option(
+    "--max-flops",
+    type=click.FloatRange(min=1, max=2.0**63, min_open=False),
+    help="refuse a call that would compute more operations than this (counted from each step's "
+    "operand shapes before it runs), e.g. 1e12",
+)
+@click.option(
     "--capture",
     type=click.Choice(["lazy", "all"]),
     default="lazy",
@@ -83,6 +89,7 @@ def load(
     save_outputs: str | None,
     no_graphs: bool,
     max_memory: int | None,
+    max_flops: float | None,
     capture: str,
 ) -> None:
     """Load BUNDLE, run it, time it, and check it against a reference: the eager outputs recorded
@@ -100,6 +107,7 @@ def load(
         device=device,
         capture="none" if no_graphs else capture,
         max_memory=max_memory,
+        max_flops=None if max_flops is None else int(max_flops),
     )
     _info(f"loaded {bundle} on {device} in {time.perf_counter() - start:.2f}s")
     reference, reference_name = None, None

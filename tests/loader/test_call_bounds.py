@@ -105,3 +105,18 @@ def test_a_call_computing_more_than_max_flops_is_refused_before_the_step_runs(tm
     runner(torch.ones(16, 16, 16))
     with pytest.raises(ValueError, match="max_flops must be a positive number of operations, got 0"):
         load(path, max_flops=0)
+
+
+def test_load_takes_max_flops_on_the_command_line(tmp_path, branchy, capsys):
+    """``aotpack load --max-flops`` holds every call to the budget: one ``error:`` line, exit 1."""
+    from aot.cli import main
+
+    base, prog = branchy
+    path = tmp_path / "flops.tpk"
+    path.write_bytes(resigned_program(base, _huge_product(prog, "max(4097 - 256*batch, 1)"), replan=True))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["load", str(path), "--sizes", "batch=1,seq=16", "--max-flops", "1e10", "--iters", "1"])
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 1, err
+    assert err[-1].startswith("error: a call at sizes batch=1, seq=16 would compute more than 2.06e+12"), err
