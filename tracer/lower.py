@@ -45,7 +45,7 @@ from aot.schema import (
     TensorSpec,
 )
 from aot.sympy_text import to_text
-from aot.tracer.sites import value_dependent_size
+from aot.tracer.sites import float_from_sizes, library_relative, value_dependent_size
 
 # Ops that only assert facts about the tracing run; they carry no computation.
 DROPPED_OPS = {
@@ -73,7 +73,7 @@ def op_name(target: Any) -> str:
 def _model_line(node: torch.fx.Node) -> str:
     """``file:line: `` of the model code that made ``node`` (the innermost frame export recorded)."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-    return f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
+    return f"{library_relative(frames[-1][0])}:{frames[-1][1]}: " if frames else ""
 
 
 def symbol_sources(inputs) -> tuple[SymbolSource, ...]:
@@ -229,7 +229,8 @@ class Lowering:
                 return bool(expr)
             return SymBool(to_text(expr, self.names))
         if isinstance(value, torch.SymFloat):
-            raise TraceError(f"symbolic {type(value).__name__} values are not supported in bundles: {value}")
+            where = _model_line(self.node) if self.node is not None else ""
+            raise TraceError(float_from_sizes(where, "an argument", str(value)))
         return value
 
     def spec_of(self, val: Any, what: str) -> TensorSpec:
@@ -322,6 +323,12 @@ class Lowering:
                 if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):  # size arithmetic and
                     # comparisons: folded into the expressions of the arguments that use them
                     continue
+                if isinstance(val, torch.SymFloat):
+                    raise TraceError(
+                        float_from_sizes(
+                            _model_line(node), f"graph node {node.name} ({node.target})", str(val)
+                        )
+                    )
                 raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
             name = op_name(node.target)
             if name in DROPPED_OPS:
