@@ -127,8 +127,12 @@ class Lowering:
         input_names: list[str],
         names: Mapping[sympy.Symbol, str],
         state: frozenset[str] = frozenset(),
+        constant_suffix: str = "",
     ):
         self.ep = ep
+        # tensors the model made in forward (torch.tensor(...)): a program other than the general
+        # one stores those it traced differently under names of its own (see ``aot.tracer.trace``)
+        self.constant_suffix = constant_suffix
         self.names = names
         self.input_names = input_names
         self.state = state
@@ -291,7 +295,7 @@ class Lowering:
                 user_inputs.append(NamedTensor(name, self.spec_of(node.meta["val"], f"input {name}")))
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 tensor = state[spec.target]
-                name = spec.target
+                name = spec.target + (self.constant_suffix if spec.kind == InputKind.CONSTANT_TENSOR else "")
                 if id(tensor) in stored:  # tied weights (lm_head = wte) are stored once
                     self.value_names[node] = stored[id(tensor)]
                     continue
