@@ -165,14 +165,16 @@ def divides(b: Size, a: Size) -> bool:
         return True
     if a == ZERO:
         return True
-    q = sympy.cancel(a / b)
-    num, den = sympy.fraction(q)
-    if den != ONE:
-        return False
-    coeff, _ = sympy.Mul(num).as_coeff_Mul()
-    return bool(coeff.is_Integer) and not any(
-        isinstance(f, sympy.Pow) and f.exp.is_negative for f in sympy.Mul.make_args(num)
-    )
+    # every term of the expanded quotient must be an integer multiple of a monomial: ``cancel``
+    # spreads a numeric denominator over an expanded sum (``(x + 1)*(y + 1) / 16`` comes back as
+    # ``x*y/16 + x/16 + y/16 + 1/16``), whose ``fraction`` has denominator 1
+    for term in sympy.Add.make_args(canon(sympy.cancel(a / b))):
+        coeff, rest = term.as_coeff_Mul()
+        if not coeff.is_Integer or any(
+            isinstance(f, sympy.Pow) and f.exp.is_negative for f in sympy.Mul.make_args(rest)
+        ):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=65536)

@@ -36,6 +36,7 @@ from aot.tracer.sites import (
     display_path,
     error_site,
     first_line,
+    float_from_sizes,
     record_guard_sites,
     value_dependent_size,
 )
@@ -84,6 +85,28 @@ def export_error(e: Exception, spec: ModelSpec) -> TraceError:
     return TraceError(f"{where}cannot export the model{code}: {name}: {first[:300]}; {hint}")
 
 
+def _guard_text(expr, names, frame: traceback.FrameSummary | None, model_path: Path) -> str:
+    """A guard in the grammar of ``aot.symexpr``; one on a float computed from sizes (``h0 / 4 ==
+    1.0`` from an interpolation's scale) fails at the model line that computes it."""
+    import sympy
+    from torch.utils._sympy import functions as tfn
+
+    from aot.sympy_text import to_text
+
+    try:
+        return to_text(expr, names)
+    except TraceError:
+        floats = (tfn.IntTrueDiv, tfn.FloatTrueDiv, tfn.ToFloat, sympy.Float)
+        if not any(isinstance(a, floats) for a in sympy.preorder_traversal(expr)):
+            raise
+    where = f"{display_path(frame.filename, model_path)}:{frame.lineno}: " if frame else ""
+    shown = str(expr)
+    for sym, name in names.items():
+        shown = shown.replace(str(sym), name)
+    code = (frame.line or "").strip() if frame else ""
+    raise TraceError(float_from_sizes(where, "a guard", shown, code)) from None
+
+
 @dataclass(frozen=True)
 class Exported:
     """The result of ``export_model``: enough for guards; ``trace`` goes on to lower it.
@@ -126,7 +149,6 @@ def export_model(
     from torch.export import Dim as TorchDim
     from torch.export import export
 
-    from aot.sympy_text import to_text
     from aot.tracer.guards import RawGuard
 
     start = time.perf_counter()
@@ -196,7 +218,7 @@ def export_model(
             raise value_dependent_size(unnamed[0], where, (frame.line or "").strip() if frame else "")
         raw.append(
             RawGuard(
-                text=to_text(g.expr, names),
+                text=_guard_text(g.expr, names, frame, model_path),
                 symbols=tuple(sorted(names[s] for s in g.expr.free_symbols)),
                 file=display_path(frame.filename, model_path) if frame else "<torch>",
                 line=frame.lineno if frame else 0,

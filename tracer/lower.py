@@ -45,7 +45,7 @@ from aot.schema import (
     TensorSpec,
 )
 from aot.sympy_text import to_text
-from aot.tracer.sites import value_dependent_size
+from aot.tracer.sites import float_from_sizes, library_relative, value_dependent_size
 
 # Ops that only assert facts about the tracing run; they carry no computation.
 DROPPED_OPS = {
@@ -73,7 +73,7 @@ def op_name(target: Any) -> str:
 def _model_line(node: torch.fx.Node) -> str:
     """``file:line: `` of the model code that made ``node`` (the innermost frame export recorded)."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-    return f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
+    return f"{library_relative(frames[-1][0])}:{frames[-1][1]}: " if frames else ""
 
 
 def symbol_sources(inputs) -> tuple[SymbolSource, ...]:
@@ -127,8 +127,12 @@ class Lowering:
         input_names: list[str],
         names: Mapping[sympy.Symbol, str],
         state: frozenset[str] = frozenset(),
+        constant_suffix: str = "",
     ):
         self.ep = ep
+        # tensors the model made in forward (torch.tensor(...)): a program other than the general
+        # one stores those it traced differently under names of its own (see ``aot.tracer.trace``)
+        self.constant_suffix = constant_suffix
         self.names = names
         self.input_names = input_names
         self.state = state
@@ -229,7 +233,8 @@ class Lowering:
                 return bool(expr)
             return SymBool(to_text(expr, self.names))
         if isinstance(value, torch.SymFloat):
-            raise TraceError(f"symbolic {type(value).__name__} values are not supported in bundles: {value}")
+            where = _model_line(self.node) if self.node is not None else ""
+            raise TraceError(float_from_sizes(where, "an argument", str(value)))
         return value
 
     def spec_of(self, val: Any, what: str) -> TensorSpec:
@@ -312,7 +317,7 @@ class Lowering:
                 user_inputs.append(NamedTensor(name, self.spec_of(node.meta["val"], f"input {name}")))
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 tensor = state[spec.target]
-                name = spec.target
+                name = spec.target + (self.constant_suffix if spec.kind == InputKind.CONSTANT_TENSOR else "")
                 if id(tensor) in stored:  # tied weights (lm_head = wte) are stored once
                     self.value_names[node] = stored[id(tensor)]
                     continue
@@ -344,6 +349,10 @@ class Lowering:
             if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):  # size arithmetic and
                 # comparisons: folded into the expressions of the arguments that use them
                 return
+            if isinstance(val, torch.SymFloat):
+                raise TraceError(
+                    float_from_sizes(_model_line(node), f"graph node {node.name} ({node.target})", str(val))
+                )
             raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
         name = op_name(node.target)
         if name in DROPPED_OPS:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aot.errors import SpecError
 from aot.spec import ModelSpec
-from aot.tracer.sites import import_hint, user_frame
+from aot.tracer.sites import import_hint, library_relative, user_frame
 
 
 def load_model_file(path: str | os.PathLike) -> ModelSpec:
@@ -35,7 +35,7 @@ def load_model_file(path: str | os.PathLike) -> ModelSpec:
         raise SpecError(f"{path}: {e}") from None
     except Exception as e:
         frame = user_frame(traceback.extract_tb(e.__traceback__))
-        where = f"{frame.filename}:{frame.lineno}" if frame else str(path)
+        where = f"{library_relative(frame.filename)}:{frame.lineno}" if frame else str(path)
         raise SpecError(
             f"{where}: importing the model file failed: {type(e).__name__}: {e}{import_hint(e)}"
         ) from None

@@ -53,6 +53,19 @@ def value_dependent_size(symbol: str, where: str = "", code: str = "") -> TraceE
     )
 
 
+def float_from_sizes(where: str, what: str, value: str, code: str = "") -> str:
+    """A float computed from sizes (a position-embedding interpolation's scale, ``h0 / n``): a
+    bundle's size expressions are integer arithmetic the loader evaluates on every call."""
+    code = f" ({code})" if code else ""
+    return (
+        f"{where}a float is computed from input sizes{code}: {what} is {value}, and a bundle stores integer "
+        f"size arithmetic only (+ - * // %, comparisons, min/max), not float scalars of sizes; compute what "
+        f"the float is for as an integer size on that line instead (F.interpolate(x, size=(h // p, w // p)) "
+        f"rather than scale_factor=(h / p / n, w / p / n); a * h // b rather than int(h * (a / b))), or make "
+        f"the dims it reads static in the model file"
+    )
+
+
 def import_hint(e: BaseException) -> str:
     """What to do about a known environment problem somewhere in ``e``'s chain."""
     seen = 0
@@ -124,6 +137,16 @@ def error_site(e: BaseException, model_path: Path) -> tuple[str, traceback.Frame
     ``""`` and None when no such frame is on its traceback."""
     frame = user_frame(traceback.extract_tb(e.__traceback__))
     return (f"{display_path(frame.filename, model_path)}:{frame.lineno}: ", frame) if frame else ("", None)
+
+
+def library_relative(filename: str) -> str:
+    """A library file relative to the folder it is installed in (``timm/layers/helpers.py``),
+    any other file as given: an error reads the same on every machine, as guard lines do."""
+    real = os.path.realpath(filename)
+    for root in _library_roots():
+        if real.startswith(root):
+            return os.path.relpath(real, root)
+    return filename
 
 
 def display_path(filename: str, model_path: Path) -> str:

@@ -50,7 +50,7 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
 
 
 def _lower(
-    spec: ModelSpec, exported: Exported, progress=None
+    spec: ModelSpec, exported: Exported, progress=None, constant_suffix: str = ""
 ) -> tuple[Program, dict[str, Any], tuple[Bucket, ...]]:
     """Decompose one export to core ATen, lower it to a ``Program``, and check its padding."""
     import torch
@@ -78,7 +78,9 @@ def _lower(
     # check=True: decomposing can fix a size at its example that export left dynamic (a slice of a
     # buffer by an input's size, traced where the two are equal); the guards would then admit sizes
     # the program cannot run
-    lowering = Lowering(ep, [i.name for i in order], symbol_names(ep, spec, check=True, static=static), state)
+    lowering = Lowering(
+        ep, [i.name for i in order], symbol_names(ep, spec, check=True, static=static), state, constant_suffix
+    )
     program, weight_tensors = lowering.run()
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
@@ -105,12 +107,25 @@ def trace(
 
     exported = export_entry_points(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
     lowered = [_lower(spec, ex, progress) for ex in exported]
-    weight_tensors = lowered[0][1]
-    for (_, w, _), ex in zip(lowered[1:], exported[1:]):
-        if set(w) != set(weight_tensors) or any(not torch.equal(w[k], weight_tensors[k]) for k in w):
+    weight_tensors = dict(lowered[0][1])
+    for k, ex in enumerate(exported[1:], 1):
+        w = lowered[k][1]
+        if _weight_differences(weight_tensors, w, partial=True) and not _weight_differences(
+            weight_tensors, w, _constants(ex), partial=True
+        ):
+            # only tensors made in forward differ (a mask built for another window layout): this
+            # program keeps its own under names of its own, beside the general program's
+            lowered[k] = _lower(spec, ex, progress, constant_suffix=f".program{k}")
+            w = lowered[k][1]
+            weight_tensors.update({n: t for n, t in w.items() if n not in weight_tensors})
+        if differ := _weight_differences(weight_tensors, w, partial=True):
             raise TraceError(
-                f"the program for {ex.name} uses other weights than the general one; aotpack "
-                f"expects every program of a model to share its parameters"
+                f"the program for {ex.name} uses other weights than the general one ({differ}); every program "
+                f"of a bundle shares one set of parameters and buffers (a program may keep only the tensors "
+                f"the model makes in forward, such as torch.tensor(...), under names of its own): build the "
+                f"model once and change no parameter or buffer in forward by the input's size (a window "
+                f"layout chosen from it), or declare Dims that one program covers (the build lists the "
+                f"programs it traced)"
             )
     main = exported[0]
     state = {i.name for i in spec.state_inputs()}
@@ -142,6 +157,39 @@ def trace(
         programs=programs if len(programs) > 1 or spec.entry_points else (),
         reference_noise=noise,
     )
+
+
+def _constants(ex: Exported) -> frozenset[str]:
+    """The names of the tensors ``ex``'s model made in forward (lifted constants, not parameters)."""
+    from torch.export.graph_signature import InputKind
+
+    specs = ex.ep.graph_signature.input_specs
+    return frozenset(s.target for s in specs if s.kind == InputKind.CONSTANT_TENSOR and s.target)
+
+
+def _weight_differences(
+    general: dict[str, Any],
+    other: dict[str, Any],
+    ignore: frozenset[str] = frozenset(),
+    partial: bool = False,
+) -> str:
+    """What differs between two programs' weights, by name (at most three), or "" when nothing;
+    ``ignore``: names not compared; ``partial``: the general set may hold more (other programs')."""
+    import torch
+
+    out = (
+        []
+        if partial
+        else [f"{k} only in the general program" for k in sorted(set(general) - set(other) - ignore)]
+    )
+    out += [f"{k} only in this one" for k in sorted(set(other) - set(general) - ignore)]
+    for k in sorted(set(general) & set(other) - ignore):
+        a, b = general[k], other[k]
+        if a.shape != b.shape:
+            out.append(f"{k} of shape {list(b.shape)}, not {list(a.shape)}")
+        elif a.dtype != b.dtype or not torch.equal(a, b):
+            out.append(f"{k} with other values")
+    return ", ".join(out[:3]) + (f" and {len(out) - 3} more" if len(out) > 3 else "")
 
 
 def _half_precision_noise(spec: ModelSpec, module, examples: dict[str, Any], outputs: list) -> float:

@@ -33,6 +33,18 @@ def test_divides_and_nonneg():
     assert not ix.nonneg(ix.parse_size("24 - seq"))
 
 
+def test_a_number_divides_a_sum_only_when_it_divides_every_term():
+    # the spatial size of a strided convolution's output, (h' + 1)*(w' + 1), is no multiple of its 16
+    # channels: once ``cancel`` spread the 1/16 over the expanded sum, ``divides`` said it was, and a
+    # channels-last squeeze-excite multiply got the index (r // (h'*w'/16 + ...)), which cannot render
+    hw = ix.parse_size("(h//2 + 1)*(w//2 + 1)")
+    assert not ix.divides(ix.parse_size("16"), hw)
+    assert not ix.divides(ix.parse_size("2"), ix.parse_size("h*w + 1"))
+    assert ix.divides(ix.parse_size("16"), ix.canon(16 * hw))
+    assert ix.divides(ix.parse_size("2"), ix.parse_size("2*h*w + 4"))
+    assert ix.divides(ix.parse_size("h//2 + 1"), hw)
+
+
 def test_split_then_join_cancels():
     rows = B * T
     r = ix.atom("r", rows)

@@ -1,6 +1,8 @@
 """Model files a newcomer writes, through ``aotpack build``: the exit code and the one ``error:``
-line for a spec mistake or a model whose shapes depend on tensor values, and a helper module
-beside the model file that imports as it would under ``python model.py``."""
+line for a spec mistake, a model whose shapes depend on tensor values or that computes a float from
+sizes (its line and the integer form to write instead), and a helper module beside the model file
+that imports as it would under ``python model.py``; a library file in an error is named relative to
+its package, as in guard lines."""
 
 from __future__ import annotations
 
@@ -133,3 +135,53 @@ def test_forward_with_star_args_gets_a_spec_error(tmp_path, capsys):
         "forward one parameter per Input (forward(self, a, b)), or wrap the model in a module whose "
         "forward does"
     )
+
+
+@pytest.mark.parametrize(
+    "forward, line",
+    [
+        (  # a DINOv2-style position-embedding interpolation by a scale computed from the image size
+            "return nn.functional.interpolate(x, scale_factor=(x.shape[2] / 4, x.shape[3] / 4), mode='bicubic')",
+            "(return nn.functional.interpolate(x, scale_factor=(x.shape[2] / 4, x.shape[3] / 4), mode='bicubic')): "
+            "a guard is Eq(IntTrueDiv(h, 4), 1.0)",
+        ),
+        ("return x * (x.shape[2] / 4)", ": graph node truediv (<built-in function truediv>) is IntTrueDiv(s"),
+    ],
+    ids=["interpolate-scale", "scale-times-tensor"],
+)
+def test_a_float_computed_from_sizes_names_its_line_and_the_integer_form(tmp_path, capsys, forward, line):
+    code, lines = _build(
+        tmp_path,
+        capsys,
+        f"""
+        class M(nn.Module):
+            def forward(self, x):
+                {forward}
+
+        spec = ModelSpec(module=M, inputs=[Input("x", (1, 2, Dim("h", 2, 16), Dim("w", 2, 16)))])
+        """,
+    )
+    error = _error(lines)
+    assert code == 1 and "model.py:7: a float is computed from input sizes" in error and line in error, error
+    assert (
+        "a bundle stores integer size arithmetic only (+ - * // %, comparisons, min/max), not float scalars of "
+        "sizes; compute what the float is for as an integer size on that line instead (F.interpolate(x, "
+        "size=(h // p, w // p)) rather than scale_factor=(h / p / n, w / p / n)"
+    ) in error
+
+
+def test_errors_at_library_lines_name_the_file_relative_to_its_package():
+    import torch
+    import torch.fx
+
+    from aot.tracer.lower import _model_line
+    from aot.tracer.sites import library_relative
+
+    assert library_relative(torch.nn.functional.__file__) == "torch/nn/functional.py"
+    assert library_relative("/somewhere/model.py") == "/somewhere/model.py"
+    node = torch.fx.Graph().placeholder("x")
+    node.meta["stack_trace"] = (
+        f'  File "/somewhere/model.py", line 3, in forward\n    y = F.gelu(x)\n'
+        f'  File "{torch.nn.functional.__file__}", line 120, in gelu\n    return torch._C.gelu(x)\n'
+    )
+    assert _model_line(node) == "torch/nn/functional.py:120: "
