@@ -64,9 +64,10 @@ def _ints(value: Any) -> list[int] | None:
     return [value] if type(value) is int else None
 
 
-def sizes(arg: str, infer: bool = False, high: int = MAX_SIZE) -> Check:
-    """A size list: every entry 0..high (``-1`` once where ``infer``: view, reshape, expand)."""
-    low = -1 if infer else 0
+def sizes(arg: str, infer: bool = False, high: int = MAX_SIZE, keep: bool = False) -> Check:
+    """A size list: every entry 0..high; ``-1`` once where ``infer`` (view, reshape: the size
+    inferred), anywhere where ``keep`` (expand: that dim keeps its size)."""
+    low = -1 if infer or keep else 0
 
     def test(value: Any) -> str | None:
         values = _ints(value)
@@ -444,7 +445,7 @@ CONTRACTS: dict[str, Contract] = {
     "aten.embedding.default": Contract(
         validated="indices within the table (ATen on the CPU; see aot.loader.values)"
     ),
-    "aten.expand.default": Contract((sizes("size", infer=True),)),
+    "aten.expand.default": Contract((sizes("size", keep=True),)),
     "aten.flip.default": Contract((dims("dims"),)),
     "aten.fmod.Scalar": _INT_DIV,
     "aten.fmod.Tensor": _INT_DIV,

@@ -39,6 +39,20 @@ def test_every_check_names_arguments_of_its_op():
             assert set(check.args) <= params, (name, check.args, params)
 
 
+@pytest.mark.parametrize(
+    "op, size, problem",
+    [
+        ("aten.expand.default", [-1, -1, 4], None),  # expand keeps every -1 dim: x.expand(-1, -1, 4)
+        ("aten.view.default", [-1, -1, 4], "expected at most one -1 (inferred size)"),
+        ("aten.expand.default", [-2, 4], "expected sizes in -1.."),
+    ],
+)
+def test_size_lists_take_minus_one_as_their_op_means_it(op, size, problem):
+    (check,) = CONTRACTS[op].checks
+    got = check.test(size)
+    assert got == problem if problem is None else got.startswith(problem), got
+
+
 def fuzz(ops: list[str]) -> list[dict]:
     r = subprocess.run(
         [sys.executable, "-m", "tests.aot.fuzz_ops_driver", *ops],
