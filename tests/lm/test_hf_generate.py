@@ -135,7 +135,9 @@ def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
 def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
     """Llama's repeat_kv (4 query heads over 2 KV heads) copies the cache every step in eager; the
     decode program's SDPA reads the state itself, its query heads folded into query rows. Prefill
-    (a longer query) keeps the repeat. The tokens equal transformers' (the tests above)."""
+    (a longer query) keeps the repeat. The tokens equal transformers' (the tests above). Decode's
+    attention runs as a kernel of the build's own (``aot.codegen.decode_attention``) whose
+    reference is that SDPA call."""
     _, runner, _ = hf_bundles("llama")
     prefill, decode = runner.program, runner.program.variants[0]
 
@@ -146,7 +148,13 @@ def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
     assert "aten.clone.default" not in ops(decode) and "aten.expand.default" not in ops(decode)
     writes = {s.outputs[0]: s.args[0].name for s in decode.steps if s.target in STATE_WRITE_OPS}
     producer = {o: s for s in decode.steps for o in s.outputs}
-    attention = [s for s in decode.steps if s.target == "aten.scaled_dot_product_attention.default"]
+    # each an SDPA step, or the reference of the decode attention kernel that replaced it
+    attention = [
+        x
+        for s in decode.steps
+        for x in (s, *s.reference)
+        if x.target == "aten.scaled_dot_product_attention.default"
+    ]
     assert len(attention) == 2
     for sdpa in attention:
         read = []
