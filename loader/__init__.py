@@ -8,7 +8,6 @@ the tracer, codegen, packager, triton, sympy, torch._dynamo or torch._inductor.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import threading
@@ -18,7 +17,11 @@ from typing import Any
 
 import torch
 
+from aot import bundle as _bundle
+from aot import memory as _memory
 from aot import schema
+from aot import signature as _signature
+from aot import tuning as _tuning
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.archs import arch_of
 from aot.aten import DTYPES, resolve_op, state_writes_checked
@@ -45,8 +48,13 @@ from aot.signature import trusted_keys
 __all__ = ["Runner", "load", "open_bundle"]
 
 # The torch-free pieces moved to the core (``aot.runtime`` shares them); their old names still import.
-for _name in ("bundle", "memory", "signature", "tuning"):
-    sys.modules[f"{__name__}.{_name}"] = globals()[_name] = importlib.import_module(f"aot.{_name}")
+for _name, _module in (
+    ("bundle", _bundle),
+    ("memory", _memory),
+    ("signature", _signature),
+    ("tuning", _tuning),
+):
+    sys.modules[f"{__name__}.{_name}"] = globals()[_name] = _module
 
 CAPTURE_MODES = ("lazy", "all", "none")
 OUTPUT_MODES = ("copy", "borrow")

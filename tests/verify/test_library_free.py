@@ -269,8 +269,10 @@ def test_which_ops_count_as_cublas():
     def step(target: str, kind: StepKind = StepKind.ATEN) -> Step:
         return Step(kind=kind, target=target, args=(), kwargs={}, outputs=("o",))
 
-    # of what a bundle may call, these four; attention and convolution call other libraries
+    # of what a bundle may call, these five (cdist's euclidean distance is a matrix product on the
+    # GPU); attention and convolution call other libraries
     assert {t for t in ALLOWED_OPS if calls_cublas(step(t))} == {
+        "aten._cdist_forward.default",
         "aten.mm.default",
         "aten.addmm.default",
         "aten._addmm_activation.default",
