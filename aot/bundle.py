@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aot import schema
-from aot.admissible import admissible_text, admits
 from aot.archive import (
     COMPRESSIONS,
     CORRUPT,
@@ -42,6 +41,7 @@ from aot.archive import (
     read_bounded,
     unreadable,
 )
+from aot.buckets import check_buckets
 from aot.errors import BundleError, BundleWarning
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool
 from aot.serde import from_json, upgrade_manifest
@@ -63,7 +63,6 @@ MAX_INFLATION = 200  # uncompressed / compressed ratio beyond which a member is 
 # and hashes at most. GPT-2 small's are 20 kB; a model with a thousand kernels stays under 20 MB.
 MAX_INFLATED_TOTAL = 64 << 20
 MAX_JSON_DEPTH = 64  # nesting of manifest and program JSON; real bundles stay under 12
-MAX_BUCKETS = 1024  # CUDA-graph sizes per symbol
 MAX_STEP_OUTPUTS = 1 << 16  # results of one step (split, unbind): far above any model's widest split
 # Steps of all programs, kernels' reference steps included: each is run (and its arguments
 # evaluated) on every call. GPT-2 small has 395, a 32-layer Llama about 1,500, a 100-layer
@@ -373,29 +372,6 @@ def _expressions(program: Program):
                 yield v.text
 
 
-def _check_buckets(manifest: Manifest, path: Path) -> None:
-    """Bucket sizes are sizes the guards admit, ascending, for distinct known symbols."""
-    guards = {g.name: g for g in manifest.guards.symbols}
-    seen: set[str] = set()
-    for b in manifest.buckets:
-        g = guards.get(b.symbol)
-        if g is None or b.symbol in seen:
-            raise BundleError(
-                f"{path}: bucket for {b.symbol[:40]!r}, which is not a symbol of the guards or repeats"
-            )
-        seen.add(b.symbol)
-        sizes = list(b.sizes)
-        if (
-            not 1 <= len(sizes) <= MAX_BUCKETS
-            or sizes != sorted(set(sizes))
-            or not all(admits(g, v) for v in sizes)
-        ):
-            raise BundleError(
-                f"{path}: buckets of {b.symbol!r} must be 1..{MAX_BUCKETS} ascending sizes its guards "
-                f"admit ({admissible_text(g)}), got {sizes[:8]}"
-            )
-
-
 def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = None) -> Bundle:
     """Open and verify the directory, manifest and members of a bundle (the weights are checked
     when read). It must be signed by one of the ``trusted`` public keys (None: those of
@@ -533,7 +509,7 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: Memb
     absent = [m for m in _REQUIRED if m not in manifest.members]
     if absent:
         raise BundleError(f"{path}: the manifest lists no {absent[0]}; every bundle has one, rebuild it")
-    _check_buckets(manifest, path)
+    check_buckets(manifest.buckets, manifest.guards, str(path))
     listed = set(manifest.members) - ({schema.WEIGHTS_PATH} if manifest.external_weights else set())
     present = set(by_name) - {schema.MANIFEST_PATH, schema.SIGNATURE_PATH}
     if listed != present:
