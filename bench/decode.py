@@ -452,6 +452,9 @@ def build_bundles(
         paths["aotpack-tuned"] = out / f"{stem}-tuned.tpk"
         result = tune(untuned, paths["aotpack-tuned"], repeats=20, entries=("decode",))
         chosen = sum(c.choice != "library" for c in result.table.choices)
+        from aot.verify.tuning_table import tuning_bytes
+
+        (out / f"{stem}-tuning.json").write_bytes(tuning_bytes(result.table))  # every form's time per site
         print(
             f"built {untuned} in {built:.1f}s, tuned decode in {time.perf_counter() - start - built:.1f}s: "
             f"{chosen}/{len(result.table.choices)} site-buckets chose a Triton candidate",

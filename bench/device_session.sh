@@ -31,13 +31,15 @@ for name in ("transformers", "timm", "torchvision", "zstandard", "safetensors", 
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/env.txt" 2>&1
 cat "$RES/env.txt"
-pack() { tar czf "$OUT/results.tgz" -C "$RES" . ; }
+pack() { cp /tmp/bundles/*-tuning.json "$RES/" 2>/dev/null; tar czf "$OUT/results.tgz" -C "$RES" . ; }
 pack
 for item in "$@"; do
   step=${item%%:*}
   limit=${item#*:}; [ "$limit" = "$item" ] && limit=300
   start=$(date +%s)
   case $step in
+    # every GPU test of the repository (tests/gpu, tests/runtime's gpu tests)
+    gpu-all) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu tests/runtime) ;;
     generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py tests/gpu/test_decode_attention_gpu.py) ;;
     # the decode attention kernel at the bench's shapes, and a grouped-query Llama's greedy tokens against the CPU's
     decode-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py -k "llama or decode_attention") ;;
