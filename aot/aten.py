@@ -192,6 +192,10 @@ def state_writes_checked(steps: list[Step] | tuple[Step, ...], state: tuple[str,
     the program does not declare: a bundle writes nothing but its own state."""
     aliases = set(state)
     for i, step in enumerate(steps):
+        if step.in_place:
+            _check_in_place(i, step, aliases, state)
+            aliases.update(step.in_place)
+            continue
         if step.kind != StepKind.ATEN or step.target not in STATE_WRITE_OPS:
             continue
         first = step.args[0] if step.args else None
@@ -204,6 +208,26 @@ def state_writes_checked(steps: list[Step] | tuple[Step, ...], state: tuple[str,
             )
         aliases.update(o for o in step.outputs if o is not None)
     return frozenset(aliases)
+
+
+def _check_in_place(i: int, step: Step, aliases: set[str], state: tuple[str, ...]) -> None:
+    """A kernel step's in-place writes (``Step.in_place``) go into the program's state, through a
+    pointer it is given, one output per buffer: else ``BundleError``."""
+    given = {a.name for a in step.args if isinstance(a, Buf)}
+    targets = list(step.in_place.values())
+    for out, target in step.in_place.items():
+        if step.kind != StepKind.KERNEL or out not in step.outputs or target not in given:
+            raise BundleError(
+                f"step {i} ({step.target[:40]}) claims to write {out[:60]!r} in place into {target[:60]!r}: "
+                "only a kernel step may, into a buffer among its arguments, as one of its outputs; "
+                "rebuild the bundle with a trusted aotpack"
+            )
+        if target not in aliases or targets.count(target) > 1:
+            raise BundleError(
+                f"step {i} (kernel {step.target[:40]}) writes in place into {target[:60]!r}, which is not a "
+                f"state input of the program (state: {sorted(state)[:8]}), or twice; bundles write only "
+                "into their own state: rebuild the bundle with a trusted aotpack"
+            )
 
 
 class ContractChecker:

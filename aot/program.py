@@ -226,7 +226,9 @@ def lifetimes(program: Program) -> list[tuple[str, int, int]]:
         for r in reads:
             last[root.get(r, r)] = i
         for o in step_writes(step):
-            if is_view(step) and reads:
+            if o in step.in_place:  # a kernel's write into a buffer it was given (its state)
+                root[o] = root.get(step.in_place[o], step.in_place[o])
+            elif is_view(step) and reads:
                 root[o] = root.get(reads[0], reads[0])
             else:
                 born[o] = i
@@ -321,6 +323,8 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
     specs = tensor_specs(program)
     out: dict[str, Alias] = {}
     for step in steps:
+        for result, target in step.in_place.items():  # a kernel's write into its state: the state
+            out[result] = out.get(target, Alias(target))
         if step.kind != StepKind.ATEN or not step.args or not isinstance(step.args[0], Buf):
             continue
         src = step.args[0].name

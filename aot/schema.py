@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 8)
+SCHEMA_VERSION = (1, 9)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -193,6 +193,12 @@ class Step:
     kernel's runtime arguments in parameter order (``Buf`` for pointers, ``Sym`` for sizes),
     ``grid`` its launch grid, and ``reference`` the ATen steps it replaces (what the CPU path runs
     and ``aotpack verify`` compares against).
+
+    ``in_place`` (kernel steps only): output → the buffer among ``args`` that the kernel writes in
+    place, which that output then names (no memory of its own). Only a program's state (and what
+    aliases it) may be written so (``aot.aten.state_writes_checked``): a decode attention kernel
+    appends the step's keys and values to its KV cache as the ``index_put_`` steps of its
+    reference do.
     """
 
     kind: StepKind
@@ -202,6 +208,7 @@ class Step:
     outputs: tuple[str | None, ...]
     grid: tuple[str, ...] = ()
     reference: tuple[Step, ...] = ()
+    in_place: dict[str, str] = field(default_factory=dict, metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

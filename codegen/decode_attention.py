@@ -19,7 +19,14 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
   the rows of one tile (padded to 16 for the tensor cores), so every cache element is read once;
   keys and values stream in blocks of up to 256 slots with the softmax computed online in fp32.
   The running maximum starts at a finite floor, so a block whose slots are all masked (left
-  padding) adds nothing rather than NaN.
+  padding) adds nothing rather than NaN;
+- where the cache a site reads is the result of this step's ``index_put_`` of one slot into the
+  program's state (``cache[:, :, pos] = new``, ``pos`` a one-element input, the new keys and
+  values a buffer a kernel wrote or a head view of a projection's rows), and nothing reads that
+  state in between, the kernel also does the write (``Append``): each program stores its row's
+  and KV head's new key and value at slot ``pos`` and uses them from registers at that slot, so
+  the two ``index_put_`` launches of a layer go. The kernel step writes the state in place
+  (``Step.in_place``); its reference holds the writes, the views between and the SDPA step.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import sympy
 
@@ -35,7 +43,7 @@ from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, kernel_id, kernel_record
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
-from aot.program import VIEW_OPS, tensor_specs
+from aot.program import VIEW_OPS, readers_of, step_reads, step_writes, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
 
 SDPA = "aten.scaled_dot_product_attention.default"
@@ -51,6 +59,39 @@ WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 
 NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
 LOG2E = 1.4426950408889634
+
+
+INDEX_PUT = "aten.index_put_.default"  # cache[:, :, pos] = new
+INDEX_COPY = "aten.index_copy_.default"  # cache.index_copy_(2, pos, new)
+POSITION_DTYPES = ("int64", "int32")
+
+
+@dataclass(frozen=True)
+class NewRows:
+    """Where a step's new keys or values are: row b's KV head h at ``b * batch_stride + column +
+    h * head_dim`` of ``base`` (a ``[B, KV, 1, D]`` buffer, or a projection's rows)."""
+
+    base: str
+    batch_stride: int
+    column: int
+
+
+@dataclass(frozen=True)
+class Append:
+    """A site's cache writes folded into its kernel: ``index_put_(state, [None, None, pos], new)``
+    for the keys and the values, steps ``k_write`` and ``v_write``, whose results the SDPA call
+    reads (through views)."""
+
+    k_state: str
+    v_state: str
+    pos: str  # one element: the slot written
+    pos_dtype: str
+    k_new: NewRows
+    v_new: NewRows
+    k_write: int
+    v_write: int
+    k_result: str
+    v_result: str
 
 
 @dataclass(frozen=True)
@@ -74,6 +115,7 @@ class DecodeSite:
     scale: float
     dtype: str
     mask_dtype: str = ""  # the operands' dtype when empty
+    append: Append | None = None
 
 
 class _Program:
@@ -158,6 +200,49 @@ class _Program:
             return None
         return name, kv, context
 
+    def write_of(self, name: str, batch: str, kv: int, head_dim: int, dtype: str, rows: Any) -> tuple | None:
+        """(step, state, pos, new rows) where ``name`` is the result of ``index_put_(state, [None,
+        None, pos], new)`` or ``index_copy_(state, 2, pos, new)``: one slot of a ``[B, KV, C, D]`` state, ``new`` of ``[B, KV, 1, D]``
+        (``rows``: an ``aot.codegen.flash`` finder of head views of a projection's rows)."""
+        i = self.producer.get(name)
+        s = self.steps[i] if i is not None else None
+        if s is None or s.kind != StepKind.ATEN or s.kwargs:
+            return None
+        if s.target == INDEX_PUT and len(s.args) in (3, 4):
+            state, index, new = s.args[:3]
+            if len(s.args) == 4 and s.args[3] is not False:
+                return None  # accumulate=True adds to the slot
+            if not isinstance(index, list) or len(index) != 3 or index[0] is not None or index[1] is not None:
+                return None
+            slot = index[2]
+        elif s.target == INDEX_COPY and len(s.args) == 4 and s.args[1] in (2, -2):
+            state, _, slot, new = s.args
+        else:
+            return None
+        if not (isinstance(state, Buf) and isinstance(new, Buf) and isinstance(slot, Buf)):
+            return None
+        pos = slot.name
+        pos_spec = self.specs.get(pos)
+        if pos_spec is None or pos_spec.shape != ("1",) or pos_spec.dtype not in POSITION_DTYPES:
+            return None
+        if self.shape(state.name) != self.shape(name) or self.specs[state.name].dtype != dtype:
+            return None
+        new_spec = self.specs.get(new.name)
+        if (
+            new_spec is None
+            or new_spec.dtype != dtype
+            or self.shape(new.name) != (batch, str(kv), "1", str(head_dim))
+        ):
+            return None
+        if self.materialized(new.name):
+            at = NewRows(new.name, kv * head_dim, 0)
+        else:
+            found = rows.operand(new.name, dtype)
+            if found is None or found[2] != "1" or found[3] != kv or found[4] != head_dim:
+                return None
+            at = NewRows(found[0].base, found[0].width, found[0].column)
+        return i, state.name, pos, pos_spec.dtype, at
+
     def mask(self, name: str, batch: str, context: int) -> tuple[str, int] | None:
         """(the row-major buffer an additive ``[B or 1, 1, 1, C]`` mask views, its batch stride)."""
         while (s := self.view_step(name)) is not None and s.target in (
@@ -197,8 +282,9 @@ def _sdpa_args(step: Step):
     return q, k, v, m, scale, given.get("enable_gqa", False) is not False
 
 
-def find_decode_sites(program: Program) -> list[DecodeSite]:
-    """The SDPA calls of ``program`` the decode kernel can stand for (see the module docstring)."""
+def find_decode_sites(program: Program, fold_writes: bool = True) -> list[DecodeSite]:
+    """The SDPA calls of ``program`` the decode kernel can stand for (see the module docstring);
+    ``fold_writes``: with the cache writes each could fold in (``DecodeSite.append``)."""
     from aot.codegen.flash import _Finder
 
     p = _Program(program)
@@ -271,6 +357,24 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
                 continue
             mask, mask_stride = found_mask
             mask_dtype = p.specs[m.name].dtype
+        append = None
+        if fold_writes:
+            flash = flash or _Finder(program)
+            kw = p.write_of(kc[0], batch, kc[1], head_dim, dtype, flash)
+            vw = p.write_of(vc[0], batch, kc[1], head_dim, dtype, flash)
+            if kw is not None and vw is not None and kw[2] == vw[2] and kw[1] != vw[1]:
+                append = Append(
+                    k_state=kw[1],
+                    v_state=vw[1],
+                    pos=kw[2],
+                    pos_dtype=kw[3],
+                    k_new=kw[4],
+                    v_new=vw[4],
+                    k_write=kw[0],
+                    v_write=vw[0],
+                    k_result=kc[0],
+                    v_result=vc[0],
+                )
         sites.append(
             DecodeSite(
                 step=i,
@@ -290,6 +394,7 @@ def find_decode_sites(program: Program) -> list[DecodeSite]:
                 head_dim=head_dim,
                 scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
                 dtype=dtype,
+                append=append,
             )
         )
     return sites
@@ -307,9 +412,11 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     num_warps = 8 if bn * bd >= WIDE_TILE else 4
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
-    name = f"decode_attention_g{groups}_d{d}"
+    a = site.append
+    name = f"decode_attention{'_append' if a else ''}_g{groups}_d{d}"
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
+    head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
     body = [
         "pid = tl.program_id(0).to(tl.int64)",
         "b = pid // KV_HEADS",
@@ -323,11 +430,31 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "m_i = tl.full((BLOCK_G,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
         "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
+    ]
+    if a:  # this step's key and value into slot pos; the loop takes them from registers there
+        body += [
+            "pos = tl.load(pos_ptr).to(tl.int64)",
+            "pos = tl.where(pos < 0, pos + CONTEXT, pos)  # as index_put_ counts a negative slot",
+            f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
+            f"vn = tl.load(vn_ptr + b * VN_BATCH + VN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
+            "slot = rd * 0 + pos  # the position per lane: a mask of the block's shape",
+            "put = (rd < HEAD_DIM) & (slot >= 0) & (slot < CONTEXT)  # the loader checks pos; never out of the cache",
+            "tl.store(k_ptr + cache + pos * HEAD_DIM + rd, kn, mask=put)",
+            "tl.store(v_ptr + cache + pos * HEAD_DIM + rd, vn, mask=put)",
+        ]
+    body += [
         "for start in range(0, CONTEXT, BLOCK_N):",
         "    rn = start + tl.arange(0, BLOCK_N)",
         "    valid_n = rn < CONTEXT",
         f"    k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
         f"    v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
+    ]
+    if a:
+        body += [
+            "    k = tl.where((rn == pos)[None, :], kn[:, None], k)",
+            "    v = tl.where((rn == pos)[:, None], vn[None, :], v)",
+        ]
+    body += [
         f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units",
     ]
     bool_mask = site.mask is not None and site.mask_dtype == "bool"
@@ -357,6 +484,15 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         KernelParam("k_ptr", ParamKind.PTR, site.dtype),
         KernelParam("v_ptr", ParamKind.PTR, site.dtype),
         *(
+            [
+                KernelParam("kn_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("vn_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("pos_ptr", ParamKind.PTR, a.pos_dtype),
+            ]
+            if a
+            else []
+        ),
+        *(
             [KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype or site.dtype)]
             if site.mask is not None
             else []
@@ -367,8 +503,11 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     batch = ix.size_text(ix.parse_size(site.batch))
     args = (
         Buf(site.q),
-        Buf(site.k),
-        Buf(site.v),
+        *(
+            (Buf(a.k_state), Buf(a.v_state), Buf(a.k_new.base), Buf(a.v_new.base), Buf(a.pos))
+            if a
+            else (Buf(site.k), Buf(site.v))
+        ),
         *([Buf(site.mask)] if site.mask is not None else []),
         Buf(site.out),
         Sym(batch),
@@ -389,6 +528,13 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "SCALE_LOG2E": repr(site.scale * LOG2E),
         "LOG2E": repr(LOG2E),
     }
+    if a:
+        consts.update(
+            KN_BATCH=a.k_new.batch_stride,
+            KN_COLUMN=a.k_new.column,
+            VN_BATCH=a.v_new.batch_stride,
+            VN_COLUMN=a.v_new.column,
+        )
     grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
     mask_doc = ""
     if site.mask is not None:
@@ -402,10 +548,17 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         + f"B = {batch}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
+    if a:
+        doc[-1:-1] = [
+            f"First writes this step's keys and values (rows at b * {a.k_new.batch_stride} + {a.k_new.column} and "
+            f"b * {a.v_new.batch_stride} + {a.v_new.column}) into slot pos of the cache, in place.",
+        ]
     source = kernel_module(doc, consts, name, signature, body)
     elem = ITEMSIZE[site.dtype]
     rows = ix.parse_size(site.batch)
     traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * d + site.context) * elem
+    if a:
+        traffic += rows * 4 * site.kv_heads * d * elem  # the new keys and values, read and written
     config = {
         "kind": "decode_attention",
         "BLOCK_G": bg,
@@ -421,14 +574,43 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         signature=signature,
         params=tuple(params),
         args=args,
-        outputs=(site.out,),
+        outputs=(site.out, *((a.k_result, a.v_result) if a else ())),
         grid=grid,
         num_warps=num_warps,
         num_stages=NUM_STAGES,
         config=config,
-        ops=(SDPA,),
+        ops=(*((INDEX_PUT,) if a else ()), SDPA),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
     )
+
+
+def folded_steps(program: Program, site: DecodeSite) -> tuple[int, ...] | None:
+    """The steps the kernel of ``site`` stands for beside the SDPA step, where it folds in the
+    cache writes (``site.append``): the two writes and the views of their results that only lead
+    to the SDPA call; None where another step between the writes and the SDPA step reads the
+    state or what was written (moving the writes to the SDPA step would change what it reads)."""
+    a = site.append
+    if a is None:
+        return None
+    folded = {a.k_write, a.v_write}
+    written = {a.k_result, a.v_result}
+    for i in range(min(folded), site.step):
+        if i in folded:
+            continue
+        step = program.steps[i]
+        reads = set(step_reads(step))
+        if reads & {a.k_state, a.v_state}:
+            return None
+        if reads & written:
+            if step.kind != StepKind.ATEN or step.target not in VIEW_OPS:
+                return None
+            folded.add(i)
+            written.update(step_writes(step))
+    readers = readers_of(program.steps)
+    for name in written - {a.k_result, a.v_result}:  # the folded views: read by nothing else
+        if name in program.outputs or any(r not in folded and r != site.step for r in readers.get(name, ())):
+            return None
+    return tuple(sorted(folded))
 
 
 def decode_attention_kernels(
@@ -442,6 +624,8 @@ def decode_attention_kernels(
     sites = find_decode_sites(program)
     if not sites:
         return program, {}
+    folds = [folded_steps(program, site) for site in sites]
+    sites = [site if fold is not None else replace(site, append=None) for site, fold in zip(sites, folds)]
     rendered = [render_decode_attention(s) for s in sites]
     ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
     todo = dict(zip(ids, rendered))
@@ -454,9 +638,19 @@ def decode_attention_kernels(
         for kid, r in todo.items()
         if kid not in failed and kid not in existing
     }
-    at = {s.step: (kid, r) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
-    steps = list(program.steps)
-    for i, (kid, r) in at.items():
+    at = {
+        s.step: (s, fold, kid, r) for s, fold, kid, r in zip(sites, folds, ids, rendered) if kid not in failed
+    }
+    steps: list[Step | None] = list(program.steps)
+    appended = 0
+    for i, (site, fold, kid, r) in at.items():
+        a = site.append
+        reference = (program.steps[i],)
+        if a is not None:
+            reference = (*(program.steps[j] for j in fold), program.steps[i])
+            for j in fold:
+                steps[j] = None
+            appended += 1
         steps[i] = Step(
             kind=StepKind.KERNEL,
             target=kid,
@@ -464,9 +658,14 @@ def decode_attention_kernels(
             kwargs={},
             outputs=r.outputs,
             grid=r.grid,
-            reference=(program.steps[i],),
+            reference=reference,
+            in_place={a.k_result: a.k_state, a.v_result: a.v_state} if a is not None else {},
         )
     if at:
-        say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels")
+        also = (
+            f", {appended} of them writing the step's keys and values into the cache too" if appended else ""
+        )
+        say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels{also}")
     cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
-    return replace(program, steps=tuple(steps), kernels=program.kernels + tuple(records.values())), cubins
+    kept = tuple(step for step in steps if step is not None)
+    return replace(program, steps=kept, kernels=program.kernels + tuple(records.values())), cubins

@@ -136,7 +136,7 @@ def check_driver(cuda_built: str, driver: int) -> None:
 class KernelCall:
     """One prepared kernel step: function, parameter getters, grid, output allocations."""
 
-    __slots__ = ("fn", "params", "grid", "allocs", "outputs", "name", "scratch")
+    __slots__ = ("fn", "params", "grid", "allocs", "outputs", "name", "scratch", "in_place")
 
     def __init__(
         self,
@@ -154,6 +154,9 @@ class KernelCall:
             )
         self.fn = fn
         self.name = kernel.name
+        # outputs the kernel writes in place into a buffer it is given (its state): no memory of their own
+        self.in_place = tuple(step.in_place.items())
+        written = set(step.in_place.values())
         self.params: list[tuple[str, Any]] = []
         for param, arg in zip(kernel.params, step.args):
             if param.kind == ParamKind.PTR:
@@ -161,7 +164,7 @@ class KernelCall:
                     raise BundleError(f"kernel {kernel.id}: pointer parameter {param.name} needs a buffer")
                 spec = specs.get(arg.name)
                 order = check_order(spec.order, len(spec.shape), f"buffer {arg.name!r}") if spec else ()
-                self.params.append(("ptr", (arg.name, order)))
+                self.params.append(("ptr" if arg.name not in written else "state", (arg.name, order)))
             else:
                 if not isinstance(arg, Sym):
                     raise BundleError(
@@ -175,6 +178,8 @@ class KernelCall:
         self.outputs = tuple(step.outputs)
         self.allocs = []
         for name in self.outputs:
+            if name in step.in_place:
+                continue
             spec = program.buffers.get(name)
             if spec is None or spec.dtype not in DTYPES:
                 raise BundleError(f"kernel {kernel.id}: output {name!r} has no buffer spec")
@@ -195,8 +200,19 @@ class KernelCall:
                 elif t.data_ptr() % ALIGNMENT:
                     t = env[name] = t.clone(memory_format=torch.preserve_format)
                 values.append(("ptr", t.data_ptr()))
+            elif kind == "state":  # written in place: a copy would lose the write
+                name, order = what
+                t = env[name]
+                if not has_order(t, order) or t.data_ptr() % ALIGNMENT:
+                    raise BundleError(
+                        f"kernel {self.name} writes into {name!r} in place, which is not laid out as it "
+                        f"indexes it (shape {tuple(t.shape)}, strides {t.stride()})"
+                    )
+                values.append(("ptr", t.data_ptr()))
             else:
                 values.append((kind, what(sizes)))
+        for out, target in self.in_place:
+            env[out] = env[target]
         values.extend([("ptr", 0)] * self.scratch)
         grid = (self.grid[0](sizes), self.grid[1](sizes), self.grid[2](sizes))
         if min(grid) <= 0:

@@ -18,6 +18,7 @@ import torch
 from aot.errors import BundleError, EnvError, GuardError
 from aot.manifest_text import static_size
 from aot.memory import largest_sizes
+from aot.program import reference_steps
 from aot.schema import Buf, Guards, Program
 
 
@@ -88,7 +89,7 @@ class State:
         assert that ends the process) or, negative, wrap around to another slot on any device."""
         callers = {i.name for i in program.inputs} - set(program.state)
         bounds: dict[tuple[str, str], int] = {}
-        for step in program.steps:
+        for step in reference_steps(program):  # a write a kernel folded in is in its reference
             if step.target == "aten.index_put_.default" and len(step.args) >= 2:
                 target, indices = step.args[0], list(enumerate(step.args[1] or ()))
             elif step.target == "aten.index_copy_.default" and len(step.args) >= 3:

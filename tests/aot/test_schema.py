@@ -34,6 +34,9 @@ PINNED = {
     # which dynamic dims keep their rows independent, so a server may join requests along them
     # (SymbolGuard.rows_independent, rows_check; omitted when empty)
     (1, 8): "ade8c0b07d9fab2587d55fa9eca037a36ab018d9740263a88e9c4b36f67232da",
+    # a kernel step's outputs written in place into the program's state (Step.in_place: a decode
+    # attention kernel appending to its KV cache; omitted when empty)
+    (1, 9): "f30a0d159f08d81b7b679bf567654bf9a218c2edecda45a4d1bdceabb1b8d2a3",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

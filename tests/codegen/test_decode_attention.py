@@ -16,26 +16,31 @@ import pytest
 from tests.codegen.conftest import interpreted_json
 
 # (name, dtype, batch, heads, kv_heads, head_dim, context, q rows from a projection, shared mask,
-#  boolean mask)
+#  boolean mask, the slot this step appends to the cache (None: no append))
 CASES = [
-    ("gqa_fp32", "float32", 2, 8, 2, 64, 40, False, False, False),
-    ("mha_projection_fp32", "float32", 2, 3, 3, 32, 20, True, True, False),
-    ("gqa_fp16", "float16", 1, 4, 1, 64, 300, False, False, False),
-    ("gqa_projection_bool_mask_fp32", "float32", 3, 4, 2, 8, 32, True, False, True),
+    ("gqa_fp32", "float32", 2, 8, 2, 64, 40, False, False, False, None),
+    ("mha_projection_fp32", "float32", 2, 3, 3, 32, 20, True, True, False, None),
+    ("gqa_fp16", "float16", 1, 4, 1, 64, 300, False, False, False, None),
+    ("gqa_projection_bool_mask_fp32", "float32", 3, 4, 2, 8, 32, True, False, True, None),
+    # the cache write folded in: new keys and values from a projection's rows, a slot past the
+    # first block, the last slot (as a negative index), a head dim that pads its block
+    ("append_gqa_fp32", "float32", 2, 8, 2, 64, 40, True, False, False, 33),
+    ("append_mha_fp16_last", "float16", 1, 4, 4, 24, 300, True, True, False, -1),
+    ("append_bool_mask_fp32", "float32", 3, 4, 2, 8, 32, False, False, True, 0),
 ]
 
 SCRIPT = r"""
 import importlib.util, json, math, sys, tempfile
 import torch
-from aot.codegen.decode_attention import DecodeSite, render_decode_attention
+from aot.codegen.decode_attention import Append, DecodeSite, NewRows, render_decode_attention
 
 cases = json.loads(sys.argv[1]) if len(sys.argv) > 1 else CASES
 out = {}
-for name, dtype, B, H, KV, D, C, projection, shared, boolean in cases:
+for name, dtype, B, H, KV, D, C, projection, shared, boolean, slot in cases:
     torch.manual_seed(hash(name) % 1000)
     dt = getattr(torch, dtype)
-    width = 3 * H * D if projection else H * D
-    column = H * D if projection else 0
+    width = (H + 2 * KV) * D if projection else H * D  # a fused projection: q, then k, then v
+    column = 0
     rows = torch.randn(B, width, dtype=dt)
     q = rows[:, column : column + H * D].reshape(B, H, 1, D)
     k = torch.randn(B, KV, C, D, dtype=dt)
@@ -44,12 +49,30 @@ for name, dtype, B, H, KV, D, C, projection, shared, boolean in cases:
     keep[:, C // 2 + 1 :] = False  # slots after the query's
     if not shared:
         keep[-1, : min(C // 3, 70)] = False  # left padding: a whole first block masked on one row
+    append, new = None, ()
+    if slot is not None:
+        keep[:, slot] = True  # the new token attends to itself
+        if projection:  # the new keys and values: head views of the projection's rows
+            kn_rows, vn_rows = rows, rows
+            k_at, v_at = NewRows("rows", width, H * D), NewRows("rows", width, (H + KV) * D)
+        else:  # buffers of their own, [B, KV, 1, D]
+            kn_rows, vn_rows = torch.randn(B, KV * D, dtype=dt), torch.randn(B, KV * D, dtype=dt)
+            k_at, v_at = NewRows("kn", KV * D, 0), NewRows("vn", KV * D, 0)
+        kn = kn_rows[:, k_at.column : k_at.column + KV * D].reshape(B, KV, D)
+        vn = vn_rows[:, v_at.column : v_at.column + KV * D].reshape(B, KV, D)
+        k_before, v_before = k.clone(), v.clone()
+        pos = torch.tensor([slot], dtype=torch.int64)
+        append = Append(
+            k_state="k", v_state="v", pos="pos", pos_dtype="int64", k_new=k_at, v_new=v_at,
+            k_write=0, v_write=1, k_result="kr", v_result="vr",
+        )
+        new = (kn_rows, vn_rows, pos)
     mask = keep if boolean else torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
     site = DecodeSite(
         step=0, q="q", q_batch_stride=width, q_column=column, k="k", v="v", mask="m",
         mask_batch_stride=0 if shared else C, out="o", batch=str(B), heads=H, kv_heads=KV,
         context=C, head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype,
-        mask_dtype="bool" if boolean else dtype,
+        mask_dtype="bool" if boolean else dtype, append=append,
     )
     r = render_decode_attention(site)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
@@ -58,21 +81,28 @@ for name, dtype, B, H, KV, D, C, projection, shared, boolean in cases:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     o = torch.full((B, H, 1, D), float("nan"), dtype=dt)
-    getattr(module, r.name)[(B * KV,)](rows, k, v, mask.contiguous(), o, B, num_warps=r.num_warps)
+    getattr(module, r.name)[(B * KV,)](rows, k, v, *new, mask.contiguous(), o, B, num_warps=r.num_warps)
+    written_ok = True
+    if slot is not None:  # the kernel wrote the slot, and nothing else, as index_put_ does
+        k_before[:, :, slot], v_before[:, :, slot] = kn, vn
+        written_ok = bool(torch.equal(k, k_before) and torch.equal(v, v_before))
     G = H // KV
     kk = k.double().repeat_interleave(G, 1)
     vv = v.double().repeat_interleave(G, 1)
     m4 = mask[:, None, None, :] if boolean else mask.double()[:, None, None, :]
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, attn_mask=m4)
     err = (o.double() - ref).abs()
-    out[name] = {"max_err": float(err.max()), "ref_max": float(ref.abs().max()), "nan": bool(o.isnan().any())}
+    out[name] = {
+        "max_err": float(err.max()), "ref_max": float(ref.abs().max()), "nan": bool(o.isnan().any()),
+        "written": written_ok,
+    }
 print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    script = SCRIPT.replace("CASES", json.dumps(CASES).replace("false", "False").replace("true", "True"))
+    script = SCRIPT.replace("CASES", repr(CASES))
     return interpreted_json(script)
 
 
@@ -81,6 +111,7 @@ def test_decode_attention_matches_sdpa(interpreted, case):
     name, dtype = case[0], case[1]
     got = interpreted[name]
     assert not got["nan"], f"{name}: unwritten or NaN outputs"
+    assert got["written"], f"{name}: the cache differs from index_put_'s (the new slot, or another)"
     tol = 1e-4 if dtype == "float32" else 2e-2  # float16
     assert got["max_err"] <= tol * (1 + got["ref_max"]), got
 

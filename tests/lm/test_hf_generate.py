@@ -104,7 +104,8 @@ def test_cache_writes_run_in_place_in_both_entry_points(hf_bundles, kind):
     _, runner, _ = hf_bundles(kind)
     assert runner.entry_points == ("prefill", "decode")
     for program in (runner.program, *runner.program.variants):
-        writes = [s for s in program.steps if s.target in STATE_WRITE_OPS]
+        # a step of its own, or in the reference of the decode attention kernel that does the write
+        writes = [x for s in program.steps for x in (s, *s.reference) if x.target in STATE_WRITE_OPS]
         assert len(writes) == len(program.state) == 2 * 2  # key and value, 2 layers
         assert sorted(s.args[0].name for s in writes) == sorted(program.state)
         assert "aten.copy_.default" not in {s.target for s in writes}
@@ -146,8 +147,16 @@ def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
 
     assert "aten.clone.default" in ops(prefill)
     assert "aten.clone.default" not in ops(decode) and "aten.expand.default" not in ops(decode)
-    writes = {s.outputs[0]: s.args[0].name for s in decode.steps if s.target in STATE_WRITE_OPS}
-    producer = {o: s for s in decode.steps for o in s.outputs}
+    # the cache writes: steps of their own, or folded into the decode attention kernel (its reference)
+    every = [x for s in decode.steps for x in (s, *s.reference)]
+    writes = {s.outputs[0]: s.args[0].name for s in every if s.target in STATE_WRITE_OPS}
+    producer = {o: s for s in every for o in s.outputs}
+    folded = [s for s in decode.steps if s.in_place]
+    assert len(folded) == 2 and all(set(s.in_place.values()) <= set(decode.state) for s in folded)
+    assert not any(s.target in STATE_WRITE_OPS for s in decode.steps)  # no index_put_ launch left
+    # the slot the kernel writes is checked against the cache before every call, as index_put_'s was
+    (entry,) = [e for e in runner._entries if e.program is decode]
+    assert {(name, slots) for name, _, slots in entry.index_bounds} == {("cache_position", MAX_CONTEXT)}
     # each an SDPA step, or the reference of the decode attention kernel that replaced it
     attention = [
         x

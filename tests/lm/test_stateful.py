@@ -302,6 +302,43 @@ def test_a_state_write_into_anything_but_state_is_refused_at_load(tmp_path, tiny
         aot.loader.load(path)
 
 
+def test_a_kernel_writing_in_place_into_anything_but_state_is_refused_at_load(tmp_path, tiny_lm):
+    """``Step.in_place`` (a decode attention kernel appending to its KV cache) names a buffer the
+    kernel writes through a pointer it is given: only the program's state may be, only by a
+    kernel step, each buffer once."""
+    import aot.loader
+
+    data = tiny_lm.read_bytes()
+    prog = program_json(read_entries(data))
+    kernel_at = next(i for i, s in enumerate(prog["steps"]) if s["kind"] == "kernel")
+    kernel = prog["steps"][kernel_at]
+    given = [a["buf"] for a in kernel["args"] if isinstance(a, dict) and "buf" in a]
+    weights = {w["name"] for w in prog["weights"]}
+    cases = [
+        # a kernel step writing a weight (or a caller's input) it reads
+        (kernel_at, {kernel["outputs"][0]: next(g for g in given if g in weights)}, "which is not a state input"),
+        # a buffer the kernel is not given
+        (kernel_at, {kernel["outputs"][0]: prog["state"][0]}, "only a kernel step may"),
+        # an ATen step claiming a write in place
+        (
+            next(i for i, s in enumerate(prog["steps"]) if s["kind"] == "aten" and s["args"]),
+            None,
+            "only a kernel step may",
+        ),
+    ]
+    for n, (at, in_place, message) in enumerate(cases):
+        hostile = json.loads(json.dumps(prog))
+        step = hostile["steps"][at]
+        if in_place is None:
+            first = step["args"][0]["buf"] if isinstance(step["args"][0], dict) else prog["state"][0]
+            in_place = {step["outputs"][0]: first}
+        step["in_place"] = in_place
+        path = tmp_path / f"in_place_{n}.tpk"
+        path.write_bytes(resigned_program(data, hostile))
+        with pytest.raises(BundleError, match=message):
+            aot.loader.load(path)
+
+
 def test_state_counts_against_max_memory(tiny_lm):
     import aot.errors
     import aot.loader
