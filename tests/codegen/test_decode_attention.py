@@ -9,8 +9,6 @@ is checked on the GPU only (``tests/gpu/test_decode_attention_gpu.py``): Triton'
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.codegen.conftest import interpreted_json

@@ -316,7 +316,11 @@ def test_a_kernel_writing_in_place_into_anything_but_state_is_refused_at_load(tm
     weights = {w["name"] for w in prog["weights"]}
     cases = [
         # a kernel step writing a weight (or a caller's input) it reads
-        (kernel_at, {kernel["outputs"][0]: next(g for g in given if g in weights)}, "which is not a state input"),
+        (
+            kernel_at,
+            {kernel["outputs"][0]: next(g for g in given if g in weights)},
+            "which is not a state input",
+        ),
         # a buffer the kernel is not given
         (kernel_at, {kernel["outputs"][0]: prog["state"][0]}, "only a kernel step may"),
         # an ATen step claiming a write in place
