@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aot.archs import parse_arch
-from aot.schema import TORCH_MIN, Bucket, BuildStats, Environment, Guards, Program
+from aot.schema import TORCH_MIN, Bucket, BuildStats, Environment, Guards, Program, TuningTable
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 
@@ -106,6 +106,9 @@ class Compiled:
     # arch -> CUDA release of the ptxas that compiled its cubins (empty without kernels)
     cuda_versions: Mapping[str, str] = field(default_factory=dict)
     stats: BuildStats = BuildStats()
+    # the build's own tuning table (``aot.codegen.gemm_defaults``: forms a GPU of its arch runs
+    # without a tune), written as the bundle's tuning member; None: none
+    tuning: TuningTable | None = None
 
 
 def environment(

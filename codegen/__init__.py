@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from aot.archs import parse_arch
+from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_form, default_table
 from aot.errors import CodegenError, counted
 from aot.schema import BuildStats, Program, StepKind
 from aot.stages import DEFAULT_ARCHS, BuildOptions, Compiled, Traced
@@ -109,8 +110,8 @@ def generate(
     )
     say = progress or (lambda msg: None)
     if traced.programs:
-        return _generate_programs(traced, options, say)
-    if not options.fuse:
+        compiled = _generate_programs(traced, options, say)
+    elif not options.fuse:
         program = traced.program
         return Compiled(
             traced=traced,
@@ -118,7 +119,18 @@ def generate(
             archs=options.archs,
             stats=BuildStats(programs=1 + len(program.variants)),
         )
-    return _generate_one(traced, options, say)
+    else:
+        compiled = _generate_one(traced, options, say)
+    if options.gemm_candidates or options.library_free:
+        return compiled
+    table = default_table((compiled.program, *compiled.program.variants))
+    if table is not None:
+        sites = len({(c.program, c.site) for c in table.choices})
+        say(
+            f"  {counted(sites, 'one-row GEMM site')} run Triton GEMV forms on {DEFAULT_ARCH} GPUs by default "
+            f"(a built-in tuning table; `aotpack tune` measures yours)"
+        )
+    return replace(compiled, tuning=table)
 
 
 def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], None]) -> Compiled:
@@ -163,6 +175,19 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             say,
         )
         cubins.update(small_cubins)
+    if not options.gemm_candidates and DEFAULT_ARCH in archs:  # the built-in table's forms
+        from aot.codegen.gemm import add_gemm_alternatives
+
+        new_program, default_cubins, _ = add_gemm_alternatives(
+            new_program,
+            traced.buckets,
+            ranges,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "default GEMV kernel")[:2],
+            say,
+            pick=lambda site: default_form(1, site.k, site.dtype),
+        )
+        cubins.update(default_cubins)
     steps, n_default_kernels = new_program.steps, len(new_program.kernels)
     if options.gemm_candidates:
         from aot.codegen.gemm import add_gemm_alternatives
@@ -338,19 +363,10 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
     for tp in traced.programs:
         say(f"  program {tp.name}:")
         single = replace(traced, program=tp.program, guards=tp.guards, buckets=tp.buckets, programs=())
-        parts.append(
-            generate(
-                single,
-                options.archs,
-                say,
-                options.fuse,
-                options.gemm_candidates,
-                options.stack_siblings,
-                options.channels_last,
-                options.decode_attention,
-                options.library_free,
-            )
-        )
+        if options.fuse:
+            parts.append(_generate_one(single, options, say))
+        else:
+            parts.append(Compiled(traced=single, program=single.program, archs=options.archs))
     main = parts[0]
     shapes = {k: tuple(v.shape) for k, v in main.traced.weights.items()}
     for tp, part in zip(traced.programs[1:], parts[1:]):

@@ -79,22 +79,31 @@ def add_gemm_alternatives(
     archs: tuple[str, ...],
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
+    pick: Callable[[Site], str | None] | None = None,
 ) -> tuple[Program, dict[tuple[str, str], bytes], int]:
     """``program`` with ``alternatives`` (and the candidates' kernels and workspaces) added.
 
     ``compile_kernels([(kernel id, rendered)])`` → (``{(id, arch): Result}``, ``{id: why}`` for
-    those that failed); a candidate with a kernel that failed is left out."""
+    those that failed); a candidate with a kernel that failed is left out. ``pick``: only the one
+    form it names per GEMM site (None: none there), and no attention sites (the default build's
+    forms, ``aot.codegen.gemm_defaults``)."""
     known = {t.name: t.spec for t in program.inputs + program.weights}
     sites = find_sites(program)
     sizes = bucket_sizes(program, buckets)
     pending = []  # (site, cfg, rendered kernels, ids, extra buffers, buckets)
     for site in sites:
+        chosen = pick(site) if pick is not None else None
+        if pick is not None and chosen is None:
+            continue
+        configs = tuple(c for c in CONFIGS if c.name == chosen) if chosen else None
         try:
-            forms = render_candidates(site, program.buffers, known, ranges)
+            forms = render_candidates(site, program.buffers, known, ranges, configs)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
             say(f"  GEMM {site.id} has no candidate: {e}")
             continue
         for cfg, kernels, extra, pre in forms:
+            if chosen and cfg.name != chosen:
+                continue  # a LayerNorm prologue's second form
             fit = candidate_buckets(site, cfg, sizes)
             if sizes and not fit:
                 continue
@@ -102,7 +111,9 @@ def add_gemm_alternatives(
             pending.append((site, cfg.name, kernels, ids, extra, fit, pre))
 
     taken = {i for site in sites for i in site.library}
-    attention = [a for a in find_attention_sites(program) if not taken & set(a.library)]
+    attention = (
+        [a for a in find_attention_sites(program) if not taken & set(a.library)] if pick is None else []
+    )
     for site in attention:
         for cfg, kernel in render_attention(site, ranges):
             fit = attention_buckets(site, cfg, sizes)
@@ -157,11 +168,12 @@ def add_gemm_alternatives(
     )
     n = sum(len(s.candidates) for s in alternatives)
     n_attn = sum(s.id.startswith("attn_") for s in alternatives)
-    say(
-        f"  GEMM and attention candidates: {n} for {len(alternatives) - n_attn} GEMM and {n_attn} "
-        f"attention sites, {len(kernels_out)} kernels "
-        f"(the library steps stay the default; `aotpack tune` picks on the GPU)"
-    )
+    if pick is None:  # the default forms say what they do where the table is made
+        say(
+            f"  GEMM and attention candidates: {n} for {len(alternatives) - n_attn} GEMM and {n_attn} "
+            f"attention sites, {len(kernels_out)} kernels "
+            f"(the library steps stay the default; `aotpack tune` picks on the GPU)"
+        )
     return new, cubins, len(alternatives)
 
 

@@ -70,6 +70,8 @@ def build_members(compiled: Compiled) -> dict[str, bytes]:
             members[schema.KERNEL_CUBIN_FORMAT.format(kernel=kernel.id, arch=arch)] = compiled.cubins[
                 (kernel.id, arch)
             ]
+    if compiled.tuning is not None:  # the build's built-in table (aot.codegen.gemm_defaults)
+        members[schema.TUNING_PATH] = serde.canonical_json(compiled.tuning)
     return members
 
 

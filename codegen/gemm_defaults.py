@@ -1,0 +1,70 @@
+"""The GEMM forms a default build runs without ``aotpack tune``: a built-in tuning table.
+
+A decode step multiplies one row by every weight matrix: a GEMV, which cuBLAS runs below the
+memory bandwidth that a dot-free Triton form reaches (``aot.codegen.gemm_forms``: ``vec_*``, each
+block streaming whole rows of W). ``aotpack tune`` finds that on the GPU; a default build cannot
+time anything, so it takes the forms tune took where the measurements agree:
+
+- on an H200 (sm_90, bfloat16, Llama-3.2-1B's decode step at batch 1; ``aotpack tune --entry
+  decode``, ``bench/results/decode/llama-3.2-1b-tuning-h200-2026-11-28.json``), µs per GEMM alone
+  (library → form): q/k/v 2048 → 3072 7.9 → 7.5 (``vec_1x4x1024``), o 2048 → 2048 7.2 → 6.2
+  (``vec_1x4x1024``), down 8192 → 2048 17.9 → 17.3 (``vec_1x8x512``), the LM head 2048 → 128256
+  133 → 126 (``vec_1x4x1024``), gate/up 2048 → 16384 24.5 either way; the whole decode step with
+  the forms 1027 µs against 1146 with the library (kernels launched early under programmatic
+  dependent launch, which cuBLAS does not do);
+- on the same GPU, tune chose ``vec_*`` or their split-K forms at every one-row site of the
+  example GPT and MLP (fp16, K 768-3072).
+
+So: a half-precision GEMM site at a bucket of one row runs ``vec_1x8x512`` where K is at least
+``LONG_K`` and ``vec_1x4x1024`` below it; every other site and bucket keeps the library. The
+table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a GPU of its
+arch), and only those forms are compiled, so a build takes a few kernels more, not the whole
+candidate set. ``aotpack tune`` on the user's GPU replaces the table (with ``--gemm-candidates``
+builds it searches every form).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aot.schema import Program, TuningChoice, TuningTable
+from aot.tuning import GEMM_SITE, TUNING_FORMAT
+
+DEFAULT_ARCH = "sm_90"
+DEVICE = "built-in table (aotpack's measurements on an NVIDIA H200)"
+HALF = ("float16", "bfloat16")
+LONG_K = 4096  # from here on, blocks of 8 rows x 512 columns of W (fewer, longer loads per row)
+
+
+def default_form(rows: int, k: int, dtype: str) -> str | None:
+    """The form a default build runs a GEMM of ``rows`` x ``k`` in ``dtype`` with on
+    ``DEFAULT_ARCH``; None: the library."""
+    if rows != 1 or dtype not in HALF:
+        return None
+    return "vec_1x8x512" if k >= LONG_K else "vec_1x4x1024"
+
+
+FORMS = ("vec_1x4x1024", "vec_1x8x512")  # every form ``default_form`` names
+
+
+def default_table(programs: Sequence[Program]) -> TuningTable | None:
+    """The built-in table of ``programs`` (a bundle's program and its variants, built with only
+    the default forms as candidates): each GEMM site's form at every bucket it was compiled for;
+    None where no site has one."""
+    choices = [
+        TuningChoice(program=index, site=site.id, sizes=dict(sizes), choice=cand.name, times_us={})
+        for index, program in enumerate(programs)
+        for site in program.alternatives
+        if site.id.startswith(GEMM_SITE)
+        for cand in site.candidates
+        for sizes in cand.buckets
+    ]
+    if not choices:
+        return None
+    return TuningTable(
+        format=TUNING_FORMAT,
+        arch=DEFAULT_ARCH,
+        device=DEVICE,
+        min_gain=0.0,
+        choices=tuple(sorted(choices, key=lambda c: (c.program, c.site, sorted(c.sizes.items())))),
+    )
