@@ -25,17 +25,21 @@ SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("append", [False, True], ids=["read", "append"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}-b{s[1]}-h{s[2]}-kv{s[3]}-c{s[5]}" for s in SHAPES])
-def test_decode_attention_matches_sdpa_on_gpu(shape, tmp_path):
+def test_decode_attention_matches_sdpa_on_gpu(shape, append, tmp_path):
+    """``append``: the kernel also writes this step's key and value (from the projection's rows,
+    as GPT-2's fused QKV and a Llama's stacked q/k/v hold them) into a slot of the cache first,
+    exactly as ``index_put_`` does, and attends over the cache with them."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from aot.codegen.decode_attention import DecodeSite, render_decode_attention
+    from aot.codegen.decode_attention import Append, DecodeSite, NewRows, render_decode_attention
 
     dtype, B, H, KV, D, C, projection = shape
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
-    width = 3 * H * D if projection else H * D
-    column = H * D if projection else 0
+    width = (H + 2 * KV) * D if projection or append else H * D  # q, then k, then v
+    column = 0
     rows = torch.randn(B, width, dtype=dt, device="cuda")
     q = rows[:, column : column + H * D].reshape(B, H, 1, D)
     k = torch.randn(B, KV, C, D, dtype=dt, device="cuda")
@@ -43,11 +47,23 @@ def test_decode_attention_matches_sdpa_on_gpu(shape, tmp_path):
     keep = torch.ones(B, C, dtype=torch.bool, device="cuda")
     keep[:, C - C // 4 :] = False
     keep[0, : C // 3] = False  # left padding on the first row
+    slot = C - C // 4 - 1  # the last valid slot: this step's
+    extra, expect_k, expect_v = (), None, None
+    a = None
+    if append:
+        a = Append(
+            k_state="k", v_state="v", pos="pos", pos_dtype="int64", k_new=NewRows("rows", width, H * D),
+            v_new=NewRows("rows", width, (H + KV) * D), k_write=0, v_write=1, k_result="kr", v_result="vr",
+        )  # fmt: skip
+        expect_k, expect_v = k.clone(), v.clone()
+        expect_k[:, :, slot] = rows[:, H * D : (H + KV) * D].reshape(B, KV, D)
+        expect_v[:, :, slot] = rows[:, (H + KV) * D :].reshape(B, KV, D)
+        extra = (rows, rows, torch.tensor([slot], device="cuda"))
     mask = torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
     site = DecodeSite(
         step=0, q="q", q_batch_stride=width, q_column=column, k="k", v="v", mask="m",
         mask_batch_stride=C, out="o", batch=str(B), heads=H, kv_heads=KV, context=C,
-        head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype,
+        head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype, append=a,
     )  # fmt: skip
     r = render_decode_attention(site)
     path = tmp_path / f"{r.name}.py"
@@ -56,8 +72,10 @@ def test_decode_attention_matches_sdpa_on_gpu(shape, tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = torch.full((B, H, 1, D), float("nan"), dtype=dt, device="cuda")
-    getattr(module, r.name)[(B * KV,)](rows, k, v, mask, out, B, num_warps=r.num_warps, num_stages=2)
+    getattr(module, r.name)[(B * KV,)](rows, k, v, *extra, mask, out, B, num_warps=r.num_warps, num_stages=2)
     torch.cuda.synchronize()
+    if append:
+        assert torch.equal(k, expect_k) and torch.equal(v, expect_v)  # that slot, and nothing else
     G = H // KV
     kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
     m4 = mask[:, None, None, :]
