@@ -196,8 +196,21 @@ def prompts(batch: int, length: int, vocab: int):
 
 
 def floor_ms(module, batch: int, context: int, bandwidth: float) -> float:
-    """Bytes a decode step reads (weights once, every row's KV cache up to ``context``) / bandwidth."""
-    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    """Bytes a decode step reads (weights once, every row's KV cache up to ``context``) / bandwidth.
+    A lookup table (an ``nn.Embedding`` whose weight is not also the output projection's) is
+    read one row per batch row, not whole; a tensor shared by two modules counts once."""
+    import torch
+
+    out = module.get_output_embeddings()
+    head = out.weight.data_ptr() if out is not None else None
+    tables = {
+        m.weight.data_ptr(): m.weight
+        for m in module.modules()
+        if isinstance(m, torch.nn.Embedding) and m.weight.data_ptr() != head
+    }
+    unique = {p.data_ptr(): p for p in module.parameters()}
+    weights = sum(p.numel() * p.element_size() for ptr, p in unique.items() if ptr not in tables)
+    weights += sum(batch * t.shape[1] * t.element_size() for t in tables.values())
     cfg = module.config
     layers = cfg.num_hidden_layers
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
