@@ -52,6 +52,8 @@ for item in "$@"; do
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
     # GEMM tile shapes against cuBLAS at 128 rows with cold weights, and a forward's GEMMs in one
     # graph with and without dependent launch (bench/gemm_sweep.py)
+    # greedy decoding's argmax at wide vocabularies (bench/argmax_sweep.py)
+    argmax) cmd=(python3 bench/argmax_sweep.py --json "$RES/argmax.json") ;;
     sweep) cmd=(python3 bench/gemm_sweep.py --rows 128 --json "$RES/gemm-sweep.json") ;;
     chain) cmd=(python3 bench/gemm_sweep.py --rows 128 --chain --json "$RES/gemm-chain.json") ;;
     # memory-MODEL: where its device memory goes, stage by stage (bench/memory_stages.py, .bundles/MODEL.tpk)
