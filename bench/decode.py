@@ -202,14 +202,14 @@ def floor_ms(module, batch: int, context: int, bandwidth: float) -> float:
     import torch
 
     out = module.get_output_embeddings()
-    head = out.weight.data_ptr() if out is not None else None
+    head = out.weight if out is not None else None
     tables = {
-        m.weight.data_ptr(): m.weight
+        id(m.weight): m.weight
         for m in module.modules()
-        if isinstance(m, torch.nn.Embedding) and m.weight.data_ptr() != head
+        if isinstance(m, torch.nn.Embedding) and m.weight is not head
     }
-    unique = {p.data_ptr(): p for p in module.parameters()}
-    weights = sum(p.numel() * p.element_size() for ptr, p in unique.items() if ptr not in tables)
+    unique = {id(p): p for p in module.parameters()}  # by identity: a tensor shared by two modules once
+    weights = sum(p.numel() * p.element_size() for key, p in unique.items() if key not in tables)
     weights += sum(batch * t.shape[1] * t.element_size() for t in tables.values())
     cfg = module.config
     layers = cfg.num_hidden_layers

@@ -252,8 +252,11 @@ def _logits(out: Any) -> torch.Tensor:
     return out[0]
 
 
-TWO_STAGE_MIN_VOCAB = 8192  # below it one block's pass over a row is short enough
-TWO_STAGE_CHUNKS = (64, 32, 16, 8)
+# On an H200 (bench/argmax_sweep.py, bfloat16, µs per call in a CUDA graph, bench/results/decode/
+# argmax-h200-2026-11-28.json): vocab 128,256 argmax 26.3, two stages of 256 chunks 10.4 (128: 11.9,
+# 64: 15.3); vocab 32,000 argmax 8.7, two stages 9.3 at best: below about 64K one block is as fast.
+TWO_STAGE_MIN_VOCAB = 65536
+TWO_STAGE_CHUNKS = (256, 128, 64, 32, 16, 8)
 
 
 def argmax(logits: torch.Tensor, two_stage: bool | None = None) -> torch.Tensor:

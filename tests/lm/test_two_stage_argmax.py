@@ -9,7 +9,7 @@ import torch
 from aot.loader.generate import argmax
 
 
-@pytest.mark.parametrize("vocab", [128256, 50257, 8192])
+@pytest.mark.parametrize("vocab", [128256, 65536, 50257, 8192])
 def test_two_stage_argmax_is_argmax(vocab):
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(5, vocab, generator=gen).to(torch.bfloat16)
