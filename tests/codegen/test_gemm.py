@@ -8,7 +8,6 @@ against the library steps it replaces at M = 1, 16 and 37 (fp16: 1e-2 + 1e-2·|r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -206,32 +205,31 @@ def test_interpreter_check_can_fail(built, tmp_path):
 # Bundles with and without candidates
 
 
-def test_default_build_takes_no_gemm_path(tmp_path, monkeypatch):
-    """Without the flag no candidate is built (the default build only looks for a small head,
-    which this MLP's two GEMMs are not), and the program JSON has no new field."""
-    from aot.codegen import gemm
+def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
+    """Without the flag the default build renders and compiles, per GEMM site, only the form the
+    built-in table names (``aot.codegen.gemm_defaults``: a one-row GEMV on sm_90), and the whole
+    candidate set never; the table names exactly the candidates there are."""
+    from aot.codegen import gemm, gemm_render
+    from aot.codegen.gemm_defaults import FORMS
 
     model = ROOT / "tests" / "data" / "small_mlp.py"
-    _build(model, tmp_path / "a.tpk", gemm_candidates=False)
+    rendered: list[tuple[str, ...]] = []
+    render = gemm_render.render_candidates
 
-    def boom(*a, **k):
-        raise AssertionError("GEMM candidates built without --gemm-candidates")
+    def only_default_forms(site, buffers, known, ranges, configs=None):
+        assert configs is not None, "every GEMM form rendered without --gemm-candidates"
+        rendered.append(tuple(c.name for c in configs))
+        return render(site, buffers, known, ranges, configs)
 
-    monkeypatch.setattr(gemm, "add_gemm_alternatives", boom)
-    monkeypatch.setattr(gemm, "render_candidates", boom)
-    _build(model, tmp_path / "b.tpk", gemm_candidates=False)
-    a, b = (hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() for n in ("a.tpk", "b.tpk"))
-    assert a == b
-    from aot.loader import open_bundle
-
-    opened = open_bundle(tmp_path / "a.tpk")
-    try:
-        import zstandard
-
-        raw = zstandard.ZstdDecompressor().decompress(opened.read(schema.PROGRAM_PATH))
-        assert b'"alternatives"' not in raw
-    finally:
-        opened.close()
+    monkeypatch.setattr(gemm, "render_candidates", only_default_forms)
+    compiled = _build(model, tmp_path / "a.tpk", gemm_candidates=False)
+    assert rendered and all(len(names) == 1 and names[0] in FORMS for names in rendered)
+    sites = {s.id: s for s in compiled.program.alternatives}
+    assert all(len(s.candidates) == 1 for s in sites.values())
+    table = compiled.tuning
+    assert table is not None and {(c.site, c.choice) for c in table.choices} == {
+        (s.id, s.candidates[0].name) for s in sites.values()
+    }
 
 
 @pytest.mark.slow  # builds models/mlp.py twice, once with every GEMM form compiled
