@@ -443,22 +443,7 @@ class Decoder(torch.nn.Module):
         self.max_context = max_context
         self.sized_context = sized_context  # attention_mask [batch, context]: read slots < context only
         self.model = model
-        implementation = attn_implementation or (
-            getattr(model.config, "_attn_implementation", None)
-            if getattr(model.config, "_attn_implementation", None) in ATTENTION_IMPLEMENTATIONS
-            else ("sdpa" if getattr(model, "_supports_sdpa", False) else "eager")
-        )
-        if getattr(model.config, "_attn_implementation", None) != implementation:
-            why = "transformers kept " + repr(getattr(model.config, "_attn_implementation", None))
-            try:
-                model.set_attn_implementation(implementation)
-            except (ValueError, ImportError) as e:
-                why = (str(e).splitlines() or [""])[0][:200]
-            if getattr(model.config, "_attn_implementation", None) != implementation:
-                raise SpecError(
-                    f"causal_lm: {self.layout.model_class} cannot use attn_implementation {implementation!r}: "
-                    f"{why}; leave attn_implementation unset to use what the model supports"
-                )
+        set_attention(model, attn_implementation, self.layout.model_class, "causal_lm")
         params = inspect.signature(model.forward).parameters
         self._keep_last = "logits_to_keep" in params
         # transformers 5 takes no cache_position (the cache knows its slots here); a model that
@@ -513,6 +498,30 @@ class Decoder(torch.nn.Module):
         return out.logits[:, -1].to(keys[0].dtype)
 
 
+def set_attention(model: Any, attn_implementation: str | None, model_class: str, who: str) -> None:
+    """Set ``model``'s attention implementation to one that takes the additive 4-D masks built
+    here: ``attn_implementation``, else the model's own when it is one of them, else "sdpa" where
+    the model supports it, else "eager"; a SpecError when the model cannot use it."""
+    current = getattr(model.config, "_attn_implementation", None)
+    implementation = attn_implementation or (
+        current
+        if current in ATTENTION_IMPLEMENTATIONS
+        else ("sdpa" if getattr(model, "_supports_sdpa", False) else "eager")
+    )
+    if current == implementation:
+        return
+    why = "transformers kept " + repr(current)
+    try:
+        model.set_attn_implementation(implementation)
+    except (ValueError, ImportError) as e:
+        why = (str(e).splitlines() or [""])[0][:200]
+    if getattr(model.config, "_attn_implementation", None) != implementation:
+        raise SpecError(
+            f"{who}: {model_class} cannot use attn_implementation {implementation!r}: {why}; leave "
+            f"attn_implementation unset to use what the model supports"
+        )
+
+
 @functools.cache
 def _decoder_class(num_layers: int) -> type[Decoder]:
     """``Decoder`` with a ``forward`` whose signature names each state input (``key_cache_0``,
@@ -556,3 +565,7 @@ def additive_mask(
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
     lowest = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
     return torch.where(visible, zero, lowest)[:, None]
+
+
+# encoder-decoders (BART, T5, Whisper): their own module, offered here beside causal_lm
+from aot.seq2seq import Seq2Seq, seq2seq  # noqa: E402, F401
