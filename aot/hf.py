@@ -166,7 +166,7 @@ def example_inputs(sizes: dict[str, int], *, max_context: int) -> dict[str, torc
     }
 
 
-def _probe(factory: Callable[[], Any], seed: int) -> Any:
+def _probe(factory: Callable[[], Any], seed: int, who: str = "causal_lm") -> Any:
     """The model as ``factory`` builds it, on the meta device when it can be (no weights are
     initialized or read), else for real; the caller's random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
@@ -181,7 +181,7 @@ def _probe(factory: Callable[[], Any], seed: int) -> Any:
             return factory()
         except Exception as e:
             first = (str(e).splitlines() or [""])[0][:200]
-            raise SpecError(f"causal_lm: the factory failed: {type(e).__name__}: {first}") from None
+            raise SpecError(f"{who}: the factory failed: {type(e).__name__}: {first}") from None
 
 
 def cache_layout(model: Any, max_context: int) -> CacheLayout:

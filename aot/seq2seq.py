@@ -114,8 +114,11 @@ def seq2seq(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise SpecError(f"seq2seq: {what} must be an int >= {least}, got {value!r}")
-    if not callable(factory):
-        raise SpecError(f"seq2seq: factory must be a zero-argument callable, got {type(factory).__name__}")
+    if not callable(factory) or isinstance(factory, torch.nn.Module):
+        raise SpecError(
+            f"seq2seq: factory must be a zero-argument callable that returns the model "
+            f"(lambda: BartForConditionalGeneration(config)), got a {type(factory).__name__}"
+        )
     from aot.hf import ATTENTION_IMPLEMENTATIONS, _probe
 
     if attn_implementation is not None and attn_implementation not in ATTENTION_IMPLEMENTATIONS:
@@ -124,7 +127,7 @@ def seq2seq(
         )
     # the wrapper the build will make, made here on the meta device: a model it cannot serve is
     # refused now, and its cache layout read
-    layout = Seq2Seq(_probe(factory, seed), max_source, max_target, attn_implementation).layout
+    layout = Seq2Seq(_probe(factory, seed, "seq2seq"), max_source, max_target, attn_implementation).layout
 
     def make_module() -> torch.nn.Module:
         return Seq2Seq(factory(), max_source, max_target, attn_implementation)
