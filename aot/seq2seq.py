@@ -19,9 +19,10 @@ each an entry point of the bundle (``EntryPoint.kwargs`` picks the phase)::
   values of the source (and the source's mask) into the cross caches, then runs the decoder's first
   step on the model's decoder start token at self-attention slot 0, and returns that step's logits.
   ``decoder_input_ids`` and ``cache_position`` are not read (a [batch, 1] and a [1] of anything).
-- ``prefill`` (``source == 1``) and ``decode`` (``source == 1``, ``seq == 1``): the decoder alone,
-  over ``decoder_input_ids`` written at ``cache_position``; cross-attention reads the cross caches.
-  The encoder inputs are not read ([batch, 1] of anything; Whisper: [batch, mel_bins, 1]).
+- ``prefill`` (no size fixed: the bundle's general program) and ``decode`` (``seq == 1``,
+  ``source == 1``): the decoder alone, over ``decoder_input_ids`` written at ``cache_position``;
+  cross-attention reads the cross caches. The encoder inputs are not read (``generate`` passes one
+  position of the source: [batch, 1]; Whisper: [batch, mel_bins, 1]).
 
 The decoder's self-attention mask is causal over the slots (a decoder prompt is never padded: every
 row starts with the same start token); cross-attention sees the source positions marked in
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 
 from aot.errors import SpecError, TraceError
+from aot.hf_cache import ATTENTION_IMPLEMENTATIONS, probe, set_attention, state_cache_classes
 from aot.spec import Dim, EntryPoint, Input, ModelSpec
 
 PHASES = ("encode", "decode")
@@ -119,15 +121,13 @@ def seq2seq(
             f"seq2seq: factory must be a zero-argument callable that returns the model "
             f"(lambda: BartForConditionalGeneration(config)), got a {type(factory).__name__}"
         )
-    from aot.hf import ATTENTION_IMPLEMENTATIONS, _probe
-
     if attn_implementation is not None and attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise SpecError(
             f"seq2seq: attn_implementation {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
         )
     # the wrapper the build will make, made here on the meta device: a model it cannot serve is
     # refused now, and its cache layout read
-    layout = Seq2Seq(_probe(factory, seed, "seq2seq"), max_source, max_target, attn_implementation).layout
+    layout = Seq2Seq(probe(factory, seed, "seq2seq"), max_source, max_target, attn_implementation).layout
 
     def make_module() -> torch.nn.Module:
         return Seq2Seq(factory(), max_source, max_target, attn_implementation)
@@ -235,15 +235,12 @@ def seq2seq_layout(model: Any, max_source: int, max_target: int) -> Seq2SeqLayou
             f"seq2seq: {cls} has no single decoder_start_token_id in its config or generation config "
             f"(got {start!r}); set config.decoder_start_token_id"
         )
-    limit = next(
-        (
-            getattr(config, k)
-            for k in ("max_target_positions", "max_position_embeddings")
-            if isinstance(getattr(config, k, None), int)
-        ),
-        None,
-    )
-    if config.model_type != "t5" and limit is not None and max_target > limit:
+    # Whisper's decoder positions, BART's (shared with its encoder); T5's relative ones have none
+    limit = getattr(config, "max_target_positions", None)
+    if not isinstance(limit, int):
+        limit = getattr(config, "max_position_embeddings", None)
+    limit = limit if isinstance(limit, int) else None
+    if limit is not None and max_target > limit:
         raise SpecError(
             f"seq2seq: max_target {max_target} exceeds {cls}'s {limit} decoder positions; use max_target <= {limit}"
         )
@@ -259,7 +256,7 @@ def seq2seq_layout(model: Any, max_source: int, max_target: int) -> Seq2SeqLayou
                 f"{config.max_source_positions}), so max_source must be {frames}, got {max_source}"
             )
         mel_bins, encoded = config.num_mel_bins, config.max_source_positions
-    elif config.model_type != "t5":
+    else:
         limit = getattr(config, "max_position_embeddings", None)
         if isinstance(limit, int) and max_source > limit:
             raise SpecError(
@@ -293,9 +290,7 @@ def _measured_shapes(model: Any, cls: str, config: Any) -> tuple[tuple[tuple[int
     from transformers.cache_utils import EncoderDecoderCache
     from transformers.modeling_outputs import BaseModelOutput
 
-    from aot.hf import _state_cache_classes
-
-    _, _, RecordingCache = _state_cache_classes()
+    _, _, RecordingCache = state_cache_classes()
     layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
     layers = layers or config.num_hidden_layers
     weight = next(model.parameters())
@@ -404,8 +399,6 @@ class Seq2Seq(torch.nn.Module):
 
     def __init__(self, model: Any, max_source: int, max_target: int, attn_implementation: str | None = None):
         super().__init__()
-        from aot.hf import set_attention
-
         self.layout = seq2seq_layout(model, max_source, max_target)
         self.max_source, self.max_target = max_source, max_target
         self.model = model
@@ -419,8 +412,6 @@ class Seq2Seq(torch.nn.Module):
             )
         from transformers.cache_utils import EncoderDecoderCache
         from transformers.modeling_outputs import BaseModelOutput
-
-        from aot.hf import _state_cache_classes
 
         n, layout = self.layout.num_layers, self.layout
         self_keys = [inputs[f"key_cache_{i}"] for i in range(n)]
@@ -451,7 +442,7 @@ class Seq2Seq(torch.nn.Module):
             hidden = torch.zeros(batch, 1, layout.hidden_size, dtype=dtype, device=device)  # read by no step
             visible = None if layout.audio else inputs["cross_mask"]
             decoder_ids, cache_position = inputs["decoder_input_ids"], inputs["cache_position"]
-        StateCache, _, _ = _state_cache_classes()
+        StateCache, _, _ = state_cache_classes()
         CrossCache, _ = _cross_cache_classes()
         own = StateCache(self_keys, self_values, cache_position, layout.model_class)
         cross = CrossCache(cross_keys, cross_values, layout.model_class)

@@ -9,6 +9,11 @@ state, and the logits of each row's last position as output, [batch, vocab].
 Several prompts of different lengths are left-padded to the longest: each row's padding slots
 stay 0 in the attention mask, and its positions count its own tokens only, as transformers'
 ``generate`` does, so the tokens of each row are those it would get alone.
+
+Encoder-decoder bundles (``aot.hf.seq2seq``: entry points ``encode``, ``prefill``, ``decode``)
+generate through ``seq2seq_generate``: the prompts (right-padded) or log-mel features feed one
+``encode`` call, which also runs the decoder's step on its start token; then one ``decode`` call
+per token. Both share the token loop, ``decode_loop``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import torch
 
+from aot.aten import DTYPES
 from aot.errors import GuardError
 from aot.manifest_text import static_size
 
@@ -389,7 +395,7 @@ def _source(contract: dict[str, Any], prompt_ids: Any, attention_mask: Any, inpu
                 f"input_features: expected [batch, {bins}, {frames}] (mel bins, frames: the encoder takes exactly "
                 f"{frames}; pad or cut the audio's features to it), got {list(features.shape)}"
             )
-        features = features.to(getattr(torch, contract["dtype"]))
+        features = features.to(DTYPES[contract["dtype"]])
         return {"input_features": features}, {"input_features": features[:, :, :1]}
     if input_features is not None:
         raise GuardError(
