@@ -371,8 +371,8 @@ def _source(contract: dict[str, Any], prompt_ids: Any, attention_mask: Any, inpu
     if contract["kind"] == "audio":
         if prompt_ids is not None or attention_mask is not None:
             raise GuardError(
-                "this bundle's encoder takes log-mel features: pass input_features [batch, mel_bins, frames], "
-                "not prompt_ids or attention_mask"
+                "this bundle's encoder takes log-mel features, not token ids: pass input_features [batch, "
+                "mel_bins, frames] to runner.generate (the Python API; aotpack generate feeds token ids only)"
             )
         bins, frames = contract["mel_bins"], contract["max_source"]
         features = input_features

@@ -139,7 +139,7 @@ def test_whisper_refuses_features_of_another_shape(seq2seq_bundles):
     _, runner, _ = seq2seq_bundles("whisper")
     with pytest.raises(GuardError, match=r"input_features: expected \[batch, 16, 24\] .*, got \[1, 16, 30\]"):
         runner.generate(input_features=torch.zeros(1, 16, 30), max_new_tokens=2)
-    with pytest.raises(GuardError, match="takes log-mel features: pass input_features"):
+    with pytest.raises(GuardError, match="takes log-mel features, not token ids: pass input_features"):
         runner.generate([5, 17], 2)
 
 
