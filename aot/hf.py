@@ -36,12 +36,9 @@ from typing import Any
 import torch
 
 from aot.errors import SpecError, TraceError
+from aot.hf_cache import ATTENTION_IMPLEMENTATIONS, probe, set_attention, state_cache_classes
 from aot.spec import Dim, EntryPoint, Input, ModelSpec
 
-# Attention implementations that take the 4-D additive float mask built here and read the cache
-# through ``past_key_values.update``. "sdpa" exports as one scaled_dot_product_attention call
-# (a library call in the bundle); "eager" is the fallback for models without SDPA support.
-ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 # The forward parameters a causal LM must take for the wrapper to drive it.
 REQUIRED_PARAMETERS = ("input_ids", "attention_mask", "position_ids", "past_key_values")
 
@@ -110,7 +107,7 @@ def causal_lm(
         raise SpecError(f"causal_lm: factory must be a zero-argument callable, got {type(factory).__name__}")
     # the wrapper the build will make, made here on the meta device: a model it cannot serve
     # is refused now, and its cache layout read
-    layout = Decoder(_probe(factory, seed), max_context, attn_implementation).layout
+    layout = Decoder(probe(factory, seed), max_context, attn_implementation).layout
 
     def make_module() -> torch.nn.Module:
         return Decoder(factory(), max_context, attn_implementation, sized_context=context_buckets is not None)
@@ -166,24 +163,6 @@ def example_inputs(sizes: dict[str, int], *, max_context: int) -> dict[str, torc
     }
 
 
-def _probe(factory: Callable[[], Any], seed: int) -> Any:
-    """The model as ``factory`` builds it, on the meta device when it can be (no weights are
-    initialized or read), else for real; the caller's random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        try:
-            with torch.device("meta"):
-                return factory()
-        except Exception:
-            pass
-        torch.manual_seed(seed)
-        try:
-            return factory()
-        except Exception as e:
-            first = (str(e).splitlines() or [""])[0][:200]
-            raise SpecError(f"causal_lm: the factory failed: {type(e).__name__}: {first}") from None
-
-
 def cache_layout(model: Any, max_context: int) -> CacheLayout:
     """Check that ``model`` is a decoder-only transformers causal LM this wrapper can drive, and
     read its cache layout; a SpecError naming the model class says why not."""
@@ -199,7 +178,7 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
     if getattr(config, "is_encoder_decoder", False) or getattr(config, "add_cross_attention", False):
         raise SpecError(
             f"causal_lm supports decoder-only models; {cls} ({config.model_type}) is an encoder-decoder "
-            f"or has cross-attention"
+            f"or has cross-attention (encoder-decoders: aot.hf.seq2seq)"
         )
     if not _is_causal_lm(model):
         raise SpecError(
@@ -241,7 +220,7 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
     None when the model does not run that way here (the config's figures are used then). Read
     from the model rather than its config, whose names for them vary (Falcon's multi-query
     ``num_kv_heads``, per-layer head counts)."""
-    _, _, RecordingCache = _state_cache_classes()
+    _, _, RecordingCache = state_cache_classes()
     try:
         weight = next(model.parameters())
         recorder = RecordingCache(num_layers)
@@ -307,125 +286,6 @@ def _window(config: Any, cls: str, num_layers: int, max_context: int) -> int | N
     )
 
 
-@functools.cache
-def _state_cache_classes() -> tuple[type, type, type]:
-    """``StateCache``, its layer and ``RecordingCache``, defined on first use (transformers is
-    imported lazily)."""
-    from transformers.cache_utils import Cache, CacheLayerMixin
-
-    class StateLayer(CacheLayerMixin):
-        """One layer's keys and values: the runner's state tensors, written at ``cache_position``."""
-
-        is_compileable = True
-        is_sliding = False
-
-        def __init__(
-            self,
-            keys: torch.Tensor,
-            values: torch.Tensor,
-            cache_position: torch.Tensor,
-            owner: str,
-            context: Any = None,
-        ):
-            super().__init__()
-            self.keys, self.values = keys, values
-            self.cache_position = cache_position
-            self.owner = owner
-            # the slots attention reads: 0..context-1 (the attention mask's length), or all (None)
-            self.context = context
-            self.writes = 0
-            self.is_initialized = True
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            pass
-
-        def update(
-            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            # key_states: [B, kv_heads, S, head_dim] → slots cache_position of [B, kv_heads, C, head_dim]
-            for new, cache, what in ((key_states, self.keys, "keys"), (value_states, self.values, "values")):
-                expected = (*cache.shape[:2], self.cache_position.shape[0], cache.shape[3])
-                if tuple(new.shape) != expected:
-                    raise TraceError(
-                        f"{self.owner}'s attention wrote {what} of shape {tuple(new.shape)} into a cache laid out "
-                        f"for {expected} ([batch, kv_heads, seq, head_dim] as the spec declared it); causal_lm cannot "
-                        f"serve this model"
-                    )
-            self.keys.index_copy_(2, self.cache_position, key_states.to(self.keys.dtype))
-            self.values.index_copy_(2, self.cache_position, value_states.to(self.values.dtype))
-            self.writes += 1
-            if self.context is None:
-                return self.keys, self.values
-            # narrow, not a slice: its length is exactly ``context`` (a slice's is min(C, context))
-            return self.keys.narrow(2, 0, self.context), self.values.narrow(2, 0, self.context)
-
-        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return self.keys.shape[2] if self.context is None else self.context, 0
-
-        def get_seq_length(self) -> int:
-            # The slots before this call's first one (callers pass positions, so it is only a hint).
-            return self.cache_position[0]
-
-        def get_max_length(self) -> int:
-            return self.keys.shape[2] if self.context is None else self.context
-
-    class StateCache(Cache):
-        """``past_key_values`` over the runner's cache tensors: each layer's ``update`` writes
-        the call's keys and values into their slots in place and returns the whole cache."""
-
-        def __init__(
-            self,
-            keys: list[torch.Tensor],
-            values: list[torch.Tensor],
-            cache_position: torch.Tensor,
-            owner: str,
-            context: Any = None,
-        ):
-            super().__init__(
-                layers=[StateLayer(k, v, cache_position, owner, context) for k, v in zip(keys, values)]
-            )
-
-    class RecordingLayer(CacheLayerMixin):
-        """Records the ``(heads, head_dim)`` of what the attention writes; holds nothing."""
-
-        is_compileable = False
-        is_sliding = False
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.shapes: list[tuple[tuple[int, int], tuple[int, int]]] = []
-            self.is_initialized = True
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            pass
-
-        def update(
-            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            # [B, heads, S, head_dim]: a call of one token attends to itself alone
-            self.shapes.append(
-                ((key_states.shape[1], key_states.shape[3]), (value_states.shape[1], value_states.shape[3]))
-            )
-            return key_states, value_states
-
-        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return query_length, 0
-
-        def get_seq_length(self) -> int:
-            return 0
-
-        def get_max_length(self) -> int:
-            return -1
-
-    class RecordingCache(Cache):
-        """``past_key_values`` that records each layer's key and value shapes (``cache_layout``)."""
-
-        def __init__(self, num_layers: int):
-            super().__init__(layers=[RecordingLayer() for _ in range(num_layers)])
-
-    return StateCache, StateLayer, RecordingCache
-
-
 class Decoder(torch.nn.Module):
     """A transformers causal LM as one forward over a static cache (the contract in the module
     docstring). ``model`` is kept unmodified, except that its attention implementation is set
@@ -443,22 +303,7 @@ class Decoder(torch.nn.Module):
         self.max_context = max_context
         self.sized_context = sized_context  # attention_mask [batch, context]: read slots < context only
         self.model = model
-        implementation = attn_implementation or (
-            getattr(model.config, "_attn_implementation", None)
-            if getattr(model.config, "_attn_implementation", None) in ATTENTION_IMPLEMENTATIONS
-            else ("sdpa" if getattr(model, "_supports_sdpa", False) else "eager")
-        )
-        if getattr(model.config, "_attn_implementation", None) != implementation:
-            why = "transformers kept " + repr(getattr(model.config, "_attn_implementation", None))
-            try:
-                model.set_attn_implementation(implementation)
-            except (ValueError, ImportError) as e:
-                why = (str(e).splitlines() or [""])[0][:200]
-            if getattr(model.config, "_attn_implementation", None) != implementation:
-                raise SpecError(
-                    f"causal_lm: {self.layout.model_class} cannot use attn_implementation {implementation!r}: "
-                    f"{why}; leave attn_implementation unset to use what the model supports"
-                )
+        set_attention(model, attn_implementation, self.layout.model_class, "causal_lm")
         params = inspect.signature(model.forward).parameters
         self._keep_last = "logits_to_keep" in params
         # transformers 5 takes no cache_position (the cache knows its slots here); a model that
@@ -483,7 +328,7 @@ class Decoder(torch.nn.Module):
             )
         keys = [state[f"key_cache_{i}"] for i in range(n)]
         values = [state[f"value_cache_{i}"] for i in range(n)]
-        StateCache, _, _ = _state_cache_classes()
+        StateCache, _, _ = state_cache_classes()
         # context buckets: the mask's length says which slots attention reads (0..context-1)
         context = attention_mask.shape[1] if self.sized_context else None
         cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
@@ -556,3 +401,7 @@ def additive_mask(
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
     lowest = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
     return torch.where(visible, zero, lowest)[:, None]
+
+
+# encoder-decoders (BART, T5, Whisper): their own module, offered here beside causal_lm
+from aot.seq2seq import Seq2Seq, seq2seq  # noqa: E402, F401

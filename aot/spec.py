@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aot.admissible import admits
@@ -154,10 +154,15 @@ class EntryPoint:
     ``EntryPoint("prefill")`` keeps every Dim dynamic; ``EntryPoint("decode", {"seq": 1})``
     exports ``forward`` again with ``seq`` fixed to 1. Each entry point is a program of its own
     (its own guards, buckets and kernels); all share the weights and the state.
+
+    ``kwargs``: constant keyword arguments of ``forward`` for this entry point alone, over
+    ``ModelSpec.kwargs`` (``{"phase": "encode"}``: one forward that runs an encoder in one entry
+    point and a decoder step in the others); the same plain types as ``ModelSpec.kwargs``.
     """
 
     name: str
     sizes: dict[str, int] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -172,9 +177,20 @@ class EntryPoint:
                 raise SpecError(
                     f"entry point {self.name!r}: sizes must map Dim names to ints, got {k!r}: {v!r}"
                 )
+        if not isinstance(self.kwargs, dict):
+            raise SpecError(
+                f"entry point {self.name!r}: kwargs must be a dict {{parameter: constant}}, got {self.kwargs!r}"
+            )
+        object.__setattr__(self, "kwargs", dict(self.kwargs))
+        for k, v in self.kwargs.items():
+            if not isinstance(k, str) or not (v is None or isinstance(v, (bool, int, float, str))):
+                raise SpecError(
+                    f"entry point {self.name!r}: kwargs[{k!r}] is a {type(v).__name__}; constant keyword "
+                    f"arguments must be bool, int, float, str or None (tensors are Inputs)"
+                )
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted(self.sizes.items()))))
+        return hash((self.name, tuple(sorted(self.sizes.items())), tuple(sorted(self.kwargs.items()))))
 
 
 @dataclass(frozen=True)
@@ -264,6 +280,11 @@ class ModelSpec:
             if ep.name in seen_names:
                 raise SpecError(f"two entry points are named {ep.name!r}; give them distinct names")
             seen_names.add(ep.name)
+            clash = sorted(set(ep.kwargs) & {i.name for i in self.inputs})
+            if clash:
+                raise SpecError(
+                    f"entry point {ep.name!r}: {clash} are both Inputs and constant kwargs; keep one"
+                )
             for k, v in ep.sizes.items():
                 d = dims.get(k)
                 if d is None:
@@ -279,6 +300,10 @@ class ModelSpec:
                         f"entry point {ep.name!r} fixes {k!r}, the batch dim of the state; a program must keep "
                         f"the batch dynamic so that it can run on any rows of the state"
                     )
+
+    def for_entry(self, ep: EntryPoint) -> ModelSpec:
+        """This spec as entry point ``ep`` calls ``forward``: its constant kwargs over the spec's."""
+        return replace(self, kwargs={**self.kwargs, **ep.kwargs}) if ep.kwargs else self
 
     def state_inputs(self) -> tuple[Input, ...]:
         """The inputs the runner owns (``Input(state=True)``), in declaration order."""

@@ -361,8 +361,9 @@ def generate_tokens(
     no_graphs: bool,
 ) -> None:
     """Generate tokens with a causal-LM BUNDLE (aot.hf.causal_lm: prefill and decode over a KV
-    cache): prints each prompt's new token ids, space-separated, one line per prompt (the last
-    line for one prompt); tokens/s on stderr."""
+    cache) or an encoder-decoder one (aot.hf.seq2seq: the prompts feed the encoder): prints each
+    prompt's new token ids, space-separated, one line per prompt (the last line for one prompt;
+    never the decoder start token); tokens/s on stderr."""
 
     from aot.loader import load as load_bundle
 

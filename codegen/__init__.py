@@ -368,13 +368,21 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
         else:
             parts.append(Compiled(traced=single, program=single.program, archs=options.archs))
     main = parts[0]
-    shapes = {k: tuple(v.shape) for k, v in main.traced.weights.items()}
+    # Programs that read different weights (an encoder entry point beside decoder steps) may lay
+    # out different ones (siblings stacked where a program reads them); a weight two programs
+    # read must be laid out alike. The bundle holds the general program's weights and those the
+    # others read besides.
+    weights = dict(main.traced.weights)
     for tp, part in zip(traced.programs[1:], parts[1:]):
-        if {k: tuple(v.shape) for k, v in part.traced.weights.items()} != shapes:
-            raise CodegenError(
-                f"the program for {tp.name} laid out the shared weights differently from the "
-                f"general one; build with --no-fuse"
-            )
+        read = _weights_read(part.program)
+        for k, v in part.traced.weights.items():
+            if k in weights and tuple(weights[k].shape) != tuple(v.shape):
+                raise CodegenError(
+                    f"the program for {tp.name} laid out the shared weight {k} as {list(v.shape)}, the general "
+                    f"one as {list(weights[k].shape)}; build with --no-fuse"
+                )
+            if k not in weights and k in read:
+                weights[k] = v
     cubins = {}
     for part in parts:
         cubins.update(part.cubins)
@@ -383,7 +391,7 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
         main.stats, programs=len(parts), kernels=len({k.id for p in parts for k in p.program.kernels})
     )
     return Compiled(
-        traced=replace(traced, program=main.traced.program, weights=main.traced.weights),
+        traced=replace(traced, program=main.traced.program, weights=weights),
         program=program,
         archs=main.archs,
         cubins=cubins,
@@ -391,3 +399,15 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
         cuda_versions=next((p.cuda_versions for p in parts if p.cuda_versions), {}),
         stats=stats,
     )
+
+
+def _weights_read(program) -> set[str]:
+    """The buffers some step of ``program`` reads, kernels' reference steps included."""
+    from aot.program import step_reads
+
+    read: set[str] = set(program.outputs)
+    for step in program.steps:
+        read.update(step_reads(step))
+        for ref in step.reference:
+            read.update(step_reads(ref))
+    return read

@@ -429,8 +429,8 @@ class Runner:
 
     def generate(
         self,
-        prompt_ids: Any,
-        max_new_tokens: int,
+        prompt_ids: Any = None,
+        max_new_tokens: int | None = None,
         attention_mask: Any = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
@@ -439,9 +439,12 @@ class Runner:
         top_k: int | None = None,
         seed: int | None = None,
         on_token: Any = None,
+        input_features: Any = None,
+        decoder_prompt_ids: Sequence[int] | None = None,
     ) -> list[list[int]] | list[int]:
         """Generate up to ``max_new_tokens`` tokens after each prompt, with a bundle of a causal LM
-        (``aot.hf.causal_lm``: entry points ``prefill`` and ``decode`` over a KV cache).
+        (``aot.hf.causal_lm``: entry points ``prefill`` and ``decode`` over a KV cache) or of an
+        encoder-decoder (``aot.hf.seq2seq``: entry points ``encode``, ``prefill`` and ``decode``).
 
         ``prompt_ids``: one prompt (a list of ints: the result is a list of ints), several (a list
         of lists, left-padded here), or an int tensor [batch, seq] whose ``attention_mask`` marks
@@ -452,10 +455,39 @@ class Runner:
         ``GuardError`` before anything runs when the prompts and new tokens overflow the context
         or the batch. The state's rows ``0..batch-1`` are reset first; generations on one runner run
         one at a time.
+
+        Encoder-decoder bundles: the prompts feed the encoder (lists are padded on the right; a
+        tensor's ``attention_mask`` may pad either side), or, for an audio encoder (Whisper),
+        ``input_features`` [batch, mel_bins, frames] does (one [mel_bins, frames] gives one list of
+        tokens); the decoder starts from the model's decoder start token, followed by
+        ``decoder_prompt_ids`` when given (the same for every row), and the new tokens come after
+        them. A prompt longer than the bundle's ``max_source``, or more decoder tokens than its
+        ``max_target`` slots, is a ``GuardError`` before anything runs.
         """
-        from aot.loader.generate import generate
+        from aot.loader.generate import generate, is_seq2seq, seq2seq_generate
 
         with self._generate_lock:
+            if is_seq2seq(self):
+                return seq2seq_generate(
+                    self,
+                    prompt_ids,
+                    max_new_tokens,
+                    attention_mask=attention_mask,
+                    input_features=input_features,
+                    decoder_prompt_ids=decoder_prompt_ids,
+                    eos_token_id=eos_token_id,
+                    pad_token_id=pad_token_id,
+                    do_sample=do_sample,
+                    temperature=temperature,
+                    top_k=top_k,
+                    seed=seed,
+                    on_token=on_token,
+                )
+            if input_features is not None or decoder_prompt_ids is not None:
+                raise GuardError(
+                    "input_features and decoder_prompt_ids are for encoder-decoder bundles (aot.hf.seq2seq); "
+                    f"this one has entry points {list(self.entry_points)}"
+                )
             return generate(
                 self,
                 prompt_ids,

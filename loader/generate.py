@@ -9,6 +9,11 @@ state, and the logits of each row's last position as output, [batch, vocab].
 Several prompts of different lengths are left-padded to the longest: each row's padding slots
 stay 0 in the attention mask, and its positions count its own tokens only, as transformers'
 ``generate`` does, so the tokens of each row are those it would get alone.
+
+Encoder-decoder bundles (``aot.hf.seq2seq``: entry points ``encode``, ``prefill``, ``decode``)
+generate through ``seq2seq_generate``: the prompts (right-padded) or log-mel features feed one
+``encode`` call, which also runs the decoder's step on its start token; then one ``decode`` call
+per token. Both share the token loop, ``decode_loop``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import torch
 
+from aot.aten import DTYPES
 from aot.errors import GuardError
 from aot.manifest_text import static_size
 
@@ -112,6 +118,8 @@ def generate(
     on_token: Callable[[int, list[int]], None] | None = None,
 ) -> list[list[int]] | list[int]:
     """Generate up to ``max_new_tokens`` tokens after each prompt; see ``Runner.generate``."""
+    if prompt_ids is None:
+        raise GuardError("generate needs prompt_ids: token ids, a list of them per prompt, or a tensor")
     flat = not isinstance(prompt_ids, torch.Tensor) and bool(prompt_ids) and isinstance(prompt_ids[0], int)
     prompts = _prompts([prompt_ids] if flat else prompt_ids, attention_mask)
     if type(max_new_tokens) is not int or max_new_tokens < 1:
@@ -147,8 +155,6 @@ def generate(
     last = positions[:, -1:].clone()  # [B, 1]
     slots = torch.arange(context, dtype=torch.int64, device=device)  # cache_position: a slice of it
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    eos_ids = torch.tensor(sorted(eos), dtype=torch.int64, device=device) if eos else None
-    padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
 
     runner.reset(range(batch))
     contexts = context_sizes(runner)
@@ -172,18 +178,9 @@ def generate(
             attention_mask=visible(longest),
         )
     )
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    done = [False] * batch
-    new: list[list[int]] = [[] for _ in prompts]
-    # On a GPU, greedy decoding launches step t+1 before the host reads step t's tokens: the next
-    # step needs only tensors already on the device, so the GPU runs it while the host copies,
-    # records and checks the tokens (a finished generation then has launched one step too many,
-    # whose results nobody reads). Sampling draws on the host, so it cannot run ahead.
-    ahead = _runs_ahead(device, do_sample)
-    host = _HostCopy(batch, device)
 
-    def advance(step: int) -> torch.Tensor:
-        """Launch the decode step that feeds this step's ``token`` back."""
+    def advance(step: int, token: torch.Tensor) -> torch.Tensor:
+        """Launch the decode step that feeds this step's ``token`` [B] back."""
         nonlocal last
         slot = longest + step
         mask[:, slot] = 1
@@ -197,6 +194,39 @@ def generate(
             )
         )
 
+    new = decode_loop(
+        logits, advance, batch, max_new_tokens, eos, pad, (do_sample, temperature, top_k, generator), on_token
+    )
+    return new[0] if flat else new
+
+
+def decode_loop(
+    logits: torch.Tensor,
+    advance: Callable[[int, torch.Tensor], torch.Tensor],
+    batch: int,
+    max_new_tokens: int,
+    eos: set[int],
+    pad: int,
+    sampling: tuple,
+    on_token: Callable[[int, list[int]], None] | None,
+) -> list[list[int]]:
+    """Up to ``max_new_tokens`` tokens per row from the first step's ``logits`` [B, vocab]:
+    each step picks a token per row and ``advance(step, token)`` feeds it back, returning the
+    next logits. A row that produced an ``eos`` token keeps it and is fed ``pad`` afterwards;
+    the loop ends when every row has. ``sampling``: (do_sample, temperature, top_k, generator)."""
+    do_sample, temperature, top_k, generator = sampling
+    device = logits.device
+    eos_ids = torch.tensor(sorted(eos), dtype=torch.int64, device=device) if eos else None
+    padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    done = [False] * batch
+    new: list[list[int]] = [[] for _ in range(batch)]
+    # On a GPU, greedy decoding launches step t+1 before the host reads step t's tokens: the next
+    # step needs only tensors already on the device, so the GPU runs it while the host copies,
+    # records and checks the tokens (a finished generation then has launched one step too many,
+    # whose results nobody reads). Sampling draws on the host, so it cannot run ahead.
+    ahead = _runs_ahead(device, do_sample)
+    host = _HostCopy(batch, device)
     for step in range(max_new_tokens):
         token = _choose(logits, do_sample, temperature, top_k, generator).to(device)  # [B]
         if eos_ids is not None:
@@ -205,7 +235,7 @@ def generate(
         more = step + 1 < max_new_tokens and not all(done)
         host.start(token)
         if ahead and more:
-            logits = advance(step)
+            logits = advance(step, token)
         values = host.values()  # the one host sync of a step: the copy only, not a step after it
         for i, t in enumerate(values):
             if not done[i]:
@@ -216,8 +246,8 @@ def generate(
         if not more or all(done):
             break
         if not ahead:
-            logits = advance(step)
-    return new[0] if flat else new
+            logits = advance(step, token)
+    return new
 
 
 def _runs_ahead(device: torch.device, do_sample: bool) -> bool:
@@ -292,3 +322,204 @@ def _choose(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+# The entry points of an encoder-decoder bundle (``aot.hf.seq2seq``) and its decoder inputs.
+SEQ2SEQ_ENTRY_POINTS = ("prefill", "encode", "decode")
+SEQ2SEQ_INPUTS = ("decoder_input_ids", "cache_position")
+SOURCE_INPUTS = {"tokens": ("input_ids", "attention_mask"), "audio": ("input_features",)}
+
+
+def is_seq2seq(runner: Any) -> bool:
+    """Whether ``runner`` is an encoder-decoder bundle (it has an ``encode`` entry point)."""
+    return "encode" in runner.entry_points
+
+
+def seq2seq_contract(runner: Any) -> dict[str, Any]:
+    """What generate needs of an encoder-decoder bundle: its kind of source ("tokens" or "audio"),
+    max batch, source length (tokens, or the audio encoder's frames), mel bins, decoder slots and
+    the dtype of its features; ``GuardError`` for a bundle that is not one."""
+    names = set(runner.input_names)
+    kind = next((k for k, v in SOURCE_INPUTS.items() if names == {*v, *SEQ2SEQ_INPUTS}), None)
+    missing = [e for e in SEQ2SEQ_ENTRY_POINTS if e not in runner.entry_points]
+    if kind is None or missing or "key_cache_0" not in runner.state_names:
+        raise GuardError(
+            f"generate needs an encoder-decoder bundle with entry points {list(SEQ2SEQ_ENTRY_POINTS)}, inputs "
+            f"input_ids and attention_mask (or input_features), {', '.join(SEQ2SEQ_INPUTS)}, and a key_cache_0 "
+            f"state (as aot.hf.seq2seq builds); this one has entry points {list(runner.entry_points)} and inputs "
+            f"{list(runner.input_names)}"
+        )
+    guards = {i.name: i for i in runner.manifest.guards.inputs}
+    symbols = runner.guards.symbols
+    main = guards[SOURCE_INPUTS[kind][0]]
+    batch = symbols.get(main.shape[0])
+    source = symbols.get(main.shape[-1])
+    if batch is None or source is None:
+        raise GuardError(
+            f"generate needs a dynamic batch and source length, the bundle declares {main.name} {list(main.shape)}"
+        )
+    return {
+        "kind": kind,
+        "max_batch": batch.max,
+        "max_source": source.max,
+        "mel_bins": static_size(main.shape[1]) if kind == "audio" else None,
+        "max_target": runner.state.tensors["key_cache_0"].shape[2],
+        "dtype": main.dtype,
+    }
+
+
+def _source(contract: dict[str, Any], prompt_ids: Any, attention_mask: Any, input_features: Any, pad: int):
+    """The encoder's inputs for the ``encode`` call and the one-position ones the decoder's calls
+    pass (they read none), as CPU tensors."""
+    if contract["kind"] == "audio":
+        if prompt_ids is not None or attention_mask is not None:
+            raise GuardError(
+                "this bundle's encoder takes log-mel features, not token ids: pass input_features [batch, "
+                "mel_bins, frames] to runner.generate (the Python API; aotpack generate feeds token ids only)"
+            )
+        bins, frames = contract["mel_bins"], contract["max_source"]
+        features = input_features
+        if (
+            not isinstance(features, torch.Tensor)
+            or not features.is_floating_point()
+            or features.dim() not in (2, 3)
+        ):
+            got = (
+                f"{features.dtype} {list(features.shape)}"
+                if isinstance(features, torch.Tensor)
+                else repr(features)[:80]
+            )
+            raise GuardError(
+                f"input_features: expected float log-mel features [batch, {bins}, {frames}], got {got}"
+            )
+        features = features[None] if features.dim() == 2 else features
+        if tuple(features.shape[1:]) != (bins, frames):
+            raise GuardError(
+                f"input_features: expected [batch, {bins}, {frames}] (mel bins, frames: the encoder takes exactly "
+                f"{frames}; pad or cut the audio's features to it), got {list(features.shape)}"
+            )
+        features = features.to(DTYPES[contract["dtype"]])
+        return {"input_features": features}, {"input_features": features[:, :, :1]}
+    if input_features is not None:
+        raise GuardError(
+            "this bundle's encoder takes token ids: pass prompt_ids (and attention_mask), not input_features"
+        )
+    if isinstance(prompt_ids, torch.Tensor):
+        ids = prompt_ids[None] if prompt_ids.dim() == 1 else prompt_ids
+        if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise GuardError(
+                f"prompt_ids: expected integer token ids [batch, seq], got {ids.dtype} {list(ids.shape)}"
+            )
+        ids = ids.to(torch.int64).cpu()
+        if attention_mask is None:
+            mask = torch.ones_like(ids)
+        else:
+            mask = torch.as_tensor(attention_mask).to(torch.int64).cpu()
+            mask = mask[None] if mask.dim() == 1 else mask
+            if mask.shape != ids.shape:
+                raise GuardError(
+                    f"attention_mask must have the shape of prompt_ids {list(ids.shape)}, got {list(mask.shape)}"
+                )
+    else:
+        flat = bool(prompt_ids) and isinstance(prompt_ids[0], int)
+        rows = [list(prompt_ids)] if flat else [list(r) for r in prompt_ids or ()]
+        if attention_mask is not None:
+            raise GuardError("attention_mask goes with a prompt_ids tensor; lists of prompts are padded here")
+        if not rows or any(not r for r in rows):
+            raise GuardError("every prompt needs at least one token")
+        longest = max(len(r) for r in rows)
+        # padded on the right, as tokenizers pad encoder inputs: each row's positions are its own
+        ids = torch.full((len(rows), longest), pad, dtype=torch.int64)
+        mask = torch.zeros((len(rows), longest), dtype=torch.int64)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor([int(t) for t in r], dtype=torch.int64)
+            mask[i, : len(r)] = 1
+    if ids.shape[0] == 0 or ids.shape[1] == 0 or bool((mask.sum(-1) == 0).any()):
+        raise GuardError("every prompt needs at least one token (a row of attention_mask holds no 1)")
+    if ids.shape[1] > contract["max_source"]:
+        raise GuardError(
+            f"a prompt of {ids.shape[1]} tokens, the bundle's encoder takes at most {contract['max_source']} "
+            f"(max_source); shorten the prompt or build with a larger max_source"
+        )
+    return {"input_ids": ids, "attention_mask": mask}, {
+        "input_ids": ids[:, :1],
+        "attention_mask": mask[:, :1],
+    }
+
+
+def seq2seq_generate(
+    runner: Any,
+    prompt_ids: Any,
+    max_new_tokens: int,
+    attention_mask: Any = None,
+    input_features: Any = None,
+    decoder_prompt_ids: Sequence[int] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    on_token: Callable[[int, list[int]], None] | None = None,
+) -> list[list[int]] | list[int]:
+    """Generate with an encoder-decoder bundle: one ``encode`` call (the encoder, the cross caches,
+    and the decoder's step on its start token), one ``prefill`` of ``decoder_prompt_ids`` when
+    given (tokens after the start token, the same for every row), then one ``decode`` call per
+    token; see ``Runner.generate``."""
+    if type(max_new_tokens) is not int or max_new_tokens < 1:
+        raise GuardError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if do_sample and not temperature > 0:
+        raise GuardError(f"temperature must be > 0 when sampling, got {temperature}")
+    if top_k is not None and (type(top_k) is not int or top_k < 1):
+        raise GuardError(f"top_k must be a positive int, got {top_k!r}")
+    contract = seq2seq_contract(runner)
+    eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    pad = pad_token_id if pad_token_id is not None else (min(eos) if eos else 0)
+    flat = (
+        contract["kind"] == "tokens"
+        and not isinstance(prompt_ids, torch.Tensor)
+        and bool(prompt_ids)
+        and isinstance(prompt_ids[0], int)
+    ) or (
+        contract["kind"] == "audio" and isinstance(input_features, torch.Tensor) and input_features.dim() == 2
+    )
+    source, unread = _source(contract, prompt_ids, attention_mask, input_features, pad)
+    batch = next(iter(source.values())).shape[0]
+    if batch > contract["max_batch"]:
+        raise GuardError(f"{batch} prompts, the bundle's batch admits at most {contract['max_batch']}")
+    prompt = [int(t) for t in (decoder_prompt_ids or ())]
+    # the decoder is fed its start token, the prompt and every new token but the last
+    needed = 1 + len(prompt) + max_new_tokens - 1
+    if needed > contract["max_target"]:
+        raise GuardError(
+            f"the start token, {len(prompt)} decoder prompt tokens and {max_new_tokens} new tokens need {needed} "
+            f"decoder cache slots, the bundle holds {contract['max_target']} (max_target); lower max_new_tokens to "
+            f"at most {contract['max_target'] - len(prompt)} or build with a larger max_target"
+        )
+    device = runner.device
+    source = {k: v.to(device) for k, v in source.items()}
+    unread = {k: v.to(device) for k, v in unread.items()}
+    slots = torch.arange(contract["max_target"], dtype=torch.int64, device=device)
+    nothing = torch.zeros((batch, 1), dtype=torch.int64, device=device)  # decoder inputs encode reads not
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    runner.reset(range(batch))
+    encode, prefill, decode = runner.entry("encode"), runner.entry("prefill"), runner.entry("decode")
+    # every slot written below is < max_target (checked above)
+    encode.check_indices = prefill.check_indices = decode.check_indices = False
+    logits = _logits(encode(**source, decoder_input_ids=nothing, cache_position=slots[:1]))
+    if prompt:
+        ids = torch.tensor(prompt, dtype=torch.int64, device=device).expand(batch, -1)
+        logits = _logits(prefill(**unread, decoder_input_ids=ids, cache_position=slots[1 : 1 + len(prompt)]))
+    first = 1 + len(prompt)  # the slot of the first new token
+
+    def advance(step: int, token: torch.Tensor) -> torch.Tensor:
+        slot = first + step
+        return _logits(
+            decode(**unread, decoder_input_ids=token[:, None], cache_position=slots[slot : slot + 1])
+        )
+
+    new = decode_loop(
+        logits, advance, batch, max_new_tokens, eos, pad, (do_sample, temperature, top_k, generator), on_token
+    )
+    return new[0] if flat else new

@@ -303,6 +303,13 @@ def export_entry_points(
         }
         module = out[0].module if out else None
         out += export_programs(
-            spec, weights, fast, allow_narrowing, progress, ranges=ranges, entry=ep.name, module=module
+            spec.for_entry(ep),
+            weights,
+            fast,
+            allow_narrowing,
+            progress,
+            ranges=ranges,
+            entry=ep.name,
+            module=module,
         )
     return out

@@ -106,7 +106,7 @@ def trace(
     from aot.tracer.lower import tensor_leaves as leaves
 
     exported = export_entry_points(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
-    lowered = [_lower(spec, ex, progress) for ex in exported]
+    lowered = [_lower(_entry_spec(spec, ex), ex, progress) for ex in exported]
     weight_tensors = dict(lowered[0][1])
     for k, ex in enumerate(exported[1:], 1):
         w = lowered[k][1]
@@ -115,7 +115,7 @@ def trace(
         ):
             # only tensors made in forward differ (a mask built for another window layout): this
             # program keeps its own under names of its own, beside the general program's
-            lowered[k] = _lower(spec, ex, progress, constant_suffix=f".program{k}")
+            lowered[k] = _lower(_entry_spec(spec, ex), ex, progress, constant_suffix=f".program{k}")
             w = lowered[k][1]
             weight_tensors.update({n: t for n, t in w.items() if n not in weight_tensors})
         if differ := _weight_differences(weight_tensors, w, partial=True):
@@ -128,6 +128,7 @@ def trace(
                 f"programs it traced)"
             )
     main = exported[0]
+    spec = _entry_spec(spec, main)  # the reference runs the first program's entry point
     state = {i.name for i in spec.state_inputs()}
     # the eager reference runs on fresh (zero) state, as a freshly loaded runner's first call does;
     # the state is the runner's, so the bundle's example inputs leave it out
@@ -157,6 +158,12 @@ def trace(
         programs=programs if len(programs) > 1 or spec.entry_points else (),
         reference_noise=noise,
     )
+
+
+def _entry_spec(spec: ModelSpec, ex: Exported) -> ModelSpec:
+    """``spec`` as the entry point of ``ex`` calls ``forward`` (its constant kwargs)."""
+    ep = next((e for e in spec.entry_points if e.name == ex.entry), None)
+    return spec.for_entry(ep) if ep is not None else spec
 
 
 def _constants(ex: Exported) -> frozenset[str]:
