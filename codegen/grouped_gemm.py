@@ -1,0 +1,266 @@
+"""Grouped GEMMs of Mixture-of-Experts layers as one Triton kernel each.
+
+A Mixture-of-Experts layer (``aot.tracer.experts``) multiplies the routed rows, grouped by expert,
+by their own expert's weights: ``aten._grouped_mm(rows, weights, offsets)`` with rows [S, K] whose
+group e is ``offsets[e-1]..offsets[e]-1``, weights [E, K, N] and ``offsets`` int32 [E] computed on
+the device. The library's CUDA kernel takes bfloat16 alone (other dtypes fall back to a loop that
+reads the offsets on the host, which a CUDA graph cannot hold), so this pass replaces each such
+step by a kernel of its own (the step its reference, what the CPU runs):
+
+- a *site* is a ``_grouped_mm`` step without bias or ``out_dtype`` whose rows are a row-major
+  [S, K] buffer, whose weights are a row-major [E, K, N] buffer or the ``permute(w, [0, 2, 1])`` /
+  ``transpose`` view of a row-major [E, N, K] one (transformers' layout), and whose output is
+  row-major [S, N], all of one float dtype;
+- the grid has a program per ``BLOCK_M`` rows and ``BLOCK_N`` columns, its size fixed by S: a
+  program walks the E groups, and for each group that meets its rows multiplies those rows by
+  that expert's weights (the other rows masked to zero), accumulating in fp32. Every row belongs
+  to one group, so each output element is one expert's product; a tile meets at most the groups
+  its rows span, so the work is that of the rows' own experts (top-k of them per token), plus at
+  most one partial tile per group. Offsets are clamped to 0..S and made non-decreasing, so no
+  value of them reads outside the operands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.dtypes import ITEMSIZE
+from aot.program import VIEW_OPS, tensor_specs
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
+
+GROUPED_MM = "aten._grouped_mm.default"
+HEURISTIC = "grouped-gemm-v1"
+FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+# Tile sizes: a decode step routes a few rows (batch * top_k), so a short row tile wastes little;
+# prefill's many rows reuse each weight tile BLOCK_M times.
+BLOCK_M = 32
+BLOCK_N = 64
+BLOCK_K = 32
+NUM_WARPS = 4
+NUM_STAGES = 2
+MAX_EXPERTS = 1024  # the walk over the groups is a loop of E scalar steps per program
+
+
+@dataclass(frozen=True)
+class GroupedSite:
+    """One grouped GEMM: its step, operands (base buffers), sizes and the weights' layout."""
+
+    step: int
+    rows: str  # [S, K] row-major
+    weights: str  # the base: [E, K, N] row-major, or [E, N, K] when ``transposed``
+    offsets: str  # int32 [E]
+    out: str  # [S, N] row-major
+    s: str  # size text
+    k: int
+    n: int
+    experts: int
+    transposed: bool  # weights stored [E, N, K] (read as their transpose)
+    dtype: str
+
+
+def find_grouped_sites(program: Program) -> list[GroupedSite]:
+    """The ``_grouped_mm`` steps of ``program`` the kernel can stand for (see the module docstring)."""
+    specs = tensor_specs(program)
+    producer = {o: i for i, s in enumerate(program.steps) for o in s.outputs if o is not None}
+
+    def view_step(name: str) -> Step | None:
+        i = producer.get(name)
+        s = program.steps[i] if i is not None else None
+        return s if s is not None and s.kind == StepKind.ATEN and s.target in VIEW_OPS else None
+
+    def materialized(name: str) -> bool:
+        spec = specs.get(name)
+        return spec is not None and not spec.order and view_step(name) is None
+
+    sites = []
+    for i, step in enumerate(program.steps):
+        if step.kind != StepKind.ATEN or step.target != GROUPED_MM or len(step.outputs) != 1:
+            continue
+        args = list(step.args) + [None] * (5 - len(step.args))
+        rows, weights, offsets, bias, out_dtype = args[:5]
+        if step.kwargs or bias is not None or out_dtype is not None:
+            continue
+        if not all(isinstance(x, Buf) for x in (rows, weights, offsets)):
+            continue
+        out = step.outputs[0]
+        if not all(materialized(x) for x in (rows.name, offsets.name, out)):
+            continue
+        rs, ws, os_, outs = (specs[x].shape for x in (rows.name, weights.name, offsets.name, out))
+        if len(rs) != 2 or len(ws) != 3 or len(os_) != 1 or len(outs) != 2:
+            continue
+        dtype = specs[rows.name].dtype
+        if dtype not in FLOAT_DTYPES or {specs[weights.name].dtype, specs[out].dtype} != {dtype}:
+            continue
+        if specs[offsets.name].dtype != "int32" or not all(d.isdigit() for d in (*ws, *os_)):
+            continue
+        experts, k, n = (int(d) for d in ws)
+        if int(os_[0]) != experts or experts > MAX_EXPERTS or rs[1] != str(k) or outs[1] != str(n):
+            continue
+        if not ix.same(ix.parse_size(rs[0]), ix.parse_size(outs[0])):
+            continue
+        base, transposed = weights.name, False
+        if not materialized(base):
+            v = view_step(base)
+            swapped = v is not None and (
+                (v.target == "aten.permute.default" and list(v.args[1]) == [0, 2, 1])
+                or (v.target == "aten.transpose.int" and sorted(d % 3 for d in v.args[1:3]) == [1, 2])
+            )
+            if not swapped or not isinstance(v.args[0], Buf) or not materialized(v.args[0].name):
+                continue
+            base, transposed = v.args[0].name, True
+            if specs[base].shape != (str(experts), str(n), str(k)):
+                continue
+        sites.append(
+            GroupedSite(
+                step=i,
+                rows=rows.name,
+                weights=base,
+                offsets=offsets.name,
+                out=out,
+                s=rs[0],
+                k=k,
+                n=n,
+                experts=experts,
+                transposed=transposed,
+                dtype=dtype,
+            )
+        )
+    return sites
+
+
+def render_grouped_gemm(site: GroupedSite) -> Rendered:
+    """The kernel of one site: grid (cdiv(S, BLOCK_M), cdiv(N, BLOCK_N))."""
+    tl_dtype = TL_TYPE[STORAGE[site.dtype]]
+    precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
+    # weight (e, k, n) of [E, K, N] at e*K*N + k*N + n; of [E, N, K] (read transposed) at e*N*K + n*K + k
+    stride_k, stride_n = (1, site.k) if site.transposed else (site.n, 1)
+    name = f"grouped_gemm_e{site.experts}_k{site.k}_n{site.n}{'_t' if site.transposed else ''}"
+    body = [
+        "pid_m = tl.program_id(0).to(tl.int64)",
+        "pid_n = tl.program_id(1).to(tl.int64)",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "rk = tl.arange(0, BLOCK_K)",
+        "tile_start = pid_m * BLOCK_M",
+        "tile_end = tl.minimum(tile_start + BLOCK_M, S)",
+        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "start = pid_m * 0  # int64",
+        "for e in range(0, EXPERTS):",
+        "    # group e: rows start..end-1, the offsets clamped to 0..S and made non-decreasing",
+        "    end = tl.minimum(tl.maximum(tl.load(offs_ptr + e).to(tl.int64), start), S)",
+        "    if (end > tile_start) & (start < tile_end):",
+        "        in_group = (rm >= start) & (rm < end)",
+        "        weights = w_ptr + e * (K * N)",
+        "        for k0 in range(0, K, BLOCK_K):",
+        "            kk = k0 + rk",
+        "            a = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=in_group[:, None] & (kk < K)[None, :], other=0.0)",
+        "            b = tl.load(weights + kk[:, None] * STRIDE_K + rn[None, :] * STRIDE_N, mask=(kk < K)[:, None] & (rn < N)[None, :], other=0.0)",
+        f"            acc += tl.dot(a, b{precision})",
+        "    start = end",
+        f"tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to({tl_dtype}), mask=(rm < S)[:, None] & (rn < N)[None, :])",
+    ]
+    params = [
+        KernelParam("x_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("w_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("offs_ptr", ParamKind.PTR, "int32"),
+        KernelParam("out_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("S", ParamKind("i32"), ""),
+    ]
+    s_text = ix.size_text(ix.parse_size(site.s))
+    args = (Buf(site.rows), Buf(site.weights), Buf(site.offsets), Buf(site.out), Sym(s_text))
+    signature = signature_of(params, "i32")
+    consts = {
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "BLOCK_K": BLOCK_K,
+        "EXPERTS": site.experts,
+        "K": site.k,
+        "N": site.n,
+        "STRIDE_K": stride_k,
+        "STRIDE_N": stride_n,
+    }
+    grid = (f"({s_text} + {BLOCK_M - 1})//{BLOCK_M}", str(-(-site.n // BLOCK_N)))
+    layout = f"[{site.experts}, {site.n}, {site.k}] read transposed" if site.transposed else "row-major"
+    doc = [
+        "Grouped GEMM: out[r] = x[r] @ w[e] for the rows r of each expert e's group (offsets), fp32 accumulation.",
+        "",
+        f"x: [S, {site.k}] grouped by expert; w: [{site.experts}, {site.k}, {site.n}] ({layout}); "
+        f"offs: int32 [{site.experts}]; S = {s_text}, {site.dtype}.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    source = kernel_module(doc, consts, name, signature, body)
+    elem = ITEMSIZE[site.dtype]
+    rows = ix.parse_size(site.s)
+    # at most one weight tile per group and row tile: bounded by the rows' own experts' weights
+    traffic = (rows * (site.k + site.n) + site.experts * site.k * site.n) * elem
+    config = {
+        "kind": "grouped_gemm",
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "BLOCK_K": BLOCK_K,
+        "heuristic": HEURISTIC,
+        "num_warps": NUM_WARPS,
+        "num_stages": NUM_STAGES,
+    }
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=tuple(params),
+        args=args,
+        outputs=(site.out,),
+        grid=grid,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+        config=config,
+        ops=(GROUPED_MM,),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
+
+
+def grouped_gemm_kernels(
+    program: Program,
+    archs: tuple[str, ...],
+    compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
+    say: Callable[[str], None],
+) -> tuple[Program, dict[tuple[str, str], bytes]]:
+    """``program`` with each grouped GEMM site run by its kernel (the ``_grouped_mm`` step its
+    reference); a site whose kernel fails to compile stays the library call."""
+    sites = find_grouped_sites(program)
+    if not sites:
+        return program, {}
+    rendered = [render_grouped_gemm(s) for s in sites]
+    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
+    todo = dict(zip(ids, rendered))
+    results, failed = compile_kernels(list(todo.items()))
+    for kid, why in failed.items():
+        say(f"  warning: grouped GEMM kernel {todo[kid].name} failed to compile, _grouped_mm stays: {why}")
+    existing = {k.id for k in program.kernels}
+    records = {
+        kid: kernel_record(kid, r, results, archs)
+        for kid, r in todo.items()
+        if kid not in failed and kid not in existing
+    }
+    at = {s.step: (kid, r) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
+    steps = list(program.steps)
+    for i, (kid, r) in at.items():
+        steps[i] = Step(
+            kind=StepKind.KERNEL,
+            target=kid,
+            args=r.args,
+            kwargs={},
+            outputs=r.outputs,
+            grid=r.grid,
+            reference=(program.steps[i],),
+        )
+    if at:
+        say(f"  {len(at)} grouped GEMMs of Mixture-of-Experts layers run as grouped GEMM kernels")
+    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
+    return replace(program, steps=tuple(steps), kernels=program.kernels + tuple(records.values())), cubins
