@@ -249,9 +249,10 @@ def attention_shapes() -> Check:
 
 def grouped_mm_operands() -> Check:
     """Rows [S, K] grouped by expert, stacked weights [E, K, N] and ``offs``: E int32 ends of the
-    groups, non-decreasing within 0..S; no bias, the rows' dtype out. What a Mixture-of-Experts
+    groups, non-decreasing, the last S; no bias, the rows' dtype out. What a Mixture-of-Experts
     layer calls (``aot.tracer.experts``). The ends are values a call computes: on the CPU they are
-    checked per call (E values), since the kernel takes its row ranges from them."""
+    checked per call (E values), since the kernel takes its row ranges from them and leaves the
+    rows past the last end unwritten."""
 
     def test(rows: Any, weights: Any, offs: Any, bias: Any, out_dtype: Any) -> str | None:
         if not (type(rows) is torch.Tensor and type(weights) is torch.Tensor):
@@ -271,8 +272,8 @@ def grouped_mm_operands() -> Check:
         if offs.device.type != "cpu" or offs.numel() == 0:
             return None
         ends = offs.to(torch.int64)
-        if bool((ends < 0).any()) or bool((ends > rows.shape[0]).any()) or bool((ends[1:] < ends[:-1]).any()):
-            return f"expected offs non-decreasing within 0..{rows.shape[0]}, got {ends[:8].tolist()}"
+        if bool((ends < 0).any()) or int(ends[-1]) != rows.shape[0] or bool((ends[1:] < ends[:-1]).any()):
+            return f"expected offs non-decreasing from 0 to {rows.shape[0]} (every row in a group), got {ends[:8].tolist()}"
         return None
 
     return Check(("self", "mat2", "offs", "bias", "out_dtype"), test, always=True)
