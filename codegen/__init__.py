@@ -156,6 +156,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
 
     new_program, grouped_cubins = grouped_gemm_kernels(
         new_program,
+        ranges,
         archs,
         lambda todo: compile_kernels(dict(todo), archs, say, "grouped GEMM kernel")[:2],
         say,

@@ -11,13 +11,15 @@ step by a kernel of its own (the step its reference, what the CPU runs):
   [S, K] buffer, whose weights are a row-major [E, K, N] buffer or the ``permute(w, [0, 2, 1])`` /
   ``transpose`` view of a row-major [E, N, K] one (transformers' layout), and whose output is
   row-major [S, N], all of one float dtype;
-- the grid has a program per ``BLOCK_M`` rows and ``BLOCK_N`` columns, its size fixed by S: a
-  program walks the E groups, and for each group that meets its rows multiplies those rows by
-  that expert's weights (the other rows masked to zero), accumulating in fp32. Every row belongs
-  to one group, so each output element is one expert's product; a tile meets at most the groups
-  its rows span, so the work is that of the rows' own experts (top-k of them per token), plus at
-  most one partial tile per group. Offsets are clamped to 0..S and made non-decreasing, so no
-  value of them reads outside the operands.
+- the grid is fixed by S: at most ``cdiv(S, BLOCK_M) + E`` row tiles (each group of n rows takes
+  ``cdiv(n, BLOCK_M)``) by the column tiles. A program finds its group and tile by walking the
+  offsets (E scalar loads), multiplies that tile's rows by that expert's weights alone,
+  accumulating in fp32, and stores them; the programs past the last tile return. So the work is
+  that of the rows' own experts (top-k of them per token) plus at most one partial tile per group,
+  and a decode step's few rows spread over as many programs as experts they hit. Offsets are
+  clamped to 0..S and made non-decreasing, and the last group ends at S, so no value of them reads
+  outside the operands or leaves a row unwritten. ``BLOCK_M`` follows the rows per expert at the
+  largest size (16 for decode, up to 64 for a long prefill).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
 GROUPED_MM = "aten._grouped_mm.default"
 HEURISTIC = "grouped-gemm-v1"
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
-# Tile sizes: a decode step routes a few rows (batch * top_k), so a short row tile wastes little;
-# prefill's many rows reuse each weight tile BLOCK_M times.
-BLOCK_M = 32
+# Row tiles: a group of n rows takes cdiv(n, BLOCK_M) of them, so a decode step's few rows per
+# expert want the smallest tile tl.dot takes; prefill's many reuse each weight tile BLOCK_M times.
+BLOCK_M_CHOICES = (16, 32, 64)
 BLOCK_N = 64
 BLOCK_K = 32
 NUM_WARPS = 4
@@ -135,36 +137,50 @@ def find_grouped_sites(program: Program) -> list[GroupedSite]:
     return sites
 
 
-def render_grouped_gemm(site: GroupedSite) -> Rendered:
-    """The kernel of one site: grid (cdiv(S, BLOCK_M), cdiv(N, BLOCK_N))."""
+def block_m(site: GroupedSite, ranges: dict[str, tuple[int, int]]) -> int:
+    """The row tile for the rows per expert at the largest size (an even spread of the routing)."""
+    from aot.symexpr import evaluate
+
+    try:
+        rows = evaluate(ix.size_text(ix.parse_size(site.s)), {k: hi for k, (lo, hi) in ranges.items()})
+    except Exception:
+        return BLOCK_M_CHOICES[-1]
+    per_expert = -(-rows // site.experts)
+    return next((b for b in BLOCK_M_CHOICES if b >= per_expert), BLOCK_M_CHOICES[-1])
+
+
+def render_grouped_gemm(site: GroupedSite, block_rows: int = BLOCK_M_CHOICES[0]) -> Rendered:
+    """The kernel of one site: grid (cdiv(S, block_rows) + E, cdiv(N, BLOCK_N))."""
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     # weight (e, k, n) of [E, K, N] at e*K*N + k*N + n; of [E, N, K] (read transposed) at e*N*K + n*K + k
     stride_k, stride_n = (1, site.k) if site.transposed else (site.n, 1)
     name = f"grouped_gemm_e{site.experts}_k{site.k}_n{site.n}{'_t' if site.transposed else ''}"
     body = [
-        "pid_m = tl.program_id(0).to(tl.int64)",
+        "pid_t = tl.program_id(0)  # a row tile of some group",
         "pid_n = tl.program_id(1).to(tl.int64)",
-        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
         "rk = tl.arange(0, BLOCK_K)",
-        "tile_start = pid_m * BLOCK_M",
-        "tile_end = tl.minimum(tile_start + BLOCK_M, S)",
-        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        "start = pid_m * 0  # int64",
+        "tiles_before = pid_t * 0",
+        "start = pid_t.to(tl.int64) * 0",
         "for e in range(0, EXPERTS):",
-        "    # group e: rows start..end-1, the offsets clamped to 0..S and made non-decreasing",
+        "    # group e: rows start..end-1, the offsets clamped to 0..S, non-decreasing, the last at S",
         "    end = tl.minimum(tl.maximum(tl.load(offs_ptr + e).to(tl.int64), start), S)",
-        "    if (end > tile_start) & (start < tile_end):",
-        "        in_group = (rm >= start) & (rm < end)",
+        "    end = tl.where(e == EXPERTS - 1, start * 0 + S, end)",
+        "    tiles = ((end - start + BLOCK_M - 1) // BLOCK_M).to(tl.int32)",
+        "    if (pid_t >= tiles_before) & (pid_t < tiles_before + tiles):",
+        "        rm = start + (pid_t - tiles_before).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "        in_group = rm < end",
         "        weights = w_ptr + e * (K * N)",
+        "        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         "        for k0 in range(0, K, BLOCK_K):",
         "            kk = k0 + rk",
         "            a = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=in_group[:, None] & (kk < K)[None, :], other=0.0)",
         "            b = tl.load(weights + kk[:, None] * STRIDE_K + rn[None, :] * STRIDE_N, mask=(kk < K)[:, None] & (rn < N)[None, :], other=0.0)",
         f"            acc += tl.dot(a, b{precision})",
+        f"        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to({tl_dtype}), mask=in_group[:, None] & (rn < N)[None, :])",
+        "    tiles_before += tiles",
         "    start = end",
-        f"tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to({tl_dtype}), mask=(rm < S)[:, None] & (rn < N)[None, :])",
     ]
     params = [
         KernelParam("x_ptr", ParamKind.PTR, site.dtype),
@@ -177,7 +193,7 @@ def render_grouped_gemm(site: GroupedSite) -> Rendered:
     args = (Buf(site.rows), Buf(site.weights), Buf(site.offsets), Buf(site.out), Sym(s_text))
     signature = signature_of(params, "i32")
     consts = {
-        "BLOCK_M": BLOCK_M,
+        "BLOCK_M": block_rows,
         "BLOCK_N": BLOCK_N,
         "BLOCK_K": BLOCK_K,
         "EXPERTS": site.experts,
@@ -186,7 +202,7 @@ def render_grouped_gemm(site: GroupedSite) -> Rendered:
         "STRIDE_K": stride_k,
         "STRIDE_N": stride_n,
     }
-    grid = (f"({s_text} + {BLOCK_M - 1})//{BLOCK_M}", str(-(-site.n // BLOCK_N)))
+    grid = (f"({s_text} + {block_rows - 1})//{block_rows} + {site.experts}", str(-(-site.n // BLOCK_N)))
     layout = f"[{site.experts}, {site.n}, {site.k}] read transposed" if site.transposed else "row-major"
     doc = [
         "Grouped GEMM: out[r] = x[r] @ w[e] for the rows r of each expert e's group (offsets), fp32 accumulation.",
@@ -202,7 +218,7 @@ def render_grouped_gemm(site: GroupedSite) -> Rendered:
     traffic = (rows * (site.k + site.n) + site.experts * site.k * site.n) * elem
     config = {
         "kind": "grouped_gemm",
-        "BLOCK_M": BLOCK_M,
+        "BLOCK_M": block_rows,
         "BLOCK_N": BLOCK_N,
         "BLOCK_K": BLOCK_K,
         "heuristic": HEURISTIC,
@@ -227,6 +243,7 @@ def render_grouped_gemm(site: GroupedSite) -> Rendered:
 
 def grouped_gemm_kernels(
     program: Program,
+    ranges: dict[str, tuple[int, int]],
     archs: tuple[str, ...],
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
@@ -236,7 +253,7 @@ def grouped_gemm_kernels(
     sites = find_grouped_sites(program)
     if not sites:
         return program, {}
-    rendered = [render_grouped_gemm(s) for s in sites]
+    rendered = [render_grouped_gemm(s, block_m(s, ranges)) for s in sites]
     ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
     todo = dict(zip(ids, rendered))
     results, failed = compile_kernels(list(todo.items()))

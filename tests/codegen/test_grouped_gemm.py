@@ -3,7 +3,7 @@ Triton's interpreter on the CPU against a per-expert loop of float64 matmuls on 
 experts that get no rows, one expert taking every row, row counts, K and N that are no multiple of
 their blocks, weights stored [E, N, K] (transformers' layout, read transposed) and [E, K, N].
 Offsets that are no valid grouping (decreasing, past the rows) read nothing outside the operands
-and still write every output row. Tolerances: float32 1e-4, float16 2e-2, each absolute plus
+and still write every output row (the last group ends at the last row). Row tiles of 16, 32 and 64. Tolerances: float32 1e-4, float16 2e-2, each absolute plus
 relative to the largest output (the output is rounded to float16 once); bfloat16 is checked on the
 GPU only (Triton's interpreter computes ``tl.dot`` of bfloat16 operands wrongly)."""
 
@@ -16,13 +16,13 @@ import pytest
 from tests.codegen.conftest import interpreted_json
 
 # (name, dtype, rows S, K, N, experts, transposed, group sizes or None for random routing,
-#  offsets given as they are (no grouping))
+#  offsets given as they are (no grouping), row tile)
 CASES = [
-    ("decode_fp32", "float32", 6, 32, 64, 4, True, [2, 0, 3, 1], False),
-    ("one_expert_takes_all_fp32", "float32", 37, 40, 72, 5, True, [0, 0, 37, 0, 0], False),
-    ("prefill_odd_fp32", "float32", 83, 48, 100, 8, False, None, False),
-    ("prefill_fp16", "float16", 70, 64, 96, 6, True, None, False),
-    ("hostile_offsets_fp32", "float32", 20, 32, 64, 4, True, [9, 3, 40, -5], True),
+    ("decode_fp32", "float32", 6, 32, 64, 4, True, [2, 0, 3, 1], False, 16),
+    ("one_expert_takes_all_fp32", "float32", 37, 40, 72, 5, True, [0, 0, 37, 0, 0], False, 16),
+    ("prefill_odd_fp32", "float32", 83, 48, 100, 8, False, None, False, 32),
+    ("prefill_fp16", "float16", 70, 64, 96, 6, True, None, False, 64),
+    ("hostile_offsets_fp32", "float32", 20, 32, 64, 4, True, [9, 3, 40, -5], True, 16),
 ]
 
 SCRIPT = r"""
@@ -31,7 +31,7 @@ import torch
 from aot.codegen.grouped_gemm import GroupedSite, render_grouped_gemm
 
 out = {}
-for name, dtype, S, K, N, E, transposed, groups, raw in CASES:
+for name, dtype, S, K, N, E, transposed, groups, raw, block in CASES:
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
     dt = getattr(torch, dtype)
     if groups is None:
@@ -43,20 +43,20 @@ for name, dtype, S, K, N, E, transposed, groups, raw in CASES:
     stacked = w.transpose(1, 2) if transposed else w  # [E, K, N]
     site = GroupedSite(step=0, rows="x", weights="w", offsets="o", out="y", s=str(S), k=K, n=N,
                        experts=E, transposed=transposed, dtype=dtype)
-    r = render_grouped_gemm(site)
+    r = render_grouped_gemm(site, block)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(r.source)
     spec = importlib.util.spec_from_file_location(r.name, f.name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     y = torch.full((S, N), float("nan"), dtype=dt)
-    grid = ((S + 31) // 32, int(r.grid[1]))
+    grid = ((S + block - 1) // block + E, int(r.grid[1]))
     getattr(module, r.name)[grid](x, w.contiguous(), offsets, y, S, num_warps=r.num_warps)
     # the reference: the offsets clamped as the kernel documents, a float64 matmul per group
     ref = torch.zeros(S, N, dtype=torch.float64)
     start = 0
     for e, end in enumerate(offsets.tolist()):
-        end = min(max(end, start), S)
+        end = S if e == E - 1 else min(max(end, start), S)
         ref[start:end] = x[start:end].double() @ stacked[e].double()
         start = end
     err = (y.double() - ref).abs()
@@ -80,7 +80,19 @@ def test_grouped_gemm_matches_a_matmul_per_expert(interpreted, case):
     assert not got["nan"], f"{name}: unwritten or NaN outputs"
     tol = 1e-4 if dtype == "float32" else 2e-2  # float16
     assert got["max_err"] <= tol * (1 + got["ref_max"]), got
-    assert got["grid"][0] == f"({case[2]} + 31)//32"
+    block, experts = case[-1], case[5]
+    assert got["grid"][0] == f"({case[2]} + {block - 1})//{block} + {experts}"
+
+
+def test_the_row_tile_follows_the_rows_per_expert_at_the_largest_size():
+    from aot.codegen.grouped_gemm import GroupedSite, block_m
+
+    def site(s: str, experts: int) -> GroupedSite:
+        return GroupedSite(0, "x", "w", "o", "y", s, 32, 64, experts, True, "float32")
+
+    assert block_m(site("2*batch", 8), {"batch": (1, 8)}) == 16  # decode: 16 rows over 8 experts
+    assert block_m(site("8*batch*seq", 128), {"batch": (1, 2), "seq": (1, 256)}) == 32
+    assert block_m(site("2*batch*seq", 8), {"batch": (1, 8), "seq": (1, 2048)}) == 64
 
 
 def test_sites_need_a_grouped_layout_they_can_read():

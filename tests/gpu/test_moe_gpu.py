@@ -35,10 +35,10 @@ def _arch() -> str:
     return f"sm_{major}{minor}"
 
 
-def _kernel(site, tmp_path):
+def _kernel(site, block, tmp_path):
     from aot.codegen.grouped_gemm import render_grouped_gemm
 
-    r = render_grouped_gemm(site)
+    r = render_grouped_gemm(site, block)
     path = tmp_path / f"{r.name}.py"
     path.write_text(r.source)
     spec = importlib.util.spec_from_file_location(r.name, path)
@@ -63,7 +63,7 @@ def _timed(fn, iters: int = 50) -> float:
 def test_grouped_gemm_matches_a_matmul_per_expert_on_gpu(shape, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from aot.codegen.grouped_gemm import BLOCK_M, GroupedSite
+    from aot.codegen.grouped_gemm import GroupedSite, block_m
 
     name, dtype, S, K, N, E = shape
     dt = getattr(torch, dtype)
@@ -76,8 +76,9 @@ def test_grouped_gemm_matches_a_matmul_per_expert_on_gpu(shape, tmp_path):
         step=0, rows="x", weights="w", offsets="o", out="y", s=str(S), k=K, n=N, experts=E,
         transposed=True, dtype=dtype,
     )  # fmt: skip
-    kernel, r = _kernel(site, tmp_path)
-    grid = ((S + BLOCK_M - 1) // BLOCK_M, int(r.grid[1]))
+    block = block_m(site, {})
+    kernel, r = _kernel(site, block, tmp_path)
+    grid = ((S + block - 1) // block + E, int(r.grid[1]))
     y = torch.full((S, N), float("nan"), dtype=dt, device="cuda")
 
     def run():
