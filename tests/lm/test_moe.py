@@ -293,3 +293,38 @@ def test_each_expert_layer_is_two_grouped_gemm_kernels_over_allowlisted_ops(moe_
         ops = {x.target for s in program.steps for x in ((s,) if s.kind == StepKind.ATEN else s.reference)}
         assert ops <= ALLOWED_OPS | STATE_WRITE_OPS, ops - ALLOWED_OPS
         assert "aten._grouped_mm.default" not in {s.target for s in program.steps}
+
+
+MODEL_FILE = """
+import sys
+sys.path.insert(0, {root!r})
+from aot.hf import causal_lm
+from tests.lm.test_moe import MAX_BATCH, MAX_CONTEXT, factory
+from tests.realmodels.conftest import import_torchvision
+
+import_torchvision()  # as transformers needs it on a CPU torch
+
+spec = causal_lm(factory("mixtral"), max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name="mixtral")
+"""
+
+
+@pytest.mark.slow
+def test_every_kernel_of_the_moe_bundle_matches_its_reference_in_the_interpreter(moe_bundles, tmp_path):
+    """The prefill program's kernels (the grouped GEMMs, the offsets' reduction, the fused
+    routing and gating) in Triton's interpreter against their ATen references
+    (``aot.dtypes.TOLERANCE``), at batch 1 and an odd size."""
+    from aot.verify.interpret import interpret_in_subprocess
+    from tests.conftest import HANG_GUARD_S, ROOT
+
+    runner, _ = moe_bundles("mixtral")
+    model = tmp_path / "mixtral_model.py"
+    model.write_text(MODEL_FILE.format(root=str(ROOT)))
+    bundle = moe_bundles.base / "mixtral.tpk"
+    sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 5}]
+    (result,) = interpret_in_subprocess([(bundle, model, sizes, None)], timeout=HANG_GUARD_S)
+    kernels = {k.id: k for k in runner.program.kernels}
+    for key, comparisons in result.items():
+        grouped = [c for c in comparisons if kernels[c.kernel].config.get("kind") == "grouped_gemm"]
+        assert len(grouped) == 2 * COMMON["num_hidden_layers"], key
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, (key, bad[:3])
