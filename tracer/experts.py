@@ -33,13 +33,18 @@ from aot.errors import TraceError
 REPLACED_IMPLEMENTATIONS = (None, "eager", "grouped_mm", "batched_mm")
 # The CPU kernel of aten._grouped_mm reads its operands with strides that are multiples of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
-FORWARD_PARAMETERS = ("hidden_states", "top_k_index", "top_k_weights")
+# How experts modules name their forward's parameters: the hidden states, then the routing as
+# the router computed it ([tokens, top_k] expert ids and weights); GPT-OSS names them its own way.
+FORWARD_PARAMETERS = (
+    ("hidden_states", "top_k_index", "top_k_weights"),
+    ("hidden_states", "router_indices", "routing_weights"),
+)
 
 
 def is_experts_module(module: torch.nn.Module) -> bool:
     """A module of stacked expert weights (``gate_up_proj`` or ``up_proj``, and ``down_proj``,
     each ``[E, ...]`` with E its ``num_experts``) whose forward takes the routing as computed:
-    ``(hidden_states, top_k_index, top_k_weights)``."""
+    ``(hidden_states, top_k_index, top_k_weights)`` (or GPT-OSS's names for them)."""
     experts = getattr(module, "num_experts", None)
     if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
         return False
@@ -51,7 +56,7 @@ def is_experts_module(module: torch.nn.Module) -> bool:
         params = tuple(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         return False
-    return params[:3] == FORWARD_PARAMETERS
+    return params[:3] in FORWARD_PARAMETERS
 
 
 def _has_gate(module: torch.nn.Module) -> bool:
@@ -74,12 +79,28 @@ def grouped_experts(model: torch.nn.Module) -> Iterator[int]:
     the duration; yields how many there are."""
     found = [m for m in model.modules() if replaceable(m)]
     for m in found:
-        m.forward = grouped_experts_forward.__get__(m)
+        m.forward = _routed_forward(m)
     try:
         yield len(found)
     finally:
         for m in found:
             del m.forward
+
+
+def _routed_forward(module: torch.nn.Module):
+    """``grouped_experts_forward`` on ``module``, taking its arguments by position or by the
+    names its own forward gives them."""
+    names = tuple(inspect.signature(module.forward).parameters)[:3]
+
+    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        values = [*args, *(kwargs.pop(n) for n in names[len(args) :] if n in kwargs)]
+        if kwargs or len(values) != 3:
+            raise TypeError(
+                f"{type(module).__name__}.forward takes {names}, got {len(args)} and {sorted(kwargs)}"
+            )
+        return grouped_experts_forward(module, *values)
+
+    return forward
 
 
 def grouped_experts_forward(

@@ -100,12 +100,48 @@ def routings(tokens: int, experts: int, top_k: int, gen: torch.Generator):
     yield same, weights
 
 
-@pytest.mark.parametrize("kind", list(MOE))
+def mixture(experts, hidden, index, weights) -> torch.Tensor:
+    """The mixture written out: every token through its k experts, one at a time, in the module's
+    own layout (stacked [E, N, K], or [E, K, N] when transposed), biases and gating."""
+    transposed = getattr(experts, "is_transposed", False)
+    bias = getattr(experts, "has_bias", False)
+    out = torch.zeros_like(hidden)
+    for t in range(hidden.shape[0]):
+        for j in range(index.shape[1]):
+            e = int(index[t, j])
+            up = hidden[t] @ (experts.gate_up_proj[e] if transposed else experts.gate_up_proj[e].T)
+            up = up + experts.gate_up_proj_bias[e] if bias else up
+            gated = experts._apply_gate(up[None])[0]
+            down = gated @ (experts.down_proj[e] if transposed else experts.down_proj[e].T)
+            out[t] += weights[t, j] * (down + experts.down_proj_bias[e] if bias else down)
+    return out
+
+
+GPT_OSS = dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, head_dim=8)
+
+
+def experts_models(kind: str, implementation: str):
+    if kind != "gpt_oss":
+        return built(kind, experts_implementation=implementation)
+    import transformers as tf
+
+    # weights stored transposed ([E, K, N]), biases, an interleaved and clamped gate of its own
+    config = tf.GptOssConfig(**{**COMMON, **GPT_OSS})
+    config._experts_implementation = implementation
+    torch.manual_seed(0)
+    model = tf.GptOssForCausalLM(config).eval()
+    for layer in model.model.layers:
+        for bias in (layer.mlp.experts.gate_up_proj_bias, layer.mlp.experts.down_proj_bias):
+            bias.data.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("kind", [*MOE, "gpt_oss"])
 def test_the_grouped_form_equals_the_library_experts_forward(kind):
-    from aot.tracer.experts import grouped_experts_forward, replaceable
+    from aot.tracer.experts import grouped_experts, replaceable
 
     for implementation in ("eager", "grouped_mm"):
-        model = built(kind, experts_implementation=implementation)
+        model = experts_models(kind, implementation)
         experts = experts_of(model)
         assert replaceable(experts), implementation
         top_k = model.config.num_experts_per_tok
@@ -115,16 +151,12 @@ def test_the_grouped_form_equals_the_library_experts_forward(kind):
             for index, weights in routings(tokens, experts.num_experts, top_k, gen):
                 with torch.no_grad():
                     want = experts(hidden, index, weights)
-                    got = grouped_experts_forward(experts, hidden, index, weights)
-                    # the mixture written out: every token through its k experts, one at a time
-                    dense = torch.zeros_like(hidden)
-                    for t in range(tokens):
-                        for j in range(top_k):
-                            e = int(index[t, j])
-                            gate, up = (hidden[t] @ experts.gate_up_proj[e].T).chunk(2)
-                            dense[t] += weights[t, j] * (experts.act_fn(gate) * up) @ experts.down_proj[e].T
+                    with grouped_experts(model) as found:
+                        assert found == COMMON["num_hidden_layers"]
+                        got = experts(hidden, index, weights)
+                    written = mixture(experts, hidden, index, weights)
                 torch.testing.assert_close(got, want, atol=EXACT, rtol=EXACT)
-                torch.testing.assert_close(got, dense, atol=EXACT, rtol=EXACT)
+                torch.testing.assert_close(got, written, atol=EXACT, rtol=EXACT)
 
 
 class StackedExperts(nn.Module):
