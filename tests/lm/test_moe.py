@@ -1,5 +1,6 @@
 """Mixture-of-Experts causal LMs at transformers' default experts implementation (Mixtral,
-Qwen2-MoE with its shared expert, Qwen3-MoE; tiny random-weight configs, fp32, CPU).
+Qwen2-MoE with its shared expert, Qwen3-MoE, GPT-OSS with expert biases and its own gate; tiny
+random-weight configs, fp32, CPU).
 
 ``aot.tracer.experts`` exports each experts module as static-shape grouped GEMMs over the routed
 rows sorted by expert; the build's reference check and every comparison here run the library's own
@@ -7,7 +8,7 @@ forward. Checked: the grouped form equals the library's ``eager`` loop and ``gro
 counts where some experts get no row or one expert gets all (1e-5); the bundle's prefill and decode
 logits equal the eager model's at batch 1, an odd size and the maximum (fp32: 1e-4 absolute + 1e-4
 relative, ``aot.dtypes.TOLERANCE``); ``generate`` picks transformers' greedy tokens exactly. Mixtral
-builds in the default run, the Qwen models in the slow run."""
+builds in the default run, the others in the slow run."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ KINDS = [
     "mixtral",
     pytest.param("qwen2_moe", marks=pytest.mark.slow),
     pytest.param("qwen3_moe", marks=pytest.mark.slow),
+    pytest.param("gpt_oss", marks=pytest.mark.slow),
 ]
 
 
@@ -73,6 +75,9 @@ def _transformers():
 
 def factory(kind: str, experts_implementation: str | None = None):
     import transformers as tf
+
+    if kind == "gpt_oss":
+        return lambda: experts_models(kind, experts_implementation)
 
     name, fields = MOE[kind]
     config = getattr(tf, f"{name}Config")(**{**COMMON, **fields})
@@ -120,14 +125,16 @@ def mixture(experts, hidden, index, weights) -> torch.Tensor:
 GPT_OSS = dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, head_dim=8)
 
 
-def experts_models(kind: str, implementation: str):
+def experts_models(kind: str, implementation: str | None):
     if kind != "gpt_oss":
         return built(kind, experts_implementation=implementation)
     import transformers as tf
 
-    # weights stored transposed ([E, K, N]), biases, an interleaved and clamped gate of its own
+    # weights stored transposed ([E, K, N]), biases, an interleaved and clamped gate of its own;
+    # attention sinks, and sliding layers whose window (128) the context never reaches
     config = tf.GptOssConfig(**{**COMMON, **GPT_OSS})
-    config._experts_implementation = implementation
+    if implementation is not None:
+        config._experts_implementation = implementation
     torch.manual_seed(0)
     model = tf.GptOssForCausalLM(config).eval()
     for layer in model.model.layers:
