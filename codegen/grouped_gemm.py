@@ -19,7 +19,10 @@ step by a kernel of its own (the step its reference, what the CPU runs):
   and a decode step's few rows spread over as many programs as experts they hit. Offsets are
   clamped to 0..S and made non-decreasing, and the last group ends at S, so no value of them reads
   outside the operands or leaves a row unwritten. ``BLOCK_M`` follows the rows per expert at the
-  largest size (16 for decode, up to 64 for a long prefill).
+  largest size (16 for decode, up to 64 for a long prefill);
+- where the rows are ``aten.index(x, [index])`` of the tokens' hidden states (the gate/up
+  projection's routed rows) and nothing else reads them, the kernel loads each row where its token
+  lies (the index clamped to x's rows) and the gather step joins its reference: no [S, K] copy.
 """
 
 from __future__ import annotations
@@ -65,6 +68,12 @@ class GroupedSite:
     experts: int
     transposed: bool  # weights stored [E, N, K] (read as their transpose)
     dtype: str
+    # rows gathered from a [T, K] buffer by an int64 [S] index (``aten.index``) that only this
+    # GEMM reads: the kernel loads them where they lie, and the gather joins its reference
+    gather_step: int | None = None
+    source: str = ""  # [T, K] row-major
+    index: str = ""  # int64 [S]
+    t: str = ""  # size text
 
 
 def find_grouped_sites(program: Program) -> list[GroupedSite]:
@@ -119,6 +128,7 @@ def find_grouped_sites(program: Program) -> list[GroupedSite]:
             base, transposed = v.args[0].name, True
             if specs[base].shape != (str(experts), str(n), str(k)):
                 continue
+        gather = _gather(program, specs, producer, materialized, rows.name, rs, i)
         sites.append(
             GroupedSite(
                 step=i,
@@ -132,9 +142,59 @@ def find_grouped_sites(program: Program) -> list[GroupedSite]:
                 experts=experts,
                 transposed=transposed,
                 dtype=dtype,
+                **gather,
             )
         )
     return sites
+
+
+def _gather(program: Program, specs, producer, materialized, rows: str, shape, at: int) -> dict:
+    """The fields of a site whose rows are ``aten.index(x, [index])`` of a row-major [T, K] ``x``
+    by a row-major int64 [S] ``index``, read by this GEMM alone; else none."""
+    i = producer.get(rows)
+    s = program.steps[i] if i is not None else None
+    if s is None or s.kind != StepKind.ATEN or s.target != "aten.index.Tensor" or s.kwargs:
+        return {}
+    if len(s.args) != 2 or not isinstance(s.args[0], Buf) or not isinstance(s.args[1], (list, tuple)):
+        return {}
+    if len(s.args[1]) != 1 or not isinstance(s.args[1][0], Buf):
+        return {}
+    source, index = s.args[0].name, s.args[1][0].name
+    xs = specs[source].shape if source in specs else ()
+    v = program.steps[producer[source]] if not materialized(source) and source in producer else None
+    flat = ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+    if v is not None and v.kind == StepKind.ATEN and v.target in flat and isinstance(v.args[0], Buf):
+        # hidden_states.view(-1, H) of a row-major [..., H] buffer: the same memory
+        base = v.args[0].name
+        if materialized(base) and len(xs) == 2 and specs[base].shape[-1:] == xs[1:]:
+            source = base
+    if not (materialized(source) and materialized(index)) or rows in program.outputs:
+        return {}
+    ids = specs[index]
+    if len(xs) != 2 or xs[1] != shape[1] or ids.dtype != "int64" or len(ids.shape) != 1:
+        return {}
+    if not ix.same(ix.parse_size(ids.shape[0]), ix.parse_size(shape[0])):
+        return {}
+    readers = [
+        j
+        for j, st in enumerate(program.steps)
+        if j != i and rows in (*_names(st.args), *_names(st.reference))
+    ]
+    if readers != [at]:
+        return {}
+    return {"gather_step": i, "source": source, "index": index, "t": xs[0]}
+
+
+def _names(items) -> list[str]:
+    out = []
+    for a in items:
+        if isinstance(a, Buf):
+            out.append(a.name)
+        elif isinstance(a, (list, tuple)):
+            out += _names(a)
+        elif isinstance(a, Step):
+            out += _names(a.args) + _names(tuple(a.kwargs.values()))
+    return out
 
 
 def block_m(site: GroupedSite, ranges: dict[str, tuple[int, int]]) -> int:
@@ -155,7 +215,15 @@ def render_grouped_gemm(site: GroupedSite, block_rows: int = BLOCK_M_CHOICES[0])
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     # weight (e, k, n) of [E, K, N] at e*K*N + k*N + n; of [E, N, K] (read transposed) at e*N*K + n*K + k
     stride_k, stride_n = (1, site.k) if site.transposed else (site.n, 1)
-    name = f"grouped_gemm_e{site.experts}_k{site.k}_n{site.n}{'_t' if site.transposed else ''}"
+    gathered = site.gather_step is not None
+    name = f"grouped_gemm_e{site.experts}_k{site.k}_n{site.n}{'_t' if site.transposed else ''}{'_g' if gathered else ''}"
+    if gathered:  # row r is x[index[r]]; an index outside x reads its nearest row, never past it
+        gather_lines = [
+            "        src = tl.load(idx_ptr + rm, mask=in_group, other=0)",
+            "        src = tl.minimum(tl.maximum(src, 0), T - 1)",
+        ]
+    else:
+        gather_lines = ["        src = rm"]
     body = [
         "pid_t = tl.program_id(0)  # a row tile of some group",
         "pid_n = tl.program_id(1).to(tl.int64)",
@@ -172,10 +240,11 @@ def render_grouped_gemm(site: GroupedSite, block_rows: int = BLOCK_M_CHOICES[0])
         "        rm = start + (pid_t - tiles_before).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)",
         "        in_group = rm < end",
         "        weights = w_ptr + e * (K * N)",
+        *gather_lines,
         "        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         "        for k0 in range(0, K, BLOCK_K):",
         "            kk = k0 + rk",
-        "            a = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=in_group[:, None] & (kk < K)[None, :], other=0.0)",
+        "            a = tl.load(x_ptr + src[:, None] * K + kk[None, :], mask=in_group[:, None] & (kk < K)[None, :], other=0.0)",
         "            b = tl.load(weights + kk[:, None] * STRIDE_K + rn[None, :] * STRIDE_N, mask=(kk < K)[:, None] & (rn < N)[None, :], other=0.0)",
         f"            acc += tl.dot(a, b{precision})",
         f"        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to({tl_dtype}), mask=in_group[:, None] & (rn < N)[None, :])",
@@ -184,13 +253,24 @@ def render_grouped_gemm(site: GroupedSite, block_rows: int = BLOCK_M_CHOICES[0])
     ]
     params = [
         KernelParam("x_ptr", ParamKind.PTR, site.dtype),
+        *([KernelParam("idx_ptr", ParamKind.PTR, "int64")] if gathered else []),
         KernelParam("w_ptr", ParamKind.PTR, site.dtype),
         KernelParam("offs_ptr", ParamKind.PTR, "int32"),
         KernelParam("out_ptr", ParamKind.PTR, site.dtype),
         KernelParam("S", ParamKind("i32"), ""),
+        *([KernelParam("T", ParamKind("i32"), "")] if gathered else []),
     ]
     s_text = ix.size_text(ix.parse_size(site.s))
-    args = (Buf(site.rows), Buf(site.weights), Buf(site.offsets), Buf(site.out), Sym(s_text))
+    t_text = ix.size_text(ix.parse_size(site.t)) if gathered else ""
+    rows_args = (Buf(site.source), Buf(site.index)) if gathered else (Buf(site.rows),)
+    args = (
+        *rows_args,
+        Buf(site.weights),
+        Buf(site.offsets),
+        Buf(site.out),
+        Sym(s_text),
+        *((Sym(t_text),) if gathered else ()),
+    )
     signature = signature_of(params, "i32")
     consts = {
         "BLOCK_M": block_rows,
@@ -207,7 +287,12 @@ def render_grouped_gemm(site: GroupedSite, block_rows: int = BLOCK_M_CHOICES[0])
     doc = [
         "Grouped GEMM: out[r] = x[r] @ w[e] for the rows r of each expert e's group (offsets), fp32 accumulation.",
         "",
-        f"x: [S, {site.k}] grouped by expert; w: [{site.experts}, {site.k}, {site.n}] ({layout}); "
+        (
+            f"x: [T, {site.k}], row r of the group order x[idx[r]] (T = {t_text})"
+            if gathered
+            else f"x: [S, {site.k}]"
+        )
+        + f" grouped by expert; w: [{site.experts}, {site.k}, {site.n}] ({layout}); "
         f"offs: int32 [{site.experts}]; S = {s_text}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
@@ -236,7 +321,7 @@ def render_grouped_gemm(site: GroupedSite, block_rows: int = BLOCK_M_CHOICES[0])
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         config=config,
-        ops=(GROUPED_MM,),
+        ops=(("aten.index.Tensor",) if gathered else ()) + (GROUPED_MM,),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
     )
 
@@ -265,9 +350,13 @@ def grouped_gemm_kernels(
         for kid, r in todo.items()
         if kid not in failed and kid not in existing
     }
-    at = {s.step: (kid, r) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
-    steps = list(program.steps)
-    for i, (kid, r) in at.items():
+    at = {s.step: (kid, r, s) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
+    steps: list[Step | None] = list(program.steps)
+    for i, (kid, r, site) in at.items():
+        reference = (program.steps[i],)
+        if site.gather_step is not None:  # the gather runs inside the kernel: its step moves here
+            reference = (program.steps[site.gather_step], *reference)
+            steps[site.gather_step] = None
         steps[i] = Step(
             kind=StepKind.KERNEL,
             target=kid,
@@ -275,9 +364,10 @@ def grouped_gemm_kernels(
             kwargs={},
             outputs=r.outputs,
             grid=r.grid,
-            reference=(program.steps[i],),
+            reference=reference,
         )
     if at:
         say(f"  {len(at)} grouped GEMMs of Mixture-of-Experts layers run as grouped GEMM kernels")
     cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
-    return replace(program, steps=tuple(steps), kernels=program.kernels + tuple(records.values())), cubins
+    kept = tuple(s for s in steps if s is not None)
+    return replace(program, steps=kept, kernels=program.kernels + tuple(records.values())), cubins

@@ -3,7 +3,9 @@ Triton's interpreter on the CPU against a per-expert loop of float64 matmuls on 
 experts that get no rows, one expert taking every row, row counts, K and N that are no multiple of
 their blocks, weights stored [E, N, K] (transformers' layout, read transposed) and [E, K, N].
 Offsets that are no valid grouping (decreasing, past the rows) read nothing outside the operands
-and still write every output row (the last group ends at the last row). Row tiles of 16, 32 and 64. Tolerances: float32 1e-4, float16 2e-2, each absolute plus
+and still write every output row (the last group ends at the last row). Row tiles of 16, 32 and 64.
+Rows gathered from the tokens by an index (the ``aten.index`` step folded into the kernel), an
+index outside the tokens reading the nearest token's row. Tolerances: float32 1e-4, float16 2e-2, each absolute plus
 relative to the largest output (the output is rounded to float16 once); bfloat16 is checked on the
 GPU only (Triton's interpreter computes ``tl.dot`` of bfloat16 operands wrongly)."""
 
@@ -16,13 +18,17 @@ import pytest
 from tests.codegen.conftest import interpreted_json
 
 # (name, dtype, rows S, K, N, experts, transposed, group sizes or None for random routing,
-#  offsets given as they are (no grouping), row tile)
+#  offsets given as they are (no grouping), row tile, rows gathered from T tokens (0: given as rows;
+#  a negative T: some indices outside the tokens))
 CASES = [
-    ("decode_fp32", "float32", 6, 32, 64, 4, True, [2, 0, 3, 1], False, 16),
-    ("one_expert_takes_all_fp32", "float32", 37, 40, 72, 5, True, [0, 0, 37, 0, 0], False, 16),
-    ("prefill_odd_fp32", "float32", 83, 48, 100, 8, False, None, False, 32),
-    ("prefill_fp16", "float16", 70, 64, 96, 6, True, None, False, 64),
-    ("hostile_offsets_fp32", "float32", 20, 32, 64, 4, True, [9, 3, 40, -5], True, 16),
+    ("decode_fp32", "float32", 6, 32, 64, 4, True, [2, 0, 3, 1], False, 16, 0),
+    ("one_expert_takes_all_fp32", "float32", 37, 40, 72, 5, True, [0, 0, 37, 0, 0], False, 16, 0),
+    ("prefill_odd_fp32", "float32", 83, 48, 100, 8, False, None, False, 32, 0),
+    ("prefill_fp16", "float16", 70, 64, 96, 6, True, None, False, 64, 0),
+    ("hostile_offsets_fp32", "float32", 20, 32, 64, 4, True, [9, 3, 40, -5], True, 16, 0),
+    ("gathered_fp32", "float32", 26, 32, 64, 5, True, None, False, 16, 13),
+    ("gathered_fp16", "float16", 70, 64, 96, 6, True, None, False, 32, 35),
+    ("hostile_gather_fp32", "float32", 12, 32, 64, 3, True, None, False, 16, -6),
 ]
 
 SCRIPT = r"""
@@ -31,18 +37,27 @@ import torch
 from aot.codegen.grouped_gemm import GroupedSite, render_grouped_gemm
 
 out = {}
-for name, dtype, S, K, N, E, transposed, groups, raw, block in CASES:
+for name, dtype, S, K, N, E, transposed, groups, raw, block, tokens in CASES:
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
     dt = getattr(torch, dtype)
     if groups is None:
         ids = torch.randint(0, E, (S,), generator=gen).sort().values
         groups = torch.bincount(ids, minlength=E).tolist()
     offsets = torch.tensor(groups if raw else torch.tensor(groups).cumsum(0).tolist(), dtype=torch.int32)
-    x = torch.randn(S, K, generator=gen).to(dt)
+    T = abs(tokens)
+    if T:
+        source = torch.randn(T, K, generator=gen).to(dt)
+        index = torch.randint(0, T, (S,), generator=gen)
+        if tokens < 0:
+            index[::3] = torch.tensor([-1, T, 1 << 40, -(1 << 40)]).repeat(S)[: len(index[::3])]
+        x = source[index.clamp(0, T - 1)]  # the rows the kernel reads: an index outside, the nearest
+    else:
+        x = torch.randn(S, K, generator=gen).to(dt)
     w = torch.randn(E, N, K, generator=gen).to(dt) if transposed else torch.randn(E, K, N, generator=gen).to(dt)
     stacked = w.transpose(1, 2) if transposed else w  # [E, K, N]
+    gather = dict(gather_step=1, source="src", index="idx", t=str(T)) if T else {}
     site = GroupedSite(step=0, rows="x", weights="w", offsets="o", out="y", s=str(S), k=K, n=N,
-                       experts=E, transposed=transposed, dtype=dtype)
+                       experts=E, transposed=transposed, dtype=dtype, **gather)
     r = render_grouped_gemm(site, block)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(r.source)
@@ -51,7 +66,9 @@ for name, dtype, S, K, N, E, transposed, groups, raw, block in CASES:
     spec.loader.exec_module(module)
     y = torch.full((S, N), float("nan"), dtype=dt)
     grid = ((S + block - 1) // block + E, int(r.grid[1]))
-    getattr(module, r.name)[grid](x, w.contiguous(), offsets, y, S, num_warps=r.num_warps)
+    rows = (source, index) if T else (x,)
+    sizes = (S, T) if T else (S,)
+    getattr(module, r.name)[grid](*rows, w.contiguous(), offsets, y, *sizes, num_warps=r.num_warps)
     # the reference: the offsets clamped as the kernel documents, a float64 matmul per group
     ref = torch.zeros(S, N, dtype=torch.float64)
     start = 0
@@ -80,7 +97,7 @@ def test_grouped_gemm_matches_a_matmul_per_expert(interpreted, case):
     assert not got["nan"], f"{name}: unwritten or NaN outputs"
     tol = 1e-4 if dtype == "float32" else 2e-2  # float16
     assert got["max_err"] <= tol * (1 + got["ref_max"]), got
-    block, experts = case[-1], case[5]
+    block, experts = case[-2], case[5]
     assert got["grid"][0] == f"({case[2]} + {block - 1})//{block} + {experts}"
 
 
