@@ -220,6 +220,7 @@ EMITTED_OPS = frozenset(
         "aten.histc.default",
         "aten.erfinv.default",
         "aten._cdist_forward.default",
+        "aten._grouped_mm.default",
         "aten.cumprod.default",
         "aten.narrow.default",
         "aten.new_full.default",

@@ -247,6 +247,38 @@ def attention_shapes() -> Check:
     return Check(("query", "key", "value", "attn_mask", "enable_gqa"), test, always=True)
 
 
+def grouped_mm_operands() -> Check:
+    """Rows [S, K] grouped by expert, stacked weights [E, K, N] and ``offs``: E int32 ends of the
+    groups, non-decreasing, the last S; no bias, the rows' dtype out. What a Mixture-of-Experts
+    layer calls (``aot.tracer.experts``). The ends are values a call computes: on the CPU they are
+    checked per call (E values), since the kernel takes its row ranges from them and leaves the
+    rows past the last end unwritten."""
+
+    def test(rows: Any, weights: Any, offs: Any, bias: Any, out_dtype: Any) -> str | None:
+        if not (type(rows) is torch.Tensor and type(weights) is torch.Tensor):
+            return None
+        if rows.dim() != 2 or weights.dim() != 3:
+            return (
+                f"expected rows of rank 2 and weights of rank 3, got ranks {rows.dim()} and {weights.dim()}"
+            )
+        if rows.shape[1] != weights.shape[1]:
+            return f"expected rows [S, {weights.shape[1]}] for weights {list(weights.shape)}, got {list(rows.shape)}"
+        if bias is not None or out_dtype is not None:
+            return "expected no bias and no out_dtype"
+        if type(offs) is not torch.Tensor:
+            return f"expected offs as a tensor, got {type(offs).__name__}"
+        if offs.dtype != torch.int32 or tuple(offs.shape) != (weights.shape[0],):
+            return f"expected offs int32[{weights.shape[0]}], got {str(offs.dtype).removeprefix('torch.')}{list(offs.shape)}"
+        if offs.device.type != "cpu" or offs.numel() == 0:
+            return None
+        ends = offs.to(torch.int64)
+        if bool((ends < 0).any()) or int(ends[-1]) != rows.shape[0] or bool((ends[1:] < ends[:-1]).any()):
+            return f"expected offs non-decreasing from 0 to {rows.shape[0]} (every row in a group), got {ends[:8].tolist()}"
+        return None
+
+    return Check(("self", "mat2", "offs", "bias", "out_dtype"), test, always=True)
+
+
 def _index_dims(dim_arg: str = "dim") -> Contract:
     return Contract((dims(dim_arg),), "index values against the indexed dim (ATen, CPU)")
 
@@ -436,6 +468,9 @@ CONTRACTS: dict[str, Contract] = {
         (positive("bins", MAX_SIZE),), "a finite range, max above min (ATen); its size: the memory bound"
     ),
     "aten.erfinv.default": _NONE,
+    "aten._grouped_mm.default": Contract(
+        (grouped_mm_operands(),), "dtypes alike, strides of 16 bytes (ATen)"
+    ),
     "aten._cdist_forward.default": Contract(
         (one_of("compute_mode", (None, 0, 1, 2)),), "p >= 0 and the inputs' widths (ATen)"
     ),

@@ -164,6 +164,16 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             say,
         )
         cubins.update(decode_cubins)
+    from aot.codegen.grouped_gemm import grouped_gemm_kernels
+
+    new_program, grouped_cubins = grouped_gemm_kernels(
+        new_program,
+        ranges,
+        archs,
+        lambda todo: compile_kernels(dict(todo), archs, say, "grouped GEMM kernel")[:2],
+        say,
+    )
+    cubins.update(grouped_cubins)
     if not options.gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 

@@ -20,6 +20,7 @@ from typing import Any
 from aot.errors import TraceError
 from aot.schema import Bucket, Guards, InputGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
+from aot.tracer.experts import grouped_experts
 from aot.tracer.model import (
     bound_forward,
     call_plan,
@@ -190,6 +191,7 @@ def export_model(
             fx_config.patch(backed_size_oblivious=True),
             torch.no_grad(),
             bound_forward(module, bound),
+            grouped_experts(module),
             quiet_torch(),
         ):
             ep = export(module, args, kwargs, dynamic_shapes=dynamic)

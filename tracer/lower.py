@@ -56,6 +56,9 @@ DROPPED_OPS = {
     "aten._assert_async.msg",
     "aten._assert_async.default",
 }
+# Ops of aotpack's own that stand for an ATen op during export only (``aot.tracer.experts``): the
+# program calls the ATen op.
+STANDS_FOR = {"aotpack.grouped_mm.default": "aten._grouped_mm.default"}
 
 
 def tensor_leaves(tree: Any) -> list[torch.Tensor]:
@@ -355,6 +358,7 @@ class Lowering:
                 )
             raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
         name = op_name(node.target)
+        name = STANDS_FOR.get(name, name)
         if name in DROPPED_OPS:
             return
         val = node.meta.get("val")

@@ -58,7 +58,7 @@ def interpret_kernels(
         )
     import torch
 
-    from aot.aten import DTYPES, AtenCall
+    from aot.aten import DTYPES, AtenCall, state_writes_checked
     from aot.codegen.compile import load_function
     from aot.layout import empty_ordered, to_order
     from aot.program import tensor_specs
@@ -74,13 +74,15 @@ def interpret_kernels(
     launches: dict[str, int] = {}
     last = max((i for i, s in enumerate(program.steps) if s.kind == StepKind.KERNEL), default=-1)
     results: list[KernelOutputComparison] = []
+    # the state (a KV cache) is written in place, as the loader writes it
+    state = state_writes_checked(program.steps, tuple(program.state))
     for index, step in enumerate(program.steps[: last + 1]):
         if step.kind == StepKind.ATEN:
-            AtenCall(step, cpu)(env, sizes)
+            AtenCall(step, cpu, state_aliases=state)(env, sizes)
             continue
         ref_env = dict(env)
         for r in step.reference:
-            AtenCall(r, cpu)(ref_env, sizes)
+            AtenCall(r, cpu, state_aliases=state)(ref_env, sizes)
         kernel = kernels[step.target]
         launches[kernel.id] = launches.get(kernel.id, 0) + 1
         if launches_per_kernel is not None and launches[kernel.id] > launches_per_kernel:

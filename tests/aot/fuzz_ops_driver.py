@@ -128,6 +128,8 @@ SAMPLES: dict[str, tuple[list, dict]] = {
     "aten.logsumexp.default": ([X, [1, 2]], {}),
     "aten.t.default": ([_t(2, 3)], {}),
     "aten.linalg_vector_norm.default": ([X, 2.0, [1, 2], True], {}),
+    # rows [6, 8] in three expert groups (2, 0, 4 rows), weights [3, 8, 12], int32 group ends
+    "aten._grouped_mm.default": ([_t(6, 8), _t(3, 8, 12), torch.tensor([2, 2, 6], dtype=torch.int32)], {}),
     "aten.histc.default": ([X, 4, 0.0, 1.0], {}),
     "aten._cdist_forward.default": ([_t(2, 3, 4), _t(2, 5, 4), 2.0, None], {}),
     "aten.cumprod.default": ([X, 1], {}),

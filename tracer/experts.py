@@ -1,0 +1,192 @@
+"""Mixture-of-Experts layers as static-shape grouped GEMMs, for the duration of an export.
+
+transformers' experts modules (Mixtral, Qwen2-MoE, Qwen3-MoE, ... : ``@use_experts_implementation``)
+compute each token's top-k experts in one of two ways that a bundle cannot hold: the ``eager`` loop
+runs once per expert that was hit (a graph that depends on the routing values), and the default
+``grouped_mm`` calls ``torch._grouped_mm`` only outside a compiler, taking an opaque custom op
+(``transformers::grouped_mm_fallback``, a host loop over the offsets) under ``torch.export``.
+
+The number of routed rows is static, though: ``tokens * top_k``. So ``grouped_experts`` replaces each
+experts module's forward, while the model is exported, by the same computation in a form whose
+shapes do not depend on the routing: the routed rows sorted by expert id, per-expert offsets
+computed on the device, one grouped GEMM for the gate/up projection and one for the down
+projection (``aten._grouped_mm``: each row multiplied by its own expert's weights only, top-k of
+the experts' work per token, never all of them), the routing weights applied, and the rows put back
+in token order and summed over the top-k. The module is found by its structure (stacked expert
+weights ``[E, ...]`` and a ``(hidden_states, top_k_index, top_k_weights)`` forward), not its name,
+and the build's reference check still runs the library's own forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from aot.errors import TraceError
+
+# The experts implementations of transformers that compute the plain top-k mixture (the others
+# are device-specific kernels, which export could not hold either).
+REPLACED_IMPLEMENTATIONS = (None, "eager", "grouped_mm", "batched_mm")
+# The CPU kernel of aten._grouped_mm reads its operands with strides that are multiples of 16 bytes.
+GROUPED_MM_ALIGNMENT = 16
+# How experts modules name their forward's parameters: the hidden states, then the routing as
+# the router computed it ([tokens, top_k] expert ids and weights); GPT-OSS names them its own way.
+FORWARD_PARAMETERS = (
+    ("hidden_states", "top_k_index", "top_k_weights"),
+    ("hidden_states", "router_indices", "routing_weights"),
+)
+
+
+def is_experts_module(module: torch.nn.Module) -> bool:
+    """A module of stacked expert weights (``gate_up_proj`` or ``up_proj``, and ``down_proj``,
+    each ``[E, ...]`` with E its ``num_experts``) whose forward takes the routing as computed:
+    ``(hidden_states, top_k_index, top_k_weights)`` (or GPT-OSS's names for them)."""
+    experts = getattr(module, "num_experts", None)
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+        return False
+    up = getattr(module, "gate_up_proj" if _has_gate(module) else "up_proj", None)
+    down = getattr(module, "down_proj", None)
+    if not all(isinstance(w, torch.Tensor) and w.dim() == 3 and w.shape[0] == experts for w in (up, down)):
+        return False
+    try:
+        params = tuple(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params[:3] in FORWARD_PARAMETERS
+
+
+def _has_gate(module: torch.nn.Module) -> bool:
+    # transformers' decorator sets ``has_gate``; a class without it has a fused gate_up_proj
+    return getattr(module, "has_gate", isinstance(getattr(module, "gate_up_proj", None), torch.Tensor))
+
+
+def replaceable(module: torch.nn.Module) -> bool:
+    """An experts module whose implementation computes the plain mixture, on one device (expert
+    parallelism routes some rows elsewhere)."""
+    if not is_experts_module(module) or getattr(module, "_is_expert_parallel", False):
+        return False
+    implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+    return implementation in REPLACED_IMPLEMENTATIONS
+
+
+@contextlib.contextmanager
+def grouped_experts(model: torch.nn.Module) -> Iterator[int]:
+    """Every replaceable experts module of ``model`` computes as ``grouped_experts_forward`` for
+    the duration; yields how many there are."""
+    found = [m for m in model.modules() if replaceable(m)]
+    for m in found:
+        m.forward = _routed_forward(m)
+    try:
+        yield len(found)
+    finally:
+        for m in found:
+            del m.forward
+
+
+def _routed_forward(module: torch.nn.Module):
+    """``grouped_experts_forward`` on ``module``, taking its arguments by position or by the
+    names its own forward gives them."""
+    names = tuple(inspect.signature(module.forward).parameters)[:3]
+
+    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        values = [*args, *(kwargs.pop(n) for n in names[len(args) :] if n in kwargs)]
+        if kwargs or len(values) != 3:
+            raise TypeError(
+                f"{type(module).__name__}.forward takes {names}, got {len(args)} and {sorted(kwargs)}"
+            )
+        return grouped_experts_forward(module, *values)
+
+    return forward
+
+
+def grouped_experts_forward(
+    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """The top-k mixture of the experts ``self`` holds, with shapes fixed by the token count alone.
+
+    Mathematically what transformers' experts implementations compute: for each token t and each
+    of its k routed experts e with weight w, ``w * down_e(gate(up_e(x_t)))``, summed over the k.
+    The products are summed in the order transformers' ``grouped_mm`` sums them."""
+    # hidden_states: [T, H]; top_k_index, top_k_weights: [T, k]; S = T * k routed rows
+    tokens, top_k = top_k_index.shape
+    experts = self.num_experts
+    transposed = getattr(self, "is_transposed", False)
+    has_gate = _has_gate(self)
+    has_bias = getattr(self, "has_bias", False)
+    up_weight = self.gate_up_proj if has_gate else self.up_proj
+    _check_alignment(self, up_weight, self.down_proj)
+
+    expert_ids = top_k_index.reshape(-1)  # [S]
+    expert_ids, order = torch.sort(expert_ids)  # rows grouped by expert (any order within one)
+    rows = hidden_states[order // top_k]  # [S, H]: each routed row's token
+    row_weights = top_k_weights.reshape(-1)[order]  # [S]
+    # offsets[e]: the rows routed to experts 0..e, the end of expert e's group (on the device)
+    experts_range = torch.arange(experts, device=expert_ids.device)
+    offsets = (expert_ids[None, :] <= experts_range[:, None]).sum(1, dtype=torch.int32)  # [E]
+
+    up_bias = (self.gate_up_proj_bias if has_gate else self.up_proj_bias)[expert_ids] if has_bias else None
+    projected = _grouped_linear(rows, up_weight, offsets, up_bias, transposed)  # [S, 2I] or [S, I]
+    if has_gate:
+        apply_gate = getattr(self, "_apply_gate", None)
+        if apply_gate is not None:
+            projected = apply_gate(projected)
+        else:
+            gate, up = projected.chunk(2, dim=-1)
+            projected = self.act_fn(gate) * up  # [S, I]
+    else:
+        projected = self.act_fn(projected)
+    down_bias = self.down_proj_bias[expert_ids] if has_bias else None
+    out = _grouped_linear(projected, self.down_proj, offsets, down_bias, transposed)  # [S, H]
+    if getattr(self, "has_post_expert_norm", False):
+        out = self.post_expert_norm(out)
+    weighted = out * row_weights.unsqueeze(-1)  # [S, H]
+
+    # back to token order: routed row `order[j]` sits at j
+    routed = torch.arange(order.shape[0], device=order.device)
+    inverse = torch.zeros_like(order).scatter(0, order, routed)
+    weighted = weighted[inverse].view(tokens, top_k, -1)  # [T, k, H]
+    return weighted.sum(dim=1).to(hidden_states.dtype)
+
+
+@torch.library.custom_op("aotpack::grouped_mm", mutates_args=())
+def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``aten._grouped_mm(rows, weights, offsets)``, which the program runs: rows [S, K] grouped by
+    expert, weights [E, K, N], offsets int32 [E] (the end of each group) -> [S, N]. It stands for
+    that op during export only because ATen's shape function for it admits bfloat16 alone, where
+    its CPU kernel (what a bundle runs on the CPU) takes every float dtype; the lowering names the
+    ATen op (``aot.tracer.lower.STANDS_FOR``)."""
+    return torch._grouped_mm(rows, weights, offsets)
+
+
+@grouped_mm.register_fake
+def _(rows: torch.Tensor, weights: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return rows.new_empty(rows.shape[0], weights.shape[2])
+
+
+def _grouped_linear(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    offsets: torch.Tensor,
+    bias: torch.Tensor | None,
+    transposed: bool,
+) -> torch.Tensor:
+    # rows: [S, K] grouped by expert; weight: [E, N, K] ([E, K, N] when transposed) -> [S, N]
+    stacked = weight if transposed else weight.transpose(-2, -1)  # [E, K, N]
+    out = grouped_mm(rows.to(weight.dtype), stacked, offsets)
+    return out if bias is None else out + bias
+
+
+def _check_alignment(module: Any, *weights: torch.Tensor) -> None:
+    itemsize = weights[0].element_size()
+    sizes = sorted({s for w in weights for s in w.shape[1:]})
+    odd = [s for s in sizes if (s * itemsize) % GROUPED_MM_ALIGNMENT]
+    if odd:
+        raise TraceError(
+            f"{type(module).__name__}: expert weights of sizes {sizes} ({weights[0].dtype}) cannot run as grouped "
+            f"GEMMs: every expert dim times {itemsize} bytes must be a multiple of {GROUPED_MM_ALIGNMENT} bytes, "
+            f"{odd} are not; use hidden and intermediate sizes that are multiples of {GROUPED_MM_ALIGNMENT // itemsize}"
+        )
