@@ -132,7 +132,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
     start = time.perf_counter()
     traced, program, folded, padded = _rewrite_for_kernels(traced, options, say)
     ranges = _ranges(traced)
-    graph, groups, unfused, standalone, by_id = _fuse(program, ranges, say, start)
+    graph, groups, unfused, standalone, by_id = _fuse(program, ranges, say, start, options.library_free)
     results, failed, hits = compile_kernels(by_id, archs, say)
     for k, why in failed.items():
         say(
@@ -260,7 +260,7 @@ def _rewrite_for_kernels(
     program, split = split_conv_bias(program)
     if split:
         say(f"  {split} convolution biases join the kernels after them")
-    if options.channels_last:
+    if options.channels_last and not options.library_free:  # aotpack-rt runs row-major bundles
         program, n_cl = lay_out_channels_last(program)
         if n_cl:
             say(f"  {n_cl} convolutions run channels-last (NHWC tensors and weights, no cuDNN transposes)")
@@ -272,9 +272,10 @@ def _rewrite_for_kernels(
     return traced, program, folded, padded
 
 
-def _fuse(program, ranges, say: Callable[[str], None], start: float):
+def _fuse(program, ranges, say: Callable[[str], None], start: float, convolutions: bool = False):
     """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max
-    pools: a Triton kernel each, so a call launches no ATen kernel for them): (the partition's
+    pools: a Triton kernel each, so a call launches no ATen kernel for them; with
+    ``convolutions``, for a library-free build, every convolution a form covers too): (the partition's
     graph, its groups, the ops left unfused, the replaced step's output -> (its kernel's id, the
     kernel, the step it was rendered from), every distinct kernel by id)."""
     from aot.codegen.embeddings import gather_sites, render_gather
@@ -289,6 +290,10 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float):
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
     sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
+    if convolutions:
+        from aot.codegen.convolution import conv_sites, render_convolution
+
+        sites += [(s, render_convolution(s, program, ranges)) for s in conv_sites(program)]
     for step, r in sites:
         if r is not None:
             k = kernel_id(r.source, r.signature, r.config)
