@@ -73,7 +73,11 @@ def _geometry(step: Step, specs: dict[str, TensorSpec]) -> Conv | None:
     if step.kind != StepKind.ATEN or step.target != CONVOLUTION or step.kwargs or len(step.args) != 9:
         return None
     x_arg, w_arg, b_arg, stride, padding, dilation, transposed, _, groups = step.args
-    if not isinstance(x_arg, Buf) or not isinstance(w_arg, Buf) or not (b_arg is None or isinstance(b_arg, Buf)):
+    if (
+        not isinstance(x_arg, Buf)
+        or not isinstance(w_arg, Buf)
+        or not (b_arg is None or isinstance(b_arg, Buf))
+    ):
         return None
     if transposed is not False or type(groups) is not int or groups < 1:
         return None

@@ -11,8 +11,6 @@ with eager; steps no form covers (transposed) stay ATen steps.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -74,7 +72,9 @@ def test_each_form_matches_eager_in_the_interpreter(dtype, tol):
     scripts = []
     expected_kinds = {}
     for name, c_in, c_out, size, k, stride, padding, dilation, groups, bias, one_d in CASES:
-        program, step, geometry = _program(c_in, c_out, size, k, stride, padding, dilation, groups, bias, dtype, one_d)
+        program, step, geometry = _program(
+            c_in, c_out, size, k, stride, padding, dilation, groups, bias, dtype, one_d
+        )
         assert conv_sites(program) == [step]
         r = render_convolution(step, program, {"batch": (1, 4)})
         assert r is not None
@@ -167,7 +167,9 @@ def test_the_library_free_build_has_no_convolution_step(built):
     program = compiled.program
     kernels = {k.id: k for k in program.kernels}
     assert all(s.target != CONV for s in program.steps if s.kind == StepKind.ATEN)
-    convs = [s for s in program.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("conv_")]
+    convs = [
+        s for s in program.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("conv_")
+    ]
     assert sorted(kernels[s.target].name for s in convs) == ["conv_depthwise", "conv_igemm", "conv_igemm"]
     assert all([r.target for r in s.reference] == [CONV] for s in convs)
     # row-major throughout: the runtime without torch refuses other layouts
