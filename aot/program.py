@@ -354,11 +354,6 @@ def check_library_free(program: Program, steps: Sequence[Step], where: str) -> N
     view (``aliases``) or a copy in ``DRIVER_COPIES`` (of no sliced rows): what a runtime without libraries
     (``aot.runtime``) cannot run, then a tensor that is not row-major. The message names the
     program, step, target and result."""
-    if program.state:
-        raise EnvError(
-            f"{where}: the program keeps state ({', '.join(program.state[:3])}); aotpack-rt runs stateless "
-            f"bundles only so far: load it with the torch loader (`aotpack load`)"
-        )
     views = aliases(program, steps)
     rows_apart = {name for name, alias in views.items() if alias.width}
     runs = [
