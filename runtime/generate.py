@@ -67,8 +67,8 @@ def prompts_of(prompt_ids: Any) -> tuple[list[list[int]], bool]:
         raise GuardError(
             f"prompt_ids: expected a list of token ids or a list of such lists, got {prompt_ids!r:.80}"
         )
-    flat = all(type(t) is int for t in prompt_ids)
-    rows = [list(prompt_ids)] if flat else [list(r) for r in prompt_ids]
+    flat = not any(isinstance(t, Sequence) for t in prompt_ids)
+    rows = [list(prompt_ids)] if flat else [list(r) if isinstance(r, Sequence) else [r] for r in prompt_ids]
     for i, r in enumerate(rows):
         if not r or not all(type(t) is int for t in r):
             raise GuardError(f"prompt {i}: expected a non-empty list of int token ids, got {r!r:.80}")
