@@ -15,7 +15,8 @@ A default build leaves ``aten.convolution.default`` to cuDNN; ``--library-free``
   of positions and a block of channels and multiplies window by window, as a max pool does.
 
 Padding reads as zero. Input and output are indexed by their strides (``TensorSpec.order``), the
-weight too. Channels, height, width and the kernel's window must be static; the batch may be
+weight too; an input that is a permute of a row-major buffer (a convnext block's channels-last
+activations viewed NCHW for its next convolution) is read from that buffer in place. Channels, height, width and the kernel's window must be static; the batch may be
 symbolic (the grid's first axis). The convolution's bias, when a weight, is usually moved into the
 kernel after it first (``layouts.split_conv_bias``); a bias left on the step is added here.
 """
@@ -68,6 +69,30 @@ def _ints(v, n: int) -> bool:
     return isinstance(v, (list, tuple)) and len(v) == n and all(type(e) is int for e in v)
 
 
+def _permuted_input(
+    name: str, program: Program, specs: dict[str, TensorSpec]
+) -> tuple[str, list[int]] | None:
+    """(the buffer, element strides) a convolution input that is ``permute(base, [0, ...])`` of a
+    row-major ``base`` with static dims after the batch reads in place (a convnext block's
+    channels-last activations viewed NCHW); None for any other input."""
+    step = next((s for s in program.steps if name in s.outputs), None)
+    if step is None or step.kind != StepKind.ATEN or step.target != "aten.permute.default":
+        return None
+    base, order = step.args[0], step.args[1]
+    spec = specs.get(base.name) if isinstance(base, Buf) else None
+    if (
+        spec is None
+        or spec.order
+        or not _ints(order, len(spec.shape))
+        or sorted(order) != list(range(len(spec.shape)))
+    ):
+        return None
+    if order[0] != 0 or not all(d.isdigit() for d in spec.shape[1:]):
+        return None
+    base_strides = [int(x) for x in ix.strides(tuple(ix.parse_size(d) for d in spec.shape))[1:]]
+    return base.name, [0, *(base_strides[d - 1] for d in order[1:])]
+
+
 def _geometry(step: Step, specs: dict[str, TensorSpec]) -> Conv | None:
     """The convolution ``step`` is, when a kernel form covers it (module docstring); else None."""
     if step.kind != StepKind.ATEN or step.target != CONVOLUTION or step.kwargs or len(step.args) != 9:
@@ -115,6 +140,18 @@ def conv_sites(program: Program) -> list[Step]:
     return [s for s in program.steps if _geometry(s, specs) is not None]
 
 
+def _input_strides(conv: Conv, step: Step, program: Program, specs) -> tuple[Buf, list[int]]:
+    """The buffer the kernel reads the input from and its strides (as 4, batch first): the input
+    itself, or the row-major buffer a permute of it views (``_permuted_input``)."""
+    permuted = _permuted_input(step.args[0].name, program, specs)
+    if permuted is None:
+        return step.args[0], _strides(conv.x, conv.one_d)
+    base, strides = permuted
+    batch_stride = ix.strides(tuple(ix.parse_size(d) for d in specs[base].shape))[0]
+    strides = [int(batch_stride), *strides[1:]]
+    return Buf(base), ([strides[0], strides[1], 0, strides[2]] if conv.one_d else strides)
+
+
 def _strides(spec: TensorSpec, one_d: bool) -> list[int]:
     """Element strides of a 3-D or 4-D tensor in its memory order, as 4 (a 1-D one's height: 0)."""
     order = list(spec.order) or list(range(len(spec.shape)))
@@ -141,7 +178,8 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
         conv.c_out * conv.cpg * conv.kh * conv.kw,
     )
     index = "i64" if biggest >= 2**31 - 1 else "i32"
-    xs, ws, os_ = _strides(x, conv.one_d), _strides(w, conv.one_d), _strides(o, conv.one_d)
+    x_buf, xs = _input_strides(conv, step, program, specs)
+    ws, os_ = _strides(w, conv.one_d), _strides(o, conv.one_d)
     positions = conv.oh * conv.ow
     store = TL_TYPE[STORAGE[x.dtype]]
     consts = {
@@ -155,7 +193,7 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
     }  # fmt: skip
     wide = ".to(tl.int64)" if index == "i64" else ""
     params = [KernelParam("x_ptr", ParamKind.PTR, x.dtype), KernelParam("w_ptr", ParamKind.PTR, w.dtype)]
-    args: list = [step.args[0], step.args[1]]
+    args: list = [x_buf, step.args[1]]
     if bias is not None:
         params.append(KernelParam("b_ptr", ParamKind.PTR, x.dtype))
         args.append(bias)
