@@ -313,6 +313,23 @@ class Alias:
     pitch: int = 0
 
 
+def _order_kept(step: Step, src: TensorSpec) -> bool:
+    """A permute that moves only dims of one element (``[B, H, 1, D] -> [B, 1, H, D]``): the
+    elements keep their order in memory, so it is a view at the same address."""
+    from aot.manifest_text import static_size
+
+    if step.target != "aten.permute.default" or len(step.args) != 2 or src.order:
+        return False
+    dims = step.args[1]
+    rank = len(src.shape)
+    if not isinstance(dims, (list, tuple)) or sorted(
+        d % max(rank, 1) for d in dims if type(d) is int
+    ) != list(range(rank)):
+        return False
+    moved = [d % rank for d in dims if static_size(src.shape[d % rank]) != 1]
+    return moved == sorted(moved)
+
+
 def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
     """Every view's ``Alias`` among ``steps`` (``SAME_BYTES_VIEWS`` and ``ROW_SLICE``s); a view that
     is neither is left out (``check_library_free`` refuses it)."""
@@ -329,7 +346,7 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
         spec, src_spec = specs.get(result or ""), specs.get(src)
         if result is None or spec is None or src_spec is None:
             continue
-        if step.target in SAME_BYTES_VIEWS:
+        if step.target in SAME_BYTES_VIEWS or _order_kept(step, src_spec):
             if at.width and (not spec.shape or static_size(spec.shape[-1]) != at.width):
                 continue  # rows apart must stay rows: only the dims before them may change
             out[result] = at

@@ -152,6 +152,26 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             say,
         )
         cubins.update(decode_cubins)
+    if options.library_free:
+        from aot.codegen.cache_writes import cache_write_kernels
+
+        new_program, write_cubins = cache_write_kernels(
+            new_program,
+            ranges,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "cache write kernel")[:2],
+            say,
+        )
+        cubins.update(write_cubins)
+        from aot.codegen.cache_attention import cache_attention_kernels
+
+        new_program, attention_cubins = cache_attention_kernels(
+            new_program,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "cache attention kernel")[:2],
+            say,
+        )
+        cubins.update(attention_cubins)
     if not options.gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 

@@ -58,7 +58,7 @@ def interpret_kernels(
         )
     import torch
 
-    from aot.aten import DTYPES, AtenCall
+    from aot.aten import DTYPES, AtenCall, state_writes_checked
     from aot.codegen.compile import load_function
     from aot.layout import empty_ordered, to_order
     from aot.program import tensor_specs
@@ -74,21 +74,31 @@ def interpret_kernels(
     launches: dict[str, int] = {}
     last = max((i for i, s in enumerate(program.steps) if s.kind == StepKind.KERNEL), default=-1)
     results: list[KernelOutputComparison] = []
+    flat = [r for s in program.steps for r in (s.reference if s.kind == StepKind.KERNEL else (s,))]
+    state = state_writes_checked(flat, program.state)  # what the state writes may write into
     for index, step in enumerate(program.steps[: last + 1]):
         if step.kind == StepKind.ATEN:
-            AtenCall(step, cpu)(env, sizes)
+            AtenCall(step, cpu, state_aliases=state)(env, sizes)
             continue
+        kernel = kernels[step.target]
+        # a kernel that writes a state in place (a KV-cache write) and names no result: it runs on
+        # a copy of the state as it was, compared with the state its reference steps leave
+        written = [
+            a.name
+            for a, p in zip(step.args, kernel.params)
+            if not step.outputs and p.kind == ParamKind.PTR and a.name in program.state
+        ]
+        before = {n: env[n].clone() for n in written}
         ref_env = dict(env)
         for r in step.reference:
-            AtenCall(r, cpu)(ref_env, sizes)
-        kernel = kernels[step.target]
+            AtenCall(r, cpu, state_aliases=state)(ref_env, sizes)
         launches[kernel.id] = launches.get(kernel.id, 0) + 1
         if launches_per_kernel is not None and launches[kernel.id] > launches_per_kernel:
             env.update({o: ref_env[o] for o in step.outputs})
             continue
         if kernel.id not in functions:
             functions[kernel.id] = load_function(kernel.id, kernel.name, kernel.source)
-        outs: dict[str, torch.Tensor] = {}
+        outs: dict[str, torch.Tensor] = dict(before)
         for o in step.outputs:
             spec = program.buffers[o]
             shape = [evaluate(s, sizes) for s in spec.shape]
@@ -109,9 +119,12 @@ def interpret_kernels(
         grid = tuple(evaluate(g, sizes) for g in step.grid)
         if all(g > 0 for g in grid):
             functions[kernel.id][grid](*args)
-        for o in step.outputs:
+        for o in [*step.outputs, *written]:
+            if o not in ref_env:  # a GEMM form's prologue: the GEMM step after it has the references
+                env[o] = outs[o]
+                continue
             got, want = outs[o], ref_env[o]
-            spec = program.buffers[o]
+            spec = specs[o]
             tol = tolerance(spec.dtype)
             if got.shape != want.shape:
                 err, ratio = float("inf"), float("inf")
@@ -137,7 +150,8 @@ def interpret_kernels(
                 )
             )
         for o in step.outputs:
-            env[o] = ref_env[o]
+            if o in ref_env:
+                env[o] = ref_env[o]
     return results
 
 
