@@ -162,6 +162,7 @@ def built(tmp_path_factory):
     return compiled, tmp / "convs.tpk", path
 
 
+@pytest.mark.slow  # a library-free build: GEMM candidates compiled
 def test_the_library_free_build_has_no_convolution_step(built):
     compiled, _, _ = built
     program = compiled.program
@@ -176,6 +177,7 @@ def test_the_library_free_build_has_no_convolution_step(built):
     assert all(not spec.order for spec in program.buffers.values())
 
 
+@pytest.mark.slow  # a library-free build: GEMM candidates compiled
 def test_every_kernel_matches_its_reference_in_the_interpreter(built):
     from aot.verify.interpret import interpret_in_subprocess
 
@@ -186,6 +188,7 @@ def test_every_kernel_matches_its_reference_in_the_interpreter(built):
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
 
 
+@pytest.mark.slow  # a library-free build: GEMM candidates compiled
 def test_the_torch_loader_runs_the_library_free_bundle_on_the_cpu_as_eager(built):
     from aot.loader import load
     from aot.runtime import check
