@@ -190,8 +190,8 @@ def prepare(models: list[str], systems: list[str], bundles: Path, work: Path, de
         p = plan[model] = {"bundle": bundle, "gemm": bundles / f"{model}-gemm.tpk", "builds": {}}
         p["free"] = bundles / f"{model}-lf.tpk"
         if set(LIBRARY_FREE_SYSTEMS) & set(systems) and not p["free"].exists():
-            free = [sys.executable, "-m", "aot.cli", "build", "--arch", arch, "-q", source, "-o", str(p["free"])]
-            builds.append((model, "aotpack-lf", [*free, "--library-free", "--weights", str(state)]))
+            free = [*aotpack[:4], "--arch", arch, "-q", source, "-o", str(p["free"]), "--library-free"]
+            builds.append((model, "aotpack-lf", [*free, "--weights", str(state)]))  # weights inside
         p["package"] = work / f"{model}.pt2"
         p["weights"] = state
         if not state.exists():
