@@ -126,3 +126,15 @@ def test_hf_causal_lm_library_free_generate_equals_the_torch_loader(kind, tmp_pa
     want = ref.generate(prompts, 6)
     assert rt.generate(prompts, 6) == want
     assert load(out).generate(prompts, 6) == want  # the CPU path (reference steps) agrees
+
+
+def test_the_generate_command_prints_the_torch_loaders_tokens(tiny_lm_free, capsys):
+    import json
+
+    from aot.loader import load
+    from aot.runtime.cli import main
+
+    argv = ["generate", str(tiny_lm_free), "--prompt-ids", "3,14,15", "--max-new-tokens", "5", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokens"] == load(tiny_lm_free, device="cuda").generate([3, 14, 15], 5)
