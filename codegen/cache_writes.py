@@ -138,6 +138,19 @@ def strided_view(name: str, program: Program) -> Strided | None:
                 ]
             elif t in ("aten.alias.default", "aten.detach.default"):
                 pass
+            elif t in ("aten.split.Tensor", "aten.split_with_sizes.default"):
+                dim = (a[1] if len(a) > 1 else 0) % len(shape)
+                k = step.outputs.index(out)
+                size = a[0]
+                before = sum(_size(x) for x in size[:k]) if isinstance(size, list) else _size(size) * k
+                offset = offset + before * strides[dim]
+            elif t == "aten.narrow.default":
+                dim = a[0] % len(shape)
+                offset = offset + _size(a[1]) * strides[dim]
+            elif t == "aten.unbind.int":
+                dim = (a[0] if a else 0) % len(shape)
+                offset = offset + step.outputs.index(out) * strides[dim]
+                strides = strides[:dim] + strides[dim + 1 :]
             elif t == "aten.select.int":
                 dim = a[0] % len(shape)
                 offset = offset + _size(a[1]) * strides[dim]

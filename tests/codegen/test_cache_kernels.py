@@ -79,6 +79,50 @@ def test_strided_view_reads_what_the_views_read(batch, seq):
         assert torch.equal(got, eager), name
 
 
+def test_strided_view_follows_splits():
+    """GPT-2's fused QKV: ``split`` of the projection's rows, then a head view."""
+    steps = (
+        Step(StepKind.ATEN, "aten.view.default", (Buf("x"), [Sym("batch"), 3, 48]), {}, ("v",)),
+        Step(StepKind.ATEN, "aten.split.Tensor", (Buf("v"), 16, 2), {}, ("q", "k", "w")),
+        Step(StepKind.ATEN, "aten.view.default", (Buf("k"), [Sym("batch"), 3, 2, 8]), {}, ("heads",)),
+        Step(StepKind.ATEN, "aten.transpose.int", (Buf("heads"), 1, 2), {}, ("kt",)),
+        Step(StepKind.ATEN, "aten.split_with_sizes.default", (Buf("v"), [8, 40], 2), {}, ("a", "b")),
+    )
+    specs = {
+        "v": ("batch", "3", "48"),
+        "q": ("batch", "3", "16"),
+        "k": ("batch", "3", "16"),
+        "w": ("batch", "3", "16"),
+        "heads": ("batch", "3", "2", "8"),
+        "kt": ("batch", "2", "3", "8"),
+        "a": ("batch", "3", "8"),
+        "b": ("batch", "3", "40"),
+    }
+    program = Program(
+        inputs=(NamedTensor("x", TensorSpec("float32", ("3*batch", "48"))),),
+        weights=(),
+        buffers={k: TensorSpec("float32", v) for k, v in specs.items()},
+        steps=steps,
+        outputs=("kt", "b"),
+        symbols=(SymbolSource("batch", "x", 0),),
+    )
+    x = torch.arange(2 * 3 * 48, dtype=torch.float32).view(6, 48)
+    v = x.view(2, 3, 48)
+    for name, eager in (
+        ("kt", v.split(16, 2)[1].view(2, 3, 2, 8).transpose(1, 2)),
+        ("b", v.split([8, 40], 2)[1]),
+    ):
+        view = strided_view(name, program)
+        sizes = {ix.symbol("batch"): 2}
+        got = torch.as_strided(
+            x,
+            [int(s.subs(sizes)) for s in view.shape],
+            [int(s.subs(sizes)) for s in view.strides],
+            int(view.offset),
+        )
+        assert torch.equal(got, eager), name
+
+
 def test_a_view_that_copies_is_not_followed():
     """``view`` of a transposed tensor across the transposed dims has no strides: None."""
     program = _chain_program()
