@@ -11,6 +11,12 @@ causal, whose query is a row-major ``[B, H, T, D]`` buffer or a head view of a p
 the copy is not needed, the kernel reads the cache), and whose mask (or none) is a row-major
 ``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
 
+The same kernel serves self-attention under a mask (BERT's padding mask: ``[B, 1, 1, S]``,
+``expand``-ed over the queries or not), its keys and values head views of projection rows as its
+query is (``CacheSite.rows``); the flash candidates take the calls without a mask. A mask is read
+through its views from the buffer they view (``cache_writes.strided_view``: a row stride and a
+query stride, 0 where it is shared).
+
 One program per (row, KV head, block of ``BLOCK_M`` query rows): its rows are the (token, query
 head) pairs sharing that KV head, so each block of keys and values serves all of them; keys and
 values stream in blocks with the softmax computed online in float32 from a finite floor (a block
@@ -27,6 +33,7 @@ from dataclasses import dataclass, replace
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.cache_writes import strided_view
 from aot.codegen.decode_attention import FLOAT_DTYPES, LOG2E, MAX_HEAD_DIM, SDPA, _Program, _sdpa_args
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, kernel_id, kernel_record
@@ -51,8 +58,11 @@ class CacheSite:
     q_column: int
     k: str
     v: str
-    mask: str | None
-    mask_per_row: bool  # [B, 1, T, C] (else [1, 1, T, C])
+    mask: (
+        str | None
+    )  # the row-major buffer the mask reads: element (b, t, n) at b * mask_batch + t * mask_token + n
+    mask_batch: str  # size texts (0 where the mask is shared)
+    mask_token: str
     mask_dtype: str
     out: str
     batch: str
@@ -60,10 +70,11 @@ class CacheSite:
     heads_apart: tuple[int, ...]  # the permute (clone) view steps it takes on: it writes [B, T, H*D] rows
     heads: int
     kv_heads: int
-    context: int
+    context: int  # the cache's slots; 0 for keys and values read from projection rows (``rows``)
     head_dim: int
     scale: float
     dtype: str
+    rows: tuple[int, int, int, int, str] | None = None  # (k width, k column, v width, v column, key length)
 
 
 def find_cache_sites(program: Program) -> list[CacheSite]:
@@ -111,45 +122,78 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
             layout = (found[0].width, found[0].width, head_dim, 0, found[0].column)
             q_base = found[0].base
         kc, vc = p.cache(k.name, batch, heads, head_dim), p.cache(v.name, batch, heads, head_dim)
-        if kc is None or vc is None or kc[1:] != vc[1:] or not kc[2].isdigit():
+        rows = None
+        if kc is not None and vc is not None and kc[1:] == vc[1:] and kc[2].isdigit():
+            k_base, v_base, kv_heads, context, keys = kc[0], vc[0], kc[1], int(kc[2]), kc[2]
+        elif (
+            m is not None
+        ):  # self-attention under a mask (BERT's padding): keys and values in projection rows
+            flash = flash or _Finder(program)
+            fk, fv = flash.operand(k.name, dtype), flash.operand(v.name, dtype)
+            if fk is None or fv is None or any(f[3] != heads or f[4] != head_dim for f in (fk, fv)):
+                continue
+            if fk[2] != fv[2] or not ix.same(ix.parse_size(fk[1]), ix.parse_size(batch)):
+                continue
+            k_base, v_base, kv_heads, context, keys = fk[0].base, fv[0].base, heads, 0, fk[2]
+            rows = (fk[0].width, fk[0].column, fv[0].width, fv[0].column, keys)
+        else:
             continue
-        context = int(kc[2])
-        mask, per_row, mask_dtype = None, False, dtype
+        mask, mask_batch, mask_token, mask_dtype = None, "0", "0", dtype
         if m is not None:
-            ms, mspec = p.shape(m.name), p.specs.get(m.name)
-            if ms is None or len(ms) != 4 or mspec.dtype not in (dtype, "bool") or not p.materialized(m.name):
+            found_mask = _mask(program, p, m.name, batch, seq, keys, dtype)
+            if found_mask is None:
                 continue
-            if ms[1] != "1" or ms[3] != str(context) or not ix.same(ix.parse_size(ms[2]), ix.parse_size(seq)):
-                continue
-            if ix.same(ix.parse_size(ms[0]), ix.parse_size(batch)):
-                per_row = True
-            elif ms[0] != "1":
-                continue
-            mask, mask_dtype = m.name, mspec.dtype
+            mask, mask_batch, mask_token, mask_dtype = found_mask
         out, apart = _token_major(program, readers, i, out, batch, seq, heads * head_dim)
         sites.append(
             CacheSite(
                 i,
                 q_base,
                 *layout,
-                k=kc[0],
-                v=vc[0],
+                k=k_base,
+                v=v_base,
                 mask=mask,
-                mask_per_row=per_row,
+                mask_batch=mask_batch,
+                mask_token=mask_token,
                 mask_dtype=mask_dtype,
                 out=out,
                 batch=batch,
                 seq=seq,
                 heads_apart=apart,
                 heads=heads,
-                kv_heads=kc[1],
+                kv_heads=kv_heads,
                 context=context,
                 head_dim=head_dim,
                 scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
                 dtype=dtype,
+                rows=rows,
             )
         )
     return sites
+
+
+def _mask(program: Program, p: _Program, name: str, batch: str, seq: str, keys: str, dtype: str):
+    """(buffer, batch stride, token stride, dtype) of a ``[B or 1, 1, T or 1, S]`` mask that reads a
+    row-major buffer with its keys contiguous (``expand`` views of a ``[B, 1, 1, S]`` padding mask
+    read in place); None for any other."""
+    spec = p.specs.get(name)
+    view = strided_view(name, program)
+    if spec is None or spec.dtype not in (dtype, "bool") or view is None or len(view.shape) != 4:
+        return None
+    base = p.specs.get(view.base)
+    if base is None or base.order or base.dtype != spec.dtype or not ix.same(view.offset, 0):
+        return None
+    (b, one, t, n), (sb, _, st, sn) = view.shape, view.strides
+    one_ = sympy.Integer(1)
+    if not ix.same(one, one_) or not ix.same(n, ix.parse_size(keys)) or not ix.same(sn, one_):
+        return None
+    if not (ix.same(t, ix.parse_size(seq)) or ix.same(t, one_)) or not (
+        ix.same(b, ix.parse_size(batch)) or ix.same(b, one_)
+    ):
+        return None
+    batch_stride = sympy.Integer(0) if ix.same(b, one_) else sb
+    token_stride = sympy.Integer(0) if ix.same(t, one_) else st
+    return view.base, ix.size_text(batch_stride), ix.size_text(token_stride), spec.dtype
 
 
 def _token_major(program: Program, readers, i: int, out: str, batch: str, seq: str, width: int):
@@ -194,10 +238,10 @@ def render_cache_attention(site: CacheSite) -> Rendered:
     """The kernel of one site: grid (B * KV, query row blocks)."""
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd = max(16, _pow2(d))
-    bn = min(MAX_BLOCK_N, max(16, _pow2(site.context)))
+    bn = min(MAX_BLOCK_N, max(16, _pow2(site.context))) if site.rows is None else MAX_BLOCK_N
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
-    name = f"cache_attention_g{groups}_d{d}"
+    name = f"cache_attention_g{groups}_d{d}" if site.rows is None else f"masked_attention_d{d}"
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     body = [
@@ -211,21 +255,36 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         "rd = tl.arange(0, BLOCK_D)",
         "q_at = b * T * Q_BATCH_T + t * Q_TOKEN + h * (Q_HEAD + T * Q_HEAD_T) + Q_COLUMN",
         f"q = tl.load(q_ptr + q_at[:, None] + rd[None, :], mask=valid_r[:, None]{mask_d}, other=0.0)",
-        "cache = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM",
+        *(
+            ["kv = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM  # the cache's rows of this KV head"]
+            if site.rows is None
+            else []
+        ),
         "m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
         "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)",
-        "for start in range(0, CONTEXT, BLOCK_N):",
+        f"for start in range(0, {'CONTEXT' if site.rows is None else 'S'}, BLOCK_N):",
         "    rn = start + tl.arange(0, BLOCK_N)",
-        "    valid_n = rn < CONTEXT",
-        f"    k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
-        f"    v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
+        f"    valid_n = rn < {'CONTEXT' if site.rows is None else 'S'}",
+        *(
+            [
+                "    k_at = kv + rn * HEAD_DIM",
+                "    v_at = k_at",
+            ]
+            if site.rows is None
+            else [
+                "    k_at = (b * S + rn) * K_WIDTH + K_COLUMN + kh * HEAD_DIM  # a head view of the projection's rows",
+                "    v_at = (b * S + rn) * V_WIDTH + V_COLUMN + kh * HEAD_DIM",
+            ]
+        ),
+        f"    k = tl.load(k_ptr + k_at[None, :] + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
+        f"    v = tl.load(v_ptr + v_at[:, None] + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
         f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units",
         "    keep = valid_r[:, None] & valid_n[None, :]",
     ]
     bool_mask = site.mask is not None and site.mask_dtype == "bool"
     if site.mask is not None:
-        body.append("    m_at = b * T * CONTEXT * MASK_PER_ROW + t[:, None] * CONTEXT + rn[None, :]")
+        body.append("    m_at = b * MASK_B + t[:, None] * MASK_T + rn[None, :]")
         if bool_mask:
             body.append("    keep = keep & (tl.load(mask_ptr + m_at, mask=keep, other=0) != 0)")
         else:
@@ -251,6 +310,12 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         *([KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype)] if site.mask is not None else []),
         KernelParam("out_ptr", ParamKind.PTR, site.dtype),
         KernelParam("T", ParamKind("i32"), ""),
+        *([KernelParam("S", ParamKind("i32"), "")] if site.rows is not None else []),
+        *(
+            [KernelParam("MASK_B", ParamKind("i32"), ""), KernelParam("MASK_T", ParamKind("i32"), "")]
+            if site.mask is not None
+            else []
+        ),
     ]
     seq = ix.size_text(ix.parse_size(site.seq))
     args = (
@@ -260,6 +325,8 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         *([Buf(site.mask)] if site.mask is not None else []),
         Buf(site.out),
         Sym(seq),
+        *([Sym(ix.size_text(ix.parse_size(site.rows[4])))] if site.rows is not None else []),
+        *([Sym(site.mask_batch), Sym(site.mask_token)] if site.mask is not None else []),
     )
     signature = signature_of(tuple(params), "i32")
     consts = {
@@ -276,7 +343,11 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         "Q_HEAD": site.q_head,
         "Q_HEAD_T": site.q_head_t,
         "Q_COLUMN": site.q_column,
-        "MASK_PER_ROW": int(site.mask_per_row),
+        **(
+            dict(zip(("K_WIDTH", "K_COLUMN", "V_WIDTH", "V_COLUMN"), site.rows[:4]))
+            if site.rows is not None
+            else {}
+        ),
         "SCALE_LOG2E": repr(site.scale * LOG2E),
         "LOG2E": repr(LOG2E),
     }
@@ -286,18 +357,26 @@ def render_cache_attention(site: CacheSite) -> Rendered:
     )
     mask_doc = "no mask"
     if site.mask is not None:
-        mask_doc = f"mask {'bool (True: attend)' if bool_mask else 'additive'} [{'B' if site.mask_per_row else '1'}, 1, T, C]"
+        mask_doc = (
+            f"mask {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, 1, T or 1, S], element "
+            f"(b, t, n) at b * {site.mask_batch} + t * {site.mask_token} + n"
+        )
+    keys = (
+        f"k, v: the cache [B, {site.kv_heads}, {site.context}, {d}] row-major, {groups} query heads per KV head"
+        if site.rows is None
+        else f"k, v: head views of projection rows, S = {site.rows[4]} keys"
+    )
     doc = [
-        f"Attention over a KV cache: softmax(q k^T * {site.scale!r} + mask) v for T queries per row, online, fp32 accumulation.",
+        f"Attention over {'a KV cache' if site.rows is None else 'keys under a mask'}: softmax(q k^T * {site.scale!r} + mask) v for T queries per row, online, fp32 accumulation.",
         "",
-        f"q: [B, {site.heads}, T, {d}]; k, v: the cache [B, {site.kv_heads}, {site.context}, {d}] row-major, "
-        f"{groups} query heads per KV head; {mask_doc}; B = {site.batch}, T = {seq}, {site.dtype}.",
+        f"q: [B, {site.heads}, T, {d}]; {keys}; {mask_doc}; B = {site.batch}, T = {seq}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
     source = kernel_module(doc, consts, name, signature, body)
     rows, t = ix.parse_size(site.batch), ix.parse_size(site.seq)
     elem = ITEMSIZE[site.dtype]
-    traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * t * d) * elem
+    n_keys = sympy.Integer(site.context) if site.rows is None else ix.parse_size(site.rows[4])
+    traffic = rows * (2 * site.kv_heads * n_keys * d + 2 * site.heads * t * d) * elem
     config = {
         "kind": "cache_attention",
         "BLOCK_M": BLOCK_M,
