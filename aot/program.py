@@ -366,11 +366,13 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
     return out
 
 
-def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
+def check_library_free(
+    program: Program, steps: Sequence[Step], where: str, line_of: Callable[[Step], str] | None = None
+) -> None:
     """Refuse (``EnvError``) the first of ``steps`` (``live_steps``) that is not a compiled kernel, a
     view (``aliases``) or a copy in ``DRIVER_COPIES`` (of no sliced rows): what a runtime without libraries
     (``aot.runtime``) cannot run, then a tensor that is not row-major. The message names the
-    program, step, target and result."""
+    program, step, target and result, and the model line that made it where ``line_of`` knows it."""
     views = aliases(program, steps)
     rows_apart = {name for name, alias in views.items() if alias.width}
     runs = [
@@ -391,8 +393,10 @@ def check_library_free(program: Program, steps: Sequence[Step], where: str) -> N
         step = steps[i]
         out = ", ".join(o for o in step.outputs if o) or "-"
         what = "a library call" if calls else "a view whose layout a kernel cannot read in place"
+        line = line_of(step) if line_of is not None else ""
+        made = f", made at {line}" if line else ""
         raise EnvError(
-            f"{where}: step {i} ({step.target} -> {out}) is {what}; aotpack-rt runs library-free "
+            f"{where}: step {i} ({step.target} -> {out}{made}) is {what}; aotpack-rt runs library-free "
             f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
             f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
         )

@@ -201,7 +201,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
 
         if not options.fuse or not options.gemm_candidates:
             raise CodegenError("--library-free needs fused kernels and GEMM candidates (drop --no-fuse)")
-        new_program = make_library_free(new_program, traced.buckets, say)
+        new_program = make_library_free(new_program, traced.buckets, say, traced.model_lines)
         kept = {k.id for k in new_program.kernels}
         cubins = {key: cubin for key, cubin in cubins.items() if key[0] in kept}
         steps, n_default_kernels = new_program.steps, len(new_program.kernels)
@@ -362,7 +362,14 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
     parts = []
     for tp in traced.programs:
         say(f"  program {tp.name}:")
-        single = replace(traced, program=tp.program, guards=tp.guards, buckets=tp.buckets, programs=())
+        single = replace(
+            traced,
+            program=tp.program,
+            guards=tp.guards,
+            buckets=tp.buckets,
+            programs=(),
+            model_lines=tp.model_lines,
+        )
         parts.append(
             generate(
                 single,

@@ -146,6 +146,7 @@ class Lowering:
         self.skip: set[torch.fx.Node] = set()  # full slices only an in-place write read
         self.inplace: dict[torch.fx.Node, tuple[str, torch.fx.Node]] = {}  # node -> (op, what it writes)
         self.trailing: list[tuple[str, torch.fx.Node]] = []  # (state input, its new value)
+        self.lines: dict[str, str] = {}  # a step's result -> the model line that made it ("model.py:12")
 
     def plan_state_writes(self, placeholders: list[torch.fx.Node]) -> list[int]:
         """Decide how each input mutation the export recorded is written (in place, or a trailing
@@ -389,6 +390,9 @@ class Lowering:
                 outputs=outputs,
             )
         )
+        line = _model_line(node).rstrip(": ")
+        if line:
+            self.lines.update((o, line) for o in outputs if o is not None)
 
     def _write_back_state(self, user_inputs: list[NamedTensor]) -> None:
         """A state whose old value is read after its in-place write gets the new value copied in

@@ -5,6 +5,8 @@ library-free runs on the torch loader's CPU path exactly as its default build (s
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aot.codegen.library_free import choose, library_free
@@ -106,3 +108,37 @@ def test_the_cnn_builds_library_free_and_its_cpu_path_matches_the_default_build(
     assert [e.name for e in check(free).entries] == ["general"]
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0)).half()
     torch.testing.assert_close(load(free)(x).float(), load(default)(x).float(), rtol=2e-2, atol=2e-2)
+
+
+BMM_MODEL = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def forward(self, x):  # x: [B, 4, 8, 16]
+        scores = x @ x.transpose(-1, -2)
+        return scores.softmax(-1)
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 4, 8, 16))])
+"""
+
+
+def test_a_step_without_a_form_is_refused_with_its_model_line(tmp_path):
+    """A batched matmul has no Triton form: the build names the step and the model line."""
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+
+    path = tmp_path / "bmm_model.py"
+    path.write_text(BMM_MODEL)
+    line = next(i for i, text in enumerate(BMM_MODEL.splitlines(), 1) if "transpose" in text)
+    with pytest.raises(CodegenError) as e:
+        generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
+    message = str(e.value)
+    assert re.search(
+        rf"step \d+ \(aten\.bmm\.default -> \w+, made at \S*bmm_model\.py:{line}\) is a library call", message
+    ), message
+    assert message.endswith(
+        "no Triton form exists for it yet: build without --library-free and run it with the torch loader"
+    )
