@@ -172,6 +172,16 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             say,
         )
         cubins.update(attention_cubins)
+        from aot.codegen.batched_matmul import bmm_kernels
+
+        new_program, bmm_cubins = bmm_kernels(
+            new_program,
+            ranges,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "batched matmul kernel")[:2],
+            say,
+        )
+        cubins.update(bmm_cubins)
     if not options.gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 

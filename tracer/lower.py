@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -74,6 +75,16 @@ def _model_line(node: torch.fx.Node) -> str:
     """``file:line: `` of the model code that made ``node`` (the innermost frame export recorded)."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
     return f"{library_relative(frames[-1][0])}:{frames[-1][1]}: " if frames else ""
+
+
+def _user_line(node: torch.fx.Node) -> str:
+    """``file:line`` of the innermost frame outside torch that made ``node`` (the model's own code,
+    or its model library's: ``transformers/...``), else the innermost; "" when export kept none."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    torch_dir = os.path.dirname(torch.__file__)
+    outside = [f for f in frames if not os.path.abspath(f[0]).startswith(torch_dir + os.sep)]
+    file, line = (outside or frames or [("", "")])[-1]
+    return f"{library_relative(file)}:{line}" if file else ""
 
 
 def symbol_sources(inputs) -> tuple[SymbolSource, ...]:
@@ -390,7 +401,7 @@ class Lowering:
                 outputs=outputs,
             )
         )
-        line = _model_line(node).rstrip(": ")
+        line = _user_line(node)
         if line:
             self.lines.update((o, line) for o in outputs if o is not None)
 

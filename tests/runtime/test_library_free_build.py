@@ -110,35 +110,39 @@ def test_the_cnn_builds_library_free_and_its_cpu_path_matches_the_default_build(
     torch.testing.assert_close(load(free)(x).float(), load(default)(x).float(), rtol=2e-2, atol=2e-2)
 
 
-BMM_MODEL = """
+TRANSPOSED_MODEL = """
 import torch
 from torch import nn
 from aot import Dim, Input, ModelSpec
 
 class M(nn.Module):
-    def forward(self, x):  # x: [B, 4, 8, 16]
-        scores = x @ x.transpose(-1, -2)
-        return scores.softmax(-1)
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 2, 2, stride=2)
+
+    def forward(self, x):  # x: [B, 4, 8, 8]
+        return self.up(x).relu()
 
 batch = Dim("batch", 1, 4)
-spec = ModelSpec(module=M, inputs=[Input("x", (batch, 4, 8, 16))])
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 4, 8, 8))])
 """
 
 
 def test_a_step_without_a_form_is_refused_with_its_model_line(tmp_path):
-    """A batched matmul has no Triton form: the build names the step and the model line."""
+    """A transposed convolution has no Triton form: the build names the step and the model line."""
     from aot.codegen import generate
     from aot.tracer import load_model_file, trace
 
-    path = tmp_path / "bmm_model.py"
-    path.write_text(BMM_MODEL)
-    line = next(i for i, text in enumerate(BMM_MODEL.splitlines(), 1) if "transpose" in text)
+    path = tmp_path / "upsample.py"
+    path.write_text(TRANSPOSED_MODEL)
+    line = next(i for i, text in enumerate(TRANSPOSED_MODEL.splitlines(), 1) if "self.up(x)" in text)
     with pytest.raises(CodegenError) as e:
         generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
     message = str(e.value)
-    assert re.search(
-        rf"step \d+ \(aten\.bmm\.default -> \w+, made at \S*bmm_model\.py:{line}\) is a library call", message
-    ), message
+    pattern = (
+        rf"step \d+ \(aten\.convolution\.default -> \w+, made at \S*upsample\.py:{line}\) is a library call"
+    )
+    assert re.search(pattern, message), message
     assert message.endswith(
         "no Triton form exists for it yet: build without --library-free and run it with the torch loader"
     )
