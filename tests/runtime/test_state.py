@@ -12,6 +12,7 @@ import struct
 import pytest
 
 from aot.errors import GuardError
+from tests.codegen.test_cache_kernels import tiny_lm_free  # noqa: F401 - the fixture
 from tests.conftest import ROOT
 from tests.runtime.test_torch_free import run_torch_free
 
@@ -182,3 +183,25 @@ def test_the_cli_refuses_bad_generate_arguments_in_one_line(tmp_path, capsys):
         assert main(["generate", str(tmp_path / "none.tpk"), *argv]) == 1
         err = capsys.readouterr().err.strip()
         assert err.startswith(message) and "\n" not in err, err
+
+
+@pytest.mark.slow  # the library-free build of tiny_lm
+def test_a_library_free_stateful_bundle_is_checked_without_torch(tiny_lm_free):  # noqa: F811
+    """The runtime's plan of tiny_lm built --library-free, in an interpreter where importing torch
+    fails: both entry points, the slot bounds of every cache write, the state laid out."""
+    free, _ = tiny_lm_free
+    got = run_torch_free(f"""
+        import json
+        import aot.runtime
+        checked = aot.runtime.check({str(free)!r})
+        print(json.dumps([
+            [e.entry for e in checked.entries],
+            [sorted(map(list, e.index_bounds)) for e in checked.entries],
+            checked.state.size,
+            list(checked.entry_points),
+        ]))
+    """)
+    entries, bounds, size, entry_points = got
+    assert entries == ["prefill", "decode"] and entry_points == ["prefill", "decode"]
+    assert bounds == [[["cache_position", n, 32] for n in sorted(CACHES)]] * 2
+    assert size == 4 * CACHE_BYTES
