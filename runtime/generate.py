@@ -7,7 +7,7 @@ The bundle follows the LM wrapper contract of ``aot.hf.causal_lm`` (as the torch
 Prompts of different lengths are left-padded to the longest, each row's positions counting its
 own tokens, so a row's tokens are those it gets alone. The inputs are host arrays made here
 (``ctypes``, no NumPy); each step's logits come back to the host and the next token is the first
-index of the row's largest logit, as ``argmax`` picks.
+index of the row's largest logit, as ``argmax`` picks (with NumPy where installed, else in Python).
 """
 
 from __future__ import annotations
@@ -80,6 +80,12 @@ def argmax_rows(data: bytes, dtype: str, rows: int, vocab: int) -> list[int]:
     fmt = LOGIT_FORMATS.get(dtype)
     if fmt is None:
         raise GuardError(f"generate reads float32, float16 or float64 logits, the bundle returns {dtype}")
+    try:  # with NumPy (the runtime's numpy extra): one pass in C over 128k logits rather than ~10 ms
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        return [int(i) for i in np.frombuffer(data, f"<{fmt}").reshape(rows, vocab).argmax(-1)]
     values = struct.unpack(f"<{rows * vocab}{fmt}", data)
     out = []
     for r in range(rows):

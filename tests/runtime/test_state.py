@@ -115,12 +115,23 @@ def test_generate_refuses_bad_arguments_before_running(tiny_lm):
         lm_contract(checked)
 
 
-def test_the_greedy_pick_is_the_first_largest_logit():
+def test_the_greedy_pick_is_the_first_largest_logit(monkeypatch):
     from aot.runtime.generate import argmax_rows
 
     rows = [[0.5, 2.0, -1.0, 2.0], [-3.0, -2.0, -2.5, -7.0], [1.0, 1.0, 1.0, 1.0]]
     data = struct.pack(f"<{12}e", *[v for r in rows for v in r])
     assert argmax_rows(data, "float16", 3, 4) == [1, 1, 0]
+    import builtins
+
+    real = builtins.__import__
+
+    def no_numpy(name, *a, **k):
+        if name == "numpy":
+            raise ImportError("no numpy")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_numpy)
+    assert argmax_rows(data, "float16", 3, 4) == [1, 1, 0]  # the pure-Python path
     with pytest.raises(
         GuardError, match="reads float32, float16 or float64 logits, the bundle returns bfloat16"
     ):
