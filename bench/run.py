@@ -345,7 +345,8 @@ def main() -> None:
                 if system == "aotpack-tuned" and why_not_tuned:
                     r, err = None, why_not_tuned
                 elif not bundle.exists():
-                    r, err = None, "no bundle: " + builds.get("aotpack", {}).get("error", "")
+                    step = "aotpack-lf" if system == "aotpack-lf" else "aotpack"
+                    r, err = None, "no bundle: " + builds.get(step, {}).get("error", "")
                 else:
                     r, err = spawn([*base, "--bundle", str(bundle)])
                 if r is not None and system == "aotpack" and "aotpack" in builds:
