@@ -15,6 +15,17 @@ pytestmark = pytest.mark.gpu
 REQUIRED = ("gpt2", "llama", "bert", "vit", "timm-resnet50", "timm-convnext_tiny", "timm-vit_small")
 
 
+def _leaves(tree) -> list:
+    """The arrays of an output tree (tensor or DeviceArray leaves; dicts, records, tuples, lists)."""
+    if hasattr(tree, "__dlpack__"):
+        return [tree]
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _leaves(v)]
+    if isinstance(tree, (tuple, list)):
+        return [x for v in tree for x in _leaves(v)]
+    return []
+
+
 def _zoo():
     from tests.realmodels.zoo import ZOO
 
@@ -49,14 +60,7 @@ def test_the_runtime_equals_the_torch_loader_on_library_free_zoo_models(name, tm
         inputs = ref.inputs_at(sizes)
         want = ref(**inputs)
         got = rt(**inputs)
-        flat_want = (
-            [want]
-            if isinstance(want, torch.Tensor)
-            else list(want.values() if isinstance(want, dict) else want)
-        )
-        flat_got = (
-            [got] if hasattr(got, "__dlpack__") else list(got.values() if isinstance(got, dict) else got)
-        )
+        flat_want, flat_got = _leaves(want), _leaves(got)
         assert len(flat_got) == len(flat_want), (name, sizes)
         for g, w in zip(flat_got, flat_want):
             assert torch.equal(torch.from_dlpack(g), w), (name, sizes)
