@@ -48,8 +48,9 @@ class Traced:
     # Half-precision models: how far eager at the model dtype is from eager float32 on the
     # example inputs, relative to the output scale (what ``aotpack verify`` may expect at best).
     reference_noise: float = 0.0
-    # The model line that made each step's result of ``program`` ("model.py:12"), for errors that
-    # name a step (a --library-free build's refusal).
+    # The model line that made each step's result ("model.py:12"), of every program (the first
+    # program's where two name a result alike), for errors that name a step (a --library-free
+    # build's refusal).
     model_lines: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aot.errors import BundleError
 from aot.manifest_text import static_size
 from aot.memory import largest_sizes
+from aot.program import reference_steps
 from aot.schema import Buf, Guards, Program
 
 
@@ -63,7 +64,7 @@ def index_bounds(program: Program, shapes: dict[str, tuple[int, ...]]) -> tuple[
     around to another slot on any device. ``shapes``: each state's shape at its largest."""
     callers = {i.name for i in program.inputs} - set(program.state)
     bounds: dict[tuple[str, str], int] = {}
-    for step in [*program.steps, *(r for s in program.steps for r in s.reference)]:
+    for step in reference_steps(program):  # a write a kernel stands for is in its reference
         if step.target == "aten.index_put_.default" and len(step.args) >= 2:
             target, indices = step.args[0], list(enumerate(step.args[1] or ()))
         elif step.target == "aten.index_copy_.default" and len(step.args) >= 3:

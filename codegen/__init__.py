@@ -372,14 +372,7 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
     parts = []
     for tp in traced.programs:
         say(f"  program {tp.name}:")
-        single = replace(
-            traced,
-            program=tp.program,
-            guards=tp.guards,
-            buckets=tp.buckets,
-            programs=(),
-            model_lines=tp.model_lines,
-        )
+        single = replace(traced, program=tp.program, guards=tp.guards, buckets=tp.buckets, programs=())
         parts.append(
             generate(
                 single,

@@ -157,7 +157,7 @@ def trace(
         trace_seconds=time.perf_counter() - main.start,
         programs=programs if len(programs) > 1 or spec.entry_points else (),
         reference_noise=noise,
-        model_lines=programs[0].model_lines,
+        model_lines={k: v for p in reversed(programs) for k, v in p.model_lines.items()},
     )
 
 
