@@ -315,6 +315,23 @@ class Alias:
     pitch: int = 0
 
 
+def _order_kept(step: Step, src: TensorSpec) -> bool:
+    """A permute that moves only dims of one element (``[B, H, 1, D] -> [B, 1, H, D]``): the
+    elements keep their order in memory, so it is a view at the same address."""
+    from aot.manifest_text import static_size
+
+    if step.target != "aten.permute.default" or len(step.args) != 2 or src.order:
+        return False
+    dims = step.args[1]
+    rank = len(src.shape)
+    if not isinstance(dims, (list, tuple)) or sorted(
+        d % max(rank, 1) for d in dims if type(d) is int
+    ) != list(range(rank)):
+        return False
+    moved = [d % rank for d in dims if static_size(src.shape[d % rank]) != 1]
+    return moved == sorted(moved)
+
+
 def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
     """Every view's ``Alias`` among ``steps`` (``SAME_BYTES_VIEWS`` and ``ROW_SLICE``s); a view that
     is neither is left out (``check_library_free`` refuses it)."""
@@ -333,7 +350,7 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
         spec, src_spec = specs.get(result or ""), specs.get(src)
         if result is None or spec is None or src_spec is None:
             continue
-        if step.target in SAME_BYTES_VIEWS:
+        if step.target in SAME_BYTES_VIEWS or _order_kept(step, src_spec):
             if at.width and (not spec.shape or static_size(spec.shape[-1]) != at.width):
                 continue  # rows apart must stay rows: only the dims before them may change
             out[result] = at
@@ -353,16 +370,13 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
     return out
 
 
-def check_library_free(program: Program, steps: Sequence[Step], where: str) -> None:
+def check_library_free(
+    program: Program, steps: Sequence[Step], where: str, line_of: Callable[[Step], str] | None = None
+) -> None:
     """Refuse (``EnvError``) the first of ``steps`` (``live_steps``) that is not a compiled kernel, a
     view (``aliases``) or a copy in ``DRIVER_COPIES`` (of no sliced rows): what a runtime without libraries
     (``aot.runtime``) cannot run, then a tensor that is not row-major. The message names the
-    program, step, target and result."""
-    if program.state:
-        raise EnvError(
-            f"{where}: the program keeps state ({', '.join(program.state[:3])}); aotpack-rt runs stateless "
-            f"bundles only so far: load it with the torch loader (`aotpack load`)"
-        )
+    program, step, target and result, and the model line that made it where ``line_of`` knows it."""
     views = aliases(program, steps)
     rows_apart = {name for name, alias in views.items() if alias.width}
     runs = [
@@ -383,8 +397,10 @@ def check_library_free(program: Program, steps: Sequence[Step], where: str) -> N
         step = steps[i]
         out = ", ".join(o for o in step.outputs if o) or "-"
         what = "a library call" if calls else "a view whose layout a kernel cannot read in place"
+        line = line_of(step) if line_of is not None else ""
+        made = f", made at {line}" if line else ""
         raise EnvError(
-            f"{where}: step {i} ({step.target} -> {out}) is {what}; aotpack-rt runs library-free "
+            f"{where}: step {i} ({step.target} -> {out}{made}) is {what}; aotpack-rt runs library-free "
             f"bundles only (every step a compiled kernel or a driver copy): rebuild with "
             f"`aotpack build --library-free`, or load it with the torch loader (`aotpack load`)"
         )

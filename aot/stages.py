@@ -27,6 +27,7 @@ class TracedProgram:
     guards: Guards
     buckets: tuple[Bucket, ...]
     entry: str = ""  # the entry point it serves ("prefill", "decode"); "" without entry points
+    model_lines: Mapping[str, str] = field(default_factory=dict)  # a step's result -> "model.py:12"
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Traced:
     # Half-precision models: how far eager at the model dtype is from eager float32 on the
     # example inputs, relative to the output scale (what ``aotpack verify`` may expect at best).
     reference_noise: float = 0.0
+    # The model line that made each step's result ("model.py:12"), of every program (the first
+    # program's where two name a result alike), for errors that name a step (a --library-free
+    # build's refusal).
+    model_lines: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,12 @@ with how many ran at once):
 - ``MODEL-gemm.tpk`` (for aotpack-tuned): the same build with ``--gemm-candidates`` (its weights
   file differs from ``MODEL.tpk``'s: with candidates the build leaves sibling matmuls apart, for
   tune to choose between library GEMMs and fused candidates, where without it stacks them);
-- ``MODEL.pt2`` (for aoti, in a scratch folder): ``bench/aoti_build.py``.
+- ``MODEL.pt2`` (for aoti, in a scratch folder): ``bench/aoti_build.py``;
+- ``MODEL-lf.tpk`` (for ``aotpack-rt`` and ``aotpack-lf``): ``aotpack build --library-free``, the
+  weights inside. ``aotpack-rt`` runs it on the runtime without torch (``bench/worker_rt.py``: a
+  process that never imports torch, its inputs written beforehand as NumPy arrays), ``aotpack-lf``
+  on the torch loader: the two side by side on the same bundle. Neither is in the default systems:
+  ``--systems aotpack,aotpack-lf,aotpack-rt``.
 
 Then per model: ``aotpack tune`` of the GEMM bundle at the measured shapes only (at every bucket
 for ``TUNE_EVERY_BUCKET``; alone on the GPU, into ``MODEL-tuned.tpk`` beside the weights it shares), then each system in a fresh process.
@@ -54,6 +59,7 @@ SYSTEMS = (
     "aotpack-borrow",
 )
 CPU_SYSTEMS = ("eager", "compile", "aotpack")
+LIBRARY_FREE_SYSTEMS = ("aotpack-rt", "aotpack-lf")  # on MODEL-lf.tpk; asked for by --systems
 TIMEOUT = 300  # seconds one worker may take
 BUILD_TIMEOUT = 400  # seconds one build may take
 TUNE_REPEATS = 50  # timed CUDA-graph replays per GEMM form (aotpack tune's default)
@@ -182,6 +188,10 @@ def prepare(models: list[str], systems: list[str], bundles: Path, work: Path, de
         source = str(model_file(model))
         bundle, state = bundles / f"{model}.tpk", bundles / f"{model}.state.safetensors"
         p = plan[model] = {"bundle": bundle, "gemm": bundles / f"{model}-gemm.tpk", "builds": {}}
+        p["free"] = bundles / f"{model}-lf.tpk"
+        if set(LIBRARY_FREE_SYSTEMS) & set(systems) and not p["free"].exists():
+            free = [*aotpack[:4], "--arch", arch, "-q", source, "-o", str(p["free"]), "--library-free"]
+            builds.append((model, "aotpack-lf", [*free, "--weights", str(state)]))  # weights inside
         p["package"] = work / f"{model}.pt2"
         p["weights"] = state
         if not state.exists():
@@ -204,6 +214,25 @@ def prepare(models: list[str], systems: list[str], bundles: Path, work: Path, de
             took = f"ERROR {record['error']}" if "error" in record else f"{record['seconds']:.1f}s"
             print(f"{model:13} build {step:12} {took} (up to {record['at_once']} at once)", flush=True)
     return plan
+
+
+def rt_worker(model: str, bundle: Path, work: Path, calls: int, warmup: int) -> list[str]:
+    """The ``aotpack-rt`` worker's command line, its inputs (every measured shape's, made as
+    ``bench/worker.py`` makes them) written first to ``work/MODEL.inputs.npz``."""
+    import numpy as np
+    from common import SHAPES, make_inputs, shape_label
+
+    arrays = {}
+    for i, sizes in enumerate(SHAPES[model]):
+        for j, x in enumerate(make_inputs(model, sizes, "cpu")):
+            arrays[f"{i}.{j}"] = x.numpy()
+    path = work / f"{model}.inputs.npz"
+    np.savez(path, **arrays)
+    labels = json.dumps([shape_label(s) for s in SHAPES[model]])
+    return [
+        str(HERE / "worker_rt.py"), model, "--spawned-at", "0", "--bundle", str(bundle), "--inputs", str(path),
+        "--labels", labels, "--out", str(work), "--calls", str(calls), "--warmup", str(warmup),
+    ]  # fmt: skip
 
 
 def tune(model: str, gemm: Path, tuned: Path, shapes: list[dict[str, int]], out: Path) -> dict:
@@ -303,12 +332,21 @@ def main() -> None:
                         r["build_s"] = builds["aoti"]["seconds"]
                         r["artifact_bytes"] = p["package"].stat().st_size
                     runs.append(("cold", r, err))
+            elif system == "aotpack-rt":
+                if not p["free"].exists():
+                    r, err = None, "no bundle: " + builds.get("aotpack-lf", {}).get("error", "")
+                else:
+                    r, err = spawn(rt_worker(model, p["free"], work, CALLS, WARMUP))
+                if r is not None and "aotpack-lf" in builds:
+                    r["build_s"] = builds["aotpack-lf"]["seconds"]
+                runs.append(("cold", r, err))
             elif system.startswith("aotpack"):
-                bundle = tuned if system == "aotpack-tuned" else p["bundle"]
+                bundle = {"aotpack-tuned": tuned, "aotpack-lf": p["free"]}.get(system, p["bundle"])
                 if system == "aotpack-tuned" and why_not_tuned:
                     r, err = None, why_not_tuned
                 elif not bundle.exists():
-                    r, err = None, "no bundle: " + builds.get("aotpack", {}).get("error", "")
+                    step = "aotpack-lf" if system == "aotpack-lf" else "aotpack"
+                    r, err = None, "no bundle: " + builds.get(step, {}).get("error", "")
                 else:
                     r, err = spawn([*base, "--bundle", str(bundle)])
                 if r is not None and system == "aotpack" and "aotpack" in builds:

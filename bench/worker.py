@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 
-AOTPACK_SYSTEMS = ("aotpack", "aotpack-borrow", "aotpack-tuned")
+AOTPACK_SYSTEMS = ("aotpack", "aotpack-borrow", "aotpack-tuned", "aotpack-lf")  # -lf: the library-free bundle
 CUDA_SYSTEMS = ("graph", "reduce-overhead")  # CUDA graphs by hand or by torch.compile
 
 

@@ -56,8 +56,8 @@ MANY_BUCKETS = 16
     "--library-free",
     is_flag=True,
     help="every step a compiled kernel or a driver copy (no cuBLAS, cuDNN or ATen call on the GPU), "
-    "so `aotpack-rt` runs it without torch: each GEMM and attention site takes its Triton candidate; "
-    "refused, naming the step, where no form exists",
+    "so `aotpack-rt` runs it without torch: GEMMs, attention, convolutions and KV-cache writes take "
+    "Triton forms, tensors stay row-major; refused, naming the step and its model line, where no form exists",
 )
 @click.option(
     "--keep-siblings",

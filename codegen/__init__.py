@@ -144,7 +144,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
     start = time.perf_counter()
     traced, program, folded, padded = _rewrite_for_kernels(traced, options, say)
     ranges = _ranges(traced)
-    graph, groups, unfused, standalone, by_id = _fuse(program, ranges, say, start)
+    graph, groups, unfused, standalone, by_id = _fuse(program, ranges, say, start, options.library_free)
     results, failed, hits = compile_kernels(by_id, archs, say)
     for k, why in failed.items():
         say(
@@ -174,6 +174,36 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         say,
     )
     cubins.update(grouped_cubins)
+    if options.library_free:
+        from aot.codegen.cache_writes import cache_write_kernels
+
+        new_program, write_cubins = cache_write_kernels(
+            new_program,
+            ranges,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "cache write kernel")[:2],
+            say,
+        )
+        cubins.update(write_cubins)
+        from aot.codegen.cache_attention import cache_attention_kernels
+
+        new_program, attention_cubins = cache_attention_kernels(
+            new_program,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "cache attention kernel")[:2],
+            say,
+        )
+        cubins.update(attention_cubins)
+        from aot.codegen.batched_matmul import bmm_kernels
+
+        new_program, bmm_cubins = bmm_kernels(
+            new_program,
+            ranges,
+            archs,
+            lambda todo: compile_kernels(dict(todo), archs, say, "batched matmul kernel")[:2],
+            say,
+        )
+        cubins.update(bmm_cubins)
     if not options.gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 
@@ -216,7 +246,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
 
         if not options.fuse or not options.gemm_candidates:
             raise CodegenError("--library-free needs fused kernels and GEMM candidates (drop --no-fuse)")
-        new_program = make_library_free(new_program, traced.buckets, say)
+        new_program = make_library_free(new_program, traced.buckets, say, traced.model_lines)
         kept = {k.id for k in new_program.kernels}
         cubins = {key: cubin for key, cubin in cubins.items() if key[0] in kept}
         steps, n_default_kernels = new_program.steps, len(new_program.kernels)
@@ -295,7 +325,7 @@ def _rewrite_for_kernels(
     program, split = split_conv_bias(program)
     if split:
         say(f"  {split} convolution biases join the kernels after them")
-    if options.channels_last:
+    if options.channels_last and not options.library_free:  # aotpack-rt runs row-major bundles
         program, n_cl = lay_out_channels_last(program)
         if n_cl:
             say(f"  {n_cl} convolutions run channels-last (NHWC tensors and weights, no cuDNN transposes)")
@@ -307,9 +337,10 @@ def _rewrite_for_kernels(
     return traced, program, folded, padded
 
 
-def _fuse(program, ranges, say: Callable[[str], None], start: float):
+def _fuse(program, ranges, say: Callable[[str], None], start: float, convolutions: bool = False):
     """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max
-    pools: a Triton kernel each, so a call launches no ATen kernel for them): (the partition's
+    pools: a Triton kernel each, so a call launches no ATen kernel for them; with
+    ``convolutions``, for a library-free build, every convolution a form covers too): (the partition's
     graph, its groups, the ops left unfused, the replaced step's output -> (its kernel's id, the
     kernel, the step it was rendered from), every distinct kernel by id)."""
     from aot.codegen.embeddings import gather_sites, render_gather
@@ -324,6 +355,10 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float):
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
     sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
+    if convolutions:
+        from aot.codegen.convolution import conv_sites, render_convolution
+
+        sites += [(s, render_convolution(s, program, ranges)) for s in conv_sites(program)]
     for step, r in sites:
         if r is not None:
             k = kernel_id(r.source, r.signature, r.config)

@@ -179,6 +179,12 @@ class _Program:
         ):
             # grouped-query: view(expand(unsqueeze(cache, 2), [B, KV, G, C, D]), [B, KV*G, C, D])
             expanded = s.args[0].name if isinstance(s.args[0], Buf) else None
+            copied = self.producer.get(expanded) if expanded else None
+            if copied is not None and self.steps[copied].target == "aten.clone.default":  # repeat_kv's copy
+                src = self.steps[copied].args[0] if self.steps[copied].args else None
+                expanded = (
+                    src.name if isinstance(src, Buf) and self.steps[copied].kind == StepKind.ATEN else None
+                )
             e = self.view_step(expanded) if expanded else None
             if e is None or e.target != "aten.expand.default":
                 return None

@@ -14,6 +14,7 @@ reference, which is what the CPU runs. What is left that no form covers is refus
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import replace
 
 from aot.errors import CodegenError, EnvError
@@ -28,6 +29,8 @@ PREFERENCE = ("tile_16x64x128", "tile_64x128x64", "tile_", "flash_64x64", "flash
 # run correctly at any length; their buckets only say where they are worth timing. When none was
 # offered at every bucket, the one offered at the most runs everywhere.
 ANY_LENGTH = ("flash_",)
+# suffixes the rewrites give a result they rename (``layouts.split_conv_bias``, sibling stacking)
+RENAMED = ("_nobias", "_siblings")
 
 
 def _rank(name: str) -> int:
@@ -57,10 +60,26 @@ def choose(site: GemmSite, buckets: tuple[Bucket, ...]) -> str:
     return min(fits, key=lambda c: (_rank(c.name), site.candidates.index(c))).name
 
 
-def library_free(program: Program, buckets: tuple[Bucket, ...], say=lambda msg: None) -> Program:
+def model_line(step, lines: Mapping[str, str]) -> str:
+    """The model line (``Traced.model_lines``) that made ``step``'s result, or of the steps it
+    stands for; "" when none is known (a result the codegen named)."""
+    for s in (step, *step.reference):
+        for name in s.outputs:
+            for candidate in (name, *(name[: -len(x)] for x in RENAMED if name and name.endswith(x))):
+                if candidate and candidate in lines:
+                    return lines[candidate]
+    return ""
+
+
+def library_free(
+    program: Program,
+    buckets: tuple[Bucket, ...],
+    say=lambda msg: None,
+    lines: Mapping[str, str] | None = None,
+) -> Program:
     """``program`` (with ``alternatives``) as a library-free program: each site's chosen candidate
     spliced in, the alternatives and the kernels no step launches dropped; ``CodegenError`` naming
-    the first step no form covers."""
+    the first step no form covers, and the model line that made it (``lines``: result -> line)."""
     chosen = {site.id: choose(site, buckets) for site in program.alternatives}
     steps = plan_steps(program, chosen)
     used = {s.target for s in steps if s.kind == StepKind.KERNEL}
@@ -71,7 +90,7 @@ def library_free(program: Program, buckets: tuple[Bucket, ...], say=lambda msg: 
         kernels=tuple(k for k in program.kernels if k.id in used),
     )
     try:
-        check_library_free(out, live_steps(out), "--library-free")
+        check_library_free(out, live_steps(out), "--library-free", lambda step: model_line(step, lines or {}))
     except EnvError as e:
         raise CodegenError(
             f"{e}".replace(

@@ -16,41 +16,18 @@ from collections.abc import Iterable
 import torch
 
 from aot.errors import BundleError, EnvError, GuardError
-from aot.manifest_text import static_size
-from aot.memory import largest_sizes
-from aot.program import reference_steps
-from aot.schema import Buf, Guards, Program
+from aot.schema import Guards, Program
+from aot.state import index_bounds, slots_error, state_specs
 
 
 class State:
     """The state tensors of one runner, by name, and the symbol each one's rows follow."""
 
     def __init__(self, guards: Guards, dtypes: dict[str, torch.dtype], device: torch.device, where: str):
-        largest = largest_sizes(guards)
         self.tensors: dict[str, torch.Tensor] = {}
-        self.batch: dict[str, str | None] = {}  # state name -> the symbol of its first dim, or None
-        shapes: dict[str, tuple[list[int], torch.dtype]] = {}
-        for inp in guards.inputs:
-            if not inp.state:
-                continue
-            if inp.dtype not in dtypes:
-                raise BundleError(f"{where}: state {inp.name[:40]!r} has unknown dtype {inp.dtype[:20]!r}")
-            if not inp.shape:
-                raise BundleError(f"{where}: state {inp.name[:40]!r} is a scalar; state has at least one dim")
-            shape = []
-            for d, size in enumerate(inp.shape):
-                static = static_size(size)
-                if static is not None:
-                    shape.append(static)
-                elif d == 0 and size in largest:
-                    shape.append(largest[size])
-                else:
-                    raise BundleError(
-                        f"{where}: state {inp.name[:40]!r} dim {d} is {size[:40]!r}; only a state's first "
-                        f"dim may be a symbol (the batch), the others are static sizes"
-                    )
-            self.batch[inp.name] = None if static_size(inp.shape[0]) is not None else inp.shape[0]
-            shapes[inp.name] = (shape, dtypes[inp.dtype])
+        specs = state_specs(guards, dtypes, where)
+        self.batch: dict[str, str | None] = {n: sp.batch for n, sp in specs.items()}
+        shapes = {n: (list(sp.shape), dtypes[sp.dtype]) for n, sp in specs.items()}
         self.shapes = shapes
         self.nbytes = sum(_numel(shape) * dtype.itemsize for shape, dtype in shapes.values())
         self.device = device
@@ -87,28 +64,7 @@ class State:
         an index (``cache_position`` in ``index_put_(key_cache, [None, None, cache_position], k)``):
         a slot outside ``0 <= slot < slots`` would write out of the state on a GPU (a device-side
         assert that ends the process) or, negative, wrap around to another slot on any device."""
-        callers = {i.name for i in program.inputs} - set(program.state)
-        bounds: dict[tuple[str, str], int] = {}
-        for step in reference_steps(program):  # a write a kernel folded in is in its reference
-            if step.target == "aten.index_put_.default" and len(step.args) >= 2:
-                target, indices = step.args[0], list(enumerate(step.args[1] or ()))
-            elif step.target == "aten.index_copy_.default" and len(step.args) >= 3:
-                target, indices = step.args[0], [(step.args[1], step.args[2])]
-            else:
-                continue
-            if not isinstance(target, Buf) or target.name not in self.shapes:
-                continue
-            shape = self.shapes[target.name][0]
-            for dim, index in indices:
-                if (
-                    isinstance(index, Buf)
-                    and index.name in callers
-                    and isinstance(dim, int)
-                    and -len(shape) <= dim < len(shape)
-                ):
-                    key = (index.name, target.name)
-                    bounds[key] = min(bounds.get(key, shape[dim]), shape[dim])
-        return tuple((name, state, n) for (name, state), n in sorted(bounds.items()))
+        return index_bounds(program, {n: tuple(shape) for n, (shape, _) in self.shapes.items()})
 
     def views(self, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
         """Each state tensor's rows ``0..b-1`` for a call on ``b`` rows (the whole tensor when its
@@ -161,8 +117,4 @@ def check_index_bounds(bounds: tuple[tuple[str, str, int], ...], inputs: dict[st
             continue
         low, high = torch.stack(torch.aminmax(index.reshape(-1))).tolist()
         if low < 0 or high >= slots:
-            raise GuardError(
-                f"{name} holds slot {low if low < 0 else high}, the state {state[:60]!r} has {slots} slots: "
-                f"each must be 0 <= slot < {slots}; start a new sequence (reset) or use a bundle built "
-                f"with a longer context"
-            )
+            raise GuardError(slots_error(name, state, slots, low if low < 0 else high))

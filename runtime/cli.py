@@ -2,6 +2,7 @@
 
     aotpack-rt load BUNDLE [--sizes batch=1,seq=128] [--iters N] [--json] [--trust KEY.pub]...
     aotpack-rt check BUNDLE [--trust KEY.pub]...      # every check that needs no GPU
+    aotpack-rt generate BUNDLE --prompt-ids 1,2,3 --max-new-tokens N [--eos ID] [--json]
 
 Inputs are zeros of the guarded dtypes at ``--sizes`` (each symbol's smallest bucket, else its
 smallest admitted size, where not given). Errors print one line starting ``error:`` and exit 1.
@@ -49,8 +50,40 @@ def _inputs(checked, sizes: dict[str, int]) -> dict:
     }
 
 
+def _ids(text: str, what: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.lstrip("-").isdigit() for p in parts):
+        raise AotError(f"{what} {text!r}: expected token ids separated by commas, e.g. 1,2,3")
+    return [int(p) for p in parts]
+
+
+def _generate(args) -> dict:
+    from aot.runtime import load
+
+    prompt = _ids(args.prompt_ids, "--prompt-ids")
+    eos = _ids(args.eos, "--eos") if args.eos else None
+    if args.max_new_tokens < 1:
+        raise AotError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    t0 = time.perf_counter()
+    runner = load(args.bundle, args.trust or None, device=args.device)
+    loaded = time.perf_counter()
+    tokens = runner.generate(prompt, args.max_new_tokens, eos_token_id=eos)
+    done = time.perf_counter()
+    return {
+        "bundle": args.bundle,
+        "prompt_ids": prompt,
+        "tokens": tokens,
+        "import_s": round(t0 - STARTED, 4),
+        "load_s": round(loaded - t0, 4),
+        "generate_s": round(done - loaded, 4),
+    }
+
+
 def _load(args) -> dict:
     from aot.runtime import check, load
+
+    if args.command == "generate":
+        return _generate(args)
 
     if args.command == "check":
         checked = check(args.bundle, args.trust or None)
@@ -92,7 +125,7 @@ def _load(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aotpack-rt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("load", "check"):
+    for name in ("load", "check", "generate"):
         p = sub.add_parser(name)
         p.add_argument("bundle")
         p.add_argument("--trust", action="append", help="a trusted public key (repeatable)")
@@ -100,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "load":
             p.add_argument("--sizes", default="", help="symbol sizes, e.g. batch=1,seq=128")
             p.add_argument("--iters", type=int, default=0, help="timed calls after the first")
+            p.add_argument("--device", type=int, default=0)
+        if name == "generate":
+            p.add_argument("--prompt-ids", required=True, help="the prompt's token ids, e.g. 1,2,3")
+            p.add_argument("--max-new-tokens", type=int, required=True)
+            p.add_argument("--eos", default="", help="end-of-sequence token id(s), e.g. 2 or 2,32000")
             p.add_argument("--device", type=int, default=0)
     args = parser.parse_args(argv)
     try:

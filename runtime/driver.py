@@ -113,6 +113,9 @@ class Device:
         _check(cu.cuMemcpyDtoHAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoHAsync")
         self.synchronize()
 
+    def zero(self, dst: int, nbytes: int) -> None:
+        _check(cu.cuMemsetD8Async(dst, 0, nbytes, self.stream), "cuMemsetD8Async")
+
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         _check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoDAsync")
 

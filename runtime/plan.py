@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aot.allowed_ops import STATE_WRITE_OPS
 from aot.bundle import Bundle, open_bundle
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, GuardError
@@ -28,8 +29,9 @@ from aot.memory import check_max_memory, check_plan, planned_peak
 from aot.program import aliases, check_library_free, lifetimes, live_steps
 from aot.pytree import flatten_inputs
 from aot.runtime.arrays import ArrayView, from_dlpack
-from aot.schema import Bucket, Program, Step
+from aot.schema import Bucket, Buf, Program, Step, StepKind
 from aot.signature import trusted_keys
+from aot.state import StateSpec, index_bounds, state_specs
 from aot.symexpr import compile_expr
 
 ALIGN = 256  # bytes: every buffer of the arena and every weight starts at a multiple
@@ -44,6 +46,9 @@ class Entry:
     guards: GuardCore
     buckets: tuple[Bucket, ...]
     steps: tuple[Step, ...]  # the program's steps, those nobody reads dropped
+    entry: str = ""  # the entry point it serves ("prefill", "decode"), "" without named ones
+    index_bounds: tuple[tuple[str, str, int], ...] = ()  # (input, state, slots): ``aot.state.index_bounds``
+    state_writes: dict[str, str] | None = None  # a state write's result -> the state it is
 
 
 class Checked:
@@ -60,15 +65,16 @@ class Checked:
                     f"{bundle.path}: the manifest lists {len(self.manifest.programs)} programs, "
                     f"the program member holds {len(programs)}"
                 )
-            heads = [(e.name, e.guards, e.buckets) for e in self.manifest.programs]
+            heads = [(e.name, e.guards, e.buckets, e.entry) for e in self.manifest.programs]
         else:
             if len(programs) != 1:
                 raise BundleError(f"{bundle.path}: {len(programs)} programs but the manifest has no guards")
-            heads = [("general", self.manifest.guards, self.manifest.buckets)]
+            heads = [("general", self.manifest.guards, self.manifest.buckets, "")]
         check_plan(self.manifest, self.program, bundle.path)
         self.guards = GuardCore(self.manifest.guards, ITEMSIZE)
+        self.state = StateLayout(state_specs(self.manifest.guards, ITEMSIZE, str(bundle.path)))
         self.entries: list[Entry] = []
-        for (name, guards, buckets), program in zip(heads, programs):
+        for (name, guards, buckets, entry_point), program in zip(heads, programs):
             where = f"{bundle.path}: program {name!r}"
             steps = live_steps(program)
             check_library_free(program, steps, where)
@@ -80,7 +86,24 @@ class Checked:
                 raise BundleError(
                     f"{where} takes inputs {list(core.names)[:8]}, the bundle {list(self.guards.names)[:8]}"
                 )
-            self.entries.append(Entry(name, program, core, tuple(buckets), steps))
+            if set(program.state) != set(self.state.specs):
+                raise BundleError(
+                    f"{where} declares state {sorted(program.state)[:8]}, the bundle's guards "
+                    f"{sorted(self.state.specs)[:8]}"
+                )
+            shapes = {n: sp.shape for n, sp in self.state.specs.items()}
+            self.entries.append(
+                Entry(
+                    name,
+                    program,
+                    core,
+                    tuple(buckets),
+                    steps,
+                    entry_point,
+                    index_bounds(program, shapes),
+                    state_writes(program, steps),
+                )
+            )
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -96,11 +119,25 @@ class Checked:
         values = self.guards.bind(args, dict(kwargs))
         return [from_dlpack(v, name, stream) for v, name in zip(values, self.guards.names)]
 
-    def bind(self, views: Sequence[ArrayView]) -> tuple[Entry, dict[str, int]]:
-        """The first program whose guards admit ``views``, and the symbols' values. ``GuardError``
-        (the first program's text) when none does."""
+    @property
+    def entry_points(self) -> tuple[str, ...]:
+        """The bundle's named entry points ("prefill", "decode"), in declaration order."""
+        return tuple(dict.fromkeys(e.entry for e in self.entries if e.entry))
+
+    def bind(
+        self, views: Sequence[ArrayView], entry_point: str | None = None
+    ) -> tuple[Entry, dict[str, int]]:
+        """The first program (of ``entry_point``'s, when given) whose guards admit ``views``, and
+        the symbols' values. ``GuardError`` (the first program's text) when none does."""
+        if entry_point is not None and entry_point not in self.entry_points:
+            raise GuardError(
+                f"the bundle has no entry point {str(entry_point)[:40]!r}; its entry points are "
+                f"{list(self.entry_points) or '(none: call the runner itself)'}"
+            )
         first: GuardError | None = None
         for entry in self.entries:
+            if entry_point is not None and entry.entry != entry_point:
+                continue
             try:
                 return entry, check_views(entry.guards, views)
             except GuardError as e:
@@ -129,6 +166,71 @@ def check_views(guards: GuardCore, views: Sequence[ArrayView]) -> dict[str, int]
             )
     guards.check_relations(sizes)
     return sizes
+
+
+def state_writes(program: Program, steps: Sequence[Step]) -> dict[str, str]:
+    """Each result of a state write (``aot.allowed_ops.STATE_WRITE_OPS``, as an ATen step or as a
+    kernel's reference) -> the state it writes in place: the runtime places it at the state's
+    address, never in the arena."""
+    out: dict[str, str] = {}
+    state = set(program.state)
+    for step in steps:
+        writes = step.reference if step.kind == StepKind.KERNEL else (step,)
+        for ref in writes:
+            if ref.target not in STATE_WRITE_OPS or not ref.args or not isinstance(ref.args[0], Buf):
+                continue
+            target = out.get(ref.args[0].name, ref.args[0].name)
+            if target in state:  # the write's own results only: a kernel's other outputs are its own
+                out.update((o, target) for o in ref.outputs if o and o not in state)
+        for result, written in getattr(step, "in_place", {}).items():  # a kernel's declared in-place writes
+            target = out.get(written, written)
+            if target in state and result not in state:
+                out[result] = target
+    return out
+
+
+class StateLayout:
+    """The bundle's state tensors (``aot.state.state_specs``, at their largest) in one device
+    allocation: ``offsets`` (bytes), ``size``; ``rows``: the batch rows a reset may name."""
+
+    def __init__(self, specs: dict[str, StateSpec]):
+        self.specs = specs
+        self.offsets: dict[str, int] = {}
+        size = 0
+        for name in specs:
+            self.offsets[name] = size
+            size += -(-self.nbytes(name) // ALIGN) * ALIGN
+        self.size = size
+        self.rows = max((spec.shape[0] for spec in specs.values()), default=0)
+
+    def nbytes(self, name: str) -> int:
+        spec = self.specs[name]
+        n = ITEMSIZE[spec.dtype]
+        for s in spec.shape:
+            n *= s
+        return n
+
+    def spans(self, rows: int | Sequence[int] | None = None) -> list[tuple[int, int]]:
+        """(offset, bytes) to zero for a reset of every row (``None``) or of the given batch rows
+        (a state without a batch dim is shared by every row: all of it); ``GuardError`` for a row
+        outside ``0..rows-1``."""
+        if rows is None:
+            return [(0, self.size)] if self.size else []
+        picked = [rows] if isinstance(rows, int) else list(rows)
+        bad = [r for r in picked if type(r) is not int or not 0 <= r < self.rows]
+        if bad:
+            raise GuardError(
+                f"reset rows must be ints in 0..{self.rows - 1} (the state's batch rows), got {bad[:4]}"
+            )
+        out = []
+        for name, spec in self.specs.items():
+            if spec.batch is None:
+                if picked:
+                    out.append((self.offsets[name], self.nbytes(name)))
+                continue
+            row = self.nbytes(name) // spec.shape[0]
+            out += [(self.offsets[name] + r * row, row) for r in sorted(set(picked))]
+        return out
 
 
 class ArenaLayout:

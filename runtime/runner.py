@@ -22,13 +22,14 @@ from typing import Any
 
 from aot import schema
 from aot.dtypes import ITEMSIZE
-from aot.errors import BundleError, EnvError
+from aot.errors import BundleError, EnvError, GuardError
 from aot.program import DRIVER_COPIES, step_reads, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
 from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
 from aot.schema import Buf, ParamKind, StepKind, Sym
+from aot.state import slots_error
 from aot.symexpr import compile_expr
 from aot.weights import header_limit, parse_header, weights_size_limit
 
@@ -106,7 +107,9 @@ class _Prepared:
                 )
             else:
                 assert all(o in layout.views for o in step.outputs if o), step.target  # checked at load
-        self.inputs = [(i.name, runner.address(i.name, layout)) for i in program.inputs]
+        self.inputs = [
+            (i.name, runner.address(i.name, layout)) for i in program.inputs if i.name not in program.state
+        ]
         self.outputs = []  # (address, dtype, shape, bytes, (row bytes, pitch bytes) when rows are apart)
         for name in program.outputs:
             spec = specs[name]
@@ -192,6 +195,13 @@ class Runner:
             )
         self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
         self._load_weights(weights)
+        # the state (a KV cache): one allocation, zeroed, at its largest batch; calls update it in place
+        state = checked.state
+        self.state_offsets = dict(state.offsets)
+        self.state_writes = {k: v for e in checked.entries for k, v in (e.state_writes or {}).items()}
+        self.state_base = self.gpu.alloc(state.size) if state.size else 0
+        if state.size:
+            self.gpu.zero(self.state_base, state.size)
         self.itemsize = {
             name: ITEMSIZE[spec.dtype]
             for e in checked.entries
@@ -252,8 +262,11 @@ class Runner:
     def address(self, name: str, layout: ArenaLayout) -> int:
         alias = layout.views.get(name)
         base, offset = (alias.base, alias.offset * self.itemsize[name]) if alias else (name, 0)
+        base = self.state_writes.get(base, base)
         if base in self.weight_offsets:
             return self.weights_base + self.weight_offsets[base] + offset
+        if base in self.state_offsets:
+            return self.state_base + self.state_offsets[base] + offset
         return self.arena + layout.offsets[base] + offset
 
     @property
@@ -263,11 +276,66 @@ class Runner:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.run(args, kwargs)
 
-    def run(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, numpy: bool = False) -> Any:
-        """One call: outputs as ``DeviceArray``s in the model's structure, NumPy arrays with ``numpy``."""
+    @property
+    def entry_points(self) -> tuple[str, ...]:
+        return self.checked.entry_points
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The runner-owned state tensors (a KV cache), by name."""
+        return tuple(self.checked.state.specs)
+
+    def entry(self, name: str) -> Any:
+        """The entry point ``name`` as a callable (``runner.entry("decode")(input_ids=...)``)."""
+        if name not in self.entry_points:
+            raise GuardError(
+                f"the bundle has no entry point {str(name)[:40]!r}; its entry points are "
+                f"{list(self.entry_points) or '(none: call the runner itself)'}"
+            )
+
+        def call(*args: Any, numpy: bool = False, **kwargs: Any) -> Any:
+            return self.run(args, kwargs, numpy=numpy, entry_point=name)
+
+        return call
+
+    def reset(self, rows: int | Sequence[int] | None = None) -> None:
+        """Zero the state: every row, or the given batch rows, before new sequences use it."""
+        spans = self.checked.state.spans(rows)
+        with self._lock:
+            self.gpu.bind()
+            for offset, nbytes in spans:
+                self.gpu.zero(self.state_base + offset, nbytes)
+
+    def generate(self, prompt_ids: Any, max_new_tokens: int, **options: Any) -> Any:
+        """Greedy tokens after each prompt with a causal-LM bundle (``aot.runtime.generate``)."""
+        from aot.runtime.generate import generate
+
+        return generate(self, prompt_ids, max_new_tokens, **options)
+
+    def run(
+        self,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        numpy: bool = False,
+        entry_point: str | None = None,
+    ) -> Any:
+        """One call: outputs as ``DeviceArray``s in the model's structure, NumPy arrays with
+        ``numpy``; ``entry_point``: run one of that entry point's programs."""
         self.gpu.bind()
         views = self.checked.arrays(args, dict(kwargs or {}), self.gpu.stream_handle)
-        entry, sizes = self.checked.bind(views)
+        return self.run_views(views, numpy, entry_point)
+
+    def run_views(
+        self,
+        views: Sequence[ArrayView],
+        numpy: bool = False,
+        entry_point: str | None = None,
+        check_indices=True,
+    ) -> Any:
+        """``run`` on inputs already taken as ``ArrayView``s, in the bundle's input order."""
+        entry, sizes = self.checked.bind(views, entry_point)
+        if check_indices and entry.index_bounds:
+            check_slots(entry.index_bounds, dict(zip(self.checked.input_names, views)), self.gpu)
         with self._lock:
             prepared = self._prepare(entry, sizes)
             for view, (name, address) in zip(views, prepared.inputs):
@@ -328,7 +396,8 @@ class Runner:
         key = (entry.name, *sorted(sizes.items()))
         prepared = self._prepared.get(key)
         if prepared is None:
-            layout = ArenaLayout(entry.program, entry.steps, sizes, self.weights)
+            resident = self.weights | set(self.state_offsets) | set(self.state_writes)  # not in the arena
+            layout = ArenaLayout(entry.program, entry.steps, sizes, resident)
             if layout.size > self.arena_bytes:  # the first call, or one larger than every call before
                 self.gpu.synchronize()
                 for old in self._prepared.values():
@@ -345,7 +414,31 @@ class Runner:
             prepared.release()
         self.gpu.free(self.arena)
         self.gpu.free(self.weights_base)
-        self.arena = self.weights_base = 0
+        self.gpu.free(self.state_base)
+        self.arena = self.weights_base = self.state_base = 0
+
+
+def host_ints(view: ArrayView, device: drv.Device) -> list[int]:
+    """The values of an integer array (host or device) as Python ints; a device array is copied
+    to the host (a sync: index inputs are a few slots)."""
+    fmt = {"int64": "q", "int32": "i", "int16": "h", "int8": "b", "uint8": "B"}.get(view.dtype)
+    if fmt is None or not view.nbytes:
+        return []
+    data = ctypes.create_string_buffer(view.nbytes)
+    if view.device_type == CPU:
+        ctypes.memmove(data, view.ptr, view.nbytes)
+    else:
+        device.synchronize()
+        device.to_host(ctypes.addressof(data), view.ptr, view.nbytes)
+    return list(memoryview(data.raw).cast(fmt))
+
+
+def check_slots(bounds, views: dict[str, ArrayView], device: drv.Device) -> None:
+    """``GuardError`` unless every index input addresses slots of the state it writes."""
+    for name, state, slots in bounds:
+        values = host_ints(views[name], device) if name in views else []
+        if values and (min(values) < 0 or max(values) >= slots):
+            raise GuardError(slots_error(name, state, slots, min(values) if min(values) < 0 else max(values)))
 
 
 def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -77,6 +78,16 @@ def _model_line(node: torch.fx.Node) -> str:
     """``file:line: `` of the model code that made ``node`` (the innermost frame export recorded)."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
     return f"{library_relative(frames[-1][0])}:{frames[-1][1]}: " if frames else ""
+
+
+def _user_line(node: torch.fx.Node) -> str:
+    """``file:line`` of the innermost frame outside torch that made ``node`` (the model's own code,
+    or its model library's: ``transformers/...``), else the innermost; "" when export kept none."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    torch_dir = os.path.dirname(torch.__file__)
+    outside = [f for f in frames if not os.path.abspath(f[0]).startswith(torch_dir + os.sep)]
+    file, line = (outside or frames or [("", "")])[-1]
+    return f"{library_relative(file)}:{line}" if file else ""
 
 
 def symbol_sources(inputs) -> tuple[SymbolSource, ...]:
@@ -149,6 +160,7 @@ class Lowering:
         self.skip: set[torch.fx.Node] = set()  # full slices only an in-place write read
         self.inplace: dict[torch.fx.Node, tuple[str, torch.fx.Node]] = {}  # node -> (op, what it writes)
         self.trailing: list[tuple[str, torch.fx.Node]] = []  # (state input, its new value)
+        self.lines: dict[str, str] = {}  # a step's result -> the model line that made it ("model.py:12")
 
     def plan_state_writes(self, placeholders: list[torch.fx.Node]) -> list[int]:
         """Decide how each input mutation the export recorded is written (in place, or a trailing
@@ -393,6 +405,9 @@ class Lowering:
                 outputs=outputs,
             )
         )
+        line = _user_line(node)
+        if line:
+            self.lines.update((o, line) for o in outputs if o is not None)
 
     def _write_back_state(self, user_inputs: list[NamedTensor]) -> None:
         """A state whose old value is read after its in-place write gets the new value copied in

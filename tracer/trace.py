@@ -51,8 +51,9 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
 
 def _lower(
     spec: ModelSpec, exported: Exported, progress=None, constant_suffix: str = ""
-) -> tuple[Program, dict[str, Any], tuple[Bucket, ...]]:
-    """Decompose one export to core ATen, lower it to a ``Program``, and check its padding."""
+) -> tuple[Program, dict[str, Any], tuple[Bucket, ...], dict[str, str]]:
+    """Decompose one export to core ATen, lower it to a ``Program``, and check its padding; and
+    the model line of each step's result (``Lowering.lines``)."""
     import torch
     import torch.fx.experimental._config as fx_config
     from torch.export import default_decompositions
@@ -93,7 +94,7 @@ def _lower(
         output_tree=tree_spec(ep.call_spec.out_spec, lowering.none_outputs),
     )
     buckets = check_padding(spec, exported, progress)
-    return program, weight_tensors, buckets
+    return program, weight_tensors, buckets, lowering.lines
 
 
 def trace(
@@ -138,8 +139,8 @@ def trace(
         spec, main.module, {k: v.clone() if k in state else v for k, v in examples.items()}, leaves(ref)
     )
     programs = tuple(
-        TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b, entry=ex.entry)
-        for ex, (p, _, b) in zip(exported, lowered)
+        TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b, entry=ex.entry, model_lines=lines)
+        for ex, (p, _, b, lines) in zip(exported, lowered)
     )
     guards = check_rows(spec, main.module, [p.program for p in programs], contract(spec, exported), progress)
     return Traced(
@@ -157,6 +158,7 @@ def trace(
         trace_seconds=time.perf_counter() - main.start,
         programs=programs if len(programs) > 1 or spec.entry_points else (),
         reference_noise=noise,
+        model_lines={k: v for p in reversed(programs) for k, v in p.model_lines.items()},
     )
 
 

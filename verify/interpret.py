@@ -74,24 +74,38 @@ def interpret_kernels(
     launches: dict[str, int] = {}
     last = max((i for i, s in enumerate(program.steps) if s.kind == StepKind.KERNEL), default=-1)
     results: list[KernelOutputComparison] = []
-    # the state (a KV cache) is written in place, as the loader writes it
-    state = state_writes_checked(program.steps, tuple(program.state))
+    flat = [r for s in program.steps for r in (s.reference if s.kind == StepKind.KERNEL else (s,))]
+    state = state_writes_checked(flat, program.state)  # what the state writes may write into
     for index, step in enumerate(program.steps[: last + 1]):
         if step.kind == StepKind.ATEN:
             AtenCall(step, cpu, state_aliases=state)(env, sizes)
             continue
+        kernel = kernels[step.target]
+        # a kernel that writes a state in place (a KV-cache write) and names no result: it runs on
+        # a copy of the state as it was, compared with the state its reference steps leave
+        written = [
+            a.name
+            for a, p in zip(step.args, kernel.params)
+            if not step.outputs and p.kind == ParamKind.PTR and a.name in program.state
+        ]
+        # a kernel that names what it writes in place (``Step.in_place``: decode attention appending
+        # to its cache): that state, and the outputs that name it, compared the same way
+        written += [t for t in step.in_place.values() if t not in written]
+        before = {n: env[n].clone() for n in written}
         ref_env = dict(env)
         for r in step.reference:
             AtenCall(r, cpu, state_aliases=state)(ref_env, sizes)
-        kernel = kernels[step.target]
         launches[kernel.id] = launches.get(kernel.id, 0) + 1
         if launches_per_kernel is not None and launches[kernel.id] > launches_per_kernel:
             env.update({o: ref_env[o] for o in step.outputs})
             continue
         if kernel.id not in functions:
             functions[kernel.id] = load_function(kernel.id, kernel.name, kernel.source)
-        outs: dict[str, torch.Tensor] = {}
+        outs: dict[str, torch.Tensor] = dict(before)
         for o in step.outputs:
+            if o in step.in_place:
+                outs[o] = outs[step.in_place[o]]
+                continue
             spec = program.buffers[o]
             shape = [evaluate(s, sizes) for s in spec.shape]
             dtype = DTYPES[spec.dtype]
@@ -111,9 +125,12 @@ def interpret_kernels(
         grid = tuple(evaluate(g, sizes) for g in step.grid)
         if all(g > 0 for g in grid):
             functions[kernel.id][grid](*args)
-        for o in step.outputs:
+        for o in [*step.outputs, *written]:
+            if o not in ref_env:  # a GEMM form's prologue: the GEMM step after it has the references
+                env[o] = outs[o]
+                continue
             got, want = outs[o], ref_env[o]
-            spec = program.buffers[o]
+            spec = specs[o]
             tol = tolerance(spec.dtype)
             if got.shape != want.shape:
                 err, ratio = float("inf"), float("inf")
@@ -139,7 +156,8 @@ def interpret_kernels(
                 )
             )
         for o in step.outputs:
-            env[o] = ref_env[o]
+            if o in ref_env:
+                env[o] = ref_env[o]
     return results
 
 

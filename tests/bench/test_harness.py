@@ -169,3 +169,26 @@ def test_outputs_reach_the_host_as_they_are_without_a_device_copy():
     assert torch.equal(got, view) and got.stride() == view.stride()
     assert torch.equal(to_host(wide[0].t()), wide[0].t())
     assert to_host(torch.empty(0, 4)).shape == (0, 4)
+
+
+def test_the_aotpack_rt_worker_gets_every_shapes_inputs_as_numpy(tmp_path):
+    """``run.rt_worker``: the torch-free worker's inputs are ``common.make_inputs``' at each
+    measured shape, in a NumPy file it reads without torch, and its command names them."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import SHAPES, make_inputs, shape_label
+    from run import rt_worker
+
+    cmd = rt_worker("mlp", tmp_path / "mlp-lf.tpk", tmp_path, 7, 3)
+    assert cmd[0].endswith("worker_rt.py") and cmd[1] == "mlp"
+    args = dict(zip(cmd[2::2], cmd[3::2]))
+    assert args["--bundle"] == str(tmp_path / "mlp-lf.tpk") and (args["--calls"], args["--warmup"]) == (
+        "7",
+        "3",
+    )
+    assert json.loads(args["--labels"]) == [shape_label(s) for s in SHAPES["mlp"]]
+    stored = np.load(args["--inputs"])
+    for i, sizes in enumerate(SHAPES["mlp"]):
+        for j, x in enumerate(make_inputs("mlp", sizes, "cpu")):
+            np.testing.assert_array_equal(stored[f"{i}.{j}"], x.numpy())

@@ -5,6 +5,8 @@ library-free runs on the torch loader's CPU path exactly as its default build (s
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aot.codegen.library_free import choose, library_free
@@ -78,3 +80,69 @@ def test_the_mlp_built_library_free_matches_its_default_build_on_the_cpu(tmp_pat
     x = torch.randn(3, 1024, generator=torch.Generator().manual_seed(0)).half()
     assert torch.equal(load(free)(x), load(default)(x))
     assert [e.name for e in check(free).entries] == ["general"]
+
+
+@pytest.mark.slow
+def test_the_cnn_builds_library_free_and_its_cpu_path_matches_the_default_build(tmp_path):
+    """models/cnn.py (ResNet-18): every convolution a Triton kernel (``aot.codegen.convolution``),
+    row-major throughout; the runtime accepts it; on the CPU (reference steps) its logits agree
+    with the default build's (channels-last there) within float16 rounding."""
+    import torch
+
+    from aot.bundle import open_bundle
+    from aot.cli import main
+    from aot.loader import load
+    from aot.runtime import check
+
+    free, default = tmp_path / "free.tpk", tmp_path / "default.tpk"
+    for out, extra in ((free, ["--library-free"]), (default, [])):
+        with pytest.raises(SystemExit) as done:
+            main(["build", "models/cnn.py", "-o", str(out), "--arch", "sm_90", "-q", *extra])
+        assert done.value.code == 0
+    b = open_bundle(free)
+    program = b.program()
+    kinds = {k.id: k.config.get("kind") for k in program.kernels}
+    convs = [s for s in live_steps(program) if s.kind == StepKind.KERNEL and kinds[s.target] == "conv_igemm"]
+    assert len(convs) == 20  # the stem, 16 in the blocks, 3 downsamples
+    assert not any(s.kind == StepKind.ATEN and s.target == "aten.convolution.default" for s in program.steps)
+    assert [e.name for e in check(free).entries] == ["general"]
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0)).half()
+    torch.testing.assert_close(load(free)(x).float(), load(default)(x).float(), rtol=2e-2, atol=2e-2)
+
+
+TRANSPOSED_MODEL = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 2, 2, stride=2)
+
+    def forward(self, x):  # x: [B, 4, 8, 8]
+        return self.up(x).relu()
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 4, 8, 8))])
+"""
+
+
+def test_a_step_without_a_form_is_refused_with_its_model_line(tmp_path):
+    """A transposed convolution has no Triton form: the build names the step and the model line."""
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+
+    path = tmp_path / "upsample.py"
+    path.write_text(TRANSPOSED_MODEL)
+    line = next(i for i, text in enumerate(TRANSPOSED_MODEL.splitlines(), 1) if "self.up(x)" in text)
+    with pytest.raises(CodegenError) as e:
+        generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
+    message = str(e.value)
+    pattern = (
+        rf"step \d+ \(aten\.convolution\.default -> \w+, made at \S*upsample\.py:{line}\) is a library call"
+    )
+    assert re.search(pattern, message), message
+    assert message.endswith(
+        "no Triton form exists for it yet: build without --library-free and run it with the torch loader"
+    )

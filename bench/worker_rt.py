@@ -1,0 +1,99 @@
+"""One ``aotpack-rt`` measurement in a fresh process that never imports torch (``bench/run.py``'s
+system ``aotpack-rt``), shaped like ``bench/worker.py``'s result.
+
+    python bench/worker_rt.py MODEL --spawned-at T --bundle MODEL-lf.tpk --inputs DIR --out DIR
+
+``DIR/MODEL.inputs.npz`` (written by ``bench/run.py``, with torch, before this process starts)
+holds the inputs of each measured shape, ``{shape index}.{input index}``. Cold start is the wall
+time from spawning this process to the first shape's output on the host (the GPU work done).
+Then per shape: ``WARMUP`` calls, ``CALLS`` timed calls synchronized after each (median, p90).
+Device memory: the device's used bytes beyond the context (``cuMemGetInfo``: weights, arena,
+outputs, the runtime's allocations) at its highest sample. Outputs go to
+``DIR/MODEL.aotpack-rt.safetensors`` in float32 for ``bench/run.py``'s comparison with eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--spawned-at", type=float, required=True)
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--inputs", required=True)
+    ap.add_argument("--labels", required=True, help="JSON list of the shapes' labels")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    args = ap.parse_args()
+
+    import numpy as np
+
+    import aot.runtime
+
+    runner = aot.runtime.load(args.bundle)
+    context = runner.context_bytes
+    stored = np.load(args.inputs)
+    labels = json.loads(args.labels)
+    shapes = [
+        [
+            stored[k]
+            for k in sorted(
+                (k for k in stored.files if k.startswith(f"{i}.")), key=lambda k: int(k.split(".")[1])
+            )
+        ]
+        for i in range(len(labels))
+    ]
+    lowest_free: list[int] = []
+
+    def sample_free() -> None:
+        runner.gpu.synchronize()
+        lowest_free.append(runner.gpu.memory()[0])
+
+    def first(out):
+        return out if hasattr(out, "dtype") else out[0]
+
+    inputs = [runner.array(x) for x in shapes[0]]
+    first(runner.run(inputs)).numpy()
+    result = {"system": "aotpack-rt", "model": args.model, "cold_start_s": time.time() - args.spawned_at}
+    sample_free()
+    result["shapes"], outputs = {}, {}
+    for label, host in zip(labels, shapes):
+        inputs = [runner.array(x) for x in host]
+        for _ in range(args.warmup):
+            runner.run(inputs)
+        runner.gpu.synchronize()
+        times = []
+        for _ in range(args.calls):
+            t0 = time.perf_counter()
+            runner.run(inputs)
+            runner.gpu.synchronize()
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        sample_free()
+        out = first(runner.run(inputs))
+        outputs[label] = out.numpy().astype(np.float32)
+        result["shapes"][label] = {
+            "median_ms": times[len(times) // 2] * 1e3,
+            "p90_ms": times[int(len(times) * 0.9)] * 1e3,
+            "input_bytes": sum(x.nbytes for x in host),
+            "output_bytes": out.nbytes,
+        }
+    _, total = runner.gpu.memory()
+    result["device_mem_mb"] = (total - min(lowest_free) - context) / 2**20
+    result["weights_mb"] = runner.weights_bytes / 2**20
+    result["arena_mb"] = runner.arena_bytes / 2**20
+    result["torch_imported"] = "torch" in sys.modules
+    from safetensors.numpy import save_file
+
+    save_file(outputs, f"{args.out}/{args.model}.aotpack-rt.safetensors")
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,446 @@
+"""Attention over a KV cache for any number of query tokens (a prefill), as one Triton kernel, for
+library-free programs (``aot.codegen.library_free``).
+
+``aot.codegen.decode_attention`` takes the one-token calls of a decode step; a prefill's
+``scaled_dot_product_attention(q, k, v, mask)`` reads ``T`` queries per row against the whole
+static cache under a ``[B or 1, 1, T, C]`` mask (causal over the cache slots, left padding), which
+the flash candidates (no mask) do not cover. A *site* here is such a call without dropout, not
+causal, whose query is a row-major ``[B, H, T, D]`` buffer or a head view of a projection's rows
+(as ``aot.codegen.flash`` reads them), whose keys and values are views of ``[B, KV, C, D]`` caches
+(grouped-query heads by ``unsqueeze``/``expand``, then maybe ``repeat_kv``'s copy, then ``view``:
+the copy is not needed, the kernel reads the cache), and whose mask (or none) is a row-major
+``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
+
+The same kernel serves self-attention under a mask (BERT's padding mask: ``[B, 1, 1, S]``,
+``expand``-ed over the queries or not), its keys and values head views of projection rows as its
+query is (``CacheSite.rows``); the flash candidates take the calls without a mask. A mask is read
+through its views from the buffer they view (``cache_writes.strided_view``: a row stride and a
+query stride, 0 where it is shared).
+
+One program per (row, KV head, block of ``BLOCK_M`` query rows): its rows are the (token, query
+head) pairs sharing that KV head, so each block of keys and values serves all of them; keys and
+values stream in blocks with the softmax computed online in float32 from a finite floor (a block
+whose slots are all masked adds nothing). ``T`` is a call-time size. The SDPA step is the kernel's
+reference, what the CPU runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.cache_writes import strided_view
+from aot.codegen.decode_attention import FLOAT_DTYPES, LOG2E, MAX_HEAD_DIM, SDPA, _Program, _sdpa_args
+from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.dtypes import ITEMSIZE
+from aot.program import RESHAPE_VIEWS, readers_of, tensor_specs
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
+
+HEURISTIC = "cache-attention-v1"
+BLOCK_M = 32  # (token, head) rows per program instance
+MAX_BLOCK_N = 64  # cache slots per step of the loop
+
+
+@dataclass(frozen=True)
+class CacheSite:
+    step: int
+    q: str
+    q_batch_t: int  # row b's query at b * T * q_batch_t
+    q_token: int  # token t at t * q_token
+    q_head: int  # head h at h * (q_head + T * q_head_t)
+    q_head_t: int
+    q_column: int
+    k: str
+    v: str
+    mask: (
+        str | None
+    )  # the row-major buffer the mask reads: element (b, t, n) at b * mask_batch + t * mask_token + n
+    mask_batch: str  # size texts (0 where the mask is shared)
+    mask_token: str
+    mask_dtype: str
+    out: str
+    batch: str
+    seq: str
+    heads_apart: tuple[int, ...]  # the permute (clone) view steps it takes on: it writes [B, T, H*D] rows
+    heads: int
+    kv_heads: int
+    context: int  # the cache's slots; 0 for keys and values read from projection rows (``rows``)
+    head_dim: int
+    scale: float
+    dtype: str
+    rows: tuple[int, int, int, int, str] | None = None  # (k width, k column, v width, v column, key length)
+
+
+def find_cache_sites(program: Program) -> list[CacheSite]:
+    """The SDPA calls over a KV cache the kernel can stand for (module docstring)."""
+    from aot.codegen.flash import _Finder
+
+    p = _Program(program)
+    readers = readers_of(program.steps)
+    flash = None
+    sites = []
+    for i, step in enumerate(program.steps):
+        if step.kind != StepKind.ATEN or step.target != SDPA or len(step.outputs) != 1:
+            continue
+        parsed = _sdpa_args(step)
+        if parsed is None:
+            continue
+        q, k, v, m, scale, enable_gqa = parsed
+        if (
+            not all(isinstance(x, Buf) for x in (q, k, v))
+            or not (m is None or isinstance(m, Buf))
+            or enable_gqa
+        ):
+            continue
+        qs, out = p.shape(q.name), step.outputs[0]
+        if qs is None or len(qs) != 4 or not qs[1].isdigit() or not qs[3].isdigit():
+            continue
+        batch, heads, seq, head_dim, dtype = qs[0], int(qs[1]), qs[2], int(qs[3]), p.specs[q.name].dtype
+        if dtype not in FLOAT_DTYPES or head_dim > MAX_HEAD_DIM or p.shape(out) != qs:
+            continue
+        if p.specs[out].dtype != dtype or p.specs[out].order:
+            continue
+        if any(
+            x.name not in p.specs or p.specs[x.name].dtype != dtype or len(p.shape(x.name)) != 4
+            for x in (k, v)
+        ):
+            continue
+        if p.materialized(q.name):  # [B, H, T, D] row-major
+            layout = (heads * head_dim, head_dim, 0, head_dim, 0)
+            q_base = q.name
+        else:
+            flash = flash or _Finder(program)
+            found = flash.operand(q.name, dtype)
+            if found is None or found[2] != seq or found[3] != heads or found[4] != head_dim:
+                continue
+            layout = (found[0].width, found[0].width, head_dim, 0, found[0].column)
+            q_base = found[0].base
+        kc, vc = p.cache(k.name, batch, heads, head_dim), p.cache(v.name, batch, heads, head_dim)
+        rows = None
+        if kc is not None and vc is not None and kc[1:] == vc[1:] and kc[2].isdigit():
+            k_base, v_base, kv_heads, context, keys = kc[0], vc[0], kc[1], int(kc[2]), kc[2]
+        elif (
+            m is not None
+        ):  # self-attention under a mask (BERT's padding): keys and values in projection rows
+            flash = flash or _Finder(program)
+            fk, fv = flash.operand(k.name, dtype), flash.operand(v.name, dtype)
+            if fk is None or fv is None or any(f[3] != heads or f[4] != head_dim for f in (fk, fv)):
+                continue
+            if fk[2] != fv[2] or not ix.same(ix.parse_size(fk[1]), ix.parse_size(batch)):
+                continue
+            k_base, v_base, kv_heads, context, keys = fk[0].base, fv[0].base, heads, 0, fk[2]
+            rows = (fk[0].width, fk[0].column, fv[0].width, fv[0].column, keys)
+        else:
+            continue
+        mask, mask_batch, mask_token, mask_dtype = None, "0", "0", dtype
+        if m is not None:
+            found_mask = _mask(program, p, m.name, batch, seq, keys, dtype)
+            if found_mask is None:
+                continue
+            mask, mask_batch, mask_token, mask_dtype = found_mask
+        out, apart = _token_major(program, readers, i, out, batch, seq, heads * head_dim)
+        sites.append(
+            CacheSite(
+                i,
+                q_base,
+                *layout,
+                k=k_base,
+                v=v_base,
+                mask=mask,
+                mask_batch=mask_batch,
+                mask_token=mask_token,
+                mask_dtype=mask_dtype,
+                out=out,
+                batch=batch,
+                seq=seq,
+                heads_apart=apart,
+                heads=heads,
+                kv_heads=kv_heads,
+                context=context,
+                head_dim=head_dim,
+                scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
+                dtype=dtype,
+                rows=rows,
+            )
+        )
+    return sites
+
+
+def _mask(program: Program, p: _Program, name: str, batch: str, seq: str, keys: str, dtype: str):
+    """(buffer, batch stride, token stride, dtype) of a ``[B or 1, 1, T or 1, S]`` mask that reads a
+    row-major buffer with its keys contiguous (``expand`` views of a ``[B, 1, 1, S]`` padding mask
+    read in place); None for any other."""
+    spec = p.specs.get(name)
+    view = strided_view(name, program)
+    if spec is None or spec.dtype not in (dtype, "bool") or view is None or len(view.shape) != 4:
+        return None
+    base = p.specs.get(view.base)
+    if base is None or base.order or base.dtype != spec.dtype or not ix.same(view.offset, 0):
+        return None
+    (b, one, t, n), (sb, _, st, sn) = view.shape, view.strides
+    one_ = sympy.Integer(1)
+    if not ix.same(one, one_) or not ix.same(n, ix.parse_size(keys)) or not ix.same(sn, one_):
+        return None
+    if not (ix.same(t, ix.parse_size(seq)) or ix.same(t, one_)) or not (
+        ix.same(b, ix.parse_size(batch)) or ix.same(b, one_)
+    ):
+        return None
+    batch_stride = sympy.Integer(0) if ix.same(b, one_) else sb
+    token_stride = sympy.Integer(0) if ix.same(t, one_) else st
+    return view.base, ix.size_text(batch_stride), ix.size_text(token_stride), spec.dtype
+
+
+def _token_major(program: Program, readers, i: int, out: str, batch: str, seq: str, width: int):
+    """(the buffer the kernel writes, the steps it takes on): the ``[B, T, H*D]`` rows the SDPA
+    result becomes through ``permute([0, 2, 1, 3])`` (maybe ``clone``) and a ``view`` read by
+    nothing else, as an output projection reads them; else the result itself, [B, H, T, D]."""
+    steps, taken = program.steps, []
+
+    def only_reader(name: str) -> Step | None:
+        users = readers.get(name, [])
+        if len(users) != 1 or name in program.outputs:
+            return None
+        s = steps[users[0]]
+        ok = s.kind == StepKind.ATEN and len(s.outputs) == 1 and s.outputs[0] is not None
+        if ok:
+            taken.append(users[0])
+        return s if ok else None
+
+    s = only_reader(out)
+    if s is None or s.target != "aten.permute.default" or list(s.args[1]) != [0, 2, 1, 3]:
+        return out, ()
+    s = only_reader(s.outputs[0])
+    if s is not None and s.target == "aten.clone.default":
+        s = only_reader(s.outputs[0])
+    if s is None or s.target not in RESHAPE_VIEWS:
+        return out, ()
+    name = s.outputs[0]
+    spec = tensor_specs(program).get(name)
+    want = (ix.parse_size(batch), ix.parse_size(seq), sympy.Integer(width))
+    if spec is None or spec.order or len(spec.shape) != 3:
+        return out, ()
+    if not all(ix.same(ix.parse_size(a), b) for a, b in zip(spec.shape, want)):
+        return out, ()
+    return name, tuple(taken)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def render_cache_attention(site: CacheSite) -> Rendered:
+    """The kernel of one site: grid (B * KV, query row blocks)."""
+    d, groups = site.head_dim, site.heads // site.kv_heads
+    bd = max(16, _pow2(d))
+    bn = min(MAX_BLOCK_N, max(16, _pow2(site.context))) if site.rows is None else MAX_BLOCK_N
+    tl_dtype = TL_TYPE[STORAGE[site.dtype]]
+    precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
+    name = f"cache_attention_g{groups}_d{d}" if site.rows is None else f"masked_attention_d{d}"
+    mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
+    mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
+    body = [
+        "pid = tl.program_id(0).to(tl.int64)",
+        "b = pid // KV_HEADS",
+        "kh = pid % KV_HEADS",
+        "r = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # (token, head) rows",
+        "valid_r = r < T * GROUPS",
+        "t = r // GROUPS",
+        "h = kh * GROUPS + r % GROUPS",
+        "rd = tl.arange(0, BLOCK_D)",
+        "q_at = b * T * Q_BATCH_T + t * Q_TOKEN + h * (Q_HEAD + T * Q_HEAD_T) + Q_COLUMN",
+        f"q = tl.load(q_ptr + q_at[:, None] + rd[None, :], mask=valid_r[:, None]{mask_d}, other=0.0)",
+        *(
+            ["kv = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM  # the cache's rows of this KV head"]
+            if site.rows is None
+            else []
+        ),
+        "m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
+        "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        "acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)",
+        f"for start in range(0, {'CONTEXT' if site.rows is None else 'S'}, BLOCK_N):",
+        "    rn = start + tl.arange(0, BLOCK_N)",
+        f"    valid_n = rn < {'CONTEXT' if site.rows is None else 'S'}",
+        *(
+            [
+                "    k_at = kv + rn * HEAD_DIM",
+                "    v_at = k_at",
+            ]
+            if site.rows is None
+            else [
+                "    k_at = (b * S + rn) * K_WIDTH + K_COLUMN + kh * HEAD_DIM  # a head view of the projection's rows",
+                "    v_at = (b * S + rn) * V_WIDTH + V_COLUMN + kh * HEAD_DIM",
+            ]
+        ),
+        f"    k = tl.load(k_ptr + k_at[None, :] + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
+        f"    v = tl.load(v_ptr + v_at[:, None] + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
+        f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units",
+        "    keep = valid_r[:, None] & valid_n[None, :]",
+    ]
+    bool_mask = site.mask is not None and site.mask_dtype == "bool"
+    if site.mask is not None:
+        body.append("    m_at = b * MASK_B + t[:, None] * MASK_T + rn[None, :]")
+        if bool_mask:
+            body.append("    keep = keep & (tl.load(mask_ptr + m_at, mask=keep, other=0) != 0)")
+        else:
+            body.append("    s = s + tl.load(mask_ptr + m_at, mask=keep, other=0.0).to(tl.float32) * LOG2E")
+    body += [
+        "    s = tl.where(keep, s, float('-inf'))",
+        "    m_new = tl.maximum(m_i, tl.max(s, 1))",
+        "    alpha = tl.exp2(m_i - m_new)",
+        "    p = tl.exp2(s - m_new[:, None])",
+        "    l_i = l_i * alpha + tl.sum(p, 1)",
+        f"    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
+        "    m_i = m_new",
+        "acc = acc / l_i[:, None]",
+        "out_at = ((b * HEADS + h) * T + t) * HEAD_DIM"
+        if not site.heads_apart
+        else "out_at = ((b * T + t) * HEADS + h) * HEAD_DIM  # [B, T, H*D] rows",
+        f"tl.store(out_ptr + out_at[:, None] + rd[None, :], acc.to({tl_dtype}), mask=valid_r[:, None]{mask_d})",
+    ]
+    params = [
+        KernelParam("q_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("k_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("v_ptr", ParamKind.PTR, site.dtype),
+        *([KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype)] if site.mask is not None else []),
+        KernelParam("out_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("T", ParamKind("i32"), ""),
+        *([KernelParam("S", ParamKind("i32"), "")] if site.rows is not None else []),
+        *(
+            [KernelParam("MASK_B", ParamKind("i32"), ""), KernelParam("MASK_T", ParamKind("i32"), "")]
+            if site.mask is not None
+            else []
+        ),
+    ]
+    seq = ix.size_text(ix.parse_size(site.seq))
+    args = (
+        Buf(site.q),
+        Buf(site.k),
+        Buf(site.v),
+        *([Buf(site.mask)] if site.mask is not None else []),
+        Buf(site.out),
+        Sym(seq),
+        *([Sym(ix.size_text(ix.parse_size(site.rows[4])))] if site.rows is not None else []),
+        *([Sym(site.mask_batch), Sym(site.mask_token)] if site.mask is not None else []),
+    )
+    signature = signature_of(tuple(params), "i32")
+    consts = {
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": bn,
+        "BLOCK_D": bd,
+        "GROUPS": groups,
+        "HEADS": site.heads,
+        "KV_HEADS": site.kv_heads,
+        "HEAD_DIM": d,
+        "CONTEXT": site.context,
+        "Q_BATCH_T": site.q_batch_t,
+        "Q_TOKEN": site.q_token,
+        "Q_HEAD": site.q_head,
+        "Q_HEAD_T": site.q_head_t,
+        "Q_COLUMN": site.q_column,
+        **(
+            dict(zip(("K_WIDTH", "K_COLUMN", "V_WIDTH", "V_COLUMN"), site.rows[:4]))
+            if site.rows is not None
+            else {}
+        ),
+        "SCALE_LOG2E": repr(site.scale * LOG2E),
+        "LOG2E": repr(LOG2E),
+    }
+    grid = (
+        ix.size_text(ix.parse_size(site.batch) * site.kv_heads),
+        f"({ix.size_text(ix.parse_size(site.seq) * groups)} + {BLOCK_M - 1})//{BLOCK_M}",
+    )
+    mask_doc = "no mask"
+    if site.mask is not None:
+        mask_doc = (
+            f"mask {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, 1, T or 1, S], element "
+            f"(b, t, n) at b * {site.mask_batch} + t * {site.mask_token} + n"
+        )
+    keys = (
+        f"k, v: the cache [B, {site.kv_heads}, {site.context}, {d}] row-major, {groups} query heads per KV head"
+        if site.rows is None
+        else f"k, v: head views of projection rows, S = {site.rows[4]} keys"
+    )
+    doc = [
+        f"Attention over {'a KV cache' if site.rows is None else 'keys under a mask'}: softmax(q k^T * {site.scale!r} + mask) v for T queries per row, online, fp32 accumulation.",
+        "",
+        f"q: [B, {site.heads}, T, {d}]; {keys}; {mask_doc}; B = {site.batch}, T = {seq}, {site.dtype}.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    source = kernel_module(doc, consts, name, signature, body)
+    rows, t = ix.parse_size(site.batch), ix.parse_size(site.seq)
+    elem = ITEMSIZE[site.dtype]
+    n_keys = sympy.Integer(site.context) if site.rows is None else ix.parse_size(site.rows[4])
+    traffic = rows * (2 * site.kv_heads * n_keys * d + 2 * site.heads * t * d) * elem
+    config = {
+        "kind": "cache_attention",
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": bn,
+        "BLOCK_D": bd,
+        "heuristic": HEURISTIC,
+        "num_warps": 4,
+        "num_stages": 2,
+    }
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=tuple(params),
+        args=args,
+        outputs=(site.out,),
+        grid=grid,
+        num_warps=4,
+        num_stages=2,
+        config=config,
+        ops=(SDPA,),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
+
+
+def cache_attention_kernels(
+    program: Program,
+    archs: tuple[str, ...],
+    compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
+    say: Callable[[str], None],
+) -> tuple[Program, dict[tuple[str, str], bytes]]:
+    """``program`` with each SDPA over a KV cache run by its kernel (the SDPA step its reference);
+    a site whose kernel fails to compile stays the library call."""
+    sites = find_cache_sites(program)
+    if not sites:
+        return program, {}
+    rendered = [render_cache_attention(s) for s in sites]
+    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
+    todo = dict(zip(ids, rendered))
+    results, failed = compile_kernels(list(todo.items()))
+    for kid, why in failed.items():
+        say(f"  warning: cache attention kernel {todo[kid].name} failed to compile, SDPA stays: {why}")
+    existing = {k.id for k in program.kernels}
+    records = {
+        kid: kernel_record(kid, r, results, archs)
+        for kid, r in todo.items()
+        if kid not in failed and kid not in existing
+    }
+    at = {s.step: (s, kid, r) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
+    steps: list[Step | None] = list(program.steps)
+    for i, (site, kid, r) in at.items():
+        steps[i] = Step(
+            kind=StepKind.KERNEL,
+            target=kid,
+            args=r.args,
+            kwargs={},
+            outputs=r.outputs,
+            grid=r.grid,
+            reference=(program.steps[i], *(program.steps[j] for j in site.heads_apart)),
+        )
+        for j in site.heads_apart:
+            steps[j] = None
+    if at:
+        say(f"  {len(at)} SDPA calls over a KV cache run as cache attention kernels")
+    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
+    kept = tuple(s for s in steps if s is not None)
+    return replace(program, steps=kept, kernels=program.kernels + tuple(records.values())), cubins

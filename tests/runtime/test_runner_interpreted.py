@@ -1,0 +1,98 @@
+"""The runtime's stateful path end to end without a GPU: ``aot.runtime.runner.Runner`` over the
+recording stand-in for the driver (``test_runner_fake_driver.FakeDevice``: device memory is host
+memory) whose kernels run their Triton source in Triton's interpreter on the pointers and sizes
+the runner packed. tests/data/tiny_lm.py built ``--library-free``: the runtime's greedy
+``generate`` (its state allocation, cache writes in place, the prefill and decode programs of
+the entry points, slot bookkeeping, host argmax) gives the tokens the torch loader's CPU path gives
+on the same bundle, for one prompt and for two of different lengths; a reset then generates them
+again. The GPU tests run the same on the driver (``test_gpu_state.py``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.codegen.conftest import interpreted_json
+from tests.codegen.test_cache_kernels import tiny_lm_free  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow  # the library-free build, and every launch interpreted
+
+PROMPTS = [[3, 14, 15, 9, 2], [6, 5]]
+NEW = 4
+
+SCRIPT = """
+import ctypes, hashlib, json, sys
+import torch
+from aot.aten import DTYPES
+from aot.bundle import open_bundle
+from aot.codegen.compile import load_function
+from aot.runtime import check, driver as drv
+from aot.runtime.runner import Runner
+from aot.schema import KERNEL_CUBIN_FORMAT, ParamKind
+from tests.runtime.test_runner_fake_driver import FakeDevice
+
+bundle_path, prompts, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+b = open_bundle(bundle_path)
+program = b.program()
+records = {k.id: k for p in (program, *program.variants) for k in p.kernels}
+by_cubin = {
+    hashlib.sha256(b.read(KERNEL_CUBIN_FORMAT.format(kernel=k, arch="sm_90"))).hexdigest(): r
+    for k, r in records.items()
+}
+
+
+class Device(FakeDevice):
+    def zero(self, dst, nbytes):
+        ctypes.memset(dst, 0, nbytes)
+
+    def host_tensor(self, address, dtype):
+        base = max(a for a in self.buffers if a <= address)
+        end = base + len(self.buffers[base])
+        assert address < end, "a pointer outside every allocation"
+        item = torch.empty((), dtype=dtype).element_size()
+        raw = (ctypes.c_char * (end - address)).from_address(address)
+        return torch.frombuffer(raw, dtype=torch.uint8)[: (end - address) // item * item].view(dtype)
+
+
+class Interpreted:
+    def __init__(self, cubin, name, shared, num_warps, dependent=False):
+        self.record = by_cubin[hashlib.sha256(cubin).hexdigest()]
+        self.fn = load_function(self.record.id, self.record.name, self.record.source)
+
+    def launch(self, grid, stream, params):
+        args = []
+        for i, p in enumerate(self.record.params):
+            at = params[i]
+            if p.kind == ParamKind.PTR:
+                address = ctypes.cast(at, ctypes.POINTER(ctypes.c_uint64)).contents.value
+                args.append(device.host_tensor(address, DTYPES[p.dtype]))
+            else:
+                kind = ctypes.c_int32 if p.kind == ParamKind.I32 else ctypes.c_int64
+                args.append(ctypes.cast(at, ctypes.POINTER(kind)).contents.value)
+        self.fn[grid](*args)
+
+
+device = Device()
+drv.Kernel = Interpreted
+drv.destroy_graph = lambda *a: None
+runner = Runner(check(bundle_path), device, graphs=False)
+both = runner.generate(prompts, new)
+one = runner.generate(prompts[0], new)
+again = runner.generate(prompts, new)
+print(json.dumps([both, one, again, runner.state_names, runner.checked.state.size]))
+"""
+
+
+def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_lm_free):  # noqa: F811
+    from aot.loader import load
+
+    free, _ = tiny_lm_free
+    script = f"import sys\nsys.argv = ['x', {str(free)!r}, {json.dumps(PROMPTS)!r}, '{NEW}']\n" + SCRIPT
+    both, one, again, state_names, state_size = interpreted_json(script)
+    cpu = load(free)
+    want = cpu.generate(PROMPTS, NEW)
+    assert both == want and again == want
+    assert one == cpu.generate(PROMPTS[0], NEW)
+    assert state_names == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
+    assert state_size == 4 * (4 * 2 * 32 * 8 * 4)  # four caches [4, 2, 32, 8] float32
