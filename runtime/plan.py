@@ -182,7 +182,7 @@ def state_writes(program: Program, steps: Sequence[Step]) -> dict[str, str]:
             target = out.get(ref.args[0].name, ref.args[0].name)
             if target in state:  # the write's own results only: a kernel's other outputs are its own
                 out.update((o, target) for o in ref.outputs if o and o not in state)
-        for result, written in getattr(step, "in_place", {}).items():  # a kernel's declared in-place writes
+        for result, written in step.in_place.items():  # a kernel's declared in-place writes
             target = out.get(written, written)
             if target in state and result not in state:
                 out[result] = target

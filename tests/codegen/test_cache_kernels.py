@@ -176,7 +176,8 @@ def test_tiny_lm_builds_library_free(tiny_lm_free):
         aten = {s.target for s in live_steps(p) if s.kind == StepKind.ATEN}
         assert not aten & {*writes_ops, "aten.scaled_dot_product_attention.default"}, aten
         writes = [s for s in live if kinds[s.target] == "cache_write"]
-        assert all(s.outputs == () and s.args[2].name in p.state for s in writes)  # the state, in place
+        # the state, in place, declared: the write's result names the state it was written into
+        assert all(s.args[2].name in p.state and s.in_place == {s.outputs[0]: s.args[2].name} for s in writes)
         if p is prefill:  # the prefill's writes are cache write kernels
             assert len(writes) == 4
     assert [e.entry for e in check(free).entries] == ["prefill", "decode"]
