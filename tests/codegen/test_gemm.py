@@ -711,8 +711,14 @@ def test_nan_time_is_refused(built, tmp_path):
 def test_table_for_a_bundle_without_candidates_is_refused(tmp_path):
     from aot.verify.tuning_table import write_tuned
 
-    bundle = tmp_path / "plain.tpk"
-    _build(ROOT / "tests" / "data" / "small_mlp.py", bundle, gemm_candidates=False)
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    bundle = tmp_path / "plain.tpk"  # for sm_80: no built-in GEMV forms (aot.codegen.gemm_defaults)
+    compiled = generate(trace(load_model_file(ROOT / "tests" / "data" / "small_mlp.py")), ("sm_80",))
+    assert not compiled.program.alternatives
+    pack(compiled, bundle)
     choice = schema.TuningChoice(0, "gemm_0", {"batch": 1}, "library", {"library": 1.0})
     from aot.verify.tuning_table import make_table
 
