@@ -89,9 +89,9 @@ def interpret_kernels(
             if not step.outputs and p.kind == ParamKind.PTR and a.name in program.state
         ]
         # a kernel that names what it writes in place (``Step.in_place``: decode attention appending
-        # to its cache): that state, and the outputs that name it, compared the same way
-        written += [t for t in step.in_place.values() if t not in written]
-        before = {n: env[n].clone() for n in written}
+        # to its cache, a cache write): it too runs on a copy of the state, compared as the output
+        # that names it
+        before = {n: env[n].clone() for n in [*written, *step.in_place.values()]}
         ref_env = dict(env)
         for r in step.reference:
             AtenCall(r, cpu, state_aliases=state)(ref_env, sizes)
