@@ -40,6 +40,8 @@ for item in "$@"; do
   case $step in
     # every GPU test of the repository (tests/gpu, tests/runtime's gpu tests)
     gpu-all) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu tests/runtime) ;;
+    # this period's new GPU paths: grouped GEMMs (MoE), encoder-decoders, the runtime's state and generate
+    new-paths) cmd=(python3 -m pytest -m gpu -q -rs -x tests/gpu/test_moe_gpu.py tests/gpu/test_seq2seq_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
     generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py tests/gpu/test_decode_attention_gpu.py) ;;
     # the decode attention kernel at the bench's shapes, and a grouped-query Llama's greedy tokens against the CPU's
     decode-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py -k "llama or decode_attention") ;;
