@@ -12,7 +12,9 @@ from aot.errors import CodegenError
 
 pytestmark = pytest.mark.gpu
 
-REQUIRED = ("gpt2", "llama", "bert", "vit", "timm-resnet50", "timm-convnext_tiny", "timm-vit_small")
+# gpt2 and llama through aot.hf.causal_lm are refused at the last-position index (aten.index) until
+# it has a library-free form (tests/runtime/test_gpu_state.py holds them as strict xfails)
+REQUIRED = ("bert", "vit", "timm-resnet50", "timm-convnext_tiny", "timm-vit_small")
 
 
 def _leaves(tree) -> list:
