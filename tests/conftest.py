@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +55,33 @@ def pytest_xdist_auto_num_workers(config) -> int:
     if len(paths) == 1 and (here / next(iter(paths))).is_file():
         return 0
     return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+_WORKER_BUILDS: list[str] = []  # the real-model build lines xdist workers handed on
+
+
+def _realmodel_builds() -> list[str]:
+    module = sys.modules.get("tests.realmodels.conftest")
+    return module.build_summary() if module is not None else []
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in an xdist worker only
+    if workeroutput is not None:
+        workeroutput["realmodel_builds"] = _realmodel_builds()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    _WORKER_BUILDS.extend(getattr(node, "workeroutput", {}).get("realmodel_builds", []))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    lines = _realmodel_builds() + _WORKER_BUILDS
+    if lines:
+        terminalreporter.section("real-model builds (seconds on this machine)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @contextlib.contextmanager

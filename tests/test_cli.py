@@ -179,17 +179,25 @@ def test_quiet_build_prints_only_its_result(tmp_path):
 
 
 def test_heartbeat_speaks_during_a_silent_stage_only(capsys):
+    """Beats come after ``every`` seconds of silence, not before (counted in beats and in a silence
+    far shorter than ``every``, so a loaded machine cannot change the outcome)."""
     import time
 
     from aot.cli.progress import Progress
 
     progress = Progress()
+    beats: list[str] = []
     with progress.heartbeat("tracing", every=0.2):
-        time.sleep(0.5)  # silent: two beats
+        for _ in range(int(HANG_GUARD_S / 0.05)):  # until two beats: a guard against a hang only
+            beats += [ln for ln in capsys.readouterr().err.splitlines() if "still tracing" in ln]
+            if len(beats) >= 2:
+                break
+            time.sleep(0.05)
+    assert len(beats) >= 2 and all(b.startswith("  … still tracing (") for b in beats), beats
+    with progress.heartbeat("tracing", every=600.0):
         progress.say("  stage done")
-        time.sleep(0.1)  # progress was just said: no beat
-    beats = [line for line in capsys.readouterr().err.splitlines() if "still tracing" in line]
-    assert len(beats) == 2 and beats[0].startswith("  … still tracing ("), beats
+        time.sleep(0.3)  # far less silence than a beat needs
+    assert capsys.readouterr().err == "  stage done\n"
     progress.quiet = True
     with progress.heartbeat("tracing", every=0.05):
         time.sleep(0.2)
