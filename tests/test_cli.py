@@ -1,4 +1,7 @@
-"""The command line, as a user runs it: one readable line and a non-zero exit on every error."""
+"""The command line, as a user runs it: one readable line and a non-zero exit on every error.
+
+Commands run in this process (``run_aotpack``: ``aot.cli.main``, what the console script calls);
+``aotpack_process`` starts ``python -m aot.cli`` where the test is about what the process writes."""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ import sys
 import zipfile
 
 from aot import schema
-from tests.conftest import HANG_GUARD_S, model_path
+from tests.conftest import HANG_GUARD_S, model_path, run_aotpack
+
+aotpack = run_aotpack
 
 
-def aotpack(*args: str, cwd=None) -> subprocess.CompletedProcess:
+def aotpack_process(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "aot.cli", *args],
         capture_output=True,
@@ -66,14 +71,11 @@ def test_errors_are_one_line(tmp_path, built):
     junk = tmp_path / "junk.tpk"
     junk.write_bytes(b"not a zip")
     _one_line_error(aotpack("load", str(junk)), 1, "not a bundle")
-    _one_line_error(
-        aotpack("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk")),
-        1,
-        "untraceable.py:10",
-    )
+    r = aotpack_process("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk"))
+    _one_line_error(r, 1, "untraceable.py:10")
     assert not (tmp_path / "u.tpk").exists()
-    r = aotpack("build", str(model_path("untraceable")), "-o", str(tmp_path / "u.tpk"))
-    # torch's partial graph dumps and log lines stay out of the log: progress, then the one error
+    # torch's partial graph dumps and log lines (its C++ ones too) stay out of the process's
+    # stderr: progress, then the one error
     progress = [line for line in r.stderr.splitlines()[:-1] if "… still tracing" not in line]  # heartbeats
     assert progress == [f"tracing {model_path('untraceable')} …"], r.stderr
     import torch
@@ -177,17 +179,25 @@ def test_quiet_build_prints_only_its_result(tmp_path):
 
 
 def test_heartbeat_speaks_during_a_silent_stage_only(capsys):
+    """Beats come after ``every`` seconds of silence, not before (counted in beats and in a silence
+    far shorter than ``every``, so a loaded machine cannot change the outcome)."""
     import time
 
     from aot.cli.progress import Progress
 
     progress = Progress()
+    beats: list[str] = []
     with progress.heartbeat("tracing", every=0.2):
-        time.sleep(0.5)  # silent: two beats
+        for _ in range(int(HANG_GUARD_S / 0.05)):  # until two beats: a guard against a hang only
+            beats += [ln for ln in capsys.readouterr().err.splitlines() if "still tracing" in ln]
+            if len(beats) >= 2:
+                break
+            time.sleep(0.05)
+    assert len(beats) >= 2 and all(b.startswith("  … still tracing (") for b in beats), beats
+    with progress.heartbeat("tracing", every=600.0):
         progress.say("  stage done")
-        time.sleep(0.1)  # progress was just said: no beat
-    beats = [line for line in capsys.readouterr().err.splitlines() if "still tracing" in line]
-    assert len(beats) == 2 and beats[0].startswith("  … still tracing ("), beats
+        time.sleep(0.3)  # far less silence than a beat needs
+    assert capsys.readouterr().err == "  stage done\n"
     progress.quiet = True
     with progress.heartbeat("tracing", every=0.05):
         time.sleep(0.2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HANG_GUARD_S
+from tests.conftest import HANG_GUARD_S, one_worker_at_a_time
 
 PATTERNS = Path(__file__).resolve().parent / "models"
 PATTERN_ARCHS = ("sm_90",)
@@ -29,8 +29,8 @@ def tier_sizes(sizes: dict[str, list[dict]], tier: str) -> dict[str, list[dict]]
 
 
 class PatternFactory:
-    def __init__(self, base: Path):
-        self.base = base
+    def __init__(self, base: Path, tmp_path_factory):
+        self.base, self.tmp_path_factory = base, tmp_path_factory
         self.cache: dict[str, tuple] = {}
 
     def __call__(self, name: str):
@@ -41,9 +41,10 @@ class PatternFactory:
             from aot.tracer import load_model_file, trace
 
             model = PATTERNS / f"{name}.py"
-            traced = trace(load_model_file(model))
             messages: list[str] = []
-            compiled = generate(traced, PATTERN_ARCHS, progress=messages.append)
+            with one_worker_at_a_time(self.tmp_path_factory, f"pattern-{name}"):
+                traced = trace(load_model_file(model))
+                compiled = generate(traced, PATTERN_ARCHS, progress=messages.append)
             out = self.base / f"{name}.tpk"
             pack(compiled, out)
             self.cache[name] = (traced, compiled, out, model, messages)
@@ -52,7 +53,7 @@ class PatternFactory:
 
 @pytest.fixture(scope="session")
 def pattern(tmp_path_factory) -> PatternFactory:
-    return PatternFactory(tmp_path_factory.mktemp("patterns"))
+    return PatternFactory(tmp_path_factory.mktemp("patterns"), tmp_path_factory)
 
 
 def failing_candidates(

@@ -9,8 +9,6 @@ against the library steps it replaces at M = 1, 16 and 37 (fp16: 1e-2 + 1e-2·|r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 from aot import schema, serde
 from aot.errors import BundleError, EnvError
 from tests.codegen.conftest import SIZE_TIERS, failing_candidates, tier_sizes
-from tests.conftest import HANG_GUARD_S
+from tests.conftest import HANG_GUARD_S, run_aotpack
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
 ROOT = Path(__file__).resolve().parents[2]
@@ -740,9 +738,7 @@ def test_tune_refuses_without_a_gpu(built):
         pytest.skip("a GPU is present")
     with pytest.raises(EnvError, match="needs a CUDA GPU"):
         tune(built["gemm_mlp"][1])
-    proc = subprocess.run(
-        [sys.executable, "-m", "aot.cli", "tune", str(built["gemm_mlp"][1])], capture_output=True, text=True
-    )
+    proc = run_aotpack("tune", str(built["gemm_mlp"][1]))
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == ["error: aotpack tune needs a CUDA GPU; torch sees none"]
 

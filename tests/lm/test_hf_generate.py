@@ -5,8 +5,6 @@ once per session; the configs and the reference ``generate`` call are those of t
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import unittest.mock
 
 import pytest
@@ -14,7 +12,7 @@ import torch
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.errors import GuardError
-from tests.conftest import HANG_GUARD_S
+from tests.conftest import run_aotpack
 from tests.realmodels.conftest import unusable
 
 MAX_BATCH, MAX_CONTEXT = 4, 16
@@ -118,18 +116,10 @@ def test_cache_writes_run_in_place_in_both_entry_points(hf_bundles, kind):
 def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
     path, runner, _ = hf_bundles("gpt2")
     want = runner.generate([[3, 4, 5], [7]], NEW_TOKENS)
-    cmd = [sys.executable, "-m", "aot.cli", "generate", str(path), "--prompt-ids", "3,4,5;7"]
-    done = subprocess.run(
-        [*cmd, "--max-new-tokens", str(NEW_TOKENS)], capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
+    done = run_aotpack("generate", str(path), "--prompt-ids", "3,4,5;7", "--max-new-tokens", str(NEW_TOKENS))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [" ".join(map(str, w)) for w in want]
-    done = subprocess.run(
-        [sys.executable, "-m", "aot.cli", "load", str(path), "--iters", "2", "--warmup", "1"],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run_aotpack("load", str(path), "--iters", "2", "--warmup", "1")
     assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
 
 

@@ -6,15 +6,13 @@ tokens of an eager loop of the same module, token for token."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from aot.errors import BundleError, GuardError, TraceError
 from aot.manifest_text import parse_guards_text
-from tests.conftest import HANG_GUARD_S, ROOT
+from tests.conftest import ROOT, run_aotpack
 from tests.hostile_util import aten_step, eager_module, program_json, read_entries, resigned_program
 
 ARCHS = ("sm_90",)
@@ -258,18 +256,9 @@ def test_a_plain_call_goes_to_the_narrowest_entry_point_that_admits_it(runner):
 
 
 def test_guards_of_the_model_file_match_the_bundle(tiny_lm):
-    cmd = [
-        sys.executable,
-        "-m",
-        "aot.cli",
-        "check",
-        str(ROOT / "tests/data/tiny_lm.py"),
-        "--against",
-        str(tiny_lm),
-        "--arch",
-        "sm_90",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    done = run_aotpack(
+        "check", str(ROOT / "tests/data/tiny_lm.py"), "--against", str(tiny_lm), "--arch", "sm_90"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -413,36 +402,16 @@ def test_a_state_read_after_its_write_is_stored_by_a_trailing_copy(tmp_path):
 
 
 def test_cli_generate_and_load(tiny_lm, runner):
-    cmd = [
-        sys.executable,
-        "-m",
-        "aot.cli",
-        "generate",
-        str(tiny_lm),
-        "--prompt-ids",
-        "5,6,7;1,2",
-        "--max-new-tokens",
-        "6",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    cmd = ["generate", str(tiny_lm), "--prompt-ids", "5,6,7;1,2", "--max-new-tokens", "6"]
+    done = run_aotpack(*cmd)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     want = runner.generate([[5, 6, 7], [1, 2]], 6)
     assert lines == [" ".join(map(str, w)) for w in want]
     assert "tokens/s" in done.stderr
-    done = subprocess.run(
-        [*cmd[:5], "--prompt-ids", ",".join(["1"] * 30), "--max-new-tokens", "5"],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run_aotpack(*cmd[:2], "--prompt-ids", ",".join(["1"] * 30), "--max-new-tokens", "5")
     assert done.returncode == 1 and "needs 35 cache slots" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run(
-        [sys.executable, "-m", "aot.cli", "load", str(tiny_lm), "--iters", "2", "--warmup", "1"],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run_aotpack("load", str(tiny_lm), "--iters", "2", "--warmup", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
 

@@ -340,7 +340,7 @@ def test_the_loader_imports_cryptography_only_for_trust(built):
     assert r.returncode == 0, r.stderr
 
 
-def test_cli_keygen_sign_inspect_load(built, tmp_path):
+def test_cli_keygen_sign_inspect_load(built, tmp_path, monkeypatch):
     key, bundle = tmp_path / "k", tmp_path / "b.tpk"
     bundle.write_bytes(built("branchy").read_bytes())
     r = aotpack("keygen", "-o", str(key))
@@ -373,12 +373,8 @@ def test_cli_keygen_sign_inspect_load(built, tmp_path):
 
     other = tmp_path / "other"
     write_key_pair(other)
-    r = subprocess.run(
-        [sys.executable, "-m", "aot.cli", "load", str(bundle)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "AOTPACK_TRUST": f"{other}.pub"},
-    )
+    monkeypatch.setenv("AOTPACK_TRUST", f"{other}.pub")
+    r = aotpack("load", str(bundle))
     other_fp = fingerprint(read_public_key(f"{other}.pub"))
     assert (r.returncode, r.stderr.splitlines()[0]) == (
         1,

@@ -13,7 +13,7 @@ from aot.loader import load
 
 @pytest.fixture(scope="module")
 def runner(built):
-    return load(built("tiny_lm"))  # vocabulary 97, 32 learned positions
+    return load(built("tiny_lm", ("sm_90",)))  # vocabulary 97, 32 learned positions; the lm tests' build
 
 
 def _prefill(runner, ids, positions):

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from aot.loader import load
-from tests.conftest import ROOT, model_path
+from tests.conftest import HANG_GUARD_S, ROOT, model_path
 
 SEED = 11
 WHOLE_RUN_KILLS = 2  # at random times over a full build (seconds drawn from WHOLE_RUN_SPAN)
@@ -268,7 +268,7 @@ def test_stale_partials_are_the_ones_no_process_holds_locked(tmp_path: Path) -> 
         assert holder.stdout.readline() == "held\n"
         removed = remove_stale_partials(tmp_path / "m.tpk")
     finally:
-        holder.communicate("", timeout=60)
+        holder.communicate("", timeout=HANG_GUARD_S)
     stale = ("dead", "id reused", "dead weights")
     assert sorted(p.name for p in removed) == sorted(names[k] for k in stale)
     assert sorted(os.listdir(tmp_path)) == sorted(v for k, v in names.items() if k not in stale)

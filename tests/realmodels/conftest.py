@@ -177,13 +177,14 @@ def zoo_build(tmp_path_factory) -> Callable[..., Build]:
     return get
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    if not _BUILDS:
-        return
-    terminalreporter.section("real-model builds (seconds on this machine)")
+def build_summary() -> list[str]:
+    """One line per real-model build of this process: its stages' seconds, or where it failed.
+    The terminal summary shows them (``tests/conftest.py`` gathers them from xdist workers)."""
+    lines = []
     for key, b in _BUILDS.items():
         times = " ".join(f"{k} {v:.1f}" for k, v in b.seconds.items())
         build_s = b.seconds.get("trace", 0.0) + b.seconds.get("generate", 0.0)
         status = f"FAILED at {b.failure}" if b.failure else f"trace+generate {build_s:.1f}"
         programs = f" programs {len(b.runner.programs)}" if b.runner is not None else ""
-        terminalreporter.write_line(f"{key:34s} {status}  ({times}){programs}")
+        lines.append(f"{key:34s} {status}  ({times}){programs}")
+    return lines

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import HANG_GUARD_S, ROOT
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,7 +33,7 @@ def run_torch_free(code: str) -> dict:
     """Run ``code`` in a fresh interpreter with torch blocked; it prints one JSON object."""
     script = BLOCKER + textwrap.dedent(code) + "\nassert 'torch' not in sys.modules\n"
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=HANG_GUARD_S
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -160,7 +160,7 @@ def test_the_console_entry_prints_one_error_line_without_torch(tmp_path):
     missing = tmp_path / "none.tpk"
     script = BLOCKER + f"from aot.runtime.cli import main\nsys.exit(main(['check', {str(missing)!r}]))\n"
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=HANG_GUARD_S
     )
     assert done.returncode == 1 and done.stderr.startswith("error:") and len(done.stderr.splitlines()) == 1
 
@@ -172,7 +172,7 @@ def test_the_console_entry_checks_and_refuses_to_load_without_a_gpu(pointwise):
         + f"from aot.runtime.cli import main\nsys.exit(main(['check', {str(pointwise)!r}, '--json']))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=HANG_GUARD_S
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["library_free"] is True
@@ -180,7 +180,12 @@ def test_the_console_entry_checks_and_refuses_to_load_without_a_gpu(pointwise):
     script = BLOCKER + f"from aot.runtime.cli import main\nsys.exit(main(['load', {str(pointwise)!r}]))\n"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600, env=env
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=HANG_GUARD_S,
+        env=env,
     )
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("error: no usable NVIDIA GPU or driver")

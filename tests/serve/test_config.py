@@ -70,7 +70,7 @@ def test_preferred_sizes_leave_out_one_and_sizes_past_the_maximum():
 def test_stateful_bundles_are_refused(built, bundles):
     from aot.loader.bundle import open_bundle
 
-    stateful = open_bundle(built("tiny_lm"))
+    stateful = open_bundle(built("tiny_lm", ("sm_90",)))  # the lm tests' build
     try:
         with pytest.raises(EnvError, match=r"stateful \(2 entry points\).*aotpack generate"):
             check_stateless(stateful.manifest, stateful.program())
