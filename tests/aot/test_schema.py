@@ -34,6 +34,9 @@ PINNED = {
     # which dynamic dims keep their rows independent, so a server may join requests along them
     # (SymbolGuard.rows_independent, rows_check; omitted when empty)
     (1, 8): "ade8c0b07d9fab2587d55fa9eca037a36ab018d9740263a88e9c4b36f67232da",
+    # floats computed from sizes as step arguments (SymFloat, an interpolation's scale) and a Dim's
+    # declared multiple (SymbolGuard.declared_multiple, omitted when none)
+    (1, 9): "ebf9a213fbf431d80f1537f02cd7351ac2ec67e1db55c25a992b06ec64671867",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 
