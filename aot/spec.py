@@ -110,7 +110,9 @@ class Dim:
         if self.example is not None:
             return self.example
         m = self.multiple_of
-        return min(self.max, max(self.min, -(-4 // m) * m))
+        if m > 1:  # two multiples: a quotient of 1 is one torch would specialize
+            return min(self.max, max(self.min, 2 * m))
+        return min(self.max, max(self.min, 4))
 
     def default_buckets(self) -> tuple[int, ...]:
         """Declared buckets, or powers of two up to ``max`` (times ``multiple_of``), and ``max``."""

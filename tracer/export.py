@@ -294,6 +294,8 @@ def example_size(d: Dim, bounds: tuple[int, int]) -> int:
     size = min(max(d.example_size, lo), hi)
     if size % m:
         size = size // m * m if size // m * m >= lo else -(-size // m) * m
+    if size == m and 2 * m <= hi:  # a quotient of 1 is one torch would specialize
+        size = 2 * m
     return size
 
 

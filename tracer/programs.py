@@ -72,12 +72,13 @@ def export_programs(
     allow = spec.allow_narrowing if allow_narrowing is None else allow_narrowing
     programs: list[Exported] = []
     failures: list[str] = []
+    exhausted: list[str] = []  # regions left when MAX_PROGRAMS were traced
     real = None
 
     def cover(ranges: dict[str, tuple[int, int]]) -> None:
         nonlocal module, real
         if len(programs) >= MAX_PROGRAMS:
-            failures.append(f"{region_name(spec, ranges)}: more than {MAX_PROGRAMS} programs would be needed")
+            exhausted.append(region_name(spec, ranges))
             return
         try:
             ex = export_model(spec, weights, fast, ranges, module=module)
@@ -125,6 +126,8 @@ def export_programs(
             fixed[d.name] = (g.min, g.max)
 
     cover(dict(ranges) if ranges else {d.name: (d.min, d.max) for d in spec.dims()})
+    if exhausted:
+        failures.append(_too_many(spec, programs[0], exhausted))
     if failures and not allow:
         raise TraceError(
             "the build cannot cover every declared size: "
@@ -133,6 +136,28 @@ def export_programs(
             "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         )
     return programs
+
+
+def _too_many(spec: ModelSpec, general: Exported, regions: list[str]) -> str:
+    """Why the programs ran out: the regions left, and what the general trace admits of each Dim
+    it narrowed, with the model lines (a size made a Python int, ``int(math.ceil(h / 2) * 2)``, is
+    fixed per trace; a window layout chosen by the size modulo a stride splits by residue)."""
+    symbols = {g.name: g for g in general.guards.symbols}
+    narrowed = []
+    for d in spec.dims():
+        g = symbols.get(d.name)
+        lo, hi = general.ranges[d.name]
+        if g is None or not _uncovered(g, lo, hi, d.multiple_of):
+            continue
+        why = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources) or "tracing"
+        narrowed.append(f"{d.name} {lo}..{hi} admits only {admissible_text(g)} ({why}){_propose(d, g)}")
+    shown = ", ".join(regions[:4]) + (f" and {len(regions) - 4} more" if len(regions) > 4 else "")
+    return (
+        f"more than {MAX_PROGRAMS} programs would be needed ({shown} left); in the general trace, "
+        + (" | ".join(narrowed) if narrowed else "guards split the declared ranges")
+        + "; a size the model turns into a Python number (int(...), math.ceil of a size) is fixed per trace, "
+        "so each size needs a program: declare fewer sizes (Dim(..., multiple_of=m) or narrower ranges)"
+    )
 
 
 def _propose(d: Dim, g) -> str:
