@@ -88,6 +88,20 @@ def export_programs(
             failures.append(f"{region_name(spec, ranges)}: {e}")
             return
         module = ex.module
+        coverage = ex.guards
+        pinned = {
+            g.name: g.min
+            for g in ex.guards.symbols
+            if g.min == g.max and ranges[g.name][0] < ranges[g.name][1]
+        }
+        if pinned:  # the trace fixed these sizes (int(h / 2), a quotient of 1): trace them as static
+            try:
+                ex = export_model(
+                    spec, weights, fast, {**ranges, **{n: (v, v) for n, v in pinned.items()}}, module
+                )
+            except (TraceError, SpecError) as e:
+                failures.append(f"{region_name(spec, ranges)}: {e}")
+                return
         ex = replace(ex, entry=entry)
         if ex.relaxed:
             if fast and real is None:  # the check runs the model: it needs real weights
@@ -107,7 +121,7 @@ def export_programs(
         elif note := binding_note(spec, ex.module):
             say(f"  {note}")
         programs.append(ex)
-        symbols = {g.name: g for g in ex.guards.symbols}
+        symbols = {g.name: g for g in coverage.symbols}
         fixed = dict(ranges)
         for d in spec.dims():
             lo, hi = ranges[d.name]

@@ -38,7 +38,9 @@ _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
 # What a bundle's shapes may depend on, said where a model makes one depend on tensor values.
 VALUE_SHAPES = (
     "a bundle's shapes follow its inputs' shapes alone: keep the size fixed (a mask or torch.where "
-    "instead of indices, a padded result)"
+    "instead of indices, a padded result), or move this line and what follows it out of the bundle: "
+    "build the model up to the dense tensors it selects from (a detector's boxes and scores before "
+    "NMS) and run the selection in Python on the runner's outputs"
 )
 
 
