@@ -89,7 +89,8 @@ class Dim:
                 raise SpecError(
                     f"Dim {self.name!r}: multiple_of={m}, but "
                     + ", ".join(f"{k}={v}" for k, v in bad.items())
-                    + f" is no multiple of {m}; declare "
+                    + (" is no multiple" if len(bad) == 1 else " are no multiples")
+                    + f" of {m}; declare "
                     + ", ".join(f"{k}={fix[k]}" for k in bad)
                 )
         if self.buckets is not None:

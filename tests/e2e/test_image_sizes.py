@@ -126,3 +126,19 @@ def test_a_float_computed_from_sizes_is_stored_and_evaluated_per_call(built):
         {"batch": 2, "height": 40, "width": 40},
     ):
         _compare(spec, module, runner, sizes)
+
+
+def test_a_multiple_of_must_fit_the_declared_range():
+    from aot.errors import SpecError
+
+    with pytest.raises(SpecError) as e:
+        Dim("height", 12, 60, multiple_of=8)
+    assert str(e.value) == (
+        "Dim 'height': multiple_of=8, but min=12, max=60 are no multiples of 8; declare min=16, max=56"
+    )
+    with pytest.raises(SpecError, match=r"buckets \[12\] are no multiples of 8"):
+        Dim("height", 8, 64, multiple_of=8, buckets=(8, 12))
+    with pytest.raises(SpecError, match="multiple_of must be an int in 1..64"):
+        Dim("height", 8, 64, multiple_of=0)
+    d = Dim("height", 8, 64, multiple_of=8)
+    assert d.example_size == 16 and d.default_buckets() == (8, 16, 32, 64)
