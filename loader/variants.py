@@ -118,6 +118,8 @@ def _subset(inner: SymbolGuard, outer: SymbolGuard) -> bool:
     high = largest_sizes(Guards((), (inner,), ()))[inner.name]
     if low < outer.min or high > outer.max:
         return False
+    if low == high:  # one size (a size its trace fixed): exact
+        return admits(outer, low)
     if outer.modulus > 1 and (
         inner.modulus % outer.modulus or any(r % outer.modulus not in outer.residues for r in inner.residues)
     ):

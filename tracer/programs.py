@@ -102,6 +102,11 @@ def export_programs(
             except (TraceError, SpecError) as e:
                 failures.append(f"{region_name(spec, ranges)}: {e}")
                 return
+            if not programs and not entry:  # the bundle's first program takes the contract's inputs:
+                # its guards are the dynamic trace's, which admit the fixed sizes alone
+                ex = replace(
+                    ex, guards=coverage, buckets=plan_buckets(spec, coverage), relaxed=(), strict=None
+                )
         ex = replace(ex, entry=entry)
         if ex.relaxed:
             if fast and real is None:  # the check runs the model: it needs real weights

@@ -53,7 +53,7 @@ def _lower(
     spec: ModelSpec, exported: Exported, progress=None, constant_suffix: str = "", main: bool = False
 ) -> tuple[Program, dict[str, Any], tuple[Bucket, ...]]:
     """Decompose one export to core ATen, lower it to a ``Program``, and check its padding.
-    ``main``: the bundle's first program of several, whose inputs are the contract's (every Dim by
+    ``main``: the bundle's first program, whose inputs are the contract's (every Dim by
     name) even where this trace fixed a size (MobileViT's ``int(h / 2)``: its own guards say which)."""
     import torch
     import torch.fx.experimental._config as fx_config
@@ -112,7 +112,7 @@ def trace(
     from aot.tracer.lower import tensor_leaves as leaves
 
     exported = export_entry_points(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
-    main = len(exported) > 1 and not spec.entry_points
+    main = not spec.entry_points
     lowered = [_lower(spec, ex, progress, main=main and k == 0) for k, ex in enumerate(exported)]
     weight_tensors = dict(lowered[0][1])
     for k, ex in enumerate(exported[1:], 1):
