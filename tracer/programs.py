@@ -88,13 +88,14 @@ def export_programs(
             failures.append(f"{region_name(spec, ranges)}: {e}")
             return
         module = ex.module
-        coverage = ex.guards
+        coverage = None  # the guards that say what this trace covers, where a static one replaced it
         pinned = {
             g.name: g.min
             for g in ex.guards.symbols
             if g.min == g.max and ranges[g.name][0] < ranges[g.name][1]
         }
         if pinned:  # the trace fixed these sizes (int(h / 2), a quotient of 1): trace them as static
+            coverage = ex.guards
             try:
                 ex = export_model(
                     spec, weights, fast, {**ranges, **{n: (v, v) for n, v in pinned.items()}}, module
@@ -126,7 +127,7 @@ def export_programs(
         elif note := binding_note(spec, ex.module):
             say(f"  {note}")
         programs.append(ex)
-        symbols = {g.name: g for g in coverage.symbols}
+        symbols = {g.name: g for g in (ex.guards if coverage is None else coverage).symbols}
         fixed = dict(ranges)
         for d in spec.dims():
             lo, hi = ranges[d.name]
