@@ -237,7 +237,6 @@ def export_model(
             )
         )
     dynamic_ranges = {d.name: ranges[d.name] for d in spec.dims() if d.name not in static}
-
     relaxable = _size_one_guards(ep, names, raw, dynamic_ranges)
     binding = [g for g in raw if g not in relaxable]
     multiples = {
