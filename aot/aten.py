@@ -29,6 +29,7 @@ from aot.schema import (
     StepKind,
     Sym,
     SymBool,
+    SymFloat,
     TensorSpec,
 )
 from aot.symexpr import compile_expr
@@ -140,9 +141,9 @@ def compile_arg(a: Any, device: torch.device) -> _Const | Getter:
     if isinstance(a, Buf):
         name = a.name
         return lambda env, sizes: env[name]
-    if isinstance(a, (Sym, SymBool)):
-        expr = compile_expr(a.text)
-        convert = bool if isinstance(a, SymBool) else int
+    if isinstance(a, (Sym, SymBool, SymFloat)):
+        expr = compile_expr(a.text, floats=isinstance(a, SymFloat))
+        convert = bool if isinstance(a, SymBool) else float if isinstance(a, SymFloat) else int
         if expr.is_constant:
             return _Const(convert(expr({})))
         return lambda env, sizes: convert(expr(sizes))

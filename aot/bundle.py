@@ -43,11 +43,11 @@ from aot.archive import (
 )
 from aot.buckets import check_buckets
 from aot.errors import BundleError, BundleWarning
-from aot.schema import Manifest, Program, StepKind, Sym, SymBool
+from aot.schema import Manifest, Program, StepKind, Sym, SymBool, SymFloat
 from aot.serde import from_json, upgrade_manifest
 from aot.signature import check_signature, signature_problem, trusted_keys
 from aot.signing import MAX_SIGNATURE_BYTES
-from aot.symexpr import compile_expr
+from aot.symexpr import FloatText, compile_expr
 from aot.tuning import check_alternatives
 
 MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its kernels is well under 1 MB
@@ -315,7 +315,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
         check_alternatives(p, path)
     # every size, argument and grid expression parses and uses only symbols the guards bind
     for text in _expressions(program):
-        unknown = compile_expr(text).symbols - symbols
+        unknown = compile_expr(text, floats=isinstance(text, FloatText)).symbols - symbols
         if unknown:
             raise BundleError(
                 f"{path}: program expression {text[:60]!r} uses {sorted(unknown)[0][:40]!r}, "
@@ -343,7 +343,7 @@ def _check_size(program: Program, path: Path) -> None:
     nodes = 0
     for p in programs:
         for text in _expressions(p):
-            nodes += compile_expr(text).nodes
+            nodes += compile_expr(text, floats=isinstance(text, FloatText)).nodes
             if nodes > MAX_EXPRESSION_NODES:
                 raise BundleError(
                     f"{path}: the programs' size expressions have more than {MAX_EXPRESSION_NODES} "
@@ -370,6 +370,8 @@ def _expressions(program: Program):
                 values.extend(v)
             elif isinstance(v, (Sym, SymBool)):
                 yield v.text
+            elif isinstance(v, SymFloat):
+                yield FloatText(v.text)
 
 
 def open_bundle(path: str | os.PathLike, trusted: tuple[bytes, ...] | None = None) -> Bundle:

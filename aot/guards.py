@@ -55,6 +55,10 @@ def _validate(guards: Guards) -> None:
                 f"{what}: expected residues in 0..modulus-1 of a modulus in 1..{MAX_SIZE}, "
                 f"got modulus {g.modulus} residues {list(g.residues)[:8]}"
             )
+        if not 0 <= g.declared_multiple <= MAX_SIZE:
+            raise BundleError(
+                f"{what}: expected a declared multiple in 0..{MAX_SIZE}, got {g.declared_multiple}"
+            )
         if len(g.excluded) > MAX_EXCLUDED:
             raise BundleError(f"{what} excludes {len(g.excluded)} values (limit {MAX_EXCLUDED})")
         if first_admissible(g.min, g.modulus, g.residues) > g.max:
@@ -185,6 +189,18 @@ class GuardCore:
         if admits(g, value):
             return
         cause = "declared in the model file"
+        m = g.declared_multiple
+        if m > 1 and value % m and g.min <= value <= g.max:
+            near = " or ".join(
+                str(v) for v in sorted({value // m * m, value // m * m + m}) if g.min <= v <= g.max
+            )
+            raise GuardError(
+                printable(
+                    f"{what} ({sym}): expected a multiple of {m}, got {value}: the model file declares "
+                    f"Dim({sym!r}, ..., multiple_of={m}) (the model's windows or strides need it); pad or resize "
+                    f"the input to {near}"
+                )
+            )
         if g.declared_min <= value <= g.declared_max:
             for expr, src in self._sources[sym]:
                 if not expr({sym: value}):

@@ -11,6 +11,7 @@ The format (``#`` lines and blank lines are comments)::
 
     symbol batch: 1 <= batch <= 16  (declared 1..16)       # sorted by name
     symbol seq: 10 <= seq <= 256, seq % 2 == 0  (declared 1..256)
+    symbol height: 32 <= height <= 512, height % 32 == 0  (declared 32..512 multiple_of 32)
       guard seq >= 9  at tests/data/branchy.py:15  if T > 8:
       guard seq % 2 == 0  at tests/data/branchy.py:17  pairs = x.reshape(B, T // 2, 2 * C)
     # rows along seq: not independent, a server never joins requests along it: ...
@@ -250,7 +251,8 @@ def render_manifest(m: GuardManifest, notes: bool = True) -> str:
         lines.append("")
     for sym in m.guards.symbols:
         lines.append(
-            f"symbol {sym.name}: {admissible_text(sym)}  (declared {sym.declared_min}..{sym.declared_max})"
+            f"symbol {sym.name}: {admissible_text(sym)}  (declared {sym.declared_min}..{sym.declared_max}"
+            + (f" multiple_of {sym.declared_multiple})" if sym.declared_multiple > 1 else ")")
         )
         for src in sym.sources:
             lines.append(f"  guard {_one_line(src.text)}  {site_text(src)}")
@@ -292,7 +294,8 @@ _LINES = {
         rf"^(?P<kind>input|state) (?P<name>{_IDENT}(?:\.[A-Za-z0-9_]+)*): (?P<dtype>{_IDENT})\[(?P<shape>[^\]]*)\]$"
     ),
     "symbol": re.compile(
-        rf"^symbol (?P<name>{_IDENT}): (?P<set>.+)  \(declared (?P<lo>{_INT})\.\.(?P<hi>{_INT})\)$"
+        rf"^symbol (?P<name>{_IDENT}): (?P<set>.+)  \(declared (?P<lo>{_INT})\.\.(?P<hi>{_INT})"
+        rf"(?: multiple_of (?P<multiple>{_INT}))?\)$"
     ),
     "guard": re.compile(r"^  guard (?P<text>.+?)" + _SITE),
     "relation": re.compile(r"^relation (?P<text>.+?)" + _SITE),
@@ -311,7 +314,7 @@ _RESIDUE = re.compile(rf"^(?P<name>{_IDENT}) % (?P<m>[0-9]{{1,9}}) == (?P<r>[0-9
 _EXCLUDED = re.compile(rf"^(?P<name>{_IDENT}) != (?P<v>{_INT})$")
 _EXPECTED = (
     "one of: model NAME | dtype DTYPE | input NAME: DTYPE[dims] | state NAME: DTYPE[dims] | "
-    "symbol NAME: SET  (declared A..B) | "
+    "symbol NAME: SET  (declared A..B[ multiple_of M]) | "
     "  guard TEXT  at FILE:LINE  CODE | relation ... | specialized ... | bucket SYM: sizes | "
     "entry NAME | program NAME  admits  SETS | env schema/archs/torch"
 )
@@ -361,6 +364,9 @@ class _Parser:
         dlo, dhi = self.int(m["lo"], "a size"), self.int(m["hi"], "a size")
         if not (lo <= hi and dlo <= dhi):
             raise self.fail("ranges with LO <= HI", m["set"])
+        multiple = self.int(m["multiple"], "a multiple") if m["multiple"] else 0
+        if m["multiple"] and multiple < 2:
+            raise self.fail("multiple_of 2 or more", m["multiple"])
         return SymbolGuard(
             name=name,
             declared_min=dlo,
@@ -370,6 +376,7 @@ class _Parser:
             modulus=modulus,
             residues=residues,
             excluded=tuple(sorted(excluded)),
+            declared_multiple=multiple,
         )
 
     def source_of(self, m: re.Match) -> GuardSource:

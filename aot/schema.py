@@ -14,6 +14,7 @@ as a one-key object::
     Buf      {"buf": "addmm_3"}       a buffer of the program
     Sym      {"sym": "batch*seq"}     a size expression, evaluated per call
     SymBool  {"symbool": "seq > 1"}   a size comparison, evaluated to a bool per call
+    SymFloat {"symfloat": "4/(h//7)"}  a float computed from sizes (an interpolation's scale), per call
     DType    {"dtype": "float16"}
     Device   {"device": "runtime"}    the device the bundle is loaded on
     Layout   {"layout": "strided"}
@@ -27,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 9)
+SCHEMA_VERSION = (1, 10)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -99,6 +100,12 @@ class SymBool:
 
 
 @dataclass(frozen=True)
+class SymFloat:
+    TAG: ClassVar[str] = "symfloat"
+    text: str  # the grammar of ``aot.symexpr`` with ``/`` and float constants (``floats=True``)
+
+
+@dataclass(frozen=True)
 class DType:
     TAG: ClassVar[str] = "dtype"
     name: str
@@ -128,7 +135,17 @@ class SpecialFloat:
     name: str  # "inf", "-inf" or "nan"
 
 
-TAGGED_ARGS: tuple[type, ...] = (Buf, Sym, SymBool, DType, Device, Layout, MemoryFormat, SpecialFloat)
+TAGGED_ARGS: tuple[type, ...] = (
+    Buf,
+    Sym,
+    SymBool,
+    SymFloat,
+    DType,
+    Device,
+    Layout,
+    MemoryFormat,
+    SpecialFloat,
+)
 # Which values each tag admits, where the set is closed; the loader refuses anything else.
 ARG_VALUES: dict[type, frozenset[str]] = {
     Device: frozenset({"runtime"}),
@@ -146,6 +163,7 @@ Arg = (
     | Buf
     | Sym
     | SymBool
+    | SymFloat
     | DType
     | Device
     | Layout
@@ -338,7 +356,8 @@ class GuardSource:
 @dataclass(frozen=True)
 class SymbolGuard:
     """A dynamic symbol's admissible set: ``min <= v <= max``, ``v % modulus in residues``,
-    ``v not in excluded``; ``declared_*`` is what the model file asked for.
+    ``v not in excluded``; ``declared_*`` is what the model file asked for (``declared_multiple``:
+    its ``Dim(..., multiple_of=m)``, 0 when it declared none).
 
     ``rows_independent``: the build proved that every program keeps the rows along this symbol
     apart (``aot.rows``) and confirmed it on the eager model, so a server may join requests along
@@ -356,6 +375,7 @@ class SymbolGuard:
     sources: tuple[GuardSource, ...] = ()
     rows_independent: bool = field(default=False, metadata=OMIT_EMPTY)
     rows_check: str = field(default="", metadata=OMIT_EMPTY)
+    declared_multiple: int = field(default=0, metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

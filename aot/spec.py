@@ -54,6 +54,12 @@ class Dim:
     ``buckets``: sizes to capture CUDA graphs for (default: powers of two up to ``max``).
     ``paddable``: a call may be padded up to a bucket along this dim (checked at build time).
     ``example``: the size used to trace and to make the example inputs.
+    ``multiple_of``: only multiples of this are admitted (``Dim("height", 32, 512, multiple_of=32)``):
+    what a windowed or strided model needs when its arithmetic depends on the size modulo a
+    stride (Swin's windows, SegFormer's overlapping patches). The model is traced over the
+    multiples alone, so one program covers them; the loader refuses any other size with a
+    ``GuardError`` that names the multiple (pad or resize the input to one). ``min`` and ``max``
+    must be multiples.
     """
 
     name: str
@@ -62,6 +68,7 @@ class Dim:
     buckets: tuple[int, ...] | None = None
     paddable: bool = False
     example: int | None = None
+    multiple_of: int = 1
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -70,24 +77,49 @@ class Dim:
             raise SpecError(
                 f"Dim {self.name!r}: expected 1 <= min <= max <= {MAX_DIM}, got min={self.min} max={self.max}"
             )
+        m = self.multiple_of
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.max:
+            raise SpecError(
+                f"Dim {self.name!r}: multiple_of must be an int in 1..{self.max} (max), got {m!r}"
+            )
+        if m > 1:
+            bad = {k: v for k, v in (("min", self.min), ("max", self.max)) if v % m}
+            if bad:
+                fix = {"min": -(-self.min // m) * m, "max": self.max // m * m}
+                raise SpecError(
+                    f"Dim {self.name!r}: multiple_of={m}, but "
+                    + ", ".join(f"{k}={v}" for k, v in bad.items())
+                    + (" is no multiple" if len(bad) == 1 else " are no multiples")
+                    + f" of {m}; declare "
+                    + ", ".join(f"{k}={fix[k]}" for k in bad)
+                )
         if self.buckets is not None:
             object.__setattr__(self, "buckets", tuple(sorted(set(self.buckets))))
+            off = [b for b in self.buckets if b % m]
+            if off:
+                raise SpecError(f"Dim {self.name!r}: buckets {off} are no multiples of {m} (multiple_of)")
             bad = [b for b in self.buckets if not self.min <= b <= self.max]
             if bad:
                 raise SpecError(f"Dim {self.name!r}: buckets {bad} fall outside {self.min}..{self.max}")
         if self.example is not None and not self.min <= self.example <= self.max:
             raise SpecError(f"Dim {self.name!r}: example {self.example} falls outside {self.min}..{self.max}")
+        if self.example is not None and self.example % m:
+            raise SpecError(f"Dim {self.name!r}: example {self.example} is no multiple of {m} (multiple_of)")
 
     @property
     def example_size(self) -> int:
         if self.example is not None:
             return self.example
+        m = self.multiple_of
+        if m > 1:  # two multiples: a quotient of 1 is one torch would specialize
+            return min(self.max, max(self.min, 2 * m))
         return min(self.max, max(self.min, 4))
 
     def default_buckets(self) -> tuple[int, ...]:
+        """Declared buckets, or powers of two up to ``max`` (times ``multiple_of``), and ``max``."""
         if self.buckets is not None:
             return self.buckets
-        sizes, b = [], 1
+        sizes, b = [], self.multiple_of
         while b < self.max:
             if b >= self.min:
                 sizes.append(b)
@@ -323,7 +355,12 @@ def _dim_text(d: Dim) -> str:
     """``Dim('batch', 1, 64)``, with the fields set beyond the range."""
     extra = "".join(
         f", {k}={v!r}"
-        for k, v in (("buckets", d.buckets), ("paddable", d.paddable), ("example", d.example))
+        for k, v in (
+            ("buckets", d.buckets),
+            ("paddable", d.paddable),
+            ("example", d.example),
+            ("multiple_of", d.multiple_of > 1 and d.multiple_of),
+        )
         if v
     )
     return f"Dim({d.name!r}, {d.min}, {d.max}{extra})"

@@ -3,7 +3,9 @@
 Bundles store sizes such as ``batch*seq*768`` and guards such as ``seq % 2 == 0`` as text. The
 loader never calls ``eval``: ``compile_expr`` parses the text with ``ast`` once, accepts only
 integer arithmetic (``+ - * // %``), comparisons, ``and``/``or``/``not``, ``max``/``min`` and
-symbol names, and turns it into a tree of closures that evaluates in microseconds.
+symbol names, and turns it into a tree of closures that evaluates in microseconds. A float scalar
+computed from sizes (an interpolation's scale ``4/(height//7)``) is the same grammar plus true
+division ``/`` and finite float constants, compiled with ``floats=True``: a size never admits them.
 
 The grammar is defined once, by ``fold``; other interpretations of the same text (numpy arrays
 for guard simplification, sympy for kernel index arithmetic) are ``Algebra`` instances beside
@@ -35,6 +37,7 @@ T = TypeVar("T")
 # The grammar's operators by name; every interpretation of the text (integers here, numpy arrays
 # in ``aot.sympy_text``, sympy in ``aot.codegen.index``) maps these names to its own operations.
 _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
+_FLOAT_BINARY = {**_BINARY, ast.Div: "/"}
 _COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 _FUNCTIONS = ("max", "min")
 MAX_ARGS = 8
@@ -45,9 +48,9 @@ class Algebra(Protocol[T]):
     from each construct. ``fold`` walks the text and calls these; it alone decides what the
     grammar admits."""
 
-    def const(self, value: int) -> T: ...
+    def const(self, value: int) -> T: ...  # a float too, in a float expression
     def name(self, name: str) -> T: ...
-    def binary(self, op: str, a: T, b: T) -> T: ...  # + - * // %
+    def binary(self, op: str, a: T, b: T) -> T: ...  # + - * // % (and / in a float expression)
     def compare(self, op: str, a: T, b: T) -> T: ...  # == != < <= > >=
     def neg(self, a: T) -> T: ...
     def not_(self, a: T) -> T: ...
@@ -69,33 +72,37 @@ def parse(text: str) -> ast.expr:
         raise BundleError(f"symbolic expression {text[:80]!r} does not parse: {e}") from None
 
 
-def fold(node: ast.expr, algebra: Algebra[T], depth: int = 0) -> T:
+def fold(node: ast.expr, algebra: Algebra[T], depth: int = 0, floats: bool = False) -> T:
     """Interpret a parsed expression in ``algebra``; ``BundleError`` for anything outside the grammar:
     integer constants, names, ``+ - * // %``, unary ``-``, ``not``, ``and``/``or``, one comparison,
-    ``max``/``min`` of 1 to ``MAX_ARGS`` arguments, nested at most ``MAX_DEPTH`` deep."""
+    ``max``/``min`` of 1 to ``MAX_ARGS`` arguments, nested at most ``MAX_DEPTH`` deep; with
+    ``floats``, also finite float constants and true division ``/``."""
     if depth > MAX_DEPTH:
         raise BundleError(f"symbolic expression nests deeper than {MAX_DEPTH}")
     d = depth + 1
+
+    def sub(n: ast.expr) -> T:
+        return fold(n, algebra, d, floats)
+
     if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
         return algebra.const(int(node.value))
+    if floats and isinstance(node, ast.Constant) and type(node.value) is float:
+        if not abs(node.value) <= MAX_VALUE:  # also refuses nan
+            raise BundleError(f"float expression holds the constant {node.value!r}; expected a finite float")
+        return algebra.const(node.value)
     if isinstance(node, ast.Name):
         return algebra.name(node.id)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return algebra.binary(
-            _BINARY[type(node.op)], fold(node.left, algebra, d), fold(node.right, algebra, d)
-        )
+    binary = _FLOAT_BINARY if floats else _BINARY
+    if isinstance(node, ast.BinOp) and type(node.op) in binary:
+        return algebra.binary(binary[type(node.op)], sub(node.left), sub(node.right))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return algebra.neg(fold(node.operand, algebra, d))
+        return algebra.neg(sub(node.operand))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        return algebra.not_(fold(node.operand, algebra, d))
+        return algebra.not_(sub(node.operand))
     if isinstance(node, ast.BoolOp):
-        return algebra.boolean(
-            "and" if isinstance(node.op, ast.And) else "or", [fold(v, algebra, d) for v in node.values]
-        )
+        return algebra.boolean("and" if isinstance(node.op, ast.And) else "or", [sub(v) for v in node.values])
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
-        return algebra.compare(
-            _COMPARE[type(node.ops[0])], fold(node.left, algebra, d), fold(node.comparators[0], algebra, d)
-        )
+        return algebra.compare(_COMPARE[type(node.ops[0])], sub(node.left), sub(node.comparators[0]))
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -103,7 +110,7 @@ def fold(node: ast.expr, algebra: Algebra[T], depth: int = 0) -> T:
         and not node.keywords
         and 1 <= len(node.args) <= MAX_ARGS
     ):
-        return algebra.call(node.func.id, [fold(a, algebra, d) for a in node.args])
+        return algebra.call(node.func.id, [sub(a) for a in node.args])
     raise BundleError(f"symbolic expression contains a forbidden construct: {type(node).__name__}")
 
 
@@ -119,6 +126,7 @@ _INT_BINARY: dict[str, Callable[[int, int], int]] = {
     "*": operator.mul,
     "//": operator.floordiv,
     "%": operator.mod,
+    "/": operator.truediv,  # float expressions only
 }
 _INT_COMPARE: dict[str, Callable[[int, int], bool]] = {
     "==": operator.eq,
@@ -131,7 +139,7 @@ _INT_COMPARE: dict[str, Callable[[int, int], bool]] = {
 
 
 def _checked(value: int) -> int:
-    if not -MAX_VALUE <= value <= MAX_VALUE:
+    if not -MAX_VALUE <= value <= MAX_VALUE:  # a float's nan fails here too
         raise BundleError(f"symbolic expression overflowed: |{value}| > 2**62")
     return value
 
@@ -163,7 +171,7 @@ class _Closures:
         return lookup
 
     def binary(self, op: str, lhs: Fn, rhs: Fn) -> Fn:
-        fn, divides = _INT_BINARY[op], op in ("//", "%")
+        fn, divides = _INT_BINARY[op], op in ("//", "%", "/")
         if divides and getattr(rhs, "value", None) == 0:
             raise BundleError("symbolic expression divides by the constant 0")
 
@@ -214,17 +222,23 @@ class Expr:
         return not self.symbols
 
 
-def compile_expr(text: str) -> Expr:
-    """Parse ``text`` into an ``Expr``; raises ``BundleError`` for anything outside the grammar.
+class FloatText(str):
+    """Expression text of the float grammar (``aot.schema.SymFloat``), where a walk over a
+    program's expressions yields it beside size texts: ``compile_expr(t, floats=isinstance(t, FloatText))``."""
+
+
+def compile_expr(text: str, floats: bool = False) -> Expr:
+    """Parse ``text`` into an ``Expr``; raises ``BundleError`` for anything outside the grammar
+    (with ``floats``: the float grammar, for ``aot.schema.SymFloat``).
 
     Compiled expressions are immutable and cached: a program repeats the same few sizes."""
     if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
         raise BundleError(f"symbolic expression must be a non-empty string of at most {MAX_TEXT} chars")
-    return _compile_text(text)
+    return _compile_text(text, bool(floats))
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _compile_text(text: str) -> Expr:
+def _compile_text(text: str, floats: bool = False) -> Expr:
     algebra = _Closures()
     try:
         tree = parse(text)
@@ -233,7 +247,7 @@ def _compile_text(text: str) -> Expr:
             raise BundleError(
                 f"symbolic expression {text[:60]!r}… has {nodes} syntax nodes (limit {MAX_NODES})"
             )
-        fn = fold(tree, algebra)
+        fn = fold(tree, algebra, floats=floats)
     except RecursionError:
         raise BundleError(f"symbolic expression nests deeper than {MAX_DEPTH}") from None
     if not algebra.symbols:

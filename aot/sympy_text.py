@@ -20,6 +20,40 @@ def to_text(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     return _render(sympy.sympify(expr), names)
 
 
+_FLOATS = (tfn.IntTrueDiv, tfn.FloatTrueDiv, tfn.ToFloat, sympy.Float)
+
+
+def to_float_text(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
+    """A float computed from sizes (torch's ``SymFloat``: ``IntTrueDiv(4, h//7)``, an interpolation's
+    scale) in the float grammar of ``aot.symexpr`` (``floats=True``): true division ``/``, float
+    constants, and integer size arithmetic below them. ``TraceError`` for other float functions
+    (``sqrt``, powers of floats)."""
+    e = sympy.sympify(expr)
+    if not any(isinstance(a, _FLOATS) for a in sympy.preorder_traversal(e)):
+        return _render(e, names)
+    if isinstance(e, sympy.Float):
+        value = float(e)
+        if not abs(value) < float(1 << 62):
+            raise TraceError(f"the float {value!r} computed from sizes is not finite")
+        return repr(value)
+    if isinstance(e, (tfn.IntTrueDiv, tfn.FloatTrueDiv)):
+        return f"({to_float_text(e.args[0], names)})/({to_float_text(e.args[1], names)})"
+    if isinstance(e, tfn.ToFloat):  # an integer made float: adding 0.0 does it exactly (|v| < 2**53)
+        return f"({to_float_text(e.args[0], names)} + 0.0)"
+    if isinstance(e, sympy.Add):
+        return " + ".join(f"({to_float_text(a, names)})" for a in sorted(e.args, key=sympy.default_sort_key))
+    if isinstance(e, sympy.Mul):
+        return "*".join(f"({to_float_text(a, names)})" for a in sorted(e.args, key=sympy.default_sort_key))
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) == -1:
+        return f"1.0/({to_float_text(e.base, names)})"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and 0 < int(e.exp) <= 8:
+        return "*".join([f"({to_float_text(e.base, names)})"] * int(e.exp))
+    raise TraceError(
+        f"cannot express the float {e} ({type(e).__name__}) computed from sizes in a bundle: aotpack stores "
+        f"true division, + - * of sizes and float constants"
+    )
+
+
 def _paren(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     text = _render(expr, names)
     if isinstance(expr, (sympy.Symbol, sympy.Integer)) and not text.startswith("-"):

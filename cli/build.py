@@ -170,7 +170,8 @@ def _narrowings(guards) -> list[str]:
 
     out = []
     for sym in guards.symbols:
-        if (sym.min, sym.max, sym.modulus, sym.excluded) != (sym.declared_min, sym.declared_max, 1, ()):
+        declared = (sym.declared_min, sym.declared_max, max(sym.declared_multiple, 1), (0,), ())
+        if (sym.min, sym.max, sym.modulus, sym.residues, sym.excluded) != declared:
             sites = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in sym.sources) or "tracing"
             out.append(
                 f"{sym.name} declared {sym.declared_min}..{sym.declared_max} admits only "

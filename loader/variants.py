@@ -19,8 +19,8 @@ from aot.admissible import admissible_text, admits, first_admissible
 from aot.errors import BundleError
 from aot.manifest_text import static_size
 from aot.memory import largest_sizes
-from aot.schema import Guards, Manifest, Program, Step, StepKind, Sym, SymbolGuard, SymBool
-from aot.symexpr import compile_expr
+from aot.schema import Guards, Manifest, Program, Step, StepKind, Sym, SymbolGuard, SymBool, SymFloat
+from aot.symexpr import FloatText, compile_expr
 
 
 def check_programs(
@@ -58,7 +58,7 @@ def check_programs(
                     f"which its guards do not declare"
                 )
         for text in _expressions(program, steps):
-            extra = compile_expr(text).symbols - symbols
+            extra = compile_expr(text, floats=isinstance(text, FloatText)).symbols - symbols
             if extra:
                 raise BundleError(
                     f"{where}: expression {text[:60]!r} uses {sorted(extra)[0][:40]!r}, which is not a "
@@ -118,6 +118,8 @@ def _subset(inner: SymbolGuard, outer: SymbolGuard) -> bool:
     high = largest_sizes(Guards((), (inner,), ()))[inner.name]
     if low < outer.min or high > outer.max:
         return False
+    if low == high:  # one size (a size its trace fixed): exact
+        return admits(outer, low)
     if outer.modulus > 1 and (
         inner.modulus % outer.modulus or any(r % outer.modulus not in outer.residues for r in inner.residues)
     ):
@@ -153,3 +155,5 @@ def _expressions(program: Program, steps: list[Step]) -> Iterator[str]:
                 values.extend(v)
             elif isinstance(v, (Sym, SymBool)):
                 yield v.text
+            elif isinstance(v, SymFloat):
+                yield FloatText(v.text)

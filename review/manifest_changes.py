@@ -6,7 +6,7 @@ from __future__ import annotations
 from aot.admissible import admissible_text
 from aot.errors import BundleError
 from aot.manifest_text import GuardManifest, canonical, program_sets, site_text, static_size
-from aot.review.sets import Sizes, compare_sets, difference, sizes_text, static_set
+from aot.review.sets import Sizes, compare_sets, declared_text, difference, sizes_text, static_set
 from aot.review.verdict import Change, change
 from aot.schema import GuardSource
 
@@ -305,13 +305,13 @@ def _symbol_changes(pairs, old_sym, new_sym, old: GuardManifest, new: GuardManif
         if x != y and len(by_new[y]) == 1 and len(by_old[x]) == 1:
             changes.append(change("renamed", f"symbol {x}", x, y, (f"at {', '.join(dims)}",)))
         found = compare_sets(subject, a, b, y)
-        if not found and (a.declared_min, a.declared_max) != (b.declared_min, b.declared_max):
+        if not found and declared_text(a) != declared_text(b):
             found = [
                 change(
                     "declared",
                     subject,
-                    f"{a.declared_min}..{a.declared_max}",
-                    f"{b.declared_min}..{b.declared_max}",
+                    declared_text(a),
+                    declared_text(b),
                     (f"admissible set unchanged: {admissible_text(b)}",),
                 )
             ]

@@ -112,6 +112,12 @@ def sizes_text(sizes: Sizes) -> str:
     return f"{sizes.text()} ({sizes.count} size{'s' * (sizes.count != 1)})"
 
 
+def declared_text(g: SymbolGuard) -> str:
+    """What the model file declared for a symbol: ``16..64``, ``16..64 multiple_of 8``."""
+    multiple = f" multiple_of {g.declared_multiple}" if g.declared_multiple > 1 else ""
+    return f"{g.declared_min}..{g.declared_max}{multiple}"
+
+
 def compare_sets(subject: str, a: SymbolGuard, b: SymbolGuard, name: str) -> list[Change]:
     """widened / narrowed (or nothing) for the same dim or symbol with set ``a`` before, ``b`` after."""
     lost, gained = difference(a, b), difference(b, a)
@@ -119,8 +125,8 @@ def compare_sets(subject: str, a: SymbolGuard, b: SymbolGuard, name: str) -> lis
         return []
     details = []
     symbolic = not a.name.isdigit() and not b.name.isdigit()
-    if symbolic and (a.declared_min, a.declared_max) != (b.declared_min, b.declared_max):
-        details.append(f"declared {a.declared_min}..{a.declared_max} -> {b.declared_min}..{b.declared_max}")
+    if symbolic and declared_text(a) != declared_text(b):
+        details.append(f"declared {declared_text(a)} -> {declared_text(b)}")
     if lost.count:
         details.append(f"no longer accepted: {name} in {sizes_text(lost)}")
     if gained.count:

@@ -242,7 +242,9 @@ def test_a_build_keeps_the_declared_range_or_says_why_not(tmp_path):
     assert r.stderr.splitlines()[-1] == (
         "error: the build cannot cover every declared size: seq 1..64 admits only 2 <= seq <= 64, "
         "seq % 2 == 0 (seq % 2 == 0 at tests/data/guards/reshape.py:17: x = x.reshape(B, T // 2, 2 * C)"
-        ".reshape(B, T, C)); change the model at those lines, declare narrower Dims, or accept the "
+        ".reshape(B, T, C)); the model needs seq to be a multiple of 2: declare Dim('seq', 2, 64, multiple_of=2) "
+        "and pad or resize inputs to a multiple of 2 (the loader refuses other sizes with a GuardError that names "
+        "it); change the model at those lines, declare narrower Dims, or accept the "
         "narrower contract with --allow-narrowing (ModelSpec(allow_narrowing=True))"
     )
     r = aotpack("build", str(reshape), "-o", str(tmp_path / "r.tpk"), "--allow-narrowing", "-q")

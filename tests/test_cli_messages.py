@@ -137,6 +137,8 @@ def test_a_narrowing_is_named_once_though_two_programs_meet_it(capsys, tmp_path)
         [
             "error: the build cannot cover every declared size: seq 1..64 admits only 2 <= seq <= 64, "
             "seq % 2 == 0 (seq % 2 == 0 at twice.py:14: x = x.reshape(B, T // 2, 2 * C).reshape(B, T, C)); "
+            "the model needs seq to be a multiple of 2: declare Dim('seq', 2, 64, multiple_of=2) and pad or resize "
+            "inputs to a multiple of 2 (the loader refuses other sizes with a GuardError that names it); "
             "change the model at those lines, declare narrower Dims, or accept the narrower contract with "
             "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         ],

@@ -159,14 +159,25 @@ def export_model(
         module = instantiate_shapes_only(spec) if fast else None
         if module is None:
             fast, module = False, instantiate(spec, weights)
-    sizes = {d.name: min(max(d.example_size, ranges[d.name][0]), ranges[d.name][1]) for d in spec.dims()}
+    sizes = {d.name: example_size(d, ranges[d.name]) for d in spec.dims()}
     examples = example_inputs(spec, sizes)
     by_keyword, constants = call_plan(spec, module)
     constants, bound = split_constants(module, constants)
+    quotients: dict[str, Any] = {}
+
+    def torch_dim(d: Dim):
+        lo, hi = ranges[d.name]
+        m = d.multiple_of
+        if m == 1:
+            return TorchDim.DYNAMIC(min=lo, max=hi)
+        # ``Dim(..., multiple_of=m)``: traced as m * q, so arithmetic modulo m (or a divisor) is exact
+        if d.name not in quotients:
+            quotients[d.name] = TorchDim(f"{d.name}_over_{m}", min=-(-lo // m), max=hi // m)
+        return quotients[d.name] * m
 
     def dims_of(inp):
         return {
-            d: TorchDim.DYNAMIC(min=ranges[s.name][0], max=ranges[s.name][1])
+            d: torch_dim(s)
             for d, s in enumerate(inp.shape)
             if isinstance(s, Dim) and ranges[s.name][0] < ranges[s.name][1]
         } or None
@@ -221,7 +232,7 @@ def export_model(
         raw.append(
             RawGuard(
                 text=_guard_text(g.expr, names, frame, model_path),
-                symbols=tuple(sorted(names[s] for s in g.expr.free_symbols)),
+                symbols=tuple(sorted({dim_of_name(names[s]) for s in g.expr.free_symbols})),
                 file=display_path(frame.filename, model_path) if frame else "<torch>",
                 line=frame.lineno if frame else 0,
                 code=(frame.line or "").strip() if frame else "",
@@ -230,8 +241,13 @@ def export_model(
     dynamic_ranges = {d.name: ranges[d.name] for d in spec.dims() if d.name not in static}
     relaxable = _size_one_guards(ep, names, raw, dynamic_ranges)
     binding = [g for g in raw if g not in relaxable]
-    guards = _guards(spec, static, dynamic_ranges, binding)
-    strict = _guards(spec, static, dynamic_ranges, raw) if relaxable else None
+    multiples = {
+        d.name: (d.multiple_of, declared_multiple(d, model_path))
+        for d in spec.dims()
+        if d.multiple_of > 1 and d.name in dynamic_ranges
+    }
+    guards = _guards(spec, static, dynamic_ranges, binding, multiples)
+    strict = _guards(spec, static, dynamic_ranges, raw, multiples) if relaxable else None
     relaxed = tuple(sorted({g.symbols[0] for g in relaxable}))
     return Exported(
         ep=ep,
@@ -271,11 +287,62 @@ def _size_one_guards(ep, names: dict, raw: list, ranges: dict[str, tuple[int, in
     return out
 
 
-def _guards(spec: ModelSpec, static: dict[str, int], ranges: dict[str, tuple[int, int]], raw: list) -> Guards:
+def example_size(d: Dim, bounds: tuple[int, int]) -> int:
+    """The size ``d`` is traced at within ``bounds`` (a part of its range): its example, moved into
+    them, and onto a multiple of ``multiple_of``."""
+    lo, hi = bounds
+    m = d.multiple_of
+    size = min(max(d.example_size, lo), hi)
+    if size % m:
+        size = size // m * m if size // m * m >= lo else -(-size // m) * m
+    if size == m and 2 * m <= hi:  # a quotient of 1 is one torch would specialize
+        size = 2 * m
+    return size
+
+
+def dim_of_name(name: str) -> str:
+    """The Dim a symbol's name speaks of: ``(height//8)`` (the quotient a ``multiple_of=8`` Dim
+    is traced by) is ``height``."""
+    return name[1:].split("//", 1)[0] if name.startswith("(") else name
+
+
+def declared_multiple(d: Dim, model_path: Path):
+    """``d % m == 0`` as a guard of the model file: the line that declares ``multiple_of`` (the
+    first that names the Dim and ``multiple_of``), or the Dim itself when none is found."""
+    from aot.spec import _dim_text
+    from aot.tracer.guards import RawGuard
+
+    line, code = 0, _dim_text(d)
+    try:
+        for k, text in enumerate(model_path.read_text().splitlines(), 1):
+            if "multiple_of" in text and (f'"{d.name}"' in text or f"'{d.name}'" in text):
+                line, code = k, text.strip()
+                break
+    except (OSError, UnicodeDecodeError):
+        pass
+    return RawGuard(
+        text=f"{d.name} % {d.multiple_of} == 0",
+        symbols=(d.name,),
+        file=display_path(str(model_path), model_path),
+        line=line,
+        code=code,
+    )
+
+
+def _guards(
+    spec: ModelSpec,
+    static: dict[str, int],
+    ranges: dict[str, tuple[int, int]],
+    raw: list,
+    multiples: dict[str, tuple[int, Any]] | None = None,
+) -> Guards:
+    from dataclasses import replace
+
     from aot.tracer.guards import GuardSimplifier
 
-    simplifier = GuardSimplifier(ranges)
+    simplifier = GuardSimplifier(ranges, multiples)
     simplifier.add(raw)
+    declared = {d.name: d.multiple_of for d in spec.dims() if d.multiple_of > 1}
     return Guards(
         inputs=tuple(
             InputGuard(
@@ -289,7 +356,10 @@ def _guards(spec: ModelSpec, static: dict[str, int], ranges: dict[str, tuple[int
             )
             for i in spec.inputs
         ),
-        symbols=simplifier.symbol_guards(),
+        symbols=tuple(
+            replace(g, declared_multiple=declared[g.name]) if g.name in declared else g
+            for g in simplifier.symbol_guards()
+        ),
         relations=simplifier.relation_guards(),
     )
 
@@ -318,6 +388,13 @@ def symbol_names(
         for d, (declared, size) in enumerate(zip(inp.shape, val.shape)):
             if not isinstance(declared, Dim) or declared.name in static:
                 continue
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            m = declared.multiple_of
+            if m > 1 and expr is not None and expr.is_Mul and expr.as_coeff_Mul()[0] == m:
+                root = expr.as_coeff_Mul()[1]
+                if root.is_Symbol:  # traced as m * q: q is the Dim's quotient by m
+                    names.setdefault(root, f"({declared.name}//{m})")
+                    continue
             if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
                 if check:
                     raise TraceError(

@@ -66,7 +66,13 @@ def describe_mask(values: np.ndarray, mask: np.ndarray) -> SetShape | None:
 
 
 class GuardSimplifier:
-    def __init__(self, declared: dict[str, tuple[int, int]]):
+    """``declared``: each symbol's range; ``multiples``: the guard ``v % m == 0`` of each symbol
+    declared ``Dim(..., multiple_of=m)``, which the others are simplified under (a guard that
+    every multiple satisfies, such as Swin's ``height % 2 == 0``, is not listed)."""
+
+    def __init__(
+        self, declared: dict[str, tuple[int, int]], multiples: dict[str, tuple[int, RawGuard]] | None = None
+    ):
         self.declared = declared
         self.values = {
             s: np.arange(lo, hi + 1, dtype=np.int64)
@@ -76,12 +82,17 @@ class GuardSimplifier:
         self.masks = {s: np.ones(v.shape, dtype=bool) for s, v in self.values.items()}
         self.sources: dict[str, list[GuardSource]] = {s: [] for s in declared}
         self.relations: list[Relation] = []
+        self.allowed = {s: np.ones(v.shape, dtype=bool) for s, v in self.values.items()}
+        for sym, (m, g) in (multiples or {}).items():
+            if sym in self.values:
+                self._narrow(sym, self.values[sym] % m == 0, g)
+                self.allowed[sym] = self.masks[sym].copy()
 
     def _source(self, g: RawGuard, text: str) -> GuardSource:
         return GuardSource(text=text, file=g.file, line=g.line, code=g.code)
 
     def _narrow(self, sym: str, mask: np.ndarray, g: RawGuard) -> None:
-        if mask.all():
+        if (mask | ~self.allowed[sym]).all():
             return
         lo, hi = self.declared[sym]
         shape = describe_mask(self.values[sym], mask)

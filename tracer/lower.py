@@ -43,9 +43,10 @@ from aot.schema import (
     Sym,
     SymbolSource,
     SymBool,
+    SymFloat,
     TensorSpec,
 )
-from aot.sympy_text import to_text
+from aot.sympy_text import to_float_text, to_text
 from aot.tracer.sites import float_from_sizes, library_relative, value_dependent_size
 
 # Ops that only assert facts about the tracing run; they carry no computation.
@@ -247,9 +248,15 @@ class Lowering:
             if expr in (sympy.true, sympy.false):
                 return bool(expr)
             return SymBool(to_text(expr, self.names))
-        if isinstance(value, torch.SymFloat):
-            where = _model_line(self.node) if self.node is not None else ""
-            raise TraceError(float_from_sizes(where, "an argument", str(value)))
+        if isinstance(value, torch.SymFloat):  # an interpolation's scale, 4 / (h // 7): per call
+            expr = value.node.expr
+            if expr.is_Number:
+                return float(expr)
+            try:
+                return SymFloat(to_float_text(expr, self.names))
+            except TraceError as e:
+                where = _model_line(self.node) if self.node is not None else ""
+                raise TraceError(float_from_sizes(where, "an argument", str(value), why=str(e))) from None
         return value
 
     def spec_of(self, val: Any, what: str) -> TensorSpec:
@@ -268,7 +275,7 @@ class Lowering:
             if a in self.value_names:
                 return Buf(self.value_names[a])
             val = a.meta.get("val")
-            if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
+            if isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat, int, bool, float)):
                 return self.sym(val)
             raise TraceError(f"graph value {a.name} ({a.op} {a.target}) cannot be an argument in a bundle")
         if isinstance(a, (list, tuple)):
@@ -361,13 +368,9 @@ class Lowering:
             return
         if not isinstance(node.target, torch._ops.OpOverload):
             val = node.meta.get("val")
-            if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):  # size arithmetic and
-                # comparisons: folded into the expressions of the arguments that use them
+            if isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat, int, bool, float)):  # size
+                # arithmetic, comparisons and floats of sizes: folded into the arguments that use them
                 return
-            if isinstance(val, torch.SymFloat):
-                raise TraceError(
-                    float_from_sizes(_model_line(node), f"graph node {node.name} ({node.target})", str(val))
-                )
             raise TraceError(f"graph node {node.name} calls {node.target}, which bundles cannot store")
         name = op_name(node.target)
         name = STANDS_FOR.get(name, name)

@@ -17,6 +17,7 @@ from aot.admissible import admits
 from aot.dtypes import tolerance
 from aot.schema import Bucket, Guards
 from aot.spec import ModelSpec
+from aot.tracer.export import example_size
 
 # Real rows may differ by ``aot.dtypes.tolerance(dtype).rtol`` of the output's scale: a different
 # size can change a library's blocking and hence rounding (a few ulps); padding that leaks differs by O(1).
@@ -66,10 +67,7 @@ def check_padding(spec: ModelSpec, exported: Any, progress=None) -> tuple[Bucket
             continue
         if reason is None:
             n, b = pair
-            base = {
-                d.name: min(max(d.example_size, exported.ranges[d.name][0]), exported.ranges[d.name][1])
-                for d in spec.dims()
-            }
+            base = {d.name: example_size(d, exported.ranges[d.name]) for d in spec.dims()}
             real = example_inputs(spec, {**base, name: n}, seed=spec.seed + 1)
             padded = example_inputs(spec, {**base, name: b}, seed=spec.seed + 2)
             for inp in spec.inputs:

@@ -13,7 +13,7 @@ from aot.admissible import admissible_text
 from aot.errors import SpecError, TraceError
 from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
-from aot.tracer.export import Exported, export_model, region_name
+from aot.tracer.export import Exported, example_size, export_model, region_name
 from aot.tracer.model import binding_note, call_model, call_plan, example_inputs, instantiate, split_constants
 
 # How many programs one build may trace to cover the declared ranges, and how many separate
@@ -28,19 +28,23 @@ def float32_copy_fits(module) -> bool:
     return sum(t.numel() for t in module.state_dict().values()) * 4 <= FLOAT32_COPY_MAX_BYTES
 
 
-def _uncovered(g, lo: int, hi: int) -> list[tuple[int, int]]:
-    """The sizes in ``lo..hi`` that ``g`` does not admit, as maximal intervals."""
+def _uncovered(g, lo: int, hi: int, step: int = 1) -> list[tuple[int, int]]:
+    """The sizes in ``lo..hi`` (multiples of ``step``: a Dim's ``multiple_of``) that ``g`` does not
+    admit, as maximal runs of consecutive such sizes."""
     import numpy as np
 
     if hi - lo >= (1 << 22):
-        return [] if (g.min, g.max) == (lo, hi) and g.modulus == 1 and not g.excluded else [(lo, hi)] * 99
-    v = np.arange(lo, hi + 1, dtype=np.int64)
+        whole = (
+            (g.min, g.max) == (lo, hi) and g.modulus in (1, step) and g.residues == (0,) and not g.excluded
+        )
+        return [] if whole else [(lo, hi)] * 99
+    v = np.arange(-(-lo // step) * step, hi + 1, step, dtype=np.int64)
     ok = (v >= g.min) & (v <= g.max) & np.isin(v % max(g.modulus, 1), g.residues if g.modulus > 1 else (0,))
     ok &= ~np.isin(v, g.excluded)
     bad = v[~ok]
     if bad.size == 0:
         return []
-    breaks = np.nonzero(np.diff(bad) != 1)[0]
+    breaks = np.nonzero(np.diff(bad) != step)[0]
     starts = np.concatenate([[bad[0]], bad[breaks + 1]])
     ends = np.concatenate([bad[breaks], [bad[-1]]])
     return [(int(a), int(b)) for a, b in zip(starts, ends)]
@@ -68,12 +72,13 @@ def export_programs(
     allow = spec.allow_narrowing if allow_narrowing is None else allow_narrowing
     programs: list[Exported] = []
     failures: list[str] = []
+    exhausted: list[str] = []  # regions left when MAX_PROGRAMS were traced
     real = None
 
     def cover(ranges: dict[str, tuple[int, int]]) -> None:
         nonlocal module, real
         if len(programs) >= MAX_PROGRAMS:
-            failures.append(f"{region_name(spec, ranges)}: more than {MAX_PROGRAMS} programs would be needed")
+            exhausted.append(region_name(spec, ranges))
             return
         try:
             ex = export_model(spec, weights, fast, ranges, module=module)
@@ -83,6 +88,26 @@ def export_programs(
             failures.append(f"{region_name(spec, ranges)}: {e}")
             return
         module = ex.module
+        coverage = None  # the guards that say what this trace covers, where a static one replaced it
+        pinned = {
+            g.name: g.min
+            for g in ex.guards.symbols
+            if g.min == g.max and ranges[g.name][0] < ranges[g.name][1]
+        }
+        if pinned:  # the trace fixed these sizes (int(h / 2), a quotient of 1): trace them as static
+            coverage = ex.guards
+            try:
+                ex = export_model(
+                    spec, weights, fast, {**ranges, **{n: (v, v) for n, v in pinned.items()}}, module
+                )
+            except (TraceError, SpecError) as e:
+                failures.append(f"{region_name(spec, ranges)}: {e}")
+                return
+            if not programs and not entry:  # the bundle's first program takes the contract's inputs:
+                # its guards are the dynamic trace's, which admit the fixed sizes alone
+                ex = replace(
+                    ex, guards=coverage, buckets=plan_buckets(spec, coverage), relaxed=(), strict=None
+                )
         ex = replace(ex, entry=entry)
         if ex.relaxed:
             if fast and real is None:  # the check runs the model: it needs real weights
@@ -102,23 +127,27 @@ def export_programs(
         elif note := binding_note(spec, ex.module):
             say(f"  {note}")
         programs.append(ex)
-        symbols = {g.name: g for g in ex.guards.symbols}
+        symbols = {g.name: g for g in (ex.guards if coverage is None else coverage).symbols}
         fixed = dict(ranges)
         for d in spec.dims():
             lo, hi = ranges[d.name]
             if lo == hi:
                 continue
             g = symbols[d.name]
-            parts = _uncovered(g, lo, hi)
+            parts = _uncovered(g, lo, hi, d.multiple_of)
             if len(parts) > MAX_REGIONS:
                 why = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources) or "tracing"
-                failures.append(f"{d.name} {lo}..{hi} admits only {admissible_text(g)} ({why})")
+                failures.append(
+                    f"{d.name} {lo}..{hi} admits only {admissible_text(g)} ({why}){_propose(d, g)}"
+                )
             else:
                 for a, b in parts:
                     cover({**fixed, d.name: (a, b)})
             fixed[d.name] = (g.min, g.max)
 
     cover(dict(ranges) if ranges else {d.name: (d.min, d.max) for d in spec.dims()})
+    if exhausted:
+        failures.append(_too_many(spec, programs[0], exhausted))
     if failures and not allow:
         raise TraceError(
             "the build cannot cover every declared size: "
@@ -127,6 +156,49 @@ def export_programs(
             "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         )
     return programs
+
+
+def _too_many(spec: ModelSpec, general: Exported, regions: list[str]) -> str:
+    """Why the programs ran out: the regions left, and what the general trace admits of each Dim
+    it narrowed, with the model lines (a size made a Python int, ``int(math.ceil(h / 2) * 2)``, is
+    fixed per trace; a window layout chosen by the size modulo a stride splits by residue)."""
+    symbols = {g.name: g for g in general.guards.symbols}
+    narrowed = []
+    for d in spec.dims():
+        g = symbols.get(d.name)
+        lo, hi = general.ranges[d.name]
+        if g is None or not _uncovered(g, lo, hi, d.multiple_of):
+            continue
+        why = "; ".join(f"{s.text} at {s.file}:{s.line}: {s.code}" for s in g.sources) or "tracing"
+        narrowed.append(f"{d.name} {lo}..{hi} admits only {admissible_text(g)} ({why}){_propose(d, g)}")
+    shown = ", ".join(regions[:4]) + (f" and {len(regions) - 4} more" if len(regions) > 4 else "")
+    return (
+        f"more than {MAX_PROGRAMS} programs would be needed ({shown} left); in the general trace, "
+        + (" | ".join(narrowed) if narrowed else "guards split the declared ranges")
+        + "; a size the model turns into a Python number (int(...), math.ceil of a size) is fixed per trace, "
+        "so each size needs a program: declare fewer sizes (Dim(..., multiple_of=m) or narrower ranges)"
+    )
+
+
+def _propose(d: Dim, g) -> str:
+    """What to declare when the sizes a trace admits are the multiples of some ``m`` (and maybe
+    more): ``Dim(name, lo, hi, multiple_of=m)``, one program over the multiples (windows, strided
+    patches), the other sizes refused at load with a ``GuardError`` that names the multiple."""
+    import math
+
+    if g.modulus <= 1 or 0 not in g.residues:
+        return ""
+    m = math.lcm(g.modulus, d.multiple_of)
+    lo, hi = -(-max(d.min, g.min) // m) * m, min(d.max, g.max) // m * m
+    if lo > hi:
+        return ""
+    from aot.spec import _dim_text
+
+    want = replace(d, min=lo, max=hi, multiple_of=m, example=None, buckets=None)
+    return (
+        f"; the model needs {d.name} to be a multiple of {m}: declare {_dim_text(want)} and pad or resize "
+        f"inputs to a multiple of {m} (the loader refuses other sizes with a GuardError that names it)"
+    )
 
 
 def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
@@ -142,7 +214,7 @@ def _check_relaxed(spec: ModelSpec, ex: Exported, module) -> str | None:
 
     by_keyword, constants = call_plan(spec, module)
     constants, _ = split_constants(module, constants)  # the rest are bound inside the trace
-    base = {d.name: min(max(d.example_size, ex.ranges[d.name][0]), ex.ranges[d.name][1]) for d in spec.dims()}
+    base = {d.name: example_size(d, ex.ranges[d.name]) for d in spec.dims()}
     try:  # the size-1 call must reach the graph, not the guard check export wraps around it
         graph = ex.ep.module(check_guards=False)
     except TypeError:  # torch without the option checks input ranges only, which admit 1
@@ -227,6 +299,7 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
             continue
         values = np.arange(d.min, d.max + 1, dtype=np.int64)
         mask = np.zeros(values.shape, dtype=bool)
+        declared = values % d.multiple_of == 0
         for p, g in zip(programs, per):
             if g is None:  # static in that program
                 mask |= values == p.ranges[d.name][0]
@@ -235,7 +308,7 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
                 if g.modulus > 1:
                     m &= np.isin(values % g.modulus, g.residues)
                 mask |= m
-        shape = describe_mask(values, mask)
+        shape = describe_mask(values, mask & declared)
         if shape is None:
             raise TraceError(f"no program admits any size of {d.name}")
         # Every program's guards stay listed: they say why the programs split where they do.
@@ -251,6 +324,7 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
                 residues=shape.residues,
                 excluded=shape.excluded,
                 sources=tuple(sorted(sources, key=lambda s: (s.file, s.line, s.text))),
+                declared_multiple=d.multiple_of if d.multiple_of > 1 else 0,
             )
         )
     declared_inputs = tuple(

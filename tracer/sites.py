@@ -38,7 +38,9 @@ _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
 # What a bundle's shapes may depend on, said where a model makes one depend on tensor values.
 VALUE_SHAPES = (
     "a bundle's shapes follow its inputs' shapes alone: keep the size fixed (a mask or torch.where "
-    "instead of indices, a padded result)"
+    "instead of indices, a padded result), or move this line and what follows it out of the bundle: "
+    "build the model up to the dense tensors it selects from (a detector's boxes and scores before "
+    "NMS) and run the selection in Python on the runner's outputs"
 )
 
 
@@ -53,16 +55,18 @@ def value_dependent_size(symbol: str, where: str = "", code: str = "") -> TraceE
     )
 
 
-def float_from_sizes(where: str, what: str, value: str, code: str = "") -> str:
-    """A float computed from sizes (a position-embedding interpolation's scale, ``h0 / n``): a
-    bundle's size expressions are integer arithmetic the loader evaluates on every call."""
+def float_from_sizes(where: str, what: str, value: str, code: str = "", why: str = "") -> str:
+    """A float computed from sizes that a bundle cannot hold: a guard on one (``h0 / 4 == 1.0``: a
+    bundle's guards are integer arithmetic), or a float function beyond true division and ``+ - *``
+    (``why`` says which). A plain scale (``4 / (h // 7)``) is stored as ``aot.schema.SymFloat``."""
     code = f" ({code})" if code else ""
+    why = f" ({why})" if why else ""
     return (
-        f"{where}a float is computed from input sizes{code}: {what} is {value}, and a bundle stores integer "
-        f"size arithmetic only (+ - * // %, comparisons, min/max), not float scalars of sizes; compute what "
-        f"the float is for as an integer size on that line instead (F.interpolate(x, size=(h // p, w // p)) "
-        f"rather than scale_factor=(h / p / n, w / p / n); a * h // b rather than int(h * (a / b))), or make "
-        f"the dims it reads static in the model file"
+        f"{where}a float is computed from input sizes{code}: {what} is {value}{why}; a bundle stores floats of "
+        f"sizes only as arguments made of true division, + - * and constants, and its guards as integer size "
+        f"arithmetic (+ - * // %, comparisons, min/max); compute what the float is for as an integer size on "
+        f"that line instead (F.interpolate(x, size=(h // p, w // p)) rather than scale_factor=(h / p / n, "
+        f"w / p / n); a * h // b rather than int(h * (a / b))), or make the dims it reads static in the model file"
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from aot.buckets import contract_buckets
 from aot.errors import TraceError
 from aot.schema import Bucket, Program
-from aot.spec import ModelSpec, plan_buckets
+from aot.spec import Dim, ModelSpec, plan_buckets
 from aot.stages import Traced, TracedProgram
 from aot.tracer.export import Exported, export_error, quiet_torch, symbol_names
 from aot.tracer.independence import check_rows
@@ -50,10 +50,12 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
 
 
 def _lower(
-    spec: ModelSpec, exported: Exported, progress=None, constant_suffix: str = ""
+    spec: ModelSpec, exported: Exported, progress=None, constant_suffix: str = "", main: bool = False
 ) -> tuple[Program, dict[str, Any], tuple[Bucket, ...], dict[str, str]]:
     """Decompose one export to core ATen, lower it to a ``Program``, and check its padding; and
-    the model line of each step's result (``Lowering.lines``)."""
+    the model line of each step's result (``Lowering.lines``). ``main``: the bundle's first
+    program, whose inputs are the contract's (every Dim by name) even where this trace fixed a
+    size (MobileViT's ``int(h / 2)``: its own guards say which)."""
     import torch
     import torch.fx.experimental._config as fx_config
     from torch.export import default_decompositions
@@ -86,6 +88,10 @@ def _lower(
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
     declared = {g.name: g.shape for g in exported.guards.inputs}
+    if main:
+        declared = {
+            i.name: tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape) for i in spec.inputs
+        }
     inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
     program = replace(
         program,
@@ -107,7 +113,10 @@ def trace(
     from aot.tracer.lower import tensor_leaves as leaves
 
     exported = export_entry_points(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
-    lowered = [_lower(_entry_spec(spec, ex), ex, progress) for ex in exported]
+    main = not spec.entry_points
+    lowered = [
+        _lower(_entry_spec(spec, ex), ex, progress, main=main and k == 0) for k, ex in enumerate(exported)
+    ]
     weight_tensors = dict(lowered[0][1])
     for k, ex in enumerate(exported[1:], 1):
         w = lowered[k][1]

@@ -37,6 +37,9 @@ PINNED = {
     # a kernel step's outputs written in place into the program's state (Step.in_place: a decode
     # attention kernel appending to its KV cache; omitted when empty)
     (1, 9): "f30a0d159f08d81b7b679bf567654bf9a218c2edecda45a4d1bdceabb1b8d2a3",
+    # with 1.9's: floats computed from sizes as step arguments (SymFloat, an interpolation's scale) and a Dim's
+    # declared multiple (SymbolGuard.declared_multiple, omitted when none)
+    (1, 10): "1a5419ac1c64d53903bfac96c21fbda8e15375182caab3159ea88baff514c983",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

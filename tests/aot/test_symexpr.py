@@ -60,3 +60,20 @@ def test_runtime_errors_are_bundle_errors():
         compile_expr("batch + 1")({})
     with pytest.raises(BundleError, match="overflow"):
         compile_expr("*".join(["1000000000"] * 8))({})
+
+
+def test_float_expressions_evaluate_as_python_does_and_only_where_asked_for():
+    scale = compile_expr("(4)/((height//7))", floats=True)
+    for h in (14, 23, 55):
+        assert scale({"height": h}) == 4 / (h // 7)  # the same double eager computes
+    assert compile_expr("((width + 0.0))/(16) + 0.5", floats=True)({"width": 27}) == 27 / 16 + 0.5
+    with pytest.raises(BundleError, match="forbidden construct"):  # a size is never a float
+        compile_expr("(4)/((height//7))")
+    with pytest.raises(BundleError, match="forbidden construct"):
+        compile_expr("height + 0.5")
+    with pytest.raises(BundleError, match="divides by zero"):
+        compile_expr("1/(h - h)", floats=True)({"h": 3})
+    with pytest.raises(BundleError, match="divides by the constant 0"):
+        compile_expr("h/0.0", floats=True)
+    with pytest.raises(BundleError, match="finite"):
+        compile_expr("h*1e300*1e300", floats=True)

@@ -707,11 +707,10 @@ def test_nan_time_is_refused(built, tmp_path):
 
 
 def test_table_for_a_bundle_without_candidates_is_refused(tmp_path):
-    from aot.verify.tuning_table import write_tuned
-
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
+    from aot.verify.tuning_table import write_tuned
 
     bundle = tmp_path / "plain.tpk"  # for sm_80: no built-in GEMV forms (aot.codegen.gemm_defaults)
     compiled = generate(trace(load_model_file(ROOT / "tests" / "data" / "small_mlp.py")), ("sm_80",))

@@ -1,0 +1,201 @@
+"""Vision models from transformers with height and width declared dynamic, built unmodified and
+compared with eager at the minimum, an odd (admitted) and the maximum size.
+
+- Swin (windows, padding to whole patches and windows, 2x2 patch merging) declares
+  ``multiple_of=8``; declared without it, the build fails naming the multiple, the Dim and the
+  model lines.
+- MobileViT turns its unfolded map size into a Python int (``int(math.ceil(h / 2) * 2)``), which
+  fixes each size per trace: ``multiple_of=32`` leaves one program per admitted size.
+- SegFormer (overlapping strided patch embeddings, spatial-reduction attention) declares
+  ``multiple_of=32``, so no stage's map is odd; its 1x1 last stage at 32 gets its own program.
+- DINOv2 interpolates its position embeddings with a scale computed from the sizes
+  (``4 / (height // 7)``), stored as a float expression and evaluated per call; no multiple.
+
+Tolerance (float32): max |bundle - eager| <= 1e-4 * max(1, max |eager|) per output, as the zoo's
+(``tests/realmodels/test_realmodels.py``): the CPU path runs eager's ATen ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from aot import Dim, Input, ModelSpec
+from aot.errors import TraceError
+from tests.realmodels.conftest import require
+from tests.realmodels.test_realmodels import difference, eager
+from tests.realmodels.zoo import _transformers
+
+pytestmark = pytest.mark.slow  # four transformers vision models, several programs each: minutes
+
+
+def _image(model_cls, config, height: Dim, width: Dim, batch: int = 3, **kwargs):
+    def spec() -> ModelSpec:
+        transformers = _transformers()
+        cfg = getattr(transformers, config[0])(**config[1])
+        return ModelSpec(
+            module=lambda: getattr(transformers, model_cls)(cfg),
+            inputs=[Input("pixel_values", (Dim("batch", 1, batch), 3, height, width))],
+            name=model_cls,
+            kwargs=kwargs,
+        )
+
+    return spec
+
+
+SWIN = (
+    "SwinConfig",
+    dict(
+        image_size=32,
+        patch_size=2,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 2],
+        window_size=2,
+        mlp_ratio=2.0,
+    ),
+)
+CASES = {
+    "swin": (
+        _image("SwinModel", SWIN, Dim("height", 16, 64, multiple_of=8), Dim("width", 16, 64, multiple_of=8)),
+        (
+            {"batch": 1, "height": 16, "width": 16},
+            {"batch": 2, "height": 24, "width": 40},
+            {"batch": 3, "height": 64, "width": 64},
+        ),
+    ),
+    "mobilevit": (
+        _image(
+            "MobileViTModel",
+            (
+                "MobileViTConfig",
+                dict(
+                    image_size=32,
+                    patch_size=2,
+                    hidden_sizes=[16, 16, 16],
+                    neck_hidden_sizes=[8, 8, 16, 16, 16, 24, 32],
+                    num_attention_heads=2,
+                    mlp_ratio=2.0,
+                    expand_ratio=2.0,
+                ),
+            ),
+            Dim("height", 32, 96, multiple_of=32),
+            Dim("width", 32, 64, multiple_of=32),
+        ),
+        (
+            {"batch": 1, "height": 32, "width": 32},
+            {"batch": 2, "height": 96, "width": 32},
+            {"batch": 3, "height": 96, "width": 64},
+        ),
+    ),
+    "segformer": (
+        _image(
+            "SegformerForSemanticSegmentation",
+            (
+                "SegformerConfig",
+                dict(
+                    num_encoder_blocks=4,
+                    depths=[1, 1, 1, 1],
+                    sr_ratios=[8, 4, 2, 1],
+                    hidden_sizes=[8, 16, 24, 32],
+                    patch_sizes=[7, 3, 3, 3],
+                    strides=[4, 2, 2, 2],
+                    num_attention_heads=[1, 1, 2, 2],
+                    mlp_ratios=[2, 2, 2, 2],
+                    decoder_hidden_size=16,
+                    num_labels=3,
+                ),
+            ),
+            Dim("height", 32, 128, multiple_of=32, example=96),
+            Dim("width", 32, 128, multiple_of=32, example=96),
+        ),
+        (
+            {"batch": 1, "height": 32, "width": 32},
+            {"batch": 3, "height": 96, "width": 64},
+            {"batch": 3, "height": 128, "width": 128},
+        ),
+    ),
+    "dinov2": (
+        _image(
+            "Dinov2Model",
+            (
+                "Dinov2Config",
+                dict(
+                    image_size=28,
+                    patch_size=7,
+                    hidden_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=64,
+                ),
+            ),
+            Dim("height", 14, 56),
+            Dim("width", 14, 56),
+        ),
+        (
+            {"batch": 1, "height": 14, "width": 14},
+            {"batch": 2, "height": 23, "width": 41},
+            {"batch": 3, "height": 56, "width": 56},
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_dynamic_image_sizes_match_eager(zoo_build, name):
+    require("transformers")
+    make, sizes = CASES[name]
+    b = zoo_build(f"image-sizes-{name}", make).ok()
+    from aot.tracer import example_inputs
+
+    for s in sizes:
+        inputs = example_inputs(b.spec, s, seed=sum(s.values()))
+        want = eager(b.spec, b.module, inputs)
+        got = b.runner(**inputs)
+        assert (why := difference(got, want)) is None, f"{name} at {s}: {why}"
+    declared = {d.name: d.multiple_of for d in b.spec.dims()}
+    for g in b.runner.manifest.guards.symbols:  # nothing declared is lost, the multiple is recorded
+        assert g.declared_multiple == (declared[g.name] if declared[g.name] > 1 else 0), g
+        assert (g.min, g.max, g.modulus, g.excluded) == (
+            g.declared_min,
+            g.declared_max,
+            declared[g.name],
+            (),
+        ), g
+
+
+def test_dinov2_stores_its_interpolation_scale_as_a_float_of_the_sizes(zoo_build):
+    require("transformers")
+    from aot.schema import SymFloat
+
+    b = zoo_build("image-sizes-dinov2", CASES["dinov2"][0]).ok()
+    steps, floats = list(b.runner.program.steps), []
+    while steps:  # the program's steps and the reference decompositions of its kernels
+        step = steps.pop()
+        steps += step.reference
+        floats += [a.text for a in [*step.args, *step.kwargs.values()] if isinstance(a, SymFloat)]
+    assert any("height//7" in f for f in floats) and any("width//7" in f for f in floats), floats
+
+
+def test_swin_without_the_multiple_fails_naming_it_and_the_model_lines():
+    require("transformers")
+    from aot.tracer import trace
+
+    spec = CASES["swin"][0]()
+    plain = [
+        dataclasses.replace(
+            i, shape=tuple(Dim(s.name, s.min, s.max) if isinstance(s, Dim) else s for s in i.shape)
+        )
+        for i in spec.inputs
+    ]
+    with pytest.raises(TraceError) as e:
+        trace(dataclasses.replace(spec, inputs=plain))
+    msg = str(e.value)
+    assert (
+        "the model needs height to be a multiple of 8: declare Dim('height', 16, 64, multiple_of=8)" in msg
+    ), msg
+    assert (
+        "the model needs width to be a multiple of 8: declare Dim('width', 16, 64, multiple_of=8)" in msg
+    ), msg
+    assert "transformers/models/swin/modeling_swin.py:272: if height % self.patch_size[0] != 0:" in msg, msg
