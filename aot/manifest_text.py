@@ -407,7 +407,7 @@ def program_sets(line: str) -> dict[str, SymbolGuard] | None:
         if rng is None:
             return None
         fake = re.match(
-            r"^(?P<name>\S+) (?P<set>.+) (?P<lo>\S+) (?P<hi>\S+)$",
+            r"^(?P<name>\S+) (?P<set>.+) (?P<lo>\S+) (?P<hi>\S+)(?P<multiple>)$",  # a program's sets declare no multiple
             f"{m['name']} {part} {rng['lo']} {rng['hi']}",
         )
         try:
