@@ -176,9 +176,8 @@ def hostile_values(value: Any) -> list[Any]:
                 out.append(_t(*(shape[:d] + [max(shape[d] * 64, 64)] + shape[d + 1 :]), dtype=value.dtype))
                 out.append(_t(*(shape[:d] + [1] + shape[d + 1 :]), dtype=value.dtype))
         if not value.dtype.is_floating_point:
-            out.append(
-                torch.full(value.shape, HUGE, dtype=value.dtype if value.dtype != torch.bool else torch.int64)
-            )
+            dtype = value.dtype if value.dtype != torch.bool else torch.int64
+            out.append(torch.full(value.shape, min(HUGE, torch.iinfo(dtype).max), dtype=dtype))  # its largest
             out.append(torch.full(value.shape, -(2**31), dtype=torch.int64))
         return out
     if isinstance(value, bool):

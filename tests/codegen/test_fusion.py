@@ -39,7 +39,9 @@ def test_gpt_block_fuses_into_two_kernels_per_layer(built):
     # cuBLASLt epilogue); plus embeddings add + ln_1 of layer 0 (reading the position table in
     # place), the last residual add + ln_f, and the token lookup's gather kernel
     assert len(steps) == 2 * 12 + 2
-    assert len(program.kernels) == 4  # each distinct kernel compiled once
+    # each distinct kernel compiled once (the program also holds the default GEMV forms its tuning
+    # plans launch on sm_90: aot.codegen.gemm_defaults)
+    assert len({s.target for s in steps}) == 4
     assert Counter(s.target for s in steps).most_common(1)[0][1] == 2 * 12 - 1
     fused = Counter(r.target for s in steps for r in s.reference)
     assert fused["aten.native_layer_norm.default"] == 2 * 12 + 1
