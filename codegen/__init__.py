@@ -154,13 +154,18 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
     new_program, cubins = _with_kernels(
         program, graph, groups, standalone, by_id, results, failed, archs, say
     )
+
+    def compiler(what: str) -> Callable[[list[tuple[str, Any]]], tuple[dict, dict[str, str]]]:
+        """A pass's ``compile_kernels``: its kernels for ``archs``, progress said as ``what``."""
+        return lambda todo: compile_kernels(dict(todo), archs, say, what)[:2]
+
     if options.decode_attention:
         from aot.codegen.decode_attention import decode_attention_kernels
 
         new_program, decode_cubins = decode_attention_kernels(
             new_program,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "decode attention kernel")[:2],
+            compiler("decode attention kernel"),
             say,
         )
         cubins.update(decode_cubins)
@@ -170,7 +175,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         new_program,
         ranges,
         archs,
-        lambda todo: compile_kernels(dict(todo), archs, say, "grouped GEMM kernel")[:2],
+        compiler("grouped GEMM kernel"),
         say,
     )
     cubins.update(grouped_cubins)
@@ -181,7 +186,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             new_program,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "cache write kernel")[:2],
+            compiler("cache write kernel"),
             say,
         )
         cubins.update(write_cubins)
@@ -190,7 +195,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         new_program, attention_cubins = cache_attention_kernels(
             new_program,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "cache attention kernel")[:2],
+            compiler("cache attention kernel"),
             say,
         )
         cubins.update(attention_cubins)
@@ -200,7 +205,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             new_program,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "batched matmul kernel")[:2],
+            compiler("batched matmul kernel"),
             say,
         )
         cubins.update(bmm_cubins)
@@ -211,7 +216,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             new_program,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "small GEMM kernel")[:2],
+            compiler("small GEMM kernel"),
             say,
         )
         cubins.update(small_cubins)
@@ -223,7 +228,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             traced.buckets,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "default GEMV kernel")[:2],
+            compiler("default GEMV kernel"),
             say,
             pick=lambda site: default_form(1, site.k, site.dtype),
         )
@@ -237,7 +242,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             traced.buckets,
             ranges,
             archs,
-            lambda todo: compile_kernels(dict(todo), archs, say, "GEMM or attention candidate")[:2],
+            compiler("GEMM or attention candidate"),
             say,
         )
         cubins.update(gemm_cubins)

@@ -14,7 +14,7 @@ The ``bmm`` step is the kernel's reference, what the CPU runs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 
@@ -22,7 +22,7 @@ from aot.codegen import index as ix
 from aot.codegen.cache_writes import Strided, strided_view
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
-from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import tensor_specs
@@ -161,17 +161,10 @@ def bmm_kernels(
     if not sites:
         return program, {}
     rendered = [render_bmm(s, ranges) for s in sites]
-    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
-    todo = dict(zip(ids, rendered))
-    results, failed = compile_kernels(list(todo.items()))
-    for why in failed.values():
-        say(f"  warning: batched matmul kernel failed to compile, the library call stays: {why}")
-    existing = {k.id for k in program.kernels}
-    records = {
-        kid: kernel_record(kid, r, results, archs)
-        for kid, r in todo.items()
-        if kid not in failed and kid not in existing
-    }
+    built = compile_site_kernels(
+        program, rendered, archs, compile_kernels, say, "batched matmul", "the library call stays"
+    )
+    ids, failed = built.ids, built.failed
     steps = list(program.steps)
     done = 0
     for site, kid, r in zip(sites, ids, rendered):
@@ -189,5 +182,4 @@ def bmm_kernels(
         done += 1
     if done:
         say(f"  {done} batched matmuls run as kernels")
-    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
-    return replace(program, steps=tuple(steps), kernels=program.kernels + tuple(records.values())), cubins
+    return built.program_with(program, steps), built.cubins

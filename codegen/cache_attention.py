@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 
@@ -36,7 +36,7 @@ from aot.codegen import index as ix
 from aot.codegen.cache_writes import strided_view
 from aot.codegen.decode_attention import FLOAT_DTYPES, LOG2E, MAX_HEAD_DIM, SDPA, _Program, _sdpa_args
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import RESHAPE_VIEWS, readers_of, tensor_specs
@@ -414,17 +414,10 @@ def cache_attention_kernels(
     if not sites:
         return program, {}
     rendered = [render_cache_attention(s) for s in sites]
-    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
-    todo = dict(zip(ids, rendered))
-    results, failed = compile_kernels(list(todo.items()))
-    for kid, why in failed.items():
-        say(f"  warning: cache attention kernel {todo[kid].name} failed to compile, SDPA stays: {why}")
-    existing = {k.id for k in program.kernels}
-    records = {
-        kid: kernel_record(kid, r, results, archs)
-        for kid, r in todo.items()
-        if kid not in failed and kid not in existing
-    }
+    built = compile_site_kernels(
+        program, rendered, archs, compile_kernels, say, "cache attention", "SDPA stays"
+    )
+    ids, failed = built.ids, built.failed
     at = {s.step: (s, kid, r) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
     steps: list[Step | None] = list(program.steps)
     for i, (site, kid, r) in at.items():
@@ -441,6 +434,4 @@ def cache_attention_kernels(
             steps[j] = None
     if at:
         say(f"  {len(at)} SDPA calls over a KV cache run as cache attention kernels")
-    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
-    kept = tuple(s for s in steps if s is not None)
-    return replace(program, steps=kept, kernels=program.kernels + tuple(records.values())), cubins
+    return built.program_with(program, steps), built.cubins

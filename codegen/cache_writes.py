@@ -20,13 +20,13 @@ reference, what the CPU runs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.render import Rendered, compile_site_kernels
 from aot.dtypes import ITEMSIZE
 from aot.program import VIEW_OPS, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
@@ -181,7 +181,7 @@ class WriteSite:
     index_dtype: str
 
 
-def _write_args(step: Step) -> tuple[Buf, int, Buf, Buf] | None:
+def write_args(step: Step) -> tuple[Buf, int, Buf, Buf] | None:
     """(state, dim, index, values) of a state write with one index tensor along one dim."""
     if step.target == INDEX_COPY and len(step.args) == 4 and not step.kwargs:
         state, dim, index, src = step.args
@@ -210,7 +210,7 @@ def find_write_sites(program: Program) -> list[WriteSite]:
     for i, step in enumerate(program.steps):
         if step.kind != StepKind.ATEN or step.target not in (INDEX_PUT, INDEX_COPY):
             continue
-        parsed = _write_args(step)
+        parsed = write_args(step)
         if parsed is None or len(step.outputs) != 1 or step.outputs[0] is None:
             continue
         target, dim, index, src = parsed
@@ -362,17 +362,10 @@ def cache_write_kernels(
             max_value(ix.numel(tuple(ix.parse_size(d) for d in specs[s.state].shape)), ranges),
         )
         rendered.append(render_cache_write(s, "i64" if biggest >= 2**31 - 1 else "i32"))
-    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
-    todo = dict(zip(ids, rendered))
-    results, failed = compile_kernels(list(todo.items()))
-    for kid, why in failed.items():
-        say(f"  warning: cache write kernel {todo[kid].name} failed to compile, the ATen write stays: {why}")
-    existing = {k.id for k in program.kernels}
-    records = {
-        kid: kernel_record(kid, r, results, archs)
-        for kid, r in todo.items()
-        if kid not in failed and kid not in existing
-    }
+    built = compile_site_kernels(
+        program, rendered, archs, compile_kernels, say, "cache write", "the ATen write stays"
+    )
+    ids, failed = built.ids, built.failed
     at = {s.step: (s, kid, r) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
     steps: list[Step] = []
     for i, step in enumerate(program.steps):
@@ -394,5 +387,4 @@ def cache_write_kernels(
             steps.append(step)
     if at:
         say(f"  {len(at)} KV-cache writes run as kernels")
-    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
-    return replace(program, steps=tuple(steps), kernels=program.kernels + tuple(records.values())), cubins
+    return built.program_with(program, steps), built.cubins

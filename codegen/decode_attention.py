@@ -39,8 +39,9 @@ from typing import Any
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.cache_writes import INDEX_PUT, write_args
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import VIEW_OPS, readers_of, step_reads, step_writes, tensor_specs
@@ -61,8 +62,6 @@ FULL_END = 2**62  # a slice's end at or past this is "to the end"
 LOG2E = 1.4426950408889634
 
 
-INDEX_PUT = "aten.index_put_.default"  # cache[:, :, pos] = new
-INDEX_COPY = "aten.index_copy_.default"  # cache.index_copy_(2, pos, new)
 POSITION_DTYPES = ("int64", "int32")
 
 
@@ -212,21 +211,10 @@ class _Program:
         (``rows``: an ``aot.codegen.flash`` finder of head views of a projection's rows)."""
         i = self.producer.get(name)
         s = self.steps[i] if i is not None else None
-        if s is None or s.kind != StepKind.ATEN or s.kwargs:
+        parsed = write_args(s) if s is not None and s.kind == StepKind.ATEN else None
+        if parsed is None or parsed[1] % 4 != 2:  # one slot index along the cache's slot dim
             return None
-        if s.target == INDEX_PUT and len(s.args) in (3, 4):
-            state, index, new = s.args[:3]
-            if len(s.args) == 4 and s.args[3] is not False:
-                return None  # accumulate=True adds to the slot
-            if not isinstance(index, list) or len(index) != 3 or index[0] is not None or index[1] is not None:
-                return None
-            slot = index[2]
-        elif s.target == INDEX_COPY and len(s.args) == 4 and s.args[1] in (2, -2):
-            state, _, slot, new = s.args
-        else:
-            return None
-        if not (isinstance(state, Buf) and isinstance(new, Buf) and isinstance(slot, Buf)):
-            return None
+        state, _, slot, new = parsed
         pos = slot.name
         pos_spec = self.specs.get(pos)
         if pos_spec is None or pos_spec.shape != ("1",) or pos_spec.dtype not in POSITION_DTYPES:
@@ -633,17 +621,10 @@ def decode_attention_kernels(
     folds = [folded_steps(program, site) for site in sites]
     sites = [site if fold is not None else replace(site, append=None) for site, fold in zip(sites, folds)]
     rendered = [render_decode_attention(s) for s in sites]
-    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
-    todo = dict(zip(ids, rendered))
-    results, failed = compile_kernels(list(todo.items()))
-    for kid, why in failed.items():
-        say(f"  warning: decode attention kernel {todo[kid].name} failed to compile, SDPA stays: {why}")
-    existing = {k.id for k in program.kernels}
-    records = {
-        kid: kernel_record(kid, r, results, archs)
-        for kid, r in todo.items()
-        if kid not in failed and kid not in existing
-    }
+    built = compile_site_kernels(
+        program, rendered, archs, compile_kernels, say, "decode attention", "SDPA stays"
+    )
+    ids, failed = built.ids, built.failed
     at = {
         s.step: (s, fold, kid, r) for s, fold, kid, r in zip(sites, folds, ids, rendered) if kid not in failed
     }
@@ -672,6 +653,4 @@ def decode_attention_kernels(
             f", {appended} of them writing the step's keys and values into the cache too" if appended else ""
         )
         say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels{also}")
-    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
-    kept = tuple(step for step in steps if step is not None)
-    return replace(program, steps=kept, kernels=program.kernels + tuple(records.values())), cubins
+    return built.program_with(program, steps), built.cubins

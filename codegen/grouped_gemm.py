@@ -28,13 +28,13 @@ step by a kernel of its own (the step its reference, what the CPU runs):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import VIEW_OPS, tensor_specs
@@ -339,17 +339,10 @@ def grouped_gemm_kernels(
     if not sites:
         return program, {}
     rendered = [render_grouped_gemm(s, block_m(s, ranges)) for s in sites]
-    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
-    todo = dict(zip(ids, rendered))
-    results, failed = compile_kernels(list(todo.items()))
-    for kid, why in failed.items():
-        say(f"  warning: grouped GEMM kernel {todo[kid].name} failed to compile, _grouped_mm stays: {why}")
-    existing = {k.id for k in program.kernels}
-    records = {
-        kid: kernel_record(kid, r, results, archs)
-        for kid, r in todo.items()
-        if kid not in failed and kid not in existing
-    }
+    built = compile_site_kernels(
+        program, rendered, archs, compile_kernels, say, "grouped GEMM", "_grouped_mm stays"
+    )
+    ids, failed = built.ids, built.failed
     at = {s.step: (kid, r, s) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
     steps: list[Step | None] = list(program.steps)
     for i, (kid, r, site) in at.items():
@@ -368,6 +361,4 @@ def grouped_gemm_kernels(
         )
     if at:
         say(f"  {len(at)} grouped GEMMs of Mixture-of-Experts layers run as grouped GEMM kernels")
-    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
-    kept = tuple(s for s in steps if s is not None)
-    return replace(program, steps=kept, kernels=program.kernels + tuple(records.values())), cubins
+    return built.program_with(program, steps), built.cubins

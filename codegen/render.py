@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,7 +45,7 @@ from aot.codegen.launch import (
 from aot.codegen.valuegraph import Builder, NotFusible, Unsupported, walk
 from aot.dtypes import ITEMSIZE
 from aot.layout import is_row_major
-from aot.schema import Buf, Kernel, KernelParam, Step, StepKind, TensorSpec
+from aot.schema import Buf, Kernel, KernelParam, Program, Step, StepKind, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,50 @@ def kernel_record(kernel_id: str, r: Rendered, results: dict, archs: tuple[str, 
         scratch_params=ptx_params - len(r.params),
         dependent_launch=tuple(a for a in archs if results[(kernel_id, a)].meta["dependent_launch"]),
     )
+
+
+@dataclass(frozen=True)
+class SiteKernels:
+    """A pass's kernels for its sites, compiled (``compile_site_kernels``): each site's kernel id
+    (in the order given), the ids that failed to compile, the new kernels' records and cubins."""
+
+    ids: list[str]
+    failed: dict[str, str]
+    records: dict[str, Kernel]
+    cubins: dict[tuple[str, str], bytes]
+
+    def program_with(self, program: Program, steps: list[Step | None]) -> Program:
+        """``program`` with ``steps`` (None: a step folded into a kernel's reference) and the new
+        kernels."""
+        kept = tuple(s for s in steps if s is not None)
+        return replace(program, steps=kept, kernels=program.kernels + tuple(self.records.values()))
+
+
+def compile_site_kernels(
+    program: Program,
+    rendered: list[Rendered],
+    archs: tuple[str, ...],
+    compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
+    say: Callable[[str], None],
+    what: str,
+    stays: str,
+) -> SiteKernels:
+    """Compile one kernel per site (identical kernels once); a kernel that fails is said (``what``
+    kernel NAME failed to compile, ``stays``) and its sites keep their steps; a kernel the
+    program already has gets no second record."""
+    ids = [kernel_id(r.source, r.signature, r.config) for r in rendered]
+    todo = dict(zip(ids, rendered))
+    results, failed = compile_kernels(list(todo.items()))
+    for kid, why in failed.items():
+        say(f"  warning: {what} kernel {todo[kid].name} failed to compile, {stays}: {why}")
+    existing = {k.id for k in program.kernels}
+    records = {
+        kid: kernel_record(kid, r, results, archs)
+        for kid, r in todo.items()
+        if kid not in failed and kid not in existing
+    }
+    cubins = {(kid, a): results[(kid, a)].cubin for kid in records for a in archs}
+    return SiteKernels(ids, failed, records, cubins)
 
 
 def render_kernel(
