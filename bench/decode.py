@@ -45,7 +45,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import synchronize  # noqa: E402  (the bench's own helpers, beside this file)
 
 SYSTEMS = ("aotpack", "aotpack-tuned", "hf_static_compile", "hf_eager")
-# also: "aotpack-sdpa", the default build with its decode attention left to the library (SDPA)
+# also: "aotpack-sdpa", the default build with its decode attention left to the library (SDPA),
+# and "aotpack-nopdl", the default build with programmatic dependent launch off (every kernel
+# launched when the one before has ended)
+NO_EARLY_LAUNCH = {"aotpack-nopdl": {"AOTPACK_DEPENDENT_LAUNCH": "0"}}
 MODELS = ("gpt2", "llama", "llama-3.2-1b")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
@@ -444,12 +447,17 @@ def build_bundles(
     traced = trace(spec)
     print(f"traced {model} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     paths = {}
+    if "aotpack-nopdl" in wanted and "aotpack" not in wanted:
+        wanted.append("aotpack")
     if "aotpack" in wanted:
         start = time.perf_counter()
         paths["aotpack"] = out / f"{stem}.tpk"
         # split weights: a bundle over 2 GiB of weights (llama-3.2-1b) as one zip member does not load
         pack(generate(traced, archs, progress=say), paths["aotpack"], split_weights=True)
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+        paths["aotpack-nopdl"] = paths[
+            "aotpack"
+        ]  # the same bundle, every kernel launched after the one before
     if "aotpack-sdpa" in wanted:
         start = time.perf_counter()
         paths["aotpack-sdpa"] = out / f"{stem}-sdpa.tpk"
@@ -600,7 +608,7 @@ def main() -> None:
                     cmd,
                     capture_output=True,
                     text=True,
-                    env={**os.environ, "PYTHONPATH": path},
+                    env={**os.environ, "PYTHONPATH": path, **NO_EARLY_LAUNCH.get(system, {})},
                     timeout=args.timeout,
                 )
                 stdout, stderr = done.stdout, done.stderr

@@ -48,6 +48,8 @@ for item in "$@"; do
     runtime) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py) ;;
     gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
+    # nopdl-MODEL: decode-MODEL with dependent launch off (AOTPACK_DEPENDENT_LAUNCH=0), the same bundles
+    nopdl-*) cmd=(env AOTPACK_DEPENDENT_LAUNCH=0 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#nopdl-}" --out "$RES/decode-nopdl-${step#nopdl-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     # run-MODELS (comma-separated): bench/run.py builds what .bundles lacks here (real models always)
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
@@ -55,6 +57,8 @@ for item in "$@"; do
     # GEMM tile shapes against cuBLAS at 128 rows with cold weights, and a forward's GEMMs in one
     # graph with and without dependent launch (bench/gemm_sweep.py)
     # greedy decoding's argmax at wide vocabularies (bench/argmax_sweep.py)
+    gemv) cmd=(python3 bench/gemv_sweep.py --chain --json "$RES/gemv-sweep.json") ;;
+    gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
     argmax) cmd=(python3 bench/argmax_sweep.py --json "$RES/argmax.json") ;;
     sweep) cmd=(python3 bench/gemm_sweep.py --rows 128 --json "$RES/gemm-sweep.json") ;;
     chain) cmd=(python3 bench/gemm_sweep.py --rows 128 --chain --json "$RES/gemm-chain.json") ;;

@@ -50,9 +50,10 @@ MODELS = {
 
 @triton.jit
 def _gemv(a_ptr, w_ptr, o_ptr, N, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-          SPLIT: tl.constexpr, GDC: tl.constexpr):  # fmt: skip
+          SPLIT: tl.constexpr, GDC: tl.constexpr, LATE: tl.constexpr = False):  # fmt: skip
     """R rows of W per block, K in SPLIT slices (atomics into fp32 when SPLIT > 1), every K step
-    unrolled and its W tile loaded before the wait (GDC: dependent launch)."""
+    unrolled and its W tile loaded before the wait (GDC: dependent launch; LATE: the kernel after
+    may start once every block stored, not once every block waited)."""
     rn = tl.program_id(0) * R + tl.arange(0, R)
     mask_n = rn < N
     KS: tl.constexpr = K // SPLIT
@@ -68,7 +69,8 @@ def _gemv(a_ptr, w_ptr, o_ptr, N, K: tl.constexpr, R: tl.constexpr, BK: tl.const
         )
         if GDC and i == 0:
             tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+            if not LATE:
+                tl.extra.cuda.gdc_launch_dependents()
         a = tl.load(a_ptr + rk, mask=mask_k, other=0.0)
         part += w.to(tl.float32) * a.to(tl.float32)[None, :]
     acc = tl.sum(part, axis=1)
@@ -76,6 +78,8 @@ def _gemv(a_ptr, w_ptr, o_ptr, N, K: tl.constexpr, R: tl.constexpr, BK: tl.const
         tl.store(o_ptr + rn, acc.to(o_ptr.dtype.element_ty), mask=mask_n)
     else:
         tl.atomic_add(o_ptr + rn, acc, mask=mask_n, sem="relaxed")
+    if GDC and LATE:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -127,12 +131,24 @@ def forms(k: int):
         yield {"rows": r, "block_k": bk, "warps": warps, "split": split}
 
 
+def table_form(k: int) -> dict:
+    """The default build's one-row form at ``k`` (``aot.codegen.gemm_defaults.default_form``)."""
+    if k <= 1024:
+        return {"rows": 2, "block_k": 512, "warps": 4, "split": 1}
+    if k >= 4096:
+        return {"rows": 1, "block_k": 1024, "warps": 8, "split": 1}
+    return {"rows": 1, "block_k": 2048 if k % 2048 == 0 else 512, "warps": 4, "split": 1}
+
+
 def launcher(form, a, w, out, n, k, pdl=False):
+    """``pdl``: False, True (the kernel after may start once every block waited) or "late" (once
+    every block stored)."""
     grid = (triton.cdiv(n, form["rows"]), form["split"])
     kw = {"num_warps": form["warps"], "num_stages": 1}
     if pdl:
         kw["launch_pdl"] = True
-    return lambda: _gemv[grid](a, w, out, n, k, form["rows"], form["block_k"], form["split"], pdl, **kw)
+    gdc, late = bool(pdl), pdl == "late"
+    return lambda: _gemv[grid](a, w, out, n, k, form["rows"], form["block_k"], form["split"], gdc, late, **kw)
 
 
 def compile_ahead(todo, a, w, out, n, k):
@@ -208,25 +224,22 @@ def sweep_shape(name: str, n: int, k: int, dtype, l2: int) -> dict:
     return row
 
 
-def chain(model: str, best: dict, dtype, pdl: bool | None) -> float:
-    """µs of one decode step's GEMVs (pdl None: cuBLAS) in one graph."""
+def chain(model: str, best: dict, dtype, pdl) -> float:
+    """µs of one decode step's GEMVs in one graph. ``pdl``: None (cuBLAS), False, True, "late"
+    (``launcher``'s), or a policy ``(blocks, blocks of the kernel before) -> bool`` deciding per
+    kernel whether it launches early."""
     spec = MODELS[model]
-    runs = []
-    keep = []
-    a_by_k = {}
-    for _layer in range(spec["layers"]):
-        for site, n, k in spec["sites"]:
-            w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
-            a = a_by_k.setdefault(k, torch.randn(k, device="cuda", dtype=dtype))
-            o = torch.empty(n, device="cuda", dtype=dtype)
-            keep += [w, o]
-            runs.append(_one(best, site, n, k, a, w, o, pdl))
-    site, n, k = spec["head"]
-    w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
-    a = a_by_k.setdefault(k, torch.randn(k, device="cuda", dtype=dtype))
-    o = torch.empty(n, device="cuda", dtype=dtype)
-    keep += [w, o]
-    runs.append(_one(best, site, n, k, a, w, o, pdl))
+    sites = [*spec["sites"]] * spec["layers"] + [spec["head"]]
+    runs, keep, a_by_k, before = [], [], {}, 0
+    for site, n, k in sites:
+        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+        a = a_by_k.setdefault(k, torch.randn(k, device="cuda", dtype=dtype))
+        o = torch.empty(n, device="cuda", dtype=dtype)
+        keep += [w, o]
+        blocks = -(-n // best[site + "/unsplit"]["rows"])
+        early = pdl(blocks, before) if callable(pdl) else pdl
+        runs.append(_one(best, site, n, k, a, w, o, early))
+        before = blocks
     us = graph_us(runs, 1)
     del keep
     torch.cuda.empty_cache()
@@ -242,11 +255,25 @@ def _one(best, site, n, k, a, w, o, pdl):
     return launcher(form, a, w, o, n, k, pdl=pdl)
 
 
+def policies() -> dict:
+    """Dependent-launch policies the chain tries: early launch only for kernels of at most T
+    blocks, only after kernels of at most T blocks, or both."""
+    out = {}
+    for t in (1056, 2112, 4224):
+        out[f"self_le_{t}"] = lambda b, p, t=t: b <= t
+        out[f"prev_le_{t}"] = lambda b, p, t=t: p <= t
+        out[f"both_le_{t}"] = lambda b, p, t=t: b <= t and p <= t
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", action="append", choices=sorted(MODELS), help="models (default: all)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--chain", action="store_true", help="also time each model's decode GEMVs in one graph")
+    p.add_argument(
+        "--chain-only", action="store_true", help="--chain with the default table's forms, no sweep"
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -269,6 +296,9 @@ def main() -> int:
         spec = MODELS[model]
         best = {}
         for site, n, k in [*spec["sites"], spec["head"]]:
+            if args.chain_only:
+                best[site] = best[site + "/unsplit"] = table_form(k)
+                continue
             if (n, k) not in done:
                 row = sweep_shape(site, n, k, dtype, l2)
                 row["model"] = model
@@ -284,13 +314,21 @@ def main() -> int:
             timed = sorted((f for f in row["forms"] if "us" in f), key=lambda f: f["us"])
             best[site] = timed[0]
             best[site + "/unsplit"] = next(f for f in timed if f["split"] == 1)
-        if args.chain:
+        if args.chain or args.chain_only:
             entry = {"model": model, "cublas_us": chain(model, best, dtype, None)}
             entry["triton_us"] = chain(model, best, dtype, False)
-            try:
-                entry["triton_pdl_us"] = chain(model, best, dtype, True)
-            except Exception as e:
-                entry["triton_pdl_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            for key, pdl in (("triton_pdl_us", True), ("triton_pdl_late_us", "late")):
+                try:
+                    entry[key] = chain(model, best, dtype, pdl)
+                except Exception as e:
+                    entry[key.replace("_us", "_error")] = f"{type(e).__name__}: {str(e)[:200]}"
+            if args.chain_only:
+                for name, policy in policies().items():
+                    entry[f"triton_pdl_{name}_us"] = chain(model, best, dtype, policy)
+                two = {s: (f if f["block_k"] < 1024 else {"rows": 2, "block_k": 1024, "warps": 2, "split": 1})
+                       for s, f in best.items()}  # fmt: skip
+                entry["two_rows_us"] = chain(model, two, dtype, False)
+                entry["two_rows_pdl_us"] = chain(model, two, dtype, True)
             entry["forms"] = {s: f for s, f in best.items() if "/" not in s}
             result["chains"].append(entry)
             print(

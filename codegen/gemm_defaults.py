@@ -10,17 +10,30 @@ time anything, so it takes the forms tune took where the measurements agree:
   (library → form): q/k/v 2048 → 3072 7.9 → 7.5 (``vec_1x4x1024``), o 2048 → 2048 7.2 → 6.2
   (``vec_1x4x1024``), down 8192 → 2048 17.9 → 17.3 (``vec_1x8x512``), the LM head 2048 → 128256
   133 → 126 (``vec_1x4x1024``), gate/up 2048 → 16384 24.5 either way; the whole decode step with
-  the forms 1027 µs against 1146 with the library (kernels launched early under programmatic
-  dependent launch, which cuBLAS does not do);
+  the forms 1027 µs against 1146 with the library (kernels launched early under
+  programmatic dependent launch, which cuBLAS does not do); those two forms, of 4 and 8 rows per
+  block, are replaced by the four below;
 - on the same GPU, tune chose ``vec_*`` or their split-K forms at every one-row site of the
-  example GPT and MLP (fp16, K 768-3072).
+  example GPT and MLP (fp16, K 768-3072);
+- on the same GPU (``bench/gemv_sweep.py``, ``bench/results/gemv-sweep-h200-2026-11-28.json``:
+  every one-row form of 1-16 rows of W per block, K steps of 256-2048, 2-8 warps and 1-4 K slices,
+  each launch reading its own copy of W, bfloat16), µs per GEMV alone, ``vec_1x4x1024`` → the
+  form below → the best of the sweep: Llama-3.2-1B q/k/v 6.14 → 5.31 → 5.26, gate/up 20.5 → 18.7
+  → 18.3, down (K 8192) 12.1 → 11.6 → 10.4, the LM head 126.9 → 118.7 → 118.3 (4.44 TB/s);
+  GPT-2 (K 768) q/k/v 3.15 (``vec_1x8x512``) → 3.05 → 3.04, mlp out (K 3072) 4.29 → 3.31 (the
+  best). Chained as a decode step runs them (``gemv-chain-h200-2026-11-28.json``: every layer its
+  own weights, one graph), Llama-3.2-1B's GEMVs take 666 µs with these forms under dependent
+  launch, 705 without; one row per block (each GEMV's fastest alone) 694 without and 794 with
+  (a kernel of that many blocks launched early slows the one before); cuBLAS 853. GPT-2's: 149,
+  cuBLAS 259.
 
-So: a half-precision GEMM site at a bucket of one row runs ``vec_1x8x512`` where K is at least
-``LONG_K`` and ``vec_1x4x1024`` below it; every other site and bucket keeps the library. The
-table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a GPU of its
-arch), and only those forms are compiled, so a build takes a few kernels more, not the whole
-candidate set. ``aotpack tune`` on the user's GPU replaces the table (with ``--gemm-candidates``
-builds it searches every form).
+So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where K is at most
+``SHORT_K``, ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
+out), ``vec_1x2x1024`` otherwise; every other site and bucket keeps the library. The table is
+recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a GPU of its arch), and
+only those forms are compiled, so a build takes a few kernels more, not the whole candidate set.
+``aotpack tune`` on the user's GPU replaces the table (with ``--gemm-candidates`` builds it
+searches every form).
 """
 
 from __future__ import annotations
@@ -33,7 +46,8 @@ from aot.tuning import GEMM_SITE, TUNING_FORMAT
 DEFAULT_ARCH = "sm_90"
 DEVICE = "built-in table (aotpack's measurements on an NVIDIA H200)"
 HALF = ("float16", "bfloat16")
-LONG_K = 4096  # from here on, blocks of 8 rows x 512 columns of W (fewer, longer loads per row)
+SHORT_K = 1024  # up to here, blocks of 2 rows x 512 columns of W
+LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps of 512
 
 
 def default_form(rows: int, k: int, dtype: str) -> str | None:
@@ -41,10 +55,14 @@ def default_form(rows: int, k: int, dtype: str) -> str | None:
     ``DEFAULT_ARCH``; None: the library."""
     if rows != 1 or dtype not in HALF:
         return None
-    return "vec_1x8x512" if k >= LONG_K else "vec_1x4x1024"
+    if k <= SHORT_K:
+        return "vec_1x2x512"
+    if k < LONG_K and k % 2048:
+        return "vec_1x1x512"
+    return "vec_1x2x1024"
 
 
-FORMS = ("vec_1x4x1024", "vec_1x8x512")  # every form ``default_form`` names
+FORMS = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # every form ``default_form`` names
 
 
 def default_table(programs: Sequence[Program]) -> TuningTable | None:

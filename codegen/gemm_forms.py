@@ -40,8 +40,16 @@ CONFIGS: tuple[TileConfig, ...] = (
     # One row (decode, batch 1) without tensor cores: each block multiplies a few whole rows of W
     # by A's row and sums along K, so a block's loads are wide and contiguous and there are enough
     # blocks (about four per SM) to keep HBM busy; a BLOCK_M = 16 tile wastes 15/16 of its dot.
-    TileConfig("vec_1x8x512", 1, 8, 512, num_warps=4, num_stages=2, max_m=1, dot=False),
-    TileConfig("vec_1x4x1024", 1, 4, 1024, num_warps=4, num_stages=2, max_m=1, dot=False),
+    # Two rows of W per block (one where K is short of a whole step), K in steps of 512-1024: on
+    # an H200 with cold weights (bench/gemv_sweep.py, bench/results/gemv-sweep-h200-2026-11-28.json)
+    # within 1-7% of the fastest of 60-132 forms at every decode GEMV of GPT-2, a 0.58B Llama and
+    # Llama-3.2-1B alone, and the fastest in a decode step's chain of them under dependent launch
+    # (gemv-chain-h200-2026-11-28.json: Llama-3.2-1B 666 µs; one row per block 794, its blocks too
+    # many to launch early; cuBLAS 853). The forms of 4 and 8 rows per block they replace were
+    # 5-16% slower at every site alone.
+    TileConfig("vec_1x2x512", 1, 2, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
+    TileConfig("vec_1x1x512", 1, 1, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
+    TileConfig("vec_1x2x1024", 1, 2, 1024, num_warps=2, num_stages=1, max_m=1, dot=False),
     TileConfig(
         "splitk_1x8x512",
         1,

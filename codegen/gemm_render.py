@@ -36,6 +36,19 @@ def _grid_rows(m: str, block: int) -> str:
     return f"({ix.size_text(ix.parse_size(m))} + {block - 1})//{block}"
 
 
+def _grid(site: Site, cfg: TileConfig, *more: str) -> tuple[str, ...]:
+    """The launch grid: (row blocks, column blocks, ``more``), or for the dot-free forms (one or
+    two columns of C per block: a vocabulary's 128K blocks) the column blocks first, since a
+    grid's first dimension may hold 2**31 - 1 blocks and the others only 65,535."""
+    rows, cols = _grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n))
+    return (rows, cols, *more) if cfg.dot else (cols, rows, *more)
+
+
+def _axes(cfg: TileConfig) -> tuple[int, int]:
+    """The grid axes of (row blocks, column blocks): see ``_grid``."""
+    return (0, 1) if cfg.dot else (1, 0)
+
+
 def render_candidates(
     site: Site,
     buffers: dict[str, TensorSpec],
@@ -144,11 +157,12 @@ def _doc(site: Site, cfg: TileConfig, kind: str, grid: tuple[str, ...]) -> list[
     ]
 
 
-def _indices(site: Site, index: str) -> list[str]:
+def _indices(site: Site, cfg: TileConfig, index: str) -> list[str]:
     cast = ".to(tl.int64)" if index == "i64" else ""
+    m_axis, n_axis = _axes(cfg)
     return [
-        f"rm = tl.program_id(0){cast} * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"rn = tl.program_id(1){cast} * BLOCK_N + tl.arange(0, BLOCK_N)",
+        f"rm = tl.program_id({m_axis}){cast} * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"rn = tl.program_id({n_axis}){cast} * BLOCK_N + tl.arange(0, BLOCK_N)",
         "mask_m = rm < M",
         f"mask_n = rn < {site.n}",
         "mask = mask_m[:, None] & mask_n[None, :]",
@@ -434,10 +448,10 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 
 
 def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
-    grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)))
+    grid = _grid(site, cfg)
     early, body = _opening(site, cfg, index, "0", site.k)
     if site.prologue is not None:
-        body += _prologue_stats(site, "(tl.program_id(1) == 0)")
+        body += _prologue_stats(site, f"(tl.program_id({_axes(cfg)[1]}) == 0)")
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
     params, signature, args = _params(site, ep, index, None, "fused")
     outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
@@ -450,7 +464,7 @@ def _opening(
 ) -> tuple[list[str], list[str]]:
     """(lines before the wait for the kernel before, the body's first lines): the block's indices
     (and K slice, ``sliced``), and for the dot-free form its rows of W, go before the wait."""
-    opening = _indices(site, index)
+    opening = _indices(site, cfg, index)
     if sliced:
         opening.append(f"ks = tl.program_id(2){'.to(tl.int64)' if index == 'i64' else ''}")
     if cfg.dot:
@@ -462,7 +476,7 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
     s, g = cfg.split_k, len(site.weights)
     per_slice = -(-site.k // s)
     chunk = -(-per_slice // cfg.block_k) * cfg.block_k  # K per slice, a multiple of BLOCK_K
-    grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)), str(s))
+    grid = _grid(site, cfg, str(s))
     early, body = _opening(site, cfg, index, f"ks * {chunk}", chunk, sliced=True)
     body += _k_loop(site, cfg, f"ks * {chunk}", chunk, index)
     body.append("# each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order")
@@ -479,8 +493,8 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
 
 def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: str) -> Rendered:
     s, g = cfg.split_k, len(site.weights)
-    grid = (_grid_rows(site.m, cfg.block_m), str(-(-site.n // cfg.block_n)))
-    body = _indices(site, index)
+    grid = _grid(site, cfg)
+    body = _indices(site, cfg, index)
     body += [f"acc{gi} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for gi in range(g)]
     body.append(f"for ks in tl.static_range({s}):  # fixed order: the same bits on every run")
     for gi in range(g):

@@ -61,6 +61,7 @@ from aot.schema import (
 from aot.symexpr import Expr, compile_expr
 
 ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
+MAX_GRID = (2**31 - 1, 65535, 65535)  # blocks a launch may have along x, y, z (every CUDA GPU)
 # Outputs of at least this many bytes per bucket are computed after the graph, into memory the
 # caller owns, rather than copied out of the graph's (module docstring). Below it, one more eager
 # launch per call costs more host time than the copy costs the GPU.
@@ -217,6 +218,11 @@ class KernelCall:
         grid = (self.grid[0](sizes), self.grid[1](sizes), self.grid[2](sizes))
         if min(grid) <= 0:
             return
+        if grid[0] > MAX_GRID[0] or grid[1] > MAX_GRID[1] or grid[2] > MAX_GRID[2]:
+            raise EnvError(
+                f"kernel {self.name} at {dict(sizes)}: grid {grid} exceeds CUDA's {MAX_GRID}; "
+                "rebuild the bundle with smaller declared maxima, or report the model"
+            )
         params, storage = pack_params(values)
         self.fn.launch(grid, stream, params)
         del storage

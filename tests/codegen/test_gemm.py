@@ -25,11 +25,30 @@ ARCHS = ("sm_90",)
 ROWS = (1, 16, 37)
 
 
-def _all_configs():
-    """Every config eligible at every bucket, so each form is built and checked in the tests."""
+# The forms the default run builds for each small model and checks in the interpreter: one of each
+# family (one-row, one-row split-K, skinny, skinny split-K, tiles of 16, 64 and 128 rows, split-K
+# tiles). The slow tests build and check every form: on models/mlp.py's shapes
+# (test_mlp_sized_candidates_match_in_the_interpreter) and with the LayerNorm prologue
+# (test_every_form_takes_the_prologue).
+FAMILIES = (
+    "vec_1x2x512",
+    "vec_1x2x1024",
+    "splitk_1x8x512",
+    "gemv_16x16x256",
+    "splitk_16x16x256",
+    "tile_16x64x128",
+    "tile_64x64x128",
+    "tile_128x128x32",
+    "splitk_16x64x128",
+)
+
+
+def _all_configs(every: bool = False):
+    """The configs of ``FAMILIES`` (``every``: every config), eligible at every bucket, so each
+    form is built and checked in the tests."""
     from aot.codegen import gemm_forms
 
-    return tuple(replace(c, min_m=1, max_m=1 << 62) for c in gemm_forms.CONFIGS)
+    return tuple(replace(c, min_m=1, max_m=1 << 62) for c in gemm_forms.CONFIGS if every or c.name in FAMILIES)
 
 
 def _build(path: Path, out: Path, gemm_candidates: bool = True, stack_siblings: bool = True):
@@ -109,9 +128,9 @@ def test_weights_stored_k_by_n_are_sites_read_as_stored(built):
 def test_sites_and_epilogues_found(built):
     alts = {n: built[n][0].program.alternatives for n in built}
     kinds = {n: [len(s.candidates) for s in a] for n, a in alts.items()}
-    # mlp: up + GELU epilogue (2 one-row GEMVs + 2 skinny + 5 tiles), down + bias + residual (the
-    # same + split-K at K = 1024; the narrow split-K forms need K >= 2048)
-    assert kinds["gemm_mlp"] == [9, 10] and kinds["gemm_mlp32"] == [9, 10]
+    # mlp: up + GELU epilogue (2 one-row GEMVs + 1 skinny + 3 tiles of FAMILIES), down + bias +
+    # residual (the same + split-K at K = 1024; the narrow split-K forms need K >= 2048)
+    assert kinds["gemm_mlp"] == [6, 7] and kinds["gemm_mlp32"] == [6, 7]
     up, down = alts["gemm_mlp"]
     program = built["gemm_mlp"][0].program
     assert [program.steps[i].target for i in up.library][-2:] == [
@@ -156,11 +175,11 @@ def test_sites_and_epilogues_found(built):
     assert "prologue" not in kernels[plain.steps[-1].target].source
     # only skinny, unsplit blocks with long K steps get the prologue form
     assert [n for n in forms if n.endswith("_ln")] == [
-        "vec_1x8x512_ln",
-        "vec_1x4x1024_ln",
+        "vec_1x2x512_ln",
+        "vec_1x2x1024_ln",
         "gemv_16x16x256_ln",
     ]
-    assert "tl.dot" not in kernels[forms["vec_1x8x512_ln"].steps[-1].target].source
+    assert "tl.dot" not in kernels[forms["vec_1x2x1024_ln"].steps[-1].target].source
 
 
 @pytest.mark.parametrize("interpreted", SIZE_TIERS, indirect=True)
@@ -742,6 +761,33 @@ def test_tune_refuses_without_a_gpu(built):
     assert proc.stderr.strip().splitlines() == ["error: aotpack tune needs a CUDA GPU; torch sees none"]
 
 
+@pytest.mark.slow
+def test_every_form_takes_the_prologue(tmp_path):
+    """gemm_ln built with every form (the default run builds FAMILIES): each candidate, the
+    LayerNorm-prologue forms among them, matches its reference at one row and at 16."""
+    from aot.codegen import gemm_render
+    from aot.verify.interpret import interpret_in_subprocess
+
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = _all_configs(every=True)
+    try:
+        compiled = _build(MODELS / "gemm_ln.py", tmp_path / "ln.tpk")
+    finally:
+        gemm_render.CONFIGS = saved
+    names = {c.name for s in compiled.program.alternatives for c in s.candidates}
+    assert {c.name for c in _all_configs(every=True) if not c.dot} - {n.removesuffix("_ln") for n in names} <= {
+        "splitk_1x8x512"  # K of gemm_ln is below the one-row split-K's minimum
+    }
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "ln.tpk", MODELS / "gemm_ln.py", [{"batch": 1}, {"batch": 16}], None, True)],
+        timeout=HANG_GUARD_S,
+    )
+    n_cands = sum(len(s.candidates) for s in compiled.program.alternatives)
+    for sizes, comparisons in result.items():
+        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == n_cands, sizes
+        assert all(c.ok for c in comparisons), [c for c in comparisons if not c.ok][:3]
+
+
 # ---------------------------------------------------------------------------------------------
 # The big shape
 
@@ -756,7 +802,7 @@ def test_tune_refuses_without_a_gpu(built):
         # the one-row forms at the bucket they are built for: in the interpreter each row of a
         # larger M is a grid program of its own (37 x 1024 for the up projection); every row count
         # is checked on the small models above
-        ("one-row", (1,), 5),
+        ("one-row", (1,), 7),
     ],
 )
 def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, expected):
@@ -774,7 +820,7 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
         .replace("(batch, 64)", "(batch, 1024)")
     )
     saved = gemm_render.CONFIGS
-    gemm_render.CONFIGS = tuple(c for c in _all_configs() if c.dot == (forms == "dot"))
+    gemm_render.CONFIGS = tuple(c for c in _all_configs(every=True) if c.dot == (forms == "dot"))
     try:
         _build(model, tmp_path / "big.tpk")
     finally:
@@ -799,7 +845,7 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
     ]
     assert info["tuning"] is None
     text = summary_text(m, info)
-    assert "GEMM candidates: 19 for 2 sites (20 kernels); untuned" in text
+    assert "GEMM candidates: 13 for 2 sites (14 kernels); untuned" in text
     assert "archs: sm_90; sm_90: kernels launch early (programmatic dependent launch)" in text
     tuned = tmp_path / "tuned.tpk"
     write_tuned(bundle, tuned, _table(compiled.program))

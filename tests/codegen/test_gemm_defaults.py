@@ -13,12 +13,15 @@ from aot.tuning import LIBRARY, parse_tuning, tuned_plans
 
 
 def test_the_rule_names_a_form_for_one_half_precision_row_only():
-    assert default_form(1, 2048, "bfloat16") == "vec_1x4x1024"
-    assert default_form(1, LONG_K, "float16") == "vec_1x8x512"
-    assert default_form(1, 768, "float16") == "vec_1x4x1024"
+    assert default_form(1, 2048, "bfloat16") == "vec_1x2x1024"
+    assert default_form(1, LONG_K, "float16") == "vec_1x2x1024"
+    assert default_form(1, 8192, "bfloat16") == "vec_1x2x1024"
+    assert default_form(1, 5632, "bfloat16") == "vec_1x2x1024"
+    assert default_form(1, 768, "float16") == "vec_1x2x512"
+    assert default_form(1, 3072, "float16") == "vec_1x1x512"
     for rows, dtype in [(2, "float16"), (8, "bfloat16"), (1, "float32")]:
         assert default_form(rows, 2048, dtype) is None
-    assert {default_form(1, k, "float16") for k in (64, 1024, 4096, 16384)} == set(FORMS)
+    assert {default_form(1, k, "float16") for k in (64, 1024, 2048, 3072, 4096, 16384)} == set(FORMS)
 
 
 @pytest.fixture(scope="module")

@@ -1,23 +1,23 @@
-"""GEMM candidate vec_1x4x1024 (fused): GEMM + bias.
+"""GEMM candidate vec_1x2x512 (fused): GEMM + bias.
 
 C[M, N] = A[M, K] @ W[N, K]^T with M = batch*seq, N = 48, K = 32, float16;
-grid: ((batch*seq + 0)//1, 12,)
+grid: (24, (batch*seq + 0)//1,)
 """
 
 import triton
 import triton.language as tl
 
 BLOCK_M = tl.constexpr(1)
-BLOCK_N = tl.constexpr(4)
-BLOCK_K = tl.constexpr(1024)
+BLOCK_N = tl.constexpr(2)
+BLOCK_K = tl.constexpr(512)
 GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
-def gemm_addmm_vec_1x4x1024(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
+def gemm_addmm_vec_1x2x512(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     # a_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, out0_ptr: *fp16, M: i32
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < M
     mask_n = rn < 48
     mask = mask_m[:, None] & mask_n[None, :]
