@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from aot.errors import CodegenError, GuardError
+from aot.errors import GuardError
 from tests.codegen.test_convolution import built  # noqa: F401 - the fixture
 from tests.conftest import ROOT
 
