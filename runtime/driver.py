@@ -102,6 +102,15 @@ class Device:
         if cu is not None and ptr:
             cu.cuMemFree(ptr)
 
+    def host_alloc(self, nbytes: int) -> int:
+        """Page-locked host memory (``cuMemHostAlloc``): copies from it to the device run as DMA,
+        without the driver's own staging of pageable memory."""
+        return int(_check(cu.cuMemHostAlloc(max(nbytes, 1), 0), f"cuMemHostAlloc({nbytes} bytes)"))
+
+    def free_host(self, ptr: int) -> None:
+        if cu is not None and ptr:
+            cu.cuMemFreeHost(ptr)
+
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes of the device."""
         return _check(cu.cuMemGetInfo(), "cuMemGetInfo")
@@ -133,6 +142,10 @@ class Device:
 
     def event(self) -> Any:
         return _check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def destroy_event(self, event: Any) -> None:
+        if cu is not None:
+            cu.cuEventDestroy(event)
 
     def record(self, event: Any) -> None:
         _check(cu.cuEventRecord(event, self.stream), "cuEventRecord")

@@ -34,6 +34,9 @@ from aot.symexpr import compile_expr
 from aot.weights import header_limit, parse_header, weights_size_limit
 
 ARENA_MODES = ("lazy", "largest")
+# Each of the two page-locked host buffers the weights pass through on their way to the device: a
+# few reads of the file per buffer, and the copies of one overlap the filling of the other.
+STAGING_BYTES = 16 << 20
 
 
 def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
@@ -151,10 +154,8 @@ class Runner:
         device: int | drv.Device = 0,
         graphs: bool = True,
         arena: str = "lazy",
-        weights: bytes | None = None,
     ):
-        """``device``: a GPU ordinal, or a ``driver.Device`` made already; ``weights``: the weights
-        member's bytes when read already (``load`` reads them while the driver starts)."""
+        """``device``: a GPU ordinal, or a ``driver.Device`` made already."""
         if arena not in ARENA_MODES:
             raise ValueError(f"arena must be one of {ARENA_MODES}, got {arena!r}")
         mark = time.perf_counter()
@@ -194,7 +195,7 @@ class Runner:
                 cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
             )
         self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
-        self._load_weights(weights)
+        self._load_weights()
         # the state (a KV cache): one allocation, zeroed, at its largest batch; calls update it in place
         state = checked.state
         self.state_offsets = dict(state.offsets)
@@ -221,7 +222,12 @@ class Runner:
         self._done = self.gpu.event()  # recorded after each call's output copies
         self.gpu.synchronize()
 
-    def _load_weights(self, data: bytes | None) -> None:
+    def _load_weights(self) -> None:
+        """Every weight a program reads into one device allocation, at ``ALIGN``-byte offsets,
+        streamed from the bundle's file through two page-locked staging buffers (``STAGING_BYTES``
+        each): one fills from the file (hashed as it comes) while the other's copies to the device
+        run, so no copy of the whole file is made in host memory. The sha256 is checked at the end;
+        a mismatch refuses the bundle before the runner exists."""
         bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
         declared = {w.name: w.spec for p in programs for w in p.weights}
         read = {r for e in self.checked.entries for s in e.steps for r in step_reads(s)} | {
@@ -231,33 +237,69 @@ class Runner:
         limit = weights_size_limit(declared, where)
         if self.manifest.members[schema.WEIGHTS_PATH].size > limit:
             raise BundleError(f"{where} is larger than the {limit} bytes its weights take")
-        if data is None:
-            data = bundle.read(schema.WEIGHTS_PATH)  # sha256 checked
-        entries = parse_header(data, where, header_limit(len(declared)))
         self.weight_offsets: dict[str, int] = {}
-        total = 0
-        for name, spec in declared.items():
-            if name not in read:
-                continue
-            got = entries.get(name)
-            if got is None:
-                raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
-            dtype, shape, begin, end = got
-            if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
-                raise BundleError(
-                    f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
-                    f"{spec.dtype} {list(spec.shape)}"
-                )
-            self.weight_offsets[name] = total
-            total += -(-(end - begin) // ALIGN) * ALIGN
-        self.weights_bytes = total
-        self.weights_base = self.gpu.alloc(total) if total else 0
-        host = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-        for name, offset in self.weight_offsets.items():
-            _, _, begin, end = entries[name]
-            self.gpu.to_device(self.weights_base + offset, host + begin, end - begin)
-        self.gpu.synchronize()  # the host bytes go with this function
+        with bundle.weights_stream() as stream:
+            head = _read_head(stream, where, header_limit(len(declared)))
+            entries = parse_header(head, where, header_limit(len(declared)))
+            total = 0
+            for name, spec in declared.items():
+                if name not in read:
+                    continue
+                got = entries.get(name)
+                if got is None:
+                    raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
+                dtype, shape, begin, end = got
+                if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
+                    raise BundleError(
+                        f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
+                        f"{spec.dtype} {list(spec.shape)}"
+                    )
+                self.weight_offsets[name] = total
+                total += -(-(end - begin) // ALIGN) * ALIGN
+            self.weights_bytes = total
+            self.weights_base = self.gpu.alloc(total) if total else 0
+            places = sorted(
+                (entries[name][2], entries[name][3], self.weights_base + offset)
+                for name, offset in self.weight_offsets.items()
+            )
+            self._stream_weights(stream, len(head.data), places)
+            stream.finish()
         self.weights = set(self.weight_offsets)
+
+    def _stream_weights(self, stream, at: int, places: list[tuple[int, int, int]]) -> None:
+        """Read ``stream`` from byte ``at`` to its end through the staging buffers; each byte in a
+        ``(begin, end, device address)`` span of ``places`` (sorted, apart) goes to its address."""
+        gpu = self.gpu
+        size = min(STAGING_BYTES, max(stream.size - at, 1))
+        buffers, events, pending = [], [gpu.event(), gpu.event()], [False, False]
+        try:
+            buffers = [gpu.host_alloc(size) for _ in range(2)]
+            views = [memoryview((ctypes.c_char * size).from_address(b)).cast("B") for b in buffers]
+            first, turn = 0, 0  # the first place not copied whole; the buffer to fill
+            while at < stream.size:
+                if pending[turn]:
+                    gpu.wait(events[turn], None)  # its last chunk's copies are done
+                n = stream.readinto(views[turn])
+                if not n:
+                    break  # short: ``finish`` refuses it
+                end = at + n
+                while first < len(places) and places[first][1] <= at:
+                    first += 1
+                for begin, stop, address in places[first:]:
+                    if begin >= end:
+                        break
+                    lo, hi = max(begin, at), min(stop, end)
+                    if hi > lo:
+                        gpu.to_device(address + lo - begin, buffers[turn] + lo - at, hi - lo)
+                gpu.record(events[turn])
+                pending[turn] = True
+                at, turn = end, 1 - turn
+        finally:
+            gpu.synchronize()  # no copy still reads a buffer freed below
+            for b in buffers:
+                gpu.free_host(b)
+            for e in events:
+                gpu.destroy_event(e)
 
     def address(self, name: str, layout: ArenaLayout) -> int:
         alias = layout.views.get(name)
@@ -418,6 +460,35 @@ class Runner:
         self.arena = self.weights_base = self.state_base = 0
 
 
+class _Head:
+    """A safetensors header as ``parse_header`` reads it: the first bytes of a member whose length
+    is the whole member's (the data stays in the file until it is streamed)."""
+
+    def __init__(self, data: bytes, size: int):
+        self.data, self.size = data, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> bytes:
+        return self.data[key]
+
+
+def _read_head(stream, where: str, limit: int) -> _Head:
+    """The weights member's safetensors header, read from ``stream`` (``aot.weights.parse_header``
+    checks it); a length over ``limit`` is refused before it is read."""
+    import struct
+
+    prefix = bytearray(8)
+    stream.readinto(memoryview(prefix))
+    (n,) = struct.unpack("<Q", bytes(prefix))
+    if n > limit or 8 + n > stream.size:
+        return _Head(bytes(prefix), stream.size)  # parse_header says why
+    header = bytearray(n)
+    stream.readinto(memoryview(header))
+    return _Head(bytes(prefix + header), stream.size)
+
+
 def host_ints(view: ArrayView, device: drv.Device) -> list[int]:
     """The values of an integer array (host or device) as Python ints; a device array is copied
     to the host (a sync: index inputs are a few slots)."""
@@ -476,15 +547,16 @@ def load(
     thread = threading.Thread(target=start_driver, name="aotpack-rt-driver", daemon=True)
     thread.start()
     checked = check_bundle(path, trust, max_memory)
-    weights = checked.bundle.read(schema.WEIGHTS_PATH)  # sha256 checked
-    read_s = time.perf_counter() - start
+    verify_s = time.perf_counter() - start
+    mark = time.perf_counter()
     thread.join()
     if "error" in started:
         raise started["error"]
-    runner = Runner(checked, started["gpu"], graphs, arena, weights)
+    waited_s = time.perf_counter() - mark
+    runner = Runner(checked, started["gpu"], graphs, arena)
     runner.timings = {
-        "check_and_read_s": read_s,
-        "waited_for_driver_s": runner.timings.pop("context_s"),
+        "verify_s": verify_s,
+        "waited_for_driver_s": waited_s + runner.timings.pop("context_s"),
         **runner.timings,
     }
     return runner

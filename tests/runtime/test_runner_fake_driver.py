@@ -69,6 +69,16 @@ class FakeDevice:
 
     free_async = free
 
+    def host_alloc(self, nbytes):  # page-locked host memory: the weights' staging buffers
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        self.buffers[ctypes.addressof(buf)] = buf
+        self.log.append(("host_alloc", nbytes))
+        return ctypes.addressof(buf)
+
+    def free_host(self, ptr):
+        self.buffers.pop(ptr, None)
+        self.log.append(("free_host",))
+
     def to_device(self, dst, src, nbytes):
         ctypes.memmove(dst, src, nbytes)
 
@@ -85,6 +95,9 @@ class FakeDevice:
         return object()
 
     def record(self, event):
+        pass
+
+    def destroy_event(self, event):
         pass
 
     def wait(self, event, stream):
@@ -116,7 +129,12 @@ def test_what_a_call_enqueues(pointwise, fake):  # noqa: F811
     checked = check(pointwise)
     runner = Runner(checked, fake)
     (weight,) = runner.weight_offsets
-    assert fake.log == [("alloc", 256)]  # one allocation for the weights: 16 floats at a 256-byte offset
+    # one allocation for the weights (16 floats at a 256-byte offset), streamed through two staging
+    # buffers of the data's size (under STAGING_BYTES), freed after
+    data = checked.manifest.members["weights.safetensors"].size
+    assert fake.log[0] == ("alloc", 256)
+    assert fake.log[1:3] == [("host_alloc", fake.log[1][1])] * 2 and fake.log[1][1] < data
+    assert fake.log[3:] == [("free_host",)] * 2
     w = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(w, torch.linspace(-1, 1, 16).numpy())  # the model's shift, bit for bit
 
@@ -150,3 +168,38 @@ def test_what_a_call_enqueues(pointwise, fake):  # noqa: F811
     assert [e[0] for e in log] == ["alloc", "capture", "launch", "replay", "launch", "alloc"]
     _, log = call(5)  # no bucket: launched one by one, in the arena sized for 16
     assert [e[0] for e in log] == ["launch", "alloc"] and log[0][3][3] == 5
+
+
+def test_the_weights_stream_through_the_staging_buffers_and_are_checked(
+    pointwise,  # noqa: F811
+    fake,
+    monkeypatch,
+    tmp_path,
+):
+    """Buffers smaller than a weight: its bytes cross chunks and arrive whole; a bundle whose
+    weights changed after they were packed is refused by their sha256 after the stream."""
+    import zipfile
+
+    from aot.errors import BundleError
+    from aot.runtime import check
+    from aot.runtime import runner as rt
+
+    monkeypatch.setattr(rt, "STAGING_BYTES", 24)  # 6 floats: the 16-float weight takes 3 chunks
+    runner = rt.Runner(check(pointwise), fake)
+    got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
+    assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", 24)] * 2
+
+    bad = tmp_path / "bad.tpk"
+    data = bytearray(pointwise.read_bytes())
+    with zipfile.ZipFile(pointwise) as zf:
+        info = zf.getinfo("weights.safetensors")
+    name_length, extra_length = (
+        int.from_bytes(data[info.header_offset + 26 : info.header_offset + 28], "little"),
+        int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little"),
+    )
+    last = info.header_offset + 30 + name_length + extra_length + info.compress_size - 1
+    data[last] ^= 0x01  # the last weight's last byte
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"checksum mismatch in 'weights.safetensors'"):
+        rt.Runner(check(bad), fake)
