@@ -93,7 +93,10 @@ def _valid_name(name: str) -> bool:
 
 
 class WeightsStream:
-    """The weights member's bytes in order, hashed as they are read (``Bundle.weights_stream``)."""
+    """The weights member's bytes in order (``Bundle.weights_stream``). ``readinto`` hands them
+    on; the reader passes each chunk, in order, to ``hash`` (on any one thread: hashing may run
+    beside the next read) once it sits where it is used; ``finish`` refuses the stream unless
+    every byte was read and hashed to the manifest's sha256."""
 
     def __init__(self, f, member: schema.Member, path: Path):
         self._f, self.member, self.path = f, member, path
@@ -113,9 +116,12 @@ class WeightsStream:
                 got += n
         except Exception as e:  # zlib.error, BadZipFile, OSError ...
             raise unreadable(self.path, schema.WEIGHTS_PATH, e) from None
-        self._digest.update(buffer[:got])
         self.seen += got
         return got
+
+    def hash(self, chunk: memoryview) -> None:
+        """Take the next chunk read (the bytes where they now sit) into the sha256."""
+        self._digest.update(chunk)
 
     def finish(self) -> None:
         """``BundleError`` unless every byte came and their sha256 is the manifest's."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -34,8 +35,9 @@ from aot.symexpr import compile_expr
 from aot.weights import header_limit, parse_header, weights_size_limit
 
 ARENA_MODES = ("lazy", "largest")
-# Each of the two page-locked host buffers the weights pass through on their way to the device: a
-# few reads of the file per buffer, and the copies of one overlap the filling of the other.
+# The page-locked host buffers the weights pass through on their way to the device, and the bytes
+# of each: while one fills from the file, the others' chunks are hashed and copied.
+STAGING_BUFFERS = 3
 STAGING_BYTES = 16 << 20
 
 
@@ -169,7 +171,6 @@ class Runner:
         self.timings["context_s"], mark = time.perf_counter() - mark, time.perf_counter()
         self.graphs = graphs
         self._lock = threading.Lock()
-        bundle = checked.bundle
         env = self.manifest.environment
         self.arch = pick_arch(tuple(env.archs), self.gpu.capability)
         built = env.cuda_built.get(self.arch, "")
@@ -181,21 +182,19 @@ class Runner:
         self.records = {k.id: k for e in checked.entries for k in e.program.kernels}
         used = {s.target for e in checked.entries for s in e.steps if s.kind == StepKind.KERNEL}
         self.kernels = {}
-        for kid in sorted(used):
-            record = self.records.get(kid)
-            if record is None:
-                raise BundleError(f"{bundle.path}: a step launches unknown kernel {kid[:40]!r}")
-            if self.arch not in record.archs:
-                raise EnvError(
-                    f"kernel {record.name} has no cubin for {self.arch} (it has {', '.join(record.archs)})"
-                )
-            cubin = bundle.read(schema.KERNEL_CUBIN_FORMAT.format(kernel=kid, arch=self.arch))
-            dependent = self.arch in record.dependent_launch and self.gpu.dependent_launch
-            self.kernels[kid] = drv.Kernel(
-                cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
-            )
-        self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
-        self._load_weights()
+        # the weights stream in a thread of their own while the cubins load here: reading, hashing
+        # and the driver's module loads all let go of the GIL
+        streamed: dict[str, Any] = {}
+        weights = threading.Thread(target=self._load_weights_in, args=(streamed,), name="aotpack-rt-weights")
+        weights.start()
+        try:
+            self._load_kernels(sorted(used))
+        finally:
+            self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
+            weights.join()
+        if "error" in streamed:
+            raise streamed["error"]
+        self.weights_stream_s = streamed["seconds"]  # beside the kernels' loading
         # the state (a KV cache): one allocation, zeroed, at its largest batch; calls update it in place
         state = checked.state
         self.state_offsets = dict(state.offsets)
@@ -208,7 +207,7 @@ class Runner:
             for e in checked.entries
             for name, spec in tensor_specs(e.program).items()
         }
-        self.timings["weights_s"] = time.perf_counter() - mark
+        self.timings["weights_s"] = time.perf_counter() - mark  # waited for them, and the state
         # the arena: allocated on the first call and grown when a call needs more (every plan and
         # graph then made again); ``arena="largest"`` sizes it at load for the largest bucket
         self._prepared: dict[tuple, _Prepared] = {}
@@ -222,11 +221,37 @@ class Runner:
         self._done = self.gpu.event()  # recorded after each call's output copies
         self.gpu.synchronize()
 
+    def _load_kernels(self, ids: list[str]) -> None:
+        """Each kernel's cubin for this GPU's arch, loaded as a driver module."""
+        bundle = self.checked.bundle
+        for kid in ids:
+            record = self.records.get(kid)
+            if record is None:
+                raise BundleError(f"{bundle.path}: a step launches unknown kernel {kid[:40]!r}")
+            if self.arch not in record.archs:
+                raise EnvError(
+                    f"kernel {record.name} has no cubin for {self.arch} (it has {', '.join(record.archs)})"
+                )
+            cubin = bundle.read(schema.KERNEL_CUBIN_FORMAT.format(kernel=kid, arch=self.arch))
+            dependent = self.arch in record.dependent_launch and self.gpu.dependent_launch
+            self.kernels[kid] = drv.Kernel(
+                cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
+            )
+
+    def _load_weights_in(self, out: dict[str, Any]) -> None:
+        """``_load_weights`` on a thread of its own: its seconds, or the error it raised, in ``out``."""
+        start = time.perf_counter()
+        try:
+            self.gpu.bind()
+            self._load_weights()
+        except BaseException as e:  # noqa: BLE001 - raised again by the loading thread
+            out["error"] = e
+        out["seconds"] = time.perf_counter() - start
+
     def _load_weights(self) -> None:
         """Every weight a program reads into one device allocation, at ``ALIGN``-byte offsets,
-        streamed from the bundle's file through two page-locked staging buffers (``STAGING_BYTES``
-        each): one fills from the file (hashed as it comes) while the other's copies to the device
-        run, so no copy of the whole file is made in host memory. The sha256 is checked at the end;
+        streamed from the bundle's file through ``STAGING_BUFFERS`` page-locked staging buffers of
+        ``STAGING_BYTES`` (``_stream_weights``), so no copy of the whole file is made in host memory. The sha256 is checked at the end;
         a mismatch refuses the bundle before the runner exists."""
         bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
         declared = {w.name: w.spec for p in programs for w in p.weights}
@@ -268,16 +293,39 @@ class Runner:
 
     def _stream_weights(self, stream, at: int, places: list[tuple[int, int, int]]) -> None:
         """Read ``stream`` from byte ``at`` to its end through the staging buffers; each byte in a
-        ``(begin, end, device address)`` span of ``places`` (sorted, apart) goes to its address."""
+        ``(begin, end, device address)`` span of ``places`` (sorted, apart) goes to its address.
+        A thread of its own hashes each chunk where it sits while the next is read (both let go of
+        the GIL); a buffer is filled again once its copies are done and its bytes hashed."""
         gpu = self.gpu
         size = min(STAGING_BYTES, max(stream.size - at, 1))
-        buffers, events, pending = [], [gpu.event(), gpu.event()], [False, False]
+        events = [gpu.event() for _ in range(STAGING_BUFFERS)]
+        copying = [False] * STAGING_BUFFERS
+        hashed = [threading.Event() for _ in range(STAGING_BUFFERS)]
+        for h in hashed:
+            h.set()
+        buffers: list[int] = []
+        views: list[memoryview] = []
+        chunks: queue.SimpleQueue = queue.SimpleQueue()
+
+        def hash_chunks() -> None:
+            try:
+                while (chunk := chunks.get()) is not None:
+                    turn, n = chunk
+                    stream.hash(views[turn][:n])
+                    hashed[turn].set()
+            finally:  # an error here leaves the digest short: ``finish`` refuses it
+                for h in hashed:
+                    h.set()
+
+        hasher = threading.Thread(target=hash_chunks, name="aotpack-rt-hash")
         try:
-            buffers = [gpu.host_alloc(size) for _ in range(2)]
+            buffers = [gpu.host_alloc(size) for _ in range(STAGING_BUFFERS)]
             views = [memoryview((ctypes.c_char * size).from_address(b)).cast("B") for b in buffers]
+            hasher.start()
             first, turn = 0, 0  # the first place not copied whole; the buffer to fill
             while at < stream.size:
-                if pending[turn]:
+                hashed[turn].wait()
+                if copying[turn]:
                     gpu.wait(events[turn], None)  # its last chunk's copies are done
                 n = stream.readinto(views[turn])
                 if not n:
@@ -292,9 +340,14 @@ class Runner:
                     if hi > lo:
                         gpu.to_device(address + lo - begin, buffers[turn] + lo - at, hi - lo)
                 gpu.record(events[turn])
-                pending[turn] = True
-                at, turn = end, 1 - turn
+                copying[turn] = True
+                hashed[turn].clear()
+                chunks.put((turn, n))
+                at, turn = end, (turn + 1) % STAGING_BUFFERS
         finally:
+            chunks.put(None)
+            if hasher.is_alive():
+                hasher.join()
             gpu.synchronize()  # no copy still reads a buffer freed below
             for b in buffers:
                 gpu.free_host(b)
@@ -481,11 +534,13 @@ def _read_head(stream, where: str, limit: int) -> _Head:
 
     prefix = bytearray(8)
     stream.readinto(memoryview(prefix))
+    stream.hash(memoryview(prefix))
     (n,) = struct.unpack("<Q", bytes(prefix))
     if n > limit or 8 + n > stream.size:
         return _Head(bytes(prefix), stream.size)  # parse_header says why
     header = bytearray(n)
     stream.readinto(memoryview(header))
+    stream.hash(memoryview(header))
     return _Head(bytes(prefix + header), stream.size)
 
 
