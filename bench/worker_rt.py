@@ -69,6 +69,7 @@ def main() -> None:
     called = time.time()
     first(runner.run(inputs)).numpy()
     done = time.time()
+    free_after_first = runner.gpu.memory()[0]
     result = {"system": "aotpack-rt", "model": args.model, "cold_start_s": done - args.spawned_at}
     # where the cold start went: interpreter start, imports (numpy, aot.runtime, the driver
     # bindings), load's phases (``Runner.timings``: the bundle verified while the driver starts,
@@ -109,6 +110,17 @@ def main() -> None:
         }
     _, total = runner.gpu.memory()
     result["device_mem_mb"] = (total - min(lowest_free) - context) / 2**20
+    # where the device memory went: the load (weights, state, the cubins' modules), the first call
+    # (its arena, CUDA graph and output), the calls at every shape (arenas grown, graphs, outputs
+    # kept in the stream-ordered pool)
+    loaded = runner.loaded_bytes
+    first_call = total - free_after_first - context - loaded
+    result["device_mem_phases_mb"] = {
+        "load": loaded / 2**20,
+        "load_beyond_weights_and_state": (loaded - runner.weights_bytes - runner.checked.state.size) / 2**20,
+        "first_call": first_call / 2**20,
+        "later_calls": (total - min(lowest_free) - context - loaded - first_call) / 2**20,
+    }
     result["weights_mb"] = runner.weights_bytes / 2**20
     result["arena_mb"] = runner.arena_bytes / 2**20
     result["torch_imported"] = "torch" in sys.modules

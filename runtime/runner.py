@@ -208,6 +208,10 @@ class Runner:
             for name, spec in tensor_specs(e.program).items()
         }
         self.timings["weights_s"] = time.perf_counter() - mark  # waited for them, and the state
+        free, total = self.gpu.memory()
+        # device bytes the load took beyond the context: the weights' and the state's allocations,
+        # and what the driver took for the cubins' modules
+        self.loaded_bytes = total - free - self.context_bytes
         # the arena: allocated on the first call and grown when a call needs more (every plan and
         # graph then made again); ``arena="largest"`` sizes it at load for the largest bucket
         self._prepared: dict[tuple, _Prepared] = {}
