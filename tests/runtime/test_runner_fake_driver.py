@@ -205,3 +205,20 @@ def test_the_weights_stream_through_the_staging_buffers_and_are_checked(
     bad.write_bytes(bytes(data))
     with pytest.raises(BundleError, match=r"checksum mismatch in 'weights.safetensors'"):
         rt.Runner(check(bad), fake)
+
+
+def test_split_weights_stream_from_their_own_file(fake, tmp_path):
+    """A bundle packed with ``split_weights``: the weights stream from the file beside it."""
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+    from aot.tracer import load_model_file, trace
+    from tests.runtime.test_torch_free import HERE
+
+    out = tmp_path / "split.tpk"
+    pack(generate(trace(load_model_file(HERE / "pointwise.py")), ("sm_90",)), out, split_weights=True)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".safetensors")]
+    runner = Runner(check(out), fake)
+    got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
