@@ -32,6 +32,7 @@ from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
 from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.state import slots_error
 from aot.symexpr import compile_expr
+from aot.values import value_error
 from aot.weights import header_limit, parse_header, weights_size_limit
 
 ARENA_MODES = ("lazy", "largest")
@@ -433,8 +434,10 @@ class Runner:
     ) -> Any:
         """``run`` on inputs already taken as ``ArrayView``s, in the bundle's input order."""
         entry, sizes = self.checked.bind(views, entry_point)
-        if check_indices and entry.index_bounds:
-            check_slots(entry.index_bounds, dict(zip(self.checked.input_names, views)), self.gpu)
+        if check_indices and (entry.index_bounds or entry.value_bounds):
+            named = dict(zip(self.checked.input_names, views))
+            check_slots(entry.index_bounds, named, self.gpu)
+            check_values(entry.value_bounds, named, self.gpu)
         with self._lock:
             prepared = self._prepare(entry, sizes)
             for view, (name, address) in zip(views, prepared.inputs):
@@ -569,6 +572,15 @@ def check_slots(bounds, views: dict[str, ArrayView], device: drv.Device) -> None
         values = host_ints(views[name], device) if name in views else []
         if values and (min(values) < 0 or max(values) >= slots):
             raise GuardError(slots_error(name, state, slots, min(values) if min(values) < 0 else max(values)))
+
+
+def check_values(bounds, views: dict[str, ArrayView], device: drv.Device) -> None:
+    """``GuardError`` unless every input that indexes a weight's rows holds values in its range
+    (``aot.values``: the torch loader's check and text)."""
+    for name, low, high, table, op in bounds:
+        values = host_ints(views[name], device) if name in views else []
+        if values and (min(values) < low or max(values) > high):
+            raise value_error(name, min(values) if min(values) < low else max(values), low, high, table, op)
 
 
 def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:

@@ -16,6 +16,7 @@ import torch
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CUDA
 from aot.runtime.runner import STAGING_BUFFERS
+from tests.codegen.test_cache_kernels import tiny_lm_free  # noqa: F401 - the fixture
 from tests.runtime.test_torch_free import pointwise  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # builds the pointwise bundle (trace and compile)
@@ -84,6 +85,9 @@ class FakeDevice:
         ctypes.memmove(dst, src, nbytes)
 
     to_host = copy = to_device
+
+    def zero(self, dst, nbytes):
+        ctypes.memset(dst, 0, nbytes)
 
     def copy_rows(self, dst, src, width, pitch, rows):
         for r in range(rows):
@@ -222,3 +226,38 @@ def test_split_weights_stream_from_their_own_file(fake, tmp_path):
     runner = Runner(check(out), fake)
     got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
+
+
+def test_an_id_past_the_table_is_refused_before_anything_runs_as_by_the_torch_loader(tiny_lm_free, fake):  # noqa: F811
+    """tests/data/tiny_lm.py built ``--library-free``: the runtime finds the inputs that index a
+    weight's rows as the torch loader does (``aot.values``) and refuses a token id past the
+    vocabulary, or a position past the table, with the torch loader's text, launching nothing."""
+    from aot.errors import GuardError
+    from aot.loader import load
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+
+    free, _ = tiny_lm_free
+    checked = check(free)
+    cpu = load(free)
+    for entry, ours in zip(cpu._entries, checked.entries):
+        assert ours.value_bounds == entry.value_bounds and ours.value_bounds
+    runner = Runner(checked, fake)
+    ids = np.array([[5, 7, 11, 2]])
+    mask = np.zeros((1, 32), np.int64)
+    mask[:, :4] = 1
+    good = dict(
+        input_ids=ids,
+        position_ids=np.arange(4)[None],
+        cache_position=np.arange(4),
+        attention_mask=mask,
+    )
+    for name, bad in (("input_ids", np.array([[5, 7, 97, 2]])), ("position_ids", np.array([[0, 1, 2, 40]]))):
+        fake.log.clear()
+        with pytest.raises(GuardError) as ours:
+            runner.entry("prefill")(**{**good, name: bad})
+        assert not [e for e in fake.log if e[0] == "launch"]
+        with pytest.raises(GuardError) as theirs:
+            cpu.entry("prefill")(**{k: torch.from_numpy(v) for k, v in {**good, name: bad}.items()})
+        assert str(ours.value) == str(theirs.value)
+        assert str(ours.value).startswith(f"input {name!r} holds")
