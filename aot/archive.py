@@ -29,7 +29,7 @@ COMPRESSIONS = (
     zipfile.ZIP_STORED,
     zipfile.ZIP_DEFLATED,
 )  # what the packager writes; others inflate unbounded
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then (at 26) name and extra lengths
+LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then (at 26) name and extra lengths
 CORRUPT = "corrupt or truncated: rebuild or re-copy it"  # what every damaged bundle is told
 
 
@@ -148,13 +148,13 @@ def check_layout(path: Path, infos: list[zipfile.ZipInfo], directory_start: int)
             header = b""
             if 0 <= info.header_offset < directory_start:
                 f.seek(info.header_offset)
-                header = f.read(_LOCAL_HEADER.size)
-            if len(header) != _LOCAL_HEADER.size or header[:4] != zipfile.stringFileHeader:
+                header = f.read(LOCAL_HEADER.size)
+            if len(header) != LOCAL_HEADER.size or header[:4] != zipfile.stringFileHeader:
                 raise BundleError(
                     f"{path}: member {info.filename!r} has no local header at offset {info.header_offset}"
                 )
-            _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-            end = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length + info.compress_size
+            _, name_length, extra_length = LOCAL_HEADER.unpack(header)
+            end = info.header_offset + LOCAL_HEADER.size + name_length + extra_length + info.compress_size
             extents.append((info.header_offset, end, info.filename))
     extents.sort()
     for (_, end, name), (start, _, following) in zip(extents, extents[1:]):

@@ -16,6 +16,7 @@ must parse, so a hostile bundle is refused at load rather than on some later cal
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ import re
 import stat
 import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from aot import schema
 from aot.archive import (
     COMPRESSIONS,
     CORRUPT,
+    LOCAL_HEADER,
     MAX_MANIFEST_BYTES,
     MAX_MEMBERS,
     Members,
@@ -89,6 +92,43 @@ def _valid_name(name: str) -> bool:
     return name in _FIXED_MEMBERS or bool(_KERNEL_MEMBER.match(name))
 
 
+class WeightsStream:
+    """The weights member's bytes in order (``Bundle.weights_stream``). ``readinto`` hands them
+    on; the reader passes each chunk, in order, to ``hash`` (on any one thread: hashing may run
+    beside the next read) once it sits where it is used; ``finish`` refuses the stream unless
+    every byte was read and hashed to the manifest's sha256."""
+
+    def __init__(self, f, member: schema.Member, path: Path):
+        self._f, self.member, self.path = f, member, path
+        self.size = member.size
+        self.seen = 0
+        self._digest = hashlib.sha256()
+
+    def readinto(self, buffer: memoryview) -> int:
+        """Fill ``buffer`` (fewer bytes only at the member's end); how many bytes came."""
+        want = min(len(buffer), self.size - self.seen)
+        got = 0
+        try:
+            while got < want:
+                n = self._f.readinto(buffer[got:want])
+                if not n:
+                    break
+                got += n
+        except Exception as e:  # zlib.error, BadZipFile, OSError ...
+            raise unreadable(self.path, schema.WEIGHTS_PATH, e) from None
+        self.seen += got
+        return got
+
+    def hash(self, chunk: memoryview) -> None:
+        """Take the next chunk read (the bytes where they now sit) into the sha256."""
+        self._digest.update(chunk)
+
+    def finish(self) -> None:
+        """``BundleError`` unless every byte came and their sha256 is the manifest's."""
+        if self.seen != self.size or self._digest.hexdigest() != self.member.sha256:
+            raise mismatch(self.path, schema.WEIGHTS_PATH, self.member)
+
+
 @dataclass
 class Bundle:
     """An opened, verified bundle. ``read`` returns a member's bytes: those whose sha256 was checked
@@ -112,6 +152,39 @@ class Bundle:
             data = self._members.read(self._infos[name], member.size)  # checked at open
         check_sha256(data, member, name, self.path)
         return data
+
+    @contextlib.contextmanager
+    def weights_stream(self) -> Iterator[WeightsStream]:
+        """The weights member to read once, front to back, into memory the caller owns
+        (``WeightsStream.readinto``): from its place in the archive where it is stored (the
+        packager stores it), the split weights file, or the zip's inflating stream where it is
+        deflated. Nothing is kept; the stream hashes what it hands on, and ``WeightsStream.finish``
+        refuses a short read or a sha256 other than the manifest's, so the bytes checked are the
+        bytes the caller copied."""
+        member = self.manifest.members[schema.WEIGHTS_PATH]
+        try:
+            if self.manifest.external_weights:
+                path = self.external_path()
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+                f = open(fd, "rb", buffering=0)
+                _check_regular(path, os.fstat(fd), member.size)
+            else:
+                info = self._infos[schema.WEIGHTS_PATH]
+                if info.compress_type == zipfile.ZIP_STORED:
+                    f = open(self.path, "rb", buffering=0)
+                    f.seek(info.header_offset)
+                    _, name_length, extra_length = LOCAL_HEADER.unpack(f.read(LOCAL_HEADER.size))
+                    f.seek(info.header_offset + LOCAL_HEADER.size + name_length + extra_length)
+                else:
+                    f = self._zip.open(info)
+        except OSError as e:
+            raise BundleError(
+                f"{self.path}: its weights are unreadable ({e.strerror}); re-copy the bundle"
+            ) from None
+        try:
+            yield WeightsStream(f, member, self.path)
+        finally:
+            f.close()
 
     def check_weights(self) -> None:
         """Hash the weights in bounded memory, keeping none of them: what a report on the bundle

@@ -332,6 +332,22 @@ def _order_kept(step: Step, src: TensorSpec) -> bool:
     return moved == sorted(moved)
 
 
+def _whole(step: Step, src: TensorSpec, out: TensorSpec) -> bool:
+    """A slice that keeps every element (``x[:, 0:]``) or a select of a dim of one element
+    (``logits[:, -1]`` of ``[B, 1, V]``): a view at the same address, its elements in order."""
+    from aot.manifest_text import static_size
+
+    args = [*step.args[1:], None, None, None, None][:4]
+    rank = len(src.shape)
+    if src.order or not rank or type(args[0]) is not int:
+        return False
+    if step.target == "aten.slice.Tensor":
+        return args[1] in (None, 0) and args[3] in (None, 1) and tuple(out.shape) == tuple(src.shape)
+    if step.target == "aten.select.int":
+        return static_size(src.shape[args[0] % rank]) == 1 and args[1] in (0, -1)
+    return False
+
+
 def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
     """Every view's ``Alias`` among ``steps`` (``SAME_BYTES_VIEWS`` and ``ROW_SLICE``s); a view that
     is neither is left out (``check_library_free`` refuses it)."""
@@ -350,7 +366,7 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
         spec, src_spec = specs.get(result or ""), specs.get(src)
         if result is None or spec is None or src_spec is None:
             continue
-        if step.target in SAME_BYTES_VIEWS or _order_kept(step, src_spec):
+        if step.target in SAME_BYTES_VIEWS or _order_kept(step, src_spec) or _whole(step, src_spec, spec):
             if at.width and (not spec.shape or static_size(spec.shape[-1]) != at.width):
                 continue  # rows apart must stay rows: only the dims before them may change
             out[result] = at

@@ -364,10 +364,20 @@ def main() -> None:
                     entry.update(r)
                 results["runs"].append(entry)
                 memory = (
-                    f" device {r['device_mem_mb']:.0f} MiB, peak alloc {r['peak_alloc_mb']:.0f} MiB"
+                    f" device {r['device_mem_mb']:.0f} MiB"
+                    + (f", peak alloc {r['peak_alloc_mb']:.0f} MiB" if "peak_alloc_mb" in r else "")
+                    + (
+                        f" (weights {r['weights_mb']:.0f} + arena {r['arena_mb']:.0f} MiB)"
+                        if "weights_mb" in r and "arena_mb" in r
+                        else ""
+                    )
                     if r and "device_mem_mb" in r
                     else ""
                 )
+                if r and "cold_start_phases_s" in r:  # aotpack-rt: where the cold start went
+                    memory += " cold phases: " + " ".join(
+                        f"{k} {v:.3f}s" for k, v in r["cold_start_phases_s"].items()
+                    )
                 print(
                     f"{model:13} {system:16} {label:5} "
                     + (

@@ -5,7 +5,9 @@ system ``aotpack-rt``), shaped like ``bench/worker.py``'s result.
 
 ``DIR/MODEL.inputs.npz`` (written by ``bench/run.py``, with torch, before this process starts)
 holds the inputs of each measured shape, ``{shape index}.{input index}``. Cold start is the wall
-time from spawning this process to the first shape's output on the host (the GPU work done).
+time from spawning this process to the first shape's output on the host (the GPU work done),
+split into phases (``cold_start_phases_s``: interpreter, import, verify, waited_for_driver,
+kernels, weights, load_other, inputs, first_call).
 Then per shape: ``WARMUP`` calls, ``CALLS`` timed calls synchronized after each (median, p90).
 Device memory: the device's used bytes beyond the context (``cuMemGetInfo``: weights, arena,
 outputs, the runtime's allocations) at its highest sample. Outputs go to
@@ -14,10 +16,13 @@ outputs, the runtime's allocations) at its highest sample. Outputs go to
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
+
+STARTED = time.time()  # the interpreter is up: what came before is its start
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +41,9 @@ def main() -> None:
 
     import aot.runtime
 
+    imported = time.time()
     runner = aot.runtime.load(args.bundle)
+    loaded = time.time()
     context = runner.context_bytes
     stored = np.load(args.inputs)
     labels = json.loads(args.labels)
@@ -59,8 +66,25 @@ def main() -> None:
         return out if hasattr(out, "dtype") else out[0]
 
     inputs = [runner.array(x) for x in shapes[0]]
+    called = time.time()
     first(runner.run(inputs)).numpy()
-    result = {"system": "aotpack-rt", "model": args.model, "cold_start_s": time.time() - args.spawned_at}
+    done = time.time()
+    free_after_first = runner.gpu.memory()[0]
+    result = {"system": "aotpack-rt", "model": args.model, "cold_start_s": done - args.spawned_at}
+    # where the cold start went: interpreter start, imports (numpy, aot.runtime, the driver
+    # bindings), load's phases (``Runner.timings``: the bundle verified while the driver starts,
+    # the wait for it, cubins loaded, weights streamed), the inputs read, the first call
+    result["cold_start_phases_s"] = {
+        "interpreter": STARTED - args.spawned_at,
+        "import": imported - STARTED,
+        **{k.removesuffix("_s"): v for k, v in runner.timings.items()},
+        "load_other": (loaded - imported) - sum(runner.timings.values()),
+        "inputs": called - loaded,
+        "first_call": done - called,
+    }
+    # the weights' own stream (read, hashed, copied), on a thread beside the kernels' loading:
+    # ``kernels`` + ``weights`` (the wait for it after them) is the wall time it took
+    result["weights_stream_s"] = runner.weights_stream_s
     sample_free()
     result["shapes"], outputs = {}, {}
     for label, host in zip(labels, shapes):
@@ -86,6 +110,17 @@ def main() -> None:
         }
     _, total = runner.gpu.memory()
     result["device_mem_mb"] = (total - min(lowest_free) - context) / 2**20
+    # where the device memory went: the load (weights, state, the cubins' modules), the first call
+    # (its arena, CUDA graph and output), the calls at every shape (arenas grown, graphs, outputs
+    # kept in the stream-ordered pool)
+    loaded = runner.loaded_bytes
+    first_call = total - free_after_first - context - loaded
+    result["device_mem_phases_mb"] = {
+        "load": loaded / 2**20,
+        "load_beyond_weights_and_state": (loaded - runner.weights_bytes - runner.checked.state.size) / 2**20,
+        "first_call": first_call / 2**20,
+        "later_calls": (total - min(lowest_free) - context - loaded - first_call) / 2**20,
+    }
     result["weights_mb"] = runner.weights_bytes / 2**20
     result["arena_mb"] = runner.arena_bytes / 2**20
     result["torch_imported"] = "torch" in sys.modules

@@ -209,6 +209,16 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             say,
         )
         cubins.update(bmm_cubins)
+        from aot.codegen.index_rows import index_row_kernels
+
+        new_program, index_cubins = index_row_kernels(
+            new_program,
+            ranges,
+            archs,
+            compiler("row gather kernel"),
+            say,
+        )
+        cubins.update(index_cubins)
     if not options.gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 

@@ -213,6 +213,15 @@ def _token_major(program: Program, readers, i: int, out: str, batch: str, seq: s
         return s if ok else None
 
     s = only_reader(out)
+    specs = tensor_specs(program)
+    # a view to the result's own shape first (transformers' GPT-2 views it to [B, H, T, D] again)
+    while (
+        s is not None
+        and s.target in RESHAPE_VIEWS
+        and specs.get(s.outputs[0]) is not None
+        and specs[s.outputs[0]].shape == specs[out].shape
+    ):
+        s = only_reader(s.outputs[0])
     if s is None or s.target != "aten.permute.default" or list(s.args[1]) != [0, 2, 1, 3]:
         return out, ()
     s = only_reader(s.outputs[0])
@@ -221,7 +230,7 @@ def _token_major(program: Program, readers, i: int, out: str, batch: str, seq: s
     if s is None or s.target not in RESHAPE_VIEWS:
         return out, ()
     name = s.outputs[0]
-    spec = tensor_specs(program).get(name)
+    spec = specs.get(name)
     want = (ix.parse_size(batch), ix.parse_size(seq), sympy.Integer(width))
     if spec is None or spec.order or len(spec.shape) != 3:
         return out, ()

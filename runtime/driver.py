@@ -17,10 +17,10 @@ from typing import Any
 
 from aot.errors import EnvError
 
-try:
-    from cuda.bindings import driver as cu
-except ImportError:  # pragma: no cover - the runtime's install pulls cuda-bindings
-    cu = None
+# ``cuda.bindings.driver``, imported by the first ``Device`` (``_bindings``): its import (~0.1 s,
+# most of ``import aot.runtime`` before) then runs in the thread ``load`` starts the driver in,
+# beside the bundle's verification, and a ``check`` without a GPU never pays it.
+cu: Any = None
 
 DEFAULT_SHARED_LIMIT = 48 * 1024
 # Programmatic dependent launch (a kernel built to wait inside for the one before it starts early):
@@ -30,6 +30,17 @@ DEPENDENT_LAUNCH_ENV = "AOTPACK_DEPENDENT_LAUNCH"
 # Bytes of freed outputs the stream-ordered pool keeps for later calls (the driver's default, 0,
 # unmaps them at every synchronize: gpt's 98 MiB of logits at batch 8 were mapped anew each call)
 POOL_KEEP_BYTES = 1 << 62
+
+
+def _bindings() -> Any:
+    global cu
+    if cu is None:
+        try:
+            from cuda.bindings import driver
+        except ImportError:
+            raise EnvError("aotpack-rt needs NVIDIA's cuda-bindings: pip install cuda-bindings") from None
+        cu = driver
+    return cu
 
 
 def _check(result: Any, what: str) -> Any:
@@ -44,8 +55,7 @@ class Device:
     """The primary context of GPU ``ordinal``, current on this thread, with one stream of its own."""
 
     def __init__(self, ordinal: int = 0):
-        if cu is None:
-            raise EnvError("aotpack-rt needs NVIDIA's cuda-bindings: pip install cuda-bindings")
+        _bindings()
         try:
             _check(cu.cuInit(0), "cuInit")
         except Exception as e:  # noqa: BLE001 - no libcuda at all raises the bindings' own error
@@ -102,6 +112,15 @@ class Device:
         if cu is not None and ptr:
             cu.cuMemFree(ptr)
 
+    def host_alloc(self, nbytes: int) -> int:
+        """Page-locked host memory (``cuMemHostAlloc``): copies from it to the device run as DMA,
+        without the driver's own staging of pageable memory."""
+        return int(_check(cu.cuMemHostAlloc(max(nbytes, 1), 0), f"cuMemHostAlloc({nbytes} bytes)"))
+
+    def free_host(self, ptr: int) -> None:
+        if cu is not None and ptr:
+            cu.cuMemFreeHost(ptr)
+
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes of the device."""
         return _check(cu.cuMemGetInfo(), "cuMemGetInfo")
@@ -133,6 +152,10 @@ class Device:
 
     def event(self) -> Any:
         return _check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def destroy_event(self, event: Any) -> None:
+        if cu is not None:
+            cu.cuEventDestroy(event)
 
     def record(self, event: Any) -> None:
         _check(cu.cuEventRecord(event, self.stream), "cuEventRecord")

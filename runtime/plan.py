@@ -33,6 +33,7 @@ from aot.schema import Bucket, Buf, Program, Step, StepKind
 from aot.signature import trusted_keys
 from aot.state import StateSpec, index_bounds, state_specs
 from aot.symexpr import compile_expr
+from aot.values import value_bounds
 
 ALIGN = 256  # bytes: every buffer of the arena and every weight starts at a multiple
 
@@ -49,6 +50,18 @@ class Entry:
     entry: str = ""  # the entry point it serves ("prefill", "decode"), "" without named ones
     index_bounds: tuple[tuple[str, str, int], ...] = ()  # (input, state, slots): ``aot.state.index_bounds``
     state_writes: dict[str, str] | None = None  # a state write's result -> the state it is
+    # (input, lowest, highest, weight, op): a caller's integer input that indexes a weight's rows
+    # (``aot.values.value_bounds``), checked on every call as by the torch loader
+    value_bounds: tuple[tuple[str, int, int, str, str], ...] = ()
+
+
+def _static_shapes(program: Program) -> dict[str, tuple[int, ...]]:
+    """Each weight's shape, where every dim is a number."""
+    return {
+        w.name: tuple(map(int, w.spec.shape))
+        for w in program.weights
+        if all(d.isdigit() for d in w.spec.shape)
+    }
 
 
 class Checked:
@@ -102,6 +115,7 @@ class Checked:
                     entry_point,
                     index_bounds(program, shapes),
                     state_writes(program, steps),
+                    value_bounds(program, _static_shapes(program)),
                 )
             )
 

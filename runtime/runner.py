@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -31,9 +32,14 @@ from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
 from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.state import slots_error
 from aot.symexpr import compile_expr
+from aot.values import value_error
 from aot.weights import header_limit, parse_header, weights_size_limit
 
 ARENA_MODES = ("lazy", "largest")
+# The page-locked host buffers the weights pass through on their way to the device, and the bytes
+# of each: while one fills from the file, the others' chunks are hashed and copied.
+STAGING_BUFFERS = 3
+STAGING_BYTES = 16 << 20
 
 
 def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
@@ -151,10 +157,8 @@ class Runner:
         device: int | drv.Device = 0,
         graphs: bool = True,
         arena: str = "lazy",
-        weights: bytes | None = None,
     ):
-        """``device``: a GPU ordinal, or a ``driver.Device`` made already; ``weights``: the weights
-        member's bytes when read already (``load`` reads them while the driver starts)."""
+        """``device``: a GPU ordinal, or a ``driver.Device`` made already."""
         if arena not in ARENA_MODES:
             raise ValueError(f"arena must be one of {ARENA_MODES}, got {arena!r}")
         mark = time.perf_counter()
@@ -168,7 +172,6 @@ class Runner:
         self.timings["context_s"], mark = time.perf_counter() - mark, time.perf_counter()
         self.graphs = graphs
         self._lock = threading.Lock()
-        bundle = checked.bundle
         env = self.manifest.environment
         self.arch = pick_arch(tuple(env.archs), self.gpu.capability)
         built = env.cuda_built.get(self.arch, "")
@@ -180,21 +183,19 @@ class Runner:
         self.records = {k.id: k for e in checked.entries for k in e.program.kernels}
         used = {s.target for e in checked.entries for s in e.steps if s.kind == StepKind.KERNEL}
         self.kernels = {}
-        for kid in sorted(used):
-            record = self.records.get(kid)
-            if record is None:
-                raise BundleError(f"{bundle.path}: a step launches unknown kernel {kid[:40]!r}")
-            if self.arch not in record.archs:
-                raise EnvError(
-                    f"kernel {record.name} has no cubin for {self.arch} (it has {', '.join(record.archs)})"
-                )
-            cubin = bundle.read(schema.KERNEL_CUBIN_FORMAT.format(kernel=kid, arch=self.arch))
-            dependent = self.arch in record.dependent_launch and self.gpu.dependent_launch
-            self.kernels[kid] = drv.Kernel(
-                cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
-            )
-        self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
-        self._load_weights(weights)
+        # the weights stream in a thread of their own while the cubins load here: reading, hashing
+        # and the driver's module loads all let go of the GIL
+        streamed: dict[str, Any] = {}
+        weights = threading.Thread(target=self._load_weights_in, args=(streamed,), name="aotpack-rt-weights")
+        weights.start()
+        try:
+            self._load_kernels(sorted(used))
+        finally:
+            self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
+            weights.join()
+        if "error" in streamed:
+            raise streamed["error"]
+        self.weights_stream_s = streamed["seconds"]  # beside the kernels' loading
         # the state (a KV cache): one allocation, zeroed, at its largest batch; calls update it in place
         state = checked.state
         self.state_offsets = dict(state.offsets)
@@ -207,7 +208,11 @@ class Runner:
             for e in checked.entries
             for name, spec in tensor_specs(e.program).items()
         }
-        self.timings["weights_s"] = time.perf_counter() - mark
+        self.timings["weights_s"] = time.perf_counter() - mark  # waited for them, and the state
+        free, total = self.gpu.memory()
+        # device bytes the load took beyond the context: the weights' and the state's allocations,
+        # and what the driver took for the cubins' modules
+        self.loaded_bytes = total - free - self.context_bytes
         # the arena: allocated on the first call and grown when a call needs more (every plan and
         # graph then made again); ``arena="largest"`` sizes it at load for the largest bucket
         self._prepared: dict[tuple, _Prepared] = {}
@@ -221,7 +226,38 @@ class Runner:
         self._done = self.gpu.event()  # recorded after each call's output copies
         self.gpu.synchronize()
 
-    def _load_weights(self, data: bytes | None) -> None:
+    def _load_kernels(self, ids: list[str]) -> None:
+        """Each kernel's cubin for this GPU's arch, loaded as a driver module."""
+        bundle = self.checked.bundle
+        for kid in ids:
+            record = self.records.get(kid)
+            if record is None:
+                raise BundleError(f"{bundle.path}: a step launches unknown kernel {kid[:40]!r}")
+            if self.arch not in record.archs:
+                raise EnvError(
+                    f"kernel {record.name} has no cubin for {self.arch} (it has {', '.join(record.archs)})"
+                )
+            cubin = bundle.read(schema.KERNEL_CUBIN_FORMAT.format(kernel=kid, arch=self.arch))
+            dependent = self.arch in record.dependent_launch and self.gpu.dependent_launch
+            self.kernels[kid] = drv.Kernel(
+                cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
+            )
+
+    def _load_weights_in(self, out: dict[str, Any]) -> None:
+        """``_load_weights`` on a thread of its own: its seconds, or the error it raised, in ``out``."""
+        start = time.perf_counter()
+        try:
+            self.gpu.bind()
+            self._load_weights()
+        except BaseException as e:  # noqa: BLE001 - raised again by the loading thread
+            out["error"] = e
+        out["seconds"] = time.perf_counter() - start
+
+    def _load_weights(self) -> None:
+        """Every weight a program reads into one device allocation, at ``ALIGN``-byte offsets,
+        streamed from the bundle's file through ``STAGING_BUFFERS`` page-locked staging buffers of
+        ``STAGING_BYTES`` (``_stream_weights``), so no copy of the whole file is made in host memory. The sha256 is checked at the end;
+        a mismatch refuses the bundle before the runner exists."""
         bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
         declared = {w.name: w.spec for p in programs for w in p.weights}
         read = {r for e in self.checked.entries for s in e.steps for r in step_reads(s)} | {
@@ -231,33 +267,97 @@ class Runner:
         limit = weights_size_limit(declared, where)
         if self.manifest.members[schema.WEIGHTS_PATH].size > limit:
             raise BundleError(f"{where} is larger than the {limit} bytes its weights take")
-        if data is None:
-            data = bundle.read(schema.WEIGHTS_PATH)  # sha256 checked
-        entries = parse_header(data, where, header_limit(len(declared)))
         self.weight_offsets: dict[str, int] = {}
-        total = 0
-        for name, spec in declared.items():
-            if name not in read:
-                continue
-            got = entries.get(name)
-            if got is None:
-                raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
-            dtype, shape, begin, end = got
-            if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
-                raise BundleError(
-                    f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
-                    f"{spec.dtype} {list(spec.shape)}"
-                )
-            self.weight_offsets[name] = total
-            total += -(-(end - begin) // ALIGN) * ALIGN
-        self.weights_bytes = total
-        self.weights_base = self.gpu.alloc(total) if total else 0
-        host = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-        for name, offset in self.weight_offsets.items():
-            _, _, begin, end = entries[name]
-            self.gpu.to_device(self.weights_base + offset, host + begin, end - begin)
-        self.gpu.synchronize()  # the host bytes go with this function
+        with bundle.weights_stream() as stream:
+            head = _read_head(stream, where, header_limit(len(declared)))
+            entries = parse_header(head, where, header_limit(len(declared)))
+            total = 0
+            for name, spec in declared.items():
+                if name not in read:
+                    continue
+                got = entries.get(name)
+                if got is None:
+                    raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
+                dtype, shape, begin, end = got
+                if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
+                    raise BundleError(
+                        f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
+                        f"{spec.dtype} {list(spec.shape)}"
+                    )
+                self.weight_offsets[name] = total
+                total += -(-(end - begin) // ALIGN) * ALIGN
+            self.weights_bytes = total
+            self.weights_base = self.gpu.alloc(total) if total else 0
+            places = sorted(
+                (entries[name][2], entries[name][3], self.weights_base + offset)
+                for name, offset in self.weight_offsets.items()
+            )
+            self._stream_weights(stream, len(head.data), places)
+            stream.finish()
         self.weights = set(self.weight_offsets)
+
+    def _stream_weights(self, stream, at: int, places: list[tuple[int, int, int]]) -> None:
+        """Read ``stream`` from byte ``at`` to its end through the staging buffers; each byte in a
+        ``(begin, end, device address)`` span of ``places`` (sorted, apart) goes to its address.
+        A thread of its own hashes each chunk where it sits while the next is read (both let go of
+        the GIL); a buffer is filled again once its copies are done and its bytes hashed."""
+        gpu = self.gpu
+        size = min(STAGING_BYTES, max(stream.size - at, 1))
+        events = [gpu.event() for _ in range(STAGING_BUFFERS)]
+        copying = [False] * STAGING_BUFFERS
+        hashed = [threading.Event() for _ in range(STAGING_BUFFERS)]
+        for h in hashed:
+            h.set()
+        buffers: list[int] = []
+        views: list[memoryview] = []
+        chunks: queue.SimpleQueue = queue.SimpleQueue()
+
+        def hash_chunks() -> None:
+            try:
+                while (chunk := chunks.get()) is not None:
+                    turn, n = chunk
+                    stream.hash(views[turn][:n])
+                    hashed[turn].set()
+            finally:  # an error here leaves the digest short: ``finish`` refuses it
+                for h in hashed:
+                    h.set()
+
+        hasher = threading.Thread(target=hash_chunks, name="aotpack-rt-hash")
+        try:
+            buffers = [gpu.host_alloc(size) for _ in range(STAGING_BUFFERS)]
+            views = [memoryview((ctypes.c_char * size).from_address(b)).cast("B") for b in buffers]
+            hasher.start()
+            first, turn = 0, 0  # the first place not copied whole; the buffer to fill
+            while at < stream.size:
+                hashed[turn].wait()
+                if copying[turn]:
+                    gpu.wait(events[turn], None)  # its last chunk's copies are done
+                n = stream.readinto(views[turn])
+                if not n:
+                    break  # short: ``finish`` refuses it
+                end = at + n
+                while first < len(places) and places[first][1] <= at:
+                    first += 1
+                for begin, stop, address in places[first:]:
+                    if begin >= end:
+                        break
+                    lo, hi = max(begin, at), min(stop, end)
+                    if hi > lo:
+                        gpu.to_device(address + lo - begin, buffers[turn] + lo - at, hi - lo)
+                gpu.record(events[turn])
+                copying[turn] = True
+                hashed[turn].clear()
+                chunks.put((turn, n))
+                at, turn = end, (turn + 1) % STAGING_BUFFERS
+        finally:
+            chunks.put(None)
+            if hasher.is_alive():
+                hasher.join()
+            gpu.synchronize()  # no copy still reads a buffer freed below
+            for b in buffers:
+                gpu.free_host(b)
+            for e in events:
+                gpu.destroy_event(e)
 
     def address(self, name: str, layout: ArenaLayout) -> int:
         alias = layout.views.get(name)
@@ -334,8 +434,10 @@ class Runner:
     ) -> Any:
         """``run`` on inputs already taken as ``ArrayView``s, in the bundle's input order."""
         entry, sizes = self.checked.bind(views, entry_point)
-        if check_indices and entry.index_bounds:
-            check_slots(entry.index_bounds, dict(zip(self.checked.input_names, views)), self.gpu)
+        if check_indices and (entry.index_bounds or entry.value_bounds):
+            named = dict(zip(self.checked.input_names, views))
+            check_slots(entry.index_bounds, named, self.gpu)
+            check_values(entry.value_bounds, named, self.gpu)
         with self._lock:
             prepared = self._prepare(entry, sizes)
             for view, (name, address) in zip(views, prepared.inputs):
@@ -418,6 +520,37 @@ class Runner:
         self.arena = self.weights_base = self.state_base = 0
 
 
+class _Head:
+    """A safetensors header as ``parse_header`` reads it: the first bytes of a member whose length
+    is the whole member's (the data stays in the file until it is streamed)."""
+
+    def __init__(self, data: bytes, size: int):
+        self.data, self.size = data, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> bytes:
+        return self.data[key]
+
+
+def _read_head(stream, where: str, limit: int) -> _Head:
+    """The weights member's safetensors header, read from ``stream`` (``aot.weights.parse_header``
+    checks it); a length over ``limit`` is refused before it is read."""
+    import struct
+
+    prefix = bytearray(8)
+    stream.readinto(memoryview(prefix))
+    stream.hash(memoryview(prefix))
+    (n,) = struct.unpack("<Q", bytes(prefix))
+    if n > limit or 8 + n > stream.size:
+        return _Head(bytes(prefix), stream.size)  # parse_header says why
+    header = bytearray(n)
+    stream.readinto(memoryview(header))
+    stream.hash(memoryview(header))
+    return _Head(bytes(prefix + header), stream.size)
+
+
 def host_ints(view: ArrayView, device: drv.Device) -> list[int]:
     """The values of an integer array (host or device) as Python ints; a device array is copied
     to the host (a sync: index inputs are a few slots)."""
@@ -439,6 +572,15 @@ def check_slots(bounds, views: dict[str, ArrayView], device: drv.Device) -> None
         values = host_ints(views[name], device) if name in views else []
         if values and (min(values) < 0 or max(values) >= slots):
             raise GuardError(slots_error(name, state, slots, min(values) if min(values) < 0 else max(values)))
+
+
+def check_values(bounds, views: dict[str, ArrayView], device: drv.Device) -> None:
+    """``GuardError`` unless every input that indexes a weight's rows holds values in its range
+    (``aot.values``: the torch loader's check and text)."""
+    for name, low, high, table, op in bounds:
+        values = host_ints(views[name], device) if name in views else []
+        if values and (min(values) < low or max(values) > high):
+            raise value_error(name, min(values) if min(values) < low else max(values), low, high, table, op)
 
 
 def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:
@@ -476,15 +618,16 @@ def load(
     thread = threading.Thread(target=start_driver, name="aotpack-rt-driver", daemon=True)
     thread.start()
     checked = check_bundle(path, trust, max_memory)
-    weights = checked.bundle.read(schema.WEIGHTS_PATH)  # sha256 checked
-    read_s = time.perf_counter() - start
+    verify_s = time.perf_counter() - start
+    mark = time.perf_counter()
     thread.join()
     if "error" in started:
         raise started["error"]
-    runner = Runner(checked, started["gpu"], graphs, arena, weights)
+    waited_s = time.perf_counter() - mark
+    runner = Runner(checked, started["gpu"], graphs, arena)
     runner.timings = {
-        "check_and_read_s": read_s,
-        "waited_for_driver_s": runner.timings.pop("context_s"),
+        "verify_s": verify_s,
+        "waited_for_driver_s": waited_s + runner.timings.pop("context_s"),
         **runner.timings,
     }
     return runner

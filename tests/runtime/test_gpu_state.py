@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from aot.errors import CodegenError, GuardError
+from aot.errors import GuardError
 from tests.codegen.test_convolution import built  # noqa: F401 - the fixture
 from tests.conftest import ROOT
 
@@ -100,21 +100,12 @@ def test_prefill_logits_and_the_state_equal_the_torch_loaders(tiny_lm_free):
         rt.entry("decode")(**{**decode, "cache_position": torch.tensor([32]).cuda()})
 
 
-# Not library-free yet (H200, 2026-11-28): aot.hf's wrapper picks the last position's hidden state
-# with an index tensor (arange -> index), a library call with no Triton form; the build refuses it
-# naming the step. strict: this fails the day the form exists, so the marks go.
-NOT_YET = pytest.mark.xfail(
-    strict=True,
-    raises=CodegenError,
-    reason="the last-position index (aten.index) has no library-free form yet",
-)
-
-
-@pytest.mark.parametrize("kind", [pytest.param("gpt2", marks=NOT_YET), pytest.param("llama", marks=NOT_YET)])
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_hf_causal_lm_library_free_generate_equals_the_torch_loader(kind, tmp_path):
     """A tiny random GPT-2 (fused QKV, learned positions) and Llama (RoPE, grouped-query heads)
-    through ``aot.hf.causal_lm``, built ``--library-free``: the runtime's greedy tokens equal the
-    torch loader's on the same bundle, as do the torch loader's on the CPU."""
+    through ``aot.hf.causal_lm``, built ``--library-free`` (the wrapper's last-position pick a row
+    gather kernel, ``aot.codegen.index_rows``): the runtime's greedy tokens equal the torch
+    loader's on the same bundle, as do the torch loader's on the CPU."""
     from tests.realmodels.conftest import unusable
 
     why = unusable("transformers")

@@ -12,9 +12,9 @@ from aot.errors import CodegenError
 
 pytestmark = pytest.mark.gpu
 
-# gpt2 and llama through aot.hf.causal_lm are refused at the last-position index (aten.index) until
-# it has a library-free form (tests/runtime/test_gpu_state.py holds them as strict xfails)
-REQUIRED = ("bert", "vit", "timm-resnet50", "timm-convnext_tiny", "timm-vit_small")
+# llama (a plain LlamaForCausalLM, full causal attention over the prompt with grouped-query heads)
+# is refused at its SDPA: no attention candidate is offered for it (CPU build, 2026-11-28)
+REQUIRED = ("gpt2", "bert", "vit", "timm-resnet50", "timm-convnext_tiny", "timm-vit_small")
 
 
 def _leaves(tree) -> list:

@@ -59,3 +59,36 @@ def test_views_alias_their_base_and_a_last_dim_slice_is_rows_apart():
     assert got["flat"].__dict__ == {"base": "padded", "offset": 0, "width": 0, "pitch": 0}
     bad = _viewing(cut, view("rows", "out", [Sym("n*50")]), out=("n*50",))  # would merge rows that are apart
     assert "out" not in aliases(bad, bad.steps)
+
+
+def test_a_whole_slice_and_a_select_of_one_element_sit_at_their_base():
+    """``logits[:, -1]`` of ``[B, 1, V]`` after ``x[0:]`` (transformers' causal-LM output): both
+    views keep every element in place; a slice that starts later, or a select of a longer dim,
+    is no such view."""
+    f16 = lambda *shape: TensorSpec("float16", shape)  # noqa: E731
+    big = 9223372036854775807
+    steps = (
+        Step(StepKind.ATEN, "aten.slice.Tensor", (Buf("logits"), 0, 0, big), {}, ("whole",)),
+        Step(StepKind.ATEN, "aten.select.int", (Buf("whole"), 1, -1), {}, ("last",)),
+        Step(StepKind.ATEN, "aten.slice.Tensor", (Buf("logits"), 0, 1, big), {}, ("later",)),
+        Step(StepKind.ATEN, "aten.select.int", (Buf("wide"), 1, -1), {}, ("picked",)),
+    )
+    program = Program(
+        inputs=(),
+        weights=(),
+        steps=steps,
+        outputs=("last",),
+        symbols=(),
+        buffers={
+            "logits": f16("b", "1", "96"),
+            "whole": f16("b", "1", "96"),
+            "last": f16("b", "96"),
+            "later": f16("b - 1", "1", "96"),
+            "wide": f16("b", "3", "96"),
+            "picked": f16("b", "96"),
+        },
+    )
+    got = aliases(program, program.steps)
+    assert got["whole"].__dict__ == {"base": "logits", "offset": 0, "width": 0, "pitch": 0}
+    assert got["last"] == got["whole"]
+    assert "later" not in got and "picked" not in got

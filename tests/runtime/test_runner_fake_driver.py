@@ -15,6 +15,8 @@ import torch
 
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CUDA
+from aot.runtime.runner import STAGING_BUFFERS
+from tests.codegen.test_cache_kernels import tiny_lm_free  # noqa: F401 - the fixture
 from tests.runtime.test_torch_free import pointwise  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow  # builds the pointwise bundle (trace and compile)
@@ -69,10 +71,23 @@ class FakeDevice:
 
     free_async = free
 
+    def host_alloc(self, nbytes):  # page-locked host memory: the weights' staging buffers
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        self.buffers[ctypes.addressof(buf)] = buf
+        self.log.append(("host_alloc", nbytes))
+        return ctypes.addressof(buf)
+
+    def free_host(self, ptr):
+        self.buffers.pop(ptr, None)
+        self.log.append(("free_host",))
+
     def to_device(self, dst, src, nbytes):
         ctypes.memmove(dst, src, nbytes)
 
     to_host = copy = to_device
+
+    def zero(self, dst, nbytes):
+        ctypes.memset(dst, 0, nbytes)
 
     def copy_rows(self, dst, src, width, pitch, rows):
         for r in range(rows):
@@ -85,6 +100,9 @@ class FakeDevice:
         return object()
 
     def record(self, event):
+        pass
+
+    def destroy_event(self, event):
         pass
 
     def wait(self, event, stream):
@@ -116,7 +134,13 @@ def test_what_a_call_enqueues(pointwise, fake):  # noqa: F811
     checked = check(pointwise)
     runner = Runner(checked, fake)
     (weight,) = runner.weight_offsets
-    assert fake.log == [("alloc", 256)]  # one allocation for the weights: 16 floats at a 256-byte offset
+    # one allocation for the weights (16 floats at a 256-byte offset), streamed through the staging
+    # buffers, each of the data's size (under STAGING_BYTES), freed after
+    data = checked.manifest.members["weights.safetensors"].size
+    n = STAGING_BUFFERS
+    assert fake.log[0] == ("alloc", 256)
+    assert fake.log[1 : 1 + n] == [("host_alloc", fake.log[1][1])] * n and fake.log[1][1] < data
+    assert fake.log[1 + n :] == [("free_host",)] * n
     w = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(w, torch.linspace(-1, 1, 16).numpy())  # the model's shift, bit for bit
 
@@ -150,3 +174,90 @@ def test_what_a_call_enqueues(pointwise, fake):  # noqa: F811
     assert [e[0] for e in log] == ["alloc", "capture", "launch", "replay", "launch", "alloc"]
     _, log = call(5)  # no bucket: launched one by one, in the arena sized for 16
     assert [e[0] for e in log] == ["launch", "alloc"] and log[0][3][3] == 5
+
+
+def test_the_weights_stream_through_the_staging_buffers_and_are_checked(
+    pointwise,  # noqa: F811
+    fake,
+    monkeypatch,
+    tmp_path,
+):
+    """Buffers smaller than a weight: its bytes cross chunks and arrive whole; a bundle whose
+    weights changed after they were packed is refused by their sha256 after the stream."""
+    import zipfile
+
+    from aot.errors import BundleError
+    from aot.runtime import check
+    from aot.runtime import runner as rt
+
+    monkeypatch.setattr(rt, "STAGING_BYTES", 24)  # 6 floats: the 16-float weight takes 3 chunks
+    runner = rt.Runner(check(pointwise), fake)
+    got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
+    assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", 24)] * rt.STAGING_BUFFERS
+
+    bad = tmp_path / "bad.tpk"
+    data = bytearray(pointwise.read_bytes())
+    with zipfile.ZipFile(pointwise) as zf:
+        info = zf.getinfo("weights.safetensors")
+    name_length, extra_length = (
+        int.from_bytes(data[info.header_offset + 26 : info.header_offset + 28], "little"),
+        int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little"),
+    )
+    last = info.header_offset + 30 + name_length + extra_length + info.compress_size - 1
+    data[last] ^= 0x01  # the last weight's last byte
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"checksum mismatch in 'weights.safetensors'"):
+        rt.Runner(check(bad), fake)
+
+
+def test_split_weights_stream_from_their_own_file(fake, tmp_path):
+    """A bundle packed with ``split_weights``: the weights stream from the file beside it."""
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+    from aot.tracer import load_model_file, trace
+    from tests.runtime.test_torch_free import HERE
+
+    out = tmp_path / "split.tpk"
+    pack(generate(trace(load_model_file(HERE / "pointwise.py")), ("sm_90",)), out, split_weights=True)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".safetensors")]
+    runner = Runner(check(out), fake)
+    got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
+
+
+def test_an_id_past_the_table_is_refused_before_anything_runs_as_by_the_torch_loader(tiny_lm_free, fake):  # noqa: F811
+    """tests/data/tiny_lm.py built ``--library-free``: the runtime finds the inputs that index a
+    weight's rows as the torch loader does (``aot.values``) and refuses a token id past the
+    vocabulary, or a position past the table, with the torch loader's text, launching nothing."""
+    from aot.errors import GuardError
+    from aot.loader import load
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+
+    free, _ = tiny_lm_free
+    checked = check(free)
+    cpu = load(free)
+    for entry, ours in zip(cpu._entries, checked.entries):
+        assert ours.value_bounds == entry.value_bounds and ours.value_bounds
+    runner = Runner(checked, fake)
+    ids = np.array([[5, 7, 11, 2]])
+    mask = np.zeros((1, 32), np.int64)
+    mask[:, :4] = 1
+    good = dict(
+        input_ids=ids,
+        position_ids=np.arange(4)[None],
+        cache_position=np.arange(4),
+        attention_mask=mask,
+    )
+    for name, bad in (("input_ids", np.array([[5, 7, 97, 2]])), ("position_ids", np.array([[0, 1, 2, 40]]))):
+        fake.log.clear()
+        with pytest.raises(GuardError) as ours:
+            runner.entry("prefill")(**{**good, name: bad})
+        assert not [e for e in fake.log if e[0] == "launch"]
+        with pytest.raises(GuardError) as theirs:
+            cpu.entry("prefill")(**{k: torch.from_numpy(v) for k, v in {**good, name: bad}.items()})
+        assert str(ours.value) == str(theirs.value)
+        assert str(ours.value).startswith(f"input {name!r} holds")

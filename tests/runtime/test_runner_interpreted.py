@@ -5,7 +5,8 @@ the runner packed. tests/data/tiny_lm.py built ``--library-free``: the runtime's
 ``generate`` (its state allocation, cache writes in place, the prefill and decode programs of
 the entry points, slot bookkeeping, host argmax) gives the tokens the torch loader's CPU path gives
 on the same bundle, for one prompt and for two of different lengths; a reset then generates them
-again. The GPU tests run the same on the driver (``test_gpu_state.py``)."""
+again; tiny GPT-2 and Llama through ``aot.hf.causal_lm`` alike. The GPU tests run the same on the
+driver (``test_gpu_state.py``)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,31 @@ def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_
     assert one == cpu.generate(PROMPTS[0], NEW)
     assert state_names == ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
     assert state_size == 4 * (4 * 2 * 32 * 8 * 4)  # four caches [4, 2, 32, 8] float32
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_hf_causal_lms_generate_the_torch_loaders_tokens_in_the_interpreter(kind, tmp_path):
+    """Tiny GPT-2 and Llama through ``aot.hf.causal_lm`` built ``--library-free`` (the wrapper's
+    last-position pick a row gather computing its positions, ``aot.codegen.index_rows``; the
+    logits' whole slice and one-element select views at the same address): the runtime's greedy
+    tokens through the stand-in driver equal the torch loader's CPU path's on the same bundle."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+
+    bundle = tmp_path / f"{kind}.tpk"
+    spec = causal_lm(factory(kind), max_batch=4, max_context=16, name=kind)
+    pack(generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True), bundle)
+    prompts = [[5, 17, 42, 8, 3], [11, 9]]
+    script = f"import sys\nsys.argv = ['x', {str(bundle)!r}, {json.dumps(prompts)!r}, '3']\n" + SCRIPT
+    both, one, again, _, _ = interpreted_json(script)
+    cpu = load(bundle)
+    want = cpu.generate(prompts, 3)
+    assert both == want and again == want
+    assert one == cpu.generate(prompts[0], 3)
