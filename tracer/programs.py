@@ -185,7 +185,8 @@ def export_programs(
             try:
                 ex, _ = trace_region(grid.bounds(left), at)
             except (TraceError, SpecError) as e:
-                why = f"the model does not trace there: {str(e).splitlines()[0][:300]}"
+                first = str(e).splitlines()[0]
+                why = f"the model does not trace there: {first if len(first) <= 400 else first[:400] + '...'}"
                 break
             mine = grid.admitted(ex) & left
             if not mine.any():  # the trace at ``at`` admits none of them: tracing again would not either
@@ -200,7 +201,7 @@ def export_programs(
         else:
             return
         say(
-            f"  warning: the bundle refuses declared sizes {grid.describe(left, wanted)} ({sites}): {why}; "
+            f"  warning: the bundle refuses declared sizes {grid.describe(left)} ({sites}): {why}; "
             "a call at those sizes gets a GuardError (aotpack guards lists the relation)"
         )
 

@@ -98,17 +98,26 @@ class Grid:
             out[name] = (int(used.min()), int(used.max()))
         return out
 
-    def describe(self, left: np.ndarray, full: np.ndarray | None = None) -> str:
+    def describe(self, left: np.ndarray) -> str:
         """The ``left`` combinations as boxes of consecutive sizes (``height 28..34, width
-        28..34``); a Dim whose box spans every size ``full`` admits along it is left out."""
+        28..34``); a Dim along which ``left`` does not change (every batch alike) is left out."""
+        names, axes = [], []
+        for k in reversed(range(left.ndim)):
+            if (left.any(axis=k) == left.all(axis=k)).all():
+                left = left.any(axis=k)
+            else:
+                names.insert(0, self.names[k])
+                axes.insert(0, self.axes[k])
+        if not names:
+            return "of every size"
         left = left.copy()
         boxes = []
         total = int(left.sum())
         while left.any() and len(boxes) < MAX_BOXES_SHOWN:
             start = tuple(int(i[0]) for i in np.nonzero(left))
             hi = list(start)
-            for k in range(len(self.axes)):  # grow along each axis while the box stays inside
-                while hi[k] + 1 < self.axes[k].size:
+            for k in range(len(axes)):  # grow along each axis while the box stays inside
+                while hi[k] + 1 < axes[k].size:
                     trial = tuple(
                         slice(h + 1, h + 2) if j == k else slice(s, h + 1)
                         for j, (s, h) in enumerate(zip(start, hi))
@@ -116,17 +125,12 @@ class Grid:
                     if not left[trial].all():
                         break
                     hi[k] += 1
-            box = tuple(slice(s, h + 1) for s, h in zip(start, hi))
-            left[box] = False
+            left[tuple(slice(s, h + 1) for s, h in zip(start, hi))] = False
             parts = []
-            for k, name in enumerate(self.names):
-                a, b = int(self.axes[k][start[k]]), int(self.axes[k][hi[k]])
-                if full is not None:
-                    along = self.axes[k][full.any(axis=tuple(j for j in range(len(self.axes)) if j != k))]
-                    if along.size and (a, b) == (int(along.min()), int(along.max())):
-                        continue
+            for k, name in enumerate(names):
+                a, b = int(axes[k][start[k]]), int(axes[k][hi[k]])
                 parts.append(f"{name} {a}" if a == b else f"{name} {a}..{b}")
-            boxes.append(", ".join(parts) or "every size")
+            boxes.append(", ".join(parts))
         rest = int(left.sum())
-        more = f" and {rest} more of {total} combinations" if rest else ""
+        more = f" and {rest} more of {total} combinations of {', '.join(names)}" if rest else ""
         return "; ".join(boxes) + more
