@@ -18,7 +18,7 @@ from aot.spec import Dim, ModelSpec, plan_buckets
 from aot.sympy_text import evaluate_vectorized
 from aot.tracer.export import Exported, example_size, export_model, region_name
 from aot.tracer.model import binding_note, call_model, call_plan, example_inputs, instantiate, split_constants
-from aot.tracer.relations import MAX_GRID, Grid
+from aot.tracer.relations import MAX_GRID, Grid, excludes
 
 # How many programs one build may trace to cover the declared ranges, and how many separate
 # intervals of one symbol's uncovered sizes it traces (an odd/even split is never covered this way).
@@ -164,14 +164,19 @@ def export_programs(
         if not relations:
             return
         sites = "; ".join(f"{r.expr} at {r.source.file}:{r.source.line}: {r.source.code}" for r in relations)
-        if not Grid.fits(spec, start):
-            say(
-                f"  warning: relation(s) {sites} may exclude declared sizes; the build does not check "
-                f"which (more than {MAX_GRID} combinations of sizes): a call they exclude is refused "
-                "with a GuardError"
-            )
+        if not Grid.fits(spec.dims(), start):
+            unsure = [r for r in relations if excludes(spec, start, r.expr) is not False]
+            if unsure:
+                sites = "; ".join(
+                    f"{r.expr} at {r.source.file}:{r.source.line}: {r.source.code}" for r in unsure
+                )
+                say(
+                    f"  warning: relation(s) {sites} may exclude declared sizes; the build does not check "
+                    f"which (more than {MAX_GRID} combinations of sizes): a call they exclude is refused "
+                    "with a GuardError"
+                )
             return
-        grid = Grid(spec, start)
+        grid = Grid(spec.dims(), start)
         wanted = grid.each_symbol(programs)
         admitted = np.zeros(grid.shape, dtype=bool)
         for p in programs:
@@ -417,9 +422,9 @@ def _contract_relations(spec: ModelSpec, programs: list[Exported]):
     if not relations or len(programs) == 1:
         return relations
     ranges = {d.name: (d.min, d.max) for d in spec.dims()}
-    if not Grid.fits(spec, ranges):
+    if not Grid.fits(spec.dims(), ranges):
         return relations
-    grid = Grid(spec, ranges)
+    grid = Grid(spec.dims(), ranges)
     admitted = np.zeros(grid.shape, dtype=bool)
     for p in programs:
         admitted |= grid.admitted(p)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from aot.schema import SymbolGuard
-from aot.spec import ModelSpec
+from aot.spec import Dim, ModelSpec
 from aot.sympy_text import evaluate_vectorized
 
 # The largest grid of declared size combinations enumerated (booleans, one per combination); a
@@ -22,22 +22,35 @@ MAX_GRID = 1 << 21
 MAX_BOXES_SHOWN = 4
 
 
-class Grid:
-    """Every declared size of each Dim (its multiples, within ``ranges``), as numpy axes."""
+def excludes(spec: ModelSpec, ranges: dict[str, tuple[int, int]], expr: str) -> bool | None:
+    """Whether ``expr`` fails at some combination of the declared sizes of the Dims it reads
+    (the others left out), or None when those are too many to enumerate."""
+    import re
 
-    def __init__(self, spec: ModelSpec, ranges: dict[str, tuple[int, int]]):
-        self.names = [d.name for d in spec.dims()]
+    names = {d.name for d in spec.dims() if re.search(rf"\b{re.escape(d.name)}\b", expr)}
+    own = [d for d in spec.dims() if d.name in names]
+    if not own or not Grid.fits(own, ranges):
+        return None
+    grid = Grid(own, ranges)
+    return not np.broadcast_to(evaluate_vectorized(expr, grid.env()), grid.shape).astype(bool).all()
+
+
+class Grid:
+    """Every declared size of each of ``dims`` (its multiples, within ``ranges``), as numpy axes."""
+
+    def __init__(self, dims: list[Dim], ranges: dict[str, tuple[int, int]]):
+        self.names = [d.name for d in dims]
         self.axes = []
-        for d in spec.dims():
+        for d in dims:
             lo, hi = ranges[d.name]
             m = d.multiple_of
             self.axes.append(np.arange(-(-lo // m) * m, hi + 1, m, dtype=np.int64))
         self.shape = tuple(a.size for a in self.axes)
 
     @staticmethod
-    def fits(spec: ModelSpec, ranges: dict[str, tuple[int, int]]) -> bool:
+    def fits(dims: list[Dim], ranges: dict[str, tuple[int, int]]) -> bool:
         size = 1
-        for d in spec.dims():
+        for d in dims:
             lo, hi = ranges[d.name]
             size *= max(hi // d.multiple_of - (-(-lo // d.multiple_of)) + 1, 1)
         return size <= MAX_GRID

@@ -12,9 +12,12 @@ Tolerance (float32): the CPU path runs eager's ATen ops, so outputs agree to 1e-
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from aot import Dim
 from aot.errors import GuardError
 from aot.loader import load
 from aot.manifest_text import canonical, parse_guards_text, render_manifest
@@ -99,3 +102,24 @@ def test_a_relation_no_trace_covers_is_a_build_warning_listed_in_the_guards(buil
         "inputs violate height*width <= 256 with batch=1, height=16, width=17 (guard from "
         "tests/data/refused_area.py:11: if image.shape[1] * image.shape[2] > 256:)"
     )
+
+
+def test_aotpack_guards_traces_the_same_programs_as_the_build(built):
+    spec = load_model_file(model_path("native_grid"))
+    runner = load(built("native_grid", ("sm_90",)), device="cpu")
+    text = render_manifest(guard_manifest(spec, ("sm_90",)), notes=False)
+    assert text == render_manifest(parse_guards_text(runner.guards_text()), notes=False)
+
+
+def test_a_relation_over_too_many_combinations_to_check_is_a_warning():
+    spec = load_model_file(model_path("refused_area"))
+    image = spec.inputs[0]
+    wide = Dim("batch", 1, 4096)  # 4096 * 29 * 29 combinations: more than the build enumerates
+    spec = dataclasses.replace(spec, inputs=[dataclasses.replace(image, shape=(wide, *image.shape[1:]))])
+    said: list[str] = []
+    (general,) = export_programs(spec, progress=said.append)
+    assert [s for s in said if "warning" in s] == [
+        "  warning: relation(s) height*width <= 256 at tests/data/refused_area.py:11: if image.shape[1] * "
+        "image.shape[2] > 256: may exclude declared sizes; the build does not check which (more than 2097152 "
+        "combinations of sizes): a call they exclude is refused with a GuardError"
+    ]
