@@ -29,6 +29,7 @@ _SELECTIONS = {
     "aten.unique_dim.default": "torch.unique returns one row per distinct value",
     "aten._unique2.default": "torch.unique returns one element per distinct value",
     "aten.unique_consecutive.default": "torch.unique_consecutive returns one element per run",
+    "aten._local_scalar_dense.default": ".item() (or int(t), t.tolist()) turns a tensor value into a number",
 }
 MAX_LINES_SHOWN = 6
 
