@@ -234,6 +234,41 @@ def rows_note(g: SymbolGuard) -> str:
     return f"rows along {g.name}: not independent, a server never joins requests along it: {g.rows_check}"
 
 
+MAX_NOTE_COMBINATIONS = 1 << 15  # combinations of sizes a relation's note enumerates
+
+
+def relation_note(rel: Relation, symbols: tuple[SymbolGuard, ...]) -> str:
+    """The declared sizes a relation refuses though each symbol's set admits them (a model line
+    that refuses large images, ``height*width <= 256``), counted with a few of them: a call there
+    gets a GuardError. "" when it refuses none; beyond ``MAX_NOTE_COMBINATIONS``, not counted."""
+    import itertools
+    import math
+
+    from aot.admissible import admits
+    from aot.symexpr import compile_expr
+
+    try:
+        expr = compile_expr(rel.expr)
+    except BundleError:
+        return ""
+    by_name = {g.name: g for g in symbols}
+    names = sorted(expr.symbols)
+    if not names or any(n not in by_name for n in names):
+        return ""
+    spans = [by_name[n].max - by_name[n].min + 1 for n in names]
+    if math.prod(spans) > MAX_NOTE_COMBINATIONS:
+        return f"relation {rel.expr}: may refuse declared sizes (too many combinations to count here)"
+    values = [[v for v in range(by_name[n].min, by_name[n].max + 1) if admits(by_name[n], v)] for n in names]
+    refused = [c for c in itertools.product(*values) if not expr(dict(zip(names, c)))]
+    if not refused:
+        return ""
+    shown = "; ".join(", ".join(f"{n}={v}" for n, v in zip(names, c)) for c in refused[:3])
+    return (
+        f"relation {rel.expr} refuses {len(refused)} of {math.prod(map(len, values))} combinations of "
+        f"{', '.join(names)} that the symbols admit, e.g. {shown}{'; ...' if len(refused) > 3 else ''}"
+    )
+
+
 def render_manifest(m: GuardManifest, notes: bool = True) -> str:
     """The manifest text of ``m`` (canonicalized first). ``notes``: under each symbol, a comment
     line with the build's row-independence finding (``rows_note``); comments are not part of the
@@ -260,6 +295,8 @@ def render_manifest(m: GuardManifest, notes: bool = True) -> str:
             lines.append(f"# {_one_line(found[sym.name])}")
     for rel in m.guards.relations:
         lines.append(f"relation {_one_line(rel.expr)}  {site_text(rel.source)}")
+        if notes and (refused := relation_note(rel, m.guards.symbols)):
+            lines.append(f"# {_one_line(refused)}")
     for spec in m.guards.specializations:
         lines.append(f"specialized {_one_line(spec.text)}  {site_text(spec)}")
     if m.buckets:

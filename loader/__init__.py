@@ -381,7 +381,13 @@ class Runner:
                 )
                 if capture != "none":
                     entry.graphs = GraphRunner(
-                        entry.gpu, buckets, arena, entry.outputs, self._weight_storages, self.state
+                        entry.gpu,
+                        buckets,
+                        arena,
+                        entry.outputs,
+                        self._weight_storages,
+                        self.state,
+                        relations=tuple(r.expr for r in guards.relations),
                     )
                     if capture == "all":
                         entry.graphs.capture_all()

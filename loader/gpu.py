@@ -412,10 +412,14 @@ class GraphRunner:
         specs: OutputSpecs,
         weights: Storages,
         state: Any = None,
+        relations: tuple[str, ...] = (),
     ):
         """``specs``: the program's output specs; ``weights``: the runner's weights, whose memory
-        is never lent out."""
+        is never lent out; ``relations``: the program's guards among symbols (``height == width``
+        of a program traced for a square grid): a bucket combination that breaks one is never
+        captured (the program was not traced for it), a call padded onto one runs without a graph."""
         self.gpu = gpu
+        self._relations = [compile_expr(r) for r in relations]
         index = gpu.device.index
         self.device_index = torch.cuda.current_device() if index is None else index
         self.buckets = {b.symbol: b for b in buckets}
@@ -455,13 +459,19 @@ class GraphRunner:
                 key.append(bigger[0])
             else:
                 return None
-        return tuple(key)
+        return tuple(key) if self._admits(tuple(key)) else None
+
+    def _admits(self, key: tuple) -> bool:
+        if not self._relations:
+            return True
+        sizes = dict(zip(self.symbols, key))
+        return all(r(sizes) for r in self._relations if r.symbols <= sizes.keys())
 
     def all_keys(self) -> list[tuple]:
         import itertools
 
         sizes = [self.buckets[s].sizes for s in self.symbols]
-        keys = list(itertools.product(*sizes))
+        keys = [k for k in itertools.product(*sizes) if self._admits(k)]
         return sorted(keys, key=lambda k: [-v for v in k])
 
     def capture(

@@ -137,6 +137,7 @@ def export_model(
     fast: bool = False,
     ranges: dict[str, tuple[int, int]] | None = None,
     module: Any = None,
+    at: dict[str, int] | None = None,
 ) -> Exported:
     """``torch.export`` the model with its declared dims and collect the simplified guards.
 
@@ -144,6 +145,7 @@ def export_model(
     ``fast``: export a module with uninitialized weights (``instantiate_shapes_only``): the same
     guards, for callers that need only them (``aotpack guards``/``check``); if that module does
     not export, the full module is exported instead. ``module``: reuse one already built.
+    ``at``: sizes to trace at instead of the Dims' examples (a point a relation excludes).
     """
     import torch
     import torch.fx.experimental._config as fx_config
@@ -159,7 +161,7 @@ def export_model(
         module = instantiate_shapes_only(spec) if fast else None
         if module is None:
             fast, module = False, instantiate(spec, weights)
-    sizes = {d.name: example_size(d, ranges[d.name]) for d in spec.dims()}
+    sizes = {d.name: example_size(d, ranges[d.name]) for d in spec.dims()} | (at or {})
     examples = example_inputs(spec, sizes)
     by_keyword, constants = call_plan(spec, module)
     constants, bound = split_constants(module, constants)
@@ -208,7 +210,7 @@ def export_model(
             ep = export(module, args, kwargs, dynamic_shapes=dynamic)
     except Exception as e:
         if fast:
-            return export_model(spec, weights, ranges=ranges)
+            return export_model(spec, weights, ranges=ranges, at=at)
         run_eager(spec, module, examples)  # a spec mistake is reported as one
         raise export_error(e, spec) from None
 

@@ -47,6 +47,7 @@ from aot.schema import (
     TensorSpec,
 )
 from aot.sympy_text import to_float_text, to_text
+from aot.tracer.selections import selection_error
 from aot.tracer.sites import float_from_sizes, library_relative, value_dependent_size
 
 # Ops that only assert facts about the tracing run; they carry no computation.
@@ -379,6 +380,9 @@ class Lowering:
         val = node.meta.get("val")
         if name == "aten.sym_size.int" or isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
             return
+        unbacked = [str(s) for s in (node.meta.get("unbacked_bindings") or {}) if s not in self.names]
+        if unbacked:  # a size that tensor values give (torch.nonzero, x[mask]): named with its bound
+            raise selection_error(node, unbacked[0], self.names)
         if name not in ALLOWED_OPS:
             raise TraceError(
                 f"{_model_line(node)}the model calls {name}, which a bundle may not run (only the pure "

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from aot.admissible import admissible_text
 from aot.errors import SpecError, TraceError
 from aot.schema import Bucket, Guards, InputGuard, SymbolGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
+from aot.sympy_text import evaluate_vectorized
 from aot.tracer.export import Exported, example_size, export_model, region_name
 from aot.tracer.model import binding_note, call_model, call_plan, example_inputs, instantiate, split_constants
+from aot.tracer.relations import MAX_GRID, Grid, excludes
 
 # How many programs one build may trace to cover the declared ranges, and how many separate
 # intervals of one symbol's uncovered sizes it traces (an odd/even split is never covered this way).
@@ -75,20 +79,14 @@ def export_programs(
     exhausted: list[str] = []  # regions left when MAX_PROGRAMS were traced
     real = None
 
-    def cover(ranges: dict[str, tuple[int, int]]) -> None:
+    def trace_region(ranges: dict[str, tuple[int, int]], at: dict[str, int] | None = None):
+        """One program over ``ranges`` (traced at ``at`` when given), sizes its trace fixes traced
+        as static, size 1 of relaxed symbols checked against eager: (program, coverage), where
+        coverage is the guards that say what it covers when a static trace replaced it."""
         nonlocal module, real
-        if len(programs) >= MAX_PROGRAMS:
-            exhausted.append(region_name(spec, ranges))
-            return
-        try:
-            ex = export_model(spec, weights, fast, ranges, module=module)
-        except (TraceError, SpecError) as e:
-            if not programs:
-                raise
-            failures.append(f"{region_name(spec, ranges)}: {e}")
-            return
+        ex = export_model(spec, weights, fast, ranges, module=module, at=at)
         module = ex.module
-        coverage = None  # the guards that say what this trace covers, where a static one replaced it
+        coverage = None
         pinned = {
             g.name: g.min
             for g in ex.guards.symbols
@@ -96,13 +94,9 @@ def export_programs(
         }
         if pinned:  # the trace fixed these sizes (int(h / 2), a quotient of 1): trace them as static
             coverage = ex.guards
-            try:
-                ex = export_model(
-                    spec, weights, fast, {**ranges, **{n: (v, v) for n, v in pinned.items()}}, module
-                )
-            except (TraceError, SpecError) as e:
-                failures.append(f"{region_name(spec, ranges)}: {e}")
-                return
+            ex = export_model(
+                spec, weights, fast, {**ranges, **{n: (v, v) for n, v in pinned.items()}}, module, at=at
+            )
             if not programs and not entry:  # the bundle's first program takes the contract's inputs:
                 # its guards are the dynamic trace's, which admit the fixed sizes alone
                 ex = replace(
@@ -120,6 +114,19 @@ def export_programs(
                 ex = replace(
                     ex, guards=ex.strict, buckets=plan_buckets(spec, ex.strict), relaxed=(), strict=None
                 )
+        return ex, coverage
+
+    def cover(ranges: dict[str, tuple[int, int]]) -> None:
+        if len(programs) >= MAX_PROGRAMS:
+            exhausted.append(region_name(spec, ranges))
+            return
+        try:
+            ex, coverage = trace_region(ranges)
+        except (TraceError, SpecError) as e:
+            if not programs:
+                raise
+            failures.append(f"{region_name(spec, ranges)}: {e}")
+            return
         if programs:
             say(f"  traced a program for {ex.name} (the general trace's guards exclude it)")
         elif entry:
@@ -145,7 +152,66 @@ def export_programs(
                     cover({**fixed, d.name: (a, b)})
             fixed[d.name] = (g.min, g.max)
 
-    cover(dict(ranges) if ranges else {d.name: (d.min, d.max) for d in spec.dims()})
+    start = dict(ranges) if ranges else {d.name: (d.min, d.max) for d in spec.dims()}
+    cover(start)
+
+    def cover_relations() -> None:
+        """Trace a program at each combination of sizes that a relation of the programs so far
+        excludes and no program admits (DINOv2's native grid, ``(height//7)*(width//7) == 16``), over
+        the smallest box holding what is left, until every combination the symbols' sets admit is
+        admitted; what cannot be covered is a build warning that names the relation and the sizes."""
+        relations = list(dict.fromkeys(r for p in programs for r in p.guards.relations))
+        if not relations:
+            return
+        sites = "; ".join(f"{r.expr} at {r.source.file}:{r.source.line}: {r.source.code}" for r in relations)
+        if not Grid.fits(spec.dims(), start):
+            unsure = [r for r in relations if excludes(spec, start, r.expr) is not False]
+            if unsure:
+                sites = "; ".join(
+                    f"{r.expr} at {r.source.file}:{r.source.line}: {r.source.code}" for r in unsure
+                )
+                say(
+                    f"  warning: relation(s) {sites} may exclude declared sizes; the build does not check "
+                    f"which (more than {MAX_GRID} combinations of sizes): a call they exclude is refused "
+                    "with a GuardError"
+                )
+            return
+        grid = Grid(spec.dims(), start)
+        wanted = grid.each_symbol(programs)
+        admitted = np.zeros(grid.shape, dtype=bool)
+        for p in programs:
+            admitted |= grid.admitted(p)
+        why = ""
+        while (left := wanted & ~admitted).any():
+            if len(programs) >= MAX_PROGRAMS:
+                why = f"more than {MAX_PROGRAMS} programs would be needed"
+                break
+            at = grid.point(tuple(int(i[0]) for i in np.nonzero(left)))
+            try:
+                ex, _ = trace_region(grid.bounds(left), at)
+            except (TraceError, SpecError) as e:
+                first = str(e).splitlines()[0]
+                why = f"the model does not trace there: {first if len(first) <= 400 else first[:400] + '...'}"
+                break
+            mine = grid.admitted(ex) & left
+            if not mine.any():  # the trace at ``at`` admits none of them: tracing again would not either
+                why = f"the trace at {_sizes_text(at)} admits none of them"
+                break
+            own = [r.expr for r in ex.guards.relations]
+            named = [ex.name] if ex.name != "general" else []
+            ex = replace(ex, name="; ".join(named + own) or ex.name)
+            say(f"  traced a program for {ex.name} (a relation of the other programs excludes it)")
+            programs.append(ex)
+            admitted |= mine
+        else:
+            return
+        say(
+            f"  warning: the bundle refuses declared sizes {grid.describe(left)} ({sites}): {why}; "
+            "a call at those sizes gets a GuardError (aotpack guards lists the relation)"
+        )
+
+    if not exhausted:
+        cover_relations()
     if exhausted:
         failures.append(_too_many(spec, programs[0], exhausted))
     if failures and not allow:
@@ -156,6 +222,10 @@ def export_programs(
             "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         )
     return programs
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
 
 def _too_many(spec: ModelSpec, general: Exported, regions: list[str]) -> str:
@@ -339,8 +409,30 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
     return Guards(
         inputs=declared_inputs,
         symbols=tuple(symbols),
-        relations=first.relations,
+        relations=_contract_relations(spec, programs),
         specializations=first.specializations,
+    )
+
+
+def _contract_relations(spec: ModelSpec, programs: list[Exported]):
+    """The general program's relations that every program keeps: one that another program
+    crosses (the branch DINOv2 takes at its native grid) is not the bundle's, each program's own
+    guards hold it where it applies. Without a grid to check on, all of them."""
+    relations = programs[0].guards.relations
+    if not relations or len(programs) == 1:
+        return relations
+    ranges = {d.name: (d.min, d.max) for d in spec.dims()}
+    if not Grid.fits(spec.dims(), ranges):
+        return relations
+    grid = Grid(spec.dims(), ranges)
+    admitted = np.zeros(grid.shape, dtype=bool)
+    for p in programs:
+        admitted |= grid.admitted(p)
+    env = grid.env()
+    return tuple(
+        r
+        for r in relations
+        if np.broadcast_to(evaluate_vectorized(r.expr, env), grid.shape).astype(bool)[admitted].all()
     )
 
 

@@ -9,7 +9,11 @@ compared with eager at the minimum, an odd (admitted) and the maximum size.
 - SegFormer (overlapping strided patch embeddings, spatial-reduction attention) declares
   ``multiple_of=32``, so no stage's map is odd; its 1x1 last stage at 32 gets its own program.
 - DINOv2 interpolates its position embeddings with a scale computed from the sizes
-  (``4 / (height // 7)``), stored as a float expression and evaluated per call; no multiple.
+  (``4 / (height // 7)``), stored as a float expression and evaluated per call; no multiple. At
+  its native patch grid it uses them as they are (``num_patches == num_positions and height ==
+  width``): the general trace's relation ``(height//7)*(width//7) != 16`` excludes those sizes, so
+  the build traces them as programs of their own (at 28x28 beside 14..56, and at 224x224 beside
+  112..336 for a 224 config).
 
 Tolerance (float32): max |bundle - eager| <= 1e-4 * max(1, max |eager|) per output, as the zoo's
 (``tests/realmodels/test_realmodels.py``): the CPU path runs eager's ATen ops.
@@ -136,7 +140,37 @@ CASES = {
         (
             {"batch": 1, "height": 14, "width": 14},
             {"batch": 2, "height": 23, "width": 41},
+            {"batch": 1, "height": 28, "width": 28},  # the native 4x4 grid: the embedding as it is
+            {"batch": 2, "height": 14, "width": 56},  # 2x8 patches: as many as the native grid
+            {"batch": 2, "height": 30, "width": 33},
             {"batch": 3, "height": 56, "width": 56},
+        ),
+    ),
+    "dinov2-224": (  # native 224x224 (16x16 patches of 14), declared around it
+        _image(
+            "Dinov2Model",
+            (
+                "Dinov2Config",
+                dict(
+                    image_size=224,
+                    patch_size=14,
+                    hidden_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=64,
+                ),
+            ),
+            Dim("height", 112, 336),
+            Dim("width", 112, 336),
+            batch=2,
+        ),
+        (
+            {"batch": 1, "height": 224, "width": 224},
+            {"batch": 2, "height": 237, "width": 237},
+            {"batch": 1, "height": 224, "width": 230},
+            {"batch": 1, "height": 112, "width": 112},
+            {"batch": 2, "height": 161, "width": 303},
+            {"batch": 2, "height": 336, "width": 336},
         ),
     ),
 }
@@ -163,6 +197,7 @@ def test_dynamic_image_sizes_match_eager(zoo_build, name):
             declared[g.name],
             (),
         ), g
+    assert not b.runner.manifest.guards.relations  # the programs together admit every declared size
 
 
 def test_dinov2_stores_its_interpolation_scale_as_a_float_of_the_sizes(zoo_build):

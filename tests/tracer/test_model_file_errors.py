@@ -82,12 +82,11 @@ def test_a_module_beside_the_model_file_imports(tmp_path, capsys, monkeypatch):
     [
         (
             "return torch.nonzero(x > 0).float().sum(0)",
-            "model.py:7: a size depends on tensor values, not on input shapes: u0 is the size of a result "
-            "such as torch.nonzero's, masked_select's, unique's or a number read with .item(); a bundle's "
-            "shapes follow its inputs' shapes alone: keep the size fixed (a mask or torch.where instead of "
-            "indices, a padded result), or move this line and what follows it out of the bundle: build the "
-            "model up to the dense tensors it selects from (a detector's boxes and scores before NMS) and run "
-            "the selection in Python on the runner's outputs",
+            "model.py:7: return torch.nonzero(x > 0).float().sum(0): torch.nonzero returns one row per "
+            "nonzero element, so its size (u0, at most 4*batch, 32 at the declared maximum) depends on tensor "
+            "values; a bundle plans its programs, memory and CUDA graphs from input sizes alone and cannot hold "
+            "it. Build the rest: move this line out of the bundle, returning the tensors it selects from and "
+            "the mask as outputs",
         ),
         (
             "return torch.zeros(int((x > 0).sum().item()))",
