@@ -138,3 +138,56 @@ def test_rotary_decode_attention_matches_eager(interpreted, case):
     assert not got["nan"], f"{name}: unwritten or NaN outputs"
     tol = 1e-4 if dtype == "float32" else 2e-2
     assert got["max_err"] <= tol * (1 + got["ref_max"]), got
+
+
+ANGLES = """
+import torch
+from torch import nn
+
+from aot import Dim, Input, ModelSpec
+
+
+class Angles(nn.Module):  # a decode step's rotary angles, as Llama computes them: one position per row
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)))
+
+    def forward(self, x, position_ids):  # x: [B, 1, 32], position_ids: [B, 1]
+        freqs = position_ids[..., None].float() * self.inv_freq.float()  # [B, 1, 16]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [B, 1, 32]
+        return x * emb.cos().to(x.dtype) + x * emb.sin().to(x.dtype)
+
+
+spec = ModelSpec(
+    module=Angles,
+    inputs=[Input("x", (1, 1, 32)), Input("position_ids", (1, 1), dtype="int64", low=0, high=4000)],
+    dtype="bfloat16",
+)
+"""
+
+
+def test_one_position_rotary_angles_compile_and_match(tmp_path):
+    """A decode step's angles (one position: every lane of ``cat(freqs, freqs)`` reads the same
+    position element, under the cat's lane conditions) fuse into one kernel that compiles (a
+    scalar load under a lane mask failed to: the ops then stayed library calls) and matches
+    its reference in the interpreter (bfloat16 tolerance)."""
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.schema import StepKind
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "angles.py"
+    path.write_text(ANGLES)
+    compiled = generate(trace(load_model_file(path)), ("sm_90",))
+    assert compiled.stats.fallbacks == 0
+    program = compiled.program
+    assert not any(
+        s.kind == StepKind.ATEN and s.target in ("aten.cos.default", "aten.sin.default")
+        for s in program.steps
+    )
+    bundle = tmp_path / "angles.tpk"
+    pack(compiled, bundle)
+    (results,) = interpret_in_subprocess([(bundle, path, [{}], None)])
+    checks = [c for cs in results.values() for c in cs]
+    assert checks and all(c.ok for c in checks), checks
