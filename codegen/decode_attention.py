@@ -335,6 +335,8 @@ def rotary_of(
         ):
             return None
         rotated, rest = parts
+        if not isinstance(rest, Buf):
+            return None
     add = made(rotated, "aten.add.Tensor")
     if add is None or len(add.args) != 2:
         return None
@@ -380,6 +382,8 @@ def rotary_of(
         return None
     if not (end >= FULL_END or end == dim) or first_args[4] not in (1, None):
         return None
+    if rest is not None and dim == head_dim and p.shape(rest.name) == (batch, str(heads), "1", "0"):
+        rest = None  # the rest of the head is empty (Phi-3 slices it off at any rotary dim)
     if second_args[4] not in (1, None) or (rest is None) != (dim == head_dim):
         return None
     both = replace(program, steps=program.steps + kernel_step.reference)  # views inside the kernel too
