@@ -26,7 +26,18 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
   state in between, the kernel also does the write (``Append``): each program stores its row's
   and KV head's new key and value at slot ``pos`` and uses them from registers at that slot, so
   the two ``index_put_`` launches of a layer go. The kernel step writes the state in place
-  (``Step.in_place``); its reference holds the writes, the views between and the SDPA step.
+  (``Step.in_place``); its reference holds the writes, the views between and the SDPA step;
+- where the queries, or the new keys it appends, are what a kernel wrote computing rotary position
+  embedding (``rotary_of``: ``x * cos + cat(-x2, x1) * sin`` over the first R elements of each head
+  of a projection's rows, the rest of the head as it is; ``cos``/``sin`` ``[B or 1, 1, R]``
+  buffers of the step's positions), and nothing else reads what that kernel wrote, the attention
+  kernel loads the un-rotated rows and the step's cos/sin and rotates them in registers, so the
+  two RoPE launches of a layer go too (their steps join the reference). Each product and the sum
+  are rounded to the operands' dtype as the library rounds them, so for float16 and bfloat16 the
+  keys the cache keeps are eager's own bits (float32: the GPU may fuse a product and the sum into
+  one FMA, as every kernel of the build may). Other forms (GPT-J's interleaved pairs, a
+  per-head norm fused into the RoPE kernel, heads interleaved with their keys and values in the
+  projection's rows) keep their RoPE kernel.
 """
 
 from __future__ import annotations
