@@ -153,7 +153,7 @@ class Angles(nn.Module):  # a decode step's rotary angles, as Llama computes the
         self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)))
 
     def forward(self, x, position_ids):  # x: [B, 1, 32], position_ids: [B, 1]
-        freqs = position_ids[..., None].float() * self.inv_freq.float()  # [B, 1, 16]
+        FREQS
         emb = torch.cat((freqs, freqs), dim=-1)  # [B, 1, 32]
         return x * emb.cos().to(x.dtype) + x * emb.sin().to(x.dtype)
 
@@ -166,11 +166,20 @@ spec = ModelSpec(
 """
 
 
-def test_one_position_rotary_angles_compile_and_match(tmp_path):
+FREQS = {  # [B, 1, 16]
+    "mul": "freqs = position_ids[..., None].float() * self.inv_freq.float()",  # transformers >= 4.56
+    # before: an outer product as a matmul, a cuBLAS launch of its own
+    "matmul": "freqs = (self.inv_freq[None, :, None].float() @ position_ids[:, None, :].float()).transpose(1, 2)",
+}
+
+
+@pytest.mark.parametrize("form", sorted(FREQS))
+def test_one_position_rotary_angles_compile_and_match(tmp_path, form):
     """A decode step's angles (one position: every lane of ``cat(freqs, freqs)`` reads the same
     position element, under the cat's lane conditions) fuse into one kernel that compiles (a
     scalar load under a lane mask failed to: the ops then stayed library calls) and matches
-    its reference in the interpreter (bfloat16 tolerance)."""
+    its reference in the interpreter (bfloat16 tolerance). The angles as a matmul over an inner
+    dim of one (``aot.codegen.outer_products``) join that kernel as a multiply."""
     from aot.codegen import generate
     from aot.packager import pack
     from aot.schema import StepKind
@@ -178,10 +187,11 @@ def test_one_position_rotary_angles_compile_and_match(tmp_path):
     from aot.verify.interpret import interpret_in_subprocess
 
     path = tmp_path / "angles.py"
-    path.write_text(ANGLES)
+    path.write_text(ANGLES.replace("FREQS", FREQS[form]))
     compiled = generate(trace(load_model_file(path)), ("sm_90",))
     assert compiled.stats.fallbacks == 0
     program = compiled.program
+    assert [s.kind for s in program.steps] == [StepKind.KERNEL], program.steps  # one launch
     assert not any(
         s.kind == StepKind.ATEN and s.target in ("aten.cos.default", "aten.sin.default")
         for s in program.steps
