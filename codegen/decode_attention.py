@@ -35,9 +35,9 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
   two RoPE launches of a layer go too (their steps join the reference). Each product and the sum
   are rounded to the operands' dtype as the library rounds them, so for float16 and bfloat16 the
   keys the cache keeps are eager's own bits (float32: the GPU may fuse a product and the sum into
-  one FMA, as every kernel of the build may). Other forms (GPT-J's interleaved pairs, a
-  per-head norm fused into the RoPE kernel, heads interleaved with their keys and values in the
-  projection's rows) keep their RoPE kernel.
+  one FMA, as every kernel of the build may). The rows may hold each head's q, k and v side by
+  side (GPT-NeoX: ``Rotary.head_stride``). Other forms (GPT-J's interleaved pairs, a per-head norm
+  fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class Rotary:
     dim: int  # the rotated elements of a head (even, at most the head dim)
     step: int
     result: str
+    head_stride: int = 0  # elements between heads of ``rows``; 0: the head dim (heads side by side)
 
 
 @dataclass(frozen=True)
@@ -402,14 +403,16 @@ def rotary_of(
     if found is None or found[0].base in local or not p.materialized(found[0].base):
         return None
     rows, head_stride = found
-    if heads > 1 and head_stride != head_dim:
+    if heads == 1 or head_stride == head_dim:
+        head_stride = 0
+    elif head_stride < head_dim:
         return None
     if rest is not None:  # the rest of each head: where the rotated part ends
         after = _head_rows(strided_view(rest.name, both), batch, heads, head_dim - dim)
         if (
             after is None
             or after[0] != replace(rows, column=rows.column + dim)
-            or (heads > 1 and after[1] != head_dim)
+            or (heads > 1 and after[1] != (head_stride or head_dim))
         ):
             return None
     tables = []
@@ -439,7 +442,7 @@ def rotary_of(
         tables.append((view.base, int(stride_b)))
     if tables[0][1] != tables[1][1]:
         return None
-    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name)
+    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride)
 
 
 def _sdpa_args(step: Step):
@@ -648,6 +651,9 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     qr_tables = ("qcos_ptr", "qsin_ptr", "Q_ROT_BATCH")
     kr_tables = qr_tables if shared_tables else ("kcos_ptr", "ksin_ptr", "K_ROT_BATCH")
     name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
+    # elements between the heads of the rows the queries and new keys are read from
+    q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
+    k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
@@ -659,12 +665,12 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "rd = tl.arange(0, BLOCK_D)",
         "valid_g = rg < GROUPS",
         "h = kh * GROUPS + rg",
-        f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * HEAD_DIM + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
         *(
             _rotation_lines(
                 "q",
                 "q",
-                "tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * HEAD_DIM + q_partner[None, :], "
+                f"tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + q_partner[None, :], "
                 "mask=valid_g[:, None] & q_turn[None, :], other=0.0)",
                 "[None, :]",
                 qr_tables,
@@ -682,12 +688,12 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         body += [
             "pos = tl.load(pos_ptr).to(tl.int64)",
             "pos = tl.where(pos < 0, pos + CONTEXT, pos)  # as index_put_ counts a negative slot",
-            f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
+            f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + rd{head_mask})",
             *(
                 _rotation_lines(
                     "k",
                     "kn",
-                    "tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * HEAD_DIM + k_partner, mask=k_turn, other=0.0)",
+                    f"tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + k_partner, mask=k_turn, other=0.0)",
                     "",
                     kr_tables,
                     tl_dtype,
@@ -816,8 +822,12 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         )
     if qr:
         consts.update(Q_ROT=qr.dim, Q_ROT_BATCH=qr.batch_stride)
+        if qr.head_stride:
+            consts.update(Q_HEAD=qr.head_stride)
     if kr:
         consts.update(K_ROT=kr.dim)
+        if kr.head_stride:
+            consts.update(K_HEAD=kr.head_stride)
         if not shared_tables:
             consts.update(K_ROT_BATCH=kr.batch_stride)
     grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)

@@ -33,6 +33,8 @@ CASES = [
     ("partial_d32_r16_fp16", "float16", 2, 4, 4, 32, 16, 24, 5, False, False),  # GPT-NeoX's rotary_pct 0.5
     ("partial_d80_r32_bf16", "bfloat16", 1, 4, 2, 80, 32, 16, -1, False, False),  # Phi's partial rotary
     ("queries_only_fp32", "float32", 2, 4, 2, 32, 32, 20, None, False, False),
+    # GPT-NeoX's fused QKV: each head's q, k and v side by side (a head stride of 3 head dims)
+    ("interleaved_heads_r8_fp16", "float16", 2, 4, 4, 32, 8, 20, None, False, False),
 ]
 
 SCRIPT = r"""
@@ -58,8 +60,11 @@ for name, dtype, B, H, KV, D, R, C, slot, shared, own_tables in CASES:
     torch.manual_seed(hash(name) % 1000)
     dt = getattr(torch, dtype)
     width = (H + 2 * KV) * D  # a fused projection's rows: q, then k, then v
+    interleaved = name.startswith("interleaved")
     rows = torch.randn(B, width, dtype=dt)
     q = rows[:, : H * D].reshape(B, H, D).unsqueeze(2)
+    if interleaved:  # [B, H, 3 * D]: head h's q, k and v
+        q = rows.reshape(B, H, 3 * D)[:, :, :D].unsqueeze(2)
     # the angles in float32, cos and sin cast to the model's dtype (Llama's rotary embedding)
     positions = torch.randint(0, 4000, (1 if shared else B, 1)).float()
     inv_freq = 1.0 / (10000 ** (torch.arange(0, R, 2).float() / R))
@@ -71,7 +76,7 @@ for name, dtype, B, H, KV, D, R, C, slot, shared, own_tables in CASES:
     keep[:, C // 2 + 1 :] = False
     keep[-1, : C // 4] = False  # left padding on the last row
     at = (0 if shared else R)
-    q_rot = Rotary(NewRows("rows", width, 0), "cos", "sin", at, R, 0, "q_rotated")
+    q_rot = Rotary(NewRows("rows", width, 0), "cos", "sin", at, R, 0, "q_rotated", 3 * D if interleaved else 0)
     new, append, tables = (), None, (cos, sin)
     if slot is not None:
         keep[:, slot] = True
@@ -248,13 +253,15 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "phi3", "stablelm"])
+@pytest.mark.parametrize("kind", ["llama", "phi3", "stablelm", "gpt_neox"])
 def test_rotary_models_decode_programs_match_their_references(kind, tmp_path):
-    """A tiny Llama, Phi-3 (its rotary part sliced off the head with an empty rest) and StableLM
-    (partial rotary, a quarter of each head): the decode program's attention kernels rotate the
-    queries and keys themselves (no RoPE kernel launched), and every kernel of it, run by the
-    interpreter at batch 2 (one row left-padded), matches its reference: the caches the attention
-    kernels write exactly, the rest within float32's tolerance."""
+    """A tiny Llama, Phi-3 (its rotary part sliced off the head with an empty rest), StableLM
+    (partial rotary, a quarter of each head) and GPT-NeoX (partial rotary over heads whose q, k and
+    v sit side by side): the decode program's attention kernels rotate the queries and keys
+    themselves (GPT-NeoX's the queries alone: its cache writes stay steps of their own, so its keys'
+    RoPE kernel stays), and every kernel of it, run by the interpreter at batch 2 (one row
+    left-padded), matches its reference: the caches the attention kernels write exactly, the rest
+    within float32's tolerance."""
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -268,8 +275,11 @@ def test_rotary_models_decode_programs_match_their_references(kind, tmp_path):
     bundle = tmp_path / f"{kind}.tpk"
     pack(compiled, bundle)
     checks = interpreted_json(PROGRAM_SCRIPT.replace("sys.argv[1]", repr(str(bundle))))
-    attention = [c for c in checks if c[0].startswith("decode_attention_append_rope_")]
-    assert len(attention) == 2 * 3, checks  # two layers: the output and both caches of each
+    append = kind != "gpt_neox"
+    prefix = "decode_attention_append_rope_" if append else "decode_attention_rope_"
+    attention = [c for c in checks if c[0].startswith(prefix)]
+    assert len(attention) == 2 * (3 if append else 1), checks  # two layers: the output (and both caches)
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
     assert all(err == 0.0 for name, out, err, _ in attention if out.startswith("index_put")), attention
-    assert not any(c[0] == "fused_mul_neg_cat_add" for c in checks)
+    rope_left = sum(c[0] == "fused_mul_neg_cat_add" for c in checks)
+    assert rope_left == (0 if append else 2), checks
