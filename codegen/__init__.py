@@ -308,10 +308,13 @@ def _rewrite_for_kernels(
     from aot.codegen.embeddings import positions_as_slices
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
+    from aot.codegen.outer_products import outer_products_as_mul
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
     from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 
-    program = traced.program
+    program, outer = outer_products_as_mul(traced.program)
+    if outer:
+        say(f"  {counted(outer, 'matmul')} over an inner dim of one run as multiplies (outer products)")
     # Siblings are stacked with or without GEMM candidates: the library steps of a candidates
     # build are then the default build's, so neither an untuned bundle nor a bucket where tune
     # keeps the library is slower than the default build (kept apart, Llama-0.58B's library steps

@@ -26,7 +26,18 @@ kernel step of its own (the SDPA step its reference, what the CPU runs):
   state in between, the kernel also does the write (``Append``): each program stores its row's
   and KV head's new key and value at slot ``pos`` and uses them from registers at that slot, so
   the two ``index_put_`` launches of a layer go. The kernel step writes the state in place
-  (``Step.in_place``); its reference holds the writes, the views between and the SDPA step.
+  (``Step.in_place``); its reference holds the writes, the views between and the SDPA step;
+- where the queries, or the new keys it appends, are what a kernel wrote computing rotary position
+  embedding (``rotary_of``: ``x * cos + cat(-x2, x1) * sin`` over the first R elements of each head
+  of a projection's rows, the rest of the head as it is; ``cos``/``sin`` ``[B or 1, 1, R]``
+  buffers of the step's positions), and nothing else reads what that kernel wrote, the attention
+  kernel loads the un-rotated rows and the step's cos/sin and rotates them in registers, so the
+  two RoPE launches of a layer go too (their steps join the reference). Each product and the sum
+  are rounded to the operands' dtype as the library rounds them, so for float16 and bfloat16 the
+  keys the cache keeps are eager's own bits (float32: the GPU may fuse a product and the sum into
+  one FMA, as every kernel of the build may). The rows may hold each head's q, k and v side by
+  side (GPT-NeoX: ``Rotary.head_stride``). Other forms (GPT-J's interleaved pairs, a per-head norm
+  fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel.
 """
 
 from __future__ import annotations
@@ -39,11 +50,12 @@ from typing import Any
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.cache_writes import INDEX_PUT, write_args
+from aot.codegen.cache_writes import INDEX_PUT, Strided, strided_view, write_args
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
+from aot.errors import counted
 from aot.program import VIEW_OPS, readers_of, step_reads, step_writes, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
 
@@ -76,6 +88,25 @@ class NewRows:
 
 
 @dataclass(frozen=True)
+class Rotary:
+    """Rotary position embedding that the kernel applies to rows it loads, as the step
+    ``step`` (a kernel, its reference ``x * cos + cat(-x2, x1) * sin`` over the first ``dim``
+    elements of each head, ``x1``/``x2`` their halves, the rest of the head as it is) computed
+    ``result``: the kernel reads the un-rotated rows at ``rows`` and ``cos``/``sin`` (row b's at
+    ``b * batch_stride``) instead, each product and the sum rounded to the operands' dtype as the
+    library rounds them."""
+
+    rows: NewRows
+    cos: str
+    sin: str
+    batch_stride: int  # elements between rows' cos (and sin) values; 0: one row shared
+    dim: int  # the rotated elements of a head (even, at most the head dim)
+    step: int
+    result: str
+    head_stride: int = 0  # elements between heads of ``rows``; 0: the head dim (heads side by side)
+
+
+@dataclass(frozen=True)
 class Append:
     """A site's cache writes folded into its kernel: ``index_put_(state, [None, None, pos], new)``
     for the keys and the values, steps ``k_write`` and ``v_write``, whose results the SDPA call
@@ -91,6 +122,7 @@ class Append:
     v_write: int
     k_result: str
     v_result: str
+    k_rotary: Rotary | None = None  # the new keys: rotated from the projection's rows in the kernel
 
 
 @dataclass(frozen=True)
@@ -115,6 +147,7 @@ class DecodeSite:
     dtype: str
     mask_dtype: str = ""  # the operands' dtype when empty
     append: Append | None = None
+    q_rotary: Rotary | None = None  # the queries: rotated from the projection's rows in the kernel
 
 
 class _Program:
@@ -259,6 +292,159 @@ class _Program:
         return None
 
 
+def _last_dim(dim: Any, rank: int) -> bool:
+    return type(dim) is int and dim % rank == rank - 1
+
+
+def _head_rows(view: Strided | None, batch: str, heads: int, width: int) -> tuple[NewRows, int] | None:
+    """(where row b's head 0 is, the stride between heads) where ``view`` is a ``[B, heads, 1,
+    width]`` view with unit element stride (None otherwise)."""
+    if view is None or len(view.shape) != 4 or not all(isinstance(x, sympy.Integer) for x in view.strides):
+        return None
+    if not isinstance(view.offset, sympy.Integer) or not ix.same(view.shape[0], ix.parse_size(batch)):
+        return None
+    if not (ix.same(view.shape[1], heads) and ix.same(view.shape[2], 1) and ix.same(view.shape[3], width)):
+        return None
+    stride_b, stride_h, _, stride_d = (int(x) for x in view.strides)
+    if stride_d != 1 or (heads > 1 and stride_h < 1) or stride_b < 0:
+        return None
+    return NewRows(view.base, stride_b, int(view.offset)), stride_h
+
+
+def rotary_of(
+    program: Program, p: _Program, name: str, batch: str, heads: int, head_dim: int, dtype: str
+) -> Rotary | None:
+    """The rotary embedding a kernel applies where ``name`` (``[B, heads, 1, head_dim]``, row-major) is
+    what a kernel step wrote computing rotary position embedding, Llama's or GPT-NeoX's form:
+    ``x * cos + cat(-x[..., R/2:], x[..., :R/2]) * sin`` of a head view ``x`` of a projection's rows,
+    ``cos`` and ``sin`` ``[B or 1, 1, 1, R]`` views of buffers of their own, all of ``dtype``; where
+    ``R`` is less than the head dim, ``cat(that, the rest of the head)``. None for any other form
+    (GPT-J's interleaved pairs among them): the kernel that computes it stays."""
+    i = p.producer.get(name)
+    if i is None or p.steps[i].kind != StepKind.KERNEL or not p.steps[i].reference:
+        return None
+    kernel_step = p.steps[i]
+    local = {o: r for r in kernel_step.reference for o in r.outputs if o is not None}
+
+    def made(n: Any, target: str) -> Step | None:
+        s = local.get(n.name) if isinstance(n, Buf) else None
+        return (
+            s if s is not None and s.kind == StepKind.ATEN and s.target == target and not s.kwargs else None
+        )
+
+    specs = p.specs
+    if any(specs.get(o) is None or specs[o].dtype != dtype for o in local):
+        return None  # every intermediate in the operands' dtype (no upcast to float32 and back)
+    rotated, rest = Buf(name), None
+    top = made(rotated, "aten.cat.default")
+    if top is not None:  # partial rotary: cat([rotated, rest of the head], -1)
+        parts = top.args[0] if top.args else None
+        if (
+            len(top.args) != 2
+            or not _last_dim(top.args[1], 4)
+            or not isinstance(parts, list)
+            or len(parts) != 2
+        ):
+            return None
+        rotated, rest = parts
+        if not isinstance(rest, Buf):
+            return None
+    add = made(rotated, "aten.add.Tensor")
+    if add is None or len(add.args) != 2:
+        return None
+    muls = [made(a, "aten.mul.Tensor") for a in add.args]
+    if any(m is None or len(m.args) != 2 for m in muls):
+        return None
+    # one product has the rotated halves, cat([-x2, x1], -1), as an operand
+    with_cat = [[j for j, a in enumerate(m.args) if made(a, "aten.cat.default") is not None] for m in muls]
+    if sorted(len(c) for c in with_cat) != [0, 1]:
+        return None
+    straight, turned = muls if with_cat[1] else muls[::-1]
+    cats = with_cat[1] or with_cat[0]
+    cat = made(turned.args[cats[0]], "aten.cat.default")
+    sin = turned.args[1 - cats[0]]
+    halves = cat.args[0] if cat.args else None
+    if (
+        len(cat.args) != 2
+        or not _last_dim(cat.args[1], 4)
+        or not isinstance(halves, list)
+        or len(halves) != 2
+    ):
+        return None
+    neg = made(halves[0], "aten.neg.default")
+    second, first = (
+        (made(neg.args[0], "aten.slice.Tensor") if neg else None),
+        made(halves[1], "aten.slice.Tensor"),
+    )
+    if second is None or first is None or second.args[0] != first.args[0]:
+        return None
+    x = first.args[0]
+    if not isinstance(x, Buf) or x not in straight.args or p.shape(x.name) is None:
+        return None
+    cos = straight.args[1 - straight.args.index(x)]
+    dim = p.shape(x.name)[-1]
+    if not dim.isdigit() or int(dim) % 2 or int(dim) > head_dim:
+        return None
+    dim, half = int(dim), int(dim) // 2
+    first_args, second_args = list(first.args) + [None] * 3, list(second.args) + [None] * 3
+    if not (_last_dim(first_args[1], 4) and first_args[2] in (0, None) and first_args[3] == half):
+        return None
+    end = second_args[3]
+    if not (_last_dim(second_args[1], 4) and second_args[2] == half and type(end) is int):
+        return None
+    if not (end >= FULL_END or end == dim) or first_args[4] not in (1, None):
+        return None
+    if rest is not None and dim == head_dim and p.shape(rest.name) == (batch, str(heads), "1", "0"):
+        rest = None  # the rest of the head is empty (Phi-3 slices it off at any rotary dim)
+    if second_args[4] not in (1, None) or (rest is None) != (dim == head_dim):
+        return None
+    both = replace(program, steps=program.steps + kernel_step.reference)  # views inside the kernel too
+    found = _head_rows(strided_view(x.name, both), batch, heads, dim)
+    if found is None or found[0].base in local or not p.materialized(found[0].base):
+        return None
+    rows, head_stride = found
+    if heads == 1 or head_stride == head_dim:
+        head_stride = 0
+    elif head_stride < head_dim:
+        return None
+    if rest is not None:  # the rest of each head: where the rotated part ends
+        after = _head_rows(strided_view(rest.name, both), batch, heads, head_dim - dim)
+        if (
+            after is None
+            or after[0] != replace(rows, column=rows.column + dim)
+            or (heads > 1 and after[1] != (head_stride or head_dim))
+        ):
+            return None
+    tables = []
+    for t in (cos, sin):
+        view = strided_view(t.name, both) if isinstance(t, Buf) else None
+        if (
+            view is None
+            or view.base in local
+            or not p.materialized(view.base)
+            or specs[view.base].dtype != dtype
+        ):
+            return None
+        if (
+            len(view.shape) != 4
+            or not all(ix.same(d, 1) for d in view.shape[1:3])
+            or not ix.same(view.shape[3], dim)
+        ):
+            return None
+        shared = ix.same(view.shape[0], 1) and not ix.same(ix.parse_size(batch), 1)
+        if not shared and not ix.same(view.shape[0], ix.parse_size(batch)):
+            return None
+        if not isinstance(view.offset, sympy.Integer) or view.offset != 0 or not ix.same(view.strides[3], 1):
+            return None
+        stride_b = 0 if shared or ix.same(view.shape[0], 1) else view.strides[0]
+        if not isinstance(stride_b, (int, sympy.Integer)):
+            return None
+        tables.append((view.base, int(stride_b)))
+    if tables[0][1] != tables[1][1]:
+        return None
+    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride)
+
+
 def _sdpa_args(step: Step):
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
     given = dict(zip(names, step.args))
@@ -276,9 +462,13 @@ def _sdpa_args(step: Step):
     return q, k, v, m, scale, given.get("enable_gqa", False) is not False
 
 
-def find_decode_sites(program: Program, fold_writes: bool = True) -> list[DecodeSite]:
+def find_decode_sites(
+    program: Program, fold_writes: bool = True, fold_rotary: bool = True
+) -> list[DecodeSite]:
     """The SDPA calls of ``program`` the decode kernel can stand for (see the module docstring);
-    ``fold_writes``: with the cache writes each could fold in (``DecodeSite.append``)."""
+    ``fold_writes``: with the cache writes each could fold in (``DecodeSite.append``);
+    ``fold_rotary``: with the rotary embeddings of its queries and new keys it could compute
+    (``DecodeSite.q_rotary``, ``Append.k_rotary``)."""
     from aot.codegen.flash import _Finder
 
     p = _Program(program)
@@ -369,6 +559,16 @@ def find_decode_sites(program: Program, fold_writes: bool = True) -> list[Decode
                     k_result=kc[0],
                     v_result=vc[0],
                 )
+        q_rotary = None
+        if fold_rotary and q_column == 0 and q_stride == heads * head_dim and p.materialized(q_base):
+            q_rotary = rotary_of(program, p, q_base, batch, heads, head_dim, dtype)
+        if (
+            fold_rotary
+            and append is not None
+            and append.k_new == NewRows(append.k_new.base, kc[1] * head_dim, 0)
+        ):
+            k_rotary = rotary_of(program, p, append.k_new.base, batch, kc[1], head_dim, dtype)
+            append = replace(append, k_rotary=k_rotary)
         sites.append(
             DecodeSite(
                 step=i,
@@ -389,6 +589,7 @@ def find_decode_sites(program: Program, fold_writes: bool = True) -> list[Decode
                 scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
                 dtype=dtype,
                 append=append,
+                q_rotary=q_rotary,
             )
         )
     return sites
@@ -396,6 +597,39 @@ def find_decode_sites(program: Program, fold_writes: bool = True) -> list[Decode
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _rotation_lines(
+    prefix: str, x: str, partner_load: str, lanes: str, tables: tuple[str, str, str], tl_dtype: str
+) -> list[str]:
+    """Kernel lines that rotate ``x`` (loaded un-rotated) as the library computes rotary embedding:
+    ``x * cos + cat(-x2, x1) * sin`` over the first ``{PREFIX}_ROT`` elements of each head, each
+    product and the sum rounded to the operands' dtype (``tl_dtype``), so the rotated queries and
+    the keys the cache keeps are the library's own bits. ``partner_load``: the load of element
+    ``{prefix}_partner`` of each head, where ``{prefix}_turn``; ``lanes``: the head dim's broadcast
+    (``[None, :]`` in a tile of query heads)."""
+    rot = f"{prefix.upper()}_ROT"
+    cos_ptr, sin_ptr, batch = tables
+    half = tl_dtype != "tl.float32"
+
+    def rounded(e: str) -> str:  # the library's rounding of each op's result
+        return f"({e}).to({tl_dtype}).to(tl.float32)" if half else f"({e})"
+
+    return [
+        f"{prefix}_turn = rd < {rot}  # the rotated elements of each head; the rest as loaded",
+        f"{prefix}_partner = tl.where(rd < {rot} // 2, rd + {rot} // 2, rd - {rot} // 2)",
+        f"{prefix}_cos = tl.load({cos_ptr} + b * {batch} + rd, mask={prefix}_turn, other=0.0).to(tl.float32)",
+        f"{prefix}_sin = tl.load({sin_ptr} + b * {batch} + rd, mask={prefix}_turn, other=0.0).to(tl.float32)",
+        f"{prefix}_sin = tl.where(rd < {rot} // 2, -{prefix}_sin, {prefix}_sin)  # cat(-x2, x1) * sin: the sign on sin, exactly",
+        f"{prefix}_other = {partner_load}.to(tl.float32)",
+        f"{prefix}_turned = "
+        + rounded(
+            rounded(f"{x}.to(tl.float32) * {prefix}_cos{lanes}")
+            + " + "
+            + rounded(f"{prefix}_other * {prefix}_sin{lanes}")
+        ),
+        f"{x} = tl.where({prefix}_turn{lanes}, {prefix}_turned, {x}.to(tl.float32)).to({tl_dtype})",
+    ]
 
 
 def render_decode_attention(site: DecodeSite) -> Rendered:
@@ -407,7 +641,19 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     a = site.append
-    name = f"decode_attention{'_append' if a else ''}_g{groups}_d{d}"
+    qr, kr = site.q_rotary, a.k_rotary if a else None
+    # the cos and sin tables' pointers: the queries' and the keys' the same where they are
+    shared_tables = (
+        qr is not None
+        and kr is not None
+        and (qr.cos, qr.sin, qr.batch_stride) == (kr.cos, kr.sin, kr.batch_stride)
+    )
+    qr_tables = ("qcos_ptr", "qsin_ptr", "Q_ROT_BATCH")
+    kr_tables = qr_tables if shared_tables else ("kcos_ptr", "ksin_ptr", "K_ROT_BATCH")
+    name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
+    # elements between the heads of the rows the queries and new keys are read from
+    q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
+    k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
@@ -419,7 +665,20 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "rd = tl.arange(0, BLOCK_D)",
         "valid_g = rg < GROUPS",
         "h = kh * GROUPS + rg",
-        f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * HEAD_DIM + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        *(
+            _rotation_lines(
+                "q",
+                "q",
+                f"tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + q_partner[None, :], "
+                "mask=valid_g[:, None] & q_turn[None, :], other=0.0)",
+                "[None, :]",
+                qr_tables,
+                tl_dtype,
+            )
+            if qr
+            else ()
+        ),
         "cache = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM",
         "m_i = tl.full((BLOCK_G,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
         "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
@@ -429,7 +688,19 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         body += [
             "pos = tl.load(pos_ptr).to(tl.int64)",
             "pos = tl.where(pos < 0, pos + CONTEXT, pos)  # as index_put_ counts a negative slot",
-            f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
+            f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + rd{head_mask})",
+            *(
+                _rotation_lines(
+                    "k",
+                    "kn",
+                    f"tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + k_partner, mask=k_turn, other=0.0)",
+                    "",
+                    kr_tables,
+                    tl_dtype,
+                )
+                if kr
+                else ()
+            ),
             f"vn = tl.load(vn_ptr + b * VN_BATCH + VN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
             "slot = rd * 0 + pos  # the position per lane: a mask of the block's shape",
             "put = (rd < HEAD_DIM) & (slot >= 0) & (slot < CONTEXT)  # the loader checks pos; never out of the cache",
@@ -487,6 +758,22 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             else []
         ),
         *(
+            [
+                KernelParam("qcos_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("qsin_ptr", ParamKind.PTR, site.dtype),
+            ]
+            if qr
+            else []
+        ),
+        *(
+            [
+                KernelParam("kcos_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("ksin_ptr", ParamKind.PTR, site.dtype),
+            ]
+            if kr and not shared_tables
+            else []
+        ),
+        *(
             [KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype or site.dtype)]
             if site.mask is not None
             else []
@@ -495,13 +782,17 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         KernelParam("B", ParamKind("i32"), ""),
     ]
     batch = ix.size_text(ix.parse_size(site.batch))
+    q_at = qr.rows if qr else NewRows(site.q, site.q_batch_stride, site.q_column)
+    k_new = kr.rows if kr else a.k_new if a else None
     args = (
-        Buf(site.q),
+        Buf(q_at.base),
         *(
-            (Buf(a.k_state), Buf(a.v_state), Buf(a.k_new.base), Buf(a.v_new.base), Buf(a.pos))
+            (Buf(a.k_state), Buf(a.v_state), Buf(k_new.base), Buf(a.v_new.base), Buf(a.pos))
             if a
             else (Buf(site.k), Buf(site.v))
         ),
+        *((Buf(qr.cos), Buf(qr.sin)) if qr else ()),
+        *((Buf(kr.cos), Buf(kr.sin)) if kr and not shared_tables else ()),
         *([Buf(site.mask)] if site.mask is not None else []),
         Buf(site.out),
         Sym(batch),
@@ -516,19 +807,29 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "KV_HEADS": site.kv_heads,
         "HEAD_DIM": d,
         "CONTEXT": site.context,
-        "Q_BATCH": site.q_batch_stride,
-        "Q_COLUMN": site.q_column,
+        "Q_BATCH": q_at.batch_stride,
+        "Q_COLUMN": q_at.column,
         "MASK_BATCH": site.mask_batch_stride,
         "SCALE_LOG2E": repr(site.scale * LOG2E),
         "LOG2E": repr(LOG2E),
     }
     if a:
         consts.update(
-            KN_BATCH=a.k_new.batch_stride,
-            KN_COLUMN=a.k_new.column,
+            KN_BATCH=k_new.batch_stride,
+            KN_COLUMN=k_new.column,
             VN_BATCH=a.v_new.batch_stride,
             VN_COLUMN=a.v_new.column,
         )
+    if qr:
+        consts.update(Q_ROT=qr.dim, Q_ROT_BATCH=qr.batch_stride)
+        if qr.head_stride:
+            consts.update(Q_HEAD=qr.head_stride)
+    if kr:
+        consts.update(K_ROT=kr.dim)
+        if kr.head_stride:
+            consts.update(K_HEAD=kr.head_stride)
+        if not shared_tables:
+            consts.update(K_ROT_BATCH=kr.batch_stride)
     grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
     mask_doc = ""
     if site.mask is not None:
@@ -547,12 +848,22 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             f"First writes this step's keys and values (rows at b * {a.k_new.batch_stride} + {a.k_new.column} and "
             f"b * {a.v_new.batch_stride} + {a.v_new.column}) into slot pos of the cache, in place.",
         ]
+    for what, r in (("queries", qr), ("new keys", kr)):
+        if r is not None:
+            doc[-1:-1] = [
+                f"The {what} are rotated here (rotary embedding over the first {r.dim} elements of each head: "
+                f"x * cos + cat(-x2, x1) * sin, each product and the sum rounded to {site.dtype}), read un-rotated "
+                f"at b * {r.rows.batch_stride} + {r.rows.column}, cos and sin at b * {r.batch_stride}.",
+            ]
     source = kernel_module(doc, consts, name, signature, body)
     elem = ITEMSIZE[site.dtype]
     rows = ix.parse_size(site.batch)
     traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * d + site.context) * elem
     if a:
         traffic += rows * 4 * site.kv_heads * d * elem  # the new keys and values, read and written
+    for r in (qr, kr):
+        if r is not None:
+            traffic += rows * 2 * r.dim * elem  # cos and sin
     config = {
         "kind": "decode_attention",
         "BLOCK_G": bg,
@@ -607,6 +918,51 @@ def folded_steps(program: Program, site: DecodeSite) -> tuple[int, ...] | None:
     return tuple(sorted(folded))
 
 
+def rotary_steps(
+    program: Program, site: DecodeSite, fold: tuple[int, ...] | None
+) -> tuple[DecodeSite, tuple[int, ...]]:
+    """``site`` with the rotary embeddings its kernel computes (``q_rotary``, ``Append.k_rotary``;
+    the new keys' only where the cache writes fold in, ``fold``) kept where the kernels computing
+    them can go, and the steps that go with them into its reference: those kernels and the views
+    of what they wrote that lead only to the SDPA call. A kernel goes only when nothing else reads
+    anything it wrote (a program output, another step), else the attention reads its result."""
+    a = site.append if fold is not None else None
+    q, k = site.q_rotary, a.k_rotary if a is not None else None
+    readers = readers_of(program.steps)
+    allowed = {site.step, *(fold or ())}
+    while q is not None or k is not None:
+        rotaries = [r for r in (q, k) if r is not None]
+        results = {r.result for r in rotaries}
+        going, kept = set(), set()
+        for r in rotaries:
+            kernel = program.steps[r.step]
+            views, ok = set(), all(o is None or o in results for o in kernel.outputs)
+            todo = [o for o in kernel.outputs if o is not None]
+            while ok and todo:
+                name = todo.pop()
+                if name in program.outputs:
+                    ok = False
+                for j in readers.get(name, ()):
+                    step = program.steps[j]
+                    if j in allowed:
+                        continue
+                    if step.kind != StepKind.ATEN or step.target not in VIEW_OPS:
+                        ok = False
+                    elif j not in views:
+                        views.add(j)
+                        todo.extend(o for o in step.outputs if o is not None)
+            (going if ok else kept).update({r.step, *views} if ok else {r.step})
+        if not kept:
+            break
+        q = q if q is not None and q.step not in kept else None
+        k = k if k is not None and k.step not in kept else None
+    else:
+        going = set()
+    if a is not None:
+        site = replace(site, append=replace(a, k_rotary=k))
+    return replace(site, q_rotary=q), tuple(sorted(going))
+
+
 def decode_attention_kernels(
     program: Program,
     archs: tuple[str, ...],
@@ -620,24 +976,40 @@ def decode_attention_kernels(
         return program, {}
     folds = [folded_steps(program, site) for site in sites]
     sites = [site if fold is not None else replace(site, append=None) for site, fold in zip(sites, folds)]
+    rotated = [rotary_steps(program, site, fold) for site, fold in zip(sites, folds)]
+    sites = [site for site, _ in rotated]
+    references = [
+        _reference(program, site, (*(fold or ()), *more))
+        for site, fold, (_, more) in zip(sites, folds, rotated)
+    ]
     rendered = [render_decode_attention(s) for s in sites]
+    rendered = [  # the ops of the rotary kernels folded in, too
+        replace(
+            r,
+            ops=tuple(dict.fromkeys((*(x.target for j in more for x in program.steps[j].reference), *r.ops))),
+        )
+        for r, (_, more) in zip(rendered, rotated)
+    ]
     built = compile_site_kernels(
         program, rendered, archs, compile_kernels, say, "decode attention", "SDPA stays"
     )
     ids, failed = built.ids, built.failed
     at = {
-        s.step: (s, fold, kid, r) for s, fold, kid, r in zip(sites, folds, ids, rendered) if kid not in failed
+        s.step: (s, fold, more, ref, kid, r)
+        for s, fold, (_, more), ref, kid, r in zip(sites, folds, rotated, references, ids, rendered)
+        if kid not in failed
     }
     steps: list[Step | None] = list(program.steps)
-    appended = 0
-    for i, (site, fold, kid, r) in at.items():
+    appended = rotations = 0
+    gone: set[str] = set()  # the rotary kernels folded in
+    for i, (site, fold, more, reference, kid, r) in at.items():
         a = site.append
-        reference = (program.steps[i],)
-        if a is not None:
-            reference = (*(program.steps[j] for j in fold), program.steps[i])
-            for j in fold:
-                steps[j] = None
-            appended += 1
+        for j in (*(fold if a is not None else ()), *more):
+            if steps[j] is not None and steps[j].kind == StepKind.KERNEL:
+                gone.add(steps[j].target)
+            steps[j] = None
+        appended += a is not None
+        rotations += (site.q_rotary is not None) + (a is not None and a.k_rotary is not None)
         steps[i] = Step(
             kind=StepKind.KERNEL,
             target=kid,
@@ -652,5 +1024,21 @@ def decode_attention_kernels(
         also = (
             f", {appended} of them writing the step's keys and values into the cache too" if appended else ""
         )
+        if rotations:
+            also += f", {counted(rotations, 'rotary embedding')} computed in them"
         say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels{also}")
-    return built.program_with(program, steps), built.cubins
+    out = built.program_with(program, steps)
+    used = {s.target for s in out.steps if s.kind == StepKind.KERNEL}
+    return replace(
+        out, kernels=tuple(k for k in out.kernels if k.id in used or k.id not in gone)
+    ), built.cubins
+
+
+def _reference(program: Program, site: DecodeSite, folded: tuple[int, ...]) -> tuple[Step, ...]:
+    """What the kernel of ``site`` stands for: the ``folded`` steps in program order (a kernel
+    among them by its own reference steps), then the SDPA step."""
+    steps = []
+    for j in sorted(set(folded)):
+        s = program.steps[j]
+        steps.extend(s.reference if s.kind == StepKind.KERNEL else (s,))
+    return (*steps, program.steps[site.step])

@@ -131,7 +131,10 @@ class SourceWriter:
         ptr = self.ptrs[node.buf]
         atoms = lin.atoms
         mask = self.mask_for(atoms)
-        if self.conds:  # a cat piece: lanes that read another piece must not touch this buffer
+        # a cat piece: lanes that read another piece must not touch this buffer. One element read
+        # by every lane (no atoms: a scalar pointer, which a lane mask cannot guard) is one the piece
+        # holds, so reading it is safe whichever piece a lane takes
+        if self.conds and atoms:
             mask = " & ".join(([mask] if mask else []) + [f"({c})" for c in self.conds])
         self.load_lins.append(lin)
         offset = ix.triton_index(lin)

@@ -118,8 +118,9 @@ def test_decode_attention_matches_sdpa(interpreted, case):
 def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
     """A Llama-3.2-shaped tiny causal LM (grouped-query 4:1 over two KV heads, so that the codegen
     folds the query heads into rows, tied embeddings): its decode program's SDPA calls become
-    decode attention kernels, one per layer, reading the queries where the RoPE kernel wrote
-    them, whose reference is the SDPA step; the prefill program's (queries of any length) stay."""
+    decode attention kernels, one per layer, rotating the queries and keys from the projection's
+    rows themselves, whose reference ends with the SDPA step; the prefill program's (queries of
+    any length) stay."""
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -165,6 +166,7 @@ def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
             assert set(s.in_place.values()) <= set(p.state)
             source = kernels[s.target].source
             assert "GROUPS = tl.constexpr(4)" in source and "KV_HEADS = tl.constexpr(2)" in source
+            assert "_rope_" in kernels[s.target].name and targets.count("aten.neg.default") == 2
     assert by_entry == {0: [2], 2: [0]} or by_entry == {2: [0], 0: [2]}, by_entry
 
 

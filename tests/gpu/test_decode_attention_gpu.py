@@ -87,3 +87,99 @@ def test_decode_attention_matches_sdpa_on_gpu(shape, append, tmp_path):
     spread = (library - ref).abs().max().item()
     err = (out.float() - ref).abs().max().item()
     assert err <= 2 * spread + 1e-3 * ref.abs().max().item(), (err, spread)
+
+
+# (dtype, batch, heads, kv_heads, head_dim, rotary dim, context)
+ROTARY_SHAPES = [
+    ("bfloat16", 1, 32, 8, 64, 64, 160),  # llama-3.2-1b at the anchors' context
+    ("bfloat16", 8, 32, 8, 64, 64, 512),
+    ("float16", 2, 16, 16, 128, 32, 256),  # GPT-NeoX-style partial rotary
+]
+
+
+def _llama3_inv_freq(dim: int) -> torch.Tensor:
+    """Llama 3's scaled inverse frequencies (factor 32, low/high frequency factors 1 and 4, 8192
+    original positions), as transformers computes them."""
+    inv = 1.0 / (500000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    wavelen = 2 * math.pi / inv
+    low, high = 8192 / 1.0, 8192 / 4.0
+    smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+    scaled = torch.where(wavelen > low, inv / 32.0, inv)
+    middle = (wavelen <= low) & (wavelen >= high)
+    return torch.where(middle, (1 - smooth) * scaled / 32.0 + smooth * scaled, scaled)
+
+
+@pytest.mark.parametrize(
+    "shape", ROTARY_SHAPES, ids=[f"{s[0]}-b{s[1]}-h{s[2]}-kv{s[3]}-d{s[4]}-r{s[5]}" for s in ROTARY_SHAPES]
+)
+def test_rotary_decode_attention_matches_eager_on_gpu(shape, tmp_path):
+    """The kernel that rotates the queries and new keys itself (``Rotary``): the cache it leaves
+    equals eager's (``q * cos + rotate_half(q) * sin`` in the model's dtype, then ``index_put_``)
+    bit for bit, and its output is as close to SDPA in float32 over eager's rotated queries as
+    the library's own SDPA is (the bound of the test above)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from aot.codegen.decode_attention import Append, DecodeSite, NewRows, Rotary, render_decode_attention
+
+    dtype, B, H, KV, D, R, C = shape
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    width = (H + 2 * KV) * D  # a fused projection's rows: q, then k, then v
+    rows = torch.randn(B, width, dtype=dt, device="cuda")
+    positions = torch.randint(0, 100000, (B, 1), device="cuda")
+    freqs = positions[..., None].float() * _llama3_inv_freq(R).cuda()  # [B, 1, R/2], float32
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(dt), emb.sin().to(dt)  # [B, 1, R]
+
+    def rotate(x):  # [B, n, 1, D], as transformers' apply_rotary_pos_emb (partial: the first R)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        xr, rest = x[..., :R], x[..., R:]
+        turned = torch.cat((-xr[..., R // 2 :], xr[..., : R // 2]), dim=-1)
+        return torch.cat((xr * c + turned * s, rest), dim=-1)
+
+    k = torch.randn(B, KV, C, D, dtype=dt, device="cuda")
+    v = torch.randn(B, KV, C, D, dtype=dt, device="cuda")
+    keep = torch.ones(B, C, dtype=torch.bool, device="cuda")
+    keep[:, C - C // 4 :] = False
+    keep[0, : C // 3] = False
+    slot = C - C // 4 - 1
+    expect_k, expect_v = k.clone(), v.clone()
+    expect_k[:, :, slot] = rotate(rows[:, H * D : (H + KV) * D].reshape(B, KV, 1, D))[:, :, 0]
+    expect_v[:, :, slot] = rows[:, (H + KV) * D :].reshape(B, KV, D)
+    a = Append(
+        k_state="k", v_state="v", pos="pos", pos_dtype="int64", k_new=NewRows("k_rotated", KV * D, 0),
+        v_new=NewRows("rows", width, (H + KV) * D), k_write=2, v_write=3, k_result="kr", v_result="vr",
+        k_rotary=Rotary(NewRows("rows", width, H * D), "cos", "sin", R, R, 1, "k_rotated"),
+    )  # fmt: skip
+    mask = torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
+    site = DecodeSite(
+        step=4, q="q_rotated", q_batch_stride=H * D, q_column=0, k="k", v="v", mask="m",
+        mask_batch_stride=C, out="o", batch=str(B), heads=H, kv_heads=KV, context=C, head_dim=D,
+        scale=1.0 / math.sqrt(D), dtype=dtype, append=a,
+        q_rotary=Rotary(NewRows("rows", width, 0), "cos", "sin", R, R, 0, "q_rotated"),
+    )  # fmt: skip
+    r = render_decode_attention(site)
+    path = tmp_path / f"{r.name}.py"
+    path.write_text(r.source)
+    spec = importlib.util.spec_from_file_location(r.name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = torch.full((B, H, 1, D), float("nan"), dtype=dt, device="cuda")
+    pos = torch.tensor([slot], device="cuda")
+    getattr(module, r.name)[(B * KV,)](
+        rows, k, v, rows, rows, pos, cos, sin, mask, out, B, num_warps=r.num_warps, num_stages=2
+    )
+    torch.cuda.synchronize()
+    assert torch.equal(k, expect_k) and torch.equal(v, expect_v)  # eager's bits, that slot alone
+    q = rotate(rows[:, : H * D].reshape(B, H, 1, D))
+    G = H // KV
+    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    m4 = mask[:, None, None, :]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), kk.float(), vv.float(), attn_mask=m4.float()
+    )
+    library = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=m4).float()
+    assert not out.isnan().any()
+    spread = (library - ref).abs().max().item()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 2 * spread + 1e-3 * ref.abs().max().item(), (err, spread)

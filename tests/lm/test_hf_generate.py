@@ -12,6 +12,7 @@ import torch
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.errors import GuardError
+from aot.schema import StepKind
 from tests.conftest import run_aotpack
 from tests.realmodels.conftest import unusable
 
@@ -164,6 +165,46 @@ def test_decode_attends_over_the_grouped_kv_cache_in_place(hf_bundles):
             read.append(writes.get(name))
         assert read[0].startswith("key_cache_") and read[1].startswith("value_cache_")
         assert decode.buffers[sdpa.outputs[0]].shape[1:] == ("2", "2", "8")  # [B, KV, G, D]
+
+
+def test_decode_attention_rotates_the_queries_and_keys_itself(hf_bundles):
+    """Llama's rotary embedding (``q * cos + rotate_half(q) * sin``, a pointwise kernel for the
+    queries and one for the keys of each layer) runs inside the decode attention kernel of every
+    decode program: it reads the projection's rows and the step's cos/sin, no RoPE kernel is
+    launched there, and the kernel's reference holds both RoPE kernels' steps (what the CPU runs,
+    so the tokens above are the library's). The prefill program (queries of any length) keeps its
+    two RoPE kernels per layer."""
+    from aot.codegen.decode_attention import SDPA
+
+    _, runner, _ = hf_bundles("llama")
+    layers = 2
+
+    def is_rope(steps) -> bool:
+        targets = [s.target for s in steps]
+        return "aten.neg.default" in targets and "aten.cat.default" in targets
+
+    decoding = 0
+    for program in (runner.program, *runner.program.variants):
+        kernels = {k.id: k for k in program.kernels}
+        launched = [s for s in program.steps if s.kind == StepKind.KERNEL]
+        attention = [s for s in launched if kernels[s.target].config.get("kind") == "decode_attention"]
+        rope = [s for s in launched if is_rope(s.reference) and s not in attention]
+        if not attention:  # a prefill program: SDPA over the cache, after its RoPE kernels
+            assert len(rope) == 2 * layers, [kernels[s.target].name for s in launched]
+            continue
+        decoding += 1
+        assert len(attention) == layers and not rope, [kernels[s.target].name for s in launched]
+        for step in attention:
+            kernel = kernels[step.target]
+            assert "_rope_" in kernel.name and "aten.neg.default" in kernel.ops
+            targets = [r.target for r in step.reference]
+            assert targets.count("aten.neg.default") == 2 and targets[-1] == SDPA, targets
+            assert targets.index("aten.neg.default") < targets.index("aten.index_put_.default")
+            read = {a.name for a in step.args if hasattr(a, "name")}
+            rotated = {r.outputs[0] for r in step.reference if r.target == "aten.add.Tensor"}
+            assert not read & rotated  # the un-rotated rows, not what a RoPE kernel wrote
+        assert not {k.name for k in program.kernels} & {"fused_mul_neg_cat_add"}
+    assert decoding >= 1
 
 
 @pytest.mark.parametrize(
