@@ -37,7 +37,7 @@ from aot.buckets import bucket_sizes
 from aot.codegen import index as ix
 from aot.codegen.flash import attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_epilogue import NoSite
-from aot.codegen.gemm_forms import CONFIGS, DEFAULT_SHARED_LIMIT, SHARED_LIMIT, TileConfig
+from aot.codegen.gemm_forms import CONFIGS, DEFAULT_SHARED_LIMIT, SHARED_LIMIT, TileConfig, base_form
 from aot.codegen.gemm_render import render_candidates
 from aot.codegen.gemm_sites import Site, find_sites
 from aot.codegen.render import Rendered, kernel_id, kernel_record
@@ -95,7 +95,7 @@ def add_gemm_alternatives(
         chosen = pick(site) if pick is not None else None
         if pick is not None and chosen is None:
             continue
-        configs = tuple(c for c in CONFIGS if c.name == chosen) if chosen else None
+        configs = tuple(c for c in CONFIGS if c.name == base_form(chosen)) if chosen else None
         try:
             forms = render_candidates(site, program.buffers, known, ranges, configs)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
@@ -103,7 +103,7 @@ def add_gemm_alternatives(
             continue
         for cfg, kernels, extra, pre in forms:
             if chosen and cfg.name != chosen:
-                continue  # a LayerNorm prologue's second form
+                continue  # a prologue site's other form
             fit = candidate_buckets(site, cfg, sizes)
             if sizes and not fit:
                 continue
