@@ -92,6 +92,11 @@ PROLOGUE_MAX_K = 2048
 # row of up to ROW_NORM_MAX_K elements (32 KiB in fp32 over a block's threads) is cheap beside
 # the block's rows of W; the norm kernel before the GEMM and its launch go.
 ROW_NORM_MAX_K = 8192
+# A stacked GEMM (gate/up) whose two column halves one pointwise kernel alone reads (SiLU(gate) *
+# up) takes that kernel as its epilogue: each block computes W's rows j and N/2 + j (twice the W
+# rows per block, half the blocks) and writes the product; False: the stacked GEMM's forms write
+# both halves and the kernel stays.
+STACKED_HALVES_EPILOGUE = True
 # the forms that compute a prologue as they load A, named after their config
 PROLOGUE_SUFFIXES = ("_ln", "_rms")
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import sympy
 
+from aot.codegen import gemm_forms
 from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
@@ -418,6 +419,8 @@ def _halves(
     halves (``slice(C, 1, 0, N/2)`` and ``slice(C, 1, N/2, N)``: gate and up stacked by
     ``sibling_matmuls``): the two halves as GEMMs of N/2 columns over the same weight, and the
     kernel's other steps (its epilogue); else None."""
+    if not gemm_forms.STACKED_HALVES_EPILOGUE:
+        return None
     if g["w_kn"] or g["bias"] is not None or g["activation"] or g["n"] % 2:
         return None
     h = g["n"] // 2
