@@ -8,7 +8,12 @@ and, when the GEMM's result is read only by one pointwise kernel, that kernel to
 steps become the GEMM's epilogue (GELU/tanh-GELU/ReLU/SiLU/sigmoid/tanh, add/sub/mul/div with an
 ``[M, N]`` or ``[N]`` tensor such as a residual, dtype casts). When that kernel also reads a second
 GEMM of the same input ``A`` (the Llama MLP's ``silu(A @ Wg^T) * (A @ Wu^T)``), both GEMMs run in one
-kernel that shares the loads of ``A`` (a *dual* GEMM) and the product is its epilogue.
+kernel that shares the loads of ``A`` (a *dual* GEMM) and the product is its epilogue; the same
+where the two GEMMs were stacked into one (``sibling_matmuls``) and the kernel reads its two
+column halves (each block computes W's rows j and N/2 + j). A LayerNorm kernel, or a row-norm
+(RMSNorm) kernel, that made ``A`` (with a residual add before it or not) is the site's prologue:
+forms that normalize A's rows as they load them, the sum written by the first N tile
+(``gemm_prologue`` lowers a row norm from its kernel's reference steps).
 
 Each site gets one candidate per tile config (``CONFIGS``: dot-free one-row forms and skinny-M
 tiles for decode and batch 1, a middle and a large tile) plus deterministic split-K forms: a first
@@ -24,7 +29,8 @@ chooses on the target GPU; an untuned bundle runs the library steps.
 
 This module adds the candidates to a program (and runs a small head as a kernel in the default
 build); its parts: ``gemm_sites`` finds the sites, ``gemm_epilogue`` lowers their epilogues,
-``gemm_forms`` holds the forms and their knobs, ``gemm_render`` writes the kernels.
+``gemm_prologue`` their row-norm prologues, ``gemm_forms`` holds the forms and their knobs,
+``gemm_render`` writes the kernels.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from aot.buckets import bucket_sizes
 from aot.codegen import index as ix
 from aot.codegen.flash import attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_epilogue import NoSite
-from aot.codegen.gemm_forms import CONFIGS, DEFAULT_SHARED_LIMIT, SHARED_LIMIT, TileConfig
+from aot.codegen.gemm_forms import CONFIGS, DEFAULT_SHARED_LIMIT, SHARED_LIMIT, TileConfig, base_form
 from aot.codegen.gemm_render import render_candidates
 from aot.codegen.gemm_sites import Site, find_sites
 from aot.codegen.render import Rendered, kernel_id, kernel_record
@@ -95,7 +101,7 @@ def add_gemm_alternatives(
         chosen = pick(site) if pick is not None else None
         if pick is not None and chosen is None:
             continue
-        configs = tuple(c for c in CONFIGS if c.name == chosen) if chosen else None
+        configs = tuple(c for c in CONFIGS if c.name == base_form(chosen)) if chosen else None
         try:
             forms = render_candidates(site, program.buffers, known, ranges, configs)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
@@ -103,7 +109,7 @@ def add_gemm_alternatives(
             continue
         for cfg, kernels, extra, pre in forms:
             if chosen and cfg.name != chosen:
-                continue  # a LayerNorm prologue's second form
+                continue  # a prologue site's other form
             fit = candidate_buckets(site, cfg, sizes)
             if sizes and not fit:
                 continue

@@ -29,17 +29,19 @@ time anything, so it takes the forms tune took where the measurements agree:
 
 So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where K is at most
 ``SHORT_K``, ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
-out), ``vec_1x2x1024`` otherwise; every other site and bucket keeps the library. The table is
-recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a GPU of its arch), and
-only those forms are compiled, so a build takes a few kernels more, not the whole candidate set.
-``aotpack tune`` on the user's GPU replaces the table (with ``--gemm-candidates`` builds it
-searches every form).
+out), ``vec_1x2x1024`` otherwise (``_rms``: with the RMSNorm kernel before it, and the residual
+add in that kernel, computed in the GEMV's prologue); every other site and bucket keeps the
+library. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
+GPU of its arch), and only those forms are compiled, so a build takes a few kernels more, not the
+whole candidate set. ``aotpack tune`` on the user's GPU replaces the table (with
+``--gemm-candidates`` builds it searches every form).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from aot.codegen.gemm_sites import Site
 from aot.schema import Program, TuningChoice, TuningTable
 from aot.tuning import GEMM_SITE, TUNING_FORMAT
 
@@ -63,6 +65,17 @@ def default_form(rows: int, k: int, dtype: str) -> str | None:
 
 
 FORMS = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # every form ``default_form`` names
+
+
+def default_site_form(site: Site) -> str | None:
+    """The form a default build runs ``site`` with at one row: ``default_form``'s, as its
+    ``_rms`` variant where the site has a row-norm (RMSNorm) prologue, so that the norm kernel
+    and its launch go (the prologue reads A's row once per block, cheap beside the block's rows
+    of W)."""
+    form = default_form(1, site.k, site.dtype)
+    if form is not None and site.prologue is not None and site.prologue.norm is not None:
+        return form + "_rms"
+    return form
 
 
 def default_table(programs: Sequence[Program]) -> TuningTable | None:

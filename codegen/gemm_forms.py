@@ -95,6 +95,28 @@ ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 # with the prologue took 12.0 us where the LayerNorm kernel and the plain form took 8.0 us together.
 STATS_CHUNK = 256
 PROLOGUE_MAX_K = 2048
+# Row-norm (RMSNorm) prologue, one-row forms only (``<form>_rms``): each block loads A's whole
+# row once, K step by K step, keeps it in registers for the statistics and the products, so a
+# row of up to ROW_NORM_MAX_K elements (32 KiB in fp32 over a block's threads) is cheap beside
+# the block's rows of W; the norm kernel before the GEMM and its launch go.
+ROW_NORM_MAX_K = 8192
+# A stacked GEMM (gate/up) whose two column halves one pointwise kernel alone reads (SiLU(gate) *
+# up) takes that kernel as its epilogue: each block computes W's rows j and N/2 + j (twice the W
+# rows per block, half the blocks) and writes the product; False: the stacked GEMM's forms write
+# both halves and the kernel stays.
+STACKED_HALVES_EPILOGUE = True
+# the forms that compute a prologue as they load A, named after their config
+PROLOGUE_SUFFIXES = ("_ln", "_rms")
+
+
+def base_form(name: str) -> str:
+    """The config a form is named after (``vec_1x4x1024_rms`` → ``vec_1x4x1024``)."""
+    for suffix in PROLOGUE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 PROLOGUE_MAX_BLOCK_M = 16
 PROLOGUE_MIN_BLOCK_K = 256
 # Shared memory a block may use per arch (bytes, opt-in maximum): a candidate whose pipelined tiles

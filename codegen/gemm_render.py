@@ -61,7 +61,8 @@ def render_candidates(
     them. A site with a LayerNorm prologue gets each config twice: ``<config>`` runs the program's
     LayerNorm kernel first (into a buffer of its own), then the plain GEMM; ``<config>_ln``, for
     the skinny configs, computes the LayerNorm as it loads A. Which is faster depends on the GPU
-    and the sizes, so ``aotpack tune`` decides."""
+    and the sizes, so ``aotpack tune`` decides. A row-norm (RMSNorm) prologue gets
+    ``<config>_rms`` for the one-row configs alone, which the built-in table takes."""
     if site.prologue is not None:
         pro = site.prologue
         scratch = f"{site.id}_a"
@@ -78,13 +79,18 @@ def render_candidates(
         out = []
         for cfg, kernels, extra, pre in render_candidates(plain, buffers, known, ranges, configs):
             out.append((cfg, kernels, {**extra, scratch: a_spec}, (ln_step, *pre)))
-        fused = [
-            c
-            for c in (CONFIGS if configs is None else configs)
-            if c.block_m <= PROLOGUE_MAX_BLOCK_M and c.block_k >= PROLOGUE_MIN_BLOCK_K and c.split_k == 1
-        ]
+        if pro.norm is not None:
+            fused = [c for c in (CONFIGS if configs is None else configs) if not c.dot and c.split_k == 1]
+            suffix = "_rms"
+        else:
+            fused = [
+                c
+                for c in (CONFIGS if configs is None else configs)
+                if c.block_m <= PROLOGUE_MAX_BLOCK_M and c.block_k >= PROLOGUE_MIN_BLOCK_K and c.split_k == 1
+            ]
+            suffix = "_ln"
         for cfg, kernels, extra, pre in _render_forms(site, buffers, known, ranges, tuple(fused)):
-            out.append((replace(cfg, name=cfg.name + "_ln"), kernels, extra, pre))
+            out.append((replace(cfg, name=cfg.name + suffix), kernels, extra, pre))
         return out
     return _render_forms(site, buffers, known, ranges, configs)
 
@@ -115,7 +121,9 @@ def _render_forms(
                 continue
             cfg = replace(cfg, split_k=split, name=cfg.name.replace("splitk", f"splitk{split}", 1))
         s, g = cfg.split_k, len(site.weights)
-        biggest = max(m_max * max(site.k, site.n * s * g, site.n), site.k * site.n)
+        biggest = max(
+            m_max * max(site.k, site.n * s * g, site.n), site.k * site.n * (2 if site.halves else 1)
+        )
         index = "i64" if biggest >= 2**31 - 1 else "i32"
         if cfg.split_k == 1:
             kernels = [_render_fused(site, ep, cfg, index)]
@@ -137,8 +145,11 @@ def split_factor(site: Site, cfg: TileConfig) -> int:
 
 def _what(site: Site) -> str:
     parts = ["dual GEMM" if len(site.weights) > 1 else "GEMM"]
+    if site.halves:
+        parts[0] = "the two halves of a stacked GEMM (W[N:2N] read as a second GEMM)"
     if site.prologue is not None:
-        parts.insert(0, "LayerNorm" + (" of a sum" if site.prologue.y is not None else "") + " prologue")
+        norm = "LayerNorm" if site.prologue.norm is None else "row norm (RMSNorm)"
+        parts.insert(0, norm + (" of a sum" if site.prologue.y is not None else "") + " prologue")
     if any(site.biases):
         parts.append("bias")
     if site.activation:
@@ -201,7 +212,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
             else f"rn[None, :] * {site.k} + rk[:, None]"
         )
         lines.append(
-            f"    w{g} = tl.load(w{g}_ptr + {at}, "
+            f"    w{g} = tl.load({_w_ptr(site, g)} + {at}, "
             f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
         )
         lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
@@ -230,15 +241,22 @@ def _vec_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> l
         lines.append(f"rk = {rk}")
         for g in range(len(site.weights)):
             lines.append(
-                f"w{g}_{i} = tl.load(w{g}_ptr + rn[:, None] * {site.k} + rk[None, :], "
+                f"w{g}_{i} = tl.load({_w_ptr(site, g)} + rn[:, None] * {site.k} + rk[None, :], "
                 f"mask=mask_n[:, None]{kmask}, other=0.0)  # [BLOCK_N, BLOCK_K]"
             )
     return lines
 
 
+def _w_ptr(site: Site, g: int) -> str:
+    """Where GEMM ``g``'s W starts: the second half of a stacked weight is N rows further."""
+    return f"(w{g}_ptr + {site.n * site.k})" if site.halves and g == 1 else f"w{g}_ptr"
+
+
 def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
     """A's one row times the early-loaded W rows, summed elementwise across K steps, reduced once
     after."""
+    if site.prologue is not None and site.prologue.norm is not None:
+        return _vec_steps_norm(site, cfg, k_offset, k_extent)
     lines = [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
     for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
         lines.append(f"rk = {rk}")
@@ -252,6 +270,57 @@ def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> lis
             lines.append(
                 f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
             )
+    lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
+    return lines
+
+
+def _vec_steps_norm(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+    """The one-row form with a row-norm prologue: A's row inputs loaded once, K step by K step,
+    and the row values before the statistics computed (the sum written by the first N tile);
+    the mean over K and the statistics; then per K step the rest of the norm (A) times the
+    early-loaded W rows."""
+    norm = site.prologue.norm
+    k = site.k
+    n_steps = len(_vec_k(site, cfg, k_offset, k_extent))
+    need_k_mask = k_offset != "0" or k % cfg.block_k != 0
+    lines = ["# the row norm's inputs and its values before the statistics, per K step"]
+    for i, (rk, _) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
+        lines.append(f"rk{i} = {rk}")
+        lines.append(f"kmask{i} = mask_m[:, None]" + (f" & (rk{i}[None, :] < {k})" if need_k_mask else ""))
+        lines += [
+            f"{var.replace('@', str(i))} = {expr.replace('@', str(i))}"
+            for var, expr, post in norm.row_ops
+            if not post
+        ]
+    if norm.sum_out is not None:
+        buf, var, dtype = norm.sum_out
+        lines.append(
+            f"if tl.program_id({_axes(cfg)[1]}) == 0:  # the first N tile writes the sum that later steps read"
+        )
+        for i in range(n_steps):
+            lines.append(
+                f"    tl.store(sum_ptr + rm[:, None] * {k} + rk{i}[None, :], "
+                f"{var.replace('@', str(i))}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmask{i})"
+            )
+    total = " + ".join(
+        f"tl.sum(tl.where(kmask{i}, {norm.reduced.replace('@', str(i))}, 0.0), axis=1)"
+        for i in range(n_steps)
+    )
+    lines.append(f"s_sum = {total}  # over all of K: [BLOCK_M]")
+    lines += [f"{var} = {expr}" for var, expr in norm.stat_ops]
+    lines += [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
+    for i in range(n_steps):
+        lines += [
+            f"{var.replace('@', str(i))} = {expr.replace('@', str(i))}"
+            for var, expr, post in norm.row_ops
+            if post
+        ]
+        out = norm.out.replace("@", str(i))
+        lines.append(
+            f"a = tl.where(kmask{i}, {out}, 0.0).to({TL_TYPE[STORAGE[site.dtype]]})  # A: [1, BLOCK_K]"
+        )
+        for g in range(len(site.weights)):
+            lines.append(f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)")
     lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
     return lines
 
@@ -362,6 +431,13 @@ def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: s
         pro = site.prologue
         if pro is None:
             ptr("a_ptr", site.a, site.dtype)
+        elif pro.norm is not None:
+            for i, (buf, dtype) in enumerate(pro.norm.inputs):
+                ptr(f"x{i}_ptr", buf, dtype)
+            for i, (buf, dtype) in enumerate(pro.norm.vectors):
+                ptr(f"v{i}_ptr", buf, dtype)
+            if pro.sum_out is not None:
+                ptr("sum_ptr", pro.sum_out, pro.norm.sum_out[2])
         else:
             ptr("x_ptr", pro.x, site.dtype)
             if pro.y is not None:
@@ -433,7 +509,9 @@ def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, gri
 
 def _tag(site: Site) -> str:
     tag = "dual" if len(site.weights) > 1 else ("addmm" if any(site.biases) else "mm")
-    tag = ("ln_" if site.prologue is not None else "") + tag
+    tag = "halves" if site.halves else tag
+    if site.prologue is not None:
+        tag = ("ln_" if site.prologue.norm is None else "norm_") + tag
     return tag + ("_" + site.activation if site.activation else "") + ("_epilogue" if site.epilogue else "")
 
 
@@ -450,7 +528,7 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = _grid(site, cfg)
     early, body = _opening(site, cfg, index, "0", site.k)
-    if site.prologue is not None:
+    if site.prologue is not None and site.prologue.norm is None:
         body += _prologue_stats(site, f"(tl.program_id({_axes(cfg)[1]}) == 0)")
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
     params, signature, args = _params(site, ep, index, None, "fused")

@@ -1,6 +1,7 @@
 """GEMM sites: the library GEMMs of a fused program that a Triton form may replace, with the
 pointwise kernel after each (its epilogue), the second GEMM of the same input it may share loads
-with (a dual GEMM) and the LayerNorm kernel before it (its prologue)."""
+with (a dual GEMM, or the two halves of one stacked GEMM that kernel reads as column slices) and
+the LayerNorm or row-norm (RMSNorm) kernel before it (its prologue)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 
 import sympy
 
+from aot.codegen import gemm_forms
 from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
-from aot.codegen.gemm_forms import PROLOGUE_MAX_K
+from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
+from aot.codegen.gemm_prologue import RowNorm, lower_row_norm
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
@@ -23,7 +26,9 @@ GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation
 class Prologue:
     """A LayerNorm of A's rows over K, and the residual add before it, that a candidate computes
     as it loads A: ``A = layer_norm(x [+ y], (K,), weight, bias, eps)``. ``sum_out``: the add's
-    result, which later steps read; the blocks of the first N tile write it."""
+    result, which later steps read; the blocks of the first N tile write it. ``norm``: instead
+    of a LayerNorm, a row norm (RMSNorm) lowered from the kernel's steps (``gemm_prologue``),
+    which only the one-row forms compute; ``x``/``y`` are then its row inputs."""
 
     x: str
     y: str | None
@@ -33,6 +38,7 @@ class Prologue:
     sum_out: str | None
     kernel: Step  # the LayerNorm kernel's step, which the forms without the prologue keep
     ln_out: str  # its LayerNorm output (A, through same-index views)
+    norm: RowNorm | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class Site:
     reference: tuple[Step, ...] = field(default=())
     prologue: Prologue | None = None  # the LayerNorm kernel that made A, absorbed
     w_kn: bool = False  # W stored [K, N] (N contiguous), read as is: transformers' Conv1D
+    # the two GEMMs are the halves of one stacked weight W [2N, K] (weights[0] == weights[1]):
+    # the second reads W's rows N..2N-1, so each block computes both halves of its N columns
+    halves: bool = False
 
 
 def _same(a: str, b: str) -> bool:
@@ -102,6 +111,8 @@ def _prologue(
         break
     if s.kind != StepKind.KERNEL or name not in s.outputs:
         return None
+    if not s.reference or s.reference[-1].target != LAYER_NORM:
+        return _row_norm_prologue(program, s, name, m, k, dtype, known, [p, *views])
     alias: dict[str, str] = {}  # a reference view's output -> the buffer it views
     summed: dict[str, tuple[str, str]] = {}
     found = None
@@ -149,6 +160,31 @@ def _prologue(
     return Prologue(x, y, w_name, b_name, eps, sum_out, s, name), [p, *views]
 
 
+def _row_norm_prologue(
+    program: Program,
+    s: Step,
+    name: str,
+    m: str,
+    k: int,
+    dtype: str,
+    known: dict[str, TensorSpec],
+    replaced: list[int],
+) -> tuple[Prologue, list[int]] | None:
+    """The kernel step ``s`` (whose output ``name`` is A) as a row-norm prologue; None where its
+    steps are not one (``gemm_prologue.lower_row_norm``)."""
+    if k > ROW_NORM_MAX_K or program.buffers[name].dtype != dtype:
+        return None
+    try:
+        norm = lower_row_norm(s.reference, s.outputs, name, m, k, program.buffers, known)
+    except NoSite:
+        return None
+    rows = [b for b, _ in norm.inputs]
+    x, y = rows[0], rows[1] if len(rows) > 1 else None
+    sum_out = norm.sum_out[0] if norm.sum_out is not None else None
+    prologue = Prologue(x, y, None, None, 0.0, sum_out, s, name, norm=norm)
+    return prologue, replaced
+
+
 @dataclass(frozen=True)
 class _Flow:
     """What the site search asks of a program: its steps, the specs of its inputs and weights,
@@ -185,8 +221,9 @@ def find_sites(program: Program) -> list[Site]:
         if g is None:
             continue
         gemms, epilogue, site_outputs, library = _with_epilogue(flow, g, used)
+        halves = len(gemms) == 2 and gemms[1]["index"] == g["index"]
         prologue = None
-        if len(gemms) == 1:
+        if len(gemms) == 1 or halves:  # one GEMM step reads A
             prologue, library, site_outputs = _with_prologue(flow, g, library, site_outputs, used)
         library = sorted(set(library))
         if set(library) & used:
@@ -202,7 +239,7 @@ def find_sites(program: Program) -> list[Site]:
                 activation=g["activation"],
                 gemm_outputs=tuple(x["out"] for x in gemms),
                 m=g["m"],
-                n=g["n"],
+                n=gemms[0]["n"],
                 k=g["k"],
                 dtype=g["dtype"],
                 epilogue=epilogue,
@@ -210,6 +247,7 @@ def find_sites(program: Program) -> list[Site]:
                 reference=_reference(program, library),
                 prologue=prologue,
                 w_kn=g["w_kn"],
+                halves=halves,
             )
         )
     return sites
@@ -332,6 +370,17 @@ def _with_epilogue(
     ):
         return gemms, (), (g["out"],), library
     kstep = steps[rd[0]]
+    halves = _halves(flow, g, kstep)
+    if halves is not None:
+        candidate_gemms, epilogue = halves
+        try:
+            Epilogue(
+                [x["out"] for x in candidate_gemms], g["m"], g["n"] // 2, flow.program.buffers, flow.known
+            ).lower(epilogue, kstep.outputs)
+        except NoSite:
+            return gemms, (), (g["out"],), library
+        library.append(rd[0])
+        return candidate_gemms, epilogue, tuple(o for o in kstep.outputs if o is not None), library
     extra = []
     for r in dict.fromkeys(step_reads(kstep)):
         j = producer.get(r)
@@ -361,6 +410,42 @@ def _with_epilogue(
         library += x["library"]
     library.append(rd[0])
     return candidate_gemms, kstep.reference, tuple(o for o in kstep.outputs if o is not None), library
+
+
+def _halves(
+    flow: _Flow, g: dict[str, Any], kstep: Step
+) -> tuple[list[dict[str, Any]], tuple[Step, ...]] | None:
+    """Where the kernel ``kstep`` reads the stacked GEMM ``g``'s result only as its two column
+    halves (``slice(C, 1, 0, N/2)`` and ``slice(C, 1, N/2, N)``: gate and up stacked by
+    ``sibling_matmuls``): the two halves as GEMMs of N/2 columns over the same weight, and the
+    kernel's other steps (its epilogue); else None."""
+    if not gemm_forms.STACKED_HALVES_EPILOGUE:
+        return None
+    if g["w_kn"] or g["bias"] is not None or g["activation"] or g["n"] % 2:
+        return None
+    h = g["n"] // 2
+    cut: dict[tuple[int, int], str] = {}
+    rest = []
+    for r in kstep.reference:
+        if any(isinstance(a, Buf) and a.name == g["out"] for a in r.args):
+            if not (
+                r.kind == StepKind.ATEN
+                and r.target == "aten.slice.Tensor"
+                and len(r.args) == 4
+                and r.args[1] in (1, -1)
+                and (r.args[2], r.args[3]) in ((0, h), (h, 2 * h))
+                and not r.kwargs
+                and len(r.outputs) == 1
+            ):
+                return None
+            cut[(r.args[2], r.args[3])] = r.outputs[0]
+        else:
+            rest.append(r)
+    if len(cut) != 2:
+        return None
+    first = dict(g, n=h, out=cut[(0, h)])
+    second = dict(g, n=h, out=cut[(h, 2 * h)])
+    return [first, second], tuple(rest)
 
 
 def _with_prologue(

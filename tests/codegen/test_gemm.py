@@ -279,9 +279,18 @@ def test_candidates_build_stacks_siblings_like_the_default(tmp_path):
     assert cand.program.steps == plain.program.steps
     assert sorted(cand.traced.weights) == sorted(plain.traced.weights)
     assert any(name.endswith(".stacked2") for name in plain.traced.weights)
-    sites = cand.program.alternatives
-    stacked = [s for s in sites if s.n == 2 * apart.program.alternatives[0].n]
-    assert len(stacked) == 1 and stacked[0].candidates
+    # the stacked GEMM's site takes the SiLU * up kernel that reads its two column halves: each
+    # candidate computes both halves of its columns (N: one half's), as the dual GEMM does
+    site = cand.program.alternatives[0]
+    permute = cand.program.steps[site.library[0]]
+    assert permute.args[0].name.endswith(".stacked2")
+    assert site.n == apart.program.alternatives[0].n and site.candidates
+    steps = [cand.program.steps[i] for i in site.library]
+    assert steps[-1].kind == schema.StepKind.KERNEL and "aten.sigmoid.default" in {
+        r.target for r in steps[-1].reference
+    }
+    kernels = {k.id: k for k in cand.program.kernels}
+    assert all("w1_ptr" in kernels[c.steps[-1].target].source for c in site.candidates)
     gate = apart.program.alternatives[0]
     assert [apart.program.steps[i].target for i in gate.library].count("aten.mm.default") == 2
 

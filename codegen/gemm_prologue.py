@@ -1,0 +1,257 @@
+"""Row-norm prologues: a normalization kernel's reference steps (RMSNorm as Llama, Mistral and
+Qwen decompose it, with the residual add before it) as fp32 arithmetic over A's row, for the
+one-row GEMM forms that compute it as they load A.
+
+The kernel is matched by what its steps compute, not by the model: rows of ``[M, K]`` tensors
+(at most two, e.g. the residual and the sublayer's output), per-column vectors ``[K]`` (the
+weight), one mean over K of a row value (the statistics), pointwise arithmetic on rows and
+statistics, and dtype casts; its output (the GEMM's A) is a row value. Each step's result is
+rounded to its dtype as the reference's is (``x.to(float32)``, ``(x * rstd).to(bfloat16)``,
+``weight * ...`` in bfloat16), so the form computes what the kernel computes, in fp32 between
+the roundings. One more row value that does not depend on the statistics may be a kernel output
+(``sum_out``: the residual sum, which later steps read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.gemm_epilogue import NoSite, spec_of
+from aot.codegen.gemm_forms import ROUND
+from aot.codegen.triton_types import FLOAT_DTYPES
+from aot.program import RESHAPE_VIEWS
+from aot.schema import Buf, DType, Step, StepKind, TensorSpec
+
+# "@" in a row op's text stands for the K step it is computed at (``r3_@`` → ``r3_0``, ``rk0``)
+_ROW_UNARY = {"aten.neg.default": "(-{0})", "aten.sigmoid.default": "tl.sigmoid({0})"}
+_STAT_UNARY = {
+    "aten.rsqrt.default": "(1.0 / tl.sqrt({0}))",
+    "aten.sqrt.default": "tl.sqrt({0})",
+    "aten.neg.default": "(-{0})",
+}
+_BINARY = {
+    "aten.add.Tensor": "({0} + {1})",
+    "aten.sub.Tensor": "({0} - {1})",
+    "aten.mul.Tensor": "({0} * {1})",
+    "aten.div.Tensor": "({0} / {1})",
+}
+MAX_ROW_INPUTS = 2
+
+
+@dataclass(frozen=True)
+class RowNorm:
+    """A row normalization lowered for one-row forms. ``inputs``: the ``[M, K]`` buffers read
+    (``x{i}_ptr``) with their dtypes; ``vectors``: the ``[K]`` buffers (``v{i}_ptr``);
+    ``row_ops``: (variable, expression, after the statistics) per row value, in order, with "@"
+    for the K step; ``reduced``: the row variable whose mean over K is ``stat0``;
+    ``stat_ops``: (variable, expression) of the per-row statistics after the mean; ``out``: the
+    row variable that is A; ``sum_out``: (buffer, row variable, dtype) written by the first N
+    tile, or None."""
+
+    inputs: tuple[tuple[str, str], ...]
+    vectors: tuple[tuple[str, str], ...]
+    row_ops: tuple[tuple[str, str, bool], ...]
+    reduced: str
+    stat_ops: tuple[tuple[str, str], ...]
+    out: str
+    sum_out: tuple[str, str, str] | None
+
+
+def _round(expr: str, dtype: str) -> str:
+    return f"{expr}.to({ROUND[dtype]}).to(tl.float32)" if dtype in ROUND else expr
+
+
+def lower_row_norm(
+    steps: tuple[Step, ...],
+    outputs: tuple[str | None, ...],
+    a_out: str,
+    m: str,
+    k: int,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+) -> RowNorm:
+    """``steps`` (a kernel's reference, whose ``outputs`` are ``a_out`` and at most one more) as
+    a ``RowNorm``; raises ``NoSite`` where they are not a row normalization of ``[M, K]`` rows."""
+    M, K = ix.parse_size(m), sympy.Integer(k)
+
+    def spec(name: str) -> TensorSpec:
+        s = spec_of(buffers, known, name)
+        if s is None or s.dtype not in FLOAT_DTYPES or s.order:
+            raise NoSite(f"{name}: no floating-point row-major spec")
+        return s
+
+    def shape_kind(shape: tuple[str, ...]) -> str:
+        dims = tuple(ix.parse_size(d) for d in shape)
+        numel = ix.numel(dims)
+        if dims and ix.same(dims[-1], K) and ix.same(numel, M * K):
+            return "row"
+        if dims and ix.same(dims[-1], K) and ix.same(numel, K):
+            return "vec"
+        if dims and ix.same(dims[-1], sympy.Integer(1)) and ix.same(numel, M):
+            return "stat"
+        raise NoSite(f"shape {shape} is not [M, K], [K] or [M, 1]")
+
+    inputs: dict[str, int] = {}
+    vectors: dict[str, int] = {}
+    alias: dict[str, str] = {}  # a view of an outside buffer -> that buffer
+    vals: dict[str, tuple[str, str, str]] = {}  # buffer -> (kind, variable, dtype)
+    row_ops: list[tuple[str, str, bool]] = []
+    stat_ops: list[tuple[str, str]] = []
+    after_stats: set[str] = set()  # row variables that depend on the statistics
+    reduced = None
+    n = 0
+
+    def operand(arg) -> tuple[str, str, str]:
+        """(kind, variable or literal, dtype) of a step's argument."""
+        if isinstance(arg, Buf):
+            if arg.name in vals:
+                return vals[arg.name]
+            root = alias.get(arg.name, arg.name)
+            s = spec(root)
+            kind = shape_kind(spec(arg.name).shape)
+            if kind == "row":
+                if shape_kind(s.shape) != "row":
+                    raise NoSite(f"{root} is not [M, K] row-major")
+                if root not in inputs:
+                    if len(inputs) == MAX_ROW_INPUTS:
+                        raise NoSite("more than two rows read")
+                    inputs[root] = len(inputs)
+                    i = inputs[root]
+                    row_ops.append(
+                        (
+                            f"x{i}_@",
+                            f"tl.load(x{i}_ptr + rm[:, None] * {k} + rk@[None, :], mask=kmask@, "
+                            "other=0.0).to(tl.float32)",
+                            False,
+                        )
+                    )
+                vals[root] = ("row", f"x{inputs[root]}_@", s.dtype)
+                return vals[root]
+            if kind == "vec":
+                if root not in known or tuple(known[root].shape) != (str(k),):
+                    raise NoSite(f"{root} is not a [K] weight")
+                if root not in vectors:
+                    vectors[root] = len(vectors)
+                    i = vectors[root]
+                    row_ops.append(
+                        (
+                            f"v{i}_@",
+                            f"tl.load(v{i}_ptr + rk@, mask=rk@ < {k}, other=0.0).to(tl.float32)[None, :]",
+                            False,
+                        )
+                    )
+                vals[root] = ("row", f"v{vectors[root]}_@", s.dtype)
+                return vals[root]
+            raise NoSite(f"{arg.name}: a statistic read from memory")
+        if isinstance(arg, bool) or not isinstance(arg, (int, float)):
+            raise NoSite(f"argument {str(arg)[:40]}")
+        return ("const", repr(float(arg)), "")
+
+    def emit(kind: str, expr: str, out: str, dtype: str, post: bool) -> None:
+        nonlocal n
+        var = f"r{n}_@" if kind == "row" else f"s{n}"
+        n += 1
+        if kind == "row":
+            row_ops.append((var, _round(expr, dtype), post))
+            if post:
+                after_stats.add(var)
+        else:
+            stat_ops.append((var, _round(expr, dtype)))
+        vals[out] = (kind, var, dtype)
+
+    for s in steps:
+        if s.kind != StepKind.ATEN or len(s.outputs) != 1 or s.outputs[0] is None:
+            raise NoSite(s.target)
+        out, t = s.outputs[0], s.target
+        ospec = spec(out)
+        if t in RESHAPE_VIEWS:
+            src = s.args[0]
+            if not isinstance(src, Buf):
+                raise NoSite(t)
+            if src.name in vals:
+                kind = vals[src.name][0]
+                if kind != shape_kind(ospec.shape):
+                    raise NoSite(f"{t} changes what {src.name} is")
+                vals[out] = vals[src.name]
+            else:
+                alias[out] = alias.get(src.name, src.name)
+            continue
+        if t == "aten._to_copy.default":
+            if set(s.kwargs) - {"dtype", "layout", "device", "memory_format"} or len(s.args) != 1:
+                raise NoSite(t)
+            dt = s.kwargs.get("dtype")
+            if not isinstance(dt, DType) or dt.name not in FLOAT_DTYPES:
+                raise NoSite(f"{t} to {dt}")
+            kind, x, _ = operand(s.args[0])
+            if kind == "const":
+                raise NoSite(t)
+            emit(kind, x, out, ospec.dtype, kind == "row" and x in after_stats)
+            continue
+        if t == "aten.mean.dim":
+            if reduced is not None or len(s.args) != 3 or s.kwargs:
+                raise NoSite("more than one mean, or a mean with options")
+            kind, x, _ = operand(s.args[0])
+            src_rank = len(spec(s.args[0].name).shape) if isinstance(s.args[0], Buf) else 0
+            if kind != "row" or x in after_stats:
+                raise NoSite("a mean of anything but a row before the statistics")
+            if s.args[1] not in ([-1], [src_rank - 1]) or s.args[2] is not True:
+                raise NoSite("a mean over other dims than the last, or without keepdim")
+            if shape_kind(ospec.shape) != "stat":
+                raise NoSite(f"mean result {ospec.shape}")
+            reduced = x
+            stat_ops.append(("s_mean", _round(f"(s_sum / {k})", ospec.dtype)))
+            vals[out] = ("stat", "s_mean", ospec.dtype)
+            continue
+        if t == "aten.pow.Tensor_Scalar" and len(s.args) == 2 and not s.kwargs and s.args[1] in (2, 2.0):
+            kind, x, _ = operand(s.args[0])
+            if kind == "const":
+                raise NoSite(t)
+            emit(kind, f"({x} * {x})", out, ospec.dtype, kind == "row" and x in after_stats)
+            continue
+        if t in _BINARY and len(s.args) == 2 and not s.kwargs:
+            (ka, a, _), (kb, b, _) = operand(s.args[0]), operand(s.args[1])
+            kinds = {ka, kb} - {"const"}
+            if not kinds:
+                raise NoSite(f"{t} of two constants")
+            if "row" in kinds:
+                a = f"{a}[:, None]" if ka == "stat" else a
+                b = f"{b}[:, None]" if kb == "stat" else b
+                post = "stat" in kinds or a in after_stats or b in after_stats
+                emit("row", _BINARY[t].format(a, b), out, ospec.dtype, post)
+            else:
+                emit("stat", _BINARY[t].format(a, b), out, ospec.dtype, True)
+            continue
+        if (t in _ROW_UNARY or t in _STAT_UNARY) and len(s.args) == 1 and not s.kwargs:
+            kind, x, _ = operand(s.args[0])
+            table = _STAT_UNARY if kind == "stat" else _ROW_UNARY
+            if kind == "const" or t not in table:
+                raise NoSite(f"{t} of a {kind}")
+            emit(kind, table[t].format(x), out, ospec.dtype, kind == "row" and x in after_stats)
+            continue
+        raise NoSite(f"{t} in a row norm")
+
+    if reduced is None:
+        raise NoSite("no mean over K")
+    if a_out not in vals or vals[a_out][0] != "row" or vals[a_out][1] not in after_stats:
+        raise NoSite(f"{a_out} is not a row value after the statistics")
+    sum_out = None
+    for o in outputs:
+        if o is None or o == a_out:
+            continue
+        if sum_out is not None or o not in vals or vals[o][0] != "row" or vals[o][1] in after_stats:
+            raise NoSite(f"output {o} is not a row value before the statistics")
+        if vals[o][1].startswith(("x", "v")):
+            raise NoSite(f"output {o} is an input")
+        sum_out = (o, vals[o][1], vals[o][2])
+    return RowNorm(
+        inputs=tuple((b, spec(b).dtype) for b in inputs),
+        vectors=tuple((b, spec(b).dtype) for b in vectors),
+        row_ops=tuple(row_ops),
+        reduced=reduced,
+        stat_ops=tuple(stat_ops),
+        out=vals[a_out][1],
+        sum_out=sum_out,
+    )

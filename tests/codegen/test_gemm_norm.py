@@ -1,0 +1,321 @@
+"""One-row GEMV forms that absorb the kernels around a Llama decoder's GEMMs
+(``aot.codegen.gemm_prologue``, ``gemm_sites``, ``gemm_render``): the RMSNorm kernel before a GEMM,
+with the residual add in it, as a prologue (``<form>_rms``, the sum written by the first N tile),
+and the SiLU(gate) * up kernel after the stacked gate/up GEMM as its epilogue (each block computes
+both halves of its columns).
+
+Every candidate of ``gemm_models/gemm_rms*.py`` (K = 600: vec_1x8x512 takes a partial second K
+step) runs in Triton's interpreter against the library steps it replaces, in bfloat16, float16 and
+float32, at 1 and 3 rows (``aot.dtypes.TOLERANCE``: half 1e-2 + 1e-2·|ref|, fp32 1e-4 +
+1e-4·|ref|); the sums the forms write are exact in float16 and float32 (in bfloat16 the
+interpreter's rounding of the program's own norm kernel and of the forms alike differs from
+ATen's by up to one bfloat16 ulp, within the tolerance). A transformers Llama built at batch 1
+decode (float16) runs 7 kernels per decoder layer with the built-in table where the library plan
+runs 10, and every kernel of that plan matches its reference steps in the interpreter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from aot import schema
+from tests.codegen.conftest import failing_candidates, interpreted_json
+from tests.conftest import HANG_GUARD_S
+
+MODELS = Path(__file__).resolve().parent / "gemm_models"
+ARCHS = ("sm_90",)
+RMS_MODELS = ("gemm_rms", "gemm_rms16", "gemm_rms32")  # bfloat16, float16, float32
+ROWS = ({"batch": 1}, {"batch": 3})
+
+
+def _one_row_configs():
+    """The one-row forms, eligible at every bucket so that they run at 3 rows too."""
+    from aot.codegen import gemm_forms
+
+    return tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if not c.dot and c.split_k == 1)
+
+
+@pytest.fixture(scope="module")
+def rms_built(tmp_path_factory):
+    """name → (compiled, bundle path, model path), built with GEMM candidates of the one-row forms."""
+    from aot.codegen import gemm_render, generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = _one_row_configs()
+    try:
+        base = tmp_path_factory.mktemp("gemm_norm")
+        out = {}
+        for name in RMS_MODELS:
+            model = MODELS / f"{name}.py"
+            compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+            pack(compiled, base / f"{name}.tpk")
+            out[name] = (compiled, base / f"{name}.tpk", model)
+        return out
+    finally:
+        gemm_render.CONFIGS = saved
+
+
+def test_norm_kernels_and_the_silu_product_are_absorbed(rms_built):
+    program = rms_built["gemm_rms"][0].program
+    gate_up, down, proj = program.alternatives
+    kernels = {k.id: k for k in program.kernels}
+    # gate/up: the norm kernel (with h = x + r), the stacked GEMM and the SiLU * up kernel
+    steps = [program.steps[i] for i in gate_up.library]
+    assert steps[0].kind == schema.StepKind.KERNEL and steps[-1].kind == schema.StepKind.KERNEL
+    assert "aten.mean.dim" in {r.target for r in steps[0].reference}
+    assert "aten.sigmoid.default" in {r.target for r in steps[-1].reference}
+    assert (gate_up.n, gate_up.k) == (64, 600)  # each half: 64 columns
+    assert gate_up.outputs == (steps[-1].outputs[0], "add")  # the product, and h for the residual
+    forms = {c.name: c for c in gate_up.candidates}
+    assert sorted(forms) == ["vec_1x4x1024", "vec_1x4x1024_rms", "vec_1x8x512", "vec_1x8x512_rms"]
+    fused = forms["vec_1x8x512_rms"]
+    assert len(fused.steps) == 1  # the norm kernel is gone
+    source = kernels[fused.steps[0].target].source
+    assert "row norm (RMSNorm) of a sum prologue" in source and "two halves of a stacked GEMM" in source
+    assert "sum_ptr" in source and "tl.sigmoid" in source and "tl.dot" not in source
+    assert f"(w1_ptr + {64 * 600})" in source  # the second half: W's rows 64..127
+    # the plain forms run the program's norm kernel first
+    assert forms["vec_1x8x512"].steps[0].target == steps[0].target
+    # down: no norm before it (its A is the SiLU product); proj: the second norm, its sum an output
+    assert down.outputs == ("mm_2",) and [c.name for c in down.candidates] == ["vec_1x8x512", "vec_1x4x1024"]
+    assert proj.outputs[-1] in program.outputs and "vec_1x4x1024_rms" in {c.name for c in proj.candidates}
+
+
+@pytest.fixture(scope="module")
+def rms_interpreted(rms_built):
+    from aot.verify.interpret import interpret_in_subprocess
+
+    results = interpret_in_subprocess(
+        [(rms_built[n][1], rms_built[n][2], list(ROWS), None, True) for n in RMS_MODELS], timeout=HANG_GUARD_S
+    )
+    return dict(zip(RMS_MODELS, results))
+
+
+@pytest.mark.parametrize("name", RMS_MODELS)
+def test_every_form_matches_its_reference(rms_built, rms_interpreted, name):
+    program = rms_built[name][0].program
+    sums = {site.outputs[-1] for site in program.alternatives if len(site.outputs) == 2}
+    assert len(sums) == 2
+    results = rms_interpreted[name]
+    assert len(results) == len(ROWS)
+    n_cands = sum(len(s.candidates) for s in program.alternatives)
+    for sizes, comparisons in results.items():
+        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == n_cands
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, f"{name} at {sizes}: {bad[:3]}"
+        rms = [c for c in comparisons if c.name.endswith("_rms")]
+        assert {c.output for c in rms} >= sums
+        if name != "gemm_rms":  # float16, float32: the sum x + r is written exactly
+            assert all(c.max_abs_error == 0.0 for c in rms if c.output in sums)
+
+
+def test_a_wrong_norm_is_caught(rms_built, tmp_path):
+    """The fused form with the statistics' epsilon dropped fails its comparison (float32)."""
+    compiled, _, model = rms_built["gemm_rms32"]
+    site = compiled.program.alternatives[0]
+    cand = next(c for c in site.candidates if c.name == "vec_1x4x1024_rms")
+    failed = failing_candidates(
+        compiled,
+        model,
+        cand.steps[-1].target,
+        "(s_mean + 1e-05)",
+        "(s_mean + 1.0)",
+        {"batch": 1},
+        tmp_path / "bad.tpk",
+    )
+    assert failed == {f"{site.id}/{cand.name}"}
+
+
+def test_what_is_not_a_row_norm_stays():
+    """Steps with no mean over K, a mean without keepdim, or two row inputs too many are no prologue."""
+    from aot.codegen.gemm_epilogue import NoSite
+    from aot.codegen.gemm_prologue import lower_row_norm
+    from aot.schema import Buf, DType, Step, StepKind, TensorSpec
+
+    def step(target, args, out, **kw):
+        return Step(StepKind.ATEN, target, tuple(args), kw, (out,))
+
+    known = {"w": TensorSpec("float16", ("8",))}
+    buffers = {
+        n: TensorSpec(dt, shape)
+        for n, dt, shape in [
+            ("x", "float16", ("m", "8")),
+            ("y", "float16", ("m", "8")),
+            ("z", "float16", ("m", "8")),
+            ("f", "float32", ("m", "8")),
+            ("sq", "float32", ("m", "8")),
+            ("ms", "float32", ("m", "1")),
+            ("ms0", "float32", ("m",)),
+            ("r", "float32", ("m", "1")),
+            ("n", "float32", ("m", "8")),
+            ("h", "float16", ("m", "8")),
+            ("o", "float16", ("m", "8")),
+        ]
+    }
+    cast = step("aten._to_copy.default", [Buf("x")], "f", dtype=DType("float32"))
+    tail = [
+        step("aten.rsqrt.default", [Buf("ms")], "r"),
+        step("aten.mul.Tensor", [Buf("f"), Buf("r")], "n"),
+        step("aten._to_copy.default", [Buf("n")], "h", dtype=DType("float16")),
+        step("aten.mul.Tensor", [Buf("w"), Buf("h")], "o"),
+    ]
+    square = step("aten.pow.Tensor_Scalar", [Buf("f"), 2], "sq")
+    good = (cast, square, step("aten.mean.dim", [Buf("sq"), [-1], True], "ms"), *tail)
+    norm = lower_row_norm(good, ("o",), "o", "m", 8, buffers, known)
+    assert norm.inputs == (("x", "float16"),) and norm.vectors == (("w", "float16"),) and norm.sum_out is None
+    no_mean = (cast, square, *tail)
+    no_keepdim = (cast, square, step("aten.mean.dim", [Buf("sq"), [-1]], "ms0"), *tail)
+    three = (
+        step("aten.add.Tensor", [Buf("x"), Buf("y")], "h"),
+        step("aten.add.Tensor", [Buf("h"), Buf("z")], "o"),
+        *good,
+    )
+    for steps in (no_mean, no_keepdim, three):
+        with pytest.raises(NoSite):
+            lower_row_norm(steps, ("o",), "o", "m", 8, buffers, known)
+
+
+# ---------------------------------------------------------------------------------------------
+# A transformers Llama at batch 1 decode
+
+DECODE_KERNELS_PER_LAYER = {"library": 10, "built-in table": 7}
+
+
+@pytest.fixture(scope="module")
+def llama_decode(tmp_path_factory):
+    """A tiny transformers Llama (tests/hf's config, 2 layers) in float16 (the interpreter computes
+    the decode attention kernel's bfloat16 ``tl.dot`` wrongly: tests/codegen/test_decode_attention.py),
+    built by default for sm_90: (bundle path, the compiled build, the decode program's index)."""
+    from tests.realmodels.conftest import unusable
+
+    why = unusable("transformers")
+    if why is not None:
+        pytest.skip(why)
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+
+    spec = causal_lm(
+        factory("llama"), max_batch=2, max_context=16, dtype="float16", name="llama", batch_buckets=(1, 2)
+    )
+    compiled = generate(trace(spec), ARCHS)
+    path = tmp_path_factory.mktemp("llama_decode") / "llama.tpk"
+    pack(compiled, path)
+    programs = [compiled.program, *compiled.program.variants]
+    (index,) = [
+        i
+        for i, p in enumerate(programs)
+        if len(p.inputs[0].spec.shape) == 2 and p.inputs[0].spec.shape[1] == "1"
+    ]
+    return path, compiled, index
+
+
+def _launches(steps, kernels) -> int:
+    """Kernel launches and library GEMM calls of a plan (views and the like launch nothing)."""
+    return sum(
+        s.kind == schema.StepKind.KERNEL or s.target in ("aten.mm.default", "aten.addmm.default")
+        for s in steps
+    )
+
+
+def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
+    from aot.tuning import tuned_plans
+
+    _, compiled, index = llama_decode
+    program = [compiled.program, *compiled.program.variants][index]
+    kernels = {k.id: k for k in program.kernels}
+    layers = 2
+    plans = tuned_plans(compiled.tuning, index, program, "sm_90")
+    (plan,) = [steps for key, steps in plans.items() if key == (1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers
+    assert not any("sigmoid" in n for n in names)  # the SiLU * up kernel went into the gate/up GEMV
+    # per layer, with the built-in table: q/k/v (+ RMSNorm, + the residual add), 2 RoPE, decode
+    # attention, o, gate/up (+ RMSNorm, + the add, + SiLU * up), down; the rest is the embedding,
+    # positions, mask, the final norm and the head, which both plans share
+    outside = _launches(program.steps, kernels) - DECODE_KERNELS_PER_LAYER["library"] * layers
+    assert _launches(plan, kernels) == outside + DECODE_KERNELS_PER_LAYER["built-in table"] * layers
+
+
+@pytest.mark.slow  # the interpreter over a decode step's every kernel
+def test_llama_decode_plan_matches_its_reference_in_the_interpreter(llama_decode):
+    path, _, index = llama_decode
+    script = f"""
+import json
+from dataclasses import replace
+
+import torch
+from safetensors.torch import load
+
+from aot.bundle import open_bundle
+from aot.buckets import buckets_by_program
+from aot.schema import WEIGHTS_PATH
+from aot.tuning import read_tuning, tuned_plans
+from aot.verify.interpret import interpret_kernels
+
+b = open_bundle({str(path)!r})
+main = b.program()
+programs = [main, *main.variants]
+table = read_tuning(b, programs, buckets_by_program(b.manifest))
+weights = load(b.read(WEIGHTS_PATH))
+program = programs[{index}]
+plan = tuned_plans(table, {index}, program, "sm_90")[(1,)]
+fused = replace(program, steps=plan)
+g = torch.Generator().manual_seed(0)
+inputs = {{
+    "input_ids": torch.tensor([[7]]),
+    "position_ids": torch.tensor([[5]]),
+    "cache_position": torch.tensor([5]),
+    "attention_mask": (torch.arange(16) <= 5).to(torch.int64)[None],
+}}
+for t in program.inputs:
+    if t.name.startswith(("key_cache", "value_cache")):
+        shape = [1, *(int(d) for d in t.spec.shape[1:])]
+        inputs[t.name] = (0.5 * torch.randn(shape, generator=g)).to(torch.float16)
+results = interpret_kernels(fused, weights, inputs, {{"batch": 1}})
+print(json.dumps([[r.step, r.name, r.output, r.ok, r.max_abs_error] for r in results]))
+"""
+    results = interpreted_json(script)
+    fused = {r[0] for r in results if r[1].startswith("gemm_norm_")}
+    assert len(fused) == 4  # q/k/v and gate/up, 2 layers
+    assert len(results) >= 20  # every kernel of the step, and the sums the fused forms write
+    bad = [r for r in results if not r[3]]
+    assert not bad, bad[:3]
+
+
+@pytest.mark.slow  # every form of three sites compiled and interpreted
+def test_every_form_of_the_stacked_halves_matches_its_reference(tmp_path):
+    """``gemm_rms16.py`` with every config eligible, split-K too (K = 600 gives 128-deep K steps
+    two slices): the tile, skinny and split-K forms of the stacked gate/up site (both halves per
+    block, the SiLU product in the epilogue, the norm kernel run first) match the library steps."""
+    from aot.codegen import gemm_forms, gemm_render, generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = MODELS / "gemm_rms16.py"
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = tuple(replace(c, min_m=1, max_m=1 << 62, min_k=1) for c in gemm_forms.CONFIGS)
+    try:
+        compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+    finally:
+        gemm_render.CONFIGS = saved
+    pack(compiled, tmp_path / "all.tpk")
+    gate_up = compiled.program.alternatives[0]
+    names = {c.name for c in gate_up.candidates}
+    assert any(n.startswith("splitk2_") for n in names) and "tile_64x64x128" in names
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "all.tpk", model, list(ROWS), None, True)], timeout=HANG_GUARD_S
+    )
+    n_cands = sum(len(s.candidates) for s in compiled.program.alternatives)
+    for sizes, comparisons in result.items():
+        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == n_cands
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, f"{sizes}: {bad[:3]}"

@@ -1,0 +1,100 @@
+"""The one-row GEMV forms with an RMSNorm prologue and the stacked gate/up SiLU·mul epilogue on a
+GPU, at Llama-3.2-1B's shapes (bench/decode.py's ``llama-3.2-1b``: hidden 2048, intermediate 8192,
+32 query heads over 8 KV heads, head dim 64, vocab 128256, bfloat16; 2 of its 16 layers, so that
+the CPU side of ``verify`` stays short), built by default for this GPU's arch (the built-in
+table applies on sm_90 only):
+
+- the decode plan at batch 1 runs 7 kernels per decoder layer (q/k/v with RMSNorm, 2 RoPE,
+  decode attention, o, gate/up with RMSNorm and SiLU·mul, down);
+- ``aot.verify.device.verify``: every kernel of each bucket's plan against its reference steps
+  on the GPU (bfloat16 tolerance), the whole program against the CPU path, the CUDA graph's
+  replay against the launches.
+
+    pytest -m gpu tests/gpu/test_gemm_norm_gpu.py
+
+Never run in CI (no GPU there).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+LAYERS = 2
+KERNELS_PER_LAYER = 7
+
+
+@pytest.fixture(scope="module")
+def llama_1b(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.codegen.gemm_defaults import DEFAULT_ARCH
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from bench.decode import config, instantiate
+
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    if arch != DEFAULT_ARCH:
+        pytest.skip(f"the built-in GEMV table is for {DEFAULT_ARCH}, this GPU is {arch}")
+    cls, cfg = config("llama-3.2-1b", False)
+    cfg.num_hidden_layers = LAYERS
+    cfg.pad_token_id = 0
+    cfg.eos_token_id = None
+    spec = causal_lm(
+        lambda: instantiate(cls, cfg),
+        max_batch=2,
+        max_context=64,
+        dtype="bfloat16",
+        name="llama-3.2-1b",
+        batch_buckets=(1, 2),
+    )
+    compiled = generate(trace(spec), (arch,))
+    path = tmp_path_factory.mktemp("llama_1b") / "llama-3.2-1b.tpk"
+    pack(compiled, path, split_weights=True)
+    return path, compiled, arch
+
+
+def test_decode_plan_runs_seven_kernels_per_layer(llama_1b):
+    from aot.schema import StepKind
+    from aot.tuning import tuned_plans
+
+    _, compiled, arch = llama_1b
+    programs = [compiled.program, *compiled.program.variants]
+    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
+    program = programs[index]
+    kernels = {k.id: k for k in program.kernels}
+    plan = tuned_plans(compiled.tuning, index, program, arch)[(1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
+    assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plan)
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == LAYERS
+    assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == LAYERS  # q/k/v
+    library = sum(
+        s.kind == StepKind.KERNEL or s.target in ("aten.mm.default", "aten.addmm.default")
+        for s in program.steps
+    )
+    assert library - len(names) == 3 * LAYERS  # 10 per layer before, 7 now
+
+
+def test_verify_passes_with_the_fused_forms(llama_1b):
+    from aot.loader.bundle import open_bundle
+    from aot.verify.device import passed, reference_noise, verify
+
+    path, _, _ = llama_1b
+    reports = verify(str(path))
+    bundle = open_bundle(path)
+    try:
+        noise = reference_noise(bundle.manifest)
+    finally:
+        bundle.close()
+    assert reports
+    failed = [r for r in reports if not passed(r, "bfloat16", noise)]
+    assert not failed, failed[:2]
+    fused = {name for r in reports for name in r.kernel_errs if name.startswith("gemm_norm_")}
+    assert fused, "no fused GEMV form was checked"
