@@ -110,7 +110,7 @@ PROLOGUE_SUFFIXES = ("_ln", "_rms")
 
 
 def base_form(name: str) -> str:
-    """The config a form is named after (``vec_1x4x1024_rms`` → ``vec_1x4x1024``)."""
+    """The config a form is named after (``vec_1x2x1024_rms`` → ``vec_1x2x1024``)."""
     for suffix in PROLOGUE_SUFFIXES:
         if name.endswith(suffix):
             return name[: -len(suffix)]

@@ -1,5 +1,5 @@
 """GEMM candidates with row-norm (RMSNorm) prologues, a Llama decoder's MLP half at K = 600 (not a
-multiple of any BLOCK_K: vec_1x8x512 takes two K steps, the second partial): h = x + r, then
+multiple of any BLOCK_K: vec_1x2x512 takes two K steps, the second partial): h = x + r, then
 RMSNorm as transformers' Llama writes it (fp32 statistics, the cast back before the weight) →
 gate and up (stacked into one GEMM) → SiLU(gate) * up → down, + h; then RMSNorm of that sum →
 Linear(600→48). Both sums are read later (h by the second residual add, the second one is an
