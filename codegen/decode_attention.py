@@ -604,8 +604,9 @@ def _rotation_lines(
 ) -> list[str]:
     """Kernel lines that rotate ``x`` (loaded un-rotated) as the library computes rotary embedding:
     ``x * cos + cat(-x2, x1) * sin`` over the first ``{PREFIX}_ROT`` elements of each head, each
-    product and the sum rounded to the operands' dtype (``tl_dtype``), so the rotated queries and
-    the keys the cache keeps are the library's own bits. ``partner_load``: the load of element
+    product and the sum rounded to the operands' dtype (``tl_dtype``), as the library rounds them
+    (on an H200 some rotated keys still differed from the library's bits by a rounding: the GPU
+    test holds them to the dtype's tolerance). ``partner_load``: the load of element
     ``{prefix}_partner`` of each head, where ``{prefix}_turn``; ``lanes``: the head dim's broadcast
     (``[None, :]`` in a tile of query heads)."""
     rot = f"{prefix.upper()}_ROT"

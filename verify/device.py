@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from aot.admissible import admits
-from aot.aten import AtenCall
+from aot.aten import AtenCall, state_writes_checked
 from aot.dtypes import tolerance
 from aot.loader import Runner, load
 from aot.loader.executor import ProgramExecutor
@@ -126,8 +126,12 @@ def _verify_program(
     for sizes in check_sizes(executor.guards, executor.buckets):
         # a tuned bucket launches its plan's GEMM candidates: check those kernels there
         steps, calls = executor.plan_at(sizes)
+        # what a kernel's reference steps may write: the state (a KV-cache write folded into decode
+        # attention or a cache-write kernel), as the CPU path allows it
+        flat = [r for s in steps for r in (s.reference if s.kind == StepKind.KERNEL else (s,))]
+        state = state_writes_checked(flat, gpu.program.state)
         references = {
-            i: [AtenCall(s, gpu.device) for s in step.reference]
+            i: [AtenCall(s, gpu.device, state_aliases=state) for s in step.reference]
             for i, step in enumerate(steps)
             if step.kind == StepKind.KERNEL
         }
@@ -143,6 +147,8 @@ def _verify_program(
                 executor.run((call,), env, sizes)
                 continue
             ref_env = dict(env)  # the reference runs on the buffers as the kernel finds them
+            for target in steps[i].in_place.values():  # a state the kernel writes: its own copy
+                ref_env[target] = env[target].clone()
             for ref in references[i]:
                 ref(ref_env, sizes)
             executor.run((call,), env, sizes)

@@ -134,6 +134,7 @@ def test_every_attention_candidate_matches_the_library_call(interpreted, built, 
         assert all(c.max_abs_error < 1e-2 for c in got)
 
 
+@pytest.mark.slow  # interprets a candidate twice (~70 s); the GEMM forms' own such test runs by default
 def test_interpreter_catches_a_wrong_attention_kernel(built, tmp_path):
     """The same check fails when a kernel's scale is off: the comparison can fail."""
     compiled, _, model = built["attn_fused"]
