@@ -26,19 +26,17 @@ ROWS = (1, 16, 37)
 
 
 # The forms the default run builds for each small model and checks in the interpreter: one of each
-# family (one-row, one-row split-K, skinny, skinny split-K, tiles of 16, 64 and 128 rows, split-K
-# tiles). The slow tests build and check every form: on models/mlp.py's shapes
+# family (one-row, one-row split-K, skinny, skinny split-K, tile, split-K tile; the default
+# table's other one-row forms are checked by tests/codegen/test_gemm_norm.py). The slow tests
+# build and check every form: on models/mlp.py's shapes
 # (test_mlp_sized_candidates_match_in_the_interpreter) and with the LayerNorm prologue
 # (test_every_form_takes_the_prologue).
 FAMILIES = (
     "vec_1x2x512",
-    "vec_1x2x1024",
     "splitk_1x8x512",
     "gemv_16x16x256",
     "splitk_16x16x256",
     "tile_16x64x128",
-    "tile_64x64x128",
-    "tile_128x128x32",
     "splitk_16x64x128",
 )
 
@@ -130,9 +128,9 @@ def test_weights_stored_k_by_n_are_sites_read_as_stored(built):
 def test_sites_and_epilogues_found(built):
     alts = {n: built[n][0].program.alternatives for n in built}
     kinds = {n: [len(s.candidates) for s in a] for n, a in alts.items()}
-    # mlp: up + GELU epilogue (2 one-row GEMVs + 1 skinny + 3 tiles of FAMILIES), down + bias +
+    # mlp: up + GELU epilogue (a one-row GEMV, a skinny form and a tile of FAMILIES), down + bias +
     # residual (the same + split-K at K = 1024; the narrow split-K forms need K >= 2048)
-    assert kinds["gemm_mlp"] == [6, 7] and kinds["gemm_mlp32"] == [6, 7]
+    assert kinds["gemm_mlp"] == [3, 4] and kinds["gemm_mlp32"] == [3, 4]
     up, down = alts["gemm_mlp"]
     program = built["gemm_mlp"][0].program
     assert [program.steps[i].target for i in up.library][-2:] == [
@@ -178,10 +176,9 @@ def test_sites_and_epilogues_found(built):
     # only skinny, unsplit blocks with long K steps get the prologue form
     assert [n for n in forms if n.endswith("_ln")] == [
         "vec_1x2x512_ln",
-        "vec_1x2x1024_ln",
         "gemv_16x16x256_ln",
     ]
-    assert "tl.dot" not in kernels[forms["vec_1x2x1024_ln"].steps[-1].target].source
+    assert "tl.dot" not in kernels[forms["vec_1x2x512_ln"].steps[-1].target].source
 
 
 @pytest.mark.parametrize("interpreted", SIZE_TIERS, indirect=True)
@@ -855,7 +852,7 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
     ]
     assert info["tuning"] is None
     text = summary_text(m, info)
-    assert "GEMM candidates: 13 for 2 sites (14 kernels); untuned" in text
+    assert "GEMM candidates: 7 for 2 sites (8 kernels); untuned" in text
     assert "archs: sm_90; sm_90: kernels launch early (programmatic dependent launch)" in text
     tuned = tmp_path / "tuned.tpk"
     write_tuned(bundle, tuned, _table(compiled.program))
