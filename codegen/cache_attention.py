@@ -34,7 +34,8 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.cache_writes import strided_view
-from aot.codegen.decode_attention import FLOAT_DTYPES, LOG2E, MAX_HEAD_DIM, SDPA, _Program, _sdpa_args
+from aot.codegen.decode_attention import LOG2E
+from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, SDPA, _Program, _sdpa_args
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE

@@ -30,7 +30,8 @@ CASES = [
 SCRIPT = r"""
 import importlib.util, json, math, sys, tempfile
 import torch
-from aot.codegen.decode_attention import Append, DecodeSite, NewRows, render_decode_attention
+from aot.codegen.decode_attention import render_decode_attention
+from aot.codegen.decode_sites import Append, DecodeSite, NewRows
 
 cases = json.loads(sys.argv[1]) if len(sys.argv) > 1 else CASES
 out = {}
@@ -127,7 +128,7 @@ def test_decode_program_sites_found_and_kernel_replaces_sdpa(tmp_path):
     import transformers
 
     from aot.codegen import generate
-    from aot.codegen.decode_attention import SDPA
+    from aot.codegen.decode_sites import SDPA
     from aot.hf import causal_lm
     from aot.schema import StepKind
     from aot.tracer import trace
@@ -175,7 +176,7 @@ def test_tiny_lm_decode_program_runs_decode_attention(built):
     a head view of a projection, the cache expanded and reshaped per query head): each layer's
     SDPA of the decode program is a decode attention kernel step reading the query where the
     projection wrote it and the cache where it lives; the prefill program keeps SDPA."""
-    from aot.codegen.decode_attention import SDPA
+    from aot.codegen.decode_sites import SDPA
     from aot.loader.bundle import open_bundle
     from aot.schema import StepKind
 

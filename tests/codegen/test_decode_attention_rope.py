@@ -40,7 +40,8 @@ CASES = [
 SCRIPT = r"""
 import importlib.util, json, math, sys, tempfile
 import torch
-from aot.codegen.decode_attention import Append, DecodeSite, NewRows, Rotary, render_decode_attention
+from aot.codegen.decode_attention import render_decode_attention
+from aot.codegen.decode_sites import Append, DecodeSite, NewRows, Rotary
 
 def truncated(t):  # the interpreter's float32 -> bfloat16: toward zero (the GPU's rounds to nearest even)
     return (t.float().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)

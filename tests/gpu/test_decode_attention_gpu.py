@@ -33,7 +33,8 @@ def test_decode_attention_matches_sdpa_on_gpu(shape, append, tmp_path):
     exactly as ``index_put_`` does, and attends over the cache with them."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from aot.codegen.decode_attention import Append, DecodeSite, NewRows, render_decode_attention
+    from aot.codegen.decode_attention import render_decode_attention
+    from aot.codegen.decode_sites import Append, DecodeSite, NewRows
 
     dtype, B, H, KV, D, C, projection = shape
     dt = getattr(torch, dtype)
@@ -119,7 +120,8 @@ def test_rotary_decode_attention_matches_eager_on_gpu(shape, tmp_path):
     the library's own SDPA is (the bound of the test above)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from aot.codegen.decode_attention import Append, DecodeSite, NewRows, Rotary, render_decode_attention
+    from aot.codegen.decode_attention import render_decode_attention
+    from aot.codegen.decode_sites import Append, DecodeSite, NewRows, Rotary
 
     dtype, B, H, KV, D, R, C = shape
     dt = getattr(torch, dtype)

@@ -174,7 +174,7 @@ def test_decode_attention_rotates_the_queries_and_keys_itself(hf_bundles):
     launched there, and the kernel's reference holds both RoPE kernels' steps (what the CPU runs,
     so the tokens above are the library's). The prefill program (queries of any length) keeps its
     two RoPE kernels per layer."""
-    from aot.codegen.decode_attention import SDPA
+    from aot.codegen.decode_sites import SDPA
 
     _, runner, _ = hf_bundles("llama")
     layers = 2
