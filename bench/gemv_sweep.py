@@ -21,12 +21,13 @@ import argparse
 import concurrent.futures
 import itertools
 import json
-import statistics
 import sys
 
 import torch
 import triton
 import triton.language as tl
+
+from aot.verify import timing
 
 # (site, N, K) of each model's decode GEMVs; gate/up stacked as one GEMM, as the build fuses them.
 MODELS = {
@@ -96,29 +97,10 @@ def _read(w_ptr, o_ptr, N, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
     tl.store(o_ptr + rn, tl.sum(part, axis=1), mask=mask_n)
 
 
-def graph_us(runs, copies_per_run: int, repeats: int = 20) -> float:
-    """Median µs per launch of ``runs`` (callables, each launching once) captured in one graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for r in runs:
-            r()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        for r in runs:
-            r()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / copies_per_run)
-    return statistics.median(times)
+def graph_us(runs, per: int, repeats: int = 20) -> float:
+    """Median µs of ``runs`` (callables, each launching once) captured in one graph, divided by
+    ``per`` (the launches one form's time stands for)."""
+    return timing.graph_us(lambda: [r() for r in runs], torch.device("cuda"), 1, repeats) / per
 
 
 def forms(k: int):
