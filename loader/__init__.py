@@ -447,6 +447,7 @@ class Runner:
         on_token: Any = None,
         input_features: Any = None,
         decoder_prompt_ids: Sequence[int] | None = None,
+        steps_per_launch: int | None = None,
     ) -> list[list[int]] | list[int]:
         """Generate up to ``max_new_tokens`` tokens after each prompt, with a bundle of a causal LM
         (``aot.hf.causal_lm``: entry points ``prefill`` and ``decode`` over a KV cache) or of an
@@ -459,7 +460,10 @@ class Runner:
         ``eos_token_id`` (which it keeps); rows that stopped are fed ``pad_token_id``. Returns each
         prompt's new tokens; ``on_token(step, tokens)`` sees each step's tokens as they come.
         ``GuardError`` before anything runs when the prompts and new tokens overflow the context
-        or the batch. The state's rows ``0..batch-1`` are reset first; generations on one runner run
+        or the batch. ``steps_per_launch``: greedy steps per CUDA graph launch (default 8 on a GPU,
+        ``aot.loader.decode_blocks``: the argmax and the next step's inputs on the device, the
+        tokens copied back once per block, ``on_token`` called for each of them then); 1 launches
+        every step on its own. On a CPU it defaults to 1 (more runs the same steps in blocks). The state's rows ``0..batch-1`` are reset first; generations on one runner run
         one at a time.
 
         Encoder-decoder bundles: the prompts feed the encoder (lists are padded on the right; a
@@ -506,6 +510,7 @@ class Runner:
                 top_k=top_k,
                 seed=seed,
                 on_token=on_token,
+                steps_per_launch=steps_per_launch,
             )
 
     def reset(self, rows: int | Sequence[int] | None = None) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from aot.aten import DTYPES
 from aot.errors import GuardError
+from aot.loader.decode_blocks import GPU_BLOCK_STEPS, DecodeBlocks
 from aot.manifest_text import static_size
 
 LM_INPUTS = ("input_ids", "position_ids", "cache_position", "attention_mask")
@@ -116,6 +117,7 @@ def generate(
     top_k: int | None = None,
     seed: int | None = None,
     on_token: Callable[[int, list[int]], None] | None = None,
+    steps_per_launch: int | None = None,
 ) -> list[list[int]] | list[int]:
     """Generate up to ``max_new_tokens`` tokens after each prompt; see ``Runner.generate``."""
     if prompt_ids is None:
@@ -128,6 +130,8 @@ def generate(
         raise GuardError(f"temperature must be > 0 when sampling, got {temperature}")
     if top_k is not None and (type(top_k) is not int or top_k < 1):
         raise GuardError(f"top_k must be a positive int, got {top_k!r}")
+    if steps_per_launch is not None and (type(steps_per_launch) is not int or steps_per_launch < 1):
+        raise GuardError(f"steps_per_launch must be a positive int, got {steps_per_launch!r}")
     max_batch, context = lm_contract(runner)
     if not prompts or any(not p for p in prompts):
         raise GuardError("every prompt needs at least one token")
@@ -194,8 +198,48 @@ def generate(
             )
         )
 
+    block_steps = steps_per_launch or (GPU_BLOCK_STEPS if device.type == "cuda" and not do_sample else 1)
+
+    def blocks(step: int, logits: torch.Tensor, loop: _Loop) -> tuple[int, torch.Tensor]:
+        """Blocks of ``block_steps`` greedy steps from ``step`` (``aot.loader.decode_blocks``) while
+        they fit before the last step and their bucket's graph is captured; (the step where the
+        step-by-step loop goes on, its logits)."""
+        nonlocal last
+        if loop.blocks is None:
+            loop.blocks = DecodeBlocks(
+                runner, decode, batch, block_steps, mask, loop.finished, loop.padding, loop.eos_ids, argmax
+            )
+        start = step
+        while step + block_steps <= max_new_tokens - 1 and not loop.stopped:
+            slot = longest + step  # the first slot the block writes
+            inputs = {
+                "input_ids": loop.padding[:, None],
+                "position_ids": last,
+                "cache_position": slots[slot - 1 : slot],
+                "attention_mask": visible(slot + block_steps),
+            }
+            block = loop.blocks.block_for(inputs)
+            if block is None:
+                break
+            loop.blocks.run(block, logits, inputs)
+            mask[:, slot : slot + block_steps] = 1
+            loop.pending(step, block.tokens)
+            step += block_steps
+        loop.drain()
+        if step > start:
+            logits, last = loop.blocks.handoff()
+        return step, logits
+
     new = decode_loop(
-        logits, advance, batch, max_new_tokens, eos, pad, (do_sample, temperature, top_k, generator), on_token
+        logits,
+        advance,
+        batch,
+        max_new_tokens,
+        eos,
+        pad,
+        (do_sample, temperature, top_k, generator),
+        on_token,
+        blocks if block_steps > 1 and not do_sample else None,
     )
     return new[0] if flat else new
 
@@ -209,45 +253,95 @@ def decode_loop(
     pad: int,
     sampling: tuple,
     on_token: Callable[[int, list[int]], None] | None,
+    blocks: Callable[[int, torch.Tensor, _Loop], tuple[int, torch.Tensor]] | None = None,
 ) -> list[list[int]]:
     """Up to ``max_new_tokens`` tokens per row from the first step's ``logits`` [B, vocab]:
     each step picks a token per row and ``advance(step, token)`` feeds it back, returning the
     next logits. A row that produced an ``eos`` token keeps it and is fed ``pad`` afterwards;
-    the loop ends when every row has. ``sampling``: (do_sample, temperature, top_k, generator)."""
+    the loop ends when every row has. ``sampling``: (do_sample, temperature, top_k, generator).
+    ``blocks(step, logits, loop)``: greedy steps run several per launch from ``step`` where it
+    can (``aot.loader.decode_blocks``), their tokens recorded through ``loop``; it returns the
+    step where this loop goes on and that step's logits."""
     do_sample, temperature, top_k, generator = sampling
     device = logits.device
-    eos_ids = torch.tensor(sorted(eos), dtype=torch.int64, device=device) if eos else None
-    padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    done = [False] * batch
-    new: list[list[int]] = [[] for _ in range(batch)]
+    loop = _Loop(batch, device, eos, pad, on_token)
     # On a GPU, greedy decoding launches step t+1 before the host reads step t's tokens: the next
     # step needs only tensors already on the device, so the GPU runs it while the host copies,
     # records and checks the tokens (a finished generation then has launched one step too many,
     # whose results nobody reads). Sampling draws on the host, so it cannot run ahead.
     ahead = _runs_ahead(device, do_sample)
     host = _HostCopy(batch, device)
-    for step in range(max_new_tokens):
+    step = 0
+    while step < max_new_tokens:
+        if blocks is not None and step > 0:
+            step, logits = blocks(step, logits, loop)
+            if loop.stopped or step >= max_new_tokens:
+                break
         token = _choose(logits, do_sample, temperature, top_k, generator).to(device)  # [B]
-        if eos_ids is not None:
-            token = torch.where(finished, padding, token)
-            finished |= torch.isin(token, eos_ids)
-        more = step + 1 < max_new_tokens and not all(done)
+        if loop.eos_ids is not None:
+            token = torch.where(loop.finished, loop.padding, token)
+            loop.finished |= torch.isin(token, loop.eos_ids)
+        more = step + 1 < max_new_tokens and not loop.stopped
         host.start(token)
         if ahead and more:
             logits = advance(step, token)
-        values = host.values()  # the one host sync of a step: the copy only, not a step after it
-        for i, t in enumerate(values):
-            if not done[i]:
-                new[i].append(t)
-                done[i] = t in eos
-        if on_token is not None:
-            on_token(step, values)
-        if not more or all(done):
+        loop.record(step, host.values())  # the one host sync of a step: the copy only, not a step after it
+        if not more or loop.stopped:
             break
         if not ahead:
             logits = advance(step, token)
-    return new
+        step += 1
+    return loop.new
+
+
+class _Loop:
+    """The token loop's state: each row's new tokens, which rows are done (on the host, and on
+    the device as ``finished``, with the ``padding`` they are fed after), and the blocks' tokens
+    on their way to the host (two blocks in flight: the host reads a block's tokens while the
+    GPU runs the next)."""
+
+    def __init__(self, batch: int, device: torch.device, eos: set[int], pad: int, on_token: Any):
+        self.eos, self.on_token = eos, on_token
+        self.eos_ids = torch.tensor(sorted(eos), dtype=torch.int64, device=device) if eos else None
+        self.padding = torch.full((batch,), pad, dtype=torch.int64, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.done = [False] * batch
+        self.new: list[list[int]] = [[] for _ in range(batch)]
+        self.stopped = False
+        self.blocks: Any = None
+        self.batch, self.device = batch, device
+        self._copies: list[tuple[int, _HostCopy]] = []
+        self._free: list[_HostCopy] = []
+
+    def record(self, step: int, values: list[int]) -> None:
+        for i, t in enumerate(values):
+            if not self.done[i]:
+                self.new[i].append(t)
+                self.done[i] = t in self.eos
+        if self.on_token is not None:
+            self.on_token(step, values)
+        self.stopped = all(self.done)
+
+    def pending(self, step: int, tokens: torch.Tensor) -> None:
+        """A block's ``tokens`` [B, n] (steps ``step``..): copied to the host now, recorded when
+        the block after it has been launched (or at ``drain``)."""
+        if len(self._copies) == 2:
+            self._record_oldest()
+        copy = self._free.pop() if self._free else _HostCopy(tokens.shape, self.device)
+        copy.start(tokens)
+        self._copies.append((step, copy))
+
+    def drain(self) -> None:
+        while self._copies:
+            self._record_oldest()
+
+    def _record_oldest(self) -> None:
+        step, copy = self._copies.pop(0)
+        rows = copy.values()  # [B][n]
+        for j in range(len(rows[0])):
+            if not self.stopped:
+                self.record(step + j, [r[j] for r in rows])
+        self._free.append(copy)
 
 
 def _runs_ahead(device: torch.device, do_sample: bool) -> bool:
@@ -255,20 +349,21 @@ def _runs_ahead(device: torch.device, do_sample: bool) -> bool:
 
 
 class _HostCopy:
-    """The tokens of a step copied to the host without waiting for work queued after them: on a
-    GPU into pinned memory, with an event recorded after the copy."""
+    """The tokens of a step (``shape`` [B]) or of a block of steps ([B, n]) copied to the host
+    without waiting for work queued after them: on a GPU into pinned memory, with an event
+    recorded after the copy."""
 
-    def __init__(self, batch: int, device: torch.device) -> None:
+    def __init__(self, shape: int | tuple[int, ...], device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.buffer = torch.empty(batch, dtype=torch.int64, pin_memory=self.cuda)
+        self.buffer = torch.empty(shape, dtype=torch.int64, pin_memory=self.cuda)
         self.event = torch.cuda.Event() if self.cuda else None
 
-    def start(self, token: torch.Tensor) -> None:  # token: [B] int64 on the device
+    def start(self, token: torch.Tensor) -> None:  # token: [B] or [B, n] int64 on the device
         self.buffer.copy_(token, non_blocking=self.cuda)
         if self.event is not None:
             self.event.record()
 
-    def values(self) -> list[int]:
+    def values(self) -> list:
         if self.event is not None:
             self.event.synchronize()
         return self.buffer.tolist()

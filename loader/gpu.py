@@ -22,6 +22,7 @@ outputs, and no copy is made per call (gpt at batch 8 x seq 128: 98 MiB of logit
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -513,6 +514,42 @@ class GraphRunner:
             self._specs.check(outputs, sizes)
         self.graphs[key] = captured
         return captured, warm
+
+    def static_inputs(self, key: tuple) -> dict[str, torch.Tensor]:
+        """Input buffers of the bucket ``key``'s sizes (zeros), for ``capture_calls``."""
+        sizes = dict(zip(self.symbols, key))
+        return {
+            name: zeros([s(sizes) for s in shape], self._input_dtypes[name], self.gpu.device)
+            for name, shape in self._input_shapes.items()
+        }
+
+    def capture_calls(
+        self, key: tuple, inputs: dict[str, torch.Tensor], body: Callable[[Callable[[], list]], Any]
+    ) -> Graph:
+        """A graph of ``body(call)``, where ``call()`` runs the bucket's program on ``inputs``
+        (``static_inputs``) and the state, returning its outputs, as many times as ``body`` calls
+        it, with the caller's own work between the calls (several decode steps per launch:
+        ``aot.loader.decode_blocks``). The bucket's own graph must be captured (its warm-up made
+        the library handles and workspaces a capture needs); the graph shares its pool, so it
+        replays under the same lock (``replay_calls``)."""
+        if key not in self.graphs:
+            raise RuntimeError(f"capture_calls: the bucket {key}'s own graph is not captured yet")
+        sizes = dict(zip(self.symbols, key))
+        bound = {**inputs, **(self.state.views(sizes) if self.state is not None else {})}
+        gpu = self.gpu
+        with self.lock, self.capture_lock:
+            self.stream.wait_stream(torch.cuda.current_stream(gpu.device))
+            graph = Graph(self.pool)
+            torch.cuda.synchronize(gpu.device)
+            graph.capture(self.stream, lambda: body(lambda: gpu(bound, sizes, key, None, None)))
+        return graph
+
+    def replay_calls(self, graph: Graph) -> None:
+        """Launch a graph of ``capture_calls`` on the current stream."""
+        with self.lock:
+            stream = raw_stream(self.device_index)
+            self.arena.order.after_last_call(stream)
+            graph.replay(stream)
 
     def _tail(self, key: tuple, sizes: dict[str, int]) -> tuple[int, tuple[str, ...]] | None:
         """Where the steps after the graph begin and what the graph hands them, when the bucket's

@@ -97,3 +97,41 @@ def test_a_slot_outside_the_cache_is_a_guard_error_and_the_gpu_keeps_working(bun
                 attention_mask=torch.ones(1, context, dtype=torch.int64, device="cuda"),
             )
     assert gpu.generate([[1, 2, 3]], NEW_TOKENS) == want
+
+
+@pytest.mark.parametrize("steps", [3, None])
+def test_blocks_of_steps_in_one_graph_give_the_cpu_tokens(bundle, steps):
+    """Several greedy steps per CUDA graph launch (``aot.loader.decode_blocks``; None: the GPU
+    default): the tokens, end-of-sequence cut-offs and ``on_token`` calls of one step at a time,
+    on batches with a graph bucket (2, 4) and without (3: plain steps, no block)."""
+    import aot.loader
+    from aot.loader import decode_blocks
+
+    launches = []
+    launch = decode_blocks._Block.launch
+    decode_blocks._Block.launch = lambda block: launches.append(1) or launch(block)
+    try:
+        cpu = aot.loader.load(bundle, device="cpu")
+        gpu = aot.loader.load(bundle, device="cuda", capture="lazy")
+        n = MAX_CONTEXT - 5  # the longest prompt has 5 tokens
+        for prompts in (
+            [[5, 6, 7, 8, 9], [1, 2, 3]],
+            [[5, 6, 7, 8, 9], [1, 2, 3], [4], [7, 7]],
+            [[1], [2], [3]],
+        ):
+            want_seen: list = []
+            want = cpu.generate(prompts, n, on_token=lambda s, v, out=want_seen: out.append((s, v)))
+            for _ in range(2):  # capture, then replay
+                seen: list = []
+                got = gpu.generate(
+                    prompts, n, steps_per_launch=steps, on_token=lambda s, v, out=seen: out.append((s, v))
+                )
+                assert got == want
+                assert seen == want_seen
+            eos = want[0][4]
+            assert gpu.generate(prompts, n, eos_token_id=eos, steps_per_launch=steps) == cpu.generate(
+                prompts, n, eos_token_id=eos
+            )
+        assert launches, "no block ran"
+    finally:
+        decode_blocks._Block.launch = launch

@@ -488,3 +488,39 @@ def test_generations_on_one_runner_run_one_at_a_time(runner):
     for t in threads:
         t.join()
     assert [got[i] for i in range(4)] == want
+
+
+@pytest.mark.parametrize("steps", [2, 3, 8])
+def test_blocks_of_steps_give_the_step_by_step_tokens(runner, steps, monkeypatch):
+    """Several greedy steps per launch (``aot.loader.decode_blocks``; on a GPU one CUDA graph per
+    block, here the same steps run eagerly): the argmax, the end-of-sequence bookkeeping and the
+    next step's inputs written on the device give the tokens, cut-offs and ``on_token`` calls of
+    one step at a time, whether the steps fill whole blocks or leave a remainder."""
+    from aot.loader import decode_blocks
+
+    launches = []
+    launch = decode_blocks._Block.launch
+    monkeypatch.setattr(decode_blocks._Block, "launch", lambda block: launches.append(1) or launch(block))
+    prompts = [[5, 6, 7, 8, 9, 10], [1, 2, 3], [40]]
+    for n in (1, 2, steps + 1, 2 * steps + 1, 11):
+        want_seen: list = []
+        want = runner.generate(prompts, n, on_token=lambda s, v, out=want_seen: out.append((s, v)))
+        assert not launches
+        seen: list = []
+        got = runner.generate(
+            prompts, n, steps_per_launch=steps, on_token=lambda s, v, out=seen: out.append((s, v))
+        )
+        assert got == want, n
+        assert seen == want_seen, n
+        # step 0 runs alone (on a GPU it captures the bucket's graph), the last step feeds nothing
+        assert len(launches) == max(0, n - 2) // steps, n
+        launches.clear()
+    full = runner.generate(prompts, 11)
+    eos = full[1][4]
+    want_eos = runner.generate(prompts, 11, eos_token_id=eos)
+    assert any(len(row) < 11 for row in want_eos)
+    assert runner.generate(prompts, 11, eos_token_id=eos, steps_per_launch=steps) == want_eos
+    # a generation after blocks starts from the reset state: no carry leaks between calls
+    assert runner.generate([1, 2, 3], 9, steps_per_launch=steps) == full[1][:9]
+    with pytest.raises(GuardError, match="steps_per_launch must be a positive int"):
+        runner.generate([1, 2, 3], 4, steps_per_launch=0)
