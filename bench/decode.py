@@ -268,7 +268,9 @@ def _hf_steps(module, ids, new_tokens: int, device: str, static: bool) -> tuple[
     return stamps, out[:, ids.shape[1] :].tolist()
 
 
-def profile_step(runner, ids, new_tokens: int, device: str, path: Path) -> dict:
+def profile_step(
+    runner, ids, new_tokens: int, device: str, path: Path, steps_per_launch: int | None = None
+) -> dict:
     """Where a decode step's time goes: one more ``generate`` under torch's profiler; writes its
     kernel table to ``path`` and returns the device time per token (every kernel's time, summed:
     the GPU is busy that long per token) beside the wall time per token (the host loop included)."""
@@ -278,7 +280,7 @@ def profile_step(runner, ids, new_tokens: int, device: str, path: Path) -> dict:
     synchronize(device)
     start = time.perf_counter()
     with profile(activities=activities) as prof:
-        runner.generate(ids.tolist(), new_tokens)
+        runner.generate(ids.tolist(), new_tokens, steps_per_launch=steps_per_launch)
         synchronize(device)
     wall = time.perf_counter() - start
     events = prof.key_averages()
@@ -411,7 +413,14 @@ def worker(
                 )
             if profile and system.startswith("aotpack"):
                 row.update(
-                    profile_step(runner, ids, new_tokens, device, profile / f"{model}-{system}-b{batch}.txt")
+                    profile_step(
+                        runner,
+                        ids,
+                        new_tokens,
+                        device,
+                        profile / f"{model}-{system}-b{batch}.txt",
+                        STEPS_PER_LAUNCH.get(system),
+                    )
                 )
         except Exception as e:  # one system failing (a compile error) must not lose the others
             row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")

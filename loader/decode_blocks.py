@@ -35,10 +35,12 @@ GPU_BLOCK_STEPS = 8
 
 
 class DecodeBlocks:
-    """Blocks of greedy decode steps over one generation's ``decode`` entry point (see the
-    module docstring). ``mask``: the generation's attention mask [batch, context] (its
-    ``slot`` columns are set as the blocks write them); ``finished``, ``padding``, ``eos_ids``:
-    the token loop's end-of-sequence tensors (``eos_ids`` None: no end token)."""
+    """Blocks of greedy decode steps for one generation over ``decode`` (see the module
+    docstring). ``mask``: the generation's attention mask [batch, context] (a block starts from
+    it; the generation sets the slots a block writes); ``finished``, ``padding``, ``eos_ids``: the
+    token loop's end-of-sequence tensors (``eos_ids`` None: no end token). The block graphs are
+    the runner's, kept for its later generations (one per bucket, block length and number of
+    end tokens): their carries are their own, copied in at a block's start and out at the end."""
 
     def __init__(
         self,
@@ -55,111 +57,123 @@ class DecodeBlocks:
         self.runner, self.decode, self.batch, self.steps = runner, decode, batch, steps
         self.mask, self.finished, self.padding, self.eos_ids = mask, finished, padding, eos_ids
         self.argmax = argmax
-        self.device = mask.device
-        self.graphs: dict[tuple, _Block] = {}
         self.current: _Block | None = None
+        if not hasattr(runner, "_decode_blocks"):
+            runner._decode_blocks = {}
+        self.cache: dict[tuple, _Block] = runner._decode_blocks
 
     def block_for(self, inputs: dict[str, torch.Tensor]) -> _Block | None:
         """The block graph for a step called with ``inputs`` (as the step-by-step loop would call
-        ``decode``), captured on first use; None where the call runs no captured graph (a CPU
-        runner runs its blocks eagerly instead)."""
+        ``decode``); None where that call runs no captured graph (the bucket has none, or a plain
+        step has not captured it yet). A CPU runner's blocks run eagerly."""
         runner = self.runner
         values = runner.guards.bind((), dict(inputs))
         entry, sizes = runner._dispatch(values, self.decode._entries)
+        ends = 0 if self.eos_ids is None else self.eos_ids.numel()
         if entry.gpu is None:
-            key = ("cpu", *sorted(sizes.items()))
-            if key not in self.graphs:
-                self.graphs[key] = _Block(self, _EagerCalls(runner, entry, sizes, inputs))
-            return self.graphs[key]
-        graphs = entry.graphs
-        key = graphs.bucket_for(sizes) if graphs is not None else None
-        if key is None or key not in graphs.graphs:
-            return None  # no graph at this bucket, or not captured yet: a plain step captures it
-        if key not in self.graphs:
-            self.graphs[key] = _Block(self, _GraphCalls(runner, graphs, key))
-        return self.graphs[key]
+            key = (entry.name, "cpu", *sorted(sizes.items()), self.steps, ends)
+            calls = lambda: _EagerCalls(runner, entry, sizes, inputs)  # noqa: E731
+        else:
+            graphs = entry.graphs
+            bucket = graphs.bucket_for(sizes) if graphs is not None else None
+            if bucket is None or bucket not in graphs.graphs:
+                return None  # no graph at this bucket, or not captured yet: a plain step captures it
+            key = (entry.name, bucket, self.steps, ends)
+            calls = lambda: _GraphCalls(runner, graphs, bucket)  # noqa: E731
+        if key not in self.cache:
+            self.cache[key] = _Block(calls(), self.batch, self.steps, ends, self.argmax)
+        return self.cache[key]
 
     def run(self, block: _Block, logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> None:
         """Launch ``block``'s steps; ``logits`` and ``inputs``: the step before it's logits and
-        inputs (read only when the block before was another graph)."""
+        inputs (read only when the block before was another graph, or none)."""
         if self.current is not block:
             if self.current is not None:  # a block of another bucket before it: its carries
+                self.finished.copy_(self.current.finished)
                 logits = self.current.logits
                 inputs = {**inputs, "position_ids": self.current.inputs["position_ids"]}
-            block.start(logits, inputs)
+            block.start(self, logits, inputs)
             self.current = block
         block.launch()
 
     def handoff(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, position_ids) after the last block: where the step-by-step loop goes on."""
-        block = self.current
-        self.current = None
+        """(logits, position_ids) after the last block, where the step-by-step loop goes on; the
+        generation's ``finished`` rows updated."""
+        block, self.current = self.current, None
+        self.finished.copy_(block.finished)
         return block.logits.clone(), block.inputs["position_ids"].clone()
 
 
 class _Block:
-    """One block graph: its carries (the step's inputs, the logits, the tokens it chose)."""
+    """One block graph and its carries: the decode program's inputs (static, written in place by
+    each step for the next), the logits the next argmax reads, the tokens the steps chose, and
+    the end-of-sequence rows."""
 
-    def __init__(self, blocks: DecodeBlocks, calls: Any):
-        self.blocks = blocks
-        self.calls = calls
-        self.inputs = calls.inputs  # the decode program's inputs, static
-        vocab_rows = (blocks.batch, calls.vocab)
-        self.logits = torch.empty(vocab_rows, dtype=calls.logits_dtype, device=blocks.device)
-        self.tokens = torch.empty((blocks.batch, blocks.steps), dtype=torch.int64, device=blocks.device)
+    def __init__(self, calls: Any, batch: int, steps: int, ends: int, argmax: Callable):
+        self.calls, self.batch, self.steps, self.argmax = calls, batch, steps, argmax
+        self.inputs = calls.inputs
+        device = self.inputs["input_ids"].device
+        self.logits = torch.empty((batch, calls.vocab), dtype=calls.logits_dtype, device=device)
+        self.tokens = torch.empty((batch, steps), dtype=torch.int64, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.padding = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.eos_ids = torch.zeros(ends, dtype=torch.int64, device=device) if ends else None
         self.context = self.inputs["attention_mask"].shape[1]
-        calls.capture(self._steps)
 
-    def start(self, logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> None:
-        """The carries from the step before: its logits and inputs (the mask read from the
-        generation's, whose every written slot is set)."""
+    def start(self, blocks: DecodeBlocks, logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> None:
+        """The carries from the step before: its logits and inputs, the generation's mask (whose
+        every written slot is set) and end-of-sequence state."""
         self.logits.copy_(logits)
         for name in ("input_ids", "position_ids", "cache_position"):
             self.inputs[name].copy_(inputs[name])
-        self.inputs["attention_mask"].copy_(self.blocks.mask[:, : self.context])
+        self.inputs["attention_mask"].copy_(blocks.mask[:, : self.context])
+        self.finished.copy_(blocks.finished)
+        self.padding.copy_(blocks.padding)
+        if self.eos_ids is not None:
+            self.eos_ids.copy_(blocks.eos_ids)
 
     def _steps(self, call: Callable[[], list[torch.Tensor]]) -> None:
         """What the graph holds: per step, the token from the logits before it, the next inputs
         in place, the decode program; the last logits kept for the next block."""
-        b = self.blocks
         ids, positions = self.inputs["input_ids"], self.inputs["position_ids"]
         slot, mask = self.inputs["cache_position"], self.inputs["attention_mask"]
         logits = self.logits
-        for j in range(b.steps):
-            token = b.argmax(logits)
-            if b.eos_ids is not None:
-                token = torch.where(b.finished, b.padding, token)
-                b.finished.logical_or_(token[:, None].eq(b.eos_ids[None, :]).any(-1))
+        for j in range(self.steps):
+            token = self.argmax(logits)
+            if self.eos_ids is not None:
+                token = torch.where(self.finished, self.padding, token)
+                self.finished.logical_or_(token[:, None].eq(self.eos_ids[None, :]).any(-1))
             self.tokens[:, j].copy_(token)
             ids.copy_(token[:, None])
             positions.add_(1)
             slot.add_(1)
-            mask.scatter_(1, slot.expand(b.batch, 1), 1)
+            mask.scatter_(1, slot.expand(self.batch, 1), 1)
             logits = _logits(call())
         self.logits.copy_(logits)
 
     def launch(self) -> None:
-        self.calls.replay()
+        self.calls.launch(self._steps)
 
 
 class _GraphCalls:
-    """The decode program at one bucket, called inside one CUDA graph (``capture_calls``)."""
+    """The decode program at one bucket, called inside one CUDA graph: its first launch runs the
+    block for real as the graph's warm-up (its writes are the block's own), and captures it
+    (``GraphRunner.capture_calls``); later launches replay it."""
 
     def __init__(self, runner: Any, graphs: Any, key: tuple):
         self.runner, self.graphs, self.key = runner, graphs, key
-        captured = graphs.graphs[key]
         self.inputs = graphs.static_inputs(key)
-        logits = _logits(captured.outputs)
+        logits = _logits(graphs.graphs[key].outputs)
         self.vocab, self.logits_dtype = logits.shape[-1], logits.dtype
         self.graph = None
 
-    def capture(self, steps: Callable[[Callable[[], list[torch.Tensor]]], None]) -> None:
-        self.graph = self.graphs.capture_calls(self.key, self.inputs, steps)
-
-    def replay(self) -> None:
+    def launch(self, steps: Callable[[Callable[[], list[torch.Tensor]]], None]) -> None:
         with self.runner._state_lock:  # the state's calls, one at a time, in stream order
             self.runner._after_last_state_call()
-            self.graphs.replay_calls(self.graph)
+            if self.graph is None:
+                self.graph = self.graphs.capture_calls(self.key, self.inputs, steps)
+            else:
+                self.graphs.replay_calls(self.graph)
 
 
 class _EagerCalls:
@@ -174,18 +188,14 @@ class _EagerCalls:
         from aot.aten import DTYPES
 
         self.logits_dtype = DTYPES[out.dtype]
-        self.steps = None
-
-    def capture(self, steps: Callable[[Callable[[], list[torch.Tensor]]], None]) -> None:
-        self.steps = steps
 
     def call(self) -> list[torch.Tensor]:
         runner = self.runner
         return self.entry.aten({**self.inputs, **runner.state.views(self.sizes)}, self.sizes)
 
-    def replay(self) -> None:
+    def launch(self, steps: Callable[[Callable[[], list[torch.Tensor]]], None]) -> None:
         with self.runner._state_lock:
-            self.steps(self.call)
+            steps(self.call)
 
 
 def _logits(out: Any) -> torch.Tensor:

@@ -526,22 +526,35 @@ class GraphRunner:
     def capture_calls(
         self, key: tuple, inputs: dict[str, torch.Tensor], body: Callable[[Callable[[], list]], Any]
     ) -> Graph:
-        """A graph of ``body(call)``, where ``call()`` runs the bucket's program on ``inputs``
-        (``static_inputs``) and the state, returning its outputs, as many times as ``body`` calls
-        it, with the caller's own work between the calls (several decode steps per launch:
-        ``aot.loader.decode_blocks``). The bucket's own graph must be captured (its warm-up made
-        the library handles and workspaces a capture needs); the graph shares its pool, so it
+        """Run ``body(call)`` once, then capture it as a graph: ``call()`` runs the bucket's
+        program on ``inputs`` (``static_inputs``) and the state, returning its outputs, as many
+        times as ``body`` calls it, with the caller's own work between the calls (several decode
+        steps per launch: ``aot.loader.decode_blocks``). The run is the capture's warm-up and the
+        caller's first launch: its writes are the ones a replay makes, and its allocations come
+        from the pool, which the capture then reuses (an allocation the pool cannot serve would
+        call cudaMalloc inside the capture and fail it). The bucket's own graph must be captured
+        (its warm-up made the library handles and workspaces); the graph shares its pool, so it
         replays under the same lock (``replay_calls``)."""
         if key not in self.graphs:
             raise RuntimeError(f"capture_calls: the bucket {key}'s own graph is not captured yet")
         sizes = dict(zip(self.symbols, key))
         bound = {**inputs, **(self.state.views(sizes) if self.state is not None else {})}
         gpu = self.gpu
+
+        def run() -> Any:
+            return body(lambda: gpu(bound, sizes, key, None, None))
+
         with self.lock, self.capture_lock:
-            self.stream.wait_stream(torch.cuda.current_stream(gpu.device))
+            current = torch.cuda.current_stream(gpu.device)
+            self.arena.order.after_last_call(current.cuda_stream)
+            side = self.stream
+            side.wait_stream(current)
+            with torch.cuda.stream(side), torch.cuda.use_mem_pool(self.pool, gpu.device):
+                run()
+            current.wait_stream(side)
             graph = Graph(self.pool)
             torch.cuda.synchronize(gpu.device)
-            graph.capture(self.stream, lambda: body(lambda: gpu(bound, sizes, key, None, None)))
+            graph.capture(side, run)
         return graph
 
     def replay_calls(self, graph: Graph) -> None:
