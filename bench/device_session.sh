@@ -63,6 +63,8 @@ for item in "$@"; do
     rt-size) cmd=(python3 bench/rt_install_size.py --json) ;;
     gemv) cmd=(python3 bench/gemv_sweep.py --chain --json "$RES/gemv-sweep.json") ;;
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
+    # a decode step's GEMVs as one persistent kernel (grid barriers) against one kernel per GEMV
+    persistent) cmd=(python3 bench/persistent_chain.py --json "$RES/persistent.json") ;;
     argmax) cmd=(python3 bench/argmax_sweep.py --json "$RES/argmax.json") ;;
     sweep) cmd=(python3 bench/gemm_sweep.py --rows 128 --json "$RES/gemm-sweep.json") ;;
     chain) cmd=(python3 bench/gemm_sweep.py --rows 128 --chain --json "$RES/gemm-chain.json") ;;
