@@ -129,12 +129,27 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
-    body = [
+    # Where the cache is one block of slots, its keys and values are loaded before the wait for
+    # the kernel before (``kernel_module``'s early lines): no kernel of the step writes the slots
+    # they read but this one, at ``pos`` (taken from registers below), and the steps before
+    # finished before the kernel before began (each kernel waits for the one before it). Under
+    # dependent launch the cache's bytes then arrive while the q/k/v projection still runs.
+    one_block = site.context <= bn
+    early = [
         "pid = tl.program_id(0).to(tl.int64)",
         "b = pid // KV_HEADS",
         "kh = pid % KV_HEADS",
-        "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
         "rd = tl.arange(0, BLOCK_D)",
+        "cache = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM",
+    ]
+    loads = [
+        f"k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
+        f"v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
+    ]
+    if one_block:
+        early += ["rn = tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+    body = [
+        "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
         "valid_g = rg < GROUPS",
         "h = kh * GROUPS + rg",
         f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
@@ -151,7 +166,6 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             if qr
             else ()
         ),
-        "cache = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM",
         "m_i = tl.full((BLOCK_G,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
         "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
@@ -179,40 +193,37 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             "tl.store(k_ptr + cache + pos * HEAD_DIM + rd, kn, mask=put)",
             "tl.store(v_ptr + cache + pos * HEAD_DIM + rd, vn, mask=put)",
         ]
-    body += [
-        "for start in range(0, CONTEXT, BLOCK_N):",
-        "    rn = start + tl.arange(0, BLOCK_N)",
-        "    valid_n = rn < CONTEXT",
-        f"    k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
-        f"    v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
-    ]
+    # one block of slots: the online softmax's step, once (over the keys and values loaded early)
+    block = [] if one_block else ["rn = start + tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
     if a:
-        body += [
-            "    k = tl.where((rn == pos)[None, :], kn[:, None], k)",
-            "    v = tl.where((rn == pos)[:, None], vn[None, :], v)",
+        block += [
+            "k = tl.where((rn == pos)[None, :], kn[:, None], k)",
+            "v = tl.where((rn == pos)[:, None], vn[None, :], v)",
         ]
-    body += [
-        f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units",
-    ]
+    block.append(f"s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units")
     bool_mask = site.mask is not None and site.mask_dtype == "bool"
     if bool_mask:
-        body.append(
-            "    keep = valid_n & (tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0) != 0)"
-        )
+        block.append("keep = valid_n & (tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0) != 0)")
     else:
-        body.append("    keep = valid_n")
+        block.append("keep = valid_n")
         if site.mask is not None:
-            body.append(
-                "    s = s + tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0.0).to(tl.float32)[None, :] * LOG2E"
+            block.append(
+                "s = s + tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0.0).to(tl.float32)[None, :] * LOG2E"
             )
+    block += [
+        "s = tl.where(keep[None, :], s, float('-inf'))",
+        "m_new = tl.maximum(m_i, tl.max(s, 1))",
+        "alpha = tl.exp2(m_i - m_new)",
+        "p = tl.exp2(s - m_new[:, None])",
+        "l_i = l_i * alpha + tl.sum(p, 1)",
+        f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
+        "m_i = m_new",
+    ]
+    if one_block:
+        body += block
+    else:
+        body += ["for start in range(0, CONTEXT, BLOCK_N):", *("    " + ln for ln in block)]
     body += [
-        "    s = tl.where(keep[None, :], s, float('-inf'))",
-        "    m_new = tl.maximum(m_i, tl.max(s, 1))",
-        "    alpha = tl.exp2(m_i - m_new)",
-        "    p = tl.exp2(s - m_new[:, None])",
-        "    l_i = l_i * alpha + tl.sum(p, 1)",
-        f"    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
-        "    m_i = m_new",
         "acc = acc / l_i[:, None]",
         f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
     ]
@@ -327,7 +338,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
                 f"x * cos + cat(-x2, x1) * sin, each product and the sum rounded to {site.dtype}), read un-rotated "
                 f"at b * {r.rows.batch_stride} + {r.rows.column}, cos and sin at b * {r.batch_stride}.",
             ]
-    source = kernel_module(doc, consts, name, signature, body)
+    source = kernel_module(doc, consts, name, signature, body, early)
     elem = ITEMSIZE[site.dtype]
     rows = ix.parse_size(site.batch)
     traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * d + site.context) * elem
