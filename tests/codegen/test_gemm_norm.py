@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from aot import schema
-from tests.codegen.conftest import failing_candidates, interpreted_json
+from tests.codegen.conftest import failing_candidates, forms_offered, interpreted_json
 from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"
@@ -40,30 +40,37 @@ def _one_row_configs():
     return tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in ONE_ROW_FORMS)
 
 
-@pytest.fixture(scope="module")
-def rms_built(tmp_path_factory):
-    """name → (compiled, bundle path, model path), built with GEMM candidates of the one-row forms."""
-    from aot.codegen import gemm_render, generate
-    from aot.packager import pack
-    from aot.tracer import load_model_file, trace
+class RmsBuilds:
+    """name → (compiled, bundle path, model path), built with GEMM candidates of the one-row forms
+    the first time a test asks for it (the default run needs the float16 model alone)."""
 
-    saved = gemm_render.CONFIGS
-    gemm_render.CONFIGS = _one_row_configs()
-    try:
-        base = tmp_path_factory.mktemp("gemm_norm")
-        out = {}
-        for name in RMS_MODELS:
+    def __init__(self, base: Path):
+        self.base = base
+        self._made: dict[str, tuple] = {}
+
+    def __getitem__(self, name: str) -> tuple:
+        if name not in self._made:
+            from aot.codegen import generate
+            from aot.packager import pack
+            from aot.tracer import load_model_file, trace
+
             model = MODELS / f"{name}.py"
-            compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
-            pack(compiled, base / f"{name}.tpk")
-            out[name] = (compiled, base / f"{name}.tpk", model)
-        return out
-    finally:
-        gemm_render.CONFIGS = saved
+            with forms_offered(_one_row_configs()):
+                compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+            pack(compiled, self.base / f"{name}.tpk")
+            self._made[name] = (compiled, self.base / f"{name}.tpk", model)
+        return self._made[name]
 
 
-def test_norm_kernels_and_the_silu_product_are_absorbed(rms_built):
-    program = rms_built["gemm_rms"][0].program
+@pytest.fixture(scope="module")
+def rms_built(tmp_path_factory) -> RmsBuilds:
+    return RmsBuilds(tmp_path_factory.mktemp("gemm_norm"))
+
+
+# the same sites and forms in every dtype: float16 by default, bfloat16 in the slow run
+@pytest.mark.parametrize("name", ["gemm_rms16", pytest.param("gemm_rms", marks=pytest.mark.slow)])
+def test_norm_kernels_and_the_silu_product_are_absorbed(rms_built, name):
+    program = rms_built[name][0].program
     gate_up, down, proj = program.alternatives
     kernels = {k.id: k for k in program.kernels}
     # gate/up: the norm kernel (with h = x + r), the stacked GEMM and the SiLU * up kernel
@@ -134,6 +141,7 @@ def test_every_form_matches_its_reference(rms_built, rms_interpreted):
                 assert all(c.max_abs_error == 0.0 for c in rms if c.output in sums)
 
 
+@pytest.mark.slow  # every candidate interpreted again; test_gemm.py's test_interpreter_check_can_fail runs by default
 def test_a_wrong_norm_is_caught(rms_built, tmp_path):
     """The fused form with the statistics' epsilon dropped fails its comparison (float32)."""
     compiled, _, model = rms_built["gemm_rms32"]
