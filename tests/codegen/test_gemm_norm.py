@@ -9,9 +9,10 @@ step) runs in Triton's interpreter against the library steps it replaces, in bfl
 float32, at 1 and 3 rows (the default run: float16 at one row; the rest is slow) (``aot.dtypes.TOLERANCE``: half 1e-2 + 1e-2·|ref|, fp32 1e-4 +
 1e-4·|ref|); the sums the forms write are exact in float16 and float32 (in bfloat16 the
 interpreter's rounding of the program's own norm kernel and of the forms alike differs from
-ATen's by up to one bfloat16 ulp, within the tolerance). A transformers Llama built at batch 1
-decode (float16) runs 7 kernels per decoder layer with the built-in table where the library plan
-runs 10, and every kernel of that plan matches its reference steps in the interpreter.
+ATen's by up to one bfloat16 ulp, within the tolerance). Built by default, ``gemm_rms16.py`` runs
+3 kernels at one row with the built-in table where the library plan runs 6; a transformers Llama
+built at batch 1 decode (float16) runs 7 kernels per decoder layer where the library plan runs 10,
+and every kernel of that plan matches its reference steps in the interpreter (slow).
 """
 
 from __future__ import annotations
@@ -253,6 +254,29 @@ def _launches(steps, kernels) -> int:
     )
 
 
+def test_the_default_build_runs_the_norms_and_the_silu_product_inside_the_gemvs():
+    """``gemm_rms16.py`` built by default (no candidates): at one row on sm_90 the built-in table
+    runs both RMSNorm kernels (the residual adds in them) as the prologues of the GEMVs after them
+    and the SiLU * up kernel as the stacked gate/up GEMV's epilogue: three launches fewer than the
+    library plan. The same on a transformers Llama: ``test_llama_decode_runs_fewer_kernels_per_layer``
+    (slow)."""
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+    from aot.tuning import tuned_plans
+
+    compiled = generate(trace(load_model_file(MODELS / "gemm_rms16.py")), ARCHS)
+    program = compiled.program
+    kernels = {k.id: k for k in program.kernels}
+    plans = tuned_plans(compiled.tuning, 0, program, "sm_90")
+    assert list(plans) == [(1,)]
+    names = [kernels[s.target].name for s in plans[(1,)] if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == 1
+    assert sum(n.startswith("gemm_norm_") for n in names) == 2
+    assert not any("sigmoid" in n or "mean" in n for n in names), names
+    assert _launches(plans[(1,)], kernels) == _launches(program.steps, kernels) - 3
+
+
+@pytest.mark.slow  # a transformers Llama traced and built; the small model's test above runs by default
 def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
     from aot.tuning import tuned_plans
 
