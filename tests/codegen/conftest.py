@@ -3,6 +3,8 @@ and compiled (sm_90 only, to keep CI short) once per session, and packed as bund
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,21 @@ class PatternFactory:
 @pytest.fixture(scope="session")
 def pattern(tmp_path_factory) -> PatternFactory:
     return PatternFactory(tmp_path_factory.mktemp("patterns"), tmp_path_factory)
+
+
+@contextlib.contextmanager
+def forms_offered(configs: tuple) -> Iterator[None]:
+    """Builds inside the block offer the GEMM forms ``configs`` (``aot.codegen.gemm_forms.TileConfig``)
+    in place of the built-in ones, where ``configs`` is not given by the caller
+    (``aot.codegen.gemm_render`` reads them)."""
+    from aot.codegen import gemm_render
+
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = tuple(configs)
+    try:
+        yield
+    finally:
+        gemm_render.CONFIGS = saved
 
 
 def failing_candidates(

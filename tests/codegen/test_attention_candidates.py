@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from aot import schema
-from tests.codegen.conftest import SIZE_TIERS, failing_candidates, tier_sizes
+from tests.codegen.conftest import SIZE_TIERS, failing_candidates, forms_offered, tier_sizes
 from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"
@@ -38,19 +38,22 @@ def _build(path: Path, out: Path):
 def built(tmp_path_factory):
     """name → (compiled, bundle, model), every attention form offered at every length, and no GEMM
     form (``tests/codegen/test_gemm.py`` checks those): the projections stay library steps."""
-    from aot.codegen import flash, gemm
+    from aot.codegen import flash
 
-    saved = flash.CONFIGS, gemm.CONFIGS
+    saved = flash.CONFIGS
     flash.CONFIGS = tuple(replace(c, min_t=1, max_t=1 << 62) for c in flash.CONFIGS)
-    gemm.CONFIGS = ()
     try:
         base = tmp_path_factory.mktemp("attn")
-        return {
-            n: (_build(MODELS / f"{n}.py", base / f"{n}.tpk"), base / f"{n}.tpk", MODELS / f"{n}.py")
-            for n in SIZES
-        }
+        with forms_offered(()):
+            out = {
+                n: (_build(MODELS / f"{n}.py", base / f"{n}.tpk"), base / f"{n}.tpk", MODELS / f"{n}.py")
+                for n in SIZES
+            }
     finally:
-        flash.CONFIGS, gemm.CONFIGS = saved
+        flash.CONFIGS = saved
+    for name, (compiled, _, _) in out.items():  # every alternative an attention site: no GEMM form built
+        assert list(compiled.program.alternatives) == _attention(compiled.program), name
+    return out
 
 
 def _attention(program):
@@ -99,8 +102,9 @@ def test_sites_found_with_their_operands(built):
 def test_default_buckets_offer_short_and_long_forms(tmp_path):
     """Without the test's override: the 16-row form up to 128 tokens, the 64-row one from 16, the
     128-row one from 128 (gpt's seq buckets 1..1024)."""
-    compiled = _build(MODELS / "attn_fused.py", tmp_path / "a.tpk")
-    (alt,) = _attention(compiled.program)
+    with forms_offered(()):  # the GEMM sites' forms are test_gemm.py's
+        compiled = _build(MODELS / "attn_fused.py", tmp_path / "a.tpk")
+    (alt,) = compiled.program.alternatives
     seqs = {c.name: sorted({b["seq"] for b in c.buckets}) for c in alt.candidates}
     assert seqs == {"flash_16x32": [1, 16, 96], "flash_64x64": [16, 96]}
 

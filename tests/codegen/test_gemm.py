@@ -16,7 +16,7 @@ import pytest
 
 from aot import schema, serde
 from aot.errors import BundleError, EnvError
-from tests.codegen.conftest import SIZE_TIERS, failing_candidates, tier_sizes
+from tests.codegen.conftest import SIZE_TIERS, failing_candidates, forms_offered, tier_sizes
 from tests.conftest import HANG_GUARD_S, run_aotpack
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
@@ -265,14 +265,16 @@ def test_candidates_bundle_runs_like_the_default_on_cpu(tmp_path):
         assert torch.equal(plain(x), cand(x))
 
 
-def test_candidates_build_stacks_siblings_like_the_default(tmp_path):
+def test_candidates_build_stacks_siblings_like_the_default(built, tmp_path):
     """gate and up read the same input: a --gemm-candidates build stacks them as the default
     build does (same steps, same weights), and the stacked GEMM is a site with candidates of its
-    own; --keep-siblings keeps them apart with a dual-GEMM site instead."""
+    own; --keep-siblings keeps them apart with a dual-GEMM site instead (``built``'s swiglu, with
+    the forms of ``FAMILIES`` as here)."""
     model = MODELS / "gemm_swiglu.py"
     plain = _build(model, tmp_path / "plain.tpk", gemm_candidates=False)
-    cand = _build(model, tmp_path / "cand.tpk")
-    apart = _build(model, tmp_path / "apart.tpk", stack_siblings=False)
+    with forms_offered(_all_configs()):
+        cand = _build(model, tmp_path / "cand.tpk")
+    apart = built["gemm_swiglu"][0]
     assert cand.program.steps == plain.program.steps
     assert sorted(cand.traced.weights) == sorted(plain.traced.weights)
     assert any(name.endswith(".stacked2") for name in plain.traced.weights)
@@ -912,8 +914,10 @@ def test_a_small_head_runs_as_a_triton_kernel_in_the_default_build(tmp_path):
     checked = [c for cs in result.values() for c in cs if c.kernel == head.target]
     assert len(checked) == 3 and all(c.ok for c in checked), checked
     assert all(c.ok for cs in result.values() for c in cs)
-    # the candidates build leaves the head to tune; gemm_mlp's two GEMMs stay cuBLAS calls
-    cand = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True).program
+    # the candidates build (of the forms of FAMILIES) leaves the head to tune; gemm_mlp's two GEMMs
+    # stay cuBLAS calls
+    with forms_offered(_all_configs()):
+        cand = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True).program
     assert any(calls_cublas(s) for s in cand.steps) and len(cand.alternatives) == 1
     mlp = generate(trace(load_model_file(MODELS / "gemm_mlp.py")), ARCHS).program
     assert sum(calls_cublas(s) for s in mlp.steps) == 2

@@ -9,9 +9,10 @@ step) runs in Triton's interpreter against the library steps it replaces, in bfl
 float32, at 1 and 3 rows (the default run: float16 at one row; the rest is slow) (``aot.dtypes.TOLERANCE``: half 1e-2 + 1e-2·|ref|, fp32 1e-4 +
 1e-4·|ref|); the sums the forms write are exact in float16 and float32 (in bfloat16 the
 interpreter's rounding of the program's own norm kernel and of the forms alike differs from
-ATen's by up to one bfloat16 ulp, within the tolerance). A transformers Llama built at batch 1
-decode (float16) runs 7 kernels per decoder layer with the built-in table where the library plan
-runs 10, and every kernel of that plan matches its reference steps in the interpreter.
+ATen's by up to one bfloat16 ulp, within the tolerance). Built by default, ``gemm_rms16.py`` runs
+3 kernels at one row with the built-in table where the library plan runs 6; a transformers Llama
+built at batch 1 decode (float16) runs 7 kernels per decoder layer where the library plan runs 10,
+and every kernel of that plan matches its reference steps in the interpreter (slow).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from aot import schema
-from tests.codegen.conftest import failing_candidates, interpreted_json
+from tests.codegen.conftest import failing_candidates, forms_offered, interpreted_json
 from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"
@@ -40,30 +41,37 @@ def _one_row_configs():
     return tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in ONE_ROW_FORMS)
 
 
-@pytest.fixture(scope="module")
-def rms_built(tmp_path_factory):
-    """name → (compiled, bundle path, model path), built with GEMM candidates of the one-row forms."""
-    from aot.codegen import gemm_render, generate
-    from aot.packager import pack
-    from aot.tracer import load_model_file, trace
+class RmsBuilds:
+    """name → (compiled, bundle path, model path), built with GEMM candidates of the one-row forms
+    the first time a test asks for it (the default run needs the float16 model alone)."""
 
-    saved = gemm_render.CONFIGS
-    gemm_render.CONFIGS = _one_row_configs()
-    try:
-        base = tmp_path_factory.mktemp("gemm_norm")
-        out = {}
-        for name in RMS_MODELS:
+    def __init__(self, base: Path):
+        self.base = base
+        self._made: dict[str, tuple] = {}
+
+    def __getitem__(self, name: str) -> tuple:
+        if name not in self._made:
+            from aot.codegen import generate
+            from aot.packager import pack
+            from aot.tracer import load_model_file, trace
+
             model = MODELS / f"{name}.py"
-            compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
-            pack(compiled, base / f"{name}.tpk")
-            out[name] = (compiled, base / f"{name}.tpk", model)
-        return out
-    finally:
-        gemm_render.CONFIGS = saved
+            with forms_offered(_one_row_configs()):
+                compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+            pack(compiled, self.base / f"{name}.tpk")
+            self._made[name] = (compiled, self.base / f"{name}.tpk", model)
+        return self._made[name]
 
 
-def test_norm_kernels_and_the_silu_product_are_absorbed(rms_built):
-    program = rms_built["gemm_rms"][0].program
+@pytest.fixture(scope="module")
+def rms_built(tmp_path_factory) -> RmsBuilds:
+    return RmsBuilds(tmp_path_factory.mktemp("gemm_norm"))
+
+
+# the same sites and forms in every dtype: float16 by default, bfloat16 in the slow run
+@pytest.mark.parametrize("name", ["gemm_rms16", pytest.param("gemm_rms", marks=pytest.mark.slow)])
+def test_norm_kernels_and_the_silu_product_are_absorbed(rms_built, name):
+    program = rms_built[name][0].program
     gate_up, down, proj = program.alternatives
     kernels = {k.id: k for k in program.kernels}
     # gate/up: the norm kernel (with h = x + r), the stacked GEMM and the SiLU * up kernel
@@ -134,6 +142,7 @@ def test_every_form_matches_its_reference(rms_built, rms_interpreted):
                 assert all(c.max_abs_error == 0.0 for c in rms if c.output in sums)
 
 
+@pytest.mark.slow  # every candidate interpreted again; test_gemm.py's test_interpreter_check_can_fail runs by default
 def test_a_wrong_norm_is_caught(rms_built, tmp_path):
     """The fused form with the statistics' epsilon dropped fails its comparison (float32)."""
     compiled, _, model = rms_built["gemm_rms32"]
@@ -245,6 +254,29 @@ def _launches(steps, kernels) -> int:
     )
 
 
+def test_the_default_build_runs_the_norms_and_the_silu_product_inside_the_gemvs():
+    """``gemm_rms16.py`` built by default (no candidates): at one row on sm_90 the built-in table
+    runs both RMSNorm kernels (the residual adds in them) as the prologues of the GEMVs after them
+    and the SiLU * up kernel as the stacked gate/up GEMV's epilogue: three launches fewer than the
+    library plan. The same on a transformers Llama: ``test_llama_decode_runs_fewer_kernels_per_layer``
+    (slow)."""
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+    from aot.tuning import tuned_plans
+
+    compiled = generate(trace(load_model_file(MODELS / "gemm_rms16.py")), ARCHS)
+    program = compiled.program
+    kernels = {k.id: k for k in program.kernels}
+    plans = tuned_plans(compiled.tuning, 0, program, "sm_90")
+    assert list(plans) == [(1,)]
+    names = [kernels[s.target].name for s in plans[(1,)] if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == 1
+    assert sum(n.startswith("gemm_norm_") for n in names) == 2
+    assert not any("sigmoid" in n or "mean" in n for n in names), names
+    assert _launches(plans[(1,)], kernels) == _launches(program.steps, kernels) - 3
+
+
+@pytest.mark.slow  # a transformers Llama traced and built; the small model's test above runs by default
 def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
     from aot.tuning import tuned_plans
 

@@ -7,7 +7,9 @@ shows up as a diff there. Regenerate with ``AOTPACK_UPDATE_GOLDEN=1 pytest tests
 The kernel source is generated in a fresh process per group of models, in a fixed order: inside
 one long-lived process the index text can still depend on what was rendered before (sympy's
 caches), which a fresh build never sees (``tests/e2e/test_reproducible_builds.py`` pins fresh
-builds byte for byte); this test pins what the codegen writes.
+builds byte for byte); this test pins what the codegen writes. Each model is built for the archs
+its fixture builds it for (the pattern models for ``PATTERN_ARCHS``), so that the two share their
+compiled kernels through the kernel cache.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.codegen.conftest import PATTERNS
-from tests.conftest import HANG_GUARD_S, ROOT, model_path
+from tests.codegen.conftest import PATTERN_ARCHS, PATTERNS
+from tests.conftest import DEFAULT_ARCHS, HANG_GUARD_S, ROOT, model_path
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
 UPDATE = os.environ.get("AOTPACK_UPDATE_GOLDEN") == "1"
@@ -34,18 +36,19 @@ GENERATE = """
 import json, sys
 from aot.codegen import generate
 from aot.tracer import load_model_file, trace
-out = {}
-for path in sys.argv[1:]:
-    kernels = generate(trace(load_model_file(path)), ("sm_80", "sm_90")).program.kernels
+archs, out = tuple(sys.argv[1].split(",")), {}
+for path in sys.argv[2:]:
+    kernels = generate(trace(load_model_file(path)), archs).program.kernels
     out[path] = [[k.name, k.source] for k in kernels]
 print(json.dumps(out))
 """
 
 
-def fresh_sources(paths: list[Path]) -> dict[Path, list]:
-    """Each model's kernels as (name, source), generated in one fresh process in the given order."""
+def fresh_sources(paths: list[Path], archs: tuple[str, ...]) -> dict[Path, list]:
+    """Each model's kernels as (name, source), built for ``archs`` in one fresh process in the
+    given order."""
     r = subprocess.run(
-        [sys.executable, "-c", GENERATE, *map(str, paths)],
+        [sys.executable, "-c", GENERATE, ",".join(archs), *map(str, paths)],
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
@@ -95,13 +98,13 @@ def check_goldens(model: str, kernels) -> None:
 
 
 def test_pattern_kernel_sources_match_goldens():
-    sources = fresh_sources([PATTERNS / f"{m}.py" for m in PATTERN_MODELS])
+    sources = fresh_sources([PATTERNS / f"{m}.py" for m in PATTERN_MODELS], PATTERN_ARCHS)
     for model in PATTERN_MODELS:
         check_goldens(model, sources[PATTERNS / f"{model}.py"])
 
 
 @pytest.mark.slow
 def test_example_kernel_sources_match_goldens():
-    sources = fresh_sources([model_path(m) for m in EXAMPLE_MODELS])
+    sources = fresh_sources([model_path(m) for m in EXAMPLE_MODELS], DEFAULT_ARCHS)  # as test_fusion
     for model in EXAMPLE_MODELS:
         check_goldens(model, sources[model_path(model)])

@@ -347,14 +347,22 @@ def test_a_library_free_check_where_a_gemm_site_runs_the_library_is_refused():
 # A bundle built with --gemm-candidates
 
 
+# A one-row form and a form of any row count: a candidate at every bucket, two kernels per site
+# compiled instead of every form's
+FORMS = ("vec_1x2x512", "tile_64x128x64")
+
+
 @pytest.fixture(scope="module")
 def gemm_mlp(tmp_path_factory):
-    from aot.codegen import generate
+    from aot.codegen import gemm_forms, generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
+    from tests.codegen.conftest import forms_offered
 
     path = tmp_path_factory.mktemp("library_free") / "gemm_mlp.tpk"
-    pack(generate(trace(load_model_file(GEMM_MLP)), ("sm_90",), gemm_candidates=True), path)
+    with forms_offered(tuple(c for c in gemm_forms.CONFIGS if c.name in FORMS)):
+        compiled = generate(trace(load_model_file(GEMM_MLP)), ("sm_90",), gemm_candidates=True)
+    pack(compiled, path)
     return path
 
 
