@@ -144,6 +144,21 @@ def test_cache_writes_run_in_place_in_both_entry_points(hf_bundles, kind):
     assert f"program prefill  admits  1 <= batch <= {MAX_BATCH}; 1 <= seq <= {MAX_CONTEXT}\n" in text
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_decode_keeps_the_last_position_by_a_slice(hf_bundles, kind):
+    """``aot.hf``'s wrapper keeps only the last position's logits: in decode (seq 1 as traced) by
+    ``logits_to_keep=1``, a view, so the step runs no arange and no gather for it; prefill (a
+    symbolic seq) keeps its index tensor. The tokens are transformers' (the tests above)."""
+    _, runner, _ = hf_bundles(kind)
+    for program in (runner.program, *runner.program.variants):
+        decode = program.inputs[0].spec.shape[1] == "1"
+        targets = {x.target for s in program.steps for x in (s, *s.reference)}
+        assert ("aten.index.Tensor" in targets) != decode
+        # the mask's aranges run inside its kernel; the index's ran on their own
+        aranges = [s for s in program.steps if s.target.startswith("aten.arange")]
+        assert bool(aranges) != decode
+
+
 def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
     path, runner, _ = hf_bundles("gpt2")
     want = runner.generate([[3, 4, 5], [7]], NEW_TOKENS)
