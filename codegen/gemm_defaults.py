@@ -71,8 +71,8 @@ def default_site_form(site: Site) -> str | None:
     """The form a default build runs ``site`` with at one row: ``default_form``'s, as its
     ``_rms`` variant where the site has a row-norm (RMSNorm) prologue and its ``_ln`` variant
     where it has a LayerNorm one (GPT-2's), so that the norm kernel, with the residual add in
-    it, and its launch go (each block reads A's row for the statistics and again per K step,
-    from the cache: cheap beside the block's rows of W)."""
+    it, and its launch go (each block loads A's row once and keeps it in registers for the
+    statistics and the products: cheap beside the block's rows of W)."""
     form = default_form(1, site.k, site.dtype)
     if form is None or site.prologue is None:
         return form

@@ -24,52 +24,45 @@ def gemm_ln_addmm_vec_1x2x512(x_ptr, y_ptr, lnw_ptr, lnb_ptr, sum_ptr, w0_ptr, b
     # this block's rows of W, every K step, before the wait (see kernel_module)
     rk = 0 + tl.arange(0, BLOCK_K)
     w0_0 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
+    lnw_0 = tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
+    lnb_0 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     rk = 512 + tl.arange(0, BLOCK_K)
     w0_1 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
+    lnw_1 = tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
+    lnb_1 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    rs0 = 0 + tl.arange(0, 256)
-    xs0 = tl.load(x_ptr + rm[:, None] * 768 + rs0[None, :], mask=mask_m[:, None] & (rs0[None, :] < 768), other=0.0).to(tl.float32)
-    xs0 = xs0 + tl.load(y_ptr + rm[:, None] * 768 + rs0[None, :], mask=mask_m[:, None] & (rs0[None, :] < 768), other=0.0).to(tl.float32)
+    # A's row inputs, per K step, loaded once
+    rk0 = 0 + tl.arange(0, BLOCK_K)
+    kmask0 = mask_m[:, None] & (rk0[None, :] < 768)
+    xs0 = tl.load(x_ptr + rm[:, None] * 768 + rk0[None, :], mask=mask_m[:, None] & (rk0[None, :] < 768), other=0.0).to(tl.float32)
+    xs0 = xs0 + tl.load(y_ptr + rm[:, None] * 768 + rk0[None, :], mask=mask_m[:, None] & (rk0[None, :] < 768), other=0.0).to(tl.float32)
     xs0 = xs0.to(tl.float16).to(tl.float32)
-    rs1 = 256 + tl.arange(0, 256)
-    xs1 = tl.load(x_ptr + rm[:, None] * 768 + rs1[None, :], mask=mask_m[:, None] & (rs1[None, :] < 768), other=0.0).to(tl.float32)
-    xs1 = xs1 + tl.load(y_ptr + rm[:, None] * 768 + rs1[None, :], mask=mask_m[:, None] & (rs1[None, :] < 768), other=0.0).to(tl.float32)
+    rk1 = 512 + tl.arange(0, BLOCK_K)
+    kmask1 = mask_m[:, None] & (rk1[None, :] < 768)
+    xs1 = tl.load(x_ptr + rm[:, None] * 768 + rk1[None, :], mask=mask_m[:, None] & (rk1[None, :] < 768), other=0.0).to(tl.float32)
+    xs1 = xs1 + tl.load(y_ptr + rm[:, None] * 768 + rk1[None, :], mask=mask_m[:, None] & (rk1[None, :] < 768), other=0.0).to(tl.float32)
     xs1 = xs1.to(tl.float16).to(tl.float32)
-    rs2 = 512 + tl.arange(0, 256)
-    xs2 = tl.load(x_ptr + rm[:, None] * 768 + rs2[None, :], mask=mask_m[:, None] & (rs2[None, :] < 768), other=0.0).to(tl.float32)
-    xs2 = xs2 + tl.load(y_ptr + rm[:, None] * 768 + rs2[None, :], mask=mask_m[:, None] & (rs2[None, :] < 768), other=0.0).to(tl.float32)
-    xs2 = xs2.to(tl.float16).to(tl.float32)
-    if (tl.program_id(0) == 0):
-        tl.store(sum_ptr + rm[:, None] * 768 + rs0[None, :], xs0.to(tl.float16), mask=mask_m[:, None] & (rs0[None, :] < 768))
-        tl.store(sum_ptr + rm[:, None] * 768 + rs1[None, :], xs1.to(tl.float16), mask=mask_m[:, None] & (rs1[None, :] < 768))
-        tl.store(sum_ptr + rm[:, None] * 768 + rs2[None, :], xs2.to(tl.float16), mask=mask_m[:, None] & (rs2[None, :] < 768))
-    mean = (tl.sum(xs0, axis=1) + tl.sum(xs1, axis=1) + tl.sum(xs2, axis=1)) / 768
-    dev0 = tl.where(rs0[None, :] < 768, xs0 - mean[:, None], 0.0)
-    dev1 = tl.where(rs1[None, :] < 768, xs1 - mean[:, None], 0.0)
-    dev2 = tl.where(rs2[None, :] < 768, xs2 - mean[:, None], 0.0)
-    var = (tl.sum(dev0 * dev0, axis=1) + tl.sum(dev1 * dev1, axis=1) + tl.sum(dev2 * dev2, axis=1)) / 768
+    if tl.program_id(0) == 0:  # the first N tile writes the sum that later steps read
+        tl.store(sum_ptr + rm[:, None] * 768 + rk0[None, :], xs0.to(tl.float16), mask=kmask0)
+        tl.store(sum_ptr + rm[:, None] * 768 + rk1[None, :], xs1.to(tl.float16), mask=kmask1)
+    mean = (tl.sum(xs0, axis=1) + tl.sum(xs1, axis=1)) / 768
+    dev0 = tl.where(kmask0, xs0 - mean[:, None], 0.0)
+    dev1 = tl.where(kmask1, xs1 - mean[:, None], 0.0)
+    var = (tl.sum(dev0 * dev0, axis=1) + tl.sum(dev1 * dev1, axis=1)) / 768
     rstd = 1.0 / tl.sqrt(var + 1e-05)
     part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    rk = 0 + tl.arange(0, BLOCK_K)
-    xs = tl.load(x_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 768), other=0.0).to(tl.float32)
-    xs = xs + tl.load(y_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 768), other=0.0).to(tl.float32)
-    xs = xs.to(tl.float16).to(tl.float32)
-    a = (xs - mean[:, None]) * rstd[:, None]
-    a = a * tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
-    a = a + tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
-    a = tl.where(mask_m[:, None] & (rk[None, :] < 768), a, 0.0).to(tl.float16)
-    part0 += w0_0.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
-    rk = 512 + tl.arange(0, BLOCK_K)
-    xs = tl.load(x_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 768), other=0.0).to(tl.float32)
-    xs = xs + tl.load(y_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 768), other=0.0).to(tl.float32)
-    xs = xs.to(tl.float16).to(tl.float32)
-    a = (xs - mean[:, None]) * rstd[:, None]
-    a = a * tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
-    a = a + tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
-    a = tl.where(mask_m[:, None] & (rk[None, :] < 768), a, 0.0).to(tl.float16)
-    part0 += w0_1.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
+    a = dev0 * rstd[:, None]
+    a = a * lnw_0
+    a = a + lnb_0
+    a = tl.where(kmask0, a, 0.0).to(tl.float16)  # A: [1, BLOCK_K]
+    part0 += w0_0.to(tl.float32) * a.to(tl.float32)
+    a = dev1 * rstd[:, None]
+    a = a * lnw_1
+    a = a + lnb_1
+    a = tl.where(kmask1, a, 0.0).to(tl.float16)  # A: [1, BLOCK_K]
+    part0 += w0_1.to(tl.float32) * a.to(tl.float32)
     acc0 = tl.sum(part0, axis=1)[None, :]
     acc0 = acc0 + tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(out0_ptr + rm[:, None] * 2304 + rn[None, :], acc0.to(tl.float16), mask=mask)
