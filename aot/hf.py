@@ -333,9 +333,12 @@ class Decoder(torch.nn.Module):
         context = attention_mask.shape[1] if self.sized_context else None
         cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
         mask = additive_mask(attention_mask, cache_position, keys[0].dtype, self.layout.window)
-        # Only the last position's logits: an index tensor rather than the int 1, whose slice of the
-        # hidden states is contiguous only when batch or seq is 1 (a batch != 1 guard in export).
-        last = torch.arange(input_ids.shape[1], device=input_ids.device)[-1:]
+        # Only the last position's logits. Where seq is a symbol (prefill), an index tensor rather
+        # than the int 1, whose slice of the hidden states is contiguous only when batch or seq is
+        # 1 (a batch != 1 guard in export); where it is 1 as traced (decode), the int: a slice of
+        # all of the hidden states, a view, where the index is a gather and an arange per step.
+        seq = input_ids.shape[1]
+        last = 1 if isinstance(seq, int) and seq == 1 else torch.arange(seq, device=input_ids.device)[-1:]
         extra = {"logits_to_keep": last} if self._keep_last else {}
         if self._takes_cache_position:
             extra["cache_position"] = cache_position

@@ -333,8 +333,9 @@ def _order_kept(step: Step, src: TensorSpec) -> bool:
 
 
 def _whole(step: Step, src: TensorSpec, out: TensorSpec) -> bool:
-    """A slice that keeps every element (``x[:, 0:]``) or a select of a dim of one element
-    (``logits[:, -1]`` of ``[B, 1, V]``): a view at the same address, its elements in order."""
+    """A slice that keeps every element (``x[:, 0:]``, ``h[:, -1:]`` of ``[B, 1, C]``: its shape
+    is its input's) or a select of a dim of one element (``logits[:, -1]`` of ``[B, 1, V]``): a
+    view at the same address, its elements in order."""
     from aot.manifest_text import static_size
 
     args = [*step.args[1:], None, None, None, None][:4]
@@ -342,7 +343,7 @@ def _whole(step: Step, src: TensorSpec, out: TensorSpec) -> bool:
     if src.order or not rank or type(args[0]) is not int:
         return False
     if step.target == "aten.slice.Tensor":
-        return args[1] in (None, 0) and args[3] in (None, 1) and tuple(out.shape) == tuple(src.shape)
+        return args[3] in (None, 1) and tuple(out.shape) == tuple(src.shape)
     if step.target == "aten.select.int":
         return static_size(src.shape[args[0] % rank]) == 1 and args[1] in (0, -1)
     return False

@@ -299,10 +299,10 @@ def _ranges(traced: Traced) -> dict[str, tuple[int, int]]:
 def _rewrite_for_kernels(
     traced: Traced, options: BuildOptions, say: Callable[[str], None]
 ) -> tuple[Traced, Program, int, int]:
-    """The rewrites before fusion (siblings stacked, weights padded, attention masks and GQA
-    repeats folded, activations into their matmuls, position lookups, convolution biases and
-    layouts): ``traced`` with the stacked and padded weights, the rewritten program, and how
-    many activations were folded and weights padded."""
+    """The rewrites before fusion (matmul weights stored [N, K], siblings stacked, weights
+    padded, attention masks and GQA repeats folded, activations into their matmuls, position
+    lookups, convolution biases and layouts): ``traced`` with the transposed, stacked and padded
+    weights, the rewritten program, and how many activations were folded and weights padded."""
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
@@ -310,11 +310,20 @@ def _rewrite_for_kernels(
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
     from aot.codegen.outer_products import outer_products_as_mul
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
+    from aot.codegen.weight_layout import transpose_matmul_weights
     from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 
     program, outer = outer_products_as_mul(traced.program)
     if outer:
         say(f"  {counted(outer, 'matmul')} over an inner dim of one run as multiplies (outer products)")
+    # before the stacking, which takes the transposed weights' ``permute → mm`` form too
+    program, weights, transposed = transpose_matmul_weights(program, dict(traced.weights))
+    if transposed:
+        say(
+            f"  stored {counted(transposed, 'matmul weight')} [K, N] as [N, K] "
+            "(read along K by the one-row GEMV forms)"
+        )
+        traced = replace(traced, program=program, weights=weights)
     # Siblings are stacked with or without GEMM candidates: the library steps of a candidates
     # build are then the default build's, so neither an untuned bundle nor a bucket where tune
     # keeps the library is slower than the default build (kept apart, Llama-0.58B's library steps

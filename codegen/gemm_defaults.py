@@ -29,9 +29,9 @@ time anything, so it takes the forms tune took where the measurements agree:
 
 So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where K is at most
 ``SHORT_K``, ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
-out), ``vec_1x2x1024`` otherwise (``_rms``: with the RMSNorm kernel before it, and the residual
-add in that kernel, computed in the GEMV's prologue); every other site and bucket keeps the
-library. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
+out), ``vec_1x2x1024`` otherwise (``_rms`` or ``_ln``: with the RMSNorm or LayerNorm kernel
+before it, and the residual add in that kernel, computed in the GEMV's prologue); every other
+site and bucket keeps the library. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
 GPU of its arch), and only those forms are compiled, so a build takes a few kernels more, not the
 whole candidate set. ``aotpack tune`` on the user's GPU replaces the table (with
 ``--gemm-candidates`` builds it searches every form).
@@ -69,13 +69,14 @@ FORMS = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # every form ``default_f
 
 def default_site_form(site: Site) -> str | None:
     """The form a default build runs ``site`` with at one row: ``default_form``'s, as its
-    ``_rms`` variant where the site has a row-norm (RMSNorm) prologue, so that the norm kernel
-    and its launch go (the prologue reads A's row once per block, cheap beside the block's rows
-    of W)."""
+    ``_rms`` variant where the site has a row-norm (RMSNorm) prologue and its ``_ln`` variant
+    where it has a LayerNorm one (GPT-2's), so that the norm kernel, with the residual add in
+    it, and its launch go (each block loads A's row once and keeps it in registers for the
+    statistics and the products: cheap beside the block's rows of W)."""
     form = default_form(1, site.k, site.dtype)
-    if form is not None and site.prologue is not None and site.prologue.norm is not None:
-        return form + "_rms"
-    return form
+    if form is None or site.prologue is None:
+        return form
+    return form + ("_rms" if site.prologue.norm is not None else "_ln")
 
 
 def default_table(programs: Sequence[Program]) -> TuningTable | None:

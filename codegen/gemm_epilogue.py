@@ -37,6 +37,7 @@ _BINARY = {
     "aten.mul.Tensor": "({0} * {1})",
     "aten.div.Tensor": "({0} / {1})",
 }
+MAX_POWER = 4  # a power of the epilogue is written as this many products at most
 GELU = "(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))"
 GELU_TANH = "(0.5 * {0} * (1.0 + (1.0 - 2.0 / (tl.exp(2.0 * (0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0}))) + 1.0))))"
 
@@ -145,6 +146,13 @@ class Epilogue:
                 if approx not in ("none", "tanh"):
                     raise NoSite(f"gelu approximate={approx!r}")
                 expr = (GELU if approx == "none" else GELU_TANH).format(self.value(s.args[0]))
+            elif t == "aten.pow.Tensor_Scalar" and len(s.args) == 2 and not s.kwargs:
+                # x ** 2 .. x ** MAX_POWER as products (GPT-2's GELU writes x ** 3)
+                p = s.args[1]
+                if isinstance(p, bool) or not isinstance(p, (int, float)) or p not in range(1, MAX_POWER + 1):
+                    raise NoSite(f"{t} to {p!r}")
+                x = self.value(s.args[0])
+                expr = "(" + " * ".join([x] * int(p)) + ")"
             elif t in _BINARY and len(s.args) == 2:
                 if set(s.kwargs) - {"alpha"}:
                     raise NoSite(t)

@@ -93,6 +93,8 @@ ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 # per K step to normalize them, so only configs with long K steps and no split get a prologue form
 # (BLOCK_K >= PROLOGUE_MIN_BLOCK_K): on an H200, gpt at batch 1 with K = 768, the 16x32x128 form
 # with the prologue took 12.0 us where the LayerNorm kernel and the plain form took 8.0 us together.
+# The one-row forms (``<form>_ln``) load A's row once, K step by K step, and keep it in registers
+# for the statistics and the products, as the row-norm forms below do.
 STATS_CHUNK = 256
 PROLOGUE_MAX_K = 2048
 # Row-norm (RMSNorm) prologue, one-row forms only (``<form>_rms``): each block loads A's whole

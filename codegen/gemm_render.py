@@ -237,6 +237,7 @@ def _vec_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> l
     weight: no kernel writes it), so that under dependent launch a GEMV streams its weights while
     the kernel before still runs; each step's tile stays in registers until A's row is there."""
     lines = ["# this block's rows of W, every K step, before the wait (see kernel_module)"]
+    pro = site.prologue
     for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
         lines.append(f"rk = {rk}")
         for g in range(len(site.weights)):
@@ -244,6 +245,12 @@ def _vec_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> l
                 f"w{g}_{i} = tl.load({_w_ptr(site, g)} + rn[:, None] * {site.k} + rk[None, :], "
                 f"mask=mask_n[:, None]{kmask}, other=0.0)  # [BLOCK_N, BLOCK_K]"
             )
+        if pro is not None and pro.norm is None:  # the LayerNorm's scale and shift: weights too
+            for vec, ptr in (("lnw", pro.weight), ("lnb", pro.bias)):
+                if ptr is not None:
+                    lines.append(
+                        f"{vec}_{i} = tl.load({vec}_ptr + rk, mask=rk < {site.k}, other=0.0).to(tl.float32)[None, :]"
+                    )
     return lines
 
 
@@ -255,8 +262,10 @@ def _w_ptr(site: Site, g: int) -> str:
 def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
     """A's one row times the early-loaded W rows, summed elementwise across K steps, reduced once
     after."""
-    if site.prologue is not None and site.prologue.norm is not None:
-        return _vec_steps_norm(site, cfg, k_offset, k_extent)
+    if site.prologue is not None:
+        if site.prologue.norm is not None:
+            return _vec_steps_norm(site, cfg, k_offset, k_extent)
+        return _vec_steps_ln(site, cfg, k_offset, k_extent)
     lines = [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
     for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
         lines.append(f"rk = {rk}")
@@ -270,6 +279,49 @@ def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> lis
             lines.append(
                 f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
             )
+    lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
+    return lines
+
+
+def _vec_steps_ln(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+    """The one-row form with a LayerNorm prologue: A's row inputs (``x [+ y]``, rounded as the
+    add rounds) loaded once, K step by K step, and kept in registers for the statistics (the sum
+    written by the first N tile); then per K step the row normalized, scaled and shifted (rounded
+    as the LayerNorm's output is) times the early-loaded W rows."""
+    pro = site.prologue
+    k = site.k
+    steps = _vec_k(site, cfg, k_offset, k_extent)
+    need_k_mask = k_offset != "0" or k % cfg.block_k != 0
+    lines = ["# A's row inputs, per K step, loaded once"]
+    for i, (rk, _) in enumerate(steps):
+        lines.append(f"rk{i} = {rk}")
+        lines.append(f"kmask{i} = mask_m[:, None]" + (f" & (rk{i}[None, :] < {k})" if need_k_mask else ""))
+        lines += _prologue_rows(site, f"rk{i}", f"xs{i}")
+    if pro.sum_out is not None:
+        dt = TL_TYPE[STORAGE[site.dtype]]
+        lines.append(
+            f"if tl.program_id({_axes(cfg)[1]}) == 0:  # the first N tile writes the sum that later steps read"
+        )
+        for i in range(len(steps)):
+            lines.append(
+                f"    tl.store(sum_ptr + rm[:, None] * {k} + rk{i}[None, :], xs{i}.to({dt}), mask=kmask{i})"
+            )
+    # masked elements loaded as 0: they add nothing to the mean; their deviations are set to 0
+    lines.append(f"mean = ({' + '.join(f'tl.sum(xs{i}, axis=1)' for i in range(len(steps)))}) / {k}")
+    for i in range(len(steps)):
+        lines.append(f"dev{i} = tl.where(kmask{i}, xs{i} - mean[:, None], 0.0)")
+    lines.append(f"var = ({' + '.join(f'tl.sum(dev{i} * dev{i}, axis=1)' for i in range(len(steps)))}) / {k}")
+    lines.append(f"rstd = 1.0 / tl.sqrt(var + {pro.eps!r})")
+    lines += [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
+    for i in range(len(steps)):
+        lines.append(f"a = dev{i} * rstd[:, None]")
+        if pro.weight is not None:
+            lines.append(f"a = a * lnw_{i}")
+        if pro.bias is not None:
+            lines.append(f"a = a + lnb_{i}")
+        lines.append(f"a = tl.where(kmask{i}, a, 0.0).to({TL_TYPE[STORAGE[site.dtype]]})  # A: [1, BLOCK_K]")
+        for g in range(len(site.weights)):
+            lines.append(f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)")
     lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
     return lines
 
@@ -528,7 +580,7 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = _grid(site, cfg)
     early, body = _opening(site, cfg, index, "0", site.k)
-    if site.prologue is not None and site.prologue.norm is None:
+    if site.prologue is not None and site.prologue.norm is None and cfg.dot:  # the one-row form's: its own
         body += _prologue_stats(site, f"(tl.program_id({_axes(cfg)[1]}) == 0)")
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
     params, signature, args = _params(site, ep, index, None, "fused")

@@ -17,7 +17,7 @@ from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
 from aot.codegen.gemm_prologue import RowNorm, lower_row_norm
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
-from aot.schema import Buf, Program, Step, StepKind, TensorSpec
+from aot.schema import Buf, MemoryFormat, Program, Step, StepKind, TensorSpec
 
 GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
 
@@ -113,13 +113,13 @@ def _prologue(
         return None
     if not s.reference or s.reference[-1].target != LAYER_NORM:
         return _row_norm_prologue(program, s, name, m, k, dtype, known, [p, *views])
-    alias: dict[str, str] = {}  # a reference view's output -> the buffer it views
+    alias: dict[str, str] = {}  # a reference view's (or copy's) output -> the buffer it views
     summed: dict[str, tuple[str, str]] = {}
     found = None
     for r in s.reference:
         if r.kind != StepKind.ATEN:
             return None
-        if r.target in RESHAPE_VIEWS and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
+        if (r.target in RESHAPE_VIEWS or _is_copy(r)) and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
             alias[r.outputs[0]] = alias.get(r.args[0].name, r.args[0].name)
         elif r.target == "aten.add.Tensor" and len(r.args) == 2 and not r.kwargs and len(r.outputs) == 1:
             if not all(isinstance(x, Buf) for x in r.args):
@@ -143,9 +143,14 @@ def _prologue(
     for w in (weight, bias):
         if w is not None and (known[w.name].dtype != dtype or list(known[w.name].shape) != [str(k)]):
             return None
-    if src.name in summed:
-        x, y = summed[src.name]
-        sum_out = src.name if src.name in s.outputs else None
+    root = alias.get(src.name, src.name)
+    if root in summed:
+        x, y = summed[root]
+        # the sum as the kernel hands it on: the add's result, or a copy of it (GPT-2's dropout)
+        same = [o for o in s.outputs if o is not None and alias.get(o, o) == root]
+        if len(same) > 1:
+            return None
+        sum_out = same[0] if same else None
     elif not summed:
         x, y, sum_out = alias.get(src.name, src.name), None, None
     else:
@@ -158,6 +163,18 @@ def _prologue(
     w_name = weight.name if weight is not None else None
     b_name = bias.name if bias is not None else None
     return Prologue(x, y, w_name, b_name, eps, sum_out, s, name), [p, *views]
+
+
+def _is_copy(step: Step) -> bool:
+    """``clone(x)`` into a row-major or x's layout (the prologue's rows are row-major): a copy,
+    to a prologue as good as the buffer it copies (what an inference-mode dropout traces to)."""
+    return (
+        step.target == "aten.clone.default"
+        and len(step.args) == 1
+        and set(step.kwargs) <= {"memory_format"}
+        and step.kwargs.get("memory_format")
+        in (None, MemoryFormat("contiguous_format"), MemoryFormat("preserve_format"))
+    )
 
 
 def _row_norm_prologue(

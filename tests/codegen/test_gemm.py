@@ -109,20 +109,34 @@ def interpreted(built, request):
     return dict(zip(names, results))
 
 
-def test_weights_stored_k_by_n_are_sites_read_as_stored(built):
-    """transformers' Conv1D (``addmm(b, x, W)`` with W [K, N]): each projection is a site, no
-    permute among its library steps, its kernels read W with N contiguous, and the one-row forms
-    (which stream W's rows along K) are left out."""
-    program = built["gemm_conv1d"][0].program
+def test_weights_stored_k_by_n_are_transposed_or_read_as_stored(built):
+    """transformers' Conv1D (``addmm(b, x, W)`` with W [K, N]): a weight read by GEMMs alone is
+    stored [N, K] under a new name and read through its transpose (``weight_layout``), so its site
+    gets the one-row forms too; one also read as a tensor keeps its layout, and its site's kernels
+    read W [K, N] as stored (N contiguous), without the one-row forms (which stream W's rows
+    along K)."""
+    compiled = built["gemm_conv1d"][0]
+    program, weights = compiled.program, compiled.traced.weights
     up, down = program.alternatives
-    assert [program.steps[i].target for i in up.library] == ["aten._addmm_activation.default"]
+    assert [program.steps[i].target for i in up.library] == [
+        "aten.permute.default",
+        "aten._addmm_activation.default",
+    ]
+    assert program.steps[up.library[0]].args[0] == schema.Buf("up.weight.nk")
+    assert "up.weight" not in weights and tuple(weights["up.weight.nk"].shape) == (192, 64)
+    assert weights["up.weight.nk"].is_contiguous()
     assert [program.steps[i].target for i in down.library][0] == "aten.addmm.default"
+    assert tuple(weights["down.weight"].shape) == (192, 64)  # [K, N] as the model stores it
     assert (up.n, up.k, down.n, down.k) == (192, 64, 64, 192)
     kernels = {k.id: k for k in program.kernels}
-    for site in (up, down):
-        assert site.candidates and not any(c.name.startswith("vec_") for c in site.candidates)
-        source = kernels[site.candidates[0].steps[-1].target].source
-        assert f"rk[:, None] * {site.n} + rn[None, :]" in source and "W[K, N]" in source
+    assert "vec_1x2x512" in {c.name for c in up.candidates}
+    assert down.candidates and not any(c.name.startswith("vec_") for c in down.candidates)
+    for site, at, layout in (
+        (up, "rn[None, :] * 64 + rk[:, None]", "W[N, K]^T"),
+        (down, "rk[:, None] * 64 + rn[None, :]", "W[K, N]"),
+    ):
+        source = kernels[site.candidates[-1].steps[-1].target].source
+        assert at in source and layout in source
 
 
 def test_sites_and_epilogues_found(built):

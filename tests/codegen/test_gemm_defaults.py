@@ -37,7 +37,8 @@ def mlp_bundle(built):
 
 
 def test_a_default_build_carries_the_table_for_its_one_row_buckets(mlp_bundle):
-    """models/mlp.py (float16, batch 1..N): every GEMM site runs the default form at batch 1, the
+    """models/mlp.py (float16, batch 1..N): every GEMM site runs the default form at batch 1 (its
+    ``_ln`` variant where a LayerNorm kernel made its A: the kernel goes into its prologue), the
     library at every other bucket; the table is recorded for sm_90 and parses as tune's do."""
     from aot.buckets import buckets_by_program
     from aot.schema import TUNING_PATH
@@ -50,7 +51,10 @@ def test_a_default_build_carries_the_table_for_its_one_row_buckets(mlp_bundle):
     assert sites and {c.site for c in table.choices} == set(sites)
     for c in table.choices:
         assert c.sizes == {"batch": 1} and c.choice != LIBRARY
-        assert c.choice == default_form(1, sites[c.site].k, "float16")
+        form = default_form(1, sites[c.site].k, "float16")
+        assert c.choice in (form, form + "_ln")
+        layer_norm = program.steps[sites[c.site].library[0]].reference
+        assert c.choice.endswith("_ln") == (bool(layer_norm) and "layer_norm" in layer_norm[-1].target)
         (cand,) = sites[c.site].candidates  # only the default form was compiled
         assert cand.name == c.choice and cand.buckets == ({"batch": 1},)
 

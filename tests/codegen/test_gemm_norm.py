@@ -13,6 +13,12 @@ ATen's by up to one bfloat16 ulp, within the tolerance). Built by default, ``gem
 3 kernels at one row with the built-in table where the library plan runs 6; a transformers Llama
 built at batch 1 decode (float16) runs 7 kernels per decoder layer where the library plan runs 10,
 and every kernel of that plan matches its reference steps in the interpreter (slow).
+
+GPT-2's LayerNorm (``gemm_models/gemm_gpt2.py``: the residual add through inference dropout's
+copy) runs in the one-row forms' prologue (``<form>_ln``) and its ``gelu_new`` in fc's epilogue:
+every one-row form of the table, plain and ``_ln``, matches its reference in the interpreter at
+one row (float16), and a transformers GPT-2 at batch 1 decode runs 5 kernels per layer where
+the library plan runs 8 (slow, as Llama's).
 """
 
 from __future__ import annotations
@@ -212,12 +218,16 @@ def test_what_is_not_a_row_norm_stays():
 # ---------------------------------------------------------------------------------------------
 # A transformers Llama at batch 1 decode
 
-DECODE_KERNELS_PER_LAYER = {"library": 10, "built-in table": 7}
+DECODE_KERNELS_PER_LAYER = {
+    "llama": {"library": 10, "built-in table": 7},
+    # LayerNorm, q/k/v, attention, o, add + LayerNorm, fc, GELU, proj; with the table the
+    # LayerNorms (and their adds) and the GELU run inside the GEMVs
+    "gpt2": {"library": 8, "built-in table": 5},
+}
 
 
-@pytest.fixture(scope="module")
-def llama_decode(tmp_path_factory):
-    """A tiny transformers Llama (tests/hf's config, 2 layers) in float16 (the interpreter computes
+def _decode_build(kind: str, tmp_path_factory):
+    """A tiny transformers model (tests/hf's config, 2 layers) in float16 (the interpreter computes
     the decode attention kernel's bfloat16 ``tl.dot`` wrongly: tests/codegen/test_decode_attention.py),
     built by default for sm_90: (bundle path, the compiled build, the decode program's index)."""
     from tests.realmodels.conftest import unusable
@@ -232,10 +242,10 @@ def llama_decode(tmp_path_factory):
     from tests.hf.test_causal_lm import factory
 
     spec = causal_lm(
-        factory("llama"), max_batch=2, max_context=16, dtype="float16", name="llama", batch_buckets=(1, 2)
+        factory(kind), max_batch=2, max_context=16, dtype="float16", name=kind, batch_buckets=(1, 2)
     )
     compiled = generate(trace(spec), ARCHS)
-    path = tmp_path_factory.mktemp("llama_decode") / "llama.tpk"
+    path = tmp_path_factory.mktemp(f"{kind}_decode") / f"{kind}.tpk"
     pack(compiled, path)
     programs = [compiled.program, *compiled.program.variants]
     (index,) = [
@@ -244,6 +254,16 @@ def llama_decode(tmp_path_factory):
         if len(p.inputs[0].spec.shape) == 2 and p.inputs[0].spec.shape[1] == "1"
     ]
     return path, compiled, index
+
+
+@pytest.fixture(scope="module")
+def llama_decode(tmp_path_factory):
+    return _decode_build("llama", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gpt2_decode(tmp_path_factory):
+    return _decode_build("gpt2", tmp_path_factory)
 
 
 def _launches(steps, kernels) -> int:
@@ -292,13 +312,38 @@ def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
     # per layer, with the built-in table: q/k/v (+ RMSNorm, + the residual add), 2 RoPE, decode
     # attention, o, gate/up (+ RMSNorm, + the add, + SiLU * up), down; the rest is the embedding,
     # positions, mask, the final norm and the head, which both plans share
-    outside = _launches(program.steps, kernels) - DECODE_KERNELS_PER_LAYER["library"] * layers
-    assert _launches(plan, kernels) == outside + DECODE_KERNELS_PER_LAYER["built-in table"] * layers
+    per_layer = DECODE_KERNELS_PER_LAYER["llama"]
+    outside = _launches(program.steps, kernels) - per_layer["library"] * layers
+    assert _launches(plan, kernels) == outside + per_layer["built-in table"] * layers
+
+
+@pytest.mark.slow  # a transformers GPT-2 traced and built; gemm_gpt2's forms are interpreted by default
+def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
+    """GPT-2's Conv1D weights are stored [N, K] (``weight_layout``), so its decode GEMMs take the
+    one-row forms; the LayerNorm kernels (with the residual adds) go into q/k/v's and fc's
+    prologues, the GELU into fc's epilogue."""
+    from aot.tuning import tuned_plans
+
+    _, compiled, index = gpt2_decode
+    program = [compiled.program, *compiled.program.variants][index]
+    kernels = {k.id: k for k in program.kernels}
+    layers = 2
+    plans = tuned_plans(compiled.tuning, index, program, "sm_90")
+    (plan,) = [steps for key, steps in plans.items() if key == (1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_ln_addmm_vec") for n in names) == layers  # q/k/v
+    assert sum(n.startswith("gemm_ln_addmm_epilogue_vec") for n in names) == layers  # fc + GELU
+    assert not any("tanh" in n for n in names)
+    assert not any(s.target.startswith("aten.addmm") for s in plan)
+    per_layer = DECODE_KERNELS_PER_LAYER["gpt2"]
+    outside = _launches(program.steps, kernels) - per_layer["library"] * layers
+    assert _launches(plan, kernels) == outside + per_layer["built-in table"] * layers
 
 
 @pytest.mark.slow  # the interpreter over a decode step's every kernel
-def test_llama_decode_plan_matches_its_reference_in_the_interpreter(llama_decode):
-    path, _, index = llama_decode
+@pytest.mark.parametrize("kind, fused_prefix", [("llama", "gemm_norm_"), ("gpt2", "gemm_ln_")])
+def test_decode_plan_matches_its_reference_in_the_interpreter(kind, fused_prefix, request):
+    path, _, index = request.getfixturevalue(f"{kind}_decode")
     script = f"""
 import json
 from dataclasses import replace
@@ -335,8 +380,8 @@ results = interpret_kernels(fused, weights, inputs, {{"batch": 1}})
 print(json.dumps([[r.step, r.name, r.output, r.ok, r.max_abs_error] for r in results]))
 """
     results = interpreted_json(script)
-    fused = {r[0] for r in results if r[1].startswith("gemm_norm_")}
-    assert len(fused) == 4  # q/k/v and gate/up, 2 layers
+    fused = {r[0] for r in results if r[1].startswith(fused_prefix)}
+    assert len(fused) == 4  # q/k/v and gate/up (fc), 2 layers
     assert len(results) >= 20  # every kernel of the step, and the sums the fused forms write
     bad = [r for r in results if not r[3]]
     assert not bad, bad[:3]
@@ -371,3 +416,94 @@ def test_every_form_of_the_stacked_halves_matches_its_reference(tmp_path):
         assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == n_cands
         bad = [c for c in comparisons if not c.ok]
         assert not bad, f"{sizes}: {bad[:3]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2's LayerNorm (with the residual add) and GELU around its MLP GEMMs
+
+GPT2_MLP = MODELS / "gemm_gpt2.py"
+FORMS_OF_TABLE = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # gemm_defaults.FORMS
+
+
+@pytest.fixture(scope="module")
+def gpt2_traced():
+    from aot.tracer import load_model_file, trace
+
+    return trace(load_model_file(GPT2_MLP))
+
+
+@pytest.fixture(scope="module")
+def gpt2_forms(gpt2_traced, tmp_path_factory):
+    """``gemm_gpt2.py`` built with every one-row form of the table as candidates: (compiled,
+    bundle path)."""
+    from aot.codegen import gemm_forms, gemm_render, generate
+    from aot.packager import pack
+
+    saved = gemm_render.CONFIGS
+    gemm_render.CONFIGS = tuple(
+        replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in FORMS_OF_TABLE
+    )
+    try:
+        compiled = generate(gpt2_traced, ARCHS, gemm_candidates=True)
+    finally:
+        gemm_render.CONFIGS = saved
+    path = tmp_path_factory.mktemp("gemm_gpt2") / "forms.tpk"
+    pack(compiled, path)
+    return compiled, path
+
+
+def test_gpt2_layer_norm_and_gelu_run_inside_the_gemvs_by_default(gpt2_traced):
+    """At one row the built-in table runs fc as ``vec_1x2x512_ln``: the residual add (through
+    the dropout's copy) and the LayerNorm in its prologue, the sum written for the residual after
+    proj, ``gelu_new`` (``x ** 3`` as products) in its epilogue; 2 launches where the library
+    plan runs 5 (the LayerNorm, GELU and residual kernels, 2 cuBLAS calls)."""
+    from aot.codegen import generate
+    from aot.tuning import tuned_plans
+
+    compiled = generate(gpt2_traced, ARCHS)
+    program = compiled.program
+    kernels = {k.id: k for k in program.kernels}
+    fc, proj = program.alternatives
+    assert [c.choice for c in compiled.tuning.choices] == ["vec_1x2x512_ln", "vec_1x2x512"]
+    (plan,) = tuned_plans(compiled.tuning, 0, program, "sm_90").values()
+    assert _launches(program.steps, kernels) == 5
+    assert _launches(plan, kernels) == 2
+    (fused,) = fc.candidates[0].steps
+    source = kernels[fused.target].source
+    assert "LayerNorm of a sum prologue" in source and "epilogue" in source and "sum_ptr" in source
+    assert "rstd" in source and "tl.exp" in source and "tl.dot" not in source
+    assert fused.outputs[-1] == fc.outputs[-1]  # h, which the residual after proj reads
+
+
+def test_every_gpt2_one_row_form_matches_its_reference(gpt2_forms):
+    """Each one-row form of the table, plain and ``_ln``, against the library steps it replaces
+    in Triton's interpreter at one row (float16: ``aot.dtypes.TOLERANCE``); the sum h = r + x
+    the ``_ln`` forms write is exact."""
+    from aot.verify.interpret import interpret_in_subprocess
+
+    compiled, path = gpt2_forms
+    fc = compiled.program.alternatives[0]
+    names = sorted(c.name for c in fc.candidates)
+    assert names == sorted([*FORMS_OF_TABLE, *(f + "_ln" for f in FORMS_OF_TABLE)])
+    (result,) = interpret_in_subprocess([(path, GPT2_MLP, [{"batch": 1}], None, True)], timeout=HANG_GUARD_S)
+    n_cands = sum(len(s.candidates) for s in compiled.program.alternatives)
+    for sizes, comparisons in result.items():
+        assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == n_cands
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, f"{sizes}: {bad[:3]}"
+        sums = [c for c in comparisons if c.name.endswith("_ln") and c.output == fc.outputs[-1]]
+        assert len(sums) == len(FORMS_OF_TABLE) and all(c.max_abs_error == 0.0 for c in sums)
+
+
+@pytest.mark.slow  # two more interpreter runs
+def test_a_wrong_gelu_power_or_layer_norm_is_caught(gpt2_forms, tmp_path):
+    compiled, _ = gpt2_forms
+    model = GPT2_MLP
+    fc = compiled.program.alternatives[0]
+    cand = next(c for c in fc.candidates if c.name == "vec_1x2x512_ln")
+    kernel = cand.steps[-1].target
+    source = next(k.source for k in compiled.program.kernels if k.id == kernel)
+    cube = next(line.split(" = ", 1)[1] for line in source.splitlines() if " * acc0 * acc0" in line)
+    for old, new in [(cube, cube.replace(" * acc0 * acc0", " * acc0", 1)), ("(var + 1e-05)", "(var + 1.0)")]:
+        failed = failing_candidates(compiled, model, kernel, old, new, {"batch": 1}, tmp_path / "bad.tpk")
+        assert failed == {f"{fc.id}/{cand.name}"}, old

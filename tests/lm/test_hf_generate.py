@@ -98,6 +98,36 @@ def test_eos_and_sampling(hf_bundles):
         runner.generate(list(range(1, 12)), 6)
 
 
+def test_gpt2_conv1d_weights_are_stored_transposed_once_for_both_entry_points(hf_bundles):
+    """GPT-2's Conv1D weights ([K, N], read by ``addmm(b, x, W)`` alone) are stored [N, K] under
+    a new name (``aot.codegen.weight_layout``), by prefill and decode alike: the bundle holds each
+    once, the original layout not at all (its attention output projection is square: a shape
+    check alone could not tell the layouts apart)."""
+    from safetensors.torch import load
+
+    from aot.loader.bundle import open_bundle
+    from aot.schema import WEIGHTS_PATH
+
+    path, runner, model = hf_bundles("gpt2")
+    bundle = open_bundle(path)
+    try:
+        stored = load(bundle.read(WEIGHTS_PATH))
+    finally:
+        bundle.close()
+    params = dict(model.named_parameters())
+    conv1d = [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
+    assert len(conv1d) == 4 * 2  # c_attn, c_proj, c_fc, mlp c_proj; 2 layers
+    for program in (runner.program, *runner.program.variants):
+        names = {w.name for w in program.weights}
+        for module in conv1d:
+            assert f"model.{module}.weight.nk" in names and f"model.{module}.weight" not in names
+    for module in conv1d:
+        assert f"model.{module}.weight" not in stored
+        assert torch.equal(stored[f"model.{module}.weight.nk"], params[f"{module}.weight"].detach().t())
+    square = stored["model.transformer.h.0.attn.c_proj.weight.nk"]
+    assert square.shape == (32, 32) and square.is_contiguous()
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_cache_writes_run_in_place_in_both_entry_points(hf_bundles, kind):
     _, runner, _ = hf_bundles(kind)
@@ -112,6 +142,21 @@ def test_cache_writes_run_in_place_in_both_entry_points(hf_bundles, kind):
     assert "state key_cache_0: float32[batch, " in text
     assert f"program decode  admits  seq == 1; 1 <= batch <= {MAX_BATCH}\n" in text
     assert f"program prefill  admits  1 <= batch <= {MAX_BATCH}; 1 <= seq <= {MAX_CONTEXT}\n" in text
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_decode_keeps_the_last_position_by_a_slice(hf_bundles, kind):
+    """``aot.hf``'s wrapper keeps only the last position's logits: in decode (seq 1 as traced) by
+    ``logits_to_keep=1``, a view, so the step runs no arange and no gather for it; prefill (a
+    symbolic seq) keeps its index tensor. The tokens are transformers' (the tests above)."""
+    _, runner, _ = hf_bundles(kind)
+    for program in (runner.program, *runner.program.variants):
+        decode = program.inputs[0].spec.shape[1] == "1"
+        targets = {x.target for s in program.steps for x in (s, *s.reference)}
+        assert ("aten.index.Tensor" in targets) != decode
+        # the mask's aranges run inside its kernel; the index's ran on their own
+        aranges = [s for s in program.steps if s.target.startswith("aten.arange")]
+        assert bool(aranges) != decode
 
 
 def test_cli_generate_and_load_on_a_transformers_bundle(hf_bundles):
