@@ -201,8 +201,9 @@ def test_split_k_is_bit_identical_across_runs(interpreted):
 
 
 def test_interpreter_check_can_fail(built, tmp_path):
-    """A candidate whose epilogue is wrong (the bias added twice) is caught."""
-    compiled, _, model = built["gemm_mlp"]
+    """A candidate whose epilogue is wrong (the bias added twice) is caught: on gemm_acts' ReLU
+    site (N 32: at most 16 programs a form at one row, where gemm_mlp's up projection runs 512)."""
+    compiled, _, model = built["gemm_acts"]
     site = compiled.program.alternatives[1]
     kid = site.candidates[0].steps[-1].target
     failed = failing_candidates(
