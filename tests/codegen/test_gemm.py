@@ -895,7 +895,8 @@ def test_a_small_head_runs_as_a_triton_kernel_in_the_default_build(tmp_path):
     from aot.verify.interpret import interpret_in_subprocess
 
     model = MODELS / "gemm_head.py"
-    compiled = generate(trace(load_model_file(model)), ARCHS)
+    traced = trace(load_model_file(model))  # one trace, built both ways
+    compiled = generate(traced, ARCHS)
     program = compiled.program
     assert not any(calls_cublas(s) for s in program.steps)
     kernels = {k.id: k for k in program.kernels}
@@ -918,7 +919,7 @@ def test_a_small_head_runs_as_a_triton_kernel_in_the_default_build(tmp_path):
     # the candidates build (of the forms of FAMILIES) leaves the head to tune; gemm_mlp's two GEMMs
     # stay cuBLAS calls
     with forms_offered(_all_configs()):
-        cand = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True).program
+        cand = generate(traced, ARCHS, gemm_candidates=True).program
     assert any(calls_cublas(s) for s in cand.steps) and len(cand.alternatives) == 1
     mlp = generate(trace(load_model_file(MODELS / "gemm_mlp.py")), ARCHS).program
     assert sum(calls_cublas(s) for s in mlp.steps) == 2

@@ -1,6 +1,7 @@
 """The minimum-driver environment guard: a bundle records, per arch, the CUDA release of the ptxas
 that compiled its cubins (triton 3.9 compiles sm_80 with CUDA 12.9 and sm_90 with CUDA 13.4), and
-the loader refuses a driver of an older CUDA major before loading any."""
+the loader refuses a driver of an older CUDA major before loading any. The bundle of two archs
+(``TWO_ARCHS``) is also where a cubin of each kernel for each arch is checked."""
 
 from __future__ import annotations
 
