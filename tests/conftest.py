@@ -23,7 +23,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 DATA = Path(__file__).resolve().parent / "data"
-DEFAULT_ARCHS = ("sm_80", "sm_90")
+# The archs ``built`` compiles for unless a test names others: one arch (every kernel the codegen
+# writes is compiled once, by one ptxas); the tests about several archs (arch picking, a bundle's
+# cubins and CUDA releases per arch, its guards' env archs) build for ``TWO_ARCHS``.
+DEFAULT_ARCHS = ("sm_90",)
+TWO_ARCHS = ("sm_80", "sm_90")
 # The timeout of every subprocess a test starts: a guard against a hang only, far above what any
 # test's work needs on a loaded 2-core machine (the heaviest, the slow run's interpreter checks,
 # take minutes of CPU). A test bounds its work (sizes, launches, models), never its time.

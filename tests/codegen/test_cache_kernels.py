@@ -142,17 +142,15 @@ def test_a_view_that_copies_is_not_followed():
 
 
 @pytest.fixture(scope="module")
-def tiny_lm_free(tmp_path_factory):
+def tiny_lm_free(tmp_path_factory, built):
+    """tests/data/tiny_lm.py built library-free, and its default build (the lm tests' build): both
+    from the session's trace of it."""
     from aot.codegen import generate
     from aot.packager import pack
-    from aot.tracer import load_model_file, trace
 
-    tmp = tmp_path_factory.mktemp("lm_free")
-    traced = trace(load_model_file(ROOT / "tests/data/tiny_lm.py"))
-    free, default = tmp / "free.tpk", tmp / "default.tpk"
-    pack(generate(traced, ("sm_90",), gemm_candidates=True, library_free=True), free)
-    pack(generate(traced, ("sm_90",)), default)
-    return free, default
+    free = tmp_path_factory.mktemp("lm_free") / "free.tpk"
+    pack(generate(built.traced("tiny_lm"), ("sm_90",), gemm_candidates=True, library_free=True), free)
+    return free, built("tiny_lm", ("sm_90",))
 
 
 @pytest.mark.slow  # two builds of tiny_lm, one with GEMM candidates compiled

@@ -215,8 +215,9 @@ def test_split_k_is_bit_identical_across_runs(interpreted):
 
 
 def test_interpreter_check_can_fail(built, tmp_path):
-    """A candidate whose epilogue is wrong (the bias added twice) is caught."""
-    compiled, _, model = built["gemm_mlp"]
+    """A candidate whose epilogue is wrong (the bias added twice) is caught: on gemm_acts' ReLU
+    site (N 32: at most 16 programs a form at one row, where gemm_mlp's up projection runs 512)."""
+    compiled, _, model = built["gemm_acts"]
     site = compiled.program.alternatives[1]
     kid = site.candidates[0].steps[-1].target
     failed = failing_candidates(
@@ -908,7 +909,8 @@ def test_a_small_head_runs_as_a_triton_kernel_in_the_default_build(tmp_path):
     from aot.verify.interpret import interpret_in_subprocess
 
     model = MODELS / "gemm_head.py"
-    compiled = generate(trace(load_model_file(model)), ARCHS)
+    traced = trace(load_model_file(model))  # one trace, built both ways
+    compiled = generate(traced, ARCHS)
     program = compiled.program
     assert not any(calls_cublas(s) for s in program.steps)
     kernels = {k.id: k for k in program.kernels}
@@ -931,7 +933,7 @@ def test_a_small_head_runs_as_a_triton_kernel_in_the_default_build(tmp_path):
     # the candidates build (of the forms of FAMILIES) leaves the head to tune; gemm_mlp's two GEMMs
     # stay cuBLAS calls
     with forms_offered(_all_configs()):
-        cand = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True).program
+        cand = generate(traced, ARCHS, gemm_candidates=True).program
     assert any(calls_cublas(s) for s in cand.steps) and len(cand.alternatives) == 1
     mlp = generate(trace(load_model_file(MODELS / "gemm_mlp.py")), ARCHS).program
     assert sum(calls_cublas(s) for s in mlp.steps) == 2

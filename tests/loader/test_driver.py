@@ -1,23 +1,43 @@
 """The minimum-driver environment guard: a bundle records, per arch, the CUDA release of the ptxas
 that compiled its cubins (triton 3.9 compiles sm_80 with CUDA 12.9 and sm_90 with CUDA 13.4), and
-the loader refuses a driver of an older CUDA major before loading any."""
+the loader refuses a driver of an older CUDA major before loading any. The bundle of two archs
+(``TWO_ARCHS``) is also where a cubin of each kernel for each arch is checked."""
 
 from __future__ import annotations
 
 import pytest
 
+from aot import schema
 from aot.errors import EnvError
 from aot.loader.gpu import check_driver
+from tests.conftest import TWO_ARCHS
 
 
 def test_bundle_records_the_cuda_release_of_its_cubins(built):
     from aot.codegen.compile import ptxas_release
     from aot.loader import load
 
-    recorded = load(built("mlp")).manifest.environment.cuda_built
+    recorded = load(built("mlp", TWO_ARCHS)).manifest.environment.cuda_built
     assert recorded == {arch: ptxas_release(arch) for arch in ("sm_80", "sm_90")}
     for release in recorded.values():
         assert release.count(".") == 1 and all(p.isdigit() for p in release.split(".")), release
+
+
+def test_a_bundle_of_two_archs_holds_a_cubin_of_each_kernel_for_each(built):
+    from aot.loader.bundle import open_bundle
+
+    bundle = open_bundle(built("mlp", TWO_ARCHS))
+    try:
+        program, manifest = bundle.program(), bundle.manifest
+    finally:
+        bundle.close()
+    assert manifest.environment.archs == ("sm_80", "sm_90") and program.kernels
+    assert sorted(n for n in manifest.members if n.endswith(".cubin")) == sorted(
+        schema.KERNEL_CUBIN_FORMAT.format(kernel=k.id, arch=a)
+        for k in program.kernels
+        for a in ("sm_80", "sm_90")
+    )
+    assert all(k.archs == ("sm_80", "sm_90") and set(k.shared) == {"sm_80", "sm_90"} for k in program.kernels)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ import pytest
 
 from aot.errors import GuardError
 from tests.codegen.test_cache_kernels import tiny_lm_free  # noqa: F401 - the fixture
-from tests.conftest import ROOT
 from tests.runtime.test_torch_free import run_torch_free
 
 CACHE = (4, 2, 32, 8)  # tiny_lm: [MAX_BATCH, KV_HEADS, MAX_CONTEXT, HEAD_DIM]
@@ -22,14 +21,14 @@ CACHES = ["key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
 
 
 @pytest.fixture(scope="module")
-def tiny_lm(tmp_path_factory):
-    """tests/data/tiny_lm.py packed unfused (no compile: the plan is what is tested here)."""
+def tiny_lm(tmp_path_factory, built):
+    """tests/data/tiny_lm.py packed unfused (no compile: the plan is what is tested here), from the
+    session's trace of it."""
     from aot.codegen import generate
     from aot.packager import pack
-    from aot.tracer import load_model_file, trace
 
     out = tmp_path_factory.mktemp("state") / "tiny_lm.tpk"
-    pack(generate(trace(load_model_file(ROOT / "tests/data/tiny_lm.py")), ("sm_90",), fuse=False), out)
+    pack(generate(built.traced("tiny_lm"), ("sm_90",), fuse=False), out)
     return out
 
 
