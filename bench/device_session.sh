@@ -57,6 +57,8 @@ for item in "$@"; do
     # GEMM tile shapes against cuBLAS at 128 rows with cold weights, and a forward's GEMMs in one
     # graph with and without dependent launch (bench/gemm_sweep.py)
     # greedy decoding's argmax at wide vocabularies (bench/argmax_sweep.py)
+    # this period's GPU tests: GEMV forms and their fusions, decode attention, generate (blocks)
+    period) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py) ;;
     gpu-new) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py tests/gpu/test_relation_programs_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
     rt-zoo) cmd=(python3 -m pytest -m gpu -q -rs tests/runtime/test_gpu_zoo.py) ;;
     rt-bench) cmd=(python3 bench/run.py --models "${RT_MODELS:-mlp,gpt,cnn}" --systems aotpack,aotpack-lf,aotpack-rt --bundles .bundles --out "$RES/rt" --jobs 4) ;;
