@@ -220,6 +220,7 @@ class Runner:
             self._owned_storages.append(Storages(self.state.tensors.values()))
         self._state_lock = threading.Lock()
         self._generate_lock = threading.Lock()  # a generation owns the state from prefill to its last token
+        self._decode_blocks: dict = {}  # generate's block graphs, kept for later generations (decode_blocks)
         from aot.tuning import read_tuning
 
         # checked wherever the bundle loads; applied only on a GPU of the arch it was measured on

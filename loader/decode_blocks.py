@@ -58,8 +58,6 @@ class DecodeBlocks:
         self.mask, self.finished, self.padding, self.eos_ids = mask, finished, padding, eos_ids
         self.argmax = argmax
         self.current: _Block | None = None
-        if not hasattr(runner, "_decode_blocks"):
-            runner._decode_blocks = {}
         self.cache: dict[tuple, _Block] = runner._decode_blocks
 
     def block_for(self, inputs: dict[str, torch.Tensor]) -> _Block | None:

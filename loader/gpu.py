@@ -483,10 +483,7 @@ class GraphRunner:
         warmed up on zeros: nobody reads them, and the capture reuses their memory)."""
         gpu = self.gpu
         sizes = dict(zip(self.symbols, key))
-        inputs = {
-            name: zeros([s(sizes) for s in shape], self._input_dtypes[name], gpu.device)
-            for name, shape in self._input_shapes.items()
-        }
+        inputs = self.static_inputs(key)
         if call is not None:
             for name, value in call.items():
                 inputs[name].copy_(value)
