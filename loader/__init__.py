@@ -34,7 +34,7 @@ from aot.loader.executor import ProgramExecutor
 from aot.loader.guards import GuardChecker
 from aot.loader.program import AtenProgram, OutputSpecs, Storages, storage_span
 from aot.loader.state import State, check_index_bounds
-from aot.loader.values import check_values, value_bounds
+from aot.loader.values import check_values, integers_like, value_bounds
 from aot.loader.variants import check_programs
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
@@ -629,8 +629,9 @@ class Runner:
 
     def inputs_at(self, sizes: dict[str, int], seed: int = 0) -> dict[str, torch.Tensor]:
         """Generated inputs at ``sizes`` (symbol -> value; the example inputs' sizes for the symbols
-        not named): floats standard normal, integers and bools drawn from the range the example
-        inputs span (token ids stay within the vocabulary). ``GuardError`` for sizes the bundle
+        not named): floats standard normal, integers and bools as ``aot.loader.values.integers_like``
+        draws them from the example inputs (token ids within the range the examples span, masks
+        in the examples' pattern, positions counting up). ``GuardError`` for sizes the bundle
         does not admit, naming the symbol and its admissible set."""
         examples = self.example_inputs()
         values = [examples[n] for n in self.input_names]
@@ -649,9 +650,7 @@ class Runner:
             if example.dtype.is_floating_point:
                 value = torch.randn(shape, generator=generator).to(example.dtype)
             else:
-                low = int(example.min()) if example.numel() else 0
-                high = int(example.max()) + 1 if example.numel() else 1
-                value = torch.randint(low, max(high, low + 1), shape, generator=generator).to(example.dtype)
+                value = integers_like(example, shape, generator)
             out[name] = value.to(self.device)
         return out
 

@@ -40,3 +40,41 @@ def check_values(bounds: tuple[tuple[str, int, int, str, str], ...], inputs: dic
         least, most = torch.stack(torch.aminmax(values.reshape(-1))).tolist()
         if least < low or most > high:
             raise value_error(name, least if least < low else most, low, high, table, op)
+
+
+def integers_like(example: torch.Tensor, shape: list[int], generator: torch.Generator) -> torch.Tensor:
+    """Integer (or bool) values at ``shape`` shaped like ``example``'s, for generated calls
+    (``Runner.inputs_at``, ``aotpack verify``):
+
+    - a mask (only 0 and 1) keeps the example's pattern, cropped or tiled: random 0/1 would mask
+      whole rows, an ill-defined softmax no two devices agree on;
+    - a run that counts up by one along the last dim (positions, the cache slots a call writes)
+      goes on counting from the row's first value, moved down so that it ends where the example
+      ended where it can (never below 0): random slots would repeat, and two writes to one slot
+      leave whichever the device ran last;
+    - anything else (token ids) is drawn uniformly from the range the example spans."""
+    example = example.cpu()
+    if not example.numel():
+        return torch.zeros(shape, dtype=example.dtype)
+    if example.dtype == torch.bool or set(example.unique().tolist()) <= {0, 1}:
+        return fit(example, shape)
+    if example.dim() and example.shape[-1] > 1 and bool((example.diff(dim=-1) == 1).all()):
+        count = shape[-1]
+        first = fit(example[..., :1], [*shape[:-1], 1])
+        last = fit(example[..., -1:], [*shape[:-1], 1])
+        start = torch.minimum(first, last + 1 - count).clamp(min=0)
+        return (start + torch.arange(count, dtype=example.dtype)).to(example.dtype)
+    low, high = int(example.min()), int(example.max()) + 1
+    return torch.randint(low, max(high, low + 1), shape, generator=generator).to(example.dtype)
+
+
+def fit(example: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """``example`` cropped or repeated along each dim to ``shape``."""
+    t = example
+    for d, n in enumerate(shape):
+        if t.shape[d] == 0:
+            return torch.zeros(shape, dtype=example.dtype)
+        reps = [1] * t.dim()
+        reps[d] = -(-n // t.shape[d])
+        t = t.repeat(reps).narrow(d, 0, n)
+    return t

@@ -19,6 +19,7 @@ from aot.loader import Runner, load
 from aot.loader.executor import ProgramExecutor
 from aot.loader.gpu import KernelCall
 from aot.loader.program import AtenProgram
+from aot.loader.values import integers_like
 from aot.pytree import leaves
 from aot.schema import Bucket, Guards, Program, StepKind
 
@@ -70,26 +71,10 @@ def _inputs(
         if example.dtype.is_floating_point:
             lo, hi = example.min().item(), example.max().item()
             t = torch.rand(shape, generator=gen) * (hi - lo) + lo
-        elif example.dtype == torch.bool or set(example.unique().tolist()) <= {0, 1}:
-            # a mask: random 0/1 would mask whole rows (an ill-defined softmax no two devices agree
-            # on); keep the example's pattern, cropped or tiled to the shape
-            t = _fit(example.cpu(), shape)
         else:
-            t = torch.randint(int(example.min()), int(example.max()) + 1, shape, generator=gen)
+            t = integers_like(example, shape, gen)
         out[inp.name] = t.to(example.dtype)
     return out
-
-
-def _fit(example: torch.Tensor, shape: list[int]) -> torch.Tensor:
-    """``example`` cropped or repeated along each dim to ``shape``."""
-    t = example
-    for d, n in enumerate(shape):
-        if t.shape[d] == 0:
-            return torch.zeros(shape, dtype=example.dtype)
-        reps = [1] * t.dim()
-        reps[d] = -(-n // t.shape[d])
-        t = t.repeat(reps).narrow(d, 0, n)
-    return t
 
 
 def verify(path: str, device: str = "cuda") -> list[BucketReport]:

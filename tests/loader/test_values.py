@@ -63,3 +63,31 @@ def test_values_out_of_range_are_the_callers_error(runner, ids, positions, messa
         == message + " (aten.embedding.default); pass values in " + message.split("outside ")[1].split(":")[0]
     )
     _prefill(runner, [1, 96, 3], [0, 1, 2])  # the largest id and the runner keeps serving
+
+
+def test_generated_positions_count_up_and_never_repeat_a_slot():
+    # a causal LM's example: 8 tokens at slots 12..19, every earlier slot valid
+    from aot.loader.values import integers_like
+
+    gen = torch.Generator().manual_seed(0)
+    cache_position = torch.arange(12, 20)
+    assert integers_like(cache_position, [4], gen).tolist() == [12, 13, 14, 15]
+    # longer than the example: moved down to end where it ended, never below 0
+    assert integers_like(cache_position, [10], gen).tolist() == list(range(10, 20))
+    assert integers_like(cache_position, [64], gen).tolist() == list(range(64))
+    positions = integers_like(cache_position.expand(2, 8), [3, 5], gen)
+    assert positions.tolist() == [list(range(12, 17))] * 3
+
+
+def test_generated_masks_keep_the_pattern_and_token_ids_stay_in_range():
+    from aot.loader.values import integers_like
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.zeros(1, 32, dtype=torch.int64)
+    mask[:, :20] = 1
+    got = integers_like(mask, [2, 24], gen)
+    assert got.tolist() == [[1] * 20 + [0] * 4] * 2
+    tokens = torch.tensor([[5, 900, 17]])
+    drawn = integers_like(tokens, [4, 50], gen)
+    assert drawn.dtype == torch.int64 and drawn.min() >= 5 and drawn.max() <= 900
+    assert len(set(drawn.flatten().tolist())) > 50  # drawn, not the example repeated
