@@ -146,7 +146,7 @@ class _Block:
             positions.add_(1)
             slot.add_(1)
             mask.scatter_(1, slot.expand(self.batch, 1), 1)
-            logits = _logits(call())
+            logits = logits_of(call())
         self.logits.copy_(logits)
 
     def launch(self) -> None:
@@ -161,7 +161,7 @@ class _GraphCalls:
     def __init__(self, runner: Any, graphs: Any, key: tuple):
         self.runner, self.graphs, self.key = runner, graphs, key
         self.inputs = graphs.static_inputs(key)
-        logits = _logits(graphs.graphs[key].outputs)
+        logits = logits_of(graphs.graphs[key].outputs)
         self.vocab, self.logits_dtype = logits.shape[-1], logits.dtype
         self.graph = None
 
@@ -196,5 +196,11 @@ class _EagerCalls:
             steps(self.call)
 
 
-def _logits(out: Any) -> torch.Tensor:
-    return out[0] if isinstance(out, (list, tuple)) else out
+def logits_of(out: Any) -> torch.Tensor:
+    """The logits of a program's result: the tensor itself, a model output's ``logits``, or the
+    first of several results."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0]

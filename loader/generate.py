@@ -25,7 +25,7 @@ import torch
 
 from aot.aten import DTYPES
 from aot.errors import GuardError
-from aot.loader.decode_blocks import GPU_BLOCK_STEPS, DecodeBlocks
+from aot.loader.decode_blocks import GPU_BLOCK_STEPS, DecodeBlocks, logits_of
 from aot.manifest_text import static_size
 
 LM_INPUTS = ("input_ids", "position_ids", "cache_position", "attention_mask")
@@ -174,7 +174,7 @@ def generate(
     # every slot written below is < longest + max_new_tokens <= context (checked above): no call
     # needs its cache_position checked, which on a GPU would wait for the step before it
     prefill.check_indices = decode.check_indices = False
-    logits = _logits(
+    logits = logits_of(
         prefill(
             input_ids=ids,
             position_ids=positions,
@@ -189,7 +189,7 @@ def generate(
         slot = longest + step
         mask[:, slot] = 1
         last = last + 1
-        return _logits(
+        return logits_of(
             decode(
                 input_ids=token[:, None],
                 position_ids=last,
@@ -367,14 +367,6 @@ class _HostCopy:
         if self.event is not None:
             self.event.synchronize()
         return self.buffer.tolist()
-
-
-def _logits(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "logits"):
-        return out.logits
-    return out[0]
 
 
 # On an H200 (bench/argmax_sweep.py, bfloat16, µs per call in a CUDA graph, bench/results/decode/
@@ -602,15 +594,17 @@ def seq2seq_generate(
     encode, prefill, decode = runner.entry("encode"), runner.entry("prefill"), runner.entry("decode")
     # every slot written below is < max_target (checked above)
     encode.check_indices = prefill.check_indices = decode.check_indices = False
-    logits = _logits(encode(**source, decoder_input_ids=nothing, cache_position=slots[:1]))
+    logits = logits_of(encode(**source, decoder_input_ids=nothing, cache_position=slots[:1]))
     if prompt:
         ids = torch.tensor(prompt, dtype=torch.int64, device=device).expand(batch, -1)
-        logits = _logits(prefill(**unread, decoder_input_ids=ids, cache_position=slots[1 : 1 + len(prompt)]))
+        logits = logits_of(
+            prefill(**unread, decoder_input_ids=ids, cache_position=slots[1 : 1 + len(prompt)])
+        )
     first = 1 + len(prompt)  # the slot of the first new token
 
     def advance(step: int, token: torch.Tensor) -> torch.Tensor:
         slot = first + step
-        return _logits(
+        return logits_of(
             decode(**unread, decoder_input_ids=token[:, None], cache_position=slots[slot : slot + 1])
         )
 
