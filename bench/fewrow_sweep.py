@@ -14,8 +14,10 @@ Each form is timed as a bundle runs it (``gemv_sweep``'s helpers: back to back i
 every launch reading its own copy of W, the copies together over twice L2; A the same each
 launch). With BLOCK_M = 16 a form runs the same instructions at every M up to 16 (only A's masked
 loads differ), so every form is timed at ``--full-m`` (8) and the fastest ``--top`` of them again
-at the other row counts. The codegen's own skinny dot forms (``codegen/gemm_forms.py``:
-``gemv_16x16x256`` ...) are points of this grid, with the same loop, and are labelled so.
+at the other row counts. The codegen's own forms of 16 rows (``codegen/gemm_forms.py``:
+``gemv_16x16x256`` ..., and the built-in table's few-row forms) are points of this grid, labelled
+so, and are also timed at every row count as the codegen renders them for a bundle (``codegen
+<name>``: N and K constants, split-K's slices summed by its second kernel)
 
 ``--chain``: a decode step's GEMMs (every layer its own weights, the LM head last) in one graph
 at each row count, cuBLAS against the fastest form of each shape, and against one form for every
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import itertools
 import json
 import sys
@@ -57,6 +60,57 @@ CODEGEN = {
     (16, 256, 4, 3, "pass"): "splitk_16x16x256",
     (64, 128, 4, 3, "pass"): "splitk_16x64x128",
 }
+
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def codegen_configs() -> list:
+    """The codegen's tensor-core forms of 16 rows (``gemm_forms.CONFIGS``, and the few-row forms of
+    the built-in table where this checkout has them)."""
+    from aot.codegen import gemm_forms
+
+    configs = [*gemm_forms.CONFIGS, *getattr(gemm_forms, "FEW_ROW_CONFIGS", ())]
+    return [c for c in configs if c.dot and c.block_m == BLOCK_M]
+
+
+@functools.cache
+def rendered(n: int, k: int, dtype: str, name: str) -> tuple:
+    """The codegen's kernels of config ``name`` for a plain GEMM [M, K] x [N, K]^T (no prologue,
+    no epilogue), as ``render_candidates`` writes them for a bundle, M = ``s0`` up to 16: a tuple
+    of (jit function, Rendered); () where the config makes no form at this shape."""
+    from aot.codegen.compile import load_function
+    from aot.codegen.gemm_render import render_candidates
+    from aot.codegen.gemm_sites import Site
+    from aot.codegen.render import kernel_id
+    from aot.schema import TensorSpec
+
+    site = Site(
+        id="fewrow", library=(0,), a="a", weights=("w",), biases=(None,), activation="",
+        gemm_outputs=("o",), m="s0", n=n, k=k, dtype=dtype, outputs=("o",),
+    )  # fmt: skip
+    buffers = {"a": TensorSpec(dtype, ("s0", str(k))), "o": TensorSpec(dtype, ("s0", str(n)))}
+    known = {"w": TensorSpec(dtype, (str(n), str(k)))}
+    configs = tuple(c for c in codegen_configs() if c.name == name)
+    out = []
+    for cfg, kernels, extra, _ in render_candidates(site, buffers, known, {"s0": (1, BLOCK_M)}, configs):
+        for r in kernels:
+            fn = load_function(kernel_id(r.source, r.signature, r.config), r.name, r.source)
+            out.append((fn, r, cfg, extra))
+    return tuple(out)
+
+
+def codegen_forms(n: int, k: int, dtype: str) -> list[dict]:
+    forms = []
+    for c in codegen_configs():
+        kernels = rendered(n, k, dtype, c.name)
+        if kernels:
+            cfg = kernels[0][2]
+            forms.append({
+                "rendered": cfg.name,
+                "config": c.name, "bn": cfg.block_n, "bk": cfg.block_k, "warps": cfg.num_warps,
+                "stages": cfg.num_stages, "split": cfg.split_k, "mode": "pass" if cfg.split_k > 1 else "store",
+            })  # fmt: skip
+    return forms
 
 
 @triton.jit(do_not_specialize=["M", "N"])
@@ -124,7 +178,15 @@ def forms(k: int, quick: bool):
 
 
 def key(form: dict) -> tuple:
-    return (form["bn"], form["bk"], form["warps"], form["stages"], form["split"], form["mode"])
+    return (
+        form.get("rendered"),
+        form["bn"],
+        form["bk"],
+        form["warps"],
+        form["stages"],
+        form["split"],
+        form["mode"],
+    )
 
 
 class Shape:
@@ -135,6 +197,7 @@ class Shape:
         self.ws = copies_of(n, k, dtype, l2)
         self.a_full = torch.randn(max(ROWS), k, device="cuda", dtype=dtype)
         self.bytes = n * k * dtype.itemsize
+        self.scratch = {}
 
     def at(self, m: int) -> None:
         self.m = m
@@ -146,6 +209,8 @@ class Shape:
 
     def launches(self, form: dict, i: int) -> list:
         """The launches one GEMM takes with ``form`` on copy ``i`` of W."""
+        if "rendered" in form:
+            return self._rendered_launches(form, i)
         n, k, m, split, mode = self.n, self.k, self.m, form["split"], form["mode"]
         kw = {"num_warps": form["warps"], "num_stages": form["stages"]}
         grid = (triton.cdiv(n, form["bn"]), split)
@@ -160,6 +225,25 @@ class Shape:
         elif mode == "pass":
             dst, mn = self.outs[i], m * n
             run.append(lambda: _sum_slices[(triton.cdiv(mn, 1024),)](out, dst, mn, split, 1024, num_warps=4))
+        return run
+
+    def _rendered_launches(self, form: dict, i: int) -> list:
+        from aot.schema import Buf, Sym
+        from aot.symexpr import evaluate
+
+        sizes = {"s0": self.m}
+        kernels = rendered(self.n, self.k, DTYPE_NAMES[self.dtype], form["config"])
+        bufs = {"a": self.a, "w": self.ws[i], "o": self.outs[i]}
+        for name, spec in kernels[0][3].items():  # the split-K workspace: one per copy of W
+            shape = [evaluate(d, sizes) for d in spec.shape]
+            bufs[name] = self.scratch.setdefault((name, i, self.m), torch.empty(shape, device="cuda"))
+        run = []
+        for fn, r, _, _ in kernels:
+            args = [bufs[a.name] if isinstance(a, Buf) else evaluate(a.text, sizes) for a in r.args]
+            assert all(isinstance(a, (Buf, Sym)) for a in r.args)
+            grid = tuple(evaluate(g, sizes) for g in r.grid)
+            kw = {"num_warps": r.num_warps, "num_stages": r.num_stages}
+            run.append(lambda fn=fn, grid=grid, args=args, kw=kw: fn[grid](*args, **kw))
         return run
 
     def result(self, form: dict) -> torch.Tensor:
@@ -197,7 +281,7 @@ def compile_ahead(shape: Shape, todo: list[dict]) -> None:
 
     seen, first = set(), []
     for f in todo:  # one form per kernel: the split factor is an argument, not a constant
-        kk = (f["bn"], f["bk"], f["warps"], f["stages"], f["mode"])
+        kk = f.get("rendered") or (f["bn"], f["bk"], f["warps"], f["stages"], f["mode"])
         if kk not in seen:
             seen.add(kk)
             first.append(f)
@@ -209,19 +293,17 @@ def compile_ahead(shape: Shape, todo: list[dict]) -> None:
 def sweep_shape(site: str, n: int, k: int, dtype, l2: int, args) -> dict:
     shape = Shape(n, k, dtype, l2)
     row = {"site": site, "n": n, "k": k, "bytes": shape.bytes, "rows": {}}
-    todo = list(forms(k, args.quick))
+    # the codegen's own forms, as rendered for a bundle, are timed at every row count
+    codegen = codegen_forms(n, k, DTYPE_NAMES[dtype])
+    todo = [*forms(k, args.quick), *codegen]
     shape.at(args.full_m)
     compile_ahead(shape, todo)
     full = [shape.time(f) for f in todo]
-    timed = sorted((f for f in full if "us" in f), key=lambda f: f["us"])
+    timed = sorted((f for f in full if "us" in f and "rendered" not in f), key=lambda f: f["us"])
     leaders = timed[: args.top]
-    codegen = [f for f in timed if "codegen" in f and f not in leaders]
     for m in args.rows:
-        if m == args.full_m:
-            results = full
-        else:
-            shape.at(m)
-            results = [shape.time(f) for f in leaders + codegen]
+        shape.at(m)
+        results = full if m == args.full_m else [shape.time(f) for f in leaders + codegen]
         ok = sorted((f for f in results if "us" in f), key=lambda f: f["us"])
         cublas = shape.cublas_us()
         entry = {
@@ -230,6 +312,7 @@ def sweep_shape(site: str, n: int, k: int, dtype, l2: int, args) -> dict:
             "best": ok[:5],
             "unsplit": next((f for f in ok if f["split"] == 1), None),
             "codegen": {f["codegen"]: f["us"] for f in ok if "codegen" in f},
+            "rendered": {f["rendered"]: f["us"] for f in ok if "rendered" in f},
             "errors": sum("error" in f for f in results),
         }
         if m == args.full_m:
@@ -250,6 +333,8 @@ def sweep_shape(site: str, n: int, k: int, dtype, l2: int, args) -> dict:
 def _label(form: dict | None) -> str:
     if not form:
         return ""
+    if "rendered" in form:
+        return f"codegen {form['rendered']}"
     s = f"bn{form['bn']} bk{form['bk']} w{form['warps']} s{form['stages']} split{form['split']}"
     if form["split"] > 1:
         s += f"/{form['mode']}"
@@ -258,7 +343,7 @@ def _label(form: dict | None) -> str:
 
 def chain(model: str, m: int, pick, dtype) -> float:
     """µs of one decode step's GEMMs at ``m`` rows in one graph; ``pick(site)``: a form, or None
-    for cuBLAS."""
+    for cuBLAS (also where a codegen form makes no kernel at that site's shape)."""
     spec = MODELS[model]
     runs, keep = [], []
     a_by_k = {}
@@ -266,6 +351,8 @@ def chain(model: str, m: int, pick, dtype) -> float:
         a = a_by_k.setdefault(k, torch.randn(m, k, device="cuda", dtype=dtype))
         w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
         form = pick(site)
+        if form is not None and "rendered" in form and not rendered(n, k, DTYPE_NAMES[dtype], form["config"]):
+            form = None
         if form is None:
             o = torch.empty(m, n, device="cuda", dtype=dtype)
             runs.append(lambda a=a, w=w, o=o: torch.mm(a, w.t(), out=o))
@@ -288,6 +375,7 @@ class _Lone(Shape):
         self.outs = [torch.empty(m, n, device="cuda", dtype=dtype)]
         self.out32 = [torch.zeros(m, n, device="cuda", dtype=torch.float32)]
         self.part = [torch.empty(4, m, n, device="cuda", dtype=torch.float32)]
+        self.scratch = {}
 
     def launches(self, form, i=0):
         return super().launches(form, i)
@@ -310,7 +398,7 @@ def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[d
         uniform = {
             key(f): f
             for f in best.values()
-            if all(k % (f["split"] * f["bk"]) == 0 for _, k in sites.values())
+            if "rendered" in f or all(k % (f["split"] * f["bk"]) == 0 for _, k in sites.values())
         }
         entry["uniform_us"] = {
             _label(f): round(chain(model, m, lambda s, f=f: f, dtype), 1) for f in uniform.values()
