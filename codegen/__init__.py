@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from aot.archs import parse_arch
-from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_site_form, default_table
+from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_site_forms, default_table
 from aot.errors import CodegenError, counted
 from aot.schema import BuildStats, Program, StepKind
 from aot.stages import DEFAULT_ARCHS, BuildOptions, Compiled, Traced
@@ -240,7 +240,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             archs,
             compiler("default GEMV kernel"),
             say,
-            pick=default_site_form,
+            pick=default_site_forms,
         )
         cubins.update(default_cubins)
     steps, n_default_kernels = new_program.steps, len(new_program.kernels)

@@ -43,7 +43,15 @@ from aot.buckets import bucket_sizes
 from aot.codegen import index as ix
 from aot.codegen.flash import attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_epilogue import NoSite
-from aot.codegen.gemm_forms import CONFIGS, DEFAULT_SHARED_LIMIT, SHARED_LIMIT, TileConfig, base_form
+from aot.codegen.gemm_forms import (
+    CONFIGS,
+    DEFAULT_SHARED_LIMIT,
+    FEW_ROW_CONFIGS,
+    SHARED_LIMIT,
+    TileConfig,
+    base_form,
+    config_name,
+)
 from aot.codegen.gemm_render import render_candidates
 from aot.codegen.gemm_sites import Site, find_sites
 from aot.codegen.render import Rendered, kernel_id, kernel_record
@@ -85,30 +93,32 @@ def add_gemm_alternatives(
     archs: tuple[str, ...],
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
-    pick: Callable[[Site], str | None] | None = None,
+    pick: Callable[[Site], tuple[str, ...]] | None = None,
 ) -> tuple[Program, dict[tuple[str, str], bytes], int]:
     """``program`` with ``alternatives`` (and the candidates' kernels and workspaces) added.
 
     ``compile_kernels([(kernel id, rendered)])`` → (``{(id, arch): Result}``, ``{id: why}`` for
-    those that failed); a candidate with a kernel that failed is left out. ``pick``: only the one
-    form it names per GEMM site (None: none there), and no attention sites (the default build's
-    forms, ``aot.codegen.gemm_defaults``)."""
+    those that failed); a candidate with a kernel that failed is left out. ``pick``: only the
+    forms it names per GEMM site (a split-K config by its name: ``few_splitk_16x16x512`` for
+    ``few_splitk4_16x16x512``), each at the buckets its config's rows admit, and no attention
+    sites (the default build's forms, ``aot.codegen.gemm_defaults``)."""
     known = {t.name: t.spec for t in program.inputs + program.weights}
     sites = find_sites(program)
     sizes = bucket_sizes(program, buckets)
     pending = []  # (site, cfg, rendered kernels, ids, extra buffers, buckets)
     for site in sites:
-        chosen = pick(site) if pick is not None else None
-        if pick is not None and chosen is None:
+        chosen = pick(site) if pick is not None else ()
+        if pick is not None and not chosen:
             continue
-        configs = tuple(c for c in CONFIGS if c.name == base_form(chosen)) if chosen else None
+        bases = {base_form(c) for c in chosen}
+        configs = tuple(c for c in (*CONFIGS, *FEW_ROW_CONFIGS) if c.name in bases) if chosen else None
         try:
             forms = render_candidates(site, program.buffers, known, ranges, configs)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
             say(f"  GEMM {site.id} has no candidate: {e}")
             continue
         for cfg, kernels, extra, pre in forms:
-            if chosen and cfg.name != chosen:
+            if chosen and config_name(cfg.name) not in chosen:
                 continue  # a prologue site's other form
             fit = candidate_buckets(site, cfg, sizes)
             if sizes and not fit:

@@ -39,9 +39,12 @@ whole candidate set. ``aotpack tune`` on the user's GPU replaces the table (with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
+from aot.codegen.gemm_forms import CONFIGS, FEW_ROW_CONFIGS, PROLOGUE_MAX_BLOCK_M, PROLOGUE_MIN_BLOCK_K
 from aot.codegen.gemm_sites import Site
+from aot.errors import CodegenError
 from aot.schema import Program, TuningChoice, TuningTable
 from aot.tuning import GEMM_SITE, TUNING_FORMAT
 
@@ -52,31 +55,104 @@ SHORT_K = 1024  # up to here, blocks of 2 rows x 512 columns of W
 LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps of 512
 
 
+# Few rows (decode at batch 2..FEW_ROWS_MAX): OFF until bench/fewrow_sweep.py has measured the
+# forms on the GPU (None: those buckets keep the library, cuBLAS, as before). Set it to a form of
+# ``gemm_forms.FEW_ROW_CONFIGS`` (``few_16x16x256`` ...) to run that form at every half-precision
+# GEMM site at those buckets, as its ``_rms``/``_ln`` variant where a norm kernel made A
+# (FEW_ROWS_PROLOGUE); FEW_ROWS_LONG_K, where set, at K >= LONG_K instead (a split-K form for the
+# down projection; a site where it makes no kernel keeps the library). The environment overrides
+# both for a build (bench/decode.py): FEW_ROWS_ENV="<form>[,<form at long K>]" or "off",
+# FEW_ROWS_PROLOGUE_ENV="0" or "1".
+FEW_ROWS: str | None = None
+FEW_ROWS_LONG_K: str | None = None
+FEW_ROWS_PROLOGUE = True
+FEW_ROWS_MAX = 16
+FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
+FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
+
+
+def few_row_forms() -> tuple[str | None, str | None, bool]:
+    """(the few-row form, the one at long K, whether their norm-prologue variants run) in effect:
+    the module's settings, or the environment's where set."""
+    names = [f.name for f in FEW_ROW_CONFIGS]
+    form, long_k, prologue = FEW_ROWS, FEW_ROWS_LONG_K, FEW_ROWS_PROLOGUE
+    text = os.environ.get(FEW_ROWS_ENV, "").strip()
+    if text:
+        parts = [p.strip() for p in text.split(",")]
+        if parts == ["off"]:
+            form, long_k = None, None
+        elif len(parts) in (1, 2) and all(parts):
+            form, long_k = parts[0], parts[1] if len(parts) == 2 else None
+        else:
+            raise CodegenError(
+                f"{FEW_ROWS_ENV}={text!r}: expected 'off', '<form>' or '<form>,<form at K >= {LONG_K}>' "
+                f"with forms among {', '.join(names)}"
+            )
+    flag = os.environ.get(FEW_ROWS_PROLOGUE_ENV, "").strip()
+    if flag:
+        if flag not in ("0", "1"):
+            raise CodegenError(f"{FEW_ROWS_PROLOGUE_ENV}={flag!r}: expected '0' or '1'")
+        prologue = flag == "1"
+    for name in (form, long_k):
+        if name is not None and name not in names:
+            raise CodegenError(
+                f"few-row form {name!r} (gemm_defaults.FEW_ROWS or {FEW_ROWS_ENV}) is not a form of "
+                f"gemm_forms.FEW_ROW_CONFIGS: expected one of {', '.join(names)}, or 'off'"
+            )
+    return form, long_k, prologue
+
+
 def default_form(rows: int, k: int, dtype: str) -> str | None:
     """The form a default build runs a GEMM of ``rows`` x ``k`` in ``dtype`` with on
     ``DEFAULT_ARCH``; None: the library."""
-    if rows != 1 or dtype not in HALF:
+    if dtype not in HALF:
         return None
-    if k <= SHORT_K:
-        return "vec_1x2x512"
-    if k < LONG_K and k % 2048:
-        return "vec_1x1x512"
-    return "vec_1x2x1024"
+    if rows == 1:
+        if k <= SHORT_K:
+            return "vec_1x2x512"
+        if k < LONG_K and k % 2048:
+            return "vec_1x1x512"
+        return "vec_1x2x1024"
+    if 2 <= rows <= FEW_ROWS_MAX:
+        form, long_k, _ = few_row_forms()
+        return long_k if long_k is not None and k >= LONG_K else form
+    return None
 
 
-FORMS = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # every form ``default_form`` names
+FORMS = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # every form ``default_form`` names at one row
 
 
-def default_site_form(site: Site) -> str | None:
-    """The form a default build runs ``site`` with at one row: ``default_form``'s, as its
-    ``_rms`` variant where the site has a row-norm (RMSNorm) prologue and its ``_ln`` variant
-    where it has a LayerNorm one (GPT-2's), so that the norm kernel, with the residual add in
-    it, and its launch go (each block loads A's row once and keeps it in registers for the
-    statistics and the products: cheap beside the block's rows of W)."""
-    form = default_form(1, site.k, site.dtype)
-    if form is None or site.prologue is None:
+def _variant(site: Site, form: str) -> str:
+    """``form`` as its ``_rms`` or ``_ln`` variant where ``site`` has that prologue and the form
+    has the variant (``gemm_render.render_candidates``); else ``form``."""
+    if site.prologue is None:
         return form
-    return form + ("_rms" if site.prologue.norm is not None else "_ln")
+    cfg = next((c for c in (*CONFIGS, *FEW_ROW_CONFIGS) if c.name == form), None)
+    if cfg is None or cfg.split_k != 1:
+        return form
+    if site.prologue.norm is not None:
+        return form + "_rms" if not cfg.dot or cfg.row_norm else form
+    if cfg.block_m <= PROLOGUE_MAX_BLOCK_M and cfg.block_k >= PROLOGUE_MIN_BLOCK_K:
+        return form + "_ln"
+    return form
+
+
+def default_site_forms(site: Site) -> tuple[str, ...]:
+    """The forms a default build compiles for ``site`` (each runs at the buckets its config's
+    rows admit): ``default_form``'s at one row, as its ``_rms`` variant where the site has a
+    row-norm (RMSNorm) prologue and its ``_ln`` variant where it has a LayerNorm one (GPT-2's),
+    so that the norm kernel, with the residual add in it, and its launch go (each block loads
+    A's row once and keeps it in registers for the statistics and the products: cheap beside the
+    block's rows of W); and the few-row form where FEW_ROWS (or its environment override) names
+    one, as its prologue variant where it has one and FEW_ROWS_PROLOGUE holds."""
+    forms = []
+    one = default_form(1, site.k, site.dtype)
+    if one is not None:
+        forms.append(_variant(site, one))
+    few = default_form(2, site.k, site.dtype)
+    if few is not None:
+        forms.append(_variant(site, few) if few_row_forms()[2] else few)
+    return tuple(forms)
 
 
 def default_table(programs: Sequence[Program]) -> TuningTable | None:

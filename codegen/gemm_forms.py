@@ -7,6 +7,7 @@ shared memory a block may take per arch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 HEURISTIC = "gemm-candidates-v1"
@@ -29,6 +30,9 @@ class TileConfig:
     min_k: int = 1  # split-K: each slice must keep at least a couple of K blocks
     dot: bool = True  # False: a dot-free GEMV body for one row (BLOCK_M = 1), products summed over K
     target_blocks: int = 0  # split-K: blocks to aim for (0: SPLIT_TARGET_BLOCKS)
+    # a tensor-core form of at most PROLOGUE_MAX_BLOCK_M rows, no split: also rendered with a
+    # row-norm (RMSNorm) prologue (``<form>_rms``); the one-row forms always are
+    row_norm: bool = False
 
     def __post_init__(self):
         if not self.dot and self.block_m != 1:
@@ -81,6 +85,32 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
     TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),
 )
+# Few rows (decode at batch 2-16; ``gemm_defaults.FEW_ROWS``): tensor-core tiles of 16 rows, the
+# rows past M masked off, narrow in N and long in K so that W streams from HBM through enough
+# blocks (N = 2048 makes 128 blocks of 16 columns); each also with a row-norm prologue (``_rms``:
+# the statistics in a pass over A's rows before the K loop, A normalized as it is loaded) and the
+# LayerNorm one (``_ln``), so that the norm kernel before the GEMM goes at 2-16 rows too. Not in
+# CONFIGS (a --gemm-candidates build does not compile them): the built-in table names them, and
+# only once bench/fewrow_sweep.py has measured them on the GPU.
+FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig("few_16x16x256", 16, 16, 256, num_warps=4, num_stages=4, min_m=2, max_m=16, row_norm=True),
+    TileConfig("few_16x16x512", 16, 16, 512, num_warps=4, num_stages=3, min_m=2, max_m=16, row_norm=True),
+    TileConfig("few_16x32x256", 16, 32, 256, num_warps=4, num_stages=4, min_m=2, max_m=16, row_norm=True),
+    # long K, few columns (a down projection, 8192 -> 2048): K in slices, about 512 blocks
+    TileConfig(
+        "few_splitk_16x16x512",
+        16,
+        16,
+        512,
+        num_warps=4,
+        num_stages=3,
+        split_k=0,
+        min_m=2,
+        max_m=16,
+        min_k=4096,
+        target_blocks=512,
+    ),
+)
 # Split-K: enough K slices that a skinny GEMM's tiles fill about one wave of the GPU (an H100 has
 # 132 SMs, an A100 108), each slice keeping at least MIN_SLICE_BLOCKS blocks of K.
 SPLIT_TARGET_BLOCKS = 128
@@ -97,10 +127,12 @@ ROUND = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 # for the statistics and the products, as the row-norm forms below do.
 STATS_CHUNK = 256
 PROLOGUE_MAX_K = 2048
-# Row-norm (RMSNorm) prologue, one-row forms only (``<form>_rms``): each block loads A's whole
-# row once, K step by K step, keeps it in registers for the statistics and the products, so a
-# row of up to ROW_NORM_MAX_K elements (32 KiB in fp32 over a block's threads) is cheap beside
-# the block's rows of W; the norm kernel before the GEMM and its launch go.
+# Row-norm (RMSNorm) prologue (``<form>_rms``), the one-row forms and the few-row ones
+# (``row_norm``): a one-row block loads A's whole row once, K step by K step, keeps it in
+# registers for the statistics and the products, so a row of up to ROW_NORM_MAX_K elements
+# (32 KiB in fp32 over a block's threads) is cheap beside the block's rows of W; a few-row block
+# reads its rows twice (the statistics, then the products), from L2 after the first block; the
+# norm kernel before the GEMM and its launch go.
 ROW_NORM_MAX_K = 8192
 # A stacked GEMM (gate/up) whose two column halves one pointwise kernel alone reads (SiLU(gate) *
 # up) takes that kernel as its epilogue: each block computes W's rows j and N/2 + j (twice the W
@@ -117,6 +149,12 @@ def base_form(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def config_name(form: str) -> str:
+    """A rendered form's name as its config names it: the K slices chosen per site dropped
+    (``few_splitk4_16x16x512_rms`` → ``few_splitk_16x16x512_rms``)."""
+    return re.sub(r"splitk\d+_", "splitk_", form)
 
 
 PROLOGUE_MAX_BLOCK_M = 16

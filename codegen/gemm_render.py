@@ -62,7 +62,8 @@ def render_candidates(
     LayerNorm kernel first (into a buffer of its own), then the plain GEMM; ``<config>_ln``, for
     the skinny configs, computes the LayerNorm as it loads A. Which is faster depends on the GPU
     and the sizes, so ``aotpack tune`` decides. A row-norm (RMSNorm) prologue gets
-    ``<config>_rms`` for the one-row configs alone, which the built-in table takes."""
+    ``<config>_rms`` for the one-row configs and the few-row ones (``TileConfig.row_norm``),
+    which the built-in table takes."""
     if site.prologue is not None:
         pro = site.prologue
         scratch = f"{site.id}_a"
@@ -80,7 +81,11 @@ def render_candidates(
         for cfg, kernels, extra, pre in render_candidates(plain, buffers, known, ranges, configs):
             out.append((cfg, kernels, {**extra, scratch: a_spec}, (ln_step, *pre)))
         if pro.norm is not None:
-            fused = [c for c in (CONFIGS if configs is None else configs) if not c.dot and c.split_k == 1]
+            fused = [
+                c
+                for c in (CONFIGS if configs is None else configs)
+                if c.split_k == 1 and (not c.dot or (c.row_norm and c.block_m <= PROLOGUE_MAX_BLOCK_M))
+            ]
             suffix = "_rms"
         else:
             fused = [
@@ -202,6 +207,8 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append(
             f"    a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
         )
+    elif site.prologue.norm is not None:
+        lines += ["    " + ln for ln in _norm_a(site)]
     else:
         lines += ["    " + ln for ln in _prologue_a(site)]
     for g in weights:
@@ -441,6 +448,47 @@ def _prologue_a(site: Site) -> list[str]:
     return lines
 
 
+def _norm_stats(site: Site, write_sum: str) -> list[str]:
+    """The row norm's statistics over all of K for a block of rows (the few-row forms): a pass
+    over A's row inputs in chunks before the K loop, each chunk's values before the statistics
+    computed and summed (the sum written on the way where ``write_sum`` holds); then the
+    statistics. Only the running sum stays in registers."""
+    norm = site.prologue.norm
+    k = site.k
+    width, count = _stats_chunks(k)
+    lines = [
+        "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        f"for c0 in range(0, {width * count}, {width}):  # the statistics: A's rows over all of K",
+        f"    rks = c0 + tl.arange(0, {width})",
+        f"    kmasks = mask_m[:, None] & (rks[None, :] < {k})",
+    ]
+    lines += [
+        f"    {var.replace('@', 's')} = {expr.replace('@', 's')}"
+        for var, expr, post in norm.row_ops
+        if not post
+    ]
+    if norm.sum_out is not None:
+        _, var, dtype = norm.sum_out
+        lines.append(f"    if {write_sum}:  # the first N tile writes the sum that later steps read")
+        lines.append(
+            f"        tl.store(sum_ptr + rm[:, None] * {k} + rks[None, :], "
+            f"{var.replace('@', 's')}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmasks)"
+        )
+    lines.append(f"    s_sum += tl.sum(tl.where(kmasks, {norm.reduced.replace('@', 's')}, 0.0), axis=1)")
+    lines += [f"{var} = {expr}" for var, expr in norm.stat_ops]
+    return lines
+
+
+def _norm_a(site: Site) -> list[str]:
+    """The A tile at ``rk`` (the few-row forms): the row norm's values recomputed from its inputs
+    and the statistics, rounded as the norm kernel's output is (masked elements 0)."""
+    norm = site.prologue.norm
+    lines = [f"kmask = mask_m[:, None] & (rk[None, :] < {site.k})"]
+    lines += [f"{var.replace('@', '')} = {expr.replace('@', '')}" for var, expr, _ in norm.row_ops]
+    lines.append(f"a = tl.where(kmask, {norm.out.replace('@', '')}, 0.0).to({TL_TYPE[STORAGE[site.dtype]]})")
+    return lines
+
+
 def _epilogue_lines(site: Site, ep: Epilogue) -> list[str]:
     lines = []
     for g, bias in enumerate(site.biases):
@@ -580,8 +628,12 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = _grid(site, cfg)
     early, body = _opening(site, cfg, index, "0", site.k)
-    if site.prologue is not None and site.prologue.norm is None and cfg.dot:  # the one-row form's: its own
-        body += _prologue_stats(site, f"(tl.program_id({_axes(cfg)[1]}) == 0)")
+    if site.prologue is not None and cfg.dot:  # a tensor-core form: the statistics before the K loop
+        write_sum = f"(tl.program_id({_axes(cfg)[1]}) == 0)"
+        if site.prologue.norm is None:
+            body += _prologue_stats(site, write_sum)
+        else:
+            body += _norm_stats(site, write_sum)
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
     params, signature, args = _params(site, ep, index, None, "fused")
     outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)

@@ -1,0 +1,519 @@
+"""Sweep few-row GEMMs (decode at batch 2-16) on the GPU, with cold weights: Triton tensor-core
+forms against cuBLAS.
+
+A decode step at batch B multiplies B rows by every weight matrix. From 2 rows on, the default
+build runs cuBLAS (``codegen/gemm_defaults.py`` has one-row forms only); this sweep decides the
+few-row entry of that table. Every form is a ``tl.dot`` over a tile of BLOCK_M = 16 rows (the
+rows past M masked off: their loads read nothing, their products are dropped), W read as stored
+([N, K], K contiguous), K in BLOCK_K steps pipelined over ``num_stages`` stages, and K cut into
+1, 2 or 4 slices: the slices' fp32 partials added atomically into a zeroed fp32 output
+(``atomic``; the zeroing timed with it, the output left in fp32) or written to a workspace that
+a second kernel sums into the bf16 output (``pass``, as the codegen's split-K forms do).
+
+Each form is timed as a bundle runs it (``gemv_sweep``'s helpers: back to back in one CUDA graph,
+every launch reading its own copy of W, the copies together over twice L2; A the same each
+launch). With BLOCK_M = 16 a form runs the same instructions at every M up to 16 (only A's masked
+loads differ), so every form is timed at ``--full-m`` (8) and the fastest ``--top`` of them again
+at the other row counts. The codegen's own forms of 16 rows (``codegen/gemm_forms.py``:
+``gemv_16x16x256`` ..., and the built-in table's few-row forms) are points of this grid, labelled
+so, and are also timed at every row count as the codegen renders them for a bundle (``codegen
+<name>``: N and K constants, split-K's slices summed by its second kernel)
+
+``--chain``: a decode step's GEMMs (every layer its own weights, the LM head last) in one graph
+at each row count, cuBLAS against the fastest form of each shape, and against one form for every
+site (the form whose chain is fastest among the shapes' leaders).
+
+``--check``: compile every form for sm_90 without a GPU (``triton.compile`` to a cubin).
+
+    python3 bench/fewrow_sweep.py --chain --json out/fewrow.json           # ~4 min on an H200
+    python3 bench/fewrow_sweep.py --quick --chain --json out/fewrow-quick.json
+    python3 bench/fewrow_sweep.py --check [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import functools
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemv_sweep import MODELS, copies_of, graph_us  # noqa: E402  (the one-row sweep, beside this file)
+
+ROWS = (2, 4, 8, 16)
+BLOCK_M = 16
+SHARED = 227 << 10  # sm_90's opt-in shared memory per block
+MODES = ("store", "atomic", "pass")  # split 1; split > 1 atomically; split > 1 with a second kernel
+# The codegen's skinny dot forms (codegen/gemm_forms.py) as points of this grid: (BN, BK, warps,
+# stages, split-K written as "pass": the codegen sums the slices in a second kernel).
+CODEGEN = {
+    (16, 256, 4, 3, "store"): "gemv_16x16x256",
+    (32, 128, 4, 4, "store"): "gemv_16x32x128",
+    (64, 128, 4, 4, "store"): "tile_16x64x128",
+    (16, 256, 4, 3, "pass"): "splitk_16x16x256",
+    (64, 128, 4, 3, "pass"): "splitk_16x64x128",
+}
+
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def codegen_configs() -> list:
+    """The codegen's tensor-core forms of 16 rows (``gemm_forms.CONFIGS``, and the few-row forms of
+    the built-in table where this checkout has them)."""
+    from aot.codegen import gemm_forms
+
+    configs = [*gemm_forms.CONFIGS, *getattr(gemm_forms, "FEW_ROW_CONFIGS", ())]
+    return [c for c in configs if c.dot and c.block_m == BLOCK_M]
+
+
+@functools.cache
+def rendered(n: int, k: int, dtype: str, name: str) -> tuple:
+    """The codegen's kernels of config ``name`` for a plain GEMM [M, K] x [N, K]^T (no prologue,
+    no epilogue), as ``render_candidates`` writes them for a bundle, M = ``s0`` up to 16: a tuple
+    of (jit function, Rendered); () where the config makes no form at this shape."""
+    from aot.codegen.compile import load_function
+    from aot.codegen.gemm_render import render_candidates
+    from aot.codegen.gemm_sites import Site
+    from aot.codegen.render import kernel_id
+    from aot.schema import TensorSpec
+
+    site = Site(
+        id="fewrow", library=(0,), a="a", weights=("w",), biases=(None,), activation="",
+        gemm_outputs=("o",), m="s0", n=n, k=k, dtype=dtype, outputs=("o",),
+    )  # fmt: skip
+    buffers = {"a": TensorSpec(dtype, ("s0", str(k))), "o": TensorSpec(dtype, ("s0", str(n)))}
+    known = {"w": TensorSpec(dtype, (str(n), str(k)))}
+    configs = tuple(c for c in codegen_configs() if c.name == name)
+    out = []
+    for cfg, kernels, extra, _ in render_candidates(site, buffers, known, {"s0": (1, BLOCK_M)}, configs):
+        for r in kernels:
+            fn = load_function(kernel_id(r.source, r.signature, r.config), r.name, r.source)
+            out.append((fn, r, cfg, extra))
+    return tuple(out)
+
+
+def codegen_forms(n: int, k: int, dtype: str) -> list[dict]:
+    forms = []
+    for c in codegen_configs():
+        kernels = rendered(n, k, dtype, c.name)
+        if kernels:
+            cfg = kernels[0][2]
+            forms.append({
+                "rendered": cfg.name,
+                "config": c.name, "bn": cfg.block_n, "bk": cfg.block_k, "warps": cfg.num_warps,
+                "stages": cfg.num_stages, "split": cfg.split_k, "mode": "pass" if cfg.split_k > 1 else "store",
+            })  # fmt: skip
+    return forms
+
+
+@triton.jit(do_not_specialize=["M", "N"])
+def _few(a_ptr, w_ptr, o_ptr, M, N, K, KS, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+         MODE: tl.constexpr):  # fmt: skip
+    """O[:M, n-tile] (+)= A[:M, k-slice] @ W[n-tile, k-slice]^T; grid (N tiles, K slices).
+    MODE 0: O in A's dtype; 1: fp32 atomics into O; 2: the slice's fp32 partial to O[slice]."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask_m = rm < M
+    mask_n = rn < N
+    k0 = pid_k * KS
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kk in range(0, KS, BK):
+        rk = k0 + kk + tl.arange(0, BK)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=mask_m[:, None], other=0.0)
+        w = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None], mask=mask_n[None, :], other=0.0)
+        acc = tl.dot(a, w, acc)
+    mask = mask_m[:, None] & mask_n[None, :]
+    at = rm[:, None] * N + rn[None, :]
+    if MODE == 0:
+        tl.store(o_ptr + at, acc.to(o_ptr.dtype.element_ty), mask=mask)
+    elif MODE == 1:
+        tl.atomic_add(o_ptr + at, acc, mask=mask, sem="relaxed")
+    else:
+        tl.store(o_ptr + pid_k * M * N + at, acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["MN"])
+def _sum_slices(ws_ptr, o_ptr, MN, SPLIT: tl.constexpr, B: tl.constexpr):
+    """O = the sum of the SPLIT fp32 partials ws[s], in O's dtype."""
+    i = tl.program_id(0) * B + tl.arange(0, B)
+    mask = i < MN
+    acc = tl.zeros((B,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(ws_ptr + s * MN + i, mask=mask, other=0.0)
+    tl.store(o_ptr + i, acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def configs(quick: bool):
+    """(BN, BK, warps, stages) whose pipelined tiles fit sm_90's shared memory."""
+    grid = (
+        ((16, 32, 64), (128, 256, 512), (4,), (3, 4))
+        if quick
+        else ((16, 32, 64), (128, 256, 512), (2, 4, 8), (2, 3, 4, 5))
+    )
+    for bn, bk, warps, stages in itertools.product(*grid):
+        if stages * (BLOCK_M * bk + bk * bn) * 2 <= SHARED:
+            yield bn, bk, warps, stages
+
+
+def forms(k: int, quick: bool):
+    """Every form that runs at ``k``: a config and a split (K cut in whole BK steps)."""
+    for bn, bk, warps, stages in configs(quick):
+        for split, mode in ((1, "store"), (2, "atomic"), (2, "pass"), (4, "atomic"), (4, "pass")):
+            if k % (split * bk):
+                continue
+            form = {"bn": bn, "bk": bk, "warps": warps, "stages": stages, "split": split, "mode": mode}
+            name = CODEGEN.get((bn, bk, warps, stages, "store" if split == 1 else mode))
+            if name:
+                form["codegen"] = name
+            yield form
+
+
+def key(form: dict) -> tuple:
+    return (
+        form.get("rendered"),
+        form["bn"],
+        form["bk"],
+        form["warps"],
+        form["stages"],
+        form["split"],
+        form["mode"],
+    )
+
+
+class Shape:
+    """One (N, K) at M rows: W's copies, A, the outputs and workspaces each form writes."""
+
+    def __init__(self, n: int, k: int, dtype, l2: int):
+        self.n, self.k, self.dtype = n, k, dtype
+        self.ws = copies_of(n, k, dtype, l2)
+        self.a_full = torch.randn(max(ROWS), k, device="cuda", dtype=dtype)
+        self.bytes = n * k * dtype.itemsize
+        self.scratch = {}
+
+    def at(self, m: int) -> None:
+        self.m = m
+        self.a = self.a_full[:m].contiguous()
+        self.ref = self.a.float() @ self.ws[0].float().t()
+        self.outs = [torch.empty(m, self.n, device="cuda", dtype=self.dtype) for _ in self.ws]
+        self.out32 = [torch.zeros(m, self.n, device="cuda", dtype=torch.float32) for _ in self.ws]
+        self.part = [torch.empty(4, m, self.n, device="cuda", dtype=torch.float32) for _ in self.ws]
+
+    def launches(self, form: dict, i: int) -> list:
+        """The launches one GEMM takes with ``form`` on copy ``i`` of W."""
+        if "rendered" in form:
+            return self._rendered_launches(form, i)
+        n, k, m, split, mode = self.n, self.k, self.m, form["split"], form["mode"]
+        kw = {"num_warps": form["warps"], "num_stages": form["stages"]}
+        grid = (triton.cdiv(n, form["bn"]), split)
+        code = MODES.index(mode)
+        w, a = self.ws[i], self.a
+        out = {"store": self.outs, "atomic": self.out32, "pass": self.part}[mode][i]
+        run = [
+            lambda: _few[grid](a, w, out, m, n, k, k // split, BLOCK_M, form["bn"], form["bk"], code, **kw)
+        ]
+        if mode == "atomic":
+            run.insert(0, out.zero_)
+        elif mode == "pass":
+            dst, mn = self.outs[i], m * n
+            run.append(lambda: _sum_slices[(triton.cdiv(mn, 1024),)](out, dst, mn, split, 1024, num_warps=4))
+        return run
+
+    def _rendered_launches(self, form: dict, i: int) -> list:
+        from aot.schema import Buf, Sym
+        from aot.symexpr import evaluate
+
+        sizes = {"s0": self.m}
+        kernels = rendered(self.n, self.k, DTYPE_NAMES[self.dtype], form["config"])
+        bufs = {"a": self.a, "w": self.ws[i], "o": self.outs[i]}
+        for name, spec in kernels[0][3].items():  # the split-K workspace: one per copy of W
+            shape = [evaluate(d, sizes) for d in spec.shape]
+            bufs[name] = self.scratch.setdefault((name, i, self.m), torch.empty(shape, device="cuda"))
+        run = []
+        for fn, r, _, _ in kernels:
+            args = [bufs[a.name] if isinstance(a, Buf) else evaluate(a.text, sizes) for a in r.args]
+            assert all(isinstance(a, (Buf, Sym)) for a in r.args)
+            grid = tuple(evaluate(g, sizes) for g in r.grid)
+            kw = {"num_warps": r.num_warps, "num_stages": r.num_stages}
+            run.append(lambda fn=fn, grid=grid, args=args, kw=kw: fn[grid](*args, **kw))
+        return run
+
+    def result(self, form: dict) -> torch.Tensor:
+        if form["mode"] == "atomic":
+            return self.out32[0]
+        return self.outs[0]
+
+    def cublas_us(self) -> float:
+        runs = [lambda w=w, o=o: torch.mm(self.a, w.t(), out=o) for w, o in zip(self.ws, self.outs)]
+        return graph_us(runs, len(self.ws))
+
+    def time(self, form: dict) -> dict:
+        try:
+            for r in self.launches(form, 0):
+                r()
+            torch.cuda.synchronize()
+            got = self.result(form).float()
+            if not torch.allclose(got, self.ref, atol=3e-2, rtol=3e-2):
+                return {**form, "error": f"wrong result (max diff {(got - self.ref).abs().max().item():.3g})"}
+            us = graph_us([r for i in range(len(self.ws)) for r in self.launches(form, i)], len(self.ws))
+        except Exception as e:  # a form that does not compile or launch here
+            return {**form, "error": f"{type(e).__name__}: {str(e)[:120]}"}
+        return {**form, "us": round(us, 2), "tb_s": round(self.bytes / us / 1e6, 3)}
+
+
+def compile_ahead(shape: Shape, todo: list[dict]) -> None:
+    """Compile every form first, in threads (ptxas runs in processes of its own)."""
+
+    def one(form):
+        try:
+            for r in shape.launches(form, 0):
+                r()
+        except Exception:
+            pass  # the timing loop reports it
+
+    seen, first = set(), []
+    for f in todo:  # one form per kernel: the split factor is an argument, not a constant
+        kk = f.get("rendered") or (f["bn"], f["bk"], f["warps"], f["stages"], f["mode"])
+        if kk not in seen:
+            seen.add(kk)
+            first.append(f)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, first))
+    torch.cuda.synchronize()
+
+
+def sweep_shape(site: str, n: int, k: int, dtype, l2: int, args) -> dict:
+    shape = Shape(n, k, dtype, l2)
+    row = {"site": site, "n": n, "k": k, "bytes": shape.bytes, "rows": {}}
+    # the codegen's own forms, as rendered for a bundle, are timed at every row count
+    codegen = codegen_forms(n, k, DTYPE_NAMES[dtype])
+    todo = [*forms(k, args.quick), *codegen]
+    shape.at(args.full_m)
+    compile_ahead(shape, todo)
+    full = [shape.time(f) for f in todo]
+    timed = sorted((f for f in full if "us" in f and "rendered" not in f), key=lambda f: f["us"])
+    leaders = timed[: args.top]
+    for m in args.rows:
+        shape.at(m)
+        results = full if m == args.full_m else [shape.time(f) for f in leaders + codegen]
+        ok = sorted((f for f in results if "us" in f), key=lambda f: f["us"])
+        cublas = shape.cublas_us()
+        entry = {
+            "cublas_us": round(cublas, 2),
+            "cublas_tb_s": round(shape.bytes / cublas / 1e6, 3),
+            "best": ok[:5],
+            "unsplit": next((f for f in ok if f["split"] == 1), None),
+            "codegen": {f["codegen"]: f["us"] for f in ok if "codegen" in f},
+            "rendered": {f["rendered"]: f["us"] for f in ok if "rendered" in f},
+            "errors": sum("error" in f for f in results),
+        }
+        if m == args.full_m:
+            entry["forms"] = results
+        row["rows"][str(m)] = entry
+        b = ok[0] if ok else None
+        print(
+            f"{site:8s} N={n:6d} K={k:5d} M={m:2d}  cuBLAS {cublas:7.2f} µs ({entry['cublas_tb_s']:.2f} TB/s)"
+            f"  best {b['us'] if b else '-':>7} µs ({b['tb_s'] if b else '-'} TB/s) {_label(b)}"
+            f"  {cublas / b['us'] if b else 0:.2f}x",
+            flush=True,
+        )
+    del shape
+    torch.cuda.empty_cache()
+    return row
+
+
+def _label(form: dict | None) -> str:
+    if not form:
+        return ""
+    if "rendered" in form:
+        return f"codegen {form['rendered']}"
+    s = f"bn{form['bn']} bk{form['bk']} w{form['warps']} s{form['stages']} split{form['split']}"
+    if form["split"] > 1:
+        s += f"/{form['mode']}"
+    return s + (f" [{form['codegen']}]" if "codegen" in form else "")
+
+
+def chain(model: str, m: int, pick, dtype) -> float:
+    """µs of one decode step's GEMMs at ``m`` rows in one graph; ``pick(site)``: a form, or None
+    for cuBLAS (also where a codegen form makes no kernel at that site's shape)."""
+    spec = MODELS[model]
+    runs, keep = [], []
+    a_by_k = {}
+    for site, n, k in [*spec["sites"]] * spec["layers"] + [spec["head"]]:
+        a = a_by_k.setdefault(k, torch.randn(m, k, device="cuda", dtype=dtype))
+        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+        form = pick(site)
+        if form is not None and "rendered" in form and not rendered(n, k, DTYPE_NAMES[dtype], form["config"]):
+            form = None
+        if form is None:
+            o = torch.empty(m, n, device="cuda", dtype=dtype)
+            runs.append(lambda a=a, w=w, o=o: torch.mm(a, w.t(), out=o))
+            keep += [w, o]
+            continue
+        one = _Lone(n, k, m, a, w, dtype)
+        runs += one.launches(form)
+        keep.append(one)
+    us = graph_us(runs, 1)
+    del keep
+    torch.cuda.empty_cache()
+    return us
+
+
+class _Lone(Shape):
+    """One layer's GEMM in the chain: its own W, no copies."""
+
+    def __init__(self, n, k, m, a, w, dtype):
+        self.n, self.k, self.m, self.dtype, self.a, self.ws = n, k, m, dtype, a, [w]
+        self.outs = [torch.empty(m, n, device="cuda", dtype=dtype)]
+        self.out32 = [torch.zeros(m, n, device="cuda", dtype=torch.float32)]
+        self.part = [torch.empty(4, m, n, device="cuda", dtype=torch.float32)]
+        self.scratch = {}
+
+    def launches(self, form, i=0):
+        return super().launches(form, i)
+
+
+def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[dict]:
+    spec = MODELS[model]
+    sites = {s: (n, k) for s, n, k in [*spec["sites"], spec["head"]]}
+    out = []
+    for m in args.chain_rows:
+        best = {
+            s: rows[nk]["rows"][str(m)]["best"][0]
+            for s, nk in sites.items()
+            if rows[nk]["rows"][str(m)]["best"]
+        }
+        entry = {"model": model, "m": m, "cublas_us": round(chain(model, m, lambda s: None, dtype), 1)}
+        entry["best_us"] = round(chain(model, m, best.get, dtype), 1)
+        entry["best_forms"] = {s: _label(f) for s, f in best.items()}
+        # one form for every site: each shape's leader that runs at every site's K, chained alone
+        uniform = {
+            key(f): f
+            for f in best.values()
+            if "rendered" in f or all(k % (f["split"] * f["bk"]) == 0 for _, k in sites.values())
+        }
+        entry["uniform_us"] = {
+            _label(f): round(chain(model, m, lambda s, f=f: f, dtype), 1) for f in uniform.values()
+        }
+        out.append(entry)
+        print(
+            f"{model} chain M={m}: {json.dumps({k: v for k, v in entry.items() if k != 'best_forms'})}",
+            flush=True,
+        )
+    return out
+
+
+def check(quick: bool) -> int:
+    """Compile every form's kernels for sm_90 (no GPU needed): Triton through ptxas to a cubin."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 64)
+    sig = {
+        "a_ptr": "*bf16",
+        "w_ptr": "*bf16",
+        "o_ptr": "*bf16",
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+        "KS": "i32",
+    }
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(3)}
+    attrs.update({(5,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]]})
+    seen, failed, done = set(), [], 0
+    for bn, bk, warps, stages in configs(quick):
+        for mode in MODES:
+            if (bn, bk, warps, stages, mode) in seen:
+                continue
+            seen.add((bn, bk, warps, stages, mode))
+            s = dict(sig, o_ptr="*bf16" if mode == "store" else "*fp32")
+            s.update(BM="constexpr", BN="constexpr", BK="constexpr", MODE="constexpr")
+            consts = {(7,): BLOCK_M, (8,): bn, (9,): bk, (10,): MODES.index(mode)}
+            try:
+                c = triton.compile(
+                    ASTSource(_few, signature=s, constexprs=consts, attrs=attrs),
+                    target=target,
+                    options={"num_warps": warps, "num_stages": stages},
+                )
+                assert c.asm["cubin"]
+                done += 1
+            except Exception as e:
+                failed.append(f"bn{bn} bk{bk} w{warps} s{stages} {mode}: {type(e).__name__}: {str(e)[:200]}")
+    for split in (2, 4):
+        s = {"ws_ptr": "*fp32", "o_ptr": "*bf16", "MN": "i32", "SPLIT": "constexpr", "B": "constexpr"}
+        triton.compile(
+            ASTSource(_sum_slices, signature=s, constexprs={(3,): split, (4,): 1024}), target=target
+        )
+        done += 1
+    print(f"fewrow_sweep --check: {done} kernels compiled for sm_90, {len(failed)} failed")
+    for f in failed:
+        print("  " + f)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", action="append", choices=sorted(MODELS), help="models (default: all)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--rows", type=int, nargs="+", default=list(ROWS), help="row counts M (at most 16)")
+    p.add_argument("--full-m", type=int, default=8, help="the row count every form is timed at")
+    p.add_argument("--top", type=int, default=12, help="forms timed again at the other row counts")
+    p.add_argument(
+        "--quick", action="store_true", help="4 warps, 3-4 stages only; llama-3.2-1b unless --model"
+    )
+    p.add_argument("--chain", action="store_true", help="also time each model's decode GEMMs in one graph")
+    p.add_argument("--chain-rows", type=int, nargs="+", default=[2, 8, 16], help="row counts of --chain")
+    p.add_argument("--check", action="store_true", help="compile every form for sm_90 and exit (no GPU)")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    if args.check:
+        return check(args.quick)
+    if any(not 1 <= m <= BLOCK_M for m in args.rows) or args.full_m not in args.rows:
+        p.error(f"--rows must lie in 1..{BLOCK_M} and include --full-m ({args.full_m})")
+    if not set(args.chain_rows) <= set(args.rows):
+        p.error("--chain-rows must be among --rows")
+    if not torch.cuda.is_available():
+        print("fewrow_sweep: needs a CUDA GPU (--check compiles without one)", file=sys.stderr)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    props = torch.cuda.get_device_properties(0)
+    l2 = int(getattr(props, "L2_cache_size", 0) or 50 << 20)
+    models = args.model or (["llama-3.2-1b"] if args.quick else sorted(MODELS))
+    result = {
+        "device": props.name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dtype": args.dtype,
+        "quick": args.quick,
+        "block_m": BLOCK_M,
+        "full_m": args.full_m,
+        "shapes": [],
+        "chains": [],
+    }
+    done: dict[tuple[int, int], dict] = {}
+    for model in models:
+        spec = MODELS[model]
+        for site, n, k in [*spec["sites"], spec["head"]]:
+            if (n, k) not in done:
+                row = sweep_shape(site, n, k, dtype, l2, args)
+                row["model"] = model
+                done[(n, k)] = row
+                result["shapes"].append(row)
+        if args.chain:
+            result["chains"] += chains(model, done, args, dtype)
+        if args.json:  # as it goes: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
