@@ -55,56 +55,67 @@ SHORT_K = 1024  # up to here, blocks of 2 rows x 512 columns of W
 LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps of 512
 
 
-# Few rows (decode at batch 2..FEW_ROWS_MAX): OFF until bench/fewrow_sweep.py has measured the
-# forms on the GPU (None: those buckets keep the library, cuBLAS, as before). Set it to a form of
-# ``gemm_forms.FEW_ROW_CONFIGS`` (``few_16x16x256`` ...) to run that form at every half-precision
-# GEMM site at those buckets, as its ``_rms``/``_ln`` variant where a norm kernel made A
-# (FEW_ROWS_PROLOGUE); FEW_ROWS_LONG_K, where set, at K >= LONG_K instead (a split-K form for the
-# down projection; a site where it makes no kernel keeps the library). The environment overrides
-# both for a build (bench/decode.py): FEW_ROWS_ENV="<form>[,<form at long K>]" or "off",
-# FEW_ROWS_PROLOGUE_ENV="0" or "1".
+# Few rows (decode at batch 2..FEW_ROWS_MAX): tensor-core tiles of 16 rows
+# (``gemm_forms.FEW_ROW_CONFIGS``), as their ``_rms``/``_ln`` variant where a norm kernel made A
+# (FEW_ROWS_PROLOGUE), so that the norm kernel goes. On an H200 (``bench/fewrow_sweep.py``,
+# ``bench/results/fewrow-sweep-h200-2026-11-29.json``: bfloat16, cold weights, 8 rows, µs per GEMM
+# alone, cuBLAS → the form): Llama-3.2-1B q/k/v 6.83 → 7.07 (``few_16x32x256``), o 6.31 → 6.79,
+# gate/up 19.58 → 19.99 (the 16x64x128 tile), down (K 8192) 14.81 → 15.12 (its split-K form), the
+# LM head 127.7 → 123.6; GPT-2 q/k/v 4.49 → 4.04, o 4.16 → 3.47, fc 4.82 → 4.40, its LM head
+# (N 50257) 109.1 → 23.6. About even alone on the Llama shapes; the norm kernels they take in and
+# dependent launch, which cuBLAS does not do, would be the gain: OFF (None: cuBLAS at those
+# buckets) until a whole decode step has measured it (FEW_ROWS_MEASURED names the candidates).
+# FEW_ROWS at every site, FEW_ROWS_WIDE where N >= WIDE_N, FEW_ROWS_LONG_K where K >= LONG_K (a site
+# where a form makes no kernel keeps the library). The environment overrides them for a build
+# (bench/decode.py): FEW_ROWS_ENV="<form>[,<form at long K>[,<form at wide N>]]" or "off",
+# FEW_ROWS_PROLOGUE_ENV="0"/"1".
+FEW_ROWS_MEASURED = ("few_16x32x256", "few_splitk_16x64x128", "few_16x64x128")
 FEW_ROWS: str | None = None
 FEW_ROWS_LONG_K: str | None = None
+FEW_ROWS_WIDE: str | None = None
+WIDE_N = 8192
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 
 
-def few_row_forms() -> tuple[str | None, str | None, bool]:
-    """(the few-row form, the one at long K, whether their norm-prologue variants run) in effect:
-    the module's settings, or the environment's where set."""
+def few_row_forms() -> tuple[str | None, str | None, str | None, bool]:
+    """(the few-row form, the one at long K, the one at wide N, whether their norm-prologue
+    variants run) in effect: the module's settings, or the environment's where set."""
     names = [f.name for f in FEW_ROW_CONFIGS]
-    form, long_k, prologue = FEW_ROWS, FEW_ROWS_LONG_K, FEW_ROWS_PROLOGUE
+    forms = [FEW_ROWS, FEW_ROWS_LONG_K, FEW_ROWS_WIDE]
+    prologue = FEW_ROWS_PROLOGUE
     text = os.environ.get(FEW_ROWS_ENV, "").strip()
     if text:
         parts = [p.strip() for p in text.split(",")]
         if parts == ["off"]:
-            form, long_k = None, None
-        elif len(parts) in (1, 2) and all(parts):
-            form, long_k = parts[0], parts[1] if len(parts) == 2 else None
+            forms = [None, None, None]
+        elif 1 <= len(parts) <= 3 and all(parts):
+            forms = [*parts, None, None][:3]
         else:
             raise CodegenError(
-                f"{FEW_ROWS_ENV}={text!r}: expected 'off', '<form>' or '<form>,<form at K >= {LONG_K}>' "
-                f"with forms among {', '.join(names)}"
+                f"{FEW_ROWS_ENV}={text!r}: expected 'off' or '<form>[,<form at K >= {LONG_K}>"
+                f"[,<form at N >= {WIDE_N}>]]' with forms among {', '.join(names)}"
             )
     flag = os.environ.get(FEW_ROWS_PROLOGUE_ENV, "").strip()
     if flag:
         if flag not in ("0", "1"):
             raise CodegenError(f"{FEW_ROWS_PROLOGUE_ENV}={flag!r}: expected '0' or '1'")
         prologue = flag == "1"
-    for name in (form, long_k):
+    for name in forms:
         if name is not None and name not in names:
             raise CodegenError(
                 f"few-row form {name!r} (gemm_defaults.FEW_ROWS or {FEW_ROWS_ENV}) is not a form of "
                 f"gemm_forms.FEW_ROW_CONFIGS: expected one of {', '.join(names)}, or 'off'"
             )
-    return form, long_k, prologue
+    form, long_k, wide = forms
+    return form, long_k, wide, prologue
 
 
-def default_form(rows: int, k: int, dtype: str) -> str | None:
-    """The form a default build runs a GEMM of ``rows`` x ``k`` in ``dtype`` with on
-    ``DEFAULT_ARCH``; None: the library."""
+def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
+    """The form a default build runs a GEMM of ``rows`` x ``k`` (x ``n`` columns) in ``dtype``
+    with on ``DEFAULT_ARCH``; None: the library."""
     if dtype not in HALF:
         return None
     if rows == 1:
@@ -114,8 +125,12 @@ def default_form(rows: int, k: int, dtype: str) -> str | None:
             return "vec_1x1x512"
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
-        form, long_k, _ = few_row_forms()
-        return long_k if long_k is not None and k >= LONG_K else form
+        form, long_k, wide, _ = few_row_forms()
+        if long_k is not None and k >= LONG_K:
+            return long_k
+        if wide is not None and n >= WIDE_N:
+            return wide
+        return form
     return None
 
 
@@ -149,9 +164,9 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
     one = default_form(1, site.k, site.dtype)
     if one is not None:
         forms.append(_variant(site, one))
-    few = default_form(2, site.k, site.dtype)
+    few = default_form(2, site.k, site.dtype, site.n)
     if few is not None:
-        forms.append(_variant(site, few) if few_row_forms()[2] else few)
+        forms.append(_variant(site, few) if few_row_forms()[3] else few)
     return tuple(forms)
 
 
