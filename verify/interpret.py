@@ -45,12 +45,20 @@ def _sizes_env(sizes: dict[str, int]) -> dict[str, int]:
 
 
 def interpret_kernels(
-    program, weights: dict, inputs: dict, sizes: dict[str, int], launches_per_kernel: int | None = None
+    program,
+    weights: dict,
+    inputs: dict,
+    sizes: dict[str, int],
+    launches_per_kernel: int | None = None,
+    from_kernels: dict | None = None,
 ) -> list[KernelOutputComparison]:
     """Run ``program``'s kernels in the interpreter; needs ``TRITON_INTERPRET=1`` before triton loads.
 
     ``launches_per_kernel``: interpret only the first N launches of each distinct kernel (the
     interpreter costs milliseconds per program instance); later launches run their reference only.
+    ``from_kernels``: later steps read the kernels' outputs (and the states they wrote), not
+    their references', every step runs, and this dict gets every buffer's final value: the
+    program's outputs as the kernels compute them, end to end.
     """
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
@@ -76,7 +84,8 @@ def interpret_kernels(
     results: list[KernelOutputComparison] = []
     flat = [r for s in program.steps for r in (s.reference if s.kind == StepKind.KERNEL else (s,))]
     state = state_writes_checked(flat, program.state)  # what the state writes may write into
-    for index, step in enumerate(program.steps[: last + 1]):
+    upto = len(program.steps) if from_kernels is not None else last + 1
+    for index, step in enumerate(program.steps[:upto]):
         if step.kind == StepKind.ATEN:
             AtenCall(step, cpu, state_aliases=state)(env, sizes)
             continue
@@ -155,9 +164,15 @@ def interpret_kernels(
                     index, kernel.id, kernel.name, o, spec.dtype, float(err), float(ratio), bool(ratio <= 1.0)
                 )
             )
+        if from_kernels is not None:
+            env.update({o: outs[o] for o in [*step.outputs, *written]})
+            env.update({state: outs[state] for state in step.in_place.values()})
+            continue
         for o in step.outputs:
             if o in ref_env:
                 env[o] = ref_env[o]
+    if from_kernels is not None:
+        from_kernels.update(env)
     return results
 
 

@@ -1,0 +1,312 @@
+"""The few-row entry of the built-in GEMM table (``aot.codegen.gemm_defaults.FEW_ROWS``): off by
+default, so a default build runs the library (cuBLAS) at 2-16 rows as before; where it names a
+form of ``gemm_forms.FEW_ROW_CONFIGS`` (the module setting, or ``AOTPACK_FEW_ROWS`` for a build), a
+half-precision GEMM site at a bucket of 2-16 rows runs that tensor-core form, as its ``_rms``
+variant where an RMSNorm kernel (with the residual add in it) made A, so the norm kernel goes at
+those buckets as it does at one row.
+
+``gemm_models/gemm_rms16.py`` (float16, K = 600: the last K step partial; buckets 1 and 8), built
+by default with the entry on: each site compiles its one-row form for bucket 1 and the few-row
+form for bucket 8, nothing else; at 8 rows the plan runs as many kernels as at one row, three fewer
+than the library plan; every form matches the library steps it replaces in Triton's interpreter at
+8 rows (``aot.dtypes.TOLERANCE``, float16: 1e-2 + 1e-2·|ref|), the residual sums they write exactly.
+A transformers Llama (tests/hf's tiny config, float16, batch buckets 1, 2, 4, 8), built the same
+way (slow): its decode plan runs the few-row forms at 2, 4 and 8 rows, and its logits and cache
+writes there, every kernel run in the interpreter from the kernels' own outputs, equal the eager
+model's (float32 on the bundle's float16 weights) within the float16 tolerance, the greedy tokens
+exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aot import schema
+from aot.codegen import gemm_defaults
+from aot.codegen.gemm_defaults import FEW_ROWS_ENV, FEW_ROWS_PROLOGUE_ENV, FORMS, default_form
+from aot.errors import CodegenError
+from tests.codegen.conftest import failing_candidates, interpreted_json
+from tests.conftest import HANG_GUARD_S
+
+MODELS = Path(__file__).resolve().parent / "gemm_models"
+ARCHS = ("sm_90",)
+FEW = "few_16x16x256"
+
+
+@pytest.fixture(autouse=True)
+def _no_override(monkeypatch):
+    monkeypatch.delenv(FEW_ROWS_ENV, raising=False)
+    monkeypatch.delenv(FEW_ROWS_PROLOGUE_ENV, raising=False)
+
+
+def test_the_few_row_entry_is_off_by_default():
+    assert gemm_defaults.FEW_ROWS is None and gemm_defaults.FEW_ROWS_LONG_K is None
+    for rows in (2, 3, 8, 16):
+        assert default_form(rows, 2048, "bfloat16") is None
+    assert default_form(1, 2048, "bfloat16") == "vec_1x2x1024"
+
+
+def test_the_setting_and_its_override(monkeypatch):
+    monkeypatch.setattr(gemm_defaults, "FEW_ROWS", "few_16x32x256")
+    assert [default_form(r, 2048, "bfloat16") for r in (1, 2, 16, 17)] == [
+        "vec_1x2x1024",
+        "few_16x32x256",
+        "few_16x32x256",
+        None,
+    ]
+    assert default_form(8, 8192, "float16") == "few_16x32x256"  # no long-K form: the same one
+    assert default_form(8, 2048, "float32") is None
+    monkeypatch.setenv(FEW_ROWS_ENV, "few_16x16x512, few_splitk_16x16x512")
+    assert default_form(4, 2048, "float16") == "few_16x16x512"
+    assert default_form(4, 4096, "float16") == "few_splitk_16x16x512"
+    monkeypatch.setenv(FEW_ROWS_ENV, "off")
+    assert default_form(4, 2048, "float16") is None
+    monkeypatch.setenv(FEW_ROWS_ENV, "few_16x16x1024")
+    with pytest.raises(CodegenError, match="few_16x16x1024.*expected one of few_16x16x256"):
+        default_form(4, 2048, "float16")
+    monkeypatch.setenv(FEW_ROWS_ENV, "a,b,c")
+    with pytest.raises(CodegenError, match="expected 'off', '<form>'"):
+        default_form(4, 2048, "float16")
+    monkeypatch.setenv(FEW_ROWS_ENV, FEW)
+    monkeypatch.setenv(FEW_ROWS_PROLOGUE_ENV, "yes")
+    with pytest.raises(CodegenError, match="expected '0' or '1'"):
+        default_form(4, 2048, "float16")
+
+
+@pytest.fixture(scope="module")
+def rms16(tmp_path_factory):
+    """``gemm_rms16.py`` built by default with the few-row entry on: (compiled, bundle path, the
+    config names each ``render_candidates`` call was offered)."""
+    from aot.codegen import gemm, generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    offered: list[tuple[str, ...]] = []
+    render = gemm.render_candidates
+
+    def recording(site, buffers, known, ranges, configs=None):
+        assert configs is not None, "every GEMM form rendered in a default build"
+        offered.append(tuple(c.name for c in configs))
+        return render(site, buffers, known, ranges, configs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gemm_defaults, "FEW_ROWS", FEW)
+        mp.setattr(gemm, "render_candidates", recording)
+        compiled = generate(trace(load_model_file(MODELS / "gemm_rms16.py")), ARCHS)
+    path = tmp_path_factory.mktemp("few_rows") / "rms16.tpk"
+    pack(compiled, path)
+    return compiled, path, offered
+
+
+def _launches(steps, kernels) -> int:
+    return sum(
+        s.kind == schema.StepKind.KERNEL or s.target in ("aten.mm.default", "aten.addmm.default")
+        for s in steps
+    )
+
+
+def test_the_few_row_form_runs_at_its_buckets_only_and_absorbs_the_norms(rms16):
+    from aot.tuning import tuned_plans
+
+    compiled, _, offered = rms16
+    program = compiled.program
+    # only the two forms the table names were rendered (and so compiled) per site
+    assert offered and all(set(names) <= {*FORMS, FEW} and len(names) <= 2 for names in offered)
+    gate_up, down, proj = program.alternatives
+    for site, prologue in ((gate_up, True), (down, False), (proj, True)):
+        suffix = "_rms" if prologue else ""
+        assert [(c.name, c.buckets) for c in site.candidates] == [
+            (default_form(1, site.k, "float16") + suffix, ({"batch": 1},)),
+            (FEW + suffix, ({"batch": 8},)),
+        ]
+    choices = {(c.site, c.sizes["batch"]): c.choice for c in compiled.tuning.choices}
+    assert choices[(gate_up.id, 8)] == FEW + "_rms" and choices[(down.id, 8)] == FEW
+    kernels = {k.id: k for k in program.kernels}
+    plans = tuned_plans(compiled.tuning, 0, program, "sm_90")
+    assert sorted(plans) == [(1,), (8,)]
+    names = [kernels[s.target].name for s in plans[(8,)] if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.endswith(FEW) for n in names) == 3 and sum(n.startswith("gemm_norm_") for n in names) == 2
+    assert not any("mean" in n or "sigmoid" in n for n in names), names  # the norm and SiLU kernels went
+    assert _launches(plans[(8,)], kernels) == _launches(plans[(1,)], kernels)
+    assert _launches(plans[(8,)], kernels) == _launches(program.steps, kernels) - 3
+    source = kernels[gate_up.candidates[1].steps[0].target].source
+    assert "tl.dot" in source and "s_sum +=" in source and "sum_ptr" in source
+
+
+def test_the_few_row_forms_match_their_reference_in_the_interpreter(rms16):
+    from aot.verify.interpret import interpret_in_subprocess
+
+    compiled, path, _ = rms16
+    program = compiled.program
+    (result,) = interpret_in_subprocess(
+        [(path, MODELS / "gemm_rms16.py", [{"batch": 8}], None, True)], timeout=HANG_GUARD_S
+    )
+    (comparisons,) = result.values()
+    few = [c for c in comparisons if FEW in c.name and not c.name.endswith("/rerun")]
+    assert {c.name.split("/")[1] for c in few} == {FEW, FEW + "_rms"}
+    assert len({c.name for c in few}) == len(program.alternatives)
+    bad = [c for c in comparisons if not c.ok]
+    assert not bad, bad[:3]
+    sums = {site.outputs[-1] for site in program.alternatives if len(site.outputs) == 2}
+    written = [c for c in few if c.output in sums]
+    assert len(written) == 2 and all(c.max_abs_error == 0.0 for c in written)  # x + r, exact in float16
+
+
+@pytest.mark.slow  # the interpreter again, on a broken kernel
+def test_a_wrong_few_row_norm_is_caught(rms16, tmp_path):
+    compiled, _, _ = rms16
+    site = compiled.program.alternatives[2]
+    cand = next(c for c in site.candidates if c.name == FEW + "_rms")
+    failed = failing_candidates(
+        compiled,
+        MODELS / "gemm_rms16.py",
+        cand.steps[-1].target,
+        "(s_mean + 1e-05)",
+        "(s_mean + 1.0)",
+        {"batch": 8},
+        tmp_path / "bad.tpk",
+    )
+    assert failed == {f"{site.id}/{cand.name}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# A transformers Llama's decode step at 2, 4 and 8 rows
+
+BATCHES = (2, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def llama_few(tmp_path_factory):
+    """tests/hf's tiny Llama (2 layers, hidden 32, float16), built by default for sm_90 with the
+    few-row entry on and batch buckets 1, 2, 4, 8: (bundle path, compiled, decode program index)."""
+    from tests.realmodels.conftest import unusable
+
+    why = unusable("transformers")
+    if why is not None:
+        pytest.skip(why)
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+
+    spec = causal_lm(
+        factory("llama"),
+        max_batch=8,
+        max_context=16,
+        dtype="float16",
+        name="llama",
+        batch_buckets=(1, *BATCHES),
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gemm_defaults, "FEW_ROWS", FEW)
+        compiled = generate(trace(spec), ARCHS)
+    path = tmp_path_factory.mktemp("llama_few") / "llama.tpk"
+    pack(compiled, path)
+    programs = [compiled.program, *compiled.program.variants]
+    (index,) = [
+        i
+        for i, p in enumerate(programs)
+        if len(p.inputs[0].spec.shape) == 2 and p.inputs[0].spec.shape[1] == "1"
+    ]
+    return path, compiled, index
+
+
+@pytest.mark.slow  # a transformers Llama traced and built
+def test_llama_decode_runs_the_few_row_forms_at_2_to_8_rows(llama_few):
+    from aot.tuning import tuned_plans
+
+    _, compiled, index = llama_few
+    program = [compiled.program, *compiled.program.variants][index]
+    kernels = {k.id: k for k in program.kernels}
+    plans = tuned_plans(compiled.tuning, index, program, "sm_90")
+    assert sorted(plans) == [(1,), *((b,) for b in BATCHES)]
+    layers = 2
+    for b in BATCHES:
+        names = [kernels[s.target].name for s in plans[(b,)] if s.kind == schema.StepKind.KERNEL]
+        # per layer q/k/v, o, gate/up, down; and the LM head
+        assert sum(n.endswith(FEW) for n in names) == 4 * layers + 1, names
+        assert sum(n.startswith("gemm_norm_") for n in names) == 2 * layers  # q/k/v and gate/up
+        assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plans[(b,)])
+        assert _launches(plans[(b,)], kernels) == _launches(plans[(1,)], kernels)
+
+
+@pytest.mark.slow  # the interpreter over a decode step's every kernel, three times
+def test_llama_decode_at_2_to_8_rows_equals_eager_in_the_interpreter(llama_few):
+    path, _, index = llama_few
+    script = f"""
+import json
+import sys
+from dataclasses import replace
+
+import torch
+from safetensors.torch import load
+
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from tests.realmodels.conftest import unusable
+
+assert unusable("transformers") is None
+from aot.bundle import open_bundle
+from aot.buckets import buckets_by_program
+from aot.hf import Decoder
+from aot.schema import WEIGHTS_PATH
+from aot.tuning import read_tuning, tuned_plans
+from aot.verify.interpret import interpret_kernels
+from tests.hf.test_causal_lm import built
+
+b = open_bundle({str(path)!r})
+main = b.program()
+programs = [main, *main.variants]
+table = read_tuning(b, programs, buckets_by_program(b.manifest))
+weights = load(b.read(WEIGHTS_PATH))
+program = programs[{index}]
+plans = tuned_plans(table, {index}, program, "sm_90")
+model = built("llama").to(torch.float16)  # the weights the bundle has, computed in float32 eagerly
+embed = model.get_input_embeddings().weight
+assert any(w.shape == embed.shape and torch.equal(w, embed) for w in weights.values())
+eager = Decoder(model.float(), 16).eval()
+out = []
+for batch in {BATCHES!r}:
+    g = torch.Generator().manual_seed(batch)
+    inputs = {{
+        "input_ids": torch.randint(1, 96, (batch, 1), generator=g),
+        "position_ids": torch.randint(5, 9, (batch, 1), generator=g),
+        "cache_position": torch.tensor([5]),
+        "attention_mask": (torch.arange(16) <= 5).to(torch.int64)[None].repeat(batch, 1),
+    }}
+    for t in program.inputs:
+        if t.name.startswith(("key_cache", "value_cache")):
+            shape = [batch, *(int(d) for d in t.spec.shape[1:])]
+            inputs[t.name] = (0.5 * torch.randn(shape, generator=g)).to(torch.float16)
+    state = {{k: v.float() for k, v in inputs.items() if k.startswith(("key_cache", "value_cache"))}}
+    env = {{}}
+    fused = replace(program, steps=plans[(batch,)])
+    results = interpret_kernels(fused, weights, {{k: v.clone() for k, v in inputs.items()}}, {{"batch": batch}}, from_kernels=env)
+    with torch.no_grad():
+        want = eager(**{{k: v for k, v in inputs.items() if k not in state}}, **state)
+    got = env[program.outputs[0]].float()
+    tol = (1e-2, 1e-2)  # aot.dtypes.TOLERANCE["float16"]
+    def worst(a, b):
+        return ((a - b).abs() / (tol[0] + tol[1] * b.abs())).max().item()
+    kernels = {{k.id: k.name for k in program.kernels}}
+    ran = sorted({{kernels[s.target] for s in fused.steps if s.kind.value == "kernel"}})
+    out.append({{
+        "batch": batch,
+        "logits": worst(got, want),
+        "cache": max(worst(env[k].float(), state[k]) for k in state),
+        "tokens_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
+        "bad": [r.name for r in results if not r.ok],
+        "kernels": ran,
+        "shape": list(got.shape),
+    }})
+print(json.dumps(out))
+"""
+    results = interpreted_json(script)
+    assert [r["batch"] for r in results] == list(BATCHES)
+    for r in results:
+        assert r["shape"] == [r["batch"], 96]
+        assert any(n.endswith(FEW) for n in r["kernels"]), r["kernels"]
+        assert r["logits"] <= 1.0 and r["cache"] <= 1.0, r  # within the float16 tolerance
+        assert r["tokens_equal"] and not r["bad"], r
