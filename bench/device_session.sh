@@ -67,6 +67,12 @@ for item in "$@"; do
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
     # a decode step's GEMVs as one persistent kernel (grid barriers) against one kernel per GEMV
     persistent) cmd=(python3 bench/persistent_chain.py --json "$RES/persistent.json") ;;
+    # few-row (2-16 rows) tensor-core GEMM forms against cuBLAS, alone and as a decode step's chain (bench/fewrow_sweep.py)
+    fewrow) cmd=(python3 bench/fewrow_sweep.py ${FEWROW_QUICK:+--quick} --chain --json "$RES/fewrow-sweep.json") ;;
+    # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)
+    l2chain) cmd=(python3 bench/persistent_chain.py --quick --json "$RES/l2-prefetch-chain.json") ;;
+    # aotpack verify on a 2-layer Llama-3.2-1B with the fused one-row forms
+    verify-llama) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py) ;;
     argmax) cmd=(python3 bench/argmax_sweep.py --json "$RES/argmax.json") ;;
     sweep) cmd=(python3 bench/gemm_sweep.py --rows 128 --json "$RES/gemm-sweep.json") ;;
     chain) cmd=(python3 bench/gemm_sweep.py --rows 128 --chain --json "$RES/gemm-chain.json") ;;
