@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from aot.archs import parse_arch
-from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_site_form, default_table
+from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_site_form, default_site_forms, default_table
 from aot.errors import CodegenError, counted
 from aot.schema import BuildStats, Program, StepKind
 from aot.stages import DEFAULT_ARCHS, BuildOptions, Compiled, Traced
@@ -121,10 +121,10 @@ def generate(
         )
     else:
         compiled = _generate_one(traced, options, say)
-    if options.gemm_candidates or options.library_free:
+    if options.gemm_candidates and not options.library_free:
         return compiled
     table = default_table((compiled.program, *compiled.program.variants))
-    if table is not None:
+    if table is not None and not options.library_free:  # library_free says its own
         sites = len({(c.program, c.site) for c in table.choices})
         say(
             f"  {counted(sites, 'one-row GEMM site')} run Triton GEMV forms on {DEFAULT_ARCH} GPUs by default "
@@ -244,6 +244,8 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         )
         cubins.update(default_cubins)
     steps, n_default_kernels = new_program.steps, len(new_program.kernels)
+    # a library-free program runs the built-in table's one-row forms where a default build would
+    one_row = default_site_forms(new_program) if options.library_free and DEFAULT_ARCH in archs else {}
     if options.gemm_candidates:
         from aot.codegen.gemm import add_gemm_alternatives
 
@@ -261,7 +263,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
 
         if not options.fuse or not options.gemm_candidates:
             raise CodegenError("--library-free needs fused kernels and GEMM candidates (drop --no-fuse)")
-        new_program = make_library_free(new_program, traced.buckets, say, traced.model_lines)
+        new_program = make_library_free(new_program, traced.buckets, say, traced.model_lines, one_row)
         kept = {k.id for k in new_program.kernels}
         cubins = {key: cubin for key, cubin in cubins.items() if key[0] in kept}
         steps, n_default_kernels = new_program.steps, len(new_program.kernels)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aot.codegen.gemm_sites import Site
+from aot.codegen.gemm_sites import Site, find_sites
 from aot.schema import Program, TuningChoice, TuningTable
 from aot.tuning import GEMM_SITE, TUNING_FORMAT
 
@@ -77,6 +77,12 @@ def default_site_form(site: Site) -> str | None:
     if form is None or site.prologue is None:
         return form
     return form + ("_rms" if site.prologue.norm is not None else "_ln")
+
+
+def default_site_forms(program: Program) -> dict[str, str]:
+    """Site id -> ``default_site_form`` for each GEMM site of ``program`` that has one (the ids
+    ``aot.codegen.gemm.add_gemm_alternatives`` gives the same program's sites)."""
+    return {site.id: form for site in find_sites(program) if (form := default_site_form(site))}
 
 
 def default_table(programs: Sequence[Program]) -> TuningTable | None:
