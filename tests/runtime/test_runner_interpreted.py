@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow  # the library-free build, and every launch interp
 PROMPTS = [[3, 14, 15, 9, 2], [6, 5]]
 NEW = 4
 
-SCRIPT = """
+# The runtime over the stand-in driver, every launch run by the kernel's Triton source in the
+# interpreter (``TRITON_INTERPRET=1``, ``interpreted_json``): ``runner`` on the bundle at sys.argv[1].
+DRIVER = """
 import ctypes, hashlib, json, sys
 import torch
 from aot.aten import DTYPES
@@ -33,7 +35,7 @@ from aot.runtime.runner import Runner
 from aot.schema import KERNEL_CUBIN_FORMAT, ParamKind
 from tests.runtime.test_runner_fake_driver import FakeDevice
 
-bundle_path, prompts, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+bundle_path = sys.argv[1]
 b = open_bundle(bundle_path)
 program = b.program()
 records = {k.id: k for p in (program, *program.variants) for k in p.kernels}
@@ -78,11 +80,18 @@ device = Device()
 drv.Kernel = Interpreted
 drv.destroy_graph = lambda *a: None
 runner = Runner(check(bundle_path), device, graphs=False)
+"""
+
+SCRIPT = (
+    DRIVER
+    + """
+prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
 both = runner.generate(prompts, new)
 one = runner.generate(prompts[0], new)
 again = runner.generate(prompts, new)
 print(json.dumps([both, one, again, runner.state_names, runner.checked.state.size]))
 """
+)
 
 
 def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_lm_free):  # noqa: F811
