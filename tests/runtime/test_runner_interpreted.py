@@ -134,3 +134,28 @@ def test_hf_causal_lms_generate_the_torch_loaders_tokens_in_the_interpreter(kind
     want = cpu.generate(prompts, 3)
     assert both == want and again == want
     assert one == cpu.generate(prompts[0], 3)
+
+
+def test_a_causal_lm_of_one_batch_row_generates_the_torch_loaders_tokens_in_the_interpreter(tmp_path):
+    """Tiny GPT-2 through ``aot.hf.causal_lm(max_batch=1)`` built ``--library-free`` (the batch a
+    static size of 1 in its contract): the runtime opens it and generates the torch loader's tokens."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+
+    bundle = tmp_path / "one_row.tpk"
+    spec = causal_lm(factory("gpt2"), max_batch=1, max_context=16, name="gpt2")
+    pack(generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True), bundle)
+    prompt = [5, 17, 42, 8, 3]
+    script = (
+        f"import sys\nsys.argv = ['x', {str(bundle)!r}]\n"
+        + DRIVER
+        + f"\nprint(json.dumps(runner.generate({prompt}, 3)))\n"
+    )
+    assert interpreted_json(script) == load(bundle).generate(prompt, 3)
