@@ -180,6 +180,16 @@ class _Prepared:
             del storage
 
 
+def _pitched(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
+    """Element strides of ``shape`` whose rows (every index but the last) lie ``pitch`` apart."""
+    strides = [1] * len(shape)
+    n = pitch
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = n
+        n *= shape[i]
+    return tuple(strides)
+
+
 def _spec_bytes(spec, sizes) -> int:
     n = ITEMSIZE[spec.dtype]
     for s in spec.shape:
@@ -507,19 +517,20 @@ class Runner:
             if prepared.tail_bytes:  # the outputs' last steps, into memory the caller owns
                 tail = _Memory(self.gpu, prepared.tail_bytes)
                 prepared.launch_tail(self.gpu, tail.ptr)
-            outputs = []  # (memory the array keeps alive, its address, dtype, shape)
+            outputs = []  # (memory the array keeps alive, its address, dtype, shape, strides)
             done = self._done  # re-recorded by later calls: waiting on it then waits a little longer
             for (kind, at), dtype, shape, nbytes, rows in prepared.outputs:
                 address = tail.ptr + at if kind == "tail" else at
-                if kind == "tail" and rows is None:  # the caller's already: no copy
-                    outputs.append((tail, address, dtype, shape))
+                if kind == "tail":  # the caller's already: no copy (rows apart: a strided array)
+                    strides = _pitched(shape, rows[1] // ITEMSIZE[dtype]) if rows is not None else None
+                    outputs.append((tail, address, dtype, shape, strides))
                     continue
                 memory = _Memory(self.gpu, nbytes)
                 if rows is None:
                     self.gpu.copy(memory.ptr, address, nbytes)
-                else:  # rows apart (a slice of the last dim): packed by a 2-D copy
+                else:  # rows apart in the arena (a slice of the last dim): packed by a 2-D copy
                     self.gpu.copy_rows(memory.ptr, address, rows[0], rows[1], nbytes // max(rows[0], 1))
-                outputs.append((memory, memory.ptr, dtype, shape))
+                outputs.append((memory, memory.ptr, dtype, shape, None))
             self.gpu.record(done)
         gpu = self.gpu
 
@@ -527,8 +538,8 @@ class Runner:
             gpu.wait(done, stream)
 
         arrays = [
-            DeviceArray(address, dtype, shape, (CUDA, gpu.ordinal), m, gpu.to_host, ready)
-            for m, address, dtype, shape in outputs
+            DeviceArray(address, dtype, shape, (CUDA, gpu.ordinal), m, gpu.to_host, ready, strides)
+            for m, address, dtype, shape, strides in outputs
         ]
         flat = [a.numpy() for a in arrays] if numpy else arrays
         return unflatten(entry.program.output_tree, flat)
