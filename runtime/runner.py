@@ -10,11 +10,14 @@ symbol sits exactly on a bucket, else launch by launch — and returns each outp
 a later call never overwrites it.
 
 A call exactly at a bucket runs the bucket's tuned plan where the bundle's tuning table chose forms
-there (``Checked.plans``: a library-free build's one-row GEMV forms), as the torch loader does.
+there (``Checked.plans``: a library-free build's one-row GEMV forms), as the torch loader does; a
+call off the buckets runs the program's steps at its own sizes (the runtime pads no dim; the torch
+loader runs a paddable dim padded to its bucket, with that bucket's plan).
 Large outputs are computed after the graph straight into the caller's memory, as the torch loader
 computes them (``aot.program.output_tail``: where a call's outputs come to ``TAIL_MIN_BYTES`` or
 more and the program's last steps only compute them, gpt's logits): the arena then holds no output
-(gpt at batch 8 x seq 128: 98 MiB of logits), and no copy of them is made per call.
+(gpt at batch 8 x seq 128: 98 MiB of logits), and no copy of them is made per call (a slice of
+wider rows, gpt's logits cut from their padded GEMM, is handed out as a strided ``DeviceArray``).
 """
 
 from __future__ import annotations

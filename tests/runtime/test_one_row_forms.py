@@ -162,11 +162,18 @@ def test_the_arena_holds_no_output_the_steps_after_the_graph_compute(head, fake,
         monkeypatch.setattr(rt, "TAIL_MIN_BYTES", 1 if tail else 1 << 62)
         fake.log.clear()
         runner = rt.Runner(check(head), fake, arena="largest")  # sized at load for batch 8
-        arena = [e[1] for e in fake.log if e[0] == "alloc"][-1]
+        # the device allocations at load: the weights (each at a 256-byte offset) and the arena
+        weights, arena = [e[1] for e in fake.log if e[0] == "alloc"]
+        assert weights == runner.weights_bytes == 64 * 64 * 2 + 3 * 256 + 1152 * 64 * 2
         assert arena == runner.arena_bytes == (3 * 1024 if tail else 3 * 1024 + padded)
         prepared = runner._prepared[("general", ("batch", 8))]
         assert ("mm_padded" in prepared.layout.offsets) is not tail
         assert prepared.tail_bytes == (padded if tail else 0)
+        # a call's activations and logits, either way: the build's memory plan at batch 8, the
+        # input (the graph's static copy of it) and the first GEMM's 1 KiB the logits cannot reuse;
+        # without the tail, each call packs a copy of the logits on top (below)
+        (plan,) = [m.peak_bytes for m in runner.manifest.stats.memory_plan if m.sizes == {"batch": 8}]
+        assert arena + prepared.tail_bytes == plan + 1024 + 1024
         runner.run((), {"x": x})  # captures the graph
         fake.log.clear()
         out = runner.run((), {"x": x})
