@@ -100,7 +100,9 @@ def generate(
     (an untuned bundle, and every bucket where tune keeps the library) launch one GEMM per
     sibling. ``channels_last=False`` keeps every tensor row-major (``aot.codegen.layouts``).
     ``library_free`` (with ``gemm_candidates``): every site runs a Triton candidate, and a step no
-    form covers is a ``CodegenError`` (``aot.codegen.library_free``). ``decode_attention=False``
+    form covers is a ``CodegenError`` (``aot.codegen.library_free``); with sm_90 among ``archs``,
+    the one-row buckets run the built-in table's GEMV forms, as a default build's do (its table
+    comes with the bundle). ``decode_attention=False``
     keeps one-token SDPA calls over a KV cache library calls (``aot.codegen.decode_attention``).
 
     A model traced as several programs (``Traced.programs``) has each fused on its own; they come
