@@ -218,6 +218,46 @@ def test_the_mlps_one_row_bucket_runs_the_default_builds_forms(tmp_path, built):
     assert len(kernel_names(program, live_steps(program))) - len(kernel_names(program, plans[(1,)])) == 4
 
 
+@pytest.mark.slow  # models/gpt.py (GPT-2-small) built with every candidate form
+def test_gpts_one_token_bucket_runs_a_gemv_at_every_site_and_its_logits_leave_the_arena(tmp_path, fake):
+    """models/gpt.py built ``--library-free``: at batch 1 x seq 1 every GEMM site (q/k/v, out,
+    fc, proj of 12 layers and the LM head) runs a one-row form, the LayerNorms in the prologues
+    of the GEMVs that read them (24 kernels fewer); the runtime's plan at each bucket is the torch
+    loader's; at batch 8 x seq 128 the 98 MiB of logits are computed after the graph, into the
+    caller's memory, not the arena."""
+    from dataclasses import replace
+
+    from aot.program import live_steps
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+    from tests.conftest import model_path
+
+    free = build_library_free(model_path("gpt"), tmp_path / "gpt-lf.tpk")
+    checked = check(free)
+    (entry,) = checked.entries
+    program = entry.program
+    (theirs,) = torch_loader_plans(free, "sm_90")
+    assert list(checked.plans("sm_90")["general"]) == list(theirs) == [(1, 1)]
+    runner = Runner(checked, fake)
+    names = {}
+    for batch, seq in ((1, 1), (8, 128), (2, 16)):
+        sizes = {"batch": batch, "seq": seq}
+        prepared = runner._prepare(entry, sizes)
+        want = theirs.get((batch, seq), program.steps)
+        assert prepared.steps == live_steps(replace(program, steps=want))
+        names[(batch, seq)] = kernel_names(program, prepared.steps)
+    sites = [s for s in program.alternatives if s.id.startswith("gemm_")]
+    assert len(sites) == 12 * 4 + 1
+    one_token = names[(1, 1)]
+    assert sum("_vec_" in n for n in one_token) == len(sites)
+    assert len(names[(8, 128)]) - len(one_token) == 24  # each layer's two LayerNorm kernels
+    prepared = runner._prepare(entry, {"batch": 8, "seq": 128})
+    logits = 8 * 128 * 50304 * 2  # the head's padded GEMM, of which the logits are a slice
+    # the arena: what the layers hold at once (the fc GEMM's 6 MiB result beside its input, the
+    # residual stream, the inputs), 12 MiB where it held the logits too (103 MiB) before
+    assert prepared.tail_bytes == logits and runner.arena_bytes < 16 << 20
+
+
 INTERPRETED = """
 import aot.runtime.runner
 aot.runtime.runner.TAIL_MIN_BYTES = 1  # the head's kernel after the others, into the output's memory
