@@ -449,15 +449,17 @@ def seq2seq_contract(runner: Any) -> dict[str, Any]:
     guards = {i.name: i for i in runner.manifest.guards.inputs}
     symbols = runner.guards.symbols
     main = guards[SOURCE_INPUTS[kind][0]]
-    batch = symbols.get(main.shape[0])
+    rows = main.shape[0]
+    batch = symbols[rows].max if rows in symbols else static_size(rows)  # one size: max_batch=1
     source = symbols.get(main.shape[-1])
     if batch is None or source is None:
         raise GuardError(
-            f"generate needs a dynamic batch and source length, the bundle declares {main.name} {list(main.shape)}"
+            f"generate needs a batch dim and a dynamic source length, the bundle declares {main.name} "
+            f"{list(main.shape)}"
         )
     return {
         "kind": kind,
-        "max_batch": batch.max,
+        "max_batch": batch,
         "max_source": source.max,
         "mel_bins": static_size(main.shape[1]) if kind == "audio" else None,
         "max_target": runner.state.tensors["key_cache_0"].shape[2],
