@@ -52,7 +52,7 @@ VIEW_OPS = frozenset(
 
 
 # The loader runs only ``aot.allowed_ops`` (of these: mm, addmm, _addmm_activation, bmm, the ones
-# ``aot.codegen.gemm`` makes sites of and ``aot.loader.gpu.TAIL_PRODUCERS`` names); the rest are
+# ``aot.codegen.gemm`` makes sites of and ``TAIL_PRODUCERS`` names); the rest are
 # here so that an op added there counts without a second look. Not counted: convolution (cuDNN),
 # and scaled_dot_product_attention, whose flash and memory-efficient kernels call no library (only
 # its math fallback, listed, runs bmm: a head size those kernels refuse, float64).
@@ -286,6 +286,50 @@ SAME_BYTES_VIEWS = frozenset(
     }
 )
 DRIVER_COPIES = frozenset({"aten.clone.default", "aten.contiguous.default"})  # of a row-major buffer
+
+
+# Outputs of at least this many bytes per bucket are computed after a CUDA graph, into memory the
+# caller owns, rather than copied out of the graph's (``aot.loader.gpu``, ``aot.runtime.runner``).
+# Below it, one more eager launch per call costs more host time than the copy costs the GPU.
+TAIL_MIN_BYTES = 4 << 20
+
+
+# What may compute an output after the graph: a kernel, or these library calls, whose results are
+# always new memory (an op that may return a view of its input, such as ``diagonal``, must not:
+# its result would be graph or weight memory handed to the caller)
+TAIL_PRODUCERS = frozenset(
+    {
+        "aten.mm.default",
+        "aten.addmm.default",
+        "aten._addmm_activation.default",
+        "aten.bmm.default",
+        "aten.baddbmm.default",
+        "aten.convolution.default",
+    }
+)
+
+
+def output_tail(steps: tuple[Step, ...], outputs: tuple[str, ...]) -> int | None:
+    """Where the steps that only compute ``outputs`` begin: each output's producing step (the
+    first step behind it that is not a view: a kernel or a ``TAIL_PRODUCERS`` call) and the views
+    between, when they are the program's last steps with nothing else among them; None when there
+    are none such (an output that is an input or weight, or another step after the producer) or
+    they are the whole program."""
+    writer = {w: i for i, step in enumerate(steps) for w in step_writes(step)}
+    chain: set[int] = set()
+    for name in outputs:
+        i = writer.get(name)
+        while i is not None and is_view(steps[i]):
+            chain.add(i)
+            reads = step_reads(steps[i])
+            i = writer.get(reads[0]) if reads else None
+        if i is None or not (steps[i].kind == StepKind.KERNEL or steps[i].target in TAIL_PRODUCERS):
+            return None
+        chain.add(i)
+    start = min(chain)
+    if start == 0 or any(i not in chain and not is_view(steps[i]) for i in range(start, len(steps))):
+        return None
+    return start
 
 
 def live_steps(program: Program) -> tuple[Step, ...]:

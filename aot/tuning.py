@@ -47,10 +47,18 @@ def plan_steps(program: Program, chosen: Mapping[str, str]) -> tuple[Step, ...]:
     """``program.steps`` with each chosen site's library steps replaced by the steps of its
     candidate (site id → candidate name; ``"library"`` or an absent site keeps the library
     steps), placed where the site's last library step was."""
+    return spliced(program, chosen)[0]
+
+
+def spliced(
+    program: Program, chosen: Mapping[str, str]
+) -> tuple[tuple[Step, ...], dict[str, tuple[int, ...]]]:
+    """``plan_steps``, and where each chosen site's candidate steps landed (site id → their
+    indices in the new steps, ascending)."""
     if not chosen:
-        return program.steps
+        return program.steps, {}
     sites = {s.id: s for s in program.alternatives}
-    replace_at: dict[int, tuple[Step, ...]] = {}
+    replace_at: dict[int, tuple[str, tuple[Step, ...]]] = {}
     dropped: set[int] = set()
     for site_id, name in chosen.items():
         if name == LIBRARY:
@@ -64,14 +72,22 @@ def plan_steps(program: Program, chosen: Mapping[str, str]) -> tuple[Step, ...]:
                 f"tuning names candidate {name[:40]!r} of {site_id}, which the program does not have"
             )
         dropped.update(site.library)
-        replace_at[site.library[-1]] = cand.steps
+        replace_at[site.library[-1]] = (site_id, cand.steps)
     out: list[Step] = []
+    spans: dict[str, tuple[int, ...]] = {}
     for i, step in enumerate(program.steps):
         if i in replace_at:
-            out.extend(replace_at[i])
+            site_id, steps = replace_at[i]
+            spans[site_id] = tuple(range(len(out), len(out) + len(steps)))
+            out.extend(steps)
         elif i not in dropped:
             out.append(step)
-    return tuple(out)
+    return tuple(out), spans
+
+
+def bucket_key(program: Program, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """The key of a call at ``sizes`` among ``tuned_plans``' (sizes in ``program.symbols`` order)."""
+    return tuple(sizes[s.symbol] for s in program.symbols)
 
 
 def check_alternatives(program: Program, path: Path | str) -> None:
@@ -294,11 +310,10 @@ def tuned_plans(
     ``arch`` (the GPU's own ``sm_XY``)."""
     if table is None or table.arch != arch:
         return {}
-    symbols = [s.symbol for s in program.symbols]
     chosen: dict[tuple[int, ...], dict[str, str]] = {}
     for c in table.choices:
         if c.program == program_index and c.choice != LIBRARY:
-            chosen.setdefault(tuple(c.sizes[s] for s in symbols), {})[c.site] = c.choice
+            chosen.setdefault(bucket_key(program, c.sizes), {})[c.site] = c.choice
     plans: dict[tuple[int, ...], tuple[Step, ...]] = {}
     shared: dict[tuple, tuple[Step, ...]] = {}  # one plan for buckets with the same choices
     for key, sites in sorted(chosen.items()):

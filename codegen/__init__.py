@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from aot.archs import parse_arch
-from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_site_forms, default_table
+from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_site_forms, default_table, one_row_forms
 from aot.errors import CodegenError, counted
 from aot.schema import BuildStats, Program, StepKind
 from aot.stages import DEFAULT_ARCHS, BuildOptions, Compiled, Traced
@@ -100,7 +100,9 @@ def generate(
     (an untuned bundle, and every bucket where tune keeps the library) launch one GEMM per
     sibling. ``channels_last=False`` keeps every tensor row-major (``aot.codegen.layouts``).
     ``library_free`` (with ``gemm_candidates``): every site runs a Triton candidate, and a step no
-    form covers is a ``CodegenError`` (``aot.codegen.library_free``). ``decode_attention=False``
+    form covers is a ``CodegenError`` (``aot.codegen.library_free``); with sm_90 among ``archs``,
+    the one-row buckets run the built-in table's GEMV forms, as a default build's do (its table
+    comes with the bundle). ``decode_attention=False``
     keeps one-token SDPA calls over a KV cache library calls (``aot.codegen.decode_attention``).
 
     A model traced as several programs (``Traced.programs``) has each fused on its own; they come
@@ -121,10 +123,10 @@ def generate(
         )
     else:
         compiled = _generate_one(traced, options, say)
-    if options.gemm_candidates or options.library_free:
+    if options.gemm_candidates and not options.library_free:
         return compiled
     table = default_table((compiled.program, *compiled.program.variants))
-    if table is not None:
+    if table is not None and not options.library_free:  # library_free says its own
         sites = len({(c.program, c.site) for c in table.choices})
         say(
             f"  {counted(sites, 'one-row GEMM site')} run Triton GEMV forms on {DEFAULT_ARCH} GPUs by default "
@@ -244,6 +246,8 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         )
         cubins.update(default_cubins)
     steps, n_default_kernels = new_program.steps, len(new_program.kernels)
+    # a library-free program runs the built-in table's one-row forms where a default build would
+    one_row = one_row_forms(new_program) if options.library_free and DEFAULT_ARCH in archs else {}
     if options.gemm_candidates:
         from aot.codegen.gemm import add_gemm_alternatives
 
@@ -261,7 +265,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
 
         if not options.fuse or not options.gemm_candidates:
             raise CodegenError("--library-free needs fused kernels and GEMM candidates (drop --no-fuse)")
-        new_program = make_library_free(new_program, traced.buckets, say, traced.model_lines)
+        new_program = make_library_free(new_program, traced.buckets, say, traced.model_lines, one_row)
         kept = {k.id for k in new_program.kernels}
         cubins = {key: cubin for key, cubin in cubins.items() if key[0] in kept}
         steps, n_default_kernels = new_program.steps, len(new_program.kernels)

@@ -43,7 +43,7 @@ import os
 from collections.abc import Sequence
 
 from aot.codegen.gemm_forms import CONFIGS, FEW_ROW_CONFIGS, PROLOGUE_MAX_BLOCK_M, PROLOGUE_MIN_BLOCK_K
-from aot.codegen.gemm_sites import Site
+from aot.codegen.gemm_sites import Site, find_sites
 from aot.errors import CodegenError
 from aot.schema import Program, TuningChoice, TuningTable
 from aot.tuning import GEMM_SITE, TUNING_FORMAT
@@ -168,6 +168,18 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
     if few is not None:
         forms.append(_variant(site, few) if few_row_forms()[3] else few)
     return tuple(forms)
+
+
+def one_row_forms(program: Program) -> dict[str, str]:
+    """Site id -> the form ``default_site_forms`` runs at one row, for each GEMM site of
+    ``program`` that has one (the ids ``aot.codegen.gemm.add_gemm_alternatives`` gives the same
+    program's sites)."""
+    out = {}
+    for site in find_sites(program):
+        one = default_form(1, site.k, site.dtype)
+        if one is not None:
+            out[site.id] = _variant(site, one)
+    return out
 
 
 def default_table(programs: Sequence[Program]) -> TuningTable | None:

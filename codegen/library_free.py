@@ -9,6 +9,15 @@ every library GEMM and attention site) and puts, at each site, the first candida
 against any length, at the most buckets), where the library steps were
 (``aot.tuning.plan_steps``, as a tuning does). The kernel steps keep the library steps as their
 reference, which is what the CPU runs. What is left that no form covers is refused with the step.
+
+At one-row buckets a site runs what the default build's built-in table runs there
+(``aot.codegen.gemm_defaults``: a dot-free GEMV, its ``_rms``/``_ln`` variant taking the norm
+kernel before it into its prologue), recorded as that build records it: the site stays an
+alternative of the library-free program, whose "library" steps are now the chosen tile form's
+kernels and whose one candidate is the GEMV form, and the bundle's ``tuning.json`` chooses it at
+those buckets (``default_table``). Both loaders apply it through ``aot.tuning.tuned_plans`` on a
+GPU of the table's arch, so they run the same kernels at every bucket; elsewhere the tile form
+runs, as the default build runs the library there.
 """
 
 from __future__ import annotations
@@ -17,10 +26,10 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import replace
 
-from aot.errors import CodegenError, EnvError
+from aot.errors import BundleError, CodegenError, EnvError
 from aot.program import check_library_free, live_steps
 from aot.schema import Bucket, GemmSite, Program, StepKind
-from aot.tuning import plan_steps
+from aot.tuning import check_alternatives, spliced
 
 # Candidate forms by name prefix, best default first when nothing was timed: whole tiles serve any
 # row count; split-K forms need a second reduction launch; the GEMV forms cover few rows.
@@ -76,17 +85,29 @@ def library_free(
     buckets: tuple[Bucket, ...],
     say=lambda msg: None,
     lines: Mapping[str, str] | None = None,
+    one_row: Mapping[str, str] | None = None,
 ) -> Program:
     """``program`` (with ``alternatives``) as a library-free program: each site's chosen candidate
-    spliced in, the alternatives and the kernels no step launches dropped; ``CodegenError`` naming
-    the first step no form covers, and the model line that made it (``lines``: result -> line)."""
+    spliced in, the kernels no step or kept alternative launches dropped; ``CodegenError`` naming
+    the first step no form covers, and the model line that made it (``lines``: result -> line).
+    ``one_row``: site id -> the form the default table runs it with at one row
+    (``aot.codegen.gemm_defaults.one_row_forms``); each such candidate compiled for some
+    bucket stays the site's one alternative, over the chosen form's steps (module docstring)."""
     chosen = {site.id: choose(site, buckets) for site in program.alternatives}
-    steps = plan_steps(program, chosen)
-    used = {s.target for s in steps if s.kind == StepKind.KERNEL}
+    steps, spans = spliced(program, chosen)
+    kept: list[GemmSite] = []
+    for site in program.alternatives:
+        form = (one_row or {}).get(site.id)
+        cand = next((c for c in site.candidates if c.name == form and c.buckets), None)
+        if cand is not None and form != chosen[site.id]:
+            kept.append(replace(site, library=spans[site.id], candidates=(cand,)))
+    used = {s.target for s in steps if s.kind == StepKind.KERNEL} | {
+        s.target for site in kept for s in site.candidates[0].steps
+    }
     out = replace(
         program,
         steps=steps,
-        alternatives=(),
+        alternatives=tuple(kept),
         kernels=tuple(k for k in program.kernels if k.id in used),
     )
     try:
@@ -98,8 +119,14 @@ def library_free(
                 "no Triton form exists for it yet: build without --library-free and run it with the torch loader",
             )
         ) from None
+    try:
+        check_alternatives(out, "--library-free")
+    except BundleError as e:  # pragma: no cover - a build fault, not the model's
+        raise CodegenError(f"the one-row forms of the library-free program: {e}") from None
     forms = sorted(set(chosen.values()))
+    gemv = sorted({site.candidates[0].name for site in kept})
     say(
         f"  library-free: {len(chosen)} sites on Triton candidates ({', '.join(forms)}), no library call left"
+        + (f"; {len(kept)} run the default one-row forms at one row ({', '.join(gemv)})" if kept else "")
     )
     return out

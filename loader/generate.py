@@ -49,14 +49,16 @@ def lm_contract(runner: Any) -> tuple[int, int]:
         context = static_size(mask[1])
         if context is None and mask[1] in symbols:  # context buckets: [batch, context]
             context = symbols[mask[1]].max
-    batch = symbols.get(guards["input_ids"].shape[0])
+    rows = guards["input_ids"].shape[0]
+    # a batch of one size (``max_batch=1``) is that size in the guards, not a symbol
+    batch = symbols[rows].max if rows in symbols else static_size(rows)
     if context is None or batch is None:
         raise GuardError(
             f"generate needs attention_mask of shape [batch, max_context] or [batch, context] and a "
-            f"dynamic batch, the bundle declares input_ids {list(guards['input_ids'].shape)}, "
+            f"batch dim, the bundle declares input_ids {list(guards['input_ids'].shape)}, "
             f"attention_mask {list(mask)}"
         )
-    return batch.max, context
+    return batch, context
 
 
 def context_sizes(runner: Any) -> tuple[int, ...]:
@@ -439,15 +441,17 @@ def seq2seq_contract(runner: Any) -> dict[str, Any]:
     guards = {i.name: i for i in runner.manifest.guards.inputs}
     symbols = runner.guards.symbols
     main = guards[SOURCE_INPUTS[kind][0]]
-    batch = symbols.get(main.shape[0])
+    rows = main.shape[0]
+    batch = symbols[rows].max if rows in symbols else static_size(rows)  # one size: max_batch=1
     source = symbols.get(main.shape[-1])
     if batch is None or source is None:
         raise GuardError(
-            f"generate needs a dynamic batch and source length, the bundle declares {main.name} {list(main.shape)}"
+            f"generate needs a batch dim and a dynamic source length, the bundle declares {main.name} "
+            f"{list(main.shape)}"
         )
     return {
         "kind": kind,
-        "max_batch": batch.max,
+        "max_batch": batch,
         "max_source": source.max,
         "mel_bins": static_size(main.shape[1]) if kind == "audio" else None,
         "max_target": runner.state.tensors["key_cache_0"].shape[2],

@@ -46,7 +46,16 @@ from aot.loader.cuda import (
 from aot.loader.prerun import Budget, itemsizes
 from aot.loader.program import OutputSpecs, Storages, storage_span
 from aot.memory import OutputBytes
-from aot.program import frees_after, is_view, spec_bytes, step_reads, step_writes, tensor_specs
+from aot.program import (  # noqa: F401 - TAIL_PRODUCERS, output_tail: the loader's names for them too
+    TAIL_MIN_BYTES,
+    TAIL_PRODUCERS,
+    frees_after,
+    output_tail,
+    spec_bytes,
+    step_reads,
+    step_writes,
+    tensor_specs,
+)
 from aot.schema import (
     KERNEL_CUBIN_FORMAT,
     Bucket,
@@ -63,48 +72,6 @@ from aot.symexpr import Expr, compile_expr
 
 ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
 MAX_GRID = (2**31 - 1, 65535, 65535)  # blocks a launch may have along x, y, z (every CUDA GPU)
-# Outputs of at least this many bytes per bucket are computed after the graph, into memory the
-# caller owns, rather than copied out of the graph's (module docstring). Below it, one more eager
-# launch per call costs more host time than the copy costs the GPU.
-TAIL_MIN_BYTES = 4 << 20
-
-
-# What may compute an output after the graph: a kernel, or these library calls, whose results are
-# always new memory (an op that may return a view of its input, such as ``diagonal``, must not:
-# its result would be graph or weight memory handed to the caller)
-TAIL_PRODUCERS = frozenset(
-    {
-        "aten.mm.default",
-        "aten.addmm.default",
-        "aten._addmm_activation.default",
-        "aten.bmm.default",
-        "aten.baddbmm.default",
-        "aten.convolution.default",
-    }
-)
-
-
-def output_tail(steps: tuple[Step, ...], outputs: tuple[str, ...]) -> int | None:
-    """Where the steps that only compute ``outputs`` begin: each output's producing step (the
-    first step behind it that is not a view: a kernel or a ``TAIL_PRODUCERS`` call) and the views
-    between, when they are the program's last steps with nothing else among them; None when there
-    are none such (an output that is an input or weight, or another step after the producer) or
-    they are the whole program."""
-    writer = {w: i for i, step in enumerate(steps) for w in step_writes(step)}
-    chain: set[int] = set()
-    for name in outputs:
-        i = writer.get(name)
-        while i is not None and is_view(steps[i]):
-            chain.add(i)
-            reads = step_reads(steps[i])
-            i = writer.get(reads[0]) if reads else None
-        if i is None or not (steps[i].kind == StepKind.KERNEL or steps[i].target in TAIL_PRODUCERS):
-            return None
-        chain.add(i)
-    start = min(chain)
-    if start == 0 or any(i not in chain and not is_view(steps[i]) for i in range(start, len(steps))):
-        return None
-    return start
 
 
 def pick_arch(archs: tuple[str, ...], capability: tuple[int, int]) -> str:

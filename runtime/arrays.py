@@ -179,7 +179,9 @@ def from_dlpack(value: Any, name: str, stream: int | None = None) -> ArrayView:
     if kind is DeviceArray:
         if value._ready is not None:
             value._ready(stream)
-        return ArrayView(value.ptr, value.device[0], value.device[1], value.dtype, value.shape, None, value)
+        return ArrayView(
+            value.ptr, value.device[0], value.device[1], value.dtype, value.shape, value.strides, value
+        )
     if kind.__module__ == "numpy" and kind.__name__ == "ndarray" and value.dtype.name in _CODES:
         face = value.__array_interface__
         item = value.itemsize
@@ -222,7 +224,10 @@ def from_dlpack(value: Any, name: str, stream: int | None = None) -> ArrayView:
 
 
 class DeviceArray:
-    """A dense row-major array over memory the runtime hands out, exported through DLPack.
+    """An array over memory the runtime hands out, exported through DLPack: dense row-major, or
+    with ``strides`` (elements, as DLPack's) where it is a slice of a larger buffer (gpt's logits
+    cut from their padded GEMM, computed into the caller's memory: the torch loader hands the
+    same slice out).
 
     ``owner``: what keeps the memory alive (the runner's allocation); ``copy_to_host(dst, src,
     nbytes)``: how ``numpy()`` reads device memory; ``ready``: called with the consumer's stream
@@ -237,11 +242,21 @@ class DeviceArray:
         owner: Any = None,
         copy_to_host: Callable[[int, int, int], None] | None = None,
         ready: Callable[[int | None], None] | None = None,
+        strides: tuple[int, ...] | None = None,
     ):
         if dtype not in _CODES:
             raise ValueError(f"dtype {dtype!r} has no DLPack code; expected one of {sorted(_CODES)}")
         self.ptr, self.dtype, self.shape, self.device = ptr, dtype, tuple(shape), device
         self._owner, self._copy_to_host, self._ready = owner, copy_to_host, ready
+        dense = strides is None or tuple(strides) == row_major(self.shape)
+        self.strides: tuple[int, ...] | None = None if dense else tuple(strides)
+
+    @property
+    def span(self) -> int:
+        """Bytes from the first element to just past the last (``nbytes`` when dense)."""
+        if self.strides is None or not all(self.shape):
+            return self.nbytes
+        return ITEMSIZE[self.dtype] * (1 + sum((n - 1) * st for n, st in zip(self.shape, self.strides)))
 
     @property
     def nbytes(self) -> int:
@@ -271,11 +286,16 @@ class DeviceArray:
         t.ndim = ndim
         t.dtype = DLDataType(*_CODES[self.dtype], 1)
         t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-        t.strides = None  # row-major
+        strides = None
+        if self.strides is None:
+            t.strides = None  # row-major
+        else:
+            strides = (ctypes.c_int64 * ndim)(*self.strides)
+            t.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
         t.byte_offset = 0
         managed.deleter = _release
         key = ctypes.addressof(managed)
-        _LIVE[key] = (managed, shape, self)  # until the consumer calls the deleter
+        _LIVE[key] = (managed, shape, strides, self)  # until the consumer calls the deleter
         return _api.PyCapsule_New(key, b"dltensor", ctypes.cast(_unconsumed, ctypes.c_void_p))
 
     def numpy(self):
@@ -284,11 +304,16 @@ class DeviceArray:
 
         if self.dtype == "bfloat16":
             raise GuardError("numpy has no bfloat16; take the array through DLPack instead")
-        out = np.empty(self.shape, dtype=np.dtype("bool" if self.dtype == "bool" else self.dtype))
+        dtype = np.dtype("bool" if self.dtype == "bool" else self.dtype)
+        dense = self.strides is None or not all(self.shape)
+        out = np.empty(self.shape if dense else self.span // dtype.itemsize, dtype=dtype)
         if self.device[0] == CPU:
-            ctypes.memmove(out.ctypes.data, self.ptr, self.nbytes)
+            ctypes.memmove(out.ctypes.data, self.ptr, self.span)
         else:
             if self._ready is not None:
                 self._ready(None)
-            self._copy_to_host(out.ctypes.data, self.ptr, self.nbytes)
-        return out
+            self._copy_to_host(out.ctypes.data, self.ptr, self.span)
+        if dense:
+            return out
+        item = dtype.itemsize
+        return np.lib.stride_tricks.as_strided(out, self.shape, [st * item for st in self.strides]).copy()

@@ -38,13 +38,14 @@ def lm_contract(checked: Any) -> tuple[int, int]:
     mask, ids = dims["attention_mask"], dims["input_ids"]
     context = mask[1] if len(mask) == 2 and type(mask[1]) is int else None
     symbols = checked.guards.symbols
-    batch = symbols.get(ids[0]) if isinstance(ids[0], str) else None
+    # a batch of one size (``max_batch=1``) is that size in the guards, not a symbol
+    batch = ids[0] if type(ids[0]) is int else symbols[ids[0]].max if ids[0] in symbols else None
     if context is None or batch is None:
         raise GuardError(
-            f"generate needs attention_mask of shape [batch, max_context] and a dynamic batch, the bundle "
+            f"generate needs attention_mask of shape [batch, max_context] and a batch dim, the bundle "
             f"declares input_ids {list(ids)}, attention_mask {list(mask)}"
         )
-    return batch.max, context
+    return batch, context
 
 
 class HostInt64:

@@ -7,6 +7,12 @@ dropped, every step must be a compiled kernel, a view that keeps a row-major buf
 the same address (the kernels index the buffer it views), or a copy the driver makes. The first
 step that is none of these is named with its program, index, target and result.
 
+A bundle's tuning table (``tuning.json``: a library-free build's one-row GEMV forms, or
+``aotpack tune``'s choices) is read and checked as the torch loader reads it (``aot.tuning``); every
+plan it makes on the table's arch must be library-free too, and is held to ``max_memory``.
+``Checked.plans`` hands each program's plans for a GPU's arch (``aot.tuning.tuned_plans``, the
+torch loader's own), so both loaders run the same steps at every bucket.
+
 ``Checked.bind`` checks a call's arrays against the guards with the same code and texts as the
 torch loader (``aot.guards.GuardCore``) and picks the first program whose guards admit it.
 ``Checked.layout`` places, per size, every buffer of a program in one activation arena
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
@@ -26,13 +32,22 @@ from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, GuardError
 from aot.guards import GuardCore
 from aot.memory import check_max_memory, check_plan, planned_peak
-from aot.program import aliases, check_library_free, lifetimes, live_steps
+from aot.program import (
+    aliases,
+    check_library_free,
+    lifetimes,
+    live_steps,
+    output_tail,
+    step_reads,
+    step_writes,
+)
 from aot.pytree import flatten_inputs
 from aot.runtime.arrays import ArrayView, from_dlpack
 from aot.schema import Bucket, Buf, Program, Step, StepKind
 from aot.signature import trusted_keys
 from aot.state import StateSpec, index_bounds, state_specs
 from aot.symexpr import compile_expr
+from aot.tuning import read_tuning, tuned_plans
 from aot.values import value_bounds
 
 ALIGN = 256  # bytes: every buffer of the arena and every weight starts at a multiple
@@ -84,16 +99,22 @@ class Checked:
                 raise BundleError(f"{bundle.path}: {len(programs)} programs but the manifest has no guards")
             heads = [("general", self.manifest.guards, self.manifest.buckets, "")]
         check_plan(self.manifest, self.program, bundle.path)
+        # checked wherever the bundle opens, as the torch loader checks it; applied by ``plans``
+        self.tuning = read_tuning(bundle, programs, [head[2] for head in heads])
         self.guards = GuardCore(self.manifest.guards, ITEMSIZE)
         self.state = StateLayout(state_specs(self.manifest.guards, ITEMSIZE, str(bundle.path)))
         self.entries: list[Entry] = []
-        for (name, guards, buckets, entry_point), program in zip(heads, programs):
+        for index, ((name, guards, buckets, entry_point), program) in enumerate(zip(heads, programs)):
             where = f"{bundle.path}: program {name!r}"
             steps = live_steps(program)
             check_library_free(program, steps, where)
-            peak, sizes = planned_peak(program, guards, cpu=False)
-            if max_memory is not None:
-                check_max_memory(peak, sizes, max_memory, name)
+            tuned = tuned_plans(self.tuning, index, program, self.tuning.arch) if self.tuning else {}
+            for key, plan in tuned.items():
+                check_library_free(program, live_steps(replace(program, steps=plan)), f"{where} at {key}")
+            if max_memory is not None:  # a tuned plan's buffers count too
+                for plan in {id(p): p for p in (program.steps, *tuned.values())}.values():
+                    peak, sizes = planned_peak(replace(program, steps=plan), guards, cpu=False)
+                    check_max_memory(peak, sizes, max_memory, name)
             core = self.guards if len(heads) == 1 else GuardCore(guards, ITEMSIZE)
             if core.names != self.guards.names:
                 raise BundleError(
@@ -122,6 +143,21 @@ class Checked:
     @property
     def input_names(self) -> tuple[str, ...]:
         return self.guards.names
+
+    def plans(self, arch: str) -> dict[str, dict[tuple[int, ...], tuple[Step, ...]]]:
+        """Program name -> bucket key (``aot.tuning.bucket_key``) -> the live steps a call exactly
+        at that bucket runs on a GPU of ``arch`` (``sm_90``), where the tuning table chose forms
+        there (``aot.tuning.tuned_plans``: empty unless the table was made for ``arch``); every
+        other call runs ``Entry.steps``."""
+        out: dict[str, dict[tuple[int, ...], tuple[Step, ...]]] = {}
+        for index, entry in enumerate(self.entries):
+            shared: dict[int, tuple[Step, ...]] = {}  # buckets with the same choices share a plan
+            plans = tuned_plans(self.tuning, index, entry.program, arch)
+            for plan in plans.values():
+                if id(plan) not in shared:
+                    shared[id(plan)] = live_steps(replace(entry.program, steps=plan))
+            out[entry.name] = {key: shared[id(plan)] for key, plan in plans.items()}
+        return out
 
     def arrays(
         self, args: Sequence[Any], kwargs: dict[str, Any], stream: int | None = None
@@ -247,24 +283,49 @@ class StateLayout:
         return out
 
 
+class TailLayout:
+    """The buffers the steps from ``start`` on write (``aot.program.output_tail``: the outputs'
+    last computation), placed in each call's own allocation of ``size`` bytes: ``places`` (bytes
+    from its start; views at their base's place plus their offset)."""
+
+    def __init__(self, start: int, places: dict[str, int], size: int):
+        self.start, self.places, self.size = start, places, size
+
+
 class ArenaLayout:
     """Every buffer of ``steps`` at ``sizes`` placed in one allocation: ``offsets`` (bytes from the
     arena's start; inputs included, so a CUDA graph's static inputs live there too), ``size``.
     Buffers whose lifetimes do not overlap share bytes (first fit, in order of birth); a view sits
-    at its base's offset (``aot.program.aliases``); weights are not here (``base`` names them)."""
+    at its base's offset (``aot.program.aliases``); weights are not here (``base`` names them).
+    ``tail_start``: the steps from there on write into each call's own memory (``tail``), not the
+    arena, which then keeps only what they read alive to the end."""
 
-    def __init__(self, program: Program, steps: tuple[Step, ...], sizes: dict[str, int], weights: set[str]):
+    def __init__(
+        self,
+        program: Program,
+        steps: tuple[Step, ...],
+        sizes: dict[str, int],
+        weights: set[str],
+        tail_start: int | None = None,
+    ):
         specs = {i.name: i.spec for i in program.inputs} | dict(program.buffers)
+        self.views = aliases(program, steps)  # view -> where its elements are (``aot.program.Alias``)
+        head, kept = steps, program.outputs
+        if tail_start is not None:
+            head = steps[:tail_start]
+            written = {w for step in head for w in step_writes(step)}
+            kept = tuple(
+                dict.fromkeys(r for step in steps[tail_start:] for r in step_reads(step) if r in written)
+            )
         plan = Program(
             inputs=program.inputs,
             weights=program.weights,
             buffers=program.buffers,
-            steps=steps,
-            outputs=program.outputs,
+            steps=head,
+            outputs=kept,
             symbols=program.symbols,
         )
-        spans = [(i.name, -1, len(steps)) for i in program.inputs] + lifetimes(plan)
-        self.views = aliases(program, steps)  # view -> where its elements are (``aot.program.Alias``)
+        spans = [(i.name, -1, len(head)) for i in program.inputs] + lifetimes(plan)
         self.nbytes: dict[str, int] = {}
         placed: list[tuple[int, int, int]] = []  # (offset, end, last step)
         self.offsets: dict[str, int] = {}
@@ -272,10 +333,7 @@ class ArenaLayout:
         for name, born, last in sorted(spans, key=lambda s: s[1]):
             if name in weights or name in self.views:
                 continue
-            spec = specs[name]
-            n = ITEMSIZE[spec.dtype]
-            for s in spec.shape:
-                n *= compile_expr(s)(sizes)
+            n = _bytes(specs[name], sizes)
             self.nbytes[name] = n
             live = sorted((o, e) for o, e, end in placed if end >= born)
             offset = 0
@@ -287,6 +345,42 @@ class ArenaLayout:
             self.offsets[name] = offset
             size = max(size, offset + n)
         self.size = -(-size // ALIGN) * ALIGN
+        self.tail: TailLayout | None = None
+        if tail_start is not None:
+            places: dict[str, int] = {}
+            end = 0
+            for step in steps[tail_start:]:
+                for name in step_writes(step):
+                    if name and name not in self.views and name not in places:
+                        places[name] = end
+                        end += -(-_bytes(specs[name], sizes) // ALIGN) * ALIGN
+            for name, alias in self.views.items():
+                if alias.base in places:
+                    places[name] = places[alias.base] + alias.offset * ITEMSIZE[specs[name].dtype]
+            self.tail = TailLayout(tail_start, places, end)
+
+
+def _bytes(spec, sizes: dict[str, int]) -> int:
+    n = ITEMSIZE[spec.dtype]
+    for s in spec.shape:
+        n *= compile_expr(s)(sizes)
+    return n
+
+
+def tail_start(
+    program: Program, steps: tuple[Step, ...], sizes: dict[str, int], min_bytes: int
+) -> int | None:
+    """Where the steps that only compute the outputs begin (``aot.program.output_tail``), when the
+    outputs come to ``min_bytes`` or more at ``sizes`` and the program keeps no state (a stateful
+    call's outputs are one step's logits, as the torch loader's rule has it); else None."""
+    specs = [program.buffers.get(o) for o in program.outputs]
+    if (
+        program.state
+        or any(spec is None for spec in specs)
+        or sum(_bytes(s, sizes) for s in specs) < min_bytes
+    ):
+        return None
+    return output_tail(steps, program.outputs)
 
 
 def check_bundle(

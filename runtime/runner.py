@@ -8,6 +8,16 @@ program's kernels and driver copies — as a CUDA graph captured with the driver
 symbol sits exactly on a bucket, else launch by launch — and returns each output as a
 ``DeviceArray`` in memory of its own (stream-ordered ``cuMemAllocAsync``), which the caller owns:
 a later call never overwrites it.
+
+A call exactly at a bucket runs the bucket's tuned plan where the bundle's tuning table chose forms
+there (``Checked.plans``: a library-free build's one-row GEMV forms), as the torch loader does; a
+call off the buckets runs the program's steps at its own sizes (the runtime pads no dim; the torch
+loader runs a paddable dim padded to its bucket, with that bucket's plan).
+Large outputs are computed after the graph straight into the caller's memory, as the torch loader
+computes them (``aot.program.output_tail``: where a call's outputs come to ``TAIL_MIN_BYTES`` or
+more and the program's last steps only compute them, gpt's logits): the arena then holds no output
+(gpt at batch 8 x seq 128: 98 MiB of logits), and no copy of them is made per call (a slice of
+wider rows, gpt's logits cut from their padded GEMM, is handed out as a strided ``DeviceArray``).
 """
 
 from __future__ import annotations
@@ -22,16 +32,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from aot import schema
+from aot.archs import arch_of
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, EnvError, GuardError
-from aot.program import DRIVER_COPIES, step_reads, tensor_specs
+from aot.program import DRIVER_COPIES, TAIL_MIN_BYTES, step_reads, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
-from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
+from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle, tail_start
 from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.state import slots_error
 from aot.symexpr import compile_expr
+from aot.tuning import bucket_key
 from aot.values import value_error
 from aot.weights import header_limit, parse_header, weights_size_limit
 
@@ -74,16 +86,32 @@ class _Memory:
 
 
 class _Prepared:
-    """One program at one set of sizes: where each buffer lives and the ops that run it."""
+    """One program at one set of sizes: the steps it runs (``steps``: its bucket's tuned plan, or
+    the program's), where each buffer lives, and the ops that run them: ``ops`` in the arena (a
+    CUDA graph's), then, where the outputs are computed after it (``tail``), ``tail_ops`` into
+    each call's own memory of ``tail_bytes`` (their pointers there are offsets, packed per call)."""
 
-    def __init__(self, runner: Runner, entry: Entry, sizes: dict[str, int], layout: ArenaLayout):
-        self.entry, self.sizes, self.layout = entry, sizes, layout
+    def __init__(
+        self, runner: Runner, entry: Entry, sizes: dict[str, int], steps: tuple, layout: ArenaLayout
+    ):
+        self.entry, self.sizes, self.steps, self.layout = entry, sizes, steps, layout
         self.graph: Any = None
         self.on_bucket = _on_bucket(entry, sizes)  # captured as a CUDA graph on first use
         program = entry.program
         specs = tensor_specs(program)
+        tail = layout.tail
+        self.tail_bytes = tail.size if tail is not None else 0
+
+        def where(name: str) -> tuple[str, int]:
+            """("ptr", address) of a buffer in the arena, weights or state; ("tail", offset) of one
+            the tail writes into the call's own memory."""
+            if tail is not None and name in tail.places:
+                return ("tail", tail.places[name])
+            return ("ptr", runner.address(name, layout))
+
         self.ops: list[tuple] = []
-        for step in entry.steps:
+        self.tail_ops: list[tuple] = []  # (kernel, grid, [(kind, value)]): packed per call
+        for i, step in enumerate(steps):
             if step.kind == StepKind.KERNEL:
                 kernel = runner.kernels[step.target]
                 record = runner.records[step.target]
@@ -94,7 +122,7 @@ class _Prepared:
                 values = []
                 for param, arg in zip(record.params, step.args):
                     if param.kind == ParamKind.PTR and isinstance(arg, Buf):
-                        values.append(("ptr", runner.address(arg.name, layout)))
+                        values.append(where(arg.name))
                     elif param.kind != ParamKind.PTR and isinstance(arg, Sym):
                         values.append((ParamKind(param.kind).value, compile_expr(arg.text)(sizes)))
                     else:
@@ -103,9 +131,13 @@ class _Prepared:
                         )
                 values.extend([("ptr", 0)] * record.scratch_params)
                 grid = tuple(compile_expr(g)(sizes) for g in step.grid) + (1,) * (3 - len(step.grid))
-                if min(grid) > 0:
+                if min(grid) <= 0:
+                    continue
+                if tail is not None and i >= tail.start:
+                    self.tail_ops.append((kernel, grid, values))
+                else:
                     self.ops.append(("kernel", kernel, grid, *drv.pack_params(values)))
-            elif step.target in DRIVER_COPIES:
+            elif step.target in DRIVER_COPIES:  # never in a tail (``output_tail``)
                 src = step.args[0].name
                 nbytes = _spec_bytes(specs[step.outputs[0]], sizes)
                 self.ops.append(
@@ -116,16 +148,16 @@ class _Prepared:
         self.inputs = [
             (i.name, runner.address(i.name, layout)) for i in program.inputs if i.name not in program.state
         ]
-        self.outputs = []  # (address, dtype, shape, bytes, (row bytes, pitch bytes) when rows are apart)
+        # (where: ("ptr", address) or ("tail", offset), dtype, shape, bytes, (row bytes, pitch
+        # bytes) when rows are apart)
+        self.outputs = []
         for name in program.outputs:
             spec = specs[name]
             shape = tuple(compile_expr(s)(sizes) for s in spec.shape)
             alias = layout.views.get(name)
             item = ITEMSIZE[spec.dtype]
             rows = (alias.width * item, alias.pitch * item) if alias and alias.width else None
-            self.outputs.append(
-                (runner.address(name, layout), spec.dtype, shape, _spec_bytes(spec, sizes), rows)
-            )
+            self.outputs.append((where(name), spec.dtype, shape, _spec_bytes(spec, sizes), rows))
 
     def release(self) -> None:
         if self.graph is not None:
@@ -133,12 +165,32 @@ class _Prepared:
             self.graph = None
 
     def launch(self, device: drv.Device) -> None:
+        """The ops in the arena (what a graph captures)."""
         stream = device.stream
         for op in self.ops:
             if op[0] == "kernel":
                 op[1].launch(op[2], stream, op[3])
             else:
                 device.copy(op[1], op[2], op[3])
+
+    def launch_tail(self, device: drv.Device, base: int) -> None:
+        """The tail's kernels, writing into the call's memory at ``base``."""
+        for kernel, grid, values in self.tail_ops:
+            params, storage = drv.pack_params(
+                [("ptr", base + v) if kind == "tail" else (kind, v) for kind, v in values]
+            )
+            kernel.launch(grid, device.stream, params)  # the driver copies the parameters here
+            del storage
+
+
+def _pitched(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
+    """Element strides of ``shape`` whose rows (every index but the last) lie ``pitch`` apart."""
+    strides = [1] * len(shape)
+    n = pitch
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = n
+        n *= shape[i]
+    return tuple(strides)
 
 
 def _spec_bytes(spec, sizes) -> int:
@@ -181,7 +233,18 @@ class Runner:
                 f"{self.gpu.driver_version // 1000}.{self.gpu.driver_version % 1000 // 10}: update the NVIDIA driver"
             )
         self.records = {k.id: k for e in checked.entries for k in e.program.kernels}
-        used = {s.target for e in checked.entries for s in e.steps if s.kind == StepKind.KERNEL}
+        # per program, bucket key -> the steps a call at that bucket runs on this GPU's arch (a
+        # tuning table's forms: the torch loader's ``tuned_plans``, applied where it applies them)
+        self.plans = checked.plans(arch_of(self.gpu.capability))
+        used = {
+            s.target
+            for steps in [
+                *(e.steps for e in checked.entries),
+                *(p for plans in self.plans.values() for p in plans.values()),
+            ]
+            for s in steps
+            if s.kind == StepKind.KERNEL
+        }
         self.kernels = {}
         # the weights stream in a thread of their own while the cubins load here: reading, hashing
         # and the driver's module loads all let go of the GIL
@@ -260,9 +323,14 @@ class Runner:
         a mismatch refuses the bundle before the runner exists."""
         bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
         declared = {w.name: w.spec for p in programs for w in p.weights}
-        read = {r for e in self.checked.entries for s in e.steps for r in step_reads(s)} | {
-            o for p in programs for o in p.outputs
+        plans = [p for plans in self.plans.values() for p in plans.values()]
+        read = {
+            r
+            for steps in [*(e.steps for e in self.checked.entries), *plans]
+            for s in steps
+            for r in step_reads(s)
         }
+        read |= {o for p in programs for o in p.outputs}
         where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
         limit = weights_size_limit(declared, where)
         if self.manifest.members[schema.WEIGHTS_PATH].size > limit:
@@ -448,15 +516,24 @@ class Runner:
                 self.gpu.replay(prepared.graph[1])
             else:
                 prepared.launch(self.gpu)
-            outputs = []
+            tail = None
+            if prepared.tail_bytes:  # the outputs' last steps, into memory the caller owns
+                tail = _Memory(self.gpu, prepared.tail_bytes)
+                prepared.launch_tail(self.gpu, tail.ptr)
+            outputs = []  # (memory the array keeps alive, its address, dtype, shape, strides)
             done = self._done  # re-recorded by later calls: waiting on it then waits a little longer
-            for address, dtype, shape, nbytes, rows in prepared.outputs:
+            for (kind, at), dtype, shape, nbytes, rows in prepared.outputs:
+                address = tail.ptr + at if kind == "tail" else at
+                if kind == "tail":  # the caller's already: no copy (rows apart: a strided array)
+                    strides = _pitched(shape, rows[1] // ITEMSIZE[dtype]) if rows is not None else None
+                    outputs.append((tail, address, dtype, shape, strides))
+                    continue
                 memory = _Memory(self.gpu, nbytes)
                 if rows is None:
                     self.gpu.copy(memory.ptr, address, nbytes)
                 else:  # rows apart in the arena (a slice of the last dim): packed by a 2-D copy
                     self.gpu.copy_rows(memory.ptr, address, rows[0], rows[1], nbytes // max(rows[0], 1))
-                outputs.append((memory, dtype, shape))
+                outputs.append((memory, memory.ptr, dtype, shape, None))
             self.gpu.record(done)
         gpu = self.gpu
 
@@ -464,8 +541,8 @@ class Runner:
             gpu.wait(done, stream)
 
         arrays = [
-            DeviceArray(m.ptr, dtype, shape, (CUDA, gpu.ordinal), m, gpu.to_host, ready)
-            for m, dtype, shape in outputs
+            DeviceArray(address, dtype, shape, (CUDA, gpu.ordinal), m, gpu.to_host, ready, strides)
+            for m, address, dtype, shape, strides in outputs
         ]
         flat = [a.numpy() for a in arrays] if numpy else arrays
         return unflatten(entry.program.output_tree, flat)
@@ -499,7 +576,9 @@ class Runner:
         prepared = self._prepared.get(key)
         if prepared is None:
             resident = self.weights | set(self.state_offsets) | set(self.state_writes)  # not in the arena
-            layout = ArenaLayout(entry.program, entry.steps, sizes, resident)
+            steps = self.plans[entry.name].get(bucket_key(entry.program, sizes), entry.steps)
+            tail = tail_start(entry.program, steps, sizes, TAIL_MIN_BYTES)
+            layout = ArenaLayout(entry.program, steps, sizes, resident, tail)
             if layout.size > self.arena_bytes:  # the first call, or one larger than every call before
                 self.gpu.synchronize()
                 for old in self._prepared.values():
@@ -507,7 +586,7 @@ class Runner:
                 self._prepared.clear()  # every plan points into the old arena
                 self.gpu.free(self.arena)
                 self.arena_bytes, self.arena = layout.size, self.gpu.alloc(layout.size)
-            prepared = self._prepared[key] = _Prepared(self, entry, sizes, layout)
+            prepared = self._prepared[key] = _Prepared(self, entry, sizes, steps, layout)
         return prepared
 
     def close(self) -> None:

@@ -361,8 +361,16 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
         return programs[0].guards
     first = programs[0].guards
     symbols = []
+    # a Dim every program traced as one static size (a range of one size, ``Dim("batch", 1, 1)``:
+    # export specializes it) is that size in the contract, as in a bundle of one program: the
+    # programs' inputs then agree with the contract's
+    static: dict[str, int] = {}
     for d in spec.dims():
         per = [{g.name: g for g in p.guards.symbols}.get(d.name) for p in programs]
+        fixed = {p.ranges[d.name] for p in programs}
+        if all(g is None for g in per) and len(fixed) == 1 and len({*next(iter(fixed))}) == 1:
+            static[d.name] = next(iter(fixed))[0]
+            continue
         general = per[0]
         if d.max - d.min >= MAX_RANGE:
             symbols.append(general)
@@ -401,7 +409,10 @@ def contract(spec: ModelSpec, programs: list[Exported]) -> Guards:
         InputGuard(
             name=i.name,
             dtype=i.dtype or spec.dtype,
-            shape=tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape),
+            shape=tuple(
+                (str(static[s.name]) if s.name in static else s.name) if isinstance(s, Dim) else str(s)
+                for s in i.shape
+            ),
             state=i.state,
         )
         for i in spec.inputs

@@ -439,3 +439,43 @@ def test_trained_weights_come_through_from_pretrained(tmp_path):
     got, _ = eager_greedy(module, ids, mask, NEW_TOKENS)
     assert got.tolist() == expected.tolist()
     assert got.tolist() != hf_greedy(built("llama", seed=0), ids, mask, NEW_TOKENS)[0].tolist()
+
+
+def test_a_bundle_of_one_batch_row_opens_and_generates_what_transformers_generates(tmp_path):
+    """``max_batch=1``: export fixes the batch at its one size in both entry points' programs, so
+    the bundle's contract declares it as that size (as a bundle of one program does), and the
+    bundle opens; both loaders' ``generate`` read a max batch of 1 from it, and the torch loader's
+    greedy tokens equal transformers' ``generate``; two prompts are refused by their count."""
+    import aot.loader
+    from aot.codegen import generate
+    from aot.dtypes import ITEMSIZE
+    from aot.errors import GuardError
+    from aot.guards import GuardCore
+    from aot.packager import pack
+    from aot.runtime.generate import lm_contract
+    from aot.tracer import trace
+
+    spec = causal_lm(factory("gpt2"), max_batch=1, max_context=MAX_CONTEXT)
+    traced = trace(spec)
+    contract = {i.name: i.shape for i in traced.guards.inputs}
+    assert contract["input_ids"] == ("1", "seq") and contract["key_cache_0"][0] == "1"
+    assert "batch" not in {s.name for s in traced.guards.symbols}
+    path = tmp_path / "one_row.tpk"
+    pack(generate(traced, ("sm_90",), fuse=False), path)
+    runner = aot.loader.load(path)
+    ids, mask = prompts(1)
+    expected, _ = hf_greedy(built("gpt2"), ids, mask, NEW_TOKENS)
+    assert runner.generate(ids[0].tolist(), NEW_TOKENS) == expected[0].tolist()
+    with pytest.raises(GuardError, match=r"^2 prompts, the bundle's batch admits at most 1$"):
+        runner.generate([[5, 6], [7, 8]], 2)
+    # the runtime without torch reads the same contract from the same guards
+    checked = type(
+        "Checked",
+        (),
+        {
+            "entry_points": runner.entry_points,
+            "input_names": runner.input_names,
+            "guards": GuardCore(runner.manifest.guards, ITEMSIZE),
+        },
+    )()
+    assert lm_contract(checked) == (1, MAX_CONTEXT)

@@ -234,3 +234,21 @@ def test_entry_point_kwargs_are_plain_constants():
     assert EntryPoint("encode", {"seq": 1}, kwargs={"phase": "encode"}).kwargs == {"phase": "encode"}
     with pytest.raises(SpecError, match=r"entry point 'encode': kwargs\['phase'\] is a Tensor"):
         EntryPoint("encode", kwargs={"phase": torch.zeros(1)})
+
+
+def test_an_encoder_decoder_of_one_batch_row_opens_and_generates_what_transformers_generates(tmp_path):
+    """``max_batch=1``: the batch is a static size of 1 in the contract (as for ``causal_lm``), the
+    bundle opens, and its greedy tokens equal transformers' ``generate``."""
+    import aot.loader
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    traced = trace(seq2seq(factory("bart"), max_batch=1, max_source=MAX_SOURCE, max_target=MAX_TARGET))
+    assert {i.name: i.shape for i in traced.guards.inputs}["input_ids"] == ("1", "source")
+    path = tmp_path / "one_row.tpk"
+    pack(generate(traced, ("sm_90",), fuse=False), path)
+    runner = aot.loader.load(path)
+    source = sources("bart", 1)
+    want = hf_greedy(built("bart"), source, 6)[0].tolist()
+    assert runner.generate(source["input_ids"][0].tolist(), 6) == want

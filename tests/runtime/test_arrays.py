@@ -58,3 +58,23 @@ def test_any_dlpack_producer_comes_in_through_its_capsule():
     out = DeviceArray(a.ctypes.data, "int64", a.shape, (CPU, 0), owner=a)
     mine = from_dlpack(out, "x")  # a runner's output fed back: no capsule
     assert (mine.ptr, mine.dtype, mine.shape, mine.contiguous) == (a.ctypes.data, "int64", (3, 4), True)
+
+
+def test_a_slice_of_wider_rows_goes_out_with_its_strides():
+    """An output that is a slice of a wider buffer (the logits cut from their padded GEMM, computed
+    into the caller's memory): DLPack carries its strides, ``numpy()`` packs it, and fed back as
+    an input it is not taken for a dense array."""
+    padded = np.arange(2 * 3 * 8, dtype=np.float16).reshape(2, 3, 8)
+    out = DeviceArray(padded.ctypes.data, "float16", (2, 3, 5), (CPU, 0), owner=padded, strides=(24, 8, 1))
+    want = padded[:, :, :5]
+    b = np.from_dlpack(out)
+    assert b.ctypes.data == padded.ctypes.data and b.strides == want.strides
+    np.testing.assert_array_equal(b, want)
+    host = out.numpy()
+    assert host.flags.c_contiguous
+    np.testing.assert_array_equal(host, want)
+    assert out.span == (24 + 2 * 8 + 5) * 2 and out.nbytes == 2 * 3 * 5 * 2
+    view = from_dlpack(out, "x")
+    assert view.strides == (24, 8, 1) and not view.contiguous
+    dense = DeviceArray(padded.ctypes.data, "float16", (2, 3, 8), (CPU, 0), owner=padded, strides=(24, 8, 1))
+    assert dense.strides is None  # row-major strides are the dense array's

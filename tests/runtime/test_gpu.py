@@ -1,7 +1,8 @@
 """The runtime on a GPU beside the torch loader, on the same library-free bundle: inputs from torch
 through DLPack (device) and from NumPy (host), outputs through DLPack into torch and as NumPy,
-equal bit for bit to the torch loader's GPU outputs (the same cubins run); CUDA-graph replay at a
-bucket and launch by launch off the buckets; outputs the caller owns. ``AOTPACK_RT_BUNDLES``:
+equal bit for bit to the torch loader's GPU outputs (the same cubins run: the same plan, a tuned
+one where the bundle's table chose forms); CUDA-graph replay at a bucket and launch by launch off
+the buckets; outputs the caller owns. ``AOTPACK_RT_BUNDLES``:
 more library-free bundles to compare (``path:sym=n,...`` separated by spaces)."""
 
 from __future__ import annotations
@@ -37,11 +38,27 @@ def _compare(path, sizes: dict[str, int]):
     want = ref(**inputs)
     got = rt(**inputs)  # torch CUDA tensors in through DLPack
     assert torch.equal(torch.from_dlpack(got), want)
+    assert_same_plan(rt, ref, sizes)
     host = rt.run((), {k: v.cpu().numpy() for k, v in inputs.items()}, numpy=True)
     np.testing.assert_array_equal(host, want.cpu().numpy())
     again = rt(**inputs)
     assert again.ptr != got.ptr  # a later call never overwrites an earlier call's output
     assert torch.equal(torch.from_dlpack(got), want)
+
+
+def assert_same_plan(rt, ref, sizes: dict[str, int]) -> None:
+    """The steps the runtime ran at ``sizes`` are those the torch loader runs there (its bucket's
+    tuned plan where the bundle's table chose forms, ``ProgramExecutor.plan_at``)."""
+    from dataclasses import replace
+
+    from aot.program import live_steps
+
+    ours = [p for key, p in rt._prepared.items() if dict(key[1:]) == sizes]
+    assert len(ours) == 1, list(rt._prepared)
+    (prepared,) = ours
+    (executor,) = [e for e in ref.executors if e.name == prepared.entry.name]
+    theirs, _ = executor.plan_at(sizes)
+    assert prepared.steps == live_steps(replace(executor.program, steps=theirs))
 
 
 @pytest.mark.parametrize("batch", [8, 5])  # a bucket (graph) and no bucket (launch by launch)

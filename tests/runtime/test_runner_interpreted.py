@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow  # the library-free build, and every launch interp
 PROMPTS = [[3, 14, 15, 9, 2], [6, 5]]
 NEW = 4
 
-SCRIPT = """
+# The runtime over the stand-in driver, every launch run by the kernel's Triton source in the
+# interpreter (``TRITON_INTERPRET=1``, ``interpreted_json``): ``runner`` on the bundle at sys.argv[1].
+DRIVER = """
 import ctypes, hashlib, json, sys
 import torch
 from aot.aten import DTYPES
@@ -33,7 +35,7 @@ from aot.runtime.runner import Runner
 from aot.schema import KERNEL_CUBIN_FORMAT, ParamKind
 from tests.runtime.test_runner_fake_driver import FakeDevice
 
-bundle_path, prompts, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+bundle_path = sys.argv[1]
 b = open_bundle(bundle_path)
 program = b.program()
 records = {k.id: k for p in (program, *program.variants) for k in p.kernels}
@@ -78,11 +80,18 @@ device = Device()
 drv.Kernel = Interpreted
 drv.destroy_graph = lambda *a: None
 runner = Runner(check(bundle_path), device, graphs=False)
+"""
+
+SCRIPT = (
+    DRIVER
+    + """
+prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
 both = runner.generate(prompts, new)
 one = runner.generate(prompts[0], new)
 again = runner.generate(prompts, new)
 print(json.dumps([both, one, again, runner.state_names, runner.checked.state.size]))
 """
+)
 
 
 def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_lm_free):  # noqa: F811
@@ -125,3 +134,28 @@ def test_hf_causal_lms_generate_the_torch_loaders_tokens_in_the_interpreter(kind
     want = cpu.generate(prompts, 3)
     assert both == want and again == want
     assert one == cpu.generate(prompts[0], 3)
+
+
+def test_a_causal_lm_of_one_batch_row_generates_the_torch_loaders_tokens_in_the_interpreter(tmp_path):
+    """Tiny GPT-2 through ``aot.hf.causal_lm(max_batch=1)`` built ``--library-free`` (the batch a
+    static size of 1 in its contract): the runtime opens it and generates the torch loader's tokens."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+
+    bundle = tmp_path / "one_row.tpk"
+    spec = causal_lm(factory("gpt2"), max_batch=1, max_context=16, name="gpt2")
+    pack(generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True), bundle)
+    prompt = [5, 17, 42, 8, 3]
+    script = (
+        f"import sys\nsys.argv = ['x', {str(bundle)!r}]\n"
+        + DRIVER
+        + f"\nprint(json.dumps(runner.generate({prompt}, 3)))\n"
+    )
+    assert interpreted_json(script) == load(bundle).generate(prompt, 3)
