@@ -13,8 +13,9 @@ than the library plan; every form matches the library steps it replaces in Trito
 A transformers Llama (tests/hf's tiny config, float16, batch buckets 1, 2, 4, 8), built the same
 way (slow): its decode plan runs the few-row forms at 2, 4 and 8 rows, and its logits and cache
 writes there, every kernel run in the interpreter from the kernels' own outputs, equal the eager
-model's (float32 on the bundle's float16 weights) within the float16 tolerance, the greedy tokens
-exactly.
+model's (float16, on the CPU) within the float16 tolerance, the greedy tokens exactly (measured:
+0.42-0.60 of the tolerance at worst; eager in float32 is itself 1.2 times the tolerance away from
+eager in float16 at 8 rows, as are the library plan and the one-row plan).
 """
 
 from __future__ import annotations
@@ -263,10 +264,10 @@ table = read_tuning(b, programs, buckets_by_program(b.manifest))
 weights = load(b.read(WEIGHTS_PATH))
 program = programs[{index}]
 plans = tuned_plans(table, {index}, program, "sm_90")
-model = built("llama").to(torch.float16)  # the weights the bundle has, computed in float32 eagerly
+model = built("llama").to(torch.float16)  # the model as the spec builds it, in its dtype
 embed = model.get_input_embeddings().weight
 assert any(w.shape == embed.shape and torch.equal(w, embed) for w in weights.values())
-eager = Decoder(model.float(), 16).eval()
+eager = Decoder(model, 16).eval()
 out = []
 for batch in {BATCHES!r}:
     g = torch.Generator().manual_seed(batch)
@@ -280,13 +281,14 @@ for batch in {BATCHES!r}:
         if t.name.startswith(("key_cache", "value_cache")):
             shape = [batch, *(int(d) for d in t.spec.shape[1:])]
             inputs[t.name] = (0.5 * torch.randn(shape, generator=g)).to(torch.float16)
-    state = {{k: v.float() for k, v in inputs.items() if k.startswith(("key_cache", "value_cache"))}}
+    state = {{k: v.clone() for k, v in inputs.items() if k.startswith(("key_cache", "value_cache"))}}
     env = {{}}
     fused = replace(program, steps=plans[(batch,)])
     results = interpret_kernels(fused, weights, {{k: v.clone() for k, v in inputs.items()}}, {{"batch": batch}}, from_kernels=env)
     with torch.no_grad():
         want = eager(**{{k: v for k, v in inputs.items() if k not in state}}, **state)
     got = env[program.outputs[0]].float()
+    want = want.float()
     tol = (1e-2, 1e-2)  # aot.dtypes.TOLERANCE["float16"]
     def worst(a, b):
         return ((a - b).abs() / (tol[0] + tol[1] * b.abs())).max().item()
@@ -295,7 +297,7 @@ for batch in {BATCHES!r}:
     out.append({{
         "batch": batch,
         "logits": worst(got, want),
-        "cache": max(worst(env[k].float(), state[k]) for k in state),
+        "cache": max(worst(env[k].float(), state[k].float()) for k in state),
         "tokens_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
         "bad": [r.name for r in results if not r.ok],
         "kernels": ran,
