@@ -9,7 +9,8 @@ those buckets as it does at one row.
 by default with the entry on: each site compiles its one-row form for bucket 1 and the few-row
 form for bucket 8, nothing else; at 8 rows the plan runs as many kernels as at one row, three fewer
 than the library plan; every form matches the library steps it replaces in Triton's interpreter at
-8 rows (``aot.dtypes.TOLERANCE``, float16: 1e-2 + 1e-2·|ref|), the residual sums they write exactly.
+8 rows (``aot.dtypes.TOLERANCE``, float16: 1e-2 + 1e-2·|ref|), the residual sums they write exactly;
+the same for GPT-2's LayerNorm (``gemm_gpt2.py``, ``<form>_ln``) at 3 rows.
 A transformers Llama (tests/hf's tiny config, float16, batch buckets 1, 2, 4, 8), built the same
 way (slow): its decode plan runs the few-row forms at 2, 4 and 8 rows, and its logits and cache
 writes there, every kernel run in the interpreter from the kernels' own outputs, equal the eager
@@ -170,6 +171,35 @@ def test_a_wrong_few_row_norm_is_caught(rms16, tmp_path):
         tmp_path / "bad.tpk",
     )
     assert failed == {f"{site.id}/{cand.name}"}
+
+
+@pytest.mark.slow  # another build and interpreter run; the LayerNorm prologue of the dot forms predates them
+def test_gpt2_layer_norm_runs_in_the_few_row_form_and_matches(tmp_path, monkeypatch):
+    """``gemm_gpt2.py`` (LayerNorm of a sum before fc, GELU after it; float16, K = 600; buckets 1,
+    3, 4) with the entry on: fc runs ``<few>_ln`` at 3 and 4 rows, proj the plain form; both match
+    their reference in the interpreter at 3 rows, the sum r + x exactly."""
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = MODELS / "gemm_gpt2.py"
+    monkeypatch.setattr(gemm_defaults, "FEW_ROWS", FEW)
+    compiled = generate(trace(load_model_file(model)), ARCHS)
+    pack(compiled, tmp_path / "gpt2.tpk")
+    fc, proj = compiled.program.alternatives
+    assert [(c.name, c.buckets) for c in fc.candidates][1] == (FEW + "_ln", ({"batch": 3}, {"batch": 4}))
+    assert [c.name for c in proj.candidates][1] == FEW
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "gpt2.tpk", model, [{"batch": 3}], None, True)], timeout=HANG_GUARD_S
+    )
+    (comparisons,) = result.values()
+    few = [c for c in comparisons if FEW in c.name and not c.name.endswith("/rerun")]
+    assert {c.name for c in few} == {f"{fc.id}/{FEW}_ln", f"{proj.id}/{FEW}"}
+    bad = [c for c in comparisons if not c.ok]
+    assert not bad, bad[:3]
+    sums = [c for c in few if c.output == fc.outputs[-1]]
+    assert len(sums) == 1 and sums[0].max_abs_error == 0.0
 
 
 # ---------------------------------------------------------------------------------------------
