@@ -6,6 +6,8 @@
 #   DEADLINE=580 bash bench/device_session.sh run-llama:570      (RUN_SYSTEMS, RUN_JOBS: run.py's --systems, --jobs)
 #   DEADLINE=580 bash bench/device_session.sh memory-mlp:90 memory-gpt:120
 #   DEADLINE=580 bash bench/device_session.sh sweep:120 chain:60
+#   DEADLINE=580 bash bench/device_session.sh fewrow-quick:150 fewrow:420
+#   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8 bash bench/device_session.sh decode-llama-3.2-1b:250 few-llama-3.2-1b:250
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32) and DECODE_PROFILE=1 (kernel tables per
@@ -64,6 +66,13 @@ for item in "$@"; do
     rt-bench) cmd=(python3 bench/run.py --models "${RT_MODELS:-mlp,gpt,cnn}" --systems aotpack,aotpack-lf,aotpack-rt --bundles .bundles --out "$RES/rt" --jobs 4) ;;
     rt-size) cmd=(python3 bench/rt_install_size.py --json) ;;
     gemv) cmd=(python3 bench/gemv_sweep.py --chain --json "$RES/gemv-sweep.json") ;;
+    # few-row (2-16 rows) tensor-core GEMM forms against cuBLAS, alone and chained (bench/fewrow_sweep.py)
+    fewrow) cmd=(python3 bench/fewrow_sweep.py --chain --json "$RES/fewrow-sweep.json") ;;
+    fewrow-quick) cmd=(python3 bench/fewrow_sweep.py --quick --chain --json "$RES/fewrow-quick.json") ;;
+    fewrow-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_few_rows_gpu.py) ;;
+    # few-MODEL: decode-MODEL with the built-in table's few-row entry on (AOTPACK_FEW_ROWS=$FEW_ROWS,
+    # default few_16x16x256; FEW_PROLOGUE=0: the plain forms after the norm kernels), bundles of its own
+    few-*) cmd=(env AOTPACK_FEW_ROWS="${FEW_ROWS:-few_16x16x256}" AOTPACK_FEW_ROWS_PROLOGUE="${FEW_PROLOGUE:-1}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#few-}" --out "$RES/decode-few-${step#few-}" --bundles /tmp/bundles-few ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
     # a decode step's GEMVs as one persistent kernel (grid barriers) against one kernel per GEMV
     persistent) cmd=(python3 bench/persistent_chain.py --json "$RES/persistent.json") ;;

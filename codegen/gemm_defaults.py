@@ -31,7 +31,10 @@ So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where
 ``SHORT_K``, ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
 out), ``vec_1x2x1024`` otherwise (``_rms`` or ``_ln``: with the RMSNorm or LayerNorm kernel
 before it, and the residual add in that kernel, computed in the GEMV's prologue); every other
-site and bucket keeps the library. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
+site and bucket keeps the library, but for the few-row entry: buckets of 2-16 rows (decode at
+batch 2-16) run the tensor-core form ``FEW_ROWS`` names, as its ``_rms``/``_ln`` variant where a
+norm kernel made A. It is off (None) until ``bench/fewrow_sweep.py`` and ``bench/decode.py`` have
+measured it on the GPU; ``AOTPACK_FEW_ROWS`` turns it on for one build. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
 GPU of its arch), and only those forms are compiled, so a build takes a few kernels more, not the
 whole candidate set. ``aotpack tune`` on the user's GPU replaces the table (with
 ``--gemm-candidates`` builds it searches every form).

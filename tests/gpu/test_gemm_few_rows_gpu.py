@@ -1,0 +1,105 @@
+"""The few-row GEMM forms (``aot.codegen.gemm_defaults.FEW_ROWS``, off by default) on a GPU, at
+Llama-3.2-1B's shapes (bench/decode.py's ``llama-3.2-1b``, bfloat16; 2 of its 16 layers), built by
+default for this GPU's arch with the entry on (``AOTPACK_FEW_ROWS`` where set, else
+``few_16x16x256``) and batch buckets 1, 2 and 8:
+
+- the decode plan at 2 and 8 rows runs the few-row forms at every GEMM (q/k/v and gate/up as
+  their ``_rms`` forms, the RMSNorm kernels gone), as many kernels as at one row;
+- ``aot.verify.device.verify``: every kernel of each bucket's plan against its reference steps on
+  the GPU (bfloat16 tolerance), the whole program against the CPU path, the CUDA graph's replay
+  against the launches.
+
+    pytest -m gpu tests/gpu/test_gemm_few_rows_gpu.py
+    AOTPACK_FEW_ROWS=few_16x32x256 pytest -m gpu tests/gpu/test_gemm_few_rows_gpu.py
+
+Never run in CI (no GPU there).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+LAYERS = 2
+BATCHES = (2, 8)
+
+
+@pytest.fixture(scope="module")
+def llama_1b_few(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.codegen.gemm_defaults import DEFAULT_ARCH, FEW_ROWS_ENV
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from bench.decode import config, instantiate
+
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    if arch != DEFAULT_ARCH:
+        pytest.skip(f"the built-in GEMM table is for {DEFAULT_ARCH}, this GPU is {arch}")
+    form = os.environ.get(FEW_ROWS_ENV) or "few_16x16x256"
+    cls, cfg = config("llama-3.2-1b", False)
+    cfg.num_hidden_layers = LAYERS
+    cfg.pad_token_id = 0
+    cfg.eos_token_id = None
+    spec = causal_lm(
+        lambda: instantiate(cls, cfg),
+        max_batch=max(BATCHES),
+        max_context=64,
+        dtype="bfloat16",
+        name="llama-3.2-1b",
+        batch_buckets=(1, *BATCHES),
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FEW_ROWS_ENV, form)
+        compiled = generate(trace(spec), (arch,))
+    path = tmp_path_factory.mktemp("llama_1b_few") / "llama-3.2-1b.tpk"
+    pack(compiled, path, split_weights=True)
+    return path, compiled, arch, form.split(",")[0]
+
+
+def test_decode_plan_runs_the_few_row_forms(llama_1b_few):
+    from aot.schema import StepKind
+    from aot.tuning import tuned_plans
+
+    _, compiled, arch, form = llama_1b_few
+    programs = [compiled.program, *compiled.program.variants]
+    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
+    program = programs[index]
+    kernels = {k.id: k for k in program.kernels}
+    plans = tuned_plans(compiled.tuning, index, program, arch)
+    launches = {}
+    for key, plan in plans.items():
+        names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
+        assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plan), key
+        launches[key] = len(names)
+        if key != (1,):
+            assert sum(n.startswith("gemm_norm_") and n.endswith(form) for n in names) == 2 * LAYERS
+    assert sorted(launches) == [(1,), *((b,) for b in BATCHES)]
+    assert len(set(launches.values())) == 1, launches
+
+
+def test_verify_passes_with_the_few_row_forms(llama_1b_few):
+    from aot.loader.bundle import open_bundle
+    from aot.verify.device import passed, reference_noise, verify
+
+    path, _, _, form = llama_1b_few
+    reports = verify(str(path))
+    bundle = open_bundle(path)
+    try:
+        noise = reference_noise(bundle.manifest)
+    finally:
+        bundle.close()
+    assert reports
+    failed = [r for r in reports if not passed(r, "bfloat16", noise)]
+    assert not failed, failed[:2]
+    few = {name for r in reports for name in r.kernel_errs if name.endswith(form)}
+    assert few, "no few-row form was checked"
