@@ -68,8 +68,13 @@ def test_the_setting_and_its_override(monkeypatch):
     monkeypatch.setenv(FEW_ROWS_ENV, "few_16x16x1024")
     with pytest.raises(CodegenError, match="few_16x16x1024.*expected one of few_16x16x256"):
         default_form(4, 2048, "float16")
-    monkeypatch.setenv(FEW_ROWS_ENV, "a,b,c")
-    with pytest.raises(CodegenError, match="expected 'off', '<form>'"):
+    # the third form runs at wide N (N >= WIDE_N)
+    monkeypatch.setenv(FEW_ROWS_ENV, "few_16x32x256,few_splitk_16x64x128,few_16x64x128")
+    assert default_form(8, 2048, "bfloat16", n=2048) == "few_16x32x256"
+    assert default_form(8, 2048, "bfloat16", n=16384) == "few_16x64x128"
+    assert default_form(8, 8192, "bfloat16", n=16384) == "few_splitk_16x64x128"
+    monkeypatch.setenv(FEW_ROWS_ENV, "a,b,c,d")
+    with pytest.raises(CodegenError, match="expected 'off' or '<form>"):
         default_form(4, 2048, "float16")
     monkeypatch.setenv(FEW_ROWS_ENV, FEW)
     monkeypatch.setenv(FEW_ROWS_PROLOGUE_ENV, "yes")
