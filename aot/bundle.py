@@ -148,6 +148,21 @@ class WeightsStream:
         with self._lock:
             self._checked.add(index)
 
+    def check_head(self, head: bytes) -> None:
+        """``BundleError`` if a chunk holding ``head`` (the member's first bytes, read already:
+        its safetensors header) is not as the manifest lists it; the rest of those chunks is read
+        to know. What a reader runs once the header is refused, so that a damaged bundle is told
+        it is damaged rather than what its header got wrong."""
+        for index, (begin, end, _) in enumerate(self.spans):
+            if begin >= len(head):
+                break
+            digest, at = hashlib.sha256(head[begin:end]), min(len(head), end)
+            piece = memoryview(bytearray(min(1 << 20, max(end - at, 1))))
+            while at < end and (n := self.read_at(at, piece[: end - at])):
+                digest.update(piece[:n])
+                at += n
+            self.check(index, digest, at)
+
     def finish(self) -> None:
         """``BundleError`` unless every chunk was checked."""
         missing = set(range(len(self.spans))) - self._checked

@@ -274,22 +274,12 @@ class Runner:
         self.weight_offsets: dict[str, int] = {}
         with bundle.weights_stream() as stream:
             head = _read_head(stream, where, header_limit(len(declared)))
-            entries = parse_header(head, where, header_limit(len(declared)))
-            total = 0
-            for name, spec in declared.items():
-                if name not in read:
-                    continue
-                got = entries.get(name)
-                if got is None:
-                    raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
-                dtype, shape, begin, end = got
-                if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
-                    raise BundleError(
-                        f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
-                        f"{spec.dtype} {list(spec.shape)}"
-                    )
-                self.weight_offsets[name] = total
-                total += -(-(end - begin) // ALIGN) * ALIGN
+            try:
+                entries = parse_header(head, where, header_limit(len(declared)))
+                total = self._place_weights(declared, read, entries)
+            except BundleError:
+                stream.check_head(head.data)  # a damaged file is told so, before what its header got wrong
+                raise
             self.weights_bytes = total
             self.weights_base = self.gpu.alloc(total) if total else 0
             places = sorted(
@@ -299,6 +289,26 @@ class Runner:
             self._stream_weights(stream, head.data, places)
             stream.finish()
         self.weights = set(self.weight_offsets)
+
+    def _place_weights(self, declared: dict, read: set[str], entries: dict) -> int:
+        """Each weight the programs read at its ``ALIGN``-byte offset of the one allocation
+        (``weight_offsets``), checked against the program's spec; the allocation's bytes."""
+        bundle, total = self.checked.bundle, 0
+        for name, spec in declared.items():
+            if name not in read:
+                continue
+            got = entries.get(name)
+            if got is None:
+                raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
+            dtype, shape, begin, end = got
+            if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
+                raise BundleError(
+                    f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
+                    f"{spec.dtype} {list(spec.shape)}"
+                )
+            self.weight_offsets[name] = total
+            total += -(-(end - begin) // ALIGN) * ALIGN
+        return total
 
     def _stream_weights(self, stream, head: bytes, places: list[tuple[int, int, int]]) -> None:
         """Read the weights member's chunks (``stream.spans``) on up to ``WEIGHT_THREADS``
