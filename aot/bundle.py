@@ -52,7 +52,6 @@ from aot.serde import from_json, upgrade_manifest
 from aot.signature import check_signature, signature_problem, trusted_keys
 from aot.signing import MAX_SIGNATURE_BYTES
 from aot.symexpr import FloatText, compile_expr
-from aot.tuning import check_alternatives
 
 MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its kernels is well under 1 MB
 # JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
@@ -434,7 +433,10 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
     if not program.outputs:
         raise BundleError(f"{path}: the program has no outputs")
     for p in (program, *program.variants):
-        check_alternatives(p, path)
+        if p.alternatives:
+            from aot.tuning import check_alternatives  # only tuned bundles have GEMM alternatives
+
+            check_alternatives(p, path)
     # every size, argument and grid expression parses and uses only symbols the guards bind
     for text in _expressions(program):
         unknown = compile_expr(text, floats=isinstance(text, FloatText)).symbols - symbols
