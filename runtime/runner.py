@@ -30,7 +30,7 @@ from aot.errors import BundleError, EnvError, GuardError
 from aot.program import DRIVER_COPIES, step_reads, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
-from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
+from aot.runtime.arrays import CPU, CUDA, DTYPES, ArrayView, DeviceArray, from_dlpack
 from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle
 from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.state import slots_error
@@ -481,6 +481,20 @@ class Runner:
         self.gpu.synchronize()
         return DeviceArray(
             memory.ptr, view.dtype, view.shape, (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
+        )
+
+    def zeros(self, dtype: str, shape: Sequence[int]) -> DeviceArray:
+        """An array of zeros in device memory of its own (what ``aotpack-rt load`` passes when
+        no inputs are given: no host array, so no numpy)."""
+        if dtype not in DTYPES:
+            raise GuardError(f"dtype {str(dtype)[:20]!r} is not one of {sorted(DTYPES)}")
+        nbytes = ITEMSIZE[dtype]
+        for d in shape:
+            nbytes *= d
+        memory = _Memory(self.gpu, nbytes)
+        self.gpu.zero(memory.ptr, nbytes)
+        return DeviceArray(
+            memory.ptr, dtype, tuple(shape), (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
         )
 
     def _copy_in(self, view: ArrayView, address: int, name: str) -> None:

@@ -69,3 +69,23 @@ def test_the_arena_grows_for_a_larger_call_and_every_size_stays_right(pointwise)
         np.testing.assert_array_equal(rt.run((), {"x": x}, numpy=True), ref(x=x).cpu().numpy())
         sizes.append(rt.arena_bytes)
     assert sizes[0] < sizes[2] == sizes[-1]
+
+
+def test_the_load_command_answers_without_importing_numpy(pointwise):  # noqa: F811
+    """``aotpack-rt load`` in a fresh interpreter where torch is blocked: its zero inputs are made
+    on the device and its first answer read back as bytes, so numpy is never imported (~0.1 s of
+    the cold start); the report says when the first answer came."""
+    from tests.runtime.test_torch_free import run_torch_free
+
+    out = run_torch_free(
+        f"""
+        import contextlib, io, json
+        from aot.runtime.cli import main
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = main(["load", {str(pointwise)!r}, "--sizes", "batch=8", "--json"])
+        report = json.loads(printed.getvalue())
+        print(json.dumps({{"code": code, "numpy": "numpy" in sys.modules, "first": report["first_result_s"]}}))
+        """
+    )
+    assert out["code"] == 0 and not out["numpy"] and out["first"] > 0

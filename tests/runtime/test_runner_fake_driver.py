@@ -360,3 +360,37 @@ def test_an_id_past_the_table_is_refused_before_anything_runs_as_by_the_torch_lo
             cpu.entry("prefill")(**{k: torch.from_numpy(v) for k, v in {**good, name: bad}.items()})
         assert str(ours.value) == str(theirs.value)
         assert str(ours.value).startswith(f"input {name!r} holds")
+
+
+def test_the_load_command_runs_zeros_made_on_the_device(pointwise, fake, monkeypatch, capsys):  # noqa: F811
+    """``aotpack-rt load``: its inputs are zeros made in device memory (``Runner.zeros``: no host
+    array, so numpy is not imported for them) and its first answer comes to the host as bytes."""
+    import json
+
+    from aot.runtime import cli
+
+    monkeypatch.setattr(drv, "Device", lambda ordinal: fake)
+    assert cli.main(["load", str(pointwise), "--sizes", "batch=3", "--iters", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sizes"] == {"batch": 3} and report["median_ms"] is not None
+    zeros = [e for e in fake.log if e[0] == "alloc"][1]  # after the weights': the input's 3 x 16 floats
+    assert zeros == ("alloc", 3 * 16 * 4)
+    launches = [e for e in fake.log if e[0] == "launch"]
+    assert launches and all(words[3] == 3 for _, _, _, words in launches)  # s_batch
+
+
+def test_zeros_are_device_arrays_of_zeros(pointwise, fake):  # noqa: F811
+    from aot.errors import GuardError
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+
+    runner = Runner(check(pointwise), fake)
+    ctypes.memset(fake.alloc(1 << 10), 0xFF, 1 << 10)  # memory is not zero to begin with
+    z = runner.zeros("float16", (4, 3))
+    assert (z.dtype, z.shape, z.device, z.nbytes) == ("float16", (4, 3), (CUDA, 0), 24)
+    assert z.tobytes() == bytes(24)
+    out = runner.run((), {"x": runner.zeros("float32", (2, 16))})
+    w = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(out.numpy(), np.maximum(0, np.zeros((2, 16), np.float32) + w))
+    with pytest.raises(GuardError, match="dtype 'complex64' is not one of"):
+        runner.zeros("complex64", (1,))
