@@ -21,7 +21,9 @@ import time
 STARTED = time.time()  # the interpreter is up: what came before is its start
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 
 
@@ -85,6 +87,8 @@ def main() -> None:
     # the weights' own stream (read, hashed, copied), on a thread beside the kernels' loading:
     # ``kernels`` + ``weights`` (the wait for it after them) is the wall time it took
     result["weights_stream_s"] = runner.weights_stream_s
+    # whether the runtime's modules came from bytecode (compiled at install) or were compiled now
+    result["bytecode_cached"] = os.path.exists(importlib.util.cache_from_source(aot.runtime.runner.__file__))
     sample_free()
     result["shapes"], outputs = {}, {}
     for label, host in zip(labels, shapes):
