@@ -229,12 +229,9 @@ def compile_runtime() -> None:
 
 def rt_worker(model: str, bundle: Path, work: Path, calls: int, warmup: int) -> list[str]:
     """The ``aotpack-rt`` worker's command line, its inputs (every measured shape's, made as
-    ``bench/worker.py`` makes them) written first to ``work/MODEL.inputs.npz``; the runtime's
-    sources byte-compiled (``compile_runtime``)."""
+    ``bench/worker.py`` makes them) written first to ``work/MODEL.inputs.npz``."""
     import numpy as np
     from common import SHAPES, make_inputs, shape_label
-
-    compile_runtime()
 
     arrays = {}
     for i, sizes in enumerate(SHAPES[model]):
@@ -350,6 +347,7 @@ def main() -> None:
                 if not p["free"].exists():
                     r, err = None, "no bundle: " + builds.get("aotpack-lf", {}).get("error", "")
                 else:
+                    compile_runtime()
                     r, err = spawn(rt_worker(model, p["free"], work, CALLS, WARMUP))
                 if r is not None and "aotpack-lf" in builds:
                     r["build_s"] = builds["aotpack-lf"]["seconds"]
