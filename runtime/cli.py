@@ -140,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--eos", default="", help="end-of-sequence token id(s), e.g. 2 or 2,32000")
             p.add_argument("--device", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.command != "check":
+        from aot.runtime import start_driver
+
+        start_driver(args.device)  # beside the runtime's imports and the bundle's checks
     try:
         report = _load(args)
     except AotError as e:
