@@ -60,18 +60,20 @@ def main() -> None:
         path = Path(tmp) / "weights.bin"
         path.write_bytes(data)  # in the page cache from here on
         for threads in [int(t) for t in args.threads.split(",")]:
-            memory, file = [], []
+            memory, file, cpu = [], [], []
             for _ in range(args.repeat):
                 start = time.perf_counter()
                 digests.check_member(data, member, "weights", path, threads)
                 memory.append(time.perf_counter() - start)
-                start = time.perf_counter()
+                start, used = time.perf_counter(), time.process_time()
                 _read_and_hash(path, member, threads, args.piece_mib << 20)
                 file.append(time.perf_counter() - start)
+                cpu.append((time.process_time() - used) / file[-1])
             gbs = lambda s: len(data) / statistics.median(s) / 1e9  # noqa: E731
             print(
                 f"threads {threads}: in memory {statistics.median(memory) * 1e3:.0f} ms ({gbs(memory):.2f} GB/s), "
-                f"read from the file and hashed {statistics.median(file) * 1e3:.0f} ms ({gbs(file):.2f} GB/s)"
+                f"read from the file and hashed {statistics.median(file) * 1e3:.0f} ms ({gbs(file):.2f} GB/s, "
+                f"cores busy {statistics.median(cpu):.2f})"
             )
 
 
