@@ -493,6 +493,7 @@ class Runner:
             nbytes *= d
         memory = _Memory(self.gpu, nbytes)
         self.gpu.zero(memory.ptr, nbytes)
+        self.gpu.synchronize()  # zero before any consumer's stream reads it, as ``array``
         return DeviceArray(
             memory.ptr, dtype, tuple(shape), (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
         )
