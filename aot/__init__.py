@@ -33,5 +33,10 @@ def __getattr__(name: str):
     if name in _SPEC:
         from aot import spec
 
-        return getattr(spec, name)
+        return {
+            "Dim": spec.Dim,
+            "EntryPoint": spec.EntryPoint,
+            "Input": spec.Input,
+            "ModelSpec": spec.ModelSpec,
+        }[name]
     raise AttributeError(f"module 'aot' has no attribute {name!r}")

@@ -36,5 +36,5 @@ def __getattr__(name: str):
     if name in ("Runner", "load"):
         from aot.runtime import runner
 
-        return getattr(runner, name)
+        return runner.Runner if name == "Runner" else runner.load
     raise AttributeError(f"module 'aot.runtime' has no attribute {name!r}")
