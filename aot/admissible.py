@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from aot.schema import SymbolGuard
 
+MAX_DIM = 1 << 31  # the largest size a model file may declare (``aot.spec.Dim``)
+
 
 def residue_text(name: str, modulus: int, residues: tuple[int, ...]) -> str:
     if modulus <= 1:

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import stat
+import threading
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -38,20 +39,19 @@ from aot.archive import (
     Members,
     check_directory,
     check_layout,
-    check_sha256,
-    mismatch,
     not_a_zip,
     read_bounded,
     unreadable,
 )
 from aot.buckets import check_buckets
+from aot.digests import check_chunks, check_member, spans
+from aot.digests import mismatch as chunk_mismatch
 from aot.errors import BundleError, BundleWarning
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool, SymFloat
 from aot.serde import from_json, upgrade_manifest
 from aot.signature import check_signature, signature_problem, trusted_keys
 from aot.signing import MAX_SIGNATURE_BYTES
 from aot.symexpr import FloatText, compile_expr
-from aot.tuning import check_alternatives
 
 MAX_PROGRAM_BYTES = 16 << 20  # decompressed program JSON; GPT-2 small with its kernels is well under 1 MB
 # JSON arrays and objects per manifest or program: each becomes a Python object (~60-100 bytes), so
@@ -93,40 +93,80 @@ def _valid_name(name: str) -> bool:
 
 
 class WeightsStream:
-    """The weights member's bytes in order (``Bundle.weights_stream``). ``readinto`` hands them
-    on; the reader passes each chunk, in order, to ``hash`` (on any one thread: hashing may run
-    beside the next read) once it sits where it is used; ``finish`` refuses the stream unless
-    every byte was read and hashed to the manifest's sha256."""
+    """The weights member's bytes (``Bundle.weights_stream``). ``read_at`` fills a buffer from an
+    offset of the member: from any thread at any offset where ``positional`` (the member stored in
+    the archive or in its own file), else front to back only (the zip's inflating stream).
+    ``spans`` are the chunks the manifest lists a sha256 for (one span without chunk digests);
+    the reader hashes each chunk's bytes where it uses them and hands the digest to ``check``;
+    ``finish`` refuses the stream unless every chunk was checked, so the bytes checked are the
+    bytes the caller copied."""
 
-    def __init__(self, f, member: schema.Member, path: Path):
+    def __init__(self, f, member: schema.Member, path: Path, start: int | None):
+        """``start``: where the member begins in ``f``'s file, for positional reads; None: read
+        ``f`` in order."""
         self._f, self.member, self.path = f, member, path
+        self._start = start
+        self.positional = start is not None and hasattr(os, "preadv")
         self.size = member.size
-        self.seen = 0
-        self._digest = hashlib.sha256()
+        self.spans = spans(member)
+        self._at = 0  # the next offset of an in-order stream
+        self._checked: set[int] = set()
+        self._lock = threading.Lock()
 
-    def readinto(self, buffer: memoryview) -> int:
-        """Fill ``buffer`` (fewer bytes only at the member's end); how many bytes came."""
-        want = min(len(buffer), self.size - self.seen)
+    def read_at(self, offset: int, buffer: memoryview) -> int:
+        """Fill ``buffer`` from byte ``offset`` of the member (fewer bytes only at its end); how
+        many bytes came."""
+        want = max(0, min(len(buffer), self.size - offset))
         got = 0
         try:
+            if self.positional:
+                fd = self._f.fileno()
+                while got < want:
+                    n = os.preadv(fd, [buffer[got:want]], self._start + offset + got)
+                    if not n:
+                        break
+                    got += n
+                return got
+            assert offset == self._at, (offset, self._at)  # an in-order stream is read in order
             while got < want:
                 n = self._f.readinto(buffer[got:want])
                 if not n:
                     break
                 got += n
+            self._at += got
+            return got
         except Exception as e:  # zlib.error, BadZipFile, OSError ...
             raise unreadable(self.path, schema.WEIGHTS_PATH, e) from None
-        self.seen += got
-        return got
 
-    def hash(self, chunk: memoryview) -> None:
-        """Take the next chunk read (the bytes where they now sit) into the sha256."""
-        self._digest.update(chunk)
+    def check(self, index: int, digest: hashlib._Hash, end: int) -> None:
+        """``BundleError`` unless chunk ``index`` was read to its end (``end``: where its reads
+        stopped) and ``digest`` holds its sha256 as the manifest lists it."""
+        begin, stop, want = self.spans[index]
+        if end != stop or digest.hexdigest() != want:
+            raise chunk_mismatch(self.path, schema.WEIGHTS_PATH, self.member, index)
+        with self._lock:
+            self._checked.add(index)
+
+    def check_head(self, head: bytes) -> None:
+        """``BundleError`` if a chunk holding ``head`` (the member's first bytes, read already:
+        its safetensors header) is not as the manifest lists it; the rest of those chunks is read
+        to know. What a reader runs once the header is refused, so that a damaged bundle is told
+        it is damaged rather than what its header got wrong."""
+        for index, (begin, end, _) in enumerate(self.spans):
+            if begin >= len(head):
+                break
+            digest, at = hashlib.sha256(head[begin:end]), min(len(head), end)
+            piece = memoryview(bytearray(min(1 << 20, max(end - at, 1))))
+            while at < end and (n := self.read_at(at, piece[: end - at])):
+                digest.update(piece[:n])
+                at += n
+            self.check(index, digest, at)
 
     def finish(self) -> None:
-        """``BundleError`` unless every byte came and their sha256 is the manifest's."""
-        if self.seen != self.size or self._digest.hexdigest() != self.member.sha256:
-            raise mismatch(self.path, schema.WEIGHTS_PATH, self.member)
+        """``BundleError`` unless every chunk was checked."""
+        missing = set(range(len(self.spans))) - self._checked
+        if missing:
+            raise chunk_mismatch(self.path, schema.WEIGHTS_PATH, self.member, min(missing))
 
 
 @dataclass
@@ -150,7 +190,7 @@ class Bundle:
             data = read_bounded(self._zip, self._infos[name], member.size, self.path)
         else:
             data = self._members.read(self._infos[name], member.size)  # checked at open
-        check_sha256(data, member, name, self.path)
+        check_member(data, member, name, self.path)
         return data
 
     @contextlib.contextmanager
@@ -162,19 +202,22 @@ class Bundle:
         refuses a short read or a sha256 other than the manifest's, so the bytes checked are the
         bytes the caller copied."""
         member = self.manifest.members[schema.WEIGHTS_PATH]
+        start = None  # where the member starts in the file opened, if stored
         try:
             if self.manifest.external_weights:
                 path = self.external_path()
                 fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
                 f = open(fd, "rb", buffering=0)
                 _check_regular(path, os.fstat(fd), member.size)
+                start = 0
             else:
                 info = self._infos[schema.WEIGHTS_PATH]
                 if info.compress_type == zipfile.ZIP_STORED:
                     f = open(self.path, "rb", buffering=0)
                     f.seek(info.header_offset)
                     _, name_length, extra_length = LOCAL_HEADER.unpack(f.read(LOCAL_HEADER.size))
-                    f.seek(info.header_offset + LOCAL_HEADER.size + name_length + extra_length)
+                    start = info.header_offset + LOCAL_HEADER.size + name_length + extra_length
+                    f.seek(start)
                 else:
                     f = self._zip.open(info)
         except OSError as e:
@@ -182,7 +225,7 @@ class Bundle:
                 f"{self.path}: its weights are unreadable ({e.strerror}); re-copy the bundle"
             ) from None
         try:
-            yield WeightsStream(f, member, self.path)
+            yield WeightsStream(f, member, self.path, start)
         finally:
             f.close()
 
@@ -191,18 +234,23 @@ class Bundle:
         (``inspect``, ``guards``) checks, so that it never vouches for corrupt weights."""
         member = self.manifest.members[schema.WEIGHTS_PATH]
         if self.manifest.external_weights:
-            check_sha256(self._read_external(member.size), member, schema.WEIGHTS_PATH, self.path)
+            check_member(self._read_external(member.size), member, schema.WEIGHTS_PATH, self.path)
             return
-        digest, seen = hashlib.sha256(), 0
         try:
             with self._zip.open(self._infos[schema.WEIGHTS_PATH]) as f:
-                while seen <= member.size and (chunk := f.read(1 << 20)):
-                    digest.update(chunk)
-                    seen += len(chunk)
+                for index, (begin, end, want) in enumerate(spans(member)):
+                    digest, left = hashlib.sha256(), end - begin
+                    while left and (piece := f.read(min(1 << 20, left))):
+                        digest.update(piece)
+                        left -= len(piece)
+                    if left or digest.hexdigest() != want:
+                        raise chunk_mismatch(self.path, schema.WEIGHTS_PATH, member, index)
+                if f.read(1):
+                    raise chunk_mismatch(self.path, schema.WEIGHTS_PATH, member, len(spans(member)) - 1)
+        except BundleError:
+            raise
         except Exception as e:  # zlib.error, BadZipFile (CRC), EOFError, OSError ...
             raise unreadable(self.path, schema.WEIGHTS_PATH, e) from None
-        if seen != member.size or digest.hexdigest() != member.sha256:
-            raise mismatch(self.path, schema.WEIGHTS_PATH, member)
 
     def external_path(self) -> Path:
         name = self.manifest.external_weights
@@ -385,7 +433,10 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
     if not program.outputs:
         raise BundleError(f"{path}: the program has no outputs")
     for p in (program, *program.variants):
-        check_alternatives(p, path)
+        if p.alternatives:
+            from aot.tuning import check_alternatives  # only tuned bundles have GEMM alternatives
+
+            check_alternatives(p, path)
     # every size, argument and grid expression parses and uses only symbols the guards bind
     for text in _expressions(program):
         unknown = compile_expr(text, floats=isinstance(text, FloatText)).symbols - symbols
@@ -599,9 +650,10 @@ def _verify(path: Path, zf: zipfile.ZipFile, directory_start: int, members: Memb
             )
         if not re.fullmatch(r"[0-9a-f]{64}", member.sha256):
             raise BundleError(f"{path}: member {name!r} has a malformed sha256")
+        check_chunks(member, name, path)
     # Every member but the weights (which the loader reads, and checks, right away) is checked now,
     # so a corrupt bundle is refused at open even where a member is not used on this device.
     for name, member in manifest.members.items():
         if name in by_name and name != schema.WEIGHTS_PATH:
-            check_sha256(members.read(by_name[name], member.size), member, name, path)
+            check_member(members.read(by_name[name], member.size), member, name, path)
     return Bundle(path=path, manifest=manifest, _zip=zf, _infos=by_name, _members=members)

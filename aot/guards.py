@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from aot.admissible import admissible_text, admits, first_admissible
+from aot.admissible import MAX_DIM, admissible_text, admits, first_admissible
 from aot.errors import BundleError, GuardError, printable
-from aot.manifest_text import static_size
 from aot.schema import Guards, SymbolGuard
-from aot.spec import MAX_DIM
-from aot.symexpr import compile_expr
+from aot.symexpr import compile_expr, static_size
 
 MAX_SIZE = MAX_DIM  # the largest size a model file may declare; larger guards are not from a build
 MAX_EXCLUDED = 1024  # excluded values per symbol (checked on every call)

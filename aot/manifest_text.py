@@ -62,6 +62,7 @@ from aot.schema import (
     Relation,
     SymbolGuard,
 )
+from aot.symexpr import static_size  # noqa: F401 - importers of the name here
 
 HEADER = (
     "# aotpack guard manifest: a call whose inputs fall outside these guards is rejected with GuardError.\n"
@@ -192,14 +193,6 @@ def canonical(m: GuardManifest) -> GuardManifest:
         programs=tuple(m.programs),
         entry_points=tuple(m.entry_points),
     )
-
-
-def static_size(dim: str) -> int | None:
-    """An input dim's text as a static size (ASCII digits, at most 19 of them: ``isdigit`` alone
-    admits ``"²"`` and numbers too long for ``int``), else None: a symbol, or not a size at all."""
-    if dim.isascii() and dim.isdigit() and len(dim) <= 19:
-        return int(dim)
-    return None
 
 
 def _source_key(s: GuardSource) -> tuple[str, int, str, str]:

@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 10)
+SCHEMA_VERSION = (1, 11)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -467,6 +467,11 @@ class BuildStats:
 class Member:
     sha256: str
     size: int
+    # The sha256 of each ``chunk_bytes`` of the member in order (the last chunk may be shorter),
+    # so a loader checks its chunks on several threads at once; the packager writes them for
+    # weights larger than one chunk. Empty: ``sha256`` over the whole member is its check.
+    chunk_bytes: int = field(default=0, metadata=OMIT_EMPTY)
+    chunk_sha256: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

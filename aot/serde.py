@@ -82,12 +82,58 @@ def _fail(path: str, expected: str, got: Any) -> BundleError:
     return BundleError(f"bundle field {path}: expected {expected}, got {shown}")
 
 
+# Per record class: its field names, and each field's (name, type hint, required); worked out once,
+# since a program decodes thousands of records (GPT-2's: ~11,000 values).
+_FIELDS: dict[type, tuple[frozenset[str], tuple[tuple[str, Any, bool], ...]]] = {}
+
+
+def _fields(cls: type) -> tuple[frozenset[str], tuple[tuple[str, Any, bool], ...]]:
+    if cls not in _FIELDS:
+        hints = _hints(cls)
+        fields = dataclasses.fields(cls)
+        _FIELDS[cls] = (
+            frozenset(f.name for f in fields),
+            tuple(
+                (
+                    f.name,
+                    hints[f.name],
+                    f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+                )
+                for f in fields
+            ),
+        )
+    return _FIELDS[cls]
+
+
 def _decode(tp: Any, data: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
+    # the leaves first: most values are strings and integers
+    if tp is str:
+        if type(data) is not str:
+            raise _fail(path, "a string", data)
+        return data
+    if tp is int:
+        if type(data) is not int:
+            raise _fail(path, "an integer", data)
+        return data
     if tp is Any:
         return data
     if tp == Arg:
         return _decode_arg(data, path)
+    if tp in _FIELDS or dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise _fail(path, f"an object ({tp.__name__})", data)
+        names, fields = _fields(tp)
+        if not names.issuperset(data):
+            unknown = set(data) - names
+            raise _fail(path, f"fields of {tp.__name__}", f"unknown {sorted(unknown)[:3]}")
+        kwargs = {}
+        for name, hint, required in fields:
+            if name in data:
+                kwargs[name] = _decode(hint, data[name], f"{path}.{name}")
+            elif required:
+                raise _fail(path, f"field {name!r}", "nothing")
+        return tp(**kwargs)
+    origin = typing.get_origin(tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(data)
@@ -100,21 +146,6 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
         for opt in options:
             if opt is not type(None):
                 return _decode(opt, data, path)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise _fail(path, f"an object ({tp.__name__})", data)
-        hints = _hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        unknown = set(data) - names
-        if unknown:
-            raise _fail(path, f"fields of {tp.__name__}", f"unknown {sorted(unknown)[:3]}")
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in data:
-                kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{path}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise _fail(path, f"field {f.name!r}", "nothing")
-        return tp(**kwargs)
     if origin is tuple:
         if not isinstance(data, list):
             raise _fail(path, "a list", data)
@@ -129,18 +160,10 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
             raise _fail(path, "an object", data)
         _, vt = typing.get_args(tp)
         return {k: _decode(vt, v, f"{path}.{k}") for k, v in data.items()}
-    if tp is int:
-        if type(data) is not int:
-            raise _fail(path, "an integer", data)
-        return data
     if tp is float:
         if type(data) not in (int, float):
             raise _fail(path, "a number", data)
         return float(data)
-    if tp is str:
-        if type(data) is not str:
-            raise _fail(path, "a string", data)
-        return data
     if tp is bool:
         if type(data) is not bool:
             raise _fail(path, "a boolean", data)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aot.admissible import admits
+from aot.admissible import MAX_DIM, admits
 from aot.errors import SpecError
 from aot.schema import Bucket, Guards
 
@@ -44,7 +44,6 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # An input's name is a path into forward's arguments: ``pixel_values``, ``inputs.image`` (a dict's
 # key), ``past.0`` (a tuple's element).
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.([A-Za-z_][A-Za-z0-9_]{0,63}|[0-9]{1,4}))*$")
-MAX_DIM = 1 << 31
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aot.errors import BundleError
-from aot.manifest_text import static_size
 from aot.memory import largest_sizes
 from aot.program import reference_steps
 from aot.schema import Buf, Guards, Program
+from aot.symexpr import static_size
 
 
 @dataclass(frozen=True)

@@ -257,3 +257,11 @@ def _compile_text(text: str, floats: bool = False) -> Expr:
 
 def evaluate(text: str, env: Env) -> int:
     return compile_expr(text)(env)
+
+
+def static_size(dim: str) -> int | None:
+    """An input dim's text as a static size (ASCII digits, at most 19 of them: ``isdigit`` alone
+    admits ``"²"`` and numbers too long for ``int``), else None: a symbol, or not a size at all."""
+    if dim.isascii() and dim.isdigit() and len(dim) <= 19:
+        return int(dim)
+    return None

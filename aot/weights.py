@@ -11,8 +11,8 @@ import struct
 
 from aot.dtypes import ITEMSIZE, SAFETENSORS
 from aot.errors import BundleError
-from aot.manifest_text import static_size
 from aot.schema import TensorSpec
+from aot.symexpr import static_size
 
 MAX_HEADER = 16 << 20  # JSON parsed into Python objects: keep it far below memory (GPT-2: 15 kB)
 # What the header of a weights file may take per tensor the program declares: its name, dtype,

@@ -119,7 +119,8 @@ def main(out: str, configs: list[str]) -> None:
     rows = []
     for code, what in (
         ("import torch", "import torch"),
-        ("import aot.runtime", "import aot.runtime"),
+        # the package imports its modules when first used: what ``load`` imports
+        ("import aot.runtime.runner", "import aot.runtime (its modules)"),
         ("import cuda.bindings.driver", "import cuda.bindings.driver"),
         ("import cuda.core", "import cuda.core"),
     ):

@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from aot import schema, serde
+from aot.digests import chunk_sha256
 from aot.errors import EnvError
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.packager.files import atomic_file, collect_weights, weights_in_place
@@ -99,9 +100,7 @@ def make_manifest(compiled: Compiled, members: dict[str, bytes], external_weight
         guards=traced.guards,
         environment=env,
         buckets=traced.buckets,
-        members={
-            p: Member(sha256=hashlib.sha256(b).hexdigest(), size=len(b)) for p, b in sorted(members.items())
-        },
+        members={p: _member(p, b) for p, b in sorted(members.items())},
         ops=tuple(ops),
         stats=stats,
         external_weights=external_weights,
@@ -127,6 +126,15 @@ def _write_aligned(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     pad = (-header_end) % schema.WEIGHTS_ALIGNMENT
     info.extra = struct.pack("<HH", ALIGN_EXTRA_ID, pad) + b"\0" * pad
     zf.writestr(info, data)
+
+
+def _member(name: str, data: bytes) -> Member:
+    """A member's manifest entry; the weights also get the sha256 of each chunk, which the loaders
+    check on several threads (``aot.digests``)."""
+    chunk_bytes, chunks = chunk_sha256(data) if name == schema.WEIGHTS_PATH else (0, ())
+    return Member(
+        sha256=hashlib.sha256(data).hexdigest(), size=len(data), chunk_bytes=chunk_bytes, chunk_sha256=chunks
+    )
 
 
 def write_bundle(path: str | os.PathLike, manifest: Manifest, members: dict[str, bytes]) -> None:

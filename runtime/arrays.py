@@ -41,6 +41,7 @@ _CODES: dict[str, tuple[int, int]] = {
     "bool": (_BOOL, 8),
 }
 _NAMES = {code: name for name, code in _CODES.items()}
+DTYPES = tuple(_CODES)  # the dtypes a ``DeviceArray`` may hold
 
 
 class DLDevice(ctypes.Structure):
@@ -297,6 +298,17 @@ class DeviceArray:
         key = ctypes.addressof(managed)
         _LIVE[key] = (managed, shape, strides, self)  # until the consumer calls the deleter
         return _api.PyCapsule_New(key, b"dltensor", ctypes.cast(_unconsumed, ctypes.c_void_p))
+
+    def tobytes(self) -> bytes:
+        """A host copy of the array's bytes in C order, without numpy (any dtype, bfloat16 too)."""
+        out = ctypes.create_string_buffer(self.nbytes)
+        if self.device[0] == CPU:
+            ctypes.memmove(out, self.ptr, self.nbytes)
+        else:
+            if self._ready is not None:
+                self._ready(None)
+            self._copy_to_host(ctypes.addressof(out), self.ptr, self.nbytes)
+        return out.raw
 
     def numpy(self):
         """A host copy (``numpy.ndarray``); numpy is imported only here."""

@@ -18,7 +18,7 @@ from typing import Any
 from aot.errors import EnvError
 
 # ``cuda.bindings.driver``, imported by the first ``Device`` (``_bindings``): its import (~0.1 s,
-# most of ``import aot.runtime`` before) then runs in the thread ``load`` starts the driver in,
+# most of ``import aot.runtime`` before) then runs in the thread ``start`` makes the device in,
 # beside the bundle's verification, and a ``check`` without a GPU never pays it.
 cu: Any = None
 
@@ -30,6 +30,48 @@ DEPENDENT_LAUNCH_ENV = "AOTPACK_DEPENDENT_LAUNCH"
 # Bytes of freed outputs the stream-ordered pool keeps for later calls (the driver's default, 0,
 # unmaps them at every synchronize: gpt's 98 MiB of logits at batch 8 were mapped anew each call)
 POOL_KEEP_BYTES = 1 << 62
+
+
+_starting: dict[int, tuple[threading.Thread, dict[str, Any]]] = {}
+_starting_lock = threading.Lock()
+
+
+def start(ordinal: int = 0) -> None:
+    """Begin making GPU ``ordinal``'s ``Device`` on a thread of its own now: the bindings' import,
+    ``cuInit`` and the context (0.1-0.2 s, the driver's calls outside the GIL) then run beside
+    what the caller does next (importing the rest of the runtime, verifying the bundle), and
+    ``started`` hands the ``Device`` over. ``aot.runtime.load`` calls it; a program that calls it
+    first thing, before its imports, starts sooner (``aotpack-rt`` does)."""
+    with _starting_lock:
+        entry = _starting.get(ordinal)
+        if entry is not None and (entry[0].is_alive() or "error" not in entry[1]):
+            return  # under way, or made and not handed over yet; a failed one is tried again
+        _starting[ordinal] = _begin(ordinal)
+
+
+def started(ordinal: int = 0) -> Device:
+    """The ``Device`` that ``start(ordinal)`` began (begun now if none was), once it is made; its
+    error if it failed. Each start is handed over once: a later call makes another."""
+    with _starting_lock:
+        thread, out = _starting.pop(ordinal, None) or _begin(ordinal)
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["device"]
+
+
+def _begin(ordinal: int) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            out["device"] = Device(ordinal)
+        except BaseException as e:  # noqa: BLE001 - raised again by ``started``
+            out["error"] = e
+
+    thread = threading.Thread(target=make, name=f"aotpack-rt-driver-{ordinal}", daemon=True)
+    thread.start()
+    return thread, out
 
 
 def _bindings() -> Any:

@@ -22,10 +22,12 @@ wider rows, gpt's logits cut from their padded GEMM, is handed out as a strided 
 
 from __future__ import annotations
 
+import bisect
 import ctypes
+import hashlib
 import itertools
 import os
-import queue
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -33,12 +35,13 @@ from typing import Any
 
 from aot import schema
 from aot.archs import arch_of
+from aot.digests import HASH_THREADS, on_threads
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, EnvError, GuardError
 from aot.program import DRIVER_COPIES, TAIL_MIN_BYTES, step_reads, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
-from aot.runtime.arrays import CPU, CUDA, ArrayView, DeviceArray, from_dlpack
+from aot.runtime.arrays import CPU, CUDA, DTYPES, ArrayView, DeviceArray, from_dlpack
 from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle, tail_start
 from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.state import slots_error
@@ -48,10 +51,11 @@ from aot.values import value_error
 from aot.weights import header_limit, parse_header, weights_size_limit
 
 ARENA_MODES = ("lazy", "largest")
-# The page-locked host buffers the weights pass through on their way to the device, and the bytes
-# of each: while one fills from the file, the others' chunks are hashed and copied.
-STAGING_BUFFERS = 3
-STAGING_BYTES = 16 << 20
+# The weights' upload: up to this many threads each read a chunk of the weights (``aot.digests``)
+# into a page-locked staging buffer of its own, copy it to the device and hash it (reads, copies
+# and hashing all let go of the GIL), in pieces of ``STAGING_BYTES``.
+WEIGHT_THREADS = HASH_THREADS
+STAGING_BYTES = 4 << 20
 
 
 def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
@@ -318,9 +322,9 @@ class Runner:
 
     def _load_weights(self) -> None:
         """Every weight a program reads into one device allocation, at ``ALIGN``-byte offsets,
-        streamed from the bundle's file through ``STAGING_BUFFERS`` page-locked staging buffers of
-        ``STAGING_BYTES`` (``_stream_weights``), so no copy of the whole file is made in host memory. The sha256 is checked at the end;
-        a mismatch refuses the bundle before the runner exists."""
+        streamed from the bundle's file chunk by chunk (``_stream_weights``), so no copy of the
+        whole file is made in host memory. Each chunk's sha256 is checked as it is read; a
+        mismatch refuses the bundle before the runner exists."""
         bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
         declared = {w.name: w.spec for p in programs for w in p.weights}
         plans = [p for plans in self.plans.values() for p in plans.values()]
@@ -338,89 +342,85 @@ class Runner:
         self.weight_offsets: dict[str, int] = {}
         with bundle.weights_stream() as stream:
             head = _read_head(stream, where, header_limit(len(declared)))
-            entries = parse_header(head, where, header_limit(len(declared)))
-            total = 0
-            for name, spec in declared.items():
-                if name not in read:
-                    continue
-                got = entries.get(name)
-                if got is None:
-                    raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
-                dtype, shape, begin, end = got
-                if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
-                    raise BundleError(
-                        f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
-                        f"{spec.dtype} {list(spec.shape)}"
-                    )
-                self.weight_offsets[name] = total
-                total += -(-(end - begin) // ALIGN) * ALIGN
+            try:
+                entries = parse_header(head, where, header_limit(len(declared)))
+                total = self._place_weights(declared, read, entries)
+            except BundleError:
+                stream.check_head(head.data)  # a damaged file is told so, before what its header got wrong
+                raise
             self.weights_bytes = total
             self.weights_base = self.gpu.alloc(total) if total else 0
             places = sorted(
                 (entries[name][2], entries[name][3], self.weights_base + offset)
                 for name, offset in self.weight_offsets.items()
             )
-            self._stream_weights(stream, len(head.data), places)
+            self._stream_weights(stream, head.data, places)
             stream.finish()
         self.weights = set(self.weight_offsets)
 
-    def _stream_weights(self, stream, at: int, places: list[tuple[int, int, int]]) -> None:
-        """Read ``stream`` from byte ``at`` to its end through the staging buffers; each byte in a
-        ``(begin, end, device address)`` span of ``places`` (sorted, apart) goes to its address.
-        A thread of its own hashes each chunk where it sits while the next is read (both let go of
-        the GIL); a buffer is filled again once its copies are done and its bytes hashed."""
-        gpu = self.gpu
-        size = min(STAGING_BYTES, max(stream.size - at, 1))
-        events = [gpu.event() for _ in range(STAGING_BUFFERS)]
-        copying = [False] * STAGING_BUFFERS
-        hashed = [threading.Event() for _ in range(STAGING_BUFFERS)]
-        for h in hashed:
-            h.set()
+    def _place_weights(self, declared: dict, read: set[str], entries: dict) -> int:
+        """Each weight the programs read at its ``ALIGN``-byte offset of the one allocation
+        (``weight_offsets``), checked against the program's spec; the allocation's bytes."""
+        bundle, total = self.checked.bundle, 0
+        for name, spec in declared.items():
+            if name not in read:
+                continue
+            got = entries.get(name)
+            if got is None:
+                raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
+            dtype, shape, begin, end = got
+            if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
+                raise BundleError(
+                    f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
+                    f"{spec.dtype} {list(spec.shape)}"
+                )
+            self.weight_offsets[name] = total
+            total += -(-(end - begin) // ALIGN) * ALIGN
+        return total
+
+    def _stream_weights(self, stream, head: bytes, places: list[tuple[int, int, int]]) -> None:
+        """Read the weights member's chunks (``stream.spans``) on up to ``WEIGHT_THREADS``
+        threads (one where the stream reads only in order, or has one chunk), each through a
+        page-locked staging buffer of its own of ``STAGING_BYTES``: a piece is read into it, each
+        of its bytes in a ``(begin, end, device address)`` span of ``places`` (sorted, apart) is
+        copied to its address, and the piece is hashed where it sits while the copies run; the
+        buffer is filled again once they are done. ``head``: the member's first bytes, read and
+        parsed already, hashed as they are rather than read again."""
+        gpu, chunks = self.gpu, stream.spans
+        threads = min(WEIGHT_THREADS if stream.positional else 1, len(chunks))
+        size = min(STAGING_BYTES, max(stream.size - len(head), 1))
+        ends = [end for _, end, _ in places]
         buffers: list[int] = []
-        views: list[memoryview] = []
-        chunks: queue.SimpleQueue = queue.SimpleQueue()
+        events: list[Any] = []
 
-        def hash_chunks() -> None:
-            try:
-                while (chunk := chunks.get()) is not None:
-                    turn, n = chunk
-                    stream.hash(views[turn][:n])
-                    hashed[turn].set()
-            finally:  # an error here leaves the digest short: ``finish`` refuses it
-                for h in hashed:
-                    h.set()
-
-        hasher = threading.Thread(target=hash_chunks, name="aotpack-rt-hash")
-        try:
-            buffers = [gpu.host_alloc(size) for _ in range(STAGING_BUFFERS)]
-            views = [memoryview((ctypes.c_char * size).from_address(b)).cast("B") for b in buffers]
-            hasher.start()
-            first, turn = 0, 0  # the first place not copied whole; the buffer to fill
-            while at < stream.size:
-                hashed[turn].wait()
-                if copying[turn]:
-                    gpu.wait(events[turn], None)  # its last chunk's copies are done
-                n = stream.readinto(views[turn])
+        def load_chunk(index: int, worker: int) -> None:
+            gpu.bind()
+            begin, end, _ = chunks[index]
+            buffer, view, event = buffers[worker], views[worker], events[worker]
+            digest = hashlib.sha256(head[begin:end])
+            at = min(max(begin, len(head)), end)  # past the bytes of the head
+            while at < end:
+                gpu.wait(event, None)  # the buffer's last copies are done (at once if none)
+                n = stream.read_at(at, view[: min(size, end - at)])
                 if not n:
-                    break  # short: ``finish`` refuses it
-                end = at + n
-                while first < len(places) and places[first][1] <= at:
-                    first += 1
-                for begin, stop, address in places[first:]:
-                    if begin >= end:
+                    break  # short: ``check`` refuses it
+                for lo_place, hi_place, address in places[bisect.bisect_right(ends, at) :]:
+                    if lo_place >= at + n:
                         break
-                    lo, hi = max(begin, at), min(stop, end)
-                    if hi > lo:
-                        gpu.to_device(address + lo - begin, buffers[turn] + lo - at, hi - lo)
-                gpu.record(events[turn])
-                copying[turn] = True
-                hashed[turn].clear()
-                chunks.put((turn, n))
-                at, turn = end, (turn + 1) % STAGING_BUFFERS
+                    lo, hi = max(lo_place, at), min(hi_place, at + n)
+                    gpu.to_device(address + lo - lo_place, buffer + lo - at, hi - lo)
+                gpu.record(event)
+                digest.update(view[:n])  # beside the copies: both only read the buffer
+                at += n
+            stream.check(index, digest, at)
+
+        try:
+            for _ in range(threads):
+                buffers.append(gpu.host_alloc(size))
+                events.append(gpu.event())
+            views = [memoryview((ctypes.c_char * size).from_address(b)).cast("B") for b in buffers]
+            on_threads(len(chunks), threads, load_chunk)
         finally:
-            chunks.put(None)
-            if hasher.is_alive():
-                hasher.join()
             gpu.synchronize()  # no copy still reads a buffer freed below
             for b in buffers:
                 gpu.free_host(b)
@@ -560,6 +560,21 @@ class Runner:
             memory.ptr, view.dtype, view.shape, (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
         )
 
+    def zeros(self, dtype: str, shape: Sequence[int]) -> DeviceArray:
+        """An array of zeros in device memory of its own (what ``aotpack-rt load`` passes when
+        no inputs are given: no host array, so no numpy)."""
+        if dtype not in DTYPES:
+            raise GuardError(f"dtype {str(dtype)[:20]!r} is not one of {sorted(DTYPES)}")
+        nbytes = ITEMSIZE[dtype]
+        for d in shape:
+            nbytes *= d
+        memory = _Memory(self.gpu, nbytes)
+        self.gpu.zero(memory.ptr, nbytes)
+        self.gpu.synchronize()  # zero before any consumer's stream reads it, as ``array``
+        return DeviceArray(
+            memory.ptr, dtype, tuple(shape), (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
+        )
+
     def _copy_in(self, view: ArrayView, address: int, name: str) -> None:
         if view.device_type == CPU:
             self.gpu.to_device(address, view.ptr, view.nbytes)
@@ -615,18 +630,15 @@ class _Head:
 
 def _read_head(stream, where: str, limit: int) -> _Head:
     """The weights member's safetensors header, read from ``stream`` (``aot.weights.parse_header``
-    checks it); a length over ``limit`` is refused before it is read."""
-    import struct
-
+    checks it; its bytes are hashed with the first chunk); a length over ``limit`` is refused
+    before it is read."""
     prefix = bytearray(8)
-    stream.readinto(memoryview(prefix))
-    stream.hash(memoryview(prefix))
+    got = stream.read_at(0, memoryview(prefix))
     (n,) = struct.unpack("<Q", bytes(prefix))
-    if n > limit or 8 + n > stream.size:
-        return _Head(bytes(prefix), stream.size)  # parse_header says why
+    if got < 8 or n > limit or 8 + n > stream.size:
+        return _Head(bytes(prefix[:got]), stream.size)  # parse_header says why
     header = bytearray(n)
-    stream.readinto(memoryview(header))
-    stream.hash(memoryview(header))
+    stream.read_at(8, memoryview(header))
     return _Head(bytes(prefix + header), stream.size)
 
 
@@ -686,24 +698,13 @@ def load(
     """Verify ``path`` (``aot.runtime.plan.check_bundle``) and load it on GPU ``device``;
     ``graphs=False`` launches kernel by kernel; ``arena``: ``"lazy"`` or ``"largest"`` (module docstring)."""
     start = time.perf_counter()
-    started: dict[str, Any] = {}
-
-    def start_driver() -> None:  # cuInit and the context take ~0.2-0.3 s: meanwhile the bundle is read
-        try:
-            started["gpu"] = drv.Device(device)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
-            started["error"] = e
-
-    thread = threading.Thread(target=start_driver, name="aotpack-rt-driver", daemon=True)
-    thread.start()
+    drv.start(device)  # cuInit and the context take 0.1-0.2 s: meanwhile the bundle is verified
     checked = check_bundle(path, trust, max_memory)
     verify_s = time.perf_counter() - start
     mark = time.perf_counter()
-    thread.join()
-    if "error" in started:
-        raise started["error"]
+    gpu = drv.started(device)
     waited_s = time.perf_counter() - mark
-    runner = Runner(checked, started["gpu"], graphs, arena)
+    runner = Runner(checked, gpu, graphs, arena)
     runner.timings = {
         "verify_s": verify_s,
         "waited_for_driver_s": waited_s + runner.timings.pop("context_s"),

@@ -270,3 +270,17 @@ def deflated_members(entries: list[Entry], count: int, size: int) -> list[Entry]
     for e in extra:
         m["members"][e.name] = {"sha256": digest, "size": size}
     return with_manifest_text(entries, manifest_bytes(m)) + extra
+
+
+def with_chunk_digests(entries: list[Entry], chunk_bytes: int, deflate: bool = False) -> list[Entry]:
+    """The weights' manifest entry given the sha256 of every ``chunk_bytes`` (what the packager
+    writes for weights over ``aot.digests.CHUNK_BYTES``); ``deflate``: the weights deflated, read
+    in order."""
+    from aot.digests import chunk_sha256
+
+    manifest = manifest_of(entries)
+    weights = next(e.data for e in entries if e.name == "weights.safetensors")
+    size, chunks = chunk_sha256(weights, chunk_bytes)
+    manifest["members"]["weights.safetensors"].update(chunk_bytes=size, chunk_sha256=list(chunks))
+    out = [Entry(e.name, e.data, deflate) if e.name == "weights.safetensors" else e for e in entries]
+    return with_manifest_text(out, manifest_bytes(manifest))

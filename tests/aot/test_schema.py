@@ -40,6 +40,9 @@ PINNED = {
     # with 1.9's: floats computed from sizes as step arguments (SymFloat, an interpolation's scale) and a Dim's
     # declared multiple (SymbolGuard.declared_multiple, omitted when none)
     (1, 10): "1a5419ac1c64d53903bfac96c21fbda8e15375182caab3159ea88baff514c983",
+    # the sha256 of each fixed-size chunk of a member (Member.chunk_bytes, chunk_sha256; omitted
+    # when empty), so the weights are checked on several threads
+    (1, 11): "27852405f90407085e95700df47e4014bd61beb56fc5378fc200b01f0e35c183",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 

@@ -108,3 +108,48 @@ def test_members_are_used_as_checked_and_weights_rehashed_on_every_read(tmp_path
         assert bundle.read(schema.WEIGHTS_PATH)
     finally:
         bundle.close()
+
+
+def test_chunked_weights_are_checked_on_several_threads_before_they_are_parsed(
+    tmp_path, built, spies, monkeypatch
+):
+    """Weights with a sha256 per chunk (``aot.digests``; five chunks here, 16 MiB each as packed):
+    the torch loader checks every chunk, on several threads, before parsing them; a byte flipped
+    in any chunk is refused naming it, and nothing parses the weights."""
+    from aot import digests
+    from tests.hostile_util import with_chunk_digests
+
+    monkeypatch.setattr(digests, "MIN_CHUNK_BYTES", 16)
+    monkeypatch.setattr(digests, "HASH_THREADS", 3)
+    entries = read_entries(built("branchy").read_bytes())
+    weights = next(e.data for e in entries if e.name == schema.WEIGHTS_PATH)
+    entries = with_chunk_digests(entries, -(-len(weights) // 5))
+    good = tmp_path / "chunked.tpk"
+    good.write_bytes(write_entries(entries))
+    load(good)
+    bundle = open_bundle(good)
+    member = bundle.manifest.members[schema.WEIGHTS_PATH]
+    bundle.check_weights()  # inspect's check, chunk by chunk in order
+    bundle.close()
+    assert len(member.chunk_sha256) == 5
+    for index, (begin, end, want) in enumerate(digests.spans(member)):
+        flipped = bytearray(weights)
+        flipped[(begin + end) // 2] ^= 0x5A
+        bad = tmp_path / f"bad{index}.tpk"
+        bad.write_bytes(
+            write_entries(
+                [replace(e, data=bytes(flipped)) if e.name == schema.WEIGHTS_PATH else e for e in entries]
+            )
+        )
+        spies.clear()
+        text = (
+            rf"checksum mismatch in '{schema.WEIGHTS_PATH}' \(chunk {index + 1} of 5, bytes {begin}\.\.{end}, "
+            rf"expected sha256 {want[:16]}…\)"
+        )
+        with pytest.raises(BundleError, match=text):
+            load(bad)
+        assert "weights" not in spies
+        bundle = open_bundle(bad)
+        with pytest.raises(BundleError, match=text):
+            bundle.check_weights()
+        bundle.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,20 @@ def test_a_device_array_goes_out_through_dlpack_zero_copy(dtype):
     del out  # the consumer's array keeps the memory's owner alive
     np.testing.assert_array_equal(b, a)
     np.testing.assert_array_equal(DeviceArray(a.ctypes.data, dtype, a.shape, (CPU, 0), owner=a).numpy(), a)
+    assert DeviceArray(a.ctypes.data, dtype, a.shape, (CPU, 0), owner=a).tobytes() == a.tobytes()
+
+
+def test_a_device_array_comes_to_the_host_as_bytes_without_numpy():
+    """``tobytes``: a device array through its copy function (after its ready callback), any dtype."""
+    a = np.arange(6, dtype=np.uint16)  # bfloat16's bytes: numpy has no such dtype
+    calls = []
+
+    def copy(dst, src, nbytes):
+        calls.append("copy")
+        ctypes.memmove(dst, src, nbytes)
+
+    out = DeviceArray(a.ctypes.data, "bfloat16", (2, 3), (2, 0), a, copy, lambda stream: calls.append(stream))
+    assert out.tobytes() == a.tobytes() and calls == [None, "copy"]
 
 
 def test_what_is_not_an_array_is_a_guard_error():

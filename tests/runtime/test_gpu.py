@@ -86,3 +86,52 @@ def test_the_arena_grows_for_a_larger_call_and_every_size_stays_right(pointwise)
         np.testing.assert_array_equal(rt.run((), {"x": x}, numpy=True), ref(x=x).cpu().numpy())
         sizes.append(rt.arena_bytes)
     assert sizes[0] < sizes[2] == sizes[-1]
+
+
+def test_the_load_command_answers_without_importing_numpy(pointwise):  # noqa: F811
+    """``aotpack-rt load`` in a fresh interpreter where torch is blocked: its zero inputs are made
+    on the device and its first answer read back as bytes, so numpy is never imported (~0.1 s of
+    the cold start); the report says when the first answer came."""
+    from tests.runtime.test_torch_free import run_torch_free
+
+    out = run_torch_free(
+        f"""
+        import contextlib, io, json
+        from aot.runtime.cli import main
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = main(["load", {str(pointwise)!r}, "--sizes", "batch=8", "--json"])
+        report = json.loads(printed.getvalue())
+        print(json.dumps({{"code": code, "numpy": "numpy" in sys.modules, "first": report["first_result_s"]}}))
+        """
+    )
+    assert out["code"] == 0 and not out["numpy"] and out["first"] > 0
+
+
+def test_weights_in_chunks_stream_on_several_threads_on_the_gpu(pointwise, monkeypatch, tmp_path):  # noqa: F811
+    """The weights with a sha256 per 40-byte chunk, read, copied and hashed on three threads through
+    the driver (each binding the context, an event per staging buffer): the outputs equal the
+    torch loader's; a byte flipped in the last chunk is refused."""
+    import torch
+
+    import aot.runtime
+    from aot import digests
+    from aot.errors import BundleError
+    from aot.loader import load
+    from aot.runtime import runner as rt
+    from tests.hostile_util import read_entries, with_chunk_digests, with_member, write_entries
+
+    monkeypatch.setattr(digests, "MIN_CHUNK_BYTES", 16)
+    monkeypatch.setattr(rt, "WEIGHT_THREADS", 3)
+    monkeypatch.setattr(rt, "STAGING_BYTES", 24)
+    entries = with_chunk_digests(read_entries(pointwise.read_bytes()), 40)
+    path = tmp_path / "chunked.tpk"
+    path.write_bytes(write_entries(entries))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).cuda()
+    got = aot.runtime.load(path)(x=x)
+    assert torch.equal(torch.from_dlpack(got), load(pointwise, device="cuda")(x=x))
+    weights = bytearray(next(e.data for e in entries if e.name == "weights.safetensors"))
+    weights[-1] ^= 0x01
+    path.write_bytes(write_entries(with_member(entries, "weights.safetensors", bytes(weights), resign=False)))
+    with pytest.raises(BundleError, match=r"checksum mismatch in 'weights.safetensors' \(chunk "):
+        aot.runtime.load(path)

@@ -15,7 +15,6 @@ import torch
 
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CUDA
-from aot.runtime.runner import STAGING_BUFFERS
 from tests.codegen.test_cache_kernels import tiny_lm_free  # noqa: F401 - the fixture
 from tests.runtime.test_torch_free import pointwise  # noqa: F401 - the fixture
 
@@ -134,13 +133,13 @@ def test_what_a_call_enqueues(pointwise, fake):  # noqa: F811
     checked = check(pointwise)
     runner = Runner(checked, fake)
     (weight,) = runner.weight_offsets
-    # one allocation for the weights (16 floats at a 256-byte offset), streamed through the staging
-    # buffers, each of the data's size (under STAGING_BYTES), freed after
+    # one allocation for the weights (16 floats at a 256-byte offset), streamed through one staging
+    # buffer (the weights are one chunk) of the data's size past the header (under STAGING_BYTES),
+    # freed after
     data = checked.manifest.members["weights.safetensors"].size
-    n = STAGING_BUFFERS
     assert fake.log[0] == ("alloc", 256)
-    assert fake.log[1 : 1 + n] == [("host_alloc", fake.log[1][1])] * n and fake.log[1][1] < data
-    assert fake.log[1 + n :] == [("free_host",)] * n
+    assert fake.log[1] == ("host_alloc", fake.log[1][1]) and fake.log[1][1] < data
+    assert fake.log[2:] == [("free_host",)]
     w = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(w, torch.linspace(-1, 1, 16).numpy())  # the model's shift, bit for bit
 
@@ -194,7 +193,7 @@ def test_the_weights_stream_through_the_staging_buffers_and_are_checked(
     runner = rt.Runner(check(pointwise), fake)
     got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
-    assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", 24)] * rt.STAGING_BUFFERS
+    assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", 24)]
 
     bad = tmp_path / "bad.tpk"
     data = bytearray(pointwise.read_bytes())
@@ -211,21 +210,121 @@ def test_the_weights_stream_through_the_staging_buffers_and_are_checked(
         rt.Runner(check(bad), fake)
 
 
-def test_split_weights_stream_from_their_own_file(fake, tmp_path):
-    """A bundle packed with ``split_weights``: the weights stream from the file beside it."""
-    from aot.codegen import generate
-    from aot.packager import pack
+@pytest.mark.parametrize("deflate", [False, True], ids=["stored", "deflated"])
+def test_chunked_weights_stream_on_several_threads_and_a_flipped_byte_in_any_chunk_is_refused(
+    pointwise,  # noqa: F811
+    fake,
+    monkeypatch,
+    tmp_path,
+    deflate,
+):
+    """Weights with a sha256 per chunk (40 bytes here; 16 MiB as packed): stored, three threads
+    each read, copy and hash chunks through a staging buffer of their own, pieces smaller than a
+    chunk; deflated, one thread reads them in order. A byte flipped in any chunk, the header's
+    included, is refused with that chunk's checksum text."""
+    from aot import digests
+    from aot.errors import BundleError
+    from aot.runtime import check
+    from aot.runtime import runner as rt
+    from tests.hostile_util import read_entries, with_chunk_digests, with_member, write_entries
+
+    monkeypatch.setattr(digests, "MIN_CHUNK_BYTES", 16)
+    monkeypatch.setattr(rt, "WEIGHT_THREADS", 3)
+    monkeypatch.setattr(rt, "STAGING_BYTES", 24)
+    entries = with_chunk_digests(read_entries(pointwise.read_bytes()), 40, deflate)
+    good = tmp_path / "chunked.tpk"
+    good.write_bytes(write_entries(entries))
+    checked = check(good)
+    member = checked.manifest.members["weights.safetensors"]
+    assert member.chunk_bytes == 40 and len(member.chunk_sha256) > 3
+    runner = rt.Runner(checked, fake)
+    got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
+    assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", 24)] * (1 if deflate else 3)
+
+    weights = next(e.data for e in entries if e.name == "weights.safetensors")
+    count = len(member.chunk_sha256)
+    for index, (begin, end, want) in enumerate(digests.spans(member)):
+        flipped = bytearray(weights)
+        flipped[(begin + end) // 2] ^= 0x04
+        bad = tmp_path / f"bad{index}.tpk"
+        bad.write_bytes(
+            write_entries(with_member(entries, "weights.safetensors", bytes(flipped), resign=False))
+        )
+        with pytest.raises(BundleError) as e:
+            rt.Runner(check(bad), fake)
+        assert str(e.value) == (
+            f"{bad}: checksum mismatch in 'weights.safetensors' (chunk {index + 1} of {count}, bytes "
+            f"{begin}..{end}, expected sha256 {want[:16]}…): the bundle is corrupt or truncated: "
+            f"rebuild or re-copy it"
+        )
+
+
+def test_weights_with_one_sha256_as_before_schema_1_11_still_load(pointwise, fake, tmp_path):  # noqa: F811
+    """A bundle of schema 1.10 (the weights' one sha256, no chunk digests) loads, its weights
+    checked whole; one of its bytes flipped is refused with the text it always had."""
+    from aot.errors import BundleError
     from aot.runtime import check
     from aot.runtime.runner import Runner
+    from tests.hostile_util import (
+        manifest_bytes,
+        manifest_of,
+        read_entries,
+        with_manifest_text,
+        with_member,
+        write_entries,
+    )
+
+    entries = read_entries(pointwise.read_bytes())
+    manifest = manifest_of(entries)
+    assert "chunk_sha256" not in manifest["members"]["weights.safetensors"]  # under one chunk
+    old = with_manifest_text(entries, manifest_bytes({**manifest, "schema_version": [1, 10]}))
+    path = tmp_path / "old.tpk"
+    path.write_bytes(write_entries(old))
+    runner = Runner(check(path), fake)
+    got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
+    weights = bytearray(next(e.data for e in old if e.name == "weights.safetensors"))
+    weights[len(weights) // 3] ^= 0x10  # in the header
+    path.write_bytes(write_entries(with_member(old, "weights.safetensors", bytes(weights), resign=False)))
+    with pytest.raises(BundleError, match=r"checksum mismatch in 'weights.safetensors' \(expected sha256 "):
+        Runner(check(path), fake)
+
+
+def test_split_weights_stream_from_their_own_file(fake, monkeypatch, tmp_path):
+    """A bundle packed with ``split_weights`` and chunk digests (the packager's, at a chunk size
+    made small): the weights stream from the file beside it on several threads; a byte flipped
+    there is refused."""
+    from aot import digests
+    from aot.codegen import generate
+    from aot.errors import BundleError
+    from aot.packager import pack
+    from aot.runtime import check
+    from aot.runtime import runner as rt
     from aot.tracer import load_model_file, trace
     from tests.runtime.test_torch_free import HERE
 
+    monkeypatch.setattr(digests, "CHUNK_BYTES", 32)
+    monkeypatch.setattr(digests, "MIN_CHUNK_BYTES", 16)
+    monkeypatch.setattr(rt, "WEIGHT_THREADS", 2)
     out = tmp_path / "split.tpk"
     pack(generate(trace(load_model_file(HERE / "pointwise.py")), ("sm_90",)), out, split_weights=True)
-    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".safetensors")]
-    runner = Runner(check(out), fake)
+    (split,) = [p for p in tmp_path.iterdir() if p.name.endswith(".safetensors")]
+    checked = check(out)
+    member = checked.manifest.members["weights.safetensors"]
+    assert member.chunk_bytes == 32 and len(member.chunk_sha256) == -(-member.size // 32)
+    runner = rt.Runner(checked, fake)
     got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
+    assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", fake.log[1][1])] * 2
+    data = bytearray(split.read_bytes())
+    data[-1] ^= 0x01
+    split.write_bytes(bytes(data))
+    count = len(member.chunk_sha256)
+    with pytest.raises(
+        BundleError, match=rf"checksum mismatch in 'weights.safetensors' \(chunk {count} of {count},"
+    ):
+        rt.Runner(check(out), fake)
 
 
 def test_an_id_past_the_table_is_refused_before_anything_runs_as_by_the_torch_loader(tiny_lm_free, fake):  # noqa: F811
@@ -261,3 +360,37 @@ def test_an_id_past_the_table_is_refused_before_anything_runs_as_by_the_torch_lo
             cpu.entry("prefill")(**{k: torch.from_numpy(v) for k, v in {**good, name: bad}.items()})
         assert str(ours.value) == str(theirs.value)
         assert str(ours.value).startswith(f"input {name!r} holds")
+
+
+def test_the_load_command_runs_zeros_made_on_the_device(pointwise, fake, monkeypatch, capsys):  # noqa: F811
+    """``aotpack-rt load``: its inputs are zeros made in device memory (``Runner.zeros``: no host
+    array, so numpy is not imported for them) and its first answer comes to the host as bytes."""
+    import json
+
+    from aot.runtime import cli
+
+    monkeypatch.setattr(drv, "Device", lambda ordinal: fake)
+    assert cli.main(["load", str(pointwise), "--sizes", "batch=3", "--iters", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sizes"] == {"batch": 3} and report["median_ms"] is not None
+    zeros = [e for e in fake.log if e[0] == "alloc"][1]  # after the weights': the input's 3 x 16 floats
+    assert zeros == ("alloc", 3 * 16 * 4)
+    launches = [e for e in fake.log if e[0] == "launch"]
+    assert launches and all(words[3] == 3 for _, _, _, words in launches)  # s_batch
+
+
+def test_zeros_are_device_arrays_of_zeros(pointwise, fake):  # noqa: F811
+    from aot.errors import GuardError
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+
+    runner = Runner(check(pointwise), fake)
+    ctypes.memset(fake.alloc(1 << 10), 0xFF, 1 << 10)  # memory is not zero to begin with
+    z = runner.zeros("float16", (4, 3))
+    assert (z.dtype, z.shape, z.device, z.nbytes) == ("float16", (4, 3), (CUDA, 0), 24)
+    assert z.tobytes() == bytes(24)
+    out = runner.run((), {"x": runner.zeros("float32", (2, 16))})
+    w = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    np.testing.assert_array_equal(out.numpy(), np.maximum(0, np.zeros((2, 16), np.float32) + w))
+    with pytest.raises(GuardError, match="dtype 'complex64' is not one of"):
+        runner.zeros("complex64", (1,))

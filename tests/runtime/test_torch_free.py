@@ -149,7 +149,9 @@ def test_a_corrupt_bundle_is_a_bundle_error_without_torch(pointwise, tmp_path):
 def test_importing_the_runtime_imports_no_torch():
     got = run_torch_free("""
         import json
-        import aot.runtime, aot.runtime.cli, aot.runtime.driver, aot.runtime.plan
+        import aot.runtime, aot.runtime.cli, aot.runtime.driver, aot.runtime.plan, aot.runtime.runner
+        import aot.runtime.generate
+        assert aot.runtime.load and aot.runtime.check and aot.runtime.DeviceArray and aot.runtime.Checked
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton", "numpy", "sympy"))
         print(json.dumps({"heavy": heavy, "driver": "cuda.bindings.driver" in sys.modules}))
     """)
