@@ -64,6 +64,10 @@ for item in "$@"; do
     gpu-new) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py tests/gpu/test_relation_programs_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
     rt-zoo) cmd=(python3 -m pytest -m gpu -q -rs tests/runtime/test_gpu_zoo.py) ;;
     rt-bench) cmd=(python3 bench/run.py --models "${RT_MODELS:-mlp,gpt,cnn}" --systems aotpack,aotpack-lf,aotpack-rt --bundles .bundles --out "$RES/rt" --jobs 4) ;;
+    # the runtime's GPU tests: one-row forms and output tails against the torch loader, chunked weights, state, memory
+    rt-gpu) cmd=(python3 -m pytest -m gpu -q -rs tests/runtime/test_gpu_one_row.py tests/runtime/test_gpu.py tests/runtime/test_gpu_state.py tests/gpu/test_memory_gpu.py) ;;
+    # sha256 of the weights on 1-8 threads (bench/hash_threads.py)
+    hash) cmd=(python3 bench/hash_threads.py --threads 1,2,4,8) ;;
     rt-size) cmd=(python3 bench/rt_install_size.py --json) ;;
     gemv) cmd=(python3 bench/gemv_sweep.py --chain --json "$RES/gemv-sweep.json") ;;
     # few-row (2-16 rows) tensor-core GEMM forms against cuBLAS, alone and chained (bench/fewrow_sweep.py)
@@ -76,8 +80,6 @@ for item in "$@"; do
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
     # a decode step's GEMVs as one persistent kernel (grid barriers) against one kernel per GEMV
     persistent) cmd=(python3 bench/persistent_chain.py --json "$RES/persistent.json") ;;
-    # few-row (2-16 rows) tensor-core GEMM forms against cuBLAS, alone and as a decode step's chain (bench/fewrow_sweep.py)
-    fewrow) cmd=(python3 bench/fewrow_sweep.py ${FEWROW_QUICK:+--quick} --chain --json "$RES/fewrow-sweep.json") ;;
     # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)
     l2chain) cmd=(python3 bench/persistent_chain.py --quick --json "$RES/l2-prefetch-chain.json") ;;
     # aotpack verify on a 2-layer Llama-3.2-1B with the fused one-row forms
