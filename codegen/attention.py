@@ -24,7 +24,7 @@ against ``k, v [B, KV, S, D]``, the result viewed back. Each query row attends e
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
@@ -35,6 +35,46 @@ SDPA = "aten.scaled_dot_product_attention.default"
 SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (memory: B*L*S bools)
 MASK_ARG = 3  # scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, ...)
 CAUSAL_ARG = 5
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+@dataclass(frozen=True)
+class SdpaCall:
+    """The arguments of one ``scaled_dot_product_attention`` step, by name (what every attention
+    kernel's site finder reads: ``aot.codegen.flash``, ``decode_sites``, ``cache_attention``)."""
+
+    query: Any
+    key: Any
+    value: Any
+    mask: Any  # a Buf, or None
+    causal: bool
+    scale: float | None  # None: 1 / sqrt(head dim)
+    enable_gqa: bool
+
+
+def sdpa_call(step: Step) -> SdpaCall | None:
+    """``step``'s SDPA arguments; None where one is not a plain value (a symbolic scale or flag,
+    an unknown keyword) or the call drops out (``dropout_p`` other than 0): no kernel stands for it."""
+    given = dict(zip(_SDPA_PARAMS, step.args))
+    if len(step.args) > len(_SDPA_PARAMS) or set(step.kwargs) & set(given):
+        return None
+    given.update(step.kwargs)
+    if set(given) - set(_SDPA_PARAMS):
+        return None
+    causal, gqa, scale = given.get("is_causal", False), given.get("enable_gqa", False), given.get("scale")
+    if given.get("dropout_p", 0.0) not in (0, 0.0, None) or causal not in (False, True, None):
+        return None
+    if gqa not in (False, True, None) or not (scale is None or type(scale) in (int, float)):
+        return None
+    return SdpaCall(
+        query=given.get("query"),
+        key=given.get("key"),
+        value=given.get("value"),
+        mask=given.get("attn_mask"),
+        causal=bool(causal),
+        scale=None if scale is None else float(scale),
+        enable_gqa=bool(gqa),
+    )
 
 
 def _cone(program: Program, name: str, producer: dict[str, int]) -> list[int] | None:
