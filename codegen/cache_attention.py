@@ -481,7 +481,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         kv_doc = f"k, v: head views of projection rows, S = {site.rows[4]} keys"
     else:
         kv_doc = (
-            f"k, v: [B, {site.kv_heads}, S, {d}] views, S = {site.strided.keys} keys, (b, kv head, n) at "
+            f"k, v: [B, {site.kv_heads}, S, {d}] views, S = {site.strided.keys}, element (b, kv head, n) at "
             f"offset, b, kv head, n strides {', '.join(site.strided.k_at)} (k) and {', '.join(site.strided.v_at)} (v)"
         )
     kv_doc += f", {groups} query heads per KV head"

@@ -1,0 +1,187 @@
+"""Attention over keys and values read through their views (``aot.codegen.cache_attention``'s
+strided form, what a library-free Llama's prefill runs): the kernel against ``torch``'s
+``scaled_dot_product_attention`` in Triton's interpreter, with the same operands and mask.
+
+Cases: grouped-query heads (query head h reads KV head h // (H / KV)) under an additive
+``[B, 1, T, S]`` mask with more keys than queries (two key blocks), padding, a query row masked
+everywhere by the dtype's minimum (SDPA averages its values) and one masked everywhere by -inf
+(SDPA gives 0); ``repeat_kv``'s copy ``[B, KV, G, S, D]`` read as ``[B, H, S, D]`` under
+``is_causal`` at an odd length (two query blocks); the same causal call reading the grouped KV
+heads directly (``enable_gqa``) with strides the kernel holds as constants. Tolerances: float32
+1e-5 (IEEE dots); float16 2e-3 and bfloat16 2e-2 absolute against SDPA in float32 on the same
+rounded inputs (the kernel rounds the probabilities to the operands' dtype before their dot with
+the values, as flash kernels do). Triton's interpreter (3.9) computes ``tl.dot`` of bfloat16
+operands wrongly (``test_decode_attention.py``), so bfloat16 runs in the ``gpu`` test only:
+
+    pytest -m gpu tests/codegen/test_strided_attention.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aot.codegen.cache_attention import CacheSite, KeysValues, render_cache_attention
+from aot.schema import Sym
+
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
+HEAD_DIM = 16
+
+
+def _site(case: str, dtype: str) -> CacheSite:
+    """The site of each case: q a row-major [B, H, T, D] buffer, keys and values as views."""
+    d = HEAD_DIM
+    if case == "gqa_mask":  # k, v: [B, 2, keys, D] buffers of their own; 4 query heads
+        heads, kv, keys, causal, mask = 4, 2, "keys", False, "mask"
+        k_at = ("0", f"{kv * d}*keys", f"{d}*keys", str(d))
+    elif case == "repeat_causal":  # k, v: [B, 2, 2, seq, D] copies viewed as [B, 4, seq, D]
+        heads, kv, keys, causal, mask = 4, 4, "seq", True, None
+        k_at = ("0", f"{heads * d}*seq", f"{d}*seq", str(d))
+    else:  # "gqa_causal_constant": k, v [B, 2, 70, D] (a fixed length: constant strides)
+        heads, kv, keys, causal, mask = 4, 2, "70", True, None
+        k_at = ("0", str(kv * 70 * d), str(70 * d), str(d))
+    return CacheSite(
+        step=0,
+        q="q",
+        q_batch_t=heads * d,
+        q_token=d,
+        q_head=0,
+        q_head_t=d,
+        q_column=0,
+        k="k",
+        v="v",
+        mask=mask,
+        mask_batch="keys*seq" if mask else "0",
+        mask_token="keys" if mask else "0",
+        mask_dtype=dtype,
+        out="out",
+        batch="batch",
+        seq="seq",
+        heads_apart=(),
+        heads=heads,
+        kv_heads=kv,
+        context=0,
+        head_dim=d,
+        scale=0.3,
+        dtype=dtype,
+        strided=KeysValues("k", k_at, "v", k_at, keys),
+        causal=causal,
+    )
+
+
+SCRIPT = """
+import json, torch
+from aot.codegen.compile import load_function
+F = torch.nn.functional
+dtype = getattr(torch, {dtype!r})
+torch.set_default_device({device!r})
+fn = load_function("k0", {name!r}, {source!r})
+case, b, t, s, heads, d = {case!r}, {batch}, {seq}, {keys}, 4, {head_dim}
+sizes = {{"batch": b, "seq": t, "keys": s}}
+g = torch.Generator({device!r}).manual_seed(t)
+q = torch.randn(b, heads, t, d, generator=g).to(dtype)
+mask = None
+if case == "gqa_mask":
+    k, v = (torch.randn(b, 2, s, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    low = torch.finfo(dtype).min
+    mask = torch.randn(b, 1, t, s, generator=g).to(dtype)
+    mask[1, :, :, :3] = low  # padding: the row's first slots
+    mask[1, :, 0, :] = low  # a query that sees nothing: SDPA averages every value
+    mask[0, :, 1, :] = float("-inf")  # nothing at all: SDPA gives 0
+    mask[0, :, 2, 5:] = float("-inf")
+    args = [q, k, v, mask]
+elif case == "repeat_causal":
+    k, v = (torch.randn(b, 2, 1, s, d, generator=g).expand(b, 2, 2, s, d).to(dtype).contiguous() for _ in range(2))
+    want_k, want_v = (x.view(b, heads, s, d) for x in (k, v))
+    args = [q, k, v]
+else:
+    k, v = (torch.randn(b, 2, s, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    args = [q, k, v]
+out = torch.full((b, heads, t, d), float("nan"), dtype=dtype)
+args.append(out)
+args += [eval(a, {{}}, sizes) for a in {sizes_args!r}]
+fn[tuple(eval(x, {{}}, sizes) for x in {grid!r})](*args)
+want = F.scaled_dot_product_attention(
+    q.float(), want_k.float(), want_v.float(),
+    attn_mask=None if mask is None else mask.float(), is_causal={causal!r}, scale=0.3,
+)
+print(json.dumps([float((out.float() - want).abs().max()), bool(out.isnan().any()), bool(want.isnan().any())]))
+"""
+
+
+CASES = [("gqa_mask", 2, 5, 70), ("repeat_causal", 2, 19, 19), ("gqa_causal_constant", 1, 70, 70)]
+
+
+def _run(case, batch, seq, keys, dtype, device: str):
+    """(largest error, NaN in the kernel's output, NaN in SDPA's) from a fresh Python: the
+    kernel in Triton's interpreter on ``cpu``, compiled by Triton on ``cuda``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import HANG_GUARD_S
+
+    site = _site(case, dtype)
+    r = render_cache_attention(site)
+    sizes_args = [a.text for a in r.args if isinstance(a, Sym)]
+    script = SCRIPT.format(
+        dtype=dtype,
+        name=r.name,
+        source=r.source,
+        case=case,
+        batch=batch,
+        seq=seq,
+        keys=keys,
+        head_dim=HEAD_DIM,
+        sizes_args=sizes_args,
+        grid=list(r.grid),
+        causal=site.causal,
+        device=device,
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case,batch,seq,keys", CASES)
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float16", marks=pytest.mark.slow)])
+def test_the_strided_kernel_matches_sdpa_in_the_interpreter(case, batch, seq, keys, dtype):
+    error, nan, nan_wanted = _run(case, batch, seq, keys, dtype, "cpu")
+    assert not nan and not nan_wanted
+    assert error <= TOLERANCE[dtype], (case, dtype, error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,batch,seq,keys", CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_strided_kernel_matches_sdpa_on_the_gpu(case, batch, seq, keys, dtype):
+    error, nan, nan_wanted = _run(case, batch, seq, keys, dtype, "cuda")
+    assert not nan and not nan_wanted
+    assert error <= TOLERANCE[dtype], (case, dtype, error)
+
+
+def test_keys_held_as_constants_or_arguments():
+    """Integer strides are constants of the kernel (the compiler sees the rows' alignment);
+    symbolic ones are arguments, after the key length."""
+    fixed = render_cache_attention(_site("gqa_causal_constant", "float16"))
+    assert "\nK_B = tl.constexpr(2240)\n" in fixed.source and "b * K_B + kh * K_H + rn * K_N" in fixed.source
+    assert [a.text for a in fixed.args if isinstance(a, Sym)] == ["seq", "70"]
+    masked = render_cache_attention(_site("gqa_mask", "float16"))
+    assert [a.text for a in masked.args if isinstance(a, Sym)] == [
+        "seq",
+        "keys",
+        "32*keys",
+        "16*keys",
+        "32*keys",
+        "16*keys",
+        "keys*seq",
+        "keys",
+    ]
+    assert masked.name == "attention_g2_d16" and fixed.name == "attention_g2_d16_causal"
