@@ -4,18 +4,27 @@ library-free programs (``aot.codegen.library_free``).
 ``aot.codegen.decode_attention`` takes the one-token calls of a decode step; a prefill's
 ``scaled_dot_product_attention(q, k, v, mask)`` reads ``T`` queries per row against the whole
 static cache under a ``[B or 1, 1, T, C]`` mask (causal over the cache slots, left padding), which
-the flash candidates (no mask) do not cover. A *site* here is such a call without dropout, not
-causal, whose query is a row-major ``[B, H, T, D]`` buffer or a head view of a projection's rows
-(as ``aot.codegen.flash`` reads them), whose keys and values are views of ``[B, KV, C, D]`` caches
+the flash candidates (no mask) do not cover. A *site* here is such a call without dropout,
+whose query is a row-major ``[B, H, T, D]`` buffer or a head view of a projection's rows (as
+``aot.codegen.flash`` reads them), whose keys and values are views of ``[B, KV, C, D]`` caches
 (grouped-query heads by ``unsqueeze``/``expand``, then maybe ``repeat_kv``'s copy, then ``view``:
-the copy is not needed, the kernel reads the cache), and whose mask (or none) is a row-major
-``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
+the copy is not needed, the kernel reads the cache; or ``enable_gqa``), and whose mask (or none)
+is a row-major ``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
 
 The same kernel serves self-attention under a mask (BERT's padding mask: ``[B, 1, 1, S]``,
 ``expand``-ed over the queries or not), its keys and values head views of projection rows as its
-query is (``CacheSite.rows``); the flash candidates take the calls without a mask. A mask is read
-through its views from the buffer they view (``cache_writes.strided_view``: a row stride and a
-query stride, 0 where it is shared).
+query is (``CacheSite.rows``), and attention whose keys and values are buffers of their own read
+through any views that keep the head dim contiguous (``CacheSite.strided``: a plain Llama's
+prefill without a cache, where a RoPE kernel wrote ``repeat_kv``'s copy of the keys), under a
+mask or ``is_causal`` (top-left aligned, as SDPA's). Calls without a mask that a flash candidate
+takes (``aot.codegen.flash``: GPT-2's) are left to it. A mask is read through its views from the
+buffer they view (``cache_writes.strided_view``: a row stride and a query stride, 0 where it is
+shared).
+
+Rows masked everywhere come out as SDPA's do: an additive mask is added in natural units and its
+dtype-minimum entries clamp to a finite floor, so a row masked by them everywhere averages its
+values (SDPA's softmax of equal scores); a row whose every key is -inf or False comes out 0
+(SDPA's safe softmax), never NaN.
 
 One program per (row, KV head, block of ``BLOCK_M`` query rows): its rows are the (token, query
 head) pairs sharing that KV head, so each block of keys and values serves all of them; keys and

@@ -185,3 +185,74 @@ def test_keys_held_as_constants_or_arguments():
         "keys",
     ]
     assert masked.name == "attention_g2_d16" and fixed.name == "attention_g2_d16_causal"
+
+
+@pytest.fixture(scope="module")
+def zoo_llama(tmp_path_factory):
+    """The zoo's plain ``LlamaForCausalLM`` (no cache: causal attention over the prompt, RoPE,
+    4 query heads over 2 KV heads through ``repeat_kv``) built ``--library-free``."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import instantiate, trace
+    from tests.realmodels.zoo import ZOO
+
+    spec = ZOO["llama"]()
+    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    out = tmp_path_factory.mktemp("zoo_llama") / "llama.tpk"
+    pack(compiled, out)
+    return spec, instantiate(spec), compiled, out
+
+
+@pytest.mark.slow  # a library-free build: GEMM candidates compiled
+def test_the_zoo_llama_attention_is_the_strided_kernel(zoo_llama):
+    from aot.program import live_steps
+    from aot.runtime import check
+    from aot.schema import StepKind
+
+    _, _, compiled, bundle = zoo_llama
+    program = compiled.program
+    names = {k.id: k.name for k in program.kernels}
+    attention = [
+        s for s in live_steps(program) if s.kind == StepKind.KERNEL and "attention" in names[s.target]
+    ]
+    # the RoPE kernel writes repeat_kv's copy: the kernel reads it, one KV head per query head
+    assert [names[s.target] for s in attention] == ["attention_g1_d16_causal"] * 2
+    assert all(s.reference[0].target == "aten.scaled_dot_product_attention.default" for s in attention)
+    assert [e.name for e in check(bundle).entries] == ["general"]
+
+
+@pytest.mark.slow
+def test_the_zoo_llama_cpu_path_matches_eager(zoo_llama):
+    from aot.loader import load
+    from aot.tracer import example_inputs
+    from tests.realmodels.test_realmodels import difference, eager
+
+    spec, module, _, bundle = zoo_llama
+    runner = load(bundle)
+    for sizes in ({"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}):
+        inputs = example_inputs(spec, sizes, seed=7)
+        assert difference(runner(**inputs), eager(spec, module, inputs)) is None, sizes
+
+
+@pytest.mark.slow
+def test_the_zoo_llama_kernels_match_their_references_in_the_interpreter(zoo_llama, tmp_path):
+    """Every kernel of the bundle (its attention among them) against its reference steps, in
+    Triton's interpreter, at seq 1 and at an odd length (float32: the verifier's tolerance)."""
+    from aot.verify.interpret import interpret_in_subprocess
+    from tests.conftest import ROOT
+
+    _, _, _, bundle = zoo_llama
+    model = tmp_path / "zoo_llama.py"
+    model.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.realmodels.zoo import ZOO\nspec = ZOO['llama']()\n"
+    )
+    (results,) = interpret_in_subprocess(
+        [(bundle, model, [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}], 1)]
+    )
+    for size, checks in results.items():
+        names = [c.name for c in checks]
+        assert "attention_g1_d16_causal" in names, names
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])

@@ -12,9 +12,20 @@ from aot.errors import CodegenError
 
 pytestmark = pytest.mark.gpu
 
-# llama (a plain LlamaForCausalLM, full causal attention over the prompt with grouped-query heads)
-# is refused at its SDPA: no attention candidate is offered for it (CPU build, 2026-11-28)
-REQUIRED = ("gpt2", "bert", "vit", "timm-resnet50", "timm-convnext_tiny", "timm-vit_small")
+# llama, qwen2 and mistral (plain causal LMs: causal attention over the prompt, RoPE, grouped-query
+# heads through repeat_kv) run their SDPA as cache_attention's strided kernel (CPU builds,
+# 2026-11-29); llama-attention_mask is still refused where its mask is built (an arange)
+REQUIRED = (
+    "gpt2",
+    "llama",
+    "qwen2",
+    "mistral",
+    "bert",
+    "vit",
+    "timm-resnet50",
+    "timm-convnext_tiny",
+    "timm-vit_small",
+)
 
 
 def _leaves(tree) -> list:
