@@ -45,7 +45,7 @@ from aot.codegen import index as ix
 from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import strided_view
 from aot.codegen.decode_attention import LOG2E
-from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, _Program
+from aot.codegen.decode_sites import FLOAT_DTYPES, FULL_END, MAX_HEAD_DIM, _Program
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE
@@ -103,16 +103,53 @@ class KeysValues:
     keys: str  # the key length
 
 
+def _copies(p: _Program, name: str) -> int:
+    """G where a kernel wrote ``name`` ``[B, KV, G, S, D]`` as ``repeat_kv`` does, the copy of
+    ``expand(unsqueeze(x, 2), [B, KV, G, S, D])`` (its reference steps say so): G equal copies of
+    each of x's heads; 1 for anything else."""
+    i = p.producer.get(name)
+    step = p.steps[i] if i is not None else None
+    if step is None or step.kind != StepKind.KERNEL:
+        return 1
+    local = {o: r for r in step.reference for o in r.outputs if o is not None}
+
+    def made(n, target: str) -> Step | None:
+        """The reference step of ``target`` that made ``n``, back through whole slices."""
+        while True:
+            r = local.get(n.name) if isinstance(n, Buf) else None
+            if r is None or r.kind != StepKind.ATEN or not r.args:
+                return None
+            start, end, stride = (list(r.args[2:5]) + [None, None, None])[:3]
+            whole = start in (0, None) and stride in (1, None) and type(end) is int and end >= FULL_END
+            if r.target != "aten.slice.Tensor" or not whole or r.kwargs:
+                return r if r.target == target else None
+            n = r.args[0]
+
+    clone = made(Buf(name), "aten.clone.default")  # the layout: the buffer's spec (row-major)
+    expand = made(clone.args[0], "aten.expand.default") if clone is not None else None
+    unsqueeze = made(expand.args[0], "aten.unsqueeze.default") if expand is not None else None
+    sizes = expand.args[1] if expand is not None and len(expand.args) > 1 else None
+    shape = p.shape(name)
+    if unsqueeze is None or list(unsqueeze.args[1:]) != [2] or not isinstance(sizes, list) or len(sizes) != 5:
+        return 1
+    groups = sizes[2]
+    if type(groups) is not int or groups < 1 or shape is None or len(shape) != 5 or shape[2] != str(groups):
+        return 1
+    return groups
+
+
 def _strided_keys_values(
-    program: Program, specs: dict, k: str, v: str, batch: str, heads: int, head_dim: int, dtype: str
+    program: Program, p: _Program, k: str, v: str, batch: str, heads: int, head_dim: int, dtype: str
 ):
     """(KV, ``KeysValues``) where ``k`` and ``v`` are ``[B, KV, S, D]`` views, their head dim
     contiguous, of row-major buffers of ``dtype`` (a RoPE kernel's result, ``repeat_kv``'s copy
-    viewed back to ``[B, H, S, D]``), ``KV`` dividing ``heads``; None otherwise."""
+    viewed back to ``[B, H, S, D]``), ``KV`` dividing ``heads``; None otherwise. Of a whole
+    ``repeat_kv`` copy (``_copies``) the kernel reads the first of each KV head's copies, so that
+    each block of keys serves all the query heads that share it."""
     found = []
     for name in (k, v):
         view = strided_view(name, program)
-        spec = specs.get(view.base) if view is not None else None
+        spec = p.specs.get(view.base) if view is not None else None
         if view is None or spec is None or spec.dtype != dtype or len(view.shape) != 4:
             return None
         b, kv, n, d = view.shape
@@ -122,7 +159,17 @@ def _strided_keys_values(
             return None
         if not ix.same(view.strides[3], sympy.Integer(1)):
             return None
-        texts = tuple(ix.size_text(x) for x in (view.offset, *view.strides[:3]))
+        strides = list(view.strides[:3])
+        groups = _copies(p, view.base)
+        if (
+            groups > 1
+            and int(kv) % groups == 0
+            and ix.same(view.offset, sympy.Integer(0))
+            and ix.same(strides[1], n * head_dim)
+            and ix.same(strides[0], kv * n * head_dim)
+        ):  # the whole copy, viewed back to [B, KV * G, S, D]: head h is KV head h // G's
+            kv, strides[1] = sympy.Integer(int(kv) // groups), strides[1] * groups
+        texts = tuple(ix.size_text(x) for x in (view.offset, *strides))
         found.append((view.base, texts, int(kv), n))
     (kb, k_at, kv, kn), (vb, v_at, vkv, vn) = found
     if kv != vkv or not ix.same(kn, vn):
@@ -194,7 +241,7 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
             k_base, v_base, kv_heads, context, keys = fk[0].base, fv[0].base, heads, 0, fk[2]
             rows = (fk[0].width, fk[0].column, fv[0].width, fv[0].column, keys)
         elif (
-            found := _strided_keys_values(program, p.specs, k.name, v.name, batch, heads, head_dim, dtype)
+            found := _strided_keys_values(program, p, k.name, v.name, batch, heads, head_dim, dtype)
         ) is not None:
             kv_heads, strided = found  # keys and values of their own (a RoPE kernel's, repeat_kv's copy)
             k_base, v_base, context, keys = strided.k, strided.v, 0, strided.keys
