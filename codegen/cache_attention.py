@@ -89,6 +89,9 @@ class CacheSite:
     # keys and values as strided views of buffers of their own: element (b, kv head, n, d) of k at
     # K_OFFSET + b * K_B + kh * K_H + n * K_N + d (size texts), the same for v, and the key length
     strided: KeysValues | None = None
+    # the query as a strided view: element (b, h, t, d) of ``q`` at Q_OFFSET + b * Q_B + h * Q_H +
+    # t * Q_T + d (size texts); None: the layout above
+    q_strided: tuple[str, str, str, str] | None = None
     causal: bool = False  # query t attends keys n <= t (SDPA's is_causal, aligned at the top left)
 
 
@@ -136,6 +139,20 @@ def _copies(p: _Program, name: str) -> int:
     if type(groups) is not int or groups < 1 or shape is None or len(shape) != 5 or shape[2] != str(groups):
         return 1
     return groups
+
+
+def _strided_query(program: Program, p: _Program, q: str, shape: tuple[str, ...], dtype: str):
+    """(base, (offset, b, h, t strides as size texts)) where ``q`` (``shape``: [B, H, T, D]) is a
+    view of a row-major buffer of ``dtype`` with its head dim contiguous; None otherwise."""
+    view = strided_view(q, program)
+    spec = p.specs.get(view.base) if view is not None else None
+    if view is None or spec is None or spec.dtype != dtype or len(view.shape) != 4:
+        return None
+    if not all(ix.same(a, ix.parse_size(b)) for a, b in zip(view.shape, shape)):
+        return None
+    if not ix.same(view.strides[3], sympy.Integer(1)):
+        return None
+    return view.base, tuple(ix.size_text(x) for x in (view.offset, *view.strides[:3]))
 
 
 def _strided_keys_values(
@@ -217,14 +234,20 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
             continue
         if p.materialized(q.name):  # [B, H, T, D] row-major
             layout = (heads * head_dim, head_dim, 0, head_dim, 0)
-            q_base = q.name
-        else:
-            flash = flash or _Finder(program)
-            found = flash.operand(q.name, dtype)
-            if found is None or found[2] != seq or found[3] != heads or found[4] != head_dim:
-                continue
+            q_base, q_strided = q.name, None
+        elif (
+            (found := (flash := flash or _Finder(program)).operand(q.name, dtype)) is not None
+            and found[2] == seq
+            and found[3] == heads
+            and found[4] == head_dim
+        ):  # a head view of a projection's rows
             layout = (found[0].width, found[0].width, head_dim, 0, found[0].column)
-            q_base = found[0].base
+            q_base, q_strided = found[0].base, None
+        elif (found := _strided_query(program, p, q.name, qs, dtype)) is not None:
+            layout = (0, 0, 0, 0, 0)
+            q_base, q_strided = found
+        else:
+            continue
         kc, vc = p.cache(k.name, batch, heads, head_dim), p.cache(v.name, batch, heads, head_dim)
         rows, strided = None, None
         flash = flash or _Finder(program)
@@ -278,6 +301,7 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
                 rows=rows,
                 strided=strided,
                 causal=causal,
+                q_strided=q_strided,
             )
         )
     return sites
@@ -371,24 +395,32 @@ def render_cache_attention(site: CacheSite) -> Rendered:
     name += "_causal" if site.causal else ""
     keys = "CONTEXT" if cache else "S"
     # strides of keys and values read through their views: constants where they are, else arguments
-    kv_consts: dict[str, int] = {}
-    kv_params: list[KernelParam] = []
-    kv_args: list[Sym] = []
+    # (and of a query read through its views)
+    texts: list[tuple[str, str]] = []
+    if site.q_strided is not None:
+        texts += zip(("Q_OFFSET", "Q_B", "Q_H", "Q_T"), site.q_strided)
     if site.strided is not None:
-        texts = zip(
+        texts += zip(
             ("K_OFFSET", "K_B", "K_H", "K_N", "V_OFFSET", "V_B", "V_H", "V_N"),
             (*site.strided.k_at, *site.strided.v_at),
         )
-        for const, text in texts:
-            if text.lstrip("-").isdigit():
-                kv_consts[const] = int(text)
-            else:
-                kv_params.append(KernelParam(const.lower(), ParamKind("i32"), ""))
-                kv_args.append(Sym(text))
-    stride = {
-        c: c if c in kv_consts else c.lower()
-        for c in ("K_OFFSET", "K_B", "K_H", "K_N", "V_OFFSET", "V_B", "V_H", "V_N")
-    }
+    kv_consts: dict[str, int] = {}
+    kv_params: list[KernelParam] = []
+    kv_args: list[Sym] = []
+    stride: dict[str, str] = {}
+    for const, text in texts:
+        if text.lstrip("-").isdigit():
+            kv_consts[const] = int(text)
+            stride[const] = const
+        else:
+            kv_params.append(KernelParam(const.lower(), ParamKind("i32"), ""))
+            kv_args.append(Sym(text))
+            stride[const] = const.lower()
+    q_at = (
+        "q_at = b * T * Q_BATCH_T + t * Q_TOKEN + h * (Q_HEAD + T * Q_HEAD_T) + Q_COLUMN"
+        if site.q_strided is None
+        else f"q_at = {stride['Q_OFFSET']} + b * {stride['Q_B']} + h * {stride['Q_H']} + t * {stride['Q_T']}"
+    )
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     body = [
@@ -400,7 +432,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         "t = r // GROUPS",
         "h = kh * GROUPS + r % GROUPS",
         "rd = tl.arange(0, BLOCK_D)",
-        "q_at = b * T * Q_BATCH_T + t * Q_TOKEN + h * (Q_HEAD + T * Q_HEAD_T) + Q_COLUMN",
+        q_at,
         f"q = tl.load(q_ptr + q_at[:, None] + rd[None, :], mask=valid_r[:, None]{mask_d}, other=0.0)",
         *(
             ["kv = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM  # the cache's rows of this KV head"]

@@ -5,9 +5,10 @@ strided form, what a library-free Llama's prefill runs): the kernel against ``to
 Cases: grouped-query heads (query head h reads KV head h // (H / KV)) under an additive
 ``[B, 1, T, S]`` mask with more keys than queries (two key blocks), padding, a query row masked
 everywhere by the dtype's minimum (SDPA averages its values) and one masked everywhere by -inf
-(SDPA gives 0); ``repeat_kv``'s copy ``[B, KV, G, S, D]`` read as ``[B, H, S, D]`` under
-``is_causal`` at an odd length (two query blocks); the same causal call reading the grouped KV
-heads directly (``enable_gqa``) with strides the kernel holds as constants. Tolerances: float32
+(SDPA gives 0); a query read through a transposing view, under a mask shared by every row (one
+of its rows at the minimum); ``repeat_kv``'s copy ``[B, KV, G, S, D]`` read as ``[B, H, S, D]``
+under ``is_causal`` at an odd length (two query blocks); the same causal call reading the
+grouped KV heads directly (``enable_gqa``) with strides the kernel holds as constants. Tolerances: float32
 1e-5 (IEEE dots); float16 2e-3 and bfloat16 2e-2 absolute against SDPA in float32 on the same
 rounded inputs (the kernel rounds the probabilities to the operands' dtype before their dot with
 the values, as flash kernels do). Triton's interpreter (3.9) computes ``tl.dot`` of bfloat16
@@ -36,9 +37,13 @@ def _site(case: str, dtype: str) -> CacheSite:
     elif case == "repeat_causal":  # k, v: [B, 2, 2, seq, D] copies viewed as [B, 4, seq, D]
         heads, kv, keys, causal, mask = 4, 4, "seq", True, None
         k_at = ("0", f"{heads * d}*seq", f"{d}*seq", str(d))
+    elif case == "query_view":  # q: a [B, T, H, D] buffer read as [B, H, T, D]; one mask row block
+        heads, kv, keys, causal, mask = 4, 2, "keys", False, "mask"
+        k_at = ("0", f"{kv * d}*keys", f"{d}*keys", str(d))
     else:  # "gqa_causal_constant": k, v [B, 2, 70, D] (a fixed length: constant strides)
         heads, kv, keys, causal, mask = 4, 2, "70", True, None
         k_at = ("0", str(kv * 70 * d), str(70 * d), str(d))
+    shared = case == "query_view"  # the mask [1, 1, T, S], shared by the rows
     return CacheSite(
         step=0,
         q="q",
@@ -50,7 +55,7 @@ def _site(case: str, dtype: str) -> CacheSite:
         k="k",
         v="v",
         mask=mask,
-        mask_batch="keys*seq" if mask else "0",
+        mask_batch="keys*seq" if mask and not shared else "0",
         mask_token="keys" if mask else "0",
         mask_dtype=dtype,
         out="out",
@@ -65,6 +70,7 @@ def _site(case: str, dtype: str) -> CacheSite:
         dtype=dtype,
         strided=KeysValues("k", k_at, "v", k_at, keys),
         causal=causal,
+        q_strided=(("0", f"{heads * d}*seq", str(d), str(heads * d)) if case == "query_view" else None),
     )
 
 
@@ -90,6 +96,14 @@ if case == "gqa_mask":
     mask[0, :, 1, :] = float("-inf")  # nothing at all: SDPA gives 0
     mask[0, :, 2, 5:] = float("-inf")
     args = [q, k, v, mask]
+elif case == "query_view":
+    rows = torch.randn(b, t, heads, d, generator=g).to(dtype)
+    q = rows.transpose(1, 2)
+    k, v = (torch.randn(b, 2, s, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    mask = torch.randn(1, 1, t, s, generator=g).to(dtype)
+    mask[..., 1, :] = torch.finfo(dtype).min
+    args = [rows, k, v, mask]
 elif case == "repeat_causal":
     k, v = (torch.randn(b, 2, 1, s, d, generator=g).expand(b, 2, 2, s, d).to(dtype).contiguous() for _ in range(2))
     want_k, want_v = (x.view(b, heads, s, d) for x in (k, v))
@@ -110,7 +124,12 @@ print(json.dumps([float((out.float() - want).abs().max()), bool(out.isnan().any(
 """
 
 
-CASES = [("gqa_mask", 2, 5, 70), ("repeat_causal", 2, 19, 19), ("gqa_causal_constant", 1, 70, 70)]
+CASES = [
+    ("gqa_mask", 2, 5, 70),
+    ("query_view", 3, 6, 11),
+    ("repeat_causal", 2, 19, 19),
+    ("gqa_causal_constant", 1, 70, 70),
+]
 
 
 def _run(case, batch, seq, keys, dtype, device: str):
