@@ -275,3 +275,86 @@ def test_the_zoo_llama_kernels_match_their_references_in_the_interpreter(zoo_lla
         names = [c.name for c in checks]
         assert "attention_g2_d16_causal" in names, names
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+
+
+SDPA_MODEL = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+from aot import Dim, Input, ModelSpec
+
+class Attention(nn.Module):
+    def forward(self, q, k, v, mask):  # q [B, 4, T, D], k and v [B, 2, T, D], mask [B, 1, T, T]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2, enable_gqa=True) * 2.0
+
+batch, seq = Dim("batch", 1, 3), Dim("seq", 1, 24)
+spec = ModelSpec(
+    module=Attention,
+    inputs=[
+        Input("q", (batch, 4, seq, HEAD_DIM)),
+        Input("k", (batch, 2, seq, HEAD_DIM)),
+        Input("v", (batch, 2, seq, HEAD_DIM)),
+        Input("mask", (batch, 1, seq, seq)),
+    ],
+)
+"""
+
+
+def _sdpa_model(tmp_path, head_dim: int):
+    path = tmp_path / "sdpa.py"
+    path.write_text(SDPA_MODEL.replace("HEAD_DIM", str(head_dim)))
+    return path
+
+
+@pytest.mark.slow  # a build and an interpreter run
+def test_grouped_query_attention_under_a_mask_input_builds_library_free(tmp_path):
+    """``enable_gqa`` over inputs, under an additive mask the caller passes: one kernel step (the
+    mask read where it lies), kernels equal to their references in the interpreter, the CPU path
+    equal to eager."""
+    import torch
+
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.schema import StepKind
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = _sdpa_model(tmp_path, 16)
+    compiled = generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
+    names = {k.id: k.name for k in compiled.program.kernels}
+    attention = [
+        s for s in compiled.program.steps if s.kind == StepKind.KERNEL and "attention" in names[s.target]
+    ]
+    assert [names[s.target] for s in attention] == ["attention_g2_d16"]
+    assert attention[0].args[3].name == "mask"
+    pack(compiled, tmp_path / "sdpa.tpk")
+    (results,) = interpret_in_subprocess([(tmp_path / "sdpa.tpk", path, [{"batch": 2, "seq": 7}], None)])
+    checks = results['{"batch": 2, "seq": 7}']
+    assert "attention_g2_d16" in [c.name for c in checks] and all(c.ok for c in checks), checks
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 9, 16, generator=g), *torch.randn(2, 2, 2, 9, 16, generator=g)
+    mask = torch.randn(2, 1, 9, 9, generator=g)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=0.2, enable_gqa=True
+    )
+    torch.testing.assert_close(load(tmp_path / "sdpa.tpk")(q, k, v, mask), want * 2.0, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_no_form_covers_is_refused_with_its_step_and_model_line(tmp_path):
+    """A head dim past the kernels' (``MAX_HEAD_DIM``, the query rows held in registers): the
+    library-free build names the SDPA step and the model line that called it."""
+    import re
+
+    from aot.codegen import generate
+    from aot.errors import CodegenError
+    from aot.tracer import load_model_file, trace
+
+    path = _sdpa_model(tmp_path, 320)
+    line = next(
+        i for i, text in enumerate(SDPA_MODEL.splitlines(), 1) if "scaled_dot_product_attention(" in text
+    )
+    with pytest.raises(CodegenError) as e:
+        generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
+    pattern = rf"step \d+ \(aten\.scaled_dot_product_attention\.default -> \w+, made at \S*sdpa\.py:{line}\) is a library call"
+    assert re.search(pattern, str(e.value)), str(e.value)
