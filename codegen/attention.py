@@ -32,6 +32,7 @@ from aot.program import RESHAPE_VIEWS, producer_of, step_reads
 from aot.schema import Buf, Program, Step, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
+FULL_END = 2**62  # a slice's end at or past this is "to the end"
 SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (memory: B*L*S bools)
 MASK_ARG = 3  # scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, ...)
 CAUSAL_ARG = 5
@@ -231,6 +232,8 @@ def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tup
         ("aten.unsqueeze.default",),
     ):
         i = producer.get(name)
+        while i is not None and _whole_slice(program.steps[i]):  # x[:, :, None, :, :] slices it all
+            i = producer.get(program.steps[i].args[0].name)
         step = program.steps[i] if i is not None else None
         if step is None or step.kind != "aten" or step.target not in target or not step.args:
             return None
@@ -238,6 +241,8 @@ def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tup
             return None
         chain.append(step)
         name = step.args[0].name
+    while (i := producer.get(name)) is not None and _whole_slice(program.steps[i]):
+        name = program.steps[i].args[0].name  # the buffer itself, not a view of all of it
     unsqueeze, expand = chain[3], chain[2]
     if len(unsqueeze.args) < 2 or unsqueeze.args[1] != 2:
         return None
@@ -251,6 +256,19 @@ def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tup
     return name, groups
 
 
+def _whole_slice(step: Step) -> bool:
+    """``slice(x, dim, 0 or None, to the end)``: all of ``x``."""
+    if step.kind != "aten" or step.target != "aten.slice.Tensor" or step.kwargs or not step.args:
+        return False
+    start, end, stride = (list(step.args[2:5]) + [None, None, None])[:3]
+    return (
+        isinstance(step.args[0], Buf)
+        and start in (0, None)
+        and stride in (1, None)
+        and (end is None or (type(end) is int and end >= FULL_END))
+    )
+
+
 def _arg(step: Step, position: int, key: str, default=None):
     return step.args[position] if len(step.args) > position else step.kwargs.get(key, default)
 
@@ -259,9 +277,14 @@ def _size_arg(text: str):
     return int(text) if text.isdigit() else Sym(text)
 
 
-def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None) -> tuple[Program, int]:
+def fold_gqa_repeats(
+    program: Program, log: Callable[[str], None] | None = None, any_length: bool = False
+) -> tuple[Program, int]:
     """``program`` with each one-token SDPA over a repeated grouped-query cache run on the cache
-    itself (see the module docstring); how many were folded."""
+    itself (see the module docstring); how many were folded. ``any_length`` (library-free builds,
+    whose attention kernels read grouped heads): every other SDPA over ``repeat_kv`` copies reads
+    the heads they copy, ``enable_gqa=True`` (query head h reads KV head h // G, the copy's
+    values), so that no step writes the copies."""
     producer = producer_of(program.steps)
     steps: list[Step] = []
     buffers = dict(program.buffers)
@@ -270,6 +293,8 @@ def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None)
         done = None
         if step.kind == "aten" and step.target == SDPA and len(step.args) >= 3 and len(step.outputs) == 1:
             done = _fold_one(program, step, producer, buffers)
+            if done is None and any_length:
+                done = _grouped_call(program, step, producer)
         if done is None:
             steps.append(step)
         else:
@@ -279,10 +304,30 @@ def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None)
         return program, 0
     program = _drop_dead_steps(replace(program, steps=tuple(steps), buffers=buffers))
     if log:
-        log(
-            f"  {folded} one-token attention calls read the grouped-query KV cache in place (no repeat_kv copy)"
-        )
+        log(f"  {folded} attention calls read grouped-query keys and values in place (no repeat_kv copy)")
     return program, folded
+
+
+def _grouped_call(program: Program, step: Step, producer: dict[str, int]) -> list[Step] | None:
+    """``[step]`` reading the KV heads that ``repeat_kv`` copied, with ``enable_gqa=True``; None
+    where its keys and values are not such copies (of one group size) or it already groups."""
+    call = sdpa_call(step)
+    if call is None or call.enable_gqa or not all(isinstance(a, Buf) for a in (call.query, call.key)):
+        return None
+    if not isinstance(call.value, Buf) or len(step.args) < 3:
+        return None
+    k_src, v_src = (_repeat_source(program, a.name, producer) for a in (call.key, call.value))
+    if k_src is None or v_src is None or k_src[1] != v_src[1]:
+        return None
+    specs = {**{i.name: i.spec for i in program.inputs}, **program.buffers}
+    q_spec, k_spec, v_spec = specs.get(call.query.name), specs.get(k_src[0]), specs.get(v_src[0])
+    if q_spec is None or k_spec is None or v_spec is None or len(q_spec.shape) != 4:
+        return None
+    heads = q_spec.shape[1]
+    if not heads.isdigit() or int(heads) != int(k_spec.shape[1]) * k_src[1] or k_spec.shape != v_spec.shape:
+        return None
+    args = (step.args[0], Buf(k_src[0]), Buf(v_src[0]), *step.args[3:])
+    return [replace(step, args=args, kwargs={**step.kwargs, "enable_gqa": True})]
 
 
 def _fold_one(program: Program, step: Step, producer: dict[str, int], buffers: dict[str, TensorSpec]):

@@ -15,8 +15,8 @@ The same kernel serves self-attention under a mask (BERT's padding mask: ``[B, 1
 ``expand``-ed over the queries or not), its keys and values head views of projection rows as its
 query is (``CacheSite.rows``), and attention whose keys and values are buffers of their own read
 through any views that keep the head dim contiguous (``CacheSite.strided``: a plain Llama's
-prefill without a cache, where a RoPE kernel wrote ``repeat_kv``'s copy of the keys), under a
-mask or ``is_causal`` (top-left aligned, as SDPA's). Calls without a mask that a flash candidate
+prompt without a cache, its keys as the RoPE kernel wrote them, the ``repeat_kv`` copy dropped
+by ``attention.fold_gqa_repeats``), under a mask or ``is_causal`` (top-left aligned, as SDPA's). Calls without a mask that a flash candidate
 takes (``aot.codegen.flash``: GPT-2's) are left to it. A mask is read through its views from the
 buffer they view (``cache_writes.strided_view``: a row stride and a query stride, 0 where it is
 shared).
@@ -45,7 +45,7 @@ from aot.codegen import index as ix
 from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import strided_view
 from aot.codegen.decode_attention import LOG2E
-from aot.codegen.decode_sites import FLOAT_DTYPES, FULL_END, MAX_HEAD_DIM, _Program
+from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, _Program
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE
@@ -106,41 +106,6 @@ class KeysValues:
     keys: str  # the key length
 
 
-def _copies(p: _Program, name: str) -> int:
-    """G where a kernel wrote ``name`` ``[B, KV, G, S, D]`` as ``repeat_kv`` does, the copy of
-    ``expand(unsqueeze(x, 2), [B, KV, G, S, D])`` (its reference steps say so): G equal copies of
-    each of x's heads; 1 for anything else."""
-    i = p.producer.get(name)
-    step = p.steps[i] if i is not None else None
-    if step is None or step.kind != StepKind.KERNEL:
-        return 1
-    local = {o: r for r in step.reference for o in r.outputs if o is not None}
-
-    def made(n, target: str) -> Step | None:
-        """The reference step of ``target`` that made ``n``, back through whole slices."""
-        while True:
-            r = local.get(n.name) if isinstance(n, Buf) else None
-            if r is None or r.kind != StepKind.ATEN or not r.args:
-                return None
-            start, end, stride = (list(r.args[2:5]) + [None, None, None])[:3]
-            whole = start in (0, None) and stride in (1, None) and type(end) is int and end >= FULL_END
-            if r.target != "aten.slice.Tensor" or not whole or r.kwargs:
-                return r if r.target == target else None
-            n = r.args[0]
-
-    clone = made(Buf(name), "aten.clone.default")  # the layout: the buffer's spec (row-major)
-    expand = made(clone.args[0], "aten.expand.default") if clone is not None else None
-    unsqueeze = made(expand.args[0], "aten.unsqueeze.default") if expand is not None else None
-    sizes = expand.args[1] if expand is not None and len(expand.args) > 1 else None
-    shape = p.shape(name)
-    if unsqueeze is None or list(unsqueeze.args[1:]) != [2] or not isinstance(sizes, list) or len(sizes) != 5:
-        return 1
-    groups = sizes[2]
-    if type(groups) is not int or groups < 1 or shape is None or len(shape) != 5 or shape[2] != str(groups):
-        return 1
-    return groups
-
-
 def _strided_query(program: Program, p: _Program, q: str, shape: tuple[str, ...], dtype: str):
     """(base, (offset, b, h, t strides as size texts)) where ``q`` (``shape``: [B, H, T, D]) is a
     view of a row-major buffer of ``dtype`` with its head dim contiguous; None otherwise."""
@@ -160,9 +125,8 @@ def _strided_keys_values(
 ):
     """(KV, ``KeysValues``) where ``k`` and ``v`` are ``[B, KV, S, D]`` views, their head dim
     contiguous, of row-major buffers of ``dtype`` (a RoPE kernel's result, ``repeat_kv``'s copy
-    viewed back to ``[B, H, S, D]``), ``KV`` dividing ``heads``; None otherwise. Of a whole
-    ``repeat_kv`` copy (``_copies``) the kernel reads the first of each KV head's copies, so that
-    each block of keys serves all the query heads that share it."""
+    viewed back to ``[B, H, S, D]``), ``KV`` dividing ``heads``; None otherwise. (A library-free
+    build has SDPA read ``repeat_kv``'s source heads, ``enable_gqa``: ``attention.fold_gqa_repeats``.)"""
     found = []
     for name in (k, v):
         view = strided_view(name, program)
@@ -176,17 +140,7 @@ def _strided_keys_values(
             return None
         if not ix.same(view.strides[3], sympy.Integer(1)):
             return None
-        strides = list(view.strides[:3])
-        groups = _copies(p, view.base)
-        if (
-            groups > 1
-            and int(kv) % groups == 0
-            and ix.same(view.offset, sympy.Integer(0))
-            and ix.same(strides[1], n * head_dim)
-            and ix.same(strides[0], kv * n * head_dim)
-        ):  # the whole copy, viewed back to [B, KV * G, S, D]: head h is KV head h // G's
-            kv, strides[1] = sympy.Integer(int(kv) // groups), strides[1] * groups
-        texts = tuple(ix.size_text(x) for x in (view.offset, *strides))
+        texts = tuple(ix.size_text(x) for x in (view.offset, *view.strides[:3]))
         found.append((view.base, texts, int(kv), n))
     (kb, k_at, kv, kn), (vb, v_at, vkv, vn) = found
     if kv != vkv or not ix.same(kn, vn):
@@ -646,5 +600,7 @@ def cache_attention_kernels(
         for j in site.heads_apart:
             steps[j] = None
     if at:
-        say(f"  {len(at)} SDPA calls over a KV cache run as cache attention kernels")
+        say(
+            f"  {len(at)} SDPA calls (over a KV cache, masked or over strided operands) run as attention kernels"
+        )
     return built.program_with(program, steps), built.cubins

@@ -209,7 +209,8 @@ def test_keys_held_as_constants_or_arguments():
 @pytest.fixture(scope="module")
 def zoo_llama(tmp_path_factory):
     """The zoo's plain ``LlamaForCausalLM`` (no cache: causal attention over the prompt, RoPE,
-    4 query heads over 2 KV heads through ``repeat_kv``) built ``--library-free``."""
+    4 query heads over 2 KV heads through ``repeat_kv``) built ``--library-free``: SDPA reads the
+    KV heads with ``enable_gqa`` (``attention.fold_gqa_repeats``), no copy made."""
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -237,7 +238,8 @@ def test_the_zoo_llama_attention_is_the_strided_kernel(zoo_llama):
     attention = [
         s for s in live_steps(program) if s.kind == StepKind.KERNEL and "attention" in names[s.target]
     ]
-    # the RoPE kernel writes repeat_kv's copy: the kernel reads the first of each KV head's copies
+    # no step copies the keys and values for repeat_kv: the kernel reads each KV head for 2 query heads
+    assert not [r for s in live_steps(program) for r in (s, *s.reference) if r.target == "aten.clone.default"]
     assert [names[s.target] for s in attention] == ["attention_g2_d16_causal"] * 2
     assert all(s.reference[0].target == "aten.scaled_dot_product_attention.default" for s in attention)
     assert [e.name for e in check(bundle).entries] == ["general"]
