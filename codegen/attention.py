@@ -18,7 +18,11 @@ Grouped-query decode (``fold_gqa_repeats``): transformers' ``repeat_kv`` expands
 every layer on every step. Instead the ``G`` query heads of each KV head become ``G`` query rows of
 one SDPA call on the cache where it lives: ``q [B, KV*G, 1, D]`` viewed as ``[B, KV, G, D]``
 against ``k, v [B, KV, S, D]``, the result viewed back. Each query row attends exactly as before
-(same keys, same mask row, same scale), so the values are the same.
+(same keys, same mask row, same scale), so the values are the same. In a library-free build, whose
+attention kernels read grouped heads, every other SDPA over such copies (a prompt's) reads the
+heads they copy with ``enable_gqa=True`` instead: no step writes the copies.
+
+``sdpa_call`` reads an SDPA step's arguments by name, for every attention kernel's site finder.
 """
 
 from __future__ import annotations
