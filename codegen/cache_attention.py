@@ -13,13 +13,14 @@ is a row-major ``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
 
 The same kernel serves self-attention under a mask (BERT's padding mask: ``[B, 1, 1, S]``,
 ``expand``-ed over the queries or not), its keys and values head views of projection rows as its
-query is (``CacheSite.rows``), and attention whose keys and values are buffers of their own read
-through any views that keep the head dim contiguous (``CacheSite.strided``: a plain Llama's
-prompt without a cache, its keys as the RoPE kernel wrote them, the ``repeat_kv`` copy dropped
-by ``attention.fold_gqa_repeats``), under a mask or ``is_causal`` (top-left aligned, as SDPA's). Calls without a mask that a flash candidate
-takes (``aot.codegen.flash``: GPT-2's) are left to it. A mask is read through its views from the
-buffer they view (``cache_writes.strided_view``: a row stride and a query stride, 0 where it is
-shared).
+query is (``CacheSite.rows``), and attention whose query, keys and values are buffers of their
+own read through any views that keep the head dim contiguous (``CacheSite.strided``,
+``CacheSite.q_strided``: a plain Llama's prompt without a cache, its queries and keys as the
+RoPE kernels wrote them, the ``repeat_kv`` copy dropped by ``attention.fold_gqa_repeats``),
+under a mask or ``is_causal`` (top-left aligned, as SDPA's). Calls without a mask that a flash
+candidate takes (``aot.codegen.flash``: GPT-2's) are left to it. A mask is read through its
+views from the buffer they view (``cache_writes.strided_view``: a row stride and a query
+stride, 0 where it is shared).
 
 Rows masked everywhere come out as SDPA's do: an additive mask is added in natural units and its
 dtype-minimum entries clamp to a finite floor, so a row masked by them everywhere averages its
@@ -124,9 +125,10 @@ def _strided_keys_values(
     program: Program, p: _Program, k: str, v: str, batch: str, heads: int, head_dim: int, dtype: str
 ):
     """(KV, ``KeysValues``) where ``k`` and ``v`` are ``[B, KV, S, D]`` views, their head dim
-    contiguous, of row-major buffers of ``dtype`` (a RoPE kernel's result, ``repeat_kv``'s copy
-    viewed back to ``[B, H, S, D]``), ``KV`` dividing ``heads``; None otherwise. (A library-free
-    build has SDPA read ``repeat_kv``'s source heads, ``enable_gqa``: ``attention.fold_gqa_repeats``.)"""
+    contiguous, of row-major buffers of ``dtype`` (a RoPE kernel's result; ``repeat_kv``'s copy
+    viewed back to ``[B, H, S, D]``, read as ``H`` heads, where the build kept one: a library-free
+    build has SDPA read the copied heads, ``enable_gqa``, ``attention.fold_gqa_repeats``), ``KV``
+    dividing ``heads``; None otherwise."""
     found = []
     for name in (k, v):
         view = strided_view(name, program)
@@ -220,7 +222,7 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
         elif (
             found := _strided_keys_values(program, p, k.name, v.name, batch, heads, head_dim, dtype)
         ) is not None:
-            kv_heads, strided = found  # keys and values of their own (a RoPE kernel's, repeat_kv's copy)
+            kv_heads, strided = found  # keys and values of their own (a RoPE kernel's result)
             k_base, v_base, context, keys = strided.k, strided.v, 0, strided.keys
         else:
             continue
@@ -358,17 +360,17 @@ def render_cache_attention(site: CacheSite) -> Rendered:
             ("K_OFFSET", "K_B", "K_H", "K_N", "V_OFFSET", "V_B", "V_H", "V_N"),
             (*site.strided.k_at, *site.strided.v_at),
         )
-    kv_consts: dict[str, int] = {}
-    kv_params: list[KernelParam] = []
-    kv_args: list[Sym] = []
+    stride_consts: dict[str, int] = {}
+    stride_params: list[KernelParam] = []
+    stride_args: list[Sym] = []
     stride: dict[str, str] = {}
     for const, text in texts:
         if text.lstrip("-").isdigit():
-            kv_consts[const] = int(text)
+            stride_consts[const] = int(text)
             stride[const] = const
         else:
-            kv_params.append(KernelParam(const.lower(), ParamKind("i32"), ""))
-            kv_args.append(Sym(text))
+            stride_params.append(KernelParam(const.lower(), ParamKind("i32"), ""))
+            stride_args.append(Sym(text))
             stride[const] = const.lower()
     q_at = (
         "q_at = b * T * Q_BATCH_T + t * Q_TOKEN + h * (Q_HEAD + T * Q_HEAD_T) + Q_COLUMN"
@@ -462,7 +464,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         KernelParam("out_ptr", ParamKind.PTR, site.dtype),
         KernelParam("T", ParamKind("i32"), ""),
         *([KernelParam("S", ParamKind("i32"), "")] if not cache else []),
-        *kv_params,
+        *stride_params,
         *(
             [KernelParam("MASK_B", ParamKind("i32"), ""), KernelParam("MASK_T", ParamKind("i32"), "")]
             if site.mask is not None
@@ -479,7 +481,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         Sym(seq),
         *([Sym(ix.size_text(ix.parse_size(site.rows[4])))] if site.rows is not None else []),
         *([Sym(ix.size_text(ix.parse_size(site.strided.keys)))] if site.strided is not None else []),
-        *kv_args,
+        *stride_args,
         *([Sym(site.mask_batch), Sym(site.mask_token)] if site.mask is not None else []),
     )
     signature = signature_of(tuple(params), "i32")
@@ -502,7 +504,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
             if site.rows is not None
             else {}
         ),
-        **kv_consts,
+        **stride_consts,
         "SCALE": repr(site.scale),
         "SCALE_LOG2E": repr(site.scale * LOG2E),
         "LOG2E": repr(LOG2E),
