@@ -344,7 +344,7 @@ def _rewrite_for_kernels(
         traced = replace(traced, program=program, weights=weights)
     ranges = _ranges(traced)
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
-    program, _ = fold_gqa_repeats(program, log=say)
+    program, _ = fold_gqa_repeats(program, log=say, any_length=options.library_free)
     program, folded = fold_activations(program)
     program, n_positions = positions_as_slices(program, ranges)
     if n_positions:

@@ -18,13 +18,17 @@ Grouped-query decode (``fold_gqa_repeats``): transformers' ``repeat_kv`` expands
 every layer on every step. Instead the ``G`` query heads of each KV head become ``G`` query rows of
 one SDPA call on the cache where it lives: ``q [B, KV*G, 1, D]`` viewed as ``[B, KV, G, D]``
 against ``k, v [B, KV, S, D]``, the result viewed back. Each query row attends exactly as before
-(same keys, same mask row, same scale), so the values are the same.
+(same keys, same mask row, same scale), so the values are the same. In a library-free build, whose
+attention kernels read grouped heads, every other SDPA over such copies (a prompt's) reads the
+heads they copy with ``enable_gqa=True`` instead: no step writes the copies.
+
+``sdpa_call`` reads an SDPA step's arguments by name, for every attention kernel's site finder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
@@ -32,9 +36,50 @@ from aot.program import RESHAPE_VIEWS, producer_of, step_reads
 from aot.schema import Buf, Program, Step, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
+FULL_END = 2**62  # a slice's end at or past this is "to the end"
 SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (memory: B*L*S bools)
 MASK_ARG = 3  # scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, ...)
 CAUSAL_ARG = 5
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+@dataclass(frozen=True)
+class SdpaCall:
+    """The arguments of one ``scaled_dot_product_attention`` step, by name (what every attention
+    kernel's site finder reads: ``aot.codegen.flash``, ``decode_sites``, ``cache_attention``)."""
+
+    query: Any
+    key: Any
+    value: Any
+    mask: Any  # a Buf, or None
+    causal: bool
+    scale: float | None  # None: 1 / sqrt(head dim)
+    enable_gqa: bool
+
+
+def sdpa_call(step: Step) -> SdpaCall | None:
+    """``step``'s SDPA arguments; None where one is not a plain value (a symbolic scale or flag,
+    an unknown keyword) or the call drops out (``dropout_p`` other than 0): no kernel stands for it."""
+    given = dict(zip(_SDPA_PARAMS, step.args))
+    if len(step.args) > len(_SDPA_PARAMS) or set(step.kwargs) & set(given):
+        return None
+    given.update(step.kwargs)
+    if set(given) - set(_SDPA_PARAMS):
+        return None
+    causal, gqa, scale = given.get("is_causal", False), given.get("enable_gqa", False), given.get("scale")
+    if given.get("dropout_p", 0.0) not in (0, 0.0, None) or causal not in (False, True, None):
+        return None
+    if gqa not in (False, True, None) or not (scale is None or type(scale) in (int, float)):
+        return None
+    return SdpaCall(
+        query=given.get("query"),
+        key=given.get("key"),
+        value=given.get("value"),
+        mask=given.get("attn_mask"),
+        causal=bool(causal),
+        scale=None if scale is None else float(scale),
+        enable_gqa=bool(gqa),
+    )
 
 
 def _cone(program: Program, name: str, producer: dict[str, int]) -> list[int] | None:
@@ -191,6 +236,8 @@ def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tup
         ("aten.unsqueeze.default",),
     ):
         i = producer.get(name)
+        while i is not None and _whole_slice(program.steps[i]):  # x[:, :, None, :, :] slices it all
+            i = producer.get(program.steps[i].args[0].name)
         step = program.steps[i] if i is not None else None
         if step is None or step.kind != "aten" or step.target not in target or not step.args:
             return None
@@ -198,6 +245,8 @@ def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tup
             return None
         chain.append(step)
         name = step.args[0].name
+    while (i := producer.get(name)) is not None and _whole_slice(program.steps[i]):
+        name = program.steps[i].args[0].name  # the buffer itself, not a view of all of it
     unsqueeze, expand = chain[3], chain[2]
     if len(unsqueeze.args) < 2 or unsqueeze.args[1] != 2:
         return None
@@ -211,6 +260,19 @@ def _repeat_source(program: Program, name: str, producer: dict[str, int]) -> tup
     return name, groups
 
 
+def _whole_slice(step: Step) -> bool:
+    """``slice(x, dim, 0 or None, to the end)``: all of ``x``."""
+    if step.kind != "aten" or step.target != "aten.slice.Tensor" or step.kwargs or not step.args:
+        return False
+    start, end, stride = (list(step.args[2:5]) + [None, None, None])[:3]
+    return (
+        isinstance(step.args[0], Buf)
+        and start in (0, None)
+        and stride in (1, None)
+        and (end is None or (type(end) is int and end >= FULL_END))
+    )
+
+
 def _arg(step: Step, position: int, key: str, default=None):
     return step.args[position] if len(step.args) > position else step.kwargs.get(key, default)
 
@@ -219,9 +281,14 @@ def _size_arg(text: str):
     return int(text) if text.isdigit() else Sym(text)
 
 
-def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None) -> tuple[Program, int]:
+def fold_gqa_repeats(
+    program: Program, log: Callable[[str], None] | None = None, any_length: bool = False
+) -> tuple[Program, int]:
     """``program`` with each one-token SDPA over a repeated grouped-query cache run on the cache
-    itself (see the module docstring); how many were folded."""
+    itself (see the module docstring); how many were folded. ``any_length`` (library-free builds,
+    whose attention kernels read grouped heads): every other SDPA over ``repeat_kv`` copies reads
+    the heads they copy, ``enable_gqa=True`` (query head h reads KV head h // G, the copy's
+    values), so that no step writes the copies."""
     producer = producer_of(program.steps)
     steps: list[Step] = []
     buffers = dict(program.buffers)
@@ -230,6 +297,8 @@ def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None)
         done = None
         if step.kind == "aten" and step.target == SDPA and len(step.args) >= 3 and len(step.outputs) == 1:
             done = _fold_one(program, step, producer, buffers)
+            if done is None and any_length:
+                done = _grouped_call(program, step, producer)
         if done is None:
             steps.append(step)
         else:
@@ -239,10 +308,30 @@ def fold_gqa_repeats(program: Program, log: Callable[[str], None] | None = None)
         return program, 0
     program = _drop_dead_steps(replace(program, steps=tuple(steps), buffers=buffers))
     if log:
-        log(
-            f"  {folded} one-token attention calls read the grouped-query KV cache in place (no repeat_kv copy)"
-        )
+        log(f"  {folded} attention calls read grouped-query keys and values in place (no repeat_kv copy)")
     return program, folded
+
+
+def _grouped_call(program: Program, step: Step, producer: dict[str, int]) -> list[Step] | None:
+    """``[step]`` reading the KV heads that ``repeat_kv`` copied, with ``enable_gqa=True``; None
+    where its keys and values are not such copies (of one group size) or it already groups."""
+    call = sdpa_call(step)
+    if call is None or call.enable_gqa or not all(isinstance(a, Buf) for a in (call.query, call.key)):
+        return None
+    if not isinstance(call.value, Buf) or len(step.args) < 3:
+        return None
+    k_src, v_src = (_repeat_source(program, a.name, producer) for a in (call.key, call.value))
+    if k_src is None or v_src is None or k_src[1] != v_src[1]:
+        return None
+    specs = {**{i.name: i.spec for i in program.inputs}, **program.buffers}
+    q_spec, k_spec, v_spec = specs.get(call.query.name), specs.get(k_src[0]), specs.get(v_src[0])
+    if q_spec is None or k_spec is None or v_spec is None or len(q_spec.shape) != 4:
+        return None
+    heads = q_spec.shape[1]
+    if not heads.isdigit() or int(heads) != int(k_spec.shape[1]) * k_src[1] or k_spec.shape != v_spec.shape:
+        return None
+    args = (step.args[0], Buf(k_src[0]), Buf(v_src[0]), *step.args[3:])
+    return [replace(step, args=args, kwargs={**step.kwargs, "enable_gqa": True})]
 
 
 def _fold_one(program: Program, step: Step, producer: dict[str, int], buffers: dict[str, TensorSpec]):

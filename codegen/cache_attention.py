@@ -4,18 +4,28 @@ library-free programs (``aot.codegen.library_free``).
 ``aot.codegen.decode_attention`` takes the one-token calls of a decode step; a prefill's
 ``scaled_dot_product_attention(q, k, v, mask)`` reads ``T`` queries per row against the whole
 static cache under a ``[B or 1, 1, T, C]`` mask (causal over the cache slots, left padding), which
-the flash candidates (no mask) do not cover. A *site* here is such a call without dropout, not
-causal, whose query is a row-major ``[B, H, T, D]`` buffer or a head view of a projection's rows
-(as ``aot.codegen.flash`` reads them), whose keys and values are views of ``[B, KV, C, D]`` caches
+the flash candidates (no mask) do not cover. A *site* here is such a call without dropout,
+whose query is a row-major ``[B, H, T, D]`` buffer or a head view of a projection's rows (as
+``aot.codegen.flash`` reads them), whose keys and values are views of ``[B, KV, C, D]`` caches
 (grouped-query heads by ``unsqueeze``/``expand``, then maybe ``repeat_kv``'s copy, then ``view``:
-the copy is not needed, the kernel reads the cache), and whose mask (or none) is a row-major
-``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
+the copy is not needed, the kernel reads the cache; or ``enable_gqa``), and whose mask (or none)
+is a row-major ``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
 
 The same kernel serves self-attention under a mask (BERT's padding mask: ``[B, 1, 1, S]``,
 ``expand``-ed over the queries or not), its keys and values head views of projection rows as its
-query is (``CacheSite.rows``); the flash candidates take the calls without a mask. A mask is read
-through its views from the buffer they view (``cache_writes.strided_view``: a row stride and a
-query stride, 0 where it is shared).
+query is (``CacheSite.rows``), and attention whose query, keys and values are buffers of their
+own read through any views that keep the head dim contiguous (``CacheSite.strided``,
+``CacheSite.q_strided``: a plain Llama's prompt without a cache, its queries and keys as the
+RoPE kernels wrote them, the ``repeat_kv`` copy dropped by ``attention.fold_gqa_repeats``),
+under a mask or ``is_causal`` (top-left aligned, as SDPA's). Calls without a mask that a flash
+candidate takes (``aot.codegen.flash``: GPT-2's) are left to it. A mask is read through its
+views from the buffer they view (``cache_writes.strided_view``: a row stride and a query
+stride, 0 where it is shared).
+
+Rows masked everywhere come out as SDPA's do: an additive mask is added in natural units and its
+dtype-minimum entries clamp to a finite floor, so a row masked by them everywhere averages its
+values (SDPA's softmax of equal scores); a row whose every key is -inf or False comes out 0
+(SDPA's safe softmax), never NaN.
 
 One program per (row, KV head, block of ``BLOCK_M`` query rows): its rows are the (token, query
 head) pairs sharing that KV head, so each block of keys and values serves all of them; keys and
@@ -33,9 +43,10 @@ from dataclasses import dataclass
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import strided_view
 from aot.codegen.decode_attention import LOG2E
-from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, SDPA, _Program, _sdpa_args
+from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, _Program
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels
 from aot.codegen.triton_types import STORAGE, TL_TYPE
@@ -76,29 +87,94 @@ class CacheSite:
     scale: float
     dtype: str
     rows: tuple[int, int, int, int, str] | None = None  # (k width, k column, v width, v column, key length)
+    # keys and values as strided views of buffers of their own: element (b, kv head, n, d) of k at
+    # K_OFFSET + b * K_B + kh * K_H + n * K_N + d (size texts), the same for v, and the key length
+    strided: KeysValues | None = None
+    # the query as a strided view: element (b, h, t, d) of ``q`` at Q_OFFSET + b * Q_B + h * Q_H +
+    # t * Q_T + d (size texts); None: the layout above
+    q_strided: tuple[str, str, str, str] | None = None
+    causal: bool = False  # query t attends keys n <= t (SDPA's is_causal, aligned at the top left)
+
+
+@dataclass(frozen=True)
+class KeysValues:
+    """Keys and values read through their views (``cache_writes.strided_view``): size texts."""
+
+    k: str
+    k_at: tuple[str, str, str, str]  # offset, batch, head and key strides
+    v: str
+    v_at: tuple[str, str, str, str]
+    keys: str  # the key length
+
+
+def _strided_query(program: Program, p: _Program, q: str, shape: tuple[str, ...], dtype: str):
+    """(base, (offset, b, h, t strides as size texts)) where ``q`` (``shape``: [B, H, T, D]) is a
+    view of a row-major buffer of ``dtype`` with its head dim contiguous; None otherwise."""
+    view = strided_view(q, program)
+    spec = p.specs.get(view.base) if view is not None else None
+    if view is None or spec is None or spec.dtype != dtype or len(view.shape) != 4:
+        return None
+    if not all(ix.same(a, ix.parse_size(b)) for a, b in zip(view.shape, shape)):
+        return None
+    if not ix.same(view.strides[3], sympy.Integer(1)):
+        return None
+    return view.base, tuple(ix.size_text(x) for x in (view.offset, *view.strides[:3]))
+
+
+def _strided_keys_values(
+    program: Program, p: _Program, k: str, v: str, batch: str, heads: int, head_dim: int, dtype: str
+):
+    """(KV, ``KeysValues``) where ``k`` and ``v`` are ``[B, KV, S, D]`` views, their head dim
+    contiguous, of row-major buffers of ``dtype`` (a RoPE kernel's result; ``repeat_kv``'s copy
+    viewed back to ``[B, H, S, D]``, read as ``H`` heads, where the build kept one: a library-free
+    build has SDPA read the copied heads, ``enable_gqa``, ``attention.fold_gqa_repeats``), ``KV``
+    dividing ``heads``; None otherwise."""
+    found = []
+    for name in (k, v):
+        view = strided_view(name, program)
+        spec = p.specs.get(view.base) if view is not None else None
+        if view is None or spec is None or spec.dtype != dtype or len(view.shape) != 4:
+            return None
+        b, kv, n, d = view.shape
+        if not ix.same(b, ix.parse_size(batch)) or not ix.same(d, sympy.Integer(head_dim)):
+            return None
+        if not isinstance(kv, sympy.Integer) or int(kv) < 1 or heads % int(kv):
+            return None
+        if not ix.same(view.strides[3], sympy.Integer(1)):
+            return None
+        texts = tuple(ix.size_text(x) for x in (view.offset, *view.strides[:3]))
+        found.append((view.base, texts, int(kv), n))
+    (kb, k_at, kv, kn), (vb, v_at, vkv, vn) = found
+    if kv != vkv or not ix.same(kn, vn):
+        return None
+    return kv, KeysValues(kb, k_at, vb, v_at, ix.size_text(kn))
 
 
 def find_cache_sites(program: Program) -> list[CacheSite]:
     """The SDPA calls over a KV cache the kernel can stand for (module docstring)."""
-    from aot.codegen.flash import _Finder
+    from aot.codegen.flash import _Finder, find_attention_sites
 
     p = _Program(program)
     readers = readers_of(program.steps)
     flash = None
+    flash_steps = None  # the SDPA steps a flash candidate stands for: left to it
     sites = []
     for i, step in enumerate(program.steps):
         if step.kind != StepKind.ATEN or step.target != SDPA or len(step.outputs) != 1:
             continue
-        parsed = _sdpa_args(step)
-        if parsed is None:
+        call = sdpa_call(step)
+        if call is None:
             continue
-        q, k, v, m, scale, enable_gqa = parsed
-        if (
-            not all(isinstance(x, Buf) for x in (q, k, v))
-            or not (m is None or isinstance(m, Buf))
-            or enable_gqa
-        ):
+        q, k, v, m, scale, causal = call.query, call.key, call.value, call.mask, call.scale, call.causal
+        if not all(isinstance(x, Buf) for x in (q, k, v)) or not (m is None or isinstance(m, Buf)):
             continue
+        if causal and m is not None:
+            continue  # SDPA takes one or the other
+        if m is None:
+            if flash_steps is None:
+                flash_steps = {j for a in find_attention_sites(program) for j in a.library}
+            if i in flash_steps:
+                continue
         qs, out = p.shape(q.name), step.outputs[0]
         if qs is None or len(qs) != 4 or not qs[1].isdigit() or not qs[3].isdigit():
             continue
@@ -114,29 +190,40 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
             continue
         if p.materialized(q.name):  # [B, H, T, D] row-major
             layout = (heads * head_dim, head_dim, 0, head_dim, 0)
-            q_base = q.name
-        else:
-            flash = flash or _Finder(program)
-            found = flash.operand(q.name, dtype)
-            if found is None or found[2] != seq or found[3] != heads or found[4] != head_dim:
-                continue
+            q_base, q_strided = q.name, None
+        elif (
+            (found := (flash := flash or _Finder(program)).operand(q.name, dtype)) is not None
+            and found[2] == seq
+            and found[3] == heads
+            and found[4] == head_dim
+        ):  # a head view of a projection's rows
             layout = (found[0].width, found[0].width, head_dim, 0, found[0].column)
-            q_base = found[0].base
+            q_base, q_strided = found[0].base, None
+        elif (found := _strided_query(program, p, q.name, qs, dtype)) is not None:
+            layout = (0, 0, 0, 0, 0)
+            q_base, q_strided = found
+        else:
+            continue
         kc, vc = p.cache(k.name, batch, heads, head_dim), p.cache(v.name, batch, heads, head_dim)
-        rows = None
+        rows, strided = None, None
+        flash = flash or _Finder(program)
+        fk, fv = flash.operand(k.name, dtype), flash.operand(v.name, dtype)
         if kc is not None and vc is not None and kc[1:] == vc[1:] and kc[2].isdigit():
             k_base, v_base, kv_heads, context, keys = kc[0], vc[0], kc[1], int(kc[2]), kc[2]
         elif (
-            m is not None
+            fk is not None
+            and fv is not None
+            and all(f[3] == heads and f[4] == head_dim for f in (fk, fv))
+            and fk[2] == fv[2]
+            and ix.same(ix.parse_size(fk[1]), ix.parse_size(batch))
         ):  # self-attention under a mask (BERT's padding): keys and values in projection rows
-            flash = flash or _Finder(program)
-            fk, fv = flash.operand(k.name, dtype), flash.operand(v.name, dtype)
-            if fk is None or fv is None or any(f[3] != heads or f[4] != head_dim for f in (fk, fv)):
-                continue
-            if fk[2] != fv[2] or not ix.same(ix.parse_size(fk[1]), ix.parse_size(batch)):
-                continue
             k_base, v_base, kv_heads, context, keys = fk[0].base, fv[0].base, heads, 0, fk[2]
             rows = (fk[0].width, fk[0].column, fv[0].width, fv[0].column, keys)
+        elif (
+            found := _strided_keys_values(program, p, k.name, v.name, batch, heads, head_dim, dtype)
+        ) is not None:
+            kv_heads, strided = found  # keys and values of their own (a RoPE kernel's result)
+            k_base, v_base, context, keys = strided.k, strided.v, 0, strided.keys
         else:
             continue
         mask, mask_batch, mask_token, mask_dtype = None, "0", "0", dtype
@@ -168,6 +255,9 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
                 scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
                 dtype=dtype,
                 rows=rows,
+                strided=strided,
+                causal=causal,
+                q_strided=q_strided,
             )
         )
     return sites
@@ -248,10 +338,45 @@ def render_cache_attention(site: CacheSite) -> Rendered:
     """The kernel of one site: grid (B * KV, query row blocks)."""
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd = max(16, _pow2(d))
-    bn = min(MAX_BLOCK_N, max(16, _pow2(site.context))) if site.rows is None else MAX_BLOCK_N
+    cache = site.rows is None and site.strided is None  # keys and values in a [B, KV, C, D] cache
+    bn = min(MAX_BLOCK_N, max(16, _pow2(site.context))) if cache else MAX_BLOCK_N
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
-    name = f"cache_attention_g{groups}_d{d}" if site.rows is None else f"masked_attention_d{d}"
+    if cache:
+        name = f"cache_attention_g{groups}_d{d}"
+    elif site.rows is not None:
+        name = f"masked_attention_d{d}"
+    else:
+        name = f"attention_g{groups}_d{d}"
+    name += "_causal" if site.causal else ""
+    keys = "CONTEXT" if cache else "S"
+    # strides of keys and values read through their views: constants where they are, else arguments
+    # (and of a query read through its views)
+    texts: list[tuple[str, str]] = []
+    if site.q_strided is not None:
+        texts += zip(("Q_OFFSET", "Q_B", "Q_H", "Q_T"), site.q_strided)
+    if site.strided is not None:
+        texts += zip(
+            ("K_OFFSET", "K_B", "K_H", "K_N", "V_OFFSET", "V_B", "V_H", "V_N"),
+            (*site.strided.k_at, *site.strided.v_at),
+        )
+    stride_consts: dict[str, int] = {}
+    stride_params: list[KernelParam] = []
+    stride_args: list[Sym] = []
+    stride: dict[str, str] = {}
+    for const, text in texts:
+        if text.lstrip("-").isdigit():
+            stride_consts[const] = int(text)
+            stride[const] = const
+        else:
+            stride_params.append(KernelParam(const.lower(), ParamKind("i32"), ""))
+            stride_args.append(Sym(text))
+            stride[const] = const.lower()
+    q_at = (
+        "q_at = b * T * Q_BATCH_T + t * Q_TOKEN + h * (Q_HEAD + T * Q_HEAD_T) + Q_COLUMN"
+        if site.q_strided is None
+        else f"q_at = {stride['Q_OFFSET']} + b * {stride['Q_B']} + h * {stride['Q_H']} + t * {stride['Q_T']}"
+    )
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     body = [
@@ -263,42 +388,60 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         "t = r // GROUPS",
         "h = kh * GROUPS + r % GROUPS",
         "rd = tl.arange(0, BLOCK_D)",
-        "q_at = b * T * Q_BATCH_T + t * Q_TOKEN + h * (Q_HEAD + T * Q_HEAD_T) + Q_COLUMN",
+        q_at,
         f"q = tl.load(q_ptr + q_at[:, None] + rd[None, :], mask=valid_r[:, None]{mask_d}, other=0.0)",
         *(
             ["kv = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM  # the cache's rows of this KV head"]
-            if site.rows is None
+            if cache
             else []
         ),
-        "m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
+        # a finite floor below every score (a clamped one too): a block whose keys are all masked adds 0
+        "m_i = tl.full((BLOCK_M,), -3.0e30, dtype=tl.float32)",
         "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)",
-        f"for start in range(0, {'CONTEXT' if site.rows is None else 'S'}, BLOCK_N):",
+        # causal: no key past the block's last query (top-left aligned, as SDPA's is_causal)
+        f"hi = tl.minimum({keys}, ((tl.program_id(1).to(tl.int64) + 1) * BLOCK_M - 1) // GROUPS + 1)"
+        if site.causal
+        else f"hi = {keys}",
+        "for start in range(0, hi, BLOCK_N):",
         "    rn = start + tl.arange(0, BLOCK_N)",
-        f"    valid_n = rn < {'CONTEXT' if site.rows is None else 'S'}",
-        *(
-            [
-                "    k_at = kv + rn * HEAD_DIM",
-                "    v_at = k_at",
-            ]
-            if site.rows is None
-            else [
-                "    k_at = (b * S + rn) * K_WIDTH + K_COLUMN + kh * HEAD_DIM  # a head view of the projection's rows",
-                "    v_at = (b * S + rn) * V_WIDTH + V_COLUMN + kh * HEAD_DIM",
-            ]
-        ),
+        f"    valid_n = rn < {keys}",
+    ]
+    if cache:
+        body += ["    k_at = kv + rn * HEAD_DIM", "    v_at = k_at"]
+    elif site.rows is not None:
+        body += [
+            "    k_at = (b * S + rn) * K_WIDTH + K_COLUMN + kh * HEAD_DIM  # a head view of the projection's rows",
+            "    v_at = (b * S + rn) * V_WIDTH + V_COLUMN + kh * HEAD_DIM",
+        ]
+    else:
+        body += [
+            f"    k_at = {stride['K_OFFSET']} + b * {stride['K_B']} + kh * {stride['K_H']} + rn * {stride['K_N']}",
+            f"    v_at = {stride['V_OFFSET']} + b * {stride['V_B']} + kh * {stride['V_H']} + rn * {stride['V_N']}",
+        ]
+    body += [
         f"    k = tl.load(k_ptr + k_at[None, :] + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
         f"    v = tl.load(v_ptr + v_at[:, None] + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
-        f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units",
         "    keep = valid_r[:, None] & valid_n[None, :]",
     ]
+    if site.causal:
+        body.append("    keep = keep & (rn[None, :] <= t[:, None])")
     bool_mask = site.mask is not None and site.mask_dtype == "bool"
     if site.mask is not None:
         body.append("    m_at = b * MASK_B + t[:, None] * MASK_T + rn[None, :]")
-        if bool_mask:
-            body.append("    keep = keep & (tl.load(mask_ptr + m_at, mask=keep, other=0) != 0)")
-        else:
-            body.append("    s = s + tl.load(mask_ptr + m_at, mask=keep, other=0.0).to(tl.float32) * LOG2E")
+    if site.mask is not None and not bool_mask:
+        # an additive mask is added in natural units; its most negative values (the dtype's
+        # minimum) clamp to a finite floor, so that a row masked so everywhere averages its values
+        # as SDPA does, while -inf stays -inf (such a row comes out 0, as SDPA's does)
+        body += [
+            f"    s = tl.dot(q, k{precision}) * SCALE",
+            "    s = s + tl.load(mask_ptr + m_at, mask=keep, other=0.0).to(tl.float32)",
+            "    s = tl.where(s == float('-inf'), s, tl.maximum(s, -1.0e30)) * LOG2E  # scores in log2 units",
+        ]
+    else:
+        body.append(f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units")
+    if bool_mask:
+        body.append("    keep = keep & (tl.load(mask_ptr + m_at, mask=keep, other=0) != 0)")
     body += [
         "    s = tl.where(keep, s, float('-inf'))",
         "    m_new = tl.maximum(m_i, tl.max(s, 1))",
@@ -307,7 +450,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         "    l_i = l_i * alpha + tl.sum(p, 1)",
         f"    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
         "    m_i = m_new",
-        "acc = acc / l_i[:, None]",
+        "acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # no key to attend: 0, as SDPA",
         "out_at = ((b * HEADS + h) * T + t) * HEAD_DIM"
         if not site.heads_apart
         else "out_at = ((b * T + t) * HEADS + h) * HEAD_DIM  # [B, T, H*D] rows",
@@ -320,7 +463,8 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         *([KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype)] if site.mask is not None else []),
         KernelParam("out_ptr", ParamKind.PTR, site.dtype),
         KernelParam("T", ParamKind("i32"), ""),
-        *([KernelParam("S", ParamKind("i32"), "")] if site.rows is not None else []),
+        *([KernelParam("S", ParamKind("i32"), "")] if not cache else []),
+        *stride_params,
         *(
             [KernelParam("MASK_B", ParamKind("i32"), ""), KernelParam("MASK_T", ParamKind("i32"), "")]
             if site.mask is not None
@@ -336,6 +480,8 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         Buf(site.out),
         Sym(seq),
         *([Sym(ix.size_text(ix.parse_size(site.rows[4])))] if site.rows is not None else []),
+        *([Sym(ix.size_text(ix.parse_size(site.strided.keys)))] if site.strided is not None else []),
+        *stride_args,
         *([Sym(site.mask_batch), Sym(site.mask_token)] if site.mask is not None else []),
     )
     signature = signature_of(tuple(params), "i32")
@@ -358,6 +504,8 @@ def render_cache_attention(site: CacheSite) -> Rendered:
             if site.rows is not None
             else {}
         ),
+        **stride_consts,
+        "SCALE": repr(site.scale),
         "SCALE_LOG2E": repr(site.scale * LOG2E),
         "LOG2E": repr(LOG2E),
     }
@@ -371,21 +519,32 @@ def render_cache_attention(site: CacheSite) -> Rendered:
             f"mask {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, 1, T or 1, S], element "
             f"(b, t, n) at b * {site.mask_batch} + t * {site.mask_token} + n"
         )
-    keys = (
-        f"k, v: the cache [B, {site.kv_heads}, {site.context}, {d}] row-major, {groups} query heads per KV head"
-        if site.rows is None
-        else f"k, v: head views of projection rows, S = {site.rows[4]} keys"
-    )
+    if cache:
+        kv_doc = f"k, v: the cache [B, {site.kv_heads}, {site.context}, {d}] row-major"
+    elif site.rows is not None:
+        kv_doc = f"k, v: head views of projection rows, S = {site.rows[4]} keys"
+    else:
+        kv_doc = (
+            f"k, v: [B, {site.kv_heads}, S, {d}] views, S = {site.strided.keys}, element (b, kv head, n) at "
+            f"offset, b, kv head, n strides {', '.join(site.strided.k_at)} (k) and {', '.join(site.strided.v_at)} (v)"
+        )
+    kv_doc += f", {groups} query heads per KV head"
+    what = "a KV cache" if cache else "keys under a mask" if site.mask is not None else "keys"
     doc = [
-        f"Attention over {'a KV cache' if site.rows is None else 'keys under a mask'}: softmax(q k^T * {site.scale!r} + mask) v for T queries per row, online, fp32 accumulation.",
+        f"Attention over {what}: softmax(q k^T * {site.scale!r} + mask) v for T queries per row, online, fp32 accumulation"
+        + (", causal (key n <= query t)." if site.causal else "."),
         "",
-        f"q: [B, {site.heads}, T, {d}]; {keys}; {mask_doc}; B = {site.batch}, T = {seq}, {site.dtype}.",
+        f"q: [B, {site.heads}, T, {d}]; {kv_doc}; {mask_doc}; B = {site.batch}, T = {seq}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
     source = kernel_module(doc, consts, name, signature, body)
     rows, t = ix.parse_size(site.batch), ix.parse_size(site.seq)
     elem = ITEMSIZE[site.dtype]
-    n_keys = sympy.Integer(site.context) if site.rows is None else ix.parse_size(site.rows[4])
+    n_keys = (
+        sympy.Integer(site.context)
+        if cache
+        else ix.parse_size(site.rows[4] if site.rows is not None else site.strided.keys)
+    )
     traffic = rows * (2 * site.kv_heads * n_keys * d + 2 * site.heads * t * d) * elem
     config = {
         "kind": "cache_attention",
@@ -443,5 +602,7 @@ def cache_attention_kernels(
         for j in site.heads_apart:
             steps[j] = None
     if at:
-        say(f"  {len(at)} SDPA calls over a KV cache run as cache attention kernels")
+        say(
+            f"  {len(at)} SDPA calls (over a KV cache, masked or over strided operands) run as attention kernels"
+        )
     return built.program_with(program, steps), built.cubins

@@ -12,11 +12,11 @@ from typing import Any
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import Strided, strided_view, write_args
 from aot.program import VIEW_OPS, tensor_specs
 from aot.schema import Buf, Program, Step, StepKind
 
-SDPA = "aten.scaled_dot_product_attention.default"
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
 # One program per row and KV head walks the whole cache: measured at 160 and 512 slots (H200). A
@@ -395,23 +395,6 @@ def rotary_of(
     return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride)
 
 
-def _sdpa_args(step: Step):
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-    given = dict(zip(names, step.args))
-    if len(step.args) > len(names) or set(step.kwargs) & set(given):
-        return None
-    given.update(step.kwargs)
-    if set(given) - {*names, "scale", "enable_gqa"}:
-        return None
-    if given.get("dropout_p", 0.0) != 0 or given.get("is_causal", False) is not False:
-        return None
-    scale = given.get("scale")
-    if scale is not None and not isinstance(scale, (int, float)):
-        return None
-    q, k, v, m = (given.get(n) for n in names[:4])
-    return q, k, v, m, scale, given.get("enable_gqa", False) is not False
-
-
 def find_decode_sites(
     program: Program, fold_writes: bool = True, fold_rotary: bool = True
 ) -> list[DecodeSite]:
@@ -427,10 +410,11 @@ def find_decode_sites(
     for i, step in enumerate(program.steps):
         if step.kind != StepKind.ATEN or step.target != SDPA or len(step.outputs) != 1:
             continue
-        parsed = _sdpa_args(step)
-        if parsed is None:
+        call = sdpa_call(step)
+        if call is None or call.causal:
             continue
-        q, k, v, m, scale, enable_gqa = parsed
+        q, k, v, m = call.query, call.key, call.value, call.mask
+        scale, enable_gqa = call.scale, call.enable_gqa
         if not all(isinstance(x, Buf) for x in (q, k, v)) or not (m is None or isinstance(m, Buf)):
             continue
         qs, out, spec = p.shape(q.name), step.outputs[0], p.specs.get(q.name)

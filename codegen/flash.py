@@ -32,6 +32,7 @@ from typing import Any
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import MAX_GRID_YZ, max_value
 from aot.codegen.render import Rendered
@@ -40,7 +41,6 @@ from aot.dtypes import ITEMSIZE
 from aot.program import RESHAPE_VIEWS, VIEW_OPS, producer_of, readers_of, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
-SDPA = "aten.scaled_dot_product_attention.default"
 HEURISTIC = "attention-candidates-v1"
 _PERMUTES = ("aten.permute.default", "aten.transpose.int")
 _SPLITS = ("aten.split_with_sizes.default", "aten.split.Tensor")
@@ -283,30 +283,6 @@ class _Finder:
         return out, used
 
 
-def _sdpa_args(step: Step) -> tuple[Buf, Buf, Buf, bool, float | None] | None:
-    """q, k, v, causal and scale of an SDPA step with no mask and no dropout; None otherwise."""
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-    given = dict(zip(names, step.args))
-    if len(step.args) > len(names) or set(step.kwargs) & set(given):
-        return None
-    given.update(step.kwargs)
-    if set(given) - {*names, "scale", "enable_gqa"}:
-        return None
-    q, k, v = given.get("query"), given.get("key"), given.get("value")
-    if not all(isinstance(x, Buf) for x in (q, k, v)):
-        return None
-    if (
-        given.get("attn_mask") is not None
-        or given.get("dropout_p", 0.0) != 0
-        or given.get("enable_gqa", False)
-    ):
-        return None
-    causal, scale = given.get("is_causal", False), given.get("scale")
-    if type(causal) is not bool or (scale is not None and not isinstance(scale, (int, float))):
-        return None
-    return q, k, v, causal, None if scale is None else float(scale)
-
-
 def find_attention_sites(program: Program, first: int = 0) -> list[AttnSite]:
     """The program's SDPA sites, in program order, numbered ``attn_<first>``, ``attn_<first+1>``..."""
     f = _Finder(program)
@@ -314,11 +290,15 @@ def find_attention_sites(program: Program, first: int = 0) -> list[AttnSite]:
     for i, step in enumerate(program.steps):
         if step.kind != StepKind.ATEN or step.target != SDPA or len(step.outputs) < 1:
             continue
-        args = _sdpa_args(step)
+        call = sdpa_call(step)
         out_spec = program.buffers.get(step.outputs[0]) if step.outputs[0] else None
-        if args is None or out_spec is None or out_spec.dtype not in FLOAT_DTYPES:
+        if call is None or out_spec is None or out_spec.dtype not in FLOAT_DTYPES:
             continue
-        q, k, v, causal, scale = args
+        if call.mask is not None or call.enable_gqa:
+            continue  # aot.codegen.cache_attention takes those
+        q, k, v, causal, scale = call.query, call.key, call.value, call.causal, call.scale
+        if not all(isinstance(x, Buf) for x in (q, k, v)):
+            continue
         if any(o is not None for o in step.outputs[1:]):
             continue
         dtype = out_spec.dtype

@@ -105,7 +105,13 @@ def interpret_kernels(
         for r in step.reference:
             AtenCall(r, cpu, state_aliases=state)(ref_env, sizes)
         launches[kernel.id] = launches.get(kernel.id, 0) + 1
-        if launches_per_kernel is not None and launches[kernel.id] > launches_per_kernel:
+        # past its launches, a kernel's outputs are its references' (a GEMM form's prologue has
+        # none of its own: it runs on)
+        if (
+            launches_per_kernel is not None
+            and launches[kernel.id] > launches_per_kernel
+            and all(o in ref_env for o in step.outputs)
+        ):
             env.update({o: ref_env[o] for o in step.outputs})
             continue
         if kernel.id not in functions:

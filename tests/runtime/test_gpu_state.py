@@ -100,10 +100,10 @@ def test_prefill_logits_and_the_state_equal_the_torch_loaders(tiny_lm_free):
         rt.entry("decode")(**{**decode, "cache_position": torch.tensor([32]).cuda()})
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
 def test_hf_causal_lm_library_free_generate_equals_the_torch_loader(kind, tmp_path):
-    """A tiny random GPT-2 (fused QKV, learned positions) and Llama (RoPE, grouped-query heads)
-    through ``aot.hf.causal_lm``, built ``--library-free`` (the wrapper's last-position pick a row
+    """A tiny random GPT-2 (fused QKV, learned positions), Llama (RoPE, grouped-query heads) and
+    Mistral (one KV head, a sliding window in the prefill's mask) through ``aot.hf.causal_lm``, built ``--library-free`` (the wrapper's last-position pick a row
     gather kernel, ``aot.codegen.index_rows``): the runtime's greedy tokens equal the torch
     loader's on the same bundle, as do the torch loader's on the CPU."""
     from tests.realmodels.conftest import unusable

@@ -108,9 +108,10 @@ def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_
     assert state_size == 4 * (4 * 2 * 32 * 8 * 4)  # four caches [4, 2, 32, 8] float32
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
 def test_hf_causal_lms_generate_the_torch_loaders_tokens_in_the_interpreter(kind, tmp_path):
-    """Tiny GPT-2 and Llama through ``aot.hf.causal_lm`` built ``--library-free`` (the wrapper's
+    """Tiny GPT-2, Llama and Mistral (one KV head, a sliding window in the prefill's mask) through
+    ``aot.hf.causal_lm`` built ``--library-free`` (the wrapper's
     last-position pick a row gather computing its positions, ``aot.codegen.index_rows``; the
     logits' whole slice and one-element select views at the same address): the runtime's greedy
     tokens through the stand-in driver equal the torch loader's CPU path's on the same bundle."""
