@@ -129,12 +129,16 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
-    # Where the cache is one block of slots, its keys and values are loaded before the wait for
-    # the kernel before (``kernel_module``'s early lines): no kernel of the step writes the slots
-    # they read but this one, at ``pos`` (taken from registers below), and the steps before
-    # finished before the kernel before began (each kernel waits for the one before it). Under
-    # dependent launch the cache's bytes then arrive while the q/k/v projection still runs.
+    # Where the cache is one block of slots and this kernel appends the step's key and value, the
+    # cache's keys and values are loaded before the wait for the kernel before (``kernel_module``'s
+    # early lines): no kernel of the step writes the slots they read but this one, at ``pos``
+    # (taken from registers below), and the steps before finished before the kernel before began
+    # (each kernel waits for the one before it). Under dependent launch the cache's bytes then
+    # arrive while the q/k/v projection still runs. Where a step before writes the cache (no
+    # append here: a cache-write kernel or copy), its loads wait: loaded early they would race
+    # that write and read the slot's old key and value.
     one_block = site.context <= bn
+    loads_early = one_block and a is not None
     early = [
         "pid = tl.program_id(0).to(tl.int64)",
         "b = pid // KV_HEADS",
@@ -146,7 +150,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         f"k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
         f"v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
     ]
-    if one_block:
+    if loads_early:
         early += ["rn = tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
     body = [
         "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
@@ -193,8 +197,14 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             "tl.store(k_ptr + cache + pos * HEAD_DIM + rd, kn, mask=put)",
             "tl.store(v_ptr + cache + pos * HEAD_DIM + rd, vn, mask=put)",
         ]
-    # one block of slots: the online softmax's step, once (over the keys and values loaded early)
-    block = [] if one_block else ["rn = start + tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+    # one block of slots: the online softmax's step, once (over the keys and values loaded early
+    # where they could be)
+    if loads_early:
+        block = []
+    elif one_block:
+        block = ["rn = tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+    else:
+        block = ["rn = start + tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
     if a:
         block += [
             "k = tl.where((rn == pos)[None, :], kn[:, None], k)",

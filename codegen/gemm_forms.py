@@ -100,7 +100,16 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("few_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, min_m=2, max_m=16, row_norm=True),
     # long K (a down projection): splitk_16x64x128's tile at 2-16 rows
     TileConfig(
-        "few_splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, min_m=2, max_m=16, min_k=4096
+        "few_splitk_16x64x128",
+        16,
+        64,
+        128,
+        num_warps=4,
+        num_stages=3,
+        split_k=0,
+        min_m=2,
+        max_m=16,
+        min_k=4096,
     ),
     # long K, few columns (a down projection, 8192 -> 2048): K in slices, about 512 blocks
     TileConfig(

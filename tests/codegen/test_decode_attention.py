@@ -204,3 +204,29 @@ def test_tiny_lm_decode_program_runs_decode_attention(built):
         producers = {o: s for s in decode.steps for o in s.outputs}
         k, v = step.args[1].name, step.args[2].name
         assert {producers[k].args[0].name, producers[v].args[0].name} <= state
+
+
+@pytest.mark.parametrize("appends", [False, True])
+def test_the_cache_is_read_before_the_wait_only_where_no_step_before_writes_it(appends):
+    """A cache of one block of slots is loaded before the kernel waits for the one before it
+    (dependent launch) only where this kernel appends the step's key and value itself. Where a
+    step before writes the cache (tests/data/tiny_lm.py: a cache-write step, then attention), an
+    early load would race that write and read the slot's old key and value."""
+    from aot.codegen.decode_attention import render_decode_attention
+    from aot.codegen.decode_sites import Append, DecodeSite, NewRows
+
+    append = None
+    if appends:
+        append = Append(
+            k_state="k", v_state="v", pos="pos", pos_dtype="int64", k_new=NewRows("kn", 16, 0),
+            v_new=NewRows("vn", 16, 0), k_write=0, v_write=1, k_result="kr", v_result="vr",
+        )  # fmt: skip
+    site = DecodeSite(
+        step=0, q="q", q_batch_stride=32, q_column=0, k="k", v="v", mask="m", mask_batch_stride=32,
+        out="o", batch="2", heads=4, kv_heads=2, context=32, head_dim=8, scale=0.35,
+        dtype="float32", mask_dtype="float32", append=append,
+    )  # fmt: skip
+    lines = render_decode_attention(site).source.splitlines()
+    wait = next(i for i, line in enumerate(lines) if "gdc_wait()" in line)
+    load = next(i for i, line in enumerate(lines) if line.strip().startswith("k = tl.load(k_ptr"))
+    assert (load < wait) == appends, "\n".join(lines)
