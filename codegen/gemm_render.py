@@ -314,11 +314,7 @@ def _vec_steps_ln(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> 
                 f"    tl.store(sum_ptr + rm[:, None] * {k} + rk{i}[None, :], xs{i}.to({dt}), mask=kmask{i})"
             )
     # masked elements loaded as 0: they add nothing to the mean; their deviations are set to 0
-    lines.append(f"mean = ({' + '.join(f'tl.sum(xs{i}, axis=1)' for i in range(len(steps)))}) / {k}")
-    for i in range(len(steps)):
-        lines.append(f"dev{i} = tl.where(kmask{i}, xs{i} - mean[:, None], 0.0)")
-    lines.append(f"var = ({' + '.join(f'tl.sum(dev{i} * dev{i}, axis=1)' for i in range(len(steps)))}) / {k}")
-    lines.append(f"rstd = 1.0 / tl.sqrt(var + {pro.eps!r})")
+    lines += _layer_norm_stats([f"kmask{i}" for i in range(len(steps))], k, pro.eps)
     lines += [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
     for i in range(len(steps)):
         lines.append(f"a = dev{i} * rstd[:, None]")
@@ -423,11 +419,19 @@ def _prologue_stats(site: Site, write_sum: str) -> list[str]:
                 f"    tl.store(sum_ptr + rm[:, None] * {k} + rs{c}[None, :], xs{c}.to({dt}), "
                 f"mask=mask_m[:, None] & (rs{c}[None, :] < {k}))"
             )
-    lines.append(f"mean = ({' + '.join(f'tl.sum(xs{c}, axis=1)' for c in range(count))}) / {k}")
-    for c in range(count):
-        lines.append(f"dev{c} = tl.where(rs{c}[None, :] < {k}, xs{c} - mean[:, None], 0.0)")
-    lines.append(f"var = ({' + '.join(f'tl.sum(dev{c} * dev{c}, axis=1)' for c in range(count))}) / {k}")
-    lines.append(f"rstd = 1.0 / tl.sqrt(var + {site.prologue.eps!r})")
+    lines += _layer_norm_stats([f"rs{c}[None, :] < {k}" for c in range(count)], k, site.prologue.eps)
+    return lines
+
+
+def _layer_norm_stats(valid: list[str], k: int, eps: float) -> list[str]:
+    """``mean`` and ``rstd`` of the rows over all of K from the chunks ``xs0``, ``xs1``, ... in
+    registers (``valid[i]``: where chunk i holds elements of the row; elsewhere loaded as 0, they
+    add nothing to the mean, and their deviations ``dev<i>`` are set to 0)."""
+    chunks = range(len(valid))
+    lines = [f"mean = ({' + '.join(f'tl.sum(xs{i}, axis=1)' for i in chunks)}) / {k}"]
+    lines += [f"dev{i} = tl.where({valid[i]}, xs{i} - mean[:, None], 0.0)" for i in chunks]
+    lines.append(f"var = ({' + '.join(f'tl.sum(dev{i} * dev{i}, axis=1)' for i in chunks)}) / {k}")
+    lines.append(f"rstd = 1.0 / tl.sqrt(var + {eps!r})")
     return lines
 
 
