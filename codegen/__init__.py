@@ -304,12 +304,13 @@ def _rewrite_for_kernels(
     traced: Traced, options: BuildOptions, say: Callable[[str], None]
 ) -> tuple[Traced, Program, int, int]:
     """The rewrites before fusion (matmul weights stored [N, K], siblings stacked, weights
-    padded, attention masks and GQA repeats folded, activations into their matmuls, position
-    lookups, convolution biases and layouts): ``traced`` with the transposed, stacked and padded
+    padded, attention masks and GQA repeats folded, activations into their matmuls, indexes by
+    whole aranges and position lookups as views, convolution biases and layouts): ``traced`` with the transposed, stacked and padded
     weights, the rewritten program, and how many activations were folded and weights padded."""
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
+    from aot.codegen.index_views import indexes_as_views
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
     from aot.codegen.outer_products import outer_products_as_mul
@@ -346,6 +347,9 @@ def _rewrite_for_kernels(
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, _ = fold_gqa_repeats(program, log=say, any_length=options.library_free)
     program, folded = fold_activations(program)
+    program, n_views = indexes_as_views(program)
+    if n_views:
+        say(f"  {counted(n_views, 'index', 'indexes')} by whole aranges read in place as views")
     program, n_positions = positions_as_slices(program, ranges)
     if n_positions:
         say(f"  position lookups read in place from their table: {n_positions}")
@@ -353,6 +357,12 @@ def _rewrite_for_kernels(
         say(
             f"  folded {counted(folded, 'activation')} into their matmuls (cuBLASLt bias+activation epilogue)"
         )
+    if options.library_free:
+        from aot.codegen.library_free import copy_strided_gemm_inputs
+
+        program, n_copied = copy_strided_gemm_inputs(program)
+        if n_copied:
+            say(f"  {counted(n_copied, 'GEMM input')} read through a strided view copied to rows by a kernel")
     program, split = split_conv_bias(program)
     if split:
         say(f"  {split} convolution biases join the kernels after them")

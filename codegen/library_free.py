@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from aot.errors import BundleError, CodegenError, EnvError
-from aot.program import check_library_free, live_steps
-from aot.schema import Bucket, GemmSite, Program, StepKind
+from aot.program import aliases, check_library_free, fresh_name, is_view, live_steps, producer_of
+from aot.schema import Bucket, Buf, GemmSite, Program, Step, StepKind
 from aot.tuning import check_alternatives, spliced
 
 # Candidate forms by name prefix, best default first when nothing was timed: whole tiles serve any
@@ -130,3 +130,42 @@ def library_free(
         + (f"; {len(kept)} run the default one-row forms at one row ({', '.join(gemv)})" if kept else "")
     )
     return out
+
+
+GEMMS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
+COPY = "aten.clone.default"
+
+
+def copy_strided_gemm_inputs(program: Program) -> tuple[Program, int]:
+    """``program`` with each GEMM's A that is a view no kernel can read as rows in place (not a
+    view at its base's address, ``aot.program.aliases``: BERT's pooler reads the first token,
+    ``hidden[:, 0]`` of ``[B, T, C]``) copied by a ``clone`` first, which the fuser makes a
+    kernel: the GEMM forms read A row-major, and a library-free program has no other copy that
+    gathers strided rows. Also how many. Before fusion, for library-free builds only (the torch
+    loader lays such an A out by itself)."""
+    aliased = aliases(program, program.steps)
+    producer = producer_of(program.steps)
+    buffers = dict(program.buffers)
+    steps: list[Step] = []
+    copied: dict[str, str] = {}
+    for step in program.steps:
+        a_at = {"aten.mm.default": 0}.get(step.target, 1)
+        a = (
+            step.args[a_at]
+            if step.kind == StepKind.ATEN and step.target in GEMMS and len(step.args) > a_at
+            else None
+        )
+        if isinstance(a, Buf) and a.name in buffers and a.name not in aliased:
+            made = producer.get(a.name)
+            if made is not None and is_view(program.steps[made]):
+                if a.name not in copied:
+                    copied[a.name] = fresh_name(f"{a.name}_rows", buffers)
+                    buffers[copied[a.name]] = replace(buffers[a.name], order=())
+                    steps.append(Step(StepKind.ATEN, COPY, (a,), {}, (copied[a.name],)))
+                args = list(step.args)
+                args[a_at] = Buf(copied[a.name])
+                step = replace(step, args=tuple(args))
+        steps.append(step)
+    if not copied:
+        return program, 0
+    return replace(program, steps=tuple(steps), buffers=buffers), len(copied)
