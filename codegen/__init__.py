@@ -310,7 +310,7 @@ def _rewrite_for_kernels(
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
-    from aot.codegen.index_views import indexes_as_views
+    from aot.codegen.index_views import indexes_as_views, strides_as_views
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
     from aot.codegen.outer_products import outer_products_as_mul
@@ -347,6 +347,9 @@ def _rewrite_for_kernels(
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, _ = fold_gqa_repeats(program, log=say, any_length=options.library_free)
     program, folded = fold_activations(program)
+    program, n_strided = strides_as_views(program)
+    if n_strided:
+        say(f"  {counted(n_strided, 'as_strided view')} at row-major strides read as plain views")
     program, n_views = indexes_as_views(program)
     if n_views:
         say(f"  {counted(n_views, 'index', 'indexes')} by whole aranges read in place as views")

@@ -1,4 +1,6 @@
-"""Indexing by whole ``arange``s as views: ``x[arange(B)[:, None], arange(T)[None, :]]`` is ``x``.
+"""Library views that are plain views: indexing by whole ``arange``s
+(``x[arange(B)[:, None], arange(T)[None, :]]`` is ``x``) and ``as_strided`` of a row-major tensor
+at its own row-major strides.
 
 transformers 5 builds an attention mask's padding part by indexing the caller's mask with one
 ``arange`` per dim, each over the whole dim and laid along its own broadcast axis
@@ -19,6 +21,15 @@ the ``arange`` (its axis). With the axes distinct, ``out[j_0, ..., j_{R-1}, *res
 step where the order is already theirs), then a size-one dim unsqueezed at each axis no index
 holds. The steps that made the indices go where nothing else reads them. No index can fall
 outside its dim, so the rewrite changes no value and no error: it applies to every fused build.
+
+``strides_as_views``: ``torch.export`` writes a view whose strides it had to pin as
+``as_strided`` (timm's ConvNeXt head: ``x.mean((2, 3), keepdim=True)`` before its channels-last
+LayerNorm, ``as_strided(mean, [B, C, 1, 1], [C, 1, C, C])``). A kernel cannot fold ``as_strided``
+(it addresses storage), so the LayerNorm after it stayed a library call. Where the viewed tensor
+is a step's fresh result (or an input, or a weight), the ``as_strided`` keeps its shape with offset
+0 and gives the row-major strides of that shape (a dim of one element may have any): a restride
+that export pins to the strides eager's result has, at which it reads every element where it is;
+it is ``alias(x)``. A kernel writes its results row-major, so the kernels read them so too.
 """
 
 from __future__ import annotations
@@ -27,10 +38,11 @@ from dataclasses import replace
 
 from aot.codegen import index as ix
 from aot.codegen.embeddings import _positions
-from aot.program import fresh_name, producer_of, step_reads, tensor_specs
+from aot.program import fresh_name, is_view, producer_of, step_reads, tensor_specs
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 INDEX = "aten.index.Tensor"
+AS_STRIDED = "aten.as_strided.default"
 
 
 def _axis(shape: tuple[str, ...], length) -> int | None:
@@ -144,3 +156,56 @@ def indexes_as_views(program: Program) -> tuple[Program, int]:
     out_steps = tuple(st for j, group in enumerate(steps) if j not in dead for st in group)
     buffers = {k: v for k, v in buffers.items() if k not in gone}
     return replace(program, steps=out_steps, buffers=buffers), len(replaced)
+
+
+def _row_major(name: str, program: Program, producer: dict[str, int], specs) -> bool:
+    """Whether ``name`` is laid out row-major from its start: an input or weight, or the fresh
+    result of a step that is not a view (the fused programs' buffers are row-major unless their
+    spec says an order)."""
+    spec = specs.get(name)
+    if spec is None or spec.order:
+        return False
+    i = producer.get(name)
+    return i is None or not is_view(program.steps[i])
+
+
+def _restride(step: Step, program: Program, producer: dict[str, int], specs) -> bool:
+    """``step`` is an ``as_strided`` that is ``alias(x)`` (module docstring)."""
+    if step.kind != StepKind.ATEN or step.target != AS_STRIDED or step.kwargs or len(step.outputs) != 1:
+        return False
+    if not 3 <= len(step.args) <= 4 or not isinstance(step.args[0], Buf):
+        return False
+    x, size, stride = step.args[:3]
+    offset = step.args[3] if len(step.args) == 4 else 0
+    if (
+        offset not in (0, None)
+        or not isinstance(size, (list, tuple))
+        or not isinstance(stride, (list, tuple))
+    ):
+        return False
+    if len(size) != len(stride) or not _row_major(x.name, program, producer, specs):
+        return False
+    try:
+        sizes, strides = [ix.size_of(v) for v in size], [ix.size_of(v) for v in stride]
+    except ix.InexpressibleIndex:
+        return False
+    shape = tuple(map(ix.parse_size, specs[x.name].shape))
+    if len(shape) != len(sizes) or not all(ix.same(a, b) for a, b in zip(sizes, shape)):
+        return False
+    return all(
+        ix.same(s, w) or ix.same(n, ix.ONE) for n, s, w in zip(sizes, strides, ix.strides(tuple(sizes)))
+    )
+
+
+def strides_as_views(program: Program) -> tuple[Program, int]:
+    """``program`` with each ``as_strided`` that restrides a fresh tensor to its row-major strides an
+    ``alias`` (module docstring); how many."""
+    specs = tensor_specs(program)
+    producer = producer_of(program.steps)
+    steps, n = [], 0
+    for s in program.steps:
+        if _restride(s, program, producer, specs):
+            s = Step(StepKind.ATEN, "aten.alias.default", (s.args[0],), {}, s.outputs)
+            n += 1
+        steps.append(s)
+    return (replace(program, steps=tuple(steps)), n) if n else (program, 0)
