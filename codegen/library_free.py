@@ -138,8 +138,8 @@ COPY = "aten.clone.default"
 
 def copy_strided_gemm_inputs(program: Program) -> tuple[Program, int]:
     """``program`` with each GEMM's A that is a view no kernel can read as rows in place (not a
-    view at its base's address, ``aot.program.aliases``: BERT's pooler reads the first token,
-    ``hidden[:, 0]`` of ``[B, T, C]``) copied by a ``clone`` first, which the fuser makes a
+    view at its base's address, ``aot.program.aliases``, or rows apart: BERT's pooler reads the
+    first token, ``hidden[:, 0]`` of ``[B, T, C]``) copied by a ``clone`` first, which the fuser makes a
     kernel: the GEMM forms read A row-major, and a library-free program has no other copy that
     gathers strided rows. Also how many. Before fusion, for library-free builds only (the torch
     loader lays such an A out by itself)."""
@@ -155,7 +155,7 @@ def copy_strided_gemm_inputs(program: Program) -> tuple[Program, int]:
             if step.kind == StepKind.ATEN and step.target in GEMMS and len(step.args) > a_at
             else None
         )
-        if isinstance(a, Buf) and a.name in buffers and a.name not in aliased:
+        if isinstance(a, Buf) and a.name in buffers and (a.name not in aliased or aliased[a.name].width):
             made = producer.get(a.name)
             if made is not None and is_view(program.steps[made]):
                 if a.name not in copied:
