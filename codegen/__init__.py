@@ -381,10 +381,11 @@ def _rewrite_for_kernels(
     return traced, program, folded, padded
 
 
-def _fuse(program, ranges, say: Callable[[str], None], start: float, convolutions: bool = False):
+def _fuse(program, ranges, say: Callable[[str], None], start: float, library_free: bool = False):
     """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max
     pools: a Triton kernel each, so a call launches no ATen kernel for them; with
-    ``convolutions``, for a library-free build, every convolution a form covers too): (the partition's
+    ``library_free``, every convolution a form covers too, and index-only values a library call
+    reads computed by kernels, ``partition(materialize=)``): (the partition's
     graph, its groups, the ops left unfused, the replaced step's output -> (its kernel's id, the
     kernel, the step it was rendered from), every distinct kernel by id)."""
     from aot.codegen.embeddings import gather_sites, render_gather
@@ -392,14 +393,14 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float, convolution
     from aot.codegen.pooling import pool_sites, render_max_pool
     from aot.codegen.render import kernel_id
 
-    graph, groups, unfused = partition(program, ranges, log=say)
+    graph, groups, unfused = partition(program, ranges, log=say, materialize=library_free)
     ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
     groups = list(zip(groups, ids))
     by_id = {i: g.rendered for g, i in groups}
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
     sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
-    if convolutions:
+    if library_free:
         from aot.codegen.convolution import conv_sites, render_convolution
 
         sites += [(s, render_convolution(s, program, ranges)) for s in conv_sites(program)]

@@ -282,3 +282,98 @@ def test_zoo_models_with_a_mask_input_build_library_free(name, tmp_path):
     )
     for size, checks in results.items():
         assert checks and all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+
+
+RELATIVE = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class Relative(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):  # x [B, S, 8]
+        s = x.shape[1]
+        ctx = torch.arange(s, device=x.device)[:, None]
+        mem = torch.arange(s, device=x.device)[None, :]
+        rel = (mem - ctx).abs().clamp(max=15)  # [S, S]: T5's relative positions, from sizes alone
+        h = x + self.bias(rel).transpose(1, 2).mean(-1)[None]  # [S, 8]: the mean over the keys
+        return self.head(h[:, 0])  # the first token's row (BERT's pooler): a strided GEMM input
+
+spec = ModelSpec(module=Relative, inputs=[Input("x", (Dim("batch", 1, 4), Dim("seq", 1, 24), 8))])
+"""
+
+
+def test_a_gemm_input_read_through_a_strided_view_is_copied_first():
+    from aot.codegen.library_free import copy_strided_gemm_inputs
+
+    f32 = lambda *shape: TensorSpec("float32", shape)  # noqa: E731
+    steps = (
+        Step(StepKind.ATEN, "aten.select.int", (Buf("h"), 1, 0), {}, ("first",)),
+        Step(StepKind.ATEN, "aten.permute.default", (Buf("w"), [1, 0]), {}, ("wt",)),
+        Step(StepKind.ATEN, "aten.addmm.default", (Buf("b"), Buf("first"), Buf("wt")), {}, ("y",)),
+        Step(StepKind.ATEN, "aten.view.default", (Buf("h"), [Sym("n*s"), 8]), {}, ("rows",)),
+        Step(StepKind.ATEN, "aten.mm.default", (Buf("rows"), Buf("wt")), {}, ("z",)),
+    )
+    program = Program(
+        inputs=(),
+        weights=(),
+        steps=steps,
+        outputs=("y", "z"),
+        symbols=(),
+        buffers={
+            "h": f32("n", "s", "8"),
+            "first": f32("n", "8"),
+            "wt": f32("8", "4"),
+            "y": f32("n", "4"),
+            "rows": f32("n*s", "8"),
+            "z": f32("n*s", "4"),
+        },
+    )
+    out, n = copy_strided_gemm_inputs(program)
+    assert n == 1
+    assert [(s.target, [a.name for a in s.args if isinstance(a, Buf)]) for s in out.steps] == [
+        ("aten.select.int", ["h"]),
+        ("aten.permute.default", ["w"]),
+        ("aten.clone.default", ["first"]),
+        ("aten.addmm.default", ["b", "first_rows", "wt"]),
+        ("aten.view.default", ["h"]),
+        ("aten.mm.default", ["rows", "wt"]),  # a view at its base's address: read in place
+    ]
+    assert out.buffers["first_rows"] == f32("n", "8")
+
+
+@pytest.mark.slow  # a library-free build and an interpreter run
+def test_index_only_values_a_lookup_reads_and_a_strided_gemm_input_build_library_free(tmp_path):
+    """T5's relative positions (``arange`` arithmetic, which kernels otherwise recompute where
+    they read it) computed by a kernel for the lookup that reads them; the first token's row
+    copied by a kernel for the GEMM: no library step left, the kernels equal to their
+    references in the interpreter, the CPU path equal to eager."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.program import live_steps
+    from aot.tracer import instantiate, load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "relative.py"
+    path.write_text(RELATIVE)
+    spec = load_model_file(path)
+    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    steps = live_steps(compiled.program)
+    assert all(
+        s.kind == StepKind.KERNEL or s.target in ("aten.view.default", "aten.unsqueeze.default")
+        for s in steps
+    ), [s.target for s in steps if s.kind != StepKind.KERNEL]
+    pack(compiled, tmp_path / "relative.tpk")
+    (results,) = interpret_in_subprocess([(tmp_path / "relative.tpk", path, [{"batch": 3, "seq": 19}], None)])
+    checks = results['{"batch": 3, "seq": 19}']
+    assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
+    runner, module = load(tmp_path / "relative.tpk"), instantiate(spec)
+    g = torch.Generator().manual_seed(3)
+    for b, s in ((1, 1), (3, 19), (4, 24)):
+        x = torch.randn(b, s, 8, generator=g)
+        torch.testing.assert_close(runner(x=x), module(x), rtol=1e-5, atol=1e-5)
