@@ -310,7 +310,7 @@ def _rewrite_for_kernels(
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
-    from aot.codegen.index_views import indexes_as_views, strides_as_views
+    from aot.codegen.index_views import gathers_as_slices, indexes_as_views, strides_as_views
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
     from aot.codegen.outer_products import outer_products_as_mul
@@ -350,6 +350,9 @@ def _rewrite_for_kernels(
     program, n_strided = strides_as_views(program)
     if n_strided:
         say(f"  {counted(n_strided, 'as_strided view')} at row-major strides read as plain views")
+    program, n_gathers = gathers_as_slices(program, traced.weights)
+    if n_gathers:
+        say(f"  {counted(n_gathers, 'gather')} by a weight's leading positions read as slices")
     program, n_views = indexes_as_views(program)
     if n_views:
         say(f"  {counted(n_views, 'index', 'indexes')} by whole aranges read in place as views")
@@ -361,11 +364,13 @@ def _rewrite_for_kernels(
             f"  folded {counted(folded, 'activation')} into their matmuls (cuBLASLt bias+activation epilogue)"
         )
     if options.library_free:
-        from aot.codegen.library_free import copy_strided_gemm_inputs
+        from aot.codegen.library_free import copy_strided_operands
 
-        program, n_copied = copy_strided_gemm_inputs(program)
+        program, n_copied = copy_strided_operands(program)
         if n_copied:
-            say(f"  {counted(n_copied, 'GEMM input')} read through a strided view copied to rows by a kernel")
+            say(
+                f"  {counted(n_copied, 'GEMM or lookup operand')} read through a strided view copied by a kernel"
+            )
     program, split = split_conv_bias(program)
     if split:
         say(f"  {split} convolution biases join the kernels after them")

@@ -30,6 +30,12 @@ is a step's fresh result (or an input, or a weight), the ``as_strided`` keeps it
 0 and gives the row-major strides of that shape (a dim of one element may have any): a restride
 that export pins to the strides eager's result has, at which it reads every element where it is;
 it is ``alias(x)``. A kernel writes its results row-major, so the kernels read them so too.
+
+``gathers_as_slices``: BERT without ``token_type_ids`` looks up its buffered zeros as
+``gather(token_type_ids.expand(1, -1), 1, position_ids[:, :seq])``, where the ``position_ids``
+buffer holds ``0, 1, ..., P-1``: a gather along ``d`` by the first ``n`` of those positions, its
+index one element along every other dim, is ``x[:1, ..., :n, ...]``: slices of ``x``. The index's
+values are read from the weight when the build runs (the weights a bundle ships are the ones read).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from dataclasses import replace
 from aot.codegen import index as ix
 from aot.codegen.embeddings import _positions
 from aot.program import fresh_name, is_view, producer_of, step_reads, tensor_specs
-from aot.schema import Buf, Program, Step, StepKind, TensorSpec
+from aot.schema import Buf, Program, Step, StepKind, Sym, TensorSpec
 
 INDEX = "aten.index.Tensor"
 AS_STRIDED = "aten.as_strided.default"
@@ -209,3 +215,91 @@ def strides_as_views(program: Program) -> tuple[Program, int]:
             n += 1
         steps.append(s)
     return (replace(program, steps=tuple(steps)), n) if n else (program, 0)
+
+
+GATHER = "aten.gather.default"
+SLICE = "aten.slice.Tensor"
+
+
+def _leading_positions(name: str, dim: int, program: Program, producer, specs, weights) -> str | None:
+    """The end ``n`` (size text) where ``name`` is ``W[..., :n]`` along ``dim`` of an int64 weight
+    ``W`` of one element along every other dim that holds ``0, 1, ..., P-1`` along ``dim``; None
+    otherwise."""
+    import torch
+
+    i = producer.get(name)
+    if i is None:
+        return None
+    step = program.steps[i]
+    if step.kind != StepKind.ATEN or step.target != SLICE or step.kwargs or not isinstance(step.args[0], Buf):
+        return None
+    args = [*step.args[1:], None, None, None, None][:4]
+    here, there = specs.get(name), specs.get(step.args[0].name)
+    value = weights.get(step.args[0].name)
+    if (
+        here is None
+        or there is None
+        or value is None
+        or there.dtype != "int64"
+        or len(there.shape) != value.dim()
+    ):
+        return None
+    rank = len(there.shape)
+    if (
+        type(args[0]) is not int
+        or args[0] % rank != dim
+        or args[1] not in (0, None)
+        or args[3] not in (1, None)
+    ):
+        return None
+    if any(d != "1" for k, d in enumerate(there.shape) if k != dim):
+        return None
+    if not torch.equal(value.reshape(-1), torch.arange(value.numel(), dtype=value.dtype)):
+        return None
+    return here.shape[dim]
+
+
+def gathers_as_slices(program: Program, weights) -> tuple[Program, int]:
+    """``program`` with each ``gather`` by a weight's leading positions made slices of its input
+    (module docstring); how many. ``weights``: name -> tensor, the values the bundle ships."""
+    specs = tensor_specs(program)
+    producer = producer_of(program.steps)
+    buffers = dict(program.buffers)
+    steps: list[Step] = []
+    n = 0
+    for s in program.steps:
+        x, dim, idx = ([*s.args, None, None, None])[:3]
+        xs = specs.get(x.name) if isinstance(x, Buf) else None
+        out = specs.get(s.outputs[0] or "") if s.outputs else None
+        if (
+            s.kind != StepKind.ATEN
+            or s.target != GATHER
+            or len(s.args) != 3
+            or set(s.kwargs) - {"sparse_grad"}
+            or s.kwargs.get("sparse_grad")
+            or xs is None
+            or out is None
+            or type(dim) is not int
+            or not isinstance(idx, Buf)
+            or len(out.shape) != len(xs.shape)
+        ):
+            steps.append(s)
+            continue
+        dim %= len(xs.shape)
+        end = _leading_positions(idx.name, dim, program, producer, specs, weights)
+        if end is None or not all(d == "1" for k, d in enumerate(out.shape) if k != dim):
+            steps.append(s)
+            continue
+        cuts = [(k, "1") for k, d in enumerate(xs.shape) if k != dim and d != "1"] + [(dim, end)]
+        here, shape = x, list(xs.shape)
+        for j, (k, stop) in enumerate(cuts):
+            shape[k] = stop
+            name = s.outputs[0]
+            if j < len(cuts) - 1:
+                name = fresh_name(f"{s.outputs[0]}_cut", specs, buffers)
+                buffers[name] = TensorSpec(xs.dtype, tuple(shape))
+            stop_arg = int(stop) if stop.isdigit() else Sym(stop)
+            steps.append(Step(StepKind.ATEN, SLICE, (here, k, 0, stop_arg), {}, (name,)))
+            here = Buf(name)
+        n += 1
+    return (replace(program, steps=tuple(steps), buffers=buffers), n) if n else (program, 0)

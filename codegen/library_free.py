@@ -132,29 +132,32 @@ def library_free(
     return out
 
 
-GEMMS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
+# the operand a Triton form reads row-major from its buffer: a GEMM's A, a lookup's ids
+ROW_MAJOR_OPERAND = {
+    "aten.mm.default": 0,
+    "aten.addmm.default": 1,
+    "aten._addmm_activation.default": 1,
+    "aten.embedding.default": 1,
+}
 COPY = "aten.clone.default"
 
 
-def copy_strided_gemm_inputs(program: Program) -> tuple[Program, int]:
-    """``program`` with each GEMM's A that is a view no kernel can read as rows in place (not a
-    view at its base's address, ``aot.program.aliases``, or rows apart: BERT's pooler reads the
-    first token, ``hidden[:, 0]`` of ``[B, T, C]``) copied by a ``clone`` first, which the fuser makes a
-    kernel: the GEMM forms read A row-major, and a library-free program has no other copy that
-    gathers strided rows. Also how many. Before fusion, for library-free builds only (the torch
-    loader lays such an A out by itself)."""
+def copy_strided_operands(program: Program) -> tuple[Program, int]:
+    """``program`` with each GEMM's A and each lookup's ids that is a view no kernel can read as
+    rows in place (not a view at its base's address, ``aot.program.aliases``, or rows apart:
+    BERT's pooler reads the first token, ``hidden[:, 0]`` of ``[B, T, C]``; BERT without
+    ``token_type_ids`` looks up its buffered zeros expanded to ``[B, T]``) copied by a ``clone``
+    first, which the fuser makes a kernel: those forms read the operand row-major, and a
+    library-free program has no other copy that gathers strided elements. Also how many. Before
+    fusion, for library-free builds only (the torch loader lays such an operand out by itself)."""
     aliased = aliases(program, program.steps)
     producer = producer_of(program.steps)
     buffers = dict(program.buffers)
     steps: list[Step] = []
     copied: dict[str, str] = {}
     for step in program.steps:
-        a_at = {"aten.mm.default": 0}.get(step.target, 1)
-        a = (
-            step.args[a_at]
-            if step.kind == StepKind.ATEN and step.target in GEMMS and len(step.args) > a_at
-            else None
-        )
+        at = ROW_MAJOR_OPERAND.get(step.target, -1) if step.kind == StepKind.ATEN else -1
+        a = step.args[at] if 0 <= at < len(step.args) else None
         if isinstance(a, Buf) and a.name in buffers and (a.name not in aliased or aliased[a.name].width):
             made = producer.get(a.name)
             if made is not None and is_view(program.steps[made]):
@@ -163,7 +166,7 @@ def copy_strided_gemm_inputs(program: Program) -> tuple[Program, int]:
                     buffers[copied[a.name]] = replace(buffers[a.name], order=())
                     steps.append(Step(StepKind.ATEN, COPY, (a,), {}, (copied[a.name],)))
                 args = list(step.args)
-                args[a_at] = Buf(copied[a.name])
+                args[at] = Buf(copied[a.name])
                 step = replace(step, args=tuple(args))
         steps.append(step)
     if not copied:

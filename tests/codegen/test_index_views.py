@@ -308,7 +308,7 @@ spec = ModelSpec(module=Relative, inputs=[Input("x", (Dim("batch", 1, 4), Dim("s
 
 
 def test_a_gemm_input_read_through_a_strided_view_is_copied_first():
-    from aot.codegen.library_free import copy_strided_gemm_inputs
+    from aot.codegen.library_free import copy_strided_operands
 
     f32 = lambda *shape: TensorSpec("float32", shape)  # noqa: E731
     steps = (
@@ -333,7 +333,7 @@ def test_a_gemm_input_read_through_a_strided_view_is_copied_first():
             "z": f32("n*s", "4"),
         },
     )
-    out, n = copy_strided_gemm_inputs(program)
+    out, n = copy_strided_operands(program)
     assert n == 1
     assert [(s.target, [a.name for a in s.args if isinstance(a, Buf)]) for s in out.steps] == [
         ("aten.select.int", ["h"]),
