@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aot.schema import Buf, Program, Step, StepKind, Sym, TensorSpec
+from aot.schema import Buf, NamedTensor, Program, Step, StepKind, Sym, TensorSpec
 
 MODEL = """
 import torch
@@ -247,10 +247,10 @@ def test_attention_under_a_mask_built_through_an_index_builds_library_free(tmp_p
 
 
 @pytest.mark.slow  # library-free builds of two zoo models and interpreter runs
-@pytest.mark.parametrize("name", ["bert", "llama-attention_mask"])
+@pytest.mark.parametrize("name", ["bert", "minilm", "llama-attention_mask"])
 def test_zoo_models_with_a_mask_input_build_library_free(name, tmp_path):
-    """The zoo's BERT (a padded mask in its example inputs) and Llama with a mask input, built
-    ``--library-free``: the CPU path equals eager at the zoo's sizes, the kernels their references
+    """The zoo's BERT and MiniLM (a padded mask in their example inputs; MiniLM looks up its
+    buffered token types through a gather) and Llama with a mask input, built ``--library-free``: the CPU path equals eager at the zoo's sizes, the kernels their references
     in the interpreter at batch 1 x seq 1 and 3 x 13."""
     from aot.codegen import generate
     from aot.loader import load
@@ -377,3 +377,40 @@ def test_index_only_values_a_lookup_reads_and_a_strided_gemm_input_build_library
     for b, s in ((1, 1), (3, 19), (4, 24)):
         x = torch.randn(b, s, 8, generator=g)
         torch.testing.assert_close(runner(x=x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_gather_by_a_weights_leading_positions_is_a_slice():
+    """``gather(types.expand(1, -1), 1, positions[:, :seq])`` with ``positions`` holding 0..P-1 is
+    ``types[:, :seq]``; positions that are not 0..P-1, or a gather along another dim, stay."""
+    from aot.codegen.index_views import gathers_as_slices
+
+    i64 = lambda *shape: TensorSpec("int64", shape)  # noqa: E731
+
+    def program(positions: str = "positions", dim: int = 1) -> Program:
+        steps = (
+            Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(positions), 1, 0, Sym("seq")), {}, ("first",)),
+            Step(StepKind.ATEN, "aten.expand.default", (Buf("types"), [1, -1]), {}, ("wide",)),
+            Step(StepKind.ATEN, "aten.gather.default", (Buf("wide"), dim, Buf("first")), {}, ("picked",)),
+        )
+        return Program(
+            inputs=(),
+            weights=tuple(NamedTensor(w, i64("1", "64")) for w in ("positions", "shuffled", "types")),
+            steps=steps,
+            outputs=("picked",),
+            symbols=(),
+            buffers={"first": i64("1", "seq"), "wide": i64("1", "64"), "picked": i64("1", "seq")},
+        )
+
+    weights = {
+        "positions": torch.arange(64)[None],
+        "shuffled": torch.arange(64).flip(0)[None],
+        "types": torch.zeros(1, 64, dtype=torch.int64),
+    }
+    out, n = gathers_as_slices(program(), weights)
+    assert n == 1
+    assert [(s.target, s.args) for s in out.steps][2] == (
+        "aten.slice.Tensor",
+        (Buf("wide"), 1, 0, Sym("seq")),
+    )
+    for kept in (program("shuffled"), program(dim=0)):
+        assert gathers_as_slices(kept, weights) == (kept, 0)
