@@ -393,9 +393,34 @@ def _whole(step: Step, src: TensorSpec, out: TensorSpec) -> bool:
     return False
 
 
+def _leading_run(step: Step, src: TensorSpec) -> int | None:
+    """Where a slice of step 1 whose dims before the sliced one all hold one element starts, in
+    elements from its input's (``position_ids[:, :seq]`` of ``[1, P]``): its elements are one run
+    in row-major order, a view at that offset. None for any other slice, or where the offset
+    depends on a size (the dims after the sliced one are not static)."""
+    from aot.manifest_text import static_size
+
+    args = [*step.args[1:], *([None] * 4)][:4]
+    dim, start, every = args[0], args[1] or 0, args[3] or 1
+    rank = len(src.shape)
+    if src.order or not rank or type(dim) is not int or type(start) is not int or every != 1 or start < 0:
+        return None
+    dim %= rank
+    if any(static_size(d) != 1 for d in src.shape[:dim]):
+        return None
+    inner = 1
+    for d in src.shape[dim + 1 :]:
+        size = static_size(d)
+        if size is None:
+            return None if start else 0
+        inner *= size
+    return start * inner
+
+
 def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
-    """Every view's ``Alias`` among ``steps`` (``SAME_BYTES_VIEWS`` and ``ROW_SLICE``s); a view that
-    is neither is left out (``check_library_free`` refuses it)."""
+    """Every view's ``Alias`` among ``steps`` (``SAME_BYTES_VIEWS``, slices that keep one run of
+    elements and ``ROW_SLICE``s); a view that is neither is left out (``check_library_free``
+    refuses it)."""
     from aot.manifest_text import static_size
 
     specs = tensor_specs(program)
@@ -415,6 +440,8 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
             if at.width and (not spec.shape or static_size(spec.shape[-1]) != at.width):
                 continue  # rows apart must stay rows: only the dims before them may change
             out[result] = at
+        elif step.target == ROW_SLICE and not at.width and (lead := _leading_run(step, src_spec)) is not None:
+            out[result] = Alias(at.base, at.offset + lead)
         elif step.target == ROW_SLICE and not at.width:
             args = [*step.args[1:], *([None] * 4)][:4]
             dim, start, end, stride = args[0], args[1] or 0, args[2], args[3] or 1

@@ -304,12 +304,13 @@ def _rewrite_for_kernels(
     traced: Traced, options: BuildOptions, say: Callable[[str], None]
 ) -> tuple[Traced, Program, int, int]:
     """The rewrites before fusion (matmul weights stored [N, K], siblings stacked, weights
-    padded, attention masks and GQA repeats folded, activations into their matmuls, position
-    lookups, convolution biases and layouts): ``traced`` with the transposed, stacked and padded
+    padded, attention masks and GQA repeats folded, activations into their matmuls, indexes by
+    whole aranges and position lookups as views, convolution biases and layouts): ``traced`` with the transposed, stacked and padded
     weights, the rewritten program, and how many activations were folded and weights padded."""
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
+    from aot.codegen.index_views import gathers_as_slices, indexes_as_views, strides_as_views
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
     from aot.codegen.outer_products import outer_products_as_mul
@@ -346,6 +347,15 @@ def _rewrite_for_kernels(
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, _ = fold_gqa_repeats(program, log=say, any_length=options.library_free)
     program, folded = fold_activations(program)
+    program, n_strided = strides_as_views(program)
+    if n_strided:
+        say(f"  {counted(n_strided, 'as_strided view')} at row-major strides read as plain views")
+    program, n_gathers = gathers_as_slices(program, traced.weights)
+    if n_gathers:
+        say(f"  {counted(n_gathers, 'gather')} by a weight's leading positions read as slices")
+    program, n_views = indexes_as_views(program)
+    if n_views:
+        say(f"  {counted(n_views, 'index', 'indexes')} by whole aranges read in place as views")
     program, n_positions = positions_as_slices(program, ranges)
     if n_positions:
         say(f"  position lookups read in place from their table: {n_positions}")
@@ -353,6 +363,14 @@ def _rewrite_for_kernels(
         say(
             f"  folded {counted(folded, 'activation')} into their matmuls (cuBLASLt bias+activation epilogue)"
         )
+    if options.library_free:
+        from aot.codegen.library_free import copy_strided_operands
+
+        program, n_copied = copy_strided_operands(program)
+        if n_copied:
+            say(
+                f"  {counted(n_copied, 'GEMM or lookup operand')} read through a strided view copied by a kernel"
+            )
     program, split = split_conv_bias(program)
     if split:
         say(f"  {split} convolution biases join the kernels after them")
@@ -368,10 +386,11 @@ def _rewrite_for_kernels(
     return traced, program, folded, padded
 
 
-def _fuse(program, ranges, say: Callable[[str], None], start: float, convolutions: bool = False):
+def _fuse(program, ranges, say: Callable[[str], None], start: float, library_free: bool = False):
     """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max
     pools: a Triton kernel each, so a call launches no ATen kernel for them; with
-    ``convolutions``, for a library-free build, every convolution a form covers too): (the partition's
+    ``library_free``, every convolution a form covers too, and index-only values a library call
+    reads computed by kernels, ``partition(materialize=)``): (the partition's
     graph, its groups, the ops left unfused, the replaced step's output -> (its kernel's id, the
     kernel, the step it was rendered from), every distinct kernel by id)."""
     from aot.codegen.embeddings import gather_sites, render_gather
@@ -379,14 +398,14 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float, convolution
     from aot.codegen.pooling import pool_sites, render_max_pool
     from aot.codegen.render import kernel_id
 
-    graph, groups, unfused = partition(program, ranges, log=say)
+    graph, groups, unfused = partition(program, ranges, log=say, materialize=library_free)
     ids = [kernel_id(g.rendered.source, g.rendered.signature, g.rendered.config) for g in groups]
     groups = list(zip(groups, ids))
     by_id = {i: g.rendered for g, i in groups}
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
     sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
-    if convolutions:
+    if library_free:
         from aot.codegen.convolution import conv_sites, render_convolution
 
         sites += [(s, render_convolution(s, program, ranges)) for s in conv_sites(program)]

@@ -73,13 +73,26 @@ SHAPE_VIEWS = (
 )
 
 
+WHOLE_SLICE = "aten.slice.Tensor"
+
+
+def _whole_slice(step: Step, specs) -> bool:
+    """A slice of step 1 whose result has its input's shape (``x[:, 0:]``): it keeps every value
+    where it was."""
+    here, there = specs.get(step.outputs[0]), specs.get(step.args[0].name)
+    every = step.args[4] if len(step.args) > 4 else step.kwargs.get("step", 1)
+    if here is None or there is None or every not in (None, 1) or len(here.shape) != len(there.shape):
+        return False
+    return all(ix.same(ix.parse_size(a), ix.parse_size(b)) for a, b in zip(here.shape, there.shape))
+
+
 def _positions(
     name: str, program: Program, producer: dict[str, int], specs
 ) -> tuple[int, str, list[int]] | None:
     """(start, end as size text, the steps walked) where the ids ``name`` are consecutive
     positions: ``arange(s, e)``, plus an int (``arange + past`` with no past, as transformers
     writes it), in shape-only views that keep every value (``unsqueeze(0)``: position ids of one
-    row). None otherwise."""
+    row; a slice of the whole dim). None otherwise."""
     walked: list[int] = []
     shift = 0
     while True:
@@ -108,6 +121,9 @@ def _positions(
                 or ix.numel(tuple(map(ix.parse_size, here.shape)))
                 != ix.numel(tuple(map(ix.parse_size, there.shape)))
             ):
+                return None
+        elif step.target == WHOLE_SLICE:
+            if not _whole_slice(step, specs):
                 return None
         else:
             return None

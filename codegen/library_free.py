@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from aot.errors import BundleError, CodegenError, EnvError
-from aot.program import check_library_free, live_steps
-from aot.schema import Bucket, GemmSite, Program, StepKind
+from aot.program import aliases, check_library_free, fresh_name, is_view, live_steps, producer_of
+from aot.schema import Bucket, Buf, GemmSite, Program, Step, StepKind
 from aot.tuning import check_alternatives, spliced
 
 # Candidate forms by name prefix, best default first when nothing was timed: whole tiles serve any
@@ -130,3 +130,45 @@ def library_free(
         + (f"; {len(kept)} run the default one-row forms at one row ({', '.join(gemv)})" if kept else "")
     )
     return out
+
+
+# the operand a Triton form reads row-major from its buffer: a GEMM's A, a lookup's ids
+ROW_MAJOR_OPERAND = {
+    "aten.mm.default": 0,
+    "aten.addmm.default": 1,
+    "aten._addmm_activation.default": 1,
+    "aten.embedding.default": 1,
+}
+COPY = "aten.clone.default"
+
+
+def copy_strided_operands(program: Program) -> tuple[Program, int]:
+    """``program`` with each GEMM's A and each lookup's ids that is a view no kernel can read as
+    rows in place (not a view at its base's address, ``aot.program.aliases``, or rows apart:
+    BERT's pooler reads the first token, ``hidden[:, 0]`` of ``[B, T, C]``; BERT without
+    ``token_type_ids`` looks up its buffered zeros expanded to ``[B, T]``) copied by a ``clone``
+    first, which the fuser makes a kernel: those forms read the operand row-major, and a
+    library-free program has no other copy that gathers strided elements. Also how many. Before
+    fusion, for library-free builds only (the torch loader lays such an operand out by itself)."""
+    aliased = aliases(program, program.steps)
+    producer = producer_of(program.steps)
+    buffers = dict(program.buffers)
+    steps: list[Step] = []
+    copied: dict[str, str] = {}
+    for step in program.steps:
+        at = ROW_MAJOR_OPERAND.get(step.target, -1) if step.kind == StepKind.ATEN else -1
+        a = step.args[at] if 0 <= at < len(step.args) else None
+        if isinstance(a, Buf) and a.name in buffers and (a.name not in aliased or aliased[a.name].width):
+            made = producer.get(a.name)
+            if made is not None and is_view(program.steps[made]):
+                if a.name not in copied:
+                    copied[a.name] = fresh_name(f"{a.name}_rows", buffers)
+                    buffers[copied[a.name]] = replace(buffers[a.name], order=())
+                    steps.append(Step(StepKind.ATEN, COPY, (a,), {}, (copied[a.name],)))
+                args = list(step.args)
+                args[at] = Buf(copied[a.name])
+                step = replace(step, args=tuple(args))
+        steps.append(step)
+    if not copied:
+        return program, 0
+    return replace(program, steps=tuple(steps), buffers=buffers), len(copied)

@@ -42,7 +42,7 @@ class Group:
 class Graph:
     """Steps of a program with their kinds and the dependencies between real steps."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, materialize: bool = False):
         self.program = program
         self.steps = program.steps
         self.buffers = program.buffers
@@ -57,6 +57,16 @@ class Graph:
                 pure[i] = True
             elif k in ("view", "pointwise") and srcs and all(p is not None and pure[p] for p in srcs):
                 pure[i] = True
+        if materialize:  # what a library call reads is a buffer: the last pointwise step computes it
+            for i, k in enumerate(kinds):
+                if k != "library":
+                    continue
+                for b in self.reads[i]:
+                    p = self.producer.get(b)
+                    while p is not None and kinds[p] == "view" and pure[p] and self.reads[p]:
+                        p = self.producer.get(self.reads[p][0])
+                    if p is not None and pure[p] and kinds[p] == "pointwise":
+                        pure[p] = False
         self.kinds = ["virtual" if k == "view" or pure[i] else k for i, k in enumerate(kinds)]
         # outputs of library calls that return views: a kernel never takes those as pointers
         self.not_roots = frozenset(
@@ -226,10 +236,16 @@ class Partitioner:
 
 
 def partition(
-    program: Program, ranges: dict[str, tuple[int, int]], log: Callable[[str], None] | None = None
+    program: Program,
+    ranges: dict[str, tuple[int, int]],
+    log: Callable[[str], None] | None = None,
+    materialize: bool = False,
 ) -> tuple[Graph, list[Group], list[int]]:
-    """(graph, fusion groups, fusible-kind steps that stayed library calls)."""
-    graph = Graph(program)
+    """(graph, fusion groups, fusible-kind steps that stayed library calls). ``materialize`` (a
+    library-free build): a value computed from the index alone (``arange`` arithmetic: T5's
+    relative position buckets) that a library call reads is computed by a kernel, where it
+    would otherwise stay ATen steps that no kernel folds."""
+    graph = Graph(program, materialize)
     p = Partitioner(graph, ranges, log)
     p.run()
     return graph, p.result(), sorted(p.library)

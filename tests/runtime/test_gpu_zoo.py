@@ -14,12 +14,14 @@ pytestmark = pytest.mark.gpu
 
 # llama, qwen2 and mistral (plain causal LMs: causal attention over the prompt, RoPE, grouped-query
 # heads through repeat_kv) run their SDPA as cache_attention's strided kernel (CPU builds,
-# 2026-11-29); llama-attention_mask is still refused where its mask is built (an arange)
+# 2026-11-29); bert and llama-attention_mask build their padding mask through an index by whole
+# aranges, which ``codegen/index_views`` reads as views of the caller's mask (CPU builds, 2026-11-29)
 REQUIRED = (
     "gpt2",
     "llama",
     "qwen2",
     "mistral",
+    "llama-attention_mask",
     "bert",
     "vit",
     "timm-resnet50",

@@ -63,8 +63,8 @@ def test_views_alias_their_base_and_a_last_dim_slice_is_rows_apart():
 
 def test_a_whole_slice_and_a_select_of_one_element_sit_at_their_base():
     """``logits[:, -1]`` of ``[B, 1, V]`` after ``x[0:]`` (transformers' causal-LM output): both
-    views keep every element in place; a slice that starts later, or a select of a longer dim,
-    is no such view."""
+    views keep every element in place; a slice of the first dim that starts later is one run of
+    elements further on; a select of a longer dim is no such view."""
     f16 = lambda *shape: TensorSpec("float16", shape)  # noqa: E731
     big = 9223372036854775807
     steps = (
@@ -91,4 +91,34 @@ def test_a_whole_slice_and_a_select_of_one_element_sit_at_their_base():
     got = aliases(program, program.steps)
     assert got["whole"].__dict__ == {"base": "logits", "offset": 0, "width": 0, "pitch": 0}
     assert got["last"] == got["whole"]
-    assert "later" not in got and "picked" not in got
+    assert got["later"].__dict__ == {"base": "logits", "offset": 96, "width": 0, "pitch": 0}
+    assert "picked" not in got
+
+
+def test_a_slice_after_dims_of_one_element_is_one_run_at_its_start():
+    """``position_ids[:, :seq]`` of ``[1, P]`` (BERT's positions, a slice to a size) reads the
+    first ``seq`` elements in place; ``[:, 3:seq]`` from element 3; the same slice of ``[2, P]``
+    takes rows apart, and with a symbolic end no 2-D copy reads it: no view."""
+    i64 = lambda *shape: TensorSpec("int64", shape)  # noqa: E731
+
+    def cut(src: str, out: str, start: int) -> Step:
+        return Step(StepKind.ATEN, "aten.slice.Tensor", (Buf(src), 1, start, Sym("seq")), {}, (out,))
+
+    program = Program(
+        inputs=(),
+        weights=(),
+        steps=(cut("one", "first", 0), cut("one", "later", 3), cut("two", "apart", 0)),
+        outputs=("first",),
+        symbols=(),
+        buffers={
+            "one": i64("1", "64"),
+            "two": i64("2", "64"),
+            "first": i64("1", "seq"),
+            "later": i64("1", "seq - 3"),
+            "apart": i64("2", "seq"),
+        },
+    )
+    got = aliases(program, program.steps)
+    assert got["first"].__dict__ == {"base": "one", "offset": 0, "width": 0, "pitch": 0}
+    assert got["later"].__dict__ == {"base": "one", "offset": 3, "width": 0, "pitch": 0}
+    assert "apart" not in got
