@@ -169,8 +169,16 @@ def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) ->
         chains.update(walked)
     if not replaced:
         return program, 0
+    return spliced(program, replaced, chains, buffers), len(replaced)
+
+
+def spliced(
+    program: Program, replaced: dict[int, list[Step]], chains: set[int], buffers: dict[str, TensorSpec]
+) -> Program:
+    """``program`` with step i replaced by ``replaced[i]`` (``buffers``: the program's buffers
+    with the new steps' results), and the steps ``chains`` that made what the replaced steps read
+    (positions, indices) dropped where nothing reads them any more, their buffers too."""
     steps = [replaced.get(i, [s]) for i, s in enumerate(program.steps)]
-    # the steps that made the positions, where nothing reads them any more
     dead: set[int] = set()
     changed = True
     while changed:
@@ -183,7 +191,7 @@ def positions_as_slices(program: Program, ranges: dict[str, tuple[int, int]]) ->
     gone = {o for j in dead for o in program.steps[j].outputs if o is not None}
     out_steps = tuple(st for j, group in enumerate(steps) if j not in dead for st in group)
     buffers = {k: v for k, v in buffers.items() if k not in gone}
-    return replace(program, steps=out_steps, buffers=buffers), len(replaced)
+    return replace(program, steps=out_steps, buffers=buffers)
 
 
 def _tables(program: Program) -> dict[str, tuple[str, int]]:

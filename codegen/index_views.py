@@ -43,8 +43,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aot.codegen import index as ix
-from aot.codegen.embeddings import _positions
-from aot.program import fresh_name, is_view, producer_of, step_reads, tensor_specs
+from aot.codegen.embeddings import _positions, spliced
+from aot.program import fresh_name, is_view, producer_of, tensor_specs
 from aot.schema import Buf, Program, Step, StepKind, Sym, TensorSpec
 
 INDEX = "aten.index.Tensor"
@@ -147,21 +147,7 @@ def indexes_as_views(program: Program) -> tuple[Program, int]:
         chains.update(walked)
     if not replaced:
         return program, 0
-    steps = [replaced.get(i, [s]) for i, s in enumerate(program.steps)]
-    dead: set[int] = set()
-    changed = True
-    while changed:  # the steps that made the indices, once nothing reads them
-        changed = False
-        read = {r for j, group in enumerate(steps) if j not in dead for st in group for r in step_reads(st)}
-        for j in chains - dead:
-            outs = [o for o in program.steps[j].outputs if o is not None]
-            if not any(o in read or o in program.outputs for o in outs):
-                dead.add(j)
-                changed = True
-    gone = {o for j in dead for o in program.steps[j].outputs if o is not None}
-    out_steps = tuple(st for j, group in enumerate(steps) if j not in dead for st in group)
-    buffers = {k: v for k, v in buffers.items() if k not in gone}
-    return replace(program, steps=out_steps, buffers=buffers), len(replaced)
+    return spliced(program, replaced, chains, buffers), len(replaced)
 
 
 def _row_major(name: str, program: Program, producer: dict[str, int], specs) -> bool:
