@@ -20,49 +20,20 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+
+from tests.gpu.test_gemm_norm_gpu import LAYERS, build_llama_1b
 
 pytestmark = pytest.mark.gpu
 
-LAYERS = 2
 BATCHES = (2, 8)
 
 
 @pytest.fixture(scope="module")
 def llama_1b_few(tmp_path_factory):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    from tests.realmodels.conftest import require
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV
 
-    require("transformers")
-    from aot.codegen import generate
-    from aot.codegen.gemm_defaults import DEFAULT_ARCH, FEW_ROWS_ENV
-    from aot.hf import causal_lm
-    from aot.packager import pack
-    from aot.tracer import trace
-    from bench.decode import config, instantiate
-
-    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
-    if arch != DEFAULT_ARCH:
-        pytest.skip(f"the built-in GEMM table is for {DEFAULT_ARCH}, this GPU is {arch}")
     form = os.environ.get(FEW_ROWS_ENV) or "few_16x16x256"
-    cls, cfg = config("llama-3.2-1b", False)
-    cfg.num_hidden_layers = LAYERS
-    cfg.pad_token_id = 0
-    cfg.eos_token_id = None
-    spec = causal_lm(
-        lambda: instantiate(cls, cfg),
-        max_batch=max(BATCHES),
-        max_context=64,
-        dtype="bfloat16",
-        name="llama-3.2-1b",
-        batch_buckets=(1, *BATCHES),
-    )
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(FEW_ROWS_ENV, form)
-        compiled = generate(trace(spec), (arch,))
-    path = tmp_path_factory.mktemp("llama_1b_few") / "llama-3.2-1b.tpk"
-    pack(compiled, path, split_weights=True)
+    path, compiled, arch = build_llama_1b(tmp_path_factory, (1, *BATCHES), {FEW_ROWS_ENV: form})
     return path, compiled, arch, form.split(",")[0]
 
 

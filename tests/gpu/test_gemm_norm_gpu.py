@@ -26,8 +26,10 @@ LAYERS = 2
 KERNELS_PER_LAYER = 7
 
 
-@pytest.fixture(scope="module")
-def llama_1b(tmp_path_factory):
+def build_llama_1b(tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[str, str] | None = None):
+    """(bundle path, compiled, arch): ``LAYERS`` layers of Llama-3.2-1B's shapes, bfloat16, built
+    by default for this GPU's arch at ``batch_buckets`` (with ``env`` set for the build); skips
+    where there is no GPU, no transformers, or the GPU is not the built-in table's arch."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from tests.realmodels.conftest import require
@@ -42,23 +44,31 @@ def llama_1b(tmp_path_factory):
 
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     if arch != DEFAULT_ARCH:
-        pytest.skip(f"the built-in GEMV table is for {DEFAULT_ARCH}, this GPU is {arch}")
+        pytest.skip(f"the built-in GEMM table is for {DEFAULT_ARCH}, this GPU is {arch}")
     cls, cfg = config("llama-3.2-1b", False)
     cfg.num_hidden_layers = LAYERS
     cfg.pad_token_id = 0
     cfg.eos_token_id = None
     spec = causal_lm(
         lambda: instantiate(cls, cfg),
-        max_batch=2,
+        max_batch=max(batch_buckets),
         max_context=64,
         dtype="bfloat16",
         name="llama-3.2-1b",
-        batch_buckets=(1, 2),
+        batch_buckets=batch_buckets,
     )
-    compiled = generate(trace(spec), (arch,))
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in (env or {}).items():
+            mp.setenv(name, value)
+        compiled = generate(trace(spec), (arch,))
     path = tmp_path_factory.mktemp("llama_1b") / "llama-3.2-1b.tpk"
     pack(compiled, path, split_weights=True)
     return path, compiled, arch
+
+
+@pytest.fixture(scope="module")
+def llama_1b(tmp_path_factory):
+    return build_llama_1b(tmp_path_factory, (1, 2))
 
 
 def test_decode_plan_runs_seven_kernels_per_layer(llama_1b):
