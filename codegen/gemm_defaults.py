@@ -66,7 +66,8 @@ LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps 
 # gate/up 19.58 → 19.99 (the 16x64x128 tile), down (K 8192) 14.81 → 15.12 (its split-K form), the
 # LM head 127.7 → 123.6; GPT-2 q/k/v 4.49 → 4.04, o 4.16 → 3.47, fc 4.82 → 4.40, its LM head
 # (N 50257) 109.1 → 23.6. About even alone on the Llama shapes. In a whole decode step they lose
-# (``bench/results/decode/decode-*-fewrows-h200-2026-11-29.json``, FEW_ROWS_MEASURED, 8 rows):
+# (``bench/results/decode/decode-*-fewrows-h200-2026-11-29.json``, 8 rows, the environment's
+# ``few_16x32x256,few_splitk_16x64x128,few_16x64x128``):
 # Llama-3.2-1B 1.298 ms/token against cuBLAS's 1.032, GPT-2 0.471 against 0.489 (another run):
 # the ``_rms`` forms read A's rows again in every block, and W's loads wait for the kernel before
 # (no early loads under dependent launch, as the one-row forms have). So: OFF (None: cuBLAS at
@@ -75,7 +76,6 @@ LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps 
 # where a form makes no kernel keeps the library). The environment overrides them for a build
 # (bench/decode.py): FEW_ROWS_ENV="<form>[,<form at long K>[,<form at wide N>]]" or "off",
 # FEW_ROWS_PROLOGUE_ENV="0"/"1".
-FEW_ROWS_MEASURED = ("few_16x32x256", "few_splitk_16x64x128", "few_16x64x128")
 FEW_ROWS: str | None = None
 FEW_ROWS_LONG_K: str | None = None
 FEW_ROWS_WIDE: str | None = None
