@@ -62,12 +62,13 @@ for item in "$@"; do
     # this period's GPU tests: GEMV forms and their fusions, decode attention, generate (blocks)
     period) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py) ;;
     gpu-new) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py tests/gpu/test_relation_programs_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
-    rt-zoo) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/runtime/test_gpu_zoo.py tests/codegen/test_strided_attention.py) ;;
+    rt-zoo) cmd=(python3 -m pytest -m gpu -q -rs -rf --dist load tests/runtime/test_gpu_zoo.py tests/codegen/test_strided_attention.py) ;;
     # where the runtime's import phase goes: import times, and cuInit / primary context apart
     rt-import) cmd=(bash -c 'python3 -X importtime -c "import aot.runtime.runner, cuda.bindings.driver" 2>&1 | sort -t"|" -k2 -n | tail -30; python3 -c "import time; t0 = time.perf_counter(); from cuda.bindings import driver as d; t1 = time.perf_counter(); d.cuInit(0); t2 = time.perf_counter(); e, dev = d.cuDeviceGet(0); e, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx); t3 = time.perf_counter(); print(f\"import bindings {t1 - t0:.3f} s, cuInit {t2 - t1:.3f} s, primary context {t3 - t2:.3f} s\")"') ;;
     rt-bench) cmd=(python3 bench/run.py --models "${RT_MODELS:-mlp,gpt,cnn}" --systems aotpack,aotpack-lf,aotpack-rt --bundles .bundles --out "$RES/rt" --jobs 4) ;;
+    # (--dist load: the cases of one file spread over the workers; each builds its own bundles)
     # the runtime's GPU tests: one-row forms and output tails against the torch loader, chunked weights, state, memory
-    rt-gpu) cmd=(python3 -m pytest -m gpu -q -rs -rf -x tests/runtime/test_gpu_one_row.py tests/runtime/test_gpu.py tests/runtime/test_gpu_state.py tests/gpu/test_memory_gpu.py) ;;
+    rt-gpu) cmd=(python3 -m pytest -m gpu -q -rs -rf --dist load tests/runtime/test_gpu_one_row.py tests/runtime/test_gpu.py tests/runtime/test_gpu_state.py tests/gpu/test_memory_gpu.py) ;;
     # sha256 of the weights on 1-8 threads (bench/hash_threads.py)
     hash) cmd=(python3 bench/hash_threads.py --threads 1,2,4,8) ;;
     rt-size) cmd=(python3 bench/rt_install_size.py --json) ;;

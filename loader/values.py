@@ -77,4 +77,4 @@ def fit(example: torch.Tensor, shape: list[int]) -> torch.Tensor:
         reps = [1] * t.dim()
         reps[d] = -(-n // t.shape[d])
         t = t.repeat(reps).narrow(d, 0, n)
-    return t
+    return t.contiguous()  # row-major, as a caller's array is: narrow leaves the repeat's strides

@@ -87,6 +87,7 @@ def test_generated_masks_keep_the_pattern_and_token_ids_stay_in_range():
     mask[:, :20] = 1
     got = integers_like(mask, [2, 24], gen)
     assert got.tolist() == [[1] * 20 + [0] * 4] * 2
+    assert got.is_contiguous()  # row-major, as a caller's: the runtime refuses strided inputs
     tokens = torch.tensor([[5, 900, 17]])
     drawn = integers_like(tokens, [4, 50], gen)
     assert drawn.dtype == torch.int64 and drawn.min() >= 5 and drawn.max() <= 900
