@@ -63,6 +63,10 @@ for item in "$@"; do
     period) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py) ;;
     gpu-new) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py tests/gpu/test_relation_programs_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
     rt-zoo) cmd=(python3 -m pytest -m gpu -q -rs -rf --dist load tests/runtime/test_gpu_zoo.py tests/codegen/test_strided_attention.py) ;;
+    # the GPU cases fixed since the last run: masked zoo models, strided attention, inputs at a pitch
+    rt-fixes) cmd=(python3 -m pytest -m gpu -q -rs -rf --dist load tests/codegen/test_strided_attention.py "tests/runtime/test_gpu_zoo.py::test_the_runtime_equals_the_torch_loader_on_library_free_zoo_models[bert]" "tests/runtime/test_gpu_zoo.py::test_the_runtime_equals_the_torch_loader_on_library_free_zoo_models[llama-attention_mask]" tests/runtime/test_gpu.py::test_inputs_at_a_pitch_and_raw_bytes_equal_dense_inputs_on_the_gpu) ;;
+    # the runtime's device memory step by step (bench/rt_memory_probe.py) on the bench's library-free bundles
+    rt-memory) cmd=(bash -c "python3 bench/rt_memory_probe.py .bundles/*-lf.tpk --json $RES/rt-memory.json") ;;
     # where the runtime's import phase goes: import times, and cuInit / primary context apart
     rt-import) cmd=(bash -c 'python3 -X importtime -c "import aot.runtime.runner, cuda.bindings.driver" 2>&1 | sort -t"|" -k2 -n | tail -30; python3 -c "import time; t0 = time.perf_counter(); from cuda.bindings import driver as d; t1 = time.perf_counter(); d.cuInit(0); t2 = time.perf_counter(); e, dev = d.cuDeviceGet(0); e, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx); t3 = time.perf_counter(); print(f\"import bindings {t1 - t0:.3f} s, cuInit {t2 - t1:.3f} s, primary context {t3 - t2:.3f} s\")"') ;;
     rt-bench) cmd=(python3 bench/run.py --models "${RT_MODELS:-mlp,gpt,cnn}" --systems aotpack,aotpack-lf,aotpack-rt --bundles .bundles --out "$RES/rt" --jobs 4) ;;

@@ -249,15 +249,20 @@ def rt_worker(model: str, bundle: Path, work: Path, calls: int, warmup: int) -> 
     import numpy as np
     from common import SHAPES, make_inputs, shape_label
 
-    arrays = {}
+    arrays, first = {}, []
     for i, sizes in enumerate(SHAPES[model]):
         for j, x in enumerate(make_inputs(model, sizes, "cpu")):
             arrays[f"{i}.{j}"] = x.numpy()
+            if i == 0:  # the first shape's also as raw bytes: the worker's first call without numpy
+                (work / f"{model}.first.{j}.bin").write_bytes(x.numpy().tobytes())
+                first.append([str(x.dtype).removeprefix("torch."), list(x.shape)])
     path = work / f"{model}.inputs.npz"
     np.savez(path, **arrays)
+    (work / f"{model}.first.json").write_text(json.dumps(first))
     labels = json.dumps([shape_label(s) for s in SHAPES[model]])
     return [
         str(HERE / "worker_rt.py"), model, "--spawned-at", "0", "--bundle", str(bundle), "--inputs", str(path),
+        "--first", str(work / f"{model}.first"),
         "--labels", labels, "--out", str(work), "--calls", str(calls), "--warmup", str(warmup),
     ]  # fmt: skip
 

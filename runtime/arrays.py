@@ -138,11 +138,129 @@ class ArrayView:
         return self.strides is None or self.strides == row_major(self.shape)
 
     @property
+    def rows(self) -> tuple[int, int, int] | None:
+        """``pitched``'s (row bytes, pitch bytes, rows) of a strided view; None where dense."""
+        if self.contiguous:
+            return None
+        return pitched(self.shape, self.strides, ITEMSIZE[self.dtype])
+
+    @property
     def nbytes(self) -> int:
         n = ITEMSIZE[self.dtype]
         for s in self.shape:
             n *= s
         return n
+
+
+def pitched(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int, int] | None:
+    """Where an array of ``shape`` and element ``strides`` is rows of contiguous elements at one
+    pitch (a slice of a wider row-major array, ``x[:, :n]``): (row bytes, pitch bytes, rows),
+    what one 2-D copy packs. None for any other layout (broadcast, transposed, gaps in two dims)."""
+    merged: list[list[int]] = []  # [size, stride], innermost first: dims that read as one merge
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n == 1:
+            continue
+        if merged and st == merged[-1][0] * merged[-1][1]:
+            merged[-1][0] *= n
+        else:
+            merged.append([n, st])
+    if not merged:
+        return (itemsize, itemsize, 1)
+    if merged[0][1] != 1 or len(merged) > 2:
+        return None
+    width = merged[0][0]
+    rows, pitch = merged[1] if len(merged) == 2 else (1, width)
+    if pitch < width:
+        return None
+    return (width * itemsize, pitch * itemsize, rows)
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (the buffer protocol's view of an object's memory)."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("strides", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_PYBUF_RECORDS_RO = 0x0010 | 0x0008 | 0x0004  # strides, nd, format; read-only is enough
+# buffer formats (``struct``'s native codes) -> the bundle's dtype names (``l``: by its size)
+_FORMATS = {"e": "float16", "f": "float32", "d": "float64", "b": "int8", "h": "int16", "i": "int32",
+            "q": "int64", "B": "uint8", "?": "bool"}  # fmt: skip
+_api.PyObject_GetBuffer.restype = ctypes.c_int
+_api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_api.PyBuffer_Release.restype = None
+_api.PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
+
+
+class _Held:
+    """A buffer taken with ``PyObject_GetBuffer``: released once the view is dropped."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: _PyBuffer):
+        self.view = view
+
+    def __del__(self):
+        _api.PyBuffer_Release(ctypes.byref(self.view))
+
+
+def _from_buffer(value: Any, name: str) -> ArrayView | None:
+    """A host array from any object with the buffer protocol (``memoryview(data).cast("q",
+    [1, 8])``, ``array.array``, ``bytes``): inputs without numpy. None where it has none."""
+    try:
+        face = memoryview(value)
+    except TypeError:
+        return None
+    fmt = face.format.lstrip("@=")
+    dtype = {"l": f"int{8 * face.itemsize}", "L": None}.get(fmt, _FORMATS.get(fmt))
+    if dtype not in _CODES or ITEMSIZE[dtype] != face.itemsize:
+        raise GuardError(
+            f"input {name!r}: buffer format {face.format!r} is none of the dtypes a bundle speaks "
+            f"({', '.join(f'{k!r} {v}' for k, v in _FORMATS.items())})"
+        )
+    view = _PyBuffer()
+    if _api.PyObject_GetBuffer(value, ctypes.byref(view), _PYBUF_RECORDS_RO) != 0:
+        raise GuardError(f"input {name!r}: its buffer could not be taken")
+    held = _Held(view)
+    strides = None
+    if face.strides and any(st % face.itemsize for st in face.strides):
+        raise GuardError(f"input {name!r}: buffer strides {list(face.strides)} are not whole elements")
+    if face.ndim and not face.c_contiguous:
+        strides = tuple(st // face.itemsize for st in face.strides)
+    return ArrayView(view.buf or 0, CPU, 0, dtype, tuple(face.shape), strides, (held, value))
+
+
+def from_bytes(data: Any, dtype: str, shape: tuple[int, ...], name: str) -> ArrayView:
+    """A row-major host array of ``dtype`` and ``shape`` over the bytes of ``data`` (``bytes``,
+    ``bytearray``, ``mmap``, any contiguous buffer): what a server reads off the wire, float16 and
+    bfloat16 included, which have no buffer format."""
+    if dtype not in _CODES:
+        raise GuardError(f"input {name!r}: dtype {str(dtype)[:20]!r} is none of {sorted(_CODES)}")
+    shape = tuple(int(d) for d in shape)
+    nbytes = ITEMSIZE[dtype]
+    for d in shape:
+        nbytes *= d
+    face = memoryview(data)
+    if not face.c_contiguous or face.nbytes != nbytes:
+        raise GuardError(
+            f"input {name!r}: expected {nbytes} contiguous bytes for {dtype} {list(shape)}, got "
+            f"{face.nbytes}{'' if face.c_contiguous else ' not contiguous'}"
+        )
+    view = _PyBuffer()
+    if _api.PyObject_GetBuffer(data, ctypes.byref(view), _PYBUF_RECORDS_RO) != 0:
+        raise GuardError(f"input {name!r}: its buffer could not be taken")
+    return ArrayView(view.buf or 0, CPU, 0, dtype, shape, None, (_Held(view), data))
 
 
 class _Consumed:
@@ -189,10 +307,13 @@ def from_dlpack(value: Any, name: str, stream: int | None = None) -> ArrayView:
         strides = None if face["strides"] is None else tuple(b // item for b in face["strides"])
         return ArrayView(face["data"][0], CPU, 0, value.dtype.name, value.shape, strides, value)
     if not hasattr(value, "__dlpack__") or not hasattr(value, "__dlpack_device__"):
-        raise GuardError(
-            f"input {name!r}: expected an array with __dlpack__ (torch, CuPy, JAX on the GPU, or NumPy "
-            f"on the host), got {type(value).__name__}"
-        )
+        view = _from_buffer(value, name)
+        if view is None:
+            raise GuardError(
+                f"input {name!r}: expected an array with __dlpack__ (torch, CuPy, JAX on the GPU, or "
+                f"NumPy on the host) or a host buffer (memoryview, array.array), got {type(value).__name__}"
+            )
+        return view
     device_type, _ = value.__dlpack_device__()
     try:
         capsule = value.__dlpack__(stream=stream) if device_type == CUDA and stream else value.__dlpack__()
@@ -300,15 +421,28 @@ class DeviceArray:
         return _api.PyCapsule_New(key, b"dltensor", ctypes.cast(_unconsumed, ctypes.c_void_p))
 
     def tobytes(self) -> bytes:
-        """A host copy of the array's bytes in C order, without numpy (any dtype, bfloat16 too)."""
-        out = ctypes.create_string_buffer(self.nbytes)
+        """A host copy of the array's elements in C order, without numpy (any dtype, bfloat16
+        too); a strided array's rows are packed."""
+        span = self.span
+        out = ctypes.create_string_buffer(span)
         if self.device[0] == CPU:
-            ctypes.memmove(out, self.ptr, self.nbytes)
+            ctypes.memmove(out, self.ptr, span)
         else:
             if self._ready is not None:
                 self._ready(None)
-            self._copy_to_host(ctypes.addressof(out), self.ptr, self.nbytes)
-        return out.raw
+            self._copy_to_host(ctypes.addressof(out), self.ptr, span)
+        if self.strides is None or not all(self.shape):
+            return out.raw[: self.nbytes]
+        item = ITEMSIZE[self.dtype]
+        rows = pitched(self.shape, self.strides, item)
+        if rows is not None:
+            width, pitch, count = rows
+            return b"".join(out.raw[r * pitch : r * pitch + width] for r in range(count))
+        data, packed = out.raw, bytearray()  # any other layout: element by element
+        for index in _indices(self.shape):
+            at = item * sum(i * st for i, st in zip(index, self.strides))
+            packed += data[at : at + item]
+        return bytes(packed)
 
     def numpy(self):
         """A host copy (``numpy.ndarray``); numpy is imported only here."""
@@ -329,3 +463,13 @@ class DeviceArray:
             return out
         item = dtype.itemsize
         return np.lib.stride_tricks.as_strided(out, self.shape, [st * item for st in self.strides]).copy()
+
+
+def _indices(shape: tuple[int, ...]):
+    """Every index of ``shape`` in C order."""
+    if not shape:
+        yield ()
+        return
+    for i in range(shape[0]):
+        for rest in _indices(shape[1:]):
+            yield (i, *rest)

@@ -180,11 +180,20 @@ class Device:
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         _check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoDAsync")
 
-    def copy_rows(self, dst: int, src: int, width: int, pitch: int, rows: int) -> None:
-        """``rows`` rows of ``width`` bytes, ``pitch`` bytes apart at ``src``, packed at ``dst``."""
+    def copy_rows(
+        self, dst: int, src: int, width: int, pitch: int, rows: int, from_host: bool = False
+    ) -> None:
+        """``rows`` rows of ``width`` bytes, ``pitch`` bytes apart at ``src`` (device memory, or
+        host memory with ``from_host``), packed at ``dst`` in device memory."""
         p = cu.CUDA_MEMCPY2D()
-        p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
-        p.srcDevice, p.srcPitch = src, pitch
+        p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        if from_host:
+            p.srcMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_HOST
+            p.srcHost = src
+        else:
+            p.srcMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+            p.srcDevice = src
+        p.srcPitch = pitch
         p.dstDevice, p.dstPitch = dst, width
         p.WidthInBytes, p.Height = width, rows
         _check(cu.cuMemcpy2DAsync(p, self.stream), "cuMemcpy2DAsync")

@@ -209,10 +209,11 @@ def check_views(guards: GuardCore, views: Sequence[ArrayView]) -> dict[str, int]
                 f"got rank {len(view.shape)} {list(view.shape)}"
             )
         guards.bind_dims(name, dims, view.shape, sizes, where)
-        if not view.contiguous:
+        if not view.contiguous and view.rows is None:
             raise GuardError(
-                f"input {name!r}: expected a contiguous (row-major) array, got strides {list(view.strides)}; "
-                f"pass a contiguous copy"
+                f"input {name!r}: expected a contiguous (row-major) array or rows of one at a constant "
+                f"pitch (x[:, :n]), got shape {list(view.shape)} strides {list(view.strides)}; pass a "
+                f"contiguous copy"
             )
     guards.check_relations(sizes)
     return sizes

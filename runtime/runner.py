@@ -41,7 +41,7 @@ from aot.errors import BundleError, EnvError, GuardError
 from aot.program import DRIVER_COPIES, TAIL_MIN_BYTES, step_reads, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
-from aot.runtime.arrays import CPU, CUDA, DTYPES, ArrayView, DeviceArray, from_dlpack
+from aot.runtime.arrays import CPU, CUDA, DTYPES, ArrayView, DeviceArray, from_bytes, from_dlpack
 from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle, tail_start
 from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.state import slots_error
@@ -547,10 +547,14 @@ class Runner:
         flat = [a.numpy() for a in arrays] if numpy else arrays
         return unflatten(entry.program.output_tree, flat)
 
-    def array(self, host: Any) -> DeviceArray:
-        """A copy of a host array (NumPy, or any CPU DLPack producer) in device memory of its own,
-        to pass to calls without a host-to-device copy each time."""
-        view = from_dlpack(host, "array")
+    def array(self, host: Any, dtype: str | None = None, shape: Sequence[int] | None = None) -> DeviceArray:
+        """A copy of a host array (NumPy, any CPU DLPack producer, a buffer such as a
+        ``memoryview``) in device memory of its own, to pass to calls without a host-to-device
+        copy each time. With ``dtype`` and ``shape``: ``host`` is raw bytes of that array (row-major)."""
+        if dtype is not None:
+            view = from_bytes(host, dtype, tuple(shape or ()), "array")
+        else:
+            view = from_dlpack(host, "array")
         if view.device_type != CPU or not view.contiguous:
             raise EnvError("runner.array takes a contiguous host array (NumPy)")
         memory = _Memory(self.gpu, view.nbytes)
@@ -576,9 +580,14 @@ class Runner:
         )
 
     def _copy_in(self, view: ArrayView, address: int, name: str) -> None:
-        if view.device_type == CPU:
+        """``view`` packed row-major at ``address``: one copy, or one 2-D copy of rows at a pitch."""
+        on_device = view.device_type == CUDA and view.device_id == self.gpu.ordinal
+        rows = view.rows
+        if rows is not None and (on_device or view.device_type == CPU):
+            self.gpu.copy_rows(address, view.ptr, *rows, from_host=view.device_type == CPU)
+        elif view.device_type == CPU:
             self.gpu.to_device(address, view.ptr, view.nbytes)
-        elif view.device_type == CUDA and view.device_id == self.gpu.ordinal:
+        elif on_device:
             self.gpu.copy(address, view.ptr, view.nbytes)
         else:
             raise EnvError(

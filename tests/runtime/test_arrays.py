@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aot.errors import GuardError
-from aot.runtime.arrays import CPU, DeviceArray, from_dlpack
+from aot.runtime.arrays import CPU, DeviceArray, from_bytes, from_dlpack, pitched
 
 
 def test_a_numpy_array_comes_in_zero_copy_with_its_facts():
@@ -94,3 +94,54 @@ def test_a_slice_of_wider_rows_goes_out_with_its_strides():
     assert view.strides == (24, 8, 1) and not view.contiguous
     dense = DeviceArray(padded.ctypes.data, "float16", (2, 3, 8), (CPU, 0), owner=padded, strides=(24, 8, 1))
     assert dense.strides is None  # row-major strides are the dense array's
+
+
+def test_layouts_one_2d_copy_packs():
+    """``pitched``: (row bytes, pitch bytes, rows) of rows at one pitch; None for any other layout."""
+    assert pitched((2, 3, 5), (24, 8, 1), 2) == (10, 16, 6)  # x[:, :, :5] of [2, 3, 8]
+    assert pitched((4, 16), (24, 1), 4) == (64, 96, 4)
+    assert pitched((1, 7), (99, 1), 4) == (28, 28, 1)  # one row: dense
+    assert pitched((3, 4), (1, 3), 4) is None  # transposed
+    assert pitched((3, 4), (0, 1), 4) is None  # broadcast rows
+    assert pitched((2, 3, 5), (40, 8, 1), 2) is None  # gaps at two levels
+    assert pitched((6,), (2,), 4) is None  # every other element
+
+
+def test_host_buffers_come_in_without_numpy():
+    """Any object with the buffer protocol is a host array: its format names the dtype."""
+    import array
+
+    data = array.array("q", range(8))
+    view = from_dlpack(memoryview(data).cast("B").cast("q", [2, 4]), "ids")
+    assert (view.dtype, view.shape, view.device_type, view.contiguous) == ("int64", (2, 4), CPU, True)
+    assert ctypes.string_at(view.ptr, view.nbytes) == data.tobytes()
+    assert from_dlpack(b"\x01\x02", "b").dtype == "uint8"
+    assert from_dlpack(array.array("f", [1.0]), "f").shape == (1,)
+    with pytest.raises(GuardError, match=r"input 'x': buffer format 'c' is none"):
+        from_dlpack(memoryview(b"ab").cast("c"), "x")
+
+
+def test_a_strided_array_comes_to_the_host_as_its_elements():
+    """``tobytes`` of a slice of wider rows packs its rows (it copied the first bytes of the span)."""
+    padded = np.arange(2 * 8, dtype=np.float32).reshape(2, 8)
+    out = DeviceArray(padded.ctypes.data, "float32", (2, 5), (CPU, 0), owner=padded, strides=(8, 1))
+    assert out.tobytes() == padded[:, :5].tobytes()
+    odd = DeviceArray(padded.ctypes.data, "float32", (2, 3), (CPU, 0), owner=padded, strides=(8, 2))
+    assert odd.tobytes() == padded[:, :6:2].tobytes()
+
+
+def test_raw_bytes_come_in_as_the_named_array():
+    """``from_bytes``: bytes off the wire as a row-major array of a named dtype (float16 and
+    bfloat16 have no buffer format); a size that does not fit is a guard error."""
+    a = np.arange(6, dtype=np.float16).reshape(2, 3)
+    data = a.tobytes()
+    view = from_bytes(data, "float16", (2, 3), "x")
+    assert (view.dtype, view.shape, view.contiguous) == ("float16", (2, 3), True)
+    assert ctypes.string_at(view.ptr, view.nbytes) == data
+    assert from_bytes(bytearray(4), "bfloat16", [1, 2], "x").nbytes == 4
+    with pytest.raises(
+        GuardError, match=r"input 'x': expected 12 contiguous bytes for float16 \[2, 3\], got 10"
+    ):
+        from_bytes(data[:10], "float16", (2, 3), "x")
+    with pytest.raises(GuardError, match="dtype 'half' is none of"):
+        from_bytes(data, "half", (2, 3), "x")

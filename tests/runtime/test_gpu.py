@@ -135,3 +135,21 @@ def test_weights_in_chunks_stream_on_several_threads_on_the_gpu(pointwise, monke
     path.write_bytes(write_entries(with_member(entries, "weights.safetensors", bytes(weights), resign=False)))
     with pytest.raises(BundleError, match=r"checksum mismatch in 'weights.safetensors' \(chunk "):
         aot.runtime.load(path)
+
+
+def test_inputs_at_a_pitch_and_raw_bytes_equal_dense_inputs_on_the_gpu(pointwise):  # noqa: F811
+    """A slice of wider rows on the device and on the host (one 2-D copy each), a ``memoryview``
+    and raw bytes with a dtype (``runner.array``): outputs equal the dense input's, bit for bit."""
+    import torch
+
+    import aot.runtime
+
+    rt = aot.runtime.load(pointwise)
+    wide = torch.randn(8, 40, generator=torch.Generator().manual_seed(3))
+    dense = wide[:, 5:21].contiguous()
+    want = torch.from_dlpack(rt(x=dense.cuda())).cpu()
+    assert torch.equal(torch.from_dlpack(rt(x=wide.cuda()[:, 5:21])).cpu(), want)
+    assert torch.equal(torch.from_dlpack(rt(x=wide.numpy()[:, 5:21])).cpu(), want)
+    raw = dense.numpy().tobytes()
+    assert torch.equal(torch.from_dlpack(rt(x=memoryview(raw).cast("f", [8, 16]))).cpu(), want)
+    assert torch.equal(torch.from_dlpack(rt(x=rt.array(raw, "float32", [8, 16]))).cpu(), want)

@@ -88,7 +88,8 @@ class FakeDevice:
     def zero(self, dst, nbytes):
         ctypes.memset(dst, 0, nbytes)
 
-    def copy_rows(self, dst, src, width, pitch, rows):
+    def copy_rows(self, dst, src, width, pitch, rows, from_host=False):
+        self.log.append(("copy_rows", from_host))
         for r in range(rows):
             ctypes.memmove(dst + r * width, src + r * pitch, width)
 
@@ -394,3 +395,27 @@ def test_zeros_are_device_arrays_of_zeros(pointwise, fake):  # noqa: F811
     np.testing.assert_array_equal(out.numpy(), np.maximum(0, np.zeros((2, 16), np.float32) + w))
     with pytest.raises(GuardError, match="dtype 'complex64' is not one of"):
         runner.zeros("complex64", (1,))
+
+
+def test_inputs_at_a_pitch_or_in_a_buffer_come_in_packed(pointwise, fake):  # noqa: F811
+    """A slice of wider rows (``x[:, :16]``) comes in through one 2-D copy, and a host buffer without
+    numpy (``memoryview.cast``) as a NumPy array does: the outputs equal the dense input's. A layout
+    no 2-D copy packs (transposed) is refused, naming the input and its strides."""
+    import array
+
+    from aot.errors import GuardError
+    from aot.runtime import check
+    from aot.runtime.runner import Runner
+
+    runner = Runner(check(pointwise), fake)
+    w = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
+    wide = np.arange(4 * 24, dtype=np.float32).reshape(4, 24) - 40
+    want = np.maximum(0, wide[:, :16] * 2 + w)
+    fake.log.clear()
+    np.testing.assert_array_equal(runner.run((), {"x": wide[:, :16]}).numpy(), want)
+    assert ("copy_rows", True) in fake.log
+    packed = array.array("f", wide[:, :16].ravel().tolist())
+    got = runner.run((), {"x": memoryview(packed).cast("B").cast("f", [4, 16])})
+    np.testing.assert_array_equal(got.numpy(), want)
+    with pytest.raises(GuardError, match=r"input 'x': expected a contiguous.*strides \[1, 4\]"):
+        runner.run((), {"x": np.ascontiguousarray(wide[:, :16].T).T})

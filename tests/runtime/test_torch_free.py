@@ -87,9 +87,10 @@ def test_the_runtime_checks_a_bundle_without_torch(pointwise):
         "input 'x' dim 1: expected static size 16, got 17",
         "input 'x' dim 0 (batch): expected 1 <= batch <= 16, got 17 (declared in the model file)",
         "input 'x': expected dtype float32, got float16",
-        "input 'x': expected a contiguous (row-major) array, got strides [1, 8]; pass a contiguous copy",
-        "input 'x': expected an array with __dlpack__ (torch, CuPy, JAX on the GPU, or NumPy on the host), "
-        "got list",
+        "input 'x': expected a contiguous (row-major) array or rows of one at a constant pitch (x[:, :n]), "
+        "got shape [8, 16] strides [1, 8]; pass a contiguous copy",
+        "input 'x': expected an array with __dlpack__ (torch, CuPy, JAX on the GPU, or NumPy on the host) "
+        "or a host buffer (memoryview, array.array), got list",
     ]
     assert got["unexpected"] == "missing input 'x'; expected inputs ['x']"
     assert got["memory"] == "EnvError"
