@@ -1,6 +1,6 @@
 """Where the runtime's device memory goes past the weights, step by step, on a GPU: the device's
 used bytes (``cuMemGetInfo``) after the driver starts, the load, one 256-byte stream-ordered
-allocation from the device's default pool (what every call's outputs come from), one plain
+allocation from the device's default pool (what a call's outputs came from before ``Device.take``), one plain
 ``cuMemAlloc`` of 256 bytes, the first call (arena, CUDA graph, output), a second call, and the
 first call of a runner that launches without a graph. One process per bundle.
 
@@ -31,9 +31,10 @@ def mark(name):
 
 mark("loaded")
 if graphs:
-    p = gpu.alloc_async(256)
+    from cuda.bindings import driver as cu
+    p = cu.cuMemAllocAsync(256, gpu.stream)[1]
     mark("pool_256B")
-    gpu.free_async(p)
+    cu.cuMemFreeAsync(p, gpu.stream)
     q = gpu.alloc(256)
     mark("cuMemAlloc_256B")
     gpu.free(q)

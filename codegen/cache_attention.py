@@ -432,15 +432,11 @@ def render_cache_attention(site: CacheSite) -> Rendered:
     if site.mask is not None and not bool_mask:
         # an additive mask is added in natural units; its most negative values (the dtype's
         # minimum) clamp to a finite floor, so that a row masked so everywhere averages its values
-        # as SDPA does, while -inf stays -inf (such a row comes out 0, as SDPA's does). The floor
-        # is taken again after the product with LOG2E: the compiler fuses a product with the
-        # subtraction of the row's maximum into one FMA, whose unrounded product differs from the
-        # rounded maximum by up to 2^76 at this magnitude (exp2 of it: 0 or inf, not 1); a
-        # maximum between them keeps every floored score equal to the floor itself
+        # as SDPA does, while -inf stays -inf (such a row comes out 0, as SDPA's does)
         body += [
             f"    s = tl.dot(q, k{precision}) * SCALE",
             "    s = s + tl.load(mask_ptr + m_at, mask=keep, other=0.0).to(tl.float32)",
-            "    s = tl.where(s == float('-inf'), s, tl.maximum(tl.maximum(s, -1.0e30) * LOG2E, -1.0e30))",
+            "    s = tl.where(s == float('-inf'), s, tl.maximum(s, -1.0e30)) * LOG2E  # scores in log2 units",
         ]
     else:
         body.append(f"    s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units")

@@ -435,10 +435,11 @@ class DeviceArray:
             return out.raw[: self.nbytes]
         item = ITEMSIZE[self.dtype]
         rows = pitched(self.shape, self.strides, item)
+        data = memoryview(out).cast("B")  # ``out.raw`` would copy the whole span at every use
         if rows is not None:
             width, pitch, count = rows
-            return b"".join(out.raw[r * pitch : r * pitch + width] for r in range(count))
-        data, packed = out.raw, bytearray()  # any other layout: element by element
+            return b"".join(data[r * pitch : r * pitch + width] for r in range(count))
+        packed = bytearray()  # any other layout: element by element
         for index in _indices(self.shape):
             at = item * sum(i * st for i, st in zip(index, self.strides))
             packed += data[at : at + item]

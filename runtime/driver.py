@@ -27,9 +27,19 @@ DEFAULT_SHARED_LIMIT = 48 * 1024
 # CUDA 12.3 on, as the torch loader (``aot.loader.cuda``); AOTPACK_DEPENDENT_LAUNCH=0 turns it off.
 DEPENDENT_LAUNCH_DRIVER = 12030
 DEPENDENT_LAUNCH_ENV = "AOTPACK_DEPENDENT_LAUNCH"
-# Bytes of freed outputs the stream-ordered pool keeps for later calls (the driver's default, 0,
-# unmaps them at every synchronize: gpt's 98 MiB of logits at batch 8 were mapped anew each call)
-POOL_KEEP_BYTES = 1 << 62
+# Outputs' memory: ``cuMemAlloc`` blocks kept when their arrays go, for later outputs of the same
+# size class (``Device.take``/``give``). The device's stream-ordered pool (``cuMemAllocAsync``) maps
+# 32 MiB at its first allocation, however small (H200, driver 580: mlp's 2 KiB output cost 32
+# MiB, a plain allocation 2 MiB); up to ``KEEP_BYTES`` of freed blocks wait for reuse, the rest go
+# back to the driver.
+KEEP_BYTES = 512 << 20
+
+
+def block_size(nbytes: int) -> int:
+    """The size class of ``nbytes``: a power of two from 512 bytes to 2 MiB, whole 2 MiB past it."""
+    if nbytes > 2 << 20:
+        return -(-nbytes // (2 << 20)) * (2 << 20)
+    return max(512, 1 << (max(nbytes, 1) - 1).bit_length())
 
 
 _starting: dict[int, tuple[threading.Thread, dict[str, Any]]] = {}
@@ -124,13 +134,10 @@ class Device:
         self.driver_version = _check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
         self.name = _check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName").split(b"\0")[0].decode()
         self.stream = _check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-        # outputs come from the device's stream-ordered pool: keep what callers free for the next
-        # call's outputs instead of handing it back to the driver at every synchronize
-        pool = _check(cu.cuDeviceGetDefaultMemPool(self.device), "cuDeviceGetDefaultMemPool")
-        keep = cu.cuuint64_t(POOL_KEEP_BYTES)
-        attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-        _check(cu.cuMemPoolSetAttribute(pool, attr, keep), "cuMemPoolSetAttribute")
         self.stream_handle = int(self.stream)
+        self._blocks: dict[int, list[int]] = {}  # size class -> freed blocks (``take``/``give``)
+        self._kept = 0
+        self._blocks_lock = threading.Lock()
 
     def bind(self) -> None:
         """Make the context current on this thread (once per thread: the driver keeps it)."""
@@ -142,13 +149,36 @@ class Device:
     def alloc(self, nbytes: int) -> int:
         return int(_check(cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes} bytes)"))
 
-    def alloc_async(self, nbytes: int) -> int:
-        """Stream-ordered memory from the device's pool (a call's outputs)."""
-        return int(_check(cu.cuMemAllocAsync(max(nbytes, 1), self.stream), "cuMemAllocAsync"))
+    def take(self, nbytes: int) -> tuple[int, int]:
+        """(address, size class) of a block for ``nbytes`` of a call's outputs: one an array gave
+        back (``give``), else a new ``cuMemAlloc``. A block given back is free in the order of this
+        device's stream, as ``cuMemFreeAsync`` on it would be: later work here writes it after the
+        work before; a consumer on another stream has waited for the output (``DeviceArray``'s
+        ``ready``) and keeps the array alive while it reads."""
+        size = block_size(nbytes)
+        with self._blocks_lock:
+            free = self._blocks.get(size)
+            if free:
+                self._kept -= size
+                return free.pop(), size
+        return self.alloc(size), size
 
-    def free_async(self, ptr: int) -> None:
-        if cu is not None:  # at interpreter exit the bindings may be gone
-            cu.cuMemFreeAsync(ptr, self.stream)
+    def give(self, ptr: int, size: int) -> None:
+        """A block ``take`` handed out, back for later outputs (past ``KEEP_BYTES``: freed)."""
+        with self._blocks_lock:
+            if self._kept + size <= KEEP_BYTES:
+                self._blocks.setdefault(size, []).append(ptr)
+                self._kept += size
+                return
+        self.free(ptr)
+
+    def release_blocks(self) -> None:
+        """Free every kept block (their arrays are gone)."""
+        with self._blocks_lock:
+            blocks, self._blocks, self._kept = self._blocks, {}, 0
+        for free in blocks.values():
+            for ptr in free:
+                self.free(ptr)
 
     def free(self, ptr: int) -> None:
         if cu is not None and ptr:

@@ -6,8 +6,8 @@ from the checked safetensors bytes straight into place), one holds the activatio
 more (a server that wants no growth loads with ``arena="largest"``: sized for the largest bucket). A call checks its arrays against the guards, copies them into the arena, runs the
 program's kernels and driver copies — as a CUDA graph captured with the driver API when every
 symbol sits exactly on a bucket, else launch by launch — and returns each output as a
-``DeviceArray`` in memory of its own (stream-ordered ``cuMemAllocAsync``), which the caller owns:
-a later call never overwrites it.
+``DeviceArray`` in memory of its own (a block ``driver.Device.take`` hands out, kept for later
+outputs when the array goes), which the caller owns: a later call never overwrites it.
 
 A call exactly at a bucket runs the bucket's tuned plan where the bundle's tuning table chose forms
 there (``Checked.plans``: a library-free build's one-row GEMV forms), as the torch loader does; a
@@ -77,16 +77,16 @@ def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
 
 
 class _Memory:
-    """A device allocation freed when the last array over it goes."""
+    """A block of device memory (``driver.Device.take``), given back when the last array over it goes."""
 
-    __slots__ = ("ptr", "device")
+    __slots__ = ("ptr", "size", "device")
 
     def __init__(self, device: drv.Device, nbytes: int):
         self.device = device
-        self.ptr = device.alloc_async(nbytes)
+        self.ptr, self.size = device.take(nbytes)
 
     def __del__(self):
-        self.device.free_async(self.ptr)
+        self.device.give(self.ptr, self.size)
 
 
 class _Prepared:
@@ -620,6 +620,7 @@ class Runner:
         self.gpu.free(self.arena)
         self.gpu.free(self.weights_base)
         self.gpu.free(self.state_base)
+        self.gpu.release_blocks()  # outputs' blocks no array holds
         self.arena = self.weights_base = self.state_base = 0
 
 

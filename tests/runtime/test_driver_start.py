@@ -68,3 +68,29 @@ def test_a_failed_start_raises_where_the_device_is_taken_and_is_tried_again(made
     with pytest.raises(EnvError, match="GPU 7 requested"):
         drv.started(7)
     assert made == [7, 7, 7]
+
+
+def test_output_blocks_are_kept_by_size_class_and_handed_out_again(monkeypatch):
+    """``Device.take``/``give``: a block given back serves the next output of its size class
+    without a new allocation; past ``KEEP_BYTES`` of kept blocks a given block is freed."""
+    assert [drv.block_size(n) for n in (0, 1, 512, 513, 2048, 2 << 20, (2 << 20) + 1, 98 << 20)] == [
+        512, 512, 512, 1024, 2048, 2 << 20, 4 << 20, 98 << 20,
+    ]  # fmt: skip
+    gpu = object.__new__(drv.Device)
+    gpu._blocks, gpu._kept, gpu._blocks_lock = {}, 0, threading.Lock()
+    log = []
+    addresses = iter(range(4096, 1 << 40, 4096))
+    gpu.alloc = lambda n: log.append(("alloc", n)) or next(addresses)
+    gpu.free = lambda ptr: log.append(("free", ptr))
+    a, size = gpu.take(2000)
+    assert size == 2048 and log == [("alloc", 2048)]
+    gpu.give(a, size)
+    assert gpu.take(1500) == (a, 2048) and len(log) == 1  # the same block, no allocation
+    b, big = gpu.take(300 << 20)
+    c, _ = gpu.take(300 << 20)
+    gpu.give(b, big)  # kept: 300 MiB of the 512
+    gpu.give(c, big)  # past KEEP_BYTES: back to the driver
+    assert log[-1] == ("free", c) and gpu.take(300 << 20) == (b, big)
+    gpu.give(a, 2048)
+    gpu.release_blocks()
+    assert log[-1] == ("free", a) and gpu._kept == 0

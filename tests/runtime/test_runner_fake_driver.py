@@ -63,12 +63,14 @@ class FakeDevice:
         self.log.append(("alloc", nbytes))
         return ctypes.addressof(buf)
 
-    alloc_async = alloc
+    def take(self, nbytes):
+        return self.alloc(nbytes), nbytes
 
     def free(self, ptr):
         self.buffers.pop(ptr, None)
 
-    free_async = free
+    def give(self, ptr, size):
+        self.free(ptr)
 
     def host_alloc(self, nbytes):  # page-locked host memory: the weights' staging buffers
         buf = ctypes.create_string_buffer(max(nbytes, 1))
