@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from aot.codegen.cache_attention import CacheSite, KeysValues, render_cache_attention
+from aot.codegen.cache_attention import NO_MASK, CacheSite, KeysValues, render_cache_attention
 from aot.schema import Sym
 
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
@@ -55,8 +55,7 @@ def _site(case: str, dtype: str) -> CacheSite:
         k="k",
         v="v",
         mask=mask,
-        mask_batch="keys*seq" if mask and not shared else "0",
-        mask_token="keys" if mask else "0",
+        mask_at=("0", "keys*seq" if mask and not shared else "0", "0", "keys", "1") if mask else NO_MASK,
         mask_dtype=dtype,
         out="out",
         batch="batch",
