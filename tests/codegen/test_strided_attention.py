@@ -8,7 +8,12 @@ everywhere by the dtype's minimum (SDPA averages its values) and one masked ever
 (SDPA gives 0); a query read through a transposing view, under a mask shared by every row (one
 of its rows at the minimum); ``repeat_kv``'s copy ``[B, KV, G, S, D]`` read as ``[B, H, S, D]``
 under ``is_causal`` at an odd length (two query blocks); the same causal call reading the
-grouped KV heads directly (``enable_gqa``) with strides the kernel holds as constants. Tolerances: float32
+grouped KV heads directly (``enable_gqa``) with strides the kernel holds as constants; T5's
+attention (``scale=1.0``, the query drawn at 1 / sqrt(D) as T5's weights make it) under a float
+mask per query head: ``[B, H, T, S]`` row-major, a position bias with the padding added in (one
+head's query row masked everywhere by the dtype's minimum, another head's by -inf), and a
+``[T, S, H]`` lookup read as ``[1, H, T, S]`` (keys ``H`` apart, shared by the rows) over grouped
+KV heads, one head's query row at the minimum. Tolerances: float32
 1e-5 (IEEE dots); float16 2e-3 and bfloat16 2e-2 absolute against SDPA in float32 on the same
 rounded inputs (the kernel rounds the probabilities to the operands' dtype before their dot with
 the values, as flash kernels do). Triton's interpreter (3.9) computes ``tl.dot`` of bfloat16
@@ -40,10 +45,18 @@ def _site(case: str, dtype: str) -> CacheSite:
     elif case == "query_view":  # q: a [B, T, H, D] buffer read as [B, H, T, D]; one mask row block
         heads, kv, keys, causal, mask = 4, 2, "keys", False, "mask"
         k_at = ("0", f"{kv * d}*keys", f"{d}*keys", str(d))
+    elif case in ("head_bias", "head_bias_view"):  # T5's: a mask per query head, scale 1
+        heads, kv, keys, causal, mask = 4, 4 if case == "head_bias" else 2, "keys", False, "mask"
+        k_at = ("0", f"{kv * d}*keys", f"{d}*keys", str(d))
     else:  # "gqa_causal_constant": k, v [B, 2, 70, D] (a fixed length: constant strides)
         heads, kv, keys, causal, mask = 4, 2, "70", True, None
         k_at = ("0", str(kv * 70 * d), str(70 * d), str(d))
     shared = case == "query_view"  # the mask [1, 1, T, S], shared by the rows
+    mask_at = ("0", "keys*seq" if mask and not shared else "0", "0", "keys", "1") if mask else NO_MASK
+    if case == "head_bias":  # [B, H, T, S] row-major: the bias [1, H, T, S] plus the padding [B, 1, 1, S]
+        mask_at = ("0", f"{heads}*keys*seq", "keys*seq", "keys", "1")
+    elif case == "head_bias_view":  # a [T, S, H] lookup read as [1, H, T, S] (T5's permute, unsqueeze)
+        mask_at = ("0", "0", "1", f"{heads}*keys", str(heads))
     return CacheSite(
         step=0,
         q="q",
@@ -55,7 +68,7 @@ def _site(case: str, dtype: str) -> CacheSite:
         k="k",
         v="v",
         mask=mask,
-        mask_at=("0", "keys*seq" if mask and not shared else "0", "0", "keys", "1") if mask else NO_MASK,
+        mask_at=mask_at,
         mask_dtype=dtype,
         out="out",
         batch="batch",
@@ -65,7 +78,7 @@ def _site(case: str, dtype: str) -> CacheSite:
         kv_heads=kv,
         context=0,
         head_dim=d,
-        scale=0.3,
+        scale=1.0 if case.startswith("head_bias") else 0.3,
         dtype=dtype,
         strided=KeysValues("k", k_at, "v", k_at, keys),
         causal=causal,
@@ -83,7 +96,10 @@ fn = load_function("k0", {name!r}, {source!r})
 case, b, t, s, heads, d = {case!r}, {batch}, {seq}, {keys}, 4, {head_dim}
 sizes = {{"batch": b, "seq": t, "keys": s}}
 g = torch.Generator({device!r}).manual_seed(t)
-q = torch.randn(b, heads, t, d, generator=g).to(dtype)
+q = torch.randn(b, heads, t, d, generator=g)
+if case.startswith("head_bias"):  # T5 folds 1 / sqrt(d) into its query weights and calls with scale 1
+    q = q / d**0.5
+q = q.to(dtype)
 mask = None
 if case == "gqa_mask":
     k, v = (torch.randn(b, 2, s, d, generator=g).to(dtype) for _ in range(2))
@@ -103,6 +119,23 @@ elif case == "query_view":
     mask = torch.randn(1, 1, t, s, generator=g).to(dtype)
     mask[..., 1, :] = torch.finfo(dtype).min
     args = [rows, k, v, mask]
+elif case == "head_bias":
+    k, v = (torch.randn(b, heads, s, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = k, v
+    low = torch.finfo(dtype).min
+    padding = torch.zeros(b, 1, 1, s)
+    padding[1, ..., :3] = low
+    mask = (torch.randn(1, heads, t, s, generator=g) + padding).to(dtype)  # [B, H, T, S]
+    mask[1, 2, 0, :] = low  # one head's query sees nothing: SDPA averages every value
+    mask[0, 1, 1, :] = float("-inf")  # nothing at all, in one head: SDPA gives 0
+    args = [q, k, v, mask]
+elif case == "head_bias_view":
+    k, v = (torch.randn(b, 2, s, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    bias = torch.randn(t, s, heads, generator=g).to(dtype)  # [T, S, H]: a lookup per relative position
+    bias[2, :, 3] = torch.finfo(dtype).min
+    mask = bias.permute(2, 0, 1).unsqueeze(0)  # [1, H, T, S], keys H apart
+    args = [q, k, v, bias]
 elif case == "repeat_causal":
     k, v = (torch.randn(b, 2, 1, s, d, generator=g).expand(b, 2, 2, s, d).to(dtype).contiguous() for _ in range(2))
     want_k, want_v = (x.view(b, heads, s, d) for x in (k, v))
@@ -117,7 +150,7 @@ args += [eval(a, {{}}, sizes) for a in {sizes_args!r}]
 fn[tuple(eval(x, {{}}, sizes) for x in {grid!r})](*args)
 want = F.scaled_dot_product_attention(
     q.float(), want_k.float(), want_v.float(),
-    attn_mask=None if mask is None else mask.float(), is_causal={causal!r}, scale=0.3,
+    attn_mask=None if mask is None else mask.float(), is_causal={causal!r}, scale={scale!r},
 )
 print(json.dumps([float((out.float() - want).abs().max()), bool(out.isnan().any()), bool(want.isnan().any())]))
 """
@@ -128,6 +161,8 @@ CASES = [
     ("query_view", 3, 6, 11),
     ("repeat_causal", 2, 19, 19),
     ("gqa_causal_constant", 1, 70, 70),
+    ("head_bias", 2, 5, 70),
+    ("head_bias_view", 2, 37, 9),
 ]
 
 
@@ -156,6 +191,7 @@ def _run(case, batch, seq, keys, dtype, device: str):
         sizes_args=sizes_args,
         grid=list(r.grid),
         causal=site.causal,
+        scale=site.scale,
         device=device,
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -203,6 +239,14 @@ def test_keys_held_as_constants_or_arguments():
         "keys",
     ]
     assert masked.name == "attention_g2_d16" and fixed.name == "attention_g2_d16_causal"
+    # the mask's strides too: a head stride and a key stride the kernel holds as constants
+    per_head = render_cache_attention(_site("head_bias_view", "float16"))
+    assert [a.text for a in per_head.args if isinstance(a, Sym)][-1] == "4*keys"
+    assert (
+        "\nMASK_H = tl.constexpr(1)\n" in per_head.source
+        and "\nMASK_N = tl.constexpr(4)\n" in per_head.source
+    )
+    assert "b * MASK_B + h[:, None] * MASK_H + t[:, None] * mask_t + rn[None, :] * MASK_N" in per_head.source
 
 
 @pytest.fixture(scope="module")
