@@ -249,6 +249,45 @@ def test_keys_held_as_constants_or_arguments():
     assert "b * MASK_B + h[:, None] * MASK_H + t[:, None] * mask_t + rn[None, :] * MASK_N" in per_head.source
 
 
+def _bias_program(bias_shape: tuple[str, ...], views: list[tuple[str, tuple]]):
+    """SDPA(q, k, v, mask, scale=1.0) over [B, 4, T, 16] inputs, its mask made from the input
+    ``bias`` by ``views`` ((target, args) in order), float32."""
+    from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
+
+    f32 = lambda *shape: TensorSpec("float32", shape)  # noqa: E731
+    qkv = f32("b", "4", "t", "16")
+    steps, buffers, at = [], {}, "bias"
+    for i, (target, args, shape) in enumerate(views):
+        steps.append(Step(StepKind.ATEN, target, (Buf(at), *args), {}, (f"m{i}",)))
+        buffers[f"m{i}"], at = f32(*shape), f"m{i}"
+    sdpa = "aten.scaled_dot_product_attention.default"
+    steps.append(Step(StepKind.ATEN, sdpa, (Buf("q"), Buf("k"), Buf("v"), Buf(at)), {"scale": 1.0}, ("out",)))
+    buffers["out"] = qkv
+    inputs = tuple(NamedTensor(n, qkv) for n in "qkv") + (NamedTensor("bias", f32(*bias_shape)),)
+    return Program(
+        inputs=inputs, weights=(), steps=tuple(steps), outputs=("out",), symbols=(), buffers=buffers
+    )
+
+
+def test_a_mask_per_head_is_read_through_its_views():
+    """T5's position bias: a ``[T, S, H]`` lookup permuted and unsqueezed to ``[1, H, T, S]``,
+    expanded over the rows: a site reading the lookup in place (batch stride 0, heads 1 apart,
+    keys H apart), scale 1; a ``[B, H, T, S]`` buffer: its row-major strides; a mask whose head
+    dim is neither 1 nor H: no site."""
+    from aot.codegen.cache_attention import find_cache_sites
+
+    lookup = [
+        ("aten.permute.default", ([2, 0, 1],), ("4", "t", "t")),
+        ("aten.unsqueeze.default", (0,), ("1", "4", "t", "t")),
+        ("aten.expand.default", ([Sym("b"), 4, Sym("t"), Sym("t")],), ("b", "4", "t", "t")),
+    ]
+    (site,) = find_cache_sites(_bias_program(("t", "t", "4"), lookup))
+    assert (site.mask, site.mask_at, site.scale, site.heads) == ("bias", ("0", "0", "1", "4*t", "4"), 1.0, 4)
+    (site,) = find_cache_sites(_bias_program(("b", "4", "t", "t"), []))
+    assert (site.mask, site.mask_at) == ("bias", ("0", "4*(t*t)", "t*t", "t", "1"))
+    assert find_cache_sites(_bias_program(("b", "2", "t", "t"), [])) == []
+
+
 @pytest.fixture(scope="module")
 def zoo_llama(tmp_path_factory):
     """The zoo's plain ``LlamaForCausalLM`` (no cache: causal attention over the prompt, RoPE,
