@@ -552,6 +552,10 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         else ix.parse_size(site.rows[4] if site.rows is not None else site.strided.keys)
     )
     traffic = rows * (2 * site.kv_heads * n_keys * d + 2 * site.heads * t * d) * elem
+    if site.mask is not None:  # each mask element once, over the dims it does not broadcast
+        dims = (rows, sympy.Integer(site.heads), t, n_keys)
+        read = [n for n, at in zip(dims, site.mask_at[1:]) if at != "0"]
+        traffic += sympy.Mul(*read) * ITEMSIZE[site.mask_dtype]
     config = {
         "kind": "cache_attention",
         "BLOCK_M": BLOCK_M,
