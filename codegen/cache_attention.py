@@ -9,7 +9,7 @@ whose query is a row-major ``[B, H, T, D]`` buffer or a head view of a projectio
 ``aot.codegen.flash`` reads them), whose keys and values are views of ``[B, KV, C, D]`` caches
 (grouped-query heads by ``unsqueeze``/``expand``, then maybe ``repeat_kv``'s copy, then ``view``:
 the copy is not needed, the kernel reads the cache; or ``enable_gqa``), and whose mask (or none)
-is a row-major ``[B or 1, 1, T, C]`` buffer, boolean (True: attend) or additive.
+broadcasts to ``[B, H, T, C]``, boolean (True: attend) or additive.
 
 The same kernel serves self-attention under a mask (BERT's padding mask: ``[B, 1, 1, S]``,
 ``expand``-ed over the queries or not), its keys and values head views of projection rows as its
@@ -19,8 +19,10 @@ own read through any views that keep the head dim contiguous (``CacheSite.stride
 RoPE kernels wrote them, the ``repeat_kv`` copy dropped by ``attention.fold_gqa_repeats``),
 under a mask or ``is_causal`` (top-left aligned, as SDPA's). Calls without a mask that a flash
 candidate takes (``aot.codegen.flash``: GPT-2's) are left to it. A mask is read through its
-views from the buffer they view (``cache_writes.strided_view``: a row stride and a query
-stride, 0 where it is shared).
+views from the buffer they view (``cache_writes.strided_view``: an offset and a batch, head,
+query and key stride, 0 where it is shared): a ``[B or 1, 1, T or 1, S]`` padding or causal mask,
+or T5's position bias per head, ``[B or 1, H, T, S]`` with the padding added in, which T5 passes
+with ``scale=1.0``.
 
 Rows masked everywhere come out as SDPA's do: an additive mask is added in natural units and its
 dtype-minimum entries clamp to a finite floor, so a row masked by them everywhere averages its
@@ -57,6 +59,8 @@ from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
 HEURISTIC = "cache-attention-v1"
 BLOCK_M = 32  # (token, head) rows per program instance
 MAX_BLOCK_N = 64  # cache slots per step of the loop
+NO_MASK = ("0", "0", "0", "0", "0")
+MASK_STRIDES = ("MASK_OFFSET", "MASK_B", "MASK_H", "MASK_T", "MASK_N")
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,10 @@ class CacheSite:
     q_column: int
     k: str
     v: str
-    mask: (
-        str | None
-    )  # the row-major buffer the mask reads: element (b, t, n) at b * mask_batch + t * mask_token + n
-    mask_batch: str  # size texts (0 where the mask is shared)
-    mask_token: str
+    mask: str | None  # the row-major buffer the mask reads through its views
+    # element (b, h, t, n) of the mask at OFFSET + b * B + h * H + t * T + n * N: (offset, batch,
+    # head, token and key strides), size texts, 0 for a dim the mask broadcasts over
+    mask_at: tuple[str, str, str, str, str]
     mask_dtype: str
     out: str
     batch: str
@@ -226,12 +229,12 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
             k_base, v_base, context, keys = strided.k, strided.v, 0, strided.keys
         else:
             continue
-        mask, mask_batch, mask_token, mask_dtype = None, "0", "0", dtype
+        mask, mask_at, mask_dtype = None, NO_MASK, dtype
         if m is not None:
-            found_mask = _mask(program, p, m.name, batch, seq, keys, dtype)
+            found_mask = _mask(program, p, m.name, (batch, str(heads), seq, keys), dtype)
             if found_mask is None:
                 continue
-            mask, mask_batch, mask_token, mask_dtype = found_mask
+            mask, mask_at, mask_dtype = found_mask
         out, apart = _token_major(program, readers, i, out, batch, seq, heads * head_dim)
         sites.append(
             CacheSite(
@@ -241,8 +244,7 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
                 k=k_base,
                 v=v_base,
                 mask=mask,
-                mask_batch=mask_batch,
-                mask_token=mask_token,
+                mask_at=mask_at,
                 mask_dtype=mask_dtype,
                 out=out,
                 batch=batch,
@@ -263,28 +265,31 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
     return sites
 
 
-def _mask(program: Program, p: _Program, name: str, batch: str, seq: str, keys: str, dtype: str):
-    """(buffer, batch stride, token stride, dtype) of a ``[B or 1, 1, T or 1, S]`` mask that reads a
-    row-major buffer with its keys contiguous (``expand`` views of a ``[B, 1, 1, S]`` padding mask
-    read in place); None for any other."""
+def _mask(program: Program, p: _Program, name: str, full: tuple[str, str, str, str], dtype: str):
+    """(buffer, (offset, batch, head, token, key strides) as size texts, dtype) of a mask that
+    broadcasts to ``full`` ``[B, H, T, S]`` as SDPA's does (each dim its size or 1, leading dims
+    maybe absent), read through its views from a row-major buffer: ``expand`` views of a
+    ``[B, 1, 1, S]`` padding mask, T5's ``[B or 1, H, T, S]`` position bias with the padding added
+    in; a dim of size 1 reads at stride 0. None for any other."""
     spec = p.specs.get(name)
     view = strided_view(name, program)
-    if spec is None or spec.dtype not in (dtype, "bool") or view is None or len(view.shape) != 4:
+    if spec is None or spec.dtype not in (dtype, "bool") or view is None or not 1 <= len(view.shape) <= 4:
         return None
     base = p.specs.get(view.base)
-    if base is None or base.order or base.dtype != spec.dtype or not ix.same(view.offset, 0):
+    if base is None or base.order or base.dtype != spec.dtype:
         return None
-    (b, one, t, n), (sb, _, st, sn) = view.shape, view.strides
-    one_ = sympy.Integer(1)
-    if not ix.same(one, one_) or not ix.same(n, ix.parse_size(keys)) or not ix.same(sn, one_):
-        return None
-    if not (ix.same(t, ix.parse_size(seq)) or ix.same(t, one_)) or not (
-        ix.same(b, ix.parse_size(batch)) or ix.same(b, one_)
-    ):
-        return None
-    batch_stride = sympy.Integer(0) if ix.same(b, one_) else sb
-    token_stride = sympy.Integer(0) if ix.same(t, one_) else st
-    return view.base, ix.size_text(batch_stride), ix.size_text(token_stride), spec.dtype
+    one, lead = sympy.Integer(1), 4 - len(view.shape)
+    shape = (one,) * lead + tuple(view.shape)
+    strides = (sympy.Integer(0),) * lead + tuple(view.strides)
+    at = []
+    for size, stride, want in zip(shape, strides, full):
+        if ix.same(size, one):
+            at.append(sympy.Integer(0))
+        elif ix.same(size, ix.parse_size(want)):
+            at.append(stride)
+        else:
+            return None
+    return view.base, tuple(ix.size_text(x) for x in (view.offset, *at)), spec.dtype
 
 
 def _token_major(program: Program, readers, i: int, out: str, batch: str, seq: str, width: int):
@@ -351,7 +356,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
     name += "_causal" if site.causal else ""
     keys = "CONTEXT" if cache else "S"
     # strides of keys and values read through their views: constants where they are, else arguments
-    # (and of a query read through its views)
+    # (and of a query and a mask read through their views)
     texts: list[tuple[str, str]] = []
     if site.q_strided is not None:
         texts += zip(("Q_OFFSET", "Q_B", "Q_H", "Q_T"), site.q_strided)
@@ -360,6 +365,8 @@ def render_cache_attention(site: CacheSite) -> Rendered:
             ("K_OFFSET", "K_B", "K_H", "K_N", "V_OFFSET", "V_B", "V_H", "V_N"),
             (*site.strided.k_at, *site.strided.v_at),
         )
+    if site.mask is not None:
+        texts += zip(MASK_STRIDES, site.mask_at)
     stride_consts: dict[str, int] = {}
     stride_params: list[KernelParam] = []
     stride_args: list[Sym] = []
@@ -428,7 +435,8 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         body.append("    keep = keep & (rn[None, :] <= t[:, None])")
     bool_mask = site.mask is not None and site.mask_dtype == "bool"
     if site.mask is not None:
-        body.append("    m_at = b * MASK_B + t[:, None] * MASK_T + rn[None, :]")
+        o, mb, mh, mt, mn = (stride[c] for c in MASK_STRIDES)
+        body.append(f"    m_at = {o} + b * {mb} + h[:, None] * {mh} + t[:, None] * {mt} + rn[None, :] * {mn}")
     if site.mask is not None and not bool_mask:
         # an additive mask is added in natural units; its most negative values (the dtype's
         # minimum) clamp to a finite floor, so that a row masked so everywhere averages its values
@@ -465,11 +473,6 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         KernelParam("T", ParamKind("i32"), ""),
         *([KernelParam("S", ParamKind("i32"), "")] if not cache else []),
         *stride_params,
-        *(
-            [KernelParam("MASK_B", ParamKind("i32"), ""), KernelParam("MASK_T", ParamKind("i32"), "")]
-            if site.mask is not None
-            else []
-        ),
     ]
     seq = ix.size_text(ix.parse_size(site.seq))
     args = (
@@ -482,7 +485,6 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         *([Sym(ix.size_text(ix.parse_size(site.rows[4])))] if site.rows is not None else []),
         *([Sym(ix.size_text(ix.parse_size(site.strided.keys)))] if site.strided is not None else []),
         *stride_args,
-        *([Sym(site.mask_batch), Sym(site.mask_token)] if site.mask is not None else []),
     )
     signature = signature_of(tuple(params), "i32")
     consts = {
@@ -516,8 +518,8 @@ def render_cache_attention(site: CacheSite) -> Rendered:
     mask_doc = "no mask"
     if site.mask is not None:
         mask_doc = (
-            f"mask {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, 1, T or 1, S], element "
-            f"(b, t, n) at b * {site.mask_batch} + t * {site.mask_token} + n"
+            f"mask {'bool (True: attend)' if bool_mask else 'additive'} broadcast to [B, H, T, S], element "
+            f"(b, h, t, n) at offset, b, h, t, n strides {', '.join(site.mask_at)}"
         )
     if cache:
         kv_doc = f"k, v: the cache [B, {site.kv_heads}, {site.context}, {d}] row-major"
@@ -546,6 +548,10 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         else ix.parse_size(site.rows[4] if site.rows is not None else site.strided.keys)
     )
     traffic = rows * (2 * site.kv_heads * n_keys * d + 2 * site.heads * t * d) * elem
+    if site.mask is not None:  # each mask element once, over the dims it does not broadcast
+        dims = (rows, sympy.Integer(site.heads), t, n_keys)
+        read = [n for n, at in zip(dims, site.mask_at[1:]) if at != "0"]
+        traffic += sympy.Mul(*read) * ITEMSIZE[site.mask_dtype]
     config = {
         "kind": "cache_attention",
         "BLOCK_M": BLOCK_M,

@@ -246,12 +246,15 @@ def test_attention_under_a_mask_built_through_an_index_builds_library_free(tmp_p
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow  # library-free builds of two zoo models and interpreter runs
-@pytest.mark.parametrize("name", ["bert", "minilm", "llama-attention_mask"])
+@pytest.mark.slow  # library-free builds of zoo models and interpreter runs
+@pytest.mark.parametrize("name", ["bert", "minilm", "llama-attention_mask", "t5-encoder"])
 def test_zoo_models_with_a_mask_input_build_library_free(name, tmp_path):
     """The zoo's BERT and MiniLM (a padded mask in their example inputs; MiniLM looks up its
-    buffered token types through a gather) and Llama with a mask input, built ``--library-free``: the CPU path equals eager at the zoo's sizes, the kernels their references
-    in the interpreter at batch 1 x seq 1 and 3 x 13."""
+    buffered token types through a gather), Llama with a mask input and T5's encoder (its
+    attention under a position bias per head with the padding added in, ``scale=1.0``: the
+    strided attention kernel, ``aot.codegen.cache_attention``), built ``--library-free``: the CPU
+    path equals eager at the zoo's sizes, the kernels their references in the interpreter at
+    batch 1 x seq 1 and 3 x 13."""
     from aot.codegen import generate
     from aot.loader import load
     from aot.packager import pack
@@ -270,7 +273,9 @@ def test_zoo_models_with_a_mask_input_build_library_free(name, tmp_path):
     runner, module = load(bundle), instantiate(spec)
     for sizes in ZOO[name].sizes:
         inputs = example_inputs(spec, sizes, seed=7)
-        if name == "llama-attention_mask" and sizes["batch"] > 1:  # pad the rows after the first
+        if (
+            name in ("llama-attention_mask", "t5-encoder") and sizes["batch"] > 1
+        ):  # pad the rows after the first
             inputs["attention_mask"][1:, max(1, sizes["seq"] // 2) :] = 0
         assert difference(runner(**inputs), eager(spec, module, inputs)) is None, sizes
     model = tmp_path / "zoo_model.py"

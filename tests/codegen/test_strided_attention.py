@@ -8,11 +8,16 @@ everywhere by the dtype's minimum (SDPA averages its values) and one masked ever
 (SDPA gives 0); a query read through a transposing view, under a mask shared by every row (one
 of its rows at the minimum); ``repeat_kv``'s copy ``[B, KV, G, S, D]`` read as ``[B, H, S, D]``
 under ``is_causal`` at an odd length (two query blocks); the same causal call reading the
-grouped KV heads directly (``enable_gqa``) with strides the kernel holds as constants. The reference
-is SDPA's math on the CPU in float64 on the same rounded inputs: on an H200 (torch 2.11) CUDA's SDPA
-departed from it by 0.22 and 0.87 in the two cases with a row masked everywhere by float32's or
-bfloat16's minimum (the math averages such a row's values, as the kernel does). Tolerances: float32 1e-5 (IEEE dots); float16 2e-3 and
-bfloat16 2e-2 absolute (the kernel rounds the probabilities to the operands' dtype before their dot with
+grouped KV heads directly (``enable_gqa``) with strides the kernel holds as constants; T5's
+attention (``scale=1.0``, the query drawn at 1 / sqrt(D) as T5's weights make it) under a float
+mask per query head: ``[B, H, T, S]`` row-major, a position bias with the padding added in (one
+head's query row masked everywhere by the dtype's minimum, another head's by -inf), and a
+``[T, S, H]`` lookup read as ``[1, H, T, S]`` (keys ``H`` apart, shared by the rows) over grouped
+KV heads, one head's query row at the minimum. The reference is SDPA's
+math on the CPU in float64 on the same rounded inputs: on an H200 (torch 2.11) CUDA's SDPA departed
+from it by 0.22 and 0.87 in the two cases with a row masked everywhere by float32's or bfloat16's
+minimum (the math averages such a row's values, as the kernel does). Tolerances: float32 1e-5 (IEEE
+dots); float16 2e-3 and bfloat16 2e-2 absolute (the kernel rounds the probabilities to the operands' dtype before their dot with
 the values, as flash kernels do). Triton's interpreter (3.9) computes ``tl.dot`` of bfloat16
 operands wrongly (``test_decode_attention.py``), so bfloat16 runs in the ``gpu`` test only:
 
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import pytest
 
-from aot.codegen.cache_attention import CacheSite, KeysValues, render_cache_attention
+from aot.codegen.cache_attention import NO_MASK, CacheSite, KeysValues, render_cache_attention
 from aot.schema import Sym
 
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
@@ -42,10 +47,18 @@ def _site(case: str, dtype: str) -> CacheSite:
     elif case == "query_view":  # q: a [B, T, H, D] buffer read as [B, H, T, D]; one mask row block
         heads, kv, keys, causal, mask = 4, 2, "keys", False, "mask"
         k_at = ("0", f"{kv * d}*keys", f"{d}*keys", str(d))
+    elif case in ("head_bias", "head_bias_view"):  # T5's: a mask per query head, scale 1
+        heads, kv, keys, causal, mask = 4, 4 if case == "head_bias" else 2, "keys", False, "mask"
+        k_at = ("0", f"{kv * d}*keys", f"{d}*keys", str(d))
     else:  # "gqa_causal_constant": k, v [B, 2, 70, D] (a fixed length: constant strides)
         heads, kv, keys, causal, mask = 4, 2, "70", True, None
         k_at = ("0", str(kv * 70 * d), str(70 * d), str(d))
     shared = case == "query_view"  # the mask [1, 1, T, S], shared by the rows
+    mask_at = ("0", "keys*seq" if mask and not shared else "0", "0", "keys", "1") if mask else NO_MASK
+    if case == "head_bias":  # [B, H, T, S] row-major: the bias [1, H, T, S] plus the padding [B, 1, 1, S]
+        mask_at = ("0", f"{heads}*keys*seq", "keys*seq", "keys", "1")
+    elif case == "head_bias_view":  # a [T, S, H] lookup read as [1, H, T, S] (T5's permute, unsqueeze)
+        mask_at = ("0", "0", "1", f"{heads}*keys", str(heads))
     return CacheSite(
         step=0,
         q="q",
@@ -57,8 +70,7 @@ def _site(case: str, dtype: str) -> CacheSite:
         k="k",
         v="v",
         mask=mask,
-        mask_batch="keys*seq" if mask and not shared else "0",
-        mask_token="keys" if mask else "0",
+        mask_at=mask_at,
         mask_dtype=dtype,
         out="out",
         batch="batch",
@@ -68,7 +80,7 @@ def _site(case: str, dtype: str) -> CacheSite:
         kv_heads=kv,
         context=0,
         head_dim=d,
-        scale=0.3,
+        scale=1.0 if case.startswith("head_bias") else 0.3,
         dtype=dtype,
         strided=KeysValues("k", k_at, "v", k_at, keys),
         causal=causal,
@@ -86,7 +98,10 @@ fn = load_function("k0", {name!r}, {source!r})
 case, b, t, s, heads, d = {case!r}, {batch}, {seq}, {keys}, 4, {head_dim}
 sizes = {{"batch": b, "seq": t, "keys": s}}
 g = torch.Generator({device!r}).manual_seed(t)
-q = torch.randn(b, heads, t, d, generator=g).to(dtype)
+q = torch.randn(b, heads, t, d, generator=g)
+if case.startswith("head_bias"):  # T5 folds 1 / sqrt(d) into its query weights and calls with scale 1
+    q = q / d**0.5
+q = q.to(dtype)
 mask = None
 if case == "gqa_mask":
     k, v = (torch.randn(b, 2, s, d, generator=g).to(dtype) for _ in range(2))
@@ -106,6 +121,23 @@ elif case == "query_view":
     mask = torch.randn(1, 1, t, s, generator=g).to(dtype)
     mask[..., 1, :] = torch.finfo(dtype).min
     args = [rows, k, v, mask]
+elif case == "head_bias":
+    k, v = (torch.randn(b, heads, s, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = k, v
+    low = torch.finfo(dtype).min
+    padding = torch.zeros(b, 1, 1, s)
+    padding[1, ..., :3] = low
+    mask = (torch.randn(1, heads, t, s, generator=g) + padding).to(dtype)  # [B, H, T, S]
+    mask[1, 2, 0, :] = low  # one head's query sees nothing: SDPA averages every value
+    mask[0, 1, 1, :] = float("-inf")  # nothing at all, in one head: SDPA gives 0
+    args = [q, k, v, mask]
+elif case == "head_bias_view":
+    k, v = (torch.randn(b, 2, s, d, generator=g).to(dtype) for _ in range(2))
+    want_k, want_v = (x.repeat_interleave(2, dim=1) for x in (k, v))
+    bias = torch.randn(t, s, heads, generator=g).to(dtype)  # [T, S, H]: a lookup per relative position
+    bias[2, :, 3] = torch.finfo(dtype).min
+    mask = bias.permute(2, 0, 1).unsqueeze(0)  # [1, H, T, S], keys H apart
+    args = [q, k, v, bias]
 elif case == "repeat_causal":
     k, v = (torch.randn(b, 2, 1, s, d, generator=g).expand(b, 2, 2, s, d).to(dtype).contiguous() for _ in range(2))
     want_k, want_v = (x.view(b, heads, s, d) for x in (k, v))
@@ -120,7 +152,7 @@ args += [eval(a, {{}}, sizes) for a in {sizes_args!r}]
 fn[tuple(eval(x, {{}}, sizes) for x in {grid!r})](*args)
 want = F.scaled_dot_product_attention(  # SDPA's definition: its math, on the CPU, in float64
     q.double().cpu(), want_k.double().cpu(), want_v.double().cpu(),
-    attn_mask=None if mask is None else mask.double().cpu(), is_causal={causal!r}, scale=0.3,
+    attn_mask=None if mask is None else mask.double().cpu(), is_causal={causal!r}, scale={scale!r},
 )
 got = out.double().cpu()
 print(json.dumps([float((got - want).abs().max()), bool(got.isnan().any()), bool(want.isnan().any())]))
@@ -132,6 +164,8 @@ CASES = [
     ("query_view", 3, 6, 11),
     ("repeat_causal", 2, 19, 19),
     ("gqa_causal_constant", 1, 70, 70),
+    ("head_bias", 2, 5, 70),
+    ("head_bias_view", 2, 37, 9),
 ]
 
 
@@ -160,6 +194,7 @@ def _run(case, batch, seq, keys, dtype, device: str):
         sizes_args=sizes_args,
         grid=list(r.grid),
         causal=site.causal,
+        scale=site.scale,
         device=device,
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -207,6 +242,53 @@ def test_keys_held_as_constants_or_arguments():
         "keys",
     ]
     assert masked.name == "attention_g2_d16" and fixed.name == "attention_g2_d16_causal"
+    # the mask's strides too: a head stride and a key stride the kernel holds as constants
+    per_head = render_cache_attention(_site("head_bias_view", "float16"))
+    assert [a.text for a in per_head.args if isinstance(a, Sym)][-1] == "4*keys"
+    assert (
+        "\nMASK_H = tl.constexpr(1)\n" in per_head.source
+        and "\nMASK_N = tl.constexpr(4)\n" in per_head.source
+    )
+    assert "b * MASK_B + h[:, None] * MASK_H + t[:, None] * mask_t + rn[None, :] * MASK_N" in per_head.source
+
+
+def _bias_program(bias_shape: tuple[str, ...], views: list[tuple[str, tuple]]):
+    """SDPA(q, k, v, mask, scale=1.0) over [B, 4, T, 16] inputs, its mask made from the input
+    ``bias`` by ``views`` ((target, args) in order), float32."""
+    from aot.schema import Buf, NamedTensor, Program, Step, StepKind, TensorSpec
+
+    f32 = lambda *shape: TensorSpec("float32", shape)  # noqa: E731
+    qkv = f32("b", "4", "t", "16")
+    steps, buffers, at = [], {}, "bias"
+    for i, (target, args, shape) in enumerate(views):
+        steps.append(Step(StepKind.ATEN, target, (Buf(at), *args), {}, (f"m{i}",)))
+        buffers[f"m{i}"], at = f32(*shape), f"m{i}"
+    sdpa = "aten.scaled_dot_product_attention.default"
+    steps.append(Step(StepKind.ATEN, sdpa, (Buf("q"), Buf("k"), Buf("v"), Buf(at)), {"scale": 1.0}, ("out",)))
+    buffers["out"] = qkv
+    inputs = tuple(NamedTensor(n, qkv) for n in "qkv") + (NamedTensor("bias", f32(*bias_shape)),)
+    return Program(
+        inputs=inputs, weights=(), steps=tuple(steps), outputs=("out",), symbols=(), buffers=buffers
+    )
+
+
+def test_a_mask_per_head_is_read_through_its_views():
+    """T5's position bias: a ``[T, S, H]`` lookup permuted and unsqueezed to ``[1, H, T, S]``,
+    expanded over the rows: a site reading the lookup in place (batch stride 0, heads 1 apart,
+    keys H apart), scale 1; a ``[B, H, T, S]`` buffer: its row-major strides; a mask whose head
+    dim is neither 1 nor H: no site."""
+    from aot.codegen.cache_attention import find_cache_sites
+
+    lookup = [
+        ("aten.permute.default", ([2, 0, 1],), ("4", "t", "t")),
+        ("aten.unsqueeze.default", (0,), ("1", "4", "t", "t")),
+        ("aten.expand.default", ([Sym("b"), 4, Sym("t"), Sym("t")],), ("b", "4", "t", "t")),
+    ]
+    (site,) = find_cache_sites(_bias_program(("t", "t", "4"), lookup))
+    assert (site.mask, site.mask_at, site.scale, site.heads) == ("bias", ("0", "0", "1", "4*t", "4"), 1.0, 4)
+    (site,) = find_cache_sites(_bias_program(("b", "4", "t", "t"), []))
+    assert (site.mask, site.mask_at) == ("bias", ("0", "4*(t*t)", "t*t", "t", "1"))
+    assert find_cache_sites(_bias_program(("b", "2", "t", "t"), [])) == []
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.gpu
 # llama, qwen2 and mistral (plain causal LMs: causal attention over the prompt, RoPE, grouped-query
 # heads through repeat_kv) run their SDPA as cache_attention's strided kernel (CPU builds,
 # 2026-11-29); bert and llama-attention_mask build their padding mask through an index by whole
-# aranges, which ``codegen/index_views`` reads as views of the caller's mask (CPU builds, 2026-11-29)
+# aranges, which ``codegen/index_views`` reads as views of the caller's mask (CPU builds, 2026-11-29);
+# t5-encoder's attention under its position bias per head runs as the strided kernel too, the mask
+# read with a head stride (CPU build, 2026-11-29)
 REQUIRED = (
     "gpt2",
     "llama",
@@ -27,6 +29,7 @@ REQUIRED = (
     "timm-resnet50",
     "timm-convnext_tiny",
     "timm-vit_small",
+    "t5-encoder",
 )
 
 
