@@ -17,7 +17,7 @@ KV heads, one head's query row at the minimum. The reference is SDPA's
 math on the CPU in float64 on the same rounded inputs: on an H200 (torch 2.11) CUDA's SDPA departed
 from it by 0.22 and 0.87 in the two cases with a row masked everywhere by float32's or bfloat16's
 minimum (the math averages such a row's values, as the kernel does). Tolerances: float32 1e-5 (IEEE
-dots); float16 2e-3 and bfloat16 2e-2 absolute (the kernel rounds the probabilities to the operands' dtype before their dot with
+dots); float16 4e-3 and bfloat16 2e-2 absolute (the kernel rounds the probabilities to the operands' dtype before their dot with
 the values, as flash kernels do). Triton's interpreter (3.9) computes ``tl.dot`` of bfloat16
 operands wrongly (``test_decode_attention.py``), so bfloat16 runs in the ``gpu`` test only:
 
@@ -31,7 +31,10 @@ import pytest
 from aot.codegen.cache_attention import NO_MASK, CacheSite, KeysValues, render_cache_attention
 from aot.schema import Sym
 
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
+# float16: the probabilities rounded to float16 before their dot with the values (2^-11 of each,
+# on values up to ~4: ~2e-3) plus the output's own rounding (2^-11 of up to ~2): 4e-3 (measured
+# 3.4e-3 on an H200 in head_bias_view's peaked rows)
+TOLERANCE = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 2e-2}
 HEAD_DIM = 16
 
 
