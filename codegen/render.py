@@ -91,6 +91,20 @@ def kernel_record(kernel_id: str, r: Rendered, results: dict, archs: tuple[str, 
     )
 
 
+def kernel_step(kernel_id: str, r: Rendered, reference: tuple[Step, ...]) -> Step:
+    """The program step that launches rendered kernel ``kernel_id`` on its own arguments and grid,
+    standing for the ATen steps ``reference``."""
+    return Step(
+        kind=StepKind.KERNEL,
+        target=kernel_id,
+        args=r.args,
+        kwargs={},
+        outputs=r.outputs,
+        grid=r.grid,
+        reference=reference,
+    )
+
+
 @dataclass(frozen=True)
 class SiteKernels:
     """A pass's kernels for its sites, compiled (``compile_site_kernels``): each site's kernel id
