@@ -31,7 +31,8 @@ _UNARY = {
     "aten.tanh.default": "(1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0))",  # no libdevice in the interpreter
     "aten.neg.default": "(-{0})",
 }
-_BINARY = {
+# the binary ops a GEMM's epilogue or prologue computes, as Triton expressions
+BINARY = {
     "aten.add.Tensor": "({0} + {1})",
     "aten.sub.Tensor": "({0} - {1})",
     "aten.mul.Tensor": "({0} * {1})",
@@ -153,7 +154,7 @@ class Epilogue:
                     raise NoSite(f"{t} to {p!r}")
                 x = self.value(s.args[0])
                 expr = "(" + " * ".join([x] * int(p)) + ")"
-            elif t in _BINARY and len(s.args) == 2:
+            elif t in BINARY and len(s.args) == 2:
                 if set(s.kwargs) - {"alpha"}:
                     raise NoSite(t)
                 a, b = self.value(s.args[0]), self.value(s.args[1])
@@ -162,7 +163,7 @@ class Epilogue:
                     if t not in ("aten.add.Tensor", "aten.sub.Tensor"):
                         raise NoSite(t)
                     b = f"({self.value(alpha)} * {b})"
-                expr = _BINARY[t].format(a, b)
+                expr = BINARY[t].format(a, b)
             else:
                 raise NoSite(f"{t} in the epilogue")
             if ospec.dtype not in FLOAT_DTYPES:
