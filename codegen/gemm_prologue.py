@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.gemm_epilogue import BINARY, NoSite, spec_of
+from aot.codegen.gemm_epilogue import BINARY, NoSite, float_cast, spec_of
 from aot.codegen.gemm_forms import ROUND
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.program import RESHAPE_VIEWS
-from aot.schema import Buf, DType, Step, StepKind, TensorSpec
+from aot.schema import Buf, Step, StepKind, TensorSpec
 
 # "@" in a row op's text stands for the K step it is computed at (``r3_@`` → ``r3_0``, ``rk0``)
 _ROW_UNARY = {"aten.neg.default": "(-{0})", "aten.sigmoid.default": "tl.sigmoid({0})"}
@@ -174,11 +174,7 @@ def lower_row_norm(
                 alias[out] = alias.get(src.name, src.name)
             continue
         if t == "aten._to_copy.default":
-            if set(s.kwargs) - {"dtype", "layout", "device", "memory_format"} or len(s.args) != 1:
-                raise NoSite(t)
-            dt = s.kwargs.get("dtype")
-            if not isinstance(dt, DType) or dt.name not in FLOAT_DTYPES:
-                raise NoSite(f"{t} to {dt}")
+            float_cast(s)
             kind, x, _ = operand(s.args[0])
             if kind == "const":
                 raise NoSite(t)
