@@ -32,13 +32,13 @@ from aot.codegen.cache_writes import Strided, strided_view
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
+from aot.codegen.splice import ARANGES
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.dtypes import ITEMSIZE
 from aot.program import producer_of, step_reads, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
 
 INDEX = "aten.index.Tensor"
-ARANGES = ("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
 SLICE = "aten.slice.Tensor"
 INDEX_DTYPES = ("int64", "int32")
 MAX_BLOCK = 1024  # elements of a row per program instance
