@@ -22,11 +22,11 @@ from aot.codegen import index as ix
 from aot.codegen.cache_writes import Strided, strided_view
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
-from aot.codegen.render import Rendered, compile_site_kernels
+from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
+from aot.schema import Buf, KernelParam, ParamKind, Program, StepKind, Sym
 
 BMM = "aten.bmm.default"
 HEURISTIC = "bmm-tiles-v1"
@@ -170,15 +170,7 @@ def bmm_kernels(
     for site, kid, r in zip(sites, ids, rendered):
         if kid in failed:
             continue
-        steps[site.step] = Step(
-            kind=StepKind.KERNEL,
-            target=kid,
-            args=r.args,
-            kwargs={},
-            outputs=r.outputs,
-            grid=r.grid,
-            reference=(program.steps[site.step],),
-        )
+        steps[site.step] = kernel_step(kid, r, (program.steps[site.step],))
         done += 1
     if done:
         say(f"  {done} batched matmuls run as kernels")

@@ -50,7 +50,7 @@ from aot.codegen.cache_writes import strided_view
 from aot.codegen.decode_attention import LOG2E
 from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, _Program
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, compile_site_kernels
+from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import RESHAPE_VIEWS, readers_of, tensor_specs
@@ -596,15 +596,7 @@ def cache_attention_kernels(
     at = {s.step: (s, kid, r) for s, kid, r in zip(sites, ids, rendered) if kid not in failed}
     steps: list[Step | None] = list(program.steps)
     for i, (site, kid, r) in at.items():
-        steps[i] = Step(
-            kind=StepKind.KERNEL,
-            target=kid,
-            args=r.args,
-            kwargs={},
-            outputs=r.outputs,
-            grid=r.grid,
-            reference=(program.steps[i], *(program.steps[j] for j in site.heads_apart)),
-        )
+        steps[i] = kernel_step(kid, r, (program.steps[i], *(program.steps[j] for j in site.heads_apart)))
         for j in site.heads_apart:
             steps[j] = None
     if at:

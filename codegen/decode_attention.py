@@ -52,7 +52,7 @@ from aot.codegen import index as ix
 from aot.codegen.cache_writes import INDEX_PUT
 from aot.codegen.decode_sites import SDPA, DecodeSite, NewRows, find_decode_sites
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, compile_site_kernels
+from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.errors import counted
@@ -503,16 +503,8 @@ def decode_attention_kernels(
             steps[j] = None
         appended += a is not None
         rotations += (site.q_rotary is not None) + (a is not None and a.k_rotary is not None)
-        steps[i] = Step(
-            kind=StepKind.KERNEL,
-            target=kid,
-            args=r.args,
-            kwargs={},
-            outputs=r.outputs,
-            grid=r.grid,
-            reference=reference,
-            in_place={a.k_result: a.k_state, a.v_result: a.v_state} if a is not None else {},
-        )
+        in_place = {a.k_result: a.k_state, a.v_result: a.v_state} if a is not None else {}
+        steps[i] = kernel_step(kid, r, reference, in_place)
     if at:
         also = (
             f", {appended} of them writing the step's keys and values into the cache too" if appended else ""

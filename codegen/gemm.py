@@ -54,9 +54,9 @@ from aot.codegen.gemm_forms import (
 )
 from aot.codegen.gemm_render import render_candidates
 from aot.codegen.gemm_sites import Site, find_sites
-from aot.codegen.render import Rendered, kernel_id, kernel_record
+from aot.codegen.render import Rendered, kernel_id, kernel_record, kernel_step
 from aot.program import calls_cublas
-from aot.schema import Bucket, GemmCandidate, GemmSite, Kernel, Program, Step, StepKind
+from aot.schema import Bucket, GemmCandidate, GemmSite, Kernel, Program, Step
 from aot.symexpr import compile_expr
 
 
@@ -72,17 +72,7 @@ def candidate_steps(
     carries the site's reference (what it replaces)."""
     steps = list(pre)
     for i, (r, kid) in enumerate(zip(kernels, ids)):
-        steps.append(
-            Step(
-                kind=StepKind.KERNEL,
-                target=kid,
-                args=r.args,
-                kwargs={},
-                outputs=r.outputs,
-                grid=r.grid,
-                reference=site.reference if i == len(kernels) - 1 else (),
-            )
-        )
+        steps.append(kernel_step(kid, r, site.reference if i == len(kernels) - 1 else ()))
     return tuple(steps)
 
 

@@ -23,6 +23,17 @@ def spec_of(buffers: dict[str, TensorSpec], known: dict[str, TensorSpec], name: 
     return buffers.get(name) or known.get(name)
 
 
+def float_cast(s: Step) -> DType:
+    """The float dtype the ``_to_copy`` step ``s`` casts to; ``NoSite`` where it takes more than
+    its input and the dtype, layout, device and memory format keywords, or casts to no float."""
+    if set(s.kwargs) - {"dtype", "layout", "device", "memory_format"} or len(s.args) != 1:
+        raise NoSite(s.target)
+    dt = s.kwargs.get("dtype")
+    if not isinstance(dt, DType) or dt.name not in FLOAT_DTYPES:
+        raise NoSite(f"{s.target} to {dt}")
+    return dt
+
+
 _VIEWS = RESHAPE_VIEWS | {"aten.clone.default"}
 _UNARY = {
     "aten.relu.default": "tl.maximum({0}, 0.0)",
@@ -31,7 +42,8 @@ _UNARY = {
     "aten.tanh.default": "(1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0))",  # no libdevice in the interpreter
     "aten.neg.default": "(-{0})",
 }
-_BINARY = {
+# the binary ops a GEMM's epilogue or prologue computes, as Triton expressions
+BINARY = {
     "aten.add.Tensor": "({0} + {1})",
     "aten.sub.Tensor": "({0} - {1})",
     "aten.mul.Tensor": "({0} * {1})",
@@ -123,11 +135,7 @@ class Epilogue:
                     self.alias[out] = (root, ospec.shape)
                 continue
             if t == "aten._to_copy.default":
-                if set(s.kwargs) - {"dtype", "layout", "device", "memory_format"} or len(s.args) != 1:
-                    raise NoSite(t)
-                dt = s.kwargs.get("dtype")
-                if not isinstance(dt, DType) or dt.name not in FLOAT_DTYPES:
-                    raise NoSite(f"{t} to {dt}")
+                dt = float_cast(s)
                 x = self.value(s.args[0])
                 # values are fp32 in registers; the reference rounds a half value when it is
                 # made, so round it here: to the narrower of its own dtype and the target
@@ -153,7 +161,7 @@ class Epilogue:
                     raise NoSite(f"{t} to {p!r}")
                 x = self.value(s.args[0])
                 expr = "(" + " * ".join([x] * int(p)) + ")"
-            elif t in _BINARY and len(s.args) == 2:
+            elif t in BINARY and len(s.args) == 2:
                 if set(s.kwargs) - {"alpha"}:
                     raise NoSite(t)
                 a, b = self.value(s.args[0]), self.value(s.args[1])
@@ -162,7 +170,7 @@ class Epilogue:
                     if t not in ("aten.add.Tensor", "aten.sub.Tensor"):
                         raise NoSite(t)
                     b = f"({self.value(alpha)} * {b})"
-                expr = _BINARY[t].format(a, b)
+                expr = BINARY[t].format(a, b)
             else:
                 raise NoSite(f"{t} in the epilogue")
             if ospec.dtype not in FLOAT_DTYPES:

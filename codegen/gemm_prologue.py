@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.gemm_epilogue import NoSite, spec_of
+from aot.codegen.gemm_epilogue import BINARY, NoSite, float_cast, spec_of
 from aot.codegen.gemm_forms import ROUND
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.program import RESHAPE_VIEWS
-from aot.schema import Buf, DType, Step, StepKind, TensorSpec
+from aot.schema import Buf, Step, StepKind, TensorSpec
 
 # "@" in a row op's text stands for the K step it is computed at (``r3_@`` → ``r3_0``, ``rk0``)
 _ROW_UNARY = {"aten.neg.default": "(-{0})", "aten.sigmoid.default": "tl.sigmoid({0})"}
@@ -31,12 +31,6 @@ _STAT_UNARY = {
     "aten.rsqrt.default": "(1.0 / tl.sqrt({0}))",
     "aten.sqrt.default": "tl.sqrt({0})",
     "aten.neg.default": "(-{0})",
-}
-_BINARY = {
-    "aten.add.Tensor": "({0} + {1})",
-    "aten.sub.Tensor": "({0} - {1})",
-    "aten.mul.Tensor": "({0} * {1})",
-    "aten.div.Tensor": "({0} / {1})",
 }
 MAX_ROW_INPUTS = 2
 
@@ -180,11 +174,7 @@ def lower_row_norm(
                 alias[out] = alias.get(src.name, src.name)
             continue
         if t == "aten._to_copy.default":
-            if set(s.kwargs) - {"dtype", "layout", "device", "memory_format"} or len(s.args) != 1:
-                raise NoSite(t)
-            dt = s.kwargs.get("dtype")
-            if not isinstance(dt, DType) or dt.name not in FLOAT_DTYPES:
-                raise NoSite(f"{t} to {dt}")
+            float_cast(s)
             kind, x, _ = operand(s.args[0])
             if kind == "const":
                 raise NoSite(t)
@@ -211,7 +201,7 @@ def lower_row_norm(
                 raise NoSite(t)
             emit(kind, f"({x} * {x})", out, ospec.dtype, kind == "row" and x in after_stats)
             continue
-        if t in _BINARY and len(s.args) == 2 and not s.kwargs:
+        if t in BINARY and len(s.args) == 2 and not s.kwargs:
             (ka, a, _), (kb, b, _) = operand(s.args[0]), operand(s.args[1])
             kinds = {ka, kb} - {"const"}
             if not kinds:
@@ -220,9 +210,9 @@ def lower_row_norm(
                 a = f"{a}[:, None]" if ka == "stat" else a
                 b = f"{b}[:, None]" if kb == "stat" else b
                 post = "stat" in kinds or a in after_stats or b in after_stats
-                emit("row", _BINARY[t].format(a, b), out, ospec.dtype, post)
+                emit("row", BINARY[t].format(a, b), out, ospec.dtype, post)
             else:
-                emit("stat", _BINARY[t].format(a, b), out, ospec.dtype, True)
+                emit("stat", BINARY[t].format(a, b), out, ospec.dtype, True)
             continue
         if (t in _ROW_UNARY or t in _STAT_UNARY) and len(s.args) == 1 and not s.kwargs:
             kind, x, _ = operand(s.args[0])

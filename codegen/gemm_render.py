@@ -335,36 +335,12 @@ def _vec_steps_norm(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -
     the mean over K and the statistics; then per K step the rest of the norm (A) times the
     early-loaded W rows."""
     norm = site.prologue.norm
-    k = site.k
-    n_steps = len(_vec_k(site, cfg, k_offset, k_extent))
-    need_k_mask = k_offset != "0" or k % cfg.block_k != 0
+    steps = [rk for rk, _ in _vec_k(site, cfg, k_offset, k_extent)]
+    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
     lines = ["# the row norm's inputs and its values before the statistics, per K step"]
-    for i, (rk, _) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
-        lines.append(f"rk{i} = {rk}")
-        lines.append(f"kmask{i} = mask_m[:, None]" + (f" & (rk{i}[None, :] < {k})" if need_k_mask else ""))
-        lines += [
-            f"{var.replace('@', str(i))} = {expr.replace('@', str(i))}"
-            for var, expr, post in norm.row_ops
-            if not post
-        ]
-    if norm.sum_out is not None:
-        buf, var, dtype = norm.sum_out
-        lines.append(
-            f"if tl.program_id({_axes(cfg)[1]}) == 0:  # the first N tile writes the sum that later steps read"
-        )
-        for i in range(n_steps):
-            lines.append(
-                f"    tl.store(sum_ptr + rm[:, None] * {k} + rk{i}[None, :], "
-                f"{var.replace('@', str(i))}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmask{i})"
-            )
-    total = " + ".join(
-        f"tl.sum(tl.where(kmask{i}, {norm.reduced.replace('@', str(i))}, 0.0), axis=1)"
-        for i in range(n_steps)
-    )
-    lines.append(f"s_sum = {total}  # over all of K: [BLOCK_M]")
-    lines += [f"{var} = {expr}" for var, expr in norm.stat_ops]
+    lines += _norm_stats(site, f"tl.program_id({_axes(cfg)[1]}) == 0", steps, need_k_mask)
     lines += [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
-    for i in range(n_steps):
+    for i in range(len(steps)):
         lines += [
             f"{var.replace('@', str(i))} = {expr.replace('@', str(i))}"
             for var, expr, post in norm.row_ops
@@ -452,33 +428,44 @@ def _prologue_a(site: Site) -> list[str]:
     return lines
 
 
-def _norm_stats(site: Site, write_sum: str) -> list[str]:
-    """The row norm's statistics over all of K for a block of rows (the few-row forms): a pass
-    over A's row inputs in chunks before the K loop, each chunk's values before the statistics
-    computed and summed (the sum written on the way where ``write_sum`` holds); then the
-    statistics. Only the running sum stays in registers."""
+def _norm_stats(site: Site, write_sum: str, steps: list[str] | None = None, k_mask: bool = True) -> list[str]:
+    """The row norm's statistics over all of K: A's row inputs in chunks of K (``rk<c>``, masked
+    by ``kmask<c>``), each chunk's values before the statistics computed and its ``reduced``
+    summed (the sum written on the way where ``write_sum`` holds); then the statistics.
+    ``steps`` (the one-row form: its K steps' indices; ``k_mask``: whether they need K's bound)
+    unrolls the chunks and keeps their values in registers for the K steps after; without, the
+    few-row forms' pass over K in chunks before the K loop keeps only the running sum."""
     norm = site.prologue.norm
     k = site.k
-    width, count = _stats_chunks(k)
-    lines = [
-        "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)",
-        f"for c0 in range(0, {width * count}, {width}):  # the statistics: A's rows over all of K",
-        f"    rks = c0 + tl.arange(0, {width})",
-        f"    kmasks = mask_m[:, None] & (rks[None, :] < {k})",
-    ]
-    lines += [
-        f"    {var.replace('@', 's')} = {expr.replace('@', 's')}"
-        for var, expr, post in norm.row_ops
-        if not post
-    ]
+    if steps is None:
+        width, count = _stats_chunks(k)
+        chunks, pad = {"s": f"c0 + tl.arange(0, {width})"}, "    "
+        lines = [
+            "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+            f"for c0 in range(0, {width * count}, {width}):  # the statistics: A's rows over all of K",
+        ]
+    else:
+        chunks, pad, lines = {str(i): rk for i, rk in enumerate(steps)}, "", []
+    for c, rk in chunks.items():
+        lines.append(f"{pad}rk{c} = {rk}")
+        lines.append(f"{pad}kmask{c} = mask_m[:, None]" + (f" & (rk{c}[None, :] < {k})" if k_mask else ""))
+        lines += [
+            f"{pad}{var.replace('@', c)} = {expr.replace('@', c)}"
+            for var, expr, post in norm.row_ops
+            if not post
+        ]
     if norm.sum_out is not None:
         _, var, dtype = norm.sum_out
-        lines.append(f"    if {write_sum}:  # the first N tile writes the sum that later steps read")
-        lines.append(
-            f"        tl.store(sum_ptr + rm[:, None] * {k} + rks[None, :], "
-            f"{var.replace('@', 's')}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmasks)"
-        )
-    lines.append(f"    s_sum += tl.sum(tl.where(kmasks, {norm.reduced.replace('@', 's')}, 0.0), axis=1)")
+        lines.append(f"{pad}if {write_sum}:  # the first N tile writes the sum that later steps read")
+        lines += [
+            f"{pad}    tl.store(sum_ptr + rm[:, None] * {k} + rk{c}[None, :], "
+            f"{var.replace('@', c)}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmask{c})"
+            for c in chunks
+        ]
+    total = " + ".join(
+        f"tl.sum(tl.where(kmask{c}, {norm.reduced.replace('@', c)}, 0.0), axis=1)" for c in chunks
+    )
+    lines.append(f"    s_sum += {total}" if steps is None else f"s_sum = {total}  # over all of K: [BLOCK_M]")
     lines += [f"{var} = {expr}" for var, expr in norm.stat_ops]
     return lines
 

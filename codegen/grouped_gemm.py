@@ -34,7 +34,7 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.render import Rendered, compile_site_kernels
+from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import VIEW_OPS, tensor_specs
@@ -350,15 +350,7 @@ def grouped_gemm_kernels(
         if site.gather_step is not None:  # the gather runs inside the kernel: its step moves here
             reference = (program.steps[site.gather_step], *reference)
             steps[site.gather_step] = None
-        steps[i] = Step(
-            kind=StepKind.KERNEL,
-            target=kid,
-            args=r.args,
-            kwargs={},
-            outputs=r.outputs,
-            grid=r.grid,
-            reference=reference,
-        )
+        steps[i] = kernel_step(kid, r, reference)
     if at:
         say(f"  {len(at)} grouped GEMMs of Mixture-of-Experts layers run as grouped GEMM kernels")
     return built.program_with(program, steps), built.cubins

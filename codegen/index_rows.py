@@ -31,14 +31,14 @@ from aot.codegen import index as ix
 from aot.codegen.cache_writes import Strided, strided_view
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
-from aot.codegen.render import Rendered, compile_site_kernels
+from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
+from aot.codegen.splice import ARANGES
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.dtypes import ITEMSIZE
 from aot.program import producer_of, step_reads, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
 
 INDEX = "aten.index.Tensor"
-ARANGES = ("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
 SLICE = "aten.slice.Tensor"
 INDEX_DTYPES = ("int64", "int32")
 MAX_BLOCK = 1024  # elements of a row per program instance
@@ -308,15 +308,7 @@ def index_row_kernels(
         if kid in built.failed:
             continue
         made = site.index.steps if isinstance(site.index, Positions) else ()
-        steps[site.step] = Step(
-            kind=StepKind.KERNEL,
-            target=kid,
-            args=r.args,
-            kwargs={},
-            outputs=r.outputs,
-            grid=r.grid,
-            reference=(*(program.steps[k] for k in made), program.steps[site.step]),
-        )
+        steps[site.step] = kernel_step(kid, r, (*(program.steps[k] for k in made), program.steps[site.step]))
         folded.update(made)
         done += 1
     # the position steps a kernel folded, where no other step (nor the program's outputs) reads them

@@ -13,10 +13,10 @@ kernel.
 
 ``indexes_as_views`` rewrites ``aten.index.Tensor(x, [i_0, ..., i_{n-1}])`` where every ``i_k``
 (none left out) is ``arange(0, N_k)`` plus an int that makes it start at 0, through shape-only
-views that keep every value (``embeddings._positions``: ``unsqueeze``, a whole-dim ``slice``,
-``view`` to the same count), with ``N_k`` the size of dim ``k`` of ``x`` (equal as a size
-expression, so at every size the guards allow) and every dim of ``i_k`` one but the one that holds
-the ``arange`` (its axis). With the axes distinct, ``out[j_0, ..., j_{R-1}, *rest] = x[j_{a_0},
+views that keep every value (``splice.consecutive_positions``: ``unsqueeze``, a whole-dim
+``slice``, ``view`` to the same count), with ``N_k`` the size of dim ``k`` of ``x`` (equal as a
+size expression, so at every size the guards allow) and every dim of ``i_k`` one but the one that
+holds the ``arange`` (its axis). With the axes distinct, ``out[j_0, ..., j_{R-1}, *rest] = x[j_{a_0},
 ..., j_{a_{n-1}}, *rest]``: ``x``'s first ``n`` dims permuted into the order of their axes (no
 step where the order is already theirs), then a size-one dim unsqueezed at each axis no index
 holds. The steps that made the indices go where nothing else reads them. No index can fall
@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aot.codegen import index as ix
-from aot.codegen.embeddings import _positions, spliced
+from aot.codegen.splice import consecutive_positions, spliced
 from aot.program import fresh_name, is_view, producer_of, tensor_specs
 from aot.schema import Buf, Program, Step, StepKind, Sym, TensorSpec
 
@@ -79,7 +79,7 @@ def _as_views(step: Step, program: Program, producer: dict[str, int], specs) -> 
     ranks = [len(specs[i.name].shape) if i.name in specs else 0 for i in indices]
     rank = max(ranks)
     for k, idx in enumerate(indices):
-        found = _positions(idx.name, program, producer, specs)
+        found = consecutive_positions(idx.name, program, producer, specs)
         spec = specs.get(idx.name)
         if found is None or spec is None or spec.dtype != "int64":
             return None

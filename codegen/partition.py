@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.codegen.classify import classify, returns_view
-from aot.codegen.render import Rendered, render_kernel
+from aot.codegen.render import Rendered, kernel_step, render_kernel
 from aot.codegen.valuegraph import NotFusible
 from aot.program import producer_of, step_reads
-from aot.schema import Program, Step, StepKind, TensorSpec
+from aot.schema import Program, Step, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,13 @@ class Graph:
 
     def virtual_closure(self, members: list[int]) -> list[int]:
         """Virtual steps the members read through, transitively (stopping at real steps)."""
+        return self.virtual_behind([b for m in members for b in self.reads[m]])
+
+    def virtual_behind(self, bufs: list[str]) -> list[int]:
+        """Virtual steps the buffers ``bufs`` are computed through, transitively (stopping at real
+        steps)."""
         found: set[int] = set()
-        stack = [b for m in members for b in self.reads[m]]
+        stack = list(bufs)
         while stack:
             b = stack.pop()
             p = self.producer.get(b)
@@ -256,15 +261,8 @@ def rewrite(graph: Graph, groups: list[Group], kernel_ids: list[str]) -> tuple[S
     steps = graph.steps
     in_group: dict[int, int] = {m: gi for gi, grp in enumerate(groups) for m in grp.members}
     # virtual steps that library calls or the program's outputs still need as ATen steps
-    needed: set[int] = set()
-    stack = [b for i in range(len(steps)) if graph.is_real(i) and i not in in_group for b in graph.reads[i]]
-    stack += list(graph.program.outputs)
-    while stack:
-        b = stack.pop()
-        p = graph.producer.get(b)
-        if p is not None and graph.kinds[p] == "virtual" and p not in needed:
-            needed.add(p)
-            stack.extend(graph.reads[p])
+    unfused = [b for i in range(len(steps)) if graph.is_real(i) and i not in in_group for b in graph.reads[i]]
+    needed = set(graph.virtual_behind([*unfused, *graph.program.outputs]))
 
     # units: ("k", group index) or ("s", step index)
     units: list[tuple[str, int]] = [("k", gi) for gi in range(len(groups))]
@@ -330,15 +328,5 @@ def rewrite(graph: Graph, groups: list[Group], kernel_ids: list[str]) -> tuple[S
             continue
         grp = groups[u[1]]
         r = grp.rendered
-        out.append(
-            Step(
-                kind=StepKind.KERNEL,
-                target=kernel_ids[u[1]],
-                args=r.args,
-                kwargs={},
-                outputs=r.outputs,
-                grid=r.grid,
-                reference=tuple(steps[i] for i in grp.reference),
-            )
-        )
+        out.append(kernel_step(kernel_ids[u[1]], r, tuple(steps[i] for i in grp.reference)))
     return tuple(out)

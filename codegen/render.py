@@ -91,6 +91,23 @@ def kernel_record(kernel_id: str, r: Rendered, results: dict, archs: tuple[str, 
     )
 
 
+def kernel_step(
+    kernel_id: str, r: Rendered, reference: tuple[Step, ...], in_place: dict[str, str] | None = None
+) -> Step:
+    """The program step that launches rendered kernel ``kernel_id`` on its own arguments and grid,
+    standing for the ATen steps ``reference`` (``in_place``: ``Step.in_place``)."""
+    return Step(
+        kind=StepKind.KERNEL,
+        target=kernel_id,
+        args=r.args,
+        kwargs={},
+        outputs=r.outputs,
+        grid=r.grid,
+        reference=reference,
+        in_place=in_place or {},
+    )
+
+
 @dataclass(frozen=True)
 class SiteKernels:
     """A pass's kernels for its sites, compiled (``compile_site_kernels``): each site's kernel id
