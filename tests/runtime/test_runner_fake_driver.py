@@ -72,6 +72,9 @@ class FakeDevice:
     def give(self, ptr, size):
         self.free(ptr)
 
+    def release_blocks(self):  # ``give`` frees at once: no block is kept
+        pass
+
     def host_alloc(self, nbytes):  # page-locked host memory: the weights' staging buffers
         buf = ctypes.create_string_buffer(max(nbytes, 1))
         self.buffers[ctypes.addressof(buf)] = buf
