@@ -1,13 +1,16 @@
 """Run a library-free bundle on the CUDA driver alone: ``load(path) -> Runner``, ``runner(**inputs)``.
 
-Memory: one device allocation holds every weight (each at a multiple of ``ALIGN`` bytes, copied
-from the checked safetensors bytes straight into place), one holds the activation arena
-(``aot.runtime.plan.ArenaLayout``), allocated by the first call and grown when a later call needs
-more (a server that wants no growth loads with ``arena="largest"``: sized for the largest bucket). A call checks its arrays against the guards, copies them into the arena, runs the
-program's kernels and driver copies — as a CUDA graph captured with the driver API when every
-symbol sits exactly on a bucket, else launch by launch — and returns each output as a
-``DeviceArray`` in memory of its own (a block ``driver.Device.take`` hands out, kept for later
-outputs when the array goes), which the caller owns: a later call never overwrites it.
+Memory: one device allocation holds every weight (each at a multiple of ``ALIGN`` bytes, streamed
+from the checked safetensors bytes straight into place: ``aot.runtime.weights``, beside the
+cubins' loading), one holds the activation arena (``aot.runtime.plan.ArenaLayout``), allocated by
+the first call and grown when a later call needs more (a server that wants no growth loads with
+``arena="largest"``: sized for the largest bucket). A call checks its arrays against the guards
+(and its index inputs' values: ``aot.runtime.calls``), copies them into the arena, runs the
+program's kernels and driver copies at its sizes (``calls.Prepared``, made once per program and
+sizes) — as a CUDA graph captured with the driver API when every symbol sits exactly on a bucket,
+else launch by launch — and returns each output as a ``DeviceArray`` in memory of its own (a
+block ``driver.Device.take`` hands out, kept for later outputs when the array goes), which the
+caller owns: a later call never overwrites it.
 
 A call exactly at a bucket runs the bucket's tuned plan where the bundle's tuning table chose forms
 there (``Checked.plans``: a library-free build's one-row GEMV forms), as the torch loader does; a
@@ -22,12 +25,7 @@ wider rows, gpt's logits cut from their padded GEMM, is handed out as a strided 
 
 from __future__ import annotations
 
-import bisect
-import ctypes
-import hashlib
-import itertools
 import os
-import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -35,27 +33,19 @@ from typing import Any
 
 from aot import schema
 from aot.archs import arch_of
-from aot.digests import HASH_THREADS, on_threads
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, EnvError, GuardError
-from aot.program import DRIVER_COPIES, TAIL_MIN_BYTES, step_reads, tensor_specs
+from aot.program import TAIL_MIN_BYTES, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
 from aot.runtime.arrays import CPU, CUDA, DTYPES, ArrayView, DeviceArray, from_bytes, from_dlpack
-from aot.runtime.plan import ALIGN, ArenaLayout, Checked, Entry, check_bundle, tail_start
-from aot.schema import Buf, ParamKind, StepKind, Sym
-from aot.state import slots_error
-from aot.symexpr import compile_expr
+from aot.runtime.calls import Prepared, bucket_keys, check_slots, check_values, pitched
+from aot.runtime.plan import ArenaLayout, Checked, Entry, check_bundle, tail_start
+from aot.runtime.weights import Upload
+from aot.schema import StepKind
 from aot.tuning import bucket_key
-from aot.values import value_error
-from aot.weights import header_limit, parse_header, weights_size_limit
 
 ARENA_MODES = ("lazy", "largest")
-# The weights' upload: up to this many threads each read a chunk of the weights (``aot.digests``)
-# into a page-locked staging buffer of its own, copy it to the device and hash it (reads, copies
-# and hashing all let go of the GIL), in pieces of ``STAGING_BYTES``.
-WEIGHT_THREADS = HASH_THREADS
-STAGING_BYTES = 4 << 20
 
 
 def pick_arch(archs: Sequence[str], capability: tuple[int, int]) -> str:
@@ -87,121 +77,6 @@ class _Memory:
 
     def __del__(self):
         self.device.give(self.ptr, self.size)
-
-
-class _Prepared:
-    """One program at one set of sizes: the steps it runs (``steps``: its bucket's tuned plan, or
-    the program's), where each buffer lives, and the ops that run them: ``ops`` in the arena (a
-    CUDA graph's), then, where the outputs are computed after it (``tail``), ``tail_ops`` into
-    each call's own memory of ``tail_bytes`` (their pointers there are offsets, packed per call)."""
-
-    def __init__(
-        self, runner: Runner, entry: Entry, sizes: dict[str, int], steps: tuple, layout: ArenaLayout
-    ):
-        self.entry, self.sizes, self.steps, self.layout = entry, sizes, steps, layout
-        self.graph: Any = None
-        self.on_bucket = _on_bucket(entry, sizes)  # captured as a CUDA graph on first use
-        program = entry.program
-        specs = tensor_specs(program)
-        tail = layout.tail
-        self.tail_bytes = tail.size if tail is not None else 0
-
-        def where(name: str) -> tuple[str, int]:
-            """("ptr", address) of a buffer in the arena, weights or state; ("tail", offset) of one
-            the tail writes into the call's own memory."""
-            if tail is not None and name in tail.places:
-                return ("tail", tail.places[name])
-            return ("ptr", runner.address(name, layout))
-
-        self.ops: list[tuple] = []
-        self.tail_ops: list[tuple] = []  # (kernel, grid, [(kind, value)]): packed per call
-        for i, step in enumerate(steps):
-            if step.kind == StepKind.KERNEL:
-                kernel = runner.kernels[step.target]
-                record = runner.records[step.target]
-                if len(step.args) != len(record.params):
-                    raise BundleError(
-                        f"kernel step {record.id} passes {len(step.args)} args for {len(record.params)} params"
-                    )
-                values = []
-                for param, arg in zip(record.params, step.args):
-                    if param.kind == ParamKind.PTR and isinstance(arg, Buf):
-                        values.append(where(arg.name))
-                    elif param.kind != ParamKind.PTR and isinstance(arg, Sym):
-                        values.append((ParamKind(param.kind).value, compile_expr(arg.text)(sizes)))
-                    else:
-                        raise BundleError(
-                            f"kernel {record.id}: parameter {param.name} gets {type(arg).__name__}"
-                        )
-                values.extend([("ptr", 0)] * record.scratch_params)
-                grid = tuple(compile_expr(g)(sizes) for g in step.grid) + (1,) * (3 - len(step.grid))
-                if min(grid) <= 0:
-                    continue
-                if tail is not None and i >= tail.start:
-                    self.tail_ops.append((kernel, grid, values))
-                else:
-                    self.ops.append(("kernel", kernel, grid, *drv.pack_params(values)))
-            elif step.target in DRIVER_COPIES:  # never in a tail (``output_tail``)
-                src = step.args[0].name
-                nbytes = _spec_bytes(specs[step.outputs[0]], sizes)
-                self.ops.append(
-                    ("copy", runner.address(step.outputs[0], layout), runner.address(src, layout), nbytes)
-                )
-            else:
-                assert all(o in layout.views for o in step.outputs if o), step.target  # checked at load
-        self.inputs = [
-            (i.name, runner.address(i.name, layout)) for i in program.inputs if i.name not in program.state
-        ]
-        # (where: ("ptr", address) or ("tail", offset), dtype, shape, bytes, (row bytes, pitch
-        # bytes) when rows are apart)
-        self.outputs = []
-        for name in program.outputs:
-            spec = specs[name]
-            shape = tuple(compile_expr(s)(sizes) for s in spec.shape)
-            alias = layout.views.get(name)
-            item = ITEMSIZE[spec.dtype]
-            rows = (alias.width * item, alias.pitch * item) if alias and alias.width else None
-            self.outputs.append((where(name), spec.dtype, shape, _spec_bytes(spec, sizes), rows))
-
-    def release(self) -> None:
-        if self.graph is not None:
-            drv.destroy_graph(*self.graph)
-            self.graph = None
-
-    def launch(self, device: drv.Device) -> None:
-        """The ops in the arena (what a graph captures)."""
-        stream = device.stream
-        for op in self.ops:
-            if op[0] == "kernel":
-                op[1].launch(op[2], stream, op[3])
-            else:
-                device.copy(op[1], op[2], op[3])
-
-    def launch_tail(self, device: drv.Device, base: int) -> None:
-        """The tail's kernels, writing into the call's memory at ``base``."""
-        for kernel, grid, values in self.tail_ops:
-            params, storage = drv.pack_params(
-                [("ptr", base + v) if kind == "tail" else (kind, v) for kind, v in values]
-            )
-            kernel.launch(grid, device.stream, params)  # the driver copies the parameters here
-            del storage
-
-
-def _pitched(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
-    """Element strides of ``shape`` whose rows (every index but the last) lie ``pitch`` apart."""
-    strides = [1] * len(shape)
-    n = pitch
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = n
-        n *= shape[i]
-    return tuple(strides)
-
-
-def _spec_bytes(spec, sizes) -> int:
-    n = ITEMSIZE[spec.dtype]
-    for s in spec.shape:
-        n *= compile_expr(s)(sizes)
-    return n
 
 
 class Runner:
@@ -252,17 +127,18 @@ class Runner:
         self.kernels = {}
         # the weights stream in a thread of their own while the cubins load here: reading, hashing
         # and the driver's module loads all let go of the GIL
-        streamed: dict[str, Any] = {}
-        weights = threading.Thread(target=self._load_weights_in, args=(streamed,), name="aotpack-rt-weights")
-        weights.start()
+        upload = Upload(self.gpu, checked, self.plans)
         try:
             self._load_kernels(sorted(used))
         finally:
             self.timings["kernels_s"], mark = time.perf_counter() - mark, time.perf_counter()
-            weights.join()
-        if "error" in streamed:
-            raise streamed["error"]
-        self.weights_stream_s = streamed["seconds"]  # beside the kernels' loading
+            upload.join()
+        weights = upload.result()
+        self.weights_stream_s = upload.seconds  # beside the kernels' loading
+        # one allocation (``weights_bytes`` at ``weights_base``), each weight at its offset there
+        self.weights_base, self.weights_bytes = weights.base, weights.nbytes
+        self.weight_offsets = weights.offsets
+        self.weights = set(self.weight_offsets)
         # the state (a KV cache): one allocation, zeroed, at its largest batch; calls update it in place
         state = checked.state
         self.state_offsets = dict(state.offsets)
@@ -282,11 +158,11 @@ class Runner:
         self.loaded_bytes = total - free - self.context_bytes
         # the arena: allocated on the first call and grown when a call needs more (every plan and
         # graph then made again); ``arena="largest"`` sizes it at load for the largest bucket
-        self._prepared: dict[tuple, _Prepared] = {}
+        self._prepared: dict[tuple, Prepared] = {}
         self.arena_bytes, self.arena = 0, 0
         if arena == "largest":
             for entry in checked.entries:
-                keys = _bucket_keys(entry)
+                keys = bucket_keys(entry)
                 if keys:
                     sizes = dict(zip([b.symbol for b in entry.buckets], keys[0]))
                     self._prepare(entry, sizes)
@@ -309,123 +185,6 @@ class Runner:
             self.kernels[kid] = drv.Kernel(
                 cubin, record.name, int(record.shared.get(self.arch, 0)), record.num_warps, dependent
             )
-
-    def _load_weights_in(self, out: dict[str, Any]) -> None:
-        """``_load_weights`` on a thread of its own: its seconds, or the error it raised, in ``out``."""
-        start = time.perf_counter()
-        try:
-            self.gpu.bind()
-            self._load_weights()
-        except BaseException as e:  # noqa: BLE001 - raised again by the loading thread
-            out["error"] = e
-        out["seconds"] = time.perf_counter() - start
-
-    def _load_weights(self) -> None:
-        """Every weight a program reads into one device allocation, at ``ALIGN``-byte offsets,
-        streamed from the bundle's file chunk by chunk (``_stream_weights``), so no copy of the
-        whole file is made in host memory. Each chunk's sha256 is checked as it is read; a
-        mismatch refuses the bundle before the runner exists."""
-        bundle, programs = self.checked.bundle, [e.program for e in self.checked.entries]
-        declared = {w.name: w.spec for p in programs for w in p.weights}
-        plans = [p for plans in self.plans.values() for p in plans.values()]
-        read = {
-            r
-            for steps in [*(e.steps for e in self.checked.entries), *plans]
-            for s in steps
-            for r in step_reads(s)
-        }
-        read |= {o for p in programs for o in p.outputs}
-        where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
-        limit = weights_size_limit(declared, where)
-        if self.manifest.members[schema.WEIGHTS_PATH].size > limit:
-            raise BundleError(f"{where} is larger than the {limit} bytes its weights take")
-        self.weight_offsets: dict[str, int] = {}
-        with bundle.weights_stream() as stream:
-            head = _read_head(stream, where, header_limit(len(declared)))
-            try:
-                entries = parse_header(head, where, header_limit(len(declared)))
-                total = self._place_weights(declared, read, entries)
-            except BundleError:
-                stream.check_head(head.data)  # a damaged file is told so, before what its header got wrong
-                raise
-            self.weights_bytes = total
-            self.weights_base = self.gpu.alloc(total) if total else 0
-            places = sorted(
-                (entries[name][2], entries[name][3], self.weights_base + offset)
-                for name, offset in self.weight_offsets.items()
-            )
-            self._stream_weights(stream, head.data, places)
-            stream.finish()
-        self.weights = set(self.weight_offsets)
-
-    def _place_weights(self, declared: dict, read: set[str], entries: dict) -> int:
-        """Each weight the programs read at its ``ALIGN``-byte offset of the one allocation
-        (``weight_offsets``), checked against the program's spec; the allocation's bytes."""
-        bundle, total = self.checked.bundle, 0
-        for name, spec in declared.items():
-            if name not in read:
-                continue
-            got = entries.get(name)
-            if got is None:
-                raise BundleError(f"{bundle.path}: weight {name!r} is missing from {schema.WEIGHTS_PATH}")
-            dtype, shape, begin, end = got
-            if dtype != spec.dtype or [str(s) for s in shape] != list(spec.shape):
-                raise BundleError(
-                    f"{bundle.path}: weight {name!r} is {dtype} {shape}, the program expects "
-                    f"{spec.dtype} {list(spec.shape)}"
-                )
-            self.weight_offsets[name] = total
-            total += -(-(end - begin) // ALIGN) * ALIGN
-        return total
-
-    def _stream_weights(self, stream, head: bytes, places: list[tuple[int, int, int]]) -> None:
-        """Read the weights member's chunks (``stream.spans``) on up to ``WEIGHT_THREADS``
-        threads (one where the stream reads only in order, or has one chunk), each through a
-        page-locked staging buffer of its own of ``STAGING_BYTES``: a piece is read into it, each
-        of its bytes in a ``(begin, end, device address)`` span of ``places`` (sorted, apart) is
-        copied to its address, and the piece is hashed where it sits while the copies run; the
-        buffer is filled again once they are done. ``head``: the member's first bytes, read and
-        parsed already, hashed as they are rather than read again."""
-        gpu, chunks = self.gpu, stream.spans
-        threads = min(WEIGHT_THREADS if stream.positional else 1, len(chunks))
-        size = min(STAGING_BYTES, max(stream.size - len(head), 1))
-        ends = [end for _, end, _ in places]
-        buffers: list[int] = []
-        events: list[Any] = []
-
-        def load_chunk(index: int, worker: int) -> None:
-            gpu.bind()
-            begin, end, _ = chunks[index]
-            buffer, view, event = buffers[worker], views[worker], events[worker]
-            digest = hashlib.sha256(head[begin:end])
-            at = min(max(begin, len(head)), end)  # past the bytes of the head
-            while at < end:
-                gpu.wait(event, None)  # the buffer's last copies are done (at once if none)
-                n = stream.read_at(at, view[: min(size, end - at)])
-                if not n:
-                    break  # short: ``check`` refuses it
-                for lo_place, hi_place, address in places[bisect.bisect_right(ends, at) :]:
-                    if lo_place >= at + n:
-                        break
-                    lo, hi = max(lo_place, at), min(hi_place, at + n)
-                    gpu.to_device(address + lo - lo_place, buffer + lo - at, hi - lo)
-                gpu.record(event)
-                digest.update(view[:n])  # beside the copies: both only read the buffer
-                at += n
-            stream.check(index, digest, at)
-
-        try:
-            for _ in range(threads):
-                buffers.append(gpu.host_alloc(size))
-                events.append(gpu.event())
-            views = [memoryview((ctypes.c_char * size).from_address(b)).cast("B") for b in buffers]
-            on_threads(len(chunks), threads, load_chunk)
-        finally:
-            gpu.synchronize()  # no copy still reads a buffer freed below
-            for b in buffers:
-                gpu.free_host(b)
-            for e in events:
-                gpu.destroy_event(e)
 
     def address(self, name: str, layout: ArenaLayout) -> int:
         alias = layout.views.get(name)
@@ -525,7 +284,7 @@ class Runner:
             for (kind, at), dtype, shape, nbytes, rows in prepared.outputs:
                 address = tail.ptr + at if kind == "tail" else at
                 if kind == "tail":  # the caller's already: no copy (rows apart: a strided array)
-                    strides = _pitched(shape, rows[1] // ITEMSIZE[dtype]) if rows is not None else None
+                    strides = pitched(shape, rows[1] // ITEMSIZE[dtype]) if rows is not None else None
                     outputs.append((tail, address, dtype, shape, strides))
                     continue
                 memory = _Memory(self.gpu, nbytes)
@@ -595,7 +354,7 @@ class Runner:
                 f"or CUDA device {self.gpu.ordinal}"
             )
 
-    def _prepare(self, entry: Entry, sizes: dict[str, int]) -> _Prepared:
+    def _prepare(self, entry: Entry, sizes: dict[str, int]) -> Prepared:
         key = (entry.name, *sorted(sizes.items()))
         prepared = self._prepared.get(key)
         if prepared is None:
@@ -610,7 +369,7 @@ class Runner:
                 self._prepared.clear()  # every plan points into the old arena
                 self.gpu.free(self.arena)
                 self.arena_bytes, self.arena = layout.size, self.gpu.alloc(layout.size)
-            prepared = self._prepared[key] = _Prepared(self, entry, sizes, steps, layout)
+            prepared = self._prepared[key] = Prepared(self, entry, sizes, steps, layout)
         return prepared
 
     def close(self) -> None:
@@ -622,79 +381,6 @@ class Runner:
         self.gpu.free(self.state_base)
         self.gpu.release_blocks()  # outputs' blocks no array holds
         self.arena = self.weights_base = self.state_base = 0
-
-
-class _Head:
-    """A safetensors header as ``parse_header`` reads it: the first bytes of a member whose length
-    is the whole member's (the data stays in the file until it is streamed)."""
-
-    def __init__(self, data: bytes, size: int):
-        self.data, self.size = data, size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, key: slice) -> bytes:
-        return self.data[key]
-
-
-def _read_head(stream, where: str, limit: int) -> _Head:
-    """The weights member's safetensors header, read from ``stream`` (``aot.weights.parse_header``
-    checks it; its bytes are hashed with the first chunk); a length over ``limit`` is refused
-    before it is read."""
-    prefix = bytearray(8)
-    got = stream.read_at(0, memoryview(prefix))
-    (n,) = struct.unpack("<Q", bytes(prefix))
-    if got < 8 or n > limit or 8 + n > stream.size:
-        return _Head(bytes(prefix[:got]), stream.size)  # parse_header says why
-    header = bytearray(n)
-    stream.read_at(8, memoryview(header))
-    return _Head(bytes(prefix + header), stream.size)
-
-
-def host_ints(view: ArrayView, device: drv.Device) -> list[int]:
-    """The values of an integer array (host or device) as Python ints; a device array is copied
-    to the host (a sync: index inputs are a few slots)."""
-    fmt = {"int64": "q", "int32": "i", "int16": "h", "int8": "b", "uint8": "B"}.get(view.dtype)
-    if fmt is None or not view.nbytes:
-        return []
-    data = ctypes.create_string_buffer(view.nbytes)
-    if view.device_type == CPU:
-        ctypes.memmove(data, view.ptr, view.nbytes)
-    else:
-        device.synchronize()
-        device.to_host(ctypes.addressof(data), view.ptr, view.nbytes)
-    return list(memoryview(data.raw).cast(fmt))
-
-
-def check_slots(bounds, views: dict[str, ArrayView], device: drv.Device) -> None:
-    """``GuardError`` unless every index input addresses slots of the state it writes."""
-    for name, state, slots in bounds:
-        values = host_ints(views[name], device) if name in views else []
-        if values and (min(values) < 0 or max(values) >= slots):
-            raise GuardError(slots_error(name, state, slots, min(values) if min(values) < 0 else max(values)))
-
-
-def check_values(bounds, views: dict[str, ArrayView], device: drv.Device) -> None:
-    """``GuardError`` unless every input that indexes a weight's rows holds values in its range
-    (``aot.values``: the torch loader's check and text)."""
-    for name, low, high, table, op in bounds:
-        values = host_ints(views[name], device) if name in views else []
-        if values and (min(values) < low or max(values) > high):
-            raise value_error(name, min(values) if min(values) < low else max(values), low, high, table, op)
-
-
-def _bucket_keys(entry: Entry) -> list[tuple[int, ...]]:
-    """Every bucket combination of ``entry``, largest first; none unless every symbol has buckets."""
-    if not entry.buckets or {b.symbol for b in entry.buckets} != {s.symbol for s in entry.program.symbols}:
-        return []
-    keys = itertools.product(*[b.sizes for b in entry.buckets])
-    return sorted(keys, key=lambda k: [-v for v in k])
-
-
-def _on_bucket(entry: Entry, sizes: dict[str, int]) -> bool:
-    buckets = {b.symbol: b.sizes for b in entry.buckets}
-    return bool(sizes) and all(s in buckets and v in buckets[s] for s, v in sizes.items())
 
 
 def load(

@@ -118,12 +118,12 @@ def test_weights_in_chunks_stream_on_several_threads_on_the_gpu(pointwise, monke
     from aot import digests
     from aot.errors import BundleError
     from aot.loader import load
-    from aot.runtime import runner as rt
+    from aot.runtime import weights as rt_weights
     from tests.hostile_util import read_entries, with_chunk_digests, with_member, write_entries
 
     monkeypatch.setattr(digests, "MIN_CHUNK_BYTES", 16)
-    monkeypatch.setattr(rt, "WEIGHT_THREADS", 3)
-    monkeypatch.setattr(rt, "STAGING_BYTES", 24)
+    monkeypatch.setattr(rt_weights, "WEIGHT_THREADS", 3)
+    monkeypatch.setattr(rt_weights, "STAGING_BYTES", 24)
     entries = with_chunk_digests(read_entries(pointwise.read_bytes()), 40)
     path = tmp_path / "chunked.tpk"
     path.write_bytes(write_entries(entries))

@@ -72,6 +72,9 @@ class FakeDevice:
     def give(self, ptr, size):
         self.free(ptr)
 
+    def release_blocks(self):  # ``give`` frees at once: no block is kept
+        pass
+
     def host_alloc(self, nbytes):  # page-locked host memory: the weights' staging buffers
         buf = ctypes.create_string_buffer(max(nbytes, 1))
         self.buffers[ctypes.addressof(buf)] = buf
@@ -190,10 +193,11 @@ def test_the_weights_stream_through_the_staging_buffers_and_are_checked(
 
     from aot.errors import BundleError
     from aot.runtime import check
-    from aot.runtime import runner as rt
+    from aot.runtime import weights as rt_weights
+    from aot.runtime.runner import Runner
 
-    monkeypatch.setattr(rt, "STAGING_BYTES", 24)  # 6 floats: the 16-float weight takes 3 chunks
-    runner = rt.Runner(check(pointwise), fake)
+    monkeypatch.setattr(rt_weights, "STAGING_BYTES", 24)  # 6 floats: the 16-float weight takes 3 chunks
+    runner = Runner(check(pointwise), fake)
     got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
     assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", 24)]
@@ -210,7 +214,7 @@ def test_the_weights_stream_through_the_staging_buffers_and_are_checked(
     data[last] ^= 0x01  # the last weight's last byte
     bad.write_bytes(bytes(data))
     with pytest.raises(BundleError, match=r"checksum mismatch in 'weights.safetensors'"):
-        rt.Runner(check(bad), fake)
+        Runner(check(bad), fake)
 
 
 @pytest.mark.parametrize("deflate", [False, True], ids=["stored", "deflated"])
@@ -228,19 +232,20 @@ def test_chunked_weights_stream_on_several_threads_and_a_flipped_byte_in_any_chu
     from aot import digests
     from aot.errors import BundleError
     from aot.runtime import check
-    from aot.runtime import runner as rt
+    from aot.runtime import weights as rt_weights
+    from aot.runtime.runner import Runner
     from tests.hostile_util import read_entries, with_chunk_digests, with_member, write_entries
 
     monkeypatch.setattr(digests, "MIN_CHUNK_BYTES", 16)
-    monkeypatch.setattr(rt, "WEIGHT_THREADS", 3)
-    monkeypatch.setattr(rt, "STAGING_BYTES", 24)
+    monkeypatch.setattr(rt_weights, "WEIGHT_THREADS", 3)
+    monkeypatch.setattr(rt_weights, "STAGING_BYTES", 24)
     entries = with_chunk_digests(read_entries(pointwise.read_bytes()), 40, deflate)
     good = tmp_path / "chunked.tpk"
     good.write_bytes(write_entries(entries))
     checked = check(good)
     member = checked.manifest.members["weights.safetensors"]
     assert member.chunk_bytes == 40 and len(member.chunk_sha256) > 3
-    runner = rt.Runner(checked, fake)
+    runner = Runner(checked, fake)
     got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
     assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", 24)] * (1 if deflate else 3)
@@ -255,7 +260,7 @@ def test_chunked_weights_stream_on_several_threads_and_a_flipped_byte_in_any_chu
             write_entries(with_member(entries, "weights.safetensors", bytes(flipped), resign=False))
         )
         with pytest.raises(BundleError) as e:
-            rt.Runner(check(bad), fake)
+            Runner(check(bad), fake)
         assert str(e.value) == (
             f"{bad}: checksum mismatch in 'weights.safetensors' (chunk {index + 1} of {count}, bytes "
             f"{begin}..{end}, expected sha256 {want[:16]}…): the bundle is corrupt or truncated: "
@@ -303,20 +308,21 @@ def test_split_weights_stream_from_their_own_file(fake, monkeypatch, tmp_path):
     from aot.errors import BundleError
     from aot.packager import pack
     from aot.runtime import check
-    from aot.runtime import runner as rt
+    from aot.runtime import weights as rt_weights
+    from aot.runtime.runner import Runner
     from aot.tracer import load_model_file, trace
     from tests.runtime.test_torch_free import HERE
 
     monkeypatch.setattr(digests, "CHUNK_BYTES", 32)
     monkeypatch.setattr(digests, "MIN_CHUNK_BYTES", 16)
-    monkeypatch.setattr(rt, "WEIGHT_THREADS", 2)
+    monkeypatch.setattr(rt_weights, "WEIGHT_THREADS", 2)
     out = tmp_path / "split.tpk"
     pack(generate(trace(load_model_file(HERE / "pointwise.py")), ("sm_90",)), out, split_weights=True)
     (split,) = [p for p in tmp_path.iterdir() if p.name.endswith(".safetensors")]
     checked = check(out)
     member = checked.manifest.members["weights.safetensors"]
     assert member.chunk_bytes == 32 and len(member.chunk_sha256) == -(-member.size // 32)
-    runner = rt.Runner(checked, fake)
+    runner = Runner(checked, fake)
     got = np.frombuffer(ctypes.string_at(runner.weights_base, 64), np.float32)
     np.testing.assert_array_equal(got, torch.linspace(-1, 1, 16).numpy())
     assert [e for e in fake.log if e[0] == "host_alloc"] == [("host_alloc", fake.log[1][1])] * 2
@@ -327,7 +333,7 @@ def test_split_weights_stream_from_their_own_file(fake, monkeypatch, tmp_path):
     with pytest.raises(
         BundleError, match=rf"checksum mismatch in 'weights.safetensors' \(chunk {count} of {count},"
     ):
-        rt.Runner(check(out), fake)
+        Runner(check(out), fake)
 
 
 def test_an_id_past_the_table_is_refused_before_anything_runs_as_by_the_torch_loader(tiny_lm_free, fake):  # noqa: F811

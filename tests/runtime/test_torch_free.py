@@ -151,7 +151,7 @@ def test_importing_the_runtime_imports_no_torch():
     got = run_torch_free("""
         import json
         import aot.runtime, aot.runtime.cli, aot.runtime.driver, aot.runtime.plan, aot.runtime.runner
-        import aot.runtime.generate
+        import aot.runtime.calls, aot.runtime.generate, aot.runtime.weights
         assert aot.runtime.load and aot.runtime.check and aot.runtime.DeviceArray and aot.runtime.Checked
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton", "numpy", "sympy"))
         print(json.dumps({"heavy": heavy, "driver": "cuda.bindings.driver" in sys.modules}))
