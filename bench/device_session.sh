@@ -62,7 +62,7 @@ for item in "$@"; do
     # this period's GPU tests: GEMV forms and their fusions, decode attention, generate (blocks)
     period) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py) ;;
     gpu-new) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py tests/gpu/test_relation_programs_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
-    rt-zoo) cmd=(python3 -m pytest -m gpu -q -rs -rf --dist load tests/runtime/test_gpu_zoo.py tests/codegen/test_strided_attention.py) ;;
+    rt-zoo) cmd=(python3 -m pytest -m gpu -q -rs -rf -rx --dist load tests/runtime/test_gpu_zoo.py tests/codegen/test_strided_attention.py) ;;
     # the GPU cases fixed since the last run: masked zoo models, strided attention, inputs at a pitch
     rt-fixes) cmd=(python3 -m pytest -m gpu -q -rs -rf --dist load tests/codegen/test_strided_attention.py "tests/runtime/test_gpu_zoo.py::test_the_runtime_equals_the_torch_loader_on_library_free_zoo_models[bert]" "tests/runtime/test_gpu_zoo.py::test_the_runtime_equals_the_torch_loader_on_library_free_zoo_models[llama-attention_mask]" "tests/runtime/test_gpu_zoo.py::test_the_runtime_equals_the_torch_loader_on_library_free_zoo_models[t5-encoder]" tests/runtime/test_gpu.py::test_inputs_at_a_pitch_and_raw_bytes_equal_dense_inputs_on_the_gpu) ;;
     # the runtime's device memory step by step (bench/rt_memory_probe.py) on the bench's library-free bundles
