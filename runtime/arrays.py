@@ -215,6 +215,14 @@ class _Held:
         _api.PyBuffer_Release(ctypes.byref(self.view))
 
 
+def _held(value: Any, name: str) -> _Held:
+    """``value``'s buffer, taken (its address: ``.view.buf``) until the ``_Held`` goes."""
+    view = _PyBuffer()
+    if _api.PyObject_GetBuffer(value, ctypes.byref(view), _PYBUF_RECORDS_RO) != 0:
+        raise GuardError(f"input {name!r}: its buffer could not be taken")
+    return _Held(view)
+
+
 def _from_buffer(value: Any, name: str) -> ArrayView | None:
     """A host array from any object with the buffer protocol (``memoryview(data).cast("q",
     [1, 8])``, ``array.array``, ``bytes``): inputs without numpy. None where it has none."""
@@ -229,16 +237,13 @@ def _from_buffer(value: Any, name: str) -> ArrayView | None:
             f"input {name!r}: buffer format {face.format!r} is none of the dtypes a bundle speaks "
             f"({', '.join(f'{k!r} {v}' for k, v in _FORMATS.items())})"
         )
-    view = _PyBuffer()
-    if _api.PyObject_GetBuffer(value, ctypes.byref(view), _PYBUF_RECORDS_RO) != 0:
-        raise GuardError(f"input {name!r}: its buffer could not be taken")
-    held = _Held(view)
-    strides = None
     if face.strides and any(st % face.itemsize for st in face.strides):
         raise GuardError(f"input {name!r}: buffer strides {list(face.strides)} are not whole elements")
+    strides = None
     if face.ndim and not face.c_contiguous:
         strides = tuple(st // face.itemsize for st in face.strides)
-    return ArrayView(view.buf or 0, CPU, 0, dtype, tuple(face.shape), strides, (held, value))
+    held = _held(value, name)
+    return ArrayView(held.view.buf or 0, CPU, 0, dtype, tuple(face.shape), strides, (held, value))
 
 
 def from_bytes(data: Any, dtype: str, shape: tuple[int, ...], name: str) -> ArrayView:
@@ -257,10 +262,8 @@ def from_bytes(data: Any, dtype: str, shape: tuple[int, ...], name: str) -> Arra
             f"input {name!r}: expected {nbytes} contiguous bytes for {dtype} {list(shape)}, got "
             f"{face.nbytes}{'' if face.c_contiguous else ' not contiguous'}"
         )
-    view = _PyBuffer()
-    if _api.PyObject_GetBuffer(data, ctypes.byref(view), _PYBUF_RECORDS_RO) != 0:
-        raise GuardError(f"input {name!r}: its buffer could not be taken")
-    return ArrayView(view.buf or 0, CPU, 0, dtype, shape, None, (_Held(view), data))
+    held = _held(data, name)
+    return ArrayView(held.view.buf or 0, CPU, 0, dtype, shape, None, (held, data))
 
 
 class _Consumed:
