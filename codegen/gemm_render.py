@@ -204,7 +204,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     first = _w_early_steps(cfg, k_extent)
     for i in range(first):  # the steps whose W tiles were loaded before the wait
         base = f"{k_offset} + {i * cfg.block_k}" if k_offset != "0" else str(i * cfg.block_k)
-        lines.append(f"rk = {base} + tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
+        lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
         lines += _a_tile(site, cfg, kmask_a)
         lines += [f"acc{g} = tl.dot(a, w{g}_e{i}, acc{g}{precision})" for g in weights]
     lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
@@ -223,6 +223,10 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append(f"# the norm's statistic, applied once: A = {stat} * (the products above)")
         lines += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in weights]
     return lines
+
+
+def _plus(base: str) -> str:
+    return "" if base == "0" else f"{base} + "
 
 
 def _w_at(site: Site, g: int, index: str) -> str:
@@ -245,7 +249,7 @@ def _dot_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, inde
     lines = ["# W's first K steps, before the wait (see kernel_module)"]
     for i in range(_w_early_steps(cfg, k_extent)):
         base = f"{k_offset} + {i * cfg.block_k}" if k_offset != "0" else str(i * cfg.block_k)
-        lines.append(f"rk = {base} + tl.arange(0, BLOCK_K)")
+        lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)")
         lines += [
             f"w{g}_e{i} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)"
             for g in range(len(site.weights))
