@@ -147,9 +147,17 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
         for c in _FEW_ROW_BASE
     ),
     TileConfig(
-        "fewp_16x32x256", 16, 32, 256, num_warps=4, num_stages=4, min_m=2, max_m=16, row_norm=True,
+        "fewp_16x32x256",
+        16,
+        32,
+        256,
+        num_warps=4,
+        num_stages=4,
+        min_m=2,
+        max_m=16,
+        row_norm=True,
         norm_one_pass=True,
-    ),  # fmt: skip
+    ),
 )
 # The one-pass ``_rms`` forms (``TileConfig.norm_one_pass``) multiply the norm's input by its
 # weight before the statistics are known (A = x * g rounded to the dtype, the 1/rms applied to the

@@ -197,7 +197,9 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     one_pass = _one_pass(site, cfg)
     lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in weights]
     if one_pass:
-        lines.append("s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # the statistics, summed as A is loaded")
+        lines.append(
+            "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # the statistics, summed as A is loaded"
+        )
     need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
     kmask_a = " & (rk[None, :] < " + str(site.k) + ")" if need_k_mask else ""
     kmask_w = " & (rk[:, None] < " + str(site.k) + ")" if need_k_mask else ""
@@ -215,7 +217,9 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     )
     lines += ["    " + ln for ln in _a_tile(site, cfg, kmask_a)]
     for g in weights:
-        lines.append(f"    w{g} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]")
+        lines.append(
+            f"    w{g} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+        )
         lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
     if one_pass:
         _, stat = site.prologue.norm.factored
@@ -568,7 +572,9 @@ def _norm_a_one_pass(site: Site, write_sum: str) -> list[str]:
     k = site.k
     part, _ = norm.factored
     lines = [f"kmask = mask_m[:, None] & (rk[None, :] < {k})"]
-    lines += [f"{var.replace('@', '')} = {expr.replace('@', '')}" for var, expr, post in norm.row_ops if not post]
+    lines += [
+        f"{var.replace('@', '')} = {expr.replace('@', '')}" for var, expr, post in norm.row_ops if not post
+    ]
     if norm.sum_out is not None:
         _, var, dtype = norm.sum_out
         lines.append(f"if {write_sum}:  # the first N tile writes the sum that later steps read")
