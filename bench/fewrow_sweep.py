@@ -644,31 +644,50 @@ def check(quick: bool) -> int:
             ASTSource(_rms_of_sum, signature=s, constexprs=consts), target=target, options={"num_warps": 8}
         )
         done += 1
-    # the codegen's forms as rendered at Llama-3.2-1B's shapes (and their _rms forms where a norm feeds)
-    spec = MODELS["llama-3.2-1b"]
-    for site, n, k in [*spec["sites"], spec["head"]]:
-        for form in codegen_forms(n, k, "bfloat16", site in NORM_SITES):
-            if form.get("norm") == "kernel":
-                continue
-            for fn, r, _, _ in rendered(n, k, "bfloat16", form["config"], form.get("norm") == "fused"):
-                ptrs = {
-                    (i,): [["tt.divisibility", 16]] for i, t in enumerate(r.signature.values()) if t[0] == "*"
-                }
-                try:
-                    c = triton.compile(
-                        ASTSource(fn, signature=dict(r.signature), attrs=ptrs),
-                        target=target,
-                        options={"num_warps": r.num_warps, "num_stages": r.num_stages},
-                    )
-                    done += 1
-                    if c.metadata.shared > SHARED:
-                        failed.append(f"{site} {r.name}: {c.metadata.shared} bytes of shared memory")
-                except Exception as e:
-                    failed.append(f"{site} {r.name}: {type(e).__name__}: {str(e)[:200]}")
+    # the codegen's forms as rendered at Llama-3.2-1B's shapes (and their _rms forms where a norm
+    # feeds), the table's few-row forms also with GDC on (the wait under dependent launch)
+    done += check_codegen(target, failed)
     print(f"fewrow_sweep --check: {done} kernels compiled for sm_90, {len(failed)} failed")
     for f in failed:
         print("  " + f)
     return 1 if failed else 0
+
+
+def check_codegen(target, failed: list[str], only: str = "") -> int:
+    """Compile the codegen's rendered forms at Llama-3.2-1B's shapes for ``target`` (those whose
+    config name starts with ``only``); a failure is appended to ``failed``. The number compiled."""
+    from triton.compiler import ASTSource
+
+    from aot.codegen import gemm_forms
+
+    few = {c.name for c in getattr(gemm_forms, "FEW_ROW_CONFIGS", ())}
+    spec = MODELS["llama-3.2-1b"]
+    done = 0
+    for site, n, k in [*spec["sites"], spec["head"]]:
+        for form in codegen_forms(n, k, "bfloat16", site in NORM_SITES):
+            if form.get("norm") == "kernel" or not form["config"].startswith(only):
+                continue
+            for pdl in (False, True) if form["config"] in few else (False,):
+                for fn, r, _, _ in rendered(
+                    n, k, "bfloat16", form["config"], form.get("norm") == "fused", pdl
+                ):
+                    ptrs = {
+                        (i,): [["tt.divisibility", 16]]
+                        for i, t in enumerate(r.signature.values())
+                        if t[0] == "*"
+                    }
+                    try:
+                        c = triton.compile(
+                            ASTSource(fn, signature=dict(r.signature), attrs=ptrs),
+                            target=target,
+                            options={"num_warps": r.num_warps, "num_stages": r.num_stages},
+                        )
+                        done += 1
+                        if c.metadata.shared > SHARED:
+                            failed.append(f"{site} {r.name}: {c.metadata.shared} bytes of shared memory")
+                    except Exception as e:
+                        failed.append(f"{site} {r.name} (GDC {pdl}): {type(e).__name__}: {str(e)[:200]}")
+    return done
 
 
 def main() -> int:

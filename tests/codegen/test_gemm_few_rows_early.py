@@ -162,3 +162,24 @@ def test_a_split_k_form_with_early_w_matches_its_reference(tmp_path_factory):
         assert "ks = tl.program_id(2)" in head and "w0_e1 = tl.load" in head and "x0_ptr" not in head
     few = _interpret(compiled, path, "fewe_splitk2_16x16x128", batches=(8,))
     assert len({c.name for c in few}) == 2
+
+
+@pytest.mark.slow  # the interpreter again, on a broken kernel
+def test_a_one_pass_form_without_its_statistic_is_caught(early, tmp_path):
+    """The one-pass form's last line of the norm (1/rms on the accumulator) dropped: the
+    comparison fails for that candidate alone."""
+    from tests.codegen.conftest import failing_candidates
+
+    compiled, _ = early
+    site = compiled.program.alternatives[2]  # proj: RMSNorm of the second sum, then Linear(600, 48)
+    cand = next(c for c in site.candidates if c.name == EARLY + "_rms")
+    failed = failing_candidates(
+        compiled,
+        MODELS / "gemm_rms16.py",
+        cand.steps[-1].target,
+        "acc0 = acc0 * (s4)[:, None]",
+        "acc0 = acc0 * 1.0",
+        {"batch": 8},
+        tmp_path / "bad.tpk",
+    )
+    assert failed == {f"{site.id}/{cand.name}"}
