@@ -8,6 +8,11 @@
 #   DEADLINE=580 bash bench/device_session.sh sweep:120 chain:60
 #   DEADLINE=580 bash bench/device_session.sh fewrow-quick:150 fewrow:420
 #   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8 bash bench/device_session.sh decode-llama-3.2-1b:250 few-llama-3.2-1b:250
+#   DEADLINE=580 bash bench/device_session.sh fewrow-new:260 fewrow-tests:300
+#   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 FEW_ROWS=few_16x32x256,few_splitk_16x64x128,few_16x64x128 bash bench/device_session.sh decode-llama-3.2-1b:190 few-llama-3.2-1b:190 fewe-llama-3.2-1b:190
+#     (the few-row forms of 2026-11-29 against the fewe_ forms: W's first K steps before the
+#     dependent-launch wait, the one-pass _rms forms; alone and chained with the norms against
+#     cuBLAS, then the decode at 8 rows: cuBLAS (the default build), old forms, new forms)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32) and DECODE_PROFILE=1 (kernel tables per
@@ -83,10 +88,14 @@ for item in "$@"; do
     # few-row (2-16 rows) tensor-core GEMM forms against cuBLAS, alone and chained (bench/fewrow_sweep.py)
     fewrow) cmd=(python3 bench/fewrow_sweep.py --chain --json "$RES/fewrow-sweep.json") ;;
     fewrow-quick) cmd=(python3 bench/fewrow_sweep.py --quick --chain --json "$RES/fewrow-quick.json") ;;
+    # 2 and 8 rows only, the chains at 8 (each as a bundle runs it: old and new table entries, plain and PDL)
+    fewrow-new) cmd=(python3 bench/fewrow_sweep.py --quick --rows 2 8 --chain --chain-rows 8 --json "$RES/fewrow-new.json") ;;
     fewrow-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_few_rows_gpu.py) ;;
     # few-MODEL: decode-MODEL with the built-in table's few-row entry on (AOTPACK_FEW_ROWS=$FEW_ROWS,
     # default few_16x16x256; FEW_PROLOGUE=0: the plain forms after the norm kernels), bundles of its own
     few-*) cmd=(env AOTPACK_FEW_ROWS="${FEW_ROWS:-few_16x16x256}" AOTPACK_FEW_ROWS_PROLOGUE="${FEW_PROLOGUE:-1}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#few-}" --out "$RES/decode-few-${step#few-}" --bundles /tmp/bundles-few ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
+    # fewe-MODEL: few-MODEL with the fewe_ forms (AOTPACK_FEW_ROWS=$FEWE_ROWS), bundles and results of its own
+    fewe-*) cmd=(env AOTPACK_FEW_ROWS="${FEWE_ROWS:-fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128}" AOTPACK_FEW_ROWS_PROLOGUE=1 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#fewe-}" --out "$RES/decode-fewe-${step#fewe-}" --bundles /tmp/bundles-fewe ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
     # a decode step's GEMVs as one persistent kernel (grid barriers) against one kernel per GEMV
     persistent) cmd=(python3 bench/persistent_chain.py --json "$RES/persistent.json") ;;

@@ -28,6 +28,12 @@ at each row count, cuBLAS against the fastest form of each shape, and against on
 site (each shape's leader, chained at every site; a codegen form that makes no kernel at a site
 leaves it to cuBLAS).
 
+With ``--chain`` also the decode step's GEMMs as a bundle runs them (``table_us``): the RMSNorms of
+a Llama included (the ``_rms`` forms, or the norm kernel before cuBLAS), cuBLAS against the
+built-in table's few-row entries of ``TABLES`` (the forms of the 2026-11-29 decode; ``fewe_``:
+W's first K steps before the dependent-launch wait and the one-pass ``_rms`` forms; ``fewp_``: the
+one pass alone), each plainly and under programmatic dependent launch (``pdl``).
+
 ``--check``: compile every form for sm_90 without a GPU (``triton.compile`` to a cubin).
 
     python3 bench/fewrow_sweep.py --chain --json out/fewrow.json           # ~4 min on an H200
@@ -82,12 +88,14 @@ def codegen_configs() -> list:
 
 
 @functools.cache
-def rendered(n: int, k: int, dtype: str, name: str, norm: bool = False) -> tuple:
+def rendered(n: int, k: int, dtype: str, name: str, norm: bool = False, pdl: bool = False) -> tuple:
     """The codegen's kernels of config ``name`` for a plain GEMM [M, K] x [N, K]^T (no epilogue),
     as ``render_candidates`` writes them for a bundle, M = ``s0`` up to 16: a tuple of (jit
     function, Rendered, config, workspaces); () where the config makes no form at this shape.
     ``norm``: its ``_rms`` form instead, A = RMSNorm(x + y) * v as Llama computes it (the sum h
-    written by the first N tile), as ``gemm_prologue`` lowers the norm kernel's steps."""
+    written by the first N tile), as ``gemm_prologue`` lowers the norm kernel's steps (with its
+    factored form, which the one-pass forms take). ``pdl``: the kernels' ``GDC`` on (they wait
+    for the kernel before under programmatic dependent launch, as a bundle's sm_90 cubins do)."""
     from aot.codegen.compile import load_function
     from aot.codegen.gemm_prologue import RowNorm
     from aot.codegen.gemm_render import render_candidates
@@ -129,6 +137,7 @@ def rendered(n: int, k: int, dtype: str, name: str, norm: bool = False) -> tuple
             ),
             out="r3_@",
             sum_out=("h", "r0_@", dtype),
+            factored=("(v0_@ * r0_@)", "s2"),  # r3 = v0 * (r0 * s2) = (v0 * r0) * s2
         )
         kernel = Step(
             kind=StepKind.KERNEL, target="norm", args=(Buf("x"), Buf("y"), Buf("v")), kwargs={},
@@ -141,7 +150,7 @@ def rendered(n: int, k: int, dtype: str, name: str, norm: bool = False) -> tuple
         if norm != cfg.name.endswith("_rms"):
             continue
         for r in kernels:
-            fn = load_function(kernel_id(r.source, r.signature, r.config), r.name, r.source)
+            fn = load_function(kernel_id(r.source, r.signature, r.config), r.name, r.source, pdl)
             out.append((fn, r, cfg, extra))
     return tuple(out)
 
@@ -314,7 +323,8 @@ class Shape:
 
         sizes = {"s0": self.m}
         norm = form.get("norm")
-        kernels = rendered(self.n, self.k, DTYPE_NAMES[self.dtype], form["config"], norm == "fused")
+        pdl = bool(form.get("pdl"))
+        kernels = rendered(self.n, self.k, DTYPE_NAMES[self.dtype], form["config"], norm == "fused", pdl)
         bufs = {"a": self.a, "w": self.ws[i], "o": self.outs[i]}
         if norm:
             bufs.update(x=self.x, y=self.y, v=self.v, h=self.h)
@@ -332,6 +342,8 @@ class Shape:
             assert all(isinstance(a, (Buf, Sym)) for a in r.args)
             grid = tuple(evaluate(g, sizes) for g in r.grid)
             kw = {"num_warps": r.num_warps, "num_stages": r.num_stages}
+            if pdl:
+                kw["launch_pdl"] = True
             run.append(lambda fn=fn, grid=grid, args=args, kw=kw: fn[grid](*args, **kw))
         return run
 
@@ -472,15 +484,74 @@ def chain(model: str, m: int, pick, dtype) -> float:
 class _Lone(Shape):
     """One layer's GEMM in the chain: its own W, no copies."""
 
-    def __init__(self, n, k, m, a, w, dtype):
+    def __init__(self, n, k, m, a, w, dtype, norm: bool = False):
         self.n, self.k, self.m, self.dtype, self.a, self.ws = n, k, m, dtype, a, [w]
         self.outs = [torch.empty(m, n, device="cuda", dtype=dtype)]
         self.out32 = [torch.zeros(m, n, device="cuda", dtype=torch.float32)]
         self.part = [torch.empty(4, m, n, device="cuda", dtype=torch.float32)]
         self.scratch = {}
+        if norm:  # the row norm's inputs (x + y, weight v), its sum h, its output (the plain form's A)
+            self.x, self.y = (
+                torch.randn(m, k, device="cuda", dtype=dtype),
+                torch.randn(m, k, device="cuda", dtype=dtype),
+            )
+            self.v = torch.ones(k, device="cuda", dtype=dtype)
+            self.h, self.a_norm = torch.empty_like(self.x), torch.empty_like(self.x)
 
     def launches(self, form, i=0):
         return super().launches(form, i)
+
+
+# The built-in table's few-row entries a chain compares (``AOTPACK_FEW_ROWS``: the form, the one at
+# K >= LONG_K, the one at N >= WIDE_N): the forms of the 2026-11-29 decode, and the same tiles
+# with W's first K steps loaded before the wait and the one-pass ``_rms`` forms.
+TABLES = {
+    "few": ("few_16x32x256", "few_splitk_16x64x128", "few_16x64x128"),
+    "fewe": ("fewe_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128"),
+    "fewp+fewe": ("fewp_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128"),
+}
+
+
+def table_chain(model: str, m: int, forms: tuple | None, dtype, pdl: bool) -> float:
+    """µs of one decode step's GEMMs at ``m`` rows in one graph as a bundle with the few-row entry
+    ``forms`` runs them (None: cuBLAS): at a Llama's q/k/v and gate/up the RMSNorm of the residual
+    sum with them, as the ``_rms`` form (or, for cuBLAS or a form without one, the norm kernel
+    before). ``pdl``: the forms' kernels launched under programmatic dependent launch, waiting
+    for the kernel before as the bundle's sm_90 cubins do (cuBLAS and the norm kernel never)."""
+    from aot.codegen.gemm_defaults import LONG_K, WIDE_N
+
+    spec = MODELS[model]
+    runs, keep = [], []
+    a_by_k = {}
+    for site, n, k in [*spec["sites"]] * spec["layers"] + [spec["head"]]:
+        a = a_by_k.setdefault(k, torch.randn(m, k, device="cuda", dtype=dtype))
+        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+        norm = model.startswith("llama") and site in NORM_SITES
+        one = _Lone(n, k, m, a, w, dtype, norm)
+        keep.append(one)
+        name = None
+        if forms is not None:
+            name = forms[1] if k >= LONG_K else forms[2] if n >= WIDE_N else forms[0]
+            if not rendered(n, k, DTYPE_NAMES[dtype], name):
+                name = None
+        fused = norm and name is not None and bool(rendered(n, k, DTYPE_NAMES[dtype], name, True))
+        if norm and not fused:  # the norm kernel before, into the GEMM's A
+            one.a = one.a_norm
+            block = triton.next_power_of_2(k)
+            runs.append(
+                lambda o=one, k=k, block=block: _rms_of_sum[(m,)](
+                    o.x, o.y, o.v, o.h, o.a_norm, k, EPS, block, num_warps=8
+                )
+            )
+        if name is None:
+            runs.append(lambda o=one: torch.mm(o.a, o.ws[0].t(), out=o.outs[0]))
+            continue
+        form = {"config": name, "rendered": name, "pdl": pdl, **({"norm": "fused"} if fused else {})}
+        runs += one.launches(form)
+    us = graph_us(runs, 1)
+    del keep
+    torch.cuda.empty_cache()
+    return us
 
 
 def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[dict]:
@@ -505,6 +576,15 @@ def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[d
         entry["uniform_us"] = {
             _label(f): round(chain(model, m, lambda s, f=f: f, dtype), 1) for f in uniform.values()
         }
+        # as a bundle runs them: the norms included, cuBLAS against the table's entries, old and new
+        entry["table_us"] = {"cublas": round(table_chain(model, m, None, dtype, False), 1)}
+        for label, forms in TABLES.items():
+            for pdl in (False, True):
+                try:
+                    us = round(table_chain(model, m, forms, dtype, pdl), 1)
+                except Exception as e:  # a form that does not compile or launch here
+                    us = f"{type(e).__name__}: {str(e)[:120]}"
+                entry["table_us"][label + (" pdl" if pdl else "")] = us
         out.append(entry)
         print(
             f"{model} chain M={m}: {json.dumps({k: v for k, v in entry.items() if k != 'best_forms'})}",
@@ -564,31 +644,50 @@ def check(quick: bool) -> int:
             ASTSource(_rms_of_sum, signature=s, constexprs=consts), target=target, options={"num_warps": 8}
         )
         done += 1
-    # the codegen's forms as rendered at Llama-3.2-1B's shapes (and their _rms forms where a norm feeds)
-    spec = MODELS["llama-3.2-1b"]
-    for site, n, k in [*spec["sites"], spec["head"]]:
-        for form in codegen_forms(n, k, "bfloat16", site in NORM_SITES):
-            if form.get("norm") == "kernel":
-                continue
-            for fn, r, _, _ in rendered(n, k, "bfloat16", form["config"], form.get("norm") == "fused"):
-                ptrs = {
-                    (i,): [["tt.divisibility", 16]] for i, t in enumerate(r.signature.values()) if t[0] == "*"
-                }
-                try:
-                    c = triton.compile(
-                        ASTSource(fn, signature=dict(r.signature), attrs=ptrs),
-                        target=target,
-                        options={"num_warps": r.num_warps, "num_stages": r.num_stages},
-                    )
-                    done += 1
-                    if c.metadata.shared > SHARED:
-                        failed.append(f"{site} {r.name}: {c.metadata.shared} bytes of shared memory")
-                except Exception as e:
-                    failed.append(f"{site} {r.name}: {type(e).__name__}: {str(e)[:200]}")
+    # the codegen's forms as rendered at Llama-3.2-1B's shapes (and their _rms forms where a norm
+    # feeds), the table's few-row forms also with GDC on (the wait under dependent launch)
+    done += check_codegen(target, failed)
     print(f"fewrow_sweep --check: {done} kernels compiled for sm_90, {len(failed)} failed")
     for f in failed:
         print("  " + f)
     return 1 if failed else 0
+
+
+def check_codegen(target, failed: list[str], only: str = "") -> int:
+    """Compile the codegen's rendered forms at Llama-3.2-1B's shapes for ``target`` (those whose
+    config name starts with ``only``); a failure is appended to ``failed``. The number compiled."""
+    from triton.compiler import ASTSource
+
+    from aot.codegen import gemm_forms
+
+    few = {c.name for c in getattr(gemm_forms, "FEW_ROW_CONFIGS", ())}
+    spec = MODELS["llama-3.2-1b"]
+    done = 0
+    for site, n, k in [*spec["sites"], spec["head"]]:
+        for form in codegen_forms(n, k, "bfloat16", site in NORM_SITES):
+            if form.get("norm") == "kernel" or not form["config"].startswith(only):
+                continue
+            for pdl in (False, True) if form["config"] in few else (False,):
+                for fn, r, _, _ in rendered(
+                    n, k, "bfloat16", form["config"], form.get("norm") == "fused", pdl
+                ):
+                    ptrs = {
+                        (i,): [["tt.divisibility", 16]]
+                        for i, t in enumerate(r.signature.values())
+                        if t[0] == "*"
+                    }
+                    try:
+                        c = triton.compile(
+                            ASTSource(fn, signature=dict(r.signature), attrs=ptrs),
+                            target=target,
+                            options={"num_warps": r.num_warps, "num_stages": r.num_stages},
+                        )
+                        done += 1
+                        if c.metadata.shared > SHARED:
+                            failed.append(f"{site} {r.name}: {c.metadata.shared} bytes of shared memory")
+                    except Exception as e:
+                        failed.append(f"{site} {r.name} (GDC {pdl}): {type(e).__name__}: {str(e)[:200]}")
+    return done
 
 
 def main() -> int:

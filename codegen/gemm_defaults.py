@@ -72,6 +72,8 @@ LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps 
 # the ``_rms`` forms read A's rows again in every block, and W's loads wait for the kernel before
 # (no early loads under dependent launch, as the one-row forms have). So: OFF (None: cuBLAS at
 # those buckets).
+# The ``fewe_*`` forms (gemm_forms.FEW_ROW_CONFIGS) answer both: W's first K steps load before the
+# wait, and their ``_rms`` forms sum the statistics in the K loop (bfloat16); not yet measured.
 # FEW_ROWS at every site, FEW_ROWS_WIDE where N >= WIDE_N, FEW_ROWS_LONG_K where K >= LONG_K (a site
 # where a form makes no kernel keeps the library). The environment overrides them for a build
 # (bench/decode.py): FEW_ROWS_ENV="<form>[,<form at long K>[,<form at wide N>]]" or "off",

@@ -8,7 +8,7 @@ shared memory a block may take per arch.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HEURISTIC = "gemm-candidates-v1"
 
@@ -33,6 +33,15 @@ class TileConfig:
     # a tensor-core form of at most PROLOGUE_MAX_BLOCK_M rows, no split: also rendered with a
     # row-norm (RMSNorm) prologue (``<form>_rms``); the one-row forms always are
     row_norm: bool = False
+    # a tensor-core form: W's first ``w_early`` K steps loaded before the wait for the kernel
+    # before (``kernel_source.kernel_module``'s ``early``): under dependent launch they stream
+    # while that kernel still runs; the loop takes the rest
+    w_early: int = 0
+    # its ``_rms`` form: the row norm's statistics summed in the K loop, from the same loads of A's
+    # row inputs as the products, the statistic applied to the accumulator once at the end, where
+    # the norm allows it (``gemm_prologue.RowNorm.factored``, ``ONE_PASS_DTYPES``); else the
+    # statistics pass before the loop
+    norm_one_pass: bool = False
 
     def __post_init__(self):
         if not self.dot and self.block_m != 1:
@@ -92,7 +101,7 @@ CONFIGS: tuple[TileConfig, ...] = (
 # LayerNorm one (``_ln``), so that the norm kernel before the GEMM goes at 2-16 rows too. Not in
 # CONFIGS (a --gemm-candidates build does not compile them): the built-in table names them, and
 # only once bench/fewrow_sweep.py has measured them on the GPU.
-FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
+_FEW_ROW_BASE: tuple[TileConfig, ...] = (
     TileConfig("few_16x16x256", 16, 16, 256, num_warps=4, num_stages=4, min_m=2, max_m=16, row_norm=True),
     TileConfig("few_16x16x512", 16, 16, 512, num_warps=4, num_stages=3, min_m=2, max_m=16, row_norm=True),
     TileConfig("few_16x32x256", 16, 32, 256, num_warps=4, num_stages=4, min_m=2, max_m=16, row_norm=True),
@@ -126,6 +135,35 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
         target_blocks=512,
     ),
 )
+FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
+    *_FEW_ROW_BASE,
+    # The same tiles (``fewe_``) with W's first two K steps loaded before the wait for the kernel
+    # before, as the one-row forms load all of theirs, and their ``_rms`` forms in one pass over
+    # A (``norm_one_pass``): the two costs the forms above pay in a decode step (RESULTS.md, the
+    # decode at 1 and 8 rows of 2026-11-29). ``fewp_16x32x256``: the one pass alone, W after the
+    # wait, so that a sweep tells the two apart.
+    *(
+        replace(c, name="fewe_" + c.name.removeprefix("few_"), w_early=2, norm_one_pass=c.row_norm)
+        for c in _FEW_ROW_BASE
+    ),
+    TileConfig(
+        "fewp_16x32x256",
+        16,
+        32,
+        256,
+        num_warps=4,
+        num_stages=4,
+        min_m=2,
+        max_m=16,
+        row_norm=True,
+        norm_one_pass=True,
+    ),
+)
+# The one-pass ``_rms`` forms (``TileConfig.norm_one_pass``) multiply the norm's input by its
+# weight before the statistics are known (A = x * g rounded to the dtype, the 1/rms applied to the
+# fp32 accumulator): in float16 x * g may pass 65504 where the normalized x * rms * g does not, so
+# only dtypes of fp32's range take the one pass; a float16 site runs the statistics pass.
+ONE_PASS_DTYPES = ("bfloat16",)
 # Split-K: enough K slices that a skinny GEMM's tiles fill about one wave of the GPU (an H100 has
 # 132 SMs, an A100 108), each slice keeping at least MIN_SLICE_BLOCKS blocks of K.
 SPLIT_TARGET_BLOCKS = 128

@@ -43,7 +43,9 @@ class RowNorm:
     for the K step; ``reduced``: the row variable whose mean over K is ``stat0``;
     ``stat_ops``: (variable, expression) of the per-row statistics after the mean; ``out``: the
     row variable that is A; ``sum_out``: (buffer, row variable, dtype) written by the first N
-    tile, or None."""
+    tile, or None; ``factored``: (p, s) where A is, in exact arithmetic, the row expression ``p``
+    of values before the statistics times the statistic expression ``s`` (RMSNorm:
+    ``g * (x * rstd)`` = ``(g * x) * rstd``), or None (see ``factor_out_statistic``)."""
 
     inputs: tuple[tuple[str, str], ...]
     vectors: tuple[tuple[str, str], ...]
@@ -52,6 +54,7 @@ class RowNorm:
     stat_ops: tuple[tuple[str, str], ...]
     out: str
     sum_out: tuple[str, str, str] | None
+    factored: tuple[str, str] | None = None
 
 
 def _round(expr: str, dtype: str) -> str:
@@ -97,6 +100,9 @@ def lower_row_norm(
     after_stats: set[str] = set()  # row variables that depend on the statistics
     reduced = None
     n = 0
+    # row value after the statistics -> (p, s): in exact arithmetic the row expression p of
+    # values before them times the statistic expression s (``factored``); absent: not a product
+    scaled: dict[str, tuple[str, str]] = {}
 
     def operand(arg) -> tuple[str, str, str]:
         """(kind, variable or literal, dtype) of a step's argument."""
@@ -144,6 +150,30 @@ def lower_row_norm(
             raise NoSite(f"argument {str(arg)[:40]}")
         return ("const", repr(float(arg)), "")
 
+    def factor(kind: str, x: str) -> tuple[str | None, str | None] | None:
+        """(row factor, statistic factor) of an operand, None where a row value after the
+        statistics is not a product of the two."""
+        if kind == "stat":
+            return None, x
+        if kind == "row" and x in after_stats:
+            return scaled.get(x)
+        return x, None  # a row value before the statistics, or a constant
+
+    def product(fa, fb, op: str) -> tuple[str, str] | None:
+        """``fa op fb`` factored (op "*" or "/": the divisor a statistic or a constant)."""
+        if fa is None or fb is None:
+            return None
+        (pa, sa), (pb, sb) = fa, fb
+        if op == "/" and (pb is not None and (sb is not None or pa is None)):
+            return None  # a divisor with a row factor: not a product
+        if op == "*":
+            p = pa if pb is None else pb if pa is None else f"({pa} * {pb})"
+            st = sa if sb is None else sb if sa is None else f"({sa} * {sb})"
+        else:
+            p = pa if pb is None else f"({pa} / {pb})"
+            st = sa if sb is None else f"({sa if sa is not None else '1.0'} / {sb})"
+        return None if p is None or st is None else (p, st)
+
     def emit(kind: str, expr: str, out: str, dtype: str, post: bool) -> None:
         nonlocal n
         var = f"r{n}_@" if kind == "row" else f"s{n}"
@@ -179,6 +209,8 @@ def lower_row_norm(
             if kind == "const":
                 raise NoSite(t)
             emit(kind, x, out, ospec.dtype, kind == "row" and x in after_stats)
+            if x in scaled:
+                scaled[vals[out][1]] = scaled[x]
             continue
         if t == "aten.mean.dim":
             if reduced is not None or len(s.args) != 3 or s.kwargs:
@@ -207,10 +239,15 @@ def lower_row_norm(
             if not kinds:
                 raise NoSite(f"{t} of two constants")
             if "row" in kinds:
+                fa, fb = factor(ka, a), factor(kb, b)
                 a = f"{a}[:, None]" if ka == "stat" else a
                 b = f"{b}[:, None]" if kb == "stat" else b
                 post = "stat" in kinds or a in after_stats or b in after_stats
                 emit("row", BINARY[t].format(a, b), out, ospec.dtype, post)
+                op = {"aten.mul.Tensor": "*", "aten.div.Tensor": "/"}.get(t)
+                f = product(fa, fb, op) if op else None
+                if post and f:
+                    scaled[vals[out][1]] = f
             else:
                 emit("stat", BINARY[t].format(a, b), out, ospec.dtype, True)
             continue
@@ -244,4 +281,5 @@ def lower_row_norm(
         stat_ops=tuple(stat_ops),
         out=vals[a_out][1],
         sum_out=sum_out,
+        factored=scaled.get(vals[a_out][1]),
     )

@@ -16,6 +16,7 @@ from aot.codegen.gemm_forms import (
     HEURISTIC,
     MAX_SPLIT,
     MIN_SLICE_BLOCKS,
+    ONE_PASS_DTYPES,
     PROLOGUE_MAX_BLOCK_M,
     PROLOGUE_MIN_BLOCK_K,
     ROUND,
@@ -193,37 +194,98 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     weights = range(len(site.weights))
     if not cfg.dot:
         return _vec_steps(site, cfg, k_offset, k_extent)
+    one_pass = _one_pass(site, cfg)
     lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in weights]
-    lines.append(f"for k0 in range(0, {k_extent}, BLOCK_K):")
+    if one_pass:
+        lines.append(
+            "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # the statistics, summed as A is loaded"
+        )
+    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    kmask_a = " & (rk[None, :] < " + str(site.k) + ")" if need_k_mask else ""
+    kmask_w = " & (rk[:, None] < " + str(site.k) + ")" if need_k_mask else ""
+    first = _w_early_steps(cfg, k_extent)
+    for i in range(first):  # the steps whose W tiles were loaded before the wait
+        base = f"{k_offset} + {i * cfg.block_k}" if k_offset != "0" else str(i * cfg.block_k)
+        lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
+        lines += _a_tile(site, cfg, kmask_a)
+        lines += [f"acc{g} = tl.dot(a, w{g}_e{i}, acc{g}{precision})" for g in weights]
+    lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
     lines.append(
         f"    rk = {k_offset} + k0 + tl.arange(0, BLOCK_K)"
         if k_offset != "0"
         else "    rk = k0 + tl.arange(0, BLOCK_K)"
     )
-    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
-    kmask_a = " & (rk[None, :] < " + str(site.k) + ")" if need_k_mask else ""
-    kmask_w = " & (rk[:, None] < " + str(site.k) + ")" if need_k_mask else ""
-    if site.prologue is None:
-        lines.append(
-            f"    a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
-        )
-    elif site.prologue.norm is not None:
-        lines += ["    " + ln for ln in _norm_a(site)]
-    else:
-        lines += ["    " + ln for ln in _prologue_a(site)]
+    lines += ["    " + ln for ln in _a_tile(site, cfg, kmask_a)]
     for g in weights:
-        rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
-        at = (
-            f"{rk_w}[:, None] * {site.n} + rn[None, :]"
-            if site.w_kn
-            else f"rn[None, :] * {site.k} + rk[:, None]"
-        )
         lines.append(
-            f"    w{g} = tl.load({_w_ptr(site, g)} + {at}, "
-            f"mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+            f"    w{g} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
         )
         lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+    if one_pass:
+        _, stat = site.prologue.norm.factored
+        lines += [f"{var} = {expr}" for var, expr in site.prologue.norm.stat_ops]
+        lines.append(f"# the norm's statistic, applied once: A = {stat} * (the products above)")
+        lines += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in weights]
     return lines
+
+
+def _plus(base: str) -> str:
+    return "" if base == "0" else f"{base} + "
+
+
+def _w_at(site: Site, g: int, index: str) -> str:
+    """The address of GEMM ``g``'s W^T tile at ``rk`` x ``rn``."""
+    rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
+    at = f"{rk_w}[:, None] * {site.n} + rn[None, :]" if site.w_kn else f"rn[None, :] * {site.k} + rk[:, None]"
+    return f"{_w_ptr(site, g)} + {at}"
+
+
+def _w_early_steps(cfg: TileConfig, k_extent: int) -> int:
+    """How many of a tensor-core form's K steps load their W tile before the wait."""
+    return min(cfg.w_early, -(-k_extent // cfg.block_k)) if cfg.dot else 0
+
+
+def _dot_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str) -> list[str]:
+    """A tensor-core form's first ``w_early`` W tiles, loaded before the wait for the kernel
+    before (a weight: no kernel writes it), kept in registers until A's rows are there."""
+    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    kmask_w = f" & (rk[:, None] < {site.k})" if need_k_mask else ""
+    lines = ["# W's first K steps, before the wait (see kernel_module)"]
+    for i in range(_w_early_steps(cfg, k_extent)):
+        base = f"{k_offset} + {i * cfg.block_k}" if k_offset != "0" else str(i * cfg.block_k)
+        lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)")
+        lines += [
+            f"w{g}_e{i} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)"
+            for g in range(len(site.weights))
+        ]
+    return lines
+
+
+def _one_pass(site: Site, cfg: TileConfig) -> bool:
+    """Whether ``cfg`` computes ``site``'s row norm in its K loop (``TileConfig.norm_one_pass``)."""
+    pro = site.prologue
+    return (
+        cfg.dot
+        and cfg.norm_one_pass
+        and cfg.split_k == 1
+        and pro is not None
+        and pro.norm is not None
+        and pro.norm.factored is not None
+        and site.dtype in ONE_PASS_DTYPES
+    )
+
+
+def _a_tile(site: Site, cfg: TileConfig, kmask_a: str) -> list[str]:
+    """The lines that make the A tile ``a`` at ``rk`` (a tensor-core form's K step)."""
+    if site.prologue is None:
+        return [
+            f"a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
+        ]
+    if _one_pass(site, cfg):
+        return _norm_a_one_pass(site, f"(tl.program_id({_axes(cfg)[1]}) == 0)")
+    if site.prologue.norm is not None:
+        return _norm_a(site)
+    return _prologue_a(site)
 
 
 def _vec_k(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[tuple[str, str]]:
@@ -480,6 +542,40 @@ def _norm_a(site: Site) -> list[str]:
     return lines
 
 
+def _norm_a_one_pass(site: Site, write_sum: str) -> list[str]:
+    """The A tile at ``rk`` of a one-pass ``_rms`` form (``TileConfig.norm_one_pass``): the row
+    norm's values before the statistics (the sum written on the way where ``write_sum`` holds,
+    the statistics' sum of the reduced value added to ``s_sum``), and A without the statistic.
+
+    RMSNorm's output is A = g * (x * r) per row, r = 1/rms(x) a statistic of the row; so
+    A @ W^T = r * ((g * x) @ W^T): the dot takes ``g * x`` (``RowNorm.factored``'s row part),
+    rounded to the dtype as the tensor cores need it, and r multiplies the fp32 accumulator once
+    after the loop (``_k_loop``), when the sum over all of K is complete. Each element of A is
+    rounded once (g * x) where the norm kernel rounds twice (x * r, then g times that), so the
+    two differ by about one rounding of the dtype per element, within its tolerance. A's row
+    inputs are read once, in the loop that multiplies them, where the statistics pass reads
+    them twice."""
+    norm = site.prologue.norm
+    k = site.k
+    part, _ = norm.factored
+    lines = [f"kmask = mask_m[:, None] & (rk[None, :] < {k})"]
+    lines += [
+        f"{var.replace('@', '')} = {expr.replace('@', '')}" for var, expr, post in norm.row_ops if not post
+    ]
+    if norm.sum_out is not None:
+        _, var, dtype = norm.sum_out
+        lines.append(f"if {write_sum}:  # the first N tile writes the sum that later steps read")
+        lines.append(
+            f"    tl.store(sum_ptr + rm[:, None] * {k} + rk[None, :], "
+            f"{var.replace('@', '')}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmask)"
+        )
+    lines.append(f"s_sum += tl.sum(tl.where(kmask, {norm.reduced.replace('@', '')}, 0.0), axis=1)")
+    lines.append(
+        f"a = tl.where(kmask, {part.replace('@', '')}, 0.0).to({TL_TYPE[STORAGE[site.dtype]]})  # A / statistic"
+    )
+    return lines
+
+
 def _epilogue_lines(site: Site, ep: Epilogue) -> list[str]:
     lines = []
     for g, bias in enumerate(site.biases):
@@ -619,7 +715,8 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = _grid(site, cfg)
     early, body = _opening(site, cfg, index, "0", site.k)
-    if site.prologue is not None and cfg.dot:  # a tensor-core form: the statistics before the K loop
+    if site.prologue is not None and cfg.dot and not _one_pass(site, cfg):
+        # a tensor-core form: the statistics before the K loop
         write_sum = f"(tl.program_id({_axes(cfg)[1]}) == 0)"
         if site.prologue.norm is None:
             body += _prologue_stats(site, write_sum)
@@ -636,11 +733,14 @@ def _opening(
     site: Site, cfg: TileConfig, index: str, k_offset: str, k_extent: int, sliced: bool = False
 ) -> tuple[list[str], list[str]]:
     """(lines before the wait for the kernel before, the body's first lines): the block's indices
-    (and K slice, ``sliced``), and for the dot-free form its rows of W, go before the wait."""
+    (and K slice, ``sliced``), and for the dot-free form its rows of W, for a tensor-core form
+    with ``w_early`` its first W tiles, go before the wait."""
     opening = _indices(site, cfg, index)
     if sliced:
         opening.append(f"ks = tl.program_id(2){'.to(tl.int64)' if index == 'i64' else ''}")
     if cfg.dot:
+        if _w_early_steps(cfg, k_extent):
+            return opening + _dot_w_early(site, cfg, k_offset, k_extent, index), []
         return [], opening
     return opening + _vec_w_early(site, cfg, k_offset, k_extent), []
 

@@ -1,7 +1,9 @@
 """The few-row GEMM forms (``aot.codegen.gemm_defaults.FEW_ROWS``, off by default) on a GPU, at
 Llama-3.2-1B's shapes (bench/decode.py's ``llama-3.2-1b``, bfloat16; 2 of its 16 layers), built by
-default for this GPU's arch with the entry on (``AOTPACK_FEW_ROWS`` where set, else
-``few_16x16x256``) and batch buckets 1, 2 and 8:
+default for this GPU's arch with the entry on (``AOTPACK_FEW_ROWS`` where set, else once with
+``few_16x16x256`` and once with ``NEW``: the forms that load W's first K steps before the
+dependent-launch wait, their ``_rms`` forms in one pass over A, bfloat16 being one-pass's dtype)
+and batch buckets 1, 2 and 8:
 
 - the decode plan at 2 and 8 rows runs the few-row forms at every GEMM (q/k/v and gate/up as
   their ``_rms`` forms, the RMSNorm kernels gone), as many kernels as at one row;
@@ -26,22 +28,23 @@ from tests.gpu.test_gemm_norm_gpu import LAYERS, build_llama_1b
 pytestmark = pytest.mark.gpu
 
 BATCHES = (2, 8)
+NEW = "fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128"
+FORMS = [os.environ["AOTPACK_FEW_ROWS"]] if os.environ.get("AOTPACK_FEW_ROWS") else ["few_16x16x256", NEW]
 
 
-@pytest.fixture(scope="module")
-def llama_1b_few(tmp_path_factory):
+@pytest.fixture(scope="module", params=FORMS)
+def llama_1b_few(tmp_path_factory, request):
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV
 
-    form = os.environ.get(FEW_ROWS_ENV) or "few_16x16x256"
-    path, compiled, arch = build_llama_1b(tmp_path_factory, (1, *BATCHES), {FEW_ROWS_ENV: form})
-    return path, compiled, arch, form.split(",")[0]
+    path, compiled, arch = build_llama_1b(tmp_path_factory, (1, *BATCHES), {FEW_ROWS_ENV: request.param})
+    return path, compiled, arch, tuple(request.param.split(","))
 
 
 def test_decode_plan_runs_the_few_row_forms(llama_1b_few):
     from aot.schema import StepKind
     from aot.tuning import tuned_plans
 
-    _, compiled, arch, form = llama_1b_few
+    _, compiled, arch, forms = llama_1b_few
     programs = [compiled.program, *compiled.program.variants]
     (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
     program = programs[index]
@@ -53,7 +56,10 @@ def test_decode_plan_runs_the_few_row_forms(llama_1b_few):
         assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plan), key
         launches[key] = len(names)
         if key != (1,):
-            assert sum(n.startswith("gemm_norm_") and n.endswith(form) for n in names) == 2 * LAYERS
+            assert sum(n.startswith("gemm_norm_") and n.endswith(forms) for n in names) == 2 * LAYERS
+            if forms[0].startswith("fewe_"):  # the early-W forms' cubins wait under dependent launch
+                early = [kernels[s.target] for s in plan if s.kind == StepKind.KERNEL]
+                assert any(k.name.endswith(forms) and k.dependent_launch for k in early), key
     assert sorted(launches) == [(1,), *((b,) for b in BATCHES)]
     assert len(set(launches.values())) == 1, launches
 
@@ -62,7 +68,7 @@ def test_verify_passes_with_the_few_row_forms(llama_1b_few):
     from aot.loader.bundle import open_bundle
     from aot.verify.device import passed, reference_noise, verify
 
-    path, _, _, form = llama_1b_few
+    path, _, _, forms = llama_1b_few
     reports = verify(str(path))
     bundle = open_bundle(path)
     try:
@@ -72,5 +78,5 @@ def test_verify_passes_with_the_few_row_forms(llama_1b_few):
     assert reports
     failed = [r for r in reports if not passed(r, "bfloat16", noise)]
     assert not failed, failed[:2]
-    few = {name for r in reports for name in r.kernel_errs if name.endswith(form)}
+    few = {name for r in reports for name in r.kernel_errs if name.endswith(forms)}
     assert few, "no few-row form was checked"
