@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, GuardError
@@ -30,9 +30,6 @@ from aot.state import slots_error
 from aot.symexpr import compile_expr
 from aot.values import value_error
 
-if TYPE_CHECKING:
-    from aot.runtime.runner import Runner
-
 
 class Prepared:
     """One program at one set of sizes: the steps it runs (``steps``: its bucket's tuned plan, or
@@ -41,8 +38,8 @@ class Prepared:
     each call's own memory of ``tail_bytes`` (their pointers there are offsets, packed per call)."""
 
     def __init__(
-        self, runner: Runner, entry: Entry, sizes: dict[str, int], steps: tuple, layout: ArenaLayout
-    ):
+        self, runner: Any, entry: Entry, sizes: dict[str, int], steps: tuple, layout: ArenaLayout
+    ):  # runner: the ``aot.runtime.runner.Runner`` preparing it (its kernels, records, addresses)
         self.entry, self.sizes, self.steps, self.layout = entry, sizes, steps, layout
         self.graph: Any = None
         self.on_bucket = on_bucket(entry, sizes)  # captured as a CUDA graph on first use
