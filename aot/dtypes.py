@@ -30,6 +30,7 @@ _TABLE: dict[str, tuple[int, str]] = {
 NAMES: tuple[str, ...] = tuple(_TABLE)
 ITEMSIZE: dict[str, int] = {name: size for name, (size, _) in _TABLE.items()}
 SAFETENSORS: dict[str, str] = {code: name for name, (_, code) in _TABLE.items()}  # code -> name
+SAFETENSORS_CODE: dict[str, str] = {name: code for name, (_, code) in _TABLE.items()}  # name -> code
 
 FLOATS: frozenset[str] = frozenset({"float16", "bfloat16", "float32", "float64"})
 HALF: frozenset[str] = frozenset({"float16", "bfloat16"})

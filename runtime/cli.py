@@ -1,11 +1,15 @@
 """``aotpack-rt``: load a bundle on the CUDA driver alone, run it, time it.
 
-    aotpack-rt load BUNDLE [--sizes batch=1,seq=128] [--iters N] [--json] [--trust KEY.pub]...
+    aotpack-rt load BUNDLE [--sizes batch=1,seq=128 | --inputs IN.safetensors] [--save-outputs OUT.safetensors]
+                           [--iters N] [--json] [--trust KEY.pub]...
     aotpack-rt check BUNDLE [--trust KEY.pub]...      # every check that needs no GPU
     aotpack-rt generate BUNDLE --prompt-ids 1,2,3 --max-new-tokens N [--eos ID] [--json]
 
 Inputs are zeros of the guarded dtypes at ``--sizes`` (each symbol's smallest bucket, else its
-smallest admitted size, where not given). Errors print one line starting ``error:`` and exit 1.
+smallest admitted size, where not given), or the tensors of a safetensors file named by the
+bundle's inputs (``--inputs``, read without numpy); ``--save-outputs`` writes the first call's
+outputs as safetensors (``output_0``, ...), as ``aotpack load`` does. Errors print one line
+starting ``error:`` and exit 1.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import sys
 import time
 
-from aot.errors import AotError
+from aot.errors import AotError, GuardError
 
 STARTED = time.perf_counter()
 
@@ -48,6 +52,58 @@ def _inputs(runner, sizes: dict[str, int]) -> dict:
         name: runner.zeros(dtype, [d if type(d) is int else sizes[d] for d in dims])
         for name, _, dtype, dims in entry.guards.inputs
     }
+
+
+def _file_inputs(runner, path: str) -> dict:
+    """The tensors of safetensors file ``path``, one per input of the bundle, as host arrays over
+    the file's bytes (``Runner.array`` copies them to the device)."""
+    import mmap
+
+    from aot.weights import parse_header
+
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if f.seek(0, 2) else b""
+    tensors = parse_header(data, f"--inputs {path}")
+    names = runner.checked.input_names
+    missing = [n for n in names if n not in tensors]
+    extra = sorted(set(tensors) - set(names))
+    if missing or extra:
+        raise GuardError(
+            f"--inputs {path}: expected one tensor per input {list(names)}, got {sorted(tensors)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; not inputs {extra}" if extra else "")
+        )
+    return {
+        name: runner.array(data[begin:end], dtype, shape)
+        for name, (dtype, shape, begin, end) in ((n, tensors[n]) for n in names)
+    }
+
+
+def _save_outputs(out, path: str) -> list[str]:
+    """The call's outputs (``output_0``, ... in the model's order) as a safetensors file, written
+    without numpy; their names."""
+    import struct
+
+    from aot.dtypes import SAFETENSORS_CODE
+
+    arrays = out if isinstance(out, (tuple, list)) else [out]
+    header, blobs, at = {}, [], 0
+    for i, a in enumerate(arrays):
+        data = a.tobytes()
+        header[f"output_{i}"] = {
+            "dtype": SAFETENSORS_CODE[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [at, at + len(data)],
+        }
+        blobs.append(data)
+        at += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for data in blobs:
+            f.write(data)
+    return list(header)
 
 
 def _ids(text: str, what: str) -> list[int]:
@@ -92,11 +148,14 @@ def _load(args) -> dict:
     runner = load(args.bundle, args.trust or None, device=args.device)
     loaded = time.perf_counter()
     free0, total = runner.gpu.memory()
-    inputs = _inputs(runner, _sizes(args.sizes))
+    if args.inputs and args.sizes:
+        raise GuardError("--inputs and --sizes both choose the inputs; give one")
+    inputs = _file_inputs(runner, args.inputs) if args.inputs else _inputs(runner, _sizes(args.sizes))
     out = runner.run((), inputs)
     first = out if not isinstance(out, (tuple, list)) else out[0]
     first.tobytes()  # on the host: the answer is there
     answered = time.perf_counter()
+    saved = _save_outputs(out, args.save_outputs) if args.save_outputs else None
     times = []
     for _ in range(args.iters):
         t = time.perf_counter()
@@ -119,6 +178,8 @@ def _load(args) -> dict:
         "arena_mib": round(runner.arena_bytes / 2**20, 1),
         "device_used_mib": round((total - free) / 2**20, 1),
         "device_used_before_first_call_mib": round((total - free0) / 2**20, 1),
+        **({"inputs": args.inputs} if args.inputs else {}),
+        **({"saved_outputs": {args.save_outputs: saved}} if saved else {}),
     }
 
 
@@ -132,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print one JSON object")
         if name == "load":
             p.add_argument("--sizes", default="", help="symbol sizes, e.g. batch=1,seq=128")
+            p.add_argument("--inputs", help="safetensors file with one tensor per input name")
+            p.add_argument("--save-outputs", help="write the first call's outputs to this safetensors file")
             p.add_argument("--iters", type=int, default=0, help="timed calls after the first")
             p.add_argument("--device", type=int, default=0)
         if name == "generate":

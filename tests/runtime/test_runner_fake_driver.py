@@ -388,6 +388,46 @@ def test_the_load_command_runs_zeros_made_on_the_device(pointwise, fake, monkeyp
     assert launches and all(words[3] == 3 for _, _, _, words in launches)  # s_batch
 
 
+def test_the_load_command_reads_inputs_and_saves_outputs_as_safetensors(
+    pointwise,  # noqa: F811
+    fake,
+    monkeypatch,
+    capsys,
+    tmp_path,
+):
+    """``aotpack-rt load --inputs IN --save-outputs OUT``: the inputs are the file's tensors by
+    input name, read without numpy; the outputs are written as safetensors (``output_0``) that
+    equal the model's; a file without a tensor per input, or both --inputs and --sizes, is a
+    one-line error."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from aot.runtime import cli
+
+    monkeypatch.setattr(drv, "Device", lambda ordinal: fake)
+    x = np.arange(5 * 16, dtype=np.float32).reshape(5, 16) - 30
+    save_file({"x": x}, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out.safetensors"
+    argv = ["load", str(pointwise), "--inputs", str(tmp_path / "in.safetensors"), "--save-outputs", str(out)]
+    assert cli.main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["saved_outputs"] == {str(out): ["output_0"]}
+    w = np.frombuffer(ctypes.string_at(fake_weights(fake), 64), np.float32)
+    np.testing.assert_array_equal(load_file(str(out))["output_0"], np.maximum(0, x * 2 + w))
+    save_file({"y": x}, str(tmp_path / "wrong.safetensors"))
+    assert cli.main(["load", str(pointwise), "--inputs", str(tmp_path / "wrong.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --inputs ") and "missing ['x']; not inputs ['y']" in err
+    assert cli.main([*argv[:4], "--sizes", "batch=2"]) == 1
+    assert "both choose the inputs" in capsys.readouterr().err
+
+
+def fake_weights(fake) -> int:
+    """The address of the weights' allocation: the fake device's first."""
+    return next(iter(fake.buffers))
+
+
 def test_zeros_are_device_arrays_of_zeros(pointwise, fake):  # noqa: F811
     from aot.errors import GuardError
     from aot.runtime import check
