@@ -14,7 +14,7 @@ The structs are DLPack's stable ABI (``dlpack.h`` v0.8, unversioned capsules nam
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aot.dtypes import ITEMSIZE
@@ -139,20 +139,19 @@ class ArrayView:
 
     @property
     def rows(self) -> tuple[int, int, int] | None:
-        """``pitched``'s (row bytes, pitch bytes, rows) of a strided view; None where dense."""
+        """``rows_at_pitch``'s (row bytes, pitch bytes, rows) of a strided view; None where dense."""
         if self.contiguous:
             return None
-        return pitched(self.shape, self.strides, ITEMSIZE[self.dtype])
+        return rows_at_pitch(self.shape, self.strides, ITEMSIZE[self.dtype])
 
     @property
     def nbytes(self) -> int:
-        n = ITEMSIZE[self.dtype]
-        for s in self.shape:
-            n *= s
-        return n
+        return array_bytes(self.dtype, self.shape)
 
 
-def pitched(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int, int] | None:
+def rows_at_pitch(
+    shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
+) -> tuple[int, int, int] | None:
     """Where an array of ``shape`` and element ``strides`` is rows of contiguous elements at one
     pitch (a slice of a wider row-major array, ``x[:, :n]``): (row bytes, pitch bytes, rows),
     what one 2-D copy packs. None for any other layout (broadcast, transposed, gaps in two dims)."""
@@ -173,6 +172,25 @@ def pitched(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
     if pitch < width:
         return None
     return (width * itemsize, pitch * itemsize, rows)
+
+
+def strides_at_pitch(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
+    """Element strides of ``shape`` whose rows (every index but the last) lie ``pitch`` apart:
+    ``rows_at_pitch``'s layout, the other way round."""
+    strides = [1] * len(shape)
+    n = pitch
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = n
+        n *= shape[i]
+    return tuple(strides)
+
+
+def array_bytes(dtype: str, shape: Sequence[int]) -> int:
+    """Bytes of a dense array of ``dtype`` and ``shape``."""
+    n = ITEMSIZE[dtype]
+    for d in shape:
+        n *= d
+    return n
 
 
 class _PyBuffer(ctypes.Structure):
@@ -253,9 +271,7 @@ def from_bytes(data: Any, dtype: str, shape: tuple[int, ...], name: str) -> Arra
     if dtype not in _CODES:
         raise GuardError(f"input {name!r}: dtype {str(dtype)[:20]!r} is none of {sorted(_CODES)}")
     shape = tuple(int(d) for d in shape)
-    nbytes = ITEMSIZE[dtype]
-    for d in shape:
-        nbytes *= d
+    nbytes = array_bytes(dtype, shape)
     face = memoryview(data)
     if not face.c_contiguous or face.nbytes != nbytes:
         raise GuardError(
@@ -385,10 +401,7 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
-        n = ITEMSIZE[self.dtype]
-        for s in self.shape:
-            n *= s
-        return n
+        return array_bytes(self.dtype, self.shape)
 
     def __repr__(self) -> str:
         kind = DEVICE_NAMES.get(self.device[0], str(self.device[0]))
@@ -437,7 +450,7 @@ class DeviceArray:
         if self.strides is None or not all(self.shape):
             return out.raw[: self.nbytes]
         item = ITEMSIZE[self.dtype]
-        rows = pitched(self.shape, self.strides, item)
+        rows = rows_at_pitch(self.shape, self.strides, item)
         data = memoryview(out).cast("B")  # ``out.raw`` would copy the whole span at every use
         if rows is not None:
             width, pitch, count = rows

@@ -23,7 +23,7 @@ from aot.dtypes import ITEMSIZE
 from aot.errors import BundleError, GuardError
 from aot.program import DRIVER_COPIES, tensor_specs
 from aot.runtime import driver as drv
-from aot.runtime.arrays import CPU, ArrayView
+from aot.runtime.arrays import CPU, ArrayView, array_bytes
 from aot.runtime.plan import ArenaLayout, Entry
 from aot.schema import Buf, ParamKind, StepKind, Sym
 from aot.state import slots_error
@@ -129,21 +129,8 @@ class Prepared:
             del storage
 
 
-def pitched(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
-    """Element strides of ``shape`` whose rows (every index but the last) lie ``pitch`` apart."""
-    strides = [1] * len(shape)
-    n = pitch
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = n
-        n *= shape[i]
-    return tuple(strides)
-
-
 def _spec_bytes(spec, sizes) -> int:
-    n = ITEMSIZE[spec.dtype]
-    for s in spec.shape:
-        n *= compile_expr(s)(sizes)
-    return n
+    return array_bytes(spec.dtype, [compile_expr(s)(sizes) for s in spec.shape])
 
 
 def bucket_keys(entry: Entry) -> list[tuple[int, ...]]:

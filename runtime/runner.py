@@ -38,8 +38,18 @@ from aot.errors import BundleError, EnvError, GuardError
 from aot.program import TAIL_MIN_BYTES, tensor_specs
 from aot.pytree import unflatten
 from aot.runtime import driver as drv
-from aot.runtime.arrays import CPU, CUDA, DTYPES, ArrayView, DeviceArray, from_bytes, from_dlpack
-from aot.runtime.calls import Prepared, bucket_keys, check_slots, check_values, pitched
+from aot.runtime.arrays import (
+    CPU,
+    CUDA,
+    DTYPES,
+    ArrayView,
+    DeviceArray,
+    array_bytes,
+    from_bytes,
+    from_dlpack,
+    strides_at_pitch,
+)
+from aot.runtime.calls import Prepared, bucket_keys, check_slots, check_values
 from aot.runtime.plan import ArenaLayout, Checked, Entry, check_bundle, tail_start
 from aot.runtime.weights import Upload
 from aot.schema import StepKind
@@ -284,7 +294,9 @@ class Runner:
             for (kind, at), dtype, shape, nbytes, rows in prepared.outputs:
                 address = tail.ptr + at if kind == "tail" else at
                 if kind == "tail":  # the caller's already: no copy (rows apart: a strided array)
-                    strides = pitched(shape, rows[1] // ITEMSIZE[dtype]) if rows is not None else None
+                    strides = (
+                        strides_at_pitch(shape, rows[1] // ITEMSIZE[dtype]) if rows is not None else None
+                    )
                     outputs.append((tail, address, dtype, shape, strides))
                     continue
                 memory = _Memory(self.gpu, nbytes)
@@ -328,9 +340,7 @@ class Runner:
         no inputs are given: no host array, so no numpy)."""
         if dtype not in DTYPES:
             raise GuardError(f"dtype {str(dtype)[:20]!r} is not one of {sorted(DTYPES)}")
-        nbytes = ITEMSIZE[dtype]
-        for d in shape:
-            nbytes *= d
+        nbytes = array_bytes(dtype, shape)
         memory = _Memory(self.gpu, nbytes)
         self.gpu.zero(memory.ptr, nbytes)
         self.gpu.synchronize()  # zero before any consumer's stream reads it, as ``array``

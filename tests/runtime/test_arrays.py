@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aot.errors import GuardError
-from aot.runtime.arrays import CPU, DeviceArray, from_bytes, from_dlpack, pitched
+from aot.runtime.arrays import CPU, DeviceArray, from_bytes, from_dlpack, rows_at_pitch
 
 
 def test_a_numpy_array_comes_in_zero_copy_with_its_facts():
@@ -97,14 +97,14 @@ def test_a_slice_of_wider_rows_goes_out_with_its_strides():
 
 
 def test_layouts_one_2d_copy_packs():
-    """``pitched``: (row bytes, pitch bytes, rows) of rows at one pitch; None for any other layout."""
-    assert pitched((2, 3, 5), (24, 8, 1), 2) == (10, 16, 6)  # x[:, :, :5] of [2, 3, 8]
-    assert pitched((4, 16), (24, 1), 4) == (64, 96, 4)
-    assert pitched((1, 7), (99, 1), 4) == (28, 28, 1)  # one row: dense
-    assert pitched((3, 4), (1, 3), 4) is None  # transposed
-    assert pitched((3, 4), (0, 1), 4) is None  # broadcast rows
-    assert pitched((2, 3, 5), (40, 8, 1), 2) is None  # gaps at two levels
-    assert pitched((6,), (2,), 4) is None  # every other element
+    """``rows_at_pitch``: (row bytes, pitch bytes, rows) of rows at one pitch; None for any other layout."""
+    assert rows_at_pitch((2, 3, 5), (24, 8, 1), 2) == (10, 16, 6)  # x[:, :, :5] of [2, 3, 8]
+    assert rows_at_pitch((4, 16), (24, 1), 4) == (64, 96, 4)
+    assert rows_at_pitch((1, 7), (99, 1), 4) == (28, 28, 1)  # one row: dense
+    assert rows_at_pitch((3, 4), (1, 3), 4) is None  # transposed
+    assert rows_at_pitch((3, 4), (0, 1), 4) is None  # broadcast rows
+    assert rows_at_pitch((2, 3, 5), (40, 8, 1), 2) is None  # gaps at two levels
+    assert rows_at_pitch((6,), (2,), 4) is None  # every other element
 
 
 def test_host_buffers_come_in_without_numpy():
