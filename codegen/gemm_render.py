@@ -200,12 +200,12 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append(
             "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # the statistics, summed as A is loaded"
         )
-    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    need_k_mask = _k_bounded(site, cfg, k_offset)
     kmask_a = " & (rk[None, :] < " + str(site.k) + ")" if need_k_mask else ""
     kmask_w = " & (rk[:, None] < " + str(site.k) + ")" if need_k_mask else ""
     first = _w_early_steps(cfg, k_extent)
     for i in range(first):  # the steps whose W tiles were loaded before the wait
-        base = f"{k_offset} + {i * cfg.block_k}" if k_offset != "0" else str(i * cfg.block_k)
+        base = _k_base(k_offset, i * cfg.block_k)
         lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
         lines += _a_tile(site, cfg, kmask_a)
         lines += [f"acc{g} = tl.dot(a, w{g}_e{i}, acc{g}{precision})" for g in weights]
@@ -233,6 +233,16 @@ def _plus(base: str) -> str:
     return "" if base == "0" else f"{base} + "
 
 
+def _k_base(k_offset: str, k0: int) -> str:
+    """The first K index of the K step ``k0`` elements into the kernel's K (its slice's, at ``k_offset``)."""
+    return f"{k_offset} + {k0}" if k_offset != "0" else str(k0)
+
+
+def _k_bounded(site: Site, cfg: TileConfig, k_offset: str) -> bool:
+    """Whether a K step must mask K's end: the kernel reads a slice of K, or K is not whole steps."""
+    return k_offset != "0" or site.k % cfg.block_k != 0
+
+
 def _w_at(site: Site, g: int, index: str) -> str:
     """The address of GEMM ``g``'s W^T tile at ``rk`` x ``rn``."""
     rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
@@ -248,11 +258,11 @@ def _w_early_steps(cfg: TileConfig, k_extent: int) -> int:
 def _dot_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str) -> list[str]:
     """A tensor-core form's first ``w_early`` W tiles, loaded before the wait for the kernel
     before (a weight: no kernel writes it), kept in registers until A's rows are there."""
-    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    need_k_mask = _k_bounded(site, cfg, k_offset)
     kmask_w = f" & (rk[:, None] < {site.k})" if need_k_mask else ""
     lines = ["# W's first K steps, before the wait (see kernel_module)"]
     for i in range(_w_early_steps(cfg, k_extent)):
-        base = f"{k_offset} + {i * cfg.block_k}" if k_offset != "0" else str(i * cfg.block_k)
+        base = _k_base(k_offset, i * cfg.block_k)
         lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)")
         lines += [
             f"w{g}_e{i} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)"
@@ -291,10 +301,10 @@ def _a_tile(site: Site, cfg: TileConfig, kmask_a: str) -> list[str]:
 def _vec_k(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[tuple[str, str]]:
     """The dot-free form's K steps, unrolled (a row of W is a few steps at most): per step, the
     expression of its K indices and the mask of K it needs ("" where every step is whole)."""
-    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    need_k_mask = _k_bounded(site, cfg, k_offset)
     steps = []
     for k0 in range(0, k_extent, cfg.block_k):
-        base = f"{k_offset} + {k0}" if k_offset != "0" else str(k0)
+        base = _k_base(k_offset, k0)
         steps.append(
             (f"{base} + tl.arange(0, BLOCK_K)", f" & (rk[None, :] < {site.k})" if need_k_mask else "")
         )
@@ -360,7 +370,7 @@ def _vec_steps_ln(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> 
     pro = site.prologue
     k = site.k
     steps = _vec_k(site, cfg, k_offset, k_extent)
-    need_k_mask = k_offset != "0" or k % cfg.block_k != 0
+    need_k_mask = _k_bounded(site, cfg, k_offset)
     lines = ["# A's row inputs, per K step, loaded once"]
     for i, (rk, _) in enumerate(steps):
         lines.append(f"rk{i} = {rk}")
@@ -398,7 +408,7 @@ def _vec_steps_norm(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -
     early-loaded W rows."""
     norm = site.prologue.norm
     steps = [rk for rk, _ in _vec_k(site, cfg, k_offset, k_extent)]
-    need_k_mask = k_offset != "0" or site.k % cfg.block_k != 0
+    need_k_mask = _k_bounded(site, cfg, k_offset)
     lines = ["# the row norm's inputs and its values before the statistics, per K step"]
     lines += _norm_stats(site, f"tl.program_id({_axes(cfg)[1]}) == 0", steps, need_k_mask)
     lines += [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
