@@ -393,6 +393,13 @@ def _whole(step: Step, src: TensorSpec, out: TensorSpec) -> bool:
     return False
 
 
+def _slice_args(step: Step) -> tuple:
+    """(dim, start, end, step) of an ``aten.slice.Tensor`` step, its defaults filled in (end None:
+    to the end)."""
+    args = [*step.args[1:], *([None] * 4)][:4]
+    return args[0], args[1] or 0, args[2], args[3] or 1
+
+
 def _leading_run(step: Step, src: TensorSpec) -> int | None:
     """Where a slice of step 1 whose dims before the sliced one all hold one element starts, in
     elements from its input's (``position_ids[:, :seq]`` of ``[1, P]``): its elements are one run
@@ -400,8 +407,7 @@ def _leading_run(step: Step, src: TensorSpec) -> int | None:
     depends on a size (the dims after the sliced one are not static)."""
     from aot.manifest_text import static_size
 
-    args = [*step.args[1:], *([None] * 4)][:4]
-    dim, start, every = args[0], args[1] or 0, args[3] or 1
+    dim, start, _, every = _slice_args(step)
     rank = len(src.shape)
     if src.order or not rank or type(dim) is not int or type(start) is not int or every != 1 or start < 0:
         return None
@@ -443,8 +449,7 @@ def aliases(program: Program, steps: Sequence[Step]) -> dict[str, Alias]:
         elif step.target == ROW_SLICE and not at.width and (lead := _leading_run(step, src_spec)) is not None:
             out[result] = Alias(at.base, at.offset + lead)
         elif step.target == ROW_SLICE and not at.width:
-            args = [*step.args[1:], *([None] * 4)][:4]
-            dim, start, end, stride = args[0], args[1] or 0, args[2], args[3] or 1
+            dim, start, end, stride = _slice_args(step)
             rank = len(src_spec.shape)
             size = static_size(src_spec.shape[-1]) if rank else None
             if type(dim) is not int or dim % max(rank, 1) != rank - 1 or stride != 1 or size is None:
