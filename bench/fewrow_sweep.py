@@ -455,15 +455,29 @@ def _label(form: dict | None) -> str:
     return s + (f" [{form['codegen']}]" if "codegen" in form else "")
 
 
-def chain(model: str, m: int, pick, dtype) -> float:
-    """µs of one decode step's GEMMs at ``m`` rows in one graph; ``pick(site)``: a form, or None
-    for cuBLAS (also where a codegen form makes no kernel at that site's shape)."""
+def _step_gemms(model: str, m: int, dtype):
+    """(site, N, K, A, W) of each GEMM of one decode step of ``model`` at ``m`` rows, in order:
+    A shared by the GEMMs of one K, each W its own (cold, as a step streams it)."""
     spec = MODELS[model]
-    runs, keep = [], []
     a_by_k = {}
     for site, n, k in [*spec["sites"]] * spec["layers"] + [spec["head"]]:
         a = a_by_k.setdefault(k, torch.randn(m, k, device="cuda", dtype=dtype))
-        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+        yield site, n, k, a, torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+
+
+def _graph_us(runs: list, keep: list) -> float:
+    """µs of ``runs`` in one graph; then ``keep``'s memory (the operands) handed back."""
+    us = graph_us(runs, 1)
+    keep.clear()
+    torch.cuda.empty_cache()
+    return us
+
+
+def chain(model: str, m: int, pick, dtype) -> float:
+    """µs of one decode step's GEMMs at ``m`` rows in one graph; ``pick(site)``: a form, or None
+    for cuBLAS (also where a codegen form makes no kernel at that site's shape)."""
+    runs, keep = [], []
+    for site, n, k, a, w in _step_gemms(model, m, dtype):
         form = pick(site)
         if form is not None and "rendered" in form and not rendered(n, k, DTYPE_NAMES[dtype], form["config"]):
             form = None
@@ -475,10 +489,7 @@ def chain(model: str, m: int, pick, dtype) -> float:
         one = _Lone(n, k, m, a, w, dtype)
         runs += one.launches(form)
         keep.append(one)
-    us = graph_us(runs, 1)
-    del keep
-    torch.cuda.empty_cache()
-    return us
+    return _graph_us(runs, keep)
 
 
 class _Lone(Shape):
@@ -520,12 +531,8 @@ def table_chain(model: str, m: int, forms: tuple | None, dtype, pdl: bool) -> fl
     for the kernel before as the bundle's sm_90 cubins do (cuBLAS and the norm kernel never)."""
     from aot.codegen.gemm_defaults import LONG_K, WIDE_N
 
-    spec = MODELS[model]
     runs, keep = [], []
-    a_by_k = {}
-    for site, n, k in [*spec["sites"]] * spec["layers"] + [spec["head"]]:
-        a = a_by_k.setdefault(k, torch.randn(m, k, device="cuda", dtype=dtype))
-        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+    for site, n, k, a, w in _step_gemms(model, m, dtype):
         norm = model.startswith("llama") and site in NORM_SITES
         one = _Lone(n, k, m, a, w, dtype, norm)
         keep.append(one)
@@ -548,10 +555,7 @@ def table_chain(model: str, m: int, forms: tuple | None, dtype, pdl: bool) -> fl
             continue
         form = {"config": name, "rendered": name, "pdl": pdl, **({"norm": "fused"} if fused else {})}
         runs += one.launches(form)
-    us = graph_us(runs, 1)
-    del keep
-    torch.cuda.empty_cache()
-    return us
+    return _graph_us(runs, keep)
 
 
 def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[dict]:
