@@ -247,22 +247,23 @@ def rt_worker(model: str, bundle: Path, work: Path, calls: int, warmup: int) -> 
     """The ``aotpack-rt`` worker's command line, its inputs (every measured shape's, made as
     ``bench/worker.py`` makes them) written first to ``work/MODEL.inputs.npz``."""
     import numpy as np
-    from common import SHAPES, make_inputs, shape_label
+    from common import SHAPES, load_spec, make_inputs, shape_label
+    from safetensors.numpy import save_file
 
-    arrays, first = {}, []
+    arrays = {}
     for i, sizes in enumerate(SHAPES[model]):
         for j, x in enumerate(make_inputs(model, sizes, "cpu")):
             arrays[f"{i}.{j}"] = x.numpy()
-            if i == 0:  # the first shape's also as raw bytes: the worker's first call without numpy
-                (work / f"{model}.first.{j}.bin").write_bytes(x.numpy().tobytes())
-                first.append([str(x.dtype).removeprefix("torch."), list(x.shape)])
     path = work / f"{model}.inputs.npz"
     np.savez(path, **arrays)
-    (work / f"{model}.first.json").write_text(json.dumps(first))
+    # the first shape's also by input name: the worker's first call reads it without numpy
+    names = [inp.name for inp in load_spec(model).inputs]
+    first = work / f"{model}.first.safetensors"
+    save_file({name: arrays[f"0.{j}"] for j, name in enumerate(names)}, str(first))
     labels = json.dumps([shape_label(s) for s in SHAPES[model]])
     return [
         str(HERE / "worker_rt.py"), model, "--spawned-at", "0", "--bundle", str(bundle), "--inputs", str(path),
-        "--first", str(work / f"{model}.first"),
+        "--first", str(first),
         "--labels", labels, "--out", str(work), "--calls", str(calls), "--warmup", str(warmup),
     ]  # fmt: skip
 

@@ -1,7 +1,8 @@
 """One ``aotpack-rt`` measurement in a fresh process that never imports torch (``bench/run.py``'s
 system ``aotpack-rt``), shaped like ``bench/worker.py``'s result.
 
-    python bench/worker_rt.py MODEL --spawned-at T --bundle MODEL-lf.tpk --inputs DIR --out DIR
+    python bench/worker_rt.py MODEL --spawned-at T --bundle MODEL-lf.tpk --inputs DIR/MODEL.inputs.npz \
+        --first DIR/MODEL.first.safetensors --labels JSON --out DIR
 
 ``DIR/MODEL.inputs.npz`` (written by ``bench/run.py``, with torch, before this process starts)
 holds the inputs of each measured shape, ``{shape index}.{input index}``. Cold start is the wall
@@ -37,7 +38,7 @@ def main() -> None:
     ap.add_argument("--spawned-at", type=float, required=True)
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--inputs", required=True)
-    ap.add_argument("--first", required=True, help="the first shape's inputs: PREFIX.json, PREFIX.J.bin")
+    ap.add_argument("--first", required=True, help="the first shape's inputs by name (safetensors)")
     ap.add_argument("--labels", required=True, help="JSON list of the shapes' labels")
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=200)
@@ -53,17 +54,11 @@ def main() -> None:
     runner = aot.runtime.load(args.bundle)
     loaded = time.time()
     context = runner.context_bytes
-    # the first call's inputs: raw bytes off the disk, as a server reads its requests off the wire
-    # (no numpy before the answer)
-    with open(f"{args.first}.json") as f:
-        first_specs = json.load(f)
-    first_host = []
-    for j, (dtype, shape) in enumerate(first_specs):
-        with open(f"{args.first}.{j}.bin", "rb") as f:
-            first_host.append((f.read(), dtype, shape))
-    inputs = [runner.array(*x) for x in first_host]
+    # the first call's inputs: a safetensors file read as raw bytes (``Runner.inputs_from``), as a
+    # server reads its requests off the wire (no numpy before the answer)
+    inputs = runner.inputs_from(args.first)
     called = time.time()
-    first(runner.run(inputs)).tobytes()
+    first(runner.run((), inputs)).tobytes()
     done = time.time()
     free_after_first = runner.gpu.memory()[0]
     import numpy as np

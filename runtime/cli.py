@@ -54,31 +54,6 @@ def _inputs(runner, sizes: dict[str, int]) -> dict:
     }
 
 
-def _file_inputs(runner, path: str) -> dict:
-    """The tensors of safetensors file ``path``, one per input of the bundle, as host arrays over
-    the file's bytes (``Runner.array`` copies them to the device)."""
-    import mmap
-
-    from aot.weights import parse_header
-
-    with open(path, "rb") as f:
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if f.seek(0, 2) else b""
-    tensors = parse_header(data, f"--inputs {path}")
-    names = runner.checked.input_names
-    missing = [n for n in names if n not in tensors]
-    extra = sorted(set(tensors) - set(names))
-    if missing or extra:
-        raise GuardError(
-            f"--inputs {path}: expected one tensor per input {list(names)}, got {sorted(tensors)}"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; not inputs {extra}" if extra else "")
-        )
-    return {
-        name: runner.array(data[begin:end], dtype, shape)
-        for name, (dtype, shape, begin, end) in ((n, tensors[n]) for n in names)
-    }
-
-
 def _save_outputs(out, path: str) -> list[str]:
     """The call's outputs (``output_0``, ... in the model's order) as a safetensors file, written
     without numpy; their names."""
@@ -150,7 +125,10 @@ def _load(args) -> dict:
     free0, total = runner.gpu.memory()
     if args.inputs and args.sizes:
         raise GuardError("--inputs and --sizes both choose the inputs; give one")
-    inputs = _file_inputs(runner, args.inputs) if args.inputs else _inputs(runner, _sizes(args.sizes))
+    if args.inputs:
+        inputs = runner.inputs_from(args.inputs, f"--inputs {args.inputs}")
+    else:
+        inputs = _inputs(runner, _sizes(args.sizes))
     out = runner.run((), inputs)
     first = out if not isinstance(out, (tuple, list)) else out[0]
     first.tobytes()  # on the host: the answer is there

@@ -335,6 +335,33 @@ class Runner:
             memory.ptr, view.dtype, view.shape, (CUDA, self.gpu.ordinal), memory, self.gpu.to_host
         )
 
+    def inputs_from(self, path: str | os.PathLike, where: str | None = None) -> dict[str, DeviceArray]:
+        """The tensors of safetensors file ``path``, one per input of the bundle, each copied to
+        device memory of its own (``array``) from the mapped file: inputs without numpy.
+        ``GuardError`` naming ``where`` (default: the path) unless the file holds exactly the
+        bundle's inputs."""
+        import mmap
+
+        from aot.weights import parse_header
+
+        where = where or str(path)
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if f.seek(0, 2) else b""
+        tensors = parse_header(data, where)
+        names = self.checked.input_names
+        missing = [n for n in names if n not in tensors]
+        extra = sorted(set(tensors) - set(names))
+        if missing or extra:
+            raise GuardError(
+                f"{where}: expected one tensor per input {list(names)}, got {sorted(tensors)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; not inputs {extra}" if extra else "")
+            )
+        return {
+            name: self.array(data[begin:end], dtype, shape)
+            for name, (dtype, shape, begin, end) in ((n, tensors[n]) for n in names)
+        }
+
     def zeros(self, dtype: str, shape: Sequence[int]) -> DeviceArray:
         """An array of zeros in device memory of its own (what ``aotpack-rt load`` passes when
         no inputs are given: no host array, so no numpy)."""

@@ -192,3 +192,8 @@ def test_the_aotpack_rt_worker_gets_every_shapes_inputs_as_numpy(tmp_path):
     for i, sizes in enumerate(SHAPES["mlp"]):
         for j, x in enumerate(make_inputs("mlp", sizes, "cpu")):
             np.testing.assert_array_equal(stored[f"{i}.{j}"], x.numpy())
+    from safetensors.numpy import load_file
+
+    first = load_file(args["--first"])  # the first shape's, by input name: read without numpy
+    assert list(first) == ["x"]
+    np.testing.assert_array_equal(first["x"], stored["0.0"])
