@@ -31,10 +31,12 @@ So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where
 ``SHORT_K``, ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
 out), ``vec_1x2x1024`` otherwise (``_rms`` or ``_ln``: with the RMSNorm or LayerNorm kernel
 before it, and the residual add in that kernel, computed in the GEMV's prologue); every other
-site and bucket keeps the library, but for the few-row entry: buckets of 2-16 rows (decode at
-batch 2-16) run the tensor-core form ``FEW_ROWS`` names, as its ``_rms``/``_ln`` variant where a
-norm kernel made A. It is off (None) until ``bench/fewrow_sweep.py`` and ``bench/decode.py`` have
-measured it on the GPU; ``AOTPACK_FEW_ROWS`` turns it on for one build. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
+site and bucket keeps the library, but for the few-row entry: at buckets of 2-16 rows (decode at
+batch 2-16) a site with small weights (below ``SMALL_WEIGHT_BYTES``) or a vocabulary's N runs a
+tensor-core ``fewe_`` form (``BUILT_IN_FEW_ROWS``), as its ``_rms``/``_ln`` variant where a norm
+kernel made A; larger sites keep cuBLAS, which streamed Llama-3.2-1B's layer weights faster in a
+whole decode step. ``FEW_ROWS`` or ``AOTPACK_FEW_ROWS`` name forms for every site instead (or
+``off``), for measuring. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
 GPU of its arch), and only those forms are compiled, so a build takes a few kernels more, not the
 whole candidate set. ``aotpack tune`` on the user's GPU replaces the table (with
 ``--gemm-candidates`` builds it searches every form).
@@ -70,10 +72,12 @@ LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps 
 # ``few_16x32x256,few_splitk_16x64x128,few_16x64x128``):
 # Llama-3.2-1B 1.298 ms/token against cuBLAS's 1.032, GPT-2 0.471 against 0.489 (another run):
 # the ``_rms`` forms read A's rows again in every block, and W's loads wait for the kernel before
-# (no early loads under dependent launch, as the one-row forms have). So: OFF (None: cuBLAS at
-# those buckets).
+# (no early loads under dependent launch, as the one-row forms have). So FEW_ROWS, every site,
+# stays None.
 # The ``fewe_*`` forms (gemm_forms.FEW_ROW_CONFIGS) answer both: W's first K steps load before the
-# wait, and their ``_rms`` forms sum the statistics in the K loop (bfloat16); not yet measured.
+# wait, and their ``_rms`` forms sum the statistics in the K loop (bfloat16). At every site of
+# Llama-3.2-1B at 8 rows they ran 1.170 ms a token against cuBLAS's 1.001 (below): better than the
+# few_ forms, still not there at its sizes; so they take the small sites only.
 # FEW_ROWS at every site, FEW_ROWS_WIDE where N >= WIDE_N, FEW_ROWS_LONG_K where K >= LONG_K (a site
 # where a form makes no kernel keeps the library). The environment overrides them for a build
 # (bench/decode.py): FEW_ROWS_ENV="<form>[,<form at long K>[,<form at wide N>]]" or "off",
@@ -82,21 +86,43 @@ FEW_ROWS: str | None = None
 FEW_ROWS_LONG_K: str | None = None
 FEW_ROWS_WIDE: str | None = None
 WIDE_N = 8192
+# The built-in few-row entry, where neither FEW_ROWS nor the environment names forms: the fewe_
+# forms (at long K, at wide N: as above) at the sites where they won in a whole step, weights
+# below SMALL_WEIGHT_BYTES (a launch-bound GEMM, which the early W loads and the norm kernels
+# folded away win) and vocabulary heads (N >= VOCAB_N, where cuBLAS is far off at odd N). On an
+# H200 at 8 rows (2026-11-29: bench/results/decode/decode-*-b8-*-h200-2026-11-29-pm.json,
+# bench/results/ab-mlp-few-rows-h200-2026-11-29.json):
+# - Llama-3.2-1B's layer GEMMs (8-64 MiB of weights each) at every site 1.170 ms a token against
+#   cuBLAS's 1.001; with the o projection (8 MiB) and the LM head on them 0.991, the LM head alone
+#   (this table) 0.983 (each on another machine);
+# - GPT-2 (1-4.5 MiB, LM head N 50257): 0.446 against cuBLAS's 0.473 in one command, 70 launches a
+#   step against 118, the same tokens; the LM head alone 23.6 us against 109 (fewrow_sweep);
+# - the example mlp (8 MiB sites, K 1024 and 4096), paired in one process: 0.1105 ms at batch 8
+#   against cuBLAS's 0.1024 (7% slower, 12 of 12 rounds), though 74 MiB of device memory against
+#   172 (cuBLAS never loads). Hence below 8 MiB, not at it.
+BUILT_IN_FEW_ROWS = ("fewe_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128")
+SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight below this many bytes
+VOCAB_N = 32000
+ITEM_BYTES = 2  # HALF's
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 
 
-def few_row_forms() -> tuple[str | None, str | None, str | None, bool]:
+def few_row_forms() -> tuple[str | None, str | None, str | None, bool, bool]:
     """(the few-row form, the one at long K, the one at wide N, whether their norm-prologue
-    variants run) in effect: the module's settings, or the environment's where set."""
+    variants run, whether they run at every site rather than the built-in entry's small and
+    vocabulary sites) in effect: the module's settings, or the environment's where set, else
+    the built-in entry (``BUILT_IN_FEW_ROWS``)."""
     names = [f.name for f in FEW_ROW_CONFIGS]
     forms = [FEW_ROWS, FEW_ROWS_LONG_K, FEW_ROWS_WIDE]
+    every = FEW_ROWS is not None
     prologue = FEW_ROWS_PROLOGUE
     text = os.environ.get(FEW_ROWS_ENV, "").strip()
     if text:
         parts = [p.strip() for p in text.split(",")]
+        every = True
         if parts == ["off"]:
             forms = [None, None, None]
         elif 1 <= len(parts) <= 3 and all(parts):
@@ -117,13 +143,16 @@ def few_row_forms() -> tuple[str | None, str | None, str | None, bool]:
                 f"few-row form {name!r} (gemm_defaults.FEW_ROWS or {FEW_ROWS_ENV}) is not a form of "
                 f"gemm_forms.FEW_ROW_CONFIGS: expected one of {', '.join(names)}, or 'off'"
             )
+    if not every:
+        forms = list(BUILT_IN_FEW_ROWS)
     form, long_k, wide = forms
-    return form, long_k, wide, prologue
+    return form, long_k, wide, prologue, every
 
 
 def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
-    """The form a default build runs a GEMM of ``rows`` x ``k`` (x ``n`` columns) in ``dtype``
-    with on ``DEFAULT_ARCH``; None: the library."""
+    """The form a default build runs a GEMM of ``rows`` x ``k`` (x ``n`` columns; 0: not known,
+    which the built-in few-row entry does not take) in ``dtype`` with on ``DEFAULT_ARCH``; None:
+    the library."""
     if dtype not in HALF:
         return None
     if rows == 1:
@@ -133,7 +162,9 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
             return "vec_1x1x512"
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
-        form, long_k, wide, _ = few_row_forms()
+        form, long_k, wide, _, every = few_row_forms()
+        if not every and not (0 < k * n * ITEM_BYTES < SMALL_WEIGHT_BYTES or n >= VOCAB_N):
+            return None  # the built-in entry: small weights and vocabulary heads only
         if long_k is not None and k >= LONG_K:
             return long_k
         if wide is not None and n >= WIDE_N:

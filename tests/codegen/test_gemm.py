@@ -237,11 +237,12 @@ def test_interpreter_check_can_fail(built, tmp_path):
 
 
 def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
-    """Without the flag the default build renders and compiles, per GEMM site, only the form the
-    built-in table names (``aot.codegen.gemm_defaults``: a one-row GEMV on sm_90), and the whole
-    candidate set never; the table names exactly the candidates there are."""
+    """Without the flag the default build renders and compiles, per GEMM site, only the forms the
+    built-in table names (``aot.codegen.gemm_defaults``: a one-row GEMV on sm_90, and at 2-16 rows
+    the built-in few-row form, the small mlp's weights being small), and the whole candidate set
+    never; the table names exactly the candidates there are, each at its buckets."""
     from aot.codegen import gemm, gemm_render
-    from aot.codegen.gemm_defaults import FORMS
+    from aot.codegen.gemm_defaults import BUILT_IN_FEW_ROWS, FORMS
 
     model = ROOT / "tests" / "data" / "small_mlp.py"
     rendered: list[tuple[str, ...]] = []
@@ -254,12 +255,21 @@ def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gemm, "render_candidates", only_default_forms)
     compiled = _build(model, tmp_path / "a.tpk", gemm_candidates=False)
-    assert rendered and all(len(names) == 1 and names[0] in FORMS for names in rendered)
+    assert rendered and all(
+        names[0] in FORMS and set(names[1:]) <= set(BUILT_IN_FEW_ROWS) and len(names) <= 2
+        for names in rendered
+    )
+    assert any(len(names) == 2 for names in rendered)  # small_mlp has buckets of 2-16 rows
     sites = {s.id: s for s in compiled.program.alternatives}
-    assert all(len(s.candidates) == 1 for s in sites.values())
+    assert all(1 <= len(s.candidates) <= 2 for s in sites.values())
     table = compiled.tuning
-    assert table is not None and {(c.site, c.choice) for c in table.choices} == {
-        (s.id, s.candidates[0].name) for s in sites.values()
+    assert table is not None and {
+        (c.site, c.choice, tuple(sorted(c.sizes.items()))) for c in table.choices
+    } == {
+        (s.id, cand.name, tuple(sorted(sizes.items())))
+        for s in sites.values()
+        for cand in s.candidates
+        for sizes in cand.buckets
     }
 
 

@@ -1,5 +1,6 @@
-"""The few-row entry of the built-in GEMM table (``aot.codegen.gemm_defaults.FEW_ROWS``): off by
-default, so a default build runs the library (cuBLAS) at 2-16 rows as before; where it names a
+"""The few-row entry of the built-in GEMM table (``aot.codegen.gemm_defaults``): by default the
+``fewe_`` forms at small weights and vocabulary heads only (``BUILT_IN_FEW_ROWS``), the library
+(cuBLAS) elsewhere at 2-16 rows; where ``FEW_ROWS`` names a
 form of ``gemm_forms.FEW_ROW_CONFIGS`` (the module setting, or ``AOTPACK_FEW_ROWS`` for a build), a
 half-precision GEMM site at a bucket of 2-16 rows runs that tensor-core form, as its ``_rms``
 variant where an RMSNorm kernel (with the residual add in it) made A, so the norm kernel goes at
@@ -43,11 +44,27 @@ def _no_override(monkeypatch):
     monkeypatch.delenv(FEW_ROWS_PROLOGUE_ENV, raising=False)
 
 
-def test_the_few_row_entry_is_off_by_default():
+def test_the_built_in_entry_takes_small_weights_and_vocabulary_heads_only():
+    """With no form named for every site, a half-precision site at 2-16 rows runs a ``fewe_``
+    form where its weight is below 8 MiB (GPT-2's, at its long K too) or its N a vocabulary's
+    (an LM head, at any size), and keeps the library elsewhere: Llama-3.2-1B's layers, the
+    example mlp's 8 MiB sites, a site whose N is not known, float32."""
     assert gemm_defaults.FEW_ROWS is None and gemm_defaults.FEW_ROWS_LONG_K is None
     for rows in (2, 3, 8, 16):
-        assert default_form(rows, 2048, "bfloat16") is None
+        assert default_form(rows, 2048, "bfloat16") is None  # N not known
+        assert default_form(rows, 768, "float16", n=2304) == "fewe_16x32x256"  # GPT-2 q/k/v
+        assert default_form(rows, 3072, "float16", n=768) == "fewe_16x32x256"  # its mlp out
+        assert default_form(rows, 768, "float16", n=50257) == "fewe_16x64x128"  # its LM head
+        assert default_form(rows, 2048, "bfloat16", n=128256) == "fewe_16x64x128"  # Llama's
+        assert default_form(rows, 1024, "float16", n=1024) == "fewe_16x32x256"
+        assert default_form(rows, 512, "float16", n=4096) == "fewe_16x32x256"
+        assert default_form(rows, 4096, "float16", n=512) == "fewe_splitk_16x64x128"  # long K
+        for k, n in ((2048, 2048), (1024, 4096), (4096, 1024), (2048, 3072), (2048, 16384), (8192, 2048)):
+            assert default_form(rows, k, "bfloat16", n=n) is None, (k, n)
+        assert default_form(rows, 768, "float32", n=2304) is None
+    assert default_form(17, 768, "float16", n=2304) is None
     assert default_form(1, 2048, "bfloat16") == "vec_1x2x1024"
+    assert default_form(1, 768, "float16", n=50257) == "vec_1x2x512"
 
 
 def test_the_setting_and_its_override(monkeypatch):
@@ -179,28 +196,31 @@ def test_a_wrong_few_row_norm_is_caught(rms16, tmp_path):
 
 
 @pytest.mark.slow  # another build and interpreter run; the LayerNorm prologue of the dot forms predates them
-def test_gpt2_layer_norm_runs_in_the_few_row_form_and_matches(tmp_path, monkeypatch):
+@pytest.mark.parametrize("setting", [FEW, None])
+def test_gpt2_layer_norm_runs_in_the_few_row_form_and_matches(setting, tmp_path, monkeypatch):
     """``gemm_gpt2.py`` (LayerNorm of a sum before fc, GELU after it; float16, K = 600; buckets 1,
-    3, 4) with the entry on: fc runs ``<few>_ln`` at 3 and 4 rows, proj the plain form; both match
-    their reference in the interpreter at 3 rows, the sum r + x exactly."""
+    3, 4) with the entry on (``FEW_ROWS`` set, or the built-in entry: its weights are small): fc
+    runs ``<few>_ln`` at 3 and 4 rows, proj the plain form; both match their reference in the
+    interpreter at 3 rows, the sum r + x exactly."""
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
 
     model = MODELS / "gemm_gpt2.py"
-    monkeypatch.setattr(gemm_defaults, "FEW_ROWS", FEW)
+    monkeypatch.setattr(gemm_defaults, "FEW_ROWS", setting)
+    few_form = setting or gemm_defaults.BUILT_IN_FEW_ROWS[0]
     compiled = generate(trace(load_model_file(model)), ARCHS)
     pack(compiled, tmp_path / "gpt2.tpk")
     fc, proj = compiled.program.alternatives
-    assert [(c.name, c.buckets) for c in fc.candidates][1] == (FEW + "_ln", ({"batch": 3}, {"batch": 4}))
-    assert [c.name for c in proj.candidates][1] == FEW
+    assert [(c.name, c.buckets) for c in fc.candidates][1] == (few_form + "_ln", ({"batch": 3}, {"batch": 4}))
+    assert [c.name for c in proj.candidates][1] == few_form
     (result,) = interpret_in_subprocess(
         [(tmp_path / "gpt2.tpk", model, [{"batch": 3}], None, True)], timeout=HANG_GUARD_S
     )
     (comparisons,) = result.values()
-    few = [c for c in comparisons if FEW in c.name and not c.name.endswith("/rerun")]
-    assert {c.name for c in few} == {f"{fc.id}/{FEW}_ln", f"{proj.id}/{FEW}"}
+    few = [c for c in comparisons if few_form in c.name and not c.name.endswith("/rerun")]
+    assert {c.name for c in few} == {f"{fc.id}/{few_form}_ln", f"{proj.id}/{few_form}"}
     bad = [c for c in comparisons if not c.ok]
     assert not bad, bad[:3]
     sums = [c for c in few if c.output == fc.outputs[-1]]

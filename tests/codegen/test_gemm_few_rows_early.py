@@ -36,14 +36,14 @@ def _no_override(monkeypatch):
     monkeypatch.delenv(FEW_ROWS_PROLOGUE_ENV, raising=False)
 
 
-def test_the_new_forms_are_off_and_named_by_the_override(monkeypatch):
+def test_the_new_forms_and_the_override(monkeypatch):
     names = {c.name: c for c in gemm_forms.FEW_ROW_CONFIGS}
     for base in ("16x16x256", "16x16x512", "16x32x256", "16x64x128", "splitk_16x64x128", "splitk_16x16x512"):
         old, new = names["few_" + base], names["fewe_" + base]
         assert (new.block_n, new.block_k, new.split_k) == (old.block_n, old.block_k, old.split_k)
         assert new.w_early == 2 and old.w_early == 0 and new.norm_one_pass == old.row_norm
     assert names["fewp_16x32x256"].norm_one_pass and not names["fewp_16x32x256"].w_early
-    assert all(default_form(r, 2048, "bfloat16") is None for r in (2, 8, 16))
+    assert all(default_form(r, 2048, "bfloat16", n=2048) is None for r in (2, 8, 16))  # 8 MiB: cuBLAS
     monkeypatch.setenv(FEW_ROWS_ENV, "fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128")
     assert default_form(8, 2048, "bfloat16", n=2048) == "fewe_16x32x256"
     assert default_form(8, 8192, "bfloat16", n=2048) == "fewe_splitk_16x64x128"
