@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from aot.codegen.gemm_forms import CONFIGS, FEW_ROW_CONFIGS, PROLOGUE_MAX_BLOCK_M, PROLOGUE_MIN_BLOCK_K
 from aot.codegen.gemm_sites import Site, find_sites
@@ -110,11 +111,19 @@ FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 
 
-def few_row_forms() -> tuple[str | None, str | None, str | None, bool, bool]:
-    """(the few-row form, the one at long K, the one at wide N, whether their norm-prologue
-    variants run, whether they run at every site rather than the built-in entry's small and
-    vocabulary sites) in effect: the module's settings, or the environment's where set, else
-    the built-in entry (``BUILT_IN_FEW_ROWS``)."""
+class FewRows(NamedTuple):
+    """The few-row forms in effect (``few_row_forms``)."""
+
+    form: str | None  # at every site it takes
+    long_k: str | None  # where K >= LONG_K
+    wide: str | None  # where N >= WIDE_N
+    prologue: bool  # whether their norm-prologue variants run
+    every_site: bool  # named for every site (FEW_ROWS, the environment), not the built-in entry's
+
+
+def few_row_forms() -> FewRows:
+    """The few-row forms in effect: the module's settings, or the environment's where set, else
+    the built-in entry (``BUILT_IN_FEW_ROWS`` at small and vocabulary sites)."""
     names = [f.name for f in FEW_ROW_CONFIGS]
     forms = [FEW_ROWS, FEW_ROWS_LONG_K, FEW_ROWS_WIDE]
     every = FEW_ROWS is not None
@@ -145,8 +154,7 @@ def few_row_forms() -> tuple[str | None, str | None, str | None, bool, bool]:
             )
     if not every:
         forms = list(BUILT_IN_FEW_ROWS)
-    form, long_k, wide = forms
-    return form, long_k, wide, prologue, every
+    return FewRows(*forms, prologue=prologue, every_site=every)
 
 
 def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
@@ -162,14 +170,14 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
             return "vec_1x1x512"
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
-        form, long_k, wide, _, every = few_row_forms()
-        if not every and not (0 < k * n * ITEM_BYTES < SMALL_WEIGHT_BYTES or n >= VOCAB_N):
+        few = few_row_forms()
+        if not few.every_site and not (0 < k * n * ITEM_BYTES < SMALL_WEIGHT_BYTES or n >= VOCAB_N):
             return None  # the built-in entry: small weights and vocabulary heads only
-        if long_k is not None and k >= LONG_K:
-            return long_k
-        if wide is not None and n >= WIDE_N:
-            return wide
-        return form
+        if few.long_k is not None and k >= LONG_K:
+            return few.long_k
+        if few.wide is not None and n >= WIDE_N:
+            return few.wide
+        return few.form
     return None
 
 
@@ -205,7 +213,7 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
         forms.append(_variant(site, one))
     few = default_form(2, site.k, site.dtype, site.n)
     if few is not None:
-        forms.append(_variant(site, few) if few_row_forms()[3] else few)
+        forms.append(_variant(site, few) if few_row_forms().prologue else few)
     return tuple(forms)
 
 
