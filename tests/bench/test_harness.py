@@ -197,3 +197,30 @@ def test_the_aotpack_rt_worker_gets_every_shapes_inputs_as_numpy(tmp_path):
     first = load_file(args["--first"])  # the first shape's, by input name: read without numpy
     assert list(first) == ["x"]
     np.testing.assert_array_equal(first["x"], stored["0.0"])
+
+
+@pytest.mark.slow  # builds the example mlp
+def test_bundle_paired_pairs_two_bundles_and_compares_their_outputs(tmp_path):
+    """``bench/bundle_paired.py`` on the CPU (smoke shapes): one row per shape with both bundles'
+    medians, the per-round ratios and their median, and the largest difference between the two
+    bundles' outputs: 0 for one bundle against itself."""
+    bundle, out = tmp_path / "mlp.tpk", tmp_path / "paired.json"
+    env = {**os.environ, "AOTPACK_BENCH_SMOKE": "1"}
+    build = [sys.executable, "-m", "aot.cli", "build", "-q", "models/mlp.py", "-o", str(bundle)]
+    assert subprocess.run(build, cwd=ROOT, env=env, timeout=HANG_GUARD_S).returncode == 0
+    paired = [sys.executable, "bench/bundle_paired.py", "mlp", str(bundle), str(bundle), "--device", "cpu"]
+    done = subprocess.run(
+        [*paired, "--rounds", "2", "--calls", "2", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["shape"] for r in rows] == ["B=1", "B=2"]
+    for r in rows:
+        assert r["max_abs_diff"] == 0.0
+        assert len(r["b_over_a_rounds"]) == 2 and r["a_median_ms"] > 0 and r["b_median_ms"] > 0
+        assert min(r["b_over_a_rounds"]) <= r["b_over_a_median_of_rounds"] <= max(r["b_over_a_rounds"])
