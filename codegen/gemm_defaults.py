@@ -50,6 +50,7 @@ from typing import NamedTuple
 
 from aot.codegen.gemm_forms import CONFIGS, FEW_ROW_CONFIGS, PROLOGUE_MAX_BLOCK_M, PROLOGUE_MIN_BLOCK_K
 from aot.codegen.gemm_sites import Site, find_sites
+from aot.dtypes import ITEMSIZE
 from aot.errors import CodegenError
 from aot.schema import Program, TuningChoice, TuningTable
 from aot.tuning import GEMM_SITE, TUNING_FORMAT
@@ -104,7 +105,6 @@ WIDE_N = 8192
 BUILT_IN_FEW_ROWS = ("fewe_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128")
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight below this many bytes
 VOCAB_N = 32000
-ITEM_BYTES = 2  # HALF's
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -171,7 +171,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
         few = few_row_forms()
-        if not few.every_site and not (0 < k * n * ITEM_BYTES < SMALL_WEIGHT_BYTES or n >= VOCAB_N):
+        if not few.every_site and not (0 < k * n * ITEMSIZE[dtype] < SMALL_WEIGHT_BYTES or n >= VOCAB_N):
             return None  # the built-in entry: small weights and vocabulary heads only
         if few.long_k is not None and k >= LONG_K:
             return few.long_k
