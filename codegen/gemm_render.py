@@ -200,9 +200,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append(
             "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # the statistics, summed as A is loaded"
         )
-    need_k_mask = _k_bounded(site, cfg, k_offset)
-    kmask_a = " & (rk[None, :] < " + str(site.k) + ")" if need_k_mask else ""
-    kmask_w = " & (rk[:, None] < " + str(site.k) + ")" if need_k_mask else ""
+    kmask_a, kmask_w = _k_masks(site, cfg, k_offset)
     first = _w_early_steps(cfg, k_extent)
     for i in range(first):  # the steps whose W tiles were loaded before the wait
         base = _k_base(k_offset, i * cfg.block_k)
@@ -243,6 +241,13 @@ def _k_bounded(site: Site, cfg: TileConfig, k_offset: str) -> bool:
     return k_offset != "0" or site.k % cfg.block_k != 0
 
 
+def _k_masks(site: Site, cfg: TileConfig, k_offset: str) -> tuple[str, str]:
+    """(A's, W's) mask of K's end at ``rk``, each to add to a load's mask; "" where K steps are whole."""
+    if not _k_bounded(site, cfg, k_offset):
+        return "", ""
+    return f" & (rk[None, :] < {site.k})", f" & (rk[:, None] < {site.k})"
+
+
 def _w_at(site: Site, g: int, index: str) -> str:
     """The address of GEMM ``g``'s W^T tile at ``rk`` x ``rn``."""
     rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
@@ -258,8 +263,7 @@ def _w_early_steps(cfg: TileConfig, k_extent: int) -> int:
 def _dot_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str) -> list[str]:
     """A tensor-core form's first ``w_early`` W tiles, loaded before the wait for the kernel
     before (a weight: no kernel writes it), kept in registers until A's rows are there."""
-    need_k_mask = _k_bounded(site, cfg, k_offset)
-    kmask_w = f" & (rk[:, None] < {site.k})" if need_k_mask else ""
+    _, kmask_w = _k_masks(site, cfg, k_offset)
     lines = ["# W's first K steps, before the wait (see kernel_module)"]
     for i in range(_w_early_steps(cfg, k_extent)):
         base = _k_base(k_offset, i * cfg.block_k)
@@ -301,13 +305,10 @@ def _a_tile(site: Site, cfg: TileConfig, kmask_a: str) -> list[str]:
 def _vec_k(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[tuple[str, str]]:
     """The dot-free form's K steps, unrolled (a row of W is a few steps at most): per step, the
     expression of its K indices and the mask of K it needs ("" where every step is whole)."""
-    need_k_mask = _k_bounded(site, cfg, k_offset)
+    kmask_a, _ = _k_masks(site, cfg, k_offset)
     steps = []
     for k0 in range(0, k_extent, cfg.block_k):
-        base = _k_base(k_offset, k0)
-        steps.append(
-            (f"{base} + tl.arange(0, BLOCK_K)", f" & (rk[None, :] < {site.k})" if need_k_mask else "")
-        )
+        steps.append((f"{_k_base(k_offset, k0)} + tl.arange(0, BLOCK_K)", kmask_a))
     return steps
 
 
