@@ -1,6 +1,7 @@
 """The few-row forms that load W early and compute the row norm in one pass (``fewe_*``,
-``fewp_16x32x256``; ``gemm_forms.TileConfig.w_early`` and ``norm_one_pass``): off by default like
-every few-row form, named by ``AOTPACK_FEW_ROWS`` for a build.
+``fewp_16x32x256``; ``gemm_forms.TileConfig.w_early`` and ``norm_one_pass``): the built-in table's
+at small and vocabulary sites (``gemm_defaults.BUILT_IN_FEW_ROWS``), at every site where
+``FEW_ROWS`` or ``AOTPACK_FEW_ROWS`` names them.
 
 ``gemm_models/gemm_rms16.py`` (float16, K = 600: two K steps of 256 loaded before the wait, the
 third, partial, in the loop) built with ``fewe_16x32x256``: the W tiles of the first two K steps
