@@ -13,7 +13,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,41 +29,23 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    import torch
-    from common import SHAPES, shape_label
+    from common import SHAPES, first_tensor, paired_rounds, shape_label, synchronize
 
     from aot.loader import load
 
     runners = {"a": load(args.a, device=args.device), "b": load(args.b, device=args.device)}
 
-    def sync() -> None:
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-
     rows = []
     for sizes in SHAPES[args.model]:
         inputs = runners["a"].inputs_at(sizes, seed=0)
-        outs = {}
-        for key, runner in runners.items():  # warm: graphs captured, arenas sized
-            for _ in range(20):
-                out = runner(**inputs)
-            sync()
-            outs[key] = out[0] if isinstance(out, (tuple, list)) else out
+        systems = {
+            key: (lambda r=r, x=inputs: r(**x), lambda: synchronize(args.device))
+            for key, r in runners.items()
+        }
+        last, times, rounds = paired_rounds(systems, args.rounds, args.calls)
+        outs = {key: first_tensor(out) for key, out in last.items()}
         diff = (outs["a"].float() - outs["b"].float()).abs().max().item()
-        times: dict[str, list[float]] = {k: [] for k in runners}
-        ratios = []
-        for _ in range(args.rounds):
-            medians = {}
-            for key, runner in runners.items():
-                got = []
-                for _ in range(args.calls):
-                    t0 = time.perf_counter()
-                    runner(**inputs)
-                    sync()
-                    got.append(time.perf_counter() - t0)
-                times[key] += got
-                medians[key] = statistics.median(got)
-            ratios.append(medians["b"] / medians["a"])
+        ratios = [m["b"] / m["a"] for m in rounds]
         row = {
             "model": args.model,
             "shape": shape_label(sizes),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -192,3 +193,32 @@ def timed_calls(fn, inputs, calls: int = CALLS, warmup: int = WARMUP, device: st
         synchronize(device)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def paired_rounds(
+    systems: dict, rounds: int, calls: int, warmup: int = 20
+) -> tuple[dict[str, object], dict[str, list[float]], list[dict[str, float]]]:
+    """Systems timed alternately in one process, so that each sees the same machine: ``warmup``
+    calls each, then ``rounds`` rounds in which each makes ``calls`` calls, synchronized after
+    every one. ``systems``: name -> (call, synchronize). Returns each system's last warm-up
+    result, every call's seconds per system, and each round's median seconds per system."""
+    last = {}
+    for name, (call, sync) in systems.items():  # warm: graphs captured, arenas sized
+        for _ in range(warmup):
+            last[name] = call()
+        sync()
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    medians = []
+    for _ in range(rounds):
+        round_medians = {}
+        for name, (call, sync) in systems.items():
+            got = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                call()
+                sync()
+                got.append(time.perf_counter() - t0)
+            times[name] += got
+            round_medians[name] = statistics.median(got)
+        medians.append(round_medians)
+    return last, times, medians

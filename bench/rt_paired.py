@@ -14,7 +14,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import torch
-    from common import SHAPES, make_inputs, shape_label
+    from common import SHAPES, make_inputs, paired_rounds, shape_label
 
     import aot.runtime
     from aot.loader import load
@@ -46,24 +45,8 @@ def main() -> None:
             "aotpack-rt": (lambda arrays=arrays: rt.run(arrays), rt.gpu.synchronize),
             "aotpack-lf": (lambda named=named: ref(**named), torch.cuda.synchronize),
         }
-        for call, sync in systems.values():  # warm: graphs captured, arenas sized
-            for _ in range(20):
-                call()
-            sync()
-        times: dict[str, list[float]] = {k: [] for k in systems}
-        ratios = []
-        for _ in range(args.rounds):
-            medians = {}
-            for name, (call, sync) in systems.items():
-                got = []
-                for _ in range(args.calls):
-                    t0 = time.perf_counter()
-                    call()
-                    sync()
-                    got.append(time.perf_counter() - t0)
-                times[name] += got
-                medians[name] = statistics.median(got)
-            ratios.append(medians["aotpack-rt"] / medians["aotpack-lf"])
+        _, times, rounds = paired_rounds(systems, args.rounds, args.calls)
+        ratios = [m["aotpack-rt"] / m["aotpack-lf"] for m in rounds]
         row = {
             "model": args.model,
             "shape": shape_label(sizes),
