@@ -32,7 +32,8 @@ from aot.serde import from_json
 
 TUNING_FORMAT = "aotpack-tuning"
 LIBRARY = "library"  # the choice that keeps a site's library steps
-GEMM_SITE = "gemm_"  # a GEMM site's id begins so; an attention site's with "attn_"
+GEMM_SITE = "gemm_"  # a GEMM site's id begins so
+ATTENTION_SITE = "attn_"  # an attention site's
 MAX_SITES = 4096
 MAX_CANDIDATES = 16  # per site
 MAX_CANDIDATE_STEPS = 4

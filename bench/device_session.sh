@@ -77,9 +77,9 @@ for item in "$@"; do
     rt-paired-*) m=${step#rt-paired-}; mkdir -p .bundles; cmd=(bash -c "test -f .bundles/$m-lf.tpk || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o .bundles/$m-lf.tpk --library-free; python3 bench/rt_paired.py $m .bundles/$m-lf.tpk --json $RES/rt-paired-$m.json") ;;
     # where the runtime's import phase goes: import times, and cuInit / primary context apart
     rt-import) cmd=(bash -c 'python3 -X importtime -c "import aot.runtime.runner, cuda.bindings.driver" 2>&1 | sort -t"|" -k2 -n | tail -30; python3 -c "import time; t0 = time.perf_counter(); from cuda.bindings import driver as d; t1 = time.perf_counter(); d.cuInit(0); t2 = time.perf_counter(); e, dev = d.cuDeviceGet(0); e, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx); t3 = time.perf_counter(); print(f\"import bindings {t1 - t0:.3f} s, cuInit {t2 - t1:.3f} s, primary context {t3 - t2:.3f} s\")"') ;;
-    # ab-MODEL: MODEL built twice for this GPU (B with the environment AB_ENV, e.g.
+    # ab-MODEL: MODEL built twice for this GPU (B with the environment AB_ENV_MODEL, else AB_ENV, e.g.
     # AOTPACK_FEW_ROWS=off), then both under the torch loader paired in one process (bench/bundle_paired.py)
-    ab-*) m=${step#ab-}; mkdir -p /tmp/ab; cmd=(bash -c "python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/ab/$m-a.tpk && env ${AB_ENV:-AOTPACK_FEW_ROWS=off} python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/ab/$m-b.tpk && python3 bench/bundle_paired.py $m /tmp/ab/$m-a.tpk /tmp/ab/$m-b.tpk --json $RES/ab-$m.json") ;;
+    ab-*) m=${step#ab-}; v=AB_ENV_$m; mkdir -p /tmp/ab; cmd=(bash -c "python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/ab/$m-a.tpk && env ${!v:-${AB_ENV:-AOTPACK_FEW_ROWS=off}} python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/ab/$m-b.tpk && python3 bench/bundle_paired.py $m /tmp/ab/$m-a.tpk /tmp/ab/$m-b.tpk --json $RES/ab-$m.json") ;;
     rt-bench) cmd=(python3 bench/run.py --models "${RT_MODELS:-mlp,gpt,cnn}" --systems aotpack,aotpack-lf,aotpack-rt --bundles .bundles --out "$RES/rt" --jobs 4) ;;
     # (--dist load: the cases of one file spread over the workers; each builds its own bundles)
     # the runtime's GPU tests: one-row forms and output tails against the torch loader, chunked weights, state, memory

@@ -16,10 +16,18 @@ from dataclasses import replace
 from typing import Any
 
 from aot.archs import parse_arch
-from aot.codegen.gemm_defaults import DEFAULT_ARCH, default_site_forms, default_table, one_row_forms
+from aot.codegen.gemm_defaults import (
+    DEFAULT_ARCH,
+    default_attention_form,
+    default_configs,
+    default_site_forms,
+    default_table,
+    one_row_forms,
+)
 from aot.errors import CodegenError, counted
 from aot.schema import BuildStats, Program, StepKind
 from aot.stages import DEFAULT_ARCHS, BuildOptions, Compiled, Traced
+from aot.tuning import ATTENTION_SITE
 
 PROGRESS_INTERVAL = 1.0  # seconds between progress lines while compiling
 
@@ -127,10 +135,18 @@ def generate(
         return compiled
     table = default_table((compiled.program, *compiled.program.variants))
     if table is not None and not options.library_free:  # library_free says its own
-        sites = len({(c.program, c.site) for c in table.choices})
+        sites = {(c.program, c.site) for c in table.choices}
+        attention = sum(site.startswith(ATTENTION_SITE) for _, site in sites)
+        ran = (
+            [f"{counted(len(sites) - attention, 'GEMM site')} Triton GEMM forms"]
+            if len(sites) > attention
+            else []
+        )
+        ran += [f"{counted(attention, 'attention site')} Triton flash forms"] if attention else []
+        head, _, what = ran[0].partition(" Triton ")
         say(
-            f"  {counted(sites, 'one-row GEMM site')} run Triton GEMV forms on {DEFAULT_ARCH} GPUs by default "
-            f"(a built-in tuning table; `aotpack tune` measures yours)"
+            f"  {' and '.join([f'{head} run Triton {what}', *ran[1:]])} on {DEFAULT_ARCH} GPUs by default, at the "
+            "buckets where they were measured faster (a built-in tuning table; `aotpack tune` measures yours)"
         )
     return replace(compiled, tuning=table)
 
@@ -243,6 +259,8 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             compiler("default GEMV kernel"),
             say,
             pick=default_site_forms,
+            pick_attention=default_attention_form,
+            configs=default_configs(),
         )
         cubins.update(default_cubins)
     steps, n_default_kernels = new_program.steps, len(new_program.kernels)

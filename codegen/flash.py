@@ -40,6 +40,7 @@ from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import RESHAPE_VIEWS, VIEW_OPS, producer_of, readers_of, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
+from aot.tuning import ATTENTION_SITE
 
 HEURISTIC = "attention-candidates-v1"
 _PERMUTES = ("aten.permute.default", "aten.transpose.int")
@@ -321,7 +322,7 @@ def find_attention_sites(program: Program, first: int = 0) -> list[AttnSite]:
             continue  # a head view or the split read elsewhere (a KV cache write): leave it
         sites.append(
             AttnSite(
-                id=f"attn_{first + len(sites)}",
+                id=f"{ATTENTION_SITE}{first + len(sites)}",
                 library=tuple(library),
                 outputs=(out[0],),
                 reference=tuple(program.steps[j] for j in library),

@@ -41,7 +41,7 @@ from dataclasses import replace
 from aot.archs import arch_number
 from aot.buckets import bucket_sizes
 from aot.codegen import index as ix
-from aot.codegen.flash import attention_buckets, find_attention_sites, render_attention
+from aot.codegen.flash import AttnSite, attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_epilogue import NoSite
 from aot.codegen.gemm_forms import (
     CONFIGS,
@@ -58,6 +58,7 @@ from aot.codegen.render import Rendered, kernel_id, kernel_record, kernel_step
 from aot.program import calls_cublas
 from aot.schema import Bucket, GemmCandidate, GemmSite, Kernel, Program, Step
 from aot.symexpr import compile_expr
+from aot.tuning import ATTENTION_SITE
 
 
 def candidate_buckets(site: Site, cfg: TileConfig, sizes: list[dict[str, int]]) -> tuple[dict[str, int], ...]:
@@ -84,14 +85,19 @@ def add_gemm_alternatives(
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
     pick: Callable[[Site], tuple[str, ...]] | None = None,
+    pick_attention: Callable[[AttnSite, int], str | None] | None = None,
+    configs: tuple[TileConfig, ...] | None = None,
 ) -> tuple[Program, dict[tuple[str, str], bytes], int]:
     """``program`` with ``alternatives`` (and the candidates' kernels and workspaces) added.
 
     ``compile_kernels([(kernel id, rendered)])`` → (``{(id, arch): Result}``, ``{id: why}`` for
     those that failed); a candidate with a kernel that failed is left out. ``pick``: only the
     forms it names per GEMM site (a split-K config by its name: ``few_splitk_16x16x512`` for
-    ``few_splitk4_16x16x512``), each at the buckets its config's rows admit, and no attention
-    sites (the default build's forms, ``aot.codegen.gemm_defaults``)."""
+    ``few_splitk4_16x16x512``), each at the buckets its config's rows admit, and attention sites
+    only where ``pick_attention`` names a form for them (``(site, query length) -> form or None``),
+    each form at the buckets it is named for: the default build's forms,
+    ``aot.codegen.gemm_defaults``; ``configs``: the configs ``pick``'s names refer to (the first of
+    a name; None: ``CONFIGS`` and ``FEW_ROW_CONFIGS``), and a bucket that several named forms admit goes to the one of fewest rows."""
     known = {t.name: t.spec for t in program.inputs + program.weights}
     sites = find_sites(program)
     sizes = bucket_sizes(program, buckets)
@@ -101,16 +107,29 @@ def add_gemm_alternatives(
         if pick is not None and not chosen:
             continue
         bases = {base_form(c) for c in chosen}
-        configs = tuple(c for c in (*CONFIGS, *FEW_ROW_CONFIGS) if c.name in bases) if chosen else None
+        every = configs if configs is not None else (*CONFIGS, *FEW_ROW_CONFIGS)
+        first = {}  # name -> its first config, in ``every``'s order
+        for c in every if chosen else ():
+            first.setdefault(c.name, c)
+        named = tuple(c for name, c in first.items() if name in bases) if chosen else None
         try:
-            forms = render_candidates(site, program.buffers, known, ranges, configs)
+            forms = render_candidates(site, program.buffers, known, ranges, named)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
             say(f"  GEMM {site.id} has no candidate: {e}")
             continue
+        offered = []
         for cfg, kernels, extra, pre in forms:
             if chosen and config_name(cfg.name) not in chosen:
                 continue  # a prologue site's other form
-            fit = candidate_buckets(site, cfg, sizes)
+            offered.append((cfg, kernels, extra, pre, candidate_buckets(site, cfg, sizes)))
+        if chosen:  # each bucket to the narrowest form named for it: a one-row form before a few-row one
+            offered.sort(key=lambda f: f[0].max_m - f[0].min_m)
+            claimed: set[tuple] = set()
+            for i, (cfg, kernels, extra, pre, fit) in enumerate(offered):
+                fit = tuple(b for b in fit if tuple(b.items()) not in claimed)
+                claimed.update(tuple(b.items()) for b in fit)
+                offered[i] = (cfg, kernels, extra, pre, fit)
+        for cfg, kernels, extra, pre, fit in offered:
             if sizes and not fit:
                 continue
             ids = [kernel_id(r.source, r.signature, r.config) for r in kernels]
@@ -118,11 +137,18 @@ def add_gemm_alternatives(
 
     taken = {i for site in sites for i in site.library}
     attention = (
-        [a for a in find_attention_sites(program) if not taken & set(a.library)] if pick is None else []
+        [a for a in find_attention_sites(program) if not taken & set(a.library)]
+        if pick is None or pick_attention is not None
+        else []
     )
     for site in attention:
         for cfg, kernel in render_attention(site, ranges):
             fit = attention_buckets(site, cfg, sizes)
+            if pick is not None:  # the forms named, each at the buckets it is named for
+                seq = compile_expr(ix.size_text(ix.parse_size(site.seq)))
+                fit = tuple(s for s in fit if pick_attention(site, seq(s)) == cfg.name)
+                if not fit:
+                    continue
             if sizes and not fit:
                 continue
             kid = kernel_id(kernel.source, kernel.signature, kernel.config)
@@ -173,7 +199,7 @@ def add_gemm_alternatives(
         alternatives=alternatives,
     )
     n = sum(len(s.candidates) for s in alternatives)
-    n_attn = sum(s.id.startswith("attn_") for s in alternatives)
+    n_attn = sum(s.id.startswith(ATTENTION_SITE) for s in alternatives)
     if pick is None:  # the default forms say what they do where the table is made
         say(
             f"  GEMM and attention candidates: {n} for {len(alternatives) - n_attn} GEMM and {n_attn} "

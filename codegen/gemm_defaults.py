@@ -27,15 +27,21 @@ time anything, so it takes the forms tune took where the measurements agree:
   (a kernel of that many blocks launched early slows the one before); cuBLAS 853. GPT-2's: 149,
   cuBLAS 259.
 
+- on the same GPU (``bench/results/run/tune-gpt-h200-2026-11-29-night.log``, the example GPT at
+  one token, K 768), tune took ``vec_1x2x1024`` (one masked K step) over ``vec_1x2x512`` (a whole
+  step and a masked one): with the LayerNorm in the prologue fc 5.5-5.8 µs against 6.5-6.9, q/k/v
+  5.2-5.8 against 5.7-6.3; without it the o projection 3.3-3.5 against 3.4-3.8.
+
 So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where K is at most
-``SHORT_K``, ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
+``SHORT_K`` (and 512 or a multiple of 512; ``vec_1x2x1024`` at other K up to ``SHORT_K``), ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
 out), ``vec_1x2x1024`` otherwise (``_rms`` or ``_ln``: with the RMSNorm or LayerNorm kernel
 before it, and the residual add in that kernel, computed in the GEMV's prologue); every other
 site and bucket keeps the library, but for the few-row entry: at buckets of 2-16 rows (decode at
-batch 2-16) a site with small weights (below ``SMALL_WEIGHT_BYTES``) or a vocabulary's N runs a
-tensor-core ``fewe_`` form (``BUILT_IN_FEW_ROWS``), as its ``_rms``/``_ln`` variant where a norm
-kernel made A; larger sites keep cuBLAS, which streamed Llama-3.2-1B's layer weights faster in a
-whole decode step. ``FEW_ROWS`` or ``AOTPACK_FEW_ROWS`` name forms for every site instead (or
+batch 2-16, a small batch of a forward) a site of at most ``SMALL_WEIGHT_BYTES`` of weights runs
+the tensor-core tile tune chose there (``BUILT_IN_FEW_ROWS``), and a vocabulary head a ``fewe_``
+form, as its ``_rms``/``_ln`` variant where a norm kernel made A; larger sites keep cuBLAS, which
+streamed Llama-3.2-1B's layer weights faster in a whole decode step. Attention sites without a
+mask (``aot.codegen.flash``) run its flash forms at up to ``ATTENTION_MAX_T`` queries. ``FEW_ROWS`` or ``AOTPACK_FEW_ROWS`` name forms for every site instead (or
 ``off``), for measuring. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
 GPU of its arch), and only those forms are compiled, so a build takes a few kernels more, not the
 whole candidate set. ``aotpack tune`` on the user's GPU replaces the table (with
@@ -46,19 +52,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
-from aot.codegen.gemm_forms import CONFIGS, FEW_ROW_CONFIGS, PROLOGUE_MAX_BLOCK_M, PROLOGUE_MIN_BLOCK_K
+from aot.codegen.flash import AttnSite
+from aot.codegen.gemm_forms import (
+    CONFIGS,
+    FEW_ROW_CONFIGS,
+    PROLOGUE_MAX_BLOCK_M,
+    PROLOGUE_MIN_BLOCK_K,
+    TileConfig,
+)
 from aot.codegen.gemm_sites import Site, find_sites
 from aot.dtypes import ITEMSIZE
 from aot.errors import CodegenError
 from aot.schema import Program, TuningChoice, TuningTable
-from aot.tuning import GEMM_SITE, TUNING_FORMAT
+from aot.tuning import TUNING_FORMAT
 
 DEFAULT_ARCH = "sm_90"
 DEVICE = "built-in table (aotpack's measurements on an NVIDIA H200)"
 HALF = ("float16", "bfloat16")
-SHORT_K = 1024  # up to here, blocks of 2 rows x 512 columns of W
+SHORT_K = 1024  # up to here, blocks of 2 rows x 512 columns of W (one step of 1024 at K 513-1023 but 512's multiples)
 LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps of 512
 
 
@@ -88,27 +102,50 @@ FEW_ROWS: str | None = None
 FEW_ROWS_LONG_K: str | None = None
 FEW_ROWS_WIDE: str | None = None
 WIDE_N = 8192
-# The built-in few-row entry, where neither FEW_ROWS nor the environment names forms: the fewe_
-# forms (at long K, at wide N: as above) at the sites where they won in a whole step, weights
-# below SMALL_WEIGHT_BYTES (a launch-bound GEMM, which the early W loads and the norm kernels
-# folded away win) and vocabulary heads (N >= VOCAB_N, where cuBLAS is far off at odd N). On an
-# H200 at 8 rows (2026-11-29: bench/results/decode/decode-*-b8-*-h200-2026-11-29-pm.json,
-# bench/results/ab-mlp-few-rows-h200-2026-11-29.json):
-# - Llama-3.2-1B's layer GEMMs (8-64 MiB of weights each) at every site 1.170 ms a token against
-#   cuBLAS's 1.001; with the o projection (8 MiB) and the LM head on them 0.991, the LM head alone
-#   (this table) 0.983 (each on another machine);
-# - GPT-2 (1-4.5 MiB, LM head N 50257): 0.446 against cuBLAS's 0.473 in one command, 70 launches a
-#   step against 118, the same tokens; the LM head alone 23.6 us against 109 (fewrow_sweep);
-# - the example mlp (8 MiB sites, K 1024 and 4096), paired in one process: 0.1105 ms at batch 8
-#   against cuBLAS's 0.1024 (7% slower, 12 of 12 rounds), though 74 MiB of device memory against
-#   172 (cuBLAS never loads). Hence below 8 MiB, not at it.
-BUILT_IN_FEW_ROWS = ("fewe_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128")
-SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight below this many bytes
+# The built-in few-row entry, where neither FEW_ROWS nor the environment names forms: at sites of
+# at most SMALL_WEIGHT_BYTES of weights (a GEMM that reads little, so that cuBLAS's launch and its
+# loading cost more than its speed brings) the tensor-core tiles ``aotpack tune`` chose for the
+# example mlp at 2-16 rows (bench/results/tune-mlp-vec-h200-2026-11-26.log: 1024 -> 4096
+# ``gemv_16x32x128`` 8.8 us against cuBLAS's 10.7, 4096 -> 1024 ``splitk8_16x64x128`` 8.1 against
+# 9.3), the norm kernel before them kept; at vocabulary heads (N >= VOCAB_N, where cuBLAS is far
+# off at odd N) ``fewe_16x64x128``, the norm kernel in its prologue; larger sites keep cuBLAS. On
+# an H200 at 8 rows:
+# - the example mlp (8 MiB sites), paired in one process (bench/results/ab-mlp-tune-forms-h200-
+#   2026-11-29-night.json): 0.0921 ms against cuBLAS's 0.1025 (10% faster, 12 of 12 rounds), and no
+#   cuBLAS in the process (74 MiB of device memory against 172); the ``fewe_`` forms with the
+#   LayerNorm in their prologue had been 7% slower than cuBLAS there
+#   (bench/results/ab-mlp-few-rows-h200-2026-11-29.json);
+# - Llama-3.2-1B (2026-11-29, bench/results/decode/decode-*-b8-*-h200-2026-11-29-pm.json): its
+#   layer GEMMs (8-64 MiB) on the ``fewe_`` forms at every site 1.170 ms a token against cuBLAS's
+#   1.001, the LM head alone on ``fewe_16x64x128`` 0.983; GPT-2 (1-4.5 MiB, LM head N 50257) on
+#   the ``fewe_`` forms 0.446 against cuBLAS's 0.473, the LM head alone 23.6 us against 109
+#   (fewrow_sweep).
+BUILT_IN_FEW_ROWS = (
+    "gemv_16x32x128",
+    "splitk_16x64x128",
+    "fewe_16x64x128",
+)  # small, small at long K, vocabulary
+SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 VOCAB_N = 32000
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
+
+
+def few_row_configs() -> tuple[TileConfig, ...]:
+    """The forms FEW_ROWS and its environment may name: the few-row forms, and the tensor-core
+    forms of CONFIGS that take 2-FEW_ROWS_MAX rows (those ``aotpack tune`` chooses among there),
+    held to those rows: at a bucket of one row the one-row form stays (``gemm.add_gemm_alternatives``
+    gives each bucket the narrowest form named for it)."""
+    tiles = (c for c in CONFIGS if c.dot and c.min_m <= 2 and c.max_m >= FEW_ROWS_MAX)
+    return (*FEW_ROW_CONFIGS, *(replace(c, min_m=2, max_m=FEW_ROWS_MAX) for c in tiles))
+
+
+def default_configs() -> tuple[TileConfig, ...]:
+    """The configs the default build's form names refer to (``gemm.add_gemm_alternatives``'s
+    ``configs``): the one-row forms and ``few_row_configs``."""
+    return (*few_row_configs(), *(c for c in CONFIGS if not c.dot))
 
 
 class FewRows(NamedTuple):
@@ -124,7 +161,7 @@ class FewRows(NamedTuple):
 def few_row_forms() -> FewRows:
     """The few-row forms in effect: the module's settings, or the environment's where set, else
     the built-in entry (``BUILT_IN_FEW_ROWS`` at small and vocabulary sites)."""
-    names = [f.name for f in FEW_ROW_CONFIGS]
+    names = [f.name for f in few_row_configs()]
     forms = [FEW_ROWS, FEW_ROWS_LONG_K, FEW_ROWS_WIDE]
     every = FEW_ROWS is not None
     prologue = FEW_ROWS_PROLOGUE
@@ -150,11 +187,45 @@ def few_row_forms() -> FewRows:
         if name is not None and name not in names:
             raise CodegenError(
                 f"few-row form {name!r} (gemm_defaults.FEW_ROWS or {FEW_ROWS_ENV}) is not a form of "
-                f"gemm_forms.FEW_ROW_CONFIGS: expected one of {', '.join(names)}, or 'off'"
+                f"gemm_forms.FEW_ROW_CONFIGS nor a tile form of CONFIGS for 2-{FEW_ROWS_MAX} rows: expected one "
+                f"of {', '.join(names)}, or 'off'"
             )
     if not every:
         forms = list(BUILT_IN_FEW_ROWS)
     return FewRows(*forms, prologue=prologue, every_site=every)
+
+
+# Attention (``aot.codegen.flash``: an SDPA call without a mask over heads of row-major
+# projections, as the example GPT's): ``aotpack tune`` chose the Triton flash forms over the
+# library's (cuDNN's flash kernel) at every site it timed, fp16, head dim 64 (on an H100,
+# bench/results/tune-gpt-whole-plan-h100-2026-11-26.log, µs per call, library → form):
+# one query 4.8-5.7 → 1.4-2.2 (``flash_16x32``), 128 queries 5.7-6.9 → 3.8-4.3 at batch 1 and
+# 7.6-8.0 → 6.0-6.2 at batch 8 (``flash_64x64``); the whole program at 128 queries 488 → 411 µs.
+# So a default build runs them where that was measured: half precision, head dim up to
+# ATTENTION_MAX_HEAD_DIM, query lengths up to ATTENTION_MAX_T (the 16-row form below
+# ATTENTION_WIDE_T); longer queries keep the library, whose kernels were not timed against them.
+ATTENTION_SHORT = "flash_16x32"
+ATTENTION_WIDE = "flash_64x64"
+ATTENTION_WIDE_T = 16
+ATTENTION_MAX_T = 128
+ATTENTION_MAX_HEAD_DIM = 64
+ATTENTION_ENV = "AOTPACK_DEFAULT_ATTENTION"  # "off": the library at every attention site, for measuring
+
+
+def default_attention_form(site: AttnSite, seq: int) -> str | None:
+    """The flash form a default build runs attention ``site`` with at query length ``seq`` on
+    ``DEFAULT_ARCH``; None: the library."""
+    flag = os.environ.get(ATTENTION_ENV, "").strip()
+    if flag not in ("", "on", "off"):
+        raise CodegenError(f"{ATTENTION_ENV}={flag!r}: expected 'on' or 'off'")
+    if (
+        flag == "off"
+        or site.dtype not in HALF
+        or site.head_dim > ATTENTION_MAX_HEAD_DIM
+        or not 1 <= seq <= ATTENTION_MAX_T
+    ):
+        return None
+    return ATTENTION_SHORT if seq < ATTENTION_WIDE_T else ATTENTION_WIDE
 
 
 def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
@@ -164,15 +235,18 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
     if dtype not in HALF:
         return None
     if rows == 1:
-        if k <= SHORT_K:
-            return "vec_1x2x512"
+        if k <= SHORT_K:  # one step of 1024 where 512 would take a whole step and a masked one
+            return "vec_1x2x512" if k <= 512 or k % 512 == 0 else "vec_1x2x1024"
         if k < LONG_K and k % 2048:
             return "vec_1x1x512"
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
         few = few_row_forms()
-        if not few.every_site and not (0 < k * n * ITEMSIZE[dtype] < SMALL_WEIGHT_BYTES or n >= VOCAB_N):
-            return None  # the built-in entry: small weights and vocabulary heads only
+        if not few.every_site:  # the built-in entry: vocabulary heads and small weights only
+            if n >= VOCAB_N:
+                return few.wide
+            if not 0 < k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:
+                return None
         if few.long_k is not None and k >= LONG_K:
             return few.long_k
         if few.wide is not None and n >= WIDE_N:
@@ -189,7 +263,7 @@ def _variant(site: Site, form: str) -> str:
     has the variant (``gemm_render.render_candidates``); else ``form``."""
     if site.prologue is None:
         return form
-    cfg = next((c for c in (*CONFIGS, *FEW_ROW_CONFIGS) if c.name == form), None)
+    cfg = next((c for c in default_configs() if c.name == form), None)
     if cfg is None or cfg.split_k != 1:
         return form
     if site.prologue.norm is not None:
@@ -231,13 +305,12 @@ def one_row_forms(program: Program) -> dict[str, str]:
 
 def default_table(programs: Sequence[Program]) -> TuningTable | None:
     """The built-in table of ``programs`` (a bundle's program and its variants, built with only
-    the default forms as candidates): each GEMM site's form at every bucket it was compiled for;
-    None where no site has one."""
+    the default forms as candidates): each GEMM or attention site's form at every bucket it was
+    compiled for; None where no site has one."""
     choices = [
         TuningChoice(program=index, site=site.id, sizes=dict(sizes), choice=cand.name, times_us={})
         for index, program in enumerate(programs)
         for site in program.alternatives
-        if site.id.startswith(GEMM_SITE)
         for cand in site.candidates
         for sizes in cand.buckets
     ]

@@ -17,10 +17,13 @@ def test_the_rule_names_a_form_for_one_half_precision_row_only():
     assert default_form(1, LONG_K, "float16") == "vec_1x2x1024"
     assert default_form(1, 8192, "bfloat16") == "vec_1x2x1024"
     assert default_form(1, 5632, "bfloat16") == "vec_1x2x1024"
-    assert default_form(1, 768, "float16") == "vec_1x2x512"
+    assert (
+        default_form(1, 768, "float16") == "vec_1x2x1024"
+    )  # one masked step of 1024, not 512 and a masked one
+    assert default_form(1, 1024, "float16") == "vec_1x2x512"
     assert default_form(1, 3072, "float16") == "vec_1x1x512"
     for rows, dtype in [(2, "float16"), (8, "bfloat16"), (1, "float32")]:
-        assert default_form(rows, 2048, dtype) is None
+        assert default_form(rows, 2048, dtype) is None  # N not known at few rows, float32 anywhere
     assert {default_form(1, k, "float16") for k in (64, 1024, 2048, 3072, 4096, 16384)} == set(FORMS)
 
 
@@ -36,10 +39,12 @@ def mlp_bundle(built):
         bundle.close()
 
 
-def test_a_default_build_carries_the_table_for_its_one_row_buckets(mlp_bundle):
-    """models/mlp.py (float16, batch 1..N): every GEMM site runs the default form at batch 1 (its
-    ``_ln`` variant where a LayerNorm kernel made its A: the kernel goes into its prologue), the
-    library at every other bucket; the table is recorded for sm_90 and parses as tune's do."""
+def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_bundle):
+    """models/mlp.py (float16, batch 1..64, 8 MiB weights per site): every GEMM site runs the
+    default form at batch 1 (its ``_ln`` variant where a LayerNorm kernel made its A: the kernel
+    goes into its prologue) and the few-row entry's tile at batches 2-16 (the weights are small:
+    ``gemv_16x32x128``, ``splitk8_16x64x128`` at K 4096, the LayerNorm kernel kept), the library
+    at 32 and 64; the table is recorded for sm_90 and parses as tune's do."""
     from aot.buckets import buckets_by_program
     from aot.schema import TUNING_PATH
 
@@ -49,14 +54,21 @@ def test_a_default_build_carries_the_table_for_its_one_row_buckets(mlp_bundle):
     assert table.arch == DEFAULT_ARCH and "built-in" in table.device
     sites = {s.id: s for s in program.alternatives}
     assert sites and {c.site for c in table.choices} == set(sites)
+    assert {c.sizes["batch"] for c in table.choices} == {1, 2, 4, 8, 16}
     for c in table.choices:
-        assert c.sizes == {"batch": 1} and c.choice != LIBRARY
-        form = default_form(1, sites[c.site].k, "float16")
-        assert c.choice in (form, form + "_ln")
-        layer_norm = program.steps[sites[c.site].library[0]].reference
-        assert c.choice.endswith("_ln") == (bool(layer_norm) and "layer_norm" in layer_norm[-1].target)
-        (cand,) = sites[c.site].candidates  # only the default form was compiled
-        assert cand.name == c.choice and cand.buckets == ({"batch": 1},)
+        assert c.choice != LIBRARY
+        site, rows = sites[c.site], c.sizes["batch"]
+        form = default_form(rows, site.k, "float16", n=site.n)
+        if rows == 1:
+            assert c.choice in (form, form + "_ln")
+            layer_norm = program.steps[site.library[0]].reference
+            assert c.choice.endswith("_ln") == (bool(layer_norm) and "layer_norm" in layer_norm[-1].target)
+        else:
+            assert c.choice == form.replace("splitk_", "splitk8_")  # K 4096 in 8 slices
+        # only the default forms were compiled, each for its buckets
+        (cand,) = [k for k in site.candidates if k.name == c.choice]
+        assert c.sizes in cand.buckets
+    assert all(len(s.candidates) == 2 for s in sites.values())
 
 
 def test_the_table_changes_the_steps_on_its_arch_only(mlp_bundle):
@@ -67,14 +79,15 @@ def test_the_table_changes_the_steps_on_its_arch_only(mlp_bundle):
     table = parse_tuning(mlp_bundle.read(TUNING_PATH), [program], buckets_by_program(mlp_bundle.manifest))
     assert tuned_plans(table, 0, program, "sm_80") == {}
     plans = tuned_plans(table, 0, program, DEFAULT_ARCH)
-    assert list(plans) == [(1,)]
-    (steps,) = plans.values()
+    assert list(plans) == [(1,), (2,), (4,), (8,), (16,)]
     kernels = {k.id: k for k in program.kernels}
-    vec = [s for s in steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("gemm")]
-    assert len(vec) == len(program.alternatives)
-    assert not any(s.target == "aten.mm.default" or s.target == "aten.addmm.default" for s in steps)
-    # each kernel stands for the library steps it replaced (what the CPU and verify run)
-    assert all(s.reference for s in vec)
+    for steps in plans.values():
+        gemm = [s for s in steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("gemm")]
+        assert sum(bool(s.reference) for s in gemm) == len(program.alternatives)  # one per site
+        # no cuBLAS call left at these buckets (so a process serving them never loads it)
+        assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in steps)
+        # each kernel step (the last of a split-K pair) stands for the library steps it replaced
+        assert all(s.reference for s in gemm if not kernels[s.target].name.endswith("_partial"))
 
 
 def test_no_table_without_sm_90(built):
@@ -88,3 +101,92 @@ def test_no_table_without_sm_90(built):
         assert TUNING_PATH not in bundle.manifest.members
     finally:
         bundle.close()
+
+
+def test_a_default_build_runs_the_flash_forms_at_the_query_lengths_measured(built):
+    """models/gpt.py (float16, head dim 64, causal SDPA without a mask): at every bucket of at most
+    ``ATTENTION_MAX_T`` queries each attention site runs a Triton flash form in the built-in table
+    (the 16-row form below ``ATTENTION_WIDE_T`` queries, the 64-row one from there), and the
+    library's SDPA call at longer ones; the plan at such a bucket on sm_90 has no SDPA step left.
+    The forms' numerics are the candidates' (``tests/codegen/test_attention_candidates.py``)."""
+    from aot.buckets import bucket_sizes, buckets_by_program
+    from aot.codegen.gemm_defaults import (
+        ATTENTION_MAX_T,
+        ATTENTION_SHORT,
+        ATTENTION_WIDE,
+        ATTENTION_WIDE_T,
+        default_attention_form,
+    )
+    from aot.loader.bundle import open_bundle
+    from aot.schema import TUNING_PATH
+    from aot.tuning import ATTENTION_SITE
+
+    bundle = open_bundle(built("gpt", ("sm_80", "sm_90")))
+    try:
+        program = bundle.program()
+        table = parse_tuning(bundle.read(TUNING_PATH), [program], buckets_by_program(bundle.manifest))
+        sizes_all = bucket_sizes(program, buckets_by_program(bundle.manifest)[0])
+    finally:
+        bundle.close()
+    attention = [s for s in program.alternatives if s.id.startswith(ATTENTION_SITE)]
+    assert len(attention) == 12  # one per layer
+    chosen = {(c.site, c.sizes["batch"], c.sizes["seq"]): c.choice for c in table.choices}
+    seqs = sorted({b["seq"] for b in sizes_all})
+    assert min(seqs) < ATTENTION_WIDE_T and max(seqs) > ATTENTION_MAX_T  # every branch of the rule
+    for site in attention:
+        for sizes in sizes_all:
+            seq = sizes["seq"]
+            want = (
+                None
+                if seq > ATTENTION_MAX_T
+                else ATTENTION_SHORT
+                if seq < ATTENTION_WIDE_T
+                else ATTENTION_WIDE
+            )
+            assert chosen.get((site.id, sizes["batch"], seq)) == want, (site.id, sizes)
+    from dataclasses import replace
+
+    from aot.codegen.flash import find_attention_sites
+    from aot.tuning import bucket_key
+
+    (found, *_) = find_attention_sites(program)
+    assert default_attention_form(found, 1) == ATTENTION_SHORT
+    assert (
+        default_attention_form(replace(found, dtype="float32"), 1) is None
+    )  # only measured in half precision
+    assert default_attention_form(replace(found, head_dim=128), 64) is None  # nor past head dim 64
+    short = next(b for b in sizes_all if b["seq"] == 1)
+    steps = tuned_plans(table, 0, program, DEFAULT_ARCH)[bucket_key(program, short)]
+    assert not any(s.target == "aten.scaled_dot_product_attention.default" for s in steps)
+    assert tuned_plans(table, 0, program, "sm_80") == {}
+
+
+def test_the_attention_entry_can_be_turned_off_for_measuring(monkeypatch, built):
+    from aot.codegen.flash import find_attention_sites
+    from aot.codegen.gemm_defaults import ATTENTION_ENV, default_attention_form
+    from aot.errors import CodegenError
+
+    (site, *_) = find_attention_sites(built.compiled("gpt", ("sm_80", "sm_90")).program)
+    monkeypatch.setenv(ATTENTION_ENV, "off")
+    assert default_attention_form(site, 1) is None
+    monkeypatch.setenv(ATTENTION_ENV, "maybe")
+    with pytest.raises(CodegenError, match=r"AOTPACK_DEFAULT_ATTENTION='maybe': expected 'on' or 'off'"):
+        default_attention_form(site, 1)
+
+
+def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch, built):
+    """``AOTPACK_FEW_ROWS`` may name the tensor-core forms tune chooses among at few rows
+    (``gemv_16x32x128``, ``splitk_16x64x128``): each runs at buckets of 2-16 rows only, the
+    one-row form keeps batch 1, and batches past 16 keep the library."""
+    from aot.codegen import generate
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV, FEW_ROWS_PROLOGUE_ENV
+
+    monkeypatch.setenv(FEW_ROWS_ENV, "gemv_16x32x128,splitk_16x64x128")
+    monkeypatch.setenv(FEW_ROWS_PROLOGUE_ENV, "0")
+    table = generate(built.traced("mlp"), ("sm_90",)).tuning
+    by_batch: dict[int, set[str]] = {}
+    for c in table.choices:
+        by_batch.setdefault(c.sizes["batch"], set()).add(c.choice)
+    assert by_batch.pop(1) == {"vec_1x2x512_ln", "vec_1x2x1024"}
+    assert set(by_batch) == {2, 4, 8, 16}  # the mlp's buckets of 2-16 rows; 32 and 64 keep cuBLAS
+    assert all(forms == {"gemv_16x32x128", "splitk8_16x64x128"} for forms in by_batch.values())

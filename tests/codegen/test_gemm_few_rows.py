@@ -1,6 +1,6 @@
-"""The few-row entry of the built-in GEMM table (``aot.codegen.gemm_defaults``): by default the
-``fewe_`` forms at small weights and vocabulary heads only (``BUILT_IN_FEW_ROWS``), the library
-(cuBLAS) elsewhere at 2-16 rows; where ``FEW_ROWS`` names a
+"""The few-row entry of the built-in GEMM table (``aot.codegen.gemm_defaults``): by default tune's
+few-row tiles at small weights and ``fewe_16x64x128`` at vocabulary heads only
+(``BUILT_IN_FEW_ROWS``), the library (cuBLAS) elsewhere at 2-16 rows; where ``FEW_ROWS`` names a
 form of ``gemm_forms.FEW_ROW_CONFIGS`` (the module setting, or ``AOTPACK_FEW_ROWS`` for a build), a
 half-precision GEMM site at a bucket of 2-16 rows runs that tensor-core form, as its ``_rms``
 variant where an RMSNorm kernel (with the residual add in it) made A, so the norm kernel goes at
@@ -45,26 +45,30 @@ def _no_override(monkeypatch):
 
 
 def test_the_built_in_entry_takes_small_weights_and_vocabulary_heads_only():
-    """With no form named for every site, a half-precision site at 2-16 rows runs a ``fewe_``
-    form where its weight is below 8 MiB (GPT-2's, at its long K too) or its N a vocabulary's
-    (an LM head, at any size), and keeps the library elsewhere: Llama-3.2-1B's layers, the
-    example mlp's 8 MiB sites, a site whose N is not known, float32."""
+    """With no form named for every site, a half-precision site at 2-16 rows runs tune's few-row
+    tile where its weight is at most 8 MiB (``gemv_16x32x128``, ``splitk_16x64x128`` at K from
+    4096: GPT-2's sites, the example mlp's, Llama-3.2-1B's o projection) and ``fewe_16x64x128``
+    where its N is a vocabulary's (an LM head, at any size), and keeps the library elsewhere:
+    Llama-3.2-1B's other layer GEMMs, a site whose N is not known, float32."""
     assert gemm_defaults.FEW_ROWS is None and gemm_defaults.FEW_ROWS_LONG_K is None
     for rows in (2, 3, 8, 16):
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
-        assert default_form(rows, 768, "float16", n=2304) == "fewe_16x32x256"  # GPT-2 q/k/v
-        assert default_form(rows, 3072, "float16", n=768) == "fewe_16x32x256"  # its mlp out
+        assert default_form(rows, 768, "float16", n=2304) == "gemv_16x32x128"  # GPT-2 q/k/v
+        assert default_form(rows, 3072, "float16", n=768) == "gemv_16x32x128"  # its mlp out
         assert default_form(rows, 768, "float16", n=50257) == "fewe_16x64x128"  # its LM head
         assert default_form(rows, 2048, "bfloat16", n=128256) == "fewe_16x64x128"  # Llama's
-        assert default_form(rows, 1024, "float16", n=1024) == "fewe_16x32x256"
-        assert default_form(rows, 512, "float16", n=4096) == "fewe_16x32x256"
-        assert default_form(rows, 4096, "float16", n=512) == "fewe_splitk_16x64x128"  # long K
-        for k, n in ((2048, 2048), (1024, 4096), (4096, 1024), (2048, 3072), (2048, 16384), (8192, 2048)):
+        assert (
+            default_form(rows, 4096, "bfloat16", n=128256) == "fewe_16x64x128"
+        )  # a vocabulary at long K too
+        assert default_form(rows, 1024, "float16", n=4096) == "gemv_16x32x128"  # the mlp's up, 8 MiB
+        assert default_form(rows, 4096, "float16", n=1024) == "splitk_16x64x128"  # its down: long K
+        assert default_form(rows, 2048, "bfloat16", n=2048) == "gemv_16x32x128"  # Llama-3.2-1B's o
+        for k, n in ((2048, 2049), (2048, 3072), (2048, 16384), (8192, 2048)):  # past 8 MiB
             assert default_form(rows, k, "bfloat16", n=n) is None, (k, n)
         assert default_form(rows, 768, "float32", n=2304) is None
     assert default_form(17, 768, "float16", n=2304) is None
     assert default_form(1, 2048, "bfloat16") == "vec_1x2x1024"
-    assert default_form(1, 768, "float16", n=50257) == "vec_1x2x512"
+    assert default_form(1, 1024, "float16", n=50257) == "vec_1x2x512"
 
 
 def test_the_setting_and_its_override(monkeypatch):

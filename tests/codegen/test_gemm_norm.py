@@ -278,7 +278,8 @@ def test_the_default_build_runs_the_norms_and_the_silu_product_inside_the_gemvs(
     """``gemm_rms16.py`` built by default (no candidates): at one row on sm_90 the built-in table
     runs both RMSNorm kernels (the residual adds in them) as the prologues of the GEMVs after them
     and the SiLU * up kernel as the stacked gate/up GEMV's epilogue: three launches fewer than the
-    library plan; at 8 rows its few-row forms do the same (the weights are small). The same on a
+    library plan; at 8 rows tune's few-row tile takes the SiLU product (the weights are small), the
+    norm kernels stay. The same at one row on a
     transformers Llama: ``test_llama_decode_runs_fewer_kernels_per_layer`` (slow)."""
     from aot.codegen import generate
     from aot.tracer import load_model_file, trace
@@ -289,12 +290,17 @@ def test_the_default_build_runs_the_norms_and_the_silu_product_inside_the_gemvs(
     kernels = {k.id: k for k in program.kernels}
     plans = tuned_plans(compiled.tuning, 0, program, "sm_90")
     assert list(plans) == [(1,), (8,)]
-    for key, form in (((1,), "_vec_"), ((8,), "_fewe_")):
-        names = [kernels[s.target].name for s in plans[key] if s.kind == schema.StepKind.KERNEL]
-        assert sum(n.startswith("gemm_norm_halves_epilogue" + form) for n in names) == 1, names
-        assert sum(n.startswith("gemm_norm_") for n in names) == 2
-        assert not any("sigmoid" in n or "mean" in n for n in names), names
-        assert _launches(plans[key], kernels) == _launches(program.steps, kernels) - 3
+    names = [kernels[s.target].name for s in plans[(1,)] if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec_") for n in names) == 1, names
+    assert sum(n.startswith("gemm_norm_") for n in names) == 2
+    assert not any("sigmoid" in n or "mean" in n for n in names), names
+    assert _launches(plans[(1,)], kernels) == _launches(program.steps, kernels) - 3
+    # at 8 rows tune's tile (the weights are small): the SiLU product in its epilogue, the norm
+    # kernels before the GEMMs kept
+    names = [kernels[s.target].name for s in plans[(8,)] if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_halves_epilogue_gemv_16x32x128") for n in names) == 1, names
+    assert sum("mean" in n for n in names) == 2 and not any("sigmoid" in n for n in names), names
+    assert _launches(plans[(8,)], kernels) == _launches(program.steps, kernels) - 1
 
 
 @pytest.mark.slow  # a transformers Llama traced and built; the small model's test above runs by default
@@ -454,7 +460,7 @@ def gpt2_forms(gpt2_traced, tmp_path_factory):
 
 
 def test_gpt2_layer_norm_and_gelu_run_inside_the_gemvs_by_default(gpt2_traced):
-    """At one row the built-in table runs fc as ``vec_1x2x512_ln``: the residual add (through
+    """At one row the built-in table runs fc (K 768) as ``vec_1x2x1024_ln``: the residual add (through
     the dropout's copy) and the LayerNorm in its prologue, the sum written for the residual after
     proj, ``gelu_new`` (``x ** 3`` as products) in its epilogue; 2 launches where the library
     plan runs 5 (the LayerNorm, GELU and residual kernels, 2 cuBLAS calls)."""
@@ -466,7 +472,7 @@ def test_gpt2_layer_norm_and_gelu_run_inside_the_gemvs_by_default(gpt2_traced):
     kernels = {k.id: k for k in program.kernels}
     fc, proj = program.alternatives
     one_row = [c.choice for c in compiled.tuning.choices if set(c.sizes.values()) == {1}]
-    assert one_row == ["vec_1x2x512_ln", "vec_1x2x512"]
+    assert one_row == ["vec_1x2x1024_ln", "vec_1x2x512"]
     plan = tuned_plans(compiled.tuning, 0, program, "sm_90")[(1,)]
     assert _launches(program.steps, kernels) == 5
     assert _launches(plan, kernels) == 2
