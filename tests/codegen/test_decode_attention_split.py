@@ -154,7 +154,7 @@ def interpreted():
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_split_decode_attention_matches_sdpa(interpreted, case):
-    name, dtype, B, H, KV, D, C, S, slot, masking = *case[:8], case[9], case[10]
+    name, dtype, B, H, KV, D, _, S, slot, masking = *case[:8], case[9], case[10]
     got = interpreted[name]
     assert got["grids"] == [[str(B * KV), str(S)], [str(B * KV)]], got
     assert got["ws_shape"] == [str(B), str(KV), str(S), str(H // KV), str(D + 2)], got
@@ -196,7 +196,13 @@ def test_built_in_choice_splits_only_caches_past_the_one_kernel_limit(monkeypatc
     assert da.split_setting() is None
     for context in (16, 160, 512, 1000, 1024):
         assert da.decode_splits(_site(context)) == 1, context
-    for context, batch, kv in ((1025, "1", 2), (2048, "1", 8), (4096, "8", 8), (32768, "1", 8), (32768, "s0", 32)):
+    for context, batch, kv in (
+        (1025, "1", 2),
+        (2048, "1", 8),
+        (4096, "8", 8),
+        (32768, "1", 8),
+        (32768, "s0", 32),
+    ):
         splits = da.decode_splits(_site(context, batch, kv))
         blocks = -(-context // da.SPLIT_BLOCK_N)
         assert 2 <= splits <= min(da.MAX_SPLITS, blocks), (context, splits)
@@ -335,9 +341,7 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     )
 
     def build():
-        spec = causal_lm(
-            lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=2048, name="t"
-        )
+        spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=2048, name="t")
         return generate(trace(spec), ("sm_90",))
 
     monkeypatch.delenv(SPLIT_ENV, raising=False)
