@@ -314,7 +314,7 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     kernels, the partials (writing the cache in place, and the workspace the program declares)
     then the combine, which carries the reference (the cache writes, the RoPE kernels and the SDPA
     step). Every kernel of it, run by the interpreter at batch 2 (one row left-padded by whole
-    splits), matches its reference (the caches exactly). With ``AOTPACK_DECODE_SPLIT=off`` the
+    splits), matches its reference. With ``AOTPACK_DECODE_SPLIT=off`` the
     same model keeps SDPA."""
     from tests.realmodels.conftest import require
 
@@ -363,10 +363,12 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     bundle = tmp_path / "t.tpk"
     pack(compiled, bundle)
     checks = interpreted_json(PROGRAM_SCRIPT.replace("sys.argv[1]", repr(str(bundle))))
+    # the combine's output against the SDPA step; the partials (their reference empty: what they
+    # write, the cache and the workspace, is the combine's to stand for) are not compared here,
+    # the cache they write is by the kernel tests above
     attention = [c for c in checks if c[0].startswith("decode_attention")]
-    assert len(attention) == 3 * len(decode), checks  # the caches (partials), the output (combine)
+    assert [c[0] for c in attention] == ["decode_attention_combine_g2_d16"] * len(decode), checks
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
-    assert all(err == 0.0 for name, out, err, _ in attention if out.startswith("index_put")), attention
 
     monkeypatch.setenv(SPLIT_ENV, "off")
     for p in build().program.variants:
