@@ -454,8 +454,8 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
         )
         doc[-1:-1] = [
             f"Program (b * {site.kv_heads} + kh, split) walks blocks split * {blocks} // {splits} up to the next "
-            f"split's of {bn} slots and writes its running max m, sum l and un-normalized acc to {ws}",
-            f"([B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32: acc, m, l); the combine kernel normalizes.",
+            f"split's of {bn} slots and writes its running max m, sum l and un-normalized acc to the workspace",
+            f"ws ([B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32: acc, m, l); the combine kernel normalizes.",
         ]
     if a:
         doc[-1:-1] = [
@@ -559,7 +559,7 @@ def _render_combine(site: DecodeSite, splits: int, ws: str) -> Rendered:
     }
     grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
     doc = [
-        f"Decode attention, split-KV combine: the {splits} partials of each row and KV head (m, l, acc in {ws},",
+        f"Decode attention, split-KV combine: the {splits} partials of each row and KV head (m, l, acc in ws,",
         f"[B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32) rescaled to their common max and summed in order,",
         f"acc / l to [B, {site.heads}, 1, {d}] {site.dtype}. B = {batch}.",
         f"grid: ({', '.join(grid)},)",

@@ -378,3 +378,16 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
 
 def step_args(step) -> set[str]:
     return {a.name for a in step.args if hasattr(a, "name")}
+
+
+def test_layers_alike_share_their_split_kernels():
+    """Two sites alike but for their buffers (two layers) render the same two sources (one
+    compile each), each with a workspace of its own for the memory planner."""
+    from dataclasses import replace
+
+    from aot.codegen.decode_attention import render_split_decode_attention
+
+    one = render_split_decode_attention(_site(2048), 16)
+    other = render_split_decode_attention(replace(_site(2048), out="o2", q="q2", k="k2", v="v2"), 16)
+    assert [r.source for r in one[:2]] == [r.source for r in other[:2]]
+    assert set(one[2]) != set(other[2]) and list(one[2].values()) == list(other[2].values())
