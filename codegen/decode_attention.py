@@ -38,7 +38,28 @@ kernel step of its own (the SDPA step its reference, what the CPU runs). The sit
   H200 some rotated keys still differed from eager's bits by a rounding: within the dtype's
   tolerance, as every fused kernel of the build). The rows may hold each head's q, k and v side by
   side (GPT-NeoX: ``Rotary.head_stride``). Other forms (GPT-J's interleaved pairs, a per-head norm
-  fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel.
+  fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel;
+- the *split-KV* form (``render_split_decode_attention``) runs a site as two kernels: partials on a
+  grid (B * KV, SPLITS), program (p, s) walking a contiguous range of whole blocks of
+  ``SPLIT_BLOCK_N`` slots (split s holds blocks s * NB // SPLITS up to (s + 1) * NB // SPLITS) and
+  writing its running max m, sum l and un-normalized acc (fp32) to a workspace
+  ``[B, KV, SPLITS, G, D + 2]`` (acc, then m, then l), a program buffer the memory planner sizes
+  per bucket; then a combine on a grid (B * KV,) that reads the partials in a fixed order (the
+  same bits on every run, no atomics), rescales them to their common max and writes the output
+  where the one-kernel form does. A split whose slots are all masked holds m at the finite floor
+  and l = 0 and weighs 0. Everything above holds in it: the program whose range holds ``pos``
+  stores the new key and value (the only one), every program takes them from registers at that
+  slot, RoPE, masks, GQA, a head dim that pads its block; the cache is loaded before the wait only
+  where the kernel appends and each program holds one block. The first step writes the workspace
+  (and the cache, in place) with no reference of its own; the combine carries the reference.
+
+Measured and not: the one-kernel form was measured on an H200 (160 and 512 slots, the decode
+bench); the split form was checked only in Triton's interpreter (tests/codegen) and is NOT
+measured on a GPU (``tests/gpu/test_decode_attention_gpu.py`` checks it there). So a build takes it
+only where no other kernel could run the site: caches over ``ONE_KERNEL_MAX_CONTEXT`` (1024) slots,
+which kept the library's SDPA before (up to ``decode_sites.MAX_CONTEXT``); a shorter cache keeps
+the one-kernel form unless ``SPLIT_SHORT_CACHES`` is set, or ``AOTPACK_DECODE_SPLIT`` (``off``: the
+one-kernel form, SDPA past its limit, as before the split form; a number of splits) is, at build time.
 """
 
 from __future__ import annotations

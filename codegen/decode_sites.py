@@ -1,5 +1,5 @@
 """Decode attention sites: the one-token SDPA calls over a KV cache that
-``aot.codegen.decode_attention`` runs as one kernel, found by their shapes and operands (not by
+``aot.codegen.decode_attention`` runs as its kernels, found by their shapes and operands (not by
 model), with the cache writes (``Append``) and rotary embeddings (``Rotary``) the kernel can take
 over; that module says what each form is."""
 
