@@ -41,7 +41,8 @@ kernel step of its own (the SDPA step its reference, what the CPU runs). The sit
   fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel;
 - the *split-KV* form (``render_split_decode_attention``) runs a site as two kernels: partials on a
   grid (B * KV, SPLITS), program (p, s) walking a contiguous range of whole blocks of
-  ``SPLIT_BLOCK_N`` slots (split s holds blocks s * NB // SPLITS up to (s + 1) * NB // SPLITS) and
+  ``SPLIT_BLOCK_N`` slots, smaller where more splits are asked for than that makes blocks (split s
+  holds blocks s * NB // SPLITS up to (s + 1) * NB // SPLITS), and
   writing its running max m, sum l and un-normalized acc (fp32) to a workspace
   ``[B, KV, SPLITS, G, D + 2]`` (acc, then m, then l), a program buffer the memory planner sizes
   per bucket; then a combine on a grid (B * KV,) that reads the partials in a fixed order (the
@@ -94,7 +95,8 @@ NUM_STAGES = 2  # the next block's keys and values load while this one's softmax
 # splits) overrides both at build time, for measuring.
 ONE_KERNEL_MAX_CONTEXT = 1024
 SPLIT_SHORT_CACHES = False
-SPLIT_BLOCK_N = 128  # cache slots per loop step of the split form's partial kernel
+SPLIT_BLOCK_N = 128  # cache slots per loop step of the split form's partial kernel, at most
+MIN_SPLIT_BLOCK_N = 16  # a block halves (down to this) until each split has one
 SPLIT_TARGET_PROGRAMS = 264  # B * KV * splits aimed at: two programs per SM of an H200 (132 SMs)
 MAX_SPLITS = 64
 COMBINE_WARPS = 4
@@ -147,10 +149,10 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
 def render_split_decode_attention(
     site: DecodeSite, splits: int
 ) -> tuple[Rendered, Rendered, dict[str, TensorSpec]]:
-    """The split-KV form of one site (``splits`` >= 2, at most its blocks of ``SPLIT_BLOCK_N``
+    """The split-KV form of one site (``splits`` >= 2, at most its blocks of ``MIN_SPLIT_BLOCK_N``
     slots): (the partial kernel, grid (B * KV, splits); the combine kernel, grid (B * KV,); the
     fp32 workspace between them, ``{name: spec}``, for the memory planner)."""
-    blocks = -(-site.context // _split_block_n(site))
+    blocks = -(-site.context // _split_block_n(site, splits))
     assert 2 <= splits <= blocks, (splits, blocks)
     groups = site.heads // site.kv_heads
     ws = f"{site.out}_splitkv_partials"
@@ -181,15 +183,17 @@ def split_setting() -> str | int | None:
 def decode_splits(site: DecodeSite, setting: str | int | None = None) -> int | None:
     """How ``site`` runs: 1 the one-kernel form, n >= 2 the split form of n splits, None the
     library's SDPA (a cache over ``ONE_KERNEL_MAX_CONTEXT`` slots with the split form off).
-    ``setting``: ``split_setting()``'s. A cache of one block of ``SPLIT_BLOCK_N`` slots never splits."""
+    ``setting``: ``split_setting()``'s. A cache of one block of ``SPLIT_BLOCK_N`` slots never
+    splits; a number of splits asked for takes smaller blocks where the cache has fewer than that
+    (each split one block of at least ``MIN_SPLIT_BLOCK_N`` slots)."""
     long = site.context > ONE_KERNEL_MAX_CONTEXT
     if setting == "off":
         return None if long else 1
-    blocks = -(-site.context // _split_block_n(site))
+    blocks = -(-site.context // SPLIT_BLOCK_N)
     if blocks < 2:
         return 1
     if isinstance(setting, int):
-        return min(setting, blocks)
+        return min(setting, -(-site.context // MIN_SPLIT_BLOCK_N))
     if not long and not SPLIT_SHORT_CACHES:
         return 1
     # programs at the smallest batch a symbolic one admits: one row
@@ -202,8 +206,13 @@ def decode_splits(site: DecodeSite, setting: str | int | None = None) -> int | N
     return splits if splits >= 2 else 1
 
 
-def _split_block_n(site: DecodeSite) -> int:
-    return min(SPLIT_BLOCK_N, max(16, _pow2(site.context)))
+def _split_block_n(site: DecodeSite, splits: int) -> int:
+    """The split form's block: ``SPLIT_BLOCK_N`` slots, halved while the cache has fewer blocks
+    than ``splits`` (to ``MIN_SPLIT_BLOCK_N``)."""
+    bn = SPLIT_BLOCK_N
+    while bn > MIN_SPLIT_BLOCK_N and -(-site.context // bn) < splits:
+        bn //= 2
+    return bn
 
 
 def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
@@ -211,7 +220,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
     split = splits > 1
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
-    bn = _split_block_n(site) if split else min(MAX_BLOCK_N, max(16, _pow2(site.context)))
+    bn = _split_block_n(site, splits) if split else min(MAX_BLOCK_N, max(16, _pow2(site.context)))
     blocks = -(-site.context // bn)
     num_warps = 8 if bn * bd >= WIDE_TILE else 4
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]

@@ -126,8 +126,9 @@ for name, dtype, B, H, KV, D, C, S, BN, slot, masking, R in CASES:
     load(partial)[(B * KV, S)](rows, k, v, *new, *tables, mask.contiguous(), ws, B, num_warps=partial.num_warps)
     load(combine)[(B * KV,)](ws, o, B, num_warps=combine.num_warps)
     # (row, split) pairs whose slots are all masked: their partial holds m at the floor and l = 0
-    blocks = -(-C // BN)
-    bounds = [(s * blocks // S * BN, min(C, (s + 1) * blocks // S * BN)) for s in range(S)]
+    bn = partial.config["BLOCK_N"]
+    blocks = -(-C // bn)
+    bounds = [(s * blocks // S * bn, min(C, (s + 1) * blocks // S * bn)) for s in range(S)]
     empty = sum(not bool(keep[r, lo:hi].any()) for r in range(keep.shape[0]) for lo, hi in bounds)
     G = H // KV
     m4 = mask[:, None, None, :] if boolean else mask.double()[:, None, None, :]
@@ -138,7 +139,7 @@ for name, dtype, B, H, KV, D, C, S, BN, slot, masking, R in CASES:
     out[name] = {
         "names": [partial.name, combine.name], "grids": [list(partial.grid), list(combine.grid)],
         "outputs": [list(partial.outputs), list(combine.outputs)], "ws": ws_name,
-        "ws_shape": list(ws_spec.shape), "empty_splits": empty,
+        "ws_shape": list(ws_spec.shape), "empty_splits": empty, "block_n": bn,
         "cache_equal": bool(torch.equal(k, k_eager) and torch.equal(v, v_eager)),
         "max_err": float((o.double() - ref).abs().max()), "ref_max": float(ref.abs().max()),
         "nan": bool(o.isnan().any()),
@@ -157,6 +158,7 @@ def test_split_decode_attention_matches_sdpa(interpreted, case):
     name, dtype, B, H, KV, D, _, S, slot, masking = *case[:8], case[9], case[10]
     got = interpreted[name]
     assert got["grids"] == [[str(B * KV), str(S)], [str(B * KV)]], got
+    assert got["block_n"] == case[8], got
     assert got["ws_shape"] == [str(B), str(KV), str(S), str(H // KV), str(D + 2)], got
     appended = ["kr", "vr"] if slot is not None else []
     assert got["outputs"] == [[got["ws"], *appended], ["o"]], got
@@ -215,11 +217,12 @@ def test_built_in_choice_splits_only_caches_past_the_one_kernel_limit(monkeypatc
 
 @pytest.mark.parametrize(
     "text, short, long",
-    [("off", 1, None), ("4", 4, 4), (" 64 ", 4, 32), ("3", 3, 3)],
+    [("off", 1, None), ("4", 4, 4), (" 64 ", 32, 64), ("3", 3, 3), ("16", 16, 16)],
 )
 def test_the_environment_chooses_the_form(monkeypatch, text, short, long):
     """``AOTPACK_DECODE_SPLIT=off``: the one-kernel form, and SDPA past its limit (None);
-    ``=N``: N splits, at most the cache's blocks (512 slots: 4 blocks of 128; 4096: 32)."""
+    ``=N``: N splits, in smaller blocks where 128 slots make fewer than N, down to blocks of
+    16 (512 slots: 32 at most)."""
     from aot.codegen import decode_attention as da
 
     monkeypatch.setenv(da.SPLIT_ENV, text)
@@ -227,6 +230,9 @@ def test_the_environment_chooses_the_form(monkeypatch, text, short, long):
     assert da.decode_splits(_site(512), setting) == short
     assert da.decode_splits(_site(4096), setting) == long
     assert da.decode_splits(_site(100), setting) == 1  # one block: nothing to split
+    if isinstance(setting, int):  # N splits of whole blocks: 128 slots, halved until there are N
+        partial, _, _ = da.render_split_decode_attention(_site(512), short)
+        assert partial.config["BLOCK_N"] == {3: 128, 4: 128, 16: 32, 32: 16}[short]
 
 
 @pytest.mark.parametrize("text", ["on", "1", "65", "-2", "2.5", "0"])

@@ -216,7 +216,7 @@ def _load_kernel(r, tmp_path):
     return getattr(module, r.name)
 
 
-@pytest.mark.parametrize("splits", [0, 3], ids=["built-in", "3-splits"])
+@pytest.mark.parametrize("splits", [0, 3, 16], ids=["built-in", "3-splits", "16-splits"])
 @pytest.mark.parametrize(
     "shape", SPLIT_SHAPES, ids=[f"{s[0]}-b{s[1]}-h{s[2]}-kv{s[3]}-d{s[4]}-c{s[5]}" for s in SPLIT_SHAPES]
 )
@@ -227,7 +227,7 @@ def test_split_decode_attention_matches_sdpa_on_gpu(shape, splits, tmp_path, mon
     SDPA (the bound of the tests above), one row's first splits masked whole by left padding, and
     two runs give the same bits (the combine reads the partials in a fixed order). ``splits`` 0:
     the count a build takes (``decode_splits``; for a 512-slot cache as if ``SPLIT_SHORT_CACHES``
-    were on); 3: three splits of uneven whole blocks."""
+    were on); 3: three splits of uneven whole blocks; 16: blocks of 32 slots at 512."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from aot.codegen import decode_attention as da
@@ -260,7 +260,7 @@ def test_split_decode_attention_matches_sdpa_on_gpu(shape, splits, tmp_path, mon
         out="o", batch=str(B), heads=H, kv_heads=KV, context=C, head_dim=D, scale=1.0 / math.sqrt(D),
         dtype=dtype, append=a,
     )  # fmt: skip
-    S = splits or da.decode_splits(site)
+    S = da.decode_splits(site, splits or None)
     assert S >= 2
     partial, combine, workspace = da.render_split_decode_attention(site, S)
     (ws_spec,) = workspace.values()
