@@ -97,6 +97,9 @@ ONE_KERNEL_MAX_CONTEXT = 1024
 SPLIT_SHORT_CACHES = False
 SPLIT_BLOCK_N = 128  # cache slots per loop step of the split form's partial kernel, at most
 MIN_SPLIT_BLOCK_N = 16  # a block halves (down to this) until each split has one
+# slots x head dim (padded) of a block at most: two stages of 16-bit keys and values in 128 KiB of
+# shared memory (a head dim of 256 takes blocks of 64 slots)
+SPLIT_MAX_TILE = 128 * 128
 SPLIT_TARGET_PROGRAMS = 264  # B * KV * splits aimed at: two programs per SM of an H200 (132 SMs)
 MAX_SPLITS = 64
 COMBINE_WARPS = 4
@@ -208,9 +211,9 @@ def decode_splits(site: DecodeSite, setting: str | int | None = None) -> int | N
 
 def _split_block_n(site: DecodeSite, splits: int) -> int:
     """The split form's block: ``SPLIT_BLOCK_N`` slots, halved while the cache has fewer blocks
-    than ``splits`` (to ``MIN_SPLIT_BLOCK_N``)."""
-    bn = SPLIT_BLOCK_N
-    while bn > MIN_SPLIT_BLOCK_N and -(-site.context // bn) < splits:
+    than ``splits`` or the block's keys exceed ``SPLIT_MAX_TILE`` (to ``MIN_SPLIT_BLOCK_N``)."""
+    bn, bd = SPLIT_BLOCK_N, max(16, _pow2(site.head_dim))
+    while bn > MIN_SPLIT_BLOCK_N and (-(-site.context // bn) < splits or bn * bd > SPLIT_MAX_TILE):
         bn //= 2
     return bn
 
