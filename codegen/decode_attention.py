@@ -791,11 +791,13 @@ def decode_attention_kernels(
         say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels{also}")
     out = built.program_with(program, [s for group in steps for s in group])
     used = {s.target for s in out.steps if s.kind == StepKind.KERNEL}
+    # gone: the folded rotary kernels; and a split site's kernel whose partner failed to compile
+    gone |= set(built.records)
     return replace(
         out,
         kernels=tuple(k for k in out.kernels if k.id in used or k.id not in gone),
         buffers={**out.buffers, **workspaces},
-    ), built.cubins
+    ), {key: cubin for key, cubin in built.cubins.items() if key[0] in used}
 
 
 def _reference(program: Program, site: DecodeSite, folded: tuple[int, ...]) -> tuple[Step, ...]:

@@ -321,7 +321,7 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     then the combine, which carries the reference (the cache writes, the RoPE kernels and the SDPA
     step). Every kernel of it, run by the interpreter at batch 2 (one row left-padded by whole
     splits), matches its reference. With ``AOTPACK_DECODE_SPLIT=off`` the
-    same model keeps SDPA."""
+    same model keeps SDPA, as it does where the combine kernel fails to compile."""
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -380,6 +380,29 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     for p in build().program.variants:
         if p.inputs[0].spec.shape[1] == "1":
             assert any(s.kind == StepKind.ATEN and s.target == SDPA for s in p.steps)
+
+    # the combine fails to compile: the site keeps SDPA, and the partial kernel goes too
+    import aot.codegen as codegen
+
+    compile_all = codegen.compile_kernels
+
+    def combine_fails(rendered, archs, say, what="kernel"):
+        results, failed, hits = compile_all(rendered, archs, say, what)
+        failed.update(
+            {k: "refused" for k, r in rendered.items() if r.name.startswith("decode_attention_combine")}
+        )
+        return results, failed, hits
+
+    monkeypatch.delenv(SPLIT_ENV)
+    monkeypatch.setattr(codegen, "compile_kernels", combine_fails)
+    compiled = build()
+    for p in (compiled.program, *compiled.program.variants):
+        assert not any(k.config.get("kind", "").startswith("decode_attention") for k in p.kernels)
+        if p.inputs[0].spec.shape[1] == "1":
+            assert any(s.kind == StepKind.ATEN and s.target == SDPA for s in p.steps)
+    assert not {kid for kid, _ in compiled.cubins} - {
+        k.id for p in (compiled.program, *compiled.program.variants) for k in p.kernels
+    }
 
 
 def step_args(step) -> set[str]:
