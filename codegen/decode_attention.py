@@ -38,11 +38,34 @@ kernel step of its own (the SDPA step its reference, what the CPU runs). The sit
   H200 some rotated keys still differed from eager's bits by a rounding: within the dtype's
   tolerance, as every fused kernel of the build). The rows may hold each head's q, k and v side by
   side (GPT-NeoX: ``Rotary.head_stride``). Other forms (GPT-J's interleaved pairs, a per-head norm
-  fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel.
+  fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel;
+- the *split-KV* form (``render_split_decode_attention``) runs a site as two kernels: partials on a
+  grid (B * KV, SPLITS), program (p, s) walking a contiguous range of whole blocks of
+  ``SPLIT_BLOCK_N`` slots, smaller where more splits are asked for than that makes blocks (split s
+  holds blocks s * NB // SPLITS up to (s + 1) * NB // SPLITS), and
+  writing its running max m, sum l and un-normalized acc (fp32) to a workspace
+  ``[B, KV, SPLITS, G, D + 2]`` (acc, then m, then l), a program buffer the memory planner sizes
+  per bucket; then a combine on a grid (B * KV,) that reads the partials in a fixed order (the
+  same bits on every run, no atomics), rescales them to their common max and writes the output
+  where the one-kernel form does. A split whose slots are all masked holds m at the finite floor
+  and l = 0 and weighs 0. Everything above holds in it: the program whose range holds ``pos``
+  stores the new key and value (the only one), every program takes them from registers at that
+  slot, RoPE, masks, GQA, a head dim that pads its block; the cache is loaded before the wait only
+  where the kernel appends and each program holds one block. The first step writes the workspace
+  (and the cache, in place) with no reference of its own; the combine carries the reference.
+
+Measured and not: the one-kernel form was measured on an H200 (160 and 512 slots, the decode
+bench); the split form was checked only in Triton's interpreter (tests/codegen) and is NOT
+measured on a GPU (``tests/gpu/test_decode_attention_gpu.py`` checks it there). So a build takes it
+only where no other kernel could run the site: caches over ``ONE_KERNEL_MAX_CONTEXT`` (1024) slots,
+which kept the library's SDPA before (up to ``decode_sites.MAX_CONTEXT``); a shorter cache keeps
+the one-kernel form unless ``SPLIT_SHORT_CACHES`` is set, or ``AOTPACK_DECODE_SPLIT`` (``off``: the
+one-kernel form, SDPA past its limit, as before the split form; a number of splits) is, at build time.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -55,15 +78,32 @@ from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
-from aot.errors import counted
+from aot.errors import CodegenError, counted
 from aot.program import VIEW_OPS, readers_of, step_reads, step_writes
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 HEURISTIC = "decode-attention-v1"
 MAX_BLOCK_N = 256  # cache slots per step of the loop
 LOG2E = 1.4426950408889634
 WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
 NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
+
+# The split-KV form (see the module docstring): UNMEASURED on a GPU. A cache of at most
+# ONE_KERNEL_MAX_CONTEXT slots (where the one-kernel form was measured) splits only where
+# SPLIT_SHORT_CACHES says so; a longer one (up to decode_sites.MAX_CONTEXT), which would otherwise
+# stay the library's SDPA, always splits. ``AOTPACK_DECODE_SPLIT`` (``off``, or a number of
+# splits) overrides both at build time, for measuring.
+ONE_KERNEL_MAX_CONTEXT = 1024
+SPLIT_SHORT_CACHES = False
+SPLIT_BLOCK_N = 128  # cache slots per loop step of the split form's partial kernel, at most
+MIN_SPLIT_BLOCK_N = 16  # a block halves (down to this) until each split has one
+# slots x head dim (padded) of a block at most: two stages of 16-bit keys and values in 128 KiB of
+# shared memory (a head dim of 256 takes blocks of 64 slots)
+SPLIT_MAX_TILE = 128 * 128
+SPLIT_TARGET_PROGRAMS = 264  # B * KV * splits aimed at: two programs per SM of an H200 (132 SMs)
+MAX_SPLITS = 64
+COMBINE_WARPS = 4
+SPLIT_ENV = "AOTPACK_DECODE_SPLIT"
 
 
 def _pow2(n: int) -> int:
@@ -106,9 +146,85 @@ def _rotation_lines(
 
 def render_decode_attention(site: DecodeSite) -> Rendered:
     """The kernel of one site: grid (B * KV,), one program per row and KV head."""
+    return _render_attention(site, 1, "")
+
+
+def render_split_decode_attention(
+    site: DecodeSite, splits: int
+) -> tuple[Rendered, Rendered, dict[str, TensorSpec]]:
+    """The split-KV form of one site (``splits`` >= 2, at most its blocks of ``MIN_SPLIT_BLOCK_N``
+    slots): (the partial kernel, grid (B * KV, splits); the combine kernel, grid (B * KV,); the
+    fp32 workspace between them, ``{name: spec}``, for the memory planner)."""
+    blocks = -(-site.context // _split_block_n(site, splits))
+    assert 2 <= splits <= blocks, (splits, blocks)
+    groups = site.heads // site.kv_heads
+    ws = f"{site.out}_splitkv_partials"
+    # ws[b, kh, split, g, :]: the split's un-normalized acc (D values), then its running max m and sum l
+    spec = TensorSpec(
+        "float32", (site.batch, str(site.kv_heads), str(splits), str(groups), str(site.head_dim + 2))
+    )
+    return _render_attention(site, splits, ws), _render_combine(site, splits, ws), {ws: spec}
+
+
+def split_setting() -> str | int | None:
+    """``AOTPACK_DECODE_SPLIT`` as read now: None where unset (the module's knobs decide),
+    ``"off"``, or a number of splits (2 to ``MAX_SPLITS``)."""
+    text = os.environ.get(SPLIT_ENV, "").strip()
+    if not text:
+        return None
+    if text == "off":
+        return text
+    if text.isdigit() and 2 <= int(text) <= MAX_SPLITS:
+        return int(text)
+    raise CodegenError(
+        f"{SPLIT_ENV}={text!r}: expected 'off' (the one-kernel decode attention; caches over "
+        f"{ONE_KERNEL_MAX_CONTEXT} slots keep the library's SDPA) or a number of splits from 2 to "
+        f"{MAX_SPLITS}; unset it for the built-in choice"
+    )
+
+
+def decode_splits(site: DecodeSite, setting: str | int | None = None) -> int | None:
+    """How ``site`` runs: 1 the one-kernel form, n >= 2 the split form of n splits, None the
+    library's SDPA (a cache over ``ONE_KERNEL_MAX_CONTEXT`` slots with the split form off).
+    ``setting``: ``split_setting()``'s. A cache of one block of ``SPLIT_BLOCK_N`` slots never
+    splits; a number of splits asked for takes smaller blocks where the cache has fewer than that
+    (each split one block of at least ``MIN_SPLIT_BLOCK_N`` slots)."""
+    long = site.context > ONE_KERNEL_MAX_CONTEXT
+    if setting == "off":
+        return None if long else 1
+    blocks = -(-site.context // SPLIT_BLOCK_N)
+    if blocks < 2:
+        return 1
+    if isinstance(setting, int):
+        return min(setting, -(-site.context // MIN_SPLIT_BLOCK_N))
+    if not long and not SPLIT_SHORT_CACHES:
+        return 1
+    # programs at the smallest batch a symbolic one admits: one row
+    rows = ix.parse_size(site.batch)
+    programs = (int(rows) if rows.is_Integer else 1) * site.kv_heads
+    want = -(-SPLIT_TARGET_PROGRAMS // programs)
+    # no program walks more slots than the one-kernel form was measured at
+    fewest = -(-site.context // ONE_KERNEL_MAX_CONTEXT)
+    splits = min(MAX_SPLITS, blocks, max(want, fewest))
+    return splits if splits >= 2 else 1
+
+
+def _split_block_n(site: DecodeSite, splits: int) -> int:
+    """The split form's block: ``SPLIT_BLOCK_N`` slots, halved while the cache has fewer blocks
+    than ``splits`` or the block's keys exceed ``SPLIT_MAX_TILE`` (to ``MIN_SPLIT_BLOCK_N``)."""
+    bn, bd = SPLIT_BLOCK_N, max(16, _pow2(site.head_dim))
+    while bn > MIN_SPLIT_BLOCK_N and (-(-site.context // bn) < splits or bn * bd > SPLIT_MAX_TILE):
+        bn //= 2
+    return bn
+
+
+def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
+    """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its workspace)."""
+    split = splits > 1
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
-    bn = min(MAX_BLOCK_N, max(16, _pow2(site.context)))
+    bn = _split_block_n(site, splits) if split else min(MAX_BLOCK_N, max(16, _pow2(site.context)))
+    blocks = -(-site.context // bn)
     num_warps = 8 if bn * bd >= WIDE_TILE else 4
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
@@ -123,6 +239,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     qr_tables = ("qcos_ptr", "qsin_ptr", "Q_ROT_BATCH")
     kr_tables = qr_tables if shared_tables else ("kcos_ptr", "ksin_ptr", "K_ROT_BATCH")
     name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
+    name += "_split" if split else ""
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
@@ -137,7 +254,10 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     # arrive while the q/k/v projection still runs. Where a step before writes the cache (no
     # append here: a cache-write kernel or copy), its loads wait: loaded early they would race
     # that write and read the slot's old key and value.
-    one_block = site.context <= bn
+    # The split form: each program's slots are one block where there are as many splits as
+    # blocks, and the same rule holds for them (the program holding pos stores it; no other
+    # program of this kernel reads that slot).
+    one_block = blocks == splits if split else site.context <= bn
     loads_early = one_block and a is not None
     early = [
         "pid = tl.program_id(0).to(tl.int64)",
@@ -146,12 +266,19 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "rd = tl.arange(0, BLOCK_D)",
         "cache = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM",
     ]
+    if split:
+        early += [
+            "split = tl.program_id(1)",
+            "lo = split * BLOCKS // SPLITS * BLOCK_N  # this program's slots: whole blocks, lo to hi",
+            "hi = (split + 1) * BLOCKS // SPLITS * BLOCK_N",
+        ]
     loads = [
         f"k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
         f"v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
     ]
+    first_slot = "lo + " if split else ""
     if loads_early:
-        early += ["rn = tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+        early += [f"rn = {first_slot}tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
     body = [
         "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
         "valid_g = rg < GROUPS",
@@ -193,7 +320,11 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             ),
             f"vn = tl.load(vn_ptr + b * VN_BATCH + VN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
             "slot = rd * 0 + pos  # the position per lane: a mask of the block's shape",
-            "put = (rd < HEAD_DIM) & (slot >= 0) & (slot < CONTEXT)  # the loader checks pos; never out of the cache",
+            (
+                "put = (rd < HEAD_DIM) & (slot >= lo) & (slot < hi) & (slot < CONTEXT)  # one program stores: the one whose slots hold pos"
+                if split
+                else "put = (rd < HEAD_DIM) & (slot >= 0) & (slot < CONTEXT)  # the loader checks pos; never out of the cache"
+            ),
             "tl.store(k_ptr + cache + pos * HEAD_DIM + rd, kn, mask=put)",
             "tl.store(v_ptr + cache + pos * HEAD_DIM + rd, vn, mask=put)",
         ]
@@ -202,7 +333,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     if loads_early:
         block = []
     elif one_block:
-        block = ["rn = tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+        block = [f"rn = {first_slot}tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
     else:
         block = ["rn = start + tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
     if a:
@@ -232,11 +363,20 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     if one_block:
         body += block
     else:
-        body += ["for start in range(0, CONTEXT, BLOCK_N):", *("    " + ln for ln in block)]
-    body += [
-        "acc = acc / l_i[:, None]",
-        f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
-    ]
+        bounds = "lo, hi" if split else "0, CONTEXT"
+        body += [f"for start in range({bounds}, BLOCK_N):", *("    " + ln for ln in block)]
+    if split:  # the partial: m, l and the un-normalized acc, to this program's place in ws
+        body += [
+            "part = ((pid * SPLITS + split) * GROUPS + rg) * (HEAD_DIM + 2)  # ws[b, kh, split, g]: acc, m, l",
+            f"tl.store(ws_ptr + part[:, None] + rd[None, :], acc, mask=valid_g[:, None]{mask_d})",
+            "tl.store(ws_ptr + part + HEAD_DIM, m_i, mask=valid_g)",
+            "tl.store(ws_ptr + part + HEAD_DIM + 1, l_i, mask=valid_g)",
+        ]
+    else:
+        body += [
+            "acc = acc / l_i[:, None]",
+            f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
+        ]
     params = [
         KernelParam("q_ptr", ParamKind.PTR, site.dtype),
         KernelParam("k_ptr", ParamKind.PTR, site.dtype),
@@ -271,7 +411,9 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             if site.mask is not None
             else []
         ),
-        KernelParam("out_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("ws_ptr", ParamKind.PTR, "float32")
+        if split
+        else KernelParam("out_ptr", ParamKind.PTR, site.dtype),
         KernelParam("B", ParamKind("i32"), ""),
     ]
     batch = ix.size_text(ix.parse_size(site.batch))
@@ -287,7 +429,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         *((Buf(qr.cos), Buf(qr.sin)) if qr else ()),
         *((Buf(kr.cos), Buf(kr.sin)) if kr and not shared_tables else ()),
         *([Buf(site.mask)] if site.mask is not None else []),
-        Buf(site.out),
+        Buf(ws if split else site.out),
         Sym(batch),
     )
     signature = signature_of(params, "i32")
@@ -306,6 +448,8 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         "SCALE_LOG2E": repr(site.scale * LOG2E),
         "LOG2E": repr(LOG2E),
     }
+    if split:
+        consts.update(SPLITS=splits, BLOCKS=blocks)
     if a:
         consts.update(
             KN_BATCH=k_new.batch_stride,
@@ -323,7 +467,7 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
             consts.update(K_HEAD=kr.head_stride)
         if not shared_tables:
             consts.update(K_ROT_BATCH=kr.batch_stride)
-    grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
+    grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads), *((str(splits),) if split else ()))
     mask_doc = ""
     if site.mask is not None:
         mask_doc = f"mask: {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, C] rows; "
@@ -336,6 +480,16 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         + f"B = {batch}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
+    if split:
+        doc[0] = (
+            f"Decode attention, split-KV partials: softmax(q k^T * {site.scale!r} + mask) v over one of {splits} "
+            "ranges of the cache per program, online, fp32."
+        )
+        doc[-1:-1] = [
+            f"Program (b * {site.kv_heads} + kh, split) walks blocks split * {blocks} // {splits} up to the next "
+            f"split's of {bn} slots and writes its running max m, sum l and un-normalized acc to the workspace",
+            f"ws ([B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32: acc, m, l); the combine kernel normalizes.",
+        ]
     if a:
         doc[-1:-1] = [
             f"First writes this step's keys and values (rows at b * {a.k_new.batch_stride} + {a.k_new.column} and "
@@ -352,13 +506,16 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
     elem = ITEMSIZE[site.dtype]
     rows = ix.parse_size(site.batch)
     traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * d + site.context) * elem
+    if split:  # the partials written instead of the output
+        traffic += rows * site.heads * ((d + 2) * splits * 4 - d * elem)
     if a:
         traffic += rows * 4 * site.kv_heads * d * elem  # the new keys and values, read and written
     for r in (qr, kr):
         if r is not None:
             traffic += rows * 2 * r.dim * elem  # cos and sin
     config = {
-        "kind": "decode_attention",
+        "kind": "decode_attention_split" if split else "decode_attention",
+        **({"SPLITS": splits} if split else {}),
         "BLOCK_G": bg,
         "BLOCK_N": bn,
         "BLOCK_D": bd,
@@ -372,12 +529,99 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
         signature=signature,
         params=tuple(params),
         args=args,
-        outputs=(site.out, *((a.k_result, a.v_result) if a else ())),
+        outputs=(ws if split else site.out, *((a.k_result, a.v_result) if a else ())),
         grid=grid,
         num_warps=num_warps,
         num_stages=NUM_STAGES,
         config=config,
         ops=(*((INDEX_PUT,) if a else ()), SDPA),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
+
+
+def _render_combine(site: DecodeSite, splits: int, ws: str) -> Rendered:
+    """The split form's second kernel: grid (B * KV,), each program reads its row's and KV head's
+    ``splits`` partials in a fixed order (the same bits on every run, no atomics) and writes the
+    output where the one-kernel form does. A split whose slots were all masked holds m at the
+    finite floor and l = 0: its weight exp2(m - max) is 0 beside any other split's."""
+    d, groups = site.head_dim, site.heads // site.kv_heads
+    bd, bg, bs = max(16, _pow2(d)), max(16, _pow2(groups)), _pow2(splits)
+    tl_dtype = TL_TYPE[STORAGE[site.dtype]]
+    mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
+    name = f"decode_attention_combine_g{groups}_d{d}"
+    body = [
+        "pid = tl.program_id(0).to(tl.int64)",
+        "b = pid // KV_HEADS",
+        "kh = pid % KV_HEADS",
+        "rd = tl.arange(0, BLOCK_D)",
+        "rg = tl.arange(0, BLOCK_G)",
+        "valid_g = rg < GROUPS",
+        "h = kh * GROUPS + rg",
+        "rs = tl.arange(0, BLOCK_S)",
+        "both = (rs < SPLITS)[:, None] & valid_g[None, :]",
+        "parts = ((pid * SPLITS + rs[:, None]) * GROUPS + rg[None, :]) * (HEAD_DIM + 2)  # ws[b, kh, split, g]: acc, m, l",
+        "m_s = tl.load(ws_ptr + parts + HEAD_DIM, mask=both, other=-1.0e30)  # [BLOCK_S, BLOCK_G]",
+        "l_s = tl.load(ws_ptr + parts + HEAD_DIM + 1, mask=both, other=0.0)",
+        "m = tl.max(m_s, 0)",
+        "l_i = tl.sum(l_s * tl.exp2(m_s - m[None, :]), 0)  # an all-masked split: l 0, weight 0",
+        "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
+        "for s in range(SPLITS):  # a fixed order: the same bits on every run",
+        "    part = ((pid * SPLITS + s) * GROUPS + rg) * (HEAD_DIM + 2)",
+        "    m_one = tl.load(ws_ptr + part + HEAD_DIM, mask=valid_g, other=-1.0e30)",
+        f"    acc_one = tl.load(ws_ptr + part[:, None] + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        "    acc += acc_one * tl.exp2(m_one - m)[:, None]",
+        "acc = acc / l_i[:, None]",
+        f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
+    ]
+    params = [
+        KernelParam("ws_ptr", ParamKind.PTR, "float32"),
+        KernelParam("out_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("B", ParamKind("i32"), ""),
+    ]
+    batch = ix.size_text(ix.parse_size(site.batch))
+    signature = signature_of(params, "i32")
+    consts = {
+        "BLOCK_G": bg,
+        "BLOCK_D": bd,
+        "BLOCK_S": bs,
+        "GROUPS": groups,
+        "HEADS": site.heads,
+        "KV_HEADS": site.kv_heads,
+        "HEAD_DIM": d,
+        "SPLITS": splits,
+    }
+    grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
+    doc = [
+        f"Decode attention, split-KV combine: the {splits} partials of each row and KV head (m, l, acc in ws,",
+        f"[B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32) rescaled to their common max and summed in order,",
+        f"acc / l to [B, {site.heads}, 1, {d}] {site.dtype}. B = {batch}.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    source = kernel_module(doc, consts, name, signature, body)
+    rows = ix.parse_size(site.batch)
+    traffic = rows * site.heads * ((d + 2) * splits * 4 + d * ITEMSIZE[site.dtype])
+    config = {
+        "kind": "decode_attention_combine",
+        "SPLITS": splits,
+        "BLOCK_G": bg,
+        "BLOCK_D": bd,
+        "BLOCK_S": bs,
+        "heuristic": HEURISTIC,
+        "num_warps": COMBINE_WARPS,
+        "num_stages": 1,
+    }
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=tuple(params),
+        args=(Buf(ws), Buf(site.out), Sym(batch)),
+        outputs=(site.out,),
+        grid=grid,
+        num_warps=COMBINE_WARPS,
+        num_stages=1,
+        config=config,
+        ops=(*((INDEX_PUT,) if site.append else ()), SDPA),
         bytes_moved=ix.size_text(sympy.expand(traffic)),
     )
 
@@ -462,9 +706,12 @@ def decode_attention_kernels(
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
-    """``program`` with each decode SDPA site run by its kernel (the SDPA step its reference);
-    a site whose kernel fails to compile stays the library call."""
-    sites = find_decode_sites(program)
+    """``program`` with each decode SDPA site run by its kernel, or by the split form's two
+    (``decode_splits``; the last step holds the reference, the first writes the workspace and,
+    where it appends, the cache), the SDPA step its reference; a site whose kernels fail to
+    compile stays the library call."""
+    setting = split_setting()
+    sites = [s for s in find_decode_sites(program) if decode_splits(s, setting) is not None]
     if not sites:
         return program, {}
     folds = [folded_steps(program, site) for site in sites]
@@ -475,48 +722,82 @@ def decode_attention_kernels(
         _reference(program, site, (*(fold or ()), *more))
         for site, fold, (_, more) in zip(sites, folds, rotated)
     ]
-    rendered = [render_decode_attention(s) for s in sites]
-    rendered = [  # the ops of the rotary kernels folded in, too
-        replace(
-            r,
-            ops=tuple(dict.fromkeys((*(x.target for j in more for x in program.steps[j].reference), *r.ops))),
+    forms: list[tuple[list[Rendered], dict[str, TensorSpec]]] = []  # each site's kernels, workspace
+    for s in sites:
+        splits = decode_splits(s, setting)
+        if splits == 1:
+            forms.append(([render_decode_attention(s)], {}))
+        else:
+            partial, combine, workspace = render_split_decode_attention(s, splits)
+            assert not set(workspace) & set(program.buffers), workspace
+            forms.append(([partial, combine], workspace))
+    forms = [  # the ops of the rotary kernels folded in, too
+        (
+            [
+                replace(
+                    r,
+                    ops=tuple(
+                        dict.fromkeys((*(x.target for j in more for x in program.steps[j].reference), *r.ops))
+                    ),
+                )
+                for r in kernels
+            ],
+            workspace,
         )
-        for r, (_, more) in zip(rendered, rotated)
+        for (kernels, workspace), (_, more) in zip(forms, rotated)
     ]
-    built = compile_site_kernels(
-        program, rendered, archs, compile_kernels, say, "decode attention", "SDPA stays"
-    )
-    ids, failed = built.ids, built.failed
+    flat = [r for kernels, _ in forms for r in kernels]
+    built = compile_site_kernels(program, flat, archs, compile_kernels, say, "decode attention", "SDPA stays")
+    site_ids, taken = [], 0
+    for kernels, _ in forms:
+        site_ids.append(built.ids[taken : taken + len(kernels)])
+        taken += len(kernels)
+    failed = built.failed
     at = {
-        s.step: (s, fold, more, ref, kid, r)
-        for s, fold, (_, more), ref, kid, r in zip(sites, folds, rotated, references, ids, rendered)
-        if kid not in failed
+        s.step: (s, fold, more, ref, kids, form)
+        for s, fold, (_, more), ref, kids, form in zip(sites, folds, rotated, references, site_ids, forms)
+        if not set(kids) & set(failed)
     }
-    steps: list[Step | None] = list(program.steps)
-    appended = rotations = 0
+    steps: list[list[Step]] = [[s] for s in program.steps]
+    appended = rotations = split = 0
     gone: set[str] = set()  # the rotary kernels folded in
-    for i, (site, fold, more, reference, kid, r) in at.items():
+    workspaces: dict[str, TensorSpec] = {}
+    for i, (site, fold, more, reference, kids, (kernels, workspace)) in at.items():
         a = site.append
         for j in (*(fold if a is not None else ()), *more):
-            if steps[j] is not None and steps[j].kind == StepKind.KERNEL:
-                gone.add(steps[j].target)
-            steps[j] = None
+            if steps[j] and steps[j][0].kind == StepKind.KERNEL:
+                gone.add(steps[j][0].target)
+            steps[j] = []
         appended += a is not None
         rotations += (site.q_rotary is not None) + (a is not None and a.k_rotary is not None)
         in_place = {a.k_result: a.k_state, a.v_result: a.v_state} if a is not None else {}
-        steps[i] = kernel_step(kid, r, reference, in_place)
+        if len(kernels) == 1:
+            steps[i] = [kernel_step(kids[0], kernels[0], reference, in_place)]
+        else:  # the partials (and the cache write) first; the combine carries the reference
+            steps[i] = [
+                kernel_step(kids[0], kernels[0], (), in_place),
+                kernel_step(kids[1], kernels[1], reference),
+            ]
+            split += 1
+            workspaces.update(workspace)
     if at:
         also = (
             f", {appended} of them writing the step's keys and values into the cache too" if appended else ""
         )
         if rotations:
             also += f", {counted(rotations, 'rotary embedding')} computed in them"
+        if split:
+            also += f", {split} split across the cache (split-KV: partials, then a combine kernel)"
         say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels{also}")
-    out = built.program_with(program, steps)
+    out = built.program_with(program, [s for group in steps for s in group])
     used = {s.target for s in out.steps if s.kind == StepKind.KERNEL}
+    # gone: the folded rotary kernels; and a split site's kernel whose partner failed to compile
+    gone |= set(built.records)
     return replace(
-        out, kernels=tuple(k for k in out.kernels if k.id in used or k.id not in gone)
-    ), built.cubins
+        out,
+        kernels=tuple(k for k in out.kernels if k.id in used or k.id not in gone),
+        buffers={**out.buffers, **workspaces},
+    ), {key: cubin for key, cubin in built.cubins.items() if key[0] in used}
 
 
 def _reference(program: Program, site: DecodeSite, folded: tuple[int, ...]) -> tuple[Step, ...]:

@@ -1,5 +1,5 @@
 """Decode attention sites: the one-token SDPA calls over a KV cache that
-``aot.codegen.decode_attention`` runs as one kernel, found by their shapes and operands (not by
+``aot.codegen.decode_attention`` runs as its kernels, found by their shapes and operands (not by
 model), with the cache writes (``Append``) and rotary embeddings (``Rotary``) the kernel can take
 over; that module says what each form is."""
 
@@ -19,10 +19,11 @@ from aot.schema import Buf, Program, Step, StepKind
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
-# One program per row and KV head walks the whole cache: measured at 160 and 512 slots (H200). A
-# longer cache at batch 1 would leave a few programs looping long where the library splits the
-# keys across blocks; until a split-KV form is measured, longer caches keep SDPA.
-MAX_CONTEXT = 1024
+# The longest cache a site may have. The one-kernel form (one program per row and KV head walks
+# the whole cache; measured at 160 and 512 slots, H200) takes caches of up to
+# ``decode_attention.ONE_KERNEL_MAX_CONTEXT`` slots; longer ones take the split-KV form (unmeasured),
+# or keep SDPA where it is off (``decode_attention.decode_splits``).
+MAX_CONTEXT = 32768
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
 POSITION_DTYPES = ("int64", "int32")
 

@@ -192,3 +192,112 @@ def test_rotary_decode_attention_matches_eager_on_gpu(shape, tmp_path):
     spread = (library - ref).abs().max().item()
     err = (out.float() - ref).abs().max().item()
     assert err <= 2 * spread + 1e-3 * ref.abs().max().item(), (err, spread)
+
+
+# (dtype, batch, heads, kv_heads, head_dim, context)
+SPLIT_SHAPES = [
+    ("bfloat16", 1, 32, 8, 64, 512),  # the 0.58B Llama's decode cache
+    ("float16", 1, 12, 12, 64, 512),  # GPT-2 small's
+    ("bfloat16", 8, 32, 8, 64, 512),
+    ("float16", 8, 12, 12, 64, 512),
+    ("bfloat16", 1, 32, 8, 64, 4096),  # past the one-kernel form: the built-in split count
+    ("float16", 1, 12, 12, 64, 4096),
+    ("bfloat16", 8, 32, 8, 64, 4096),
+    ("float16", 8, 32, 8, 128, 4096),
+]
+
+
+def _load_kernel(r, tmp_path):
+    path = tmp_path / f"{r.name}.py"
+    path.write_text(r.source)
+    spec = importlib.util.spec_from_file_location(r.name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, r.name)
+
+
+@pytest.mark.parametrize("splits", [0, 3, 16], ids=["built-in", "3-splits", "16-splits"])
+@pytest.mark.parametrize(
+    "shape", SPLIT_SHAPES, ids=[f"{s[0]}-b{s[1]}-h{s[2]}-kv{s[3]}-d{s[4]}-c{s[5]}" for s in SPLIT_SHAPES]
+)
+def test_split_decode_attention_matches_sdpa_on_gpu(shape, splits, tmp_path, monkeypatch):
+    """The split-KV form (``render_split_decode_attention``: partials over ranges of the cache,
+    then the combine kernel): it appends this step's key and value exactly as ``index_put_`` does
+    (one program stores the slot), its output is as close to SDPA in float32 as the library's own
+    SDPA (the bound of the tests above), one row's first splits masked whole by left padding, and
+    two runs give the same bits (the combine reads the partials in a fixed order). ``splits`` 0:
+    the count a build takes (``decode_splits``; for a 512-slot cache as if ``SPLIT_SHORT_CACHES``
+    were on); 3: three splits of uneven whole blocks; 16: blocks of 32 slots at 512."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from aot.codegen import decode_attention as da
+    from aot.codegen.decode_sites import Append, DecodeSite, NewRows
+
+    monkeypatch.setattr(da, "SPLIT_SHORT_CACHES", True)
+    monkeypatch.delenv(da.SPLIT_ENV, raising=False)
+    dtype, B, H, KV, D, C = shape
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    width = (H + 2 * KV) * D  # a fused projection's rows: q, then k, then v
+    rows = torch.randn(B, width, dtype=dt, device="cuda")
+    q = rows[:, : H * D].reshape(B, H, 1, D)
+    k = torch.randn(B, KV, C, D, dtype=dt, device="cuda")
+    v = torch.randn(B, KV, C, D, dtype=dt, device="cuda")
+    keep = torch.ones(B, C, dtype=torch.bool, device="cuda")
+    keep[:, C - C // 4 :] = False
+    keep[0, : C // 2] = False  # left padding on the first row: its first splits masked whole
+    slot = C - C // 4 - 1  # the last valid slot: this step's
+    expect_k, expect_v = k.clone(), v.clone()
+    expect_k[:, :, slot] = rows[:, H * D : (H + KV) * D].reshape(B, KV, D)
+    expect_v[:, :, slot] = rows[:, (H + KV) * D :].reshape(B, KV, D)
+    a = Append(
+        k_state="k", v_state="v", pos="pos", pos_dtype="int64", k_new=NewRows("rows", width, H * D),
+        v_new=NewRows("rows", width, (H + KV) * D), k_write=0, v_write=1, k_result="kr", v_result="vr",
+    )  # fmt: skip
+    mask = torch.where(keep, 0.0, torch.finfo(dt).min).to(dt)
+    site = DecodeSite(
+        step=0, q="q", q_batch_stride=width, q_column=0, k="k", v="v", mask="m", mask_batch_stride=C,
+        out="o", batch=str(B), heads=H, kv_heads=KV, context=C, head_dim=D, scale=1.0 / math.sqrt(D),
+        dtype=dtype, append=a,
+    )  # fmt: skip
+    S = da.decode_splits(site, splits or None)
+    assert S >= 2
+    partial, combine, workspace = da.render_split_decode_attention(site, S)
+    (ws_spec,) = workspace.values()
+    ws = torch.empty([int(x) for x in ws_spec.shape], dtype=torch.float32, device="cuda")
+    run_partial, run_combine = _load_kernel(partial, tmp_path), _load_kernel(combine, tmp_path)
+    pos = torch.tensor([slot], device="cuda")
+    outs = []
+    for _ in range(2):
+        out = torch.full((B, H, 1, D), float("nan"), dtype=dt, device="cuda")
+        ws.fill_(float("nan"))
+        run_partial[(B * KV, S)](
+            rows,
+            k,
+            v,
+            rows,
+            rows,
+            pos,
+            mask,
+            ws,
+            B,
+            num_warps=partial.num_warps,
+            num_stages=partial.num_stages,
+        )
+        run_combine[(B * KV,)](ws, out, B, num_warps=combine.num_warps, num_stages=combine.num_stages)
+        torch.cuda.synchronize()
+        outs.append(out)
+    assert torch.equal(k, expect_k) and torch.equal(v, expect_v)  # that slot, and nothing else
+    assert torch.equal(outs[0], outs[1])  # deterministic
+    G = H // KV
+    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    m4 = mask[:, None, None, :]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), kk.float(), vv.float(), attn_mask=m4.float()
+    )
+    library = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=m4).float()
+    out = outs[0]
+    assert not out.isnan().any()
+    spread = (library - ref).abs().max().item()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 2 * spread + 1e-3 * ref.abs().max().item(), (err, spread)
