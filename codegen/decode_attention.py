@@ -54,13 +54,18 @@ kernel step of its own (the SDPA step its reference, what the CPU runs). The sit
   where the kernel appends and each program holds one block. The first step writes the workspace
   (and the cache, in place) with no reference of its own; the combine carries the reference.
 
-Measured and not: the one-kernel form was measured on an H200 (160 and 512 slots, the decode
-bench); the split form was checked only in Triton's interpreter (tests/codegen) and is NOT
-measured on a GPU (``tests/gpu/test_decode_attention_gpu.py`` checks it there). So a build takes it
-only where no other kernel could run the site: caches over ``ONE_KERNEL_MAX_CONTEXT`` (1024) slots,
-which kept the library's SDPA before (up to ``decode_sites.MAX_CONTEXT``); a shorter cache keeps
-the one-kernel form unless ``SPLIT_SHORT_CACHES`` is set, or ``AOTPACK_DECODE_SPLIT`` (``off``: the
-one-kernel form, SDPA past its limit, as before the split form; a number of splits) is, at build time.
+Measured: on an H200 (``bench/decode.py``, 448-token prompt and 64 new tokens: a 512-slot cache;
+``bench/results/decode/decode-{gpt2,llama}-split-kv-h200-2026-11-29-night.json``) 8 splits of 64
+slots against the one-kernel form: GPT-2 small (12 KV heads) 0.277 ms a token against 0.291 at
+batch 1, 0.439 against 0.454 at batch 8; the 0.58B Llama (8 KV heads) 0.398 against 0.427 and
+0.562 against 0.585; the same tokens. So a cache of ``SPLIT_MIN_CONTEXT`` up to
+``ONE_KERNEL_MAX_CONTEXT`` slots takes ``SHORT_SPLITS`` splits; a shorter one (Llama-3.2-1B's
+160-slot bench cache: one or two blocks) keeps the one-kernel form, unmeasured split; a longer one
+(up to ``decode_sites.MAX_CONTEXT``; the library's SDPA before) splits into enough programs to fill
+the GPU, none walking more than ``ONE_KERNEL_MAX_CONTEXT`` slots (not timed past 512 slots; its
+numerics checked on the GPU at 4096, ``tests/gpu/test_decode_attention_gpu.py``).
+``AOTPACK_DECODE_SPLIT`` (``off``: the one-kernel form, SDPA past its limit, as before the split
+form; a number of splits) overrides the choice at build time, for measuring.
 """
 
 from __future__ import annotations
@@ -88,13 +93,14 @@ LOG2E = 1.4426950408889634
 WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
 NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
 
-# The split-KV form (see the module docstring): UNMEASURED on a GPU. A cache of at most
-# ONE_KERNEL_MAX_CONTEXT slots (where the one-kernel form was measured) splits only where
-# SPLIT_SHORT_CACHES says so; a longer one (up to decode_sites.MAX_CONTEXT), which would otherwise
-# stay the library's SDPA, always splits. ``AOTPACK_DECODE_SPLIT`` (``off``, or a number of
-# splits) overrides both at build time, for measuring.
+# The split-KV form (see the module docstring): a cache of SPLIT_MIN_CONTEXT up to
+# ONE_KERNEL_MAX_CONTEXT slots takes SHORT_SPLITS splits (measured at 512 slots), a shorter one the
+# one-kernel form, a longer one (up to decode_sites.MAX_CONTEXT) enough splits for
+# SPLIT_TARGET_PROGRAMS programs. ``AOTPACK_DECODE_SPLIT`` (``off``, or a number of splits)
+# overrides that at build time, for measuring.
 ONE_KERNEL_MAX_CONTEXT = 1024
-SPLIT_SHORT_CACHES = False
+SPLIT_MIN_CONTEXT = 512
+SHORT_SPLITS = 8
 SPLIT_BLOCK_N = 128  # cache slots per loop step of the split form's partial kernel, at most
 MIN_SPLIT_BLOCK_N = 16  # a block halves (down to this) until each split has one
 # slots x head dim (padded) of a block at most: two stages of 16-bit keys and values in 128 KiB of
@@ -195,10 +201,12 @@ def decode_splits(site: DecodeSite, setting: str | int | None = None) -> int | N
     blocks = -(-site.context // SPLIT_BLOCK_N)
     if blocks < 2:
         return 1
+    if not long and setting is None:
+        if site.context < SPLIT_MIN_CONTEXT:
+            return 1
+        setting = SHORT_SPLITS
     if isinstance(setting, int):
         return min(setting, -(-site.context // MIN_SPLIT_BLOCK_N))
-    if not long and not SPLIT_SHORT_CACHES:
-        return 1
     # programs at the smallest batch a symbolic one admits: one row
     rows = ix.parse_size(site.batch)
     programs = (int(rows) if rows.is_Integer else 1) * site.kv_heads

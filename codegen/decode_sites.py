@@ -21,8 +21,8 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
 # The longest cache a site may have. The one-kernel form (one program per row and KV head walks
 # the whole cache; measured at 160 and 512 slots, H200) takes caches of up to
-# ``decode_attention.ONE_KERNEL_MAX_CONTEXT`` slots; longer ones take the split-KV form (unmeasured),
-# or keep SDPA where it is off (``decode_attention.decode_splits``).
+# ``decode_attention.ONE_KERNEL_MAX_CONTEXT`` slots (from 512 in splits); longer ones take the split-KV
+# form, or keep SDPA where it is off (``decode_attention.decode_splits``).
 MAX_CONTEXT = 32768
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
 POSITION_DTYPES = ("int64", "int32")

@@ -188,16 +188,22 @@ def _site(context: int, batch: str = "1", kv_heads: int = 2, append: bool = True
     )  # fmt: skip
 
 
-def test_built_in_choice_splits_only_caches_past_the_one_kernel_limit(monkeypatch):
-    """Unmeasured, the split form is on by default only where it is the only kernel: caches over
-    ``ONE_KERNEL_MAX_CONTEXT`` slots (which kept SDPA before); there no program walks more than
-    that many slots, and the splits stay within ``MAX_SPLITS`` and the cache's blocks."""
+def test_built_in_choice_splits_caches_from_512_slots(monkeypatch):
+    """A cache of fewer than ``SPLIT_MIN_CONTEXT`` slots keeps the one-kernel form; one of
+    ``SPLIT_MIN_CONTEXT`` to ``ONE_KERNEL_MAX_CONTEXT`` takes ``SHORT_SPLITS`` splits (measured
+    at 512 slots: 8 of 64 slots); a longer one (SDPA before) enough splits to fill the GPU, no
+    program walking more than ``ONE_KERNEL_MAX_CONTEXT`` slots, within ``MAX_SPLITS`` and the
+    cache's blocks."""
     from aot.codegen import decode_attention as da
 
     monkeypatch.delenv(da.SPLIT_ENV, raising=False)
     assert da.split_setting() is None
-    for context in (16, 160, 512, 1000, 1024):
+    for context in (16, 160, 511):
         assert da.decode_splits(_site(context)) == 1, context
+    for context in (512, 1000, 1024):
+        assert da.decode_splits(_site(context)) == da.SHORT_SPLITS == 8, context
+    partial, _, _ = da.render_split_decode_attention(_site(512), 8)
+    assert partial.config["BLOCK_N"] == 64  # the form measured
     for context, batch, kv in (
         (1025, "1", 2),
         (2048, "1", 8),
@@ -211,8 +217,6 @@ def test_built_in_choice_splits_only_caches_past_the_one_kernel_limit(monkeypatc
         assert -(-blocks // splits) * da.SPLIT_BLOCK_N <= da.ONE_KERNEL_MAX_CONTEXT, (context, splits)
     # few programs (batch 1, 2 KV heads): enough splits to fill the GPU, one block each at most
     assert da.decode_splits(_site(2048)) == 16
-    monkeypatch.setattr(da, "SPLIT_SHORT_CACHES", True)  # the knob the measurement flips
-    assert da.decode_splits(_site(512)) == 4 and da.decode_splits(_site(128)) == 1
 
 
 @pytest.mark.parametrize(

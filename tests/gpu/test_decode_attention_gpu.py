@@ -226,14 +226,12 @@ def test_split_decode_attention_matches_sdpa_on_gpu(shape, splits, tmp_path, mon
     (one program stores the slot), its output is as close to SDPA in float32 as the library's own
     SDPA (the bound of the tests above), one row's first splits masked whole by left padding, and
     two runs give the same bits (the combine reads the partials in a fixed order). ``splits`` 0:
-    the count a build takes (``decode_splits``; for a 512-slot cache as if ``SPLIT_SHORT_CACHES``
-    were on); 3: three splits of uneven whole blocks; 16: blocks of 32 slots at 512."""
+    the count a build takes (``decode_splits``); 3: three splits of uneven whole blocks; 16: blocks of 32 slots at 512."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from aot.codegen import decode_attention as da
     from aot.codegen.decode_sites import Append, DecodeSite, NewRows
 
-    monkeypatch.setattr(da, "SPLIT_SHORT_CACHES", True)
     monkeypatch.delenv(da.SPLIT_ENV, raising=False)
     dtype, B, H, KV, D, C = shape
     dt = getattr(torch, dtype)
