@@ -1,7 +1,7 @@
-"""GEMM candidate vec_1x2x512 (fused): GEMM + bias.
+"""GEMM candidate vec_1x2x1024 (fused): GEMM + bias.
 
-C[M, N] = A[M, K] @ W[N, K]^T with M = batch*seq, N = 768, K = 768, float16;
-grid: (384, (batch*seq + 0)//1,)
+C[M, N] = A[M, K] @ W[N, K]^T with M = batch*seq, N = 2304, K = 768, float16;
+grid: (1152, (batch*seq + 0)//1,)
 """
 
 import triton
@@ -9,23 +9,21 @@ import triton.language as tl
 
 BLOCK_M = tl.constexpr(1)
 BLOCK_N = tl.constexpr(2)
-BLOCK_K = tl.constexpr(512)
+BLOCK_K = tl.constexpr(1024)
 GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
-def gemm_addmm_vec_1x2x512(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
+def gemm_addmm_vec_1x2x1024(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     # a_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, out0_ptr: *fp16, M: i32
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < M
-    mask_n = rn < 768
+    mask_n = rn < 2304
     mask = mask_m[:, None] & mask_n[None, :]
     # this block's rows of W, every K step, before the wait (see kernel_module)
     rk = 0 + tl.arange(0, BLOCK_K)
     w0_0 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
-    rk = 512 + tl.arange(0, BLOCK_K)
-    w0_1 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -33,9 +31,6 @@ def gemm_addmm_vec_1x2x512(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     rk = 0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 768), other=0.0)
     part0 += w0_0.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
-    rk = 512 + tl.arange(0, BLOCK_K)
-    a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 768), other=0.0)
-    part0 += w0_1.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
     acc0 = tl.sum(part0, axis=1)[None, :]
     acc0 = acc0 + tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out0_ptr + rm[:, None] * 768 + rn[None, :], acc0.to(tl.float16), mask=mask)
+    tl.store(out0_ptr + rm[:, None] * 2304 + rn[None, :], acc0.to(tl.float16), mask=mask)
