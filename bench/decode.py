@@ -165,8 +165,19 @@ def llama_3_2_1b(tiny: bool) -> dict:
     )
 
 
+# "PROMPT,NEW" (``--workload``): every model's prompt and new tokens instead, e.g. a long cache;
+# the parent sets it for its workers
+WORKLOAD_ENV = "AOTPACK_BENCH_WORKLOAD"
+
+
 def workload(model: str, tiny: bool) -> tuple[int, int]:
     """(prompt tokens, new tokens) of a model's runs."""
+    given = os.environ.get(WORKLOAD_ENV, "").strip()
+    if given:
+        prompt, _, new = given.partition(",")
+        if not (prompt.isdigit() and new.isdigit() and int(prompt) > 0 and int(new) > 0):
+            raise SystemExit(f"{WORKLOAD_ENV}={given!r}: expected 'PROMPT,NEW' (two positive integers)")
+        return int(prompt), int(new)
     if tiny:
         return TINY_PROMPT, TINY_NEW_TOKENS
     return WORKLOAD.get(model, (PROMPT, NEW_TOKENS))
@@ -566,6 +577,11 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, help="bytes/s for the floor [default: by device name]")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode"))
     ap.add_argument("--bundles", help="where to build the bundles [default: OUT]")
+    ap.add_argument(
+        "--workload",
+        metavar="PROMPT,NEW",
+        help="every model's prompt and new tokens (a long cache: e.g. 1984,64) [default: per model]",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--bundle", help=argparse.SUPPRESS)
     ap.add_argument("--profile-to", help=argparse.SUPPRESS)
@@ -575,6 +591,8 @@ def main() -> None:
         help="also profile one generate of each aotpack system and batch (kernel tables in OUT)",
     )
     args = ap.parse_args()
+    if args.workload:
+        os.environ[WORKLOAD_ENV] = args.workload  # the workers' too
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
     if args.worker:
         worker(

@@ -15,8 +15,8 @@
 #     cuBLAS, then the decode at 8 rows: cuBLAS (the default build), old forms, new forms)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
-# (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32) and DECODE_PROFILE=1 (kernel tables per
-# aotpack system and batch).
+# (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per
+# aotpack system and batch) and DECODE_WORKLOAD=PROMPT,NEW (every model's, e.g. a long cache; decode-, split-).
 # Bundles built on the CPU box travel in .bundles/ (without their split weights: device_setup.sh
 # re-creates those from the seeded model files and checks them against the bundle's sha256).
 set -uo pipefail
@@ -57,7 +57,7 @@ for item in "$@"; do
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
     # nopdl-MODEL: decode-MODEL with dependent launch off (AOTPACK_DEPENDENT_LAUNCH=0), the same bundles
     nopdl-*) cmd=(env AOTPACK_DEPENDENT_LAUNCH=0 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#nopdl-}" --out "$RES/decode-nopdl-${step#nopdl-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
-    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
+    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # run-MODELS (comma-separated): bench/run.py builds what .bundles lacks here (real models always)
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
@@ -100,7 +100,7 @@ for item in "$@"; do
     # the split-KV decode attention against SDPA on the GPU (512 and 4096 slots, fp16/bf16, batch 1 and 8)
     split-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py) ;;
     # split-MODEL: decode-MODEL with the split-KV decode attention at every cache (AOTPACK_DECODE_SPLIT=$DECODE_SPLIT, default 8), bundles and results of its own
-    split-*) cmd=(env AOTPACK_DECODE_SPLIT="${DECODE_SPLIT:-8}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#split-}" --out "$RES/decode-split-${step#split-}" --bundles /tmp/bundles-split ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
+    split-*) cmd=(env AOTPACK_DECODE_SPLIT="${DECODE_SPLIT:-8}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#split-}" --out "$RES/decode-split-${step#split-}" --bundles /tmp/bundles-split ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # fewe-MODEL: few-MODEL with the fewe_ forms (AOTPACK_FEW_ROWS=$FEWE_ROWS), bundles and results of its own
     fewe-*) cmd=(env AOTPACK_FEW_ROWS="${FEWE_ROWS:-fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128}" AOTPACK_FEW_ROWS_PROLOGUE=1 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#fewe-}" --out "$RES/decode-fewe-${step#fewe-}" --bundles /tmp/bundles-fewe ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
