@@ -47,7 +47,7 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import strided_view
-from aot.codegen.decode_attention import LOG2E
+from aot.codegen.decode_attention_render import LOG2E
 from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, _Program
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step

@@ -43,7 +43,7 @@ CASES = [
 SCRIPT = r"""
 import importlib.util, json, math, tempfile
 import torch
-from aot.codegen import decode_attention
+from aot.codegen import decode_attention_render
 from aot.codegen.decode_sites import Append, DecodeSite, NewRows, Rotary
 
 def load(r):
@@ -70,7 +70,7 @@ def rotate(x, cos, sin, R):  # eager, in x's dtype: x [B, n, 1, D], cos/sin [B, 
 
 out = {}
 for name, dtype, B, H, KV, D, C, S, BN, slot, masking, R in CASES:
-    decode_attention.SPLIT_BLOCK_N = BN
+    decode_attention_render.SPLIT_BLOCK_N = BN
     torch.manual_seed(sum(map(ord, name)))
     dt = getattr(torch, dtype)
     width = (H + 2 * KV) * D  # a fused projection's rows: q, then k, then v
@@ -119,7 +119,7 @@ for name, dtype, B, H, KV, D, C, S, BN, slot, masking, R in CASES:
         head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype, mask_dtype="bool" if boolean else dtype,
         append=append, q_rotary=q_rot,
     )
-    partial, combine, workspace = decode_attention.render_split_decode_attention(site, S)
+    partial, combine, workspace = decode_attention_render.render_split_decode_attention(site, S)
     (ws_name, ws_spec), = workspace.items()
     ws = torch.full([int(x) for x in ws_spec.shape], float("nan"), dtype=torch.float32)
     o = torch.full((B, H, 1, D), float("nan"), dtype=dt)

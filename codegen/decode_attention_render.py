@@ -1,0 +1,508 @@
+"""Decode attention kernels: the Triton source of a decode attention site's forms, the one-kernel
+form (one program per row and KV head) and the split-KV form (partials over ranges of the cache,
+then a combine kernel), with the cache write, rotary embedding and masks each site folds in.
+``aot.codegen.decode_attention`` says what each form does, chooses one per site and folds the
+steps; this module writes the kernels.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.cache_writes import INDEX_PUT
+from aot.codegen.decode_sites import SDPA, DecodeSite, NewRows
+from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.render import Rendered
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.dtypes import ITEMSIZE
+from aot.schema import Buf, KernelParam, ParamKind, Sym, TensorSpec
+
+HEURISTIC = "decode-attention-v1"
+MAX_BLOCK_N = 256  # cache slots per step of the one-kernel form's loop
+LOG2E = 1.4426950408889634
+WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
+NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
+SPLIT_BLOCK_N = 128  # cache slots per loop step of the split form's partial kernel, at most
+MIN_SPLIT_BLOCK_N = 16  # a block halves (down to this) until each split has one
+# slots x head dim (padded) of a block at most: two stages of 16-bit keys and values in 128 KiB of
+# shared memory (a head dim of 256 takes blocks of 64 slots)
+SPLIT_MAX_TILE = 128 * 128
+COMBINE_WARPS = 4
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _rotation_lines(
+    prefix: str, x: str, partner_load: str, lanes: str, tables: tuple[str, str, str], tl_dtype: str
+) -> list[str]:
+    """Kernel lines that rotate ``x`` (loaded un-rotated) as the library computes rotary embedding:
+    ``x * cos + cat(-x2, x1) * sin`` over the first ``{PREFIX}_ROT`` elements of each head, each
+    product and the sum rounded to the operands' dtype (``tl_dtype``), as the library rounds them
+    (on an H200 some rotated keys still differed from the library's bits by a rounding: the GPU
+    test holds them to the dtype's tolerance). ``partner_load``: the load of element
+    ``{prefix}_partner`` of each head, where ``{prefix}_turn``; ``lanes``: the head dim's broadcast
+    (``[None, :]`` in a tile of query heads)."""
+    rot = f"{prefix.upper()}_ROT"
+    cos_ptr, sin_ptr, batch = tables
+    half = tl_dtype != "tl.float32"
+
+    def rounded(e: str) -> str:  # the library's rounding of each op's result
+        return f"({e}).to({tl_dtype}).to(tl.float32)" if half else f"({e})"
+
+    return [
+        f"{prefix}_turn = rd < {rot}  # the rotated elements of each head; the rest as loaded",
+        f"{prefix}_partner = tl.where(rd < {rot} // 2, rd + {rot} // 2, rd - {rot} // 2)",
+        f"{prefix}_cos = tl.load({cos_ptr} + b * {batch} + rd, mask={prefix}_turn, other=0.0).to(tl.float32)",
+        f"{prefix}_sin = tl.load({sin_ptr} + b * {batch} + rd, mask={prefix}_turn, other=0.0).to(tl.float32)",
+        f"{prefix}_sin = tl.where(rd < {rot} // 2, -{prefix}_sin, {prefix}_sin)  # cat(-x2, x1) * sin: the sign on sin, exactly",
+        f"{prefix}_other = {partner_load}.to(tl.float32)",
+        f"{prefix}_turned = "
+        + rounded(
+            rounded(f"{x}.to(tl.float32) * {prefix}_cos{lanes}")
+            + " + "
+            + rounded(f"{prefix}_other * {prefix}_sin{lanes}")
+        ),
+        f"{x} = tl.where({prefix}_turn{lanes}, {prefix}_turned, {x}.to(tl.float32)).to({tl_dtype})",
+    ]
+
+
+def render_decode_attention(site: DecodeSite) -> Rendered:
+    """The kernel of one site: grid (B * KV,), one program per row and KV head."""
+    return _render_attention(site, 1, "")
+
+
+def render_split_decode_attention(
+    site: DecodeSite, splits: int
+) -> tuple[Rendered, Rendered, dict[str, TensorSpec]]:
+    """The split-KV form of one site (``splits`` >= 2, at most its blocks of ``MIN_SPLIT_BLOCK_N``
+    slots): (the partial kernel, grid (B * KV, splits); the combine kernel, grid (B * KV,); the
+    fp32 workspace between them, ``{name: spec}``, for the memory planner)."""
+    blocks = -(-site.context // _split_block_n(site, splits))
+    assert 2 <= splits <= blocks, (splits, blocks)
+    groups = site.heads // site.kv_heads
+    ws = f"{site.out}_splitkv_partials"
+    # ws[b, kh, split, g, :]: the split's un-normalized acc (D values), then its running max m and sum l
+    spec = TensorSpec(
+        "float32", (site.batch, str(site.kv_heads), str(splits), str(groups), str(site.head_dim + 2))
+    )
+    return _render_attention(site, splits, ws), _render_combine(site, splits, ws), {ws: spec}
+
+
+def _split_block_n(site: DecodeSite, splits: int) -> int:
+    """The split form's block: ``SPLIT_BLOCK_N`` slots, halved while the cache has fewer blocks
+    than ``splits`` or the block's keys exceed ``SPLIT_MAX_TILE`` (to ``MIN_SPLIT_BLOCK_N``)."""
+    bn, bd = SPLIT_BLOCK_N, max(16, _pow2(site.head_dim))
+    while bn > MIN_SPLIT_BLOCK_N and (-(-site.context // bn) < splits or bn * bd > SPLIT_MAX_TILE):
+        bn //= 2
+    return bn
+
+
+def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
+    """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its workspace)."""
+    split = splits > 1
+    d, groups = site.head_dim, site.heads // site.kv_heads
+    bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
+    bn = _split_block_n(site, splits) if split else min(MAX_BLOCK_N, max(16, _pow2(site.context)))
+    blocks = -(-site.context // bn)
+    num_warps = 8 if bn * bd >= WIDE_TILE else 4
+    tl_dtype = TL_TYPE[STORAGE[site.dtype]]
+    precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
+    a = site.append
+    qr, kr = site.q_rotary, a.k_rotary if a else None
+    # the cos and sin tables' pointers: the queries' and the keys' the same where they are
+    shared_tables = (
+        qr is not None
+        and kr is not None
+        and (qr.cos, qr.sin, qr.batch_stride) == (kr.cos, kr.sin, kr.batch_stride)
+    )
+    qr_tables = ("qcos_ptr", "qsin_ptr", "Q_ROT_BATCH")
+    kr_tables = qr_tables if shared_tables else ("kcos_ptr", "ksin_ptr", "K_ROT_BATCH")
+    name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
+    name += "_split" if split else ""
+    # elements between the heads of the rows the queries and new keys are read from
+    q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
+    k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
+    mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
+    mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
+    head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
+    # Where the cache is one block of slots and this kernel appends the step's key and value, the
+    # cache's keys and values are loaded before the wait for the kernel before (``kernel_module``'s
+    # early lines): no kernel of the step writes the slots they read but this one, at ``pos``
+    # (taken from registers below), and the steps before finished before the kernel before began
+    # (each kernel waits for the one before it). Under dependent launch the cache's bytes then
+    # arrive while the q/k/v projection still runs. Where a step before writes the cache (no
+    # append here: a cache-write kernel or copy), its loads wait: loaded early they would race
+    # that write and read the slot's old key and value.
+    # The split form: each program's slots are one block where there are as many splits as
+    # blocks, and the same rule holds for them (the program holding pos stores it; no other
+    # program of this kernel reads that slot).
+    one_block = blocks == splits if split else site.context <= bn
+    loads_early = one_block and a is not None
+    early = [
+        "pid = tl.program_id(0).to(tl.int64)",
+        "b = pid // KV_HEADS",
+        "kh = pid % KV_HEADS",
+        "rd = tl.arange(0, BLOCK_D)",
+        "cache = (b * KV_HEADS + kh) * CONTEXT * HEAD_DIM",
+    ]
+    if split:
+        early += [
+            "split = tl.program_id(1)",
+            "lo = split * BLOCKS // SPLITS * BLOCK_N  # this program's slots: whole blocks, lo to hi",
+            "hi = (split + 1) * BLOCKS // SPLITS * BLOCK_N",
+        ]
+    loads = [
+        f"k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
+        f"v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
+    ]
+    first_slot = "lo + " if split else ""
+    if loads_early:
+        early += [f"rn = {first_slot}tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+    body = [
+        "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
+        "valid_g = rg < GROUPS",
+        "h = kh * GROUPS + rg",
+        f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        *(
+            _rotation_lines(
+                "q",
+                "q",
+                f"tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + q_partner[None, :], "
+                "mask=valid_g[:, None] & q_turn[None, :], other=0.0)",
+                "[None, :]",
+                qr_tables,
+                tl_dtype,
+            )
+            if qr
+            else ()
+        ),
+        "m_i = tl.full((BLOCK_G,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
+        "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
+        "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
+    ]
+    if a:  # this step's key and value into slot pos; the loop takes them from registers there
+        body += [
+            "pos = tl.load(pos_ptr).to(tl.int64)",
+            "pos = tl.where(pos < 0, pos + CONTEXT, pos)  # as index_put_ counts a negative slot",
+            f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + rd{head_mask})",
+            *(
+                _rotation_lines(
+                    "k",
+                    "kn",
+                    f"tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + k_partner, mask=k_turn, other=0.0)",
+                    "",
+                    kr_tables,
+                    tl_dtype,
+                )
+                if kr
+                else ()
+            ),
+            f"vn = tl.load(vn_ptr + b * VN_BATCH + VN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
+            "slot = rd * 0 + pos  # the position per lane: a mask of the block's shape",
+            (
+                "put = (rd < HEAD_DIM) & (slot >= lo) & (slot < hi) & (slot < CONTEXT)  # one program stores: the one whose slots hold pos"
+                if split
+                else "put = (rd < HEAD_DIM) & (slot >= 0) & (slot < CONTEXT)  # the loader checks pos; never out of the cache"
+            ),
+            "tl.store(k_ptr + cache + pos * HEAD_DIM + rd, kn, mask=put)",
+            "tl.store(v_ptr + cache + pos * HEAD_DIM + rd, vn, mask=put)",
+        ]
+    # one block of slots: the online softmax's step, once (over the keys and values loaded early
+    # where they could be)
+    if loads_early:
+        block = []
+    elif one_block:
+        block = [f"rn = {first_slot}tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+    else:
+        block = ["rn = start + tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+    if a:
+        block += [
+            "k = tl.where((rn == pos)[None, :], kn[:, None], k)",
+            "v = tl.where((rn == pos)[:, None], vn[None, :], v)",
+        ]
+    block.append(f"s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units")
+    bool_mask = site.mask is not None and site.mask_dtype == "bool"
+    if bool_mask:
+        block.append("keep = valid_n & (tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0) != 0)")
+    else:
+        block.append("keep = valid_n")
+        if site.mask is not None:
+            block.append(
+                "s = s + tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0.0).to(tl.float32)[None, :] * LOG2E"
+            )
+    block += [
+        "s = tl.where(keep[None, :], s, float('-inf'))",
+        "m_new = tl.maximum(m_i, tl.max(s, 1))",
+        "alpha = tl.exp2(m_i - m_new)",
+        "p = tl.exp2(s - m_new[:, None])",
+        "l_i = l_i * alpha + tl.sum(p, 1)",
+        f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
+        "m_i = m_new",
+    ]
+    if one_block:
+        body += block
+    else:
+        bounds = "lo, hi" if split else "0, CONTEXT"
+        body += [f"for start in range({bounds}, BLOCK_N):", *("    " + ln for ln in block)]
+    if split:  # the partial: m, l and the un-normalized acc, to this program's place in ws
+        body += [
+            "part = ((pid * SPLITS + split) * GROUPS + rg) * (HEAD_DIM + 2)  # ws[b, kh, split, g]: acc, m, l",
+            f"tl.store(ws_ptr + part[:, None] + rd[None, :], acc, mask=valid_g[:, None]{mask_d})",
+            "tl.store(ws_ptr + part + HEAD_DIM, m_i, mask=valid_g)",
+            "tl.store(ws_ptr + part + HEAD_DIM + 1, l_i, mask=valid_g)",
+        ]
+    else:
+        body += [
+            "acc = acc / l_i[:, None]",
+            f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
+        ]
+    params = [
+        KernelParam("q_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("k_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("v_ptr", ParamKind.PTR, site.dtype),
+        *(
+            [
+                KernelParam("kn_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("vn_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("pos_ptr", ParamKind.PTR, a.pos_dtype),
+            ]
+            if a
+            else []
+        ),
+        *(
+            [
+                KernelParam("qcos_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("qsin_ptr", ParamKind.PTR, site.dtype),
+            ]
+            if qr
+            else []
+        ),
+        *(
+            [
+                KernelParam("kcos_ptr", ParamKind.PTR, site.dtype),
+                KernelParam("ksin_ptr", ParamKind.PTR, site.dtype),
+            ]
+            if kr and not shared_tables
+            else []
+        ),
+        *(
+            [KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype or site.dtype)]
+            if site.mask is not None
+            else []
+        ),
+        KernelParam("ws_ptr", ParamKind.PTR, "float32")
+        if split
+        else KernelParam("out_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("B", ParamKind("i32"), ""),
+    ]
+    batch = ix.size_text(ix.parse_size(site.batch))
+    q_at = qr.rows if qr else NewRows(site.q, site.q_batch_stride, site.q_column)
+    k_new = kr.rows if kr else a.k_new if a else None
+    args = (
+        Buf(q_at.base),
+        *(
+            (Buf(a.k_state), Buf(a.v_state), Buf(k_new.base), Buf(a.v_new.base), Buf(a.pos))
+            if a
+            else (Buf(site.k), Buf(site.v))
+        ),
+        *((Buf(qr.cos), Buf(qr.sin)) if qr else ()),
+        *((Buf(kr.cos), Buf(kr.sin)) if kr and not shared_tables else ()),
+        *([Buf(site.mask)] if site.mask is not None else []),
+        Buf(ws if split else site.out),
+        Sym(batch),
+    )
+    signature = signature_of(params, "i32")
+    consts = {
+        "BLOCK_G": bg,
+        "BLOCK_N": bn,
+        "BLOCK_D": bd,
+        "GROUPS": groups,
+        "HEADS": site.heads,
+        "KV_HEADS": site.kv_heads,
+        "HEAD_DIM": d,
+        "CONTEXT": site.context,
+        "Q_BATCH": q_at.batch_stride,
+        "Q_COLUMN": q_at.column,
+        "MASK_BATCH": site.mask_batch_stride,
+        "SCALE_LOG2E": repr(site.scale * LOG2E),
+        "LOG2E": repr(LOG2E),
+    }
+    if split:
+        consts.update(SPLITS=splits, BLOCKS=blocks)
+    if a:
+        consts.update(
+            KN_BATCH=k_new.batch_stride,
+            KN_COLUMN=k_new.column,
+            VN_BATCH=a.v_new.batch_stride,
+            VN_COLUMN=a.v_new.column,
+        )
+    if qr:
+        consts.update(Q_ROT=qr.dim, Q_ROT_BATCH=qr.batch_stride)
+        if qr.head_stride:
+            consts.update(Q_HEAD=qr.head_stride)
+    if kr:
+        consts.update(K_ROT=kr.dim)
+        if kr.head_stride:
+            consts.update(K_HEAD=kr.head_stride)
+        if not shared_tables:
+            consts.update(K_ROT_BATCH=kr.batch_stride)
+    grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads), *((str(splits),) if split else ()))
+    mask_doc = ""
+    if site.mask is not None:
+        mask_doc = f"mask: {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, C] rows; "
+    doc = [
+        f"Decode attention: softmax(q k^T * {site.scale!r} + mask) v for one query per row, online, fp32 accumulation.",
+        "",
+        f"q: [B, {site.heads}, 1, {d}] (row b at b * {site.q_batch_stride} + {site.q_column}); k, v: the cache,",
+        f"[B, {site.kv_heads}, {site.context}, {d}] row-major, {groups} query heads per KV head; "
+        + mask_doc
+        + f"B = {batch}, {site.dtype}.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    if split:
+        doc[0] = (
+            f"Decode attention, split-KV partials: softmax(q k^T * {site.scale!r} + mask) v over one of {splits} "
+            "ranges of the cache per program, online, fp32."
+        )
+        doc[-1:-1] = [
+            f"Program (b * {site.kv_heads} + kh, split) walks blocks split * {blocks} // {splits} up to the next "
+            f"split's of {bn} slots and writes its running max m, sum l and un-normalized acc to the workspace",
+            f"ws ([B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32: acc, m, l); the combine kernel normalizes.",
+        ]
+    if a:
+        doc[-1:-1] = [
+            f"First writes this step's keys and values (rows at b * {a.k_new.batch_stride} + {a.k_new.column} and "
+            f"b * {a.v_new.batch_stride} + {a.v_new.column}) into slot pos of the cache, in place.",
+        ]
+    for what, r in (("queries", qr), ("new keys", kr)):
+        if r is not None:
+            doc[-1:-1] = [
+                f"The {what} are rotated here (rotary embedding over the first {r.dim} elements of each head: "
+                f"x * cos + cat(-x2, x1) * sin, each product and the sum rounded to {site.dtype}), read un-rotated "
+                f"at b * {r.rows.batch_stride} + {r.rows.column}, cos and sin at b * {r.batch_stride}.",
+            ]
+    source = kernel_module(doc, consts, name, signature, body, early)
+    elem = ITEMSIZE[site.dtype]
+    rows = ix.parse_size(site.batch)
+    traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * d + site.context) * elem
+    if split:  # the partials written instead of the output
+        traffic += rows * site.heads * ((d + 2) * splits * 4 - d * elem)
+    if a:
+        traffic += rows * 4 * site.kv_heads * d * elem  # the new keys and values, read and written
+    for r in (qr, kr):
+        if r is not None:
+            traffic += rows * 2 * r.dim * elem  # cos and sin
+    config = {
+        "kind": "decode_attention_split" if split else "decode_attention",
+        **({"SPLITS": splits} if split else {}),
+        "BLOCK_G": bg,
+        "BLOCK_N": bn,
+        "BLOCK_D": bd,
+        "heuristic": HEURISTIC,
+        "num_warps": num_warps,
+        "num_stages": NUM_STAGES,
+    }
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=tuple(params),
+        args=args,
+        outputs=(ws if split else site.out, *((a.k_result, a.v_result) if a else ())),
+        grid=grid,
+        num_warps=num_warps,
+        num_stages=NUM_STAGES,
+        config=config,
+        ops=(*((INDEX_PUT,) if a else ()), SDPA),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
+
+
+def _render_combine(site: DecodeSite, splits: int, ws: str) -> Rendered:
+    """The split form's second kernel: grid (B * KV,), each program reads its row's and KV head's
+    ``splits`` partials in a fixed order (the same bits on every run, no atomics) and writes the
+    output where the one-kernel form does. A split whose slots were all masked holds m at the
+    finite floor and l = 0: its weight exp2(m - max) is 0 beside any other split's."""
+    d, groups = site.head_dim, site.heads // site.kv_heads
+    bd, bg, bs = max(16, _pow2(d)), max(16, _pow2(groups)), _pow2(splits)
+    tl_dtype = TL_TYPE[STORAGE[site.dtype]]
+    mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
+    name = f"decode_attention_combine_g{groups}_d{d}"
+    body = [
+        "pid = tl.program_id(0).to(tl.int64)",
+        "b = pid // KV_HEADS",
+        "kh = pid % KV_HEADS",
+        "rd = tl.arange(0, BLOCK_D)",
+        "rg = tl.arange(0, BLOCK_G)",
+        "valid_g = rg < GROUPS",
+        "h = kh * GROUPS + rg",
+        "rs = tl.arange(0, BLOCK_S)",
+        "both = (rs < SPLITS)[:, None] & valid_g[None, :]",
+        "parts = ((pid * SPLITS + rs[:, None]) * GROUPS + rg[None, :]) * (HEAD_DIM + 2)  # ws[b, kh, split, g]: acc, m, l",
+        "m_s = tl.load(ws_ptr + parts + HEAD_DIM, mask=both, other=-1.0e30)  # [BLOCK_S, BLOCK_G]",
+        "l_s = tl.load(ws_ptr + parts + HEAD_DIM + 1, mask=both, other=0.0)",
+        "m = tl.max(m_s, 0)",
+        "l_i = tl.sum(l_s * tl.exp2(m_s - m[None, :]), 0)  # an all-masked split: l 0, weight 0",
+        "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
+        "for s in range(SPLITS):  # a fixed order: the same bits on every run",
+        "    part = ((pid * SPLITS + s) * GROUPS + rg) * (HEAD_DIM + 2)",
+        "    m_one = tl.load(ws_ptr + part + HEAD_DIM, mask=valid_g, other=-1.0e30)",
+        f"    acc_one = tl.load(ws_ptr + part[:, None] + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        "    acc += acc_one * tl.exp2(m_one - m)[:, None]",
+        "acc = acc / l_i[:, None]",
+        f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
+    ]
+    params = [
+        KernelParam("ws_ptr", ParamKind.PTR, "float32"),
+        KernelParam("out_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("B", ParamKind("i32"), ""),
+    ]
+    batch = ix.size_text(ix.parse_size(site.batch))
+    signature = signature_of(params, "i32")
+    consts = {
+        "BLOCK_G": bg,
+        "BLOCK_D": bd,
+        "BLOCK_S": bs,
+        "GROUPS": groups,
+        "HEADS": site.heads,
+        "KV_HEADS": site.kv_heads,
+        "HEAD_DIM": d,
+        "SPLITS": splits,
+    }
+    grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads),)
+    doc = [
+        f"Decode attention, split-KV combine: the {splits} partials of each row and KV head (m, l, acc in ws,",
+        f"[B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32) rescaled to their common max and summed in order,",
+        f"acc / l to [B, {site.heads}, 1, {d}] {site.dtype}. B = {batch}.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    source = kernel_module(doc, consts, name, signature, body)
+    rows = ix.parse_size(site.batch)
+    traffic = rows * site.heads * ((d + 2) * splits * 4 + d * ITEMSIZE[site.dtype])
+    config = {
+        "kind": "decode_attention_combine",
+        "SPLITS": splits,
+        "BLOCK_G": bg,
+        "BLOCK_D": bd,
+        "BLOCK_S": bs,
+        "heuristic": HEURISTIC,
+        "num_warps": COMBINE_WARPS,
+        "num_stages": 1,
+    }
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=tuple(params),
+        args=(Buf(ws), Buf(site.out), Sym(batch)),
+        outputs=(site.out,),
+        grid=grid,
+        num_warps=COMBINE_WARPS,
+        num_stages=1,
+        config=config,
+        ops=(*((INDEX_PUT,) if site.append else ()), SDPA),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
