@@ -39,7 +39,9 @@ MAX_CANDIDATES = 16  # per site
 MAX_CANDIDATE_STEPS = 4
 MAX_TUNING_BYTES = 8 << 20
 MAX_TIME_US = 1e9  # a measurement beyond this is no measurement
-_ID = re.compile(r"^(gemm|attn)_[0-9]{1,6}$")  # a GEMM site, or an attention site (aot.codegen.flash)
+_ID = re.compile(
+    rf"^({GEMM_SITE}|{ATTENTION_SITE})[0-9]{{1,6}}$"
+)  # a GEMM site, or an attention site (aot.codegen.flash)
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 _ARCH = re.compile(r"^sm_[0-9]{2,3}a?$")
 

@@ -10,6 +10,7 @@ from aot.errors import printable
 from aot.manifest_text import rows_note
 from aot.program import FIRST_CALL_MIB, library_of
 from aot.serde import to_json
+from aot.tuning import ATTENTION_SITE
 
 
 def sizes_text(sizes: dict[str, int]) -> str:
@@ -219,7 +220,7 @@ def summary_text(m, info: dict[str, Any]) -> str:
     sites = info["gemm_sites"]
     if sites:
         n_cands = sum(len(x["candidates"]) for x in sites)
-        n_attn = sum(str(x["id"]).startswith("attn_") for x in sites)
+        n_attn = sum(str(x["id"]).startswith(ATTENTION_SITE) for x in sites)
         where = (
             f"{len(sites)} sites"
             if not n_attn

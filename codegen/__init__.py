@@ -137,16 +137,12 @@ def generate(
     if table is not None and not options.library_free:  # library_free says its own
         sites = {(c.program, c.site) for c in table.choices}
         attention = sum(site.startswith(ATTENTION_SITE) for _, site in sites)
-        ran = (
-            [f"{counted(len(sites) - attention, 'GEMM site')} Triton GEMM forms"]
-            if len(sites) > attention
-            else []
-        )
-        ran += [f"{counted(attention, 'attention site')} Triton flash forms"] if attention else []
-        head, _, what = ran[0].partition(" Triton ")
+        gemm = len(sites) - attention
+        parts = [f"{counted(gemm, 'GEMM site')} on Triton GEMM forms"] if gemm else []
+        parts += [f"{counted(attention, 'attention site')} on Triton flash forms"] if attention else []
         say(
-            f"  {' and '.join([f'{head} run Triton {what}', *ran[1:]])} on {DEFAULT_ARCH} GPUs by default, at the "
-            "buckets where they were measured faster (a built-in tuning table; `aotpack tune` measures yours)"
+            f"  built-in table: {' and '.join(parts)} on {DEFAULT_ARCH} GPUs, at the buckets where they were "
+            "measured faster (`aotpack tune` measures yours)"
         )
     return replace(compiled, tuning=table)
 
@@ -256,7 +252,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             traced.buckets,
             ranges,
             archs,
-            compiler("default GEMV kernel"),
+            compiler("built-in table kernel"),
             say,
             pick=default_site_forms,
             pick_attention=default_attention_form,

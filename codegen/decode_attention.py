@@ -1,11 +1,12 @@
-"""Decode attention: one query token per row against a KV cache, as one Triton kernel.
+"""Decode attention: one query token per row against a KV cache, as Triton kernels.
 
 A decode step's SDPA call (``aot.hf.causal_lm``'s ``decode`` entry: one new token per row)
 reads a query of one position per head and the whole static cache of its layer, under the
 mask the wrapper builds. The library runs it as a flash kernel tiled for long queries
 (cuDNN's took ~10 us per layer on an H200 for a 512-slot cache, work that moves ~1 MB). This
 pass finds such calls by their shapes and operands, not by model, and replaces each with one
-kernel step of its own (the SDPA step its reference, what the CPU runs). The sites are found in
+kernel step of its own, or two for a long cache (the split-KV form below; the SDPA step is the
+reference, what the CPU runs). The sites are found in
 ``aot.codegen.decode_sites``; this module chooses each site's form and folds the steps it takes
 over, ``aot.codegen.decode_attention_render`` writes the kernels:
 
@@ -313,7 +314,8 @@ def decode_attention_kernels(
         say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels{also}")
     out = built.program_with(program, [s for group in steps for s in group])
     used = {s.target for s in out.steps if s.kind == StepKind.KERNEL}
-    # gone: the folded rotary kernels; and a split site's kernel whose partner failed to compile
+    # gone: the folded rotary kernels, and every kernel this pass built that no step launches (a
+    # split site's kernel whose partner failed to compile)
     gone |= set(built.records)
     return replace(
         out,

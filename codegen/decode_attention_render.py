@@ -93,9 +93,11 @@ def render_split_decode_attention(
 
 def _split_block_n(site: DecodeSite, splits: int) -> int:
     """The split form's block: ``SPLIT_BLOCK_N`` slots, halved while the cache has fewer blocks
-    than ``splits`` or the block's keys exceed ``SPLIT_MAX_TILE`` (to ``MIN_SPLIT_BLOCK_N``)."""
+    than ``splits`` or the block's keys take more bytes than ``SPLIT_MAX_TILE`` 16-bit elements
+    (to ``MIN_SPLIT_BLOCK_N``)."""
     bn, bd = SPLIT_BLOCK_N, max(16, _pow2(site.head_dim))
-    while bn > MIN_SPLIT_BLOCK_N and (-(-site.context // bn) < splits or bn * bd > SPLIT_MAX_TILE):
+    tile = SPLIT_MAX_TILE * 2 // ITEMSIZE[site.dtype]  # float32 keys: half the slots
+    while bn > MIN_SPLIT_BLOCK_N and (-(-site.context // bn) < splits or bn * bd > tile):
         bn //= 2
     return bn
 

@@ -18,8 +18,9 @@ one small block per head: the library's flash kernel takes ~6 us there on an H20
 reads 256 bytes per head.
 
 Like the GEMM candidates (``aot.codegen.gemm``), the forms are alternatives recorded in
-``Program.alternatives`` (sites ``attn_<n>``); ``aotpack tune`` chooses on the GPU, and an untuned
-bundle runs the library call.
+``Program.alternatives`` (sites ``attn_<n>``); ``aotpack tune`` chooses on the GPU. A default build
+runs the forms ``aot.codegen.gemm_defaults`` names at the buckets it names them for (its built-in
+table, on sm_90), the library call elsewhere.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ bucket sizes it is meant for.
 The program keeps its library steps; ``Program.alternatives`` records, per site, the indices of
 the steps a candidate replaces and the candidate's kernel steps, whose ``reference`` is exactly
 those steps (the kernel of an absorbed epilogue expanded to its own reference). ``aotpack tune``
-chooses on the target GPU; an untuned bundle runs the library steps.
+chooses on the target GPU; a default build's built-in table (``gemm_defaults``) chooses the forms
+it compiled on sm_90, and every other bucket and arch runs the library steps.
 
 This module adds the candidates to a program (and runs a small head as a kernel in the default
 build); its parts: ``gemm_sites`` finds the sites, ``gemm_epilogue`` lowers their epilogues,
@@ -97,7 +98,7 @@ def add_gemm_alternatives(
     only where ``pick_attention`` names a form for them (``(site, query length) -> form or None``),
     each form at the buckets it is named for: the default build's forms,
     ``aot.codegen.gemm_defaults``; ``configs``: the configs ``pick``'s names refer to (the first of
-    a name; None: ``CONFIGS`` and ``FEW_ROW_CONFIGS``), and a bucket that several named forms admit goes to the one of fewest rows."""
+    a name; None: ``CONFIGS`` and ``FEW_ROW_CONFIGS``)."""
     known = {t.name: t.spec for t in program.inputs + program.weights}
     sites = find_sites(program)
     sizes = bucket_sizes(program, buckets)
@@ -108,30 +109,18 @@ def add_gemm_alternatives(
             continue
         bases = {base_form(c) for c in chosen}
         every = configs if configs is not None else (*CONFIGS, *FEW_ROW_CONFIGS)
-        first = {}  # name -> its first config, in ``every``'s order
-        for c in every if chosen else ():
-            first.setdefault(c.name, c)
-        named = tuple(c for name, c in first.items() if name in bases) if chosen else None
+        named = tuple(c for c in every if c.name in bases) if chosen else None
         try:
             forms = render_candidates(site, program.buffers, known, ranges, named)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
             say(f"  GEMM {site.id} has no candidate: {e}")
             continue
-        offered = []
         for cfg, kernels, extra, pre in forms:
             if chosen and config_name(cfg.name) not in chosen:
                 continue  # a prologue site's other form
-            offered.append((cfg, kernels, extra, pre, candidate_buckets(site, cfg, sizes)))
-        if chosen:  # each bucket to the narrowest form named for it: a one-row form before a few-row one
-            offered.sort(key=lambda f: f[0].max_m - f[0].min_m)
-            claimed: set[tuple] = set()
-            for i, (cfg, kernels, extra, pre, fit) in enumerate(offered):
-                fit = tuple(b for b in fit if tuple(b.items()) not in claimed)
-                claimed.update(tuple(b.items()) for b in fit)
-                offered[i] = (cfg, kernels, extra, pre, fit)
-        for cfg, kernels, extra, pre, fit in offered:
-            if sizes and not fit:
-                continue
+            fit = candidate_buckets(site, cfg, sizes)
+            if (sizes or chosen) and not fit:
+                continue  # a named form no bucket takes is not compiled
             ids = [kernel_id(r.source, r.signature, r.config) for r in kernels]
             pending.append((site, cfg.name, kernels, ids, extra, fit, pre))
 
@@ -142,10 +131,10 @@ def add_gemm_alternatives(
         else []
     )
     for site in attention:
+        seq = compile_expr(ix.size_text(ix.parse_size(site.seq)))
         for cfg, kernel in render_attention(site, ranges):
             fit = attention_buckets(site, cfg, sizes)
-            if pick is not None:  # the forms named, each at the buckets it is named for
-                seq = compile_expr(ix.size_text(ix.parse_size(site.seq)))
+            if pick_attention is not None:  # the forms named, each at the buckets it is named for
                 fit = tuple(s for s in fit if pick_attention(site, seq(s)) == cfg.name)
                 if not fit:
                     continue

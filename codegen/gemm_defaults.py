@@ -33,16 +33,18 @@ time anything, so it takes the forms tune took where the measurements agree:
   5.2-5.8 against 5.7-6.3; without it the o projection 3.3-3.5 against 3.4-3.8.
 
 So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where K is at most
-``SHORT_K`` (and 512 or a multiple of 512; ``vec_1x2x1024`` at other K up to ``SHORT_K``), ``vec_1x1x512`` where K is below ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp
-out), ``vec_1x2x1024`` otherwise (``_rms`` or ``_ln``: with the RMSNorm or LayerNorm kernel
-before it, and the residual add in that kernel, computed in the GEMV's prologue); every other
-site and bucket keeps the library, but for the few-row entry: at buckets of 2-16 rows (decode at
-batch 2-16, a small batch of a forward) a site of at most ``SMALL_WEIGHT_BYTES`` of weights runs
-the tensor-core tile tune chose there (``BUILT_IN_FEW_ROWS``), and a vocabulary head a ``fewe_``
-form, as its ``_rms``/``_ln`` variant where a norm kernel made A; larger sites keep cuBLAS, which
-streamed Llama-3.2-1B's layer weights faster in a whole decode step. Attention sites without a
-mask (``aot.codegen.flash``) run its flash forms at up to ``ATTENTION_MAX_T`` queries. ``FEW_ROWS`` or ``AOTPACK_FEW_ROWS`` name forms for every site instead (or
-``off``), for measuring. The table is recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
+512 or is 1024, ``vec_1x2x1024`` at other K up to ``SHORT_K``, ``vec_1x1x512`` where K is below
+``LONG_K`` and not a multiple of 2048 (GPT-2's mlp out), ``vec_1x2x1024`` otherwise (``_rms`` or
+``_ln``: with the RMSNorm or LayerNorm kernel before it, and the residual add in that kernel,
+computed in the GEMV's prologue). At buckets of 2-16 rows (decode at batch 2-16, a small batch of
+a forward) a site of at most ``SMALL_WEIGHT_BYTES`` of weights runs the tensor-core tile tune
+chose there (``BUILT_IN_FEW_ROWS``; the norm kernel before it kept), and a vocabulary head
+``fewe_16x64x128`` (its ``_rms`` variant where an RMSNorm kernel made A); larger sites keep
+cuBLAS, which streamed Llama-3.2-1B's layer weights faster in a whole decode step. Attention
+sites without a mask (``aot.codegen.flash``) run its flash forms at up to ``ATTENTION_MAX_T``
+queries in float16. Every other site and bucket keeps the library. ``FEW_ROWS`` or
+``AOTPACK_FEW_ROWS`` name forms for every site instead (or ``off``), for measuring. The table is
+recorded for ``DEFAULT_ARCH`` only (the loader applies a tuning table on a
 GPU of its arch), and only those forms are compiled, so a build takes a few kernels more, not the
 whole candidate set. ``aotpack tune`` on the user's GPU replaces the table (with
 ``--gemm-candidates`` builds it searches every form).
@@ -72,7 +74,7 @@ from aot.tuning import TUNING_FORMAT
 DEFAULT_ARCH = "sm_90"
 DEVICE = "built-in table (aotpack's measurements on an NVIDIA H200)"
 HALF = ("float16", "bfloat16")
-SHORT_K = 1024  # up to here, blocks of 2 rows x 512 columns of W (one step of 1024 at K 513-1023 but 512's multiples)
+SHORT_K = 1024  # up to here (K at most 512, or 1024), blocks of 2 rows x 512 columns of W
 LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps of 512
 
 
@@ -93,7 +95,7 @@ LONG_K = 4096  # below it, K not a multiple of 2048: one row per block in steps 
 # The ``fewe_*`` forms (gemm_forms.FEW_ROW_CONFIGS) answer both: W's first K steps load before the
 # wait, and their ``_rms`` forms sum the statistics in the K loop (bfloat16). At every site of
 # Llama-3.2-1B at 8 rows they ran 1.170 ms a token against cuBLAS's 1.001 (below): better than the
-# few_ forms, still not there at its sizes; so they take the small sites only.
+# few_ forms, still not there at its sizes; the built-in entry takes them at vocabulary heads only.
 # FEW_ROWS at every site, FEW_ROWS_WIDE where N >= WIDE_N, FEW_ROWS_LONG_K where K >= LONG_K (a site
 # where a form makes no kernel keeps the library). The environment overrides them for a build
 # (bench/decode.py): FEW_ROWS_ENV="<form>[,<form at long K>[,<form at wide N>]]" or "off",
@@ -133,6 +135,29 @@ FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 
 
+# Attention (``aot.codegen.flash``: an SDPA call without a mask over heads of row-major
+# projections, as the example GPT's): ``aotpack tune`` chose the Triton flash forms over the
+# library's (cuDNN's flash kernel) at every site it timed, fp16, head dim 64 (on an H100,
+# bench/results/tune-gpt-whole-plan-h100-2026-11-26.log, µs per call, library → form):
+# one query 4.8-5.7 → 1.4-2.2 (``flash_16x32``), 128 queries 5.7-6.9 → 3.8-4.3 at batch 1 and
+# 7.6-8.0 → 6.0-6.2 at batch 8 (``flash_64x64``); the whole program at 128 queries 488 → 411 µs.
+# On an H200, the example GPT's default build with and without them, paired in one process
+# (bench/results/ab-gpt-flash-default-h200-2026-11-29-night.json): 0.462 against 0.504 ms at batch
+# 1 x 128 tokens, 0.736 against 0.766 at batch 8, 0.272 against 0.323 at one token. So a default
+# build runs them where that was measured: float16, head dim up to ATTENTION_MAX_HEAD_DIM, query
+# lengths up to ATTENTION_MAX_T (the 16-row form below ATTENTION_WIDE_T; 2-127 queries were not
+# timed but 1 and 128); longer queries keep the library, whose kernels were not timed against them.
+ATTENTION_SHORT = "flash_16x32"
+ATTENTION_WIDE = "flash_64x64"
+ATTENTION_WIDE_T = 16
+ATTENTION_MAX_T = 128
+ATTENTION_MAX_HEAD_DIM = 64
+# float16 only: bfloat16 was not timed, and Triton's interpreter computes its tl.dot wrongly, so no
+# CPU test checks a bfloat16 flash form (no GPU test does yet either)
+ATTENTION_DTYPES = ("float16",)
+ATTENTION_ENV = "AOTPACK_DEFAULT_ATTENTION"  # "off": the library at every attention site, for measuring
+
+
 def few_row_configs() -> tuple[TileConfig, ...]:
     """The forms FEW_ROWS and its environment may name: the few-row forms, and the tensor-core
     forms of CONFIGS that take 2-FEW_ROWS_MAX rows (those ``aotpack tune`` chooses among there),
@@ -145,7 +170,7 @@ def few_row_configs() -> tuple[TileConfig, ...]:
 def default_configs() -> tuple[TileConfig, ...]:
     """The configs the default build's form names refer to (``gemm.add_gemm_alternatives``'s
     ``configs``): the one-row forms and ``few_row_configs``."""
-    return (*few_row_configs(), *(c for c in CONFIGS if not c.dot))
+    return (*(c for c in CONFIGS if not c.dot), *few_row_configs())  # one-row forms first, as sites list them
 
 
 class FewRows(NamedTuple):
@@ -195,23 +220,6 @@ def few_row_forms() -> FewRows:
     return FewRows(*forms, prologue=prologue, every_site=every)
 
 
-# Attention (``aot.codegen.flash``: an SDPA call without a mask over heads of row-major
-# projections, as the example GPT's): ``aotpack tune`` chose the Triton flash forms over the
-# library's (cuDNN's flash kernel) at every site it timed, fp16, head dim 64 (on an H100,
-# bench/results/tune-gpt-whole-plan-h100-2026-11-26.log, µs per call, library → form):
-# one query 4.8-5.7 → 1.4-2.2 (``flash_16x32``), 128 queries 5.7-6.9 → 3.8-4.3 at batch 1 and
-# 7.6-8.0 → 6.0-6.2 at batch 8 (``flash_64x64``); the whole program at 128 queries 488 → 411 µs.
-# So a default build runs them where that was measured: half precision, head dim up to
-# ATTENTION_MAX_HEAD_DIM, query lengths up to ATTENTION_MAX_T (the 16-row form below
-# ATTENTION_WIDE_T); longer queries keep the library, whose kernels were not timed against them.
-ATTENTION_SHORT = "flash_16x32"
-ATTENTION_WIDE = "flash_64x64"
-ATTENTION_WIDE_T = 16
-ATTENTION_MAX_T = 128
-ATTENTION_MAX_HEAD_DIM = 64
-ATTENTION_ENV = "AOTPACK_DEFAULT_ATTENTION"  # "off": the library at every attention site, for measuring
-
-
 def default_attention_form(site: AttnSite, seq: int) -> str | None:
     """The flash form a default build runs attention ``site`` with at query length ``seq`` on
     ``DEFAULT_ARCH``; None: the library."""
@@ -220,7 +228,7 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
         raise CodegenError(f"{ATTENTION_ENV}={flag!r}: expected 'on' or 'off'")
     if (
         flag == "off"
-        or site.dtype not in HALF
+        or site.dtype not in ATTENTION_DTYPES
         or site.head_dim > ATTENTION_MAX_HEAD_DIM
         or not 1 <= seq <= ATTENTION_MAX_T
     ):
@@ -247,6 +255,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
                 return few.wide
             if not 0 < k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:
                 return None
+            return few.long_k if k >= LONG_K else few.form
         if few.long_k is not None and k >= LONG_K:
             return few.long_k
         if few.wide is not None and n >= WIDE_N:

@@ -1,7 +1,7 @@
 """The few-row entry of the built-in GEMM table (``aot.codegen.gemm_defaults``): by default tune's
 few-row tiles at small weights and ``fewe_16x64x128`` at vocabulary heads only
 (``BUILT_IN_FEW_ROWS``), the library (cuBLAS) elsewhere at 2-16 rows; where ``FEW_ROWS`` names a
-form of ``gemm_forms.FEW_ROW_CONFIGS`` (the module setting, or ``AOTPACK_FEW_ROWS`` for a build), a
+form of ``gemm_forms.FEW_ROW_CONFIGS`` or one of tune's tiles (``few_row_configs``; the module setting, or ``AOTPACK_FEW_ROWS`` for a build), a
 half-precision GEMM site at a bucket of 2-16 rows runs that tensor-core form, as its ``_rms``
 variant where an RMSNorm kernel (with the residual add in it) made A, so the norm kernel goes at
 those buckets as it does at one row.
@@ -203,32 +203,43 @@ def test_a_wrong_few_row_norm_is_caught(rms16, tmp_path):
 @pytest.mark.parametrize("setting", [FEW, None])
 def test_gpt2_layer_norm_runs_in_the_few_row_form_and_matches(setting, tmp_path, monkeypatch):
     """``gemm_gpt2.py`` (LayerNorm of a sum before fc, GELU after it; float16, K = 600; buckets 1,
-    3, 4) with the entry on (``FEW_ROWS`` set, or the built-in entry: its weights are small): fc
-    runs ``<few>_ln`` at 3 and 4 rows, proj the plain form; both match their reference in the
-    interpreter at 3 rows, the sum r + x exactly."""
+    3, 4) with the entry on: where ``FEW_ROWS`` names a ``few_`` form, fc runs ``<few>_ln`` at 3
+    and 4 rows (the sum r + x written exactly), proj the plain form; with the built-in entry (its
+    weights are small) both run tune's ``gemv_16x32x128``, the LayerNorm kernel kept before fc
+    (its K steps of 128 take no prologue). Every form matches its reference in the interpreter at 3
+    rows."""
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
+    from aot.tuning import tuned_plans
     from aot.verify.interpret import interpret_in_subprocess
 
     model = MODELS / "gemm_gpt2.py"
     monkeypatch.setattr(gemm_defaults, "FEW_ROWS", setting)
     few_form = setting or gemm_defaults.BUILT_IN_FEW_ROWS[0]
+    fc_form = few_form + "_ln" if setting else few_form
     compiled = generate(trace(load_model_file(model)), ARCHS)
     pack(compiled, tmp_path / "gpt2.tpk")
     fc, proj = compiled.program.alternatives
-    assert [(c.name, c.buckets) for c in fc.candidates][1] == (few_form + "_ln", ({"batch": 3}, {"batch": 4}))
-    assert [c.name for c in proj.candidates][1] == few_form
+    assert {c.name: c.buckets for c in fc.candidates}[fc_form] == ({"batch": 3}, {"batch": 4})
+    assert len(fc.candidates) == len(proj.candidates) == 2 and few_form in {c.name for c in proj.candidates}
+    layer_norm = compiled.program.steps[fc.library[0]].reference
+    if not setting:  # the LayerNorm kernel stays in front of the plain form
+        kernels = {k.id: k for k in compiled.program.kernels}
+        plan = tuned_plans(compiled.tuning, 0, compiled.program, "sm_90")[(3,)]
+        names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+        assert any("layer_norm" in n for n in names) and layer_norm, names
     (result,) = interpret_in_subprocess(
         [(tmp_path / "gpt2.tpk", model, [{"batch": 3}], None, True)], timeout=HANG_GUARD_S
     )
     (comparisons,) = result.values()
     few = [c for c in comparisons if few_form in c.name and not c.name.endswith("/rerun")]
-    assert {c.name for c in few} == {f"{fc.id}/{few_form}_ln", f"{proj.id}/{few_form}"}
+    assert {c.name for c in few} == {f"{fc.id}/{fc_form}", f"{proj.id}/{few_form}"}
     bad = [c for c in comparisons if not c.ok]
     assert not bad, bad[:3]
-    sums = [c for c in few if c.output == fc.outputs[-1]]
-    assert len(sums) == 1 and sums[0].max_abs_error == 0.0
+    if setting:  # the _ln form writes the sum r + x for the residual after proj
+        sums = [c for c in few if c.output == fc.outputs[-1]]
+        assert len(sums) == 1 and sums[0].max_abs_error == 0.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -206,8 +206,8 @@ def test_the_mlps_one_row_bucket_runs_the_default_builds_forms(tmp_path, built):
     program = bundle.program()
     table = parse_tuning(bundle.read(TUNING_PATH), [program], [bundle.manifest.buckets])
     assert [(c.site, c.sizes, c.choice) for c in table.choices] == [
-        (c.site, c.sizes, c.choice) for c in want_table.choices
-    ]
+        (c.site, c.sizes, c.choice) for c in want_table.choices if c.sizes == {"batch": 1}
+    ]  # the default build's few-row choices (2-16 rows) are its own: the library-free tiles run there
     assert {c.choice for c in table.choices} == {"vec_1x2x512_ln", "vec_1x2x1024"}
     checked = check(free)
     (plans,) = checked.plans("sm_90").values()

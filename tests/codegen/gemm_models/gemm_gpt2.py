@@ -1,7 +1,8 @@
 """A GPT-2 MLP half as transformers writes it: ``h = r + dropout(x)`` (inference mode: a copy),
 LayerNorm(600) → Conv1D(600→128) (W [K, N], ``addmm``) → ``gelu_new`` (the tanh form, written
 with pointwise ops and ``x ** 3``) → Conv1D(128→600) → ``h + dropout(·)``. K = 600: a one-row
-form of 512-wide K steps takes a partial second step. float16."""
+form of 512-wide K steps takes a partial second step (the built-in table's, ``vec_1x2x1024``,
+one masked step). float16."""
 
 import math
 
