@@ -97,8 +97,8 @@ def add_gemm_alternatives(
     ``few_splitk4_16x16x512``), each at the buckets its config's rows admit, and attention sites
     only where ``pick_attention`` names a form for them (``(site, query length) -> form or None``),
     each form at the buckets it is named for: the default build's forms,
-    ``aot.codegen.gemm_defaults``; ``configs``: the configs ``pick``'s names refer to (the first of
-    a name; None: ``CONFIGS`` and ``FEW_ROW_CONFIGS``)."""
+    ``aot.codegen.gemm_defaults``; ``configs``: the configs ``pick``'s names refer to (None:
+    ``CONFIGS`` and ``FEW_ROW_CONFIGS``)."""
     known = {t.name: t.spec for t in program.inputs + program.weights}
     sites = find_sites(program)
     sizes = bucket_sizes(program, buckets)
