@@ -120,6 +120,7 @@ def test_kernel_steps_follow_the_launcher_contract(built, name):
             "gather",  # an embedding lookup (aot.codegen.embeddings)
             "pool",  # a max pool (aot.codegen.pooling)
             "gemm",  # a small head (aot.codegen.gemm.small_gemm_kernels)
+            "attention",  # flash attention, on by default in float16 (aot.codegen.flash)
         )
         assert {p.kind for p in k.params} <= {"ptr", "i32", "i64"}
         compile_expr(k.bytes_moved)
