@@ -54,7 +54,9 @@ over, ``aot.codegen.decode_attention_render`` writes the kernels:
   stores the new key and value (the only one), every program takes them from registers at that
   slot, RoPE, masks, GQA, a head dim that pads its block; the cache is loaded before the wait only
   where the kernel appends and each program holds one block. The first step writes the workspace
-  (and the cache, in place) with no reference of its own; the combine carries the reference.
+  (and the cache, in place) and stands for the cache writes (its reference: the two ``index_put_``
+  and the new keys' RoPE, so verify and the interpreter compare the cache it writes); the combine
+  stands for the rest (``_split_reference``).
 
 Measured: on an H200 (``bench/decode.py``, 448-token prompt and 64 new tokens: a 512-slot cache;
 ``bench/results/decode/decode-{gpt2,llama}-split-kv-h200-2026-11-29-night.json``) 8 splits of 64
@@ -230,8 +232,8 @@ def decode_attention_kernels(
     say: Callable[[str], None],
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
     """``program`` with each decode SDPA site run by its kernel, or by the split form's two
-    (``decode_splits``; the last step holds the reference, the first writes the workspace and,
-    where it appends, the cache), the SDPA step its reference; a site whose kernels fail to
+    (``decode_splits``; the first writes the workspace and, where it appends, the cache, standing
+    for the cache writes; the second for the rest), the SDPA step its reference; a site whose kernels fail to
     compile stays the library call."""
     setting = split_setting()
     sites = [s for s in find_decode_sites(program) if decode_splits(s, setting) is not None]
@@ -296,10 +298,11 @@ def decode_attention_kernels(
         in_place = {a.k_result: a.k_state, a.v_result: a.v_state} if a is not None else {}
         if len(kernels) == 1:
             steps[i] = [kernel_step(kids[0], kernels[0], reference, in_place)]
-        else:  # the partials (and the cache write) first; the combine carries the reference
+        else:  # the partials (and the cache write) first, then the combine
+            writes, rest = _split_reference(reference, a)
             steps[i] = [
-                kernel_step(kids[0], kernels[0], (), in_place),
-                kernel_step(kids[1], kernels[1], reference),
+                kernel_step(kids[0], kernels[0], writes, in_place),
+                kernel_step(kids[1], kernels[1], rest),
             ]
             split += 1
             workspaces.update(workspace)
@@ -332,3 +335,33 @@ def _reference(program: Program, site: DecodeSite, folded: tuple[int, ...]) -> t
         s = program.steps[j]
         steps.extend(s.reference if s.kind == StepKind.KERNEL else (s,))
     return (*steps, program.steps[site.step])
+
+
+def _split_reference(reference: tuple[Step, ...], append) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    """The split form's ``reference`` shared between its two kernel steps: the partial step
+    stands for the cache writes (``append``'s two ``index_put_``) and the steps only they need
+    (the new keys' rotary embedding), so what it writes into the cache is checked against them
+    (``aotpack verify``, the interpreter); the combine for the rest (the views of the written
+    cache, the queries' rotary embedding, the SDPA step), which reads the cache the partial wrote
+    and writes no state. Where the partial would need a step whose result the rest reads too (a
+    step that is both sides' own), or the site does not append, the partial stands for nothing
+    and the combine for all: the CPU path runs the same steps either way."""
+    if append is None:
+        return (), reference
+    results = {append.k_result, append.v_result}
+    need = set(results)
+    writes: set[int] = set()
+    for j in range(len(reference) - 1, -1, -1):  # the writes and what they read, back to front
+        outs = set(step_writes(reference[j]))
+        if outs & need:  # (a rotary kernel's reference may compute a name another's does too)
+            writes.add(j)
+            need = (need - outs) | set(step_reads(reference[j]))
+    producer: dict[str, int] = {}
+    for j, step in enumerate(reference):
+        if j not in writes and any(producer.get(r, -1) in writes for r in step_reads(step) if r not in results):
+            return (), reference  # it reads what a step of the writes' computed
+        producer.update((o, j) for o in step_writes(step))
+    if not writes:
+        return (), reference
+    rest = tuple(s for j, s in enumerate(reference) if j not in writes)
+    return tuple(s for j, s in enumerate(reference) if j in writes), rest

@@ -321,9 +321,9 @@ print(json.dumps(out))
 def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     """A tiny Llama (4 query heads over 2 KV heads) with a 2048-slot cache, over the one-kernel
     form's 1024: its decode program runs no SDPA; each layer's attention is the split form's two
-    kernels, the partials (writing the cache in place, and the workspace the program declares)
-    then the combine, which carries the reference (the cache writes, the RoPE kernels and the SDPA
-    step). Every kernel of it, run by the interpreter at batch 2 (one row left-padded by whole
+    kernels, the partials (writing the cache in place, and the workspace the program declares),
+    standing for the cache writes, then the combine, standing for the RoPE kernels and the SDPA
+    step. Every kernel of it, run by the interpreter at batch 2 (one row left-padded by whole
     splits), matches its reference. With ``AOTPACK_DECODE_SPLIT=off`` the
     same model keeps SDPA, as it does where the combine kernel fails to compile."""
     from tests.realmodels.conftest import require
@@ -365,19 +365,25 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
         at = [i for i, kind in enumerate(kinds) if kind == "decode_attention_split"]
         assert len(at) == 1 and kinds[at[0] + 1] == "decode_attention_combine", kinds
         partial, combine = p.steps[at[0]], p.steps[at[0] + 1]
-        assert partial.reference == () and set(partial.in_place.values()) <= set(p.state)
+        assert set(partial.in_place.values()) <= set(p.state) and len(partial.in_place) == 2
         assert p.buffers[partial.outputs[0]].dtype == "float32" and partial.outputs[0] in step_args(combine)
+        # the partials stand for the cache writes (and the new keys' RoPE), the combine for the rest
+        writes = [r.target for r in partial.reference]
+        assert writes.count("aten.index_put_.default") == 2 and SDPA not in writes, writes
+        assert set(partial.in_place) <= {o for r in partial.reference for o in r.outputs}
         targets = [r.target for r in combine.reference]
-        assert targets[-1] == SDPA and targets.count("aten.index_put_.default") == 2, targets
+        assert targets[-1] == SDPA and "aten.index_put_.default" not in targets, targets
         assert kernels[partial.target].config["SPLITS"] == 16
     bundle = tmp_path / "t.tpk"
     pack(compiled, bundle)
     checks = interpreted_json(PROGRAM_SCRIPT.replace("sys.argv[1]", repr(str(bundle))))
-    # the combine's output against the SDPA step; the partials (their reference empty: what they
-    # write, the cache and the workspace, is the combine's to stand for) are not compared here,
-    # the cache they write is by the kernel tests above
+    # the partials' cache writes against the two index_put_ steps (the workspace is the combine's
+    # to stand for), the combine's output against the SDPA step
     attention = [c for c in checks if c[0].startswith("decode_attention")]
-    assert [c[0] for c in attention] == ["decode_attention_combine_g2_d16"] * len(decode), checks
+    partials = [c for c in attention if c[0].endswith("_split")]
+    assert len(partials) == 2 * len(decode), checks  # the keys' cache and the values'
+    combines = [c[0] for c in attention if c not in partials]
+    assert combines == ["decode_attention_combine_g2_d16"] * len(decode), checks
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
 
     monkeypatch.setenv(SPLIT_ENV, "off")
