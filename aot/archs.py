@@ -56,6 +56,17 @@ def arch_number(text: str) -> int:
     return parse_arch(text).number
 
 
+# Shared memory a block may use per arch (bytes, the opt-in maximum): a kernel that needs more
+# compiles but never launches there. An arch not listed takes the smallest of the recent ones.
+SHARED_LIMIT = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10}
+UNLISTED_SHARED_LIMIT = 99 << 10
+
+
+def shared_limit(text: str) -> int:
+    """The most shared memory a block may use on ``text``'s arch, in bytes (``SHARED_LIMIT``)."""
+    return SHARED_LIMIT.get(arch_number(text), UNLISTED_SHARED_LIMIT)
+
+
 def arch_of(capability: tuple[int, int]) -> str:
     """A device's own arch name: ``(9, 0)`` → ``"sm_90"``."""
     return Arch(*capability).name

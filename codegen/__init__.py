@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from aot.archs import parse_arch
+from aot.archs import parse_arch, shared_limit
 from aot.codegen.gemm_defaults import (
     DEFAULT_ARCH,
     default_attention_form,
@@ -48,7 +48,8 @@ def compile_kernels(
 ) -> tuple[dict[tuple[str, str], Any], dict[str, str], int]:
     """Compile each rendered kernel (id → ``Rendered``) for every arch, through the kernel cache.
     Returns the results by (id, arch), why each kernel that cannot be launched failed (a compiler
-    error, scratch memory the launcher does not pass, PTX entries that differ across archs), and
+    error, scratch memory the launcher does not pass, more shared memory than the arch has
+    (``aot.archs.SHARED_LIMIT``), PTX entries that differ across archs), and
     how many compiles came from the cache. Never raises for a kernel: its steps stay library calls."""
     from aot.codegen.compile import Job, compile_job
 
@@ -69,6 +70,10 @@ def compile_kernels(
             scratch = res.meta["global_scratch_size"], res.meta["profile_scratch_size"]
             if scratch != (0, 0):
                 raise CodegenError(f"kernel needs scratch memory {scratch}; the launcher passes none")
+            if res.meta["shared"] > shared_limit(job.arch):  # it would compile, and never launch there
+                raise CodegenError(
+                    f"needs {res.meta['shared']} bytes of shared memory, the arch has {shared_limit(job.arch)}"
+                )
             results[(job.kernel_id, job.arch)] = res
             hits += res.cached
         except Exception as e:  # any compiler failure: this kernel's steps stay ATen calls

@@ -358,7 +358,9 @@ def _split_reference(reference: tuple[Step, ...], append) -> tuple[tuple[Step, .
             need = (need - outs) | set(step_reads(reference[j]))
     producer: dict[str, int] = {}
     for j, step in enumerate(reference):
-        if j not in writes and any(producer.get(r, -1) in writes for r in step_reads(step) if r not in results):
+        if j not in writes and any(
+            producer.get(r, -1) in writes for r in step_reads(step) if r not in results
+        ):
             return (), reference  # it reads what a step of the writes' computed
         producer.update((o, j) for o in step_writes(step))
     if not writes:

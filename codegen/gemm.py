@@ -39,16 +39,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from aot.archs import arch_number
 from aot.buckets import bucket_sizes
 from aot.codegen import index as ix
 from aot.codegen.flash import AttnSite, attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_epilogue import NoSite
 from aot.codegen.gemm_forms import (
     CONFIGS,
-    DEFAULT_SHARED_LIMIT,
     FEW_ROW_CONFIGS,
-    SHARED_LIMIT,
     TileConfig,
     base_form,
     config_name,
@@ -144,10 +141,6 @@ def add_gemm_alternatives(
             pending.append((site, cfg.name, [kernel], [kid], {}, fit, ()))
     todo = {kid: r for _, _, kernels, ids, _, _, _ in pending for kid, r in zip(ids, kernels)}
     results, failed = compile_kernels(list(todo.items()))
-    for (kid, arch), res in results.items():
-        limit = SHARED_LIMIT.get(arch_number(arch), DEFAULT_SHARED_LIMIT)
-        if kid not in failed and res.meta["shared"] > limit:
-            failed[kid] = f"{arch}: needs {res.meta['shared']} bytes of shared memory, the arch has {limit}"
     for kid, why in failed.items():
         say(f"  warning: GEMM candidate kernel {todo[kid].name} ({kid}) failed to compile, left out: {why}")
     existing = {k.id for k in program.kernels}

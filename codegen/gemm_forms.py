@@ -212,7 +212,3 @@ def config_name(form: str) -> str:
 
 PROLOGUE_MAX_BLOCK_M = 16
 PROLOGUE_MIN_BLOCK_K = 256
-# Shared memory a block may use per arch (bytes, opt-in maximum): a candidate whose pipelined tiles
-# need more would compile but never launch there, so it is left out.
-SHARED_LIMIT = {75: 64 << 10, 80: 163 << 10, 86: 99 << 10, 87: 163 << 10, 89: 99 << 10, 90: 227 << 10}
-DEFAULT_SHARED_LIMIT = 99 << 10

@@ -275,3 +275,34 @@ def test_progress_reports_compiles(pattern):
     _, _, _, _, messages = pattern("norms")
     assert any(m.strip().startswith("compiling ") and re.search(r" × \d+ archs?:", m) for m in messages)
     assert any("codegen done" in m for m in messages)
+
+
+def test_a_kernel_over_the_archs_shared_memory_is_left_out(pattern, monkeypatch):
+    """A kernel that compiles but needs more shared memory than a block may have on an arch would
+    never launch there: it fails for the build (said with both figures), so its steps stay library
+    calls. The limit is lowered here, for sm_80 alone, to one byte under what the kernel needs."""
+    from types import SimpleNamespace
+
+    import aot.archs as archs
+    import aot.codegen as codegen
+
+    _, good, _, _, _ = pattern("softmax")
+    kernel = max(good.program.kernels, key=lambda k: k.shared["sm_90"])
+    rendered = {
+        kernel.id: SimpleNamespace(
+            name=kernel.name,
+            source=kernel.source,
+            signature=dict(kernel.config["signature"]),
+            num_warps=kernel.num_warps,
+            num_stages=kernel.num_stages,
+        )
+    }
+    results, failed, _ = codegen.compile_kernels(rendered, ("sm_80", "sm_90"), lambda _: None)
+    need = results[(kernel.id, "sm_80")].meta["shared"]
+    assert not failed and need > 0  # a reduction keeps its partials in shared memory
+    monkeypatch.setitem(archs.SHARED_LIMIT, 80, need - 1)
+    results, failed, _ = codegen.compile_kernels(rendered, ("sm_80", "sm_90"), lambda _: None)
+    assert failed[kernel.id] == (
+        f"sm_80: CodegenError: needs {need} bytes of shared memory, the arch has {need - 1}"
+    )
+    assert (kernel.id, "sm_90") in results and (kernel.id, "sm_80") not in results
