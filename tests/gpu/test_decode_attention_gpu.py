@@ -299,3 +299,37 @@ def test_split_decode_attention_matches_sdpa_on_gpu(shape, splits, tmp_path, mon
     spread = (library - ref).abs().max().item()
     err = (out.float() - ref).abs().max().item()
     assert err <= 2 * spread + 1e-3 * ref.abs().max().item(), (err, spread)
+
+
+def test_verify_checks_the_split_forms_cache_write(tmp_path, monkeypatch):
+    """``aotpack verify`` on a bundle whose decode attention takes the split form (a tiny Llama
+    with a 2048-slot cache): the partial kernel's cache write is compared with the two
+    ``index_put_`` steps it stands for, the combine's output with SDPA, and the bundle passes."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    import transformers
+
+    from aot.codegen import generate
+    from aot.codegen.decode_attention import SPLIT_ENV
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from aot.verify.device import passed, verify
+
+    monkeypatch.delenv(SPLIT_ENV, raising=False)
+    cfg = transformers.LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=32, vocab_size=512, tie_word_embeddings=True,
+    )  # fmt: skip
+    spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=2048, name="t")
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    path = tmp_path / "t.tpk"
+    pack(generate(trace(spec), (arch,)), path)
+    reports = verify(str(path))
+    assert reports and all(passed(r, "float32") for r in reports), reports[:2]
+    checked = {name for r in reports for name in r.kernel_errs}
+    assert any(n.startswith("decode_attention") and n.endswith("_split") for n in checked), checked
+    assert any(n.startswith("decode_attention_combine") for n in checked), checked
