@@ -111,3 +111,56 @@ def interpreted_json(script: str, timeout: float = HANG_GUARD_S):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+DECODE_PROGRAM_SCRIPT = r"""
+import json
+import torch
+from safetensors.torch import load as load_safetensors
+from aot import schema
+from aot.bundle import open_bundle
+from aot.verify.interpret import interpret_kernels
+
+b = open_bundle(BUNDLE)
+try:
+    programs = [b.program(), *b.program().variants]
+    weights = load_safetensors(b.read(schema.WEIGHTS_PATH))
+finally:
+    b.close()
+out = []
+for p in programs:
+    specs = {i.name: i.spec for i in p.inputs}
+    if specs["input_ids"].shape[1] != "1":
+        continue  # prefill
+    symbolic = not specs["input_ids"].shape[0].isdigit()
+    B = 2 if symbolic else int(specs["input_ids"].shape[0])
+    torch.manual_seed(0)
+    inputs = {}
+    for name, spec in specs.items():
+        shape = [B if not d.isdigit() else int(d) for d in spec.shape]
+        if name == "input_ids":
+            inputs[name] = torch.randint(0, 64, shape)
+        elif name == "position_ids":  # row 1 left-padded
+            inputs[name] = torch.tensor([[POS], [POS - PAD]][:B])
+        elif name == "cache_position":
+            inputs[name] = torch.tensor([POS])
+        elif name == "attention_mask":
+            mask = torch.ones(shape, dtype=torch.int64)
+            mask[:, POS + 1 :] = 0
+            mask[1:, :PAD] = 0
+            inputs[name] = mask
+        else:  # the KV cache as earlier steps left it
+            inputs[name] = torch.randn(shape, dtype=getattr(torch, spec.dtype))
+    for c in interpret_kernels(p, weights, inputs, {"batch": B} if symbolic else {}):
+        out.append([c.name, c.output, c.max_abs_error, c.ok])
+print(json.dumps(out))
+"""
+
+
+def decode_kernel_checks(bundle, position: int, padding: int) -> list:
+    """Every kernel of ``bundle``'s decode programs (one token a row) run by the interpreter
+    (``interpret_kernels``, in a fresh Python) at batch 2, this step's token at ``position`` and
+    row 1 left-padded by ``padding`` tokens, the cache random as earlier steps left it: a
+    ``[name, output, max_abs_error, ok]`` row for each output compared with its reference."""
+    script = DECODE_PROGRAM_SCRIPT.replace("BUNDLE", repr(str(bundle)))
+    return interpreted_json(script.replace("POS", str(position)).replace("PAD", str(padding)))

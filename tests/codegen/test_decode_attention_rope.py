@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.codegen.conftest import interpreted_json
+from tests.codegen.conftest import decode_kernel_checks, interpreted_json
 
 # (name, dtype, batch, heads, kv_heads, head_dim, rotary dim, context, slot appended (None: the
 #  queries alone rotated, no append), cos/sin one row shared by every batch row, the keys' cos/sin
@@ -209,50 +209,6 @@ def test_one_position_rotary_angles_compile_and_match(tmp_path, form):
     assert checks and all(c.ok for c in checks), checks
 
 
-PROGRAM_SCRIPT = r"""
-import json, sys
-import torch
-from safetensors.torch import load as load_safetensors
-from aot import schema
-from aot.bundle import open_bundle
-from aot.verify.interpret import interpret_kernels
-
-b = open_bundle(sys.argv[1])
-try:
-    programs = [b.program(), *b.program().variants]
-    weights = load_safetensors(b.read(schema.WEIGHTS_PATH))
-finally:
-    b.close()
-out = []
-for p in programs:
-    specs = {i.name: i.spec for i in p.inputs}
-    if specs["input_ids"].shape[1] != "1":
-        continue  # prefill
-    symbolic = not specs["input_ids"].shape[0].isdigit()
-    B = 2 if symbolic else int(specs["input_ids"].shape[0])
-    torch.manual_seed(0)
-    inputs = {}
-    for name, spec in specs.items():
-        shape = [B if not d.isdigit() else int(d) for d in spec.shape]
-        if name == "input_ids":
-            inputs[name] = torch.randint(0, 64, shape)
-        elif name == "position_ids":  # row 1 left-padded by two tokens
-            inputs[name] = torch.tensor([[9], [7]][:B])
-        elif name == "cache_position":
-            inputs[name] = torch.tensor([9])
-        elif name == "attention_mask":
-            mask = torch.ones(shape, dtype=torch.int64)
-            mask[:, 10:] = 0
-            mask[1:, :2] = 0
-            inputs[name] = mask
-        else:  # the KV cache as earlier steps left it
-            inputs[name] = torch.randn(shape, dtype=getattr(torch, spec.dtype))
-    for c in interpret_kernels(p, weights, inputs, {"batch": B} if symbolic else {}):
-        out.append([c.name, c.output, c.max_abs_error, c.ok])
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "phi3", "stablelm", "gpt_neox"])
 def test_rotary_models_decode_programs_match_their_references(kind, tmp_path):
@@ -275,7 +231,7 @@ def test_rotary_models_decode_programs_match_their_references(kind, tmp_path):
     compiled = generate(trace(causal_lm(factory(kind), max_batch=2, max_context=16, name=kind)), ("sm_90",))
     bundle = tmp_path / f"{kind}.tpk"
     pack(compiled, bundle)
-    checks = interpreted_json(PROGRAM_SCRIPT.replace("sys.argv[1]", repr(str(bundle))))
+    checks = decode_kernel_checks(bundle, position=9, padding=2)
     append = kind != "gpt_neox"
     prefix = "decode_attention_append_rope_" if append else "decode_attention_rope_"
     attention = [c for c in checks if c[0].startswith(prefix)]

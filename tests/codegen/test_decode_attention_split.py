@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.codegen.conftest import interpreted_json
+from tests.codegen.conftest import decode_kernel_checks, interpreted_json
 
 # (name, dtype, batch, heads, kv_heads, head_dim, context, splits, SPLIT_BLOCK_N, the slot
 #  appended (None: no append), mask ("add", "bool", "shared"), rotary dim (0: none))
@@ -273,50 +273,6 @@ def test_split_cache_loads_before_the_wait_only_where_this_kernel_appends(append
     assert "tl.store(out_ptr" not in partial.source and "tl.store(out_ptr" in combine.source
 
 
-PROGRAM_SCRIPT = r"""
-import json, sys
-import torch
-from safetensors.torch import load as load_safetensors
-from aot import schema
-from aot.bundle import open_bundle
-from aot.verify.interpret import interpret_kernels
-
-b = open_bundle(sys.argv[1])
-try:
-    programs = [b.program(), *b.program().variants]
-    weights = load_safetensors(b.read(schema.WEIGHTS_PATH))
-finally:
-    b.close()
-out = []
-for p in programs:
-    specs = {i.name: i.spec for i in p.inputs}
-    if specs["input_ids"].shape[1] != "1":
-        continue  # prefill
-    symbolic = not specs["input_ids"].shape[0].isdigit()
-    B = 2 if symbolic else int(specs["input_ids"].shape[0])
-    torch.manual_seed(0)
-    inputs = {}
-    for name, spec in specs.items():
-        shape = [B if not d.isdigit() else int(d) for d in spec.shape]
-        if name == "input_ids":
-            inputs[name] = torch.randint(0, 64, shape)
-        elif name == "position_ids":  # row 1 left-padded by 300 tokens
-            inputs[name] = torch.tensor([[1500], [1200]][:B])
-        elif name == "cache_position":
-            inputs[name] = torch.tensor([1500])
-        elif name == "attention_mask":
-            mask = torch.ones(shape, dtype=torch.int64)
-            mask[:, 1501:] = 0
-            mask[1:, :300] = 0
-            inputs[name] = mask
-        else:  # the KV cache as earlier steps left it
-            inputs[name] = torch.randn(shape, dtype=getattr(torch, spec.dtype))
-    for c in interpret_kernels(p, weights, inputs, {"batch": B} if symbolic else {}):
-        out.append([c.name, c.output, c.max_abs_error, c.ok])
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
 def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     """A tiny Llama (4 query heads over 2 KV heads) with a 2048-slot cache, over the one-kernel
@@ -376,7 +332,7 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
         assert kernels[partial.target].config["SPLITS"] == 16
     bundle = tmp_path / "t.tpk"
     pack(compiled, bundle)
-    checks = interpreted_json(PROGRAM_SCRIPT.replace("sys.argv[1]", repr(str(bundle))))
+    checks = decode_kernel_checks(bundle, position=1500, padding=300)
     # the partials' cache writes against the two index_put_ steps (the workspace is the combine's
     # to stand for), the combine's output against the SDPA step
     attention = [c for c in checks if c[0].startswith("decode_attention")]
