@@ -49,7 +49,7 @@ from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import strided_view
 from aot.codegen.decode_attention_render import LOG2E
 from aot.codegen.decode_sites import FLOAT_DTYPES, MAX_HEAD_DIM, _Program
-from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.kernel_source import kernel_module, online_softmax_lines, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
@@ -452,12 +452,7 @@ def render_cache_attention(site: CacheSite) -> Rendered:
         body.append("    keep = keep & (tl.load(mask_ptr + m_at, mask=keep, other=0) != 0)")
     body += [
         "    s = tl.where(keep, s, float('-inf'))",
-        "    m_new = tl.maximum(m_i, tl.max(s, 1))",
-        "    alpha = tl.exp2(m_i - m_new)",
-        "    p = tl.exp2(s - m_new[:, None])",
-        "    l_i = l_i * alpha + tl.sum(p, 1)",
-        f"    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
-        "    m_i = m_new",
+        *online_softmax_lines(precision, "    "),
         "acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # no key to attend: 0, as SDPA",
         "out_at = ((b * HEADS + h) * T + t) * HEAD_DIM"
         if not site.heads_apart

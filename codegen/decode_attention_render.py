@@ -12,7 +12,7 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.cache_writes import INDEX_PUT
 from aot.codegen.decode_sites import SDPA, DecodeSite, NewRows
-from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.kernel_source import kernel_module, online_softmax_lines, signature_of
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
@@ -237,12 +237,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
             )
     block += [
         "s = tl.where(keep[None, :], s, float('-inf'))",
-        "m_new = tl.maximum(m_i, tl.max(s, 1))",
-        "alpha = tl.exp2(m_i - m_new)",
-        "p = tl.exp2(s - m_new[:, None])",
-        "l_i = l_i * alpha + tl.sum(p, 1)",
-        f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
-        "m_i = m_new",
+        *online_softmax_lines(precision),
     ]
     if one_block:
         body += block

@@ -34,7 +34,7 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.attention import SDPA, sdpa_call
-from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.kernel_source import kernel_module, online_softmax_lines, signature_of
 from aot.codegen.launch import MAX_GRID_YZ, max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
@@ -405,13 +405,11 @@ def _render(site: AttnSite, cfg: AttnConfig, index: str) -> Rendered:
         if site.causal
         else "    keep = valid_n[None, :]",
         "    s = tl.where(keep, s, float('-inf'))",
-        "    m_new = tl.maximum(m_i, tl.max(s, 1))",
-        "    alpha = tl.exp2(m_i - m_new)",
-        "    p = tl.exp2(s - m_new[:, None])",
-        "    l_i = l_i * alpha + tl.sum(p, 1)",
-        f"    v = tl.load(v_ptr + rk[:, None] * V_WIDTH + (V_COLUMN + h * HEAD_DIM) + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
-        f"    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
-        "    m_i = m_new",
+        *online_softmax_lines(
+            precision,
+            "    ",
+            f"v = tl.load(v_ptr + rk[:, None] * V_WIDTH + (V_COLUMN + h * HEAD_DIM) + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
+        ),
         "acc = acc / l_i[:, None]",
         f"tl.store(out_ptr + rq[:, None] * OUT_WIDTH + h * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=(rm < T)[:, None]{mask_d})",
     ]
