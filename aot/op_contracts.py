@@ -219,9 +219,11 @@ def integer_division(rounding: str | None = None) -> Check:
 
 
 def attention_shapes() -> Check:
-    """Query [..., L, E], key [..., S, E], value [..., S, Ev] (the same leading dims; with
-    ``enable_gqa``, query's heads a multiple of key's), the mask broadcasting to [..., L, S]: the
-    CPU kernel reads the value at every key position whatever its length."""
+    """Query [..., L, E], key [..., S, E], value [..., S, Ev] (the same leading dims, or query's
+    and key's broadcasting against each other, as a multi-query model's one KV head against its
+    query heads: ATen takes its math path for those; with ``enable_gqa``, query's heads a multiple
+    of key's), the mask broadcasting to [..., L, S]: the CPU kernel reads the value at every key
+    position whatever its length."""
 
     def test(q: Any, k: Any, v: Any, mask: Any, gqa: Any) -> str | None:
         if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
@@ -233,12 +235,21 @@ def attention_shapes() -> Check:
             return f"expected key {list(ks)} and value {list(vs)} of the same positions"
         if qs[-1] != ks[-1]:
             return f"expected query {list(qs)} and key {list(ks)} of the same last dim"
-        if qs[:-2] != ks[:-2] and not (
-            gqa is True and len(qs) >= 3 and qs[:-3] == ks[:-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0
-        ):
-            return f"expected query {list(qs)} and key {list(ks)} of the same leading dims"
+        lead = qs[:-2]
+        if qs[:-2] != ks[:-2]:
+            if gqa is True:
+                if not (len(qs) >= 3 and qs[:-3] == ks[:-3] and ks[-3] > 0 and qs[-3] % ks[-3] == 0):
+                    return f"expected query {list(qs)}'s heads a multiple of key {list(ks)}'s, the rest alike"
+            # (an empty side broadcasts in ATen to a result of the other's size, never written)
+            elif all((a == b or 1 in (a, b)) and a > 0 and b > 0 for a, b in zip(qs[:-2], ks[:-2])):
+                lead = tuple(max(a, b) for a, b in zip(qs[:-2], ks[:-2]))
+            else:
+                return (
+                    f"expected query {list(qs)} and key {list(ks)} of the same leading dims, or "
+                    "non-empty ones broadcasting"
+                )
         if type(mask) is torch.Tensor:
-            full = (*qs[:-1], ks[-2])
+            full = (*lead, qs[-2], ks[-2])
             ms = tuple(mask.shape)
             if len(ms) > len(full) or any(m not in (1, f) for m, f in zip(reversed(ms), reversed(full))):
                 return f"expected a mask that broadcasts to {list(full)}, got {list(ms)}"

@@ -53,6 +53,48 @@ def test_size_lists_take_minus_one_as_their_op_means_it(op, size, problem):
     assert got == problem if problem is None else got.startswith(problem), got
 
 
+@pytest.mark.parametrize(
+    "query, key, mask, gqa, problem",
+    [
+        ((2, 4, 5, 8), (2, 4, 64, 8), None, False, None),
+        # a multi-query model (Falcon): one KV head broadcast against the query heads, ATen's math path
+        ((2, 4, 5, 8), (2, 1, 64, 8), (2, 1, 5, 64), False, None),
+        ((1, 4, 5, 8), (2, 4, 64, 8), (2, 4, 5, 64), False, None),
+        ((2, 4, 5, 8), (2, 2, 64, 8), None, True, None),
+        ((2, 4, 5, 8), (2, 2, 64, 8), None, False, "expected query [2, 4, 5, 8] and key [2, 2, 64, 8] of"),
+        ((2, 4, 5, 8), (2, 3, 64, 8), None, True, "expected query [2, 4, 5, 8]'s heads a multiple"),
+        # an empty side broadcasts in ATen to a result of the other's size that nothing writes
+        ((1, 4, 5, 8), (0, 4, 64, 8), None, False, "expected query [1, 4, 5, 8] and key [0, 4, 64, 8] of"),
+        (
+            (2, 4, 5, 8),
+            (2, 1, 64, 8),
+            (3, 1, 5, 64),
+            False,
+            "expected a mask that broadcasts to [2, 4, 5, 64]",
+        ),
+    ],
+)
+def test_attention_shapes_admit_alike_or_broadcast_heads(query, key, mask, gqa, problem):
+    """SDPA's contract: leading dims alike, or broadcasting where neither side is empty; with
+    ``enable_gqa``, query heads a multiple of key heads. What it admits runs and equals the
+    call on explicitly expanded keys and values."""
+    import torch
+
+    (_, check) = CONTRACTS["aten.scaled_dot_product_attention.default"].checks
+    q, k = torch.randn(query), torch.randn(key)
+    m = torch.zeros(mask) if mask is not None else None
+    got = check.test(q, k, k, m, gqa)
+    assert got == problem if problem is None else got.startswith(problem), got
+    if problem is None and not gqa:
+        lead = torch.broadcast_shapes(query[:-2], key[:-2])
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.expand(*lead, *query[-2:]), k.expand(*lead, *key[-2:]), k.expand(*lead, *key[-2:]), attn_mask=m
+        )
+        torch.testing.assert_close(
+            torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=m), want
+        )
+
+
 def fuzz(ops: list[str]) -> list[dict]:
     r = subprocess.run(
         [sys.executable, "-m", "tests.aot.fuzz_ops_driver", *ops],

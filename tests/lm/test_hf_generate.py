@@ -1,7 +1,8 @@
 """Bundles of unmodified transformers causal LMs (``aot.hf.causal_lm``) generate exactly the tokens
 of transformers' greedy ``generate`` (fp32, CPU): tiny random-weight GPT-2 and Llama (grouped-
-query) configs by default, Qwen2 and Mistral (sliding window) in the slow run. Each bundle is built
-once per session; the configs and the reference ``generate`` call are those of tests/hf."""
+query) configs by default, Qwen2, Mistral (sliding window) and Falcon (multi-query) in the slow
+run. Each bundle is built once per session; the configs and the reference ``generate`` call are
+those of tests/hf."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ KINDS = [
     "llama",
     pytest.param("qwen2", marks=pytest.mark.slow),
     pytest.param("mistral", marks=pytest.mark.slow),
+    # multi-query: one KV head its SDPA call broadcasts against the query heads
+    pytest.param("falcon", marks=pytest.mark.slow),
 ]
 
 
