@@ -214,11 +214,23 @@ class _Program:
             return None
         if self.materialized(new.name):
             at = NewRows(new.name, kv * head_dim, 0)
-        else:
-            found = rows.operand(new.name, dtype)
-            if found is None or found[2] != "1" or found[3] != kv or found[4] != head_dim:
+        elif (found := rows.operand(new.name, dtype)) is not None:
+            if found[2] != "1" or found[3] != kv or found[4] != head_dim:
                 return None
             at = NewRows(found[0].base, found[0].width, found[0].column)
+        elif kv == 1 and (cols := rows.columns(new.name, [])) is not None:
+            # one KV head: its new key (or value) is a run of D columns of each row of what a
+            # kernel wrote, reached through views that keep the rows (GPTBigCode's split of its
+            # projection's rows)
+            base, column = cols
+            width = rows.width(base)
+            if width is None or column + head_dim > width:
+                return None
+            if not rows.row_major(base, ix.parse_size(batch), width, dtype):
+                return None
+            at = NewRows(base, width, column)
+        else:
+            return None
         return i, state.name, pos, pos_spec.dtype, at
 
     def mask(self, name: str, batch: str, context: int) -> tuple[str, int] | None:
@@ -429,8 +441,10 @@ def find_decode_sites(
             continue
         if any(x.name not in p.specs or len(p.shape(x.name)) != 4 for x in (k, v)) or out not in p.specs:
             continue
-        if any(p.specs[x.name].dtype != dtype or p.shape(x.name)[1] != qs[1] for x in (k, v)):
-            continue  # SDPA pairs query head i with key head i
+        # SDPA pairs query head i with key head i, or every query head with one key head it
+        # broadcasts (a multi-query model's: Falcon's; KV heads 1 below)
+        if any(p.specs[x.name].dtype != dtype or p.shape(x.name)[1] not in (qs[1], "1") for x in (k, v)):
+            continue
         if p.specs[out].dtype != dtype or p.specs[out].order:
             continue
         if p.materialized(q.name):

@@ -46,6 +46,9 @@ from aot.tuning import ATTENTION_SITE
 HEURISTIC = "attention-candidates-v1"
 _PERMUTES = ("aten.permute.default", "aten.transpose.int")
 _SPLITS = ("aten.split_with_sizes.default", "aten.split.Tensor")
+# views that add or drop a unit dim: the rows stay where they were (GPTBigCode unsqueezes its
+# projection's rows before splitting q, k and v off them)
+_UNIT_DIM_VIEWS = ("aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims")
 _CLONE = "aten.clone.default"
 MAX_HEAD_DIM = 256  # the queries' rows of a block stay in registers
 LOG2E = 1.4426950408889634
@@ -164,8 +167,9 @@ class _Finder:
 
     def columns(self, name: str, used: list[int]) -> tuple[str, int] | None:
         """The buffer whose rows ``name``'s rows are part of, and the column they start at: back
-        through views that keep the last dim (``view``, ``reshape``) and column slices (``split``,
-        ``slice`` of the last dim) to the first buffer a computing step wrote (or an input)."""
+        through views that keep the last dim (``view``, ``reshape``, ``unsqueeze``, ``squeeze``)
+        and column slices (``split``, ``slice`` of the last dim) to the first buffer a computing
+        step wrote (or an input)."""
         column = 0
         while True:
             i = self.producer.get(name)
@@ -181,7 +185,7 @@ class _Finder:
             if spec is None or width is None:
                 return None
             last = len(spec.shape) - 1
-            if step.target in RESHAPE_VIEWS:
+            if step.target in RESHAPE_VIEWS or step.target in _UNIT_DIM_VIEWS:
                 if self.width(name) != width:
                     return None  # the last dim split or merged: columns would move
             elif step.target in _SPLITS:

@@ -230,3 +230,47 @@ def test_the_cache_is_read_before_the_wait_only_where_no_step_before_writes_it(a
     wait = next(i for i, line in enumerate(lines) if "gdc_wait()" in line)
     load = next(i for i, line in enumerate(lines) if line.strip().startswith("k = tl.load(k_ptr"))
     assert (load < wait) == appends, "\n".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["falcon", "gpt_bigcode"])
+def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path):
+    """Multi-query models, one KV head for every query head: Falcon's SDPA call broadcasts its
+    [B, 1, C, D] cache against the query heads, GPTBigCode's expands it and splits its queries,
+    keys and values off rows it unsqueezed first. Both decode programs run decode attention kernels
+    over the one KV head (``KV_HEADS = 1``, every query head a row of its tile); GPTBigCode's
+    append to the caches too (Falcon's new values are an ``index`` of a head: its cache writes
+    stay steps), and every kernel, run by the interpreter at batch 2 (one row left-padded),
+    matches its reference: the caches exactly, the rest within float32's tolerance."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.codegen.decode_sites import SDPA
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.schema import StepKind
+    from aot.tracer import trace
+    from tests.codegen.conftest import decode_kernel_checks
+    from tests.hf.test_causal_lm import factory
+
+    compiled = generate(trace(causal_lm(factory(kind), max_batch=2, max_context=16, name=kind)), ("sm_90",))
+    (decode,) = [
+        p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
+    ]
+    kernels = {k.id: k for k in decode.kernels}
+    attention = [
+        s for s in decode.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("decode_")
+    ]
+    assert len(attention) == 2 and not any(s.target == SDPA for s in decode.steps), decode.steps
+    appends = kind == "gpt_bigcode"
+    for s in attention:
+        assert "KV_HEADS = tl.constexpr(1)" in kernels[s.target].source
+        assert len(s.in_place) == (2 if appends else 0)
+    bundle = tmp_path / f"{kind}.tpk"
+    pack(compiled, bundle)
+    checks = decode_kernel_checks(bundle, position=9, padding=2)
+    ours = [c for c in checks if c[0].startswith("decode_attention")]
+    assert len(ours) == 2 * (3 if appends else 1), checks  # two layers: the output (and both caches)
+    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
+    assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours
