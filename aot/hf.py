@@ -268,7 +268,20 @@ def _window(config: Any, cls: str, num_layers: int, max_context: int) -> int | N
     Layers list their kind in ``config.layer_types`` ("sliding_attention" layers use
     ``config.sliding_window``); a config without it (Mistral) slides every layer when it sets a
     window. A window of W slots hides slot k from query slot q when q - k >= W, so it matters
-    only when W < max_context. One mask serves every layer, so all must slide alike."""
+    only when W < max_context. One mask serves every layer, so all must slide alike.
+
+    GPT-Neo's "local" layers (``config.attention_layers``, ``config.window_size``) slide by a
+    mask of their own that they place by the cache's length, not by the query's slot: over a
+    static cache that hides the wrong slots, so any such layer needs a window of the whole
+    context (``max_context`` at most ``window_size``), where it hides nothing."""
+    layers, local = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+    if isinstance(layers, (list, tuple)) and "local" in layers[:num_layers] and isinstance(local, int):
+        if local < max_context:
+            raise SpecError(
+                f"causal_lm: {cls}'s local attention layers (window {local}) place their window by "
+                f"the cache's length, not the query's slot, which a static cache of {max_context} "
+                f"slots breaks; use max_context <= {local}"
+            )
     window = getattr(config, "sliding_window", None)
     if not isinstance(window, int) or window >= max_context:
         return None

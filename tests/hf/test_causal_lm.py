@@ -79,6 +79,20 @@ MORE = {
     "stablelm": ("StableLm", _GQA),
     "mixtral": ("Mixtral", dict(_GQA, num_local_experts=4, num_experts_per_tok=2)),
     "gpt_bigcode": ("GPTBigCode", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    # a local layer whose window spans the context (a shorter one is refused: its mask is placed
+    # by the cache's length); CodeGen: GPT-J's rotary over interleaved pairs, a fused qkv
+    "gpt_neo": (
+        "GPTNeo",
+        dict(
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=16,
+            max_position_embeddings=64,
+        ),
+    ),  # fmt: skip
+    "codegen": ("CodeGen", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)),
 }
 
 
@@ -362,6 +376,19 @@ def test_models_it_cannot_serve_are_refused_by_name():
         SpecError, match=r"Qwen2ForCausalLM mixes sliding-window layers \(window 4\) with full-attention"
     ):
         causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT)
+
+    # GPT-Neo's local layers place their own window by the cache's length: wrong over a static cache
+    neo = tf.GPTNeoConfig(
+        vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+        window_size=8, max_position_embeddings=64,
+    )  # fmt: skip
+    with pytest.raises(
+        SpecError, match=r"GPTNeoForCausalLM's local attention layers \(window 8\) .*; use max_context <= 8"
+    ):
+        causal_lm(lambda: tf.GPTNeoForCausalLM(neo), max_batch=2, max_context=MAX_CONTEXT)
+    assert (
+        causal_lm(lambda: tf.GPTNeoForCausalLM(neo), max_batch=2, max_context=8).name == "GPTNeoForCausalLM"
+    )
 
     gptj = tf.GPTJConfig(vocab_size=96, n_embd=32, n_layer=1, n_head=4, rotary_dim=4, n_positions=64)
     with pytest.raises(SpecError, match=r"GPTJForCausalLM cannot use attn_implementation 'sdpa': "):

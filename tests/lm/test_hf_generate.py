@@ -1,7 +1,7 @@
 """Bundles of unmodified transformers causal LMs (``aot.hf.causal_lm``) generate exactly the tokens
 of transformers' greedy ``generate`` (fp32, CPU): tiny random-weight GPT-2 and Llama (grouped-
-query) configs by default, Qwen2, Mistral (sliding window) and Falcon (multi-query) in the slow
-run. Each bundle is built once per session; the configs and the reference ``generate`` call are
+query) configs by default, Qwen2, Mistral (sliding window), Falcon (multi-query) and GPT-Neo
+(eager attention) in the slow run. Each bundle is built once per session; the configs and the reference ``generate`` call are
 those of tests/hf."""
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ KINDS = [
     pytest.param("mistral", marks=pytest.mark.slow),
     # multi-query: one KV head its SDPA call broadcasts against the query heads
     pytest.param("falcon", marks=pytest.mark.slow),
+    # eager attention (matmuls and a softmax, no SDPA call), a local layer spanning the context
+    pytest.param("gpt_neo", marks=pytest.mark.slow),
 ]
 
 
