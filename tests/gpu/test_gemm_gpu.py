@@ -260,3 +260,42 @@ def test_transformers_gpt2_candidates_match_the_library_on_the_gpu(tmp_path):
         got = [t.float() for t in leaves(tuned(**inputs))]
         for w, g in zip(want, got):
             assert (g - w).abs().max().item() <= 2e-2 * max(1.0, w.abs().max().item()), sizes
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_default_flash_forms_match_the_library_on_the_gpu(dtype, tmp_path, monkeypatch):
+    """The flash forms a default build runs at attention sites without a mask (``gemm_defaults.
+    default_attention_form``), in ``dtype`` (bfloat16 taken into the built-in entry for this test:
+    Triton's interpreter computes its ``tl.dot`` wrongly, so only a GPU checks it), against the
+    same model built with the library's attention (``AOTPACK_DEFAULT_ATTENTION=off``), at one
+    query, a short and the longest length: within the dtype's two-evaluation spread, and the
+    flash bundle's plan runs the attention kernels."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from dataclasses import replace
+
+    from aot.codegen import gemm_defaults, generate
+    from aot.dtypes import tolerance
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.pytree import leaves
+    from aot.tracer import load_model_file, trace
+
+    monkeypatch.setattr(gemm_defaults, "ATTENTION_DTYPES", ("float16", "bfloat16"))
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    spec = replace(load_model_file(ROOT / "tests" / "codegen" / "gemm_models" / "attn_fused.py"), dtype=dtype)
+    flash, library = tmp_path / "flash.tpk", tmp_path / "library.tpk"
+    compiled = generate(trace(spec), (arch,))
+    assert [s.id for s in compiled.program.alternatives if s.id.startswith("attn_")], "no attention site"
+    pack(compiled, flash)
+    monkeypatch.setenv(gemm_defaults.ATTENTION_ENV, "off")
+    pack(generate(trace(spec), (arch,)), library)
+    ours, theirs = load(flash, device="cuda"), load(library, device="cuda")
+    tol = tolerance(dtype)
+    for sizes in ({"batch": 1, "seq": 1}, {"batch": 2, "seq": 13}, {"batch": 8, "seq": 96}):
+        inputs = ours.inputs_at(sizes, seed=3)
+        want = [t.float() for t in leaves(theirs(**inputs))]
+        got = [t.float() for t in leaves(ours(**inputs))]
+        for w, g in zip(want, got):
+            assert torch.isfinite(g).all(), sizes
+            assert (g - w).abs().max().item() <= 2 * tol.rtol * max(1.0, w.abs().max().item()), sizes
