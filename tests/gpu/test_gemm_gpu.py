@@ -286,7 +286,8 @@ def test_default_flash_forms_match_the_library_on_the_gpu(dtype, tmp_path, monke
     spec = replace(load_model_file(ROOT / "tests" / "codegen" / "gemm_models" / "attn_fused.py"), dtype=dtype)
     flash, library = tmp_path / "flash.tpk", tmp_path / "library.tpk"
     compiled = generate(trace(spec), (arch,))
-    assert [s.id for s in compiled.program.alternatives if s.id.startswith("attn_")], "no attention site"
+    flash_choices = [c for c in compiled.tuning.choices if c.site.startswith("attn_")]
+    assert flash_choices and all(c.choice.startswith("flash_") for c in flash_choices), compiled.tuning
     pack(compiled, flash)
     monkeypatch.setenv(gemm_defaults.ATTENTION_ENV, "off")
     pack(generate(trace(spec), (arch,)), library)
