@@ -99,6 +99,9 @@ for item in "$@"; do
     few-*) cmd=(env AOTPACK_FEW_ROWS="${FEW_ROWS:-few_16x16x256}" AOTPACK_FEW_ROWS_PROLOGUE="${FEW_PROLOGUE:-1}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#few-}" --out "$RES/decode-few-${step#few-}" --bundles /tmp/bundles-few ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     # the split-KV decode attention against SDPA on the GPU (512 and 4096 slots, fp16/bf16, batch 1 and 8)
     split-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py) ;;
+    # the GPU checks written without a GPU (2026-11-29): verify over the split form's cache write,
+    # the default flash forms in float16 and bfloat16 against the library's attention
+    unrun-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_decode_attention_gpu.py::test_verify_checks_the_split_forms_cache_write tests/gpu/test_gemm_gpu.py::test_default_flash_forms_match_the_library_on_the_gpu) ;;
     # split-MODEL: decode-MODEL with the split-KV decode attention at every cache (AOTPACK_DECODE_SPLIT=$DECODE_SPLIT, default 8), bundles and results of its own
     split-*) cmd=(env AOTPACK_DECODE_SPLIT="${DECODE_SPLIT:-8}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#split-}" --out "$RES/decode-split-${step#split-}" --bundles /tmp/bundles-split ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # fewe-MODEL: few-MODEL with the fewe_ forms (AOTPACK_FEW_ROWS=$FEWE_ROWS), bundles and results of its own
