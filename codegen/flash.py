@@ -167,9 +167,9 @@ class _Finder:
 
     def columns(self, name: str, used: list[int]) -> tuple[str, int] | None:
         """The buffer whose rows ``name``'s rows are part of, and the column they start at: back
-        through views that keep the last dim (``view``, ``reshape``, ``unsqueeze``, ``squeeze``)
-        and column slices (``split``, ``slice`` of the last dim) to the first buffer a computing
-        step wrote (or an input)."""
+        through views that keep the last dim (``view``, ``reshape``, ``unsqueeze``, ``squeeze``, a
+        head permute of one token's one head) and column slices (``split``, ``slice`` of the last
+        dim) to the first buffer a computing step wrote (or an input)."""
         column = 0
         while True:
             i = self.producer.get(name)
@@ -204,6 +204,10 @@ class _Finder:
                 if sum(sizes) != width or len(sizes) != len(step.outputs):
                     return None
                 column += sum(sizes[: step.outputs.index(name)])
+            elif _is_head_permute(step):  # over unit dims (one token, one head): nothing moves
+                swapped = spec.shape[1:3]
+                if swapped != ("1", "1"):
+                    return None
             elif step.target == "aten.slice.Tensor":
                 dim, begin, end = (list(step.args[1:4]) + [None, None, None])[:3]
                 stride = step.args[4] if len(step.args) > 4 else 1

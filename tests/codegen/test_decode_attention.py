@@ -238,9 +238,9 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
     """Multi-query models, one KV head for every query head: Falcon's SDPA call broadcasts its
     [B, 1, C, D] cache against the query heads, GPTBigCode's expands it and splits its queries,
     keys and values off rows it unsqueezed first. Both decode programs run decode attention kernels
-    over the one KV head (``KV_HEADS = 1``, every query head a row of its tile); GPTBigCode's
-    append to the caches too (Falcon's new values are an ``index`` of a head: its cache writes
-    stay steps), and every kernel, run by the interpreter at batch 2 (one row left-padded),
+    over the one KV head (``KV_HEADS = 1``, every query head a row of its tile) and append to the
+    caches (Falcon's new values: the rows an ``index`` of their head wrote, through a permute of
+    unit dims), and every kernel, run by the interpreter at batch 2 (one row left-padded),
     matches its reference: the caches exactly, the rest within float32's tolerance."""
     from tests.realmodels.conftest import require
 
@@ -263,14 +263,12 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
         s for s in decode.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("decode_")
     ]
     assert len(attention) == 2 and not any(s.target == SDPA for s in decode.steps), decode.steps
-    appends = kind == "gpt_bigcode"
     for s in attention:
-        assert "KV_HEADS = tl.constexpr(1)" in kernels[s.target].source
-        assert len(s.in_place) == (2 if appends else 0)
+        assert "KV_HEADS = tl.constexpr(1)" in kernels[s.target].source and len(s.in_place) == 2
     bundle = tmp_path / f"{kind}.tpk"
     pack(compiled, bundle)
     checks = decode_kernel_checks(bundle, position=9, padding=2)
     ours = [c for c in checks if c[0].startswith("decode_attention")]
-    assert len(ours) == 2 * (3 if appends else 1), checks  # two layers: the output (and both caches)
+    assert len(ours) == 2 * 3, checks  # two layers: the output and both caches
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
     assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours
