@@ -93,6 +93,8 @@ MORE = {
         ),
     ),  # fmt: skip
     "codegen": ("CodeGen", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)),
+    # a parallel block: attention and MLP beside each other, the next LayerNorm over three rows
+    "phi": ("Phi", dict(_GQA, head_dim=8)),
 }
 
 

@@ -301,3 +301,46 @@ def test_context_buckets_read_only_the_filled_slots_and_change_no_token(hf_bundl
     with unittest.mock.patch.object(runner, "entry", watching):
         assert runner.generate(ids, NEW_TOKENS, attention_mask=mask) == want.tolist()
     assert seen == [8, 8, 8, 8, 16, 16]  # prefill (5 slots), then decode at slots 5..9
+
+
+HALF_KINDS = [
+    "gpt2",
+    "llama",
+    "qwen2",
+    "mistral",
+    "falcon",
+    "phi",
+    "phi3",
+    "gemma",
+    "gpt_neox",
+    "opt",
+    "gptj",
+]
+HALF_KINDS += ["qwen3", "stablelm", "mixtral", "gpt_bigcode", "gpt_neo", "codegen"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", HALF_KINDS)
+def test_float16_bundles_open_and_their_decode_kernels_match_their_references(kind, tmp_path):
+    """Every architecture of tests/hf built in float16, as a GPU serves it: the bundle opens (a
+    float16 Falcon's and Phi's once failed every load: a GEMM form read a LayerNorm kernel's
+    partial sum), and every kernel of its decode program, run by Triton's interpreter at batch 2
+    (one row left-padded), matches its reference within float16's tolerance."""
+    import aot.loader
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.codegen.conftest import decode_kernel_checks
+    from tests.hf.test_causal_lm import factory
+
+    why = unusable("transformers")
+    if why is not None:
+        pytest.skip(why)
+    spec = causal_lm(factory(kind), max_batch=2, max_context=MAX_CONTEXT, name=kind, dtype="float16")
+    path = tmp_path / f"{kind}.tpk"
+    pack(generate(trace(spec), ("sm_90",)), path)
+    aot.loader.load(path).bundle.close()
+    checks = decode_kernel_checks(path, position=9, padding=2)
+    assert checks, "no kernel of the decode program was compared"
+    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
