@@ -70,10 +70,9 @@ def compile_kernels(
             scratch = res.meta["global_scratch_size"], res.meta["profile_scratch_size"]
             if scratch != (0, 0):
                 raise CodegenError(f"kernel needs scratch memory {scratch}; the launcher passes none")
-            if res.meta["shared"] > shared_limit(job.arch):  # it would compile, and never launch there
-                raise CodegenError(
-                    f"needs {res.meta['shared']} bytes of shared memory, the arch has {shared_limit(job.arch)}"
-                )
+            limit = shared_limit(job.arch)
+            if res.meta["shared"] > limit:  # it would compile, and never launch there
+                raise CodegenError(f"needs {res.meta['shared']} bytes of shared memory, the arch has {limit}")
             results[(job.kernel_id, job.arch)] = res
             hits += res.cached
         except Exception as e:  # any compiler failure: this kernel's steps stay ATen calls

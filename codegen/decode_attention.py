@@ -356,6 +356,8 @@ def _split_reference(reference: tuple[Step, ...], append) -> tuple[tuple[Step, .
         if outs & need:  # (a rotary kernel's reference may compute a name another's does too)
             writes.add(j)
             need = (need - outs) | set(step_reads(reference[j]))
+    if not writes:
+        return (), reference
     producer: dict[str, int] = {}
     for j, step in enumerate(reference):
         if j not in writes and any(
@@ -363,7 +365,5 @@ def _split_reference(reference: tuple[Step, ...], append) -> tuple[tuple[Step, .
         ):
             return (), reference  # it reads what a step of the writes' computed
         producer.update((o, j) for o in step_writes(step))
-    if not writes:
-        return (), reference
     rest = tuple(s for j, s in enumerate(reference) if j not in writes)
     return tuple(s for j, s in enumerate(reference) if j in writes), rest

@@ -120,6 +120,9 @@ def _verify_program(
             for i, step in enumerate(steps)
             if step.kind == StepKind.KERNEL
         }
+        # what each reference produced: a split-K partial sum, a split-KV decode attention's
+        # workspace are the next step's to stand for (their reduce, their combine is checked)
+        produced = {i: {o for ref in steps[i].reference for o in ref.outputs} for i in references}
         inputs = _inputs(gpu_runner, gpu.program, sizes, gen)
         report = BucketReport(sizes=sizes, program=executor.name)
         # each path writes into a state of its own (the CPU program writes in place)
@@ -137,11 +140,8 @@ def _verify_program(
             for ref in references[i]:
                 ref(ref_env, sizes)
             executor.run((call,), env, sizes)
-            # what the reference produced: a split-K partial sum, a split-KV decode attention's
-            # workspace are the next step's to stand for (their reduce, their combine is checked)
-            produced = {o for ref in steps[i].reference for o in ref.outputs}
             for name in call.outputs:
-                if name not in produced:
+                if name not in produced[i]:
                     continue
                 expected = ref_env[name].float()
                 err = (env[name].float() - expected).abs().max().item() if expected.numel() else 0.0
