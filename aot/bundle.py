@@ -47,6 +47,7 @@ from aot.buckets import check_buckets
 from aot.digests import check_chunks, check_member, spans
 from aot.digests import mismatch as chunk_mismatch
 from aot.errors import BundleError, BundleWarning
+from aot.program import check_scratch
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool, SymFloat
 from aot.serde import from_json, upgrade_manifest
 from aot.signature import check_signature, signature_problem, trusted_keys
@@ -418,6 +419,8 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
                 f"{path}: program symbol {src.symbol[:40]!r} is read from {src.input[:40]!r} dim "
                 f"{src.dim}, which the guards do not declare"
             )
+    for p in (program, *program.variants):
+        check_scratch(p, str(path))
     kernels = {k.id for k in program.kernels}
     for step in _all_steps(program):
         if step.kind == StepKind.KERNEL and step.target not in kernels:

@@ -144,6 +144,42 @@ def tensor_specs(program: Program) -> dict[str, TensorSpec]:
     }
 
 
+def given_names(program: Program) -> list[str]:
+    """The buffers that exist before the program's first step: its weights, its inputs, and the
+    scratch the runner keeps for its kernels (``Program.scratch``)."""
+    return [*(w.name for w in program.weights), *(i.name for i in program.inputs), *program.scratch]
+
+
+def check_scratch(program: Program, where: str) -> None:
+    """``Program.scratch`` as the runners rely on it: each name a buffer with a static int32 spec
+    (arrival counters), neither a weight nor an input, that no step writes as an output and only
+    kernel steps read (``BundleError`` otherwise). ``scratch_tensors`` allocates them."""
+    taken = {w.name for w in program.weights} | {i.name for i in program.inputs}
+    for name in program.scratch:
+        spec = program.buffers.get(name)
+        if spec is None or spec.dtype != "int32" or name in taken or not all(d.isdigit() for d in spec.shape):
+            raise BundleError(
+                f"{where}: scratch {name[:40]!r} must be an int32 buffer of its own, of a static shape "
+                f"(got {spec.dtype + str(list(spec.shape)) if spec else 'no spec'}"
+                f"{', a weight or input name' if name in taken else ''})"
+            )
+    scratch = set(program.scratch)
+    for step in program.steps:
+        bad = scratch & set(step_writes(step))
+        if not bad and step.kind != StepKind.KERNEL:
+            bad = scratch & set(step_reads(step))
+        if bad:
+            raise BundleError(
+                f"{where}: step {step.target[:40]!r} writes or reads scratch {sorted(bad)[0][:40]!r}; "
+                "only kernels read it, and nothing writes it as an output"
+            )
+
+
+def scratch_shapes(program: Program) -> dict[str, tuple[int, ...]]:
+    """Each scratch buffer's shape (``check_scratch`` made them static), by name."""
+    return {name: tuple(int(d) for d in program.buffers[name].shape) for name in program.scratch}
+
+
 def step_reads(step: Step) -> list[str]:
     """The buffers ``step`` reads, in argument order (a kernel's output pointers excluded)."""
     reads = [*buffers_in(step.args), *buffers_in(tuple(step.kwargs.values()))]

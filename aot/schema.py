@@ -315,6 +315,12 @@ class Program:
     ``state``: the inputs the runner owns (``Input(state=True)``, a KV cache), by name; they are
     among ``inputs``. Only ``aot.allowed_ops.STATE_WRITE_OPS`` steps write, and only into them
     (or into a state write's result, which aliases its state).
+
+    ``scratch``: buffers of ``buffers`` that kernels keep between their programs (the arrival
+    counters of a kernel whose last program combines the others' partials), by name: the runner
+    allocates each once, at its largest, zeroed, and passes the same memory to every call; no step
+    writes one as an output, and a kernel that changes one leaves it zeroed when it ends. The
+    dataflow treats them as given, as the weights.
     """
 
     inputs: tuple[NamedTensor, ...]
@@ -328,6 +334,7 @@ class Program:
     variants: tuple[Program, ...] = ()
     alternatives: tuple[GemmSite, ...] = field(default=(), metadata=OMIT_EMPTY)
     state: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
+    scratch: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

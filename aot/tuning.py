@@ -26,7 +26,7 @@ from pathlib import Path
 from aot import schema
 from aot.buckets import is_bucket
 from aot.errors import BundleError
-from aot.program import frees_after, readers_of, step_reads, step_writes
+from aot.program import frees_after, given_names, readers_of, step_reads, step_writes
 from aot.schema import Bucket, GemmSite, Program, Step, StepKind, TuningTable
 from aot.serde import from_json
 
@@ -104,7 +104,7 @@ def check_alternatives(program: Program, path: Path | str) -> None:
         )
     kernels = {k.id for k in program.kernels}
     n_steps = len(program.steps)
-    given = [*(w.name for w in program.weights), *(i.name for i in program.inputs)]
+    given = given_names(program)
     written_at: dict[str, int] = {}  # buffer -> the first step that writes it
     for i, s in enumerate(program.steps):
         for o in step_writes(s):
@@ -280,7 +280,7 @@ def parse_tuning(
             continue
         checked.add(ident)
         program = programs[index]
-        given = [*(w.name for w in program.weights), *(i.name for i in program.inputs)]
+        given = given_names(program)
         try:
             frees_after(plan_steps(program, chosen), given, program.outputs)
         except BundleError as e:

@@ -72,6 +72,18 @@ the GPU, none walking more than ``ONE_KERNEL_MAX_CONTEXT`` slots: at 2048 slots 
 GPU at 512 and 4096 slots (``tests/gpu/test_decode_attention_gpu.py``).
 ``AOTPACK_DECODE_SPLIT`` (``off``: the one-kernel form, SDPA past its limit, as before the split
 form; a number of splits) overrides the choice at build time, for measuring.
+
+The split form in *one* kernel (``render_split_combined_decode_attention``, the default where the
+program's batch has a known maximum and the build is not ``--library-free``): the combine's launch
+goes. Each partial program, once its partial is stored, counts its arrival on its (row, KV head)'s
+int32 counter (a CTA barrier, then one ``atomic_add`` with acquire-release semantics at GPU scope);
+the one that arrives last reads every partial (``.cg``: from L2, where the others' stores are)
+and combines them as the combine kernel does, in split order, so the output's bits do not depend
+on which program arrived last; then it stores 0 to the counter. The counters are
+``Program.scratch``: the runner allocates them once, zeroed, and every launch leaves them zeroed
+(they are never an output, so no plan reuses their memory). ``AOTPACK_DECODE_COMBINE=separate``
+builds the two-kernel form instead, for measuring; aotpack-rt, which allocates no scratch, runs
+the two-kernel form of a ``--library-free`` build.
 """
 
 from __future__ import annotations
@@ -85,6 +97,7 @@ from aot.codegen.decode_attention_render import (
     MIN_SPLIT_BLOCK_N,
     SPLIT_BLOCK_N,
     render_decode_attention,
+    render_split_combined_decode_attention,
     render_split_decode_attention,
 )
 from aot.codegen.decode_sites import DecodeSite, find_decode_sites
@@ -104,6 +117,7 @@ SHORT_SPLITS = 8
 SPLIT_TARGET_PROGRAMS = 264  # B * KV * splits aimed at: two programs per SM of an H200 (132 SMs)
 MAX_SPLITS = 64
 SPLIT_ENV = "AOTPACK_DECODE_SPLIT"
+COMBINE_ENV = "AOTPACK_DECODE_COMBINE"  # "separate": the split form's combine as a kernel of its own
 
 
 def split_setting() -> str | int | None:
@@ -121,6 +135,30 @@ def split_setting() -> str | int | None:
         f"{ONE_KERNEL_MAX_CONTEXT} slots keep the library's SDPA) or a number of splits from 2 to "
         f"{MAX_SPLITS}; unset it for the built-in choice"
     )
+
+
+def combine_in_kernel() -> bool:
+    """``AOTPACK_DECODE_COMBINE`` as read now: whether the split form combines in its one kernel
+    (unset, or ``kernel``) or in a kernel of its own (``separate``)."""
+    text = os.environ.get(COMBINE_ENV, "").strip()
+    if text in ("", "kernel"):
+        return True
+    if text == "separate":
+        return False
+    raise CodegenError(
+        f"{COMBINE_ENV}={text!r}: expected 'kernel' (the split-KV decode attention combines in its one "
+        "kernel) or 'separate' (a combine kernel of its own); unset it for the default"
+    )
+
+
+def max_rows(site: DecodeSite, ranges: dict[str, tuple[int, int]]) -> int | None:
+    """The most rows ``site`` runs at: its batch at the symbols' largest values (None where a
+    symbol has no known range)."""
+    rows = ix.parse_size(site.batch)
+    if not all(str(sym) in ranges for sym in rows.free_symbols):
+        return None
+    value = rows.subs({sym: ranges[str(sym)][1] for sym in rows.free_symbols})
+    return int(value) if value.is_Integer and int(value) > 0 else None
 
 
 def decode_splits(site: DecodeSite, setting: str | int | None = None) -> int | None:
@@ -230,12 +268,17 @@ def decode_attention_kernels(
     archs: tuple[str, ...],
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
+    ranges: dict[str, tuple[int, int]] | None = None,
+    scratch: bool = True,
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
-    """``program`` with each decode SDPA site run by its kernel, or by the split form's two
-    (``decode_splits``; the first writes the workspace and, where it appends, the cache, standing
-    for the cache writes; the second for the rest), the SDPA step its reference; a site whose kernels fail to
-    compile stays the library call."""
+    """``program`` with each decode SDPA site run by its kernel, or by the split form
+    (``decode_splits``): in one kernel that combines too, where ``scratch`` (the runner keeps
+    ``Program.scratch``), the batch's largest size is known (``ranges``: symbol -> (min, max)) and
+    ``combine_in_kernel()``; else in two (the first writes the workspace and, where it appends, the
+    cache, standing for the cache writes; the second for the rest). The SDPA step is the
+    reference; a site whose kernels fail to compile stays the library call."""
     setting = split_setting()
+    combine = scratch and combine_in_kernel()
     sites = [s for s in find_decode_sites(program) if decode_splits(s, setting) is not None]
     if not sites:
         return program, {}
@@ -247,15 +290,21 @@ def decode_attention_kernels(
         _reference(program, site, (*(fold or ()), *more))
         for site, fold, (_, more) in zip(sites, folds, rotated)
     ]
-    forms: list[tuple[list[Rendered], dict[str, TensorSpec]]] = []  # each site's kernels, workspace
+    # each site's kernels, workspace, and arrival counters (the one-kernel split form's)
+    forms: list[tuple[list[Rendered], dict[str, TensorSpec], dict[str, TensorSpec]]] = []
     for s in sites:
         splits = decode_splits(s, setting)
+        rows = max_rows(s, ranges or {}) if combine else None
         if splits == 1:
-            forms.append(([render_decode_attention(s)], {}))
+            forms.append(([render_decode_attention(s)], {}, {}))
+        elif rows is not None:
+            kernel, workspace, (counts, spec) = render_split_combined_decode_attention(s, splits, rows)
+            assert not {*workspace, counts} & set(program.buffers), (workspace, counts)
+            forms.append(([kernel], workspace, {counts: spec}))
         else:
-            partial, combine, workspace = render_split_decode_attention(s, splits)
+            partial, combined, workspace = render_split_decode_attention(s, splits)
             assert not set(workspace) & set(program.buffers), workspace
-            forms.append(([partial, combine], workspace))
+            forms.append(([partial, combined], workspace, {}))
     forms = [  # the ops of the rotary kernels folded in, too
         (
             [
@@ -268,13 +317,14 @@ def decode_attention_kernels(
                 for r in kernels
             ],
             workspace,
+            counters,
         )
-        for (kernels, workspace), (_, more) in zip(forms, rotated)
+        for (kernels, workspace, counters), (_, more) in zip(forms, rotated)
     ]
-    flat = [r for kernels, _ in forms for r in kernels]
+    flat = [r for kernels, _, _ in forms for r in kernels]
     built = compile_site_kernels(program, flat, archs, compile_kernels, say, "decode attention", "SDPA stays")
     site_ids, taken = [], 0
-    for kernels, _ in forms:
+    for kernels, _, _ in forms:
         site_ids.append(built.ids[taken : taken + len(kernels)])
         taken += len(kernels)
     failed = built.failed
@@ -284,10 +334,11 @@ def decode_attention_kernels(
         if not set(kids) & set(failed)
     }
     steps: list[list[Step]] = [[s] for s in program.steps]
-    appended = rotations = split = 0
+    appended = rotations = split = combined = 0
     gone: set[str] = set()  # the rotary kernels folded in
     workspaces: dict[str, TensorSpec] = {}
-    for i, (site, fold, more, reference, kids, (kernels, workspace)) in at.items():
+    scratch_specs: dict[str, TensorSpec] = {}
+    for i, (site, fold, more, reference, kids, (kernels, workspace, counters)) in at.items():
         a = site.append
         for j in (*(fold if a is not None else ()), *more):
             if steps[j] and steps[j][0].kind == StepKind.KERNEL:
@@ -296,8 +347,13 @@ def decode_attention_kernels(
         appended += a is not None
         rotations += (site.q_rotary is not None) + (a is not None and a.k_rotary is not None)
         in_place = {a.k_result: a.k_state, a.v_result: a.v_state} if a is not None else {}
-        if len(kernels) == 1:
+        if len(kernels) == 1:  # one kernel (the split form's, combining too: its workspace, counters)
             steps[i] = [kernel_step(kids[0], kernels[0], reference, in_place)]
+            if counters:
+                split += 1
+                combined += 1
+                workspaces.update(workspace)
+                scratch_specs.update(counters)
         else:  # the partials (and the cache write) first, then the combine
             writes, rest = _split_reference(reference, a)
             steps[i] = [
@@ -313,7 +369,14 @@ def decode_attention_kernels(
         if rotations:
             also += f", {counted(rotations, 'rotary embedding')} computed in them"
         if split:
-            also += f", {split} split across the cache (split-KV: partials, then a combine kernel)"
+            how = (
+                "partials, the last program of each row combining them"
+                if combined == split
+                else "partials, then a combine kernel"
+                if not combined
+                else f"{combined} combining in their one kernel"
+            )
+            also += f", {split} split across the cache (split-KV: {how})"
         say(f"  {len(at)} one-token SDPA calls over a KV cache run as decode attention kernels{also}")
     out = built.program_with(program, [s for group in steps for s in group])
     used = {s.target for s in out.steps if s.kind == StepKind.KERNEL}
@@ -323,7 +386,8 @@ def decode_attention_kernels(
     return replace(
         out,
         kernels=tuple(k for k in out.kernels if k.id in used or k.id not in gone),
-        buffers={**out.buffers, **workspaces},
+        buffers={**out.buffers, **workspaces, **scratch_specs},
+        scratch=(*out.scratch, *scratch_specs),
     ), {key: cubin for key, cubin in built.cubins.items() if key[0] in used}
 
 

@@ -77,18 +77,65 @@ def render_decode_attention(site: DecodeSite) -> Rendered:
 def render_split_decode_attention(
     site: DecodeSite, splits: int
 ) -> tuple[Rendered, Rendered, dict[str, TensorSpec]]:
-    """The split-KV form of one site (``splits`` >= 2, at most its blocks of ``MIN_SPLIT_BLOCK_N``
-    slots): (the partial kernel, grid (B * KV, splits); the combine kernel, grid (B * KV,); the
-    fp32 workspace between them, ``{name: spec}``, for the memory planner)."""
+    """The split-KV form of one site in two kernels (``splits`` >= 2, at most its blocks of
+    ``MIN_SPLIT_BLOCK_N`` slots): (the partial kernel, grid (B * KV, splits); the combine kernel,
+    grid (B * KV,); the fp32 workspace between them, ``{name: spec}``, for the memory planner)."""
+    ws, spec = _workspace(site, splits)
+    return _render_attention(site, splits, ws), _render_combine(site, splits, ws), {ws: spec}
+
+
+def render_split_combined_decode_attention(
+    site: DecodeSite, splits: int, max_rows: int
+) -> tuple[Rendered, dict[str, TensorSpec], tuple[str, TensorSpec]]:
+    """The split-KV form of one site in one kernel: the partial kernel's programs (grid (B * KV,
+    splits)), each counting its arrival on its row's and KV head's counter once its partial is
+    stored; the last of them combines the partials as the combine kernel does, in the same fixed
+    order (the same bits whichever arrives last), and zeroes the counter again. (the kernel; its
+    fp32 workspace ``{name: spec}``; the counters' (name, int32 spec) for ``Program.scratch``,
+    ``max_rows`` * KV of them: one per program of the grid's first dim at the largest batch.)"""
+    ws, spec = _workspace(site, splits)
+    counts = f"{site.out}_splitkv_arrivals"
+    return (
+        _render_attention(site, splits, ws, counts),
+        {ws: spec},
+        (counts, TensorSpec("int32", (str(max_rows * site.kv_heads),))),
+    )
+
+
+def _workspace(site: DecodeSite, splits: int) -> tuple[str, TensorSpec]:
+    """The split form's fp32 workspace: ws[b, kh, split, g, :], the split's un-normalized acc (D
+    values), then its running max m and sum l."""
     blocks = -(-site.context // _split_block_n(site, splits))
     assert 2 <= splits <= blocks, (splits, blocks)
     groups = site.heads // site.kv_heads
-    ws = f"{site.out}_splitkv_partials"
-    # ws[b, kh, split, g, :]: the split's un-normalized acc (D values), then its running max m and sum l
-    spec = TensorSpec(
-        "float32", (site.batch, str(site.kv_heads), str(splits), str(groups), str(site.head_dim + 2))
-    )
-    return _render_attention(site, splits, ws), _render_combine(site, splits, ws), {ws: spec}
+    shape = (site.batch, str(site.kv_heads), str(splits), str(groups), str(site.head_dim + 2))
+    return f"{site.out}_splitkv_partials", TensorSpec("float32", shape)
+
+
+def _combine_lines(tl_dtype: str, mask_d: str, load: str = "") -> list[str]:
+    """Program ``pid``'s combine of its ``SPLITS`` partials in ws (its query heads ``h``, ``rg``
+    and ``valid_g`` and the lanes ``rd`` given), written to the output: rescaled to their common
+    max and summed in a fixed order (the same bits on every run, no atomics). A split whose slots
+    were all masked holds m at the finite floor and l = 0: its weight exp2(m - max) is 0 beside
+    any other split's. ``load``: the loads' extra arguments (a cache modifier). Names of their own,
+    so that the one-kernel split form can run them after its partial's."""
+    return [
+        "rs = tl.arange(0, BLOCK_S)",
+        "both = (rs < SPLITS)[:, None] & valid_g[None, :]",
+        "parts = ((pid * SPLITS + rs[:, None]) * GROUPS + rg[None, :]) * (HEAD_DIM + 2)  # ws[b, kh, split, g]: acc, m, l",
+        f"m_s = tl.load(ws_ptr + parts + HEAD_DIM, mask=both, other=-1.0e30{load})  # [BLOCK_S, BLOCK_G]",
+        f"l_s = tl.load(ws_ptr + parts + HEAD_DIM + 1, mask=both, other=0.0{load})",
+        "m_all = tl.max(m_s, 0)",
+        "l_all = tl.sum(l_s * tl.exp2(m_s - m_all[None, :]), 0)  # an all-masked split: l 0, weight 0",
+        "acc_all = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
+        "for one in range(SPLITS):  # a fixed order: the same bits on every run",
+        "    part_one = ((pid * SPLITS + one) * GROUPS + rg) * (HEAD_DIM + 2)",
+        f"    m_one = tl.load(ws_ptr + part_one + HEAD_DIM, mask=valid_g, other=-1.0e30{load})",
+        f"    acc_one = tl.load(ws_ptr + part_one[:, None] + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0{load})",
+        "    acc_all += acc_one * tl.exp2(m_one - m_all)[:, None]",
+        "acc_all = acc_all / l_all[:, None]",
+        f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc_all.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
+    ]
 
 
 def _split_block_n(site: DecodeSite, splits: int) -> int:
@@ -102,9 +149,13 @@ def _split_block_n(site: DecodeSite, splits: int) -> int:
     return bn
 
 
-def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
-    """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its workspace)."""
+def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") -> Rendered:
+    """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its
+    workspace), which also combines where ``counts`` names its arrival counters (the split form
+    in one kernel)."""
     split = splits > 1
+    combined = bool(counts)
+    assert split or not combined
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
     bn = _split_block_n(site, splits) if split else min(MAX_BLOCK_N, max(16, _pow2(site.context)))
@@ -123,7 +174,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
     qr_tables = ("qcos_ptr", "qsin_ptr", "Q_ROT_BATCH")
     kr_tables = qr_tables if shared_tables else ("kcos_ptr", "ksin_ptr", "K_ROT_BATCH")
     name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
-    name += "_split" if split else ""
+    name += ("_split_combined" if combined else "_split") if split else ""
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
@@ -251,6 +302,19 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
             "tl.store(ws_ptr + part + HEAD_DIM, m_i, mask=valid_g)",
             "tl.store(ws_ptr + part + HEAD_DIM + 1, l_i, mask=valid_g)",
         ]
+        if combined:  # the last program of its row and KV head to store its partial combines them
+            body += [
+                "tl.debug_barrier()  # every thread's stores before the arrival (which releases them)",
+                "arrived = tl.atomic_add(count_ptr + pid, 1, sem='acq_rel', scope='gpu')",
+                "if arrived == SPLITS - 1:  # the others' partials are stored: combine, then zero the counter",
+                *(
+                    "    " + ln
+                    for ln in (
+                        *_combine_lines(tl_dtype, mask_d, ", cache_modifier='.cg'"),
+                        "tl.store(count_ptr + pid, 0)",
+                    )
+                ),
+            ]
     else:
         body += [
             "acc = acc / l_i[:, None]",
@@ -290,9 +354,9 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
             if site.mask is not None
             else []
         ),
-        KernelParam("ws_ptr", ParamKind.PTR, "float32")
-        if split
-        else KernelParam("out_ptr", ParamKind.PTR, site.dtype),
+        *([KernelParam("ws_ptr", ParamKind.PTR, "float32")] if split else []),
+        *([KernelParam("out_ptr", ParamKind.PTR, site.dtype)] if combined or not split else []),
+        *([KernelParam("count_ptr", ParamKind.PTR, "int32")] if combined else []),
         KernelParam("B", ParamKind("i32"), ""),
     ]
     batch = ix.size_text(ix.parse_size(site.batch))
@@ -308,7 +372,9 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
         *((Buf(qr.cos), Buf(qr.sin)) if qr else ()),
         *((Buf(kr.cos), Buf(kr.sin)) if kr and not shared_tables else ()),
         *([Buf(site.mask)] if site.mask is not None else []),
-        Buf(ws if split else site.out),
+        *((Buf(ws),) if split else ()),
+        *((Buf(site.out),) if combined or not split else ()),
+        *((Buf(counts),) if combined else ()),
         Sym(batch),
     )
     signature = signature_of(params, "i32")
@@ -329,6 +395,8 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
     }
     if split:
         consts.update(SPLITS=splits, BLOCKS=blocks)
+    if combined:
+        consts.update(BLOCK_S=_pow2(splits))
     if a:
         consts.update(
             KN_BATCH=k_new.batch_stride,
@@ -369,6 +437,13 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
             f"split's of {bn} slots and writes its running max m, sum l and un-normalized acc to the workspace",
             f"ws ([B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32: acc, m, l); the combine kernel normalizes.",
         ]
+        if combined:
+            doc[0] = doc[0].replace("split-KV partials", "split-KV in one kernel")
+            doc[-2] = (
+                f"ws ([B, {site.kv_heads}, {splits}, {groups}, {d} + 2] fp32: acc, m, l), then counts its arrival on "
+                "count[pid]; the last to arrive rescales the partials to their common max, sums them in split order "
+                "and writes [B, H, 1, D], then zeroes count[pid]."
+            )
     if a:
         doc[-1:-1] = [
             f"First writes this step's keys and values (rows at b * {a.k_new.batch_stride} + {a.k_new.column} and "
@@ -385,15 +460,21 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
     elem = ITEMSIZE[site.dtype]
     rows = ix.parse_size(site.batch)
     traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * d + site.context) * elem
-    if split:  # the partials written instead of the output
-        traffic += rows * site.heads * ((d + 2) * splits * 4 - d * elem)
+    if split:  # the partials written instead of the output (and read back, combined)
+        traffic += (
+            rows
+            * site.heads
+            * ((d + 2) * splits * 4 * (2 if combined else 1) - (0 if combined else d * elem))
+        )
     if a:
         traffic += rows * 4 * site.kv_heads * d * elem  # the new keys and values, read and written
     for r in (qr, kr):
         if r is not None:
             traffic += rows * 2 * r.dim * elem  # cos and sin
     config = {
-        "kind": "decode_attention_split" if split else "decode_attention",
+        "kind": ("decode_attention_split_combined" if combined else "decode_attention_split")
+        if split
+        else "decode_attention",
         **({"SPLITS": splits} if split else {}),
         "BLOCK_G": bg,
         "BLOCK_N": bn,
@@ -408,7 +489,11 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
         signature=signature,
         params=tuple(params),
         args=args,
-        outputs=(ws if split else site.out, *((a.k_result, a.v_result) if a else ())),
+        outputs=(
+            ws if split and not combined else site.out,
+            *((a.k_result, a.v_result) if a else ()),
+            *((ws,) if combined else ()),
+        ),
         grid=grid,
         num_warps=num_warps,
         num_stages=NUM_STAGES,
@@ -419,10 +504,9 @@ def _render_attention(site: DecodeSite, splits: int, ws: str) -> Rendered:
 
 
 def _render_combine(site: DecodeSite, splits: int, ws: str) -> Rendered:
-    """The split form's second kernel: grid (B * KV,), each program reads its row's and KV head's
-    ``splits`` partials in a fixed order (the same bits on every run, no atomics) and writes the
-    output where the one-kernel form does. A split whose slots were all masked holds m at the
-    finite floor and l = 0: its weight exp2(m - max) is 0 beside any other split's."""
+    """The split form's second kernel: grid (B * KV,), each program combining its row's and KV
+    head's ``splits`` partials (``_combine_lines``) into the output, where the one-kernel form
+    writes it."""
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg, bs = max(16, _pow2(d)), max(16, _pow2(groups)), _pow2(splits)
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
@@ -436,21 +520,7 @@ def _render_combine(site: DecodeSite, splits: int, ws: str) -> Rendered:
         "rg = tl.arange(0, BLOCK_G)",
         "valid_g = rg < GROUPS",
         "h = kh * GROUPS + rg",
-        "rs = tl.arange(0, BLOCK_S)",
-        "both = (rs < SPLITS)[:, None] & valid_g[None, :]",
-        "parts = ((pid * SPLITS + rs[:, None]) * GROUPS + rg[None, :]) * (HEAD_DIM + 2)  # ws[b, kh, split, g]: acc, m, l",
-        "m_s = tl.load(ws_ptr + parts + HEAD_DIM, mask=both, other=-1.0e30)  # [BLOCK_S, BLOCK_G]",
-        "l_s = tl.load(ws_ptr + parts + HEAD_DIM + 1, mask=both, other=0.0)",
-        "m = tl.max(m_s, 0)",
-        "l_i = tl.sum(l_s * tl.exp2(m_s - m[None, :]), 0)  # an all-masked split: l 0, weight 0",
-        "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
-        "for s in range(SPLITS):  # a fixed order: the same bits on every run",
-        "    part = ((pid * SPLITS + s) * GROUPS + rg) * (HEAD_DIM + 2)",
-        "    m_one = tl.load(ws_ptr + part + HEAD_DIM, mask=valid_g, other=-1.0e30)",
-        f"    acc_one = tl.load(ws_ptr + part[:, None] + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
-        "    acc += acc_one * tl.exp2(m_one - m)[:, None]",
-        "acc = acc / l_i[:, None]",
-        f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
+        *_combine_lines(tl_dtype, mask_d),
     ]
     params = [
         KernelParam("ws_ptr", ParamKind.PTR, "float32"),

@@ -100,6 +100,8 @@ class ProgramExecutor:
         """What a run at ``sizes`` starts from: the weights, ``inputs``, and the runner's state
         (a KV cache) as this call sees it. Steps run on it add their buffers by name."""
         env: dict[str, Any] = dict(self.gpu.weights if self.gpu is not None else self._runner.weights)
+        if self.gpu is not None:
+            env.update(self.gpu.scratch)
         env.update(inputs)
         env.update(self._runner.state.views(dict(sizes)))
         return env

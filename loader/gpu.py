@@ -51,6 +51,7 @@ from aot.program import (  # noqa: F401 - TAIL_PRODUCERS, output_tail: the loade
     TAIL_PRODUCERS,
     frees_after,
     output_tail,
+    scratch_shapes,
     spec_bytes,
     step_reads,
     step_writes,
@@ -219,6 +220,11 @@ class GpuProgram:
         self.itemsizes = itemsizes(program)
         self.weights = weights
         self.device = device
+        # its kernels' scratch (``Program.scratch``): allocated once, zeroed, the same on every call
+        self.scratch = {
+            name: torch.zeros(shape, dtype=torch.int32, device=device)
+            for name, shape in scratch_shapes(program).items()
+        }
         self.context = Context()
         self.bundle = bundle
         self.state_aliases = state_aliases
@@ -277,7 +283,9 @@ class GpuProgram:
         if not plan:
             return calls, [() for _ in calls]
         frees = frees_after(
-            steps, [*self.weights, *(i.name for i in self.program.inputs)], self.program.outputs
+            steps,
+            [*self.weights, *(i.name for i in self.program.inputs), *self.program.scratch],
+            self.program.outputs,
         )
         return calls, frees
 
@@ -299,6 +307,7 @@ class GpuProgram:
         self.context.bind()
         stream = torch.cuda.current_stream(self.device).cuda_stream
         env: dict[str, Any] = dict(self.weights)
+        env.update(self.scratch)
         env.update(inputs)
         env[CALL_BUDGET] = Budget(self.declared.at(sizes), self.itemsizes, self.max_flops, sizes)
         calls, frees = (

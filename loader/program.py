@@ -49,7 +49,9 @@ class AtenProgram:
             )
         specs = tensor_specs(program)
         self.calls = [AtenCall(s, device, weights, state_aliases, specs, i) for i, s in enumerate(steps)]
-        self.frees = frees_after(steps, [*weights, *(i.name for i in program.inputs)], program.outputs)
+        self.frees = frees_after(
+            steps, [*weights, *(i.name for i in program.inputs), *program.scratch], program.outputs
+        )
         self.declared = OutputBytes(program)
         self.itemsizes = itemsizes(program)
 

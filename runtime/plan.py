@@ -29,7 +29,7 @@ from typing import Any
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.bundle import Bundle, open_bundle
 from aot.dtypes import ITEMSIZE
-from aot.errors import BundleError, GuardError
+from aot.errors import BundleError, EnvError, GuardError
 from aot.guards import GuardCore
 from aot.memory import check_max_memory, check_plan, planned_peak
 from aot.program import (
@@ -108,6 +108,12 @@ class Checked:
             where = f"{bundle.path}: program {name!r}"
             steps = live_steps(program)
             check_library_free(program, steps, where)
+            if program.scratch:  # a --library-free build never keeps any (the split form in two kernels)
+                raise EnvError(
+                    f"{where}: its kernels keep scratch between their programs ({program.scratch[0][:40]!r}), "
+                    "which aotpack-rt does not allocate: rebuild with `aotpack build --library-free`, or load "
+                    "it with the torch loader (`aotpack load`)"
+                )
             tuned = tuned_plans(self.tuning, index, program, self.tuning.arch) if self.tuning else {}
             for key, plan in tuned.items():
                 check_library_free(program, live_steps(replace(program, steps=plan)), f"{where} at {key}")

@@ -128,6 +128,7 @@ def _verify_program(
         # each path writes into a state of its own (the CPU program writes in place)
         want = cpu_prog({k: v.clone() if k in gpu.program.state else v for k, v in inputs.items()}, sizes)
         env = dict(gpu.weights)
+        env.update(gpu.scratch)
         env.update({k: v.to(gpu.device) for k, v in inputs.items()})
         gpu.context.bind()
         for i, call in enumerate(calls):
@@ -140,6 +141,9 @@ def _verify_program(
             for ref in references[i]:
                 ref(ref_env, sizes)
             executor.run((call,), env, sizes)
+            for name in gpu.scratch:  # a kernel leaves the scratch it counts on zeroed
+                if any(getattr(a, "name", None) == name for a in steps[i].args) and env[name].any():
+                    report.kernel_errs[call.name] = float("inf")
             for name in call.outputs:
                 if name not in produced[i]:
                     continue

@@ -70,13 +70,16 @@ def interpret_kernels(
     from aot.aten import DTYPES, AtenCall, state_writes_checked
     from aot.codegen.compile import load_function
     from aot.layout import empty_ordered, to_order
-    from aot.program import tensor_specs
-    from aot.schema import ParamKind, StepKind
+    from aot.program import scratch_shapes, tensor_specs
+    from aot.schema import Buf, ParamKind, StepKind
     from aot.symexpr import evaluate
 
     cpu = torch.device("cpu")
     specs = tensor_specs(program)
     env: dict[str, Any] = dict(weights)
+    # the kernels' scratch (arrival counters), zeroed as a runner allocates it; each kernel must
+    # leave what it uses zeroed again (compared below as one of its outputs)
+    env.update({n: torch.zeros(shape, dtype=torch.int32) for n, shape in scratch_shapes(program).items()})
     env.update(inputs)
     kernels = {k.id: k for k in program.kernels}
     functions: dict[str, Any] = {}
@@ -141,12 +144,15 @@ def interpret_kernels(
         grid = tuple(evaluate(g, sizes) for g in step.grid)
         if all(g > 0 for g in grid):
             functions[kernel.id][grid](*args)
+        scratch = [a.name for a in step.args if isinstance(a, Buf) and a.name in program.scratch]
+        for name in scratch:  # compared below with the zeros it must be left as
+            outs[name], ref_env[name] = env[name], torch.zeros_like(env[name])
         # the precision the reference computed in: a float32 output of float16 steps (GPT-J's RoPE
         # cast up after it) is compared at float16's tolerance, as the reference rounded to it
         reference_dtype = functools.reduce(
             looser_dtype, (specs[x].dtype for r in step.reference for x in r.outputs if x in specs), "float64"
         )
-        for o in [*step.outputs, *written]:
+        for o in [*step.outputs, *written, *scratch]:
             if o not in ref_env:  # a GEMM form's prologue: the GEMM step after it has the references
                 env[o] = outs[o]
                 continue

@@ -123,8 +123,16 @@ for name, dtype, B, H, KV, D, C, S, BN, slot, masking, R in CASES:
     (ws_name, ws_spec), = workspace.items()
     ws = torch.full([int(x) for x in ws_spec.shape], float("nan"), dtype=torch.float32)
     o = torch.full((B, H, 1, D), float("nan"), dtype=dt)
+    k1, v1 = k.clone(), v.clone()  # the cache as the one-kernel form finds it
     load(partial)[(B * KV, S)](rows, k, v, *new, *tables, mask.contiguous(), ws, B, num_warps=partial.num_warps)
     load(combine)[(B * KV,)](ws, o, B, num_warps=combine.num_warps)
+    # the same split in one kernel: its counters (one row more than this call's) zeroed, as a
+    # runner allocates them; the last program of each (row, KV head) combines
+    one, one_ws, (counts_name, counts_spec) = decode_attention_render.render_split_combined_decode_attention(site, S, B + 1)
+    counts = torch.zeros([int(x) for x in counts_spec.shape], dtype=torch.int32)
+    ws1 = torch.full([int(x) for x in ws_spec.shape], float("nan"), dtype=torch.float32)
+    o1 = torch.full((B, H, 1, D), float("nan"), dtype=dt)
+    load(one)[(B * KV, S)](rows, k1, v1, *new, *tables, mask.contiguous(), ws1, o1, counts, B, num_warps=one.num_warps)
     # (row, split) pairs whose slots are all masked: their partial holds m at the floor and l = 0
     bn = partial.config["BLOCK_N"]
     blocks = -(-C // bn)
@@ -143,6 +151,14 @@ for name, dtype, B, H, KV, D, C, S, BN, slot, masking, R in CASES:
         "cache_equal": bool(torch.equal(k, k_eager) and torch.equal(v, v_eager)),
         "max_err": float((o.double() - ref).abs().max()), "ref_max": float(ref.abs().max()),
         "nan": bool(o.isnan().any()),
+        "one": {
+            "name": one.name, "grid": list(one.grid), "outputs": list(one.outputs),
+            "workspace": sorted(one_ws), "counters": [counts_name, list(counts_spec.shape)],
+            "counters_zero": bool((counts == 0).all()),
+            "same_output": bool(torch.equal(o1, o)) if dtype != "bfloat16" else None,
+            "cache_equal": bool(torch.equal(k1, k_eager) and torch.equal(v1, v_eager)),
+            "ops": list(one.ops),
+        },
     }
 print(json.dumps(out))
 """
@@ -170,6 +186,31 @@ def test_split_decode_attention_matches_sdpa(interpreted, case):
     assert not got["nan"], f"{name}: unwritten or NaN outputs"
     tol = 1e-4 if dtype == "float32" else 2e-2
     assert got["max_err"] <= tol * (1 + got["ref_max"]), got
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_the_split_form_in_one_kernel_equals_the_two_kernel_form(interpreted, case):
+    """The split form in one kernel (``render_split_combined_decode_attention``): the partial
+    kernel's grid, the output and the cache in place as the one-kernel form writes them, its
+    workspace, and one int32 arrival counter per program of the grid's first dim at the largest
+    batch given (one row more here); after the launch every counter is zero again, and the
+    output is bit for bit the two-kernel form's (the last program combines in the combine
+    kernel's order; bfloat16: the cache only, as above)."""
+    name, dtype, B, _, KV, _, _, S, slot = *case[:8], case[9]
+    one = interpreted[name]["one"]
+    assert one["name"].endswith("_split_combined"), one
+    assert one["grid"] == [str(B * KV), str(S)], one
+    appended = ["kr", "vr"] if slot is not None else []
+    assert one["outputs"] == ["o", *appended, interpreted[name]["ws"]], one
+    assert one["workspace"] == [interpreted[name]["ws"]], one
+    assert one["counters"] == ["o_splitkv_arrivals", [str((B + 1) * KV)]], one
+    assert one["counters_zero"], f"{name}: a counter was left non-zero"
+    assert one["cache_equal"], f"{name}: the cache differs from eager's index_put_ at slot {slot}"
+    assert one["ops"] == (["aten.index_put_.default"] if slot is not None else []) + [
+        "aten.scaled_dot_product_attention.default"
+    ], one
+    if dtype != "bfloat16":
+        assert one["same_output"], f"{name}: the one-kernel split's output differs from the two kernels'"
 
 
 def _site(context: int, batch: str = "1", kv_heads: int = 2, append: bool = True):
@@ -275,20 +316,23 @@ def test_split_cache_loads_before_the_wait_only_where_this_kernel_appends(append
 
 @pytest.mark.slow
 def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
-    """A tiny Llama (4 query heads over 2 KV heads) with a 2048-slot cache, over the one-kernel
-    form's 1024: its decode program runs no SDPA; each layer's attention is the split form's two
-    kernels, the partials (writing the cache in place, and the workspace the program declares),
-    standing for the cache writes, then the combine, standing for the RoPE kernels and the SDPA
-    step. Every kernel of it, run by the interpreter at batch 2 (one row left-padded by whole
-    splits), matches its reference. With ``AOTPACK_DECODE_SPLIT=off`` the
-    same model keeps SDPA, as it does where the combine kernel fails to compile."""
+    """A tiny Llama (4 query heads over 2 KV heads, at most 2 rows) with a 2048-slot cache, over
+    the one-kernel form's 1024: its decode program runs no SDPA; each layer's attention is the
+    split form in one kernel, writing the cache in place and the workspace the program declares,
+    counting on 2 x 2 int32 counters the program keeps as scratch, standing for the cache writes,
+    the RoPE kernels and the SDPA step. With ``AOTPACK_DECODE_COMBINE=separate`` it is the split
+    form's two kernels: the partials (the cache and the workspace), standing for the cache
+    writes, then the combine, standing for the rest. Every kernel of either, run by the
+    interpreter at batch 2 (one row left-padded by whole splits), matches its reference, and the
+    counters are zero after each launch. With ``AOTPACK_DECODE_SPLIT=off`` the same model keeps
+    SDPA, as it does where the combine kernel fails to compile."""
     from tests.realmodels.conftest import require
 
     require("transformers")
     import transformers
 
     from aot.codegen import generate
-    from aot.codegen.decode_attention import SPLIT_ENV
+    from aot.codegen.decode_attention import COMBINE_ENV, SPLIT_ENV
     from aot.codegen.decode_sites import SDPA
     from aot.hf import causal_lm
     from aot.packager import pack
@@ -310,16 +354,50 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
         spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=2048, name="t")
         return generate(trace(spec), ("sm_90",))
 
-    monkeypatch.delenv(SPLIT_ENV, raising=False)
-    compiled = build()
-    decode = [p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"]
-    assert decode
-    for p in decode:
+    def decode_programs(compiled):
+        out = [p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"]
+        assert out
+        return out
+
+    def kinds_of(p):
         kernels = {k.id: k for k in p.kernels}
         assert not any(s.kind == StepKind.ATEN and s.target == SDPA for s in p.steps)
-        kinds = [kernels[s.target].config["kind"] if s.kind == StepKind.KERNEL else None for s in p.steps]
+        return kernels, [
+            kernels[s.target].config["kind"] if s.kind == StepKind.KERNEL else None for s in p.steps
+        ]
+
+    monkeypatch.delenv(SPLIT_ENV, raising=False)
+    monkeypatch.delenv(COMBINE_ENV, raising=False)
+    compiled = build()
+    for p in decode_programs(compiled):
+        kernels, kinds = kinds_of(p)
+        at = [i for i, kind in enumerate(kinds) if kind == "decode_attention_split_combined"]
+        assert len(at) == 1 and "decode_attention_combine" not in kinds, kinds
+        step = p.steps[at[0]]
+        assert set(step.in_place.values()) <= set(p.state) and len(step.in_place) == 2
+        (counts,) = p.scratch
+        assert p.buffers[counts].dtype == "int32" and p.buffers[counts].shape == ("4",), p.buffers[counts]
+        assert counts in step_args(step) and counts not in step.outputs
+        assert p.buffers[step.outputs[-1]].dtype == "float32"  # its workspace
+        targets = [r.target for r in step.reference]
+        assert targets.count("aten.index_put_.default") == 2 and targets[-1] == SDPA, targets
+        assert kernels[step.target].config["SPLITS"] == 16
+    bundle = tmp_path / "t.tpk"
+    pack(compiled, bundle)
+    checks = decode_kernel_checks(bundle, position=1500, padding=300)
+    # the output, the keys' and the values' cache, and the counters left zeroed
+    attention = [c for c in checks if c[0].startswith("decode_attention")]
+    assert len(attention) == 4 * len(decode_programs(compiled)), checks
+    assert sum(c[1] == counts for c in attention) == len(decode_programs(compiled)), checks
+    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
+
+    monkeypatch.setenv(COMBINE_ENV, "separate")
+    compiled = build()
+    for p in decode_programs(compiled):
+        kernels, kinds = kinds_of(p)
         at = [i for i, kind in enumerate(kinds) if kind == "decode_attention_split"]
         assert len(at) == 1 and kinds[at[0] + 1] == "decode_attention_combine", kinds
+        assert not p.scratch
         partial, combine = p.steps[at[0]], p.steps[at[0] + 1]
         assert set(partial.in_place.values()) <= set(p.state) and len(partial.in_place) == 2
         assert p.buffers[partial.outputs[0]].dtype == "float32" and partial.outputs[0] in step_args(combine)
@@ -330,16 +408,16 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
         targets = [r.target for r in combine.reference]
         assert targets[-1] == SDPA and "aten.index_put_.default" not in targets, targets
         assert kernels[partial.target].config["SPLITS"] == 16
-    bundle = tmp_path / "t.tpk"
+    bundle = tmp_path / "t2.tpk"
     pack(compiled, bundle)
     checks = decode_kernel_checks(bundle, position=1500, padding=300)
     # the partials' cache writes against the two index_put_ steps (the workspace is the combine's
     # to stand for), the combine's output against the SDPA step
     attention = [c for c in checks if c[0].startswith("decode_attention")]
     partials = [c for c in attention if c[0].endswith("_split")]
-    assert len(partials) == 2 * len(decode), checks  # the keys' cache and the values'
+    assert len(partials) == 2 * len(decode_programs(compiled)), checks  # the keys' cache and the values'
     combines = [c[0] for c in attention if c not in partials]
-    assert combines == ["decode_attention_combine_g2_d16"] * len(decode), checks
+    assert combines == ["decode_attention_combine_g2_d16"] * len(decode_programs(compiled)), checks
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
 
     monkeypatch.setenv(SPLIT_ENV, "off")

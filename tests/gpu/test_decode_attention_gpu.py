@@ -287,6 +287,24 @@ def test_split_decode_attention_matches_sdpa_on_gpu(shape, splits, tmp_path, mon
         outs.append(out)
     assert torch.equal(k, expect_k) and torch.equal(v, expect_v)  # that slot, and nothing else
     assert torch.equal(outs[0], outs[1])  # deterministic
+    # the same split in one kernel, its last program of each (row, KV head) combining: the same
+    # cache and the same bits as the two kernels, launched back to back many times (whichever
+    # program arrives last), every counter zero after, and none beyond this call's rows touched
+    one, _, (_, counts_spec) = da.render_split_combined_decode_attention(site, S, B + 1)
+    run_one = _load_kernel(one, tmp_path)
+    counts = torch.zeros([int(x) for x in counts_spec.shape], dtype=torch.int32, device="cuda")
+    k1, v1 = k.clone(), v.clone()
+    k1[:, :, slot], v1[:, :, slot] = 0, 0
+    ones = torch.full((20, B, H, 1, D), float("nan"), dtype=dt, device="cuda")
+    for i in range(20):
+        run_one[(B * KV, S)](
+            rows, k1, v1, rows, rows, pos, mask, ws, ones[i], counts, B,
+            num_warps=one.num_warps, num_stages=one.num_stages,
+        )  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.equal(k1, expect_k) and torch.equal(v1, expect_v)
+    assert not counts.any(), counts
+    assert all(torch.equal(ones[i], outs[0]) for i in range(20)), "the one-kernel split differs"
     G = H // KV
     kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
     m4 = mask[:, None, None, :]
@@ -301,10 +319,14 @@ def test_split_decode_attention_matches_sdpa_on_gpu(shape, splits, tmp_path, mon
     assert err <= 2 * spread + 1e-3 * ref.abs().max().item(), (err, spread)
 
 
-def test_verify_checks_the_split_forms_cache_write(tmp_path, monkeypatch):
+@pytest.mark.parametrize("combine", ["kernel", "separate"])
+def test_verify_checks_the_split_forms_cache_write(combine, tmp_path, monkeypatch):
     """``aotpack verify`` on a bundle whose decode attention takes the split form (a tiny Llama
-    with a 2048-slot cache): the partial kernel's cache write is compared with the two
-    ``index_put_`` steps it stands for, the combine's output with SDPA, and the bundle passes."""
+    with a 2048-slot cache): in one kernel (the default), its output and cache writes compared
+    with the steps it stands for and its counters zero after each launch; in two
+    (``AOTPACK_DECODE_COMBINE=separate``), the partial kernel's cache write compared with the two
+    ``index_put_`` steps it stands for, the combine's output with SDPA. The bundle passes, and the
+    tokens the runner's graphs generate are the CPU's."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from tests.realmodels.conftest import require
@@ -313,13 +335,14 @@ def test_verify_checks_the_split_forms_cache_write(tmp_path, monkeypatch):
     import transformers
 
     from aot.codegen import generate
-    from aot.codegen.decode_attention import SPLIT_ENV
+    from aot.codegen.decode_attention import COMBINE_ENV, SPLIT_ENV
     from aot.hf import causal_lm
     from aot.packager import pack
     from aot.tracer import trace
     from aot.verify.device import passed, verify
 
     monkeypatch.delenv(SPLIT_ENV, raising=False)
+    monkeypatch.setenv(COMBINE_ENV, combine)
     cfg = transformers.LlamaConfig(
         hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, head_dim=32, vocab_size=512, tie_word_embeddings=True,
@@ -331,5 +354,18 @@ def test_verify_checks_the_split_forms_cache_write(tmp_path, monkeypatch):
     reports = verify(str(path))
     assert reports and all(passed(r, "float32") for r in reports), reports[:2]
     checked = {name for r in reports for name in r.kernel_errs}
-    assert any(n.startswith("decode_attention") and n.endswith("_split") for n in checked), checked
-    assert any(n.startswith("decode_attention_combine") for n in checked), checked
+    if combine == "kernel":
+        assert any(n.startswith("decode_attention") and n.endswith("_split_combined") for n in checked), (
+            checked
+        )
+        assert not any(n.startswith("decode_attention_combine") for n in checked), checked
+    else:
+        assert any(n.startswith("decode_attention") and n.endswith("_split") for n in checked), checked
+        assert any(n.startswith("decode_attention_combine") for n in checked), checked
+    from aot.loader import load
+
+    prompts = [list(range(3, 40)), [7, 8, 9]]  # two rows, the second left-padded
+    cpu, gpu = load(path, device="cpu"), load(path, device="cuda")
+    want = cpu.generate(prompts, 12)
+    assert gpu.generate(prompts, 12) == want
+    assert gpu.generate(prompts, 12) == want  # the graphs replayed, the counters as they were left
