@@ -413,6 +413,10 @@ GDC_PROLOGUE = (
     "    tl.extra.cuda.gdc_wait()",
     "    tl.extra.cuda.gdc_launch_dependents()",
 )
+GDC_LAUNCH = (  # a kernel that lets the kernel after start later than its prologue
+    "if GDC:  # let the kernel after start",
+    "    tl.extra.cuda.gdc_launch_dependents()",
+)
 
 
 def kernel_module(
@@ -422,13 +426,15 @@ def kernel_module(
     signature: dict[str, str],
     body: list[str],
     early: Sequence[str] = (),
+    launch_dependents: bool = True,
 ) -> str:
     """A kernel's module, as every kernel the codegen writes has it: the docstring (``doc``, one
     line each), the imports, one ``tl.constexpr`` per entry of ``consts``, ``GDC`` (see
     ``DEPENDENT_LAUNCH``), and the ``@triton.jit`` function, its body opened by a comment listing
     the signature and the wait for the kernel before. ``early``: lines before that wait, which
     may read only what no kernel writes (the weights): under dependent launch they run while the
-    kernel before still does."""
+    kernel before still does. ``launch_dependents=False``: the prologue only waits, and ``body``
+    lets the kernel after start where it says so (``GDC_LAUNCH``; nowhere: when the grid ends)."""
     head = [
         f'"""{doc[0]}',
         *doc[1:],
@@ -444,7 +450,8 @@ def kernel_module(
         "@triton.jit",
         f"def {name}({', '.join(signature)}):",
     ]
-    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *early, *GDC_PROLOGUE, *body]
+    prologue = GDC_PROLOGUE if launch_dependents else GDC_PROLOGUE[:2]
+    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *early, *prologue, *body]
     return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
 
 
