@@ -43,6 +43,9 @@ PINNED = {
     # the sha256 of each fixed-size chunk of a member (Member.chunk_bytes, chunk_sha256; omitted
     # when empty), so the weights are checked on several threads
     (1, 11): "27852405f90407085e95700df47e4014bd61beb56fc5378fc200b01f0e35c183",
+    # buffers the runner keeps zeroed for its kernels (Program.scratch: the split-KV decode
+    # attention's arrival counters; omitted when empty)
+    (1, 12): "63e28daccfb036e595cf21806c9837034b3aff5531b308816ce72240ee1c24bd",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 
@@ -90,3 +93,51 @@ def test_canonical_json_is_sorted_and_stable():
     a = serde.canonical_json({"b": 1, "a": [1, 2]})
     assert a == serde.canonical_json({"a": [1, 2], "b": 1})
     assert a.index(b'"a"') < a.index(b'"b"')
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"buffers": {"c": schema.TensorSpec("float32", ("4",))}}, "int32 buffer of its own"),
+        ({"buffers": {"c": schema.TensorSpec("int32", ("batch",))}}, "static shape"),
+        ({"buffers": {}}, "no spec"),
+        ({"writes": True}, "nothing writes it as an output"),
+        ({"aten_reads": True}, "only kernels read it"),
+    ],
+)
+def test_scratch_the_runners_cannot_keep_is_refused(change, why):
+    """``Program.scratch`` (``aot.program.check_scratch``, run wherever a bundle opens): an int32
+    buffer of a static shape, of its own, that no step writes as an output and only kernels
+    read; anything else is a ``BundleError`` saying which."""
+    from aot.program import check_scratch
+
+    buffers = change.get("buffers", {"c": schema.TensorSpec("int32", ("4",))})
+    y = schema.TensorSpec("float32", ("4",))
+    if change.get("writes"):
+        step = schema.Step(
+            kind="aten", target="aten.zeros_like.default", args=(schema.Buf("x"),), kwargs={}, outputs=("c",)
+        )
+    elif change.get("aten_reads"):
+        step = schema.Step(
+            kind="aten",
+            target="aten.add.Tensor",
+            args=(schema.Buf("x"), schema.Buf("c")),
+            kwargs={},
+            outputs=("y",),
+        )
+    else:
+        step = schema.Step(
+            kind="aten", target="aten.relu.default", args=(schema.Buf("x"),), kwargs={}, outputs=("y",)
+        )
+    program = schema.Program(
+        inputs=(schema.NamedTensor("x", y),), weights=(), buffers={**buffers, "y": y}, steps=(step,),
+        outputs=("y",), symbols=(), scratch=("c",),
+    )  # fmt: skip
+    with pytest.raises(BundleError, match=why):
+        check_scratch(program, "t.tpk")
+    ok = schema.Program(
+        inputs=program.inputs, weights=(), buffers={"c": schema.TensorSpec("int32", ("4",)), "y": y},
+        steps=(schema.Step(kind="aten", target="aten.relu.default", args=(schema.Buf("x"),), kwargs={}, outputs=("y",)),),
+        outputs=("y",), symbols=(), scratch=("c",),
+    )  # fmt: skip
+    check_scratch(ok, "t.tpk")  # the same program keeping its scratch as the runners do

@@ -314,6 +314,29 @@ def test_split_cache_loads_before_the_wait_only_where_this_kernel_appends(append
     assert "tl.store(out_ptr" not in partial.source and "tl.store(out_ptr" in combine.source
 
 
+def test_the_one_kernel_split_lets_the_kernel_after_start_once_its_partial_is_counted():
+    """Under dependent launch the split form in one kernel waits for the kernel before in its
+    prologue, as every kernel does, but lets the kernel after start only after its arrival is
+    counted (the two-kernel form's partials let theirs start at once); the last program then
+    combines and zeroes its counter."""
+    from aot.codegen.decode_attention_render import render_split_combined_decode_attention
+
+    one, _, _ = render_split_combined_decode_attention(_site(512), 8, 4)
+    lines = [line.strip() for line in one.source.splitlines()]
+    wait = lines.index("tl.extra.cuda.gdc_wait()")
+    launch = lines.index("tl.extra.cuda.gdc_launch_dependents()")
+    arrive = next(
+        i for i, line in enumerate(lines) if line.startswith("arrived = tl.atomic_add(count_ptr + pid")
+    )
+    last = lines.index(
+        "if arrived == SPLITS - 1:  # the others' partials are stored: combine, then zero the counter"
+    )
+    assert lines.count("tl.extra.cuda.gdc_launch_dependents()") == 1
+    assert wait < arrive < launch < last, lines
+    assert lines[last + 1 :].count("tl.store(count_ptr + pid, 0)") == 1
+    assert "cache_modifier='.cg'" in one.source  # the others' partials read from L2
+
+
 @pytest.mark.slow
 def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     """A tiny Llama (4 query heads over 2 KV heads, at most 2 rows) with a 2048-slot cache, over
