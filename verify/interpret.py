@@ -156,34 +156,12 @@ def interpret_kernels(
             if o not in ref_env:  # a GEMM form's prologue: the GEMM step after it has the references
                 env[o] = outs[o]
                 continue
-            got, want = outs[o], ref_env[o]
             spec = specs[o]
-            tol = tolerance(spec.dtype)
-            if got.dtype.is_floating_point:
-                tol = tolerance(looser_dtype(spec.dtype, reference_dtype))
-            if got.shape != want.shape:
-                err, ratio = float("inf"), float("inf")
-            elif got.numel() == 0:
-                err, ratio = 0.0, 0.0
-            elif got.dtype.is_floating_point:
-                g64, w64 = got.double(), want.double()
-                both_nan = torch.isnan(g64) & torch.isnan(w64)
-                same_inf = torch.isinf(w64) & (g64 == w64)
-                diff = (g64 - w64).abs().masked_fill(both_nan | same_inf, 0.0).nan_to_num(nan=float("inf"))
-                err = diff.max().item()
-                ratio = (diff / (tol.atol + tol.rtol * w64.abs().nan_to_num(0.0, 0.0, 0.0))).max().item()
-            else:
-                err = (
-                    (got.long() - want.long()).abs().max().item()
-                    if got.dtype != torch.bool
-                    else float((got != want).sum().item())
-                )
-                ratio = float(err > 0) * float("inf") if err else 0.0
-            results.append(
-                KernelOutputComparison(
-                    index, kernel.id, kernel.name, o, spec.dtype, float(err), float(ratio), bool(ratio <= 1.0)
-                )
+            got, want = outs[o], ref_env[o]
+            tol_dtype = (
+                looser_dtype(spec.dtype, reference_dtype) if got.dtype.is_floating_point else spec.dtype
             )
+            results.append(_compare(index, kernel.id, kernel.name, o, spec.dtype, got, want, tol_dtype))
         if from_kernels is not None:
             env.update({o: outs[o] for o in [*step.outputs, *written]})
             env.update({state: outs[state] for state in step.in_place.values()})
@@ -196,18 +174,35 @@ def interpret_kernels(
     return results
 
 
-def _compare(index, kernel_id, name, output, dtype, got, want) -> KernelOutputComparison:
-    tol = tolerance(dtype)
+def _compare(
+    index, kernel_id, name, output, dtype, got, want, tol_dtype: str | None = None
+) -> KernelOutputComparison:
+    """A kernel's output ``got`` against its reference's ``want``: floats within the tolerance of
+    ``tol_dtype`` (default ``dtype``), where NaN against NaN and an infinity against the same
+    infinity agree and an element left unwritten (NaN) against a number does not; integers and
+    booleans exactly."""
+    import torch
+
+    tol = tolerance(tol_dtype or dtype)
     if got.shape != want.shape:
         err, ratio = float("inf"), float("inf")
     elif got.numel() == 0:
         err, ratio = 0.0, 0.0
-    else:
+    elif got.dtype.is_floating_point:
         g64, w64 = got.double(), want.double()
-        diff = (g64 - w64).abs().nan_to_num(nan=float("inf"))
+        both_nan = torch.isnan(g64) & torch.isnan(w64)
+        same_inf = torch.isinf(w64) & (g64 == w64)
+        diff = (g64 - w64).abs().masked_fill(both_nan | same_inf, 0.0).nan_to_num(nan=float("inf"))
         err = diff.max().item()
         scale = tol.atol + tol.rtol * w64.abs().nan_to_num(0.0, 0.0, 0.0)
         ratio = (diff / scale).max().item() if (tol.atol or tol.rtol) else (float("inf") if err else 0.0)
+    else:
+        err = (
+            (got.long() - want.long()).abs().max().item()
+            if got.dtype != torch.bool
+            else float((got != want).sum().item())
+        )
+        ratio = float("inf") if err else 0.0
     return KernelOutputComparison(
         index, kernel_id, name, output, dtype, float(err), float(ratio), bool(ratio <= 1.0)
     )
