@@ -479,3 +479,37 @@ def test_wrong_types_around_step_results_are_bundle_errors(tmp_path, branchy, wh
     path.write_bytes(write_entries(with_program_text(read_entries(base), json.dumps(p).encode())))
     with pytest.raises(BundleError):
         load(path)
+
+
+@pytest.mark.parametrize(
+    "scratch, declare, why",
+    [
+        ("proj.weight", {}, "an int32 buffer of its own"),  # a weight: kernels would write into it
+        ("zz_c", {"zz_c": {"dtype": "int32", "shape": ["batch"]}}, "static shape"),
+        ("zz_c", {}, "no spec"),
+    ],
+)
+def test_scratch_a_runner_cannot_keep_is_refused_at_load(tmp_path, branchy, scratch, declare, why):
+    """``Program.scratch`` naming a weight, a buffer of a size that varies per call, or no buffer:
+    refused when the bundle opens, before the runner would allocate or zero anything."""
+    base, prog = branchy
+    p = copy.deepcopy(prog)
+    p["scratch"] = [scratch]
+    p["buffers"].update(declare)
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, p))
+    with pytest.raises(BundleError, match=why):
+        load(path)
+
+
+def test_scratch_a_step_writes_is_refused_at_load(tmp_path, branchy):
+    """A scratch buffer that an ATen step writes as its result (so a plan could reuse its memory,
+    and the runner's zeroed counters would not be what a kernel finds): refused at open."""
+    base, prog = branchy
+    step = aten_step("aten.zeros.default", [[4]], ["zz_c"], dtype=3)
+    p = with_steps(prog, [step], declare={"zz_c": {"dtype": "int32", "shape": ["4"]}})
+    p["scratch"] = ["zz_c"]
+    path = tmp_path / "case.tpk"
+    path.write_bytes(resigned_program(base, p))
+    with pytest.raises(BundleError, match="nothing writes it as an output"):
+        load(path)
