@@ -153,7 +153,7 @@ def given_names(program: Program) -> list[str]:
 def check_scratch(program: Program, where: str) -> None:
     """``Program.scratch`` as the runners rely on it: each name a buffer with a static int32 spec
     (arrival counters), neither a weight nor an input, that no step writes as an output and only
-    kernel steps read (``BundleError`` otherwise). ``scratch_tensors`` allocates them."""
+    kernel steps read (``BundleError`` otherwise). ``scratch_shapes`` gives their shapes to allocate."""
     taken = {w.name for w in program.weights} | {i.name for i in program.inputs}
     for name in program.scratch:
         spec = program.buffers.get(name)
@@ -178,6 +178,11 @@ def check_scratch(program: Program, where: str) -> None:
 def scratch_shapes(program: Program) -> dict[str, tuple[int, ...]]:
     """Each scratch buffer's shape (``check_scratch`` made them static), by name."""
     return {name: tuple(int(d) for d in program.buffers[name].shape) for name in program.scratch}
+
+
+def scratch_args(step: Step, program: Program) -> list[str]:
+    """The scratch buffers (``Program.scratch``) ``step`` is passed, which it must leave zeroed."""
+    return [a.name for a in step.args if isinstance(a, Buf) and a.name in program.scratch]
 
 
 def step_reads(step: Step) -> list[str]:

@@ -301,10 +301,9 @@ def decode_attention_kernels(
     forms: list[tuple[list[Rendered], dict[str, TensorSpec], dict[str, TensorSpec]]] = []
     for s in sites:
         splits = decode_splits(s, setting)
-        rows = max_rows(s, ranges or {}) if combine else None
         if splits == 1:
             forms.append(([render_decode_attention(s)], {}, {}))
-        elif rows is not None:
+        elif combine and (rows := max_rows(s, ranges or {})) is not None:
             kernel, workspace, (counts, spec) = render_split_combined_decode_attention(s, splits, rows)
             assert not {*workspace, counts} & set(program.buffers), (workspace, counts)
             forms.append(([kernel], workspace, {counts: spec}))

@@ -464,12 +464,9 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     elem = ITEMSIZE[site.dtype]
     rows = ix.parse_size(site.batch)
     traffic = rows * (2 * site.kv_heads * site.context * d + 2 * site.heads * d + site.context) * elem
-    if split:  # the partials written instead of the output (and read back, combined)
-        traffic += (
-            rows
-            * site.heads
-            * ((d + 2) * splits * 4 * (2 if combined else 1) - (0 if combined else d * elem))
-        )
+    if split:  # the fp32 partials: written and read back where this kernel combines them, else
+        partials = rows * site.heads * (d + 2) * splits * 4  # written instead of the output
+        traffic += 2 * partials if combined else partials - rows * site.heads * d * elem
     if a:
         traffic += rows * 4 * site.kv_heads * d * elem  # the new keys and values, read and written
     for r in (qr, kr):

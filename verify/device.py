@@ -20,6 +20,7 @@ from aot.loader.executor import ProgramExecutor
 from aot.loader.gpu import KernelCall
 from aot.loader.program import AtenProgram
 from aot.loader.values import integers_like
+from aot.program import scratch_args
 from aot.pytree import leaves
 from aot.schema import Bucket, Guards, Program, StepKind
 
@@ -141,9 +142,8 @@ def _verify_program(
             for ref in references[i]:
                 ref(ref_env, sizes)
             executor.run((call,), env, sizes)
-            for name in gpu.scratch:  # a kernel leaves the scratch it counts on zeroed
-                if any(getattr(a, "name", None) == name for a in steps[i].args) and env[name].any():
-                    report.kernel_errs[call.name] = float("inf")
+            if any(env[name].any() for name in scratch_args(steps[i], gpu.program)):
+                report.kernel_errs[call.name] = float("inf")  # it must leave the scratch it counts on zeroed
             for name in call.outputs:
                 if name not in produced[i]:
                     continue

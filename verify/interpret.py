@@ -70,8 +70,8 @@ def interpret_kernels(
     from aot.aten import DTYPES, AtenCall, state_writes_checked
     from aot.codegen.compile import load_function
     from aot.layout import empty_ordered, to_order
-    from aot.program import scratch_shapes, tensor_specs
-    from aot.schema import Buf, ParamKind, StepKind
+    from aot.program import scratch_args, scratch_shapes, tensor_specs
+    from aot.schema import ParamKind, StepKind
     from aot.symexpr import evaluate
 
     cpu = torch.device("cpu")
@@ -144,7 +144,7 @@ def interpret_kernels(
         grid = tuple(evaluate(g, sizes) for g in step.grid)
         if all(g > 0 for g in grid):
             functions[kernel.id][grid](*args)
-        scratch = [a.name for a in step.args if isinstance(a, Buf) and a.name in program.scratch]
+        scratch = scratch_args(step, program)
         for name in scratch:  # compared below with the zeros it must be left as
             outs[name], ref_env[name] = env[name], torch.zeros_like(env[name])
         # the precision the reference computed in: a float32 output of float16 steps (GPT-J's RoPE
