@@ -27,6 +27,7 @@ SMOKE = os.environ.get("AOTPACK_BENCH_SMOKE") == "1"
 GPU_SHAPES = {
     "mlp": [{"batch": 1}, {"batch": 8}],
     "gpt": [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 128}, {"batch": 1, "seq": 1}],
+    "gpt_bf16": [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 128}, {"batch": 1, "seq": 1}],
     "cnn": [{"batch": 1}, {"batch": 8}],
     "llama": [{"batch": 1, "seq": 128}, {"batch": 8, "seq": 128}, {"batch": 1, "seq": 1}],
     "resnet50": [{"batch": 1}, {"batch": 8}],
@@ -35,6 +36,7 @@ GPU_SHAPES = {
 SMOKE_SHAPES = {
     "mlp": [{"batch": 1}, {"batch": 2}],
     "gpt": [{"batch": 1, "seq": 8}, {"batch": 1, "seq": 1}],
+    "gpt_bf16": [{"batch": 1, "seq": 8}, {"batch": 1, "seq": 1}],
     "cnn": [{"batch": 1}, {"batch": 2}],
     "llama": [{"batch": 1, "seq": 8}, {"batch": 2, "seq": 8}, {"batch": 1, "seq": 1}],
     "resnet50": [{"batch": 1}, {"batch": 2}],

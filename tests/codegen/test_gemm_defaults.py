@@ -151,6 +151,7 @@ def test_a_default_build_runs_the_flash_forms_at_the_query_lengths_measured(buil
 
     (found, *_) = find_attention_sites(program)
     assert default_attention_form(found, 1) == ATTENTION_SHORT
+    assert default_attention_form(replace(found, dtype="bfloat16"), 1) == ATTENTION_SHORT
     assert (
         default_attention_form(replace(found, dtype="float32"), 1) is None
     )  # only measured in half precision

@@ -265,8 +265,8 @@ def test_transformers_gpt2_candidates_match_the_library_on_the_gpu(tmp_path):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_default_flash_forms_match_the_library_on_the_gpu(dtype, tmp_path, monkeypatch):
     """The flash forms a default build runs at attention sites without a mask (``gemm_defaults.
-    default_attention_form``), in ``dtype`` (bfloat16 taken into the built-in entry for this test:
-    Triton's interpreter computes its ``tl.dot`` wrongly, so only a GPU checks it), against the
+    default_attention_form``), in ``dtype`` (Triton's interpreter computes a bfloat16 ``tl.dot``
+    wrongly, so only a GPU checks that dtype), against the
     same model built with the library's attention (``AOTPACK_DEFAULT_ATTENTION=off``), at one
     query, a short and the longest length: within the dtype's two-evaluation spread, and the
     flash bundle's plan runs the attention kernels."""
@@ -281,7 +281,6 @@ def test_default_flash_forms_match_the_library_on_the_gpu(dtype, tmp_path, monke
     from aot.pytree import leaves
     from aot.tracer import load_model_file, trace
 
-    monkeypatch.setattr(gemm_defaults, "ATTENTION_DTYPES", ("float16", "bfloat16"))
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     spec = replace(load_model_file(ROOT / "tests" / "codegen" / "gemm_models" / "attn_fused.py"), dtype=dtype)
     flash, library = tmp_path / "flash.tpk", tmp_path / "library.tpk"
