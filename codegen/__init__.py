@@ -186,7 +186,6 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             compiler("decode attention kernel"),
             say,
             ranges,
-            scratch=not options.library_free,  # aotpack-rt keeps no scratch
         )
         cubins.update(decode_cubins)
     from aot.codegen.grouped_gemm import grouped_gemm_kernels

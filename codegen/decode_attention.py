@@ -74,16 +74,15 @@ GPU at 512 and 4096 slots (``tests/gpu/test_decode_attention_gpu.py``).
 form; a number of splits) overrides the choice at build time, for measuring.
 
 The split form in *one* kernel (``render_split_combined_decode_attention``, the default where the
-program's batch has a known maximum and the build is not ``--library-free``): the combine's launch
-goes. Each partial program, once its partial is stored, counts its arrival on its (row, KV head)'s
+program's batch has a known maximum): the combine's launch goes. Each partial program, once its partial is stored, counts its arrival on its (row, KV head)'s
 int32 counter (a CTA barrier, then one ``atomic_add`` with acquire-release semantics at GPU scope);
 the one that arrives last reads every partial (``.cg``: from L2, where the others' stores are)
 and combines them as the combine kernel does, in split order, so the output's bits do not depend
 on which program arrived last; then it stores 0 to the counter. The counters are
 ``Program.scratch``: the runner allocates them once, zeroed, and every launch leaves them zeroed
 (they are never an output, so no plan reuses their memory). ``AOTPACK_DECODE_COMBINE=separate``
-builds the two-kernel form instead, for measuring; aotpack-rt, which allocates no scratch, runs
-the two-kernel form of a ``--library-free`` build. The kernel lets the kernel after it start
+builds the two-kernel form instead, for measuring. Both loaders (the torch loader and aotpack-rt)
+allocate the scratch, so a ``--library-free`` build runs the one kernel too. The kernel lets the kernel after it start
 (dependent launch) only once its partial is counted, not in its prologue as every other kernel
 does. Measured on an H200 (``bench/decode.py``, a 512-slot cache, 8 splits,
 ``bench/results/decode/decode-split-combined-h200-2026-11-29-eve.json``), ms a token, the one
@@ -276,16 +275,15 @@ def decode_attention_kernels(
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
     ranges: dict[str, tuple[int, int]] | None = None,
-    scratch: bool = True,
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
     """``program`` with each decode SDPA site run by its kernel, or by the split form
-    (``decode_splits``): in one kernel that combines too, where ``scratch`` (the runner keeps
-    ``Program.scratch``), the batch's largest size is known (``ranges``: symbol -> (min, max)) and
+    (``decode_splits``): in one kernel that combines too (counting on ``Program.scratch``), where
+    the batch's largest size is known (``ranges``: symbol -> (min, max)) and
     ``combine_in_kernel()``; else in two (the first writes the workspace and, where it appends, the
     cache, standing for the cache writes; the second for the rest). The SDPA step is the
     reference; a site whose kernels fail to compile stays the library call."""
     setting = split_setting()
-    combine = scratch and combine_in_kernel()
+    combine = combine_in_kernel()
     sites = [s for s in find_decode_sites(program) if decode_splits(s, setting) is not None]
     if not sites:
         return program, {}

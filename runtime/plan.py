@@ -29,7 +29,7 @@ from typing import Any
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.bundle import Bundle, open_bundle
 from aot.dtypes import ITEMSIZE
-from aot.errors import BundleError, EnvError, GuardError
+from aot.errors import BundleError, GuardError
 from aot.guards import GuardCore
 from aot.memory import check_max_memory, check_plan, planned_peak
 from aot.program import (
@@ -38,6 +38,7 @@ from aot.program import (
     lifetimes,
     live_steps,
     output_tail,
+    scratch_shapes,
     step_reads,
     step_writes,
 )
@@ -104,16 +105,11 @@ class Checked:
         self.guards = GuardCore(self.manifest.guards, ITEMSIZE)
         self.state = StateLayout(state_specs(self.manifest.guards, ITEMSIZE, str(bundle.path)))
         self.entries: list[Entry] = []
+        self.scratch: dict[str, tuple[int, ...]] = {}  # every program's ``Program.scratch``, at its largest
         for index, ((name, guards, buckets, entry_point), program) in enumerate(zip(heads, programs)):
             where = f"{bundle.path}: program {name!r}"
             steps = live_steps(program)
             check_library_free(program, steps, where)
-            if program.scratch:  # a --library-free build never keeps any (the split form in two kernels)
-                raise EnvError(
-                    f"{where}: its kernels keep scratch between their programs ({program.scratch[0][:40]!r}), "
-                    "which aotpack-rt does not allocate: rebuild with `aotpack build --library-free`, or load "
-                    "it with the torch loader (`aotpack load`)"
-                )
             tuned = tuned_plans(self.tuning, index, program, self.tuning.arch) if self.tuning else {}
             for key, plan in tuned.items():
                 check_library_free(program, live_steps(replace(program, steps=plan)), f"{where} at {key}")
@@ -132,6 +128,10 @@ class Checked:
                     f"{sorted(self.state.specs)[:8]}"
                 )
             shapes = {n: sp.shape for n, sp in self.state.specs.items()}
+            for name, shape in scratch_shapes(program).items():
+                # programs share a name's memory (each kernel indexes only what its grid covers)
+                sizes = [self.scratch.get(name, (0,)), shape]
+                self.scratch[name] = max(sizes, key=lambda s: _count(s))
             self.entries.append(
                 Entry(
                     name,
@@ -244,6 +244,23 @@ def state_writes(program: Program, steps: Sequence[Step]) -> dict[str, str]:
             if target in state and result not in state:
                 out[result] = target
     return out
+
+
+def _count(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def scratch_layout(scratch: dict[str, tuple[int, ...]]) -> tuple[dict[str, int], int]:
+    """The scratch buffers (``Checked.scratch``: int32 arrival counters, ``aot.program.check_scratch``)
+    in one device allocation, which the runner zeroes once: (offset in bytes by name, size)."""
+    offsets, size = {}, 0
+    for name, shape in scratch.items():
+        offsets[name] = size
+        size += -(-_count(shape) * ITEMSIZE["int32"] // ALIGN) * ALIGN
+    return offsets, size
 
 
 class StateLayout:

@@ -2,7 +2,8 @@
 
 Memory: one device allocation holds every weight (each at a multiple of ``ALIGN`` bytes, streamed
 from the checked safetensors bytes straight into place: ``aot.runtime.weights``, beside the
-cubins' loading), one holds the activation arena (``aot.runtime.plan.ArenaLayout``), allocated by
+cubins' loading), one the state (a KV cache) and one the kernels' scratch (``Program.scratch``),
+both zeroed at load, and one holds the activation arena (``aot.runtime.plan.ArenaLayout``), allocated by
 the first call and grown when a later call needs more (a server that wants no growth loads with
 ``arena="largest"``: sized for the largest bucket). A call checks its arrays against the guards
 (and its index inputs' values: ``aot.runtime.calls``), copies them into the arena, runs the
@@ -50,7 +51,7 @@ from aot.runtime.arrays import (
     strides_at_pitch,
 )
 from aot.runtime.calls import Prepared, bucket_keys, check_slots, check_values
-from aot.runtime.plan import ArenaLayout, Checked, Entry, check_bundle, tail_start
+from aot.runtime.plan import ArenaLayout, Checked, Entry, check_bundle, scratch_layout, tail_start
 from aot.runtime.weights import Upload
 from aot.schema import StepKind
 from aot.tuning import bucket_key
@@ -156,6 +157,12 @@ class Runner:
         self.state_base = self.gpu.alloc(state.size) if state.size else 0
         if state.size:
             self.gpu.zero(self.state_base, state.size)
+        # the kernels' scratch (arrival counters): one allocation, zeroed once; every kernel that
+        # counts on it leaves it zeroed, so each call finds it so
+        self.scratch_offsets, scratch_size = scratch_layout(checked.scratch)
+        self.scratch_base = self.gpu.alloc(scratch_size) if scratch_size else 0
+        if scratch_size:
+            self.gpu.zero(self.scratch_base, scratch_size)
         self.itemsize = {
             name: ITEMSIZE[spec.dtype]
             for e in checked.entries
@@ -204,6 +211,8 @@ class Runner:
             return self.weights_base + self.weight_offsets[base] + offset
         if base in self.state_offsets:
             return self.state_base + self.state_offsets[base] + offset
+        if base in self.scratch_offsets:
+            return self.scratch_base + self.scratch_offsets[base] + offset
         return self.arena + layout.offsets[base] + offset
 
     @property
@@ -395,7 +404,10 @@ class Runner:
         key = (entry.name, *sorted(sizes.items()))
         prepared = self._prepared.get(key)
         if prepared is None:
-            resident = self.weights | set(self.state_offsets) | set(self.state_writes)  # not in the arena
+            # not in the arena
+            resident = (
+                self.weights | set(self.state_offsets) | set(self.state_writes) | set(self.scratch_offsets)
+            )
             steps = self.plans[entry.name].get(bucket_key(entry.program, sizes), entry.steps)
             tail = tail_start(entry.program, steps, sizes, TAIL_MIN_BYTES)
             layout = ArenaLayout(entry.program, steps, sizes, resident, tail)
@@ -416,8 +428,9 @@ class Runner:
         self.gpu.free(self.arena)
         self.gpu.free(self.weights_base)
         self.gpu.free(self.state_base)
+        self.gpu.free(self.scratch_base)
         self.gpu.release_blocks()  # outputs' blocks no array holds
-        self.arena = self.weights_base = self.state_base = 0
+        self.arena = self.weights_base = self.state_base = self.scratch_base = 0
 
 
 def load(

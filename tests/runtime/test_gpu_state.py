@@ -139,3 +139,49 @@ def test_the_generate_command_prints_the_torch_loaders_tokens(tiny_lm_free, caps
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["tokens"] == load(tiny_lm_free, device="cuda").generate([3, 14, 15], 5)
+
+
+def test_the_split_decode_attention_runs_on_the_runtime(tmp_path):
+    """A tiny Llama through ``aot.hf.causal_lm`` at a 1024-slot cache, built ``--library-free``:
+    its decode attention is the split-KV form in one kernel, counting arrivals on int32 counters
+    the program keeps as scratch (``Program.scratch``). The runtime allocates them and generates
+    the torch loader's greedy tokens on the same bundle, generation after generation (the
+    counters left zeroed by every launch), as do the torch loader's on the CPU."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    import transformers
+
+    import aot.runtime
+    from aot.codegen import generate as build
+    from aot.hf import causal_lm
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    out = tmp_path / "split.tpk"
+    spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=4, max_context=1024, name="llama")
+    compiled = build(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    decode = [p for p in (compiled.program, *compiled.program.variants) if p.scratch]
+    assert decode and any(
+        k.config.get("kind") == "decode_attention_split_combined" for k in decode[0].kernels
+    )
+    pack(compiled, out)
+    rt, ref = aot.runtime.load(out), load(out, device="cuda")
+    prompts = [[5, 17, 42, 8, 3], [11, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    want = ref.generate(prompts, 12)
+    for _ in range(3):
+        assert rt.generate(prompts, 12) == want
+    assert rt.generate(prompts[1], 12) == ref.generate(prompts[1], 12)
+    assert load(out).generate(prompts, 12) == want

@@ -160,3 +160,60 @@ def test_a_causal_lm_of_one_batch_row_generates_the_torch_loaders_tokens_in_the_
         + f"\nprint(json.dumps(runner.generate({prompt}, 3)))\n"
     )
     assert interpreted_json(script) == load(bundle).generate(prompt, 3)
+
+
+def test_the_split_decode_attentions_counters_are_allocated_and_left_zero(tmp_path, monkeypatch):
+    """A tiny Llama through ``aot.hf.causal_lm`` at a 256-slot cache, built ``--library-free`` with
+    the split-KV decode attention forced on (``AOTPACK_DECODE_SPLIT=2``): its one kernel counts
+    arrivals on int32 counters the program keeps as scratch (``Program.scratch``), which the
+    runtime allocates zeroed beside the state. Through the stand-in driver it generates the torch
+    loader's CPU tokens, and every counter is zero again after the generation."""
+    from aot.bundle import open_bundle
+    from aot.codegen import generate
+    from aot.codegen.decode_attention import SPLIT_ENV
+    from aot.hf import causal_lm
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    monkeypatch.setenv(SPLIT_ENV, "2")
+    bundle = tmp_path / "split.tpk"
+    spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=256, name="llama")
+    pack(generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True), bundle)
+    b = open_bundle(bundle)
+    try:
+        decode = next(p for p in (b.program(), *b.program().variants) if p.scratch)
+        kinds = {k.id: k.config.get("kind") for k in decode.kernels}
+        assert "decode_attention_split_combined" in kinds.values(), sorted(set(kinds.values()))
+        counters = sum(int(decode.buffers[n].shape[0]) for n in decode.scratch)
+    finally:
+        b.close()
+    prompts = [[5, 17, 42, 8, 3], [11, 9]]
+    script = (
+        f"import sys\nsys.argv = ['x', {str(bundle)!r}]\n"
+        + DRIVER
+        + f"""
+tokens = runner.generate({prompts}, 3)
+counts = device.host_tensor(runner.scratch_base, torch.int32)
+print(json.dumps([tokens, counts.tolist(), sorted(runner.scratch_offsets), {counters}]))
+"""
+    )
+    tokens, counts, names, n = interpreted_json(script)
+    assert tokens == load(bundle).generate(prompts, 3)
+    assert names == sorted(decode.scratch) and n > 0
+    assert len(counts) >= n and not any(counts), counts
