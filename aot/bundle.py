@@ -47,7 +47,7 @@ from aot.buckets import check_buckets
 from aot.digests import check_chunks, check_member, spans
 from aot.digests import mismatch as chunk_mismatch
 from aot.errors import BundleError, BundleWarning
-from aot.program import check_scratch
+from aot.program import check_greedy, check_scratch
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool, SymFloat
 from aot.serde import from_json, upgrade_manifest
 from aot.signature import check_signature, signature_problem, trusted_keys
@@ -421,6 +421,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
             )
     for p in (program, *program.variants):
         check_scratch(p, str(path))
+        check_greedy(p, str(path))
     kernels = {k.id for k in program.kernels}
     for step in _all_steps(program):
         if step.kind == StepKind.KERNEL and step.target not in kernels:

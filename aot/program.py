@@ -175,6 +175,57 @@ def check_scratch(program: Program, where: str) -> None:
             )
 
 
+# The greedy step's kernel (``Program.greedy``, ``aot.codegen.greedy``): its parameters (name,
+# kind, element type; "" where it follows the program: the logits' and the attention mask's), in
+# the order the loader passes them.
+GREEDY_PARAMS = (
+    ("logits", "ptr", ""),
+    ("logits_stride", "i64", ""),
+    ("tokens", "ptr", "int64"),
+    ("tokens_stride", "i64", ""),
+    ("step", "i64", ""),
+    ("input_ids", "ptr", "int64"),
+    ("position_ids", "ptr", "int64"),
+    ("cache_position", "ptr", "int64"),
+    ("attention_mask", "ptr", ""),
+    ("mask_stride", "i64", ""),
+    ("finished", "ptr", "bool"),
+    ("padding", "ptr", "int64"),
+    ("eos_ids", "ptr", "int64"),
+    ("n_eos", "i64", ""),
+    ("values", "ptr", "float32"),
+    ("indices", "ptr", "int32"),
+    ("counts", "ptr", "int32"),
+    ("rows", "i64", ""),
+)
+
+
+def check_greedy(program: Program, where: str) -> None:
+    """``Program.greedy`` as the loader relies on it: a kernel of the program, taking exactly
+    ``GREEDY_PARAMS`` (the logits' element type the program's first output's, the mask's its
+    ``attention_mask`` input's), with a grid of two dims (``BundleError`` otherwise)."""
+    if not program.greedy:
+        return
+    kernel = next((k for k in program.kernels if k.id == program.greedy), None)
+    if kernel is None:
+        raise BundleError(
+            f"{where}: greedy names kernel {program.greedy[:40]!r}, which the program does not define"
+        )
+    specs = tensor_specs(program)
+    follows = {
+        "logits": specs[program.outputs[0]].dtype if program.outputs and program.outputs[0] in specs else "?",
+        "attention_mask": specs["attention_mask"].dtype if "attention_mask" in specs else "?",
+    }
+    want = [(name, kind, dtype or follows.get(name, "")) for name, kind, dtype in GREEDY_PARAMS]
+    got = [(p.name, p.kind.value, p.dtype) for p in kernel.params]
+    if got != want:
+        bad = next((g, w) for g, w in zip([*got, None], [*want, None]) if g != w)
+        raise BundleError(
+            f"{where}: greedy kernel {kernel.name[:40]!r} takes parameter {bad[0]}, expected {bad[1]} "
+            "(aot.program.GREEDY_PARAMS); rebuild the bundle"
+        )
+
+
 def scratch_shapes(program: Program) -> dict[str, tuple[int, ...]]:
     """Each scratch buffer's shape (``check_scratch`` made them static), by name."""
     return {name: tuple(int(d) for d in program.buffers[name].shape) for name in program.scratch}

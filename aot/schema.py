@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = (1, 12)
+SCHEMA_VERSION = (1, 13)
 FORMAT_NAME = "aotpack-bundle"
 # The oldest torch whose ATen ops the loader has been checked against.
 TORCH_MIN = "2.11"
@@ -335,6 +335,10 @@ class Program:
     alternatives: tuple[GemmSite, ...] = field(default=(), metadata=OMIT_EMPTY)
     state: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
     scratch: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
+    # a causal LM's decode step: the kernel (of ``kernels``) that picks each row's greedy token
+    # and writes the next step's inputs between two steps (``aot.codegen.greedy``), which the
+    # loader's decode blocks launch with a workspace of their own; no step launches it
+    greedy: str = field(default="", metadata=OMIT_EMPTY)
 
 
 @dataclass(frozen=True)

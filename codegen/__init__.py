@@ -264,6 +264,11 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             configs=default_configs(),
         )
         cubins.update(default_cubins)
+    if options.decode_attention:  # a causal LM's decode step: its greedy step as one kernel
+        from aot.codegen.greedy import greedy_kernel
+
+        new_program, greedy_cubins = greedy_kernel(new_program, archs, compiler("greedy step kernel"), say)
+        cubins.update(greedy_cubins)
     steps, n_default_kernels = new_program.steps, len(new_program.kernels)
     # a library-free program runs the built-in table's one-row forms where a default build would
     one_row = one_row_forms(new_program) if options.library_free and DEFAULT_ARCH in archs else {}

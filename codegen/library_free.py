@@ -104,6 +104,7 @@ def library_free(
     used = {s.target for s in steps if s.kind == StepKind.KERNEL} | {
         s.target for site in kept for s in site.candidates[0].steps
     }
+    used.add(program.greedy)  # launched by the torch loader's decode blocks, not a step
     out = replace(
         program,
         steps=steps,

@@ -46,6 +46,9 @@ PINNED = {
     # buffers the runner keeps zeroed for its kernels (Program.scratch: the split-KV decode
     # attention's arrival counters; omitted when empty)
     (1, 12): "63e28daccfb036e595cf21806c9837034b3aff5531b308816ce72240ee1c24bd",
+    # a causal LM's decode step names the kernel the loader launches between two steps for the
+    # greedy token and the next inputs (Program.greedy; omitted when empty)
+    (1, 13): "fc626babb0ad6d66b0d4fa543a0cb5a3a97789b4bd29ff7d26444fb76fce9dae",
 }
 FINGERPRINT = Path(__file__).with_name("schema_fingerprint.txt")
 
