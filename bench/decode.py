@@ -51,7 +51,12 @@ SYSTEMS = ("aotpack", "aotpack-tuned", "hf_static_compile", "hf_eager")
 # also: "aotpack-sdpa", the default build with its decode attention left to the library (SDPA),
 # and "aotpack-nopdl", the default build with programmatic dependent launch off (every kernel
 # launched when the one before has ended)
-NO_EARLY_LAUNCH = {"aotpack-nopdl": {"AOTPACK_DEPENDENT_LAUNCH": "0"}}
+# and "aotpack-aten-greedy", the default build with the ATen steps between decode steps instead
+# of the greedy step's kernel (the argmax, the end rule and the next inputs)
+NO_EARLY_LAUNCH = {
+    "aotpack-nopdl": {"AOTPACK_DEPENDENT_LAUNCH": "0"},
+    "aotpack-aten-greedy": {"AOTPACK_GREEDY_KERNEL": "off"},
+}
 # and "aotpack-step", the default bundle generating one step per launch (``steps_per_launch=1``:
 # the argmax, the next inputs and the token's copy launched by the host around each step's graph)
 STEPS_PER_LAUNCH = {"aotpack-step": 1}
@@ -489,7 +494,7 @@ def build_bundles(
     traced = trace(spec)
     print(f"traced {model} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     paths = {}
-    if ("aotpack-nopdl" in wanted or "aotpack-step" in wanted) and "aotpack" not in wanted:
+    if set(wanted) & {"aotpack-nopdl", "aotpack-step", "aotpack-aten-greedy"} and "aotpack" not in wanted:
         wanted.append("aotpack")
     if "aotpack" in wanted:
         start = time.perf_counter()
@@ -498,7 +503,7 @@ def build_bundles(
         pack(generate(traced, archs, progress=say), paths["aotpack"], split_weights=True)
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
         # the same bundle: every kernel launched after the one before; one step per launch
-        paths["aotpack-nopdl"] = paths["aotpack-step"] = paths["aotpack"]
+        paths["aotpack-nopdl"] = paths["aotpack-step"] = paths["aotpack-aten-greedy"] = paths["aotpack"]
     if "aotpack-sdpa" in wanted:
         start = time.perf_counter()
         paths["aotpack-sdpa"] = out / f"{stem}-sdpa.tpk"

@@ -107,6 +107,8 @@ for item in "$@"; do
     # sep-MODEL: decode-MODEL with the split-KV decode attention's combine as a kernel of its own
     # (AOTPACK_DECODE_COMBINE=separate; the default combines in the one kernel), bundles of its own
     sep-*) cmd=(env AOTPACK_DECODE_COMBINE=separate ${DECODE_SPLIT:+AOTPACK_DECODE_SPLIT=$DECODE_SPLIT} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#sep-}" --out "$RES/decode-sep-${step#sep-}" --bundles /tmp/bundles-sep ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
+    # the greedy step's kernel, generate in blocks, and aotpack-rt's scratch (the split decode attention), on the GPU
+    greedy-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_greedy_gpu.py tests/gpu/test_generate_gpu.py tests/runtime/test_gpu_state.py) ;;
     # fewe-MODEL: few-MODEL with the fewe_ forms (AOTPACK_FEW_ROWS=$FEWE_ROWS), bundles and results of its own
     fewe-*) cmd=(env AOTPACK_FEW_ROWS="${FEWE_ROWS:-fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128}" AOTPACK_FEW_ROWS_PROLOGUE=1 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#fewe-}" --out "$RES/decode-fewe-${step#fewe-}" --bundles /tmp/bundles-fewe ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
