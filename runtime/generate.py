@@ -6,8 +6,12 @@ The bundle follows the LM wrapper contract of ``aot.hf.causal_lm`` (as the torch
 [batch, max_context], a KV cache as state, the logits of each row's last position as output.
 Prompts of different lengths are left-padded to the longest, each row's positions counting its
 own tokens, so a row's tokens are those it gets alone. The inputs are host arrays made here
-(``ctypes``, no NumPy); each step's logits come back to the host and the next token is the first
-index of the row's largest logit, as ``argmax`` picks (with NumPy where installed, else in Python).
+(``ctypes``, no NumPy). The next token is the first index of the row's largest logit, as
+``argmax`` picks: where the decode program carries its greedy kernel (``Program.greedy``, the
+build's ``aot.codegen.greedy``) it runs on the device after each call and only the tokens come
+back (``DeviceArgmax``: 8 bytes a row, not the row's logits: 256 KiB of Llama-3's); else, and
+after the prefill, the logits come back and the host picks (with NumPy where installed, else in
+Python).
 """
 
 from __future__ import annotations
@@ -96,6 +100,93 @@ def argmax_rows(data: bytes, dtype: str, rows: int, vocab: int) -> list[int]:
     return out
 
 
+class DeviceArgmax:
+    """The decode program's greedy kernel (``aot.codegen.greedy``) run for its argmax alone: no end
+    tokens (the host keeps the end-of-sequence rule), the next inputs it also writes going to
+    buffers of its own, never read; one allocation for them, its workspace and its counters,
+    zeroed here, freed by ``close``. ``tokens`` launches it on a decode call's logits and copies
+    back each row's token."""
+
+    def __init__(self, runner: Any, kernel_id: str, rows: int, calls: int):
+        from aot.dtypes import ITEMSIZE
+
+        self.runner, self.rows = runner, rows
+        self.kernel, self.record = runner.kernels[kernel_id], runner.records[kernel_id]
+        self.chunks = int(self.record.config["CHUNKS"])
+        mask = next(p.dtype for p in self.record.params if p.name == "attention_mask")
+        # the mask's new slot moves one column a launch: a row of ``calls`` + 2 columns holds them all
+        self.width = calls + 2
+        sizes = {
+            "tokens": rows * 8,
+            "input_ids": rows * 8,
+            "position_ids": rows * 8,
+            "cache_position": 8,
+            "attention_mask": rows * self.width * ITEMSIZE[mask],
+            "finished": rows,
+            "padding": rows * 8,
+            "eos_ids": 8,
+            "values": rows * self.chunks * 4,
+            "indices": rows * self.chunks * 4,
+            "counts": (rows + 1) * 4,
+        }
+        self.at, total = {}, 0
+        for name, nbytes in sizes.items():
+            self.at[name] = total
+            total += -(-nbytes // 256) * 256
+        self.base = runner.gpu.alloc(total)
+        runner.gpu.zero(self.base, total)
+        self.host = (ctypes.c_int64 * rows)()
+
+    def tokens(self, logits: Any) -> list[int]:
+        """Each row's token of ``logits`` (a ``DeviceArray`` [rows, vocab]), on the device."""
+        from aot.runtime import driver as drv
+
+        ptr = {name: self.base + offset for name, offset in self.at.items()}
+        stride = logits.strides[0] if logits.strides is not None else logits.shape[1]
+        values = [
+            ("ptr", logits.ptr),
+            ("i64", stride),
+            ("ptr", ptr["tokens"]),
+            ("i64", 1),
+            ("i64", 0),
+            ("ptr", ptr["input_ids"]),
+            ("ptr", ptr["position_ids"]),
+            ("ptr", ptr["cache_position"]),
+            ("ptr", ptr["attention_mask"]),
+            ("i64", self.width),
+            ("ptr", ptr["finished"]),
+            ("ptr", ptr["padding"]),
+            ("ptr", ptr["eos_ids"]),
+            ("i64", 0),
+            ("ptr", ptr["values"]),
+            ("ptr", ptr["indices"]),
+            ("ptr", ptr["counts"]),
+            ("i64", self.rows),
+            *[("ptr", 0)] * self.record.scratch_params,
+        ]
+        params, storage = drv.pack_params(values)
+        gpu = self.runner.gpu
+        self.kernel.launch((self.chunks, self.rows, 1), gpu.stream, params)
+        gpu.synchronize()
+        gpu.to_host(ctypes.addressof(self.host), ptr["tokens"], self.rows * 8)
+        del storage
+        return list(self.host)
+
+    def close(self) -> None:
+        self.runner.gpu.free(self.base)
+        self.base = 0
+
+
+def decode_argmax(runner: Any, rows: int, calls: int) -> DeviceArgmax | None:
+    """``DeviceArgmax`` for the bundle's decode program where it carries a greedy kernel the runner
+    loaded, else None (the host picks)."""
+    for entry in runner.checked.entries:
+        kid = entry.program.greedy
+        if entry.entry == "decode" and kid and kid in runner.kernels:
+            return DeviceArgmax(runner, kid, rows, calls)
+    return None
+
+
 def generate(
     runner: Any,
     prompt_ids: Any,
@@ -129,9 +220,13 @@ def generate(
     last = [row[-1] for row in positions]
     order = runner.checked.input_names
 
+    on_device = decode_argmax(runner, batch, max_new_tokens) if max_new_tokens > 1 else None
+
     def call(entry: str, inputs: dict[str, HostInt64]) -> list[int]:
         out = runner.run_views([inputs[n].view() for n in order], entry_point=entry, check_indices=False)
         logits = out if hasattr(out, "dtype") else (out.logits if hasattr(out, "logits") else out[0])
+        if entry == "decode" and on_device is not None:
+            return on_device.tokens(logits)
         rows, vocab = logits.shape
         data = ctypes.create_string_buffer(logits.nbytes)
         runner.gpu.synchronize()
@@ -139,37 +234,40 @@ def generate(
         return argmax_rows(data.raw, logits.dtype, rows, vocab)
 
     runner.reset(range(batch))
-    # every slot written is < longest + max_new_tokens <= context (checked above)
-    tokens = call(
-        "prefill",
-        {
-            "input_ids": HostInt64(ids),
-            "position_ids": HostInt64(positions),
-            "cache_position": HostInt64(list(range(longest))),
-            "attention_mask": HostInt64(mask),
-        },
-    )
-    new: list[list[int]] = [[] for _ in prompts]
-    done = [False] * batch
-    for step in range(max_new_tokens):
-        tokens = [pad if done[i] else t for i, t in enumerate(tokens)]
-        for i, t in enumerate(tokens):
-            if not done[i]:
-                new[i].append(t)
-                done[i] = t in eos
-        if step + 1 == max_new_tokens or all(done):
-            break
-        slot = longest + step
-        for row in mask:
-            row[slot] = 1
-        last = [p + 1 for p in last]
+    try:  # every slot written is < longest + max_new_tokens <= context (checked above)
         tokens = call(
-            "decode",
+            "prefill",
             {
-                "input_ids": HostInt64([[t] for t in tokens]),
-                "position_ids": HostInt64([[p] for p in last]),
-                "cache_position": HostInt64([slot]),
+                "input_ids": HostInt64(ids),
+                "position_ids": HostInt64(positions),
+                "cache_position": HostInt64(list(range(longest))),
                 "attention_mask": HostInt64(mask),
             },
         )
-    return new[0] if flat else new
+        new: list[list[int]] = [[] for _ in prompts]
+        done = [False] * batch
+        for step in range(max_new_tokens):
+            tokens = [pad if done[i] else t for i, t in enumerate(tokens)]
+            for i, t in enumerate(tokens):
+                if not done[i]:
+                    new[i].append(t)
+                    done[i] = t in eos
+            if step + 1 == max_new_tokens or all(done):
+                break
+            slot = longest + step
+            for row in mask:
+                row[slot] = 1
+            last = [p + 1 for p in last]
+            tokens = call(
+                "decode",
+                {
+                    "input_ids": HostInt64([[t] for t in tokens]),
+                    "position_ids": HostInt64([[p] for p in last]),
+                    "cache_position": HostInt64([slot]),
+                    "attention_mask": HostInt64(mask),
+                },
+            )
+        return new[0] if flat else new
+    finally:
+        if on_device is not None:
+            on_device.close()

@@ -85,11 +85,15 @@ runner = Runner(check(bundle_path), device, graphs=False)
 SCRIPT = (
     DRIVER
     + """
+from aot.runtime import generate as generate_module
+on_device = []  # decode calls whose tokens the greedy kernel picked (``DeviceArgmax``)
+picked = generate_module.DeviceArgmax.tokens
+generate_module.DeviceArgmax.tokens = lambda self, logits: on_device.append(1) or picked(self, logits)
 prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
 both = runner.generate(prompts, new)
 one = runner.generate(prompts[0], new)
 again = runner.generate(prompts, new)
-print(json.dumps([both, one, again, runner.state_names, runner.checked.state.size]))
+print(json.dumps([both, one, again, runner.state_names, runner.checked.state.size, len(on_device)]))
 """
 )
 
@@ -99,7 +103,8 @@ def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_
 
     free, _ = tiny_lm_free
     script = f"import sys\nsys.argv = ['x', {str(free)!r}, {json.dumps(PROMPTS)!r}, '{NEW}']\n" + SCRIPT
-    both, one, again, state_names, state_size = interpreted_json(script)
+    both, one, again, state_names, state_size, on_device = interpreted_json(script)
+    assert on_device == 3 * (NEW - 1)  # every decode call's tokens picked on the device
     cpu = load(free)
     want = cpu.generate(PROMPTS, NEW)
     assert both == want and again == want
@@ -130,7 +135,8 @@ def test_hf_causal_lms_generate_the_torch_loaders_tokens_in_the_interpreter(kind
     pack(generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True), bundle)
     prompts = [[5, 17, 42, 8, 3], [11, 9]]
     script = f"import sys\nsys.argv = ['x', {str(bundle)!r}, {json.dumps(prompts)!r}, '3']\n" + SCRIPT
-    both, one, again, _, _ = interpreted_json(script)
+    both, one, again, _, _, on_device = interpreted_json(script)
+    assert on_device > 0
     cpu = load(bundle)
     want = cpu.generate(prompts, 3)
     assert both == want and again == want
