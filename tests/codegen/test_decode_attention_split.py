@@ -352,8 +352,6 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     from tests.realmodels.conftest import require
 
     require("transformers")
-    import transformers
-
     from aot.codegen import generate
     from aot.codegen.decode_attention import COMBINE_ENV, SPLIT_ENV
     from aot.codegen.decode_sites import SDPA
@@ -361,20 +359,10 @@ def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     from aot.packager import pack
     from aot.schema import StepKind
     from aot.tracer import trace
-
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=64,
-        tie_word_embeddings=True,
-    )
+    from tests.hf.test_causal_lm import tiny_llama
 
     def build():
-        spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=2048, name="t")
+        spec = causal_lm(tiny_llama(), max_batch=2, max_context=2048, name="t")
         return generate(trace(spec), ("sm_90",))
 
     def decode_programs(compiled):

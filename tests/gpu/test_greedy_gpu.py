@@ -23,28 +23,15 @@ def bundle(request, tmp_path_factory):
     from tests.realmodels.conftest import require
 
     require("transformers")
-    import transformers
-
     from aot.codegen import generate
     from aot.hf import causal_lm
     from aot.packager import pack
     from aot.tracer import trace
+    from tests.hf.test_causal_lm import tiny_llama
 
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=request.param,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
     major, minor = torch.cuda.get_device_capability()
-    spec = causal_lm(
-        lambda: transformers.LlamaForCausalLM(cfg), max_batch=4, max_context=64, dtype="float16", name="wide"
-    )
+    factory = tiny_llama(num_hidden_layers=2, vocab_size=request.param, max_position_embeddings=64)
+    spec = causal_lm(factory, max_batch=4, max_context=64, dtype="float16", name="wide")
     path = tmp_path_factory.mktemp("greedy") / f"wide-{request.param}.tpk"
     pack(generate(trace(spec), (f"sm_{major}{minor}",)), path)
     return path

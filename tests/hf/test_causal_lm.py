@@ -98,6 +98,27 @@ MORE = {
 }
 
 
+# A Llama-3.2-shaped tiny causal LM: grouped-query heads (4 over 2 KV heads), tied embeddings.
+TINY_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=64,
+    tie_word_embeddings=True,
+)
+
+
+def tiny_llama(**overrides):
+    """A factory of ``TINY_LLAMA`` (random weights), with ``overrides`` of its config."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(**{**TINY_LLAMA, **overrides})
+    return lambda: transformers.LlamaForCausalLM(cfg)
+
+
 def factory(kind: str):
     cls, config = _config(kind)
     return lambda: cls(config)

@@ -150,28 +150,21 @@ def test_the_split_decode_attention_runs_on_the_runtime(tmp_path):
     from tests.realmodels.conftest import require
 
     require("transformers")
-    import transformers
-
     import aot.runtime
     from aot.codegen import generate as build
     from aot.hf import causal_lm
     from aot.loader import load
     from aot.packager import pack
     from aot.tracer import trace
+    from tests.hf.test_causal_lm import tiny_llama
 
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
     out = tmp_path / "split.tpk"
-    spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=4, max_context=1024, name="llama")
+    spec = causal_lm(
+        tiny_llama(num_hidden_layers=2, max_position_embeddings=1024),
+        max_batch=4,
+        max_context=1024,
+        name="llama",
+    )
     compiled = build(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
     decode = [p for p in (compiled.program, *compiled.program.variants) if p.scratch]
     assert decode and any(

@@ -181,25 +181,14 @@ def test_the_split_decode_attentions_counters_are_allocated_and_left_zero(tmp_pa
     from aot.loader import load
     from aot.packager import pack
     from aot.tracer import trace
+    from tests.hf.test_causal_lm import tiny_llama
     from tests.realmodels.conftest import require
 
     require("transformers")
-    import transformers
 
-    cfg = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=64,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
     monkeypatch.setenv(SPLIT_ENV, "2")
     bundle = tmp_path / "split.tpk"
-    spec = causal_lm(lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=256, name="llama")
+    spec = causal_lm(tiny_llama(max_position_embeddings=256), max_batch=2, max_context=256, name="llama")
     pack(generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True), bundle)
     b = open_bundle(bundle)
     try:
