@@ -332,7 +332,7 @@ def _rewrite_for_kernels(
     whole aranges and position lookups as views, convolution biases and layouts): ``traced`` with the transposed, stacked and padded
     weights, the rewritten program, and how many activations were folded and weights padded."""
     from aot.codegen.activation_folding import fold_activations
-    from aot.codegen.attention import fold_gqa_repeats, simplify_attention_masks
+    from aot.codegen.attention import eager_attention_as_sdpa, fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
     from aot.codegen.index_views import gathers_as_slices, indexes_as_views, strides_as_views
     from aot.codegen.layouts import channels_last as lay_out_channels_last
@@ -368,6 +368,8 @@ def _rewrite_for_kernels(
         say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
         traced = replace(traced, program=program, weights=weights)
     ranges = _ranges(traced)
+    if options.decode_attention and not options.library_free:  # eager attention at one query: SDPA
+        program, _ = eager_attention_as_sdpa(program, log=say)
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, _ = fold_gqa_repeats(program, log=say, any_length=options.library_free)
     program, folded = fold_activations(program)

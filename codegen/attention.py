@@ -383,3 +383,154 @@ def _fold_one(program: Program, step: Step, producer: dict[str, int], buffers: d
             outputs=(out,),
         ),
     ]
+
+
+# Eager attention at one query (``eager_attention_as_sdpa``): the steps an HF model's eager
+# attention traces to, by target, from the scores' product to the output's view.
+_BMM, _VIEW, _EXPAND, _PERMUTE = (
+    "aten.bmm.default",
+    "aten.view.default",
+    "aten.expand.default",
+    "aten.permute.default",
+)
+_CAST, _CLONE, _SOFTMAX = "aten._to_copy.default", "aten.clone.default", "aten._softmax.default"
+_SCALE_OPS = ("aten.div.Tensor", "aten.mul.Tensor")
+
+
+def eager_attention_as_sdpa(
+    program: Program, log: Callable[[str], None] | None = None
+) -> tuple[Program, int]:
+    """``program`` with each eager attention of one query (GPT-J's: the query and keys cast to
+    float32, ``bmm`` over ``expand``/``view``, divided by a constant, plus an additive mask, softmax,
+    cast back, ``bmm`` with the values) as one ``scaled_dot_product_attention`` step over the same
+    query, keys, values and mask, the constant its ``scale``: the same function (SDPA computes in
+    float32 from half-precision operands, the products exact), which the decode attention kernel
+    then takes (``aot.codegen.decode_attention``). Only where every step between reads the one
+    before alone, the mask is added after the scale (so it is not scaled), the operands are
+    [B, H, 1, D] and [B, H, S, D] of one dtype and the mask [B or 1, 1, 1, S] of it; elsewhere
+    nothing changes. Returns the program and how many were rewritten."""
+    steps = list(program.steps)
+    producer, readers = producer_of(steps), {}
+    for i, s in enumerate(steps):
+        for r in dict.fromkeys(step_reads(s)):
+            readers.setdefault(r, []).append(i)
+    specs = {**{i.name: i.spec for i in program.inputs}, **{w.name: w.spec for w in program.weights}}
+    specs.update(program.buffers)
+    out_steps: dict[int, Step] = {}
+    for i, step in enumerate(steps):
+        if step.target == _SOFTMAX and step.outputs:
+            found = _eager_attention(steps, i, producer, readers, specs)
+            if found is not None:
+                at, sdpa = found
+                out_steps[at] = sdpa
+    if not out_steps:
+        return program, 0
+    new = [out_steps.get(i, s) for i, s in enumerate(steps)]
+    if log:
+        log(f"  {len(out_steps)} eager attention calls of one query run as scaled_dot_product_attention")
+    return _drop_dead_steps(replace(program, steps=tuple(new))), len(out_steps)
+
+
+def _only_reader(name: str, readers: dict[str, list[int]], steps: list[Step], target) -> Step | None:
+    """The one step that reads ``name``, where it is of ``target`` (a name or a tuple of them)."""
+    at = readers.get(name, [])
+    if len(at) != 1:
+        return None
+    step = steps[at[0]]
+    targets = (target,) if isinstance(target, str) else target
+    return step if step.target in targets and step.outputs else None
+
+
+def _made_by(name: str, producer: dict[str, int], steps: list[Step], target) -> Step | None:
+    at = producer.get(name)
+    if at is None:
+        return None
+    step = steps[at]
+    targets = (target,) if isinstance(target, str) else target
+    return step if step.target in targets and step.args and isinstance(step.args[0], Buf) else None
+
+
+def _operand(name: str, producer, steps, transposed: bool) -> str | None:
+    """The [B, H, L, D] tensor a ``bmm`` operand views: ``view(expand(x))``, through a
+    ``permute(0, 1, 3, 2)`` where ``transposed`` (the keys), and a cast where there is one."""
+    view = _made_by(name, producer, steps, _VIEW)
+    expand = view and _made_by(view.args[0].name, producer, steps, _EXPAND)
+    if expand is None:
+        return None
+    src = expand.args[0].name
+    if transposed:
+        permute = _made_by(src, producer, steps, _PERMUTE)
+        if permute is None or list(permute.args[1]) != [0, 1, 3, 2]:
+            return None
+        src = permute.args[0].name
+    cast = _made_by(src, producer, steps, _CAST)
+    return cast.args[0].name if cast is not None and set(cast.kwargs) <= {"dtype"} else src
+
+
+def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step] | None:
+    """(the index of the output's view step, the SDPA step in its place) for the eager attention
+    whose softmax is ``steps[at]``; None where it is not one (``eager_attention_as_sdpa``)."""
+    softmax = steps[at]
+    if not isinstance(softmax.args[0], Buf) or list(softmax.args[1:]) not in ([-1, False], [3, False]):
+        return None
+
+    def back(name: str, target) -> Step | None:  # what made ``name``, read by its one reader alone
+        step = _made_by(name, producer, steps, target)
+        return step if step is not None and len(readers.get(step.outputs[0], [])) == 1 else None
+
+    mask = scale = None
+    score = softmax.args[0].name
+    add = back(score, "aten.add.Tensor")
+    if add is not None:
+        if len(add.args) != 2 or not isinstance(add.args[1], Buf) or add.kwargs:
+            return None
+        mask, score = add.args[1], add.args[0].name
+    scaled = back(score, _SCALE_OPS)
+    if scaled is not None:
+        c = scaled.args[1] if len(scaled.args) == 2 else None
+        if type(c) not in (int, float) or not c or scaled.kwargs:
+            return None
+        scale, score = (1.0 / c if scaled.target == "aten.div.Tensor" else float(c)), scaled.args[0].name
+    view = back(score, _VIEW)
+    bmm = view and back(view.args[0].name, _BMM)
+    if bmm is None or not all(isinstance(a, Buf) for a in bmm.args[:2]):
+        return None
+    q = _operand(bmm.args[0].name, producer, steps, transposed=False)
+    k = _operand(bmm.args[1].name, producer, steps, transposed=True)
+    # forward: cast back, dropout's clone (eval), then view(expand(p)) @ view(expand(v)), viewed back
+    name = softmax.outputs[0]
+    for target in (_CAST, _CLONE):
+        step = _only_reader(name, readers, steps, target)
+        if step is not None:
+            name = step.outputs[0]
+    expand = _only_reader(name, readers, steps, _EXPAND)
+    pview = expand and _only_reader(expand.outputs[0], readers, steps, _VIEW)
+    pv = pview and _only_reader(pview.outputs[0], readers, steps, _BMM)
+    if pv is None or not isinstance(pv.args[1], Buf) or pv.args[0] != Buf(pview.outputs[0]):
+        return None
+    v = _operand(pv.args[1].name, producer, steps, transposed=False)
+    out = _only_reader(pv.outputs[0], readers, steps, _VIEW)
+    if q is None or k is None or v is None or out is None:
+        return None
+    qs, ks, vs, os_ = (specs.get(n) for n in (q, k, v, out.outputs[0]))
+    if any(s is None or len(s.shape) != 4 for s in (qs, ks, vs, os_)):
+        return None
+    batch, heads, rows, dim = qs.shape
+    if rows != "1" or ks.shape != vs.shape or ks.shape[:2] != (batch, heads) or ks.shape[3] != dim:
+        return None
+    if tuple(os_.shape) != tuple(qs.shape) or len({qs.dtype, ks.dtype, vs.dtype, os_.dtype}) != 1:
+        return None
+    if mask is not None:
+        ms = specs.get(mask.name)
+        if ms is None or ms.dtype != qs.dtype or tuple(ms.shape[1:]) != ("1", "1", ks.shape[2]):
+            return None
+        if ms.shape[0] not in (batch, "1"):
+            return None
+    sdpa = Step(
+        kind=out.kind,
+        target=SDPA,
+        args=(Buf(q), Buf(k), Buf(v), mask, 0.0, False),
+        kwargs={"scale": 1.0 if scale is None else scale},  # unscaled: not SDPA's 1/sqrt(D)
+        outputs=out.outputs,
+    )
+    return steps.index(out), sdpa

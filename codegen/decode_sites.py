@@ -408,6 +408,19 @@ def rotary_of(
     return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride)
 
 
+def _heads_first(p: _Program, name: str, shape: tuple[str, ...]) -> str | None:
+    """The row-major [B, 1, H, D] buffer of ``shape`` that ``name`` permutes to [B, H, 1, D]
+    (``permute(0, 2, 1, 3)``: one query, so the same bytes in the same order; GPT-J's queries after
+    its rotary), else None."""
+    s = p.view_step(name)
+    if s is None or s.target != "aten.permute.default" or not isinstance(s.args[0], Buf):
+        return None
+    src = s.args[0].name
+    if list(s.args[1]) != [0, 2, 1, 3] or p.shape(src) != shape or not p.materialized(src):
+        return None
+    return src
+
+
 def find_decode_sites(
     program: Program, fold_writes: bool = True, fold_rotary: bool = True
 ) -> list[DecodeSite]:
@@ -464,6 +477,8 @@ def find_decode_sites(
                 if found is None or found[2] != "1" or found[3] != heads or found[4] != head_dim:
                     continue
                 q_base, q_stride, q_column = found[0].base, found[0].width, found[0].column
+        elif (relabel := _heads_first(p, q.name, (batch, "1", str(heads), str(head_dim)))) is not None:
+            q_base, q_stride, q_column = relabel, heads * head_dim, 0
         else:  # a head view of a projection's rows (GPT-2's fused QKV)
             flash = flash or _Finder(program)
             found = flash.operand(q.name, dtype)

@@ -1,7 +1,7 @@
 """Bundles of unmodified transformers causal LMs (``aot.hf.causal_lm``) generate exactly the tokens
 of transformers' greedy ``generate`` (fp32, CPU): tiny random-weight GPT-2 and Llama (grouped-
-query) configs by default, Qwen2, Mistral (sliding window), Falcon (multi-query) and GPT-Neo
-(eager attention) in the slow run. Each bundle is built once per session; the configs and the reference ``generate`` call are
+query) configs by default, Qwen2, Mistral (sliding window), Falcon (multi-query), GPT-Neo
+(eager attention) and GPT-J (eager attention run as SDPA at one query) in the slow run. Each bundle is built once per session; the configs and the reference ``generate`` call are
 those of tests/hf."""
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ KINDS = [
     pytest.param("falcon", marks=pytest.mark.slow),
     # eager attention (matmuls and a softmax, no SDPA call), a local layer spanning the context
     pytest.param("gpt_neo", marks=pytest.mark.slow),
+    # eager attention its decode program runs as SDPA (aot.codegen.attention.eager_attention_as_sdpa)
+    pytest.param("gptj", marks=pytest.mark.slow),
 ]
 
 
