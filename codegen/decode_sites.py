@@ -214,6 +214,8 @@ class _Program:
             return None
         if self.materialized(new.name):
             at = NewRows(new.name, kv * head_dim, 0)
+        elif (relabel := _heads_first(self, new.name, (batch, "1", str(kv), str(head_dim)))) is not None:
+            at = NewRows(relabel, kv * head_dim, 0)  # GPT-J's new keys, after its rotary
         elif (found := rows.operand(new.name, dtype)) is not None:
             if found[2] != "1" or found[3] != kv or found[4] != head_dim:
                 return None

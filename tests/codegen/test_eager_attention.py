@@ -4,8 +4,10 @@ kernel: GPT-J's (float32 scores, ``bmm`` over ``expand``/``view``, divided by a 
 additive mask, softmax, cast back) becomes one SDPA step per layer of its decode program, with the
 constant's reciprocal as ``scale``, and the decode kernel takes it; its prefill (queries of any
 length) keeps its steps; CodeGen's, which adds the mask before scaling, is left alone. In the slow
-run: each decode kernel of GPT-J's bundle matches its reference in Triton's interpreter, and the
-bundle's greedy tokens equal transformers' (``tests/lm/test_hf_generate.py`` too).
+run: the kernels also write the step's keys (GPT-J's, rotated, [B, 1, H, D] permuted heads first)
+and values into the cache, each decode kernel of GPT-J's bundle matches its reference (the cache
+writes included) in Triton's interpreter, and the bundle's greedy tokens equal transformers'
+(``tests/lm/test_hf_generate.py``).
 """
 
 from __future__ import annotations
@@ -64,9 +66,8 @@ def test_gptj_decodes_with_the_decode_kernel(tmp_path):
     said: list[str] = []
     spec = causal_lm(factory("gptj"), max_batch=2, max_context=32, name="gptj", dtype="float32")
     compiled = generate(trace(spec), ("sm_90",), progress=said.append)
-    assert any("2 one-token SDPA calls over a KV cache run as decode attention kernels" in m for m in said), (
-        said
-    )
+    taken = "2 one-token SDPA calls over a KV cache run as decode attention kernels, 2 of them writing"
+    assert any(taken in m for m in said), said  # the new keys (after the rotary) and values too
     decode = compiled.program.variants[0]
     assert sum(k.config.get("kind") == "decode_attention" for k in decode.kernels) == 1  # both layers' kernel
     bundle = tmp_path / "gptj.tpk"
