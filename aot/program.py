@@ -200,10 +200,16 @@ GREEDY_PARAMS = (
 )
 
 
+def greedy_params(values: dict[str, int]) -> list[tuple[str, int]]:
+    """The greedy kernel's launch parameters, (kind, value) in ``GREEDY_PARAMS`` order, from
+    ``values`` by name (a pointer's device address, a size): what both loaders pack."""
+    return [(kind, values[name]) for name, kind, _ in GREEDY_PARAMS]
+
+
 def check_greedy(program: Program, where: str) -> None:
     """``Program.greedy`` as the loader relies on it: a kernel of the program, taking exactly
     ``GREEDY_PARAMS`` (the logits' element type the program's first output's, the mask's its
-    ``attention_mask`` input's), with a grid of two dims (``BundleError`` otherwise)."""
+    ``attention_mask`` input's); ``BundleError`` otherwise."""
     if not program.greedy:
         return
     kernel = next((k for k in program.kernels if k.id == program.greedy), None)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
-from aot.program import RESHAPE_VIEWS, producer_of, step_reads
+from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads, tensor_specs
 from aot.schema import Buf, Program, Step, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
@@ -410,12 +410,7 @@ def eager_attention_as_sdpa(
     [B, H, 1, D] and [B, H, S, D] of one dtype and the mask [B or 1, 1, 1, S] of it; elsewhere
     nothing changes. Returns the program and how many were rewritten."""
     steps = list(program.steps)
-    producer, readers = producer_of(steps), {}
-    for i, s in enumerate(steps):
-        for r in dict.fromkeys(step_reads(s)):
-            readers.setdefault(r, []).append(i)
-    specs = {**{i.name: i.spec for i in program.inputs}, **{w.name: w.spec for w in program.weights}}
-    specs.update(program.buffers)
+    producer, readers, specs = producer_of(steps), readers_of(steps), tensor_specs(program)
     out_steps: dict[int, Step] = {}
     for i, step in enumerate(steps):
         if step.target == _SOFTMAX and step.outputs:
@@ -533,4 +528,4 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step] | 
         kwargs={"scale": 1.0 if scale is None else scale},  # unscaled: not SDPA's 1/sqrt(D)
         outputs=out.outputs,
     )
-    return steps.index(out), sdpa
+    return producer[out.outputs[0]], sdpa

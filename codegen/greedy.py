@@ -36,6 +36,7 @@ from typing import Any
 
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_id
+from aot.dtypes import ITEMSIZE
 from aot.program import GREEDY_PARAMS
 from aot.schema import KernelParam, ParamKind, Program
 
@@ -150,7 +151,7 @@ def render_greedy(vocab: int, logits_dtype: str, mask_dtype: str) -> Rendered:
             "VOCAB": vocab,
         },
         ops=("aten.argmax.default",),
-        bytes_moved=f"rows*{vocab * {'float32': 4}.get(logits_dtype, 2)}",
+        bytes_moved=f"rows*{vocab * ITEMSIZE[logits_dtype]}",
     )
 
 

@@ -183,28 +183,24 @@ class _Block:
     def _greedy_step(self, logits: torch.Tensor, j: int) -> None:
         """The ATen steps of ``_steps`` between two decode steps, as the greedy kernel's one launch."""
         ins = self.inputs
-        eos = self.eos_ids if self.eos_ids is not None else self.no_eos
         self.greedy.launch(
-            [
-                logits,
-                logits.stride(0),
-                self.tokens,
-                self.tokens.stride(0),
-                j,
-                ins["input_ids"],
-                ins["position_ids"],
-                ins["cache_position"],
-                ins["attention_mask"],
-                ins["attention_mask"].stride(0),
-                self.finished,
-                self.padding,
-                eos,
-                0 if self.eos_ids is None else self.eos_ids.numel(),
-                self.values,
-                self.indices,
-                self.counts,
-                self.batch,
-            ],
+            {
+                "logits": logits,
+                "logits_stride": logits.stride(0),
+                "tokens": self.tokens,
+                "tokens_stride": self.tokens.stride(0),
+                "step": j,
+                **{n: ins[n] for n in ("input_ids", "position_ids", "cache_position", "attention_mask")},
+                "mask_stride": ins["attention_mask"].stride(0),
+                "finished": self.finished,
+                "padding": self.padding,
+                "eos_ids": self.eos_ids if self.eos_ids is not None else self.no_eos,
+                "n_eos": 0 if self.eos_ids is None else self.eos_ids.numel(),
+                "values": self.values,
+                "indices": self.indices,
+                "counts": self.counts,
+                "rows": self.batch,
+            },
             self.batch,
         )
 
@@ -221,11 +217,13 @@ class _Greedy:
         self.function = gpu.function(kernel)
         self.chunks = int(kernel.config["CHUNKS"])
 
-    def launch(self, args: list[Any], rows: int) -> None:
+    def launch(self, args: dict[str, Any], rows: int) -> None:
+        """Launch over ``rows`` rows; ``args``: each parameter by name, a tensor or a size."""
         from aot.loader.cuda import pack_params
+        from aot.program import greedy_params
 
-        values = [("ptr", a.data_ptr()) if isinstance(a, torch.Tensor) else ("i64", int(a)) for a in args]
-        params, storage = pack_params([*values, *[("ptr", 0)] * self.kernel.scratch_params])
+        values = {n: a.data_ptr() if isinstance(a, torch.Tensor) else int(a) for n, a in args.items()}
+        params, storage = pack_params([*greedy_params(values), *[("ptr", 0)] * self.kernel.scratch_params])
         self.gpu.context.bind()
         stream = torch.cuda.current_stream(self.gpu.device).cuda_stream
         self.function.launch((self.chunks, rows, 1), stream, params)

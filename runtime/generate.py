@@ -109,6 +109,7 @@ class DeviceArgmax:
 
     def __init__(self, runner: Any, kernel_id: str, rows: int, calls: int):
         from aot.dtypes import ITEMSIZE
+        from aot.runtime.plan import packed
 
         self.runner, self.rows = runner, rows
         self.kernel, self.record = runner.kernels[kernel_id], runner.records[kernel_id]
@@ -129,41 +130,31 @@ class DeviceArgmax:
             "indices": rows * self.chunks * 4,
             "counts": (rows + 1) * 4,
         }
-        self.at, total = {}, 0
-        for name, nbytes in sizes.items():
-            self.at[name] = total
-            total += -(-nbytes // 256) * 256
+        self.at, total = packed(sizes)
         self.base = runner.gpu.alloc(total)
         runner.gpu.zero(self.base, total)
         self.host = (ctypes.c_int64 * rows)()
 
     def tokens(self, logits: Any) -> list[int]:
         """Each row's token of ``logits`` (a ``DeviceArray`` [rows, vocab]), on the device."""
+        from aot.program import greedy_params
         from aot.runtime import driver as drv
 
         ptr = {name: self.base + offset for name, offset in self.at.items()}
         stride = logits.strides[0] if logits.strides is not None else logits.shape[1]
-        values = [
-            ("ptr", logits.ptr),
-            ("i64", stride),
-            ("ptr", ptr["tokens"]),
-            ("i64", 1),
-            ("i64", 0),
-            ("ptr", ptr["input_ids"]),
-            ("ptr", ptr["position_ids"]),
-            ("ptr", ptr["cache_position"]),
-            ("ptr", ptr["attention_mask"]),
-            ("i64", self.width),
-            ("ptr", ptr["finished"]),
-            ("ptr", ptr["padding"]),
-            ("ptr", ptr["eos_ids"]),
-            ("i64", 0),
-            ("ptr", ptr["values"]),
-            ("ptr", ptr["indices"]),
-            ("ptr", ptr["counts"]),
-            ("i64", self.rows),
-            *[("ptr", 0)] * self.record.scratch_params,
-        ]
+        values = greedy_params(
+            {
+                **ptr,
+                "logits": logits.ptr,
+                "logits_stride": stride,
+                "tokens_stride": 1,
+                "step": 0,
+                "mask_stride": self.width,
+                "n_eos": 0,
+                "rows": self.rows,
+            }
+        )
+        values += [("ptr", 0)] * self.record.scratch_params
         params, storage = drv.pack_params(values)
         gpu = self.runner.gpu
         self.kernel.launch((self.chunks, self.rows, 1), gpu.stream, params)
@@ -178,11 +169,13 @@ class DeviceArgmax:
 
 
 def decode_argmax(runner: Any, rows: int, calls: int) -> DeviceArgmax | None:
-    """``DeviceArgmax`` for the bundle's decode program where it carries a greedy kernel the runner
-    loaded, else None (the host picks)."""
+    """``DeviceArgmax`` for the bundle's decode program where it carries a greedy kernel (its cubin
+    loaded on the first generation, not at load), else None (the host picks)."""
     for entry in runner.checked.entries:
         kid = entry.program.greedy
-        if entry.entry == "decode" and kid and kid in runner.kernels:
+        if entry.entry == "decode" and kid:
+            if kid not in runner.kernels:
+                runner._load_kernels([kid])
             return DeviceArgmax(runner, kid, rows, calls)
     return None
 

@@ -21,6 +21,7 @@ torch loader (``aot.guards.GuardCore``) and picks the first program whose guards
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -130,8 +131,7 @@ class Checked:
             shapes = {n: sp.shape for n, sp in self.state.specs.items()}
             for name, shape in scratch_shapes(program).items():
                 # programs share a name's memory (each kernel indexes only what its grid covers)
-                sizes = [self.scratch.get(name, (0,)), shape]
-                self.scratch[name] = max(sizes, key=lambda s: _count(s))
+                self.scratch[name] = max(self.scratch.get(name, (0,)), shape, key=math.prod)
             self.entries.append(
                 Entry(
                     name,
@@ -246,21 +246,20 @@ def state_writes(program: Program, steps: Sequence[Step]) -> dict[str, str]:
     return out
 
 
-def _count(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def packed(nbytes: dict[str, int]) -> tuple[dict[str, int], int]:
+    """Buffers of ``nbytes`` (bytes, by name) one after the other in one allocation, each at a
+    multiple of ``ALIGN``: (offset in bytes by name, size)."""
+    offsets, size = {}, 0
+    for name, n in nbytes.items():
+        offsets[name] = size
+        size += -(-n // ALIGN) * ALIGN
+    return offsets, size
 
 
 def scratch_layout(scratch: dict[str, tuple[int, ...]]) -> tuple[dict[str, int], int]:
     """The scratch buffers (``Checked.scratch``: int32 arrival counters, ``aot.program.check_scratch``)
     in one device allocation, which the runner zeroes once: (offset in bytes by name, size)."""
-    offsets, size = {}, 0
-    for name, shape in scratch.items():
-        offsets[name] = size
-        size += -(-_count(shape) * ITEMSIZE["int32"] // ALIGN) * ALIGN
-    return offsets, size
+    return packed({name: math.prod(shape) * ITEMSIZE["int32"] for name, shape in scratch.items()})
 
 
 class StateLayout:
@@ -269,12 +268,7 @@ class StateLayout:
 
     def __init__(self, specs: dict[str, StateSpec]):
         self.specs = specs
-        self.offsets: dict[str, int] = {}
-        size = 0
-        for name in specs:
-            self.offsets[name] = size
-            size += -(-self.nbytes(name) // ALIGN) * ALIGN
-        self.size = size
+        self.offsets, self.size = packed({name: self.nbytes(name) for name in specs})
         self.rows = max((spec.shape[0] for spec in specs.values()), default=0)
 
     def nbytes(self, name: str) -> int:

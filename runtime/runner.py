@@ -135,7 +135,6 @@ class Runner:
             for s in steps
             if s.kind == StepKind.KERNEL
         }
-        used |= {e.program.greedy for e in checked.entries if e.program.greedy}  # ``generate``'s argmax
         self.kernels = {}
         # the weights stream in a thread of their own while the cubins load here: reading, hashing
         # and the driver's module loads all let go of the GIL

@@ -187,3 +187,39 @@ def test_a_greedy_kernel_of_other_parameters_is_refused(built, tmp_path):
         BundleError, match=r"takes parameter \('rows', 'i32', ''\), expected \('rows', 'i64', ''\)"
     ):
         check_greedy(replace(decode, kernels=kernels), "here")
+
+
+@pytest.mark.parametrize("ends", [0, 2])
+def test_the_loaders_block_passes_every_greedy_parameter(ends):
+    """A decode block's launch of the greedy kernel names every parameter of
+    ``aot.program.GREEDY_PARAMS`` (packed in that order by ``greedy_params``): the step, the rows
+    and the end tokens' count as the block has them (CPU tensors stand in for the device's)."""
+    import torch
+
+    from aot.loader import decode_blocks
+    from aot.program import GREEDY_PARAMS, greedy_params
+
+    class Calls:
+        inputs = {
+            "input_ids": torch.zeros(2, 1, dtype=torch.int64),
+            "position_ids": torch.zeros(2, 1, dtype=torch.int64),
+            "cache_position": torch.zeros(1, dtype=torch.int64),
+            "attention_mask": torch.zeros(2, 8, dtype=torch.int64),
+        }
+        vocab, logits_dtype = 10, torch.float16
+
+    class Greedy:  # records what ``_Greedy.launch`` would pack
+        chunks = 3
+
+        def launch(self, args, rows):
+            self.args, self.rows = args, rows
+
+    greedy = Greedy()
+    block = decode_blocks._Block(Calls(), 2, 4, ends, None, greedy)
+    block._greedy_step(block.logits, 1)
+    assert list(greedy.args) == [name for name, _, _ in GREEDY_PARAMS] and greedy.rows == 2
+    packed = dict(
+        zip(greedy.args, greedy_params({n: 0 if torch.is_tensor(a) else a for n, a in greedy.args.items()}))
+    )
+    assert packed["step"] == ("i64", 1) and packed["rows"] == ("i64", 2) and packed["n_eos"] == ("i64", ends)
+    assert packed["logits_stride"] == ("i64", 10) and packed["mask_stride"] == ("i64", 8)
