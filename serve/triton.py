@@ -296,6 +296,12 @@ def request_check(bundle: str | os.PathLike, io_dtype: str = "") -> RequestCheck
         opened.close()
 
 
+# the ports TritonServer takes, and the line tritonserver logs when one is not free
+PORTS = {"http_port": "HTTP", "grpc_port": "GRPC", "metrics_port": "Metrics"}
+SERVICE_NOT_STARTED = {p: f"failed to start {what} service" for p, what in PORTS.items()}
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -356,8 +362,11 @@ def watch_stubs(
 
 
 def _check_port(address: str, port: int, what: str) -> None:
-    if not 0 < port < 65536:
-        raise EnvError(f"{what} port must be between 1 and 65535, got {port}")
+    """``EnvError`` unless ``port`` is free on ``address``; 0 (any free port) always passes."""
+    if not 0 <= port < 65536:
+        raise EnvError(f"{what} port must be between 0 (any free port) and 65535, got {port}")
+    if port == 0:
+        return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -425,13 +434,15 @@ class TritonServer:
     ):
         """``http_address``: where tritonserver's own HTTP and metrics endpoints listen [default:
         ``address``]; ``public_*_port``: the ports clients use, when fronts relay to ``http_port``
-        and ``metrics_port``."""
+        and ``metrics_port``. A port of 0 is picked at ``start``, and picked again when another
+        process took it before tritonserver could listen on it."""
         self.repo, self.name = Path(repo), name
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        named = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+        self._picked = [p for p in PORTS if named[p] == 0]
         self.address, self.drain_timeout, self.echo = address, drain_timeout, echo
         self.http_address = http_address or address
-        self.public_http_port = public_http_port or http_port
-        self.public_metrics_port = public_metrics_port or metrics_port
+        self._public = (public_http_port, public_metrics_port)
         self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
         self.stopping = False  # set on SIGTERM: once drained, the server is killed (see _read)
         self.process: subprocess.Popen | None = None
@@ -443,6 +454,14 @@ class TritonServer:
         """Where clients reach the HTTP endpoint."""
         host = "127.0.0.1" if self.address == "0.0.0.0" else self.address
         return f"http://{host}:{self.public_http_port}"
+
+    @property
+    def public_http_port(self) -> int:
+        return self._public[0] or self.http_port
+
+    @property
+    def public_metrics_port(self) -> int:
+        return self._public[1] or self.metrics_port
 
     @property
     def own_url(self) -> str:
@@ -510,6 +529,21 @@ class TritonServer:
         _check_port(self.http_address, self.http_port, "HTTP")
         _check_port(self.http_address, self.metrics_port, "metrics")
         _check_port(self.address, self.grpc_port, "gRPC")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            for port in self._picked:
+                setattr(self, port, free_port())
+            try:
+                self._start(dist, timeout)
+                return
+            except EnvError as e:
+                # a port picked here was free, then another process listened on it first (a busy
+                # host): pick again; a port the caller named is the caller's to change
+                taken = any(SERVICE_NOT_STARTED[p] in line for p in self._picked for line in self.log)
+                if not taken or attempt == PORT_ATTEMPTS:
+                    raise e from None
+                self.log.clear()
+
+    def _start(self, dist: TritonDist, timeout: float) -> None:
         backends = self._backend_directory(dist)
         self.process = subprocess.Popen(
             self.command(dist, backends),
@@ -567,6 +601,22 @@ class TritonServer:
             self._backends = None
 
 
+def _front(
+    address: str,
+    port: int,
+    what: str,
+    model: str,
+    check: RequestCheck | None,
+    alive: Callable[[], bool],
+    refused: Refused,
+) -> Front:
+    """A front listening on ``port`` (0: any free port), its upstream not yet known."""
+    try:
+        return Front(address, port, 0, model, check, alive, refused)
+    except OSError as e:
+        raise EnvError(f"{what} port {port} on {address} is not free ({e.strerror}); pick another") from None
+
+
 def serve(
     bundle: str | os.PathLike,
     name: str | None = None,
@@ -583,7 +633,8 @@ def serve(
 ) -> int:
     """Serve ``bundle`` on tritonserver until SIGTERM or SIGINT; returns 0 after a clean drain.
     ``EnvError`` when the server cannot start or the model cannot load (the log's reason, one line).
-    ``io_dtype`` "float32": half-precision inputs and outputs are float32 on the wire."""
+    ``io_dtype`` "float32": half-precision inputs and outputs are float32 on the wire. A port of
+    0 is any free port; ``on_ready`` sees the ports in use (``server.public_http_port``, ...)."""
     if device not in ("cpu", "cuda"):
         raise EnvError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda":
@@ -593,26 +644,35 @@ def serve(
             raise EnvError("--device cuda requested but torch sees no CUDA GPU; serve with --device cpu")
     spec = open_spec(bundle, name, io_dtype)
     check = request_check(bundle, io_dtype)
-    _check_port(address, http_port, "HTTP")
-    _check_port(address, metrics_port, "metrics")
+    for port, what in ((http_port, "HTTP"), (metrics_port, "metrics"), (grpc_port, "gRPC")):
+        _check_port(address, port, what)
+    stopping, dead, why = threading.Event(), threading.Event(), []
+    refused, alive = Refused(), lambda: not dead.is_set()
+    # the public ports are held from here on, so that nothing takes them while the model loads;
+    # each front relays to tritonserver's own port once it is known
+    fronts = [_front(address, http_port, "HTTP", spec.name, check, alive, refused)]
+    try:
+        fronts.append(_front(address, metrics_port, "metrics", spec.name, None, alive, refused))
+    except EnvError:
+        fronts[0].server_close()
+        raise
+    served: list[Front] = []
     with tempfile.TemporaryDirectory(prefix="aotpack-repo-") as tmp:
         repo = Path(tmp)
         write_model(repo, spec, str(Path(bundle).resolve()), device, max_queue_delay_us)
         server = TritonServer(
             repo,
             spec.name,
-            free_port(),
+            0,  # tritonserver's own HTTP and metrics ports, behind the fronts: any free ones
             grpc_port,
-            free_port(),
+            0,
             address,
             drain_timeout,
             echo,
             http_address="127.0.0.1",  # behind the fronts (aot.serve.front)
-            public_http_port=http_port,
-            public_metrics_port=metrics_port,
+            public_http_port=fronts[0].server_address[1],
+            public_metrics_port=fronts[1].server_address[1],
         )
-        stopping, dead, why = threading.Event(), threading.Event(), []
-        fronts: list[Front] = []
 
         def on_signal(signum: int, frame: object) -> None:
             stopping.set()
@@ -631,13 +691,10 @@ def serve(
             if stopping.is_set():  # the signal came before the server's process existed
                 server.process.send_signal(signal.SIGTERM)
             else:
-                refused, alive = Refused(), lambda: not dead.is_set()
-                fronts = [
-                    Front(address, http_port, server.http_port, spec.name, check, alive, refused),
-                    Front(address, metrics_port, server.metrics_port, spec.name, None, alive, refused),
-                ]
+                fronts[0].upstream, fronts[1].upstream = server.http_port, server.metrics_port
                 for front in fronts:
                     front.serve_in_thread()
+                    served.append(front)
                 stubs = stub_processes(server.process.pid)  # before the banner: a stub killed later is seen
                 threading.Thread(
                     target=watch_stubs,
@@ -649,8 +706,9 @@ def serve(
                     on_ready(server, spec)
             code = server.wait()
         finally:
-            for front in fronts:
+            for front in served:
                 front.shutdown()
+            for front in fronts:
                 front.server_close()
             for s, handler in previous.items():
                 signal.signal(s, handler)

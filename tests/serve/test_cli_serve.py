@@ -39,6 +39,62 @@ def test_serve_refuses_a_port_in_use(bundles):
     _one_line_error(r, 1, f"HTTP port {port} on 127.0.0.1 is not free")
 
 
+def test_serve_refuses_a_port_out_of_range(bundles):
+    r = aotpack("serve", str(bundles("branchy")), "--metrics-port", "70000")
+    _one_line_error(r, 1, "metrics port must be between 0 (any free port) and 65535, got 70000")
+
+
+def _fake_start(monkeypatch, failures: list[str]) -> list[tuple[int, int, int]]:
+    """TritonServer.start with tritonserver stood in: each launch logs the next of ``failures``
+    and fails ("" succeeds); returns the ports each launch was given."""
+    from aot.serve import triton
+
+    launches = []
+
+    def launch(self, dist, timeout):
+        launches.append((self.http_port, self.grpc_port, self.metrics_port))
+        line = failures[len(launches) - 1]
+        if line:
+            self.log.append(line)
+            raise EnvError(f"tritonserver stopped before model {self.name!r} was ready: {line}")
+
+    monkeypatch.setattr(triton, "find_tritonserver", lambda: None)
+    monkeypatch.setattr(triton.TritonServer, "_start", launch)
+    return launches
+
+
+def test_a_picked_port_another_process_took_first_is_picked_again(monkeypatch, tmp_path):
+    from aot.serve.triton import TritonServer
+
+    taken = "E1129 failed to start HTTP service: Address already in use"
+    launches = _fake_start(monkeypatch, [taken, taken, ""])
+    server = TritonServer(tmp_path, "m", 0, 0, 0)
+    server.start()
+    assert len(launches) == 3 and all(0 not in ports for ports in launches)
+    assert len({ports[0] for ports in launches}) > 1  # picked afresh: not the port that was taken
+    assert (server.http_port, server.grpc_port, server.metrics_port) == launches[-1]
+    assert server.public_http_port == server.http_port
+
+
+def test_a_port_the_caller_named_is_not_picked_again(monkeypatch, tmp_path):
+    from aot.serve.triton import TritonServer, free_port
+
+    launches = _fake_start(monkeypatch, ["E1129 failed to start GRPC service: in use", ""])
+    named = free_port()
+    with pytest.raises(EnvError, match="failed to start GRPC service"):
+        TritonServer(tmp_path, "m", 0, named, 0).start()
+    assert len(launches) == 1 and launches[0][1] == named
+
+
+def test_a_port_taken_on_every_pick_gives_up_with_tritonservers_reason(monkeypatch, tmp_path):
+    from aot.serve.triton import PORT_ATTEMPTS, TritonServer
+
+    launches = _fake_start(monkeypatch, ["E1129 failed to start Metrics service: in use"] * PORT_ATTEMPTS)
+    with pytest.raises(EnvError, match="failed to start Metrics service"):
+        TritonServer(tmp_path, "m", 0, 0, 0).start()
+    assert len(launches) == PORT_ATTEMPTS
+
+
 def test_serve_without_pytriton_says_what_to_install(monkeypatch):
     import importlib.util
 

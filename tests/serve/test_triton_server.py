@@ -30,17 +30,18 @@ pytestmark = pytest.mark.slow
 ATOL = 1e-5
 STARTUP_S = 120
 MODEL = "branchy"  # float32, batch 1..16, seq even and >= 10
+BANNER = re.compile(r"serving \S+ on http://127\.0\.0\.1:(\d+) \(gRPC :(\d+), metrics :(\d+)/metrics\)")
 
 
 class Served:
     """``aotpack serve`` running in a subprocess on free loopback ports."""
 
     def __init__(self, bundle, *extra: str):
-        self.http, self.grpc, self.metrics = free_ports(3)
+        # port 0: serve picks free ports and names them in the banner (ports picked here and
+        # handed over could be taken meanwhile by another test's server on a busy machine)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "aot.cli", "serve", str(bundle), "--address", "127.0.0.1"]
-            + [f"--http-port={self.http}", f"--grpc-port={self.grpc}", f"--metrics-port={self.metrics}"]
-            + ["--drain-timeout=10", *extra],
+            + ["--http-port=0", "--grpc-port=0", "--metrics-port=0", "--drain-timeout=10", *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -55,6 +56,9 @@ class Served:
         if not self.banner.startswith("serving "):
             self.process.kill()
             pytest.fail(f"aotpack serve did not start: {self.banner} {self.process.communicate()[1][-2000:]}")
+        ports = BANNER.match(self.banner)
+        assert ports, self.banner
+        self.http, self.grpc, self.metrics = (int(p) for p in ports.groups())
 
     def stop(self, timeout: float = 60, signal_it: bool = True) -> tuple[int, str]:
         if signal_it:
@@ -267,7 +271,7 @@ def test_a_model_that_fails_to_load_is_reported_in_one_line(tmp_path, bundles):
 
     spec = open_spec(bundles(MODEL))
     write_model(tmp_path, spec, "1/missing.tpk", "cpu", 100)
-    server = TritonServer(tmp_path, spec.name, *free_ports(3), address="127.0.0.1")
+    server = TritonServer(tmp_path, spec.name, 0, 0, 0, address="127.0.0.1")
     with pytest.raises(EnvError) as caught:
         server.start(timeout=120)
     message = str(caught.value)
@@ -282,7 +286,7 @@ def _answers_like_the_runner(repo, name: str, x: np.ndarray, runner) -> None:
 
     from aot.serve.triton import TritonServer
 
-    server = TritonServer(repo, name, *free_ports(3), address="127.0.0.1", drain_timeout=5)
+    server = TritonServer(repo, name, 0, 0, 0, address="127.0.0.1", drain_timeout=5)
     server.start(timeout=120)
     try:
         client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
@@ -317,6 +321,21 @@ def test_the_stub_embeds_this_interpreter_whatever_python3_path_finds_first(
     _answers_like_the_runner(tmp_path, spec.name, x_of(2, 12, seed=3), runner)
 
 
+def _ready(client, process: subprocess.Popen, model: str) -> bool:
+    """Whether ``model`` became ready on tritonserver ``process`` before it exited (False) or
+    ``STARTUP_S`` passed (a failure)."""
+    for _ in range(int(STARTUP_S / 0.5)):
+        try:
+            if client.is_model_ready(model):
+                return True
+        except Exception:
+            pass
+        if process.poll() is not None:
+            return False
+        time.sleep(0.5)
+    pytest.fail(f"model {model!r} was not ready after {STARTUP_S} s")
+
+
 def test_a_triton_repo_repository_loads_with_the_documented_command(tmp_path, bundles, runner):
     """The README's command, with the tritonserver of the serve extra: no backend folder, no
     LD_LIBRARY_PATH, only the environment's bin first on PATH (an activated venv); ports added."""
@@ -331,22 +350,20 @@ def test_a_triton_repo_repository_loads_with_the_documented_command(tmp_path, bu
     assert "--model-repository=$PWD" in (repo / "README.md").read_text()
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "AOTPACK_SITE_DIRS")}
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    http, grpc, metrics = free_ports(3)
-    command = [str(find_tritonserver().server), f"--model-repository={repo}"]
-    command += [f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
-    process = subprocess.Popen(
-        command, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
+    log = tmp_path / "tritonserver.log"
+    for attempt in range(3):  # a port free here may be taken before tritonserver listens on it
+        http, grpc, metrics = free_ports(3)
+        command = [str(find_tritonserver().server), f"--model-repository={repo}"]
+        command += [f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
+        with log.open("wb") as out:
+            process = subprocess.Popen(command, cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT)
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
-        for _ in range(int(STARTUP_S / 0.5)):
-            try:
-                if client.is_model_ready("documented"):
-                    break
-            except Exception:
-                pass
-            assert process.poll() is None, "tritonserver exited"
-            time.sleep(0.5)
+        if _ready(client, process, "documented"):
+            break
+        process.kill()
+        process.wait()
+        assert attempt < 2 and "failed to start" in log.read_text(), log.read_text()[-2000:]
+    try:
         x = x_of(2, 12, seed=11)
         given = httpclient.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
