@@ -33,7 +33,7 @@ from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads, tensor_specs
-from aot.schema import Buf, Program, Step, Sym, TensorSpec
+from aot.schema import Buf, Program, Step, StepKind, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
@@ -406,24 +406,38 @@ def eager_attention_as_sdpa(
     query, keys, values and mask, the constant its ``scale``: the same function (SDPA computes in
     float32 from half-precision operands, the products exact), which the decode attention kernel
     then takes (``aot.codegen.decode_attention``). Only where every step between reads the one
-    before alone, the mask is added after the scale (so it is not scaled), the operands are
-    [B, H, 1, D] and [B, H, S, D] of one dtype and the mask [B or 1, 1, 1, S] of it; elsewhere
-    nothing changes. Returns the program and how many were rewritten."""
+    before alone, the operands are [B, H, 1, D] and [B, H, S, D] of one dtype and the mask [B or 1,
+    1, 1, S] of it; elsewhere nothing changes. A mask added before the scale (CodeGen's
+    ``(scores + mask) / c``) is passed scaled (one ``mul`` step for the layers sharing the mask
+    and scale): SDPA adds its mask after scaling. Returns the program and how many were
+    rewritten."""
     steps = list(program.steps)
     producer, readers, specs = producer_of(steps), readers_of(steps), tensor_specs(program)
-    out_steps: dict[int, Step] = {}
+    buffers = dict(program.buffers)
+    out_steps: dict[int, list[Step]] = {}
+    scaled_masks: dict[tuple[str, float], str] = {}  # one scaled mask for the layers that share it
     for i, step in enumerate(steps):
         if step.target == _SOFTMAX and step.outputs:
             found = _eager_attention(steps, i, producer, readers, specs)
-            if found is not None:
-                at, sdpa = found
-                out_steps[at] = sdpa
+            if found is None:
+                continue
+            at, sdpa, mask_scaled = found
+            before: list[Step] = []
+            if mask_scaled:  # (s + m) * c == s * c + m * c: SDPA adds m * c after its scale c
+                mask, scale = sdpa.args[3], sdpa.kwargs["scale"]
+                name = scaled_masks.get((mask.name, scale))
+                if name is None:
+                    name = scaled_masks[(mask.name, scale)] = f"{mask.name}_scaled_{len(scaled_masks)}"
+                    buffers[name] = specs[mask.name]
+                    before.append(Step(StepKind.ATEN, "aten.mul.Tensor", (mask, scale), {}, (name,)))
+                sdpa = replace(sdpa, args=(*sdpa.args[:3], Buf(name), *sdpa.args[4:]))
+            out_steps[at] = [*before, sdpa]
     if not out_steps:
         return program, 0
-    new = [out_steps.get(i, s) for i, s in enumerate(steps)]
+    new = [t for i, s in enumerate(steps) for t in out_steps.get(i, [s])]
     if log:
         log(f"  {len(out_steps)} eager attention calls of one query run as scaled_dot_product_attention")
-    return _drop_dead_steps(replace(program, steps=tuple(new))), len(out_steps)
+    return _drop_dead_steps(replace(program, steps=tuple(new), buffers=buffers)), len(out_steps)
 
 
 def _only_reader(name: str, readers: dict[str, list[int]], steps: list[Step], target) -> Step | None:
@@ -462,9 +476,10 @@ def _operand(name: str, producer, steps, transposed: bool) -> str | None:
     return cast.args[0].name if cast is not None and set(cast.kwargs) <= {"dtype"} else src
 
 
-def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step] | None:
-    """(the index of the output's view step, the SDPA step in its place) for the eager attention
-    whose softmax is ``steps[at]``; None where it is not one (``eager_attention_as_sdpa``)."""
+def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bool] | None:
+    """(the index of the output's view step, the SDPA step in its place, whether the mask was
+    added before the scale) for the eager attention whose softmax is ``steps[at]``; None where it
+    is not one (``eager_attention_as_sdpa``)."""
     softmax = steps[at]
     if not isinstance(softmax.args[0], Buf) or list(softmax.args[1:]) not in ([-1, False], [3, False]):
         return None
@@ -474,18 +489,30 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step] | 
         return step if step is not None and len(readers.get(step.outputs[0], [])) == 1 else None
 
     mask = scale = None
-    score = softmax.args[0].name
-    add = back(score, "aten.add.Tensor")
-    if add is not None:
+    mask_scaled = False
+
+    def add_mask(score: str) -> str | None:  # the scores under ``score + mask``; None: not that
+        nonlocal mask
+        add = back(score, "aten.add.Tensor")
+        if add is None:
+            return score
         if len(add.args) != 2 or not isinstance(add.args[1], Buf) or add.kwargs:
             return None
-        mask, score = add.args[1], add.args[0].name
-    scaled = back(score, _SCALE_OPS)
+        mask = add.args[1]
+        return add.args[0].name
+
+    score = add_mask(softmax.args[0].name)
+    scaled = score and back(score, _SCALE_OPS)
     if scaled is not None:
         c = scaled.args[1] if len(scaled.args) == 2 else None
         if type(c) not in (int, float) or not c or scaled.kwargs:
             return None
         scale, score = (1.0 / c if scaled.target == "aten.div.Tensor" else float(c)), scaled.args[0].name
+        if mask is None:  # CodeGen's (scores + mask) / c: the mask is scaled too
+            score = add_mask(score)
+            mask_scaled = mask is not None
+    if score is None:
+        return None
     view = back(score, _VIEW)
     bmm = view and back(view.args[0].name, _BMM)
     if bmm is None or not all(isinstance(a, Buf) for a in bmm.args[:2]):
@@ -528,4 +555,4 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step] | 
         kwargs={"scale": 1.0 if scale is None else scale},  # unscaled: not SDPA's 1/sqrt(D)
         outputs=out.outputs,
     )
-    return producer[out.outputs[0]], sdpa
+    return producer[out.outputs[0]], sdpa, mask_scaled

@@ -3,7 +3,8 @@ eager_attention_as_sdpa``), so that a model without an SDPA call decodes with th
 kernel: GPT-J's (float32 scores, ``bmm`` over ``expand``/``view``, divided by a constant, an
 additive mask, softmax, cast back) becomes one SDPA step per layer of its decode program, with the
 constant's reciprocal as ``scale``, and the decode kernel takes it; its prefill (queries of any
-length) keeps its steps; CodeGen's, which adds the mask before scaling, is left alone. In the slow
+length) keeps its steps; CodeGen's, which adds the mask before scaling, passes SDPA the mask
+scaled (one step for every layer). In the slow
 run: the kernels also write the step's keys (GPT-J's, rotated, [B, 1, H, D] permuted heads first)
 and values into the cache, each decode kernel of GPT-J's bundle matches its reference (the cache
 writes included) in Triton's interpreter, and the bundle's greedy tokens equal transformers'
@@ -46,13 +47,134 @@ def test_gptj_decode_attention_becomes_sdpa():
     assert eager_attention_as_sdpa(prefill)[1] == 0  # queries of any length: left as they are
 
 
-def test_an_eager_attention_scaling_after_its_mask_is_left_alone():
-    _, decode = _decode_program("codegen")  # (scores + mask) / scale: the mask would be scaled too
-    assert eager_attention_as_sdpa(decode) == (decode, 0)
+def test_codegen_decode_attention_becomes_sdpa_over_its_mask_scaled_once():
+    """CodeGen divides (scores + mask) by its scale: the mask is scaled too, so SDPA (which adds
+    its mask after scaling) gets ``mask / c``, one ``mul`` step for both layers."""
+    _, decode = _decode_program("codegen")
+    rewritten, n = eager_attention_as_sdpa(decode)
+    assert n == 2
+    sdpa = [s for s in rewritten.steps if s.target == SDPA]
+    assert len(sdpa) == 2 and not any(s.target == "aten._softmax.default" for s in rewritten.steps)
+    masks = {s.args[3].name for s in sdpa}
+    assert len(masks) == 1  # both layers read the one scaled mask
+    (scaled,) = [s for s in rewritten.steps if s.outputs == tuple(masks)]
+    assert scaled.target == "aten.mul.Tensor" and scaled.args[1] == pytest.approx(1 / 8**0.5)
+    assert rewritten.buffers[scaled.args[0].name] == rewritten.buffers[scaled.outputs[0]]
+    assert all(s.kwargs["scale"] == pytest.approx(1 / 8**0.5) for s in sdpa)
+    steps = list(rewritten.steps)
+    assert steps.index(scaled) < min(steps.index(s) for s in sdpa)
+
+
+def _logits(program, weights, position: int, padding: int, seed: int = 0):
+    """``program``'s first output, its ATen steps run one by one on the CPU at batch 2 (row 1
+    left-padded by ``padding``), this step's token at ``position``, the cache random."""
+    import torch
+
+    torch.manual_seed(seed)
+    env, sizes = dict(weights), {"batch": 2}
+    for i in program.inputs:
+        shape = [2 if d == "batch" else int(d) for d in i.spec.shape]
+        if i.name == "input_ids":
+            env[i.name] = torch.randint(0, 64, shape)
+        elif i.name == "position_ids":
+            env[i.name] = torch.tensor([[position], [position - padding]])
+        elif i.name == "cache_position":
+            env[i.name] = torch.tensor([position])
+        elif i.name == "attention_mask":
+            mask = torch.ones(shape, dtype=torch.int64)
+            mask[:, position + 1 :] = 0
+            mask[1:, :padding] = 0
+            env[i.name] = mask
+        else:  # the KV cache as earlier steps left it
+            env[i.name] = torch.randn(shape, dtype=getattr(torch, i.spec.dtype))
+    return _run(program, env, sizes)
+
+
+def _run(program, env: dict, sizes: dict):
+    """``program``'s first output, its ATen steps run one by one on the CPU over ``env``."""
+    import torch
+
+    from aot.aten import AtenCall
+
+    env = dict(env)
+    for step in program.steps:
+        AtenCall(step, torch.device("cpu"), state_aliases=frozenset(program.state))(env, sizes)
+    return env[program.outputs[0]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_codegens_rewritten_decode_program_computes_what_its_steps_did(dtype):
+    """The rewritten program against the one traced, their ATen steps run on the CPU with one
+    row left-padded: the logits agree within the dtype's tolerance."""
+    import torch
+
+    from aot.dtypes import tolerance
+    from aot.hf import causal_lm
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    traced = trace(causal_lm(factory("codegen"), max_batch=2, max_context=32, name="codegen", dtype=dtype))
+    decode = traced.programs[1].program
+    rewritten, n = eager_attention_as_sdpa(decode)
+    assert n == 2
+    weights = dict(traced.weights)
+    want, got = (_logits(p, weights, position=20, padding=3) for p in (decode, rewritten))
+    bound = tolerance(dtype)
+    torch.testing.assert_close(got, want, atol=bound.atol, rtol=bound.rtol)
+    assert want.abs().max() > 10 * bound.atol  # logits, not zeros
+
+
+class _MaskThenScale:
+    """CodeGen's attention of one query over a cache, with a mask of any values (not only 0 and
+    the dtype's minimum, for which scaling the mask or not gives the same weights)."""
+
+    def __new__(cls, divide: bool):
+        import torch
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v, mask):  # [B, 4, 1, 8], [B, 4, 16, 8] x2, [B, 1, 1, 16]
+                scores = q.float() @ k.float().transpose(-1, -2) + mask.float()
+                scores = scores / 2.5 if divide else scores * 0.4
+                return scores.softmax(-1).to(v.dtype) @ v
+
+        return Attention()
+
+
+@pytest.mark.parametrize("divide", [True, False])
+def test_a_mask_added_before_the_scale_is_scaled_as_the_model_scales_it(divide):
+    import torch
+
+    from aot.spec import Dim, Input, ModelSpec
+    from aot.tracer import trace
+
+    batch = Dim("batch", 1, 4)
+    shapes = {
+        "q": (batch, 4, 1, 8),
+        "k": (batch, 4, 16, 8),
+        "v": (batch, 4, 16, 8),
+        "mask": (batch, 1, 1, 16),
+    }
+    spec = ModelSpec(module=_MaskThenScale(divide), inputs=[Input(n, s) for n, s in shapes.items()])
+    program = trace(spec).program
+    rewritten, n = eager_attention_as_sdpa(program)
+    assert n == 1 and [s.target for s in rewritten.steps].count(SDPA) == 1
+    (sdpa,) = [s for s in rewritten.steps if s.target == SDPA]
+    assert sdpa.kwargs["scale"] == pytest.approx(0.4)
+    torch.manual_seed(0)
+    inputs = {n: torch.randn(3, *[d for d in s[1:]]) for n, s in shapes.items()}
+    inputs["mask"] = inputs["mask"] * 4  # values the scale changes
+    want = _MaskThenScale(divide)(**inputs)
+    got = _run(rewritten, inputs, {"batch": 3})
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    unscaled = torch.nn.functional.scaled_dot_product_attention(*inputs.values(), scale=0.4)
+    assert not torch.allclose(unscaled, want, atol=1e-3)  # the mask's scale matters here
 
 
 @pytest.mark.slow  # a build, then the decode program's kernels in the interpreter
-def test_gptj_decodes_with_the_decode_kernel(tmp_path):
+@pytest.mark.parametrize("kind", ["gptj", "codegen"])
+def test_eager_attention_decodes_with_the_decode_kernel(tmp_path, kind):
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -64,13 +186,16 @@ def test_gptj_decodes_with_the_decode_kernel(tmp_path):
     from tests.hf.test_causal_lm import factory
 
     said: list[str] = []
-    spec = causal_lm(factory("gptj"), max_batch=2, max_context=32, name="gptj", dtype="float32")
+    spec = causal_lm(factory(kind), max_batch=2, max_context=32, name=kind, dtype="float32")
     compiled = generate(trace(spec), ("sm_90",), progress=said.append)
-    taken = "2 one-token SDPA calls over a KV cache run as decode attention kernels, 2 of them writing"
-    assert any(taken in m for m in said), said  # the new keys (after the rotary) and values too
+    taken = "2 one-token SDPA calls over a KV cache run as decode attention kernels"
+    # GPT-J's kernels write the new keys (after the rotary) and values too; CodeGen's values are
+    # a view through its qkv split that the cache-write fold does not read, so its writes stay
+    taken += ", 2 of them writing" if kind == "gptj" else ""
+    assert any(taken in m for m in said), said
     decode = compiled.program.variants[0]
     assert sum(k.config.get("kind") == "decode_attention" for k in decode.kernels) == 1  # both layers' kernel
-    bundle = tmp_path / "gptj.tpk"
+    bundle = tmp_path / f"{kind}.tpk"
     pack(compiled, bundle)
     checks = decode_kernel_checks(bundle, position=20, padding=3)
     attention = [c for c in checks if c[0].startswith("decode_attention")]

@@ -31,6 +31,8 @@ KINDS = [
     pytest.param("gpt_neo", marks=pytest.mark.slow),
     # eager attention its decode program runs as SDPA (aot.codegen.attention.eager_attention_as_sdpa)
     pytest.param("gptj", marks=pytest.mark.slow),
+    # the same, its mask added before the scale (passed to SDPA scaled)
+    pytest.param("codegen", marks=pytest.mark.slow),
 ]
 
 
