@@ -43,6 +43,7 @@ class Prepared:
         self.entry, self.sizes, self.steps, self.layout = entry, sizes, steps, layout
         self.graph: Any = None
         self.on_bucket = on_bucket(entry, sizes)  # captured as a CUDA graph on first use
+        self.blocks: dict[tuple, Any] = {}  # blocks of decode calls (``aot.runtime.generate``)
         program = entry.program
         specs = tensor_specs(program)
         tail = layout.tail
@@ -109,6 +110,9 @@ class Prepared:
         if self.graph is not None:
             drv.destroy_graph(*self.graph)
             self.graph = None
+        for block in self.blocks.values():
+            block.release()
+        self.blocks.clear()
 
     def launch(self, device: drv.Device) -> None:
         """The ops in the arena (what a graph captures)."""

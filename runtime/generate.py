@@ -12,6 +12,16 @@ build's ``aot.codegen.greedy``) it runs on the device after each call and only t
 back (``DeviceArgmax``: 8 bytes a row, not the row's logits: 256 KiB of Llama-3's); else, and
 after the prefill, the logits come back and the host picks (with NumPy where installed, else in
 Python).
+
+**Blocks of steps** (``DecodeBlock``, ``steps_per_launch``: 8 by default where the greedy kernel
+is there): after the prefill's token, ``steps_per_launch`` decode calls run as one enqueue with
+no host work between them: each call, then the greedy kernel on its logits, which applies the
+end-of-sequence rule (finished rows take the padding token), stores the row's token in its column
+of the block's tokens, and writes the next call's inputs in place in the arena (the token, the
+position and cache slot one on, the mask's new slot). The host copies the inputs in once, at the
+block's start, and reads the block's tokens back in one copy. At a bucket (a CUDA graph for the
+call) the block is one CUDA graph too, captured on its first use and kept with the call's
+plan. The steps that do not fill a block run call by call. The tokens are the same either way.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from typing import Any
 
 from aot.errors import GuardError
 from aot.runtime.arrays import CPU, ArrayView
+
+BLOCK_STEPS = 8  # decode calls per block where the greedy kernel is there (the torch loader's too)
 
 LM_INPUTS = ("input_ids", "position_ids", "cache_position", "attention_mask")
 ENTRY_POINTS = ("prefill", "decode")
@@ -168,6 +180,126 @@ class DeviceArgmax:
         self.base = 0
 
 
+class DecodeBlock:
+    """``steps`` decode calls of ``rows`` rows at one plan (``prepared``: the decode program at its
+    sizes), the greedy kernel after each (module docstring), and the memory they write besides the
+    arena: the tokens [rows, steps], the finished rows, the padding token, the end tokens, the
+    kernel's workspace and counters (zeroed once; every launch leaves them zeroed), and, where the
+    logits are computed after the call's graph (``Prepared.tail_bytes``), their memory. Kept in
+    ``prepared.blocks``, released with the plan (its CUDA graph and memory)."""
+
+    def __init__(self, runner: Any, prepared: Any, kernel_id: str, rows: int, steps: int, ends: int):
+        from aot.dtypes import ITEMSIZE
+        from aot.program import greedy_params
+        from aot.runtime import driver as drv
+        from aot.runtime.plan import packed
+        from aot.symexpr import compile_expr
+
+        self.runner, self.prepared, self.rows, self.steps, self.ends = runner, prepared, rows, steps, ends
+        self.kernel, record = runner.kernels[kernel_id], runner.records[kernel_id]
+        self.chunks = int(record.config["CHUNKS"])
+        (kind, at), dtype, shape, _, pitch = prepared.outputs[0]  # the logits [rows, vocab]
+        sizes = {
+            "tokens": rows * steps * 8,
+            "finished": rows,
+            "padding": rows * 8,
+            "eos_ids": max(ends, 1) * 8,
+            "values": rows * self.chunks * 4,
+            "indices": rows * self.chunks * 4,
+            "counts": (rows + 1) * 4,
+            "tail": prepared.tail_bytes,
+        }
+        self.at, total = packed(sizes)
+        self.base = runner.gpu.alloc(total)
+        runner.gpu.zero(self.base, total)
+        ptr = {name: self.base + offset for name, offset in self.at.items()}
+        self.tail = ptr["tail"] if prepared.tail_bytes else 0
+        inputs = dict(prepared.inputs)
+        mask = next(i.spec for i in prepared.entry.program.inputs if i.name == "attention_mask")
+        mask_width = compile_expr(mask.shape[1])(prepared.sizes)
+        common = {
+            **ptr,
+            **{name: inputs[name] for name in LM_INPUTS},
+            "logits": self.tail + at if kind == "tail" else at,
+            "logits_stride": pitch[1] // ITEMSIZE[dtype] if pitch is not None else shape[1],
+            "tokens_stride": steps,
+            "mask_stride": mask_width,
+            "n_eos": ends,
+            "rows": rows,
+        }
+        # each step's parameters, packed once (the storage must outlive every launch and capture)
+        self.params = [
+            drv.pack_params(greedy_params({**common, "step": j}) + [("ptr", 0)] * record.scratch_params)
+            for j in range(steps)
+        ]
+        self.graph: Any = None
+        self.host = (ctypes.c_int64 * (rows * steps))()
+
+    def enqueue(self) -> None:
+        """The block's launches: per step, the decode call, then the greedy kernel."""
+        gpu, prepared = self.runner.gpu, self.prepared
+        for params, _ in self.params:
+            prepared.launch(gpu)
+            if self.tail:
+                prepared.launch_tail(gpu, self.tail)
+            self.kernel.launch((self.chunks, self.rows, 1), gpu.stream, params)
+
+    def run(
+        self, views: Sequence[ArrayView], done: Sequence[bool], pad: int, eos: Sequence[int]
+    ) -> list[list[int]]:
+        """The block from the decode call's inputs ``views`` (in the bundle's order), the rows
+        already finished and the end-of-sequence rule; each step's tokens, a list per step."""
+        runner, gpu = self.runner, self.runner.gpu
+        for view, (name, address) in zip(views, self.prepared.inputs):
+            runner._copy_in(view, address, name)
+        starts = (
+            ("finished", bytes(bool(d) for d in done)),
+            ("padding", struct.pack(f"<{self.rows}q", *[pad] * self.rows)),
+            ("eos_ids", struct.pack(f"<{len(eos)}q", *eos)),
+        )
+        held = [ctypes.create_string_buffer(data, len(data)) for _, data in starts]  # until the sync
+        for (name, data), host in zip(starts, held):
+            if data:
+                gpu.to_device(self.base + self.at[name], ctypes.addressof(host), len(data))
+        if runner.graphs and self.prepared.on_bucket:
+            if self.graph is None:
+                self.graph = gpu.capture(self.enqueue)
+            gpu.replay(self.graph[1])
+        else:
+            self.enqueue()
+        gpu.synchronize()
+        gpu.to_host(ctypes.addressof(self.host), self.base + self.at["tokens"], self.rows * self.steps * 8)
+        return [[self.host[r * self.steps + j] for r in range(self.rows)] for j in range(self.steps)]
+
+    def release(self) -> None:
+        from aot.runtime import driver as drv
+
+        if self.graph is not None:
+            drv.destroy_graph(*self.graph)
+            self.graph = None
+        if self.base:
+            self.runner.gpu.free(self.base)
+            self.base = 0
+
+
+def decode_block(
+    runner: Any, views: Sequence[ArrayView], steps: int, done: Sequence[bool], pad: int, eos: Sequence[int]
+) -> list[list[int]]:
+    """A block of ``steps`` decode calls from the call on ``views`` (``DecodeBlock``, made once per
+    plan, step count and number of end tokens): each step's tokens."""
+    entry, sizes = runner.checked.bind(views, "decode")
+    with runner._lock:
+        runner.gpu.bind()
+        prepared = runner._prepare(entry, sizes)
+        key = (steps, len(eos), len(done))
+        block = prepared.blocks.get(key)
+        if block is None:
+            block = prepared.blocks[key] = DecodeBlock(
+                runner, prepared, entry.program.greedy, len(done), steps, len(eos)
+            )
+        return block.run(views, done, pad, eos)
+
+
 def decode_argmax(runner: Any, rows: int, calls: int) -> DeviceArgmax | None:
     """``DeviceArgmax`` for the bundle's decode program where it carries a greedy kernel (its cubin
     loaded on the first generation, not at load), else None (the host picks)."""
@@ -186,14 +318,19 @@ def generate(
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    steps_per_launch: int | None = None,
 ) -> list[list[int]] | list[int]:
     """Greedy tokens after each prompt (module docstring): a list of ints for one prompt, a list of
     lists for several. A row stops after ``eos_token_id`` (which it keeps), then is fed
-    ``pad_token_id``. ``GuardError`` before anything runs when the prompts and new tokens overflow
-    the context or the batch. The state's rows ``0..batch-1`` are reset first."""
+    ``pad_token_id``. ``steps_per_launch``: decode calls per block (``DecodeBlock``; 1: call by
+    call; default ``BLOCK_STEPS`` where the decode program carries its greedy kernel, else 1).
+    ``GuardError`` before anything runs when the prompts and new tokens overflow the context or
+    the batch. The state's rows ``0..batch-1`` are reset first."""
     prompts, flat = prompts_of(prompt_ids)
     if type(max_new_tokens) is not int or max_new_tokens < 1:
         raise GuardError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if steps_per_launch is not None and (type(steps_per_launch) is not int or steps_per_launch < 1):
+        raise GuardError(f"steps_per_launch must be a positive int, got {steps_per_launch!r}")
     max_batch, context = lm_contract(runner.checked)
     if len(prompts) > max_batch:
         raise GuardError(f"{len(prompts)} prompts, the bundle's batch admits at most {max_batch}")
@@ -214,6 +351,9 @@ def generate(
     order = runner.checked.input_names
 
     on_device = decode_argmax(runner, batch, max_new_tokens) if max_new_tokens > 1 else None
+    block_steps = steps_per_launch or (BLOCK_STEPS if on_device is not None else 1)
+    if on_device is None:
+        block_steps = 1  # a block picks its tokens with the greedy kernel
 
     def call(entry: str, inputs: dict[str, HostInt64]) -> list[int]:
         out = runner.run_views([inputs[n].view() for n in order], entry_point=entry, check_indices=False)
@@ -228,19 +368,21 @@ def generate(
 
     runner.reset(range(batch))
     try:  # every slot written is < longest + max_new_tokens <= context (checked above)
-        tokens = call(
-            "prefill",
-            {
-                "input_ids": HostInt64(ids),
-                "position_ids": HostInt64(positions),
-                "cache_position": HostInt64(list(range(longest))),
-                "attention_mask": HostInt64(mask),
-            },
-        )
+        pending = [
+            call(
+                "prefill",
+                {
+                    "input_ids": HostInt64(ids),
+                    "position_ids": HostInt64(positions),
+                    "cache_position": HostInt64(list(range(longest))),
+                    "attention_mask": HostInt64(mask),
+                },
+            )
+        ]  # tokens picked, not yet taken: the prefill's, then a call's or a block's
         new: list[list[int]] = [[] for _ in prompts]
         done = [False] * batch
         for step in range(max_new_tokens):
-            tokens = [pad if done[i] else t for i, t in enumerate(tokens)]
+            tokens = [pad if done[i] else t for i, t in enumerate(pending.pop(0))]
             for i, t in enumerate(tokens):
                 if not done[i]:
                     new[i].append(t)
@@ -251,15 +393,19 @@ def generate(
             for row in mask:
                 row[slot] = 1
             last = [p + 1 for p in last]
-            tokens = call(
-                "decode",
-                {
-                    "input_ids": HostInt64([[t] for t in tokens]),
-                    "position_ids": HostInt64([[p] for p in last]),
-                    "cache_position": HostInt64([slot]),
-                    "attention_mask": HostInt64(mask),
-                },
-            )
+            if pending:  # a block's next token: its call ran already (the host mirrors its inputs)
+                continue
+            inputs = {
+                "input_ids": HostInt64([[t] for t in tokens]),
+                "position_ids": HostInt64([[p] for p in last]),
+                "cache_position": HostInt64([slot]),
+                "attention_mask": HostInt64(mask),
+            }
+            if block_steps > 1 and max_new_tokens - 1 - step >= block_steps:
+                views = [inputs[n].view() for n in order]
+                pending.extend(decode_block(runner, views, block_steps, done, pad, sorted(eos)))
+            else:
+                pending.append(call("decode", inputs))
         return new[0] if flat else new
     finally:
         if on_device is not None:

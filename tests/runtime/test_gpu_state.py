@@ -65,6 +65,25 @@ def test_generate_equals_the_torch_loaders_greedy_tokens(tiny_lm_free):
         assert rt.generate(prompts, 8, eos_token_id=eos) == ref.generate(prompts, 8, eos_token_id=eos)
 
 
+def test_blocks_of_decode_calls_equal_the_torch_loaders_greedy_tokens(tiny_lm_free):
+    """aotpack-rt's blocks (``aot.runtime.generate.DecodeBlock``): 20 new tokens are 2 blocks of 8
+    decode calls, each one CUDA graph at the decode bucket, then 3 calls; with an end token too,
+    and the blocks replayed by a second generation: the torch loader's tokens."""
+    import aot.runtime
+    from aot.loader import load
+
+    rt, ref = aot.runtime.load(tiny_lm_free), load(tiny_lm_free, device="cuda")
+    prompts = [[3, 14, 15, 9, 2], [6, 5]]
+    want = ref.generate(prompts, 20)
+    assert rt.generate(prompts, 20) == want
+    assert rt.generate(prompts, 20) == want  # the blocks' graphs replayed
+    assert rt.generate(prompts, 20, steps_per_launch=1) == want
+    blocks = [b for p in rt._prepared.values() for b in p.blocks.values()]
+    assert blocks and all(b.graph is not None for b in blocks)
+    eos = want[0][10]  # row 0 ends inside the second block
+    assert rt.generate(prompts, 20, eos_token_id=eos) == ref.generate(prompts, 20, eos_token_id=eos)
+
+
 def test_prefill_logits_and_the_state_equal_the_torch_loaders(tiny_lm_free):
     """One prefill call through the entry point, same inputs: logits bit for bit; then a decode
     call reads the cache the prefill wrote, on both."""

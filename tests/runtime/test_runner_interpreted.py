@@ -113,6 +113,54 @@ def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_
     assert state_size == 4 * (4 * 2 * 32 * 8 * 4)  # four caches [4, 2, 32, 8] float32
 
 
+BLOCKS_SCRIPT = (
+    DRIVER
+    + """
+from aot.runtime import generate as generate_module
+blocks = []  # each block run: its steps
+ran = generate_module.DecodeBlock.run
+generate_module.DecodeBlock.run = lambda self, *a: blocks.append(self.steps) or ran(self, *a)
+prompts, new, eos = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+out = [
+    runner.generate(prompts, new, steps_per_launch=3),
+    runner.generate(prompts, new, steps_per_launch=1),
+    runner.generate(prompts, new, eos_token_id=eos, steps_per_launch=3),
+    runner.generate(prompts[1], new, steps_per_launch=4),
+]
+counts = []  # every block's counters, after its launches
+for prepared in runner._prepared.values():
+    for block in prepared.blocks.values():
+        at = block.base + block.at["counts"]
+        counts += device.host_tensor(at, torch.int32)[: block.rows + 1].tolist()
+print(json.dumps([out, blocks, counts]))
+"""
+)
+
+
+def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpreter(tiny_lm_free):  # noqa: F811
+    """``DecodeBlock``: blocks of 3 (and, for one prompt, 4) decode calls with the greedy kernel
+    between them, the rest call by call, through the stand-in driver: the torch loader's CPU
+    tokens, with and without an end token that stops row 0 inside a block (it then takes the
+    padding token, fed to it as the next input, as the step-by-step loop does), and every
+    block leaves the kernel's counters zero."""
+    from aot.loader import load
+
+    free, _ = tiny_lm_free
+    new = 12  # 11 decode calls: 3 blocks of 3, then 2 calls (one prompt: 2 blocks of 4, then 3)
+    cpu = load(free)
+    want = cpu.generate(PROMPTS, new)
+    eos = want[0][4]  # row 0 ends at its fifth token, inside the second block
+    args = [str(free), json.dumps(PROMPTS), str(new), str(eos)]
+    script = f"import sys\nsys.argv = ['x', *{args!r}]\n" + BLOCKS_SCRIPT
+    (blocks3, single, ended, one), blocks, counts = interpreted_json(script)
+    assert blocks3 == want and single == want
+    assert ended == cpu.generate(PROMPTS, new, eos_token_id=eos)
+    assert ended[0][-1] == eos and len(ended[0]) <= 5 and ended[1] == want[1][: len(ended[1])]
+    assert one == cpu.generate(PROMPTS[1], new)
+    assert blocks == [3, 3, 3, 3, 3, 3, 4, 4], blocks  # row 1 keeps row 0's run going past its end
+    assert counts and not any(counts), counts
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
 def test_hf_causal_lms_generate_the_torch_loaders_tokens_in_the_interpreter(kind, tmp_path):
     """Tiny GPT-2, Llama and Mistral (one KV head, a sliding window in the prefill's mask) through
