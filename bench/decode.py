@@ -60,6 +60,10 @@ NO_EARLY_LAUNCH = {
 # and "aotpack-step", the default bundle generating one step per launch (``steps_per_launch=1``:
 # the argmax, the next inputs and the token's copy launched by the host around each step's graph)
 STEPS_PER_LAUNCH = {"aotpack-step": 1}
+# and "aotpack-rt", a --library-free build of the model on the runtime without torch
+# (``aot.runtime``: blocks of 8 decode calls, one CUDA graph each); it has no per-token callback,
+# so its ms per token is the difference of two generations (all the new tokens, and half of them)
+# over the tokens between: the prefill cancels out
 MODELS = ("gpt2", "llama", "llama-3.2-1b")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
@@ -357,7 +361,12 @@ def worker(
     batches = batches or (TINY_BATCHES if tiny else BATCHES)
     prompt, new_tokens = workload(model, tiny)
     rows = []
-    if system.startswith("aotpack"):
+    if system == "aotpack-rt":
+        import aot.runtime
+
+        runner = aot.runtime.load(bundle)
+        vocab = rt_vocab(runner)
+    elif system.startswith("aotpack"):
         import aot.loader
 
         runner = aot.loader.load(bundle, device=device)
@@ -383,6 +392,10 @@ def worker(
             "dtype": dtype_name(model, device),
         }
         try:
+            if system == "aotpack-rt":
+                rows.append(rt_row(runner, row, ids.tolist(), new_tokens))
+                print(json.dumps(rows[-1]), flush=True)
+                continue
             for run in range(RUNS):  # the first run compiles or captures; time the last
                 start = time.perf_counter()
                 if system.startswith("aotpack"):
@@ -445,6 +458,29 @@ def worker(
     return rows
 
 
+def rt_vocab(runner) -> int:
+    """The logits' width of an ``aot.runtime`` runner's decode program."""
+    from aot.program import tensor_specs
+
+    program = next(e.program for e in runner.checked.entries if e.entry == "decode")
+    return int(tensor_specs(program)[program.outputs[0]].shape[-1])
+
+
+def rt_row(runner, row: dict, prompts: list[list[int]], new_tokens: int) -> dict:
+    """``row`` with aotpack-rt's ms per token: the difference of a generation of ``new_tokens``
+    and one of half as many, over the tokens between (the last of ``RUNS`` rounds; the first
+    captures the graphs)."""
+    half = new_tokens // 2
+    for _ in range(RUNS):
+        start = time.perf_counter()
+        runner.generate(prompts, half)
+        mid = time.perf_counter()
+        tokens = runner.generate(prompts, new_tokens)
+        end = time.perf_counter()
+    ms = ((end - mid) - (mid - start)) * 1e3 / (new_tokens - half)
+    return {**row, "ms_per_token": ms, "tokens_per_s": row["batch"] * 1e3 / ms, "tokens": tokens[0][:16]}
+
+
 # ---------------------------------------------------------------------------------------------
 # The parent: builds bundles, spawns one process per system and model, writes the table.
 
@@ -504,6 +540,12 @@ def build_bundles(
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
         # the same bundle: every kernel launched after the one before; one step per launch
         paths["aotpack-nopdl"] = paths["aotpack-step"] = paths["aotpack-aten-greedy"] = paths["aotpack"]
+    if "aotpack-rt" in wanted:
+        start = time.perf_counter()
+        paths["aotpack-rt"] = out / f"{stem}-lf.tpk"
+        compiled = generate(traced, archs, gemm_candidates=True, library_free=True)
+        pack(compiled, paths["aotpack-rt"], split_weights=True)
+        print(f"built {paths['aotpack-rt']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-sdpa" in wanted:
         start = time.perf_counter()
         paths["aotpack-sdpa"] = out / f"{stem}-sdpa.tpk"
