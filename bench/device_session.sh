@@ -50,6 +50,9 @@ for item in "$@"; do
     # this period's new GPU paths: grouped GEMMs (MoE), encoder-decoders, the runtime's state and generate
     new-paths) cmd=(python3 -m pytest -m gpu -q -rs -x tests/gpu/test_moe_gpu.py tests/gpu/test_seq2seq_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
     generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py tests/gpu/test_decode_attention_gpu.py) ;;
+    # what the stops of 2026-11-29 checked on the CPU only: the greedy kernel's by-name parameters in
+    # both loaders, aotpack-rt's decode blocks, then the generate suite (GPT-J's rewrite included)
+    unverified) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_greedy_gpu.py tests/runtime/test_gpu_state.py tests/gpu/test_generate_gpu.py) ;;
     # the decode attention kernel at the bench's shapes, and a grouped-query Llama's greedy tokens against the CPU's
     decode-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py tests/gpu/test_generate_gpu.py -k "llama or decode_attention") ;;
     runtime) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py) ;;

@@ -135,3 +135,33 @@ def test_blocks_of_steps_in_one_graph_give_the_cpu_tokens(bundle, steps):
         assert launches, "no block ran"
     finally:
         decode_blocks._Block.launch = launch
+
+
+@pytest.mark.parametrize("kind", ["gptj", "codegen"])
+def test_eager_attention_models_decode_with_the_kernel_and_give_the_cpu_tokens(kind, tmp_path):
+    """GPT-J and CodeGen, whose eager attention of one query the build runs as SDPA
+    (``aot.codegen.attention.eager_attention_as_sdpa``; CodeGen's mask passed scaled), so their
+    decode programs run the decode attention kernel: the GPU's greedy tokens (blocks of steps and
+    one step per launch) equal the CPU's."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    import aot.loader
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    spec = causal_lm(factory(kind), max_batch=MAX_BATCH, max_context=32, name=kind)
+    compiled = generate(trace(spec), (_arch(),))
+    decode = compiled.program.variants[0]
+    assert any(k.config.get("kind", "").startswith("decode_attention") for k in decode.kernels)
+    path = tmp_path / f"{kind}.tpk"
+    pack(compiled, path)
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    want = aot.loader.load(path, device="cpu").generate(prompts, 20)
+    gpu = aot.loader.load(path, device="cuda")
+    assert gpu.generate(prompts, 20) == want
+    assert gpu.generate(prompts, 20, steps_per_launch=1) == want
