@@ -99,9 +99,19 @@ def inspect(bundle: str, as_json: bool, full: bool) -> None:
     show_default=True,
     help="address the endpoints listen on (0.0.0.0: every interface)",
 )
-@click.option("--http-port", type=int, default=8000, show_default=True, help="KServe v2 over HTTP (0: any free port, named in the banner)")
-@click.option("--grpc-port", type=int, default=8001, show_default=True, help="KServe v2 over gRPC (0: any free port)")
-@click.option("--metrics-port", type=int, default=8002, show_default=True, help="Prometheus metrics (0: any free port)")
+@click.option(
+    "--http-port",
+    type=int,
+    default=8000,
+    show_default=True,
+    help="KServe v2 over HTTP (0: any free port, named in the banner)",
+)
+@click.option(
+    "--grpc-port", type=int, default=8001, show_default=True, help="KServe v2 over gRPC (0: any free port)"
+)
+@click.option(
+    "--metrics-port", type=int, default=8002, show_default=True, help="Prometheus metrics (0: any free port)"
+)
 @click.option(
     "--max-queue-delay-us",
     type=click.IntRange(0),
