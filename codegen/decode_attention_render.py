@@ -178,6 +178,9 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
+    if a and not kr and a.k_new.head_stride:
+        k_head = "KN_HEAD"
+    v_head = "VN_HEAD" if a and a.v_new.head_stride else "HEAD_DIM"
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
@@ -253,7 +256,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
                 if kr
                 else ()
             ),
-            f"vn = tl.load(vn_ptr + b * VN_BATCH + VN_COLUMN + kh * HEAD_DIM + rd{head_mask})",
+            f"vn = tl.load(vn_ptr + b * VN_BATCH + VN_COLUMN + kh * {v_head} + rd{head_mask})",
             "slot = rd * 0 + pos  # the position per lane: a mask of the block's shape",
             (
                 "put = (rd < HEAD_DIM) & (slot >= lo) & (slot < hi) & (slot < CONTEXT)  # one program stores: the one whose slots hold pos"
@@ -405,6 +408,10 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
             VN_BATCH=a.v_new.batch_stride,
             VN_COLUMN=a.v_new.column,
         )
+        if not kr and a.k_new.head_stride:
+            consts.update(KN_HEAD=a.k_new.head_stride)
+        if a.v_new.head_stride:
+            consts.update(VN_HEAD=a.v_new.head_stride)
     if qr:
         consts.update(Q_ROT=qr.dim, Q_ROT_BATCH=qr.batch_stride)
         if qr.head_stride:
@@ -450,6 +457,11 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
             f"First writes this step's keys and values (rows at b * {a.k_new.batch_stride} + {a.k_new.column} and "
             f"b * {a.v_new.batch_stride} + {a.v_new.column}) into slot pos of the cache, in place.",
         ]
+        apart = [
+            f"{what} {r.head_stride}" for what, r in (("keys", a.k_new), ("values", a.v_new)) if r.head_stride
+        ]
+        if apart:
+            doc[-1:-1] = [f"The new rows' heads are further apart than D: {', '.join(apart)} elements."]
     for what, r in (("queries", qr), ("new keys", kr)):
         if r is not None:
             doc[-1:-1] = [

@@ -31,11 +31,13 @@ POSITION_DTYPES = ("int64", "int32")
 @dataclass(frozen=True)
 class NewRows:
     """Where a step's new keys or values are: row b's KV head h at ``b * batch_stride + column +
-    h * head_dim`` of ``base`` (a ``[B, KV, 1, D]`` buffer, or a projection's rows)."""
+    h * head_stride`` of ``base`` (a ``[B, KV, 1, D]`` buffer, or a projection's rows);
+    ``head_stride`` 0 is the head dim (heads side by side)."""
 
     base: str
     batch_stride: int
     column: int
+    head_stride: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class DecodeSite:
 
 class _Program:
     def __init__(self, program: Program):
+        self.program = program
         self.steps = program.steps
         self.specs = tensor_specs(program)
         self.producer: dict[str, int] = {}
@@ -231,6 +234,13 @@ class _Program:
             if not rows.row_major(base, ix.parse_size(batch), width, dtype):
                 return None
             at = NewRows(base, width, column)
+        elif (heads := _head_rows(strided_view(new.name, self.program), batch, kv, head_dim)) is not None:
+            # heads further apart than their size in each row of what a kernel wrote (GPT-NeoX's
+            # and CodeGen's projections interleave each head's query, key and value)
+            at, stride = heads
+            if not self.materialized(at.base) or (kv > 1 and stride < head_dim):
+                return None
+            at = replace(at, head_stride=0 if kv == 1 or stride == head_dim else stride)
         else:
             return None
         return i, state.name, pos, pos_spec.dtype, at

@@ -175,7 +175,8 @@ def test_tiny_lm_decode_program_runs_decode_attention(built):
     """tests/data/tiny_lm.py (a GQA decoder of its own, 4 query heads over 2 KV heads, its queries
     a head view of a projection, the cache expanded and reshaped per query head): each layer's
     SDPA of the decode program is a decode attention kernel step reading the query where the
-    projection wrote it and the cache where it lives; the prefill program keeps SDPA."""
+    projection wrote it and the cache where it lives, and appending the step's keys and values to
+    it; the prefill program keeps SDPA."""
     from aot.codegen.decode_sites import SDPA
     from aot.loader.bundle import open_bundle
     from aot.schema import StepKind
@@ -196,22 +197,23 @@ def test_tiny_lm_decode_program_runs_decode_attention(built):
     assert len(steps) == 2 and not any(s.target == SDPA for s in decode.steps)
     state = {"key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"}
     for step in steps:
-        (reference,) = step.reference
-        assert reference.target == SDPA
+        assert [r.target for r in step.reference if r.target == SDPA] == [SDPA]
         source = kernels[step.target].source
         assert "GROUPS = tl.constexpr(2)" in source and "KV_HEADS = tl.constexpr(2)" in source
-        # the cache read where the state write left it: the write's result, which aliases the state
-        producers = {o: s for s in decode.steps for o in s.outputs}
-        k, v = step.args[1].name, step.args[2].name
-        assert {producers[k].args[0].name, producers[v].args[0].name} <= state
+        # the step's keys and values appended by the kernel (read where the stacked k/v projection
+        # wrote them, through its view and permute), into the cache where it lives
+        writes = [r for r in step.reference if r.target == "aten.index_put_.default"]
+        assert len(writes) == 2 and {w.args[0].name for w in writes} <= state
+        assert {step.args[1].name, step.args[2].name} <= state
+    assert not any(s.target == "aten.index_put_.default" for s in decode.steps)
 
 
 @pytest.mark.parametrize("appends", [False, True])
 def test_the_cache_is_read_before_the_wait_only_where_no_step_before_writes_it(appends):
     """A cache of one block of slots is loaded before the kernel waits for the one before it
     (dependent launch) only where this kernel appends the step's key and value itself. Where a
-    step before writes the cache (tests/data/tiny_lm.py: a cache-write step, then attention), an
-    early load would race that write and read the slot's old key and value."""
+    step before writes the cache (a cache-write step, then attention), an early load would race
+    that write and read the slot's old key and value."""
     from aot.codegen.decode_attention import render_decode_attention
     from aot.codegen.decode_sites import Append, DecodeSite, NewRows
 

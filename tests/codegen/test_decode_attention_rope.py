@@ -214,11 +214,10 @@ def test_one_position_rotary_angles_compile_and_match(tmp_path, form):
 def test_rotary_models_decode_programs_match_their_references(kind, tmp_path):
     """A tiny Llama, Phi-3 (its rotary part sliced off the head with an empty rest), StableLM
     (partial rotary, a quarter of each head) and GPT-NeoX (partial rotary over heads whose q, k and
-    v sit side by side): the decode program's attention kernels rotate the queries and keys
-    themselves (GPT-NeoX's the queries alone: its cache writes stay steps of their own, so its keys'
-    RoPE kernel stays), and every kernel of it, run by the interpreter at batch 2 (one row
-    left-padded), matches its reference: the caches the attention kernels write exactly, the rest
-    within float32's tolerance."""
+    v sit side by side: the kernel reads the new keys and values 3 * D apart): the decode program's
+    attention kernels rotate the queries and keys themselves and write the cache, and every kernel
+    of it, run by the interpreter at batch 2 (one row left-padded), matches its reference: the
+    caches the attention kernels write exactly, the rest within float32's tolerance."""
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -232,11 +231,8 @@ def test_rotary_models_decode_programs_match_their_references(kind, tmp_path):
     bundle = tmp_path / f"{kind}.tpk"
     pack(compiled, bundle)
     checks = decode_kernel_checks(bundle, position=9, padding=2)
-    append = kind != "gpt_neox"
-    prefix = "decode_attention_append_rope_" if append else "decode_attention_rope_"
-    attention = [c for c in checks if c[0].startswith(prefix)]
-    assert len(attention) == 2 * (3 if append else 1), checks  # two layers: the output (and both caches)
+    attention = [c for c in checks if c[0].startswith("decode_attention_append_rope_")]
+    assert len(attention) == 2 * 3, checks  # two layers: the output and both caches
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
     assert all(err == 0.0 for name, out, err, _ in attention if out.startswith("index_put")), attention
-    rope_left = sum(c[0] == "fused_mul_neg_cat_add" for c in checks)
-    assert rope_left == (0 if append else 2), checks
+    assert not any(c[0] == "fused_mul_neg_cat_add" for c in checks), checks  # no RoPE kernel left

@@ -33,6 +33,9 @@ KINDS = [
     pytest.param("gptj", marks=pytest.mark.slow),
     # the same, its mask added before the scale (passed to SDPA scaled)
     pytest.param("codegen", marks=pytest.mark.slow),
+    # each head's query, key and value side by side in the projection's rows: the decode kernel
+    # reads the new keys and values heads 3 * D apart
+    pytest.param("gpt_neox", marks=pytest.mark.slow),
 ]
 
 
