@@ -217,8 +217,6 @@ class _Program:
             return None
         if self.materialized(new.name):
             at = NewRows(new.name, kv * head_dim, 0)
-        elif (relabel := _heads_first(self, new.name, (batch, "1", str(kv), str(head_dim)))) is not None:
-            at = NewRows(relabel, kv * head_dim, 0)  # GPT-J's new keys, after its rotary
         elif (found := rows.operand(new.name, dtype)) is not None:
             if found[2] != "1" or found[3] != kv or found[4] != head_dim:
                 return None
@@ -235,8 +233,9 @@ class _Program:
                 return None
             at = NewRows(base, width, column)
         elif (heads := _head_rows(strided_view(new.name, self.program), batch, kv, head_dim)) is not None:
-            # heads further apart than their size in each row of what a kernel wrote (GPT-NeoX's
-            # and CodeGen's projections interleave each head's query, key and value)
+            # a head view of what a kernel wrote: GPT-J's new keys after its rotary ([B, 1, H, D]
+            # permuted heads first), and heads further apart than their size (GPT-NeoX's and
+            # CodeGen's projections interleave each head's query, key and value)
             at, stride = heads
             if not self.materialized(at.base) or (kv > 1 and stride < head_dim):
                 return None
