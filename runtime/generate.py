@@ -195,7 +195,7 @@ class DecodeBlock:
         from aot.runtime.plan import packed
         from aot.symexpr import compile_expr
 
-        self.runner, self.prepared, self.rows, self.steps, self.ends = runner, prepared, rows, steps, ends
+        self.runner, self.prepared, self.rows, self.steps = runner, prepared, rows, steps
         self.kernel, record = runner.kernels[kernel_id], runner.records[kernel_id]
         self.chunks = int(record.config["CHUNKS"])
         (kind, at), dtype, shape, _, pitch = prepared.outputs[0]  # the logits [rows, vocab]
@@ -351,9 +351,8 @@ def generate(
     order = runner.checked.input_names
 
     on_device = decode_argmax(runner, batch, max_new_tokens) if max_new_tokens > 1 else None
-    block_steps = steps_per_launch or (BLOCK_STEPS if on_device is not None else 1)
-    if on_device is None:
-        block_steps = 1  # a block picks its tokens with the greedy kernel
+    # a block picks its tokens with the greedy kernel: without it, call by call
+    block_steps = (steps_per_launch or BLOCK_STEPS) if on_device is not None else 1
 
     def call(entry: str, inputs: dict[str, HostInt64]) -> list[int]:
         out = runner.run_views([inputs[n].view() for n in order], entry_point=entry, check_indices=False)

@@ -438,8 +438,7 @@ class TritonServer:
         process took it before tritonserver could listen on it."""
         self.repo, self.name = Path(repo), name
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
-        named = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-        self._picked = [p for p in PORTS if named[p] == 0]
+        self._picked = [p for p in PORTS if getattr(self, p) == 0]
         self.address, self.drain_timeout, self.echo = address, drain_timeout, echo
         self.http_address = http_address or address
         self._public = (public_http_port, public_metrics_port)
@@ -644,8 +643,8 @@ def serve(
             raise EnvError("--device cuda requested but torch sees no CUDA GPU; serve with --device cpu")
     spec = open_spec(bundle, name, io_dtype)
     check = request_check(bundle, io_dtype)
-    for port, what in ((http_port, "HTTP"), (metrics_port, "metrics"), (grpc_port, "gRPC")):
-        _check_port(address, port, what)
+    _check_port(address, http_port, "HTTP")  # the gRPC port: TritonServer.start checks it
+    _check_port(address, metrics_port, "metrics")
     stopping, dead, why = threading.Event(), threading.Event(), []
     refused, alive = Refused(), lambda: not dead.is_set()
     # the public ports are held from here on, so that nothing takes them while the model loads;
