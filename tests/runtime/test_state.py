@@ -129,12 +129,25 @@ def test_the_greedy_pick_is_the_first_largest_logit(monkeypatch):
             raise ImportError("no numpy")
         return real(name, *a, **k)
 
+    # bfloat16 (Llama-3's dtype): values torch rounds apart, a negative row, ties, infinities;
+    # against torch's argmax of the same bytes
+    import torch
+
+    halves = torch.tensor(
+        [[1.0, 1.0078125, -5.0, 1.0], [-3.0, -2.0, -2.0, -7.0], [float("-inf"), -1e30, 3e38, float("inf")]],
+        dtype=torch.bfloat16,
+    )
+    raw = halves.view(torch.int16).numpy().tobytes()
+    expected = halves.float().argmax(-1).tolist()
+    assert expected == [1, 1, 3]
+    assert argmax_rows(raw, "bfloat16", 3, 4) == expected
     monkeypatch.setattr(builtins, "__import__", no_numpy)
     assert argmax_rows(data, "float16", 3, 4) == [1, 1, 0]  # the pure-Python path
+    assert argmax_rows(raw, "bfloat16", 3, 4) == expected
     with pytest.raises(
-        GuardError, match="reads float32, float16 or float64 logits, the bundle returns bfloat16"
+        GuardError, match="reads float32, float16, bfloat16 or float64 logits, the bundle returns int8"
     ):
-        argmax_rows(data, "bfloat16", 3, 4)
+        argmax_rows(data, "int8", 3, 4)
 
 
 def test_host_int64_arrays_are_array_views():
