@@ -32,8 +32,10 @@ time anything, so it takes the forms tune took where the measurements agree:
   step and a masked one): with the LayerNorm in the prologue fc 5.5-5.8 µs against 6.5-6.9, q/k/v
   5.2-5.8 against 5.7-6.3; without it the o projection 3.3-3.5 against 3.4-3.8.
 
-So: a half-precision GEMM site at a bucket of one row runs ``vec_1x2x512`` where K is at most
-512 or is 1024, ``vec_1x2x1024`` at other K up to ``SHORT_K``, ``vec_1x1x512`` where K is below
+So: a half-precision GEMM site at a bucket of one row runs ``vec_1x4x512`` where it is a
+vocabulary head (N at least ``VOCAB_N``) of K up to ``SHORT_K`` (GPT-2's LM head: its 25k blocks
+of two rows took 31-33 µs in the decode step, four rows per block 21.6 alone on the sweep), else
+``vec_1x2x512`` where K is at most 512 or is 1024, ``vec_1x2x1024`` at other K up to ``SHORT_K``, ``vec_1x1x512`` where K is below
 ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp out), ``vec_1x2x1024`` otherwise (``_rms`` or
 ``_ln``: with the RMSNorm or LayerNorm kernel before it, and the residual add in that kernel,
 computed in the GEMV's prologue). At buckets of 2-16 rows (decode at batch 2-16, a small batch of
@@ -246,6 +248,8 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
     if dtype not in HALF:
         return None
     if rows == 1:
+        if n >= VOCAB_N and k <= SHORT_K:  # a vocabulary head of short K: its blocks' fixed cost
+            return "vec_1x4x512"
         if k <= SHORT_K:  # one step of 1024 where 512 would take a whole step and a masked one
             return "vec_1x2x512" if k <= 512 or k % 512 == 0 else "vec_1x2x1024"
         if k < LONG_K and k % 2048:
@@ -267,7 +271,12 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
     return None
 
 
-FORMS = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # every form ``default_form`` names at one row
+FORMS = (
+    "vec_1x2x512",
+    "vec_1x1x512",
+    "vec_1x2x1024",
+    "vec_1x4x512",
+)  # every form ``default_form`` names at one row
 
 
 def _variant(site: Site, form: str) -> str:
@@ -294,7 +303,7 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
     block's rows of W); and the few-row form where FEW_ROWS (or its environment override) names
     one, as its prologue variant where it has one and FEW_ROWS_PROLOGUE holds."""
     forms = []
-    one = default_form(1, site.k, site.dtype)
+    one = default_form(1, site.k, site.dtype, site.n)
     if one is not None:
         forms.append(_variant(site, one))
     few = default_form(2, site.k, site.dtype, site.n)
@@ -309,7 +318,7 @@ def one_row_forms(program: Program) -> dict[str, str]:
     program's sites)."""
     out = {}
     for site in find_sites(program):
-        one = default_form(1, site.k, site.dtype)
+        one = default_form(1, site.k, site.dtype, site.n)
         if one is not None:
             out[site.id] = _variant(site, one)
     return out

@@ -28,6 +28,7 @@ class TileConfig:
     min_m: int = 1
     max_m: int = 1 << 62
     min_k: int = 1  # split-K: each slice must keep at least a couple of K blocks
+    min_n: int = 0  # a candidate only where N is at least this (a vocabulary head's form)
     dot: bool = True  # False: a dot-free GEMV body for one row (BLOCK_M = 1), products summed over K
     target_blocks: int = 0  # split-K: blocks to aim for (0: SPLIT_TARGET_BLOCKS)
     # a tensor-core form of at most PROLOGUE_MAX_BLOCK_M rows, no split: also rendered with a
@@ -63,6 +64,12 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("vec_1x2x512", 1, 2, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
     TileConfig("vec_1x1x512", 1, 1, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
     TileConfig("vec_1x2x1024", 1, 2, 1024, num_warps=2, num_stages=1, max_m=1, dot=False),
+    # A vocabulary head of short K (GPT-2's LM head, 768 -> 50257): two rows of W per block make
+    # 25k blocks of 3 KiB each, whose fixed cost the stream does not cover; four rows per block
+    # streamed the 77 MB in 21.6 µs alone (3.57 TB/s; vec_1x2x512 25.7, one row per block 34.4)
+    # on the sweep above, where vec_1x2x1024 took 31-33 µs in GPT-2's decode step on the same GPU
+    # (bench/results/profiles/decode-gpt2-*-h200-2026-11-30.txt). A candidate at N >= 32000 only.
+    TileConfig("vec_1x4x512", 1, 4, 512, num_warps=4, num_stages=1, max_m=1, dot=False, min_n=32000),
     TileConfig(
         "splitk_1x8x512",
         1,

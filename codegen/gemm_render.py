@@ -117,7 +117,7 @@ def _render_forms(
     m_max = max_value(ix.parse_size(site.m), ranges)
     out = []
     for cfg in configs:
-        if cfg.split_k != 1 and site.k < cfg.min_k:
+        if (cfg.split_k != 1 and site.k < cfg.min_k) or site.n < cfg.min_n:
             continue
         if site.w_kn and not cfg.dot:
             continue  # a one-row form reads W's rows along K: strided where W is [K, N]

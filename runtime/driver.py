@@ -201,8 +201,13 @@ class Device:
         _check(cu.cuMemcpyHtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyHtoDAsync")
 
     def to_host(self, dst: int, src: int, nbytes: int) -> None:
-        _check(cu.cuMemcpyDtoHAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoHAsync")
+        self.to_host_async(dst, src, nbytes)
         self.synchronize()
+
+    def to_host_async(self, dst: int, src: int, nbytes: int) -> None:
+        """A copy to host memory in stream order, not waited for (``dst`` page-locked:
+        ``host_alloc``; wait on an event recorded after it)."""
+        _check(cu.cuMemcpyDtoHAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoHAsync")
 
     def zero(self, dst: int, nbytes: int) -> None:
         _check(cu.cuMemsetD8Async(dst, 0, nbytes, self.stream), "cuMemsetD8Async")

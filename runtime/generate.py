@@ -22,6 +22,16 @@ position and cache slot one on, the mask's new slot). The host copies the inputs
 block's start, and reads the block's tokens back in one copy. At a bucket (a CUDA graph for the
 call) the block is one CUDA graph too, captured on its first use and kept with the call's
 plan. The steps that do not fill a block run call by call. The tokens are the same either way.
+
+**The host a block ahead** (``Readback``): where another whole block follows, it is launched
+before the host waits for the one before: it starts from the inputs that block's last greedy
+kernel left in the arena, and its finished rows are the device's. Each block's tokens are copied
+into page-locked memory of their own, in stream order, so the next block's tokens never
+overwrite them, and the host waits on that copy's event alone. The GPU runs the next block while
+the host takes a block's tokens, so the host's work per block (the callbacks' tokens, the inputs'
+mirror) no longer leaves it idle. A generation whose rows all end inside a block waits for the
+block launched ahead of it before returning; its steps only wrote cache slots the generation
+had room for (a block is launched ahead only where all its steps fit).
 """
 
 from __future__ import annotations
@@ -243,7 +253,6 @@ class DecodeBlock:
             for j in range(steps)
         ]
         self.graph: Any = None
-        self.host = (ctypes.c_int64 * (rows * steps))()
 
     def enqueue(self) -> None:
         """The block's launches: per step, the decode call, then the greedy kernel."""
@@ -254,32 +263,50 @@ class DecodeBlock:
                 prepared.launch_tail(gpu, self.tail)
             self.kernel.launch((self.chunks, self.rows, 1), gpu.stream, params)
 
-    def run(
-        self, views: Sequence[ArrayView], done: Sequence[bool], pad: int, eos: Sequence[int]
-    ) -> list[list[int]]:
-        """The block from the decode call's inputs ``views`` (in the bundle's order), the rows
-        already finished and the end-of-sequence rule; each step's tokens, a list per step."""
+    def launch(
+        self,
+        views: Sequence[ArrayView] | None,
+        done: Sequence[bool],
+        pad: int,
+        eos: Sequence[int],
+        readback: Readback,
+    ) -> int:
+        """Enqueue the block, then the copy of its tokens into one of ``readback``'s buffers; that
+        buffer's index (``take``). ``views``: the decode call's inputs (in the bundle's order),
+        copied in with the rows already finished and the end-of-sequence rule; None: the block
+        goes on from what the block before left on the device."""
         runner, gpu = self.runner, self.runner.gpu
-        for view, (name, address) in zip(views, self.prepared.inputs):
-            runner._copy_in(view, address, name)
-        starts = (
-            ("finished", bytes(bool(d) for d in done)),
-            ("padding", struct.pack(f"<{self.rows}q", *[pad] * self.rows)),
-            ("eos_ids", struct.pack(f"<{len(eos)}q", *eos)),
-        )
-        held = [ctypes.create_string_buffer(data, len(data)) for _, data in starts]  # until the sync
-        for (name, data), host in zip(starts, held):
-            if data:
-                gpu.to_device(self.base + self.at[name], ctypes.addressof(host), len(data))
-        if runner.graphs and self.prepared.on_bucket:
-            if self.graph is None:
-                self.graph = gpu.capture(self.enqueue)
-            gpu.replay(self.graph[1])
-        else:
-            self.enqueue()
-        gpu.synchronize()
-        gpu.to_host(ctypes.addressof(self.host), self.base + self.at["tokens"], self.rows * self.steps * 8)
-        return [[self.host[r * self.steps + j] for r in range(self.rows)] for j in range(self.steps)]
+        with runner._lock:
+            gpu.bind()
+            if views is not None:
+                for view, (name, address) in zip(views, self.prepared.inputs):
+                    runner._copy_in(view, address, name)
+                starts = (
+                    ("finished", bytes(bool(d) for d in done)),
+                    ("padding", struct.pack(f"<{self.rows}q", *[pad] * self.rows)),
+                    ("eos_ids", struct.pack(f"<{len(eos)}q", *eos)),
+                )
+                for name, data in starts:
+                    if data:  # from pageable memory: staged before the call returns
+                        host = ctypes.create_string_buffer(data, len(data))
+                        gpu.to_device(self.base + self.at[name], ctypes.addressof(host), len(data))
+            if runner.graphs and self.prepared.on_bucket:
+                if self.graph is None:
+                    self.graph = gpu.capture(self.enqueue)
+                gpu.replay(self.graph[1])
+            else:
+                self.enqueue()
+            slot = readback.claim()
+            gpu.to_host_async(readback.host[slot], self.base + self.at["tokens"], self.rows * self.steps * 8)
+            gpu.record(readback.events[slot])
+        return slot
+
+    def take(self, readback: Readback, slot: int) -> list[list[int]]:
+        """The tokens of the block launched into ``readback``'s buffer ``slot``, a list per step,
+        once its copy is done."""
+        self.runner.gpu.wait(readback.events[slot], None)
+        host = (ctypes.c_int64 * (self.rows * self.steps)).from_address(readback.host[slot])
+        return [[host[r * self.steps + j] for r in range(self.rows)] for j in range(self.steps)]
 
     def release(self) -> None:
         from aot.runtime import driver as drv
@@ -292,22 +319,43 @@ class DecodeBlock:
             self.base = 0
 
 
-def decode_block(
-    runner: Any, views: Sequence[ArrayView], steps: int, done: Sequence[bool], pad: int, eos: Sequence[int]
-) -> list[list[int]]:
-    """A block of ``steps`` decode calls from the call on ``views`` (``DecodeBlock``, made once per
-    plan, step count and number of end tokens): each step's tokens."""
+class Readback:
+    """Two page-locked host buffers of a block's tokens and an event for each copy into them: the
+    tokens of one block come back while the next one runs (module docstring). Owned by one
+    generation, freed by ``close``; ``claim`` alternates between the two (a generation takes a
+    block's tokens before it launches the second block after it)."""
+
+    def __init__(self, gpu: Any, nbytes: int):
+        self.gpu, self.next = gpu, 0
+        self.host = [gpu.host_alloc(nbytes) for _ in range(2)]
+        self.events = [gpu.event() for _ in range(2)]
+
+    def claim(self) -> int:
+        slot, self.next = self.next, 1 - self.next
+        return slot
+
+    def close(self) -> None:
+        for ptr in self.host:
+            self.gpu.free_host(ptr)
+        for event in self.events:
+            self.gpu.destroy_event(event)
+        self.host, self.events = [], []
+
+
+def decode_block(runner: Any, views: Sequence[ArrayView], steps: int, ends: int, rows: int) -> DecodeBlock:
+    """The ``DecodeBlock`` of ``steps`` decode calls from the call on ``views`` with ``ends`` end
+    tokens and ``rows`` rows: made once per plan and those counts, kept with the plan."""
     entry, sizes = runner.checked.bind(views, "decode")
     with runner._lock:
         runner.gpu.bind()
         prepared = runner._prepare(entry, sizes)
-        key = (steps, len(eos), len(done))
+        key = (steps, ends, rows)
         block = prepared.blocks.get(key)
         if block is None:
             block = prepared.blocks[key] = DecodeBlock(
-                runner, prepared, entry.program.greedy, len(done), steps, len(eos)
+                runner, prepared, entry.program.greedy, rows, steps, ends
             )
-        return block.run(views, done, pad, eos)
+        return block
 
 
 def decode_argmax(runner: Any, rows: int, calls: int) -> DeviceArgmax | None:
@@ -363,6 +411,9 @@ def generate(
     on_device = decode_argmax(runner, batch, max_new_tokens) if max_new_tokens > 1 else None
     # a block picks its tokens with the greedy kernel: without it, call by call
     block_steps = (steps_per_launch or BLOCK_STEPS) if on_device is not None else 1
+    ends = sorted(eos)
+    readback = Readback(runner.gpu, batch * block_steps * 8) if block_steps > 1 else None
+    ahead = None  # (block, readback buffer): launched from what the block before left on the device
 
     def call(entry: str, inputs: dict[str, HostInt64]) -> list[int]:
         out = runner.run_views([inputs[n].view() for n in order], entry_point=entry, check_indices=False)
@@ -410,12 +461,23 @@ def generate(
                 "cache_position": HostInt64([slot]),
                 "attention_mask": HostInt64(mask),
             }
-            if block_steps > 1 and max_new_tokens - 1 - step >= block_steps:
-                views = [inputs[n].view() for n in order]
-                pending.extend(decode_block(runner, views, block_steps, done, pad, sorted(eos)))
+            if readback is not None and max_new_tokens - 1 - step >= block_steps:
+                if ahead is None:
+                    views = [inputs[n].view() for n in order]
+                    block = decode_block(runner, views, block_steps, len(ends), batch)
+                    at = block.launch(views, done, pad, ends, readback)
+                else:
+                    (block, at), ahead = ahead, None
+                if max_new_tokens - 1 - (step + block_steps) >= block_steps:  # another whole block
+                    ahead = (block, block.launch(None, done, pad, ends, readback))
+                pending.extend(block.take(readback, at))
             else:
                 pending.append(call("decode", inputs))
         return new[0] if flat else new
     finally:
+        if ahead is not None:  # the rows ended inside the block before it: its steps still run
+            runner.gpu.synchronize()
+        if readback is not None:
+            readback.close()
         if on_device is not None:
             on_device.close()

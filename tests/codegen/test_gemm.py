@@ -42,12 +42,12 @@ FAMILIES = (
 
 
 def _all_configs(every: bool = False):
-    """The configs of ``FAMILIES`` (``every``: every config), eligible at every bucket, so each
-    form is built and checked in the tests."""
+    """The configs of ``FAMILIES`` (``every``: every config), eligible at every bucket and site
+    (a vocabulary head's form too), so each form is built and checked in the tests."""
     from aot.codegen import gemm_forms
 
     return tuple(
-        replace(c, min_m=1, max_m=1 << 62) for c in gemm_forms.CONFIGS if every or c.name in FAMILIES
+        replace(c, min_m=1, max_m=1 << 62, min_n=0) for c in gemm_forms.CONFIGS if every or c.name in FAMILIES
     )
 
 

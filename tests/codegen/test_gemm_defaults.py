@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from aot.codegen.gemm_defaults import DEFAULT_ARCH, FORMS, LONG_K, default_form
+from aot.codegen.gemm_defaults import DEFAULT_ARCH, FORMS, LONG_K, VOCAB_N, default_form
 from aot.tuning import LIBRARY, parse_tuning, tuned_plans
 
 
@@ -24,7 +24,12 @@ def test_the_rule_names_a_form_for_one_half_precision_row_only():
     assert default_form(1, 3072, "float16") == "vec_1x1x512"
     for rows, dtype in [(2, "float16"), (8, "bfloat16"), (1, "float32")]:
         assert default_form(rows, 2048, dtype) is None  # N not known at few rows, float32 anywhere
-    assert {default_form(1, k, "float16") for k in (64, 1024, 2048, 3072, 4096, 16384)} == set(FORMS)
+    # a vocabulary head of short K (GPT-2's LM head): four rows of W per block; of long K as any site
+    assert default_form(1, 768, "float16", 50257) == "vec_1x4x512"
+    assert default_form(1, 768, "float16", VOCAB_N - 1) == "vec_1x2x1024"
+    assert default_form(1, 2048, "bfloat16", 128256) == "vec_1x2x1024"
+    shapes = [(k, 0) for k in (64, 1024, 2048, 3072, 4096, 16384)] + [(768, 50257)]
+    assert {default_form(1, k, "float16", n) for k, n in shapes} == set(FORMS)
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def test_the_built_in_entry_takes_small_weights_and_vocabulary_heads_only():
         assert default_form(rows, 768, "float32", n=2304) is None
     assert default_form(17, 768, "float16", n=2304) is None
     assert default_form(1, 2048, "bfloat16") == "vec_1x2x1024"
-    assert default_form(1, 1024, "float16", n=50257) == "vec_1x2x512"
+    assert default_form(1, 1024, "float16", n=50257) == "vec_1x4x512"  # one row: a short-K vocabulary head
 
 
 def test_the_setting_and_its_override(monkeypatch):

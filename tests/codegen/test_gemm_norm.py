@@ -429,7 +429,7 @@ def test_every_form_of_the_stacked_halves_matches_its_reference(tmp_path):
 # GPT-2's LayerNorm (with the residual add) and GELU around its MLP GEMMs
 
 GPT2_MLP = MODELS / "gemm_gpt2.py"
-FORMS_OF_TABLE = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024")  # gemm_defaults.FORMS
+FORMS_OF_TABLE = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024", "vec_1x4x512")  # gemm_defaults.FORMS
 
 
 @pytest.fixture(scope="module")
@@ -448,7 +448,7 @@ def gpt2_forms(gpt2_traced, tmp_path_factory):
 
     saved = gemm_render.CONFIGS
     gemm_render.CONFIGS = tuple(
-        replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in FORMS_OF_TABLE
+        replace(c, max_m=1 << 62, min_n=0) for c in gemm_forms.CONFIGS if c.name in FORMS_OF_TABLE
     )
     try:
         compiled = generate(gpt2_traced, ARCHS, gemm_candidates=True)
@@ -484,7 +484,8 @@ def test_gpt2_layer_norm_and_gelu_run_inside_the_gemvs_by_default(gpt2_traced):
 
 
 def test_every_gpt2_one_row_form_matches_its_reference(gpt2_forms):
-    """Each one-row form of the table, plain and ``_ln``, against the library steps it replaces
+    """Each one-row form of the table (the vocabulary heads' one too, at these smaller N), plain
+    and ``_ln``, against the library steps it replaces
     in Triton's interpreter at one row (float16: ``aot.dtypes.TOLERANCE``); the sum h = r + x
     the ``_ln`` forms write is exact."""
     from aot.verify.interpret import interpret_in_subprocess
@@ -545,3 +546,33 @@ def test_a_layer_norm_of_a_sum_of_three_rows_keeps_its_kernel(tmp_path):
             want = module(**inputs)
         for got, w in zip(runner(**inputs), want):  # float16: the same ATen ops as eager on the CPU
             torch.testing.assert_close(got, w, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.slow  # 8000 programs in the interpreter
+def test_a_vocabulary_head_of_short_k_runs_four_rows_of_w_per_block(tmp_path):
+    """The built-in table runs a vocabulary head of short K (N >= ``VOCAB_N``, K <= ``SHORT_K``:
+    GPT-2's LM head) at one row as ``vec_1x4x512``, with the LayerNorm before it in its prologue;
+    a head below ``VOCAB_N`` runs what any site of its K runs. It matches the library steps it replaces in
+    Triton's interpreter (W's 32003 rows padded to 32064 by the build, the logits a slice)."""
+    from aot.codegen import generate
+    from aot.codegen.gemm_defaults import VOCAB_N, default_site_forms
+    from aot.codegen.gemm_sites import find_sites
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = MODELS / "gemm_vocab_head.py"
+    compiled = generate(trace(load_model_file(model)), ARCHS)
+    (head,) = compiled.program.alternatives
+    assert head.n == 32064  # padded (aot.codegen.weight_padding)
+    assert sorted(c.name for c in head.candidates) == ["fewe_16x64x128", "vec_1x4x512_ln"]  # 8 rows: few-row
+    assert {c.choice for c in compiled.tuning.choices if c.sizes == {"batch": 1}} == {"vec_1x4x512_ln"}
+    (site,) = find_sites(compiled.program)
+    assert default_site_forms(replace(site, n=VOCAB_N - 1))[0] == "vec_1x2x512_ln"  # K 64: as any site
+    path = tmp_path / "head.tpk"
+    pack(compiled, path)
+    (result,) = interpret_in_subprocess([(path, model, [{"batch": 1}], None, True)], timeout=HANG_GUARD_S)
+    (comparisons,) = result.values()
+    assert f"{head.id}/vec_1x4x512_ln" in {c.name for c in comparisons}, comparisons
+    bad = [c for c in comparisons if not c.ok]
+    assert not bad, bad[:3]

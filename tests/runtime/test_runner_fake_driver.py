@@ -88,7 +88,7 @@ class FakeDevice:
     def to_device(self, dst, src, nbytes):
         ctypes.memmove(dst, src, nbytes)
 
-    to_host = copy = to_device
+    to_host = to_host_async = copy = to_device
 
     def zero(self, dst, nbytes):
         ctypes.memset(dst, 0, nbytes)

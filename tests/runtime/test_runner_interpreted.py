@@ -117,15 +117,18 @@ BLOCKS_SCRIPT = (
     DRIVER
     + """
 from aot.runtime import generate as generate_module
-blocks = []  # each block run: its steps
-ran = generate_module.DecodeBlock.run
-generate_module.DecodeBlock.run = lambda self, *a: blocks.append(self.steps) or ran(self, *a)
-prompts, new, eos = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+blocks = []  # each block launched: its steps, and whether it went on from the device's inputs
+launch = generate_module.DecodeBlock.launch
+generate_module.DecodeBlock.launch = lambda self, views, *a: blocks.append(
+    [self.steps, views is None]
+) or launch(self, views, *a)
+prompts, new, eos, early = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 out = [
     runner.generate(prompts, new, steps_per_launch=3),
     runner.generate(prompts, new, steps_per_launch=1),
     runner.generate(prompts, new, eos_token_id=eos, steps_per_launch=3),
     runner.generate(prompts[1], new, steps_per_launch=4),
+    runner.generate(prompts[0], new, eos_token_id=early, steps_per_launch=2),
 ]
 counts = []  # every block's counters, after its launches
 for prepared in runner._prepared.values():
@@ -138,11 +141,14 @@ print(json.dumps([out, blocks, counts]))
 
 
 def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpreter(tiny_lm_free):  # noqa: F811
-    """``DecodeBlock``: blocks of 3 (and, for one prompt, 4) decode calls with the greedy kernel
-    between them, the rest call by call, through the stand-in driver: the torch loader's CPU
-    tokens, with and without an end token that stops row 0 inside a block (it then takes the
-    padding token, fed to it as the next input, as the step-by-step loop does), and every
-    block leaves the kernel's counters zero."""
+    """``DecodeBlock``: blocks of 3 (and, for one prompt, 4 and 2) decode calls with the greedy
+    kernel between them, the rest call by call, through the stand-in driver: the torch loader's
+    CPU tokens, with and without an end token that stops row 0 inside a block (it then takes the
+    padding token, fed to it as the next input, as the step-by-step loop does), and every block
+    leaves the kernel's counters zero. Each block after a generation's first is launched before
+    the host takes the tokens of the one before, from the inputs on the device
+    (``Readback``); where the only row ends inside a block, the block launched ahead of it runs
+    and its tokens are dropped."""
     from aot.loader import load
 
     free, _ = tiny_lm_free
@@ -150,14 +156,22 @@ def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpr
     cpu = load(free)
     want = cpu.generate(PROMPTS, new)
     eos = want[0][4]  # row 0 ends at its fifth token, inside the second block
-    args = [str(free), json.dumps(PROMPTS), str(new), str(eos)]
+    early = cpu.generate(PROMPTS[0], new)[4]  # prompt 0 alone ends at its fifth token: blocks of 2
+    args = [str(free), json.dumps(PROMPTS), str(new), str(eos), str(early)]
     script = f"import sys\nsys.argv = ['x', *{args!r}]\n" + BLOCKS_SCRIPT
-    (blocks3, single, ended, one), blocks, counts = interpreted_json(script)
+    (blocks3, single, ended, one, alone), blocks, counts = interpreted_json(script)
     assert blocks3 == want and single == want
     assert ended == cpu.generate(PROMPTS, new, eos_token_id=eos)
     assert ended[0][-1] == eos and len(ended[0]) <= 5 and ended[1] == want[1][: len(ended[1])]
     assert one == cpu.generate(PROMPTS[1], new)
-    assert blocks == [3, 3, 3, 3, 3, 3, 4, 4], blocks  # row 1 keeps row 0's run going past its end
+    assert alone == cpu.generate(PROMPTS[0], new, eos_token_id=early) and alone[-1] == early
+    assert len(alone) == 5, alone
+    host, ahead = [3, False], [3, True]  # row 1 keeps row 0's run going past its end
+    assert blocks == [host, ahead, ahead] * 2 + [[4, False], [4, True]] + [
+        [2, False],
+        [2, True],
+        [2, True],
+    ], blocks
     assert counts and not any(counts), counts
 
 
