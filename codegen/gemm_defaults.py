@@ -287,6 +287,8 @@ def _variant(site: Site, form: str) -> str:
     cfg = next((c for c in default_configs() if c.name == form), None)
     if cfg is None or cfg.split_k != 1:
         return form
+    if cfg.rows_apart:  # no prologue forms
+        return form
     if site.prologue.norm is not None:
         return form + "_rms" if not cfg.dot or cfg.row_norm else form
     if cfg.block_m <= PROLOGUE_MAX_BLOCK_M and cfg.block_k >= PROLOGUE_MIN_BLOCK_K:

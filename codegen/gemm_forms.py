@@ -45,8 +45,14 @@ class TileConfig:
     norm_one_pass: bool = False
 
     def __post_init__(self):
-        if not self.dot and self.block_m != 1:
-            raise ValueError(f"{self.name}: the dot-free form computes one row per block (BLOCK_M = 1)")
+        if not self.dot and self.block_m != 1 and self.split_k != 1:
+            raise ValueError(f"{self.name}: a dot-free form of several rows per block has no split-K")
+
+    @property
+    def rows_apart(self) -> bool:
+        """A dot-free form of several rows of A per block (``vecm_*``): each row's products summed
+        apart, W loaded once for all of them; no prologue forms."""
+        return not self.dot and self.block_m > 1
 
 
 # Performance knobs: the candidate forms compiled for every site.
@@ -101,6 +107,17 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
     TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),
 )
+# A few rows (decode at batch 2-8) without tensor cores (``vecm_``): the one-row forms' body for
+# BLOCK_M rows of A at once, W's rows loaded once per block (before the wait, as the one-row forms
+# do) and each row's products summed apart in registers, so W streams as at one row while the
+# tensor-core tiles of 16 rows waste half their work or more at 2-8 rows and load W after the wait.
+# Named by FEW_ROWS or its environment only, for measuring (not in the built-in entry until
+# measured on the GPU): the norm kernel before it stays (no prologue forms).
+VECM_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig("vecm_8x4x256", 8, 4, 256, num_warps=4, num_stages=1, min_m=2, max_m=8, dot=False),
+    TileConfig("vecm_8x2x512", 8, 2, 512, num_warps=4, num_stages=1, min_m=2, max_m=8, dot=False),
+    TileConfig("vecm_4x4x256", 4, 4, 256, num_warps=4, num_stages=1, min_m=2, max_m=4, dot=False),
+)
 # Few rows (decode at batch 2-16; ``gemm_defaults.FEW_ROWS``): tensor-core tiles of 16 rows, the
 # rows past M masked off, narrow in N and long in K so that W streams from HBM through enough
 # blocks (N = 2048 makes 128 blocks of 16 columns); each also with a row-norm prologue (``_rms``:
@@ -144,6 +161,7 @@ _FEW_ROW_BASE: tuple[TileConfig, ...] = (
 )
 FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
     *_FEW_ROW_BASE,
+    *VECM_CONFIGS,
     # The same tiles (``fewe_``) with W's first two K steps loaded before the wait for the kernel
     # before, as the one-row forms load all of theirs, and their ``_rms`` forms in one pass over
     # A (``norm_one_pass``): the two costs the forms above pay in a decode step (RESULTS.md, the

@@ -85,14 +85,19 @@ def render_candidates(
             fused = [
                 c
                 for c in (CONFIGS if configs is None else configs)
-                if c.split_k == 1 and (not c.dot or (c.row_norm and c.block_m <= PROLOGUE_MAX_BLOCK_M))
+                if c.split_k == 1
+                and not c.rows_apart
+                and (not c.dot or (c.row_norm and c.block_m <= PROLOGUE_MAX_BLOCK_M))
             ]
             suffix = "_rms"
         else:
             fused = [
                 c
                 for c in (CONFIGS if configs is None else configs)
-                if c.block_m <= PROLOGUE_MAX_BLOCK_M and c.block_k >= PROLOGUE_MIN_BLOCK_K and c.split_k == 1
+                if c.block_m <= PROLOGUE_MAX_BLOCK_M
+                and c.block_k >= PROLOGUE_MIN_BLOCK_K
+                and c.split_k == 1
+                and not c.rows_apart
             ]
             suffix = "_ln"
         for cfg, kernels, extra, pre in _render_forms(site, buffers, known, ranges, tuple(fused)):
@@ -342,6 +347,8 @@ def _w_ptr(site: Site, g: int) -> str:
 def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
     """A's one row times the early-loaded W rows, summed elementwise across K steps, reduced once
     after."""
+    if cfg.rows_apart:
+        return _vecm_steps(site, cfg, k_offset, k_extent)
     if site.prologue is not None:
         if site.prologue.norm is not None:
             return _vec_steps_norm(site, cfg, k_offset, k_extent)
@@ -360,6 +367,32 @@ def _vec_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> lis
                 f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]"
             )
     lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
+    return lines
+
+
+def _vecm_steps(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> list[str]:
+    """BLOCK_M rows of A times the early-loaded W rows (``TileConfig.rows_apart``): per K step,
+    each row of A loaded as the one-row form loads its row (a row past M masked to 0) and its
+    products summed into that row's own ``[BLOCK_N, BLOCK_K]`` partial; after the steps each
+    partial reduced over K and set into its row of ``acc`` ``[BLOCK_M, BLOCK_N]``. No prologue
+    (``render_candidates`` renders none for these forms)."""
+    weights, rows = range(len(site.weights)), range(cfg.block_m)
+    lines = [f"part{g}_{r} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in weights for r in rows]
+    lines.append(f"m0 = tl.program_id({_axes(cfg)[0]}) * BLOCK_M")
+    # each row's mask of A as a [1, BLOCK_K] tile (a row past M loads zeros)
+    lines += [f"in_m{r} = (tl.zeros((1, BLOCK_K), dtype=tl.int32) + (m0 + {r})) < M" for r in rows]
+    for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
+        lines.append(f"rk = {rk}")
+        for r in rows:
+            lines.append(
+                f"a = tl.load(a_ptr + (m0 + {r}) * {site.k} + rk[None, :], mask=in_m{r}{kmask}, other=0.0)"
+            )
+            for g in weights:
+                lines.append(f"part{g}_{r} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)")
+    lines.append("ri = tl.arange(0, BLOCK_M)[:, None]")
+    for g in weights:
+        lines.append(f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        lines += [f"acc{g} = tl.where(ri == {r}, tl.sum(part{g}_{r}, axis=1)[None, :], acc{g})" for r in rows]
     return lines
 
 

@@ -382,3 +382,54 @@ print(json.dumps(out))
         assert any(n.endswith(FEW) for n in r["kernels"]), r["kernels"]
         assert r["logits"] <= 1.0 and r["cache"] <= 1.0, r  # within the float16 tolerance
         assert r["tokens_equal"] and not r["bad"], r
+
+
+# ---------------------------------------------------------------------------------------------
+# The dot-free forms of a few rows (``vecm_``: each row of A summed apart, W loaded once per block)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "vecm_8x4x256",
+        pytest.param("vecm_8x2x512", marks=pytest.mark.slow),
+        pytest.param("vecm_4x4x256", marks=pytest.mark.slow),
+    ],
+)
+def test_the_dot_free_few_row_forms_match_in_the_interpreter(form, tmp_path, monkeypatch):
+    """Named by ``AOTPACK_FEW_ROWS``, a ``vecm_`` form runs every half-precision GEMM site at the
+    buckets of 2 to its BLOCK_M rows, plain (the norm kernel before it kept: it has no prologue
+    form), with its epilogue: ``gemm_rms16.py``'s stacked gate/up with SiLU·mul, down, and the
+    projection after an RMSNorm kernel (K = 600: the last K step partial) at 8 rows where the form
+    takes 8, and ``gemm_gpt2.py``'s fc with GELU after the LayerNorm kernel, and proj, at 3 rows
+    (rows of the block past M masked). Every form matches the library steps it replaces in
+    Triton's interpreter (``aot.dtypes.TOLERANCE``, float16)."""
+    from aot.codegen import generate
+    from aot.codegen.gemm_forms import VECM_CONFIGS
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    (cfg,) = [c for c in VECM_CONFIGS if c.name == form]
+    monkeypatch.setenv(FEW_ROWS_ENV, form)
+    jobs = []
+    for name, rows in (("gemm_rms16", 8), ("gemm_gpt2", 3)):
+        if rows > cfg.max_m:
+            continue
+        model = MODELS / f"{name}.py"
+        compiled = generate(trace(load_model_file(model)), ARCHS)
+        for site in compiled.program.alternatives:
+            at = [c for c in site.candidates if {"batch": rows} in c.buckets]
+            assert [c.name for c in at] == [form], (site.id, [(c.name, c.buckets) for c in site.candidates])
+            (kernel,) = [s.target for s in at[0].steps if s.kind == schema.StepKind.KERNEL][-1:]
+            source = next(k.source for k in compiled.program.kernels if k.id == kernel)
+            assert "tl.dot" not in source and f"part0_{cfg.block_m - 1} +=" in source
+        pack(compiled, tmp_path / f"{name}.tpk")
+        jobs.append((tmp_path / f"{name}.tpk", model, [{"batch": rows}], None, True))
+    results = interpret_in_subprocess(jobs, timeout=HANG_GUARD_S)
+    assert len(results) == len(jobs) >= 1
+    for result in results:
+        (comparisons,) = result.values()
+        assert any(form in c.name for c in comparisons), comparisons
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, bad[:3]
