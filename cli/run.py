@@ -301,6 +301,9 @@ def _inputs_problem(path: str, e: Exception) -> str:
     return f"--inputs {path}: not a safetensors file ({printable(str(e))[:200]})"
 
 
+MAX_STEPS_PER_LAUNCH = 256  # decode steps in one block: one CUDA graph of that many steps
+
+
 def _parse_prompts(text: str) -> list[list[int]]:
     """``"1,2,3;4,5"`` → ``[[1, 2, 3], [4, 5]]``."""
     prompts = []
@@ -346,6 +349,12 @@ def _parse_prompts(text: str) -> list[list[int]]:
     "--seed", type=click.IntRange(0, 2**64 - 1), help="with --sample: seed of the sampling generator"
 )
 @click.option("--no-graphs", is_flag=True, help="launch step by step instead of replaying CUDA graphs")
+@click.option(
+    "--steps-per-launch",
+    type=click.IntRange(1, MAX_STEPS_PER_LAUNCH),
+    help="greedy decode steps per CUDA graph launch, a causal LM's tokens read back once per block "
+    "[default: 8 on a GPU, 1 on a CPU]; 1: every step on its own",
+)
 @trust_option
 def generate_tokens(
     bundle: str,
@@ -359,6 +368,7 @@ def generate_tokens(
     top_k: int | None,
     seed: int | None,
     no_graphs: bool,
+    steps_per_launch: int | None,
 ) -> None:
     """Generate tokens with a causal-LM BUNDLE (aot.hf.causal_lm: prefill and decode over a KV
     cache) or an encoder-decoder one (aot.hf.seq2seq: the prompts feed the encoder): prints each
@@ -388,6 +398,7 @@ def generate_tokens(
         top_k=top_k,
         seed=seed,
         on_token=on_token,
+        steps_per_launch=steps_per_launch,
     )
     total = time.perf_counter() - start
     for tokens in out:

@@ -479,6 +479,11 @@ class Runner:
 
         with self._generate_lock:
             if is_seq2seq(self):
+                if steps_per_launch not in (None, 1):
+                    raise GuardError(
+                        f"steps_per_launch={steps_per_launch!r}: blocks of decode steps are for causal-LM "
+                        "bundles (aot.hf.causal_lm); an encoder-decoder bundle decodes step by step: leave it out"
+                    )
                 return seq2seq_generate(
                     self,
                     prompt_ids,

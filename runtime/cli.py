@@ -95,10 +95,14 @@ def _generate(args) -> dict:
     eos = _ids(args.eos, "--eos") if args.eos else None
     if args.max_new_tokens < 1:
         raise AotError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.steps_per_launch is not None and args.steps_per_launch < 1:
+        raise AotError(f"--steps-per-launch must be at least 1, got {args.steps_per_launch}")
     t0 = time.perf_counter()
     runner = load(args.bundle, args.trust or None, device=args.device)
     loaded = time.perf_counter()
-    tokens = runner.generate(prompt, args.max_new_tokens, eos_token_id=eos)
+    tokens = runner.generate(
+        prompt, args.max_new_tokens, eos_token_id=eos, steps_per_launch=args.steps_per_launch
+    )
     done = time.perf_counter()
     return {
         "bundle": args.bundle,
@@ -179,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--prompt-ids", required=True, help="the prompt's token ids, e.g. 1,2,3")
             p.add_argument("--max-new-tokens", type=int, required=True)
             p.add_argument("--eos", default="", help="end-of-sequence token id(s), e.g. 2 or 2,32000")
+            p.add_argument(
+                "--steps-per-launch",
+                type=int,
+                help="decode calls per block, the tokens read back once per block (default 8 where the "
+                "bundle has its greedy kernel, else 1); 1: every call on its own",
+            )
             p.add_argument("--device", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command != "check":

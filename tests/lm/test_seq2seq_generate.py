@@ -132,6 +132,11 @@ def test_inputs_past_the_bundle_are_refused_before_anything_runs(seq2seq_bundles
         runner.generate([[5, 6], []], 2)
     with pytest.raises(GuardError, match="max_new_tokens must be a positive int, got None"):
         runner.generate([5, 6])
+    with pytest.raises(
+        GuardError, match="steps_per_launch=4: blocks of decode steps are for causal-LM bundles"
+    ):
+        runner.generate([5, 6], 2, steps_per_launch=4)
+    assert runner.generate([5, 17, 30], 3, steps_per_launch=1) == runner.generate([5, 17, 30], 3)
 
 
 @pytest.mark.slow

@@ -416,6 +416,10 @@ def test_cli_generate_and_load(tiny_lm, runner):
     want = runner.generate([[5, 6, 7], [1, 2]], 6)
     assert lines == [" ".join(map(str, w)) for w in want]
     assert "tokens/s" in done.stderr
+    done = run_aotpack(*cmd, "--steps-per-launch", "2")  # blocks of two steps: the same tokens
+    assert done.returncode == 0 and done.stdout.strip().splitlines() == lines, done.stderr
+    done = run_aotpack(*cmd, "--steps-per-launch", "0")
+    assert done.returncode == 2 and "--steps-per-launch" in done.stderr and "Traceback" not in done.stderr
     done = run_aotpack(*cmd[:2], "--prompt-ids", ",".join(["1"] * 30), "--max-new-tokens", "5")
     assert done.returncode == 1 and "needs 35 cache slots" in done.stderr and "Traceback" not in done.stderr
     done = run_aotpack("load", str(tiny_lm), "--iters", "2", "--warmup", "1")

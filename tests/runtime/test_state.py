@@ -202,6 +202,10 @@ def test_the_cli_refuses_bad_generate_arguments_in_one_line(tmp_path, capsys):
             ["--prompt-ids", "1,2", "--max-new-tokens", "0"],
             "error: --max-new-tokens must be at least 1, got 0",
         ),
+        (
+            ["--prompt-ids", "1,2", "--max-new-tokens", "2", "--steps-per-launch", "0"],
+            "error: --steps-per-launch must be at least 1, got 0",
+        ),
     ):
         assert main(["generate", str(tmp_path / "none.tpk"), *argv]) == 1
         err = capsys.readouterr().err.strip()
