@@ -61,9 +61,8 @@ NO_EARLY_LAUNCH = {
 # the argmax, the next inputs and the token's copy launched by the host around each step's graph)
 STEPS_PER_LAUNCH = {"aotpack-step": 1}
 # and "aotpack-rt", a --library-free build of the model on the runtime without torch
-# (``aot.runtime``: blocks of 8 decode calls, one CUDA graph each); it has no per-token callback,
-# so its ms per token is the difference of two generations (all the new tokens, and half of them)
-# over the tokens between: the prefill cancels out
+# (``aot.runtime``: blocks of 8 decode calls, one CUDA graph each), its ms per token measured as
+# the torch loader's (``on_token``), and over whole blocks alone (``rt_row``)
 MODELS = ("gpt2", "llama", "llama-3.2-1b")
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
@@ -467,18 +466,30 @@ def rt_vocab(runner) -> int:
 
 
 def rt_row(runner, row: dict, prompts: list[list[int]], new_tokens: int) -> dict:
-    """``row`` with aotpack-rt's ms per token: the difference of a generation of ``new_tokens``
-    and one of half as many, over the tokens between (the last of ``RUNS`` rounds; the first
-    captures the graphs)."""
+    """``row`` with aotpack-rt's ms per token as the torch loader's rows measure it: the mean
+    decode step, the first token's arrival to the last's (``on_token``) over the steps between,
+    of the last of ``RUNS`` generations (the first captures the graphs). ``blocks_ms_per_token``:
+    a generation of ``new_tokens`` less one of half as many, over the tokens between (whole
+    blocks only: the prefill and the steps past the last block cancel out)."""
     half = new_tokens // 2
     for _ in range(RUNS):
+        stamps: list[float] = []
         start = time.perf_counter()
         runner.generate(prompts, half)
         mid = time.perf_counter()
-        tokens = runner.generate(prompts, new_tokens)
+        tokens = runner.generate(
+            prompts, new_tokens, on_token=lambda step, t, stamps=stamps: stamps.append(time.perf_counter())
+        )
         end = time.perf_counter()
-    ms = ((end - mid) - (mid - start)) * 1e3 / (new_tokens - half)
-    return {**row, "ms_per_token": ms, "tokens_per_s": row["batch"] * 1e3 / ms, "tokens": tokens[0][:16]}
+    ms = (stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1)
+    blocks = ((end - mid) - (mid - start)) * 1e3 / (new_tokens - half)
+    return {
+        **row,
+        "ms_per_token": ms,
+        "blocks_ms_per_token": blocks,
+        "tokens_per_s": row["batch"] * 1e3 / ms,
+        "tokens": tokens[0][:16],
+    }
 
 
 # ---------------------------------------------------------------------------------------------

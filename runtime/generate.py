@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aot.errors import GuardError
@@ -377,11 +377,15 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     steps_per_launch: int | None = None,
+    on_token: Callable[[int, list[int]], None] | None = None,
 ) -> list[list[int]] | list[int]:
     """Greedy tokens after each prompt (module docstring): a list of ints for one prompt, a list of
     lists for several. A row stops after ``eos_token_id`` (which it keeps), then is fed
     ``pad_token_id``. ``steps_per_launch``: decode calls per block (``DecodeBlock``; 1: call by
     call; default ``BLOCK_STEPS`` where the decode program carries its greedy kernel, else 1).
+    ``on_token(step, tokens)`` sees each step's tokens, one per row (a finished row's padding
+    token), as the host takes them: a block's together, once its copy is done (the torch
+    loader's callback).
     ``GuardError`` before anything runs when the prompts and new tokens overflow the context or
     the batch. The state's rows ``0..batch-1`` are reset first."""
     prompts, flat = prompts_of(prompt_ids)
@@ -447,6 +451,8 @@ def generate(
                 if not done[i]:
                     new[i].append(t)
                     done[i] = t in eos
+            if on_token is not None:
+                on_token(step, tokens)
             if step + 1 == max_new_tokens or all(done):
                 break
             slot = longest + step

@@ -199,6 +199,34 @@ def test_the_aotpack_rt_worker_gets_every_shapes_inputs_as_numpy(tmp_path):
     np.testing.assert_array_equal(first["x"], stored["0.0"])
 
 
+def test_the_decode_bench_times_aotpack_rt_as_it_times_the_torch_loader(monkeypatch):
+    """``decode.rt_row``: aotpack-rt's ms per token is the mean decode step between the first and
+    the last token ``on_token`` saw (the torch loader rows' metric), and ``blocks_ms_per_token``
+    the difference of two generations over the tokens between; on a stand-in runner whose prefill
+    takes 2 ms, its first 8 decode steps 0.5 ms each and the rest 1 ms: (63 - 7) * 1 + 7 * 0.5
+    over 63 steps, and (64 - 32) * 1 over 32."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import decode
+
+    clock = [0.0]
+
+    class Runner:
+        def generate(self, prompts, n, on_token=None):
+            clock[0] += 2e-3  # the prefill and the first token
+            for step in range(n):
+                if step:
+                    clock[0] += 0.5e-3 if step <= 7 else 1e-3
+                if on_token is not None:
+                    on_token(step, [7] * len(prompts))
+            return [[7] * n for _ in prompts]
+
+    monkeypatch.setattr(decode.time, "perf_counter", lambda: clock[0])
+    row = decode.rt_row(Runner(), {"batch": 2}, [[1, 2], [3]], 64)
+    assert row["ms_per_token"] == pytest.approx((56 * 1 + 7 * 0.5) / 63)
+    assert row["blocks_ms_per_token"] == pytest.approx(1.0)
+    assert row["tokens_per_s"] == pytest.approx(2e3 / row["ms_per_token"]) and row["tokens"] == [7] * 16
+
+
 @pytest.mark.slow  # builds the example mlp
 def test_bundle_paired_pairs_two_bundles_and_compares_their_outputs(tmp_path):
     """``bench/bundle_paired.py`` on the CPU (smoke shapes): one row per shape with both bundles'

@@ -123,10 +123,11 @@ generate_module.DecodeBlock.launch = lambda self, views, *a: blocks.append(
     [self.steps, views is None]
 ) or launch(self, views, *a)
 prompts, new, eos, early = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+seen = []  # on_token's (step, tokens) of the generation with an end token
 out = [
     runner.generate(prompts, new, steps_per_launch=3),
     runner.generate(prompts, new, steps_per_launch=1),
-    runner.generate(prompts, new, eos_token_id=eos, steps_per_launch=3),
+    runner.generate(prompts, new, eos_token_id=eos, steps_per_launch=3, on_token=lambda *a: seen.append(a)),
     runner.generate(prompts[1], new, steps_per_launch=4),
     runner.generate(prompts[0], new, eos_token_id=early, steps_per_launch=2),
 ]
@@ -135,7 +136,7 @@ for prepared in runner._prepared.values():
     for block in prepared.blocks.values():
         at = block.base + block.at["counts"]
         counts += device.host_tensor(at, torch.int32)[: block.rows + 1].tolist()
-print(json.dumps([out, blocks, counts]))
+print(json.dumps([out, blocks, counts, seen]))
 """
 )
 
@@ -148,7 +149,7 @@ def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpr
     leaves the kernel's counters zero. Each block after a generation's first is launched before
     the host takes the tokens of the one before, from the inputs on the device
     (``Readback``); where the only row ends inside a block, the block launched ahead of it runs
-    and its tokens are dropped."""
+    and its tokens are dropped. ``on_token`` sees each step's tokens as the host takes them."""
     from aot.loader import load
 
     free, _ = tiny_lm_free
@@ -159,10 +160,14 @@ def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpr
     early = cpu.generate(PROMPTS[0], new)[4]  # prompt 0 alone ends at its fifth token: blocks of 2
     args = [str(free), json.dumps(PROMPTS), str(new), str(eos), str(early)]
     script = f"import sys\nsys.argv = ['x', *{args!r}]\n" + BLOCKS_SCRIPT
-    (blocks3, single, ended, one, alone), blocks, counts = interpreted_json(script)
+    (blocks3, single, ended, one, alone), blocks, counts, seen = interpreted_json(script)
     assert blocks3 == want and single == want
     assert ended == cpu.generate(PROMPTS, new, eos_token_id=eos)
     assert ended[0][-1] == eos and len(ended[0]) <= 5 and ended[1] == want[1][: len(ended[1])]
+    # on_token saw every step in order, each row's token, the finished row's padding (eos) after its end
+    assert [step for step, _ in seen] == list(range(len(ended[1])))
+    for row, got in enumerate(ended):
+        assert [tokens[row] for _, tokens in seen] == got + [eos] * (len(seen) - len(got))
     assert one == cpu.generate(PROMPTS[1], new)
     assert alone == cpu.generate(PROMPTS[0], new, eos_token_id=early) and alone[-1] == early
     assert len(alone) == 5, alone
