@@ -358,6 +358,18 @@ def decode_block(runner: Any, views: Sequence[ArrayView], steps: int, ends: int,
         return block
 
 
+def decode_inputs(
+    tokens: Sequence[int], positions: Sequence[int], slot: int, mask: Sequence[Sequence[int]]
+) -> dict[str, HostInt64]:
+    """A decode call's inputs on the host: each row's token and position, the cache slot, the mask."""
+    return {
+        "input_ids": HostInt64([[t] for t in tokens]),
+        "position_ids": HostInt64([[p] for p in positions]),
+        "cache_position": HostInt64([slot]),
+        "attention_mask": HostInt64(mask),
+    }
+
+
 def decode_argmax(runner: Any, rows: int, calls: int) -> DeviceArgmax | None:
     """``DeviceArgmax`` for the bundle's decode program where it carries a greedy kernel (its cubin
     loaded on the first generation, not at load), else None (the host picks)."""
@@ -416,7 +428,7 @@ def generate(
     # a block picks its tokens with the greedy kernel: without it, call by call
     block_steps = (steps_per_launch or BLOCK_STEPS) if on_device is not None else 1
     ends = sorted(eos)
-    readback = Readback(runner.gpu, batch * block_steps * 8) if block_steps > 1 else None
+    readback: Readback | None = None  # made at the first block
     ahead = None  # (block, readback buffer): launched from what the block before left on the device
 
     def call(entry: str, inputs: dict[str, HostInt64]) -> list[int]:
@@ -461,14 +473,11 @@ def generate(
             last = [p + 1 for p in last]
             if pending:  # a block's next token: its call ran already (the host mirrors its inputs)
                 continue
-            inputs = {
-                "input_ids": HostInt64([[t] for t in tokens]),
-                "position_ids": HostInt64([[p] for p in last]),
-                "cache_position": HostInt64([slot]),
-                "attention_mask": HostInt64(mask),
-            }
-            if readback is not None and max_new_tokens - 1 - step >= block_steps:
+            if block_steps > 1 and max_new_tokens - 1 - step >= block_steps:
+                if readback is None:
+                    readback = Readback(runner.gpu, batch * block_steps * 8)
                 if ahead is None:
+                    inputs = decode_inputs(tokens, last, slot, mask)
                     views = [inputs[n].view() for n in order]
                     block = decode_block(runner, views, block_steps, len(ends), batch)
                     at = block.launch(views, done, pad, ends, readback)
@@ -478,7 +487,7 @@ def generate(
                     ahead = (block, block.launch(None, done, pad, ends, readback))
                 pending.extend(block.take(readback, at))
             else:
-                pending.append(call("decode", inputs))
+                pending.append(call("decode", decode_inputs(tokens, last, slot, mask)))
         return new[0] if flat else new
     finally:
         if ahead is not None:  # the rows ended inside the block before it: its steps still run
