@@ -27,6 +27,7 @@ transformers is imported inside functions only: a serving host that loads a bund
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
@@ -221,7 +222,8 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
     from the model rather than its config, whose names for them vary (Falcon's multi-query
     ``num_kv_heads``, per-layer head counts)."""
     _, _, RecordingCache = state_cache_classes()
-    try:
+
+    def record(model: Any) -> Any:
         weight = next(model.parameters())
         recorder = RecordingCache(num_layers)
         # a model still in training mode draws for dropout: leave the caller's random state alone
@@ -233,7 +235,21 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
                 past_key_values=recorder,
                 use_cache=True,
             )
+        return recorder
+
+    try:
+        recorder = record(model)
     except Exception:
+        recorder = None
+    if recorder is None and next(model.parameters()).device.type == "meta":
+        # on the meta device some kernels take bfloat16 alone (grouped_mm: the experts of a
+        # mixture-of-experts model, DeepSeek-V3's); shapes do not depend on the dtype, so a
+        # bfloat16 copy (nothing to copy on the meta device) is measured instead
+        try:
+            recorder = record(copy.deepcopy(model).to(torch.bfloat16))
+        except Exception:
+            recorder = None
+    if recorder is None:
         return None
     seen = [layer.shapes for layer in recorder.layers]
     if any(len(s) != 1 for s in seen):

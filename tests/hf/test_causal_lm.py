@@ -95,6 +95,32 @@ MORE = {
     "codegen": ("CodeGen", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)),
     # a parallel block: attention and MLP beside each other, the next LayerNorm over three rows
     "phi": ("Phi", dict(_GQA, head_dim=8)),
+    # multi-head latent attention: the cache holds the compressed keys and values (one head of
+    # kv_lora_rank, one of the rotary part), each layer's keys built in an empty tensor filled
+    # slice by slice (aot.tracer.filled); mixture-of-experts layers after the first
+    "deepseek_v3": (
+        "DeepseekV3",
+        dict(
+            _GQA,
+            num_key_value_heads=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    # norms after attention and MLP and on q/k (OLMo-2); scaled embeddings, residuals and logits
+    # (Granite); a parallel block under one LayerNorm and scaled logits (Cohere)
+    "olmo2": ("Olmo2", _GQA),
+    "granite": ("Granite", _GQA),
+    "cohere": ("Cohere", _GQA),
 }
 
 

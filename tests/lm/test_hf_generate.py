@@ -1,7 +1,8 @@
 """Bundles of unmodified transformers causal LMs (``aot.hf.causal_lm``) generate exactly the tokens
 of transformers' greedy ``generate`` (fp32, CPU): tiny random-weight GPT-2 and Llama (grouped-
 query) configs by default, Qwen2, Mistral (sliding window), Falcon (multi-query), GPT-Neo
-(eager attention) and GPT-J (eager attention run as SDPA at one query) in the slow run. Each bundle is built once per session; the configs and the reference ``generate`` call are
+(eager attention), GPT-J (eager attention run as SDPA at one query), CodeGen, GPT-NeoX and
+DeepSeek-V3 (multi-head latent attention, mixture of experts) in the slow run. Each bundle is built once per session; the configs and the reference ``generate`` call are
 those of tests/hf."""
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ KINDS = [
     # each head's query, key and value side by side in the projection's rows: the decode kernel
     # reads the new keys and values heads 3 * D apart
     pytest.param("gpt_neox", marks=pytest.mark.slow),
+    # multi-head latent attention over a compressed cache, mixture-of-experts layers
+    pytest.param("deepseek_v3", marks=pytest.mark.slow),
 ]
 
 
