@@ -60,6 +60,7 @@ def _lower(
     import torch.fx.experimental._config as fx_config
     from torch.export import default_decompositions
 
+    from aot.tracer.complex_parts import split_complex
     from aot.tracer.filled import cat_filled_empties
     from aot.tracer.lower import Lowering, symbol_sources
     from aot.tracer.padding import check_padding
@@ -75,7 +76,9 @@ def _lower(
                 ep = exported.ep.run_decompositions(table)
     except Exception as e:
         raise export_error(e, spec) from None
-    if cat_filled_empties(ep.graph):  # an empty tensor filled slice by slice: their concatenation
+    rewritten = split_complex(ep.graph)  # complex tensors (rotary embeddings) as real pairs
+    rewritten += cat_filled_empties(ep.graph)  # an empty tensor filled slice by slice: a cat
+    if rewritten:
         ep.graph_module.recompile()
     static = {n: lo for n, (lo, hi) in exported.ranges.items() if lo == hi}
     nodes = user_input_nodes(ep, spec)

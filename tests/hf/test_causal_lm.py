@@ -46,8 +46,10 @@ def _config(kind: str):
             hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True, **COMMON
         )
     if kind in MORE:
-        name, fields = MORE[kind]
-        return getattr(tf, f"{name}ForCausalLM"), getattr(tf, f"{name}Config")(**{**COMMON, **fields})
+        name, fields, *config = MORE[kind]  # a third element: the config class, where not <name>Config
+        return getattr(tf, f"{name}ForCausalLM"), getattr(tf, *config or [f"{name}Config"])(
+            **{**COMMON, **fields}
+        )
     raise ValueError(kind)
 
 
@@ -118,6 +120,40 @@ MORE = {
     ),
     # norms after attention and MLP and on q/k (OLMo-2); scaled embeddings, residuals and logits
     # (Granite); a parallel block under one LayerNorm and scaled logits (Cohere)
+    # rotary embeddings in complex numbers (aot.tracer.complex_parts): DeepSeek-V2 (multi-head
+    # latent attention, experts) and Llama 4's text model (experts, layers without RoPE)
+    "deepseek_v2": (
+        "DeepseekV2",
+        dict(
+            _GQA,
+            num_key_value_heads=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    "llama4": (
+        "Llama4",
+        dict(
+            _GQA,
+            head_dim=8,
+            num_local_experts=1,
+            interleave_moe_layer_step=2,  # a dense layer, then one of experts
+            intermediate_size_mlp=64,
+            no_rope_layers=[1, 1],
+            attention_chunk_size=64,
+            tie_word_embeddings=False,
+        ),
+        "Llama4TextConfig",
+    ),
     "olmo2": ("Olmo2", _GQA),
     "granite": ("Granite", _GQA),
     "cohere": ("Cohere", _GQA),

@@ -1,8 +1,9 @@
 """Bundles of unmodified transformers causal LMs (``aot.hf.causal_lm``) generate exactly the tokens
 of transformers' greedy ``generate`` (fp32, CPU): tiny random-weight GPT-2 and Llama (grouped-
 query) configs by default, Qwen2, Mistral (sliding window), Falcon (multi-query), GPT-Neo
-(eager attention), GPT-J (eager attention run as SDPA at one query), CodeGen, GPT-NeoX and
-DeepSeek-V3 (multi-head latent attention, mixture of experts) in the slow run. Each bundle is built once per session; the configs and the reference ``generate`` call are
+(eager attention), GPT-J (eager attention run as SDPA at one query), CodeGen, GPT-NeoX,
+DeepSeek-V3 (multi-head latent attention, mixture of experts), DeepSeek-V2 and Llama 4 (rotary
+embeddings in complex numbers) in the slow run. Each bundle is built once per session; the configs and the reference ``generate`` call are
 those of tests/hf."""
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ KINDS = [
     pytest.param("gpt_neox", marks=pytest.mark.slow),
     # multi-head latent attention over a compressed cache, mixture-of-experts layers
     pytest.param("deepseek_v3", marks=pytest.mark.slow),
+    # rotary embeddings in complex numbers, run as real pairs
+    pytest.param("deepseek_v2", marks=pytest.mark.slow),
+    pytest.param("llama4", marks=pytest.mark.slow),
 ]
 
 
