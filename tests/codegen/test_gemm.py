@@ -835,10 +835,10 @@ def test_every_form_takes_the_prologue(tmp_path):
         # the tensor-core forms at every row count (2 skinny + 5 tiles + split-K per site, the
         # narrow split-K at K = 4096 only)
         ("dot", ROWS, 17),
-        # the one-row forms at the bucket they are built for: in the interpreter each row of a
-        # larger M is a grid program of its own (37 x 1024 for the up projection); every row count
-        # is checked on the small models above
-        ("one-row", (1,), 7),
+        # the one-row forms at the bucket they are built for (4 per site, the one-row split-K at
+        # K = 4096 only): in the interpreter each row of a larger M is a grid program of its own
+        # (37 x 1024 for the up projection); every row count is checked on the small models above
+        ("one-row", (1,), 9),
     ],
 )
 def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, expected):
