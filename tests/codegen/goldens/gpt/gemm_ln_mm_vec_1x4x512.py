@@ -1,20 +1,20 @@
-"""GEMM candidate vec_1x2x1024 (fused): LayerNorm of a sum prologue + GEMM.
+"""GEMM candidate vec_1x4x512 (fused): LayerNorm of a sum prologue + GEMM.
 
 C[M, N] = A[M, K] @ W[N, K]^T with M = batch*seq, N = 50304, K = 768, float16;
-grid: (25152, (batch*seq + 0)//1,)
+grid: (12576, (batch*seq + 0)//1,)
 """
 
 import triton
 import triton.language as tl
 
 BLOCK_M = tl.constexpr(1)
-BLOCK_N = tl.constexpr(2)
-BLOCK_K = tl.constexpr(1024)
+BLOCK_N = tl.constexpr(4)
+BLOCK_K = tl.constexpr(512)
 GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
-def gemm_ln_mm_vec_1x2x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, w0_ptr, out0_ptr, M):
+def gemm_ln_mm_vec_1x4x512(x_ptr, y_ptr, lnw_ptr, lnb_ptr, w0_ptr, out0_ptr, M):
     # x_ptr: *fp16, y_ptr: *fp16, lnw_ptr: *fp16, lnb_ptr: *fp16, w0_ptr: *fp16, out0_ptr: *fp16, M: i32
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -26,6 +26,10 @@ def gemm_ln_mm_vec_1x2x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, w0_ptr, out0_ptr, M)
     w0_0 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
     lnw_0 = tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     lnb_0 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
+    rk = 512 + tl.arange(0, BLOCK_K)
+    w0_1 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
+    lnw_1 = tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
+    lnb_1 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -35,9 +39,15 @@ def gemm_ln_mm_vec_1x2x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, w0_ptr, out0_ptr, M)
     xs0 = tl.load(x_ptr + rm[:, None] * 768 + rk0[None, :], mask=mask_m[:, None] & (rk0[None, :] < 768), other=0.0).to(tl.float32)
     xs0 = xs0 + tl.load(y_ptr + rm[:, None] * 768 + rk0[None, :], mask=mask_m[:, None] & (rk0[None, :] < 768), other=0.0).to(tl.float32)
     xs0 = xs0.to(tl.float16).to(tl.float32)
-    mean = (tl.sum(xs0, axis=1)) / 768
+    rk1 = 512 + tl.arange(0, BLOCK_K)
+    kmask1 = mask_m[:, None] & (rk1[None, :] < 768)
+    xs1 = tl.load(x_ptr + rm[:, None] * 768 + rk1[None, :], mask=mask_m[:, None] & (rk1[None, :] < 768), other=0.0).to(tl.float32)
+    xs1 = xs1 + tl.load(y_ptr + rm[:, None] * 768 + rk1[None, :], mask=mask_m[:, None] & (rk1[None, :] < 768), other=0.0).to(tl.float32)
+    xs1 = xs1.to(tl.float16).to(tl.float32)
+    mean = (tl.sum(xs0, axis=1) + tl.sum(xs1, axis=1)) / 768
     dev0 = tl.where(kmask0, xs0 - mean[:, None], 0.0)
-    var = (tl.sum(dev0 * dev0, axis=1)) / 768
+    dev1 = tl.where(kmask1, xs1 - mean[:, None], 0.0)
+    var = (tl.sum(dev0 * dev0, axis=1) + tl.sum(dev1 * dev1, axis=1)) / 768
     rstd = 1.0 / tl.sqrt(var + 1e-05)
     part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     a = dev0 * rstd[:, None]
@@ -45,5 +55,10 @@ def gemm_ln_mm_vec_1x2x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, w0_ptr, out0_ptr, M)
     a = a + lnb_0
     a = tl.where(kmask0, a, 0.0).to(tl.float16)  # A: [1, BLOCK_K]
     part0 += w0_0.to(tl.float32) * a.to(tl.float32)
+    a = dev1 * rstd[:, None]
+    a = a * lnw_1
+    a = a + lnb_1
+    a = tl.where(kmask1, a, 0.0).to(tl.float16)  # A: [1, BLOCK_K]
+    part0 += w0_1.to(tl.float32) * a.to(tl.float32)
     acc0 = tl.sum(part0, axis=1)[None, :]
     tl.store(out0_ptr + rm[:, None] * 50304 + rn[None, :], acc0.to(tl.float16), mask=mask)
