@@ -65,6 +65,7 @@ from aot.codegen.gemm_forms import (
     FEW_ROW_CONFIGS,
     PROLOGUE_MAX_BLOCK_M,
     PROLOGUE_MIN_BLOCK_K,
+    VOCAB_N,
     TileConfig,
 )
 from aot.codegen.gemm_sites import Site, find_sites
@@ -130,7 +131,6 @@ BUILT_IN_FEW_ROWS = (
     "fewe_16x64x128",
 )  # small, small at long K, vocabulary
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
-VOCAB_N = 32000
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -285,9 +285,7 @@ def _variant(site: Site, form: str) -> str:
     if site.prologue is None:
         return form
     cfg = next((c for c in default_configs() if c.name == form), None)
-    if cfg is None or cfg.split_k != 1:
-        return form
-    if cfg.rows_apart:  # no prologue forms
+    if cfg is None or cfg.split_k != 1 or cfg.rows_apart:  # no prologue forms
         return form
     if site.prologue.norm is not None:
         return form + "_rms" if not cfg.dot or cfg.row_norm else form

@@ -55,6 +55,8 @@ class TileConfig:
         return not self.dot and self.block_m > 1
 
 
+VOCAB_N = 32000  # an N this wide is a vocabulary's (an LM head)
+
 # Performance knobs: the candidate forms compiled for every site.
 CONFIGS: tuple[TileConfig, ...] = (
     # One row (decode, batch 1) without tensor cores: each block multiplies a few whole rows of W
@@ -74,8 +76,8 @@ CONFIGS: tuple[TileConfig, ...] = (
     # 25k blocks of 3 KiB each, whose fixed cost the stream does not cover; four rows per block
     # streamed the 77 MB in 21.6 µs alone (3.57 TB/s; vec_1x2x512 25.7, one row per block 34.4)
     # on the sweep above, where vec_1x2x1024 took 31-33 µs in GPT-2's decode step on the same GPU
-    # (bench/results/profiles/decode-gpt2-*-h200-2026-11-30.txt). A candidate at N >= 32000 only.
-    TileConfig("vec_1x4x512", 1, 4, 512, num_warps=4, num_stages=1, max_m=1, dot=False, min_n=32000),
+    # (bench/results/profiles/decode-gpt2-*-h200-2026-11-30.txt). A candidate at vocabulary heads only.
+    TileConfig("vec_1x4x512", 1, 4, 512, num_warps=4, num_stages=1, max_m=1, dot=False, min_n=VOCAB_N),
     TileConfig(
         "splitk_1x8x512",
         1,

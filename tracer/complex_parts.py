@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch._guards import detect_fake_mode
+from torch.fx.node import map_arg
 
 ATEN = torch.ops.aten
 # ops applied to each part as they are to the complex tensor: they move elements, never read them
@@ -62,7 +63,7 @@ def split_complex(graph: torch.fx.Graph) -> int:
     rewrite = _Rewrite(graph)
     try:
         for node in graph.nodes:
-            if node in rewrite.new:
+            if node in rewrite.made:
                 continue
             if _is_complex(node):
                 rewrite.complex_node(node)
@@ -85,15 +86,6 @@ class _Unsupported(Exception):
     pass
 
 
-def _value(a: Any) -> Any:
-    """An argument as a value: a node's (fake) value, lists element by element."""
-    if isinstance(a, torch.fx.Node):
-        return a.meta["val"]
-    if isinstance(a, (list, tuple)):
-        return type(a)(_value(b) for b in a)
-    return a
-
-
 def _is_complex(node: Any) -> bool:
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return isinstance(val, torch.Tensor) and val.is_complex()
@@ -103,8 +95,8 @@ class _Rewrite:
     def __init__(self, graph: torch.fx.Graph):
         self.graph = graph
         self.parts: dict[torch.fx.Node, tuple[torch.fx.Node, torch.fx.Node]] = {}
-        self.made: list[torch.fx.Node] = []  # new nodes, in order (undone where the pass gives up)
-        self.new: set[torch.fx.Node] = set()
+        # new nodes, in order (undone where the pass gives up), and asked after by node
+        self.made: dict[torch.fx.Node, None] = {}
         self.replaced: list[tuple[torch.fx.Node, torch.fx.Node]] = []  # (real node, its new form)
         self.dropped: set[torch.fx.Node] = set()
         self.at: torch.fx.Node | None = None
@@ -122,12 +114,11 @@ class _Rewrite:
         with self.graph.inserting_before(self.at):
             node = self.graph.call_function(target, args)
         with self.fake:
-            node.meta["val"] = target(*(_value(a) for a in args))
+            node.meta["val"] = target(*map_arg(args, lambda a: a.meta["val"]))
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in self.at.meta:
                 node.meta[key] = self.at.meta[key]
-        self.made.append(node)
-        self.new.add(node)
+        self.made[node] = None
         return node
 
     def complex_node(self, node: torch.fx.Node) -> None:

@@ -55,6 +55,22 @@ def _config(kind: str):
 
 # Other architectures, checked in the slow run (eager wrapper against generate).
 _GQA = dict(num_key_value_heads=2, max_position_embeddings=64, **DECODER)
+# DeepSeek's multi-head latent attention and routed experts (the first layer dense)
+_MLA = dict(
+    _GQA,
+    num_key_value_heads=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=4,
+    v_head_dim=8,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+)
 MORE = {
     "phi3": ("Phi3", _GQA),
     "gemma": ("Gemma", dict(_GQA, num_key_value_heads=1, head_dim=8)),
@@ -100,46 +116,12 @@ MORE = {
     # multi-head latent attention: the cache holds the compressed keys and values (one head of
     # kv_lora_rank, one of the rotary part), each layer's keys built in an empty tensor filled
     # slice by slice (aot.tracer.filled); mixture-of-experts layers after the first
-    "deepseek_v3": (
-        "DeepseekV3",
-        dict(
-            _GQA,
-            num_key_value_heads=4,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            q_lora_rank=16,
-            kv_lora_rank=16,
-            qk_rope_head_dim=4,
-            qk_nope_head_dim=4,
-            v_head_dim=8,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-        ),
-    ),
+    "deepseek_v3": ("DeepseekV3", _MLA),
     # norms after attention and MLP and on q/k (OLMo-2); scaled embeddings, residuals and logits
     # (Granite); a parallel block under one LayerNorm and scaled logits (Cohere)
     # rotary embeddings in complex numbers (aot.tracer.complex_parts): DeepSeek-V2 (multi-head
     # latent attention, experts) and Llama 4's text model (experts, layers without RoPE)
-    "deepseek_v2": (
-        "DeepseekV2",
-        dict(
-            _GQA,
-            num_key_value_heads=4,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            q_lora_rank=16,
-            kv_lora_rank=16,
-            qk_rope_head_dim=4,
-            qk_nope_head_dim=4,
-            v_head_dim=8,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-        ),
-    ),
+    "deepseek_v2": ("DeepseekV2", _MLA),
     "llama4": (
         "Llama4",
         dict(
