@@ -106,6 +106,10 @@ for item in "$@"; do
     # the default flash forms in float16 and bfloat16 against the library's attention
     unrun-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_decode_attention_gpu.py::test_verify_checks_the_split_forms_cache_write tests/gpu/test_gemm_gpu.py::test_default_flash_forms_match_the_library_on_the_gpu) ;;
     # split-MODEL: decode-MODEL with the split-KV decode attention at every cache (AOTPACK_DECODE_SPLIT=$DECODE_SPLIT, default 8), bundles and results of its own
+    # splitN-MODEL: the same with N splits (bundles of their own), SPLIT_SYSTEMS (default aotpack) only
+    split[0-9]*-*) n=${step%%-*}; n=${n#split}; cmd=(env AOTPACK_DECODE_SPLIT="$n" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#*-}" --out "$RES/decode-split$n-${step#*-}" --bundles "/tmp/bundles-split$n" --systems "${SPLIT_SYSTEMS:-aotpack}" ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
+    # aotpack-rt's stateful decode on the GPU (blocks, the steps after the last whole block, bf16 logits)
+    rt-state) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/runtime/test_gpu_state.py ${RT_K:+-k "$RT_K"}) ;;
     split-*) cmd=(env AOTPACK_DECODE_SPLIT="${DECODE_SPLIT:-8}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#split-}" --out "$RES/decode-split-${step#split-}" --bundles /tmp/bundles-split ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # sep-MODEL: decode-MODEL with the split-KV decode attention's combine as a kernel of its own
     # (AOTPACK_DECODE_COMBINE=separate; the default combines in the one kernel), bundles of its own
@@ -117,6 +121,11 @@ for item in "$@"; do
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
     # a decode step's GEMVs as one persistent kernel (grid barriers) against one kernel per GEMV
     persistent) cmd=(python3 bench/persistent_chain.py --json "$RES/persistent.json") ;;
+    # resident-MODEL: the GEMV chain in one persistent kernel whose blocks hold the next GEMV's
+    # weights across the grid barrier (bench/persistent_resident.py; gpt2, llama-3.2-1b)
+    resident-*) cmd=(python3 bench/persistent_resident.py --model "${step#resident-}" --json "$RES/resident-${step#resident-}.json") ;;
+    # DeepSeek-V3, DeepSeek-V2 and Llama 4 generate the CPU's tokens on the GPU
+    latent-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k latent_and_complex) ;;
     # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)
     l2chain) cmd=(python3 bench/persistent_chain.py --quick --json "$RES/l2-prefetch-chain.json") ;;
     # aotpack verify on a 2-layer Llama-3.2-1B with the fused one-row forms

@@ -21,7 +21,9 @@ of the block's tokens, and writes the next call's inputs in place in the arena (
 position and cache slot one on, the mask's new slot). The host copies the inputs in once, at the
 block's start, and reads the block's tokens back in one copy. At a bucket (a CUDA graph for the
 call) the block is one CUDA graph too, captured on its first use and kept with the call's
-plan. The steps that do not fill a block run call by call. The tokens are the same either way.
+plan. The steps after the last whole block run as one block of their own (a plan keeps a block
+per step count it has run), launched from the host's inputs once the block before is taken; with
+``steps_per_launch=1`` every step is a call of its own. The tokens are the same either way.
 
 **The host a block ahead** (``Readback``): where another whole block follows, it is launched
 before the host waits for the one before: it starts from the inputs that block's last greedy
@@ -473,17 +475,18 @@ def generate(
             last = [p + 1 for p in last]
             if pending:  # a block's next token: its call ran already (the host mirrors its inputs)
                 continue
-            if block_steps > 1 and max_new_tokens - 1 - step >= block_steps:
+            if block_steps > 1:  # a whole block, or the steps left as a block of their own
+                steps = min(block_steps, max_new_tokens - 1 - step)
                 if readback is None:
                     readback = Readback(runner.gpu, batch * block_steps * 8)
                 if ahead is None:
                     inputs = decode_inputs(tokens, last, slot, mask)
                     views = [inputs[n].view() for n in order]
-                    block = decode_block(runner, views, block_steps, len(ends), batch)
+                    block = decode_block(runner, views, steps, len(ends), batch)
                     at = block.launch(views, done, pad, ends, readback)
                 else:
                     (block, at), ahead = ahead, None
-                if max_new_tokens - 1 - (step + block_steps) >= block_steps:  # another whole block
+                if max_new_tokens - 1 - (step + steps) >= block_steps:  # another whole block
                     ahead = (block, block.launch(None, done, pad, ends, readback))
                 pending.extend(block.take(readback, at))
             else:

@@ -166,3 +166,32 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
     gpu = aot.loader.load(path, device="cuda")
     assert gpu.generate(prompts, 20) == want
     assert gpu.generate(prompts, 20, steps_per_launch=1) == want
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2", "llama4"])
+def test_latent_and_complex_rotary_models_give_the_cpu_tokens(kind, tmp_path):
+    """DeepSeek-V3 (multi-head latent attention over a compressed cache, experts; its empty-filled
+    slices rebuilt by ``tracer.filled``), DeepSeek-V2 and Llama 4 (rotary embeddings in complex
+    numbers, run as real pairs by ``tracer.complex_parts``): the GPU's greedy tokens, in blocks of
+    steps and one step per launch, equal the CPU's (which equal transformers', tests/lm)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    import aot.loader
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    path = tmp_path / f"{kind}.tpk"
+    pack(
+        generate(trace(causal_lm(factory(kind), max_batch=MAX_BATCH, max_context=32, name=kind)), (_arch(),)),
+        path,
+    )
+    prompts = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    want = aot.loader.load(path, device="cpu").generate(prompts, 20)
+    gpu = aot.loader.load(path, device="cuda")
+    assert gpu.generate(prompts, 20) == want
+    assert gpu.generate(prompts, 20, steps_per_launch=1) == want

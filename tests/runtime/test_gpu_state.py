@@ -67,7 +67,7 @@ def test_generate_equals_the_torch_loaders_greedy_tokens(tiny_lm_free):
 
 def test_blocks_of_decode_calls_equal_the_torch_loaders_greedy_tokens(tiny_lm_free):
     """aotpack-rt's blocks (``aot.runtime.generate.DecodeBlock``): 20 new tokens are 2 blocks of 8
-    decode calls, each one CUDA graph at the decode bucket, then 3 calls; with an end token too,
+    decode calls, each one CUDA graph at the decode bucket, then a block of 3; with an end token too,
     and the blocks replayed by a second generation: the torch loader's tokens."""
     import aot.runtime
     from aot.loader import load

@@ -89,11 +89,14 @@ from aot.runtime import generate as generate_module
 on_device = []  # decode calls whose tokens the greedy kernel picked (``DeviceArgmax``)
 picked = generate_module.DeviceArgmax.tokens
 generate_module.DeviceArgmax.tokens = lambda self, logits: on_device.append(1) or picked(self, logits)
+in_blocks = []  # decode calls run in blocks (``DecodeBlock``)
+launch = generate_module.DecodeBlock.launch
+generate_module.DecodeBlock.launch = lambda self, *a: in_blocks.append(self.steps) or launch(self, *a)
 prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
-both = runner.generate(prompts, new)
-one = runner.generate(prompts[0], new)
-again = runner.generate(prompts, new)
-print(json.dumps([both, one, again, runner.state_names, runner.checked.state.size, len(on_device)]))
+both = runner.generate(prompts, new)  # the default: every decode call in one block (new - 1 < 8)
+one = runner.generate(prompts[0], new, steps_per_launch=1)  # call by call
+again = runner.generate(prompts, new, steps_per_launch=1)
+print(json.dumps([both, one, again, runner.state_names, runner.checked.state.size, len(on_device), sum(in_blocks)]))
 """
 )
 
@@ -103,8 +106,9 @@ def test_the_runtime_generates_the_torch_loaders_tokens_in_the_interpreter(tiny_
 
     free, _ = tiny_lm_free
     script = f"import sys\nsys.argv = ['x', {str(free)!r}, {json.dumps(PROMPTS)!r}, '{NEW}']\n" + SCRIPT
-    both, one, again, state_names, state_size, on_device = interpreted_json(script)
-    assert on_device == 3 * (NEW - 1)  # every decode call's tokens picked on the device
+    both, one, again, state_names, state_size, on_device, in_blocks = interpreted_json(script)
+    # every decode call's tokens picked on the device: in a block, or a call's by DeviceArgmax
+    assert in_blocks == NEW - 1 and on_device == 2 * (NEW - 1)
     cpu = load(free)
     want = cpu.generate(PROMPTS, NEW)
     assert both == want and again == want
@@ -143,7 +147,8 @@ print(json.dumps([out, blocks, counts, seen]))
 
 def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpreter(tiny_lm_free):  # noqa: F811
     """``DecodeBlock``: blocks of 3 (and, for one prompt, 4 and 2) decode calls with the greedy
-    kernel between them, the rest call by call, through the stand-in driver: the torch loader's
+    kernel between them, the steps left after them as a shorter block, or call by call with
+    ``steps_per_launch=1``, through the stand-in driver: the torch loader's
     CPU tokens, with and without an end token that stops row 0 inside a block (it then takes the
     padding token, fed to it as the next input, as the step-by-step loop does), and every block
     leaves the kernel's counters zero. Each block after a generation's first is launched before
@@ -153,7 +158,7 @@ def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpr
     from aot.loader import load
 
     free, _ = tiny_lm_free
-    new = 12  # 11 decode calls: 3 blocks of 3, then 2 calls (one prompt: 2 blocks of 4, then 3)
+    new = 12  # 11 decode calls: 3 blocks of 3, then one of 2 (one prompt: 2 blocks of 4, then one of 3)
     cpu = load(free)
     want = cpu.generate(PROMPTS, new)
     eos = want[0][4]  # row 0 ends at its fifth token, inside the second block
@@ -171,8 +176,10 @@ def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpr
     assert one == cpu.generate(PROMPTS[1], new)
     assert alone == cpu.generate(PROMPTS[0], new, eos_token_id=early) and alone[-1] == early
     assert len(alone) == 5, alone
-    host, ahead = [3, False], [3, True]  # row 1 keeps row 0's run going past its end
-    assert blocks == [host, ahead, ahead] * 2 + [[4, False], [4, True]] + [
+    # row 1 keeps row 0's run going past its end; the 2 (one prompt: 3) steps after the last
+    # whole block run as a block of their own, from the host's inputs
+    host, ahead, rest = [3, False], [3, True], [2, False]
+    assert blocks == [host, ahead, ahead, rest] * 2 + [[4, False], [4, True], [3, False]] + [
         [2, False],
         [2, True],
         [2, True],
@@ -202,8 +209,8 @@ def test_hf_causal_lms_generate_the_torch_loaders_tokens_in_the_interpreter(kind
     pack(generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True), bundle)
     prompts = [[5, 17, 42, 8, 3], [11, 9]]
     script = f"import sys\nsys.argv = ['x', {str(bundle)!r}, {json.dumps(prompts)!r}, '3']\n" + SCRIPT
-    both, one, again, _, _, on_device = interpreted_json(script)
-    assert on_device > 0
+    both, one, again, _, _, on_device, in_blocks = interpreted_json(script)
+    assert on_device == 2 * 2 and in_blocks == 2
     cpu = load(bundle)
     want = cpu.generate(prompts, 3)
     assert both == want and again == want
