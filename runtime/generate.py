@@ -323,12 +323,13 @@ class DecodeBlock:
 
 class Readback:
     """Two page-locked host buffers of a block's tokens and an event for each copy into them: the
-    tokens of one block come back while the next one runs (module docstring). Owned by one
-    generation, freed by ``close``; ``claim`` alternates between the two (a generation takes a
-    block's tokens before it launches the second block after it)."""
+    tokens of one block come back while the next one runs (module docstring). The runner keeps
+    one (``readback``), freed by ``close``; ``claim`` alternates between the two (a generation
+    takes a block's tokens before it launches the second block after it, and has taken every
+    block's, or waited for the one launched ahead, when it returns)."""
 
     def __init__(self, gpu: Any, nbytes: int):
-        self.gpu, self.next = gpu, 0
+        self.gpu, self.next, self.nbytes = gpu, 0, nbytes
         self.host = [gpu.host_alloc(nbytes) for _ in range(2)]
         self.events = [gpu.event() for _ in range(2)]
 
@@ -342,6 +343,18 @@ class Readback:
         for event in self.events:
             self.gpu.destroy_event(event)
         self.host, self.events = [], []
+
+
+def readback(runner: Any, nbytes: int) -> Readback:
+    """The runner's ``Readback`` of at least ``nbytes`` a buffer: made at its first generation in
+    blocks and kept (page-locked allocations take longer than a decode step), made again larger
+    where a generation's blocks need more; ``Runner.close`` frees it."""
+    kept = runner._readback
+    if kept is None or kept.nbytes < nbytes:
+        if kept is not None:
+            kept.close()
+        kept = runner._readback = Readback(runner.gpu, nbytes)
+    return kept
 
 
 def decode_block(runner: Any, views: Sequence[ArrayView], steps: int, ends: int, rows: int) -> DecodeBlock:
@@ -430,7 +443,7 @@ def generate(
     # a block picks its tokens with the greedy kernel: without it, call by call
     block_steps = (steps_per_launch or BLOCK_STEPS) if on_device is not None else 1
     ends = sorted(eos)
-    readback: Readback | None = None  # made at the first block
+    taken: Readback | None = None  # the runner's, at the first block
     ahead = None  # (block, readback buffer): launched from what the block before left on the device
 
     def call(entry: str, inputs: dict[str, HostInt64]) -> list[int]:
@@ -477,25 +490,23 @@ def generate(
                 continue
             if block_steps > 1:  # a whole block, or the steps left as a block of their own
                 steps = min(block_steps, max_new_tokens - 1 - step)
-                if readback is None:
-                    readback = Readback(runner.gpu, batch * block_steps * 8)
+                if taken is None:
+                    taken = readback(runner, batch * block_steps * 8)
                 if ahead is None:
                     inputs = decode_inputs(tokens, last, slot, mask)
                     views = [inputs[n].view() for n in order]
                     block = decode_block(runner, views, steps, len(ends), batch)
-                    at = block.launch(views, done, pad, ends, readback)
+                    at = block.launch(views, done, pad, ends, taken)
                 else:
                     (block, at), ahead = ahead, None
                 if max_new_tokens - 1 - (step + steps) >= block_steps:  # another whole block
-                    ahead = (block, block.launch(None, done, pad, ends, readback))
-                pending.extend(block.take(readback, at))
+                    ahead = (block, block.launch(None, done, pad, ends, taken))
+                pending.extend(block.take(taken, at))
             else:
                 pending.append(call("decode", decode_inputs(tokens, last, slot, mask)))
         return new[0] if flat else new
     finally:
         if ahead is not None:  # the rows ended inside the block before it: its steps still run
             runner.gpu.synchronize()
-        if readback is not None:
-            readback.close()
         if on_device is not None:
             on_device.close()

@@ -176,6 +176,7 @@ class Runner:
         # the arena: allocated on the first call and grown when a call needs more (every plan and
         # graph then made again); ``arena="largest"`` sizes it at load for the largest bucket
         self._prepared: dict[tuple, Prepared] = {}
+        self._readback: Any = None  # generate's page-locked token buffers (``generate.readback``)
         self.arena_bytes, self.arena = 0, 0
         if arena == "largest":
             for entry in checked.entries:
@@ -430,6 +431,9 @@ class Runner:
         self.gpu.free(self.state_base)
         self.gpu.free(self.scratch_base)
         self.gpu.release_blocks()  # outputs' blocks no array holds
+        if self._readback is not None:
+            self._readback.close()
+            self._readback = None
         self.arena = self.weights_base = self.state_base = self.scratch_base = 0
 
 

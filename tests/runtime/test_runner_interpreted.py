@@ -127,6 +127,7 @@ generate_module.DecodeBlock.launch = lambda self, views, *a: blocks.append(
     [self.steps, views is None]
 ) or launch(self, views, *a)
 prompts, new, eos, early = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+loaded = [e for e in device.log if e[0] in ("host_alloc", "free_host")]  # the load's staging buffers
 seen = []  # on_token's (step, tokens) of the generation with an end token
 out = [
     runner.generate(prompts, new, steps_per_launch=3),
@@ -140,7 +141,10 @@ for prepared in runner._prepared.values():
     for block in prepared.blocks.values():
         at = block.base + block.at["counts"]
         counts += device.host_tensor(at, torch.int32)[: block.rows + 1].tolist()
-print(json.dumps([out, blocks, counts, seen]))
+pinned = [e for e in device.log if e[0] in ("host_alloc", "free_host")][len(loaded):]
+runner.close()
+freed = [e for e in device.log if e[0] in ("host_alloc", "free_host")][len(loaded) + len(pinned):]
+print(json.dumps([out, blocks, counts, seen, pinned, freed]))
 """
 )
 
@@ -154,7 +158,8 @@ def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpr
     leaves the kernel's counters zero. Each block after a generation's first is launched before
     the host takes the tokens of the one before, from the inputs on the device
     (``Readback``); where the only row ends inside a block, the block launched ahead of it runs
-    and its tokens are dropped. ``on_token`` sees each step's tokens as the host takes them."""
+    and its tokens are dropped. ``on_token`` sees each step's tokens as the host takes them. The
+    blocks' page-locked token buffers are the runner's: allocated once, freed by ``close``."""
     from aot.loader import load
 
     free, _ = tiny_lm_free
@@ -165,7 +170,10 @@ def test_blocks_of_decode_calls_generate_the_torch_loaders_tokens_in_the_interpr
     early = cpu.generate(PROMPTS[0], new)[4]  # prompt 0 alone ends at its fifth token: blocks of 2
     args = [str(free), json.dumps(PROMPTS), str(new), str(eos), str(early)]
     script = f"import sys\nsys.argv = ['x', *{args!r}]\n" + BLOCKS_SCRIPT
-    (blocks3, single, ended, one, alone), blocks, counts, seen = interpreted_json(script)
+    (blocks3, single, ended, one, alone), blocks, counts, seen, pinned, freed = interpreted_json(script)
+    # the runner's two page-locked token buffers (2 rows x 3 steps x 8 bytes), made at the first
+    # generation in blocks, reused by the four after it, freed by close
+    assert pinned == [["host_alloc", 48]] * 2 and freed == [["free_host"]] * 2, (pinned, freed)
     assert blocks3 == want and single == want
     assert ended == cpu.generate(PROMPTS, new, eos_token_id=eos)
     assert ended[0][-1] == eos and len(ended[0]) <= 5 and ended[1] == want[1][: len(ended[1])]
