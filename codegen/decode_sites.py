@@ -482,6 +482,10 @@ def find_decode_sites(
                 continue
             if p.materialized(src.name):
                 q_base, q_stride, q_column = src.name, heads * head_dim, 0
+            elif (relabel := _heads_first(p, src.name, (batch, "1", str(heads), str(head_dim)))) is not None:
+                # the fold over [B, 1, H, D] queries a kernel wrote, permuted (Llama 4's, after
+                # its query norm and temperature)
+                q_base, q_stride, q_column = relabel, heads * head_dim, 0
             else:  # the fold over a head view of a projection's rows
                 flash = flash or _Finder(program)
                 found = flash.operand(src.name, dtype)

@@ -65,9 +65,13 @@ def quiet_torch():
 def export_error(e: Exception, spec: ModelSpec) -> TraceError:
     where, frame = error_site(e, Path(spec.extra.get("path", "model.py")))
     code = f" ({frame.line.strip()})" if frame and frame.line else ""
-    first = first_line(e)
     name = type(e).__name__
     text = str(e)
+    first = first_line(e)[:300]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if first.endswith(":") and len(lines) > 1:  # a heading (torch's list of conflicts): its first item too
+        more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+        first = f"{first} {lines[1].lstrip('- ')[:300]}{more}"
     if "Could not extract specialized" in text or "Could not extract" in text and "data-dependent" in text:
         hint = (
             "the model turns a tensor value into a Python number (.item(), int(t), t.tolist()); "
@@ -79,11 +83,11 @@ def export_error(e: Exception, spec: ModelSpec) -> TraceError:
             "the model branches on tensor values (an `if` on a tensor); use torch.where or torch.cond, "
             "or torch._check to state the assumption"
         )
-    elif "Constraint" in name or "specializ" in str(e).lower():
+    elif "Constraint" in name or "specializ" in text.lower() or "inferred a static shape" in text:
         hint = "a Dim was specialized or its range conflicts with the code; make that dim static or change the code"
     else:
         hint = "change the model so torch.export can trace it (https://pytorch.org/docs/stable/export.html)"
-    return TraceError(f"{where}cannot export the model{code}: {name}: {first[:300]}; {hint}")
+    return TraceError(f"{where}cannot export the model{code}: {name}: {first}; {hint}")
 
 
 def _guard_text(expr, names, frame: traceback.FrameSummary | None, model_path: Path) -> str:

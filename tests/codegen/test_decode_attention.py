@@ -274,3 +274,44 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
     assert len(ours) == 2 * 3, checks  # two layers: the output and both caches
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
     assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours
+
+
+@pytest.mark.slow
+def test_llama4s_permuted_grouped_queries_run_decode_attention(tmp_path):
+    """Llama 4's text model (grouped-query heads; queries normed, scaled by its temperature and
+    cast back before the permute to [B, H, 1, D], so the grouped-query fold views a permute of a
+    buffer a kernel wrote, not a projection's rows; layers without RoPE; a layer of experts): its
+    decode program runs a decode attention kernel with the cache writes at both layers, and every
+    kernel, run by the interpreter at batch 2 (one row left-padded), matches its reference: the
+    caches exactly, the rest within float32's tolerance."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.codegen.decode_sites import SDPA
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.schema import StepKind
+    from aot.tracer import trace
+    from tests.codegen.conftest import decode_kernel_checks
+    from tests.hf.test_causal_lm import factory
+
+    compiled = generate(
+        trace(causal_lm(factory("llama4"), max_batch=4, max_context=32, name="llama4")), ("sm_90",)
+    )
+    (decode,) = [
+        p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
+    ]
+    kernels = {k.id: k for k in decode.kernels}
+    attention = [
+        s for s in decode.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("decode_")
+    ]
+    assert len(attention) == 2 and not any(s.target == SDPA for s in decode.steps), decode.steps
+    assert all(kernels[s.target].name.startswith("decode_attention_append_g") for s in attention), attention
+    bundle = tmp_path / "llama4.tpk"
+    pack(compiled, bundle)
+    checks = decode_kernel_checks(bundle, position=9, padding=2)
+    ours = [c for c in checks if c[0].startswith("decode_attention")]
+    assert len(ours) == 2 * 3, checks  # two layers: the output and both caches
+    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
+    assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours

@@ -186,3 +186,26 @@ def test_errors_at_library_lines_name_the_file_relative_to_its_package():
         f'  File "{torch.nn.functional.__file__}", line 120, in gelu\n    return torch._C.gelu(x)\n'
     )
     assert _model_line(node) == "torch/nn/functional.py:120: "
+
+
+def test_an_export_error_that_is_a_heading_names_its_first_item():
+    """torch.export's error for dims it found static under ``Dim.DYNAMIC`` hints (``aot.hf``'s
+    wrappers pass those) is a heading and a list: the one line names the heading, the first
+    conflict and how many more there are, then what to do."""
+    from types import SimpleNamespace
+
+    from aot.tracer.export import export_error
+
+    items = [
+        f"- Received user-specified dim hint Dim.DYNAMIC(min=1, max=2), but tracing inferred a static shape of 2 "
+        f"for dimension inputs['{name}'].shape[0]."
+        for name in ("input_ids", "position_ids", "attention_mask")
+    ]
+    heading = (
+        "Found the following conflicts between user-specified ranges and inferred ranges from model tracing:"
+    )
+    error = str(export_error(ValueError("\n".join([heading, *items])), SimpleNamespace(extra={})))
+    assert error == (
+        f"cannot export the model: ValueError: {heading} {items[0][2:]} (and 2 more); a Dim was specialized or "
+        "its range conflicts with the code; make that dim static or change the code"
+    ), error
