@@ -385,15 +385,15 @@ def decode_inputs(
     }
 
 
-def decode_argmax(runner: Any, rows: int, calls: int) -> DeviceArgmax | None:
-    """``DeviceArgmax`` for the bundle's decode program where it carries a greedy kernel (its cubin
-    loaded on the first generation, not at load), else None (the host picks)."""
+def greedy_kernel(runner: Any) -> str | None:
+    """The id of the bundle's decode program's greedy kernel, its cubin loaded on the first
+    generation, not at load; None where it has none (the host picks)."""
     for entry in runner.checked.entries:
         kid = entry.program.greedy
         if entry.entry == "decode" and kid:
             if kid not in runner.kernels:
                 runner._load_kernels([kid])
-            return DeviceArgmax(runner, kid, rows, calls)
+            return kid
     return None
 
 
@@ -439,9 +439,11 @@ def generate(
     last = [row[-1] for row in positions]
     order = runner.checked.input_names
 
-    on_device = decode_argmax(runner, batch, max_new_tokens) if max_new_tokens > 1 else None
+    greedy = greedy_kernel(runner) if max_new_tokens > 1 else None
     # a block picks its tokens with the greedy kernel: without it, call by call
-    block_steps = (steps_per_launch or BLOCK_STEPS) if on_device is not None else 1
+    block_steps = (steps_per_launch or BLOCK_STEPS) if greedy else 1
+    # call by call, the greedy kernel still picks each call's tokens
+    on_device = DeviceArgmax(runner, greedy, batch, max_new_tokens) if greedy and block_steps == 1 else None
     ends = sorted(eos)
     taken: Readback | None = None  # the runner's, at the first block
     ahead = None  # (block, readback buffer): launched from what the block before left on the device
