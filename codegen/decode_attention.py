@@ -64,14 +64,18 @@ slots against the one-kernel form: GPT-2 small (12 KV heads) 0.277 ms a token ag
 batch 1, 0.439 against 0.454 at batch 8; the 0.58B Llama (8 KV heads) 0.398 against 0.427 and
 0.562 against 0.585; the same tokens. So a cache of ``SPLIT_MIN_CONTEXT`` up to
 ``ONE_KERNEL_MAX_CONTEXT`` slots takes ``SHORT_SPLITS`` splits; a shorter one (Llama-3.2-1B's
-160-slot bench cache: one or two blocks) keeps the one-kernel form, unmeasured split; a longer one
+160-slot bench cache: one or two blocks) keeps the one-kernel form; a longer one
 (up to ``decode_sites.MAX_CONTEXT``; the library's SDPA before) splits into enough programs to fill
 the GPU, none walking more than ``ONE_KERNEL_MAX_CONTEXT`` slots: at 2048 slots the 0.58B Llama
 (16 splits) took 0.429 ms a token against SDPA's 0.765
 (``decode-llama-2048-slots-split-kv-h200-2026-11-29-night.json``); its numerics are checked on the
 GPU at 512 and 4096 slots (``tests/gpu/test_decode_attention_gpu.py``).
 ``AOTPACK_DECODE_SPLIT`` (``off``: the one-kernel form, SDPA past its limit, as before the split
-form; a number of splits) overrides the choice at build time, for measuring.
+form; a number of splits) overrides the choice at build time, for measuring. Other split counts,
+measured on an H200 (2026-11-30, ``bench/results/decode/decode-{gpt2,llama-3.2-1b}-split*-h200-
+2026-11-30.json``, against the built-in choice on the same machine): GPT-2 at 512 slots 0.259 (4
+splits) and 0.270 (16) against 0.232 (8) ms a token at batch 1, 0.429 and 0.455 against 0.404 at
+batch 8; Llama-3.2-1B at 160 slots 0.799 (2 splits) and 0.830 (4) against 0.788 (one kernel).
 
 The split form in *one* kernel (``render_split_combined_decode_attention``, the default where the
 program's batch has a known maximum): the combine's launch goes. Each partial program, once its partial is stored, counts its arrival on its (row, KV head)'s

@@ -116,7 +116,11 @@ CONFIGS: tuple[TileConfig, ...] = (
 # Named by FEW_ROWS or its environment only, for measuring: the norm kernel before it stays (no
 # prologue forms). On an H200 GPT-2's decode at 8 rows took 0.428 ms a token with vecm_8x4x256 at
 # its layer GEMMs against 0.409 with the built-in entry (bench/results/decode/
-# decode-gpt2-b8-vecm-h200-2026-11-30.json), so the built-in entry does not take them.
+# decode-gpt2-b8-vecm-h200-2026-11-30.json), and Llama-3.2-1B's at 8 rows 2.268 ms with
+# vecm_8x2x512 at every site against 0.980 with the built-in entry (cuBLAS at its 8-64 MiB sites;
+# decode-llama-3.2-1b-b8-vecm-h200-2026-11-30.json; not profiled: 8 rows' products of its 1.2B
+# weights on the CUDA cores, 10 G multiply-adds a step, are the likely cost). So the built-in
+# entry does not take them.
 VECM_CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("vecm_8x4x256", 8, 4, 256, num_warps=4, num_stages=1, min_m=2, max_m=8, dot=False),
     TileConfig("vecm_8x2x512", 8, 2, 512, num_warps=4, num_stages=1, min_m=2, max_m=8, dot=False),
