@@ -348,7 +348,8 @@ class Readback:
 def readback(runner: Any, nbytes: int) -> Readback:
     """The runner's ``Readback`` of at least ``nbytes`` a buffer: made at its first generation in
     blocks and kept (page-locked allocations take longer than a decode step), made again larger
-    where a generation's blocks need more; ``Runner.close`` frees it."""
+    where a generation's blocks need more; ``Runner.close`` frees it. A runner runs one generation
+    at a time, as its state's rows are that generation's."""
     kept = runner._readback
     if kept is None or kept.nbytes < nbytes:
         if kept is not None:
