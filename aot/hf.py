@@ -49,14 +49,18 @@ class CacheLayout:
     """What the spec needs to know about a model: its KV cache's shape and its vocabulary.
 
     ``key_shapes``/``value_shapes``: each layer's ``(kv_heads, head_dim)`` as its attention
-    hands keys and values to the cache. ``window``: the sliding-window length that applies to
-    every layer when it is shorter than the context (Mistral), else None."""
+    hands keys and values to the cache. ``window``: the sliding-window length when it is shorter
+    than the context, else None; it applies to every layer (Mistral), or, with ``mixed``, to the
+    "sliding_attention" layers of ``config.layer_types`` alone, the "full_attention" ones seeing
+    the whole context (Gemma 2 and 3, GPT-OSS, Qwen2 with ``max_window_layers``): the wrapper then
+    hands the model a mask per kind of layer, as transformers' own ``causal_mask_mapping``."""
 
     model_class: str
     key_shapes: tuple[tuple[int, int], ...]
     value_shapes: tuple[tuple[int, int], ...]
     vocab_size: int
     window: int | None
+    mixed: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -203,12 +207,14 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
     output = model.get_output_embeddings()
     vocab = output.weight.shape[0] if output is not None else config.vocab_size
     keys, values = _measured_shapes(model, cls, num_layers) or _config_shapes(config, num_layers)
+    window, mixed = _window(config, cls, num_layers, max_context, model)
     return CacheLayout(
         model_class=cls,
         key_shapes=keys,
         value_shapes=values,
         vocab_size=vocab,
-        window=_window(config, cls, num_layers, max_context),
+        window=window,
+        mixed=mixed,
     )
 
 
@@ -278,13 +284,20 @@ def _is_causal_lm(model: Any) -> bool:
     return any(c.__name__ in names for c in type(model).__mro__) and model.can_generate()
 
 
-def _window(config: Any, cls: str, num_layers: int, max_context: int) -> int | None:
-    """The sliding window the mask must apply, or None when every layer sees the whole context.
+# The kinds of layer a mask mapping serves (transformers' ``causal_mask_mapping`` keys)
+MASK_KINDS = ("full_attention", "sliding_attention")
+
+
+def _window(config: Any, cls: str, num_layers: int, max_context: int, model: Any) -> tuple[int | None, bool]:
+    """The sliding window the mask must apply (None when every layer sees the whole context),
+    and whether it applies to the "sliding_attention" layers alone (``CacheLayout.mixed``).
 
     Layers list their kind in ``config.layer_types`` ("sliding_attention" layers use
     ``config.sliding_window``); a config without it (Mistral) slides every layer when it sets a
     window. A window of W slots hides slot k from query slot q when q - k >= W, so it matters
-    only when W < max_context. One mask serves every layer, so all must slide alike.
+    only when W < max_context. Where sliding and full layers mix, the model must take a mask per
+    kind of layer (a dict for ``attention_mask``, as transformers' models with ``layer_types``
+    do); one that does not is refused.
 
     GPT-Neo's "local" layers (``config.attention_layers``, ``config.window_size``) slide by a
     mask of their own that they place by the cache's length, not by the query's slot: over a
@@ -300,19 +313,33 @@ def _window(config: Any, cls: str, num_layers: int, max_context: int) -> int | N
             )
     window = getattr(config, "sliding_window", None)
     if not isinstance(window, int) or window >= max_context:
-        return None
+        return None, False
     kinds = getattr(config, "layer_types", None)
     if kinds is None:
-        return window
+        return window, False
     sliding = [k == "sliding_attention" for k in kinds[:num_layers]]
     if all(sliding):
-        return window
+        return window, False
     if not any(sliding):
-        return None
+        return None, False
+    if set(kinds[:num_layers]) <= set(MASK_KINDS) and _takes_mask_mapping(model):
+        return window, True
     raise SpecError(
-        f"causal_lm: {cls} mixes sliding-window layers (window {window}) with full-attention layers, "
-        f"which one mask cannot serve; use max_context <= {window}"
+        f"causal_lm: {cls} mixes sliding-window layers (window {window}) with "
+        f"{', '.join(sorted(set(kinds[:num_layers]) - {'sliding_attention'}))} layers and takes no mask per kind "
+        f"of layer; use max_context <= {window}"
     )
+
+
+def _takes_mask_mapping(model: Any) -> bool:
+    """Whether the model's decoder takes ``attention_mask`` as a dict of masks per kind of layer
+    (transformers' ``causal_mask_mapping``, passed through where it is a dict already)."""
+    base = getattr(model, "model", None) or getattr(model, "get_decoder", lambda: None)()
+    try:
+        source = inspect.getsource(type(base).forward)
+    except (OSError, TypeError):
+        return False
+    return "causal_mask_mapping := attention_mask, dict" in source
 
 
 class Decoder(torch.nn.Module):
@@ -362,6 +389,11 @@ class Decoder(torch.nn.Module):
         context = attention_mask.shape[1] if self.sized_context else None
         cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
         mask = additive_mask(attention_mask, cache_position, keys[0].dtype, self.layout.window)
+        if self.layout.mixed:  # a mask per kind of layer: the full layers see the whole context
+            mask = {
+                "full_attention": additive_mask(attention_mask, cache_position, keys[0].dtype),
+                "sliding_attention": mask,
+            }
         # Only the last position's logits. Where seq is a symbol (prefill), an index tensor rather
         # than the int 1, whose slice of the hidden states is contiguous only when batch or seq is
         # 1 (a batch != 1 guard in export); where it is 1 as traced (decode), the int: a slice of

@@ -124,8 +124,8 @@ for item in "$@"; do
     # resident-MODEL: the GEMV chain in one persistent kernel whose blocks hold the next GEMV's
     # weights across the grid barrier (bench/persistent_resident.py; gpt2, llama-3.2-1b)
     resident-*) cmd=(python3 bench/persistent_resident.py --model "${step#resident-}" --json "$RES/resident-${step#resident-}.json") ;;
-    # DeepSeek-V3, DeepSeek-V2 and Llama 4 generate the CPU's tokens on the GPU
-    latent-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k latent_and_complex) ;;
+    # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
+    newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;
     # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)
     l2chain) cmd=(python3 bench/persistent_chain.py --quick --json "$RES/l2-prefetch-chain.json") ;;
     # aotpack verify on a 2-layer Llama-3.2-1B with the fused one-row forms

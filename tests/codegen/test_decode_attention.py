@@ -277,13 +277,16 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
 
 
 @pytest.mark.slow
-def test_llama4s_permuted_grouped_queries_run_decode_attention(tmp_path):
+@pytest.mark.parametrize("kind", ["llama4", "gemma3"])
+def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
     """Llama 4's text model (grouped-query heads; queries normed, scaled by its temperature and
     cast back before the permute to [B, H, 1, D], so the grouped-query fold views a permute of a
-    buffer a kernel wrote, not a projection's rows; layers without RoPE; a layer of experts): its
-    decode program runs a decode attention kernel with the cache writes at both layers, and every
-    kernel, run by the interpreter at batch 2 (one row left-padded), matches its reference: the
-    caches exactly, the rest within float32's tolerance."""
+    buffer a kernel wrote, not a projection's rows; layers without RoPE; a layer of experts) and
+    Gemma 3 (a sliding-window layer of 4 slots beside a full-attention one: a mask per kind of
+    layer): each decode program runs a decode attention kernel with the cache writes at both
+    layers, and every kernel, run by the interpreter at batch 2 (one row left-padded, the query
+    at slot 9: the window hides slots), matches its reference: the caches exactly, the rest within
+    float32's tolerance."""
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -296,9 +299,7 @@ def test_llama4s_permuted_grouped_queries_run_decode_attention(tmp_path):
     from tests.codegen.conftest import decode_kernel_checks
     from tests.hf.test_causal_lm import factory
 
-    compiled = generate(
-        trace(causal_lm(factory("llama4"), max_batch=4, max_context=32, name="llama4")), ("sm_90",)
-    )
+    compiled = generate(trace(causal_lm(factory(kind), max_batch=4, max_context=32, name=kind)), ("sm_90",))
     (decode,) = [
         p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
     ]
@@ -307,8 +308,8 @@ def test_llama4s_permuted_grouped_queries_run_decode_attention(tmp_path):
         s for s in decode.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("decode_")
     ]
     assert len(attention) == 2 and not any(s.target == SDPA for s in decode.steps), decode.steps
-    assert all(kernels[s.target].name.startswith("decode_attention_append_g") for s in attention), attention
-    bundle = tmp_path / "llama4.tpk"
+    assert all(kernels[s.target].name.startswith("decode_attention_append") for s in attention), attention
+    bundle = tmp_path / f"{kind}.tpk"
     pack(compiled, bundle)
     checks = decode_kernel_checks(bundle, position=9, padding=2)
     ours = [c for c in checks if c[0].startswith("decode_attention")]

@@ -168,12 +168,17 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
     assert gpu.generate(prompts, 20, steps_per_launch=1) == want
 
 
-@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2", "llama4"])
-def test_latent_and_complex_rotary_models_give_the_cpu_tokens(kind, tmp_path):
+@pytest.mark.parametrize(
+    "kind", ["deepseek_v3", "deepseek_v2", "llama4", "gemma3", "gpt_oss", "cohere2", "qwen2_window"]
+)
+def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
     """DeepSeek-V3 (multi-head latent attention over a compressed cache, experts; its empty-filled
     slices rebuilt by ``tracer.filled``), DeepSeek-V2 and Llama 4 (rotary embeddings in complex
-    numbers, run as real pairs by ``tracer.complex_parts``): the GPU's greedy tokens, in blocks of
-    steps and one step per launch, equal the CPU's (which equal transformers', tests/lm)."""
+    numbers, run as real pairs by ``tracer.complex_parts``), and models mixing sliding-window
+    layers of 4 slots with full-attention ones (Gemma 3, GPT-OSS with its attention sinks,
+    Cohere 2, Qwen2 with ``max_window_layers``: a mask per kind of layer): the GPU's greedy
+    tokens, in blocks of steps and one step per launch, equal the CPU's (which equal
+    transformers', tests/lm)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     import aot.loader

@@ -8,6 +8,8 @@ mutations of the state inputs; models it cannot serve are refused with a SpecErr
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -74,11 +76,12 @@ _MLA = dict(
 MORE = {
     "phi3": ("Phi3", _GQA),
     "gemma": ("Gemma", dict(_GQA, num_key_value_heads=1, head_dim=8)),
-    # attention soft-capping: the eager attention path. Untied: its scaled tied embedding makes
-    # every greedy token repeat the last one
+    # attention soft-capping: the eager attention path; sliding and full layers alternate (a
+    # window of 4: a mask per kind of layer). Untied: its scaled tied embedding makes every greedy
+    # token repeat the last one
     "gemma2": (
         "Gemma2",
-        dict(_GQA, num_key_value_heads=1, head_dim=8, sliding_window=32, tie_word_embeddings=False),
+        dict(_GQA, num_key_value_heads=1, head_dim=8, sliding_window=4, tie_word_embeddings=False),
     ),
     "gpt_neox": ("GPTNeoX", dict(max_position_embeddings=64, **DECODER)),
     "opt": (
@@ -136,6 +139,35 @@ MORE = {
         ),
         "Llama4TextConfig",
     ),
+    # sliding-window layers beside full-attention ones, a window shorter than the prompt: a mask
+    # per kind of layer (Qwen2's first layer full, the second sliding; Gemma 3 the other way round)
+    "qwen2_window": ("Qwen2", dict(_GQA, use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "gemma3": (
+        "Gemma3",
+        dict(
+            _GQA,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            tie_word_embeddings=False,  # as Gemma 2's: a scaled tied embedding repeats the last token
+        ),
+        "Gemma3TextConfig",
+    ),
+    # GPT-OSS: attention sinks, experts, sliding and full layers; Cohere 2: the same mix
+    "gpt_oss": (
+        "GptOss",
+        dict(
+            _GQA,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            tie_word_embeddings=False,
+        ),
+    ),
+    "cohere2": ("Cohere2", dict(_GQA, sliding_window=4, layer_types=["sliding_attention", "full_attention"])),
     "olmo2": ("Olmo2", _GQA),
     "granite": ("Granite", _GQA),
     "cohere": ("Cohere", _GQA),
@@ -429,18 +461,17 @@ def test_models_it_cannot_serve_are_refused_by_name():
         SpecError, match=r"max_context 128 exceeds GPT2LMHeadModel's max_position_embeddings 64"
     ):
         causal_lm(factory("gpt2"), max_batch=2, max_context=128)
-    _, qwen = _config("qwen2")
-    mixed = tf.Qwen2Config(
-        **{
-            **qwen.to_dict(),
-            "use_sliding_window": True,
-            "sliding_window": 4,
-            "max_window_layers": 1,
-            "layer_types": None,
-        }
-    )
-    with pytest.raises(
-        SpecError, match=r"Qwen2ForCausalLM mixes sliding-window layers \(window 4\) with full-attention"
+    # sliding and full layers mixed: served with a mask per kind of layer (qwen2_window, gemma3),
+    # refused where the model takes no such mapping
+    _, mixed = _config("qwen2_window")
+    assert causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT).name
+    with (
+        mock.patch("aot.hf._takes_mask_mapping", return_value=False),
+        pytest.raises(
+            SpecError,
+            match=r"Qwen2ForCausalLM mixes sliding-window layers \(window 4\) with full_attention layers and takes "
+            r"no mask per kind of layer; use max_context <= 4",
+        ),
     ):
         causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT)
 

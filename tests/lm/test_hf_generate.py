@@ -43,6 +43,13 @@ KINDS = [
     # rotary embeddings in complex numbers, run as real pairs
     pytest.param("deepseek_v2", marks=pytest.mark.slow),
     pytest.param("llama4", marks=pytest.mark.slow),
+    # sliding-window layers beside full ones, the window shorter than prompt and tokens: a mask per
+    # kind of layer
+    pytest.param("qwen2_window", marks=pytest.mark.slow),
+    pytest.param("gemma3", marks=pytest.mark.slow),
+    pytest.param("gemma2", marks=pytest.mark.slow),
+    pytest.param("gpt_oss", marks=pytest.mark.slow),
+    pytest.param("cohere2", marks=pytest.mark.slow),
 ]
 
 
