@@ -50,16 +50,19 @@ class CacheLayout:
 
     ``key_shapes``/``value_shapes``: each layer's ``(kv_heads, head_dim)`` as its attention
     hands keys and values to the cache. ``window``: the sliding-window length when it is shorter
-    than the context, else None; it applies to every layer (Mistral), or, with ``mixed``, to the
-    "sliding_attention" layers of ``config.layer_types`` alone, the "full_attention" ones seeing
-    the whole context (Gemma 2 and 3, GPT-OSS, Qwen2 with ``max_window_layers``): the wrapper then
-    hands the model a mask per kind of layer, as transformers' own ``causal_mask_mapping``."""
+    than the context, else None; ``chunk``: the same of attention chunks (Llama 4). They apply to
+    every layer (Mistral's window), or, with ``mixed``, to the "sliding_attention" and
+    "chunked_attention" layers of ``config.layer_types`` alone, the "full_attention" ones seeing
+    the whole context (Gemma 2 and 3, GPT-OSS, Cohere 2, Qwen2 with ``max_window_layers``, Llama
+    4): the wrapper then hands the model a mask per kind of layer, as transformers' own
+    ``causal_mask_mapping``."""
 
     model_class: str
     key_shapes: tuple[tuple[int, int], ...]
     value_shapes: tuple[tuple[int, int], ...]
     vocab_size: int
     window: int | None
+    chunk: int | None = None
     mixed: bool = False
 
     @property
@@ -207,13 +210,14 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
     output = model.get_output_embeddings()
     vocab = output.weight.shape[0] if output is not None else config.vocab_size
     keys, values = _measured_shapes(model, cls, num_layers) or _config_shapes(config, num_layers)
-    window, mixed = _window(config, cls, num_layers, max_context, model)
+    window, chunk, mixed = _window(config, cls, num_layers, max_context, model)
     return CacheLayout(
         model_class=cls,
         key_shapes=keys,
         value_shapes=values,
         vocab_size=vocab,
         window=window,
+        chunk=chunk,
         mixed=mixed,
     )
 
@@ -285,19 +289,25 @@ def _is_causal_lm(model: Any) -> bool:
 
 
 # The kinds of layer a mask mapping serves (transformers' ``causal_mask_mapping`` keys)
-MASK_KINDS = ("full_attention", "sliding_attention")
+MASK_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
 
 
-def _window(config: Any, cls: str, num_layers: int, max_context: int, model: Any) -> tuple[int | None, bool]:
-    """The sliding window the mask must apply (None when every layer sees the whole context),
-    and whether it applies to the "sliding_attention" layers alone (``CacheLayout.mixed``).
+def _window(
+    config: Any, cls: str, num_layers: int, max_context: int, model: Any
+) -> tuple[int | None, int | None, bool]:
+    """The sliding window and the attention chunk the mask must apply (None where they hide
+    nothing at ``max_context``), and whether they apply to their kinds of layer alone
+    (``CacheLayout.mixed``).
 
-    Layers list their kind in ``config.layer_types`` ("sliding_attention" layers use
-    ``config.sliding_window``); a config without it (Mistral) slides every layer when it sets a
-    window. A window of W slots hides slot k from query slot q when q - k >= W, so it matters
-    only when W < max_context. Where sliding and full layers mix, the model must take a mask per
-    kind of layer (a dict for ``attention_mask``, as transformers' models with ``layer_types``
-    do); one that does not is refused.
+    Layers list their kind in ``config.layer_types``: "sliding_attention" layers use
+    ``config.sliding_window``, "chunked_attention" ones ``config.attention_chunk_size`` (Llama
+    4), "full_attention" ones neither; a config without it (Mistral) slides every layer when it
+    sets a window. A window of W slots hides slot k from query slot q when q - k >= W, a chunk of
+    N slots when they fall in different chunks, counted from the row's first real token; each
+    matters only below ``max_context``. Where kinds that need different masks mix, the model must
+    take a mask per kind of layer (a dict for ``attention_mask``, as transformers' models with
+    ``layer_types`` do); one that does not is refused, as is a kind of layer that needs a mask
+    this wrapper does not make.
 
     GPT-Neo's "local" layers (``config.attention_layers``, ``config.window_size``) slide by a
     mask of their own that they place by the cache's length, not by the query's slot: over a
@@ -311,23 +321,29 @@ def _window(config: Any, cls: str, num_layers: int, max_context: int, model: Any
                 f"the cache's length, not the query's slot, which a static cache of {max_context} "
                 f"slots breaks; use max_context <= {local}"
             )
-    window = getattr(config, "sliding_window", None)
-    if not isinstance(window, int) or window >= max_context:
-        return None, False
+
+    def below_context(name: str) -> int | None:
+        value = getattr(config, name, None)
+        return (
+            value if isinstance(value, int) and not isinstance(value, bool) and value < max_context else None
+        )
+
+    window, chunk = below_context("sliding_window"), below_context("attention_chunk_size")
     kinds = getattr(config, "layer_types", None)
-    if kinds is None:
-        return window, False
-    sliding = [k == "sliding_attention" for k in kinds[:num_layers]]
-    if all(sliding):
-        return window, False
-    if not any(sliding):
-        return None, False
-    if set(kinds[:num_layers]) <= set(MASK_KINDS) and _takes_mask_mapping(model):
-        return window, True
+    if kinds is None:  # every layer slides alike (Mistral), or none does
+        return window, None, False
+    used = set(kinds[:num_layers])
+    masked = {k for k, v in (("sliding_attention", window), ("chunked_attention", chunk)) if v is not None}
+    if not used & masked:
+        return None, None, False
+    if len(used) == 1:  # one kind of layer: one mask
+        return window, chunk, False
+    if used <= set(MASK_KINDS) and _takes_mask_mapping(model):
+        return window, chunk, True
+    limits = [f"window {window}"] * (window is not None) + [f"chunk {chunk}"] * (chunk is not None)
     raise SpecError(
-        f"causal_lm: {cls} mixes sliding-window layers (window {window}) with "
-        f"{', '.join(sorted(set(kinds[:num_layers]) - {'sliding_attention'}))} layers and takes no mask per kind "
-        f"of layer; use max_context <= {window}"
+        f"causal_lm: {cls} mixes kinds of attention layer ({', '.join(sorted(used))}; {', '.join(limits)}) and "
+        f"takes no mask per kind of layer; use max_context <= {min(v for v in (window, chunk) if v is not None)}"
     )
 
 
@@ -388,12 +404,15 @@ class Decoder(torch.nn.Module):
         # context buckets: the mask's length says which slots attention reads (0..context-1)
         context = attention_mask.shape[1] if self.sized_context else None
         cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
-        mask = additive_mask(attention_mask, cache_position, keys[0].dtype, self.layout.window)
+        window, chunk, dtype = self.layout.window, self.layout.chunk, keys[0].dtype
         if self.layout.mixed:  # a mask per kind of layer: the full layers see the whole context
             mask = {
-                "full_attention": additive_mask(attention_mask, cache_position, keys[0].dtype),
-                "sliding_attention": mask,
+                "full_attention": additive_mask(attention_mask, cache_position, dtype),
+                "sliding_attention": additive_mask(attention_mask, cache_position, dtype, window=window),
+                "chunked_attention": additive_mask(attention_mask, cache_position, dtype, chunk=chunk),
             }
+        else:
+            mask = additive_mask(attention_mask, cache_position, dtype, window, chunk)
         # Only the last position's logits. Where seq is a symbol (prefill), an index tensor rather
         # than the int 1, whose slice of the hidden states is contiguous only when batch or seq is
         # 1 (a batch != 1 guard in export); where it is 1 as traced (decode), the int: a slice of
@@ -445,23 +464,31 @@ def _decoder_class(num_layers: int) -> type[Decoder]:
 
 
 def additive_mask(
-    attention_mask: torch.Tensor, cache_position: torch.Tensor, dtype: torch.dtype, window: int | None = None
+    attention_mask: torch.Tensor,
+    cache_position: torch.Tensor,
+    dtype: torch.dtype,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """The 4-D additive mask [B, 1, S, C]: 0 where query s may attend slot c, the dtype's most
     negative value elsewhere. A slot is visible when it holds a real token (``attention_mask``
-    [B, C] is 1), is not after the query's slot ``cache_position[s]``, and, with a sliding
-    ``window``, is fewer than ``window`` slots before it. The query's own slot is always
-    visible: a left-padding query would otherwise see no slot at all, and a fully masked row is
-    NaN in some attention kernels (half precision, -inf masks), which would then reach the
-    cache. Real tokens never see padding slots, so what padding queries compute stays there."""
+    [B, C] is 1), is not after the query's slot ``cache_position[s]``, with a sliding ``window``
+    is fewer than ``window`` slots before it, and with a ``chunk`` falls in the query's chunk of
+    that many slots, counted from the row's first real token (transformers' chunked mask). The
+    query's own slot is always visible: a left-padding query would otherwise see no slot at all,
+    and a fully masked row is NaN in some attention kernels (half precision, -inf masks), which
+    would then reach the cache. Real tokens never see padding slots, so what padding queries
+    compute stays there."""
     slots = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     query = cache_position[:, None]  # [S, 1]
     visible = slots[None, :] <= query  # [S, C]
     if window is not None:
         visible = visible & (slots[None, :] > query - window)
-    visible = (visible[None] & attention_mask[:, None, :].bool()) | (slots[None, :] == query)[
-        None
-    ]  # [B, S, C]
+    visible = visible[None] & attention_mask[:, None, :].bool()  # [B, S, C]
+    if chunk is not None:
+        pad = (attention_mask.cumsum(-1) == 0).sum(-1)[:, None, None]  # [B, 1, 1]: left padding
+        visible = visible & ((slots[None, None, :] - pad) // chunk == (query[None] - pad) // chunk)
+    visible = visible | (slots[None, :] == query)[None]  # [B, S, C]
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
     lowest = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
     return torch.where(visible, zero, lowest)[:, None]

@@ -169,14 +169,25 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
 
 
 @pytest.mark.parametrize(
-    "kind", ["deepseek_v3", "deepseek_v2", "llama4", "gemma3", "gpt_oss", "cohere2", "qwen2_window"]
+    "kind",
+    [
+        "deepseek_v3",
+        "deepseek_v2",
+        "llama4",
+        "gemma3",
+        "gpt_oss",
+        "cohere2",
+        "qwen2_window",
+        "llama4_chunked",
+    ],
 )
 def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
     """DeepSeek-V3 (multi-head latent attention over a compressed cache, experts; its empty-filled
     slices rebuilt by ``tracer.filled``), DeepSeek-V2 and Llama 4 (rotary embeddings in complex
     numbers, run as real pairs by ``tracer.complex_parts``), and models mixing sliding-window
     layers of 4 slots with full-attention ones (Gemma 3, GPT-OSS with its attention sinks,
-    Cohere 2, Qwen2 with ``max_window_layers``: a mask per kind of layer): the GPU's greedy
+    Cohere 2, Qwen2 with ``max_window_layers``; Llama 4's chunks of 4 slots: a mask per kind of
+    layer): the GPU's greedy
     tokens, in blocks of steps and one step per launch, equal the CPU's (which equal
     transformers', tests/lm)."""
     if not torch.cuda.is_available():

@@ -168,6 +168,22 @@ MORE = {
         ),
     ),
     "cohere2": ("Cohere2", dict(_GQA, sliding_window=4, layer_types=["sliding_attention", "full_attention"])),
+    # Llama 4's chunked attention (chunks of 4 slots) beside a full-attention layer
+    "llama4_chunked": (
+        "Llama4",
+        dict(
+            _GQA,
+            head_dim=8,
+            num_local_experts=1,
+            interleave_moe_layer_step=2,
+            intermediate_size_mlp=64,
+            no_rope_layers=[1, 0],
+            attention_chunk_size=4,
+            layer_types=["chunked_attention", "full_attention"],
+            tie_word_embeddings=False,
+        ),
+        "Llama4TextConfig",
+    ),
     "olmo2": ("Olmo2", _GQA),
     "granite": ("Granite", _GQA),
     "cohere": ("Cohere", _GQA),
@@ -310,6 +326,10 @@ def test_the_mask_sees_valid_slots_up_to_the_query_and_within_the_window():
     windowed = (additive_mask(valid, cache_position, torch.float32, window=2) == 0).int()[:, 0].tolist()
     assert windowed == [[[0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0]], [[0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0]]]
     assert additive_mask(valid, cache_position, torch.float16).dtype == torch.float16
+    # chunks of 2 slots counted from each row's first real token: row 0's slots 0-1, 2-3; row 1's
+    # (padded by 3) slots 3-4: its query at slot 4 sees slot 3, row 0's at slot 3 sees slot 2
+    chunked = (additive_mask(valid, torch.tensor([3, 4]), torch.float32, chunk=2) == 0).int()[:, 0].tolist()
+    assert chunked == [[[0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 0]], [[0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0]]]
 
 
 def test_the_spec_declares_the_contract():
@@ -461,16 +481,16 @@ def test_models_it_cannot_serve_are_refused_by_name():
         SpecError, match=r"max_context 128 exceeds GPT2LMHeadModel's max_position_embeddings 64"
     ):
         causal_lm(factory("gpt2"), max_batch=2, max_context=128)
-    # sliding and full layers mixed: served with a mask per kind of layer (qwen2_window, gemma3),
-    # refused where the model takes no such mapping
+    # sliding and full layers mixed: served with a mask per kind of layer (qwen2_window, gemma3,
+    # llama4_chunked), refused where the model takes no such mapping
     _, mixed = _config("qwen2_window")
     assert causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT).name
     with (
         mock.patch("aot.hf._takes_mask_mapping", return_value=False),
         pytest.raises(
             SpecError,
-            match=r"Qwen2ForCausalLM mixes sliding-window layers \(window 4\) with full_attention layers and takes "
-            r"no mask per kind of layer; use max_context <= 4",
+            match=r"Qwen2ForCausalLM mixes kinds of attention layer \(full_attention, sliding_attention; window 4\) "
+            r"and takes no mask per kind of layer; use max_context <= 4",
         ),
     ):
         causal_lm(lambda: tf.Qwen2ForCausalLM(mixed), max_batch=2, max_context=MAX_CONTEXT)

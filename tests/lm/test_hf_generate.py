@@ -50,6 +50,8 @@ KINDS = [
     pytest.param("gemma2", marks=pytest.mark.slow),
     pytest.param("gpt_oss", marks=pytest.mark.slow),
     pytest.param("cohere2", marks=pytest.mark.slow),
+    # Llama 4's attention in chunks of 4 slots beside a full layer
+    pytest.param("llama4_chunked", marks=pytest.mark.slow),
 ]
 
 
