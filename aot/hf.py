@@ -322,13 +322,13 @@ def _window(
                 f"slots breaks; use max_context <= {local}"
             )
 
-    def below_context(name: str) -> int | None:
-        value = getattr(config, name, None)
+    def below_context(value: Any) -> int | None:
         return (
             value if isinstance(value, int) and not isinstance(value, bool) and value < max_context else None
         )
 
-    window, chunk = below_context("sliding_window"), below_context("attention_chunk_size")
+    window = below_context(getattr(config, "sliding_window", None))
+    chunk = below_context(getattr(config, "attention_chunk_size", None))
     kinds = getattr(config, "layer_types", None)
     if kinds is None:  # every layer slides alike (Mistral), or none does
         return window, None, False
