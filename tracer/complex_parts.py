@@ -5,7 +5,11 @@ Some models rotate queries and keys by multiplying complex numbers (Llama 4, Dee
 ``view_as_real``). A bundle's tensors are real (``aot.schema``'s dtypes), so this pass rewrites
 the exported graph with each complex tensor as two real ones of its shape:
 
-- ``polar(r, a)``: ``r * cos(a)``, ``r * sin(a)``;
+- ``polar(r, a)``: ``r * cos(a)``, ``r * sin(a)``; under export ``torch.polar`` is
+  ``torch.complex(r * cos(a), r * sin(a))`` (``polar_from_parts``): the library's own polar
+  decomposes through a copy whose meta function guards every dim at 2 or more, which turns a
+  batch of at most 2 (Llama 4's rotary angles have the batch dim) into a static 2; ``complex(re,
+  im)`` is taken apart as its two operands;
 - ``view_as_complex(x)`` (x's last dim of 2): ``x[..., 0]``, ``x[..., 1]``;
 - ``mul``: by a real tensor or number, each part; by a complex one,
   ``(ar * br - ai * bi, ar * bi + ai * br)``; ``add``/``sub`` part by part;
@@ -23,6 +27,8 @@ op that made it, as before.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,6 +57,22 @@ SAME_ON_PARTS = frozenset(
         ATEN.cat.default,
     }
 )
+
+
+def _polar(r: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    return torch.complex(r * torch.cos(angle), r * torch.sin(angle))
+
+
+@contextlib.contextmanager
+def polar_from_parts() -> Iterator[None]:
+    """``torch.polar`` as ``torch.complex`` of its two products while a model is exported (see
+    the module docstring): the same values, no guard on the dims."""
+    polar = torch.polar
+    torch.polar = _polar
+    try:
+        yield
+    finally:
+        torch.polar = polar
 
 
 def split_complex(graph: torch.fx.Graph) -> int:
@@ -130,6 +152,8 @@ class _Rewrite:
                 self.op(ATEN.mul.Tensor, r, self.op(ATEN.cos.default, a)),
                 self.op(ATEN.mul.Tensor, r, self.op(ATEN.sin.default, a)),
             )
+        elif target is ATEN.complex.default:
+            self.parts[node] = tuple(args)
         elif target is ATEN.view_as_complex.default:
             (x,) = args
             self.parts[node] = (self.op(ATEN.select.int, x, -1, 0), self.op(ATEN.select.int, x, -1, 1))

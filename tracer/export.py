@@ -20,6 +20,7 @@ from typing import Any
 from aot.errors import TraceError
 from aot.schema import Bucket, Guards, InputGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
+from aot.tracer.complex_parts import polar_from_parts
 from aot.tracer.experts import grouped_experts
 from aot.tracer.model import (
     bound_forward,
@@ -209,6 +210,7 @@ def export_model(
             torch.no_grad(),
             bound_forward(module, bound),
             grouped_experts(module),
+            polar_from_parts(),
             quiet_torch(),
         ):
             ep = export(module, args, kwargs, dynamic_shapes=dynamic)
