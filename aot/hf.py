@@ -406,10 +406,16 @@ class Decoder(torch.nn.Module):
         cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
         window, chunk, dtype = self.layout.window, self.layout.chunk, keys[0].dtype
         if self.layout.mixed:  # a mask per kind of layer: the full layers see the whole context
+            full = additive_mask(attention_mask, cache_position, dtype)
+            # a kind whose window or chunk hides nothing at this context reads the full mask
             mask = {
-                "full_attention": additive_mask(attention_mask, cache_position, dtype),
-                "sliding_attention": additive_mask(attention_mask, cache_position, dtype, window=window),
-                "chunked_attention": additive_mask(attention_mask, cache_position, dtype, chunk=chunk),
+                "full_attention": full,
+                "sliding_attention": full
+                if window is None
+                else additive_mask(attention_mask, cache_position, dtype, window=window),
+                "chunked_attention": full
+                if chunk is None
+                else additive_mask(attention_mask, cache_position, dtype, chunk=chunk),
             }
         else:
             mask = additive_mask(attention_mask, cache_position, dtype, window, chunk)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.codegen.conftest import interpreted_json
+from tests.codegen.conftest import assert_decode_kernels_match, interpreted_json
 
 # (name, dtype, batch, heads, kv_heads, head_dim, context, q rows from a projection, shared mask,
 #  boolean mask, the slot this step appends to the cache (None: no append))
@@ -244,36 +244,11 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
     caches (Falcon's new values: the rows an ``index`` of their head wrote, through a permute of
     unit dims), and every kernel, run by the interpreter at batch 2 (one row left-padded),
     matches its reference: the caches exactly, the rest within float32's tolerance."""
-    from tests.realmodels.conftest import require
 
-    require("transformers")
-    from aot.codegen import generate
-    from aot.codegen.decode_sites import SDPA
-    from aot.hf import causal_lm
-    from aot.packager import pack
-    from aot.schema import StepKind
-    from aot.tracer import trace
-    from tests.codegen.conftest import decode_kernel_checks
-    from tests.hf.test_causal_lm import factory
-
-    compiled = generate(trace(causal_lm(factory(kind), max_batch=2, max_context=16, name=kind)), ("sm_90",))
-    (decode,) = [
-        p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
-    ]
-    kernels = {k.id: k for k in decode.kernels}
-    attention = [
-        s for s in decode.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("decode_")
-    ]
-    assert len(attention) == 2 and not any(s.target == SDPA for s in decode.steps), decode.steps
+    compiled, kernels, attention = _hf_decode_attention(kind, max_batch=2, max_context=16)
     for s in attention:
         assert "KV_HEADS = tl.constexpr(1)" in kernels[s.target].source and len(s.in_place) == 2
-    bundle = tmp_path / f"{kind}.tpk"
-    pack(compiled, bundle)
-    checks = decode_kernel_checks(bundle, position=9, padding=2)
-    ours = [c for c in checks if c[0].startswith("decode_attention")]
-    assert len(ours) == 2 * 3, checks  # two layers: the output and both caches
-    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
-    assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours
+    assert_decode_kernels_match(compiled, tmp_path / f"{kind}.tpk", "decode_attention")
 
 
 @pytest.mark.slow
@@ -287,19 +262,28 @@ def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
     layers, and every kernel, run by the interpreter at batch 2 (one row left-padded, the query
     at slot 9: the window hides slots), matches its reference: the caches exactly, the rest within
     float32's tolerance."""
+
+    compiled, kernels, attention = _hf_decode_attention(kind, max_batch=4, max_context=32)
+    assert all(kernels[s.target].name.startswith("decode_attention_append") for s in attention), attention
+    assert_decode_kernels_match(compiled, tmp_path / f"{kind}.tpk", "decode_attention")
+
+
+def _hf_decode_attention(kind: str, max_batch: int, max_context: int) -> tuple:
+    """A tiny two-layer ``kind`` (``tests.hf``) through ``aot.hf.causal_lm``, generated for sm_90:
+    (the compiled programs, its decode program's kernels by id, its decode attention steps),
+    having checked there is one such step per layer and no SDPA call left."""
     from tests.realmodels.conftest import require
 
     require("transformers")
     from aot.codegen import generate
     from aot.codegen.decode_sites import SDPA
     from aot.hf import causal_lm
-    from aot.packager import pack
     from aot.schema import StepKind
     from aot.tracer import trace
-    from tests.codegen.conftest import decode_kernel_checks
     from tests.hf.test_causal_lm import factory
 
-    compiled = generate(trace(causal_lm(factory(kind), max_batch=4, max_context=32, name=kind)), ("sm_90",))
+    spec = causal_lm(factory(kind), max_batch=max_batch, max_context=max_context, name=kind)
+    compiled = generate(trace(spec), ("sm_90",))
     (decode,) = [
         p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
     ]
@@ -308,11 +292,4 @@ def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
         s for s in decode.steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("decode_")
     ]
     assert len(attention) == 2 and not any(s.target == SDPA for s in decode.steps), decode.steps
-    assert all(kernels[s.target].name.startswith("decode_attention_append") for s in attention), attention
-    bundle = tmp_path / f"{kind}.tpk"
-    pack(compiled, bundle)
-    checks = decode_kernel_checks(bundle, position=9, padding=2)
-    ours = [c for c in checks if c[0].startswith("decode_attention")]
-    assert len(ours) == 2 * 3, checks  # two layers: the output and both caches
-    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
-    assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours
+    return compiled, kernels, attention

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.codegen.conftest import decode_kernel_checks, interpreted_json
+from tests.codegen.conftest import assert_decode_kernels_match, interpreted_json
 
 # (name, dtype, batch, heads, kv_heads, head_dim, rotary dim, context, slot appended (None: the
 #  queries alone rotated, no append), cos/sin one row shared by every batch row, the keys' cos/sin
@@ -223,16 +223,9 @@ def test_rotary_models_decode_programs_match_their_references(kind, tmp_path):
     require("transformers")
     from aot.codegen import generate
     from aot.hf import causal_lm
-    from aot.packager import pack
     from aot.tracer import trace
     from tests.hf.test_causal_lm import factory
 
     compiled = generate(trace(causal_lm(factory(kind), max_batch=2, max_context=16, name=kind)), ("sm_90",))
-    bundle = tmp_path / f"{kind}.tpk"
-    pack(compiled, bundle)
-    checks = decode_kernel_checks(bundle, position=9, padding=2)
-    attention = [c for c in checks if c[0].startswith("decode_attention_append_rope_")]
-    assert len(attention) == 2 * 3, checks  # two layers: the output and both caches
-    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
-    assert all(err == 0.0 for name, out, err, _ in attention if out.startswith("index_put")), attention
+    checks = assert_decode_kernels_match(compiled, tmp_path / f"{kind}.tpk", "decode_attention_append_rope_")
     assert not any(c[0] == "fused_mul_neg_cat_add" for c in checks), checks  # no RoPE kernel left
