@@ -124,6 +124,13 @@ for item in "$@"; do
     # resident-MODEL: the GEMV chain in one persistent kernel whose blocks hold the next GEMV's
     # weights across the grid barrier (bench/persistent_resident.py; gpt2, llama-3.2-1b)
     resident-*) cmd=(python3 bench/persistent_resident.py --model "${step#resident-}" --json "$RES/resident-${step#resident-}.json") ;;
+    # host-MODEL: where a forward call's time goes, host and device apart (bench/host_path.py), at
+    # each of HOST_SIZES_MODEL, else HOST_SIZES (space-separated, e.g. "batch=1 batch=8"; default
+    # batch=1), MODEL built here from models/
+    host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; cmd=(bash -c "test -f /tmp/host/$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/host/$m.tpk; for s in $sizes; do python3 bench/host_path.py $m /tmp/host/$m.tpk --sizes \$s --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
+    # envdecode-MODEL: decode-MODEL with the build's environment DECODE_ENV (e.g.
+    # AOTPACK_SLICED_PROLOGUE=off), bundles and results of their own: an A/B beside decode-MODEL
+    envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
     newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;
     # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)

@@ -5,6 +5,7 @@ the LayerNorm or row-norm (RMSNorm) kernel before it (its prologue)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,9 @@ from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
 from aot.codegen.gemm_prologue import RowNorm, lower_row_norm
+from aot.codegen.splice import whole_slice
 from aot.codegen.triton_types import FLOAT_DTYPES
+from aot.errors import CodegenError
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
 from aot.schema import Buf, MemoryFormat, Program, Step, StepKind, TensorSpec
 
@@ -71,6 +74,24 @@ def _same(a: str, b: str) -> bool:
 
 
 LAYER_NORM = "aten.native_layer_norm.default"
+# A norm kernel is a prologue through slices that keep every value too: a decode step's final norm
+# and its ``hidden[:, -1:]`` (the last position of one) before the vocabulary head. "off": the norm
+# stays a kernel of its own there, for measuring.
+SLICED_PROLOGUE_ENV = "AOTPACK_SLICED_PROLOGUE"
+
+
+def through_slices() -> bool:
+    """``AOTPACK_SLICED_PROLOGUE`` as read now: whether a norm prologue is found through whole
+    slices (unset or ``on``) or not (``off``)."""
+    text = os.environ.get(SLICED_PROLOGUE_ENV, "").strip()
+    if text in ("", "on"):
+        return True
+    if text == "off":
+        return False
+    raise CodegenError(
+        f"{SLICED_PROLOGUE_ENV}={text!r}: expected 'on' (a norm kernel before a slice that keeps every "
+        "value is the next GEMM's prologue) or 'off' (it stays a kernel); unset it for the default"
+    )
 
 
 def _row_major_rows(spec: TensorSpec | None, m: str, k: int, dtype: str) -> bool:
@@ -104,7 +125,10 @@ def _prologue(
         if p is None:
             return None
         s = steps[p]
-        if s.kind == StepKind.ATEN and s.target in RESHAPE_VIEWS and isinstance(s.args[0], Buf):
+        if s.kind == StepKind.ATEN and (
+            (s.target in RESHAPE_VIEWS and isinstance(s.args[0], Buf))
+            or (whole_slice(s, program.buffers) and through_slices())
+        ):
             views.append(p)
             name, nxt = s.args[0].name, p
             continue

@@ -53,9 +53,16 @@ SHAPE_VIEWS = (
 WHOLE_SLICE = "aten.slice.Tensor"
 
 
-def _whole_slice(step: Step, specs) -> bool:
-    """A slice of step 1 whose result has its input's shape (``x[:, 0:]``): it keeps every value
-    where it was."""
+def whole_slice(step: Step, specs) -> bool:
+    """``step`` is a slice of step 1 whose result has its input's shape (``x[:, 0:]``, or
+    ``x[:, -1:]`` of a dim of one): it keeps every value where it was. ``specs``: name -> spec."""
+    if (
+        step.kind != StepKind.ATEN
+        or step.target != WHOLE_SLICE
+        or not step.args
+        or not isinstance(step.args[0], Buf)
+    ):
+        return False
     here, there = specs.get(step.outputs[0]), specs.get(step.args[0].name)
     every = step.args[4] if len(step.args) > 4 else step.kwargs.get("step", 1)
     if here is None or there is None or every not in (None, 1) or len(here.shape) != len(there.shape):
@@ -100,7 +107,7 @@ def consecutive_positions(
             ):
                 return None
         elif step.target == WHOLE_SLICE:
-            if not _whole_slice(step, specs):
+            if not whole_slice(step, specs):
                 return None
         else:
             return None

@@ -318,10 +318,12 @@ def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
     assert not any("sigmoid" in n for n in names)  # the SiLU * up kernel went into the gate/up GEMV
     # per layer, with the built-in table: q/k/v (+ RMSNorm, + the residual add), 2 RoPE, decode
     # attention, o, gate/up (+ RMSNorm, + the add, + SiLU * up), down; the rest is the embedding,
-    # positions, mask, the final norm and the head, which both plans share
+    # positions, mask, the final norm and the head, where the table runs the final norm (and its
+    # add) in the head's prologue, through the ``[:, -1:]`` of the one position
+    assert names[-1].startswith("gemm_norm_mm_vec"), names[-3:]
     per_layer = DECODE_KERNELS_PER_LAYER["llama"]
     outside = _launches(program.steps, kernels) - per_layer["library"] * layers
-    assert _launches(plan, kernels) == outside + per_layer["built-in table"] * layers
+    assert _launches(plan, kernels) == outside - 1 + per_layer["built-in table"] * layers
 
 
 @pytest.mark.slow  # a transformers GPT-2 traced and built; gemm_gpt2's forms are interpreted by default
@@ -342,9 +344,10 @@ def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
     assert sum(n.startswith("gemm_ln_addmm_epilogue_vec") for n in names) == layers  # fc + GELU
     assert not any("tanh" in n for n in names)
     assert not any(s.target.startswith("aten.addmm") for s in plan)
+    assert names[-1].startswith("gemm_ln_mm_vec"), names[-3:]  # the final LayerNorm in the head's prologue
     per_layer = DECODE_KERNELS_PER_LAYER["gpt2"]
     outside = _launches(program.steps, kernels) - per_layer["library"] * layers
-    assert _launches(plan, kernels) == outside + per_layer["built-in table"] * layers
+    assert _launches(plan, kernels) == outside - 1 + per_layer["built-in table"] * layers
 
 
 @pytest.mark.slow  # the interpreter over a decode step's every kernel
@@ -388,7 +391,7 @@ print(json.dumps([[r.step, r.name, r.output, r.ok, r.max_abs_error] for r in res
 """
     results = interpreted_json(script)
     fused = {r[0] for r in results if r[1].startswith(fused_prefix)}
-    assert len(fused) == 4  # q/k/v and gate/up (fc), 2 layers
+    assert len(fused) == 5  # q/k/v and gate/up (fc), 2 layers, and the head after the final norm
     assert len(results) >= 20  # every kernel of the step, and the sums the fused forms write
     bad = [r for r in results if not r[3]]
     assert not bad, bad[:3]
@@ -576,3 +579,20 @@ def test_a_vocabulary_head_of_short_k_runs_four_rows_of_w_per_block(tmp_path):
     assert f"{head.id}/vec_1x4x512_ln" in {c.name for c in comparisons}, comparisons
     bad = [c for c in comparisons if not c.ok]
     assert not bad, bad[:3]
+
+
+def test_the_sliced_prologue_switch_reads_on_off_and_refuses_the_rest(monkeypatch):
+    """``AOTPACK_SLICED_PROLOGUE`` (for measuring): unset or ``on`` finds a norm prologue through a
+    slice that keeps every value, ``off`` does not, anything else is a ``CodegenError`` naming
+    the values it takes."""
+    from aot.codegen.gemm_sites import SLICED_PROLOGUE_ENV, through_slices
+    from aot.errors import CodegenError
+
+    monkeypatch.delenv(SLICED_PROLOGUE_ENV, raising=False)
+    assert through_slices()
+    for text, expected in (("on", True), ("off", False), (" off ", False)):
+        monkeypatch.setenv(SLICED_PROLOGUE_ENV, text)
+        assert through_slices() is expected
+    monkeypatch.setenv(SLICED_PROLOGUE_ENV, "no")
+    with pytest.raises(CodegenError, match="expected 'on'.*or 'off'"):
+        through_slices()
