@@ -160,7 +160,8 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
 
     archs = options.archs
     start = time.perf_counter()
-    traced, program, folded, padded = _rewrite_for_kernels(traced, options, say)
+    eager: dict = {}  # capped eager attention's own steps, by its SDPA step's output
+    traced, program, folded, padded = _rewrite_for_kernels(traced, options, say, eager)
     ranges = _ranges(traced)
     graph, groups, unfused, standalone, by_id = _fuse(program, ranges, say, start, options.library_free)
     results, failed, hits = compile_kernels(by_id, archs, say)
@@ -188,6 +189,10 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             ranges,
         )
         cubins.update(decode_cubins)
+    if eager:  # what no decode attention kernel took keeps the model's own steps
+        from aot.codegen.attention import restore_eager_attention
+
+        new_program = restore_eager_attention(new_program, eager, say)
     from aot.codegen.grouped_gemm import grouped_gemm_kernels
 
     new_program, grouped_cubins = grouped_gemm_kernels(
@@ -325,12 +330,14 @@ def _ranges(traced: Traced) -> dict[str, tuple[int, int]]:
 
 
 def _rewrite_for_kernels(
-    traced: Traced, options: BuildOptions, say: Callable[[str], None]
+    traced: Traced, options: BuildOptions, say: Callable[[str], None], eager: dict | None = None
 ) -> tuple[Traced, Program, int, int]:
     """The rewrites before fusion (matmul weights stored [N, K], siblings stacked, weights
     padded, attention masks and GQA repeats folded, activations into their matmuls, indexes by
     whole aranges and position lookups as views, convolution biases and layouts): ``traced`` with the transposed, stacked and padded
-    weights, the rewritten program, and how many activations were folded and weights padded."""
+    weights, the rewritten program, and how many activations were folded and weights padded.
+    ``eager``: where given, capped eager attention of one query becomes an SDPA step only the
+    decode attention kernel computes, its own steps kept there (``restore_eager_attention``)."""
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import eager_attention_as_sdpa, fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
@@ -369,7 +376,7 @@ def _rewrite_for_kernels(
         traced = replace(traced, program=program, weights=weights)
     ranges = _ranges(traced)
     if options.decode_attention and not options.library_free:  # eager attention at one query: SDPA
-        program, _ = eager_attention_as_sdpa(program, log=say)
+        program, _ = eager_attention_as_sdpa(program, log=say, originals=eager)
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, _ = fold_gqa_repeats(program, log=say, any_length=options.library_free)
     program, folded = fold_activations(program)

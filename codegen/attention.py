@@ -27,13 +27,14 @@ heads they copy with ``enable_gqa=True`` instead: no step writes the copies.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads, tensor_specs
-from aot.schema import Buf, Program, Step, StepKind, Sym, TensorSpec
+from aot.schema import Buf, DType, Program, Step, StepKind, Sym, TensorSpec
 
 SDPA = "aten.scaled_dot_product_attention.default"
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
@@ -41,6 +42,16 @@ SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (mem
 MASK_ARG = 3  # scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, ...)
 CAUSAL_ARG = 5
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+# The keyword an SDPA step carries between ``eager_attention_as_sdpa`` and the decode attention
+# kernels where the model caps its scores (Gemma 2's ``c * tanh(s / c)``): no library SDPA takes
+# it, so such a step exists only inside a build; ``restore_eager_attention`` puts the model's own
+# steps back wherever no kernel took it.
+SOFTCAP = "softcap"
+
+
+def capped(step: Step) -> bool:
+    """``step`` is an SDPA step of capped scores (``SOFTCAP``), which no library call computes."""
+    return step.target == SDPA and SOFTCAP in step.kwargs
 
 
 @dataclass(frozen=True)
@@ -55,16 +66,20 @@ class SdpaCall:
     causal: bool
     scale: float | None  # None: 1 / sqrt(head dim)
     enable_gqa: bool
+    softcap: float | None = None  # scores capped: c * tanh(s / c) before the mask (``SOFTCAP``)
 
 
-def sdpa_call(step: Step) -> SdpaCall | None:
+def sdpa_call(step: Step, softcap: bool = False) -> SdpaCall | None:
     """``step``'s SDPA arguments; None where one is not a plain value (a symbolic scale or flag,
-    an unknown keyword) or the call drops out (``dropout_p`` other than 0): no kernel stands for it."""
+    an unknown keyword) or the call drops out (``dropout_p`` other than 0): no kernel stands for it.
+    ``softcap``: the caller's kernel caps scores, so a ``SOFTCAP`` keyword is read too (for any
+    other caller it is unknown: no kernel of theirs stands for a capped call)."""
     given = dict(zip(_SDPA_PARAMS, step.args))
     if len(step.args) > len(_SDPA_PARAMS) or set(step.kwargs) & set(given):
         return None
     given.update(step.kwargs)
-    if set(given) - set(_SDPA_PARAMS):
+    cap = given.pop(SOFTCAP, None) if softcap else None
+    if set(given) - set(_SDPA_PARAMS) or not (cap is None or (type(cap) is float and cap > 0)):
         return None
     causal, gqa, scale = given.get("is_causal", False), given.get("enable_gqa", False), given.get("scale")
     if given.get("dropout_p", 0.0) not in (0, 0.0, None) or causal not in (False, True, None):
@@ -79,6 +94,7 @@ def sdpa_call(step: Step) -> SdpaCall | None:
         causal=bool(causal),
         scale=None if scale is None else float(scale),
         enable_gqa=bool(gqa),
+        softcap=cap,
     )
 
 
@@ -151,7 +167,7 @@ def simplify_attention_masks(
     steps = list(program.steps)
     rewritten = 0
     for i, step in enumerate(program.steps):
-        if step.kind != "aten" or step.target != SDPA:
+        if step.kind != "aten" or step.target != SDPA or capped(step):
             continue
         mask_ref = step.args[MASK_ARG] if len(step.args) > MASK_ARG else step.kwargs.get("attn_mask")
         if not isinstance(mask_ref, Buf):
@@ -295,7 +311,13 @@ def fold_gqa_repeats(
     folded = 0
     for step in program.steps:
         done = None
-        if step.kind == "aten" and step.target == SDPA and len(step.args) >= 3 and len(step.outputs) == 1:
+        if (
+            step.kind == "aten"
+            and step.target == SDPA
+            and not capped(step)
+            and len(step.args) >= 3
+            and len(step.outputs) == 1
+        ):
             done = _fold_one(program, step, producer, buffers)
             if done is None and any_length:
                 done = _grouped_call(program, step, producer)
@@ -397,8 +419,20 @@ _CAST, _CLONE, _SOFTMAX = "aten._to_copy.default", "aten.clone.default", "aten._
 _SCALE_OPS = ("aten.div.Tensor", "aten.mul.Tensor")
 
 
+@dataclass(frozen=True)
+class EagerAttention:
+    """A capped eager attention's own steps (``steps``, in program order, from its operands' views
+    to its output) and the specs of what they make (``buffers``), as ``eager_attention_as_sdpa``
+    found them: what its SDPA step stands for."""
+
+    steps: tuple[Step, ...]
+    buffers: dict[str, TensorSpec]
+
+
 def eager_attention_as_sdpa(
-    program: Program, log: Callable[[str], None] | None = None
+    program: Program,
+    log: Callable[[str], None] | None = None,
+    originals: dict[str, EagerAttention] | None = None,
 ) -> tuple[Program, int]:
     """``program`` with each eager attention of one query (GPT-J's: the query and keys cast to
     float32, ``bmm`` over ``expand``/``view``, divided by a constant, plus an additive mask, softmax,
@@ -409,8 +443,12 @@ def eager_attention_as_sdpa(
     before alone, the operands are [B, H, 1, D] and [B, H, S, D] of one dtype and the mask [B or 1,
     1, 1, S] of it; elsewhere nothing changes. A mask added before the scale (CodeGen's
     ``(scores + mask) / c``) is passed scaled (one ``mul`` step for the layers sharing the mask
-    and scale): SDPA adds its mask after scaling. Returns the program and how many were
-    rewritten."""
+    and scale): SDPA adds its mask after scaling. Scores in float32 of half-precision ones
+    (Gemma 2's softmax) are SDPA's own arithmetic. Scores capped as ``tanh(s / c) * c`` between the
+    scale and the mask (Gemma 2's) become an SDPA step with a ``SOFTCAP`` keyword, which only the
+    decode attention kernel computes, where ``originals`` is given: the attention's own steps go
+    there by the step's output, for ``restore_eager_attention``; without it they stay. Returns the
+    program and how many were rewritten."""
     steps = list(program.steps)
     producer, readers, specs = producer_of(steps), readers_of(steps), tensor_specs(program)
     buffers = dict(program.buffers)
@@ -422,6 +460,10 @@ def eager_attention_as_sdpa(
             if found is None:
                 continue
             at, sdpa, mask_scaled = found
+            if capped(sdpa):
+                if originals is None:
+                    continue
+                originals[sdpa.outputs[0]] = _own_steps(program, steps, producer, sdpa)
             before: list[Step] = []
             if mask_scaled:  # (s + m) * c == s * c + m * c: SDPA adds m * c after its scale c
                 mask, scale = sdpa.args[3], sdpa.kwargs["scale"]
@@ -438,6 +480,58 @@ def eager_attention_as_sdpa(
     if log:
         log(f"  {len(out_steps)} eager attention calls of one query run as scaled_dot_product_attention")
     return _drop_dead_steps(replace(program, steps=tuple(new), buffers=buffers)), len(out_steps)
+
+
+def _own_steps(program: Program, steps: list[Step], producer: dict[str, int], sdpa: Step) -> EagerAttention:
+    """The steps that compute ``sdpa``'s output from its operands (query, keys, values, mask), in
+    program order, and the specs of their results."""
+    stops = {a.name for a in sdpa.args[:4] if isinstance(a, Buf)}
+    seen: set[int] = set()
+    todo = list(sdpa.outputs)
+    while todo:
+        name = todo.pop()
+        i = producer.get(name)
+        if name in stops or i is None or i in seen:
+            continue
+        seen.add(i)
+        todo.extend(step_reads(steps[i]))
+    own = tuple(steps[i] for i in sorted(seen))
+    made = {o for st in own for o in st.outputs if o is not None}
+    return EagerAttention(own, {n: program.buffers[n] for n in made if n in program.buffers})
+
+
+def restore_eager_attention(
+    program: Program, originals: Mapping[str, EagerAttention], log: Callable[[str], None] | None = None
+) -> Program:
+    """``program`` with every capped SDPA step (``SOFTCAP``) that no kernel took back as the model's
+    own steps (``originals``, by the step's output), their buffers with them, and in each kernel's
+    reference too, where a decode attention kernel stands for one: what no library SDPA computes
+    never reaches a bundle. Raises ``CodegenError`` for a capped step ``originals`` lacks."""
+    from aot.errors import CodegenError
+
+    def own(step: Step) -> tuple[Step, ...]:
+        if not capped(step):
+            return (step,)
+        found = originals.get(step.outputs[0])
+        if found is None:
+            raise CodegenError(
+                f"a capped attention step ({step.outputs[0]}) has no steps of its own to restore"
+            )
+        return found.steps
+
+    steps, buffers, restored = [], dict(program.buffers), 0
+    for step in program.steps:
+        if step.kind == StepKind.KERNEL and any(capped(r) for r in step.reference):
+            step = replace(step, reference=tuple(r for ref in step.reference for r in own(ref)))
+        elif step.kind != StepKind.KERNEL and capped(step):
+            buffers.update(originals[step.outputs[0]].buffers if step.outputs[0] in originals else {})
+            restored += 1
+        steps.extend(own(step) if step.kind != StepKind.KERNEL else (step,))
+    if restored and log:
+        log(
+            f"  {restored} capped attention calls kept their own steps (no decode attention kernel took them)"
+        )
+    return replace(program, steps=tuple(steps), buffers=buffers)
 
 
 def _only_reader(name: str, readers: dict[str, list[int]], steps: list[Step], target) -> Step | None:
@@ -460,10 +554,16 @@ def _made_by(name: str, producer: dict[str, int], steps: list[Step], target) -> 
 
 
 def _operand(name: str, producer, steps, transposed: bool) -> str | None:
-    """The [B, H, L, D] tensor a ``bmm`` operand views: ``view(expand(x))``, through a
+    """The [B, H, L, D] tensor a ``bmm`` operand views: ``view(expand(x))`` (``view(clone(expand(x)))``
+    where the batch is a symbol and ``matmul`` copied the expanded operand to view it), through a
     ``permute(0, 1, 3, 2)`` where ``transposed`` (the keys), and a cast where there is one."""
     view = _made_by(name, producer, steps, _VIEW)
-    expand = view and _made_by(view.args[0].name, producer, steps, _EXPAND)
+    copied = view and _made_by(view.args[0].name, producer, steps, _CLONE)
+    if copied is not None and getattr(copied.kwargs.get("memory_format"), "name", "contiguous_format") != (
+        "contiguous_format"
+    ):
+        return None
+    expand = view and _made_by((copied or view).args[0].name, producer, steps, _EXPAND)
     if expand is None:
         return None
     src = expand.args[0].name
@@ -501,14 +601,26 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
         mask = add.args[1]
         return add.args[0].name
 
-    score = add_mask(softmax.args[0].name)
+    scores = softmax.args[0].name
+    upcast = back(scores, _CAST)  # Gemma 2's softmax in float32 of half-precision scores
+    if (
+        upcast is not None
+        and upcast.kwargs.get("dtype") == DType("float32")
+        and set(upcast.kwargs) <= {"dtype", "layout", "device"}  # a dtype change alone
+        and getattr(upcast.kwargs.get("layout"), "name", "strided") == "strided"
+    ):
+        scores = upcast.args[0].name
+    score = add_mask(scores)
+    cap = None
+    if score is not None and (found_cap := _softcap(score, back)) is not None:
+        score, cap = found_cap
     scaled = score and back(score, _SCALE_OPS)
     if scaled is not None:
         c = scaled.args[1] if len(scaled.args) == 2 else None
         if type(c) not in (int, float) or not c or scaled.kwargs:
             return None
         scale, score = (1.0 / c if scaled.target == "aten.div.Tensor" else float(c)), scaled.args[0].name
-        if mask is None:  # CodeGen's (scores + mask) / c: the mask is scaled too
+        if mask is None and cap is None:  # CodeGen's (scores + mask) / c: the mask is scaled too
             score = add_mask(score)
             mask_scaled = mask is not None
     if score is None:
@@ -548,11 +660,32 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
             return None
         if ms.shape[0] not in (batch, "1"):
             return None
+    kwargs: dict[str, Any] = {"scale": 1.0 if scale is None else scale}  # unscaled: not SDPA's 1/sqrt(D)
+    if cap is not None:
+        kwargs[SOFTCAP] = cap
     sdpa = Step(
         kind=out.kind,
         target=SDPA,
         args=(Buf(q), Buf(k), Buf(v), mask, 0.0, False),
-        kwargs={"scale": 1.0 if scale is None else scale},  # unscaled: not SDPA's 1/sqrt(D)
+        kwargs=kwargs,
         outputs=out.outputs,
     )
     return producer[out.outputs[0]], sdpa, mask_scaled
+
+
+def _softcap(name: str, back: Callable[[str, Any], Step | None]) -> tuple[str, float] | None:
+    """(the scores under it, c) where ``name`` is ``tanh(s / c) * c`` (Gemma 2's cap on its
+    attention scores; ``s * (1 / c)`` too) of a constant c > 0; None otherwise. ``back``: what
+    made a name, read by its one reader alone, of the targets given."""
+    times = back(name, "aten.mul.Tensor")
+    c = times.args[1] if times is not None and len(times.args) == 2 and not times.kwargs else None
+    if type(c) not in (int, float) or not c > 0:
+        return None
+    tanh = back(times.args[0].name, "aten.tanh.default")
+    over = tanh and len(tanh.args) == 1 and back(tanh.args[0].name, _SCALE_OPS)
+    if not over or len(over.args) != 2 or over.kwargs or type(over.args[1]) not in (int, float):
+        return None
+    by = over.args[1] if over.target == "aten.div.Tensor" else (1.0 / over.args[1] if over.args[1] else 0.0)
+    if not math.isclose(by, c, rel_tol=1e-6):
+        return None
+    return over.args[0].name, float(c)

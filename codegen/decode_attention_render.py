@@ -175,6 +175,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     kr_tables = qr_tables if shared_tables else ("kcos_ptr", "ksin_ptr", "K_ROT_BATCH")
     name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
     name += ("_split_combined" if combined else "_split") if split else ""
+    name += "_capped" if site.softcap is not None else ""
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
@@ -279,7 +280,14 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
             "k = tl.where((rn == pos)[None, :], kn[:, None], k)",
             "v = tl.where((rn == pos)[:, None], vn[None, :], v)",
         ]
-    block.append(f"s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units")
+    if site.softcap is None:
+        block.append(f"s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units")
+    else:  # c * tanh(s / c), tanh(x) = 2 / (1 + e^(-2x)) - 1 (the limits exact: e^(-2x) 0 or inf)
+        block += [
+            f"s = tl.dot(q, k{precision}) * SCALE",
+            "s = SOFTCAP * (2.0 / (1.0 + tl.exp2(s * (-2.0 * LOG2E / SOFTCAP))) - 1.0)  # capped",
+            "s = s * LOG2E  # scores in log2 units",
+        ]
     bool_mask = site.mask is not None and site.mask_dtype == "bool"
     if bool_mask:
         block.append("keep = valid_n & (tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0) != 0)")
@@ -397,6 +405,8 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
         "SCALE_LOG2E": repr(site.scale * LOG2E),
         "LOG2E": repr(LOG2E),
     }
+    if site.softcap is not None:
+        consts.update(SCALE=repr(site.scale), SOFTCAP=repr(site.softcap))
     if split:
         consts.update(SPLITS=splits, BLOCKS=blocks)
     if combined:
@@ -426,8 +436,11 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     mask_doc = ""
     if site.mask is not None:
         mask_doc = f"mask: {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, C] rows; "
+    scores = f"q k^T * {site.scale!r}"
+    if site.softcap is not None:
+        scores = f"{site.softcap!r} * tanh({scores} / {site.softcap!r})"
     doc = [
-        f"Decode attention: softmax(q k^T * {site.scale!r} + mask) v for one query per row, online, fp32 accumulation.",
+        f"Decode attention: softmax({scores} + mask) v for one query per row, online, fp32 accumulation.",
         "",
         f"q: [B, {site.heads}, 1, {d}] (row b at b * {site.q_batch_stride} + {site.q_column}); k, v: the cache,",
         f"[B, {site.kv_heads}, {site.context}, {d}] row-major, {groups} query heads per KV head; "
@@ -437,7 +450,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     ]
     if split:
         doc[0] = (
-            f"Decode attention, split-KV partials: softmax(q k^T * {site.scale!r} + mask) v over one of {splits} "
+            f"Decode attention, split-KV partials: softmax({scores} + mask) v over one of {splits} "
             "ranges of the cache per program, online, fp32."
         )
         doc[-1:-1] = [

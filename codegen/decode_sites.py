@@ -101,6 +101,7 @@ class DecodeSite:
     mask_dtype: str = ""  # the operands' dtype when empty
     append: Append | None = None
     q_rotary: Rotary | None = None  # the queries: rotated from the projection's rows in the kernel
+    softcap: float | None = None  # scores capped as c * tanh(s / c) before the mask (Gemma 2's)
 
 
 class _Program:
@@ -447,7 +448,7 @@ def find_decode_sites(
     for i, step in enumerate(program.steps):
         if step.kind != StepKind.ATEN or step.target != SDPA or len(step.outputs) != 1:
             continue
-        call = sdpa_call(step)
+        call = sdpa_call(step, softcap=True)
         if call is None or call.causal:
             continue
         q, k, v, m = call.query, call.key, call.value, call.mask
@@ -569,6 +570,7 @@ def find_decode_sites(
                 dtype=dtype,
                 append=append,
                 q_rotary=q_rotary,
+                softcap=call.softcap,
             )
         )
     return sites

@@ -252,13 +252,15 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama4", "gemma3", "llama4_chunked"])
+@pytest.mark.parametrize("kind", ["llama4", "gemma3", "llama4_chunked", "gemma2"])
 def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
     """Llama 4's text model (grouped-query heads; queries normed, scaled by its temperature and
     cast back before the permute to [B, H, 1, D], so the grouped-query fold views a permute of a
     buffer a kernel wrote, not a projection's rows; layers without RoPE; a layer of experts), Gemma
     3 (a sliding-window layer of 4 slots beside a full-attention one: a mask per kind of layer) and
-    Llama 4 with attention in chunks of 4 slots beside a full layer: each decode program runs a decode attention kernel with the cache writes at both
+    Llama 4 with attention in chunks of 4 slots beside a full layer, and Gemma 2 (eager attention:
+    scores capped as ``50 * tanh(s / 50)``, softmax in float32, a sliding-window layer beside a
+    full one): each decode program runs a decode attention kernel with the cache writes at both
     layers, and every kernel, run by the interpreter at batch 2 (one row left-padded, the query
     at slot 9: the window hides slots), matches its reference: the caches exactly, the rest within
     float32's tolerance."""

@@ -199,3 +199,94 @@ def test_eager_attention_decodes_with_the_decode_kernel(tmp_path, kind):
     checks = decode_kernel_checks(bundle, position=20, padding=3)
     attention = [c for c in checks if c[0].startswith("decode_attention")]
     assert attention and all(ok for *_, ok in checks), [c for c in checks if not c[3]]
+
+
+def test_gemma2s_capped_attention_becomes_sdpa_only_for_the_decode_kernel():
+    """Gemma 2's eager attention of one query (scores scaled, capped as ``c * tanh(s / c)``, the
+    mask added, softmax in float32 of the half-precision scores, cast back; at a symbolic batch
+    ``matmul`` copies its expanded operands): with ``originals`` each layer's becomes an SDPA step
+    carrying ``softcap`` (which only the decode attention kernel computes) and its own steps are
+    kept by the step's output; without, nothing changes (no library SDPA caps its scores)."""
+    from aot.codegen.attention import SOFTCAP, capped
+
+    _, decode = _decode_program("gemma2")
+    assert eager_attention_as_sdpa(decode)[1] == 0
+    originals: dict = {}
+    rewritten, n = eager_attention_as_sdpa(decode, originals=originals)
+    assert n == 2
+    sdpa = [s for s in rewritten.steps if s.target == SDPA]
+    assert len(sdpa) == 2 and all(capped(s) for s in sdpa)
+    assert not any(s.target == "aten._softmax.default" for s in rewritten.steps)
+    tanh = [sum(s.target == "aten.tanh.default" for s in p.steps) for p in (decode, rewritten)]
+    assert tanh[1] == tanh[0] - 2  # the caps' (the GELU's and the logits' cap stay)
+    for s in sdpa:
+        # Gemma 2 scales by query_pre_attn_scalar ** -0.5 (its default 256), not the head dim
+        assert s.kwargs[SOFTCAP] == 0.5 and s.kwargs["scale"] == pytest.approx(256**-0.5)
+        own = [t.target for t in originals[s.outputs[0]].steps]
+        assert own.count("aten.bmm.default") == 2 and "aten.tanh.default" in own, own
+        assert originals[s.outputs[0]].steps[-1].outputs == s.outputs  # ends at the output it stands for
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_restored_capped_attention_computes_what_the_traced_steps_did(dtype):
+    """``restore_eager_attention`` over the rewritten program (no kernel took the capped steps):
+    no capped step is left, and its ATen steps, run on the CPU with one row left-padded, give the
+    traced program's logits exactly (the same steps, the same order)."""
+    import torch
+
+    from aot.codegen.attention import capped, restore_eager_attention
+    from aot.hf import causal_lm
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    traced = trace(causal_lm(factory("gemma2"), max_batch=2, max_context=32, name="gemma2", dtype=dtype))
+    decode = traced.programs[1].program
+    originals: dict = {}
+    rewritten, n = eager_attention_as_sdpa(decode, originals=originals)
+    said: list[str] = []
+    restored = restore_eager_attention(rewritten, originals, said.append)
+    assert n == 2 and not any(capped(s) for s in restored.steps)
+    assert said == ["  2 capped attention calls kept their own steps (no decode attention kernel took them)"]
+    weights = dict(traced.weights)
+    want, got = (_logits(p, weights, position=20, padding=3) for p in (decode, restored))
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert want.abs().max() > 0.1
+
+
+@pytest.mark.slow  # two builds of a transformers Gemma 2
+def test_a_capped_attention_no_kernel_takes_keeps_its_own_steps(monkeypatch):
+    """Where the decode attention kernel refuses Gemma 2's capped attention (here: a head dim over
+    its limit), the built decode program runs the model's own steps (its ``tanh`` among them) and
+    nothing capped is left anywhere; by default the kernel takes both layers'."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import decode_sites, generate
+    from aot.codegen.attention import capped
+    from aot.hf import causal_lm
+    from aot.schema import StepKind
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+
+    traced = trace(causal_lm(factory("gemma2"), max_batch=2, max_context=32, name="gemma2"))
+
+    def decode_of(compiled):
+        (decode,) = [p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"]
+        return decode
+
+    def capped_anywhere(program) -> bool:
+        return any(capped(s) or any(capped(r) for r in s.reference) for s in program.steps)
+
+    taken = decode_of(generate(traced, ("sm_90",)))
+    names = {k.id: k.name for k in taken.kernels}
+    assert sum(s.kind == StepKind.KERNEL and names[s.target].endswith("_capped") for s in taken.steps) == 2
+    assert not capped_anywhere(taken)
+    monkeypatch.setattr(decode_sites, "MAX_HEAD_DIM", 4)
+    said: list[str] = []
+    refused = decode_of(generate(traced, ("sm_90",), progress=said.append))
+    assert not capped_anywhere(refused)
+    # the caps' tanh steps back as library calls, one per layer (the GELU's is in a fused kernel)
+    assert sum(s.target == "aten.tanh.default" for s in refused.steps) == 2
+    assert any("2 capped attention calls kept their own steps" in m for m in said), said

@@ -76,12 +76,19 @@ _MLA = dict(
 MORE = {
     "phi3": ("Phi3", _GQA),
     "gemma": ("Gemma", dict(_GQA, num_key_value_heads=1, head_dim=8)),
-    # attention soft-capping: the eager attention path; sliding and full layers alternate (a
-    # window of 4: a mask per kind of layer). Untied: its scaled tied embedding makes every greedy
-    # token repeat the last one
+    # attention soft-capping (at 0.5, so that it changes these small scores: the decode kernel's
+    # cap is checked against it); sliding and full layers alternate (a window of 4: a mask per
+    # kind of layer). Untied: its scaled tied embedding makes every greedy token repeat the last one
     "gemma2": (
         "Gemma2",
-        dict(_GQA, num_key_value_heads=1, head_dim=8, sliding_window=4, tie_word_embeddings=False),
+        dict(
+            _GQA,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=4,
+            tie_word_embeddings=False,
+            attn_logit_softcapping=0.5,
+        ),
     ),
     "gpt_neox": ("GPTNeoX", dict(max_position_embeddings=64, **DECODER)),
     "opt": (
