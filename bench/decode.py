@@ -64,6 +64,8 @@ STEPS_PER_LAUNCH = {"aotpack-step": 1}
 # (``aot.runtime``: blocks of 8 decode calls, one CUDA graph each), its ms per token measured as
 # the torch loader's (``on_token``), and over whole blocks alone (``rt_row``)
 MODELS = ("gpt2", "llama", "llama-3.2-1b")
+# also: "gemma-2-2b", shaped as Gemma-2-2B (26 layers, head dim 256, attention scores capped), in
+# bfloat16 at llama-3.2-1b's workload
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
 PROMPT, NEW_TOKENS = 448, 64
@@ -75,8 +77,8 @@ RUNS = 2
 # Per model: (prompt, new tokens) where it differs from the default, and the dtype on a GPU. The
 # llama-3.2-1b rows take the workload of the published anchors (batch 1, 32 input tokens, 128
 # outputs, bf16: msaroufim/megakernels-vs-cuda-graphs, llama/docs/RESULTS.md).
-WORKLOAD = {"llama-3.2-1b": (32, 128)}
-GPU_DTYPE = {"llama-3.2-1b": "bfloat16"}
+WORKLOAD = {"llama-3.2-1b": (32, 128), "gemma-2-2b": (32, 128)}
+GPU_DTYPE = {"llama-3.2-1b": "bfloat16", "gemma-2-2b": "bfloat16"}
 LAUNCH_STEPS = 8  # launches per step: generates of LAUNCH_STEPS and 2 * LAUNCH_STEPS new tokens
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}  # bytes/s by device name
 
@@ -104,6 +106,8 @@ def config(model: str, tiny: bool):
                 n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64
             )
         return tf.GPT2LMHeadModel, tf.GPT2Config()  # 124M: 12 layers, d 768, vocab 50257
+    if model == "gemma-2-2b":
+        return tf.Gemma2ForCausalLM, tf.Gemma2Config(**gemma_2_2b(tiny))
     if model == "llama-3.2-1b":
         cfg = tf.LlamaConfig(**llama_3_2_1b(tiny))
         cfg.tie_word_embeddings = True  # whatever the config class makes of the keyword
@@ -170,6 +174,44 @@ def llama_3_2_1b(tiny: bool) -> dict:
         rope_parameters=rope,
         attention_bias=False,
         mlp_bias=False,
+    )
+
+
+def gemma_2_2b(tiny: bool) -> dict:
+    """Gemma-2-2B's configuration (its ``config.json``), random weights: attention scores capped at
+    50 (eager attention), logits at 30, sliding-window layers (4096 slots) beside full ones, GeGLU,
+    tied embeddings; tiny: the same kinds at a CPU's size."""
+    shape = dict(
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        vocab_size=256000,
+        max_position_embeddings=8192,
+        sliding_window=4096,
+        query_pre_attn_scalar=256,
+    )
+    if tiny:
+        shape.update(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=256,
+            sliding_window=16,
+            query_pre_attn_scalar=32,
+        )
+    return dict(
+        shape,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh",
+        rms_norm_eps=1e-6,
     )
 
 

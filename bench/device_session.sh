@@ -126,8 +126,13 @@ for item in "$@"; do
     resident-*) cmd=(python3 bench/persistent_resident.py --model "${step#resident-}" --json "$RES/resident-${step#resident-}.json") ;;
     # host-MODEL: where a forward call's time goes, host and device apart (bench/host_path.py), at
     # each of HOST_SIZES_MODEL, else HOST_SIZES (space-separated, e.g. "batch=1 batch=8"; default
-    # batch=1), MODEL built here from models/
-    host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; cmd=(bash -c "test -f /tmp/host/$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/host/$m.tpk; for s in $sizes; do python3 bench/host_path.py $m /tmp/host/$m.tpk --sizes \$s --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
+    # batch=1), MODEL built here from models/; HOST_AB=N: N rounds of driver copies against torch's
+    host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; cmd=(bash -c "test -f /tmp/host/$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/host/$m.tpk; for s in $sizes; do python3 bench/host_path.py $m /tmp/host/$m.tpk --sizes \$s ${HOST_AB:+--ab $HOST_AB} --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
+    # gpu-k: the GPU tests of tests/gpu whose ids match GPU_K (pytest's -k), e.g. "gemma2 or copy"
+    gpu-k) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu -k "${GPU_K:?set GPU_K}") ;;
+    # the torch loader's CUDA-graph calls against eager (inputs and outputs copied by the driver),
+    # borrowed outputs and memory: mlp, gpt and cnn built here where .bundles lacks them
+    gpu-runtime) mkdir -p .bundles; cmd=(bash -c "for m in mlp gpt cnn; do test -f .bundles/\$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/\$m.py -o .bundles/\$m.tpk || exit 1; done; python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py") ;;
     # envdecode-MODEL: decode-MODEL with the build's environment DECODE_ENV (e.g.
     # AOTPACK_SLICED_PROLOGUE=off), bundles and results of their own: an A/B beside decode-MODEL
     envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;

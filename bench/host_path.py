@@ -13,7 +13,10 @@ figure is the host's alone:
 - ``replay_gpu``: the graph's device time between two events around it;
 - the call's phases, host time each, run back to back: binding and checking the inputs against
   the guards, the bucket's key, the inputs' copies into the graph's own, the graph's launch, the
-  outputs' copies out of it.
+  outputs' copies out of it;
+- with ``--ab``: ``call_sync`` with the inputs and outputs copied by the driver (the loader's way,
+  ``aot.loader.cuda.copy_bytes``) against torch's ``copy_``/``clone`` (the way before), in
+  alternating rounds of ``--calls`` calls each (``ab``: each round's median, µs).
 
 The probe reads the runner's internals (``Runner._entries``, ``GraphRunner.graphs``) to time the
 phases; it changes nothing in them.
@@ -50,6 +53,7 @@ def main() -> None:
     ap.add_argument("bundle")
     ap.add_argument("--sizes", default="batch=1", help="symbol=value,... (the model's dims)")
     ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--ab", type=int, default=0, help="rounds of driver copies against torch's")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -117,12 +121,30 @@ def main() -> None:
         }
         out["phases"] = {name: median_us(fn, args.calls, before=sync) for name, fn in phases.items()}
         sync()
+        if args.ab:
+            import aot.loader.gpu as gpu
+
+            driver_copy = gpu.copy_bytes
+            ab: dict[str, list[float]] = {"driver": [], "torch": []}
+            for _ in range(args.ab):
+                for how, copy in (("driver", driver_copy), ("torch", lambda dst, src, stream: False)):
+                    gpu.copy_bytes = copy
+                    ab[how].append(median_us(lambda: (runner(*inputs), sync()), args.calls))
+            gpu.copy_bytes = driver_copy
+            out["ab"] = ab
     phases = out["phases"]
     print(
         f"{args.model} {sizes}: call+sync {out['call_sync']:.1f} µs, call's host time {out['call_host']:.1f}, "
         f"idle sync {out['sync_idle']:.1f}, graph alone+sync {out['replay_sync']:.1f} "
         f"(device {out['replay_gpu']:.1f}); phases: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
     )
+    if args.ab:
+        med = {k: sorted(v)[len(v) // 2] for k, v in out["ab"].items()}
+        wins = sum(d < t for d, t in zip(out["ab"]["driver"], out["ab"]["torch"]))
+        print(
+            f"  copies by the driver {med['driver']:.1f} µs a call, by torch {med['torch']:.1f} "
+            f"(medians of {args.ab} rounds; the driver faster in {wins})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -509,7 +509,11 @@ def restore_eager_attention(
     never reaches a bundle. Raises ``CodegenError`` for a capped step ``originals`` lacks."""
     from aot.errors import CodegenError
 
+    buffers = dict(program.buffers)
+
     def own(step: Step) -> tuple[Step, ...]:
+        """``step``, or the steps a capped one stands for (their results declared: the CPU path
+        runs a kernel's reference as steps)."""
         if not capped(step):
             return (step,)
         found = originals.get(step.outputs[0])
@@ -517,16 +521,18 @@ def restore_eager_attention(
             raise CodegenError(
                 f"a capped attention step ({step.outputs[0]}) has no steps of its own to restore"
             )
+        buffers.update(found.buffers)
         return found.steps
 
-    steps, buffers, restored = [], dict(program.buffers), 0
+    steps, restored = [], 0
     for step in program.steps:
-        if step.kind == StepKind.KERNEL and any(capped(r) for r in step.reference):
-            step = replace(step, reference=tuple(r for ref in step.reference for r in own(ref)))
-        elif step.kind != StepKind.KERNEL and capped(step):
-            buffers.update(originals[step.outputs[0]].buffers if step.outputs[0] in originals else {})
-            restored += 1
-        steps.extend(own(step) if step.kind != StepKind.KERNEL else (step,))
+        if step.kind == StepKind.KERNEL:
+            if any(capped(r) for r in step.reference):
+                step = replace(step, reference=tuple(r for ref in step.reference for r in own(ref)))
+            steps.append(step)
+        else:
+            restored += capped(step)
+            steps.extend(own(step))
     if restored and log:
         log(
             f"  {restored} capped attention calls kept their own steps (no decode attention kernel took them)"

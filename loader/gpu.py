@@ -37,6 +37,7 @@ from aot.loader.cuda import (
     Function,
     Graph,
     capture_stream,
+    copy_bytes,
     dependent_launch_allowed,
     driver_version,
     pack_params,
@@ -325,6 +326,16 @@ class GpuProgram:
         return [env[o] for o in (self.program.outputs if returns is None else returns)]
 
 
+def _owned_copy(t: torch.Tensor, stream: int) -> torch.Tensor:
+    """A copy of ``t`` the caller owns, enqueued on ``stream``: by the driver where ``t`` is dense
+    (half of ``clone``'s host time), else ``clone``."""
+    if t.is_contiguous():
+        out = torch.empty_like(t)
+        if copy_bytes(out, t, stream):
+            return out
+    return t.clone()
+
+
 class _Captured:
     __slots__ = ("key", "graph", "inputs", "outputs", "sizes", "lendable", "tail", "checked")
 
@@ -599,7 +610,9 @@ class GraphRunner:
                 static = captured.inputs[name]
                 if padded and static.shape != value.shape:
                     static[tuple(slice(0, n) for n in value.shape)].copy_(value)
-                else:
+                elif not copy_bytes(
+                    static, value, stream
+                ):  # the driver's copy: a few µs less before the replay
                     static.copy_(value)
             captured.graph.replay(stream)
             if captured.tail is not None:
@@ -620,5 +633,5 @@ class GraphRunner:
                 elif borrow and captured.lendable[i]:
                     results.append(result)
                 else:
-                    results.append(result.clone())
+                    results.append(_owned_copy(result, stream))
             return results

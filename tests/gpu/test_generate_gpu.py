@@ -179,6 +179,7 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
         "cohere2",
         "qwen2_window",
         "llama4_chunked",
+        "gemma2",
     ],
 )
 def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
@@ -187,7 +188,7 @@ def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
     numbers, run as real pairs by ``tracer.complex_parts``), and models mixing sliding-window
     layers of 4 slots with full-attention ones (Gemma 3, GPT-OSS with its attention sinks,
     Cohere 2, Qwen2 with ``max_window_layers``; Llama 4's chunks of 4 slots: a mask per kind of
-    layer): the GPU's greedy
+    layer), Gemma 2 (its capped eager attention in the decode attention kernel): the GPU's greedy
     tokens, in blocks of steps and one step per launch, equal the CPU's (which equal
     transformers', tests/lm)."""
     if not torch.cuda.is_available():

@@ -273,3 +273,28 @@ def test_dependent_launch_gives_the_same_results_as_plain_launches(name, eager, 
     for capture in ("lazy", "none"):  # (graphs may pick other library kernels than plain calls)
         same = [torch.equal(a, b) for a, b in zip(results[("1", capture)], results[("0", capture)])]
         assert all(same), (capture, same)
+
+
+def test_the_drivers_copy_takes_dense_pairs_only():
+    """``aot.loader.cuda.copy_bytes`` (the graphs' input and output copies): a dense pair of one
+    dtype, shape and device is copied on the given stream, bit for bit; a strided source, another
+    dtype or shape is left to torch (False) and the destination untouched."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from aot.loader.cuda import copy_bytes, raw_stream
+
+    stream = raw_stream(torch.cuda.current_device())
+    src = torch.randn(33, 17, device="cuda", dtype=torch.float16)
+    dst = torch.zeros_like(src)
+    assert copy_bytes(dst, src, stream)
+    torch.cuda.synchronize()
+    assert torch.equal(dst, src)
+    before = dst.clone()
+    for other in (src.float() + 1, src[:32] + 1):  # another dtype, another shape
+        assert not copy_bytes(dst, other, stream)
+    strided = torch.zeros(17, 33, device="cuda", dtype=torch.float16)
+    assert not copy_bytes(strided, src.t(), stream)  # the source strided
+    torch.cuda.synchronize()
+    assert torch.equal(dst, before) and not strided.any()
+    empty = torch.empty(0, 5, device="cuda")
+    assert copy_bytes(torch.empty_like(empty), empty, stream)  # nothing to copy
