@@ -273,7 +273,9 @@ def test_a_capped_attention_no_kernel_takes_keeps_its_own_steps(monkeypatch):
     traced = trace(causal_lm(factory("gemma2"), max_batch=2, max_context=32, name="gemma2"))
 
     def decode_of(compiled):
-        (decode,) = [p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"]
+        (decode,) = [
+            p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
+        ]
         return decode
 
     def capped_anywhere(program) -> bool:
