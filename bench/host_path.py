@@ -16,7 +16,8 @@ figure is the host's alone:
   outputs' copies out of it;
 - with ``--ab``: ``call_sync`` with the inputs and outputs copied by the driver (the loader's way,
   ``aot.loader.cuda.copy_bytes``) against torch's ``copy_``/``clone`` (the way before), in
-  alternating rounds of ``--calls`` calls each (``ab``: each round's median, µs).
+  alternating rounds of ``--calls`` calls each (``ab``: each round's median, µs), and the call's
+  host time alone either way (``*_host``).
 
 The probe reads the runner's internals (``Runner._entries``, ``GraphRunner.graphs``) to time the
 phases; it changes nothing in them.
@@ -125,11 +126,12 @@ def main() -> None:
             import aot.loader.gpu as gpu
 
             driver_copy = gpu.copy_bytes
-            ab: dict[str, list[float]] = {"driver": [], "torch": []}
+            ab: dict[str, list[float]] = {"driver": [], "torch": [], "driver_host": [], "torch_host": []}
             for _ in range(args.ab):
                 for how, copy in (("driver", driver_copy), ("torch", lambda dst, src, stream: False)):
                     gpu.copy_bytes = copy
                     ab[how].append(median_us(lambda: (runner(*inputs), sync()), args.calls))
+                    ab[how + "_host"].append(median_us(lambda: runner(*inputs), args.calls, before=sync))
             gpu.copy_bytes = driver_copy
             out["ab"] = ab
     phases = out["phases"]
@@ -143,7 +145,8 @@ def main() -> None:
         wins = sum(d < t for d, t in zip(out["ab"]["driver"], out["ab"]["torch"]))
         print(
             f"  copies by the driver {med['driver']:.1f} µs a call, by torch {med['torch']:.1f} "
-            f"(medians of {args.ab} rounds; the driver faster in {wins})"
+            f"(medians of {args.ab} rounds; the driver faster in {wins}); the call's host time "
+            f"{med['driver_host']:.1f} against {med['torch_host']:.1f}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
