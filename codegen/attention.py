@@ -42,16 +42,19 @@ SAMPLE_CAP = 512  # largest size a symbol takes while the mask is evaluated (mem
 MASK_ARG = 3  # scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, ...)
 CAUSAL_ARG = 5
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-# The keyword an SDPA step carries between ``eager_attention_as_sdpa`` and the decode attention
-# kernels where the model caps its scores (Gemma 2's ``c * tanh(s / c)``): no library SDPA takes
-# it, so such a step exists only inside a build; ``restore_eager_attention`` puts the model's own
-# steps back wherever no kernel took it.
-SOFTCAP = "softcap"
+# The keywords an SDPA step carries between ``eager_attention_as_sdpa`` and the decode attention
+# kernels where the model's attention is more than SDPA: scores capped (Gemma 2's ``c * tanh(s /
+# c)``; the keyword's value c) or a learned logit per head in the softmax's denominator (GPT-OSS's
+# attention sinks; the keyword's value the [H] weight). No library SDPA takes them, so such a step
+# exists only inside a build; ``restore_eager_attention`` puts the model's own steps back wherever
+# no kernel took it.
+SOFTCAP, SINKS = "softcap", "sinks"
+EXTENSIONS = (SOFTCAP, SINKS)
 
 
-def capped(step: Step) -> bool:
-    """``step`` is an SDPA step of capped scores (``SOFTCAP``), which no library call computes."""
-    return step.target == SDPA and SOFTCAP in step.kwargs
+def extended(step: Step) -> bool:
+    """``step`` is an SDPA step with a keyword of ``EXTENSIONS``, which no library call computes."""
+    return step.target == SDPA and any(k in step.kwargs for k in EXTENSIONS)
 
 
 @dataclass(frozen=True)
@@ -67,19 +70,23 @@ class SdpaCall:
     scale: float | None  # None: 1 / sqrt(head dim)
     enable_gqa: bool
     softcap: float | None = None  # scores capped: c * tanh(s / c) before the mask (``SOFTCAP``)
+    sinks: Any = None  # a Buf: [H] logits in the softmax's denominator, one per head (``SINKS``)
 
 
-def sdpa_call(step: Step, softcap: bool = False) -> SdpaCall | None:
+def sdpa_call(step: Step, extensions: bool = False) -> SdpaCall | None:
     """``step``'s SDPA arguments; None where one is not a plain value (a symbolic scale or flag,
     an unknown keyword) or the call drops out (``dropout_p`` other than 0): no kernel stands for it.
-    ``softcap``: the caller's kernel caps scores, so a ``SOFTCAP`` keyword is read too (for any
-    other caller it is unknown: no kernel of theirs stands for a capped call)."""
+    ``extensions``: the caller's kernel computes ``EXTENSIONS`` too, so their keywords are read
+    (for any other caller they are unknown: no kernel of theirs stands for such a call)."""
     given = dict(zip(_SDPA_PARAMS, step.args))
     if len(step.args) > len(_SDPA_PARAMS) or set(step.kwargs) & set(given):
         return None
     given.update(step.kwargs)
-    cap = given.pop(SOFTCAP, None) if softcap else None
+    cap = given.pop(SOFTCAP, None) if extensions else None
+    sinks = given.pop(SINKS, None) if extensions else None
     if set(given) - set(_SDPA_PARAMS) or not (cap is None or (type(cap) is float and cap > 0)):
+        return None
+    if not (sinks is None or isinstance(sinks, Buf)):
         return None
     causal, gqa, scale = given.get("is_causal", False), given.get("enable_gqa", False), given.get("scale")
     if given.get("dropout_p", 0.0) not in (0, 0.0, None) or causal not in (False, True, None):
@@ -95,6 +102,7 @@ def sdpa_call(step: Step, softcap: bool = False) -> SdpaCall | None:
         scale=None if scale is None else float(scale),
         enable_gqa=bool(gqa),
         softcap=cap,
+        sinks=sinks,
     )
 
 
@@ -167,7 +175,7 @@ def simplify_attention_masks(
     steps = list(program.steps)
     rewritten = 0
     for i, step in enumerate(program.steps):
-        if step.kind != "aten" or step.target != SDPA or capped(step):
+        if step.kind != "aten" or step.target != SDPA or extended(step):
             continue
         mask_ref = step.args[MASK_ARG] if len(step.args) > MASK_ARG else step.kwargs.get("attn_mask")
         if not isinstance(mask_ref, Buf):
@@ -314,7 +322,7 @@ def fold_gqa_repeats(
         if (
             step.kind == "aten"
             and step.target == SDPA
-            and not capped(step)
+            and not extended(step)
             and len(step.args) >= 3
             and len(step.outputs) == 1
         ):
@@ -421,7 +429,7 @@ _SCALE_OPS = ("aten.div.Tensor", "aten.mul.Tensor")
 
 @dataclass(frozen=True)
 class EagerAttention:
-    """A capped eager attention's own steps (``steps``, in program order, from its operands' views
+    """An eager attention's own steps (``steps``, in program order, from its operands' views
     to its output) and the specs of what they make (``buffers``), as ``eager_attention_as_sdpa``
     found them: what its SDPA step stands for."""
 
@@ -445,10 +453,12 @@ def eager_attention_as_sdpa(
     ``(scores + mask) / c``) is passed scaled (one ``mul`` step for the layers sharing the mask
     and scale): SDPA adds its mask after scaling. Scores in float32 of half-precision ones
     (Gemma 2's softmax) are SDPA's own arithmetic. Scores capped as ``tanh(s / c) * c`` between the
-    scale and the mask (Gemma 2's) become an SDPA step with a ``SOFTCAP`` keyword, which only the
-    decode attention kernel computes, where ``originals`` is given: the attention's own steps go
-    there by the step's output, for ``restore_eager_attention``; without it they stay. Returns the
-    program and how many were rewritten."""
+    scale and the mask (Gemma 2's), and a learned logit per head joined to the masked scores before
+    the softmax and dropped after it (GPT-OSS's sinks: ``cat([s, sinks]) - max``, softmax, ``[...,
+    :-1]``), become an SDPA step with a ``SOFTCAP`` or ``SINKS`` keyword, which only the decode
+    attention kernel computes, where ``originals`` is given: the attention's own steps go there by
+    the step's output, for ``restore_eager_attention``; without it they stay. Returns the program
+    and how many were rewritten."""
     steps = list(program.steps)
     producer, readers, specs = producer_of(steps), readers_of(steps), tensor_specs(program)
     buffers = dict(program.buffers)
@@ -460,7 +470,7 @@ def eager_attention_as_sdpa(
             if found is None:
                 continue
             at, sdpa, mask_scaled = found
-            if capped(sdpa):
+            if extended(sdpa):
                 if originals is None:
                     continue
                 originals[sdpa.outputs[0]] = _own_steps(program, steps, producer, sdpa)
@@ -503,23 +513,23 @@ def _own_steps(program: Program, steps: list[Step], producer: dict[str, int], sd
 def restore_eager_attention(
     program: Program, originals: Mapping[str, EagerAttention], log: Callable[[str], None] | None = None
 ) -> Program:
-    """``program`` with every capped SDPA step (``SOFTCAP``) that no kernel took back as the model's
+    """``program`` with every extended SDPA step (``EXTENSIONS``) that no kernel took back as the model's
     own steps (``originals``, by the step's output), their buffers with them, and in each kernel's
     reference too, where a decode attention kernel stands for one: what no library SDPA computes
-    never reaches a bundle. Raises ``CodegenError`` for a capped step ``originals`` lacks."""
+    never reaches a bundle. Raises ``CodegenError`` for an extended step ``originals`` lacks."""
     from aot.errors import CodegenError
 
     buffers = dict(program.buffers)
 
     def own(step: Step) -> tuple[Step, ...]:
-        """``step``, or the steps a capped one stands for (their results declared: the CPU path
+        """``step``, or the steps an extended one stands for (their results declared: the CPU path
         runs a kernel's reference as steps)."""
-        if not capped(step):
+        if not extended(step):
             return (step,)
         found = originals.get(step.outputs[0])
         if found is None:
             raise CodegenError(
-                f"a capped attention step ({step.outputs[0]}) has no steps of its own to restore"
+                f"an attention step beyond SDPA ({step.outputs[0]}) has no steps of its own to restore"
             )
         buffers.update(found.buffers)
         return found.steps
@@ -527,15 +537,16 @@ def restore_eager_attention(
     steps, restored = [], 0
     for step in program.steps:
         if step.kind == StepKind.KERNEL:
-            if any(capped(r) for r in step.reference):
+            if any(extended(r) for r in step.reference):
                 step = replace(step, reference=tuple(r for ref in step.reference for r in own(ref)))
             steps.append(step)
         else:
-            restored += capped(step)
+            restored += extended(step)
             steps.extend(own(step))
     if restored and log:
         log(
-            f"  {restored} capped attention calls kept their own steps (no decode attention kernel took them)"
+            f"  {restored} attention calls beyond SDPA (capped scores, sinks) kept their own steps "
+            "(no decode attention kernel took them)"
         )
     return replace(program, steps=tuple(steps), buffers=buffers)
 
@@ -616,6 +627,9 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
         and getattr(upcast.kwargs.get("layout"), "name", "strided") == "strided"
     ):
         scores = upcast.args[0].name
+    sinks = None
+    if (found_sinks := _sinks(scores, producer, readers, steps, specs)) is not None:
+        scores, sinks = found_sinks
     score = add_mask(scores)
     cap = None
     if score is not None and (found_cap := _softcap(score, back)) is not None:
@@ -639,6 +653,11 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
     k = _operand(bmm.args[1].name, producer, steps, transposed=True)
     # forward: cast back, dropout's clone (eval), then view(expand(p)) @ view(expand(v)), viewed back
     name = softmax.outputs[0]
+    if sinks is not None:  # the sink's column dropped: probs[..., :-1]
+        dropped = _only_reader(name, readers, steps, "aten.slice.Tensor")
+        if dropped is None or list(dropped.args[1:]) not in ([3, 0, -1], [-1, 0, -1]) or dropped.kwargs:
+            return None
+        name = dropped.outputs[0]
     for target in (_CAST, _CLONE):
         step = _only_reader(name, readers, steps, target)
         if step is not None:
@@ -669,6 +688,11 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
     kwargs: dict[str, Any] = {"scale": 1.0 if scale is None else scale}  # unscaled: not SDPA's 1/sqrt(D)
     if cap is not None:
         kwargs[SOFTCAP] = cap
+    if sinks is not None:
+        sink_spec = specs.get(sinks)
+        if sink_spec is None or tuple(sink_spec.shape) != (heads,) or sink_spec.dtype != qs.dtype:
+            return None
+        kwargs[SINKS] = Buf(sinks)
     sdpa = Step(
         kind=out.kind,
         target=SDPA,
@@ -677,6 +701,44 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
         outputs=out.outputs,
     )
     return producer[out.outputs[0]], sdpa, mask_scaled
+
+
+def _sinks(name: str, producer, readers, steps, specs) -> tuple[str, str] | None:
+    """(the scores joined, the [H] weight) where ``name`` is GPT-OSS's ``cat([s, sinks]) - max``
+    over the last dim: ``c = cat([s, expand(view(w, [1, -1, 1, 1]), ...)], -1)``, ``c - max(c, -1,
+    keepdim)`` (which the softmax does not see: it is shift-free), ``w`` a buffer no step makes
+    (a weight); None otherwise."""
+    at = producer.get(name)
+    sub = steps[at] if at is not None else None
+    if sub is None or sub.target != "aten.sub.Tensor" or sub.kwargs or len(readers.get(name, [])) != 1:
+        return None
+    if len(sub.args) != 2 or not all(isinstance(a, Buf) for a in sub.args):
+        return None
+    joined, top = sub.args[0].name, sub.args[1].name
+    most = producer.get(top)
+    if most is None or steps[most].target != "aten.max.dim" or steps[most].args[0] != Buf(joined):
+        return None
+    if list(steps[most].args[1:]) not in ([-1, True], [3, True]) or steps[most].outputs[0] != top:
+        return None
+    if sorted(readers.get(joined, [])) != sorted([most, at]) or len(readers.get(top, [])) != 1:
+        return None
+    cat = steps[producer[joined]] if joined in producer else None
+    if cat is None or cat.target != "aten.cat.default" or cat.kwargs or len(cat.args) != 2:
+        return None
+    parts, dim = cat.args
+    if dim not in (-1, 3) or not isinstance(parts, list) or len(parts) != 2:
+        return None
+    if not all(isinstance(x, Buf) for x in parts) or len(readers.get(parts[1].name, [])) != 1:
+        return None
+    expand = _made_by(parts[1].name, producer, steps, _EXPAND)
+    view = expand and _made_by(expand.args[0].name, producer, steps, _VIEW)
+    if view is None or list(view.args[1]) != [1, -1, 1, 1] or len(readers.get(view.outputs[0], [])) != 1:
+        return None
+    weight = view.args[0].name
+    spec = specs.get(weight)
+    if weight in producer or spec is None or len(spec.shape) != 1:
+        return None
+    return parts[0].name, weight
 
 
 def _softcap(name: str, back: Callable[[str, Any], Step | None]) -> tuple[str, float] | None:

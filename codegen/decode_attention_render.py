@@ -138,6 +138,20 @@ def _combine_lines(tl_dtype: str, mask_d: str, load: str = "") -> list[str]:
     ]
 
 
+def _block_n(site: DecodeSite) -> int:
+    """The one-kernel form's block: the cache's slots (a power of two, at least 16) up to
+    ``MAX_BLOCK_N``, halved while its keys take more than ``SPLIT_MAX_TILE`` 16-bit elements where
+    the loop runs (``NUM_STAGES`` blocks of keys and values in shared memory), or twice that where
+    the cache is one block (loaded once). Before, every cache of over 128 slots took blocks of
+    256, which did not fit an H200's 227 KiB at a head dim of 256 (264 KiB at 160 slots: Gemma 2
+    and 3) nor of 128 past 256 slots (260 KiB: Llama-3-8B's, Mistral's): their SDPA stayed."""
+    bn, bd = min(MAX_BLOCK_N, max(16, _pow2(site.context))), max(16, _pow2(site.head_dim))
+    tile = SPLIT_MAX_TILE * 2 // ITEMSIZE[site.dtype]  # float32 keys: half the slots
+    while bn > MIN_SPLIT_BLOCK_N and bn * bd > (2 * tile if site.context <= bn else tile):
+        bn //= 2
+    return bn
+
+
 def _split_block_n(site: DecodeSite, splits: int) -> int:
     """The split form's block: ``SPLIT_BLOCK_N`` slots, halved while the cache has fewer blocks
     than ``splits`` or the block's keys take more bytes than ``SPLIT_MAX_TILE`` 16-bit elements
@@ -158,7 +172,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     assert split or not combined
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
-    bn = _split_block_n(site, splits) if split else min(MAX_BLOCK_N, max(16, _pow2(site.context)))
+    bn = _split_block_n(site, splits) if split else _block_n(site)
     blocks = -(-site.context // bn)
     num_warps = 8 if bn * bd >= WIDE_TILE else 4
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
@@ -176,6 +190,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
     name += ("_split_combined" if combined else "_split") if split else ""
     name += "_capped" if site.softcap is not None else ""
+    name += "_sinks" if site.sinks is not None else ""
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
@@ -240,6 +255,13 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
         "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
     ]
+    if site.sinks is not None:  # the head's sink: a slot of no value whose weight joins the denominator
+        body += [
+            "sink = tl.load(sinks_ptr + h, mask=valid_g, other=0.0).to(tl.float32) * LOG2E",
+            f"first = valid_g{' & (split == 0)' if split else ''}  # one program of the head counts it",
+            "m_i = tl.where(first, sink, m_i)",
+            "l_i = tl.where(first, 1.0, l_i)  # exp2(sink - m_i)",
+        ]
     if a:  # this step's key and value into slot pos; the loop takes them from registers there
         body += [
             "pos = tl.load(pos_ptr).to(tl.int64)",
@@ -366,6 +388,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
             if site.mask is not None
             else []
         ),
+        *([KernelParam("sinks_ptr", ParamKind.PTR, site.dtype)] if site.sinks is not None else []),
         *([KernelParam("ws_ptr", ParamKind.PTR, "float32")] if split else []),
         *([KernelParam("out_ptr", ParamKind.PTR, site.dtype)] if combined or not split else []),
         *([KernelParam("count_ptr", ParamKind.PTR, "int32")] if combined else []),
@@ -384,6 +407,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
         *((Buf(qr.cos), Buf(qr.sin)) if qr else ()),
         *((Buf(kr.cos), Buf(kr.sin)) if kr and not shared_tables else ()),
         *([Buf(site.mask)] if site.mask is not None else []),
+        *([Buf(site.sinks)] if site.sinks is not None else []),
         *((Buf(ws),) if split else ()),
         *((Buf(site.out),) if combined or not split else ()),
         *((Buf(counts),) if combined else ()),
@@ -439,6 +463,8 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     scores = f"q k^T * {site.scale!r}"
     if site.softcap is not None:
         scores = f"{site.softcap!r} * tanh({scores} / {site.softcap!r})"
+    if site.sinks is not None:
+        scores = f"[{scores}, sinks[h]] (the sink's weight dropped after)"
     doc = [
         f"Decode attention: softmax({scores} + mask) v for one query per row, online, fp32 accumulation.",
         "",

@@ -102,6 +102,7 @@ class DecodeSite:
     append: Append | None = None
     q_rotary: Rotary | None = None  # the queries: rotated from the projection's rows in the kernel
     softcap: float | None = None  # scores capped as c * tanh(s / c) before the mask (Gemma 2's)
+    sinks: str | None = None  # [H] logits in each head's softmax denominator (GPT-OSS's sinks)
 
 
 class _Program:
@@ -448,7 +449,7 @@ def find_decode_sites(
     for i, step in enumerate(program.steps):
         if step.kind != StepKind.ATEN or step.target != SDPA or len(step.outputs) != 1:
             continue
-        call = sdpa_call(step, softcap=True)
+        call = sdpa_call(step, extensions=True)
         if call is None or call.causal:
             continue
         q, k, v, m = call.query, call.key, call.value, call.mask
@@ -501,6 +502,9 @@ def find_decode_sites(
             if found is None or found[2] != "1" or found[3] != heads or found[4] != head_dim:
                 continue
             q_base, q_stride, q_column = found[0].base, found[0].width, found[0].column
+        sinks = call.sinks.name if call.sinks is not None else None
+        if sinks is not None and (p.shape(sinks) != (str(heads),) or p.specs[sinks].dtype != dtype):
+            continue
         kc, vc = p.cache(k.name, batch, heads, head_dim), p.cache(v.name, batch, heads, head_dim)
         if kc is None or vc is None or kc[1:] != vc[1:] or not kc[2].isdigit():
             continue
@@ -571,6 +575,7 @@ def find_decode_sites(
                 append=append,
                 q_rotary=q_rotary,
                 softcap=call.softcap,
+                sinks=sinks,
             )
         )
     return sites

@@ -25,6 +25,8 @@ CASES = [
     ("append_gqa_fp32", "float32", 2, 8, 2, 64, 40, True, False, False, 33),
     ("append_mha_fp16_last", "float16", 1, 4, 4, 24, 300, True, True, False, -1),
     ("append_bool_mask_fp32", "float32", 3, 4, 2, 8, 32, False, False, True, 0),
+    # a head dim of 256 (Gemma's): blocks of 64 slots, so that two stages fit shared memory
+    ("append_d256_fp16", "float16", 1, 4, 2, 256, 160, True, False, False, 130),
 ]
 
 SCRIPT = r"""
@@ -252,22 +254,86 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama4", "gemma3", "llama4_chunked", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama4", "gemma3", "llama4_chunked", "gemma2", "gpt_oss"])
 def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
     """Llama 4's text model (grouped-query heads; queries normed, scaled by its temperature and
     cast back before the permute to [B, H, 1, D], so the grouped-query fold views a permute of a
     buffer a kernel wrote, not a projection's rows; layers without RoPE; a layer of experts), Gemma
     3 (a sliding-window layer of 4 slots beside a full-attention one: a mask per kind of layer) and
     Llama 4 with attention in chunks of 4 slots beside a full layer, and Gemma 2 (eager attention:
-    scores capped as ``50 * tanh(s / 50)``, softmax in float32, a sliding-window layer beside a
-    full one): each decode program runs a decode attention kernel with the cache writes at both
+    scores capped as ``0.5 * tanh(s / 0.5)``, softmax in float32, a sliding-window layer beside a
+    full one) and GPT-OSS (eager attention with a learned sink logit per head, a window beside a
+    full layer): each decode program runs a decode attention kernel with the cache writes at both
     layers, and every kernel, run by the interpreter at batch 2 (one row left-padded, the query
     at slot 9: the window hides slots), matches its reference: the caches exactly, the rest within
     float32's tolerance."""
 
     compiled, kernels, attention = _hf_decode_attention(kind, max_batch=4, max_context=32)
-    assert all(kernels[s.target].name.startswith("decode_attention_append") for s in attention), attention
-    assert_decode_kernels_match(compiled, tmp_path / f"{kind}.tpk", "decode_attention")
+    # GPT-OSS rotates its keys in a form the kernel does not compute (halves by chunk): its cache
+    # writes stay steps of their own, and the kernel reads the written cache
+    prefix = "decode_attention" if kind == "gpt_oss" else "decode_attention_append"
+    assert all(kernels[s.target].name.startswith(prefix) for s in attention), attention
+    assert_decode_kernels_match(
+        compiled, tmp_path / f"{kind}.tpk", "decode_attention", appends=kind != "gpt_oss"
+    )
+
+
+@pytest.mark.parametrize(
+    "head_dim, context, dtype, block",
+    [
+        (64, 160, "bfloat16", 256),  # Llama-3.2-1B's: one block, as before
+        (128, 160, "bfloat16", 256),  # one block of 256: loaded once
+        (128, 400, "bfloat16", 128),  # Llama-3-8B's past 256 slots: 260 KiB in blocks of 256
+        (256, 160, "bfloat16", 64),  # Gemma's: 264 KiB in one block of 256
+        (128, 300, "float32", 64),
+    ],
+)
+def test_the_one_kernel_form_fits_shared_memory(head_dim, context, dtype, block):
+    """The one-kernel form's block at wide heads (``decode_attention_render._block_n``): every
+    such kernel compiles for sm_90 within its shared memory (before, a head dim of 256 past 128
+    slots and of 128 past 256 did not, and their SDPA stayed)."""
+    import math
+
+    from aot.codegen import compile_kernels
+    from aot.codegen.decode_attention_render import render_decode_attention
+    from aot.codegen.decode_sites import Append, DecodeSite, NewRows
+
+    heads, kv, width = 8, 4, (8 + 2 * 4) * head_dim
+    append = Append(
+        k_state="k",
+        v_state="v",
+        pos="pos",
+        pos_dtype="int64",
+        k_new=NewRows("rows", width, heads * head_dim),
+        v_new=NewRows("rows", width, (heads + kv) * head_dim),
+        k_write=0,
+        v_write=1,
+        k_result="kr",
+        v_result="vr",
+    )
+    site = DecodeSite(
+        step=0,
+        q="rows",
+        q_batch_stride=width,
+        q_column=0,
+        k="k",
+        v="v",
+        mask="m",
+        mask_batch_stride=context,
+        out="o",
+        batch="batch",
+        heads=heads,
+        kv_heads=kv,
+        context=context,
+        head_dim=head_dim,
+        scale=1 / math.sqrt(head_dim),
+        dtype=dtype,
+        append=append,
+    )
+    rendered = render_decode_attention(site)
+    assert f"BLOCK_N = tl.constexpr({block})" in rendered.source
+    _, failed, _ = compile_kernels({"attention": rendered}, ("sm_90",), lambda message: None)
+    assert not failed, failed
 
 
 def _hf_decode_attention(kind: str, max_batch: int, max_context: int) -> tuple:
@@ -295,3 +361,29 @@ def _hf_decode_attention(kind: str, max_batch: int, max_context: int) -> tuple:
     ]
     assert len(attention) == 2 and not any(s.target == SDPA for s in decode.steps), decode.steps
     return compiled, kernels, attention
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
+def test_capped_scores_and_sinks_split_across_the_cache(kind, tmp_path, monkeypatch):
+    """The split-KV form (forced: two splits of a 32-slot cache, in blocks of 16 slots) with Gemma 2's capped scores and
+    GPT-OSS's sinks (counted once, by the first split's partial): every kernel of the decode
+    program matches its reference in the interpreter, as the one-kernel form does."""
+    from aot.codegen import decode_attention, decode_attention_render
+
+    monkeypatch.setenv(decode_attention.SPLIT_ENV, "2")
+    for module in (decode_attention, decode_attention_render):  # a cache of one 128-slot block never splits
+        monkeypatch.setattr(module, "SPLIT_BLOCK_N", 16)
+    compiled, kernels, attention = _hf_decode_attention(kind, max_batch=4, max_context=32)
+    assert all("_split" in kernels[s.target].name for s in attention), [
+        kernels[s.target].name for s in attention
+    ]
+    from aot.packager import pack
+    from tests.codegen.conftest import decode_kernel_checks
+
+    pack(compiled, tmp_path / f"{kind}.tpk")
+    checks = decode_kernel_checks(tmp_path / f"{kind}.tpk", position=9, padding=2)
+    ours = [c for c in checks if c[0].startswith("decode_attention")]
+    outputs = {c[1] for c in ours if not c[1].startswith("index_put") and not c[1].endswith("_arrivals")}
+    assert len(outputs) == 2 and {c[0] for c in ours} == {kernels[s.target].name for s in attention}, ours
+    assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]

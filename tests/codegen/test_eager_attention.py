@@ -207,7 +207,7 @@ def test_gemma2s_capped_attention_becomes_sdpa_only_for_the_decode_kernel():
     ``matmul`` copies its expanded operands): with ``originals`` each layer's becomes an SDPA step
     carrying ``softcap`` (which only the decode attention kernel computes) and its own steps are
     kept by the step's output; without, nothing changes (no library SDPA caps its scores)."""
-    from aot.codegen.attention import SOFTCAP, capped
+    from aot.codegen.attention import SOFTCAP, extended
 
     _, decode = _decode_program("gemma2")
     assert eager_attention_as_sdpa(decode)[1] == 0
@@ -215,7 +215,7 @@ def test_gemma2s_capped_attention_becomes_sdpa_only_for_the_decode_kernel():
     rewritten, n = eager_attention_as_sdpa(decode, originals=originals)
     assert n == 2
     sdpa = [s for s in rewritten.steps if s.target == SDPA]
-    assert len(sdpa) == 2 and all(capped(s) for s in sdpa)
+    assert len(sdpa) == 2 and all(extended(s) for s in sdpa)
     assert not any(s.target == "aten._softmax.default" for s in rewritten.steps)
     tanh = [sum(s.target == "aten.tanh.default" for s in p.steps) for p in (decode, rewritten)]
     assert tanh[1] == tanh[0] - 2  # the caps' (the GELU's and the logits' cap stay)
@@ -227,32 +227,59 @@ def test_gemma2s_capped_attention_becomes_sdpa_only_for_the_decode_kernel():
         assert originals[s.outputs[0]].steps[-1].outputs == s.outputs  # ends at the output it stands for
 
 
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_restored_capped_attention_computes_what_the_traced_steps_did(dtype):
-    """``restore_eager_attention`` over the rewritten program (no kernel took the capped steps):
-    no capped step is left, and its ATen steps, run on the CPU with one row left-padded, give the
-    traced program's logits exactly (the same steps, the same order)."""
+def test_restored_attention_computes_what_the_traced_steps_did(kind, dtype):
+    """``restore_eager_attention`` over the rewritten program (no kernel took the steps beyond
+    SDPA: Gemma 2's capped scores, GPT-OSS's sinks): none is left, and its ATen steps, run on the
+    CPU with one row left-padded, give the traced program's logits exactly (the same steps, the
+    same order)."""
     import torch
 
-    from aot.codegen.attention import capped, restore_eager_attention
+    from aot.codegen.attention import extended, restore_eager_attention
     from aot.hf import causal_lm
     from aot.tracer import trace
     from tests.hf.test_causal_lm import factory
     from tests.realmodels.conftest import require
 
     require("transformers")
-    traced = trace(causal_lm(factory("gemma2"), max_batch=2, max_context=32, name="gemma2", dtype=dtype))
+    traced = trace(causal_lm(factory(kind), max_batch=2, max_context=32, name=kind, dtype=dtype))
     decode = traced.programs[1].program
     originals: dict = {}
     rewritten, n = eager_attention_as_sdpa(decode, originals=originals)
     said: list[str] = []
     restored = restore_eager_attention(rewritten, originals, said.append)
-    assert n == 2 and not any(capped(s) for s in restored.steps)
-    assert said == ["  2 capped attention calls kept their own steps (no decode attention kernel took them)"]
+    assert n == 2 and not any(extended(s) for s in restored.steps)
+    assert said == [
+        "  2 attention calls beyond SDPA (capped scores, sinks) kept their own steps "
+        "(no decode attention kernel took them)"
+    ]
     weights = dict(traced.weights)
     want, got = (_logits(p, weights, position=20, padding=3) for p in (decode, restored))
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert want.abs().max() > 0.1
+
+
+def test_gpt_osss_attention_sinks_become_sdpa_only_for_the_decode_kernel():
+    """GPT-OSS's eager attention of one query: the masked scores joined to a learned logit per
+    head (``cat([s, sinks]) - max``, softmax, the sink's column dropped): with ``originals`` each
+    layer's becomes an SDPA step carrying the [H] weight as ``sinks``; without, nothing changes."""
+    from aot.codegen.attention import SINKS, extended
+
+    _, decode = _decode_program("gpt_oss")
+    assert eager_attention_as_sdpa(decode)[1] == 0
+    originals: dict = {}
+    rewritten, n = eager_attention_as_sdpa(decode, originals=originals)
+    assert n == 2
+    sdpa = [s for s in rewritten.steps if s.target == SDPA]
+    assert len(sdpa) == 2 and all(extended(s) for s in sdpa)
+    assert {s.kwargs[SINKS].name for s in sdpa} == {f"model.model.layers.{i}.self_attn.sinks" for i in (0, 1)}
+    for target in ("aten._softmax.default", "aten.cat.default", "aten.max.dim"):  # the router's stay
+        count = [sum(s.target == target for s in p.steps) for p in (decode, rewritten)]
+        assert count[1] == count[0] - 2, (target, count)
+    for s in sdpa:
+        own = [t.target for t in originals[s.outputs[0]].steps]
+        assert "aten.max.dim" in own and "aten.slice.Tensor" in own, own
 
 
 @pytest.mark.slow  # two builds of a transformers Gemma 2
@@ -264,7 +291,7 @@ def test_a_capped_attention_no_kernel_takes_keeps_its_own_steps(monkeypatch):
 
     require("transformers")
     from aot.codegen import decode_sites, generate
-    from aot.codegen.attention import capped
+    from aot.codegen.attention import extended
     from aot.hf import causal_lm
     from aot.schema import StepKind
     from aot.tracer import trace
@@ -279,7 +306,7 @@ def test_a_capped_attention_no_kernel_takes_keeps_its_own_steps(monkeypatch):
         return decode
 
     def capped_anywhere(program) -> bool:
-        return any(capped(s) or any(capped(r) for r in s.reference) for s in program.steps)
+        return any(extended(s) or any(extended(r) for r in s.reference) for s in program.steps)
 
     taken = decode_of(generate(traced, ("sm_90",)))
     names = {k.id: k.name for k in taken.kernels}
@@ -291,4 +318,6 @@ def test_a_capped_attention_no_kernel_takes_keeps_its_own_steps(monkeypatch):
     assert not capped_anywhere(refused)
     # the caps' tanh steps back as library calls, one per layer (the GELU's is in a fused kernel)
     assert sum(s.target == "aten.tanh.default" for s in refused.steps) == 2
-    assert any("2 capped attention calls kept their own steps" in m for m in said), said
+    assert any(
+        "2 attention calls beyond SDPA (capped scores, sinks) kept their own steps" in m for m in said
+    ), said
