@@ -126,6 +126,7 @@ SPLIT_MIN_CONTEXT = 512
 SHORT_SPLITS = 8
 SPLIT_TARGET_PROGRAMS = 264  # B * KV * splits aimed at: two programs per SM of an H200 (132 SMs)
 MAX_SPLITS = 64
+_CLONE = "aten.clone.default"
 SPLIT_ENV = "AOTPACK_DECODE_SPLIT"
 COMBINE_ENV = "AOTPACK_DECODE_COMBINE"  # "separate": the split form's combine as a kernel of its own
 
@@ -201,8 +202,8 @@ def decode_splits(site: DecodeSite, setting: str | int | None = None) -> int | N
 
 def folded_steps(program: Program, site: DecodeSite) -> tuple[int, ...] | None:
     """The steps the kernel of ``site`` stands for beside the SDPA step, where it folds in the
-    cache writes (``site.append``): the two writes and the views of their results that only lead
-    to the SDPA call; None where another step between the writes and the SDPA step reads the
+    cache writes (``site.append``): the two writes and the views (and copies) of their results
+    that only lead to the SDPA call; None where another step between the writes and the SDPA step reads the
     state or what was written (moving the writes to the SDPA step would change what it reads)."""
     a = site.append
     if a is None:
@@ -217,7 +218,9 @@ def folded_steps(program: Program, site: DecodeSite) -> tuple[int, ...] | None:
         if reads & {a.k_state, a.v_state}:
             return None
         if reads & written:
-            if step.kind != StepKind.ATEN or step.target not in VIEW_OPS:
+            # views, and repeat_kv's copy of the written cache (an eager attention's: the site
+            # reads the cache through it), which then only the reference runs
+            if step.kind != StepKind.ATEN or (step.target not in VIEW_OPS and step.target != _CLONE):
                 return None
             folded.add(i)
             written.update(step_writes(step))

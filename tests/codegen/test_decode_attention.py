@@ -254,7 +254,7 @@ def test_multi_query_models_decode_programs_run_decode_attention(kind, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama4", "gemma3", "llama4_chunked", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["llama4", "gemma3", "llama4_chunked", "gemma2", "gemma2_gqa", "gpt_oss"])
 def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
     """Llama 4's text model (grouped-query heads; queries normed, scaled by its temperature and
     cast back before the permute to [B, H, 1, D], so the grouped-query fold views a permute of a
@@ -262,7 +262,8 @@ def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
     3 (a sliding-window layer of 4 slots beside a full-attention one: a mask per kind of layer) and
     Llama 4 with attention in chunks of 4 slots beside a full layer, and Gemma 2 (eager attention:
     scores capped as ``0.5 * tanh(s / 0.5)``, softmax in float32, a sliding-window layer beside a
-    full one) and GPT-OSS (eager attention with a learned sink logit per head, a window beside a
+    full one; with two query heads per KV head, repeat_kv's copy of the cache folded in with the
+    writes) and GPT-OSS (eager attention with a learned sink logit per head, a window beside a
     full layer): each decode program runs a decode attention kernel with the cache writes at both
     layers, and every kernel, run by the interpreter at batch 2 (one row left-padded, the query
     at slot 9: the window hides slots), matches its reference: the caches exactly, the rest within

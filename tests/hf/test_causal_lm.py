@@ -90,6 +90,12 @@ MORE = {
             attn_logit_softcapping=0.5,
         ),
     ),
+    # two query heads per KV head: repeat_kv copies the cache (a clone the decode kernel folds in
+    # with the cache writes)
+    "gemma2_gqa": (
+        "Gemma2",
+        dict(_GQA, head_dim=8, sliding_window=4, tie_word_embeddings=False, attn_logit_softcapping=0.5),
+    ),
     "gpt_neox": ("GPTNeoX", dict(max_position_embeddings=64, **DECODER)),
     "opt": (
         "OPT",
