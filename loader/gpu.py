@@ -328,7 +328,7 @@ class GpuProgram:
 
 def _owned_copy(t: torch.Tensor, stream: int) -> torch.Tensor:
     """A copy of ``t`` the caller owns, enqueued on ``stream``: by the driver where ``t`` is dense
-    (half of ``clone``'s host time), else ``clone``."""
+    (``copy_bytes``), else ``clone``."""
     if t.is_contiguous():
         out = torch.empty_like(t)
         if copy_bytes(out, t, stream):
