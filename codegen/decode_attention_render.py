@@ -36,7 +36,13 @@ def _pow2(n: int) -> int:
 
 
 def _rotation_lines(
-    prefix: str, x: str, partner_load: str, lanes: str, tables: tuple[str, str, str], tl_dtype: str
+    prefix: str,
+    x: str,
+    partner_load: str,
+    lanes: str,
+    tables: tuple[str, str, str],
+    tl_dtype: str,
+    half_tables: bool = False,
 ) -> list[str]:
     """Kernel lines that rotate ``x`` (loaded un-rotated) as the library computes rotary embedding:
     ``x * cos + cat(-x2, x1) * sin`` over the first ``{PREFIX}_ROT`` elements of each head, each
@@ -44,10 +50,12 @@ def _rotation_lines(
     (on an H200 some rotated keys still differed from the library's bits by a rounding: the GPU
     test holds them to the dtype's tolerance). ``partner_load``: the load of element
     ``{prefix}_partner`` of each head, where ``{prefix}_turn``; ``lanes``: the head dim's broadcast
-    (``[None, :]`` in a tile of query heads)."""
+    (``[None, :]`` in a tile of query heads); ``half_tables``: cos and sin hold ``{PREFIX}_ROT / 2``
+    elements, each for both halves (GPT-OSS's)."""
     rot = f"{prefix.upper()}_ROT"
     cos_ptr, sin_ptr, batch = tables
     half = tl_dtype != "tl.float32"
+    at = f"(rd % ({rot} // 2))" if half_tables else "rd"
 
     def rounded(e: str) -> str:  # the library's rounding of each op's result
         return f"({e}).to({tl_dtype}).to(tl.float32)" if half else f"({e})"
@@ -55,8 +63,8 @@ def _rotation_lines(
     return [
         f"{prefix}_turn = rd < {rot}  # the rotated elements of each head; the rest as loaded",
         f"{prefix}_partner = tl.where(rd < {rot} // 2, rd + {rot} // 2, rd - {rot} // 2)",
-        f"{prefix}_cos = tl.load({cos_ptr} + b * {batch} + rd, mask={prefix}_turn, other=0.0).to(tl.float32)",
-        f"{prefix}_sin = tl.load({sin_ptr} + b * {batch} + rd, mask={prefix}_turn, other=0.0).to(tl.float32)",
+        f"{prefix}_cos = tl.load({cos_ptr} + b * {batch} + {at}, mask={prefix}_turn, other=0.0).to(tl.float32)",
+        f"{prefix}_sin = tl.load({sin_ptr} + b * {batch} + {at}, mask={prefix}_turn, other=0.0).to(tl.float32)",
         f"{prefix}_sin = tl.where(rd < {rot} // 2, -{prefix}_sin, {prefix}_sin)  # cat(-x2, x1) * sin: the sign on sin, exactly",
         f"{prefix}_other = {partner_load}.to(tl.float32)",
         f"{prefix}_turned = "
@@ -247,6 +255,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
                 "[None, :]",
                 qr_tables,
                 tl_dtype,
+                qr.half_tables,
             )
             if qr
             else ()
@@ -275,6 +284,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
                     "",
                     kr_tables,
                     tl_dtype,
+                    kr.half_tables,
                 )
                 if kr
                 else ()

@@ -57,6 +57,9 @@ class Rotary:
     step: int
     result: str
     head_stride: int = 0  # elements between heads of ``rows``; 0: the head dim (heads side by side)
+    # cos and sin of dim / 2 elements, each for both halves (GPT-OSS's ``cat(x1 * cos - x2 * sin,
+    # x2 * cos + x1 * sin)``: the same products and sums, the tables not repeated)
+    half_tables: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,8 +297,10 @@ def rotary_of(
     what a kernel step wrote computing rotary position embedding, Llama's or GPT-NeoX's form:
     ``x * cos + cat(-x[..., R/2:], x[..., :R/2]) * sin`` of a head view ``x`` of a projection's rows,
     ``cos`` and ``sin`` ``[B or 1, 1, 1, R]`` views of buffers of their own, all of ``dtype``; where
-    ``R`` is less than the head dim, ``cat(that, the rest of the head)``. None for any other form
-    (GPT-J's interleaved pairs among them): the kernel that computes it stays."""
+    ``R`` is less than the head dim, ``cat(that, the rest of the head)``; or GPT-OSS's, the same
+    products and sums over halves ``torch.chunk`` made, its tables of R/2 (``Rotary.half_tables``).
+    None for any other form (GPT-J's interleaved pairs among them): the kernel that computes it
+    stays."""
     i = p.producer.get(name)
     if i is None or p.steps[i].kind != StepKind.KERNEL or not p.steps[i].reference:
         return None
@@ -311,7 +316,76 @@ def rotary_of(
     specs = p.specs
     if any(specs.get(o) is None or specs[o].dtype != dtype for o in local):
         return None  # every intermediate in the operands' dtype (no upcast to float32 and back)
-    rotated, rest = Buf(name), None
+    found = _halves_rotary(made, local, Buf(name), p)
+    if found is not None:
+        x, cos, sin, dim, rest, half_tables = *found, None, True
+    else:
+        found = _rotate_half_rotary(made, Buf(name), p, batch, heads, head_dim)
+        if found is None:
+            return None
+        x, cos, sin, dim, rest = found
+        half_tables = False
+    return _rotary_at(
+        program,
+        p,
+        kernel_step,
+        local,
+        i,
+        name,
+        x,
+        cos,
+        sin,
+        dim,
+        rest,
+        half_tables,
+        batch,
+        heads,
+        head_dim,
+        dtype,
+    )
+
+
+def _halves_rotary(made, local: dict, rotated: Buf, p: _Program) -> tuple[Buf, Any, Any, int] | None:
+    """(x, cos, sin, R) where ``rotated`` is GPT-OSS's ``cat(x1 * cos - x2 * sin, x2 * cos + x1 *
+    sin)`` of ``x1, x2 = split(x, [R/2, R/2], -1)`` (``torch.chunk``), cos and sin of R/2 elements."""
+    top = made(rotated, "aten.cat.default")
+    parts = top.args[0] if top is not None and top.args else None
+    if top is None or len(top.args) != 2 or not _last_dim(top.args[1], 4) or not isinstance(parts, list):
+        return None
+    if len(parts) != 2:
+        return None
+    sub, add = made(parts[0], "aten.sub.Tensor"), made(parts[1], "aten.add.Tensor")
+    if sub is None or add is None or len(sub.args) != 2 or len(add.args) != 2:
+        return None
+    products = [made(a, "aten.mul.Tensor") for a in (*sub.args, *add.args)]
+    if any(m is None or len(m.args) != 2 for m in products):
+        return None
+    (x1, cos), (x2, sin), (x2b, cos_b), (x1b, sin_b) = (tuple(m.args) for m in products)
+    if (x1, x2, cos, sin) != (x1b, x2b, cos_b, sin_b) or not all(
+        isinstance(t, Buf) for t in (x1, x2, cos, sin)
+    ):
+        return None
+    split = local.get(x1.name)
+    if split is None or split is not local.get(x2.name) or split.target != "aten.split_with_sizes.default":
+        return None
+    if split.kind != StepKind.ATEN or split.outputs[:2] != (x1.name, x2.name) or split.kwargs:
+        return None
+    x, sizes = split.args[0], split.args[1] if len(split.args) > 1 else None
+    if not isinstance(x, Buf) or not (len(split.args) == 3 and _last_dim(split.args[2], 4)):
+        return None
+    if not isinstance(sizes, list) or len(sizes) != 2 or sizes[0] != sizes[1] or type(sizes[0]) is not int:
+        return None
+    shape = p.shape(x.name)
+    if shape is None or shape[-1] != str(2 * sizes[0]):
+        return None  # the whole head rotated
+    return x, cos, sin, 2 * sizes[0]
+
+
+def _rotate_half_rotary(made, rotated: Buf, p: _Program, batch: str, heads: int, head_dim: int):
+    """(x, cos, sin, R, the rest of the head or None) where ``rotated`` is Llama's or GPT-NeoX's
+    ``x * cos + cat(-x[..., R/2:], x[..., :R/2]) * sin`` (``cat(that, rest)`` where R is less than
+    the head dim); None otherwise."""
+    rest = None
     top = made(rotated, "aten.cat.default")
     if top is not None:  # partial rotary: cat([rotated, rest of the head], -1)
         parts = top.args[0] if top.args else None
@@ -374,6 +448,30 @@ def rotary_of(
         rest = None  # the rest of the head is empty (Phi-3 slices it off at any rotary dim)
     if second_args[4] not in (1, None) or (rest is None) != (dim == head_dim):
         return None
+    return x, cos, sin, dim, rest
+
+
+def _rotary_at(
+    program,
+    p,
+    kernel_step,
+    local,
+    i,
+    name,
+    x,
+    cos,
+    sin,
+    dim,
+    rest,
+    half_tables,
+    batch,
+    heads,
+    head_dim,
+    dtype,
+) -> Rotary | None:
+    """The ``Rotary`` of a form found (``rotary_of``): where its rows and tables are, or None where
+    they are not a projection's head views and tables of their own."""
+    specs = p.specs
     both = replace(program, steps=program.steps + kernel_step.reference)  # views inside the kernel too
     found = _head_rows(strided_view(x.name, both), batch, heads, dim)
     if found is None or found[0].base in local or not p.materialized(found[0].base):
@@ -404,7 +502,7 @@ def rotary_of(
         if (
             len(view.shape) != 4
             or not all(ix.same(d, 1) for d in view.shape[1:3])
-            or not ix.same(view.shape[3], dim)
+            or not ix.same(view.shape[3], dim // 2 if half_tables else dim)
         ):
             return None
         shared = ix.same(view.shape[0], 1) and not ix.same(ix.parse_size(batch), 1)
@@ -418,7 +516,7 @@ def rotary_of(
         tables.append((view.base, int(stride_b)))
     if tables[0][1] != tables[1][1]:
         return None
-    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride)
+    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride, half_tables)
 
 
 def _heads_first(p: _Program, name: str, shape: tuple[str, ...]) -> str | None:

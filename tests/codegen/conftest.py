@@ -166,18 +166,17 @@ def decode_kernel_checks(bundle, position: int, padding: int) -> list:
     return interpreted_json(script.replace("POS", str(position)).replace("PAD", str(padding)))
 
 
-def assert_decode_kernels_match(compiled, bundle, attention: str, appends: bool = True) -> list:
+def assert_decode_kernels_match(compiled, bundle, attention: str) -> list:
     """Pack ``compiled`` (a two-layer causal LM's programs) to ``bundle`` and check every kernel of
     its decode program (``decode_kernel_checks``: slot 9, row 1 left-padded by 2): two layers of
-    attention kernels named ``attention...`` (their output and, where they ``appends``, both
-    caches: six rows, else two), every row within its tolerance, the caches exact. The checks,
-    for more assertions."""
+    attention kernels named ``attention...`` (their output and both caches: six rows), every row
+    within its tolerance, the caches exact. The checks, for more assertions."""
     from aot.packager import pack
 
     pack(compiled, bundle)
     checks = decode_kernel_checks(bundle, position=9, padding=2)
     ours = [c for c in checks if c[0].startswith(attention)]
-    assert len(ours) == 2 * (3 if appends else 1), checks  # two layers: the output (and both caches)
+    assert len(ours) == 2 * 3, checks  # two layers: the output and both caches
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
     assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours
     return checks
