@@ -325,24 +325,51 @@ def rotary_of(
             return None
         x, cos, sin, dim, rest = found
         half_tables = False
-    return _rotary_at(
-        program,
-        p,
-        kernel_step,
-        local,
-        i,
-        name,
-        x,
-        cos,
-        sin,
-        dim,
-        rest,
-        half_tables,
-        batch,
-        heads,
-        head_dim,
-        dtype,
-    )
+    both = replace(program, steps=program.steps + kernel_step.reference)  # views inside the kernel too
+    found = _head_rows(strided_view(x.name, both), batch, heads, dim)
+    if found is None or found[0].base in local or not p.materialized(found[0].base):
+        return None
+    rows, head_stride = found
+    if heads == 1 or head_stride == head_dim:
+        head_stride = 0
+    elif head_stride < head_dim:
+        return None
+    if rest is not None:  # the rest of each head: where the rotated part ends
+        after = _head_rows(strided_view(rest.name, both), batch, heads, head_dim - dim)
+        if (
+            after is None
+            or after[0] != replace(rows, column=rows.column + dim)
+            or (heads > 1 and after[1] != (head_stride or head_dim))
+        ):
+            return None
+    tables = []
+    for t in (cos, sin):
+        view = strided_view(t.name, both) if isinstance(t, Buf) else None
+        if (
+            view is None
+            or view.base in local
+            or not p.materialized(view.base)
+            or specs[view.base].dtype != dtype
+        ):
+            return None
+        if (
+            len(view.shape) != 4
+            or not all(ix.same(d, 1) for d in view.shape[1:3])
+            or not ix.same(view.shape[3], dim // 2 if half_tables else dim)
+        ):
+            return None
+        shared = ix.same(view.shape[0], 1) and not ix.same(ix.parse_size(batch), 1)
+        if not shared and not ix.same(view.shape[0], ix.parse_size(batch)):
+            return None
+        if not isinstance(view.offset, sympy.Integer) or view.offset != 0 or not ix.same(view.strides[3], 1):
+            return None
+        stride_b = 0 if shared or ix.same(view.shape[0], 1) else view.strides[0]
+        if not isinstance(stride_b, (int, sympy.Integer)):
+            return None
+        tables.append((view.base, int(stride_b)))
+    if tables[0][1] != tables[1][1]:
+        return None
+    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride, half_tables)
 
 
 def _halves_rotary(made, local: dict, rotated: Buf, p: _Program) -> tuple[Buf, Any, Any, int] | None:
@@ -449,74 +476,6 @@ def _rotate_half_rotary(made, rotated: Buf, p: _Program, batch: str, heads: int,
     if second_args[4] not in (1, None) or (rest is None) != (dim == head_dim):
         return None
     return x, cos, sin, dim, rest
-
-
-def _rotary_at(
-    program,
-    p,
-    kernel_step,
-    local,
-    i,
-    name,
-    x,
-    cos,
-    sin,
-    dim,
-    rest,
-    half_tables,
-    batch,
-    heads,
-    head_dim,
-    dtype,
-) -> Rotary | None:
-    """The ``Rotary`` of a form found (``rotary_of``): where its rows and tables are, or None where
-    they are not a projection's head views and tables of their own."""
-    specs = p.specs
-    both = replace(program, steps=program.steps + kernel_step.reference)  # views inside the kernel too
-    found = _head_rows(strided_view(x.name, both), batch, heads, dim)
-    if found is None or found[0].base in local or not p.materialized(found[0].base):
-        return None
-    rows, head_stride = found
-    if heads == 1 or head_stride == head_dim:
-        head_stride = 0
-    elif head_stride < head_dim:
-        return None
-    if rest is not None:  # the rest of each head: where the rotated part ends
-        after = _head_rows(strided_view(rest.name, both), batch, heads, head_dim - dim)
-        if (
-            after is None
-            or after[0] != replace(rows, column=rows.column + dim)
-            or (heads > 1 and after[1] != (head_stride or head_dim))
-        ):
-            return None
-    tables = []
-    for t in (cos, sin):
-        view = strided_view(t.name, both) if isinstance(t, Buf) else None
-        if (
-            view is None
-            or view.base in local
-            or not p.materialized(view.base)
-            or specs[view.base].dtype != dtype
-        ):
-            return None
-        if (
-            len(view.shape) != 4
-            or not all(ix.same(d, 1) for d in view.shape[1:3])
-            or not ix.same(view.shape[3], dim // 2 if half_tables else dim)
-        ):
-            return None
-        shared = ix.same(view.shape[0], 1) and not ix.same(ix.parse_size(batch), 1)
-        if not shared and not ix.same(view.shape[0], ix.parse_size(batch)):
-            return None
-        if not isinstance(view.offset, sympy.Integer) or view.offset != 0 or not ix.same(view.strides[3], 1):
-            return None
-        stride_b = 0 if shared or ix.same(view.shape[0], 1) else view.strides[0]
-        if not isinstance(stride_b, (int, sympy.Integer)):
-            return None
-        tables.append((view.base, int(stride_b)))
-    if tables[0][1] != tables[1][1]:
-        return None
-    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride, half_tables)
 
 
 def _heads_first(p: _Program, name: str, shape: tuple[str, ...]) -> str | None:

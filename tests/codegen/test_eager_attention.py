@@ -201,21 +201,31 @@ def test_eager_attention_decodes_with_the_decode_kernel(tmp_path, kind):
     assert attention and all(ok for *_, ok in checks), [c for c in checks if not c[3]]
 
 
-def test_gemma2s_capped_attention_becomes_sdpa_only_for_the_decode_kernel():
-    """Gemma 2's eager attention of one query (scores scaled, capped as ``c * tanh(s / c)``, the
-    mask added, softmax in float32 of the half-precision scores, cast back; at a symbolic batch
-    ``matmul`` copies its expanded operands): with ``originals`` each layer's becomes an SDPA step
-    carrying ``softcap`` (which only the decode attention kernel computes) and its own steps are
-    kept by the step's output; without, nothing changes (no library SDPA caps its scores)."""
-    from aot.codegen.attention import SOFTCAP, extended
+def _extended_rewrite(kind: str) -> tuple:
+    """``kind``'s decode program rewritten with ``originals``, having checked that without them
+    nothing changes and with them both layers' attention is an extended SDPA step: (the traced
+    decode program, the rewritten one, its SDPA steps, the originals)."""
+    from aot.codegen.attention import extended
 
-    _, decode = _decode_program("gemma2")
+    _, decode = _decode_program(kind)
     assert eager_attention_as_sdpa(decode)[1] == 0
     originals: dict = {}
     rewritten, n = eager_attention_as_sdpa(decode, originals=originals)
     assert n == 2
     sdpa = [s for s in rewritten.steps if s.target == SDPA]
     assert len(sdpa) == 2 and all(extended(s) for s in sdpa)
+    return decode, rewritten, sdpa, originals
+
+
+def test_gemma2s_capped_attention_becomes_sdpa_only_for_the_decode_kernel():
+    """Gemma 2's eager attention of one query (scores scaled, capped as ``c * tanh(s / c)``, the
+    mask added, softmax in float32 of the half-precision scores, cast back; at a symbolic batch
+    ``matmul`` copies its expanded operands): with ``originals`` each layer's becomes an SDPA step
+    carrying ``softcap`` (which only the decode attention kernel computes) and its own steps are
+    kept by the step's output; without, nothing changes (no library SDPA caps its scores)."""
+    from aot.codegen.attention import SOFTCAP
+
+    decode, rewritten, sdpa, originals = _extended_rewrite("gemma2")
     assert not any(s.target == "aten._softmax.default" for s in rewritten.steps)
     tanh = [sum(s.target == "aten.tanh.default" for s in p.steps) for p in (decode, rewritten)]
     assert tanh[1] == tanh[0] - 2  # the caps' (the GELU's and the logits' cap stay)
@@ -264,15 +274,9 @@ def test_gpt_osss_attention_sinks_become_sdpa_only_for_the_decode_kernel():
     """GPT-OSS's eager attention of one query: the masked scores joined to a learned logit per
     head (``cat([s, sinks]) - max``, softmax, the sink's column dropped): with ``originals`` each
     layer's becomes an SDPA step carrying the [H] weight as ``sinks``; without, nothing changes."""
-    from aot.codegen.attention import SINKS, extended
+    from aot.codegen.attention import SINKS
 
-    _, decode = _decode_program("gpt_oss")
-    assert eager_attention_as_sdpa(decode)[1] == 0
-    originals: dict = {}
-    rewritten, n = eager_attention_as_sdpa(decode, originals=originals)
-    assert n == 2
-    sdpa = [s for s in rewritten.steps if s.target == SDPA]
-    assert len(sdpa) == 2 and all(extended(s) for s in sdpa)
+    decode, rewritten, sdpa, originals = _extended_rewrite("gpt_oss")
     assert {s.kwargs[SINKS].name for s in sdpa} == {f"model.model.layers.{i}.self_attn.sinks" for i in (0, 1)}
     for target in ("aten._softmax.default", "aten.cat.default", "aten.max.dim"):  # the router's stay
         count = [sum(s.target == target for s in p.steps) for p in (decode, rewritten)]
