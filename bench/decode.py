@@ -64,8 +64,9 @@ STEPS_PER_LAUNCH = {"aotpack-step": 1}
 # (``aot.runtime``: blocks of 8 decode calls, one CUDA graph each), its ms per token measured as
 # the torch loader's (``on_token``), and over whole blocks alone (``rt_row``)
 MODELS = ("gpt2", "llama", "llama-3.2-1b")
-# also: "gemma-2-2b", shaped as Gemma-2-2B (26 layers, head dim 256, attention scores capped), in
-# bfloat16 at llama-3.2-1b's workload
+# also: "gemma-2-2b", shaped as Gemma-2-2B (26 layers, head dim 256, attention scores capped), and
+# "qwen3-0.6b", shaped as Qwen3-0.6B (28 layers, head dim 128, each query and key head normed
+# before the rotary), in bfloat16 at llama-3.2-1b's workload
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
 PROMPT, NEW_TOKENS = 448, 64
@@ -77,11 +78,11 @@ RUNS = 2
 # Per model: (prompt, new tokens) where it differs from the default, and the dtype on a GPU. The
 # llama-3.2-1b rows take the workload of the published anchors (batch 1, 32 input tokens, 128
 # outputs, bf16: msaroufim/megakernels-vs-cuda-graphs, llama/docs/RESULTS.md).
-WORKLOAD = {"llama-3.2-1b": (32, 128), "gemma-2-2b": (32, 128)}
+WORKLOAD = {"llama-3.2-1b": (32, 128), "gemma-2-2b": (32, 128), "qwen3-0.6b": (32, 128)}
 # Gemma 2 in eager attention, its scores capped (some transformers versions pick SDPA for it,
 # which drops the cap)
 ATTENTION = {"gemma-2-2b": "eager"}
-GPU_DTYPE = {"llama-3.2-1b": "bfloat16", "gemma-2-2b": "bfloat16"}
+GPU_DTYPE = {"llama-3.2-1b": "bfloat16", "gemma-2-2b": "bfloat16", "qwen3-0.6b": "bfloat16"}
 LAUNCH_STEPS = 8  # launches per step: generates of LAUNCH_STEPS and 2 * LAUNCH_STEPS new tokens
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}  # bytes/s by device name
 
@@ -111,6 +112,8 @@ def config(model: str, tiny: bool):
         return tf.GPT2LMHeadModel, tf.GPT2Config()  # 124M: 12 layers, d 768, vocab 50257
     if model == "gemma-2-2b":
         return tf.Gemma2ForCausalLM, tf.Gemma2Config(**gemma_2_2b(tiny))
+    if model == "qwen3-0.6b":
+        return tf.Qwen3ForCausalLM, tf.Qwen3Config(**qwen3_0_6b(tiny))
     if model == "llama-3.2-1b":
         cfg = tf.LlamaConfig(**llama_3_2_1b(tiny))
         cfg.tie_word_embeddings = True  # whatever the config class makes of the keyword
@@ -216,6 +219,34 @@ def gemma_2_2b(tiny: bool) -> dict:
         hidden_activation="gelu_pytorch_tanh",
         rms_norm_eps=1e-6,
     )
+
+
+def qwen3_0_6b(tiny: bool) -> dict:
+    """Qwen3-0.6B's configuration (its ``config.json``), random weights: 16 query heads over 8 KV
+    heads of 128, each query and key head RMSNormed before the rotary, tied embeddings; tiny: the
+    same kinds at a CPU's size."""
+    shape = dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+    )
+    if tiny:
+        shape.update(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=256,
+        )
+    rope = {"rope_type": "default", "rope_theta": 1000000.0}
+    return dict(shape, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_parameters=rope, attention_bias=False)
 
 
 # "PROMPT,NEW" (``--workload``): every model's prompt and new tokens instead, e.g. a long cache;

@@ -39,8 +39,11 @@ over, ``aot.codegen.decode_attention_render`` writes the kernels:
   are rounded to the operands' dtype in the kernel's source as the library rounds them (on an
   H200 some rotated keys still differed from eager's bits by a rounding: within the dtype's
   tolerance, as every fused kernel of the build). The rows may hold each head's q, k and v side by
-  side (GPT-NeoX: ``Rotary.head_stride``). Other forms (GPT-J's interleaved pairs, a per-head norm
-  fused into the RoPE kernel, as Qwen3's) keep their RoPE kernel;
+  side (GPT-NeoX: ``Rotary.head_stride``). Where that kernel also norms each head before rotating
+  it (Qwen3's and Gemma 3's q_norm and k_norm: RMSNorm over the head dim, ``Rotary.norm``), the
+  attention kernel norms the loaded heads first (the norm's steps lowered as a GEMM prologue's row
+  norm is, ``gemm_prologue.lower_row_norm``; a rotary partner with its head's statistics). Other
+  forms (GPT-J's interleaved pairs) keep their RoPE kernel;
 - the *split-KV* form (``render_split_decode_attention``) runs a site as two kernels: partials on a
   grid (B * KV, SPLITS), program (p, s) walking a contiguous range of whole blocks of
   ``SPLIT_BLOCK_N`` slots, smaller where more splits are asked for than that makes blocks (split s

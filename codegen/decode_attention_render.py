@@ -7,11 +7,15 @@ steps; this module writes the kernels.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.cache_writes import INDEX_PUT
 from aot.codegen.decode_sites import SDPA, DecodeSite, NewRows
+from aot.codegen.gemm_prologue import RowNorm
 from aot.codegen.kernel_source import GDC_LAUNCH, kernel_module, online_softmax_lines, signature_of
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
@@ -35,6 +39,39 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _norm_lines(
+    norm: RowNorm, tag: str, raw: str, vectors: list[str], at: str, stats: bool
+) -> tuple[list[str], str]:
+    """Kernel lines computing a norm of each head (``Rotary.norm``: a row norm over one head's
+    elements) of ``raw``, a ``[rows, BLOCK_D]`` tile of heads as loaded, whose elements are the
+    head's ``at`` (a ``[BLOCK_D]`` index); the norm's vectors read at ``at`` from the pointers
+    ``vectors``. Returns the lines and the variable holding the result (fp32, rounded as the norm
+    rounds each op). ``stats``: compute each row's statistics from ``raw`` (named by ``tag``); else
+    use those computed before under the same ``tag`` (a rotary partner's elements: its head's)."""
+    part = tag if stats else tag + "p"
+    stat = re.compile(r"\bs(_sum|_mean|\d+)\b")
+
+    def named(expr: str) -> str:
+        return stat.sub(lambda m: f"{tag}_s{m.group(1)}", expr.replace("@", part))
+
+    def row(var: str, expr: str) -> str:
+        if var.startswith("x0_"):  # the one row input: the tile as loaded
+            return f"({raw}).to(tl.float32)"
+        if var.startswith("v") and var[1 : var.index("_")].isdigit():  # a vector, at the head's elements
+            i = int(var[1 : var.index("_")])
+            return f"tl.load({vectors[i]} + {at}, mask={at} < HEAD_DIM, other=0.0).to(tl.float32)[None, :]"
+        return named(expr)
+
+    lines = [f"{named(v)} = {row(v, e)}" for v, e, post in norm.row_ops if not post]
+    if stats:
+        lines.append(
+            f"{tag}_s_sum = tl.sum(tl.where(({at} < HEAD_DIM)[None, :], {named(norm.reduced)}, 0.0), axis=1)"
+        )
+        lines += [f"{named(v)} = {named(e)}" for v, e in norm.stat_ops]
+    lines += [f"{named(v)} = {row(v, e)}" for v, e, post in norm.row_ops if post]
+    return lines, named(norm.out)
+
+
 def _rotation_lines(
     prefix: str,
     x: str,
@@ -43,6 +80,7 @@ def _rotation_lines(
     tables: tuple[str, str, str],
     tl_dtype: str,
     half_tables: bool = False,
+    partner_of: Callable[[str], tuple[list[str], str]] | None = None,
 ) -> list[str]:
     """Kernel lines that rotate ``x`` (loaded un-rotated) as the library computes rotary embedding:
     ``x * cos + cat(-x2, x1) * sin`` over the first ``{PREFIX}_ROT`` elements of each head, each
@@ -51,7 +89,9 @@ def _rotation_lines(
     test holds them to the dtype's tolerance). ``partner_load``: the load of element
     ``{prefix}_partner`` of each head, where ``{prefix}_turn``; ``lanes``: the head dim's broadcast
     (``[None, :]`` in a tile of query heads); ``half_tables``: cos and sin hold ``{PREFIX}_ROT / 2``
-    elements, each for both halves (GPT-OSS's)."""
+    elements, each for both halves (GPT-OSS's); ``partner_of``: the lines and the expression that
+    give the partner's value from its load (its head's norm, ``_norm_lines``), where it is not
+    the value loaded."""
     rot = f"{prefix.upper()}_ROT"
     cos_ptr, sin_ptr, batch = tables
     half = tl_dtype != "tl.float32"
@@ -60,13 +100,15 @@ def _rotation_lines(
     def rounded(e: str) -> str:  # the library's rounding of each op's result
         return f"({e}).to({tl_dtype}).to(tl.float32)" if half else f"({e})"
 
+    partner, other = ([], partner_load) if partner_of is None else partner_of(partner_load)
     return [
         f"{prefix}_turn = rd < {rot}  # the rotated elements of each head; the rest as loaded",
         f"{prefix}_partner = tl.where(rd < {rot} // 2, rd + {rot} // 2, rd - {rot} // 2)",
         f"{prefix}_cos = tl.load({cos_ptr} + b * {batch} + {at}, mask={prefix}_turn, other=0.0).to(tl.float32)",
         f"{prefix}_sin = tl.load({sin_ptr} + b * {batch} + {at}, mask={prefix}_turn, other=0.0).to(tl.float32)",
         f"{prefix}_sin = tl.where(rd < {rot} // 2, -{prefix}_sin, {prefix}_sin)  # cat(-x2, x1) * sin: the sign on sin, exactly",
-        f"{prefix}_other = {partner_load}.to(tl.float32)",
+        *partner,
+        f"{prefix}_other = {other}.to(tl.float32)",
         f"{prefix}_turned = "
         + rounded(
             rounded(f"{x}.to(tl.float32) * {prefix}_cos{lanes}")
@@ -195,7 +237,11 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     )
     qr_tables = ("qcos_ptr", "qsin_ptr", "Q_ROT_BATCH")
     kr_tables = qr_tables if shared_tables else ("kcos_ptr", "ksin_ptr", "K_ROT_BATCH")
-    name = f"decode_attention{'_append' if a else ''}{'_rope' if qr or kr else ''}_g{groups}_d{d}"
+    normed = (qr is not None and qr.norm is not None) or (kr is not None and kr.norm is not None)
+    name = (
+        f"decode_attention{'_append' if a else ''}{'_normed' if normed else ''}{'_rope' if qr or kr else ''}"
+    )
+    name += f"_g{groups}_d{d}"
     name += ("_split_combined" if combined else "_split") if split else ""
     name += "_capped" if site.softcap is not None else ""
     name += "_sinks" if site.sinks is not None else ""
@@ -241,11 +287,34 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     first_slot = "lo + " if split else ""
     if loads_early:
         early += [f"rn = {first_slot}tl.arange(0, BLOCK_N)", "valid_n = rn < CONTEXT", *loads]
+    # a norm of each head before the rotation (``Rotary.norm``): of the loaded tile, and of each
+    # element's rotary partner with its head's statistics (the key: a tile of one row)
+    q_norm, q_partner_of, k_norm, k_partner_of = [], None, [], None
+    qn_ptrs = [f"qnv{i}_ptr" for i in range(len(qr.norm.vectors))] if qr and qr.norm else []
+    kn_ptrs = [f"knv{i}_ptr" for i in range(len(kr.norm.vectors))] if kr and kr.norm else []
+    if qn_ptrs:
+        lines, out = _norm_lines(qr.norm, "qn", "q", qn_ptrs, "rd", True)
+        q_norm = ["# each query head normed (its norm's statistics over the head), then rotated", *lines]
+        q_norm.append(f"q = {out}.to({tl_dtype})")
+
+        def q_partner_of(load: str) -> tuple[list[str], str]:
+            return _norm_lines(qr.norm, "qn", load, qn_ptrs, "q_partner", False)
+
+    if kn_ptrs:
+        lines, out = _norm_lines(kr.norm, "kn", "kn[None, :]", kn_ptrs, "rd", True)
+        k_norm = ["# the new key normed (its norm's statistics over the head), then rotated", *lines]
+        k_norm.append(f"kn = tl.reshape({out}, (BLOCK_D,)).to({tl_dtype})")
+
+        def k_partner_of(load: str) -> tuple[list[str], str]:
+            lines, out = _norm_lines(kr.norm, "kn", f"({load})[None, :]", kn_ptrs, "k_partner", False)
+            return lines, f"tl.reshape({out}, (BLOCK_D,))"
+
     body = [
         "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
         "valid_g = rg < GROUPS",
         "h = kh * GROUPS + rg",
         f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        *q_norm,
         *(
             _rotation_lines(
                 "q",
@@ -256,6 +325,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
                 qr_tables,
                 tl_dtype,
                 qr.half_tables,
+                q_partner_of,
             )
             if qr
             else ()
@@ -276,6 +346,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
             "pos = tl.load(pos_ptr).to(tl.int64)",
             "pos = tl.where(pos < 0, pos + CONTEXT, pos)  # as index_put_ counts a negative slot",
             f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + rd{head_mask})",
+            *k_norm,
             *(
                 _rotation_lines(
                     "k",
@@ -285,6 +356,7 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
                     kr_tables,
                     tl_dtype,
                     kr.half_tables,
+                    k_partner_of,
                 )
                 if kr
                 else ()
@@ -394,6 +466,14 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
             else []
         ),
         *(
+            KernelParam(n, ParamKind.PTR, dt)
+            for n, (_, dt) in zip(qn_ptrs, qr.norm.vectors if qn_ptrs else ())
+        ),
+        *(
+            KernelParam(n, ParamKind.PTR, dt)
+            for n, (_, dt) in zip(kn_ptrs, kr.norm.vectors if kn_ptrs else ())
+        ),
+        *(
             [KernelParam("mask_ptr", ParamKind.PTR, site.mask_dtype or site.dtype)]
             if site.mask is not None
             else []
@@ -416,6 +496,8 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
         ),
         *((Buf(qr.cos), Buf(qr.sin)) if qr else ()),
         *((Buf(kr.cos), Buf(kr.sin)) if kr and not shared_tables else ()),
+        *(Buf(v) for v, _ in (qr.norm.vectors if qn_ptrs else ())),
+        *(Buf(v) for v, _ in (kr.norm.vectors if kn_ptrs else ())),
         *([Buf(site.mask)] if site.mask is not None else []),
         *([Buf(site.sinks)] if site.sinks is not None else []),
         *((Buf(ws),) if split else ()),
@@ -514,7 +596,8 @@ def _render_attention(site: DecodeSite, splits: int, ws: str, counts: str = "") 
     for what, r in (("queries", qr), ("new keys", kr)):
         if r is not None:
             doc[-1:-1] = [
-                f"The {what} are rotated here (rotary embedding over the first {r.dim} elements of each head: "
+                f"The {what} are {'normed (each head over its mean square, as the model norms it) and ' if r.norm else ''}"
+                f"rotated here (rotary embedding over the first {r.dim} elements of each head: "
                 f"x * cos + cat(-x2, x1) * sin, each product and the sum rounded to {site.dtype}), read un-rotated "
                 f"at b * {r.rows.batch_stride} + {r.rows.column}, cos and sin at b * {r.batch_stride}.",
             ]

@@ -6,6 +6,7 @@ over; that module says what each form is."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,8 +15,10 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import Strided, strided_view, write_args
+from aot.codegen.gemm_epilogue import NoSite
+from aot.codegen.gemm_prologue import RowNorm, lower_row_norm
 from aot.program import VIEW_OPS, tensor_specs
-from aot.schema import Buf, Program, Step, StepKind
+from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
@@ -26,6 +29,10 @@ MAX_HEAD_DIM = 256
 MAX_CONTEXT = 32768
 FULL_END = 2**62  # a slice's end at or past this is "to the end"
 POSITION_DTYPES = ("int64", "int32")
+
+
+# "off": a per-head norm before the rotary stays a kernel of its own (``_head_norm``), for measuring
+HEAD_NORM_ENV = "AOTPACK_DECODE_HEAD_NORM"
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,10 @@ class Rotary:
     # cos and sin of dim / 2 elements, each for both halves (GPT-OSS's ``cat(x1 * cos - x2 * sin,
     # x2 * cos + x1 * sin)``: the same products and sums, the tables not repeated)
     half_tables: bool = False
+    # a norm of each head's elements before the rotation, in the same kernel (Qwen3's and Gemma
+    # 3's q_norm and k_norm: ``_head_norm``), as a row norm over rows of one head (K the head dim,
+    # its one row input ``x0`` the head as loaded, its vectors ``[D]`` weights); None: no norm
+    norm: RowNorm | None = None
 
 
 @dataclass(frozen=True)
@@ -299,8 +310,9 @@ def rotary_of(
     ``cos`` and ``sin`` ``[B or 1, 1, 1, R]`` views of buffers of their own, all of ``dtype``; where
     ``R`` is less than the head dim, ``cat(that, the rest of the head)``; or GPT-OSS's, the same
     products and sums over halves ``torch.chunk`` made, its tables of R/2 (``Rotary.half_tables``).
-    None for any other form (GPT-J's interleaved pairs among them): the kernel that computes it
-    stays."""
+    ``x`` may also be what the same kernel computed as a norm of each head (``_head_norm``: Qwen3's
+    and Gemma 3's q_norm and k_norm before the rotary, ``Rotary.norm``). None for any other form
+    (GPT-J's interleaved pairs among them): the kernel that computes it stays."""
     i = p.producer.get(name)
     if i is None or p.steps[i].kind != StepKind.KERNEL or not p.steps[i].reference:
         return None
@@ -314,8 +326,6 @@ def rotary_of(
         )
 
     specs = p.specs
-    if any(specs.get(o) is None or specs[o].dtype != dtype for o in local):
-        return None  # every intermediate in the operands' dtype (no upcast to float32 and back)
     found = _halves_rotary(made, local, Buf(name), p)
     if found is not None:
         x, cos, sin, dim, rest, half_tables = *found, None, True
@@ -326,7 +336,19 @@ def rotary_of(
         x, cos, sin, dim, rest = found
         half_tables = False
     both = replace(program, steps=program.steps + kernel_step.reference)  # views inside the kernel too
-    found = _head_rows(strided_view(x.name, both), batch, heads, dim)
+    view, norm, normed = strided_view(x.name, both), None, set()
+    if view is not None and view.base in local:  # computed in this kernel: a norm of each head?
+        if rest is not None or half_tables or os.environ.get(HEAD_NORM_ENV, "").strip() == "off":
+            return None
+        headed = _head_norm(
+            program, p, local, kernel_step.reference, view, batch, heads, head_dim, dtype, both
+        )
+        if headed is None:
+            return None
+        norm, view, normed = headed
+    if any(specs.get(o) is None or specs[o].dtype != dtype for o in local if o not in normed):
+        return None  # every intermediate in the operands' dtype (no upcast to float32 and back)
+    found = _head_rows(view, batch, heads, dim)
     if found is None or found[0].base in local or not p.materialized(found[0].base):
         return None
     rows, head_stride = found
@@ -369,7 +391,88 @@ def rotary_of(
         tables.append((view.base, int(stride_b)))
     if tables[0][1] != tables[1][1]:
         return None
-    return Rotary(rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride, half_tables)
+    return Rotary(
+        rows, tables[0][0], tables[1][0], tables[0][1], dim, i, name, head_stride, half_tables, norm
+    )
+
+
+def _head_norm(
+    program: Program,
+    p: _Program,
+    local: dict[str, Step],
+    reference: tuple[Step, ...],
+    view: Strided,
+    batch: str,
+    heads: int,
+    head_dim: int,
+    dtype: str,
+    both: Program,
+) -> tuple[RowNorm, Strided, set[str]] | None:
+    """Where the rotary's input ``view`` (``[B, heads, 1, D]``) is all of a buffer the same
+    kernel wrote as a norm of each head of a projection's rows, RMSNorm over the head dim with a
+    weight ``[D]`` (Qwen3's ``q_norm(q.view(B, 1, H, D)).transpose(1, 2)``, Gemma 3's
+    ``q_norm(q.view(B, 1, H, D).transpose(1, 2))``): (that norm as a row norm over ``B * heads``
+    rows of ``D``, a ``[B, heads, 1, D]`` view of the rows it reads, the names its steps wrote).
+    None for anything else (``gemm_prologue.lower_row_norm`` decides what a norm is; one row
+    input, no second output)."""
+    base = view.base
+    shape = p.shape(base)
+    B = ix.parse_size(batch)
+    if shape is None or len(shape) != 4 or len(view.shape) != 4 or p.specs[base].dtype != dtype:
+        return None
+    dims = [ix.parse_size(d) for d in shape]
+    # [B, 1, H, D] (normed, then transposed: Qwen3) or [B, H, 1, D] (transposed first: Gemma 3)
+    swapped = ix.same(dims[1], 1) and ix.same(dims[2], heads)
+    if not (swapped or (ix.same(dims[1], heads) and ix.same(dims[2], 1))):
+        return None
+    if not (ix.same(dims[0], B) and ix.same(dims[3], head_dim)):
+        return None
+    if not (isinstance(view.offset, sympy.Integer) and view.offset == 0):
+        return None
+    # all of the buffer, row-major, in [B, H, 1, D] order
+    st = view.strides
+    if not (
+        ix.same(st[0], heads * head_dim) and ix.same(st[3], 1) and (heads == 1 or ix.same(st[1], head_dim))
+    ):
+        return None
+    order = {id(s): j for j, s in enumerate(reference)}
+    steps, todo, seen = [], [base], set()
+    while todo:  # the steps ``base`` is computed from, inside the kernel
+        s = local.get(todo.pop())
+        if s is None or id(s) in seen:
+            continue
+        seen.add(id(s))
+        steps.append(s)
+        todo.extend(a.name for a in s.args if isinstance(a, Buf))
+    steps.sort(key=lambda s: order[id(s)])
+    computing = [s for s in steps if s.target not in VIEW_OPS]
+    viewed = {o for s in steps if s.target in VIEW_OPS for o in s.outputs if o}
+    rows_in = {a.name for s in computing for a in s.args if isinstance(a, Buf) and a.name in viewed}
+    if len(rows_in) != 1:
+        return None
+    (x_in,) = rows_in
+    rows = strided_view(x_in, both)
+    if rows is None or rows.base in local or not p.materialized(rows.base) or len(rows.shape) != 4:
+        return None
+    if not all(ix.same(a, b) for a, b in zip(rows.shape, dims)):
+        return None
+    m = ix.size_text(B * heads)
+    buffers = {**p.specs, x_in: TensorSpec(p.specs[x_in].dtype, (m, str(head_dim)))}
+    known = {w.name: w.spec for w in program.weights}
+    try:
+        norm = lower_row_norm(tuple(computing), (base,), base, m, head_dim, buffers, known)
+    except NoSite:
+        return None
+    if len(norm.inputs) != 1 or norm.sum_out is not None:
+        return None
+    if swapped:  # the rows as the rotary reads them: [B, H, 1, D]
+        rows = Strided(
+            rows.base,
+            rows.offset,
+            (rows.shape[0], rows.shape[2], rows.shape[1], rows.shape[3]),
+            (rows.strides[0], rows.strides[2], rows.strides[1], rows.strides[3]),
+        )
+    return norm, rows, {o for s in steps for o in s.outputs if o}
 
 
 def _halves_rotary(made, local: dict, rotated: Buf, p: _Program) -> tuple[Buf, Any, Any, int] | None:

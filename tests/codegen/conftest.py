@@ -170,7 +170,9 @@ def assert_decode_kernels_match(compiled, bundle, attention: str) -> list:
     """Pack ``compiled`` (a two-layer causal LM's programs) to ``bundle`` and check every kernel of
     its decode program (``decode_kernel_checks``: slot 9, row 1 left-padded by 2): two layers of
     attention kernels named ``attention...`` (their output and both caches: six rows), every row
-    within its tolerance, the caches exact. The checks, for more assertions."""
+    within its tolerance, the caches exact (but where the kernel norms each head before it
+    rotates, ``_normed``: the norm's mean is a sum in another order than the library's, so the
+    keys it writes are held to the tolerance). The checks, for more assertions."""
     from aot.packager import pack
 
     pack(compiled, bundle)
@@ -178,5 +180,7 @@ def assert_decode_kernels_match(compiled, bundle, attention: str) -> list:
     ours = [c for c in checks if c[0].startswith(attention)]
     assert len(ours) == 2 * 3, checks  # two layers: the output and both caches
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
-    assert all(err == 0.0 for name, out, err, _ in ours if out.startswith("index_put")), ours
+    assert all(
+        err == 0.0 for name, out, err, _ in ours if out.startswith("index_put") and "_normed" not in name
+    ), ours
     return checks

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from aot.schema import Buf
 from tests.codegen.conftest import assert_decode_kernels_match, interpreted_json
 
 # (name, dtype, batch, heads, kv_heads, head_dim, context, q rows from a projection, shared mask,
@@ -276,6 +277,38 @@ def test_llama4_and_mixed_window_models_run_decode_attention(kind, tmp_path):
     assert_decode_kernels_match(compiled, tmp_path / f"{kind}.tpk", "decode_attention")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3"])
+def test_per_head_norms_before_the_rotary_fold_into_the_kernel(kind, tmp_path):
+    """Qwen3 and Gemma 3 norm each query and key head (RMSNorm over the head dim: Qwen3 before
+    the transpose, Gemma 3 after it, its weight as ``1 + w``) before the rotary; a kernel computed
+    the norm and the rotary of each, two launches a layer. Now the decode attention kernel loads
+    the projection's rows, norms each head (a rotary partner with its head's statistics), rotates
+    and appends. Built in bfloat16, as these models run: no kernel of the decode program reads a
+    q_norm weight but the attention kernels, and the keys' norms fold in too. Built in float32:
+    every kernel, run by the interpreter at batch 2 (one row left-padded), matches its reference
+    (the norm and rotary kernels' steps included) within float32's tolerance, the caches among
+    them. A key's norm stays a kernel where the fuser put it with the rotary tables, which other
+    steps read (both of this two-layer Gemma 3's, each layer with tables of its own; a model with
+    several layers of a kind computes them apart): the attention then reads its rotated keys."""
+
+    def reading(compiled, suffix: str) -> list:
+        (decode,) = [
+            p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
+        ]
+        return [
+            s for s in decode.steps if any(isinstance(a, Buf) and a.name.endswith(suffix) for a in s.args)
+        ]
+
+    for dtype in ("bfloat16", "float32"):
+        compiled, kernels, attention = _hf_decode_attention(kind, max_batch=4, max_context=32, dtype=dtype)
+        assert all("_normed_rope" in kernels[s.target].name for s in attention), attention
+        assert sorted(reading(compiled, "q_norm.weight"), key=id) == sorted(attention, key=id)
+        keys = [s for s in reading(compiled, "k_norm.weight") if s in attention]
+        assert len(keys) == (2 if kind == "qwen3" else 0), [kernels[s.target].name for s in keys]
+    assert_decode_kernels_match(compiled, tmp_path / f"{kind}.tpk", "decode_attention")
+
+
 @pytest.mark.parametrize(
     "head_dim, context, dtype, block",
     [
@@ -334,7 +367,7 @@ def test_the_one_kernel_form_fits_shared_memory(head_dim, context, dtype, block)
     assert not failed, failed
 
 
-def _hf_decode_attention(kind: str, max_batch: int, max_context: int) -> tuple:
+def _hf_decode_attention(kind: str, max_batch: int, max_context: int, dtype: str = "float32") -> tuple:
     """A tiny two-layer ``kind`` (``tests.hf``) through ``aot.hf.causal_lm``, generated for sm_90:
     (the compiled programs, its decode program's kernels by id, its decode attention steps),
     having checked there is one such step per layer and no SDPA call left."""
@@ -348,7 +381,7 @@ def _hf_decode_attention(kind: str, max_batch: int, max_context: int) -> tuple:
     from aot.tracer import trace
     from tests.hf.test_causal_lm import factory
 
-    spec = causal_lm(factory(kind), max_batch=max_batch, max_context=max_context, name=kind)
+    spec = causal_lm(factory(kind), max_batch=max_batch, max_context=max_context, name=kind, dtype=dtype)
     compiled = generate(trace(spec), ("sm_90",))
     (decode,) = [
         p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
