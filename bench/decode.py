@@ -246,7 +246,9 @@ def qwen3_0_6b(tiny: bool) -> dict:
             vocab_size=256,
         )
     rope = {"rope_type": "default", "rope_theta": 1000000.0}
-    return dict(shape, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_parameters=rope, attention_bias=False)
+    return dict(
+        shape, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_parameters=rope, attention_bias=False
+    )
 
 
 # "PROMPT,NEW" (``--workload``): every model's prompt and new tokens instead, e.g. a long cache;
