@@ -463,7 +463,7 @@ def _head_norm(
         norm = lower_row_norm(tuple(computing), (base,), base, m, head_dim, buffers, known)
     except NoSite:
         return None
-    if len(norm.inputs) != 1 or norm.sum_out is not None:
+    if len(norm.inputs) != 1 or norm.sum_out is not None or norm.more:
         return None
     if swapped:  # the rows as the rotary reads them: [B, H, 1, D]
         rows = Strided(

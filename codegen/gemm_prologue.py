@@ -23,7 +23,7 @@ from aot.codegen.gemm_epilogue import BINARY, NoSite, float_cast, spec_of
 from aot.codegen.gemm_forms import ROUND
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.program import RESHAPE_VIEWS
-from aot.schema import Buf, Step, StepKind, TensorSpec
+from aot.schema import Buf, MemoryFormat, Step, StepKind, TensorSpec
 
 # "@" in a row op's text stands for the K step it is computed at (``r3_@`` → ``r3_0``, ``rk0``)
 _ROW_UNARY = {"aten.neg.default": "(-{0})", "aten.sigmoid.default": "tl.sigmoid({0})"}
@@ -33,28 +33,51 @@ _STAT_UNARY = {
     "aten.neg.default": "(-{0})",
 }
 MAX_ROW_INPUTS = 2
+MAX_MEANS = 2  # a norm, or a norm of a sum with a normed value (``RowNorm.more``)
 
 
 @dataclass(frozen=True)
 class RowNorm:
     """A row normalization lowered for one-row forms. ``inputs``: the ``[M, K]`` buffers read
     (``x{i}_ptr``) with their dtypes; ``vectors``: the ``[K]`` buffers (``v{i}_ptr``);
-    ``row_ops``: (variable, expression, after the statistics) per row value, in order, with "@"
-    for the K step; ``reduced``: the row variable whose mean over K is ``stat0``;
-    ``stat_ops``: (variable, expression) of the per-row statistics after the mean; ``out``: the
-    row variable that is A; ``sum_out``: (buffer, row variable, dtype) written by the first N
-    tile, or None; ``factored``: (p, s) where A is, in exact arithmetic, the row expression ``p``
-    of values before the statistics times the statistic expression ``s`` (RMSNorm:
-    ``g * (x * rstd)`` = ``(g * x) * rstd``), or None (see ``factor_out_statistic``)."""
+    ``row_ops``: (variable, expression, stage) per row value, in order, with "@" for the K step,
+    the stage 0 before the statistics, 1 after the first mean's (so truthy: after the
+    statistics), 2 after the second's; ``reduced``: the row variable whose mean over K is
+    ``s_mean``; ``stat_ops``: (variable, expression) of the per-row statistics after the mean;
+    ``more``: a norm after the norm (Gemma 2's and 3's post-norm, the residual add, the next
+    pre-norm: a second mean over K of a stage-1 value): (reduced, stat ops) of each later mean
+    (``s_mean<j>``, ``s_sum<j>``), empty for one norm; ``out``: the row variable that is A, of
+    the last stage; ``sum_out``: (buffer, row variable, dtype) written by the first N tile, of a
+    stage before the last, or None; ``factored``: (p, s) where A is, in exact arithmetic, the row
+    expression ``p`` of values before the statistics times the statistic expression ``s``
+    (RMSNorm: ``g * (x * rstd)`` = ``(g * x) * rstd``), or None (see ``factor_out_statistic``;
+    always None with ``more``)."""
 
     inputs: tuple[tuple[str, str], ...]
     vectors: tuple[tuple[str, str], ...]
-    row_ops: tuple[tuple[str, str, bool], ...]
+    row_ops: tuple[tuple[str, str, int], ...]
     reduced: str
     stat_ops: tuple[tuple[str, str], ...]
     out: str
     sum_out: tuple[str, str, str] | None
     factored: tuple[str, str] | None = None
+    more: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+
+    def stage_of(self, var: str) -> int:
+        """The stage of a row variable (0 for one this norm does not compute)."""
+        return next((st for v, _, st in self.row_ops if v == var), 0)
+
+
+def is_copy(step: Step) -> bool:
+    """``clone(x)`` into a row-major or x's layout (the prologue's rows are row-major): a copy,
+    to a prologue as good as the buffer it copies (what an inference-mode dropout traces to)."""
+    return (
+        step.target == "aten.clone.default"
+        and len(step.args) == 1
+        and set(step.kwargs) <= {"memory_format"}
+        and step.kwargs.get("memory_format")
+        in (None, MemoryFormat("contiguous_format"), MemoryFormat("preserve_format"))
+    )
 
 
 def _round(expr: str, dtype: str) -> str:
@@ -95,10 +118,9 @@ def lower_row_norm(
     vectors: dict[str, int] = {}
     alias: dict[str, str] = {}  # a view of an outside buffer -> that buffer
     vals: dict[str, tuple[str, str, str]] = {}  # buffer -> (kind, variable, dtype)
-    row_ops: list[tuple[str, str, bool]] = []
-    stat_ops: list[tuple[str, str]] = []
-    after_stats: set[str] = set()  # row variables that depend on the statistics
-    reduced = None
+    row_ops: list[tuple[str, str, int]] = []
+    means: list[tuple[str, list[tuple[str, str]]]] = []  # per mean: (reduced, its statistics' ops)
+    stages: dict[str, int] = {}  # variable -> stage (row values and statistics; absent: 0)
     n = 0
     # row value after the statistics -> (p, s): in exact arithmetic the row expression p of
     # values before them times the statistic expression s (``factored``); absent: not a product
@@ -125,7 +147,7 @@ def lower_row_norm(
                             f"x{i}_@",
                             f"tl.load(x{i}_ptr + rm[:, None] * {k} + rk@[None, :], mask=kmask@, "
                             "other=0.0).to(tl.float32)",
-                            False,
+                            0,
                         )
                     )
                 vals[root] = ("row", f"x{inputs[root]}_@", s.dtype)
@@ -140,7 +162,7 @@ def lower_row_norm(
                         (
                             f"v{i}_@",
                             f"tl.load(v{i}_ptr + rk@, mask=rk@ < {k}, other=0.0).to(tl.float32)[None, :]",
-                            False,
+                            0,
                         )
                     )
                 vals[root] = ("row", f"v{vectors[root]}_@", s.dtype)
@@ -155,7 +177,7 @@ def lower_row_norm(
         statistics is not a product of the two."""
         if kind == "stat":
             return None, x
-        if kind == "row" and x in after_stats:
+        if kind == "row" and stages.get(x, 0):
             return scaled.get(x)
         return x, None  # a row value before the statistics, or a constant
 
@@ -174,16 +196,15 @@ def lower_row_norm(
             st = sa if sb is None else f"({sa if sa is not None else '1.0'} / {sb})"
         return None if p is None or st is None else (p, st)
 
-    def emit(kind: str, expr: str, out: str, dtype: str, post: bool) -> None:
+    def emit(kind: str, expr: str, out: str, dtype: str, stage: int) -> None:
         nonlocal n
         var = f"r{n}_@" if kind == "row" else f"s{n}"
         n += 1
         if kind == "row":
-            row_ops.append((var, _round(expr, dtype), post))
-            if post:
-                after_stats.add(var)
+            row_ops.append((var, _round(expr, dtype), stage))
         else:
-            stat_ops.append((var, _round(expr, dtype)))
+            means[-1][1].append((var, _round(expr, dtype)))
+        stages[var] = stage
         vals[out] = (kind, var, dtype)
 
     for s in steps:
@@ -191,8 +212,8 @@ def lower_row_norm(
             raise NoSite(s.target)
         out, t = s.outputs[0], s.target
         ospec = spec(out)
-        if t in RESHAPE_VIEWS:
-            src = s.args[0]
+        if t in RESHAPE_VIEWS or is_copy(s):
+            src = s.args[0]  # a view, or a copy (Phi-3's dropout of the sublayer's output): the same values
             if not isinstance(src, Buf):
                 raise NoSite(t)
             if src.name in vals:
@@ -208,71 +229,74 @@ def lower_row_norm(
             kind, x, _ = operand(s.args[0])
             if kind == "const":
                 raise NoSite(t)
-            emit(kind, x, out, ospec.dtype, kind == "row" and x in after_stats)
+            emit(kind, x, out, ospec.dtype, stages.get(x, 0))
             if x in scaled:
                 scaled[vals[out][1]] = scaled[x]
             continue
         if t == "aten.mean.dim":
-            if reduced is not None or len(s.args) != 3 or s.kwargs:
-                raise NoSite("more than one mean, or a mean with options")
+            if len(means) == MAX_MEANS or len(s.args) != 3 or s.kwargs:
+                raise NoSite("more means than two, or a mean with options")
             kind, x, _ = operand(s.args[0])
             src_rank = len(spec(s.args[0].name).shape) if isinstance(s.args[0], Buf) else 0
-            if kind != "row" or x in after_stats:
-                raise NoSite("a mean of anything but a row before the statistics")
+            if kind != "row" or stages.get(x, 0) != len(means):
+                raise NoSite("a mean of anything but a row of the statistics so far")
             if s.args[1] not in ([-1], [src_rank - 1]) or s.args[2] is not True:
                 raise NoSite("a mean over other dims than the last, or without keepdim")
             if shape_kind(ospec.shape) != "stat":
                 raise NoSite(f"mean result {ospec.shape}")
-            reduced = x
-            stat_ops.append(("s_mean", _round(f"(s_sum / {k})", ospec.dtype)))
-            vals[out] = ("stat", "s_mean", ospec.dtype)
+            tag = str(len(means) + 1) if means else ""
+            means.append((x, [(f"s_mean{tag}", _round(f"(s_sum{tag} / {k})", ospec.dtype))]))
+            stages[f"s_mean{tag}"] = len(means)
+            vals[out] = ("stat", f"s_mean{tag}", ospec.dtype)
             continue
         if t == "aten.pow.Tensor_Scalar" and len(s.args) == 2 and not s.kwargs and s.args[1] in (2, 2.0):
             kind, x, _ = operand(s.args[0])
             if kind == "const":
                 raise NoSite(t)
-            emit(kind, f"({x} * {x})", out, ospec.dtype, kind == "row" and x in after_stats)
+            emit(kind, f"({x} * {x})", out, ospec.dtype, stages.get(x, 0))
             continue
         if t in BINARY and len(s.args) == 2 and not s.kwargs:
             (ka, a, _), (kb, b, _) = operand(s.args[0]), operand(s.args[1])
             kinds = {ka, kb} - {"const"}
             if not kinds:
                 raise NoSite(f"{t} of two constants")
+            stage = max(stages.get(a, 0), stages.get(b, 0))
             if "row" in kinds:
                 fa, fb = factor(ka, a), factor(kb, b)
                 a = f"{a}[:, None]" if ka == "stat" else a
                 b = f"{b}[:, None]" if kb == "stat" else b
-                post = "stat" in kinds or a in after_stats or b in after_stats
-                emit("row", BINARY[t].format(a, b), out, ospec.dtype, post)
+                emit("row", BINARY[t].format(a, b), out, ospec.dtype, stage)
                 op = {"aten.mul.Tensor": "*", "aten.div.Tensor": "/"}.get(t)
                 f = product(fa, fb, op) if op else None
-                if post and f:
+                if stage and f:
                     scaled[vals[out][1]] = f
             else:
-                emit("stat", BINARY[t].format(a, b), out, ospec.dtype, True)
+                emit("stat", BINARY[t].format(a, b), out, ospec.dtype, stage)
             continue
         if (t in _ROW_UNARY or t in _STAT_UNARY) and len(s.args) == 1 and not s.kwargs:
             kind, x, _ = operand(s.args[0])
             table = _STAT_UNARY if kind == "stat" else _ROW_UNARY
             if kind == "const" or t not in table:
                 raise NoSite(f"{t} of a {kind}")
-            emit(kind, table[t].format(x), out, ospec.dtype, kind == "row" and x in after_stats)
+            emit(kind, table[t].format(x), out, ospec.dtype, stages.get(x, 0))
             continue
         raise NoSite(f"{t} in a row norm")
 
-    if reduced is None:
+    if not means:
         raise NoSite("no mean over K")
-    if a_out not in vals or vals[a_out][0] != "row" or vals[a_out][1] not in after_stats:
+    last = len(means)
+    if a_out not in vals or vals[a_out][0] != "row" or stages.get(vals[a_out][1], 0) != last:
         raise NoSite(f"{a_out} is not a row value after the statistics")
     sum_out = None
     for o in outputs:
         if o is None or o == a_out:
             continue
-        if sum_out is not None or o not in vals or vals[o][0] != "row" or vals[o][1] in after_stats:
-            raise NoSite(f"output {o} is not a row value before the statistics")
+        if sum_out is not None or o not in vals or vals[o][0] != "row" or stages.get(vals[o][1], 0) == last:
+            raise NoSite(f"output {o} is not a row value before the last statistics")
         if vals[o][1].startswith(("x", "v")):
             raise NoSite(f"output {o} is an input")
         sum_out = (o, vals[o][1], vals[o][2])
+    (reduced, stat_ops), more = means[0], means[1:]
     return RowNorm(
         inputs=tuple((b, spec(b).dtype) for b in inputs),
         vectors=tuple((b, spec(b).dtype) for b in vectors),
@@ -281,5 +305,6 @@ def lower_row_norm(
         stat_ops=tuple(stat_ops),
         out=vals[a_out][1],
         sum_out=sum_out,
-        factored=scaled.get(vals[a_out][1]),
+        factored=None if more else scaled.get(vals[a_out][1]),
+        more=tuple((r, tuple(ops)) for r, ops in more),
     )

@@ -87,7 +87,7 @@ def render_candidates(
                 for c in (CONFIGS if configs is None else configs)
                 if c.split_k == 1
                 and not c.rows_apart
-                and (not c.dot or (c.row_norm and c.block_m <= PROLOGUE_MAX_BLOCK_M))
+                and (not c.dot or (c.row_norm and c.block_m <= PROLOGUE_MAX_BLOCK_M and not pro.norm.more))
             ]
             suffix = "_rms"
         else:
@@ -443,14 +443,26 @@ def _vec_steps_norm(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -
     norm = site.prologue.norm
     steps = [rk for rk, _ in _vec_k(site, cfg, k_offset, k_extent)]
     need_k_mask = _k_bounded(site, cfg, k_offset)
+    write_sum = f"tl.program_id({_axes(cfg)[1]}) == 0"
     lines = ["# the row norm's inputs and its values before the statistics, per K step"]
-    lines += _norm_stats(site, f"tl.program_id({_axes(cfg)[1]}) == 0", steps, need_k_mask)
+    lines += _norm_stats(site, write_sum, steps, need_k_mask)
+    last = 1 + len(norm.more)
+    for stage, (reduced, stat_ops) in enumerate(norm.more, start=1):  # a norm after the norm
+        lines.append(f"# the values between statistics {stage} and {stage + 1}, per K step, and the next mean")
+        for i in range(len(steps)):
+            lines += [f"{v.replace('@', str(i))} = {e.replace('@', str(i))}" for v, e, st in norm.row_ops if st == stage]
+        lines += _sum_out_stores(site, write_sum, {str(i): f"rk{i}" for i in range(len(steps))}, stage)
+        total = " + ".join(
+            f"tl.sum(tl.where(kmask{i}, {reduced.replace('@', str(i))}, 0.0), axis=1)" for i in range(len(steps))
+        )
+        lines.append(f"s_sum{stage + 1} = {total}")
+        lines += [f"{v} = {e}" for v, e in stat_ops]
     lines += [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
     for i in range(len(steps)):
         lines += [
             f"{var.replace('@', str(i))} = {expr.replace('@', str(i))}"
-            for var, expr, post in norm.row_ops
-            if post
+            for var, expr, stage in norm.row_ops
+            if stage == last
         ]
         out = norm.out.replace("@", str(i))
         lines.append(
@@ -560,20 +572,31 @@ def _norm_stats(site: Site, write_sum: str, steps: list[str] | None = None, k_ma
             for var, expr, post in norm.row_ops
             if not post
         ]
-    if norm.sum_out is not None:
-        _, var, dtype = norm.sum_out
-        lines.append(f"{pad}if {write_sum}:  # the first N tile writes the sum that later steps read")
-        lines += [
-            f"{pad}    tl.store(sum_ptr + rm[:, None] * {k} + rk{c}[None, :], "
-            f"{var.replace('@', c)}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmask{c})"
-            for c in chunks
-        ]
+    lines += _sum_out_stores(site, write_sum, chunks, 0, pad)
     total = " + ".join(
         f"tl.sum(tl.where(kmask{c}, {norm.reduced.replace('@', c)}, 0.0), axis=1)" for c in chunks
     )
     lines.append(f"    s_sum += {total}" if steps is None else f"s_sum = {total}  # over all of K: [BLOCK_M]")
     lines += [f"{var} = {expr}" for var, expr in norm.stat_ops]
     return lines
+
+
+def _sum_out_stores(site: Site, write_sum: str, chunks: dict[str, str], stage: int, pad: str = "") -> list[str]:
+    """The stores of the row norm's second output (the residual sum later steps read), by the
+    first N tile (``write_sum``), at each chunk ``c`` of K (``rk<c>``, ``kmask<c>``), where that
+    output is of ``stage`` (``RowNorm.row_ops``)."""
+    norm = site.prologue.norm
+    if norm.sum_out is None or norm.stage_of(norm.sum_out[1]) != stage:
+        return []
+    _, var, dtype = norm.sum_out
+    return [
+        f"{pad}if {write_sum}:  # the first N tile writes the sum that later steps read",
+        *(
+            f"{pad}    tl.store(sum_ptr + rm[:, None] * {site.k} + rk{c}[None, :], "
+            f"{var.replace('@', c)}.to({TL_TYPE[STORAGE[dtype]]}), mask=kmask{c})"
+            for c in chunks
+        ),
+    ]
 
 
 def _norm_a(site: Site) -> list[str]:

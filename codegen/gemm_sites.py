@@ -15,12 +15,12 @@ from aot.codegen import gemm_forms
 from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
-from aot.codegen.gemm_prologue import RowNorm, lower_row_norm
+from aot.codegen.gemm_prologue import RowNorm, is_copy, lower_row_norm
 from aot.codegen.splice import whole_slice
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.errors import CodegenError
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
-from aot.schema import Buf, MemoryFormat, Program, Step, StepKind, TensorSpec
+from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
 
@@ -147,7 +147,7 @@ def _prologue(
     for r in s.reference:
         if r.kind != StepKind.ATEN:
             return None
-        if (r.target in RESHAPE_VIEWS or _is_copy(r)) and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
+        if (r.target in RESHAPE_VIEWS or is_copy(r)) and isinstance(r.args[0], Buf) and len(r.outputs) == 1:
             alias[r.outputs[0]] = alias.get(r.args[0].name, r.args[0].name)
         elif r.target == "aten.add.Tensor" and len(r.args) == 2 and not r.kwargs and len(r.outputs) == 1:
             if not all(isinstance(x, Buf) for x in r.args):
@@ -193,18 +193,6 @@ def _prologue(
     w_name = weight.name if weight is not None else None
     b_name = bias.name if bias is not None else None
     return Prologue(x, y, w_name, b_name, eps, sum_out, s, name), [p, *views]
-
-
-def _is_copy(step: Step) -> bool:
-    """``clone(x)`` into a row-major or x's layout (the prologue's rows are row-major): a copy,
-    to a prologue as good as the buffer it copies (what an inference-mode dropout traces to)."""
-    return (
-        step.target == "aten.clone.default"
-        and len(step.args) == 1
-        and set(step.kwargs) <= {"memory_format"}
-        and step.kwargs.get("memory_format")
-        in (None, MemoryFormat("contiguous_format"), MemoryFormat("preserve_format"))
-    )
 
 
 def _row_norm_prologue(
@@ -464,8 +452,9 @@ def _halves(
 ) -> tuple[list[dict[str, Any]], tuple[Step, ...]] | None:
     """Where the kernel ``kstep`` reads the stacked GEMM ``g``'s result only as its two column
     halves (``slice(C, 1, 0, N/2)`` and ``slice(C, 1, N/2, N)``: gate and up stacked by
-    ``sibling_matmuls``): the two halves as GEMMs of N/2 columns over the same weight, and the
-    kernel's other steps (its epilogue); else None."""
+    ``sibling_matmuls``; or ``split_with_sizes(view(C, [..., N]), [N/2, N/2], -1)``: Phi-3's
+    ``gate_up_proj`` output chunked): the two halves as GEMMs of N/2 columns over the same weight,
+    and the kernel's other steps (its epilogue); else None."""
     if not gemm_forms.STACKED_HALVES_EPILOGUE:
         return None
     if g["w_kn"] or g["bias"] is not None or g["activation"] or g["n"] % 2:
@@ -473,21 +462,34 @@ def _halves(
     h = g["n"] // 2
     cut: dict[tuple[int, int], str] = {}
     rest = []
+    rows = {g["out"]: 2}  # C and the views of it the kernel makes (each ending in N): their rank
     for r in kstep.reference:
-        if any(isinstance(a, Buf) and a.name == g["out"] for a in r.args):
-            if not (
-                r.kind == StepKind.ATEN
-                and r.target == "aten.slice.Tensor"
-                and len(r.args) == 4
-                and r.args[1] in (1, -1)
-                and (r.args[2], r.args[3]) in ((0, h), (h, 2 * h))
-                and not r.kwargs
-                and len(r.outputs) == 1
-            ):
+        read = [a.name for a in r.args if isinstance(a, Buf) and a.name in rows]
+        if not read:
+            rest.append(r)
+            continue
+        if r.kind != StepKind.ATEN or r.kwargs or len(read) != 1 or r.args[0] != Buf(read[0]):
+            return None
+        rank = rows[read[0]]
+        last = (rank - 1, -1)
+        shape = r.args[1] if len(r.args) > 1 else None
+        if r.target in RESHAPE_VIEWS and isinstance(shape, list) and shape and shape[-1] == 2 * h:
+            rows[r.outputs[0]] = len(shape)  # a view keeping the rows of N: its halves are C's
+        elif (
+            r.target == "aten.slice.Tensor" and len(r.args) == 4 and r.args[1] in last and len(r.outputs) == 1
+        ):
+            if (r.args[2], r.args[3]) not in ((0, h), (h, 2 * h)):
                 return None
             cut[(r.args[2], r.args[3])] = r.outputs[0]
+        elif (
+            r.target == "aten.split_with_sizes.default"
+            and list(r.args[1:]) in ([[h, h], rank - 1], [[h, h], -1])
+            and len(r.outputs) == 2
+            and None not in r.outputs
+        ):
+            cut[(0, h)], cut[(h, 2 * h)] = r.outputs
         else:
-            rest.append(r)
+            return None
     if len(cut) != 2:
         return None
     first = dict(g, n=h, out=cut[(0, h)])

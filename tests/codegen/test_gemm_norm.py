@@ -275,6 +275,21 @@ def gpt2_decode(tmp_path_factory):
     return _decode_build("gpt2", tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def phi3_decode(tmp_path_factory):
+    return _decode_build("phi3", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gemma2_decode(tmp_path_factory):
+    return _decode_build("gemma2", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gemma3_decode(tmp_path_factory):
+    return _decode_build("gemma3", tmp_path_factory)
+
+
 def _launches(steps, kernels) -> int:
     """Kernel launches and library GEMM calls of a plan (views and the like launch nothing)."""
     return sum(
@@ -353,6 +368,58 @@ def test_the_final_norm_goes_into_the_heads_prologue_where_asked(llama_decode, l
     assert n_sliced == n_default - 1
 
 
+@pytest.mark.slow  # a transformers Phi-3 traced and built
+def test_phi3_decode_runs_its_norms_and_silu_product_inside_the_gemvs(phi3_decode):
+    """Phi-3 writes its sublayers' outputs through a dropout (a ``clone`` before the residual
+    add) and computes gate and up as one projection whose output it splits in halves
+    (``gate_up_proj(x).chunk(2, -1)``). The RMSNorm kernels (clone and add in them) go into q/k/v's
+    and gate/up's prologues, the SiLU product into gate/up's epilogue (the split's halves as the
+    stacked halves): five launches a layer at one row, as Llama's, where it had ten."""
+    from aot.tuning import tuned_plans
+
+    _, compiled, index = phi3_decode
+    program = [compiled.program, *compiled.program.variants][index]
+    kernels = {k.id: k for k in program.kernels}
+    layers = 2
+    plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers, names
+    assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == layers, names  # q/k/v
+    assert not any("sigmoid" in n for n in names), names
+    assert sum("pow" in n or "mean" in n for n in names) == 1, names  # the final norm's kernel
+    # and once a step: the mask, the embedding lookup, the rotary tables, the final norm, the head
+    assert _launches(plan, kernels) == 5 * layers + 5
+
+
+@pytest.mark.slow  # transformers Gemma 2 and Gemma 3 traced and built
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_gemmas_post_norms_run_inside_the_gemvs(kind, request):
+    """Gemma 2 and 3 norm each sublayer's output before the residual add, then norm the sum for
+    the next sublayer: a kernel of two means over the row between the GEMVs, twice a layer. At
+    one row it is the next GEMV's prologue (``RowNorm.more``: the first N tile writes the sum the
+    later add reads): gate/up after the attention's, the second layer's q/k/v after the first's
+    MLP. What stays: the first layer's input norm (after the embedding's scale), the last
+    layer's post-MLP norm with the final norm (before the head)."""
+    from aot.tuning import tuned_plans
+
+    _, compiled, index = request.getfixturevalue(f"{kind}_decode")
+    program = [compiled.program, *compiled.program.variants][index]
+    kernels = {k.id: k for k in program.kernels}
+    layers = 2
+    plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers, names
+    assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == layers - 1, names
+    assert sum(n.startswith("fused") and "mean" in n for n in names) == 2, names
+    # gate/up's prologue computes two means: its source names the second
+    (gate_up, *_) = [
+        kernels[s.target]
+        for s in plan
+        if kernels.get(s.target) and kernels[s.target].name.startswith("gemm_norm_halves")
+    ]
+    assert "s_sum2 = " in gate_up.source
+
+
 @pytest.mark.slow  # a transformers GPT-2 traced and built; gemm_gpt2's forms are interpreted by default
 def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
     """GPT-2's Conv1D weights are stored [N, K] (``weight_layout``), so its decode GEMMs take the
@@ -383,6 +450,11 @@ def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
         ("llama", "gemm_norm_", 4),  # q/k/v and gate/up, 2 layers
         ("gpt2", "gemm_ln_", 4),  # q/k/v and fc
         ("llama_sliced", "gemm_norm_", 5),  # and the head, after the final norm
+        ("phi3", "gemm_norm_", 4),  # q/k/v and the split gate/up
+        # gate/up after the post-attention norm, the add and the pre-MLP norm (two means), and
+        # the second layer's q/k/v after the first's post-MLP norm, the add and its input norm
+        ("gemma2", "gemm_norm_", 3),
+        ("gemma3", "gemm_norm_", 3),
     ],
 )
 def test_decode_plan_matches_its_reference_in_the_interpreter(kind, fused_prefix, fused, request):

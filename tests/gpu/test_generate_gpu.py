@@ -182,6 +182,7 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
         "gemma2",
         "gemma2_gqa",
         "qwen3",
+        "phi3",
     ],
 )
 def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
@@ -192,7 +193,9 @@ def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
     Cohere 2, Qwen2 with ``max_window_layers``; Llama 4's chunks of 4 slots: a mask per kind of
     layer), Gemma 2 (its capped eager attention in the decode attention kernel; at two query heads
     per KV head, repeat_kv's copy folded in with the cache writes), Qwen3 (each query and key head
-    normed before the rotary, in the decode attention kernel; Gemma 3's queries too): the GPU's greedy
+    normed before the rotary, in the decode attention kernel; Gemma 3's queries too), Phi-3 (its
+    norms, after a dropout's copy, in the GEMVs' prologues, its split gate/up product in the
+    epilogue): the GPU's greedy
     tokens, in blocks of steps and one step per launch, equal the CPU's (which equal
     transformers', tests/lm)."""
     if not torch.cuda.is_available():
