@@ -448,12 +448,19 @@ def _vec_steps_norm(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -
     lines += _norm_stats(site, write_sum, steps, need_k_mask)
     last = 1 + len(norm.more)
     for stage, (reduced, stat_ops) in enumerate(norm.more, start=1):  # a norm after the norm
-        lines.append(f"# the values between statistics {stage} and {stage + 1}, per K step, and the next mean")
+        lines.append(
+            f"# the values between statistics {stage} and {stage + 1}, per K step, and the next mean"
+        )
         for i in range(len(steps)):
-            lines += [f"{v.replace('@', str(i))} = {e.replace('@', str(i))}" for v, e, st in norm.row_ops if st == stage]
+            lines += [
+                f"{v.replace('@', str(i))} = {e.replace('@', str(i))}"
+                for v, e, st in norm.row_ops
+                if st == stage
+            ]
         lines += _sum_out_stores(site, write_sum, {str(i): f"rk{i}" for i in range(len(steps))}, stage)
         total = " + ".join(
-            f"tl.sum(tl.where(kmask{i}, {reduced.replace('@', str(i))}, 0.0), axis=1)" for i in range(len(steps))
+            f"tl.sum(tl.where(kmask{i}, {reduced.replace('@', str(i))}, 0.0), axis=1)"
+            for i in range(len(steps))
         )
         lines.append(f"s_sum{stage + 1} = {total}")
         lines += [f"{v} = {e}" for v, e in stat_ops]
@@ -581,7 +588,9 @@ def _norm_stats(site: Site, write_sum: str, steps: list[str] | None = None, k_ma
     return lines
 
 
-def _sum_out_stores(site: Site, write_sum: str, chunks: dict[str, str], stage: int, pad: str = "") -> list[str]:
+def _sum_out_stores(
+    site: Site, write_sum: str, chunks: dict[str, str], stage: int, pad: str = ""
+) -> list[str]:
     """The stores of the row norm's second output (the residual sum later steps read), by the
     first N tile (``write_sum``), at each chunk ``c`` of K (``rk<c>``, ``kmask<c>``), where that
     output is of ``stage`` (``RowNorm.row_ops``)."""
