@@ -101,7 +101,22 @@ def _transformers():
     return transformers
 
 
+# "N" (``--layers``): every model built with its first N decoder layers only, for a quicker A/B
+# of a change on a model's shapes (a row says ``layers``); the parent sets it for its workers
+LAYERS_ENV = "AOTPACK_BENCH_LAYERS"
+
+
 def config(model: str, tiny: bool):
+    cls, cfg = _config(model, tiny)
+    given = os.environ.get(LAYERS_ENV, "").strip()
+    if given:
+        fields = {**cfg.to_dict(), "num_hidden_layers": int(given)}
+        fields.pop("layer_types", None)  # recomputed for the new depth (sliding and full layers)
+        cfg = type(cfg)(**fields)
+    return cls, cfg
+
+
+def _config(model: str, tiny: bool):
     tf = _transformers()
 
     if model == "gpt2":
@@ -611,6 +626,8 @@ def build_bundles(
         attn_implementation=ATTENTION.get(model),
     )
     stem = f"{model}{'-tiny' if tiny else ''}"
+    if os.environ.get(LAYERS_ENV, "").strip():
+        stem += f"-{os.environ[LAYERS_ENV].strip()}layers"
 
     def say(message: str) -> None:  # what the codegen did with the decode program's attention
         if "decode attention" in message:
@@ -719,6 +736,11 @@ def main() -> None:
         metavar="PROMPT,NEW",
         help="every model's prompt and new tokens (a long cache: e.g. 1984,64) [default: per model]",
     )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        help="build each model with its first N decoder layers (a quicker A/B) [default: all]",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--bundle", help=argparse.SUPPRESS)
     ap.add_argument("--profile-to", help=argparse.SUPPRESS)
@@ -730,6 +752,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.workload:
         os.environ[WORKLOAD_ENV] = args.workload  # the workers' too
+    if args.layers:
+        os.environ[LAYERS_ENV] = str(args.layers)
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
     if args.worker:
         worker(
@@ -807,6 +831,8 @@ def main() -> None:
             done_rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
             for row in done_rows:
                 row["floor_ms"] = floor_ms(module, row["batch"], context, bandwidth)
+                if args.layers:
+                    row["layers"] = args.layers
                 if "ms_per_token" in row:
                     row["pct_hbm"] = 100 * row["floor_ms"] / row["ms_per_token"]
                 rows.append(row)

@@ -16,7 +16,8 @@
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per
-# aotpack system and batch) and DECODE_WORKLOAD=PROMPT,NEW (every model's, e.g. a long cache; decode-, split-).
+# aotpack system and batch), DECODE_WORKLOAD=PROMPT,NEW (every model's, e.g. a long cache; decode-, split-)
+# and DECODE_LAYERS=N (each model's first N decoder layers: a quicker A/B; decode-, envdecode-).
 # Bundles built on the CPU box travel in .bundles/ (without their split weights: device_setup.sh
 # re-creates those from the seeded model files and checks them against the bundle's sha256).
 set -uo pipefail
@@ -60,7 +61,7 @@ for item in "$@"; do
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
     # nopdl-MODEL: decode-MODEL with dependent launch off (AOTPACK_DEPENDENT_LAUNCH=0), the same bundles
     nopdl-*) cmd=(env AOTPACK_DEPENDENT_LAUNCH=0 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#nopdl-}" --out "$RES/decode-nopdl-${step#nopdl-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
-    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
+    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # run-MODELS (comma-separated): bench/run.py builds what .bundles lacks here (real models always)
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
@@ -135,7 +136,7 @@ for item in "$@"; do
     gpu-runtime) mkdir -p .bundles; cmd=(bash -c "for m in mlp gpt cnn; do test -f .bundles/\$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/\$m.py -o .bundles/\$m.tpk || exit 1; done; python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py") ;;
     # envdecode-MODEL: decode-MODEL with the build's environment DECODE_ENV (e.g.
     # AOTPACK_SLICED_PROLOGUE=off), bundles and results of their own: an A/B beside decode-MODEL
-    envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
+    envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
     newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;
     # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)

@@ -30,6 +30,13 @@ def build_llama_1b(tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[s
     """(bundle path, compiled, arch): ``LAYERS`` layers of Llama-3.2-1B's shapes, bfloat16, built
     by default for this GPU's arch at ``batch_buckets`` (with ``env`` set for the build); skips
     where there is no GPU, no transformers, or the GPU is not the built-in table's arch."""
+    return build_shaped("llama-3.2-1b", tmp_path_factory, batch_buckets, env)
+
+
+def build_shaped(
+    model: str, tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[str, str] | None = None
+):
+    """``build_llama_1b`` for any of ``bench/decode.py``'s models (its shapes, ``LAYERS`` layers)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from tests.realmodels.conftest import require
@@ -40,13 +47,14 @@ def build_llama_1b(tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[s
     from aot.hf import causal_lm
     from aot.packager import pack
     from aot.tracer import trace
-    from bench.decode import config, instantiate
+    from bench.decode import ATTENTION, LAYERS_ENV, config, instantiate
 
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     if arch != DEFAULT_ARCH:
         pytest.skip(f"the built-in GEMM table is for {DEFAULT_ARCH}, this GPU is {arch}")
-    cls, cfg = config("llama-3.2-1b", False)
-    cfg.num_hidden_layers = LAYERS
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(LAYERS_ENV, str(LAYERS))
+        cls, cfg = config(model, False)
     cfg.pad_token_id = 0
     cfg.eos_token_id = None
     spec = causal_lm(
@@ -54,14 +62,15 @@ def build_llama_1b(tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[s
         max_batch=max(batch_buckets),
         max_context=64,
         dtype="bfloat16",
-        name="llama-3.2-1b",
+        name=model,
         batch_buckets=batch_buckets,
+        attn_implementation=ATTENTION.get(model),
     )
     with pytest.MonkeyPatch.context() as mp:
         for name, value in (env or {}).items():
             mp.setenv(name, value)
         compiled = generate(trace(spec), (arch,))
-    path = tmp_path_factory.mktemp("llama_1b") / "llama-3.2-1b.tpk"
+    path = tmp_path_factory.mktemp(model.replace(".", "_")) / f"{model}.tpk"
     pack(compiled, path, split_weights=True)
     return path, compiled, arch
 
@@ -108,3 +117,32 @@ def test_verify_passes_with_the_fused_forms(llama_1b):
     assert not failed, failed[:2]
     fused = {name for r in reports for name in r.kernel_errs if name.startswith("gemm_norm_")}
     assert fused, "no fused GEMV form was checked"
+
+
+@pytest.mark.parametrize(
+    "model, fused",
+    [
+        ("gemma-2-2b", "gemm_norm_halves_epilogue_vec"),  # post-norm, add and pre-norm: two means
+        ("qwen3-0.6b", "decode_attention_append_normed_rope"),  # each q and k head normed in the kernel
+    ],
+)
+def test_verify_passes_on_more_shapes(model, fused, tmp_path_factory):
+    """Two layers of Gemma-2-2B's shapes (bfloat16, eager attention: its capped scores; its
+    post-norm, the residual add and the next pre-norm inside the one-row GEMVs' prologues, head
+    dim 256) and of Qwen3-0.6B's (each query and key head RMSNormed in the decode attention
+    kernel, head dim 128), built by default for this GPU: ``verify`` passes, the fused forms
+    among the kernels it checked."""
+    from aot.loader.bundle import open_bundle
+    from aot.verify.device import passed, reference_noise, verify
+
+    path, _, _ = build_shaped(model, tmp_path_factory, (1, 2))
+    reports = verify(str(path))
+    bundle = open_bundle(path)
+    try:
+        noise = reference_noise(bundle.manifest)
+    finally:
+        bundle.close()
+    assert reports
+    failed = [r for r in reports if not passed(r, "bfloat16", noise)]
+    assert not failed, failed[:2]
+    assert any(name.startswith(fused) for r in reports for name in r.kernel_errs), fused
