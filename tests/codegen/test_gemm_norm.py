@@ -280,14 +280,23 @@ def phi3_decode(tmp_path_factory):
     return _decode_build("phi3", tmp_path_factory)
 
 
+def _two_means_build(kind: str, tmp_path_factory):
+    """``_decode_build`` with prologues of two means (``AOTPACK_ROW_NORM_MEANS=2``)."""
+    from aot.codegen.gemm_prologue import MEANS_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(MEANS_ENV, "2")
+        return _decode_build(kind, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
 def gemma2_decode(tmp_path_factory):
-    return _decode_build("gemma2", tmp_path_factory)
+    return _two_means_build("gemma2", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def gemma3_decode(tmp_path_factory):
-    return _decode_build("gemma3", tmp_path_factory)
+    return _two_means_build("gemma3", tmp_path_factory)
 
 
 def _launches(steps, kernels) -> int:
@@ -393,15 +402,18 @@ def test_phi3_decode_runs_its_norms_and_silu_product_inside_the_gemvs(phi3_decod
 
 @pytest.mark.slow  # transformers Gemma 2 and Gemma 3 traced and built
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
-def test_gemmas_post_norms_run_inside_the_gemvs(kind, request):
+def test_gemmas_post_norms_run_inside_the_gemvs_where_asked(kind, request, tmp_path_factory):
     """Gemma 2 and 3 norm each sublayer's output before the residual add, then norm the sum for
-    the next sublayer: a kernel of two means over the row between the GEMVs, twice a layer. At
-    one row it is the next GEMV's prologue (``RowNorm.more``: the first N tile writes the sum the
-    later add reads): gate/up after the attention's, the second layer's q/k/v after the first's
-    MLP. What stays: the first layer's input norm (after the embedding's scale), the last
-    layer's post-MLP norm with the final norm (before the head)."""
+    the next sublayer: a kernel of two means over the row between the GEMVs, twice a layer. With
+    ``AOTPACK_ROW_NORM_MEANS=2`` it is the next GEMV's prologue at one row (``RowNorm.more``: the
+    first N tile writes the sum the later add reads): gate/up after the attention's, the second
+    layer's q/k/v after the first's MLP. What stays: the first layer's input norm (after the
+    embedding's scale), the last layer's post-MLP norm with the final norm (before the head). By
+    default (it measured slower on an H200) no prologue computes two means."""
     from aot.tuning import tuned_plans
 
+    _, default, index = _decode_build(kind, tmp_path_factory)
+    assert not any("s_sum2" in k.source for k in [default.program, *default.program.variants][index].kernels)
     _, compiled, index = request.getfixturevalue(f"{kind}_decode")
     program = [compiled.program, *compiled.program.variants][index]
     kernels = {k.id: k for k in program.kernels}
