@@ -383,7 +383,7 @@ def test_phi3_decode_runs_its_norms_and_silu_product_inside_the_gemvs(phi3_decod
     add) and computes gate and up as one projection whose output it splits in halves
     (``gate_up_proj(x).chunk(2, -1)``). The RMSNorm kernels (clone and add in them) go into q/k/v's
     and gate/up's prologues, the SiLU product into gate/up's epilogue (the split's halves as the
-    stacked halves): five launches a layer at one row, as Llama's, where it had ten."""
+    stacked halves): five launches a layer at one row, as Llama's, where it had seven or eight."""
     from aot.tuning import tuned_plans
 
     _, compiled, index = phi3_decode
