@@ -73,6 +73,13 @@ class RowNorm:
         """The stage of a row variable (0 for one this norm does not compute)."""
         return next((st for v, _, st in self.row_ops if v == var), 0)
 
+    @property
+    def one_row_only(self) -> bool:
+        """Whether only the one-row forms compute it: a second mean (``more``), or a second output
+        of the last stage (A itself, stored: ``gemm_sites._row_norm_prologue``'s ``shared``)."""
+        last = 1 + len(self.more)
+        return bool(self.more) or (self.sum_out is not None and self.stage_of(self.sum_out[1]) == last)
+
 
 def is_copy(step: Step) -> bool:
     """``clone(x)`` into a row-major or x's layout (the prologue's rows are row-major): a copy,

@@ -67,7 +67,10 @@ def render_candidates(
     which the built-in table takes."""
     if site.prologue is not None:
         pro = site.prologue
-        scratch = f"{site.id}_a"
+        # the norm kernel's A into a buffer of its own; where later steps read A too (a site's
+        # output: ``gemm_sites._row_norm_prologue``'s ``shared``), into A's own buffer
+        shared = pro.sum_out == pro.ln_out
+        scratch = pro.ln_out if shared else f"{site.id}_a"
         plain = replace(site, prologue=None, a=scratch, outputs=_gemm_outputs(site))
         ln_step = replace(
             pro.kernel,
@@ -80,14 +83,17 @@ def render_candidates(
         a_spec = buffers[pro.ln_out]
         out = []
         for cfg, kernels, extra, pre in render_candidates(plain, buffers, known, ranges, configs):
-            out.append((cfg, kernels, {**extra, scratch: a_spec}, (ln_step, *pre)))
+            out.append((cfg, kernels, extra if shared else {**extra, scratch: a_spec}, (ln_step, *pre)))
         if pro.norm is not None:
             fused = [
                 c
                 for c in (CONFIGS if configs is None else configs)
                 if c.split_k == 1
                 and not c.rows_apart
-                and (not c.dot or (c.row_norm and c.block_m <= PROLOGUE_MAX_BLOCK_M and not pro.norm.more))
+                and (
+                    not c.dot
+                    or (c.row_norm and c.block_m <= PROLOGUE_MAX_BLOCK_M and not pro.norm.one_row_only)
+                )
             ]
             suffix = "_rms"
         else:
@@ -477,6 +483,7 @@ def _vec_steps_norm(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -
         )
         for g in range(len(site.weights)):
             lines.append(f"part{g} += w{g}_{i}.to(tl.float32) * a.to(tl.float32)")
+    lines += _sum_out_stores(site, write_sum, {str(i): f"rk{i}" for i in range(len(steps))}, last)
     lines += [f"acc{g} = tl.sum(part{g}, axis=1)[None, :]" for g in range(len(site.weights))]
     return lines
 

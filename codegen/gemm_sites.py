@@ -6,7 +6,7 @@ the LayerNorm or row-norm (RMSNorm) kernel before it (its prologue)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
@@ -121,18 +121,24 @@ def _prologue(
     prologue, and the steps it replaces; None when ``a`` is not such a kernel's output.
     ``known``: the program's inputs' and weights' specs."""
     steps = program.steps
-    views, name, nxt = [], a, reader
+    views, name, nxt, shared = [], a, reader, False
     while True:
-        if readers.get(name) != [nxt] or name in program.outputs:
+        rd = readers.get(name, [])
+        if name in program.outputs or nxt not in rd:
             return None
         p = producer.get(name)
         if p is None:
             return None
         s = steps[p]
-        if s.kind == StepKind.ATEN and (
+        view = s.kind == StepKind.ATEN and (
             (s.target in RESHAPE_VIEWS and isinstance(s.args[0], Buf))
             or (whole_slice(s, program.buffers) and through_slices())
-        ):
+        )
+        if rd != [nxt]:  # read elsewhere too: the kernel's output itself, which the site then writes
+            if view:
+                return None
+            shared = True
+        if view:
             views.append(p)
             name, nxt = s.args[0].name, p
             continue
@@ -140,7 +146,9 @@ def _prologue(
     if s.kind != StepKind.KERNEL or name not in s.outputs:
         return None
     if not s.reference or s.reference[-1].target != LAYER_NORM:
-        return _row_norm_prologue(program, s, name, m, k, dtype, known, [p, *views])
+        return _row_norm_prologue(program, s, name, m, k, dtype, known, [p, *views], shared)
+    if shared:
+        return None
     alias: dict[str, str] = {}  # a reference view's (or copy's) output -> the buffer it views
     summed: dict[str, tuple[str, str]] = {}
     found = None
@@ -204,15 +212,22 @@ def _row_norm_prologue(
     dtype: str,
     known: dict[str, TensorSpec],
     replaced: list[int],
+    shared: bool = False,
 ) -> tuple[Prologue, list[int]] | None:
     """The kernel step ``s`` (whose output ``name`` is A) as a row-norm prologue; None where its
-    steps are not one (``gemm_prologue.lower_row_norm``)."""
+    steps are not one (``gemm_prologue.lower_row_norm``). ``shared``: later steps read A too
+    (OLMo 2's residual sum after its post-norm, which the next GEMM reads as it is): the site
+    writes A as the prologue's second output, so the kernel may have no other."""
     if k > ROW_NORM_MAX_K or program.buffers[name].dtype != dtype:
         return None
     try:
         norm = lower_row_norm(s.reference, s.outputs, name, m, k, program.buffers, known)
     except NoSite:
         return None
+    if shared:
+        if norm.sum_out is not None:
+            return None
+        norm = replace(norm, sum_out=(name, norm.out, program.buffers[name].dtype))
     rows = [b for b, _ in norm.inputs]
     x, y = rows[0], rows[1] if len(rows) > 1 else None
     sum_out = norm.sum_out[0] if norm.sum_out is not None else None

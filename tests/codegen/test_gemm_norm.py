@@ -290,6 +290,11 @@ def _two_means_build(kind: str, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def olmo2_decode(tmp_path_factory):
+    return _decode_build("olmo2", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def gemma2_decode(tmp_path_factory):
     return _two_means_build("gemma2", tmp_path_factory)
 
@@ -432,6 +437,32 @@ def test_gemmas_post_norms_run_inside_the_gemvs_where_asked(kind, request, tmp_p
     assert "s_sum2 = " in gate_up.source
 
 
+@pytest.mark.slow  # a transformers OLMo 2 traced and built
+def test_olmo2s_post_norms_run_inside_the_gemvs(olmo2_decode):
+    """OLMo 2 norms each sublayer's output, then adds the residual; the sum is the next GEMM's A
+    as it is (no pre-norm) and the next residual. At one row that kernel is the next GEMV's
+    prologue, which stores A (the sum) from its first N tile for the add after: gate/up after
+    the attention's, the second layer's q/k/v after the first's MLP. What stays: its q and k
+    norms (over all heads, not per head) and the last layer's post-MLP norm before the head."""
+    from aot.tuning import tuned_plans
+
+    _, compiled, index = olmo2_decode
+    program = [compiled.program, *compiled.program.variants][index]
+    kernels = {k.id: k for k in program.kernels}
+    layers = 2
+    plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers, names
+    assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == layers - 1, names
+    assert sum(n.startswith("fused") and "mean" in n for n in names) == 2 * layers + 1, names
+    gate_up = next(
+        kernels[s.target]
+        for s in plan
+        if kernels.get(s.target, None) and kernels[s.target].name.startswith("gemm_norm_halves")
+    )
+    assert "tl.store(sum_ptr" in gate_up.source
+
+
 @pytest.mark.slow  # a transformers GPT-2 traced and built; gemm_gpt2's forms are interpreted by default
 def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
     """GPT-2's Conv1D weights are stored [N, K] (``weight_layout``), so its decode GEMMs take the
@@ -467,6 +498,8 @@ def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
         # the second layer's q/k/v after the first's post-MLP norm, the add and its input norm
         ("gemma2", "gemm_norm_", 3),
         ("gemma3", "gemm_norm_", 3),
+        # OLMo 2's post-norms with their adds: A itself stored for the residual after
+        ("olmo2", "gemm_norm_", 3),
     ],
 )
 def test_decode_plan_matches_its_reference_in_the_interpreter(kind, fused_prefix, fused, request):
