@@ -198,6 +198,18 @@ def llama_3_2_1b(tiny: bool) -> dict:
     )
 
 
+# the tiny configs' shape (gemma-2-2b's and qwen3-0.6b's): a CPU runs them end to end in seconds
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=256,
+)
+
+
 def gemma_2_2b(tiny: bool) -> dict:
     """Gemma-2-2B's configuration (its ``config.json``), random weights: attention scores capped at
     50 (eager attention), logits at 30, sliding-window layers (4096 slots) beside full ones, GeGLU,
@@ -215,17 +227,7 @@ def gemma_2_2b(tiny: bool) -> dict:
         query_pre_attn_scalar=256,
     )
     if tiny:
-        shape.update(
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            vocab_size=256,
-            sliding_window=16,
-            query_pre_attn_scalar=32,
-        )
+        shape.update(TINY, sliding_window=16, query_pre_attn_scalar=32)
     return dict(
         shape,
         attn_logit_softcapping=50.0,
@@ -251,15 +253,7 @@ def qwen3_0_6b(tiny: bool) -> dict:
         max_position_embeddings=40960,
     )
     if tiny:
-        shape.update(
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            vocab_size=256,
-        )
+        shape.update(TINY)
     rope = {"rope_type": "default", "rope_theta": 1000000.0}
     return dict(
         shape, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_parameters=rope, attention_bias=False

@@ -304,6 +304,19 @@ def gemma3_decode(tmp_path_factory):
     return _two_means_build("gemma3", tmp_path_factory)
 
 
+def _one_row_plan(build) -> tuple[schema.Program, dict, tuple, list[str]]:
+    """A ``_decode_build``'s decode program, its kernels by id, the plan the built-in table gives
+    it at one row on sm_90, and the names of the kernels that plan launches."""
+    from aot.tuning import tuned_plans
+
+    _, compiled, index = build
+    program = [compiled.program, *compiled.program.variants][index]
+    kernels = {k.id: k for k in program.kernels}
+    plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    return program, kernels, plan, names
+
+
 def _launches(steps, kernels) -> int:
     """Kernel launches and library GEMM calls of a plan (views and the like launch nothing)."""
     return sum(
@@ -343,15 +356,8 @@ def test_the_default_build_runs_the_norms_and_the_silu_product_inside_the_gemvs(
 
 @pytest.mark.slow  # a transformers Llama traced and built; the small model's test above runs by default
 def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
-    from aot.tuning import tuned_plans
-
-    _, compiled, index = llama_decode
-    program = [compiled.program, *compiled.program.variants][index]
-    kernels = {k.id: k for k in program.kernels}
+    program, kernels, plan, names = _one_row_plan(llama_decode)
     layers = 2
-    plans = tuned_plans(compiled.tuning, index, program, "sm_90")
-    (plan,) = [steps for key, steps in plans.items() if key == (1,)]
-    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers
     assert not any("sigmoid" in n for n in names)  # the SiLU * up kernel went into the gate/up GEMV
     # per layer, with the built-in table: q/k/v (+ RMSNorm, + the residual add), 2 RoPE, decode
@@ -367,14 +373,9 @@ def test_the_final_norm_goes_into_the_heads_prologue_where_asked(llama_decode, l
     """``AOTPACK_SLICED_PROLOGUE=on``: the decode step's final norm (with its residual add) runs
     in the vocabulary head's prologue, through the ``[:, -1:]`` of its one position: one launch
     fewer than the default plan (which keeps the norm kernel: it measured faster on an H200)."""
-    from aot.tuning import tuned_plans
-
     plans = []
-    for _, compiled, index in (llama_decode, llama_decode_sliced):
-        program = [compiled.program, *compiled.program.variants][index]
-        kernels = {k.id: k for k in program.kernels}
-        plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
-        names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    for build in (llama_decode, llama_decode_sliced):
+        _, kernels, plan, names = _one_row_plan(build)
         plans.append((names, _launches(plan, kernels)))
     (default, n_default), (sliced, n_sliced) = plans
     assert default[-1].startswith("gemm_mm_vec") and "mean" in default[-2], default[-3:]
@@ -389,14 +390,8 @@ def test_phi3_decode_runs_its_norms_and_silu_product_inside_the_gemvs(phi3_decod
     (``gate_up_proj(x).chunk(2, -1)``). The RMSNorm kernels (clone and add in them) go into q/k/v's
     and gate/up's prologues, the SiLU product into gate/up's epilogue (the split's halves as the
     stacked halves): five launches a layer at one row, as Llama's, where it had seven or eight."""
-    from aot.tuning import tuned_plans
-
-    _, compiled, index = phi3_decode
-    program = [compiled.program, *compiled.program.variants][index]
-    kernels = {k.id: k for k in program.kernels}
+    _, kernels, plan, names = _one_row_plan(phi3_decode)
     layers = 2
-    plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
-    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers, names
     assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == layers, names  # q/k/v
     assert not any("sigmoid" in n for n in names), names
@@ -415,25 +410,19 @@ def test_gemmas_post_norms_run_inside_the_gemvs_where_asked(kind, request, tmp_p
     layer's q/k/v after the first's MLP. What stays: the first layer's input norm (after the
     embedding's scale), the last layer's post-MLP norm with the final norm (before the head). By
     default (it measured slower on an H200) no prologue computes two means."""
-    from aot.tuning import tuned_plans
-
     _, default, index = _decode_build(kind, tmp_path_factory)
     assert not any("s_sum2" in k.source for k in [default.program, *default.program.variants][index].kernels)
-    _, compiled, index = request.getfixturevalue(f"{kind}_decode")
-    program = [compiled.program, *compiled.program.variants][index]
-    kernels = {k.id: k for k in program.kernels}
+    _, kernels, plan, names = _one_row_plan(request.getfixturevalue(f"{kind}_decode"))
     layers = 2
-    plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
-    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers, names
     assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == layers - 1, names
     assert sum(n.startswith("fused") and "mean" in n for n in names) == 2, names
     # gate/up's prologue computes two means: its source names the second
-    (gate_up, *_) = [
+    gate_up = next(
         kernels[s.target]
         for s in plan
-        if kernels.get(s.target) and kernels[s.target].name.startswith("gemm_norm_halves")
-    ]
+        if s.target in kernels and kernels[s.target].name.startswith("gemm_norm_halves")
+    )
     assert "s_sum2 = " in gate_up.source
 
 
@@ -444,21 +433,15 @@ def test_olmo2s_post_norms_run_inside_the_gemvs(olmo2_decode):
     prologue, which stores A (the sum) from its first N tile for the add after: gate/up after
     the attention's, the second layer's q/k/v after the first's MLP. What stays: its q and k
     norms (over all heads, not per head) and the last layer's post-MLP norm before the head."""
-    from aot.tuning import tuned_plans
-
-    _, compiled, index = olmo2_decode
-    program = [compiled.program, *compiled.program.variants][index]
-    kernels = {k.id: k for k in program.kernels}
+    _, kernels, plan, names = _one_row_plan(olmo2_decode)
     layers = 2
-    plan = tuned_plans(compiled.tuning, index, program, "sm_90")[(1,)]
-    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers, names
     assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == layers - 1, names
     assert sum(n.startswith("fused") and "mean" in n for n in names) == 2 * layers + 1, names
     gate_up = next(
         kernels[s.target]
         for s in plan
-        if kernels.get(s.target, None) and kernels[s.target].name.startswith("gemm_norm_halves")
+        if s.target in kernels and kernels[s.target].name.startswith("gemm_norm_halves")
     )
     assert "tl.store(sum_ptr" in gate_up.source
 
@@ -468,15 +451,8 @@ def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
     """GPT-2's Conv1D weights are stored [N, K] (``weight_layout``), so its decode GEMMs take the
     one-row forms; the LayerNorm kernels (with the residual adds) go into q/k/v's and fc's
     prologues, the GELU into fc's epilogue."""
-    from aot.tuning import tuned_plans
-
-    _, compiled, index = gpt2_decode
-    program = [compiled.program, *compiled.program.variants][index]
-    kernels = {k.id: k for k in program.kernels}
+    program, kernels, plan, names = _one_row_plan(gpt2_decode)
     layers = 2
-    plans = tuned_plans(compiled.tuning, index, program, "sm_90")
-    (plan,) = [steps for key, steps in plans.items() if key == (1,)]
-    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
     assert sum(n.startswith("gemm_ln_addmm_vec") for n in names) == layers  # q/k/v
     assert sum(n.startswith("gemm_ln_addmm_epilogue_vec") for n in names) == layers  # fc + GELU
     assert not any("tanh" in n for n in names)

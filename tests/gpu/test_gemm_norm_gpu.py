@@ -101,11 +101,12 @@ def test_decode_plan_runs_seven_kernels_per_layer(llama_1b):
     assert library - len(names) == 3 * LAYERS  # 10 per layer before, 7 now
 
 
-def test_verify_passes_with_the_fused_forms(llama_1b):
+def verified_kernels(path) -> set[str]:
+    """``aot.verify.device.verify`` of the bundle at ``path``, every report within bfloat16's
+    tolerance (and the reference's own noise): the names of the kernels it checked."""
     from aot.loader.bundle import open_bundle
     from aot.verify.device import passed, reference_noise, verify
 
-    path, _, _ = llama_1b
     reports = verify(str(path))
     bundle = open_bundle(path)
     try:
@@ -115,7 +116,12 @@ def test_verify_passes_with_the_fused_forms(llama_1b):
     assert reports
     failed = [r for r in reports if not passed(r, "bfloat16", noise)]
     assert not failed, failed[:2]
-    fused = {name for r in reports for name in r.kernel_errs if name.startswith("gemm_norm_")}
+    return {name for r in reports for name in r.kernel_errs}
+
+
+def test_verify_passes_with_the_fused_forms(llama_1b):
+    path, _, _ = llama_1b
+    fused = {name for name in verified_kernels(path) if name.startswith("gemm_norm_")}
     assert fused, "no fused GEMV form was checked"
 
 
@@ -133,17 +139,5 @@ def test_verify_passes_on_more_shapes(model, fused, env, tmp_path_factory):
     one-row GEMVs' prologues, head dim 256) and of Qwen3-0.6B's (each query and key head RMSNormed
     in the decode attention kernel, head dim 128), built for this GPU: ``verify`` passes, the
     fused forms among the kernels it checked (H200, 2026-11-30: 2 passed)."""
-    from aot.loader.bundle import open_bundle
-    from aot.verify.device import passed, reference_noise, verify
-
     path, _, _ = build_shaped(model, tmp_path_factory, (1, 2), env)
-    reports = verify(str(path))
-    bundle = open_bundle(path)
-    try:
-        noise = reference_noise(bundle.manifest)
-    finally:
-        bundle.close()
-    assert reports
-    failed = [r for r in reports if not passed(r, "bfloat16", noise)]
-    assert not failed, failed[:2]
-    assert any(name.startswith(fused) for r in reports for name in r.kernel_errs), fused
+    assert any(name.startswith(fused) for name in verified_kernels(path)), fused
