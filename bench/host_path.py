@@ -14,10 +14,13 @@ figure is the host's alone:
 - the call's phases, host time each, run back to back: binding and checking the inputs against
   the guards, the bucket's key, the inputs' copies into the graph's own, the graph's launch, the
   outputs' copies out of it;
-- with ``--ab``: ``call_sync`` with the inputs and outputs copied by the driver (the loader's way,
-  ``aot.loader.cuda.copy_bytes``) against torch's ``copy_``/``clone`` (the way before), in
-  alternating rounds of ``--calls`` calls each (``ab``: each round's median, µs), and the call's
-  host time alone either way (``*_host``).
+- ``bound``: what the bucket's graph binds to the call's own tensors (``aot.loader.bindings``);
+- with ``--ab``: ``call_sync`` with the graph's kernels pointed at the call's own tensors (the
+  loader's way, ``aot.loader.bindings``) against a second runner of the same bundle that copies
+  them into and out of the graph (``AOTPACK_DIRECT_BINDING=0``), in alternating rounds of
+  ``--calls`` calls each (``ab``: each round's median, µs): on the same input tensors every call,
+  on one of 8 input tensors in turn (``*_fresh``: every call re-points the graph), and the call's
+  host time alone (``*_host``).
 
 The probe reads the runner's internals (``Runner._entries``, ``GraphRunner.graphs``) to time the
 phases; it changes nothing in them.
@@ -121,18 +124,34 @@ def main() -> None:
             "copies_out": copies_out,
         }
         out["phases"] = {name: median_us(fn, args.calls, before=sync) for name, fn in phases.items()}
+        binds = captured.binds
+        out["bound"] = {
+            "inputs": sorted(binds.inputs) if binds else [],
+            "outputs": sorted(binds.outputs) if binds else [],
+        }
         sync()
         if args.ab:
-            import aot.loader.gpu as gpu
+            import itertools
+            import os
 
-            driver_copy = gpu.copy_bytes
-            ab: dict[str, list[float]] = {"driver": [], "torch": [], "driver_host": [], "torch_host": []}
+            from aot.loader import bindings
+
+            os.environ[bindings.DIRECT_BINDING_ENV] = "0"
+            copied = load(args.bundle, device="cuda")
+            del os.environ[bindings.DIRECT_BINDING_ENV]
+            for _ in range(50):
+                copied(*inputs)
+            turns = [make_inputs(args.model, sizes, "cuda") for _ in range(8)]
+            ab: dict[str, list[float]] = {}
             for _ in range(args.ab):
-                for how, copy in (("driver", driver_copy), ("torch", lambda dst, src, stream: False)):
-                    gpu.copy_bytes = copy
-                    ab[how].append(median_us(lambda: (runner(*inputs), sync()), args.calls))
-                    ab[how + "_host"].append(median_us(lambda: runner(*inputs), args.calls, before=sync))
-            gpu.copy_bytes = driver_copy
+                for how, r in (("bound", runner), ("copied", copied)):
+                    turn = itertools.cycle(turns)
+                    same = lambda r=r: (r(*inputs), sync())  # noqa: E731
+                    fresh = lambda r=r, turn=turn: (r(*next(turn)), sync())  # noqa: E731
+                    ab.setdefault(how, []).append(median_us(same, args.calls))
+                    ab.setdefault(how + "_fresh", []).append(median_us(fresh, args.calls))
+                    host = lambda r=r: r(*inputs)  # noqa: E731
+                    ab.setdefault(how + "_host", []).append(median_us(host, args.calls, before=sync))
             out["ab"] = ab
     phases = out["phases"]
     print(
@@ -140,13 +159,14 @@ def main() -> None:
         f"idle sync {out['sync_idle']:.1f}, graph alone+sync {out['replay_sync']:.1f} "
         f"(device {out['replay_gpu']:.1f}); phases: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
     )
+    print(f"  bound to the call's tensors: {out['bound']}")
     if args.ab:
         med = {k: sorted(v)[len(v) // 2] for k, v in out["ab"].items()}
-        wins = sum(d < t for d, t in zip(out["ab"]["driver"], out["ab"]["torch"]))
+        wins = sum(b < c for b, c in zip(out["ab"]["bound"], out["ab"]["copied"]))
         print(
-            f"  copies by the driver {med['driver']:.1f} µs a call, by torch {med['torch']:.1f} "
-            f"(medians of {args.ab} rounds; the driver faster in {wins}); the call's host time "
-            f"{med['driver_host']:.1f} against {med['torch_host']:.1f}"
+            f"  bound {med['bound']:.1f} µs a call, copied {med['copied']:.1f} (medians of {args.ab} rounds; "
+            f"bound faster in {wins}); 8 inputs in turn: bound {med['bound_fresh']:.1f}, copied "
+            f"{med['copied_fresh']:.1f}; the call's host time {med['bound_host']:.1f} against {med['copied_host']:.1f}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

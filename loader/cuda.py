@@ -44,6 +44,17 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     ]
 
 
+class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS (the first version's layout)
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint),
+        ("params", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+    ]
+
+
 _lib = None
 _lib_lock = threading.Lock()
 
@@ -96,6 +107,21 @@ def driver() -> ctypes.CDLL:
             lib.cuGraphDestroy.argtypes = [ctypes.c_void_p]
             lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
             lib.cuMemcpyAsync.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+            if hasattr(lib, "cuStreamGetCaptureInfo_v2"):  # CUDA 11.3 on
+                lib.cuStreamGetCaptureInfo_v2.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.POINTER(ctypes.c_int),
+                    ctypes.POINTER(ctypes.c_uint64),
+                    ctypes.POINTER(ctypes.c_void_p),
+                    ctypes.POINTER(ctypes.POINTER(ctypes.c_void_p)),
+                    ctypes.POINTER(ctypes.c_size_t),
+                ]
+            if hasattr(lib, "cuGraphExecKernelNodeSetParams"):
+                lib.cuGraphExecKernelNodeSetParams.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.POINTER(_KernelNodeParams),
+                ]
             if hasattr(lib, "cuLaunchKernelEx"):  # CUDA 12.0 on
                 lib.cuLaunchKernelEx.argtypes = [
                     ctypes.POINTER(_LaunchConfig),
@@ -192,6 +218,32 @@ def raw_stream(index: int) -> int:
     return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
 
 
+CU_STREAM_CAPTURE_STATUS_ACTIVE = 1
+
+
+def capture_tail(stream: int) -> int | None:
+    """The node the capture on ``stream`` (a raw handle) added last, where it is the capture's one
+    dependency (a kernel launch adds one node and depends on it); 0 before the capture's first
+    node; None where that cannot be told (no capture, several dependencies, a driver without
+    ``cuStreamGetCaptureInfo_v2``)."""
+    lib = _lib or driver()
+    if not hasattr(lib, "cuStreamGetCaptureInfo_v2"):
+        return None
+    status, ident, graph = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_void_p()
+    deps, count = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_size_t()
+    result = lib.cuStreamGetCaptureInfo_v2(
+        stream,
+        ctypes.byref(status),
+        ctypes.byref(ident),
+        ctypes.byref(graph),
+        ctypes.byref(deps),
+        ctypes.byref(count),
+    )
+    if result != 0 or status.value != CU_STREAM_CAPTURE_STATUS_ACTIVE or count.value > 1:
+        return None
+    return deps[0] if count.value else 0
+
+
 def copy_bytes(dst, src, stream: int) -> bool:
     """Enqueue ``dst``'s bytes := ``src``'s on ``stream`` (a raw handle) by the driver, where both
     are dense tensors of one dtype, shape and device: True. False, having done nothing, for any
@@ -269,6 +321,22 @@ class Graph:
         check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph, 0), "cuGraphInstantiate")
         check(lib.cuGraphUpload(self._exec, stream.cuda_stream), "cuGraphUpload")
         return result
+
+    def set_kernel_args(
+        self, node: int, fn: Function, grid: tuple[int, int, int], params: ctypes.Array
+    ) -> bool:
+        """Give the kernel node ``node`` (of the captured graph, launching ``fn`` on ``grid``) the
+        arguments ``params`` (``pack_params``'s) from the graph's next launch on; launches already
+        enqueued keep theirs. False where the driver cannot or will not."""
+        lib = _lib or driver()
+        if not self._exec.value or not hasattr(lib, "cuGraphExecKernelNodeSetParams"):
+            return False
+        node_params = _KernelNodeParams(
+            func=fn.handle, shared=fn.shared, params=ctypes.cast(params, ctypes.c_void_p)
+        )
+        node_params.grid[:] = grid
+        node_params.block[:] = (fn.block, 1, 1)
+        return lib.cuGraphExecKernelNodeSetParams(self._exec, node, ctypes.byref(node_params)) == 0
 
     def replay(self, stream: int) -> None:
         """Launch on ``stream``, a raw handle (``raw_stream``)."""

@@ -32,6 +32,8 @@ from aot.aten import CALL_BUDGET, DTYPES, AtenCall
 from aot.bundle import Bundle
 from aot.errors import BundleError, EnvError
 from aot.layout import check_order, empty_ordered, has_order, to_order
+from aot.loader import bindings
+from aot.loader.bindings import Bindings, Recorder
 from aot.loader.cuda import (
     Context,
     Function,
@@ -107,7 +109,18 @@ def check_driver(cuda_built: str, driver: int) -> None:
 class KernelCall:
     """One prepared kernel step: function, parameter getters, grid, output allocations."""
 
-    __slots__ = ("fn", "params", "grid", "allocs", "outputs", "name", "scratch", "in_place")
+    __slots__ = (
+        "fn",
+        "params",
+        "grid",
+        "allocs",
+        "outputs",
+        "name",
+        "scratch",
+        "in_place",
+        "writes",
+        "fresh",
+    )
 
     def __init__(
         self,
@@ -157,19 +170,31 @@ class KernelCall:
             order = check_order(spec.order, len(spec.shape), f"kernel {kernel.id}: output {name!r}")
             shape = [compile_expr(s) for s in spec.shape]
             self.allocs.append((name, DTYPES[spec.dtype], shape, order, device))
+        # the arguments it writes, and those allocated for it (``aot.loader.bindings``)
+        named = [what[0] if kind in ("ptr", "state") else None for kind, what in self.params]
+        self.writes = tuple(i for i, n in enumerate(named) if n is not None and n in self.outputs)
+        made = {a[0] for a in self.allocs}
+        self.fresh = tuple(i for i, n in enumerate(named) if n in made)
 
-    def __call__(self, env: dict, sizes: dict, stream: int) -> None:
+    def __call__(self, env: dict, sizes: dict, stream: int) -> tuple | None:
+        """Launch on ``env``; returns what ``aot.loader.bindings.Recorder.kernel`` takes (None
+        where the grid is empty)."""
         for name, dtype, shape, order, device in self.allocs:
             env[name] = empty_ordered([s(sizes) for s in shape], order, dtype, device)
         values = []
+        copied = []  # the storages torch copied from for this launch (a library read)
         for kind, what in self.params:
             if kind == "ptr":
                 name, order = what
                 t = env[name]
-                if not has_order(t, order):  # another layout than the kernel indexes: lay it out so
-                    t = env[name] = to_order(t, order)
-                elif t.data_ptr() % ALIGNMENT:
-                    t = env[name] = t.clone(memory_format=torch.preserve_format)
+                if not has_order(t, order) or t.data_ptr() % ALIGNMENT:
+                    copied.append(storage_span(t))
+                    # another layout than the kernel indexes, or off the alignment: lay it out so
+                    t = env[name] = (
+                        to_order(t, order)
+                        if not has_order(t, order)
+                        else t.clone(memory_format=torch.preserve_format)
+                    )
                 values.append(("ptr", t.data_ptr()))
             elif kind == "state":  # written in place: a copy would lose the write
                 name, order = what
@@ -187,7 +212,7 @@ class KernelCall:
         values.extend([("ptr", 0)] * self.scratch)
         grid = (self.grid[0](sizes), self.grid[1](sizes), self.grid[2](sizes))
         if min(grid) <= 0:
-            return
+            return None
         if grid[0] > MAX_GRID[0] or grid[1] > MAX_GRID[1] or grid[2] > MAX_GRID[2]:
             raise EnvError(
                 f"kernel {self.name} at {dict(sizes)}: grid {grid} exceeds CUDA's {MAX_GRID}; "
@@ -196,6 +221,7 @@ class KernelCall:
         params, storage = pack_params(values)
         self.fn.launch(grid, stream, params)
         del storage
+        return grid, values, self.writes, self.fresh, copied
 
 
 class GpuProgram:
@@ -246,6 +272,7 @@ class GpuProgram:
                         f"kernel {k.name} has no cubin for {self.arch} (it has {', '.join(k.archs)})"
                     )
         self.steps = program.steps
+        self._touches: dict[int, tuple[str, ...]] = {}  # a library call's buffers (by id of the call)
         self.calls, self.frees = self.prepare(program.steps)
         self.plans: dict[tuple, tuple[list[Any], list[tuple[str, ...]]]] = {}
         self.plan_steps: dict[tuple, tuple[Step, ...]] = dict(plans or {})
@@ -281,6 +308,7 @@ class GpuProgram:
                 calls.append(KernelCall(step, k, self.function(k), self.program, self.specs, self.device))
             else:
                 calls.append(AtenCall(step, self.device, self.weights, self.state_aliases, self.specs, i))
+                self._touches[id(calls[-1])] = (*step_reads(step), *step_writes(step))
         if not plan:
             return calls, [() for _ in calls]
         frees = frees_after(
@@ -301,10 +329,12 @@ class GpuProgram:
         key: tuple | None = None,
         span: tuple[int, int | None] | None = None,
         returns: tuple[str, ...] | None = None,
+        recorder: Recorder | None = None,
     ) -> list[torch.Tensor]:
         """Run the steps at bucket ``key`` on ``inputs`` (and the weights); ``span``: only the
         steps ``[start, stop)`` of them (``stop`` None: to the end), ``inputs`` then holding what earlier steps wrote that
-        these read; returns the buffers ``returns`` (default: the program's outputs)."""
+        these read; returns the buffers ``returns`` (default: the program's outputs). ``recorder``:
+        a capture's, told every launch and library call (``aot.loader.bindings``)."""
         self.context.bind()
         stream = torch.cuda.current_stream(self.device).cuda_stream
         env: dict[str, Any] = dict(self.weights)
@@ -317,13 +347,31 @@ class GpuProgram:
         if span is not None:
             calls, frees = calls[span[0] : span[1]], frees[span[0] : span[1]]
         for call, free in zip(calls, frees):
-            if type(call) is KernelCall:
+            if recorder is not None:
+                self._record(recorder, call, env, sizes, stream)
+            elif type(call) is KernelCall:
                 call(env, sizes, stream)
             else:
                 call(env, sizes)
             for name in free:
                 del env[name]
         return [env[o] for o in (self.program.outputs if returns is None else returns)]
+
+    def _record(self, recorder: Recorder, call: Any, env: dict, sizes: dict, stream: int) -> None:
+        before = recorder.tail()
+        if type(call) is KernelCall:
+            launched = call(env, sizes, stream)
+            if launched is not None:
+                recorder.kernel(call.fn, launched, before)
+            return
+        call(env, sizes)
+        ranges = []
+        for name in self._touches.get(id(call), ()):
+            value = env.get(name)
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    ranges.append(storage_span(t))
+        recorder.library(before, ranges)
 
 
 def _owned_copy(t: torch.Tensor, stream: int) -> torch.Tensor:
@@ -337,10 +385,13 @@ def _owned_copy(t: torch.Tensor, stream: int) -> torch.Tensor:
 
 
 class _Captured:
-    __slots__ = ("key", "graph", "inputs", "outputs", "sizes", "lendable", "tail", "checked")
+    __slots__ = ("key", "graph", "inputs", "outputs", "sizes", "lendable", "tail", "checked", "binds")
 
-    def __init__(self, key, graph, inputs, outputs, sizes, lendable, tail=None):
+    def __init__(self, key, graph, inputs, outputs, sizes, lendable, tail=None, binds=None):
         self.key, self.graph, self.inputs, self.outputs, self.sizes = key, graph, inputs, outputs, sizes
+        self.binds: Bindings | None = (
+            binds  # the inputs and outputs a call may bind (``aot.loader.bindings``)
+        )
         self.checked = tail is None  # the outputs' specs: checked at capture, or after the first replay
         self.lendable = lendable  # per output: graph memory that may be lent (not a weight's)
         # (first step after the graph, the buffers it hands them) when the outputs are computed
@@ -491,9 +542,13 @@ class GraphRunner:
             torch.cuda.current_stream(gpu.device).wait_stream(side)
             graph = Graph(self.pool)
             torch.cuda.synchronize(gpu.device)
-            outputs = graph.capture(side, lambda: gpu(bound, sizes, key, span, returns))
+            recorder = Recorder(side.cuda_stream) if bindings.enabled() and self.state is None else None
+            outputs = graph.capture(side, lambda: gpu(bound, sizes, key, span, returns, recorder))
         lendable = [not self._weights.overlaps(*storage_span(o)) for o in outputs]
-        captured = _Captured(key, graph, inputs, outputs, sizes, lendable, tail)
+        binds = None
+        if recorder is not None:  # outputs computed after the graph are the caller's already
+            binds = Bindings.of(recorder, graph, inputs, outputs if tail is None else None)
+        captured = _Captured(key, graph, inputs, outputs, sizes, lendable, tail, binds)
         if tail is None:  # once: replays and slices keep dtype, device and shape exprs
             self._specs.check(outputs, sizes)
         self.graphs[key] = captured
@@ -565,15 +620,42 @@ class GraphRunner:
         handed = tuple(dict.fromkeys(r for step in steps[start:] for r in step_reads(step) if r in before))
         return start, handed
 
-    def _run_tail(self, captured: _Captured) -> list[torch.Tensor]:
+    def _run_tail(self, captured: _Captured, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """The steps after the graph, on what its replay left, at the bucket's sizes, on the
         caller's stream: their results come from the caller's own allocations, which the
         allocator reuses in stream order once the caller drops them. (On the capture stream, with
         ``record_stream`` for the caller's, each freed result waited on an event the host ran
         ahead of: 21 unsynchronized calls of gpt at batch 8 held 1.4 GiB of logits.)"""
         start, handed = captured.tail
-        env = {**captured.inputs, **dict(zip(handed, captured.outputs))}
+        env = {**inputs, **dict(zip(handed, captured.outputs))}
         return self.gpu(env, captured.sizes, captured.key, (start, None))
+
+    @staticmethod
+    def _bind(
+        binds: Bindings,
+        inputs: dict[str, torch.Tensor],
+        out: list[torch.Tensor] | None,
+        borrow: bool,
+        used: dict[str, torch.Tensor],
+    ) -> tuple[dict[Any, torch.Tensor], dict[str, torch.Tensor]]:
+        """The call's tensors the graph's kernels can read and write in place of its static
+        buffers (``Bindings.point``'s keys), and the inputs the steps after the graph then read."""
+        given: dict[Any, torch.Tensor] = {}
+        spans = []
+        for name, (static, _) in binds.inputs.items():
+            value = inputs.get(name)
+            if value is not None and bindings.fits(static, value):
+                given["in", name] = used[name] = value
+                spans.append(storage_span(value))
+        for i, (static, _) in binds.outputs.items():
+            if out is None:
+                if not borrow:  # borrowed outputs are the graph's own memory: nothing to allocate
+                    given["out", i] = torch.empty_like(static)
+            elif bindings.fits(static, out[i]) and not any(
+                bindings.overlaps(*storage_span(out[i]), *s) for s in spans
+            ):  # an output written over an input the graph still reads: copied after it instead
+                given["out", i] = out[i]
+        return given, used
 
     def capture_all(self) -> None:
         with self.lock:
@@ -606,17 +688,26 @@ class GraphRunner:
             if captured is None:
                 captured, _ = self.capture(key)
             padded = captured.sizes != sizes
+            binds = captured.binds
+            given: dict[Any, torch.Tensor] = {}  # what the graph's kernels read and write this call
+            used = dict(captured.inputs)  # the inputs the steps after the graph read
+            if binds is not None and not padded:
+                given, used = self._bind(binds, inputs, out, borrow, used)
             for name, value in inputs.items():
                 static = captured.inputs[name]
+                if ("in", name) in given:
+                    continue
                 if padded and static.shape != value.shape:
                     static[tuple(slice(0, n) for n in value.shape)].copy_(value)
                 elif not copy_bytes(
                     static, value, stream
                 ):  # the driver's copy: a few µs less before the replay
                     static.copy_(value)
+            if binds is not None:
+                binds.point(captured.graph, given)
             captured.graph.replay(stream)
             if captured.tail is not None:
-                outputs, fresh = self._run_tail(captured), True
+                outputs, fresh = self._run_tail(captured, used), True
                 if not captured.checked:  # after a replay: the steps ran on what the graph wrote
                     self._specs.check(outputs, captured.sizes)
                     captured.checked = True
@@ -624,6 +715,9 @@ class GraphRunner:
                 outputs, fresh = captured.outputs, False
             results = []
             for i, (result, dims) in enumerate(zip(outputs, self._out_dims)):
+                if ("out", i) in given:  # the graph wrote it where the caller owns it
+                    results.append(given["out", i])
+                    continue
                 if padded:
                     result = result[tuple(slice(0, e(sizes)) for _, e in dims)]
                 if out is not None:

@@ -298,3 +298,51 @@ def test_the_drivers_copy_takes_dense_pairs_only():
     assert torch.equal(dst, before) and not strided.any()
     empty = torch.empty(0, 5, device="cuda")
     assert copy_bytes(torch.empty_like(empty), empty, stream)  # nothing to copy
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
+def test_bound_calls_equal_copied_calls(name, eager, monkeypatch):
+    """A graph's kernels pointed at the call's own tensors (``aot.loader.bindings``) give, bit for
+    bit, what copies into and out of its static buffers give (``AOTPACK_DIRECT_BINDING=0``), over
+    calls that bind (fresh tensors, one tensor again, ``out=``) and calls that cannot (a tensor off
+    the 16-byte boundary, a strided one, a padded bucket) in turns, so that nodes bound by one call
+    point back at the static buffers for the next; no result is overwritten by a later call; and
+    the mlp's batch-1 graph binds its input and its output (the feature is not inert)."""
+    from aot.loader import bindings, load
+    from aot.tracer import example_inputs
+
+    path = _bundle(name)
+    spec, _ = eager(name)
+    first = SHAPES[name][0]
+    calls = []
+    for i, sizes in enumerate([first, first, SHAPES[name][2], first, first]):
+        x = {k: v.cuda() for k, v in example_inputs(spec, sizes, seed=20 + i).items()}
+        calls.append(x)
+    (key, value), *_ = calls[0].items()
+    wide = torch.zeros(value.numel() + 8, dtype=value.dtype, device="cuda")  # an input 1 element off
+    off = wide[1 : value.numel() + 1].view(value.shape)
+    off.copy_(value + 1 if value.is_floating_point() else value)
+    calls.insert(2, {**calls[0], key: off})
+    strided = torch.zeros(*value.shape[:-1], 2 * value.shape[-1], dtype=value.dtype, device="cuda")[..., ::2]
+    strided.copy_(value)
+    calls.insert(3, {**calls[0], key: strided})  # every other element of a wider tensor, same values
+    calls.append(calls[-1])  # the same tensors again: nothing to re-point
+
+    results = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(bindings.DIRECT_BINDING_ENV, flag)
+        runner = load(path, device="cuda")
+        outs = [runner(**x) for x in calls]
+        held = [o.clone() for o in outs]
+        buf = torch.empty_like(outs[0])
+        given = runner(**calls[0], out=buf)
+        assert given.data_ptr() == buf.data_ptr()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(outs, held))  # later calls overwrote nothing
+        results[flag] = [*[o.float().cpu() for o in outs], buf.float().cpu()]
+        if flag == "1" and name == "mlp":
+            graphs = runner._entries[0].graphs.graphs
+            binds = graphs[(1,)].binds
+            assert binds is not None and "x" in binds.inputs and 0 in binds.outputs, binds
+    same = [torch.equal(a, b) for a, b in zip(results["1"], results["0"])]
+    assert all(same), same
