@@ -127,8 +127,9 @@ for item in "$@"; do
     resident-*) cmd=(python3 bench/persistent_resident.py --model "${step#resident-}" --json "$RES/resident-${step#resident-}.json") ;;
     # host-MODEL: where a forward call's time goes, host and device apart (bench/host_path.py), at
     # each of HOST_SIZES_MODEL, else HOST_SIZES (space-separated, e.g. "batch=1 batch=8"; default
-    # batch=1), MODEL built here from models/; HOST_AB=N: N rounds of driver copies against torch's
-    host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; cmd=(bash -c "test -f /tmp/host/$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o /tmp/host/$m.tpk; for s in $sizes; do python3 bench/host_path.py $m /tmp/host/$m.tpk --sizes \$s ${HOST_AB:+--ab $HOST_AB} --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
+    # batch=1), MODEL's bundle from .bundles, else built here from models/; HOST_AB=N: N rounds of
+    # calls bound to their own tensors against a runner that copies them (aot.loader.bindings)
+    host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; b=.bundles/$m.tpk; [ -f "$b" ] || b=/tmp/host/$m.tpk; cmd=(bash -c "test -f $b || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o $b; for s in $sizes; do python3 bench/host_path.py $m $b --sizes \$s ${HOST_AB:+--ab $HOST_AB} --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
     # gpu-k: the GPU tests of tests/gpu whose ids match GPU_K (pytest's -k), e.g. "gemma2 or copy"
     gpu-k) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu -k "${GPU_K:?set GPU_K}") ;;
     # the torch loader's CUDA-graph calls against eager (inputs and outputs copied by the driver),
