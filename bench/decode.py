@@ -66,7 +66,10 @@ STEPS_PER_LAUNCH = {"aotpack-step": 1}
 MODELS = ("gpt2", "llama", "llama-3.2-1b")
 # also: "gemma-2-2b", shaped as Gemma-2-2B (26 layers, head dim 256, attention scores capped), and
 # "qwen3-0.6b", shaped as Qwen3-0.6B (28 layers, head dim 128, each query and key head normed
-# before the rotary), in bfloat16 at llama-3.2-1b's workload
+# before the rotary), "phi-3-mini", shaped as Phi-3-mini-4k-instruct (32 layers, 32 heads of 96,
+# q/k/v one projection, gate/up one split in halves), and "olmo-2-1b", shaped as OLMo-2-0425-1B
+# (16 layers, 16 heads of 128, post-norms, q and k normed over all heads), in bfloat16 at
+# llama-3.2-1b's workload
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
 PROMPT, NEW_TOKENS = 448, 64
@@ -78,11 +81,23 @@ RUNS = 2
 # Per model: (prompt, new tokens) where it differs from the default, and the dtype on a GPU. The
 # llama-3.2-1b rows take the workload of the published anchors (batch 1, 32 input tokens, 128
 # outputs, bf16: msaroufim/megakernels-vs-cuda-graphs, llama/docs/RESULTS.md).
-WORKLOAD = {"llama-3.2-1b": (32, 128), "gemma-2-2b": (32, 128), "qwen3-0.6b": (32, 128)}
+WORKLOAD = {
+    "llama-3.2-1b": (32, 128),
+    "gemma-2-2b": (32, 128),
+    "qwen3-0.6b": (32, 128),
+    "phi-3-mini": (32, 128),
+    "olmo-2-1b": (32, 128),
+}
 # Gemma 2 in eager attention, its scores capped (some transformers versions pick SDPA for it,
 # which drops the cap)
 ATTENTION = {"gemma-2-2b": "eager"}
-GPU_DTYPE = {"llama-3.2-1b": "bfloat16", "gemma-2-2b": "bfloat16", "qwen3-0.6b": "bfloat16"}
+GPU_DTYPE = {
+    "llama-3.2-1b": "bfloat16",
+    "gemma-2-2b": "bfloat16",
+    "qwen3-0.6b": "bfloat16",
+    "phi-3-mini": "bfloat16",
+    "olmo-2-1b": "bfloat16",
+}
 LAUNCH_STEPS = 8  # launches per step: generates of LAUNCH_STEPS and 2 * LAUNCH_STEPS new tokens
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}  # bytes/s by device name
 
@@ -129,6 +144,10 @@ def _config(model: str, tiny: bool):
         return tf.Gemma2ForCausalLM, tf.Gemma2Config(**gemma_2_2b(tiny))
     if model == "qwen3-0.6b":
         return tf.Qwen3ForCausalLM, tf.Qwen3Config(**qwen3_0_6b(tiny))
+    if model == "phi-3-mini":
+        return tf.Phi3ForCausalLM, tf.Phi3Config(**phi_3_mini(tiny))
+    if model == "olmo-2-1b":
+        return tf.Olmo2ForCausalLM, tf.Olmo2Config(**olmo_2_1b(tiny))
     if model == "llama-3.2-1b":
         cfg = tf.LlamaConfig(**llama_3_2_1b(tiny))
         cfg.tie_word_embeddings = True  # whatever the config class makes of the keyword
@@ -198,7 +217,8 @@ def llama_3_2_1b(tiny: bool) -> dict:
     )
 
 
-# the tiny configs' shape (gemma-2-2b's and qwen3-0.6b's): a CPU runs them end to end in seconds
+# the tiny configs' shape (gemma-2-2b's, qwen3-0.6b's, phi-3-mini's and olmo-2-1b's): a CPU runs
+# them end to end in seconds
 TINY = dict(
     hidden_size=128,
     intermediate_size=256,
@@ -257,6 +277,64 @@ def qwen3_0_6b(tiny: bool) -> dict:
     rope = {"rope_type": "default", "rope_theta": 1000000.0}
     return dict(
         shape, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_parameters=rope, attention_bias=False
+    )
+
+
+def tiny_multi_head() -> dict:
+    """``TINY`` for Phi-3's and OLMo 2's config classes: as many KV heads as query heads (both are
+    multi-head), no ``head_dim`` (neither class has one: hidden / heads, TINY's 32), and token ids
+    inside the tiny vocabulary (the published ones lie past it; the bench sets its own anyway)."""
+    shape = {k: v for k, v in TINY.items() if k != "head_dim"}
+    assert shape["hidden_size"] // shape["num_attention_heads"] == TINY["head_dim"]
+    return dict(
+        shape,
+        num_key_value_heads=TINY["num_attention_heads"],
+        bos_token_id=1,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+
+
+def phi_3_mini(tiny: bool) -> dict:
+    """Phi-3-mini-4k-instruct's configuration (its ``config.json``), random weights: 32 heads over
+    32 KV heads of 96 (hidden / heads), q/k/v one projection and gate/up one split in halves,
+    untied embeddings; tiny: the same kinds at a CPU's size. Its 2047-slot sliding window is left
+    out: the bench's contexts stay inside it (a ``--workload`` past 2047 tokens would attend
+    further back than Phi-3 does)."""
+    shape = dict(
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32064,
+        max_position_embeddings=4096,
+    )
+    if tiny:
+        shape.update(tiny_multi_head())
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    return dict(shape, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_parameters=rope)
+
+
+def olmo_2_1b(tiny: bool) -> dict:
+    """OLMo-2-0425-1B's configuration (its ``config.json``), random weights: 16 heads over 16 KV
+    heads of 128 (hidden / heads), each sublayer's output normed before the residual add, the
+    queries and keys normed over all heads, untied embeddings; tiny: the same kinds at a CPU's
+    size."""
+    shape = dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=100352,
+        max_position_embeddings=4096,
+    )
+    if tiny:
+        shape.update(tiny_multi_head())
+    rope = {"rope_type": "default", "rope_theta": 500000.0}
+    return dict(
+        shape, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_parameters=rope, attention_bias=False
     )
 
 

@@ -131,13 +131,22 @@ def test_verify_passes_with_the_fused_forms(llama_1b):
         # post-norm, add and pre-norm: two means (measured slower, so only where asked)
         ("gemma-2-2b", "gemm_norm_halves_epilogue_vec", {"AOTPACK_ROW_NORM_MEANS": "2"}),
         ("qwen3-0.6b", "decode_attention_append_normed_rope", {}),  # each q and k head normed in the kernel
+        # the norm (after a dropout's clone) in gate/up's prologue, the split halves' SiLU product
+        # in its epilogue
+        ("phi-3-mini", "gemm_norm_halves_epilogue_vec", {}),
+        # the post-attention norm and add in gate/up's prologue, which also stores the sum
+        ("olmo-2-1b", "gemm_norm_halves_epilogue_vec", {}),
     ],
 )
 def test_verify_passes_on_more_shapes(model, fused, env, tmp_path_factory):
     """Two layers of Gemma-2-2B's shapes (bfloat16, eager attention: its capped scores; with
     ``AOTPACK_ROW_NORM_MEANS=2`` its post-norm, the residual add and the next pre-norm inside the
     one-row GEMVs' prologues, head dim 256) and of Qwen3-0.6B's (each query and key head RMSNormed
-    in the decode attention kernel, head dim 128), built for this GPU: ``verify`` passes, the
-    fused forms among the kernels it checked (H200, 2026-11-30: 2 passed)."""
+    in the decode attention kernel, head dim 128), of Phi-3-mini's (32 heads over 32 KV heads of
+    96; its norms in the q/k/v and gate/up GEMVs' prologues, the SiLU product of its split gate/up
+    in the epilogue) and of OLMo-2-1B's (16 heads of 128; its post-norms with their adds in the
+    next GEMV's prologue, which stores the sum for the residual), built for this GPU: ``verify``
+    passes, the fused forms among the kernels it checked (H200, 2026-11-30: gemma-2-2b and
+    qwen3-0.6b passed; phi-3-mini and olmo-2-1b not yet run on a GPU)."""
     path, _, _ = build_shaped(model, tmp_path_factory, (1, 2), env)
     assert any(name.startswith(fused) for name in verified_kernels(path)), fused

@@ -183,6 +183,7 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
         "gemma2_gqa",
         "qwen3",
         "phi3",
+        "olmo2",
     ],
 )
 def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
@@ -195,7 +196,8 @@ def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
     per KV head, repeat_kv's copy folded in with the cache writes), Qwen3 (each query and key head
     normed before the rotary, in the decode attention kernel; Gemma 3's queries too), Phi-3 (its
     norms, after a dropout's copy, in the GEMVs' prologues, its split gate/up product in the
-    epilogue): the GPU's greedy
+    epilogue), OLMo 2 (its post-norms with their adds in the next GEMV's prologue, which also
+    stores the sum: the next residual): the GPU's greedy
     tokens, in blocks of steps and one step per launch, equal the CPU's (which equal
     transformers', tests/lm)."""
     if not torch.cuda.is_available():
