@@ -89,7 +89,38 @@ def main() -> None:
     )
     captured = graphs.graphs[key]
     binds = captured.binds
+    # a runner that copies its inputs and outputs (no bindings): by the driver, and by torch
+    import os
+
+    import aot.loader.gpu as gpu_module
+    from aot.loader import bindings
+    from aot.loader.cuda import copy_bytes, pack_params, raw_stream
+
+    os.environ[bindings.DIRECT_BINDING_ENV] = "0"
+    copied = load(args.bundle, device="cuda")
+    del os.environ[bindings.DIRECT_BINDING_ENV]
+    for _ in range(50):
+        copied(*same)
+    pair("copied_call_sync", lambda it: lambda: (copied(*next(it)), sync()))
+    driver_copy = gpu_module.copy_bytes
+    gpu_module.copy_bytes = lambda dst, src, stream: False
+    pair("copied_by_torch_call_sync", lambda it: lambda: (copied(*next(it)), sync()))
+    gpu_module.copy_bytes = driver_copy
+    static = next(iter(captured.inputs.values()))
+    stream = raw_stream(torch.cuda.current_device())
+    pair("driver_copy_in_sync", lambda it: lambda: (copy_bytes(static, next(it)[0], stream), sync()))
+    pair("torch_copy_in_sync", lambda it: lambda: (static.copy_(next(it)[0]), sync()))
     if binds is not None:
+        launch = binds.launches[0]
+        out["pack_params"] = median_us(lambda: pack_params(launch.values), args.calls)
+        params, storage = pack_params(launch.values)
+        out["set_kernel_args_one_node"] = median_us(
+            lambda: captured.graph.set_kernel_args(launch.node, launch.fn, launch.grid, params), args.calls
+        )
+        out["args_of_first_node"] = len(launch.values)
+        out["bound_nodes"] = len(
+            {s.launch for _, slots in (*binds.inputs.values(), *binds.outputs.values()) for s in slots}
+        )
         statics = {i: s for i, (s, _) in binds.outputs.items()}
         out["empty_like_output"] = median_us(
             lambda: [torch.empty_like(s) for s in statics.values()], args.calls
