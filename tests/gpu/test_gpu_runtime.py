@@ -310,7 +310,7 @@ def test_bound_calls_equal_copied_calls(name, eager, monkeypatch):
     calls that bind (fresh tensors, one tensor again, ``out=``) and calls that cannot (a tensor off
     the 16-byte boundary, a strided one, a padded bucket) in turns, so that nodes bound by one call
     point back at the static buffers for the next; no result is overwritten by a later call; and
-    the mlp's batch-1 graph binds its input and its output (the feature is not inert)."""
+    the mlp's batch-1 graph binds its output (the feature is not inert)."""
     from aot.loader import bindings, load
     from aot.tracer import example_inputs
 
@@ -349,7 +349,8 @@ def test_bound_calls_equal_copied_calls(name, eager, monkeypatch):
         if flag == "1" and name == "mlp":
             graphs = runner._entries[0].graphs.graphs
             binds = graphs[(1,)].binds
-            assert binds is not None and "x" in binds.inputs and 0 in binds.outputs, binds
+            # its output binds; its input does not: two kernels read it (MAX_INPUT_NODES)
+            assert binds is not None and 0 in binds.outputs and "x" not in binds.inputs, binds
     same = [torch.equal(a, b) for a, b in zip(results["1"], results["0"])]
     assert all(same), same
     lent = [torch.equal(a, b) for a, b in zip(results["borrow"], results["0"])]

@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aot.loader.bindings import Launch, Slot, fits, input_slots, output_slots
+from aot.loader.bindings import (
+    MAX_INPUT_NODES,
+    Bindings,
+    Launch,
+    Recorder,
+    Slot,
+    fits,
+    input_slots,
+    output_slots,
+)
 
 X = (1000, 1064)  # a static input's bytes
 OUT = (5000, 5128)  # an output's storage
@@ -84,3 +93,36 @@ def test_the_switch_reads_the_environment(given, monkeypatch):
 
     monkeypatch.setenv(bindings.DIRECT_BINDING_ENV, given)
     assert bindings.enabled() == (given == "1")
+
+
+class _Graph:  # what ``Bindings.of`` asks of a captured graph: the driver takes a node's arguments
+    def __init__(self):
+        self.set = []
+
+    def set_kernel_args(self, node, fn, grid, params):
+        self.set.append(node)
+        return True
+
+
+def test_an_input_several_kernels_read_is_copied_and_one_kernel_reads_binds():
+    """Re-pointing a node costs the host about what a small input's copy does: an input read by
+    more than ``MAX_INPUT_NODES`` nodes is left to the copy; an output allocated by a kernel binds."""
+    once, twice, result = torch.zeros(16), torch.zeros(16), torch.zeros(16)
+    a, b, r = (t.untyped_storage().data_ptr() for t in (once, twice, result))
+    recorder = Recorder(stream=0)
+    recorder.launches = [
+        launch([("ptr", a), ("ptr", b), ("ptr", 10)], writes=(2,), fresh=(2,), seq=1),
+        launch([("ptr", b), ("ptr", 10), ("ptr", r)], writes=(2,), fresh=(2,), seq=2),
+    ]
+    graph = _Graph()
+    binds = Bindings.of(recorder, graph, {"once": once, "twice": twice}, [result])
+    assert MAX_INPUT_NODES == 1
+    assert list(binds.inputs) == ["once"] and list(binds.outputs) == [0]
+    assert graph.set == [2]  # the driver was asked once, with a node's own arguments, before any call
+    given = torch.zeros(16)
+    binds.point(graph, {("in", "once"): given})
+    assert recorder.launches[0].values[0] == ("ptr", given.data_ptr()) and graph.set == [2, 2]
+    binds.point(graph, {("in", "once"): given})  # the same tensor again: nothing to change
+    assert graph.set == [2, 2]
+    binds.point(graph, {})  # back to the static buffer
+    assert recorder.launches[0].values[0] == ("ptr", a) and graph.set == [2, 2, 2]
