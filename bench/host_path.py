@@ -14,10 +14,11 @@ figure is the host's alone:
 - the call's phases, host time each, run back to back: binding and checking the inputs against
   the guards, the bucket's key, the inputs' copies into the graph's own, the graph's launch, the
   outputs' copies out of it;
-- ``bound``: what the bucket's graph binds to the call's own tensors (``aot.loader.bindings``);
+- ``bound``: what the bucket's graph binds to the call's own tensors (``aot.loader.bindings``;
+  none unless ``AOTPACK_DIRECT_BINDING=1``);
 - with ``--ab``: ``call_sync`` with the graph's kernels pointed at the call's own tensors (the
-  loader's way, ``aot.loader.bindings``) against a second runner of the same bundle that copies
-  them into and out of the graph (``AOTPACK_DIRECT_BINDING=0``), in alternating rounds of
+  runner loaded with ``AOTPACK_DIRECT_BINDING=1``, ``aot.loader.bindings``) against the default
+  runner, which copies them into and out of the graph, in alternating rounds of
   ``--calls`` calls each (``ab``: each round's median, µs): on the same input tensors every call,
   on one of 8 input tensors in turn (``*_fresh``: every call re-points the graph), and the call's
   host time alone (``*_host``).
@@ -136,15 +137,16 @@ def main() -> None:
 
             from aot.loader import bindings
 
-            os.environ[bindings.DIRECT_BINDING_ENV] = "0"
-            copied = load(args.bundle, device="cuda")
+            os.environ[bindings.DIRECT_BINDING_ENV] = "1"
+            bound = load(args.bundle, device="cuda")
             del os.environ[bindings.DIRECT_BINDING_ENV]
+            copied = runner
             for _ in range(50):
-                copied(*inputs)
+                bound(*inputs)
             turns = [make_inputs(args.model, sizes, "cuda") for _ in range(8)]
             ab: dict[str, list[float]] = {}
             for _ in range(args.ab):
-                for how, r in (("bound", runner), ("copied", copied)):
+                for how, r in (("bound", bound), ("copied", copied)):
                     turn = itertools.cycle(turns)
                     same = lambda r=r: (r(*inputs), sync())  # noqa: E731
                     fresh = lambda r=r, turn=turn: (r(*next(turn)), sync())  # noqa: E731

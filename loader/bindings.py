@@ -24,10 +24,20 @@ host about what copying a small input does). A call binds a tensor where it has 
 buffer's shape, dtype and device, is dense, and starts on a ``ALIGNMENT``-byte boundary (the
 cubins were specialized so); anything else (a padded bucket, a strided view, an output given that
 overlaps an input) is copied as before, and the nodes it bound last point back at the static
-buffer. Arguments are changed only where they differ from the graph's current ones, and the next
-call's outputs are allocated and pointed at after a launch, while the graph runs
-(``aot.loader.gpu.GraphRunner``): a caller passing the same input tensor each call changes
-nothing before its launch. ``DIRECT_BINDING_ENV=0`` at load copies every call, for measuring.
+buffer. Arguments are changed only where they differ from the graph's current ones.
+
+**Off by default** (``DIRECT_BINDING_ENV=1`` at load binds): measured slower than the copies on
+an H200 (torch 2.11, driver 580; ``bench/host_path.py --ab``, ``bench/call_probe.py``, one process,
+10 alternating rounds; ``bench/results/host``). The driver's change of a node's arguments took
+2.9-6.2 µs of the host's, about what the driver's copy of a small input takes, and the GPU's copy
+node it saves is short; so a call bringing a tensor of its own (a server's case) was slower bound:
+the mlp 107 against 88 µs with its input bound (two nodes read it), gpt at one token 250.8
+against 242.3 and the cnn 202.1 against 196.0 with one node each; with the same input tensor every
+call (nothing to change) bound calls won 1-3 µs (gpt 238.8 against 241.9, cnn 194.4 against
+195.7). The next call's outputs pointed at right after a launch (the change off the critical path)
+made the mlp slower still (91.5 against 81.7 µs): the change seemed to wait for the graph's running
+launch. Kept for callers whose buffers stay put (a serving engine's registered input regions), and
+for a driver whose change is cheaper.
 """
 
 from __future__ import annotations
@@ -50,7 +60,8 @@ MAX_INPUT_NODES = 1
 
 
 def enabled() -> bool:
-    return os.environ.get(DIRECT_BINDING_ENV, "1").strip() != "0"
+    """Off unless ``DIRECT_BINDING_ENV`` is ``1`` (the module docstring says why)."""
+    return os.environ.get(DIRECT_BINDING_ENV, "0").strip() == "1"
 
 
 @dataclass

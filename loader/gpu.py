@@ -395,15 +395,11 @@ class _Captured:
         "tail",
         "checked",
         "binds",
-        "ready",
     )
 
     def __init__(self, key, graph, inputs, outputs, sizes, lendable, tail=None, binds=None):
         self.key, self.graph, self.inputs, self.outputs, self.sizes = key, graph, inputs, outputs, sizes
         self.binds: Bindings | None = binds  # what a call may bind (``aot.loader.bindings``)
-        # the next call's bound outputs, allocated (on the stream, the first item) and pointed at
-        # after the last call's launch, while its graph ran
-        self.ready: tuple[int, dict[int, torch.Tensor]] | None = None
         self.checked = tail is None  # the outputs' specs: checked at capture, or after the first replay
         self.lendable = lendable  # per output: graph memory that may be lent (not a weight's)
         # (first step after the graph, the buffers it hands them) when the outputs are computed
@@ -645,19 +641,14 @@ class GraphRunner:
 
     @staticmethod
     def _bind(
-        captured: _Captured,
-        stream: int,
+        binds: Bindings,
         inputs: dict[str, torch.Tensor],
         out: list[torch.Tensor] | None,
         borrow: bool,
         used: dict[str, torch.Tensor],
     ) -> tuple[dict[Any, torch.Tensor], dict[str, torch.Tensor]]:
         """The call's tensors the graph's kernels can read and write in place of its static
-        buffers (``Bindings.point``'s keys), and the inputs the steps after the graph then read.
-        Outputs come from ``captured.ready`` where the last call left them on this stream (the
-        nodes point there already), else are allocated now."""
-        binds = captured.binds
-        ready = captured.ready[1] if captured.ready is not None and captured.ready[0] == stream else {}
+        buffers (``Bindings.point``'s keys), and the inputs the steps after the graph then read."""
         given: dict[Any, torch.Tensor] = {}
         spans = []
         for name, (static, _) in binds.inputs.items():
@@ -668,9 +659,7 @@ class GraphRunner:
         for i, (static, _) in binds.outputs.items():
             if out is None:
                 if not borrow:  # borrowed outputs are the graph's own memory: nothing to allocate
-                    given["out", i] = ready.pop(i, None)
-                    if given["out", i] is None:
-                        given["out", i] = torch.empty_like(static)
+                    given["out", i] = torch.empty_like(static)
             elif bindings.fits(static, out[i]) and not any(
                 bindings.overlaps(*storage_span(out[i]), *s) for s in spans
             ):  # an output written over an input the graph still reads: copied after it instead
@@ -712,7 +701,7 @@ class GraphRunner:
             given: dict[Any, torch.Tensor] = {}  # what the graph's kernels read and write this call
             used = dict(captured.inputs)  # the inputs the steps after the graph read
             if binds is not None and not padded:
-                given, used = self._bind(captured, stream, inputs, out, borrow, used)
+                given, used = self._bind(binds, inputs, out, borrow, used)
             for name, value in inputs.items():
                 static = captured.inputs[name]
                 if ("in", name) in given:
@@ -726,12 +715,6 @@ class GraphRunner:
             if binds is not None:
                 binds.point(captured.graph, given)
             captured.graph.replay(stream)
-            if binds is not None and binds.outputs and out is None and not borrow and not padded:
-                # the next call's outputs, pointed at while this call's graph runs
-                after = {k: v for k, v in given.items() if k[0] == "in"}
-                ready = {i: torch.empty_like(static) for i, (static, _) in binds.outputs.items()}
-                binds.point(captured.graph, {**after, **{("out", i): t for i, t in ready.items()}})
-                captured.ready = (stream, ready)
             if captured.tail is not None:
                 outputs, fresh = self._run_tail(captured, used), True
                 if not captured.checked:  # after a replay: the steps ran on what the graph wrote
