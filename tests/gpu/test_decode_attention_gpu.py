@@ -22,6 +22,10 @@ SHAPES = [
     ("float16", 1, 32, 8, 64, 512, False),  # the 0.58B Llama
     ("float16", 8, 12, 12, 64, 512, True),  # GPT-2 small, q read from the fused QKV rows
     ("bfloat16", 32, 32, 8, 64, 512, False),
+    # wide heads in the one-kernel form (its block halved until two stages fit shared memory):
+    # Llama-3-8B's heads at 384 slots, Gemma 2's head dim of 256 at the anchors' context
+    ("bfloat16", 1, 32, 8, 128, 384, False),
+    ("bfloat16", 1, 8, 4, 256, 160, False),
 ]
 
 
