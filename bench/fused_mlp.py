@@ -16,6 +16,13 @@ one CUDA graph; µs per chain (median of replays), and the largest difference of
 against the two-kernel chain's (relative to its scale).
 
     python3 bench/fused_mlp.py --json out.json
+
+Measured on an H200 (torch 2.11, triton 3.6; ``bench/results/fused-mlp-h200-2026-11-30.json``):
+slower everywhere, 1.5-1.6x the two-kernel chain at the best chunk (mlp 64.8 against 40.3 µs,
+gpt2 136.4 against 89.3, llama-3.2-1b 704.4 against 464.5). A few hundred blocks each streaming
+their units' rows tile after tile keep too few bytes in flight, as the persistent chains of
+``persistent_chain.py`` did, and each block's ``D`` atomic adds come on top; the launch it saves
+costs less. Not built into the codegen.
 """
 
 from __future__ import annotations
