@@ -184,6 +184,20 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def median_us(fn, calls: int, before=None) -> float:
+    """The median of ``calls`` calls of ``fn`` (µs, the host's clock), ``before()`` untimed ahead
+    of each (a synchronize: the GPU idle when the timed call starts)."""
+    times = []
+    for _ in range(calls):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
 def timed_calls(fn, inputs, calls: int = CALLS, warmup: int = WARMUP, device: str = "cuda") -> list[float]:
     for _ in range(warmup):
         fn(*inputs)

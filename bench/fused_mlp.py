@@ -79,6 +79,16 @@ def _stats(r, mask, D: tl.constexpr, RMS: tl.constexpr, EPS: tl.constexpr):
 
 
 @triton.jit
+def _normed(r, mean, rstd, g_ptr, beta_ptr, cols, mask, RMS: tl.constexpr):
+    """The row ``r`` (fp32) at columns ``cols`` normed with its (mean, 1 / std), the norm's weight
+    (and LayerNorm's bias) applied; fp32."""
+    y = (r - mean) * rstd * tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if not RMS:
+        y += tl.load(beta_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _up(r_ptr, g_ptr, beta_ptr, w_ptr, b_ptr, h_ptr, H, D: tl.constexpr, BD: tl.constexpr,
         R: tl.constexpr, RMS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
         BIAS: tl.constexpr, EPS: tl.constexpr, GDC: tl.constexpr = True):  # fmt: skip
@@ -93,9 +103,7 @@ def _up(r_ptr, g_ptr, beta_ptr, w_ptr, b_ptr, h_ptr, H, D: tl.constexpr, BD: tl.
         tl.extra.cuda.gdc_launch_dependents()
     r = tl.load(r_ptr + rd, mask=m, other=0.0).to(tl.float32)
     mean, rstd = _stats(r, m, D, RMS, EPS)
-    xn = (r - mean) * rstd * tl.load(g_ptr + rd, mask=m, other=0.0).to(tl.float32)
-    if not RMS:
-        xn += tl.load(beta_ptr + rd, mask=m, other=0.0).to(tl.float32)
+    xn = _normed(r, mean, rstd, g_ptr, beta_ptr, rd, m, RMS)
     xn = tl.where(m, xn.to(h_ptr.dtype.element_ty).to(tl.float32), 0.0)
     y = tl.sum(w.to(tl.float32) * xn[None, :], 1)
     if BIAS:
@@ -181,9 +189,7 @@ def _fused(rprev_ptr, bprev_ptr, accin_ptr, rout_ptr, zero_ptr, g_ptr, beta_ptr,
                 rt_ += tl.load(bprev_ptr + cols, mask=mt, other=0.0).to(tl.float32)
             rt_ += tl.load(accin_ptr + cols, mask=mt, other=0.0, cache_modifier=".cg")
             rt_ = rt_.to(dt).to(tl.float32)
-        xn = (rt_ - mean) * rstd * tl.load(g_ptr + cols, mask=mt, other=0.0).to(tl.float32)
-        if not RMS:
-            xn += tl.load(beta_ptr + cols, mask=mt, other=0.0).to(tl.float32)
+        xn = _normed(rt_, mean, rstd, g_ptr, beta_ptr, cols, mt, RMS)
         xn = tl.where(mt, xn.to(dt).to(tl.float32), 0.0)
         hg += tl.sum(w.to(tl.float32) * xn[None, :], 1)
         if GATED:
@@ -216,9 +222,7 @@ def _final(r_ptr, b_ptr, acc_ptr, zero_ptr, g_ptr, beta_ptr, out_ptr, D: tl.cons
         r = tl.where(m, r.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)
         tl.store(zero_ptr + rd, tl.zeros((BD,), dtype=tl.float32), mask=m)  # the first layer's, next replay
     mean, rstd = _stats(r, m, D, RMS, EPS)
-    y = (r - mean) * rstd * tl.load(g_ptr + rd, mask=m, other=0.0).to(tl.float32)
-    if not RMS:
-        y += tl.load(beta_ptr + rd, mask=m, other=0.0).to(tl.float32)
+    y = _normed(r, mean, rstd, g_ptr, beta_ptr, rd, m, RMS)
     tl.store(out_ptr + rd, y.to(out_ptr.dtype.element_ty), mask=m)
 
 

@@ -32,24 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-
-
-def median_us(fn, calls: int, before=None) -> float:
-    times = []
-    for _ in range(calls):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e6
 
 
 def main() -> None:
@@ -63,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from common import make_inputs
+    from common import make_inputs, median_us
 
     from aot.loader import load
 

@@ -47,11 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aot.errors import EnvError
-from aot.loader.cuda import Function, Graph, capture_tail, pack_params
+from aot.loader.cuda import ALIGNMENT, Function, Graph, capture_tail, pack_params
 from aot.loader.program import storage_span
 
 DIRECT_BINDING_ENV = "AOTPACK_DIRECT_BINDING"
-ALIGNMENT = 16  # the cubins assume 16-byte aligned pointers
 # An input binds where at most this many kernel nodes read it: re-pointing a node took 2.9-6.2 µs
 # of the host's on an H200, about what the driver's copy of a small input takes, so an input
 # several nodes read (the example mlp's: its LayerNorm and its residual add) costs more to
@@ -137,6 +136,16 @@ def overlaps(start: int, end: int, other_start: int, other_end: int) -> bool:
     return start < other_end and other_start < end
 
 
+def _aliases(launches: list[Launch], start: int, end: int, first: int = 0) -> tuple[Slot, ...]:
+    """Every pointer argument into ``[start, end)`` of the launches from ``first`` on."""
+    return tuple(
+        Slot(i, j, value - start)
+        for i in range(first, len(launches))
+        for j, (kind, value) in enumerate(launches[i].values)
+        if kind == "ptr" and start <= value < end
+    )
+
+
 def input_slots(
     launches: list[Launch], library: list[tuple[int, int, int]], start: int, end: int
 ) -> tuple[Slot, ...] | None:
@@ -144,14 +153,10 @@ def input_slots(
     it cannot bind (a library call touches it, or a kernel writes it)."""
     if any(overlaps(start, end, s, e) for _, s, e in library):
         return None
-    slots = []
-    for i, launch in enumerate(launches):
-        for j, (kind, value) in enumerate(launch.values):
-            if kind == "ptr" and start <= value < end:
-                if j in launch.writes:
-                    return None
-                slots.append(Slot(i, j, value - start))
-    return tuple(slots)
+    slots = _aliases(launches, start, end)
+    if any(s.arg in launches[s.launch].writes for s in slots):
+        return None
+    return slots
 
 
 def output_slots(
@@ -166,12 +171,7 @@ def output_slots(
     since = launches[first].seq
     if any(seq >= since and overlaps(start, end, s, e) for seq, s, e in library):
         return None
-    slots = []
-    for i in range(first, len(launches)):
-        for j, (kind, value) in enumerate(launches[i].values):
-            if kind == "ptr" and start <= value < end:
-                slots.append(Slot(i, j, value - start))
-    return tuple(slots)
+    return _aliases(launches, start, end, first)
 
 
 def _whole(t: Any) -> bool:
@@ -244,13 +244,12 @@ class Bindings:
                 taken.append((start, end))
         if not bound_in and not bound_out:
             return None
+        bound = sorted({s.launch for _, slots in (*bound_in.values(), *bound_out.values()) for s in slots})
+        for i in bound:  # the launches ``point`` changes, packed once
+            launches[i].packed, launches[i].storage = pack_params(launches[i].values)
         # the driver must take a kernel node's arguments back as they were launched
-        first = next((s for _, slots in (*bound_in.values(), *bound_out.values()) for s in slots), None)
-        if first is not None and not _set(graph, launches[first.launch]):
+        if bound and not _set(graph, launches[bound[0]]):
             return None
-        for launch in launches:
-            if launch.packed is None:
-                launch.packed, launch.storage = pack_params(launch.values)
         return cls(launches, bound_in, bound_out)
 
     def point(self, graph: Graph, given: dict[Any, Any]) -> None:
@@ -278,6 +277,4 @@ class Bindings:
 
 
 def _set(graph: Graph, launch: Launch) -> bool:
-    if launch.packed is None:
-        launch.packed, launch.storage = pack_params(launch.values)
     return graph.set_kernel_args(launch.node, launch.fn, launch.grid, launch.packed)

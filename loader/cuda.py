@@ -22,6 +22,7 @@ from typing import Any
 
 from aot.errors import EnvError
 
+ALIGNMENT = 16  # kernels assume 16-byte aligned pointers (the cubins were specialized so)
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 DEFAULT_SHARED_LIMIT = 48 * 1024
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6

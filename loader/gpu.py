@@ -35,6 +35,7 @@ from aot.layout import check_order, empty_ordered, has_order, to_order
 from aot.loader import bindings
 from aot.loader.bindings import Bindings, Recorder
 from aot.loader.cuda import (
+    ALIGNMENT,
     Context,
     Function,
     Graph,
@@ -74,7 +75,6 @@ from aot.schema import (
 )
 from aot.symexpr import Expr, compile_expr
 
-ALIGNMENT = 16  # kernels assume 16-byte aligned pointers
 MAX_GRID = (2**31 - 1, 65535, 65535)  # blocks a launch may have along x, y, z (every CUDA GPU)
 
 
@@ -187,14 +187,12 @@ class KernelCall:
             if kind == "ptr":
                 name, order = what
                 t = env[name]
-                if not has_order(t, order) or t.data_ptr() % ALIGNMENT:
+                if not has_order(t, order):  # another layout than the kernel indexes: lay it out so
                     copied.append(storage_span(t))
-                    # another layout than the kernel indexes, or off the alignment: lay it out so
-                    t = env[name] = (
-                        to_order(t, order)
-                        if not has_order(t, order)
-                        else t.clone(memory_format=torch.preserve_format)
-                    )
+                    t = env[name] = to_order(t, order)
+                elif t.data_ptr() % ALIGNMENT:
+                    copied.append(storage_span(t))
+                    t = env[name] = t.clone(memory_format=torch.preserve_format)
                 values.append(("ptr", t.data_ptr()))
             elif kind == "state":  # written in place: a copy would lose the write
                 name, order = what
@@ -648,8 +646,10 @@ class GraphRunner:
         used: dict[str, torch.Tensor],
     ) -> tuple[dict[Any, torch.Tensor], dict[str, torch.Tensor]]:
         """The call's tensors the graph's kernels can read and write in place of its static
-        buffers (``Bindings.point``'s keys), and the inputs the steps after the graph then read."""
+        buffers (``Bindings.point``'s keys), and the inputs the steps after the graph then read
+        (``used``, the static ones, with the bound ones in their place)."""
         given: dict[Any, torch.Tensor] = {}
+        used = dict(used)
         spans = []
         for name, (static, _) in binds.inputs.items():
             value = inputs.get(name)
@@ -699,7 +699,7 @@ class GraphRunner:
             padded = captured.sizes != sizes
             binds = captured.binds
             given: dict[Any, torch.Tensor] = {}  # what the graph's kernels read and write this call
-            used = dict(captured.inputs)  # the inputs the steps after the graph read
+            used = captured.inputs  # the inputs the steps after the graph read
             if binds is not None and not padded:
                 given, used = self._bind(binds, inputs, out, borrow, used)
             for name, value in inputs.items():
