@@ -140,6 +140,9 @@ for item in "$@"; do
     envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
     newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;
+    # batch-1 GEMVs whose weights stream through TMA (tensor descriptors), against the default form
+    # and a plain streaming read (bench/tma_gemv.py; TMA_ARGS, e.g. --quick)
+    tma) cmd=(python3 bench/tma_gemv.py ${TMA_ARGS:-} --json "$RES/tma-gemv.json") ;;
     # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)
     l2chain) cmd=(python3 bench/persistent_chain.py --quick --json "$RES/l2-prefetch-chain.json") ;;
     # aotpack verify on a 2-layer Llama-3.2-1B with the fused one-row forms
