@@ -19,6 +19,7 @@ Written in Gluon (Triton's explicit-layout dialect: TMA, mbarriers and shared me
 GPU only (Triton's interpreter does not run Gluon).
 
     python3 bench/megakernel_chain.py --json out.json
+    python3 bench/megakernel_chain.py --compile-only 90   # every configuration for sm_90, no GPU
 """
 
 from __future__ import annotations
@@ -163,6 +164,28 @@ if gluon is not None:
             mbarrier.invalidate(bars.index(i))
 
 
+# (rows R, columns BK, stages S, warps, blocks per SM, the proxy fence before a stage's refill,
+# two chunks per CTA barrier)
+CONFIGS = (
+    (16, 256, 8, 4, 1, True, False),
+    (16, 256, 4, 4, 2, True, False),
+    (16, 256, 4, 4, 2, False, False),
+    (16, 256, 5, 8, 2, False, False),
+    (32, 256, 6, 8, 1, False, False),
+    (32, 256, 4, 4, 2, False, False),
+    (32, 256, 4, 8, 2, False, False),
+    (64, 256, 3, 8, 1, False, False),
+    (64, 256, 4, 8, 1, False, False),
+    (64, 256, 2, 8, 2, False, False),
+    (16, 256, 8, 16, 1, False, False),
+    (32, 256, 5, 16, 1, False, False),
+    (16, 256, 5, 16, 2, False, False),
+    (16, 256, 8, 16, 1, False, True),
+    (16, 256, 6, 8, 2, False, True),
+    (16, 256, 4, 8, 2, False, True),
+)
+
+
 def chain_shapes(layers: int) -> list[tuple[int, int]]:
     (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
     return [s for _ in range(layers) for s in ((nq, h), (no, h), (ng, h), (nd, kd))] + [LLAMA_1B["head"]]
@@ -189,6 +212,41 @@ def pack(weights: list[torch.Tensor], p: int, r: int, bk: int) -> tuple[torch.Te
     return out, maxj
 
 
+def compile_only(arch: int, configs: tuple = CONFIGS) -> int:
+    """Compile ``_chain`` for sm_ARCH at ``configs`` (no GPU): its PTX holds the TMA loads, the
+    mbarrier waits and the barrier's atomics. Prints one ``ok``/``FAIL`` line each."""
+    if gluon is None:
+        print("FAIL: this Triton has no Gluon")
+        return 1
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
+    failed = 0
+    for r, bk, stages, warps, per_sm, fence, pair in configs:
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+        signature = {"desc": f"tensordesc<bf16[{r}, {bk}],{layout!r}>", "act_ptr": "*bf16", "bar_ptr": "*i32",
+                     "MAXJ": "i32", "LAYERS": "i32"}  # fmt: skip
+        consts = dict(NQ=nq, NO=no, NG=ng, ND=nd, NH=LLAMA_1B["head"][0], KH=h, KD=kd, ACT=LLAMA_1B["head"][0],
+                      P=132 * per_sm, R=r, BK=bk, S=stages, FENCE=fence, PAIR=pair, num_warps=warps)  # fmt: skip
+        names = list(signature) + list(consts)
+        signature.update(dict.fromkeys(consts, "constexpr"))
+        name = f"mega_{r}x{bk}_s{stages}_w{warps}_{per_sm}"
+        try:
+            src = GluonASTSource(_chain, signature, {(names.index(k),): v for k, v in consts.items()})
+            ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps}).asm[
+                "ptx"
+            ]
+            want = ("cp.async.bulk.tensor", "mbarrier.try_wait", "atom.")
+            missing = [w for w in want if w not in ptx]
+            print(f"{'FAIL' if missing else 'ok'} {name}" + (f": no {missing}" if missing else ""))
+            failed += bool(missing)
+        except Exception as e:
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:300]}")
+            failed += 1
+    return int(failed > 0)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json")
@@ -196,7 +254,16 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="the first configuration only, no per-GEMV chain")
     p.add_argument("--configs", help="indices into the configurations, comma-separated (default: all)")
+    p.add_argument(
+        "--compile-only",
+        type=int,
+        metavar="ARCH",
+        help="compile every configuration for sm_ARCH (no GPU) and exit",
+    )
     args = p.parse_args()
+    chosen = [CONFIGS[int(i)] for i in args.configs.split(",")] if args.configs else list(CONFIGS)
+    if args.compile_only:
+        return compile_only(args.compile_only, tuple(chosen))
     if not torch.cuda.is_available() or gluon is None:
         print("megakernel_chain: needs a CUDA GPU of sm_90+ and a Triton with Gluon", file=sys.stderr)
         return 2
@@ -253,29 +320,8 @@ def main() -> int:
         record({"form": "vec_pdl"}, run_vec, lambda: bufs[(len(weights) + 1) % 2][: shapes[-1][0]])
     (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
     nh = LLAMA_1B["head"][0]
-    # (rows R, columns BK, stages S, warps, blocks per SM, the proxy fence before a stage's refill,
-    # two chunks per CTA barrier)
-    configs = [
-        (16, 256, 8, 4, 1, True, False),
-        (16, 256, 4, 4, 2, True, False),
-        (16, 256, 4, 4, 2, False, False),
-        (16, 256, 5, 8, 2, False, False),
-        (32, 256, 6, 8, 1, False, False),
-        (32, 256, 4, 4, 2, False, False),
-        (32, 256, 4, 8, 2, False, False),
-        (64, 256, 3, 8, 1, False, False),
-        (64, 256, 4, 8, 1, False, False),
-        (64, 256, 2, 8, 2, False, False),
-        (16, 256, 8, 16, 1, False, False),
-        (32, 256, 5, 16, 1, False, False),
-        (16, 256, 5, 16, 2, False, False),
-        (16, 256, 8, 16, 1, False, True),
-        (16, 256, 6, 8, 2, False, True),
-        (16, 256, 4, 8, 2, False, True),
-    ]
+    configs = chosen
     packed_for, packed, maxj = None, None, 0
-    if args.configs:
-        configs = [configs[int(i)] for i in args.configs.split(",")]
     for r, bk, stages, warps, per_sm, fence, pair in configs[:1] if args.quick else configs:
         grid = sms * per_sm
         name = (

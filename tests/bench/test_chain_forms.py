@@ -29,3 +29,52 @@ def test_bench_kernels_match_torch_in_the_interpreter(script, forms):
     assert len(results) == forms and all(
         line.rstrip().endswith(": ok") or line.rstrip().endswith(" ok") for line in results
     ), done.stdout
+
+
+def test_megakernel_packing_lays_each_blocks_chunks_in_the_order_it_reads_them():
+    """``bench/megakernel_chain.pack``: block b's j-th chunk is the tile and K step its kernel
+    takes j-th (GEMV by GEMV, its tiles b, b + P, ..., each tile's K steps in order), at rows
+    [(b * maxj + j) * R, ...) of the packed array; shapes whose tiles do not divide evenly."""
+    import torch
+
+    from bench.megakernel_chain import pack
+
+    torch.manual_seed(0)
+    r, bk, p = 4, 8, 3
+    weights = [torch.randn(n, k) for n, k in ((20, 16), (8, 32), (12, 8))]
+    packed, maxj = pack(weights, p, r, bk)
+    assert maxj == max(
+        sum(len(range(b, w.shape[0] // r, p)) * (w.shape[1] // bk) for w in weights) for b in range(p)
+    )
+    for b in range(p):
+        j = 0
+        for w in weights:
+            for t in range(b, w.shape[0] // r, p):
+                for s in range(w.shape[1] // bk):
+                    assert torch.equal(packed[b * maxj + j], w[t * r : (t + 1) * r, s * bk : (s + 1) * bk]), (
+                        b,
+                        j,
+                    )
+                    j += 1
+
+
+def test_megakernel_compiles_for_sm90_with_its_tma_ring_and_barrier():
+    """``bench/megakernel_chain.py --compile-only 90``: the Gluon kernel compiles without a GPU at
+    the configuration measured fastest, and its PTX holds the TMA loads, mbarrier waits and the
+    grid barrier's atomics (all 16 configurations take minutes here: run the script for those)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "megakernel_chain.py"),
+            "--compile-only",
+            "90",
+            "--configs",
+            "14",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("ok"), done.stdout[-3000:]
