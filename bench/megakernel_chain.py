@@ -15,10 +15,23 @@ GEMV's end: while a block waits at the grid barrier (an atomic counter: every bl
 in once its rows of the GEMV are stored), the next GEMV's first chunks are already arriving.
 After the barrier a block stages the GEMV's input row in shared memory (one read from L2).
 
+Two forms: ``_chain``, where every warp both consumes the ring and refills it (a CTA-wide barrier
+per chunk, or per two chunks: ``PAIR``), and ``_chain_ws``, warp-specialized: one warp loads the
+ring (TMA, gated by "empty" mbarriers) and the kernel's warps consume it, handing each stage back
+with an arrive, never waiting for each other.
+
+Measured on an H200 (torch 2.11, triton 3.6; ``bench/results/megakernel-chain-*-h200-2026-11-30.json``):
+correct (the chain's output within bf16 rounding of the per-kernel chain's), but not faster: the
+warp-specialized form 659-676 µs against 652-662 for one kernel per GEMV in the same commands, the
+one-role form 687-832. Deeper rings past 12-16 stages, more consuming warps and pairs of chunks
+did not help: the consumers take about as long per chunk as the stream brings it, so the backlog
+a grid barrier leaves is never made up.
+
 Written in Gluon (Triton's explicit-layout dialect: TMA, mbarriers and shared memory by hand);
 GPU only (Triton's interpreter does not run Gluon).
 
     python3 bench/megakernel_chain.py --json out.json
+    python3 bench/megakernel_chain.py --configs 14 --ws 1,10 --json out.json  # the fastest forms
     python3 bench/megakernel_chain.py --compile-only 90   # every configuration for sm_90, no GPU
 """
 
@@ -164,6 +177,172 @@ if gluon is not None:
             mbarrier.invalidate(bars.index(i))
 
 
+if gluon is not None:
+    import inspect
+
+    # gl.warp_specialize's signature changed across Triton releases: a list of (function, args)
+    # pairs now, the default partition's args and function then the workers' before
+    NEW_WS = gl.constexpr(
+        next(iter(inspect.signature(gl.warp_specialize).parameters)) == "functions_and_args"
+    )
+
+    @gluon.jit
+    def _ws_stage(ready, empty, smem, a_smem, bar_ptr, act_in, act_out, b, j, g,
+                  N: gl.constexpr, K: gl.constexpr, P: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
+                  S: gl.constexpr, KMAX: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr,
+                  FENCE: gl.constexpr, PAIR: gl.constexpr):  # fmt: skip
+        """``_stage`` for the consuming warps of the warp-specialized form: each chunk's stage is
+        handed back to the loading warp (an arrive on its "empty" mbarrier) once read, no CTA-wide
+        barrier per chunk."""
+        if g > 0:
+            seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+            polls = 0
+            while (seen < P * g) & (polls < MAX_POLLS):
+                seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+                polls += 1
+            if polls >= MAX_POLLS:
+                gl.atomic_xchg(bar_ptr + 1, 1)
+        at = gl.arange(0, KMAX, layout=AL)
+        a_all = gl.load(act_in + at, mask=at < K, other=0.0, cache_modifier=".cg")
+        _sync()
+        a_smem.store(a_all)
+        _sync()
+        rows = gl.arange(0, R, layout=gl.SliceLayout(1, WL))
+        for t in range(b, N // R, P):
+            acc = gl.zeros([R, BK], gl.float32, WL)
+            if PAIR:  # two chunks per wait and hand-back
+                for s in gl.static_range(0, K // BK, 2):
+                    st0 = j % S
+                    st1 = (j + 1) % S
+                    mbarrier.wait(ready.index(st0), (j // S) & 1)
+                    mbarrier.wait(ready.index(st1), ((j + 1) // S) & 1)
+                    w0 = smem.index(st0).load(WL)
+                    w1 = smem.index(st1).load(WL)
+                    if FENCE:
+                        fence_async_shared()
+                    mbarrier.arrive(empty.index(st0), count=1)
+                    mbarrier.arrive(empty.index(st1), count=1)
+                    a0 = a_smem.slice(s * BK, BK).load(gl.SliceLayout(0, WL))
+                    a1 = a_smem.slice((s + 1) * BK, BK).load(gl.SliceLayout(0, WL))
+                    acc += w0.to(gl.float32) * gl.expand_dims(a0.to(gl.float32), 0)
+                    acc += w1.to(gl.float32) * gl.expand_dims(a1.to(gl.float32), 0)
+                    j += 2
+            else:
+                for s in gl.static_range(K // BK):
+                    st = j % S
+                    mbarrier.wait(ready.index(st), (j // S) & 1)
+                    w = smem.index(st).load(WL)
+                    if FENCE:  # the generic proxy's reads ordered before the loader's TMA write
+                        fence_async_shared()
+                    mbarrier.arrive(empty.index(st), count=1)
+                    a = a_smem.slice(s * BK, BK).load(gl.SliceLayout(0, WL))
+                    acc += w.to(gl.float32) * gl.expand_dims(a.to(gl.float32), 0)
+                    j += 1
+            gl.store(act_out + t * R + rows, gl.sum(acc, axis=1).to(gl.bfloat16))
+        _sync()
+        gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        return j
+
+    @gluon.jit
+    def _ws_compute(ready, empty, smem, a_smem, bar_ptr, act_ptr, b, LAYERS,
+                    NQ: gl.constexpr, NO: gl.constexpr, NG: gl.constexpr, ND: gl.constexpr, NH: gl.constexpr,
+                    KH: gl.constexpr, KD: gl.constexpr, ACT: gl.constexpr, P: gl.constexpr, R: gl.constexpr,
+                    BK: gl.constexpr, S: gl.constexpr, NW: gl.constexpr, FENCE: gl.constexpr,
+                    PAIR: gl.constexpr):  # fmt: skip
+        """The default partition (NW warps): every GEMV of the chain, as ``_chain`` runs them."""
+        WL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
+        AL: gl.constexpr = gl.BlockedLayout([8], [32], [NW], [0])
+        KMAX: gl.constexpr = KD
+        j = 0
+        for layer in range(LAYERS):
+            g = layer * 4
+            j = _ws_stage(ready, empty, smem, a_smem, bar_ptr, act_ptr, act_ptr + ACT, b, j, g,
+                          NQ, KH, P, R, BK, S, KMAX, WL, AL, FENCE, PAIR)  # fmt: skip
+            j = _ws_stage(ready, empty, smem, a_smem, bar_ptr, act_ptr + ACT, act_ptr, b, j, g + 1,
+                          NO, KH, P, R, BK, S, KMAX, WL, AL, FENCE, PAIR)  # fmt: skip
+            j = _ws_stage(ready, empty, smem, a_smem, bar_ptr, act_ptr, act_ptr + ACT, b, j, g + 2,
+                          NG, KH, P, R, BK, S, KMAX, WL, AL, FENCE, PAIR)  # fmt: skip
+            j = _ws_stage(ready, empty, smem, a_smem, bar_ptr, act_ptr + ACT, act_ptr, b, j, g + 3,
+                          ND, KD, P, R, BK, S, KMAX, WL, AL, FENCE, PAIR)  # fmt: skip
+        _ws_stage(ready, empty, smem, a_smem, bar_ptr, act_ptr, act_ptr + ACT, b, j, LAYERS * 4,
+                  NH, KH, P, R, BK, S, KMAX, WL, AL, FENCE, PAIR)  # fmt: skip
+
+    @gluon.jit
+    def _ws_load(desc, ready, empty, smem, base, n, R: gl.constexpr, BK: gl.constexpr, S: gl.constexpr):
+        """The loading warp: the block's n chunks in order, each into its stage once the consuming
+        warps have handed that stage back."""
+        for j in range(n):
+            st = j % S
+            mbarrier.wait(empty.index(st), ((j // S) & 1) ^ 1)
+            mbarrier.expect(ready.index(st), R * BK * 2)
+            _tma_load(desc, [(base + j) * R, 0], ready.index(st), smem.index(st))
+
+    @gluon.jit
+    def _chain_ws(desc, act_ptr, bar_ptr, MAXJ, LAYERS,
+                  NQ: gl.constexpr, NO: gl.constexpr, NG: gl.constexpr, ND: gl.constexpr, NH: gl.constexpr,
+                  KH: gl.constexpr, KD: gl.constexpr, ACT: gl.constexpr, P: gl.constexpr, R: gl.constexpr,
+                  BK: gl.constexpr, S: gl.constexpr, FENCE: gl.constexpr, PAIR: gl.constexpr,
+                  num_warps: gl.constexpr):  # fmt: skip
+        """``_chain`` with its warps specialized: one warp loads the ring (TMA), the kernel's
+        ``num_warps`` consume it."""
+        b = gl.program_id(0)
+        smem = gl.allocate_shared_memory(gl.bfloat16, [S, R, BK], desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+        a_smem = gl.allocate_shared_memory(gl.bfloat16, [KD], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        for i in gl.static_range(S):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        per_layer = ((NQ // R - b + P - 1) // P + (NO // R - b + P - 1) // P + (NG // R - b + P - 1) // P) * (
+            KH // BK
+        ) + ((ND // R - b + P - 1) // P) * (KD // BK)
+        n = LAYERS * per_layer + ((NH // R - b + P - 1) // P) * (KH // BK)
+        base = b * MAXJ
+        if NEW_WS:  # the argument tuples written in the call: a tuple bound to a name loses its constants
+            gl.warp_specialize(
+                [
+                    (_ws_compute, (ready, empty, smem, a_smem, bar_ptr, act_ptr, b, LAYERS, NQ, NO, NG, ND, NH, KH,
+                                   KD, ACT, P, R, BK, S, num_warps, FENCE, PAIR)),
+                    (_ws_load, (desc, ready, empty, smem, base, n, R, BK, S)),
+                ],
+                [1],
+                [24],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                (ready, empty, smem, a_smem, bar_ptr, act_ptr, b, LAYERS, NQ, NO, NG, ND, NH, KH, KD, ACT, P, R, BK,
+                 S, num_warps, FENCE, PAIR),
+                _ws_compute,
+                (desc, ready, empty, smem, base, n, R, BK, S),
+                [_ws_load],
+                [1],
+                [24],
+            )  # fmt: skip
+        for i in gl.static_range(S):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+
+
+# the warp-specialized form: (rows R, columns BK, stages S, consuming warps, blocks per SM, maxnreg,
+# the proxy fence before a stage's hand-back, two chunks per wait and hand-back)
+WS_CONFIGS = (
+    (16, 256, 8, 8, 1, 128, True, False),
+    (16, 256, 12, 8, 1, 128, True, False),
+    (16, 256, 8, 16, 1, 96, True, False),
+    (16, 256, 6, 4, 2, 128, True, False),
+    (32, 256, 6, 8, 1, 128, True, False),
+    (16, 256, 16, 8, 1, 128, True, False),
+    (16, 256, 20, 8, 1, 128, True, False),
+    (16, 256, 24, 8, 1, 128, True, False),
+    (16, 256, 20, 4, 1, 128, True, False),
+    (32, 256, 10, 8, 1, 128, True, False),
+    (16, 256, 16, 8, 1, 128, False, False),
+    (16, 256, 16, 8, 1, 128, True, True),
+    (16, 256, 16, 8, 1, 128, False, True),
+    (16, 256, 24, 8, 1, 128, False, True),
+)
+
+
 # (rows R, columns BK, stages S, warps, blocks per SM, the proxy fence before a stage's refill,
 # two chunks per CTA barrier)
 CONFIGS = (
@@ -212,9 +391,10 @@ def pack(weights: list[torch.Tensor], p: int, r: int, bk: int) -> tuple[torch.Te
     return out, maxj
 
 
-def compile_only(arch: int, configs: tuple = CONFIGS) -> int:
-    """Compile ``_chain`` for sm_ARCH at ``configs`` (no GPU): its PTX holds the TMA loads, the
-    mbarrier waits and the barrier's atomics. Prints one ``ok``/``FAIL`` line each."""
+def compile_only(arch: int, configs: tuple = CONFIGS, ws: tuple = WS_CONFIGS) -> int:
+    """Compile ``_chain`` at ``configs`` and ``_chain_ws`` at ``ws`` for sm_ARCH (no GPU): the PTX
+    holds the TMA loads, the mbarrier waits and the grid barrier's atomics. Prints one
+    ``ok``/``FAIL`` line each."""
     if gluon is None:
         print("FAIL: this Triton has no Gluon")
         return 1
@@ -222,23 +402,38 @@ def compile_only(arch: int, configs: tuple = CONFIGS) -> int:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
+    nh = LLAMA_1B["head"][0]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    jobs = [
+        (_chain, f"mega_{r}x{bk}_s{st}_w{w}_{ps}", r, bk, w, {"FENCE": f, "PAIR": pr}, ps, st, {})
+        for r, bk, st, w, ps, f, pr in configs
+    ] + [
+        (
+            _chain_ws,
+            f"mega_ws_{r}x{bk}_s{st}_w{w}_{ps}_r{reg}",
+            r,
+            bk,
+            w,
+            {"FENCE": f, "PAIR": pr},
+            ps,
+            st,
+            {"maxnreg": reg},
+        )
+        for r, bk, st, w, ps, reg, f, pr in ws
+    ]
     failed = 0
-    for r, bk, stages, warps, per_sm, fence, pair in configs:
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    for fn, name, r, bk, warps, flags, per_sm, stages, options in jobs:
         signature = {"desc": f"tensordesc<bf16[{r}, {bk}],{layout!r}>", "act_ptr": "*bf16", "bar_ptr": "*i32",
                      "MAXJ": "i32", "LAYERS": "i32"}  # fmt: skip
-        consts = dict(NQ=nq, NO=no, NG=ng, ND=nd, NH=LLAMA_1B["head"][0], KH=h, KD=kd, ACT=LLAMA_1B["head"][0],
-                      P=132 * per_sm, R=r, BK=bk, S=stages, FENCE=fence, PAIR=pair, num_warps=warps)  # fmt: skip
+        consts = dict(NQ=nq, NO=no, NG=ng, ND=nd, NH=nh, KH=h, KD=kd, ACT=nh, P=132 * per_sm, R=r, BK=bk, S=stages,
+                      **flags, num_warps=warps)  # fmt: skip
         names = list(signature) + list(consts)
         signature.update(dict.fromkeys(consts, "constexpr"))
-        name = f"mega_{r}x{bk}_s{stages}_w{warps}_{per_sm}"
         try:
-            src = GluonASTSource(_chain, signature, {(names.index(k),): v for k, v in consts.items()})
-            ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps}).asm[
-                "ptx"
-            ]
-            want = ("cp.async.bulk.tensor", "mbarrier.try_wait", "atom.")
-            missing = [w for w in want if w not in ptx]
+            src = GluonASTSource(fn, signature, {(names.index(k),): v for k, v in consts.items()})
+            target = GPUTarget("cuda", arch, 32)
+            ptx = triton.compile(src, target=target, options={"num_warps": warps, **options}).asm["ptx"]
+            missing = [w for w in ("cp.async.bulk.tensor", "mbarrier.try_wait", "atom.") if w not in ptx]
             print(f"{'FAIL' if missing else 'ok'} {name}" + (f": no {missing}" if missing else ""))
             failed += bool(missing)
         except Exception as e:
@@ -255,6 +450,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="the first configuration only, no per-GEMV chain")
     p.add_argument("--configs", help="indices into the configurations, comma-separated (default: all)")
     p.add_argument(
+        "--ws", help="indices into the warp-specialized configurations (default: all; 'none': none)"
+    )
+    p.add_argument(
         "--compile-only",
         type=int,
         metavar="ARCH",
@@ -262,8 +460,15 @@ def main() -> int:
     )
     args = p.parse_args()
     chosen = [CONFIGS[int(i)] for i in args.configs.split(",")] if args.configs else list(CONFIGS)
+    ws = (
+        []
+        if args.ws == "none"
+        else [WS_CONFIGS[int(i)] for i in args.ws.split(",")]
+        if args.ws
+        else list(WS_CONFIGS)
+    )
     if args.compile_only:
-        return compile_only(args.compile_only, tuple(chosen))
+        return compile_only(args.compile_only, tuple(chosen), tuple(ws))
     if not torch.cuda.is_available() or gluon is None:
         print("megakernel_chain: needs a CUDA GPU of sm_90+ and a Triton with Gluon", file=sys.stderr)
         return 2
@@ -354,6 +559,44 @@ def main() -> int:
                 act[: x.numel()].copy_(x)
                 _chain[(grid,)](desc, act, bar, maxj, layers, nq, no, ng, nd, nh, h, kd, act_n, grid, r, bk,
                                 stages, fence, pair, num_warps=warps)  # fmt: skip
+
+            record(
+                {"form": name, "blocks": grid, "chunks_per_block": maxj}, run, lambda: act[act_n : act_n + nh]
+            )
+        except Exception as e:
+            row = {"form": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    for r, bk, stages, warps, per_sm, maxnreg, fence, pair in ws:
+        grid = sms * per_sm
+        name = f"mega_ws_{r}x{bk}_s{stages}_w{warps}_{per_sm}_r{maxnreg}" + ("" if fence else "_nofence")
+        name += "_pairs" if pair else ""
+        try:
+            if packed_for != (grid, r, bk):
+                packed = None
+                torch.cuda.empty_cache()
+                packed, maxj = pack(weights, grid, r, bk)
+                packed_for = (grid, r, bk)
+            layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+            flat = packed.view(-1, bk)
+            desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [r, bk], layout)
+
+            def run(
+                desc=desc,
+                grid=grid,
+                r=r,
+                bk=bk,
+                stages=stages,
+                warps=warps,
+                maxj=maxj,
+                maxnreg=maxnreg,
+                fence=fence,
+                pair=pair,
+            ):
+                bar.zero_()
+                act[: x.numel()].copy_(x)
+                _chain_ws[(grid,)](desc, act, bar, maxj, layers, nq, no, ng, nd, nh, h, kd, act_n, grid, r, bk,
+                                   stages, fence, pair, num_warps=warps, maxnreg=maxnreg)  # fmt: skip
 
             record(
                 {"form": name, "blocks": grid, "chunks_per_block": maxj}, run, lambda: act[act_n : act_n + nh]
