@@ -56,9 +56,14 @@ FORMS = (
 
 @triton.jit
 def _gemv(w_ptr, a_ptr, o_ptr, K: tl.constexpr, GDC: tl.constexpr):
-    """The default table's one-row form at K 2048: two rows of W per block, both K steps of 1024
-    loaded before the wait."""
-    rn = tl.program_id(0) * 2 + tl.arange(0, 2)
+    """The default table's one-row form at K 2048: two rows of W per block."""
+    _gemv_rows(w_ptr, a_ptr, o_ptr, tl.program_id(0) * 2 + tl.arange(0, 2), K, GDC)
+
+
+@triton.jit
+def _gemv_rows(w_ptr, a_ptr, o_ptr, rn, K: tl.constexpr, GDC: tl.constexpr):
+    """Rows ``rn`` of W times a, stored at o[rn]: both K steps of 1024 loaded before the wait for
+    the kernel before (K 2048)."""
     rk = tl.arange(0, 1024)
     w0 = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :])
     w1 = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + 1024 + rk[None, :])
@@ -113,16 +118,7 @@ def _qkv_tail(w_ptr, a_ptr, qkv_ptr, count_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, 
     row0 = tl.where(j < qb, kh * GROUPS * D + j * ROWS,
                     tl.where(j < qb + kb, GROUPS * KV * D + kh * D + (j - qb) * ROWS,
                              GROUPS * KV * D + KV * D + kh * D + (j - qb - kb) * ROWS))  # fmt: skip
-    rn = row0 + tl.arange(0, ROWS)
-    rk = tl.arange(0, 1024)
-    w0 = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :])
-    w1 = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + 1024 + rk[None, :])
-    if GDC:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    part = w0.to(tl.float32) * tl.load(a_ptr + rk).to(tl.float32)[None, :]
-    part += w1.to(tl.float32) * tl.load(a_ptr + 1024 + rk).to(tl.float32)[None, :]
-    tl.store(qkv_ptr + rn, tl.sum(part, axis=1).to(qkv_ptr.dtype.element_ty))
+    _gemv_rows(w_ptr, a_ptr, qkv_ptr, row0 + tl.arange(0, ROWS), K, GDC)
     tl.debug_barrier()  # every thread's stores before the arrival (which releases them)
     arrived = tl.atomic_add(count_ptr + kh, 1, sem="acq_rel", scope="gpu")
     if arrived == per - 1:

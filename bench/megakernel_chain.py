@@ -64,16 +64,12 @@ if gluon is not None:
     _sync = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.jit
-    def _stage(desc, smem, bars, a_smem, bar_ptr, act_in, act_out, b, j, n, g, base,
-               N: gl.constexpr, K: gl.constexpr, P: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
-               S: gl.constexpr, KMAX: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr,
-               FENCE: gl.constexpr, PAIR: gl.constexpr):  # fmt: skip
-        """GEMV ``g`` (N x K) for block ``b``: wait for GEMV g-1 everywhere, stage its output (this
-        GEMV's input) in shared memory, take this block's tiles chunk by chunk from the ring (the
-        chunk counter ``j`` of ``n``), refilling each stage S chunks ahead; store, count in.
-        ``PAIR``: two chunks per step, their stages refilled after one CTA barrier (half the
-        barriers). Returns the chunk counter after the GEMV."""
-        if g > 0:  # GEMV g-1 complete on every block (a bounded wait: blocks not all resident give up)
+    def _input_after_barrier(bar_ptr, act_in, a_smem, g, K: gl.constexpr, P: gl.constexpr,
+                             KMAX: gl.constexpr, AL: gl.constexpr):  # fmt: skip
+        """Wait until every block has counted itself in for GEMV g-1 (a bounded wait: a grid whose
+        blocks are not all resident gives up and flags it), then stage GEMV g's input row (K of
+        ``act_in``, from L2) in ``a_smem``."""
+        if g > 0:
             seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
             polls = 0
             while (seen < P * g) & (polls < MAX_POLLS):
@@ -86,6 +82,24 @@ if gluon is not None:
         _sync()  # every thread done with the last GEMV's input
         a_smem.store(a_all)
         _sync()
+
+    @gluon.jit
+    def _count_in(bar_ptr):
+        """This block's rows of the GEMV are stored: count it in at the grid barrier."""
+        _sync()  # every thread's stores before the arrival (which releases them)
+        gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+
+    @gluon.jit
+    def _stage(desc, smem, bars, a_smem, bar_ptr, act_in, act_out, b, j, n, g, base,
+               N: gl.constexpr, K: gl.constexpr, P: gl.constexpr, R: gl.constexpr, BK: gl.constexpr,
+               S: gl.constexpr, KMAX: gl.constexpr, WL: gl.constexpr, AL: gl.constexpr,
+               FENCE: gl.constexpr, PAIR: gl.constexpr):  # fmt: skip
+        """GEMV ``g`` (N x K) for block ``b``: wait for GEMV g-1 everywhere, stage its output (this
+        GEMV's input) in shared memory, take this block's tiles chunk by chunk from the ring (the
+        chunk counter ``j`` of ``n``), refilling each stage S chunks ahead; store, count in.
+        ``PAIR``: two chunks per step, their stages refilled after one CTA barrier (half the
+        barriers). Returns the chunk counter after the GEMV."""
+        _input_after_barrier(bar_ptr, act_in, a_smem, g, K, P, KMAX, AL)
         rows = gl.arange(0, R, layout=gl.SliceLayout(1, WL))
         for t in range(b, N // R, P):
             acc = gl.zeros([R, BK], gl.float32, WL)
@@ -130,8 +144,7 @@ if gluon is not None:
                     acc += w.to(gl.float32) * gl.expand_dims(a.to(gl.float32), 0)
                     j += 1
             gl.store(act_out + t * R + rows, gl.sum(acc, axis=1).to(gl.bfloat16))
-        _sync()  # every thread's stores before the arrival (which releases them)
-        gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        _count_in(bar_ptr)
         return j
 
     @gluon.jit
@@ -194,19 +207,7 @@ if gluon is not None:
         """``_stage`` for the consuming warps of the warp-specialized form: each chunk's stage is
         handed back to the loading warp (an arrive on its "empty" mbarrier) once read, no CTA-wide
         barrier per chunk."""
-        if g > 0:
-            seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-            polls = 0
-            while (seen < P * g) & (polls < MAX_POLLS):
-                seen = gl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-                polls += 1
-            if polls >= MAX_POLLS:
-                gl.atomic_xchg(bar_ptr + 1, 1)
-        at = gl.arange(0, KMAX, layout=AL)
-        a_all = gl.load(act_in + at, mask=at < K, other=0.0, cache_modifier=".cg")
-        _sync()
-        a_smem.store(a_all)
-        _sync()
+        _input_after_barrier(bar_ptr, act_in, a_smem, g, K, P, KMAX, AL)
         rows = gl.arange(0, R, layout=gl.SliceLayout(1, WL))
         for t in range(b, N // R, P):
             acc = gl.zeros([R, BK], gl.float32, WL)
@@ -239,8 +240,7 @@ if gluon is not None:
                     acc += w.to(gl.float32) * gl.expand_dims(a.to(gl.float32), 0)
                     j += 1
             gl.store(act_out + t * R + rows, gl.sum(acc, axis=1).to(gl.bfloat16))
-        _sync()
-        gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        _count_in(bar_ptr)
         return j
 
     @gluon.jit
@@ -391,6 +391,33 @@ def pack(weights: list[torch.Tensor], p: int, r: int, bk: int) -> tuple[torch.Te
     return out, maxj
 
 
+def forms(configs: tuple, ws: tuple) -> list[tuple]:
+    """(kernel, name, R, BK, stages, warps, blocks per SM, FENCE, PAIR, launch options) of each
+    configuration of the one-role form (``configs``) and the warp-specialized one (``ws``)."""
+
+    def tail(fence: bool, pair: bool) -> str:
+        return ("" if fence else "_nofence") + ("_pairs" if pair else "")
+
+    return [
+        (_chain, f"mega_{r}x{bk}_s{st}_w{w}_{ps}" + tail(f, pr), r, bk, st, w, ps, f, pr, {})
+        for r, bk, st, w, ps, f, pr in configs
+    ] + [
+        (
+            _chain_ws,
+            f"mega_ws_{r}x{bk}_s{st}_w{w}_{ps}_r{reg}" + tail(f, pr),
+            r,
+            bk,
+            st,
+            w,
+            ps,
+            f,
+            pr,
+            {"maxnreg": reg},
+        )
+        for r, bk, st, w, ps, reg, f, pr in ws
+    ]
+
+
 def compile_only(arch: int, configs: tuple = CONFIGS, ws: tuple = WS_CONFIGS) -> int:
     """Compile ``_chain`` at ``configs`` and ``_chain_ws`` at ``ws`` for sm_ARCH (no GPU): the PTX
     holds the TMA loads, the mbarrier waits and the grid barrier's atomics. Prints one
@@ -404,29 +431,12 @@ def compile_only(arch: int, configs: tuple = CONFIGS, ws: tuple = WS_CONFIGS) ->
     (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
     nh = LLAMA_1B["head"][0]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-    jobs = [
-        (_chain, f"mega_{r}x{bk}_s{st}_w{w}_{ps}", r, bk, w, {"FENCE": f, "PAIR": pr}, ps, st, {})
-        for r, bk, st, w, ps, f, pr in configs
-    ] + [
-        (
-            _chain_ws,
-            f"mega_ws_{r}x{bk}_s{st}_w{w}_{ps}_r{reg}",
-            r,
-            bk,
-            w,
-            {"FENCE": f, "PAIR": pr},
-            ps,
-            st,
-            {"maxnreg": reg},
-        )
-        for r, bk, st, w, ps, reg, f, pr in ws
-    ]
     failed = 0
-    for fn, name, r, bk, warps, flags, per_sm, stages, options in jobs:
+    for fn, name, r, bk, stages, warps, per_sm, fence, pair, options in forms(configs, ws):
         signature = {"desc": f"tensordesc<bf16[{r}, {bk}],{layout!r}>", "act_ptr": "*bf16", "bar_ptr": "*i32",
                      "MAXJ": "i32", "LAYERS": "i32"}  # fmt: skip
         consts = dict(NQ=nq, NO=no, NG=ng, ND=nd, NH=nh, KH=h, KD=kd, ACT=nh, P=132 * per_sm, R=r, BK=bk, S=stages,
-                      **flags, num_warps=warps)  # fmt: skip
+                      FENCE=fence, PAIR=pair, num_warps=warps)  # fmt: skip
         names = list(signature) + list(consts)
         signature.update(dict.fromkeys(consts, "constexpr"))
         try:
@@ -525,15 +535,11 @@ def main() -> int:
         record({"form": "vec_pdl"}, run_vec, lambda: bufs[(len(weights) + 1) % 2][: shapes[-1][0]])
     (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
     nh = LLAMA_1B["head"][0]
-    configs = chosen
     packed_for, packed, maxj = None, None, 0
-    for r, bk, stages, warps, per_sm, fence, pair in configs[:1] if args.quick else configs:
+    for fn, name, r, bk, stages, warps, per_sm, fence, pair, options in forms(
+        tuple(chosen[:1] if args.quick else chosen), () if args.quick else tuple(ws)
+    ):
         grid = sms * per_sm
-        name = (
-            f"mega_{r}x{bk}_s{stages}_w{warps}_{per_sm}"
-            + ("" if fence else "_nofence")
-            + ("_pairs" if pair else "")
-        )
         try:
             if packed_for != (grid, r, bk):
                 packed = None
@@ -543,65 +549,37 @@ def main() -> int:
             layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
             flat = packed.view(-1, bk)
             desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [r, bk], layout)
+            launch = (
+                desc,
+                act,
+                bar,
+                maxj,
+                layers,
+                nq,
+                no,
+                ng,
+                nd,
+                nh,
+                h,
+                kd,
+                act_n,
+                grid,
+                r,
+                bk,
+                stages,
+                fence,
+                pair,
+            )
 
-            def run(
-                desc=desc,
-                grid=grid,
-                r=r,
-                bk=bk,
-                stages=stages,
-                warps=warps,
-                maxj=maxj,
-                fence=fence,
-                pair=pair,
-            ):
+            def run(fn=fn, grid=grid, launch=launch, warps=warps, options=options):
                 bar.zero_()
                 act[: x.numel()].copy_(x)
-                _chain[(grid,)](desc, act, bar, maxj, layers, nq, no, ng, nd, nh, h, kd, act_n, grid, r, bk,
-                                stages, fence, pair, num_warps=warps)  # fmt: skip
+                fn[(grid,)](*launch, num_warps=warps, **options)
 
             record(
                 {"form": name, "blocks": grid, "chunks_per_block": maxj}, run, lambda: act[act_n : act_n + nh]
             )
-        except Exception as e:
-            row = {"form": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    for r, bk, stages, warps, per_sm, maxnreg, fence, pair in ws:
-        grid = sms * per_sm
-        name = f"mega_ws_{r}x{bk}_s{stages}_w{warps}_{per_sm}_r{maxnreg}" + ("" if fence else "_nofence")
-        name += "_pairs" if pair else ""
-        try:
-            if packed_for != (grid, r, bk):
-                packed = None
-                torch.cuda.empty_cache()
-                packed, maxj = pack(weights, grid, r, bk)
-                packed_for = (grid, r, bk)
-            layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
-            flat = packed.view(-1, bk)
-            desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [r, bk], layout)
-
-            def run(
-                desc=desc,
-                grid=grid,
-                r=r,
-                bk=bk,
-                stages=stages,
-                warps=warps,
-                maxj=maxj,
-                maxnreg=maxnreg,
-                fence=fence,
-                pair=pair,
-            ):
-                bar.zero_()
-                act[: x.numel()].copy_(x)
-                _chain_ws[(grid,)](desc, act, bar, maxj, layers, nq, no, ng, nd, nh, h, kd, act_n, grid, r, bk,
-                                   stages, fence, pair, num_warps=warps, maxnreg=maxnreg)  # fmt: skip
-
-            record(
-                {"form": name, "blocks": grid, "chunks_per_block": maxj}, run, lambda: act[act_n : act_n + nh]
-            )
-        except Exception as e:
+        except Exception as e:  # packing or a descriptor failing: the row says so, the others run
             row = {"form": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(json.dumps(row), flush=True)
             rows.append(row)
