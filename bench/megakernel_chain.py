@@ -549,27 +549,8 @@ def main() -> int:
             layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
             flat = packed.view(-1, bk)
             desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [r, bk], layout)
-            launch = (
-                desc,
-                act,
-                bar,
-                maxj,
-                layers,
-                nq,
-                no,
-                ng,
-                nd,
-                nh,
-                h,
-                kd,
-                act_n,
-                grid,
-                r,
-                bk,
-                stages,
-                fence,
-                pair,
-            )
+            launch = (desc, act, bar, maxj, layers, nq, no, ng, nd, nh, h, kd, act_n, grid, r, bk, stages,
+                      fence, pair)  # fmt: skip
 
             def run(fn=fn, grid=grid, launch=launch, warps=warps, options=options):
                 bar.zero_()
