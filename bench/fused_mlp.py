@@ -16,6 +16,7 @@ one CUDA graph; µs per chain (median of replays), and the largest difference of
 against the two-kernel chain's (relative to its scale).
 
     python3 bench/fused_mlp.py --json out.json
+    TRITON_INTERPRET=1 python3 bench/fused_mlp.py --check   # both chains against torch on the CPU
 
 Measured on an H200 (torch 2.11, triton 3.6; ``bench/results/fused-mlp-h200-2026-11-30.json``):
 slower everywhere, 1.5-1.6x the two-kernel chain at the best chunk (mlp 64.8 against 40.3 µs,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,7 +55,8 @@ EPS = 1e-5
 UP_ROWS, DOWN_ROWS, DOWN_BK = 2, 2, 1024  # the two-kernel chain: the default build's forms
 TILE = 256  # the fused kernel's columns of D per step
 CHUNKS = (16, 32, 64)  # hidden units per block of the fused kernel
-DEPENDENT = True  # every kernel launched early (off: Triton's interpreter, which has no such launch)
+# every kernel launched early (off in Triton's interpreter, which has no such launch)
+DEPENDENT = os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @triton.jit
@@ -229,14 +232,14 @@ def _final(r_ptr, b_ptr, acc_ptr, zero_ptr, g_ptr, beta_ptr, out_ptr, D: tl.cons
 class Chain:
     """A model's MLP blocks (each layer its own weights) and the buffers both chains use."""
 
-    def __init__(self, cfg: dict, layers: int):
+    def __init__(self, cfg: dict, layers: int, device: str = "cuda"):
         self.cfg, self.layers = cfg, layers
         d, h = cfg["d"], cfg["h"]
         dt = getattr(torch, cfg["dtype"])
-        g = torch.Generator(device="cuda").manual_seed(0)
+        g = torch.Generator(device=device).manual_seed(0)
 
         def rand(*shape, scale=1.0):
-            return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dt)
+            return (torch.randn(*shape, generator=g, device=device) * scale).to(dt)
 
         up_rows = 2 * h if cfg["gated"] else h
         self.x = rand(d)
@@ -247,10 +250,10 @@ class Chain:
         self.wd = [rand(d, h, scale=h**-0.5) for _ in range(layers)]
         self.wdt = [w.t().contiguous() for w in self.wd]  # stored for the fused kernel: [H, D]
         self.bd = [rand(d, scale=0.1) for _ in range(layers)]
-        self.hid = torch.empty(h, dtype=dt, device="cuda")
-        self.res = [torch.empty(d, dtype=dt, device="cuda") for _ in range(layers + 1)]
-        self.acc = [torch.zeros(d, dtype=torch.float32, device="cuda") for _ in range(layers)]
-        self.out = torch.empty(d, dtype=dt, device="cuda")
+        self.hid = torch.empty(h, dtype=dt, device=device)
+        self.res = [torch.empty(d, dtype=dt, device=device) for _ in range(layers + 1)]
+        self.acc = [torch.zeros(d, dtype=torch.float32, device=device) for _ in range(layers)]
+        self.out = torch.empty(d, dtype=dt, device=device)
         self.bd_ = triton.next_power_of_2(d)
 
     def two_kernels(self):
@@ -274,6 +277,9 @@ class Chain:
 
     def fused(self, chunk: int, warps: int):
         c, d, h, n = self.cfg, self.cfg["d"], self.cfg["h"], self.layers
+        # three layers at least: with two, layer 1 would zero acc[0] (the next replay's) while its
+        # own blocks still read it as layer 0's sums
+        assert n >= 3, "the fused chain rotates its accumulators over three layers or more"
         flags = dict(RMS=c["rms"], EPS=EPS)
         for i in range(n):
             # layer i adds into acc[i]; its residual r_i is r_{i-1} (the input, or res[i - 1], stored by
@@ -293,12 +299,73 @@ class Chain:
         )  # fmt: skip
 
 
+def reference(chain: Chain) -> torch.Tensor:
+    """The chain's output in torch, rounded where the kernels round (the normed row, the hidden
+    units and each block's residual to the model's dtype; sums in fp32)."""
+    c, dt = chain.cfg, chain.out.dtype
+
+    def norm(r, i):
+        r = r.float()
+        if c["rms"]:
+            y = r * torch.rsqrt((r * r).mean() + EPS) * chain.norm_g[i].float()
+        else:
+            y = (r - r.mean()) * torch.rsqrt(((r - r.mean()) ** 2).mean() + EPS) * chain.norm_g[i].float()
+            y = y + chain.norm_b[i].float()
+        return y
+
+    def act(y):
+        if c["act"] == 0:
+            return torch.nn.functional.gelu(y)
+        if c["act"] == 1:
+            return torch.nn.functional.gelu(y, approximate="tanh")
+        return torch.nn.functional.silu(y)
+
+    r, h = chain.x, c["h"]
+    for i in range(chain.layers):
+        xn = norm(r, i).to(dt).float()
+        up = chain.wu[i].float() @ xn + (chain.bu[i].float() if c["bias"] else 0.0)
+        y = act(up[:h]) * (chain.wu[i].float()[h:] @ xn) if c["gated"] else act(up)
+        down = (
+            chain.wd[i].float() @ y.to(dt).float() + r.float() + (chain.bd[i].float() if c["bias"] else 0.0)
+        )
+        r = down.to(dt)
+    return norm(r, chain.layers).to(dt)
+
+
+def check() -> int:
+    """Both chains of every model's block, at a small width (64 wide, 256 hidden units, three
+    layers: the fused chain's accumulators rotate over the layers and need three), against
+    ``reference`` (Triton's interpreter on the CPU, or a GPU); ok/WRONG each."""
+    dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    bad = 0
+    for name, cfg in MODELS.items():
+        chain = Chain({**cfg, "d": 64, "h": 256}, 3, dev)
+        want = reference(chain).float().cpu()
+        chain.two_kernels()
+        two = chain.out.float().cpu()
+        for a in chain.acc:
+            a.zero_()
+        chain.fused(CHUNKS[0], 4)
+        fused = chain.out.float().cpu()
+        for form, got in (("two kernels", two), ("fused", fused)):
+            err = float((got - want).abs().max() / want.abs().max())
+            ok = err < 3e-2
+            bad += not ok
+            print(f"{name:<13} {form:<12} relative error {err:.2e} {'ok' if ok else 'WRONG'}")
+    return int(bad > 0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--json")
+    ap.add_argument(
+        "--check", action="store_true", help="both chains against torch at a small width, and exit"
+    )
     args = ap.parse_args()
+    if args.check:
+        raise SystemExit(check())
     results = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,

@@ -1,6 +1,7 @@
 """The kernels of ``bench/tma_gemv.py`` (GEMVs whose weights stream through TMA, from host-side
-tensor descriptors) and ``bench/attention_chain.py`` (decode attention forms, alone and in the q/k/v
-GEMV's tail) against torch in Triton's interpreter: each bench's ``--check``, every form it can run
+tensor descriptors), ``bench/attention_chain.py`` (decode attention forms, alone and in the q/k/v
+GEMV's tail) and ``bench/fused_mlp.py`` (an MLP block's two kernels, and one) against torch in
+Triton's interpreter: each bench's ``--check``, every form it can run
 on the CPU reported ok (the tensor-core attention forms are checked on the GPU: the interpreter's
 bfloat16 dot is not the GPU's)."""
 
@@ -15,7 +16,7 @@ import pytest
 from tests.conftest import HANG_GUARD_S, ROOT
 
 
-@pytest.mark.parametrize("script,forms", [("tma_gemv.py", 8), ("attention_chain.py", 2)])
+@pytest.mark.parametrize("script,forms", [("tma_gemv.py", 8), ("attention_chain.py", 2), ("fused_mlp.py", 6)])
 def test_bench_kernels_match_torch_in_the_interpreter(script, forms):
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), "--check"],
