@@ -317,7 +317,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("attention_chain: needs a CUDA GPU (or --check under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    from aot.verify import timing
+    from bench.common import chain_row
 
     dev = torch.device("cuda")
     layers = args.layers
@@ -329,7 +329,7 @@ def main() -> int:
     count = torch.zeros(KV_HEADS, device=dev, dtype=torch.int32)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "layers": layers, "rows": []}  # fmt: skip
-    want = None
+    want: dict[str, torch.Tensor] = {}
     for form in FORMS:
         for pdl in (True, False):
 
@@ -348,19 +348,18 @@ def main() -> int:
                         _gemv[(HIDDEN // 2,)](wo[i], att, x, HIDDEN, pdl, num_warps=2, **kw)
                     a = x
 
-            row = {"form": form, "pdl": pdl}
-            try:
-                run()
-                torch.cuda.synchronize()
-                if form != "none":
-                    got = x.float().clone()
-                    want = got if want is None else want
-                    row["max_rel_diff"] = float((got - want).abs().max() / want.abs().max())
-                us = timing.graph_us(run, dev, 1, args.repeats)
-                row.update(us=round(us, 2), us_per_layer=round(us / layers, 3))
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            print(json.dumps(row), flush=True)
+            def diff():
+                got = x.float().clone()
+                ref = want.setdefault("out", got)  # the first form's output: the others' reference
+                return float((got - ref).abs().max() / ref.abs().max())
+
+            row = chain_row(
+                {"form": form, "pdl": pdl},
+                run,
+                args.repeats,
+                None if form == "none" else diff,
+                lambda us: {"us_per_layer": round(us / layers, 3)},
+            )
             result["rows"].append(row)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import statistics
 import time
@@ -196,6 +197,34 @@ def median_us(fn, calls: int, before=None) -> float:
         times.append(time.perf_counter() - t0)
     times.sort()
     return times[len(times) // 2] * 1e6
+
+
+def chain_row(row: dict, run, repeats: int, diff=None, per_us=None) -> dict:
+    """One row of a kernel-chain bench (``tma_gemv``, ``attention_chain``, ``megakernel_chain``):
+    ``run`` once and synchronized, ``row["max_rel_diff"] = diff()`` where given (the output
+    against the reference; ``diff`` may raise to fail the row), then µs per ``run`` replayed in a
+    CUDA graph (``aot.verify.timing.graph_us``) and ``per_us(us)``'s fields beside. An exception
+    (a form that does not compile or fit) goes into ``row["error"]`` instead, so the other forms
+    still run. Prints the row as one JSON line and returns it."""
+    import torch
+
+    from aot.verify import timing
+
+    try:
+        run()
+        torch.cuda.synchronize()
+        if diff is not None:
+            row["max_rel_diff"] = diff()
+        us = timing.graph_us(run, torch.device("cuda"), 1, repeats)
+        row["us"] = round(us, 2)
+        if per_us is not None:
+            row.update(per_us(us))
+    except Exception as e:
+        lines = str(e).strip().splitlines() or [""]
+        tail = f" ... {lines[-1][:200]}" if len(lines) > 1 else ""  # a compile error's own line is its last
+        row["error"] = f"{type(e).__name__}: {lines[0][:200]}{tail}"
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def timed_calls(fn, inputs, calls: int = CALLS, warmup: int = WARMUP, device: str = "cuda") -> list[float]:

@@ -482,7 +482,7 @@ def main() -> int:
     if not torch.cuda.is_available() or gluon is None:
         print("megakernel_chain: needs a CUDA GPU of sm_90+ and a Triton with Gluon", file=sys.stderr)
         return 2
-    from aot.verify import timing
+    from bench.common import chain_row
     from bench.tma_gemv import Gemv
 
     torch.manual_seed(0)
@@ -513,19 +513,15 @@ def main() -> int:
     rows = []
 
     def record(row: dict, run, out) -> None:
-        try:
-            run()
-            torch.cuda.synchronize()
+        def diff():
             if bar[1].item():
                 raise RuntimeError("a grid barrier gave up: the grid's blocks were not all resident")
             got = out().float()
-            row["max_rel_diff"] = float((got - want).abs().max() / want.abs().max())
-            us = timing.graph_us(run, dev, 1, args.repeats)
-            row.update(us=round(us, 2), tb_per_s=round(nbytes / us / 1e6, 3))
-        except Exception as e:  # one variant failing (a compile error) must not lose the others
-            row["error"] = f"{type(e).__name__}: {str(e)[-3000:]}"
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+            return float((got - want).abs().max() / want.abs().max())
+
+        rows.append(
+            chain_row(row, run, args.repeats, diff, lambda us: {"tb_per_s": round(nbytes / us / 1e6, 3)})
+        )
         if args.json:  # after every row: a run cut off keeps what it measured
             Path(args.json).write_text(json.dumps({**result, "rows": rows}, indent=1))
 

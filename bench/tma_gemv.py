@@ -214,7 +214,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("tma_gemv: needs a CUDA GPU (or --check under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    from aot.verify import timing
+    from bench.common import chain_row
 
     _allocator()
     torch.manual_seed(0)
@@ -255,21 +255,20 @@ def main() -> int:
                         a, out = bufs[j % 2], bufs[(j + 1) % 2]
                         f(w[s][i], descs[s][i], a, sink if f.kind == "stream" else out, n, k, pdl)
 
-                try:
-                    bufs[0].copy_(torch.linspace(-1, 1, big, device=dev, dtype=dt))
-                    run()
-                    torch.cuda.synchronize()
-                    if f.kind != "stream":
-                        got = bufs[len(seq) % 2][: shape[seq[-1][0]][0]].float().clone()
-                        ref = want.setdefault(chain, got)
-                        row["max_rel_diff"] = float(
-                            (got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)
-                        )
-                    us = timing.graph_us(run, dev, 1, args.repeats)
-                    row.update(us=round(us, 2), tb_per_s=round(nbytes / us / 1e6, 3))
-                except Exception as e:  # one form failing (a compile error) must not lose the others
-                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                print(json.dumps(row), flush=True)
+                bufs[0].copy_(torch.linspace(-1, 1, big, device=dev, dtype=dt))
+
+                def diff(seq=seq, chain=chain):
+                    got = bufs[len(seq) % 2][: shape[seq[-1][0]][0]].float().clone()
+                    ref = want.setdefault(chain, got)
+                    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+                chain_row(
+                    row,
+                    run,
+                    args.repeats,
+                    None if f.kind == "stream" else diff,
+                    lambda us, nbytes=nbytes: {"tb_per_s": round(nbytes / us / 1e6, 3)},
+                )
                 result["rows"].append(row)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -74,3 +74,36 @@ def test_megakernel_compiles_for_sm90_with_its_tma_ring_and_barrier():
     lines = [line for line in done.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert len(lines) == 2 and all(line.startswith("ok") for line in lines), done.stdout[-3000:]
+
+
+def test_a_chain_row_holds_its_difference_and_time_or_the_error_that_stopped_it(monkeypatch, capsys):
+    """``bench/common.chain_row``, which the chain benches share: a row gets its difference from
+    the reference and its µs (with ``per_us``'s fields); a form that raises (a compile error, a
+    grid barrier that gave up) gets the exception's first and last lines instead and is not timed;
+    each row is printed as one JSON line."""
+    import json
+
+    import torch
+
+    import bench.common as common
+    from aot.verify import timing
+
+    timed = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(
+        timing, "graph_us", lambda run, device, copies, repeats: timed.append(repeats) or 12.5
+    )
+    ran = []
+    row = common.chain_row({"form": "a"}, lambda: ran.append(1), 7, lambda: 0.25, lambda us: {"per": us * 2})
+    assert row == {"form": "a", "max_rel_diff": 0.25, "us": 12.5, "per": 25.0} and ran == [1] and timed == [7]
+
+    def fails():
+        raise RuntimeError("at 30:12:\n    j = _stage(...)\nNameError: no such name")
+
+    failed = common.chain_row({"form": "b"}, lambda: None, 7, fails)
+    assert failed == {
+        "form": "b",
+        "error": "RuntimeError: at 30:12: ... NameError: no such name",
+    } and timed == [7]
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert printed == [row, failed]

@@ -184,7 +184,8 @@ def test_cuda_graphs_and_weights_cost_the_mlp_next_to_no_device_memory():
     by one, the allocator served each 8 MiB matrix from a 20 MiB segment)."""
     path = _bundle("mlp")
     graphs, reserved, weights, how = _probe(path, "lazy")
-    plain, _, _, _ = _probe(path, "none")
+    plain, _, _, how_plain = _probe(path, "none")
+    assert how == how_plain, f"the two probes measured differently ({how} vs {how_plain}): not comparable"
     assert graphs - plain <= 16, (
         f"CUDA graphs took {graphs - plain:.0f} MiB more than none ({graphs:.0f} vs {plain:.0f}; "
         f"measured per {how}: 'device' counts other processes on the GPU too)"
