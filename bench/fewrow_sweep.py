@@ -520,6 +520,8 @@ TABLES = {
     "few": ("few_16x32x256", "few_splitk_16x64x128", "few_16x64x128"),
     "fewe": ("fewe_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128"),
     "fewp+fewe": ("fewp_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128"),
+    # W's rows on the product's wide side (``fews_``, bench/swap_rows.py)
+    "fews": ("fews_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128"),
 }
 
 
@@ -594,6 +596,29 @@ def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[d
             f"{model} chain M={m}: {json.dumps({k: v for k, v in entry.items() if k != 'best_forms'})}",
             flush=True,
         )
+    return out
+
+
+def tables(models: list[str], args, dtype) -> list[dict]:
+    """``table_chain`` alone: each model's decode GEMMs (the norms with them) at each of
+    ``--chain-rows`` on cuBLAS and on each TABLES entry, plainly and under dependent launch."""
+    out = []
+    for model in models:
+        for m in args.chain_rows:
+            entry = {
+                "model": model,
+                "m": m,
+                "table_us": {"cublas": round(table_chain(model, m, None, dtype, False), 1)},
+            }
+            for label, forms in TABLES.items():
+                for pdl in (False, True):
+                    try:
+                        us = round(table_chain(model, m, forms, dtype, pdl), 1)
+                    except Exception as e:  # a form that does not compile or launch here
+                        us = f"{type(e).__name__}: {str(e)[:120]}"
+                    entry["table_us"][label + (" pdl" if pdl else "")] = us
+            print(f"{model} table M={m}: {json.dumps(entry['table_us'])}", flush=True)
+            out.append(entry)
     return out
 
 
@@ -707,6 +732,11 @@ def main() -> int:
     p.add_argument("--chain", action="store_true", help="also time each model's decode GEMMs in one graph")
     p.add_argument("--chain-rows", type=int, nargs="+", default=[2, 8, 16], help="row counts of --chain")
     p.add_argument("--check", action="store_true", help="compile every form for sm_90 and exit (no GPU)")
+    p.add_argument(
+        "--table-only",
+        action="store_true",
+        help="only the decode step's GEMMs as a bundle runs them (cuBLAS, the TABLES entries) at --chain-rows",
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if args.check:
@@ -734,6 +764,12 @@ def main() -> int:
         "chains": [],
     }
     done: dict[tuple[int, int], dict] = {}
+    if args.table_only:
+        result["tables"] = tables(models, args, dtype)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     for model in models:
         spec = MODELS[model]
         for site, n, k in [*spec["sites"], spec["head"]]:

@@ -59,7 +59,8 @@ SPLIT_MODES = ("serial", "pass")
 @triton.jit
 def _swap(a_ptr, w_ptr, w_desc, o_ptr, ws_ptr, cnt_ptr, M, N, K, KS,
           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-          SPLIT: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, GDC: tl.constexpr):  # fmt: skip
+          SPLIT: tl.constexpr, MODE: tl.constexpr, TMA: tl.constexpr, GDC: tl.constexpr,
+          EK: tl.constexpr = 0):  # fmt: skip
     """O[:M, n-tile] = A[:M, :] @ W[n-tile, :]^T as acc[BN, BM] = W_tile @ A^T, K slice
     ``program_id(1)`` of SPLIT. MODE 0: one slice, stored in O's dtype; 1 (serial): each slice's
     fp32 partial to ws[slice], the last slice at the tile's counter sums them into O and zeroes
@@ -72,17 +73,18 @@ def _swap(a_ptr, w_ptr, w_desc, o_ptr, ws_ptr, cnt_ptr, M, N, K, KS,
     mask_n = rn < N
     mask_m = rm < M
     k0 = pid_k * KS
-    rk = k0 + tl.arange(0, BK)
-    if TMA:
-        w = w_desc.load([n0, k0])
+    # the slice's first step (or its first EK of K, in one plain load) before the wait
+    r0 = k0 + tl.arange(0, EK if EK > 0 else BK)
+    if TMA and EK == 0:
+        w0 = w_desc.load([n0, k0])
     else:
-        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :], mask=mask_n[:, None], other=0.0)
+        w0 = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + r0[None, :], mask=mask_n[:, None], other=0.0)
     if GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    a = tl.load(a_ptr + rm[None, :] * K + rk[:, None], mask=mask_m[None, :], other=0.0)
-    acc = tl.dot(w, a)
-    for kk in tl.range(k0 + BK, k0 + KS, BK, num_stages=STAGES):
+    a0 = tl.load(a_ptr + rm[None, :] * K + r0[:, None], mask=mask_m[None, :], other=0.0)
+    acc = tl.dot(w0, a0)
+    for kk in tl.range(k0 + max(EK, BK), k0 + KS, BK, num_stages=STAGES):
         rk = kk + tl.arange(0, BK)
         if TMA:
             w = w_desc.load([n0, kk])
@@ -163,9 +165,19 @@ class Form:
     """One form: ``launches(w, desc, a, out, m, n, k, pdl)`` -> the launches of one GEMM."""
 
     def __init__(
-        self, kind: str, bn: int = 0, bk: int = 0, stages: int = 0, warps: int = 4, mode: str = "serial"
+        self,
+        kind: str,
+        bn: int = 0,
+        bk: int = 0,
+        stages: int = 0,
+        warps: int = 4,
+        mode: str = "serial",
+        target: int = TARGET,
+        early: int = 0,
     ):
         self.kind, self.bn, self.bk, self.stages, self.warps, self.mode = kind, bn, bk, stages, warps, mode
+        self.target = target  # blocks the K slices aim for
+        self.early = early  # K elements of each slice loaded before the wait (0: one BK step)
         self.scratch: dict = {}
 
     @property
@@ -173,6 +185,8 @@ class Form:
         if self.kind in ("cublas", "vec"):
             return self.kind
         tail = f"_{self.mode}" if self.kind != "few" else ""
+        tail += f"_t{self.target}" if self.target != TARGET else ""
+        tail += f"_e{self.early}" if self.early else ""
         return f"{self.kind}_{self.bn}x{self.bk}_s{self.stages}_w{self.warps}{tail}"
 
     def descriptor(self, w: torch.Tensor):
@@ -202,35 +216,18 @@ class Form:
         if self.kind == "few":
             grid = (triton.cdiv(n, self.bn),)
             return [lambda: _few[grid](a, w, out, m, n, k, BM, self.bn, self.bk, self.stages, gdc, **opts)]
-        split = split_of(n, k, self.bn, self.bk)
+        split = split_of(n, k, self.bn, self.bk, self.target)
         mode = 0 if split == 1 else 1 + SPLIT_MODES.index(self.mode)
         ws = self._scratch("ws", split * m * n, torch.float32, w.device) if split > 1 else out
         cnt = self._scratch("cnt", triton.cdiv(n, self.bn), torch.int32, w.device) if mode == 1 else out
         grid = (triton.cdiv(n, self.bn), split)
         tma = self.kind == "swapt"
-        run = [
-            lambda: _swap[grid](
-                a,
-                w,
-                desc if tma else w,
-                out,
-                ws,
-                cnt,
-                m,
-                n,
-                k,
-                k // split,
-                BM,
-                self.bn,
-                self.bk,
-                self.stages,
-                split,
-                mode,
-                tma,
-                gdc,
-                **opts,
-            )  # fmt: skip
-        ]
+        early = min(self.early, k // split)
+        if (k // split - early) % self.bk:
+            raise ValueError(f"{self.name}: a slice of {k // split} less {early} early is not whole steps")
+        args = (a, w, desc if tma else w, out, ws, cnt, m, n, k, k // split)
+        consts = (BM, self.bn, self.bk, self.stages, split, mode, tma, gdc, early)
+        run = [lambda: _swap[grid](*args, *consts, **opts)]
         if mode == 2:
             mn = m * n
             run.append(
@@ -259,6 +256,40 @@ def forms(quick: bool) -> list[Form]:
     return out
 
 
+def small_forms() -> list[Form]:
+    """The small sites' candidates (q/k/v, o: 32-48 tiles of 64 rows): more slices, and each
+    slice's W loaded before the wait (all of it, or its first 256)."""
+    out = [Form("cublas"), Form("few", 32, 256, 4), Form("swap", 64, 64, 6), Form("swap", 64, 128, 4)]
+    for target in (256, 512):
+        out += [Form("swap", 64, 64, 6, target=target), Form("swap", 64, 128, 4, target=target)]
+    for target in (128, 256, 512):
+        for warps in (4, 8):
+            out.append(Form("swap", 64, 128, 3, warps, target=target, early=2048))
+    out.append(Form("swap", 64, 128, 4, 4, target=128, early=256))
+    out.append(Form("swap", 64, 128, 4, 8, target=256, early=256))
+    out.append(Form("swap", 64, 64, 6, 4, target=128, early=128))
+    out.append(Form("swapt", 64, 64, 6, 4, target=128, early=128))
+    return out
+
+
+class Picked(Form):
+    """A form per site (by the GEMM's N and K)."""
+
+    def __init__(self, by_shape: dict):
+        super().__init__("pick")
+        self.by_shape = by_shape
+
+    @property
+    def name(self) -> str:
+        return "pick:" + ",".join(f"{n}x{k}={f.name}" for (n, k), f in self.by_shape.items())
+
+    def descriptor(self, w):
+        return self.by_shape[tuple(w.shape)].descriptor(w)
+
+    def launches(self, w, desc, a, out, m, n, k, pdl):
+        return self.by_shape[(n, k)].launches(w, desc, a, out, m, n, k, pdl)
+
+
 def chains(layers: int):
     """(name, [(site, layer)...]): the whole chain, and each site's GEMMs alone."""
     sites = "qogd"
@@ -285,18 +316,16 @@ def check() -> int:
             Form("swap", 64, 128, 2),
             Form("swapt", 64, 64, 2),
             Form("swap", 64, 64, 3, mode="pass"),
+            Form("swap", 64, 64, 2, early=128),  # a slice's first 128 (or all of it) before the wait
         ):
             if f.kind == "swapt" and n % f.bn:
                 continue
             out = torch.zeros(m, n, dtype=DT, device=dev)
-            global TARGET
             for target, label in ((1, "whole K"), (16, f"{split_of(n, k, f.bn, f.bk, 16)} slices")):
-                TARGET, saved = target, TARGET
-                try:
-                    for r in f.launches(w, f.descriptor(w), a, out, m, n, k, False):
-                        r()
-                finally:
-                    TARGET = saved
+                f.target = target
+                out.zero_()
+                for r in f.launches(w, f.descriptor(w), a, out, m, n, k, False):
+                    r()
                 err = float((out.float().cpu() - want).abs().max() / want.abs().max())
                 ok = err < 2e-2
                 bad += not ok
@@ -315,7 +344,7 @@ def compile_only(arch: int, quick: bool) -> int:
 
     target = GPUTarget("cuda", arch, 32)
     failed, done = [], 0
-    for f in forms(quick):
+    for f in [*forms(quick), *small_forms()]:
         if f.kind not in ("swap", "swapt"):
             continue
         for split, mode in ((1, 0), (4, 1 + SPLIT_MODES.index(f.mode))):
@@ -334,6 +363,7 @@ def compile_only(arch: int, quick: bool) -> int:
                 MODE=mode,
                 TMA=f.kind == "swapt",
                 GDC=True,
+                EK=min(f.early, 512),
             )
             sig.update({c: "constexpr" for c in consts})
             names = list(sig)
@@ -366,6 +396,16 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="two swapped tiles")
     p.add_argument("--whole-only", action="store_true", help="the whole chain only, not each site alone")
+    p.add_argument("--chains", help="the chains to run (comma-separated: chain,q,o,g,d,h; default all)")
+    p.add_argument(
+        "--set", default="grid", choices=("grid", "small"), help="the grid, or the small sites' forms"
+    )
+    p.add_argument(
+        "--pick",
+        action="append",
+        default=[],
+        help="a form per site, q=NAME,o=NAME,g=NAME,d=NAME,h=NAME (a site left out: cuBLAS); repeatable",
+    )
     p.add_argument("--check", action="store_true", help="check the kernels against torch and exit")
     p.add_argument("--compile-only", type=int, metavar="ARCH", help="compile every form for sm_ARCH and exit")
     args = p.parse_args()
@@ -405,10 +445,17 @@ def main() -> int:
     names = list(chains(args.layers))
     if args.whole_only:
         names = names[:1]
+    if args.chains:
+        names = [(c, seq) for c, seq in names if c in args.chains.split(",")]
+    todo = forms(args.quick) if args.set == "grid" else small_forms()
+    known = {f.name: f for f in [*forms(False), *small_forms()]}
+    for pick in args.pick:
+        chosen = dict(item.split("=", 1) for item in pick.split(","))
+        todo.append(Picked({shape[c]: known[chosen.get(c, "cublas")] for c in "qogdh"}))
     first = torch.linspace(-1, 1, max(rows) * kd, device=dev, dtype=dt)
     want: dict = {}
     for m in rows:
-        for f in [Form("vec")] * (m == 1) + forms(args.quick):
+        for f in [Form("vec")] * (m == 1) + todo:
             if m > BM and f.kind not in ("cublas",):
                 continue
             try:

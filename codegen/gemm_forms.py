@@ -43,6 +43,11 @@ class TileConfig:
     # the norm allows it (``gemm_prologue.RowNorm.factored``, ``ONE_PASS_DTYPES``); else the
     # statistics pass before the loop
     norm_one_pass: bool = False
+    # a tensor-core form whose product is turned around (``fews_``): C^T's tile = W's BLOCK_N rows
+    # @ A's BLOCK_M rows^T, so that W's rows are the product's wide side (M = 64 per warpgroup on
+    # sm_90's ``wgmma``, W read from shared memory) and A's few rows the narrow one; the
+    # accumulator is turned back before the epilogue
+    swap: bool = False
 
     def __post_init__(self):
         if not self.dot and self.block_m != 1 and self.split_k != 1:
@@ -178,6 +183,50 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
     *(
         replace(c, name="fewe_" + c.name.removeprefix("few_"), w_early=2, norm_one_pass=c.row_norm)
         for c in _FEW_ROW_BASE
+    ),
+    # W's rows on the product's wide side (``swap``; bench/swap_rows.py): 64 rows of W per block,
+    # the first K step loaded before the wait, the ``_rms`` forms in one pass
+    TileConfig(
+        "fews_16x64x64",
+        16,
+        64,
+        64,
+        num_warps=4,
+        num_stages=6,
+        min_m=2,
+        max_m=16,
+        row_norm=True,
+        w_early=1,
+        norm_one_pass=True,
+        swap=True,
+    ),
+    TileConfig(
+        "fews_16x64x128",
+        16,
+        64,
+        128,
+        num_warps=4,
+        num_stages=3,
+        min_m=2,
+        max_m=16,
+        row_norm=True,
+        w_early=1,
+        norm_one_pass=True,
+        swap=True,
+    ),
+    TileConfig(
+        "fews_splitk_16x64x128",
+        16,
+        64,
+        128,
+        num_warps=4,
+        num_stages=4,
+        split_k=0,
+        min_m=2,
+        max_m=16,
+        min_k=4096,
+        w_early=1,
+        swap=True,
     ),
     TileConfig(
         "fewp_16x32x256",

@@ -206,7 +206,9 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     if not cfg.dot:
         return _vec_steps(site, cfg, k_offset, k_extent)
     one_pass = _one_pass(site, cfg)
-    lines = [f"acc{g} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for g in weights]
+    # a swapped form (``TileConfig.swap``) accumulates C^T = W @ A^T: W's rows on the product's wide side
+    shape = "(BLOCK_N, BLOCK_M)" if cfg.swap else "(BLOCK_M, BLOCK_N)"
+    lines = [f"acc{g} = tl.zeros({shape}, dtype=tl.float32)" for g in weights]
     if one_pass:
         lines.append(
             "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # the statistics, summed as A is loaded"
@@ -217,7 +219,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         base = _k_base(k_offset, i * cfg.block_k)
         lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
         lines += _a_tile(site, cfg, kmask_a)
-        lines += [f"acc{g} = tl.dot(a, w{g}_e{i}, acc{g}{precision})" for g in weights]
+        lines += [_dot(cfg, g, f"w{g}_e{i}", precision) for g in weights]
     lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
     lines.append(
         f"    rk = {k_offset} + k0 + tl.arange(0, BLOCK_K)"
@@ -226,16 +228,34 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     )
     lines += ["    " + ln for ln in _a_tile(site, cfg, kmask_a)]
     for g in weights:
-        lines.append(
-            f"    w{g} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
-        )
-        lines.append(f"    acc{g} = tl.dot(a, w{g}, acc{g}{precision})")
+        lines.append(f"    w{g} = {_w_tile(site, cfg, g, index, kmask_w)}")
+        lines.append("    " + _dot(cfg, g, f"w{g}", precision))
+    if cfg.swap:
+        lines += [f"acc{g} = tl.trans(acc{g})  # C^T's tile back to [BLOCK_M, BLOCK_N]" for g in weights]
     if one_pass:
         _, stat = site.prologue.norm.factored
         lines += [f"{var} = {expr}" for var, expr in site.prologue.norm.stat_ops]
         lines.append(f"# the norm's statistic, applied once: A = {stat} * (the products above)")
         lines += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in weights]
     return lines
+
+
+def _dot(cfg: TileConfig, g: int, w: str, precision: str) -> str:
+    """One K step's product into ``acc{g}``: A @ W^T, or for a swapped form W @ A^T."""
+    if cfg.swap:
+        return f"acc{g} = tl.dot({w}, tl.trans(a), acc{g}{precision})"
+    return f"acc{g} = tl.dot(a, {w}, acc{g}{precision})"
+
+
+def _w_tile(site: Site, cfg: TileConfig, g: int, index: str, kmask_w: str) -> str:
+    """The load of GEMM ``g``'s W tile at ``rk`` x ``rn``: W^T's [BLOCK_K, BLOCK_N], or for a
+    swapped form W's [BLOCK_N, BLOCK_K] (``kmask_w``: ``_k_masks``'s, for the W^T tile)."""
+    if not cfg.swap:
+        return f"tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+    rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
+    at = f"{rk_w}[None, :] * {site.n} + rn[:, None]" if site.w_kn else f"rn[:, None] * {site.k} + rk[None, :]"
+    kmask = kmask_w.replace("rk[:, None]", "rk[None, :]")
+    return f"tl.load({_w_ptr(site, g)} + {at}, mask=mask_n[:, None]{kmask}, other=0.0)  # W tile: [BLOCK_N, BLOCK_K]"
 
 
 def _plus(base: str) -> str:
@@ -279,10 +299,7 @@ def _dot_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, inde
     for i in range(_w_early_steps(cfg, k_extent)):
         base = _k_base(k_offset, i * cfg.block_k)
         lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)")
-        lines += [
-            f"w{g}_e{i} = tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)"
-            for g in range(len(site.weights))
-        ]
+        lines += [f"w{g}_e{i} = {_w_tile(site, cfg, g, index, kmask_w)}" for g in range(len(site.weights))]
     return lines
 
 

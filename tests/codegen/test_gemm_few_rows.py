@@ -433,3 +433,56 @@ def test_the_dot_free_few_row_forms_match_in_the_interpreter(form, tmp_path, mon
         assert any(form in c.name for c in comparisons), comparisons
         bad = [c for c in comparisons if not c.ok]
         assert not bad, bad[:3]
+
+
+# ---------------------------------------------------------------------------------------------
+# The swapped few-row forms (``fews_``: W's rows on the product's wide side, C^T = W @ A^T)
+
+FEWS = "fews_16x64x64,fews_splitk_16x64x128,fews_16x64x128"
+MODELS_FEWS = ("gemm_rms16", "gemm_long_k16")
+
+
+def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatch):
+    """Named by ``AOTPACK_FEW_ROWS``, the ``fews_`` forms run every half-precision GEMM site at 8
+    rows: ``gemm_rms16.py``'s stacked gate/up with SiLU·mul and the projection as their ``_rms``
+    forms (the RMSNorm kernels absorbed, the sums they feed written), down plainly (K = 600: the
+    last K step partial; N = 600 and 48: the last W tile partial), and ``gemm_long_k16.py``'s
+    K = 4096 on the split-K form (slices summed by its second kernel, with the residual add), the
+    GEMM after it on the plain form.
+    Every kernel turns the product around (``tl.trans(a)``) and matches the library steps it
+    replaces in Triton's interpreter (``aot.dtypes.TOLERANCE``, float16)."""
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    monkeypatch.setenv(FEW_ROWS_ENV, FEWS)
+    jobs, expected = [], {}
+    for name in MODELS_FEWS:
+        model = MODELS / f"{name}.py"
+        compiled = generate(trace(load_model_file(model)), ARCHS)
+        kernels = {k.id: k for k in compiled.program.kernels}
+        for site in compiled.program.alternatives:
+            (cand,) = [c for c in site.candidates if {"batch": 8} in c.buckets]
+            assert cand.name.startswith("fews_"), (site.id, cand.name)
+            sources = [kernels[s.target].source for s in cand.steps if s.kind == schema.StepKind.KERNEL]
+            assert "tl.dot(w0_e0, tl.trans(a)" in sources[0] and "tl.trans(acc0)" in sources[0], cand.name
+            expected[(name, f"{site.id}/{cand.name}")] = len(sources)
+        pack(compiled, tmp_path / f"{name}.tpk")
+        jobs.append((tmp_path / f"{name}.tpk", model, [{"batch": 8}], None, True))
+    assert sorted(n.split("/")[1] for _, n in expected) == [
+        "fews_16x64x64",
+        "fews_16x64x64",
+        "fews_16x64x64_rms",
+        "fews_16x64x64_rms",
+        "fews_splitk8_16x64x128",
+    ], expected
+    assert expected[next(k for k in expected if "splitk" in k[1])] == 2  # the slices and their sum
+    results = interpret_in_subprocess(jobs, timeout=HANG_GUARD_S)
+    assert len(results) == len(jobs)
+    for name, result in zip(MODELS_FEWS, results):
+        (comparisons,) = result.values()
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, bad[:3]
+        compared = {c.name.removesuffix("/rerun") for c in comparisons}
+        assert {n for m, n in expected if m == name} <= compared, (name, compared)
