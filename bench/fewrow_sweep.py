@@ -522,6 +522,8 @@ TABLES = {
     "fewp+fewe": ("fewp_16x32x256", "fewe_splitk_16x64x128", "fewe_16x64x128"),
     # W's rows on the product's wide side (``fews_``, bench/swap_rows.py)
     "fews": ("fews_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128"),
+    "fewe+fews": ("fewe_16x32x256", "fews_splitk_16x64x128", "fews_16x64x128"),
+    "fews split": ("fews_splitk_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128"),
 }
 
 

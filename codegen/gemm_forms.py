@@ -228,6 +228,21 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
         w_early=1,
         swap=True,
     ),
+    # K of 1024-4095 in slices: a q/k/v or o projection (2048 -> 2048-3072) makes 32-48 tiles of 64 rows
+    TileConfig(
+        "fews_splitk_16x64x64",
+        16,
+        64,
+        64,
+        num_warps=4,
+        num_stages=6,
+        split_k=0,
+        min_m=2,
+        max_m=16,
+        min_k=1024,
+        w_early=1,
+        swap=True,
+    ),
     TileConfig(
         "fewp_16x32x256",
         16,
