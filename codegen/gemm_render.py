@@ -219,7 +219,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         base = _k_base(k_offset, i * cfg.block_k)
         lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
         lines += _a_tile(site, cfg, kmask_a)
-        lines += [_dot(cfg, g, f"w{g}_e{i}", precision) for g in weights]
+        lines += [_dot(site, cfg, g, f"w{g}_e{i}", precision) for g in weights]
     lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
     lines.append(
         f"    rk = {k_offset} + k0 + tl.arange(0, BLOCK_K)"
@@ -229,7 +229,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     lines += ["    " + ln for ln in _a_tile(site, cfg, kmask_a)]
     for g in weights:
         lines.append(f"    w{g} = {_w_tile(site, cfg, g, index, kmask_w)}")
-        lines.append("    " + _dot(cfg, g, f"w{g}", precision))
+        lines.append("    " + _dot(site, cfg, g, f"w{g}", precision))
     if cfg.swap:
         lines += [f"acc{g} = tl.trans(acc{g})  # C^T's tile back to [BLOCK_M, BLOCK_N]" for g in weights]
     if one_pass:
@@ -240,10 +240,12 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     return lines
 
 
-def _dot(cfg: TileConfig, g: int, w: str, precision: str) -> str:
-    """One K step's product into ``acc{g}``: A @ W^T, or for a swapped form W @ A^T."""
+def _dot(site: Site, cfg: TileConfig, g: int, w: str, precision: str) -> str:
+    """One K step's product into ``acc{g}``: A @ W^T, or for a swapped form W @ A^T (A^T loaded
+    as such where no prologue computes A: ``_a_tile``)."""
     if cfg.swap:
-        return f"acc{g} = tl.dot({w}, tl.trans(a), acc{g}{precision})"
+        a_t = "a_t" if site.prologue is None else "tl.trans(a)"
+        return f"acc{g} = tl.dot({w}, {a_t}, acc{g}{precision})"
     return f"acc{g} = tl.dot(a, {w}, acc{g}{precision})"
 
 
@@ -320,6 +322,11 @@ def _one_pass(site: Site, cfg: TileConfig) -> bool:
 def _a_tile(site: Site, cfg: TileConfig, kmask_a: str) -> list[str]:
     """The lines that make the A tile ``a`` at ``rk`` (a tensor-core form's K step)."""
     if site.prologue is None:
+        if cfg.swap:  # the product's narrow side, A^T: [BLOCK_K, BLOCK_M], loaded as the dot reads it
+            kmask = kmask_a.replace("rk[None, :]", "rk[:, None]")
+            return [
+                f"a_t = tl.load(a_ptr + rm[None, :] * {site.k} + rk[:, None], mask=mask_m[None, :]{kmask}, other=0.0)"
+            ]
         return [
             f"a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
         ]
