@@ -113,8 +113,8 @@ WIDE_N = 8192
 # example mlp at 2-16 rows (bench/results/tune-mlp-vec-h200-2026-11-26.log: 1024 -> 4096
 # ``gemv_16x32x128`` 8.8 us against cuBLAS's 10.7, 4096 -> 1024 ``splitk8_16x64x128`` 8.1 against
 # 9.3), the norm kernel before them kept; at vocabulary heads (N >= VOCAB_N, where cuBLAS is far
-# off at odd N) ``fewe_16x64x128``, the norm kernel in its prologue; larger sites keep cuBLAS. On
-# an H200 at 8 rows:
+# off at odd N) ``fewe_16x64x128``, the norm kernel in its prologue; larger sites the swapped forms of
+# BUILT_IN_LARGE (below; cuBLAS until 2026-11-30). On an H200 at 8 rows:
 # - the example mlp (8 MiB sites), paired in one process (bench/results/ab-mlp-tune-forms-h200-
 #   2026-11-29-night.json): 0.0921 ms against cuBLAS's 0.1025 (10% faster, 12 of 12 rounds), and no
 #   cuBLAS in the process (74 MiB of device memory against 172); the ``fewe_`` forms with the
@@ -131,6 +131,19 @@ BUILT_IN_FEW_ROWS = (
     "fewe_16x64x128",
 )  # small, small at long K, vocabulary
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
+# Larger weights (past SMALL_WEIGHT_BYTES, not a vocabulary head) at 2-16 rows: the swapped forms
+# (``fews_``: W's 64 rows on the tensor-core product's wide side, A's rows on its narrow side,
+# bench/swap_rows.py), K in slices where the tiles are few, the norm kernels before them kept:
+# (at K >= LONG_K, at N >= WIDE_N, elsewhere). On an H200, Llama-3.2-1B's decode at 8 rows with
+# them at its q/k/v, gate/up and down (bfloat16, dependent launch on, 102 launches a step) took
+# 0.915 ms a token against cuBLAS's 0.980 (bench/results/decode/
+# decode-llama-3.2-1b-b8-fews-late-h200-2026-11-30-night.json; cuBLAS 0.980-1.001 on four
+# machines since 2026-11-29); the GEMMs alone in a decode step's chain (bench/results/
+# swap-rows-h200-2026-11-30-night.json) 756 us against cuBLAS's 828, each site's form as fast at
+# 8 rows as the one-row forms at one row on gate/up, down and the LM head, slower on q/k/v and o
+# (6.4 and 5.2 us a GEMM against 4.2 and 3.5): their 32-48 tiles of 64 rows need K slices and a
+# second kernel to sum them.
+BUILT_IN_LARGE = ("fews_splitk_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128")
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -257,12 +270,15 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
         few = few_row_forms()
-        if not few.every_site:  # the built-in entry: vocabulary heads and small weights only
+        if not few.every_site:  # the built-in entry: vocabulary heads, small and large weights
             if n >= VOCAB_N:
                 return few.wide
-            if not 0 < k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:
+            if n <= 0:
                 return None
-            return few.long_k if k >= LONG_K else few.form
+            if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:
+                return few.long_k if k >= LONG_K else few.form
+            form, long_k, wide = BUILT_IN_LARGE
+            return long_k if k >= LONG_K else wide if n >= WIDE_N else form
         if few.long_k is not None and k >= LONG_K:
             return few.long_k
         if few.wide is not None and n >= WIDE_N:

@@ -184,35 +184,17 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
         replace(c, name="fewe_" + c.name.removeprefix("few_"), w_early=2, norm_one_pass=c.row_norm)
         for c in _FEW_ROW_BASE
     ),
-    # W's rows on the product's wide side (``swap``; bench/swap_rows.py): 64 rows of W per block,
-    # the first K step loaded before the wait, the ``_rms`` forms in one pass
+    # W's rows on the product's wide side (``swap``; bench/swap_rows.py): 64 rows of W per block
+    # (one warpgroup's ``wgmma`` on sm_90), the first K step loaded before the wait, the kernel
+    # after let start once the K loop is done. No ``_rms`` forms: Llama-3.2-1B's gate/up with the
+    # RMSNorm in the one-pass prologue took 27.0 us at 8 rows where the plain form took 19.5 after
+    # a 1.6 us norm kernel (H200, dependent launch off; bench/results/decode/
+    # decode-llama-3.2-1b-b8-fews-*-h200-2026-11-30-night.json and the profiles beside them).
     TileConfig(
-        "fews_16x64x64",
-        16,
-        64,
-        64,
-        num_warps=4,
-        num_stages=6,
-        min_m=2,
-        max_m=16,
-        row_norm=True,
-        w_early=1,
-        norm_one_pass=True,
-        swap=True,
+        "fews_16x64x64", 16, 64, 64, num_warps=4, num_stages=6, min_m=2, max_m=16, w_early=1, swap=True
     ),
     TileConfig(
-        "fews_16x64x128",
-        16,
-        64,
-        128,
-        num_warps=4,
-        num_stages=3,
-        min_m=2,
-        max_m=16,
-        row_norm=True,
-        w_early=1,
-        norm_one_pass=True,
-        swap=True,
+        "fews_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, min_m=2, max_m=16, w_early=1, swap=True
     ),
     TileConfig(
         "fews_splitk_16x64x128",

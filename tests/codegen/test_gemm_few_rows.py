@@ -44,12 +44,13 @@ def _no_override(monkeypatch):
     monkeypatch.delenv(FEW_ROWS_PROLOGUE_ENV, raising=False)
 
 
-def test_the_built_in_entry_takes_small_weights_and_vocabulary_heads_only():
+def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads():
     """With no form named for every site, a half-precision site at 2-16 rows runs tune's few-row
     tile where its weight is at most 8 MiB (``gemv_16x32x128``, ``splitk_16x64x128`` at K from
-    4096: GPT-2's sites, the example mlp's, Llama-3.2-1B's o projection) and ``fewe_16x64x128``
-    where its N is a vocabulary's (an LM head, at any size), and keeps the library elsewhere:
-    Llama-3.2-1B's other layer GEMMs, a site whose N is not known, float32."""
+    4096: GPT-2's sites, the example mlp's, Llama-3.2-1B's o projection), ``fewe_16x64x128``
+    where its N is a vocabulary's (an LM head, at any size), and past 8 MiB the swapped forms
+    (``BUILT_IN_LARGE``: Llama-3.2-1B's q/k/v in K slices, gate/up whole, down in K slices); the
+    library where N is not known, and in float32."""
     assert gemm_defaults.FEW_ROWS is None and gemm_defaults.FEW_ROWS_LONG_K is None
     for rows in (2, 3, 8, 16):
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
@@ -63,10 +64,18 @@ def test_the_built_in_entry_takes_small_weights_and_vocabulary_heads_only():
         assert default_form(rows, 1024, "float16", n=4096) == "gemv_16x32x128"  # the mlp's up, 8 MiB
         assert default_form(rows, 4096, "float16", n=1024) == "splitk_16x64x128"  # its down: long K
         assert default_form(rows, 2048, "bfloat16", n=2048) == "gemv_16x32x128"  # Llama-3.2-1B's o
-        for k, n in ((2048, 2049), (2048, 3072), (2048, 16384), (8192, 2048)):  # past 8 MiB
-            assert default_form(rows, k, "bfloat16", n=n) is None, (k, n)
+        for k, n, form in (
+            (2048, 2049, "fews_splitk_16x64x64"),  # just past 8 MiB
+            (2048, 3072, "fews_splitk_16x64x64"),  # Llama-3.2-1B's q/k/v
+            (2048, 16384, "fews_16x64x128"),  # its gate/up (N >= WIDE_N)
+            (8192, 2048, "fews_splitk_16x64x128"),  # its down (K >= LONG_K)
+        ):
+            assert default_form(rows, k, "bfloat16", n=n) == form, (k, n)
         assert default_form(rows, 768, "float32", n=2304) is None
     assert default_form(17, 768, "float16", n=2304) is None
+    assert default_form(17, 2048, "bfloat16", n=16384) is None  # 17 rows and more: the library
+    names = {c.name for c in gemm_defaults.few_row_configs()}
+    assert set(gemm_defaults.BUILT_IN_LARGE) <= names
     assert default_form(1, 2048, "bfloat16") == "vec_1x2x1024"
     assert default_form(1, 1024, "float16", n=50257) == "vec_1x4x512"  # one row: a short-K vocabulary head
 
@@ -438,50 +447,60 @@ def test_the_dot_free_few_row_forms_match_in_the_interpreter(form, tmp_path, mon
 # ---------------------------------------------------------------------------------------------
 # The swapped few-row forms (``fews_``: W's rows on the product's wide side, C^T = W @ A^T)
 
-FEWS = "fews_16x64x64,fews_splitk_16x64x128,fews_16x64x128"
-MODELS_FEWS = ("gemm_rms16", "gemm_long_k16")
+# (model, the forms AOTPACK_FEW_ROWS names: every site, K >= LONG_K, N >= WIDE_N)
+MODELS_FEWS = (
+    ("gemm_rms16", "fews_16x64x64"),
+    ("gemm_long_k16", ",".join(gemm_defaults.BUILT_IN_LARGE)),
+)
 
 
 def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatch):
-    """Named by ``AOTPACK_FEW_ROWS``, the ``fews_`` forms run every half-precision GEMM site at 8
-    rows: ``gemm_rms16.py``'s stacked gate/up with SiLU·mul and the projection as their ``_rms``
-    forms (the RMSNorm kernels absorbed, the sums they feed written), down plainly (K = 600: the
-    last K step partial; N = 600 and 48: the last W tile partial), and ``gemm_long_k16.py``'s
-    K = 4096 on the split-K form (slices summed by its second kernel, with the residual add), the
-    GEMM after it on the plain form.
-    Every kernel turns the product around (``tl.trans(a)``) and matches the library steps it
-    replaces in Triton's interpreter (``aot.dtypes.TOLERANCE``, float16)."""
+    """The ``fews_`` forms (named by ``AOTPACK_FEW_ROWS``) at every half-precision GEMM site at 8
+    rows: ``gemm_rms16.py``'s stacked gate/up with SiLU·mul, down, and the projection (K = 600:
+    the last K step partial; N = 600 and 48: the last W tile partial), the RMSNorm kernels kept
+    before them (no ``_rms`` forms); ``gemm_long_k16.py`` on the built-in entry's large-weight
+    forms: K = 4096 on the split-K form with the residual add, K = 1024 on the K-sliced form of
+    middle K, each with the second kernel that sums its slices (K = 96: the library, too short
+    for either). Every kernel turns the product
+    around (W's tile @ A^T loaded as such), lets the kernel after start once its K loop is done,
+    and matches the library steps it replaces in Triton's interpreter (``aot.dtypes.TOLERANCE``,
+    float16)."""
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
 
-    monkeypatch.setenv(FEW_ROWS_ENV, FEWS)
     jobs, expected = [], {}
-    for name in MODELS_FEWS:
+    for name, forms in MODELS_FEWS:
+        monkeypatch.setenv(FEW_ROWS_ENV, forms)
         model = MODELS / f"{name}.py"
         compiled = generate(trace(load_model_file(model)), ARCHS)
         kernels = {k.id: k for k in compiled.program.kernels}
         for site in compiled.program.alternatives:
-            (cand,) = [c for c in site.candidates if {"batch": 8} in c.buckets]
-            assert cand.name.startswith("fews_"), (site.id, cand.name)
-            sources = [kernels[s.target].source for s in cand.steps if s.kind == schema.StepKind.KERNEL]
-            a_t = "tl.trans(a)" if cand.name.endswith("_rms") else "a_t"  # a prologue's A, or A^T loaded
-            assert f"tl.dot(w0_e0, {a_t}" in sources[0] and "tl.trans(acc0)" in sources[0], cand.name
+            at8 = [c for c in site.candidates if {"batch": 8} in c.buckets]
+            if not at8:
+                assert name == "gemm_long_k16" and site.k == 96, site.id  # no form that short
+                continue
+            (cand,) = at8
+            steps = [kernels[s.target] for s in cand.steps if s.kind == schema.StepKind.KERNEL]
+            sources = [k.source for k in steps if k.name.startswith("gemm_")]  # a norm kernel may come first
+            first = sources[0]
+            assert "tl.dot(w0_e0, a_t" in first and "tl.trans(acc0)" in first, cand.name
+            assert first.index("gdc_launch_dependents") > first.index("tl.trans(acc0)"), cand.name
             expected[(name, f"{site.id}/{cand.name}")] = len(sources)
         pack(compiled, tmp_path / f"{name}.tpk")
         jobs.append((tmp_path / f"{name}.tpk", model, [{"batch": 8}], None, True))
     assert sorted(n.split("/")[1] for _, n in expected) == [
         "fews_16x64x64",
         "fews_16x64x64",
-        "fews_16x64x64_rms",
-        "fews_16x64x64_rms",
+        "fews_16x64x64",
         "fews_splitk8_16x64x128",
+        "fews_splitk8_16x64x64",
     ], expected
-    assert expected[next(k for k in expected if "splitk" in k[1])] == 2  # the slices and their sum
+    assert all(count == 2 for (_, n), count in expected.items() if "splitk" in n)  # slices, then their sum
     results = interpret_in_subprocess(jobs, timeout=HANG_GUARD_S)
     assert len(results) == len(jobs)
-    for name, result in zip(MODELS_FEWS, results):
+    for (name, _), result in zip(MODELS_FEWS, results):
         (comparisons,) = result.values()
         bad = [c for c in comparisons if not c.ok]
         assert not bad, bad[:3]
