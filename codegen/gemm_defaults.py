@@ -135,10 +135,11 @@ SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # (``fews_``: W's 64 rows on the tensor-core product's wide side, A's rows on its narrow side,
 # bench/swap_rows.py), K in slices where the tiles are few, the norm kernels before them kept:
 # (at K >= LONG_K, at N >= WIDE_N, elsewhere). On an H200, Llama-3.2-1B's decode at 8 rows with
-# them at its q/k/v, gate/up and down (bfloat16, dependent launch on, 102 launches a step) took
-# 0.915 ms a token against cuBLAS's 0.980 (bench/results/decode/
-# decode-llama-3.2-1b-b8-fews-late-h200-2026-11-30-night.json; cuBLAS 0.980-1.001 on four
-# machines since 2026-11-29); the GEMMs alone in a decode step's chain (bench/results/
+# them at every layer GEMM (bfloat16, dependent launch on; its o projection, 8 MiB, on the K-sliced
+# form too, where the built-in entry keeps ``gemv_16x32x128``) took 0.913 ms a token against the
+# built-in entry's 0.980 with cuBLAS there (bench/results/decode/
+# decode-llama-3.2-1b-b8-{fews-plain,}-h200-2026-11-30-night.json; 0.980-1.001 on four machines
+# since 2026-11-29); the GEMMs alone in a decode step's chain (bench/results/
 # swap-rows-h200-2026-11-30-night.json) 756 us against cuBLAS's 828, each site's form as fast at
 # 8 rows as the one-row forms at one row on gate/up, down and the LM head, slower on q/k/v and o
 # (6.4 and 5.2 us a GEMM against 4.2 and 3.5): their 32-48 tiles of 64 rows need K slices and a

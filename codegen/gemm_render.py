@@ -25,7 +25,7 @@ from aot.codegen.gemm_forms import (
     TileConfig,
 )
 from aot.codegen.gemm_sites import Site
-from aot.codegen.kernel_source import GDC_LAUNCH, kernel_module, signature_of
+from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
@@ -232,7 +232,6 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append("    " + _dot(site, cfg, g, f"w{g}", precision))
     if cfg.swap:
         lines += [f"acc{g} = tl.trans(acc{g})  # C^T's tile back to [BLOCK_M, BLOCK_N]" for g in weights]
-        lines += GDC_LAUNCH  # W streamed: the kernel after may start (see ``_rendered``)
     if one_pass:
         _, stat = site.prologue.norm.factored
         lines += [f"{var} = {expr}" for var, expr in site.prologue.norm.stat_ops]
@@ -764,10 +763,7 @@ def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: s
 
 def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, grid, ops, early=()) -> Rendered:
     blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
-    # a swapped form lets the kernel after start once its K loop is done (``_k_loop``), not at its
-    # start: that kernel's blocks, resident early, would hold shared memory its blocks still need
-    late = cfg.swap and any(ln.strip() == GDC_LAUNCH[1].strip() for ln in body)
-    source = kernel_module(_doc(site, cfg, kind, grid), blocks, name, signature, body, early, not late)
+    source = kernel_module(_doc(site, cfg, kind, grid), blocks, name, signature, body, early)
     m = ix.parse_size(site.m)
     elem = ITEMSIZE[site.dtype]
     pro = site.prologue

@@ -462,9 +462,8 @@ def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatc
     forms: K = 4096 on the split-K form with the residual add, K = 1024 on the K-sliced form of
     middle K, each with the second kernel that sums its slices (K = 96: the library, too short
     for either). Every kernel turns the product
-    around (W's tile @ A^T loaded as such), lets the kernel after start once its K loop is done,
-    and matches the library steps it replaces in Triton's interpreter (``aot.dtypes.TOLERANCE``,
-    float16)."""
+    around (W's tile @ A^T loaded as such) and matches the library steps it replaces in
+    Triton's interpreter (``aot.dtypes.TOLERANCE``, float16)."""
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
@@ -486,7 +485,6 @@ def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatc
             sources = [k.source for k in steps if k.name.startswith("gemm_")]  # a norm kernel may come first
             first = sources[0]
             assert "tl.dot(w0_e0, a_t" in first and "tl.trans(acc0)" in first, cand.name
-            assert first.index("gdc_launch_dependents") > first.index("tl.trans(acc0)"), cand.name
             expected[(name, f"{site.id}/{cand.name}")] = len(sources)
         pack(compiled, tmp_path / f"{name}.tpk")
         jobs.append((tmp_path / f"{name}.tpk", model, [{"batch": 8}], None, True))
