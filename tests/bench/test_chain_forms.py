@@ -1,6 +1,8 @@
 """The kernels of ``bench/tma_gemv.py`` (GEMVs whose weights stream through TMA, from host-side
 tensor descriptors), ``bench/attention_chain.py`` (decode attention forms, alone and in the q/k/v
-GEMV's tail) and ``bench/fused_mlp.py`` (an MLP block's two kernels, and one) against torch in
+GEMV's tail), ``bench/fused_mlp.py`` (an MLP block's two kernels, and one) and
+``bench/swap_rows.py`` (few-row GEMMs with W's rows on the product's wide side, whole and in K
+slices, float16 here) against torch in
 Triton's interpreter: each bench's ``--check``, every form it can run
 on the CPU reported ok (the tensor-core attention forms are checked on the GPU: the interpreter's
 bfloat16 dot is not the GPU's)."""
@@ -16,7 +18,10 @@ import pytest
 from tests.conftest import HANG_GUARD_S, ROOT
 
 
-@pytest.mark.parametrize("script,forms", [("tma_gemv.py", 8), ("attention_chain.py", 2), ("fused_mlp.py", 6)])
+@pytest.mark.parametrize(
+    "script,forms",
+    [("tma_gemv.py", 8), ("attention_chain.py", 2), ("fused_mlp.py", 6), ("swap_rows.py", 25)],
+)
 def test_bench_kernels_match_torch_in_the_interpreter(script, forms):
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), "--check"],

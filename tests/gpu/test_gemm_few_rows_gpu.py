@@ -69,3 +69,38 @@ def test_verify_passes_with_the_few_row_forms(llama_1b_few):
     path, _, _, forms = llama_1b_few
     few = {name for name in verified_kernels(path) if name.endswith(forms)}
     assert few, "no few-row form was checked"
+
+
+@pytest.fixture(scope="module")
+def llama_1b_built_in(tmp_path_factory):
+    """Built with the built-in entry (no forms named): past 8 MiB, the swapped forms."""
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV
+
+    if os.environ.get(FEW_ROWS_ENV):
+        pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
+    return build_llama_1b(tmp_path_factory, (1, *BATCHES))
+
+
+def test_the_built_in_entry_runs_the_swapped_forms_at_large_weights(llama_1b_built_in):
+    """At 2 and 8 rows the decode plan runs the built-in entry's swapped forms
+    (``gemm_defaults.BUILT_IN_LARGE``) at q/k/v (12 MiB, in K slices), gate/up (64 MiB) and down
+    (32 MiB, split-K), each after the norm kernel where one feeds it, no cuBLAS call; and
+    ``aot.verify.device.verify`` passes with them (every kernel against its reference steps on the
+    GPU, bfloat16 tolerance)."""
+    from aot.schema import StepKind
+    from aot.tuning import tuned_plans
+
+    path, compiled, arch = llama_1b_built_in
+    programs = [compiled.program, *compiled.program.variants]
+    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
+    program = programs[index]
+    kernels = {k.id: k for k in program.kernels}
+    for key, plan in tuned_plans(compiled.tuning, index, program, arch).items():
+        names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
+        assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plan), key
+        sliced = [n for n in names if "_fews_splitk" in n and n.endswith("_partial")]  # q/k/v, down
+        whole = [n for n in names if n.endswith("_fews_16x64x128")]  # gate/up
+        rows = 0 if key == (1,) else LAYERS
+        assert (len(sliced), len(whole)) == (2 * rows, rows), (key, names)
+    checked = {name for name in verified_kernels(path) if "_fews_" in name}
+    assert checked, "no swapped form was checked"
