@@ -44,7 +44,8 @@ def test_the_new_forms_and_the_override(monkeypatch):
         assert (new.block_n, new.block_k, new.split_k) == (old.block_n, old.block_k, old.split_k)
         assert new.w_early == 2 and old.w_early == 0 and new.norm_one_pass == old.row_norm
     assert names["fewp_16x32x256"].norm_one_pass and not names["fewp_16x32x256"].w_early
-    assert all(default_form(r, 2048, "bfloat16", n=3072) is None for r in (2, 8, 16))  # 12 MiB: cuBLAS
+    # 12 MiB: the built-in entry's swapped form in K slices (gemm_defaults.BUILT_IN_LARGE)
+    assert all(default_form(r, 2048, "bfloat16", n=3072) == "fews_splitk_16x64x64" for r in (2, 8, 16))
     monkeypatch.setenv(FEW_ROWS_ENV, "fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128")
     assert default_form(8, 2048, "bfloat16", n=2048) == "fewe_16x32x256"
     assert default_form(8, 8192, "bfloat16", n=2048) == "fewe_splitk_16x64x128"
