@@ -17,19 +17,24 @@ before the wait, the rest pipelined over ``S`` stages, A read after it):
 - ``swap_<BN>x<BK>_s<S>_w<W>``: W tiles by plain loads (Triton's ``cp.async`` pipeline);
 - ``swapt_...``: W tiles by TMA from a host-side tensor descriptor;
 - each with K in slices where a site has too few tiles to fill the GPU (the slice count per
-  site: the fewest that make ``TARGET`` blocks), the slices' fp32 partials summed by the slice
-  that arrives last at a per-tile counter (``serial``) or by a second kernel (``pass``).
+  site: the fewest that make ``TARGET`` blocks, ``_t<blocks>`` where another target), the slices'
+  fp32 partials summed by the slice that arrives last at a per-tile counter (``serial``) or by a
+  second kernel (``pass``); ``_e<K>``: a slice's first K elements of W loaded before the wait.
 
 Baselines in the same command: cuBLAS (``torch.mm``; no dependent launch), ``few``: the
 non-swapped 16-row tile (``fewrow_sweep._few``: A's rows as M, the codegen's few-row tile shape
-16 x 32 x 256), and at one row the default table's dot-free ``vec`` form.
+16 x 32 x 256), and at one row the default table's dot-free ``vec`` form. ``--set small``: the
+candidates for q/k/v and o (more slices, more of W before the wait) instead of the grid;
+``--pick q=FORM,o=FORM,g=FORM,d=FORM,h=FORM``: a chain with a form per site (cuBLAS where left out).
+The codegen's forms of this kind are ``gemm_forms``' ``fews_*`` (``TileConfig.swap``).
 
 Every row is a chain in one CUDA graph, bfloat16, every GEMM its own cold weights (Llama-3.2-1B:
 2.47 GB), each reading the output of the one before: ``chain`` (a decode step's q/k/v, o, gate/up,
 down per layer, then the LM head), or one site's 16 GEMMs alone (``q``, ``o``, ``g``, ``d``; the
 head 4 times: ``h``). Outputs are compared with cuBLAS's (fp32 sums in another order).
 
-    python3 bench/swap_rows.py --json out.json [--rows 1,8,16] [--quick]
+    python3 bench/swap_rows.py --json out.json [--rows 1,8,16] [--quick]          # ~80 s on an H200
+    python3 bench/swap_rows.py --set small --rows 8 --chains chain,q,o --pick q=...,o=...,g=...
     TRITON_INTERPRET=1 python3 bench/swap_rows.py --check    # the kernels against torch, on the CPU
     python3 bench/swap_rows.py --compile-only 90              # every form to an sm_90 cubin, no GPU
 """
