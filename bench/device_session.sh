@@ -13,6 +13,8 @@
 #     (the few-row forms of 2026-11-29 against the fewe_ forms: W's first K steps before the
 #     dependent-launch wait, the one-pass _rms forms; alone and chained with the norms against
 #     cuBLAS, then the decode at 8 rows: cuBLAS (the default build), old forms, new forms)
+#   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8 bash bench/device_session.sh decode-llama-3.2-1b:260 fewrow-tests:300
+#     (the default build's swapped forms at 8 rows, gemm_defaults.BUILT_IN_LARGE, timed and verified on the GPU)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per
