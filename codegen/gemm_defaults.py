@@ -255,6 +255,17 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
     return ATTENTION_SHORT if seq < ATTENTION_WIDE_T else ATTENTION_WIDE
 
 
+def large_weight_config(site: Site) -> TileConfig | None:
+    """The config of the built-in entry's swapped form for ``site`` where it takes one
+    (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary head),
+    else None: what a candidates build offers ``aotpack tune`` beside CONFIGS, so that tune
+    chooses among the forms a default build would run too."""
+    form = default_form(2, site.k, site.dtype, site.n)
+    if form not in BUILT_IN_LARGE:
+        return None
+    return next(c for c in FEW_ROW_CONFIGS if c.name == form)
+
+
 def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
     """The form a default build runs a GEMM of ``rows`` x ``k`` (x ``n`` columns; 0: not known,
     which the built-in few-row entry does not take) in ``dtype`` with on ``DEFAULT_ARCH``; None:

@@ -504,3 +504,27 @@ def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatc
         assert not bad, bad[:3]
         compared = {c.name.removesuffix("/rerun") for c in comparisons}
         assert {n for m, n in expected if m == name} <= compared, (name, compared)
+
+
+def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypatch):
+    """A ``--gemm-candidates`` build renders, for a site the built-in entry gives a swapped form
+    (``gemm_wide16.py``: 12 MiB), CONFIGS and that form, so that ``aotpack tune`` chooses among
+    the forms a default build would run too; for a small site (``gemm_rms16.py``) CONFIGS alone.
+    (Rendering is recorded, not compiled.)"""
+    from aot.codegen import gemm, generate
+    from aot.codegen.gemm_forms import CONFIGS
+    from aot.tracer import load_model_file, trace
+
+    offered: list[tuple[str, ...]] = []
+
+    def recording(site, buffers, known, ranges, configs=None):
+        offered.append(tuple(c.name for c in (CONFIGS if configs is None else configs)))
+        return []
+
+    monkeypatch.setattr(gemm, "render_candidates", recording)
+    plain = tuple(c.name for c in CONFIGS)
+    generate(trace(load_model_file(MODELS / "gemm_wide16.py")), ARCHS, gemm_candidates=True)
+    assert offered == [(*plain, "fews_splitk_16x64x64")]
+    offered.clear()
+    generate(trace(load_model_file(MODELS / "gemm_rms16.py")), ARCHS, gemm_candidates=True)
+    assert offered and all(names == plain for names in offered)
