@@ -228,7 +228,8 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
     )
     lines += ["    " + ln for ln in _a_tile(site, cfg, kmask_a)]
     for g in weights:
-        lines.append(f"    w{g} = {_w_tile(site, cfg, g, index, kmask_w)}")
+        tile = "W tile: [BLOCK_N, BLOCK_K]" if cfg.swap else "W^T tile: [BLOCK_K, BLOCK_N]"
+        lines.append(f"    w{g} = {_w_tile(site, cfg, g, index, kmask_w)}  # {tile}")
         lines.append("    " + _dot(site, cfg, g, f"w{g}", precision))
     if cfg.swap:
         lines += [f"acc{g} = tl.trans(acc{g})  # C^T's tile back to [BLOCK_M, BLOCK_N]" for g in weights]
@@ -253,11 +254,11 @@ def _w_tile(site: Site, cfg: TileConfig, g: int, index: str, kmask_w: str) -> st
     """The load of GEMM ``g``'s W tile at ``rk`` x ``rn``: W^T's [BLOCK_K, BLOCK_N], or for a
     swapped form W's [BLOCK_N, BLOCK_K] (``kmask_w``: ``_k_masks``'s, for the W^T tile)."""
     if not cfg.swap:
-        return f"tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]"
+        return f"tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)"
     rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
     at = f"{rk_w}[None, :] * {site.n} + rn[:, None]" if site.w_kn else f"rn[:, None] * {site.k} + rk[None, :]"
     kmask = kmask_w.replace("rk[:, None]", "rk[None, :]")
-    return f"tl.load({_w_ptr(site, g)} + {at}, mask=mask_n[:, None]{kmask}, other=0.0)  # W tile: [BLOCK_N, BLOCK_K]"
+    return f"tl.load({_w_ptr(site, g)} + {at}, mask=mask_n[:, None]{kmask}, other=0.0)"
 
 
 def _plus(base: str) -> str:
