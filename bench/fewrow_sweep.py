@@ -222,8 +222,12 @@ def _few(a_ptr, w_ptr, o_ptr, M, N, K, KS, BM: tl.constexpr, BN: tl.constexpr, B
 
 
 @triton.jit(do_not_specialize=["MN"])
-def _sum_slices(ws_ptr, o_ptr, MN, SPLIT: tl.constexpr, B: tl.constexpr):
-    """O = the sum of the SPLIT fp32 partials ws[s], in O's dtype."""
+def _sum_slices(ws_ptr, o_ptr, MN, SPLIT: tl.constexpr, B: tl.constexpr, GDC: tl.constexpr = False):
+    """O = the sum of the SPLIT fp32 partials ws[s], in O's dtype (GDC: after the wait for the
+    kernel before, under dependent launch)."""
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     i = tl.program_id(0) * B + tl.arange(0, B)
     mask = i < MN
     acc = tl.zeros((B,), dtype=tl.float32)
@@ -585,14 +589,7 @@ def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[d
             _label(f): round(chain(model, m, lambda s, f=f: f, dtype), 1) for f in uniform.values()
         }
         # as a bundle runs them: the norms included, cuBLAS against the table's entries, old and new
-        entry["table_us"] = {"cublas": round(table_chain(model, m, None, dtype, False), 1)}
-        for label, forms in TABLES.items():
-            for pdl in (False, True):
-                try:
-                    us = round(table_chain(model, m, forms, dtype, pdl), 1)
-                except Exception as e:  # a form that does not compile or launch here
-                    us = f"{type(e).__name__}: {str(e)[:120]}"
-                entry["table_us"][label + (" pdl" if pdl else "")] = us
+        entry["table_us"] = table_us(model, m, dtype)
         out.append(entry)
         print(
             f"{model} chain M={m}: {json.dumps({k: v for k, v in entry.items() if k != 'best_forms'})}",
@@ -601,24 +598,27 @@ def chains(model: str, rows: dict[tuple[int, int], dict], args, dtype) -> list[d
     return out
 
 
+def table_us(model: str, m: int, dtype) -> dict:
+    """µs of ``table_chain`` at ``m`` rows on cuBLAS and on each TABLES entry, plainly and under
+    dependent launch (``<entry> pdl``); an entry that does not compile or launch: its error."""
+    out = {"cublas": round(table_chain(model, m, None, dtype, False), 1)}
+    for label, forms in TABLES.items():
+        for pdl in (False, True):
+            try:
+                us = round(table_chain(model, m, forms, dtype, pdl), 1)
+            except Exception as e:  # a form that does not compile or launch here
+                us = f"{type(e).__name__}: {str(e)[:120]}"
+            out[label + (" pdl" if pdl else "")] = us
+    return out
+
+
 def tables(models: list[str], args, dtype) -> list[dict]:
-    """``table_chain`` alone: each model's decode GEMMs (the norms with them) at each of
-    ``--chain-rows`` on cuBLAS and on each TABLES entry, plainly and under dependent launch."""
+    """``table_us`` alone: each model's decode GEMMs (the norms with them) at each of
+    ``--chain-rows``."""
     out = []
     for model in models:
         for m in args.chain_rows:
-            entry = {
-                "model": model,
-                "m": m,
-                "table_us": {"cublas": round(table_chain(model, m, None, dtype, False), 1)},
-            }
-            for label, forms in TABLES.items():
-                for pdl in (False, True):
-                    try:
-                        us = round(table_chain(model, m, forms, dtype, pdl), 1)
-                    except Exception as e:  # a form that does not compile or launch here
-                        us = f"{type(e).__name__}: {str(e)[:120]}"
-                    entry["table_us"][label + (" pdl" if pdl else "")] = us
+            entry = {"model": model, "m": m, "table_us": table_us(model, m, dtype)}
             print(f"{model} table M={m}: {json.dumps(entry['table_us'])}", flush=True)
             out.append(entry)
     return out
@@ -663,8 +663,10 @@ def check(quick: bool) -> int:
                 failed.append(f"bn{bn} bk{bk} w{warps} s{stages} {mode}: {type(e).__name__}: {str(e)[:200]}")
     for split in (2, 4):
         s = {"ws_ptr": "*fp32", "o_ptr": "*bf16", "MN": "i32", "SPLIT": "constexpr", "B": "constexpr"}
+        s["GDC"] = "constexpr"
         triton.compile(
-            ASTSource(_sum_slices, signature=s, constexprs={(3,): split, (4,): 1024}), target=target
+            ASTSource(_sum_slices, signature=s, constexprs={(3,): split, (4,): 1024, (5,): False}),
+            target=target,
         )
         done += 1
     s = {"x_ptr": "*bf16", "y_ptr": "*bf16", "v_ptr": "*bf16", "h_ptr": "*bf16", "a_ptr": "*bf16", "K": "i32"}

@@ -56,6 +56,32 @@ LLAMA_1B = {
     "sites": [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)],
     "head": (128256, 2048),
 }
+
+
+def llama_1b_site_weights(layers: int, device, dtype) -> tuple[dict, dict]:
+    """(shape, weights) of the chain benches (``tma_gemv``, ``swap_rows``): per site (``q`` q/k/v,
+    ``o``, ``g`` gate/up, ``d`` down, ``h`` the LM head) its (N, K) and its weights, one per layer
+    (one for the head), random and scaled by 1/sqrt(K), each its own (cold) memory."""
+    (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
+    shape = {"q": (nq, h), "o": (no, h), "g": (ng, h), "d": (nd, kd), "h": LLAMA_1B["head"]}
+    w = {
+        s: [torch.randn(*shape[s], device=device, dtype=dtype) / shape[s][1] ** 0.5 for _ in range(layers)]
+        for s in "qogd"
+    }
+    w["h"] = [torch.randn(*shape["h"], device=device, dtype=dtype) / h**0.5]
+    return shape, w
+
+
+def llama_1b_site_chains(layers: int):
+    """(name, [(site, layer)...]) of the chain benches: the whole step (every layer's q/k/v, o,
+    gate/up, down, then the LM head), and each site's GEMMs alone (the head 4 times)."""
+    sites = "qogd"
+    yield "chain", [(s, i) for i in range(layers) for s in sites] + [("h", 0)]
+    for s in sites:
+        yield s, [(s, i) for i in range(layers)]
+    yield "h", [("h", 0)] * 4
+
+
 MAX_POLLS = tl.constexpr(1 << 18)  # polls of the barrier before a block gives up (reported, never a hang)
 
 

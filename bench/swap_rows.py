@@ -53,7 +53,13 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.persistent_chain import LLAMA_1B, _gemv_rows  # noqa: E402
+from bench.fewrow_sweep import _sum_slices  # noqa: E402  (the slices' sum, GDC on here)
+from bench.persistent_chain import (  # noqa: E402
+    LLAMA_1B,
+    _gemv_rows,
+    llama_1b_site_chains,
+    llama_1b_site_weights,
+)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BM = 16  # A's rows in the product's N side (the rows past M masked off)
@@ -112,20 +118,6 @@ def _swap(a_ptr, w_ptr, w_desc, o_ptr, ws_ptr, cnt_ptr, M, N, K, KS,
                     total += tl.load(ws_ptr + s * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
                 tl.store(o_ptr + at, total.to(o_ptr.dtype.element_ty), mask=mask)
                 tl.store(cnt_ptr + pid_n, 0)
-
-
-@triton.jit
-def _sum_slices(ws_ptr, o_ptr, MN, SPLIT: tl.constexpr, B: tl.constexpr, GDC: tl.constexpr):
-    """O = the sum of the SPLIT fp32 partials ws[s], in O's dtype."""
-    if GDC:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    i = tl.program_id(0) * B + tl.arange(0, B)
-    mask = i < MN
-    acc = tl.zeros((B,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT):
-        acc += tl.load(ws_ptr + s * MN + i, mask=mask, other=0.0)
-    tl.store(o_ptr + i, acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -295,15 +287,6 @@ class Picked(Form):
         return self.by_shape[(n, k)].launches(w, desc, a, out, m, n, k, pdl)
 
 
-def chains(layers: int):
-    """(name, [(site, layer)...]): the whole chain, and each site's GEMMs alone."""
-    sites = "qogd"
-    yield "chain", [(s, i) for i in range(layers) for s in sites] + [("h", 0)]
-    for s in sites:
-        yield s, [(s, i) for i in range(layers)]
-    yield "h", [("h", 0)] * 4
-
-
 def check() -> int:
     """The kernels against torch at small shapes (Triton's interpreter on the CPU, or a GPU)."""
     dev = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -425,13 +408,8 @@ def main() -> int:
 
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
-    (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
-    shape = {"q": (nq, h), "o": (no, h), "g": (ng, h), "d": (nd, kd), "h": LLAMA_1B["head"]}
-    w = {
-        s: [torch.randn(*shape[s], device=dev, dtype=dt) / shape[s][1] ** 0.5 for _ in range(args.layers)]
-        for s in "qogd"
-    }
-    w["h"] = [torch.randn(*shape["h"], device=dev, dtype=dt) / h**0.5]
+    shape, w = llama_1b_site_weights(args.layers, dev, dt)
+    kd = shape["d"][1]  # the longest K: the chain's first input is this wide
     big = max(max(n, k) for n, k in shape.values())
     rows = [int(r) for r in args.rows.split(",")]
     bufs = [torch.randn(max(rows) * big, device=dev, dtype=dt) for _ in range(2)]
@@ -447,7 +425,7 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
 
-    names = list(chains(args.layers))
+    names = list(llama_1b_site_chains(args.layers))
     if args.whole_only:
         names = names[:1]
     if args.chains:

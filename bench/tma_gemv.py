@@ -40,7 +40,12 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.persistent_chain import LLAMA_1B, _gemv_rows  # noqa: E402
+from bench.persistent_chain import (  # noqa: E402
+    LLAMA_1B,
+    _gemv_rows,
+    llama_1b_site_chains,
+    llama_1b_site_weights,
+)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 STREAM_BLOCK, STREAM_STEPS = 8192, 8  # the ceiling's reads: elements per block and step, steps
@@ -171,16 +176,6 @@ def forms(quick: bool) -> list[Gemv]:
     return out
 
 
-def chains(layers: int):
-    """(name, [(site, layer)...]): the whole chain, and each site's GEMVs alone."""
-    sites = "qogd"
-    whole = [(s, i) for i in range(layers) for s in sites] + [("h", 0)]
-    yield "chain", whole
-    for s in sites:
-        yield s, [(s, i) for i in range(layers)]
-    yield "h", [("h", 0)] * 4
-
-
 def check() -> int:
     """The TMA kernels against torch at small shapes (Triton's interpreter on the CPU, or a GPU)."""
     dev = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -219,13 +214,7 @@ def main() -> int:
     _allocator()
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
-    (nq, h), (no, _), (ng, _), (nd, kd) = LLAMA_1B["sites"]
-    shape = {"q": (nq, h), "o": (no, h), "g": (ng, h), "d": (nd, kd), "h": LLAMA_1B["head"]}
-    w = {
-        s: [torch.randn(*shape[s], device=dev, dtype=dt) / shape[s][1] ** 0.5 for _ in range(args.layers)]
-        for s in "qogd"
-    }
-    w["h"] = [torch.randn(*shape["h"], device=dev, dtype=dt) / h**0.5]
+    shape, w = llama_1b_site_weights(args.layers, dev, dt)
     big = max(max(n, k) for n, k in shape.values())
     bufs = [torch.randn(big, device=dev, dtype=dt) for _ in range(2)]
     sink = torch.empty(1 << 20, device=dev, dtype=torch.float32)
@@ -236,7 +225,11 @@ def main() -> int:
         "layers": args.layers,
         "rows": [],
     }
-    names = list(chains(args.layers)) if not args.quick else [next(iter(chains(args.layers)))]
+    names = (
+        list(llama_1b_site_chains(args.layers))
+        if not args.quick
+        else [next(iter(llama_1b_site_chains(args.layers)))]
+    )
     want: dict[str, torch.Tensor] = {}
     for f in forms(args.quick):
         try:
