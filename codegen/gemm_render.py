@@ -213,12 +213,12 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append(
             "s_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # the statistics, summed as A is loaded"
         )
-    kmask_a, kmask_w = _k_masks(site, cfg, k_offset)
+    kmasks = _k_masks(site, cfg, k_offset)
     first = _w_early_steps(cfg, k_extent)
     for i in range(first):  # the steps whose W tiles were loaded before the wait
         base = _k_base(k_offset, i * cfg.block_k)
         lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
-        lines += _a_tile(site, cfg, kmask_a)
+        lines += _a_tile(site, cfg, kmasks)
         lines += [_dot(site, cfg, g, f"w{g}_e{i}", precision) for g in weights]
     lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
     lines.append(
@@ -226,10 +226,10 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         if k_offset != "0"
         else "    rk = k0 + tl.arange(0, BLOCK_K)"
     )
-    lines += ["    " + ln for ln in _a_tile(site, cfg, kmask_a)]
+    lines += ["    " + ln for ln in _a_tile(site, cfg, kmasks)]
     for g in weights:
         tile = "W tile: [BLOCK_N, BLOCK_K]" if cfg.swap else "W^T tile: [BLOCK_K, BLOCK_N]"
-        lines.append(f"    w{g} = {_w_tile(site, cfg, g, index, kmask_w)}  # {tile}")
+        lines.append(f"    w{g} = {_w_tile(site, cfg, g, index, kmasks)}  # {tile}")
         lines.append("    " + _dot(site, cfg, g, f"w{g}", precision))
     if cfg.swap:
         lines += [f"acc{g} = tl.trans(acc{g})  # C^T's tile back to [BLOCK_M, BLOCK_N]" for g in weights]
@@ -250,15 +250,14 @@ def _dot(site: Site, cfg: TileConfig, g: int, w: str, precision: str) -> str:
     return f"acc{g} = tl.dot(a, {w}, acc{g}{precision})"
 
 
-def _w_tile(site: Site, cfg: TileConfig, g: int, index: str, kmask_w: str) -> str:
-    """The load of GEMM ``g``'s W tile at ``rk`` x ``rn``: W^T's [BLOCK_K, BLOCK_N], or for a
-    swapped form W's [BLOCK_N, BLOCK_K] (``kmask_w``: ``_k_masks``'s, for the W^T tile)."""
+def _w_tile(site: Site, cfg: TileConfig, g: int, index: str, kmasks: tuple[str, str]) -> str:
+    """The load of GEMM ``g``'s W tile at ``rk`` x ``rn``: W^T's [BLOCK_K, BLOCK_N] (K its first
+    axis: ``kmasks[1]``), or for a swapped form W's [BLOCK_N, BLOCK_K] (K its second: ``kmasks[0]``)."""
     if not cfg.swap:
-        return f"tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmask_w}, other=0.0)"
+        return f"tl.load({_w_at(site, g, index)}, mask=mask_n[None, :]{kmasks[1]}, other=0.0)"
     rk_w = "rk.to(tl.int64)" if index == "i64" else "rk"
     at = f"{rk_w}[None, :] * {site.n} + rn[:, None]" if site.w_kn else f"rn[:, None] * {site.k} + rk[None, :]"
-    kmask = kmask_w.replace("rk[:, None]", "rk[None, :]")
-    return f"tl.load({_w_ptr(site, g)} + {at}, mask=mask_n[:, None]{kmask}, other=0.0)"
+    return f"tl.load({_w_ptr(site, g)} + {at}, mask=mask_n[:, None]{kmasks[0]}, other=0.0)"
 
 
 def _plus(base: str) -> str:
@@ -276,7 +275,9 @@ def _k_bounded(site: Site, cfg: TileConfig, k_offset: str) -> bool:
 
 
 def _k_masks(site: Site, cfg: TileConfig, k_offset: str) -> tuple[str, str]:
-    """(A's, W's) mask of K's end at ``rk``, each to add to a load's mask; "" where K steps are whole."""
+    """The mask of K's end at ``rk`` for a tile whose second axis is K (A's [BLOCK_M, BLOCK_K]),
+    and for one whose first axis is K (W^T's [BLOCK_K, BLOCK_N]), each to add to a load's mask; ""
+    where K steps are whole."""
     if not _k_bounded(site, cfg, k_offset):
         return "", ""
     return f" & (rk[None, :] < {site.k})", f" & (rk[:, None] < {site.k})"
@@ -297,12 +298,12 @@ def _w_early_steps(cfg: TileConfig, k_extent: int) -> int:
 def _dot_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str) -> list[str]:
     """A tensor-core form's first ``w_early`` W tiles, loaded before the wait for the kernel
     before (a weight: no kernel writes it), kept in registers until A's rows are there."""
-    _, kmask_w = _k_masks(site, cfg, k_offset)
+    kmasks = _k_masks(site, cfg, k_offset)
     lines = ["# W's first K steps, before the wait (see kernel_module)"]
     for i in range(_w_early_steps(cfg, k_extent)):
         base = _k_base(k_offset, i * cfg.block_k)
         lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)")
-        lines += [f"w{g}_e{i} = {_w_tile(site, cfg, g, index, kmask_w)}" for g in range(len(site.weights))]
+        lines += [f"w{g}_e{i} = {_w_tile(site, cfg, g, index, kmasks)}" for g in range(len(site.weights))]
     return lines
 
 
@@ -320,16 +321,16 @@ def _one_pass(site: Site, cfg: TileConfig) -> bool:
     )
 
 
-def _a_tile(site: Site, cfg: TileConfig, kmask_a: str) -> list[str]:
-    """The lines that make the A tile ``a`` at ``rk`` (a tensor-core form's K step)."""
+def _a_tile(site: Site, cfg: TileConfig, kmasks: tuple[str, str]) -> list[str]:
+    """The lines that make the A tile ``a`` at ``rk`` (a tensor-core form's K step); ``kmasks``:
+    ``_k_masks``'s."""
     if site.prologue is None:
         if cfg.swap:  # the product's narrow side, A^T: [BLOCK_K, BLOCK_M], loaded as the dot reads it
-            kmask = kmask_a.replace("rk[None, :]", "rk[:, None]")
             return [
-                f"a_t = tl.load(a_ptr + rm[None, :] * {site.k} + rk[:, None], mask=mask_m[None, :]{kmask}, other=0.0)"
+                f"a_t = tl.load(a_ptr + rm[None, :] * {site.k} + rk[:, None], mask=mask_m[None, :]{kmasks[1]}, other=0.0)"
             ]
         return [
-            f"a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmask_a}, other=0.0)"
+            f"a = tl.load(a_ptr + rm[:, None] * {site.k} + rk[None, :], mask=mask_m[:, None]{kmasks[0]}, other=0.0)"
         ]
     if _one_pass(site, cfg):
         return _norm_a_one_pass(site, f"(tl.program_id({_axes(cfg)[1]}) == 0)")
