@@ -103,8 +103,9 @@ for item in "$@"; do
     # a decode step's GEMMs at 8 rows as a bundle runs them (the norms with them): cuBLAS against the
     # built-in table's few-row entries (bench/fewrow_sweep.py --table-only), Llama-3.2-1B
     fewrow-table) cmd=(python3 bench/fewrow_sweep.py --model llama-3.2-1b --table-only --rows 8 --chain-rows 8 --json "$RES/fewrow-table.json") ;;
-    # few-row GEMMs with W's rows on the product's wide side in a decode step's chain (bench/swap_rows.py)
-    swap-rows) cmd=(python3 bench/swap_rows.py --rows 8,1 --json "$RES/swap-rows.json") ;;
+    # few-row GEMMs with W's rows on the product's wide side in a decode step's chain (bench/swap_rows.py;
+    # SWAP_ARGS: its options, default --rows 8,1; e.g. "--set mma --rows 8 --chains q,o,d")
+    swap-rows) cmd=(python3 bench/swap_rows.py ${SWAP_ARGS:---rows 8,1} --json "$RES/swap-rows.json") ;;
     # few-MODEL: decode-MODEL with the built-in table's few-row entry on (AOTPACK_FEW_ROWS=$FEW_ROWS,
     # default few_16x16x256; FEW_PROLOGUE=0: the plain forms after the norm kernels), bundles of its own
     few-*) cmd=(env AOTPACK_FEW_ROWS="${FEW_ROWS:-few_16x16x256}" AOTPACK_FEW_ROWS_PROLOGUE="${FEW_PROLOGUE:-1}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#few-}" --out "$RES/decode-few-${step#few-}" --bundles /tmp/bundles-few ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;

@@ -24,7 +24,8 @@ before the wait, the rest pipelined over ``S`` stages, A read after it):
 Baselines in the same command: cuBLAS (``torch.mm``; no dependent launch), ``few``: the
 non-swapped 16-row tile (``fewrow_sweep._few``: A's rows as M, the codegen's few-row tile shape
 16 x 32 x 256), and at one row the default table's dot-free ``vec`` form. ``--set small``: the
-candidates for q/k/v and o (more slices, more of W before the wait) instead of the grid;
+candidates for q/k/v and o (more slices, more of W before the wait) instead of the grid; ``--set
+mma``: narrow tiles of W (16-32 rows) on one or two warps, the warp-level ``mma``;
 ``--pick q=FORM,o=FORM,g=FORM,d=FORM,h=FORM``: a chain with a form per site (cuBLAS where left out).
 The codegen's forms of this kind are ``gemm_forms``' ``fews_*`` (``TileConfig.swap``).
 
@@ -269,6 +270,20 @@ def small_forms() -> list[Form]:
     return out
 
 
+def mma_forms() -> list[Form]:
+    """Narrow tiles of W (16 or 32 rows) on one or two warps: the warp-level ``mma`` (m16n8k16,
+    W's rows its M side, A's rows its N side) instead of a warpgroup's ``wgmma`` (64 rows of W at
+    least), so that q/k/v's and o's 2048-3072 rows make 64-192 tiles without K slices, and more
+    blocks with them (``_t<blocks>``)."""
+    out = [Form("cublas")]
+    for bn, bk, stages, warps in ((16, 256, 4, 1), (16, 128, 6, 1), (32, 256, 3, 2), (32, 128, 4, 1), (32, 128, 4, 2)):
+        for target in (128, 256, 512):
+            out.append(Form("swap", bn, bk, stages, warps, target=target))
+    out.append(Form("swap", 16, 256, 4, 1, mode="pass", target=512))
+    out.append(Form("swap", 16, 256, 4, 1, target=256, early=512))
+    return out
+
+
 class Picked(Form):
     """A form per site (by the GEMM's N and K)."""
 
@@ -332,7 +347,7 @@ def compile_only(arch: int, quick: bool) -> int:
 
     target = GPUTarget("cuda", arch, 32)
     failed, done = [], 0
-    for f in [*forms(quick), *small_forms()]:
+    for f in [*forms(quick), *small_forms(), *mma_forms()]:
         if f.kind not in ("swap", "swapt"):
             continue
         for split, mode in ((1, 0), (4, 1 + SPLIT_MODES.index(f.mode))):
@@ -386,7 +401,10 @@ def main() -> int:
     p.add_argument("--whole-only", action="store_true", help="the whole chain only, not each site alone")
     p.add_argument("--chains", help="the chains to run (comma-separated: chain,q,o,g,d,h; default all)")
     p.add_argument(
-        "--set", default="grid", choices=("grid", "small"), help="the grid, or the small sites' forms"
+        "--set",
+        default="grid",
+        choices=("grid", "small", "mma"),
+        help="the grid, the small sites' forms, or the narrow warp-level forms",
     )
     p.add_argument(
         "--pick",
@@ -430,8 +448,8 @@ def main() -> int:
         names = names[:1]
     if args.chains:
         names = [(c, seq) for c, seq in names if c in args.chains.split(",")]
-    todo = forms(args.quick) if args.set == "grid" else small_forms()
-    known = {f.name: f for f in [*forms(False), *small_forms()]}
+    todo = {"grid": lambda: forms(args.quick), "small": small_forms, "mma": mma_forms}[args.set]()
+    known = {f.name: f for f in [*forms(False), *small_forms(), *mma_forms()]}
     for pick in args.pick:
         chosen = dict(item.split("=", 1) for item in pick.split(","))
         todo.append(Picked({shape[c]: known[chosen.get(c, "cublas")] for c in "qogdh"}))
