@@ -14,7 +14,16 @@ the new key, one program per KV head and its 4 query heads):
 - ``apart``: the cached tiles left as loaded (slot ``POS`` masked out), the new key's score and
   value added beside the tensor-core products;
 - ``vec``: no tensor cores: each query head's scores and weighted sum as products summed across
-  the tile (4 warps), the new key apart.
+  the tile (4 warps), the new key apart;
+- ``tail_<body>_r<rows>w<warps>``: the q/k/v GEMV with the attention in its tail (the last block of
+  a KV head runs that head's attention);
+- ``attn_o_<body>_r<R>w<warps>``: the attention and the o projection in one kernel (a layer's
+  attention half in two launches, not three): a grid of (KV head, chunk of ``R`` output rows);
+  each program loads its ``R`` rows of W_o's columns for that head's 4 query heads, and the cache
+  tiles, before the wait, computes the head's attention (``built``'s or ``vec``'s; every chunk of
+  a head again, from L2), its share of those rows of o in fp32, and the last of the 8 heads'
+  programs to arrive at the chunk's counter sums the 8 shares in head order (deterministic) into
+  o. Only chunk 0 appends to the cache.
 
 µs per chain (median of graph replays); outputs compared with ``built``'s.
 
@@ -51,6 +60,11 @@ FORMS = (
     "tail_built_r4w4",
     "tail_built_r8w8",
     "tail_vec_r4w4",
+    "attn_o_built_r128w8",
+    "attn_o_built_r64w4",
+    "attn_o_built_r64w8",
+    "attn_o_vec_r128w8",
+    "attn_o_vec_r64w4",
 )
 
 
@@ -207,6 +221,114 @@ def _attend(kh, k, v, qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr
             tl.store(out_ptr + (kh * GROUPS + g) * D + rd, o.to(tl.bfloat16))
 
 
+@triton.jit
+def _attn_o(qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, wo_ptr, ws_ptr, cnt_ptr, x_ptr,
+            BODY: tl.constexpr, GDC: tl.constexpr, GROUPS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
+            C: tl.constexpr, BN: tl.constexpr, SCALE: tl.constexpr, R: tl.constexpr,
+            HID: tl.constexpr):  # fmt: skip
+    """KV head ``program_id(0)``'s attention and its share of o's rows [c * R, (c + 1) * R), c =
+    ``program_id(1)``: W_o's rows for the head's 4 query heads' columns and the cache tiles loaded
+    before the wait; the share to ws[head, rows] in fp32; the last head's program at the chunk's
+    counter sums the KV shares in head order into ``x`` and zeroes the counter. BODY 1: the
+    attention on tensor cores (``built``), 3: without (``vec``). GROUPS must be 4."""
+    kh = tl.program_id(0)
+    c = tl.program_id(1)
+    rd = tl.arange(0, D)
+    rn = tl.arange(0, BN)
+    rr = c * R + tl.arange(0, R)
+    col = wo_ptr + rr[:, None].to(tl.int64) * HID + kh * GROUPS * D + rd[None, :]
+    w0 = tl.load(col)
+    w1 = tl.load(col + D)
+    w2 = tl.load(col + 2 * D)
+    w3 = tl.load(col + 3 * D)
+    valid_n = rn < C
+    cache = kh * C * D
+    k = tl.load(k_ptr + cache + rn[None, :] * D + rd[:, None], mask=valid_n[None, :], other=0.0)  # [D, BN]
+    v = tl.load(v_ptr + cache + rn[:, None] * D + rd[None, :], mask=valid_n[:, None], other=0.0)  # [BN, D]
+    if GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    BG: tl.constexpr = 16
+    half: tl.constexpr = D // 2
+    partner = tl.where(rd < half, rd + half, rd - half)
+    cos = tl.load(cos_ptr + rd).to(tl.float32)
+    sin = tl.load(sin_ptr + rd).to(tl.float32)
+    sin = tl.where(rd < half, -sin, sin)
+    rg = tl.arange(0, BG)
+    valid_g = rg < GROUPS
+    h = kh * GROUPS + rg
+    q = tl.load(qkv_ptr + h[:, None] * D + rd[None, :], mask=valid_g[:, None], other=0.0)
+    q_o = tl.load(qkv_ptr + h[:, None] * D + partner[None, :], mask=valid_g[:, None], other=0.0)
+    q = _rotate(q.to(tl.float32), q_o.to(tl.float32), cos[None, :], sin[None, :])  # [BG, D] bf16
+    pos = tl.load(pos_ptr).to(tl.int64)
+    kn_at = qkv_ptr + (GROUPS * KV + kh) * D
+    kn = _rotate(tl.load(kn_at + rd).to(tl.float32), tl.load(kn_at + partner).to(tl.float32), cos, sin)
+    vn = tl.load(qkv_ptr + (GROUPS * KV + KV + kh) * D + rd)
+    if c == 0:  # one chunk appends the step's key and value
+        tl.store(k_ptr + cache + pos * D + rd, kn)
+        tl.store(v_ptr + cache + pos * D + rd, vn)
+    bias = tl.load(mask_ptr + rn, mask=valid_n, other=0.0).to(tl.float32) * 1.4426950408889634
+    share = tl.zeros((R,), dtype=tl.float32)
+    if BODY == 1:
+        k = tl.where((rn == pos)[None, :], kn[:, None], k)
+        v = tl.where((rn == pos)[:, None], vn[None, :], v)
+        s = tl.dot(q, k) * SCALE + bias[None, :]
+        s = tl.where(valid_n[None, :], s, float("-inf"))
+        m = tl.max(s, 1)
+        p = tl.exp2(s - m[:, None])
+        att = (tl.dot(p.to(tl.bfloat16), v) / tl.sum(p, 1)[:, None]).to(tl.bfloat16).to(tl.float32)
+        share += tl.sum(w0.to(tl.float32) * tl.sum(tl.where((rg == 0)[:, None], att, 0.0), 0)[None, :], 1)
+        share += tl.sum(w1.to(tl.float32) * tl.sum(tl.where((rg == 1)[:, None], att, 0.0), 0)[None, :], 1)
+        share += tl.sum(w2.to(tl.float32) * tl.sum(tl.where((rg == 2)[:, None], att, 0.0), 0)[None, :], 1)
+        share += tl.sum(w3.to(tl.float32) * tl.sum(tl.where((rg == 3)[:, None], att, 0.0), 0)[None, :], 1)
+    else:
+        keep = valid_n & (rn != pos)
+        bias_new = tl.load(mask_ptr + pos).to(tl.float32) * 1.4426950408889634
+        kf = k.to(tl.float32)
+        vf = v.to(tl.float32)
+        knf = kn.to(tl.float32)
+        vnf = vn.to(tl.float32)
+        for g in tl.static_range(GROUPS):
+            qg = tl.sum(tl.where((rg == g)[:, None], q.to(tl.float32), 0.0), 0)  # [D]
+            s = tl.sum(kf * qg[:, None], 0) * SCALE + bias  # [BN]
+            s = tl.where(keep, s, float("-inf"))
+            s_new = tl.sum(qg * knf, 0) * SCALE + bias_new
+            m = tl.maximum(tl.max(s, 0), s_new)
+            p = tl.exp2(s - m).to(tl.bfloat16).to(tl.float32)
+            p_new = tl.exp2(s_new - m)
+            o = tl.sum(p[:, None] * vf, 0) + p_new.to(tl.bfloat16).to(tl.float32) * vnf
+            o = (o / (tl.sum(tl.exp2(s - m), 0) + p_new)).to(tl.bfloat16).to(tl.float32)
+            if g == 0:
+                share += tl.sum(w0.to(tl.float32) * o[None, :], 1)
+            elif g == 1:
+                share += tl.sum(w1.to(tl.float32) * o[None, :], 1)
+            elif g == 2:
+                share += tl.sum(w2.to(tl.float32) * o[None, :], 1)
+            else:
+                share += tl.sum(w3.to(tl.float32) * o[None, :], 1)
+    tl.store(ws_ptr + kh * HID + rr, share)
+    tl.debug_barrier()  # every thread's share stored before the arrival (which releases them)
+    arrived = tl.atomic_add(cnt_ptr + c, 1, sem="acq_rel", scope="gpu")
+    if arrived == KV - 1:
+        total = tl.zeros((R,), dtype=tl.float32)
+        for j in tl.static_range(KV):
+            total += tl.load(ws_ptr + j * HID + rr, cache_modifier=".cg")
+        tl.store(x_ptr + rr, total.to(x_ptr.dtype.element_ty))
+        tl.store(cnt_ptr + c, 0)
+
+
+def launch_attn_o(form: str, qkv, k, v, pos, cos, sin, mask, wo, ws, count, x, pdl: bool) -> None:
+    """An ``attn_o_<body>_r<R>w<warps>`` form: the attention and the o projection in one kernel."""
+    body, tail = form.split("_")[2], form.split("_")[3]
+    rows, warps = int(tail[1:].split("w")[0]), int(tail.split("w")[1])
+    gdc = pdl and not INTERPRET
+    kw = {"launch_pdl": True} if gdc else {}
+    _attn_o[(KV_HEADS, HIDDEN // rows)](
+        qkv, k, v, pos, cos, sin, mask, wo, ws, count, x, {"built": 1, "vec": 3}[body], gdc,
+        HEADS // KV_HEADS, KV_HEADS, HEAD_DIM, CONTEXT, 256, SCALE_LOG2E, rows, HIDDEN, num_warps=warps, **kw,
+    )  # fmt: skip
+
+
 def launch_tail(form: str, w, a, qkv, count, k, v, pos, cos, sin, mask, out, pdl: bool) -> None:
     """A ``tail_<body>_r<ROWS>w<warps>`` form: the q/k/v GEMV with the attention in its tail."""
     body, rows, warps = (
@@ -286,10 +408,18 @@ def check() -> int:
             "tail_built_r2w2",
             "tail_built_r4w4",
             "tail_built_r8w8",
-        ):
+        ) or (INTERPRET and form.startswith("attn_o_built")):
             print(f"{form:<10} skipped: the interpreter's bfloat16 dot is not the GPU's (checked there)")
             continue
-        if form.startswith("tail"):
+        if form.startswith("attn_o"):
+            wo = (torch.randn(HIDDEN, HEADS * HEAD_DIM, device=dev) / HIDDEN**0.5).bfloat16()
+            ws = torch.empty(KV_HEADS * HIDDEN, device=dev)
+            chunks = torch.zeros(HIDDEN, device=dev, dtype=torch.int32)
+            x = torch.empty(HIDDEN, device=dev).bfloat16()
+            launch_attn_o(form, qkv, kk, vv, pos, cos, sin, mask, wo, ws, chunks, x, False)
+            ref = wo.float().cpu() @ want.bfloat16().float()
+            err = max(float((x.float().cpu() - ref).abs().max() / ref.abs().max()), float(chunks.abs().max()))
+        elif form.startswith("tail"):
             got = torch.zeros_like(qkv)
             launch_tail(form, w, a, got, count, kk, vv, pos, cos, sin, mask, out, False)
             gemv = float((got.float() - w.float() @ a.float()).abs().max())
@@ -327,6 +457,8 @@ def main() -> int:
     x0 = torch.randn(HIDDEN, device=dev).bfloat16()
     x, att = torch.empty_like(x0), torch.empty(HEADS * HEAD_DIM, device=dev).bfloat16()
     count = torch.zeros(KV_HEADS, device=dev, dtype=torch.int32)
+    ws = torch.empty(KV_HEADS * HIDDEN, device=dev)
+    chunks = torch.zeros(HIDDEN, device=dev, dtype=torch.int32)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "layers": layers, "rows": []}  # fmt: skip
     want: dict[str, torch.Tensor] = {}
@@ -337,10 +469,14 @@ def main() -> int:
                 kw = {"launch_pdl": True} if pdl else {}
                 a = x0
                 for i in range(layers):
-                    _gemv[(QKV // 2,)](wq[i], a, qkv, HIDDEN, pdl, num_warps=2, **kw)
-                    if form.startswith("tail"):
+                    if form.startswith("tail"):  # the q/k/v GEMV is the tail form's own
                         launch_tail(form, wq[i], a, qkv, count, k[i], v[i], pos, cos, sin, mask, att, pdl)
                         _gemv[(HIDDEN // 2,)](wo[i], att, x, HIDDEN, pdl, num_warps=2, **kw)
+                        a = x
+                        continue
+                    _gemv[(QKV // 2,)](wq[i], a, qkv, HIDDEN, pdl, num_warps=2, **kw)
+                    if form.startswith("attn_o"):
+                        launch_attn_o(form, qkv, k[i], v[i], pos, cos, sin, mask, wo[i], ws, chunks, x, pdl)
                     elif form == "none":
                         _gemv[(HIDDEN // 2,)](wo[i], qkv, x, HIDDEN, pdl, num_warps=2, **kw)
                     else:
