@@ -276,7 +276,13 @@ def mma_forms() -> list[Form]:
     least), so that q/k/v's and o's 2048-3072 rows make 64-192 tiles without K slices, and more
     blocks with them (``_t<blocks>``)."""
     out = [Form("cublas")]
-    for bn, bk, stages, warps in ((16, 256, 4, 1), (16, 128, 6, 1), (32, 256, 3, 2), (32, 128, 4, 1), (32, 128, 4, 2)):
+    for bn, bk, stages, warps in (
+        (16, 256, 4, 1),
+        (16, 128, 6, 1),
+        (32, 256, 3, 2),
+        (32, 128, 4, 1),
+        (32, 128, 4, 2),
+    ):
         for target in (128, 256, 512):
             out.append(Form("swap", bn, bk, stages, warps, target=target))
     out.append(Form("swap", 16, 256, 4, 1, mode="pass", target=512))
