@@ -143,7 +143,10 @@ SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # swap-rows-h200-2026-11-30-night.json) 756 us against cuBLAS's 828, each site's form as fast at
 # 8 rows as the one-row forms at one row on gate/up, down and the LM head, slower on q/k/v and o
 # (6.4 and 5.2 us a GEMM against 4.2 and 3.5): their 32-48 tiles of 64 rows need K slices and a
-# second kernel to sum them.
+# second kernel to sum them. The default build itself (o on ``gemv_16x32x128``, the LM head on
+# ``fewe_16x64x128``): 0.929-0.932 ms a token against 0.788 at one row; with o on the K-sliced form
+# 0.973-0.977 (bench/results/decode/decode-llama-3.2-1b-b8-{default,o-sliced}-ab-h200-2026-12-01.json,
+# one machine), so an 8 MiB site keeps tune's tile.
 BUILT_IN_LARGE = ("fews_splitk_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128")
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
