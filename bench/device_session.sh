@@ -15,6 +15,8 @@
 #     cuBLAS, then the decode at 8 rows: cuBLAS (the default build), old forms, new forms)
 #   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8 bash bench/device_session.sh decode-llama-3.2-1b:260 fewrow-tests:300
 #     (the default build's swapped forms at 8 rows, gemm_defaults.BUILT_IN_LARGE, timed and verified on the GPU)
+#   DEADLINE=580 bash bench/device_session.sh attn-chain:120 gpu-all:450
+#     (the attention forms of 2026-12-01, the tail forms' new shapes among them; then the GPU suite)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per
@@ -103,6 +105,9 @@ for item in "$@"; do
     # a decode step's GEMMs at 8 rows as a bundle runs them (the norms with them): cuBLAS against the
     # built-in table's few-row entries (bench/fewrow_sweep.py --table-only), Llama-3.2-1B
     fewrow-table) cmd=(python3 bench/fewrow_sweep.py --model llama-3.2-1b --table-only --rows 8 --chain-rows 8 --json "$RES/fewrow-table.json") ;;
+    # decode attention forms in Llama-3.2-1B's attention half-layers: the build's kernel, in the q/k/v
+    # GEMV's tail, with the o projection in one kernel (bench/attention_chain.py; --check first)
+    attn-chain) cmd=(bash -c "python3 bench/attention_chain.py --check && python3 bench/attention_chain.py --json $RES/attention-chain.json") ;;
     # few-row GEMMs with W's rows on the product's wide side in a decode step's chain (bench/swap_rows.py;
     # SWAP_ARGS: its options, default --rows 8,1; e.g. "--set mma --rows 8 --chains q,o,d")
     swap-rows) cmd=(python3 bench/swap_rows.py ${SWAP_ARGS:---rows 8,1} --json "$RES/swap-rows.json") ;;
