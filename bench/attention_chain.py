@@ -150,18 +150,13 @@ def _qkv_tail(w_ptr, a_ptr, qkv_ptr, count_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, 
 
 
 @triton.jit
-def _attend(kh, k, v, qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, out_ptr, FORM: tl.constexpr,
-            GROUPS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BN: tl.constexpr,
-            SCALE: tl.constexpr, CM: tl.constexpr):  # fmt: skip
-    """KV head ``kh``'s attention over its cache tiles ``k`` [D, BN] and ``v`` [BN, D]: the new key
-    and value (rotated key) stored at ``pos`` and taken into account. FORM 1: built (tensor
-    cores, the new row merged into the tiles); 2: apart (tensor cores, the new row beside them);
-    3: vec (no tensor cores, the new row beside). ``CM``: the q/k/v loads' cache modifier."""
+def _new_rows(kh, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, GROUPS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
+              CM: tl.constexpr):  # fmt: skip
+    """KV head ``kh``'s step rows from the q/k/v output: its query heads [16, D] (rows past GROUPS
+    0), rotated; the new key, rotated, and value [D]; the step's slot. ``CM``: the loads' cache
+    modifier."""
     BG: tl.constexpr = 16
     rd = tl.arange(0, D)
-    rn = tl.arange(0, BN)
-    valid_n = rn < C
-    cache = kh * C * D
     half: tl.constexpr = D // 2
     partner = tl.where(rd < half, rd + half, rd - half)
     cos = tl.load(cos_ptr + rd).to(tl.float32)
@@ -175,11 +170,46 @@ def _attend(kh, k, v, qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr
         qkv_ptr + h[:, None] * D + partner[None, :], mask=valid_g[:, None], other=0.0, cache_modifier=CM
     )
     q = _rotate(q.to(tl.float32), q_o.to(tl.float32), cos[None, :], sin[None, :])  # [BG, D] bf16
-    pos = tl.load(pos_ptr).to(tl.int64)
     kn_at = qkv_ptr + (GROUPS * KV + kh) * D
     kn = tl.load(kn_at + rd, cache_modifier=CM).to(tl.float32)
     kn = _rotate(kn, tl.load(kn_at + partner, cache_modifier=CM).to(tl.float32), cos, sin)
     vn = tl.load(qkv_ptr + (GROUPS * KV + KV + kh) * D + rd, cache_modifier=CM)
+    return q, kn, vn, tl.load(pos_ptr).to(tl.int64)
+
+
+@triton.jit
+def _vec_head(g, q, kf, vf, kn, vn, bias, bias_new, keep, SCALE: tl.constexpr):
+    """Query head ``g`` of ``q`` [16, D] over the cache tiles ``kf`` [D, BN] and ``vf`` [BN, D]
+    (fp32; ``keep``: the slots to take) and the new key and value beside them, without tensor
+    cores: [D] fp32."""
+    rg = tl.arange(0, 16)
+    qg = tl.sum(tl.where((rg == g)[:, None], q.to(tl.float32), 0.0), 0)  # [D]
+    s = tl.sum(kf * qg[:, None], 0) * SCALE + bias  # [BN]
+    s = tl.where(keep, s, float("-inf"))
+    s_new = tl.sum(qg * kn.to(tl.float32), 0) * SCALE + bias_new
+    m = tl.maximum(tl.max(s, 0), s_new)
+    p = tl.exp2(s - m).to(tl.bfloat16).to(tl.float32)
+    p_new = tl.exp2(s_new - m)
+    o = tl.sum(p[:, None] * vf, 0) + p_new.to(tl.bfloat16).to(tl.float32) * vn.to(tl.float32)
+    return o / (tl.sum(tl.exp2(s - m), 0) + p_new)
+
+
+@triton.jit
+def _attend(kh, k, v, qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, out_ptr, FORM: tl.constexpr,
+            GROUPS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BN: tl.constexpr,
+            SCALE: tl.constexpr, CM: tl.constexpr):  # fmt: skip
+    """KV head ``kh``'s attention over its cache tiles ``k`` [D, BN] and ``v`` [BN, D]: the new key
+    and value (rotated key) stored at ``pos`` and taken into account. FORM 1: built (tensor
+    cores, the new row merged into the tiles); 2: apart (tensor cores, the new row beside them);
+    3: vec (no tensor cores, the new row beside). ``CM``: the q/k/v loads' cache modifier."""
+    rd = tl.arange(0, D)
+    rn = tl.arange(0, BN)
+    valid_n = rn < C
+    cache = kh * C * D
+    rg = tl.arange(0, 16)
+    valid_g = rg < GROUPS
+    h = kh * GROUPS + rg
+    q, kn, vn, pos = _new_rows(kh, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, GROUPS, KV, D, CM)
     tl.store(k_ptr + cache + pos * D + rd, kn)
     tl.store(v_ptr + cache + pos * D + rd, vn)
     bias = tl.load(mask_ptr + rn, mask=valid_n, other=0.0).to(tl.float32) * 1.4426950408889634
@@ -209,18 +239,8 @@ def _attend(kh, k, v, qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr
         bias_new = tl.load(mask_ptr + pos).to(tl.float32) * 1.4426950408889634
         kf = k.to(tl.float32)
         vf = v.to(tl.float32)
-        knf = kn.to(tl.float32)
-        vnf = vn.to(tl.float32)
         for g in tl.static_range(GROUPS):
-            qg = tl.sum(tl.where((rg == g)[:, None], q.to(tl.float32), 0.0), 0)  # [D]
-            s = tl.sum(kf * qg[:, None], 0) * SCALE + bias  # [BN]
-            s = tl.where(keep, s, float("-inf"))
-            s_new = tl.sum(qg * knf, 0) * SCALE + bias_new
-            m = tl.maximum(tl.max(s, 0), s_new)
-            p = tl.exp2(s - m).to(tl.bfloat16).to(tl.float32)
-            p_new = tl.exp2(s_new - m)
-            o = tl.sum(p[:, None] * vf, 0) + p_new.to(tl.bfloat16).to(tl.float32) * vnf
-            o = o / (tl.sum(tl.exp2(s - m), 0) + p_new)
+            o = _vec_head(g, q, kf, vf, kn, vn, bias, bias_new, keep, SCALE)
             tl.store(out_ptr + (kh * GROUPS + g) * D + rd, o.to(tl.bfloat16))
 
 
@@ -251,22 +271,8 @@ def _attn_o(qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, wo_ptr, 
     if GDC:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    BG: tl.constexpr = 16
-    half: tl.constexpr = D // 2
-    partner = tl.where(rd < half, rd + half, rd - half)
-    cos = tl.load(cos_ptr + rd).to(tl.float32)
-    sin = tl.load(sin_ptr + rd).to(tl.float32)
-    sin = tl.where(rd < half, -sin, sin)
-    rg = tl.arange(0, BG)
-    valid_g = rg < GROUPS
-    h = kh * GROUPS + rg
-    q = tl.load(qkv_ptr + h[:, None] * D + rd[None, :], mask=valid_g[:, None], other=0.0)
-    q_o = tl.load(qkv_ptr + h[:, None] * D + partner[None, :], mask=valid_g[:, None], other=0.0)
-    q = _rotate(q.to(tl.float32), q_o.to(tl.float32), cos[None, :], sin[None, :])  # [BG, D] bf16
-    pos = tl.load(pos_ptr).to(tl.int64)
-    kn_at = qkv_ptr + (GROUPS * KV + kh) * D
-    kn = _rotate(tl.load(kn_at + rd).to(tl.float32), tl.load(kn_at + partner).to(tl.float32), cos, sin)
-    vn = tl.load(qkv_ptr + (GROUPS * KV + KV + kh) * D + rd)
+    rg = tl.arange(0, 16)
+    q, kn, vn, pos = _new_rows(kh, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, GROUPS, KV, D, "")
     if c == 0:  # one chunk appends the step's key and value
         tl.store(k_ptr + cache + pos * D + rd, kn)
         tl.store(v_ptr + cache + pos * D + rd, vn)
@@ -289,18 +295,8 @@ def _attn_o(qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, wo_ptr, 
         bias_new = tl.load(mask_ptr + pos).to(tl.float32) * 1.4426950408889634
         kf = k.to(tl.float32)
         vf = v.to(tl.float32)
-        knf = kn.to(tl.float32)
-        vnf = vn.to(tl.float32)
         for g in tl.static_range(GROUPS):
-            qg = tl.sum(tl.where((rg == g)[:, None], q.to(tl.float32), 0.0), 0)  # [D]
-            s = tl.sum(kf * qg[:, None], 0) * SCALE + bias  # [BN]
-            s = tl.where(keep, s, float("-inf"))
-            s_new = tl.sum(qg * knf, 0) * SCALE + bias_new
-            m = tl.maximum(tl.max(s, 0), s_new)
-            p = tl.exp2(s - m).to(tl.bfloat16).to(tl.float32)
-            p_new = tl.exp2(s_new - m)
-            o = tl.sum(p[:, None] * vf, 0) + p_new.to(tl.bfloat16).to(tl.float32) * vnf
-            o = (o / (tl.sum(tl.exp2(s - m), 0) + p_new)).to(tl.bfloat16).to(tl.float32)
+            o = _vec_head(g, q, kf, vf, kn, vn, bias, bias_new, keep, SCALE).to(tl.bfloat16).to(tl.float32)
             if g == 0:
                 share += tl.sum(w0.to(tl.float32) * o[None, :], 1)
             elif g == 1:
