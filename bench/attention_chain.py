@@ -195,6 +195,20 @@ def _vec_head(g, q, kf, vf, kn, vn, bias, bias_new, keep, SCALE: tl.constexpr):
 
 
 @triton.jit
+def _merged_heads(q, k, v, kn, vn, pos, bias, valid_n, SCALE: tl.constexpr):
+    """The query heads ``q`` [16, D] over the cache tiles ``k`` [D, BN] and ``v`` [BN, D] with the
+    new key and value merged into them at slot ``pos``, on tensor cores: [16, D] fp32."""
+    rn = tl.arange(0, k.shape[1])
+    k = tl.where((rn == pos)[None, :], kn[:, None], k)
+    v = tl.where((rn == pos)[:, None], vn[None, :], v)
+    s = tl.dot(q, k) * SCALE + bias[None, :]
+    s = tl.where(valid_n[None, :], s, float("-inf"))
+    m = tl.max(s, 1)
+    p = tl.exp2(s - m[:, None])
+    return tl.dot(p.to(tl.bfloat16), v) / tl.sum(p, 1)[:, None]
+
+
+@triton.jit
 def _attend(kh, k, v, qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, out_ptr, FORM: tl.constexpr,
             GROUPS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, C: tl.constexpr, BN: tl.constexpr,
             SCALE: tl.constexpr, CM: tl.constexpr):  # fmt: skip
@@ -214,13 +228,7 @@ def _attend(kh, k, v, qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr
     tl.store(v_ptr + cache + pos * D + rd, vn)
     bias = tl.load(mask_ptr + rn, mask=valid_n, other=0.0).to(tl.float32) * 1.4426950408889634
     if FORM == 1:
-        k = tl.where((rn == pos)[None, :], kn[:, None], k)
-        v = tl.where((rn == pos)[:, None], vn[None, :], v)
-        s = tl.dot(q, k) * SCALE + bias[None, :]
-        s = tl.where(valid_n[None, :], s, float("-inf"))
-        m = tl.max(s, 1)
-        p = tl.exp2(s - m[:, None])
-        acc = tl.dot(p.to(tl.bfloat16), v) / tl.sum(p, 1)[:, None]
+        acc = _merged_heads(q, k, v, kn, vn, pos, bias, valid_n, SCALE)
         tl.store(out_ptr + h[:, None] * D + rd[None, :], acc.to(tl.bfloat16), mask=valid_g[:, None])
     elif FORM == 2:
         keep = valid_n & (rn != pos)
@@ -279,13 +287,7 @@ def _attn_o(qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, wo_ptr, 
     bias = tl.load(mask_ptr + rn, mask=valid_n, other=0.0).to(tl.float32) * 1.4426950408889634
     share = tl.zeros((R,), dtype=tl.float32)
     if BODY == 1:
-        k = tl.where((rn == pos)[None, :], kn[:, None], k)
-        v = tl.where((rn == pos)[:, None], vn[None, :], v)
-        s = tl.dot(q, k) * SCALE + bias[None, :]
-        s = tl.where(valid_n[None, :], s, float("-inf"))
-        m = tl.max(s, 1)
-        p = tl.exp2(s - m[:, None])
-        att = (tl.dot(p.to(tl.bfloat16), v) / tl.sum(p, 1)[:, None]).to(tl.bfloat16).to(tl.float32)
+        att = _merged_heads(q, k, v, kn, vn, pos, bias, valid_n, SCALE).to(tl.bfloat16).to(tl.float32)
         share += tl.sum(w0.to(tl.float32) * tl.sum(tl.where((rg == 0)[:, None], att, 0.0), 0)[None, :], 1)
         share += tl.sum(w1.to(tl.float32) * tl.sum(tl.where((rg == 1)[:, None], att, 0.0), 0)[None, :], 1)
         share += tl.sum(w2.to(tl.float32) * tl.sum(tl.where((rg == 2)[:, None], att, 0.0), 0)[None, :], 1)
