@@ -285,28 +285,21 @@ def _attn_o(qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, wo_ptr, 
         tl.store(k_ptr + cache + pos * D + rd, kn)
         tl.store(v_ptr + cache + pos * D + rd, vn)
     bias = tl.load(mask_ptr + rn, mask=valid_n, other=0.0).to(tl.float32) * 1.4426950408889634
-    share = tl.zeros((R,), dtype=tl.float32)
     if BODY == 1:
-        att = _merged_heads(q, k, v, kn, vn, pos, bias, valid_n, SCALE).to(tl.bfloat16).to(tl.float32)
-        share += tl.sum(w0.to(tl.float32) * tl.sum(tl.where((rg == 0)[:, None], att, 0.0), 0)[None, :], 1)
-        share += tl.sum(w1.to(tl.float32) * tl.sum(tl.where((rg == 1)[:, None], att, 0.0), 0)[None, :], 1)
-        share += tl.sum(w2.to(tl.float32) * tl.sum(tl.where((rg == 2)[:, None], att, 0.0), 0)[None, :], 1)
-        share += tl.sum(w3.to(tl.float32) * tl.sum(tl.where((rg == 3)[:, None], att, 0.0), 0)[None, :], 1)
+        att = _merged_heads(q, k, v, kn, vn, pos, bias, valid_n, SCALE)
     else:
         keep = valid_n & (rn != pos)
         bias_new = tl.load(mask_ptr + pos).to(tl.float32) * 1.4426950408889634
         kf = k.to(tl.float32)
         vf = v.to(tl.float32)
-        for g in tl.static_range(GROUPS):
-            o = _vec_head(g, q, kf, vf, kn, vn, bias, bias_new, keep, SCALE).to(tl.bfloat16).to(tl.float32)
-            if g == 0:
-                share += tl.sum(w0.to(tl.float32) * o[None, :], 1)
-            elif g == 1:
-                share += tl.sum(w1.to(tl.float32) * o[None, :], 1)
-            elif g == 2:
-                share += tl.sum(w2.to(tl.float32) * o[None, :], 1)
-            else:
-                share += tl.sum(w3.to(tl.float32) * o[None, :], 1)
+    share = tl.zeros((R,), dtype=tl.float32)
+    for g in tl.static_range(GROUPS):  # query head g's output (rounded as the model's) times its W_o columns
+        if BODY == 1:
+            o = tl.sum(tl.where((rg == g)[:, None], att, 0.0), 0)
+        else:
+            o = _vec_head(g, q, kf, vf, kn, vn, bias, bias_new, keep, SCALE)
+        w = w0 if g == 0 else w1 if g == 1 else w2 if g == 2 else w3
+        share += tl.sum(w.to(tl.float32) * o.to(tl.bfloat16).to(tl.float32)[None, :], 1)
     tl.store(ws_ptr + kh * HID + rr, share)
     tl.debug_barrier()  # every thread's share stored before the arrival (which releases them)
     arrived = tl.atomic_add(cnt_ptr + c, 1, sem="acq_rel", scope="gpu")
@@ -318,10 +311,16 @@ def _attn_o(qkv_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, mask_ptr, wo_ptr, 
         tl.store(cnt_ptr + c, 0)
 
 
+def _shape(form: str) -> tuple[str, int, int]:
+    """(body, rows, warps) of a ``..._<body>_r<rows>w<warps>`` form name."""
+    body, tail = form.split("_")[-2:]
+    rows, warps = tail.removeprefix("r").split("w")
+    return body, int(rows), int(warps)
+
+
 def launch_attn_o(form: str, qkv, k, v, pos, cos, sin, mask, wo, ws, count, x, pdl: bool) -> None:
     """An ``attn_o_<body>_r<R>w<warps>`` form: the attention and the o projection in one kernel."""
-    body, tail = form.split("_")[2], form.split("_")[3]
-    rows, warps = int(tail[1:].split("w")[0]), int(tail.split("w")[1])
+    body, rows, warps = _shape(form)
     gdc = pdl and not INTERPRET
     kw = {"launch_pdl": True} if gdc else {}
     _attn_o[(KV_HEADS, HIDDEN // rows)](
@@ -332,11 +331,7 @@ def launch_attn_o(form: str, qkv, k, v, pos, cos, sin, mask, wo, ws, count, x, p
 
 def launch_tail(form: str, w, a, qkv, count, k, v, pos, cos, sin, mask, out, pdl: bool) -> None:
     """A ``tail_<body>_r<ROWS>w<warps>`` form: the q/k/v GEMV with the attention in its tail."""
-    body, rows, warps = (
-        form.split("_")[1],
-        int(form.split("_")[2][1:].split("w")[0]),
-        int(form.split("w")[-1]),
-    )
+    body, rows, warps = _shape(form)
     gdc = pdl and not INTERPRET
     kw = {"launch_pdl": True} if gdc else {}
     _qkv_tail[(QKV // rows,)](

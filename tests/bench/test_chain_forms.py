@@ -1,11 +1,10 @@
 """The kernels of ``bench/tma_gemv.py`` (GEMVs whose weights stream through TMA, from host-side
 tensor descriptors), ``bench/attention_chain.py`` (decode attention forms, alone, in the q/k/v
-GEMV's tail, and with the o projection in one kernel), ``bench/fused_mlp.py`` (an MLP block's two kernels, and one) and
-``bench/swap_rows.py`` (few-row GEMMs with W's rows on the product's wide side, whole and in K
-slices, float16 here) against torch in
-Triton's interpreter: each bench's ``--check``, every form it can run
-on the CPU reported ok (the tensor-core attention forms are checked on the GPU: the interpreter's
-bfloat16 dot is not the GPU's)."""
+GEMV's tail, and with the o projection in one kernel), ``bench/fused_mlp.py`` (an MLP block's two
+kernels, and one) and ``bench/swap_rows.py`` (few-row GEMMs with W's rows on the product's wide
+side, whole and in K slices, float16 here) against torch in Triton's interpreter: each bench's
+``--check``, every form it can run on the CPU reported ok (the tensor-core attention forms are
+checked on the GPU: the interpreter's bfloat16 dot is not the GPU's)."""
 
 from __future__ import annotations
 
