@@ -147,6 +147,17 @@ SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # ``fewe_16x64x128``): 0.929-0.932 ms a token against 0.788 at one row; with o on the K-sliced form
 # 0.973-0.977 (bench/results/decode/decode-llama-3.2-1b-b8-{default,o-sliced}-ab-h200-2026-12-01.json,
 # one machine), so an 8 MiB site keeps tune's tile.
+# A stacked gate/up (``Site.halves``: N the output's width, W of 2N rows, each block both halves of
+# its 64 columns) is wide by its 2N rows, as the measurements above counted it (Llama-3.2-1B's
+# 16384); by N it took the K-sliced form at the 0.58B Llama's 2 x 5632 (TinyLlama's shape) and
+# Qwen2.5-0.5B's 2 x 4864. On an H200 at 8 rows (bench/split_sweep.py,
+# bench/results/split-sweep-h200-2026-12-01.json: a chain of the model's layers, every GEMM its
+# own cold weights, dependent launch on, µs a GEMM): the 0.58B's gate/up whole 14.6-15.1 against
+# 18.6-18.9 in 2 slices (any other slice count 17.6-22.2), Qwen2.5-0.5B's 7.2 against 11.5; the
+# 0.58B's decode at 8 rows 0.542 ms a token against 0.557, one launch a layer fewer, the same
+# tokens (bench/results/decode/decode-llama-b8-halves-{wide,n}-h200-2026-12-01.json, one machine,
+# one command). Its bytes stay a half's against SMALL_WEIGHT_BYTES: Qwen3-0.6B's gate/up (2 x 3072
+# x 1024, 6 MiB a half) on tune's tile took 5.6 us against 9.0 in K slices and 6.5 whole.
 BUILT_IN_LARGE = ("fews_splitk_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128")
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
@@ -263,16 +274,18 @@ def large_weight_config(site: Site) -> TileConfig | None:
     (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary head),
     else None: what a candidates build offers ``aotpack tune`` beside CONFIGS, so that tune
     chooses among the forms a default build would run too."""
-    form = default_form(2, site.k, site.dtype, site.n)
+    form = default_form(2, site.k, site.dtype, site.n, site.halves)
     if form not in BUILT_IN_LARGE:
         return None
     return next(c for c in FEW_ROW_CONFIGS if c.name == form)
 
 
-def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
+def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False) -> str | None:
     """The form a default build runs a GEMM of ``rows`` x ``k`` (x ``n`` columns; 0: not known,
     which the built-in few-row entry does not take) in ``dtype`` with on ``DEFAULT_ARCH``; None:
-    the library."""
+    the library. ``halves``: the site computes both halves of a stacked weight of ``2 * n`` rows
+    (``Site.halves``, a gate/up): at 2-16 rows its tiles are ``2 * n`` rows of W for ``WIDE_N``
+    (see ``BUILT_IN_LARGE``)."""
     if dtype not in HALF:
         return None
     if rows == 1:
@@ -285,18 +298,19 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0) -> str | None:
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
         few = few_row_forms()
+        w_rows = 2 * n if halves else n  # the rows of W its tiles stream
         if not few.every_site:  # the built-in entry: vocabulary heads, small and large weights
             if n >= VOCAB_N:
                 return few.wide
             if n <= 0:
                 return None
-            if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:
+            if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:  # a half's bytes (see BUILT_IN_LARGE)
                 return few.long_k if k >= LONG_K else few.form
             form, long_k, wide = BUILT_IN_LARGE
-            return long_k if k >= LONG_K else wide if n >= WIDE_N else form
+            return long_k if k >= LONG_K else wide if w_rows >= WIDE_N else form
         if few.long_k is not None and k >= LONG_K:
             return few.long_k
-        if few.wide is not None and n >= WIDE_N:
+        if few.wide is not None and w_rows >= WIDE_N:
             return few.wide
         return few.form
     return None
@@ -337,7 +351,7 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
     one = default_form(1, site.k, site.dtype, site.n)
     if one is not None:
         forms.append(_variant(site, one))
-    few = default_form(2, site.k, site.dtype, site.n)
+    few = default_form(2, site.k, site.dtype, site.n, site.halves)
     if few is not None:
         forms.append(_variant(site, few) if few_row_forms().prologue else few)
     return tuple(forms)

@@ -19,7 +19,13 @@ from tests.conftest import HANG_GUARD_S, ROOT
 
 @pytest.mark.parametrize(
     "script,forms",
-    [("tma_gemv.py", 8), ("attention_chain.py", 4), ("fused_mlp.py", 6), ("swap_rows.py", 25)],
+    [
+        ("tma_gemv.py", 8),
+        ("attention_chain.py", 4),
+        ("fused_mlp.py", 6),
+        ("swap_rows.py", 25),
+        ("split_sweep.py", 8),
+    ],
 )
 def test_bench_kernels_match_torch_in_the_interpreter(script, forms):
     done = subprocess.run(

@@ -71,6 +71,12 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
             (8192, 2048, "fews_splitk_16x64x128"),  # its down (K >= LONG_K)
         ):
             assert default_form(rows, k, "bfloat16", n=n) == form, (k, n)
+        # a stacked gate/up is wide by its 2N rows of W (TinyLlama's 2 x 5632), its bytes a half's
+        # against 8 MiB (Qwen3-0.6B's 2 x 3072 x 1024 keeps tune's tile)
+        assert default_form(rows, 2048, "bfloat16", n=5632) == "fews_splitk_16x64x64"
+        assert default_form(rows, 2048, "bfloat16", n=5632, halves=True) == "fews_16x64x128"
+        assert default_form(rows, 1024, "bfloat16", n=3072, halves=True) == "gemv_16x32x128"
+        assert default_form(rows, 8192, "bfloat16", n=2048, halves=True) == "fews_splitk_16x64x128"
         assert default_form(rows, 768, "float32", n=2304) is None
     assert default_form(17, 768, "float16", n=2304) is None
     assert default_form(17, 2048, "bfloat16", n=16384) is None  # 17 rows and more: the library
@@ -504,6 +510,26 @@ def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatc
         assert not bad, bad[:3]
         compared = {c.name.removesuffix("/rerun") for c in comparisons}
         assert {n for m, n in expected if m == name} <= compared, (name, compared)
+
+
+def test_a_stacked_gate_up_takes_the_whole_swapped_form_by_its_rows(monkeypatch):
+    """``gemm_halves16.py``'s stacked gate/up (N 4608 a half, 9216 rows of W, 9 MiB a half): a
+    default build renders the one-row form and the whole swapped form for its buckets, not the
+    K-sliced one that N alone would take (and that measured 23-58% slower at 2 x 5632 and
+    2 x 4864 rows on an H200: ``gemm_defaults.BUILT_IN_LARGE``). (Rendering is recorded, not
+    compiled.)"""
+    from aot.codegen import gemm, generate
+    from aot.tracer import load_model_file, trace
+
+    offered: list[tuple] = []
+
+    def recording(site, buffers, known, ranges, configs=None):
+        offered.append((site.n, site.halves, tuple(c.name for c in configs or ())))
+        return []
+
+    monkeypatch.setattr(gemm, "render_candidates", recording)
+    generate(trace(load_model_file(MODELS / "gemm_halves16.py")), ARCHS)
+    assert offered == [(4608, True, ("vec_1x2x512", "fews_16x64x128"))]
 
 
 def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypatch):

@@ -24,7 +24,7 @@ import os
 
 import pytest
 
-from tests.gpu.test_gemm_norm_gpu import LAYERS, build_llama_1b, verified_kernels
+from tests.gpu.test_gemm_norm_gpu import LAYERS, build_llama_1b, build_shaped, verified_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -104,3 +104,26 @@ def test_the_built_in_entry_runs_the_swapped_forms_at_large_weights(llama_1b_bui
         assert (len(sliced), len(whole)) == (2 * rows, rows), (key, names)
     checked = {name for name in verified_kernels(path) if "_fews_" in name}
     assert checked, "no swapped form was checked"
+
+
+def test_a_stacked_gate_up_runs_whole_by_its_rows_and_verifies(tmp_path_factory):
+    """The 0.58B Llama's shapes (``bench/decode.py``'s ``llama``: TinyLlama's 2048 -> 2 x 5632,
+    float16; ``LAYERS`` layers) built by default: at 8 rows each layer's gate/up runs the whole
+    swapped form (its 11264 rows of W are wide: ``gemm_defaults.BUILT_IN_LARGE``), not the
+    K-sliced one, and ``aot.verify.device.verify`` passes with it."""
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV
+    from aot.schema import StepKind
+    from aot.tuning import tuned_plans
+
+    if os.environ.get(FEW_ROWS_ENV):
+        pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
+    path, compiled, arch = build_shaped("llama", tmp_path_factory, (1, 8))
+    programs = [compiled.program, *compiled.program.variants]
+    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
+    program = programs[index]
+    kernels = {k.id: k for k in program.kernels}
+    plan = tuned_plans(compiled.tuning, index, program, arch)[(8,)]
+    names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
+    assert sum(n == "gemm_halves_epilogue_fews_16x64x128" for n in names) == LAYERS, names
+    assert not any("halves" in n and "splitk" in n for n in names), names
+    assert "gemm_halves_epilogue_fews_16x64x128" in verified_kernels(path)
