@@ -112,7 +112,7 @@ for item in "$@"; do
     # SWAP_ARGS: its options, default --rows 8,1; e.g. "--set mma --rows 8 --chains q,o,d")
     # the swapped few-row forms' K slices against the GPU's wave of blocks, per site and as a
     # model's layers (bench/split_sweep.py)
-    split-sweep) cmd=(python3 bench/split_sweep.py --json "$RES/split-sweep.json") ;;
+    split-sweep) cmd=(python3 bench/split_sweep.py ${SPLIT_ARGS:-} --json "$RES/split-sweep.json") ;;
     swap-rows) cmd=(python3 bench/swap_rows.py ${SWAP_ARGS:---rows 8,1} --json "$RES/swap-rows.json") ;;
     # few-MODEL: decode-MODEL with the built-in table's few-row entry on (AOTPACK_FEW_ROWS=$FEW_ROWS,
     # default few_16x16x256; FEW_PROLOGUE=0: the plain forms after the norm kernels), bundles of its own

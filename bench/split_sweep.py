@@ -48,7 +48,11 @@ SITES = {
         10,
         [("qkv", 3072, 2048, False), ("o", 2048, 2048, False), ("gate_up", 5632, 2048, True), ("down", 2048, 5632, False)],
     ),
+    # sites of at most 8 MiB (tune's tiles by default), float16: GPT-2's and the example mlp's
+    "gpt2": (12, [("qkv", 2304, 768, False), ("o", 768, 768, False), ("fc", 3072, 768, False), ("proj", 768, 3072, False)]),
+    "mlp": (4, [("up", 4096, 1024, False), ("down", 1024, 4096, False)]),
 }  # fmt: skip
+FLOAT16 = ("gpt2", "mlp")  # models in float16; the rest bfloat16
 TARGETS = (0, 96, 132, 176, 264, 396, 528)  # blocks to aim for; 0: the build's SPLIT_TARGET_BLOCKS
 WHOLE = "fews_16x64x128"  # the swapped form without slices
 CHECK_TOLERANCE = 2e-2  # of the outputs' scale: fp16 inputs, fp32 sums in another order
@@ -131,8 +135,7 @@ def forms_of(n: int, k: int, halves: bool, dtype: str) -> list[tuple[str, int]]:
         out.append((before, 0))
     for split in ("fews_splitk_16x64x64", "fews_splitk_16x64x128"):
         out += [(split, t) for t in TARGETS if (split, t) not in out]
-    if (WHOLE, 0) not in out:
-        out.append((WHOLE, 0))
+    out += [(whole, 0) for whole in (WHOLE, "fews_16x64x64") if (whole, 0) not in out]
     return out
 
 
@@ -226,9 +229,10 @@ def layer_chain_us(layers: int, sites: list, picks: dict, dtype: torch.dtype) ->
 
 
 def sweep(args) -> dict:
-    dtype = torch.bfloat16
     rows, chains = [], []
-    for model, (layers, sites) in SITES.items():
+    for model in args.models.split(","):
+        layers, sites = SITES[model]
+        dtype = torch.float16 if model in FLOAT16 else torch.bfloat16
         picks: dict[str, dict[str, tuple[str, int]]] = {"default": {}, "fastest": {}}
         for site, n, k, halves in sites:
             best = None
@@ -309,6 +313,7 @@ def check() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--models", default=",".join(SITES), help=f"comma-separated, of {', '.join(SITES)}")
     ap.add_argument("--check", action="store_true", help="small shapes in the interpreter against torch")
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="compile every kernel for sm_ARCH")
     args = ap.parse_args()

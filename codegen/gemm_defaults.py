@@ -40,9 +40,11 @@ of two rows took 31-33 µs in the decode step, four rows per block 21.6 alone on
 ``_ln``: with the RMSNorm or LayerNorm kernel before it, and the residual add in that kernel,
 computed in the GEMV's prologue). At buckets of 2-16 rows (decode at batch 2-16, a small batch of
 a forward) a site of at most ``SMALL_WEIGHT_BYTES`` of weights runs the tensor-core tile tune
-chose there (``BUILT_IN_FEW_ROWS``; the norm kernel before it kept), and a vocabulary head
-``fewe_16x64x128`` (its ``_rms`` variant where an RMSNorm kernel made A); larger sites keep
-cuBLAS, which streamed Llama-3.2-1B's layer weights faster in a whole decode step. Attention
+chose there (``BUILT_IN_FEW_ROWS``; the norm kernel before it kept), or where that tile makes too
+few blocks (N below ``SLICED_SMALL_N``, K from ``SLICED_SMALL_K``) the swapped form in K slices
+(``SMALL_SLICED``); larger sites the swapped forms of ``BUILT_IN_LARGE`` (W's rows on the
+tensor-core product's wide side; a stacked gate/up counted by its 2N rows), and a vocabulary head
+``fewe_16x64x128`` (its ``_rms`` variant where an RMSNorm kernel made A). Attention
 sites without a mask (``aot.codegen.flash``) run its flash forms at up to ``ATTENTION_MAX_T``
 queries in float16. Every other site and bucket keeps the library. ``FEW_ROWS`` or
 ``AOTPACK_FEW_ROWS`` name forms for every site instead (or ``off``), for measuring. The table is
@@ -131,6 +133,22 @@ BUILT_IN_FEW_ROWS = (
     "fewe_16x64x128",
 )  # small, small at long K, vocabulary
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
+# ... but where N is under SLICED_SMALL_N and K at least SLICED_SMALL_K (a down projection: GPT-2's
+# mlp out, 3072 -> 768; the example mlp's 4096 -> 1024), tune's tile of 32 rows makes 24-32 blocks
+# each streaming long rows: the swapped form in K slices instead (SMALL_SLICED). On an H200 at 8
+# rows (bench/split_sweep.py, bench/results/split-sweep-small-h200-2026-12-01.json: a chain of the
+# model's layers, cold weights, dependent launch on, µs a GEMM): GPT-2's mlp out 6.1 against 8.5
+# on gemv_16x32x128, its four GEMMs a layer 186 against 216 us a step; the mlp's down 6.3-6.4
+# against 6.7 on splitk_16x64x128. In whole runs: GPT-2's decode at 8 rows 0.364 ms a token
+# against 0.405 (the same tokens; one launch a layer more, the slices' sum), the example mlp at
+# batch 8 2.4% faster paired in one process (12 of 12 rounds), batch 1 unchanged
+# (bench/results/decode/decode-gpt2-b8-small-{sliced,tile}-h200-2026-12-01.json,
+# bench/results/ab-mlp-small-sliced-h200-2026-12-01.json). Wider sites keep the tile: Llama-3.2-1B's
+# o (2048 -> 2048), faster alone in K slices (5.8 against 6.7 us), measured slower in the decode
+# (below); GPT-2's q/k/v, o and fc (K 768) and the mlp's up (K 1024) are fastest on it.
+SMALL_SLICED = "fews_splitk_16x64x64"
+SLICED_SMALL_N = 2048
+SLICED_SMALL_K = 2048
 # Larger weights (past SMALL_WEIGHT_BYTES, not a vocabulary head) at 2-16 rows: the swapped forms
 # (``fews_``: W's 64 rows on the tensor-core product's wide side, A's rows on its narrow side,
 # bench/swap_rows.py), K in slices where the tiles are few, the norm kernels before them kept:
@@ -305,6 +323,8 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             if n <= 0:
                 return None
             if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:  # a half's bytes (see BUILT_IN_LARGE)
+                if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:  # tune's tile: too few blocks
+                    return SMALL_SLICED
                 return few.long_k if k >= LONG_K else few.form
             form, long_k, wide = BUILT_IN_LARGE
             return long_k if k >= LONG_K else wide if w_rows >= WIDE_N else form

@@ -242,7 +242,7 @@ def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
     the built-in few-row form, the small mlp's weights being small), and the whole candidate set
     never; the table names exactly the candidates there are, each at its buckets."""
     from aot.codegen import gemm, gemm_render
-    from aot.codegen.gemm_defaults import BUILT_IN_FEW_ROWS, FORMS
+    from aot.codegen.gemm_defaults import BUILT_IN_FEW_ROWS, FORMS, SMALL_SLICED
 
     model = ROOT / "tests" / "data" / "small_mlp.py"
     rendered: list[tuple[str, ...]] = []
@@ -257,7 +257,7 @@ def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
     compiled = _build(model, tmp_path / "a.tpk", gemm_candidates=False)
     assert rendered and all(
         sum(n in FORMS for n in names) == 1
-        and set(names) - set(FORMS) <= set(BUILT_IN_FEW_ROWS)
+        and set(names) - set(FORMS) <= {*BUILT_IN_FEW_ROWS, SMALL_SLICED}
         and len(names) <= 2
         for names in rendered
     )

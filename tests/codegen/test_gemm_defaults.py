@@ -47,9 +47,10 @@ def mlp_bundle(built):
 def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_bundle):
     """models/mlp.py (float16, batch 1..64, 8 MiB weights per site): every GEMM site runs the
     default form at batch 1 (its ``_ln`` variant where a LayerNorm kernel made its A: the kernel
-    goes into its prologue) and the few-row entry's tile at batches 2-16 (the weights are small:
-    ``gemv_16x32x128``, ``splitk8_16x64x128`` at K 4096, the LayerNorm kernel kept), the library
-    at 32 and 64; the table is recorded for sm_90 and parses as tune's do."""
+    goes into its prologue) and the few-row entry's form at batches 2-16 (the weights are small:
+    ``gemv_16x32x128``, and at the down projection's N 1024 x K 4096 the swapped form in 8 K
+    slices, ``fews_splitk8_16x64x64``; the LayerNorm kernel kept), the library at 32 and 64; the
+    table is recorded for sm_90 and parses as tune's do."""
     from aot.buckets import buckets_by_program
     from aot.schema import TUNING_PATH
 
@@ -70,6 +71,7 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
             assert c.choice.endswith("_ln") == (bool(layer_norm) and "layer_norm" in layer_norm[-1].target)
         else:
             assert c.choice == form.replace("splitk_", "splitk8_")  # K 4096 in 8 slices
+            assert c.choice == ("fews_splitk8_16x64x64" if site.k == 4096 else "gemv_16x32x128")
         # only the default forms were compiled, each for its buckets
         (cand,) = [k for k in site.candidates if k.name == c.choice]
         assert c.sizes in cand.buckets

@@ -55,14 +55,16 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
     for rows in (2, 3, 8, 16):
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
         assert default_form(rows, 768, "float16", n=2304) == "gemv_16x32x128"  # GPT-2 q/k/v
-        assert default_form(rows, 3072, "float16", n=768) == "gemv_16x32x128"  # its mlp out
+        assert default_form(rows, 3072, "float16", n=768) == "fews_splitk_16x64x64"  # its mlp out: few tiles
         assert default_form(rows, 768, "float16", n=50257) == "fewe_16x64x128"  # its LM head
         assert default_form(rows, 2048, "bfloat16", n=128256) == "fewe_16x64x128"  # Llama's
         assert (
             default_form(rows, 4096, "bfloat16", n=128256) == "fewe_16x64x128"
         )  # a vocabulary at long K too
         assert default_form(rows, 1024, "float16", n=4096) == "gemv_16x32x128"  # the mlp's up, 8 MiB
-        assert default_form(rows, 4096, "float16", n=1024) == "splitk_16x64x128"  # its down: long K
+        assert default_form(rows, 4096, "float16", n=1024) == "fews_splitk_16x64x64"  # its down: few tiles
+        assert default_form(rows, 768, "float16", n=768) == "gemv_16x32x128"  # GPT-2's o: short K
+        assert default_form(rows, 4096, "float16", n=2048) == "fews_splitk_16x64x128"  # 16 MiB, long K
         assert default_form(rows, 2048, "bfloat16", n=2048) == "gemv_16x32x128"  # Llama-3.2-1B's o
         for k, n, form in (
             (2048, 2049, "fews_splitk_16x64x64"),  # just past 8 MiB

@@ -1,4 +1,4 @@
-"""GEMM candidate splitk8_16x64x128 (split-K reduce + epilogue): GEMM + bias.
+"""GEMM candidate fews_splitk8_16x64x64 (split-K reduce + epilogue): GEMM + bias.
 
 C[M, N] = A[M, K] @ W[N, K]^T with M = batch, N = 1024, K = 4096, float16;
 grid: ((batch + 15)//16, 16,)
@@ -9,12 +9,12 @@ import triton.language as tl
 
 BLOCK_M = tl.constexpr(16)
 BLOCK_N = tl.constexpr(64)
-BLOCK_K = tl.constexpr(128)
+BLOCK_K = tl.constexpr(64)
 GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
-def gemm_addmm_splitk8_16x64x128_reduce(ws_ptr, b0_ptr, out0_ptr, M):
+def gemm_addmm_fews_splitk8_16x64x64_reduce(ws_ptr, b0_ptr, out0_ptr, M):
     # ws_ptr: *fp32, b0_ptr: *fp16, out0_ptr: *fp16, M: i32
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()

@@ -1,21 +1,21 @@
-"""GEMM candidate gemv_16x32x128 (fused): GEMM + bias.
+"""GEMM candidate fews_splitk8_16x64x64 (split-K reduce + epilogue): GEMM + bias.
 
 C[M, N] = A[M, K] @ W[N, K]^T with M = batch*seq, N = 768, K = 3072, float16;
-grid: ((batch*seq + 15)//16, 24,)
+grid: ((batch*seq + 15)//16, 12,)
 """
 
 import triton
 import triton.language as tl
 
 BLOCK_M = tl.constexpr(16)
-BLOCK_N = tl.constexpr(32)
-BLOCK_K = tl.constexpr(128)
+BLOCK_N = tl.constexpr(64)
+BLOCK_K = tl.constexpr(64)
 GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
 
 
 @triton.jit
-def gemm_addmm_gemv_16x32x128(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
-    # a_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, out0_ptr: *fp16, M: i32
+def gemm_addmm_fews_splitk8_16x64x64_reduce(ws_ptr, b0_ptr, out0_ptr, M):
+    # ws_ptr: *fp32, b0_ptr: *fp16, out0_ptr: *fp16, M: i32
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -25,10 +25,7 @@ def gemm_addmm_gemv_16x32x128(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     mask_n = rn < 768
     mask = mask_m[:, None] & mask_n[None, :]
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, 3072, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rm[:, None] * 3072 + rk[None, :], mask=mask_m[:, None], other=0.0)
-        w0 = tl.load(w0_ptr + rn[None, :] * 3072 + rk[:, None], mask=mask_n[None, :], other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
-        acc0 = tl.dot(a, w0, acc0)
+    for ks in tl.static_range(8):  # fixed order: the same bits on every run
+        acc0 += tl.load(ws_ptr + ((ks * 1 + 0) * M + rm[:, None]) * 768 + rn[None, :], mask=mask, other=0.0)
     acc0 = acc0 + tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(out0_ptr + rm[:, None] * 768 + rn[None, :], acc0.to(tl.float16), mask=mask)
