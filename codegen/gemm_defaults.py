@@ -289,9 +289,10 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
 
 def large_weight_config(site: Site) -> TileConfig | None:
     """The config of the built-in entry's swapped form for ``site`` where it takes one
-    (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary head),
-    else None: what a candidates build offers ``aotpack tune`` beside CONFIGS, so that tune
-    chooses among the forms a default build would run too."""
+    (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary head;
+    ``SMALL_SLICED``: a smaller one of few tiles and long K), else None: what a candidates build
+    offers ``aotpack tune`` beside CONFIGS, so that tune chooses among the forms a default build
+    would run too."""
     form = default_form(2, site.k, site.dtype, site.n, site.halves)
     if form not in BUILT_IN_LARGE:
         return None
