@@ -155,6 +155,25 @@ def rendered(n: int, k: int, dtype: str, name: str, norm: bool = False, pdl: boo
     return tuple(out)
 
 
+def rendered_launches(kernels, bufs: dict, sizes: dict, pdl: bool) -> list:
+    """One launch each of ``kernels`` ((jit function, Rendered) pairs, as the codegen renders
+    them for a bundle): their buffer arguments from ``bufs``, their size arguments and grid at
+    ``sizes``; ``pdl``: launched under programmatic dependent launch."""
+    from aot.schema import Buf, Sym
+    from aot.symexpr import evaluate
+
+    run = []
+    for fn, r in kernels:
+        assert all(isinstance(a, (Buf, Sym)) for a in r.args)
+        args = [bufs[a.name] if isinstance(a, Buf) else evaluate(a.text, sizes) for a in r.args]
+        grid = tuple(evaluate(g, sizes) for g in r.grid)
+        kw = {"num_warps": r.num_warps, "num_stages": r.num_stages}
+        if pdl:
+            kw["launch_pdl"] = True
+        run.append(lambda fn=fn, grid=grid, args=args, kw=kw: fn[grid](*args, **kw))
+    return run
+
+
 def codegen_forms(n: int, k: int, dtype: str, norm: bool = False) -> list[dict]:
     """The codegen's forms at (N, K); ``norm``: also, per config with a row-norm variant, its
     ``_rms`` form (``norm: "fused"``) and the plain form after an RMSNorm kernel (``"kernel"``)."""
@@ -322,7 +341,6 @@ class Shape:
         return run
 
     def _rendered_launches(self, form: dict, i: int) -> list:
-        from aot.schema import Buf, Sym
         from aot.symexpr import evaluate
 
         sizes = {"s0": self.m}
@@ -341,15 +359,7 @@ class Shape:
         for name, spec in kernels[0][3].items():  # the split-K workspace: one per copy of W
             shape = [evaluate(d, sizes) for d in spec.shape]
             bufs[name] = self.scratch.setdefault((name, i, self.m), torch.empty(shape, device="cuda"))
-        for fn, r, _, _ in kernels:
-            args = [bufs[a.name] if isinstance(a, Buf) else evaluate(a.text, sizes) for a in r.args]
-            assert all(isinstance(a, (Buf, Sym)) for a in r.args)
-            grid = tuple(evaluate(g, sizes) for g in r.grid)
-            kw = {"num_warps": r.num_warps, "num_stages": r.num_stages}
-            if pdl:
-                kw["launch_pdl"] = True
-            run.append(lambda fn=fn, grid=grid, args=args, kw=kw: fn[grid](*args, **kw))
-        return run
+        return run + rendered_launches([(fn, r) for fn, r, _, _ in kernels], bufs, sizes, pdl)
 
     def result(self, form: dict) -> torch.Tensor:
         if form["mode"] == "atomic":

@@ -32,6 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.fewrow_sweep import rendered_launches  # noqa: E402  (a rendered form's launches)
+
 ROWS = 8
 # model -> (layers, [(site, N, K, halves)]): N is the output's width; a stacked gate/up is its two
 # halves (W of 2N rows), here written as gate + up (``_both_halves``) where the build's epilogue
@@ -150,7 +152,6 @@ class Layer:
         self.scratch: dict[str, torch.Tensor] = {}
 
     def launches(self, kernels: list, extra: dict, pdl: bool) -> list:
-        from aot.schema import Buf, Sym
         from aot.symexpr import evaluate
 
         sizes = {"s0": self.a.shape[0]}
@@ -158,16 +159,7 @@ class Layer:
         for name, spec in extra.items():  # the split's workspace
             shape = [evaluate(d, sizes) for d in spec.shape]
             bufs[name] = self.scratch.setdefault(name, torch.empty(shape, device=self.a.device))
-        run = []
-        for fn, r in kernels:
-            assert all(isinstance(x, (Buf, Sym)) for x in r.args)
-            args = [bufs[x.name] if isinstance(x, Buf) else evaluate(x.text, sizes) for x in r.args]
-            grid = tuple(evaluate(g, sizes) for g in r.grid)
-            kw = {"num_warps": r.num_warps, "num_stages": r.num_stages}
-            if pdl:
-                kw["launch_pdl"] = True
-            run.append(lambda fn=fn, grid=grid, args=args, kw=kw: fn[grid](*args, **kw))
-        return run
+        return rendered_launches(kernels, bufs, sizes, pdl)
 
     def error(self) -> float:
         """Largest difference from torch's product over the outputs' scale."""
