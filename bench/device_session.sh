@@ -19,9 +19,11 @@
 #     (the attention forms of 2026-12-01, the tail forms' new shapes among them; then the GPU suite)
 #   DEADLINE=580 SPLIT_ARGS="--models gpt2,mlp" bash bench/device_session.sh split-sweep:120
 #     (each site's swapped form at other K slices and whole, bench/split_sweep.py; default: every model)
-#   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8 bash bench/device_session.sh decode-qwen3-0.6b:250 gpu-all:320
-#     (next: Qwen3-0.6B's o and down take the K-sliced small form since 2026-12-01, not yet timed;
-#     then the GPU suite, whose whole run needs a command of its own: gpu-all:570)
+#   DEADLINE=340 DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV="PYTHONPATH=/tmp/abpatch:/tmp/site" bash bench/device_session.sh envdecode-qwen3-0.6b:155 decode-qwen3-0.6b:155
+#     (an A/B of a codegen constant without a switch: /tmp/abpatch/sitecustomize.py, written first
+#     in the same command, sets it in every process of the envdecode arm, e.g.
+#     "import aot.codegen.gemm_defaults as g; g.SLICED_SMALL_N = 0")
+#   DEADLINE=580 bash bench/device_session.sh gpu-all:570   (the whole GPU suite: a command of its own)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per

@@ -141,9 +141,10 @@ SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # on gemv_16x32x128, its four GEMMs a layer 186 against 216 us a step; the mlp's down 6.3-6.4
 # against 6.7 on splitk_16x64x128. In whole runs: GPT-2's decode at 8 rows 0.364 ms a token
 # against 0.405 (the same tokens; one launch a layer more, the slices' sum), the example mlp at
-# batch 8 2.4% faster paired in one process (12 of 12 rounds), batch 1 unchanged
-# (bench/results/decode/decode-gpt2-b8-small-{sliced,tile}-h200-2026-12-01.json,
-# bench/results/ab-mlp-small-sliced-h200-2026-12-01.json). Wider sites keep the tile: Llama-3.2-1B's
+# batch 8 2.4% faster paired in one process (12 of 12 rounds), batch 1 unchanged; Qwen3-0.6B's
+# decode at 8 rows (8 of its layers: o 2048 -> 1024, down 3072 -> 1024) 0.356 against 0.369, the
+# same tokens (bench/results/decode/decode-{gpt2-b8,qwen3-0.6b-8layers-b8}-small-{sliced,tile}-
+# h200-2026-12-01.json, bench/results/ab-mlp-small-sliced-h200-2026-12-01.json). Wider sites keep the tile: Llama-3.2-1B's
 # o (2048 -> 2048), faster alone in K slices (5.8 against 6.7 us), measured slower in the decode
 # (below); GPT-2's q/k/v, o and fc (K 768) and the mlp's up (K 1024) are fastest on it.
 SMALL_SLICED = "fews_splitk_16x64x64"
