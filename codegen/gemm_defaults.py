@@ -131,7 +131,7 @@ BUILT_IN_FEW_ROWS = (
     "gemv_16x32x128",
     "splitk_16x64x128",
     "fewe_16x64x128",
-)  # small, small at long K, vocabulary
+)  # small, small at long K (no site reaches it now: see SMALL_SLICED), vocabulary
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # ... but where N is under SLICED_SMALL_N and K at least SLICED_SMALL_K (a down projection: GPT-2's
 # mlp out, 3072 -> 768; the example mlp's 4096 -> 1024), tune's tile of 32 rows makes 24-32 blocks

@@ -46,8 +46,9 @@ def _no_override(monkeypatch):
 
 def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads():
     """With no form named for every site, a half-precision site at 2-16 rows runs tune's few-row
-    tile where its weight is at most 8 MiB (``gemv_16x32x128``, ``splitk_16x64x128`` at K from
-    4096: GPT-2's sites, the example mlp's, Llama-3.2-1B's o projection), ``fewe_16x64x128``
+    tile where its weight is at most 8 MiB (``gemv_16x32x128``: GPT-2's q/k/v, the example mlp's
+    up, Llama-3.2-1B's o projection), or where that tile makes too few blocks (N under 2048, K from
+    2048: GPT-2's mlp out, the mlp's down) the swapped form in K slices, ``fewe_16x64x128``
     where its N is a vocabulary's (an LM head, at any size), and past 8 MiB the swapped forms
     (``BUILT_IN_LARGE``: Llama-3.2-1B's q/k/v in K slices, gate/up whole, down in K slices); the
     library where N is not known, and in float32."""
