@@ -833,18 +833,19 @@ def test_every_form_takes_the_prologue(tmp_path):
     "forms, rows, expected",
     [
         # the tensor-core forms at every row count (2 skinny + 5 tiles + split-K per site, the
-        # narrow split-K at K = 4096 only), and at 16 rows the built-in entry's swapped form in K
-        # slices at the down projection (N 1024, K 4096: ``gemm_defaults.SMALL_SLICED``)
-        ("dot", ROWS, {1: 17, 16: 18, 37: 17}),
+        # narrow split-K at K = 4096 only)
+        ("dot", ROWS, 17),
         # the one-row forms at the bucket they are built for (4 per site, the one-row split-K at
         # K = 4096 only): in the interpreter each row of a larger M is a grid program of its own
         # (37 x 1024 for the up projection); every row count is checked on the small models above
-        ("one-row", (1,), {1: 9}),
+        ("one-row", (1,), 9),
     ],
 )
 def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, expected):
     """Linear(1024→4096) + bias + GELU and Linear(4096→1024) + bias: every candidate against its
-    reference (the shapes of models/mlp.py); ``expected``: the forms compared at each row count."""
+    reference (the shapes of models/mlp.py). ``expected`` counts the forms of CONFIGS; the
+    candidates build also offers the built-in entry's swapped form in K slices at the down
+    projection (N 1024, K 4096: ``gemm_defaults.SMALL_SLICED``), compared beside them."""
     from aot.codegen import gemm_render
     from aot.verify.interpret import interpret_in_subprocess
 
@@ -868,7 +869,9 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
     assert len(result) == len(rows)
     for sizes, comparisons in result.items():
         names = {c.name for c in comparisons if not c.name.endswith("/rerun")}
-        assert len(names) == expected[json.loads(sizes)["batch"]], (sizes, sorted(names))
+        built_in = {n for n in names if "/fews_" in n}
+        assert len(names - built_in) == expected, (sizes, sorted(names))
+        assert len(built_in) <= 1, sorted(built_in)
         assert all(c.ok for c in comparisons), [c for c in comparisons if not c.ok][:3]
 
 
