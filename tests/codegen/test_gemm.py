@@ -846,7 +846,7 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
     reference (the shapes of models/mlp.py). ``expected`` counts the forms of CONFIGS; the
     candidates build also offers the built-in entry's swapped form in K slices at the down
     projection (N 1024, K 4096: ``gemm_defaults.SMALL_SLICED``), compared beside them."""
-    from aot.codegen import gemm_render
+    from aot.codegen import gemm, gemm_render
     from aot.verify.interpret import interpret_in_subprocess
 
     model = tmp_path / "big.py"
@@ -857,12 +857,14 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
         .replace("nn.Linear(1024, 64)", "nn.Linear(4096, 1024)")
         .replace("(batch, 64)", "(batch, 1024)")
     )
-    saved = gemm_render.CONFIGS
-    gemm_render.CONFIGS = tuple(c for c in _all_configs(every=True) if c.dot == (forms == "dot"))
+    saved = gemm_render.CONFIGS, gemm.CONFIGS  # gemm's: beside a built-in entry's form (the down site)
+    gemm_render.CONFIGS = gemm.CONFIGS = tuple(
+        c for c in _all_configs(every=True) if c.dot == (forms == "dot")
+    )
     try:
         _build(model, tmp_path / "big.tpk")
     finally:
-        gemm_render.CONFIGS = saved
+        gemm_render.CONFIGS, gemm.CONFIGS = saved
     (result,) = interpret_in_subprocess(
         [(tmp_path / "big.tpk", model, [{"batch": m} for m in rows], None, True)], timeout=HANG_GUARD_S
     )
