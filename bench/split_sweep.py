@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.fewrow_sweep import rendered_launches  # noqa: E402  (a rendered form's launches)
 
-ROWS = 8
+ROWS = 8  # --rows: A's rows (17-32: the 32-row swapped forms, tune's tiles and the library beside)
 # model -> (layers, [(site, N, K, halves)]): N is the output's width; a stacked gate/up is its two
 # halves (W of 2N rows), here written as gate + up (``_both_halves``) where the build's epilogue
 # writes SiLU(gate) * up: after the K loop, either way
@@ -53,8 +53,14 @@ SITES = {
     # sites of at most 8 MiB (tune's tiles by default), float16: GPT-2's and the example mlp's
     "gpt2": (12, [("qkv", 2304, 768, False), ("o", 768, 768, False), ("fc", 3072, 768, False), ("proj", 768, 3072, False)]),
     "mlp": (4, [("up", 4096, 1024, False), ("down", 1024, 4096, False)]),
+    # vocabulary heads (two cold copies): Llama-3.2-1B's and GPT-2's
+    "llama-3.2-1b-head": (2, [("head", 128256, 2048, False)]),
+    "gpt2-head": (2, [("head", 50257, 768, False)]),
 }  # fmt: skip
-FLOAT16 = ("gpt2", "mlp")  # models in float16; the rest bfloat16
+FLOAT16 = ("gpt2", "mlp", "gpt2-head")  # models in float16; the rest bfloat16
+LIBRARY = "library"  # torch.mm (cuBLAS), as a bundle's library step runs the GEMM
+# at 17-32 rows, beside the swapped forms: the 16-row swapped form (two row blocks) and tune's tiles
+MANY_ROW_OTHERS = ("fews_16x64x128", "tile_16x64x128", "tile_64x32x128", "tile_64x64x128")
 TARGETS = (0, 96, 132, 176, 264, 396, 528)  # blocks to aim for; 0: the build's SPLIT_TARGET_BLOCKS
 WHOLE = "fews_16x64x128"  # the swapped form without slices
 CHECK_TOLERANCE = 2e-2  # of the outputs' scale: fp16 inputs, fp32 sums in another order
@@ -84,16 +90,18 @@ def rendered(n: int, k: int, halves: bool, dtype: str, form: str, target: int, p
     no function is loaded where ``pdl`` is None (compile-only)."""
     from aot.codegen.compile import load_function
     from aot.codegen.gemm_defaults import default_configs
+    from aot.codegen.gemm_forms import CONFIGS
     from aot.codegen.gemm_render import render_candidates
     from aot.codegen.render import kernel_id
 
-    cfg = next(c for c in default_configs() if c.name == form)
+    cfg = next(c for c in (*default_configs(), *CONFIGS) if c.name == form)
     if target:
         cfg = replace(cfg, target_blocks=target)
     if cfg.swap and cfg.split_k != 1:  # a split form at any K here (the build's takes K >= min_k)
         cfg = replace(cfg, min_k=min(cfg.min_k, k))
     site, buffers, known = _site(n, k, halves, dtype)
-    for got, kernels, extra, _ in render_candidates(site, buffers, known, {"s0": (1, 16)}, (cfg,)):
+    ranges = {"s0": (1, max(16, ROWS))}
+    for got, kernels, extra, _ in render_candidates(site, buffers, known, ranges, (cfg,)):
         if halves:
             changed = [replace(r, source=_both_halves(r.source)) for r in kernels]
             assert changed != kernels, "no store of the first half found"
@@ -130,8 +138,13 @@ def forms_of(n: int, k: int, halves: bool, dtype: str) -> list[tuple[str, int]]:
     forms (K steps of 64 and of 128) at each of TARGETS, and the whole swapped form."""
     from aot.codegen.gemm_defaults import default_form
 
-    default = default_form(ROWS, k, dtype, n, halves)
+    default = default_form(ROWS, k, dtype, n, halves) or LIBRARY
     out = [(default, 0)]
+    if ROWS > 16:  # the 32-row forms at the build's split and a wave or two, tune's tiles, the library
+        for split in ("fews_splitk_32x64x64", "fews_splitk_32x64x128"):
+            out += [(split, t) for t in (0, 132) if (split, t) not in out]
+        others = ("fews_32x64x128", *MANY_ROW_OTHERS, LIBRARY)
+        return out + [(form, 0) for form in others if (form, 0) not in out]
     before = default_form(ROWS, k, dtype, n)
     if before != default:
         out.append((before, 0))
@@ -154,6 +167,12 @@ class Layer:
     def launches(self, kernels: list, extra: dict, pdl: bool) -> list:
         from aot.symexpr import evaluate
 
+        if kernels == LIBRARY:  # one torch.mm into the outputs (a stacked W: both halves)
+            out = self.scratch.setdefault(
+                "mm", torch.empty(self.a.shape[0], self.w.shape[0], device=self.a.device, dtype=self.a.dtype)
+            )
+            return [lambda: torch.mm(self.a, self.w.t(), out=out)]
+
         sizes = {"s0": self.a.shape[0]}
         bufs = {"a": self.a, "w": self.w, **self.outs}
         for name, spec in extra.items():  # the split's workspace
@@ -168,6 +187,9 @@ class Layer:
             w = w[: self.n] + w[self.n :]
         ref = self.a.float() @ w.t()
         got = self.outs["o0"].float()
+        if "mm" in self.scratch:  # the library's product: both halves, side by side
+            mm = self.scratch["mm"].float()
+            got = mm[:, : self.n] + mm[:, self.n :] if self.halves else mm
         return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
 
 
@@ -177,8 +199,15 @@ def _graph_us(runs: list) -> float:
     return timing.graph_us(lambda: [r() for r in runs], torch.device("cuda"), 1, 20)
 
 
+def _kernels(n: int, k: int, halves: bool, dtype: str, form: str, target: int, pdl: bool | None):
+    """``rendered``'s (name, kernels, workspaces), or the library's (``LIBRARY`` as its kernels)."""
+    if form == LIBRARY:
+        return LIBRARY, LIBRARY, {}
+    return rendered(n, k, halves, dtype, form, target, pdl)
+
+
 def time_site(layers: int, n: int, k: int, halves: bool, dtype: torch.dtype, form: str, target: int) -> dict:
-    got = rendered(n, k, halves, DTYPES[dtype], form, target, True)
+    got = _kernels(n, k, halves, DTYPES[dtype], form, target, True)
     if got is None:
         return {"form": form, "target": target, "error": "no kernel at this shape"}
     label, kernels, extra = got
@@ -187,9 +216,11 @@ def time_site(layers: int, n: int, k: int, halves: bool, dtype: torch.dtype, for
     runs = [r for layer in chain for r in layer.launches(kernels, extra, True)]
     us = _graph_us(runs) / layers
     err = chain[0].error()
-    blocks = 1
-    for g in kernels[0][1].grid:
-        blocks *= int(g) if str(g).isdigit() else 1
+    blocks = 0
+    if kernels != LIBRARY:
+        blocks = 1
+        for g in kernels[0][1].grid:
+            blocks *= int(g) if str(g).isdigit() else 1
     nbytes = n * k * (2 if halves else 1) * dtype.itemsize
     del chain
     torch.cuda.empty_cache()
@@ -209,7 +240,7 @@ def layer_chain_us(layers: int, sites: list, picks: dict, dtype: torch.dtype) ->
     a_by_k: dict[int, torch.Tensor] = {}
     for _ in range(layers):
         for site, n, k, halves in sites:
-            _, kernels, extra = rendered(n, k, halves, DTYPES[dtype], *picks[site], True)
+            _, kernels, extra = _kernels(n, k, halves, DTYPES[dtype], *picks[site], True)
             a = a_by_k.setdefault(k, torch.randn(ROWS, k, device="cuda", dtype=dtype))
             layer = Layer(n, k, halves, a)
             keep.append(layer)
@@ -259,6 +290,8 @@ def compile_only(arch: int) -> int:
     for _, (_, sites) in SITES.items():
         for _, n, k, halves in sites:
             for form, target in forms_of(n, k, halves, "bfloat16"):
+                if form == LIBRARY:
+                    continue
                 got = rendered(n, k, halves, "bfloat16", form, target, None)
                 if got is None:
                     continue
@@ -282,33 +315,45 @@ def compile_only(arch: int) -> int:
 def check() -> int:
     """In Triton's interpreter (TRITON_INTERPRET=1, CPU tensors, float16): every (form, target)
     at small shapes against torch's product."""
+    global ROWS
     worst, count = 0.0, 0
+    cases = []
     for _, n, k, halves in CHECK_SITES:
         tiles = -(-n // 64)  # targets of 2 and 3 slices, and the build's (K's limit: 8)
-        for form, target in [("fews_splitk_16x64x64", t) for t in (0, 2 * tiles, 3 * tiles)] + [(WHOLE, 0)]:
-            got = rendered(n, k, halves, "float16", form, target, False)
-            if got is None:
-                continue
-            label, kernels, extra = got
-            a = torch.randn(ROWS, k, dtype=torch.float16)
-            layer = Layer(n, k, halves, a)
-            for run in layer.launches(kernels, extra, False):
-                run()
-            err = layer.error()
-            worst, count = max(worst, err), count + 1
-            verdict = "ok" if err < CHECK_TOLERANCE else "WRONG"
-            print(f"{label:28s} {n}x{k}{' halves' if halves else ''}: max rel diff {err:.2e}: {verdict}")
+        forms = [("fews_splitk_16x64x64", t) for t in (0, 2 * tiles, 3 * tiles)] + [(WHOLE, 0)]
+        cases += [(8, n, k, halves, form, target) for form, target in forms]
+    n, k, halves = CHECK_SITES[0][1:]  # the 32-row forms at 20 rows: rows past A's masked
+    cases += [(20, n, k, halves, "fews_splitk_32x64x64", 0), (20, n, k, halves, "fews_32x64x128", 0)]
+    for rows, n, k, halves, form, target in cases:
+        ROWS = rows
+        got = rendered(n, k, halves, "float16", form, target, False)
+        if got is None:
+            continue
+        label, kernels, extra = got
+        a = torch.randn(ROWS, k, dtype=torch.float16)
+        layer = Layer(n, k, halves, a)
+        for run in layer.launches(kernels, extra, False):
+            run()
+        err = layer.error()
+        worst, count = max(worst, err), count + 1
+        verdict = "ok" if err < CHECK_TOLERANCE else "WRONG"
+        print(f"{label:28s} {rows} x {n}x{k}{' halves' if halves else ''}: max rel diff {err:.2e}: {verdict}")
     print(f"{count} forms, worst {worst:.2e}")
     return 0 if count and worst < CHECK_TOLERANCE else 1
 
 
 def main() -> None:
+    global ROWS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--models", default=",".join(SITES), help=f"comma-separated, of {', '.join(SITES)}")
+    ap.add_argument(
+        "--rows", type=int, default=ROWS, help=f"A's rows [default: {ROWS}; 17-32: the 32-row forms]"
+    )
     ap.add_argument("--check", action="store_true", help="small shapes in the interpreter against torch")
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="compile every kernel for sm_ARCH")
     args = ap.parse_args()
+    ROWS = args.rows
     if args.check:
         sys.exit(check())
     if args.compile_only:

@@ -42,7 +42,7 @@ from dataclasses import replace
 from aot.buckets import bucket_sizes
 from aot.codegen import index as ix
 from aot.codegen.flash import AttnSite, attention_buckets, find_attention_sites, render_attention
-from aot.codegen.gemm_defaults import large_weight_config
+from aot.codegen.gemm_defaults import swapped_configs
 from aot.codegen.gemm_epilogue import NoSite
 from aot.codegen.gemm_forms import (
     CONFIGS,
@@ -108,11 +108,9 @@ def add_gemm_alternatives(
         bases = {base_form(c) for c in chosen}
         every = configs if configs is not None else (*CONFIGS, *FEW_ROW_CONFIGS)
         named = tuple(c for c in every if c.name in bases) if chosen else None
-        if (
-            pick is None and configs is None
-        ):  # a candidates build: also the built-in entry's large-weight form
-            large = large_weight_config(site)
-            named = (*CONFIGS, large) if large is not None else None
+        if pick is None and configs is None:  # a candidates build: also the built-in entry's swapped forms
+            swapped = swapped_configs(site)
+            named = (*CONFIGS, *swapped) if swapped else None
         try:
             forms = render_candidates(site, program.buffers, known, ranges, named)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue

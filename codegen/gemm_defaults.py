@@ -129,9 +129,9 @@ WIDE_N = 8192
 #   (fewrow_sweep).
 BUILT_IN_FEW_ROWS = (
     "gemv_16x32x128",
-    "splitk_16x64x128",
+    None,
     "fewe_16x64x128",
-)  # small, small at long K (no site reaches it now: see SMALL_SLICED), vocabulary
+)  # small, small at long K (none: a small site of K >= LONG_K has N <= 1024, SMALL_SLICED), vocabulary
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # ... but where N is under SLICED_SMALL_N and K at least SLICED_SMALL_K (a down projection: GPT-2's
 # mlp out, 3072 -> 768; the example mlp's 4096 -> 1024), tune's tile of 32 rows makes 24-32 blocks
@@ -147,7 +147,6 @@ SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # h200-2026-12-01.json, bench/results/ab-mlp-small-sliced-h200-2026-12-01.json). Wider sites keep the tile: Llama-3.2-1B's
 # o (2048 -> 2048), faster alone in K slices (5.8 against 6.7 us), measured slower in the decode
 # (below); GPT-2's q/k/v, o and fc (K 768) and the mlp's up (K 1024) are fastest on it.
-SMALL_SLICED = "fews_splitk_16x64x64"
 SLICED_SMALL_N = 2048
 SLICED_SMALL_K = 2048
 # Larger weights (past SMALL_WEIGHT_BYTES, not a vocabulary head) at 2-16 rows: the swapped forms
@@ -178,6 +177,13 @@ SLICED_SMALL_K = 2048
 # one command). Its bytes stay a half's against SMALL_WEIGHT_BYTES: Qwen3-0.6B's gate/up (2 x 3072
 # x 1024, 6 MiB a half) on tune's tile took 5.6 us against 9.0 in K slices and 6.5 whole.
 BUILT_IN_LARGE = ("fews_splitk_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128")
+SMALL_SLICED = BUILT_IN_LARGE[0]
+# 17-32 rows (decode at batch 17-32, a forward's small batch): the same swapped forms with A's 32
+# rows on the product's narrow side (``gemm_forms.SWAPPED_32``), by the same rules of K and N as
+# BUILT_IN_LARGE at every half-precision site, vocabulary heads on the whole form; the norm kernels
+# before them kept. Past SWAPPED_ROWS_MAX rows, the library.
+BUILT_IN_32 = ("fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
+SWAPPED_ROWS_MAX = 32
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -288,16 +294,23 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
     return ATTENTION_SHORT if seq < ATTENTION_WIDE_T else ATTENTION_WIDE
 
 
-def large_weight_config(site: Site) -> TileConfig | None:
-    """The config of the built-in entry's swapped form for ``site`` where it takes one
-    (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary head;
-    ``SMALL_SLICED``: a smaller one of few tiles and long K), else None: what a candidates build
-    offers ``aotpack tune`` beside CONFIGS, so that tune chooses among the forms a default build
-    would run too."""
-    form = default_form(2, site.k, site.dtype, site.n, site.halves)
-    if form not in BUILT_IN_LARGE:
-        return None
-    return next(c for c in FEW_ROW_CONFIGS if c.name == form)
+def swapped_configs(site: Site) -> tuple[TileConfig, ...]:
+    """The configs of the built-in entry's swapped forms for ``site``: at 2-16 rows where it takes
+    one (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary
+    head; ``SMALL_SLICED``: a smaller one of few tiles and long K), at 17-SWAPPED_ROWS_MAX rows
+    (``BUILT_IN_32``) at every half-precision site: what a candidates build offers ``aotpack tune``
+    beside CONFIGS, so that tune chooses among the forms a default build would run too."""
+    forms = (
+        default_form(2, site.k, site.dtype, site.n, site.halves),
+        default_form(FEW_ROWS_MAX + 1, site.k, site.dtype, site.n, site.halves),
+    )
+    return tuple(
+        c
+        for form in forms
+        if form in (*BUILT_IN_LARGE, *BUILT_IN_32)
+        for c in FEW_ROW_CONFIGS
+        if c.name == form
+    )
 
 
 def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False) -> str | None:
@@ -327,15 +340,23 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:  # a half's bytes (see BUILT_IN_LARGE)
                 if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:  # tune's tile: too few blocks
                     return SMALL_SLICED
-                return few.long_k if k >= LONG_K else few.form
-            form, long_k, wide = BUILT_IN_LARGE
-            return long_k if k >= LONG_K else wide if w_rows >= WIDE_N else form
+                return few.form
+            return _swapped(BUILT_IN_LARGE, k, w_rows)
         if few.long_k is not None and k >= LONG_K:
             return few.long_k
         if few.wide is not None and w_rows >= WIDE_N:
             return few.wide
         return few.form
+    if FEW_ROWS_MAX < rows <= SWAPPED_ROWS_MAX and n > 0:
+        return BUILT_IN_32[2] if n >= VOCAB_N else _swapped(BUILT_IN_32, k, 2 * n if halves else n)
     return None
+
+
+def _swapped(forms: tuple[str, str, str], k: int, w_rows: int) -> str:
+    """Of swapped ``forms`` (K-sliced, split-K at long K, whole at wide N), the one for a site of
+    ``k`` and ``w_rows`` rows of W."""
+    sliced, long_k, wide = forms
+    return long_k if k >= LONG_K else wide if w_rows >= WIDE_N else sliced
 
 
 FORMS = (
@@ -376,6 +397,9 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
     few = default_form(2, site.k, site.dtype, site.n, site.halves)
     if few is not None:
         forms.append(_variant(site, few) if few_row_forms().prologue else few)
+    more = default_form(FEW_ROWS_MAX + 1, site.k, site.dtype, site.n, site.halves)
+    if more is not None:  # 17-SWAPPED_ROWS_MAX rows: a swapped form (none has a prologue variant)
+        forms.append(more)
     return tuple(forms)
 
 

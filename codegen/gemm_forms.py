@@ -172,24 +172,13 @@ _FEW_ROW_BASE: tuple[TileConfig, ...] = (
         target_blocks=512,
     ),
 )
-FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
-    *_FEW_ROW_BASE,
-    *VECM_CONFIGS,
-    # The same tiles (``fewe_``) with W's first two K steps loaded before the wait for the kernel
-    # before, as the one-row forms load all of theirs, and their ``_rms`` forms in one pass over
-    # A (``norm_one_pass``): the two costs the forms above pay in a decode step (RESULTS.md, the
-    # decode at 1 and 8 rows of 2026-11-29). ``fewp_16x32x256``: the one pass alone, W after the
-    # wait, so that a sweep tells the two apart.
-    *(
-        replace(c, name="fewe_" + c.name.removeprefix("few_"), w_early=2, norm_one_pass=c.row_norm)
-        for c in _FEW_ROW_BASE
-    ),
-    # W's rows on the product's wide side (``swap``; bench/swap_rows.py): 64 rows of W per block
-    # (one warpgroup's ``wgmma`` on sm_90), the first K step loaded before the wait. No ``_rms``
-    # forms: Llama-3.2-1B's gate/up with the RMSNorm in the one-pass prologue took 27.0 us at 8
-    # rows where the plain form took 19.5 after a 1.6 us norm kernel (H200, dependent launch off;
-    # bench/results/profiles/decode-llama-3.2-1b-b8-fews-{split-rms,plain}-nopdl-h200-2026-11-30-night.txt),
-    # and the decode step 1.029 ms a token against 0.913 (dependent launch on).
+# W's rows on the product's wide side (``swap``; bench/swap_rows.py): 64 rows of W per block
+# (one warpgroup's ``wgmma`` on sm_90), the first K step loaded before the wait. No ``_rms``
+# forms: Llama-3.2-1B's gate/up with the RMSNorm in the one-pass prologue took 27.0 us at 8
+# rows where the plain form took 19.5 after a 1.6 us norm kernel (H200, dependent launch off;
+# bench/results/profiles/decode-llama-3.2-1b-b8-fews-{split-rms,plain}-nopdl-h200-2026-11-30-night.txt),
+# and the decode step 1.029 ms a token against 0.913 (dependent launch on).
+SWAPPED: tuple[TileConfig, ...] = (
     TileConfig(
         "fews_16x64x64", 16, 64, 64, num_warps=4, num_stages=6, min_m=2, max_m=16, w_early=1, swap=True
     ),
@@ -225,6 +214,26 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
         w_early=1,
         swap=True,
     ),
+)
+# The same forms at 17-32 rows (decode at batch 17-32: ``gemm_defaults.SWAPPED_ROWS_MAX``): A's 32
+# rows on the product's narrow side (``wgmma``'s N of 32), W's stream as at 2-16 rows.
+SWAPPED_32: tuple[TileConfig, ...] = tuple(
+    replace(c, name=c.name.replace("_16x", "_32x"), block_m=32, min_m=17, max_m=32) for c in SWAPPED
+)
+FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
+    *_FEW_ROW_BASE,
+    *VECM_CONFIGS,
+    # The same tiles (``fewe_``) with W's first two K steps loaded before the wait for the kernel
+    # before, as the one-row forms load all of theirs, and their ``_rms`` forms in one pass over
+    # A (``norm_one_pass``): the two costs the forms above pay in a decode step (RESULTS.md, the
+    # decode at 1 and 8 rows of 2026-11-29). ``fewp_16x32x256``: the one pass alone, W after the
+    # wait, so that a sweep tells the two apart.
+    *(
+        replace(c, name="fewe_" + c.name.removeprefix("few_"), w_early=2, norm_one_pass=c.row_norm)
+        for c in _FEW_ROW_BASE
+    ),
+    *SWAPPED,
+    *SWAPPED_32,
     TileConfig(
         "fewp_16x32x256",
         16,

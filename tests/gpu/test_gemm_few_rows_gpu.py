@@ -24,7 +24,7 @@ import os
 
 import pytest
 
-from tests.gpu.test_gemm_norm_gpu import LAYERS, build_llama_1b, build_shaped, verified_kernels
+from tests.gpu.test_gemm_norm_gpu import LAYERS, build_llama_1b, build_shaped, decode_plans, verified_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -42,24 +42,15 @@ def llama_1b_few(tmp_path_factory, request):
 
 
 def test_decode_plan_runs_the_few_row_forms(llama_1b_few):
-    from aot.schema import StepKind
-    from aot.tuning import tuned_plans
-
     _, compiled, arch, forms = llama_1b_few
-    programs = [compiled.program, *compiled.program.variants]
-    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
-    program = programs[index]
-    kernels = {k.id: k for k in program.kernels}
-    plans = tuned_plans(compiled.tuning, index, program, arch)
+    program, plans = decode_plans(compiled, arch)
     launches = {}
-    for key, plan in plans.items():
-        names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
-        assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plan), key
+    for key, names in plans.items():
         launches[key] = sum(not n.endswith("_reduce") for n in names)  # a split-K form's reduce apart
         if key != (1,):
             assert sum(n.startswith("gemm_norm_") and n.endswith(forms) for n in names) == 2 * LAYERS
             if forms[0].startswith("fewe_"):  # the early-W forms' cubins wait under dependent launch
-                early = [kernels[s.target] for s in plan if s.kind == StepKind.KERNEL]
+                early = [k for k in program.kernels if k.name in names]
                 assert any(k.name.endswith(forms) and k.dependent_launch for k in early), key
     assert sorted(launches) == [(1,), *((b,) for b in BATCHES)]
     assert len(set(launches.values())) == 1, launches
@@ -73,37 +64,36 @@ def test_verify_passes_with_the_few_row_forms(llama_1b_few):
 
 @pytest.fixture(scope="module")
 def llama_1b_built_in(tmp_path_factory):
-    """Built with the built-in entry (no forms named): past 8 MiB, the swapped forms."""
+    """Built with the built-in entry (no forms named): past 8 MiB the swapped forms at 2-16 rows,
+    at every site at 17-32 rows."""
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV
 
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
-    return build_llama_1b(tmp_path_factory, (1, *BATCHES))
+    return build_llama_1b(tmp_path_factory, (1, *BATCHES, 32))
 
 
 def test_the_built_in_entry_runs_the_swapped_forms_at_large_weights(llama_1b_built_in):
     """At 2 and 8 rows the decode plan runs the built-in entry's swapped forms
     (``gemm_defaults.BUILT_IN_LARGE``) at q/k/v (12 MiB, in K slices), gate/up (64 MiB) and down
-    (32 MiB, split-K), each after the norm kernel where one feeds it, no cuBLAS call; and
-    ``aot.verify.device.verify`` passes with them (every kernel against its reference steps on the
-    GPU, bfloat16 tolerance)."""
-    from aot.schema import StepKind
-    from aot.tuning import tuned_plans
-
+    (32 MiB, split-K); at 32 rows their 32-row forms (``BUILT_IN_32``) at those and at o (8 MiB,
+    in K slices), the LM head on the whole form; each after the norm kernel where one feeds it, no
+    cuBLAS call; and ``aot.verify.device.verify`` passes with them (every kernel against its
+    reference steps on the GPU, bfloat16 tolerance)."""
     path, compiled, arch = llama_1b_built_in
-    programs = [compiled.program, *compiled.program.variants]
-    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
-    program = programs[index]
-    kernels = {k.id: k for k in program.kernels}
-    for key, plan in tuned_plans(compiled.tuning, index, program, arch).items():
-        names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
-        assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plan), key
-        sliced = [n for n in names if "_fews_splitk" in n and n.endswith("_partial")]  # q/k/v, down
-        whole = [n for n in names if n.endswith("_fews_16x64x128")]  # gate/up
+    _, plans = decode_plans(compiled, arch)
+    assert sorted(plans) == [(1,), (2,), (8,), (32,)]
+    for key, names in plans.items():
+        tile = "32x64x" if key == (32,) else "16x64x"
+        sliced = [n for n in names if "_fews_splitk" in n and tile in n and n.endswith("_partial")]
+        gate_up = [n for n in names if n.startswith("gemm_halves") and n.endswith(f"_fews_{tile}128")]
         rows = 0 if key == (1,) else LAYERS
-        assert (len(sliced), len(whole)) == (2 * rows, rows), (key, names)
+        assert len(gate_up) == rows, (key, names)
+        assert len(sliced) == (3 if key == (32,) else 2) * rows, (key, names)  # q/k/v, down (and o)
+        if key == (32,):
+            assert sum(n.endswith("_fews_32x64x128") for n in names) == LAYERS + 1, names  # the LM head
     checked = {name for name in verified_kernels(path) if "_fews_" in name}
-    assert checked, "no swapped form was checked"
+    assert any("_32x64x" in n for n in checked) and any("_16x64x" in n for n in checked), checked
 
 
 def test_a_stacked_gate_up_runs_whole_by_its_rows_and_verifies(tmp_path_factory):
@@ -112,18 +102,11 @@ def test_a_stacked_gate_up_runs_whole_by_its_rows_and_verifies(tmp_path_factory)
     swapped form (its 11264 rows of W are wide: ``gemm_defaults.BUILT_IN_LARGE``), not the
     K-sliced one, and ``aot.verify.device.verify`` passes with it."""
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV
-    from aot.schema import StepKind
-    from aot.tuning import tuned_plans
 
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
     path, compiled, arch = build_shaped("llama", tmp_path_factory, (1, 8))
-    programs = [compiled.program, *compiled.program.variants]
-    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
-    program = programs[index]
-    kernels = {k.id: k for k in program.kernels}
-    plan = tuned_plans(compiled.tuning, index, program, arch)[(8,)]
-    names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
+    names = decode_plans(compiled, arch)[1][(8,)]
     assert sum(n == "gemm_halves_epilogue_fews_16x64x128" for n in names) == LAYERS, names
     assert not any("halves" in n and "splitk" in n for n in names), names
     assert "gemm_halves_epilogue_fews_16x64x128" in verified_kernels(path)

@@ -80,24 +80,35 @@ def llama_1b(tmp_path_factory):
     return build_llama_1b(tmp_path_factory, (1, 2))
 
 
-def test_decode_plan_runs_seven_kernels_per_layer(llama_1b):
+LIBRARY_GEMMS = ("aten.mm.default", "aten.addmm.default")
+
+
+def decode_plans(compiled, arch: str):
+    """(the decode program, {bucket key: its plan's kernel names in order}) of a causal LM's
+    bundle (the program whose input is one position), each plan checked to call no library GEMM."""
     from aot.schema import StepKind
     from aot.tuning import tuned_plans
 
-    _, compiled, arch = llama_1b
     programs = [compiled.program, *compiled.program.variants]
     (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
     program = programs[index]
     kernels = {k.id: k for k in program.kernels}
-    plan = tuned_plans(compiled.tuning, index, program, arch)[(1,)]
-    names = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
-    assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in plan)
+    out = {}
+    for key, plan in tuned_plans(compiled.tuning, index, program, arch).items():
+        assert not any(s.target in LIBRARY_GEMMS for s in plan), key
+        out[key] = [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
+    return program, out
+
+
+def test_decode_plan_runs_seven_kernels_per_layer(llama_1b):
+    from aot.schema import StepKind
+
+    _, compiled, arch = llama_1b
+    program, plans = decode_plans(compiled, arch)
+    names = plans[(1,)]
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == LAYERS
     assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == LAYERS  # q/k/v
-    library = sum(
-        s.kind == StepKind.KERNEL or s.target in ("aten.mm.default", "aten.addmm.default")
-        for s in program.steps
-    )
+    library = sum(s.kind == StepKind.KERNEL or s.target in LIBRARY_GEMMS for s in program.steps)
     assert library - len(names) == 3 * LAYERS  # 10 per layer before, 7 now
 
 

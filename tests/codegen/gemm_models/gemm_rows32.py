@@ -1,0 +1,29 @@
+"""GEMMs at 17-32 rows: h = r + Linear(4096 → 96)(x), then Linear(96 → 64)(h) + Linear(1024 → 64)(z),
+float16, batch buckets 1, 8 and 32 (paddable): at 32 rows the built-in entry's 32-row swapped forms
+(``gemm_defaults.BUILT_IN_32``), split-K at K = 4096 with the residual add, K in slices at
+K = 1024; K = 96 is too short for either (the library)."""
+
+from torch import nn
+
+from aot import Dim, Input, ModelSpec
+
+K, N, OUT, SIDE = 4096, 96, 64, 1024
+
+
+class Down(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Linear(K, N, bias=False)
+        self.out = nn.Linear(N, OUT, bias=False)
+        self.side = nn.Linear(SIDE, OUT, bias=False)
+
+    def forward(self, x, r, z):  # x: [B, K], r: [B, N], z: [B, SIDE]
+        return self.out(r + self.down(x)) + self.side(z)
+
+
+batch = Dim("batch", 1, 32, buckets=(1, 8, 32), paddable=True)
+spec = ModelSpec(
+    module=Down,
+    inputs=[Input("x", (batch, K)), Input("r", (batch, N)), Input("z", (batch, SIDE))],
+    dtype="float16",
+)
