@@ -323,7 +323,10 @@ def check() -> int:
         forms = [("fews_splitk_16x64x64", t) for t in (0, 2 * tiles, 3 * tiles)] + [(WHOLE, 0)]
         cases += [(8, n, k, halves, form, target) for form, target in forms]
     n, k, halves = CHECK_SITES[0][1:]  # the 32-row forms at 20 rows: rows past A's masked
-    cases += [(20, n, k, halves, "fews_splitk_32x64x64", 0), (20, n, k, halves, "fews_32x64x128", 0)]
+    cases += [
+        (20, n, k, halves, form, 0)
+        for form in ("fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
+    ]
     for rows, n, k, halves, form, target in cases:
         ROWS = rows
         got = rendered(n, k, halves, "float16", form, target, False)

@@ -178,11 +178,20 @@ SLICED_SMALL_K = 2048
 # x 1024, 6 MiB a half) on tune's tile took 5.6 us against 9.0 in K slices and 6.5 whole.
 BUILT_IN_LARGE = ("fews_splitk_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128")
 SMALL_SLICED = BUILT_IN_LARGE[0]
-# 17-32 rows (decode at batch 17-32, a forward's small batch): the same swapped forms with A's 32
-# rows on the product's narrow side (``gemm_forms.SWAPPED_32``), by the same rules of K and N as
-# BUILT_IN_LARGE at every half-precision site, vocabulary heads on the whole form; the norm kernels
-# before them kept. Past SWAPPED_ROWS_MAX rows, the library.
-BUILT_IN_32 = ("fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
+# 17-32 rows (decode at batch 17-32, a forward's small batch): the swapped forms with A's 32 rows
+# on the product's narrow side (``gemm_forms.SWAPPED_32``) where W is long in K or wide, tune's
+# ``tile_64x32x128`` elsewhere; the norm kernels before them kept. On an H200 at 32 rows
+# (bench/split_sweep.py --rows 32, bench/results/split-sweep-32-h200-2026-12-01.json: a chain of
+# the model's layers, every GEMM its own cold weight, dependent launch on, µs a GEMM; cuBLAS as a
+# bundle's library step runs it): Llama-3.2-1B's down (K 8192) 13.4 in K slices of 128 against
+# cuBLAS's 14.3 and 21.0 on the tile, the 0.58B's (K 5632) 11.2 against 11.9; GPT-2's mlp out
+# (3072 -> 768) 7.3 in K slices of 64 against 8.1, the mlp's down (4096 -> 1024) 7.8 against 7.8;
+# Llama-3.2-1B's gate/up (2048 -> 2 x 8192) whole 18.4 against 18.8 (the 0.58B's 2 x 5632: 15.6
+# against 14.5); the LM heads whole: Llama-3.2-1B's 132.7 against 133.9, GPT-2's (N 50257) 27.6
+# against 66.5; the tile at q/k/v and o: Llama-3.2-1B's 7.2 and 6.7 against cuBLAS's 7.1 and 6.6
+# and 8.4 and 6.9 in K slices, GPT-2's q/k/v and fc 3.7 and 4.3 (the fastest measured), the mlp's
+# up 4.8. Past SWAPPED_ROWS_MAX rows, the library.
+BUILT_IN_32 = ("tile_64x32x128", "fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
 SWAPPED_ROWS_MAX = 32
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
@@ -227,8 +236,16 @@ def few_row_configs() -> tuple[TileConfig, ...]:
 
 def default_configs() -> tuple[TileConfig, ...]:
     """The configs the default build's form names refer to (``gemm.add_gemm_alternatives``'s
-    ``configs``): the one-row forms and ``few_row_configs``."""
-    return (*(c for c in CONFIGS if not c.dot), *few_row_configs())  # one-row forms first, as sites list them
+    ``configs``): the one-row forms, ``few_row_configs`` and the tile of ``BUILT_IN_32`` held to
+    17-SWAPPED_ROWS_MAX rows."""
+    tiles = (
+        replace(c, min_m=FEW_ROWS_MAX + 1, max_m=SWAPPED_ROWS_MAX) for c in CONFIGS if c.name in BUILT_IN_32
+    )
+    return (
+        *(c for c in CONFIGS if not c.dot),
+        *few_row_configs(),
+        *tiles,
+    )  # one-row forms first, as sites list them
 
 
 class FewRows(NamedTuple):
@@ -297,9 +314,10 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
 def swapped_configs(site: Site) -> tuple[TileConfig, ...]:
     """The configs of the built-in entry's swapped forms for ``site``: at 2-16 rows where it takes
     one (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary
-    head; ``SMALL_SLICED``: a smaller one of few tiles and long K), at 17-SWAPPED_ROWS_MAX rows
-    (``BUILT_IN_32``) at every half-precision site: what a candidates build offers ``aotpack tune``
-    beside CONFIGS, so that tune chooses among the forms a default build would run too."""
+    head; ``SMALL_SLICED``: a smaller one of few tiles and long K), and at 17-SWAPPED_ROWS_MAX rows
+    where it takes one (``BUILT_IN_32``'s but its tile, a form of CONFIGS): what a candidates build
+    offers ``aotpack tune`` beside CONFIGS, so that tune chooses among the forms a default build
+    would run too."""
     forms = (
         default_form(2, site.k, site.dtype, site.n, site.halves),
         default_form(FEW_ROWS_MAX + 1, site.k, site.dtype, site.n, site.halves),
@@ -341,22 +359,21 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
                 if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:  # tune's tile: too few blocks
                     return SMALL_SLICED
                 return few.form
-            return _swapped(BUILT_IN_LARGE, k, w_rows)
+            form, long_k, wide = BUILT_IN_LARGE
+            return long_k if k >= LONG_K else wide if w_rows >= WIDE_N else form
         if few.long_k is not None and k >= LONG_K:
             return few.long_k
         if few.wide is not None and w_rows >= WIDE_N:
             return few.wide
         return few.form
     if FEW_ROWS_MAX < rows <= SWAPPED_ROWS_MAX and n > 0:
-        return BUILT_IN_32[2] if n >= VOCAB_N else _swapped(BUILT_IN_32, k, 2 * n if halves else n)
+        tile, sliced, long_k, wide = BUILT_IN_32
+        if n >= VOCAB_N:
+            return wide
+        if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:  # few tiles of 64 rows, long K
+            return sliced
+        return long_k if k >= LONG_K else wide if (2 * n if halves else n) >= WIDE_N else tile
     return None
-
-
-def _swapped(forms: tuple[str, str, str], k: int, w_rows: int) -> str:
-    """Of swapped ``forms`` (K-sliced, split-K at long K, whole at wide N), the one for a site of
-    ``k`` and ``w_rows`` rows of W."""
-    sliced, long_k, wide = forms
-    return long_k if k >= LONG_K else wide if w_rows >= WIDE_N else sliced
 
 
 FORMS = (

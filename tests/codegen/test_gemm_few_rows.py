@@ -81,18 +81,24 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
         assert default_form(rows, 1024, "bfloat16", n=3072, halves=True) == "gemv_16x32x128"
         assert default_form(rows, 8192, "bfloat16", n=2048, halves=True) == "fews_splitk_16x64x128"
         assert default_form(rows, 768, "float32", n=2304) is None
-    for rows in (17, 24, 32):  # 17-32 rows: the 32-row swapped forms at every half-precision site
-        assert default_form(rows, 768, "float16", n=2304) == "fews_splitk_32x64x64"  # GPT-2 q/k/v
-        assert default_form(rows, 2048, "bfloat16", n=2048) == "fews_splitk_32x64x64"  # Llama's o
+    for rows in (17, 24, 32):  # 17-32 rows: swapped forms where W is long in K or wide, else the tile
+        assert default_form(rows, 768, "float16", n=2304) == "tile_64x32x128"  # GPT-2 q/k/v
+        assert default_form(rows, 3072, "float16", n=768) == "fews_splitk_32x64x64"  # its mlp out
+        assert default_form(rows, 768, "float16", n=50257) == "fews_32x64x128"  # its LM head
+        assert default_form(rows, 4096, "float16", n=1024) == "fews_splitk_32x64x64"  # the mlp's down
+        assert default_form(rows, 2048, "bfloat16", n=2048) == "tile_64x32x128"  # Llama's o
+        assert default_form(rows, 2048, "bfloat16", n=3072) == "tile_64x32x128"  # its q/k/v
         assert default_form(rows, 2048, "bfloat16", n=16384) == "fews_32x64x128"  # its gate/up
         assert default_form(rows, 2048, "bfloat16", n=8192, halves=True) == "fews_32x64x128"  # stacked
+        assert default_form(rows, 2048, "bfloat16", n=5632, halves=True) == "fews_32x64x128"  # 0.58B's
         assert default_form(rows, 8192, "bfloat16", n=2048) == "fews_splitk_32x64x128"  # its down
         assert default_form(rows, 2048, "bfloat16", n=128256) == "fews_32x64x128"  # its LM head
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
         assert default_form(rows, 768, "float32", n=2304) is None
     assert default_form(33, 768, "float16", n=2304) is None
     assert default_form(33, 2048, "bfloat16", n=16384) is None  # past 32 rows: the library
-    assert set(gemm_defaults.BUILT_IN_32) <= {c.name for c in gemm_defaults.few_row_configs()}
+    held = {c.name: (c.min_m, c.max_m) for c in gemm_defaults.default_configs()}
+    assert all(held[form] == (17, 32) for form in gemm_defaults.BUILT_IN_32), held
     names = {c.name for c in gemm_defaults.few_row_configs()}
     assert set(gemm_defaults.BUILT_IN_LARGE) <= names
     assert default_form(1, 2048, "bfloat16") == "vec_1x2x1024"
@@ -525,13 +531,13 @@ def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatc
         assert {n for m, n in expected if m == name} <= compared, (name, compared)
 
 
-def test_the_32_row_swapped_forms_match_in_the_interpreter(tmp_path):
+def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
     """``gemm_rows32.py`` built by default (buckets 1, 8 and 32): at 32 rows the built-in entry's
-    32-row swapped forms (``BUILT_IN_32``: A's 32 rows on the product's narrow side), split-K at
-    K = 4096 with the residual add in the sum's kernel and K-sliced at K = 1024, each a kernel of
-    its slices and one that sums them (K = 96: the library); at 8 rows the 16-row forms. Every
-    kernel matches the library steps it replaces in Triton's interpreter at 20 rows (the bucket of
-    32 padded) (``aot.dtypes.TOLERANCE``, float16)."""
+    forms for 17-32 rows (``BUILT_IN_32``): the swapped form of 32 rows (A's rows on the product's
+    narrow side) in K slices at K = 4096, N = 96, the residual add in the kernel that sums the
+    slices, and ``tile_64x32x128`` at K = 1024 and 96; at 8 rows the 2-16-row forms. Every kernel
+    matches the library steps it replaces in Triton's interpreter at 20 rows (the bucket of 32
+    padded) (``aot.dtypes.TOLERANCE``, float16)."""
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
@@ -547,12 +553,13 @@ def test_the_32_row_swapped_forms_match_in_the_interpreter(tmp_path):
     assert forms == {
         (4096, 1): "vec_1x2x1024",
         (4096, 8): "fews_splitk8_16x64x64",  # a small site of long K (SMALL_SLICED)
-        (4096, 32): "fews_splitk8_32x64x128",
+        (4096, 32): "fews_splitk8_32x64x64",  # few tiles, long K
         (1024, 1): "vec_1x2x512",
         (1024, 8): "gemv_16x32x128",
-        (1024, 32): "fews_splitk8_32x64x64",
+        (1024, 32): "tile_64x32x128",
         (96, 1): "vec_1x2x512",
         (96, 8): "gemv_16x32x128",
+        (96, 32): "tile_64x32x128",
     }, forms
     pack(compiled, tmp_path / "rows32.tpk")
     (result,) = interpret_in_subprocess(
@@ -561,10 +568,7 @@ def test_the_32_row_swapped_forms_match_in_the_interpreter(tmp_path):
     for comparisons in result.values():
         assert not [c for c in comparisons if not c.ok], comparisons
         compared = {c.name.removesuffix("/rerun") for c in comparisons}
-        assert {n for n in compared if "_32x64x" in n} == {
-            "gemm_0/fews_splitk8_32x64x128",
-            "gemm_2/fews_splitk8_32x64x64",
-        }, compared
+        assert {"gemm_0/fews_splitk8_32x64x64", "gemm_1/tile_64x32x128", "gemm_2/tile_64x32x128"} <= compared
 
 
 def test_a_stacked_gate_up_takes_the_whole_swapped_form_by_its_rows(monkeypatch):
