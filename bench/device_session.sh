@@ -109,6 +109,8 @@ for item in "$@"; do
     # 2 and 8 rows only, the chains at 8 (each as a bundle runs it: old and new table entries, plain and PDL)
     fewrow-new) cmd=(python3 bench/fewrow_sweep.py --quick --rows 2 8 --chain --chain-rows 8 --json "$RES/fewrow-new.json") ;;
     fewrow-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_few_rows_gpu.py) ;;
+    # the built-in entry's forms alone (2-16 and 17-32 rows), without the named forms' builds
+    fewrow-built-in) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_few_rows_gpu.py -k "built_in or stacked") ;;
     # a decode step's GEMMs at 8 rows as a bundle runs them (the norms with them): cuBLAS against the
     # built-in table's few-row entries (bench/fewrow_sweep.py --table-only), Llama-3.2-1B
     fewrow-table) cmd=(python3 bench/fewrow_sweep.py --model llama-3.2-1b --table-only --rows 8 --chain-rows 8 --json "$RES/fewrow-table.json") ;;
