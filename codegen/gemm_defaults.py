@@ -372,7 +372,11 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             return wide
         if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:  # few tiles of 64 rows, long K
             return sliced
-        return long_k if k >= LONG_K else wide if (2 * n if halves else n) >= WIDE_N else tile
+        if k >= LONG_K:
+            return long_k
+        if (2 * n if halves else n) >= WIDE_N:
+            return wide
+        return tile if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES else sliced
     return None
 
 

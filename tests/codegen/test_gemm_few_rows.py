@@ -81,13 +81,13 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
         assert default_form(rows, 1024, "bfloat16", n=3072, halves=True) == "gemv_16x32x128"
         assert default_form(rows, 8192, "bfloat16", n=2048, halves=True) == "fews_splitk_16x64x128"
         assert default_form(rows, 768, "float32", n=2304) is None
-    for rows in (17, 24, 32):  # 17-32 rows: swapped forms where W is long in K or wide, else the tile
+    for rows in (17, 24, 32):  # 17-32 rows: swapped forms past 8 MiB or at long K, else the tile
         assert default_form(rows, 768, "float16", n=2304) == "tile_64x32x128"  # GPT-2 q/k/v
         assert default_form(rows, 3072, "float16", n=768) == "fews_splitk_32x64x64"  # its mlp out
         assert default_form(rows, 768, "float16", n=50257) == "fews_32x64x128"  # its LM head
         assert default_form(rows, 4096, "float16", n=1024) == "fews_splitk_32x64x64"  # the mlp's down
         assert default_form(rows, 2048, "bfloat16", n=2048) == "tile_64x32x128"  # Llama's o
-        assert default_form(rows, 2048, "bfloat16", n=3072) == "tile_64x32x128"  # its q/k/v
+        assert default_form(rows, 2048, "bfloat16", n=3072) == "fews_splitk_32x64x64"  # q/k/v, 12 MiB
         assert default_form(rows, 2048, "bfloat16", n=16384) == "fews_32x64x128"  # its gate/up
         assert default_form(rows, 2048, "bfloat16", n=8192, halves=True) == "fews_32x64x128"  # stacked
         assert default_form(rows, 2048, "bfloat16", n=5632, halves=True) == "fews_32x64x128"  # 0.58B's
