@@ -44,7 +44,9 @@ chose there (``BUILT_IN_FEW_ROWS``; the norm kernel before it kept), or where th
 few blocks (N below ``SLICED_SMALL_N``, K from ``SLICED_SMALL_K``) the swapped form in K slices
 (``SMALL_SLICED``); larger sites the swapped forms of ``BUILT_IN_LARGE`` (W's rows on the
 tensor-core product's wide side; a stacked gate/up counted by its 2N rows), and a vocabulary head
-``fewe_16x64x128`` (its ``_rms`` variant where an RMSNorm kernel made A). Attention
+``fewe_16x64x128`` (its ``_rms`` variant where an RMSNorm kernel made A). At 17-32 rows
+(``SWAPPED_ROWS_MAX``) every half-precision site runs a swapped form of 32 rows (``BUILT_IN_32``),
+but at K below ``SLICED_MIN_K`` tune's ``tile_64x32x128``. Attention
 sites without a mask (``aot.codegen.flash``) run its flash forms at up to ``ATTENTION_MAX_T``
 queries in float16. Every other site and bucket keeps the library. ``FEW_ROWS`` or
 ``AOTPACK_FEW_ROWS`` name forms for every site instead (or ``off``), for measuring. The table is
@@ -179,20 +181,27 @@ SLICED_SMALL_K = 2048
 BUILT_IN_LARGE = ("fews_splitk_16x64x64", "fews_splitk_16x64x128", "fews_16x64x128")
 SMALL_SLICED = BUILT_IN_LARGE[0]
 # 17-32 rows (decode at batch 17-32, a forward's small batch): the swapped forms with A's 32 rows
-# on the product's narrow side (``gemm_forms.SWAPPED_32``) where W is long in K or wide, tune's
-# ``tile_64x32x128`` elsewhere; the norm kernels before them kept. On an H200 at 32 rows
-# (bench/split_sweep.py --rows 32, bench/results/split-sweep-32-h200-2026-12-01.json: a chain of
-# the model's layers, every GEMM its own cold weight, dependent launch on, µs a GEMM; cuBLAS as a
-# bundle's library step runs it): Llama-3.2-1B's down (K 8192) 13.4 in K slices of 128 against
-# cuBLAS's 14.3 and 21.0 on the tile, the 0.58B's (K 5632) 11.2 against 11.9; GPT-2's mlp out
-# (3072 -> 768) 7.3 in K slices of 64 against 8.1, the mlp's down (4096 -> 1024) 7.8 against 7.8;
-# Llama-3.2-1B's gate/up (2048 -> 2 x 8192) whole 18.4 against 18.8 (the 0.58B's 2 x 5632: 15.6
-# against 14.5); the LM heads whole: Llama-3.2-1B's 132.7 against 133.9, GPT-2's (N 50257) 27.6
-# against 66.5; the tile at q/k/v and o: Llama-3.2-1B's 7.2 and 6.7 against cuBLAS's 7.1 and 6.6
-# and 8.4 and 6.9 in K slices, GPT-2's q/k/v and fc 3.7 and 4.3 (the fastest measured), the mlp's
-# up 4.8. Past SWAPPED_ROWS_MAX rows, the library.
+# on the product's narrow side (``gemm_forms.SWAPPED_32``), by BUILT_IN_LARGE's rules at every
+# half-precision site (vocabulary heads whole), but at K below SLICED_MIN_K (where the K-sliced
+# form makes no kernel) tune's ``tile_64x32x128``; the norm kernels before them kept. On an H200:
+# - alone, at 32 rows (bench/split_sweep.py --rows 32, bench/results/split-sweep-32-h200-2026-12-01.json:
+#   a chain of the model's layers, every GEMM its own cold weight, dependent launch on, µs a GEMM;
+#   cuBLAS as a bundle's library step runs it): Llama-3.2-1B's down (K 8192) 13.4 in K slices of
+#   128 against cuBLAS's 14.3 (the 0.58B's, K 5632, 11.2 against 11.9), its gate/up whole 18.4
+#   against 18.8, its q/k/v and o in K slices 8.4 and 6.9 against cuBLAS's 7.1 and 6.6 and the
+#   tile's 7.2 and 6.7; the LM heads whole: Llama-3.2-1B's 132.7 against 133.9, GPT-2's (N 50257)
+#   27.6 against 66.5; GPT-2's mlp out (3072 -> 768) 7.3 in K slices of 64 against 8.1; GPT-2's q/k/v
+#   and fc (K 768) on the tile 3.7 and 4.3 (the fastest measured);
+# - in the decode at 32 rows, one command each (bench/results/decode/decode-*-b32-*-h200-2026-12-01.json):
+#   Llama-3.2-1B with these forms 1.028-1.032 ms a token (two machines) against 1.080 with cuBLAS
+#   at every layer GEMM, and 1.073-1.076 with q/k/v and o, or o alone, on the tile: what a GEMM
+#   alone measures misses the swapped forms' first W step loaded while the kernel before (the
+#   attention, before o) still runs; GPT-2 (the tile at q/k/v, o and fc, the rest as here) 0.596
+#   against 0.652 with cuBLAS, the same tokens.
+# Past SWAPPED_ROWS_MAX rows, the library.
 BUILT_IN_32 = ("tile_64x32x128", "fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
 SWAPPED_ROWS_MAX = 32
+SLICED_MIN_K = 1024  # the K-sliced swapped form's shortest K (``gemm_forms``: its min_k)
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -376,7 +385,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             return long_k
         if (2 * n if halves else n) >= WIDE_N:
             return wide
-        return tile if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES else sliced
+        return sliced if k >= SLICED_MIN_K else tile
     return None
 
 

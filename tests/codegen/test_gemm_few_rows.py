@@ -81,12 +81,14 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
         assert default_form(rows, 1024, "bfloat16", n=3072, halves=True) == "gemv_16x32x128"
         assert default_form(rows, 8192, "bfloat16", n=2048, halves=True) == "fews_splitk_16x64x128"
         assert default_form(rows, 768, "float32", n=2304) is None
-    for rows in (17, 24, 32):  # 17-32 rows: swapped forms past 8 MiB or at long K, else the tile
+    for rows in (17, 24, 32):  # 17-32 rows: the swapped forms, but the tile at K below 1024
         assert default_form(rows, 768, "float16", n=2304) == "tile_64x32x128"  # GPT-2 q/k/v
         assert default_form(rows, 3072, "float16", n=768) == "fews_splitk_32x64x64"  # its mlp out
         assert default_form(rows, 768, "float16", n=50257) == "fews_32x64x128"  # its LM head
         assert default_form(rows, 4096, "float16", n=1024) == "fews_splitk_32x64x64"  # the mlp's down
-        assert default_form(rows, 2048, "bfloat16", n=2048) == "tile_64x32x128"  # Llama's o
+        assert default_form(rows, 2048, "bfloat16", n=2048) == "fews_splitk_32x64x64"  # Llama's o
+        assert default_form(rows, 768, "float16", n=768) == "tile_64x32x128"  # GPT-2's o: K < 1024
+        assert default_form(rows, 1024, "float16", n=4096) == "fews_splitk_32x64x64"  # the mlp's up
         assert default_form(rows, 2048, "bfloat16", n=3072) == "fews_splitk_32x64x64"  # q/k/v, 12 MiB
         assert default_form(rows, 2048, "bfloat16", n=16384) == "fews_32x64x128"  # its gate/up
         assert default_form(rows, 2048, "bfloat16", n=8192, halves=True) == "fews_32x64x128"  # stacked
@@ -534,8 +536,8 @@ def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatc
 def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
     """``gemm_rows32.py`` built by default (buckets 1, 8 and 32): at 32 rows the built-in entry's
     forms for 17-32 rows (``BUILT_IN_32``): the swapped form of 32 rows (A's rows on the product's
-    narrow side) in K slices at K = 4096, N = 96, the residual add in the kernel that sums the
-    slices, and ``tile_64x32x128`` at K = 1024 and 96; at 8 rows the 2-16-row forms. Every kernel
+    narrow side) in K slices at K = 4096 (the residual add in the kernel that sums the slices) and
+    K = 1024, ``tile_64x32x128`` at K = 96; at 8 rows the 2-16-row forms. Every kernel
     matches the library steps it replaces in Triton's interpreter at 20 rows (the bucket of 32
     padded) (``aot.dtypes.TOLERANCE``, float16)."""
     from aot.codegen import generate
@@ -556,7 +558,7 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
         (4096, 32): "fews_splitk8_32x64x64",  # few tiles, long K
         (1024, 1): "vec_1x2x512",
         (1024, 8): "gemv_16x32x128",
-        (1024, 32): "tile_64x32x128",
+        (1024, 32): "fews_splitk8_32x64x64",
         (96, 1): "vec_1x2x512",
         (96, 8): "gemv_16x32x128",
         (96, 32): "tile_64x32x128",
@@ -568,7 +570,11 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
     for comparisons in result.values():
         assert not [c for c in comparisons if not c.ok], comparisons
         compared = {c.name.removesuffix("/rerun") for c in comparisons}
-        assert {"gemm_0/fews_splitk8_32x64x64", "gemm_1/tile_64x32x128", "gemm_2/tile_64x32x128"} <= compared
+        assert {
+            "gemm_0/fews_splitk8_32x64x64",
+            "gemm_1/tile_64x32x128",
+            "gemm_2/fews_splitk8_32x64x64",
+        } <= compared
 
 
 def test_a_stacked_gate_up_takes_the_whole_swapped_form_by_its_rows(monkeypatch):

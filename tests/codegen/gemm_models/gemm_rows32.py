@@ -1,7 +1,7 @@
 """GEMMs at 17-32 rows: h = r + Linear(4096 → 96)(x), then Linear(96 → 64)(h) + Linear(1024 → 64)(z),
 float16, batch buckets 1, 8 and 32 (paddable): at 32 rows the built-in entry's forms for 17-32 rows
-(``gemm_defaults.BUILT_IN_32``): the swapped form of 32 rows in K slices at K = 4096 (few tiles of
-W, long K) with the residual add, ``tile_64x32x128`` at K = 1024 and 96."""
+(``gemm_defaults.BUILT_IN_32``): the swapped form of 32 rows in K slices at K = 4096 (with the
+residual add) and K = 1024, ``tile_64x32x128`` at K = 96."""
 
 from torch import nn
 
