@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from aot.buckets import bucket_sizes
+from aot.codegen import gemm_render
 from aot.codegen import index as ix
 from aot.codegen.flash import AttnSite, attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_defaults import swapped_configs
@@ -109,8 +110,12 @@ def add_gemm_alternatives(
         every = configs if configs is not None else (*CONFIGS, *FEW_ROW_CONFIGS)
         named = tuple(c for c in every if c.name in bases) if chosen else None
         if pick is None and configs is None:  # a candidates build: also the built-in entry's swapped forms
-            swapped = swapped_configs(site)
-            named = (*CONFIGS, *swapped) if swapped else None
+            swapped = tuple(
+                c for c in swapped_configs(site) if not sizes or candidate_buckets(site, c, sizes)
+            )
+            named = (*gemm_render.CONFIGS, *swapped) if swapped else None  # the set render_candidates takes
+        if chosen and sizes:  # a named form no bucket takes is not rendered
+            named = tuple(c for c in named if candidate_buckets(site, c, sizes))
         try:
             forms = render_candidates(site, program.buffers, known, ranges, named)
         except NoSite as e:  # pragma: no cover - find_sites checked the epilogue
