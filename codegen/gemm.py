@@ -43,7 +43,7 @@ from aot.buckets import bucket_sizes
 from aot.codegen import gemm_render
 from aot.codegen import index as ix
 from aot.codegen.flash import AttnSite, attention_buckets, find_attention_sites, render_attention
-from aot.codegen.gemm_defaults import swapped_configs
+from aot.codegen.gemm_defaults import built_in_configs
 from aot.codegen.gemm_epilogue import NoSite
 from aot.codegen.gemm_forms import (
     CONFIGS,
@@ -109,11 +109,11 @@ def add_gemm_alternatives(
         bases = {base_form(c) for c in chosen}
         every = configs if configs is not None else (*CONFIGS, *FEW_ROW_CONFIGS)
         named = tuple(c for c in every if c.name in bases) if chosen else None
-        if pick is None and configs is None:  # a candidates build: also the built-in entry's swapped forms
-            swapped = tuple(
-                c for c in swapped_configs(site) if not sizes or candidate_buckets(site, c, sizes)
-            )
-            named = (*gemm_render.CONFIGS, *swapped) if swapped else None  # the set render_candidates takes
+        if (
+            pick is None and configs is None
+        ):  # a candidates build: also the built-in entry's forms CONFIGS lacks
+            more = tuple(c for c in built_in_configs(site) if not sizes or candidate_buckets(site, c, sizes))
+            named = (*gemm_render.CONFIGS, *more) if more else None  # the set render_candidates takes
         if chosen and sizes:  # a named form no bucket takes is not rendered
             named = tuple(c for c in named if candidate_buckets(site, c, sizes))
         try:

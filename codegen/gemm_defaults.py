@@ -320,24 +320,17 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
     return ATTENTION_SHORT if seq < ATTENTION_WIDE_T else ATTENTION_WIDE
 
 
-def swapped_configs(site: Site) -> tuple[TileConfig, ...]:
-    """The configs of the built-in entry's swapped forms for ``site``: at 2-16 rows where it takes
-    one (``BUILT_IN_LARGE``: a half-precision weight past SMALL_WEIGHT_BYTES, not a vocabulary
-    head; ``SMALL_SLICED``: a smaller one of few tiles and long K), and at 17-SWAPPED_ROWS_MAX rows
-    where it takes one (``BUILT_IN_32``'s but its tile, a form of CONFIGS): what a candidates build
-    offers ``aotpack tune`` beside CONFIGS, so that tune chooses among the forms a default build
-    would run too."""
-    forms = (
-        default_form(2, site.k, site.dtype, site.n, site.halves),
-        default_form(FEW_ROWS_MAX + 1, site.k, site.dtype, site.n, site.halves),
-    )
-    return tuple(
-        c
-        for form in forms
-        if form in (*BUILT_IN_LARGE, *BUILT_IN_32)
-        for c in FEW_ROW_CONFIGS
-        if c.name == form
-    )
+def built_in_configs(site: Site) -> tuple[TileConfig, ...]:
+    """The configs of the built-in entry's forms for ``site`` at 2-16 and 17-SWAPPED_ROWS_MAX rows
+    that CONFIGS lacks (the swapped forms of ``BUILT_IN_LARGE``, ``SMALL_SLICED`` and
+    ``BUILT_IN_32``, a vocabulary head's ``fewe_16x64x128``): what a candidates build offers
+    ``aotpack tune`` beside CONFIGS, so that tune chooses among the forms a default build would
+    run too."""
+    plain = {c.name for c in CONFIGS}
+    forms = {
+        default_form(rows, site.k, site.dtype, site.n, site.halves) for rows in (2, FEW_ROWS_MAX + 1)
+    } - {None, *plain}
+    return tuple(c for c in FEW_ROW_CONFIGS if c.name in forms)
 
 
 def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False) -> str | None:

@@ -600,8 +600,10 @@ def test_a_stacked_gate_up_takes_the_whole_swapped_form_by_its_rows(monkeypatch)
 def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypatch):
     """A ``--gemm-candidates`` build renders, for a site the built-in entry gives a swapped form
     (``gemm_wide16.py``: 12 MiB), CONFIGS and that form, so that ``aotpack tune`` chooses among
-    the forms a default build would run too; for a small site (``gemm_rms16.py``) CONFIGS alone.
-    (Rendering is recorded, not compiled.)"""
+    the forms a default build would run too; for a vocabulary head (``gemm_vocab_head.py``)
+    CONFIGS and ``fewe_16x64x128``; for a small site (``gemm_rms16.py``) CONFIGS alone; forms for
+    17-32 rows only where a bucket takes them (none here). (Rendering is recorded, not
+    compiled.)"""
     from aot.codegen import gemm, generate
     from aot.codegen.gemm_forms import CONFIGS
     from aot.tracer import load_model_file, trace
@@ -619,3 +621,6 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     offered.clear()
     generate(trace(load_model_file(MODELS / "gemm_rms16.py")), ARCHS, gemm_candidates=True)
     assert offered and all(names == plain for names in offered)
+    offered.clear()  # a vocabulary head: the built-in entry's fewe_ form at 2-16 rows
+    generate(trace(load_model_file(MODELS / "gemm_vocab_head.py")), ARCHS, gemm_candidates=True)
+    assert offered == [(*plain, "fewe_16x64x128")]
