@@ -49,8 +49,9 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
     default form at batch 1 (its ``_ln`` variant where a LayerNorm kernel made its A: the kernel
     goes into its prologue) and the few-row entry's form at batches 2-16 (the weights are small:
     ``gemv_16x32x128``, and at the down projection's N 1024 x K 4096 the swapped form in 8 K
-    slices, ``fews_splitk8_16x64x64``; the LayerNorm kernel kept), the library at 32 and 64; the
-    table is recorded for sm_90 and parses as tune's do."""
+    slices, ``fews_splitk8_16x64x64``; the LayerNorm kernel kept), the 32-row swapped forms in K
+    slices at 32 (``BUILT_IN_32``: K 1024 in 2 slices, K 4096 in 8), the library at 64; the table is
+    recorded for sm_90 and parses as tune's do."""
     from aot.buckets import buckets_by_program
     from aot.schema import TUNING_PATH
 
@@ -60,7 +61,7 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
     assert table.arch == DEFAULT_ARCH and "built-in" in table.device
     sites = {s.id: s for s in program.alternatives}
     assert sites and {c.site for c in table.choices} == set(sites)
-    assert {c.sizes["batch"] for c in table.choices} == {1, 2, 4, 8, 16}
+    assert {c.sizes["batch"] for c in table.choices} == {1, 2, 4, 8, 16, 32}
     for c in table.choices:
         assert c.choice != LIBRARY
         site, rows = sites[c.site], c.sizes["batch"]
@@ -69,13 +70,16 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
             assert c.choice in (form, form + "_ln")
             layer_norm = program.steps[site.library[0]].reference
             assert c.choice.endswith("_ln") == (bool(layer_norm) and "layer_norm" in layer_norm[-1].target)
+        elif rows == 32:
+            slices = "splitk8_" if site.k == 4096 else "splitk2_"
+            assert c.choice == form.replace("splitk_", slices) and form == "fews_splitk_32x64x64"
         else:
             assert c.choice == form.replace("splitk_", "splitk8_")  # K 4096 in 8 slices
             assert c.choice == ("fews_splitk8_16x64x64" if site.k == 4096 else "gemv_16x32x128")
         # only the default forms were compiled, each for its buckets
         (cand,) = [k for k in site.candidates if k.name == c.choice]
         assert c.sizes in cand.buckets
-    assert all(len(s.candidates) == 2 for s in sites.values())
+    assert all(len(s.candidates) == 3 for s in sites.values())
 
 
 def test_the_table_changes_the_steps_on_its_arch_only(mlp_bundle):
@@ -86,7 +90,7 @@ def test_the_table_changes_the_steps_on_its_arch_only(mlp_bundle):
     table = parse_tuning(mlp_bundle.read(TUNING_PATH), [program], buckets_by_program(mlp_bundle.manifest))
     assert tuned_plans(table, 0, program, "sm_80") == {}
     plans = tuned_plans(table, 0, program, DEFAULT_ARCH)
-    assert list(plans) == [(1,), (2,), (4,), (8,), (16,)]
+    assert list(plans) == [(1,), (2,), (4,), (8,), (16,), (32,)]
     kernels = {k.id: k for k in program.kernels}
     for steps in plans.values():
         gemm = [s for s in steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("gemm")]
@@ -185,7 +189,8 @@ def test_the_attention_entry_can_be_turned_off_for_measuring(monkeypatch, built)
 def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch, built):
     """``AOTPACK_FEW_ROWS`` may name the tensor-core forms tune chooses among at few rows
     (``gemv_16x32x128``, ``splitk_16x64x128``): each runs at buckets of 2-16 rows only, the
-    one-row form keeps batch 1, and batches past 16 keep the library."""
+    one-row form keeps batch 1, 32 rows the built-in entry's forms there (``BUILT_IN_32``), and
+    64 the library."""
     from aot.codegen import generate
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV, FEW_ROWS_PROLOGUE_ENV
 
@@ -196,5 +201,6 @@ def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch
     for c in table.choices:
         by_batch.setdefault(c.sizes["batch"], set()).add(c.choice)
     assert by_batch.pop(1) == {"vec_1x2x512_ln", "vec_1x2x1024"}
-    assert set(by_batch) == {2, 4, 8, 16}  # the mlp's buckets of 2-16 rows; 32 and 64 keep cuBLAS
+    assert by_batch.pop(32) == {"fews_splitk2_32x64x64", "fews_splitk8_32x64x64"}
+    assert set(by_batch) == {2, 4, 8, 16}  # the mlp's buckets of 2-16 rows; 64 keeps cuBLAS
     assert all(forms == {"gemv_16x32x128", "splitk8_16x64x128"} for forms in by_batch.values())
