@@ -601,8 +601,8 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     """A ``--gemm-candidates`` build renders, for a site the built-in entry gives a swapped form
     (``gemm_wide16.py``: 12 MiB), CONFIGS and that form, so that ``aotpack tune`` chooses among
     the forms a default build would run too; for a vocabulary head (``gemm_vocab_head.py``)
-    CONFIGS and ``fewe_16x64x128``; for a small site (``gemm_rms16.py``) CONFIGS alone; forms for
-    17-32 rows only where a bucket takes them (none here). (Rendering is recorded, not
+    CONFIGS and ``fewe_16x64x128``; for a small site (``gemm_rms16.py``) CONFIGS alone; the forms
+    for 17-32 rows where a bucket takes them (``gemm_rows32.py``). (Rendering is recorded, not
     compiled.)"""
     from aot.codegen import gemm, generate
     from aot.codegen.gemm_forms import CONFIGS
@@ -624,3 +624,10 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     offered.clear()  # a vocabulary head: the built-in entry's fewe_ form at 2-16 rows
     generate(trace(load_model_file(MODELS / "gemm_vocab_head.py")), ARCHS, gemm_candidates=True)
     assert offered == [(*plain, "fewe_16x64x128")]
+    offered.clear()  # buckets 1, 8 and 32: the forms for 17-32 rows beside those for 2-16
+    generate(trace(load_model_file(MODELS / "gemm_rows32.py")), ARCHS, gemm_candidates=True)
+    assert offered == [
+        (*plain, "fews_splitk_16x64x64", "fews_splitk_32x64x64"),  # K 4096, N 96
+        plain,  # K 96: the tile of CONFIGS at 32 rows
+        (*plain, "fews_splitk_32x64x64"),  # K 1024
+    ], offered
