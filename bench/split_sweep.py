@@ -59,6 +59,7 @@ SITES = {
 }  # fmt: skip
 FLOAT16 = ("gpt2", "mlp", "gpt2-head")  # models in float16; the rest bfloat16
 LIBRARY = "library"  # torch.mm (cuBLAS), as a bundle's library step runs the GEMM
+MAX_ROWS = 32  # the rows a rendered form is built for at most (--rows up to this)
 # at 17-32 rows, beside the swapped forms: the 16-row swapped form (two row blocks) and tune's tiles
 MANY_ROW_OTHERS = ("fews_16x64x128", "tile_16x64x128", "tile_64x32x128", "tile_64x64x128")
 TARGETS = (0, 96, 132, 176, 264, 396, 528)  # blocks to aim for; 0: the build's SPLIT_TARGET_BLOCKS
@@ -100,8 +101,7 @@ def rendered(n: int, k: int, halves: bool, dtype: str, form: str, target: int, p
     if cfg.swap and cfg.split_k != 1:  # a split form at any K here (the build's takes K >= min_k)
         cfg = replace(cfg, min_k=min(cfg.min_k, k))
     site, buffers, known = _site(n, k, halves, dtype)
-    ranges = {"s0": (1, max(16, ROWS))}
-    for got, kernels, extra, _ in render_candidates(site, buffers, known, ranges, (cfg,)):
+    for got, kernels, extra, _ in render_candidates(site, buffers, known, {"s0": (1, MAX_ROWS)}, (cfg,)):
         if halves:
             changed = [replace(r, source=_both_halves(r.source)) for r in kernels]
             assert changed != kernels, "no store of the first half found"
@@ -315,7 +315,6 @@ def compile_only(arch: int) -> int:
 def check() -> int:
     """In Triton's interpreter (TRITON_INTERPRET=1, CPU tensors, float16): every (form, target)
     at small shapes against torch's product."""
-    global ROWS
     worst, count = 0.0, 0
     cases = []
     for _, n, k, halves in CHECK_SITES:
@@ -328,12 +327,11 @@ def check() -> int:
         for form in ("fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
     ]
     for rows, n, k, halves, form, target in cases:
-        ROWS = rows
         got = rendered(n, k, halves, "float16", form, target, False)
         if got is None:
             continue
         label, kernels, extra = got
-        a = torch.randn(ROWS, k, dtype=torch.float16)
+        a = torch.randn(rows, k, dtype=torch.float16)
         layer = Layer(n, k, halves, a)
         for run in layer.launches(kernels, extra, False):
             run()
@@ -351,11 +349,13 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--models", default=",".join(SITES), help=f"comma-separated, of {', '.join(SITES)}")
     ap.add_argument(
-        "--rows", type=int, default=ROWS, help=f"A's rows [default: {ROWS}; 17-32: the 32-row forms]"
+        "--rows", type=int, default=ROWS, help=f"A's rows [default: {ROWS}; 17-{MAX_ROWS}: the 32-row forms]"
     )
     ap.add_argument("--check", action="store_true", help="small shapes in the interpreter against torch")
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="compile every kernel for sm_ARCH")
     args = ap.parse_args()
+    if not 1 <= args.rows <= MAX_ROWS:
+        ap.error(f"--rows {args.rows}: expected 1-{MAX_ROWS}")
     ROWS = args.rows
     if args.check:
         sys.exit(check())

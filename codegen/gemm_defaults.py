@@ -201,7 +201,7 @@ SMALL_SLICED = BUILT_IN_LARGE[0]
 # Past SWAPPED_ROWS_MAX rows, the library.
 BUILT_IN_32 = ("tile_64x32x128", "fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
 SWAPPED_ROWS_MAX = 32
-SLICED_MIN_K = 1024  # the K-sliced swapped form's shortest K (``gemm_forms``: its min_k)
+SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1])  # its shortest K
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -341,6 +341,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
     (see ``BUILT_IN_LARGE``)."""
     if dtype not in HALF:
         return None
+    w_rows = 2 * n if halves else n  # the rows of W a swapped form's tiles stream
     if rows == 1:
         if n >= VOCAB_N and k <= SHORT_K:  # a vocabulary head of short K: its blocks' fixed cost
             return "vec_1x4x512"
@@ -351,7 +352,6 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
         return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
         few = few_row_forms()
-        w_rows = 2 * n if halves else n  # the rows of W its tiles stream
         if not few.every_site:  # the built-in entry: vocabulary heads, small and large weights
             if n >= VOCAB_N:
                 return few.wide
@@ -376,7 +376,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             return sliced
         if k >= LONG_K:
             return long_k
-        if (2 * n if halves else n) >= WIDE_N:
+        if w_rows >= WIDE_N:
             return wide
         return sliced if k >= SLICED_MIN_K else tile
     return None
