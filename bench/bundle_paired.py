@@ -5,6 +5,9 @@ and the median of the per-round ratios (B / A). For a build change that separate
 resolve (they differ by up to 9% from run to run): build A and B, then
 
     python bench/bundle_paired.py MODEL A.tpk B.tpk [--rounds 12] [--calls 100] [--json OUT]
+                                  [--sizes batch=1,seq=32 --sizes batch=32 ...]
+
+``--sizes`` (repeatable) times those shapes instead of the bench's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--json")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sizes", action="append", help="a shape, e.g. batch=1,seq=32 (repeatable)")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from common import SHAPES, first_tensor, paired_rounds, shape_label, synchronize
@@ -35,8 +39,10 @@ def main() -> None:
 
     runners = {"a": load(args.a, device=args.device), "b": load(args.b, device=args.device)}
 
+    from aot.cli.options import parse_sizes
+
     rows = []
-    for sizes in SHAPES[args.model]:
+    for sizes in [parse_sizes(t) for t in args.sizes] if args.sizes else SHAPES[args.model]:
         inputs = runners["a"].inputs_at(sizes, seed=0)
         systems = {
             key: (lambda r=r, x=inputs: r(**x), lambda: synchronize(args.device))
