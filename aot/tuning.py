@@ -160,7 +160,9 @@ def check_alternatives(program: Program, path: Path | str) -> None:
                 if step.kind != StepKind.KERNEL or step.target not in kernels:
                     raise BundleError(f"{what}: its steps must launch kernels of the program")
             writes = [o for s in cand.steps for o in step_writes(s)]
-            scratch = set(writes) - set(site.outputs)
+            # besides the site's outputs, buffers of its own: new ones, or what its library steps
+            # alone write and read (two joined sites' middle product, ``aot.codegen.gemm_pairs``)
+            scratch = set(writes) - set(site.outputs) - internal
             if not set(site.outputs) <= set(writes) or len(writes) != len(set(writes)):
                 raise BundleError(f"{what}: must write each of the site's outputs once")
             clash = sorted(

@@ -356,8 +356,13 @@ def workload(model: str, tiny: bool) -> tuple[int, int]:
     return WORKLOAD.get(model, (PROMPT, NEW_TOKENS))
 
 
+DTYPE_ENV = "DECODE_DTYPE"  # float16 or bfloat16: every model in it on the GPU (an A/B of dtypes)
+
+
 def dtype_name(model: str, device: str) -> str:
-    return "float32" if device == "cpu" else GPU_DTYPE.get(model, "float16")
+    if device == "cpu":
+        return "float32"
+    return os.environ.get(DTYPE_ENV) or GPU_DTYPE.get(model, "float16")
 
 
 def instantiate(cls, cfg):

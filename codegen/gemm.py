@@ -31,7 +31,8 @@ it compiled on sm_90, and every other bucket and arch runs the library steps.
 This module adds the candidates to a program (and runs a small head as a kernel in the default
 build); its parts: ``gemm_sites`` finds the sites, ``gemm_epilogue`` lowers their epilogues,
 ``gemm_prologue`` their row-norm prologues, ``gemm_forms`` holds the forms and their knobs,
-``gemm_render`` writes the kernels.
+``gemm_render`` writes the kernels, ``gemm_pairs`` joins two sites of a default build where a row
+norm sits between them (the first's split-K reduce runs the norm; ``AOTPACK_REDUCE_NORM=on``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from aot.buckets import bucket_sizes
-from aot.codegen import gemm_render
+from aot.codegen import gemm_pairs, gemm_render
 from aot.codegen import index as ix
 from aot.codegen.flash import AttnSite, attention_buckets, find_attention_sites, render_attention
 from aot.codegen.gemm_defaults import built_in_configs
@@ -75,6 +76,23 @@ def candidate_steps(
     for i, (r, kid) in enumerate(zip(kernels, ids)):
         steps.append(kernel_step(kid, r, site.reference if i == len(kernels) - 1 else ()))
     return tuple(steps)
+
+
+def _joined(program: Program, sites: list[Site], pending: list, known: dict, ranges: dict) -> list:
+    """``gemm_pairs``: each pair of sites whose forms join, with its candidates."""
+    out = []
+    for pair in gemm_pairs.find_pairs(program, sites):
+        forms = gemm_pairs.join(
+            pair,
+            [e for e in pending if e[0].id == pair.first.id],
+            [e for e in pending if e[0].id == pair.second.id],
+            program.buffers,
+            known,
+            ranges,
+        )
+        if forms:
+            out.append((pair, forms))
+    return out
 
 
 def add_gemm_alternatives(
@@ -128,7 +146,7 @@ def add_gemm_alternatives(
             if (sizes or chosen) and not fit:
                 continue  # a named form no bucket takes is not compiled
             ids = [kernel_id(r.source, r.signature, r.config) for r in kernels]
-            pending.append((site, cfg.name, kernels, ids, extra, fit, pre))
+            pending.append((site, cfg.name, kernels, ids, extra, fit, pre, cfg))
 
     taken = {i for site in sites for i in site.library}
     attention = (
@@ -147,29 +165,50 @@ def add_gemm_alternatives(
             if sizes and not fit:
                 continue
             kid = kernel_id(kernel.source, kernel.signature, kernel.config)
-            pending.append((site, cfg.name, [kernel], [kid], {}, fit, ()))
-    todo = {kid: r for _, _, kernels, ids, _, _, _ in pending for kid, r in zip(ids, kernels)}
+            pending.append((site, cfg.name, [kernel], [kid], {}, fit, (), cfg))
+    joined = (
+        _joined(program, sites, pending, known, ranges) if pick is not None and gemm_pairs.enabled() else []
+    )
+    todo = {kid: r for _, _, kernels, ids, *_ in pending for kid, r in zip(ids, kernels)}
+    todo.update({kid: r for _, forms in joined for j in forms for kid, r in j.kernels()})
     results, failed = compile_kernels(list(todo.items()))
     for kid, why in failed.items():
         say(f"  warning: GEMM candidate kernel {todo[kid].name} ({kid}) failed to compile, left out: {why}")
+    # a pair whose every form compiled replaces its two sites; else the two stay
+    joined = [
+        (p, forms) for p, forms in joined if not any(k in failed for j in forms for k, _ in j.kernels())
+    ]
+    apart = {s.id for p, _ in joined for s in (p.first, p.second)}
     existing = {k.id for k in program.kernels}
     kernels_out: dict[str, Kernel] = {}
     cubins: dict[tuple[str, str], bytes] = {}
     buffers = dict(program.buffers)
     by_site: dict[str, list[GemmCandidate]] = {}
-    for site, name, kernels, ids, extra, fit, pre in pending:
-        if any(k in failed for k in ids):
-            continue
-        for r, kid in zip(kernels, ids):
+
+    def record(kernels: list[tuple[str, Rendered]]) -> None:
+        for kid, r in kernels:
             if kid in existing or kid in kernels_out:
                 continue
             kernels_out[kid] = kernel_record(kid, r, results, archs)
             for a in archs:
                 cubins[(kid, a)] = results[(kid, a)].cubin
+
+    for site, name, kernels, ids, extra, fit, pre, _ in pending:
+        if any(k in failed for k in ids) or site.id in apart:
+            continue
+        record(list(zip(ids, kernels)))
         buffers.update(extra)
         by_site.setdefault(site.id, []).append(
             GemmCandidate(name=name, steps=candidate_steps(site, kernels, ids, pre), buckets=fit)
         )
+    for _, forms in joined:
+        for j in forms:
+            record(j.kernels())
+            buffers.update(j.extra)
+            by_site.setdefault(j.pair.id, []).append(
+                GemmCandidate(name=j.name, steps=j.steps(), buckets=j.buckets)
+            )
+    pairs = {p.first.id: p for p, _ in joined}
     alternatives = tuple(
         GemmSite(
             id=site.id,
@@ -177,10 +216,10 @@ def add_gemm_alternatives(
             outputs=site.outputs,
             m=ix.size_text(ix.parse_size(site.m)),
             n=site.n,
-            k=site.k if isinstance(site, Site) else site.head_dim,
+            k=site.head_dim if isinstance(site, AttnSite) else site.k,
             candidates=tuple(by_site[site.id]),
         )
-        for site in [*sites, *attention]
+        for site in [*(pairs.get(s.id, s) for s in sites if s.id not in apart or s.id in pairs), *attention]
         if by_site.get(site.id)
     )
     new = replace(

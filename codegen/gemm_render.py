@@ -685,7 +685,9 @@ def _norm_a_one_pass(site: Site, write_sum: str) -> list[str]:
     return lines
 
 
-def _epilogue_lines(site: Site, ep: Epilogue) -> list[str]:
+def _epilogue_lines(site: Site, ep: Epilogue, store: bool = True) -> list[str]:
+    """The epilogue on the fp32 tile ``acc<g>`` (bias, activation, the absorbed kernel's steps)
+    and, ``store``, the stores of its outputs (``Epilogue.stores``)."""
     lines = []
     for g, bias in enumerate(site.biases):
         if bias is not None:
@@ -707,7 +709,7 @@ def _epilogue_lines(site: Site, ep: Epilogue) -> list[str]:
         else:
             lines.append(f"{p}_v = tl.load({p}_ptr).to(tl.float32)")
     lines += ep.lines
-    for i, (_, val, dtype) in enumerate(ep.stores):
+    for i, (_, val, dtype) in enumerate(ep.stores if store else ()):
         lines.append(
             f"tl.store(out{i}_ptr + rm[:, None] * {site.n} + rn[None, :], {val}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"
         )
@@ -890,4 +892,146 @@ def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: st
     name = f"gemm_{_tag(site)}_{cfg.name}_reduce"
     return _rendered(
         site, cfg, name, "split-K reduce + epilogue", body, params, signature, args, outputs, grid, ()
+    )
+
+
+def split_index(site: Site, cfg: TileConfig, ranges: dict[str, tuple[int, int]]) -> str:
+    """The index type of ``site``'s kernels in form ``cfg`` (split: its K slices): int64 where an
+    offset into A, W, C or the slices' workspace may pass int32 (as ``_render_forms`` chooses)."""
+    m_max = max_value(ix.parse_size(site.m), ranges)
+    s, g = cfg.split_k, len(site.weights)
+    biggest = max(m_max * max(site.k, site.n * s * g, site.n), site.k * site.n * (2 if site.halves else 1))
+    return "i64" if biggest >= 2**31 - 1 else "i32"
+
+
+REDUCE_NORM_CHUNK = 256  # the columns of a row the reduce + norm kernel takes at a time
+
+
+def render_reduce_norm(
+    site: Site,
+    cfg: TileConfig,
+    ws: str,
+    norm_site: Site,
+    a_out: str,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    index: str,
+) -> Rendered:
+    """A split-K reduce that also runs the row norm after it (``gemm_pairs``): one program per
+    row of C = A @ W^T. It loads the ``cfg.split_k`` fp32 slabs (``ws``) of the whole row, chunk
+    by chunk, before any sum (every load in flight at once), adds them in the plain reduce's
+    fixed order and applies ``site``'s epilogue; what the epilogue would store (C, read by
+    nothing but the norm) stays in registers, rounded to its dtype as the store would round it.
+    Then the row norm that ``norm_site`` (the next GEMM) has as its prologue: its other row inputs
+    loaded, the statistics over the row, the residual sum later steps read (``sum_out``) and the
+    normalized row, A of the next GEMM, stored to ``a_out``. The norm kernel and its launch go;
+    its steps and roundings are the one-row forms' (``_vec_steps_norm``), so A's bits equal
+    the norm kernel's but for the order of the statistics' sum."""
+    norm = norm_site.prologue.norm
+    n, s = site.n, cfg.split_k
+    width = min(REDUCE_NORM_CHUNK, 1 << (n - 1).bit_length())
+    count = -(-n // width)
+    ep = Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
+    if site.epilogue:
+        ep.lower(site.epilogue, _gemm_outputs(site))
+    else:
+        ep.stores.append((site.gemm_outputs[0], "acc0", site.dtype))
+    held = {buf: i for i, (buf, _) in enumerate(norm.inputs) if buf in {b for b, _, _ in ep.stores}}
+    cast = ".to(tl.int64)" if index == "i64" else ""
+    body = [
+        f"rm = tl.program_id(0){cast} * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "mask_m = rm < M",
+        "# the split-K slabs of the whole row, every load before the first sum",
+    ]
+    for c in range(count):
+        body += [
+            f"rn{c} = {c * width} + tl.arange(0, BLOCK_N)",
+            f"mask{c} = mask_m[:, None] & (rn{c} < {n})[None, :]",
+            *(
+                f"ws{c}_{ks} = tl.load(ws_ptr + ({ks} * M + rm[:, None]) * {n} + rn{c}[None, :], "
+                f"mask=mask{c}, other=0.0)"
+                for ks in range(s)
+            ),
+        ]
+    body.append("# per chunk: the slabs added in a fixed order (the same bits on every run), the epilogue")
+    for c in range(count):
+        body += [
+            f"rn = rn{c}",
+            f"mask_n = rn < {n}",
+            f"mask = mask{c}",
+            f"acc0 = {' + '.join(f'ws{c}_{ks}' for ks in range(s))}",
+        ]
+        body += _epilogue_lines(site, ep, store=False)
+        body += [  # the norm's row inputs among the outputs: kept, rounded as the store would
+            f"p{held[buf]}_{c} = tl.where(mask, {val}.to({TL_TYPE[STORAGE[dt]]}).to(tl.float32), 0.0)"
+            for buf, val, dt in ep.stores
+            if buf in held
+        ]
+    body.append("# the next GEMM's row norm over the whole row")
+    norm_view = replace(
+        norm_site,
+        k=n,
+        prologue=replace(
+            norm_site.prologue,
+            norm=replace(
+                norm,
+                row_ops=tuple(
+                    (v, f"p{held[norm.inputs[int(v[1:-2])][0]]}_@", st)
+                    if v.startswith("x") and v.endswith("_@") and norm.inputs[int(v[1:-2])][0] in held
+                    else (v, e, st)
+                    for v, e, st in norm.row_ops
+                ),
+            ),
+        ),
+    )
+    steps = [f"rn{c}" for c in range(count)]
+    body += _norm_stats(norm_view, "True", steps, n % width != 0)
+    dt = TL_TYPE[STORAGE[norm_site.dtype]]
+    for c in range(count):
+        body += [
+            f"{var.replace('@', str(c))} = {expr.replace('@', str(c))}"
+            for var, expr, st in norm.row_ops
+            if st
+        ]
+        body.append(
+            f"tl.store(a_ptr + rm[:, None] * {n} + rk{c}[None, :], {norm.out.replace('@', str(c))}.to({dt}), "
+            f"mask=kmask{c})"
+        )
+    body += _sum_out_stores(norm_view, "True", {str(c): f"rk{c}" for c in range(count)}, 1)
+    params: list[KernelParam] = [KernelParam("ws_ptr", ParamKind.PTR, "float32")]
+    args: list[Any] = [Buf(ws)]
+
+    def ptr(name: str, buf: str, dtype: str) -> None:
+        params.append(KernelParam(name, ParamKind.PTR, dtype))
+        args.append(Buf(buf))
+
+    for g, b in enumerate(site.biases):
+        if b is not None:
+            ptr(f"b{g}_ptr", b, site.dtype)
+    for buf, load in ep.loads.items():
+        ptr(f"{load.param}_ptr", buf, load.dtype)
+    for i, (buf, dtype) in enumerate(norm.inputs):
+        if buf not in held:
+            ptr(f"x{i}_ptr", buf, dtype)
+    for i, (buf, dtype) in enumerate(norm.vectors):
+        ptr(f"v{i}_ptr", buf, dtype)
+    if norm.sum_out is not None:
+        ptr("sum_ptr", norm_site.prologue.sum_out, norm.sum_out[2])
+    ptr("a_ptr", a_out, norm_site.dtype)
+    params.append(KernelParam("M", ParamKind(index), ""))
+    args.append(Sym(ix.size_text(ix.parse_size(site.m))))
+    outputs = _prologue_outputs(norm_site) + [a_out]
+    name = f"gemm_{_tag(site)}_{cfg.name}_reduce_norm"
+    return _rendered(
+        site,
+        replace(cfg, block_m=1, block_n=width, dot=False),
+        name,
+        "split-K reduce + epilogue + the next GEMM's row norm",
+        body,
+        params,
+        signature_of(params, index),
+        args,
+        outputs,
+        (_grid_rows(site.m, 1),),
+        (),
     )

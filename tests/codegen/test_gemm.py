@@ -371,6 +371,13 @@ HOSTILE_ALTERNATIVES = {
         ),
         "does not own",
     ),
+    # besides its outputs a candidate may write only new buffers or its own site's internal ones
+    "writes another site's output": (
+        lambda t: _site(t)["candidates"][0]["steps"][0].update(
+            outputs=_site(t)["candidates"][0]["steps"][0]["outputs"] + _site(t, 1)["outputs"][:1]
+        ),
+        "does not own",
+    ),
     "named library": (lambda t: _site(t)["candidates"][0].update(name="library"), "names are"),
     "reads before written": (
         lambda t: _site(t)["candidates"][0]["steps"][0]["args"].__setitem__(0, {"buf": "addmm_1"}),

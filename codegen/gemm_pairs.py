@@ -1,0 +1,180 @@
+"""Two GEMM sites joined where a row norm sits between them: the split-K reduce of the first
+runs the norm that the second has as its prologue.
+
+A decoder layer at 2-32 rows (decode at batch 2-32) runs, between two projections, a norm
+kernel: the down projection's K slices are summed by a reduce kernel, then the next layer's
+residual add and RMSNorm run as a kernel of their own, then q/k/v (the same between o and
+gate/up where o runs in K slices). At one row the norm is the next GEMV's prologue
+(``gemm_render._vec_steps_norm``); at 2-32 rows the swapped tensor-core forms take no prologue,
+so the norm stays a launch. The reduce already holds whole rows of the first GEMM's output
+once it has added the slices, so ``gemm_render.render_reduce_norm`` runs the norm there, one
+program per row, and the norm kernel and its launch go.
+
+A site's candidates replace its library steps and nothing else, so the two sites become one
+(``Pair``): its library is both sites' (the norm kernel among the second's, as its prologue), its
+candidates the pairs of the two sites' default forms at each bucket, fused where the first
+runs split-K and the second its plain form after the norm kernel. Only a default build joins
+sites (each of its sites has one form per bucket, so each bucket has one pair of forms; tune's
+candidates builds keep the sites apart), and only with ``AOTPACK_REDUCE_NORM=on``: the joined
+form has not been timed on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from aot.codegen.gemm_render import render_reduce_norm, split_index
+from aot.codegen.gemm_sites import Site
+from aot.codegen.render import Rendered, kernel_id, kernel_step
+from aot.program import readers_of
+from aot.schema import Program, Step, TensorSpec
+from aot.tuning import MAX_CANDIDATE_STEPS
+
+ENV = "AOTPACK_REDUCE_NORM"  # "on": join the sites; anything else keeps them apart (the default)
+
+
+def enabled() -> bool:
+    """``AOTPACK_REDUCE_NORM`` as read now."""
+    return os.environ.get(ENV, "").strip().lower() == "on"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two GEMM sites whose second's prologue (a row norm) reads the first's output, as one site:
+    ``first``'s output is read by nothing but that norm, and no step lies between them."""
+
+    first: Site
+    second: Site
+
+    @property
+    def id(self) -> str:
+        return self.first.id
+
+    @property
+    def library(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.first.library, *self.second.library}))
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.second.outputs
+
+    @property
+    def reference(self) -> tuple[Step, ...]:
+        return (*self.first.reference, *self.second.reference)
+
+    @property
+    def m(self) -> str:
+        return self.second.m
+
+    @property
+    def n(self) -> int:
+        return self.second.n
+
+    @property
+    def k(self) -> int:
+        return self.second.k
+
+
+def find_pairs(program: Program, sites: list[Site]) -> list[Pair]:
+    """The site pairs of ``program`` a reduce may run the norm of (module docstring)."""
+    readers = readers_of(program.steps)
+    by_step = {i: s for s in sites for i in s.library}
+    pairs = []
+    for second in sites:
+        pro = second.prologue
+        if pro is None or pro.norm is None or pro.norm.more or pro.sum_out == pro.ln_out:
+            continue
+        norm_at = second.library[0]
+        if program.steps[norm_at] is not pro.kernel:
+            continue
+        first = by_step.get(norm_at - 1)
+        if first is None or first is second or len(first.weights) != 1 or first.halves:
+            continue
+        if first.n != second.k or first.m != second.m or first.dtype != second.dtype:
+            continue
+        rows = {buf for buf, _ in pro.norm.inputs}
+        if not set(first.outputs) & rows or set(first.outputs) & set(program.outputs):
+            continue
+        if any(set(readers.get(o, ())) - {norm_at} for o in first.outputs):
+            continue  # a later step reads the first GEMM's output too
+        span = range(first.library[0], second.library[-1] + 1)
+        if set(span) - {*first.library, *second.library}:
+            continue
+        pairs.append(Pair(first, second))
+    return pairs
+
+
+@dataclass(frozen=True)
+class Joined:
+    """One candidate of a ``Pair``: its steps in launch order (a rendered kernel with its id, or
+    a program kernel's step: the norm kernel, where it stays), the buffers it adds, its buckets."""
+
+    pair: Pair
+    name: str
+    parts: tuple[tuple[Rendered, str] | Step, ...]
+    extra: dict[str, TensorSpec]
+    buckets: tuple[dict[str, int], ...]
+
+    def kernels(self) -> list[tuple[str, Rendered]]:
+        return [(kid, r) for part in self.parts if not isinstance(part, Step) for r, kid in (part,)]
+
+    def steps(self) -> tuple[Step, ...]:
+        """The candidate's steps: the last kernel carries the pair's reference (what it replaces)."""
+        out = []
+        for i, part in enumerate(self.parts):
+            if isinstance(part, Step):
+                out.append(part)
+                continue
+            r, kid = part
+            out.append(kernel_step(kid, r, self.pair.reference if i == len(self.parts) - 1 else ()))
+        return tuple(out)
+
+
+def join(
+    pair: Pair,
+    first: list,
+    second: list,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    ranges: dict[str, tuple[int, int]],
+) -> list[Joined] | None:
+    """The pair's candidates from its sites' pending forms (``gemm.add_gemm_alternatives``'s
+    entries: site, name, kernels, ids, extra, buckets, steps before, config), one per bucket;
+    None where the two sites' forms do not pair up bucket by bucket (each bucket one form of
+    each), or a pair of forms would pass ``MAX_CANDIDATE_STEPS``."""
+    out = []
+    keys = lambda entries: [tuple(sorted(s.items())) for e in entries for s in e[5]]  # noqa: E731
+    if sorted(keys(first)) != sorted(keys(second)) or len(set(keys(first))) != len(keys(first)):
+        return None
+    for f in first:
+        for s in second:
+            common = tuple(b for b in f[5] if b in s[5])
+            if not common:
+                continue
+            _, f_name, f_kernels, f_ids, f_extra, _, f_pre, f_cfg = f
+            _, s_name, s_kernels, s_ids, s_extra, _, s_pre, _ = s
+            name = f"{f_name}__{s_name}"
+            if len(name) > 64 or f_pre:
+                return None
+            if len(f_kernels) == 2 and len(s_pre) == 1:  # split-K, then the norm kernel: joined
+                (ws,) = f_extra
+                (a_out,) = [o for o in s_pre[0].outputs if o != pair.second.prologue.sum_out]
+                fused = render_reduce_norm(
+                    pair.first,
+                    f_cfg,
+                    ws,
+                    pair.second,
+                    a_out,
+                    buffers,
+                    known,
+                    split_index(pair.first, f_cfg, ranges),
+                )
+                fid = kernel_id(fused.source, fused.signature, fused.config)
+                parts = ((f_kernels[0], f_ids[0]), (fused, fid), *zip(s_kernels, s_ids))
+            else:
+                parts = (*zip(f_kernels, f_ids), *s_pre, *zip(s_kernels, s_ids))
+            if len(parts) > MAX_CANDIDATE_STEPS:
+                return None
+            out.append(Joined(pair, name, tuple(parts), {**f_extra, **s_extra}, common))
+    return out

@@ -1,0 +1,25 @@
+"""``gemm_reduce_norm.py``'s block at sizes Triton's interpreter runs in seconds: h = r +
+Linear(2048 → 640)(x), y = Linear(640 → 64)(rms_norm(h)), float16, batch buckets 8 and 32 (no
+one-row forms to interpret at many rows). At 32 rows the first runs in K slices (a small site of
+long K) and the second ``tile_64x32x128`` after the norm kernel, so ``gemm_pairs`` joins them:
+the reduce runs the norm over rows of 640 (three chunks, the last one ragged); at 8 rows the
+second has the norm as its prologue, so the joined site runs the two sites' forms as they are."""
+
+import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gemm_reduce_norm import Block  # noqa: E402
+
+from aot import Dim, Input, ModelSpec  # noqa: E402
+
+K, N, OUT = 2048, 640, 64
+
+batch = Dim("batch", 1, 32, buckets=(8, 32), paddable=True)
+spec = ModelSpec(
+    module=partial(Block, K, N, OUT),
+    inputs=[Input("x", (batch, K)), Input("r", (batch, N))],
+    dtype="float16",
+)

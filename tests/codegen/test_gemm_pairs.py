@@ -1,0 +1,127 @@
+"""Two GEMM sites joined where a row norm sits between them (``aot.codegen.gemm_pairs``): with
+``AOTPACK_REDUCE_NORM=on`` a default build's split-K reduce of the first runs the norm the second
+has as its prologue, at the buckets where the second runs its plain form after the norm kernel;
+the norm kernel's launch goes. Checked on ``gemm_models/gemm_reduce_norm.py`` (float16) against
+the library steps in Triton's interpreter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aot.codegen import gemm_pairs
+from tests.conftest import HANG_GUARD_S
+
+MODELS = Path(__file__).resolve().parent / "gemm_models"
+ARCHS = ("sm_90",)
+
+
+def _plans(compiled) -> dict[int, list[str]]:
+    """Bucket (batch) -> the kernels its default plan launches, in order."""
+    from aot.schema import StepKind
+    from aot.tuning import tuned_plans
+
+    program = compiled.program
+    kernels = {k.id: k.name for k in program.kernels}
+    plans = tuned_plans(compiled.tuning, 0, program, ARCHS[0])
+    return {
+        key[0]: [kernels[s.target] for s in plan if s.kind == StepKind.KERNEL] for key, plan in plans.items()
+    }
+
+
+def _build(model: str, joined: bool):
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+
+    with pytest.MonkeyPatch.context() as mp:
+        if joined:
+            mp.setenv(gemm_pairs.ENV, "on")
+        else:
+            mp.delenv(gemm_pairs.ENV, raising=False)
+        return generate(trace(load_model_file(MODELS / model)), ARCHS)
+
+
+def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
+    """``gemm_reduce_norm.py`` (a down projection's shape, then the norm and a projection): at 8
+    and 32 rows the first runs in K slices and the second its swapped form after the norm kernel;
+    joined, the reduce runs the norm and the norm kernel goes (one launch fewer); at one row the
+    norm is the GEMV's prologue, as without."""
+    compiled = _build("gemm_reduce_norm.py", joined=True)
+    (site,) = compiled.program.alternatives  # the two sites as one
+    assert site.library == (0, 1, 2, 3, 4)
+    assert {c.name for c in site.candidates} == {
+        "vec_1x2x1024__vec_1x2x1024_rms",
+        "fews_splitk4_16x64x128__fews_splitk8_16x64x64",
+        "fews_splitk4_32x64x128__fews_splitk8_32x64x64",
+    }
+    plans = _plans(compiled)
+    separate = _build("gemm_reduce_norm.py", joined=False)
+    assert len(separate.program.alternatives) == 2
+    apart = _plans(separate)
+    assert plans[1] == apart[1] == ["gemm_mm_vec_1x2x1024", "gemm_norm_mm_vec_1x2x1024"]
+    for rows, tile in ((8, "16"), (32, "32")):
+        assert apart[rows] == [
+            f"gemm_mm_fews_splitk4_{tile}x64x128_partial",
+            f"gemm_mm_fews_splitk4_{tile}x64x128_reduce",
+            "fused_add_cast_pow_mean_etc",
+            f"gemm_mm_fews_splitk8_{tile}x64x64_partial",
+            f"gemm_mm_fews_splitk8_{tile}x64x64_reduce",
+        ]
+        assert plans[rows] == [
+            f"gemm_mm_fews_splitk4_{tile}x64x128_partial",
+            f"gemm_mm_fews_splitk4_{tile}x64x128_reduce_norm",
+            f"gemm_mm_fews_splitk8_{tile}x64x64_partial",
+            f"gemm_mm_fews_splitk8_{tile}x64x64_reduce",
+        ]
+
+
+def test_sites_stay_apart_without_a_norm_between_them():
+    """``gemm_long_k16.py`` (a residual add, no norm, between its GEMMs) has no pair to join."""
+    from aot.codegen.gemm_sites import find_sites
+    from aot.tracer import load_model_file, trace
+
+    program = trace(load_model_file(MODELS / "gemm_long_k16.py")).program
+    assert len(find_sites(program)) == 3
+    assert gemm_pairs.find_pairs(program, find_sites(program)) == []
+
+
+@pytest.mark.slow
+def test_the_joined_forms_match_in_the_interpreter(tmp_path):
+    """``gemm_reduce_norm_small.py`` joined (rows of 640: the norm in three chunks, the last one
+    ragged): each candidate, the reduce that runs the norm in both, against the library steps
+    (the first GEMM, the residual add and RMSNorm, the second GEMM) in Triton's interpreter at 3
+    rows (the bucket of 8, padded) and 20 (of 32): the second GEMM's output and the residual sum
+    the norm writes within float16's tolerance (``aot.dtypes.TOLERANCE``), and bit for bit from
+    run to run."""
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    compiled = _build("gemm_reduce_norm_small.py", joined=True)
+    plans = _plans(compiled)
+    assert [sum(n.endswith("_reduce_norm") for n in plans[rows]) for rows in (8, 32)] == [1, 1], plans
+    assert not any(n.startswith("fused_") for names in plans.values() for n in names), plans
+    pack(compiled, tmp_path / "small.tpk")
+    (result,) = interpret_in_subprocess(
+        [
+            (
+                tmp_path / "small.tpk",
+                MODELS / "gemm_reduce_norm_small.py",
+                [{"batch": 3}, {"batch": 20}],
+                None,
+                True,
+            )
+        ],
+        timeout=HANG_GUARD_S,
+    )
+    assert len(result) == 2
+    (site,) = compiled.program.alternatives
+    for comparisons in result.values():
+        assert not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+        names = {(c.name, c.output) for c in comparisons}
+        for cand in site.candidates:
+            for out in site.outputs:
+                assert (f"{site.id}/{cand.name}", out) in names and (
+                    f"{site.id}/{cand.name}/rerun",
+                    out,
+                ) in names
