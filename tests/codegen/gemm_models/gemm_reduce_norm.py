@@ -5,27 +5,18 @@ norm and a projection after it: at 8 and 32 rows the built-in entry runs the fir
 and the second as a swapped form after the norm kernel, so ``gemm_pairs`` joins them (the
 reduce runs the norm) where ``AOTPACK_REDUCE_NORM=on``."""
 
-import torch
+import sys
+from pathlib import Path
+
 from torch import nn
 
-from aot import Dim, Input, ModelSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gemm_rms import RMSNorm  # noqa: E402  (Llama's, as transformers writes it)
+
+from aot import Dim, Input, ModelSpec  # noqa: E402
 
 K, N, OUT = 4096, 2048, 64
-
-
-class RMSNorm(nn.Module):
-    """Llama's: the mean of squares in float32, the normed row cast back, times the weight."""
-
-    def __init__(self, n: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(1.0 + 0.1 * torch.randn(n))
-        self.eps = eps
-
-    def forward(self, x):
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 class Block(nn.Module):
