@@ -78,14 +78,16 @@ def candidate_steps(
     return tuple(steps)
 
 
-def _joined(program: Program, sites: list[Site], pending: list, known: dict, ranges: dict) -> list:
+def _joined(
+    program: Program, sites: list[Site], pending: list[gemm_pairs.Pending], known: dict, ranges: dict
+) -> list[tuple[gemm_pairs.Pair, list[gemm_pairs.Joined]]]:
     """``gemm_pairs``: each pair of sites whose forms join, with its candidates."""
     out = []
     for pair in gemm_pairs.find_pairs(program, sites):
         forms = gemm_pairs.join(
             pair,
-            [e for e in pending if e[0].id == pair.first.id],
-            [e for e in pending if e[0].id == pair.second.id],
+            [e for e in pending if e.site.id == pair.first.id],
+            [e for e in pending if e.site.id == pair.second.id],
             program.buffers,
             known,
             ranges,
@@ -119,7 +121,7 @@ def add_gemm_alternatives(
     known = {t.name: t.spec for t in program.inputs + program.weights}
     sites = find_sites(program)
     sizes = bucket_sizes(program, buckets)
-    pending = []  # (site, cfg, rendered kernels, ids, extra buffers, buckets)
+    pending: list[gemm_pairs.Pending] = []
     for site in sites:
         chosen = pick(site) if pick is not None else ()
         if pick is not None and not chosen:
@@ -146,7 +148,7 @@ def add_gemm_alternatives(
             if (sizes or chosen) and not fit:
                 continue  # a named form no bucket takes is not compiled
             ids = [kernel_id(r.source, r.signature, r.config) for r in kernels]
-            pending.append((site, cfg.name, kernels, ids, extra, fit, pre, cfg))
+            pending.append(gemm_pairs.Pending(site, cfg.name, kernels, ids, extra, fit, pre, cfg))
 
     taken = {i for site in sites for i in site.library}
     attention = (
@@ -165,11 +167,11 @@ def add_gemm_alternatives(
             if sizes and not fit:
                 continue
             kid = kernel_id(kernel.source, kernel.signature, kernel.config)
-            pending.append((site, cfg.name, [kernel], [kid], {}, fit, (), cfg))
+            pending.append(gemm_pairs.Pending(site, cfg.name, [kernel], [kid], {}, fit, (), cfg))
     joined = (
         _joined(program, sites, pending, known, ranges) if pick is not None and gemm_pairs.enabled() else []
     )
-    todo = {kid: r for _, _, kernels, ids, *_ in pending for kid, r in zip(ids, kernels)}
+    todo = {kid: r for e in pending for kid, r in zip(e.ids, e.kernels)}
     todo.update({kid: r for _, forms in joined for j in forms for kid, r in j.kernels()})
     results, failed = compile_kernels(list(todo.items()))
     for kid, why in failed.items():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from aot.codegen.gemm_render import render_reduce_norm, split_index
 from aot.codegen.gemm_sites import Site
@@ -37,6 +38,21 @@ ENV = "AOTPACK_REDUCE_NORM"  # "on": join the sites; anything else keeps them ap
 def enabled() -> bool:
     """``AOTPACK_REDUCE_NORM`` as read now."""
     return os.environ.get(ENV, "").strip().lower() == "on"
+
+
+class Pending(NamedTuple):
+    """A form of a site before compiling (``gemm.add_gemm_alternatives``): its kernels and their
+    ids, the buffers they add, the buckets it runs at, the program kernels it runs first (a norm
+    kernel it keeps), and its config (a split-K form's with its K slices)."""
+
+    site: Any  # a GEMM ``Site`` or an attention site
+    name: str
+    kernels: list[Rendered]
+    ids: list[str]
+    extra: dict[str, TensorSpec]
+    fit: tuple[dict[str, int], ...]
+    pre: tuple[Step, ...]
+    cfg: Any  # TileConfig, or an attention form's config
 
 
 @dataclass(frozen=True)
@@ -117,7 +133,8 @@ class Joined:
     buckets: tuple[dict[str, int], ...]
 
     def kernels(self) -> list[tuple[str, Rendered]]:
-        return [(kid, r) for part in self.parts if not isinstance(part, Step) for r, kid in (part,)]
+        """(id, rendered) of each kernel it launches of its own."""
+        return [(part[1], part[0]) for part in self.parts if not isinstance(part, Step)]
 
     def steps(self) -> tuple[Step, ...]:
         """The candidate's steps: the last kernel carries the pair's reference (what it replaces)."""
@@ -131,50 +148,43 @@ class Joined:
         return tuple(out)
 
 
+def _bucket_keys(forms: list[Pending]) -> list[tuple]:
+    return [tuple(sorted(b.items())) for f in forms for b in f.fit]
+
+
 def join(
     pair: Pair,
-    first: list,
-    second: list,
+    first: list[Pending],
+    second: list[Pending],
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
     ranges: dict[str, tuple[int, int]],
 ) -> list[Joined] | None:
-    """The pair's candidates from its sites' pending forms (``gemm.add_gemm_alternatives``'s
-    entries: site, name, kernels, ids, extra, buckets, steps before, config), one per bucket;
-    None where the two sites' forms do not pair up bucket by bucket (each bucket one form of
-    each), or a pair of forms would pass ``MAX_CANDIDATE_STEPS``."""
-    out = []
-    keys = lambda entries: [tuple(sorted(s.items())) for e in entries for s in e[5]]  # noqa: E731
-    if sorted(keys(first)) != sorted(keys(second)) or len(set(keys(first))) != len(keys(first)):
+    """The pair's candidates from its two sites' forms, one per bucket; None where the forms do
+    not pair up bucket by bucket (each bucket one form of each), or a pair of forms would pass
+    ``MAX_CANDIDATE_STEPS``."""
+    keys = _bucket_keys(first)
+    if sorted(keys) != sorted(_bucket_keys(second)) or len(set(keys)) != len(keys):
         return None
+    out = []
     for f in first:
         for s in second:
-            common = tuple(b for b in f[5] if b in s[5])
+            common = tuple(b for b in f.fit if b in s.fit)
             if not common:
                 continue
-            _, f_name, f_kernels, f_ids, f_extra, _, f_pre, f_cfg = f
-            _, s_name, s_kernels, s_ids, s_extra, _, s_pre, _ = s
-            name = f"{f_name}__{s_name}"
-            if len(name) > 64 or f_pre:
+            name = f"{f.name}__{s.name}"
+            if len(name) > 64 or f.pre:
                 return None
-            if len(f_kernels) == 2 and len(s_pre) == 1:  # split-K, then the norm kernel: joined
-                (ws,) = f_extra
-                (a_out,) = [o for o in s_pre[0].outputs if o != pair.second.prologue.sum_out]
-                fused = render_reduce_norm(
-                    pair.first,
-                    f_cfg,
-                    ws,
-                    pair.second,
-                    a_out,
-                    buffers,
-                    known,
-                    split_index(pair.first, f_cfg, ranges),
-                )
+            if len(f.kernels) == 2 and len(s.pre) == 1:  # split-K, then the norm kernel: joined
+                (ws,) = f.extra
+                (a_out,) = [o for o in s.pre[0].outputs if o != pair.second.prologue.sum_out]
+                index = split_index(pair.first, f.cfg, ranges)
+                fused = render_reduce_norm(pair.first, f.cfg, ws, pair.second, a_out, buffers, known, index)
                 fid = kernel_id(fused.source, fused.signature, fused.config)
-                parts = ((f_kernels[0], f_ids[0]), (fused, fid), *zip(s_kernels, s_ids))
+                parts = ((f.kernels[0], f.ids[0]), (fused, fid), *zip(s.kernels, s.ids))
             else:
-                parts = (*zip(f_kernels, f_ids), *s_pre, *zip(s_kernels, s_ids))
+                parts = (*zip(f.kernels, f.ids), *s.pre, *zip(s.kernels, s.ids))
             if len(parts) > MAX_CANDIDATE_STEPS:
                 return None
-            out.append(Joined(pair, name, tuple(parts), {**f_extra, **s_extra}, common))
+            out.append(Joined(pair, name, tuple(parts), {**f.extra, **s.extra}, common))
     return out

@@ -120,12 +120,7 @@ def _render_forms(
     configs: tuple[TileConfig, ...] | None,
 ) -> list[tuple[TileConfig, list[Rendered], dict[str, TensorSpec], tuple[Step, ...]]]:
     configs = CONFIGS if configs is None else configs
-    ep = Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
-    if site.epilogue:
-        ep.lower(site.epilogue, _gemm_outputs(site))
-    else:
-        ep.stores.append((site.gemm_outputs[0], "acc0", site.dtype))
-    m_max = max_value(ix.parse_size(site.m), ranges)
+    ep = _site_epilogue(site, buffers, known)
     out = []
     for cfg in configs:
         if (cfg.split_k != 1 and site.k < cfg.min_k) or site.n < cfg.min_n:
@@ -138,10 +133,7 @@ def _render_forms(
                 continue
             cfg = replace(cfg, split_k=split, name=cfg.name.replace("splitk", f"splitk{split}", 1))
         s, g = cfg.split_k, len(site.weights)
-        biggest = max(
-            m_max * max(site.k, site.n * s * g, site.n), site.k * site.n * (2 if site.halves else 1)
-        )
-        index = "i64" if biggest >= 2**31 - 1 else "i32"
+        index = split_index(site, cfg, ranges)
         if cfg.split_k == 1:
             kernels = [_render_fused(site, ep, cfg, index)]
             extra: dict[str, TensorSpec] = {}
@@ -151,6 +143,25 @@ def _render_forms(
             kernels = [_render_partial(site, cfg, index, ws), _render_reduce(site, ep, cfg, index, ws)]
         out.append((cfg, kernels, extra, ()))
     return out
+
+
+def _site_epilogue(site: Site, buffers: dict[str, TensorSpec], known: dict[str, TensorSpec]) -> Epilogue:
+    """``site``'s epilogue lowered: its absorbed kernel's steps, or the GEMM result stored."""
+    ep = Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
+    if site.epilogue:
+        ep.lower(site.epilogue, _gemm_outputs(site))
+    else:
+        ep.stores.append((site.gemm_outputs[0], "acc0", site.dtype))
+    return ep
+
+
+def split_index(site: Site, cfg: TileConfig, ranges: dict[str, tuple[int, int]]) -> str:
+    """The index type of ``site``'s kernels in form ``cfg`` (split: its K slices): int64 where an
+    offset into A, W, C or the slices' workspace may pass int32."""
+    m_max = max_value(ix.parse_size(site.m), ranges)
+    s, g = cfg.split_k, len(site.weights)
+    biggest = max(m_max * max(site.k, site.n * s * g, site.n), site.k * site.n * (2 if site.halves else 1))
+    return "i64" if biggest >= 2**31 - 1 else "i32"
 
 
 def split_factor(site: Site, cfg: TileConfig) -> int:
@@ -895,15 +906,6 @@ def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: st
     )
 
 
-def split_index(site: Site, cfg: TileConfig, ranges: dict[str, tuple[int, int]]) -> str:
-    """The index type of ``site``'s kernels in form ``cfg`` (split: its K slices): int64 where an
-    offset into A, W, C or the slices' workspace may pass int32 (as ``_render_forms`` chooses)."""
-    m_max = max_value(ix.parse_size(site.m), ranges)
-    s, g = cfg.split_k, len(site.weights)
-    biggest = max(m_max * max(site.k, site.n * s * g, site.n), site.k * site.n * (2 if site.halves else 1))
-    return "i64" if biggest >= 2**31 - 1 else "i32"
-
-
 REDUCE_NORM_CHUNK = 256  # the columns of a row the reduce + norm kernel takes at a time
 
 
@@ -931,11 +933,8 @@ def render_reduce_norm(
     n, s = site.n, cfg.split_k
     width = min(REDUCE_NORM_CHUNK, 1 << (n - 1).bit_length())
     count = -(-n // width)
-    ep = Epilogue(list(site.gemm_outputs), site.m, site.n, buffers, known)
-    if site.epilogue:
-        ep.lower(site.epilogue, _gemm_outputs(site))
-    else:
-        ep.stores.append((site.gemm_outputs[0], "acc0", site.dtype))
+    ep = _site_epilogue(site, buffers, known)
+    # the norm's row inputs that the epilogue would store: input i kept in registers as p<i>
     held = {buf: i for i, (buf, _) in enumerate(norm.inputs) if buf in {b for b, _, _ in ep.stores}}
     cast = ".to(tl.int64)" if index == "i64" else ""
     body = [
@@ -968,6 +967,7 @@ def render_reduce_norm(
             if buf in held
         ]
     body.append("# the next GEMM's row norm over the whole row")
+    loads_held = {f"x{i}_@": f"p{i}_@" for i in held.values()}  # its loads of those inputs
     norm_view = replace(
         norm_site,
         k=n,
@@ -975,12 +975,7 @@ def render_reduce_norm(
             norm_site.prologue,
             norm=replace(
                 norm,
-                row_ops=tuple(
-                    (v, f"p{held[norm.inputs[int(v[1:-2])][0]]}_@", st)
-                    if v.startswith("x") and v.endswith("_@") and norm.inputs[int(v[1:-2])][0] in held
-                    else (v, e, st)
-                    for v, e, st in norm.row_ops
-                ),
+                row_ops=tuple((v, loads_held.get(v, e), st) for v, e, st in norm.row_ops),
             ),
         ),
     )
