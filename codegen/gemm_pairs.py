@@ -114,7 +114,9 @@ def find_pairs(program: Program, sites: list[Site]) -> list[Pair]:
             continue
         if any(set(readers.get(o, ())) - {norm_at} for o in first.outputs):
             continue  # a later step reads the first GEMM's output too
-        span = range(first.library[0], second.library[-1] + 1)
+        # no step from the first's GEMM to the second's last (steps among the first's own, such
+        # as A's view before its GEMM, run before the pair's candidate as they do before the site's)
+        span = range(first.library[-1], second.library[-1] + 1)
         if set(span) - {*first.library, *second.library}:
             continue
         pairs.append(Pair(first, second))

@@ -48,16 +48,18 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
     joined, the reduce runs the norm and the norm kernel goes (one launch fewer); at one row the
     norm is the GEMV's prologue, as without."""
     compiled = _build("gemm_reduce_norm.py", joined=True)
+    separate = _build("gemm_reduce_norm.py", joined=False)
     (site,) = compiled.program.alternatives  # the two sites as one
-    assert site.library == (0, 1, 2, 3, 4)
+    first, second = separate.program.alternatives
+    # the first's steps have a hole (A's view before its GEMM), which stays outside the pair
+    assert len(first.library) < first.library[-1] - first.library[0] + 1
+    assert site.library == (*first.library, *second.library)
     assert {c.name for c in site.candidates} == {
         "vec_1x2x1024__vec_1x2x1024_rms",
         "fews_splitk4_16x64x128__fews_splitk8_16x64x64",
         "fews_splitk4_32x64x128__fews_splitk8_32x64x64",
     }
     plans = _plans(compiled)
-    separate = _build("gemm_reduce_norm.py", joined=False)
-    assert len(separate.program.alternatives) == 2
     apart = _plans(separate)
     assert plans[1] == apart[1] == ["gemm_mm_vec_1x2x1024", "gemm_norm_mm_vec_1x2x1024"]
     for rows, tile in ((8, "16"), (32, "32")):

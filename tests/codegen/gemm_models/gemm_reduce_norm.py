@@ -1,6 +1,7 @@
 """A split-K GEMM whose output only a residual add and an RMSNorm read, then a GEMM of the normed
 rows: h = r + Linear(4096 → 2048)(x), y = Linear(2048 → 64)(rms_norm(h)), float16, batch
-buckets 1, 8 and 32 (paddable). The shape of a decoder layer's down projection, the next layer's
+buckets 1, 8 and 32 (paddable), one token a row as in a decode step ([B, 1, K]: each Linear a
+view, the GEMM and a view back, so the first site's steps have A's view between them). The shape of a decoder layer's down projection, the next layer's
 norm and a projection after it: at 8 and 32 rows the built-in entry runs the first in K slices
 and the second as a swapped form after the norm kernel, so ``gemm_pairs`` joins them (the
 reduce runs the norm) where ``AOTPACK_REDUCE_NORM=on``."""
@@ -26,7 +27,7 @@ class Block(nn.Module):
         self.norm = RMSNorm(n)
         self.proj = nn.Linear(n, out, bias=False)
 
-    def forward(self, x, r):  # x: [B, K], r: [B, N]
+    def forward(self, x, r):  # x: [B, 1, K], r: [B, 1, N]
         h = r + self.down(x)
         return self.proj(self.norm(h)), h
 
@@ -34,6 +35,6 @@ class Block(nn.Module):
 batch = Dim("batch", 1, 32, buckets=(1, 8, 32), paddable=True)
 spec = ModelSpec(
     module=Block,
-    inputs=[Input("x", (batch, K)), Input("r", (batch, N))],
+    inputs=[Input("x", (batch, 1, K)), Input("r", (batch, 1, N))],
     dtype="float16",
 )

@@ -20,6 +20,6 @@ K, N, OUT = 2048, 640, 64
 batch = Dim("batch", 1, 32, buckets=(8, 32), paddable=True)
 spec = ModelSpec(
     module=partial(Block, K, N, OUT),
-    inputs=[Input("x", (batch, K)), Input("r", (batch, N))],
+    inputs=[Input("x", (batch, 1, K)), Input("r", (batch, 1, N))],
     dtype="float16",
 )
