@@ -907,6 +907,7 @@ def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: st
 
 
 REDUCE_NORM_CHUNK = 256  # the columns of a row the reduce + norm kernel takes at a time
+REDUCE_NORM_WARPS = 0  # its warps (0: the split-K form's own, 4; 8 measured no faster on an H200)
 
 
 def render_reduce_norm(
@@ -1019,7 +1020,7 @@ def render_reduce_norm(
     name = f"gemm_{_tag(site)}_{cfg.name}_reduce_norm"
     return _rendered(
         site,
-        replace(cfg, block_m=1, block_n=width, dot=False),
+        replace(cfg, block_m=1, block_n=width, dot=False, num_warps=REDUCE_NORM_WARPS or cfg.num_warps),
         name,
         "split-K reduce + epilogue + the next GEMM's row norm",
         body,

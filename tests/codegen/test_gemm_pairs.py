@@ -1,7 +1,7 @@
-"""Two GEMM sites joined where a row norm sits between them (``aot.codegen.gemm_pairs``): with
-``AOTPACK_REDUCE_NORM=on`` a default build's split-K reduce of the first runs the norm the second
-has as its prologue, at the buckets where the second runs its plain form after the norm kernel;
-the norm kernel's launch goes. Checked on ``gemm_models/gemm_reduce_norm.py`` (float16) against
+"""Two GEMM sites joined where a row norm sits between them (``aot.codegen.gemm_pairs``): in a
+default build (unless ``AOTPACK_REDUCE_NORM=off``) the split-K reduce of the first runs the norm
+the second has as its prologue, at the buckets where the second runs its plain form after the
+norm kernel; the norm kernel's launch goes. Checked on ``gemm_models/gemm_reduce_norm.py`` (float16) against
 the library steps in Triton's interpreter."""
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _build(model: str, joined: bool):
 
     with pytest.MonkeyPatch.context() as mp:
         if joined:
-            mp.setenv(gemm_pairs.ENV, "on")
+            mp.delenv(gemm_pairs.ENV, raising=False)  # the default
         else:
-            mp.delenv(gemm_pairs.ENV, raising=False)
+            mp.setenv(gemm_pairs.ENV, "off")
         return generate(trace(load_model_file(MODELS / model)), ARCHS)
 
 
