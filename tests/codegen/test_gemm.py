@@ -2,8 +2,9 @@
 the plans it makes (``aot.loader.tuning``), and ``aotpack tune`` without a GPU.
 
 Every candidate of the pattern models in ``gemm_models/`` runs in Triton's interpreter
-against the library steps it replaces at M = 1, 16 and 37 (fp16: 1e-2 + 1e-2·|ref|, fp32: 1e-4 +
-1e-4·|ref|, ``aot.dtypes.TOLERANCE``); split-K forms run twice more and must agree bit for bit.
+against the library steps it replaces at M = 1 and 3, the tensor-core forms at M = 37 too (fp16:
+1e-2 + 1e-2·|ref|, fp32: 1e-4 + 1e-4·|ref|, ``aot.dtypes.TOLERANCE``); split-K forms run twice
+more and must agree bit for bit.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from tests.conftest import HANG_GUARD_S, run_aotpack
 MODELS = Path(__file__).resolve().parent / "gemm_models"  # apart from the fusion pattern models
 ROOT = Path(__file__).resolve().parents[2]
 ARCHS = ("sm_90",)
-ROWS = (1, 16, 37)
+# Every candidate is checked at these rows: one, and a few (each row a block of its own in the
+# one-row forms, a ragged tile of the tensor-core forms).
+ROWS = (1, 3)
+# The tensor-core forms are checked at this many rows too (slow run): row tiles of 16, the last one
+# ragged. The one-row forms are not: a block per row runs the same code at any row count (3 rows
+# above), and at 16 and 37 rows their 1,700 blocks a row took the interpreter over 20 minutes.
+TILE_ROWS = 37
 
 
 # The forms the default run builds for each small model and checks in the interpreter: one of each
@@ -83,30 +90,64 @@ def built(tmp_path_factory):
         gemm_render.CONFIGS = saved
 
 
-SIZES = {
+SIZES = {  # every candidate (the default run: the first size)
     "gemm_mlp": [{"batch": m} for m in ROWS],
     "gemm_mlp32": [{"batch": m} for m in ROWS],
     "gemm_acts": [{"batch": m} for m in ROWS],
-    "gemm_swiglu": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 8}, {"batch": 37, "seq": 1}],
+    "gemm_swiglu": [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 3}],  # 6 rows of 2 sequences
     "gemm_ln": [{"batch": m} for m in ROWS],
     "gemm_conv1d": [{"batch": m} for m in ROWS],
 }
+# the tensor-core candidates alone, in the slow run (16 rows, one whole tile, is checked at 37's
+# first tiles)
+TILE_SIZES = {name: [{"batch": TILE_ROWS}] for name in SIZES}
+TILE_SIZES["gemm_swiglu"] = [{"batch": TILE_ROWS, "seq": 1}]
+
+
+def _one_row(program, candidate) -> bool:
+    """Whether ``candidate`` is a one-row form: its GEMM kernel a block per row of A (a plain form
+    at a prologue's site runs the program's norm kernel first)."""
+    configs = {k.id: k.config for k in program.kernels}
+    gemm = next(configs[s.target] for s in candidate.steps if configs[s.target]["kind"] == "gemm")
+    return gemm["BLOCK_M"] == 1
+
+
+def _without_one_row_forms(compiled, out: Path) -> Path:
+    """``compiled`` packed to ``out`` with only its tensor-core candidates (each site has some)."""
+    from aot.packager import pack
+
+    program = compiled.program
+    sites = tuple(
+        replace(s, candidates=tuple(c for c in s.candidates if not _one_row(program, c)))
+        for s in program.alternatives
+    )
+    pack(replace(compiled, program=replace(program, alternatives=sites)), out)
+    return out
 
 
 @pytest.fixture(scope="module")
-def interpreted(built, request):
-    """name → {sizes: comparisons} at the sizes of the tier ``request.param`` (``SIZE_TIERS``), all
-    models in one interpreter process."""
+def interpreted(built, request, tmp_path_factory):
+    """name → {sizes: comparisons} at the sizes of the tier ``request.param`` (``SIZE_TIERS``):
+    every candidate at ``SIZES``, and in the slow tier the tensor-core ones at ``TILE_SIZES`` too;
+    all models in one interpreter process."""
     from aot.verify.interpret import interpret_in_subprocess
 
     sizes = tier_sizes(SIZES, request.param)
-    names = list(SIZES)
+    plan = [(name, built[name][1], sizes[name]) for name in SIZES]
+    if request.param == "rest":
+        base = tmp_path_factory.mktemp("tiles")
+        plan += [
+            (name, _without_one_row_forms(built[name][0], base / f"{name}.tpk"), TILE_SIZES[name])
+            for name in SIZES
+        ]
     results = interpret_in_subprocess(
-        [(built[n][1], built[n][2], sizes[n], None, True) for n in names], timeout=HANG_GUARD_S
+        [(bundle, built[name][2], s, None, True) for name, bundle, s in plan], timeout=HANG_GUARD_S
     )
-    for name, result in zip(names, results):
-        assert len(result) == len(sizes[name]), f"{name}: {len(result)} sizes checked of {sizes[name]}"
-    return dict(zip(names, results))
+    out: dict[str, dict] = {name: {} for name in SIZES}
+    for (name, _, s), result in zip(plan, results):
+        assert len(result) == len(s), f"{name}: {len(result)} sizes checked of {s}"
+        out[name].update(result)
+    return out
 
 
 def test_weights_stored_k_by_n_are_transposed_or_read_as_stored(built):
@@ -200,10 +241,13 @@ def test_sites_and_epilogues_found(built):
 def test_every_candidate_matches_its_reference(interpreted, built, name):
     results = interpreted[name]
     program = built[name][0].program
-    n_cands = sum(len(s.candidates) for s in program.alternatives)
+    every = {f"{s.id}/{c.name}" for s in program.alternatives for c in s.candidates}
+    tiles = {
+        f"{s.id}/{c.name}" for s in program.alternatives for c in s.candidates if not _one_row(program, c)
+    }
     for sizes, comparisons in results.items():
         checked = {c.name for c in comparisons if not c.name.endswith("/rerun")}
-        assert len(checked) == n_cands, sizes
+        assert checked == (tiles if json.loads(sizes) in TILE_SIZES[name] else every), sizes
         bad = [c for c in comparisons if not c.ok]
         assert not bad, f"{name} at {sizes}: {bad[:3]}"
 
@@ -809,7 +853,7 @@ def test_tune_refuses_without_a_gpu(built):
 @pytest.mark.slow
 def test_every_form_takes_the_prologue(tmp_path):
     """gemm_ln built with every form (the default run builds FAMILIES): each candidate, the
-    LayerNorm-prologue forms among them, matches its reference at one row and at 16."""
+    LayerNorm-prologue forms among them, matches its reference at one row and at 3."""
     from aot.codegen import gemm_render
     from aot.verify.interpret import interpret_in_subprocess
 
@@ -822,8 +866,11 @@ def test_every_form_takes_the_prologue(tmp_path):
     names = {c.name.removesuffix("_ln") for s in compiled.program.alternatives for c in s.candidates}
     one_row = {c.name for c in _all_configs(every=True) if not c.dot}
     assert one_row - names <= {"splitk_1x8x512"}  # K of gemm_ln is below the one-row split-K's minimum
+    # 3 rows, not 16: a ragged tile of every tensor-core form (whole tiles: the dot forms of
+    # test_mlp_sized_candidates_match_in_the_interpreter at 37 rows), and the one-row forms, a block
+    # per row, run the same code at any row count
     (result,) = interpret_in_subprocess(
-        [(tmp_path / "ln.tpk", MODELS / "gemm_ln.py", [{"batch": 1}, {"batch": 16}], None, True)],
+        [(tmp_path / "ln.tpk", MODELS / "gemm_ln.py", [{"batch": 1}, {"batch": 3}], None, True)],
         timeout=HANG_GUARD_S,
     )
     n_cands = sum(len(s.candidates) for s in compiled.program.alternatives)
@@ -842,12 +889,12 @@ def test_every_form_takes_the_prologue(tmp_path):
     [
         # the tensor-core forms (2 skinny + 5 tiles + split-K per site, the narrow split-K at
         # K = 4096 only) at 37 rows: several row tiles, the last one ragged. Every form is checked
-        # at 1 and 16 rows on gemm_ln's shapes (test_every_form_takes_the_prologue); here those
+        # at 1 and 3 rows on gemm_ln's shapes (test_every_form_takes_the_prologue); here those
         # rows cost the interpreter about half of this test's 28 CPU minutes and checked nothing more
         ("dot", (37,), 17),
         # the one-row forms at the bucket they are built for (4 per site, the one-row split-K at
         # K = 4096 only): in the interpreter each row of a larger M is a grid program of its own
-        # (37 x 1024 for the up projection); every row count is checked on the small models above
+        # (37 x 1024 for the up projection); rows past the first are checked on the small models above
         ("one-row", (1,), 9),
     ],
 )
