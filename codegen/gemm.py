@@ -32,7 +32,8 @@ This module adds the candidates to a program (and runs a small head as a kernel 
 build); its parts: ``gemm_sites`` finds the sites, ``gemm_epilogue`` lowers their epilogues,
 ``gemm_prologue`` their row-norm prologues, ``gemm_forms`` holds the forms and their knobs,
 ``gemm_render`` writes the kernels, ``gemm_pairs`` joins two sites of a default build where a row
-norm sits between them (the first's split-K reduce runs the norm; ``AOTPACK_REDUCE_NORM=off`` keeps them apart).
+norm sits between them (the first's split-K reduce runs the norm; ``AOTPACK_REDUCE_NORM=off``
+keeps them apart).
 """
 
 from __future__ import annotations

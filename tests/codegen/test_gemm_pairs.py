@@ -1,8 +1,8 @@
 """Two GEMM sites joined where a row norm sits between them (``aot.codegen.gemm_pairs``): in a
 default build (unless ``AOTPACK_REDUCE_NORM=off``) the split-K reduce of the first runs the norm
 the second has as its prologue, at the buckets where the second runs its plain form after the
-norm kernel; the norm kernel's launch goes. Checked on ``gemm_models/gemm_reduce_norm.py`` (float16) against
-the library steps in Triton's interpreter."""
+norm kernel; the norm kernel's launch goes. Checked on ``gemm_models/gemm_reduce_norm.py``
+(float16) against the library steps in Triton's interpreter."""
 
 from __future__ import annotations
 

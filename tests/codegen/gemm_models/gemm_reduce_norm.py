@@ -2,9 +2,9 @@
 rows: h = r + Linear(4096 → 2048)(x), y = Linear(2048 → 64)(rms_norm(h)), float16, batch
 buckets 1, 8 and 32 (paddable), one token a row as in a decode step ([B, 1, K]: each Linear a
 view, the GEMM and a view back, so the first site's steps have A's view between them). The shape
-of a decoder layer's down projection, the next layer's norm and a projection after it: at 8 and 32 rows the built-in entry runs the first in K slices
-and the second as a swapped form after the norm kernel, so ``gemm_pairs`` joins them (the
-reduce runs the norm) unless ``AOTPACK_REDUCE_NORM=off``."""
+of a decoder layer's down projection, the next layer's norm and a projection after it: at 8 and 32
+rows the built-in entry runs the first in K slices and the second as a swapped form after the norm
+kernel, so ``gemm_pairs`` joins them (the reduce runs the norm) unless ``AOTPACK_REDUCE_NORM=off``."""
 
 import sys
 from pathlib import Path
