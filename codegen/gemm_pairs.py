@@ -100,7 +100,7 @@ def find_pairs(program: Program, sites: list[Site]) -> list[Pair]:
     pairs = []
     for second in sites:
         pro = second.prologue
-        if pro is None or pro.norm is None or pro.norm.more or pro.sum_out == pro.ln_out:
+        if pro is None or (pro.norm is not None and pro.norm.more) or pro.sum_out == pro.ln_out:
             continue
         norm_at = second.library[0]
         if program.steps[norm_at] is not pro.kernel:
@@ -110,7 +110,7 @@ def find_pairs(program: Program, sites: list[Site]) -> list[Pair]:
             continue
         if first.n != second.k or first.m != second.m or first.dtype != second.dtype:
             continue
-        rows = {buf for buf, _ in pro.norm.inputs}
+        rows = {buf for buf, _ in pro.norm.inputs} if pro.norm is not None else {pro.x, pro.y} - {None}
         if not set(first.outputs) & rows or set(first.outputs) & set(program.outputs):
             continue
         if any(set(readers.get(o, ())) - {norm_at} for o in first.outputs):

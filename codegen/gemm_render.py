@@ -4,6 +4,7 @@ launch grid and documentation."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -906,6 +907,7 @@ def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: st
     )
 
 
+_Ptr = Callable[[str, str, str], None]  # adds a pointer parameter: (name, buffer, dtype)
 REDUCE_NORM_CHUNK = 256  # the columns of a row the reduce + norm kernel takes at a time
 REDUCE_NORM_WARPS = 0  # its warps (0: the split-K form's own, 4; 8 measured no faster on an H200)
 
@@ -925,18 +927,21 @@ def render_reduce_norm(
     by chunk, before any sum (every load in flight at once), adds them in the plain reduce's
     fixed order and applies ``site``'s epilogue; what the epilogue would store (C, read by
     nothing but the norm) stays in registers, rounded to its dtype as the store would round it.
-    Then the row norm that ``norm_site`` (the next GEMM) has as its prologue: its other row inputs
-    loaded, the statistics over the row, the residual sum later steps read (``sum_out``) and the
-    normalized row, A of the next GEMM, stored to ``a_out``. The norm kernel and its launch go;
-    its steps and roundings are the one-row forms' (``_vec_steps_norm``), so A's bits equal
-    the norm kernel's but for the order of the statistics' sum."""
-    norm = norm_site.prologue.norm
+    Then the norm that ``norm_site`` (the next GEMM) has as its prologue, a row norm lowered from
+    its kernel (RMSNorm: ``_reduce_row_norm``) or a LayerNorm (``_reduce_layer_norm``): its
+    other row inputs loaded, the statistics over the row, the residual sum later steps read
+    (``sum_out``) and the normalized row, A of the next GEMM, stored to ``a_out``. The norm
+    kernel and its launch go; its steps and roundings are the one-row forms'
+    (``_vec_steps_norm``, ``_vec_steps_ln``), so A's bits equal the norm kernel's but for the
+    order of the statistics' sums."""
     n, s = site.n, cfg.split_k
     width = min(REDUCE_NORM_CHUNK, 1 << (n - 1).bit_length())
     count = -(-n // width)
     ep = _site_epilogue(site, buffers, known)
+    pro = norm_site.prologue
+    rows = [buf for buf, _ in pro.norm.inputs] if pro.norm is not None else [pro.x, pro.y]
     # the norm's row inputs that the epilogue would store: input i kept in registers as p<i>
-    held = {buf: i for i, (buf, _) in enumerate(norm.inputs) if buf in {b for b, _, _ in ep.stores}}
+    held = {buf: i for i, buf in enumerate(rows) if buf in {b for b, _, _ in ep.stores}}
     cast = ".to(tl.int64)" if index == "i64" else ""
     body = [
         f"rm = tl.program_id(0){cast} * BLOCK_M + tl.arange(0, BLOCK_M)",
@@ -967,7 +972,49 @@ def render_reduce_norm(
             for buf, val, dt in ep.stores
             if buf in held
         ]
-    body.append("# the next GEMM's row norm over the whole row")
+    params: list[KernelParam] = [KernelParam("ws_ptr", ParamKind.PTR, "float32")]
+    args: list[Any] = [Buf(ws)]
+
+    def ptr(name: str, buf: str, dtype: str) -> None:
+        params.append(KernelParam(name, ParamKind.PTR, dtype))
+        args.append(Buf(buf))
+
+    for g, b in enumerate(site.biases):
+        if b is not None:
+            ptr(f"b{g}_ptr", b, site.dtype)
+    for buf, load in ep.loads.items():
+        ptr(f"{load.param}_ptr", buf, load.dtype)
+    if pro.norm is not None:
+        body += _reduce_row_norm(norm_site, held, n, width, count, ptr)
+    else:
+        body += _reduce_layer_norm(norm_site, held, n, count, ptr)
+    ptr("a_ptr", a_out, norm_site.dtype)
+    params.append(KernelParam("M", ParamKind(index), ""))
+    args.append(Sym(ix.size_text(ix.parse_size(site.m))))
+    outputs = _prologue_outputs(norm_site) + [a_out]
+    name = f"gemm_{_tag(site)}_{cfg.name}_reduce_norm"
+    return _rendered(
+        site,
+        replace(cfg, block_m=1, block_n=width, dot=False, num_warps=REDUCE_NORM_WARPS or cfg.num_warps),
+        name,
+        "split-K reduce + epilogue + the next GEMM's row norm",
+        body,
+        params,
+        signature_of(params, index),
+        args,
+        outputs,
+        (_grid_rows(site.m, 1),),
+        (),
+    )
+
+
+def _reduce_row_norm(
+    norm_site: Site, held: dict[str, int], n: int, width: int, count: int, ptr: _Ptr
+) -> list[str]:
+    """``render_reduce_norm``'s row norm (RMSNorm, lowered from the norm kernel) over the whole
+    row, the row inputs ``held`` in registers (``p<i>_<chunk>``), the others loaded."""
+    norm = norm_site.prologue.norm
+    body = ["# the next GEMM's row norm over the whole row"]
     loads_held = {f"x{i}_@": f"p{i}_@" for i in held.values()}  # its loads of those inputs
     norm_view = replace(
         norm_site,
@@ -994,18 +1041,6 @@ def render_reduce_norm(
             f"mask=kmask{c})"
         )
     body += _sum_out_stores(norm_view, "True", {str(c): f"rk{c}" for c in range(count)}, 1)
-    params: list[KernelParam] = [KernelParam("ws_ptr", ParamKind.PTR, "float32")]
-    args: list[Any] = [Buf(ws)]
-
-    def ptr(name: str, buf: str, dtype: str) -> None:
-        params.append(KernelParam(name, ParamKind.PTR, dtype))
-        args.append(Buf(buf))
-
-    for g, b in enumerate(site.biases):
-        if b is not None:
-            ptr(f"b{g}_ptr", b, site.dtype)
-    for buf, load in ep.loads.items():
-        ptr(f"{load.param}_ptr", buf, load.dtype)
     for i, (buf, dtype) in enumerate(norm.inputs):
         if buf not in held:
             ptr(f"x{i}_ptr", buf, dtype)
@@ -1013,21 +1048,50 @@ def render_reduce_norm(
         ptr(f"v{i}_ptr", buf, dtype)
     if norm.sum_out is not None:
         ptr("sum_ptr", norm_site.prologue.sum_out, norm.sum_out[2])
-    ptr("a_ptr", a_out, norm_site.dtype)
-    params.append(KernelParam("M", ParamKind(index), ""))
-    args.append(Sym(ix.size_text(ix.parse_size(site.m))))
-    outputs = _prologue_outputs(norm_site) + [a_out]
-    name = f"gemm_{_tag(site)}_{cfg.name}_reduce_norm"
-    return _rendered(
-        site,
-        replace(cfg, block_m=1, block_n=width, dot=False, num_warps=REDUCE_NORM_WARPS or cfg.num_warps),
-        name,
-        "split-K reduce + epilogue + the next GEMM's row norm",
-        body,
-        params,
-        signature_of(params, index),
-        args,
-        outputs,
-        (_grid_rows(site.m, 1),),
-        (),
-    )
+    return body
+
+
+def _reduce_layer_norm(norm_site: Site, held: dict[str, int], n: int, count: int, ptr: _Ptr) -> list[str]:
+    """``render_reduce_norm``'s LayerNorm over the whole row: ``x [+ y]`` (the one ``held`` in
+    registers, ``p<i>_<chunk>``; the other loaded), rounded as the add rounds, as
+    ``_prologue_rows`` has it; the sum stored where later steps read it; mean and 1/std
+    (``_layer_norm_stats``); then A normalized, scaled and shifted, rounded as the LayerNorm's
+    output is (``_prologue_a``)."""
+    pro = norm_site.prologue
+    dt = TL_TYPE[STORAGE[norm_site.dtype]]
+    body = ["# the next GEMM's LayerNorm over the whole row"]
+    for c in range(count):
+        at = f"rm[:, None] * {n} + rn{c}[None, :]"
+        terms = [
+            f"p{held[buf]}_{c}"
+            if buf in held
+            else f"tl.load({name}_ptr + {at}, mask=mask{c}, other=0.0).to(tl.float32)"
+            for name, buf in (("x", pro.x), ("y", pro.y))
+            if buf is not None
+        ]
+        body.append(f"xs{c} = {' + '.join(terms)}")
+        if len(terms) == 2 and norm_site.dtype in ROUND:
+            body.append(f"xs{c} = xs{c}.to({ROUND[norm_site.dtype]}).to(tl.float32)")
+        if pro.sum_out is not None:
+            body.append(f"tl.store(sum_ptr + {at}, xs{c}.to({dt}), mask=mask{c})")
+    body += _layer_norm_stats([f"mask{c}" for c in range(count)], n, pro.eps)
+    for c in range(count):
+        body.append(f"a = dev{c} * rstd[:, None]")
+        if pro.weight is not None:
+            body.append(
+                f"a = a * tl.load(lnw_ptr + rn{c}, mask=rn{c} < {n}, other=0.0).to(tl.float32)[None, :]"
+            )
+        if pro.bias is not None:
+            body.append(
+                f"a = a + tl.load(lnb_ptr + rn{c}, mask=rn{c} < {n}, other=0.0).to(tl.float32)[None, :]"
+            )
+        body.append(f"tl.store(a_ptr + rm[:, None] * {n} + rn{c}[None, :], a.to({dt}), mask=mask{c})")
+    for name, buf in (("x", pro.x), ("y", pro.y)):
+        if buf is not None and buf not in held:
+            ptr(f"{name}_ptr", buf, norm_site.dtype)
+    for name, buf in (("lnw", pro.weight), ("lnb", pro.bias)):
+        if buf is not None:
+            ptr(f"{name}_ptr", buf, norm_site.dtype)
+    if pro.sum_out is not None:
+        ptr("sum_ptr", pro.sum_out, norm_site.dtype)
+    return body

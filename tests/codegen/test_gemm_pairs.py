@@ -1,8 +1,8 @@
 """Two GEMM sites joined where a row norm sits between them (``aot.codegen.gemm_pairs``): in a
 default build (unless ``AOTPACK_REDUCE_NORM=off``) the split-K reduce of the first runs the norm
 the second has as its prologue, at the buckets where the second runs its plain form after the
-norm kernel; the norm kernel's launch goes. Checked on ``gemm_models/gemm_reduce_norm.py``
-(float16) against the library steps in Triton's interpreter."""
+norm kernel; the norm kernel's launch goes. Checked with RMSNorm (``gemm_models/gemm_reduce_norm.py``) and
+LayerNorm (``gemm_reduce_ln.py``), float16, against the library steps in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -78,6 +78,30 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
         ]
 
 
+def test_the_reduce_runs_a_layer_norm():
+    """``gemm_reduce_ln.py`` (GPT-2's MLP down projection, the next ``ln_1`` and q/k/v, with
+    biases): at 8 and 32 rows the first runs in K slices and the second its plain form after the
+    add + LayerNorm kernel; joined, the reduce runs the LayerNorm and that kernel goes; at one row
+    the LayerNorm is the GEMV's prologue, as without."""
+    compiled = _build("gemm_reduce_ln.py", joined=True)
+    separate = _build("gemm_reduce_ln.py", joined=False)
+    (site,) = compiled.program.alternatives
+    first, second = separate.program.alternatives
+    assert site.library == (*first.library, *second.library)
+    plans = _plans(compiled)
+    apart = _plans(separate)
+    assert plans[1] == apart[1] == ["gemm_addmm_vec_1x1x512", "gemm_ln_addmm_vec_1x2x1024"]
+    for rows, tile, form in ((8, "16", "gemv_16x32x128"), (32, "32", "tile_64x32x128")):
+        split = f"gemm_addmm_fews_splitk8_{tile}x64x64"
+        assert apart[rows] == [
+            f"{split}_partial",
+            f"{split}_reduce",
+            "fused_add_layer_norm",
+            f"gemm_addmm_{form}",
+        ]
+        assert plans[rows] == [f"{split}_partial", f"{split}_reduce_norm", f"gemm_addmm_{form}"]
+
+
 def test_sites_stay_apart_without_a_norm_between_them():
     """``gemm_long_k16.py`` (a residual add, no norm, between its GEMMs) has no pair to join."""
     from aot.codegen.gemm_sites import find_sites
@@ -89,17 +113,18 @@ def test_sites_stay_apart_without_a_norm_between_them():
 
 
 @pytest.mark.slow
-def test_the_joined_forms_match_in_the_interpreter(tmp_path):
-    """``gemm_reduce_norm_small.py`` joined (rows of 640: the norm in three chunks, the last one
-    ragged): each candidate, the reduce that runs the norm in both, against the library steps
-    (the first GEMM, the residual add and RMSNorm, the second GEMM) in Triton's interpreter at 3
-    rows (the bucket of 8, padded) and 20 (of 32): the second GEMM's output and the residual sum
-    the norm writes within float16's tolerance (``aot.dtypes.TOLERANCE``), and bit for bit from
-    run to run."""
+@pytest.mark.parametrize("model", ["gemm_reduce_norm_small.py", "gemm_reduce_ln_small.py"])
+def test_the_joined_forms_match_in_the_interpreter(tmp_path, model):
+    """``gemm_reduce_norm_small.py`` (RMSNorm) and ``gemm_reduce_ln_small.py`` (LayerNorm, with
+    biases) joined (rows of 640: the norm in three chunks, the last one ragged): each candidate,
+    the reduce that runs the norm in both, against the library steps (the first GEMM, the
+    residual add and the norm, the second GEMM) in Triton's interpreter at 3 rows (the bucket of
+    8, padded) and 20 (of 32): the second GEMM's output and the residual sum the norm writes
+    within float16's tolerance (``aot.dtypes.TOLERANCE``), and bit for bit from run to run."""
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    compiled = _build("gemm_reduce_norm_small.py", joined=True)
+    compiled = _build(model, joined=True)
     plans = _plans(compiled)
     assert [sum(n.endswith("_reduce_norm") for n in plans[rows]) for rows in (8, 32)] == [1, 1], plans
     assert not any(n.startswith("fused_") for names in plans.values() for n in names), plans
@@ -108,7 +133,7 @@ def test_the_joined_forms_match_in_the_interpreter(tmp_path):
         [
             (
                 tmp_path / "small.tpk",
-                MODELS / "gemm_reduce_norm_small.py",
+                MODELS / model,
                 [{"batch": 3}, {"batch": 20}],
                 None,
                 True,

@@ -138,3 +138,21 @@ def test_the_reduce_runs_the_next_norm_and_verifies(tmp_path_factory):
     # what ends a joined pair at 8 rows (q/k/v's K-slice sum) and at 32 (gate/up's SiLU product)
     assert "gemm_mm_fews_splitk3_16x64x64_reduce" in checked, checked
     assert "gemm_halves_epilogue_fews_32x64x128" in checked, checked
+
+
+def test_the_reduce_runs_the_next_layer_norm_and_verifies(tmp_path_factory):
+    """GPT-2 small's shapes (``build_shaped``: two layers, bfloat16) at 1, 8 and 32 rows: the MLP
+    down projection (fc2) runs in K slices at 8 and 32 rows, and its reduce runs the next layer's
+    residual add + LayerNorm (``ln_1``) before q/k/v, so that kernel goes (one a layer but the
+    last's, whose LayerNorm is ``ln_f``); ``aot.verify.device.verify`` passes with them."""
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV
+
+    if os.environ.get(FEW_ROWS_ENV):
+        pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
+    path, compiled, arch = build_shaped("gpt2", tmp_path_factory, (1, 8, 32))
+    _, plans = decode_plans(compiled, arch)
+    joined = {key[0]: sum(n.endswith("_reduce_norm") for n in names) for key, names in plans.items()}
+    assert joined == {1: 0, 8: LAYERS - 1, 32: LAYERS - 1}, joined
+    checked = verified_kernels(path)
+    # what ends a joined pair (q/k/v's form after the reduce that ran ``ln_1``) at 8 and 32 rows
+    assert {"gemm_addmm_gemv_16x32x128", "gemm_addmm_tile_64x32x128"} <= checked, checked

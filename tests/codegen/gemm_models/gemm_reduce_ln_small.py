@@ -1,0 +1,24 @@
+"""``gemm_reduce_ln.py``'s block at sizes Triton's interpreter runs in seconds: h = r +
+Linear(2048 → 640)(x), y = Linear(640 → 64)(layer_norm(h)), float16, batch buckets 8 and 32.
+At both the first runs in K slices and the second after the add + LayerNorm kernel, so
+``gemm_pairs`` joins them: the reduce runs the LayerNorm over rows of 640 (three chunks, the last
+one ragged)."""
+
+import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gemm_reduce_ln import Block  # noqa: E402
+
+from aot import Dim, Input, ModelSpec  # noqa: E402
+
+K, N, OUT = 2048, 640, 64
+
+batch = Dim("batch", 1, 32, buckets=(8, 32), paddable=True)
+spec = ModelSpec(
+    module=partial(Block, K, N, OUT),
+    inputs=[Input("x", (batch, 1, K)), Input("r", (batch, 1, N))],
+    dtype="float16",
+)
