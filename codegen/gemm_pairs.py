@@ -16,6 +16,8 @@ candidates the pairs of the two sites' default forms at each bucket, fused where
 runs split-K and the second its plain form after the norm kernel. Only a default build joins
 sites (each of its sites has one form per bucket, so each bucket has one pair of forms; tune's
 candidates builds keep the sites apart); ``AOTPACK_REDUCE_NORM=off`` keeps them apart there too.
+The second's norm is a row norm lowered from its kernel (RMSNorm) or, with
+``AOTPACK_REDUCE_NORM=all``, a LayerNorm (GPT-2's ``ln_1`` after fc2: measured slower, see ``ENV``).
 On an H200 (Llama-3.2-1B, bf16) the joined forms took batch 32 from 1.039 to 1.011 ms a token and
 batch 8 from 0.940 to 0.931 (one and two launches a layer fewer).
 """
@@ -33,12 +35,21 @@ from aot.program import readers_of
 from aot.schema import Program, Step, TensorSpec
 from aot.tuning import MAX_CANDIDATE_STEPS
 
-ENV = "AOTPACK_REDUCE_NORM"  # "off" (or "0"): keep the sites apart; anything else joins them
+# "off" (or "0"): keep the sites apart; "all": join at a LayerNorm too; anything else (the
+# default): join at a row norm (RMSNorm) only. At a LayerNorm, GPT-2's fc2 reduce (8 K slices, rows
+# of 768) running ``ln_1`` cost more on an H200 than the launch it saved: 0.371 against 0.361 ms a
+# token at batch 8, 0.594 against 0.584 at 32 (one program per row reads all 8 slices of its row).
+ENV = "AOTPACK_REDUCE_NORM"
 
 
 def enabled() -> bool:
     """``AOTPACK_REDUCE_NORM`` as read now: on unless "off" or "0"."""
     return os.environ.get(ENV, "").strip().lower() not in ("off", "0")
+
+
+def layer_norms() -> bool:
+    """Whether a reduce may run a LayerNorm too (``AOTPACK_REDUCE_NORM=all``; off by default)."""
+    return os.environ.get(ENV, "").strip().lower() == "all"
 
 
 class Pending(NamedTuple):
@@ -101,6 +112,8 @@ def find_pairs(program: Program, sites: list[Site]) -> list[Pair]:
     for second in sites:
         pro = second.prologue
         if pro is None or (pro.norm is not None and pro.norm.more) or pro.sum_out == pro.ln_out:
+            continue
+        if pro.norm is None and not layer_norms():
             continue
         norm_at = second.library[0]
         if program.steps[norm_at] is not pro.kernel:

@@ -30,15 +30,17 @@ def _plans(compiled) -> dict[int, list[str]]:
     }
 
 
-def _build(model: str, joined: bool):
+def _build(model: str, joined: bool | str):
+    """``model`` built by default, ``joined`` False: with ``AOTPACK_REDUCE_NORM=off``; a string:
+    with that value."""
     from aot.codegen import generate
     from aot.tracer import load_model_file, trace
 
     with pytest.MonkeyPatch.context() as mp:
-        if joined:
+        if joined is True:
             mp.delenv(gemm_pairs.ENV, raising=False)  # the default
         else:
-            mp.setenv(gemm_pairs.ENV, "off")
+            mp.setenv(gemm_pairs.ENV, joined or "off")
         return generate(trace(load_model_file(MODELS / model)), ARCHS)
 
 
@@ -78,13 +80,15 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
         ]
 
 
-def test_the_reduce_runs_a_layer_norm():
+def test_the_reduce_runs_a_layer_norm_where_asked():
     """``gemm_reduce_ln.py`` (GPT-2's MLP down projection, the next ``ln_1`` and q/k/v, with
     biases): at 8 and 32 rows the first runs in K slices and the second its plain form after the
-    add + LayerNorm kernel; joined, the reduce runs the LayerNorm and that kernel goes; at one row
-    the LayerNorm is the GEMV's prologue, as without."""
-    compiled = _build("gemm_reduce_ln.py", joined=True)
-    separate = _build("gemm_reduce_ln.py", joined=False)
+    add + LayerNorm kernel; with ``AOTPACK_REDUCE_NORM=all`` the reduce runs the LayerNorm and
+    that kernel goes; at one row the LayerNorm is the GEMV's prologue, as without. By default
+    (measured slower on GPT-2) the sites stay apart."""
+    compiled = _build("gemm_reduce_ln.py", joined="all")
+    separate = _build("gemm_reduce_ln.py", joined=True)
+    assert len(separate.program.alternatives) == 2
     (site,) = compiled.program.alternatives
     first, second = separate.program.alternatives
     assert site.library == (*first.library, *second.library)
@@ -116,15 +120,16 @@ def test_sites_stay_apart_without_a_norm_between_them():
 @pytest.mark.parametrize("model", ["gemm_reduce_norm_small.py", "gemm_reduce_ln_small.py"])
 def test_the_joined_forms_match_in_the_interpreter(tmp_path, model):
     """``gemm_reduce_norm_small.py`` (RMSNorm) and ``gemm_reduce_ln_small.py`` (LayerNorm, with
-    biases) joined (rows of 640: the norm in three chunks, the last one ragged): each candidate,
-    the reduce that runs the norm in both, against the library steps (the first GEMM, the
-    residual add and the norm, the second GEMM) in Triton's interpreter at 3 rows (the bucket of
-    8, padded) and 20 (of 32): the second GEMM's output and the residual sum the norm writes
-    within float16's tolerance (``aot.dtypes.TOLERANCE``), and bit for bit from run to run."""
+    biases) joined (``AOTPACK_REDUCE_NORM=all``; rows of 640: the norm in three chunks, the last
+    one ragged): each candidate, the reduce that runs the norm in both, against the library
+    steps (the first GEMM, the residual add and the norm, the second GEMM) in Triton's
+    interpreter at 3 rows (the bucket of 8, padded) and 20 (of 32): the second GEMM's output and
+    the residual sum the norm writes within float16's tolerance (``aot.dtypes.TOLERANCE``), and
+    bit for bit from run to run."""
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    compiled = _build(model, joined=True)
+    compiled = _build(model, joined="all")
     plans = _plans(compiled)
     assert [sum(n.endswith("_reduce_norm") for n in plans[rows]) for rows in (8, 32)] == [1, 1], plans
     assert not any(n.startswith("fused_") for names in plans.values() for n in names), plans
