@@ -253,8 +253,10 @@ def interpret_alternatives(
 ) -> list[KernelOutputComparison]:
     """Every GEMM candidate of ``program`` (``Program.alternatives``) in the interpreter against
     the library steps it replaces, on the values the reference path computes at ``sizes``; needs
-    ``TRITON_INTERPRET=1``. ``repeat``: run each split-K candidate twice more and compare the
-    two runs bit for bit (an ``exact`` comparison named ``<site>/<candidate>/rerun``)."""
+    ``TRITON_INTERPRET=1``. ``repeat``: run each split-K candidate once more and compare the
+    two runs bit for bit (an ``exact`` comparison named ``<site>/<candidate>/rerun``; every
+    output and workspace starts as NaN in each run, so the runs differ only where a kernel does
+    not compute what it reads the same way twice)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("interpret_alternatives needs TRITON_INTERPRET=1 set before triton is imported")
     import torch
@@ -288,10 +290,9 @@ def interpret_alternatives(
                     )
                 )
             if repeat and len(cand.steps) > 1:
-                first = run_candidate(program, cand, env, sizes, functions)
                 again = run_candidate(program, cand, env, sizes, functions)
                 for o in site.outputs:
-                    same = bool(torch.equal(first[o], again[o]))
+                    same = bool(torch.equal(got[o], again[o]))
                     results.append(
                         KernelOutputComparison(
                             site.library[-1],

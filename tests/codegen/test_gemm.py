@@ -35,8 +35,8 @@ TILE_ROWS = 37
 # The forms the default run builds for each small model and checks in the interpreter: one of each
 # family (one-row, one-row split-K, skinny, skinny split-K, tile, split-K tile; the default
 # table's other one-row forms are checked by tests/codegen/test_gemm_norm.py). The slow tests
-# build and check every form: on models/mlp.py's shapes
-# (test_mlp_sized_candidates_match_in_the_interpreter) and with the LayerNorm prologue
+# build and check every form: at K = 4096 (the forms built only there)
+# (test_long_k_candidates_match_in_the_interpreter) and with the LayerNorm prologue
 # (test_every_form_takes_the_prologue).
 FAMILIES = (
     "vec_1x2x512",
@@ -867,7 +867,7 @@ def test_every_form_takes_the_prologue(tmp_path):
     one_row = {c.name for c in _all_configs(every=True) if not c.dot}
     assert one_row - names <= {"splitk_1x8x512"}  # K of gemm_ln is below the one-row split-K's minimum
     # 3 rows, not 16: a ragged tile of every tensor-core form (whole tiles: the dot forms of
-    # test_mlp_sized_candidates_match_in_the_interpreter at 37 rows), and the one-row forms, a block
+    # test_long_k_candidates_match_in_the_interpreter at 37 rows), and the one-row forms, a block
     # per row, run the same code at any row count
     (result,) = interpret_in_subprocess(
         [(tmp_path / "ln.tpk", MODELS / "gemm_ln.py", [{"batch": 1}, {"batch": 3}], None, True)],
@@ -887,22 +887,23 @@ def test_every_form_takes_the_prologue(tmp_path):
 @pytest.mark.parametrize(
     "forms, rows, expected",
     [
-        # the tensor-core forms (2 skinny + 5 tiles + split-K per site, the narrow split-K at
+        # the tensor-core forms (2 skinny + 4 tiles + split-K per site, the narrow split-K at
         # K = 4096 only) at 37 rows: several row tiles, the last one ragged. Every form is checked
-        # at 1 and 3 rows on gemm_ln's shapes (test_every_form_takes_the_prologue); here those
-        # rows cost the interpreter about half of this test's 28 CPU minutes and checked nothing more
-        ("dot", (37,), 17),
+        # at 1 and 3 rows on gemm_ln's shapes (test_every_form_takes_the_prologue)
+        ("dot", (37,), 16),
         # the one-row forms at the bucket they are built for (4 per site, the one-row split-K at
-        # K = 4096 only): in the interpreter each row of a larger M is a grid program of its own
-        # (37 x 1024 for the up projection); rows past the first are checked on the small models above
+        # K = 4096 only); rows past the first are checked on the small models above
         ("one-row", (1,), 9),
     ],
 )
-def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, expected):
-    """Linear(1024→4096) + bias + GELU and Linear(4096→1024) + bias: every candidate against its
-    reference (the shapes of models/mlp.py). ``expected`` counts the forms of CONFIGS; the
-    candidates build also offers the built-in entry's swapped form in K slices at the down
-    projection (N 1024, K 4096: ``gemm_defaults.SMALL_SLICED``), compared beside them."""
+def test_long_k_candidates_match_in_the_interpreter(tmp_path, forms, rows, expected):
+    """Linear(64→4096) + bias + GELU and Linear(4096→64) + bias: every candidate against its
+    reference, the forms built only at K = 4096 among them (the one-row split-K, the narrow
+    tensor-core split-K). The one-row forms are those of models/mlp.py's shapes (1024→4096→1024);
+    at 64 columns in and out the interpreter runs a sixteenth of their programs' work (it took
+    about 5 of this test's CPU minutes each at the mlp's shapes). ``expected`` counts the forms
+    of CONFIGS; the candidates build also offers the built-in entry's swapped form in K slices
+    at the down projection, compared beside them."""
     from aot.codegen import gemm, gemm_render
     from aot.verify.interpret import interpret_in_subprocess
 
@@ -910,18 +911,19 @@ def test_mlp_sized_candidates_match_in_the_interpreter(tmp_path, forms, rows, ex
     model.write_text(
         (MODELS / "gemm_mlp.py")
         .read_text()
-        .replace("nn.Linear(64, 1024)", "nn.Linear(1024, 4096)")
-        .replace("nn.Linear(1024, 64)", "nn.Linear(4096, 1024)")
-        .replace("(batch, 64)", "(batch, 1024)")
+        .replace("nn.Linear(64, 1024)", "nn.Linear(64, 4096)")
+        .replace("nn.Linear(1024, 64)", "nn.Linear(4096, 64)")
     )
     saved = gemm_render.CONFIGS, gemm.CONFIGS  # gemm's: beside a built-in entry's form (the down site)
     gemm_render.CONFIGS = gemm.CONFIGS = tuple(
         c for c in _all_configs(every=True) if c.dot == (forms == "dot")
     )
     try:
-        _build(model, tmp_path / "big.tpk")
+        compiled = _build(model, tmp_path / "big.tpk")
     finally:
         gemm_render.CONFIGS, gemm.CONFIGS = saved
+    long_k = {c.name for c in compiled.program.alternatives[1].candidates}  # the down projection's
+    assert ("splitk4_1x8x512" if forms == "one-row" else "splitk8_16x16x256") in long_k, sorted(long_k)
     (result,) = interpret_in_subprocess(
         [(tmp_path / "big.tpk", model, [{"batch": m} for m in rows], None, True)], timeout=HANG_GUARD_S
     )
