@@ -70,7 +70,8 @@ class Pending(NamedTuple):
 @dataclass(frozen=True)
 class Pair:
     """Two GEMM sites whose second's prologue (a row norm) reads the first's output, as one site:
-    ``first``'s output is read by nothing but that norm, and no step lies between them."""
+    ``first``'s outputs are row inputs of that norm and read by nothing else (the joined reduce
+    keeps them in registers, stores none), and no step lies between them."""
 
     first: Site
     second: Site
@@ -124,7 +125,7 @@ def find_pairs(program: Program, sites: list[Site]) -> list[Pair]:
         if first.n != second.k or first.m != second.m or first.dtype != second.dtype:
             continue
         rows = {buf for buf, _ in pro.norm.inputs} if pro.norm is not None else {pro.x, pro.y} - {None}
-        if not set(first.outputs) & rows or set(first.outputs) & set(program.outputs):
+        if not set(first.outputs) <= rows or set(first.outputs) & set(program.outputs):
             continue
         if any(set(readers.get(o, ())) - {norm_at} for o in first.outputs):
             continue  # a later step reads the first GEMM's output too
