@@ -151,18 +151,20 @@ for p in programs:
             inputs[name] = mask
         else:  # the KV cache as earlier steps left it
             inputs[name] = torch.randn(shape, dtype=getattr(torch, spec.dtype))
-    for c in interpret_kernels(p, weights, inputs, {"batch": B} if symbolic else {}):
+    for c in interpret_kernels(p, weights, inputs, {"batch": B} if symbolic else {}, LAUNCHES):
         out.append([c.name, c.output, c.max_abs_error, c.ok])
 print(json.dumps(out))
 """
 
 
-def decode_kernel_checks(bundle, position: int, padding: int) -> list:
+def decode_kernel_checks(bundle, position: int, padding: int, launches: int | None = None) -> list:
     """Every kernel of ``bundle``'s decode programs (one token a row) run by the interpreter
     (``interpret_kernels``, in a fresh Python) at batch 2, this step's token at ``position`` and
     row 1 left-padded by ``padding`` tokens, the cache random as earlier steps left it: a
-    ``[name, output, max_abs_error, ok]`` row for each output compared with its reference."""
-    script = DECODE_PROGRAM_SCRIPT.replace("BUNDLE", repr(str(bundle)))
+    ``[name, output, max_abs_error, ok]`` row for each output compared with its reference.
+    ``launches``: interpret only the first N launches of each distinct kernel (a layer's kernels
+    are the layer before's: the same source, shapes and config), later ones run their reference."""
+    script = DECODE_PROGRAM_SCRIPT.replace("BUNDLE", repr(str(bundle))).replace("LAUNCHES", repr(launches))
     return interpreted_json(script.replace("POS", str(position)).replace("PAD", str(padding)))
 
 
