@@ -69,7 +69,8 @@ class Pending(NamedTuple):
 
 @dataclass(frozen=True)
 class Pair:
-    """Two GEMM sites whose second's prologue (a row norm) reads the first's output, as one site:
+    """Two GEMM sites whose second's prologue (a row norm or a LayerNorm) reads the first's
+    output, as one site:
     ``first``'s outputs are row inputs of that norm and read by nothing else (the joined reduce
     keeps them in registers, stores none), and no step lies between them."""
 

@@ -30,17 +30,16 @@ def _plans(compiled) -> dict[int, list[str]]:
     }
 
 
-def _build(model: str, joined: bool | str):
-    """``model`` built by default, ``joined`` False: with ``AOTPACK_REDUCE_NORM=off``; a string:
-    with that value."""
+def _build(model: str, env: str | None = None):
+    """``model`` built with ``AOTPACK_REDUCE_NORM=env``; None: unset (the default)."""
     from aot.codegen import generate
     from aot.tracer import load_model_file, trace
 
     with pytest.MonkeyPatch.context() as mp:
-        if joined is True:
-            mp.delenv(gemm_pairs.ENV, raising=False)  # the default
+        if env is None:
+            mp.delenv(gemm_pairs.ENV, raising=False)
         else:
-            mp.setenv(gemm_pairs.ENV, joined or "off")
+            mp.setenv(gemm_pairs.ENV, env)
         return generate(trace(load_model_file(MODELS / model)), ARCHS)
 
 
@@ -49,8 +48,8 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
     and 32 rows the first runs in K slices and the second its swapped form after the norm kernel;
     joined, the reduce runs the norm and the norm kernel goes (one launch fewer); at one row the
     norm is the GEMV's prologue, as without."""
-    compiled = _build("gemm_reduce_norm.py", joined=True)
-    separate = _build("gemm_reduce_norm.py", joined=False)
+    compiled = _build("gemm_reduce_norm.py")
+    separate = _build("gemm_reduce_norm.py", "off")
     (site,) = compiled.program.alternatives  # the two sites as one
     first, second = separate.program.alternatives
     # the first's steps have a hole (A's view before its GEMM), which stays outside the pair
@@ -86,8 +85,8 @@ def test_the_reduce_runs_a_layer_norm_where_asked():
     add + LayerNorm kernel; with ``AOTPACK_REDUCE_NORM=all`` the reduce runs the LayerNorm and
     that kernel goes; at one row the LayerNorm is the GEMV's prologue, as without. By default
     (measured slower on GPT-2) the sites stay apart."""
-    compiled = _build("gemm_reduce_ln.py", joined="all")
-    separate = _build("gemm_reduce_ln.py", joined=True)
+    compiled = _build("gemm_reduce_ln.py", "all")
+    separate = _build("gemm_reduce_ln.py")
     assert len(separate.program.alternatives) == 2
     (site,) = compiled.program.alternatives
     first, second = separate.program.alternatives
@@ -129,7 +128,7 @@ def test_the_joined_forms_match_in_the_interpreter(tmp_path, model):
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    compiled = _build(model, joined="all")
+    compiled = _build(model, "all")
     plans = _plans(compiled)
     assert [sum(n.endswith("_reduce_norm") for n in plans[rows]) for rows in (8, 32)] == [1, 1], plans
     assert not any(n.startswith("fused_") for names in plans.values() for n in names), plans

@@ -8,9 +8,11 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from torch import nn
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gemm_reduce_ln import Block  # noqa: E402
+from gemm_reduce_norm import Block  # noqa: E402
 
 from aot import Dim, Input, ModelSpec  # noqa: E402
 
@@ -18,7 +20,7 @@ K, N, OUT = 2048, 640, 64
 
 batch = Dim("batch", 1, 32, buckets=(8, 32), paddable=True)
 spec = ModelSpec(
-    module=partial(Block, K, N, OUT),
+    module=partial(Block, K, N, OUT, nn.LayerNorm, True),
     inputs=[Input("x", (batch, 1, K)), Input("r", (batch, 1, N))],
     dtype="float16",
 )

@@ -21,11 +21,14 @@ K, N, OUT = 4096, 2048, 64
 
 
 class Block(nn.Module):
-    def __init__(self, k: int = K, n: int = N, out: int = OUT):
+    """``norm``: the norm's class (RMSNorm; ``gemm_reduce_ln.py``: LayerNorm), ``bias``: the
+    Linears'."""
+
+    def __init__(self, k: int = K, n: int = N, out: int = OUT, norm: type = RMSNorm, bias: bool = False):
         super().__init__()
-        self.down = nn.Linear(k, n, bias=False)
-        self.norm = RMSNorm(n)
-        self.proj = nn.Linear(n, out, bias=False)
+        self.down = nn.Linear(k, n, bias=bias)
+        self.norm = norm(n)
+        self.proj = nn.Linear(n, out, bias=bias)
 
     def forward(self, x, r):  # x: [B, 1, K], r: [B, 1, N]
         h = r + self.down(x)
