@@ -165,6 +165,9 @@ for item in "$@"; do
     gpu-runtime) mkdir -p .bundles; cmd=(bash -c "for m in mlp gpt cnn; do test -f .bundles/\$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/\$m.py -o .bundles/\$m.tpk || exit 1; done; python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py") ;;
     # envdecode-MODEL: decode-MODEL with the build's environment DECODE_ENV (e.g.
     # AOTPACK_SLICED_PROLOGUE=off), bundles and results of their own: an A/B beside decode-MODEL
+    # envN-MODEL (N a digit): envdecode-MODEL with DECODE_ENV<N>, bundles and results of its own
+    # (several arms of one model in one command, e.g. DECODE_ENV1="AOTPACK_REDUCE_NORM=off")
+    env[0-9]-*) n=${step:3:1}; var=DECODE_ENV$n; cmd=(env ${!var:?set $var} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#env?-}" --out "$RES/decode-env$n-${step#env?-}" --bundles "/tmp/bundles-env$n" ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
     newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;

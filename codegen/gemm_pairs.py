@@ -16,10 +16,10 @@ candidates the pairs of the two sites' default forms at each bucket, fused where
 runs split-K and the second its plain form after the norm kernel. Only a default build joins
 sites (each of its sites has one form per bucket, so each bucket has one pair of forms; tune's
 candidates builds keep the sites apart); ``AOTPACK_REDUCE_NORM=off`` keeps them apart there too.
-The second's norm is a row norm lowered from its kernel (RMSNorm) or, with
-``AOTPACK_REDUCE_NORM=all``, a LayerNorm (GPT-2's ``ln_1`` after fc2: measured slower, see ``ENV``).
-On an H200 (Llama-3.2-1B, bf16) the joined forms took batch 32 from 1.039 to 1.011 ms a token and
-batch 8 from 0.940 to 0.931 (one and two launches a layer fewer).
+The second's norm is a row norm lowered from its kernel (RMSNorm) or a LayerNorm (GPT-2's ``ln_1``
+after fc2; ``AOTPACK_REDUCE_NORM=rms`` joins at row norms only). On an H200 the joined forms took
+GPT-2 (fp16) from 0.364 to 0.348 ms a token at batch 8 and from 0.594 to 0.569 at 32, the first 8
+layers of Llama-3.2-1B (bf16) from 0.598 to 0.585 at 32 (0.538 either way at 8).
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from aot.program import readers_of
 from aot.schema import Program, Step, TensorSpec
 from aot.tuning import MAX_CANDIDATE_STEPS
 
-# "off" (or "0"): keep the sites apart; "all": join at a LayerNorm too; anything else (the
-# default): join at a row norm (RMSNorm) only. At a LayerNorm, GPT-2's fc2 reduce (8 K slices, rows
-# of 768) running ``ln_1`` cost more on an H200 than the launch it saved: 0.371 against 0.361 ms a
-# token at batch 8, 0.594 against 0.584 at 32 (one program per row reads all 8 slices of its row).
+# "off" (or "0"): keep the sites apart; "rms": join at a row norm (RMSNorm) only; anything else
+# (the default): at a LayerNorm too. (The reduce's first form, whose loads the compiler spread out
+# in several waves of memory latency, made GPT-2 slower joined: 0.371 against 0.361 ms a token.)
 ENV = "AOTPACK_REDUCE_NORM"
 
 
@@ -48,8 +47,8 @@ def enabled() -> bool:
 
 
 def layer_norms() -> bool:
-    """Whether a reduce may run a LayerNorm too (``AOTPACK_REDUCE_NORM=all``; off by default)."""
-    return os.environ.get(ENV, "").strip().lower() == "all"
+    """Whether a reduce may run a LayerNorm too (unless ``AOTPACK_REDUCE_NORM=rms``)."""
+    return os.environ.get(ENV, "").strip().lower() != "rms"
 
 
 class Pending(NamedTuple):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.gemm_epilogue import GELU_TANH, Epilogue
+from aot.codegen.gemm_epilogue import GELU_TANH, Epilogue, Load
 from aot.codegen.gemm_forms import (
     CONFIGS,
     HEURISTIC,
@@ -697,35 +697,58 @@ def _norm_a_one_pass(site: Site, write_sum: str) -> list[str]:
     return lines
 
 
-def _epilogue_lines(site: Site, ep: Epilogue, store: bool = True) -> list[str]:
+def _epilogue_lines(site: Site, ep: Epilogue, store: bool = True, loaded: str | None = None) -> list[str]:
     """The epilogue on the fp32 tile ``acc<g>`` (bias, activation, the absorbed kernel's steps)
-    and, ``store``, the stores of its outputs (``Epilogue.stores``)."""
+    and, ``store``, the stores of its outputs (``Epilogue.stores``). ``loaded``: the bias and the
+    epilogue's loads are in registers already, as ``_epilogue_loads`` names them for that chunk."""
     lines = []
     for g, bias in enumerate(site.biases):
         if bias is not None:
-            lines.append(
-                f"acc{g} = acc{g} + tl.load(b{g}_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]"
-            )
+            value = f"b{g}_{loaded}" if loaded is not None else _bias_load(g, "rn", "mask_n")
+            lines.append(f"acc{g} = acc{g} + {value}")
     if site.activation == "relu":
         lines.append("acc0 = tl.maximum(acc0, 0.0)")
     elif site.activation == "gelu_tanh":
         lines.append("acc0 = " + GELU_TANH.format("acc0"))
     for load in ep.loads.values():
-        p = load.param
-        if load.layout == "full":
-            lines.append(
-                f"{p}_v = tl.load({p}_ptr + rm[:, None] * {site.n} + rn[None, :], mask=mask, other=0.0).to(tl.float32)"
-            )
-        elif load.layout == "row":
-            lines.append(f"{p}_v = tl.load({p}_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]")
-        else:
-            lines.append(f"{p}_v = tl.load({p}_ptr).to(tl.float32)")
+        value = (
+            f"{load.param}_{loaded}" if loaded is not None else _ep_load(site, load, "rn", "mask_n", "mask")
+        )
+        lines.append(f"{load.param}_v = {value}")
     lines += ep.lines
     for i, (_, val, dtype) in enumerate(ep.stores if store else ()):
         lines.append(
             f"tl.store(out{i}_ptr + rm[:, None] * {site.n} + rn[None, :], {val}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"
         )
     return lines
+
+
+def _bias_load(g: int, rn: str, mask_n: str) -> str:
+    return f"tl.load(b{g}_ptr + {rn}, mask={mask_n}, other=0.0).to(tl.float32)[None, :]"
+
+
+def _ep_load(site: Site, load: Load, rn: str, mask_n: str, mask: str) -> str:
+    """An epilogue load at the columns ``rn`` of the block's rows (``EpilogueLoad.layout``)."""
+    p = load.param
+    if load.layout == "full":
+        return f"tl.load({p}_ptr + rm[:, None] * {site.n} + {rn}[None, :], mask={mask}, other=0.0).to(tl.float32)"
+    if load.layout == "row":
+        return f"tl.load({p}_ptr + {rn}, mask={mask_n}, other=0.0).to(tl.float32)[None, :]"
+    return f"tl.load({p}_ptr).to(tl.float32)"
+
+
+def _epilogue_loads(site: Site, ep: Epilogue, c: int, n: int) -> tuple[list[str], list[str]]:
+    """The epilogue's loads at chunk ``c`` of a row (``rn<c>``, ``mask<c>``), named for
+    ``_epilogue_lines(loaded=c)``: (the biases, weights that may load before the wait; the
+    epilogue's other loads, after it)."""
+    mask_n = f"rn{c} < {n}"
+    early = [
+        f"b{g}_{c} = {_bias_load(g, f'rn{c}', mask_n)}" for g, b in enumerate(site.biases) if b is not None
+    ]
+    late = [
+        f"{ld.param}_{c} = {_ep_load(site, ld, f'rn{c}', mask_n, f'mask{c}')}" for ld in ep.loads.values()
+    ]
+    return early, late
 
 
 def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: str):
@@ -908,8 +931,26 @@ def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: st
 
 
 _Ptr = Callable[[str, str, str], None]  # adds a pointer parameter: (name, buffer, dtype)
-REDUCE_NORM_CHUNK = 256  # the columns of a row the reduce + norm kernel takes at a time
-REDUCE_NORM_WARPS = 0  # its warps (0: the split-K form's own, 4; 8 measured no faster on an H200)
+# The columns of a row the reduce + norm kernel takes at a time, and its warps (0: the split-K
+# form's own, 4). On an H200, with the loads made at once, 1024 columns on 8 warps against 256 on
+# 4: GPT-2 (fc2's reduce running ``ln_1``) 0.348 against 0.356 ms a token at batch 8, 0.569
+# against 0.580 at 32; Llama-3.2-1B's first 8 layers 0.538 / 0.585 against 0.541 / 0.591.
+REDUCE_NORM_CHUNK = 1024
+REDUCE_NORM_WARPS = 8
+# the most fp32 values a thread of the reduce + norm kernel holds for its loads made at once
+# (``render_reduce_norm``); past it the loads are left to the compiler's order
+REDUCE_NORM_HELD_MAX = 128
+
+
+class _NormParts(NamedTuple):
+    """A norm's lines in ``render_reduce_norm``: ``early``, before the wait (indices, the
+    weights' loads); ``loads``, its row inputs' loads, issued with the slabs'; ``body``, the rest;
+    ``rows``: the row values it loads (for the registers' estimate)."""
+
+    early: list[str]
+    loads: list[str]
+    body: list[str]
+    rows: int
 
 
 def render_reduce_norm(
@@ -923,15 +964,18 @@ def render_reduce_norm(
     index: str,
 ) -> Rendered:
     """A split-K reduce that also runs the row norm after it (``gemm_pairs``): one program per
-    row of C = A @ W^T. It loads the ``cfg.split_k`` fp32 slabs (``ws``) of the whole row, chunk
-    by chunk, before any sum (every load in flight at once), adds them in the plain reduce's
-    fixed order and applies ``site``'s epilogue; what the epilogue would store (C, read by
-    nothing but the norm) stays in registers, rounded to its dtype as the store would round it.
-    Then the norm that ``norm_site`` (the next GEMM) has as its prologue, a row norm lowered from
-    its kernel (RMSNorm: ``_reduce_row_norm``) or a LayerNorm (``_reduce_layer_norm``): its
-    other row inputs loaded, the statistics over the row, the residual sum later steps read
-    (``sum_out``) and the normalized row, A of the next GEMM, stored to ``a_out``. The norm
-    kernel and its launch go; its steps and roundings are the one-row forms'
+    row of C = A @ W^T. Every load of the row is made at once: the weights it reads (the
+    first GEMM's bias, the norm's scale and shift) before the wait for the kernel before; after
+    it the ``cfg.split_k`` fp32 slabs (``ws``) of the whole row, the epilogue's and the norm's
+    row inputs; then a block barrier, so that the compiler keeps them ahead of the first sum
+    (without it, ptxas interleaves them with the sums: a memory latency per few loads). The
+    slabs are added in the plain reduce's fixed order and ``site``'s epilogue applied; what
+    the epilogue would store (C, read by nothing but the norm) stays in registers, rounded to
+    its dtype as the store would round it. Then the norm that ``norm_site`` (the next GEMM) has
+    as its prologue, a row norm lowered from its kernel (RMSNorm: ``_reduce_row_norm``) or a
+    LayerNorm (``_reduce_layer_norm``): the statistics over the row, the residual sum later
+    steps read (``sum_out``) and the normalized row, A of the next GEMM, stored to ``a_out``.
+    The norm kernel and its launch go; its steps and roundings are the one-row forms'
     (``_vec_steps_norm``, ``_vec_steps_ln``), so A's bits equal the norm kernel's but for the
     order of the statistics' sums."""
     n, s = site.n, cfg.split_k
@@ -943,35 +987,20 @@ def render_reduce_norm(
     # the norm's row inputs that the epilogue would store: input i kept in registers as p<i>
     held = {buf: i for i, buf in enumerate(rows) if buf in {b for b, _, _ in ep.stores}}
     cast = ".to(tl.int64)" if index == "i64" else ""
-    body = [
-        f"rm = tl.program_id(0){cast} * BLOCK_M + tl.arange(0, BLOCK_M)",
-        "mask_m = rm < M",
-        "# the split-K slabs of the whole row, every load before the first sum",
-    ]
+    early = [f"rm = tl.program_id(0){cast} * BLOCK_M + tl.arange(0, BLOCK_M)", "mask_m = rm < M"]
+    loads = ["# after the wait, every load of the row at once: the split-K slabs, the row inputs"]
     for c in range(count):
-        body += [
+        early += [
             f"rn{c} = {c * width} + tl.arange(0, BLOCK_N)",
             f"mask{c} = mask_m[:, None] & (rn{c} < {n})[None, :]",
-            *(
-                f"ws{c}_{ks} = tl.load(ws_ptr + ({ks} * M + rm[:, None]) * {n} + rn{c}[None, :], "
-                f"mask=mask{c}, other=0.0)"
-                for ks in range(s)
-            ),
         ]
-    body.append("# per chunk: the slabs added in a fixed order (the same bits on every run), the epilogue")
-    for c in range(count):
-        body += [
-            f"rn = rn{c}",
-            f"mask_n = rn < {n}",
-            f"mask = mask{c}",
-            f"acc0 = {' + '.join(f'ws{c}_{ks}' for ks in range(s))}",
+        loads += [
+            f"ws{c}_{ks} = tl.load(ws_ptr + ({ks} * M + rm[:, None]) * {n} + rn{c}[None, :], mask=mask{c}, other=0.0)"
+            for ks in range(s)
         ]
-        body += _epilogue_lines(site, ep, store=False)
-        body += [  # the norm's row inputs among the outputs: kept, rounded as the store would
-            f"p{held[buf]}_{c} = tl.where(mask, {val}.to({TL_TYPE[STORAGE[dt]]}).to(tl.float32), 0.0)"
-            for buf, val, dt in ep.stores
-            if buf in held
-        ]
+        ep_early, ep_late = _epilogue_loads(site, ep, c, n)
+        early += ep_early
+        loads += ep_late
     params: list[KernelParam] = [KernelParam("ws_ptr", ParamKind.PTR, "float32")]
     args: list[Any] = [Buf(ws)]
 
@@ -985,9 +1014,31 @@ def render_reduce_norm(
     for buf, load in ep.loads.items():
         ptr(f"{load.param}_ptr", buf, load.dtype)
     if pro.norm is not None:
-        body += _reduce_row_norm(norm_site, held, n, width, count, ptr)
+        norm = _reduce_row_norm(norm_site, held, n, width, count, ptr)
     else:
-        body += _reduce_layer_norm(norm_site, held, n, count, ptr)
+        norm = _reduce_layer_norm(norm_site, held, n, count, ptr)
+    early += norm.early
+    loads += norm.loads
+    warps = REDUCE_NORM_WARPS or cfg.num_warps
+    per_thread = (s + len(ep.loads) + norm.rows) * width * count // (32 * warps)
+    body = loads
+    if per_thread <= REDUCE_NORM_HELD_MAX:
+        body.append("tl.debug_barrier()  # the loads above stay ahead of the first sum (render_reduce_norm)")
+    body.append("# per chunk: the slabs added in a fixed order (the same bits on every run), the epilogue")
+    for c in range(count):
+        body += [
+            f"rn = rn{c}",
+            f"mask_n = rn < {n}",
+            f"mask = mask{c}",
+            f"acc0 = {' + '.join(f'ws{c}_{ks}' for ks in range(s))}",
+        ]
+        body += _epilogue_lines(site, ep, store=False, loaded=str(c))
+        body += [  # the norm's row inputs among the outputs: kept, rounded as the store would
+            f"p{held[buf]}_{c} = tl.where(mask, {val}.to({TL_TYPE[STORAGE[dt]]}).to(tl.float32), 0.0)"
+            for buf, val, dt in ep.stores
+            if buf in held
+        ]
+    body += norm.body
     ptr("a_ptr", a_out, norm_site.dtype)
     params.append(KernelParam("M", ParamKind(index), ""))
     args.append(Sym(ix.size_text(ix.parse_size(site.m))))
@@ -995,7 +1046,7 @@ def render_reduce_norm(
     name = f"gemm_{_tag(site)}_{cfg.name}_reduce_norm"
     return _rendered(
         site,
-        replace(cfg, block_m=1, block_n=width, dot=False, num_warps=REDUCE_NORM_WARPS or cfg.num_warps),
+        replace(cfg, block_m=1, block_n=width, dot=False, num_warps=warps),
         name,
         "split-K reduce + epilogue + the next GEMM's row norm",
         body,
@@ -1005,17 +1056,21 @@ def render_reduce_norm(
         outputs,
         (_grid_rows(site.m, 1),),
         (),
+        early,
     )
 
 
 def _reduce_row_norm(
     norm_site: Site, held: dict[str, int], n: int, width: int, count: int, ptr: _Ptr
-) -> list[str]:
+) -> _NormParts:
     """``render_reduce_norm``'s row norm (RMSNorm, lowered from the norm kernel) over the whole
-    row, the row inputs ``held`` in registers (``p<i>_<chunk>``), the others loaded."""
+    row, the row inputs ``held`` in registers (``p<i>_<chunk>``), the others loaded with the
+    slabs, its vectors (weights: ``gemm_prologue`` takes only those) before the wait."""
     norm = norm_site.prologue.norm
-    body = ["# the next GEMM's row norm over the whole row"]
     loads_held = {f"x{i}_@": f"p{i}_@" for i in held.values()}  # its loads of those inputs
+    # its other loads (a row input's or a vector's: indices only), made ahead with the slabs
+    ahead = [(v, e) for v, e, st in norm.row_ops if e.startswith("tl.load(") and v not in loads_held]
+    vectors = {f"v{i}_@" for i in range(len(norm.vectors))}
     norm_view = replace(
         norm_site,
         k=n,
@@ -1023,12 +1078,23 @@ def _reduce_row_norm(
             norm_site.prologue,
             norm=replace(
                 norm,
-                row_ops=tuple((v, loads_held.get(v, e), st) for v, e, st in norm.row_ops),
+                row_ops=tuple(
+                    (v, loads_held.get(v, e), st) for v, e, st in norm.row_ops if (v, e) not in ahead
+                ),
             ),
         ),
     )
+    indices, early, loads = [], [], []
+    for c in range(count):
+        indices += [
+            f"rk{c} = rn{c}",
+            f"kmask{c} = mask_m[:, None]" + (f" & (rk{c}[None, :] < {n})" if n % width else ""),
+        ]
+        for v, e in ahead:
+            (early if v in vectors else loads).append(f"{v.replace('@', str(c))} = {e.replace('@', str(c))}")
     steps = [f"rn{c}" for c in range(count)]
-    body += _norm_stats(norm_view, "True", steps, n % width != 0)
+    body = ["# the next GEMM's row norm over the whole row"]
+    body += [ln for ln in _norm_stats(norm_view, "True", steps, n % width != 0) if ln not in indices]
     dt = TL_TYPE[STORAGE[norm_site.dtype]]
     for c in range(count):
         body += [
@@ -1048,27 +1114,32 @@ def _reduce_row_norm(
         ptr(f"v{i}_ptr", buf, dtype)
     if norm.sum_out is not None:
         ptr("sum_ptr", norm_site.prologue.sum_out, norm.sum_out[2])
-    return body
+    return _NormParts(indices + early, loads, body, len(ahead))
 
 
-def _reduce_layer_norm(norm_site: Site, held: dict[str, int], n: int, count: int, ptr: _Ptr) -> list[str]:
+def _reduce_layer_norm(norm_site: Site, held: dict[str, int], n: int, count: int, ptr: _Ptr) -> _NormParts:
     """``render_reduce_norm``'s LayerNorm over the whole row: ``x [+ y]`` (the one ``held`` in
-    registers, ``p<i>_<chunk>``; the other loaded), rounded as the add rounds, as
+    registers, ``p<i>_<chunk>``; the other loaded with the slabs), rounded as the add rounds, as
     ``_prologue_rows`` has it; the sum stored where later steps read it; mean and 1/std
-    (``_layer_norm_stats``); then A normalized, scaled and shifted, rounded as the LayerNorm's
-    output is (``_prologue_a``)."""
+    (``_layer_norm_stats``); then A normalized, scaled and shifted (the scale and shift loaded
+    before the wait: weights), rounded as the LayerNorm's output is (``_prologue_a``)."""
     pro = norm_site.prologue
     dt = TL_TYPE[STORAGE[norm_site.dtype]]
-    body = ["# the next GEMM's LayerNorm over the whole row"]
+    inputs = [(name, buf) for name, buf in (("x", pro.x), ("y", pro.y)) if buf is not None]
+    vectors = [(name, buf) for name, buf in (("lnw", pro.weight), ("lnb", pro.bias)) if buf is not None]
+    early, loads, body = [], [], ["# the next GEMM's LayerNorm over the whole row"]
     for c in range(count):
         at = f"rm[:, None] * {n} + rn{c}[None, :]"
-        terms = [
-            f"p{held[buf]}_{c}"
-            if buf in held
-            else f"tl.load({name}_ptr + {at}, mask=mask{c}, other=0.0).to(tl.float32)"
-            for name, buf in (("x", pro.x), ("y", pro.y))
-            if buf is not None
+        early += [
+            f"{name}_{c} = tl.load({name}_ptr + rn{c}, mask=rn{c} < {n}, other=0.0).to(tl.float32)[None, :]"
+            for name, _ in vectors
         ]
+        loads += [
+            f"{name}_{c} = tl.load({name}_ptr + {at}, mask=mask{c}, other=0.0).to(tl.float32)"
+            for name, buf in inputs
+            if buf not in held
+        ]
+        terms = [f"p{held[buf]}_{c}" if buf in held else f"{name}_{c}" for name, buf in inputs]
         body.append(f"xs{c} = {' + '.join(terms)}")
         if len(terms) == 2 and norm_site.dtype in ROUND:
             body.append(f"xs{c} = xs{c}.to({ROUND[norm_site.dtype]}).to(tl.float32)")
@@ -1077,21 +1148,13 @@ def _reduce_layer_norm(norm_site: Site, held: dict[str, int], n: int, count: int
     body += _layer_norm_stats([f"mask{c}" for c in range(count)], n, pro.eps)
     for c in range(count):
         body.append(f"a = dev{c} * rstd[:, None]")
-        if pro.weight is not None:
-            body.append(
-                f"a = a * tl.load(lnw_ptr + rn{c}, mask=rn{c} < {n}, other=0.0).to(tl.float32)[None, :]"
-            )
-        if pro.bias is not None:
-            body.append(
-                f"a = a + tl.load(lnb_ptr + rn{c}, mask=rn{c} < {n}, other=0.0).to(tl.float32)[None, :]"
-            )
+        body += [f"a = a {'*' if name == 'lnw' else '+'} {name}_{c}" for name, _ in vectors]
         body.append(f"tl.store(a_ptr + rm[:, None] * {n} + rn{c}[None, :], a.to({dt}), mask=mask{c})")
-    for name, buf in (("x", pro.x), ("y", pro.y)):
-        if buf is not None and buf not in held:
+    for name, buf in inputs:
+        if buf not in held:
             ptr(f"{name}_ptr", buf, norm_site.dtype)
-    for name, buf in (("lnw", pro.weight), ("lnb", pro.bias)):
-        if buf is not None:
-            ptr(f"{name}_ptr", buf, norm_site.dtype)
+    for name, buf in vectors:
+        ptr(f"{name}_ptr", buf, norm_site.dtype)
     if pro.sum_out is not None:
         ptr("sum_ptr", pro.sum_out, norm_site.dtype)
-    return body
+    return _NormParts(early, loads, body, len(vectors) + sum(buf not in held for _, buf in inputs))

@@ -79,15 +79,16 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
         ]
 
 
-def test_the_reduce_runs_a_layer_norm_where_asked():
+def test_the_reduce_runs_a_layer_norm():
     """``gemm_reduce_ln.py`` (GPT-2's MLP down projection, the next ``ln_1`` and q/k/v, with
     biases): at 8 and 32 rows the first runs in K slices and the second its plain form after the
-    add + LayerNorm kernel; with ``AOTPACK_REDUCE_NORM=all`` the reduce runs the LayerNorm and
-    that kernel goes; at one row the LayerNorm is the GEMV's prologue, as without. By default
-    (measured slower on GPT-2) the sites stay apart."""
-    compiled = _build("gemm_reduce_ln.py", "all")
-    separate = _build("gemm_reduce_ln.py")
+    add + LayerNorm kernel; by default the reduce runs the LayerNorm and that kernel goes; at one
+    row the LayerNorm is the GEMV's prologue, as without. ``AOTPACK_REDUCE_NORM=rms`` (row norms
+    only) keeps these sites apart, as ``off`` does."""
+    compiled = _build("gemm_reduce_ln.py")
+    separate = _build("gemm_reduce_ln.py", "rms")
     assert len(separate.program.alternatives) == 2
+    assert _plans(_build("gemm_reduce_ln.py", "off")) == _plans(separate)
     (site,) = compiled.program.alternatives
     first, second = separate.program.alternatives
     assert site.library == (*first.library, *second.library)
@@ -119,8 +120,7 @@ def test_sites_stay_apart_without_a_norm_between_them():
 @pytest.mark.parametrize("model", ["gemm_reduce_norm_small.py", "gemm_reduce_ln_small.py"])
 def test_the_joined_forms_match_in_the_interpreter(tmp_path, model):
     """``gemm_reduce_norm_small.py`` (RMSNorm) and ``gemm_reduce_ln_small.py`` (LayerNorm, with
-    biases) joined (``AOTPACK_REDUCE_NORM=all``; rows of 640: the norm in three chunks, the last
-    one ragged): each candidate, the reduce that runs the norm in both, against the library
+    biases) joined (the default; rows of 640: the norm in one chunk of 1024 columns, ragged): each candidate, the reduce that runs the norm in both, against the library
     steps (the first GEMM, the residual add and the norm, the second GEMM) in Triton's
     interpreter at 3 rows (the bucket of 8, padded) and 20 (of 32): the second GEMM's output and
     the residual sum the norm writes within float16's tolerance (``aot.dtypes.TOLERANCE``), and
@@ -128,7 +128,7 @@ def test_the_joined_forms_match_in_the_interpreter(tmp_path, model):
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    compiled = _build(model, "all")
+    compiled = _build(model)
     plans = _plans(compiled)
     assert [sum(n.endswith("_reduce_norm") for n in plans[rows]) for rows in (8, 32)] == [1, 1], plans
     assert not any(n.startswith("fused_") for names in plans.values() for n in names), plans

@@ -144,15 +144,15 @@ def test_the_reduce_runs_the_next_layer_norm_and_verifies(tmp_path_factory):
     """GPT-2 small's shapes (``build_shaped``: two layers, bfloat16) at 1, 8 and 32 rows: the MLP
     down projection (fc2) runs in K slices at 8 and 32 rows, and its reduce runs the next layer's
     residual add + LayerNorm (``ln_1``) before q/k/v, so that kernel goes (one a layer but the
-    last's, whose LayerNorm is ``ln_f``), with ``AOTPACK_REDUCE_NORM=all`` (a LayerNorm is not
-    joined by default); ``aot.verify.device.verify`` passes with them."""
+    last's, whose LayerNorm is ``ln_f``), as a default build joins them;
+    ``aot.verify.device.verify`` passes with them."""
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV
 
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
     from aot.codegen.gemm_pairs import ENV
 
-    path, compiled, arch = build_shaped("gpt2", tmp_path_factory, (1, 8, 32), {ENV: "all"})
+    path, compiled, arch = build_shaped("gpt2", tmp_path_factory, (1, 8, 32), {ENV: None})
     _, plans = decode_plans(compiled, arch)
     joined = {key[0]: sum(n.endswith("_reduce_norm") for n in names) for key, names in plans.items()}
     assert joined == {1: 0, 8: LAYERS - 1, 32: LAYERS - 1}, joined

@@ -34,7 +34,7 @@ def build_llama_1b(tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[s
 
 
 def build_shaped(
-    model: str, tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[str, str] | None = None
+    model: str, tmp_path_factory, batch_buckets: tuple[int, ...], env: dict[str, str | None] | None = None
 ):
     """``build_llama_1b`` for any of ``bench/decode.py``'s models (its shapes, ``LAYERS`` layers)."""
     if not torch.cuda.is_available():
@@ -68,7 +68,10 @@ def build_shaped(
     )
     with pytest.MonkeyPatch.context() as mp:
         for name, value in (env or {}).items():
-            mp.setenv(name, value)
+            if value is None:  # unset: the default
+                mp.delenv(name, raising=False)
+            else:
+                mp.setenv(name, value)
         compiled = generate(trace(spec), (arch,))
     path = tmp_path_factory.mktemp(model.replace(".", "_")) / f"{model}.tpk"
     pack(compiled, path, split_weights=True)

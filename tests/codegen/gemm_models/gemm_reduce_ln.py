@@ -3,8 +3,8 @@ residual add and a LayerNorm read, then a GEMM of the normed rows: h = r + Linea
 y = Linear(768 → 2304)(layer_norm(h)), float16, batch buckets 1, 8 and 32 (paddable), one token a
 row ([B, 1, K]). GPT-2's MLP down projection, the next layer's ``ln_1`` and its q/k/v projection:
 at 8 and 32 rows the built-in entry runs the first in K slices and the second's plain form after
-the add + LayerNorm kernel, so ``gemm_pairs`` joins them (the reduce runs the LayerNorm) with
-``AOTPACK_REDUCE_NORM=all``."""
+the add + LayerNorm kernel, so ``gemm_pairs`` joins them (the reduce runs the LayerNorm) unless
+``AOTPACK_REDUCE_NORM`` is ``rms`` or ``off``."""
 
 import sys
 from functools import partial
