@@ -25,7 +25,7 @@
 #     "import aot.codegen.gemm_defaults as g; g.SLICED_SMALL_N = 0")
 #   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8,32 DECODE_ENV="AOTPACK_REDUCE_NORM=off" bash bench/device_session.sh decode-llama-3.2-1b:270 envdecode-llama-3.2-1b:270
 #     (the default, whose reduce runs the next norm (codegen/gemm_pairs.py), against the sites apart; GPU_K=reduce_runs_the_next_norm ... gpu-k:200 checks it)
-#   (DECODE_ENV="AOTPACK_REDUCE_NORM=all" with decode-gpt2 / envdecode-gpt2: a LayerNorm joined too, against the default; GPU_K=reduce_runs_the_next_layer_norm checks it)
+#   (DECODE_ENV="AOTPACK_REDUCE_NORM=rms" with decode-gpt2 / envdecode-gpt2: GPT-2's LayerNorm kept apart, against the default; GPU_K=reduce_runs_the_next_layer_norm checks the joined forms)
 #   DEADLINE=580 bash bench/device_session.sh gpu-all:570   (the whole GPU suite: a command of its own)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT

@@ -45,12 +45,14 @@ def mlp_bundle(built):
 
 
 def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_bundle):
-    """models/mlp.py (float16, batch 1..64, 8 MiB weights per site): every GEMM site runs the
-    default form at batch 1 (its ``_ln`` variant where a LayerNorm kernel made its A: the kernel
-    goes into its prologue) and the few-row entry's form at batches 2-16 (the weights are small:
+    """models/mlp.py (float16, batch 1..64, 8 MiB weights per site): every GEMM runs the default
+    form at batch 1 (the up projection its ``_ln`` variant: the LayerNorm kernel goes into its
+    prologue) and the few-row entry's form at batches 2-16 (the weights are small:
     ``gemv_16x32x128``, and at the down projection's N 1024 x K 4096 the swapped form in 8 K
-    slices, ``fews_splitk8_16x64x64``; the LayerNorm kernel kept), the 32-row swapped forms in K
-    slices at 32 (``BUILT_IN_32``: K 1024 in 2 slices, K 4096 in 8), the library at 64; the table is
+    slices, ``fews_splitk8_16x64x64``), the 32-row swapped forms in K slices at 32 (``BUILT_IN_32``:
+    K 1024 in 2 slices, K 4096 in 8), the library at 64. A block's down projection and the next
+    block's LayerNorm and up projection are one site (``gemm_pairs``: its choice names both forms,
+    ``first__second``; at 2-32 rows the down projection's reduce runs the LayerNorm). The table is
     recorded for sm_90 and parses as tune's do."""
     from aot.buckets import buckets_by_program
     from aot.schema import TUNING_PATH
@@ -62,22 +64,26 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
     sites = {s.id: s for s in program.alternatives}
     assert sites and {c.site for c in table.choices} == set(sites)
     assert {c.sizes["batch"] for c in table.choices} == {1, 2, 4, 8, 16, 32}
+    # the first three blocks' down projections, each with the next block's up projection
+    joined = {c.site for c in table.choices if "__" in c.choice}
+    assert len(joined) == 3 and all(("__" in c.choice) == (c.site in joined) for c in table.choices)
     for c in table.choices:
         assert c.choice != LIBRARY
-        site, rows = sites[c.site], c.sizes["batch"]
-        form = default_form(rows, site.k, "float16", n=site.n)
-        if rows == 1:
-            assert c.choice in (form, form + "_ln")
-            layer_norm = program.steps[site.library[0]].reference
-            assert c.choice.endswith("_ln") == (bool(layer_norm) and "layer_norm" in layer_norm[-1].target)
-        elif rows == 32:
-            slices = "splitk8_" if site.k == 4096 else "splitk2_"
-            assert c.choice == form.replace("splitk_", slices) and form == "fews_splitk_32x64x64"
-        else:
-            assert c.choice == form.replace("splitk_", "splitk8_")  # K 4096 in 8 slices
-            assert c.choice == ("fews_splitk8_16x64x64" if site.k == 4096 else "gemv_16x32x128")
+        rows = c.sizes["batch"]
+        for part in c.choice.split("__"):
+            up = part.startswith(("vec_1x2x512", "gemv_", "fews_splitk2_"))  # K 1024 (else 4096)
+            k, n = (1024, 4096) if up else (4096, 1024)
+            form = default_form(rows, k, "float16", n=n)
+            if rows == 1:
+                assert part == form + ("_ln" if up else "")
+            elif rows == 32:
+                assert part == form.replace("splitk_", "splitk2_" if up else "splitk8_")
+                assert form == "fews_splitk_32x64x64"
+            else:
+                assert part == ("gemv_16x32x128" if up else "fews_splitk8_16x64x64")
+                assert part == form.replace("splitk_", "splitk8_")  # K 4096 in 8 slices
         # only the default forms were compiled, each for its buckets
-        (cand,) = [k for k in site.candidates if k.name == c.choice]
+        (cand,) = [k for k in sites[c.site].candidates if k.name == c.choice]
         assert c.sizes in cand.buckets
     assert all(len(s.candidates) == 3 for s in sites.values())
 
@@ -97,8 +103,12 @@ def test_the_table_changes_the_steps_on_its_arch_only(mlp_bundle):
         assert sum(bool(s.reference) for s in gemm) == len(program.alternatives)  # one per site
         # no cuBLAS call left at these buckets (so a process serving them never loads it)
         assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in steps)
-        # each kernel step (the last of a split-K pair) stands for the library steps it replaced
-        assert all(s.reference for s in gemm if not kernels[s.target].name.endswith("_partial"))
+        # each site's kernels end with the one that stands for the library steps it replaced (a
+        # split-K form's partial sums, a joined site's first GEMM and its reduce come before it)
+        assert gemm[-1].reference and all(
+            kernels[s.target].name.endswith(("_partial", "_reduce_norm")) or s.reference or nxt.reference
+            for s, nxt in zip(gemm, gemm[1:])
+        )
 
 
 def test_no_table_without_sm_90(built):
@@ -191,9 +201,10 @@ def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch
     (``gemv_16x32x128``, ``splitk_16x64x128``): each runs at buckets of 2-16 rows only, the
     one-row form keeps batch 1, 32 rows the built-in entry's forms there (``BUILT_IN_32``), and
     64 the library."""
-    from aot.codegen import generate
+    from aot.codegen import gemm_pairs, generate
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV, FEW_ROWS_PROLOGUE_ENV
 
+    monkeypatch.setenv(gemm_pairs.ENV, "off")  # each site its own forms (no joined pair)
     monkeypatch.setenv(FEW_ROWS_ENV, "gemv_16x32x128,splitk_16x64x128")
     monkeypatch.setenv(FEW_ROWS_PROLOGUE_ENV, "0")
     table = generate(built.traced("mlp"), ("sm_90",)).tuning
