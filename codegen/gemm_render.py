@@ -697,14 +697,17 @@ def _norm_a_one_pass(site: Site, write_sum: str) -> list[str]:
     return lines
 
 
-def _epilogue_lines(site: Site, ep: Epilogue, store: bool = True, loaded: str | None = None) -> list[str]:
+def _epilogue_lines(
+    site: Site, ep: Epilogue, store: bool = True, loaded: str | None = None, bias: str | None = None
+) -> list[str]:
     """The epilogue on the fp32 tile ``acc<g>`` (bias, activation, the absorbed kernel's steps)
-    and, ``store``, the stores of its outputs (``Epilogue.stores``). ``loaded``: the bias and the
-    epilogue's loads are in registers already, as ``_epilogue_loads`` names them for that chunk."""
+    and, ``store``, the stores of its outputs (``Epilogue.stores``). ``loaded``: the epilogue's
+    loads are in registers already, as ``_epilogue_loads`` names them for that chunk; ``bias``:
+    the biases too, named ``b<g>_<bias>`` (``_early_biases``, ``_epilogue_loads``)."""
     lines = []
-    for g, bias in enumerate(site.biases):
-        if bias is not None:
-            value = f"b{g}_{loaded}" if loaded is not None else _bias_load(g, "rn", "mask_n")
+    for g, b in enumerate(site.biases):
+        if b is not None:
+            value = f"b{g}_{bias}" if bias is not None else _bias_load(g, "rn", "mask_n")
             lines.append(f"acc{g} = acc{g} + {value}")
     if site.activation == "relu":
         lines.append("acc0 = tl.maximum(acc0, 0.0)")
@@ -725,6 +728,26 @@ def _epilogue_lines(site: Site, ep: Epilogue, store: bool = True, loaded: str | 
 
 def _bias_load(g: int, rn: str, mask_n: str) -> str:
     return f"tl.load(b{g}_ptr + {rn}, mask={mask_n}, other=0.0).to(tl.float32)[None, :]"
+
+
+# A bias is a weight: with EARLY_BIAS the forms whose indices come before the wait for the kernel
+# before (the one-row forms, tensor-core forms that load W early, split-K reduces) load it there
+# too (``_early_biases``), in registers when the epilogue needs it. Loaded after the K loop, it
+# adds a memory latency at the end of every GEMM with a bias: the SASS of GPT-2's one-row GEMVs
+# (sm_90) has the bias load after the sum's block barrier, a second wait for memory after A's
+# (one with EARLY_BIAS). Checked in Triton's interpreter, not yet timed on a GPU: off until it is
+# (set by a ``sitecustomize`` for a device A/B).
+EARLY_BIAS = False
+
+
+def _early_biases(site: Site) -> tuple[list[str], str | None]:
+    """(the lines that load the block's biases as ``b<g>_e``, the suffix for ``_epilogue_lines``;
+    or no lines and None where the site has no bias or ``EARLY_BIAS`` is off). After ``_indices``."""
+    if not EARLY_BIAS or not any(b is not None for b in site.biases):
+        return [], None
+    lines = ["# the biases (weights) before the wait, in registers for the epilogue"]
+    lines += [f"b{g}_e = {_bias_load(g, 'rn', 'mask_n')}" for g, b in enumerate(site.biases) if b is not None]
+    return lines, "e"
 
 
 def _ep_load(site: Site, load: Load, rn: str, mask_n: str, mask: str) -> str:
@@ -861,6 +884,8 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = _grid(site, cfg)
     early, body = _opening(site, cfg, index, "0", site.k)
+    biases, bias = _early_biases(site) if early else ([], None)  # where the indices come early
+    early += biases
     if site.prologue is not None and cfg.dot and not _one_pass(site, cfg):
         # a tensor-core form: the statistics before the K loop
         write_sum = f"(tl.program_id({_axes(cfg)[1]}) == 0)"
@@ -868,7 +893,7 @@ def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rend
             body += _prologue_stats(site, write_sum)
         else:
             body += _norm_stats(site, write_sum)
-    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep)
+    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, bias=bias)
     params, signature, args = _params(site, ep, index, None, "fused")
     outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
     name = f"gemm_{_tag(site)}_{cfg.name}"
@@ -913,7 +938,8 @@ def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendere
 def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: str) -> Rendered:
     s, g = cfg.split_k, len(site.weights)
     grid = _grid(site, cfg)
-    body = _indices(site, cfg, index)
+    biases, bias = _early_biases(site)
+    early, body = (_indices(site, cfg, index) + biases, []) if biases else ([], _indices(site, cfg, index))
     body += [f"acc{gi} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for gi in range(g)]
     body.append(f"for ks in tl.static_range({s}):  # fixed order: the same bits on every run")
     for gi in range(g):
@@ -921,12 +947,12 @@ def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: st
             f"    acc{gi} += tl.load(ws_ptr + ((ks * {g} + {gi}) * M + rm[:, None]) * {site.n} + rn[None, :], "
             f"mask=mask, other=0.0)"
         )
-    body += _epilogue_lines(site, ep)
+    body += _epilogue_lines(site, ep, bias=bias)
     params, signature, args = _params(site, ep, index, ws, "reduce")
     outputs = [buf for buf, _, _ in ep.stores]
     name = f"gemm_{_tag(site)}_{cfg.name}_reduce"
     return _rendered(
-        site, cfg, name, "split-K reduce + epilogue", body, params, signature, args, outputs, grid, ()
+        site, cfg, name, "split-K reduce + epilogue", body, params, signature, args, outputs, grid, (), early
     )
 
 
@@ -1034,7 +1060,7 @@ def render_reduce_norm(
             f"mask = mask{c}",
             f"acc0 = {' + '.join(f'ws{c}_{ks}' for ks in range(s))}",
         ]
-        body += _epilogue_lines(site, ep, store=False, loaded=str(c))
+        body += _epilogue_lines(site, ep, store=False, loaded=str(c), bias=str(c))
         body += [  # the norm's row inputs among the outputs: kept, rounded as the store would
             f"p{held[buf]}_{c} = tl.where(mask, {val}.to({TL_TYPE[STORAGE[dt]]}).to(tl.float32), 0.0)"
             for buf, val, dt in ep.stores

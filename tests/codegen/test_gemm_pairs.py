@@ -156,3 +156,40 @@ def test_the_joined_forms_match_in_the_interpreter(tmp_path, model):
                     f"{site.id}/{cand.name}/rerun",
                     out,
                 ) in names
+
+
+def test_biases_loaded_before_the_wait_match_in_the_interpreter(tmp_path, monkeypatch):
+    """``gemm_render.EARLY_BIAS`` (off by default until timed on a GPU): the forms whose indices
+    come before the wait for the kernel before load their biases there too.
+    ``gemm_bias_small.py`` (both GEMMs with a bias) built with the sites apart: at one row both
+    GEMVs, at 8 rows the first's split-K reduce, take the bias before the wait (the second's tile
+    form at 8 rows keeps it after its K loop); every candidate matches the library steps in
+    Triton's interpreter at 1 and 3 rows within float16's tolerance."""
+    from aot.codegen import gemm_render
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    monkeypatch.setattr(gemm_render, "EARLY_BIAS", True)
+    compiled = _build("gemm_bias_small.py", "off")
+    early = []
+    for k in compiled.program.kernels:
+        if k.config.get("kind") == "gemm" and "b0_ptr" in k.source:
+            before, _, after = k.source.partition("    if GDC:")
+            if "b0_e = tl.load(b0_ptr" in before:
+                early.append(k.name)
+                assert "tl.load(b0_ptr" not in after and "acc0 + b0_e" in after, k.name
+            else:
+                assert "tl.dot" in k.source and "acc0 + tl.load(b0_ptr" in after, k.name
+    assert len(early) == 3 and sum(n.endswith("_reduce") for n in early) == 1, early
+    pack(compiled, tmp_path / "bias.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "bias.tpk", MODELS / "gemm_bias_small.py", [{"batch": 1}, {"batch": 3}], None, True)],
+        timeout=HANG_GUARD_S,
+    )
+    assert len(result) == 2
+    (site, second) = compiled.program.alternatives
+    checked = {c.name for cs in result.values() for c in cs}
+    assert {f"{s.id}/{c.name}" for s in (site, second) for c in s.candidates} <= checked, checked
+    assert all(c.ok for cs in result.values() for c in cs), [
+        c for cs in result.values() for c in cs if not c.ok
+    ][:3]
