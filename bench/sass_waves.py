@@ -1,0 +1,127 @@
+"""Where a decode step's kernels wait for memory, read from their sm_90 machine code, no GPU.
+
+At a few rows a decode kernel runs as a few hundred programs or fewer, so nothing hides a wait
+for memory: what a kernel costs beyond its bytes is how many times in a row each thread waits for
+a load. ptxas orders the loads, not the source: it may move a sum up between two loads (so the
+second is issued only after the first's data is back), and a load written after a reduction (a
+bias, a norm's weight) waits for it. This script builds one of ``bench/decode.py``'s models (its
+first layers) for sm_90 on the CPU, compiles every kernel of a bucket's decode plan, disassembles
+it (``nvdisasm`` from Triton's bundle) and counts, per kernel, the global loads before the wait
+for the kernel before (``griddepcontrol.wait``, SASS ``ACQBULK``: weights, which stream while the
+kernel before runs) and after it, and the waves after it: runs of loads ended by the first
+instruction that reads a register one of them is still filling. One wave after the wait is the
+least a kernel that reads the kernel before's output can have. Asynchronous copies (a tensor-core
+form's pipeline: ``LDGSTS``, TMA) are not counted.
+
+    python3 bench/sass_waves.py --model gpt2 --rows 1          # about a minute on the CPU box
+    python3 bench/sass_waves.py --model llama-3.2-1b --rows 8 --layers 2
+
+Found with it (2026-12-02): the split-K reduce that runs the next norm took 4 waves at
+Llama-3.2-1B's rows and 13 at GPT-2's (now 1-4, ``gemm_render.render_reduce_norm``); every
+one-row GEMV with a bias loads it after its sum's block barrier (a second wave;
+``gemm_render.EARLY_BIAS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+_INSTR = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s*(.*?);")
+_WIDTH = {"64": 2, "128": 4}  # registers an LDG fills, by its width suffix
+
+
+def waves(sass: str) -> tuple[int, int, int]:
+    """(loads before ``ACQBULK``, loads after it, waves after it) of a kernel's SASS."""
+    before, _, after = sass.partition("ACQBULK") if "ACQBULK" in sass else ("", "", sass)
+    pending: set[int] = set()
+    count, loads, in_wave = 0, 0, False
+    for op, args in _INSTR.findall(after):
+        regs = [int(r) for r in re.findall(r"\bR(\d+)\b", args)]
+        if op == "LDG" or op.startswith("LDG."):  # not LDGSTS (an asynchronous copy to shared memory)
+            loads += 1
+            count += not in_wave
+            in_wave = True
+            first = regs[0]
+            pending.update(range(first, first + _WIDTH.get(op.rsplit(".", 1)[-1], 1)))
+            continue
+        sources = regs if op.startswith(("ST", "RED", "ATOM")) else regs[1:]
+        if pending & set(sources):
+            pending.clear()
+            in_wave = False
+    return len(re.findall(r"\bLDG[.\s]", before)), loads, count
+
+
+def _nvdisasm() -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="gpt2", help="one of bench/decode.py's models")
+    ap.add_argument("--rows", type=int, default=1, help="the batch bucket whose decode plan is read")
+    ap.add_argument("--layers", type=int, default=2, help="the model's first N layers")
+    ap.add_argument("--context", type=int, default=512, help="the cache's slots")
+    args = ap.parse_args()
+    sys.path[:0] = [str(HERE), str(ROOT)]
+    import decode
+
+    from aot.codegen import generate
+    from aot.codegen.compile import Job, _compile
+    from aot.hf import causal_lm
+    from aot.schema import ParamKind, StepKind
+    from aot.tracer import trace
+    from aot.tuning import tuned_plans
+
+    os.environ[decode.LAYERS_ENV] = str(args.layers)
+    cls, cfg = decode.config(args.model, False)
+    cfg.pad_token_id, cfg.eos_token_id = 0, None
+    buckets = tuple(sorted({1, args.rows}))
+    spec = causal_lm(
+        lambda: decode.instantiate(cls, cfg),
+        max_batch=max(buckets),
+        max_context=args.context,
+        dtype="float16",
+        name=args.model,
+        batch_buckets=buckets,
+        attn_implementation=decode.ATTENTION.get(args.model),
+    )
+    compiled = generate(trace(spec), ("sm_90",))
+    types = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
+    types |= {"bool": "i1", "uint8": "u8", "int8": "i8"}
+    decode_program = compiled.program.variants[-1] if compiled.program.variants else compiled.program
+    index = [compiled.program, *compiled.program.variants].index(decode_program)
+    kernels = {k.id: k for k in decode_program.kernels}
+    plan = tuned_plans(compiled.tuning, index, decode_program, "sm_90")
+    (steps,) = [p for key, p in plan.items() if key[-1] == args.rows] or [decode_program.steps]
+    print(f"{args.model}, {args.layers} layers, decode plan at {args.rows} rows (sm_90)")
+    print(f"{'kernel':64s} {'warps':>5s} {'loads before the wait':>22s} {'after':>6s} {'waves after':>12s}")
+    seen: set[str] = set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for step in steps:
+            if step.kind != StepKind.KERNEL or step.target in seen:
+                continue
+            seen.add(step.target)
+            k = kernels[step.target]
+            sig = {
+                p.name: "*" + types[p.dtype] if p.kind == ParamKind.PTR else p.kind.value for p in k.params
+            }
+            cubin, _ = _compile(Job(k.id, k.name, k.source, sig, k.num_warps, k.num_stages, "sm_90"))
+            path = Path(tmp) / "k.cubin"
+            path.write_bytes(cubin)
+            sass = subprocess.run([_nvdisasm(), "-c", str(path)], capture_output=True, text=True, check=True)
+            pre, post, count = waves(sass.stdout)
+            print(f"{k.name[:64]:64s} {k.num_warps:5d} {pre:22d} {post:6d} {count:12d}")
+
+
+if __name__ == "__main__":
+    main()
