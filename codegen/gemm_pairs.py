@@ -1,14 +1,15 @@
-"""Two GEMM sites joined where a row norm sits between them: the split-K reduce of the first
-runs the norm that the second has as its prologue.
+"""Two GEMM sites joined where a norm (RMSNorm, LayerNorm) sits between them: the split-K reduce
+of the first runs the norm that the second has as its prologue.
 
 A decoder layer at 2-32 rows (decode at batch 2-32) runs, between two projections, a norm
 kernel: the down projection's K slices are summed by a reduce kernel, then the next layer's
-residual add and RMSNorm run as a kernel of their own, then q/k/v (the same between o and
-gate/up where o runs in K slices). At one row the norm is the next GEMV's prologue
+residual add and RMSNorm (GPT-2: LayerNorm) run as a kernel of their own, then q/k/v (the same
+between o and gate/up where o runs in K slices; in a forward of 2-32 rows, between a block's
+last GEMM and the next block's first). At one row the norm is the next GEMV's prologue
 (``gemm_render._vec_steps_norm``); at 2-32 rows the swapped tensor-core forms take no prologue,
 so the norm stays a launch. The reduce already holds whole rows of the first GEMM's output
 once it has added the slices, so ``gemm_render.render_reduce_norm`` runs the norm there, one
-program per row, and the norm kernel and its launch go.
+program per row making every load of its row at once, and the norm kernel and its launch go.
 
 A site's candidates replace its library steps and nothing else, so the two sites become one
 (``Pair``): its library is both sites' (the norm kernel among the second's, as its prologue), its
