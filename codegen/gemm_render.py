@@ -598,13 +598,22 @@ def _prologue_a(site: Site) -> list[str]:
     return lines
 
 
-def _norm_stats(site: Site, write_sum: str, steps: list[str] | None = None, k_mask: bool = True) -> list[str]:
+def _chunk_indices(c: str, rk: str, k: int, k_mask: bool, pad: str = "") -> list[str]:
+    """Chunk ``c``'s indices of K (``rk<c>``) and its mask (``kmask<c>``; K's bound where ``k_mask``)."""
+    bound = f" & (rk{c}[None, :] < {k})" if k_mask else ""
+    return [f"{pad}rk{c} = {rk}", f"{pad}kmask{c} = mask_m[:, None]{bound}"]
+
+
+def _norm_stats(
+    site: Site, write_sum: str, steps: list[str] | None = None, k_mask: bool = True, indices: bool = True
+) -> list[str]:
     """The row norm's statistics over all of K: A's row inputs in chunks of K (``rk<c>``, masked
     by ``kmask<c>``), each chunk's values before the statistics computed and its ``reduced``
     summed (the sum written on the way where ``write_sum`` holds); then the statistics.
     ``steps`` (the one-row form: its K steps' indices; ``k_mask``: whether they need K's bound)
     unrolls the chunks and keeps their values in registers for the K steps after; without, the
-    few-row forms' pass over K in chunks before the K loop keeps only the running sum."""
+    few-row forms' pass over K in chunks before the K loop keeps only the running sum.
+    ``indices=False``: the chunks' ``_chunk_indices`` are written already."""
     norm = site.prologue.norm
     k = site.k
     if steps is None:
@@ -617,8 +626,7 @@ def _norm_stats(site: Site, write_sum: str, steps: list[str] | None = None, k_ma
     else:
         chunks, pad, lines = {str(i): rk for i, rk in enumerate(steps)}, "", []
     for c, rk in chunks.items():
-        lines.append(f"{pad}rk{c} = {rk}")
-        lines.append(f"{pad}kmask{c} = mask_m[:, None]" + (f" & (rk{c}[None, :] < {k})" if k_mask else ""))
+        lines += _chunk_indices(c, rk, k, k_mask, pad) if indices else []
         lines += [
             f"{pad}{var.replace('@', c)} = {expr.replace('@', c)}"
             for var, expr, post in norm.row_ops
@@ -740,14 +748,20 @@ def _bias_load(g: int, rn: str, mask_n: str) -> str:
 EARLY_BIAS = False
 
 
+def _bias_lines(site: Site, suffix: str, rn: str, mask_n: str) -> list[str]:
+    """The loads of the site's biases at the columns ``rn``, as ``b<g>_<suffix>``."""
+    return [
+        f"b{g}_{suffix} = {_bias_load(g, rn, mask_n)}" for g, b in enumerate(site.biases) if b is not None
+    ]
+
+
 def _early_biases(site: Site) -> tuple[list[str], str | None]:
     """(the lines that load the block's biases as ``b<g>_e``, the suffix for ``_epilogue_lines``;
     or no lines and None where the site has no bias or ``EARLY_BIAS`` is off). After ``_indices``."""
     if not EARLY_BIAS or not any(b is not None for b in site.biases):
         return [], None
     lines = ["# the biases (weights) before the wait, in registers for the epilogue"]
-    lines += [f"b{g}_e = {_bias_load(g, 'rn', 'mask_n')}" for g, b in enumerate(site.biases) if b is not None]
-    return lines, "e"
+    return lines + _bias_lines(site, "e", "rn", "mask_n"), "e"
 
 
 def _ep_load(site: Site, load: Load, rn: str, mask_n: str, mask: str) -> str:
@@ -765,9 +779,7 @@ def _epilogue_loads(site: Site, ep: Epilogue, c: int, n: int) -> tuple[list[str]
     ``_epilogue_lines(loaded=c)``: (the biases, weights that may load before the wait; the
     epilogue's other loads, after it)."""
     mask_n = f"rn{c} < {n}"
-    early = [
-        f"b{g}_{c} = {_bias_load(g, f'rn{c}', mask_n)}" for g, b in enumerate(site.biases) if b is not None
-    ]
+    early = _bias_lines(site, str(c), f"rn{c}", mask_n)
     late = [
         f"{ld.param}_{c} = {_ep_load(site, ld, f'rn{c}', mask_n, f'mask{c}')}" for ld in ep.loads.values()
     ]
@@ -939,7 +951,8 @@ def _render_reduce(site: Site, ep: Epilogue, cfg: TileConfig, index: str, ws: st
     s, g = cfg.split_k, len(site.weights)
     grid = _grid(site, cfg)
     biases, bias = _early_biases(site)
-    early, body = (_indices(site, cfg, index) + biases, []) if biases else ([], _indices(site, cfg, index))
+    indices = _indices(site, cfg, index)
+    early, body = (indices + biases, []) if biases else ([], indices)
     body += [f"acc{gi} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for gi in range(g)]
     body.append(f"for ks in tl.static_range({s}):  # fixed order: the same bits on every run")
     for gi in range(g):
@@ -1114,15 +1127,12 @@ def _reduce_row_norm(
     )
     indices, early, loads = [], [], []
     for c in range(count):
-        indices += [
-            f"rk{c} = rn{c}",
-            f"kmask{c} = mask_m[:, None]" + (f" & (rk{c}[None, :] < {n})" if n % width else ""),
-        ]
+        indices += _chunk_indices(str(c), f"rn{c}", n, n % width != 0)
         for v, e in ahead:
             (early if v in vectors else loads).append(f"{v.replace('@', str(c))} = {e.replace('@', str(c))}")
     steps = [f"rn{c}" for c in range(count)]
     body = ["# the next GEMM's row norm over the whole row"]
-    body += [ln for ln in _norm_stats(norm_view, "True", steps, n % width != 0) if ln not in indices]
+    body += _norm_stats(norm_view, "True", steps, n % width != 0, indices=False)
     dt = TL_TYPE[STORAGE[norm_site.dtype]]
     for c in range(count):
         body += [
