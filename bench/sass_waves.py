@@ -77,6 +77,7 @@ def main() -> None:
 
     from aot.codegen import generate
     from aot.codegen.compile import Job, _compile
+    from aot.codegen.triton_types import STORAGE
     from aot.hf import causal_lm
     from aot.schema import ParamKind, StepKind
     from aot.tracer import trace
@@ -85,7 +86,7 @@ def main() -> None:
     os.environ[decode.LAYERS_ENV] = str(args.layers)
     cls, cfg = decode.config(args.model, False)
     cfg.pad_token_id, cfg.eos_token_id = 0, None
-    buckets = tuple(sorted({1, args.rows}))
+    buckets = tuple(sorted({1, 8, args.rows}))  # a dynamic batch, as bench/decode.py builds it
     spec = causal_lm(
         lambda: decode.instantiate(cls, cfg),
         max_batch=max(buckets),
@@ -96,13 +97,11 @@ def main() -> None:
         attn_implementation=decode.ATTENTION.get(args.model),
     )
     compiled = generate(trace(spec), ("sm_90",))
-    types = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
-    types |= {"bool": "i1", "uint8": "u8", "int8": "i8"}
     decode_program = compiled.program.variants[-1] if compiled.program.variants else compiled.program
     index = [compiled.program, *compiled.program.variants].index(decode_program)
     kernels = {k.id: k for k in decode_program.kernels}
     plan = tuned_plans(compiled.tuning, index, decode_program, "sm_90")
-    (steps,) = [p for key, p in plan.items() if key[-1] == args.rows] or [decode_program.steps]
+    (steps,) = [p for key, p in plan.items() if key[-1] == args.rows]  # a key ends with its batch bucket
     print(f"{args.model}, {args.layers} layers, decode plan at {args.rows} rows (sm_90)")
     print(f"{'kernel':64s} {'warps':>5s} {'loads before the wait':>22s} {'after':>6s} {'waves after':>12s}")
     seen: set[str] = set()
@@ -113,7 +112,7 @@ def main() -> None:
             seen.add(step.target)
             k = kernels[step.target]
             sig = {
-                p.name: "*" + types[p.dtype] if p.kind == ParamKind.PTR else p.kind.value for p in k.params
+                p.name: "*" + STORAGE[p.dtype] if p.kind == ParamKind.PTR else p.kind.value for p in k.params
             }
             cubin, _ = _compile(Job(k.id, k.name, k.source, sig, k.num_warps, k.num_stages, "sm_90"))
             path = Path(tmp) / "k.cubin"
