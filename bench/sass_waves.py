@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="the batch bucket whose decode plan is read")
     ap.add_argument("--layers", type=int, default=2, help="the model's first N layers")
     ap.add_argument("--context", type=int, default=512, help="the cache's slots")
+    ap.add_argument("--dump", type=Path, help="also write each kernel's source and SASS into this folder")
     args = ap.parse_args()
     sys.path[:0] = [str(HERE), str(ROOT)]
     import decode
@@ -119,6 +120,10 @@ def main() -> None:
             path.write_bytes(cubin)
             sass = subprocess.run([_nvdisasm(), "-c", str(path)], capture_output=True, text=True, check=True)
             pre, post, count = waves(sass.stdout)
+            if args.dump:
+                args.dump.mkdir(parents=True, exist_ok=True)
+                (args.dump / f"{k.name}.py").write_text(k.source)
+                (args.dump / f"{k.name}.sass").write_text(sass.stdout)
             print(f"{k.name[:64]:64s} {k.num_warps:5d} {pre:22d} {post:6d} {count:12d}")
 
 

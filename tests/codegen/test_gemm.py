@@ -268,8 +268,8 @@ def test_interpreter_check_can_fail(built, tmp_path):
         compiled,
         model,
         kid,
-        "acc0 = acc0 + tl.load(b0_ptr",
-        "acc0 = 2 * acc0 + tl.load(b0_ptr",
+        "acc0 = acc0 + b0_e",  # its bias loaded before the wait (gemm_render.EARLY_BIAS)
+        "acc0 = 2 * acc0 + b0_e",
         {"batch": 1},  # one row: every form runs, at the interpreter's least cost
         tmp_path / "bad.tpk",
     )

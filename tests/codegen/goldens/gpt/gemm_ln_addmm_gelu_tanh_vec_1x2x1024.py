@@ -26,6 +26,8 @@ def gemm_ln_addmm_gelu_tanh_vec_1x2x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, sum_ptr
     w0_0 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
     lnw_0 = tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     lnb_0 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
+    # the biases (weights) before the wait, in registers for the epilogue
+    b0_e = tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -48,6 +50,6 @@ def gemm_ln_addmm_gelu_tanh_vec_1x2x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, sum_ptr
     a = tl.where(kmask0, a, 0.0).to(tl.float16)  # A: [1, BLOCK_K]
     part0 += w0_0.to(tl.float32) * a.to(tl.float32)
     acc0 = tl.sum(part0, axis=1)[None, :]
-    acc0 = acc0 + tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    acc0 = acc0 + b0_e
     acc0 = (0.5 * acc0 * (1.0 + (1.0 - 2.0 / (tl.exp(2.0 * (0.7978845608028654 * (acc0 + 0.044715 * acc0 * acc0 * acc0))) + 1.0))))
     tl.store(out0_ptr + rm[:, None] * 3072 + rn[None, :], acc0.to(tl.float16), mask=mask)

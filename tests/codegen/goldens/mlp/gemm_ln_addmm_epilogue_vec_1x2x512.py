@@ -30,6 +30,8 @@ def gemm_ln_addmm_epilogue_vec_1x2x512(x_ptr, lnw_ptr, lnb_ptr, w0_ptr, b0_ptr, 
     w0_1 = tl.load(w0_ptr + rn[:, None] * 1024 + rk[None, :], mask=mask_n[:, None], other=0.0)  # [BLOCK_N, BLOCK_K]
     lnw_1 = tl.load(lnw_ptr + rk, mask=rk < 1024, other=0.0).to(tl.float32)[None, :]
     lnb_1 = tl.load(lnb_ptr + rk, mask=rk < 1024, other=0.0).to(tl.float32)[None, :]
+    # the biases (weights) before the wait, in registers for the epilogue
+    b0_e = tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -57,6 +59,6 @@ def gemm_ln_addmm_epilogue_vec_1x2x512(x_ptr, lnw_ptr, lnb_ptr, w0_ptr, b0_ptr, 
     a = tl.where(kmask1, a, 0.0).to(tl.float16)  # A: [1, BLOCK_K]
     part0 += w0_1.to(tl.float32) * a.to(tl.float32)
     acc0 = tl.sum(part0, axis=1)[None, :]
-    acc0 = acc0 + tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    acc0 = acc0 + b0_e
     v0 = (0.5 * acc0 * (1.0 + tl.erf(acc0 * 0.7071067811865476)))
     tl.store(out0_ptr + rm[:, None] * 4096 + rn[None, :], v0.to(tl.float16), mask=mask)

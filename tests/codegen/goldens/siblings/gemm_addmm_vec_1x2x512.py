@@ -24,6 +24,8 @@ def gemm_addmm_vec_1x2x512(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     # this block's rows of W, every K step, before the wait (see kernel_module)
     rk = 0 + tl.arange(0, BLOCK_K)
     w0_0 = tl.load(w0_ptr + rn[:, None] * 32 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 32), other=0.0)  # [BLOCK_N, BLOCK_K]
+    # the biases (weights) before the wait, in registers for the epilogue
+    b0_e = tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -32,5 +34,5 @@ def gemm_addmm_vec_1x2x512(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     a = tl.load(a_ptr + rm[:, None] * 32 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 32), other=0.0)
     part0 += w0_0.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
     acc0 = tl.sum(part0, axis=1)[None, :]
-    acc0 = acc0 + tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    acc0 = acc0 + b0_e
     tl.store(out0_ptr + rm[:, None] * 48 + rn[None, :], acc0.to(tl.float16), mask=mask)
