@@ -1,6 +1,6 @@
 """Where the GPU time goes: top CUDA kernels of aotpack vs reduce-overhead at one shape.
 
-python bench/kernel_profile.py gpt 8 128
+python bench/kernel_profile.py gpt 8 128 [ROWS]      (ROWS: kernels listed per system, default 12)
 """
 
 from __future__ import annotations
@@ -26,22 +26,25 @@ def top(fn, x, label: str, n: int = 12) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=n, max_name_column_width=70))
 
 
-def main(model: str, batch: int, seq: int) -> None:
+def main(model: str, batch: int, seq: int, rows: int = 12) -> None:
     import torch
     from common import build_module, make_inputs
 
     from aot.loader import load
 
     bundles = Path(".bundles")
-    weights = str(next(bundles.glob(f"{model}.weights.*.safetensors")))
+    weights = next(iter(bundles.glob(f"{model}.weights.*.safetensors")), None)  # split weights, if built
     (x,) = make_inputs(model, {"batch": batch, "seq": seq})
     runner = load(bundles / f"{model}.tpk", device="cuda", capture="none")
     with torch.inference_mode():
-        top(runner, x, "aotpack (kernels launched one by one)")
-        module = build_module(model, weights)
+        top(runner, x, "aotpack (kernels launched one by one)", rows)
+        if weights is None:
+            print(f"(no {model}.weights.*.safetensors beside the bundle: reduce-overhead not profiled)")
+            return
+        module = build_module(model, str(weights))
         compiled = torch.compile(module, mode="reduce-overhead")
-        top(compiled, x, "reduce-overhead")
+        top(compiled, x, "reduce-overhead", rows)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *map(int, sys.argv[4:5]))

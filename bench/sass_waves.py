@@ -11,7 +11,12 @@ for the kernel before (``griddepcontrol.wait``, SASS ``ACQBULK``: weights, which
 kernel before runs) and after it, and the waves after it: runs of loads ended by the first
 instruction that reads a register one of them is still filling. One wave after the wait is the
 least a kernel that reads the kernel before's output can have. Asynchronous copies (a tensor-core
-form's pipeline: ``LDGSTS``, TMA) are not counted.
+form's pipeline: ``LDGSTS``, TMA) are not counted, nor constant-table loads (``LDG.E.CONSTANT``:
+libdevice's cos/sin reading its table on the slow path for huge arguments, a branch a decode step
+never takes; counted, Llama 3's rotary-angle kernel showed 17 waves). A static count: it says
+where a kernel can wait, not how long; the split decode attention's waves cut from 6 to 3
+(2026-12-02: its combine loading every partial at once, the mask row before the dot) timed no
+faster, while the biases' second wave (``EARLY_BIAS``) was 7-10% of GPT-2's step at one row.
 
     python3 bench/sass_waves.py --model gpt2 --rows 1          # about a minute on the CPU box
     python3 bench/sass_waves.py --model llama-3.2-1b --rows 8 --layers 2
@@ -45,7 +50,7 @@ def waves(sass: str) -> tuple[int, int, int]:
     count, loads, in_wave = 0, 0, False
     for op, args in _INSTR.findall(after):
         regs = [int(r) for r in re.findall(r"\bR(\d+)\b", args)]
-        if op == "LDG" or op.startswith("LDG."):  # not LDGSTS (an asynchronous copy to shared memory)
+        if (op == "LDG" or op.startswith("LDG.")) and ".CONSTANT" not in op:  # not LDGSTS (asynchronous)
             loads += 1
             count += not in_wave
             in_wave = True
@@ -56,7 +61,7 @@ def waves(sass: str) -> tuple[int, int, int]:
         if pending & set(sources):
             pending.clear()
             in_wave = False
-    return len(re.findall(r"\bLDG[.\s]", before)), loads, count
+    return len(re.findall(r"\bLDG[.\s](?!E\.CONSTANT)", before)), loads, count
 
 
 def _nvdisasm() -> str:
