@@ -43,6 +43,12 @@ _INSTR = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s*(.*?);"
 _WIDTH = {"64": 2, "128": 4}  # registers an LDG fills, by its width suffix
 
 
+def _counted_load(op: str) -> bool:
+    """A global load the waves count: not an asynchronous copy (``LDGSTS``) nor a constant-table
+    load (``LDG.E.CONSTANT``)."""
+    return (op == "LDG" or op.startswith("LDG.")) and ".CONSTANT" not in op
+
+
 def waves(sass: str) -> tuple[int, int, int]:
     """(loads before ``ACQBULK``, loads after it, waves after it) of a kernel's SASS."""
     before, _, after = sass.partition("ACQBULK") if "ACQBULK" in sass else ("", "", sass)
@@ -50,7 +56,7 @@ def waves(sass: str) -> tuple[int, int, int]:
     count, loads, in_wave = 0, 0, False
     for op, args in _INSTR.findall(after):
         regs = [int(r) for r in re.findall(r"\bR(\d+)\b", args)]
-        if (op == "LDG" or op.startswith("LDG.")) and ".CONSTANT" not in op:  # not LDGSTS (asynchronous)
+        if _counted_load(op):
             loads += 1
             count += not in_wave
             in_wave = True
@@ -61,7 +67,7 @@ def waves(sass: str) -> tuple[int, int, int]:
         if pending & set(sources):
             pending.clear()
             in_wave = False
-    return len(re.findall(r"\bLDG[.\s](?!E\.CONSTANT)", before)), loads, count
+    return sum(_counted_load(op) for op, _ in _INSTR.findall(before)), loads, count
 
 
 def _nvdisasm() -> str:
