@@ -128,6 +128,23 @@ def gather_sites(program: Program) -> list[Step]:
     return out
 
 
+def lookup_of(program: Program, step: Step) -> tuple[str, str, int] | None:
+    """(the weight, the ids' buffer, the rows a lookup may read) of a gather kernel's step
+    (``render_gather``: its reference one ``embedding`` of a weight table); None for any other
+    step. A GEMM whose norm prologue reads the lookup's rows reads them from the table instead
+    (``gemm_sites.Gathered``)."""
+    if step.kind != StepKind.KERNEL or len(step.reference) != 1 or len(step.args) != 3:
+        return None
+    ref, kernel = step.reference[0], next((k for k in program.kernels if k.id == step.target), None)
+    if kernel is None or kernel.config.get("heuristic") != HEURISTIC or ref.target != EMBEDDING:
+        return None
+    table, ids = ref.args[0], step.args[1]
+    if not isinstance(table, Buf) or not isinstance(ids, Buf) or table.name not in _tables(program):
+        return None
+    weight, rows = _tables(program)[table.name]
+    return weight, ids.name, rows
+
+
 def render_gather(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered:
     """The Triton kernel for one ``embedding(W, ids)`` step: ``out[r, :] = W[ids[r], :]``."""
     specs = tensor_specs(program)

@@ -113,7 +113,12 @@ def find_pairs(program: Program, sites: list[Site]) -> list[Pair]:
     pairs = []
     for second in sites:
         pro = second.prologue
-        if pro is None or (pro.norm is not None and pro.norm.more) or pro.sum_out == pro.ln_out:
+        if (
+            pro is None
+            or (pro.norm is not None and pro.norm.more)
+            or pro.sum_out == pro.ln_out
+            or pro.gathered
+        ):
             continue
         if pro.norm is None and not layer_norms():
             continue

@@ -15,7 +15,7 @@ the roundings. One more row value that does not depend on the statistics may be 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -101,6 +101,23 @@ def _round(expr: str, dtype: str) -> str:
     return f"{expr}.to({ROUND[dtype]}).to(tl.float32)" if dtype in ROUND else expr
 
 
+def row_load(i: int, k: int, gathered: bool = False) -> str:
+    """Row input ``i`` at the K step "@" as fp32: rows ``rm`` of ``x{i}_ptr``, or, ``gathered``,
+    rows ``x{i}_row`` of a lookup's table (``gemm_sites.Gathered``: the ids, 0 for one outside
+    the table) and a row of NaN where ``x{i}_in`` is false, as the lookup writes it
+    (``gemm_render._lookup_rows`` loads both)."""
+    if not gathered:
+        return f"tl.load(x{i}_ptr + rm[:, None] * {k} + rk@[None, :], mask=kmask@, other=0.0).to(tl.float32)"
+    load = f"tl.load(x{i}_ptr + x{i}_row[:, None] * {k} + rk@[None, :], mask=kmask@, other=0.0)"
+    return f"tl.where(x{i}_in[:, None], {load}.to(tl.float32), float('nan'))"
+
+
+def gathered_input(norm: RowNorm, i: int, k: int) -> RowNorm:
+    """``norm`` with its row input ``i`` read through a lookup (``row_load``)."""
+    ops = tuple((v, row_load(i, k, True) if v == f"x{i}_@" else e, st) for v, e, st in norm.row_ops)
+    return replace(norm, row_ops=ops)
+
+
 def lower_row_norm(
     steps: tuple[Step, ...],
     outputs: tuple[str | None, ...],
@@ -159,14 +176,7 @@ def lower_row_norm(
                         raise NoSite("more than two rows read")
                     inputs[root] = len(inputs)
                     i = inputs[root]
-                    row_ops.append(
-                        (
-                            f"x{i}_@",
-                            f"tl.load(x{i}_ptr + rm[:, None] * {k} + rk@[None, :], mask=kmask@, "
-                            "other=0.0).to(tl.float32)",
-                            0,
-                        )
-                    )
+                    row_ops.append((f"x{i}_@", row_load(i, k), 0))
                 vals[root] = ("row", f"x{inputs[root]}_@", s.dtype)
                 return vals[root]
             if kind == "vec":

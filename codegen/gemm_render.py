@@ -25,7 +25,7 @@ from aot.codegen.gemm_forms import (
     STATS_CHUNK,
     TileConfig,
 )
-from aot.codegen.gemm_sites import Site
+from aot.codegen.gemm_sites import Prologue, Site
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
@@ -82,9 +82,12 @@ def render_candidates(
             reference=(),
         )
         a_spec = buffers[pro.ln_out]
+        # the forms without the prologue run the lookups first (the site's reference has theirs)
+        lookups = tuple(replace(g.step, reference=()) for g in pro.gathered)
         out = []
         for cfg, kernels, extra, pre in render_candidates(plain, buffers, known, ranges, configs):
-            out.append((cfg, kernels, extra if shared else {**extra, scratch: a_spec}, (ln_step, *pre)))
+            extra = extra if shared else {**extra, scratch: a_spec}
+            out.append((cfg, kernels, extra, (*lookups, ln_step, *pre)))
         if pro.norm is not None:
             fused = [
                 c
@@ -531,10 +534,16 @@ def _prologue_rows(site: Site, rk: str = "rk", xs: str = "xs") -> list[str]:
     pro = site.prologue
     k = site.k
     kmask = f"mask_m[:, None] & ({rk}[None, :] < {k})"
-    at = f"rm[:, None] * {k} + {rk}[None, :]"
-    lines = [f"{xs} = tl.load(x_ptr + {at}, mask={kmask}, other=0.0).to(tl.float32)"]
+
+    def row(name: str, buf: str) -> str:  # a row input's values; through its lookup: NaN outside the table
+        if pro.lookup(buf) is None:
+            return f"tl.load({name}_ptr + rm[:, None] * {k} + {rk}[None, :], mask={kmask}, other=0.0).to(tl.float32)"
+        load = f"tl.load({name}_ptr + {name}_row[:, None] * {k} + {rk}[None, :], mask={kmask}, other=0.0)"
+        return f"tl.where({name}_in[:, None], {load}.to(tl.float32), float('nan'))"
+
+    lines = [f"{xs} = {row('x', pro.x)}"]
     if pro.y is not None:
-        lines.append(f"{xs} = {xs} + tl.load(y_ptr + {at}, mask={kmask}, other=0.0).to(tl.float32)")
+        lines.append(f"{xs} = {xs} + {row('y', pro.y)}")
         if site.dtype in ROUND:
             lines.append(f"{xs} = {xs}.to({ROUND[site.dtype]}).to(tl.float32)")
     return lines
@@ -801,15 +810,17 @@ def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: s
             ptr("a_ptr", site.a, site.dtype)
         elif pro.norm is not None:
             for i, (buf, dtype) in enumerate(pro.norm.inputs):
-                ptr(f"x{i}_ptr", buf, dtype)
+                ptr(f"x{i}_ptr", _table_or(pro, buf), dtype)
+            _lookup_params(pro, ptr)
             for i, (buf, dtype) in enumerate(pro.norm.vectors):
                 ptr(f"v{i}_ptr", buf, dtype)
             if pro.sum_out is not None:
                 ptr("sum_ptr", pro.sum_out, pro.norm.sum_out[2])
         else:
-            ptr("x_ptr", pro.x, site.dtype)
+            ptr("x_ptr", _table_or(pro, pro.x), site.dtype)
             if pro.y is not None:
-                ptr("y_ptr", pro.y, site.dtype)
+                ptr("y_ptr", _table_or(pro, pro.y), site.dtype)
+            _lookup_params(pro, ptr)
             if pro.weight is not None:
                 ptr("lnw_ptr", pro.weight, site.dtype)
             if pro.bias is not None:
@@ -833,6 +844,47 @@ def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: s
     params.append(KernelParam("M", ParamKind(index), ""))
     args.append(Sym(ix.size_text(ix.parse_size(site.m))))
     return params, signature_of(params, index), args
+
+
+def _row_inputs(pro: Prologue) -> list[tuple[str, str]]:
+    """(the name the kernel gives it, the buffer) of each row input of a prologue: ``x [, y]``
+    of a LayerNorm, ``x0 [, x1]`` of a row norm."""
+    if pro.norm is not None:
+        return [(f"x{i}", buf) for i, (buf, _) in enumerate(pro.norm.inputs)]
+    return [("x", pro.x)] + ([("y", pro.y)] if pro.y is not None else [])
+
+
+def _table_or(pro: Prologue, buf: str) -> str:
+    """What a row input's pointer points at: its lookup's table, or the buffer itself."""
+    looked = pro.lookup(buf)
+    return looked.table if looked is not None else buf
+
+
+def _lookup_params(pro: Prologue, ptr: Callable[[str, str, str], None]) -> None:
+    """The ids of each row input read through its lookup (``<x>_ids_ptr``)."""
+    for name, buf in _row_inputs(pro):
+        looked = pro.lookup(buf)
+        if looked is not None:
+            ptr(f"{name}_ids_ptr", looked.ids, looked.ids_dtype)
+
+
+def _lookup_rows(site: Site) -> list[str]:
+    """For each row input read through its lookup (``gemm_sites.Gathered``), after the wait (the
+    kernel before wrote the ids): the block's rows' ids (``<x>_id``), whether each is inside the
+    table (``<x>_in``), and the table row read (``<x>_row``: 0 for an id outside, whose row the
+    loads then make NaN, as the lookup's kernel writes it)."""
+    pro = site.prologue
+    lines = []
+    for name, buf in _row_inputs(pro) if pro is not None else ():
+        looked = pro.lookup(buf)
+        if looked is None:
+            continue
+        lines += [
+            f"{name}_id = tl.load({name}_ids_ptr + rm, mask=mask_m, other=0).to(tl.int64)  # {buf}: a lookup",
+            f"{name}_in = ({name}_id >= 0) & ({name}_id < {looked.rows})",
+            f"{name}_row = tl.where({name}_in, {name}_id, 0)",
+        ]
+    return lines
 
 
 def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, grid, ops, early=()) -> Rendered:
@@ -898,6 +950,7 @@ def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rend
     early, body = _opening(site, cfg, index, "0", site.k)
     biases, bias = _early_biases(site) if early else ([], None)  # where the indices come early
     early += biases
+    body += _lookup_rows(site)
     if site.prologue is not None and cfg.dot and not _one_pass(site, cfg):
         # a tensor-core form: the statistics before the K loop
         write_sum = f"(tl.program_id({_axes(cfg)[1]}) == 0)"

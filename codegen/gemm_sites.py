@@ -15,7 +15,7 @@ from aot.codegen import gemm_forms
 from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
-from aot.codegen.gemm_prologue import RowNorm, is_copy, lower_row_norm
+from aot.codegen.gemm_prologue import RowNorm, gathered_input, is_copy, lower_row_norm
 from aot.codegen.splice import whole_slice
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.errors import CodegenError
@@ -23,6 +23,24 @@ from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """A row input of a prologue that an embedding lookup writes (``embeddings.render_gather``'s
+    kernel) and no other step reads, which the candidate reads from the table: row m of ``buf``
+    is ``table[ids[m]]`` (a row of NaN where the id is outside the table's first ``rows``, as
+    the gather kernel writes it), so the lookup's launch goes (a decode step's token and
+    position lookups, before its first norm). Where a later step reads the rows too (Llama's
+    first residual), the prologue writes them (``Prologue.sum_out``). ``step``: the lookup's
+    kernel step, which the forms without the prologue run first."""
+
+    buf: str
+    table: str
+    ids: str
+    ids_dtype: str
+    rows: int
+    step: Step
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,11 @@ class Prologue:
     kernel: Step  # the LayerNorm kernel's step, which the forms without the prologue keep
     ln_out: str  # its LayerNorm output (A, through same-index views)
     norm: RowNorm | None = None
+    gathered: tuple[Gathered, ...] = ()  # row inputs read from their lookup's table
+
+    def lookup(self, buf: str) -> Gathered | None:
+        """The lookup a row input ``buf`` is read through, or None (read as it is)."""
+        return next((g for g in self.gathered if g.buf == buf), None)
 
 
 @dataclass(frozen=True)
@@ -200,7 +223,49 @@ def _prologue(
         return None
     w_name = weight.name if weight is not None else None
     b_name = bias.name if bias is not None else None
-    return Prologue(x, y, w_name, b_name, eps, sum_out, s, name), [p, *views]
+    # a lookup's rows read elsewhere too are written by the prologue: x alone, as the sum it writes
+    gathered, at, stored = _lookups(
+        program, [x, y], p, m, known, producer, readers, y is None and not sum_out
+    )
+    sum_out = stored or sum_out
+    prologue = Prologue(x, y, w_name, b_name, eps, sum_out, s, name, gathered=gathered)
+    return prologue, sorted([p, *views, *at])
+
+
+def _lookups(
+    program: Program,
+    rows: list[str | None],
+    norm_at: int,
+    m: str,
+    known: dict[str, TensorSpec],
+    producer: dict[str, int],
+    readers: dict[str, list[int]],
+    may_store: bool,
+) -> tuple[tuple[Gathered, ...], list[int], str | None]:
+    """The row inputs ``rows`` of the norm kernel at ``norm_at`` that a lookup's kernel writes
+    (``Gathered``), the indices of those kernels' steps, and the input the prologue must write
+    (read by a later step too; at most one, where ``may_store``), or None."""
+    from aot.codegen.embeddings import INDEX_DTYPES, lookup_of
+
+    found, at, stored = [], [], None
+    for buf in rows:
+        g = producer.get(buf) if buf is not None else None
+        looked = lookup_of(program, program.steps[g]) if g is not None else None
+        if looked is None or buf in program.outputs:
+            continue
+        table, ids, n_rows = looked
+        ids_spec = spec_of(program.buffers, known, ids)
+        if ids_spec is None or ids_spec.order or ids_spec.dtype not in INDEX_DTYPES:
+            continue
+        if not ix.same(ix.numel(tuple(ix.parse_size(d) for d in ids_spec.shape)), ix.parse_size(m)):
+            continue
+        if set(readers.get(buf, ())) - {norm_at}:
+            if not may_store or stored is not None:
+                continue
+            stored = buf
+        found.append(Gathered(buf, table, ids, ids_spec.dtype, n_rows, program.steps[g]))
+        at.append(g)
+    return tuple(found), at, stored
 
 
 def _row_norm_prologue(
@@ -229,9 +294,21 @@ def _row_norm_prologue(
             return None
         norm = replace(norm, sum_out=(name, norm.out, program.buffers[name].dtype))
     rows = [b for b, _ in norm.inputs]
+    gathered: tuple[Gathered, ...] = ()
+    if not shared:  # the row inputs a lookup writes, read from its table
+        producer, readers = producer_of(program.steps), readers_of(program.steps)
+        gathered, at, stored = _lookups(
+            program, rows, replaced[0], m, known, producer, readers, norm.sum_out is None
+        )
+        for g in gathered:
+            norm = gathered_input(norm, rows.index(g.buf), k)
+        if stored is not None:  # the input as loaded (stage 0), written for the later step
+            i = rows.index(stored)
+            norm = replace(norm, sum_out=(stored, f"x{i}_@", norm.inputs[i][1]))
+        replaced = sorted([*replaced, *at])
     x, y = rows[0], rows[1] if len(rows) > 1 else None
     sum_out = norm.sum_out[0] if norm.sum_out is not None else None
-    prologue = Prologue(x, y, None, None, 0.0, sum_out, s, name, norm=norm)
+    prologue = Prologue(x, y, None, None, 0.0, sum_out, s, name, norm=norm, gathered=gathered)
     return prologue, replaced
 
 
@@ -524,8 +601,9 @@ def _with_prologue(
         return None, library, site_outputs
     prologue, before = found
     # the candidate writes the add's result where the site's last step was: nothing the site
-    # leaves in between may read it
-    kept = set(range(before[0] + 1, max(library))) - set(library) - set(before)
+    # leaves in between may read it; nor may its own epilogue (the first N tile writes the sum
+    # that the other tiles' epilogues would read, in no set order: ``h + W @ norm(h)``)
+    kept = set(range(before[0] + 1, max(library) + 1)) - set(before)
     if prologue.sum_out is not None and set(flow.readers.get(prologue.sum_out, ())) & kept:
         return None, library, site_outputs
     if prologue.sum_out is not None:

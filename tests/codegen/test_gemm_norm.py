@@ -361,11 +361,14 @@ def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers
     assert not any("sigmoid" in n for n in names)  # the SiLU * up kernel went into the gate/up GEMV
     # per layer, with the built-in table: q/k/v (+ RMSNorm, + the residual add), 2 RoPE, decode
-    # attention, o, gate/up (+ RMSNorm, + the add, + SiLU * up), down; the rest is the embedding,
-    # positions, mask, the final norm and the head, which both plans share
+    # attention, o, gate/up (+ RMSNorm, + the add, + SiLU * up), down; the rest is the positions,
+    # mask, the final norm and the head, which both plans share, and the embedding lookup, which
+    # the table's first q/k/v reads from the table (``gemm_sites.Gathered``)
     per_layer = DECODE_KERNELS_PER_LAYER["llama"]
     outside = _launches(program.steps, kernels) - per_layer["library"] * layers
-    assert _launches(plan, kernels) == outside + per_layer["built-in table"] * layers
+    assert "gather_rows" in {kernels[s.target].name for s in program.steps if s.target in kernels}
+    assert "gather_rows" not in names
+    assert _launches(plan, kernels) == outside - 1 + per_layer["built-in table"] * layers
 
 
 @pytest.mark.slow  # a transformers Llama traced and built once more
@@ -396,8 +399,10 @@ def test_phi3_decode_runs_its_norms_and_silu_product_inside_the_gemvs(phi3_decod
     assert sum(n.startswith("gemm_norm_mm_vec") for n in names) == layers, names  # q/k/v
     assert not any("sigmoid" in n for n in names), names
     assert sum("pow" in n or "mean" in n for n in names) == 1, names  # the final norm's kernel
-    # and once a step: the mask, the embedding lookup, the rotary tables, the final norm, the head
-    assert _launches(plan, kernels) == 5 * layers + 5
+    # and once a step: the mask, the rotary tables, the final norm, the head (the embedding
+    # lookup is read from its table by the first q/k/v: ``gemm_sites.Gathered``)
+    assert "gather_rows" not in names
+    assert _launches(plan, kernels) == 5 * layers + 4
 
 
 @pytest.mark.slow  # transformers Gemma 2 and Gemma 3 traced and built
@@ -457,9 +462,11 @@ def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
     assert sum(n.startswith("gemm_ln_addmm_epilogue_vec") for n in names) == layers  # fc + GELU
     assert not any("tanh" in n for n in names)
     assert not any(s.target.startswith("aten.addmm") for s in plan)
+    # the token and position lookups are read from their tables by the first q/k/v
     per_layer = DECODE_KERNELS_PER_LAYER["gpt2"]
     outside = _launches(program.steps, kernels) - per_layer["library"] * layers
-    assert _launches(plan, kernels) == outside + per_layer["built-in table"] * layers
+    assert "gather_rows" not in names
+    assert _launches(plan, kernels) == outside - 2 + per_layer["built-in table"] * layers
 
 
 @pytest.mark.slow  # the interpreter over a decode step's every kernel

@@ -1,0 +1,185 @@
+"""A norm's row inputs read straight from their lookups' tables (``gemm_sites.Gathered``): a
+decode step's first LayerNorm (GPT-2: token + position rows) or RMSNorm (Llama: the token's row,
+which the residual reads later too) runs in the next GEMM's prologue with the lookups in it, so
+the step launches no gather kernel at one row.
+
+``gemm_models/gemm_lookup.py`` built with the one-row forms as candidates: the ``_ln`` / ``_rms``
+forms take the tables and the ids, the plain forms run the lookup kernels first; every candidate
+matches the library steps it replaces in Triton's interpreter at 1 and 3 rows (float16:
+``aot.dtypes.TOLERANCE``), the sum and the token rows the fused forms write exactly; a row read
+through a wrong id is caught; an id outside the table gives the row NaN, as the lookup's kernel
+does. A norm whose sum the same GEMM's epilogue reads (``h + W @ norm(h)``) keeps its kernel: the
+first N tile writes the sum the other tiles would read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from aot import schema
+from tests.codegen.conftest import failing_candidates, forms_offered, interpreted_json
+from tests.conftest import HANG_GUARD_S
+
+MODEL = Path(__file__).resolve().parent / "gemm_models" / "gemm_lookup.py"
+ARCHS = ("sm_90",)
+ONE_ROW_FORMS = ("vec_1x2x512", "vec_1x2x1024")
+
+
+@pytest.fixture(scope="module")
+def traced():
+    from aot.tracer import load_model_file, trace
+
+    return trace(load_model_file(MODEL))
+
+
+@pytest.fixture(scope="module")
+def lookup_forms(traced, tmp_path_factory):
+    """The model built with the one-row forms, eligible at every bucket: (compiled, bundle path)."""
+    from aot.codegen import gemm_forms, generate
+    from aot.packager import pack
+
+    configs = tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in ONE_ROW_FORMS)
+    with forms_offered(configs):
+        compiled = generate(traced, ARCHS, gemm_candidates=True)
+    path = tmp_path_factory.mktemp("gemm_lookup") / "lookup.tpk"
+    pack(compiled, path)
+    return compiled, path
+
+
+def _sites(program):
+    """The two sites whose A is a norm of lookups: GPT-2's and Llama's first projections."""
+    kernels = {k.id: k for k in program.kernels}
+    return [
+        s for s in program.alternatives if any(c.name.endswith(("_ln", "_rms")) for c in s.candidates)
+    ], kernels
+
+
+def test_the_fused_forms_read_the_tables_and_the_plain_forms_run_the_lookups(lookup_forms):
+    compiled, _ = lookup_forms
+    program = compiled.program
+    (ln_site, rms_site), kernels = _sites(program)
+    for site, suffix, tables, ids, written in (
+        (ln_site, "_ln", ["wte.weight", "wpe.weight"], ["ids", "positions"], "add_"),
+        (rms_site, "_rms", ["embed.weight"], ["ids"], "embedding"),
+    ):
+        gathers = [program.steps[i] for i in site.library if program.steps[i].kind == schema.StepKind.KERNEL]
+        assert sum(kernels[s.target].name == "gather_rows" for s in gathers) == len(tables)
+        assert site.outputs[-1].startswith(written)  # the sum, or the token's rows, for the residual
+        for cand in site.candidates:
+            names = [kernels[s.target].name for s in cand.steps]
+            if cand.name.endswith(suffix):
+                (step,) = cand.steps
+                args = [a.name for a in step.args if isinstance(a, schema.Buf)]
+                assert args[: len(tables)] == tables and args[len(tables) : 2 * len(tables)] == ids, args
+                source = kernels[step.target].source
+                assert "_ids_ptr + rm" in source and "float('nan')" in source and "sum_ptr" in source
+                assert step.outputs[-1] == site.outputs[-1]
+            else:  # the lookups, the norm kernel, the GEMM
+                assert names[: len(tables)] == ["gather_rows"] * len(tables) and len(names) == len(tables) + 2
+
+
+def test_the_default_build_runs_no_lookup_kernel_at_one_row(traced):
+    """The built-in table's one-row forms take the lookups: at one row the plan launches the
+    two GEMMs of each half and nothing else (no gather, no norm, no residual kernel)."""
+    from aot.codegen import generate
+    from aot.tuning import tuned_plans
+
+    compiled = generate(traced, ARCHS)
+    program = compiled.program
+    kernels = {k.id: k for k in program.kernels}
+    plan = tuned_plans(compiled.tuning, 0, program, "sm_90")[(1,)]
+    names = [kernels[s.target].name for s in plan if s.kind == schema.StepKind.KERNEL]
+    assert "gather_rows" in {k.name for k in program.kernels}
+    assert len(names) == 4 and not any(n.startswith(("gather", "fused")) for n in names), names
+    assert sum(n.startswith(("gemm_ln_", "gemm_norm_")) for n in names) == 2, names
+
+
+@pytest.mark.parametrize("rows", [1, pytest.param(3, marks=pytest.mark.slow)])
+def test_every_lookup_form_matches_its_reference(lookup_forms, rows):
+    from aot.verify.interpret import interpret_in_subprocess
+
+    compiled, path = lookup_forms
+    (ln_site, rms_site), _ = _sites(compiled.program)
+    (result,) = interpret_in_subprocess([(path, MODEL, [{"batch": rows}], None, True)], timeout=HANG_GUARD_S)
+    n_cands = sum(len(s.candidates) for s in compiled.program.alternatives)
+    (comparisons,) = result.values()
+    assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == n_cands
+    bad = [c for c in comparisons if not c.ok]
+    assert not bad, bad[:3]
+    for site, suffix in ((ln_site, "_ln"), (rms_site, "_rms")):
+        written = [c for c in comparisons if c.name.endswith(suffix) and c.output == site.outputs[-1]]
+        assert len(written) == len(ONE_ROW_FORMS) and all(c.max_abs_error == 0.0 for c in written), written
+
+
+@pytest.mark.slow  # two more interpreter runs
+def test_a_row_read_through_a_wrong_id_is_caught(lookup_forms, tmp_path):
+    compiled, _ = lookup_forms
+    (ln_site, rms_site), _ = _sites(compiled.program)
+    for site, suffix, old in (
+        (ln_site, "_ln", "y_row = tl.where(y_in, y_id, 0)"),
+        (rms_site, "_rms", "x0_row = tl.where(x0_in, x0_id, 0)"),
+    ):
+        cand = next(c for c in site.candidates if c.name == "vec_1x2x512" + suffix)
+        new = old.replace("_id, 0)", "_id + 1, 0)")
+        failed = failing_candidates(
+            compiled, MODEL, cand.steps[-1].target, old, new, {"batch": 1}, tmp_path / "bad.tpk"
+        )
+        assert failed == {f"{site.id}/{cand.name}"}, old
+
+
+def test_an_id_outside_the_table_gives_a_row_of_nan(lookup_forms):
+    """The ``_ln`` form on ids 3, -1 and 50 of a 50-row table (positions 0, 1, 2): the second and
+    third rows of its product and of the sum it writes are NaN, the first is the LayerNorm of
+    wte[3] + wpe[0] times W (float16 tolerance) and that sum exactly."""
+    compiled, _ = lookup_forms
+    (ln_site, _), kernels = _sites(compiled.program)
+    (step,) = next(c for c in ln_site.candidates if c.name == "vec_1x2x512_ln").steps
+    kernel = kernels[step.target]
+    script = f"""
+import json, torch
+from aot.codegen.compile import load_function
+fn = load_function({kernel.id!r}, {kernel.name!r}, {kernel.source!r})
+g = torch.Generator().manual_seed(0)
+wte, wpe = torch.randn(50, 600, generator=g).half(), torch.randn(32, 600, generator=g).half()
+lnw, lnb = (1 + 0.1 * torch.randn(600, generator=g)).half(), (0.1 * torch.randn(600, generator=g)).half()
+w, b = (0.05 * torch.randn(128, 600, generator=g)).half(), (0.1 * torch.randn(128, generator=g)).half()
+ids, positions = torch.tensor([3, -1, 50]), torch.tensor([0, 1, 2])
+h, out = torch.zeros(3, 600, dtype=torch.half), torch.zeros(3, 128, dtype=torch.half)
+fn[(64, 3)](wte, wpe, ids, positions, lnw, lnb, h, w, b, out, 3)
+h0 = wte[3] + wpe[0]
+want = torch.nn.functional.layer_norm(h0.float(), (600,), lnw.float(), lnb.float()).half().float() @ w.float().T + b.float()
+print(json.dumps([
+    bool(torch.equal(h[0], h0)), bool(torch.allclose(out[0].float(), want, atol=1e-2, rtol=1e-2)),
+    bool(h[1:].isnan().all()), bool(out[1:].isnan().all()),
+]))
+"""
+    assert interpreted_json(script) == [True, True, True, True]
+
+
+def test_a_norm_whose_sum_the_same_gemms_epilogue_reads_keeps_its_kernel(tmp_path):
+    """``h + W @ norm(h)``: the epilogue would read the sum that the prologue's first N tile
+    writes, in no set order across the blocks; the site takes no ``_ln`` / ``_rms`` form."""
+    from aot.codegen import gemm_forms, generate
+    from aot.tracer import load_model_file, trace
+
+    model = tmp_path / "same_site.py"
+    model.write_text(
+        MODEL.read_text()
+        .replace("self.fc_out(self.fc(self.ln(h)))", "self.fc_sq(self.ln(h))")
+        .replace(
+            "self.fc = nn.Linear(600, 128)",
+            "self.fc = nn.Linear(600, 128)\n        self.fc_sq = nn.Linear(600, 600)",
+        )
+    )
+    configs = tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in ONE_ROW_FORMS)
+    with forms_offered(configs):
+        compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+    first = compiled.program.alternatives[0]
+    assert first.n == 600  # fc_sq: h + fc_sq(ln(h)) in one site
+    assert not [c.name for c in first.candidates if c.name.endswith("_ln")], [
+        c.name for c in first.candidates
+    ]
+    assert [c.name for s in compiled.program.alternatives for c in s.candidates if c.name.endswith("_rms")]
