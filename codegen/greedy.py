@@ -18,7 +18,8 @@ in one launch, on a grid of (chunks of the vocabulary, rows):
   and the next inputs of its row, reads the cache position, sets the mask's new slot, zeroes its
   row's counter and counts the row on a last counter;
 - the last row stores the new cache position (every row read the old one before counting) and
-  zeroes that counter.
+  zeroes that counter; one row alone stores it without counting (a second atomic's round trip
+  on the step's critical path, at batch 1).
 
 The build adds it to every decode program of a causal LM (``greedy_kernel``: the inputs
 ``input_ids`` and ``position_ids`` of [batch, 1], ``cache_position`` of [1], ``attention_mask``
@@ -40,9 +41,12 @@ from aot.dtypes import ITEMSIZE
 from aot.program import GREEDY_PARAMS
 from aot.schema import KernelParam, ParamKind, Program
 
-HEURISTIC = "greedy-step-v1"
+HEURISTIC = "greedy-step-v2"
 CHUNK = 2048  # logits per program: 4 KiB of a half-precision row
 MAX_CHUNKS = 128  # a wider vocabulary takes longer chunks, so the last program reads at most this many
+# one row stores the new cache position without counting the rows (module docstring); False
+# renders the counter at every batch, for measuring (a ``sitecustomize`` sets it)
+ONE_ROW_STORE = True
 LOGITS_DTYPES = ("float16", "bfloat16", "float32")
 MASK_DTYPES = ("int64", "int32", "bool")
 
@@ -71,6 +75,24 @@ def chunks_of(vocab: int) -> int:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _cache_position_store(one_row: bool) -> list[str]:
+    """The lines that store the new cache position once every row has read the old one."""
+    counted = [
+        "done_rows = tl.atomic_add(counts + rows, 1, sem='acq_rel', scope='gpu')",
+        "if done_rows == rows - 1:  # the last row: every row has read the old cache position",
+        "    tl.store(cache_position, slot)",
+        "    tl.store(counts + rows, 0)",
+    ]
+    if not one_row:
+        return ["    " + line for line in counted]
+    return [
+        "    if rows == 1:  # the only row: no other reads the old cache position",
+        "        tl.store(cache_position, slot)",
+        "    else:",
+        *("        " + line for line in counted),
+    ]
 
 
 def render_greedy(vocab: int, logits_dtype: str, mask_dtype: str) -> Rendered:
@@ -120,10 +142,7 @@ def render_greedy(vocab: int, logits_dtype: str, mask_dtype: str) -> Rendered:
         "    slot = tl.load(cache_position) + 1",
         f"    tl.store(attention_mask + b * mask_stride + slot, {set_mask})",
         "    tl.store(counts + b, 0)",
-        "    done_rows = tl.atomic_add(counts + rows, 1, sem='acq_rel', scope='gpu')",
-        "    if done_rows == rows - 1:  # the last row: every row has read the old cache position",
-        "        tl.store(cache_position, slot)",
-        "        tl.store(counts + rows, 0)",
+        *_cache_position_store(ONE_ROW_STORE),
     ]
     consts = {"VOCAB": vocab, "CHUNK": chunk, "CHUNKS": chunks, "CHUNKS_P2": _pow2(chunks)}
     doc = [

@@ -252,3 +252,40 @@ def test_bundle_paired_pairs_two_bundles_and_compares_their_outputs(tmp_path):
         assert r["max_abs_diff"] == 0.0
         assert len(r["b_over_a_rounds"]) == 2 and r["a_median_ms"] > 0 and r["b_median_ms"] > 0
         assert min(r["b_over_a_rounds"]) <= r["b_over_a_median_of_rounds"] <= max(r["b_over_a_rounds"])
+
+
+@pytest.mark.slow  # a tiny GPT-2 traced and built
+def test_decode_paired_times_two_decode_bundles_round_by_round(tmp_path):
+    """``bench/decode_paired.py`` on the CPU (tiny GPT-2, one bundle against itself): each
+    bundle's ms a token per round, their medians, B / A's median and the rounds B won; the
+    tokens of every round checked against the first."""
+    pytest.importorskip("transformers")
+    bundles, out = tmp_path / "bundles", tmp_path / "paired.json"
+    build = [sys.executable, "bench/decode.py", "--device", "cpu", "--tiny", "--models", "gpt2"]
+    build += [
+        "--systems",
+        "aotpack",
+        "--batches",
+        "1",
+        "--out",
+        str(tmp_path / "res"),
+        "--bundles",
+        str(bundles),
+    ]
+    assert subprocess.run(build, cwd=ROOT, capture_output=True, timeout=HANG_GUARD_S).returncode == 0
+    bundle = str(bundles / "gpt2-tiny.tpk")
+    paired = [sys.executable, "bench/decode_paired.py", "gpt2", bundle, bundle, "--device", "cpu", "--tiny"]
+    done = subprocess.run(
+        [*paired, "--rounds", "3", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["rounds"] == 3 and all(len(result["per_round"][n]) == 3 for n in "ab")
+    ratios = [b / a for a, b in zip(result["per_round"]["a"], result["per_round"]["b"])]
+    assert min(ratios) <= result["b_over_a"] <= max(ratios)
+    assert 0 <= result["b_faster_rounds"] <= 3 and all(v > 0 for v in result["ms_per_token"].values())
+    assert "b faster in" in done.stdout

@@ -123,6 +123,8 @@ CASES = [
     # end tokens: one, then two; finished rows take their padding; a bool mask
     {"vocab": 100, "rows": 5, "chunk": 16, "dtype": "float16", "mask": "bool", "eos": [7], "seed": 3},
     {"vocab": 300, "rows": 3, "chunk": 64, "dtype": "bfloat16", "mask": "int64", "eos": [11, 3], "seed": 4},
+    # one row (batch 1): the cache position stored without the rows' counter
+    {"vocab": 100, "rows": 1, "chunk": 16, "dtype": "float16", "mask": "int64", "eos": [7], "seed": 5},
 ]
 
 
@@ -133,7 +135,7 @@ def test_the_greedy_kernel_equals_the_aten_steps_in_the_interpreter():
     for case, got in zip(CASES, results):
         assert all(got["same"].values()), (case, got)
         assert got["zero_counts"], case
-    assert [r["chunks"] for r in results] == [1, 7, 40, 7, 5]
+    assert [r["chunks"] for r in results] == [1, 7, 40, 7, 5, 7]
     assert results[2]["tokens"][0] == [17, 17, 17] and results[2]["tokens"][1] == [0, 0, 0]
     assert [results[1]["tokens"][r][0] for r in (1, 2, 3)] == [48, 99, 0]
     assert results[3]["tokens"][0][1] == 7 and results[3]["tokens"][0][2] == 90  # ended, then padding
