@@ -5,10 +5,10 @@ differ by 2-4% (GPT-2 at batch 1, H200): more than a change of a launch or two m
 both bundles are loaded once, and every round generates with each (the order alternating), the
 decode step's time taken as ``decode.py`` takes it (the first token's arrival to the last's, over
 the steps between, the blocks of steps per launch as the default). Reported per bundle: the median
-ms a token over the rounds, and B / A per round (its median, and in how many rounds B was faster);
-the tokens of every round must equal the first round's of A, or the run fails.
+ms a token over the rounds, and B / A per round (its median, and in how many rounds B was faster),
+per batch size (a JSON list); the tokens of every round must equal the first round's of A, or the run fails.
 
-    python3 bench/decode_paired.py gpt2 A.tpk B.tpk --batch 1 --rounds 12 --json out/paired.json
+    python3 bench/decode_paired.py gpt2 A.tpk B.tpk --batch 1,8 --rounds 12 --json out/paired.json
 """
 
 from __future__ import annotations
@@ -32,12 +32,53 @@ def step_ms(runner, ids: list[list[int]], new_tokens: int) -> tuple[float, list[
     return (stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1), tokens
 
 
+def paired(model: str, runners: dict, batch: int, rounds: int, tiny: bool) -> dict:
+    """One batch size's rounds (module docstring)."""
+    prompt, new_tokens = workload(model, tiny)
+    vocab = runners["a"].reference_outputs()[0].shape[-1]
+    ids = prompts(batch, prompt, vocab).tolist()
+    want = None
+    for name, runner in runners.items():  # warm-up: captures the graphs
+        _, tokens = step_ms(runner, ids, new_tokens)
+        want = tokens if want is None else want
+        if tokens != want:
+            raise SystemExit(f"batch {batch}: bundle {name}'s tokens differ from bundle a's")
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    for r in range(rounds):
+        for name in ("a", "b") if r % 2 == 0 else ("b", "a"):
+            ms, tokens = step_ms(runners[name], ids, new_tokens)
+            if tokens != want:
+                raise SystemExit(
+                    f"batch {batch}, round {r}: bundle {name}'s tokens differ from the first round's"
+                )
+            times[name].append(ms)
+    ratios = [b / a for a, b in zip(times["a"], times["b"])]
+    result = {
+        "model": model,
+        "batch": batch,
+        "prompt": prompt,
+        "new_tokens": new_tokens,
+        "rounds": rounds,
+        "ms_per_token": {n: statistics.median(t) for n, t in times.items()},
+        "b_over_a": statistics.median(ratios),
+        "b_faster_rounds": sum(x < 1 for x in ratios),
+        "per_round": times,
+    }
+    print(
+        f"{model} batch {batch}: a {result['ms_per_token']['a']:.4f} ms, b "
+        f"{result['ms_per_token']['b']:.4f} ms a token; b / a {result['b_over_a']:.3f}, "
+        f"b faster in {result['b_faster_rounds']} of {rounds} rounds",
+        flush=True,
+    )
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="the decode bench's model name (its prompt and new tokens)")
     ap.add_argument("a", type=Path, help="bundle A (the baseline)")
     ap.add_argument("b", type=Path, help="bundle B (the change)")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", default="1", help="batch sizes, comma-separated [default: 1]")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--device", default="cuda", help="cpu: a quick check of the script itself")
@@ -49,44 +90,14 @@ def main() -> int:
     import aot.loader
 
     runners = {n: aot.loader.load(p, device=args.device) for n, p in (("a", args.a), ("b", args.b))}
-    prompt, new_tokens = workload(args.model, args.tiny)
-    vocab = runners["a"].reference_outputs()[0].shape[-1]
-    ids = prompts(args.batch, prompt, vocab).tolist()
-    want = None
-    for name, runner in runners.items():  # warm-up: captures the graphs
-        _, tokens = step_ms(runner, ids, new_tokens)
-        want = tokens if want is None else want
-        if tokens != want:
-            raise SystemExit(f"bundle {name}'s tokens differ from bundle a's")
-    times: dict[str, list[float]] = {"a": [], "b": []}
-    for r in range(args.rounds):
-        for name in ("a", "b") if r % 2 == 0 else ("b", "a"):
-            ms, tokens = step_ms(runners[name], ids, new_tokens)
-            if tokens != want:
-                raise SystemExit(f"round {r}: bundle {name}'s tokens differ from the first round's")
-            times[name].append(ms)
-    ratios = [b / a for a, b in zip(times["a"], times["b"])]
-    result = {
-        "model": args.model,
-        "batch": args.batch,
-        "prompt": prompt,
-        "new_tokens": new_tokens,
-        "rounds": args.rounds,
-        "a": str(args.a),
-        "b": str(args.b),
-        "ms_per_token": {n: statistics.median(t) for n, t in times.items()},
-        "b_over_a": statistics.median(ratios),
-        "b_faster_rounds": sum(x < 1 for x in ratios),
-        "per_round": times,
-    }
-    print(
-        f"{args.model} batch {args.batch}: a {result['ms_per_token']['a']:.4f} ms, b "
-        f"{result['ms_per_token']['b']:.4f} ms a token; b / a {result['b_over_a']:.3f}, "
-        f"b faster in {result['b_faster_rounds']} of {args.rounds} rounds"
-    )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+    results = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        results.append(
+            {**paired(args.model, runners, batch, args.rounds, args.tiny), "a": str(args.a), "b": str(args.b)}
+        )
+        if args.json:  # after every batch: a run cut off keeps what was measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 

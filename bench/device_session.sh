@@ -169,8 +169,8 @@ for item in "$@"; do
     # (several arms of one model in one command, e.g. DECODE_ENV1="AOTPACK_REDUCE_NORM=off")
     env[0-9]-*) n=${step:3:1}; var=DECODE_ENV$n; cmd=(env ${!var:?set $var} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#env?-}" --out "$RES/decode-env$n-${step#env?-}" --bundles "/tmp/bundles-env$n" ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # paired-MODEL: the bundles of env1-MODEL (A) and decode-MODEL (B), run before it, timed in one
-    # process round by round (bench/decode_paired.py; PAIRED_BATCH, PAIRED_ROUNDS)
-    paired-*) m=${step#paired-}; s=$m${DECODE_LAYERS:+-${DECODE_LAYERS}layers}; cmd=(python3 bench/decode_paired.py "$m" "/tmp/bundles-env1/$s.tpk" "/tmp/bundles/$s.tpk" --batch "${PAIRED_BATCH:-1}" --rounds "${PAIRED_ROUNDS:-12}" --json "$RES/paired-$m-b${PAIRED_BATCH:-1}.json") ;;
+    # process round by round (bench/decode_paired.py; PAIRED_BATCH, e.g. 1,8; PAIRED_ROUNDS)
+    paired-*) m=${step#paired-}; s=$m${DECODE_LAYERS:+-${DECODE_LAYERS}layers}; cmd=(python3 bench/decode_paired.py "$m" "/tmp/bundles-env1/$s.tpk" "/tmp/bundles/$s.tpk" --batch "${PAIRED_BATCH:-1}" --rounds "${PAIRED_ROUNDS:-12}" --json "$RES/paired-$m.json") ;;
     envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
     newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;

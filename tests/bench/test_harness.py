@@ -283,7 +283,7 @@ def test_decode_paired_times_two_decode_bundles_round_by_round(tmp_path):
         timeout=HANG_GUARD_S,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(out.read_text())
+    (result,) = json.loads(out.read_text())
     assert result["rounds"] == 3 and all(len(result["per_round"][n]) == 3 for n in "ab")
     ratios = [b / a for a, b in zip(result["per_round"]["a"], result["per_round"]["b"])]
     assert min(ratios) <= result["b_over_a"] <= max(ratios)
