@@ -101,20 +101,22 @@ def _round(expr: str, dtype: str) -> str:
     return f"{expr}.to({ROUND[dtype]}).to(tl.float32)" if dtype in ROUND else expr
 
 
-def row_load(i: int, k: int, gathered: bool = False) -> str:
-    """Row input ``i`` at the K step "@" as fp32: rows ``rm`` of ``x{i}_ptr``, or, ``gathered``,
-    rows ``x{i}_row`` of a lookup's table (``gemm_sites.Gathered``: the ids, 0 for one outside
-    the table) and a row of NaN where ``x{i}_in`` is false, as the lookup writes it
-    (``gemm_render._lookup_rows`` loads both)."""
-    if not gathered:
-        return f"tl.load(x{i}_ptr + rm[:, None] * {k} + rk@[None, :], mask=kmask@, other=0.0).to(tl.float32)"
-    load = f"tl.load(x{i}_ptr + x{i}_row[:, None] * {k} + rk@[None, :], mask=kmask@, other=0.0)"
-    return f"tl.where(x{i}_in[:, None], {load}.to(tl.float32), float('nan'))"
+def row_load(name: str, k: int, rk: str, mask: str, gathered: bool = False) -> str:
+    """A row input's values at the K indices ``rk`` as fp32 (masked by ``mask``): rows ``rm`` of
+    ``<name>_ptr``, or, ``gathered``, rows ``<name>_row`` of a lookup's table
+    (``gemm_sites.Gathered``: the ids, 0 for one outside the table) and a row of NaN where
+    ``<name>_in`` is false, as the lookup writes it (``gemm_render._lookup_rows`` loads both)."""
+    rows = f"{name}_row" if gathered else "rm"
+    load = (
+        f"tl.load({name}_ptr + {rows}[:, None] * {k} + {rk}[None, :], mask={mask}, other=0.0).to(tl.float32)"
+    )
+    return f"tl.where({name}_in[:, None], {load}, float('nan'))" if gathered else load
 
 
 def gathered_input(norm: RowNorm, i: int, k: int) -> RowNorm:
     """``norm`` with its row input ``i`` read through a lookup (``row_load``)."""
-    ops = tuple((v, row_load(i, k, True) if v == f"x{i}_@" else e, st) for v, e, st in norm.row_ops)
+    load = row_load(f"x{i}", k, "rk@", "kmask@", gathered=True)
+    ops = tuple((v, load if v == f"x{i}_@" else e, st) for v, e, st in norm.row_ops)
     return replace(norm, row_ops=ops)
 
 
@@ -176,7 +178,7 @@ def lower_row_norm(
                         raise NoSite("more than two rows read")
                     inputs[root] = len(inputs)
                     i = inputs[root]
-                    row_ops.append((f"x{i}_@", row_load(i, k), 0))
+                    row_ops.append((f"x{i}_@", row_load(f"x{i}", k, "rk@", "kmask@"), 0))
                 vals[root] = ("row", f"x{inputs[root]}_@", s.dtype)
                 return vals[root]
             if kind == "vec":

@@ -25,6 +25,7 @@ from aot.codegen.gemm_forms import (
     STATS_CHUNK,
     TileConfig,
 )
+from aot.codegen.gemm_prologue import row_load
 from aot.codegen.gemm_sites import Prologue, Site
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
@@ -535,11 +536,8 @@ def _prologue_rows(site: Site, rk: str = "rk", xs: str = "xs") -> list[str]:
     k = site.k
     kmask = f"mask_m[:, None] & ({rk}[None, :] < {k})"
 
-    def row(name: str, buf: str) -> str:  # a row input's values; through its lookup: NaN outside the table
-        if pro.lookup(buf) is None:
-            return f"tl.load({name}_ptr + rm[:, None] * {k} + {rk}[None, :], mask={kmask}, other=0.0).to(tl.float32)"
-        load = f"tl.load({name}_ptr + {name}_row[:, None] * {k} + {rk}[None, :], mask={kmask}, other=0.0)"
-        return f"tl.where({name}_in[:, None], {load}.to(tl.float32), float('nan'))"
+    def row(name: str, buf: str) -> str:
+        return row_load(name, k, rk, kmask, gathered=pro.lookup(buf) is not None)
 
     lines = [f"{xs} = {row('x', pro.x)}"]
     if pro.y is not None:
