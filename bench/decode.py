@@ -481,10 +481,55 @@ def profile_step(
     )
     sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
     path.write_text(events.table(sort_by=sort, row_limit=60, max_name_column_width=90))
-    return {
+    row = {
         "profile_device_ms_per_token": busy_us / 1e3 / new_tokens,
         "profile_wall_ms_per_token": wall * 1e3 / new_tokens,
     }
+    if device.startswith("cuda"):
+        import torch
+
+        spans = [
+            (e.name, e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.lower().startswith(("memcpy", "memset"))
+        ]
+        table, overlapped = critical_path(spans, new_tokens)
+        path.with_name(path.stem + "-critical.txt").write_text(table)
+        row["profile_overlapped_share"] = overlapped
+    return row
+
+
+def critical_path(spans: list[tuple[str, float, float]], tokens: int) -> tuple[str, float]:
+    """Where a chain of dependent kernels spends its time: ``spans`` (name, start, end in µs, one
+    stream's kernels) in launch order, each kernel charged with how far it moved the chain's end
+    (its end less the end of the kernel before it: under dependent launch a kernel starts before
+    the one before it ends and waits inside, so its own span overlaps; these charges add up to
+    the chain's time). A table by kernel name (launches, µs charged a token and per launch, the
+    mean span), and the share of kernels that started before the one before them ended (0
+    where the profiler kept every launch apart)."""
+    spans = sorted(spans, key=lambda s: s[1])
+    charged: dict[str, list[float]] = {}
+    span: dict[str, float] = {}
+    overlapped = 0
+    for (_, _, prev_end), (name, start, end) in zip(spans, spans[1:]):
+        overlapped += start < prev_end
+        gap = end - max(prev_end, start)  # time the chain's end moved; idle gaps not charged
+        charged.setdefault(name, []).append(max(gap, 0.0))
+        span[name] = span.get(name, 0.0) + end - start
+    total = sum(sum(v) for v in charged.values())
+    lines = [
+        f"{'kernel':<60} {'launches':>9} {'us/token':>9} {'us/launch':>10} {'span us':>8} {'share':>6}",
+    ]
+    for name, gaps in sorted(charged.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(
+            f"{name[:60]:<60} {len(gaps):>9} {sum(gaps) / tokens:>9.2f} {sum(gaps) / len(gaps):>10.2f} "
+            f"{span[name] / len(gaps):>8.2f} {sum(gaps) / total if total else 0:>6.1%}"
+        )
+    lines.append(f"charged {total / tokens:.1f} us a token over {len(spans)} kernels")
+    share = overlapped / max(1, len(spans) - 1)
+    lines.append(f"{share:.0%} of the kernels started before the kernel before them ended")
+    return "\n".join(lines) + "\n", share
 
 
 def kernels_launched(run, device: str) -> int:
@@ -824,7 +869,7 @@ def main() -> None:
     ap.add_argument(
         "--profile",
         action="store_true",
-        help="also profile one generate of each aotpack system and batch (kernel tables in OUT)",
+        help="also profile one generate of each aotpack system and batch (kernel tables in OUT, and each kernel's share of the chain: *-critical.txt)",
     )
     args = ap.parse_args()
     if args.workload:

@@ -227,6 +227,21 @@ def test_the_decode_bench_times_aotpack_rt_as_it_times_the_torch_loader(monkeypa
     assert row["tokens_per_s"] == pytest.approx(2e3 / row["ms_per_token"]) and row["tokens"] == [7] * 16
 
 
+def test_the_decode_profile_charges_each_kernel_with_how_far_it_moved_the_chains_end():
+    """``decode.critical_path`` over four kernels in one stream (µs): b starts inside a's span
+    and ends at 9 (charged 9 - 5), c starts after an idle gap and runs 2 (charged 2: the gap is
+    no kernel's), the second a starts inside c and ends at 20 (charged 6); over two tokens 6 µs a
+    token, and two of the three later kernels started before the one before them ended."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import decode
+
+    table, overlapped = decode.critical_path([("a", 0, 5), ("c", 12, 14), ("b", 3, 9), ("a", 13, 20)], 2)
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:4]}
+    assert rows["a"][:3] == ["1", "3.00", "6.00"] and rows["b"][:3] == ["1", "2.00", "4.00"]
+    assert rows["c"][:3] == ["1", "1.00", "2.00"]
+    assert "charged 6.0 us a token over 4 kernels" in table and overlapped == pytest.approx(2 / 3)
+
+
 @pytest.mark.slow  # builds the example mlp
 def test_bundle_paired_pairs_two_bundles_and_compares_their_outputs(tmp_path):
     """``bench/bundle_paired.py`` on the CPU (smoke shapes): one row per shape with both bundles'
