@@ -8,7 +8,7 @@ forms take the tables and the ids, the plain forms run the lookup kernels first;
 matches the library steps it replaces in Triton's interpreter at 1 and 3 rows (float16:
 ``aot.dtypes.TOLERANCE``), the sum and the token rows the fused forms write exactly; a row read
 through a wrong id is caught; an id outside the table gives the row NaN, as the lookup's kernel
-does. A norm whose sum the same GEMM's epilogue reads (``h + W @ norm(h)``) keeps its kernel: the
+does; the 16-row forms with a norm prologue read the lookups too (slow). A norm whose sum the same GEMM's epilogue reads (``h + W @ norm(h)``) keeps its kernel: the
 first N tile writes the sum the other tiles would read.
 """
 
@@ -183,3 +183,44 @@ def test_a_norm_whose_sum_the_same_gemms_epilogue_reads_keeps_its_kernel(tmp_pat
         c.name for c in first.candidates
     ]
     assert [c.name for s in compiled.program.alternatives for c in s.candidates if c.name.endswith("_rms")]
+
+
+@pytest.mark.slow  # tensor-core forms compiled and interpreted at 3 rows
+def test_the_few_row_forms_read_the_lookups_too(traced, tmp_path):
+    """The forms of 16-row blocks that take a norm prologue (statistics before the K loop,
+    ``few_16x16x256``; the RMSNorm's one pass, ``fewe_16x16x256``; the LayerNorm's,
+    ``gemv_16x16x256``) read the lookups' rows the same way and match the library steps at 3
+    rows (rows 3..15 of the block masked), the written sums exact."""
+    from aot.codegen import generate
+    from aot.codegen.gemm_defaults import default_configs
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    names = ("few_16x16x256", "fewe_16x16x256", "gemv_16x16x256")
+    configs = tuple(replace(c, max_m=1 << 62) for c in default_configs() if c.name in names)
+    with forms_offered(configs):
+        compiled = generate(traced, ARCHS, gemm_candidates=True)
+    (ln_site, rms_site), kernels = _sites(compiled.program)
+    fused = {
+        s.id: sorted(c.name for c in s.candidates if c.name.endswith(("_ln", "_rms")))
+        for s in (ln_site, rms_site)
+    }
+    assert fused == {
+        ln_site.id: ["few_16x16x256_ln", "fewe_16x16x256_ln", "gemv_16x16x256_ln"],
+        rms_site.id: ["few_16x16x256_rms", "fewe_16x16x256_rms"],
+    }, fused
+    for site in (ln_site, rms_site):
+        for cand in site.candidates:
+            if cand.name.endswith(("_ln", "_rms")):
+                assert "_ids_ptr + rm" in kernels[cand.steps[-1].target].source, cand.name
+    path = tmp_path / "few.tpk"
+    pack(compiled, path)
+    (result,) = interpret_in_subprocess([(path, MODEL, [{"batch": 3}], None, True)], timeout=HANG_GUARD_S)
+    (comparisons,) = result.values()
+    bad = [c for c in comparisons if not c.ok]
+    assert not bad, bad[:3]
+    for site in (ln_site, rms_site):
+        written = [
+            c for c in comparisons if c.name.endswith(("_ln", "_rms")) and c.output == site.outputs[-1]
+        ]
+        assert written and all(c.max_abs_error == 0.0 for c in written), written
