@@ -500,13 +500,15 @@ def profile_step(
     return row
 
 
-def critical_path(spans: list[tuple[str, float, float]], tokens: int) -> tuple[str, float]:
+def critical_path(
+    spans: list[tuple[str, float, float]], tokens: int, per: str = "token"
+) -> tuple[str, float]:
     """Where a chain of dependent kernels spends its time: ``spans`` (name, start, end in µs, one
     stream's kernels) in launch order, each kernel charged with how far it moved the chain's end
     (its end less the end of the kernel before it: under dependent launch a kernel starts before
     the one before it ends and waits inside, so its own span overlaps; these charges add up to
-    the chain's time). A table by kernel name (launches, µs charged a token and per launch, the
-    mean span), and the share of kernels that started before the one before them ended (0
+    the chain's time). A table by kernel name (launches, µs charged a ``per`` (``tokens`` of
+    them) and per launch, the mean span), and the share of kernels that started before the one before them ended (0
     where the profiler kept every launch apart)."""
     spans = sorted(spans, key=lambda s: s[1])
     charged: dict[str, list[float]] = {}
@@ -519,14 +521,14 @@ def critical_path(spans: list[tuple[str, float, float]], tokens: int) -> tuple[s
         span[name] = span.get(name, 0.0) + end - start
     total = sum(sum(v) for v in charged.values())
     lines = [
-        f"{'kernel':<60} {'launches':>9} {'us/token':>9} {'us/launch':>10} {'span us':>8} {'share':>6}",
+        f"{'kernel':<60} {'launches':>9} {'us/' + per:>9} {'us/launch':>10} {'span us':>8} {'share':>6}",
     ]
     for name, gaps in sorted(charged.items(), key=lambda kv: -sum(kv[1])):
         lines.append(
             f"{name[:60]:<60} {len(gaps):>9} {sum(gaps) / tokens:>9.2f} {sum(gaps) / len(gaps):>10.2f} "
             f"{span[name] / len(gaps):>8.2f} {sum(gaps) / total if total else 0:>6.1%}"
         )
-    lines.append(f"charged {total / tokens:.1f} us a token over {len(spans)} kernels")
+    lines.append(f"charged {total / tokens:.1f} us a {per} over {len(spans)} kernels")
     share = overlapped / max(1, len(spans) - 1)
     lines.append(f"{share:.0%} of the kernels started before the kernel before them ended")
     return "\n".join(lines) + "\n", share
