@@ -168,6 +168,9 @@ for item in "$@"; do
     # envN-MODEL (N a digit): envdecode-MODEL with DECODE_ENV<N>, bundles and results of its own
     # (several arms of one model in one command, e.g. DECODE_ENV1="AOTPACK_REDUCE_NORM=off")
     env[0-9]-*) n=${step:3:1}; var=DECODE_ENV$n; cmd=(env ${!var:?set $var} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#env?-}" --out "$RES/decode-env$n-${step#env?-}" --bundles "/tmp/bundles-env$n" ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
+    # kprofile-MODEL: bench/kernel_profile.py at KPROFILE_SIZES="BATCH SEQ" (default 1 128): the
+    # kernels one by one, then the calls through their graphs with each kernel's share of the chain
+    kprofile-*) m=${step#kprofile-}; mkdir -p .bundles; cmd=(bash -c "test -f .bundles/$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o .bundles/$m.tpk; python3 bench/kernel_profile.py $m ${KPROFILE_SIZES:-1 128} 30 > $RES/kprofile-$m.txt") ;;
     # paired-MODEL: the bundles of env1-MODEL (A) and decode-MODEL (B), run before it, timed in one
     # process round by round (bench/decode_paired.py; PAIRED_BATCH, e.g. 1,8; PAIRED_ROUNDS)
     paired-*) m=${step#paired-}; s=$m${DECODE_LAYERS:+-${DECODE_LAYERS}layers}; cmd=(python3 bench/decode_paired.py "$m" "/tmp/bundles-env1/$s.tpk" "/tmp/bundles/$s.tpk" --batch "${PAIRED_BATCH:-1}" --rounds "${PAIRED_ROUNDS:-12}" --json "$RES/paired-$m.json") ;;
