@@ -13,6 +13,7 @@ import sympy
 
 from aot.codegen import gemm_forms
 from aot.codegen import index as ix
+from aot.codegen.embeddings import INDEX_DTYPES, lookup_of
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
 from aot.codegen.gemm_prologue import RowNorm, gathered_input, is_copy, lower_row_norm
@@ -245,8 +246,6 @@ def _lookups(
     """The row inputs ``rows`` of the norm kernel at ``norm_at`` that a lookup's kernel writes
     (``Gathered``), the indices of those kernels' steps, and the input the prologue must write
     (read by a later step too; at most one, where ``may_store``), or None."""
-    from aot.codegen.embeddings import INDEX_DTYPES, lookup_of
-
     found, at, stored = [], [], None
     for buf in rows:
         g = producer.get(buf) if buf is not None else None
