@@ -602,7 +602,7 @@ def _with_prologue(
     # the candidate writes the add's result where the site's last step was: nothing the site
     # leaves in between may read it; nor may its own epilogue (the first N tile writes the sum
     # that the other tiles' epilogues would read, in no set order: ``h + W @ norm(h)``)
-    kept = set(range(before[0] + 1, max(library) + 1)) - set(before)
+    kept = set(range(before[0] + 1, max(library) + 1)) - set(before) - {g["index"]}  # the GEMM reads A
     if prologue.sum_out is not None and set(flow.readers.get(prologue.sum_out, ())) & kept:
         return None, library, site_outputs
     if prologue.sum_out is not None:

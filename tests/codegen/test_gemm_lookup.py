@@ -224,3 +224,53 @@ def test_the_few_row_forms_read_the_lookups_too(traced, tmp_path):
             c for c in comparisons if c.name.endswith(("_ln", "_rms")) and c.output == site.outputs[-1]
         ]
         assert written and all(c.max_abs_error == 0.0 for c in written), written
+
+
+SHARED = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+from tests.codegen.gemm_models.gemm_lookup import RMSNorm
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(600)
+        self.w1 = nn.Linear(600, 128, bias=False)
+        self.w2 = nn.Linear(128, 600)
+
+    def forward(self, x, r):  # the GEMM reads the norm's output a directly; the residual reads it too
+        a = self.norm(x + r)
+        return a + self.w2(self.w1(a))
+
+batch = Dim("batch", 1, 4, buckets=(1, 3, 4))
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 600)), Input("r", (batch, 600))], dtype="float16")
+"""
+
+
+def test_a_norm_output_the_gemm_reads_directly_and_a_later_step_too_stays_a_prologue(tmp_path):
+    """The rule above counts the site's own epilogue among the sum's readers, not its GEMM: A
+    read straight by the GEMM (no view between) and by the residual after the next GEMM is
+    still a row-norm prologue whose first N tile writes A (OLMo 2's case, 2-D rows), and the
+    ``_rms`` form matches the library steps in the interpreter, A exactly."""
+    from aot.codegen import gemm_forms, generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = tmp_path / "shared.py"
+    model.write_text(SHARED)
+    configs = tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name == "vec_1x2x512")
+    with forms_offered(configs):
+        compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+    first = compiled.program.alternatives[0]
+    assert [c.name for c in first.candidates] == ["vec_1x2x512", "vec_1x2x512_rms"]
+    a = first.outputs[-1]  # the norm's output, written for the residual
+    path = tmp_path / "shared.tpk"
+    pack(compiled, path)
+    (result,) = interpret_in_subprocess([(path, model, [{"batch": 1}], None, True)], timeout=HANG_GUARD_S)
+    (comparisons,) = result.values()
+    bad = [c for c in comparisons if not c.ok]
+    assert not bad, bad[:3]
+    written = [c for c in comparisons if c.name.endswith("_rms") and c.output == a]
+    assert written and all(c.max_abs_error == 0.0 for c in written), written
