@@ -139,10 +139,10 @@ def lookup_of(program: Program, step: Step) -> tuple[str, str, int] | None:
     if kernel is None or kernel.config.get("heuristic") != HEURISTIC or ref.target != EMBEDDING:
         return None
     table, ids = ref.args[0], step.args[1]
-    if not isinstance(table, Buf) or not isinstance(ids, Buf) or table.name not in _tables(program):
+    found = _tables(program).get(table.name) if isinstance(table, Buf) else None
+    if found is None or not isinstance(ids, Buf):
         return None
-    weight, rows = _tables(program)[table.name]
-    return weight, ids.name, rows
+    return found[0], ids.name, found[1]
 
 
 def render_gather(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered:

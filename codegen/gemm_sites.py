@@ -170,7 +170,9 @@ def _prologue(
     if s.kind != StepKind.KERNEL or name not in s.outputs:
         return None
     if not s.reference or s.reference[-1].target != LAYER_NORM:
-        return _row_norm_prologue(program, s, name, m, k, dtype, known, [p, *views], shared)
+        return _row_norm_prologue(
+            program, s, name, m, k, dtype, known, producer, readers, [p, *views], shared
+        )
     if shared:
         return None
     alias: dict[str, str] = {}  # a reference view's (or copy's) output -> the buffer it views
@@ -275,6 +277,8 @@ def _row_norm_prologue(
     k: int,
     dtype: str,
     known: dict[str, TensorSpec],
+    producer: dict[str, int],
+    readers: dict[str, list[int]],
     replaced: list[int],
     shared: bool = False,
 ) -> tuple[Prologue, list[int]] | None:
@@ -295,7 +299,6 @@ def _row_norm_prologue(
     rows = [b for b, _ in norm.inputs]
     gathered: tuple[Gathered, ...] = ()
     if not shared:  # the row inputs a lookup writes, read from its table
-        producer, readers = producer_of(program.steps), readers_of(program.steps)
         gathered, at, stored = _lookups(
             program, rows, replaced[0], m, known, producer, readers, norm.sum_out is None
         )
