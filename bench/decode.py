@@ -486,18 +486,23 @@ def profile_step(
         "profile_wall_ms_per_token": wall * 1e3 / new_tokens,
     }
     if device.startswith("cuda"):
-        import torch
-
-        spans = [
-            (e.name, e.time_range.start, e.time_range.end)
-            for e in prof.events()
-            if e.device_type == torch.autograd.DeviceType.CUDA
-            and not e.name.lower().startswith(("memcpy", "memset"))
-        ]
-        table, overlapped = critical_path(spans, new_tokens)
+        table, overlapped = critical_path(kernel_spans(prof), new_tokens)
         path.with_name(path.stem + "-critical.txt").write_text(table)
         row["profile_overlapped_share"] = overlapped
     return row
+
+
+def kernel_spans(prof) -> list[tuple[str, float, float]]:
+    """(name, start, end in µs) of each GPU kernel a torch profile saw (CUPTI sees each kernel
+    of a CUDA graph too); copies and memsets left out."""
+    import torch
+
+    return [
+        (e.name, e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not e.name.lower().startswith(("memcpy", "memset"))
+    ]
 
 
 def critical_path(
@@ -508,8 +513,8 @@ def critical_path(
     (its end less the end of the kernel before it: under dependent launch a kernel starts before
     the one before it ends and waits inside, so its own span overlaps; these charges add up to
     the chain's time). A table by kernel name (launches, µs charged a ``per`` (``tokens`` of
-    them) and per launch, the mean span), and the share of kernels that started before the one before them ended (0
-    where the profiler kept every launch apart)."""
+    them) and per launch, the mean span), and the share of kernels that started before the one
+    before them ended (0 where the profiler kept every launch apart)."""
     spans = sorted(spans, key=lambda s: s[1])
     charged: dict[str, list[float]] = {}
     span: dict[str, float] = {}
@@ -535,21 +540,14 @@ def critical_path(
 
 
 def kernels_launched(run, device: str) -> int:
-    """The GPU kernels ``run()`` launches (CUPTI sees each kernel of a CUDA graph too); copies
-    and memsets are not counted."""
-    import torch
+    """The GPU kernels ``run()`` launches (``kernel_spans``)."""
     from torch.profiler import ProfilerActivity, profile
 
     synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         synchronize(device)
-    return sum(
-        1
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and not e.name.lower().startswith(("memcpy", "memset"))
-    )
+    return len(kernel_spans(prof))
 
 
 def launches_per_step(generate, device: str) -> float | None:

@@ -31,15 +31,9 @@ def top(fn, x, label: str, n: int = 12, chain: bool = False) -> None:
     if not chain:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=n, max_name_column_width=70))
         return
-    from decode import critical_path
+    from decode import critical_path, kernel_spans
 
-    spans = [
-        (e.name, e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and not e.name.lower().startswith(("memcpy", "memset"))
-    ]
-    table, _ = critical_path(spans, CALLS, per="call")
+    table, _ = critical_path(kernel_spans(prof), CALLS, per="call")
     print("\n".join(table.splitlines()[: n + 1] + table.splitlines()[-2:]))
 
 
