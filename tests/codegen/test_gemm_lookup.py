@@ -28,6 +28,30 @@ ARCHS = ("sm_90",)
 ONE_ROW_FORMS = ("vec_1x2x512", "vec_1x2x1024")
 
 
+def _built(traced, names: tuple[str, ...], configs=None):
+    """``traced`` built with the forms ``names`` (of ``configs``, default the codegen's) as its
+    GEMM candidates, each eligible at every bucket."""
+    from aot.codegen import gemm_forms, generate
+
+    offered = tuple(replace(c, max_m=1 << 62) for c in configs or gemm_forms.CONFIGS if c.name in names)
+    with forms_offered(offered):
+        return generate(traced, ARCHS, gemm_candidates=True)
+
+
+def _interpreted(compiled, path: Path, model: Path, sizes: dict) -> list:
+    """``compiled`` packed at ``path`` and every candidate compared with the library steps it
+    replaces in Triton's interpreter at ``sizes``: the comparisons, every one of them ok."""
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    pack(compiled, path)
+    (result,) = interpret_in_subprocess([(path, model, [sizes], None, True)], timeout=HANG_GUARD_S)
+    (comparisons,) = result.values()
+    bad = [c for c in comparisons if not c.ok]
+    assert not bad, bad[:3]
+    return comparisons
+
+
 @pytest.fixture(scope="module")
 def traced():
     from aot.tracer import load_model_file, trace
@@ -36,17 +60,9 @@ def traced():
 
 
 @pytest.fixture(scope="module")
-def lookup_forms(traced, tmp_path_factory):
-    """The model built with the one-row forms, eligible at every bucket: (compiled, bundle path)."""
-    from aot.codegen import gemm_forms, generate
-    from aot.packager import pack
-
-    configs = tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in ONE_ROW_FORMS)
-    with forms_offered(configs):
-        compiled = generate(traced, ARCHS, gemm_candidates=True)
-    path = tmp_path_factory.mktemp("gemm_lookup") / "lookup.tpk"
-    pack(compiled, path)
-    return compiled, path
+def lookup_forms(traced):
+    """The model built with the one-row forms, eligible at every bucket."""
+    return _built(traced, ONE_ROW_FORMS)
 
 
 def _sites(program):
@@ -58,7 +74,7 @@ def _sites(program):
 
 
 def test_the_fused_forms_read_the_tables_and_the_plain_forms_run_the_lookups(lookup_forms):
-    compiled, _ = lookup_forms
+    compiled = lookup_forms
     program = compiled.program
     (ln_site, rms_site), kernels = _sites(program)
     for site, suffix, tables, ids, written in (
@@ -98,17 +114,12 @@ def test_the_default_build_runs_no_lookup_kernel_at_one_row(traced):
 
 
 @pytest.mark.parametrize("rows", [1, pytest.param(3, marks=pytest.mark.slow)])
-def test_every_lookup_form_matches_its_reference(lookup_forms, rows):
-    from aot.verify.interpret import interpret_in_subprocess
-
-    compiled, path = lookup_forms
+def test_every_lookup_form_matches_its_reference(lookup_forms, rows, tmp_path):
+    compiled = lookup_forms
     (ln_site, rms_site), _ = _sites(compiled.program)
-    (result,) = interpret_in_subprocess([(path, MODEL, [{"batch": rows}], None, True)], timeout=HANG_GUARD_S)
+    comparisons = _interpreted(compiled, tmp_path / "lookup.tpk", MODEL, {"batch": rows})
     n_cands = sum(len(s.candidates) for s in compiled.program.alternatives)
-    (comparisons,) = result.values()
     assert len({c.name for c in comparisons if not c.name.endswith("/rerun")}) == n_cands
-    bad = [c for c in comparisons if not c.ok]
-    assert not bad, bad[:3]
     for site, suffix in ((ln_site, "_ln"), (rms_site, "_rms")):
         written = [c for c in comparisons if c.name.endswith(suffix) and c.output == site.outputs[-1]]
         assert len(written) == len(ONE_ROW_FORMS) and all(c.max_abs_error == 0.0 for c in written), written
@@ -116,7 +127,7 @@ def test_every_lookup_form_matches_its_reference(lookup_forms, rows):
 
 @pytest.mark.slow  # two more interpreter runs
 def test_a_row_read_through_a_wrong_id_is_caught(lookup_forms, tmp_path):
-    compiled, _ = lookup_forms
+    compiled = lookup_forms
     (ln_site, rms_site), _ = _sites(compiled.program)
     for site, suffix, old in (
         (ln_site, "_ln", "y_row = tl.where(y_in, y_id, 0)"),
@@ -134,7 +145,7 @@ def test_an_id_outside_the_table_gives_a_row_of_nan(lookup_forms):
     """The ``_ln`` form on ids 3, -1 and 50 of a 50-row table (positions 0, 1, 2): the second and
     third rows of its product and of the sum it writes are NaN, the first is the LayerNorm of
     wte[3] + wpe[0] times W (float16 tolerance) and that sum exactly."""
-    compiled, _ = lookup_forms
+    compiled = lookup_forms
     (ln_site, _), kernels = _sites(compiled.program)
     (step,) = next(c for c in ln_site.candidates if c.name == "vec_1x2x512_ln").steps
     kernel = kernels[step.target]
@@ -162,7 +173,6 @@ print(json.dumps([
 def test_a_norm_whose_sum_the_same_gemms_epilogue_reads_keeps_its_kernel(tmp_path):
     """``h + W @ norm(h)``: the epilogue would read the sum that the prologue's first N tile
     writes, in no set order across the blocks; the site takes no ``_ln`` / ``_rms`` form."""
-    from aot.codegen import gemm_forms, generate
     from aot.tracer import load_model_file, trace
 
     model = tmp_path / "same_site.py"
@@ -174,9 +184,7 @@ def test_a_norm_whose_sum_the_same_gemms_epilogue_reads_keeps_its_kernel(tmp_pat
             "self.fc = nn.Linear(600, 128)\n        self.fc_sq = nn.Linear(600, 600)",
         )
     )
-    configs = tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name in ONE_ROW_FORMS)
-    with forms_offered(configs):
-        compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+    compiled = _built(trace(load_model_file(model)), ONE_ROW_FORMS)
     first = compiled.program.alternatives[0]
     assert first.n == 600  # fc_sq: h + fc_sq(ln(h)) in one site
     assert not [c.name for c in first.candidates if c.name.endswith("_ln")], [
@@ -191,15 +199,9 @@ def test_the_few_row_forms_read_the_lookups_too(traced, tmp_path):
     ``few_16x16x256``; the RMSNorm's one pass, ``fewe_16x16x256``; the LayerNorm's,
     ``gemv_16x16x256``) read the lookups' rows the same way and match the library steps at 3
     rows (rows 3..15 of the block masked), the written sums exact."""
-    from aot.codegen import generate
     from aot.codegen.gemm_defaults import default_configs
-    from aot.packager import pack
-    from aot.verify.interpret import interpret_in_subprocess
 
-    names = ("few_16x16x256", "fewe_16x16x256", "gemv_16x16x256")
-    configs = tuple(replace(c, max_m=1 << 62) for c in default_configs() if c.name in names)
-    with forms_offered(configs):
-        compiled = generate(traced, ARCHS, gemm_candidates=True)
+    compiled = _built(traced, ("few_16x16x256", "fewe_16x16x256", "gemv_16x16x256"), default_configs())
     (ln_site, rms_site), kernels = _sites(compiled.program)
     fused = {
         s.id: sorted(c.name for c in s.candidates if c.name.endswith(("_ln", "_rms")))
@@ -213,12 +215,7 @@ def test_the_few_row_forms_read_the_lookups_too(traced, tmp_path):
         for cand in site.candidates:
             if cand.name.endswith(("_ln", "_rms")):
                 assert "_ids_ptr + rm" in kernels[cand.steps[-1].target].source, cand.name
-    path = tmp_path / "few.tpk"
-    pack(compiled, path)
-    (result,) = interpret_in_subprocess([(path, MODEL, [{"batch": 3}], None, True)], timeout=HANG_GUARD_S)
-    (comparisons,) = result.values()
-    bad = [c for c in comparisons if not c.ok]
-    assert not bad, bad[:3]
+    comparisons = _interpreted(compiled, tmp_path / "few.tpk", MODEL, {"batch": 3})
     for site in (ln_site, rms_site):
         written = [
             c for c in comparisons if c.name.endswith(("_ln", "_rms")) and c.output == site.outputs[-1]
@@ -253,24 +250,14 @@ def test_a_norm_output_the_gemm_reads_directly_and_a_later_step_too_stays_a_prol
     read straight by the GEMM (no view between) and by the residual after the next GEMM is
     still a row-norm prologue whose first N tile writes A (OLMo 2's case, 2-D rows), and the
     ``_rms`` form matches the library steps in the interpreter, A exactly."""
-    from aot.codegen import gemm_forms, generate
-    from aot.packager import pack
     from aot.tracer import load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
 
     model = tmp_path / "shared.py"
     model.write_text(SHARED)
-    configs = tuple(replace(c, max_m=1 << 62) for c in gemm_forms.CONFIGS if c.name == "vec_1x2x512")
-    with forms_offered(configs):
-        compiled = generate(trace(load_model_file(model)), ARCHS, gemm_candidates=True)
+    compiled = _built(trace(load_model_file(model)), ("vec_1x2x512",))
     first = compiled.program.alternatives[0]
     assert [c.name for c in first.candidates] == ["vec_1x2x512", "vec_1x2x512_rms"]
     a = first.outputs[-1]  # the norm's output, written for the residual
-    path = tmp_path / "shared.tpk"
-    pack(compiled, path)
-    (result,) = interpret_in_subprocess([(path, model, [{"batch": 1}], None, True)], timeout=HANG_GUARD_S)
-    (comparisons,) = result.values()
-    bad = [c for c in comparisons if not c.ok]
-    assert not bad, bad[:3]
+    comparisons = _interpreted(compiled, tmp_path / "shared.tpk", model, {"batch": 1})
     written = [c for c in comparisons if c.name.endswith("_rms") and c.output == a]
     assert written and all(c.max_abs_error == 0.0 for c in written), written
