@@ -206,6 +206,12 @@ FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
+# One row at a site whose norm the GEMV computes in its prologue (``_rms``, ``_ln``): every block
+# loads the row and sums its statistics again before its products, so the form's blocks count
+# twice. ONE_ROW_PROLOGUE names the one-row form such sites run instead of ``default_form``'s
+# (None: ``default_form``'s); ONE_ROW_PROLOGUE_ENV overrides it for a build, for measuring.
+ONE_ROW_PROLOGUE: str | None = None
+ONE_ROW_PROLOGUE_ENV = "AOTPACK_ONE_ROW_PROLOGUE"
 
 
 # Attention (``aot.codegen.flash``: an SDPA call without a mask over heads of row-major
@@ -388,6 +394,28 @@ FORMS = (
     "vec_1x2x1024",
     "vec_1x4x512",
 )  # every form ``default_form`` names at one row
+PROLOGUE_FORMS = ("vec_1x4x1024",)  # what ONE_ROW_PROLOGUE may name besides FORMS
+
+
+def one_row_prologue_form() -> str | None:
+    """The one-row form of sites with a norm prologue: the environment's, else ONE_ROW_PROLOGUE
+    (None: ``default_form``'s)."""
+    name = os.environ.get(ONE_ROW_PROLOGUE_ENV, "").strip() or ONE_ROW_PROLOGUE
+    if name is not None and name not in (*FORMS, *PROLOGUE_FORMS):
+        raise CodegenError(
+            f"one-row prologue form {name!r} (gemm_defaults.ONE_ROW_PROLOGUE or {ONE_ROW_PROLOGUE_ENV}): "
+            f"expected one of {', '.join((*FORMS, *PROLOGUE_FORMS))}"
+        )
+    return name
+
+
+def _one_row(site: Site) -> str | None:
+    """The form ``site`` runs at one row: ``default_form``'s, or ``one_row_prologue_form`` where
+    the site has a norm prologue and ``default_form`` names a form."""
+    one = default_form(1, site.k, site.dtype, site.n)
+    if one is not None and site.prologue is not None:
+        return one_row_prologue_form() or one
+    return one
 
 
 def _variant(site: Site, form: str) -> str:
@@ -414,7 +442,7 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
     block's rows of W); and the few-row form where FEW_ROWS (or its environment override) names
     one, as its prologue variant where it has one and FEW_ROWS_PROLOGUE holds."""
     forms = []
-    one = default_form(1, site.k, site.dtype, site.n)
+    one = _one_row(site)
     if one is not None:
         forms.append(_variant(site, one))
     few = default_form(2, site.k, site.dtype, site.n, site.halves)
@@ -432,7 +460,7 @@ def one_row_forms(program: Program) -> dict[str, str]:
     program's sites)."""
     out = {}
     for site in find_sites(program):
-        one = default_form(1, site.k, site.dtype, site.n)
+        one = _one_row(site)
         if one is not None:
             out[site.id] = _variant(site, one)
     return out

@@ -83,6 +83,10 @@ CONFIGS: tuple[TileConfig, ...] = (
     # on the sweep above, where vec_1x2x1024 took 31-33 µs in GPT-2's decode step on the same GPU
     # (bench/results/profiles/decode-gpt2-*-h200-2026-11-30.txt). A candidate at vocabulary heads only.
     TileConfig("vec_1x4x512", 1, 4, 512, num_warps=4, num_stages=1, max_m=1, dot=False, min_n=VOCAB_N),
+    # Four rows of W per block, K in steps of 1024 (4 warps): the candidate for a site whose norm
+    # prologue each block computes again (``_rms``, ``_ln``): half the blocks of vec_1x2x1024, so
+    # half the row's loads and statistics per byte of W (gemm_defaults.ONE_ROW_PROLOGUE).
+    TileConfig("vec_1x4x1024", 1, 4, 1024, num_warps=4, num_stages=1, max_m=1, dot=False),
     TileConfig(
         "splitk_1x8x512",
         1,
