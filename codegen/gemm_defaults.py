@@ -207,9 +207,17 @@ FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 # One row at a site whose norm the GEMV computes in its prologue (``_rms``, ``_ln``): every block
-# loads the row and sums its statistics again before its products, so the form's blocks count
-# twice. ONE_ROW_PROLOGUE names the one-row form such sites run instead of ``default_form``'s
-# (None: ``default_form``'s); ONE_ROW_PROLOGUE_ENV overrides it for a build, for measuring.
+# loads the row and sums its statistics again before its products, so there a form's blocks cost
+# more than the bytes of W they stream. Such sites run four rows of W a block where
+# ``default_form`` names two in steps of 1024 (PROLOGUE_ROWS: half the blocks, half the row's
+# loads and statistics per byte of W). On an H200, decode at batch 1, the first 8 layers, each
+# build a bundle of its own, both in one process round by round (bench/decode_paired.py, 16
+# rounds; bench/results/decode/paired-*-four-rows-h200-2026-12-02d.json): GPT-2 (K 768, its
+# LayerNorms in q/k/v and fc) 0.1617 ms a token against 0.1676 (3.4% faster, 16 of 16 rounds,
+# the same tokens); Llama-3.2-1B (K 2048, its RMSNorms in q/k/v and gate/up) 0.4596 against
+# 0.4623 in processes of their own. ONE_ROW_PROLOGUE (or ONE_ROW_PROLOGUE_ENV, for a build)
+# names the one-row form of every such site instead, for measuring.
+PROLOGUE_ROWS = {"vec_1x2x1024": "vec_1x4x1024"}
 ONE_ROW_PROLOGUE: str | None = None
 ONE_ROW_PROLOGUE_ENV = "AOTPACK_ONE_ROW_PROLOGUE"
 
@@ -394,7 +402,7 @@ FORMS = (
     "vec_1x2x1024",
     "vec_1x4x512",
 )  # every form ``default_form`` names at one row
-PROLOGUE_FORMS = ("vec_1x4x1024",)  # what ONE_ROW_PROLOGUE may name besides FORMS
+PROLOGUE_FORMS = tuple(PROLOGUE_ROWS.values())  # what ONE_ROW_PROLOGUE may name besides FORMS
 
 
 def one_row_prologue_form() -> str | None:
@@ -410,11 +418,12 @@ def one_row_prologue_form() -> str | None:
 
 
 def _one_row(site: Site) -> str | None:
-    """The form ``site`` runs at one row: ``default_form``'s, or ``one_row_prologue_form`` where
-    the site has a norm prologue and ``default_form`` names a form."""
+    """The form ``site`` runs at one row: ``default_form``'s, but where the site has a norm
+    prologue (and ``default_form`` names a form) ``one_row_prologue_form``, else PROLOGUE_ROWS's
+    for ``default_form``'s."""
     one = default_form(1, site.k, site.dtype, site.n)
     if one is not None and site.prologue is not None:
-        return one_row_prologue_form() or one
+        return one_row_prologue_form() or PROLOGUE_ROWS.get(one, one)
     return one
 
 

@@ -304,3 +304,15 @@ def test_decode_paired_times_two_decode_bundles_round_by_round(tmp_path):
     assert min(ratios) <= result["b_over_a"] <= max(ratios)
     assert 0 <= result["b_faster_rounds"] <= 3 and all(v > 0 for v in result["ms_per_token"].values())
     assert "b faster in" in done.stdout
+    assert result["tokens_equal"] and result["tokens_part_at_step"] is None
+
+
+def test_decode_paired_says_where_two_bundles_tokens_part():
+    """``--tokens-may-differ`` times bundles whose greedy tokens part; the step where any row's
+    tokens first differ (or one row ends sooner) is reported."""
+    from bench.decode_paired import first_difference
+
+    assert first_difference([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) is None
+    assert first_difference([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == 1
+    assert first_difference([[1, 2, 3], [4, 5, 6]], [[1, 7, 3], [4, 5, 0]]) == 1
+    assert first_difference([[1, 2, 3]], [[1, 2]]) == 2
