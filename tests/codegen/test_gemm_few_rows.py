@@ -28,7 +28,14 @@ import pytest
 
 from aot import schema
 from aot.codegen import gemm_defaults
-from aot.codegen.gemm_defaults import FEW_ROWS_ENV, FEW_ROWS_PROLOGUE_ENV, FORMS, default_form
+from aot.codegen.gemm_defaults import (
+    FEW_ROWS_ENV,
+    FEW_ROWS_PROLOGUE_ENV,
+    FORMS,
+    PROLOGUE_FORMS,
+    PROLOGUE_ROWS,
+    default_form,
+)
 from aot.errors import CodegenError
 from tests.codegen.conftest import failing_candidates, interpreted_json
 from tests.conftest import HANG_GUARD_S
@@ -171,18 +178,26 @@ def _launches(steps, kernels) -> int:
     )
 
 
+def one_row_form(k: int, prologue: bool) -> str:
+    """The table's one-row form at K ``k`` (float16), where a norm is its prologue or not."""
+    form = default_form(1, k, "float16")
+    return PROLOGUE_ROWS.get(form, form) if prologue else form
+
+
 def test_the_few_row_form_runs_at_its_buckets_only_and_absorbs_the_norms(rms16):
     from aot.tuning import tuned_plans
 
     compiled, _, offered = rms16
     program = compiled.program
     # only the two forms the table names were rendered (and so compiled) per site
-    assert offered and all(set(names) <= {*FORMS, FEW} and len(names) <= 2 for names in offered)
+    assert offered and all(
+        set(names) <= {*FORMS, *PROLOGUE_FORMS, FEW} and len(names) <= 2 for names in offered
+    )
     gate_up, down, proj = program.alternatives
     for site, prologue in ((gate_up, True), (down, False), (proj, True)):
         suffix = "_rms" if prologue else ""
         assert [(c.name, c.buckets) for c in site.candidates] == [
-            (default_form(1, site.k, "float16") + suffix, ({"batch": 1},)),
+            (one_row_form(site.k, prologue) + suffix, ({"batch": 1},)),
             (FEW + suffix, ({"batch": 8},)),
         ]
     choices = {(c.site, c.sizes["batch"]): c.choice for c in compiled.tuning.choices}

@@ -644,7 +644,7 @@ def gpt2_forms(gpt2_traced, tmp_path_factory):
 
 
 def test_gpt2_layer_norm_and_gelu_run_inside_the_gemvs_by_default(gpt2_traced):
-    """At one row the built-in table runs fc (K 768) as ``vec_1x2x1024_ln``: the residual add (through
+    """At one row the built-in table runs fc (K 768) as ``vec_1x4x1024_ln``: the residual add (through
     the dropout's copy) and the LayerNorm in its prologue, the sum written for the residual after
     proj, ``gelu_new`` (``x ** 3`` as products) in its epilogue; 2 launches where the library
     plan runs 5 (the LayerNorm, GELU and residual kernels, 2 cuBLAS calls)."""
@@ -656,11 +656,11 @@ def test_gpt2_layer_norm_and_gelu_run_inside_the_gemvs_by_default(gpt2_traced):
     kernels = {k.id: k for k in program.kernels}
     fc, proj = program.alternatives
     one_row = [c.choice for c in compiled.tuning.choices if set(c.sizes.values()) == {1}]
-    assert one_row == ["vec_1x2x1024_ln", "vec_1x2x512"]
+    assert one_row == ["vec_1x4x1024_ln", "vec_1x2x512"]
     plan = tuned_plans(compiled.tuning, 0, program, "sm_90")[(1,)]
     assert _launches(program.steps, kernels) == 5
     assert _launches(plan, kernels) == 2
-    (fused,) = next(c for c in fc.candidates if c.name == "vec_1x2x1024_ln").steps
+    (fused,) = next(c for c in fc.candidates if c.name == "vec_1x4x1024_ln").steps
     source = kernels[fused.target].source
     assert "LayerNorm of a sum prologue" in source and "epilogue" in source and "sum_ptr" in source
     assert "rstd" in source and "tl.exp" in source and "tl.dot" not in source
