@@ -67,6 +67,7 @@ from aot.codegen.flash import AttnSite
 from aot.codegen.gemm_forms import (
     CONFIGS,
     FEW_ROW_CONFIGS,
+    PROLOGUE_CONFIGS,
     PROLOGUE_MAX_BLOCK_M,
     PROLOGUE_MIN_BLOCK_K,
     VOCAB_N,
@@ -266,6 +267,7 @@ def default_configs() -> tuple[TileConfig, ...]:
     )
     return (
         *(c for c in CONFIGS if not c.dot),
+        *PROLOGUE_CONFIGS,
         *few_row_configs(),
         *tiles,
     )  # one-row forms first, as sites list them
@@ -335,16 +337,17 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
 
 
 def built_in_configs(site: Site) -> tuple[TileConfig, ...]:
-    """The configs of the built-in entry's forms for ``site`` at 2-16 and 17-SWAPPED_ROWS_MAX rows
-    that CONFIGS lacks (the swapped forms of ``BUILT_IN_LARGE``, ``SMALL_SLICED`` and
+    """The configs of the built-in entry's forms for ``site`` at one row (a norm-prologue site's
+    form of PROLOGUE_CONFIGS), 2-16 and 17-SWAPPED_ROWS_MAX rows that CONFIGS lacks (the swapped forms of ``BUILT_IN_LARGE``, ``SMALL_SLICED`` and
     ``BUILT_IN_32``, a vocabulary head's ``fewe_16x64x128``): what a candidates build offers
     ``aotpack tune`` beside CONFIGS, so that tune chooses among the forms a default build would
     run too."""
     plain = {c.name for c in CONFIGS}
     forms = {
-        default_form(rows, site.k, site.dtype, site.n, site.halves) for rows in (2, FEW_ROWS_MAX + 1)
+        _one_row(site),
+        *(default_form(rows, site.k, site.dtype, site.n, site.halves) for rows in (2, FEW_ROWS_MAX + 1)),
     } - {None, *plain}
-    return tuple(c for c in FEW_ROW_CONFIGS if c.name in forms)
+    return tuple(c for c in (*PROLOGUE_CONFIGS, *FEW_ROW_CONFIGS) if c.name in forms)
 
 
 def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False) -> str | None:
@@ -402,7 +405,7 @@ FORMS = (
     "vec_1x2x1024",
     "vec_1x4x512",
 )  # every form ``default_form`` names at one row
-PROLOGUE_FORMS = tuple(PROLOGUE_ROWS.values())  # what ONE_ROW_PROLOGUE may name besides FORMS
+PROLOGUE_FORMS = tuple(c.name for c in PROLOGUE_CONFIGS)  # what ONE_ROW_PROLOGUE may name besides FORMS
 
 
 def one_row_prologue_form() -> str | None:

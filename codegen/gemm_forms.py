@@ -83,10 +83,6 @@ CONFIGS: tuple[TileConfig, ...] = (
     # on the sweep above, where vec_1x2x1024 took 31-33 µs in GPT-2's decode step on the same GPU
     # (bench/results/profiles/decode-gpt2-*-h200-2026-11-30.txt). A candidate at vocabulary heads only.
     TileConfig("vec_1x4x512", 1, 4, 512, num_warps=4, num_stages=1, max_m=1, dot=False, min_n=VOCAB_N),
-    # Four rows of W per block, K in steps of 1024 (4 warps): the candidate for a site whose norm
-    # prologue each block computes again (``_rms``, ``_ln``): half the blocks of vec_1x2x1024, so
-    # half the row's loads and statistics per byte of W (gemm_defaults.ONE_ROW_PROLOGUE).
-    TileConfig("vec_1x4x1024", 1, 4, 1024, num_warps=4, num_stages=1, max_m=1, dot=False),
     TileConfig(
         "splitk_1x8x512",
         1,
@@ -117,6 +113,15 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("tile_64x128x64", 64, 128, 64, num_warps=4, num_stages=3),
     TileConfig("tile_128x128x32", 128, 128, 32, num_warps=8, num_stages=3, min_m=128),
     TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),
+)
+
+# One-row forms of more rows of W per block, for sites whose norm each block computes again in its
+# prologue (``_rms``, ``_ln``): fewer blocks, so fewer loads of the row and sums of its statistics
+# per byte of W (gemm_defaults.PROLOGUE_ROWS). Not among every site's candidates: the default
+# build and tune offer them where a site has such a prologue (gemm_defaults.built_in_configs).
+PROLOGUE_CONFIGS: tuple[TileConfig, ...] = (
+    TileConfig("vec_1x4x1024", 1, 4, 1024, num_warps=4, num_stages=1, max_m=1, dot=False),
+    TileConfig("vec_1x8x1024", 1, 8, 1024, num_warps=4, num_stages=1, max_m=1, dot=False),
 )
 # A few rows (decode at batch 2-8) without tensor cores (``vecm_``): the one-row forms' body for
 # BLOCK_M rows of A at once, W's rows loaded once per block (before the wait, as the one-row forms

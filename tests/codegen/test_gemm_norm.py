@@ -275,24 +275,29 @@ def gpt2_decode(tmp_path_factory):
     return _decode_build("gpt2", tmp_path_factory)
 
 
-def _four_rows_build(kind: str, tmp_path_factory):
-    """``_decode_build`` whose norm-prologue sites run four rows of W per block at one row
-    (``AOTPACK_ONE_ROW_PROLOGUE=vec_1x4x1024``)."""
+def _prologue_form_build(kind: str, form: str, tmp_path_factory):
+    """``_decode_build`` whose norm-prologue sites run ``form`` at one row
+    (``AOTPACK_ONE_ROW_PROLOGUE``)."""
     from aot.codegen.gemm_defaults import ONE_ROW_PROLOGUE_ENV
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ONE_ROW_PROLOGUE_ENV, "vec_1x4x1024")
+        mp.setenv(ONE_ROW_PROLOGUE_ENV, form)
         return _decode_build(kind, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def llama_decode_four(tmp_path_factory):
-    return _four_rows_build("llama", tmp_path_factory)
+    return _prologue_form_build("llama", "vec_1x4x1024", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def gpt2_decode_four(tmp_path_factory):
-    return _four_rows_build("gpt2", tmp_path_factory)
+    return _prologue_form_build("gpt2", "vec_1x4x1024", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gpt2_decode_eight(tmp_path_factory):
+    return _prologue_form_build("gpt2", "vec_1x8x1024", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -492,14 +497,14 @@ def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
 @pytest.mark.parametrize("kind, prefix", [("llama", "gemm_norm_"), ("gpt2", "gemm_ln_")])
 def test_the_one_row_prologue_form_is_taken_where_a_norm_is_the_prologue(kind, prefix, request):
     """``AOTPACK_ONE_ROW_PROLOGUE`` names the one-row form of the sites whose norm the GEMV
-    computes (Llama's q/k/v and gate/up, GPT-2's q/k/v and fc); the others keep the table's."""
+    computes (Llama's q/k/v and gate/up, GPT-2's q/k/v and fc), over ``PROLOGUE_ROWS``'s rule
+    (these tiny models' K of 32 take ``vec_1x2x512``, which it keeps); the others keep the
+    table's form."""
     *_, names = _one_row_plan(request.getfixturevalue(f"{kind}_decode_four"))
-    gemms = [n for n in names if n.startswith("gemm_")]
-    normed = [n for n in gemms if n.startswith(prefix)]
-    assert len(normed) == 4 and all(n.endswith("_vec_1x4x1024") for n in normed)
-    assert all("vec_1x4x1024" not in n for n in gemms if n not in normed)
     *_, default = _one_row_plan(request.getfixturevalue(f"{kind}_decode"))
-    assert len(default) == len(names) and not any("vec_1x4x1024" in n for n in default)
+    normed = [n for n in names if n.startswith(prefix)]
+    assert len(normed) == 4 and all(n.endswith("_vec_1x4x1024") for n in normed)
+    assert [n.replace("vec_1x4x1024", "vec_1x2x512") for n in names] == default
 
 
 def test_the_one_row_prologue_switch_refuses_a_form_it_does_not_know(monkeypatch):
@@ -521,8 +526,7 @@ def test_the_one_row_prologue_switch_refuses_a_form_it_does_not_know(monkeypatch
         ("llama", "gemm_norm_", 4),  # q/k/v and gate/up, 2 layers
         ("gpt2", "gemm_ln_", 4),  # q/k/v and fc
         ("llama_sliced", "gemm_norm_", 5),  # and the head, after the final norm
-        ("llama_four", "gemm_norm_", 4),  # four rows of W a block where the norm is a prologue
-        ("gpt2_four", "gemm_ln_", 4),
+        ("gpt2_eight", "gemm_ln_", 4),  # eight rows of W a block where the norm is a prologue
         ("phi3", "gemm_norm_", 4),  # q/k/v and the split gate/up
         # gate/up after the post-attention norm, the add and the pre-MLP norm (two means), and
         # the second layer's q/k/v after the first's post-MLP norm, the add and its input norm
