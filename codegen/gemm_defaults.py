@@ -209,15 +209,21 @@ FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 # One row at a site whose norm the GEMV computes in its prologue (``_rms``, ``_ln``): every block
 # loads the row and sums its statistics again before its products, so there a form's blocks cost
-# more than the bytes of W they stream. Such sites run four rows of W a block where
-# ``default_form`` names two in steps of 1024 (PROLOGUE_ROWS: half the blocks, half the row's
-# loads and statistics per byte of W). On an H200, decode at batch 1, the first 8 layers, each
-# build a bundle of its own, both in one process round by round (bench/decode_paired.py, 16
-# rounds; bench/results/decode/paired-*-four-rows-h200-2026-12-02d.json): GPT-2 (K 768, its
-# LayerNorms in q/k/v and fc) 0.1617 ms a token against 0.1676 (3.4% faster, 16 of 16 rounds,
-# the same tokens); Llama-3.2-1B (K 2048, its RMSNorms in q/k/v and gate/up) 0.4596 against
-# 0.4623 in processes of their own. ONE_ROW_PROLOGUE (or ONE_ROW_PROLOGUE_ENV, for a build)
-# names the one-row form of every such site instead, for measuring.
+# more than the bytes of W they stream. Where K is at most SHORT_K and ``default_form`` names two
+# rows of W a block in a step of 1024, such a site runs four (PROLOGUE_ROWS: half the blocks, half
+# the row's loads and statistics per byte of W). On an H200, decode at batch 1, the first 8
+# layers, each build a bundle of its own, both in one process round by round
+# (bench/decode_paired.py, 16 rounds; bench/results/decode/paired-*-h200-2026-12-02d.json):
+# - GPT-2 (K 768, its LayerNorms in q/k/v and fc): four rows 0.1617 ms a token against two rows'
+#   0.1676 (3.4% faster, 16 of 16 rounds), eight rows (``vec_1x8x1024``) 0.1514 against four
+#   rows' 0.1505 (another machine); the same tokens in every arm;
+# - Llama-3.2-1B (K 2048, its RMSNorms in q/k/v and gate/up): four rows 0.4627 against 0.4630
+#   (10 of 16 rounds: no gain; its greedy tokens part at the fifth step, the sums' order changed,
+#   random weights' logits lie close), and the 0.58B Llama (K 2048) took 0.389 ms a token with
+#   four rows in a process of its own (0.374-0.378 with two in earlier commands, not paired);
+#   so K past SHORT_K keeps two rows.
+# ONE_ROW_PROLOGUE (or ONE_ROW_PROLOGUE_ENV, for a build) names the one-row form of every such
+# site instead, for measuring.
 PROLOGUE_ROWS = {"vec_1x2x1024": "vec_1x4x1024"}
 ONE_ROW_PROLOGUE: str | None = None
 ONE_ROW_PROLOGUE_ENV = "AOTPACK_ONE_ROW_PROLOGUE"
@@ -422,12 +428,18 @@ def one_row_prologue_form() -> str | None:
 
 def _one_row(site: Site) -> str | None:
     """The form ``site`` runs at one row: ``default_form``'s, but where the site has a norm
-    prologue (and ``default_form`` names a form) ``one_row_prologue_form``, else PROLOGUE_ROWS's
-    for ``default_form``'s."""
+    prologue (and ``default_form`` names a form) ``one_row_prologue_form``, else
+    ``prologue_rows``'s for ``default_form``'s."""
     one = default_form(1, site.k, site.dtype, site.n)
     if one is not None and site.prologue is not None:
-        return one_row_prologue_form() or PROLOGUE_ROWS.get(one, one)
+        return one_row_prologue_form() or prologue_rows(one, site.k)
     return one
+
+
+def prologue_rows(form: str, k: int) -> str:
+    """``default_form``'s one-row ``form`` at K ``k`` where the site's norm is its prologue:
+    PROLOGUE_ROWS's where K is at most SHORT_K (see PROLOGUE_ROWS)."""
+    return PROLOGUE_ROWS.get(form, form) if k <= SHORT_K else form
 
 
 def _variant(site: Site, form: str) -> str:

@@ -33,8 +33,8 @@ from aot.codegen.gemm_defaults import (
     FEW_ROWS_PROLOGUE_ENV,
     FORMS,
     PROLOGUE_FORMS,
-    PROLOGUE_ROWS,
     default_form,
+    prologue_rows,
 )
 from aot.errors import CodegenError
 from tests.codegen.conftest import failing_candidates, interpreted_json
@@ -181,7 +181,7 @@ def _launches(steps, kernels) -> int:
 def one_row_form(k: int, prologue: bool) -> str:
     """The table's one-row form at K ``k`` (float16), where a norm is its prologue or not."""
     form = default_form(1, k, "float16")
-    return PROLOGUE_ROWS.get(form, form) if prologue else form
+    return prologue_rows(form, k) if prologue else form
 
 
 def test_the_few_row_form_runs_at_its_buckets_only_and_absorbs_the_norms(rms16):
@@ -616,7 +616,8 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     """A ``--gemm-candidates`` build renders, for a site the built-in entry gives a swapped form
     (``gemm_wide16.py``: 12 MiB), CONFIGS and that form, so that ``aotpack tune`` chooses among
     the forms a default build would run too; for a vocabulary head (``gemm_vocab_head.py``)
-    CONFIGS and ``fewe_16x64x128``; for a small site (``gemm_rms16.py``) CONFIGS alone; the forms
+    CONFIGS and ``fewe_16x64x128``; for a small site (``gemm_rms16.py``) CONFIGS alone, and at its
+    norm-prologue sites the one-row form of four rows a block (``PROLOGUE_ROWS``); the forms
     for 17-32 rows where a bucket takes them (``gemm_rows32.py``). (Rendering is recorded, not
     compiled.)"""
     from aot.codegen import gemm, generate
@@ -635,7 +636,8 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     assert offered == [(*plain, "fews_splitk_16x64x64")]
     offered.clear()
     generate(trace(load_model_file(MODELS / "gemm_rms16.py")), ARCHS, gemm_candidates=True)
-    assert offered and all(names == plain for names in offered)
+    # and, where the norm is the prologue (gate/up, the projection after; K 600), four rows a block
+    assert sorted(offered) == sorted([plain, (*plain, "vec_1x4x1024"), (*plain, "vec_1x4x1024")])
     offered.clear()  # a vocabulary head: the built-in entry's fewe_ form at 2-16 rows
     generate(trace(load_model_file(MODELS / "gemm_vocab_head.py")), ARCHS, gemm_candidates=True)
     assert offered == [(*plain, "fewe_16x64x128")]

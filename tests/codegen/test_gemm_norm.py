@@ -88,7 +88,15 @@ def test_norm_kernels_and_the_silu_product_are_absorbed(rms_built, name):
     assert (gate_up.n, gate_up.k) == (64, 600)  # each half: 64 columns
     assert gate_up.outputs == (steps[-1].outputs[0], "add")  # the product, and h for the residual
     forms = {c.name: c for c in gate_up.candidates}
-    assert sorted(forms) == ["vec_1x2x1024", "vec_1x2x1024_rms", "vec_1x2x512", "vec_1x2x512_rms"]
+    # and the built-in entry's form where the norm is the prologue (K 600: gemm_defaults.PROLOGUE_ROWS)
+    assert sorted(forms) == [
+        "vec_1x2x1024",
+        "vec_1x2x1024_rms",
+        "vec_1x2x512",
+        "vec_1x2x512_rms",
+        "vec_1x4x1024",
+        "vec_1x4x1024_rms",
+    ]
     fused = forms["vec_1x2x512_rms"]
     assert len(fused.steps) == 1  # the norm kernel is gone
     source = kernels[fused.steps[0].target].source
@@ -618,6 +626,7 @@ def test_every_form_of_the_stacked_halves_matches_its_reference(tmp_path):
 
 GPT2_MLP = MODELS / "gemm_gpt2.py"
 FORMS_OF_TABLE = ("vec_1x2x512", "vec_1x1x512", "vec_1x2x1024", "vec_1x4x512")  # gemm_defaults.FORMS
+PROLOGUE_FORM = "vec_1x4x1024"  # the table's at fc (K 768, its LayerNorm the prologue), offered beside
 
 
 @pytest.fixture(scope="module")
@@ -672,8 +681,8 @@ def test_gpt2_layer_norm_and_gelu_run_inside_the_gemvs_by_default(gpt2_traced):
 
 
 def test_every_gpt2_one_row_form_matches_its_reference(gpt2_forms):
-    """Each one-row form of the table (the vocabulary heads' one too, at these smaller N), plain
-    and ``_ln``, against the library steps it replaces
+    """Each one-row form of the table (the vocabulary heads' one too, at these smaller N, and the
+    four rows a block of a LayerNorm prologue's site), plain and ``_ln``, against the library steps it replaces
     in Triton's interpreter at one row (float16: ``aot.dtypes.TOLERANCE``); the sum h = r + x
     the ``_ln`` forms write is exact."""
     from aot.verify.interpret import interpret_in_subprocess
@@ -681,7 +690,8 @@ def test_every_gpt2_one_row_form_matches_its_reference(gpt2_forms):
     compiled, path = gpt2_forms
     fc = compiled.program.alternatives[0]
     names = sorted(c.name for c in fc.candidates)
-    assert names == sorted([*FORMS_OF_TABLE, *(f + "_ln" for f in FORMS_OF_TABLE)])
+    forms = (*FORMS_OF_TABLE, PROLOGUE_FORM)
+    assert names == sorted([*forms, *(f + "_ln" for f in forms)])
     (result,) = interpret_in_subprocess([(path, GPT2_MLP, [{"batch": 1}], None, True)], timeout=HANG_GUARD_S)
     n_cands = sum(len(s.candidates) for s in compiled.program.alternatives)
     for sizes, comparisons in result.items():
@@ -689,7 +699,7 @@ def test_every_gpt2_one_row_form_matches_its_reference(gpt2_forms):
         bad = [c for c in comparisons if not c.ok]
         assert not bad, f"{sizes}: {bad[:3]}"
         sums = [c for c in comparisons if c.name.endswith("_ln") and c.output == fc.outputs[-1]]
-        assert len(sums) == len(FORMS_OF_TABLE) and all(c.max_abs_error == 0.0 for c in sums)
+        assert len(sums) == len(forms) and all(c.max_abs_error == 0.0 for c in sums)
 
 
 @pytest.mark.slow  # two more interpreter runs
