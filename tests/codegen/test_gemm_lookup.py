@@ -205,8 +205,10 @@ def test_the_few_row_forms_read_the_lookups_too(traced, tmp_path):
 
     compiled = _built(traced, ("few_16x16x256", "fewe_16x16x256", "gemv_16x16x256"), default_configs())
     (ln_site, rms_site), kernels = _sites(compiled.program)
-    fused = {
-        s.id: sorted(c.name for c in s.candidates if c.name.endswith(("_ln", "_rms")))
+    fused = {  # the built-in entry's one-row form of four rows a block aside
+        s.id: sorted(
+            c.name for c in s.candidates if c.name.endswith(("_ln", "_rms")) and "vec_" not in c.name
+        )
         for s in (ln_site, rms_site)
     }
     assert fused == {
