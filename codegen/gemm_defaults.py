@@ -38,7 +38,8 @@ of two rows took 31-33 µs in the decode step, four rows per block 21.6 alone on
 ``vec_1x2x512`` where K is at most 512 or is 1024, ``vec_1x2x1024`` at other K up to ``SHORT_K``, ``vec_1x1x512`` where K is below
 ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp out), ``vec_1x2x1024`` otherwise (``_rms`` or
 ``_ln``: with the RMSNorm or LayerNorm kernel before it, and the residual add in that kernel,
-computed in the GEMV's prologue). At buckets of 2-16 rows (decode at batch 2-16, a small batch of
+computed in the GEMV's prologue; there, at K up to ``SHORT_K``, ``vec_1x4x1024`` for
+``vec_1x2x1024``: ``PROLOGUE_ROWS``). At buckets of 2-16 rows (decode at batch 2-16, a small batch of
 a forward) a site of at most ``SMALL_WEIGHT_BYTES`` of weights runs the tensor-core tile tune
 chose there (``BUILT_IN_FEW_ROWS``; the norm kernel before it kept), or where that tile makes too
 few blocks (N below ``SLICED_SMALL_N``, K from ``SLICED_SMALL_K``) the swapped form in K slices
@@ -343,8 +344,9 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
 
 
 def built_in_configs(site: Site) -> tuple[TileConfig, ...]:
-    """The configs of the built-in entry's forms for ``site`` at one row (a norm-prologue site's
-    form of PROLOGUE_CONFIGS), 2-16 and 17-SWAPPED_ROWS_MAX rows that CONFIGS lacks (the swapped forms of ``BUILT_IN_LARGE``, ``SMALL_SLICED`` and
+    """The configs of the built-in entry's forms for ``site`` at one row, 2-16 and
+    17-SWAPPED_ROWS_MAX rows that CONFIGS lacks (a norm-prologue site's form of
+    PROLOGUE_CONFIGS, the swapped forms of ``BUILT_IN_LARGE``, ``SMALL_SLICED`` and
     ``BUILT_IN_32``, a vocabulary head's ``fewe_16x64x128``): what a candidates build offers
     ``aotpack tune`` beside CONFIGS, so that tune chooses among the forms a default build would
     run too."""

@@ -234,10 +234,11 @@ DECODE_KERNELS_PER_LAYER = {
 }
 
 
-def _decode_build(kind: str, tmp_path_factory):
+def _decode_build(kind: str, tmp_path_factory, env: dict[str, str] | None = None):
     """A tiny transformers model (tests/hf's config, 2 layers) in float16 (the interpreter computes
     the decode attention kernel's bfloat16 ``tl.dot`` wrongly: tests/codegen/test_decode_attention.py),
-    built by default for sm_90: (bundle path, the compiled build, the decode program's index)."""
+    built by default for sm_90, with the environment's variables ``env`` set for the build:
+    (bundle path, the compiled build, the decode program's index)."""
     from tests.realmodels.conftest import unusable
 
     why = unusable("transformers")
@@ -252,7 +253,10 @@ def _decode_build(kind: str, tmp_path_factory):
     spec = causal_lm(
         factory(kind), max_batch=2, max_context=16, dtype="float16", name=kind, batch_buckets=(1, 2)
     )
-    compiled = generate(trace(spec), ARCHS)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in (env or {}).items():
+            mp.setenv(name, value)
+        compiled = generate(trace(spec), ARCHS)
     path = tmp_path_factory.mktemp(f"{kind}_decode") / f"{kind}.tpk"
     pack(compiled, path)
     programs = [compiled.program, *compiled.program.variants]
@@ -273,9 +277,7 @@ def llama_decode(tmp_path_factory):
 def llama_decode_sliced(tmp_path_factory):
     from aot.codegen.gemm_sites import SLICED_PROLOGUE_ENV
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(SLICED_PROLOGUE_ENV, "on")
-        return _decode_build("llama", tmp_path_factory)
+    return _decode_build("llama", tmp_path_factory, {SLICED_PROLOGUE_ENV: "on"})
 
 
 @pytest.fixture(scope="module")
@@ -288,9 +290,7 @@ def _prologue_form_build(kind: str, form: str, tmp_path_factory):
     (``AOTPACK_ONE_ROW_PROLOGUE``)."""
     from aot.codegen.gemm_defaults import ONE_ROW_PROLOGUE_ENV
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ONE_ROW_PROLOGUE_ENV, form)
-        return _decode_build(kind, tmp_path_factory)
+    return _decode_build(kind, tmp_path_factory, {ONE_ROW_PROLOGUE_ENV: form})
 
 
 @pytest.fixture(scope="module")
@@ -317,9 +317,7 @@ def _two_means_build(kind: str, tmp_path_factory):
     """``_decode_build`` with prologues of two means (``AOTPACK_ROW_NORM_MEANS=2``)."""
     from aot.codegen.gemm_prologue import MEANS_ENV
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(MEANS_ENV, "2")
-        return _decode_build(kind, tmp_path_factory)
+    return _decode_build(kind, tmp_path_factory, {MEANS_ENV: "2"})
 
 
 @pytest.fixture(scope="module")
