@@ -275,6 +275,17 @@ def is_view(step: Step) -> bool:
     return step.kind == StepKind.ATEN and (step.target in VIEW_OPS or step.target in STATE_WRITE_OPS)
 
 
+def state_aliases(program: Program) -> set[str]:
+    """The program's state (``Program.state``) and every buffer that shares its memory: views of
+    it, state writes' results, a kernel's in-place outputs into it."""
+    names = set(program.state)
+    for step in program.steps:
+        if is_view(step) and step.args and isinstance(step.args[0], Buf) and step.args[0].name in names:
+            names.update(step_writes(step))
+        names.update(o for o, target in step.in_place.items() if target in names)
+    return names
+
+
 def reference_steps(program: Program) -> list[Step]:
     """The program with each kernel step replaced by its reference ATen steps: what a device
     without the kernels (the CPU) runs."""

@@ -765,7 +765,7 @@ def _bias_lines(site: Site, suffix: str, rn: str, mask_n: str) -> list[str]:
 def _early_biases(site: Site) -> tuple[list[str], str | None]:
     """(the lines that load the block's biases as ``b<g>_e``, the suffix for ``_epilogue_lines``;
     or no lines and None where the site has no bias or ``EARLY_BIAS`` is off). After ``_indices``."""
-    if not EARLY_BIAS or not any(b is not None for b in site.biases):
+    if not EARLY_BIAS or not site.bias_weights or not any(b is not None for b in site.biases):
         return [], None
     lines = ["# the biases (weights) before the wait, in registers for the epilogue"]
     return lines + _bias_lines(site, "e", "rn", "mask_n"), "e"
@@ -786,11 +786,11 @@ def _epilogue_loads(site: Site, ep: Epilogue, c: int, n: int) -> tuple[list[str]
     ``_epilogue_lines(loaded=c)``: (the biases, weights that may load before the wait; the
     epilogue's other loads, after it)."""
     mask_n = f"rn{c} < {n}"
-    early = _bias_lines(site, str(c), f"rn{c}", mask_n)
+    biases = _bias_lines(site, str(c), f"rn{c}", mask_n)
     late = [
         f"{ld.param}_{c} = {_ep_load(site, ld, f'rn{c}', mask_n, f'mask{c}')}" for ld in ep.loads.values()
     ]
-    return early, late
+    return (biases, late) if site.bias_weights else ([], biases + late)
 
 
 def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: str):
@@ -887,7 +887,9 @@ def _lookup_rows(site: Site) -> list[str]:
 
 def _rendered(site, cfg, name, kind, body, params, signature, args, outputs, grid, ops, early=()) -> Rendered:
     blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
-    source = kernel_module(_doc(site, cfg, kind, grid), blocks, name, signature, body, early)
+    source = kernel_module(
+        _doc(site, cfg, kind, grid), blocks, name, signature, body, early, launch_first=site.launch_first
+    )
     m = ix.parse_size(site.m)
     elem = ITEMSIZE[site.dtype]
     pro = site.prologue

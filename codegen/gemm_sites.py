@@ -17,10 +17,11 @@ from aot.codegen.embeddings import INDEX_DTYPES, lookup_of
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
 from aot.codegen.gemm_prologue import RowNorm, gathered_input, is_copy, lower_row_norm
+from aot.codegen.kernel_source import launch_first
 from aot.codegen.splice import whole_slice
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.errors import CodegenError
-from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads
+from aot.program import RESHAPE_VIEWS, VIEW_OPS, producer_of, readers_of, state_aliases, step_reads
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
@@ -91,6 +92,13 @@ class Site:
     # the two GEMMs are the halves of one stacked weight W [2N, K] (weights[0] == weights[1]):
     # the second reads W's rows N..2N-1, so each block computes both halves of its N columns
     halves: bool = False
+    # every bias is a weight, so the forms may load it before the wait for the kernel before (a
+    # bias computed by a kernel before is loaded after it)
+    bias_weights: bool = True
+    # the site's kernels let the kernel after them start before their own wait
+    # (``kernel_source.GDC_LAUNCH_FIRST``): not where the step after the site reads or writes the
+    # program's state (the decode attention, which loads its cache before its wait)
+    launch_first: bool = False
 
 
 def _same(a: str, b: str) -> bool:
@@ -345,6 +353,8 @@ def find_sites(program: Program) -> list[Site]:
     flow = _Flow.of(program)
     used: set[int] = set()
     sites: list[Site] = []
+    first = launch_first()
+    state = state_aliases(program) if first else set()
     for i in range(len(program.steps)):
         g = None if i in used else _gemm_at(flow, i)
         if g is None:
@@ -377,9 +387,23 @@ def find_sites(program: Program) -> list[Site]:
                 prologue=prologue,
                 w_kn=g["w_kn"],
                 halves=halves,
+                bias_weights=all(x["bias"] is None or x["bias"] in flow.weights for x in gemms),
+                launch_first=first and not _state_next(program, library[-1], state),
             )
         )
     return sites
+
+
+def _state_next(program: Program, last: int, state: set[str]) -> bool:
+    """Whether the first step after ``last`` that launches anything (views launch nothing) reads
+    or writes ``state`` (``aot.program.state_aliases``); False where no step follows."""
+    for step in program.steps[last + 1 :]:
+        touched = {*step_reads(step), *(o for o in step.outputs if o is not None)}
+        if touched & state:
+            return True
+        if not (step.kind == StepKind.ATEN and step.target in VIEW_OPS):
+            return False
+    return False
 
 
 def _gemm_at(flow: _Flow, i: int) -> dict[str, Any] | None:

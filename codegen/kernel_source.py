@@ -14,6 +14,7 @@ block sizes are module-level constexprs.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from aot.codegen.index import Frag, Lin, Size
 from aot.codegen.launch import Launch
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Node, NotFusible
+from aot.errors import CodegenError
 from aot.schema import KernelParam, ParamKind, Step
 
 _REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
@@ -417,6 +419,34 @@ GDC_LAUNCH = (  # a kernel that lets the kernel after start later than its prolo
     "if GDC:  # let the kernel after start",
     "    tl.extra.cuda.gdc_launch_dependents()",
 )
+# A kernel that lets the kernel after it start *before* its own wait (``launch_first``): once all
+# of its blocks are resident, the next kernel's blocks may be too, and load their weights (their
+# early lines) while this one still waits for the kernel before. Safe where every kernel touches
+# memory but the weights only after its wait: a kernel's wait returns when the kernel before has
+# ended, which ended only after its own wait returned, so everything before it has ended too. The
+# one exception is a kernel that reads a program's state before its wait (the decode attention
+# loads its cache early, written by the same kernel a step before): the kernel just before it must
+# wait first, so that it starts only once everything before that kernel has ended
+# (``gemm_sites.find_sites`` tells those GEMM sites). Measured on an H200: bench/RESULTS.md,
+# "launched before the wait".
+GDC_LAUNCH_FIRST = (
+    "if GDC:  # let the kernel after start (and load its weights), then wait for the kernel before",
+    "    tl.extra.cuda.gdc_launch_dependents()",
+    "    tl.extra.cuda.gdc_wait()",
+)
+LAUNCH_FIRST = False
+LAUNCH_FIRST_ENV = "AOTPACK_LAUNCH_FIRST"  # "off"/"on" at build time, for measuring
+
+
+def launch_first() -> bool:
+    """Whether the kernels that may (``kernel_module(launch_first=)``) let the kernel after them
+    start before their own wait: ``AOTPACK_LAUNCH_FIRST`` ("on"/"off"), else ``LAUNCH_FIRST``."""
+    text = os.environ.get(LAUNCH_FIRST_ENV, "").strip()
+    if not text:
+        return LAUNCH_FIRST
+    if text not in ("on", "off"):
+        raise CodegenError(f"{LAUNCH_FIRST_ENV}={text!r}: expected 'on' or 'off'; unset it for the default")
+    return text == "on"
 
 
 def kernel_module(
@@ -427,6 +457,7 @@ def kernel_module(
     body: list[str],
     early: Sequence[str] = (),
     launch_dependents: bool = True,
+    launch_first: bool = False,
 ) -> str:
     """A kernel's module, as every kernel the codegen writes has it: the docstring (``doc``, one
     line each), the imports, one ``tl.constexpr`` per entry of ``consts``, ``GDC`` (see
@@ -434,7 +465,8 @@ def kernel_module(
     the signature and the wait for the kernel before. ``early``: lines before that wait, which
     may read only what no kernel writes (the weights): under dependent launch they run while the
     kernel before still does. ``launch_dependents=False``: the prologue only waits, and ``body``
-    lets the kernel after start where it says so (``GDC_LAUNCH``; nowhere: when the grid ends)."""
+    lets the kernel after start where it says so (``GDC_LAUNCH``; nowhere: when the grid ends).
+    ``launch_first``: the kernel after may start before this one's wait (``GDC_LAUNCH_FIRST``)."""
     head = [
         f'"""{doc[0]}',
         *doc[1:],
@@ -450,7 +482,10 @@ def kernel_module(
         "@triton.jit",
         f"def {name}({', '.join(signature)}):",
     ]
-    prologue = GDC_PROLOGUE if launch_dependents else GDC_PROLOGUE[:2]
+    if launch_first:
+        prologue = GDC_LAUNCH_FIRST
+    else:
+        prologue = GDC_PROLOGUE if launch_dependents else GDC_PROLOGUE[:2]
     lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *early, *prologue, *body]
     return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
 
