@@ -286,6 +286,17 @@ def state_aliases(program: Program) -> set[str]:
     return names
 
 
+def state_next(program: Program, last: int, state: set[str]) -> bool:
+    """Whether the first step after ``last`` that launches anything (views launch nothing) reads
+    or writes ``state`` (``state_aliases``); False where no step follows."""
+    for step in program.steps[last + 1 :]:
+        if {*step_reads(step), *step_writes(step)} & state:
+            return True
+        if not (step.kind == StepKind.ATEN and step.target in VIEW_OPS):
+            return False
+    return False
+
+
 def reference_steps(program: Program) -> list[Step]:
     """The program with each kernel step replaced by its reference ATen steps: what a device
     without the kernels (the CPU) runs."""

@@ -114,9 +114,10 @@ from aot.codegen.decode_attention_render import (
     render_split_decode_attention,
 )
 from aot.codegen.decode_sites import DecodeSite, find_decode_sites
+from aot.codegen.kernel_source import launch_first
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.errors import CodegenError, counted
-from aot.program import VIEW_OPS, readers_of, step_reads, step_writes
+from aot.program import VIEW_OPS, readers_of, state_aliases, state_next, step_reads, step_writes
 from aot.schema import Program, Step, StepKind, TensorSpec
 
 # The split-KV form (see the module docstring): a cache of SPLIT_MIN_CONTEXT up to
@@ -307,10 +308,14 @@ def decode_attention_kernels(
     ]
     # each site's kernels, workspace, and arrival counters (the one-kernel split form's)
     forms: list[tuple[list[Rendered], dict[str, TensorSpec], dict[str, TensorSpec]]] = []
+    first = launch_first()
+    state = state_aliases(program) if first else set()
     for s in sites:
         splits = decode_splits(s, setting)
-        if splits == 1:
-            forms.append(([render_decode_attention(s)], {}, {}))
+        if splits == 1:  # the kernel after it may start first where it does not touch the state
+            forms.append(
+                ([render_decode_attention(s, first and not state_next(program, s.step, state))], {}, {})
+            )
         elif combine and (rows := max_rows(s, ranges or {})) is not None:
             kernel, workspace, (counts, spec) = render_split_combined_decode_attention(s, splits, rows)
             assert not {*workspace, counts} & set(program.buffers), (workspace, counts)

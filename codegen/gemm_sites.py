@@ -21,7 +21,7 @@ from aot.codegen.kernel_source import launch_first
 from aot.codegen.splice import whole_slice
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.errors import CodegenError
-from aot.program import RESHAPE_VIEWS, VIEW_OPS, producer_of, readers_of, state_aliases, step_reads
+from aot.program import RESHAPE_VIEWS, producer_of, readers_of, state_aliases, state_next, step_reads
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
 GEMM_TARGETS = ("aten.mm.default", "aten.addmm.default", "aten._addmm_activation.default")
@@ -388,22 +388,10 @@ def find_sites(program: Program) -> list[Site]:
                 w_kn=g["w_kn"],
                 halves=halves,
                 bias_weights=all(x["bias"] is None or x["bias"] in flow.weights for x in gemms),
-                launch_first=first and not _state_next(program, library[-1], state),
+                launch_first=first and not state_next(program, library[-1], state),
             )
         )
     return sites
-
-
-def _state_next(program: Program, last: int, state: set[str]) -> bool:
-    """Whether the first step after ``last`` that launches anything (views launch nothing) reads
-    or writes ``state`` (``aot.program.state_aliases``); False where no step follows."""
-    for step in program.steps[last + 1 :]:
-        touched = {*step_reads(step), *(o for o in step.outputs if o is not None)}
-        if touched & state:
-            return True
-        if not (step.kind == StepKind.ATEN and step.target in VIEW_OPS):
-            return False
-    return False
 
 
 def _gemm_at(flow: _Flow, i: int) -> dict[str, Any] | None:

@@ -434,7 +434,22 @@ GDC_LAUNCH_FIRST = (
     "    tl.extra.cuda.gdc_launch_dependents()",
     "    tl.extra.cuda.gdc_wait()",
 )
-LAUNCH_FIRST = False
+LAUNCH_FIRST = True
+
+
+def launch_first_where(condition: str) -> tuple[str, ...]:
+    """``GDC_LAUNCH_FIRST`` where ``condition`` (Triton, on the kernel's arguments) holds; elsewhere
+    the wait first, as ``GDC_PROLOGUE``. Each program lets the kernel after start once."""
+    return (
+        f"if GDC:  # where {condition}: let the kernel after start first; elsewhere wait first",
+        f"    if {condition}:",
+        "        tl.extra.cuda.gdc_launch_dependents()",
+        "    tl.extra.cuda.gdc_wait()",
+        f"    if not ({condition}):",
+        "        tl.extra.cuda.gdc_launch_dependents()",
+    )
+
+
 LAUNCH_FIRST_ENV = "AOTPACK_LAUNCH_FIRST"  # "off"/"on" at build time, for measuring
 
 
@@ -457,7 +472,7 @@ def kernel_module(
     body: list[str],
     early: Sequence[str] = (),
     launch_dependents: bool = True,
-    launch_first: bool = False,
+    launch_first: bool | str = False,
 ) -> str:
     """A kernel's module, as every kernel the codegen writes has it: the docstring (``doc``, one
     line each), the imports, one ``tl.constexpr`` per entry of ``consts``, ``GDC`` (see
@@ -466,7 +481,8 @@ def kernel_module(
     may read only what no kernel writes (the weights): under dependent launch they run while the
     kernel before still does. ``launch_dependents=False``: the prologue only waits, and ``body``
     lets the kernel after start where it says so (``GDC_LAUNCH``; nowhere: when the grid ends).
-    ``launch_first``: the kernel after may start before this one's wait (``GDC_LAUNCH_FIRST``)."""
+    ``launch_first``: the kernel after may start before this one's wait (``GDC_LAUNCH_FIRST``);
+    a condition on the kernel's arguments (``"B == 1"``): there, and after the wait elsewhere."""
     head = [
         f'"""{doc[0]}',
         *doc[1:],
@@ -482,7 +498,9 @@ def kernel_module(
         "@triton.jit",
         f"def {name}({', '.join(signature)}):",
     ]
-    if launch_first:
+    if isinstance(launch_first, str):
+        prologue = launch_first_where(launch_first)
+    elif launch_first:
         prologue = GDC_LAUNCH_FIRST
     else:
         prologue = GDC_PROLOGUE if launch_dependents else GDC_PROLOGUE[:2]
