@@ -26,9 +26,9 @@ def gemm_addmm_vec_1x2x1024(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     w0_0 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
     # the biases (weights) before the wait, in registers for the epilogue
     b0_e = tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
-        tl.extra.cuda.gdc_wait()
+    if GDC:  # let the kernel after start (and load its weights), then wait for the kernel before
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     rk = 0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 768), other=0.0)

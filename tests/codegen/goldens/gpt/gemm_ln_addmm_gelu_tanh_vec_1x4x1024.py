@@ -28,9 +28,9 @@ def gemm_ln_addmm_gelu_tanh_vec_1x4x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, sum_ptr
     lnb_0 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     # the biases (weights) before the wait, in registers for the epilogue
     b0_e = tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
-        tl.extra.cuda.gdc_wait()
+    if GDC:  # let the kernel after start (and load its weights), then wait for the kernel before
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     # A's row inputs, per K step, loaded once
     rk0 = 0 + tl.arange(0, BLOCK_K)
     kmask0 = mask_m[:, None] & (rk0[None, :] < 768)

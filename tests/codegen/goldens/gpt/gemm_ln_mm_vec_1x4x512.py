@@ -30,9 +30,9 @@ def gemm_ln_mm_vec_1x4x512(x_ptr, y_ptr, lnw_ptr, lnb_ptr, w0_ptr, out0_ptr, M):
     w0_1 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
     lnw_1 = tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     lnb_1 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
-    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
-        tl.extra.cuda.gdc_wait()
+    if GDC:  # let the kernel after start (and load its weights), then wait for the kernel before
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     # A's row inputs, per K step, loaded once
     rk0 = 0 + tl.arange(0, BLOCK_K)
     kmask0 = mask_m[:, None] & (rk0[None, :] < 768)

@@ -24,9 +24,9 @@ def gemm_mm_vec_1x2x512(a_ptr, w0_ptr, out0_ptr, M):
     # this block's rows of W, every K step, before the wait (see kernel_module)
     rk = 0 + tl.arange(0, BLOCK_K)
     w0_0 = tl.load(w0_ptr + rn[:, None] * 48 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 48), other=0.0)  # [BLOCK_N, BLOCK_K]
-    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
-        tl.extra.cuda.gdc_wait()
+    if GDC:  # let the kernel after start (and load its weights), then wait for the kernel before
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     rk = 0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_ptr + rm[:, None] * 48 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 48), other=0.0)
