@@ -312,12 +312,12 @@ def decode_attention_kernels(
     state = state_aliases(program) if first else set()
     for s in sites:
         splits = decode_splits(s, setting)
-        if splits == 1:  # the kernel after it may start first where it does not touch the state
-            forms.append(
-                ([render_decode_attention(s, first and not state_next(program, s.step, state))], {}, {})
-            )
+        # the kernel after it may start first where it does not touch the state
+        after = first and not state_next(program, s.step, state)
+        if splits == 1:
+            forms.append(([render_decode_attention(s, after)], {}, {}))
         elif combine and (rows := max_rows(s, ranges or {})) is not None:
-            kernel, workspace, (counts, spec) = render_split_combined_decode_attention(s, splits, rows)
+            kernel, workspace, (counts, spec) = render_split_combined_decode_attention(s, splits, rows, after)
             assert not {*workspace, counts} & set(program.buffers), (workspace, counts)
             forms.append(([kernel], workspace, {counts: spec}))
         else:

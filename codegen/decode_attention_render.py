@@ -16,7 +16,13 @@ from aot.codegen import index as ix
 from aot.codegen.cache_writes import INDEX_PUT
 from aot.codegen.decode_sites import SDPA, DecodeSite, NewRows
 from aot.codegen.gemm_prologue import RowNorm
-from aot.codegen.kernel_source import GDC_LAUNCH, kernel_module, online_softmax_lines, signature_of
+from aot.codegen.kernel_source import (
+    GDC_LAUNCH,
+    kernel_module,
+    launch_after,
+    online_softmax_lines,
+    signature_of,
+)
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
@@ -125,6 +131,9 @@ def _rotation_lines(
 # 2.3% faster a token at batch 1 where the GEMVs alone gained 1.3%; at batch 8 the o projection's
 # tensor-core blocks, resident early, cost 0.8%.
 LAUNCH_FIRST_ROWS = "B == 1"
+# The split form in one kernel lets the kernel after start once its partial is counted (below);
+# at one row, with ``launch_first`` and ``COMBINED_FIRST``, before its wait as the one-kernel form.
+COMBINED_FIRST = True
 
 
 def render_decode_attention(site: DecodeSite, launch_first: bool = False) -> Rendered:
@@ -146,18 +155,20 @@ def render_split_decode_attention(
 
 
 def render_split_combined_decode_attention(
-    site: DecodeSite, splits: int, max_rows: int
+    site: DecodeSite, splits: int, max_rows: int, launch_first: bool = False
 ) -> tuple[Rendered, dict[str, TensorSpec], tuple[str, TensorSpec]]:
     """The split-KV form of one site in one kernel: the partial kernel's programs (grid (B * KV,
     splits)), each counting its arrival on its row's and KV head's counter once its partial is
     stored; the last of them combines the partials as the combine kernel does, in the same fixed
     order (the same bits whichever arrives last), and zeroes the counter again. (the kernel; its
     fp32 workspace ``{name: spec}``; the counters' (name, int32 spec) for ``Program.scratch``,
-    ``max_rows`` * KV of them: one per program of the grid's first dim at the largest batch.)"""
+    ``max_rows`` * KV of them: one per program of the grid's first dim at the largest batch.)
+    ``launch_first``: as ``render_decode_attention``'s, where ``COMBINED_FIRST``."""
     ws, spec = _workspace(site, splits)
     counts = f"{site.out}_splitkv_arrivals"
+    first = LAUNCH_FIRST_ROWS if launch_first and COMBINED_FIRST else False
     return (
-        _render_attention(site, splits, ws, counts),
+        _render_attention(site, splits, ws, counts, launch_first=first),
         {ws: spec},
         (counts, TensorSpec("int32", (str(max_rows * site.kv_heads),))),
     )
@@ -434,7 +445,7 @@ def _render_attention(
             body += [
                 "tl.debug_barrier()  # every thread's stores before the arrival (which releases them)",
                 "arrived = tl.atomic_add(count_ptr + pid, 1, sem='acq_rel', scope='gpu')",
-                *GDC_LAUNCH,
+                *(launch_after(launch_first) if isinstance(launch_first, str) else GDC_LAUNCH),
                 "if arrived == SPLITS - 1:  # the others' partials are stored: combine, then zero the counter",
                 *(
                     "    " + ln

@@ -437,14 +437,25 @@ GDC_LAUNCH_FIRST = (
 LAUNCH_FIRST = True
 
 
-def launch_first_where(condition: str) -> tuple[str, ...]:
+def launch_first_where(condition: str, then: bool = True) -> tuple[str, ...]:
     """``GDC_LAUNCH_FIRST`` where ``condition`` (Triton, on the kernel's arguments) holds; elsewhere
-    the wait first, as ``GDC_PROLOGUE``. Each program lets the kernel after start once."""
-    return (
+    the wait first, as ``GDC_PROLOGUE`` (``then=False``: the wait alone, the body letting the
+    kernel after start where ``launch_after(condition)`` stands). Each program lets the kernel after
+    start once."""
+    lines = (
         f"if GDC:  # where {condition}: let the kernel after start first; elsewhere wait first",
         f"    if {condition}:",
         "        tl.extra.cuda.gdc_launch_dependents()",
         "    tl.extra.cuda.gdc_wait()",
+    )
+    return lines + launch_after(condition)[1:] if then else lines
+
+
+def launch_after(condition: str) -> tuple[str, ...]:
+    """``GDC_LAUNCH`` where ``condition`` does not hold (where it does, ``launch_first_where`` let
+    the kernel after start already)."""
+    return (
+        f"if GDC:  # let the kernel after start, unless {condition} let it before the wait",
         f"    if not ({condition}):",
         "        tl.extra.cuda.gdc_launch_dependents()",
     )
@@ -482,7 +493,8 @@ def kernel_module(
     kernel before still does. ``launch_dependents=False``: the prologue only waits, and ``body``
     lets the kernel after start where it says so (``GDC_LAUNCH``; nowhere: when the grid ends).
     ``launch_first``: the kernel after may start before this one's wait (``GDC_LAUNCH_FIRST``);
-    a condition on the kernel's arguments (``"B == 1"``): there, and after the wait elsewhere."""
+    a condition on the kernel's arguments (``"B == 1"``): there, and after the wait elsewhere (with
+    ``launch_dependents=False``, where the body says: ``launch_after``)."""
     head = [
         f'"""{doc[0]}',
         *doc[1:],
@@ -499,7 +511,7 @@ def kernel_module(
         f"def {name}({', '.join(signature)}):",
     ]
     if isinstance(launch_first, str):
-        prologue = launch_first_where(launch_first)
+        prologue = launch_first_where(launch_first, then=launch_dependents)
     elif launch_first:
         prologue = GDC_LAUNCH_FIRST
     else:
