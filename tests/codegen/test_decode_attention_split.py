@@ -337,6 +337,24 @@ def test_the_one_kernel_split_lets_the_kernel_after_start_once_its_partial_is_co
     assert "cache_modifier='.cg'" in one.source  # the others' partials read from L2
 
 
+def test_at_one_row_the_one_kernel_split_lets_the_kernel_after_start_before_its_wait():
+    """With ``launch_first`` (the step after it does not touch the state), at one row (``B == 1``)
+    the split form in one kernel lets the kernel after start before its wait, as the one-kernel
+    form does; at more rows after its arrival is counted, as without. Each program lets it start
+    once: the two launches are under opposite conditions."""
+    from aot.codegen.decode_attention_render import LAUNCH_FIRST_ROWS, render_split_combined_decode_attention
+
+    one, _, _ = render_split_combined_decode_attention(_site(512), 8, 4, launch_first=True)
+    lines = [line.strip() for line in one.source.splitlines()]
+    first, wait = lines.index(f"if {LAUNCH_FIRST_ROWS}:"), lines.index("tl.extra.cuda.gdc_wait()")
+    arrive = next(
+        i for i, line in enumerate(lines) if line.startswith("arrived = tl.atomic_add(count_ptr + pid")
+    )
+    later = lines.index(f"if not ({LAUNCH_FIRST_ROWS}):")
+    launches = [i for i, line in enumerate(lines) if line == "tl.extra.cuda.gdc_launch_dependents()"]
+    assert launches == [first + 1, later + 1] and first < wait < arrive < later, lines
+
+
 @pytest.mark.slow
 def test_a_long_cache_takes_the_split_form(tmp_path, monkeypatch):
     """A tiny Llama (4 query heads over 2 KV heads, at most 2 rows) with a 2048-slot cache, over
