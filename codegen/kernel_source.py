@@ -427,14 +427,15 @@ GDC_LAUNCH = (  # a kernel that lets the kernel after start later than its prolo
 # one exception is a kernel that reads a program's state before its wait (the decode attention
 # loads its cache early, written by the same kernel a step before): the kernel just before it must
 # wait first, so that it starts only once everything before that kernel has ended
-# (``gemm_sites.find_sites`` tells those GEMM sites). Measured on an H200: bench/RESULTS.md,
-# "launched before the wait".
+# (``aot.program.state_next``, asked by ``gemm_sites.find_sites`` and ``decode_attention``).
+# Measured on an H200: bench/RESULTS.md, "launched before the wait".
 GDC_LAUNCH_FIRST = (
     "if GDC:  # let the kernel after start (and load its weights), then wait for the kernel before",
     "    tl.extra.cuda.gdc_launch_dependents()",
     "    tl.extra.cuda.gdc_wait()",
 )
 LAUNCH_FIRST = True
+LAUNCH_FIRST_ENV = "AOTPACK_LAUNCH_FIRST"  # "off"/"on" at build time, for measuring
 
 
 def launch_first_where(condition: str, then: bool = True) -> tuple[str, ...]:
@@ -460,8 +461,6 @@ def launch_after(condition: str) -> tuple[str, ...]:
         "        tl.extra.cuda.gdc_launch_dependents()",
     )
 
-
-LAUNCH_FIRST_ENV = "AOTPACK_LAUNCH_FIRST"  # "off"/"on" at build time, for measuring
 
 
 def launch_first() -> bool:
