@@ -462,7 +462,6 @@ def launch_after(condition: str) -> tuple[str, ...]:
     )
 
 
-
 def launch_first() -> bool:
     """Whether the kernels that may (``kernel_module(launch_first=)``) let the kernel after them
     start before their own wait: ``AOTPACK_LAUNCH_FIRST`` ("on"/"off"), else ``LAUNCH_FIRST``."""
