@@ -487,8 +487,9 @@ def kernel_module(
     line each), the imports, one ``tl.constexpr`` per entry of ``consts``, ``GDC`` (see
     ``DEPENDENT_LAUNCH``), and the ``@triton.jit`` function, its body opened by a comment listing
     the signature and the wait for the kernel before. ``early``: lines before that wait, which
-    may read only what no kernel writes (the weights): under dependent launch they run while the
-    kernel before still does. ``launch_dependents=False``: the prologue only waits, and ``body``
+    may read only what no kernel writes (the weights; the decode attention its cache, which only
+    the same kernel writes, a step before: see ``GDC_LAUNCH_FIRST``): under dependent launch they
+    run while the kernel before still does. ``launch_dependents=False``: the prologue only waits, and ``body``
     lets the kernel after start where it says so (``GDC_LAUNCH``; nowhere: when the grid ends).
     ``launch_first``: the kernel after may start before this one's wait (``GDC_LAUNCH_FIRST``);
     a condition on the kernel's arguments (``"B == 1"``): there, and after the wait elsewhere (with
