@@ -61,6 +61,49 @@ def test_the_setting(monkeypatch):
         kernel_source.launch_first()
 
 
+def test_the_state_rule_on_a_program():
+    """``aot.program.state_aliases``: the state, its views, a state write's result and a kernel's
+    in-place output into it; ``state_next``: whether the first step after a given one that is not
+    a view touches any of them (a view of the state counts: it reads it)."""
+    from aot.program import state_aliases, state_next
+    from aot.schema import Buf, NamedTensor, Program, Step, TensorSpec
+
+    spec = TensorSpec("float16", ("4", "8"))
+
+    def aten(target, args, out):
+        return Step(kind="aten", target=target, args=args, kwargs={}, outputs=(out,))
+
+    steps = (
+        aten("aten.mm.default", (Buf("x"), Buf("w")), "y"),  # 0: then a view, then the state write
+        aten("aten.view.default", (Buf("y"), [4, 8]), "yv"),  # 1
+        aten("aten.index_put_.default", (Buf("cache"), [Buf("i")], Buf("yv")), "c1"),  # 2
+        aten("aten.mm.default", (Buf("x"), Buf("w")), "z"),  # 3: then a plain op
+        aten("aten.relu.default", (Buf("z"),), "r"),  # 4
+        aten("aten.slice.Tensor", (Buf("c1"), 0, 0, 2), "cs"),  # 5: a view of the state's write
+        Step(kind="kernel", target="k", args=(Buf("cs"), Buf("r")), kwargs={}, outputs=("o",)),  # 6
+        aten("aten.mm.default", (Buf("o"), Buf("w")), "last"),  # 7: nothing after
+    )
+    program = Program(
+        inputs=(
+            NamedTensor("x", spec),
+            NamedTensor("i", TensorSpec("int64", ("4",))),
+            NamedTensor("cache", spec),
+        ),
+        weights=(NamedTensor("w", TensorSpec("float16", ("8", "8"))),),
+        buffers={},
+        steps=steps,
+        outputs=("last",),
+        symbols=(),
+        state=("cache",),
+    )
+    state = state_aliases(program)
+    assert state == {"cache", "c1", "cs"}
+    assert state_next(program, 0, state)  # past the view, the write
+    assert not state_next(program, 3, state)  # relu
+    assert state_next(program, 4, state)  # past the state's view, the kernel reading it
+    assert not state_next(program, 7, state)
+
+
 def _next_launch(program, last: int):
     """The first step after ``last`` that is not a view, or None."""
     from aot.program import VIEW_OPS
