@@ -113,18 +113,32 @@ def _next_launch(program, last: int):
 
 
 @pytest.mark.slow  # two builds of a tiny Llama's decode program
-def test_gemvs_launch_first_but_before_the_decode_attention(tmp_path_factory):
+def test_gemvs_launch_first_but_before_the_decode_attention():
     """Tiny Llama (2 layers, float16) with ``AOTPACK_LAUNCH_FIRST=on``: every dot-free GEMM form
     (the one-row GEMVs) lets the kernel after start first, but q/k/v's, whose next step is the
     decode attention (it writes and reads the KV cache, loading it before its wait); the tensor-core
     forms wait first (so do the reduce kernels that run the next norm); the decode attention lets
     the o projection start first at one row (``B == 1``); no other kernel does. With the setting off every source is the same but for those lines."""
-    from tests.codegen.test_gemm_norm import _decode_build
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.tracer import trace
+    from tests.realmodels.conftest import unusable
 
-    _, on, index = _decode_build("llama", tmp_path_factory, {LAUNCH_FIRST_ENV: "on"})
-    _, off, _ = _decode_build("llama", tmp_path_factory, {LAUNCH_FIRST_ENV: "off"})
+    if (why := unusable("transformers")) is not None:
+        pytest.skip(why)
+    from tests.hf.test_causal_lm import factory
+
+    traced = trace(
+        causal_lm(factory("llama"), max_batch=2, max_context=16, dtype="float16", batch_buckets=(1, 2))
+    )
+    builds = {}
+    for setting in ("on", "off"):  # one trace, built both ways
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(LAUNCH_FIRST_ENV, setting)
+            builds[setting] = generate(traced, ARCHS)
+    on, off = builds["on"], builds["off"]
     programs = [on.program, *on.program.variants]
-    program = programs[index]
+    (program,) = [p for p in programs if p.inputs[0].spec.shape[1:] == ("1",)]  # the decode step
     kernels = {k.id: k for p in programs for k in p.kernels}
     launched = {"first": set(), "waits": set(), "dot": set()}
     for site in program.alternatives:
