@@ -112,13 +112,14 @@ def _next_launch(program, last: int):
     return next((s for s in steps if not (s.kind == StepKind.ATEN and s.target in VIEW_OPS)), None)
 
 
-@pytest.mark.slow  # two builds of a tiny Llama's decode program
+@pytest.mark.slow  # a tiny Llama's decode program traced once, built twice
 def test_gemvs_launch_first_but_before_the_decode_attention():
     """Tiny Llama (2 layers, float16) with ``AOTPACK_LAUNCH_FIRST=on``: every dot-free GEMM form
     (the one-row GEMVs) lets the kernel after start first, but q/k/v's, whose next step is the
     decode attention (it writes and reads the KV cache, loading it before its wait); the tensor-core
     forms wait first (so do the reduce kernels that run the next norm); the decode attention lets
-    the o projection start first at one row (``B == 1``); no other kernel does. With the setting off every source is the same but for those lines."""
+    the o projection start first at one row (``B == 1``); no other kernel does. With the setting
+    off every source is the same but for those lines."""
     from aot.codegen import generate
     from aot.hf import causal_lm
     from aot.tracer import trace
