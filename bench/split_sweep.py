@@ -59,7 +59,7 @@ SITES = {
 }  # fmt: skip
 FLOAT16 = ("gpt2", "mlp", "gpt2-head")  # models in float16; the rest bfloat16
 LIBRARY = "library"  # torch.mm (cuBLAS), as a bundle's library step runs the GEMM
-MAX_ROWS = 32  # the rows a rendered form is built for at most (--rows up to this)
+MAX_ROWS = 128  # the rows a rendered form is built for at most (--rows up to this)
 # at 17-32 rows, beside the swapped forms: the 16-row swapped form (two row blocks) and tune's tiles
 MANY_ROW_OTHERS = ("fews_16x64x128", "tile_16x64x128", "tile_64x32x128", "tile_64x64x128")
 TARGETS = (0, 96, 132, 176, 264, 396, 528)  # blocks to aim for; 0: the build's SPLIT_TARGET_BLOCKS
@@ -140,6 +140,12 @@ def forms_of(n: int, k: int, halves: bool, dtype: str) -> list[tuple[str, int]]:
 
     default = default_form(ROWS, k, dtype, n, halves) or LIBRARY
     out = [(default, 0)]
+    if ROWS > 32:  # 33-128 rows: the swapped forms of A's 128 rows (and 64), whole and in K slices
+        for split in ("fews_splitk_128x64x64", "fews_splitk_128x64x128"):
+            out += [(split, t) for t in (0, 132) if (split, t) not in out]
+        others = ("fews_128x64x64", "fews_128x64x128", "fews_splitk_64x64x64", "fews_64x64x128")
+        others += ("tile_64x32x128", "tile_64x64x128", LIBRARY)
+        return out + [(form, 0) for form in others if (form, 0) not in out]
     if ROWS > 16:  # the 32-row forms at the build's split and a wave or two, tune's tiles, the library
         for split in ("fews_splitk_32x64x64", "fews_splitk_32x64x128"):
             out += [(split, t) for t in (0, 132) if (split, t) not in out]
@@ -326,6 +332,10 @@ def check() -> int:
         (20, n, k, halves, form, 0)
         for form in ("fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
     ]
+    cases += [  # and those of 64 and 128 at 100 rows
+        (100, n, k, halves, form, 0)
+        for form in ("fews_splitk_128x64x64", "fews_128x64x128", "fews_splitk_64x64x64", "fews_64x64x128")
+    ]
     for rows, n, k, halves, form, target in cases:
         got = rendered(n, k, halves, "float16", form, target, False)
         if got is None:
@@ -349,7 +359,10 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--models", default=",".join(SITES), help=f"comma-separated, of {', '.join(SITES)}")
     ap.add_argument(
-        "--rows", type=int, default=ROWS, help=f"A's rows [default: {ROWS}; 17-{MAX_ROWS}: the 32-row forms]"
+        "--rows",
+        type=int,
+        default=ROWS,
+        help=f"A's rows [default: {ROWS}; 17-32: the 32-row forms; 33-{MAX_ROWS}: those of 64 and 128]",
     )
     ap.add_argument("--check", action="store_true", help="small shapes in the interpreter against torch")
     ap.add_argument("--compile-only", type=int, metavar="ARCH", help="compile every kernel for sm_ARCH")

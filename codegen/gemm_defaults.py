@@ -71,6 +71,7 @@ from aot.codegen.gemm_forms import (
     PROLOGUE_CONFIGS,
     PROLOGUE_MAX_BLOCK_M,
     PROLOGUE_MIN_BLOCK_K,
+    SWAPPED_128,
     VOCAB_N,
     TileConfig,
 )
@@ -204,6 +205,14 @@ SMALL_SLICED = BUILT_IN_LARGE[0]
 BUILT_IN_32 = ("tile_64x32x128", "fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
 SWAPPED_ROWS_MAX = 32
 SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1])  # its shortest K
+# 33-MANY_ROWS_MAX rows (a forward's prompt at batch 1): the library, unless MANY_ROWS or its
+# environment names the rows of A a swapped form's block takes there ("64" or "128", of
+# ``gemm_forms.SWAPPED_128``; BUILT_IN_32's rules with its forms of that many rows), and
+# optionally the form at K below SLICED_MIN_K ("128,fews_128x64x64"; the tile by default, then
+# held to 17-MANY_ROWS_MAX rows), for measuring.
+MANY_ROWS: str | None = None
+MANY_ROWS_MAX = 128
+MANY_ROWS_ENV = "AOTPACK_MANY_ROWS"
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -269,9 +278,9 @@ def default_configs() -> tuple[TileConfig, ...]:
     """The configs the default build's form names refer to (``gemm.add_gemm_alternatives``'s
     ``configs``): the one-row forms, ``few_row_configs`` and the tile of ``BUILT_IN_32`` held to
     17-SWAPPED_ROWS_MAX rows."""
-    tiles = (
-        replace(c, min_m=FEW_ROWS_MAX + 1, max_m=SWAPPED_ROWS_MAX) for c in CONFIGS if c.name in BUILT_IN_32
-    )
+    many = many_row_forms()
+    top = MANY_ROWS_MAX if many is not None and many[1] == BUILT_IN_32[0] else SWAPPED_ROWS_MAX
+    tiles = (replace(c, min_m=FEW_ROWS_MAX + 1, max_m=top) for c in CONFIGS if c.name in BUILT_IN_32)
     return (
         *(c for c in CONFIGS if not c.dot),
         *PROLOGUE_CONFIGS,
@@ -325,6 +334,22 @@ def few_row_forms() -> FewRows:
     if not every:
         forms = list(BUILT_IN_FEW_ROWS)
     return FewRows(*forms, prologue=prologue, every_site=every)
+
+
+def many_row_forms() -> tuple[int, str] | None:
+    """At 33-MANY_ROWS_MAX rows: (A's rows a swapped form's block takes, the form at K below
+    SLICED_MIN_K), the environment's where set, else MANY_ROWS's; None: the library."""
+    text = os.environ.get(MANY_ROWS_ENV, "").strip() or MANY_ROWS or ""
+    if not text or text == "off":
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    shorts = (BUILT_IN_32[0], *(c.name for c in SWAPPED_128 if c.split_k == 1))
+    if not (1 <= len(parts) <= 2 and parts[0] in ("64", "128") and (len(parts) == 1 or parts[1] in shorts)):
+        raise CodegenError(
+            f"{MANY_ROWS_ENV}={text!r}: expected 'off' or '<64 or 128>[,<form at K below {SLICED_MIN_K}>]' "
+            f"with the form among {', '.join(shorts)}"
+        )
+    return int(parts[0]), parts[1] if len(parts) == 2 else BUILT_IN_32[0]
 
 
 def default_attention_form(site: AttnSite, seq: int) -> str | None:
@@ -404,6 +429,21 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
         if w_rows >= WIDE_N:
             return wide
         return sliced if k >= SLICED_MIN_K else tile
+    if SWAPPED_ROWS_MAX < rows <= MANY_ROWS_MAX and n > 0:
+        many = many_row_forms()
+        if many is None:
+            return None
+        a_rows, short = many
+        sliced, long_k, wide = (f.replace("_32x", f"_{a_rows}x") for f in BUILT_IN_32[1:])
+        if n >= VOCAB_N:
+            return wide
+        if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:
+            return sliced
+        if k >= LONG_K:
+            return long_k
+        if w_rows >= WIDE_N:
+            return wide
+        return sliced if k >= SLICED_MIN_K else short
     return None
 
 
@@ -477,6 +517,9 @@ def default_site_forms(site: Site) -> tuple[str, ...]:
     more = default_form(FEW_ROWS_MAX + 1, site.k, site.dtype, site.n, site.halves)
     if more is not None:  # 17-SWAPPED_ROWS_MAX rows: a swapped form (none has a prologue variant)
         forms.append(more)
+    many = default_form(SWAPPED_ROWS_MAX + 1, site.k, site.dtype, site.n, site.halves)
+    if many is not None and many not in forms:  # 33-MANY_ROWS_MAX rows, where named
+        forms.append(many)
     return tuple(forms)
 
 

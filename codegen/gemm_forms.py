@@ -229,6 +229,15 @@ SWAPPED: tuple[TileConfig, ...] = (
 SWAPPED_32: tuple[TileConfig, ...] = tuple(
     replace(c, name=c.name.replace("_16x", "_32x"), block_m=32, min_m=17, max_m=32) for c in SWAPPED
 )
+# And at 33-128 rows (a forward's prompt of up to 128 tokens at batch 1, where a build keeps the
+# library; ``bench/split_sweep.py --rows 128`` times them): A's 64 or 128 rows on the narrow side
+# (``wgmma``'s N of 64 or 128; 64: two row blocks at 128 rows, twice the blocks). Not named by the
+# built-in table; ``AOTPACK_MANY_ROWS`` names them, for measuring (``gemm_defaults.MANY_ROWS_ENV``).
+SWAPPED_128: tuple[TileConfig, ...] = tuple(
+    replace(c, name=c.name.replace("_16x", f"_{rows}x"), block_m=rows, min_m=33, max_m=128)
+    for rows in (64, 128)
+    for c in SWAPPED
+)
 FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
     *_FEW_ROW_BASE,
     *VECM_CONFIGS,
@@ -243,6 +252,7 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
     ),
     *SWAPPED,
     *SWAPPED_32,
+    *SWAPPED_128,
     TileConfig(
         "fewp_16x32x256",
         16,
