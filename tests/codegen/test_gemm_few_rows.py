@@ -592,6 +592,67 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
         } <= compared
 
 
+@pytest.mark.slow  # about 3 minutes; forms a build compiles only where AOTPACK_MANY_ROWS names them
+def test_the_forms_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeypatch):
+    """``gemm_rows128.py`` built with ``AOTPACK_MANY_ROWS=128`` (buckets 1, 32 and 128): at 128 rows
+    the swapped forms of A's 128 rows (``gemm_forms.SWAPPED_128``) by the rules of 17-32 rows: in
+    K slices at K = 4096 (the residual add in the kernel that sums the slices) and K = 1024,
+    ``tile_64x32x128`` at K = 96 (held to 17-128 rows, one form for both buckets); at 32 rows the
+    forms of 17-32 rows. Every kernel matches the library steps it replaces in Triton's
+    interpreter at 100 rows (the bucket of 128 padded) (``aot.dtypes.TOLERANCE``, float16).
+    Without the setting the library runs past 32 rows."""
+    from aot.codegen import generate
+    from aot.codegen.gemm_defaults import MANY_ROWS_ENV, many_row_forms
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = MODELS / "gemm_rows128.py"
+    traced = trace(load_model_file(model))
+    assert many_row_forms() is None
+    assert default_form(128, 4096, "float16", n=96) is None
+    monkeypatch.setenv(MANY_ROWS_ENV, "128")
+    compiled = generate(traced, ARCHS)
+    forms = {}
+    for site in compiled.program.alternatives:
+        for cand in site.candidates:
+            for sizes in cand.buckets:
+                forms[(site.k, sizes["batch"])] = cand.name
+    assert {key: form for key, form in forms.items() if key[1] != 1} == {
+        (4096, 32): "fews_splitk8_32x64x64",
+        (4096, 128): "fews_splitk8_128x64x64",
+        (1024, 32): "fews_splitk8_32x64x64",
+        (1024, 128): "fews_splitk8_128x64x64",
+        (96, 32): "tile_64x32x128",
+        (96, 128): "tile_64x32x128",
+    }, forms
+    pack(compiled, tmp_path / "rows128.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "rows128.tpk", model, [{"batch": 100}], None, True)], timeout=HANG_GUARD_S
+    )
+    for comparisons in result.values():
+        assert not [c for c in comparisons if not c.ok], comparisons
+        compared = {c.name.removesuffix("/rerun") for c in comparisons}
+        assert {
+            "gemm_0/fews_splitk8_128x64x64",
+            "gemm_1/tile_64x32x128",
+            "gemm_2/fews_splitk8_128x64x64",
+        } <= compared
+
+
+@pytest.mark.parametrize(
+    "text", ["32", "128,fews_splitk_128x64x64", "128,vec_1x2x512", "64,tile_64x32x128,x", "on"]
+)
+def test_a_wrong_many_rows_setting_is_a_clear_error(text, monkeypatch):
+    """``AOTPACK_MANY_ROWS``: A's rows (64 or 128) and optionally a whole form for short K; anything
+    else is a CodegenError that names what it expects."""
+    from aot.codegen.gemm_defaults import MANY_ROWS_ENV
+
+    monkeypatch.setenv(MANY_ROWS_ENV, text)
+    with pytest.raises(CodegenError, match="expected 'off' or '<64 or 128>"):
+        default_form(64, 768, "float16", n=768)
+
+
 def test_a_stacked_gate_up_takes_the_whole_swapped_form_by_its_rows(monkeypatch):
     """``gemm_halves16.py``'s stacked gate/up (N 4608 a half, 9216 rows of W, 9 MiB a half): a
     default build renders the one-row form and the whole swapped form for its buckets, not the
