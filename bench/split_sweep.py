@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from aot.codegen.gemm_forms import SWAPPED  # noqa: E402
 from bench.fewrow_sweep import rendered_launches  # noqa: E402  (a rendered form's launches)
 
 ROWS = 8  # --rows: A's rows (17-32: the 32-row swapped forms, tune's tiles and the library beside)
@@ -58,6 +59,14 @@ SITES = {
     "gpt2-head": (2, [("head", 50257, 768, False)]),
 }  # fmt: skip
 FLOAT16 = ("gpt2", "mlp", "gpt2-head")  # models in float16; the rest bfloat16
+# the swapped forms with A's 64 or 128 rows on the product's narrow side (33-128 rows): measured
+# here, not built (on an H200 every one of them lost to cuBLAS and the tiles at 128 rows,
+# bench/results/split-sweep-128-h200-2026-12-02f.json)
+SWAPPED_128 = tuple(
+    replace(c, name=c.name.replace("_16x", f"_{rows}x"), block_m=rows, min_m=33, max_m=128)
+    for rows in (64, 128)
+    for c in SWAPPED
+)
 LIBRARY = "library"  # torch.mm (cuBLAS), as a bundle's library step runs the GEMM
 MAX_ROWS = 128  # the rows a rendered form is built for at most (--rows up to this)
 # at 17-32 rows, beside the swapped forms: the 16-row swapped form (two row blocks) and tune's tiles
@@ -95,7 +104,7 @@ def rendered(n: int, k: int, halves: bool, dtype: str, form: str, target: int, p
     from aot.codegen.gemm_render import render_candidates
     from aot.codegen.render import kernel_id
 
-    cfg = next(c for c in (*default_configs(), *CONFIGS) if c.name == form)
+    cfg = next(c for c in (*default_configs(), *CONFIGS, *SWAPPED_128) if c.name == form)
     if target:
         cfg = replace(cfg, target_blocks=target)
     if cfg.swap and cfg.split_k != 1:  # a split form at any K here (the build's takes K >= min_k)
@@ -144,7 +153,7 @@ def forms_of(n: int, k: int, halves: bool, dtype: str) -> list[tuple[str, int]]:
         for split in ("fews_splitk_128x64x64", "fews_splitk_128x64x128"):
             out += [(split, t) for t in (0, 132) if (split, t) not in out]
         others = ("fews_128x64x64", "fews_128x64x128", "fews_splitk_64x64x64", "fews_64x64x128")
-        others += ("tile_64x32x128", "tile_64x64x128", LIBRARY)
+        others += ("tilem_64x32x128", "tilem_64x64x128", LIBRARY)
         return out + [(form, 0) for form in others if (form, 0) not in out]
     if ROWS > 16:  # the 32-row forms at the build's split and a wave or two, tune's tiles, the library
         for split in ("fews_splitk_32x64x64", "fews_splitk_32x64x128"):

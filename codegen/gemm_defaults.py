@@ -47,7 +47,9 @@ few blocks (N below ``SLICED_SMALL_N``, K from ``SLICED_SMALL_K``) the swapped f
 tensor-core product's wide side; a stacked gate/up counted by its 2N rows), and a vocabulary head
 ``fewe_16x64x128`` (its ``_rms`` variant where an RMSNorm kernel made A). At 17-32 rows
 (``SWAPPED_ROWS_MAX``) every half-precision site runs a swapped form of 32 rows (``BUILT_IN_32``),
-but at K below ``SLICED_MIN_K`` tune's ``tile_64x32x128``. Attention
+but at K below ``SLICED_MIN_K`` tune's ``tile_64x32x128``; at 33-128 rows (``MANY_ROWS_MAX``)
+a site of K below ``SLICED_MIN_K`` and at most ``SMALL_WEIGHT_BYTES`` of weights a tile of 64 rows
+held to those rows (``MANY_ROW_TILES``; the library past them). Attention
 sites without a mask (``aot.codegen.flash``) run its flash forms at up to ``ATTENTION_MAX_T``
 queries in float16. Every other site and bucket keeps the library. ``FEW_ROWS`` or
 ``AOTPACK_FEW_ROWS`` name forms for every site instead (or ``off``), for measuring. The table is
@@ -68,10 +70,10 @@ from aot.codegen.flash import AttnSite
 from aot.codegen.gemm_forms import (
     CONFIGS,
     FEW_ROW_CONFIGS,
+    MANY_ROW_TILES,
     PROLOGUE_CONFIGS,
     PROLOGUE_MAX_BLOCK_M,
     PROLOGUE_MIN_BLOCK_K,
-    SWAPPED_128,
     VOCAB_N,
     TileConfig,
 )
@@ -201,16 +203,29 @@ SMALL_SLICED = BUILT_IN_LARGE[0]
 #   alone measures misses the swapped forms' first W step loaded while the kernel before (the
 #   attention, before o) still runs; GPT-2 (the tile at q/k/v, o and fc, the rest as here) 0.596
 #   against 0.652 with cuBLAS, the same tokens.
-# Past SWAPPED_ROWS_MAX rows, the library.
+# Past SWAPPED_ROWS_MAX rows: MANY_ROWS below.
 BUILT_IN_32 = ("tile_64x32x128", "fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
 SWAPPED_ROWS_MAX = 32
 SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1])  # its shortest K
-# 33-MANY_ROWS_MAX rows (a forward's prompt at batch 1): the library, unless MANY_ROWS or its
-# environment names the rows of A a swapped form's block takes there ("64" or "128", of
-# ``gemm_forms.SWAPPED_128``; BUILT_IN_32's rules with its forms of that many rows), and
-# optionally the form at K below SLICED_MIN_K ("128,fews_128x64x64"; the tile by default, then
-# held to 17-MANY_ROWS_MAX rows), for measuring.
-MANY_ROWS: str | None = None
+# 33-MANY_ROWS_MAX rows (a forward's prompt at batch 1): tune's tiles (``gemm_forms.MANY_ROW_TILES``)
+# at sites of at most SMALL_WEIGHT_BYTES, ``tilem_64x64x128`` where K is below SLICED_MIN_K and N
+# at least SLICED_SMALL_N, else ``tilem_64x32x128`` (a vocabulary head keeps the library). MANY_ROWS
+# or its environment: "short" (the default) only at K below SLICED_MIN_K; "on" at every K; "off"
+# the library. Measured on an H200 (torch 2.11, triton 3.6, bench/bundle_paired.py, 12 rounds,
+# bench/results/ab-many-rows-h200-2026-12-03.log), B / A per round's median, A the library:
+# - the example GPT (K 768 at q/k/v, o and fc; K 3072 at mlp out) "short": 0.958 at B=1 S=128
+#   (0.460 -> 0.441 ms, 12/12 rounds), 0.976 at S=64 (12/12); as built (q/k/v after mlp out kept
+#   on the library at 33-128 rows, ``gemm_pairs.join``; ab-gpt-many-rows-default-*.json) 0.965 at
+#   S=128 (0.482 -> 0.467 ms), 0.974 at S=64 and S=100, 0.983 at B=2 S=48; "on" (the mlp out on
+#   a tile too): 1.050 and 1.036 (slower); alone (bench/split_sweep.py --rows 128, 2026-12-02,
+#   cold W) q/k/v 4.93 -> 4.57 µs, o 3.70 -> 3.08, fc 5.46 -> 4.77, mlp out 8.26 -> 8.66;
+# - the example MLP (K 1024 and 4096) "on": 1.131 at 64 rows, 1.116 at 48 ("short" keeps its
+#   library); the 0.58B Llama (K 2048, its o the only site of at most 8 MiB) "on": 1.005 at S=128;
+#   Llama-3.2-1B alone: q/k/v 7.44 library against 8.69 on the tile.
+# The swapped forms of A's 64 or 128 rows (the 17-32-row rules carried further) lost at every
+# site measured (GPT-2's mlp out in K slices 12.4-13.1 µs against the library's 8.26; the 0.58B
+# Llama's forward 1.25x slower).
+MANY_ROWS = "short"
 MANY_ROWS_MAX = 128
 MANY_ROWS_ENV = "AOTPACK_MANY_ROWS"
 FEW_ROWS_PROLOGUE = True
@@ -276,16 +291,17 @@ def few_row_configs() -> tuple[TileConfig, ...]:
 
 def default_configs() -> tuple[TileConfig, ...]:
     """The configs the default build's form names refer to (``gemm.add_gemm_alternatives``'s
-    ``configs``): the one-row forms, ``few_row_configs`` and the tile of ``BUILT_IN_32`` held to
-    17-SWAPPED_ROWS_MAX rows."""
-    many = many_row_forms()
-    top = MANY_ROWS_MAX if many is not None and many[1] == BUILT_IN_32[0] else SWAPPED_ROWS_MAX
-    tiles = (replace(c, min_m=FEW_ROWS_MAX + 1, max_m=top) for c in CONFIGS if c.name in BUILT_IN_32)
+    ``configs``): the one-row forms, ``few_row_configs``, the tile of ``BUILT_IN_32`` held to
+    17-SWAPPED_ROWS_MAX rows and the tiles of 33-MANY_ROWS_MAX rows."""
+    tiles = (
+        replace(c, min_m=FEW_ROWS_MAX + 1, max_m=SWAPPED_ROWS_MAX) for c in CONFIGS if c.name in BUILT_IN_32
+    )
     return (
         *(c for c in CONFIGS if not c.dot),
         *PROLOGUE_CONFIGS,
         *few_row_configs(),
         *tiles,
+        *MANY_ROW_TILES,
     )  # one-row forms first, as sites list them
 
 
@@ -336,20 +352,13 @@ def few_row_forms() -> FewRows:
     return FewRows(*forms, prologue=prologue, every_site=every)
 
 
-def many_row_forms() -> tuple[int, str] | None:
-    """At 33-MANY_ROWS_MAX rows: (A's rows a swapped form's block takes, the form at K below
-    SLICED_MIN_K), the environment's where set, else MANY_ROWS's; None: the library."""
-    text = os.environ.get(MANY_ROWS_ENV, "").strip() or MANY_ROWS or ""
-    if not text or text == "off":
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    shorts = (BUILT_IN_32[0], *(c.name for c in SWAPPED_128 if c.split_k == 1))
-    if not (1 <= len(parts) <= 2 and parts[0] in ("64", "128") and (len(parts) == 1 or parts[1] in shorts)):
-        raise CodegenError(
-            f"{MANY_ROWS_ENV}={text!r}: expected 'off' or '<64 or 128>[,<form at K below {SLICED_MIN_K}>]' "
-            f"with the form among {', '.join(shorts)}"
-        )
-    return int(parts[0]), parts[1] if len(parts) == 2 else BUILT_IN_32[0]
+def many_rows() -> str:
+    """Where tiles run at 33-MANY_ROWS_MAX rows: "on", "short" or "off" (MANY_ROWS, or the
+    environment's where set)."""
+    text = os.environ.get(MANY_ROWS_ENV, "").strip() or MANY_ROWS
+    if text not in ("on", "short", "off"):
+        raise CodegenError(f"{MANY_ROWS_ENV}={text!r}: expected 'on', 'short' or 'off'")
+    return text
 
 
 def default_attention_form(site: AttnSite, seq: int) -> str | None:
@@ -429,21 +438,13 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
         if w_rows >= WIDE_N:
             return wide
         return sliced if k >= SLICED_MIN_K else tile
-    if SWAPPED_ROWS_MAX < rows <= MANY_ROWS_MAX and n > 0:
-        many = many_row_forms()
-        if many is None:
+    if SWAPPED_ROWS_MAX < rows <= MANY_ROWS_MAX and 0 < n < VOCAB_N:
+        where = many_rows()
+        if where == "off" or k * w_rows * ITEMSIZE[dtype] > SMALL_WEIGHT_BYTES:
             return None
-        a_rows, short = many
-        sliced, long_k, wide = (f.replace("_32x", f"_{a_rows}x") for f in BUILT_IN_32[1:])
-        if n >= VOCAB_N:
-            return wide
-        if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:
-            return sliced
-        if k >= LONG_K:
-            return long_k
-        if w_rows >= WIDE_N:
-            return wide
-        return sliced if k >= SLICED_MIN_K else short
+        if k < SLICED_MIN_K:
+            return "tilem_64x64x128" if n >= SLICED_SMALL_N else "tilem_64x32x128"
+        return "tilem_64x32x128" if where == "on" else None
     return None
 
 

@@ -115,6 +115,14 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("splitk_16x64x128", 16, 64, 128, num_warps=4, num_stages=3, split_k=0, max_m=64, min_k=1024),
 )
 
+# tune's middle-M tiles held to 33-128 rows (``tilem_``; ``gemm_defaults.MANY_ROWS``): a prompt of
+# up to 128 tokens at batch 1 on Triton's tiles, under dependent launch, where the library ran
+MANY_ROW_TILES: tuple[TileConfig, ...] = tuple(
+    replace(c, name=c.name.replace("tile_", "tilem_"), min_m=33, max_m=128)
+    for c in CONFIGS
+    if c.name in ("tile_64x32x128", "tile_64x64x128")
+)
+
 # One-row forms of more rows of W per block, for sites whose norm each block computes again in its
 # prologue (``_rms``, ``_ln``): fewer blocks, so fewer loads of the row and sums of its statistics
 # per byte of W (gemm_defaults.PROLOGUE_ROWS). Not among every site's candidates: the default
@@ -229,15 +237,6 @@ SWAPPED: tuple[TileConfig, ...] = (
 SWAPPED_32: tuple[TileConfig, ...] = tuple(
     replace(c, name=c.name.replace("_16x", "_32x"), block_m=32, min_m=17, max_m=32) for c in SWAPPED
 )
-# And at 33-128 rows (a forward's prompt of up to 128 tokens at batch 1, where a build keeps the
-# library; ``bench/split_sweep.py --rows 128`` times them): A's 64 or 128 rows on the narrow side
-# (``wgmma``'s N of 64 or 128; 64: two row blocks at 128 rows, twice the blocks). Not named by the
-# built-in table; ``AOTPACK_MANY_ROWS`` names them, for measuring (``gemm_defaults.MANY_ROWS_ENV``).
-SWAPPED_128: tuple[TileConfig, ...] = tuple(
-    replace(c, name=c.name.replace("_16x", f"_{rows}x"), block_m=rows, min_m=33, max_m=128)
-    for rows in (64, 128)
-    for c in SWAPPED
-)
 FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
     *_FEW_ROW_BASE,
     *VECM_CONFIGS,
@@ -252,7 +251,6 @@ FEW_ROW_CONFIGS: tuple[TileConfig, ...] = (
     ),
     *SWAPPED,
     *SWAPPED_32,
-    *SWAPPED_128,
     TileConfig(
         "fewp_16x32x256",
         16,

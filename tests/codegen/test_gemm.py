@@ -283,11 +283,12 @@ def test_interpreter_check_can_fail(built, tmp_path):
 def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
     """Without the flag the default build renders and compiles, per GEMM site, only the forms the
     built-in table names (``aot.codegen.gemm_defaults``: a one-row GEMV on sm_90, at 2-16 rows
-    the built-in few-row form, the small mlp's weights being small, and at 17-32 rows its form
-    there), and the whole candidate set never; the table names exactly the candidates there are,
-    each at its buckets."""
+    the built-in few-row form, the small mlp's weights being small, at 17-32 rows its form there,
+    and at 33-64 rows a tile held to 33-128 rows: its K is below 1024), and the whole candidate
+    set never; the table names exactly the candidates there are, each at its buckets."""
     from aot.codegen import gemm, gemm_render
     from aot.codegen.gemm_defaults import BUILT_IN_32, BUILT_IN_FEW_ROWS, FORMS, SMALL_SLICED
+    from aot.codegen.gemm_forms import MANY_ROW_TILES
 
     model = ROOT / "tests" / "data" / "small_mlp.py"
     rendered: list[tuple[str, ...]] = []
@@ -302,13 +303,15 @@ def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
     compiled = _build(model, tmp_path / "a.tpk", gemm_candidates=False)
     assert rendered and all(
         sum(n in FORMS for n in names) == 1
-        and set(names) - set(FORMS) <= {*BUILT_IN_FEW_ROWS, SMALL_SLICED, *BUILT_IN_32}
-        and len(names) <= 3
+        and set(names) - set(FORMS)
+        <= {*BUILT_IN_FEW_ROWS, SMALL_SLICED, *BUILT_IN_32} | {c.name for c in MANY_ROW_TILES}
+        and len(names) <= 4
         for names in rendered
     )
-    assert any(len(names) == 3 for names in rendered)  # small_mlp has buckets of 2-16 and 17-32 rows
+    # small_mlp has buckets of 2-16, 17-32 and 33-64 rows
+    assert any(len(names) == 4 for names in rendered), rendered
     sites = {s.id: s for s in compiled.program.alternatives}
-    assert all(1 <= len(s.candidates) <= 3 for s in sites.values())
+    assert all(1 <= len(s.candidates) <= 4 for s in sites.values())
     table = compiled.tuning
     assert table is not None and {
         (c.site, c.choice, tuple(sorted(c.sizes.items()))) for c in table.choices

@@ -104,8 +104,12 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
         assert default_form(rows, 2048, "bfloat16", n=128256) == "fews_32x64x128"  # its LM head
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
         assert default_form(rows, 768, "float32", n=2304) is None
-    assert default_form(33, 768, "float16", n=2304) is None
-    assert default_form(33, 2048, "bfloat16", n=16384) is None  # past 32 rows: the library
+    # 33-128 rows by default: a tile of 64 rows at K below 1024, else the library
+    assert default_form(33, 768, "float16", n=2304) == "tilem_64x64x128"  # GPT-2's q/k/v
+    assert default_form(128, 768, "float16", n=768) == "tilem_64x32x128"  # its o
+    assert default_form(128, 3072, "float16", n=768) is None  # its mlp out
+    assert default_form(33, 2048, "bfloat16", n=16384) is None
+    assert default_form(129, 768, "float16", n=2304) is None  # past 128 rows: the library
     held = {c.name: (c.min_m, c.max_m) for c in gemm_defaults.default_configs()}
     assert all(held[form] == (17, 32) for form in gemm_defaults.BUILT_IN_32), held
     names = {c.name for c in gemm_defaults.few_row_configs()}
@@ -592,39 +596,49 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
         } <= compared
 
 
-@pytest.mark.slow  # about 3 minutes; forms a build compiles only where AOTPACK_MANY_ROWS names them
-def test_the_forms_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeypatch):
-    """``gemm_rows128.py`` built with ``AOTPACK_MANY_ROWS=128`` (buckets 1, 32 and 128): at 128 rows
-    the swapped forms of A's 128 rows (``gemm_forms.SWAPPED_128``) by the rules of 17-32 rows: in
-    K slices at K = 4096 (the residual add in the kernel that sums the slices) and K = 1024,
-    ``tile_64x32x128`` at K = 96 (held to 17-128 rows, one form for both buckets); at 32 rows the
-    forms of 17-32 rows. Every kernel matches the library steps it replaces in Triton's
-    interpreter at 100 rows (the bucket of 128 padded) (``aot.dtypes.TOLERANCE``, float16).
-    Without the setting the library runs past 32 rows."""
+def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeypatch):
+    """``gemm_rows128.py`` (buckets 64 and 128): by default (``MANY_ROWS`` "short") a tile held to
+    33-128 rows (``gemm_forms.MANY_ROW_TILES``) at K below 1024 only, ``tilem_64x64x128`` at K = 96
+    (N 2048); with ``AOTPACK_MANY_ROWS=on`` ``tilem_64x32x128`` at K = 4096 (N 96) and 1024 too; a
+    weight past 8 MiB and a vocabulary head keep the library; "off" the library everywhere, a bad
+    value a CodegenError. Built "on", every kernel matches the library steps it replaces in
+    Triton's interpreter at 100 rows (the bucket of 128 padded) (``aot.dtypes.TOLERANCE``,
+    float16)."""
     from aot.codegen import generate
-    from aot.codegen.gemm_defaults import MANY_ROWS_ENV, many_row_forms
+    from aot.codegen.gemm_defaults import MANY_ROWS_ENV
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
 
+    def forms_of(compiled) -> dict:
+        return {
+            (site.k, site.n, sizes["batch"]): cand.name
+            for site in compiled.program.alternatives
+            for cand in site.candidates
+            for sizes in cand.buckets
+        }
+
     model = MODELS / "gemm_rows128.py"
     traced = trace(load_model_file(model))
-    assert many_row_forms() is None
-    assert default_form(128, 4096, "float16", n=96) is None
-    monkeypatch.setenv(MANY_ROWS_ENV, "128")
+    monkeypatch.delenv(MANY_ROWS_ENV, raising=False)
+    assert forms_of(generate(traced, ARCHS)) == {
+        (96, 2048, 64): "tilem_64x64x128",
+        (96, 2048, 128): "tilem_64x64x128",
+    }
+    monkeypatch.setenv(MANY_ROWS_ENV, "off")
+    assert default_form(128, 96, "float16", n=2048) is None
+    monkeypatch.setenv(MANY_ROWS_ENV, "32")
+    with pytest.raises(CodegenError, match="expected 'on', 'short' or 'off'"):
+        default_form(128, 96, "float16", n=2048)
+    monkeypatch.setenv(MANY_ROWS_ENV, "on")
+    assert default_form(128, 768, "float16", n=50257) is None  # a vocabulary head: the library
+    assert default_form(128, 4096, "float16", n=2048) is None  # 16 MiB: the library
     compiled = generate(traced, ARCHS)
-    forms = {}
-    for site in compiled.program.alternatives:
-        for cand in site.candidates:
-            for sizes in cand.buckets:
-                forms[(site.k, sizes["batch"])] = cand.name
-    assert {key: form for key, form in forms.items() if key[1] != 1} == {
-        (4096, 32): "fews_splitk8_32x64x64",
-        (4096, 128): "fews_splitk8_128x64x64",
-        (1024, 32): "fews_splitk8_32x64x64",
-        (1024, 128): "fews_splitk8_128x64x64",
-        (96, 32): "tile_64x32x128",
-        (96, 128): "tile_64x32x128",
+    forms = forms_of(compiled)
+    assert {key: form for key, form in forms.items() if key[2] == 128} == {
+        (4096, 96, 128): "tilem_64x32x128",
+        (96, 2048, 128): "tilem_64x64x128",
+        (1024, 2048, 128): "tilem_64x32x128",
     }, forms
     pack(compiled, tmp_path / "rows128.tpk")
     (result,) = interpret_in_subprocess(
@@ -633,24 +647,8 @@ def test_the_forms_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeyp
     for comparisons in result.values():
         assert not [c for c in comparisons if not c.ok], comparisons
         compared = {c.name.removesuffix("/rerun") for c in comparisons}
-        assert {
-            "gemm_0/fews_splitk8_128x64x64",
-            "gemm_1/tile_64x32x128",
-            "gemm_2/fews_splitk8_128x64x64",
-        } <= compared
-
-
-@pytest.mark.parametrize(
-    "text", ["32", "128,fews_splitk_128x64x64", "128,vec_1x2x512", "64,tile_64x32x128,x", "on"]
-)
-def test_a_wrong_many_rows_setting_is_a_clear_error(text, monkeypatch):
-    """``AOTPACK_MANY_ROWS``: A's rows (64 or 128) and optionally a whole form for short K; anything
-    else is a CodegenError that names what it expects."""
-    from aot.codegen.gemm_defaults import MANY_ROWS_ENV
-
-    monkeypatch.setenv(MANY_ROWS_ENV, text)
-    with pytest.raises(CodegenError, match="expected 'off' or '<64 or 128>"):
-        default_form(64, 768, "float16", n=768)
+        sites = {site.id for site in compiled.program.alternatives}
+        assert {n.split("/")[0] for n in compared if "/tilem_" in n} == sites, compared
 
 
 def test_a_stacked_gate_up_takes_the_whole_swapped_form_by_its_rows(monkeypatch):

@@ -159,3 +159,32 @@ def test_the_reduce_runs_the_next_layer_norm_and_verifies(tmp_path_factory):
     checked = verified_kernels(path)
     # what ends a joined pair (q/k/v's form after the reduce that ran ``ln_1``) at 8 and 32 rows
     assert {"gemm_addmm_gemv_16x32x128", "gemm_addmm_tile_64x32x128"} <= checked, checked
+
+
+def test_the_tiles_of_33_to_128_rows_keep_the_join_and_verify(tmp_path_factory):
+    """GPT-2 small's shapes (``build_shaped``: two layers, bfloat16) at 8 and 128 rows, a default
+    build: at 128 rows the tiles held to 33-128 rows (``gemm_defaults.MANY_ROWS``) at every site of
+    K 768 but the q/k/v after fc2 (K 3072, the library there), which joins fc2 at 8 rows, where
+    fc2's reduce runs ``ln_1``: a bucket where one of two joined sites keeps the library runs it
+    at both (``gemm_pairs.join``), and the join stays; ``aot.verify.device.verify`` passes."""
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV, MANY_ROWS_ENV
+    from aot.codegen.gemm_pairs import ENV
+    from aot.schema import StepKind
+    from aot.tuning import tuned_plans
+
+    if os.environ.get(FEW_ROWS_ENV):
+        pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
+    path, compiled, arch = build_shaped("gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: None})
+    programs = [compiled.program, *compiled.program.variants]
+    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
+    program = programs[index]
+    kernels = {k.id: k for k in program.kernels}
+    plans = {
+        key[0]: [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
+        for key, plan in tuned_plans(compiled.tuning, index, program, arch).items()
+    }
+    tiles = [n for n in plans[128] if "_tilem_" in n]
+    # o and fc in both layers, the first layer's q/k/v (after the embedding, not a GEMM)
+    assert len(tiles) == 2 * LAYERS + 1, plans[128]
+    assert sum(n.endswith("_reduce_norm") for n in plans[8]) == LAYERS - 1, plans[8]
+    assert {"gemm_addmm_tilem_64x32x128", "gemm_addmm_epilogue_tilem_64x64x128"} <= verified_kernels(path)
