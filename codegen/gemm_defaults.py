@@ -228,6 +228,10 @@ SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1]
 MANY_ROWS = "short"
 MANY_ROWS_MAX = 128
 MANY_ROWS_ENV = "AOTPACK_MANY_ROWS"
+# Those tiles with W's first K step loaded before the wait for the kernel before (``tileme_``):
+# "on" or "off" (MANY_ROWS_EARLY, or AOTPACK_MANY_ROWS_EARLY where set).
+MANY_ROWS_EARLY = "off"
+MANY_ROWS_EARLY_ENV = "AOTPACK_MANY_ROWS_EARLY"
 FEW_ROWS_PROLOGUE = True
 FEW_ROWS_MAX = 16
 FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
@@ -361,6 +365,16 @@ def many_rows() -> str:
     return text
 
 
+def many_row_tile(n: int) -> str:
+    """The tile of 33-MANY_ROWS_MAX rows for an output N wide: 64 columns where N is at least
+    SLICED_SMALL_N, else 32; ``tileme_`` where MANY_ROWS_EARLY (or its environment) says "on"."""
+    early = os.environ.get(MANY_ROWS_EARLY_ENV, "").strip() or MANY_ROWS_EARLY
+    if early not in ("on", "off"):
+        raise CodegenError(f"{MANY_ROWS_EARLY_ENV}={early!r}: expected 'on' or 'off'")
+    prefix = "tileme_" if early == "on" else "tilem_"
+    return prefix + ("64x64x128" if n >= SLICED_SMALL_N else "64x32x128")
+
+
 def default_attention_form(site: AttnSite, seq: int) -> str | None:
     """The flash form a default build runs attention ``site`` with at query length ``seq`` on
     ``DEFAULT_ARCH``; None: the library."""
@@ -443,8 +457,8 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
         if where == "off" or k * w_rows * ITEMSIZE[dtype] > SMALL_WEIGHT_BYTES:
             return None
         if k < SLICED_MIN_K:
-            return "tilem_64x64x128" if n >= SLICED_SMALL_N else "tilem_64x32x128"
-        return "tilem_64x32x128" if where == "on" else None
+            return many_row_tile(n)
+        return many_row_tile(0) if where == "on" else None
     return None
 
 

@@ -116,9 +116,12 @@ CONFIGS: tuple[TileConfig, ...] = (
 )
 
 # tune's middle-M tiles held to 33-128 rows (``tilem_``; ``gemm_defaults.MANY_ROWS``): a prompt of
-# up to 128 tokens at batch 1 on Triton's tiles, under dependent launch, where the library ran
+# up to 128 tokens at batch 1 on Triton's tiles, under dependent launch, where the library ran;
+# ``tileme_``: the same with W's first K step (and the bias) loaded before the wait for the kernel
+# before (``gemm_defaults.MANY_ROWS_EARLY``)
 MANY_ROW_TILES: tuple[TileConfig, ...] = tuple(
-    replace(c, name=c.name.replace("tile_", "tilem_"), min_m=33, max_m=128)
+    replace(c, name=c.name.replace("tile_", prefix), min_m=33, max_m=128, w_early=early)
+    for prefix, early in (("tilem_", 0), ("tileme_", 1))
     for c in CONFIGS
     if c.name in ("tile_64x32x128", "tile_64x64x128")
 )

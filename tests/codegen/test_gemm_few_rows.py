@@ -596,16 +596,17 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
         } <= compared
 
 
-def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeypatch):
+@pytest.mark.parametrize("early", ["off", "on"])
+def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(early, tmp_path, monkeypatch):
     """``gemm_rows128.py`` (buckets 64 and 128): by default (``MANY_ROWS`` "short") a tile held to
     33-128 rows (``gemm_forms.MANY_ROW_TILES``) at K below 1024 only, ``tilem_64x64x128`` at K = 96
     (N 2048); with ``AOTPACK_MANY_ROWS=on`` ``tilem_64x32x128`` at K = 4096 (N 96) and 1024 too; a
     weight past 8 MiB and a vocabulary head keep the library; "off" the library everywhere, a bad
-    value a CodegenError. Built "on", every kernel matches the library steps it replaces in
-    Triton's interpreter at 100 rows (the bucket of 128 padded) (``aot.dtypes.TOLERANCE``,
-    float16)."""
+    value a CodegenError. ``AOTPACK_MANY_ROWS_EARLY=on``: the ``tileme_`` forms (W's first K step
+    before the wait). Built "on", every kernel matches the library steps it replaces in Triton's
+    interpreter at 100 rows (the bucket of 128 padded) (``aot.dtypes.TOLERANCE``, float16)."""
     from aot.codegen import generate
-    from aot.codegen.gemm_defaults import MANY_ROWS_ENV
+    from aot.codegen.gemm_defaults import MANY_ROWS_EARLY_ENV, MANY_ROWS_ENV
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
@@ -618,12 +619,14 @@ def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeyp
             for sizes in cand.buckets
         }
 
+    tile = "tileme_" if early == "on" else "tilem_"
     model = MODELS / "gemm_rows128.py"
     traced = trace(load_model_file(model))
     monkeypatch.delenv(MANY_ROWS_ENV, raising=False)
+    monkeypatch.setenv(MANY_ROWS_EARLY_ENV, early)
     assert forms_of(generate(traced, ARCHS)) == {
-        (96, 2048, 64): "tilem_64x64x128",
-        (96, 2048, 128): "tilem_64x64x128",
+        (96, 2048, 64): tile + "64x64x128",
+        (96, 2048, 128): tile + "64x64x128",
     }
     monkeypatch.setenv(MANY_ROWS_ENV, "off")
     assert default_form(128, 96, "float16", n=2048) is None
@@ -633,12 +636,16 @@ def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeyp
     monkeypatch.setenv(MANY_ROWS_ENV, "on")
     assert default_form(128, 768, "float16", n=50257) is None  # a vocabulary head: the library
     assert default_form(128, 4096, "float16", n=2048) is None  # 16 MiB: the library
+    with monkeypatch.context() as m:
+        m.setenv(MANY_ROWS_EARLY_ENV, "1")
+        with pytest.raises(CodegenError, match="expected 'on' or 'off'"):
+            default_form(128, 96, "float16", n=2048)
     compiled = generate(traced, ARCHS)
     forms = forms_of(compiled)
     assert {key: form for key, form in forms.items() if key[2] == 128} == {
-        (4096, 96, 128): "tilem_64x32x128",
-        (96, 2048, 128): "tilem_64x64x128",
-        (1024, 2048, 128): "tilem_64x32x128",
+        (4096, 96, 128): tile + "64x32x128",
+        (96, 2048, 128): tile + "64x64x128",
+        (1024, 2048, 128): tile + "64x32x128",
     }, forms
     pack(compiled, tmp_path / "rows128.tpk")
     (result,) = interpret_in_subprocess(
@@ -648,7 +655,7 @@ def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(tmp_path, monkeyp
         assert not [c for c in comparisons if not c.ok], comparisons
         compared = {c.name.removesuffix("/rerun") for c in comparisons}
         sites = {site.id for site in compiled.program.alternatives}
-        assert {n.split("/")[0] for n in compared if "/tilem_" in n} == sites, compared
+        assert {n.split("/")[0] for n in compared if f"/{tile}" in n} == sites, compared
 
 
 def test_a_stacked_gate_up_takes_the_whole_swapped_form_by_its_rows(monkeypatch):
