@@ -153,7 +153,7 @@ def forms_of(n: int, k: int, halves: bool, dtype: str) -> list[tuple[str, int]]:
         for split in ("fews_splitk_128x64x64", "fews_splitk_128x64x128"):
             out += [(split, t) for t in (0, 132) if (split, t) not in out]
         others = ("fews_128x64x64", "fews_128x64x128", "fews_splitk_64x64x64", "fews_64x64x128")
-        others += ("tilem_64x32x128", "tilem_64x64x128", LIBRARY)
+        others += ("tilem_64x32x128", "tilem_64x64x128", "tileme_64x32x128", "tileme_64x64x128", LIBRARY)
         return out + [(form, 0) for form in others if (form, 0) not in out]
     if ROWS > 16:  # the 32-row forms at the build's split and a wave or two, tune's tiles, the library
         for split in ("fews_splitk_32x64x64", "fews_splitk_32x64x128"):

@@ -105,8 +105,8 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
         assert default_form(rows, 768, "float32", n=2304) is None
     # 33-128 rows by default: a tile of 64 rows at K below 1024, else the library
-    assert default_form(33, 768, "float16", n=2304) == "tilem_64x64x128"  # GPT-2's q/k/v
-    assert default_form(128, 768, "float16", n=768) == "tilem_64x32x128"  # its o
+    assert default_form(33, 768, "float16", n=2304) == "tileme_64x64x128"  # GPT-2's q/k/v
+    assert default_form(128, 768, "float16", n=768) == "tileme_64x32x128"  # its o
     assert default_form(128, 3072, "float16", n=768) is None  # its mlp out
     assert default_form(33, 2048, "bfloat16", n=16384) is None
     assert default_form(129, 768, "float16", n=2304) is None  # past 128 rows: the library
