@@ -207,6 +207,12 @@ SMALL_SLICED = BUILT_IN_LARGE[0]
 # Past SWAPPED_ROWS_MAX rows: MANY_ROWS below.
 BUILT_IN_32 = ("tile_64x32x128", "fews_splitk_32x64x64", "fews_splitk_32x64x128", "fews_32x64x128")
 SWAPPED_ROWS_MAX = 32
+# BUILT_IN_32's tile with W's first K step (and the bias) loaded before the wait for the kernel
+# before (``tilee_64x32x128``, held to 17-SWAPPED_ROWS_MAX rows) where ROWS32_EARLY (or
+# AOTPACK_ROWS32_EARLY where set) says "on", as the tiles of 33-128 rows do (MANY_ROWS_EARLY).
+ROWS32_EARLY = "off"
+ROWS32_EARLY_ENV = "AOTPACK_ROWS32_EARLY"
+ROWS32_EARLY_TILE = "tilee_64x32x128"
 SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1])  # its shortest K
 # 33-MANY_ROWS_MAX rows (a forward's prompt at batch 1): tune's tiles (``gemm_forms.MANY_ROW_TILES``)
 # at sites of at most SMALL_WEIGHT_BYTES, ``tilem_64x64x128`` where K is below SLICED_MIN_K and N
@@ -302,9 +308,10 @@ def default_configs() -> tuple[TileConfig, ...]:
     """The configs the default build's form names refer to (``gemm.add_gemm_alternatives``'s
     ``configs``): the one-row forms, ``few_row_configs``, the tile of ``BUILT_IN_32`` held to
     17-SWAPPED_ROWS_MAX rows and the tiles of 33-MANY_ROWS_MAX rows."""
-    tiles = (
+    tiles = [
         replace(c, min_m=FEW_ROWS_MAX + 1, max_m=SWAPPED_ROWS_MAX) for c in CONFIGS if c.name in BUILT_IN_32
-    )
+    ]
+    tiles.append(replace(tiles[0], name=ROWS32_EARLY_TILE, w_early=1))
     return (
         *(c for c in CONFIGS if not c.dot),
         *PROLOGUE_CONFIGS,
@@ -370,13 +377,18 @@ def many_rows() -> str:
     return text
 
 
+def _on(env: str, default: str) -> bool:
+    """Whether a setting of "on" or "off" (``default``, or the environment's ``env`` where set) is on."""
+    text = os.environ.get(env, "").strip() or default
+    if text not in ("on", "off"):
+        raise CodegenError(f"{env}={text!r}: expected 'on' or 'off'")
+    return text == "on"
+
+
 def many_row_tile(n: int) -> str:
     """The tile of 33-MANY_ROWS_MAX rows for an output N wide: 64 columns where N is at least
     SLICED_SMALL_N, else 32; ``tileme_`` where MANY_ROWS_EARLY (or its environment) says "on"."""
-    early = os.environ.get(MANY_ROWS_EARLY_ENV, "").strip() or MANY_ROWS_EARLY
-    if early not in ("on", "off"):
-        raise CodegenError(f"{MANY_ROWS_EARLY_ENV}={early!r}: expected 'on' or 'off'")
-    prefix = "tileme_" if early == "on" else "tilem_"
+    prefix = "tileme_" if _on(MANY_ROWS_EARLY_ENV, MANY_ROWS_EARLY) else "tilem_"
     return prefix + ("64x64x128" if n >= SLICED_SMALL_N else "64x32x128")
 
 
@@ -456,7 +468,9 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             return long_k
         if w_rows >= WIDE_N:
             return wide
-        return sliced if k >= SLICED_MIN_K else tile
+        if k >= SLICED_MIN_K:
+            return sliced
+        return ROWS32_EARLY_TILE if _on(ROWS32_EARLY_ENV, ROWS32_EARLY) else tile
     if SWAPPED_ROWS_MAX < rows <= MANY_ROWS_MAX and 0 < n < VOCAB_N:
         where = many_rows()
         if where == "off" or k * w_rows * ITEMSIZE[dtype] > SMALL_WEIGHT_BYTES:

@@ -552,18 +552,23 @@ def test_the_swapped_few_row_forms_match_in_the_interpreter(tmp_path, monkeypatc
         assert {n for m, n in expected if m == name} <= compared, (name, compared)
 
 
-def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
+@pytest.mark.parametrize("early", ["off", "on"])
+def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(early, tmp_path, monkeypatch):
     """``gemm_rows32.py`` built by default (buckets 1, 8 and 32): at 32 rows the built-in entry's
     forms for 17-32 rows (``BUILT_IN_32``): the swapped form of 32 rows (A's rows on the product's
     narrow side) in K slices at K = 4096 (the residual add in the kernel that sums the slices) and
-    K = 1024, ``tile_64x32x128`` at K = 96; at 8 rows the 2-16-row forms. Every kernel
+    K = 1024, ``tile_64x32x128`` at K = 96 (with ``AOTPACK_ROWS32_EARLY=on`` ``tilee_64x32x128``,
+    W's first K step before the wait); at 8 rows the 2-16-row forms. Every kernel
     matches the library steps it replaces in Triton's interpreter at 20 rows (the bucket of 32
     padded) (``aot.dtypes.TOLERANCE``, float16)."""
     from aot.codegen import generate
+    from aot.codegen.gemm_defaults import ROWS32_EARLY_ENV
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
 
+    monkeypatch.setenv(ROWS32_EARLY_ENV, early)
+    tile = "tilee_64x32x128" if early == "on" else "tile_64x32x128"
     model = MODELS / "gemm_rows32.py"
     compiled = generate(trace(load_model_file(model)), ARCHS)
     forms = {}
@@ -580,7 +585,7 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
         (1024, 32): "fews_splitk8_32x64x64",
         (96, 1): "vec_1x2x512",
         (96, 8): "gemv_16x32x128",
-        (96, 32): "tile_64x32x128",
+        (96, 32): tile,
     }, forms
     pack(compiled, tmp_path / "rows32.tpk")
     (result,) = interpret_in_subprocess(
@@ -591,7 +596,7 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(tmp_path):
         compared = {c.name.removesuffix("/rerun") for c in comparisons}
         assert {
             "gemm_0/fews_splitk8_32x64x64",
-            "gemm_1/tile_64x32x128",
+            f"gemm_1/{tile}",
             "gemm_2/fews_splitk8_32x64x64",
         } <= compared
 
