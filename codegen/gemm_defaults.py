@@ -217,9 +217,8 @@ SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1]
 # 33-MANY_ROWS_MAX rows (a forward's prompt at batch 1): tune's tiles (``gemm_forms.MANY_ROW_TILES``)
 # at sites of at most SMALL_WEIGHT_BYTES, ``tilem_64x64x128`` where K is below SLICED_MIN_K and N
 # at least SLICED_SMALL_N, else ``tilem_64x32x128`` (``tileme_``: MANY_ROWS_EARLY below; a
-# vocabulary head keeps the library). MANY_ROWS
-# or its environment: "short" (the default) only at K below SLICED_MIN_K; "on" at every K; "off"
-# the library. Measured on an H200 (torch 2.11, triton 3.6, bench/bundle_paired.py, 12 rounds,
+# vocabulary head keeps the library). MANY_ROWS or its environment: "short" (the default) only
+# at K below SLICED_MIN_K; "on" at every K; "off" the library. Measured on an H200 (torch 2.11, triton 3.6, bench/bundle_paired.py, 12 rounds,
 # bench/results/ab-many-rows-h200-2026-12-03.log), B / A per round's median, A the library:
 # - the example GPT (K 768 at q/k/v, o and fc; K 3072 at mlp out) "short": 0.958 at B=1 S=128
 #   (0.460 -> 0.441 ms, 12/12 rounds), 0.976 at S=64 (12/12); as built (q/k/v after mlp out kept
