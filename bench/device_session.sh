@@ -27,6 +27,8 @@
 #     (the default, whose reduce runs the next norm (codegen/gemm_pairs.py), against the sites apart; GPU_K=reduce_runs_the_next_norm ... gpu-k:200 checks it)
 #   (DECODE_ENV="AOTPACK_REDUCE_NORM=rms" with decode-gpt2 / envdecode-gpt2: GPT-2's LayerNorm kept apart, against the default; GPU_K=reduce_runs_the_next_layer_norm checks the joined forms)
 #   DEADLINE=580 bash bench/device_session.sh gpu-all:570   (the whole GPU suite: a command of its own)
+#   DEADLINE=300 AB_ENV_gpt=AOTPACK_ROWS32_EARLY=on AB_SIZES_gpt="batch=1,seq=32 batch=32,seq=1 batch=1,seq=24" bash bench/device_session.sh ab-gpt:280
+#     (BUILT_IN_32's tile with its first W step before the wait, tilee_64x32x128, against the default; untimed as of 2026-12-03)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per
