@@ -61,7 +61,7 @@ SITES = {
 FLOAT16 = ("gpt2", "mlp", "gpt2-head")  # models in float16; the rest bfloat16
 # the swapped forms with A's 64 or 128 rows on the product's narrow side (33-128 rows): measured
 # here, not built (on an H200 every one of them lost to cuBLAS and the tiles at 128 rows,
-# bench/results/split-sweep-128-h200-2026-12-02f.json)
+# 2026-12-02: gemm_defaults' note on MANY_ROWS; that run's JSON was not kept)
 SWAPPED_128 = tuple(
     replace(c, name=c.name.replace("_16x", f"_{rows}x"), block_m=rows, min_m=33, max_m=128)
     for rows in (64, 128)

@@ -218,8 +218,9 @@ SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1]
 # at sites of at most SMALL_WEIGHT_BYTES, ``tilem_64x64x128`` where K is below SLICED_MIN_K and N
 # at least SLICED_SMALL_N, else ``tilem_64x32x128`` (``tileme_``: MANY_ROWS_EARLY below; a
 # vocabulary head keeps the library). MANY_ROWS or its environment: "short" (the default) only
-# at K below SLICED_MIN_K; "on" at every K; "off" the library. Measured on an H200 (torch 2.11, triton 3.6, bench/bundle_paired.py, 12 rounds,
-# bench/results/ab-many-rows-h200-2026-12-03.log), B / A per round's median, A the library:
+# at K below SLICED_MIN_K; "on" at every K; "off" the library. Measured on an H200 (torch 2.11,
+# triton 3.6, bench/bundle_paired.py, 12 rounds, bench/results/ab-many-rows-h200-2026-12-03.log),
+# B / A per round's median, A the library:
 # - the example GPT (K 768 at q/k/v, o and fc; K 3072 at mlp out) "short": 0.958 at B=1 S=128
 #   (0.460 -> 0.441 ms, 12/12 rounds), 0.976 at S=64 (12/12); as built (q/k/v after mlp out kept
 #   on the library at 33-128 rows, ``gemm_pairs.join``; ab-gpt-many-rows-default-*.json) 0.965 at
@@ -310,7 +311,8 @@ def default_configs() -> tuple[TileConfig, ...]:
     tiles = [
         replace(c, min_m=FEW_ROWS_MAX + 1, max_m=SWAPPED_ROWS_MAX) for c in CONFIGS if c.name in BUILT_IN_32
     ]
-    tiles.append(replace(tiles[0], name=ROWS32_EARLY_TILE, w_early=1))
+    (tile,) = [c for c in tiles if c.name == BUILT_IN_32[0]]
+    tiles.append(replace(tile, name=ROWS32_EARLY_TILE, w_early=1))
     return (
         *(c for c in CONFIGS if not c.dot),
         *PROLOGUE_CONFIGS,
@@ -367,21 +369,25 @@ def few_row_forms() -> FewRows:
     return FewRows(*forms, prologue=prologue, every_site=every)
 
 
+def _setting(env: str, default: str, choices: tuple[str, ...] = ("on", "off")) -> str:
+    """A setting among ``choices``: the environment's ``env`` where set, else ``default``; any
+    other value is a CodegenError that names the choices."""
+    text = os.environ.get(env, "").strip() or default
+    if text not in choices:
+        expected = " or ".join((", ".join(repr(c) for c in choices[:-1]), repr(choices[-1])))
+        raise CodegenError(f"{env}={text!r}: expected {expected}")
+    return text
+
+
 def many_rows() -> str:
     """Where tiles run at 33-MANY_ROWS_MAX rows: "on", "short" or "off" (MANY_ROWS, or the
     environment's where set)."""
-    text = os.environ.get(MANY_ROWS_ENV, "").strip() or MANY_ROWS
-    if text not in ("on", "short", "off"):
-        raise CodegenError(f"{MANY_ROWS_ENV}={text!r}: expected 'on', 'short' or 'off'")
-    return text
+    return _setting(MANY_ROWS_ENV, MANY_ROWS, ("on", "short", "off"))
 
 
 def _on(env: str, default: str) -> bool:
     """Whether a setting of "on" or "off" (``default``, or the environment's ``env`` where set) is on."""
-    text = os.environ.get(env, "").strip() or default
-    if text not in ("on", "off"):
-        raise CodegenError(f"{env}={text!r}: expected 'on' or 'off'")
-    return text == "on"
+    return _setting(env, default) == "on"
 
 
 def many_row_tile(n: int) -> str:
@@ -394,11 +400,8 @@ def many_row_tile(n: int) -> str:
 def default_attention_form(site: AttnSite, seq: int) -> str | None:
     """The flash form a default build runs attention ``site`` with at query length ``seq`` on
     ``DEFAULT_ARCH``; None: the library."""
-    flag = os.environ.get(ATTENTION_ENV, "").strip()
-    if flag not in ("", "on", "off"):
-        raise CodegenError(f"{ATTENTION_ENV}={flag!r}: expected 'on' or 'off'")
     if (
-        flag == "off"
+        not _on(ATTENTION_ENV, "on")
         or site.dtype not in ATTENTION_DTYPES
         or site.head_dim > ATTENTION_MAX_HEAD_DIM
         or not 1 <= seq <= ATTENTION_MAX_T

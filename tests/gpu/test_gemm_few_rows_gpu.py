@@ -169,20 +169,12 @@ def test_the_tiles_of_33_to_128_rows_keep_the_join_and_verify(tmp_path_factory):
     at both (``gemm_pairs.join``), and the join stays; ``aot.verify.device.verify`` passes."""
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV, MANY_ROWS_ENV, many_row_tile
     from aot.codegen.gemm_pairs import ENV
-    from aot.schema import StepKind
-    from aot.tuning import tuned_plans
 
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
     path, compiled, arch = build_shaped("gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: None})
-    programs = [compiled.program, *compiled.program.variants]
-    (index,) = [i for i, p in enumerate(programs) if p.inputs[0].spec.shape[1:] == ("1",)]
-    program = programs[index]
-    kernels = {k.id: k for k in program.kernels}
-    plans = {
-        key[0]: [kernels[s.target].name for s in plan if s.kind == StepKind.KERNEL]
-        for key, plan in tuned_plans(compiled.tuning, index, program, arch).items()
-    }
+    _, named = decode_plans(compiled, arch, library=True)  # fc2 and the q/k/v after it: the library
+    plans = {key[0]: names for key, names in named.items()}
     tiles = [n for n in plans[128] if "_tilem" in n]  # tilem_ or tileme_
     # o and fc in both layers, the first layer's q/k/v (after the embedding, not a GEMM)
     assert len(tiles) == 2 * LAYERS + 1, plans[128]
