@@ -218,7 +218,8 @@ SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1]
 # at sites of at most SMALL_WEIGHT_BYTES, ``tilem_64x64x128`` where K is below SLICED_MIN_K and N
 # at least SLICED_SMALL_N, else ``tilem_64x32x128`` (``tileme_``: MANY_ROWS_EARLY below; a
 # vocabulary head keeps the library). MANY_ROWS or its environment: "short" (the default) only
-# at K below SLICED_MIN_K; "on" at every K; "off" the library. Measured on an H200 (torch 2.11,
+# at K below SLICED_MIN_K; "split" also ``tilem_splitk_64x32x128`` (K slices) at longer K where N
+# is below SLICED_SMALL_N; "on" the whole tiles at every K; "off" the library. Measured on an H200 (torch 2.11,
 # triton 3.6, bench/bundle_paired.py, 12 rounds, bench/results/ab-many-rows-h200-2026-12-03.log),
 # B / A per round's median, A the library:
 # - the example GPT (K 768 at q/k/v, o and fc; K 3072 at mlp out) "short": 0.958 at B=1 S=128
@@ -380,9 +381,9 @@ def _setting(env: str, default: str, choices: tuple[str, ...] = ("on", "off")) -
 
 
 def many_rows() -> str:
-    """Where tiles run at 33-MANY_ROWS_MAX rows: "on", "short" or "off" (MANY_ROWS, or the
+    """Where tiles run at 33-MANY_ROWS_MAX rows: "on", "split", "short" or "off" (MANY_ROWS, or the
     environment's where set)."""
-    return _setting(MANY_ROWS_ENV, MANY_ROWS, ("on", "short", "off"))
+    return _setting(MANY_ROWS_ENV, MANY_ROWS, ("on", "split", "short", "off"))
 
 
 def _on(env: str, default: str) -> bool:
@@ -390,10 +391,13 @@ def _on(env: str, default: str) -> bool:
     return _setting(env, default) == "on"
 
 
-def many_row_tile(n: int) -> str:
+def many_row_tile(n: int, sliced: bool = False) -> str:
     """The tile of 33-MANY_ROWS_MAX rows for an output N wide: 64 columns where N is at least
-    SLICED_SMALL_N, else 32; ``tileme_`` where MANY_ROWS_EARLY (or its environment) says "on"."""
+    SLICED_SMALL_N, else 32 (``sliced``: 32 in K slices); ``tileme_`` where MANY_ROWS_EARLY (or
+    its environment) says "on"."""
     prefix = "tileme_" if _on(MANY_ROWS_EARLY_ENV, MANY_ROWS_EARLY) else "tilem_"
+    if sliced:
+        return prefix + "splitk_64x32x128"
     return prefix + ("64x64x128" if n >= SLICED_SMALL_N else "64x32x128")
 
 
@@ -479,6 +483,8 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             return None
         if k < SLICED_MIN_K:
             return many_row_tile(n)
+        if where == "split":  # long K: the narrow tile in K slices where N makes few tiles
+            return many_row_tile(n, sliced=True) if n < SLICED_SMALL_N else None
         return many_row_tile(0) if where == "on" else None
     return None
 

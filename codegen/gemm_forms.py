@@ -118,12 +118,28 @@ CONFIGS: tuple[TileConfig, ...] = (
 # tune's middle-M tiles held to 33-128 rows (``tilem_``; ``gemm_defaults.MANY_ROWS``): a prompt of
 # up to 128 tokens at batch 1 on Triton's tiles, under dependent launch, where the library ran;
 # ``tileme_``: the same with W's first K step (and the bias) loaded before the wait for the kernel
-# before (``gemm_defaults.MANY_ROWS_EARLY``)
+# before (``gemm_defaults.MANY_ROWS_EARLY``). ``tilem_splitk_64x32x128``: the narrow tile in K
+# slices for long K (GPT-2's mlp out, 3072 -> 768: 24 column tiles of one 64-row tile each
+# streaming all of K, where 4 slices make 96 blocks a 64-row tile), the slices summed by a reduce
+# kernel in a fixed order, which can run the next GEMM's norm too (``gemm_pairs``)
+_MANY_ROW_BASE: tuple[TileConfig, ...] = (
+    *(c for c in CONFIGS if c.name in ("tile_64x32x128", "tile_64x64x128")),
+    TileConfig(
+        "tile_splitk_64x32x128",
+        64,
+        32,
+        128,
+        num_warps=4,
+        num_stages=4,
+        split_k=0,
+        min_k=1024,
+        target_blocks=96,
+    ),
+)
 MANY_ROW_TILES: tuple[TileConfig, ...] = tuple(
     replace(c, name=c.name.replace("tile_", prefix), min_m=33, max_m=128, w_early=early)
     for prefix, early in (("tilem_", 0), ("tileme_", 1))
-    for c in CONFIGS
-    if c.name in ("tile_64x32x128", "tile_64x64x128")
+    for c in _MANY_ROW_BASE
 )
 
 # One-row forms of more rows of W per block, for sites whose norm each block computes again in its

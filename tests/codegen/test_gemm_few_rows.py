@@ -636,8 +636,12 @@ def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(early, tmp_path, 
     monkeypatch.setenv(MANY_ROWS_ENV, "off")
     assert default_form(128, 96, "float16", n=2048) is None
     monkeypatch.setenv(MANY_ROWS_ENV, "32")
-    with pytest.raises(CodegenError, match="expected 'on', 'short' or 'off'"):
+    with pytest.raises(CodegenError, match="expected 'on', 'split', 'short' or 'off'"):
         default_form(128, 96, "float16", n=2048)
+    monkeypatch.setenv(MANY_ROWS_ENV, "split")
+    assert default_form(128, 4096, "float16", n=96) == tile + "splitk_64x32x128"  # K-sliced
+    assert default_form(128, 1024, "float16", n=4096) is None  # many columns: the library
+    assert default_form(128, 96, "float16", n=2048) == tile + "64x64x128"  # short K: whole
     monkeypatch.setenv(MANY_ROWS_ENV, "on")
     assert default_form(128, 768, "float16", n=50257) is None  # a vocabulary head: the library
     assert default_form(128, 4096, "float16", n=2048) is None  # 16 MiB: the library

@@ -194,3 +194,48 @@ def test_biases_loaded_before_the_wait_match_in_the_interpreter(tmp_path):
     assert all(c.ok for cs in result.values() for c in cs), [
         c for cs in result.values() for c in cs if not c.ok
     ][:3]
+
+
+@pytest.mark.parametrize("early", ["off", "on"])
+def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_path, monkeypatch):
+    """``gemm_reduce_ln_many.py`` (buckets 64 and 128) with ``AOTPACK_MANY_ROWS=split``: the first
+    GEMM (K 2048, N 640) in K slices of the 64-row tile (``tilem_splitk5_64x32x128``: 20 column
+    tiles, 5 slices), the second (K 640) on the 64-row tile, joined: the slices' reduce runs the
+    add + LayerNorm and that kernel goes; by default ("short") the first keeps the library (K
+    2048) and the second runs its tile after the add + LayerNorm kernel. ``AOTPACK_MANY_ROWS_EARLY``: ``tileme_`` forms (W's first K step
+    before the wait). Every kernel matches the library steps in Triton's interpreter at 100 rows
+    (the bucket of 128, padded) within float16's tolerance, and bit for bit from run to run."""
+    from aot.codegen.gemm_defaults import MANY_ROWS_EARLY_ENV, MANY_ROWS_ENV
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    tile = "tileme_" if early == "on" else "tilem_"
+    monkeypatch.setenv(MANY_ROWS_EARLY_ENV, early)
+    monkeypatch.delenv(MANY_ROWS_ENV, raising=False)
+    short = _plans(_build("gemm_reduce_ln_many.py"))
+    assert short == {rows: ["fused_add_layer_norm", f"gemm_addmm_{tile}64x32x128"] for rows in (64, 128)}
+    monkeypatch.setenv(MANY_ROWS_ENV, "split")
+    compiled = _build("gemm_reduce_ln_many.py")
+    (site,) = compiled.program.alternatives
+    split = f"{tile}splitk5_64x32x128"
+    assert {c.name: c.buckets for c in site.candidates} == {
+        f"{split}__{tile}64x32x128": ({"batch": 64}, {"batch": 128})
+    }
+    plans = _plans(compiled)
+    for rows in (64, 128):
+        assert plans[rows] == [
+            f"gemm_addmm_{split}_partial",
+            f"gemm_addmm_{split}_reduce_norm",
+            f"gemm_addmm_{tile}64x32x128",
+        ], plans
+    pack(compiled, tmp_path / "many.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "many.tpk", MODELS / "gemm_reduce_ln_many.py", [{"batch": 100}], None, True)],
+        timeout=HANG_GUARD_S,
+    )
+    (comparisons,) = result.values()
+    assert not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+    names = {(c.name, c.output) for c in comparisons}
+    (cand,) = site.candidates
+    for out in site.outputs:
+        assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
