@@ -210,6 +210,11 @@ SWAPPED_ROWS_MAX = 32
 # BUILT_IN_32's tile with W's first K step (and the bias) loaded before the wait for the kernel
 # before (``tilee_64x32x128``, held to 17-SWAPPED_ROWS_MAX rows) where ROWS32_EARLY (or
 # AOTPACK_ROWS32_EARLY where set) says "on", as the tiles of 33-128 rows do (MANY_ROWS_EARLY).
+# Off: on an H200 (bench/results/ab-gpt-rows32-early-h200-2026-12-03b.json, gpt, both bundles in
+# one process, 12 rounds) a prompt of 32 or 24 tokens at batch 1 took 0.978 of the time with it
+# (11-12 of 12 rounds), one token at batch 32 (a decode step's shape) 1.014 (1 of 12 faster); a
+# decode step runs far more often than a prompt of 17-32 tokens, and both are 32 rows, so the
+# rows cannot tell them apart.
 ROWS32_EARLY = "off"
 ROWS32_EARLY_ENV = "AOTPACK_ROWS32_EARLY"
 ROWS32_EARLY_TILE = "tilee_64x32x128"

@@ -182,3 +182,29 @@ def test_the_tiles_of_33_to_128_rows_keep_the_join_and_verify(tmp_path_factory):
     # (``AOTPACK_MANY_ROWS_EARLY`` where set: its forms, W's first K step before the wait)
     o, fc = f"gemm_addmm_{many_row_tile(768)}", f"gemm_addmm_epilogue_{many_row_tile(3072)}"
     assert {o, fc} <= verified_kernels(path)
+
+
+def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm_and_verify(tmp_path_factory):
+    """GPT-2 small's shapes (two layers, bfloat16) at 8 and 128 rows, built with
+    ``AOTPACK_MANY_ROWS=split``: at 128 rows the first layer's fc2 (K 3072, N 768) runs the
+    64-row tile in K slices and its reduce the next layer's ``ln_1`` (that LayerNorm kernel gone),
+    joined with that layer's q/k/v tile; the last fc2 in K slices too, its reduce a plain one
+    (``ln_f``'s kernel before the vocabulary head, the library's). ``aot.verify.device.verify``
+    passes with the slices and their reduce among the kernels checked."""
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV, MANY_ROWS_ENV, many_row_tile
+    from aot.codegen.gemm_pairs import ENV
+
+    if os.environ.get(FEW_ROWS_ENV):
+        pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
+    path, compiled, arch = build_shaped(
+        "gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: "split"}
+    )
+    _, named = decode_plans(compiled, arch, library=True)  # the last fc2 and the head: the library
+    plans = {key[0]: names for key, names in named.items()}
+    sliced = many_row_tile(768, sliced=True).replace("splitk", "splitk4")  # 24 column tiles x 4 slices
+    assert sum(n == f"gemm_addmm_{sliced}_partial" for n in plans[128]) == LAYERS, plans[128]
+    assert sum(n == f"gemm_addmm_{sliced}_reduce_norm" for n in plans[128]) == LAYERS - 1, plans[128]
+    # the first ln_1, every ln_2 and ln_f: the other ln_1s run in the reduces
+    assert sum(n.endswith("_layer_norm") and not n.startswith("gemm_") for n in plans[128]) == LAYERS + 2
+    checked = verified_kernels(path)
+    assert {f"gemm_addmm_{sliced}_partial", f"gemm_addmm_{sliced}_reduce_norm"} <= checked, checked
