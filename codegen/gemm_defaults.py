@@ -49,8 +49,9 @@ tensor-core product's wide side; a stacked gate/up counted by its 2N rows), and 
 (``SWAPPED_ROWS_MAX``) every half-precision site runs a swapped form of 32 rows (``BUILT_IN_32``),
 but at K below ``SLICED_MIN_K`` tune's ``tile_64x32x128``; at 33-128 rows (``MANY_ROWS_MAX``)
 a site of K below ``SLICED_MIN_K`` and at most ``SMALL_WEIGHT_BYTES`` of weights a tile of 64 rows
-held to those rows, its first W step loaded before the wait (``MANY_ROW_TILES``' ``tileme_``;
-the library past them). Attention
+held to those rows, its first W step loaded before the wait (``MANY_ROW_TILES``' ``tileme_``),
+at longer K where N is below ``SLICED_SMALL_N`` the narrow tile in K slices (the library past
+them). Attention
 sites without a mask (``aot.codegen.flash``) run its flash forms at up to ``ATTENTION_MAX_T``
 queries in float16. Every other site and bucket keeps the library. ``FEW_ROWS`` or
 ``AOTPACK_FEW_ROWS`` name forms for every site instead (or ``off``), for measuring. The table is
@@ -222,9 +223,10 @@ SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1]
 # 33-MANY_ROWS_MAX rows (a forward's prompt at batch 1): tune's tiles (``gemm_forms.MANY_ROW_TILES``)
 # at sites of at most SMALL_WEIGHT_BYTES, ``tilem_64x64x128`` where K is below SLICED_MIN_K and N
 # at least SLICED_SMALL_N, else ``tilem_64x32x128`` (``tileme_``: MANY_ROWS_EARLY below; a
-# vocabulary head keeps the library). MANY_ROWS or its environment: "short" (the default) only
-# at K below SLICED_MIN_K; "split" also ``tilem_splitk_64x32x128`` (K slices) at longer K where N
-# is below SLICED_SMALL_N; "on" the whole tiles at every K; "off" the library. Measured on an H200 (torch 2.11,
+# vocabulary head keeps the library). MANY_ROWS or its environment: "split" (the default) those
+# tiles at K below SLICED_MIN_K and ``tilem_splitk_64x32x128`` (K slices, whose reduce can run the
+# next norm: ``gemm_pairs``) at longer K where N is below SLICED_SMALL_N; "short" only the first;
+# "on" the whole tiles at every K; "off" the library. Measured on an H200 (torch 2.11,
 # triton 3.6, bench/bundle_paired.py, 12 rounds, bench/results/ab-many-rows-h200-2026-12-03.log),
 # B / A per round's median, A the library:
 # - the example GPT (K 768 at q/k/v, o and fc; K 3072 at mlp out) "short": 0.958 at B=1 S=128
@@ -236,10 +238,15 @@ SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1]
 # - the example MLP (K 1024 and 4096) "on": 1.131 at 64 rows, 1.116 at 48 ("short" keeps its
 #   library); the 0.58B Llama (K 2048, its o the only site of at most 8 MiB) "on": 1.005 at S=128;
 #   Llama-3.2-1B alone: q/k/v 7.44 library against 8.69 on the tile.
+# - "split" against "short", both bundles in one process (bench/results/ab-gpt-many-rows-split-
+#   h200-2026-12-04.json, 12 rounds, outputs within 0.0039): the example GPT (its mlp out, K 3072
+#   N 768, in 4 K slices whose reduce runs the next layer's residual add + LayerNorm, that kernel
+#   gone) 0.955 at B=1 S=128 (0.431 -> 0.412 ms), 0.906 at S=64, 0.955 at S=100, 12/12 rounds
+#   each; the example MLP (2026-12-03) 0.985 at 64 rows, 0.989 at 48.
 # The swapped forms of A's 64 or 128 rows (the 17-32-row rules carried further) lost at every
 # site measured (GPT-2's mlp out in K slices 12.4-13.1 µs against the library's 8.26; the 0.58B
 # Llama's forward 1.25x slower).
-MANY_ROWS = "short"
+MANY_ROWS = "split"
 MANY_ROWS_MAX = 128
 MANY_ROWS_ENV = "AOTPACK_MANY_ROWS"
 # Those tiles with W's first K step (and the bias) loaded before the wait for the kernel before

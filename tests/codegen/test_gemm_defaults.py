@@ -50,10 +50,12 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
     prologue) and the few-row entry's form at batches 2-16 (the weights are small:
     ``gemv_16x32x128``, and at the down projection's N 1024 x K 4096 the swapped form in 8 K
     slices, ``fews_splitk8_16x64x64``), the 32-row swapped forms in K slices at 32 (``BUILT_IN_32``:
-    K 1024 in 2 slices, K 4096 in 8), the library at 64. A block's down projection and the next
-    block's LayerNorm and up projection are one site (``gemm_pairs``: its choice names both forms,
-    ``first__second``; at 2-32 rows the down projection's reduce runs the LayerNorm). The table is
-    recorded for sm_90 and parses as tune's do."""
+    K 1024 in 2 slices, K 4096 in 8). A block's down projection and the next block's LayerNorm
+    and up projection are one site (``gemm_pairs``: its choice names both forms,
+    ``first__second``; at 2-32 rows the down projection's reduce runs the LayerNorm). At 64 rows
+    the last down projection (N 1024: few column tiles) runs the 64-row tile in 3 K slices
+    (``MANY_ROWS`` "split"); the joined sites keep the library there, as their up projection
+    (N 4096) does. The table is recorded for sm_90 and parses as tune's do."""
     from aot.buckets import buckets_by_program
     from aot.schema import TUNING_PATH
 
@@ -63,7 +65,9 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
     assert table.arch == DEFAULT_ARCH and "built-in" in table.device
     sites = {s.id: s for s in program.alternatives}
     assert sites and {c.site for c in table.choices} == set(sites)
-    assert {c.sizes["batch"] for c in table.choices} == {1, 2, 4, 8, 16, 32}
+    assert {c.sizes["batch"] for c in table.choices} == {1, 2, 4, 8, 16, 32, 64}
+    (last,) = [c for c in table.choices if c.sizes["batch"] == 64]
+    assert last.site == max(sites, key=lambda s: int(s.split("_")[-1]))  # the last block's down
     # the first three blocks' down projections, each with the next block's up projection
     joined = {c.site for c in table.choices if "__" in c.choice}
     assert len(joined) == 3 and all(("__" in c.choice) == (c.site in joined) for c in table.choices)
@@ -76,6 +80,8 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
             form = default_form(rows, k, "float16", n=n)
             if rows == 1:
                 assert part == form + ("_ln" if up else "")
+            elif rows == 64:
+                assert part == form.replace("splitk_", "splitk3_") == "tileme_splitk3_64x32x128"
             elif rows == 32:
                 assert part == form.replace("splitk_", "splitk2_" if up else "splitk8_")
                 assert form == "fews_splitk_32x64x64"
@@ -85,7 +91,7 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
         # only the default forms were compiled, each for its buckets
         (cand,) = [k for k in sites[c.site].candidates if k.name == c.choice]
         assert c.sizes in cand.buckets
-    assert all(len(s.candidates) == 3 for s in sites.values())
+    assert sorted(len(s.candidates) for s in sites.values()) == [3, 3, 3, 3, 4]  # the last: 64 rows too
 
 
 def test_the_table_changes_the_steps_on_its_arch_only(mlp_bundle):
@@ -96,13 +102,14 @@ def test_the_table_changes_the_steps_on_its_arch_only(mlp_bundle):
     table = parse_tuning(mlp_bundle.read(TUNING_PATH), [program], buckets_by_program(mlp_bundle.manifest))
     assert tuned_plans(table, 0, program, "sm_80") == {}
     plans = tuned_plans(table, 0, program, DEFAULT_ARCH)
-    assert list(plans) == [(1,), (2,), (4,), (8,), (16,), (32,)]
+    assert list(plans) == [(1,), (2,), (4,), (8,), (16,), (32,), (64,)]
     kernels = {k.id: k for k in program.kernels}
-    for steps in plans.values():
+    for (rows,), steps in plans.items():
         gemm = [s for s in steps if s.kind == StepKind.KERNEL and kernels[s.target].name.startswith("gemm")]
-        assert sum(bool(s.reference) for s in gemm) == len(program.alternatives)  # one per site
-        # no cuBLAS call left at these buckets (so a process serving them never loads it)
-        assert not any(s.target in ("aten.mm.default", "aten.addmm.default") for s in steps)
+        # one per site; at 64 rows the last down projection's alone (the rest keep cuBLAS)
+        assert sum(bool(s.reference) for s in gemm) == (1 if rows == 64 else len(program.alternatives))
+        # no cuBLAS call left at 1-32 rows (so a process serving them never loads it)
+        assert (rows == 64) == any(s.target in ("aten.mm.default", "aten.addmm.default") for s in steps)
         # each site's kernels end with the one that stands for the library steps it replaced (a
         # split-K form's partial sums, a joined site's first GEMM and its reduce come before it)
         assert gemm[-1].reference and all(
@@ -200,7 +207,7 @@ def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch
     """``AOTPACK_FEW_ROWS`` may name the tensor-core forms tune chooses among at few rows
     (``gemv_16x32x128``, ``splitk_16x64x128``): each runs at buckets of 2-16 rows only, the
     one-row form keeps batch 1, 32 rows the built-in entry's forms there (``BUILT_IN_32``), and
-    64 the library."""
+    64 ``MANY_ROWS``' (the down projections in K slices of the 64-row tile, the up the library)."""
     from aot.codegen import gemm_pairs, generate
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV, FEW_ROWS_PROLOGUE_ENV
 
@@ -213,5 +220,6 @@ def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch
         by_batch.setdefault(c.sizes["batch"], set()).add(c.choice)
     assert by_batch.pop(1) == {"vec_1x2x512_ln", "vec_1x2x1024"}
     assert by_batch.pop(32) == {"fews_splitk2_32x64x64", "fews_splitk8_32x64x64"}
-    assert set(by_batch) == {2, 4, 8, 16}  # the mlp's buckets of 2-16 rows; 64 keeps cuBLAS
+    assert by_batch.pop(64) == {"tileme_splitk3_64x32x128"}
+    assert set(by_batch) == {2, 4, 8, 16}  # the mlp's buckets of 2-16 rows
     assert all(forms == {"gemv_16x32x128", "splitk8_16x64x128"} for forms in by_batch.values())

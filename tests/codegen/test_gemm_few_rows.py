@@ -104,10 +104,14 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
         assert default_form(rows, 2048, "bfloat16", n=128256) == "fews_32x64x128"  # its LM head
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
         assert default_form(rows, 768, "float32", n=2304) is None
-    # 33-128 rows by default: a tile of 64 rows at K below 1024, else the library
+    # 33-128 rows by default: a tile of 64 rows at K below 1024, in K slices at longer K where N
+    # makes few tiles, else the library
     assert default_form(33, 768, "float16", n=2304) == "tileme_64x64x128"  # GPT-2's q/k/v
     assert default_form(128, 768, "float16", n=768) == "tileme_64x32x128"  # its o
-    assert default_form(128, 3072, "float16", n=768) is None  # its mlp out
+    assert default_form(128, 3072, "float16", n=768) == "tileme_splitk_64x32x128"  # its mlp out
+    assert default_form(64, 4096, "float16", n=1024) == "tileme_splitk_64x32x128"  # the mlp's down
+    assert default_form(64, 1024, "float16", n=4096) is None  # its up: N makes tiles enough
+    assert default_form(128, 2048, "bfloat16", n=2048) is None  # Llama-3.2-1B's o
     assert default_form(33, 2048, "bfloat16", n=16384) is None
     assert default_form(129, 768, "float16", n=2304) is None  # past 128 rows: the library
     held = {c.name: (c.min_m, c.max_m) for c in gemm_defaults.default_configs()}
@@ -603,9 +607,11 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(early, tmp_path, m
 
 @pytest.mark.parametrize("early", ["off", "on"])
 def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(early, tmp_path, monkeypatch):
-    """``gemm_rows128.py`` (buckets 64 and 128): by default (``MANY_ROWS`` "short") a tile held to
-    33-128 rows (``gemm_forms.MANY_ROW_TILES``) at K below 1024 only, ``tilem_64x64x128`` at K = 96
-    (N 2048); with ``AOTPACK_MANY_ROWS=on`` ``tilem_64x32x128`` at K = 4096 (N 96) and 1024 too; a
+    """``gemm_rows128.py`` (buckets 64 and 128): by default (``MANY_ROWS`` "split") a tile held to
+    33-128 rows (``gemm_forms.MANY_ROW_TILES``), ``tilem_64x64x128`` at K = 96 (N 2048), and at
+    K = 4096 (N 96: few column tiles) the narrow tile in 8 K slices, the site of K = 1024 and N 2048
+    on the library ("short": the first only); with ``AOTPACK_MANY_ROWS=on``
+    ``tilem_64x32x128`` at K = 4096 and 1024 too; a
     weight past 8 MiB and a vocabulary head keep the library; "off" the library everywhere, a bad
     value a CodegenError. ``AOTPACK_MANY_ROWS_EARLY=on``: the ``tileme_`` forms (W's first K step
     before the wait). Built "on", every kernel matches the library steps it replaces in Triton's
@@ -629,10 +635,11 @@ def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(early, tmp_path, 
     traced = trace(load_model_file(model))
     monkeypatch.delenv(MANY_ROWS_ENV, raising=False)
     monkeypatch.setenv(MANY_ROWS_EARLY_ENV, early)
-    assert forms_of(generate(traced, ARCHS)) == {
-        (96, 2048, 64): tile + "64x64x128",
-        (96, 2048, 128): tile + "64x64x128",
-    }
+    whole = {(96, 2048, 64): tile + "64x64x128", (96, 2048, 128): tile + "64x64x128"}
+    sliced = {(4096, 96, 64): tile + "splitk8_64x32x128", (4096, 96, 128): tile + "splitk8_64x32x128"}
+    assert forms_of(generate(traced, ARCHS)) == whole | sliced
+    monkeypatch.setenv(MANY_ROWS_ENV, "short")
+    assert forms_of(generate(traced, ARCHS)) == whole
     monkeypatch.setenv(MANY_ROWS_ENV, "off")
     assert default_form(128, 96, "float16", n=2048) is None
     monkeypatch.setenv(MANY_ROWS_ENV, "32")

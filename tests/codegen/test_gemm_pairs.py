@@ -198,11 +198,12 @@ def test_biases_loaded_before_the_wait_match_in_the_interpreter(tmp_path):
 
 @pytest.mark.parametrize("early", ["off", "on"])
 def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_path, monkeypatch):
-    """``gemm_reduce_ln_many.py`` (buckets 64 and 128) with ``AOTPACK_MANY_ROWS=split``: the first
-    GEMM (K 2048, N 640) in K slices of the 64-row tile (``tilem_splitk5_64x32x128``: 20 column
-    tiles, 5 slices), the second (K 640) on the 64-row tile, joined: the slices' reduce runs the
-    add + LayerNorm and that kernel goes; by default ("short") the first keeps the library (K
-    2048) and the second runs its tile after the add + LayerNorm kernel. ``AOTPACK_MANY_ROWS_EARLY``: ``tileme_`` forms (W's first K step
+    """``gemm_reduce_ln_many.py`` (buckets 64 and 128), a default build (``AOTPACK_MANY_ROWS``
+    "split"): the first GEMM (K 2048, N 640) in K slices of the 64-row tile
+    (``tilem_splitk5_64x32x128``: 20 column tiles, 5 slices), the second (K 640) on the 64-row
+    tile, joined: the slices' reduce runs the add + LayerNorm and that kernel goes; with "short"
+    the first keeps the library (K 2048) and the second runs its tile after the add + LayerNorm
+    kernel. ``AOTPACK_MANY_ROWS_EARLY``: ``tileme_`` forms (W's first K step
     before the wait). Every kernel matches the library steps in Triton's interpreter at 100 rows
     (the bucket of 128, padded) within float16's tolerance, and bit for bit from run to run."""
     from aot.codegen.gemm_defaults import MANY_ROWS_EARLY_ENV, MANY_ROWS_ENV
@@ -211,10 +212,10 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
 
     tile = "tileme_" if early == "on" else "tilem_"
     monkeypatch.setenv(MANY_ROWS_EARLY_ENV, early)
-    monkeypatch.delenv(MANY_ROWS_ENV, raising=False)
+    monkeypatch.setenv(MANY_ROWS_ENV, "short")
     short = _plans(_build("gemm_reduce_ln_many.py"))
     assert short == {rows: ["fused_add_layer_norm", f"gemm_addmm_{tile}64x32x128"] for rows in (64, 128)}
-    monkeypatch.setenv(MANY_ROWS_ENV, "split")
+    monkeypatch.delenv(MANY_ROWS_ENV, raising=False)
     compiled = _build("gemm_reduce_ln_many.py")
     (site,) = compiled.program.alternatives
     split = f"{tile}splitk5_64x32x128"

@@ -1,7 +1,7 @@
 """``gemm_reduce_ln.py``'s block at 33-128 rows (a prompt at batch 1): h = r + Linear(2048 →
 640)(x), y = Linear(640 → 64)(layer_norm(h)), float16, batch buckets 64 and 128 (paddable; no
-bucket of 1-32 rows, whose forms the interpreter would run at 100 rows too). With
-``AOTPACK_MANY_ROWS=split`` the first runs ``tilem_splitk_64x32x128`` (K slices) and the second
+bucket of 1-32 rows, whose forms the interpreter would run at 100 rows too). By default
+(``AOTPACK_MANY_ROWS=split``) the first runs ``tilem_splitk_64x32x128`` (K slices) and the second
 the 64-row tile after the add + LayerNorm kernel, so ``gemm_pairs`` joins them: the reduce runs
 the LayerNorm over rows of 640 (three chunks, the last one ragged)."""
 

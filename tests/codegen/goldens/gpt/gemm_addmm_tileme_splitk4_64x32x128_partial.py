@@ -1,0 +1,41 @@
+"""GEMM candidate tileme_splitk4_64x32x128 (split-K partial sums): GEMM + bias.
+
+C[M, N] = A[M, K] @ W[N, K]^T with M = batch*seq, N = 768, K = 3072, float16;
+grid: ((batch*seq + 63)//64, 24, 4,)
+"""
+
+import triton
+import triton.language as tl
+
+BLOCK_M = tl.constexpr(64)
+BLOCK_N = tl.constexpr(32)
+BLOCK_K = tl.constexpr(128)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
+
+
+@triton.jit
+def gemm_addmm_tileme_splitk4_64x32x128_partial(a_ptr, w0_ptr, ws_ptr, M):
+    # a_ptr: *fp16, w0_ptr: *fp16, ws_ptr: *fp32, M: i32
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = rm < M
+    mask_n = rn < 768
+    mask = mask_m[:, None] & mask_n[None, :]
+    ks = tl.program_id(2)
+    # W's first K steps, before the wait (see kernel_module)
+    rk = ks * 768 + 0 + tl.arange(0, BLOCK_K)
+    w0_e0 = tl.load(w0_ptr + rn[None, :] * 3072 + rk[:, None], mask=mask_n[None, :] & (rk[:, None] < 3072), other=0.0)
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    rk = ks * 768 + 0 + tl.arange(0, BLOCK_K)  # K step 0: W loaded early
+    a = tl.load(a_ptr + rm[:, None] * 3072 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 3072), other=0.0)
+    acc0 = tl.dot(a, w0_e0, acc0)
+    for k0 in range(128, 768, BLOCK_K):
+        rk = ks * 768 + k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rm[:, None] * 3072 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 3072), other=0.0)
+        w0 = tl.load(w0_ptr + rn[None, :] * 3072 + rk[:, None], mask=mask_n[None, :] & (rk[:, None] < 3072), other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
+        acc0 = tl.dot(a, w0, acc0)
+    # each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order
+    tl.store(ws_ptr + ((ks * 1 + 0) * M + rm[:, None]) * 768 + rn[None, :], acc0, mask=mask)
