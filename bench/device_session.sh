@@ -63,7 +63,9 @@ for item in "$@"; do
   start=$(date +%s)
   case $step in
     # every GPU test of the repository (tests/gpu, tests/runtime's gpu tests)
-    gpu-all) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu tests/runtime) ;;
+    # gpu-all: the whole GPU suite, GPU_WORKERS files at once (default 12: 4 did not finish in 560 s),
+    # a line per test as it ends, so that a run cut off by the command's limit still names its failures
+    gpu-all) cmd=(python3 -m pytest -m gpu -v -rs -rf -n "${GPU_WORKERS:-12}" tests/gpu tests/runtime) ;;
     # this period's new GPU paths: grouped GEMMs (MoE), encoder-decoders, the runtime's state and generate
     new-paths) cmd=(python3 -m pytest -m gpu -q -rs -x tests/gpu/test_moe_gpu.py tests/gpu/test_seq2seq_gpu.py tests/runtime/test_gpu_state.py tests/runtime/test_gpu.py) ;;
     generate) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_generate_gpu.py tests/gpu/test_decode_attention_gpu.py) ;;
