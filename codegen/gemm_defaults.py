@@ -242,7 +242,8 @@ SLICED_MIN_K = next(c.min_k for c in FEW_ROW_CONFIGS if c.name == BUILT_IN_32[1]
 #   h200-2026-12-04.json, 12 rounds, outputs within 0.0039): the example GPT (its mlp out, K 3072
 #   N 768, in 4 K slices whose reduce runs the next layer's residual add + LayerNorm, that kernel
 #   gone) 0.955 at B=1 S=128 (0.431 -> 0.412 ms), 0.906 at S=64, 0.955 at S=100, 12/12 rounds
-#   each; the example MLP (2026-12-03) 0.985 at 64 rows, 0.989 at 48.
+#   each; the example MLP (its last down projection, K 4096 N 1024; ab-mlp-many-rows-split-h200-
+#   2026-12-04.json, a noisier machine) 0.987 at 64 rows, 0.979 at 48.
 # The swapped forms of A's 64 or 128 rows (the 17-32-row rules carried further) lost at every
 # site measured (GPT-2's mlp out in K slices 12.4-13.1 µs against the library's 8.26; the 0.58B
 # Llama's forward 1.25x slower).

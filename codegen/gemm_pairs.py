@@ -188,9 +188,9 @@ def join(
     keeps the library at 33-128 rows where its down projection before it has K slices,
     ``gemm_defaults.MANY_ROWS``, as GPT-2's q/k/v after its mlp out with ``MANY_ROWS`` "short",
     and the join at 2-32 rows is worth more: a norm launch a layer, 4% of a decode step at batch
-    8 against about 1% of a forward at 128 rows); None where a site has two forms at one bucket, a pair of
-    forms would pass ``MAX_CANDIDATE_STEPS``, or no bucket's reduce runs the norm (joined for
-    nothing, the sites would lose their own alternatives)."""
+    8 against about 1% of a forward at 128 rows); None where a site has two forms at one bucket,
+    a pair of forms would pass ``MAX_CANDIDATE_STEPS``, or no bucket's reduce runs the norm
+    (joined for nothing, the sites would lose their own alternatives)."""
     keys = _bucket_keys(first)
     others = _bucket_keys(second)
     if len(set(keys)) != len(keys) or len(set(others)) != len(others):
