@@ -173,7 +173,9 @@ def test_the_tiles_of_33_to_128_rows_keep_the_join_and_verify(tmp_path_factory):
 
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
-    path, compiled, arch = build_shaped("gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: "short"})
+    path, compiled, arch = build_shaped(
+        "gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: "short"}
+    )
     _, named = decode_plans(compiled, arch, library=True)  # fc2 and the q/k/v after it: the library
     plans = {key[0]: names for key, names in named.items()}
     tiles = [n for n in plans[128] if "_tilem" in n]  # tilem_ or tileme_
@@ -199,9 +201,7 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm_and_verify(t
 
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
-    path, compiled, arch = build_shaped(
-        "gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: None}
-    )
+    path, compiled, arch = build_shaped("gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: None})
     _, named = decode_plans(compiled, arch, library=True)  # the vocabulary head: the library
     plans = {key[0]: names for key, names in named.items()}
     sliced = many_row_tile(768, sliced=True).replace("splitk", "splitk4")  # 24 column tiles x 4 slices
