@@ -164,10 +164,10 @@ def test_the_reduce_runs_the_next_layer_norm_and_verifies(tmp_path_factory):
 def test_the_tiles_of_33_to_128_rows_keep_the_join_and_verify(tmp_path_factory):
     """GPT-2 small's shapes (``build_shaped``: two layers, bfloat16) at 8 and 128 rows, built with
     ``AOTPACK_MANY_ROWS=short``: at 128 rows the tiles held to 33-128 rows
-    (``gemm_defaults.MANY_ROWS``) at every site of
-    K 768 but the q/k/v after fc2 (K 3072, the library there), which joins fc2 at 8 rows, where
-    fc2's reduce runs ``ln_1``: a bucket where one of two joined sites keeps the library runs it
-    at both (``gemm_pairs.join``), and the join stays; ``aot.verify.device.verify`` passes."""
+    (``gemm_defaults.MANY_ROWS``) at every site of K 768 but the q/k/v after fc2 (K 3072, the
+    library there), which joins fc2 at 8 rows, where fc2's reduce runs ``ln_1``: a bucket where
+    one of two joined sites keeps the library runs it at both (``gemm_pairs.join``), and the join
+    stays; ``aot.verify.device.verify`` passes."""
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV, MANY_ROWS_ENV, many_row_tile
     from aot.codegen.gemm_pairs import ENV
 
