@@ -31,6 +31,14 @@ from typing import Any, NamedTuple
 
 from aot.codegen.gemm_render import render_reduce_norm, split_index
 from aot.codegen.gemm_sites import Site
+from aot.codegen.gemm_stats import (
+    MAX_TILES,
+    render_tile_from_stats,
+    render_tile_stats,
+    stats_spec,
+    stats_tiles,
+    sum_spec,
+)
 from aot.codegen.render import Rendered, kernel_id, kernel_step
 from aot.program import readers_of
 from aot.schema import Program, Step, TensorSpec
@@ -40,6 +48,18 @@ from aot.tuning import MAX_CANDIDATE_STEPS
 # (the default): at a LayerNorm too. (The reduce's first form, whose loads the compiler spread out
 # in several waves of memory latency, made GPT-2 slower joined: 0.371 against 0.361 ms a token.)
 ENV = "AOTPACK_REDUCE_NORM"
+
+
+# Where the first site runs a tensor-core tile without K slices and the second its tile after a
+# LayerNorm kernel (GPT-2's o projection, ``ln_2`` and fc at 33-128 rows): "on" joins them through
+# the first tile's per-tile row statistics (``gemm_stats``), "off" keeps the LayerNorm kernel.
+TILE_STATS = "on"
+TILE_STATS_ENV = "AOTPACK_TILE_STATS"
+
+
+def tile_stats() -> bool:
+    """Whether tiles join through their statistics (TILE_STATS, or ``AOTPACK_TILE_STATS``)."""
+    return os.environ.get(TILE_STATS_ENV, TILE_STATS).strip().lower() not in ("off", "0")
 
 
 def enabled() -> bool:
@@ -204,6 +224,7 @@ def join(
             name = f"{f.name}__{s.name}"
             if len(name) > 64 or f.pre:
                 return None
+            extra = {**f.extra, **s.extra}
             if len(f.kernels) == 2 and len(s.pre) == 1:  # split-K, then the norm kernel: joined
                 (ws,) = f.extra
                 (a_out,) = [o for o in s.pre[0].outputs if o != pair.second.prologue.sum_out]
@@ -212,9 +233,58 @@ def join(
                 fid = kernel_id(fused.source, fused.signature, fused.config)
                 parts = ((f.kernels[0], f.ids[0]), (fused, fid), *zip(s.kernels, s.ids))
                 fused_any = True
+            elif _tiles_join(pair, f, s):  # two tiles, the norm kernel between: through the statistics
+                parts, more = _tiles_joined(pair, f, s, buffers, known, ranges)
+                extra.update(more)
+                fused_any = True
             else:
                 parts = (*zip(f.kernels, f.ids), *s.pre, *zip(s.kernels, s.ids))
             if len(parts) > MAX_CANDIDATE_STEPS:
                 return None
-            out.append(Joined(pair, name, tuple(parts), {**f.extra, **s.extra}, common))
+            out.append(Joined(pair, name, tuple(parts), extra, common))
     return out if fused_any else None
+
+
+def _tiles_join(pair: Pair, f: Pending, s: Pending) -> bool:
+    """Whether ``f`` and ``s`` join through the first tile's statistics (``gemm_stats``): both
+    tensor-core tiles, neither swapped nor in K slices, the second after its LayerNorm kernel,
+    the first without a prologue of its own and few enough column tiles."""
+    pro = pair.second.prologue
+    return (
+        tile_stats()
+        and layer_norms()
+        and pro.norm is None
+        and pair.first.prologue is None
+        and len(f.kernels) == 1
+        and len(s.kernels) == 1
+        and len(s.pre) == 1
+        and all(c.dot and c.split_k == 1 and not c.swap and not c.rows_apart for c in (f.cfg, s.cfg))
+        and stats_tiles(pair.first, f.cfg) <= MAX_TILES
+    )
+
+
+def _tiles_joined(
+    pair: Pair,
+    f: Pending,
+    s: Pending,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    ranges: dict[str, tuple[int, int]],
+) -> tuple[tuple[tuple[Rendered, str], ...], dict[str, TensorSpec]]:
+    """The two kernels of a statistics join and the buffers they add (the statistics; the sum
+    where no later step reads it)."""
+    first, second = pair.first, pair.second
+    stats = f"{first.id}_{f.cfg.name}_stats"
+    extra = {stats: stats_spec(first, f.cfg)}
+    sum_buf = second.prologue.sum_out
+    if sum_buf is None:
+        sum_buf = f"{first.id}_sum"
+        extra[sum_buf] = sum_spec(first)
+    buffers = {**buffers, **extra}
+    one = render_tile_stats(
+        first, f.cfg, second, stats, sum_buf, buffers, known, split_index(first, f.cfg, ranges)
+    )
+    two = render_tile_from_stats(
+        second, s.cfg, f.cfg, first.n, stats, sum_buf, buffers, known, split_index(second, s.cfg, ranges)
+    )
+    return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two)), extra

@@ -240,3 +240,53 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
     (cand,) = site.candidates
     for out in site.outputs:
         assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
+
+
+@pytest.mark.parametrize(
+    "model, tiles, sizes",
+    [
+        ("gemm_tile_ln_many.py", {64: "tileme_64x32x128", 128: "tileme_64x32x128"}, [{"batch": 100}]),
+        ("gemm_tile_ln_few.py", {8: "gemv_16x32x128", 32: "tile_64x32x128"}, [{"batch": 5}, {"batch": 20}]),
+    ],
+)
+def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, sizes, tmp_path, monkeypatch):
+    """Two GEMMs on tensor-core tiles without K slices, a residual add + LayerNorm between them
+    (GPT-2's o projection, ``ln_2`` and fc): at 33-128 rows (``gemm_tile_ln_many.py``) the
+    64-row tiles, at 8 rows the 16-row tile, at 32 ``BUILT_IN_32``'s (``gemm_tile_ln_few.py``).
+    By default (``gemm_pairs.TILE_STATS``) the first tile writes the residual sum and its rows'
+    statistics over its 20 column tiles, and the second computes the LayerNorm from them as it
+    loads A: the add + LayerNorm kernel goes. ``AOTPACK_TILE_STATS=off`` keeps it. Every kernel
+    matches the library steps in Triton's interpreter at rows between the buckets (padded)
+    within float16's tolerance, and bit for bit from run to run."""
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    monkeypatch.setenv(gemm_pairs.TILE_STATS_ENV, "off")
+    apart = _plans(_build(model))
+    assert apart == {
+        rows: [f"gemm_addmm_{t}", "fused_add_layer_norm", f"gemm_addmm_{t}"] for rows, t in tiles.items()
+    }
+    monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV)
+    compiled = _build(model)
+    (site,) = compiled.program.alternatives
+    expected = {}
+    for rows, t in tiles.items():
+        expected.setdefault(f"{t}__{t}", []).append({"batch": rows})
+    assert {c.name: list(c.buckets) for c in site.candidates} == expected
+    assert _plans(compiled) == {
+        rows: [f"gemm_addmm_{t}_stats", f"gemm_ln_addmm_{t}_from_stats"] for rows, t in tiles.items()
+    }
+    stats = {b: spec.shape for b, spec in compiled.program.buffers.items() if b.endswith("_stats")}
+    # per column tile of 32 (640 columns): each row's sum and squared deviations
+    assert stats == {f"{site.id}_{t}_stats": ("20", "2", "batch") for t in tiles.values()}
+    pack(compiled, tmp_path / "tiles.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "tiles.tpk", MODELS / model, sizes, None, True)],
+        timeout=HANG_GUARD_S,
+    )
+    comparisons = [c for per_size in result.values() for c in per_size]
+    assert not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+    names = {(c.name, c.output) for c in comparisons}
+    for cand in site.candidates:
+        for out in site.outputs:
+            assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names

@@ -1,0 +1,199 @@
+"""Two tensor-core tiles joined across a LayerNorm that no reduce can run: the first tile writes
+its rows' statistics over its columns, the second computes the LayerNorm from them as it loads A.
+
+A forward of 33-128 rows (a prompt at batch 1) runs GPT-2's o projection (K 768) on a 64-row
+tile without K slices, so no reduce holds whole rows to run the residual add and ``ln_2`` in
+(``gemm_pairs``' split-K join), and a LayerNorm prologue that sums the statistics itself would
+read A's 64 rows over all of K again in every block of fc (``gemm_forms.PROLOGUE_MAX_BLOCK_M``).
+Each block of the first tile holds its rows over BLOCK_N columns in registers after its
+epilogue: it adds the residual, stores the sum (which later steps read, or a scratch buffer),
+and writes each row's sum and squared deviations from the tile's own mean over its columns
+(``[tiles, 2, M]`` fp32). The second tile loads those pairs for its rows, combines them
+(Chan's pairwise update: the mean of the whole row, then the tiles' squared deviations plus
+each tile's count times its mean's distance from the row's, so no sum of squares cancels), and
+normalizes the sum's rows as ``gemm_render._prologue_a`` does for the one-row forms. The add +
+LayerNorm kernel and its launch go. The statistics' order of summation is fixed (tile order),
+so a run repeats bit for bit; A's bits equal the LayerNorm kernel's but for that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from aot.codegen.gemm_forms import ROUND, TileConfig
+from aot.codegen.gemm_render import (
+    _axes,
+    _early_biases,
+    _epilogue_lines,
+    _grid,
+    _k_loop,
+    _opening,
+    _params,
+    _rendered,
+    _site_epilogue,
+    _tag,
+)
+from aot.codegen.gemm_sites import Site
+from aot.codegen.kernel_source import signature_of
+from aot.codegen.render import Rendered
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.schema import Buf, KernelParam, ParamKind, TensorSpec
+
+# The most column tiles of the first GEMM whose statistics the second loads for its rows at once
+# (a [tiles, BLOCK_M] pair of fp32 tiles in registers): GPT-2's o projection makes 24 of 32 columns.
+MAX_TILES = 64
+
+
+def stats_tiles(first: Site, cfg: TileConfig) -> int:
+    """How many column tiles (statistics per row) ``first`` in form ``cfg`` writes."""
+    return -(-first.n // cfg.block_n)
+
+
+def stats_spec(first: Site, cfg: TileConfig) -> TensorSpec:
+    """The statistics' buffer: per column tile, the rows' sums and squared deviations."""
+    return TensorSpec("float32", (str(stats_tiles(first, cfg)), "2", first.m))
+
+
+def sum_spec(first: Site) -> TensorSpec:
+    """A scratch buffer for the residual sum where no later step reads it (the second reads it)."""
+    return TensorSpec(first.dtype, (first.m, str(first.n)))
+
+
+def _drop(params: list[KernelParam], args: list[Any], names: set[str]) -> tuple[list, list]:
+    kept = [(p, a) for p, a in zip(params, args) if p.name not in names]
+    return [p for p, _ in kept], [a for _, a in kept]
+
+
+def render_tile_stats(
+    site: Site,
+    cfg: TileConfig,
+    norm_site: Site,
+    stats: str,
+    sum_buf: str,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    index: str,
+) -> Rendered:
+    """``site``'s tile (``cfg``, no split, no prologue) whose epilogue ends in the residual add
+    that ``norm_site``'s LayerNorm prologue computes: what the epilogue would store (read by
+    nothing but the norm: ``gemm_pairs.Pair``) stays in registers, rounded as the store would
+    round it; the add's other row input is loaded; the sum, rounded as the add rounds, goes to
+    ``sum_buf``; each row's sum and squared deviations from the tile's mean over the block's
+    columns to ``stats[tile, 0 | 1, row]``."""
+    n, dt = site.n, TL_TYPE[STORAGE[site.dtype]]
+    ep = _site_epilogue(site, buffers, known)
+    pro = norm_site.prologue
+    held = {buf: (val, dtype) for buf, val, dtype in ep.stores}
+    early, body = _opening(site, cfg, index, "0", site.k)
+    biases, bias = _early_biases(site) if early else ([], None)
+    early += biases
+    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
+    body.append("# the next GEMM's residual add: the epilogue's value kept, rounded as stored")
+    terms, loaded = [], []
+    for name, buf in (("x", pro.x), ("y", pro.y)):
+        if buf is None:
+            continue
+        if buf in held:
+            val, dtype = held[buf]
+            body.append(f"{name}_t = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
+        else:
+            body.append(
+                f"{name}_t = tl.load({name}_ptr + rm[:, None] * {n} + rn[None, :], mask=mask, other=0.0).to(tl.float32)"
+            )
+            loaded.append((name, buf))
+        terms.append(f"{name}_t")
+    body.append(f"xs = {' + '.join(terms)}")
+    if len(terms) == 2 and site.dtype in ROUND:
+        body.append(f"xs = xs.to({ROUND[site.dtype]}).to(tl.float32)")
+    tile = f"tl.program_id({_axes(cfg)[1]})"
+    body += [
+        f"tl.store(sum_ptr + rm[:, None] * {n} + rn[None, :], xs.to({dt}), mask=mask)",
+        "# the rows' statistics over this tile's columns: the sum, the squared deviations from its mean",
+        "xs = tl.where(mask, xs, 0.0)",
+        f"count = tl.minimum({n} - {tile} * BLOCK_N, BLOCK_N).to(tl.float32)",
+        "t_sum = tl.sum(xs, axis=1)",
+        "dev = tl.where(mask, xs - (t_sum / count)[:, None], 0.0)",
+        "t_m2 = tl.sum(dev * dev, axis=1)",
+        f"tl.store(stats_ptr + ({tile} * 2) * M + rm, t_sum, mask=mask_m)",
+        f"tl.store(stats_ptr + ({tile} * 2 + 1) * M + rm, t_m2, mask=mask_m)",
+    ]
+    params, _, args = _params(site, ep, index, None, "fused")
+    params, args = _drop(params, args, {f"out{i}_ptr" for i in range(len(ep.stores))})
+    more = [(f"{name}_ptr", buf, site.dtype) for name, buf in loaded]
+    more += [("sum_ptr", sum_buf, site.dtype), ("stats_ptr", stats, "float32")]
+    for name, buf, dtype in more:  # before M, the last
+        params.insert(-1, KernelParam(name, ParamKind.PTR, dtype))
+        args.insert(-1, Buf(buf))
+    grid = _grid(site, cfg)
+    return _rendered(
+        site,
+        cfg,
+        f"gemm_{_tag(site)}_{cfg.name}_stats",
+        "fused, then the next GEMM's residual add and its rows' statistics per tile",
+        body,
+        params,
+        signature_of(params, index),
+        args,
+        [sum_buf, stats],
+        grid,
+        (),
+        early,
+    )
+
+
+def render_tile_from_stats(
+    norm_site: Site,
+    cfg: TileConfig,
+    first_cfg: TileConfig,
+    first_n: int,
+    stats: str,
+    sum_buf: str,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    index: str,
+) -> Rendered:
+    """``norm_site``'s tile (``cfg``) with its LayerNorm computed as it loads A: the rows of
+    ``sum_buf`` (the residual sum ``render_tile_stats`` stored), normalized with the mean and
+    1/std combined from the first GEMM's (``first_cfg``, ``first_n`` columns) statistics per
+    tile, scaled and shifted (``gemm_render._prologue_a``)."""
+    pro = norm_site.prologue
+    view = replace(norm_site, prologue=replace(pro, x=sum_buf, y=None, sum_out=None, gathered=()))
+    ep = _site_epilogue(norm_site, buffers, known)
+    tiles = -(-first_n // first_cfg.block_n)
+    width = 1 << (tiles - 1).bit_length()
+    bn = first_cfg.block_n
+    early, body = _opening(view, cfg, index, "0", view.k)
+    biases, bias = _early_biases(view) if early else ([], None)
+    early += biases
+    body += [
+        f"# the LayerNorm's statistics from the first GEMM's {tiles} column tiles (gemm_stats)",
+        f"tiles = tl.arange(0, {width})",
+        f"tmask = (tiles < {tiles})[:, None] & mask_m[None, :]",
+        "t_sum = tl.load(stats_ptr + (tiles[:, None] * 2) * M + rm[None, :], mask=tmask, other=0.0)",
+        "t_m2 = tl.load(stats_ptr + (tiles[:, None] * 2 + 1) * M + rm[None, :], mask=tmask, other=0.0)",
+        f"count = tl.minimum({first_n} - tiles * {bn}, {bn}).to(tl.float32)[:, None]",
+        f"mean = tl.sum(t_sum, axis=0) / {view.k}",
+        "dm = tl.where(tmask, t_sum / tl.maximum(count, 1.0) - mean[None, :], 0.0)",
+        f"var = (tl.sum(t_m2, axis=0) + tl.sum(count * dm * dm, axis=0)) / {view.k}",
+        f"rstd = 1.0 / tl.sqrt(var + {pro.eps!r})",
+    ]
+    body += _k_loop(view, cfg, "0", view.k, index) + _epilogue_lines(view, ep, bias=bias)
+    params, _, args = _params(view, ep, index, None, "fused")
+    params.insert(-1, KernelParam("stats_ptr", ParamKind.PTR, "float32"))
+    args.insert(-1, Buf(stats))
+    grid = _grid(view, cfg)
+    return _rendered(
+        view,
+        cfg,
+        f"gemm_{_tag(view)}_{cfg.name}_from_stats",
+        "fused, its LayerNorm from the GEMM before's statistics per tile",
+        body,
+        params,
+        signature_of(params, index),
+        args,
+        [buf for buf, _, _ in ep.stores],
+        grid,
+        (),
+        early,
+    )
