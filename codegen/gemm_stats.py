@@ -28,11 +28,14 @@ from aot.codegen.gemm_render import (
     _epilogue_lines,
     _grid,
     _k_loop,
+    _k_masks,
     _opening,
     _params,
     _rendered,
     _site_epilogue,
     _tag,
+    _w_early_steps,
+    _w_tile,
 )
 from aot.codegen.gemm_sites import Site
 from aot.codegen.kernel_source import signature_of
@@ -142,6 +145,56 @@ def render_tile_stats(
     )
 
 
+def _vectors(pro) -> list[tuple[str, str]]:
+    return [(name, buf) for name, buf in (("lnw", pro.weight), ("lnb", pro.bias)) if buf is not None]
+
+
+def _normed_k_loop(view: Site, cfg: TileConfig, index: str) -> tuple[list[str], list[str]]:
+    """(lines before the wait, the K loop) of a tile whose A is the rows of ``x`` normalized with
+    ``mean`` and ``rstd`` in registers, scaled and shifted. The scale's and shift's slices of each
+    K step are loaded a step ahead (the first ones before the wait: weights): loaded in the step
+    that uses them, as ``gemm_render._prologue_a`` does, they are no tensor-core operand, so the
+    compiler's pipelining leaves them a memory latency of their own in every step."""
+    k, dt = view.k, TL_TYPE[STORAGE[view.dtype]]
+    vectors = _vectors(view.prologue)
+    first = _w_early_steps(cfg, k)
+    steps = -(-k // cfg.block_k)
+    kmasks = _k_masks(view, cfg, "0")
+
+    def vec_loads(at: str, suffix: str) -> list[str]:
+        return [
+            f"{name}_{suffix} = tl.load({name}_ptr + {at}, mask={at} < {k}, other=0.0).to(tl.float32)[None, :]"
+            for name, _ in vectors
+        ]
+
+    def a_lines(suffix: str) -> list[str]:
+        lines = [
+            f"xs = tl.load(x_ptr + rm[:, None] * {k} + rk[None, :], mask=mask_m[:, None]{kmasks[0]}, other=0.0).to(tl.float32)",
+            "a = (xs - mean[:, None]) * rstd[:, None]",
+        ]
+        lines += [f"a = a {'*' if name == 'lnw' else '+'} {name}_{suffix}" for name, _ in vectors]
+        return lines + [f"a = tl.where(mask_m[:, None]{kmasks[0]}, a, 0.0).to({dt})"]
+
+    early = ["# the LayerNorm's scale and shift for the first K steps (weights)"]
+    for i in range(min(first + 1, steps)):
+        early += vec_loads(f"({i * cfg.block_k} + tl.arange(0, BLOCK_K))", f"e{i}")
+    loop = ["acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+    for i in range(first):  # the steps whose W tiles were loaded before the wait
+        loop.append(f"rk = {i * cfg.block_k} + tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
+        loop += a_lines(f"e{i}") + [f"acc0 = tl.dot(a, w0_e{i}, acc0)"]
+    if first >= steps:
+        return early, loop
+    loop += [f"{name}_n = {name}_e{first}" for name, _ in vectors]
+    loop.append(f"for k0 in range({first * cfg.block_k}, {k}, BLOCK_K):")
+    body = ["rk = k0 + tl.arange(0, BLOCK_K)"]
+    body += [f"{name}_c = {name}_n" for name, _ in vectors]
+    body += vec_loads("(rk + BLOCK_K)", "n")  # the next step's, a step ahead
+    body += a_lines("c")
+    body.append(f"w0 = {_w_tile(view, cfg, 0, index, kmasks)}  # W^T tile: [BLOCK_K, BLOCK_N]")
+    body.append("acc0 = tl.dot(a, w0, acc0)")
+    return early, loop + ["    " + ln for ln in body]
+
+
 def render_tile_from_stats(
     norm_site: Site,
     cfg: TileConfig,
@@ -178,7 +231,9 @@ def render_tile_from_stats(
         f"var = (tl.sum(t_m2, axis=0) + tl.sum(count * dm * dm, axis=0)) / {view.k}",
         f"rstd = 1.0 / tl.sqrt(var + {pro.eps!r})",
     ]
-    body += _k_loop(view, cfg, "0", view.k, index) + _epilogue_lines(view, ep, bias=bias)
+    vec_early, loop = _normed_k_loop(view, cfg, index)
+    early += vec_early
+    body += loop + _epilogue_lines(view, ep, bias=bias)
     params, _, args = _params(view, ep, index, None, "fused")
     params.insert(-1, KernelParam("stats_ptr", ParamKind.PTR, "float32"))
     args.insert(-1, Buf(stats))
