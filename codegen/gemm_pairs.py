@@ -51,9 +51,20 @@ ENV = "AOTPACK_REDUCE_NORM"
 
 
 # Where the first site runs a tensor-core tile without K slices and the second its tile after a
-# LayerNorm kernel (GPT-2's o projection, ``ln_2`` and fc at 33-128 rows): "on" joins them through
+# LayerNorm kernel (GPT-2's o projection, ``ln_2`` and fc at 2-128 rows): "on" joins them through
 # the first tile's per-tile row statistics (``gemm_stats``), "off" keeps the LayerNorm kernel.
-TILE_STATS = "on"
+# Off: on an H200 (2026-12-04, the example GPT, both bundles in one process, 12 rounds, ms on /
+# off) batch 1 x 128 tokens 0.456 / 0.412, x 64 0.412 / 0.369, x 32 0.386 / 0.341, x 16 0.326 /
+# 0.317, batch 8 x 1 0.345 / 0.336 (bench/results/ab-gpt-tile-stats-h200-2026-12-04.json; with the
+# scale and shift loaded in the K step that uses them, x 128 took 0.514: ...-first-...json). On
+# the graph's chain at 128 tokens (kernel-profile-gpt-b1-s128-tile-stats-h200-2026-12-04.txt) the o
+# tile with the statistics was charged 4.2 us a call, fc's tile 10.4, where q/k/v's plain tile of
+# N 2304 took 4.6: normalizing A in the K loop takes it from shared memory to registers, through
+# the arithmetic, to the tensor cores in every step, instead of straight from shared memory. The
+# route that would pay: the LayerNorm folded into fc's weights at build time (W times the scale,
+# with per-column sums for the mean's and the shift's terms), so that the K loop reads the sum's
+# rows as they are and the statistics apply in the epilogue.
+TILE_STATS = "off"
 TILE_STATS_ENV = "AOTPACK_TILE_STATS"
 
 

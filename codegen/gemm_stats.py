@@ -14,6 +14,10 @@ each tile's count times its mean's distance from the row's, so no sum of squares
 normalizes the sum's rows as ``gemm_render._prologue_a`` does for the one-row forms. The add +
 LayerNorm kernel and its launch go. The statistics' order of summation is fixed (tile order),
 so a run repeats bit for bit; A's bits equal the LayerNorm kernel's but for that order.
+
+Off by default (``gemm_pairs.TILE_STATS``: ``AOTPACK_TILE_STATS=on`` for measuring): on an H200
+the second tile's normalizing A in its K loop costs more than the LayerNorm kernel it removes.
+``render_tile_stats`` is what a LayerNorm folded into the next GEMM's weights would need as well.
 """
 
 from __future__ import annotations

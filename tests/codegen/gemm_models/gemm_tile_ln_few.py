@@ -1,7 +1,7 @@
 """``gemm_tile_ln_many.py``'s block at 2-32 rows (decode at batch 2-32, a short prompt): batch
 buckets 8 and 32 (paddable). At 8 rows both GEMMs run the built-in 16-row tile
 (``gemv_16x32x128``), at 32 rows ``BUILT_IN_32``'s 64-row tile (``tile_64x32x128``); both pairs
-join through the first tile's row statistics, as at 33-128 rows."""
+join through the first tile's row statistics with ``AOTPACK_TILE_STATS=on``, as at 33-128 rows."""
 
 import sys
 from functools import partial
