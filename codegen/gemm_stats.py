@@ -50,8 +50,6 @@ from aot.schema import Buf, KernelParam, ParamKind, TensorSpec
 # The most column tiles of the first GEMM whose statistics the second loads for its rows at once
 # (a [tiles, BLOCK_M] pair of fp32 tiles in registers): GPT-2's o projection makes 24 of 32 columns.
 MAX_TILES = 64
-# The warps of the tile that normalizes A in its K loop; None: its form's (for measuring).
-FROM_STATS_WARPS: int | None = None
 
 
 def stats_tiles(first: Site, cfg: TileConfig) -> int:
@@ -218,7 +216,6 @@ def render_tile_from_stats(
     tile, scaled and shifted (``gemm_render._prologue_a``)."""
     pro = norm_site.prologue
     view = replace(norm_site, prologue=replace(pro, x=sum_buf, y=None, sum_out=None, gathered=()))
-    cfg = cfg if FROM_STATS_WARPS is None else replace(cfg, num_warps=FROM_STATS_WARPS)
     ep = _site_epilogue(norm_site, buffers, known)
     tiles = -(-first_n // first_cfg.block_n)
     width = 1 << (tiles - 1).bit_length()
