@@ -291,11 +291,15 @@ def _tiles_joined(
     if sum_buf is None:
         sum_buf = f"{first.id}_sum"
         extra[sum_buf] = sum_spec(first)
+    scaled = sum_buf  # the sum times the LayerNorm's scale: the sum itself where it has none
+    if second.prologue.weight is not None:
+        scaled = f"{first.id}_scaled"
+        extra[scaled] = sum_spec(first)
     buffers = {**buffers, **extra}
     one = render_tile_stats(
-        first, f.cfg, second, stats, sum_buf, buffers, known, split_index(first, f.cfg, ranges)
+        first, f.cfg, second, stats, sum_buf, scaled, buffers, known, split_index(first, f.cfg, ranges)
     )
     two = render_tile_from_stats(
-        second, s.cfg, f.cfg, first.n, stats, sum_buf, buffers, known, split_index(second, s.cfg, ranges)
+        second, s.cfg, f.cfg, first.n, stats, scaled, buffers, known, split_index(second, s.cfg, ranges)
     )
     return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two)), extra

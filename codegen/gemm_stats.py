@@ -6,18 +6,22 @@ tile without K slices, so no reduce holds whole rows to run the residual add and
 (``gemm_pairs``' split-K join), and a LayerNorm prologue that sums the statistics itself would
 read A's 64 rows over all of K again in every block of fc (``gemm_forms.PROLOGUE_MAX_BLOCK_M``).
 Each block of the first tile holds its rows over BLOCK_N columns in registers after its
-epilogue: it adds the residual, stores the sum (which later steps read, or a scratch buffer),
-and writes each row's sum and squared deviations from the tile's own mean over its columns
-(``[tiles, 2, M]`` fp32). The second tile loads those pairs for its rows, combines them
-(Chan's pairwise update: the mean of the whole row, then the tiles' squared deviations plus
-each tile's count times its mean's distance from the row's, so no sum of squares cancels), and
-normalizes the sum's rows as ``gemm_render._prologue_a`` does for the one-row forms. The add +
-LayerNorm kernel and its launch go. The statistics' order of summation is fixed (tile order),
-so a run repeats bit for bit; A's bits equal the LayerNorm kernel's but for that order.
+epilogue: it adds the residual, stores the sum (which later steps read, or a scratch buffer) and
+the sum times the LayerNorm's scale, and writes each row's sum and squared deviations from the
+tile's own mean over its columns (``[tiles, 2, M]`` fp32). The second tile loads those pairs for
+its rows and combines them (Chan's pairwise update: the mean of the whole row, then the tiles'
+squared deviations plus each tile's count times its mean's distance from the row's, so no sum of
+squares cancels). Normalizing A inside the K loop costs more than the LayerNorm kernel (measured:
+``gemm_pairs.TILE_STATS``), so the second applies the LayerNorm after its products instead:
 
-Off by default (``gemm_pairs.TILE_STATS``: ``AOTPACK_TILE_STATS=on`` for measuring): on an H200
-the second tile's normalizing A in its K loop costs more than the LayerNorm kernel it removes.
-``render_tile_stats`` is what a LayerNorm folded into the next GEMM's weights would need as well.
+    LN(h) @ W^T = rstd * ((h * scale) @ W^T) - rstd * mean * u + c,
+    u[n] = sum_k scale[k] W[n, k],  c[n] = sum_k shift[k] W[n, k]
+
+with ``h * scale`` as the first stored it (its rows go to the tensor cores as loaded) and u and c
+summed by the same K loop as rows of a 16-row product with W's tiles. The add + LayerNorm kernel
+and its launch go. The statistics' order of summation is fixed (tile order), so a run repeats bit
+for bit. Where the mean of a row is large against its spread, ``h * scale`` rounded to the dtype
+carries more of the rounding than the normalized row the LayerNorm kernel rounds.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ def stats_spec(first: Site, cfg: TileConfig) -> TensorSpec:
 
 
 def sum_spec(first: Site) -> TensorSpec:
-    """A scratch buffer for the residual sum where no later step reads it (the second reads it)."""
+    """A scratch buffer of the first GEMM's shape: the residual sum where no later step reads it,
+    the sum times the LayerNorm's scale."""
     return TensorSpec(first.dtype, (first.m, str(first.n)))
 
 
@@ -78,6 +83,7 @@ def render_tile_stats(
     norm_site: Site,
     stats: str,
     sum_buf: str,
+    scaled: str,
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
     index: str,
@@ -86,8 +92,9 @@ def render_tile_stats(
     that ``norm_site``'s LayerNorm prologue computes: what the epilogue would store (read by
     nothing but the norm: ``gemm_pairs.Pair``) stays in registers, rounded as the store would
     round it; the add's other row input is loaded; the sum, rounded as the add rounds, goes to
-    ``sum_buf``; each row's sum and squared deviations from the tile's mean over the block's
-    columns to ``stats[tile, 0 | 1, row]``."""
+    ``sum_buf``, and times the LayerNorm's scale (where it has one) to ``scaled``; each row's sum
+    and squared deviations from the tile's mean over the block's columns to
+    ``stats[tile, 0 | 1, row]``."""
     n, dt = site.n, TL_TYPE[STORAGE[site.dtype]]
     ep = _site_epilogue(site, buffers, known)
     pro = norm_site.prologue
@@ -114,6 +121,14 @@ def render_tile_stats(
     if len(terms) == 2 and site.dtype in ROUND:
         body.append(f"xs = xs.to({ROUND[site.dtype]}).to(tl.float32)")
     tile = f"tl.program_id({_axes(cfg)[1]})"
+    if pro.weight is not None:  # the sum times the LayerNorm's scale, what the next K loop reads
+        # a weight: before the wait where the form's indices are (else here, they are after it)
+        (early if early else body).append(
+            "lnw_t = tl.load(lnw_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]"
+        )
+        body.append(
+            f"tl.store(scaled_ptr + rm[:, None] * {n} + rn[None, :], (xs * lnw_t).to({dt}), mask=mask)"
+        )
     body += [
         f"tl.store(sum_ptr + rm[:, None] * {n} + rn[None, :], xs.to({dt}), mask=mask)",
         "# the rows' statistics over this tile's columns: the sum, the squared deviations from its mean",
@@ -128,6 +143,8 @@ def render_tile_stats(
     params, _, args = _params(site, ep, index, None, "fused")
     params, args = _drop(params, args, {f"out{i}_ptr" for i in range(len(ep.stores))})
     more = [(f"{name}_ptr", buf, site.dtype) for name, buf in loaded]
+    if pro.weight is not None:
+        more += [("lnw_ptr", pro.weight, site.dtype), ("scaled_ptr", scaled, site.dtype)]
     more += [("sum_ptr", sum_buf, site.dtype), ("stats_ptr", stats, "float32")]
     for name, buf, dtype in more:  # before M, the last
         params.insert(-1, KernelParam(name, ParamKind.PTR, dtype))
@@ -142,7 +159,7 @@ def render_tile_stats(
         params,
         signature_of(params, index),
         args,
-        [sum_buf, stats],
+        [sum_buf, stats] + ([scaled] if pro.weight is not None else []),
         grid,
         (),
         early,
@@ -153,50 +170,63 @@ def _vectors(pro) -> list[tuple[str, str]]:
     return [(name, buf) for name, buf in (("lnw", pro.weight), ("lnb", pro.bias)) if buf is not None]
 
 
-def _normed_k_loop(view: Site, cfg: TileConfig, index: str) -> tuple[list[str], list[str]]:
-    """(lines before the wait, the K loop) of a tile whose A is the rows of ``x`` normalized with
-    ``mean`` and ``rstd`` in registers, scaled and shifted. The scale's and shift's slices of each
-    K step are loaded a step ahead (the first ones before the wait: weights): loaded in the step
-    that uses them, as ``gemm_render._prologue_a`` does, they are no tensor-core operand, so the
-    compiler's pipelining leaves them a memory latency of their own in every step."""
+def _folded_k_loop(view: Site, cfg: TileConfig, index: str) -> tuple[list[str], list[str]]:
+    """(lines before the wait, the K loop) of a tile of A = the scaled sum's rows as stored
+    (``a_ptr``), whose K steps also sum the LayerNorm's column terms of W:
+    ``u[n] = sum_k scale[k] W[n, k]`` and ``c[n] = sum_k shift[k] W[n, k]``, as rows 0 and 1 of a
+    16-row product (``uc``) with the same W tiles. The scale's and shift's slices load a step
+    ahead (the first before the wait: weights); the tile's A goes to the tensor cores as loaded."""
     k, dt = view.k, TL_TYPE[STORAGE[view.dtype]]
-    vectors = _vectors(view.prologue)
+    pro = view.prologue
     first = _w_early_steps(cfg, k)
     steps = -(-k // cfg.block_k)
     kmasks = _k_masks(view, cfg, "0")
 
-    def vec_loads(at: str, suffix: str) -> list[str]:
-        return [
-            f"{name}_{suffix} = tl.load({name}_ptr + {at}, mask={at} < {k}, other=0.0).to(tl.float32)[None, :]"
-            for name, _ in vectors
-        ]
+    def terms(at: str, suffix: str) -> list[str]:
+        """The [16, BLOCK_K] tile of the scale (row 0) and the shift (row 1) at K ``at``."""
+        scale = (
+            f"tl.load(lnw_ptr + {at}, mask={at} < {k}, other=0.0).to(tl.float32)"
+            if pro.weight is not None
+            else f"tl.where({at} < {k}, 1.0, 0.0)"
+        )
+        shift = (
+            f"tl.load(lnb_ptr + {at}, mask={at} < {k}, other=0.0).to(tl.float32)"
+            if pro.bias is not None
+            else None
+        )
+        rows = f"tl.where(uc_rows == 0, {scale}[None, :], {'0.0' if shift is None else f'tl.where(uc_rows == 1, {shift}[None, :], 0.0)'})"
+        return [f"v_{suffix} = {rows}.to({dt})"]
 
-    def a_lines(suffix: str) -> list[str]:
-        lines = [
-            f"xs = tl.load(x_ptr + rm[:, None] * {k} + rk[None, :], mask=mask_m[:, None]{kmasks[0]}, other=0.0).to(tl.float32)",
-            "a = (xs - mean[:, None]) * rstd[:, None]",
-        ]
-        lines += [f"a = a {'*' if name == 'lnw' else '+'} {name}_{suffix}" for name, _ in vectors]
-        return lines + [f"a = tl.where(mask_m[:, None]{kmasks[0]}, a, 0.0).to({dt})"]
+    def a_load() -> str:
+        return f"a = tl.load(x_ptr + rm[:, None] * {k} + rk[None, :], mask=mask_m[:, None]{kmasks[0]}, other=0.0)"
 
-    early = ["# the LayerNorm's scale and shift for the first K steps (weights)"]
+    early = ["# the LayerNorm's scale and shift for the first K steps (weights), as rows of a 16-row tile"]
+    early.append("uc_rows = tl.arange(0, 16)[:, None]")
     for i in range(min(first + 1, steps)):
-        early += vec_loads(f"({i * cfg.block_k} + tl.arange(0, BLOCK_K))", f"e{i}")
-    loop = ["acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)"]
+        early += terms(f"({i * cfg.block_k} + tl.arange(0, BLOCK_K))", f"e{i}")
+    loop = [
+        "acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "uc = tl.zeros((16, BLOCK_N), dtype=tl.float32)  # rows 0, 1: the scale's and shift's sums with W",
+    ]
     for i in range(first):  # the steps whose W tiles were loaded before the wait
         loop.append(f"rk = {i * cfg.block_k} + tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
-        loop += a_lines(f"e{i}") + [f"acc0 = tl.dot(a, w0_e{i}, acc0)"]
-    if first >= steps:
-        return early, loop
-    loop += [f"{name}_n = {name}_e{first}" for name, _ in vectors]
-    loop.append(f"for k0 in range({first * cfg.block_k}, {k}, BLOCK_K):")
-    body = ["rk = k0 + tl.arange(0, BLOCK_K)"]
-    body += [f"{name}_c = {name}_n" for name, _ in vectors]
-    body += vec_loads("(rk + BLOCK_K)", "n")  # the next step's, a step ahead
-    body += a_lines("c")
-    body.append(f"w0 = {_w_tile(view, cfg, 0, index, kmasks)}  # W^T tile: [BLOCK_K, BLOCK_N]")
-    body.append("acc0 = tl.dot(a, w0, acc0)")
-    return early, loop + ["    " + ln for ln in body]
+        loop += [a_load(), f"acc0 = tl.dot(a, w0_e{i}, acc0)", f"uc = tl.dot(v_e{i}, w0_e{i}, uc)"]
+    if first < steps:
+        loop.append(f"v_n = v_e{first}")
+        loop.append(f"for k0 in range({first * cfg.block_k}, {k}, BLOCK_K):")
+        body = ["rk = k0 + tl.arange(0, BLOCK_K)", "v_c = v_n"]
+        body += terms("(rk + BLOCK_K)", "n")  # the next step's, a step ahead
+        body.append(a_load())
+        body.append(f"w0 = {_w_tile(view, cfg, 0, index, kmasks)}  # W^T tile: [BLOCK_K, BLOCK_N]")
+        body += ["acc0 = tl.dot(a, w0, acc0)", "uc = tl.dot(v_c, w0, uc)"]
+        loop += ["    " + ln for ln in body]
+    loop += [
+        "u = tl.sum(tl.where(uc_rows == 0, uc, 0.0), axis=0)",
+        "c = tl.sum(tl.where(uc_rows == 1, uc, 0.0), axis=0)",
+        "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
+        "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
+    ]
+    return early, loop
 
 
 def render_tile_from_stats(
@@ -205,17 +235,18 @@ def render_tile_from_stats(
     first_cfg: TileConfig,
     first_n: int,
     stats: str,
-    sum_buf: str,
+    scaled: str,
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
     index: str,
 ) -> Rendered:
-    """``norm_site``'s tile (``cfg``) with its LayerNorm computed as it loads A: the rows of
-    ``sum_buf`` (the residual sum ``render_tile_stats`` stored), normalized with the mean and
-    1/std combined from the first GEMM's (``first_cfg``, ``first_n`` columns) statistics per
-    tile, scaled and shifted (``gemm_render._prologue_a``)."""
+    """``norm_site``'s tile (``cfg``) with its LayerNorm applied after the products: the K loop
+    multiplies the rows of ``scaled`` (the residual sum times the LayerNorm's scale, as
+    ``render_tile_stats`` stored them) as they are, and ``_folded_k_loop`` turns the result into
+    the normalized rows' product with the mean and 1/std combined from the first GEMM's
+    (``first_cfg``, ``first_n`` columns) statistics per tile."""
     pro = norm_site.prologue
-    view = replace(norm_site, prologue=replace(pro, x=sum_buf, y=None, sum_out=None, gathered=()))
+    view = replace(norm_site, prologue=replace(pro, x=scaled, y=None, sum_out=None, gathered=()))
     ep = _site_epilogue(norm_site, buffers, known)
     tiles = -(-first_n // first_cfg.block_n)
     width = 1 << (tiles - 1).bit_length()
@@ -235,7 +266,7 @@ def render_tile_from_stats(
         f"var = (tl.sum(t_m2, axis=0) + tl.sum(count * dm * dm, axis=0)) / {view.k}",
         f"rstd = 1.0 / tl.sqrt(var + {pro.eps!r})",
     ]
-    vec_early, loop = _normed_k_loop(view, cfg, index)
+    vec_early, loop = _folded_k_loop(view, cfg, index)
     early += vec_early
     body += loop + _epilogue_lines(view, ep, bias=bias)
     params, _, args = _params(view, ep, index, None, "fused")
