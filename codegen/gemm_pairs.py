@@ -53,17 +53,20 @@ ENV = "AOTPACK_REDUCE_NORM"
 # Where the first site runs a tensor-core tile without K slices and the second its tile after a
 # LayerNorm kernel (GPT-2's o projection, ``ln_2`` and fc at 2-128 rows): "on" joins them through
 # the first tile's per-tile row statistics (``gemm_stats``), "off" keeps the LayerNorm kernel.
-# Off: on an H200 (2026-12-04, the example GPT, both bundles in one process, 12 rounds, ms on /
-# off) batch 1 x 128 tokens 0.456 / 0.412, x 64 0.412 / 0.369, x 32 0.386 / 0.341, x 16 0.326 /
-# 0.317, batch 8 x 1 0.345 / 0.336 (bench/results/ab-gpt-tile-stats-h200-2026-12-04.json; with the
-# scale and shift loaded in the K step that uses them, x 128 took 0.514: ...-first-...json). On
-# the graph's chain at 128 tokens (kernel-profile-gpt-b1-s128-tile-stats-h200-2026-12-04.txt) the o
-# tile with the statistics was charged 4.2 us a call, fc's tile 10.4, where q/k/v's plain tile of
-# N 2304 took 4.6: normalizing A in the K loop takes it from shared memory to registers, through
-# the arithmetic, to the tensor cores in every step, instead of straight from shared memory. The
-# route that would pay: the LayerNorm folded into fc's weights at build time (W times the scale,
-# with per-column sums for the mean's and the shift's terms), so that the K loop reads the sum's
-# rows as they are and the statistics apply in the epilogue.
+# Off: slower at every shape measured on an H200 (2026-12-04, the example GPT, both bundles in one
+# process, 12 rounds; ms joined / apart; bench/results/ab-gpt-tile-stats-*-h200-2026-12-04.json):
+# - A normalized in fc's K loop, its scale and shift loaded in the step that uses them ("first"):
+#   batch 1 x 128 tokens 0.514 / 0.423; loaded a step ahead (no suffix): 0.456 / 0.412 (1.108),
+#   x 64 1.119, x 32 1.131, x 16 1.023, batch 8 x 1 1.029; on 8 warps ("8warps") 1.109 at x 128. On the
+#   graph's chain (kernel-profile-gpt-b1-s128-tile-stats-h200-2026-12-04.txt) fc's tile took 10.4
+#   us a call where q/k/v's plain tile (N 2304) took 4.6: A went shared memory -> registers ->
+#   arithmetic -> the tensor cores in every K step.
+# - The LayerNorm applied after the products (the form now: the scaled sum's rows to the tensor
+#   cores as stored, the scale's and shift's column sums with W as a 16-row product in the same
+#   K loop; "folded"): 0.439 / 0.417 at x 128 (1.055), 1.060 at x 64, x 32 and x 16, 1.065 at batch
+#   8 x 1. Half the loss again, not a gain: the 16-row product takes W's tiles from shared memory
+#   into registers in every step. What is left to try: the column sums computed once at build
+#   time (two [N] fp32 vectors a GEMM, derived weights) so fc's K loop is the plain tile's.
 TILE_STATS = "off"
 TILE_STATS_ENV = "AOTPACK_TILE_STATS"
 
