@@ -341,9 +341,11 @@ def _rewrite_for_kernels(
     from aot.codegen.activation_folding import fold_activations
     from aot.codegen.attention import eager_attention_as_sdpa, fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
+    from aot.codegen.gemm_pairs import tile_stats
     from aot.codegen.index_views import gathers_as_slices, indexes_as_views, strides_as_views
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
+    from aot.codegen.norm_sums import add_layer_norm_sums
     from aot.codegen.outer_products import outer_products_as_mul
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
     from aot.codegen.weight_layout import transpose_matmul_weights
@@ -374,6 +376,13 @@ def _rewrite_for_kernels(
     if padded:
         say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
         traced = replace(traced, program=program, weights=weights)
+    if tile_stats() and options.fuse and not options.library_free:  # the joined tiles' column sums
+        program, weights, summed = add_layer_norm_sums(program, dict(traced.weights))
+        if summed:
+            say(
+                f"  a LayerNorm's column sums with {counted(summed, 'matmul weight')} computed for its joined tile"
+            )
+            traced = replace(traced, program=program, weights=weights)
     ranges = _ranges(traced)
     if options.decode_attention and not options.library_free:  # eager attention at one query: SDPA
         program, _ = eager_attention_as_sdpa(program, log=say, originals=eager)

@@ -39,6 +39,7 @@ from aot.codegen.gemm_stats import (
     stats_tiles,
     sum_spec,
 )
+from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
 from aot.codegen.render import Rendered, kernel_id, kernel_step
 from aot.program import readers_of
 from aot.schema import Program, Step, TensorSpec
@@ -247,7 +248,7 @@ def join(
                 fid = kernel_id(fused.source, fused.signature, fused.config)
                 parts = ((f.kernels[0], f.ids[0]), (fused, fid), *zip(s.kernels, s.ids))
                 fused_any = True
-            elif _tiles_join(pair, f, s):  # two tiles, the norm kernel between: through the statistics
+            elif _tiles_join(pair, f, s, known):  # two tiles, the norm kernel between: through the statistics
                 parts, more = _tiles_joined(pair, f, s, buffers, known, ranges)
                 extra.update(more)
                 fused_any = True
@@ -259,10 +260,11 @@ def join(
     return out if fused_any else None
 
 
-def _tiles_join(pair: Pair, f: Pending, s: Pending) -> bool:
+def _tiles_join(pair: Pair, f: Pending, s: Pending, known: dict[str, TensorSpec]) -> bool:
     """Whether ``f`` and ``s`` join through the first tile's statistics (``gemm_stats``): both
     tensor-core tiles, neither swapped nor in K slices, the second after its LayerNorm kernel,
-    the first without a prologue of its own and few enough column tiles."""
+    the first without a prologue of its own and few enough column tiles, the LayerNorm's column
+    sums with the second's W computed by the build."""
     pro = pair.second.prologue
     return (
         tile_stats()
@@ -274,7 +276,17 @@ def _tiles_join(pair: Pair, f: Pending, s: Pending) -> bool:
         and len(s.pre) == 1
         and all(c.dot and c.split_k == 1 and not c.swap and not c.rows_apart for c in (f.cfg, s.cfg))
         and stats_tiles(pair.first, f.cfg) <= MAX_TILES
+        and _column_sums(pair.second, known) is not None
     )
+
+
+def _column_sums(second: Site, known: dict[str, TensorSpec]) -> tuple[str, str | None] | None:
+    """The weights holding the LayerNorm's column sums with ``second``'s W (``norm_sums``: u, and
+    c where the LayerNorm has a shift), None where the build did not compute them."""
+    w, shift = second.weights[0], second.prologue.bias is not None
+    if w + SCALE_SUM not in known or (shift and w + SHIFT_SUM not in known):
+        return None
+    return w + SCALE_SUM, (w + SHIFT_SUM if shift else None)
 
 
 def _tiles_joined(
@@ -303,6 +315,15 @@ def _tiles_joined(
         first, f.cfg, second, stats, sum_buf, scaled, buffers, known, split_index(first, f.cfg, ranges)
     )
     two = render_tile_from_stats(
-        second, s.cfg, f.cfg, first.n, stats, scaled, buffers, known, split_index(second, s.cfg, ranges)
+        second,
+        s.cfg,
+        f.cfg,
+        first.n,
+        stats,
+        scaled,
+        _column_sums(second, known),
+        buffers,
+        known,
+        split_index(second, s.cfg, ranges),
     )
     return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two)), extra

@@ -17,8 +17,8 @@ squares cancels). Normalizing A inside the K loop costs more than the LayerNorm 
     LN(h) @ W^T = rstd * ((h * scale) @ W^T) - rstd * mean * u + c,
     u[n] = sum_k scale[k] W[n, k],  c[n] = sum_k shift[k] W[n, k]
 
-with ``h * scale`` as the first stored it (its rows go to the tensor cores as loaded) and u and c
-summed by the same K loop as rows of a 16-row product with W's tiles. The add + LayerNorm kernel
+with ``h * scale`` as the first stored it (its rows go to the tensor cores as loaded, the plain
+tile's K loop) and u and c computed once by the build (``norm_sums``: weights of their own). The add + LayerNorm kernel
 and its launch go. The statistics' order of summation is fixed (tile order), so a run repeats bit
 for bit. Where the mean of a row is large against its spread, ``h * scale`` rounded to the dtype
 carries more of the rounding than the normalized row the LayerNorm kernel rounds.
@@ -36,14 +36,11 @@ from aot.codegen.gemm_render import (
     _epilogue_lines,
     _grid,
     _k_loop,
-    _k_masks,
     _opening,
     _params,
     _rendered,
     _site_epilogue,
     _tag,
-    _w_early_steps,
-    _w_tile,
 )
 from aot.codegen.gemm_sites import Site
 from aot.codegen.kernel_source import signature_of
@@ -166,67 +163,23 @@ def render_tile_stats(
     )
 
 
-def _vectors(pro) -> list[tuple[str, str]]:
-    return [(name, buf) for name, buf in (("lnw", pro.weight), ("lnb", pro.bias)) if buf is not None]
-
-
-def _folded_k_loop(view: Site, cfg: TileConfig, index: str) -> tuple[list[str], list[str]]:
-    """(lines before the wait, the K loop) of a tile of A = the scaled sum's rows as stored
-    (``a_ptr``), whose K steps also sum the LayerNorm's column terms of W:
-    ``u[n] = sum_k scale[k] W[n, k]`` and ``c[n] = sum_k shift[k] W[n, k]``, as rows 0 and 1 of a
-    16-row product (``uc``) with the same W tiles. The scale's and shift's slices load a step
-    ahead (the first before the wait: weights); the tile's A goes to the tensor cores as loaded."""
-    k, dt = view.k, TL_TYPE[STORAGE[view.dtype]]
-    pro = view.prologue
-    first = _w_early_steps(cfg, k)
-    steps = -(-k // cfg.block_k)
-    kmasks = _k_masks(view, cfg, "0")
-
-    def terms(at: str, suffix: str) -> list[str]:
-        """The [16, BLOCK_K] tile of the scale (row 0) and the shift (row 1) at K ``at``."""
-        scale = (
-            f"tl.load(lnw_ptr + {at}, mask={at} < {k}, other=0.0).to(tl.float32)"
-            if pro.weight is not None
-            else f"tl.where({at} < {k}, 1.0, 0.0)"
-        )
-        shift = (
-            f"tl.load(lnb_ptr + {at}, mask={at} < {k}, other=0.0).to(tl.float32)"
-            if pro.bias is not None
-            else None
-        )
-        rows = f"tl.where(uc_rows == 0, {scale}[None, :], {'0.0' if shift is None else f'tl.where(uc_rows == 1, {shift}[None, :], 0.0)'})"
-        return [f"v_{suffix} = {rows}.to({dt})"]
-
-    def a_load() -> str:
-        return f"a = tl.load(x_ptr + rm[:, None] * {k} + rk[None, :], mask=mask_m[:, None]{kmasks[0]}, other=0.0)"
-
-    early = ["# the LayerNorm's scale and shift for the first K steps (weights), as rows of a 16-row tile"]
-    early.append("uc_rows = tl.arange(0, 16)[:, None]")
-    for i in range(min(first + 1, steps)):
-        early += terms(f"({i * cfg.block_k} + tl.arange(0, BLOCK_K))", f"e{i}")
-    loop = [
-        "acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        "uc = tl.zeros((16, BLOCK_N), dtype=tl.float32)  # rows 0, 1: the scale's and shift's sums with W",
+def _combined_stats(first_cfg: TileConfig, first_n: int, k: int, eps: float) -> list[str]:
+    """``mean`` and ``rstd`` of the block's rows from the first GEMM's statistics per column tile
+    (Chan's pairwise update, in tile order)."""
+    tiles = -(-first_n // first_cfg.block_n)
+    width, bn = 1 << (tiles - 1).bit_length(), first_cfg.block_n
+    return [
+        f"# the LayerNorm's statistics from the first GEMM's {tiles} column tiles (gemm_stats)",
+        f"tiles = tl.arange(0, {width})",
+        f"tmask = (tiles < {tiles})[:, None] & mask_m[None, :]",
+        "t_sum = tl.load(stats_ptr + (tiles[:, None] * 2) * M + rm[None, :], mask=tmask, other=0.0)",
+        "t_m2 = tl.load(stats_ptr + (tiles[:, None] * 2 + 1) * M + rm[None, :], mask=tmask, other=0.0)",
+        f"count = tl.minimum({first_n} - tiles * {bn}, {bn}).to(tl.float32)[:, None]",
+        f"mean = tl.sum(t_sum, axis=0) / {k}",
+        "dm = tl.where(tmask, t_sum / tl.maximum(count, 1.0) - mean[None, :], 0.0)",
+        f"var = (tl.sum(t_m2, axis=0) + tl.sum(count * dm * dm, axis=0)) / {k}",
+        f"rstd = 1.0 / tl.sqrt(var + {eps!r})",
     ]
-    for i in range(first):  # the steps whose W tiles were loaded before the wait
-        loop.append(f"rk = {i * cfg.block_k} + tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
-        loop += [a_load(), f"acc0 = tl.dot(a, w0_e{i}, acc0)", f"uc = tl.dot(v_e{i}, w0_e{i}, uc)"]
-    if first < steps:
-        loop.append(f"v_n = v_e{first}")
-        loop.append(f"for k0 in range({first * cfg.block_k}, {k}, BLOCK_K):")
-        body = ["rk = k0 + tl.arange(0, BLOCK_K)", "v_c = v_n"]
-        body += terms("(rk + BLOCK_K)", "n")  # the next step's, a step ahead
-        body.append(a_load())
-        body.append(f"w0 = {_w_tile(view, cfg, 0, index, kmasks)}  # W^T tile: [BLOCK_K, BLOCK_N]")
-        body += ["acc0 = tl.dot(a, w0, acc0)", "uc = tl.dot(v_c, w0, uc)"]
-        loop += ["    " + ln for ln in body]
-    loop += [
-        "u = tl.sum(tl.where(uc_rows == 0, uc, 0.0), axis=0)",
-        "c = tl.sum(tl.where(uc_rows == 1, uc, 0.0), axis=0)",
-        "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
-        "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
-    ]
-    return early, loop
 
 
 def render_tile_from_stats(
@@ -236,54 +189,53 @@ def render_tile_from_stats(
     first_n: int,
     stats: str,
     scaled: str,
+    sums: tuple[str, str | None],
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
     index: str,
 ) -> Rendered:
-    """``norm_site``'s tile (``cfg``) with its LayerNorm applied after the products: the K loop
-    multiplies the rows of ``scaled`` (the residual sum times the LayerNorm's scale, as
-    ``render_tile_stats`` stored them) as they are, and ``_folded_k_loop`` turns the result into
-    the normalized rows' product with the mean and 1/std combined from the first GEMM's
-    (``first_cfg``, ``first_n`` columns) statistics per tile."""
+    """``norm_site``'s tile (``cfg``) with its LayerNorm applied after the products: the K loop is
+    the plain tile's over the rows of ``scaled`` (the residual sum times the LayerNorm's scale,
+    as ``render_tile_stats`` stored them), and the epilogue turns the result into the normalized
+    rows' product with the mean and 1/std combined from the first GEMM's (``first_cfg``,
+    ``first_n`` columns) statistics per tile and the column sums u and c (``sums``: the weights
+    ``norm_sums`` made; c's None where the LayerNorm has no shift), loaded with the first W tiles
+    (before the wait, where the form loads any)."""
     pro = norm_site.prologue
     view = replace(norm_site, prologue=replace(pro, x=scaled, y=None, sum_out=None, gathered=()))
+    plain = replace(norm_site, prologue=None, a=scaled)
     ep = _site_epilogue(norm_site, buffers, known)
-    tiles = -(-first_n // first_cfg.block_n)
-    width = 1 << (tiles - 1).bit_length()
-    bn = first_cfg.block_n
-    early, body = _opening(view, cfg, index, "0", view.k)
-    biases, bias = _early_biases(view) if early else ([], None)
-    early += biases
+    early, body = _opening(plain, cfg, index, "0", plain.k)
+    biases, bias = _early_biases(plain) if early else ([], None)
+    loads = ["# the LayerNorm's column sums with W (weights: norm_sums)"]
+    loads.append("u = tl.load(u_ptr + rn, mask=mask_n, other=0.0)")
+    loads.append(
+        "c = tl.load(c_ptr + rn, mask=mask_n, other=0.0)" if sums[1] is not None else "c = tl.zeros_like(u)"
+    )
+    early += biases + (loads if early else [])
+    body += ([] if early else loads) + _combined_stats(first_cfg, first_n, plain.k, pro.eps)
+    body += _k_loop(plain, cfg, "0", plain.k, index)
     body += [
-        f"# the LayerNorm's statistics from the first GEMM's {tiles} column tiles (gemm_stats)",
-        f"tiles = tl.arange(0, {width})",
-        f"tmask = (tiles < {tiles})[:, None] & mask_m[None, :]",
-        "t_sum = tl.load(stats_ptr + (tiles[:, None] * 2) * M + rm[None, :], mask=tmask, other=0.0)",
-        "t_m2 = tl.load(stats_ptr + (tiles[:, None] * 2 + 1) * M + rm[None, :], mask=tmask, other=0.0)",
-        f"count = tl.minimum({first_n} - tiles * {bn}, {bn}).to(tl.float32)[:, None]",
-        f"mean = tl.sum(t_sum, axis=0) / {view.k}",
-        "dm = tl.where(tmask, t_sum / tl.maximum(count, 1.0) - mean[None, :], 0.0)",
-        f"var = (tl.sum(t_m2, axis=0) + tl.sum(count * dm * dm, axis=0)) / {view.k}",
-        f"rstd = 1.0 / tl.sqrt(var + {pro.eps!r})",
+        "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
+        "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
     ]
-    vec_early, loop = _folded_k_loop(view, cfg, index)
-    early += vec_early
-    body += loop + _epilogue_lines(view, ep, bias=bias)
-    params, _, args = _params(view, ep, index, None, "fused")
-    params.insert(-1, KernelParam("stats_ptr", ParamKind.PTR, "float32"))
-    args.insert(-1, Buf(stats))
-    grid = _grid(view, cfg)
+    body += _epilogue_lines(plain, ep, bias=bias)
+    params, _, args = _params(plain, ep, index, None, "fused")
+    more = [("stats_ptr", stats), ("u_ptr", sums[0])] + ([("c_ptr", sums[1])] if sums[1] is not None else [])
+    for name, buf in more:  # before M, the last
+        params.insert(-1, KernelParam(name, ParamKind.PTR, "float32"))
+        args.insert(-1, Buf(buf))
     return _rendered(
-        view,
+        plain,
         cfg,
         f"gemm_{_tag(view)}_{cfg.name}_from_stats",
-        "fused, its LayerNorm from the GEMM before's statistics per tile",
+        "fused, its LayerNorm from the GEMM before's statistics per tile and the column sums",
         body,
         params,
         signature_of(params, index),
         args,
         [buf for buf, _, _ in ep.stores],
-        grid,
+        _grid(plain, cfg),
         (),
         early,
     )

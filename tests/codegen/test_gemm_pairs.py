@@ -253,17 +253,23 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     """Two GEMMs on tensor-core tiles without K slices, a residual add + LayerNorm between them
     (GPT-2's o projection, ``ln_2`` and fc): at 33-128 rows (``gemm_tile_ln_many.py``) the
     64-row tiles, at 8 rows the 16-row tile, at 32 ``BUILT_IN_32``'s (``gemm_tile_ln_few.py``).
-    With ``AOTPACK_TILE_STATS=on`` the first tile writes the residual sum and its rows'
-    statistics over its 20 column tiles, and the second computes the LayerNorm from them as it
-    loads A: the add + LayerNorm kernel goes. By default (off: ``gemm_pairs.TILE_STATS``, slower
-    on an H200) the kernel stays. Every kernel
-    matches the library steps in Triton's interpreter at rows between the buckets (padded)
-    within float16's tolerance, and bit for bit from run to run."""
+    With ``AOTPACK_TILE_STATS=on`` the first tile writes the residual sum, the sum times the
+    LayerNorm's scale and its rows' statistics over its 20 column tiles; the second multiplies
+    the scaled sum's rows and applies the LayerNorm after its products, with the column sums
+    the build computed (``norm_sums``, checked against W @ scale and W @ shift): the add +
+    LayerNorm kernel goes. By default (off: ``gemm_pairs.TILE_STATS``) the kernel stays and the
+    build computes no sums. Every kernel matches the library steps in Triton's interpreter at
+    rows between the buckets (padded) within float16's tolerance, and bit for bit from run to
+    run."""
+    import torch
+
+    from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
     monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)  # the default: off
-    apart = _plans(_build(model))
+    separate = _build(model)
+    apart, apart_weights = _plans(separate), {w.name for w in separate.program.weights}
     assert apart == {
         rows: [f"gemm_addmm_{t}", "fused_add_layer_norm", f"gemm_addmm_{t}"] for rows, t in tiles.items()
     }
@@ -277,6 +283,12 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     assert _plans(compiled) == {
         rows: [f"gemm_addmm_{t}_stats", f"gemm_ln_addmm_{t}_from_stats"] for rows, t in tiles.items()
     }
+    # the LayerNorm's column sums with the second's W, computed by the build (norm_sums), fp32
+    weights = compiled.traced.weights
+    w, scale, shift = (weights[n].float() for n in ("proj.weight", "norm.weight", "norm.bias"))
+    torch.testing.assert_close(weights["proj.weight" + SCALE_SUM], w @ scale, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(weights["proj.weight" + SHIFT_SUM], w @ shift, rtol=1e-6, atol=1e-6)
+    assert not {n for n in apart_weights if n.endswith((SCALE_SUM, SHIFT_SUM))}  # off: none
     stats = {b: spec.shape for b, spec in compiled.program.buffers.items() if b.endswith("_stats")}
     # per column tile of 32 (640 columns): each row's sum and squared deviations
     assert stats == {f"{site.id}_{t}_stats": ("20", "2", "batch") for t in tiles.values()}

@@ -1,0 +1,89 @@
+"""A LayerNorm's column sums with the weight of the GEMM after it, computed at build time.
+
+``gemm_stats`` applies a LayerNorm after the GEMM that reads it (``LN(h) @ W^T = rstd * ((h *
+scale) @ W^T) - rstd * mean * u + c``), which needs, per column n of the GEMM's output,
+``u[n] = sum_k scale[k] W[n, k]`` and ``c[n] = sum_k shift[k] W[n, k]``. Both depend on weights
+alone, so the build computes them once (fp32, from the weights as the bundle stores them) and
+adds them to the program's weights as ``<W>`` + ``SCALE_SUM`` and ``SHIFT_SUM``: two ``[N]``
+vectors a GEMM (24 KiB for GPT-2's fc), which only the joined kernels read. Where they are
+absent the joined kernel sums them in its K loop instead.
+
+A GEMM qualifies where its A is, through views, the normalized output of a
+``native_layer_norm`` over the last dim whose scale is a weight, and its W a 2-D weight of
+static shape read as ``permute(W, [1, 0])`` (``weight_layout``'s ``[N, K]`` form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from aot.program import RESHAPE_VIEWS
+from aot.schema import Buf, NamedTensor, Program, StepKind, TensorSpec
+
+SCALE_SUM = ".ln_scale_sum"
+SHIFT_SUM = ".ln_shift_sum"
+_A_AT = {"aten.mm.default": 0, "aten.addmm.default": 1, "aten._addmm_activation.default": 1}
+
+
+def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
+    """The program and weights with the column sums of each qualifying GEMM added, and how many
+    GEMMs got them."""
+    import torch
+
+    specs = {w.name: w.spec for w in program.weights}
+    made: dict[str, tuple[str, str | None]] = {}  # LayerNorm output -> (scale, shift)
+    root: dict[str, str] = {}  # a view's buffer -> the LayerNorm output it views
+    permuted: dict[str, str] = {}  # permute(W, [1, 0]) -> W
+    added: dict[str, torch.Tensor] = {}
+    new: list[NamedTensor] = []
+    taken = {*specs, *program.buffers, *(i.name for i in program.inputs)}
+    gemms = 0
+    for step in program.steps:
+        if step.kind != StepKind.ATEN or not step.outputs or step.outputs[0] is None:
+            continue
+        out, args = step.outputs[0], step.args
+        if step.target == "aten.native_layer_norm.default" and len(args) == 5:
+            x, shape, scale, shift = args[0], args[1], args[2], args[3]
+            if (
+                isinstance(x, Buf)
+                and isinstance(scale, Buf)
+                and scale.name in specs
+                and (shift is None or (isinstance(shift, Buf) and shift.name in specs))
+                and len(shape) == 1
+            ):
+                made[out] = (scale.name, shift.name if shift is not None else None)
+        elif step.target in RESHAPE_VIEWS and args and isinstance(args[0], Buf):
+            src = args[0].name
+            if src in made or src in root:
+                root[out] = root.get(src, src)
+        elif step.target == "aten.permute.default" and isinstance(args[0], Buf) and list(args[1]) == [1, 0]:
+            if args[0].name in specs and len(specs[args[0].name].shape) == 2:
+                permuted[out] = args[0].name
+        elif step.target in _A_AT:
+            at = _A_AT[step.target]
+            a, w = args[at], args[at + 1] if len(args) > at + 1 else None
+            if not (isinstance(a, Buf) and isinstance(w, Buf)) or w.name not in permuted:
+                continue
+            norm = made.get(root.get(a.name, a.name))
+            weight = permuted[w.name]
+            if (
+                norm is None
+                or weight + SCALE_SUM in taken
+                or not all(d.isdigit() for d in specs[weight].shape)
+            ):
+                continue
+            scale, shift = norm
+            n, k = (int(d) for d in specs[weight].shape)
+            if tuple(specs[scale].shape) != (str(k),):
+                continue
+            wt = weights[weight].float()
+            for suffix, vec in ((SCALE_SUM, scale), (SHIFT_SUM, shift)):
+                if vec is not None and weight + suffix not in taken:
+                    taken.add(weight + suffix)
+                    added[weight + suffix] = (wt @ weights[vec].float()).contiguous()  # [N]
+                    new.append(NamedTensor(weight + suffix, TensorSpec("float32", (str(n),))))
+            gemms += 1
+    if not new:
+        return program, weights, 0
+    return replace(program, weights=(*program.weights, *new)), {**weights, **added}, gemms
