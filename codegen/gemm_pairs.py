@@ -62,12 +62,16 @@ ENV = "AOTPACK_REDUCE_NORM"
 #   graph's chain (kernel-profile-gpt-b1-s128-tile-stats-h200-2026-12-04.txt) fc's tile took 10.4
 #   us a call where q/k/v's plain tile (N 2304) took 4.6: A went shared memory -> registers ->
 #   arithmetic -> the tensor cores in every K step.
-# - The LayerNorm applied after the products (the form now: the scaled sum's rows to the tensor
-#   cores as stored, the scale's and shift's column sums with W as a 16-row product in the same
-#   K loop; "folded"): 0.439 / 0.417 at x 128 (1.055), 1.060 at x 64, x 32 and x 16, 1.065 at batch
-#   8 x 1. Half the loss again, not a gain: the 16-row product takes W's tiles from shared memory
-#   into registers in every step. What is left to try: the column sums computed once at build
-#   time (two [N] fp32 vectors a GEMM, derived weights) so fc's K loop is the plain tile's.
+# - The LayerNorm applied after the products (the scaled sum's rows to the tensor cores as
+#   stored), the scale's and shift's column sums with W as a 16-row product in the same K loop
+#   ("folded"): 0.439 / 0.417 at x 128 (1.055), 1.060 at x 64, x 32 and x 16, 1.065 at batch 8 x 1;
+#   `aotpack verify` passed. Half the loss again, not a gain: the 16-row product takes W's tiles
+#   from shared memory into registers in every step.
+# - The form now: those column sums computed once by the build (``norm_sums``: two [N] fp32
+#   weights a GEMM, only where this join is on), so fc's K loop is the plain tile's. Not timed
+#   (no device time left in the session that built it): the next A/B is
+#   ``AB_ENV_gpt=AOTPACK_TILE_STATS=on bash bench/device_session.sh ab-gpt``, then the GPU test
+#   ``test_tiles_joined_through_their_row_statistics_verify``.
 TILE_STATS = "off"
 TILE_STATS_ENV = "AOTPACK_TILE_STATS"
 
