@@ -215,9 +215,10 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm_and_verify(t
 
 def test_tiles_joined_through_their_row_statistics_verify(tmp_path_factory):
     """GPT-2 small's shapes (two layers, bfloat16) at 8 and 128 rows with ``AOTPACK_TILE_STATS=on``
-    (off by default: slower on an H200, ``gemm_pairs.TILE_STATS``): the o projection's tile writes
-    the residual sum and its rows' statistics per column tile, fc's tile computes ``ln_2`` from
-    them as it loads A, and every ``ln_2`` kernel goes. ``aot.verify.device.verify`` passes, fc's
+    (off by default, ``gemm_pairs.TILE_STATS``): the o projection's tile writes the residual sum,
+    the sum times ``ln_2``'s scale and its rows' statistics per column tile; fc's tile multiplies
+    the scaled rows and applies ``ln_2`` after its products with the build's column sums
+    (``norm_sums``), and every ``ln_2`` kernel goes. ``aot.verify.device.verify`` passes, fc's
     tile (which ends the pair) among the kernels it checked, at both buckets."""
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV, MANY_ROWS_ENV, many_row_tile
     from aot.codegen.gemm_pairs import ENV, TILE_STATS_ENV
