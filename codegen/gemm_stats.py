@@ -1,5 +1,5 @@
 """Two tensor-core tiles joined across a LayerNorm that no reduce can run: the first tile writes
-its rows' statistics over its columns, the second computes the LayerNorm from them as it loads A.
+its rows' statistics over its columns, the second applies the LayerNorm after its products.
 
 A forward of 33-128 rows (a prompt at batch 1) runs GPT-2's o projection (K 768) on a 64-row
 tile without K slices, so no reduce holds whole rows to run the residual add and ``ln_2`` in
@@ -18,8 +18,8 @@ squares cancels). Normalizing A inside the K loop costs more than the LayerNorm 
     u[n] = sum_k scale[k] W[n, k],  c[n] = sum_k shift[k] W[n, k]
 
 with ``h * scale`` as the first stored it (its rows go to the tensor cores as loaded, the plain
-tile's K loop) and u and c computed once by the build (``norm_sums``: weights of their own). The add + LayerNorm kernel
-and its launch go. The statistics' order of summation is fixed (tile order), so a run repeats bit
+tile's K loop) and u and c computed once by the build (``norm_sums``: weights of their own). The
+add + LayerNorm kernel and its launch go. The statistics' order of summation is fixed (tile order), so a run repeats bit
 for bit. Where the mean of a row is large against its spread, ``h * scale`` rounded to the dtype
 carries more of the rounding than the normalized row the LayerNorm kernel rounds.
 """

@@ -38,6 +38,7 @@ def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Prog
     added: dict[str, torch.Tensor] = {}
     new: list[NamedTensor] = []
     taken = {*specs, *program.buffers, *(i.name for i in program.inputs)}
+    norms: dict[str, set] = {}  # W -> the (scale, shift) before each GEMM reading it (None: no LayerNorm)
     gemms = 0
     for step in program.steps:
         if step.kind != StepKind.ATEN or not step.outputs or step.outputs[0] is None:
@@ -67,23 +68,24 @@ def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Prog
                 continue
             norm = made.get(root.get(a.name, a.name))
             weight = permuted[w.name]
-            if (
-                norm is None
-                or weight + SCALE_SUM in taken
-                or not all(d.isdigit() for d in specs[weight].shape)
-            ):
-                continue
-            scale, shift = norm
-            n, k = (int(d) for d in specs[weight].shape)
-            if tuple(specs[scale].shape) != (str(k),):
-                continue
-            wt = weights[weight].float()
-            for suffix, vec in ((SCALE_SUM, scale), (SHIFT_SUM, shift)):
-                if vec is not None and weight + suffix not in taken:
-                    taken.add(weight + suffix)
-                    added[weight + suffix] = (wt @ weights[vec].float()).contiguous()  # [N]
-                    new.append(NamedTensor(weight + suffix, TensorSpec("float32", (str(n),))))
-            gemms += 1
+            if norm is not None and all(d.isdigit() for d in specs[weight].shape):
+                norms.setdefault(weight, set()).add(norm)
+            else:
+                norms.setdefault(weight, set()).add(None)
+    for weight, of in norms.items():
+        # one LayerNorm before every GEMM that reads the weight: the sums are the GEMMs' (named by W)
+        if len(of) != 1 or None in of or weight + SCALE_SUM in taken:
+            continue
+        ((scale, shift),) = of
+        n, k = (int(d) for d in specs[weight].shape)
+        if tuple(specs[scale].shape) != (str(k),):
+            continue
+        wt = weights[weight].float()
+        for suffix, vec in ((SCALE_SUM, scale), (SHIFT_SUM, shift)):
+            if vec is not None:
+                added[weight + suffix] = (wt @ weights[vec].float()).contiguous()  # [N]
+                new.append(NamedTensor(weight + suffix, TensorSpec("float32", (str(n),))))
+        gemms += 1
     if not new:
         return program, weights, 0
     return replace(program, weights=(*program.weights, *new)), {**weights, **added}, gemms

@@ -303,3 +303,34 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     for cand in site.candidates:
         for out in site.outputs:
             assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
+
+
+def test_column_sums_only_where_one_layer_norm_precedes_every_use_of_the_weight():
+    """``norm_sums``: a weight read by GEMMs after two different LayerNorms gets no column sums
+    (named by the weight, one pair could not serve both), one after a single LayerNorm does, with
+    its values W @ scale and W @ shift in fp32; the pass leaves the program's steps as they are."""
+    import torch
+    from torch import nn
+
+    from aot import Dim, Input, ModelSpec
+    from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM, add_layer_norm_sums
+    from aot.tracer import trace
+
+    class TwoNorms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.LayerNorm(64), nn.LayerNorm(64)
+            self.shared, self.alone = nn.Linear(64, 32), nn.Linear(64, 16)
+
+        def forward(self, x):  # x: [B, 64]
+            return self.shared(self.a(x)) + self.shared(self.b(x)), self.alone(self.b(x))
+
+    batch = Dim("batch", 1, 8)
+    traced = trace(ModelSpec(module=TwoNorms, inputs=[Input("x", (batch, 64))], dtype="float32"))
+    program, weights, gemms = add_layer_norm_sums(traced.program, dict(traced.weights))
+    added = {w.name for w in program.weights} - {w.name for w in traced.program.weights}
+    assert gemms == 1 and added == {"alone.weight" + SCALE_SUM, "alone.weight" + SHIFT_SUM}, added
+    w = weights["alone.weight"].float()
+    torch.testing.assert_close(weights["alone.weight" + SCALE_SUM], w @ weights["b.weight"].float())
+    torch.testing.assert_close(weights["alone.weight" + SHIFT_SUM], w @ weights["b.bias"].float())
+    assert program.steps == traced.program.steps
