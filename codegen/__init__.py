@@ -376,7 +376,8 @@ def _rewrite_for_kernels(
     if padded:
         say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
         traced = replace(traced, program=program, weights=weights)
-    if tile_stats() and options.fuse and not options.library_free:  # the joined tiles' column sums
+    # the joined tiles' column sums: only a default build joins (tune's candidates keep sites apart)
+    if tile_stats() and options.fuse and not options.gemm_candidates and not options.library_free:
         program, weights, summed = add_layer_norm_sums(program, dict(traced.weights))
         if summed:
             say(

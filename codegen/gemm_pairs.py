@@ -21,6 +21,10 @@ The second's norm is a row norm lowered from its kernel (RMSNorm) or a LayerNorm
 after fc2; ``AOTPACK_REDUCE_NORM=rms`` joins at row norms only). On an H200 the joined forms took
 GPT-2 (fp16) from 0.364 to 0.348 ms a token at batch 8 and from 0.594 to 0.569 at 32, the first 8
 layers of Llama-3.2-1B (bf16) from 0.598 to 0.585 at 32 (0.538 either way at 8).
+
+Where the first runs a tensor-core tile without K slices (no reduce holds whole rows) and the
+norm is a LayerNorm, ``TILE_STATS`` joins the two tiles through the first's row statistics per
+column tile instead (``gemm_stats``; off by default, see there).
 """
 
 from __future__ import annotations
@@ -321,8 +325,8 @@ def _tiles_joined(
     two = render_tile_from_stats(
         second,
         s.cfg,
+        first,
         f.cfg,
-        first.n,
         stats,
         scaled,
         _column_sums(second, known),

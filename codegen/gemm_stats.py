@@ -19,8 +19,8 @@ squares cancels). Normalizing A inside the K loop costs more than the LayerNorm 
 
 with ``h * scale`` as the first stored it (its rows go to the tensor cores as loaded, the plain
 tile's K loop) and u and c computed once by the build (``norm_sums``: weights of their own). The
-add + LayerNorm kernel and its launch go. The statistics' order of summation is fixed (tile order), so a run repeats bit
-for bit. Where the mean of a row is large against its spread, ``h * scale`` rounded to the dtype
+add + LayerNorm kernel and its launch go. The statistics' order of summation is fixed (tile
+order), so a run repeats bit for bit. Where the mean of a row is large against its spread, ``h * scale`` rounded to the dtype
 carries more of the rounding than the normalized row the LayerNorm kernel rounds.
 """
 
@@ -163,11 +163,11 @@ def render_tile_stats(
     )
 
 
-def _combined_stats(first_cfg: TileConfig, first_n: int, k: int, eps: float) -> list[str]:
+def _combined_stats(first: Site, first_cfg: TileConfig, k: int, eps: float) -> list[str]:
     """``mean`` and ``rstd`` of the block's rows from the first GEMM's statistics per column tile
     (Chan's pairwise update, in tile order)."""
-    tiles = -(-first_n // first_cfg.block_n)
-    width, bn = 1 << (tiles - 1).bit_length(), first_cfg.block_n
+    tiles, first_n, bn = stats_tiles(first, first_cfg), first.n, first_cfg.block_n
+    width = 1 << (tiles - 1).bit_length()
     return [
         f"# the LayerNorm's statistics from the first GEMM's {tiles} column tiles (gemm_stats)",
         f"tiles = tl.arange(0, {width})",
@@ -185,8 +185,8 @@ def _combined_stats(first_cfg: TileConfig, first_n: int, k: int, eps: float) -> 
 def render_tile_from_stats(
     norm_site: Site,
     cfg: TileConfig,
+    first: Site,
     first_cfg: TileConfig,
-    first_n: int,
     stats: str,
     scaled: str,
     sums: tuple[str, str | None],
@@ -197,12 +197,11 @@ def render_tile_from_stats(
     """``norm_site``'s tile (``cfg``) with its LayerNorm applied after the products: the K loop is
     the plain tile's over the rows of ``scaled`` (the residual sum times the LayerNorm's scale,
     as ``render_tile_stats`` stored them), and the epilogue turns the result into the normalized
-    rows' product with the mean and 1/std combined from the first GEMM's (``first_cfg``,
-    ``first_n`` columns) statistics per tile and the column sums u and c (``sums``: the weights
+    rows' product with the mean and 1/std combined from the first GEMM's (``first`` in form
+    ``first_cfg``) statistics per tile and the column sums u and c (``sums``: the weights
     ``norm_sums`` made; c's None where the LayerNorm has no shift), loaded with the first W tiles
     (before the wait, where the form loads any)."""
     pro = norm_site.prologue
-    view = replace(norm_site, prologue=replace(pro, x=scaled, y=None, sum_out=None, gathered=()))
     plain = replace(norm_site, prologue=None, a=scaled)
     ep = _site_epilogue(norm_site, buffers, known)
     early, body = _opening(plain, cfg, index, "0", plain.k)
@@ -213,7 +212,7 @@ def render_tile_from_stats(
         "c = tl.load(c_ptr + rn, mask=mask_n, other=0.0)" if sums[1] is not None else "c = tl.zeros_like(u)"
     )
     early += biases + (loads if early else [])
-    body += ([] if early else loads) + _combined_stats(first_cfg, first_n, plain.k, pro.eps)
+    body += ([] if early else loads) + _combined_stats(first, first_cfg, plain.k, pro.eps)
     body += _k_loop(plain, cfg, "0", plain.k, index)
     body += [
         "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
@@ -228,7 +227,7 @@ def render_tile_from_stats(
     return _rendered(
         plain,
         cfg,
-        f"gemm_{_tag(view)}_{cfg.name}_from_stats",
+        f"gemm_ln_{_tag(plain)}_{cfg.name}_from_stats",  # named as a LayerNorm-prologue form
         "fused, its LayerNorm from the GEMM before's statistics per tile and the column sums",
         body,
         params,

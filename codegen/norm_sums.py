@@ -5,8 +5,8 @@ scale) @ W^T) - rstd * mean * u + c``), which needs, per column n of the GEMM's 
 ``u[n] = sum_k scale[k] W[n, k]`` and ``c[n] = sum_k shift[k] W[n, k]``. Both depend on weights
 alone, so the build computes them once (fp32, from the weights as the bundle stores them) and
 adds them to the program's weights as ``<W>`` + ``SCALE_SUM`` and ``SHIFT_SUM``: two ``[N]``
-vectors a GEMM (24 KiB for GPT-2's fc), which only the joined kernels read. Where they are
-absent the joined kernel sums them in its K loop instead.
+vectors a GEMM (24 KiB for GPT-2's fc), which only the joined kernels read; where they are
+absent the two GEMMs are not joined (``gemm_pairs``).
 
 A GEMM qualifies where its A is, through views, the normalized output of a
 ``native_layer_norm`` over the last dim whose scale is a weight, and its W a 2-D weight of

@@ -612,9 +612,10 @@ def test_the_tiles_for_33_to_128_rows_match_in_the_interpreter(early, tmp_path, 
     K = 4096 (N 96: few column tiles) the narrow tile in 8 K slices, the site of K = 1024 and N 2048
     on the library ("short": the first only); with ``AOTPACK_MANY_ROWS=on`` ``tilem_64x32x128``
     at K = 4096 and 1024 too; a weight past 8 MiB and a vocabulary head keep the library; "off"
-    the library everywhere, a bad value a CodegenError. ``AOTPACK_MANY_ROWS_EARLY=on``: the ``tileme_`` forms (W's first K step
-    before the wait). Built "on", every kernel matches the library steps it replaces in Triton's
-    interpreter at 100 rows (the bucket of 128 padded) (``aot.dtypes.TOLERANCE``, float16)."""
+    the library everywhere, a bad value a CodegenError. ``AOTPACK_MANY_ROWS_EARLY=on``: the
+    ``tileme_`` forms (W's first K step before the wait). Built "on", every kernel matches the
+    library steps it replaces in Triton's interpreter at 100 rows (the bucket of 128 padded)
+    (``aot.dtypes.TOLERANCE``, float16)."""
     from aot.codegen import generate
     from aot.codegen.gemm_defaults import MANY_ROWS_EARLY_ENV, MANY_ROWS_ENV
     from aot.packager import pack

@@ -3,8 +3,8 @@ Linear(512 → 640)(x), y = Linear(640 → 64)(layer_norm(h)), float16, batch bu
 (paddable). The shape of GPT-2's o projection, the residual add + ``ln_2`` and fc at 128 tokens:
 K below 1024, so no K slices and no reduce to run the LayerNorm in; with
 ``AOTPACK_TILE_STATS=on`` (``gemm_pairs.TILE_STATS``) the first tile writes its rows' statistics
-over its columns and the second computes the LayerNorm from them as it loads A, and the add +
-LayerNorm kernel goes. 640 columns make 20 tiles of 32 (the statistics of 20 tiles a row, not a
+over its columns and the second applies the LayerNorm after its products from them, and the add
++ LayerNorm kernel goes. 640 columns make 20 tiles of 32 (the statistics of 20 tiles a row, not a
 power of two)."""
 
 import sys
