@@ -80,13 +80,20 @@ def admitted_count(guards: GuardChecker) -> int:
     return count
 
 
-def weights_read(programs: tuple[schema.Program, ...]) -> set[str]:
+def weights_read(programs: tuple[schema.Program, ...], candidates: bool = False) -> set[str]:
     """The buffers some step of ``programs`` reads, on either path (kernel arguments or their
-    reference steps), and their outputs."""
+    reference steps), and their outputs; with ``candidates`` (a GPU, where a tuning table's plans
+    run) also what the sites' candidate steps read (a LayerNorm's column sums that only a joined
+    pair of tiles reads, ``aot.codegen.norm_sums``)."""
     read: set[str] = set()
     for p in programs:
         read.update(p.outputs)
-        for step in p.steps:
+        steps = (
+            [*p.steps, *(s for a in p.alternatives for c in a.candidates for s in c.steps)]
+            if candidates
+            else p.steps
+        )
+        for step in steps:
             read.update(step_reads(step))
             for ref in step.reference:
                 read.update(step_reads(ref))
@@ -298,7 +305,7 @@ class Runner:
         against the program's dtype and shape."""
         bundle = self.bundle
         declared = {w.name: w for p in programs for w in p.weights}
-        used = weights_read(programs)
+        used = weights_read(programs, candidates=self.device.type == "cuda")
         where = f"{bundle.path}: {schema.WEIGHTS_PATH}"
         limit = weights_size_limit({n: w.spec for n, w in declared.items()}, where)
         size = self.manifest.members[schema.WEIGHTS_PATH].size

@@ -264,6 +264,7 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     import torch
 
     from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
+    from aot.loader import weights_read
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
@@ -289,6 +290,10 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     torch.testing.assert_close(weights["proj.weight" + SCALE_SUM], w @ scale, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(weights["proj.weight" + SHIFT_SUM], w @ shift, rtol=1e-6, atol=1e-6)
     assert not {n for n in apart_weights if n.endswith((SCALE_SUM, SHIFT_SUM))}  # off: none
+    # only the joined candidate reads them: a GPU's loader keeps them, a CPU's copies none
+    sums = {"proj.weight" + SCALE_SUM, "proj.weight" + SHIFT_SUM}
+    assert sums <= weights_read((compiled.program,), candidates=True)
+    assert not sums & weights_read((compiled.program,))
     stats = {b: spec.shape for b, spec in compiled.program.buffers.items() if b.endswith("_stats")}
     # per column tile of 32 (640 columns): each row's sum and squared deviations
     assert stats == {f"{site.id}_{t}_stats": ("20", "2", "batch") for t in tiles.values()}
