@@ -342,6 +342,7 @@ def _rewrite_for_kernels(
     from aot.codegen.attention import eager_attention_as_sdpa, fold_gqa_repeats, simplify_attention_masks
     from aot.codegen.embeddings import positions_as_slices
     from aot.codegen.gemm_pairs import tile_stats
+    from aot.codegen.gemm_prologue import factored_one_row
     from aot.codegen.index_views import gathers_as_slices, indexes_as_views, strides_as_views
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
@@ -376,13 +377,14 @@ def _rewrite_for_kernels(
     if padded:
         say(f"  padded {padded} matmul weights to a multiple of {PAD_TO} columns (aligned cuBLAS kernels)")
         traced = replace(traced, program=program, weights=weights)
-    # the joined tiles' column sums: only a default build joins (tune's candidates keep sites apart)
-    if tile_stats() and options.fuse and not options.gemm_candidates and not options.library_free:
+    # a LayerNorm's column sums with the weight after it, for the forms that apply the norm after
+    # their products: the joined tiles (only a default build joins: tune's candidates keep sites
+    # apart) and the factored one-row forms
+    sums = tile_stats() or factored_one_row()
+    if sums and options.fuse and not options.gemm_candidates and not options.library_free:
         program, weights, summed = add_layer_norm_sums(program, dict(traced.weights))
         if summed:
-            say(
-                f"  a LayerNorm's column sums with {counted(summed, 'matmul weight')} computed for its joined tile"
-            )
+            say(f"  a LayerNorm's column sums with {counted(summed, 'matmul weight')} computed")
             traced = replace(traced, program=program, weights=weights)
     ranges = _ranges(traced)
     if options.decode_attention and not options.library_free:  # eager attention at one query: SDPA

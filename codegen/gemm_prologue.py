@@ -23,6 +23,7 @@ from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import BINARY, NoSite, float_cast, spec_of
 from aot.codegen.gemm_forms import ROUND
 from aot.codegen.triton_types import FLOAT_DTYPES
+from aot.errors import CodegenError
 from aot.program import RESHAPE_VIEWS
 from aot.schema import Buf, MemoryFormat, Step, StepKind, TensorSpec
 
@@ -40,6 +41,14 @@ MAX_ROW_INPUTS = 2
 # Gemma-2-2B's decode step (8 layers) 1.085 ms against 0.807 with the norm kernels kept.
 MEANS_ENV = "AOTPACK_ROW_NORM_MEANS"
 MAX_MEANS = 2
+# "on": the one-row forms (``vec_*``) apply the norm after their products where it factors out
+# of them, so that the statistics and the products come from the same loads of the row at once
+# rather than one after the other: an RMSNorm (``RowNorm.factored``: ``A @ W^T = r * ((g * x) @
+# W^T)``) and a LayerNorm whose column sums with W the build computed (``norm_sums``: ``A @ W^T =
+# rstd * ((x * scale) @ W^T) - rstd * mean * (W @ scale) + W @ shift``). "off" (the default): the
+# statistics first, then the products of the normalized row. See gemm_render's one-row forms.
+FACTORED = "off"
+FACTORED_ENV = "AOTPACK_ONE_ROW_FACTORED"
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,14 @@ def is_copy(step: Step) -> bool:
         and step.kwargs.get("memory_format")
         in (None, MemoryFormat("contiguous_format"), MemoryFormat("preserve_format"))
     )
+
+
+def factored_one_row() -> bool:
+    """Whether the one-row forms apply a norm after their products (FACTORED, or its environment)."""
+    text = os.environ.get(FACTORED_ENV, "").strip().lower() or FACTORED
+    if text not in ("on", "off"):
+        raise CodegenError(f"{FACTORED_ENV}={text!r}: expected 'on' or 'off'")
+    return text == "on"
 
 
 def _max_means() -> int:

@@ -25,7 +25,7 @@ from aot.codegen.gemm_forms import (
     STATS_CHUNK,
     TileConfig,
 )
-from aot.codegen.gemm_prologue import row_load
+from aot.codegen.gemm_prologue import factored_one_row, row_load
 from aot.codegen.gemm_sites import Prologue, Site
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
@@ -371,6 +371,7 @@ def _vec_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> l
     the kernel before still runs; each step's tile stays in registers until A's row is there."""
     lines = ["# this block's rows of W, every K step, before the wait (see kernel_module)"]
     pro = site.prologue
+    factored = _factored(site, cfg)
     for i, (rk, kmask) in enumerate(_vec_k(site, cfg, k_offset, k_extent)):
         lines.append(f"rk = {rk}")
         for g in range(len(site.weights)):
@@ -379,12 +380,35 @@ def _vec_w_early(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> l
                 f"mask=mask_n[:, None]{kmask}, other=0.0)  # [BLOCK_N, BLOCK_K]"
             )
         if pro is not None and pro.norm is None:  # the LayerNorm's scale and shift: weights too
-            for vec, ptr in (("lnw", pro.weight), ("lnb", pro.bias)):
+            for vec, ptr in (("lnw", pro.weight), ("lnb", None if factored else pro.bias)):
                 if ptr is not None:
                     lines.append(
                         f"{vec}_{i} = tl.load({vec}_ptr + rk, mask=rk < {site.k}, other=0.0).to(tl.float32)[None, :]"
                     )
+    if factored and pro.norm is None:  # the LayerNorm's column sums with W: weights (fp32)
+        lines.append(
+            "lnu = tl.load(lnu_ptr + rn, mask=mask_n, other=0.0)[None, :]  # W @ scale: [1, BLOCK_N]"
+        )
+        if site.ln_sums[1] is not None:
+            lines.append("lnc = tl.load(lnc_ptr + rn, mask=mask_n, other=0.0)[None, :]  # W @ shift")
     return lines
+
+
+def _factored(site: Site, cfg: TileConfig) -> bool:
+    """Whether the one-row form ``cfg`` applies ``site``'s norm after its products
+    (``gemm_prologue.FACTORED``): an RMSNorm that factors out of A (``RowNorm.factored``, one
+    norm, its sum written before the statistics), or a LayerNorm with the build's column sums."""
+    pro = site.prologue
+    if cfg.dot or cfg.rows_apart or cfg.split_k != 1 or pro is None or not factored_one_row():
+        return False
+    norm = pro.norm
+    if norm is None:
+        return site.ln_sums is not None
+    return (
+        norm.factored is not None
+        and not norm.more
+        and (norm.sum_out is None or norm.stage_of(norm.sum_out[1]) == 0)
+    )
 
 
 def _w_ptr(site: Site, g: int) -> str:
@@ -470,6 +494,14 @@ def _vec_steps_ln(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> 
     # masked elements loaded as 0: they add nothing to the mean; their deviations are set to 0
     lines += _layer_norm_stats([f"kmask{i}" for i in range(len(steps))], k, pro.eps)
     lines += [f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))]
+    if _factored(site, cfg):
+        # the products of the scaled row, which do not wait for the statistics above; the
+        # LayerNorm applied to their sums: rstd * (S - mean * (W @ scale)) + W @ shift
+        for i in range(len(steps)):
+            lines.append(f"part0 += w0_{i}.to(tl.float32) * (xs{i} * lnw_{i})  # [BLOCK_N, BLOCK_K]")
+        shift = " + lnc" if site.ln_sums[1] is not None else ""
+        lines.append(f"acc0 = rstd[:, None] * (tl.sum(part0, axis=1)[None, :] - mean[:, None] * lnu){shift}")
+        return lines
     for i in range(len(steps)):
         lines.append(f"a = dev{i} * rstd[:, None]")
         if pro.weight is not None:
@@ -494,6 +526,18 @@ def _vec_steps_norm(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -
     write_sum = f"tl.program_id({_axes(cfg)[1]}) == 0"
     lines = ["# the row norm's inputs and its values before the statistics, per K step"]
     lines += _norm_stats(site, write_sum, steps, need_k_mask)
+    if _factored(site, cfg):
+        part, stat = norm.factored
+        lines.append(f"# A = {stat} * (the row before the statistic): the products do not wait for it")
+        lines += [
+            f"part{g} = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)" for g in range(len(site.weights))
+        ]
+        for i in range(len(steps)):
+            lines.append(f"a = tl.where(kmask{i}, {part.replace('@', str(i))}, 0.0)  # fp32: [1, BLOCK_K]")
+            lines += [f"part{g} += w{g}_{i}.to(tl.float32) * a" for g in range(len(site.weights))]
+        return lines + [
+            f"acc{g} = tl.sum(part{g}, axis=1)[None, :] * ({stat})[:, None]" for g in range(len(site.weights))
+        ]
     last = 1 + len(norm.more)
     for stage, (reduced, stat_ops) in enumerate(norm.more, start=1):  # a norm after the norm
         lines.append(
@@ -793,8 +837,9 @@ def _epilogue_loads(site: Site, ep: Epilogue, c: int, n: int) -> tuple[list[str]
     return (biases, late) if site.bias_weights else ([], biases + late)
 
 
-def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: str):
-    """(params, signature, args) for ``part``: "fused", "partial" or "reduce"."""
+def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: str, factored: bool = False):
+    """(params, signature, args) for ``part``: "fused", "partial" or "reduce"; ``factored``: a
+    one-row form that applies a LayerNorm after its products reads its column sums too."""
     params: list[KernelParam] = []
     args: list[Any] = []
 
@@ -827,6 +872,10 @@ def _params(site: Site, ep: Epilogue | None, index: str, ws: str | None, part: s
                 ptr("sum_ptr", pro.sum_out, site.dtype)
         for g, w in enumerate(site.weights):
             ptr(f"w{g}_ptr", w, site.dtype)
+        if factored and pro.norm is None:
+            for name, buf in zip(("lnu_ptr", "lnc_ptr"), site.ln_sums, strict=True):
+                if buf is not None:
+                    ptr(name, buf, "float32")
     if part == "partial":
         ptr("ws_ptr", ws, "float32")
     if part == "reduce":
@@ -967,9 +1016,10 @@ def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rend
         else:
             body += _norm_stats(site, write_sum)
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, bias=bias)
-    params, signature, args = _params(site, ep, index, None, "fused")
+    factored = _factored(site, cfg)
+    params, signature, args = _params(site, ep, index, None, "fused", factored)
     outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
-    name = f"gemm_{_tag(site)}_{cfg.name}"
+    name = f"gemm_{_tag(site)}_{cfg.name}" + ("_factored" if factored else "")
     return _rendered(site, cfg, name, "fused", body, params, signature, args, outputs, grid, (), early)
 
 

@@ -18,6 +18,7 @@ from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
 from aot.codegen.gemm_prologue import RowNorm, gathered_input, is_copy, lower_row_norm
 from aot.codegen.kernel_source import launch_first
+from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
 from aot.codegen.splice import whole_slice
 from aot.codegen.triton_types import FLOAT_DTYPES
 from aot.errors import CodegenError
@@ -99,6 +100,10 @@ class Site:
     # (``kernel_source.GDC_LAUNCH_FIRST``): not where the step after the site reads or writes the
     # program's state (the decode attention, which loads its cache before its wait)
     launch_first: bool = False
+    # a LayerNorm prologue's column sums with W (``norm_sums``: weights ``W @ scale`` and, where
+    # the LayerNorm shifts, ``W @ shift``), which the build computed for this site's one weight;
+    # None where it did not
+    ln_sums: tuple[str, str | None] | None = None
 
 
 def _same(a: str, b: str) -> bool:
@@ -389,9 +394,24 @@ def find_sites(program: Program) -> list[Site]:
                 halves=halves,
                 bias_weights=all(x["bias"] is None or x["bias"] in flow.weights for x in gemms),
                 launch_first=first and not state_next(program, library[-1], state),
+                ln_sums=_ln_sums(prologue, gemms, flow.known),
             )
         )
     return sites
+
+
+def _ln_sums(
+    prologue: Prologue | None, gemms: list[dict[str, Any]], known: dict[str, TensorSpec]
+) -> tuple[str, str | None] | None:
+    """``Site.ln_sums`` of a site of ``gemms`` after ``prologue``: the column sums of its one W
+    (stored [N, K]) with the LayerNorm's scale and shift, where the build computed them."""
+    if prologue is None or prologue.norm is not None or prologue.weight is None or len(gemms) != 1:
+        return None
+    (g,) = gemms
+    scale, shift = g["w"] + SCALE_SUM, g["w"] + SHIFT_SUM
+    if g["w_kn"] or scale not in known or (prologue.bias is not None and shift not in known):
+        return None
+    return scale, shift if prologue.bias is not None else None
 
 
 def _gemm_at(flow: _Flow, i: int) -> dict[str, Any] | None:

@@ -182,3 +182,26 @@ def test_verify_passes_on_more_shapes(model, fused, env, tmp_path_factory):
     qwen3-0.6b passed; phi-3-mini and olmo-2-1b not yet run on a GPU)."""
     path, _, _ = build_shaped(model, tmp_path_factory, (1, 2), env)
     assert any(name.startswith(fused) for name in verified_kernels(path)), fused
+
+
+@pytest.mark.parametrize(
+    "model, fused",
+    [
+        ("gpt2", ("gemm_ln_addmm_vec_1x4x1024_factored", "gemm_ln_addmm_epilogue_vec_1x4x1024_factored")),
+        (
+            "llama-3.2-1b",
+            ("gemm_norm_mm_vec_1x4x1024_factored", "gemm_norm_halves_epilogue_vec_1x2x1024_factored"),
+        ),
+    ],
+)
+def test_factored_one_row_forms_verify(model, fused, tmp_path_factory):
+    """With ``AOTPACK_ONE_ROW_FACTORED=on`` the one-row forms apply the norm after their products
+    (``gemm_prologue.FACTORED``): GPT-2's LayerNorms through the build's column sums (fp16),
+    Llama-3.2-1B's RMSNorms through their factored statistic (bf16); two layers of each, built for
+    this GPU: the decode plan at one row runs them and ``verify`` passes, having checked them."""
+    from aot.codegen.gemm_prologue import FACTORED_ENV
+
+    path, compiled, arch = build_shaped(model, tmp_path_factory, (1,), {FACTORED_ENV: "on"})
+    _, plans = decode_plans(compiled, arch)
+    assert set(fused) <= set(plans[(1,)]), plans[(1,)]
+    assert set(fused) <= verified_kernels(path)
