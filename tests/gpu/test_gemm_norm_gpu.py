@@ -190,7 +190,7 @@ def test_verify_passes_on_more_shapes(model, fused, env, tmp_path_factory):
         ("gpt2", ("gemm_ln_addmm_vec_1x4x1024_factored", "gemm_ln_addmm_epilogue_vec_1x4x1024_factored")),
         (
             "llama-3.2-1b",
-            ("gemm_norm_mm_vec_1x4x1024_factored", "gemm_norm_halves_epilogue_vec_1x2x1024_factored"),
+            ("gemm_norm_mm_vec_1x2x1024_factored", "gemm_norm_halves_epilogue_vec_1x2x1024_factored"),
         ),
     ],
 )
