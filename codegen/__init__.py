@@ -256,6 +256,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         cubins.update(small_cubins)
     if not options.gemm_candidates and DEFAULT_ARCH in archs:  # the built-in table's forms
         from aot.codegen.gemm import add_gemm_alternatives
+        from aot.codegen.norm_sums import drop_unread_sums
 
         new_program, default_cubins, _ = add_gemm_alternatives(
             new_program,
@@ -269,6 +270,9 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             configs=default_configs(),
         )
         cubins.update(default_cubins)
+        new_program, weights, dropped = drop_unread_sums(new_program, traced.weights)
+        if dropped:  # the column sums of GEMMs whose forms did not take them
+            traced = replace(traced, weights=weights)
     if options.decode_attention:  # a causal LM's decode step: its greedy step as one kernel
         from aot.codegen.greedy import greedy_kernel
 
@@ -542,11 +546,12 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
 
 
 def _weights_read(program) -> set[str]:
-    """The buffers some step of ``program`` reads, kernels' reference steps included."""
+    """The buffers some step of ``program`` or of its sites' candidates reads, kernels' reference
+    steps included (a LayerNorm's column sums may be read by a candidate alone: ``norm_sums``)."""
     from aot.program import step_reads
 
     read: set[str] = set(program.outputs)
-    for step in program.steps:
+    for step in [*program.steps, *(s for a in program.alternatives for c in a.candidates for s in c.steps)]:
         read.update(step_reads(step))
         for ref in step.reference:
             read.update(step_reads(ref))

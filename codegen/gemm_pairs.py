@@ -24,7 +24,7 @@ layers of Llama-3.2-1B (bf16) from 0.598 to 0.585 at 32 (0.538 either way at 8).
 
 Where the first runs a tensor-core tile without K slices (no reduce holds whole rows) and the
 norm is a LayerNorm, ``TILE_STATS`` joins the two tiles through the first's row statistics per
-column tile instead (``gemm_stats``; off by default, see there).
+column tile instead (``gemm_stats``; by default only the 16-row tiles of 2-16 rows, see there).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from aot.codegen.gemm_stats import (
 )
 from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
 from aot.codegen.render import Rendered, kernel_id, kernel_step
+from aot.errors import CodegenError
 from aot.program import readers_of
 from aot.schema import Program, Step, TensorSpec
 from aot.tuning import MAX_CANDIDATE_STEPS
@@ -57,9 +58,10 @@ ENV = "AOTPACK_REDUCE_NORM"
 
 # Where the first site runs a tensor-core tile without K slices and the second its tile after a
 # LayerNorm kernel (GPT-2's o projection, ``ln_2`` and fc at 2-128 rows): "on" joins them through
-# the first tile's per-tile row statistics (``gemm_stats``), "off" keeps the LayerNorm kernel.
-# Off: slower at every shape measured on an H200 (2026-12-04, the example GPT, both bundles in one
-# process, 12 rounds; ms joined / apart; bench/results/ab-gpt-tile-stats-*-h200-2026-12-04.json):
+# the first tile's per-tile row statistics (``gemm_stats``), "few" (the default) only where both
+# tiles are of at most STATS_MAX_BLOCK_M rows (the 16-row tiles of 2-16 rows), "off" keeps the
+# LayerNorm kernel. Measured on an H200 (2026-12-04, the example GPT, both bundles in one process,
+# 12 rounds; ms joined / apart; bench/results/ab-gpt-tile-stats-*-h200-2026-12-04.json):
 # - A normalized in fc's K loop, its scale and shift loaded in the step that uses them ("first"):
 #   batch 1 x 128 tokens 0.514 / 0.423; loaded a step ahead (no suffix): 0.456 / 0.412 (1.108),
 #   x 64 1.119, x 32 1.131, x 16 1.023, batch 8 x 1 1.029; on 8 warps ("8warps") 1.109 at x 128. On the
@@ -72,17 +74,28 @@ ENV = "AOTPACK_REDUCE_NORM"
 #   `aotpack verify` passed. Half the loss again, not a gain: the 16-row product takes W's tiles
 #   from shared memory into registers in every step.
 # - The form now: those column sums computed once by the build (``norm_sums``: two [N] fp32
-#   weights a GEMM, only where this join is on), so fc's K loop is the plain tile's. Not timed
-#   (no device time left in the session that built it): the next A/B is
-#   ``AB_ENV_gpt=AOTPACK_TILE_STATS=on bash bench/device_session.sh ab-gpt``, then the GPU test
-#   ``test_tiles_joined_through_their_row_statistics_verify``.
-TILE_STATS = "off"
+#   weights a GEMM), so fc's K loop is the plain tile's ("sums"; `aotpack verify` passed): faster
+#   with the 16-row tiles, batch 1 x 16 tokens 0.299 / 0.302 (0.986, 11 of 12 rounds), batch 8 x 1
+#   0.322 / 0.323 (0.993, 9 of 12); slower with the 64-row tiles, x 128 0.423 / 0.419 (1.013), x 64
+#   1.011. Hence "few".
+TILE_STATS = "few"
 TILE_STATS_ENV = "AOTPACK_TILE_STATS"
+TILE_STATS_MODES = ("few", "on", "off")
+STATS_MAX_BLOCK_M = 16
+
+
+def tile_stats_mode() -> str:
+    """TILE_STATS, or ``AOTPACK_TILE_STATS`` where set ("0" reads as "off")."""
+    text = os.environ.get(TILE_STATS_ENV, "").strip().lower() or TILE_STATS
+    text = "off" if text == "0" else text
+    if text not in TILE_STATS_MODES:
+        raise CodegenError(f"{TILE_STATS_ENV}={text!r}: expected one of {', '.join(TILE_STATS_MODES)}")
+    return text
 
 
 def tile_stats() -> bool:
-    """Whether tiles join through their statistics (TILE_STATS, or ``AOTPACK_TILE_STATS``)."""
-    return os.environ.get(TILE_STATS_ENV, TILE_STATS).strip().lower() not in ("off", "0")
+    """Whether any tiles join through their statistics (``tile_stats_mode`` not "off")."""
+    return tile_stats_mode() != "off"
 
 
 def enabled() -> bool:
@@ -274,8 +287,9 @@ def _tiles_join(pair: Pair, f: Pending, s: Pending, known: dict[str, TensorSpec]
     the first without a prologue of its own and few enough column tiles, the LayerNorm's column
     sums with the second's W computed by the build."""
     pro = pair.second.prologue
+    mode = tile_stats_mode()
     return (
-        tile_stats()
+        (mode == "on" or (mode == "few" and max(f.cfg.block_m, s.cfg.block_m) <= STATS_MAX_BLOCK_M))
         and layer_norms()
         and pro.norm is None
         and pair.first.prologue is None

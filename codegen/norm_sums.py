@@ -6,7 +6,9 @@ scale) @ W^T) - rstd * mean * u + c``), which needs, per column n of the GEMM's 
 alone, so the build computes them once (fp32, from the weights as the bundle stores them) and
 adds them to the program's weights as ``<W>`` + ``SCALE_SUM`` and ``SHIFT_SUM``: two ``[N]``
 vectors a GEMM (24 KiB for GPT-2's fc), which only the joined kernels read; where they are
-absent the two GEMMs are not joined (``gemm_pairs``).
+absent the two GEMMs are not joined (``gemm_pairs``). The build computes them for every GEMM that
+qualifies, before it knows which will join, and drops those no kernel reads once the sites'
+forms are chosen (``drop_unread_sums``).
 
 A GEMM qualifies where its A is, through views, the normalized output of a
 ``native_layer_norm`` over the last dim whose scale is a weight, and its W a 2-D weight of
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aot.program import RESHAPE_VIEWS
+from aot.program import RESHAPE_VIEWS, step_reads
 from aot.schema import Buf, NamedTensor, Program, StepKind, TensorSpec
 
 SCALE_SUM = ".ln_scale_sum"
@@ -89,3 +91,21 @@ def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Prog
     if not new:
         return program, weights, 0
     return replace(program, weights=(*program.weights, *new)), {**weights, **added}, gemms
+
+
+def drop_unread_sums(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
+    """The program and weights without the column sums that no step, no candidate step and no
+    reference step reads, and how many went."""
+    read: set[str] = set()
+    steps = [*program.steps, *(s for a in program.alternatives for c in a.candidates for s in c.steps)]
+    for step in steps:
+        read.update(step_reads(step))
+        for ref in step.reference:
+            read.update(step_reads(ref))
+    unread = {
+        w.name for w in program.weights if w.name.endswith((SCALE_SUM, SHIFT_SUM)) and w.name not in read
+    }
+    if not unread:
+        return program, weights, 0
+    kept = tuple(w for w in program.weights if w.name not in unread)
+    return replace(program, weights=kept), {n: t for n, t in weights.items() if n not in unread}, len(unread)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from aot import schema, serde
 from aot.digests import chunk_sha256
-from aot.errors import EnvError
+from aot.errors import CodegenError, EnvError
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.packager.files import atomic_file, collect_weights, weights_in_place
 from aot.packager.plan import memory_plan
@@ -51,8 +51,28 @@ def _safetensors(tensors) -> bytes:
     return save({k: v.contiguous() for k, v in sorted(tensors.items())})
 
 
+def _check_weights(compiled: Compiled) -> None:
+    """Every weight a program declares and some step of it reads (a candidate's too, which only a
+    GPU runs) is in the weights the bundle holds: a bundle that would load on a CPU and fail on
+    a GPU is a build's error, caught here."""
+    from aot.program import step_reads
+
+    held = compiled.traced.weights
+    for index, program in enumerate((compiled.program, *compiled.program.variants)):
+        declared = {w.name for w in program.weights}
+        steps = [*program.steps, *(s for a in program.alternatives for c in a.candidates for s in c.steps)]
+        read = {r for step in steps for r in step_reads(step)}
+        missing = sorted((read & declared) - set(held))
+        if missing:
+            raise CodegenError(
+                f"program {index} reads weights the bundle would not hold: {missing[:3]}; "
+                "an aotpack bug: please report it with the model"
+            )
+
+
 def build_members(compiled: Compiled) -> dict[str, bytes]:
     """Every archive member except the manifest."""
+    _check_weights(compiled)
     traced = compiled.traced
     members: dict[str, bytes] = {
         schema.PROGRAM_PATH: _zstd(serde.canonical_json(compiled.program)),

@@ -257,10 +257,10 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     LayerNorm's scale and its rows' statistics over its 20 column tiles; the second multiplies
     the scaled sum's rows and applies the LayerNorm after its products, with the column sums
     the build computed (``norm_sums``, checked against W @ scale and W @ shift): the add +
-    LayerNorm kernel goes. By default (off: ``gemm_pairs.TILE_STATS``) the kernel stays and the
-    build computes no sums. Every kernel matches the library steps in Triton's interpreter at
-    rows between the buckets (padded) within float16's tolerance, and bit for bit from run to
-    run."""
+    LayerNorm kernel goes. Off, the kernel stays and the bundle holds no sums; by default ("few":
+    ``gemm_pairs.TILE_STATS``) only the 16-row tiles join. Every kernel matches the library steps
+    in Triton's interpreter at rows between the buckets (padded) within float16's tolerance, and
+    bit for bit from run to run."""
     import torch
 
     from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
@@ -268,11 +268,19 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)  # the default: off
+    monkeypatch.setenv(gemm_pairs.TILE_STATS_ENV, "off")
     separate = _build(model)
     apart, apart_weights = _plans(separate), {w.name for w in separate.program.weights}
     assert apart == {
         rows: [f"gemm_addmm_{t}", "fused_add_layer_norm", f"gemm_addmm_{t}"] for rows, t in tiles.items()
+    }
+    monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV)  # the default: the 16-row tiles alone join
+    default = _plans(_build(model))
+    assert default == {
+        rows: [f"gemm_addmm_{t}_stats", f"gemm_ln_addmm_{t}_from_stats"]
+        if t.startswith("gemv_16x")
+        else apart[rows]
+        for rows, t in tiles.items()
     }
     monkeypatch.setenv(gemm_pairs.TILE_STATS_ENV, "on")
     compiled = _build(model)
@@ -289,7 +297,7 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     w, scale, shift = (weights[n].float() for n in ("proj.weight", "norm.weight", "norm.bias"))
     torch.testing.assert_close(weights["proj.weight" + SCALE_SUM], w @ scale, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(weights["proj.weight" + SHIFT_SUM], w @ shift, rtol=1e-6, atol=1e-6)
-    assert not {n for n in apart_weights if n.endswith((SCALE_SUM, SHIFT_SUM))}  # off: none
+    assert not {n for n in apart_weights if n.endswith((SCALE_SUM, SHIFT_SUM))}  # off: none held
     # only the joined candidate reads them: a GPU's loader keeps them, a CPU's copies none
     sums = {"proj.weight" + SCALE_SUM, "proj.weight" + SHIFT_SUM}
     assert sums <= weights_read((compiled.program,), candidates=True)
@@ -339,3 +347,51 @@ def test_column_sums_only_where_one_layer_norm_precedes_every_use_of_the_weight(
     torch.testing.assert_close(weights["alone.weight" + SCALE_SUM], w @ weights["b.weight"].float())
     torch.testing.assert_close(weights["alone.weight" + SHIFT_SUM], w @ weights["b.bias"].float())
     assert program.steps == traced.program.steps
+
+
+def test_a_bundle_holds_the_column_sums_its_forms_read_and_no_others(tmp_path):
+    """A transformers GPT-2 (128 wide, two layers, float16) built as a causal LM at batch buckets
+    1 and 8: its decode step at 8 rows and its prompts of 2-16 rows join the 16-row tiles through
+    their statistics (``TILE_STATS`` "few"), each fc and the second layer's q/k/v (after the first
+    fc2's tile) reading their LayerNorm's column sums. The bundle holds those sums, for every
+    program that reads them, and no others (the first q/k/v's after the embedding, the head's:
+    computed, then dropped by ``norm_sums.drop_unread_sums``); a build whose weights lost a sum
+    a form reads is refused at packing (a GPU would fail to load it where a CPU would not)."""
+    from dataclasses import replace
+
+    import transformers as tf
+
+    from aot.codegen import generate
+    from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
+    from aot.errors import CodegenError
+    from aot.hf import causal_lm
+    from aot.packager import pack
+    from aot.tracer import trace
+
+    cfg = tf.GPT2Config(
+        n_embd=128, n_layer=2, n_head=2, n_positions=64, vocab_size=96, bos_token_id=None, eos_token_id=None
+    )
+    spec = causal_lm(
+        lambda: tf.GPT2LMHeadModel(cfg), max_batch=8, max_context=64, dtype="float16", batch_buckets=(1, 8)
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)
+        compiled = generate(trace(spec), ARCHS)
+    decode = next(p for p in compiled.program.variants if p.inputs[0].spec.shape[1:] == ("1",))
+    names = {k.id: k.name for k in decode.kernels}
+    from aot.tuning import tuned_plans
+
+    index = 1 + compiled.program.variants.index(decode)
+    plan = tuned_plans(compiled.tuning, index, decode, ARCHS[0])[(8,)]
+    assert sum(names.get(s.target, "").endswith("_from_stats") for s in plan) == 3
+    layer = "model.transformer.h.{}.{}.weight.nk"
+    summed = {layer.format(0, "mlp.c_fc"), layer.format(1, "attn.c_attn"), layer.format(1, "mlp.c_fc")}
+    held = {n for n in compiled.traced.weights if n.endswith((SCALE_SUM, SHIFT_SUM))}
+    assert held == {w + s for w in summed for s in (SCALE_SUM, SHIFT_SUM)}
+    for program in (compiled.program, *compiled.program.variants):
+        assert {w.name for w in program.weights if w.name.endswith((SCALE_SUM, SHIFT_SUM))} <= held
+    pack(compiled, tmp_path / "lm.tpk")
+    lost = layer.format(1, "mlp.c_fc") + SHIFT_SUM
+    weights = {n: t for n, t in compiled.traced.weights.items() if n != lost}
+    with pytest.raises(CodegenError, match="reads weights the bundle would not hold"):
+        pack(replace(compiled, traced=replace(compiled.traced, weights=weights)), tmp_path / "bad.tpk")

@@ -201,7 +201,7 @@ def test_factored_one_row_forms_verify(model, fused, tmp_path_factory):
     this GPU: the decode plan at one row runs them and ``verify`` passes, having checked them."""
     from aot.codegen.gemm_prologue import FACTORED_ENV
 
-    path, compiled, arch = build_shaped(model, tmp_path_factory, (1,), {FACTORED_ENV: "on"})
+    path, compiled, arch = build_shaped(model, tmp_path_factory, (1, 2), {FACTORED_ENV: "on"})
     _, plans = decode_plans(compiled, arch)
     assert set(fused) <= set(plans[(1,)]), plans[(1,)]
     assert set(fused) <= verified_kernels(path)
