@@ -213,9 +213,11 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm_and_verify(t
     assert {f"gemm_addmm_{sliced}_reduce", f"gemm_addmm_{many_row_tile(2304)}"} <= checked, checked
 
 
-def test_tiles_joined_through_their_row_statistics_verify(tmp_path_factory):
+@pytest.mark.parametrize("mode", ["on", None])
+def test_tiles_joined_through_their_row_statistics_verify(mode, tmp_path_factory):
     """GPT-2 small's shapes (two layers, bfloat16) at 8 and 128 rows with ``AOTPACK_TILE_STATS=on``
-    (off by default, ``gemm_pairs.TILE_STATS``): the o projection's tile writes the residual sum,
+    (by default, None: "few", ``gemm_pairs.TILE_STATS``, only at 8 rows, the 16-row tiles; at 128
+    the LayerNorm kernels stay): the o projection's tile writes the residual sum,
     the sum times ``ln_2``'s scale and its rows' statistics per column tile; fc's tile multiplies
     the scaled rows and applies ``ln_2`` after its products with the build's column sums
     (``norm_sums``), and every ``ln_2`` kernel goes. ``aot.verify.device.verify`` passes, fc's
@@ -226,10 +228,16 @@ def test_tiles_joined_through_their_row_statistics_verify(tmp_path_factory):
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
     path, compiled, arch = build_shaped(
-        "gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: None, TILE_STATS_ENV: "on"}
+        "gpt2", tmp_path_factory, (8, 128), {ENV: None, MANY_ROWS_ENV: None, TILE_STATS_ENV: mode}
     )
     _, named = decode_plans(compiled, arch, library=True)  # the vocabulary head: the library
     plans = {key[0]: names for key, names in named.items()}
+    if mode is None:
+        assert not any(n.endswith(("_stats", "_from_stats")) for n in plans[128]), plans[128]
+        assert sum(n.endswith("_from_stats") for n in plans[8]) == LAYERS, plans[8]
+        checked = verified_kernels(path)
+        assert any(n.endswith("_from_stats") and "16x" in n for n in checked), checked
+        return
     fc = f"gemm_ln_addmm_epilogue_{many_row_tile(3072)}_from_stats"  # GELU (gelu_new) its epilogue
     assert sum(n == f"gemm_addmm_{many_row_tile(768)}_stats" for n in plans[128]) == LAYERS, plans[128]
     assert sum(n == fc for n in plans[128]) == LAYERS, plans[128]
