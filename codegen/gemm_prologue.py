@@ -47,6 +47,12 @@ MAX_MEANS = 2
 # W^T)``) and a LayerNorm whose column sums with W the build computed (``norm_sums``: ``A @ W^T =
 # rstd * ((x * scale) @ W^T) - rstd * mean * (W @ scale) + W @ shift``). "off" (the default): the
 # statistics first, then the products of the normalized row. See gemm_render's one-row forms.
+# Off: no faster on an H200 (2026-12-04; bench/results/ab-mlp-one-row-factored-h200-2026-12-04.json,
+# decode/paired-gpt2-one-row-factored-h200-2026-12-04.json): the example mlp at batch 1 1.002 of
+# the statistics-first forms' time (both bundles in one process, 12 rounds), GPT-2's decode at
+# batch 1 0.2127 against 0.2093 ms a token (the statistics-first forms faster in 7 of 12 rounds;
+# the same greedy tokens). A one-row GEMV waits on its row's load and its weights' stream, not on
+# the row's statistics; ``test_factored_one_row_forms_verify`` passed on the GPU (GPT-2, Llama).
 FACTORED = "off"
 FACTORED_ENV = "AOTPACK_ONE_ROW_FACTORED"
 
