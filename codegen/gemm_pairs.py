@@ -76,7 +76,7 @@ ENV = "AOTPACK_REDUCE_NORM"
 # - The form now: those column sums computed once by the build (``norm_sums``: two [N] fp32
 #   weights a GEMM), so fc's K loop is the plain tile's ("sums"; `aotpack verify` passed): faster
 #   with the 16-row tiles, batch 1 x 16 tokens 0.299 / 0.302 (0.986, 11 of 12 rounds), batch 8 x 1
-#   0.322 / 0.323 (0.993, 9 of 12); slower with the 64-row tiles, x 128 0.423 / 0.419 (1.013), x 64
+#   0.322 / 0.323 (0.993, 10 of 12); slower with the 64-row tiles, x 128 0.423 / 0.419 (1.013), x 64
 #   1.011. Hence "few". As built ("few" against "off", ab-gpt-tile-stats-few-h200-2026-12-04.json):
 #   batch 8 x 1 0.2857 / 0.2890 ms, batch 1 x 16 0.2968 / 0.3005 (each 1.1-1.2% faster, 12 of 12
 #   rounds), x 128 the same plan (1.000); GPT-2's decode at batch 8 (bench/decode_paired.py,
