@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from aot.codegen.gemm_forms import ONE_PASS_DTYPES
 from aot.codegen.gemm_render import render_reduce_norm, split_index
 from aot.codegen.gemm_sites import Site
 from aot.codegen.gemm_stats import (
@@ -292,18 +293,26 @@ def _tiles_join(pair: Pair, f: Pending, s: Pending, known: dict[str, TensorSpec]
     sums with the second's W computed by the build."""
     pro = pair.second.prologue
     mode = tile_stats_mode()
-    return (
+    if not (
         (mode == "on" or (mode == "few" and max(f.cfg.block_m, s.cfg.block_m) <= STATS_MAX_BLOCK_M))
-        and layer_norms()
-        and pro.norm is None
         and pair.first.prologue is None
         and len(f.kernels) == 1
         and len(s.kernels) == 1
         and len(s.pre) == 1
-        and all(c.dot and c.split_k == 1 and not c.swap and not c.rows_apart for c in (f.cfg, s.cfg))
+        and all(c.dot and c.split_k == 1 and not c.rows_apart for c in (f.cfg, s.cfg))
+        and not f.cfg.swap
         and stats_tiles(pair.first, f.cfg) <= MAX_TILES
-        and _column_sums(pair.second, known) is not None
-    )
+    ):
+        return False
+    if pro.norm is not None:  # a row norm whose statistic factors out of A (an RMSNorm)
+        norm = pro.norm
+        return (
+            norm.factored is not None
+            and not norm.more
+            and (norm.sum_out is None or norm.stage_of(norm.sum_out[1]) == 0)
+            and pair.second.dtype in ONE_PASS_DTYPES
+        )
+    return layer_norms() and not s.cfg.swap and _column_sums(pair.second, known) is not None
 
 
 def _column_sums(second: Site, known: dict[str, TensorSpec]) -> tuple[str, str | None] | None:
@@ -326,14 +335,15 @@ def _tiles_joined(
     """The two kernels of a statistics join and the buffers they add (the statistics; the sum
     where no later step reads it)."""
     first, second = pair.first, pair.second
+    row_norm = second.prologue.norm is not None
     stats = f"{first.id}_{f.cfg.name}_stats"
-    extra = {stats: stats_spec(first, f.cfg)}
+    extra = {stats: stats_spec(first, f.cfg, row_norm)}
     sum_buf = second.prologue.sum_out
-    if sum_buf is None:
+    if sum_buf is None and not row_norm:
         sum_buf = f"{first.id}_sum"
         extra[sum_buf] = sum_spec(first)
     scaled = sum_buf  # the sum times the LayerNorm's scale: the sum itself where it has none
-    if second.prologue.weight is not None:
+    if second.prologue.weight is not None or row_norm:  # a row norm's values before its statistic
         scaled = f"{first.id}_scaled"
         extra[scaled] = sum_spec(first)
     buffers = {**buffers, **extra}
@@ -347,7 +357,7 @@ def _tiles_joined(
         f.cfg,
         stats,
         scaled,
-        _column_sums(second, known),
+        None if row_norm else _column_sums(second, known),
         buffers,
         known,
         split_index(second, s.cfg, ranges),

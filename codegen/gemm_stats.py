@@ -58,9 +58,10 @@ def stats_tiles(first: Site, cfg: TileConfig) -> int:
     return -(-first.n // cfg.block_n)
 
 
-def stats_spec(first: Site, cfg: TileConfig) -> TensorSpec:
-    """The statistics' buffer: per column tile, the rows' sums and squared deviations."""
-    return TensorSpec("float32", (str(stats_tiles(first, cfg)), "2", first.m))
+def stats_spec(first: Site, cfg: TileConfig, row_norm: bool = False) -> TensorSpec:
+    """The statistics' buffer: per column tile, the rows' sums and squared deviations (a LayerNorm)
+    or the sums of the row norm's reduced value (``row_norm``: an RMSNorm's squares)."""
+    return TensorSpec("float32", (str(stats_tiles(first, cfg)), "1" if row_norm else "2", first.m))
 
 
 def sum_spec(first: Site) -> TensorSpec:
@@ -100,6 +101,8 @@ def render_tile_stats(
     biases, bias = _early_biases(site) if early else ([], None)
     early += biases
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
+    if pro.norm is not None:
+        return _tile_row_norm_stats(site, cfg, norm_site, ep, held, early, body, stats, scaled, index)
     body.append("# the next GEMM's residual add: the epilogue's value kept, rounded as stored")
     terms, loaded = [], []
     for name, buf in (("x", pro.x), ("y", pro.y)):
@@ -163,6 +166,82 @@ def render_tile_stats(
     )
 
 
+def _tile_row_norm_stats(
+    site: Site,
+    cfg: TileConfig,
+    norm_site: Site,
+    ep: Any,
+    held: dict[str, tuple[str, str]],
+    early: list[str],
+    body: list[str],
+    stats: str,
+    scaled: str,
+    index: str,
+) -> Rendered:
+    """``render_tile_stats`` where ``norm_site``'s prologue is a row norm that factors out of A
+    (an RMSNorm: ``RowNorm.factored``, A = s * p, s a statistic of the row): the norm's values
+    before its statistic over the block's columns (its row inputs, the first GEMM's output among
+    them as the epilogue holds it), the sum later steps read (``RowNorm.sum_out``) stored, ``p``
+    rounded to the dtype stored to ``scaled``, and each row's sum of the norm's reduced value over
+    those columns to ``stats[tile, 0, row]``."""
+    norm = norm_site.prologue.norm
+    part, _ = norm.factored
+    dt = TL_TYPE[STORAGE[site.dtype]]
+    ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
+    body += [
+        "# the next GEMM's row norm over this tile's columns (its values before the statistic)",
+        "rkn = rn",
+        "kmaskn = mask",
+    ]
+    for var, expr, stage in norm.row_ops:
+        if stage:
+            continue
+        if var in ours:  # the epilogue's value, rounded as its store would round it
+            val, dtype = held[ours[var]]
+            body.append(f"{var.replace('@', 'n')} = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
+        else:
+            body.append(f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}")
+    outputs = [stats, scaled]
+    if norm.sum_out is not None:
+        sum_buf, var, dtype = norm.sum_out
+        body.append(
+            f"tl.store(sum_ptr + rm[:, None] * {site.n} + rn[None, :], "
+            f"{var.replace('@', 'n')}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"
+        )
+        outputs.append(sum_buf)
+    tile = f"tl.program_id({_axes(cfg)[1]})"
+    body += [
+        f"tl.store(scaled_ptr + rm[:, None] * {site.n} + rn[None, :], ({part.replace('@', 'n')}).to({dt}), mask=mask)",
+        "# the rows' sums of the norm's reduced value over this tile's columns",
+        f"t_sum = tl.sum(tl.where(mask, {norm.reduced.replace('@', 'n')}, 0.0), axis=1)",
+        f"tl.store(stats_ptr + {tile} * M + rm, t_sum, mask=mask_m)",
+    ]
+    params, _, args = _params(site, ep, index, None, "fused")
+    params, args = _drop(params, args, {f"out{i}_ptr" for i in range(len(ep.stores))})
+    more = [(f"x{i}_ptr", buf, dtype) for i, (buf, dtype) in enumerate(norm.inputs) if buf not in held]
+    more += [(f"v{i}_ptr", buf, dtype) for i, (buf, dtype) in enumerate(norm.vectors)]
+    if norm.sum_out is not None:
+        more.append(("sum_ptr", norm.sum_out[0], norm.sum_out[2]))
+    more += [("scaled_ptr", scaled, site.dtype), ("stats_ptr", stats, "float32")]
+    for name, buf, dtype in more:  # before M, the last
+        params.insert(-1, KernelParam(name, ParamKind.PTR, dtype))
+        args.insert(-1, Buf(buf))
+    return _rendered(
+        site,
+        cfg,
+        f"gemm_{_tag(site)}_{cfg.name}_stats",
+        "fused, then the next GEMM's residual add and its row norm's sums per tile",
+        body,
+        params,
+        signature_of(params, index),
+        args,
+        outputs,
+        _grid(site, cfg),
+        (),
+        early,
+    )
+
+
 def _combined_stats(first: Site, first_cfg: TileConfig, k: int, eps: float) -> list[str]:
     """``mean`` and ``rstd`` of the block's rows from the first GEMM's statistics per column tile
     (Chan's pairwise update, in tile order)."""
@@ -189,7 +268,7 @@ def render_tile_from_stats(
     first_cfg: TileConfig,
     stats: str,
     scaled: str,
-    sums: tuple[str, str | None],
+    sums: tuple[str, str | None] | None,
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
     index: str,
@@ -200,12 +279,17 @@ def render_tile_from_stats(
     rows' product with the mean and 1/std combined from the first GEMM's (``first`` in form
     ``first_cfg``) statistics per tile and the column sums u and c (``sums``: the weights
     ``norm_sums`` made; c's None where the LayerNorm has no shift), loaded with the first W tiles
-    (before the wait, where the form loads any)."""
+    (before the wait, where the form loads any). A row norm's (RMSNorm's) join needs no sums
+    (None): ``_tile_from_row_norm_stats``."""
     pro = norm_site.prologue
     plain = replace(norm_site, prologue=None, a=scaled)
     ep = _site_epilogue(norm_site, buffers, known)
     early, body = _opening(plain, cfg, index, "0", plain.k)
     biases, bias = _early_biases(plain) if early else ([], None)
+    if pro.norm is not None:
+        return _tile_from_row_norm_stats(
+            norm_site, plain, cfg, first, first_cfg, ep, early + biases, body, bias, stats, index
+        )
     loads = ["# the LayerNorm's column sums with W (weights: norm_sums)"]
     loads.append("u = tl.load(u_ptr + rn, mask=mask_n, other=0.0)")
     loads.append(
@@ -229,6 +313,57 @@ def render_tile_from_stats(
         cfg,
         f"gemm_ln_{_tag(plain)}_{cfg.name}_from_stats",  # named as a LayerNorm-prologue form
         "fused, its LayerNorm from the GEMM before's statistics per tile and the column sums",
+        body,
+        params,
+        signature_of(params, index),
+        args,
+        [buf for buf, _, _ in ep.stores],
+        _grid(plain, cfg),
+        (),
+        early,
+    )
+
+
+def _tile_from_row_norm_stats(
+    norm_site: Site,
+    plain: Site,
+    cfg: TileConfig,
+    first: Site,
+    first_cfg: TileConfig,
+    ep: Any,
+    early: list[str],
+    body: list[str],
+    bias: str | None,
+    stats: str,
+    index: str,
+) -> Rendered:
+    """``render_tile_from_stats`` for a row norm that factors out of A (an RMSNorm): the plain
+    K loop over ``scaled``'s rows (the norm's values before its statistic), the statistic from
+    the first GEMM's sums per tile (added in tile order) applied to the products once, then the
+    epilogue; each GEMM of a stacked pair (``Site.halves``) the same."""
+    norm = norm_site.prologue.norm
+    _, stat = norm.factored
+    tiles = stats_tiles(first, first_cfg)
+    width = 1 << (tiles - 1).bit_length()
+    body += [
+        f"# the row norm's statistic from the first GEMM's {tiles} column tiles (gemm_stats)",
+        f"tiles = tl.arange(0, {width})",
+        f"tmask = (tiles < {tiles})[:, None] & mask_m[None, :]",
+        "s_sum = tl.sum(tl.load(stats_ptr + tiles[:, None] * M + rm[None, :], mask=tmask, other=0.0), axis=0)",
+        *(f"{var} = {expr}" for var, expr in norm.stat_ops),
+    ]
+    body += _k_loop(plain, cfg, "0", plain.k, index)
+    body.append(f"# A @ W^T = {stat} * (the scaled rows @ W^T): the row norm applied once")
+    body += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in range(len(plain.weights))]
+    body += _epilogue_lines(plain, ep, bias=bias)
+    params, _, args = _params(plain, ep, index, None, "fused")
+    params.insert(-1, KernelParam("stats_ptr", ParamKind.PTR, "float32"))
+    args.insert(-1, Buf(stats))
+    return _rendered(
+        plain,
+        cfg,
+        f"gemm_norm_{_tag(plain)}_{cfg.name}_from_stats",  # named as a row-norm-prologue form
+        "fused, its row norm from the GEMM before's sums per tile",
         body,
         params,
         signature_of(params, index),

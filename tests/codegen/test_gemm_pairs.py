@@ -395,3 +395,70 @@ def test_a_bundle_holds_the_column_sums_its_forms_read_and_no_others(tmp_path):
     weights = {n: t for n, t in compiled.traced.weights.items() if n != lost}
     with pytest.raises(CodegenError, match="reads weights the bundle would not hold"):
         pack(replace(compiled, traced=replace(compiled.traced, weights=weights)), tmp_path / "bad.tpk")
+
+
+def test_a_row_norm_joins_two_tiles_through_the_first_tiles_sums_of_squares(tmp_path, monkeypatch):
+    """An o projection on the 16-row tile, the residual add and Llama's RMSNorm, then the stacked
+    gate/up on the swapped form with SiLU(gate) * up (``gemm_tile_rms.py``, 8 and 16 rows): in
+    bfloat16 by default (``TILE_STATS`` "few") the o tile writes the residual sum, the sum times
+    the norm's weight and each row's sum of squares over its 32 columns; gate/up's K loop reads
+    the scaled rows as stored and multiplies its products by 1/rms from those 32 sums (an
+    RMSNorm's statistic factors out of A, no column sums needed). The norm kernel goes. Off, or
+    in float16 (x * g may pass its range where the normed row does not: ``ONE_PASS_DTYPES``), it
+    stays. Triton's interpreter computes bfloat16's ``tl.dot`` wrongly, so the model is float16
+    and the join is let in for it here (the GPU checks bfloat16:
+    ``test_decode_plan_joins_o_and_gate_up_at_8_rows_and_verifies``): both kernels match the
+    library at 5 and 8 rows (float16's tolerance), and repeat bit for bit."""
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    tile, swapped = "gemv_16x32x128", "fews_16x64x128"
+    norm = "fused_add_cast_pow_mean_etc"
+    apart = {r: [f"gemm_mm_{tile}", norm, f"gemm_halves_epilogue_{swapped}"] for r in (8, 16)}
+    monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)
+    assert _plans(_build("gemm_tile_rms.py")) == apart  # float16: apart
+    monkeypatch.setattr(gemm_pairs, "ONE_PASS_DTYPES", ("bfloat16", "float16"))
+    monkeypatch.setenv(gemm_pairs.TILE_STATS_ENV, "off")
+    assert _plans(_build("gemm_tile_rms.py")) == apart
+    monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV)
+    compiled = _build("gemm_tile_rms.py")
+    joined = [f"gemm_mm_{tile}_stats", f"gemm_norm_halves_epilogue_{swapped}_from_stats"]
+    assert _plans(compiled) == {8: joined, 16: joined}
+    (site,) = compiled.program.alternatives
+    stats = {b: spec.shape for b, spec in compiled.program.buffers.items() if b.endswith("_stats")}
+    assert stats == {f"{site.id}_{tile}_stats": ("32", "1", "batch")}  # 1024 columns, tiles of 32
+    pack(compiled, tmp_path / "rms.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "rms.tpk", MODELS / "gemm_tile_rms.py", [{"batch": 5}, {"batch": 8}], None, True)],
+        timeout=HANG_GUARD_S,
+    )
+    comparisons = [c for per_size in result.values() for c in per_size]
+    assert not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+    (cand,) = site.candidates
+    names = {(c.name, c.output) for c in comparisons}
+    for out in site.outputs:  # the SiLU product and h
+        assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
+
+
+@pytest.mark.slow  # one more interpreter run
+def test_a_row_norm_join_without_its_statistic_is_caught(tmp_path, monkeypatch):
+    from tests.codegen.conftest import failing_candidates
+
+    monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)
+    monkeypatch.setattr(gemm_pairs, "ONE_PASS_DTYPES", ("bfloat16", "float16"))  # as above
+    compiled = _build("gemm_tile_rms.py")
+    (site,) = compiled.program.alternatives
+    (cand,) = site.candidates
+    kernel = cand.steps[-1].target
+    source = next(k.source for k in compiled.program.kernels if k.id == kernel)
+    line = next(ln for ln in source.splitlines() if ln.strip().startswith("acc0 = acc0 * ("))
+    failed = failing_candidates(
+        compiled,
+        MODELS / "gemm_tile_rms.py",
+        kernel,
+        line,
+        line.split(" = ")[0] + " = acc0",
+        {"batch": 5},
+        tmp_path / "bad.tpk",
+    )
+    assert failed == {f"{site.id}/{cand.name}"}

@@ -86,7 +86,13 @@ def test_the_built_in_entry_runs_the_swapped_forms_at_large_weights(llama_1b_bui
     for key, names in plans.items():
         tile = "32x64x" if key == (32,) else "16x64x"
         sliced = [n for n in names if "_fews_splitk" in n and tile in n and n.endswith("_partial")]
-        gate_up = [n for n in names if n.startswith("gemm_halves") and n.endswith(f"_fews_{tile}128")]
+        # at 2-16 rows joined with o's 16-row tile through its sums of squares (``gemm_stats``)
+        gate_up = [
+            n
+            for n in names
+            if n.startswith(("gemm_halves", "gemm_norm_halves"))
+            and n.endswith((f"_fews_{tile}128", "_from_stats"))
+        ]
         rows = 0 if key == (1,) else LAYERS
         assert len(gate_up) == rows, (key, names)
         if key == (32,):
@@ -250,3 +256,23 @@ def test_tiles_joined_through_their_row_statistics_verify(mode, tmp_path_factory
     assert sum(n.endswith("_from_stats") for n in plans[8]) == LAYERS, plans[8]
     checked = verified_kernels(path)
     assert fc in checked and any(n.endswith("_from_stats") and "16x" in n for n in checked), checked
+
+
+def test_o_and_gate_up_join_through_the_o_tiles_sums_of_squares_and_verify(tmp_path_factory):
+    """Llama-3.2-1B's shapes (two layers, bfloat16) built by default at 1 and 8 rows: at 8 rows
+    each layer's o projection (8 MiB, the 16-row tile) writes the residual sum, the sum times the
+    RMSNorm's weight and each row's sum of squares per column tile, and gate/up (the swapped form,
+    SiLU(gate) * up in its epilogue) reads the scaled rows and applies 1/rms after its products
+    (``gemm_pairs.TILE_STATS`` "few", ``gemm_stats``): the RMSNorm kernel before gate/up goes.
+    ``aot.verify.device.verify`` passes, gate/up's joined form among the kernels it checked."""
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV
+    from aot.codegen.gemm_pairs import TILE_STATS_ENV
+
+    if os.environ.get(FEW_ROWS_ENV):
+        pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
+    path, compiled, arch = build_shaped("llama-3.2-1b", tmp_path_factory, (1, 8), {TILE_STATS_ENV: None})
+    names = decode_plans(compiled, arch)[1][(8,)]
+    joined = "gemm_norm_halves_epilogue_fews_16x64x128_from_stats"
+    assert sum(n == "gemm_mm_gemv_16x32x128_stats" for n in names) == LAYERS, names
+    assert sum(n == joined for n in names) == LAYERS, names
+    assert joined in verified_kernels(path)
