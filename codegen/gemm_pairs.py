@@ -85,6 +85,27 @@ ENV = "AOTPACK_REDUCE_NORM"
 #   (12 of 12 rounds), 79 launches a step against 91, the same greedy tokens.
 TILE_STATS = "few"
 TILE_STATS_ENV = "AOTPACK_TILE_STATS"
+# The same join where the norm is a row norm whose statistic factors out of A (an RMSNorm: the
+# first tile writes its rows' sums of squares per column tile, the second applies 1/rms after its
+# products; bfloat16 sites, as the one-pass forms), under TILE_STATS's rule of rows: Llama's o
+# projection (the 16-row tile), the RMSNorm and gate/up (the swapped form) at 2-16 rows. "on"
+# joins them, "off" keeps the norm kernel. Off until timed: `aotpack verify` passed on an H200
+# (Llama-3.2-1B's shapes at 8 rows, bench/results/gpu-tests-row-norm-join-h200-2026-12-04.log),
+# the decode A/B did not fit the session's device time; the next is
+# ``DECODE_LAYERS=8 DECODE_BATCHES=8 DECODE_ENV1=AOTPACK_TILE_STATS_ROW_NORM=on
+# bash bench/device_session.sh env1-llama-3.2-1b decode-llama-3.2-1b paired-llama-3.2-1b``.
+ROW_NORM_STATS = "off"
+ROW_NORM_STATS_ENV = "AOTPACK_TILE_STATS_ROW_NORM"
+
+
+def row_norm_stats() -> bool:
+    """Whether a row norm's tiles join through their statistics (ROW_NORM_STATS or its environment)."""
+    text = os.environ.get(ROW_NORM_STATS_ENV, "").strip().lower() or ROW_NORM_STATS
+    if text not in ("on", "off"):
+        raise CodegenError(f"{ROW_NORM_STATS_ENV}={text!r}: expected 'on' or 'off'")
+    return text == "on"
+
+
 TILE_STATS_MODES = ("few", "on", "off")
 STATS_MAX_BLOCK_M = 16
 
@@ -307,7 +328,8 @@ def _tiles_join(pair: Pair, f: Pending, s: Pending, known: dict[str, TensorSpec]
     if pro.norm is not None:  # a row norm whose statistic factors out of A (an RMSNorm)
         norm = pro.norm
         return (
-            norm.factored is not None
+            row_norm_stats()
+            and norm.factored is not None
             and not norm.more
             and (norm.sum_out is None or norm.stage_of(norm.sum_out[1]) == 0)
             and pair.second.dtype in ONE_PASS_DTYPES
