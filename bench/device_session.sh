@@ -27,9 +27,12 @@
 #     (the default, whose reduce runs the next norm (codegen/gemm_pairs.py), against the sites apart; GPU_K=reduce_runs_the_next_norm ... gpu-k:200 checks it)
 #   (DECODE_ENV="AOTPACK_REDUCE_NORM=rms" with decode-gpt2 / envdecode-gpt2: GPT-2's LayerNorm kept apart, against the default; GPU_K=reduce_runs_the_next_layer_norm checks the joined forms)
 #   DEADLINE=580 bash bench/device_session.sh gpu-all:570   (the whole GPU suite: a command of its own)
-#   DEADLINE=200 AB_ENV_gpt=AOTPACK_TILE_STATS=on AB_SIZES_gpt="batch=1,seq=128 batch=1,seq=64 batch=1,seq=16 batch=8,seq=1" bash bench/device_session.sh ab-gpt:170
-#     (o and fc joined through the o tile's row statistics, ln_2 after fc's products with the build's column sums,
-#     codegen/gemm_stats.py, against the LayerNorm kernel; untimed as of 2026-12-04; then GPU_K=row_statistics gpu-k:120)
+#   DEADLINE=200 AB_ENV_gpt=AOTPACK_TILE_STATS=off AB_SIZES_gpt="batch=8,seq=1 batch=1,seq=16 batch=1,seq=128" bash bench/device_session.sh ab-gpt:170
+#     (the default, o and fc joined through the o tile's row statistics at the 16-row tiles, codegen/gemm_stats.py,
+#     against the LayerNorm kernel: 1.1-1.2% faster, 2026-12-04; GPU_K=row_statistics gpu-k:120 checks it)
+#   DEADLINE=580 DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1=AOTPACK_TILE_STATS_ROW_NORM=on PAIRED_BATCH=8 bash bench/device_session.sh env1-llama-3.2-1b:200 decode-llama-3.2-1b:200 paired-llama-3.2-1b:120
+#     (the RMSNorm's statistics join, o tile -> gate/up at 8 rows, against the norm kernel: untimed as of 2026-12-04;
+#     GPU_K=o_and_gate_up_join gpu-k:120 checks it)
 #   DEADLINE=300 AB_ENV_gpt=AOTPACK_ROWS32_EARLY=on AB_SIZES_gpt="batch=1,seq=32 batch=32,seq=1 batch=1,seq=24" bash bench/device_session.sh ab-gpt:280
 #     (BUILT_IN_32's tile with its first W step before the wait, tilee_64x32x128, against the default; untimed as of 2026-12-03)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
