@@ -256,7 +256,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         cubins.update(small_cubins)
     if not options.gemm_candidates and DEFAULT_ARCH in archs:  # the built-in table's forms
         from aot.codegen.gemm import add_gemm_alternatives
-        from aot.codegen.norm_sums import drop_unread_sums
+        from aot.codegen.norm_sums import SCALE_SUM, drop_unread_sums
 
         new_program, default_cubins, _ = add_gemm_alternatives(
             new_program,
@@ -273,6 +273,11 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         new_program, weights, dropped = drop_unread_sums(new_program, traced.weights)
         if dropped:  # the column sums of GEMMs whose forms did not take them
             traced = replace(traced, weights=weights)
+        kept = sum(w.name.endswith(SCALE_SUM) for w in new_program.weights)
+        if kept:
+            say(
+                f"  a LayerNorm's column sums with {counted(kept, 'matmul weight')} kept: the forms that apply the norm after their products read them"
+            )
     if options.decode_attention:  # a causal LM's decode step: its greedy step as one kernel
         from aot.codegen.greedy import greedy_kernel
 
@@ -387,8 +392,7 @@ def _rewrite_for_kernels(
     sums = tile_stats() or factored_one_row()
     if sums and options.fuse and not options.gemm_candidates and not options.library_free:
         program, weights, summed = add_layer_norm_sums(program, dict(traced.weights))
-        if summed:
-            say(f"  a LayerNorm's column sums with {counted(summed, 'matmul weight')} computed")
+        if summed:  # kept where a chosen form reads them (``drop_unread_sums``, after the table)
             traced = replace(traced, program=program, weights=weights)
     ranges = _ranges(traced)
     if options.decode_attention and not options.library_free:  # eager attention at one query: SDPA
