@@ -303,16 +303,42 @@ def render_tile_from_stats(
         "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
     ]
     body += _epilogue_lines(plain, ep, bias=bias)
-    params, _, args = _params(plain, ep, index, None, "fused")
     more = [("stats_ptr", stats), ("u_ptr", sums[0])] + ([("c_ptr", sums[1])] if sums[1] is not None else [])
+    return _from_stats(
+        plain,
+        cfg,
+        ep,
+        "ln",  # named as a LayerNorm-prologue form
+        "fused, its LayerNorm from the GEMM before's statistics per tile and the column sums",
+        body,
+        more,
+        index,
+        early,
+    )
+
+
+def _from_stats(
+    plain: Site,
+    cfg: TileConfig,
+    ep: Any,
+    prefix: str,
+    what: str,
+    body: list[str],
+    more: list[tuple[str, str]],
+    index: str,
+    early: list[str],
+) -> Rendered:
+    """The second tile of a statistics join: the plain site's parameters with the fp32 buffers
+    ``more`` (name, buffer) before M, named as a prologue form of ``prefix``."""
+    params, _, args = _params(plain, ep, index, None, "fused")
     for name, buf in more:  # before M, the last
         params.insert(-1, KernelParam(name, ParamKind.PTR, "float32"))
         args.insert(-1, Buf(buf))
     return _rendered(
         plain,
         cfg,
-        f"gemm_ln_{_tag(plain)}_{cfg.name}_from_stats",  # named as a LayerNorm-prologue form
-        "fused, its LayerNorm from the GEMM before's statistics per tile and the column sums",
+        f"gemm_{prefix}_{_tag(plain)}_{cfg.name}_from_stats",
+        what,
         body,
         params,
         signature_of(params, index),
@@ -356,20 +382,14 @@ def _tile_from_row_norm_stats(
     body.append(f"# A @ W^T = {stat} * (the scaled rows @ W^T): the row norm applied once")
     body += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in range(len(plain.weights))]
     body += _epilogue_lines(plain, ep, bias=bias)
-    params, _, args = _params(plain, ep, index, None, "fused")
-    params.insert(-1, KernelParam("stats_ptr", ParamKind.PTR, "float32"))
-    args.insert(-1, Buf(stats))
-    return _rendered(
+    return _from_stats(
         plain,
         cfg,
-        f"gemm_norm_{_tag(plain)}_{cfg.name}_from_stats",  # named as a row-norm-prologue form
+        ep,
+        "norm",  # named as a row-norm-prologue form
         "fused, its row norm from the GEMM before's sums per tile",
         body,
-        params,
-        signature_of(params, index),
-        args,
-        [buf for buf, _, _ in ep.stores],
-        _grid(plain, cfg),
-        (),
+        [("stats_ptr", stats)],
+        index,
         early,
     )
