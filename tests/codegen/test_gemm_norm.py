@@ -583,7 +583,11 @@ print(json.dumps([[r.step, r.name, r.output, r.ok, r.max_abs_error] for r in res
 """
     results = interpreted_json(script)
     assert len({r[0] for r in results if r[1].startswith(fused_prefix)}) == fused
-    assert len(results) >= 20  # every kernel of the step, and the sums the fused forms write
+    # every kernel of the step, and the sums the fused forms write; a kernel that opens a joined
+    # pair's candidate (GPT-2's o before fc: their 16-row tiles join at 2-16 rows, so the two are
+    # one site at every bucket, ``gemm_pairs``) is checked through the pair's last kernel, whose
+    # reference recomputes both GEMMs from the pair's inputs
+    assert len(results) >= 18
     bad = [r for r in results if not r[3]]
     assert not bad, bad[:3]
 
