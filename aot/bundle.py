@@ -47,7 +47,7 @@ from aot.buckets import check_buckets
 from aot.digests import check_chunks, check_member, spans
 from aot.digests import mismatch as chunk_mismatch
 from aot.errors import BundleError, BundleWarning
-from aot.program import check_greedy, check_scratch
+from aot.program import all_steps, check_greedy, check_scratch
 from aot.schema import Manifest, Program, StepKind, Sym, SymBool, SymFloat
 from aot.serde import from_json, upgrade_manifest
 from aot.signature import check_signature, signature_problem, trusted_keys
@@ -406,7 +406,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
         raise BundleError(
             f"{path}: the program's inputs {got[:4]} differ from the manifest's guards {want[:4]}"
         )
-    unlisted = sorted(_step_targets(_all_steps(program)) - set(manifest.ops))
+    unlisted = sorted(_step_targets(all_steps(program)) - set(manifest.ops))
     if unlisted:
         raise BundleError(
             f"{path}: the program calls {unlisted[0][:80]!r}, which the manifest's ops do not list"
@@ -423,7 +423,7 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
         check_scratch(p, str(path))
         check_greedy(p, str(path))
     kernels = {k.id for k in program.kernels}
-    for step in _all_steps(program):
+    for step in all_steps(program):
         if step.kind == StepKind.KERNEL and step.target not in kernels:
             raise BundleError(
                 f"{path}: a step launches kernel {step.target[:40]!r}, which the program does not define"
@@ -449,11 +449,6 @@ def _check_program(program: Program, manifest: Manifest, path: Path) -> None:
                 f"{path}: program expression {text[:60]!r} uses {sorted(unknown)[0][:40]!r}, "
                 f"which is not a symbol of the guards"
             )
-
-
-def _all_steps(program: Program) -> list:
-    """The program's steps and those of its GEMM candidates."""
-    return [*program.steps, *(s for site in program.alternatives for c in site.candidates for s in c.steps)]
 
 
 def _check_step_count(steps: int, path: Path) -> None:
@@ -486,7 +481,7 @@ def _expressions(program: Program):
         *program.buffers.values(),
     ]:
         yield from spec.shape
-    steps = list(_all_steps(program))
+    steps = list(all_steps(program))
     while steps:
         step = steps.pop()
         yield from step.grid

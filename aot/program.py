@@ -251,6 +251,21 @@ def step_reads(step: Step) -> list[str]:
     return reads
 
 
+def all_steps(program: Program) -> list[Step]:
+    """The program's steps and those of its GEMM candidates (what a tuning table's plans run)."""
+    return [*program.steps, *(s for site in program.alternatives for c in site.candidates for s in c.steps)]
+
+
+def buffers_read(steps: Iterable[Step]) -> set[str]:
+    """The buffers ``steps`` read on either path: their arguments and their reference steps'."""
+    read: set[str] = set()
+    for step in steps:
+        read.update(step_reads(step))
+        for ref in step.reference:
+            read.update(step_reads(ref))
+    return read
+
+
 def producer_of(steps: Sequence[Step]) -> dict[str, int]:
     """Each buffer → the index of the step whose outputs name it (the last, should two)."""
     return {o: i for i, s in enumerate(steps) for o in s.outputs if o is not None}

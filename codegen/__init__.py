@@ -552,11 +552,6 @@ def _generate_programs(traced: Traced, options: BuildOptions, say: Callable[[str
 def _weights_read(program) -> set[str]:
     """The buffers some step of ``program`` or of its sites' candidates reads, kernels' reference
     steps included (a LayerNorm's column sums may be read by a candidate alone: ``norm_sums``)."""
-    from aot.program import step_reads
+    from aot.program import all_steps, buffers_read
 
-    read: set[str] = set(program.outputs)
-    for step in [*program.steps, *(s for a in program.alternatives for c in a.candidates for s in c.steps)]:
-        read.update(step_reads(step))
-        for ref in step.reference:
-            read.update(step_reads(ref))
-    return read
+    return set(program.outputs) | buffers_read(all_steps(program))

@@ -44,6 +44,7 @@ from aot.codegen.gemm_stats import (
     stats_tiles,
     sum_spec,
 )
+from aot.codegen.kernel_source import on_off
 from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
 from aot.codegen.render import Rendered, kernel_id, kernel_step
 from aot.errors import CodegenError
@@ -100,10 +101,7 @@ ROW_NORM_STATS_ENV = "AOTPACK_TILE_STATS_ROW_NORM"
 
 def row_norm_stats() -> bool:
     """Whether a row norm's tiles join through their statistics (ROW_NORM_STATS or its environment)."""
-    text = os.environ.get(ROW_NORM_STATS_ENV, "").strip().lower() or ROW_NORM_STATS
-    if text not in ("on", "off"):
-        raise CodegenError(f"{ROW_NORM_STATS_ENV}={text!r}: expected 'on' or 'off'")
-    return text == "on"
+    return on_off(ROW_NORM_STATS_ENV, ROW_NORM_STATS)
 
 
 TILE_STATS_MODES = ("few", "on", "off")

@@ -22,8 +22,8 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import BINARY, NoSite, float_cast, spec_of
 from aot.codegen.gemm_forms import ROUND
+from aot.codegen.kernel_source import on_off
 from aot.codegen.triton_types import FLOAT_DTYPES
-from aot.errors import CodegenError
 from aot.program import RESHAPE_VIEWS
 from aot.schema import Buf, MemoryFormat, Step, StepKind, TensorSpec
 
@@ -110,10 +110,7 @@ def is_copy(step: Step) -> bool:
 
 def factored_one_row() -> bool:
     """Whether the one-row forms apply a norm after their products (FACTORED, or its environment)."""
-    text = os.environ.get(FACTORED_ENV, "").strip().lower() or FACTORED
-    if text not in ("on", "off"):
-        raise CodegenError(f"{FACTORED_ENV}={text!r}: expected 'on' or 'off'")
-    return text == "on"
+    return on_off(FACTORED_ENV, FACTORED)
 
 
 def _max_means() -> int:

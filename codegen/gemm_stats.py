@@ -140,27 +140,58 @@ def render_tile_stats(
         f"tl.store(stats_ptr + ({tile} * 2) * M + rm, t_sum, mask=mask_m)",
         f"tl.store(stats_ptr + ({tile} * 2 + 1) * M + rm, t_m2, mask=mask_m)",
     ]
-    params, _, args = _params(site, ep, index, None, "fused")
-    params, args = _drop(params, args, {f"out{i}_ptr" for i in range(len(ep.stores))})
     more = [(f"{name}_ptr", buf, site.dtype) for name, buf in loaded]
     if pro.weight is not None:
         more += [("lnw_ptr", pro.weight, site.dtype), ("scaled_ptr", scaled, site.dtype)]
     more += [("sum_ptr", sum_buf, site.dtype), ("stats_ptr", stats, "float32")]
-    for name, buf, dtype in more:  # before M, the last
-        params.insert(-1, KernelParam(name, ParamKind.PTR, dtype))
+    return _join_kernel(
+        site,
+        cfg,
+        ep,
+        f"gemm_{_tag(site)}_{cfg.name}_stats",
+        "fused, then the next GEMM's residual add and its rows' statistics per tile",
+        body,
+        more,
+        [sum_buf, stats] + ([scaled] if pro.weight is not None else []),
+        index,
+        early,
+        stores=False,
+    )
+
+
+def _join_kernel(
+    site: Site,
+    cfg: TileConfig,
+    ep: Any,
+    name: str,
+    what: str,
+    body: list[str],
+    more: list[tuple[str, str, str]],
+    outputs: list[str],
+    index: str,
+    early: list[str],
+    stores: bool,
+) -> Rendered:
+    """A kernel of a statistics join: ``site``'s fused parameters (without its epilogue's output
+    pointers where not ``stores``: the first tile keeps what it would store) and ``more``'s
+    (name, buffer, dtype) before M, the last."""
+    params, _, args = _params(site, ep, index, None, "fused")
+    if not stores:
+        params, args = _drop(params, args, {f"out{i}_ptr" for i in range(len(ep.stores))})
+    for param, buf, dtype in more:
+        params.insert(-1, KernelParam(param, ParamKind.PTR, dtype))
         args.insert(-1, Buf(buf))
-    grid = _grid(site, cfg)
     return _rendered(
         site,
         cfg,
-        f"gemm_{_tag(site)}_{cfg.name}_stats",
-        "fused, then the next GEMM's residual add and its rows' statistics per tile",
+        name,
+        what,
         body,
         params,
         signature_of(params, index),
         args,
-        [sum_buf, stats] + ([scaled] if pro.weight is not None else []),
-        grid,
+        outputs,
+        _grid(site, cfg),
         (),
         early,
     )
@@ -216,41 +247,43 @@ def _tile_row_norm_stats(
         f"t_sum = tl.sum(tl.where(mask, {norm.reduced.replace('@', 'n')}, 0.0), axis=1)",
         f"tl.store(stats_ptr + {tile} * M + rm, t_sum, mask=mask_m)",
     ]
-    params, _, args = _params(site, ep, index, None, "fused")
-    params, args = _drop(params, args, {f"out{i}_ptr" for i in range(len(ep.stores))})
     more = [(f"x{i}_ptr", buf, dtype) for i, (buf, dtype) in enumerate(norm.inputs) if buf not in held]
     more += [(f"v{i}_ptr", buf, dtype) for i, (buf, dtype) in enumerate(norm.vectors)]
     if norm.sum_out is not None:
         more.append(("sum_ptr", norm.sum_out[0], norm.sum_out[2]))
     more += [("scaled_ptr", scaled, site.dtype), ("stats_ptr", stats, "float32")]
-    for name, buf, dtype in more:  # before M, the last
-        params.insert(-1, KernelParam(name, ParamKind.PTR, dtype))
-        args.insert(-1, Buf(buf))
-    return _rendered(
+    return _join_kernel(
         site,
         cfg,
+        ep,
         f"gemm_{_tag(site)}_{cfg.name}_stats",
         "fused, then the next GEMM's residual add and its row norm's sums per tile",
         body,
-        params,
-        signature_of(params, index),
-        args,
+        more,
         outputs,
-        _grid(site, cfg),
-        (),
+        index,
         early,
+        stores=False,
     )
+
+
+def _tiles_of(first: Site, first_cfg: TileConfig, what: str) -> list[str]:
+    """``tiles``, the first GEMM's column tiles (a power of two wide), and ``tmask``, where a tile
+    and the block's row are both there: the loads of the statistics per tile."""
+    tiles = stats_tiles(first, first_cfg)
+    return [
+        f"# {what} from the first GEMM's {tiles} column tiles (gemm_stats)",
+        f"tiles = tl.arange(0, {1 << (tiles - 1).bit_length()})",
+        f"tmask = (tiles < {tiles})[:, None] & mask_m[None, :]",
+    ]
 
 
 def _combined_stats(first: Site, first_cfg: TileConfig, k: int, eps: float) -> list[str]:
     """``mean`` and ``rstd`` of the block's rows from the first GEMM's statistics per column tile
     (Chan's pairwise update, in tile order)."""
-    tiles, first_n, bn = stats_tiles(first, first_cfg), first.n, first_cfg.block_n
-    width = 1 << (tiles - 1).bit_length()
+    first_n, bn = first.n, first_cfg.block_n
     return [
-        f"# the LayerNorm's statistics from the first GEMM's {tiles} column tiles (gemm_stats)",
-        f"tiles = tl.arange(0, {width})",
-        f"tmask = (tiles < {tiles})[:, None] & mask_m[None, :]",
+        *_tiles_of(first, first_cfg, "the LayerNorm's statistics"),
         "t_sum = tl.load(stats_ptr + (tiles[:, None] * 2) * M + rm[None, :], mask=tmask, other=0.0)",
         "t_m2 = tl.load(stats_ptr + (tiles[:, None] * 2 + 1) * M + rm[None, :], mask=tmask, other=0.0)",
         f"count = tl.minimum({first_n} - tiles * {bn}, {bn}).to(tl.float32)[:, None]",
@@ -304,49 +337,18 @@ def render_tile_from_stats(
     ]
     body += _epilogue_lines(plain, ep, bias=bias)
     more = [("stats_ptr", stats), ("u_ptr", sums[0])] + ([("c_ptr", sums[1])] if sums[1] is not None else [])
-    return _from_stats(
+    return _join_kernel(
         plain,
         cfg,
         ep,
-        "ln",  # named as a LayerNorm-prologue form
+        f"gemm_ln_{_tag(plain)}_{cfg.name}_from_stats",  # named as a LayerNorm-prologue form
         "fused, its LayerNorm from the GEMM before's statistics per tile and the column sums",
         body,
-        more,
+        [(param, buf, "float32") for param, buf in more],
+        [buf for buf, _, _ in ep.stores],
         index,
         early,
-    )
-
-
-def _from_stats(
-    plain: Site,
-    cfg: TileConfig,
-    ep: Any,
-    prefix: str,
-    what: str,
-    body: list[str],
-    more: list[tuple[str, str]],
-    index: str,
-    early: list[str],
-) -> Rendered:
-    """The second tile of a statistics join: the plain site's parameters with the fp32 buffers
-    ``more`` (name, buffer) before M, named as a prologue form of ``prefix``."""
-    params, _, args = _params(plain, ep, index, None, "fused")
-    for name, buf in more:  # before M, the last
-        params.insert(-1, KernelParam(name, ParamKind.PTR, "float32"))
-        args.insert(-1, Buf(buf))
-    return _rendered(
-        plain,
-        cfg,
-        f"gemm_{prefix}_{_tag(plain)}_{cfg.name}_from_stats",
-        what,
-        body,
-        params,
-        signature_of(params, index),
-        args,
-        [buf for buf, _, _ in ep.stores],
-        _grid(plain, cfg),
-        (),
-        early,
+        stores=True,
     )
 
 
@@ -369,12 +371,8 @@ def _tile_from_row_norm_stats(
     epilogue; each GEMM of a stacked pair (``Site.halves``) the same."""
     norm = norm_site.prologue.norm
     _, stat = norm.factored
-    tiles = stats_tiles(first, first_cfg)
-    width = 1 << (tiles - 1).bit_length()
     body += [
-        f"# the row norm's statistic from the first GEMM's {tiles} column tiles (gemm_stats)",
-        f"tiles = tl.arange(0, {width})",
-        f"tmask = (tiles < {tiles})[:, None] & mask_m[None, :]",
+        *_tiles_of(first, first_cfg, "the row norm's statistic"),
         "s_sum = tl.sum(tl.load(stats_ptr + tiles[:, None] * M + rm[None, :], mask=tmask, other=0.0), axis=0)",
         *(f"{var} = {expr}" for var, expr in norm.stat_ops),
     ]
@@ -382,14 +380,16 @@ def _tile_from_row_norm_stats(
     body.append(f"# A @ W^T = {stat} * (the scaled rows @ W^T): the row norm applied once")
     body += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in range(len(plain.weights))]
     body += _epilogue_lines(plain, ep, bias=bias)
-    return _from_stats(
+    return _join_kernel(
         plain,
         cfg,
         ep,
-        "norm",  # named as a row-norm-prologue form
+        f"gemm_norm_{_tag(plain)}_{cfg.name}_from_stats",  # named as a row-norm-prologue form
         "fused, its row norm from the GEMM before's sums per tile",
         body,
-        [("stats_ptr", stats)],
+        [("stats_ptr", stats, "float32")],
+        [buf for buf, _, _ in ep.stores],
         index,
         early,
+        stores=True,
     )

@@ -462,6 +462,15 @@ def launch_after(condition: str) -> tuple[str, ...]:
     )
 
 
+def on_off(env: str, default: str) -> bool:
+    """A build switch: the environment variable ``env`` where set ("on" or "off", in any case),
+    else ``default``; any other value is a ``CodegenError`` naming the two."""
+    text = os.environ.get(env, "").strip().lower() or default
+    if text not in ("on", "off"):
+        raise CodegenError(f"{env}={text!r}: expected 'on' or 'off'")
+    return text == "on"
+
+
 def launch_first() -> bool:
     """Whether the kernels that may (``kernel_module(launch_first=)``) let the kernel after them
     start before their own wait: ``AOTPACK_LAUNCH_FIRST`` ("on"/"off"), else ``LAUNCH_FIRST``."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aot.program import RESHAPE_VIEWS, step_reads
+from aot.program import RESHAPE_VIEWS, all_steps, buffers_read
 from aot.schema import Buf, NamedTensor, Program, StepKind, TensorSpec
 
 SCALE_SUM = ".ln_scale_sum"
@@ -96,12 +96,7 @@ def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Prog
 def drop_unread_sums(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
     """The program and weights without the column sums that no step, no candidate step and no
     reference step reads, and how many went."""
-    read: set[str] = set()
-    steps = [*program.steps, *(s for a in program.alternatives for c in a.candidates for s in c.steps)]
-    for step in steps:
-        read.update(step_reads(step))
-        for ref in step.reference:
-            read.update(step_reads(ref))
+    read = buffers_read(all_steps(program))
     unread = {
         w.name for w in program.weights if w.name.endswith((SCALE_SUM, SHIFT_SUM)) and w.name not in read
     }

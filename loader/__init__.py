@@ -39,7 +39,7 @@ from aot.loader.variants import check_programs
 from aot.loader.weights import header_limit, to_device, weights_size_limit
 from aot.manifest_text import manifest_of_bundle, render_manifest
 from aot.memory import check_max_memory, check_plan, planned_peak
-from aot.program import reference_steps, step_reads
+from aot.program import all_steps, buffers_read, reference_steps
 from aot.pytree import flatten_inputs, match_leaves, unflatten
 from aot.pytree import validate as validate_tree
 from aot.schema import Manifest
@@ -88,15 +88,7 @@ def weights_read(programs: tuple[schema.Program, ...], candidates: bool = False)
     read: set[str] = set()
     for p in programs:
         read.update(p.outputs)
-        steps = (
-            [*p.steps, *(s for a in p.alternatives for c in a.candidates for s in c.steps)]
-            if candidates
-            else p.steps
-        )
-        for step in steps:
-            read.update(step_reads(step))
-            for ref in step.reference:
-                read.update(step_reads(ref))
+        read |= buffers_read(all_steps(p) if candidates else p.steps)
     return read
 
 

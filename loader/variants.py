@@ -19,6 +19,7 @@ from aot.admissible import admissible_text, admits, first_admissible
 from aot.errors import BundleError
 from aot.manifest_text import static_size
 from aot.memory import largest_sizes
+from aot.program import all_steps
 from aot.schema import Guards, Manifest, Program, Step, StepKind, Sym, SymbolGuard, SymBool, SymFloat
 from aot.symexpr import FloatText, compile_expr
 
@@ -129,10 +130,7 @@ def _subset(inner: SymbolGuard, outer: SymbolGuard) -> bool:
 
 def _steps(program: Program) -> Iterator[Step]:
     """Every step of ``program``: its own, its GEMM candidates', and their reference steps."""
-    pending = [
-        *program.steps,
-        *(s for site in program.alternatives for c in site.candidates for s in c.steps),
-    ]
+    pending = all_steps(program)
     while pending:
         step = pending.pop()
         yield step

@@ -53,16 +53,14 @@ def _safetensors(tensors) -> bytes:
 
 def _check_weights(compiled: Compiled) -> None:
     """Every weight a program declares and some step of it reads (a candidate's too, which only a
-    GPU runs) is in the weights the bundle holds: a bundle that would load on a CPU and fail on
-    a GPU is a build's error, caught here."""
-    from aot.program import step_reads
+    GPU runs; ``aot.loader.weights_read``'s rule on a GPU) is in the weights the bundle holds: a
+    bundle that would load on a CPU and fail on a GPU is a build's error, caught here."""
+    from aot.program import all_steps, buffers_read
 
     held = compiled.traced.weights
     for index, program in enumerate((compiled.program, *compiled.program.variants)):
         declared = {w.name for w in program.weights}
-        steps = [*program.steps, *(s for a in program.alternatives for c in a.candidates for s in c.steps)]
-        read = {r for step in steps for r in step_reads(step)}
-        missing = sorted((read & declared) - set(held))
+        missing = sorted((buffers_read(all_steps(program)) & declared) - set(held))
         if missing:
             raise CodegenError(
                 f"program {index} reads weights the bundle would not hold: {missing[:3]}; "
