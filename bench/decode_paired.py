@@ -9,7 +9,12 @@ ms a token over the rounds, and B / A per round (its median, and in how many rou
 per batch size (a JSON list); the tokens of every round must equal the first round's of A, or the run fails.
 With ``--tokens-may-differ`` (a change of a sum's order: random weights' logits lie close, so greedy
 tokens part after a few steps) each bundle's rounds must equal its own first round's, and the
-result says whether A's and B's agree and at which step they first part.
+result says whether A's and B's agree and at which step they first part; with ``--score`` as well,
+each bundle's tokens are then scored by the model in float32 (eager, teacher-forced on that
+bundle's own tokens): at every step, the float32 logit of float32's best token less that of the
+token the bundle chose (0 where they agree). A change of a sum's order leaves both bundles as close
+to float32 as each other; a change that loses precision shows as more steps off float32's choice
+and larger gaps.
 
     python3 bench/decode_paired.py gpt2 A.tpk B.tpk --batch 1,8 --rounds 12 --json out/paired.json
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -25,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import prompts, workload  # noqa: E402
+from decode import LAYERS_ENV, dtype_name, make_model, prompts, workload  # noqa: E402
 
 
 def step_ms(runner, ids: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
@@ -42,7 +48,42 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
     return min(steps) if steps else None
 
 
-def paired(model: str, runners: dict, batch: int, rounds: int, tiny: bool, may_differ: bool = False) -> dict:
+def float32_gaps(module, ids: list[list[int]], tokens: list[list[int]]) -> list[list[float]]:
+    """Per row and step: float32's best logit less the logit of the token chosen (module docstring)."""
+    import torch
+
+    device = next(module.parameters()).device
+    seq = torch.tensor([p + t[:-1] for p, t in zip(ids, tokens)], device=device)
+    with torch.no_grad():
+        logits = module(seq).logits[:, len(ids[0]) - 1 :].float()
+    chosen = torch.tensor(tokens, device=device).unsqueeze(-1)
+    return (logits.max(-1).values - logits.gather(-1, chosen).squeeze(-1)).tolist()
+
+
+def score(module, ids: list[list[int]], want: dict[str, list[list[int]]]) -> dict:
+    """Each bundle's steps off float32's choice, and the gaps' largest and mean."""
+    out = {}
+    for name, tokens in want.items():
+        gaps = [g for row in float32_gaps(module, ids, tokens) for g in row]
+        off = [g for g in gaps if g > 0]
+        out[name] = {
+            "steps": len(gaps),
+            "steps_off_float32": len(off),
+            "largest_gap": max(gaps),
+            "mean_gap_off": statistics.mean(off) if off else 0.0,
+        }
+    return out
+
+
+def paired(
+    model: str,
+    runners: dict,
+    batch: int,
+    rounds: int,
+    tiny: bool,
+    may_differ: bool = False,
+    reference=None,
+) -> dict:
     """One batch size's rounds (module docstring)."""
     prompt, new_tokens = workload(model, tiny)
     vocab = runners["a"].reference_outputs()[0].shape[-1]
@@ -53,6 +94,7 @@ def paired(model: str, runners: dict, batch: int, rounds: int, tiny: bool, may_d
     parted = first_difference(want["a"], want["b"])
     if parted is not None and not may_differ:
         raise SystemExit(f"batch {batch}: bundle b's tokens differ from bundle a's (from step {parted})")
+    scored = score(reference, ids, want) if reference is not None and parted is not None else None
     times: dict[str, list[float]] = {"a": [], "b": []}
     for r in range(rounds):
         for name in ("a", "b") if r % 2 == 0 else ("b", "a"):
@@ -74,6 +116,7 @@ def paired(model: str, runners: dict, batch: int, rounds: int, tiny: bool, may_d
         "b_faster_rounds": sum(x < 1 for x in ratios),
         "tokens_equal": parted is None,
         "tokens_part_at_step": parted,
+        "float32_score": scored,
         "per_round": times,
     }
     print(
@@ -83,6 +126,12 @@ def paired(model: str, runners: dict, batch: int, rounds: int, tiny: bool, may_d
         + ("" if parted is None else f" (tokens part at step {parted})"),
         flush=True,
     )
+    for name, sc in (scored or {}).items():
+        print(
+            f"  {name}: {sc['steps_off_float32']} of {sc['steps']} steps off float32's choice, gap largest "
+            f"{sc['largest_gap']:.4f}, mean where off {sc['mean_gap_off']:.4f}",
+            flush=True,
+        )
     return result
 
 
@@ -103,16 +152,33 @@ def main() -> int:
         action="store_true",
         help="time bundles whose greedy tokens part (each must still repeat its own)",
     )
+    ap.add_argument(
+        "--score",
+        action="store_true",
+        help="where tokens part, score each bundle's tokens by the model in float32 (module docstring)",
+    )
+    ap.add_argument("--layers", type=int, help="the bundles' decoder layers (decode.py --layers)")
     args = ap.parse_args()
+    if args.layers:
+        os.environ[LAYERS_ENV] = str(args.layers)
 
     import aot.loader
 
     runners = {n: aot.loader.load(p, device=args.device) for n, p in (("a", args.a), ("b", args.b))}
+    reference = None
+    if args.score:
+        import torch
+
+        # the bundles' weights (rounded to their dtype), computed in float32
+        dtype = getattr(torch, dtype_name(args.model, args.device))
+        reference = make_model(args.model, args.tiny, dtype, args.device).float()
     results = []
     for batch in (int(b) for b in args.batch.split(",")):
         results.append(
             {
-                **paired(args.model, runners, batch, args.rounds, args.tiny, args.tokens_may_differ),
+                **paired(
+                    args.model, runners, batch, args.rounds, args.tiny, args.tokens_may_differ, reference
+                ),
                 "a": str(args.a),
                 "b": str(args.b),
             }

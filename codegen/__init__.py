@@ -178,6 +178,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         """A pass's ``compile_kernels``: its kernels for ``archs``, progress said as ``what``."""
         return lambda todo: compile_kernels(dict(todo), archs, say, what)[:2]
 
+    one_kernel: dict = {}  # the decode attention sites of one kernel, by their outputs
     if options.decode_attention:
         from aot.codegen.decode_attention import decode_attention_kernels
 
@@ -187,6 +188,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             compiler("decode attention kernel"),
             say,
             ranges,
+            one_kernel,
         )
         cubins.update(decode_cubins)
     if eager:  # what no decode attention kernel took keeps the model's own steps
@@ -270,6 +272,12 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             configs=default_configs(),
         )
         cubins.update(default_cubins)
+        from aot.codegen.qkv_in_attention import qkv_in_attention
+
+        new_program, summing_cubins = qkv_in_attention(
+            new_program, one_kernel, archs, compiler("decode attention kernel"), say
+        )
+        cubins.update(summing_cubins)
         new_program, weights, dropped = drop_unread_sums(new_program, traced.weights)
         if dropped:  # the column sums of GEMMs whose forms did not take them
             traced = replace(traced, weights=weights)

@@ -286,13 +286,16 @@ def decode_attention_kernels(
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
     ranges: dict[str, tuple[int, int]] | None = None,
+    one_kernel: dict[str, tuple[DecodeSite, bool]] | None = None,
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
     """``program`` with each decode SDPA site run by its kernel, or by the split form
     (``decode_splits``): in one kernel that combines too (counting on ``Program.scratch``), where
     the batch's largest size is known (``ranges``: symbol -> (min, max)) and
     ``combine_in_kernel()``; else in two (the first writes the workspace and, where it appends, the
     cache, standing for the cache writes; the second for the rest). The SDPA step is the
-    reference; a site whose kernels fail to compile stays the library call."""
+    reference; a site whose kernels fail to compile stays the library call. ``one_kernel`` (filled
+    where given): each site run by the one-kernel form, by its output, with whether its kernel
+    lets the kernel after start first (``aot.codegen.qkv_in_attention`` renders it again)."""
     setting = split_setting()
     combine = combine_in_kernel()
     sites = [s for s in find_decode_sites(program) if decode_splits(s, setting) is not None]
@@ -310,10 +313,12 @@ def decode_attention_kernels(
     forms: list[tuple[list[Rendered], dict[str, TensorSpec], dict[str, TensorSpec]]] = []
     first = launch_first()
     state = state_aliases(program) if first else set()
+    afters: dict[int, bool] = {}
     for s in sites:
         splits = decode_splits(s, setting)
         # the kernel after it may start first where it does not touch the state
         after = first and not state_next(program, s.step, state)
+        afters[s.step] = after
         if splits == 1:
             forms.append(([render_decode_attention(s, after)], {}, {}))
         elif combine and (rows := max_rows(s, ranges or {})) is not None:
@@ -368,6 +373,8 @@ def decode_attention_kernels(
         in_place = {a.k_result: a.k_state, a.v_result: a.v_state} if a is not None else {}
         if len(kernels) == 1:  # one kernel (the split form's, combining too: its workspace, counters)
             steps[i] = [kernel_step(kids[0], kernels[0], reference, in_place)]
+            if not counters and one_kernel is not None:
+                one_kernel[site.out] = (site, afters[i])
             if counters:
                 split += 1
                 combined += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import sympy
 
@@ -235,13 +236,38 @@ def _split_block_n(site: DecodeSite, splits: int) -> int:
     return bn
 
 
+@dataclass(frozen=True)
+class Slices:
+    """Where the queries and the new keys and values are the K slices of the projection that made
+    them, not yet summed: its split-K partials ``ws`` (fp32 ``[slices, 1, M, width]``, ``M`` the
+    batch), which the kernel sums in slice order and rounds to the site's dtype, as the
+    projection's reduce kernel would (``aot.codegen.qkv_in_attention``)."""
+
+    ws: str
+    slices: int
+    width: int
+
+
+def render_decode_attention_summing(site: DecodeSite, slices: Slices, launch_first: bool = False) -> Rendered:
+    """``render_decode_attention``'s kernel reading q, k and v as ``slices`` (their projection's
+    K slices, summed here)."""
+    first = LAUNCH_FIRST_ROWS if launch_first else False
+    return _render_attention(site, 1, "", launch_first=first, slices=slices)
+
+
 def _render_attention(
-    site: DecodeSite, splits: int, ws: str, counts: str = "", launch_first: bool | str = False
+    site: DecodeSite,
+    splits: int,
+    ws: str,
+    counts: str = "",
+    launch_first: bool | str = False,
+    slices: Slices | None = None,
 ) -> Rendered:
     """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its
     workspace), which also combines where ``counts`` names its arrival counters (the split form
-    in one kernel)."""
+    in one kernel). ``slices``: q, k and v read as their projection's K slices (one-kernel form)."""
     split = splits > 1
+    assert slices is None or not split
     combined = bool(counts)
     assert split or not combined
     d, groups = site.head_dim, site.heads // site.kv_heads
@@ -269,12 +295,21 @@ def _render_attention(
     name += ("_split_combined" if combined else "_split") if split else ""
     name += "_capped" if site.softcap is not None else ""
     name += "_sinks" if site.sinks is not None else ""
+    name += f"_sums{slices.slices}" if slices else ""
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
     if a and not kr and a.k_new.head_stride:
         k_head = "KN_HEAD"
     v_head = "VN_HEAD" if a and a.v_new.head_stride else "HEAD_DIM"
+
+    def new_rows(ptr: str, at: str, rest: str) -> str:
+        """The load of the new rows (q, k, v) at ``at``: as stored, or their K slices summed."""
+        if slices is None:
+            return f"tl.load({ptr} + {at}{rest})"
+        terms = (f"tl.load(rows_ws_ptr + {i} * rows_slice + {at}{rest})" for i in range(slices.slices))
+        return f"(0.0 + {' + '.join(terms)}).to({tl_dtype})"
+
     mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
@@ -337,14 +372,27 @@ def _render_attention(
         "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
         "valid_g = rg < GROUPS",
         "h = kh * GROUPS + rg",
-        f"q = tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :], mask=valid_g[:, None]{mask_d}, other=0.0)",
+        *(
+            ["rows_slice = B * ROWS_WIDTH  # one K slice's partial sums: [B, ROWS_WIDTH] fp32"]
+            if slices
+            else []
+        ),
+        "q = "
+        + new_rows(
+            "q_ptr",
+            f"b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :]",
+            f", mask=valid_g[:, None]{mask_d}, other=0.0",
+        ),
         *q_norm,
         *(
             _rotation_lines(
                 "q",
                 "q",
-                f"tl.load(q_ptr + b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + q_partner[None, :], "
-                "mask=valid_g[:, None] & q_turn[None, :], other=0.0)",
+                new_rows(
+                    "q_ptr",
+                    f"b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + q_partner[None, :]",
+                    ", mask=valid_g[:, None] & q_turn[None, :], other=0.0",
+                ),
                 "[None, :]",
                 qr_tables,
                 tl_dtype,
@@ -369,13 +417,17 @@ def _render_attention(
         body += [
             "pos = tl.load(pos_ptr).to(tl.int64)",
             "pos = tl.where(pos < 0, pos + CONTEXT, pos)  # as index_put_ counts a negative slot",
-            f"kn = tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + rd{head_mask})",
+            "kn = " + new_rows("kn_ptr", f"b * KN_BATCH + KN_COLUMN + kh * {k_head} + rd", head_mask),
             *k_norm,
             *(
                 _rotation_lines(
                     "k",
                     "kn",
-                    f"tl.load(kn_ptr + b * KN_BATCH + KN_COLUMN + kh * {k_head} + k_partner, mask=k_turn, other=0.0)",
+                    new_rows(
+                        "kn_ptr",
+                        f"b * KN_BATCH + KN_COLUMN + kh * {k_head} + k_partner",
+                        ", mask=k_turn, other=0.0",
+                    ),
                     "",
                     kr_tables,
                     tl_dtype,
@@ -385,7 +437,7 @@ def _render_attention(
                 if kr
                 else ()
             ),
-            f"vn = tl.load(vn_ptr + b * VN_BATCH + VN_COLUMN + kh * {v_head} + rd{head_mask})",
+            "vn = " + new_rows("vn_ptr", f"b * VN_BATCH + VN_COLUMN + kh * {v_head} + rd", head_mask),
             "slot = rd * 0 + pos  # the position per lane: a mask of the block's shape",
             (
                 "put = (rd < HEAD_DIM) & (slot >= lo) & (slot < hi) & (slot < CONTEXT)  # one program stores: the one whose slots hold pos"
@@ -461,13 +513,21 @@ def _render_attention(
             f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
         ]
     params = [
-        KernelParam("q_ptr", ParamKind.PTR, site.dtype),
+        KernelParam("rows_ws_ptr", ParamKind.PTR, "float32")
+        if slices
+        else KernelParam("q_ptr", ParamKind.PTR, site.dtype),
         KernelParam("k_ptr", ParamKind.PTR, site.dtype),
         KernelParam("v_ptr", ParamKind.PTR, site.dtype),
         *(
             [
-                KernelParam("kn_ptr", ParamKind.PTR, site.dtype),
-                KernelParam("vn_ptr", ParamKind.PTR, site.dtype),
+                *(
+                    ()
+                    if slices
+                    else (
+                        KernelParam("kn_ptr", ParamKind.PTR, site.dtype),
+                        KernelParam("vn_ptr", ParamKind.PTR, site.dtype),
+                    )
+                ),
                 KernelParam("pos_ptr", ParamKind.PTR, a.pos_dtype),
             ]
             if a
@@ -512,9 +572,14 @@ def _render_attention(
     q_at = qr.rows if qr else NewRows(site.q, site.q_batch_stride, site.q_column)
     k_new = kr.rows if kr else a.k_new if a else None
     args = (
-        Buf(q_at.base),
+        Buf(slices.ws if slices else q_at.base),
         *(
-            (Buf(a.k_state), Buf(a.v_state), Buf(k_new.base), Buf(a.v_new.base), Buf(a.pos))
+            (
+                Buf(a.k_state),
+                Buf(a.v_state),
+                *(() if slices else (Buf(k_new.base), Buf(a.v_new.base))),
+                Buf(a.pos),
+            )
             if a
             else (Buf(site.k), Buf(site.v))
         ),
@@ -547,6 +612,8 @@ def _render_attention(
     }
     if site.softcap is not None:
         consts.update(SCALE=repr(site.scale), SOFTCAP=repr(site.softcap))
+    if slices:
+        consts.update(ROWS_WIDTH=slices.width)
     if split:
         consts.update(SPLITS=splits, BLOCKS=blocks)
     if combined:
@@ -607,6 +674,11 @@ def _render_attention(
                 "count[pid]; the last to arrive rescales the partials to their common max, sums them in split order "
                 "and writes [B, H, 1, D], then zeroes count[pid]."
             )
+    if slices:
+        doc[-1:-1] = [
+            f"q{', k and v' if a else ''} are read as their projection's {slices.slices} K slices (fp32 [{slices.slices}, B, "
+            f"{slices.width}] at ws), summed in slice order and rounded to {site.dtype} as its reduce kernel would.",
+        ]
     if a:
         doc[-1:-1] = [
             f"First writes this step's keys and values (rows at b * {a.k_new.batch_stride} + {a.k_new.column} and "
@@ -640,6 +712,8 @@ def _render_attention(
         traffic += 2 * partials if combined else partials - rows * site.heads * d * elem
     if a:
         traffic += rows * 4 * site.kv_heads * d * elem  # the new keys and values, read and written
+    if slices:  # q, k and v read as fp32 slices
+        traffic += rows * (site.heads + (2 * site.kv_heads if a else 0)) * d * (4 * slices.slices - elem)
     for r in (qr, kr):
         if r is not None:
             traffic += rows * 2 * r.dim * elem  # cos and sin

@@ -316,3 +316,31 @@ def test_decode_paired_says_where_two_bundles_tokens_part():
     assert first_difference([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == 1
     assert first_difference([[1, 2, 3], [4, 5, 6]], [[1, 7, 3], [4, 5, 0]]) == 1
     assert first_difference([[1, 2, 3]], [[1, 2]]) == 2
+
+
+def test_decode_paired_scores_each_bundles_tokens_by_the_model_in_float32():
+    """``--score``: the model's own greedy tokens are float32's choice at every step (gap 0); a
+    token changed at one step is off float32's choice there, by the logits' difference."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from bench.decode import make_model, prompts
+    from bench.decode_paired import float32_gaps, score
+
+    module = make_model("gpt2", True, torch.float32, "cpu")
+    ids = prompts(2, 5, module.config.vocab_size)
+    with torch.no_grad():
+        out = module.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    greedy = out[:, ids.shape[1] :].tolist()
+    assert all(g == 0.0 for row in float32_gaps(module, ids.tolist(), greedy) for g in row)
+    changed = [row[:] for row in greedy]
+    changed[1][2] = (changed[1][2] + 1) % module.config.vocab_size
+    with torch.no_grad():
+        logits = module(torch.tensor([ids[1].tolist() + greedy[1][:2]])).logits[0, -1]
+    want_gap = (logits.max() - logits[changed[1][2]]).item()
+    scored = score(module, ids.tolist(), {"a": greedy, "b": changed})
+    assert scored["a"] == {"steps": 8, "steps_off_float32": 0, "largest_gap": 0.0, "mean_gap_off": 0.0}
+    b = scored["b"]
+    assert b["steps"] == 8 and b["steps_off_float32"] >= 1 and b["largest_gap"] >= want_gap - 1e-4
+    # the change's own step: float32's best less the changed token's logit
+    assert float32_gaps(module, ids.tolist(), changed)[1][2] == pytest.approx(want_gap, abs=1e-4)

@@ -1,0 +1,200 @@
+"""The q/k/v projection's K slices summed in the decode attention kernel: one launch less a layer.
+
+At 2-16 rows (a decode step at batch 2-16) the default forms run a q/k/v projection of a long K
+in K slices (``gemm_defaults``: split-K): a partial kernel writes each slice's fp32 sums, a
+reduce kernel adds them in slice order and stores q, k and v, and then the decode attention
+kernel (``aot.codegen.decode_attention``) loads them. The reduce holds no work of its own worth
+a launch (Llama-3.2-1B at 8 rows: 3 slices of 8 x 3072 sums), so here the attention kernel loads
+the slices and adds them as the reduce does (the same order from 0.0, the same rounding to the
+site's dtype: the same bits, ``render_decode_attention_summing``), and the reduce goes.
+
+A GEMM site's candidates replace its library steps and nothing else, and the attention kernel is
+a step of the program, not of the projection's site. So the site takes the attention step (and
+the views between them) into its library: every candidate of it then runs the attention after
+its own steps, its views folded into the attention step's reference, and a candidate whose last
+kernel is a plain split-K reduce of the rows the attention reads (no epilogue: no bias, no
+activation; ``[slices, 1, M, N]`` partials with M the attention's batch and N each row's stride)
+runs the summing attention in the reduce's place, standing for both. The site is taken only where
+nothing but the attention step and those views reads the projection's rows, and where every
+candidate still fits ``MAX_CANDIDATE_STEPS``; a summing kernel that fails to compile leaves the
+site as it was. ``AOTPACK_QKV_IN_ATTENTION`` ("on"/"off") overrides ``ENABLED`` at build time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from aot.codegen import index as ix
+from aot.codegen.decode_attention_render import Slices, render_decode_attention_summing
+from aot.codegen.decode_sites import DecodeSite, NewRows
+from aot.codegen.kernel_source import on_off
+from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
+from aot.program import VIEW_OPS, readers_of, step_writes
+from aot.schema import Buf, GemmCandidate, GemmSite, Kernel, Program, Step, StepKind, Sym
+from aot.tuning import MAX_CANDIDATE_STEPS
+
+ENABLED = "off"  # untimed
+ENV = "AOTPACK_QKV_IN_ATTENTION"
+
+
+def enabled() -> bool:
+    return on_off(ENV, ENABLED)
+
+
+def row_sources(site: DecodeSite) -> tuple[NewRows, ...]:
+    """Where the attention kernel of ``site`` reads its queries, and its new keys and values
+    where it appends them."""
+    q = site.q_rotary.rows if site.q_rotary else NewRows(site.q, site.q_batch_stride, site.q_column)
+    a = site.append
+    if a is None:
+        return (q,)
+    k = a.k_rotary.rows if a.k_rotary else a.k_new
+    return (q, k, a.v_new)
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """A GEMM site (``index`` in ``Program.alternatives``) that takes the attention step ``step``
+    and the views ``between``; the attention's site and whether its kernel launches first."""
+
+    index: int
+    step: int
+    between: tuple[int, ...]
+    site: DecodeSite
+    after: bool
+    rows: str
+
+
+def qkv_in_attention(
+    program: Program,
+    one_kernel: dict[str, tuple[DecodeSite, bool]],
+    archs: tuple[str, ...],
+    compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
+    say: Callable[[str], None],
+) -> tuple[Program, dict[tuple[str, str], bytes]]:
+    """``program`` with each q/k/v projection site that feeds a one-kernel decode attention
+    (``one_kernel``: ``decode_attention_kernels``') taking that attention in (module docstring)."""
+    if not enabled() or not one_kernel or not program.alternatives:
+        return program, {}
+    taken = _taken(program, one_kernel)
+    kernels = {k.id: k for k in program.kernels}
+    # each taken site's candidates: (steps before, the summing kernel or None, the reduce step)
+    forms: dict[int, list[tuple[GemmCandidate, Rendered | None]]] = {}
+    for t in taken:
+        site = program.alternatives[t.index]
+        out = []
+        for cand in site.candidates:
+            slices = _slices(program, kernels, cand.steps[-1], t)
+            summing = render_decode_attention_summing(t.site, slices, t.after) if slices else None
+            if summing is None and len(cand.steps) + 1 > MAX_CANDIDATE_STEPS:
+                out = []
+                break
+            out.append((cand, summing))
+        if any(summing is not None for _, summing in out):
+            forms[t.index] = out
+    rendered = [r for out in forms.values() for _, r in out if r is not None]
+    if not rendered:
+        return program, {}
+    built = compile_site_kernels(
+        program, rendered, archs, compile_kernels, say, "decode attention", "its q/k/v reduce stays"
+    )
+    ids = iter(built.ids)
+    kept = {k.id for k in program.kernels}
+    alternatives = list(program.alternatives)
+    summed = 0
+    for t in taken:
+        if t.index not in forms:
+            continue
+        site, attention = program.alternatives[t.index], program.steps[t.step]
+        views = tuple(program.steps[j] for j in t.between)
+        candidates, failed = [], False
+        for cand, summing in forms[t.index]:
+            if summing is None:  # the attention after the candidate's steps, the views its reference's
+                joined = replace(attention, reference=(*views, *attention.reference))
+                candidates.append(replace(cand, steps=(*cand.steps, joined)))
+                continue
+            kid = next(ids)
+            failed |= kid in built.failed
+            reduce = cand.steps[-1]
+            step = kernel_step(
+                kid, summing, (*reduce.reference, *views, *attention.reference), attention.in_place
+            )
+            candidates.append(replace(cand, steps=(*cand.steps[:-1], step)))
+            summed += 1
+        if failed:
+            continue
+        alternatives[t.index] = GemmSite(
+            id=site.id,
+            library=tuple(sorted({*site.library, *t.between, t.step})),
+            outputs=(*(o for o in site.outputs if o != t.rows), *step_writes(attention)),
+            m=site.m,
+            n=site.n,
+            k=site.k,
+            candidates=tuple(candidates),
+        )
+    used = {s.target for site in alternatives for c in site.candidates for s in c.steps}
+    records: dict[str, Kernel] = {k: r for k, r in built.records.items() if k in used and k not in kept}
+    if records:
+        say(
+            f"  {summed} q/k/v projections' K slices summed in their decode attention kernels (the reduce's launch gone)"
+        )
+    out = replace(
+        program, alternatives=tuple(alternatives), kernels=program.kernels + tuple(records.values())
+    )
+    return out, {key: cubin for key, cubin in built.cubins.items() if key[0] in records}
+
+
+def _taken(program: Program, one_kernel: dict[str, tuple[DecodeSite, bool]]) -> list[_Taken]:
+    """The GEMM sites that may take a one-kernel decode attention step in (module docstring)."""
+    readers = readers_of(program.steps)
+    by_output = {o: n for n, s in enumerate(program.alternatives) for o in s.outputs}
+    out = []
+    for i, step in enumerate(program.steps):
+        if step.kind != StepKind.KERNEL or not step.outputs or step.outputs[0] not in one_kernel:
+            continue
+        site, after = one_kernel[step.outputs[0]]
+        bases = {r.base for r in row_sources(site)}
+        if len(bases) != 1:
+            continue
+        (rows,) = bases
+        n = by_output.get(rows)
+        if n is None:
+            continue
+        gemm = program.alternatives[n]
+        between = tuple(range(gemm.library[-1] + 1, i))
+        if any(
+            program.steps[j].kind != StepKind.ATEN or program.steps[j].target not in VIEW_OPS for j in between
+        ):
+            continue
+        inside = {*gemm.library, *between, i}
+        handed = [rows, *(o for j in between for o in step_writes(program.steps[j]))]
+        if any(set(readers.get(b, ())) - inside or b in program.outputs for b in handed):
+            continue  # the rows, or a view of them, read past the attention
+        out.append(_Taken(n, i, between, site, after, rows))
+    return out
+
+
+def _slices(program: Program, kernels: dict[str, Kernel], last: Step, t: _Taken) -> Slices | None:
+    """The partials ``last`` sums where it is a plain split-K reduce of the rows ``t``'s attention
+    reads and they fit its loads (module docstring); else None."""
+    kernel = kernels.get(last.target)
+    if kernel is None or kernel.config.get("kind") != "gemm" or not kernel.name.endswith("_reduce"):
+        return None
+    split = kernel.config.get("split_k", 1)
+    if split < 2 or len(last.args) != 3 or last.args[1] != Buf(t.rows):
+        return None
+    ws, m = last.args[0], last.args[2]
+    if not isinstance(ws, Buf) or not isinstance(m, Sym):
+        return None
+    spec = program.buffers.get(ws.name)
+    if spec is None or spec.dtype != "float32" or len(spec.shape) != 4:
+        return None
+    slices, weights, rows, width = spec.shape
+    if (slices, weights) != (str(split), "1") or not width.isdigit():
+        return None
+    if ix.parse_size(rows) != ix.parse_size(t.site.batch) or ix.parse_size(m.text) != ix.parse_size(rows):
+        return None
+    if any(r.batch_stride != int(width) for r in row_sources(t.site)):
+        return None
+    return Slices(ws.name, split, int(width))
