@@ -18,6 +18,15 @@ runs the summing attention in the reduce's place, standing for both. The site is
 nothing but the attention step and those views reads the projection's rows, and where every
 candidate still fits ``MAX_CANDIDATE_STEPS``; a summing kernel that fails to compile leaves the
 site as it was. ``AOTPACK_QKV_IN_ATTENTION`` ("on"/"off") overrides ``ENABLED`` at build time.
+
+Measured on an H200 (2026-12-04, Llama-3.2-1B's first 8 layers at batch 8, both bundles with the
+RMSNorm statistics join, ``bench/decode_paired.py``, 12 rounds;
+``bench/results/decode/paired-llama-3.2-1b-8layers-qkv-in-attention-h200-2026-12-04b.json``): 0.5300
+ms a token against 0.5261 without it, slower in 12 of 12 rounds, 55 launches a step against 63,
+the same greedy tokens (the same bits); ``aotpack verify`` passes. So it is off: each of the 64
+attention programs loads its q, k and v (and their rotary partners) as three fp32 slices from L2
+after its wait, on the step's critical path, where the reduce spread that over 48 programs and
+stored half-precision rows; a launch less (1.2 us) did not pay for it.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from aot.program import VIEW_OPS, readers_of, step_writes
 from aot.schema import Buf, GemmCandidate, GemmSite, Kernel, Program, Step, StepKind, Sym
 from aot.tuning import MAX_CANDIDATE_STEPS
 
-ENABLED = "off"  # untimed
+ENABLED = "off"  # measured slower: the module docstring
 ENV = "AOTPACK_QKV_IN_ATTENTION"
 
 

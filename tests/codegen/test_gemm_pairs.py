@@ -400,12 +400,11 @@ def test_a_bundle_holds_the_column_sums_its_forms_read_and_no_others(tmp_path):
 def test_a_row_norm_joins_two_tiles_through_the_first_tiles_sums_of_squares(tmp_path, monkeypatch):
     """An o projection on the 16-row tile, the residual add and Llama's RMSNorm, then the stacked
     gate/up on the swapped form with SiLU(gate) * up (``gemm_tile_rms.py``, 8 and 16 rows): in
-    bfloat16 with ``AOTPACK_TILE_STATS_ROW_NORM=on`` (off by default, untimed:
-    ``gemm_pairs.ROW_NORM_STATS``) and ``TILE_STATS`` "few" the o tile writes the residual sum, the sum times
+    bfloat16, by default (``gemm_pairs.ROW_NORM_STATS`` "on", ``TILE_STATS`` "few"), the o tile writes the residual sum, the sum times
     the norm's weight and each row's sum of squares over its 32 columns; gate/up's K loop reads
     the scaled rows as stored and multiplies its products by 1/rms from those 32 sums (an
-    RMSNorm's statistic factors out of A, no column sums needed). The norm kernel goes. By
-    default, with ``TILE_STATS`` off, or in float16 (x * g may pass its range where the normed row does not: ``ONE_PASS_DTYPES``), it
+    RMSNorm's statistic factors out of A, no column sums needed). The norm kernel goes. With
+    ``AOTPACK_TILE_STATS_ROW_NORM=off``, with ``TILE_STATS`` off, or in float16 (x * g may pass its range where the normed row does not: ``ONE_PASS_DTYPES``), it
     stays. Triton's interpreter computes bfloat16's ``tl.dot`` wrongly, so the model is float16
     and the join is let in for it here (the GPU checks bfloat16:
     ``test_decode_plan_joins_o_and_gate_up_at_8_rows_and_verifies``): both kernels match the
@@ -418,9 +417,9 @@ def test_a_row_norm_joins_two_tiles_through_the_first_tiles_sums_of_squares(tmp_
     apart = {r: [f"gemm_mm_{tile}", norm, f"gemm_halves_epilogue_{swapped}"] for r in (8, 16)}
     monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)
     monkeypatch.setattr(gemm_pairs, "ONE_PASS_DTYPES", ("bfloat16", "float16"))
-    monkeypatch.delenv(gemm_pairs.ROW_NORM_STATS_ENV, raising=False)
-    assert _plans(_build("gemm_tile_rms.py")) == apart  # the default: apart
-    monkeypatch.setenv(gemm_pairs.ROW_NORM_STATS_ENV, "on")
+    monkeypatch.setenv(gemm_pairs.ROW_NORM_STATS_ENV, "off")
+    assert _plans(_build("gemm_tile_rms.py")) == apart  # switched off: apart
+    monkeypatch.delenv(gemm_pairs.ROW_NORM_STATS_ENV)  # the default: joined (below)
     monkeypatch.setattr(gemm_pairs, "ONE_PASS_DTYPES", ("bfloat16",))
     assert _plans(_build("gemm_tile_rms.py")) == apart  # float16: apart
     monkeypatch.setattr(gemm_pairs, "ONE_PASS_DTYPES", ("bfloat16", "float16"))
@@ -451,7 +450,7 @@ def test_a_row_norm_join_without_its_statistic_is_caught(tmp_path, monkeypatch):
     from tests.codegen.conftest import failing_candidates
 
     monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)
-    monkeypatch.setenv(gemm_pairs.ROW_NORM_STATS_ENV, "on")
+    monkeypatch.delenv(gemm_pairs.ROW_NORM_STATS_ENV, raising=False)  # the default: joined
     monkeypatch.setattr(gemm_pairs, "ONE_PASS_DTYPES", ("bfloat16", "float16"))  # as above
     compiled = _build("gemm_tile_rms.py")
     (site,) = compiled.program.alternatives

@@ -139,7 +139,9 @@ def test_the_reduce_runs_the_next_norm_and_verifies(tmp_path_factory):
     norms = {
         key[0]: sum(n.startswith("fused_") and "pow_mean" in n for n in names) for key, names in plans.items()
     }
-    assert norms[8] - norms[32] == LAYERS, norms  # o's norm kernel too at 32 rows
+    # o's norm kernel gone at both: at 32 rows o's reduce runs it, at 8 o's tile and gate/up join
+    # through the tile's sums of squares (``gemm_pairs.ROW_NORM_STATS``)
+    assert norms[8] == norms[32], norms
     checked = verified_kernels(path)
     # what ends a joined pair at 8 rows (q/k/v's K-slice sum) and at 32 (gate/up's SiLU product)
     assert "gemm_mm_fews_splitk3_16x64x64_reduce" in checked, checked
@@ -263,7 +265,7 @@ def test_o_and_gate_up_join_through_the_o_tiles_sums_of_squares_and_verify(tmp_p
     each layer's o projection (8 MiB, the 16-row tile) writes the residual sum, the sum times the
     RMSNorm's weight and each row's sum of squares per column tile, and gate/up (the swapped form,
     SiLU(gate) * up in its epilogue) reads the scaled rows and applies 1/rms after its products
-    (``AOTPACK_TILE_STATS_ROW_NORM=on``, off by default until timed; ``gemm_pairs.TILE_STATS``
+    (``gemm_pairs.ROW_NORM_STATS``, on by default since 2026-12-04; ``gemm_pairs.TILE_STATS``
     "few", ``gemm_stats``): the RMSNorm kernel before gate/up goes. ``aot.verify.device.verify``
     passes, gate/up's joined form among the kernels it checked (H200, 2026-12-04: passed)."""
     from aot.codegen.gemm_defaults import FEW_ROWS_ENV
@@ -272,7 +274,7 @@ def test_o_and_gate_up_join_through_the_o_tiles_sums_of_squares_and_verify(tmp_p
     if os.environ.get(FEW_ROWS_ENV):
         pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
     path, compiled, arch = build_shaped(
-        "llama-3.2-1b", tmp_path_factory, (1, 8), {TILE_STATS_ENV: None, ROW_NORM_STATS_ENV: "on"}
+        "llama-3.2-1b", tmp_path_factory, (1, 8), {TILE_STATS_ENV: None, ROW_NORM_STATS_ENV: None}
     )
     names = decode_plans(compiled, arch)[1][(8,)]
     joined = "gemm_norm_halves_epilogue_fews_16x64x128_from_stats"
