@@ -30,9 +30,10 @@
 #   DEADLINE=200 AB_ENV_gpt=AOTPACK_TILE_STATS=off AB_SIZES_gpt="batch=8,seq=1 batch=1,seq=16 batch=1,seq=128" bash bench/device_session.sh ab-gpt:170
 #     (the default, o and fc joined through the o tile's row statistics at the 16-row tiles, codegen/gemm_stats.py,
 #     against the LayerNorm kernel: 1.1-1.2% faster, 2026-12-04; GPU_K=row_statistics gpu-k:120 checks it)
-#   DEADLINE=580 DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1=AOTPACK_TILE_STATS_ROW_NORM=on PAIRED_BATCH=8 bash bench/device_session.sh env1-llama-3.2-1b:200 decode-llama-3.2-1b:200 paired-llama-3.2-1b:120
-#     (the RMSNorm's statistics join, o tile -> gate/up at 8 rows, against the norm kernel: untimed as of 2026-12-04;
-#     GPU_K=o_and_gate_up_join gpu-k:120 checks it)
+#   DEADLINE=585 DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1=AOTPACK_TILE_STATS_ROW_NORM=off DECODE_ENV2=AOTPACK_QKV_IN_ATTENTION=on PAIRED_BATCH=8 PAIRED_MAY_DIFFER=1 bash bench/device_session.sh decode-llama-3.2-1b:130 env1-llama-3.2-1b:130 env2-llama-3.2-1b:130 paired01-llama-3.2-1b:60 paired20-llama-3.2-1b:60
+#     (the default, the RMSNorm's statistics join (o tile -> gate/up at 8 rows), against the norm kernel: 0.9-1.5% faster,
+#     2026-12-04, GPU_K=o_and_gate_up_join gpu-k:120 checks it; and q/k/v's K slices summed in the attention against
+#     the default: 0.7% slower, GPU_K=qkv_in_attention; PAIRED_MAY_DIFFER scores each arm's tokens against float32)
 #   DEADLINE=300 AB_ENV_gpt=AOTPACK_ROWS32_EARLY=on AB_SIZES_gpt="batch=1,seq=32 batch=32,seq=1 batch=1,seq=24" bash bench/device_session.sh ab-gpt:280
 #     (BUILT_IN_32's tile with its first W step before the wait, tilee_64x32x128, against the default; untimed as of 2026-12-03)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
