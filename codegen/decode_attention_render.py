@@ -7,6 +7,7 @@ steps; this module writes the kernels.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,12 +28,26 @@ from aot.codegen.kernel_source import (
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
+from aot.errors import CodegenError
 from aot.schema import Buf, KernelParam, ParamKind, Sym, TensorSpec
 
 HEURISTIC = "decode-attention-v1"
 MAX_BLOCK_N = 256  # cache slots per step of the one-kernel form's loop
 LOG2E = 1.4426950408889634
 WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
+WARPS_ENV = "AOTPACK_DECODE_WARPS"  # 2, 4, 8 or 16: every decode attention program's warps, for measuring
+
+
+def _warps(tile: int) -> int:
+    """A program's warps: ``WARPS_ENV`` where set, else by its key tile (``WIDE_TILE``)."""
+    given = os.environ.get(WARPS_ENV, "").strip()
+    if not given:
+        return 8 if tile >= WIDE_TILE else 4
+    if given not in ("2", "4", "8", "16"):
+        raise CodegenError(f"{WARPS_ENV}={given!r}: expected 2, 4, 8 or 16 (or unset for the default)")
+    return int(given)
+
+
 NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
 SPLIT_BLOCK_N = 128  # cache slots per loop step of the split form's partial kernel, at most
 MIN_SPLIT_BLOCK_N = 16  # a block halves (down to this) until each split has one
@@ -274,7 +289,7 @@ def _render_attention(
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
     bn = _split_block_n(site, splits) if split else _block_n(site)
     blocks = -(-site.context // bn)
-    num_warps = 8 if bn * bd >= WIDE_TILE else 4
+    num_warps = _warps(bn * bd)
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
     precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     a = site.append

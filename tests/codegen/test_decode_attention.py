@@ -418,3 +418,19 @@ def test_capped_scores_and_sinks_split_across_the_cache(kind, tmp_path, monkeypa
     outputs = {c[1] for c in ours if not c[1].startswith("index_put") and not c[1].endswith("_arrivals")}
     assert len(outputs) == 2 and {c[0] for c in ours} == {kernels[s.target].name for s in attention}, ours
     assert all(ok for *_, ok in checks), [c for c in checks if not c[3]]
+
+
+def test_the_decode_attention_warps_setting(monkeypatch):
+    """``AOTPACK_DECODE_WARPS`` sets every decode attention program's warps (for measuring); unset,
+    a key tile of ``WIDE_TILE`` elements or more gets 8 and a smaller one 4; another value is a
+    ``CodegenError`` naming the ones it takes."""
+    from aot.codegen import decode_attention_render as r
+    from aot.errors import CodegenError
+
+    monkeypatch.delenv(r.WARPS_ENV, raising=False)
+    assert (r._warps(r.WIDE_TILE), r._warps(r.WIDE_TILE - 1)) == (8, 4)
+    monkeypatch.setenv(r.WARPS_ENV, "4")
+    assert r._warps(r.WIDE_TILE * 4) == 4
+    monkeypatch.setenv(r.WARPS_ENV, "3")
+    with pytest.raises(CodegenError, match="expected 2, 4, 8 or 16"):
+        r._warps(1)

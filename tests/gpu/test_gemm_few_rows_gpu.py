@@ -281,3 +281,21 @@ def test_o_and_gate_up_join_through_the_o_tiles_sums_of_squares_and_verify(tmp_p
     assert sum(n == "gemm_mm_gemv_16x32x128_stats" for n in names) == LAYERS, names
     assert sum(n == joined for n in names) == LAYERS, names
     assert joined in verified_kernels(path)
+
+
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "gemma-2-2b", "phi-3-mini", "olmo-2-1b"])
+def test_the_default_forms_verify_at_8_rows_on_other_architectures(model, tmp_path_factory):
+    """The decode bench's other bfloat16 models (Qwen3's per-head norms, Gemma 2's post-norms and
+    capped scores, Phi-3's fused q/k/v and gate/up, OLMo 2's post-norms; ``LAYERS`` layers each),
+    built by default at 1 and 8 rows, where the joins of ``gemm_pairs`` (the reduce that runs
+    the next norm, the RMSNorm statistics join) take what their structure allows:
+    ``aot.verify.device.verify`` passes, with no library GEMM in either plan."""
+    from aot.codegen.gemm_defaults import FEW_ROWS_ENV
+
+    if os.environ.get(FEW_ROWS_ENV):
+        pytest.skip(f"{FEW_ROWS_ENV} names forms: the built-in entry is not in effect")
+    path, compiled, arch = build_shaped(model, tmp_path_factory, (1, 8))
+    _, plans = decode_plans(compiled, arch)
+    assert sorted(plans) == [(1,), (8,)]
+    checked = verified_kernels(path)
+    assert any(n.startswith("gemm_") for n in checked), checked
