@@ -237,20 +237,31 @@ class Joined:
     parts: tuple[tuple[Rendered, str] | Step, ...]
     extra: dict[str, TensorSpec]
     buckets: tuple[dict[str, int], ...]
+    # where the two sites' forms run unfused: how many of ``parts`` are the first site's kernels
+    first_parts: int = 0
 
     def kernels(self) -> list[tuple[str, Rendered]]:
         """(id, rendered) of each kernel it launches of its own."""
         return [(part[1], part[0]) for part in self.parts if not isinstance(part, Step)]
 
     def steps(self) -> tuple[Step, ...]:
-        """The candidate's steps: the last kernel carries the pair's reference (what it replaces)."""
+        """The candidate's steps. Fused, the last kernel carries the pair's reference (what it
+        replaces); unfused (``first_parts``), the first site's last kernel carries the first's
+        and the last kernel the second's, so that ``aotpack verify`` and the interpreter check
+        each site's kernels against that site's own steps."""
+        ends = {len(self.parts) - 1: self.pair.reference}
+        if self.first_parts:
+            ends = {
+                self.first_parts - 1: self.pair.first.reference,
+                len(self.parts) - 1: self.pair.second.reference,
+            }
         out = []
         for i, part in enumerate(self.parts):
             if isinstance(part, Step):
                 out.append(part)
                 continue
             r, kid = part
-            out.append(kernel_step(kid, r, self.pair.reference if i == len(self.parts) - 1 else ()))
+            out.append(kernel_step(kid, r, ends.get(i, ())))
         return tuple(out)
 
 
@@ -288,6 +299,7 @@ def join(
             if len(name) > 64 or f.pre:
                 return None
             extra = {**f.extra, **s.extra}
+            fused_form = True
             if len(f.kernels) == 2 and len(s.pre) == 1:  # split-K, then the norm kernel: joined
                 (ws,) = f.extra
                 (a_out,) = [o for o in s.pre[0].outputs if o != pair.second.prologue.sum_out]
@@ -302,9 +314,11 @@ def join(
                 fused_any = True
             else:
                 parts = (*zip(f.kernels, f.ids), *s.pre, *zip(s.kernels, s.ids))
+                fused_form = False
             if len(parts) > MAX_CANDIDATE_STEPS:
                 return None
-            out.append(Joined(pair, name, tuple(parts), extra, common))
+            apart = 0 if fused_form else len(f.kernels)
+            out.append(Joined(pair, name, tuple(parts), extra, common, apart))
     return out if fused_any else None
 
 
