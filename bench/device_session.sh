@@ -62,6 +62,7 @@ for name in ("transformers", "timm", "torchvision", "zstandard", "safetensors", 
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/env.txt" 2>&1
 cat "$RES/env.txt"
+bundles_of() { if [ "$1" = 0 ]; then echo /tmp/bundles; else echo "/tmp/bundles-env$1"; fi; }  # a paired step's arm
 pack() { cp /tmp/bundles/*-tuning.json "$RES/" 2>/dev/null; tar czf "$OUT/results.tgz" -C "$RES" . ; }
 pack
 for item in "$@"; do
@@ -186,9 +187,9 @@ for item in "$@"; do
     # process round by round (bench/decode_paired.py; PAIRED_BATCH, e.g. 1,8; PAIRED_ROUNDS;
     # PAIRED_MAY_DIFFER=1: time bundles whose greedy tokens part, as a sum's new order may make them,
     # and score each one's tokens by the model in float32)
-    # pairedAB-MODEL: envA-MODEL's bundles (A) against envB-MODEL's, a digit each (0: decode-MODEL's)
-    paired[0-9][0-9]-*) m=${step#paired??-}; s=$m${DECODE_LAYERS:+-${DECODE_LAYERS}layers}; da=${step:6:1}; db=${step:7:1}; [ "$da" = 0 ] && pa=/tmp/bundles || pa=/tmp/bundles-env$da; [ "$db" = 0 ] && pb=/tmp/bundles || pb=/tmp/bundles-env$db; cmd=(python3 bench/decode_paired.py "$m" "$pa/$s.tpk" "$pb/$s.tpk" --batch "${PAIRED_BATCH:-1}" --rounds "${PAIRED_ROUNDS:-12}" ${PAIRED_MAY_DIFFER:+--tokens-may-differ --score} ${DECODE_LAYERS:+--layers $DECODE_LAYERS} --json "$RES/paired${da}${db}-$m.json") ;;
-    paired-*) m=${step#paired-}; s=$m${DECODE_LAYERS:+-${DECODE_LAYERS}layers}; cmd=(python3 bench/decode_paired.py "$m" "/tmp/bundles-env1/$s.tpk" "/tmp/bundles/$s.tpk" --batch "${PAIRED_BATCH:-1}" --rounds "${PAIRED_ROUNDS:-12}" ${PAIRED_MAY_DIFFER:+--tokens-may-differ --score} ${DECODE_LAYERS:+--layers $DECODE_LAYERS} --json "$RES/paired-$m.json") ;;
+    # pairedAB-MODEL: envA-MODEL's bundles (A) against envB-MODEL's, a digit each (0: decode-MODEL's);
+    # paired-MODEL is paired10-MODEL (its JSON named paired-MODEL)
+    paired-*|paired[0-9][0-9]-*) ab=${step%%-*}; ab=${ab#paired}; m=${step#*-}; s=$m${DECODE_LAYERS:+-${DECODE_LAYERS}layers}; da=${ab:0:1}; db=${ab:1:1}; [ -n "$ab" ] || { da=1; db=0; }; cmd=(python3 bench/decode_paired.py "$m" "$(bundles_of "$da")/$s.tpk" "$(bundles_of "$db")/$s.tpk" --batch "${PAIRED_BATCH:-1}" --rounds "${PAIRED_ROUNDS:-12}" ${PAIRED_MAY_DIFFER:+--tokens-may-differ --score} ${DECODE_LAYERS:+--layers $DECODE_LAYERS} --json "$RES/paired$ab-$m.json") ;;
     envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
     newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;

@@ -254,6 +254,17 @@ def _split_block_n(site: DecodeSite, splits: int) -> int:
     return bn
 
 
+def row_sources(site: DecodeSite) -> tuple[NewRows, ...]:
+    """Where the kernel of ``site`` reads its queries, and its new keys and values where it
+    appends them (``rows`` of their rotary embedding where it rotates them)."""
+    q = site.q_rotary.rows if site.q_rotary else NewRows(site.q, site.q_batch_stride, site.q_column)
+    a = site.append
+    if a is None:
+        return (q,)
+    k = a.k_rotary.rows if a.k_rotary else a.k_new
+    return (q, k, a.v_new)
+
+
 @dataclass(frozen=True)
 class Slices:
     """Where the queries and the new keys and values are the K slices of the projection that made
@@ -587,8 +598,8 @@ def _render_attention(
         KernelParam("B", ParamKind("i32"), ""),
     ]
     batch = ix.size_text(ix.parse_size(site.batch))
-    q_at = qr.rows if qr else NewRows(site.q, site.q_batch_stride, site.q_column)
-    k_new = kr.rows if kr else a.k_new if a else None
+    sources = row_sources(site)
+    q_at, k_new = sources[0], sources[1] if a else None
     args = (
         Buf(slices.ws if slices else q_at.base),
         *(

@@ -299,7 +299,7 @@ def join(
             if len(name) > 64 or f.pre:
                 return None
             extra = {**f.extra, **s.extra}
-            fused_form = True
+            first_parts = 0  # fused: the pair's reference on the last kernel
             if len(f.kernels) == 2 and len(s.pre) == 1:  # split-K, then the norm kernel: joined
                 (ws,) = f.extra
                 (a_out,) = [o for o in s.pre[0].outputs if o != pair.second.prologue.sum_out]
@@ -314,11 +314,10 @@ def join(
                 fused_any = True
             else:
                 parts = (*zip(f.kernels, f.ids), *s.pre, *zip(s.kernels, s.ids))
-                fused_form = False
+                first_parts = len(f.kernels)
             if len(parts) > MAX_CANDIDATE_STEPS:
                 return None
-            apart = 0 if fused_form else len(f.kernels)
-            out.append(Joined(pair, name, tuple(parts), extra, common, apart))
+            out.append(Joined(pair, name, tuple(parts), extra, common, first_parts))
     return out if fused_any else None
 
 

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from aot.codegen import index as ix
-from aot.codegen.decode_attention_render import Slices, render_decode_attention_summing
-from aot.codegen.decode_sites import DecodeSite, NewRows
+from aot.codegen.decode_attention_render import Slices, render_decode_attention_summing, row_sources
+from aot.codegen.decode_sites import DecodeSite
 from aot.codegen.kernel_source import on_off
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.program import VIEW_OPS, readers_of, step_writes
@@ -49,17 +49,6 @@ ENV = "AOTPACK_QKV_IN_ATTENTION"
 
 def enabled() -> bool:
     return on_off(ENV, ENABLED)
-
-
-def row_sources(site: DecodeSite) -> tuple[NewRows, ...]:
-    """Where the attention kernel of ``site`` reads its queries, and its new keys and values
-    where it appends them."""
-    q = site.q_rotary.rows if site.q_rotary else NewRows(site.q, site.q_batch_stride, site.q_column)
-    a = site.append
-    if a is None:
-        return (q,)
-    k = a.k_rotary.rows if a.k_rotary else a.k_new
-    return (q, k, a.v_new)
 
 
 @dataclass(frozen=True)
@@ -109,7 +98,6 @@ def qkv_in_attention(
         program, rendered, archs, compile_kernels, say, "decode attention", "its q/k/v reduce stays"
     )
     ids = iter(built.ids)
-    kept = {k.id for k in program.kernels}
     alternatives = list(program.alternatives)
     summed = 0
     for t in taken:
@@ -117,7 +105,7 @@ def qkv_in_attention(
             continue
         site, attention = program.alternatives[t.index], program.steps[t.step]
         views = tuple(program.steps[j] for j in t.between)
-        candidates, failed = [], False
+        candidates, failed, fused = [], False, 0
         for cand, summing in forms[t.index]:
             if summing is None:  # the attention after the candidate's steps, the views its reference's
                 joined = replace(attention, reference=(*views, *attention.reference))
@@ -130,9 +118,10 @@ def qkv_in_attention(
                 kid, summing, (*reduce.reference, *views, *attention.reference), attention.in_place
             )
             candidates.append(replace(cand, steps=(*cand.steps[:-1], step)))
-            summed += 1
+            fused += 1
         if failed:
             continue
+        summed += fused
         alternatives[t.index] = GemmSite(
             id=site.id,
             library=tuple(sorted({*site.library, *t.between, t.step})),
@@ -143,8 +132,8 @@ def qkv_in_attention(
             candidates=tuple(candidates),
         )
     used = {s.target for site in alternatives for c in site.candidates for s in c.steps}
-    records: dict[str, Kernel] = {k: r for k, r in built.records.items() if k in used and k not in kept}
-    if records:
+    records: dict[str, Kernel] = {k: r for k, r in built.records.items() if k in used}
+    if summed:
         say(
             f"  {summed} q/k/v projections' K slices summed in their decode attention kernels (the reduce's launch gone)"
         )
