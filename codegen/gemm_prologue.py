@@ -22,8 +22,8 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import BINARY, NoSite, float_cast, spec_of
 from aot.codegen.gemm_forms import ROUND
-from aot.codegen.kernel_source import on_off
 from aot.codegen.triton_types import FLOAT_DTYPES
+from aot.errors import CodegenError
 from aot.program import RESHAPE_VIEWS
 from aot.schema import Buf, MemoryFormat, Step, StepKind, TensorSpec
 
@@ -41,20 +41,28 @@ MAX_ROW_INPUTS = 2
 # Gemma-2-2B's decode step (8 layers) 1.085 ms against 0.807 with the norm kernels kept.
 MEANS_ENV = "AOTPACK_ROW_NORM_MEANS"
 MAX_MEANS = 2
-# "on": the one-row forms (``vec_*``) apply the norm after their products where it factors out
-# of them, so that the statistics and the products come from the same loads of the row at once
-# rather than one after the other: an RMSNorm (``RowNorm.factored``: ``A @ W^T = r * ((g * x) @
-# W^T)``) and a LayerNorm whose column sums with W the build computed (``norm_sums``: ``A @ W^T =
-# rstd * ((x * scale) @ W^T) - rstd * mean * (W @ scale) + W @ shift``). "off" (the default): the
-# statistics first, then the products of the normalized row. See gemm_render's one-row forms.
-# Off: no faster on an H200 (2026-12-04; bench/results/ab-mlp-one-row-factored-h200-2026-12-04.json,
+# Where the one-row forms (``vec_*``) apply a norm after their products, where it factors out of
+# them, so that the statistics and the products come from the same loads of the row at once rather
+# than one after the other: an RMSNorm (``RowNorm.factored``: ``A @ W^T = r * ((g * x) @ W^T)``)
+# and a LayerNorm whose column sums with W the build computed (``norm_sums``: ``A @ W^T = rstd *
+# ((x * scale) @ W^T) - rstd * mean * (W @ scale) + W @ shift``). "rms" (the default): RMSNorms
+# only; "on": LayerNorms too; "off": the statistics first, then the products of the normalized
+# row, everywhere. See gemm_render's one-row forms.
+# LayerNorms stay statistics-first: no faster on an H200 (2026-12-04;
+# bench/results/ab-mlp-one-row-factored-h200-2026-12-04.json,
 # decode/paired-gpt2-one-row-factored-h200-2026-12-04.json): the example mlp at batch 1 1.002 of
 # the statistics-first forms' time (both bundles in one process, 12 rounds), GPT-2's decode at
 # batch 1 0.2127 against 0.2093 ms a token (the statistics-first forms faster in 7 of 12 rounds;
-# the same greedy tokens). A one-row GEMV waits on its row's load and its weights' stream, not on
-# the row's statistics; ``test_factored_one_row_forms_verify`` passed on the GPU (GPT-2, Llama).
-FACTORED = "off"
+# the same greedy tokens), and the factored forms need the column sums stored beside W.
+# RMSNorms factor (2026-12-04, decode/paired-llama-3.2-1b-8layers-factored-h200-2026-12-04c.json):
+# Llama-3.2-1B's first 8 layers at batch 1 0.4496 against 0.4541 ms a token (1.0% faster, 12 of 12
+# rounds, both bundles in one process); on the step's chain q/k/v 4.86 -> 4.44 us a layer and
+# gate/up 18.51 -> 18.31; its greedy tokens scored against float32 2 of 128 steps off float32's
+# choice against 9 (``bench/decode_paired.py --score``). ``test_factored_one_row_forms_verify``
+# passed on the GPU (GPT-2, Llama).
+FACTORED = "rms"
 FACTORED_ENV = "AOTPACK_ONE_ROW_FACTORED"
+FACTORED_SETTINGS = ("on", "rms", "off")
 
 
 @dataclass(frozen=True)
@@ -108,9 +116,17 @@ def is_copy(step: Step) -> bool:
     )
 
 
-def factored_one_row() -> bool:
-    """Whether the one-row forms apply a norm after their products (FACTORED, or its environment)."""
-    return on_off(FACTORED_ENV, FACTORED)
+def factored_one_row(layer_norm: bool) -> bool:
+    """Whether the one-row forms apply a LayerNorm (``layer_norm``) or a row norm (an RMSNorm)
+    after their products: ``AOTPACK_ONE_ROW_FACTORED`` where set, else ``FACTORED``; a value
+    other than ``FACTORED_SETTINGS`` is a ``CodegenError``."""
+    text = os.environ.get(FACTORED_ENV, "").strip().lower() or FACTORED
+    if text not in FACTORED_SETTINGS:
+        raise CodegenError(
+            f"{FACTORED_ENV}={text!r}: expected 'on' (every norm after the products), 'rms' (RMSNorms "
+            "only: the default) or 'off' (the statistics first); unset it for the default"
+        )
+    return text == "on" or (text == "rms" and not layer_norm)
 
 
 def _max_means() -> int:

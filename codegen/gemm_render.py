@@ -399,9 +399,11 @@ def _factored(site: Site, cfg: TileConfig) -> bool:
     (``gemm_prologue.FACTORED``): an RMSNorm that factors out of A (``RowNorm.factored``, one
     norm, its sum written before the statistics), or a LayerNorm with the build's column sums."""
     pro = site.prologue
-    if cfg.dot or cfg.rows_apart or cfg.split_k != 1 or pro is None or not factored_one_row():
+    if cfg.dot or cfg.rows_apart or cfg.split_k != 1 or pro is None:
         return False
     norm = pro.norm
+    if not factored_one_row(layer_norm=norm is None):
+        return False
     if norm is None:
         return site.ln_sums is not None
     return (

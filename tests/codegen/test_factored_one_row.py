@@ -1,5 +1,5 @@
 """The one-row forms that apply their norm after the products (``gemm_prologue.FACTORED``,
-``AOTPACK_ONE_ROW_FACTORED=on``): an RMSNorm's statistic (``A @ W^T = r * ((g * x) @ W^T)``) and a
+``AOTPACK_ONE_ROW_FACTORED``): an RMSNorm's statistic (``A @ W^T = r * ((g * x) @ W^T)``) and a
 LayerNorm through the column sums the build computes (``norm_sums``: ``A @ W^T = rstd * ((x *
 scale) @ W^T) - rstd * mean * (W @ scale) + W @ shift``), so that a block's products need not wait
 for its row's statistics.
@@ -9,9 +9,9 @@ them the stacked gate/up's) and ``gemm_gpt2.py`` (float16, GPT-2's LayerNorm wit
 and shift before fc) run the ``_factored`` forms at one row; every kernel of their plans matches
 the library steps it replaces in Triton's interpreter (``aot.dtypes.TOLERANCE``: half 1e-2 +
 1e-2·|ref|) and repeats bit for bit, the residual sum the forms write is exact, and the column
-sums equal W @ scale and W @ shift. Off (the default), the forms are the statistics-first ones
-and the build computes no sums. A form that drops the statistic, the mean's term or the shift's
-fails the comparison.
+sums equal W @ scale and W @ shift. Off, the forms are the statistics-first ones and the build
+computes no sums; by default ("rms") the RMSNorms factor and the LayerNorms do not (no sums). A
+form that drops the statistic, the mean's term or the shift's fails the comparison.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_factored_one_row_forms_match_in_the_interpreter(model, tmp_path):
     from aot.verify.interpret import interpret_in_subprocess
 
     forms, summed = CASES[model]
-    apart = _build(model, None)
+    apart = _build(model, "off")
     assert [n for n, _ in _one_row_plan(apart) if n.startswith(("gemm_norm_", "gemm_ln_"))] == forms
     assert not _sums(apart)  # off: no column sums
     compiled = _build(model, "on")
@@ -130,9 +130,24 @@ def test_a_wrong_factored_form_is_caught(model, old, new, tmp_path):
     assert failed, f"{name} without {old!r} passed"
 
 
+@pytest.mark.parametrize("model", list(CASES))
+def test_by_default_rms_norms_factor_and_layer_norms_do_not(model):
+    """The default ("rms"): ``gemm_rms16``'s RMSNorm forms factor, ``gemm_gpt2``'s LayerNorm form
+    keeps its statistics first and the build stores no column sums; "rms" set by hand is the same."""
+    forms, _ = CASES[model]
+    expected = [f + "_factored" for f in forms] if model == "gemm_rms16" else forms
+    for setting in (None, "rms"):
+        compiled = _build(model, setting)
+        assert [n for n, _ in _one_row_plan(compiled) if n.startswith(("gemm_norm_", "gemm_ln_"))] == expected
+        assert not _sums(compiled)
+
+
 def test_a_wrong_setting_is_a_clear_error(monkeypatch):
     from aot.errors import CodegenError
 
     monkeypatch.setenv(gemm_prologue.FACTORED_ENV, "yes")
-    with pytest.raises(CodegenError, match="expected 'on' or 'off'"):
-        gemm_prologue.factored_one_row()
+    with pytest.raises(CodegenError, match="expected 'on' .*, 'rms' .* or 'off'"):
+        gemm_prologue.factored_one_row(layer_norm=False)
+    monkeypatch.setenv(gemm_prologue.FACTORED_ENV, "RMS")  # any case
+    assert gemm_prologue.factored_one_row(layer_norm=False)
+    assert not gemm_prologue.factored_one_row(layer_norm=True)

@@ -62,7 +62,8 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
     }
     plans = _plans(compiled)
     apart = _plans(separate)
-    assert plans[1] == apart[1] == ["gemm_mm_vec_1x2x1024", "gemm_norm_mm_vec_1x2x1024"]
+    # (the RMSNorm applied after the GEMV's products: ``gemm_prologue.FACTORED``'s default)
+    assert plans[1] == apart[1] == ["gemm_mm_vec_1x2x1024", "gemm_norm_mm_vec_1x2x1024_factored"]
     for rows, tile in ((8, "16"), (32, "32")):
         assert apart[rows] == [
             f"gemm_mm_fews_splitk4_{tile}x64x128_partial",
