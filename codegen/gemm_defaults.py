@@ -141,6 +141,14 @@ BUILT_IN_FEW_ROWS = (
     None,
     "fewe_16x64x128",
 )  # small, small at long K (none: a small site of K >= LONG_K has N <= 1024, SMALL_SLICED), vocabulary
+# Llama-3.2-1B's o (8 MiB) makes 64 blocks of 32 columns on gemv_16x32x128 (7.45 us a layer on
+# the step's chain at 8 rows, against about 3 for its one-row GEMV at batch 1). On
+# ``gemv_16x16x256`` (128 blocks) its first 8 layers at batch 8 took 0.5399 ms a token against
+# 0.5298 (1.9% slower, 12 of 12 rounds; bench/results/decode/paired-llama-3.2-1b-8layers-b8-o-tile-
+# 16-wide-h200-2026-12-04c.json), but not like for like: its 128 column tiles pass
+# ``gemm_stats.MAX_TILES`` (64), so the RMSNorm statistics join with gate/up fell away and the norm
+# kernel came back (71 launches a step against 63, about 2 us each at 8 rows); the tile alone was
+# not measured.
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # ... but where N is under SLICED_SMALL_N and K at least SLICED_SMALL_K (a down projection: GPT-2's
 # mlp out, 3072 -> 768; the example mlp's 4096 -> 1024), tune's tile of 32 rows makes 24-32 blocks
@@ -275,7 +283,11 @@ FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 #   (10 of 16 rounds: no gain; its greedy tokens part at the fifth step, the sums' order changed,
 #   random weights' logits lie close), and the 0.58B Llama (K 2048) took 0.389 ms a token with
 #   four rows in a process of its own (0.374-0.378 with two in earlier commands, not paired);
-#   so K past SHORT_K keeps two rows.
+#   so K past SHORT_K keeps two rows. With the RMSNorm applied after the products (the default
+#   since 2026-12-04, ``gemm_prologue.FACTORED``) again (bench/results/decode/paired-llama-3.2-1b-
+#   8layers-{four-rows-factored,vec-1x2x512}-h200-2026-12-04c.json, 12 rounds): four rows 0.4493
+#   against two rows' 0.4504 (7 of 12 rounds: a tie), ``vec_1x2x512`` (two rows, 4 warps, K in
+#   steps of 512) 0.4848: 7% slower.
 # ONE_ROW_PROLOGUE (or ONE_ROW_PROLOGUE_ENV, for a build) names the one-row form of every such
 # site instead, for measuring.
 PROLOGUE_ROWS = {"vec_1x2x1024": "vec_1x4x1024"}

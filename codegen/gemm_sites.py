@@ -117,7 +117,13 @@ LAYER_NORM = "aten.native_layer_norm.default"
 # GPT-2, one command) the head with the LayerNorm in its prologue took 0.2436 ms a token against
 # 0.2335 with the norm kernel (batch 8: 0.415 against 0.406), one launch fewer: each of the head's
 # 12,564 blocks (four rows of K 768, six waves) computes the row's statistics again before its
-# products, which costs the head more than the norm kernel and its launch.
+# products, which costs the head more than the norm kernel and its launch. Where the norm is an
+# RMSNorm applied after the products (``gemm_prologue.FACTORED``, the default since 2026-12-04)
+# the blocks need not wait for the statistics: Llama-3.2-1B's first 8 layers at batch 1 0.4468
+# against 0.4476 ms a token (0.2% faster, 12 of 12 rounds, the same tokens; one launch fewer;
+# bench/results/decode/paired-llama-3.2-1b-8layers-sliced-prologue-h200-2026-12-04c.json). Left
+# off: the rule would change the vocabulary head at 2-32 rows too (its ``fewe_`` form with the
+# norm in its prologue), not measured there.
 SLICED_PROLOGUE_ENV = "AOTPACK_SLICED_PROLOGUE"
 
 
