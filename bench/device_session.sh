@@ -170,8 +170,9 @@ for item in "$@"; do
     # batch=1), MODEL's bundle from .bundles, else built here from models/; HOST_AB=N: N rounds of
     # calls bound to their own tensors against a runner that copies them (aot.loader.bindings)
     host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; b=.bundles/$m.tpk; [ -f "$b" ] || b=/tmp/host/$m.tpk; cmd=(bash -c "test -f $b || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o $b; for s in $sizes; do python3 bench/host_path.py $m $b --sizes \$s ${HOST_AB:+--ab $HOST_AB} --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
-    # gpu-k: the GPU tests of tests/gpu whose ids match GPU_K (pytest's -k), e.g. "gemma2 or copy"
-    gpu-k) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu -k "${GPU_K:?set GPU_K}") ;;
+    # gpu-k: the GPU tests of tests/gpu whose ids match GPU_K (pytest's -k), e.g. "gemma2 or copy",
+    # a line per test as it ends (a run cut off by its step's limit still names what passed)
+    gpu-k) cmd=(python3 -m pytest -m gpu -v -rs -rf tests/gpu -k "${GPU_K:?set GPU_K}") ;;
     # the torch loader's CUDA-graph calls against eager (inputs and outputs copied by the driver),
     # borrowed outputs and memory: mlp, gpt and cnn built here where .bundles lacks them
     gpu-runtime) mkdir -p .bundles; cmd=(bash -c "for m in mlp gpt cnn; do test -f .bundles/\$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/\$m.py -o .bundles/\$m.tpk || exit 1; done; python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_gpu_runtime.py tests/gpu/test_memory_gpu.py") ;;
