@@ -80,6 +80,7 @@ from aot.codegen.gemm_forms import (
     TileConfig,
 )
 from aot.codegen.gemm_sites import Site, find_sites
+from aot.codegen.kernel_source import setting
 from aot.dtypes import ITEMSIZE
 from aot.errors import CodegenError
 from aot.schema import Program, TuningChoice, TuningTable
@@ -395,25 +396,15 @@ def few_row_forms() -> FewRows:
     return FewRows(*forms, prologue=prologue, every_site=every)
 
 
-def _setting(env: str, default: str, choices: tuple[str, ...] = ("on", "off")) -> str:
-    """A setting among ``choices``: the environment's ``env`` where set, else ``default``; any
-    other value is a CodegenError that names the choices."""
-    text = os.environ.get(env, "").strip() or default
-    if text not in choices:
-        expected = " or ".join((", ".join(repr(c) for c in choices[:-1]), repr(choices[-1])))
-        raise CodegenError(f"{env}={text!r}: expected {expected}")
-    return text
-
-
 def many_rows() -> str:
     """Where tiles run at 33-MANY_ROWS_MAX rows: "on", "split", "short" or "off" (MANY_ROWS, or the
     environment's where set)."""
-    return _setting(MANY_ROWS_ENV, MANY_ROWS, ("on", "split", "short", "off"))
+    return setting(MANY_ROWS_ENV, MANY_ROWS, ("on", "split", "short", "off"))
 
 
 def _on(env: str, default: str) -> bool:
     """Whether a setting of "on" or "off" (``default``, or the environment's ``env`` where set) is on."""
-    return _setting(env, default) == "on"
+    return setting(env, default, ("on", "off")) == "on"
 
 
 def many_row_tile(n: int, sliced: bool = False) -> str:

@@ -22,8 +22,8 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.gemm_epilogue import BINARY, NoSite, float_cast, spec_of
 from aot.codegen.gemm_forms import ROUND
+from aot.codegen.kernel_source import setting
 from aot.codegen.triton_types import FLOAT_DTYPES
-from aot.errors import CodegenError
 from aot.program import RESHAPE_VIEWS
 from aot.schema import Buf, MemoryFormat, Step, StepKind, TensorSpec
 
@@ -120,12 +120,7 @@ def factored_one_row(layer_norm: bool) -> bool:
     """Whether the one-row forms apply a LayerNorm (``layer_norm``) or a row norm (an RMSNorm)
     after their products: ``AOTPACK_ONE_ROW_FACTORED`` where set, else ``FACTORED``; a value
     other than ``FACTORED_SETTINGS`` is a ``CodegenError``."""
-    text = os.environ.get(FACTORED_ENV, "").strip().lower() or FACTORED
-    if text not in FACTORED_SETTINGS:
-        raise CodegenError(
-            f"{FACTORED_ENV}={text!r}: expected 'on' (every norm after the products), 'rms' (RMSNorms "
-            "only: the default) or 'off' (the statistics first); unset it for the default"
-        )
+    text = setting(FACTORED_ENV, FACTORED, FACTORED_SETTINGS, any_case=True)
     return text == "on" or (text == "rms" and not layer_norm)
 
 

@@ -462,13 +462,21 @@ def launch_after(condition: str) -> tuple[str, ...]:
     )
 
 
+def setting(env: str, default: str, choices: tuple[str, ...], any_case: bool = False) -> str:
+    """A build setting among ``choices``: the environment variable ``env`` where set (in any case
+    where ``any_case``), else ``default``; any other value is a ``CodegenError`` naming the choices."""
+    text = os.environ.get(env, "").strip()
+    text = (text.lower() if any_case else text) or default
+    if text not in choices:
+        expected = " or ".join((", ".join(repr(c) for c in choices[:-1]), repr(choices[-1])))
+        raise CodegenError(f"{env}={text!r}: expected {expected}")
+    return text
+
+
 def on_off(env: str, default: str) -> bool:
     """A build switch: the environment variable ``env`` where set ("on" or "off", in any case),
     else ``default``; any other value is a ``CodegenError`` naming the two."""
-    text = os.environ.get(env, "").strip().lower() or default
-    if text not in ("on", "off"):
-        raise CodegenError(f"{env}={text!r}: expected 'on' or 'off'")
-    return text == "on"
+    return setting(env, default, ("on", "off"), any_case=True) == "on"
 
 
 def launch_first() -> bool:
