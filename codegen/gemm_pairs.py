@@ -249,12 +249,12 @@ class Joined:
         replaces); unfused (``first_parts``), the first site's last kernel carries the first's
         and the last kernel the second's, so that ``aotpack verify`` and the interpreter check
         each site's kernels against that site's own steps."""
-        ends = {len(self.parts) - 1: self.pair.reference}
-        if self.first_parts:
-            ends = {
-                self.first_parts - 1: self.pair.first.reference,
-                len(self.parts) - 1: self.pair.second.reference,
-            }
+        last = len(self.parts) - 1
+        ends = (
+            {self.first_parts - 1: self.pair.first.reference, last: self.pair.second.reference}
+            if self.first_parts
+            else {last: self.pair.reference}
+        )
         out = []
         for i, part in enumerate(self.parts):
             if isinstance(part, Step):
