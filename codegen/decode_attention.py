@@ -97,6 +97,13 @@ kernel against the two: GPT-2 small 0.260 against 0.286 at batch 1, 0.424 agains
 8; the 0.58B Llama 0.385 against 0.397, 0.553 against 0.568; the same tokens. With the kernel
 after launched from the prologue, the Llama's batch 8 took 0.652 (its attention kernel alone,
 dependent launch off, 7.3 µs against 5.7 + 2.6 for the two).
+
+At Llama-3.2-1B's 160-slot bench cache the one kernel of 2 or 4 splits still lost to the one-kernel
+form (H200, 2026-12-04, its first 8 layers at batch 1, ``bench/decode_paired.py``, 12 rounds,
+``bench/results/decode/paired-llama-3.2-1b-8layers-b1-attention-split-{2,4}-h200-2026-12-04d.json``):
+0.4580 (2 splits) and 0.4743 (4) ms a token against 0.4520 and 0.4496, slower in 12 of 12 rounds
+each. The cache's keys and values load before the wait either way; the split's arrival count and
+combine add to the step's chain what its 16 or 32 programs save.
 """
 
 from __future__ import annotations

@@ -37,7 +37,9 @@ LOG2E = 1.4426950408889634
 WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
 # 2, 4, 8 or 16: every decode attention program's warps, for measuring. 4 instead of the rule's 8
 # (Llama-3.2-1B's 160-slot cache, one 256 x 64 key tile a program) took its first 8 layers at
-# batch 1 from 0.452 to 0.479 ms a token on an H200 (2026-12-04).
+# batch 1 from 0.452 to 0.479 ms a token on an H200 (2026-12-04); 16 took them to 0.4605 against
+# 0.4512 (paired, 12 of 12 rounds slower; bench/results/decode/paired-llama-3.2-1b-8layers-b1-
+# attention-16-warps-h200-2026-12-04d.json).
 WARPS_ENV = "AOTPACK_DECODE_WARPS"
 
 

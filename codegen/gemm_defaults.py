@@ -148,8 +148,11 @@ BUILT_IN_FEW_ROWS = (
 # 0.5298 (1.9% slower, 12 of 12 rounds; bench/results/decode/paired-llama-3.2-1b-8layers-b8-o-tile-
 # 16-wide-h200-2026-12-04c.json), but not like for like: its 128 column tiles pass
 # ``gemm_stats.MAX_TILES`` (64), so the RMSNorm statistics join with gate/up fell away and the norm
-# kernel came back (71 launches a step against 63, about 2 us each at 8 rows); the tile alone was
-# not measured.
+# kernel came back (71 launches a step against 63, about 2 us each at 8 rows). Like for like (its
+# MAX_TILES raised to 128 in gemm_stats and gemm_pairs: the join kept, 63 launches both) it still
+# lost: 0.5351 against 0.5307 (0.8% slower, 10 of 12 rounds; paired-llama-3.2-1b-8layers-b8-o-tile-
+# 16-wide-128-tiles-h200-2026-12-04d.json). Whether o's twice the blocks gained and gate/up's
+# twice the statistics tiles (a [128, 16] pair in its registers) took it back was not separated.
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # ... but where N is under SLICED_SMALL_N and K at least SLICED_SMALL_K (a down projection: GPT-2's
 # mlp out, 3072 -> 768; the example mlp's 4096 -> 1024), tune's tile of 32 rows makes 24-32 blocks
