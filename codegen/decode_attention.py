@@ -121,7 +121,7 @@ from aot.codegen.decode_attention_render import (
     render_split_decode_attention,
 )
 from aot.codegen.decode_sites import DecodeSite, find_decode_sites
-from aot.codegen.kernel_source import launch_first
+from aot.codegen.kernel_source import launch_first, setting
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.errors import CodegenError, counted
 from aot.program import VIEW_OPS, readers_of, state_aliases, state_next, step_reads, step_writes
@@ -162,15 +162,7 @@ def split_setting() -> str | int | None:
 def combine_in_kernel() -> bool:
     """``AOTPACK_DECODE_COMBINE`` as read now: whether the split form combines in its one kernel
     (unset, or ``kernel``) or in a kernel of its own (``separate``)."""
-    text = os.environ.get(COMBINE_ENV, "").strip()
-    if text in ("", "kernel"):
-        return True
-    if text == "separate":
-        return False
-    raise CodegenError(
-        f"{COMBINE_ENV}={text!r}: expected 'kernel' (the split-KV decode attention combines in its one "
-        "kernel) or 'separate' (a combine kernel of its own); unset it for the default"
-    )
+    return setting(COMBINE_ENV, "kernel", ("kernel", "separate")) == "kernel"
 
 
 def max_rows(site: DecodeSite, ranges: dict[str, tuple[int, int]]) -> int | None:

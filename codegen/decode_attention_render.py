@@ -7,7 +7,6 @@ steps; this module writes the kernels.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,12 +22,12 @@ from aot.codegen.kernel_source import (
     kernel_module,
     launch_after,
     online_softmax_lines,
+    setting,
     signature_of,
 )
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
-from aot.errors import CodegenError
 from aot.schema import Buf, KernelParam, ParamKind, Sym, TensorSpec
 
 HEURISTIC = "decode-attention-v1"
@@ -45,11 +44,9 @@ WARPS_ENV = "AOTPACK_DECODE_WARPS"
 
 def _warps(tile: int) -> int:
     """A program's warps: ``WARPS_ENV`` where set, else by its key tile (``WIDE_TILE``)."""
-    given = os.environ.get(WARPS_ENV, "").strip()
-    if not given:
+    given = setting(WARPS_ENV, None, ("2", "4", "8", "16"))
+    if given is None:
         return 8 if tile >= WIDE_TILE else 4
-    if given not in ("2", "4", "8", "16"):
-        raise CodegenError(f"{WARPS_ENV}={given!r}: expected 2, 4, 8 or 16 (or unset for the default)")
     return int(given)
 
 

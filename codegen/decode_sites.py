@@ -6,7 +6,6 @@ over; that module says what each form is."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +16,7 @@ from aot.codegen.attention import SDPA, sdpa_call
 from aot.codegen.cache_writes import Strided, strided_view, write_args
 from aot.codegen.gemm_epilogue import NoSite
 from aot.codegen.gemm_prologue import RowNorm, lower_row_norm
+from aot.codegen.kernel_source import on_off
 from aot.program import VIEW_OPS, tensor_specs
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
@@ -33,6 +33,12 @@ POSITION_DTYPES = ("int64", "int32")
 
 # "off": a per-head norm before the rotary stays a kernel of its own (``_head_norm``), for measuring
 HEAD_NORM_ENV = "AOTPACK_DECODE_HEAD_NORM"
+
+
+def head_norms() -> bool:
+    """Whether a per-head norm before the rotary folds into the attention kernel
+    (``AOTPACK_DECODE_HEAD_NORM``: "on", the default, or "off")."""
+    return on_off(HEAD_NORM_ENV, "on")
 
 
 @dataclass(frozen=True)
@@ -338,7 +344,7 @@ def rotary_of(
     both = replace(program, steps=program.steps + kernel_step.reference)  # views inside the kernel too
     view, norm, normed = strided_view(x.name, both), None, set()
     if view is not None and view.base in local:  # computed in this kernel: a norm of each head?
-        if rest is not None or half_tables or os.environ.get(HEAD_NORM_ENV, "").strip() == "off":
+        if rest is not None or half_tables or not head_norms():
             return None
         headed = _head_norm(
             program, p, local, kernel_step.reference, view, batch, heads, head_dim, dtype, both

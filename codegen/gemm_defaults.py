@@ -382,10 +382,8 @@ def few_row_forms() -> FewRows:
                 f"{FEW_ROWS_ENV}={text!r}: expected 'off' or '<form>[,<form at K >= {LONG_K}>"
                 f"[,<form at N >= {WIDE_N}>]]' with forms among {', '.join(names)}"
             )
-    flag = os.environ.get(FEW_ROWS_PROLOGUE_ENV, "").strip()
-    if flag:
-        if flag not in ("0", "1"):
-            raise CodegenError(f"{FEW_ROWS_PROLOGUE_ENV}={flag!r}: expected '0' or '1'")
+    flag = setting(FEW_ROWS_PROLOGUE_ENV, None, ("0", "1"))
+    if flag is not None:
         prologue = flag == "1"
     for name in forms:
         if name is not None and name not in names:

@@ -29,7 +29,6 @@ column tile instead (``gemm_stats``; by default only the 16-row tiles of 2-16 ro
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -44,18 +43,18 @@ from aot.codegen.gemm_stats import (
     stats_tiles,
     sum_spec,
 )
-from aot.codegen.kernel_source import on_off
+from aot.codegen.kernel_source import on_off, setting
 from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
 from aot.codegen.render import Rendered, kernel_id, kernel_step
-from aot.errors import CodegenError
 from aot.program import readers_of
 from aot.schema import Program, Step, TensorSpec
 from aot.tuning import MAX_CANDIDATE_STEPS
 
-# "off" (or "0"): keep the sites apart; "rms": join at a row norm (RMSNorm) only; anything else
-# (the default): at a LayerNorm too. (The reduce's first form, whose loads the compiler spread out
+# "off" (or "0"): keep the sites apart; "rms": join at a row norm (RMSNorm) only; "on" (the
+# default): at a LayerNorm too; anything else is a CodegenError. (The reduce's first form, whose loads the compiler spread out
 # in several waves of memory latency, made GPT-2 slower joined: 0.371 against 0.361 ms a token.)
 ENV = "AOTPACK_REDUCE_NORM"
+REDUCE_NORM_MODES = ("on", "rms", "off")
 
 
 # Where the first site runs a tensor-core tile without K slices and the second its tile after a
@@ -113,11 +112,7 @@ STATS_MAX_BLOCK_M = 16
 
 def tile_stats_mode() -> str:
     """TILE_STATS, or ``AOTPACK_TILE_STATS`` where set ("0" reads as "off")."""
-    text = os.environ.get(TILE_STATS_ENV, "").strip().lower() or TILE_STATS
-    text = "off" if text == "0" else text
-    if text not in TILE_STATS_MODES:
-        raise CodegenError(f"{TILE_STATS_ENV}={text!r}: expected one of {', '.join(TILE_STATS_MODES)}")
-    return text
+    return setting(TILE_STATS_ENV, TILE_STATS, TILE_STATS_MODES, any_case=True, aliases={"0": "off"})
 
 
 def tile_stats() -> bool:
@@ -125,14 +120,19 @@ def tile_stats() -> bool:
     return tile_stats_mode() != "off"
 
 
+def _reduce_norm() -> str:
+    """``AOTPACK_REDUCE_NORM`` as read now: "on" (unset), "rms" or "off" ("0" reads as "off")."""
+    return setting(ENV, "on", REDUCE_NORM_MODES, any_case=True, aliases={"0": "off"})
+
+
 def enabled() -> bool:
-    """``AOTPACK_REDUCE_NORM`` as read now: on unless "off" or "0"."""
-    return os.environ.get(ENV, "").strip().lower() not in ("off", "0")
+    """Whether a split-K reduce may run the next norm (``AOTPACK_REDUCE_NORM`` not "off")."""
+    return _reduce_norm() != "off"
 
 
 def layer_norms() -> bool:
     """Whether a reduce may run a LayerNorm too (unless ``AOTPACK_REDUCE_NORM=rms``)."""
-    return os.environ.get(ENV, "").strip().lower() != "rms"
+    return _reduce_norm() == "on"
 
 
 class Pending(NamedTuple):

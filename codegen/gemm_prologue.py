@@ -14,7 +14,6 @@ the roundings. One more row value that does not depend on the statistics may be 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import sympy
@@ -125,7 +124,7 @@ def factored_one_row(layer_norm: bool) -> bool:
 
 
 def _max_means() -> int:
-    return MAX_MEANS if os.environ.get(MEANS_ENV, "").strip() == str(MAX_MEANS) else 1
+    return int(setting(MEANS_ENV, "1", ("1", str(MAX_MEANS))))
 
 
 def _round(expr: str, dtype: str) -> str:

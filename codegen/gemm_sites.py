@@ -5,7 +5,6 @@ the LayerNorm or row-norm (RMSNorm) kernel before it (its prologue)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,11 +16,10 @@ from aot.codegen.embeddings import INDEX_DTYPES, lookup_of
 from aot.codegen.gemm_epilogue import Epilogue, NoSite, spec_of
 from aot.codegen.gemm_forms import PROLOGUE_MAX_K, ROW_NORM_MAX_K
 from aot.codegen.gemm_prologue import RowNorm, gathered_input, is_copy, lower_row_norm
-from aot.codegen.kernel_source import launch_first
+from aot.codegen.kernel_source import launch_first, on_off
 from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
 from aot.codegen.splice import whole_slice
 from aot.codegen.triton_types import FLOAT_DTYPES
-from aot.errors import CodegenError
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, state_aliases, state_next, step_reads
 from aot.schema import Buf, Program, Step, StepKind, TensorSpec
 
@@ -130,15 +128,7 @@ SLICED_PROLOGUE_ENV = "AOTPACK_SLICED_PROLOGUE"
 def through_slices() -> bool:
     """``AOTPACK_SLICED_PROLOGUE`` as read now: whether a norm prologue is found through whole
     slices (``on``) or not (unset or ``off``)."""
-    text = os.environ.get(SLICED_PROLOGUE_ENV, "").strip()
-    if text == "on":
-        return True
-    if text in ("", "off"):
-        return False
-    raise CodegenError(
-        f"{SLICED_PROLOGUE_ENV}={text!r}: expected 'on' (a norm kernel before a slice that keeps every "
-        "value is the next GEMM's prologue) or 'off' (it stays a kernel, the default)"
-    )
+    return on_off(SLICED_PROLOGUE_ENV, "off")
 
 
 def _row_major_rows(spec: TensorSpec | None, m: str, k: int, dtype: str) -> bool:

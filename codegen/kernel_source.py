@@ -14,14 +14,14 @@ block sizes are module-level constexprs.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 
+from aot import settings
 from aot.codegen import index as ix
 from aot.codegen.classify import VIEW_OPS
 from aot.codegen.index import Frag, Lin, Size
@@ -462,15 +462,16 @@ def launch_after(condition: str) -> tuple[str, ...]:
     )
 
 
-def setting(env: str, default: str, choices: tuple[str, ...], any_case: bool = False) -> str:
-    """A build setting among ``choices``: the environment variable ``env`` where set (in any case
-    where ``any_case``), else ``default``; any other value is a ``CodegenError`` naming the choices."""
-    text = os.environ.get(env, "").strip()
-    text = (text.lower() if any_case else text) or default
-    if text not in choices:
-        expected = " or ".join((", ".join(repr(c) for c in choices[:-1]), repr(choices[-1])))
-        raise CodegenError(f"{env}={text!r}: expected {expected}")
-    return text
+def setting(
+    env: str,
+    default: str | None,
+    choices: tuple[str, ...],
+    any_case: bool = False,
+    aliases: Mapping[str, str] | None = None,
+) -> str | None:
+    """A build setting among ``choices`` (``aot.settings.setting``): the environment variable
+    ``env`` where set, else ``default``; any other value is a ``CodegenError`` naming the choices."""
+    return settings.setting(env, default, choices, any_case=any_case, aliases=aliases, error=CodegenError)
 
 
 def on_off(env: str, default: str) -> bool:
@@ -482,12 +483,7 @@ def on_off(env: str, default: str) -> bool:
 def launch_first() -> bool:
     """Whether the kernels that may (``kernel_module(launch_first=)``) let the kernel after them
     start before their own wait: ``AOTPACK_LAUNCH_FIRST`` ("on"/"off"), else ``LAUNCH_FIRST``."""
-    text = os.environ.get(LAUNCH_FIRST_ENV, "").strip()
-    if not text:
-        return LAUNCH_FIRST
-    if text not in ("on", "off"):
-        raise CodegenError(f"{LAUNCH_FIRST_ENV}={text!r}: expected 'on' or 'off'; unset it for the default")
-    return text == "on"
+    return on_off(LAUNCH_FIRST_ENV, "on" if LAUNCH_FIRST else "off")
 
 
 def kernel_module(

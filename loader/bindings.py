@@ -42,13 +42,13 @@ for a driver whose change is cheaper.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from aot.errors import EnvError
 from aot.loader.cuda import ALIGNMENT, Function, Graph, capture_tail, pack_params
 from aot.loader.program import storage_span
+from aot.settings import setting
 
 DIRECT_BINDING_ENV = "AOTPACK_DIRECT_BINDING"
 # An input binds where at most this many kernel nodes read it: re-pointing a node took 2.9-6.2 µs
@@ -60,7 +60,7 @@ MAX_INPUT_NODES = 1
 
 def enabled() -> bool:
     """Off unless ``DIRECT_BINDING_ENV`` is ``1`` (the module docstring says why)."""
-    return os.environ.get(DIRECT_BINDING_ENV, "0").strip() == "1"
+    return setting(DIRECT_BINDING_ENV, "0", ("0", "1")) == "1"
 
 
 @dataclass

@@ -16,11 +16,11 @@ later; ``AOTPACK_DEPENDENT_LAUNCH=0`` turns it off.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Any
 
 from aot.errors import EnvError
+from aot.settings import setting
 
 ALIGNMENT = 16  # kernels assume 16-byte aligned pointers (the cubins were specialized so)
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -151,7 +151,7 @@ def driver_version() -> int:
 def dependent_launch_allowed(version: int) -> bool:
     """Whether kernels built for it may launch early under a driver of ``version``
     (``driver_version()``): CUDA 12.3 or later, and ``AOTPACK_DEPENDENT_LAUNCH`` not ``0``."""
-    if os.environ.get(DEPENDENT_LAUNCH_ENV, "1") == "0":
+    if setting(DEPENDENT_LAUNCH_ENV, "1", ("0", "1")) == "0":
         return False
     return version >= DEPENDENT_LAUNCH_DRIVER and hasattr(driver(), "cuLaunchKernelEx")
 

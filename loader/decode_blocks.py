@@ -30,13 +30,12 @@ On a CPU (tests) a block runs the same steps eagerly, one after the other.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from aot.errors import EnvError
+from aot.settings import setting
 
 GREEDY_ENV = "AOTPACK_GREEDY_KERNEL"  # "off": the ATen steps between decode steps, for measuring
 # Steps per block on a GPU: fewer launches and host round trips per token the more, but
@@ -233,9 +232,7 @@ class _Greedy:
 def greedy_kernel(gpu: Any) -> _Greedy | None:
     """The greedy kernel of ``gpu``'s program (a ``GpuProgram``), loaded; None where it has none,
     on a CPU, or with ``AOTPACK_GREEDY_KERNEL=off``."""
-    flag = os.environ.get(GREEDY_ENV, "").strip()
-    if flag not in ("", "on", "off"):
-        raise EnvError(f"{GREEDY_ENV}={flag!r}: expected 'on' or 'off'")
+    flag = setting(GREEDY_ENV, "on", ("on", "off"))
     if gpu is None or flag == "off" or not gpu.program.greedy:
         return None
     kernel = gpu.kernels.get(gpu.program.greedy)

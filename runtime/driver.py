@@ -11,11 +11,11 @@ one call.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Any
 
 from aot.errors import EnvError
+from aot.settings import setting
 
 # ``cuda.bindings.driver``, imported by the first ``Device`` (``_bindings``): its import (~0.1 s,
 # most of ``import aot.runtime`` before) then runs in the thread ``start`` makes the device in,
@@ -257,7 +257,7 @@ class Device:
     def dependent_launch(self) -> bool:
         return (
             self.driver_version >= DEPENDENT_LAUNCH_DRIVER
-            and os.environ.get(DEPENDENT_LAUNCH_ENV, "1") != "0"
+            and setting(DEPENDENT_LAUNCH_ENV, "1", ("0", "1")) == "1"
         )
 
     def capture(self, launch) -> Any:

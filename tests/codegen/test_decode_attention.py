@@ -432,5 +432,5 @@ def test_the_decode_attention_warps_setting(monkeypatch):
     monkeypatch.setenv(r.WARPS_ENV, "4")
     assert r._warps(r.WIDE_TILE * 4) == 4
     monkeypatch.setenv(r.WARPS_ENV, "3")
-    with pytest.raises(CodegenError, match="expected 2, 4, 8 or 16"):
+    with pytest.raises(CodegenError, match="expected '2', '4', '8' or '16'"):
         r._warps(1)
