@@ -1,6 +1,6 @@
 """What the command line tells a newcomer at the rough edges: a huge Dim max, a model the build
 would narrow, a rebuild over a signed bundle, a torch.save file given as --inputs, a GPU asked for
-where there is none, and counts that read right. Each pins the exit code and the line."""
+where there is none, a switch set to a wrong value, and counts that read right. Each pins the exit code and the line."""
 
 from __future__ import annotations
 
@@ -143,3 +143,15 @@ def test_a_narrowing_is_named_once_though_two_programs_meet_it(capsys, tmp_path)
             "--allow-narrowing (ModelSpec(allow_narrowing=True))"
         ],
     )
+
+
+def test_a_switch_set_to_a_wrong_value_stops_the_build_in_one_line(capsys, tmp_path, monkeypatch):
+    """An ``AOTPACK_*`` switch outside its choices (``docs/settings.md``) ends the build with one
+    line naming the variable, the value and the choices, and writes no bundle."""
+    out = tmp_path / "mlp.tpk"
+    monkeypatch.setenv("AOTPACK_LAUNCH_FIRST", "bogus")
+    code, lines = cli(capsys, "build", str(model_path("mlp")), "-o", str(out), "-q")
+    assert code == 1 and not out.exists()
+    assert lines == [
+        "error: AOTPACK_LAUNCH_FIRST='bogus': expected 'on' or 'off'; unset it for the default"
+    ], lines
