@@ -1,6 +1,7 @@
 """What the command line tells a newcomer at the rough edges: a huge Dim max, a model the build
 would narrow, a rebuild over a signed bundle, a torch.save file given as --inputs, a GPU asked for
-where there is none, a switch set to a wrong value, and counts that read right. Each pins the exit code and the line."""
+where there is none, a switch set to a wrong value, and counts that read right. Each pins the exit
+code and the line."""
 
 from __future__ import annotations
 
