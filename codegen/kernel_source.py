@@ -14,8 +14,9 @@ block sizes are module-level constexprs.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -462,16 +463,9 @@ def launch_after(condition: str) -> tuple[str, ...]:
     )
 
 
-def setting(
-    env: str,
-    default: str | None,
-    choices: tuple[str, ...],
-    any_case: bool = False,
-    aliases: Mapping[str, str] | None = None,
-) -> str | None:
-    """A build setting among ``choices`` (``aot.settings.setting``): the environment variable
-    ``env`` where set, else ``default``; any other value is a ``CodegenError`` naming the choices."""
-    return settings.setting(env, default, choices, any_case=any_case, aliases=aliases, error=CodegenError)
+# A build setting among its choices (``aot.settings.setting``): the environment variable where set,
+# else the default; any other value is a ``CodegenError`` naming the choices.
+setting = functools.partial(settings.setting, error=CodegenError)
 
 
 def on_off(env: str, default: str) -> bool:
