@@ -51,8 +51,9 @@ from aot.schema import Program, Step, TensorSpec
 from aot.tuning import MAX_CANDIDATE_STEPS
 
 # "off" (or "0"): keep the sites apart; "rms": join at a row norm (RMSNorm) only; "on" (the
-# default): at a LayerNorm too; anything else is a CodegenError. (The reduce's first form, whose loads the compiler spread out
-# in several waves of memory latency, made GPT-2 slower joined: 0.371 against 0.361 ms a token.)
+# default): at a LayerNorm too; anything else is a CodegenError. (The reduce's first form, whose
+# loads the compiler spread out in several waves of memory latency, made GPT-2 slower joined:
+# 0.371 against 0.361 ms a token.)
 ENV = "AOTPACK_REDUCE_NORM"
 REDUCE_NORM_MODES = ("on", "rms", "off")
 
@@ -132,7 +133,7 @@ def enabled() -> bool:
 
 def layer_norms() -> bool:
     """Whether a reduce may run a LayerNorm too (unless ``AOTPACK_REDUCE_NORM=rms``)."""
-    return _reduce_norm() == "on"
+    return _reduce_norm() != "rms"
 
 
 class Pending(NamedTuple):

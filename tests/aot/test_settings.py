@@ -72,8 +72,8 @@ SWITCHES = [
             None: (True, True),
             "on": (True, True),
             "rms": (True, False),
-            "off": (False, False),
-            "0": (False, False),
+            "off": (False, True),  # off: no pair is joined, at any norm
+            "0": (False, True),
         },
         CodegenError,
     ),
