@@ -4,6 +4,7 @@ variable, the value and the choices, never a silent default."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,7 +59,7 @@ def _greedy():
 
 def _call(module: str, name: str, *args):
     def read():
-        return getattr(__import__(f"aot.{module}", fromlist=[name]), name)(*args)
+        return getattr(importlib.import_module(f"aot.{module}"), name)(*args)
 
     return read
 
