@@ -21,6 +21,7 @@ from aot.codegen.kernel_source import (
     GDC_LAUNCH,
     kernel_module,
     launch_after,
+    on_off,
     online_softmax_lines,
     setting,
     signature_of,
@@ -48,6 +49,38 @@ def _warps(tile: int) -> int:
     if given is None:
         return 8 if tile >= WIDE_TILE else 4
     return int(given)
+
+
+# The one-kernel form's programs, one per row and query head, without tensor cores ("on"), or
+# one per row and KV head, its query heads a tile of the tensor cores' products ("off"): the
+# vector form keeps a block's keys and values in registers as loaded (both [BLOCK_D, BLOCK_N]),
+# the scores and the weighted values sums of products over the head dim and over the slots, so
+# that no shared-memory staging of the cache waits behind the dependent-launch wait, as the tile
+# form's does (bench/results/profiles/sass-decode-attention-llama-3.2-1b-b1-variants-sm90-
+# 2026-12-04d.txt); each program reads its KV head's cache again (G times in all, from L2 after
+# the first). VECTOR_FORM, or VECTOR_ENV where set.
+VECTOR_FORM = "off"
+VECTOR_ENV = "AOTPACK_DECODE_VECTOR"
+
+
+def vector_form() -> bool:
+    """Whether the one-kernel form runs as the vector form (VECTOR_FORM, or VECTOR_ENV where set)."""
+    return on_off(VECTOR_ENV, VECTOR_FORM)
+
+
+def _vector_softmax_lines() -> list[str]:
+    """The vector form's step of the online softmax (``online_softmax_lines``' for one query
+    head): the block's scores ``s`` ([BLOCK_N] fp32, log2 units) into the running max ``m_i`` and
+    sum ``l_i`` (scalars) and ``acc`` ([BLOCK_D]); each weight rounded to the values' dtype before
+    its product, as the tile form's dot takes it."""
+    return [
+        "m_new = tl.maximum(m_i, tl.max(s, 1))",
+        "alpha = tl.exp2(m_i - m_new)",
+        "p = tl.exp2(s - m_new[:, None])",
+        "l_i = l_i * alpha + tl.sum(p, 1)",
+        "acc = acc * alpha + tl.sum(v.to(tl.float32) * p.to(v.dtype).to(tl.float32), 1)",
+        "m_i = m_new",
+    ]
 
 
 NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
@@ -154,12 +187,18 @@ LAUNCH_FIRST_ROWS = "B == 1"
 COMBINED_FIRST = True
 
 
-def render_decode_attention(site: DecodeSite, launch_first: bool = False) -> Rendered:
-    """The kernel of one site: grid (B * KV,), one program per row and KV head. ``launch_first``:
-    at ``LAUNCH_FIRST_ROWS`` it lets the kernel after start before its own wait
-    (``kernel_source.launch_first_where``; only where the step after it does not touch the
-    program's state)."""
-    return _render_attention(site, 1, "", launch_first=LAUNCH_FIRST_ROWS if launch_first else False)
+def render_decode_attention(
+    site: DecodeSite, launch_first: bool = False, vector: bool | None = None
+) -> Rendered:
+    """The kernel of one site: grid (B * KV,), one program per row and KV head; or, ``vector``
+    (``vector_form()`` where None), grid (B * KV, G), one program per row and query head, without
+    tensor cores. ``launch_first``: at ``LAUNCH_FIRST_ROWS`` it lets the kernel after start before
+    its own wait (``kernel_source.launch_first_where``; only where the step after it does not touch
+    the program's state)."""
+    first = LAUNCH_FIRST_ROWS if launch_first else False
+    return _render_attention(
+        site, 1, "", launch_first=first, vector=vector_form() if vector is None else vector
+    )
 
 
 def render_split_decode_attention(
@@ -290,12 +329,15 @@ def _render_attention(
     counts: str = "",
     launch_first: bool | str = False,
     slices: Slices | None = None,
+    vector: bool = False,
 ) -> Rendered:
     """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its
     workspace), which also combines where ``counts`` names its arrival counters (the split form
-    in one kernel). ``slices``: q, k and v read as their projection's K slices (one-kernel form)."""
+    in one kernel). ``slices``: q, k and v read as their projection's K slices (one-kernel form).
+    ``vector``: the one-kernel form's programs one per query head, dot-free (``VECTOR_FORM``)."""
     split = splits > 1
     assert slices is None or not split
+    assert not (vector and (split or slices))
     combined = bool(counts)
     assert split or not combined
     d, groups = site.head_dim, site.heads // site.kv_heads
@@ -324,6 +366,12 @@ def _render_attention(
     name += "_capped" if site.softcap is not None else ""
     name += "_sinks" if site.sinks is not None else ""
     name += f"_sums{slices.slices}" if slices else ""
+    name += "_vector" if vector else ""
+    # a query head's tile and its broadcasts: [BLOCK_G, BLOCK_D] (the tile form) or [BLOCK_D] (the
+    # vector form's one head); the cache's values as loaded: [BLOCK_N, BLOCK_D], or as the keys,
+    # [BLOCK_D, BLOCK_N], in the vector form (so that the scores' layout weighs them as it is)
+    heads_ = "" if vector else "[:, None]"
+    lanes_ = "" if vector else "[None, :]"
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
@@ -338,7 +386,7 @@ def _render_attention(
         terms = (f"tl.load(rows_ws_ptr + {i} * rows_slice + {at}{rest})" for i in range(slices.slices))
         return f"(0.0 + {' + '.join(terms)}).to({tl_dtype})"
 
-    mask_d = "" if bd == d else " & (rd < HEAD_DIM)[None, :]"
+    mask_d = "" if bd == d else f" & (rd < HEAD_DIM){lanes_}"
     mask_dk = "" if bd == d else " & (rd < HEAD_DIM)[:, None]"
     head_mask = "" if bd == d else ", mask=rd < HEAD_DIM, other=0.0"
     # Where the cache is one block of slots and this kernel appends the step's key and value, the
@@ -369,7 +417,9 @@ def _render_attention(
         ]
     loads = [
         f"k = tl.load(k_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)",
-        f"v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
+        f"v = tl.load(v_ptr + cache + rn[None, :] * HEAD_DIM + rd[:, None], mask=valid_n[None, :]{mask_dk}, other=0.0)"
+        if vector
+        else f"v = tl.load(v_ptr + cache + rn[:, None] * HEAD_DIM + rd[None, :], mask=valid_n[:, None]{mask_d}, other=0.0)",
     ]
     first_slot = "lo + " if split else ""
     if loads_early:
@@ -379,7 +429,16 @@ def _render_attention(
     q_norm, q_partner_of, k_norm, k_partner_of = [], None, [], None
     qn_ptrs = [f"qnv{i}_ptr" for i in range(len(qr.norm.vectors))] if qr and qr.norm else []
     kn_ptrs = [f"knv{i}_ptr" for i in range(len(kr.norm.vectors))] if kr and kr.norm else []
-    if qn_ptrs:
+    if qn_ptrs and vector:  # one head: a tile of one row, as the new key's below
+        lines, out = _norm_lines(qr.norm, "qn", "q[None, :]", qn_ptrs, "rd", True)
+        q_norm = ["# the query head normed (its norm's statistics over the head), then rotated", *lines]
+        q_norm.append(f"q = tl.reshape({out}, (BLOCK_D,)).to({tl_dtype})")
+
+        def q_partner_of(load: str) -> tuple[list[str], str]:
+            lines, out = _norm_lines(qr.norm, "qn", f"({load})[None, :]", qn_ptrs, "q_partner", False)
+            return lines, f"tl.reshape({out}, (BLOCK_D,))"
+
+    elif qn_ptrs:
         lines, out = _norm_lines(qr.norm, "qn", "q", qn_ptrs, "rd", True)
         q_norm = ["# each query head normed (its norm's statistics over the head), then rotated", *lines]
         q_norm.append(f"q = {out}.to({tl_dtype})")
@@ -397,8 +456,12 @@ def _render_attention(
             return lines, f"tl.reshape({out}, (BLOCK_D,))"
 
     body = [
-        "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
-        "valid_g = rg < GROUPS",
+        "rg = tl.program_id(1)  # this program's query head, kh * GROUPS + rg"
+        if vector
+        else "rg = tl.arange(0, BLOCK_G)  # the query heads kh * GROUPS + rg sharing this KV head",
+        "valid_g = rd >= 0  # (the grid's second dim is GROUPS) a mask of the head's shape"
+        if vector
+        else "valid_g = rg < GROUPS",
         "h = kh * GROUPS + rg",
         *(
             ["rows_slice = B * ROWS_WIDTH  # one K slice's partial sums: [B, ROWS_WIDTH] fp32"]
@@ -408,8 +471,8 @@ def _render_attention(
         "q = "
         + new_rows(
             "q_ptr",
-            f"b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + rd[None, :]",
-            f", mask=valid_g[:, None]{mask_d}, other=0.0",
+            f"b * Q_BATCH + Q_COLUMN + h{heads_} * {q_head} + rd{lanes_}",
+            f", mask=valid_g{heads_}{mask_d}, other=0.0",
         ),
         *q_norm,
         *(
@@ -418,10 +481,10 @@ def _render_attention(
                 "q",
                 new_rows(
                     "q_ptr",
-                    f"b * Q_BATCH + Q_COLUMN + h[:, None] * {q_head} + q_partner[None, :]",
-                    ", mask=valid_g[:, None] & q_turn[None, :], other=0.0",
+                    f"b * Q_BATCH + Q_COLUMN + h{heads_} * {q_head} + q_partner{lanes_}",
+                    f", mask=valid_g{heads_} & q_turn{lanes_}, other=0.0",
                 ),
-                "[None, :]",
+                lanes_,
                 qr_tables,
                 tl_dtype,
                 qr.half_tables,
@@ -430,14 +493,26 @@ def _render_attention(
             if qr
             else ()
         ),
-        "m_i = tl.full((BLOCK_G,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
-        "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
-        "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
+        *(
+            [
+                "m_i = tl.full((1,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
+                "l_i = tl.zeros((1,), dtype=tl.float32)",
+                "acc = tl.zeros((BLOCK_D,), dtype=tl.float32)",
+            ]
+            if vector
+            else [
+                "m_i = tl.full((BLOCK_G,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
+                "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
+                "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
+            ]
+        ),
     ]
     if site.sinks is not None:  # the head's sink: a slot of no value whose weight joins the denominator
         body += [
-            "sink = tl.load(sinks_ptr + h, mask=valid_g, other=0.0).to(tl.float32) * LOG2E",
-            f"first = valid_g{' & (split == 0)' if split else ''}  # one program of the head counts it",
+            "sink = tl.load(sinks_ptr + h).to(tl.float32) * LOG2E"
+            if vector
+            else "sink = tl.load(sinks_ptr + h, mask=valid_g, other=0.0).to(tl.float32) * LOG2E",
+            f"first = {'rg < GROUPS' if vector else 'valid_g'}{' & (split == 0)' if split else ''}  # one program of the head counts it",
             "m_i = tl.where(first, sink, m_i)",
             "l_i = tl.where(first, 1.0, l_i)  # exp2(sink - m_i)",
         ]
@@ -472,6 +547,11 @@ def _render_attention(
                 if split
                 else "put = (rd < HEAD_DIM) & (slot >= 0) & (slot < CONTEXT)  # the loader checks pos; never out of the cache"
             ),
+            *(
+                ["put = put & (rd * 0 + rg == 0)  # one program of the KV head's query heads stores"]
+                if vector
+                else []
+            ),
             "tl.store(k_ptr + cache + pos * HEAD_DIM + rd, kn, mask=put)",
             "tl.store(v_ptr + cache + pos * HEAD_DIM + rd, vn, mask=put)",
         ]
@@ -486,13 +566,22 @@ def _render_attention(
     if a:
         block += [
             "k = tl.where((rn == pos)[None, :], kn[:, None], k)",
-            "v = tl.where((rn == pos)[:, None], vn[None, :], v)",
+            "v = tl.where((rn == pos)[None, :], vn[:, None], v)"
+            if vector
+            else "v = tl.where((rn == pos)[:, None], vn[None, :], v)",
         ]
+    # the vector form's q k^T: the products exact in fp32 (as the tensor cores' on 16-bit
+    # operands), summed over the head dim
+    qk = (
+        "tl.sum(q.to(tl.float32)[:, None] * k.to(tl.float32), 0, keep_dims=True)"
+        if vector
+        else f"tl.dot(q, k{precision})"
+    )
     if site.softcap is None:
-        block.append(f"s = tl.dot(q, k{precision}) * SCALE_LOG2E  # scores in log2 units")
+        block.append(f"s = {qk} * SCALE_LOG2E  # scores in log2 units")
     else:  # c * tanh(s / c), tanh(x) = 2 / (1 + e^(-2x)) - 1 (the limits exact: e^(-2x) 0 or inf)
         block += [
-            f"s = tl.dot(q, k{precision}) * SCALE",
+            f"s = {qk} * SCALE",
             "s = SOFTCAP * (2.0 / (1.0 + tl.exp2(s * (-2.0 * LOG2E / SOFTCAP))) - 1.0)  # capped",
             "s = s * LOG2E  # scores in log2 units",
         ]
@@ -507,7 +596,7 @@ def _render_attention(
             )
     block += [
         "s = tl.where(keep[None, :], s, float('-inf'))",
-        *online_softmax_lines(precision),
+        *(_vector_softmax_lines() if vector else online_softmax_lines(precision)),
     ]
     if one_block:
         body += block
@@ -537,8 +626,8 @@ def _render_attention(
             ]
     else:
         body += [
-            "acc = acc / l_i[:, None]",
-            f"tl.store(out_ptr + (b * HEADS + h[:, None]) * HEAD_DIM + rd[None, :], acc.to({tl_dtype}), mask=valid_g[:, None]{mask_d})",
+            f"acc = acc / l_i{heads_}",
+            f"tl.store(out_ptr + (b * HEADS + h{heads_}) * HEAD_DIM + rd{lanes_}, acc.to({tl_dtype}), mask=valid_g{heads_}{mask_d})",
         ]
     params = [
         KernelParam("rows_ws_ptr", ParamKind.PTR, "float32")
@@ -667,7 +756,11 @@ def _render_attention(
             consts.update(K_HEAD=kr.head_stride)
         if not shared_tables:
             consts.update(K_ROT_BATCH=kr.batch_stride)
-    grid = (ix.size_text(ix.parse_size(site.batch) * site.kv_heads), *((str(splits),) if split else ()))
+    grid = (
+        ix.size_text(ix.parse_size(site.batch) * site.kv_heads),
+        *((str(splits),) if split else ()),
+        *((str(groups),) if vector else ()),
+    )
     mask_doc = ""
     if site.mask is not None:
         mask_doc = f"mask: {'bool (True: attend)' if bool_mask else 'additive'} [B or 1, C] rows; "
@@ -685,6 +778,11 @@ def _render_attention(
         + f"B = {batch}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
+    if vector:
+        doc[-1:-1] = [
+            "One program per row and query head (grid's second dim), without tensor cores: its KV head's keys and",
+            "values as loaded ([D, slots] each), the scores and the output sums of fp32 products.",
+        ]
     if split:
         doc[0] = (
             f"Decode attention, split-KV partials: softmax({scores} + mask) v over one of {splits} "
@@ -749,6 +847,7 @@ def _render_attention(
         "kind": ("decode_attention_split_combined" if combined else "decode_attention_split")
         if split
         else "decode_attention",
+        **({"vector": True} if vector else {}),
         **({"SPLITS": splits} if split else {}),
         "BLOCK_G": bg,
         "BLOCK_N": bn,

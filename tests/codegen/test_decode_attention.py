@@ -28,7 +28,12 @@ CASES = [
     ("append_bool_mask_fp32", "float32", 3, 4, 2, 8, 32, False, False, True, 0),
     # a head dim of 256 (Gemma's): blocks of 64 slots, so that two stages fit shared memory
     ("append_d256_fp16", "float16", 1, 4, 2, 256, 160, True, False, False, 130),
+    # bfloat16: the vector form only (no tl.dot), Llama-3.2-1B's heads at its bench cache's length
+    ("append_gqa_bf16", "bfloat16", 1, 32, 8, 64, 160, True, False, False, 150),
 ]
+# the one-kernel form's two kinds (``decode_attention_render.VECTOR_FORM``): one program per KV
+# head on the tensor cores ("tile"), or one per query head without them ("vector")
+FORMS = ("tile", "vector")
 
 SCRIPT = r"""
 import importlib.util, json, math, sys, tempfile
@@ -38,7 +43,8 @@ from aot.codegen.decode_sites import Append, DecodeSite, NewRows
 
 cases = json.loads(sys.argv[1]) if len(sys.argv) > 1 else CASES
 out = {}
-for name, dtype, B, H, KV, D, C, projection, shared, boolean, slot in cases:
+runs = [(c, form) for c in cases for form in ("tile", "vector") if form == "vector" or c[1] != "bfloat16"]
+for (name, dtype, B, H, KV, D, C, projection, shared, boolean, slot), form in runs:
     torch.manual_seed(hash(name) % 1000)
     dt = getattr(torch, dtype)
     width = (H + 2 * KV) * D if projection else H * D  # a fused projection: q, then k, then v
@@ -76,14 +82,15 @@ for name, dtype, B, H, KV, D, C, projection, shared, boolean, slot in cases:
         context=C, head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype,
         mask_dtype="bool" if boolean else dtype, append=append,
     )
-    r = render_decode_attention(site)
+    r = render_decode_attention(site, vector=form == "vector")
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(r.source)
     spec = importlib.util.spec_from_file_location(r.name, f.name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     o = torch.full((B, H, 1, D), float("nan"), dtype=dt)
-    getattr(module, r.name)[(B * KV,)](rows, k, v, *new, mask.contiguous(), o, B, num_warps=r.num_warps)
+    grid = (B * KV,) if form == "tile" else (B * KV, H // KV)
+    getattr(module, r.name)[grid](rows, k, v, *new, mask.contiguous(), o, B, num_warps=r.num_warps)
     written_ok = True
     if slot is not None:  # the kernel wrote the slot, and nothing else, as index_put_ does
         k_before[:, :, slot], v_before[:, :, slot] = kn, vn
@@ -94,7 +101,7 @@ for name, dtype, B, H, KV, D, C, projection, shared, boolean, slot in cases:
     m4 = mask[:, None, None, :] if boolean else mask.double()[:, None, None, :]
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, attn_mask=m4)
     err = (o.double() - ref).abs()
-    out[name] = {
+    out[f"{name}-{form}"] = {
         "max_err": float(err.max()), "ref_max": float(ref.abs().max()), "nan": bool(o.isnan().any()),
         "written": written_ok,
     }
@@ -108,13 +115,16 @@ def interpreted():
     return interpreted_json(script)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_decode_attention_matches_sdpa(interpreted, case):
+def test_decode_attention_matches_sdpa(interpreted, case, form):
     name, dtype = case[0], case[1]
-    got = interpreted[name]
+    if dtype == "bfloat16" and form == "tile":
+        pytest.skip("the interpreter's tl.dot of bfloat16 is wrong: checked on the GPU")
+    got = interpreted[f"{name}-{form}"]
     assert not got["nan"], f"{name}: unwritten or NaN outputs"
     assert got["written"], f"{name}: the cache differs from index_put_'s (the new slot, or another)"
-    tol = 1e-4 if dtype == "float32" else 2e-2  # float16
+    tol = 1e-4 if dtype == "float32" else 2e-2  # float16, bfloat16 (8 bits of mantissa: 2e-2 as well)
     assert got["max_err"] <= tol * (1 + got["ref_max"]), got
 
 
