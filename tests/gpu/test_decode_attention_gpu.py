@@ -29,9 +29,19 @@ SHAPES = [
 ]
 
 
+# the one-kernel form's two kinds (``decode_attention_render.VECTOR_FORM``)
+FORMS = ("tile", "vector")
+
+
+def _grid(form: str, B: int, H: int, KV: int) -> tuple[int, ...]:
+    """The one-kernel form's grid: a program per row and KV head, or per row and query head."""
+    return (B * KV,) if form == "tile" else (B * KV, H // KV)
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("append", [False, True], ids=["read", "append"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}-b{s[1]}-h{s[2]}-kv{s[3]}-c{s[5]}" for s in SHAPES])
-def test_decode_attention_matches_sdpa_on_gpu(shape, append, tmp_path):
+def test_decode_attention_matches_sdpa_on_gpu(shape, append, form, tmp_path):
     """``append``: the kernel also writes this step's key and value (from the projection's rows,
     as GPT-2's fused QKV and a Llama's stacked q/k/v hold them) into a slot of the cache first,
     exactly as ``index_put_`` does, and attends over the cache with them."""
@@ -70,14 +80,16 @@ def test_decode_attention_matches_sdpa_on_gpu(shape, append, tmp_path):
         mask_batch_stride=C, out="o", batch=str(B), heads=H, kv_heads=KV, context=C,
         head_dim=D, scale=1.0 / math.sqrt(D), dtype=dtype, append=a,
     )  # fmt: skip
-    r = render_decode_attention(site)
+    r = render_decode_attention(site, vector=form == "vector")
     path = tmp_path / f"{r.name}.py"
     path.write_text(r.source)
     spec = importlib.util.spec_from_file_location(r.name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = torch.full((B, H, 1, D), float("nan"), dtype=dt, device="cuda")
-    getattr(module, r.name)[(B * KV,)](rows, k, v, *extra, mask, out, B, num_warps=r.num_warps, num_stages=2)
+    getattr(module, r.name)[_grid(form, B, H, KV)](
+        rows, k, v, *extra, mask, out, B, num_warps=r.num_warps, num_stages=2
+    )
     torch.cuda.synchronize()
     if append:
         assert torch.equal(k, expect_k) and torch.equal(v, expect_v)  # that slot, and nothing else
@@ -117,7 +129,8 @@ def _llama3_inv_freq(dim: int) -> torch.Tensor:
 @pytest.mark.parametrize(
     "shape", ROTARY_SHAPES, ids=[f"{s[0]}-b{s[1]}-h{s[2]}-kv{s[3]}-d{s[4]}-r{s[5]}" for s in ROTARY_SHAPES]
 )
-def test_rotary_decode_attention_matches_eager_on_gpu(shape, tmp_path):
+@pytest.mark.parametrize("form", FORMS)
+def test_rotary_decode_attention_matches_eager_on_gpu(shape, form, tmp_path):
     """The kernel that rotates the queries and new keys itself (``Rotary``): the cache it leaves
     equals eager's (``q * cos + rotate_half(q) * sin`` in the model's dtype, then ``index_put_``)
     bit for bit, and its output is as close to SDPA in float32 over eager's rotated queries as
@@ -164,7 +177,7 @@ def test_rotary_decode_attention_matches_eager_on_gpu(shape, tmp_path):
         scale=1.0 / math.sqrt(D), dtype=dtype, append=a,
         q_rotary=Rotary(NewRows("rows", width, 0), "cos", "sin", R, R, 0, "q_rotated"),
     )  # fmt: skip
-    r = render_decode_attention(site)
+    r = render_decode_attention(site, vector=form == "vector")
     path = tmp_path / f"{r.name}.py"
     path.write_text(r.source)
     spec = importlib.util.spec_from_file_location(r.name, path)
@@ -172,7 +185,7 @@ def test_rotary_decode_attention_matches_eager_on_gpu(shape, tmp_path):
     spec.loader.exec_module(module)
     out = torch.full((B, H, 1, D), float("nan"), dtype=dt, device="cuda")
     pos = torch.tensor([slot], device="cuda")
-    getattr(module, r.name)[(B * KV,)](
+    getattr(module, r.name)[_grid(form, B, H, KV)](
         rows, k, v, rows, rows, pos, cos, sin, mask, out, B, num_warps=r.num_warps, num_stages=2
     )
     torch.cuda.synchronize()
