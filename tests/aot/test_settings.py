@@ -115,6 +115,12 @@ SWITCHES = [
         CodegenError,
     ),
     (
+        "AOTPACK_DECODE_VECTOR",
+        _call("codegen.decode_attention_render", "vector_form"),
+        {None: False, "on": True, "OFF": False},
+        CodegenError,
+    ),
+    (
         "AOTPACK_SLICED_PROLOGUE",
         _call("codegen.gemm_sites", "through_slices"),
         {None: False, "on": True},
@@ -181,6 +187,7 @@ def test_the_names_match_the_modules():
         gemm_prologue.FACTORED_ENV,
         decode_attention.COMBINE_ENV,
         decode_attention_render.WARPS_ENV,
+        decode_attention_render.VECTOR_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
         decode_blocks.GREEDY_ENV,
