@@ -20,21 +20,19 @@ def setting(
     default: str | None,
     choices: tuple[str, ...],
     *,
-    any_case: bool = False,
     aliases: Mapping[str, str] | None = None,
     error: type[AotError] = EnvError,
 ) -> str | None:
-    """The value of the environment variable ``env`` among ``choices``: its text where set
-    (stripped; in any case where ``any_case``; a key of ``aliases`` reads as its value), else
+    """The value of the environment variable ``env`` among ``choices`` (lower-case words or
+    numbers): its text where set (stripped, in any case; a key of ``aliases`` reads as its value), else
     ``default`` (None: unset, for a rule of the caller's). Any other value raises ``error`` naming
     the choices."""
-    text = os.environ.get(env, "").strip()
-    if any_case:
-        text = text.lower()
+    given = os.environ.get(env, "").strip()
+    text = given.lower()
     if not text:
         return default
     text = (aliases or {}).get(text, text)
     if text not in choices:
         expected = " or ".join((", ".join(repr(c) for c in choices[:-1]), repr(choices[-1])))
-        raise error(f"{env}={text!r}: expected {expected}; unset it for the default")
+        raise error(f"{env}={given!r}: expected {expected}; unset it for the default")
     return text

@@ -80,7 +80,7 @@ from aot.codegen.gemm_forms import (
     TileConfig,
 )
 from aot.codegen.gemm_sites import Site, find_sites
-from aot.codegen.kernel_source import setting
+from aot.codegen.kernel_source import on_off, setting
 from aot.dtypes import ITEMSIZE
 from aot.errors import CodegenError
 from aot.schema import Program, TuningChoice, TuningTable
@@ -403,16 +403,11 @@ def many_rows() -> str:
     return setting(MANY_ROWS_ENV, MANY_ROWS, ("on", "split", "short", "off"))
 
 
-def _on(env: str, default: str) -> bool:
-    """Whether a setting of "on" or "off" (``default``, or the environment's ``env`` where set) is on."""
-    return setting(env, default, ("on", "off")) == "on"
-
-
 def many_row_tile(n: int, sliced: bool = False) -> str:
     """The tile of 33-MANY_ROWS_MAX rows for an output N wide: 64 columns where N is at least
     SLICED_SMALL_N, else 32 (``sliced``: 32 in K slices); ``tileme_`` where MANY_ROWS_EARLY (or
     its environment) says "on"."""
-    prefix = "tileme_" if _on(MANY_ROWS_EARLY_ENV, MANY_ROWS_EARLY) else "tilem_"
+    prefix = "tileme_" if on_off(MANY_ROWS_EARLY_ENV, MANY_ROWS_EARLY) else "tilem_"
     if sliced:
         return prefix + "splitk_64x32x128"
     return prefix + ("64x64x128" if n >= SLICED_SMALL_N else "64x32x128")
@@ -422,7 +417,7 @@ def default_attention_form(site: AttnSite, seq: int) -> str | None:
     """The flash form a default build runs attention ``site`` with at query length ``seq`` on
     ``DEFAULT_ARCH``; None: the library."""
     if (
-        not _on(ATTENTION_ENV, "on")
+        not on_off(ATTENTION_ENV, "on")
         or site.dtype not in ATTENTION_DTYPES
         or site.head_dim > ATTENTION_MAX_HEAD_DIM
         or not 1 <= seq <= ATTENTION_MAX_T
@@ -493,7 +488,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             return wide
         if k >= SLICED_MIN_K:
             return sliced
-        return ROWS32_EARLY_TILE if _on(ROWS32_EARLY_ENV, ROWS32_EARLY) else tile
+        return ROWS32_EARLY_TILE if on_off(ROWS32_EARLY_ENV, ROWS32_EARLY) else tile
     if SWAPPED_ROWS_MAX < rows <= MANY_ROWS_MAX and 0 < n < VOCAB_N:
         where = many_rows()
         if where == "off" or k * w_rows * ITEMSIZE[dtype] > SMALL_WEIGHT_BYTES:

@@ -113,7 +113,7 @@ STATS_MAX_BLOCK_M = 16
 
 def tile_stats_mode() -> str:
     """TILE_STATS, or ``AOTPACK_TILE_STATS`` where set ("0" reads as "off")."""
-    return setting(TILE_STATS_ENV, TILE_STATS, TILE_STATS_MODES, any_case=True, aliases={"0": "off"})
+    return setting(TILE_STATS_ENV, TILE_STATS, TILE_STATS_MODES, aliases={"0": "off"})
 
 
 def tile_stats() -> bool:
@@ -123,7 +123,7 @@ def tile_stats() -> bool:
 
 def _reduce_norm() -> str:
     """``AOTPACK_REDUCE_NORM`` as read now: "on" (unset), "rms" or "off" ("0" reads as "off")."""
-    return setting(ENV, "on", REDUCE_NORM_MODES, any_case=True, aliases={"0": "off"})
+    return setting(ENV, "on", REDUCE_NORM_MODES, aliases={"0": "off"})
 
 
 def enabled() -> bool:

@@ -119,7 +119,7 @@ def factored_one_row(layer_norm: bool) -> bool:
     """Whether the one-row forms apply a LayerNorm (``layer_norm``) or a row norm (an RMSNorm)
     after their products: ``AOTPACK_ONE_ROW_FACTORED`` where set, else ``FACTORED``; a value
     other than ``FACTORED_SETTINGS`` is a ``CodegenError``."""
-    text = setting(FACTORED_ENV, FACTORED, FACTORED_SETTINGS, any_case=True)
+    text = setting(FACTORED_ENV, FACTORED, FACTORED_SETTINGS)
     return text == "on" or (text == "rms" and not layer_norm)
 
 

@@ -471,7 +471,7 @@ setting = functools.partial(settings.setting, error=CodegenError)
 def on_off(env: str, default: str) -> bool:
     """A build switch: the environment variable ``env`` where set ("on" or "off", in any case),
     else ``default``; any other value is a ``CodegenError`` naming the two."""
-    return setting(env, default, ("on", "off"), any_case=True) == "on"
+    return setting(env, default, ("on", "off")) == "on"
 
 
 def launch_first() -> bool:

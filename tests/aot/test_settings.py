@@ -24,10 +24,11 @@ def test_the_parser(monkeypatch):
     assert setting(ENV, None, ("a", "b")) is None  # unset: the caller's rule
     monkeypatch.setenv(ENV, "  a ")
     assert setting(ENV, "b", ("a", "b")) == "a"
-    monkeypatch.setenv(ENV, "A")
-    assert setting(ENV, "b", ("a", "b"), any_case=True) == "a"
+    monkeypatch.setenv(ENV, "A")  # any case, every switch alike
+    assert setting(ENV, "b", ("a", "b")) == "a"
+    monkeypatch.setenv(ENV, "C")
     with pytest.raises(
-        EnvError, match=re.escape(f"{ENV}='A': expected 'a' or 'b'; unset it for the default")
+        EnvError, match=re.escape(f"{ENV}='C': expected 'a' or 'b'; unset it for the default")
     ):
         setting(ENV, "b", ("a", "b"))
     monkeypatch.setenv(ENV, "0")
@@ -105,13 +106,25 @@ SWITCHES = [
     (
         "AOTPACK_DECODE_COMBINE",
         _call("codegen.decode_attention", "combine_in_kernel"),
-        {None: True, "kernel": True, "separate": False},
+        {None: True, "kernel": True, "Separate": False},
         CodegenError,
     ),
     (
         "AOTPACK_DECODE_WARPS",
         _call("codegen.decode_attention_render", "_warps", 1),
         {None: 4, "2": 2, "16": 16},
+        CodegenError,
+    ),
+    (
+        "AOTPACK_MANY_ROWS_EARLY",
+        _call("codegen.gemm_defaults", "many_row_tile", 4096),
+        {None: "tileme_64x64x128", "ON": "tileme_64x64x128", "off": "tilem_64x64x128"},
+        CodegenError,
+    ),
+    (
+        "AOTPACK_MANY_ROWS",
+        _call("codegen.gemm_defaults", "many_rows"),
+        {None: "split", "Short": "short", "off": "off"},
         CodegenError,
     ),
     (
@@ -171,6 +184,7 @@ def test_the_names_match_the_modules():
         decode_attention,
         decode_attention_render,
         decode_sites,
+        gemm_defaults,
         gemm_pairs,
         gemm_prologue,
         gemm_sites,
@@ -188,6 +202,8 @@ def test_the_names_match_the_modules():
         decode_attention.COMBINE_ENV,
         decode_attention_render.WARPS_ENV,
         decode_attention_render.VECTOR_ENV,
+        gemm_defaults.MANY_ROWS_EARLY_ENV,
+        gemm_defaults.MANY_ROWS_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
         decode_blocks.GREEDY_ENV,
