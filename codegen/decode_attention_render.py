@@ -58,7 +58,14 @@ def _warps(tile: int) -> int:
 # that no shared-memory staging of the cache waits behind the dependent-launch wait, as the tile
 # form's does (bench/results/profiles/sass-decode-attention-llama-3.2-1b-b1-variants-sm90-
 # 2026-12-04d.txt); each program reads its KV head's cache again (G times in all, from L2 after
-# the first). VECTOR_FORM, or VECTOR_ENV where set.
+# the first). VECTOR_FORM, or VECTOR_ENV where set. Off: measured on an H200 (Llama-3.2-1B's first 8
+# layers, a 160-slot cache, bfloat16, bench/decode_paired.py, 12 rounds; bench/results/decode/
+# paired-llama-3.2-1b-8layers-*-attention-vector-*-h200-2026-12-04e.json), vector / tile ms a
+# token: batch 1 0.4434 / 0.4458 on 8 warps (12 of 12 rounds faster) and 0.4421 / 0.4452 on 4
+# warps (12 of 12), batch 8 on 4 warps 0.5766 / 0.5317 (8.4% slower, 12 of 12). Compiled for sm_90
+# the vector form still has 15 barriers after the wait, as the tile form (the scores' layout
+# converted for the mask's row and back, three reductions across warps): at batch 1 the kernel
+# boundaries, not the cache's staging, are what the attention costs.
 VECTOR_FORM = "off"
 VECTOR_ENV = "AOTPACK_DECODE_VECTOR"
 
