@@ -60,6 +60,10 @@ over, ``aot.codegen.decode_attention_render`` writes the kernels:
   (and the cache, in place) and stands for the cache writes (its reference: the two ``index_put_``
   and the new keys' RoPE, so verify and the interpreter compare the cache it writes); the combine
   stands for the rest (``_split_reference``).
+- the *vector* form of the one-kernel form (``decode_attention_render.VECTOR_FORM``, off by
+  default; ``AOTPACK_DECODE_VECTOR``): a program per row and query head, without tensor cores,
+  its scores and output sums of fp32 products over the keys and values as loaded. Everything
+  above holds in it but the split; one program of each KV head stores the new key and value.
 
 Measured: on an H200 (``bench/decode.py``, 448-token prompt and 64 new tokens: a 512-slot cache;
 ``bench/results/decode/decode-{gpt2,llama}-split-kv-h200-2026-11-29-night.json``) 8 splits of 64
