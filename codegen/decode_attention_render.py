@@ -136,6 +136,24 @@ def _norm_lines(
     return lines, named(norm.out)
 
 
+def _head_norm(
+    norm: RowNorm, prefix: str, vectors: list[str], tl_dtype: str, what: str
+) -> tuple[list[str], Callable[[str], tuple[list[str], str]]]:
+    """``_norm_lines`` for one head, a ``[BLOCK_D]`` vector (the new key ``kn``, or the vector
+    form's query ``q``: ``prefix`` "k" or "q"), as a tile of one row: the lines that norm it in
+    place (rounded to ``tl_dtype``), and the rotary partner's (``_rotation_lines``' ``partner_of``)."""
+    tag, var = f"{prefix}n", "kn" if prefix == "k" else "q"
+    lines, out = _norm_lines(norm, tag, f"{var}[None, :]", vectors, "rd", True)
+    lines = [f"# {what} normed (its norm's statistics over the head), then rotated", *lines]
+    lines.append(f"{var} = tl.reshape({out}, (BLOCK_D,)).to({tl_dtype})")
+
+    def partner_of(load: str) -> tuple[list[str], str]:
+        lines, out = _norm_lines(norm, tag, f"({load})[None, :]", vectors, f"{prefix}_partner", False)
+        return lines, f"tl.reshape({out}, (BLOCK_D,))"
+
+    return lines, partner_of
+
+
 def _rotation_lines(
     prefix: str,
     x: str,
@@ -437,14 +455,7 @@ def _render_attention(
     qn_ptrs = [f"qnv{i}_ptr" for i in range(len(qr.norm.vectors))] if qr and qr.norm else []
     kn_ptrs = [f"knv{i}_ptr" for i in range(len(kr.norm.vectors))] if kr and kr.norm else []
     if qn_ptrs and vector:  # one head: a tile of one row, as the new key's below
-        lines, out = _norm_lines(qr.norm, "qn", "q[None, :]", qn_ptrs, "rd", True)
-        q_norm = ["# the query head normed (its norm's statistics over the head), then rotated", *lines]
-        q_norm.append(f"q = tl.reshape({out}, (BLOCK_D,)).to({tl_dtype})")
-
-        def q_partner_of(load: str) -> tuple[list[str], str]:
-            lines, out = _norm_lines(qr.norm, "qn", f"({load})[None, :]", qn_ptrs, "q_partner", False)
-            return lines, f"tl.reshape({out}, (BLOCK_D,))"
-
+        q_norm, q_partner_of = _head_norm(qr.norm, "q", qn_ptrs, tl_dtype, "the query head")
     elif qn_ptrs:
         lines, out = _norm_lines(qr.norm, "qn", "q", qn_ptrs, "rd", True)
         q_norm = ["# each query head normed (its norm's statistics over the head), then rotated", *lines]
@@ -454,13 +465,7 @@ def _render_attention(
             return _norm_lines(qr.norm, "qn", load, qn_ptrs, "q_partner", False)
 
     if kn_ptrs:
-        lines, out = _norm_lines(kr.norm, "kn", "kn[None, :]", kn_ptrs, "rd", True)
-        k_norm = ["# the new key normed (its norm's statistics over the head), then rotated", *lines]
-        k_norm.append(f"kn = tl.reshape({out}, (BLOCK_D,)).to({tl_dtype})")
-
-        def k_partner_of(load: str) -> tuple[list[str], str]:
-            lines, out = _norm_lines(kr.norm, "kn", f"({load})[None, :]", kn_ptrs, "k_partner", False)
-            return lines, f"tl.reshape({out}, (BLOCK_D,))"
+        k_norm, k_partner_of = _head_norm(kr.norm, "k", kn_ptrs, tl_dtype, "the new key")
 
     body = [
         "rg = tl.program_id(1)  # this program's query head, kh * GROUPS + rg"
