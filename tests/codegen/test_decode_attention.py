@@ -329,10 +329,12 @@ def test_per_head_norms_before_the_rotary_fold_into_the_kernel(kind, tmp_path):
         (128, 300, "float32", 64),
     ],
 )
-def test_the_one_kernel_form_fits_shared_memory(head_dim, context, dtype, block):
+@pytest.mark.parametrize("form", FORMS)
+def test_the_one_kernel_form_fits_shared_memory(head_dim, context, dtype, block, form):
     """The one-kernel form's block at wide heads (``decode_attention_render._block_n``): every
     such kernel compiles for sm_90 within its shared memory (before, a head dim of 256 past 128
-    slots and of 128 past 256 did not, and their SDPA stayed)."""
+    slots and of 128 past 256 did not, and their SDPA stayed); the vector form (its cache in
+    registers, not shared memory) for sm_80 too."""
     import math
 
     from aot.codegen import compile_kernels
@@ -371,9 +373,11 @@ def test_the_one_kernel_form_fits_shared_memory(head_dim, context, dtype, block)
         dtype=dtype,
         append=append,
     )
-    rendered = render_decode_attention(site)
+    rendered = render_decode_attention(site, vector=form == "vector")
     assert f"BLOCK_N = tl.constexpr({block})" in rendered.source
-    _, failed, _ = compile_kernels({"attention": rendered}, ("sm_90",), lambda message: None)
+    assert rendered.name.endswith("_vector") == (form == "vector")
+    archs = ("sm_80", "sm_90") if form == "vector" else ("sm_90",)
+    _, failed, _ = compile_kernels({"attention": rendered}, archs, lambda message: None)
     assert not failed, failed
 
 
