@@ -115,12 +115,13 @@ def interpreted():
     return interpreted_json(script)
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+# bfloat16 in the vector form only: the interpreter's tl.dot of bfloat16 is wrong (the GPU checks it)
+RUNS = [(case, form) for case in CASES for form in FORMS if form == "vector" or case[1] != "bfloat16"]
+
+
+@pytest.mark.parametrize("case, form", RUNS, ids=[f"{c[0]}-{f}" for c, f in RUNS])
 def test_decode_attention_matches_sdpa(interpreted, case, form):
     name, dtype = case[0], case[1]
-    if dtype == "bfloat16" and form == "tile":
-        pytest.skip("the interpreter's tl.dot of bfloat16 is wrong: checked on the GPU")
     got = interpreted[f"{name}-{form}"]
     assert not got["nan"], f"{name}: unwritten or NaN outputs"
     assert got["written"], f"{name}: the cache differs from index_put_'s (the new slot, or another)"
