@@ -75,19 +75,10 @@ def vector_form() -> bool:
     return on_off(VECTOR_ENV, VECTOR_FORM)
 
 
-def _vector_softmax_lines() -> list[str]:
-    """The vector form's step of the online softmax (``online_softmax_lines``' for one query
-    head): the block's scores ``s`` ([BLOCK_N] fp32, log2 units) into the running max ``m_i`` and
-    sum ``l_i`` (scalars) and ``acc`` ([BLOCK_D]); each weight rounded to the values' dtype before
-    its product, as the tile form's dot takes it."""
-    return [
-        "m_new = tl.maximum(m_i, tl.max(s, 1))",
-        "alpha = tl.exp2(m_i - m_new)",
-        "p = tl.exp2(s - m_new[:, None])",
-        "l_i = l_i * alpha + tl.sum(p, 1)",
-        "acc = acc * alpha + tl.sum(v.to(tl.float32) * p.to(v.dtype).to(tl.float32), 1)",
-        "m_i = m_new",
-    ]
+# The vector form's weighted values (``online_softmax_lines``' ``weighted``): its one head's scores
+# a [1, BLOCK_N] row, the values [BLOCK_D, BLOCK_N] as loaded, each weight rounded to the values'
+# dtype before its product, as the tile form's dot takes it.
+VECTOR_WEIGHTED = "tl.sum(v.to(tl.float32) * p.to(v.dtype).to(tl.float32), 1)"
 
 
 NUM_STAGES = 2  # the next block's keys and values load while this one's softmax runs
@@ -397,6 +388,7 @@ def _render_attention(
     # [BLOCK_D, BLOCK_N], in the vector form (so that the scores' layout weighs them as it is)
     heads_ = "" if vector else "[:, None]"
     lanes_ = "" if vector else "[None, :]"
+    rows = "1" if vector else "BLOCK_G"  # the scores' rows: the running max's and sum's length
     # elements between the heads of the rows the queries and new keys are read from
     q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
@@ -505,19 +497,9 @@ def _render_attention(
             if qr
             else ()
         ),
-        *(
-            [
-                "m_i = tl.full((1,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
-                "l_i = tl.zeros((1,), dtype=tl.float32)",
-                "acc = tl.zeros((BLOCK_D,), dtype=tl.float32)",
-            ]
-            if vector
-            else [
-                "m_i = tl.full((BLOCK_G,), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
-                "l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)",
-                "acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)",
-            ]
-        ),
+        f"m_i = tl.full(({rows},), -1.0e30, dtype=tl.float32)  # finite: an all-masked block adds 0",
+        f"l_i = tl.zeros(({rows},), dtype=tl.float32)",
+        f"acc = tl.zeros({'(BLOCK_D,)' if vector else '(BLOCK_G, BLOCK_D)'}, dtype=tl.float32)",
     ]
     if site.sinks is not None:  # the head's sink: a slot of no value whose weight joins the denominator
         body += [
@@ -608,7 +590,7 @@ def _render_attention(
             )
     block += [
         "s = tl.where(keep[None, :], s, float('-inf'))",
-        *(_vector_softmax_lines() if vector else online_softmax_lines(precision)),
+        *online_softmax_lines(precision, weighted=VECTOR_WEIGHTED if vector else None),
     ]
     if one_block:
         body += block

@@ -262,20 +262,28 @@ def _identity(kind: str, ty: str) -> str:
     return {"sum": "0.0", "max": '-float("inf")', "min": 'float("inf")'}[kind]
 
 
-def online_softmax_lines(precision: str, indent: str = "", v_load: str | None = None) -> list[str]:
+def online_softmax_lines(
+    precision: str, indent: str = "", v_load: str | None = None, weighted: str | None = None
+) -> list[str]:
     """One block's step of flash attention's online softmax, as kernel source lines: the block's
     scores ``s`` (float32, log2 units, masked slots -inf) folded into the running maximum ``m_i``,
     sum ``l_i`` and accumulator ``acc`` (rescaled by ``alpha``), the values ``v`` weighted by
     ``p`` in the dot's ``precision`` argument (``""`` or ``", input_precision=..."``). ``v_load``:
     the line that loads ``v``, placed where it is first needed; ``indent``: each line's, inside
-    a loop."""
+    a loop; ``weighted``: the block's weighted values instead of the dot, where the scores are one
+    row (``acc`` a row, ``alpha`` its one factor)."""
+    values = (
+        f"acc = acc * alpha + {weighted}"
+        if weighted is not None
+        else f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})"
+    )
     lines = [
         "m_new = tl.maximum(m_i, tl.max(s, 1))",
         "alpha = tl.exp2(m_i - m_new)",
         "p = tl.exp2(s - m_new[:, None])",
         "l_i = l_i * alpha + tl.sum(p, 1)",
         *([v_load] if v_load is not None else []),
-        f"acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})",
+        values,
         "m_i = m_new",
     ]
     return [indent + line for line in lines]
