@@ -228,9 +228,12 @@ Shapes = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
 def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
     """Each layer's ``(kv_heads, head_dim)`` of keys and of values, as its attention hands them
     to ``past_key_values.update`` for one token (on the meta device, nothing is computed), or
-    None when the model does not run that way here (the config's figures are used then). Read
-    from the model rather than its config, whose names for them vary (Falcon's multi-query
-    ``num_kv_heads``, per-layer head counts)."""
+    None when the meta device cannot run the model (a kernel without a meta form, a value read
+    from a tensor: the config's figures are used then). Read from the model rather than its
+    config, whose names for them vary (Falcon's multi-query ``num_kv_heads``, per-layer head
+    counts). A model that refuses the cache itself (a layer asking it for convolution, SSM or
+    linear-attention state; a cache class of its own) is refused here: its build would fail
+    the same way."""
     _, _, RecordingCache = state_cache_classes()
 
     def record(model: Any) -> Any:
@@ -247,19 +250,23 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
             )
         return recorder
 
+    recorder, failure = None, None
     try:
         recorder = record(model)
-    except Exception:
-        recorder = None
+    except Exception as e:
+        failure = e
     if recorder is None and next(model.parameters()).device.type == "meta":
         # on the meta device some kernels take bfloat16 alone (grouped_mm: the experts of a
         # mixture-of-experts model, DeepSeek-V3's); shapes do not depend on the dtype, so a
         # bfloat16 copy (nothing to copy on the meta device) is measured instead
         try:
             recorder = record(copy.deepcopy(model).to(torch.bfloat16))
-        except Exception:
-            recorder = None
+        except Exception as e:
+            failure = e
     if recorder is None:
+        # RuntimeError (NotImplementedError among them): what the meta device cannot run
+        if not isinstance(failure, RuntimeError) or _other_state_kinds(model.config, num_layers):
+            raise SpecError(_no_key_value_cache(cls, model.config, num_layers, failure))
         return None
     seen = [layer.shapes for layer in recorder.layers]
     if any(len(s) != 1 for s in seen):
@@ -269,6 +276,40 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
             f"past_key_values.update per call; the {num_layers} layers wrote {calls} times"
         )
     return tuple(s[0][0] for s in seen), tuple(s[0][1] for s in seen)
+
+
+# Words in a kind of layer (``config.layer_types``; Jamba's and Bamba's ``layers_block_type``)
+# that name a state other than keys and values: state-space (Mamba), convolution (LFM2) and
+# linear-attention (Qwen3-Next, MiniMax) layers.
+OTHER_STATE_WORDS = ("mamba", "ssm", "conv", "linear", "recurrent", "rwkv")
+
+
+def _other_state_kinds(config: Any, num_layers: int) -> list[str]:
+    """The kinds of ``config``'s first ``num_layers`` layers that keep a state other than a
+    key/value cache, sorted (none where the config lists no kinds)."""
+    kinds = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
+    if not isinstance(kinds, (list, tuple)):
+        return []
+    found = {
+        k for k in kinds[:num_layers] if isinstance(k, str) and any(w in k.lower() for w in OTHER_STATE_WORDS)
+    }
+    return sorted(found)
+
+
+def _no_key_value_cache(cls: str, config: Any, num_layers: int, failure: BaseException | None) -> str:
+    """Why ``causal_lm`` cannot serve ``cls``: one token through it with a key/value cache as
+    ``past_key_values`` failed (``failure``), or its config lists layers of other state."""
+    kinds = _other_state_kinds(config, num_layers)
+    why = f"its layers of kind {', '.join(map(repr, kinds))} keep a state other than keys and values"
+    if failure is not None:
+        first = (str(failure).splitlines() or [""])[0][:200]
+        ran = f"one token through it with a key/value cache as past_key_values fails ({type(failure).__name__}: {first})"
+        why = f"{ran}; {why}" if kinds else ran
+    return (
+        f"causal_lm cannot serve {cls}: {why}. causal_lm serves models whose every layer keeps keys and values "
+        f"alone, written through past_key_values.update (state-space, convolution and linear-attention layers "
+        f"keep other state)"
+    )
 
 
 def _config_shapes(config: Any, num_layers: int) -> Shapes:
@@ -361,7 +402,9 @@ def _takes_mask_mapping(model: Any) -> bool:
 class Decoder(torch.nn.Module):
     """A transformers causal LM as one forward over a static cache (the contract in the module
     docstring). ``model`` is kept unmodified, except that its attention implementation is set
-    to one that takes an additive 4-D mask ("sdpa" where supported, else "eager")."""
+    to one that takes an additive 4-D mask ("sdpa" where supported, else "eager"), and a RoPE
+    that would update its frequencies in the forward but cannot within ``max_context``
+    (``fix_rope``) is marked as one that keeps them."""
 
     def __init__(
         self,
@@ -371,6 +414,7 @@ class Decoder(torch.nn.Module):
         sized_context: bool = False,
     ):
         super().__init__()
+        fix_rope(model, max_context)
         self.layout = cache_layout(model, max_context)
         self.max_context = max_context
         self.sized_context = sized_context  # attention_mask [batch, context]: read slots < context only
@@ -445,6 +489,55 @@ class Decoder(torch.nn.Module):
             )
         # logits: [B, S or 1, V] → the last position's, [B, V]
         return out.logits[:, -1].to(keys[0].dtype)
+
+
+# RoPE kinds whose forward may recompute the frequencies (transformers' ``dynamic_rope_update``)
+UPDATING_ROPE = ("dynamic", "longrope")
+
+
+def fix_rope(model: Any, max_context: int) -> None:
+    """Mark ``model``'s rotary embeddings whose frequencies update in the forward, when no
+    position below ``max_context`` updates them, as keeping their frequencies ("default"), so
+    the forward exports without the update's data-dependent branch or its in-place write to the
+    ``inv_freq`` buffer. Dynamic NTK scaling grows its base only past the cached length (the
+    config's ``max_position_embeddings``, which ``max_context`` may not pass); longrope switches
+    to its long factors only past ``original_max_position_embeddings`` (where transformers'
+    Phi-3 runs the whole sequence again): a longer ``max_context`` is refused, naming the limit."""
+    for module in model.modules():
+        kinds = getattr(module, "rope_type", None)
+        if not hasattr(module, "inv_freq") or not isinstance(kinds, (str, dict)):
+            continue
+        per_layer = isinstance(kinds, dict)
+        fixed = {}
+        for layer_type, kind in kinds.items() if per_layer else [(None, kinds)]:
+            if not isinstance(kind, str) or not any(u in kind for u in UPDATING_ROPE):
+                continue
+            prefix = f"{layer_type}_" if per_layer else ""
+            if "dynamic" in kind:
+                cached = getattr(
+                    module, f"{prefix}max_seq_len_cached", getattr(module, "max_seq_len_cached", None)
+                )
+                original = getattr(module, "original_max_seq_len", cached)
+                if not isinstance(cached, int) or max_context > cached or cached > original:
+                    continue  # left as it is: the export says what it cannot trace
+            else:
+                parameters = getattr(model.config, "rope_parameters", None) or {}
+                if per_layer:
+                    parameters = parameters.get(layer_type) or {}
+                original = parameters.get("original_max_position_embeddings") or getattr(
+                    model.config, "original_max_position_embeddings", None
+                )
+                if not isinstance(original, int):
+                    continue
+                if max_context > original:
+                    raise SpecError(
+                        f"causal_lm: {type(model).__name__}'s longrope RoPE switches to its long factors past "
+                        f"{original} positions, a switch by the sequence's length that a bundle does not make "
+                        f"(transformers' Phi-3 runs the whole sequence again there); use max_context <= {original}"
+                    )
+            fixed[layer_type] = "default"
+        if fixed:
+            module.rope_type = {**kinds, **fixed} if per_layer else "default"
 
 
 @functools.cache

@@ -73,6 +73,9 @@ _MLA = dict(
     n_group=1,
     topk_group=1,
 )
+_LONGROPE = dict(
+    rope_type="longrope", rope_theta=1e4, short_factor=[1.0, 1.1, 1.2, 1.3], long_factor=[2.0, 3.0, 4.0, 5.0]
+)
 MORE = {
     "phi3": ("Phi3", _GQA),
     "gemma": ("Gemma", dict(_GQA, num_key_value_heads=1, head_dim=8)),
@@ -200,6 +203,13 @@ MORE = {
     "olmo2": ("Olmo2", _GQA),
     "granite": ("Granite", _GQA),
     "cohere": ("Cohere", _GQA),
+    # RoPE that updates its frequencies in the forward, where no position below the context does:
+    # dynamic NTK scaling (grows past max_position_embeddings), longrope (long factors past 32)
+    "llama_dynamic_rope": (
+        "Llama",
+        dict(_GQA, rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=1e4)),
+    ),
+    "phi3_longrope": ("Phi3", dict(_GQA, rope_parameters=_LONGROPE, original_max_position_embeddings=32)),
 }
 
 
@@ -527,6 +537,15 @@ def test_models_it_cannot_serve_are_refused_by_name():
             lambda: tf.GPTJForCausalLM(gptj), max_batch=2, max_context=MAX_CONTEXT, attn_implementation="sdpa"
         )
 
+    # longrope's long factors past original_max_position_embeddings: a switch no bundle makes
+    longrope = tf.Phi3Config(**COMMON, **_GQA, rope_parameters=_LONGROPE, original_max_position_embeddings=8)
+    with pytest.raises(
+        SpecError,
+        match=r"Phi3ForCausalLM's longrope RoPE switches to its long factors past 8 positions.*; use max_context <= 8",
+    ):
+        causal_lm(lambda: tf.Phi3ForCausalLM(longrope), max_batch=2, max_context=MAX_CONTEXT)
+    assert causal_lm(lambda: tf.Phi3ForCausalLM(longrope), max_batch=2, max_context=8).name
+
     def broken():
         raise OSError("no such checkpoint: /models/x")
 
@@ -534,6 +553,74 @@ def test_models_it_cannot_serve_are_refused_by_name():
         causal_lm(broken, max_batch=2, max_context=MAX_CONTEXT)
     with pytest.raises(SpecError, match=r"max_batch must be an int >= 1, got 0"):
         causal_lm(factory("gpt2"), max_batch=0, max_context=MAX_CONTEXT)
+
+
+# Layers that keep a state other than keys and values: transformers' models of them accept
+# past_key_values but ask it for convolution or SSM state (Jamba, LFM2), or for a cache class of
+# their own (MiniMax, even with full attention layers alone)
+OTHER_STATE = {
+    "jamba": (
+        "Jamba",
+        dict(_GQA, attn_layer_period=2, attn_layer_offset=1, num_experts=2, expert_layer_period=2,
+             expert_layer_offset=1, num_experts_per_tok=1, mamba_d_state=8, mamba_dt_rank=4),
+        r"JambaForCausalLM: one token through it with a key/value cache as past_key_values fails "
+        r"\(ValueError: .*conv state.*\); its layers of kind 'linear_attention' keep a state other than keys and values",
+    ),
+    "lfm2": ("Lfm2", dict(_GQA, layer_types=["conv", "full_attention"]), r"Lfm2ForCausalLM: .*; its layers of kind 'conv' keep"),
+    "minimax": (
+        "MiniMax",
+        dict(_GQA, head_dim=8, num_local_experts=2, num_experts_per_tok=1, layer_types=["full_attention"] * 2),
+        r"MiniMaxForCausalLM: one token through it .* fails \(ValueError: MiniMax uses cache of its own",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", OTHER_STATE)
+def test_layers_of_state_other_than_keys_and_values_are_refused(kind):
+    """Refused by causal_lm with what the model said and the layer kinds its config lists, not
+    accepted with a key/value cache per layer that the build then fails to trace."""
+    import transformers as tf
+
+    name, fields, message = OTHER_STATE[kind]
+    config = getattr(tf, f"{name}Config")(**{**COMMON, **fields})
+    with pytest.raises(SpecError, match=rf"causal_lm cannot serve {message}"):
+        causal_lm(lambda: getattr(tf, f"{name}ForCausalLM")(config), max_batch=2, max_context=MAX_CONTEXT)
+
+
+def test_other_state_kinds_are_read_from_the_config_alone():
+    """Where the meta device cannot run the model (its probe says nothing), the config's kinds of
+    layer still refuse it; attention kinds of any name pass."""
+    from types import SimpleNamespace
+
+    from aot.hf import _other_state_kinds
+
+    hybrid = SimpleNamespace(layer_types=["mamba", "attention", "linear_attention", "conv", "full_attention"])
+    assert _other_state_kinds(hybrid, 4) == ["conv", "linear_attention", "mamba"]
+    assert _other_state_kinds(hybrid, 2) == ["mamba"]
+    blocks = SimpleNamespace(layers_block_type=["attention", "mamba"])
+    assert _other_state_kinds(blocks, 2) == ["mamba"]
+    kinds = ["full_attention", "sliding_attention", "chunked_attention", "attention"]
+    assert _other_state_kinds(SimpleNamespace(layer_types=kinds), 4) == []
+    assert _other_state_kinds(SimpleNamespace(), 4) == []
+    import transformers as tf
+
+    def meta_cannot_run(num_layers):
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+
+    name, fields, _ = OTHER_STATE["lfm2"]
+    config = tf.Lfm2Config(**{**COMMON, **fields})
+    with (
+        mock.patch("aot.hf.state_cache_classes", return_value=(None, None, meta_cannot_run)),
+        pytest.raises(
+            SpecError,
+            match=r"cannot serve Lfm2ForCausalLM: one token .* fails \(RuntimeError: Tensor.item\(\) .*\); "
+            r"its layers of kind 'conv'",
+        ),
+    ):
+        causal_lm(lambda: tf.Lfm2ForCausalLM(config), max_batch=2, max_context=MAX_CONTEXT)
+    # a model of attention layers alone whose probe the meta device cannot run: the config's shapes
+    with mock.patch("aot.hf.state_cache_classes", return_value=(None, None, meta_cannot_run)):
+        assert causal_lm(factory("llama"), max_batch=2, max_context=MAX_CONTEXT).name == "LlamaForCausalLM"
 
 
 def test_the_loader_needs_neither_this_module_nor_transformers():
@@ -549,7 +636,7 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
 # Slow: tests/lm/test_hf_generate.py builds GPT-2 and Llama bundles in the default run (generate,
 # eos, sampling, CLI); this one is the tracer-level check, for every kind.
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "gpt2", *SLOW])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", *SLOW, "llama_dynamic_rope", "phi3_longrope"])
 def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
     """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
     cache in place (``index_put_`` into the state input, no copy); the bundle's greedy tokens
