@@ -24,6 +24,11 @@ from aot.tracer.programs import contract, export_entry_points, program_entries
 
 # ATen ops kept whole (library calls at run time) even where a decomposition exists.
 KEEP_OPS = ("scaled_dot_product_attention.default",)
+# Core ATen ops decomposed further: a batch norm over its own statistics with no running ones
+# (``F.batch_norm(w, None, None, training=True)``: timm's weight-standardized convolutions of the
+# NF-Nets, in eval mode too) is a pure function of its input, made of means, variances and
+# pointwise ops; kept whole it reads as the training-mode batch norm a bundle may not run.
+DECOMPOSE_OPS = ("_native_batch_norm_legit.no_stats",)
 
 
 def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None = None):
@@ -58,6 +63,7 @@ def _lower(
     size (MobileViT's ``int(h / 2)``: its own guards say which)."""
     import torch
     import torch.fx.experimental._config as fx_config
+    from torch._decomp import get_decompositions
     from torch.export import default_decompositions
 
     from aot.tracer.complex_parts import split_complex
@@ -67,9 +73,14 @@ def _lower(
 
     # keep attention (and friends) whole; everything else to core ATen
     table = default_decompositions()
-    for name in KEEP_OPS:
+
+    def aten_op(name: str):
         packet, overload = name.split(".")
-        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+        return getattr(getattr(torch.ops.aten, packet), overload)
+
+    for name in KEEP_OPS:
+        table.pop(aten_op(name), None)
+    table.update(get_decompositions([aten_op(name) for name in DECOMPOSE_OPS]))
     try:
         with fx_config.patch(backed_size_oblivious=True):
             with quiet_torch():
