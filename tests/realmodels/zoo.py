@@ -284,6 +284,8 @@ ZOO: dict[str, Case] = {
     "timm-vit_small": Case(
         _timm("vit_small_patch16_224", img=32, img_size=32, patch_size=8), IMAGE_SIZES, "timm"
     ),
+    # weight-standardized convolutions: a batch norm over each weight's own statistics, in eval mode
+    "timm-nf_resnet26": Case(_timm("nf_resnet26"), IMAGE_SIZES, "timm"),
     "torchvision-mobilenet_v3_small": Case(_torchvision("mobilenet_v3_small"), IMAGE_SIZES, "torchvision"),
     "torchvision-efficientnet_b0": Case(_torchvision("efficientnet_b0"), IMAGE_SIZES, "torchvision"),
 }
