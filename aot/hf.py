@@ -49,7 +49,9 @@ class CacheLayout:
     """What the spec needs to know about a model: its KV cache's shape and its vocabulary.
 
     ``key_shapes``/``value_shapes``: each layer's ``(kv_heads, head_dim)`` as its attention
-    hands keys and values to the cache. ``window``: the sliding-window length when it is shorter
+    hands keys and values to the cache; None for a layer that keeps no cache of its own, whose
+    attention reads an earlier layer's (Gemma 3n's KV-shared layers: ``cached`` lists the
+    others, each a ``key_cache_{i}``/``value_cache_{i}`` state pair). ``window``: the sliding-window length when it is shorter
     than the context, else None; ``chunk``: the same of attention chunks (Llama 4). They apply to
     every layer (Mistral's window), or, with ``mixed``, to the "sliding_attention" and
     "chunked_attention" layers of ``config.layer_types`` alone, the "full_attention" ones seeing
@@ -58,8 +60,8 @@ class CacheLayout:
     ``causal_mask_mapping``."""
 
     model_class: str
-    key_shapes: tuple[tuple[int, int], ...]
-    value_shapes: tuple[tuple[int, int], ...]
+    key_shapes: tuple[tuple[int, int] | None, ...]
+    value_shapes: tuple[tuple[int, int] | None, ...]
     vocab_size: int
     window: int | None
     chunk: int | None = None
@@ -68,6 +70,11 @@ class CacheLayout:
     @property
     def num_layers(self) -> int:
         return len(self.key_shapes)
+
+    @property
+    def cached(self) -> tuple[int, ...]:
+        """The layers that keep a cache of their own."""
+        return tuple(i for i, shape in enumerate(self.key_shapes) if shape is not None)
 
 
 def causal_lm(
@@ -140,7 +147,8 @@ def causal_lm(
         Input("cache_position", (seq,), dtype="int64", low=0, high=max_context),
         Input("attention_mask", (batch, context), dtype="int64", low=0, high=2),
     ]
-    for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(zip(layout.key_shapes, layout.value_shapes)):
+    for i in layout.cached:
+        (k_heads, k_dim), (v_heads, v_dim) = layout.key_shapes[i], layout.value_shapes[i]
         inputs.append(Input(f"key_cache_{i}", (batch, k_heads, max_context, k_dim), state=True))
         inputs.append(Input(f"value_cache_{i}", (batch, v_heads, max_context, v_dim), state=True))
     return ModelSpec(
@@ -269,13 +277,30 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
             raise SpecError(_no_key_value_cache(cls, model.config, num_layers, failure))
         return None
     seen = [layer.shapes for layer in recorder.layers]
-    if any(len(s) != 1 for s in seen):
+    shared = _kv_shared_layers(model)
+    if any(len(s) != (0 if i in shared else 1) for i, s in enumerate(seen)):
         calls = [len(s) for s in seen]
+        reused = f" (layers {sorted(shared)} read an earlier layer's and write none)" if shared else ""
         raise SpecError(
             f"causal_lm cannot serve {cls}: its layers must each write their keys and values once through "
-            f"past_key_values.update per call; the {num_layers} layers wrote {calls} times"
+            f"past_key_values.update per call{reused}; the {num_layers} layers wrote {calls} times"
         )
-    return tuple(s[0][0] for s in seen), tuple(s[0][1] for s in seen)
+    if shared and min(shared) == 0:
+        raise SpecError(
+            f"causal_lm cannot serve {cls}: its first layer reads an earlier layer's keys and values "
+            f"(is_kv_shared_layer), and there is none"
+        )
+    return tuple(s[0][0] if s else None for s in seen), tuple(s[0][1] if s else None for s in seen)
+
+
+def _kv_shared_layers(model: Any) -> frozenset[int]:
+    """The layers whose attention reuses an earlier layer's keys and values and writes no cache of
+    its own (transformers marks them ``is_kv_shared_layer``: Gemma 3n's last layers)."""
+    return frozenset(
+        m.layer_idx
+        for m in model.modules()
+        if getattr(m, "is_kv_shared_layer", False) is True and isinstance(getattr(m, "layer_idx", None), int)
+    )
 
 
 # Words in a kind of layer (``config.layer_types``; Jamba's and Bamba's ``layers_block_type``)
@@ -426,7 +451,7 @@ class Decoder(torch.nn.Module):
         # still does gets it, so it never derives one from the cache's length.
         self._takes_cache_position = "cache_position" in params
 
-        self.__class__ = _decoder_class(self.layout.num_layers)
+        self.__class__ = _decoder_class(self.layout.cached)
 
     def forward(
         self,
@@ -436,19 +461,20 @@ class Decoder(torch.nn.Module):
         attention_mask: torch.Tensor,
         **state: torch.Tensor,
     ) -> torch.Tensor:
-        n = self.layout.num_layers
-        names = [f"{kind}_cache_{i}" for i in range(n) for kind in ("key", "value")]
+        cached = self.layout.cached
+        names = [f"{kind}_cache_{i}" for i in cached for kind in ("key", "value")]
         if sorted(state) != sorted(names):
             raise SpecError(
                 f"Decoder({self.layout.model_class}) takes the state inputs {names}; got {sorted(state)}"
             )
-        keys = [state[f"key_cache_{i}"] for i in range(n)]
-        values = [state[f"value_cache_{i}"] for i in range(n)]
+        # a layer without a cache of its own (it reads an earlier layer's) holds None
+        keys = [state.get(f"key_cache_{i}") for i in range(self.layout.num_layers)]
+        values = [state.get(f"value_cache_{i}") for i in range(self.layout.num_layers)]
         StateCache, _, _ = state_cache_classes()
         # context buckets: the mask's length says which slots attention reads (0..context-1)
         context = attention_mask.shape[1] if self.sized_context else None
         cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
-        window, chunk, dtype = self.layout.window, self.layout.chunk, keys[0].dtype
+        window, chunk, dtype = self.layout.window, self.layout.chunk, keys[cached[0]].dtype
         if self.layout.mixed:  # a mask per kind of layer: the full layers see the whole context
             full = additive_mask(attention_mask, cache_position, dtype)
             # a kind whose window or chunk hides nothing at this context reads the full mask
@@ -481,14 +507,14 @@ class Decoder(torch.nn.Module):
             return_dict=True,
             **extra,
         )
-        unwritten = [i for i, layer in enumerate(cache.layers) if layer.writes != 1]
+        unwritten = [i for i in cached if cache.layers[i].writes != 1]
         if unwritten:
             raise TraceError(
                 f"{self.layout.model_class}'s attention layers {unwritten} did not write the cache once through "
                 f"past_key_values.update; causal_lm cannot serve this model"
             )
         # logits: [B, S or 1, V] → the last position's, [B, V]
-        return out.logits[:, -1].to(keys[0].dtype)
+        return out.logits[:, -1].to(dtype)
 
 
 # RoPE kinds whose forward may recompute the frequencies (transformers' ``dynamic_rope_update``)
@@ -541,14 +567,14 @@ def fix_rope(model: Any, max_context: int) -> None:
 
 
 @functools.cache
-def _decoder_class(num_layers: int) -> type[Decoder]:
+def _decoder_class(cached: tuple[int, ...]) -> type[Decoder]:
     """``Decoder`` with a ``forward`` whose signature names each state input (``key_cache_0``,
     ...), so that callers, the tracer and ``torch.export`` bind them by keyword like any other
     parameter. A class of its own (not an attribute of the instance), so that a copy of the
     module (``copy.deepcopy``, as the tracer makes of half-precision models) runs itself."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     names = ["input_ids", "position_ids", "cache_position", "attention_mask"]
-    names += [f"{k}_cache_{i}" for i in range(num_layers) for k in ("key", "value")]
+    names += [f"{k}_cache_{i}" for i in cached for k in ("key", "value")]
     parameters = [inspect.Parameter("self", kind)]
     parameters += [inspect.Parameter(n, kind, annotation=torch.Tensor) for n in names]
 

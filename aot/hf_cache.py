@@ -84,9 +84,13 @@ def state_cache_classes() -> tuple[type, type, type]:
             cache_position: torch.Tensor,
             owner: str,
             context: Any = None,
+            own: bool = True,
         ):
             super().__init__()
             self.keys, self.values = keys, values
+            # False: a layer that reads an earlier layer's cache (these are that layer's tensors,
+            # for the sizes transformers asks of every layer) and must write none
+            self.own = own
             self.cache_position = cache_position
             self.owner = owner
             # the slots attention reads: 0..context-1 (the attention mask's length), or all (None)
@@ -100,6 +104,11 @@ def state_cache_classes() -> tuple[type, type, type]:
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.own:
+                raise TraceError(
+                    f"{self.owner}'s attention wrote keys and values through past_key_values.update in a layer "
+                    f"that reads an earlier layer's (is_kv_shared_layer); causal_lm cannot serve this model"
+                )
             # key_states: [B, kv_heads, S, head_dim] → slots cache_position of [B, kv_heads, C, head_dim]
             for new, cache, what in ((key_states, self.keys, "keys"), (value_states, self.values, "values")):
                 expected = (*cache.shape[:2], self.cache_position.shape[0], cache.shape[3])
@@ -129,19 +138,27 @@ def state_cache_classes() -> tuple[type, type, type]:
 
     class StateCache(Cache):
         """``past_key_values`` over the runner's cache tensors: each layer's ``update`` writes
-        the call's keys and values into their slots in place and returns the whole cache."""
+        the call's keys and values into their slots in place and returns the whole cache. A layer
+        given None keeps no cache of its own (it reads an earlier layer's, which it stands for)."""
 
         def __init__(
             self,
-            keys: list[torch.Tensor],
-            values: list[torch.Tensor],
+            keys: list[torch.Tensor | None],
+            values: list[torch.Tensor | None],
             cache_position: torch.Tensor,
             owner: str,
             context: Any = None,
         ):
-            super().__init__(
-                layers=[StateLayer(k, v, cache_position, owner, context) for k, v in zip(keys, values)]
-            )
+            layers, last = [], None
+            for k, v in zip(keys, values):
+                if k is not None:
+                    last = (k, v)
+                layers.append(
+                    StateLayer(
+                        *(last if k is None else (k, v)), cache_position, owner, context, k is not None
+                    )
+                )
+            super().__init__(layers=layers)
 
     class RecordingLayer(CacheLayerMixin):
         """Records the ``(heads, head_dim)`` of what the attention writes; holds nothing."""

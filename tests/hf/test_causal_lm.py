@@ -203,6 +203,26 @@ MORE = {
     "olmo2": ("Olmo2", _GQA),
     "granite": ("Granite", _GQA),
     "cohere": ("Cohere", _GQA),
+    # Gemma 3n: its last layer reads the keys and values of the last full layer before it
+    # (num_kv_shared_layers) and keeps no cache of its own; AltUp, Laurel, per-layer inputs
+    "gemma3n_shared": (
+        "Gemma3n",
+        dict(
+            _GQA,
+            num_hidden_layers=3,
+            head_dim=8,
+            vocab_size_per_layer_input=96,
+            hidden_size_per_layer_input=8,
+            laurel_rank=4,
+            num_kv_shared_layers=1,
+            altup_num_inputs=2,
+            activation_sparsity_pattern=[0.0, 0.0, 0.0],
+            tie_word_embeddings=False,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
+        ),
+        "Gemma3nTextConfig",
+    ),
     # RoPE that updates its frequencies in the forward, where no position below the context does:
     # dynamic NTK scaling (grows past max_position_embeddings), longrope (long factors past 32)
     "llama_dynamic_rope": (
@@ -258,9 +278,8 @@ def prompts(batch: int, length: int = 5, vocab: int = 96) -> tuple[torch.Tensor,
 
 def empty_cache(decoder: Decoder, batch: int) -> dict[str, torch.Tensor]:
     out, context = {}, decoder.max_context
-    for i, ((k_heads, k_dim), (v_heads, v_dim)) in enumerate(
-        zip(decoder.layout.key_shapes, decoder.layout.value_shapes)
-    ):
+    for i in decoder.layout.cached:  # a layer reading an earlier layer's keys keeps none of its own
+        (k_heads, k_dim), (v_heads, v_dim) = decoder.layout.key_shapes[i], decoder.layout.value_shapes[i]
         out[f"key_cache_{i}"] = torch.zeros(batch, k_heads, context, k_dim)
         out[f"value_cache_{i}"] = torch.zeros(batch, v_heads, context, v_dim)
     return out
@@ -385,6 +404,35 @@ def test_the_spec_declares_the_contract():
     assert (spec.name, spec.dtype, spec.seed) == ("tiny-llama", "float32", 0)
     assert (batch.buckets, seq.buckets) == (None, (1, 8, 16))
     assert causal_lm(factory("gpt2"), max_batch=1, max_context=MAX_CONTEXT).name == "GPT2LMHeadModel"
+
+
+def test_a_layer_that_reads_an_earlier_layers_cache_keeps_none_of_its_own():
+    """Gemma 3n's KV-shared layers (the last ``num_kv_shared_layers``) read the keys and values of
+    the last layer of their kind before them: the spec holds a cache for the others alone, and
+    the wrapper runs on it (greedy tokens against generate: the slow run's MORE)."""
+    spec = causal_lm(factory("gemma3n_shared"), max_batch=2, max_context=MAX_CONTEXT)
+    assert [i.name for i in spec.state_inputs()] == [
+        "key_cache_0",
+        "value_cache_0",
+        "key_cache_1",
+        "value_cache_1",
+    ]
+    decoder = Decoder(built("gemma3n_shared"), MAX_CONTEXT).eval()
+    assert decoder.layout.cached == (0, 1) and decoder.layout.key_shapes[2] is None
+    ids, mask = prompts(2)
+    state = empty_cache(decoder, 2)
+    with torch.no_grad():
+        logits = decoder(
+            input_ids=ids,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            cache_position=torch.arange(ids.shape[1]),
+            attention_mask=torch.cat(
+                [mask, torch.zeros(2, MAX_CONTEXT - ids.shape[1], dtype=torch.int64)], 1
+            ),
+            **state,
+        )
+    assert logits.shape == (2, 96) and torch.isfinite(logits).all()
+    assert all(state[f"key_cache_{i}"][:, :, : ids.shape[1]].abs().sum() > 0 for i in (0, 1))
 
 
 def test_cache_shapes_are_read_from_the_model_not_guessed_from_its_config():
@@ -636,7 +684,9 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
 # Slow: tests/lm/test_hf_generate.py builds GPT-2 and Llama bundles in the default run (generate,
 # eos, sampling, CLI); this one is the tracer-level check, for every kind.
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "gpt2", *SLOW, "llama_dynamic_rope", "phi3_longrope"])
+@pytest.mark.parametrize(
+    "kind", ["llama", "gpt2", *SLOW, "llama_dynamic_rope", "phi3_longrope", "gemma3n_shared"]
+)
 def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
     """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
     cache in place (``index_put_`` into the state input, no copy); the bundle's greedy tokens
