@@ -774,3 +774,42 @@ def test_a_bundle_of_one_batch_row_opens_and_generates_what_transformers_generat
         },
     )()
     assert lm_contract(checked) == (1, MAX_CONTEXT)
+
+
+GEMMA3N_MODEL_FILE = """
+import sys
+sys.path.insert(0, {root!r})
+from aot.hf import causal_lm
+from tests.hf.test_causal_lm import MAX_CONTEXT, factory
+
+spec = causal_lm(factory("gemma3n_shared"), max_batch=3, max_context=MAX_CONTEXT, name="gemma3n")
+"""
+
+
+@pytest.mark.slow
+def test_a_kv_shared_layer_reads_the_earlier_cache_in_its_decode_kernel(tmp_path):
+    """Gemma 3n's decode program: the KV-shared layer's attention is a decode attention kernel
+    that reads the earlier layer's cache and appends nothing, beside the appending one of the
+    other layers; every kernel of the bundle matches its ATen reference in Triton's
+    interpreter (``aot.dtypes.TOLERANCE``) at one step of batch 1 and 3 and a prefill."""
+    import aot.loader
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+    from tests.conftest import ROOT
+
+    model = tmp_path / "gemma3n_model.py"
+    model.write_text(GEMMA3N_MODEL_FILE.format(root=str(ROOT)))
+    bundle = tmp_path / "gemma3n.tpk"
+    pack(generate(trace(load_model_file(model)), ("sm_90",)), bundle)
+    decode = next(e.program for e in aot.loader.load(bundle)._entries if e.name == "seq == 1")
+    attention = sorted(k.name for k in decode.kernels if k.config.get("kind") == "decode_attention")
+    assert attention == ["decode_attention_append_g2_d8", "decode_attention_g2_d8"], attention
+    sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 1}, {"batch": 2, "seq": 5}]
+    (result,) = interpret_in_subprocess([(bundle, model, sizes, None)], timeout=HANG_GUARD_S)
+    assert len(result) == len(sizes), sorted(result)
+    for key, comparisons in result.items():
+        assert comparisons, key
+        bad = [c for c in comparisons if not c.ok]
+        assert not bad, (key, bad[:3])
