@@ -23,7 +23,8 @@ def _arch() -> str:
     return f"sm_{major}{minor}"
 
 
-@pytest.fixture(scope="module", params=["tiny_lm", "gpt2", "llama"])
+# gemma3n_shared: a layer that reads an earlier layer's cache (a decode attention without append)
+@pytest.fixture(scope="module", params=["tiny_lm", "gpt2", "llama", "gemma3n_shared", "llama_dynamic_rope"])
 def bundle(request, tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
