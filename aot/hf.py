@@ -51,8 +51,8 @@ class CacheLayout:
     ``key_shapes``/``value_shapes``: each layer's ``(kv_heads, head_dim)`` as its attention
     hands keys and values to the cache; None for a layer that keeps no cache of its own, whose
     attention reads an earlier layer's (Gemma 3n's KV-shared layers: ``cached`` lists the
-    others, each a ``key_cache_{i}``/``value_cache_{i}`` state pair). ``window``: the sliding-window length when it is shorter
-    than the context, else None; ``chunk``: the same of attention chunks (Llama 4). They apply to
+    others, each a ``key_cache_{i}``/``value_cache_{i}`` state pair). ``window``: the
+    sliding-window length when it is shorter than the context, else None; ``chunk``: the same of attention chunks (Llama 4). They apply to
     every layer (Mistral's window), or, with ``mixed``, to the "sliding_attention" and
     "chunked_attention" layers of ``config.layer_types`` alone, the "full_attention" ones seeing
     the whole context (Gemma 2 and 3, GPT-OSS, Cohere 2, Qwen2 with ``max_window_layers``, Llama
@@ -230,7 +230,8 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
     )
 
 
-Shapes = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
+# each layer's (kv_heads, head_dim) of keys, then of values; None: no cache of its own
+Shapes = tuple[tuple[tuple[int, int] | None, ...], tuple[tuple[int, int] | None, ...]]
 
 
 def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:

@@ -151,13 +151,10 @@ def state_cache_classes() -> tuple[type, type, type]:
         ):
             layers, last = [], None
             for k, v in zip(keys, values):
-                if k is not None:
+                own = k is not None
+                if own:
                     last = (k, v)
-                layers.append(
-                    StateLayer(
-                        *(last if k is None else (k, v)), cache_position, owner, context, k is not None
-                    )
-                )
+                layers.append(StateLayer(*last, cache_position, owner, context, own))
             super().__init__(layers=layers)
 
     class RecordingLayer(CacheLayerMixin):
