@@ -71,6 +71,9 @@ ALLOWED = {
     ("aot/serde.py", "to_json"): "field names of aotpack's own dataclasses",
     ("aot/serde.py", "_tagged_value"): "the one field of aotpack's own tagged-argument records",
     ("loader/cuda.py", "*"): "ctypes loads the CUDA driver by its constant name libcuda.so.1",
+    ("aot/hf.py", "fix_rope"): "a per-layer-type attribute of a transformers rotary module "
+    "(<layer_type>_max_seq_len_cached), at build time on the model the user's file made; "
+    "nothing read from a bundle",
 }
 
 
