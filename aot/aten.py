@@ -57,6 +57,23 @@ CALL_BUDGET = "\x00budget"
 RESHAPED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
 
 
+def _addmm_activation_as_on_cuda(
+    bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1, alpha=1, use_gelu: bool = False
+) -> torch.Tensor:
+    """``aten._addmm_activation`` as CUDA computes it, off CUDA: its GELU is the tanh
+    approximation (cuBLASLt's epilogue, or ``gelu(approximate="tanh")`` where that is not used),
+    while the CPU kernel applies the exact GELU. The build folds ``addmm`` + tanh-GELU into it
+    (``aot.codegen.activation_folding``), so on the CPU the op must take the tanh form too."""
+    out = torch.ops.aten.addmm.default(bias, mat1, mat2, beta=beta, alpha=alpha)
+    if use_gelu:
+        return torch.ops.aten.gelu.default(out, approximate="tanh")
+    return torch.ops.aten.relu.default(out)
+
+
+# Ops run by a function of their own off CUDA, where ATen's kernel there computes otherwise
+OFF_CUDA = {"aten._addmm_activation.default": _addmm_activation_as_on_cuda}
+
+
 # Views whose size, stride and storage offset a step chooses freely: each result is checked against
 # the storage it views (``check_in_storage``), at load where the base is a weight and the geometry is
 # constant, else on every call (ATen checks them too; this holds whatever the op's own checks).
@@ -373,6 +390,8 @@ class AtenCall:
         if step.target in RESHAPED_VIEWS:
             self.op = torch.ops.aten.reshape.default
         _check_devices(self.op, step)
+        if device.type != "cuda" and step.target in OFF_CUDA:
+            self.op = OFF_CUDA[step.target]
         self.args = [compile_arg(a, device) for a in step.args]
         self.kwargs = {k: compile_arg(v, device) for k, v in step.kwargs.items()}
         self.outputs = step.outputs
