@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import time
 import traceback
 from dataclasses import dataclass
@@ -63,8 +64,39 @@ def quiet_torch():
         logger.setLevel(level)
 
 
+# torch.export's item for a dynamic dim the code turned into a constant
+SPECIALIZED = re.compile(
+    r"L\['(\w+)'\]\.size\(\)\[(\d+)\] as dynamic but your code specialized it to be a constant \((\d+)\)"
+)
+
+
+def _specialized(text: str, spec: ModelSpec) -> str | None:
+    """What to say where torch.export reports declared dims the code turned into constants (its
+    ``specialized it to be a constant`` items), in the words of ``symbol_names``' own check; None
+    where the message has no such item."""
+    items = SPECIALIZED.findall(text)
+    if not items:
+        return None
+    inputs = {i.name: i for i in spec.inputs}
+    found = []
+    for name, dim, value in items:
+        shape = inputs[name].shape if name in inputs else ()
+        declared = shape[int(dim)] if int(dim) < len(shape) else None
+        found.append((name, dim, value, declared.name if isinstance(declared, Dim) else "a Dim"))
+    name, dim, value, label = found[0]
+    also = f" (so were {', '.join(f'{n} dim {d}' for n, d, *_ in found[1:])})" if found[1:] else ""
+    return (
+        f"input {name!r} dim {dim} ({label}) was specialized to {value} while tracing{also}; make it a static "
+        f"size or remove the code that fixes it (or, where {value} is also the length of a tensor that {label} "
+        f'slices, trace at another example: Dim(..., example=N)); TORCH_LOGS="+dynamic" shows the line'
+    )
+
+
 def export_error(e: Exception, spec: ModelSpec) -> TraceError:
     where, frame = error_site(e, Path(spec.extra.get("path", "model.py")))
+    specialized = _specialized(str(e), spec)
+    if specialized:
+        return TraceError(f"{where}cannot export the model: {specialized}")
     code = f" ({frame.line.strip()})" if frame and frame.line else ""
     name = type(e).__name__
     text = str(e)

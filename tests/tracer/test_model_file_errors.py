@@ -209,3 +209,35 @@ def test_an_export_error_that_is_a_heading_names_its_first_item():
         f"cannot export the model: ValueError: {heading} {items[0][2:]} (and 2 more); a Dim was specialized or "
         "its range conflicts with the code; make that dim static or change the code"
     ), error
+
+
+def test_an_export_error_for_dims_the_code_fixed_names_the_declared_dim():
+    """torch.export's ``Constraints violated`` for dims the code turned into constants (Funnel's
+    ``seq``) names the input, its declared Dim, the value, the other inputs it fixed, and what
+    to do, in the words of the check after export (not only the heading)."""
+    from aot import Dim, Input, ModelSpec
+    from aot.tracer.export import export_error
+
+    seq = Dim("seq", 1, 16)
+    spec = ModelSpec(
+        module=lambda: None,
+        inputs=[
+            Input("input_ids", (1, seq), dtype="int64"),
+            Input("attention_mask", (1, seq), dtype="int64"),
+        ],
+    )
+    items = [
+        f"  - You marked L['{name}'].size()[1] as dynamic but your code specialized it to be a constant (4). "
+        f"If you're using mark_dynamic, either remove it or use maybe_mark_dynamic."
+        for name in ("input_ids", "attention_mask")
+    ]
+    heading = (
+        "Constraints violated (L['attention_mask'].size()[1], L['input_ids'].size()[1])! For more information"
+    )
+    error = str(export_error(RuntimeError("\n".join([heading, *items])), spec))
+    assert error == (
+        "cannot export the model: input 'input_ids' dim 1 (seq) was specialized to 4 while tracing (so were "
+        "attention_mask dim 1); make it a static size or remove the code that fixes it (or, where 4 is also the "
+        "length of a tensor that seq slices, trace at another example: Dim(..., example=N)); "
+        'TORCH_LOGS="+dynamic" shows the line'
+    ), error
