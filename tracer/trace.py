@@ -105,9 +105,12 @@ def _lower(
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
     declared = {g.name: g.shape for g in exported.guards.inputs}
-    if main:
+    if main:  # a Dim of one size (min == max) is that size in the contract's guards too
         declared = {
-            i.name: tuple(s.name if isinstance(s, Dim) else str(s) for s in i.shape) for i in spec.inputs
+            i.name: tuple(
+                (s.name if s.min != s.max else str(s.min)) if isinstance(s, Dim) else str(s) for s in i.shape
+            )
+            for i in spec.inputs
         }
     inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
     program = replace(
