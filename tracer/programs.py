@@ -265,13 +265,9 @@ def _propose(d: Dim, g) -> str:
     from aot.spec import _dim_text
 
     want = replace(d, min=lo, max=hi, multiple_of=m, example=None, buckets=None)
-    if set(g.residues) == {0}:
-        needs = f"the model needs {d.name} to be a multiple of {m}"
-    else:  # other residues are admitted too: the multiples are one way to a contract, not the only
-        needs = f"the sizes the model admits include the multiples of {m}"
     return (
-        f"; {needs}: declare {_dim_text(want)} and pad or resize inputs to a multiple of {m} (the loader "
-        f"refuses other sizes with a GuardError that names it)"
+        f"; the model needs {d.name} to be a multiple of {m}: declare {_dim_text(want)} and pad or resize "
+        f"inputs to a multiple of {m} (the loader refuses other sizes with a GuardError that names it)"
     )
 
 
