@@ -1,6 +1,7 @@
 """Fold an activation into the matmul before it: ``addmm → [view] → gelu(tanh) | relu`` becomes
 one ``_addmm_activation`` library call, which cuBLASLt runs with a bias+activation epilogue
-(on the CPU it is addmm followed by the same activation). One kernel launch fewer per MLP block.
+(off CUDA the loader runs it as addmm followed by the same activation, ``aot.aten.OFF_CUDA``:
+ATen's CPU kernel applies the exact GELU). One kernel launch fewer per MLP block.
 
 Runs on the ATen program before fusion; only rewrites when every intermediate has one consumer.
 """
