@@ -781,6 +781,12 @@ import sys
 sys.path.insert(0, {root!r})
 from aot.hf import causal_lm
 from tests.hf.test_causal_lm import MAX_CONTEXT, factory
+from tests.realmodels.conftest import import_torchvision
+
+try:
+    import_torchvision()  # as transformers needs it on a CPU torch where torchvision is installed
+except ModuleNotFoundError:
+    pass  # without it, transformers' model classes import as they are
 
 spec = causal_lm(factory("gemma3n_shared"), max_batch=3, max_context=MAX_CONTEXT, name="gemma3n")
 """
