@@ -14,8 +14,8 @@ from typing import Any
 
 from aot.buckets import contract_buckets
 from aot.errors import TraceError
-from aot.schema import Bucket, Program
-from aot.spec import Dim, ModelSpec, plan_buckets
+from aot.schema import Bucket, InputGuard, Program
+from aot.spec import ModelSpec, plan_buckets
 from aot.stages import Traced, TracedProgram
 from aot.tracer.export import Exported, export_error, quiet_torch, symbol_names
 from aot.tracer.independence import check_rows
@@ -55,12 +55,17 @@ def guard_manifest(spec: ModelSpec, archs: tuple[str, ...], weights: str | None 
 
 
 def _lower(
-    spec: ModelSpec, exported: Exported, progress=None, constant_suffix: str = "", main: bool = False
+    spec: ModelSpec,
+    exported: Exported,
+    progress=None,
+    constant_suffix: str = "",
+    contract_inputs: tuple[InputGuard, ...] | None = None,
 ) -> tuple[Program, dict[str, Any], tuple[Bucket, ...], dict[str, str]]:
     """Decompose one export to core ATen, lower it to a ``Program``, and check its padding; and
-    the model line of each step's result (``Lowering.lines``). ``main``: the bundle's first
-    program, whose inputs are the contract's (every Dim by name) even where this trace fixed a
-    size (MobileViT's ``int(h / 2)``: its own guards say which)."""
+    the model line of each step's result (``Lowering.lines``). ``contract_inputs``: given for the
+    bundle's first program, whose inputs are the contract's (every Dim by name, a Dim of one size
+    that size) even where this trace fixed a size (MobileViT's ``int(h / 2)``: its own guards say
+    which)."""
     import torch
     import torch.fx.experimental._config as fx_config
     from torch._decomp import get_decompositions
@@ -104,14 +109,7 @@ def _lower(
     program, weight_tensors = lowering.run()
     # Inputs keep their declared dim names even where export unified two Dims (the guards then
     # hold the relation between them); sizes read from the inputs bind every declared symbol.
-    declared = {g.name: g.shape for g in exported.guards.inputs}
-    if main:  # a Dim of one size (min == max) is that size in the contract's guards too
-        declared = {
-            i.name: tuple(
-                (s.name if s.min != s.max else str(s.min)) if isinstance(s, Dim) else str(s) for s in i.shape
-            )
-            for i in spec.inputs
-        }
+    declared = {g.name: g.shape for g in contract_inputs or exported.guards.inputs}
     inputs = tuple(replace(i, spec=replace(i.spec, shape=declared[i.name])) for i in program.inputs)
     program = replace(
         program,
@@ -133,9 +131,11 @@ def trace(
     from aot.tracer.lower import tensor_leaves as leaves
 
     exported = export_entry_points(spec, weights, allow_narrowing=allow_narrowing, progress=progress)
-    main = not spec.entry_points
+    whole = contract(_entry_spec(spec, exported[0]), exported)
+    first = whole.inputs if not spec.entry_points else None
     lowered = [
-        _lower(_entry_spec(spec, ex), ex, progress, main=main and k == 0) for k, ex in enumerate(exported)
+        _lower(_entry_spec(spec, ex), ex, progress, contract_inputs=first if k == 0 else None)
+        for k, ex in enumerate(exported)
     ]
     weight_tensors = dict(lowered[0][1])
     for k, ex in enumerate(exported[1:], 1):
@@ -171,7 +171,7 @@ def trace(
         TracedProgram(name=ex.name, program=p, guards=ex.guards, buckets=b, entry=ex.entry, model_lines=lines)
         for ex, (p, _, b, lines) in zip(exported, lowered)
     )
-    guards = check_rows(spec, main.module, [p.program for p in programs], contract(spec, exported), progress)
+    guards = check_rows(spec, main.module, [p.program for p in programs], whole, progress)
     return Traced(
         name=spec.name or "model",
         dtype=spec.dtype,
