@@ -776,22 +776,6 @@ def test_a_bundle_of_one_batch_row_opens_and_generates_what_transformers_generat
     assert lm_contract(checked) == (1, MAX_CONTEXT)
 
 
-GEMMA3N_MODEL_FILE = """
-import sys
-sys.path.insert(0, {root!r})
-from aot.hf import causal_lm
-from tests.hf.test_causal_lm import MAX_CONTEXT, factory
-from tests.realmodels.conftest import import_torchvision
-
-try:
-    import_torchvision()  # as transformers needs it on a CPU torch where torchvision is installed
-except ModuleNotFoundError:
-    pass  # without it, transformers' model classes import as they are
-
-spec = causal_lm(factory("gemma3n_shared"), max_batch=3, max_context=MAX_CONTEXT, name="gemma3n")
-"""
-
-
 @pytest.mark.slow
 def test_a_kv_shared_layer_reads_the_earlier_cache_in_its_decode_kernel(tmp_path):
     """Gemma 3n's decode program: the KV-shared layer's attention is a decode attention kernel
@@ -803,10 +787,14 @@ def test_a_kv_shared_layer_reads_the_earlier_cache_in_its_decode_kernel(tmp_path
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
-    from tests.conftest import ROOT
+    from tests.realmodels.conftest import causal_lm_model_file
 
     model = tmp_path / "gemma3n_model.py"
-    model.write_text(GEMMA3N_MODEL_FILE.format(root=str(ROOT)))
+    model.write_text(
+        causal_lm_model_file(
+            "tests.hf.test_causal_lm", "gemma3n_shared", max_batch=3, max_context=MAX_CONTEXT, name="gemma3n"
+        )
+    )
     bundle = tmp_path / "gemma3n.tpk"
     pack(generate(trace(load_model_file(model)), ("sm_90",)), bundle)
     decode = next(e.program for e in aot.loader.load(bundle)._entries if e.name == "seq == 1")

@@ -340,33 +340,22 @@ def test_each_expert_layer_is_two_grouped_gemm_kernels_over_allowlisted_ops(moe_
         assert "aten._grouped_mm.default" not in {s.target for s in program.steps}
 
 
-MODEL_FILE = """
-import sys
-sys.path.insert(0, {root!r})
-from aot.hf import causal_lm
-from tests.lm.test_moe import MAX_BATCH, MAX_CONTEXT, factory
-from tests.realmodels.conftest import import_torchvision
-
-try:
-    import_torchvision()  # as transformers needs it on a CPU torch where torchvision is installed
-except ModuleNotFoundError:
-    pass  # without it, transformers' model classes import as they are
-
-spec = causal_lm(factory("mixtral"), max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name="mixtral")
-"""
-
-
 @pytest.mark.slow
 def test_every_kernel_of_the_moe_bundle_matches_its_reference_in_the_interpreter(moe_bundles, tmp_path):
     """The prefill program's kernels (the grouped GEMMs, the offsets' reduction, the fused
     routing and gating) in Triton's interpreter against their ATen references
     (``aot.dtypes.TOLERANCE``), at batch 1 and an odd size."""
     from aot.verify.interpret import interpret_in_subprocess
-    from tests.conftest import HANG_GUARD_S, ROOT
+    from tests.conftest import HANG_GUARD_S
+    from tests.realmodels.conftest import causal_lm_model_file
 
     runner, _ = moe_bundles("mixtral")
     model = tmp_path / "mixtral_model.py"
-    model.write_text(MODEL_FILE.format(root=str(ROOT)))
+    model.write_text(
+        causal_lm_model_file(
+            "tests.lm.test_moe", "mixtral", max_batch=MAX_BATCH, max_context=MAX_CONTEXT, name="mixtral"
+        )
+    )
     bundle = moe_bundles.base / "mixtral.tpk"
     sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 5}]
     (result,) = interpret_in_subprocess([(bundle, model, sizes, None)], timeout=HANG_GUARD_S)

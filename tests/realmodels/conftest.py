@@ -59,6 +59,30 @@ def import_torchvision():
     return torchvision
 
 
+CAUSAL_LM_MODEL_FILE = """
+import sys
+sys.path.insert(0, {root!r})
+from aot.hf import causal_lm
+from {module} import factory
+from tests.realmodels.conftest import import_torchvision
+
+try:
+    import_torchvision()  # as transformers needs it on a CPU torch where torchvision is installed
+except ModuleNotFoundError:
+    pass  # without it, transformers' model classes import as they are
+
+spec = causal_lm(factory({kind!r}), {arguments})
+"""
+
+
+def causal_lm_model_file(module: str, kind: str, **arguments: Any) -> str:
+    """A model file of ``causal_lm(factory(kind), **arguments)``, ``factory`` from the test module
+    ``module``, for a fresh Python (the interpreter check's subprocess): the repository on its
+    path, transformers' model classes imported as this suite imports them."""
+    listed = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    return CAUSAL_LM_MODEL_FILE.format(root=str(ROOT), module=module, kind=kind, arguments=listed)
+
+
 def _why_unusable(library: str) -> str | None:
     try:
         import_torchvision()
