@@ -70,6 +70,16 @@ SPECIALIZED = re.compile(
 )
 
 
+def specialized(name: str, dim: int | str, dim_name: str, size: Any, also: str = "") -> str:
+    """That input ``name``'s dim ``dim`` (the Dim ``dim_name``) was traced as the constant
+    ``size``, and what to do; ``also``: the other inputs' dims it fixed, said after it."""
+    return (
+        f"input {name!r} dim {dim} ({dim_name}) was specialized to {size} while tracing{also}; make it a "
+        f"static size or remove the code that fixes it (or, where {size} is also the length of a tensor "
+        f"that {dim_name} slices, trace at another example: Dim(..., example=N))"
+    )
+
+
 def _specialized(text: str, spec: ModelSpec) -> str | None:
     """What to say where torch.export reports declared dims the code turned into constants (its
     ``specialized it to be a constant`` items), in the words of ``symbol_names``' own check; None
@@ -85,11 +95,7 @@ def _specialized(text: str, spec: ModelSpec) -> str | None:
         found.append((name, dim, value, declared.name if isinstance(declared, Dim) else "a Dim"))
     name, dim, value, label = found[0]
     also = f" (so were {', '.join(f'{n} dim {d}' for n, d, *_ in found[1:])})" if found[1:] else ""
-    return (
-        f"input {name!r} dim {dim} ({label}) was specialized to {value} while tracing{also}; make it a static "
-        f"size or remove the code that fixes it (or, where {value} is also the length of a tensor that {label} "
-        f'slices, trace at another example: Dim(..., example=N)); TORCH_LOGS="+dynamic" shows the line'
-    )
+    return specialized(name, dim, label, value, also) + '; TORCH_LOGS="+dynamic" shows the line'
 
 
 def export_error(e: Exception, spec: ModelSpec) -> TraceError:
@@ -437,12 +443,7 @@ def symbol_names(
                     continue
             if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
                 if check:
-                    raise TraceError(
-                        f"input {inp.name!r} dim {d} ({declared.name}) was specialized to {size} while "
-                        f"tracing; make it a static size or remove the code that fixes it (or, where "
-                        f"{size} is also the length of a tensor that {declared.name} slices, trace at "
-                        f"another example: Dim(..., example=N))"
-                    )
+                    raise TraceError(specialized(inp.name, d, declared.name, size))
                 continue
             names.setdefault(size.node.expr, declared.name)
     return names
