@@ -109,7 +109,8 @@ for item in "$@"; do
     rt-import) cmd=(bash -c 'python3 -X importtime -c "import aot.runtime.runner, cuda.bindings.driver" 2>&1 | sort -t"|" -k2 -n | tail -30; python3 -c "import time; t0 = time.perf_counter(); from cuda.bindings import driver as d; t1 = time.perf_counter(); d.cuInit(0); t2 = time.perf_counter(); e, dev = d.cuDeviceGet(0); e, ctx = d.cuDevicePrimaryCtxRetain(dev); d.cuCtxSetCurrent(ctx); t3 = time.perf_counter(); print(f\"import bindings {t1 - t0:.3f} s, cuInit {t2 - t1:.3f} s, primary context {t3 - t2:.3f} s\")"') ;;
     # ab-MODEL: MODEL (models/, else bench/models/) built twice for this GPU (B with the environment AB_ENV_MODEL, else AB_ENV, e.g.
     # AOTPACK_FEW_ROWS=off), then both under the torch loader paired in one process (bench/bundle_paired.py); AB_SIZES_MODEL: shapes such as "batch=32 batch=1,seq=24" instead of the bench's
-    ab-*) m=${step#ab-}; v=AB_ENV_$m; z=AB_SIZES_$m; zs=""; for t in ${!z:-}; do zs="$zs --sizes $t"; done; f=models/$m.py; [ -f "$f" ] || f=bench/models/$m.py; mkdir -p /tmp/ab; cmd=(bash -c "python3 -m aot.cli build --arch sm_90 -q $f -o /tmp/ab/$m-a.tpk && env ${!v:-${AB_ENV:-AOTPACK_FEW_ROWS=off}} python3 -m aot.cli build --arch sm_90 -q $f -o /tmp/ab/$m-b.tpk && python3 bench/bundle_paired.py $m /tmp/ab/$m-a.tpk /tmp/ab/$m-b.tpk$zs --json $RES/ab-$m.json") ;;
+    # abN-MODEL (N a digit): ab-MODEL with B built under AB<N>_ENV_MODEL, bundles and JSON of its own (A: the default again)
+    ab-*|ab[0-9]-*) n=${step%%-*}; n=${n#ab}; m=${step#*-}; v=AB${n}_ENV_$m; z=AB_SIZES_$m; zs=""; for t in ${!z:-}; do zs="$zs --sizes $t"; done; f=models/$m.py; [ -f "$f" ] || f=bench/models/$m.py; mkdir -p /tmp/ab; cmd=(bash -c "python3 -m aot.cli build --arch sm_90 -q $f -o /tmp/ab/$m$n-a.tpk && env ${!v:-${AB_ENV:-AOTPACK_FEW_ROWS=off}} python3 -m aot.cli build --arch sm_90 -q $f -o /tmp/ab/$m$n-b.tpk && python3 bench/bundle_paired.py $m /tmp/ab/$m$n-a.tpk /tmp/ab/$m$n-b.tpk$zs --json $RES/ab$n-$m.json") ;;
     rt-bench) cmd=(python3 bench/run.py --models "${RT_MODELS:-mlp,gpt,cnn}" --systems aotpack,aotpack-lf,aotpack-rt --bundles .bundles --out "$RES/rt" --jobs 4) ;;
     # (--dist load: the cases of one file spread over the workers; each builds its own bundles)
     # the runtime's GPU tests: one-row forms and output tails against the torch loader, chunked weights, state, memory
@@ -172,6 +173,8 @@ for item in "$@"; do
     host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; b=.bundles/$m.tpk; [ -f "$b" ] || b=/tmp/host/$m.tpk; cmd=(bash -c "test -f $b || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o $b; for s in $sizes; do python3 bench/host_path.py $m $b --sizes \$s ${HOST_AB:+--ab $HOST_AB} --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
     # gpu-k: the GPU tests of tests/gpu whose ids match GPU_K (pytest's -k), e.g. "gemma2 or copy",
     # a line per test as it ends (a run cut off by its step's limit still names what passed)
+    # zoo-k: the GPU tests of tests/runtime whose ids match ZOO_K (pytest's -k), e.g. "nf_resnet26"
+    zoo-k) cmd=(python3 -m pytest -m gpu -v -rs -rf tests/runtime -k "${ZOO_K:?set ZOO_K}") ;;
     gpu-k) cmd=(python3 -m pytest -m gpu -v -rs -rf tests/gpu -k "${GPU_K:?set GPU_K}") ;;
     # the torch loader's CUDA-graph calls against eager (inputs and outputs copied by the driver),
     # borrowed outputs and memory: mlp, gpt and cnn built here where .bundles lacks them
