@@ -38,8 +38,8 @@ of two rows took 31-33 µs in the decode step, four rows per block 21.6 alone on
 ``vec_1x2x512`` where K is at most 512 or is 1024, ``vec_1x2x1024`` at other K up to ``SHORT_K``, ``vec_1x1x512`` where K is below
 ``LONG_K`` and not a multiple of 2048 (GPT-2's mlp out), ``vec_1x2x1024`` otherwise (``_rms`` or
 ``_ln``: with the RMSNorm or LayerNorm kernel before it, and the residual add in that kernel,
-computed in the GEMV's prologue; there, at K up to ``SHORT_K``, ``vec_1x4x1024`` for
-``vec_1x2x1024``: ``PROLOGUE_ROWS``). At buckets of 2-16 rows (decode at batch 2-16, a small batch of
+computed in the GEMV's prologue; there, at K past 512 up to ``SHORT_K``, ``vec_1x4x1024``:
+``PROLOGUE_ROWS``). At buckets of 2-16 rows (decode at batch 2-16, a small batch of
 a forward) a site of at most ``SMALL_WEIGHT_BYTES`` of weights runs the tensor-core tile tune
 chose there (``BUILT_IN_FEW_ROWS``; the norm kernel before it kept), or where that tile makes too
 few blocks (N below ``SLICED_SMALL_N``, K from ``SLICED_SMALL_K``) the swapped form in K slices
@@ -275,9 +275,9 @@ FEW_ROWS_ENV = "AOTPACK_FEW_ROWS"
 FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 # One row at a site whose norm the GEMV computes in its prologue (``_rms``, ``_ln``): every block
 # loads the row and sums its statistics again before its products, so there a form's blocks cost
-# more than the bytes of W they stream. Where K is at most SHORT_K and ``default_form`` names two
-# rows of W a block in a step of 1024, such a site runs four (PROLOGUE_ROWS: half the blocks, half
-# the row's loads and statistics per byte of W). On an H200, decode at batch 1, the first 8
+# more than the bytes of W they stream. Where K is past half SHORT_K and at most SHORT_K and
+# ``default_form`` names two rows of W a block, such a site runs four in a step of 1024
+# (PROLOGUE_ROWS: half the blocks or fewer, half the row's loads and statistics per byte of W). On an H200, decode at batch 1, the first 8
 # layers, each build a bundle of its own, both in one process round by round
 # (bench/decode_paired.py, 16 rounds; bench/results/decode/paired-*-h200-2026-12-02d.json):
 # - GPT-2 (K 768, its LayerNorms in q/k/v and fc): four rows 0.1617 ms a token against two rows'
@@ -292,9 +292,16 @@ FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 #   8layers-{four-rows-factored,vec-1x2x512}-h200-2026-12-04c.json, 12 rounds): four rows 0.4493
 #   against two rows' 0.4504 (7 of 12 rounds: a tie), ``vec_1x2x512`` (two rows, 4 warps, K in
 #   steps of 512) 0.4848: 7% slower.
+# - the mlp (K 1024, its LayerNorms in the four up projections, ``vec_1x2x512`` before: two rows
+#   on 4 warps in two K steps, 2,048 blocks), a forward call at batch 1 under the torch loader,
+#   both bundles in one process (bench/bundle_paired.py, 12 rounds of 100 calls;
+#   bench/results/ab-mlp-prologue-{rows,eight-rows}-h200-2026-12-05.json): four rows in one K step of 1024
+#   0.0558 ms a call against 0.0643 (13% faster, 12 of 12 rounds), eight rows 0.0580 against
+#   0.0656; batch 8 (not one row) unchanged, 0.9953 and 1.0009. So at K 1024 ``vec_1x2x512``
+#   takes four rows too; at K up to 512 (a step of 1024 half masked) it keeps its form, unmeasured.
 # ONE_ROW_PROLOGUE (or ONE_ROW_PROLOGUE_ENV, for a build) names the one-row form of every such
 # site instead, for measuring.
-PROLOGUE_ROWS = {"vec_1x2x1024": "vec_1x4x1024"}
+PROLOGUE_ROWS = {"vec_1x2x1024": "vec_1x4x1024", "vec_1x2x512": "vec_1x4x1024"}
 ONE_ROW_PROLOGUE: str | None = None
 ONE_ROW_PROLOGUE_ENV = "AOTPACK_ONE_ROW_PROLOGUE"
 
@@ -534,8 +541,8 @@ def _one_row(site: Site) -> str | None:
 
 def prologue_rows(form: str, k: int) -> str:
     """``default_form``'s one-row ``form`` at K ``k`` where the site's norm is its prologue:
-    PROLOGUE_ROWS's where K is at most SHORT_K (see PROLOGUE_ROWS)."""
-    return PROLOGUE_ROWS.get(form, form) if k <= SHORT_K else form
+    PROLOGUE_ROWS's where K is past half SHORT_K and at most SHORT_K (see PROLOGUE_ROWS)."""
+    return PROLOGUE_ROWS.get(form, form) if SHORT_K // 2 < k <= SHORT_K else form
 
 
 def _variant(site: Site, form: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from aot.codegen.gemm_defaults import DEFAULT_ARCH, FORMS, LONG_K, VOCAB_N, default_form
+from aot.codegen.gemm_defaults import DEFAULT_ARCH, FORMS, LONG_K, VOCAB_N, default_form, prologue_rows
 from aot.tuning import LIBRARY, parse_tuning, tuned_plans
 
 
@@ -46,8 +46,8 @@ def mlp_bundle(built):
 
 def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_bundle):
     """models/mlp.py (float16, batch 1..64, 8 MiB weights per site): every GEMM runs the default
-    form at batch 1 (the up projection its ``_ln`` variant: the LayerNorm kernel goes into its
-    prologue) and the few-row entry's form at batches 2-16 (the weights are small:
+    form at batch 1 (the up projection on four rows of W a block, ``PROLOGUE_ROWS``, as its
+    ``_ln`` variant: the LayerNorm kernel goes into its prologue) and the few-row entry's form at batches 2-16 (the weights are small:
     ``gemv_16x32x128``, and at the down projection's N 1024 x K 4096 the swapped form in 8 K
     slices, ``fews_splitk8_16x64x64``), the 32-row swapped forms in K slices at 32 (``BUILT_IN_32``:
     K 1024 in 2 slices, K 4096 in 8). A block's down projection and the next block's LayerNorm
@@ -75,11 +75,12 @@ def test_a_default_build_carries_the_table_for_its_one_and_few_row_buckets(mlp_b
         assert c.choice != LIBRARY
         rows = c.sizes["batch"]
         for part in c.choice.split("__"):
-            up = part.startswith(("vec_1x2x512", "gemv_", "fews_splitk2_"))  # K 1024 (else 4096)
+            up = part.startswith(("vec_1x4x1024", "gemv_", "fews_splitk2_"))  # K 1024 (else 4096)
             k, n = (1024, 4096) if up else (4096, 1024)
             form = default_form(rows, k, "float16", n=n)
-            if rows == 1:
-                assert part == form + ("_ln" if up else "")
+            if rows == 1:  # the up projection: four rows of W a block, its LayerNorm the prologue
+                assert part == (prologue_rows(form, k) + "_ln" if up else form)
+                assert part == ("vec_1x4x1024_ln" if up else "vec_1x2x1024")
             elif rows == 64:
                 assert part == form.replace("splitk_", "splitk3_") == "tileme_splitk3_64x32x128"
             elif rows == 32:
@@ -233,7 +234,7 @@ def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch
     by_batch: dict[int, set[str]] = {}
     for c in table.choices:
         by_batch.setdefault(c.sizes["batch"], set()).add(c.choice)
-    assert by_batch.pop(1) == {"vec_1x2x512_ln", "vec_1x2x1024"}
+    assert by_batch.pop(1) == {"vec_1x4x1024_ln", "vec_1x2x1024"}
     assert by_batch.pop(32) == {"fews_splitk2_32x64x64", "fews_splitk8_32x64x64"}
     assert by_batch.pop(64) == {"tileme_splitk3_64x32x128"}
     assert set(by_batch) == {2, 4, 8, 16}  # the mlp's buckets of 2-16 rows
