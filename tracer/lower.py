@@ -47,6 +47,7 @@ from aot.schema import (
     TensorSpec,
 )
 from aot.sympy_text import to_float_text, to_text
+from aot.tracer.folding import constant_step, evaluate, folded_name, item
 from aot.tracer.selections import selection_error
 from aot.tracer.sites import float_from_sizes, library_relative, value_dependent_size
 
@@ -157,6 +158,11 @@ class Lowering:
         self.buffers: dict[str, TensorSpec] = {}
         self.steps: list[Step] = []
         self.weights: dict[str, torch.Tensor] = {}
+        # weights and the results of steps of weights alone, computed at build time
+        # (``aot.tracer.folding``); such a result is stored as a weight where a step reads it
+        self.constants: dict[torch.fx.Node, Any] = {}
+        self.folded: list[NamedTensor] = []
+        self.constant_views: set[str] = set()  # the results of view steps of constants
         # state writes (see the module docstring)
         self.alias: dict[torch.fx.Node, torch.fx.Node] = {}  # a full slice_scatter -> its source
         self.skip: set[torch.fx.Node] = set()  # full slices only an in-place write read
@@ -273,6 +279,8 @@ class Lowering:
 
     def encode(self, a: Any) -> Any:
         if isinstance(a, torch.fx.Node):
+            if a in self.constants and a not in self.value_names:
+                self._store_folded(a)
             if a in self.value_names:
                 return Buf(self.value_names[a])
             val = a.meta.get("val")
@@ -308,9 +316,13 @@ class Lowering:
         self._write_back_state(user_inputs)
         outputs = self._outputs(graph, user_outputs)
         symbols = symbol_sources(user_inputs)
+        self._drop_unread_views(outputs)
+        read = _names_read(self.steps) | set(outputs)  # a weight only folded steps read is left out
         program = Program(
             inputs=tuple(user_inputs),
-            weights=tuple(sorted(weights, key=lambda w: w.name)),
+            weights=tuple(
+                sorted((w for w in (*weights, *self.folded) if w.name in read), key=lambda w: w.name)
+            ),
             buffers=self.buffers,
             steps=tuple(self.steps),
             outputs=tuple(outputs),
@@ -343,10 +355,12 @@ class Lowering:
                 name = spec.target + (self.constant_suffix if spec.kind == InputKind.CONSTANT_TENSOR else "")
                 if id(tensor) in stored:  # tied weights (lm_head = wte) are stored once
                     self.value_names[node] = stored[id(tensor)]
+                    self.constants[node] = self.weights[stored[id(tensor)]]
                     continue
                 stored[id(tensor)] = name
                 self.value_names[node] = name
                 self.weights[name] = tensor.detach().contiguous().clone()
+                self.constants[node] = self.weights[name]
                 weights.append(NamedTensor(name, self.spec_of(tensor, f"weight {name}")))
             else:
                 raise TraceError(f"unsupported graph input kind {spec.kind.name} for {spec.target}")
@@ -361,6 +375,9 @@ class Lowering:
             while source in self.alias:
                 source = self.alias[source]
             self.value_names[node] = self.value_names[source]
+            return
+        if (value := item(node, self.constants)) is not None:  # of a folded step's results
+            self.constants[node] = value
             return
         if node.target is operator.getitem:
             parent, index = node.args
@@ -390,6 +407,12 @@ class Lowering:
                 f"build the model in eval mode, pass random values in as inputs, or add the op to "
                 f"aot/allowed_ops.py if it is a pure function of its arguments"
             )
+        how = constant_step(node, self.constants) if node not in self.inplace else None
+        if how is not None:
+            self.constants[node] = evaluate(node, self.constants)
+            if how == "fold":
+                return
+            self.constant_views.add(node.name)  # a view stays a step, dropped where nothing reads it
         outputs: tuple[str | None, ...]
         if isinstance(val, (tuple, list)):
             by_index = {u.args[1]: u.name for u in node.users if u.target is operator.getitem}
@@ -415,6 +438,28 @@ class Lowering:
         line = _user_line(node)
         if line:
             self.lines.update((o, line) for o in outputs if o is not None)
+
+    def _drop_unread_views(self, outputs: list[str]) -> None:
+        """Views of constants that only folded steps read (or other such views): no step left."""
+        while True:
+            read = _names_read(self.steps) | set(outputs)
+            kept = [
+                s
+                for s in self.steps
+                if not (s.outputs[0] in self.constant_views and s.outputs[0] not in read)
+            ]
+            if len(kept) == len(self.steps):
+                return
+            self.steps = kept
+
+    def _store_folded(self, node: torch.fx.Node) -> None:
+        """A folded result that a step (or the program's output) reads, as a weight of its own."""
+        tensor = self.constants[node].detach().contiguous()
+        name = folded_name(tensor)
+        if name not in self.weights:
+            self.weights[name] = tensor
+            self.folded.append(NamedTensor(name, self.spec_of(tensor, f"weight {name}")))
+        self.value_names[node] = name
 
     def _write_back_state(self, user_inputs: list[NamedTensor]) -> None:
         """A state whose old value is read after its in-place write gets the new value copied in
@@ -444,7 +489,24 @@ class Lowering:
             if o is None:
                 self.none_outputs.add(k)
                 continue
+            if isinstance(o, torch.fx.Node) and o in self.constants and o not in self.value_names:
+                self._store_folded(o)
             if not isinstance(o, torch.fx.Node) or o not in self.value_names:
                 raise TraceError(f"model output {o} is not a tensor; return tensors only")
             outputs.append(self.value_names[o])
         return outputs
+
+
+def _names_read(steps: list[Step]) -> set[str]:
+    """The buffer and weight names the steps' arguments name."""
+
+    def names(a: Any) -> set[str]:
+        if isinstance(a, Buf):
+            return {a.name}
+        if isinstance(a, (list, tuple)):
+            return set().union(*map(names, a)) if a else set()
+        if isinstance(a, dict):
+            return set().union(*map(names, a.values())) if a else set()
+        return set()
+
+    return set().union(*(names(s.args) | names(s.kwargs) for s in steps)) if steps else set()

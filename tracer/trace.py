@@ -18,6 +18,7 @@ from aot.schema import Bucket, InputGuard, Program
 from aot.spec import ModelSpec, plan_buckets
 from aot.stages import Traced, TracedProgram
 from aot.tracer.export import Exported, export_error, quiet_torch, symbol_names
+from aot.tracer.folding import FOLDED_PREFIX
 from aot.tracer.independence import check_rows
 from aot.tracer.model import call_model, run_eager, tree_spec, user_input_nodes
 from aot.tracer.programs import contract, export_entry_points, program_entries
@@ -139,6 +140,8 @@ def trace(
     ]
     weight_tensors = dict(lowered[0][1])
     for k, ex in enumerate(exported[1:], 1):
+        # steps of weights alone that this program folded and the first did not: named by their bytes
+        weight_tensors.update({n: t for n, t in lowered[k][1].items() if n.startswith(FOLDED_PREFIX)})
         w = lowered[k][1]
         if _weight_differences(weight_tensors, w, partial=True) and not _weight_differences(
             weight_tensors, w, _constants(ex), partial=True
@@ -157,6 +160,8 @@ def trace(
                 f"layout chosen from it), or declare Dims that one program covers (the build lists the "
                 f"programs it traced)"
             )
+    read = {w.name for p, *_ in lowered for w in p.weights}  # not those only folded steps read
+    weight_tensors = {n: t for n, t in weight_tensors.items() if n in read}
     main = exported[0]
     spec = _entry_spec(spec, main)  # the reference runs the first program's entry point
     state = {i.name for i in spec.state_inputs()}
