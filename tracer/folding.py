@@ -95,7 +95,9 @@ def _reads_constants(node: torch.fx.Node, constants: dict[torch.fx.Node, Any]) -
 
 
 def evaluate(node: torch.fx.Node, constants: dict[torch.fx.Node, Any]) -> Any:
-    """``node``'s result from the constant tensors of its arguments (ATen on the CPU)."""
+    """``node``'s result from the constant tensors of its arguments (ATen on the CPU); None where
+    ATen's CPU kernels cannot compute it (an op in a half-precision dtype they lack): it stays a
+    step, computed where the bundle runs."""
 
     def real(a: Any) -> Any:
         if isinstance(a, torch.fx.Node):
@@ -106,8 +108,11 @@ def evaluate(node: torch.fx.Node, constants: dict[torch.fx.Node, Any]) -> Any:
             return torch.device("cpu")
         return a
 
-    with torch.no_grad():
-        out = node.target(*real(node.args), **{k: real(v) for k, v in node.kwargs.items()})
+    try:
+        with torch.no_grad():
+            out = node.target(*real(node.args), **{k: real(v) for k, v in node.kwargs.items()})
+    except (RuntimeError, NotImplementedError):
+        return None
     return tuple(out) if isinstance(out, (tuple, list)) else out
 
 

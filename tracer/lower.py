@@ -408,8 +408,8 @@ class Lowering:
                 f"aot/allowed_ops.py if it is a pure function of its arguments"
             )
         how = constant_step(node, self.constants) if node not in self.inplace else None
-        if how is not None:
-            self.constants[node] = evaluate(node, self.constants)
+        if how is not None and (value := evaluate(node, self.constants)) is not None:
+            self.constants[node] = value
             if how == "fold":
                 return
             self.constant_views.add(node.name)  # a view stays a step, dropped where nothing reads it

@@ -31,9 +31,8 @@ class Concat(nn.Module):
             (self.prefix.expand(rows.shape[0], -1, -1).to(q.dtype), rows), dim=1
         )  # [B, 3+T, 16]
         wide = torch.cat((rows, rows * 2.0, rows[..., :4]), dim=-1)  # [B, T, 36]
-        long_row = (
-            torch.cat((self.long_rows, -self.long_rows), dim=-1).float() * q.float().mean()
-        )  # [2, 10000]
+        m = q.float().mean()  # each piece reads the input (a cat of weights alone is folded at build time)
+        long_row = torch.cat((self.long_rows.float() * m, -self.long_rows.float() * m), dim=-1)  # [2, 10000]
         return roped, longer * 1.5, torch.softmax(wide.float(), dim=-1), torch.log_softmax(long_row, dim=-1)
 
 

@@ -12,7 +12,7 @@ GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the k
 
 @triton.jit
 def fused_mul_add_gt_sigmoid_etc(in0, in1, in2, out0, out1, s_batch, s_seq):
-    # in0: *fp16, in1: *fp16, in2: *fp16, out0: *fp16, out1: *i1, s_batch: i32, s_seq: i32
+    # in0: *fp16, in1: *fp16, in2: *fp32, out0: *fp16, out1: *i1, s_batch: i32, s_seq: i32
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -40,7 +40,7 @@ def fused_mul_add_gt_sigmoid_etc(in0, in1, in2, out0, out1, s_batch, s_seq):
     v19 = (v15 + v18)
     v20 = (1.0 - 2.0 / (tl.exp(2.0 * v9) + 1.0))
     v21 = (v19 + v20)
-    v22 = tl.load(in2 + ((x % 24)), mask=x_mask, other=0).to(tl.float32)
+    v22 = tl.load(in2 + ((x % 24)), mask=x_mask, other=0)
     v23 = (v21 / v22)
     v24 = v23.to(tl.float16).to(tl.float32)
     v25 = tl.full([], 0.0, tl.float32)
