@@ -448,15 +448,15 @@ def _rewrite_for_kernels(
 
 
 def _fuse(program, ranges, say: Callable[[str], None], start: float, library_free: bool = False):
-    """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max
-    pools: a Triton kernel each, so a call launches no ATen kernel for them; with
+    """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max and
+    average pools: a Triton kernel each, so a call launches no ATen kernel for them; with
     ``library_free``, every convolution a form covers too, and index-only values a library call
     reads computed by kernels, ``partition(materialize=)``): (the partition's
     graph, its groups, the ops left unfused, the replaced step's output -> (its kernel's id, the
     kernel, the step it was rendered from), every distinct kernel by id)."""
     from aot.codegen.embeddings import gather_sites, render_gather
     from aot.codegen.partition import partition
-    from aot.codegen.pooling import pool_sites, render_max_pool
+    from aot.codegen.pooling import pool_sites, render_pool
     from aot.codegen.render import kernel_id
 
     graph, groups, unfused = partition(program, ranges, log=say, materialize=library_free)
@@ -465,7 +465,7 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float, library_fre
     by_id = {i: g.rendered for g, i in groups}
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
-    sites += [(s, render_max_pool(s, program, ranges)) for s in pool_sites(program)]
+    sites += [(s, render_pool(s, program, ranges)) for s in pool_sites(program)]
     if library_free:
         from aot.codegen.convolution import conv_sites, render_convolution
 

@@ -1,4 +1,4 @@
-"""Max pooling without ATen kernels.
+"""Max and average pooling without ATen kernels.
 
 A GPU call that launches any ATen kernel makes the process load ATen's kernel images (92 MiB of
 device memory on an H100 with torch 2.11, ``bench/memory_stages.py``). A ResNet's stem max pool was
@@ -6,7 +6,11 @@ its only ATen kernel besides the copy cuDNN's convolution made of the image (``l
 relayout_conv_inputs``), and ATen's NHWC pool took 18.7 µs at batch 1 on an H200, four times what
 reading its input costs. So a 2-D max pool whose indices nothing reads becomes one Triton kernel:
 each program takes one image, a block of output positions and a block of channels, and takes the
-maximum over the window, NaN propagating as ATen's does; padding is -inf, as ATen pads.
+maximum over the window, NaN propagating as ATen's does; padding is -inf, as ATen pads. An average
+pool (ResNet-D's and the NF-Nets' downsampling shortcuts, Inception's branches) is the same kernel
+summing in float32 over the window, padding read as 0, divided as ATen divides: by the window
+clipped to the padded image (``count_include_pad``), to the image itself, or by
+``divisor_override``.
 
 The input and output keep whatever layout the program gives them (``TensorSpec.order``, NCHW or
 NHWC): the kernel indexes both by their strides. Channels, height and width must be static (the
@@ -27,9 +31,11 @@ from aot.program import step_reads, tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
 
 MAX_POOLS = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
+AVG_POOLS = ("aten.avg_pool2d.default",)
 MAX_WINDOW = 64  # kernel_h * kernel_w unrolled in the kernel
 TILE = 2048  # output elements per program instance
-HEURISTIC = "max-pool-v1"
+HEURISTIC = {"max": "max-pool-v1", "avg": "avg-pool-v1"}
+FILL = {"max": "float('-inf')", "avg": "0.0"}  # what padding reads as
 
 
 def _pair(v, default: list[int] | None = None) -> list[int] | None:
@@ -45,7 +51,10 @@ def _pair(v, default: list[int] | None = None) -> list[int] | None:
 
 
 def _window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | None:
-    """(kernel, stride, padding, dilation) of a max pool's arguments; None where not plain ints."""
+    """(kernel, stride, padding, dilation) of a pool's arguments; None where not plain ints (an
+    average pool's dilation is 1)."""
+    if step.target in AVG_POOLS:
+        return _avg_window(step)
     args = [*step.args[1:], None, None, None, None][:5]
     kernel = _pair(args[0])
     if kernel is None or step.kwargs.keys() - {"stride", "padding", "dilation", "ceil_mode"}:
@@ -64,6 +73,55 @@ def _window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | N
     return kernel, stride, padding, dilation
 
 
+def _avg_window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    """``_window`` of ``avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad,
+    divisor_override)``."""
+    names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+    if step.kwargs.keys() - set(names):
+        return None
+    given = dict(zip(names, step.args[1:])) | dict(step.kwargs)
+    kernel = _pair(given.get("kernel_size"))
+    stride = _pair(given.get("stride", []), default=kernel)
+    padding = _pair(given.get("padding", 0))
+    if kernel is None or stride is None or padding is None or type(_divisor(step)) not in (int, type(None)):
+        return None
+    if min(*kernel, *stride) < 1 or min(padding) < 0 or kernel[0] * kernel[1] > MAX_WINDOW:
+        return None
+    return kernel, stride, padding, [1, 1]
+
+
+def _divisor(step: Step) -> int | None | str:
+    """An average pool's ``divisor_override`` (None: ATen's window count); "" where not an int."""
+    names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+    value = (dict(zip(names, step.args[1:])) | dict(step.kwargs)).get("divisor_override")
+    return value if value is None or (type(value) is int and value != 0) else ""
+
+
+def _count_include_pad(step: Step) -> bool:
+    names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
+    return bool((dict(zip(names, step.args[1:])) | dict(step.kwargs)).get("count_include_pad", True))
+
+
+def _average(divisor: int | None, include_pad: bool) -> list[str]:
+    """The kernel's lines that divide the window's sum ``acc`` as ATen's average pool does: by
+    ``divisor``, else by the window clipped to the padded image (``include_pad``) or to the image."""
+    if divisor is not None:
+        return [f"acc = acc / {float(divisor)!r}"]
+    lines = [
+        "y0 = oy * SH - PH",
+        "x0 = ox * SW - PW",
+        "y1 = tl.minimum(y0 + KH, H + PH)",
+        "x1 = tl.minimum(x0 + KW, W + PW)",
+    ]
+    if include_pad:
+        lines.append("count = (y1 - y0) * (x1 - x0)")
+    else:
+        lines.append(
+            "count = (tl.minimum(y1, H) - tl.maximum(y0, 0)) * (tl.minimum(x1, W) - tl.maximum(x0, 0))"
+        )
+    return [*lines, "acc = acc / tl.maximum(count, 1).to(tl.float32)[:, None]"]
+
+
 def _strides(spec: TensorSpec) -> list[int]:
     """Element strides of a 4-D tensor laid out in ``spec.order`` (row-major when empty), the
     batch outermost: every stride static."""
@@ -75,15 +133,15 @@ def _strides(spec: TensorSpec) -> list[int]:
 
 
 def pool_sites(program: Program) -> list[Step]:
-    """The max-pool steps the kernel can replace: a 4-D float input with static channels, height
-    and width, an output of the same dtype, indices that nothing reads."""
+    """The pool steps the kernel can replace: a 4-D float input with static channels, height
+    and width, an output of the same dtype, a max pool's indices that nothing reads."""
     specs = tensor_specs(program)
     read = {r for s in program.steps for r in step_reads(s)} | set(program.outputs)
     out = []
     for s in program.steps:
         if (
             s.kind != StepKind.ATEN
-            or s.target not in MAX_POOLS
+            or s.target not in (*MAX_POOLS, *AVG_POOLS)
             or not s.args
             or not isinstance(s.args[0], Buf)
         ):
@@ -103,8 +161,8 @@ def pool_sites(program: Program) -> list[Step]:
     return out
 
 
-def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered | None:
-    """The Triton kernel for one max-pool step of ``pool_sites``; None where its grid would pass
+def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered | None:
+    """The Triton kernel for one pool step of ``pool_sites``; None where its grid would pass
     CUDA's limits."""
     specs = tensor_specs(program)
     x, o = specs[step.args[0].name], specs[step.outputs[0]]
@@ -120,7 +178,8 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
     biggest = max_value(batch, ranges) * max(c * h * w, c * oh * ow)
     index = "i64" if biggest >= 2**31 - 1 else "i32"
     xs, os_ = _strides(x), _strides(o)
-    name = "max_pool2d"
+    kind = "avg" if step.target in AVG_POOLS else "max"
+    name = f"{kind}_pool2d"
     grid = (ix.size_text(batch), str(grid_p), str(grid_c))
     params = (
         KernelParam("x_ptr", ParamKind.PTR, x.dtype),
@@ -128,12 +187,22 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
     )
     signature = signature_of(params, index)
     layout = "NHWC" if x.order else "NCHW"
+    divisor, include_pad = (_divisor(step), _count_include_pad(step)) if kind == "avg" else (None, False)
+    divided = (
+        f"divided by {divisor}"
+        if divisor is not None
+        else "divided by the window clipped to the padded image"
+        if include_pad
+        else "divided by the window clipped to the image"
+    )
     doc = [
-        f"Max pool {kh}x{kw}, stride {sh}x{sw}, padding {ph}x{pw}, dilation {dh}x{dw}: "
+        f"{kind.capitalize()} pool {kh}x{kw}, stride {sh}x{sw}, padding {ph}x{pw}, dilation {dh}x{dw}: "
         f"[{x.shape[0]}, {c}, {h}, {w}] {x.dtype} ({layout}) -> [{o.shape[0]}, {c}, {oh}, {ow}] "
         f"({'NHWC' if o.order else 'NCHW'}).",
         "",
-        "Padding reads as -inf; NaN propagates, as in ATen's max pool.",
+        "Padding reads as -inf; NaN propagates, as in ATen's max pool."
+        if kind == "max"
+        else f"A float32 sum over the window, padding read as 0, {divided}, as in ATen's average pool.",
         f"grid: ({', '.join(grid)},)",
     ]
     consts = {
@@ -152,7 +221,7 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
         "c_ok = ch < C",
         "oy = p // OW",
         "ox = p % OW",
-        "acc = tl.full([BLOCK_P, BLOCK_C], float('-inf'), tl.float32)",
+        f"acc = tl.full([BLOCK_P, BLOCK_C], {FILL[kind]}, tl.float32)",
         "for ky in tl.static_range(KH):",
         "    iy = oy * SH - PH + ky * DH",
         "    for kx in tl.static_range(KW):",
@@ -161,9 +230,12 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
         "        v = tl.load(",
         "            x_ptr + n * XN + (iy * XH + ix * XW)[:, None] + ch[None, :] * XC,",
         "            mask=ok[:, None] & c_ok[None, :],",
-        "            other=float('-inf'),",
+        f"            other={FILL[kind]},",
         "        )",
-        "        acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)",
+        "        acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)"
+        if kind == "max"
+        else "        acc += v.to(tl.float32)",
+        *(_average(divisor, include_pad) if kind == "avg" else []),
         "tl.store(",
         "    out_ptr + n * ON + (oy * OH_S + ox * OW_S)[:, None] + ch[None, :] * OC,",
         f"    acc.to({TL_TYPE[STORAGE[x.dtype]]}),",
@@ -186,7 +258,7 @@ def render_max_pool(step: Step, program: Program, ranges: dict[str, tuple[int, i
             "kind": "pool",
             "BLOCK_P": block_p,
             "BLOCK_C": block_c,
-            "heuristic": HEURISTIC,
+            "heuristic": HEURISTIC[kind],
             "num_warps": 4,
             "num_stages": 1,
         },

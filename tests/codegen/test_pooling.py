@@ -1,8 +1,10 @@
-"""Max pooling and convolution inputs without ATen kernels (``aot.codegen.pooling``,
+"""Max and average pooling and convolution inputs without ATen kernels (``aot.codegen.pooling``,
 ``aot.codegen.layouts.relayout_conv_inputs``): a max pool whose indices nothing reads is a Triton
 kernel, checked in the interpreter against ATen's pool (exactly: a maximum rounds nothing), NCHW
 and NHWC, with padding, stride, dilation and ceil mode; NaN propagates; a program input that a
-channels-last convolution reads is copied NHWC by a kernel; the CPU path agrees with eager."""
+channels-last convolution reads is copied NHWC by a kernel; the CPU path agrees with eager. An
+average pool is a kernel too, with each of ATen's divisors (the window clipped to the padded
+image, to the image, ``divisor_override``), in float32 within 1e-6 of ATen's (the sum's order)."""
 
 from __future__ import annotations
 
@@ -49,6 +51,30 @@ class M(nn.Module):
 
 batch = Dim("batch", 1, 4)
 spec = ModelSpec(module=M, inputs=[Input("x", (batch, 3, 8, 8))])
+"""
+
+
+AVERAGE = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        # the NF-Nets' and ResNet-D's shortcut: the last window cut short, counted without padding
+        self.down = nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False)
+        # padding counted, the last window past the padded image (so cut short) by the ceil mode
+        self.branch = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)
+        self.odd = nn.AvgPool2d((3, 2), stride=(2, 3), padding=(1, 1), divisor_override=5)
+
+    def forward(self, x):  # x: [B, 3, 15, 17]
+        y = self.conv(x).relu()  # NHWC
+        return self.branch(self.down(y)), self.odd(x), self.down(x) * 2
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 3, 15, 17))])
 """
 
 
@@ -171,3 +197,39 @@ def test_inspect_names_the_libraries_the_calls_launch(built, tmp_path):
     assert "ATen kernels (max_pool2d_with_indices ×1); loading them costs a process ATen kernels ~92 MiB" in (
         summary_text(m, info)
     )
+
+
+@pytest.fixture(scope="module")
+def averaged(tmp_path_factory):
+    return _build(tmp_path_factory.mktemp("avg"), AVERAGE, "avg")
+
+
+def test_average_pools_are_kernels_and_agree_with_eager(averaged):
+    from aot.loader import load
+    from aot.tracer import load_model_file
+
+    compiled, bundle, path = averaged
+    program = compiled.program
+    assert "aten.avg_pool2d.default" not in [s.target for s in program.steps]
+    pools = _kernel_steps(program, "avg_pool2d")
+    assert len(pools) == 4 and all(s.reference[0].target == "aten.avg_pool2d.default" for s in pools)
+    module = load_model_file(path).module()
+    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
+    module.eval()
+    x = torch.randn(3, 3, 15, 17)
+    with torch.no_grad():
+        want = module(x)
+    for g, w in zip(load(bundle)(x), want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_average_pool_kernels_match_aten_in_the_interpreter(averaged):
+    """Each divisor's kernel against ATen's pool at batch 1 and 3, NCHW and NHWC (float32)."""
+    from aot.verify.interpret import interpret_in_subprocess
+
+    _, bundle, path = averaged
+    (results,) = interpret_in_subprocess([(bundle, path, [{"batch": 1}, {"batch": 3}], None)])
+    for size, checks in results.items():
+        pools = [c for c in checks if c.name == "avg_pool2d"]
+        assert len(pools) == 4 and all(c.max_abs_error <= 1e-6 for c in pools), (size, pools)
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
