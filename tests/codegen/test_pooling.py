@@ -233,3 +233,14 @@ def test_average_pool_kernels_match_aten_in_the_interpreter(averaged):
         pools = [c for c in checks if c.name == "avg_pool2d"]
         assert len(pools) == 4 and all(c.max_abs_error <= 1e-6 for c in pools), (size, pools)
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+
+
+def test_a_model_with_average_pools_builds_library_free(averaged):
+    """``avg_pool2d`` had no Triton form: a library-free build refused it (timm's NF-Nets)."""
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+
+    _, _, path = averaged
+    compiled = generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
+    assert "aten.avg_pool2d.default" not in {s.target for s in compiled.program.steps}
+    assert len(_kernel_steps(compiled.program, "avg_pool2d")) == 4

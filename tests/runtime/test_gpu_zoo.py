@@ -30,6 +30,7 @@ REQUIRED = (
     "timm-convnext_tiny",
     "timm-vit_small",
     "t5-encoder",
+    "timm-nf_resnet26",  # its weight standardization folded at build time, its average pools kernels
 )
 
 
