@@ -26,6 +26,10 @@ def main(model: str, bundle_path: str) -> None:
     state = instantiate(load_model_file(model)).state_dict()
     tensors = {}
     for w in program.weights:
+        if w.name not in state:  # a step of weights alone, computed by the build (aot.tracer.folding)
+            sys.exit(
+                f"{w.name} is not a parameter of {model} but a tensor the build computed; build the bundle here"
+            )
         t = state[w.name].detach()
         rows = (
             int(w.spec.shape[0])
