@@ -74,8 +74,8 @@ def constant_step(node: torch.fx.Node, constants: dict[torch.fx.Node, Any]) -> s
         or not _reads_constants(node, constants)
     ):
         return None
-    if _is_view(target):
-        return "view"
+    if _is_view(target):  # one view, not pieces (split, chunk, unbind: their items stay steps)
+        return "view" if isinstance(node.meta.get("val"), torch.Tensor) else None
     tensors = {a for a in _nodes(node.args) + _nodes(node.kwargs) if a in constants}
     grown = _nbytes(node.meta.get("val")) - sum(_nbytes(constants[a]) for a in tensors)
     return "fold" if grown <= FOLD_MAX_GROWTH_BYTES else None

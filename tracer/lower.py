@@ -454,7 +454,7 @@ class Lowering:
 
     def _store_folded(self, node: torch.fx.Node) -> None:
         """A folded result that a step (or the program's output) reads, as a weight of its own."""
-        tensor = self.constants[node].detach().contiguous()
+        tensor = self.constants[node].detach().clone(memory_format=torch.contiguous_format)  # owns its memory
         name = folded_name(tensor)
         if name not in self.weights:
             self.weights[name] = tensor

@@ -130,3 +130,51 @@ spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 4), 3, 8, 8))])
     )
     compiled = generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
     assert not any("var_mean" in s.target for s in compiled.program.steps)
+
+
+PIECES = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.probe = nn.Parameter(torch.randn(1, 1, 16))  # SigLIP's pooling head: a query of weights
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)  # splits its in_proj [E, 2E]
+        self.freqs = nn.Parameter(torch.randn(8, 4))
+
+    def forward(self, x):  # x: [B, 8, 16]
+        q = self.probe.repeat(x.shape[0], 1, 1)
+        emb = torch.cat((self.freqs.sin(), self.freqs.cos()), -1)  # folded, then chunked (EVA-02's rope)
+        sin, cos = emb.chunk(2, -1)
+        return self.attn(q, x, x)[0], x[:, :, :4] * cos + x[:, :, 4:8] * sin
+
+spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 4), 8, 16))])
+"""
+
+
+def test_the_pieces_of_split_weights_stay_steps_and_run_as_eager(tmp_path):
+    """A split or chunk of weights (``nn.MultiheadAttention``'s in_proj split into q and kv, a
+    folded table chunked in two) gives pieces that stay the split's steps: each declared, none
+    stored as a copy sharing the weight's memory (which safetensors refuses)."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.tracer.model import instantiate
+
+    path = tmp_path / "pieces.py"
+    path.write_text(PIECES)
+    spec = load_model_file(path)
+    traced = trace(spec)
+    assert "aten.split_with_sizes.default" in {s.target for s in traced.program.steps}
+    pack(generate(traced, ("sm_90",)), tmp_path / "pieces.tpk")
+    runner = load(tmp_path / "pieces.tpk")
+    module = instantiate(spec)
+    for batch in (1, 3, 4):
+        x = torch.randn(batch, 8, 16)
+        with torch.no_grad():
+            expected = module(x)
+        for g, w in zip(runner(x), expected):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-5 * max(1.0, w.abs().max().item()))
