@@ -303,19 +303,47 @@ def test_per_head_norms_before_the_rotary_fold_into_the_kernel(kind, tmp_path):
     steps read (both of this two-layer Gemma 3's, each layer with tables of its own; a model with
     several layers of a kind computes them apart): the attention then reads its rotated keys."""
 
-    def reading(compiled, suffix: str) -> list:
+    import torch
+
+    from tests.hf.test_causal_lm import factory
+
+    norms: dict[str, list] = {"q_norm": [], "k_norm": []}
+
+    def make():
+        """The model with random per-head norm weights, the queries' apart from the keys' (as
+        initialized they are all alike, and fold to one weight)."""
+        model, gen = factory(kind)(), torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.rsplit(".", 2)[-2] in norms:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+                    norms[name.rsplit(".", 2)[-2]].append(p.detach().clone())
+        return model
+
+    def reading(compiled, which: str) -> list:
+        """The decode program's steps that read the ``which`` norms' weights, as the program names
+        them: the model's weight, or one folded at build time (Gemma 3's ``1 + w``)."""
+        values = norms[which][-2:]  # this build's (the model is made once a trace)
+        names = {
+            name
+            for name, t in compiled.traced.weights.items()
+            for v in values
+            if t.shape == v.shape
+            and any(torch.allclose(t.float(), w, atol=2e-2, rtol=0) for w in (v.float(), 1 + v.float()))
+        }
+        assert len(names) == 2, (which, sorted(names))
         (decode,) = [
             p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"
         ]
-        return [
-            s for s in decode.steps if any(isinstance(a, Buf) and a.name.endswith(suffix) for a in s.args)
-        ]
+        return [s for s in decode.steps if any(isinstance(a, Buf) and a.name in names for a in s.args)]
 
     for dtype in ("bfloat16", "float32"):
-        compiled, kernels, attention = _hf_decode_attention(kind, max_batch=4, max_context=32, dtype=dtype)
+        compiled, kernels, attention = _hf_decode_attention(
+            kind, max_batch=4, max_context=32, dtype=dtype, make=make
+        )
         assert all("_normed_rope" in kernels[s.target].name for s in attention), attention
-        assert sorted(reading(compiled, "q_norm.weight"), key=id) == sorted(attention, key=id)
-        keys = [s for s in reading(compiled, "k_norm.weight") if s in attention]
+        assert sorted(reading(compiled, "q_norm"), key=id) == sorted(attention, key=id)
+        keys = [s for s in reading(compiled, "k_norm") if s in attention]
         assert len(keys) == (2 if kind == "qwen3" else 0), [kernels[s.target].name for s in keys]
     assert_decode_kernels_match(compiled, tmp_path / f"{kind}.tpk", "decode_attention")
 
@@ -382,10 +410,13 @@ def test_the_one_kernel_form_fits_shared_memory(head_dim, context, dtype, block,
     assert not failed, failed
 
 
-def _hf_decode_attention(kind: str, max_batch: int, max_context: int, dtype: str = "float32") -> tuple:
+def _hf_decode_attention(
+    kind: str, max_batch: int, max_context: int, dtype: str = "float32", make=None
+) -> tuple:
     """A tiny two-layer ``kind`` (``tests.hf``) through ``aot.hf.causal_lm``, generated for sm_90:
     (the compiled programs, its decode program's kernels by id, its decode attention steps),
-    having checked there is one such step per layer and no SDPA call left."""
+    having checked there is one such step per layer and no SDPA call left. ``make``: the model's
+    factory, where not ``tests.hf``'s."""
     from tests.realmodels.conftest import require
 
     require("transformers")
@@ -396,7 +427,9 @@ def _hf_decode_attention(kind: str, max_batch: int, max_context: int, dtype: str
     from aot.tracer import trace
     from tests.hf.test_causal_lm import factory
 
-    spec = causal_lm(factory(kind), max_batch=max_batch, max_context=max_context, name=kind, dtype=dtype)
+    spec = causal_lm(
+        make or factory(kind), max_batch=max_batch, max_context=max_context, name=kind, dtype=dtype
+    )
     compiled = generate(trace(spec), ("sm_90",))
     (decode,) = [
         p for p in (compiled.program, *compiled.program.variants) if p.inputs[0].spec.shape[1] == "1"

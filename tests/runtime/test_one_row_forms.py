@@ -190,8 +190,8 @@ def test_the_arena_holds_no_output_the_steps_after_the_graph_compute(head, fake,
 @pytest.mark.slow  # models/mlp.py built with every candidate form
 def test_the_mlps_one_row_bucket_runs_the_default_builds_forms(tmp_path, built):
     """models/mlp.py built ``--library-free``: at batch 1 every GEMM runs the form its default build
-    runs there (``vec_1x2x512_ln`` for up, with the LayerNorm kernel in its prologue;
-    ``vec_1x2x1024`` for down), and the runtime's plan at every bucket is the torch loader's."""
+    runs there (``vec_1x4x1024_ln`` for up, four rows of W a block with the LayerNorm kernel in its
+    prologue, ``gemm_defaults.PROLOGUE_ROWS``; ``vec_1x2x1024`` for down), and the runtime's plan at every bucket is the torch loader's."""
     from aot.bundle import open_bundle
     from aot.program import live_steps
     from aot.runtime import check
@@ -216,7 +216,7 @@ def test_the_mlps_one_row_bucket_runs_the_default_builds_forms(tmp_path, built):
     assert [c.choice for c in in_order(table.choices)] == [
         form for c in in_order(want_table.choices) if c.sizes == {"batch": 1} for form in c.choice.split("__")
     ]
-    assert {c.choice for c in table.choices} == {"vec_1x2x512_ln", "vec_1x2x1024"}
+    assert {c.choice for c in table.choices} == {"vec_1x4x1024_ln", "vec_1x2x1024"}
     checked = check(free)
     (plans,) = checked.plans("sm_90").values()
     (theirs,) = torch_loader_plans(free, "sm_90")
