@@ -430,7 +430,8 @@ def _rewrite_for_kernels(
         program, n_copied = copy_strided_operands(program)
         if n_copied:
             say(
-                f"  {counted(n_copied, 'GEMM or lookup operand')} read through a strided view copied by a kernel"
+                f"  {counted(n_copied, 'operand')} of a GEMM, lookup, convolution or pool read through a strided "
+                "view copied by a kernel"
             )
     program, split = split_conv_bias(program)
     if split:
@@ -450,8 +451,8 @@ def _rewrite_for_kernels(
 def _fuse(program, ranges, say: Callable[[str], None], start: float, library_free: bool = False):
     """The fusion groups of ``program`` and its standalone kernels (embedding lookups and max and
     average pools: a Triton kernel each, so a call launches no ATen kernel for them; with
-    ``library_free``, every convolution a form covers too, and index-only values a library call
-    reads computed by kernels, ``partition(materialize=)``): (the partition's
+    ``library_free``, every convolution a form covers and every cumsum too, and index-only values
+    a library call reads computed by kernels, ``partition(materialize=)``): (the partition's
     graph, its groups, the ops left unfused, the replaced step's output -> (its kernel's id, the
     kernel, the step it was rendered from), every distinct kernel by id)."""
     from aot.codegen.embeddings import gather_sites, render_gather
@@ -466,10 +467,14 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float, library_fre
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
     sites += [(s, render_pool(s, program, ranges)) for s in pool_sites(program)]
+    # where a library-free bundle has no other way: convolutions (cuDNN's elsewhere) and cumsums
+    # (ATen's elsewhere, until the scan kernel has run on a GPU)
     if library_free:
         from aot.codegen.convolution import conv_sites, render_convolution
+        from aot.codegen.scans import render_scan, scan_sites
 
         sites += [(s, render_convolution(s, program, ranges)) for s in conv_sites(program)]
+        sites += [(s, render_scan(s, program, ranges)) for s in scan_sites(program)]
     for step, r in sites:
         if r is not None:
             k = kernel_id(r.source, r.signature, r.config)

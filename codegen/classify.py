@@ -67,6 +67,7 @@ REDUCTION_OPS = frozenset(
         "aten.var.correction",
         "aten.var_mean.correction",
         "aten.logsumexp.default",
+        "aten.linalg_vector_norm.default",
     }
 )
 

@@ -133,24 +133,30 @@ def library_free(
     return out
 
 
-# the operand a Triton form reads row-major from its buffer: a GEMM's A, a lookup's ids
+# the operand a Triton form reads row-major from its buffer: a GEMM's A, a lookup's ids, the image
+# of a convolution or a pool (CoAtNet's shortcut pools its LayerNorm2d's [B, C, H, W] permute of
+# [B, H, W, C] rows)
 ROW_MAJOR_OPERAND = {
     "aten.mm.default": 0,
     "aten.addmm.default": 1,
     "aten._addmm_activation.default": 1,
     "aten.embedding.default": 1,
+    "aten.convolution.default": 0,
+    "aten.avg_pool2d.default": 0,
+    "aten.max_pool2d_with_indices.default": 0,
 }
 COPY = "aten.clone.default"
 
 
 def copy_strided_operands(program: Program) -> tuple[Program, int]:
-    """``program`` with each GEMM's A and each lookup's ids that is a view no kernel can read as
-    rows in place (not a view at its base's address, ``aot.program.aliases``, or rows apart:
-    BERT's pooler reads the first token, ``hidden[:, 0]`` of ``[B, T, C]``; BERT without
-    ``token_type_ids`` looks up its buffered zeros expanded to ``[B, T]``) copied by a ``clone``
-    first, which the fuser makes a kernel: those forms read the operand row-major, and a
-    library-free program has no other copy that gathers strided elements. Also how many. Before
-    fusion, for library-free builds only (the torch loader lays such an operand out by itself)."""
+    """``program`` with each GEMM's A, each lookup's ids and each convolution's or pool's image
+    (``ROW_MAJOR_OPERAND``) that is a view no kernel can read as rows in place (not a view at its
+    base's address, ``aot.program.aliases``, or rows apart: BERT's pooler reads the first token,
+    ``hidden[:, 0]`` of ``[B, T, C]``; BERT without ``token_type_ids`` looks up its buffered zeros
+    expanded to ``[B, T]``) copied by a ``clone`` first, which the fuser makes a kernel: those
+    forms read the operand row-major, and a library-free program has no other copy that gathers
+    strided elements. Also how many. Before fusion, for library-free builds only (the torch
+    loader lays such an operand out by itself)."""
     aliased = aliases(program, program.steps)
     producer = producer_of(program.steps)
     buffers = dict(program.buffers)

@@ -13,9 +13,10 @@ from typing import Any
 
 from aot.codegen import index as ix
 from aot.codegen.index import Lin
+from aot.codegen.lower_views import slice_node
 from aot.codegen.step_args import arg, is_tensor, literal, norm_dim, operand
 from aot.codegen.triton_types import COMPUTE, STORAGE, TL_TYPE
-from aot.codegen.valuegraph import Builder, Node, Unsupported, pointwise_node
+from aot.codegen.valuegraph import Builder, Node, Unsupported, pointwise_node, same_index
 from aot.dtypes import FLOATS
 from aot.schema import SpecialFloat, Step
 
@@ -372,6 +373,52 @@ def _lower_cat(b: Builder, step: Step) -> None:
     b.set(name, cat)
 
 
+def _lower_constant_pad(b: Builder, step: Step) -> None:
+    """``constant_pad_nd`` (``F.pad``; timm's "same" padding before a convolution): each padded dim
+    a ``cat`` of the value's run, the tensor and the value's run, the value computed from the
+    index where it is read; a negative pad crops (a slice)."""
+    name, shape, dtype = b.out(step)
+    x = b.tensor(step.args[0])
+    pad = list(arg(step, 1, "pad", []))
+    value = arg(step, 2, "value", 0)
+    value = 0 if value is None else value
+    rank = len(x.shape)
+    if len(pad) % 2 or len(pad) // 2 > rank or not all(type(p) is int for p in pad) or is_tensor(value):
+        raise Unsupported(f"constant_pad_nd with pad {pad!r}")
+    ty = COMPUTE[dtype]
+    fill = f"tl.full([], {literal(value, ty)}, {TL_TYPE[ty]})"
+    node = x
+    for i in range(len(pad) // 2):
+        dim, low, high = rank - 1 - i, pad[2 * i], pad[2 * i + 1]
+        if low < 0 or high < 0:  # crop first: the kept run of the dim
+            kept = ix.canon(node.shape[dim] + min(low, 0) + min(high, 0))
+            cropped = node.shape[:dim] + (kept,) + node.shape[dim + 1 :]
+            node = slice_node(node, cropped, dim, ix.sympy.Integer(-min(low, 0)), 1)
+        pieces, ends, end = [], [], ix.ZERO
+        for n, piece in ((max(low, 0), None), (None, node), (max(high, 0), None)):
+            size = piece.shape[dim] if piece is not None else ix.sympy.Integer(n)
+            if size == ix.ZERO:
+                continue
+            part_shape = node.shape[:dim] + (size,) + node.shape[dim + 1 :]
+            pieces.append(piece if piece is not None else Node("op", part_shape, dtype, (), fill))
+            end = ix.canon(end + size)
+            ends.append(end)
+        padded = node.shape[:dim] + (end,) + node.shape[dim + 1 :]
+        if len(pieces) > 1:
+            node = Node(
+                "cat",
+                padded,
+                dtype,
+                tuple(pieces),
+                casts=(ty,) * len(pieces),
+                cat_dim=dim,
+                cat_ends=tuple(ends),
+            )
+    if not all(ix.same(a, c) for a, c in zip(node.shape, shape)):
+        raise Unsupported("constant_pad_nd: the pieces do not add up to the output")
+    b.set(name, node if node is not x else Node("remap", shape, dtype, (x,), remap=same_index))
+
+
 POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     **dict.fromkeys(_UNARY_FLOAT, _lower_unary),
     **dict.fromkeys(_UNARY_ANY, _lower_unary),
@@ -427,4 +474,5 @@ POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     "aten.copy.default": _lower_copy,
     "aten._native_batch_norm_legit_no_training.default": _lower_batch_norm,
     "aten.cat.default": _lower_cat,
+    "aten.constant_pad_nd.default": _lower_constant_pad,
 }

@@ -1,13 +1,19 @@
-"""Lowering of reductions over trailing dims (sum, mean, amax/amin, var, logsumexp, softmax,
-layer norm): each becomes ``reduce`` nodes with its prologue and epilogue as pointwise nodes
-around them. Statistics are accumulated in fp32 (fp64 for fp64, int64 for integer sums).
+"""Lowering of reductions (sum, mean, amax/amin, var, logsumexp, vector norms, softmax, layer
+norm): each becomes ``reduce`` nodes with its prologue and epilogue as pointwise nodes around
+them. Statistics are accumulated in fp32 (fp64 for fp64, int64 for integer sums).
 
-Only trailing dims are fused; a reduction over other dims raises ``Unsupported`` and stays an
-ATen call. The source writer (``kernel_source``) decides how a ``reduce`` node is computed.
+A reduction node reduces the trailing dims of its source. A sum, mean, amax/amin, var, logsumexp
+or ``linalg_vector_norm`` over other dims (a mean over a ViT's tokens, ``[B, N, C] -> [B, C]``;
+ConvNeXt-V2's L2 norm over each channel's image) reads its source through a permutation that
+puts the reduced dims last, the kept dims in their order: the kept part's flat index is the
+result's, with or without ``keepdim``. Softmax and layer norm stay over trailing dims
+(``Unsupported`` otherwise: an ATen call). The source writer (``kernel_source``) decides how a
+``reduce`` node is computed.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from aot.codegen import index as ix
@@ -15,19 +21,27 @@ from aot.codegen.step_args import literal, norm_dim
 from aot.codegen.triton_types import COMPUTE
 from aot.codegen.valuegraph import Builder, Node, Unsupported, same_index
 from aot.dtypes import FLOATS
-from aot.schema import Step, Sym
+from aot.schema import SpecialFloat, Step, Sym
 
 
-def _trailing(dims: Any, rank: int) -> int:
-    """Number of trailing dims reduced; ``Unsupported`` unless ``dims`` are exactly the last ones."""
+def _to_trailing(x: Node, dims: Any) -> tuple[Node, int]:
+    """``x`` read with the reduced ``dims`` last (the kept dims first, in their order), and how
+    many dims are reduced."""
+    rank = len(x.shape)
     if dims is None or dims == []:
-        return rank
+        return x, rank
     if isinstance(dims, int):
         dims = [dims]
-    norm = sorted({norm_dim(d, rank) for d in dims})
-    if norm != list(range(rank - len(norm), rank)):
-        raise Unsupported(f"reduction over dims {dims} (only trailing dims are fused)")
-    return len(norm)
+    reduced = sorted({norm_dim(d, rank) for d in dims})
+    perm = [d for d in range(rank) if d not in reduced] + reduced
+    if perm == list(range(rank)):
+        return x, len(reduced)
+    shape = tuple(x.shape[d] for d in perm)
+
+    def permute(lin: ix.Lin, in_shape=x.shape, perm=perm, shape=shape) -> ix.Lin:
+        return ix.through_permute(lin, in_shape, perm, shape)
+
+    return Node("remap", shape, x.dtype, (x,), remap=permute), len(reduced)
 
 
 def _reduce(kind: str, src: Node, k: int, dtype: str, shape=None) -> Node:
@@ -107,16 +121,17 @@ def _lower_softmax(b: Builder, step: Step) -> None:
 
 
 def _lower_dim_reduction(b: Builder, step: Step) -> None:
-    """sum, mean, amax/amin, var(_mean), logsumexp over the trailing ``dim`` argument."""
+    """sum, mean, amax/amin, var(_mean), logsumexp over the ``dim`` argument (module docstring)."""
     t = step.target
-    x = b.tensor(step.args[0])
-    rank = len(x.shape)
     name, shape, dtype = b.out(step)
     if t in ("aten.sum.default", "aten.mean.default"):
         dims = None
+    elif t == "aten.linalg_vector_norm.default":
+        dims = step.args[2] if len(step.args) > 2 else step.kwargs.get("dim")
     else:
         dims = step.args[1] if len(step.args) > 1 else step.kwargs.get("dim")
-    k = _trailing(dims, rank)
+    x, k = _to_trailing(b.tensor(step.args[0]), dims)
+    rank = len(x.shape)
     n = _count(ix.numel(x.shape[rank - k :]))
     if t in ("aten.sum.dim_IntList", "aten.sum.default"):
         acc = _acc_dtype(dtype)
@@ -133,6 +148,8 @@ def _lower_dim_reduction(b: Builder, step: Step) -> None:
         b.set(name, _reduce(kind, _op(x.shape, "float32", "$0", [x]), k, dtype, shape))
     elif t in ("aten.var.correction", "aten.var_mean.correction"):
         _lower_variance(b, step, x, k, n)
+    elif t == "aten.linalg_vector_norm.default":
+        _lower_vector_norm(b, step, x, k)
     elif t == "aten.logsumexp.default":
         if x.dtype not in FLOATS:
             raise Unsupported("logsumexp of integers")
@@ -143,6 +160,32 @@ def _lower_dim_reduction(b: Builder, step: Step) -> None:
         b.set(name, _op(shape, dtype, "(tl.log($0) + $1)", [s, safe_out]))
     else:
         raise Unsupported(t)
+
+
+def _lower_vector_norm(b: Builder, step: Step, x: Node, k: int) -> None:
+    """``linalg_vector_norm`` over the last ``k`` dims: ``sum(|x| ** ord) ** (1 / ord)``, the
+    largest (smallest) ``|x|`` for an ``ord`` of inf (-inf), the count of non-zeros for 0; summed
+    in fp32. ConvNeXt-V2's global response norm: the L2 norm over each channel's image."""
+    name, shape, dtype = b.out(step)
+    if x.dtype not in FLOATS or dtype not in FLOATS:
+        raise Unsupported("a vector norm of integers")
+    order = step.args[1] if len(step.args) > 1 else step.kwargs.get("ord", 2)
+    if isinstance(order, SpecialFloat):  # inf, -inf (a NaN order ATen refuses)
+        order = float(order.name)
+    if not isinstance(order, (int, float)) or isinstance(order, bool) or math.isnan(order):
+        raise Unsupported(f"vector norm of order {order!r}")
+    absolute = _op(x.shape, "float32", "tl.abs($0)", [x])
+    if order in (float("inf"), float("-inf")):
+        kind = "max" if order > 0 else "min"
+        b.set(name, _reduce(kind, absolute, k, dtype, shape))
+        return
+    if order == 0:
+        b.set(name, _reduce("sum", _op(x.shape, "float32", "($0 != 0).to(tl.float32)", [x]), k, dtype, shape))
+        return
+    power = {1: "$0", 2: "($0 * $0)"}.get(order, f"tl.exp({literal(float(order), 'fp32')} * tl.log($0))")
+    s = _reduce("sum", _op(x.shape, "float32", power, [absolute]), k, "float32", shape)
+    root = {1: "$0", 2: "tl.sqrt($0)"}.get(order, f"tl.exp(tl.log($0) / {literal(float(order), 'fp32')})")
+    b.set(name, _op(shape, dtype, root, [s]))
 
 
 def _lower_variance(b: Builder, step: Step, x: Node, k: int, n: str) -> None:

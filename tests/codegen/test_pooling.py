@@ -244,3 +244,58 @@ def test_a_model_with_average_pools_builds_library_free(averaged):
     compiled = generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
     assert "aten.avg_pool2d.default" not in {s.target for s in compiled.program.steps}
     assert len(_kernel_steps(compiled.program, "avg_pool2d")) == 4
+
+
+PERMUTED = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.conv = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):  # x: [B, H, W, C], as CoAtNet's LayerNorm2d normalizes it
+        y = self.norm(x).permute(0, 3, 1, 2)  # [B, C, H, W] over [B, H, W, C] rows
+        return self.conv(nn.functional.avg_pool2d(y, 2)), nn.functional.max_pool2d(y, 3, 2, 1)
+
+spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 4), 6, 7, 8))])
+"""
+
+
+def test_a_pool_of_a_permuted_view_builds_library_free(tmp_path):
+    """CoAtNet's shortcut pools the permute of its LayerNorm2d's rows: a view the pool kernel cannot
+    read in place, which the library-free build refused. Now a kernel copies it row-major first (one
+    copy for both pools); the bundle agrees with eager on the CPU and each kernel with its
+    reference in the interpreter at batch 1 and 3."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "permuted.py"
+    path.write_text(PERMUTED)
+    spec = load_model_file(path)
+    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    program = compiled.program
+    pools = _kernel_steps(program, "avg_pool2d") + _kernel_steps(program, "max_pool2d")
+    assert len(pools) == 2 and len({s.args[0].name for s in pools}) == 1
+    (copy,) = [s for s in program.steps if pools[0].args[0].name in s.outputs]
+    assert copy.kind == StepKind.KERNEL and "aten.clone.default" in {r.target for r in copy.reference}
+    pack(compiled, tmp_path / "permuted.tpk")
+    module = spec.module()
+    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
+    x = torch.randn(3, 6, 7, 8)
+    with torch.no_grad():
+        want = module.eval()(x)
+    for got, w in zip(load(tmp_path / "permuted.tpk")(x), want, strict=True):
+        torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-5)
+    (results,) = interpret_in_subprocess(
+        [(tmp_path / "permuted.tpk", path, [{"batch": 1}, {"batch": 3}], None)]
+    )
+    for size, checks in results.items():
+        assert {c.kernel for c in checks} == {k.id for k in program.kernels}, size
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])

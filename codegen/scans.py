@@ -1,0 +1,124 @@
+"""Cumulative sums as Triton kernels (``aten.cumsum``): EdgeNeXt's sine position encoding sums a
+mask along the image's rows and columns, a padded batch's positions are a cumsum of its mask.
+
+A row-major ``[outer..., L, inner...]`` tensor is ``outer * inner`` runs of ``L`` elements
+``inner`` apart; a program scans ``BLOCK_R`` runs of one outer index at once, all of ``L`` in
+registers (``tl.cumsum`` over a ``[BLOCK_L, BLOCK_R]`` tile, the inner runs side by side so their
+loads coalesce). Sums in fp32 for floats and bools (as ATen accumulates half types), int64 for
+integers. The scanned dim and every dim after it are static, at most ``MAX_RUN`` elements; the
+dims before it may be symbolic (the batch). Anything else stays ATen's.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.launch import MAX_GRID_YZ, max_value
+from aot.codegen.render import Rendered
+from aot.codegen.step_args import norm_dim
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.codegen.valuegraph import Unsupported
+from aot.dtypes import ITEMSIZE
+from aot.program import tensor_specs
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
+
+CUMSUM = "aten.cumsum.default"
+MAX_RUN = 2048  # a run's elements, in registers at once
+TILE = 4096  # elements of a program's tile
+HEURISTIC = "cumsum-v1"
+SCANNED = ("float16", "bfloat16", "float32", "bool", "int8", "uint8", "int16", "int32", "int64")
+
+
+def _dim(step: Step, rank: int) -> int | None:
+    dim = step.args[1] if len(step.args) > 1 else step.kwargs.get("dim")
+    try:
+        return norm_dim(dim, max(rank, 1))
+    except Unsupported:
+        return None
+
+
+def scan_sites(program: Program) -> list[Step]:
+    """The cumsum steps the kernel can replace (module docstring): a row-major input and output
+    of a dtype it sums, the scanned dim and those after it static."""
+    specs = tensor_specs(program)
+    out = []
+    for s in program.steps:
+        if s.kind != StepKind.ATEN or s.target != CUMSUM or not s.args or not isinstance(s.args[0], Buf):
+            continue
+        if not s.outputs or s.outputs[0] is None or s.kwargs.keys() - {"dtype"}:
+            continue
+        x, o = specs.get(s.args[0].name), specs.get(s.outputs[0])
+        if x is None or o is None or x.order or o.order or x.shape != o.shape:
+            continue
+        if x.dtype not in SCANNED or o.dtype not in SCANNED or o.dtype == "bool":
+            continue
+        dim = _dim(s, len(x.shape))
+        if dim is None or not all(d.isdigit() for d in x.shape[dim:]):
+            continue
+        run = int(x.shape[dim]) if x.shape else 1
+        if not 1 <= run <= MAX_RUN:
+            continue
+        out.append(s)
+    return out
+
+
+def render_scan(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered | None:
+    """The Triton kernel for one cumsum of ``scan_sites``; None where its grid passes CUDA's limit."""
+    specs = tensor_specs(program)
+    x, o = specs[step.args[0].name], specs[step.outputs[0]]
+    dim = _dim(step, len(x.shape))
+    run = int(x.shape[dim]) if x.shape else 1
+    inner = 1
+    for d in x.shape[dim + 1 :]:
+        inner *= int(d)
+    outer = ix.numel(tuple(ix.parse_size(d) for d in x.shape[:dim]))
+    block_l = max(2, 1 << max(0, (run - 1).bit_length()))
+    block_r = max(2, min(TILE // block_l, 1 << max(0, (inner - 1).bit_length())))
+    inner_blocks = -(-inner // block_r)
+    if inner_blocks > MAX_GRID_YZ:
+        return None
+    index = "i64" if max_value(outer, ranges) * run * inner >= 2**31 - 1 else "i32"
+    floats = o.dtype in ("float16", "bfloat16", "float32")
+    acc = "tl.float32" if floats else "tl.int64"
+    name = "cumsum"
+    params = (
+        KernelParam("x_ptr", ParamKind.PTR, x.dtype),
+        KernelParam("out_ptr", ParamKind.PTR, o.dtype),
+    )
+    signature = signature_of(params, index)
+    grid = (ix.size_text(outer), str(inner_blocks))
+    doc = [
+        f"Cumulative sum over dim {dim} of [{', '.join(x.shape)}] {x.dtype} -> {o.dtype}: "
+        f"runs of {run} elements {inner} apart, {block_r} runs a program, summed in {acc[3:]}.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    consts = {"L": run, "INNER": inner, "BLOCK_L": block_l, "BLOCK_R": block_r}
+    wide = ".to(tl.int64)" if index == "i64" else ""
+    body = [
+        f"n = tl.program_id(0){wide}",
+        f"i = tl.program_id(1){wide} * BLOCK_R + tl.arange(0, BLOCK_R)",
+        "l = tl.arange(0, BLOCK_L)",
+        "offs = n * (L * INNER) + l[:, None] * INNER + i[None, :]",
+        "ok = (l < L)[:, None] & (i < INNER)[None, :]",
+        f"v = tl.load(x_ptr + offs, mask=ok, other=0).to({acc})",
+        "s = tl.cumsum(v, axis=0)",
+        f"tl.store(out_ptr + offs, s.to({TL_TYPE[STORAGE[o.dtype]]}), mask=ok)",
+    ]
+    source = kernel_module(doc, consts, name, signature, body)
+    traffic = outer * inner * run * (ITEMSIZE[x.dtype] + ITEMSIZE[o.dtype])
+    return Rendered(
+        name=name,
+        source=source,
+        signature=signature,
+        params=params,
+        args=(step.args[0], Buf(step.outputs[0])),
+        outputs=(step.outputs[0],),
+        grid=grid,
+        num_warps=4,
+        num_stages=1,
+        config={"kind": "scan", "BLOCK_L": block_l, "BLOCK_R": block_r, "heuristic": HEURISTIC},
+        ops=(step.target,),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )
