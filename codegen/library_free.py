@@ -155,8 +155,9 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
     ``hidden[:, 0]`` of ``[B, T, C]``; BERT without ``token_type_ids`` looks up its buffered zeros
     expanded to ``[B, T]``) copied by a ``clone`` first, which the fuser makes a kernel: those
     forms read the operand row-major, and a library-free program has no other copy that gathers
-    strided elements. Also how many. Before fusion, for library-free builds only (the torch
-    loader lays such an operand out by itself)."""
+    strided elements. A program output that is such a view is copied so too (the runtime returns
+    a buffer, or a view at its base's address). Also how many. Before fusion, for library-free
+    builds only (the torch loader lays such an operand out by itself)."""
     aliased = aliases(program, program.steps)
     producer = producer_of(program.steps)
     buffers = dict(program.buffers)
@@ -176,6 +177,15 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
                 args[at] = Buf(copied[a.name])
                 step = replace(step, args=tuple(args))
         steps.append(step)
+    outputs = list(program.outputs)
+    for i, name in enumerate(outputs):  # a view returned (GhostNet's channels of a sum): its own rows
+        made = producer.get(name)
+        if name in buffers and (name not in aliased or aliased[name].width) and made is not None:
+            if is_view(program.steps[made]) and name not in copied:
+                copied[name] = fresh_name(f"{name}_rows", buffers)
+                buffers[copied[name]] = replace(buffers[name], order=())
+                steps.append(Step(StepKind.ATEN, COPY, (Buf(name),), {}, (copied[name],)))
+            outputs[i] = copied.get(name, name)
     if not copied:
         return program, 0
-    return replace(program, steps=tuple(steps), buffers=buffers), len(copied)
+    return replace(program, steps=tuple(steps), buffers=buffers, outputs=tuple(outputs)), len(copied)

@@ -419,6 +419,45 @@ def _lower_constant_pad(b: Builder, step: Step) -> None:
     b.set(name, node if node is not x else Node("remap", shape, dtype, (x,), remap=same_index))
 
 
+def _lower_slice_scatter(b: Builder, step: Step) -> None:
+    """``slice_scatter(x, src, dim, start, end, 1)`` (an in-place op on a slice, functionalized:
+    GhostNet's ``x += shortcut`` on a channel slice): a ``cat`` of ``x`` before the slice, ``src``
+    and ``x`` after it, along a dim of static size."""
+    name, shape, dtype = b.out(step)
+    x, src = b.tensor(step.args[0]), b.tensor(step.args[1])
+    rank = len(x.shape)
+    dim = norm_dim(arg(step, 2, "dim", 0), rank)
+    start, end, stride = arg(step, 3, "start", None), arg(step, 4, "end", None), arg(step, 5, "step", 1)
+    size = x.shape[dim]
+    whole = start in (None, 0) and (end is None or (type(end) is int and end >= 2**62))  # export: sys.maxsize
+    if stride == 1 and whole and len(src.shape) == rank and ix.same(src.shape[dim], size):
+        b.set(name, Node("remap", shape, dtype, (src,), remap=same_index))  # every element src's
+        return
+    if stride != 1 or not size.is_Integer or any(v is not None and type(v) is not int for v in (start, end)):
+        raise Unsupported("slice_scatter of a step, a symbolic dim or bounds")
+    start, end, _ = slice(start, end).indices(int(size))
+    end = max(start, end)
+    if len(src.shape) != rank or not ix.same(src.shape[dim], ix.sympy.Integer(end - start)):
+        raise Unsupported("slice_scatter: the source does not fill the slice")
+    ty = COMPUTE[dtype]
+    pieces, ends = [], []
+    for lo, hi, piece in ((0, start, x), (start, end, src), (end, int(size), x)):
+        if hi <= lo:
+            continue
+        part = x.shape[:dim] + (ix.sympy.Integer(hi - lo),) + x.shape[dim + 1 :]
+        pieces.append(piece if piece is src else slice_node(x, part, dim, ix.sympy.Integer(lo), 1))
+        ends.append(ix.sympy.Integer(hi))
+    if len(pieces) == 1:
+        b.set(name, Node("remap", shape, dtype, (pieces[0],), remap=same_index))
+        return
+    b.set(
+        name,
+        Node(
+            "cat", shape, dtype, tuple(pieces), casts=(ty,) * len(pieces), cat_dim=dim, cat_ends=tuple(ends)
+        ),
+    )
+
+
 POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     **dict.fromkeys(_UNARY_FLOAT, _lower_unary),
     **dict.fromkeys(_UNARY_ANY, _lower_unary),
@@ -475,4 +514,5 @@ POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     "aten._native_batch_norm_legit_no_training.default": _lower_batch_norm,
     "aten.cat.default": _lower_cat,
     "aten.constant_pad_nd.default": _lower_constant_pad,
+    "aten.slice_scatter.default": _lower_slice_scatter,
 }

@@ -273,6 +273,7 @@ def test_a_pool_of_a_permuted_view_builds_library_free(tmp_path):
     from aot.codegen import generate
     from aot.loader import load
     from aot.packager import pack
+    from aot.runtime import check
     from aot.tracer import load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
 
@@ -286,6 +287,7 @@ def test_a_pool_of_a_permuted_view_builds_library_free(tmp_path):
     (copy,) = [s for s in program.steps if pools[0].args[0].name in s.outputs]
     assert copy.kind == StepKind.KERNEL and "aten.clone.default" in {r.target for r in copy.reference}
     pack(compiled, tmp_path / "permuted.tpk")
+    assert check(tmp_path / "permuted.tpk").entries  # the torch-free runtime takes it
     module = spec.module()
     module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
     x = torch.randn(3, 6, 7, 8)
