@@ -458,6 +458,44 @@ def _lower_slice_scatter(b: Builder, step: Step) -> None:
     )
 
 
+def _lower_upsample_nearest(b: Builder, step: Step) -> None:
+    """``upsample_nearest2d`` (``F.interpolate(mode="nearest")``: HRNet's and FPNs' top-down
+    paths) by a whole factor ``k`` per image dim: ``out[.., y, x] = in[.., y // k, x // k]``, index
+    arithmetic that the kernel reading it folds in. ATen computes the source row as
+    ``floor(y * (1 / k))`` in float32: the same wherever float32's ``1 / k`` is not below ``1 / k``
+    (every power of two, 3, 5, ...; a float64 tensor's scale is a double: powers of two only);
+    other factors and sizes that are not whole multiples stay ATen's."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    name, shape, dtype = b.out(step)
+    x = b.tensor(step.args[0])
+    scales = arg(step, 2, "scale_factors", None)
+    if len(x.shape) != 4 or len(shape) != 4:
+        raise Unsupported("upsample_nearest2d of a tensor that is not 4-D")
+    factors = []
+    for i, d in enumerate((2, 3)):
+        n_in, n_out = x.shape[d], shape[d]
+        if not (n_in.is_Integer and n_out.is_Integer) or int(n_in) == 0 or int(n_out) % int(n_in):
+            raise Unsupported("upsample_nearest2d to a size that is not a whole multiple")
+        k = int(n_out) // int(n_in)
+        if scales is not None and (type(scales[i]) not in (int, float) or float(scales[i]) != k):
+            raise Unsupported(f"upsample_nearest2d by {scales[i]!r} to {n_out} rows of {n_in}")
+        if k & (k - 1) and (x.dtype == "float64" or Fraction(float(np.float32(1.0 / k))) < Fraction(1, k)):
+            raise Unsupported(f"upsample_nearest2d by {k}: float32's 1 / {k} rounds down")
+        factors.append(k)
+
+    def remap(lin: Lin, shape=shape, in_shape=x.shape, factors=tuple(factors)) -> Lin:
+        per = ix.unflatten(lin, shape)
+        for d, k in zip((2, 3), factors):
+            if k != 1:
+                per[d] = ix.make_lin([(ix.ONE, ix.Frag(per[d], shape[d], ix.sympy.Integer(k)))])
+        return ix.flatten(per, in_shape)
+
+    b.set(name, Node("remap", shape, dtype, (x,), remap=remap))
+
+
 POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     **dict.fromkeys(_UNARY_FLOAT, _lower_unary),
     **dict.fromkeys(_UNARY_ANY, _lower_unary),
@@ -515,4 +553,5 @@ POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     "aten.cat.default": _lower_cat,
     "aten.constant_pad_nd.default": _lower_constant_pad,
     "aten.slice_scatter.default": _lower_slice_scatter,
+    "aten.upsample_nearest2d.vec": _lower_upsample_nearest,
 }

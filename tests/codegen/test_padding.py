@@ -149,3 +149,62 @@ def test_slice_scatters_are_kernels(tmp_path):
     x = torch.randn(3, 6, 5)
     for got, want in zip(runner(x), module(x), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+UPSAMPLED = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x, low):  # x: [B, 3, 12, 10], low: [B, 3, 6, 5]
+        top = x + F.interpolate(self.conv(low), scale_factor=2, mode="nearest")  # HRNet's fuse layer
+        wide = F.interpolate(low * 2, size=(18, 20), mode="nearest")             # 3x rows, 4x columns
+        kept = F.interpolate(low, size=(12, 7), mode="nearest")                  # 7 of 5: stays ATen's
+        return top, wide, kept
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 3, 12, 10)), Input("low", (batch, 3, 6, 5))])
+"""
+
+
+def test_nearest_upsampling_by_whole_factors_is_index_arithmetic(tmp_path):
+    """``upsample_nearest2d`` by a whole factor per dim (2, 3, 4) reads ``in[y // k, x // k]`` in the
+    kernel after it, as ATen's float32 ``floor(y * (1 / k))`` does for those factors; a size that is
+    no whole multiple stays ATen's. The CPU path and every kernel in the interpreter agree with
+    ATen exactly (a copy of values, then an add)."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "up.py"
+    path.write_text(UPSAMPLED)
+    spec = load_model_file(path)
+    compiled = generate(trace(spec), ("sm_90",))
+    aten = [s.target for s in compiled.program.steps if s.kind == StepKind.ATEN and "upsample" in s.target]
+    assert aten == ["aten.upsample_nearest2d.vec"], aten  # the 7-of-5 one
+    fused = [
+        s for s in compiled.program.steps if s.kind == StepKind.KERNEL and "upsample" in str(s.reference)
+    ]
+    assert len(fused) == 2, fused
+    pack(compiled, tmp_path / "up.tpk")
+    runner, module = load(tmp_path / "up.tpk"), spec.module()
+    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
+    for b in (1, 3):
+        x, low = torch.randn(b, 3, 12, 10), torch.randn(b, 3, 6, 5)
+        with torch.no_grad():
+            want = module(x, low)
+        for got, w in zip(runner(x, low), want, strict=True):
+            torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-6)
+    (results,) = interpret_in_subprocess([(tmp_path / "up.tpk", path, [{"batch": 1}, {"batch": 3}], None)])
+    for size, checks in results.items():
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+        copies = [c for c in checks if c.kernel in {s.target for s in fused} and "conv" not in c.name]
+        assert copies and all(c.max_abs_error == 0.0 for c in copies), (size, copies)
