@@ -160,13 +160,23 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
     builds only (the torch loader lays such an operand out by itself)."""
     aliased = aliases(program, program.steps)
     producer = producer_of(program.steps)
+
+    def in_place(name: str) -> bool:
+        """A view at its base's address, of a base that some step writes (MaxViT's window rows
+        are views of a permute of the attention's result, itself a view no step writes)."""
+        at = aliased.get(name)
+        if at is None or at.width:
+            return False
+        made = producer.get(at.base)
+        return made is None or not is_view(program.steps[made])
+
     buffers = dict(program.buffers)
     steps: list[Step] = []
     copied: dict[str, str] = {}
     for step in program.steps:
         at = ROW_MAJOR_OPERAND.get(step.target, -1) if step.kind == StepKind.ATEN else -1
         a = step.args[at] if 0 <= at < len(step.args) else None
-        if isinstance(a, Buf) and a.name in buffers and (a.name not in aliased or aliased[a.name].width):
+        if isinstance(a, Buf) and a.name in buffers and not in_place(a.name):
             made = producer.get(a.name)
             if made is not None and is_view(program.steps[made]):
                 if a.name not in copied:
@@ -180,7 +190,7 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
     outputs = list(program.outputs)
     for i, name in enumerate(outputs):  # a view returned (GhostNet's channels of a sum): its own rows
         made = producer.get(name)
-        if name in buffers and (name not in aliased or aliased[name].width) and made is not None:
+        if name in buffers and not in_place(name) and made is not None:
             if is_view(program.steps[made]) and name not in copied:
                 copied[name] = fresh_name(f"{name}_rows", buffers)
                 buffers[copied[name]] = replace(buffers[name], order=())
