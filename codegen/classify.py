@@ -56,6 +56,7 @@ GENERATOR_OPS = frozenset(
 REDUCTION_OPS = frozenset(
     {
         "aten.native_layer_norm.default",
+        "aten.native_group_norm.default",
         "aten._softmax.default",
         "aten._log_softmax.default",
         "aten.sum.dim_IntList",

@@ -1,5 +1,5 @@
 """Lowering of reductions (sum, mean, amax/amin, var, logsumexp, vector norms, softmax, layer
-norm): each becomes ``reduce`` nodes with its prologue and epilogue as pointwise nodes around
+and group norm): each becomes ``reduce`` nodes with its prologue and epilogue as pointwise nodes around
 them. Statistics are accumulated in fp32 (fp64 for fp64, int64 for integer sums).
 
 A reduction node reduces the trailing dims of its source. A sum, mean, amax/amin, var, logsumexp
@@ -66,6 +66,8 @@ def _count(width) -> str:
 def lower_reduction(b: Builder, step: Step) -> None:
     if step.target == "aten.native_layer_norm.default":
         _lower_layer_norm(b, step)
+    elif step.target == "aten.native_group_norm.default":
+        _lower_group_norm(b, step)
     elif step.target in ("aten._softmax.default", "aten._log_softmax.default"):
         _lower_softmax(b, step)
     else:
@@ -96,6 +98,42 @@ def _lower_layer_norm(b: Builder, step: Step) -> None:
     if bias is not None:
         fmt = f"({fmt} + ${len(inputs)})"
         inputs.append(bias)
+    b.set(name, _op(x.shape, dtype, fmt, inputs))
+    for i, stat in ((1, mean), (2, rstd)):
+        out, out_shape, out_dtype = b.out(step, i)
+        if out is not None:
+            b.set(out, Node("remap", out_shape, out_dtype, (stat,), remap=same_index))
+
+
+def _lower_group_norm(b: Builder, step: Step) -> None:
+    """``native_group_norm(x, w, b, N, C, HxW, G, eps)`` of ``x`` ``[N, C, *]``: ``x`` read as
+    ``[N, G, C / G * HxW]`` (the same flat index), normalized over its last dim as a layer norm
+    is, then read back as ``x``'s shape and scaled and shifted per channel (PoolFormer's and
+    ConvNeXt-style models' ``GroupNorm(1, C)``). Its mean and 1/std are ``[N, G]``."""
+    x = b.tensor(step.args[0])
+    name, shape, dtype = b.out(step)
+    groups, eps = step.args[6], step.args[7]
+    if len(x.shape) < 2 or type(groups) is not int or groups < 1 or not x.shape[1].is_Integer:
+        raise Unsupported("group norm of a shape or group count it cannot split")
+    channels = int(x.shape[1])
+    if channels % groups:
+        raise Unsupported("group norm: the groups do not divide the channels")
+    width = ix.canon(ix.numel(x.shape[1:]) / groups)
+    grouped = Node("remap", (x.shape[0], ix.sympy.Integer(groups), width), x.dtype, (x,), remap=same_index)
+    n = _count(width)
+    s1 = _reduce("sum", _op(grouped.shape, "float32", "$0", [grouped]), 1, "float32")
+    mean = _op(s1.shape, "float32", f"($0 / {n})", [s1])
+    centered = _op(grouped.shape, "float32", "($0 - $1)", [grouped, mean])
+    s2 = _reduce("sum", _op(grouped.shape, "float32", "($0 * $0)", [centered]), 1, "float32")
+    rstd = _op(s1.shape, "float32", f"tl.rsqrt($0 / {n} + {literal(eps, 'fp32')})", [s2])
+    normed = _op(grouped.shape, "float32", "($0 * $1)", [centered, rstd])
+    inputs, fmt = [Node("remap", x.shape, "float32", (normed,), remap=same_index)], "$0"
+    per_channel = (ix.sympy.Integer(channels),) + (ix.ONE,) * (len(x.shape) - 2)
+    for arg_, op in ((step.args[1], "*"), (step.args[2], "+")):  # weight, then bias
+        if arg_ is not None:
+            t = b.tensor(arg_)
+            fmt = f"({fmt} {op} ${len(inputs)})"
+            inputs.append(Node("remap", per_channel, t.dtype, (t,), remap=same_index))
     b.set(name, _op(x.shape, dtype, fmt, inputs))
     for i, stat in ((1, mean), (2, rstd)):
         out, out_shape, out_dtype = b.out(step, i)
