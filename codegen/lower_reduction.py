@@ -1,14 +1,15 @@
 """Lowering of reductions (sum, mean, amax/amin, var, logsumexp, vector norms, softmax, layer
-and group norm): each becomes ``reduce`` nodes with its prologue and epilogue as pointwise nodes around
-them. Statistics are accumulated in fp32 (fp64 for fp64, int64 for integer sums).
+and group norm): each becomes ``reduce`` nodes with its prologue and epilogue as pointwise nodes
+around them. Statistics are accumulated in fp32 (fp64 for fp64, int64 for integer sums).
 
 A reduction node reduces the trailing dims of its source. A sum, mean, amax/amin, var, logsumexp
 or ``linalg_vector_norm`` over other dims (a mean over a ViT's tokens, ``[B, N, C] -> [B, C]``;
 ConvNeXt-V2's L2 norm over each channel's image) reads its source through a permutation that
 puts the reduced dims last, the kept dims in their order: the kept part's flat index is the
-result's, with or without ``keepdim``. Softmax and layer norm stay over trailing dims
-(``Unsupported`` otherwise: an ATen call). The source writer (``kernel_source``) decides how a
-``reduce`` node is computed.
+result's, with or without ``keepdim``; a softmax over another dim than the last reads its source
+so and its result is read back. A layer norm over other dims than the last stays an ATen call
+(``Unsupported``). The source writer (``kernel_source``) decides how a ``reduce`` node is
+computed.
 """
 
 from __future__ import annotations
@@ -142,20 +143,32 @@ def _lower_group_norm(b: Builder, step: Step) -> None:
 
 
 def _lower_softmax(b: Builder, step: Step) -> None:
-    x = b.tensor(step.args[0])
-    rank = len(x.shape)
+    """Softmax or log-softmax over one dim; over another than the last (ResNeSt's split
+    attention over its radix), of ``x`` read with that dim last, the result read back so."""
+    x0 = b.tensor(step.args[0])
+    rank = len(x0.shape)
     name, _, dtype = b.out(step)
-    if norm_dim(step.args[1], rank) != max(rank - 1, 0):
-        raise Unsupported("softmax over a dim that is not the last")
+    dim = norm_dim(step.args[1], rank) if rank else 0
+    x, _ = _to_trailing(x0, [dim]) if rank > 1 and dim != rank - 1 else (x0, 1)
     ty = COMPUTE[dtype]
     m = _reduce("max", _op(x.shape, "float32", "$0", [x]), 1, "float32")
     shifted = _op(x.shape, "float32", "($0 - $1)", [x, m])
     e = _op(x.shape, "float32", "tl.exp($0)", [shifted])
     s = _reduce("sum", e, 1, "float32")
     if step.target == "aten._softmax.default":
-        b.set(name, _op(x.shape, dtype, "($0 / $1)", [e, s], ty if ty == "fp64" else "fp32"))
+        out = _op(x.shape, dtype, "($0 / $1)", [e, s], ty if ty == "fp64" else "fp32")
     else:
-        b.set(name, _op(x.shape, dtype, "($0 - tl.log($1))", [shifted, s]))
+        out = _op(x.shape, dtype, "($0 - tl.log($1))", [shifted, s])
+    if x is not x0:  # back to x's dims: the softmax dim from the last to ``dim``
+        perm = list(range(rank - 1))
+        perm.insert(dim, rank - 1)
+
+        def back(lin: ix.Lin, in_shape=x.shape, perm=perm, shape=x0.shape) -> ix.Lin:
+            return ix.through_permute(lin, in_shape, perm, shape)
+
+        # x's dims from the outermost in x0's memory: x0 is x.permute(perm)
+        out = Node("remap", x0.shape, dtype, (out,), remap=back, order=tuple(perm))
+    b.set(name, out)
 
 
 def _lower_dim_reduction(b: Builder, step: Step) -> None:

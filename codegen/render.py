@@ -173,7 +173,10 @@ def render_kernel(
         raise NotFusible(f"output {e} is not computed by the group") from None
     if not out_nodes:
         raise NotFusible("nothing to compute")
-    order = walk(out_nodes)
+    # a permutation back (``Node.order``) as an output: stored from its input, in that order
+    permuted = {i: n.inputs[0] for i, n in enumerate(out_nodes) if n.kind == "remap" and n.order}
+    permuted = {i: n for i, n in permuted.items() if is_row_major(b.spec(outputs[i]).order)}
+    order = walk([permuted.get(i, n) for i, n in enumerate(out_nodes)])
     reduces = [n for n in order if n.kind == "reduce"]
     out_shapes = [b.shape(o) for o in outputs]
 
@@ -187,6 +190,8 @@ def render_kernel(
     out_dtypes = [b.spec(o).dtype for o in outputs]
     orders = [b.spec(o).order for o in outputs]
     layouts = [None if is_row_major(p) else (shape, p) for shape, p in zip(out_shapes, orders)]
+    for i, stored in permuted.items():  # a row-major output (checked above)
+        out_nodes[i], layouts[i] = stored, (stored.shape, out_nodes[i].order)
 
     def written(launch: Launch) -> SourceWriter:
         w = SourceWriter(launch)

@@ -40,7 +40,7 @@ class Node:
     cast to ``casts[i]`` first when given; ``"@ty"``: first rounded to the input's own half
     dtype, for ops whose result jumps, like casts to int and comparisons), ``$idx`` in ``fmt`` is
     the node's own flat index;
-    ``remap``: the input at ``remap(index)``; ``reduce``: ``reduce`` ("sum", "max", "min") of the
+    ``remap``: the input at ``remap(index)`` (``order``: a permutation back, below); ``reduce``: ``reduce`` ("sum", "max", "min") of the
     input over its last ``width`` elements per row; ``cat``: the inputs laid end to end along
     dim ``cat_dim`` (input i ends at ``cat_ends[i]``), each read only where it is the one chosen.
     """
@@ -57,6 +57,11 @@ class Node:
     width: Size = ix.ONE
     cat_dim: int = 0
     cat_ends: tuple[Size, ...] = ()
+    # a ``remap`` that permutes its input back into this node's dims: the input's dims in the
+    # order they lie in this node's row-major memory. An output such as this is stored from its
+    # input in that order (``render_kernel``): a softmax over another dim than the last keeps its
+    # rows the kernel's.
+    order: tuple[int, ...] = ()
 
     @property
     def ty(self) -> str:

@@ -1,7 +1,7 @@
 """Reductions over dims that are not the last ones (``aot.codegen.lower_reduction``): a mean over a
 ViT's tokens (``[B, N, C] -> [B, C]``, BEiT's pooling), a sum over the batch and channels, an amax
 kept as a dim and broadcast back, a variance, a logsumexp over the batch (amax and sum, as the export decomposes it) and a ``var_mean`` over
-two leading dims, and vector norms (L2 over the tokens as ConvNeXt-V2's global response norm takes
+two leading dims, softmaxes over a middle dim and over the batch, and vector norms (L2 over the tokens as ConvNeXt-V2's global response norm takes
 it; L1, L3.5, inf, -inf and 0 over the channels; L2 of everything) are kernels (each reads its source with the reduced dims last), not ATen calls.
 Checked: the program has no ATen reduction; the CPU path agrees with eager; every kernel matches
 its ATen reference in Triton's interpreter at batch 1 and 3 (float32, the kernels' own tolerance:
@@ -30,10 +30,12 @@ class M(nn.Module):
         spread = torch.var(x, dim=1, correction=0)     # [B, C]
         total = torch.logsumexp(x, dim=0)              # [N, C]
         var, mean = torch.var_mean(x, dim=(0, 1))      # [C], [C]
+        radix = torch.softmax(x.view(x.shape[0], 7, 3, 4), dim=2)  # ResNeSt's split attention
+        logs = torch.log_softmax(x, dim=0)             # over the batch
         l2 = torch.linalg.vector_norm(x, 2, dim=1, keepdim=True)  # ConvNeXt-V2's GRN
         norms = [torch.linalg.vector_norm(x, p, dim=2) for p in (1, 3.5, float("inf"), float("-inf"), 0)]
         whole = torch.linalg.vector_norm(x * (x > 0))  # every dim, zeros among the values
-        return tokens, both, peak, spread, total, var, mean, x / (l2 + 1e-6), *norms, whole
+        return tokens, both, peak, spread, total, var, mean, x / (l2 + 1e-6), *norms, whole, radix, logs
 
 spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 4), 7, 12))])
 """
@@ -71,6 +73,8 @@ def test_no_reduction_is_left_to_aten(built):
         "aten.amax.default",
         "aten.var_mean.correction",
         "aten.linalg_vector_norm.default",
+        "aten._softmax.default",
+        "aten._log_softmax.default",
     } <= references
     assert all(r in kernels for r in (s.target for s in program.steps if s.kind == StepKind.KERNEL))
 
