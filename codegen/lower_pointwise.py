@@ -134,6 +134,13 @@ def _lower_binary(b: Builder, step: Step) -> None:
         if ty not in ("fp32", "fp64"):
             raise Unsupported("integer remainder")
         fmt = "($0 - tl.floor($0 / $1) * $1)"
+    elif target.startswith("aten.fmod."):  # the remainder with the dividend's sign (C's)
+        if ty in ("fp32", "fp64"):
+            fmt = "($0 - tl.where($0 / $1 < 0.0, tl.ceil($0 / $1), tl.floor($0 / $1)) * $1)"
+        elif dtype != "bool":  # Triton's integer ``%`` truncates, as C's (on the GPU and interpreted)
+            fmt = "($0 % $1)"
+        else:
+            raise Unsupported("fmod on bool")
     else:
         fmt = _BINARY[target]
         if dtype == "bool":
@@ -517,6 +524,8 @@ POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
             "aten.minimum.default",
             "aten.remainder.Tensor",
             "aten.remainder.Scalar",
+            "aten.fmod.Tensor",
+            "aten.fmod.Scalar",
         ),
         _lower_binary,
     ),
