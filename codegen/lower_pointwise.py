@@ -503,6 +503,31 @@ def _lower_upsample_nearest(b: Builder, step: Step) -> None:
     b.set(name, Node("remap", shape, dtype, (x,), remap=remap))
 
 
+def _lower_repeat(b: Builder, step: Step) -> None:
+    """``repeat`` (XCiT's position encoding repeated over the batch): ``out[.., i, ..] =
+    x[.., i % n, ..]`` along each repeated dim of ``x`` (``n`` its static size; a dim of one, any
+    count: the batch's), leading new dims read at 0: index arithmetic that the kernel reading it
+    folds in."""
+    name, shape, dtype = b.out(step)
+    x = b.tensor(step.args[0])
+    repeats = list(arg(step, 1, "repeats", []))
+    new = len(repeats) - len(x.shape)
+    if new < 0 or len(shape) != len(repeats):
+        raise Unsupported("repeat with fewer repeats than dims")
+    for r, n in zip(repeats[new:], x.shape):
+        if r != 1 and n != ix.ONE and (type(r) is not int or not n.is_Integer or int(n) == 0):
+            raise Unsupported("repeat of a symbolic or empty dim, or by a symbolic count")
+
+    def remap(lin: Lin, shape=shape, in_shape=x.shape, new=new, repeats=tuple(repeats)) -> Lin:
+        per = ix.unflatten(lin, shape)[new:]
+        for d, (r, n) in enumerate(zip(repeats[new:], in_shape)):
+            if r != 1:
+                per[d] = ix.make_lin([(ix.ONE, ix.Frag(per[d], shape[new + d], ix.ONE, n))])
+        return ix.flatten(per, in_shape)
+
+    b.set(name, Node("remap", shape, dtype, (x,), remap=remap))
+
+
 POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     **dict.fromkeys(_UNARY_FLOAT, _lower_unary),
     **dict.fromkeys(_UNARY_ANY, _lower_unary),
@@ -563,4 +588,5 @@ POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     "aten.constant_pad_nd.default": _lower_constant_pad,
     "aten.slice_scatter.default": _lower_slice_scatter,
     "aten.upsample_nearest2d.vec": _lower_upsample_nearest,
+    "aten.repeat.default": _lower_repeat,
 }
