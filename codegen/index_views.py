@@ -36,11 +36,16 @@ it is ``alias(x)``. A kernel writes its results row-major, so the kernels read t
 buffer holds ``0, 1, ..., P-1``: a gather along ``d`` by the first ``n`` of those positions, its
 index one element along every other dim, is ``x[:1, ..., :n, ...]``: slices of ``x``. The index's
 values are read from the weight when the build runs (the weights a bundle ships are the ones read).
+
+``rolls_as_slices``: ``torch.roll`` along a static dim, as export writes it (an ``index_select``
+by ``fmod(arange(n) + c, n)``; Swin's cyclic shift), is ``cat(x[c:], x[:c])``: two slices and a
+cat, which fuse into the kernel after them.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from aot.codegen import index as ix
 from aot.codegen.splice import consecutive_positions, spliced
@@ -289,3 +294,81 @@ def gathers_as_slices(program: Program, weights) -> tuple[Program, int]:
             here = Buf(name)
         n += 1
     return (replace(program, steps=tuple(steps), buffers=buffers), n) if n else (program, 0)
+
+
+ROLL_SELECT = "aten.index_select.default"
+CAT = "aten.cat.default"
+_ROLL_ARANGES = ("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+
+
+def _roll_shift(idx: str, n: int, program: Program, producer: dict[str, int]) -> int | None:
+    """``c`` where ``idx`` is ``fmod(arange(n) + c, n)`` (or ``remainder``) with ``0 <= c``: the
+    positions ``torch.roll`` indexes by; None otherwise."""
+
+    def made(name: Any, targets) -> Step | None:
+        at = producer.get(name.name) if isinstance(name, Buf) else None
+        step = program.steps[at] if at is not None else None
+        return step if step is not None and step.kind == StepKind.ATEN and step.target in targets else None
+
+    mod = made(Buf(idx), ("aten.fmod.Scalar", "aten.remainder.Scalar"))
+    if mod is None or mod.kwargs or len(mod.args) != 2 or mod.args[1] != n:
+        return None
+    add = made(mod.args[0], ("aten.add.Scalar", "aten.add.Tensor"))
+    if add is None or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1 or type(add.args[1]) is not int:
+        return None
+    arange = made(add.args[0], _ROLL_ARANGES)
+    if arange is None or set(arange.kwargs) - {"dtype", "device", "layout", "pin_memory"}:
+        return None
+    bounds = list(arange.args) + [1] * (3 - len(arange.args))
+    start, end, step = (0, bounds[0], 1) if arange.target == "aten.arange.default" else bounds[:3]
+    if (start, end, step) != (0, n, 1) or add.args[1] < 0:
+        return None
+    return add.args[1] % n
+
+
+def rolls_as_slices(program: Program) -> tuple[Program, int]:
+    """``program`` with each ``torch.roll`` (as export writes it: ``index_select(x, d,
+    fmod(arange(n) + c, n))``; Swin's cyclic shift of its windows) made a ``cat`` of two slices of
+    ``x`` along ``d``, ``x[c:]`` then ``x[:c]``, which the kernel after it reads in place; how many.
+    The index's steps go where nothing else reads them. Every fused build: an index_select is a
+    library call, the slices and the cat fuse."""
+    specs = tensor_specs(program)
+    producer = producer_of(program.steps)
+    buffers = dict(program.buffers)
+    steps: list[Step] = []
+    count = 0
+    for s in program.steps:
+        x, dim, idx = ([*s.args, None, None, None])[:3]
+        xs = specs.get(x.name) if isinstance(x, Buf) else None
+        if (
+            s.kind != StepKind.ATEN
+            or s.target != ROLL_SELECT
+            or s.kwargs
+            or xs is None
+            or type(dim) is not int
+            or not isinstance(idx, Buf)
+            or not s.outputs
+            or not -len(xs.shape) <= dim < len(xs.shape)
+            or not xs.shape[dim].isdigit()
+        ):
+            steps.append(s)
+            continue
+        dim %= len(xs.shape)
+        n = int(xs.shape[dim])
+        shift = _roll_shift(idx.name, n, program, producer)
+        if shift is None:
+            steps.append(s)
+            continue
+        pieces = []
+        for start, end in ((shift, n), (0, shift)):
+            if end <= start:
+                continue
+            name = fresh_name(f"{s.outputs[0]}_roll", specs, buffers)
+            buffers[name] = replace(
+                xs, shape=tuple(str(end - start) if k == dim else d for k, d in enumerate(xs.shape)), order=()
+            )
+            steps.append(Step(StepKind.ATEN, SLICE, (x, dim, start, end), {}, (name,)))
+            pieces.append(Buf(name))
+        steps.append(Step(StepKind.ATEN, CAT, (pieces, dim), {}, s.outputs))
+        count += 1
+    return (replace(program, steps=tuple(steps), buffers=buffers), count) if count else (program, 0)
