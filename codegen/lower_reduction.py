@@ -86,12 +86,7 @@ def _lower_layer_norm(b: Builder, step: Step) -> None:
     w = b.tensor(step.args[2]) if step.args[2] is not None else None
     bias = b.tensor(step.args[3]) if step.args[3] is not None else None
     eps = literal(step.args[4], "fp32")
-    n = _count(width)
-    s1 = _reduce("sum", _op(x.shape, "float32", "$0", [x]), k, "float32")
-    mean = _op(s1.shape, "float32", f"($0 / {n})", [s1])
-    centered = _op(x.shape, "float32", "($0 - $1)", [x, mean])
-    s2 = _reduce("sum", _op(x.shape, "float32", "($0 * $0)", [centered]), k, "float32")
-    rstd = _op(s1.shape, "float32", f"tl.rsqrt($0 / {n} + {eps})", [s2])
+    centered, mean, rstd = _statistics(x, k, width, eps)
     inputs, fmt = [centered, rstd], "($0 * $1)"
     if w is not None:
         fmt = f"({fmt} * ${len(inputs)})"
@@ -100,6 +95,23 @@ def _lower_layer_norm(b: Builder, step: Step) -> None:
         fmt = f"({fmt} + ${len(inputs)})"
         inputs.append(bias)
     b.set(name, _op(x.shape, dtype, fmt, inputs))
+    _set_statistics(b, step, mean, rstd)
+
+
+def _statistics(x: Node, k: int, width, eps: str) -> tuple[Node, Node, Node]:
+    """A norm's statistics over the last ``k`` dims of ``x`` (``width`` elements; ``eps`` a
+    literal): (``x`` less its mean, the mean, 1/std), summed in fp32, the deviations squared
+    (no sum of squares to cancel)."""
+    n = _count(width)
+    s1 = _reduce("sum", _op(x.shape, "float32", "$0", [x]), k, "float32")
+    mean = _op(s1.shape, "float32", f"($0 / {n})", [s1])
+    centered = _op(x.shape, "float32", "($0 - $1)", [x, mean])
+    s2 = _reduce("sum", _op(x.shape, "float32", "($0 * $0)", [centered]), k, "float32")
+    return centered, mean, _op(s1.shape, "float32", f"tl.rsqrt($0 / {n} + {eps})", [s2])
+
+
+def _set_statistics(b: Builder, step: Step, mean: Node, rstd: Node) -> None:
+    """A norm step's second and third results, its mean and 1/std, where the program names them."""
     for i, stat in ((1, mean), (2, rstd)):
         out, out_shape, out_dtype = b.out(step, i)
         if out is not None:
@@ -121,12 +133,7 @@ def _lower_group_norm(b: Builder, step: Step) -> None:
         raise Unsupported("group norm: the groups do not divide the channels")
     width = ix.canon(ix.numel(x.shape[1:]) / groups)
     grouped = Node("remap", (x.shape[0], ix.sympy.Integer(groups), width), x.dtype, (x,), remap=same_index)
-    n = _count(width)
-    s1 = _reduce("sum", _op(grouped.shape, "float32", "$0", [grouped]), 1, "float32")
-    mean = _op(s1.shape, "float32", f"($0 / {n})", [s1])
-    centered = _op(grouped.shape, "float32", "($0 - $1)", [grouped, mean])
-    s2 = _reduce("sum", _op(grouped.shape, "float32", "($0 * $0)", [centered]), 1, "float32")
-    rstd = _op(s1.shape, "float32", f"tl.rsqrt($0 / {n} + {literal(eps, 'fp32')})", [s2])
+    centered, mean, rstd = _statistics(grouped, 1, width, literal(eps, "fp32"))
     normed = _op(grouped.shape, "float32", "($0 * $1)", [centered, rstd])
     inputs, fmt = [Node("remap", x.shape, "float32", (normed,), remap=same_index)], "$0"
     per_channel = (ix.sympy.Integer(channels),) + (ix.ONE,) * (len(x.shape) - 2)
@@ -136,10 +143,7 @@ def _lower_group_norm(b: Builder, step: Step) -> None:
             fmt = f"({fmt} {op} ${len(inputs)})"
             inputs.append(Node("remap", per_channel, t.dtype, (t,), remap=same_index))
     b.set(name, _op(x.shape, dtype, fmt, inputs))
-    for i, stat in ((1, mean), (2, rstd)):
-        out, out_shape, out_dtype = b.out(step, i)
-        if out is not None:
-            b.set(out, Node("remap", out_shape, out_dtype, (stat,), remap=same_index))
+    _set_statistics(b, step, mean, rstd)
 
 
 def _lower_softmax(b: Builder, step: Step) -> None:
