@@ -156,16 +156,17 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
     expanded to ``[B, T]``) copied by a ``clone`` first, which the fuser makes a kernel: those
     forms read the operand row-major, and a library-free program has no other copy that gathers
     strided elements. A program output that is such a view is copied so too (the runtime returns
-    a buffer, or a view at its base's address). Also how many. Before fusion, for library-free
+    a buffer, a view at its base's address or rows of one apart). Also how many. Before fusion, for library-free
     builds only (the torch loader lays such an operand out by itself)."""
     aliased = aliases(program, program.steps)
     producer = producer_of(program.steps)
 
-    def in_place(name: str) -> bool:
-        """A view at its base's address, of a base that some step writes (MaxViT's window rows
-        are views of a permute of the attention's result, itself a view no step writes)."""
+    def in_place(name: str, rows_apart: bool = False) -> bool:
+        """A view at its base's address (or, with ``rows_apart``, rows of it apart), of a base
+        that some step writes (MaxViT's window rows are views of a permute of the attention's
+        result, itself a view no step writes)."""
         at = aliased.get(name)
-        if at is None or at.width:
+        if at is None or (at.width and not rows_apart):
             return False
         made = producer.get(at.base)
         return made is None or not is_view(program.steps[made])
@@ -188,9 +189,11 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
                 step = replace(step, args=tuple(args))
         steps.append(step)
     outputs = list(program.outputs)
-    for i, name in enumerate(outputs):  # a view returned (GhostNet's channels of a sum): its own rows
+    # a view returned (GhostNet's channels of a sum) that the runtime cannot return as it lies:
+    # its own rows (rows apart it returns: a vocabulary head's logits of padded rows)
+    for i, name in enumerate(outputs):
         made = producer.get(name)
-        if name in buffers and not in_place(name) and made is not None:
+        if name in buffers and not in_place(name, rows_apart=True) and made is not None:
             if is_view(program.steps[made]) and name not in copied:
                 copied[name] = fresh_name(f"{name}_rows", buffers)
                 buffers[copied[name]] = replace(buffers[name], order=())
