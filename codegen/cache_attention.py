@@ -235,7 +235,7 @@ def find_cache_sites(program: Program) -> list[CacheSite]:
             if found_mask is None:
                 continue
             mask, mask_at, mask_dtype = found_mask
-        out, apart = _token_major(program, readers, i, out, batch, seq, heads * head_dim)
+        out, apart = token_major(program, readers, i, out, batch, seq, heads * head_dim)
         sites.append(
             CacheSite(
                 i,
@@ -292,7 +292,7 @@ def _mask(program: Program, p: _Program, name: str, full: tuple[str, str, str, s
     return view.base, tuple(ix.size_text(x) for x in (view.offset, *at)), spec.dtype
 
 
-def _token_major(program: Program, readers, i: int, out: str, batch: str, seq: str, width: int):
+def token_major(program: Program, readers, i: int, out: str, batch: str, seq: str, width: int):
     """(the buffer the kernel writes, the steps it takes on): the ``[B, T, H*D]`` rows the SDPA
     result becomes through ``permute([0, 2, 1, 3])`` (maybe ``clone``) and a ``view`` read by
     nothing else, as an output projection reads them; else the result itself, [B, H, T, D]."""

@@ -26,8 +26,19 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import replace
 
+from aot.codegen.attention import SDPA
+from aot.codegen.cache_attention import token_major
 from aot.errors import BundleError, CodegenError, EnvError
-from aot.program import aliases, check_library_free, fresh_name, is_view, live_steps, producer_of
+from aot.program import (
+    RESHAPE_VIEWS,
+    aliases,
+    check_library_free,
+    fresh_name,
+    is_view,
+    live_steps,
+    producer_of,
+    readers_of,
+)
 from aot.schema import Bucket, Buf, GemmSite, Program, Step, StepKind
 from aot.tuning import check_alternatives, spliced
 
@@ -148,18 +159,54 @@ ROW_MAJOR_OPERAND = {
 COPY = "aten.clone.default"
 
 
+def attention_row_buffers(program: Program) -> set[str]:
+    """The ``[B, T, H*D]`` rows each SDPA's result becomes through ``permute([0, 2, 1, 3])`` (maybe
+    ``clone``) and a view (``cache_attention.token_major``): the attention kernels write those rows
+    themselves, which an output projection then reads in place (Llama's ``o_proj``). MaxViT's
+    windows, a 4-D view of the transpose, are not such rows."""
+    readers = readers_of(program.steps)
+    found = set()
+    for i, step in enumerate(program.steps):
+        spec = program.buffers.get(step.outputs[0]) if step.target == SDPA and step.outputs else None
+        if spec is None or len(spec.shape) != 4 or not all(d.isdigit() for d in spec.shape[1::2]):
+            continue
+        width = int(spec.shape[1]) * int(spec.shape[3])
+        rows, _ = token_major(program, readers, i, step.outputs[0], spec.shape[0], spec.shape[2], width)
+        if rows != step.outputs[0]:
+            found.add(rows)
+    return found
+
+
+def _made_by_view(name: str, producer: Mapping[str, int], steps) -> Step | None:
+    """The ATen step that made ``name`` from a buffer (its first argument), or None."""
+    i = producer.get(name)
+    step = steps[i] if i is not None else None
+    ok = step is not None and step.kind == StepKind.ATEN and step.args and isinstance(step.args[0], Buf)
+    return step if ok else None
+
+
 def copy_strided_operands(program: Program) -> tuple[Program, int]:
     """``program`` with each GEMM's A, each lookup's ids and each convolution's or pool's image
     (``ROW_MAJOR_OPERAND``) that is a view no kernel can read as rows in place (not a view at its
     base's address, ``aot.program.aliases``, or rows apart: BERT's pooler reads the first token,
     ``hidden[:, 0]`` of ``[B, T, C]``; BERT without ``token_type_ids`` looks up its buffered zeros
-    expanded to ``[B, T]``) copied by a ``clone`` first, which the fuser makes a kernel: those
+    expanded to ``[B, T]``; not the rows an attention kernel writes, ``attention_row_buffers``) copied by a ``clone`` first, which the fuser makes a kernel: those
     forms read the operand row-major, and a library-free program has no other copy that gathers
     strided elements. A program output that is such a view is copied so too (the runtime returns
     a buffer, a view at its base's address or rows of one apart). Also how many. Before fusion, for library-free
     builds only (the torch loader lays such an operand out by itself)."""
     aliased = aliases(program, program.steps)
     producer = producer_of(program.steps)
+
+    written = attention_row_buffers(program)
+
+    def attention_rows(name: str) -> bool:
+        """A view of the ``[B, T, H*D]`` rows an attention kernel writes (``written``)."""
+        while name not in written and (step := _made_by_view(name, producer, program.steps)) is not None:
+            if step.target not in RESHAPE_VIEWS:
+                return False
+            name = step.args[0].name
+        return name in written
 
     def in_place(name: str, rows_apart: bool = False) -> bool:
         """A view at its base's address (or, with ``rows_apart``, rows of it apart), of a base
@@ -177,7 +224,7 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
     for step in program.steps:
         at = ROW_MAJOR_OPERAND.get(step.target, -1) if step.kind == StepKind.ATEN else -1
         a = step.args[at] if 0 <= at < len(step.args) else None
-        if isinstance(a, Buf) and a.name in buffers and not in_place(a.name):
+        if isinstance(a, Buf) and a.name in buffers and not in_place(a.name) and not attention_rows(a.name):
             made = producer.get(a.name)
             if made is not None and is_view(program.steps[made]):
                 if a.name not in copied:
