@@ -2,11 +2,13 @@
 mask along the image's rows and columns, a padded batch's positions are a cumsum of its mask.
 
 A row-major ``[outer..., L, inner...]`` tensor is ``outer * inner`` runs of ``L`` elements
-``inner`` apart; a program scans ``BLOCK_R`` runs of one outer index at once, all of ``L`` in
-registers (``tl.cumsum`` over a ``[BLOCK_L, BLOCK_R]`` tile, the inner runs side by side so their
-loads coalesce). Sums in fp32 for floats and bools (as ATen accumulates half types), int64 for
-integers. The scanned dim and every dim after it are static, at most ``MAX_RUN`` elements; the
-dims before it may be symbolic (the batch). Anything else stays ATen's.
+``inner`` apart; a program scans ``BLOCK_R`` runs of one outer index at once, ``BLOCK_L`` of their
+elements a step (``tl.cumsum`` over a ``[BLOCK_L, BLOCK_R]`` tile, the inner runs side by side so
+their loads coalesce), each step's sums carried into the next: one step where ``L`` fits
+``MAX_RUN``. Sums in fp32 for floats and bools (as ATen accumulates half types), int64 for
+integers. The dims after the scanned one are static; the scanned dim (a padded batch's positions
+along the sequence: RoBERTa's ``cumsum(mask, dim=1)``) and those before it may be symbolic.
+Anything else stays ATen's.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Unsupported
 from aot.dtypes import ITEMSIZE
 from aot.program import tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
 
 CUMSUM = "aten.cumsum.default"
-MAX_RUN = 2048  # a run's elements, in registers at once
+MAX_RUN = 2048  # a run's elements a step, in registers at once
 TILE = 4096  # elements of a program's tile
 HEURISTIC = "cumsum-v1"
 SCANNED = ("float16", "bfloat16", "float32", "bool", "int8", "uint8", "int16", "int32", "int64")
@@ -41,7 +43,7 @@ def _dim(step: Step, rank: int) -> int | None:
 
 def scan_sites(program: Program) -> list[Step]:
     """The cumsum steps the kernel can replace (module docstring): a row-major input and output
-    of a dtype it sums, the scanned dim and those after it static."""
+    of a dtype it sums, the dims after the scanned one static."""
     specs = tensor_specs(program)
     out = []
     for s in program.steps:
@@ -55,10 +57,9 @@ def scan_sites(program: Program) -> list[Step]:
         if x.dtype not in SCANNED or o.dtype not in SCANNED or o.dtype == "bool":
             continue
         dim = _dim(s, len(x.shape))
-        if dim is None or not all(d.isdigit() for d in x.shape[dim:]):
+        if dim is None or not all(d.isdigit() for d in x.shape[dim + 1 :]):
             continue
-        run = int(x.shape[dim]) if x.shape else 1
-        if not 1 <= run <= MAX_RUN:
+        if x.shape and x.shape[dim] == "0":
             continue
         out.append(s)
     return out
@@ -69,42 +70,49 @@ def render_scan(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     specs = tensor_specs(program)
     x, o = specs[step.args[0].name], specs[step.outputs[0]]
     dim = _dim(step, len(x.shape))
-    run = int(x.shape[dim]) if x.shape else 1
+    run = ix.parse_size(x.shape[dim]) if x.shape else sympy.Integer(1)
+    longest = max_value(run, ranges)
     inner = 1
     for d in x.shape[dim + 1 :]:
         inner *= int(d)
     outer = ix.numel(tuple(ix.parse_size(d) for d in x.shape[:dim]))
-    block_l = max(2, 1 << max(0, (run - 1).bit_length()))
+    block_l = max(2, min(MAX_RUN, 1 << max(0, (longest - 1).bit_length())))
     block_r = max(2, min(TILE // block_l, 1 << max(0, (inner - 1).bit_length())))
     inner_blocks = -(-inner // block_r)
     if inner_blocks > MAX_GRID_YZ:
         return None
-    index = "i64" if max_value(outer, ranges) * run * inner >= 2**31 - 1 else "i32"
+    index = "i64" if max_value(outer, ranges) * longest * inner >= 2**31 - 1 else "i32"
     floats = o.dtype in ("float16", "bfloat16", "float32")
     acc = "tl.float32" if floats else "tl.int64"
     name = "cumsum"
+    static = run.is_Integer
     params = (
         KernelParam("x_ptr", ParamKind.PTR, x.dtype),
         KernelParam("out_ptr", ParamKind.PTR, o.dtype),
+        *(() if static else (KernelParam("L", ParamKind(index), ""),)),
     )
     signature = signature_of(params, index)
     grid = (ix.size_text(outer), str(inner_blocks))
     doc = [
         f"Cumulative sum over dim {dim} of [{', '.join(x.shape)}] {x.dtype} -> {o.dtype}: "
-        f"runs of {run} elements {inner} apart, {block_r} runs a program, summed in {acc[3:]}.",
+        f"runs of {ix.size_text(run)} elements {inner} apart, {block_r} runs a program, {block_l} "
+        f"elements a step, summed in {acc[3:]}.",
         f"grid: ({', '.join(grid)},)",
     ]
-    consts = {"L": run, "INNER": inner, "BLOCK_L": block_l, "BLOCK_R": block_r}
+    consts = {**({"L": int(run)} if static else {}), "INNER": inner, "BLOCK_L": block_l, "BLOCK_R": block_r}
     wide = ".to(tl.int64)" if index == "i64" else ""
     body = [
         f"n = tl.program_id(0){wide}",
         f"i = tl.program_id(1){wide} * BLOCK_R + tl.arange(0, BLOCK_R)",
-        "l = tl.arange(0, BLOCK_L)",
-        "offs = n * (L * INNER) + l[:, None] * INNER + i[None, :]",
-        "ok = (l < L)[:, None] & (i < INNER)[None, :]",
-        f"v = tl.load(x_ptr + offs, mask=ok, other=0).to({acc})",
-        "s = tl.cumsum(v, axis=0)",
-        f"tl.store(out_ptr + offs, s.to({TL_TYPE[STORAGE[o.dtype]]}), mask=ok)",
+        f"carry = tl.zeros([BLOCK_R], dtype={acc})",
+        "for start in range(0, L, BLOCK_L):",
+        "    l = start + tl.arange(0, BLOCK_L)",
+        "    offs = n * (L * INNER) + l[:, None] * INNER + i[None, :]",
+        "    ok = (l < L)[:, None] & (i < INNER)[None, :]",
+        f"    v = tl.load(x_ptr + offs, mask=ok, other=0).to({acc})",
+        "    s = tl.cumsum(v, axis=0) + carry[None, :]",
+        f"    tl.store(out_ptr + offs, s.to({TL_TYPE[STORAGE[o.dtype]]}), mask=ok)",
+        "    carry += tl.sum(v, axis=0)",
     ]
     source = kernel_module(doc, consts, name, signature, body)
     traffic = outer * inner * run * (ITEMSIZE[x.dtype] + ITEMSIZE[o.dtype])
@@ -113,7 +121,7 @@ def render_scan(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         source=source,
         signature=signature,
         params=params,
-        args=(step.args[0], Buf(step.outputs[0])),
+        args=(step.args[0], Buf(step.outputs[0]), *(() if static else (Sym(x.shape[dim]),))),
         outputs=(step.outputs[0],),
         grid=grid,
         num_warps=4,
