@@ -49,7 +49,9 @@ class Conv:
         one_d = len(x.shape) == 3
         self.one_d = one_d
         pad = lambda v, first: [first, *v] if one_d else list(v)  # noqa: E731
-        self.stride, self.padding, self.dilation = pad(args[3], 1), pad(args[4], 0), pad(args[5], 1)
+        rank = len(x.shape) - 2
+        stride, padding, dilation = (_expanded(v, rank) for v in args[3:6])
+        self.stride, self.padding, self.dilation = pad(stride, 1), pad(padding, 0), pad(dilation, 1)
         self.groups = args[8]
         dims = [int(d) for d in x.shape[1:]]
         self.c_in, self.h, self.w_in = (dims[0], 1, dims[1]) if one_d else dims
@@ -63,6 +65,12 @@ class Conv:
     @property
     def depthwise(self) -> bool:
         return self.cpg == 1 and self.kh * self.kw <= MAX_WINDOW
+
+
+def _expanded(v, n: int):
+    """A stride, padding or dilation of one element for each of ``n`` dims, as ATen reads it
+    (SigLIP's ``padding="valid"`` is ``[0]``)."""
+    return list(v) * n if isinstance(v, (list, tuple)) and len(v) == 1 else v
 
 
 def _ints(v, n: int) -> bool:
@@ -114,6 +122,7 @@ def _geometry(step: Step, specs: dict[str, TensorSpec]) -> Conv | None:
     rank = len(x.shape) - 2
     if len(w.shape) != len(x.shape) or len(o.shape) != len(x.shape):
         return None
+    stride, padding, dilation = (_expanded(v, rank) for v in (stride, padding, dilation))
     if not all(_ints(v, rank) for v in (stride, padding, dilation)):
         return None
     if min(*stride, *dilation) < 1 or min(padding) < 0:

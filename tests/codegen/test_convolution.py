@@ -122,6 +122,21 @@ def test_transposed_and_unlisted_convolutions_are_not_sites():
     assert conv_sites(odd) == []
 
 
+def test_one_element_strides_and_padding_read_as_every_dims():
+    """SigLIP's ``padding="valid"`` traces as ``padding=[0]``: ATen reads a one-element stride,
+    padding or dilation for every spatial dim, and so does the kernel, whose source is then the
+    one of the spelled-out step (checked against eager in the interpreter above)."""
+    program, step, _ = _program(3, 8, 16, 4, 4, 0, 1, 1, True, "float32")
+    short = Step(step.kind, step.target, (*step.args[:3], [4], [0], [1], *step.args[6:]), {}, step.outputs)
+    short_program = Program(**{**program.__dict__, "steps": (short,)})
+    assert conv_sites(short_program) == [short]
+    ranges = {"batch": (1, 4)}
+    assert (
+        render_convolution(short, short_program, ranges).source
+        == render_convolution(step, program, ranges).source
+    )
+
+
 MODEL = """
 import torch
 from torch import nn
