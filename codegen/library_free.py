@@ -27,7 +27,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from aot.codegen.attention import SDPA
+from aot.codegen.batched_matmul import BMM
 from aot.codegen.cache_attention import token_major
+from aot.codegen.cache_writes import strided_view
 from aot.errors import BundleError, CodegenError, EnvError
 from aot.program import (
     RESHAPE_VIEWS,
@@ -177,6 +179,23 @@ def attention_row_buffers(program: Program) -> set[str]:
     return found
 
 
+def _copied_operands(step: Step, program: Program) -> list[int]:
+    """The arguments of ``step`` that ``copy_strided_operands`` lays out row-major where they are
+    views: ``ROW_MAJOR_OPERAND``'s, and a ``bmm``'s operand that is no strided view of a row-major
+    buffer (``cache_writes.strided_view``: MobileViT's heads of one patch, ``[4B, 4, 1, 60]``
+    merged to ``[16B, 1, 60]``, from a slice of the stacked q/k/v projections' rows)."""
+    if step.kind != StepKind.ATEN:
+        return []
+    if step.target == BMM:
+        return [
+            i
+            for i, a in enumerate(step.args[:2])
+            if isinstance(a, Buf) and strided_view(a.name, program) is None
+        ]
+    at = ROW_MAJOR_OPERAND.get(step.target, -1)
+    return [at] if 0 <= at < len(step.args) and isinstance(step.args[at], Buf) else []
+
+
 def _made_by_view(name: str, producer: Mapping[str, int], steps) -> Step | None:
     """The ATen step that made ``name`` from a buffer (its first argument), or None."""
     i = producer.get(name)
@@ -187,7 +206,8 @@ def _made_by_view(name: str, producer: Mapping[str, int], steps) -> Step | None:
 
 def copy_strided_operands(program: Program) -> tuple[Program, int]:
     """``program`` with each GEMM's A, each lookup's ids and each convolution's or pool's image
-    (``ROW_MAJOR_OPERAND``) that is a view no kernel can read as rows in place (not a view at its
+    (``ROW_MAJOR_OPERAND``; a ``bmm``'s operands where they are no strided view, ``_copied_operands``)
+    that is a view no kernel can read as rows in place (not a view at its
     base's address, ``aot.program.aliases``, or rows apart: BERT's pooler reads the first token,
     ``hidden[:, 0]`` of ``[B, T, C]``; BERT without ``token_type_ids`` looks up its buffered zeros
     expanded to ``[B, T]``; not the rows an attention kernel writes, ``attention_row_buffers``) copied by a ``clone`` first, which the fuser makes a kernel: those
@@ -222,18 +242,18 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
     steps: list[Step] = []
     copied: dict[str, str] = {}
     for step in program.steps:
-        at = ROW_MAJOR_OPERAND.get(step.target, -1) if step.kind == StepKind.ATEN else -1
-        a = step.args[at] if 0 <= at < len(step.args) else None
-        if isinstance(a, Buf) and a.name in buffers and not in_place(a.name) and not attention_rows(a.name):
-            made = producer.get(a.name)
-            if made is not None and is_view(program.steps[made]):
-                if a.name not in copied:
-                    copied[a.name] = fresh_name(f"{a.name}_rows", buffers)
-                    buffers[copied[a.name]] = replace(buffers[a.name], order=())
-                    steps.append(Step(StepKind.ATEN, COPY, (a,), {}, (copied[a.name],)))
-                args = list(step.args)
-                args[at] = Buf(copied[a.name])
-                step = replace(step, args=tuple(args))
+        for at in _copied_operands(step, program):
+            a = step.args[at]
+            if a.name in buffers and not in_place(a.name) and not attention_rows(a.name):
+                made = producer.get(a.name)
+                if made is not None and is_view(program.steps[made]):
+                    if a.name not in copied:
+                        copied[a.name] = fresh_name(f"{a.name}_rows", buffers)
+                        buffers[copied[a.name]] = replace(buffers[a.name], order=())
+                        steps.append(Step(StepKind.ATEN, COPY, (a,), {}, (copied[a.name],)))
+                    args = list(step.args)
+                    args[at] = Buf(copied[a.name])
+                    step = replace(step, args=tuple(args))
         steps.append(step)
     outputs = list(program.outputs)
     # a view returned (GhostNet's channels of a sum) that the runtime cannot return as it lies:

@@ -3,9 +3,10 @@
 transpose and two views, ``o.transpose(1, 2).reshape(...)``; the views after the transpose are at
 the transpose's address, but the transpose is itself a view no step writes, so the output
 projection's A had no layout a kernel reads in place and the build refused it. Now a kernel copies
-A out row-major first. Checked: the build succeeds, the torch-free runtime takes the bundle, the
-CPU path agrees with eager (1e-5) and every kernel with its reference in the interpreter at batch
-1 and 3."""
+A out row-major first. So are a ``bmm``'s operands that are no strided view of a buffer (MobileViT's
+heads of one token merged across a slice of the stacked projections). Checked: the build
+succeeds, the torch-free runtime takes the bundle, the CPU path agrees with eager (1e-5) and every
+kernel with its reference in the interpreter at two sizes."""
 
 from __future__ import annotations
 
@@ -36,17 +37,44 @@ spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 4), 4, 64))])
 """
 
 
-def test_a_gemm_reading_views_of_a_transpose_builds_library_free(tmp_path):
+HEADS_OF_ONE_TOKEN = """
+import math
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):  # x: [B * 4, 1, 64]: MobileViT's patches of one token, 4 heads of 16
+        shape = (*x.shape[:-1], -1, 16)
+        q = self.q(x).view(shape).transpose(1, 2)
+        k = self.k(x).view(shape).transpose(1, 2)
+        v = self.v(x).view(shape).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(16)
+        return torch.matmul(scores.softmax(-1), v)
+
+spec = ModelSpec(module=M, inputs=[Input("x", (Dim("rows", 1, 16), 1, 64))])
+"""
+
+
+def _builds_library_free(tmp_path, text: str, shape, sizes: list[dict[str, int]]):
+    """Build ``text`` library-free and check it: every live step a kernel or a view, some kernel
+    a copy, the torch-free runtime takes the bundle, the CPU path agrees with eager (1e-5) at each
+    of ``sizes`` (``shape`` of the input there) and every kernel with its reference in the
+    interpreter."""
     from aot.codegen import generate
     from aot.loader import load
     from aot.packager import pack
     from aot.program import is_view, live_steps
     from aot.runtime import check
-    from aot.tracer import load_model_file, trace
+    from aot.tracer import instantiate, load_model_file, trace
     from aot.verify.interpret import interpret_in_subprocess
 
-    path = tmp_path / "windows.py"
-    path.write_text(MODEL)
+    path = tmp_path / "model.py"
+    path.write_text(text)
     spec = load_model_file(path)
     compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
     program = compiled.program
@@ -56,18 +84,31 @@ def test_a_gemm_reading_views_of_a_transpose_builds_library_free(tmp_path):
         s for s in program.steps if s.kind == StepKind.KERNEL and "aten.clone.default" in str(s.reference)
     ]
     assert copies, [s.reference for s in program.steps]
-    pack(compiled, tmp_path / "windows.tpk")
-    assert check(tmp_path / "windows.tpk").entries  # the torch-free runtime takes it
-    module = spec.module().eval()
-    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
-    runner = load(tmp_path / "windows.tpk")
-    for b in (1, 3, 4):
-        x = torch.randn(b, 4, 64)
+    pack(compiled, tmp_path / "model.tpk")
+    assert check(tmp_path / "model.tpk").entries  # the torch-free runtime takes it
+    module = instantiate(spec)  # the weights the trace read
+    runner = load(tmp_path / "model.tpk")
+    for size in sizes:
+        x = torch.randn(*shape(size))
         with torch.no_grad():
             torch.testing.assert_close(runner(x), module(x), rtol=1e-5, atol=1e-5)
-    (results,) = interpret_in_subprocess(
-        [(tmp_path / "windows.tpk", path, [{"batch": 1}, {"batch": 3}], None)]
-    )
+    (results,) = interpret_in_subprocess([(tmp_path / "model.tpk", path, sizes[:2], None)])
     for size, checks in results.items():
         assert {c.kernel for c in checks} == {k.id for k in program.kernels}, size
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+    return program
+
+
+def test_a_gemm_reading_views_of_a_transpose_builds_library_free(tmp_path):
+    sizes = [{"batch": 1}, {"batch": 3}, {"batch": 4}]
+    _builds_library_free(tmp_path, MODEL, lambda s: (s["batch"], 4, 64), sizes)
+
+
+def test_a_bmm_of_heads_merged_across_a_slice_builds_library_free(tmp_path):
+    """MobileViT's attention over patches of one token: the stacked q/k/v projection's rows are
+    sliced, so ``[4R, 4, 1, 16]`` heads viewed as ``[16R, 1, 16]`` are no strided view of them
+    (``cache_writes.strided_view``); each such ``bmm`` operand is copied row-major first."""
+    sizes = [{"rows": 1}, {"rows": 5}, {"rows": 16}]
+    program = _builds_library_free(tmp_path, HEADS_OF_ONE_TOKEN, lambda s: (s["rows"], 1, 64), sizes)
+    names = {k.id: k.name for k in program.kernels}
+    assert "bmm" in [names[s.target] for s in program.steps if s.kind == StepKind.KERNEL]
