@@ -50,11 +50,25 @@ def _pair(v, default: list[int] | None = None) -> list[int] | None:
     return None
 
 
-def _window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | None:
+def _window(
+    step: Step, image: tuple[int, int] | None = None
+) -> tuple[list[int], list[int], list[int], list[int]] | None:
     """(kernel, stride, padding, dilation) of a pool's arguments; None where not plain ints (an
-    average pool's dilation is 1)."""
-    if step.target in AVG_POOLS:
-        return _avg_window(step)
+    average pool's dilation is 1) or the window is larger than ``MAX_WINDOW``. With the ``image``'s
+    height and width, a window past the padded image is clipped to it (EfficientNet's pooler, an
+    ``AvgPool2d(1280, ceil_mode=True)`` over a smaller map): ATen ends every window there, so the
+    sums, maxima and counts are the same."""
+    found = _avg_window(step) if step.target in AVG_POOLS else _max_window(step)
+    if found is None:
+        return None
+    kernel, stride, padding, dilation = found
+    if image is not None and dilation == [1, 1]:
+        kernel = [min(k, n + 2 * p) for k, n, p in zip(kernel, image, padding)]
+    return None if kernel[0] * kernel[1] > MAX_WINDOW else (kernel, stride, padding, dilation)
+
+
+def _max_window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    """``_window`` of ``max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)``."""
     args = [*step.args[1:], None, None, None, None][:5]
     kernel = _pair(args[0])
     if kernel is None or step.kwargs.keys() - {"stride", "padding", "dilation", "ceil_mode"}:
@@ -68,7 +82,7 @@ def _window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | N
     padding, dilation = _pair(given["padding"]), _pair(given["dilation"])
     if stride is None or padding is None or dilation is None:
         return None
-    if min(*kernel, *stride, *dilation) < 1 or min(padding) < 0 or kernel[0] * kernel[1] > MAX_WINDOW:
+    if min(*kernel, *stride, *dilation) < 1 or min(padding) < 0:
         return None
     return kernel, stride, padding, dilation
 
@@ -85,7 +99,7 @@ def _avg_window(step: Step) -> tuple[list[int], list[int], list[int], list[int]]
     padding = _pair(given.get("padding", 0))
     if kernel is None or stride is None or padding is None or type(_divisor(step)) not in (int, type(None)):
         return None
-    if min(*kernel, *stride) < 1 or min(padding) < 0 or kernel[0] * kernel[1] > MAX_WINDOW:
+    if min(*kernel, *stride) < 1 or min(padding) < 0:
         return None
     return kernel, stride, padding, [1, 1]
 
@@ -149,11 +163,13 @@ def pool_sites(program: Program) -> list[Step]:
         if not s.outputs or s.outputs[0] is None or any(o is not None and o in read for o in s.outputs[1:]):
             continue
         x, o = specs.get(s.args[0].name), specs.get(s.outputs[0])
-        if x is None or o is None or len(x.shape) != 4 or len(o.shape) != 4 or _window(s) is None:
+        if x is None or o is None or len(x.shape) != 4 or len(o.shape) != 4:
             continue
         if x.dtype not in FLOAT_DTYPES or o.dtype != x.dtype:
             continue
         if not all(d.isdigit() for d in (*x.shape[1:], *o.shape[1:])) or x.shape[0] != o.shape[0]:
+            continue
+        if _window(s, (int(x.shape[2]), int(x.shape[3]))) is None:
             continue
         if x.shape[1] != o.shape[1] or int(o.shape[2]) * int(o.shape[3]) == 0:
             continue
@@ -166,8 +182,8 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     CUDA's limits."""
     specs = tensor_specs(program)
     x, o = specs[step.args[0].name], specs[step.outputs[0]]
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(step)
     c, h, w = (int(d) for d in x.shape[1:])
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(step, (h, w))
     oh, ow = int(o.shape[2]), int(o.shape[3])
     block_c = min(128, 1 << max(0, (c - 1).bit_length()))
     block_p = min(max(1, TILE // block_c), 1 << max(0, (oh * ow - 1).bit_length()))

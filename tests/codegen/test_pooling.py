@@ -4,7 +4,8 @@ kernel, checked in the interpreter against ATen's pool (exactly: a maximum round
 and NHWC, with padding, stride, dilation and ceil mode; NaN propagates; a program input that a
 channels-last convolution reads is copied NHWC by a kernel; the CPU path agrees with eager. An
 average pool is a kernel too, with each of ATen's divisors (the window clipped to the padded
-image, to the image, ``divisor_override``), in float32 within 1e-6 of ATen's (the sum's order)."""
+image, to the image, ``divisor_override``), in float32 within 1e-6 of ATen's (the sum's order);
+so are pools whose window passes the whole map (EfficientNet's pooler), clipped to it."""
 
 from __future__ import annotations
 
@@ -68,10 +69,13 @@ class M(nn.Module):
         # padding counted, the last window past the padded image (so cut short) by the ceil mode
         self.branch = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)
         self.odd = nn.AvgPool2d((3, 2), stride=(2, 3), padding=(1, 1), divisor_override=5)
+        # EfficientNet's pooler: a window far past the map (1280 wide over 4 x 5), ends at its edge
+        self.pooler = nn.AvgPool2d(1280, ceil_mode=True)
 
     def forward(self, x):  # x: [B, 3, 15, 17]
         y = self.conv(x).relu()  # NHWC
-        return self.branch(self.down(y)), self.odd(x), self.down(x) * 2
+        z = self.branch(self.down(y))
+        return z, self.odd(x), self.down(x) * 2, self.pooler(z), nn.functional.max_pool2d(z, 40, ceil_mode=True)
 
 batch = Dim("batch", 1, 4)
 spec = ModelSpec(module=M, inputs=[Input("x", (batch, 3, 15, 17))])
@@ -212,7 +216,8 @@ def test_average_pools_are_kernels_and_agree_with_eager(averaged):
     program = compiled.program
     assert "aten.avg_pool2d.default" not in [s.target for s in program.steps]
     pools = _kernel_steps(program, "avg_pool2d")
-    assert len(pools) == 4 and all(s.reference[0].target == "aten.avg_pool2d.default" for s in pools)
+    assert len(pools) == 5 and all(s.reference[0].target == "aten.avg_pool2d.default" for s in pools)
+    assert len(_kernel_steps(program, "max_pool2d")) == 1  # the window of 40 clipped to the map too
     module = load_model_file(path).module()
     module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
     module.eval()
@@ -231,7 +236,9 @@ def test_average_pool_kernels_match_aten_in_the_interpreter(averaged):
     (results,) = interpret_in_subprocess([(bundle, path, [{"batch": 1}, {"batch": 3}], None)])
     for size, checks in results.items():
         pools = [c for c in checks if c.name == "avg_pool2d"]
-        assert len(pools) == 4 and all(c.max_abs_error <= 1e-6 for c in pools), (size, pools)
+        assert len(pools) == 5 and all(c.max_abs_error <= 1e-6 for c in pools), (size, pools)
+        (biggest,) = [c for c in checks if c.name == "max_pool2d"]
+        assert biggest.max_abs_error == 0.0, (size, biggest)
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
 
 
@@ -243,7 +250,7 @@ def test_a_model_with_average_pools_builds_library_free(averaged):
     _, _, path = averaged
     compiled = generate(trace(load_model_file(path)), ("sm_90",), gemm_candidates=True, library_free=True)
     assert "aten.avg_pool2d.default" not in {s.target for s in compiled.program.steps}
-    assert len(_kernel_steps(compiled.program, "avg_pool2d")) == 4
+    assert len(_kernel_steps(compiled.program, "avg_pool2d")) == 5
 
 
 PERMUTED = """
