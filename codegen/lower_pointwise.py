@@ -277,6 +277,15 @@ def _lower_pow(b: Builder, step: Step) -> None:
         b.set(name, pointwise_node(shape, dtype, fmt, [operand(b, step.args[1], ty)], ty))
         return
     e = step.args[1]
+    if step.target == "aten.pow.Tensor_Tensor":  # BLOOM's ALiBi slopes: base ** arange
+        if ty not in ("fp32", "fp64"):
+            raise Unsupported(f"pow of two tensors on {dtype}")
+        mag = "tl.exp2($1 * tl.log2(tl.abs($0)))"
+        odd = f"tl.where(tl.floor($1 * 0.5) * 2.0 == $1, {mag}, -{mag})"  # a negative base: by the parity
+        negative = f'tl.where($1 == tl.floor($1), {odd}, float("nan"))'  # NaN for a fractional power
+        fmt = f"tl.where($1 == 0.0, 1.0, tl.where($0 == 1.0, 1.0, tl.where($0 < 0.0, {negative}, {mag})))"
+        b.set(name, pointwise_node(shape, dtype, fmt, [operand(b, step.args[0], ty), operand(b, e, ty)], ty))
+        return
     if is_tensor(e):
         raise Unsupported("tensor exponent")
     n = _int_exponent(e)
@@ -505,9 +514,9 @@ def _lower_upsample_nearest(b: Builder, step: Step) -> None:
 
 def _lower_repeat(b: Builder, step: Step) -> None:
     """``repeat`` (XCiT's position encoding repeated over the batch): ``out[.., i, ..] =
-    x[.., i % n, ..]`` along each repeated dim of ``x`` (``n`` its static size; a dim of one, any
-    count: the batch's), leading new dims read at 0: index arithmetic that the kernel reading it
-    folds in."""
+    x[.., i % n, ..]`` along each repeated dim of ``x`` (``n`` its static size, the count any: BLOOM's
+    ALiBi slopes repeated over the batch; a dim of one, any count), leading new dims read at 0:
+    index arithmetic that the kernel reading it folds in."""
     name, shape, dtype = b.out(step)
     x = b.tensor(step.args[0])
     repeats = list(arg(step, 1, "repeats", []))
@@ -515,8 +524,8 @@ def _lower_repeat(b: Builder, step: Step) -> None:
     if new < 0 or len(shape) != len(repeats):
         raise Unsupported("repeat with fewer repeats than dims")
     for r, n in zip(repeats[new:], x.shape):
-        if r != 1 and n != ix.ONE and (type(r) is not int or not n.is_Integer or int(n) == 0):
-            raise Unsupported("repeat of a symbolic or empty dim, or by a symbolic count")
+        if r != 1 and n != ix.ONE and (not n.is_Integer or int(n) == 0):
+            raise Unsupported("repeat of a symbolic or empty dim")
 
     def remap(lin: Lin, shape=shape, in_shape=x.shape, new=new, repeats=tuple(repeats)) -> Lin:
         per = ix.unflatten(lin, shape)[new:]
@@ -581,6 +590,7 @@ POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     "aten.softplus.default": _lower_softplus,
     "aten.pow.Tensor_Scalar": _lower_pow,
     "aten.pow.Scalar": _lower_pow,
+    "aten.pow.Tensor_Tensor": _lower_pow,
     "aten._to_copy.default": _lower_cast,
     "aten.copy.default": _lower_copy,
     "aten._native_batch_norm_legit_no_training.default": _lower_batch_norm,

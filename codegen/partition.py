@@ -57,16 +57,16 @@ class Graph:
                 pure[i] = True
             elif k in ("view", "pointwise") and srcs and all(p is not None and pure[p] for p in srcs):
                 pure[i] = True
-        if materialize:  # what a library call reads is a buffer: the last pointwise step computes it
-            for i, k in enumerate(kinds):
-                if k != "library":
-                    continue
-                for b in self.reads[i]:
-                    p = self.producer.get(b)
-                    while p is not None and kinds[p] == "view" and pure[p] and self.reads[p]:
-                        p = self.producer.get(self.reads[p][0])
-                    if p is not None and pure[p] and kinds[p] == "pointwise":
-                        pure[p] = False
+        if materialize:  # what a library call reads or the program returns is a buffer: the last
+            # pointwise step computes it (a generator too: OPT's ones that only its cumsum reads)
+            read = [b for i, k in enumerate(kinds) if k == "library" for b in self.reads[i]]
+            for b in [*read, *program.outputs]:
+                p = self.producer.get(b)
+                while p is not None and kinds[p] == "view" and pure[p] and self.reads[p]:
+                    p = self.producer.get(self.reads[p][0])
+                if p is not None and pure[p] and kinds[p] in ("pointwise", "generator"):
+                    pure[p] = False
+                    kinds[p] = "pointwise"
         self.kinds = ["virtual" if k == "view" or pure[i] else k for i, k in enumerate(kinds)]
         # outputs of library calls that return views: a kernel never takes those as pointers
         self.not_roots = frozenset(
