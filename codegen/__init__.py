@@ -245,6 +245,12 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
             say,
         )
         cubins.update(index_cubins)
+        from aot.codegen.gathers import gather_kernels
+
+        new_program, gather_cubins = gather_kernels(
+            new_program, ranges, archs, compiler("gather kernel"), say
+        )
+        cubins.update(gather_cubins)
     if not options.gemm_candidates:  # a candidates build leaves every GEMM to tune
         from aot.codegen.gemm import small_gemm_kernels
 

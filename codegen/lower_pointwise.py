@@ -131,9 +131,12 @@ def _lower_binary(b: Builder, step: Step) -> None:
         if fmt is None:
             raise Unsupported(f"rounding mode {mode!r}")
     elif target.startswith("aten.remainder."):
-        if ty not in ("fp32", "fp64"):
-            raise Unsupported("integer remainder")
-        fmt = "($0 - tl.floor($0 / $1) * $1)"
+        if ty in ("fp32", "fp64"):
+            fmt = "($0 - tl.floor($0 / $1) * $1)"
+        elif dtype != "bool":  # the divisor's sign, as Python's: C's ``%`` moved by the divisor
+            fmt = "tl.where($0 % $1 == 0, $0 % $1, tl.where(($0 % $1 < 0) == ($1 < 0), $0 % $1, $0 % $1 + $1))"
+        else:
+            raise Unsupported("remainder on bool")
     elif target.startswith("aten.fmod."):  # the remainder with the dividend's sign (C's)
         if ty in ("fp32", "fp64"):
             fmt = "($0 - tl.where($0 / $1 < 0.0, tl.ceil($0 / $1), tl.floor($0 / $1)) * $1)"
