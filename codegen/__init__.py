@@ -372,12 +372,16 @@ def _rewrite_for_kernels(
     from aot.codegen.norm_sums import add_layer_norm_sums
     from aot.codegen.outer_products import outer_products_as_mul
     from aot.codegen.sibling_matmuls import fuse_sibling_matmuls
-    from aot.codegen.weight_layout import transpose_matmul_weights
+    from aot.codegen.weight_layout import split_weights_apart, transpose_matmul_weights
     from aot.codegen.weight_padding import PAD_TO, pad_matmul_weights
 
     program, outer = outer_products_as_mul(traced.program)
     if outer:
         say(f"  {counted(outer, 'matmul')} over an inner dim of one run as multiplies (outer products)")
+    program, weights, apart = split_weights_apart(program, dict(traced.weights))
+    if apart:
+        say(f"  stored {counted(apart, 'weight')} that only a split reads as its pieces")
+        traced = replace(traced, program=program, weights=weights)
     # before the stacking, which takes the transposed weights' ``permute → mm`` form too
     program, weights, transposed = transpose_matmul_weights(program, dict(traced.weights))
     if transposed:

@@ -134,7 +134,9 @@ def _lower_binary(b: Builder, step: Step) -> None:
         if ty in ("fp32", "fp64"):
             fmt = "($0 - tl.floor($0 / $1) * $1)"
         elif dtype != "bool":  # the divisor's sign, as Python's: C's ``%`` moved by the divisor
-            fmt = "tl.where($0 % $1 == 0, $0 % $1, tl.where(($0 % $1 < 0) == ($1 < 0), $0 % $1, $0 % $1 + $1))"
+            fmt = (
+                "tl.where($0 % $1 == 0, $0 % $1, tl.where(($0 % $1 < 0) == ($1 < 0), $0 % $1, $0 % $1 + $1))"
+            )
         else:
             raise Unsupported("remainder on bool")
     elif target.startswith("aten.fmod."):  # the remainder with the dividend's sign (C's)

@@ -88,3 +88,82 @@ def _reads_as_mat2(step: Step, name: str) -> bool:
         and step.args[at] == Buf(name)
         and step_reads(step).count(name) == 1
     )
+
+
+SPLITS = ("aten.split_with_sizes.default", "aten.split.Tensor")
+
+
+def split_weights_apart(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
+    """Each weight that only a ``split`` reads (``nn.MultiheadAttention``'s ``in_proj_weight`` and
+    bias split into the query's rows and the keys' and values', as SigLIP's pooling head computes
+    its cross-attention) stored as its pieces, each a contiguous weight of its own named
+    ``<weight>.<k>``: a GEMM site takes ``A @ piece^T`` as it takes any weight (``gemm_sites``),
+    where a view of a split is none. The pieces take the original's place (no extra memory); a
+    weight read anywhere else keeps its split. The rewritten program, its weights, and how many
+    weights were split apart."""
+    readers = readers_of(program.steps)
+    specs = {w.name: w.spec for w in program.weights}
+    taken = {*specs, *program.buffers, *(i.name for i in program.inputs)}
+    pieces: dict[str, str] = {}  # a split's result -> the weight it becomes
+    split_at: dict[str, tuple[int, list[str]]] = {}  # a weight split apart -> (split step, pieces)
+    for i, step in enumerate(program.steps):
+        w = step.args[0] if step.kind == StepKind.ATEN and step.target in SPLITS and step.args else None
+        if (
+            not isinstance(w, Buf)
+            or w.name not in specs
+            or w.name not in weights
+            or readers.get(w.name) != [i]
+        ):
+            continue
+        spec = specs[w.name]
+        dim = step.args[2] if len(step.args) > 2 else step.kwargs.get("dim", 0)
+        if (
+            spec.order
+            or not all(d.isdigit() for d in spec.shape)
+            or type(dim) is not int
+            or w.name in program.outputs
+        ):
+            continue
+        if set(step.kwargs) - {"dim"} or not all(o and o in program.buffers for o in step.outputs):
+            continue
+        if any(o in program.outputs for o in step.outputs):
+            continue
+        names = [fresh_name(f"{w.name}.{k}", taken) for k in range(len(step.outputs))]
+        taken.update(names)
+        pieces.update(zip(step.outputs, names))
+        split_at[w.name] = (i, names)
+    if not split_at:
+        return program, weights, 0
+    dropped = {i for i, _ in split_at.values()}
+    steps = tuple(
+        replace(s, args=_renamed(s.args, pieces), kwargs=_renamed(s.kwargs, pieces))
+        for i, s in enumerate(program.steps)
+        if i not in dropped
+    )
+    weights = dict(weights)
+    new_weights: list[NamedTensor] = []
+    for w in program.weights:
+        if w.name not in split_at:
+            new_weights.append(w)
+            continue
+        i, names = split_at.pop(w.name)
+        step = program.steps[i]
+        dim = step.args[2] if len(step.args) > 2 else step.kwargs.get("dim", 0)
+        tensor = weights.pop(w.name)
+        for out, name, piece in zip(step.outputs, names, tensor.split(step.args[1], dim), strict=True):
+            weights[name] = piece.contiguous()
+            new_weights.append(NamedTensor(name, program.buffers[out]))
+    buffers = {k: v for k, v in program.buffers.items() if k not in pieces}
+    program = replace(program, steps=steps, buffers=buffers, weights=tuple(new_weights))
+    return program, weights, len(dropped)
+
+
+def _renamed(value: Any, names: dict[str, str]) -> Any:
+    """``value`` (a step's arguments) with each ``Buf`` of ``names`` the one it names."""
+    if isinstance(value, Buf):
+        return Buf(names.get(value.name, value.name))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_renamed(v, names) for v in value)
+    if isinstance(value, dict):
+        return {k: _renamed(v, names) for k, v in value.items()}
+    return value
