@@ -7,12 +7,14 @@ exactly); an index outside the dim gives NaN."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aot.schema import StepKind
 from tests.codegen.conftest import interpreted_json
 
 MODEL = """
+import pytest
 import torch
 from torch import nn
 from aot import Dim, Input, ModelSpec
@@ -92,3 +94,32 @@ want = torch.gather(x.transpose(1, 2), 2, picks.clamp(0, 5)[..., None].expand(-1
 print(json.dumps([bool(torch.equal(out[:, inside], want[:, inside])), bool(out[:, ~inside].isnan().all())]))
 """
     assert interpreted_json(script) == [True, True]
+
+
+@pytest.mark.slow  # a transformers model built library-free, its kernels interpreted
+def test_the_zoo_roberta_builds_library_free_and_its_kernels_match(tmp_path):
+    """The zoo's RoBERTa: its positions a scan kernel, its token types a gather kernel, every
+    kernel against its reference in the interpreter at one token and at a padded batch."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.runtime import check
+    from aot.tracer import trace
+    from aot.verify.interpret import interpret_in_subprocess
+    from tests.realmodels.zoo import ZOO
+
+    compiled = generate(trace(ZOO["roberta"]()), ("sm_90",), gemm_candidates=True, library_free=True)
+    kernels = {k.id: k.name for k in compiled.program.kernels}
+    names = [kernels[s.target] for s in compiled.program.steps if s.kind == StepKind.KERNEL]
+    assert "gather" in names and "cumsum" in names
+    pack(compiled, tmp_path / "roberta.tpk")
+    assert check(tmp_path / "roberta.tpk").entries  # the torch-free runtime takes it
+    model = tmp_path / "roberta_model.py"
+    model.write_text("from tests.realmodels.zoo import ZOO\nspec = ZOO['roberta']()\n")
+    sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}]
+    (results,) = interpret_in_subprocess([(tmp_path / "roberta.tpk", model, sizes, None)])
+    for size, checks in results.items():
+        assert {c.kernel for c in checks} == set(kernels), size
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])

@@ -32,7 +32,7 @@ from tests.realmodels.zoo import ZOO
 RTOL = 1e-4
 INPUT_EFFECT = 100  # another input must move every output by this many tolerances (whisper: ~150)
 # zoo models with an attention_mask input; llama-attention_mask and t5-encoder are built with all-ones masks
-MASKED = ("bert", "minilm", "t5-encoder", "llama-attention_mask")
+MASKED = ("bert", "minilm", "roberta", "t5-encoder", "llama-attention_mask")
 PADDED_SIZES = ({"batch": 2, "seq": 2}, {"batch": 3, "seq": 13}, {"batch": 4, "seq": 32})
 # constant kwargs of forward (ModelSpec.kwargs): in transformers 5 these are **kwargs, not parameters
 KWARGS = {

@@ -138,6 +138,29 @@ def _t5() -> ModelSpec:
     )
 
 
+def _roberta() -> ModelSpec:
+    """RoBERTa (and so XLM-R, CamemBERT): positions counted from the padding (a cumsum over the
+    sequence of ``input_ids != pad``), token types gathered from a buffered zeros by them."""
+    _transformers()
+    from transformers import RobertaConfig, RobertaModel
+
+    config = RobertaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,  # the positions start after the pad id: seq + 2 of them
+        pad_token_id=1,
+    )
+    batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
+    return ModelSpec(
+        module=lambda: RobertaModel(config),
+        inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq),
+        name="RobertaModel",
+    )
+
+
 def _vit() -> ModelSpec:
     _transformers()
     from transformers import ViTConfig, ViTForImageClassification
@@ -276,6 +299,7 @@ ZOO: dict[str, Case] = {
     ),
     "bert": Case(_bert, TEXT_SIZES, "transformers"),
     "minilm": Case(lambda: _bert(minilm=True), TEXT_SIZES, "transformers"),
+    "roberta": Case(_roberta, TEXT_SIZES, "transformers"),
     "t5-encoder": Case(_t5, TEXT_SIZES, "transformers"),
     "vit": Case(_vit, IMAGE_SIZES, "transformers"),
     "whisper-encoder": Case(_whisper, IMAGE_SIZES, "transformers"),

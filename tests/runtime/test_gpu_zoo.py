@@ -31,6 +31,7 @@ REQUIRED = (
     "timm-vit_small",
     "t5-encoder",
     "timm-nf_resnet26",  # its weight standardization folded at build time, its average pools kernels
+    "roberta",  # its positions a scan kernel, its token types a gather kernel (CPU build, 2026-12-05)
 )
 
 
