@@ -116,6 +116,8 @@ def strided_view(name: str, program: Program) -> Strided | None:
             elif t == "aten.slice.Tensor":
                 dim = (a[0] if a else 0) % len(shape)
                 start, step_ = (a[1] if len(a) > 1 else 0) or 0, (a[3] if len(a) > 3 else 1) or 1
+                if type(start) is int and start < 0:
+                    return None  # from the end, clamped at the front by ATen: no offset says both
                 offset = offset + _size(start) * strides[dim]
                 strides[dim] = strides[dim] * step_
             elif t == "aten.unsqueeze.default":

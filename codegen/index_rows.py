@@ -145,9 +145,26 @@ def arange_positions(name: str, program: Program, ranges: dict[str, tuple[int, i
     return Positions(first, stride, (i, *reversed(slices)))
 
 
+def _flat(view: Strided | None) -> Strided | None:
+    """An index tensor's view as one run of its elements in row-major order (CodeGen's
+    ``embed_positions[position_ids]`` by ``[1, S]`` positions: the output's rows are in that order
+    too), or None where its elements are not evenly spaced so."""
+    if view is None or not view.shape:
+        return None
+    kept = [(n, st) for n, st in zip(view.shape, view.strides) if not ix.same(n, 1)]
+    if not kept:
+        return Strided(view.base, view.offset, (sympy.Integer(1),), (sympy.Integer(0),))
+    step = kept[-1][1]
+    for k, (_, st) in enumerate(kept):
+        if not ix.same(st, step * ix.numel(tuple(m for m, _ in kept[k + 1 :]))):
+            return None
+    return Strided(view.base, view.offset, (ix.numel(tuple(n for n, _ in kept)),), (step,))
+
+
 def find_index_sites(program: Program, ranges: dict[str, tuple[int, int]]) -> list[IndexSite]:
-    """The ``index`` steps with one 1-D integer index tensor on one dim of a float tensor whose
-    dims after it are contiguous, written row-major."""
+    """The ``index`` steps with one integer index tensor (of any rank, read as its elements in
+    row-major order) on one dim of a float tensor whose dims after it are contiguous, written
+    row-major."""
     specs = tensor_specs(program)
     sites = []
     for i, step in enumerate(program.steps):
@@ -165,7 +182,7 @@ def find_index_sites(program: Program, ranges: dict[str, tuple[int, int]]) -> li
             continue
         if xs.dtype not in FLOAT_DTYPES or out.dtype != xs.dtype or ids.dtype not in INDEX_DTYPES:
             continue
-        if len(ids.shape) != 1 or dim >= len(xs.shape):
+        if not ids.shape or dim >= len(xs.shape):
             continue
         view = strided_view(x.name, program)
         if view is None or len(view.shape) != len(xs.shape):
@@ -175,14 +192,14 @@ def find_index_sites(program: Program, ranges: dict[str, tuple[int, int]]) -> li
             not ix.same(st, ix.numel(tuple(inner[k + 1 :]))) for k, st in enumerate(view.strides[dim + 1 :])
         ):
             continue  # the dims after the indexed one are not one contiguous run
-        index = arange_positions(idx.name, program, ranges)
+        index = arange_positions(idx.name, program, ranges) if len(ids.shape) == 1 else None
         if index is None:
-            index = strided_view(idx.name, program)
-            if index is None or len(index.shape) != 1:
+            index = _flat(strided_view(idx.name, program))
+            if index is None:
                 continue
         made = index.steps if isinstance(index, Positions) else ()
         ops = tuple(dict.fromkeys([*(program.steps[k].target for k in made), INDEX]))
-        count = ix.parse_size(ids.shape[0])
+        count = ix.numel(tuple(ix.parse_size(d) for d in ids.shape))
         sites.append(IndexSite(i, dim, view, index, count, step.outputs[0], xs.dtype, ids.dtype, ops))
     return sites
 

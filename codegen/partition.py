@@ -39,6 +39,9 @@ class Group:
     rendered: Rendered
 
 
+INDEX = "aten.index.Tensor"
+
+
 class Graph:
     """Steps of a program with their kinds and the dependencies between real steps."""
 
@@ -59,12 +62,22 @@ class Graph:
                 pure[i] = True
         if materialize:  # what a library call reads or the program returns is a buffer: the last
             # pointwise step computes it (a generator too: OPT's ones that only its cumsum reads)
-            read = [b for i, k in enumerate(kinds) if k == "library" for b in self.reads[i]]
-            for b in [*read, *program.outputs]:
+            # (an index's positions stay computed: ``index_rows`` folds an ``arange`` they are)
+            read = [
+                (b, self.steps[i].target != INDEX)
+                for i, k in enumerate(kinds)
+                if k == "library"
+                for b in self.reads[i]
+            ]
+            for b, any_kind in [*read, *((o, True) for o in program.outputs)]:
                 p = self.producer.get(b)
                 while p is not None and kinds[p] == "view" and pure[p] and self.reads[p]:
                     p = self.producer.get(self.reads[p][0])
-                if p is not None and pure[p] and kinds[p] in ("pointwise", "generator"):
+                if (
+                    p is not None
+                    and pure[p]
+                    and (kinds[p] == "pointwise" or any_kind and kinds[p] == "generator")
+                ):
                     pure[p] = False
                     kinds[p] = "pointwise"
         self.kinds = ["virtual" if k == "view" or pure[i] else k for i, k in enumerate(kinds)]

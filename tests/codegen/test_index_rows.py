@@ -1,7 +1,8 @@
 """Row gathers in library-free builds (``aot.codegen.index_rows``): ``aten.index`` with one index
 tensor on one dim becomes a kernel step, its positions computed in the kernel where they are a
 slice of an ``arange`` (``h[:, arange(seq)[-1:]]``, transformers' last-position pick) and read from
-their buffer otherwise (a caller's int64 input, negative indices counting from the end); each
+their buffer otherwise (a caller's int64 input, negative indices counting from the end; an index
+of two dims read as its elements in row-major order); each
 kernel matches ``aten.index`` in Triton's interpreter at two sizes; the torch loader's CPU path
 agrees with eager; the runtime without torch accepts the bundle. Tiny GPT-2 and Llama through
 ``aot.hf.causal_lm`` build ``--library-free`` (they were refused at the last-position index)."""
@@ -26,7 +27,8 @@ class M(nn.Module):
     def forward(self, x, pick):  # x: [B, S, 24], pick: [K] int64 in -4..3
         h = torch.tanh(self.proj(x))  # [B, S, 24], a kernel's result
         last = torch.arange(x.shape[1], device=x.device)[-1:]
-        return h[:, last] * 2, h[:, pick] + 1  # [B, 1, 24], [B, K, 24]
+        pairs = torch.stack((pick, -1 - pick))  # [2, K]: an index of two dims (CodeGen's [1, S] positions)
+        return h[:, last] * 2, h[:, pick] + 1, h[:, pairs] - 1  # [B, 1, 24], [B, K, 24], [B, 2, K, 24]
 
 batch = Dim("batch", 1, 4)
 seq = Dim("seq", 4, 20)
@@ -65,7 +67,7 @@ def test_both_indexes_are_kernels_and_the_runtime_accepts_the_bundle(built):
     compiled, bundle, _ = built
     program = compiled.program
     steps = _gathers(program)
-    assert len(steps) == 2 and all(s.reference[-1].target == "aten.index.Tensor" for s in steps)
+    assert len(steps) == 3 and all(s.reference[-1].target == "aten.index.Tensor" for s in steps)
     # the last position is computed in the kernel: its arange and slice joined the reference
     computed = [s for s in steps if len(s.reference) > 1]
     assert len(computed) == 1
@@ -87,7 +89,7 @@ def test_every_kernel_matches_its_reference_in_the_interpreter(built):
     sizes = [{"batch": 2, "seq": 7, "picks": 5}, {"batch": 3, "seq": 20, "picks": 1}]
     (results,) = interpret_in_subprocess([(bundle, path, sizes, None)])
     for size, checks in results.items():
-        assert [c.name for c in checks].count("index_rows") == 2, (size, [c.name for c in checks])
+        assert [c.name for c in checks].count("index_rows") == 3, (size, [c.name for c in checks])
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
 
 
