@@ -366,7 +366,13 @@ def _rewrite_for_kernels(
     from aot.codegen.embeddings import positions_as_slices
     from aot.codegen.gemm_pairs import tile_stats
     from aot.codegen.gemm_prologue import factored_one_row
-    from aot.codegen.index_views import gathers_as_slices, indexes_as_views, rolls_as_slices, strides_as_views
+    from aot.codegen.index_views import (
+        extremes_as_amax,
+        gathers_as_slices,
+        indexes_as_views,
+        rolls_as_slices,
+        strides_as_views,
+    )
     from aot.codegen.layouts import channels_last as lay_out_channels_last
     from aot.codegen.layouts import relayout_conv_inputs, split_conv_bias
     from aot.codegen.norm_sums import add_layer_norm_sums
@@ -427,6 +433,9 @@ def _rewrite_for_kernels(
     program, n_rolls = rolls_as_slices(program)
     if n_rolls:
         say(f"  {counted(n_rolls, 'roll')} read as slices")
+    program, n_extremes = extremes_as_amax(program)
+    if n_extremes:
+        say(f"  {counted(n_extremes, 'max or min over a dim')} without indices as reductions")
     program, n_views = indexes_as_views(program)
     if n_views:
         say(f"  {counted(n_views, 'index', 'indexes')} by whole aranges read in place as views")

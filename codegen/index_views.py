@@ -49,7 +49,7 @@ from typing import Any
 
 from aot.codegen import index as ix
 from aot.codegen.splice import consecutive_positions, spliced
-from aot.program import fresh_name, is_view, producer_of, tensor_specs
+from aot.program import fresh_name, is_view, producer_of, step_reads, tensor_specs
 from aot.schema import Buf, Program, Step, StepKind, Sym, TensorSpec
 
 INDEX = "aten.index.Tensor"
@@ -372,3 +372,41 @@ def rolls_as_slices(program: Program) -> tuple[Program, int]:
         steps.append(Step(StepKind.ATEN, CAT, (pieces, dim), {}, s.outputs))
         count += 1
     return (replace(program, steps=tuple(steps), buffers=buffers), count) if count else (program, 0)
+
+
+EXTREMES = {"aten.max.dim": "aten.amax.default", "aten.min.dim": "aten.amin.default"}
+
+
+def extremes_as_amax(program: Program) -> tuple[Program, int]:
+    """``program`` with each ``max(x, dim)`` or ``min(x, dim)`` whose indices nothing reads
+    (Hiera's query pooling, ``x.view(...).max(dim=1).values``) an ``amax``/``amin`` over that dim,
+    a reduction the fuser takes (the same values, NaN propagated alike); how many. Every fused
+    build: ``max.dim`` is a library call."""
+    read = {b for s in program.steps for b in step_reads(s)} | set(program.outputs)
+    steps: list[Step] = []
+    count = 0
+    for s in program.steps:
+        dim = s.args[1] if len(s.args) > 1 else s.kwargs.get("dim")
+        keep = s.args[2] if len(s.args) > 2 else s.kwargs.get("keepdim", False)
+        if (
+            s.kind == StepKind.ATEN
+            and s.target in EXTREMES
+            and len(s.outputs) == 2
+            and s.outputs[0] is not None
+            and (s.outputs[1] is None or s.outputs[1] not in read)
+            and isinstance(s.args[0], Buf)
+            and type(dim) is int
+            and type(keep) is bool
+            and not s.kwargs.keys() - {"dim", "keepdim"}
+        ):
+            steps.append(
+                Step(StepKind.ATEN, EXTREMES[s.target], (s.args[0], [dim], keep), {}, (s.outputs[0],))
+            )
+            count += 1
+        else:
+            steps.append(s)
+    if not count:
+        return program, 0
+    unread = {s.outputs[1] for s in program.steps if s.target in EXTREMES and len(s.outputs) == 2}
+    buffers = {k: v for k, v in program.buffers.items() if k not in unread or k in read}
+    return replace(program, steps=tuple(steps), buffers=buffers), count

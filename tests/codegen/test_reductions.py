@@ -2,7 +2,8 @@
 ViT's tokens (``[B, N, C] -> [B, C]``, BEiT's pooling), a sum over the batch and channels, an amax
 kept as a dim and broadcast back, a variance, a logsumexp over the batch (amax and sum, as the export decomposes it) and a ``var_mean`` over
 two leading dims, softmaxes over a middle dim and over the batch, and vector norms (L2 over the tokens as ConvNeXt-V2's global response norm takes
-it; L1, L3.5, inf, -inf and 0 over the channels; L2 of everything) are kernels (each reads its source with the reduced dims last), not ATen calls.
+it; L1, L3.5, inf, -inf and 0 over the channels; L2 of everything; ``max``/``min`` over a dim whose
+indices nothing reads, as amax/amin: Hiera's query pooling) are kernels (each reads its source with the reduced dims last), not ATen calls.
 Checked: the program has no ATen reduction; the CPU path agrees with eager; every kernel matches
 its ATen reference in Triton's interpreter at batch 1 and 3 (float32, the kernels' own tolerance:
 the sums' order differs); the model builds ``--library-free``, which ATen's reductions refused."""
@@ -35,7 +36,9 @@ class M(nn.Module):
         l2 = torch.linalg.vector_norm(x, 2, dim=1, keepdim=True)  # ConvNeXt-V2's GRN
         norms = [torch.linalg.vector_norm(x, p, dim=2) for p in (1, 3.5, float("inf"), float("-inf"), 0)]
         whole = torch.linalg.vector_norm(x * (x > 0))  # every dim, zeros among the values
-        return tokens, both, peak, spread, total, var, mean, x / (l2 + 1e-6), *norms, whole, radix, logs
+        pooled = x.view(x.shape[0], 7, 3, 4).max(dim=1).values  # Hiera's query pooling: no indices read
+        low = torch.min(x, dim=-1, keepdim=True)[0]
+        return tokens, both, peak, spread, total, var, mean, x / (l2 + 1e-6), *norms, whole, radix, logs, pooled, low
 
 spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 4), 7, 12))])
 """
@@ -63,7 +66,7 @@ def test_no_reduction_is_left_to_aten(built):
     compiled, _, _, _ = built
     program = compiled.program
     aten = [s.target for s in program.steps if s.kind == StepKind.ATEN]
-    assert not set(aten) & REDUCTION_OPS, aten
+    assert not set(aten) & (REDUCTION_OPS | {"aten.max.dim", "aten.min.dim"}), aten
     kernels = {k.id: k for k in program.kernels}
     references = {r.target for s in program.steps if s.kind == StepKind.KERNEL for r in s.reference}
     # (the export decomposes logsumexp into amax, exp, sum and log)
@@ -71,6 +74,7 @@ def test_no_reduction_is_left_to_aten(built):
         "aten.mean.dim",
         "aten.sum.dim_IntList",
         "aten.amax.default",
+        "aten.amin.default",
         "aten.var_mean.correction",
         "aten.linalg_vector_norm.default",
         "aten._softmax.default",
@@ -166,3 +170,25 @@ def test_group_norms_are_kernels(tmp_path):
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
     free = generate(traced, ("sm_90",), gemm_candidates=True, library_free=True)
     assert all(s.kind == StepKind.KERNEL or s.target == "aten.view.default" for s in free.program.steps)
+
+
+def test_a_max_whose_indices_are_read_stays_atens(tmp_path):
+    """``max(x, dim)`` as a reduction only where nothing reads its indices: returned, they are ATen's."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.tracer import load_model_file, trace
+
+    path = tmp_path / "argmax.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\nfrom aot import Dim, Input, ModelSpec\n\n"
+        "class M(nn.Module):\n    def forward(self, x):\n        return tuple(x.max(dim=1))\n\n"
+        "spec = ModelSpec(module=M, inputs=[Input('x', (Dim('batch', 1, 4), 7))])\n"
+    )
+    compiled = generate(trace(load_model_file(path)), ("sm_90",))
+    assert "aten.max.dim" in {s.target for s in compiled.program.steps}
+    from aot.packager import pack
+
+    pack(compiled, tmp_path / "argmax.tpk")
+    x = torch.randn(3, 7)
+    values, indices = load(tmp_path / "argmax.tpk")(x)
+    assert torch.equal(values, x.max(dim=1).values) and torch.equal(indices, x.max(dim=1).indices)
