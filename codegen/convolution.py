@@ -17,7 +17,8 @@ A default build leaves ``aten.convolution.default`` to cuDNN; ``--library-free``
 Padding reads as zero. Input and output are indexed by their strides (``TensorSpec.order``), the
 weight too; an input that is a permute of a row-major buffer (a convnext block's channels-last
 activations viewed NCHW for its next convolution) is read from that buffer in place. Channels, height, width and the kernel's window must be static; the batch may be
-symbolic (the grid's first axis). The convolution's bias, when a weight, is usually moved into the
+symbolic (the grid's first axis), and so may a 1-D convolution's length (audio samples, a
+sequence: wav2vec 2, HuBERT, SqueezeBERT), the sizes and strides it enters then arguments. The convolution's bias, when a weight, is usually moved into the
 kernel after it first (``layouts.split_conv_bias``); a bias left on the step is added here.
 """
 
@@ -32,7 +33,7 @@ from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
 HEURISTIC = "conv-implicit-gemm-v1"
@@ -53,13 +54,15 @@ class Conv:
         stride, padding, dilation = (_expanded(v, rank) for v in args[3:6])
         self.stride, self.padding, self.dilation = pad(stride, 1), pad(padding, 0), pad(dilation, 1)
         self.groups = args[8]
-        dims = [int(d) for d in x.shape[1:]]
-        self.c_in, self.h, self.w_in = (dims[0], 1, dims[1]) if one_d else dims
+        # a 1-D convolution's length may be symbolic (a sequence's: ConvBERT, wav2vec 2's samples)
+        dims = [ix.parse_size(d) for d in x.shape[1:]]
+        self.c_in = int(dims[0])
+        self.h, self.w_in = (1, dims[1]) if one_d else (int(dims[1]), int(dims[2]))
         wdims = [int(d) for d in w.shape]
         self.c_out, self.cpg = wdims[0], wdims[1]
         self.kh, self.kw = (1, wdims[2]) if one_d else (wdims[2], wdims[3])
-        odims = [int(d) for d in o.shape[1:]]
-        self.oh, self.ow = (1, odims[1]) if one_d else (odims[1], odims[2])
+        odims = [ix.parse_size(d) for d in o.shape[1:]]
+        self.oh, self.ow = (1, odims[1]) if one_d else (int(odims[1]), int(odims[2]))
         self.opg = self.c_out // self.groups
 
     @property
@@ -133,12 +136,14 @@ def _geometry(step: Step, specs: dict[str, TensorSpec]) -> Conv | None:
         b = specs.get(b_arg.name)
         if b is None or b.dtype != x.dtype or list(b.shape) != [w.shape[0]] or b.order:
             return None
-    if not all(d.isdigit() for d in (*x.shape[1:], *w.shape, *o.shape[1:])) or x.shape[0] != o.shape[0]:
+    static = (*x.shape[1:2], *w.shape, *o.shape[1:2]) if rank == 1 else (*x.shape[1:], *w.shape, *o.shape[1:])
+    if not all(d.isdigit() for d in static) or x.shape[0] != o.shape[0]:
         return None
     conv = Conv(x, w, o, list(step.args))
     if conv.c_in != conv.cpg * groups or conv.c_out % groups or int(o.shape[1]) != conv.c_out:
         return None
-    if conv.oh * conv.ow == 0 or conv.c_out == 0 or conv.cpg == 0:
+    positions = sympy.sympify(conv.oh * conv.ow)
+    if conv.c_out == 0 or conv.cpg == 0 or (positions.is_Integer and int(positions) == 0):
         return None
     return conv
 
@@ -157,17 +162,23 @@ def _input_strides(conv: Conv, step: Step, program: Program, specs) -> tuple[Buf
         return step.args[0], _strides(conv.x, conv.one_d)
     base, strides = permuted
     batch_stride = ix.strides(tuple(ix.parse_size(d) for d in specs[base].shape))[0]
-    strides = [int(batch_stride), *strides[1:]]
+    strides = [batch_stride, *strides[1:]]
     return Buf(base), ([strides[0], strides[1], 0, strides[2]] if conv.one_d else strides)
 
 
-def _strides(spec: TensorSpec, one_d: bool) -> list[int]:
-    """Element strides of a 3-D or 4-D tensor in its memory order, as 4 (a 1-D one's height: 0)."""
+def _strides(spec: TensorSpec, one_d: bool) -> list[sympy.Expr]:
+    """Element strides of a 3-D or 4-D tensor in its memory order, as 4 (a 1-D one's height: 0);
+    symbolic where a 1-D one's length is."""
     order = list(spec.order) or list(range(len(spec.shape)))
-    out = [0] * len(order)
+    out = [sympy.Integer(0)] * len(order)
     for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
-        out[dim] = int(stride)
-    return [out[0], out[1], 0, out[2]] if one_d else out
+        out[dim] = stride
+    return [out[0], out[1], sympy.Integer(0), out[2]] if one_d else out
+
+
+def _blocks(n: sympy.Expr, block: int) -> str:
+    """The grid's count of ``block``-sized blocks over ``n`` positions, as text."""
+    return str(-(-int(n) // block)) if n.is_Integer else f"({ix.size_text(n)} + {block - 1})//{block}"
 
 
 def _pow2(n: int) -> int:
@@ -183,13 +194,14 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
     bias = step.args[2]
     batch = ix.parse_size(x.shape[0])
     biggest = max(
-        max_value(batch, ranges) * max(conv.c_in * conv.h * conv.w_in, conv.c_out * conv.oh * conv.ow),
+        max_value(sympy.expand(batch * conv.c_in * conv.h * conv.w_in), ranges),
+        max_value(sympy.expand(batch * conv.c_out * conv.oh * conv.ow), ranges),
         conv.c_out * conv.cpg * conv.kh * conv.kw,
     )
     index = "i64" if biggest >= 2**31 - 1 else "i32"
     x_buf, xs = _input_strides(conv, step, program, specs)
     ws, os_ = _strides(w, conv.one_d), _strides(o, conv.one_d)
-    positions = conv.oh * conv.ow
+    positions = sympy.sympify(conv.oh * conv.ow)
     store = TL_TYPE[STORAGE[x.dtype]]
     consts = {
         "C_IN": conv.c_in, "H": conv.h, "W": conv.w_in, "C_OUT": conv.c_out, "OH": conv.oh, "OW": conv.ow,
@@ -200,6 +212,9 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
         "WO": ws[0], "WI": ws[1], "WH": ws[2], "WW": ws[3],
         "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
     }  # fmt: skip
+    # a symbolic length (1-D): the sizes and strides it enters are arguments the call evaluates
+    sizes = {k: sympy.expand(v) for k, v in consts.items() if not sympy.sympify(v).is_Integer}
+    consts = {k: int(v) for k, v in consts.items() if k not in sizes}
     wide = ".to(tl.int64)" if index == "i64" else ""
     params = [KernelParam("x_ptr", ParamKind.PTR, x.dtype), KernelParam("w_ptr", ParamKind.PTR, w.dtype)]
     args: list = [x_buf, step.args[1]]
@@ -208,11 +223,16 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
         args.append(bias)
     params.append(KernelParam("out_ptr", ParamKind.PTR, o.dtype))
     args.append(Buf(step.outputs[0]))
+    params += [KernelParam(k, ParamKind(index), "") for k in sizes]
+    args += [Sym(ix.size_text(v)) for v in sizes.values()]
     signature = signature_of(tuple(params), index)
+    most = max_value(positions, ranges)
     if conv.depthwise:
-        name, config, body, grid = _depthwise(conv, positions, wide, bias is not None, store)
+        name, config, body, grid = _depthwise(conv, positions, most, wide, bias is not None, store)
     else:
-        name, config, body, grid = _implicit_gemm(conv, positions, wide, bias is not None, store, x.dtype)
+        name, config, body, grid = _implicit_gemm(
+            conv, positions, most, wide, bias is not None, store, x.dtype
+        )
     if grid is None:
         return None
     grid = (ix.size_text(batch), *grid)
@@ -244,15 +264,18 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
     )
 
 
-def _implicit_gemm(conv: Conv, positions: int, wide: str, bias: bool, store: str, dtype: str):
-    """(name, config, body, grid after the batch) of the implicit-GEMM form."""
+def _implicit_gemm(
+    conv: Conv, positions: sympy.Expr, most: int, wide: str, bias: bool, store: str, dtype: str
+):
+    """(name, config, body, grid after the batch) of the implicit-GEMM form; ``most``: the most
+    output positions an image has (``positions`` at the declared maximum)."""
     k_total = conv.cpg * conv.kh * conv.kw
-    block_p = min(BLOCK_P, max(16, _pow2(positions)))
+    block_p = min(BLOCK_P, max(16, _pow2(most)))
     block_co = min(64, max(16, _pow2(conv.opg)))
     block_k = min(32, max(16, _pow2(k_total)))
     co_blocks = -(-conv.opg // block_co)
-    grid_p, grid_c = -(-positions // block_p), conv.groups * co_blocks
-    if grid_p > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
+    grid_p, grid_c = _blocks(positions, block_p), conv.groups * co_blocks
+    if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
         return "", {}, [], None
     precision = ", input_precision='ieee'" if dtype == "float32" else ""
     body = [
@@ -302,12 +325,12 @@ def _implicit_gemm(conv: Conv, positions: int, wide: str, bias: bool, store: str
     return "conv_igemm", config, body, (str(grid_p), str(grid_c))
 
 
-def _depthwise(conv: Conv, positions: int, wide: str, bias: bool, store: str):
+def _depthwise(conv: Conv, positions: sympy.Expr, most: int, wide: str, bias: bool, store: str):
     """(name, config, body, grid after the batch) of the depthwise form (one input channel per group)."""
     block_c = min(128, max(1, _pow2(conv.c_out)))
-    block_p = min(max(1, DEPTHWISE_TILE // block_c), _pow2(positions))
-    grid_p, grid_c = -(-positions // block_p), -(-conv.c_out // block_c)
-    if grid_p > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
+    block_p = min(max(1, DEPTHWISE_TILE // block_c), _pow2(most))
+    grid_p, grid_c = _blocks(positions, block_p), -(-conv.c_out // block_c)
+    if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
         return "", {}, [], None
     body = [
         f"n = tl.program_id(0){wide}",

@@ -219,3 +219,60 @@ def test_the_torch_loader_runs_the_library_free_bundle_on_the_cpu_as_eager(built
     x = torch.randn(3, 3, 20, 18, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(load(bundle)(x), module(x), rtol=1e-5, atol=1e-5)
     assert [e.name for e in check(bundle).entries] == ["general"]  # aotpack-rt accepts it
+
+
+SEQUENCE = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Conv1d(1, 8, 10, stride=5, bias=False)  # wav2vec 2's first feature layer
+        self.positions = nn.Conv1d(8, 8, 5, padding=2, groups=2)   # its grouped positional convolution
+        self.depthwise = nn.Conv1d(8, 8, 3, padding=1, groups=8)   # SqueezeBERT/ConvBERT-style
+
+    def forward(self, x):  # x: [B, L] samples
+        h = self.features(x[:, None]).relu()
+        return self.depthwise(self.positions(h) + h)
+
+spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 3), Dim("samples", 20, 400)))])
+"""
+
+
+def test_one_d_convolutions_over_a_symbolic_length_are_kernels(tmp_path):
+    """A 1-D convolution's length may be symbolic (audio samples, a sequence): the sizes and
+    strides it enters are call-time arguments, the kernel otherwise the same. Library-free build;
+    the CPU path agrees with eager and every kernel with its reference in the interpreter at two
+    lengths, one whose strided windows do not fill the last position."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.runtime import check
+    from aot.tracer import instantiate, load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "sequence.py"
+    path.write_text(SEQUENCE)
+    spec = load_model_file(path)
+    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    program = compiled.program
+    assert CONV not in {s.target for s in program.steps}
+    kernels = {k.id: k for k in program.kernels}
+    convs = [
+        s for s in program.steps if s.kind.value == "kernel" and kernels[s.target].name.startswith("conv_")
+    ]
+    assert len(convs) == 3 and all("samples" in " ".join(s.grid) for s in convs)
+    pack(compiled, tmp_path / "sequence.tpk")
+    assert check(tmp_path / "sequence.tpk").entries  # the torch-free runtime takes it
+    runner, module = load(tmp_path / "sequence.tpk"), instantiate(spec)
+    for batch, samples in ((1, 20), (2, 123), (3, 400)):
+        x = torch.randn(batch, samples)
+        with torch.no_grad():
+            torch.testing.assert_close(runner(x), module(x), rtol=1e-5, atol=1e-5)
+    sizes = [{"batch": 1, "samples": 20}, {"batch": 2, "samples": 123}]
+    (results,) = interpret_in_subprocess([(tmp_path / "sequence.tpk", path, sizes, None)])
+    for size, checks in results.items():
+        assert {c.kernel for c in checks} == set(kernels), size
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
