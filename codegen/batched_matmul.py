@@ -22,7 +22,7 @@ from aot.codegen import index as ix
 from aot.codegen.cache_writes import Strided, strided_view
 from aot.codegen.kernel_source import kernel_module, signature_of
 from aot.codegen.launch import max_value
-from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
+from aot.codegen.render import Rendered, steps_as_kernels
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import tensor_specs
@@ -161,17 +161,6 @@ def bmm_kernels(
     if not sites:
         return program, {}
     rendered = [render_bmm(s, ranges) for s in sites]
-    built = compile_site_kernels(
-        program, rendered, archs, compile_kernels, say, "batched matmul", "the library call stays"
+    return steps_as_kernels(
+        program, [s.step for s in sites], rendered, archs, compile_kernels, say, "batched matmul"
     )
-    ids, failed = built.ids, built.failed
-    steps = list(program.steps)
-    done = 0
-    for site, kid, r in zip(sites, ids, rendered):
-        if kid in failed:
-            continue
-        steps[site.step] = kernel_step(kid, r, (program.steps[site.step],))
-        done += 1
-    if done:
-        say(f"  {done} batched matmuls run as kernels")
-    return built.program_with(program, steps), built.cubins

@@ -152,6 +152,32 @@ def compile_site_kernels(
     return SiteKernels(ids, failed, records, cubins)
 
 
+def steps_as_kernels(
+    program: Program,
+    at: list[int],
+    rendered: list[Rendered],
+    archs: tuple[str, ...],
+    compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
+    say: Callable[[str], None],
+    what: str,
+) -> tuple[Program, dict[tuple[str, str], bytes]]:
+    """``program`` with the step at each of ``at`` run by its ``rendered`` kernel, the step its
+    reference; one whose kernel fails to compile stays the library call. Says how many run as
+    kernels (``what``: the step's kind, "gather"); also the cubins."""
+    built = compile_site_kernels(
+        program, rendered, archs, compile_kernels, say, what, "the library call stays"
+    )
+    steps: list[Step | None] = list(program.steps)
+    done = 0
+    for i, kid, r in zip(at, built.ids, rendered):
+        if kid not in built.failed:
+            steps[i] = kernel_step(kid, r, (program.steps[i],))
+            done += 1
+    if done:
+        say(f"  {done} {what}s run as kernels")
+    return built.program_with(program, steps), built.cubins
+
+
 def render_kernel(
     steps: list[Step],
     outputs: list[str],
