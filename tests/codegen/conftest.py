@@ -186,3 +186,45 @@ def assert_decode_kernels_match(compiled, bundle, attention: str) -> list:
         err == 0.0 for name, out, err, _ in ours if out.startswith("index_put") and "_normed" not in name
     ), ours
     return checks
+
+
+def library_free_checked(tmp_path: Path, text: str, make_inputs, sizes: list[dict], interpret_at: int = 2):
+    """Build the model file ``text`` library-free and check it: every live step a kernel or a view,
+    the torch-free runtime takes the bundle, the CPU path agrees with eager (1e-5, NaN as NaN) at
+    each of ``sizes`` (``make_inputs(size, generator)``: the call's arguments there) and every
+    kernel with its reference in Triton's interpreter at the first ``interpret_at`` of them.
+    Returns the ``Compiled``."""
+    import torch
+
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.program import is_view, live_steps
+    from aot.runtime import check
+    from aot.schema import StepKind
+    from aot.tracer import instantiate, load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "model.py"
+    path.write_text(text)
+    spec = load_model_file(path)
+    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    live = live_steps(compiled.program)
+    assert all(s.kind == StepKind.KERNEL or is_view(s) for s in live), [s.target for s in live]
+    pack(compiled, tmp_path / "model.tpk")
+    assert check(tmp_path / "model.tpk").entries  # the torch-free runtime takes it
+    runner, module = load(tmp_path / "model.tpk"), instantiate(spec)  # the weights the trace read
+    gen = torch.Generator().manual_seed(0)
+    for size in sizes:
+        args = make_inputs(size, gen)
+        with torch.no_grad():
+            want = module(*args)
+        got = runner(*args)
+        got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
+    (results,) = interpret_in_subprocess([(tmp_path / "model.tpk", path, sizes[:interpret_at], None)])
+    for size, checks in results.items():
+        assert {c.kernel for c in checks} == {k.id for k in compiled.program.kernels}, size
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+    return compiled, results

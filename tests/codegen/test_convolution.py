@@ -246,17 +246,11 @@ def test_one_d_convolutions_over_a_symbolic_length_are_kernels(tmp_path):
     strides it enters are call-time arguments, the kernel otherwise the same. Library-free build;
     the CPU path agrees with eager and every kernel with its reference in the interpreter at two
     lengths, one whose strided windows do not fill the last position."""
-    from aot.codegen import generate
-    from aot.loader import load
-    from aot.packager import pack
-    from aot.runtime import check
-    from aot.tracer import instantiate, load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
+    from tests.codegen.conftest import library_free_checked
 
-    path = tmp_path / "sequence.py"
-    path.write_text(SEQUENCE)
-    spec = load_model_file(path)
-    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    sizes = [{"batch": 2, "samples": 123}, {"batch": 1, "samples": 20}, {"batch": 3, "samples": 400}]
+    inputs = lambda s, g: (torch.randn(s["batch"], s["samples"], generator=g),)  # noqa: E731
+    compiled, _ = library_free_checked(tmp_path, SEQUENCE, inputs, sizes)
     program = compiled.program
     assert CONV not in {s.target for s in program.steps}
     kernels = {k.id: k for k in program.kernels}
@@ -264,15 +258,3 @@ def test_one_d_convolutions_over_a_symbolic_length_are_kernels(tmp_path):
         s for s in program.steps if s.kind.value == "kernel" and kernels[s.target].name.startswith("conv_")
     ]
     assert len(convs) == 3 and all("samples" in " ".join(s.grid) for s in convs)
-    pack(compiled, tmp_path / "sequence.tpk")
-    assert check(tmp_path / "sequence.tpk").entries  # the torch-free runtime takes it
-    runner, module = load(tmp_path / "sequence.tpk"), instantiate(spec)
-    for batch, samples in ((1, 20), (2, 123), (3, 400)):
-        x = torch.randn(batch, samples)
-        with torch.no_grad():
-            torch.testing.assert_close(runner(x), module(x), rtol=1e-5, atol=1e-5)
-    sizes = [{"batch": 1, "samples": 20}, {"batch": 2, "samples": 123}]
-    (results,) = interpret_in_subprocess([(tmp_path / "sequence.tpk", path, sizes, None)])
-    for size, checks in results.items():
-        assert {c.kernel for c in checks} == set(kernels), size
-        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aot.schema import StepKind
-from tests.codegen.conftest import interpreted_json
+from tests.codegen.conftest import interpreted_json, library_free_checked
 
 MODEL = """
 import pytest
@@ -41,40 +41,17 @@ spec = ModelSpec(
 
 
 def test_gathers_are_kernels_in_a_library_free_build(tmp_path):
-    from aot.codegen import generate
-    from aot.loader import load
-    from aot.packager import pack
-    from aot.program import is_view, live_steps
-    from aot.runtime import check
-    from aot.tracer import instantiate, load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
+    def inputs(size, gen):
+        ids = torch.randint(0, 3, (size["batch"], size["seq"]), generator=gen)
+        return ids, torch.randn(size["batch"], 6, size["seq"], generator=gen)
 
-    path = tmp_path / "gathers.py"
-    path.write_text(MODEL)
-    spec = load_model_file(path)
-    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}, {"batch": 4, "seq": 32}]
+    compiled, results = library_free_checked(tmp_path, MODEL, inputs, sizes)
     program = compiled.program
-    live = live_steps(program)
-    assert all(s.kind == StepKind.KERNEL or is_view(s) for s in live), [s.target for s in live]
     kernels = {k.id: k for k in program.kernels}
     gathers = [s for s in program.steps if s.kind == StepKind.KERNEL and kernels[s.target].name == "gather"]
     assert len(gathers) == 2 and all(s.reference[0].target == "aten.gather.default" for s in gathers)
-    pack(compiled, tmp_path / "gathers.tpk")
-    assert check(tmp_path / "gathers.tpk").entries  # the torch-free runtime takes it
-    runner, module = load(tmp_path / "gathers.tpk"), instantiate(spec)
-    gen = torch.Generator().manual_seed(0)
-    sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}, {"batch": 4, "seq": 32}]
-    for size in sizes:
-        ids = torch.randint(0, 3, (size["batch"], size["seq"]), generator=gen)
-        x = torch.randn(size["batch"], 6, size["seq"], generator=gen)
-        with torch.no_grad():
-            want = module(ids, x)
-        for got, w in zip(runner(ids, x), want, strict=True):
-            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-5)
-    (results,) = interpret_in_subprocess([(tmp_path / "gathers.tpk", path, sizes[:2], None)])
     for size, checks in results.items():
-        assert {c.kernel for c in checks} == set(kernels), size
-        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
         exact = [c for c in checks if c.name == "gather"]
         assert len(exact) == 2 and all(c.max_abs_error == 0.0 for c in exact), (size, exact)
     float_gather = next(s for s in gathers if program.buffers[s.outputs[0]].dtype == "float32")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from aot.schema import StepKind
+from tests.codegen.conftest import library_free_checked
 
 MODEL = """
 import torch
@@ -60,48 +61,19 @@ spec = ModelSpec(module=M, inputs=[Input("x", (Dim("rows", 1, 16), 1, 64))])
 """
 
 
-def _builds_library_free(tmp_path, text: str, shape, sizes: list[dict[str, int]]):
-    """Build ``text`` library-free and check it: every live step a kernel or a view, some kernel
-    a copy, the torch-free runtime takes the bundle, the CPU path agrees with eager (1e-5) at each
-    of ``sizes`` (``shape`` of the input there) and every kernel with its reference in the
-    interpreter."""
-    from aot.codegen import generate
-    from aot.loader import load
-    from aot.packager import pack
-    from aot.program import is_view, live_steps
-    from aot.runtime import check
-    from aot.tracer import instantiate, load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
-
-    path = tmp_path / "model.py"
-    path.write_text(text)
-    spec = load_model_file(path)
-    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
-    program = compiled.program
-    live = live_steps(program)
-    assert all(s.kind == StepKind.KERNEL or is_view(s) for s in live), [s.target for s in live]
-    copies = [
+def _copies(program) -> list:
+    """The kernels that copy a view out row-major (``clone``)."""
+    return [
         s for s in program.steps if s.kind == StepKind.KERNEL and "aten.clone.default" in str(s.reference)
     ]
-    assert copies, [s.reference for s in program.steps]
-    pack(compiled, tmp_path / "model.tpk")
-    assert check(tmp_path / "model.tpk").entries  # the torch-free runtime takes it
-    module = instantiate(spec)  # the weights the trace read
-    runner = load(tmp_path / "model.tpk")
-    for size in sizes:
-        x = torch.randn(*shape(size))
-        with torch.no_grad():
-            torch.testing.assert_close(runner(x), module(x), rtol=1e-5, atol=1e-5)
-    (results,) = interpret_in_subprocess([(tmp_path / "model.tpk", path, sizes[:2], None)])
-    for size, checks in results.items():
-        assert {c.kernel for c in checks} == {k.id for k in program.kernels}, size
-        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
-    return program
 
 
 def test_a_gemm_reading_views_of_a_transpose_builds_library_free(tmp_path):
     sizes = [{"batch": 1}, {"batch": 3}, {"batch": 4}]
-    _builds_library_free(tmp_path, MODEL, lambda s: (s["batch"], 4, 64), sizes)
+    compiled, _ = library_free_checked(
+        tmp_path, MODEL, lambda s, g: (torch.randn(s["batch"], 4, 64, generator=g),), sizes
+    )
+    assert _copies(compiled.program)
 
 
 def test_a_bmm_of_heads_merged_across_a_slice_builds_library_free(tmp_path):
@@ -109,6 +81,9 @@ def test_a_bmm_of_heads_merged_across_a_slice_builds_library_free(tmp_path):
     sliced, so ``[4R, 4, 1, 16]`` heads viewed as ``[16R, 1, 16]`` are no strided view of them
     (``cache_writes.strided_view``); each such ``bmm`` operand is copied row-major first."""
     sizes = [{"rows": 1}, {"rows": 5}, {"rows": 16}]
-    program = _builds_library_free(tmp_path, HEADS_OF_ONE_TOKEN, lambda s: (s["rows"], 1, 64), sizes)
+    compiled, _ = library_free_checked(
+        tmp_path, HEADS_OF_ONE_TOKEN, lambda s, g: (torch.randn(s["rows"], 1, 64, generator=g),), sizes
+    )
+    program = compiled.program
     names = {k.id: k.name for k in program.kernels}
-    assert "bmm" in [names[s.target] for s in program.steps if s.kind == StepKind.KERNEL]
+    assert _copies(program) and "bmm" in [names[s.target] for s in program.steps if s.kind == StepKind.KERNEL]

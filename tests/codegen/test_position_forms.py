@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from aot.schema import StepKind
+from tests.codegen.conftest import library_free_checked
 
 MODEL = """
 import torch
@@ -47,36 +48,12 @@ spec = ModelSpec(
 
 
 def test_generated_positions_and_alibi_build_library_free(tmp_path):
-    from aot.codegen import generate
-    from aot.loader import load
-    from aot.packager import pack
-    from aot.program import is_view, live_steps
-    from aot.runtime import check
-    from aot.tracer import instantiate, load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
+    def inputs(size, gen):
+        ids = torch.randint(0, 40, (size["batch"], size["seq"]), generator=gen)
+        return ids, torch.randn(size["batch"], size["seq"], generator=gen)
 
-    path = tmp_path / "positions.py"
-    path.write_text(MODEL)
-    spec = load_model_file(path)
-    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}, {"batch": 4, "seq": 32}]
+    compiled, _ = library_free_checked(tmp_path, MODEL, inputs, sizes)
     program = compiled.program
-    live = live_steps(program)
-    assert all(s.kind == StepKind.KERNEL or is_view(s) for s in live), [s.target for s in live]
     references = {r.target for s in program.steps if s.kind == StepKind.KERNEL for r in s.reference}
     assert {"aten.full.default", "aten.pow.Tensor_Tensor", "aten.repeat.default"} <= references
-    pack(compiled, tmp_path / "positions.tpk")
-    assert check(tmp_path / "positions.tpk").entries  # the torch-free runtime takes it
-    runner, module = load(tmp_path / "positions.tpk"), instantiate(spec)
-    gen = torch.Generator().manual_seed(0)
-    sizes = [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 13}, {"batch": 4, "seq": 32}]
-    for size in sizes:
-        ids = torch.randint(0, 40, (size["batch"], size["seq"]), generator=gen)
-        x = torch.randn(size["batch"], size["seq"], generator=gen)
-        with torch.no_grad():
-            want = module(ids, x)
-        for got, w in zip(runner(ids, x), want, strict=True):
-            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-5, equal_nan=True)
-    (results,) = interpret_in_subprocess([(tmp_path / "positions.tpk", path, sizes[:2], None)])
-    for size, checks in results.items():
-        assert {c.kernel for c in checks} == {k.id for k in program.kernels}, size
-        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])

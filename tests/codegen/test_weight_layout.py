@@ -143,33 +143,19 @@ def test_weights_only_a_split_reads_are_stored_as_their_pieces(tmp_path):
     gone, no split left), so its projections are GEMM sites and the head builds library-free.
     Checked: the bundle's CPU path agrees with eager, every kernel with its reference in the
     interpreter at batch 1 and 3."""
-    from aot.codegen import generate
     from aot.codegen.weight_layout import SPLITS
-    from aot.loader import load
-    from aot.packager import pack
-    from aot.runtime import check
-    from aot.tracer import instantiate
-    from aot.verify.interpret import interpret_in_subprocess
+    from tests.codegen.conftest import library_free_checked
 
     path = tmp_path / "head.py"
     path.write_text(HEAD)
-    spec = load_model_file(path)
-    traced = trace(spec)
-    assert {s.target for s in traced.program.steps} & set(SPLITS)
-    compiled = generate(traced, ("sm_90",), gemm_candidates=True, library_free=True)
+    assert {s.target for s in trace(load_model_file(path)).program.steps} & set(SPLITS)
+    sizes = [{"batch": 1}, {"batch": 3}, {"batch": 4}]
+    compiled, _ = library_free_checked(
+        tmp_path, HEAD, lambda s, g: (torch.randn(s["batch"], 8, 16, generator=g),), sizes
+    )
     program = compiled.program
     names = {w.name for w in program.weights}
     assert {"attn.in_proj_weight.0", "attn.in_proj_weight.1", "attn.in_proj_bias.0"} <= names
     assert "attn.in_proj_weight" not in names and not {s.target for s in program.steps} & set(SPLITS)
     in_proj = compiled.traced.weights["attn.in_proj_weight.0"]
     assert in_proj.shape == (16, 16) and in_proj.is_contiguous()
-    pack(compiled, tmp_path / "head.tpk")
-    assert check(tmp_path / "head.tpk").entries  # the torch-free runtime takes it
-    runner, module = load(tmp_path / "head.tpk"), instantiate(spec)
-    for batch in (1, 3, 4):
-        x = torch.randn(batch, 8, 16)
-        with torch.no_grad():
-            torch.testing.assert_close(runner(x), module(x), rtol=1e-5, atol=1e-5)
-    (results,) = interpret_in_subprocess([(tmp_path / "head.tpk", path, [{"batch": 1}, {"batch": 3}], None)])
-    for size, checks in results.items():
-        assert checks and all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
