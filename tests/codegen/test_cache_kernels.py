@@ -141,6 +141,19 @@ def test_a_view_that_copies_is_not_followed():
     assert strided_view("bad", program) is None  # head dim and tokens do not
 
 
+def test_a_slice_from_the_end_is_not_followed():
+    """``x[:, -3:]`` starts 3 before the end, clamped at the front where the dim is shorter (ATen):
+    no one offset says both, so it is no strided view (its offset was read as -3 from the front)."""
+    program = _chain_program()
+    steps = (
+        *program.steps,
+        Step(StepKind.ATEN, "aten.slice.Tensor", (Buf("cols"), 1, -3, 2**63 - 1), {}, ("tail",)),
+    )
+    buffers = {**program.buffers, "tail": TensorSpec("float32", ("batch*seq", "3"))}
+    program = Program(**{**program.__dict__, "steps": steps, "buffers": buffers})
+    assert strided_view("cols", program) is not None and strided_view("tail", program) is None
+
+
 @pytest.fixture(scope="module")
 def tiny_lm_free(tmp_path_factory, built):
     """tests/data/tiny_lm.py built library-free, and its default build (the lm tests' build): both
