@@ -384,6 +384,7 @@ def extremes_as_amax(program: Program) -> tuple[Program, int]:
     build: ``max.dim`` is a library call."""
     read = {b for s in program.steps for b in step_reads(s)} | set(program.outputs)
     steps: list[Step] = []
+    unread: set[str | None] = set()  # the indices of the steps rewritten: no step makes them now
     count = 0
     for s in program.steps:
         dim = s.args[1] if len(s.args) > 1 else s.kwargs.get("dim")
@@ -402,11 +403,11 @@ def extremes_as_amax(program: Program) -> tuple[Program, int]:
             steps.append(
                 Step(StepKind.ATEN, EXTREMES[s.target], (s.args[0], [dim], keep), {}, (s.outputs[0],))
             )
+            unread.add(s.outputs[1])
             count += 1
         else:
             steps.append(s)
     if not count:
         return program, 0
-    unread = {s.outputs[1] for s in program.steps if s.target in EXTREMES and len(s.outputs) == 2}
-    buffers = {k: v for k, v in program.buffers.items() if k not in unread or k in read}
+    buffers = {k: v for k, v in program.buffers.items() if k not in unread}
     return replace(program, steps=tuple(steps), buffers=buffers), count

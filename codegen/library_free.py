@@ -196,14 +196,6 @@ def _copied_operands(step: Step, program: Program) -> list[int]:
     return [at] if 0 <= at < len(step.args) and isinstance(step.args[at], Buf) else []
 
 
-def _made_by_view(name: str, producer: Mapping[str, int], steps) -> Step | None:
-    """The ATen step that made ``name`` from a buffer (its first argument), or None."""
-    i = producer.get(name)
-    step = steps[i] if i is not None else None
-    ok = step is not None and step.kind == StepKind.ATEN and step.args and isinstance(step.args[0], Buf)
-    return step if ok else None
-
-
 def copy_strided_operands(program: Program) -> tuple[Program, int]:
     """``program`` with each GEMM's A, each lookup's ids and each convolution's or pool's image
     (``ROW_MAJOR_OPERAND``; a ``bmm``'s operands where they are no strided view, ``_copied_operands``)
@@ -222,11 +214,12 @@ def copy_strided_operands(program: Program) -> tuple[Program, int]:
 
     def attention_rows(name: str) -> bool:
         """A view of the ``[B, T, H*D]`` rows an attention kernel writes (``written``)."""
-        while name not in written and (step := _made_by_view(name, producer, program.steps)) is not None:
-            if step.target not in RESHAPE_VIEWS:
+        while name not in written:
+            made = producer.get(name)
+            if made is None or program.steps[made].target not in RESHAPE_VIEWS:
                 return False
-            name = step.args[0].name
-        return name in written
+            name = program.steps[made].args[0].name
+        return True
 
     def in_place(name: str, rows_apart: bool = False) -> bool:
         """A view at its base's address (or, with ``rows_apart``, rows of it apart), of a base

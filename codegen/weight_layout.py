@@ -105,7 +105,7 @@ def split_weights_apart(program: Program, weights: dict[str, Any]) -> tuple[Prog
     specs = {w.name: w.spec for w in program.weights}
     taken = {*specs, *program.buffers, *(i.name for i in program.inputs)}
     pieces: dict[str, str] = {}  # a split's result -> the weight it becomes
-    split_at: dict[str, tuple[int, list[str]]] = {}  # a weight split apart -> (split step, pieces)
+    split_at: dict[str, tuple[int, int, list[str]]] = {}  # a weight split apart -> (step, dim, pieces)
     for i, step in enumerate(program.steps):
         w = step.args[0] if step.kind == StepKind.ATEN and step.target in SPLITS and step.args else None
         if (
@@ -131,10 +131,10 @@ def split_weights_apart(program: Program, weights: dict[str, Any]) -> tuple[Prog
         names = [fresh_name(f"{w.name}.{k}", taken) for k in range(len(step.outputs))]
         taken.update(names)
         pieces.update(zip(step.outputs, names))
-        split_at[w.name] = (i, names)
+        split_at[w.name] = (i, dim, names)
     if not split_at:
         return program, weights, 0
-    dropped = {i for i, _ in split_at.values()}
+    dropped = {i for i, _, _ in split_at.values()}
     steps = tuple(
         replace(s, args=_renamed(s.args, pieces), kwargs=_renamed(s.kwargs, pieces))
         for i, s in enumerate(program.steps)
@@ -146,9 +146,8 @@ def split_weights_apart(program: Program, weights: dict[str, Any]) -> tuple[Prog
         if w.name not in split_at:
             new_weights.append(w)
             continue
-        i, names = split_at.pop(w.name)
+        i, dim, names = split_at[w.name]
         step = program.steps[i]
-        dim = step.args[2] if len(step.args) > 2 else step.kwargs.get("dim", 0)
         tensor = weights.pop(w.name)
         for out, name, piece in zip(step.outputs, names, tensor.split(step.args[1], dim), strict=True):
             weights[name] = piece.contiguous()
