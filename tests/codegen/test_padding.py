@@ -108,41 +108,57 @@ spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 4), 6, 5))])
 """
 
 
+def _fused_exactly(tmp_path, text: str, name: str, gone: str, shape: tuple, traced_has: str | None = None):
+    """Build ``text`` (``traced_has``: a target its trace holds) and check: no ATen step whose
+    target holds ``gone`` is left; the CPU path equals eager at batch 1, 3 and 4 (inputs
+    ``[B, *shape]``); every kernel equals its reference in the interpreter at batch 1 and 3; a
+    library-free build has only kernels and views. (spec, traced, the eager module.)"""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import instantiate, load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    spec = load_model_file(path)
+    traced = trace(spec)
+    assert traced_has is None or traced_has in {s.target for s in traced.program.steps}
+    compiled = generate(traced, ("sm_90",))
+    assert not [s for s in compiled.program.steps if s.kind == StepKind.ATEN and gone in s.target]
+    pack(compiled, tmp_path / f"{name}.tpk")
+    runner, module = load(tmp_path / f"{name}.tpk"), instantiate(spec)
+    for b in (1, 3, 4):
+        x = torch.randn(b, *shape)
+        with torch.no_grad():
+            want = module(x)
+        for got, w in zip(runner(x), want, strict=True):
+            torch.testing.assert_close(got, w, rtol=0, atol=0)
+    (results,) = interpret_in_subprocess(
+        [(tmp_path / f"{name}.tpk", path, [{"batch": 1}, {"batch": 3}], None)]
+    )
+    for size, checks in results.items():
+        assert checks and all(c.ok and c.max_abs_error == 0.0 for c in checks), (size, checks)
+    free = generate(traced, ("sm_90",), gemm_candidates=True, library_free=True)
+    assert all(s.kind == StepKind.KERNEL or s.target == "aten.view.default" for s in free.program.steps), [
+        s.target for s in free.program.steps if s.kind != StepKind.KERNEL
+    ]
+    return spec, free, module
+
+
 def test_slice_scatters_are_kernels(tmp_path):
     """An in-place op on a slice, functionalized as ``slice_scatter`` (GhostNet's ``x += shortcut``
     on a channel slice): a cat of the tensor around the slice and the new values, fused; the CPU
     path and every kernel in the interpreter (exactly) agree with ATen, and it builds library-free
     (a view returned, which the runtime cannot return, copied out by a kernel)."""
-    from aot.codegen import generate
     from aot.loader import load
     from aot.packager import pack
     from aot.runtime import check
-    from aot.tracer import load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
 
-    path = tmp_path / "scatter.py"
-    path.write_text(SCATTERED)
-    spec = load_model_file(path)
-    traced = trace(spec)
-    assert "aten.slice_scatter.default" in {s.target for s in traced.program.steps}
-    compiled = generate(traced, ("sm_90",))
-    assert not [s for s in compiled.program.steps if s.kind == StepKind.ATEN and "scatter" in s.target]
-    pack(compiled, tmp_path / "scatter.tpk")
-    runner, module = load(tmp_path / "scatter.tpk"), spec.module()
-    for b in (1, 3, 4):
-        x = torch.randn(b, 6, 5)
-        for got, want in zip(runner(x), module(x), strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-    (results,) = interpret_in_subprocess(
-        [(tmp_path / "scatter.tpk", path, [{"batch": 1}, {"batch": 3}], None)]
+    _, free, module = _fused_exactly(
+        tmp_path, SCATTERED, "scatter", "scatter", (6, 5), "aten.slice_scatter.default"
     )
-    for size, checks in results.items():
-        assert checks and all(c.ok and c.max_abs_error == 0.0 for c in checks), (size, checks)
     # library-free: the first output, a view of the sum's channels, is copied out by a kernel
-    free = generate(traced, ("sm_90",), gemm_candidates=True, library_free=True)
-    assert all(s.kind == StepKind.KERNEL or s.target == "aten.view.default" for s in free.program.steps), [
-        s.target for s in free.program.steps if s.kind != StepKind.KERNEL
-    ]
     pack(free, tmp_path / "scatter-free.tpk")
     assert check(tmp_path / "scatter-free.tpk").entries  # the torch-free runtime takes it
     runner = load(tmp_path / "scatter-free.tpk")
@@ -234,34 +250,7 @@ def test_repeats_are_index_arithmetic(tmp_path):
     """``repeat`` (XCiT's position encoding over the batch; static dims tiled; a new leading dim):
     ``x[i % n]`` read by the kernel after it, no ATen repeat left; the CPU path and every kernel in
     the interpreter agree with ATen exactly, and it builds library-free."""
-    from aot.codegen import generate
-    from aot.loader import load
-    from aot.packager import pack
-    from aot.tracer import load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
-
-    path = tmp_path / "repeat.py"
-    path.write_text(REPEATED)
-    spec = load_model_file(path)
-    traced = trace(spec)
-    compiled = generate(traced, ("sm_90",))
-    assert not [s for s in compiled.program.steps if s.kind == StepKind.ATEN and "repeat" in s.target]
-    pack(compiled, tmp_path / "repeat.tpk")
-    runner, module = load(tmp_path / "repeat.tpk"), spec.module()
-    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
-    for b in (1, 3, 4):
-        x = torch.randn(b, 4, 3, 2)
-        with torch.no_grad():
-            want = module(x)
-        for got, w in zip(runner(x), want, strict=True):
-            torch.testing.assert_close(got, w, rtol=0, atol=0)
-    (results,) = interpret_in_subprocess(
-        [(tmp_path / "repeat.tpk", path, [{"batch": 1}, {"batch": 3}], None)]
-    )
-    for size, checks in results.items():
-        assert checks and all(c.ok and c.max_abs_error == 0.0 for c in checks), (size, checks)
-    free = generate(traced, ("sm_90",), gemm_candidates=True, library_free=True)
-    assert all(s.kind == StepKind.KERNEL or s.target == "aten.view.default" for s in free.program.steps)
+    _fused_exactly(tmp_path, REPEATED, "repeat", "repeat", (4, 3, 2))
 
 
 ROLLED = """
@@ -282,27 +271,4 @@ def test_rolls_are_slices(tmp_path):
     """``torch.roll`` along static dims (export: ``index_select`` by ``fmod(arange + c, n)``) is two
     slices and a cat, fused: no index_select left; the CPU path and every kernel in the interpreter
     agree with ATen exactly (a shift of the whole dim, 6 of 6, too), and it builds library-free."""
-    from aot.codegen import generate
-    from aot.loader import load
-    from aot.packager import pack
-    from aot.tracer import load_model_file, trace
-    from aot.verify.interpret import interpret_in_subprocess
-
-    path = tmp_path / "roll.py"
-    path.write_text(ROLLED)
-    spec = load_model_file(path)
-    traced = trace(spec)
-    assert "aten.index_select.default" in {s.target for s in traced.program.steps}
-    compiled = generate(traced, ("sm_90",))
-    assert not [s for s in compiled.program.steps if s.kind == StepKind.ATEN and "index" in s.target]
-    pack(compiled, tmp_path / "roll.tpk")
-    runner, module = load(tmp_path / "roll.tpk"), spec.module()
-    for b in (1, 3, 4):
-        x = torch.randn(b, 6, 7, 4)
-        for got, want in zip(runner(x), module(x), strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
-    (results,) = interpret_in_subprocess([(tmp_path / "roll.tpk", path, [{"batch": 1}, {"batch": 3}], None)])
-    for size, checks in results.items():
-        assert checks and all(c.ok and c.max_abs_error == 0.0 for c in checks), (size, checks)
-    free = generate(traced, ("sm_90",), gemm_candidates=True, library_free=True)
-    assert all(s.kind == StepKind.KERNEL or s.target == "aten.view.default" for s in free.program.steps)
+    _fused_exactly(tmp_path, ROLLED, "roll", "index", (6, 7, 4), "aten.index_select.default")
