@@ -281,7 +281,7 @@ def _generate_one(traced: Traced, options: BuildOptions, say: Callable[[str], No
         from aot.codegen.qkv_in_attention import qkv_in_attention
 
         new_program, summing_cubins = qkv_in_attention(
-            new_program, one_kernel, archs, compiler("decode attention kernel"), say
+            new_program, one_kernel, archs, compiler("decode attention kernel"), say, ranges
         )
         cubins.update(summing_cubins)
         new_program, weights, dropped = drop_unread_sums(new_program, traced.weights)

@@ -331,6 +331,14 @@ class Slices:
     width: int
 
 
+def render_decode_attention_tail(site: DecodeSite, max_block_n: int = 0) -> Rendered:
+    """``render_decode_attention``'s kernel whose q and new keys and values are loaded from L2
+    (``.cg``): where the programs of the kernel it becomes the tail of stored them
+    (``aot.codegen.attention_tail``); its blocks of slots at most ``max_block_n`` (0: as the
+    kernel's)."""
+    return _render_attention(site, 1, "", rows_load=", cache_modifier='.cg'", max_block_n=max_block_n)
+
+
 def render_decode_attention_summing(site: DecodeSite, slices: Slices, launch_first: bool = False) -> Rendered:
     """``render_decode_attention``'s kernel reading q, k and v as ``slices`` (their projection's
     K slices, summed here)."""
@@ -346,11 +354,17 @@ def _render_attention(
     launch_first: bool | str = False,
     slices: Slices | None = None,
     vector: bool = False,
+    rows_load: str = "",
+    max_block_n: int = 0,
 ) -> Rendered:
     """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its
     workspace), which also combines where ``counts`` names its arrival counters (the split form
     in one kernel). ``slices``: q, k and v read as their projection's K slices (one-kernel form).
-    ``vector``: the one-kernel form's programs one per query head, dot-free (``VECTOR_FORM``)."""
+    ``vector``: the one-kernel form's programs one per query head, dot-free (``VECTOR_FORM``).
+    ``rows_load``: more arguments of the loads of q and the new keys and values (``",
+    cache_modifier='.cg'"`` where other programs of the same kernel stored them:
+    ``aot.codegen.attention_tail``); ``max_block_n``: the one-kernel form's blocks of slots at most
+    so many (0: ``_block_n``'s), its keys and values then loaded block by block in the loop."""
     split = splits > 1
     assert slices is None or not split
     assert not (vector and (split or slices))
@@ -359,6 +373,7 @@ def _render_attention(
     d, groups = site.head_dim, site.heads // site.kv_heads
     bd, bg = max(16, _pow2(d)), max(16, _pow2(groups))
     bn = _split_block_n(site, splits) if split else _block_n(site)
+    bn = min(bn, max_block_n) if max_block_n and not split else bn
     blocks = -(-site.context // bn)
     num_warps = _warps(bn * bd)
     tl_dtype = TL_TYPE[STORAGE[site.dtype]]
@@ -399,7 +414,7 @@ def _render_attention(
     def new_rows(ptr: str, at: str, rest: str) -> str:
         """The load of the new rows (q, k, v) at ``at``: as stored, or their K slices summed."""
         if slices is None:
-            return f"tl.load({ptr} + {at}{rest})"
+            return f"tl.load({ptr} + {at}{rest}{rows_load})"
         terms = (f"tl.load(rows_ws_ptr + {i} * rows_slice + {at}{rest})" for i in range(slices.slices))
         return f"(0.0 + {' + '.join(terms)}).to({tl_dtype})"
 

@@ -34,13 +34,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from aot.codegen import attention_tail
 from aot.codegen import index as ix
-from aot.codegen.decode_attention_render import Slices, render_decode_attention_summing, row_sources
+from aot.codegen.attention_tail import tail_kernel
+from aot.codegen.decode_attention import max_rows
+from aot.codegen.decode_attention_render import (
+    Slices,
+    render_decode_attention_summing,
+    render_decode_attention_tail,
+    row_sources,
+)
 from aot.codegen.decode_sites import DecodeSite
 from aot.codegen.kernel_source import on_off
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
 from aot.program import VIEW_OPS, readers_of, step_writes
-from aot.schema import Buf, GemmCandidate, GemmSite, Kernel, Program, Step, StepKind, Sym
+from aot.schema import Buf, GemmCandidate, GemmSite, Kernel, Program, Step, StepKind, Sym, TensorSpec
 from aot.tuning import MAX_CANDIDATE_STEPS
 
 ENABLED = "off"  # measured slower: the module docstring
@@ -70,58 +78,80 @@ def qkv_in_attention(
     archs: tuple[str, ...],
     compile_kernels: Callable[[list[tuple[str, Rendered]]], tuple[dict, dict[str, str]]],
     say: Callable[[str], None],
+    ranges: dict[str, tuple[int, int]] | None = None,
 ) -> tuple[Program, dict[tuple[str, str], bytes]]:
     """``program`` with each q/k/v projection site that feeds a one-kernel decode attention
-    (``one_kernel``: ``decode_attention_kernels``') taking that attention in (module docstring)."""
-    if not enabled() or not one_kernel or not program.alternatives:
+    (``one_kernel``: ``decode_attention_kernels``') taking that attention in (module docstring):
+    its split-K candidates summing in the attention where ``enabled()``, its one-row GEMVs running
+    the attention at their end where ``attention_tail.enabled()`` (``ranges``: symbol -> (min,
+    max), the largest batch sizing the tail's counters)."""
+    summing, tail = enabled(), attention_tail.enabled()
+    if not (summing or tail) or not one_kernel or not program.alternatives:
         return program, {}
     taken = _taken(program, one_kernel)
     kernels = {k.id: k for k in program.kernels}
-    # each taken site's candidates: (steps before, the summing kernel or None, the reduce step)
+    # each taken site's candidates, with the kernel that stands for its last step and the
+    # attention (None: the attention after the candidate's steps); the tails' counters
     forms: dict[int, list[tuple[GemmCandidate, Rendered | None]]] = {}
+    counters: dict[str, TensorSpec] = {}
     for t in taken:
         site = program.alternatives[t.index]
+        rows = max_rows(t.site, ranges or {}) if tail else None
+        counts = f"{t.site.out}_tail_arrivals"
+        tail_attention = (
+            render_decode_attention_tail(t.site, attention_tail.max_block_n()) if rows is not None else None
+        )
         out = []
         for cand in site.candidates:
-            slices = _slices(program, kernels, cand.steps[-1], t)
-            summing = render_decode_attention_summing(t.site, slices, t.after) if slices else None
-            if summing is None and len(cand.steps) + 1 > MAX_CANDIDATE_STEPS:
+            joined = None
+            if summing and (slices := _slices(program, kernels, cand.steps[-1], t)):
+                joined = render_decode_attention_summing(t.site, slices, t.after)
+            elif tail_attention is not None and cand.steps[-1].target in kernels:
+                last = cand.steps[-1]  # the q/k/v GEMV (after the site it is joined with, if any)
+                width = program.buffers[t.rows].shape[-1]  # the rows' columns: q | k | v
+                if width.isdigit():
+                    joined = tail_kernel(
+                        kernels[last.target], last, int(width), tail_attention, t.site, counts
+                    )
+                if joined is not None:
+                    counters[counts] = TensorSpec("int32", (str(rows * t.site.kv_heads),))
+            if joined is None and len(cand.steps) + 1 > MAX_CANDIDATE_STEPS:
                 out = []
                 break
-            out.append((cand, summing))
-        if any(summing is not None for _, summing in out):
+            out.append((cand, joined))
+        if any(joined is not None for _, joined in out):
             forms[t.index] = out
     rendered = [r for out in forms.values() for _, r in out if r is not None]
     if not rendered:
         return program, {}
     built = compile_site_kernels(
-        program, rendered, archs, compile_kernels, say, "decode attention", "its q/k/v reduce stays"
+        program, rendered, archs, compile_kernels, say, "decode attention", "the site keeps its kernels"
     )
     ids = iter(built.ids)
     alternatives = list(program.alternatives)
-    summed = 0
+    summed = tails = 0
     for t in taken:
         if t.index not in forms:
             continue
         site, attention = program.alternatives[t.index], program.steps[t.step]
         views = tuple(program.steps[j] for j in t.between)
-        candidates, failed, fused = [], False, 0
-        for cand, summing in forms[t.index]:
-            if summing is None:  # the attention after the candidate's steps, the views its reference's
-                joined = replace(attention, reference=(*views, *attention.reference))
-                candidates.append(replace(cand, steps=(*cand.steps, joined)))
+        candidates, failed, counted = [], False, {"summing": 0, "tail": 0}
+        for cand, joined in forms[t.index]:
+            if joined is None:  # the attention after the candidate's steps, the views its reference's
+                after = replace(attention, reference=(*views, *attention.reference))
+                candidates.append(replace(cand, steps=(*cand.steps, after)))
                 continue
             kid = next(ids)
             failed |= kid in built.failed
-            reduce = cand.steps[-1]
+            last = cand.steps[-1]
             step = kernel_step(
-                kid, summing, (*reduce.reference, *views, *attention.reference), attention.in_place
+                kid, joined, (*last.reference, *views, *attention.reference), attention.in_place
             )
             candidates.append(replace(cand, steps=(*cand.steps[:-1], step)))
-            fused += 1
+            counted["tail" if joined.name.endswith("_attention") else "summing"] += 1
         if failed:
             continue
-        summed += fused
+        summed, tails = summed + counted["summing"], tails + counted["tail"]
         alternatives[t.index] = GemmSite(
             id=site.id,
             library=tuple(sorted({*site.library, *t.between, t.step})),
@@ -137,8 +167,23 @@ def qkv_in_attention(
         say(
             f"  {summed} q/k/v projections' K slices summed in their decode attention kernels (the reduce's launch gone)"
         )
+    if tails:
+        say(f"  {tails} one-row q/k/v GEMVs run their decode attention at their end (its launch gone)")
+    read = {
+        a.name
+        for site in alternatives
+        for c in site.candidates
+        for s in c.steps
+        for a in s.args
+        if isinstance(a, Buf)
+    }
+    counters = {name: spec for name, spec in counters.items() if name in read}
     out = replace(
-        program, alternatives=tuple(alternatives), kernels=program.kernels + tuple(records.values())
+        program,
+        alternatives=tuple(alternatives),
+        kernels=program.kernels + tuple(records.values()),
+        buffers={**program.buffers, **counters},
+        scratch=(*program.scratch, *counters),
     )
     return out, {key: cubin for key, cubin in built.cubins.items() if key[0] in records}
 

@@ -360,6 +360,9 @@ def test_a_bundle_holds_the_column_sums_its_forms_read_and_no_others(tmp_path):
     a form reads is refused at packing (a GPU would fail to load it where a CPU would not)."""
     from dataclasses import replace
 
+    from tests.realmodels.conftest import require
+
+    require("transformers")  # (its import of torchvision's fake ops mended first: tests.realmodels)
     import transformers as tf
 
     from aot.codegen import generate
