@@ -18,9 +18,27 @@ both:
 
 So the heads whose columns are done first run their attention while later programs still stream
 W, and the attention's launch goes: 4 kernels a Llama layer at batch 1 (q/k/v with the attention,
-o, gate/up, down). Every value is computed as the two kernels compute it, from the same rows: the
-same bits. ``AOTPACK_ATTENTION_TAIL`` ("on"/"off") overrides ``ENABLED`` at build time;
-``AOTPACK_ATTENTION_TAIL_WARPS`` the warps of the joined kernel (the GEMV's where unset).
+o, gate/up, down). The kernel runs the more of the GEMV's and the attention kernel's warps (the
+attention's blocks and rounding as in its own kernel; the GEMV's sums over K in another order where
+that is more warps than its own). ``AOTPACK_ATTENTION_TAIL`` ("on"/"off") overrides ``ENABLED`` at
+build time; ``AOTPACK_ATTENTION_TAIL_WARPS`` the joined kernel's warps and
+``AOTPACK_ATTENTION_TAIL_BLOCK`` the attention's blocks of slots at most, for measuring.
+
+Measured on an H100 (2026-12-05, Llama-3.2-1B's first 8 layers at batch 1, a 160-slot cache,
+``bench/decode_paired.py``, 10 rounds; ``bench/results/decode/paired-llama-3.2-1b-8layers-b1-
+attention-tail-h100-2026-12-05.json``): 0.6552 ms a token against 0.5821 with the attention a
+kernel of its own, slower in 10 of 10 rounds, 37 launches a step against 45. The first build (the
+GEMV's 2 warps: 255 registers a thread and a spill, from the attention's 128 x 64 key and value
+tiles) took 0.6553 against 0.5819 in processes of their own; with 8 warps (80 registers) the
+same. So registers are not what it costs. Not profiled; likely: the attention of the head whose
+programs end last (the grid's last ~190 of 1,536) starts only after them and loads its cache then
+(its own kernel loads the cache before its wait, while q/k/v still runs), and every program waits
+for a GPU-scope release before its arrival. The launch saved (about 1 us) does not pay for that.
+Off. Greedy tokens parted from the two kernels'
+at step 14 (the GEMV's sums at 8 warps in another order; float32 scoring: 10 of 128 steps off
+float32's choice against 2, largest logit gap 0.049 against 0.017). ``aotpack verify`` passed with
+the 2-warp form (Llama-3.2-1B's and Qwen3-0.6B's shapes, 2 layers), and its 40 greedy tokens equal
+the two kernels'; the 8-warp form has not been verified on a GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +52,7 @@ from aot.codegen.kernel_source import on_off, setting
 from aot.codegen.render import Rendered
 from aot.schema import Buf, Kernel, KernelParam, ParamKind, Step
 
-ENABLED = "on"
+ENABLED = "off"  # measured slower: the module docstring
 ENV = "AOTPACK_ATTENTION_TAIL"
 WARPS_ENV = "AOTPACK_ATTENTION_TAIL_WARPS"
 BLOCK_ENV = "AOTPACK_ATTENTION_TAIL_BLOCK"  # the attention's blocks of slots at most (its registers)

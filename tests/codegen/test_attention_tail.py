@@ -1,6 +1,6 @@
 """The decode attention run at the end of the q/k/v GEMV (``aot.codegen.attention_tail``): a tiny
-transformers Llama's and Phi-3's decode programs (float16, 2 layers, built by default for sm_90)
-launch 4 kernels a layer at one row, q/k/v's GEMV carrying the attention; in Triton's
+transformers Llama's and Phi-3's decode programs (float16, 2 layers, built for sm_90 with
+``AOTPACK_ATTENTION_TAIL=on``: off by default, measured slower) launch 4 kernels a layer at one row, q/k/v's GEMV carrying the attention; in Triton's
 interpreter the joined kernel matches its reference (the projection's and the attention's steps:
 the rows, the attention's output and both caches) and leaves its counters zeroed, and a kernel
 whose programs are not taken KV head by KV head (its attention run before its head's key and value
@@ -25,16 +25,20 @@ ONE_ROW_LAYER = (  # a Llama layer's kernels at one row, in order
 )
 
 
+def _tail_build(kind: str, tmp_path_factory):
+    from aot.codegen.attention_tail import ENV
+
+    return _decode_build(kind, tmp_path_factory, {ENV: "on"})
+
+
 @pytest.fixture(scope="module")
 def llama_tail(tmp_path_factory):
-    return _decode_build("llama", tmp_path_factory)
+    return _tail_build("llama", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def llama_apart(tmp_path_factory):
-    from aot.codegen.attention_tail import ENV
-
-    return _decode_build("llama", tmp_path_factory, {ENV: "off"})
+    return _decode_build("llama", tmp_path_factory)  # the default: off
 
 
 def _layers(names: list[str]) -> list[list[str]]:
@@ -62,7 +66,7 @@ def test_a_one_row_llama_layer_is_four_kernels(llama_tail, llama_apart):
     assert "tl.atomic_add(count_ptr + tail_pid, 1, sem='acq_rel', scope='gpu')" in kernel.source
     assert "cache_modifier='.cg'" in kernel.source  # the rows other programs stored, from L2
     assert tail.in_place and set(tail.in_place.values()) <= set(program.state)
-    # without it: the attention a kernel of its own, 5 a layer; the other buckets unchanged
+    # without it (the default): the attention a kernel of its own, 5 a layer
     _, _, plan_apart, names_apart = _one_row_plan(llama_apart)
     assert len(names_apart) == len(names) + 2, (names_apart, names)
     assert sum(n.startswith("decode_attention_append_rope") for n in names_apart) == 2
@@ -120,7 +124,7 @@ def _interpreted_tails(build, old: str = "", new: str = "") -> list:
 @pytest.mark.slow  # the interpreter over a decode step's kernels
 @pytest.mark.parametrize("kind", ["llama", "phi3"])  # phi3: its q/k/v one fused weight, as the model has it
 def test_the_joined_kernel_matches_its_reference_in_the_interpreter(kind, llama_tail, tmp_path_factory):
-    build = llama_tail if kind == "llama" else _decode_build(kind, tmp_path_factory)
+    build = llama_tail if kind == "llama" else _tail_build(kind, tmp_path_factory)
     rows = _interpreted_tails(build)
     # per layer: the rows, the attention's output and both caches (the sum the first program
     # writes too), each within its tolerance; the counters left zeroed

@@ -227,11 +227,10 @@ def test_what_is_not_a_row_norm_stays():
 # A transformers Llama at batch 1 decode
 
 DECODE_KERNELS_PER_LAYER = {
-    "llama": {"library": 10, "built-in table": 6},
+    "llama": {"library": 10, "built-in table": 7},
     # LayerNorm, q/k/v, attention, o, add + LayerNorm, fc, GELU, proj; with the table the
-    # LayerNorms (and their adds) and the GELU run inside the GEMVs, the attention at q/k/v's end
-    # (``aot.codegen.attention_tail``: a cache of 16 slots takes the one-kernel attention)
-    "gpt2": {"library": 8, "built-in table": 4},
+    # LayerNorms (and their adds) and the GELU run inside the GEMVs
+    "gpt2": {"library": 8, "built-in table": 5},
 }
 
 
@@ -392,8 +391,8 @@ def test_llama_decode_runs_fewer_kernels_per_layer(llama_decode):
     layers = 2
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers
     assert not any("sigmoid" in n for n in names)  # the SiLU * up kernel went into the gate/up GEMV
-    # per layer, with the built-in table: q/k/v (+ RMSNorm, + the residual add, + the decode
-    # attention with its 2 RoPE at its end), o, gate/up (+ RMSNorm, + the add, + SiLU * up), down; the rest is the positions,
+    # per layer, with the built-in table: q/k/v (+ RMSNorm, + the residual add), 2 RoPE, decode
+    # attention, o, gate/up (+ RMSNorm, + the add, + SiLU * up), down; the rest is the positions,
     # mask, the final norm and the head, which both plans share, and the embedding lookup, which
     # the table's first q/k/v reads from the table (``gemm_sites.Gathered``)
     per_layer = DECODE_KERNELS_PER_LAYER["llama"]
@@ -424,8 +423,7 @@ def test_phi3_decode_runs_its_norms_and_silu_product_inside_the_gemvs(phi3_decod
     add) and computes gate and up as one projection whose output it splits in halves
     (``gate_up_proj(x).chunk(2, -1)``). The RMSNorm kernels (clone and add in them) go into q/k/v's
     and gate/up's prologues, the SiLU product into gate/up's epilogue (the split's halves as the
-    stacked halves), the attention at q/k/v's end (``aot.codegen.attention_tail``): four launches a
-    layer at one row, as Llama's, where it had seven or eight."""
+    stacked halves): five launches a layer at one row, as Llama's, where it had seven or eight."""
     _, kernels, plan, names = _one_row_plan(phi3_decode)
     layers = 2
     assert sum(n.startswith("gemm_norm_halves_epilogue_vec") for n in names) == layers, names
@@ -435,8 +433,7 @@ def test_phi3_decode_runs_its_norms_and_silu_product_inside_the_gemvs(phi3_decod
     # and once a step: the mask, the rotary tables, the final norm, the head (the embedding
     # lookup is read from its table by the first q/k/v: ``gemm_sites.Gathered``)
     assert "gather_rows" not in names
-    assert sum(n.endswith("_attention") for n in names) == layers, names
-    assert _launches(plan, kernels) == 4 * layers + 4
+    assert _launches(plan, kernels) == 5 * layers + 4
 
 
 @pytest.mark.slow  # transformers Gemma 2 and Gemma 3 traced and built
@@ -512,10 +509,8 @@ def test_the_one_row_prologue_form_is_taken_where_a_norm_is_the_prologue(kind, p
     *_, names = _one_row_plan(request.getfixturevalue(f"{kind}_decode_four"))
     *_, default = _one_row_plan(request.getfixturevalue(f"{kind}_decode"))
     normed = [n for n in names if n.startswith(prefix)]
-    # (Llama's RMSNorms applied after the products: ``gemm_prologue.FACTORED``'s default; its
-    # q/k/v running the attention at its end: ``aot.codegen.attention_tail``)
-    bare = [n.removesuffix("_attention").removesuffix("_factored") for n in normed]
-    assert len(normed) == 4 and all(n.endswith("_vec_1x4x1024") for n in bare)
+    # (Llama's RMSNorms applied after the products: ``gemm_prologue.FACTORED``'s default)
+    assert len(normed) == 4 and all(n.removesuffix("_factored").endswith("_vec_1x4x1024") for n in normed)
     assert [n.replace("vec_1x4x1024", "vec_1x2x512") for n in names] == default
 
 
