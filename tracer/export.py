@@ -70,6 +70,10 @@ SPECIALIZED = re.compile(
 )
 
 
+# torch.export's item for a dynamic dim whose range leaves one size once 0 and 1 are ruled out
+TWO_SIZES = re.compile(r"Dim\.DYNAMIC\(min=(\d+), max=(\d+)\), but tracing inferred a static shape of (\d+)")
+
+
 def specialized(name: str, dim: int | str, dim_name: str, size: Any, also: str = "") -> str:
     """That input ``name``'s dim ``dim`` (the Dim ``dim_name``) was traced as the constant
     ``size``, and what to do; ``also``: the other inputs' dims it fixed, said after it."""
@@ -121,6 +125,11 @@ def export_error(e: Exception, spec: ModelSpec) -> TraceError:
         hint = (
             "the model branches on tensor values (an `if` on a tensor); use torch.where or torch.cond, "
             "or torch._check to state the assumption"
+        )
+    elif (two := TWO_SIZES.search(text)) and max(int(two[1]), 2) == int(two[2]) == int(two[3]):
+        hint = (
+            f"torch.export traces a dynamic dim as at least 2, so a range of {two[1]} to {two[2]} leaves it "
+            f"only {two[2]}; widen the range (a max of 3 or more) or make that dim static"
         )
     elif "Constraint" in name or "specializ" in text.lower() or "inferred a static shape" in text:
         hint = "a Dim was specialized or its range conflicts with the code; make that dim static or change the code"

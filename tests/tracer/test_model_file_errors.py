@@ -206,8 +206,15 @@ def test_an_export_error_that_is_a_heading_names_its_first_item():
     )
     error = str(export_error(ValueError("\n".join([heading, *items])), SimpleNamespace(extra={})))
     assert error == (
-        f"cannot export the model: ValueError: {heading} {items[0][2:]} (and 2 more); a Dim was specialized or "
-        "its range conflicts with the code; make that dim static or change the code"
+        f"cannot export the model: ValueError: {heading} {items[0][2:]} (and 2 more); torch.export traces a "
+        "dynamic dim as at least 2, so a range of 1 to 2 leaves it only 2; widen the range (a max of 3 or more) "
+        "or make that dim static"
+    ), error
+    # a range of more sizes that the code fixed: the general advice
+    wider = [item.replace("max=2", "max=8") for item in items]
+    error = str(export_error(ValueError("\n".join([heading, *wider])), SimpleNamespace(extra={})))
+    assert error.endswith(
+        "; a Dim was specialized or its range conflicts with the code; make that dim static or change the code"
     ), error
 
 
