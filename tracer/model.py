@@ -374,6 +374,10 @@ def tree_spec(ts, none_leaves: set[int] = frozenset(), counter: list[int] | None
             keys=tuple(ts.context._fields),
             children=children,
         )
+    if issubclass(cls, tuple) and hasattr(cls, "n_sequence_fields"):
+        # torch.return_types (x.max(dim), topk, ...): a tuple, so that `values, indices = out`
+        # unpacks as eager's does (a Record, a dict, would iterate its keys)
+        return TreeSpec(kind=TreeKind.TUPLE, children=children)
     keys = ts.context
     if (
         isinstance(keys, (list, tuple))

@@ -201,3 +201,38 @@ def test_output_tail_is_the_outputs_last_computation_and_the_views_of_it():
     # an output that is a view of an input: nothing to compute after the graph
     assert output_tail(steps, ("logits", "xv")) is None
     assert output_tail((_aten("aten.view.default", ["x"], "xv", [8]),), ("xv",)) is None
+
+
+RETURN_TYPES = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+
+class Extremes(nn.Module):
+    def forward(self, x):  # x: [B, 8]
+        return x.max(dim=1), torch.topk(x, 3)
+
+
+spec = ModelSpec(module=Extremes, inputs=[Input("x", (Dim("batch", 1, 4), 8))])
+"""
+
+
+def test_torch_return_types_come_back_as_tuples(tmp_path):
+    """``x.max(dim)`` and ``topk`` return ``torch.return_types`` (struct sequences): the bundle
+    gives each back as a tuple, so ``values, indices = out`` unpacks as eager's does, with eager's
+    values and indices."""
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    (tmp_path / "extremes.py").write_text(RETURN_TYPES)
+    spec = load_model_file(tmp_path / "extremes.py")
+    pack(generate(trace(spec), ("sm_90",)), tmp_path / "extremes.tpk")
+    runner = load(tmp_path / "extremes.tpk", device="cpu")
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    (values, indices), (top, where) = runner(x)
+    want_max, want_top = x.max(dim=1), torch.topk(x, 3)
+    assert type(runner(x)[0]) is tuple
+    assert torch.equal(values, want_max.values) and torch.equal(indices, want_max.indices)
+    assert torch.equal(top, want_top.values) and torch.equal(where, want_top.indices)
