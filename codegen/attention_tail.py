@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from aot.codegen.decode_attention_render import row_sources
 from aot.codegen.decode_sites import DecodeSite
-from aot.codegen.kernel_source import on_off, setting
+from aot.codegen.kernel_source import module_head, on_off, setting
 from aot.codegen.render import Rendered
 from aot.schema import Buf, Kernel, KernelParam, ParamKind, Step
 
@@ -221,17 +221,7 @@ def tail_kernel(
     ]
     source = "\n".join(
         [
-            f'"""{doc[0]}',
-            *doc[1:],
-            '"""',
-            "",
-            "import triton",
-            "import triton.language as tl",
-            "",
-            *(f"{k} = tl.constexpr({v})" for k, v in consts.items()),
-            "GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel",
-            "",
-            "",
+            *module_head(doc, consts),
             "@triton.jit",
             f"def {a_name}(tail_pid, {', '.join(a_mod.params)}):",
             *a_body,

@@ -509,7 +509,21 @@ def kernel_module(
     ``launch_first``: the kernel after may start before this one's wait (``GDC_LAUNCH_FIRST``);
     a condition on the kernel's arguments (``"B == 1"``): there, and after the wait elsewhere (with
     ``launch_dependents=False``, where the body says: ``launch_after``)."""
-    head = [
+    head = [*module_head(doc, consts), "@triton.jit", f"def {name}({', '.join(signature)}):"]
+    if isinstance(launch_first, str):
+        prologue = launch_first_where(launch_first, then=launch_dependents)
+    elif launch_first:
+        prologue = GDC_LAUNCH_FIRST
+    else:
+        prologue = GDC_PROLOGUE if launch_dependents else GDC_PROLOGUE[:2]
+    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *early, *prologue, *body]
+    return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
+
+
+def module_head(doc: list[str], consts: dict[str, Any]) -> list[str]:
+    """A kernel module's lines before its functions: the docstring (``doc``, one line each), the
+    imports, one ``tl.constexpr`` per entry of ``consts``, and ``GDC``."""
+    return [
         f'"""{doc[0]}',
         *doc[1:],
         '"""',
@@ -521,17 +535,7 @@ def kernel_module(
         *DEPENDENT_LAUNCH,
         "",
         "",
-        "@triton.jit",
-        f"def {name}({', '.join(signature)}):",
     ]
-    if isinstance(launch_first, str):
-        prologue = launch_first_where(launch_first, then=launch_dependents)
-    elif launch_first:
-        prologue = GDC_LAUNCH_FIRST
-    else:
-        prologue = GDC_PROLOGUE if launch_dependents else GDC_PROLOGUE[:2]
-    lines = [f"# {', '.join(f'{p}: {t}' for p, t in signature.items())}", *early, *prologue, *body]
-    return "\n".join(head) + "\n" + "\n".join("    " + ln for ln in lines) + "\n"
 
 
 def signature_of(params: Sequence[KernelParam], index: str) -> dict[str, str]:

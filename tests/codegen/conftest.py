@@ -228,3 +228,52 @@ def library_free_checked(tmp_path: Path, text: str, make_inputs, sizes: list[dic
         assert {c.kernel for c in checks} == {k.id for k in compiled.program.kernels}, size
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
     return compiled, results
+
+
+ONE_ROW_DECODE_SCRIPT = """
+import json
+from dataclasses import replace
+
+import torch
+from safetensors.torch import load
+
+from aot.bundle import open_bundle
+from aot.buckets import buckets_by_program
+from aot.schema import WEIGHTS_PATH
+from aot.tuning import read_tuning, tuned_plans
+from aot.verify.interpret import interpret_kernels
+
+b = open_bundle(bundle)
+main = b.program()
+programs = [main, *main.variants]
+table = read_tuning(b, programs, buckets_by_program(b.manifest))
+weights = load(b.read(WEIGHTS_PATH))
+program = programs[index]
+plan = tuned_plans(table, index, program, "sm_90")[(1,)]
+kernels = tuple(replace(k, source=k.source.replace(old, new)) for k in program.kernels)
+fused = replace(program, steps=plan, kernels=kernels)
+g = torch.Generator().manual_seed(0)
+inputs = {
+    "input_ids": torch.tensor([[7]]),
+    "position_ids": torch.tensor([[5]]),
+    "cache_position": torch.tensor([5]),
+    "attention_mask": (torch.arange(16) <= 5).to(torch.int64)[None],
+}
+for t in program.inputs:
+    if t.name.startswith(("key_cache", "value_cache")):
+        shape = [1, *(int(d) for d in t.spec.shape[1:])]
+        inputs[t.name] = (0.5 * torch.randn(shape, generator=g)).to(torch.float16)
+results = interpret_kernels(fused, weights, inputs, {"batch": 1})
+launched = [i for i, s in enumerate(fused.steps) if s.kind.value == "kernel"]
+print(json.dumps([launched, [[r.step, r.name, r.output, r.ok, r.max_abs_error] for r in results]]))
+"""
+
+
+def interpreted_one_row_decode(bundle, index: int, old: str = "", new: str = "") -> tuple[list, list]:
+    """Every kernel of the one-row plan (sm_90's table) of program ``index`` of the causal LM
+    ``bundle`` (a 16-slot cache, float16) against its reference in Triton's interpreter, at slot 5
+    of a random cache, with ``old`` replaced by ``new`` in every kernel's source: (the plan's
+    launched steps, a ``[step, name, output, ok, max_abs_error]`` row per output compared)."""
+    head = f"bundle, index, old, new = {str(bundle)!r}, {index}, {old!r}, {new!r}\n"
+    launched, rows = interpreted_json(head + ONE_ROW_DECODE_SCRIPT)
+    return launched, rows

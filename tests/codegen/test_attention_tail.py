@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from aot import schema
-from tests.codegen.conftest import interpreted_json
+from tests.codegen.conftest import interpreted_one_row_decode
 from tests.codegen.test_gemm_norm import _decode_build, _one_row_plan
 
 ONE_ROW_LAYER = (  # a Llama layer's kernels at one row, in order
@@ -72,43 +72,6 @@ def test_a_one_row_llama_layer_is_four_kernels(llama_tail, llama_apart):
     assert sum(n.startswith("decode_attention_append_rope") for n in names_apart) == 2
 
 
-TAIL_SCRIPT = """
-import json
-from dataclasses import replace
-
-import torch
-from safetensors.torch import load
-
-from aot.bundle import open_bundle
-from aot.buckets import buckets_by_program
-from aot.schema import WEIGHTS_PATH
-from aot.tuning import read_tuning, tuned_plans
-from aot.verify.interpret import interpret_kernels
-
-b = open_bundle(bundle)
-main = b.program()
-programs = [main, *main.variants]
-table = read_tuning(b, programs, buckets_by_program(b.manifest))
-weights = load(b.read(WEIGHTS_PATH))
-program = programs[index]
-plan = tuned_plans(table, index, program, "sm_90")[(1,)]
-kernels = tuple(replace(k, source=k.source.replace(old, new)) for k in program.kernels)
-fused = replace(program, steps=plan, kernels=kernels)
-g = torch.Generator().manual_seed(0)
-inputs = {
-    "input_ids": torch.tensor([[7]]),
-    "position_ids": torch.tensor([[5]]),
-    "cache_position": torch.tensor([5]),
-    "attention_mask": (torch.arange(16) <= 5).to(torch.int64)[None],
-}
-for t in program.inputs:
-    if t.name.startswith(("key_cache", "value_cache")):
-        shape = [1, *(int(d) for d in t.spec.shape[1:])]
-        inputs[t.name] = (0.5 * torch.randn(shape, generator=g)).to(torch.float16)
-results = interpret_kernels(fused, weights, inputs, {"batch": 1})
-print(json.dumps([[r.name, r.output, r.ok, r.max_abs_error] for r in results]))
-"""
-
 # the programs' columns in grid order instead of KV head by KV head: the programs that count on
 # KV head 0 then compute query columns alone, and its attention runs before its key and value
 # columns are stored
@@ -116,9 +79,10 @@ UNORDERED = ("column_block = tl.where(", "column_block = tl.program_id(0) + 0 * 
 
 
 def _interpreted_tails(build, old: str = "", new: str = "") -> list:
+    """The joined kernels' rows of ``interpreted_one_row_decode``: [name, output, ok, error]."""
     path, _, index = build
-    script = f"bundle, index, old, new = {str(path)!r}, {index}, {old!r}, {new!r}\n" + TAIL_SCRIPT
-    return [r for r in interpreted_json(script) if r[0].endswith("_attention")]
+    _, rows = interpreted_one_row_decode(path, index, old, new)
+    return [r[1:] for r in rows if r[1].endswith("_attention")]
 
 
 @pytest.mark.slow  # the interpreter over a decode step's kernels

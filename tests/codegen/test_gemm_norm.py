@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from aot import schema
-from tests.codegen.conftest import failing_candidates, forms_offered, interpreted_json
+from tests.codegen.conftest import failing_candidates, forms_offered, interpreted_one_row_decode
 from tests.conftest import HANG_GUARD_S
 
 MODELS = Path(__file__).resolve().parent / "gemm_models"
@@ -547,43 +547,7 @@ def test_decode_plan_matches_its_reference_in_the_interpreter(kind, fused_prefix
     base, _, variant = kind.partition("_")
     kind = f"{base}_decode" + (f"_{variant}" if variant else "")
     path, _, index = request.getfixturevalue(kind)
-    script = f"""
-import json
-from dataclasses import replace
-
-import torch
-from safetensors.torch import load
-
-from aot.bundle import open_bundle
-from aot.buckets import buckets_by_program
-from aot.schema import WEIGHTS_PATH
-from aot.tuning import read_tuning, tuned_plans
-from aot.verify.interpret import interpret_kernels
-
-b = open_bundle({str(path)!r})
-main = b.program()
-programs = [main, *main.variants]
-table = read_tuning(b, programs, buckets_by_program(b.manifest))
-weights = load(b.read(WEIGHTS_PATH))
-program = programs[{index}]
-plan = tuned_plans(table, {index}, program, "sm_90")[(1,)]
-fused = replace(program, steps=plan)
-g = torch.Generator().manual_seed(0)
-inputs = {{
-    "input_ids": torch.tensor([[7]]),
-    "position_ids": torch.tensor([[5]]),
-    "cache_position": torch.tensor([5]),
-    "attention_mask": (torch.arange(16) <= 5).to(torch.int64)[None],
-}}
-for t in program.inputs:
-    if t.name.startswith(("key_cache", "value_cache")):
-        shape = [1, *(int(d) for d in t.spec.shape[1:])]
-        inputs[t.name] = (0.5 * torch.randn(shape, generator=g)).to(torch.float16)
-results = interpret_kernels(fused, weights, inputs, {{"batch": 1}})
-launched = [i for i, s in enumerate(fused.steps) if s.kind.value == "kernel"]
-print(json.dumps([launched, [[r.step, r.name, r.output, r.ok, r.max_abs_error] for r in results]]))
-"""
-    launched, results = interpreted_json(script)
+    launched, results = interpreted_one_row_decode(path, index)
     assert len({r[0] for r in results if r[1].startswith(fused_prefix)}) == fused
     # every kernel of the step against its own reference, the sums the fused forms write too: a
     # pair of sites joined at other buckets (GPT-2's o and fc: their 16-row tiles join at 2-16
