@@ -57,7 +57,7 @@ ENV = "AOTPACK_ATTENTION_TAIL"
 WARPS_ENV = "AOTPACK_ATTENTION_TAIL_WARPS"
 BLOCK_ENV = "AOTPACK_ATTENTION_TAIL_BLOCK"  # the attention's blocks of slots at most (its registers)
 PREFIX = "A_"  # the attention kernel's constants, renamed apart from the GEMV's
-_CONST = re.compile(r"^(\w+) = tl\.constexpr\((.*)\)(.*)$")
+_CONST = re.compile(r"^(\w+) = tl\.constexpr\((.*)\)")
 
 
 def enabled() -> bool:
@@ -83,11 +83,11 @@ def _warps(gemv: Kernel, attention: Rendered) -> int:
 @dataclass(frozen=True)
 class _Module:
     """A kernel module as ``kernel_source.kernel_module`` writes it: its docstring's lines, its
-    constants (name -> the line's value text and comment), the function's name, parameters and
-    body lines (indented once)."""
+    constants (name -> value text), the function's name, parameters and body lines (indented
+    once)."""
 
     doc: list[str]
-    consts: dict[str, tuple[str, str]]
+    consts: dict[str, str]
     name: str
     params: list[str]
     body: list[str]
@@ -102,7 +102,7 @@ def _parse(source: str) -> _Module | None:
     for line in head.split("\n"):
         m = _CONST.match(line)
         if m:
-            consts[m[1]] = (m[2], m[3])
+            consts[m[1]] = m[2]
     lines = func.rstrip("\n").split("\n")
     m = re.match(r"^def (\w+)\((.*)\):$", lines[0])
     if m is None or any(ln and not ln.startswith("    ") for ln in lines[1:]):
@@ -136,8 +136,8 @@ def _renamed(lines: list[str], names) -> list[str]:
 def tail_kernel(
     gemv: Kernel, step: Step, n: int, attention: Rendered, site: DecodeSite, counts: str
 ) -> Rendered | None:
-    """The GEMV ``gemv`` (a one-step candidate of a site of ``n`` columns, launched by ``step``)
-    with ``attention`` (``render_decode_attention_tail`` of ``site``, which reads the rows the GEMV
+    """The GEMV ``gemv`` (the last step of a candidate of a site of ``n`` columns, launched by
+    ``step``) with ``attention`` (``render_decode_attention_tail`` of ``site``, which reads the rows the GEMV
     writes) as its tail, counting on ``counts`` (module docstring); None where the GEMV is not a
     one-row form this joins or its rows are not q | k | v as laid out above."""
     config = gemv.config
@@ -199,13 +199,13 @@ def tail_kernel(
     ]
     params = [*g_mod.params, *a_params, "count_ptr"]
     consts = {
-        **{k: v for k, (v, _) in g_mod.consts.items()},
+        **g_mod.consts,
         "TAIL_PROGRAMS": tail,
         "TAIL_Q": per_q,
         "TAIL_KV": per_kv,
         "Q_BLOCKS": q_blocks,
         "KV_BLOCKS": kv_blocks,
-        **{PREFIX + k: v for k, (v, _) in a_consts.items()},
+        **{PREFIX + k: v for k, v in a_consts.items()},
     }
     consts.pop("GDC")
     name = f"{gemv.name}_attention"
@@ -217,7 +217,7 @@ def tail_kernel(
         f"Programs taken KV head by KV head ({tail} a head: {per_q} column blocks of its query heads, {per_kv} of its",
         f"key, {per_kv} of its value); the last of a head's programs to store its columns runs:",
         "",
-        *(ln for ln in a_mod.doc),
+        *a_mod.doc,
     ]
     source = "\n".join(
         [
@@ -245,6 +245,7 @@ def tail_kernel(
         *(KernelParam(f"a_{p.name}", p.kind, p.dtype) for p in attention.params),
         KernelParam("count_ptr", ParamKind.PTR, "int32"),
     )
+    warps = _warps(gemv, attention)
     kept = {
         k: v
         for k, v in config.items()
@@ -258,11 +259,11 @@ def tail_kernel(
         args=(*step.args, *attention.args, Buf(counts)),
         outputs=(*step.outputs, *attention.outputs),
         grid=step.grid,
-        num_warps=_warps(gemv, attention),
+        num_warps=warps,
         num_stages=gemv.num_stages,
         config={
             **kept,
-            "num_warps": _warps(gemv, attention),
+            "num_warps": warps,
             "attention": attention.config,
             "tail_programs": tail,
         },

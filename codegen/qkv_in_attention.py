@@ -91,9 +91,10 @@ def qkv_in_attention(
     taken = _taken(program, one_kernel)
     kernels = {k.id: k for k in program.kernels}
     # each taken site's candidates, with the kernel that stands for its last step and the
-    # attention (None: the attention after the candidate's steps); the tails' counters
-    forms: dict[int, list[tuple[GemmCandidate, Rendered | None]]] = {}
-    counters: dict[str, TensorSpec] = {}
+    # attention (None: the attention after the candidate's steps) and whether that kernel is a
+    # tail (it counts on the site's counters, ``counters``) or sums K slices
+    forms: dict[int, list[tuple[GemmCandidate, Rendered | None, bool]]] = {}
+    counters: dict[int, tuple[str, TensorSpec]] = {}
     for t in taken:
         site = program.alternatives[t.index]
         rows = max_rows(t.site, ranges or {}) if tail else None
@@ -103,7 +104,7 @@ def qkv_in_attention(
         )
         out = []
         for cand in site.candidates:
-            joined = None
+            joined, is_tail = None, False
             if summing and (slices := _slices(program, kernels, cand.steps[-1], t)):
                 joined = render_decode_attention_summing(t.site, slices, t.after)
             elif tail_attention is not None and cand.steps[-1].target in kernels:
@@ -114,14 +115,15 @@ def qkv_in_attention(
                         kernels[last.target], last, int(width), tail_attention, t.site, counts
                     )
                 if joined is not None:
-                    counters[counts] = TensorSpec("int32", (str(rows * t.site.kv_heads),))
+                    is_tail = True
+                    counters[t.index] = (counts, TensorSpec("int32", (str(rows * t.site.kv_heads),)))
             if joined is None and len(cand.steps) + 1 > MAX_CANDIDATE_STEPS:
                 out = []
                 break
-            out.append((cand, joined))
-        if any(joined is not None for _, joined in out):
+            out.append((cand, joined, is_tail))
+        if any(joined is not None for _, joined, _ in out):
             forms[t.index] = out
-    rendered = [r for out in forms.values() for _, r in out if r is not None]
+    rendered = [r for out in forms.values() for _, r, _ in out if r is not None]
     if not rendered:
         return program, {}
     built = compile_site_kernels(
@@ -130,13 +132,14 @@ def qkv_in_attention(
     ids = iter(built.ids)
     alternatives = list(program.alternatives)
     summed = tails = 0
+    scratch: dict[str, TensorSpec] = {}  # the counters of the sites whose tails were taken
     for t in taken:
         if t.index not in forms:
             continue
         site, attention = program.alternatives[t.index], program.steps[t.step]
         views = tuple(program.steps[j] for j in t.between)
-        candidates, failed, counted = [], False, {"summing": 0, "tail": 0}
-        for cand, joined in forms[t.index]:
+        candidates, failed, fused = [], False, 0
+        for cand, joined, is_tail in forms[t.index]:
             if joined is None:  # the attention after the candidate's steps, the views its reference's
                 after = replace(attention, reference=(*views, *attention.reference))
                 candidates.append(replace(cand, steps=(*cand.steps, after)))
@@ -148,10 +151,13 @@ def qkv_in_attention(
                 kid, joined, (*last.reference, *views, *attention.reference), attention.in_place
             )
             candidates.append(replace(cand, steps=(*cand.steps[:-1], step)))
-            counted["tail" if joined.name.endswith("_attention") else "summing"] += 1
+            fused += not is_tail
         if failed:
             continue
-        summed, tails = summed + counted["summing"], tails + counted["tail"]
+        summed += fused
+        if t.index in counters:
+            tails += 1
+            scratch.update([counters[t.index]])
         alternatives[t.index] = GemmSite(
             id=site.id,
             library=tuple(sorted({*site.library, *t.between, t.step})),
@@ -169,21 +175,12 @@ def qkv_in_attention(
         )
     if tails:
         say(f"  {tails} one-row q/k/v GEMVs run their decode attention at their end (its launch gone)")
-    read = {
-        a.name
-        for site in alternatives
-        for c in site.candidates
-        for s in c.steps
-        for a in s.args
-        if isinstance(a, Buf)
-    }
-    counters = {name: spec for name, spec in counters.items() if name in read}
     out = replace(
         program,
         alternatives=tuple(alternatives),
         kernels=program.kernels + tuple(records.values()),
-        buffers={**program.buffers, **counters},
-        scratch=(*program.scratch, *counters),
+        buffers={**program.buffers, **scratch},
+        scratch=(*program.scratch, *scratch),
     )
     return out, {key: cubin for key, cubin in built.cubins.items() if key[0] in records}
 
