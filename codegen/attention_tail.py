@@ -18,27 +18,35 @@ both:
 
 So the heads whose columns are done first run their attention while later programs still stream
 W, and the attention's launch goes: 4 kernels a Llama layer at batch 1 (q/k/v with the attention,
-o, gate/up, down). The kernel runs the more of the GEMV's and the attention kernel's warps (the
-attention's blocks and rounding as in its own kernel; the GEMV's sums over K in another order where
-that is more warps than its own). ``AOTPACK_ATTENTION_TAIL`` ("on"/"off") overrides ``ENABLED`` at
-build time; ``AOTPACK_ATTENTION_TAIL_WARPS`` the joined kernel's warps and
-``AOTPACK_ATTENTION_TAIL_BLOCK`` the attention's blocks of slots at most, for measuring.
+o, gate/up, down). The kernel runs the GEMV's warps, so the GEMV sums over K in its own order and
+the greedy tokens are the two kernels' (the attention's blocks and rounding as in its own kernel).
+``AOTPACK_ATTENTION_TAIL`` ("on"/"off") overrides ``ENABLED`` at build time;
+``AOTPACK_ATTENTION_TAIL_WARPS`` the joined kernel's warps and ``AOTPACK_ATTENTION_TAIL_BLOCK`` the
+attention's blocks of slots at most, for measuring.
 
-Measured on an H100 (2026-12-05, Llama-3.2-1B's first 8 layers at batch 1, a 160-slot cache,
-``bench/decode_paired.py``, 10 rounds; ``bench/results/decode/paired-llama-3.2-1b-8layers-b1-
-attention-tail-h100-2026-12-05.json``): 0.6552 ms a token against 0.5821 with the attention a
-kernel of its own, slower in 10 of 10 rounds, 37 launches a step against 45. The first build (the
-GEMV's 2 warps: 255 registers a thread and a spill, from the attention's 128 x 64 key and value
-tiles) took 0.6553 against 0.5819 in processes of their own; with 8 warps (80 registers) the
-same. So registers are not what it costs. Not profiled; likely: the attention of the head whose
-programs end last (the grid's last ~190 of 1,536) starts only after them and loads its cache then
-(its own kernel loads the cache before its wait, while q/k/v still runs), and every program waits
-for a GPU-scope release before its arrival. The launch saved (about 1 us) does not pay for that.
-Off. Greedy tokens parted from the two kernels'
-at step 14 (the GEMV's sums at 8 warps in another order; float32 scoring: 10 of 128 steps off
-float32's choice against 2, largest logit gap 0.049 against 0.017). ``aotpack verify`` passed with
-the 2-warp form (Llama-3.2-1B's and Qwen3-0.6B's shapes, 2 layers), and its 40 greedy tokens equal
-the two kernels'; the 8-warp form has not been verified on a GPU.
+Measured slower, so off. Llama-3.2-1B's first 8 layers at batch 1, a 160-slot cache:
+
+- H100 (2026-12-05, ``bench/decode_paired.py``, 10 rounds; ``bench/results/decode/paired-llama-
+  3.2-1b-8layers-b1-attention-tail-h100-2026-12-05.json``): 0.6552 ms a token against 0.5821 with
+  the attention a kernel of its own (slower in 10 of 10 rounds), 37 launches a step against 45;
+  the same at 2 warps (255 registers and a spill) and at 8 (80 registers).
+- H200 (2026-12-05, second session; ``bench/decode.py --profile``, the chain's charges in
+  ``bench/results/decode/profile-llama-3.2-1b-8layers-b1-attention-tail{,-off}-critical-h200-
+  2026-12-05b.txt``), 8 warps: 0.538 against 0.447 ms a token. The joined kernel is charged 17.9 us
+  a layer where q/k/v's GEMV and the attention are charged 4.5 + 5.1, and gate/up after it 21.4
+  against 18.3.
+
+What it costs is the joined kernel's residency: a kernel has one register count and one warp count
+for all its programs, and the attention's set them. q/k/v's GEMV alone (2 warps, 100 registers,
+sm_90 cubin built here) keeps 9 programs resident an SM; joined, 8 warps at 80 registers keep 3
+and 2 warps at 255 keep 4 (2 warps with the attention's blocks at 64 slots, 165 registers: 6). So
+the 1,536 programs that loaded their W before the wait under dependent launch become a few waves
+that each load W after the one before ends, and the head whose programs end last runs its
+attention only then, its cache loaded after its arrival. The launch saved (about 1 us) does not
+pay for that. ``aotpack verify`` passes with both warp counts (Llama-3.2-1B's and Qwen3-0.6B's
+shapes, 2 layers); at the GEMV's warps the 40 greedy tokens equal the two kernels'. At 8 warps they
+parted at step 14 (float32 scoring: 10 of 128 steps off float32's choice against 2, largest logit
+gap 0.049 against 0.017), hence the GEMV's warps by default.
 """
 
 from __future__ import annotations
@@ -71,13 +79,13 @@ def max_block_n() -> int:
     return 0 if given is None else int(given)
 
 
-def _warps(gemv: Kernel, attention: Rendered) -> int:
-    """The joined kernel's warps: ``WARPS_ENV`` where set, else the more of the GEMV's and the
-    attention kernel's (so the attention runs as in its own kernel; the GEMV's registers a thread
-    fall with more threads: Llama-3.2-1B's q/k/v at 160 slots, sm_90, 2 warps 255 registers and a
-    spill, 8 warps 80)."""
+def _warps(gemv: Kernel) -> int:
+    """The joined kernel's warps: ``WARPS_ENV`` where set, else the GEMV's, so that it sums over K
+    in its own order (the greedy tokens are the two kernels'; more warps take fewer registers a
+    thread: Llama-3.2-1B's q/k/v at 160 slots, sm_90, 2 warps 255 registers and a spill, 8 warps
+    80, neither faster)."""
     given = setting(WARPS_ENV, None, ("2", "4", "8", "16"))
-    return max(gemv.num_warps, attention.num_warps) if given is None else int(given)
+    return gemv.num_warps if given is None else int(given)
 
 
 @dataclass(frozen=True)
@@ -245,7 +253,7 @@ def tail_kernel(
         *(KernelParam(f"a_{p.name}", p.kind, p.dtype) for p in attention.params),
         KernelParam("count_ptr", ParamKind.PTR, "int32"),
     )
-    warps = _warps(gemv, attention)
+    warps = _warps(gemv)
     kept = {
         k: v
         for k, v in config.items()

@@ -18,14 +18,17 @@ pytestmark = pytest.mark.gpu
 NEW_TOKENS = 40
 
 
+@pytest.mark.parametrize("warps", [None, "8"])  # the GEMV's (the default); the attention kernel's
 @pytest.mark.parametrize("model", ["llama-3.2-1b", "qwen3-0.6b"])  # qwen3: each q and k head normed
-def test_the_joined_kernel_verifies(model, tmp_path_factory):
+def test_the_joined_kernel_verifies(model, warps, tmp_path_factory):
     """At one row each layer's q/k/v GEMV runs the attention (no attention kernel of its own);
     ``aot.verify.device.verify`` passes with the joined kernels among those it checked (the rows,
-    the attention's output and both caches against the projection's and the attention's steps)."""
-    from aot.codegen.attention_tail import ENV
+    the attention's output and both caches against the projection's and the attention's steps),
+    at the GEMV's warps and at 8."""
+    from aot.codegen.attention_tail import ENV, WARPS_ENV
 
-    path, compiled, arch = build_shaped(model, tmp_path_factory, (1, 2), {ENV: "on"})
+    env = {ENV: "on", **({WARPS_ENV: warps} if warps else {})}
+    path, compiled, arch = build_shaped(model, tmp_path_factory, (1, 2), env)
     _, plans = decode_plans(compiled, arch)
     joined = [n for n in plans[(1,)] if n.endswith("_attention")]
     assert len(joined) == LAYERS, plans[(1,)]
@@ -37,9 +40,9 @@ def test_the_joined_kernel_decodes_the_tokens_of_the_two_kernels(tmp_path_factor
     """Greedy decoding at batch 1 from the bundle with the joined kernel and from the bundle
     without it (the attention a kernel of its own): the same tokens, on every step, replayed
     through CUDA graphs of one step and of several, and again after the first call (the counters
-    left zeroed). (Two layers of random weights; where the joined kernel runs more warps than the
-    GEMV did its sums over K take another order, and 8 layers' tokens parted at step 14 on an
-    H100: the module docstring.)"""
+    left zeroed). The joined kernel runs the GEMV's warps, so the GEMV sums over K in its own order
+    (at 8 warps another order: tokens of random weights parted at step 14 of 8 layers on an H100,
+    and at step 13 of this test's on an H200; the module docstring)."""
     import aot.loader
     from aot.codegen.attention_tail import ENV
 
