@@ -207,6 +207,35 @@ def _whisper() -> ModelSpec:
     )
 
 
+def _wav2vec2() -> ModelSpec:
+    """wav2vec 2.0's encoder over raw audio of a symbolic length: its feature convolutions (1-D,
+    strided, the first GroupNorm'd) make a frame count of floor divisions of the samples, then a
+    grouped positional convolution over the frames (weight norm), then the transformer layers."""
+    _transformers()
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    config = Wav2Vec2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16, 16),
+        conv_stride=(5, 2, 2),
+        conv_kernel=(10, 3, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        vocab_size=VOCAB,
+    )
+    return ModelSpec(
+        module=lambda: Wav2Vec2Model(config),
+        inputs=[Input("input_values", (Dim("batch", 1, 4), Dim("samples", 400, 431)))],
+        name="Wav2Vec2Model",
+    )
+
+
+AUDIO_SIZES = ({"batch": 1, "samples": 400}, {"batch": 3, "samples": 417}, {"batch": 4, "samples": 431})
+
+
 def lively(module: torch.nn.Module, size: int = 64) -> torch.nn.Module:
     """Trained-looking BatchNorm for a freshly built vision model: random affine parameters, and
     running statistics measured on random ``size`` x ``size`` images, as after training.
@@ -303,6 +332,7 @@ ZOO: dict[str, Case] = {
     "t5-encoder": Case(_t5, TEXT_SIZES, "transformers"),
     "vit": Case(_vit, IMAGE_SIZES, "transformers"),
     "whisper-encoder": Case(_whisper, IMAGE_SIZES, "transformers"),
+    "wav2vec2": Case(_wav2vec2, AUDIO_SIZES, "transformers"),
     "timm-resnet50": Case(_timm("resnet50"), IMAGE_SIZES, "timm"),
     "timm-convnext_tiny": Case(_timm("convnext_tiny"), IMAGE_SIZES, "timm"),
     "timm-vit_small": Case(

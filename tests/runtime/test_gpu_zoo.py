@@ -32,6 +32,7 @@ REQUIRED = (
     "t5-encoder",
     "timm-nf_resnet26",  # its weight standardization folded at build time, its average pools kernels
     "roberta",  # its positions a scan kernel, its token types a gather kernel (CPU build, 2026-12-05)
+    "wav2vec2",  # 1-D convolutions over a symbolic length, a GroupNorm, a grouped positional convolution
 )
 
 
