@@ -99,7 +99,12 @@ CONFIGS: tuple[TileConfig, ...] = (
     # Skinny M (decode, batch 1): narrow N tiles, so that even N = 768 spreads over 48 blocks and a
     # 1024 x 4096 weight over 256, each streaming whole rows of W (K contiguous).
     TileConfig("gemv_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, max_m=16),
-    TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=4, max_m=16),
+    # 6 stages (5 K steps of W in flight a block): Llama-3.2-1B's o projection (2048 -> 2048, 8 MiB)
+    # makes 64 blocks of 32 columns, each streaming 16 K steps; at 4 stages its first 8 layers at
+    # batch 8 took 0.6669 ms a token against 0.6448 (3.4% slower, 12 of 12 rounds, the same tokens;
+    # K steps of 256 at 4 stages 0.6499), NVIDIA H100, 2026-12-05 (bench/results/decode/paired-
+    # llama-3.2-1b-8layers-b8-o-stages-{6,4x256}-h100-2026-12-05b.json)
+    TileConfig("gemv_16x32x128", 16, 32, 128, num_warps=4, num_stages=6, max_m=16),
     TileConfig("splitk_16x16x256", 16, 16, 256, num_warps=4, num_stages=3, split_k=0, max_m=16, min_k=2048),
     TileConfig("tile_16x64x128", 16, 64, 128, num_warps=4, num_stages=4, max_m=64),  # decode, batch 1
     # Middle M (a prompt of one sequence, 17-512 rows): 64-row tiles with long K steps and four
