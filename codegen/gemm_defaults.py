@@ -332,6 +332,34 @@ ATTENTION_DTYPES = ("float16", "bfloat16")
 ATTENTION_ENV = "AOTPACK_DEFAULT_ATTENTION"  # "off": the library at every attention site, for measuring
 
 
+# A form's pipeline stages (``TileConfig.num_stages``: K steps of A and W in flight a block, less
+# one) instead of its own, for measuring: "<form>=<stages>[,<form>=<stages>...]" (the form's name
+# as ``aotpack inspect`` and the candidates table give it, before its ``_ln``/``_rms``/``_stats``
+# suffixes; stages 1-8), e.g. "fews_16x64x128=4". Read where a GEMM kernel is rendered
+# (``gemm_render``), so every site and bucket that runs the form takes it.
+FORM_STAGES_ENV = "AOTPACK_FORM_STAGES"
+
+
+def form_stages() -> dict[str, int]:
+    """``FORM_STAGES_ENV``'s stages by form name (empty where unset); a name that is no GEMM form
+    or a count outside 1-8 is a ``CodegenError`` naming the variable and what it takes."""
+    text = os.environ.get(FORM_STAGES_ENV, "").strip()
+    if not text:
+        return {}
+    forms = {c.name for c in (*default_configs(), *CONFIGS, *FEW_ROW_CONFIGS)}
+    stages: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, count = (t.strip() for t in part.partition("="))
+        if name not in forms or not count.isdigit() or not 1 <= int(count) <= 8:
+            raise CodegenError(
+                f"{FORM_STAGES_ENV}={text!r}: expected '<form>=<stages 1-8>[,<form>=<stages>...]' "
+                f"({part.strip()!r} is not), the forms among {', '.join(sorted(forms))}; unset it for "
+                "each form's own"
+            )
+        stages[name] = int(count)
+    return stages
+
+
 def few_row_configs() -> tuple[TileConfig, ...]:
     """The forms FEW_ROWS and its environment may name: the few-row forms, and the tensor-core
     forms of CONFIGS that take 2-FEW_ROWS_MAX rows (those ``aotpack tune`` chooses among there),

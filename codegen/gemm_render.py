@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.gemm_defaults import form_stages
 from aot.codegen.gemm_epilogue import GELU_TANH, Epilogue, Load
 from aot.codegen.gemm_forms import (
     CONFIGS,
@@ -959,6 +960,7 @@ def _rendered(
         + len(site.weights) * site.n * site.k * elem
         + m * site.n * elem * len(stored)
     )
+    stages = form_stages().get(cfg.name, cfg.num_stages)
     config = {
         "kind": "gemm",
         "candidate": cfg.name,
@@ -968,7 +970,7 @@ def _rendered(
         "split_k": cfg.split_k,
         "heuristic": HEURISTIC,
         "num_warps": cfg.num_warps,
-        "num_stages": cfg.num_stages,
+        "num_stages": stages,
     }
     return Rendered(
         name=name,
@@ -979,7 +981,7 @@ def _rendered(
         outputs=tuple(outputs),
         grid=grid,
         num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=stages,
         config=config,
         ops=tuple(s.target for s in site.reference),
         bytes_moved=ix.size_text(sympy.expand(traffic)),

@@ -220,6 +220,7 @@ OTHER_READS = {
     ("codegen/decode_attention.py", "SPLIT_ENV"),  # "off" or 2-MAX_SPLITS: refused past them
     ("codegen/gemm_defaults.py", "FEW_ROWS_ENV"),  # form names: refused unless forms
     ("codegen/gemm_defaults.py", "ONE_ROW_PROLOGUE_ENV"),  # a form name: refused unless a form
+    ("codegen/gemm_defaults.py", "FORM_STAGES_ENV"),  # form names and counts: refused unless both
     ("tracer/export.py", '"AOTPACK_VERBOSE"'),
     ("tracer/export.py", '"AOTPACK_DEBUG"'),
     ("cli/__init__.py", '"AOTPACK_DEBUG"'),

@@ -239,3 +239,36 @@ def test_the_few_row_override_takes_tunes_tile_forms_at_2_to_16_rows(monkeypatch
     assert by_batch.pop(64) == {"tileme_splitk3_64x32x128"}
     assert set(by_batch) == {2, 4, 8, 16}  # the mlp's buckets of 2-16 rows
     assert all(forms == {"gemv_16x32x128", "splitk8_16x64x128"} for forms in by_batch.values())
+
+
+def test_a_forms_stages_can_be_set_for_measuring(monkeypatch, built):
+    """``AOTPACK_FORM_STAGES`` sets a form's pipeline stages at every site and bucket that runs it
+    (the mlp at 2-16 rows runs ``gemv_16x32x128``, 6 stages of its own): the kernels of that form
+    compile with the count given, the others with their own; a name that is no form, or a count
+    outside 1-8, stops the build naming the variable."""
+    from aot.codegen import generate
+    from aot.codegen.gemm_defaults import FORM_STAGES_ENV
+    from aot.codegen.gemm_forms import CONFIGS
+    from aot.errors import CodegenError
+
+    def stages(program) -> dict[str, set[int]]:
+        found: dict[str, set[int]] = {}
+        for k in program.kernels:
+            if k.config.get("kind") == "gemm":
+                found.setdefault(k.config["candidate"], set()).add(k.num_stages)
+        return found
+
+    own = next(c.num_stages for c in CONFIGS if c.name == "gemv_16x32x128")
+    before = stages(generate(built.traced("mlp"), ("sm_90",)).program)
+    assert before["gemv_16x32x128"] == {own}
+    monkeypatch.setenv(FORM_STAGES_ENV, "gemv_16x32x128=3")
+    after = stages(generate(built.traced("mlp"), ("sm_90",)).program)
+    assert after.pop("gemv_16x32x128") == {3}
+    before.pop("gemv_16x32x128")
+    assert after == before  # every other form as it was
+    for wrong in ("gemv_16x32x128=9", "gemv_16x32x128", "no_such_form=4", "gemv_16x32x128=x"):
+        monkeypatch.setenv(FORM_STAGES_ENV, wrong)
+        with pytest.raises(
+            CodegenError, match=rf"{FORM_STAGES_ENV}='{wrong}': expected '<form>=<stages 1-8>"
+        ):
+            generate(built.traced("mlp"), ("sm_90",))
