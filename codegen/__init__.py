@@ -488,7 +488,7 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float, library_fre
     by_id = {i: g.rendered for g, i in groups}
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
-    sites += [(s, render_pool(s, program, ranges)) for s in pool_sites(program)]
+    sites += [(s, render_pool(s, program, ranges)) for s in pool_sites(program, ranges)]
     # where a library-free bundle has no other way: convolutions (cuDNN's elsewhere) and cumsums
     # (ATen's elsewhere, until the scan kernel has run on a GPU)
     if library_free:

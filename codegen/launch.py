@@ -65,6 +65,18 @@ def max_value(expr: Size, ranges: dict[str, tuple[int, int]]) -> int:
     return best
 
 
+def min_value(expr: Size, ranges: dict[str, tuple[int, int]]) -> int:
+    """Smallest value of a size expression over the corners of the declared dim ranges (sizes
+    grow with their dims: the corners bound them)."""
+    syms = sorted(expr.free_symbols, key=lambda s: s.name)
+    if not syms:
+        return int(expr)
+    return min(
+        int(expr.subs(dict(zip(syms, corner))))
+        for corner in itertools.product(*[ranges.get(s.name, (1, 1)) for s in syms])
+    )
+
+
 def _cdiv_text(n: Size, block: int) -> str:
     if n.is_Integer:
         return str(-(-int(n) // block))

@@ -13,8 +13,11 @@ clipped to the padded image (``count_include_pad``), to the image itself, or by
 ``divisor_override``.
 
 The input and output keep whatever layout the program gives them (``TensorSpec.order``, NCHW or
-NHWC): the kernel indexes both by their strides. Channels, height and width must be static (the
-batch may be symbolic: it is the grid's first axis).
+NHWC): the kernel indexes both by their strides. Channels and height must be static; the batch may
+be symbolic (the grid's first axis), and so may the width, where no window passes the padded image
+at the declared range's narrowest (a 1-D pool over time as a 2-D one of height 1: SEW's squeeze of
+its frames, an ``AvgPool1d`` over a symbolic sample count): the sizes and strides it enters are
+arguments the call evaluates.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.launch import MAX_GRID_YZ, max_value
+from aot.codegen.launch import MAX_GRID_YZ, max_value, min_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import step_reads, tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
 
 MAX_POOLS = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
 AVG_POOLS = ("aten.avg_pool2d.default",)
@@ -51,20 +54,31 @@ def _pair(v, default: list[int] | None = None) -> list[int] | None:
 
 
 def _window(
-    step: Step, image: tuple[int, int] | None = None
+    step: Step, image: tuple[int, int | None] | None = None
 ) -> tuple[list[int], list[int], list[int], list[int]] | None:
     """(kernel, stride, padding, dilation) of a pool's arguments; None where not plain ints (an
     average pool's dilation is 1) or the window is larger than ``MAX_WINDOW``. With the ``image``'s
     height and width, a window past the padded image is clipped to it (EfficientNet's pooler, an
     ``AvgPool2d(1280, ceil_mode=True)`` over a smaller map): ATen ends every window there, so the
-    sums, maxima and counts are the same."""
+    sums, maxima and counts are the same. A width of None (symbolic) is not clipped."""
     found = _avg_window(step) if step.target in AVG_POOLS else _max_window(step)
     if found is None:
         return None
     kernel, stride, padding, dilation = found
     if image is not None and dilation == [1, 1]:
-        kernel = [min(k, n + 2 * p) for k, n, p in zip(kernel, image, padding)]
+        kernel = [k if n is None else min(k, n + 2 * p) for k, n, p in zip(kernel, image, padding)]
     return None if kernel[0] * kernel[1] > MAX_WINDOW else (kernel, stride, padding, dilation)
+
+
+def _width_fits(step: Step, width: sympy.Expr, ranges: dict[str, tuple[int, int]]) -> bool:
+    """Whether a symbolic ``width``'s windows never pass the padded image in the declared
+    ``ranges`` (so none needs the clip ``_window`` makes of a static one's): the window's extent
+    at most the narrowest padded width."""
+    found = _window(step)
+    if found is None:
+        return False
+    (_, kw), _, (_, pw), (_, dw) = found
+    return (kw - 1) * dw + 1 <= min_value(width, ranges) + 2 * pw
 
 
 def _max_window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | None:
@@ -136,19 +150,21 @@ def _average(divisor: int | None, include_pad: bool) -> list[str]:
     return [*lines, "acc = acc / tl.maximum(count, 1).to(tl.float32)[:, None]"]
 
 
-def _strides(spec: TensorSpec) -> list[int]:
+def _strides(spec: TensorSpec) -> list[sympy.Expr]:
     """Element strides of a 4-D tensor laid out in ``spec.order`` (row-major when empty), the
-    batch outermost: every stride static."""
+    batch outermost: symbolic where the width is."""
     order = list(spec.order) or list(range(len(spec.shape)))
-    out = [0] * len(order)
+    out = [sympy.Integer(0)] * len(order)
     for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
-        out[dim] = int(stride)
+        out[dim] = sympy.expand(stride)
     return out
 
 
-def pool_sites(program: Program) -> list[Step]:
-    """The pool steps the kernel can replace: a 4-D float input with static channels, height
-    and width, an output of the same dtype, a max pool's indices that nothing reads."""
+def pool_sites(program: Program, ranges: dict[str, tuple[int, int]] | None = None) -> list[Step]:
+    """The pool steps the kernel can replace: a 4-D float input with static channels and height
+    and a static width (or, with the dims' ``ranges``, a symbolic one whose windows fit its
+    narrowest: ``_width_fits``), an output of the same dtype, a max pool's indices that nothing
+    reads."""
     specs = tensor_specs(program)
     read = {r for s in program.steps for r in step_reads(s)} | set(program.outputs)
     out = []
@@ -167,11 +183,18 @@ def pool_sites(program: Program) -> list[Step]:
             continue
         if x.dtype not in FLOAT_DTYPES or o.dtype != x.dtype:
             continue
-        if not all(d.isdigit() for d in (*x.shape[1:], *o.shape[1:])) or x.shape[0] != o.shape[0]:
+        if not all(d.isdigit() for d in (*x.shape[1:3], *o.shape[1:3])) or x.shape[0] != o.shape[0]:
             continue
-        if _window(s, (int(x.shape[2]), int(x.shape[3]))) is None:
+        width = ix.parse_size(x.shape[3])
+        if width.is_Integer:
+            if not o.shape[3].isdigit() or _window(s, (int(x.shape[2]), int(width))) is None:
+                continue
+        elif (
+            ranges is None or not _width_fits(s, width, ranges) or _window(s, (int(x.shape[2]), None)) is None
+        ):
             continue
-        if x.shape[1] != o.shape[1] or int(o.shape[2]) * int(o.shape[3]) == 0:
+        positions = ix.parse_size(o.shape[2]) * ix.parse_size(o.shape[3])
+        if x.shape[1] != o.shape[1] or (positions.is_Integer and int(positions) == 0):
             continue
         out.append(s)
     return out
@@ -182,26 +205,31 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     CUDA's limits."""
     specs = tensor_specs(program)
     x, o = specs[step.args[0].name], specs[step.outputs[0]]
-    c, h, w = (int(d) for d in x.shape[1:])
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(step, (h, w))
-    oh, ow = int(o.shape[2]), int(o.shape[3])
+    c, h = int(x.shape[1]), int(x.shape[2])
+    w, ow = ix.parse_size(x.shape[3]), ix.parse_size(o.shape[3])  # symbolic where the width is
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(step, (h, int(w) if w.is_Integer else None))
+    oh = int(o.shape[2])
+    positions = sympy.expand(oh * ow)
+    most = max_value(positions, ranges)
     block_c = min(128, 1 << max(0, (c - 1).bit_length()))
-    block_p = min(max(1, TILE // block_c), 1 << max(0, (oh * ow - 1).bit_length()))
-    grid_p, grid_c = -(-oh * ow // block_p), -(-c // block_c)
-    if grid_p > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
+    block_p = min(max(1, TILE // block_c), 1 << max(0, (most - 1).bit_length()))
+    grid_c = -(-c // block_c)
+    if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
         return None
+    grid_p = (
+        str(-(-int(positions) // block_p))
+        if positions.is_Integer
+        else (f"({ix.size_text(positions)} + {block_p - 1})//{block_p}")
+    )
     batch = ix.parse_size(x.shape[0])
-    biggest = max_value(batch, ranges) * max(c * h * w, c * oh * ow)
+    biggest = max(
+        max_value(sympy.expand(batch * c * h * w), ranges), max_value(batch * c * positions, ranges)
+    )
     index = "i64" if biggest >= 2**31 - 1 else "i32"
     xs, os_ = _strides(x), _strides(o)
     kind = "avg" if step.target in AVG_POOLS else "max"
     name = f"{kind}_pool2d"
-    grid = (ix.size_text(batch), str(grid_p), str(grid_c))
-    params = (
-        KernelParam("x_ptr", ParamKind.PTR, x.dtype),
-        KernelParam("out_ptr", ParamKind.PTR, x.dtype),
-    )
-    signature = signature_of(params, index)
+    grid = (ix.size_text(batch), grid_p, str(grid_c))
     layout = "NHWC" if x.order else "NCHW"
     divisor, include_pad = (_divisor(step), _count_include_pad(step)) if kind == "avg" else (None, False)
     divided = (
@@ -213,7 +241,7 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     )
     doc = [
         f"{kind.capitalize()} pool {kh}x{kw}, stride {sh}x{sw}, padding {ph}x{pw}, dilation {dh}x{dw}: "
-        f"[{x.shape[0]}, {c}, {h}, {w}] {x.dtype} ({layout}) -> [{o.shape[0]}, {c}, {oh}, {ow}] "
+        f"[{', '.join(x.shape)}] {x.dtype} ({layout}) -> [{', '.join(o.shape)}] "
         f"({'NHWC' if o.order else 'NCHW'}).",
         "",
         "Padding reads as -inf; NaN propagates, as in ATen's max pool."
@@ -228,6 +256,15 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
         "BLOCK_P": block_p, "BLOCK_C": block_c,
     }  # fmt: skip
+    # a symbolic width: the sizes and strides it enters are arguments the call evaluates
+    sizes = {k: sympy.expand(v) for k, v in consts.items() if not sympy.sympify(v).is_Integer}
+    consts = {k: int(v) for k, v in consts.items() if k not in sizes}
+    params = (
+        KernelParam("x_ptr", ParamKind.PTR, x.dtype),
+        KernelParam("out_ptr", ParamKind.PTR, x.dtype),
+        *(KernelParam(k, ParamKind(index), "") for k in sizes),
+    )
+    signature = signature_of(params, index)
     wide = ".to(tl.int64)" if index == "i64" else ""  # every index: one image may pass 2**31 too
     body = [
         f"n = tl.program_id(0){wide}",
@@ -259,13 +296,13 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         ")",
     ]
     source = kernel_module(doc, consts, name, signature, body)
-    traffic = batch * (c * h * w + c * oh * ow) * ITEMSIZE[x.dtype]
+    traffic = batch * (c * h * w + c * positions) * ITEMSIZE[x.dtype]
     return Rendered(
         name=name,
         source=source,
         signature=signature,
         params=params,
-        args=(step.args[0], Buf(step.outputs[0])),
+        args=(step.args[0], Buf(step.outputs[0]), *(Sym(ix.size_text(v)) for v in sizes.values())),
         outputs=(step.outputs[0],),
         grid=grid,
         num_warps=4,

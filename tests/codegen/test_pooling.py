@@ -308,3 +308,68 @@ def test_a_pool_of_a_permuted_view_builds_library_free(tmp_path):
     for size, checks in results.items():
         assert {c.kernel for c in checks} == {k.id for k in program.kernels}, size
         assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+
+
+OVER_TIME = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 5, stride=2)  # frames: a floor division of the samples
+        self.squeeze = nn.AvgPool1d(2, 2)  # SEW's squeeze of its frames: the last odd one dropped
+        self.padded = nn.AvgPool1d(3, stride=2, padding=1, count_include_pad=False)
+        self.smooth = nn.AvgPool1d(3, stride=1, padding=1)  # the padding counted
+
+    def forward(self, x):  # x: [B, 4, samples]
+        y = self.conv(x).relu()
+        return self.squeeze(y), self.padded(y) * 2, self.smooth(y)
+
+spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 3), 4, Dim("samples", 9, 40)))])
+"""
+
+
+def test_pools_over_a_symbolic_length_are_kernels(tmp_path):
+    """A 1-D average pool over time (a 2-D one of height 1 over a symbolic width: the frames a
+    strided convolution makes of a symbolic sample count) is a kernel whose width, output width and
+    strides are arguments: built library-free, the bundle agrees with eager on the CPU, and every
+    kernel its reference in the interpreter at the narrowest width, an odd one (the squeeze drops
+    the last frame) and the widest. A window that may pass the narrowest padded width is not taken.
+    (torch.export keeps a 1-D max pool's length symbolic at no size: it guards each one.)"""
+    from aot.codegen import generate
+    from aot.codegen.pooling import pool_sites
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "over_time.py"
+    path.write_text(OVER_TIME)
+    spec = load_model_file(path)
+    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    program = compiled.program
+    pools = _kernel_steps(program, "avg_pool2d")
+    assert len(pools) == 3
+    kernels = {k.id: k for k in program.kernels}
+    assert all(any(p.name == "W" for p in kernels[s.target].params) for s in pools)  # an argument
+    pack(compiled, tmp_path / "over_time.tpk")
+    module = spec.module()
+    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
+    runner = load(tmp_path / "over_time.tpk")
+    for samples in (9, 20, 40):
+        x = torch.randn(2, 4, samples)
+        with torch.no_grad():
+            want = module.eval()(x)
+        for got, w in zip(runner(x), want, strict=True):
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+    sizes = [{"batch": 1, "samples": 9}, {"batch": 2, "samples": 20}, {"batch": 3, "samples": 40}]
+    (results,) = interpret_in_subprocess([(tmp_path / "over_time.tpk", path, sizes, None)])
+    for size, checks in results.items():
+        assert {c.kernel for c in checks} == {k.id for k in program.kernels}, size
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+    # from 5 samples the conv makes 1 frame: the squeeze's window of 2 passes it, the padded ones fit
+    narrow = pool_sites(compiled.traced.program, {"batch": (1, 3), "samples": (5, 40)})
+    assert len(narrow) == 2
+    assert len(pool_sites(compiled.traced.program, {"batch": (1, 3), "samples": (9, 40)})) == 3
