@@ -27,13 +27,13 @@ from __future__ import annotations
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.launch import MAX_GRID_YZ, max_value
+from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
+from aot.codegen.launch import MAX_GRID_YZ, cdiv_text, max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
 
 CONVOLUTION = "aten.convolution.default"
 HEURISTIC = "conv-implicit-gemm-v1"
@@ -176,11 +176,6 @@ def _strides(spec: TensorSpec, one_d: bool) -> list[sympy.Expr]:
     return [out[0], out[1], sympy.Integer(0), out[2]] if one_d else out
 
 
-def _blocks(n: sympy.Expr, block: int) -> str:
-    """The grid's count of ``block``-sized blocks over ``n`` positions, as text."""
-    return str(-(-int(n) // block)) if n.is_Integer else f"({ix.size_text(n)} + {block - 1})//{block}"
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -213,8 +208,7 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
         "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
     }  # fmt: skip
     # a symbolic length (1-D): the sizes and strides it enters are arguments the call evaluates
-    sizes = {k: sympy.expand(v) for k, v in consts.items() if not sympy.sympify(v).is_Integer}
-    consts = {k: int(v) for k, v in consts.items() if k not in sizes}
+    consts, size_params, size_args = size_arguments(consts, index)
     wide = ".to(tl.int64)" if index == "i64" else ""
     params = [KernelParam("x_ptr", ParamKind.PTR, x.dtype), KernelParam("w_ptr", ParamKind.PTR, w.dtype)]
     args: list = [x_buf, step.args[1]]
@@ -223,8 +217,8 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
         args.append(bias)
     params.append(KernelParam("out_ptr", ParamKind.PTR, o.dtype))
     args.append(Buf(step.outputs[0]))
-    params += [KernelParam(k, ParamKind(index), "") for k in sizes]
-    args += [Sym(ix.size_text(v)) for v in sizes.values()]
+    params += size_params
+    args += size_args
     signature = signature_of(tuple(params), index)
     most = max_value(positions, ranges)
     if conv.depthwise:
@@ -274,7 +268,7 @@ def _implicit_gemm(
     block_co = min(64, max(16, _pow2(conv.opg)))
     block_k = min(32, max(16, _pow2(k_total)))
     co_blocks = -(-conv.opg // block_co)
-    grid_p, grid_c = _blocks(positions, block_p), conv.groups * co_blocks
+    grid_p, grid_c = cdiv_text(positions, block_p), conv.groups * co_blocks
     if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
         return "", {}, [], None
     precision = ", input_precision='ieee'" if dtype == "float32" else ""
@@ -329,7 +323,7 @@ def _depthwise(conv: Conv, positions: sympy.Expr, most: int, wide: str, bias: bo
     """(name, config, body, grid after the batch) of the depthwise form (one input channel per group)."""
     block_c = min(128, max(1, _pow2(conv.c_out)))
     block_p = min(max(1, DEPTHWISE_TILE // block_c), _pow2(most))
-    grid_p, grid_c = _blocks(positions, block_p), -(-conv.c_out // block_c)
+    grid_p, grid_c = cdiv_text(positions, block_p), -(-conv.c_out // block_c)
     if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
         return "", {}, [], None
     body = [

@@ -30,7 +30,7 @@ from aot.codegen.launch import Launch
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Node, NotFusible
 from aot.errors import CodegenError
-from aot.schema import KernelParam, ParamKind, Step
+from aot.schema import KernelParam, ParamKind, Step, Sym
 
 _REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 
@@ -536,6 +536,18 @@ def module_head(doc: list[str], consts: dict[str, Any]) -> list[str]:
         "",
         "",
     ]
+
+
+def size_arguments(
+    consts: dict[str, Any], index: str
+) -> tuple[dict[str, int], tuple[KernelParam, ...], tuple[Sym, ...]]:
+    """A kernel's sizes and strides ``consts`` (ints or size expressions) apart: the static ones as
+    constants; the symbolic ones (a symbolic length's) as ``index`` arguments of the same names,
+    with the expressions each call evaluates for them."""
+    sizes = {k: sympy.expand(v) for k, v in consts.items() if not sympy.sympify(v).is_Integer}
+    static = {k: int(v) for k, v in consts.items() if k not in sizes}
+    params = tuple(KernelParam(k, ParamKind(index), "") for k in sizes)
+    return static, params, tuple(Sym(ix.size_text(v)) for v in sizes.values())
 
 
 def signature_of(params: Sequence[KernelParam], index: str) -> dict[str, str]:

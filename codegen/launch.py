@@ -54,30 +54,31 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def max_value(expr: Size, ranges: dict[str, tuple[int, int]]) -> int:
-    """Largest value of a size expression over the corners of the declared dim ranges."""
+def _at_corners(expr: Size, ranges: dict[str, tuple[int, int]]) -> list[int]:
+    """A size expression's values at the corners of the declared dim ranges (sizes grow with
+    their dims: the corners bound them)."""
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
     if not syms:
-        return int(expr)
-    best = 0
-    for corner in itertools.product(*[ranges.get(s.name, (1, 1)) for s in syms]):
-        best = max(best, int(expr.subs(dict(zip(syms, corner)))))
-    return best
+        return [int(expr)]
+    corners = itertools.product(*[ranges.get(s.name, (1, 1)) for s in syms])
+    return [int(expr.subs(dict(zip(syms, corner)))) for corner in corners]
+
+
+def max_value(expr: Size, ranges: dict[str, tuple[int, int]]) -> int:
+    """Largest value of a size expression over the declared dim ranges (0 at the least where it
+    has symbols)."""
+    values = _at_corners(expr, ranges)
+    return max(0, *values) if expr.free_symbols else values[0]
 
 
 def min_value(expr: Size, ranges: dict[str, tuple[int, int]]) -> int:
-    """Smallest value of a size expression over the corners of the declared dim ranges (sizes
-    grow with their dims: the corners bound them)."""
-    syms = sorted(expr.free_symbols, key=lambda s: s.name)
-    if not syms:
-        return int(expr)
-    return min(
-        int(expr.subs(dict(zip(syms, corner))))
-        for corner in itertools.product(*[ranges.get(s.name, (1, 1)) for s in syms])
-    )
+    """Smallest value of a size expression over the declared dim ranges."""
+    return min(_at_corners(expr, ranges))
 
 
-def _cdiv_text(n: Size, block: int) -> str:
+def cdiv_text(n: Size, block: int) -> str:
+    """The grid's count of ``block``-sized blocks over ``n``, as text (a size expression's where
+    ``n`` is symbolic)."""
     if n.is_Integer:
         return str(-(-int(n) // block))
     if block == 1:
@@ -126,7 +127,7 @@ def plan_launch(
         rows=None,
         width=None,
         domain_max=n_max,
-        grid=(_cdiv_text(numel0, block),),
+        grid=(cdiv_text(numel0, block),),
         num_warps=pointwise_warps(block),
         config={"kind": "pointwise", "BLOCK": block},
     )
@@ -157,7 +158,7 @@ def plan_tiled(numel: Size, width: Size, n_outputs: int, maxv: Callable[[Size], 
         rows=rows,
         width=width,
         domain_max=rows_max * width_max,
-        grid=(_cdiv_text(rows, n_rows), _cdiv_text(width, block_c)),
+        grid=(cdiv_text(rows, n_rows), cdiv_text(width, block_c)),
         num_warps=pointwise_warps(n_rows * block_c),
         config={"kind": "pointwise-tiled", "ROWS": n_rows, "BLOCK_R": block_c},
     )
@@ -205,7 +206,7 @@ def _plan_reduction(
         rows=rows,
         width=width,
         domain_max=rows_max * width_max,
-        grid=(_cdiv_text(rows, n_rows),),
+        grid=(cdiv_text(rows, n_rows),),
         num_warps=warps,
         config={"kind": f"reduction-{mode}", "ROWS": n_rows, "BLOCK_R": block_r},
     )

@@ -25,13 +25,13 @@ from __future__ import annotations
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.launch import MAX_GRID_YZ, max_value, min_value
+from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
+from aot.codegen.launch import MAX_GRID_YZ, cdiv_text, max_value, min_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import step_reads, tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym, TensorSpec
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
 
 MAX_POOLS = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
 AVG_POOLS = ("aten.avg_pool2d.default",)
@@ -70,14 +70,11 @@ def _window(
     return None if kernel[0] * kernel[1] > MAX_WINDOW else (kernel, stride, padding, dilation)
 
 
-def _width_fits(step: Step, width: sympy.Expr, ranges: dict[str, tuple[int, int]]) -> bool:
-    """Whether a symbolic ``width``'s windows never pass the padded image in the declared
-    ``ranges`` (so none needs the clip ``_window`` makes of a static one's): the window's extent
-    at most the narrowest padded width."""
-    found = _window(step)
-    if found is None:
-        return False
-    (_, kw), _, (_, pw), (_, dw) = found
+def _width_fits(window, width: sympy.Expr, ranges: dict[str, tuple[int, int]]) -> bool:
+    """Whether a pool's ``window`` (``_window``'s) over a symbolic ``width`` never passes the padded
+    image in the declared ``ranges`` (so none needs the clip ``_window`` makes of a static one's):
+    the window's extent at most the narrowest padded width."""
+    (_, kw), _, (_, pw), (_, dw) = window
     return (kw - 1) * dw + 1 <= min_value(width, ranges) + 2 * pw
 
 
@@ -189,10 +186,10 @@ def pool_sites(program: Program, ranges: dict[str, tuple[int, int]] | None = Non
         if width.is_Integer:
             if not o.shape[3].isdigit() or _window(s, (int(x.shape[2]), int(width))) is None:
                 continue
-        elif (
-            ranges is None or not _width_fits(s, width, ranges) or _window(s, (int(x.shape[2]), None)) is None
-        ):
-            continue
+        else:
+            window = None if ranges is None else _window(s, (int(x.shape[2]), None))
+            if window is None or not _width_fits(window, width, ranges):
+                continue
         positions = ix.parse_size(o.shape[2]) * ix.parse_size(o.shape[3])
         if x.shape[1] != o.shape[1] or (positions.is_Integer and int(positions) == 0):
             continue
@@ -216,11 +213,7 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     grid_c = -(-c // block_c)
     if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
         return None
-    grid_p = (
-        str(-(-int(positions) // block_p))
-        if positions.is_Integer
-        else (f"({ix.size_text(positions)} + {block_p - 1})//{block_p}")
-    )
+    grid_p = cdiv_text(positions, block_p)
     batch = ix.parse_size(x.shape[0])
     biggest = max(
         max_value(sympy.expand(batch * c * h * w), ranges), max_value(batch * c * positions, ranges)
@@ -257,12 +250,11 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         "BLOCK_P": block_p, "BLOCK_C": block_c,
     }  # fmt: skip
     # a symbolic width: the sizes and strides it enters are arguments the call evaluates
-    sizes = {k: sympy.expand(v) for k, v in consts.items() if not sympy.sympify(v).is_Integer}
-    consts = {k: int(v) for k, v in consts.items() if k not in sizes}
+    consts, size_params, size_args = size_arguments(consts, index)
     params = (
         KernelParam("x_ptr", ParamKind.PTR, x.dtype),
         KernelParam("out_ptr", ParamKind.PTR, x.dtype),
-        *(KernelParam(k, ParamKind(index), "") for k in sizes),
+        *size_params,
     )
     signature = signature_of(params, index)
     wide = ".to(tl.int64)" if index == "i64" else ""  # every index: one image may pass 2**31 too
@@ -302,7 +294,7 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         source=source,
         signature=signature,
         params=params,
-        args=(step.args[0], Buf(step.outputs[0]), *(Sym(ix.size_text(v)) for v in sizes.values())),
+        args=(step.args[0], Buf(step.outputs[0]), *size_args),
         outputs=(step.outputs[0],),
         grid=grid,
         num_warps=4,
