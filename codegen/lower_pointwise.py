@@ -397,27 +397,38 @@ def _lower_cat(b: Builder, step: Step) -> None:
 def _lower_constant_pad(b: Builder, step: Step) -> None:
     """``constant_pad_nd`` (``F.pad``; timm's "same" padding before a convolution): each padded dim
     a ``cat`` of the value's run, the tensor and the value's run, the value computed from the
-    index where it is read; a negative pad crops (a slice)."""
+    index where it is read; a negative pad crops (a slice). A pad that is a size expression (SEW's
+    frames padded back to its input's length: 0 or 1 by their count's parity) may take either sign
+    at the declared sizes: its run is a piece whose ends are expressions, and the cat's nested
+    choice by the ends is the pad's meaning at either sign (a negative run is never chosen; the
+    tensor's piece, read at the index less the low pad, ends where the output does)."""
     name, shape, dtype = b.out(step)
     x = b.tensor(step.args[0])
     pad = list(arg(step, 1, "pad", []))
     value = arg(step, 2, "value", 0)
     value = 0 if value is None else value
     rank = len(x.shape)
-    if len(pad) % 2 or len(pad) // 2 > rank or not all(type(p) is int for p in pad) or is_tensor(value):
+    if len(pad) % 2 or len(pad) // 2 > rank or is_tensor(value):
         raise Unsupported(f"constant_pad_nd with pad {pad!r}")
+    try:
+        pad = [p if type(p) is int else ix.size_of(p) for p in pad]
+    except ix.InexpressibleIndex as e:
+        raise Unsupported(f"constant_pad_nd with pad {pad!r}: {e}") from None
     ty = COMPUTE[dtype]
     fill = f"tl.full([], {literal(value, ty)}, {TL_TYPE[ty]})"
     node = x
     for i in range(len(pad) // 2):
         dim, low, high = rank - 1 - i, pad[2 * i], pad[2 * i + 1]
-        if low < 0 or high < 0:  # crop first: the kept run of the dim
-            kept = ix.canon(node.shape[dim] + min(low, 0) + min(high, 0))
+        crop_low, crop_high = (min(p, 0) if type(p) is int else 0 for p in (low, high))
+        if crop_low or crop_high:  # a static crop first: the kept run of the dim
+            kept = ix.canon(node.shape[dim] + crop_low + crop_high)
             cropped = node.shape[:dim] + (kept,) + node.shape[dim + 1 :]
-            node = slice_node(node, cropped, dim, ix.sympy.Integer(-min(low, 0)), 1)
+            node = slice_node(node, cropped, dim, ix.sympy.Integer(-crop_low), 1)
         pieces, ends, end = [], [], ix.ZERO
-        for n, piece in ((max(low, 0), None), (None, node), (max(high, 0), None)):
-            size = piece.shape[dim] if piece is not None else ix.sympy.Integer(n)
+        for run, piece in ((low, None), (None, node), (high, None)):
+            size = (
+                piece.shape[dim] if piece is not None else ix.canon(max(run, 0) if type(run) is int else run)
+            )
             if size == ix.ZERO:
                 continue
             part_shape = node.shape[:dim] + (size,) + node.shape[dim + 1 :]

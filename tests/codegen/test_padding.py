@@ -89,6 +89,71 @@ def test_builds_library_free(tmp_path):
     assert "aten.constant_pad_nd.default" not in aten and "aten.convolution.default" not in aten, aten
 
 
+OVER_TIME = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 4, 3, stride=2)
+
+    def forward(self, x):  # x: [B, 4, samples]
+        y = self.conv(x)  # (samples - 3)//2 + 1 frames
+        # SEW's frames padded back to its input's length: a pad of 0 or 1 by the samples' parity
+        even = F.pad(y, [0, x.shape[-1] - 2 * y.shape[-1] - 1])
+        # a low pad that crops below 12 samples and pads from 14
+        either = F.pad(x * 2, [y.shape[-1] // 2 - 3, 2], value=0.5)
+        return even, either
+
+spec = ModelSpec(module=M, inputs=[Input("x", (Dim("batch", 1, 3), 4, Dim("samples", 5, 40)))])
+"""
+
+
+def test_pads_of_a_symbolic_amount_are_kernels(tmp_path):
+    """A pad whose amount is a size expression, 0 at some declared sizes and 1 at others, or a
+    crop at some and a pad at others, is a kernel (its runs pieces of a cat whose ends are
+    expressions): built library-free, the bundle equals eager on the CPU at sizes of both parities
+    and both signs, and every kernel its reference in the interpreter."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.schema import Sym
+    from aot.tracer import load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+
+    path = tmp_path / "over_time.py"
+    path.write_text(OVER_TIME)
+    spec = load_model_file(path)
+    traced = trace(spec)
+    pads = [s for s in traced.program.steps if s.target == "aten.constant_pad_nd.default"]
+    assert len(pads) == 2 and all(any(isinstance(p, Sym) for p in s.args[1]) for s in pads), pads
+    compiled = generate(traced, ("sm_90",), gemm_candidates=True, library_free=True)
+    assert all(s.kind == StepKind.KERNEL or s.target == "aten.view.default" for s in compiled.program.steps)
+    pack(compiled, tmp_path / "over_time.tpk")
+    module = spec.module().eval()
+    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
+    runner = load(tmp_path / "over_time.tpk")
+    lows, evens = set(), set()
+    for samples in (5, 6, 7, 12, 13, 14, 40):  # crops at 5-13, pads of 0 and 1 at odd and even
+        x = torch.randn(2, 4, samples)
+        with torch.no_grad():
+            want = module(x)
+        lows.add(want[1].shape[-1] - samples - 2)
+        evens.add(samples - 1 - 2 * ((samples - 3) // 2 + 1))
+        for got, w in zip(runner(x), want, strict=True):
+            assert got.shape == w.shape
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+    assert evens == {0, 1} and {-2, 0, 6} <= lows  # the low pad cropped, zero, and padded
+    sizes = [{"batch": 1, "samples": 5}, {"batch": 2, "samples": 14}, {"batch": 3, "samples": 40}]
+    (results,) = interpret_in_subprocess([(tmp_path / "over_time.tpk", path, sizes, None)])
+    for size, checks in results.items():
+        assert {c.kernel for c in checks} == {k.id for k in compiled.program.kernels}, size
+        assert all(c.ok for c in checks), (size, [c for c in checks if not c.ok])
+
+
 SCATTERED = """
 import torch
 from torch import nn

@@ -207,30 +207,37 @@ def _whisper() -> ModelSpec:
     )
 
 
-def _wav2vec2() -> ModelSpec:
-    """wav2vec 2.0's encoder over raw audio of a symbolic length: its feature convolutions (1-D,
-    strided, the first GroupNorm'd) make a frame count of floor divisions of the samples, then a
-    grouped positional convolution over the frames (weight norm), then the transformer layers."""
-    _transformers()
-    from transformers import Wav2Vec2Config, Wav2Vec2Model
+def _audio(config: str, model: str, **extra) -> Callable[[], ModelSpec]:
+    """An audio encoder over raw audio of a symbolic length (wav2vec 2.0's family): its feature
+    convolutions (1-D, strided, the first GroupNorm'd) make a frame count of floor divisions of the
+    samples, then a grouped positional convolution over the frames (weight norm), then the
+    transformer layers. SEW (``squeeze_factor``) pools the frames by 2 before the layers and pads
+    them back after: a 1-D average pool over a symbolic length, a pad of 0 or 1 by its parity."""
 
-    config = Wav2Vec2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        conv_dim=(16, 16, 16),
-        conv_stride=(5, 2, 2),
-        conv_kernel=(10, 3, 3),
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4,
-        vocab_size=VOCAB,
-    )
-    return ModelSpec(
-        module=lambda: Wav2Vec2Model(config),
-        inputs=[Input("input_values", (Dim("batch", 1, 4), Dim("samples", 400, 431)))],
-        name="Wav2Vec2Model",
-    )
+    def spec() -> ModelSpec:
+        _transformers()
+        import transformers
+
+        cfg = getattr(transformers, config)(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            conv_dim=(16, 16, 16),
+            conv_stride=(5, 2, 2),
+            conv_kernel=(10, 3, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            vocab_size=VOCAB,
+            **extra,
+        )
+        return ModelSpec(
+            module=lambda: getattr(transformers, model)(cfg),
+            inputs=[Input("input_values", (Dim("batch", 1, 4), Dim("samples", 400, 431)))],
+            name=model,
+        )
+
+    return spec
 
 
 AUDIO_SIZES = ({"batch": 1, "samples": 400}, {"batch": 3, "samples": 417}, {"batch": 4, "samples": 431})
@@ -332,7 +339,8 @@ ZOO: dict[str, Case] = {
     "t5-encoder": Case(_t5, TEXT_SIZES, "transformers"),
     "vit": Case(_vit, IMAGE_SIZES, "transformers"),
     "whisper-encoder": Case(_whisper, IMAGE_SIZES, "transformers"),
-    "wav2vec2": Case(_wav2vec2, AUDIO_SIZES, "transformers"),
+    "wav2vec2": Case(_audio("Wav2Vec2Config", "Wav2Vec2Model"), AUDIO_SIZES, "transformers"),
+    "sew": Case(_audio("SEWConfig", "SEWModel", squeeze_factor=2), AUDIO_SIZES, "transformers"),
     "timm-resnet50": Case(_timm("resnet50"), IMAGE_SIZES, "timm"),
     "timm-convnext_tiny": Case(_timm("convnext_tiny"), IMAGE_SIZES, "timm"),
     "timm-vit_small": Case(

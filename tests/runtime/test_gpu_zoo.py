@@ -33,6 +33,7 @@ REQUIRED = (
     "timm-nf_resnet26",  # its weight standardization folded at build time, its average pools kernels
     "roberta",  # its positions a scan kernel, its token types a gather kernel (CPU build, 2026-12-05)
     "wav2vec2",  # 1-D convolutions over a symbolic length, a GroupNorm, a grouped positional convolution
+    "sew",  # its frames pooled over a symbolic length, padded back by a pad of 0 or 1 (CPU build, 2026-12-05)
 )
 
 
