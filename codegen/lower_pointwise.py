@@ -102,6 +102,15 @@ def _lower_unary(b: Builder, step: Step) -> None:
     )
 
 
+def _lower_sign(b: Builder, step: Step) -> None:
+    """``sign`` (DeBERTa-v2's and SEW-D's log-bucketed relative positions): 1, -1 or 0 in the
+    output's compute type, 0 for NaN as ATen gives; a boolean its own sign."""
+    name, shape, dtype = b.out(step)
+    ty = COMPUTE[dtype]
+    fmt = "$0" if dtype == "bool" else f"(($0 > 0).to({TL_TYPE[ty]}) - ($0 < 0).to({TL_TYPE[ty]}))"
+    b.set(name, pointwise_node(shape, dtype, fmt, [operand(b, step.args[0], ty)], ty))
+
+
 def _lower_binary(b: Builder, step: Step) -> None:
     name, shape, dtype = b.out(step)
     ty = COMPUTE[dtype]
@@ -556,6 +565,7 @@ def _lower_repeat(b: Builder, step: Step) -> None:
 POINTWISE: dict[str, Callable[[Builder, Step], None]] = {
     **dict.fromkeys(_UNARY_FLOAT, _lower_unary),
     **dict.fromkeys(_UNARY_ANY, _lower_unary),
+    "aten.sign.default": _lower_sign,
     **dict.fromkeys(
         (
             "aten.add.Tensor",

@@ -161,6 +161,34 @@ def _roberta() -> ModelSpec:
     )
 
 
+def _deberta_v2() -> ModelSpec:
+    """DeBERTa-v2/v3: disentangled attention over log-bucketed relative positions (``sign``, a log
+    and a ceil of the distances over a symbolic sequence), the position embeddings LayerNorm'd."""
+    _transformers()
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    config = DebertaV2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        relative_attention=True,
+        position_buckets=16,
+        max_relative_positions=64,
+        pos_att_type=["p2c", "c2p"],
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+    )
+    batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
+    return ModelSpec(
+        module=lambda: DebertaV2Model(config),
+        inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq),
+        name="DebertaV2Model",
+    )
+
+
 def _vit() -> ModelSpec:
     _transformers()
     from transformers import ViTConfig, ViTForImageClassification
@@ -336,11 +364,14 @@ ZOO: dict[str, Case] = {
     "bert": Case(_bert, TEXT_SIZES, "transformers"),
     "minilm": Case(lambda: _bert(minilm=True), TEXT_SIZES, "transformers"),
     "roberta": Case(_roberta, TEXT_SIZES, "transformers"),
+    "deberta-v2": Case(_deberta_v2, TEXT_SIZES, "transformers"),
     "t5-encoder": Case(_t5, TEXT_SIZES, "transformers"),
     "vit": Case(_vit, IMAGE_SIZES, "transformers"),
     "whisper-encoder": Case(_whisper, IMAGE_SIZES, "transformers"),
     "wav2vec2": Case(_audio("Wav2Vec2Config", "Wav2Vec2Model"), AUDIO_SIZES, "transformers"),
     "sew": Case(_audio("SEWConfig", "SEWModel", squeeze_factor=2), AUDIO_SIZES, "transformers"),
+    # SEW's squeeze with DeBERTa-v2's attention over log-bucketed relative positions
+    "sew-d": Case(_audio("SEWDConfig", "SEWDModel", squeeze_factor=2), AUDIO_SIZES, "transformers"),
     "timm-resnet50": Case(_timm("resnet50"), IMAGE_SIZES, "timm"),
     "timm-convnext_tiny": Case(_timm("convnext_tiny"), IMAGE_SIZES, "timm"),
     "timm-vit_small": Case(

@@ -34,6 +34,8 @@ REQUIRED = (
     "roberta",  # its positions a scan kernel, its token types a gather kernel (CPU build, 2026-12-05)
     "wav2vec2",  # 1-D convolutions over a symbolic length, a GroupNorm, a grouped positional convolution
     "sew",  # its frames pooled over a symbolic length, padded back by a pad of 0 or 1 (CPU build, 2026-12-05)
+    "sew-d",  # SEW with DeBERTa-v2's attention (CPU build, 2026-12-05)
+    "deberta-v2",  # log-bucketed relative positions: sign, log, ceil over the distances (CPU build, 2026-12-05)
 )
 
 
