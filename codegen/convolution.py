@@ -16,9 +16,11 @@ A default build leaves ``aten.convolution.default`` to cuDNN; ``--library-free``
 
 Padding reads as zero. Input and output are indexed by their strides (``TensorSpec.order``), the
 weight too; an input that is a permute of a row-major buffer (a convnext block's channels-last
-activations viewed NCHW for its next convolution) is read from that buffer in place. Channels, height, width and the kernel's window must be static; the batch may be
-symbolic (the grid's first axis), and so may a 1-D convolution's length (audio samples, a
-sequence: wav2vec 2, HuBERT, SqueezeBERT), the sizes and strides it enters then arguments. The convolution's bias, when a weight, is usually moved into the
+activations viewed NCHW for its next convolution) is read from that buffer in place. Channels and
+the kernel's window must be static; the batch may be symbolic (the grid's first axis), and so may
+the map: a 1-D convolution's length (audio samples, a sequence: wav2vec 2, HuBERT, SqueezeBERT), a
+2-D one's height and width (images of a declared range of sizes: a patch embedding, a CNN), the
+sizes and strides they enter then arguments and the grid's position blocks counted per call. The convolution's bias, when a weight, is usually moved into the
 kernel after it first (``layouts.split_conv_bias``); a bias left on the step is added here.
 """
 
@@ -54,15 +56,16 @@ class Conv:
         stride, padding, dilation = (_expanded(v, rank) for v in args[3:6])
         self.stride, self.padding, self.dilation = pad(stride, 1), pad(padding, 0), pad(dilation, 1)
         self.groups = args[8]
-        # a 1-D convolution's length may be symbolic (a sequence's: ConvBERT, wav2vec 2's samples)
+        # the map's sizes may be symbolic: a 1-D convolution's length (a sequence's: ConvBERT,
+        # wav2vec 2's samples), a 2-D one's height and width (images of any declared size)
         dims = [ix.parse_size(d) for d in x.shape[1:]]
         self.c_in = int(dims[0])
-        self.h, self.w_in = (1, dims[1]) if one_d else (int(dims[1]), int(dims[2]))
+        self.h, self.w_in = (sympy.Integer(1), dims[1]) if one_d else (dims[1], dims[2])
         wdims = [int(d) for d in w.shape]
         self.c_out, self.cpg = wdims[0], wdims[1]
         self.kh, self.kw = (1, wdims[2]) if one_d else (wdims[2], wdims[3])
         odims = [ix.parse_size(d) for d in o.shape[1:]]
-        self.oh, self.ow = (1, odims[1]) if one_d else (int(odims[1]), int(odims[2]))
+        self.oh, self.ow = (sympy.Integer(1), odims[1]) if one_d else (odims[1], odims[2])
         self.opg = self.c_out // self.groups
 
     @property
@@ -136,7 +139,7 @@ def _geometry(step: Step, specs: dict[str, TensorSpec]) -> Conv | None:
         b = specs.get(b_arg.name)
         if b is None or b.dtype != x.dtype or list(b.shape) != [w.shape[0]] or b.order:
             return None
-    static = (*x.shape[1:2], *w.shape, *o.shape[1:2]) if rank == 1 else (*x.shape[1:], *w.shape, *o.shape[1:])
+    static = (x.shape[1], *w.shape, o.shape[1])  # channels and the window; the map may be symbolic
     if not all(d.isdigit() for d in static) or x.shape[0] != o.shape[0]:
         return None
     conv = Conv(x, w, o, list(step.args))
@@ -168,7 +171,7 @@ def _input_strides(conv: Conv, step: Step, program: Program, specs) -> tuple[Buf
 
 def _strides(spec: TensorSpec, one_d: bool) -> list[sympy.Expr]:
     """Element strides of a 3-D or 4-D tensor in its memory order, as 4 (a 1-D one's height: 0);
-    symbolic where a 1-D one's length is."""
+    symbolic where the map's sizes are."""
     order = list(spec.order) or list(range(len(spec.shape)))
     out = [sympy.Integer(0)] * len(order)
     for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
@@ -207,7 +210,8 @@ def render_convolution(step: Step, program: Program, ranges: dict[str, tuple[int
         "WO": ws[0], "WI": ws[1], "WH": ws[2], "WW": ws[3],
         "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
     }  # fmt: skip
-    # a symbolic length (1-D): the sizes and strides it enters are arguments the call evaluates
+    # a symbolic map (a 1-D length, a 2-D height and width): the sizes and strides they enter are
+    # arguments the call evaluates
     consts, size_params, size_args = size_arguments(consts, index)
     wide = ".to(tl.int64)" if index == "i64" else ""
     params = [KernelParam("x_ptr", ParamKind.PTR, x.dtype), KernelParam("w_ptr", ParamKind.PTR, w.dtype)]

@@ -117,8 +117,8 @@ def test_transposed_and_unlisted_convolutions_are_not_sites():
     program, step, _ = _program(4, 4, 6, 3, 1, 1, 1, 1, False, "float32")
     transposed = Step(step.kind, step.target, (*step.args[:6], True, *step.args[7:]), {}, step.outputs)
     assert conv_sites(Program(**{**program.__dict__, "steps": (transposed,)})) == []
-    static_h = TensorSpec("float32", ("batch", "4", "h", "6"))  # a symbolic height
-    odd = Program(**{**program.__dict__, "inputs": (NamedTensor("x", static_h),)})
+    channels = TensorSpec("float32", ("batch", "c", "6", "6"))  # symbolic channels
+    odd = Program(**{**program.__dict__, "inputs": (NamedTensor("x", channels),)})
     assert conv_sites(odd) == []
 
 
@@ -258,3 +258,54 @@ def test_one_d_convolutions_over_a_symbolic_length_are_kernels(tmp_path):
         s for s in program.steps if s.kind.value == "kernel" and kernels[s.target].name.startswith("conv_")
     ]
     assert len(convs) == 3 and all("samples" in " ".join(s.grid) for s in convs)
+
+
+IMAGES = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 8, 4, stride=4)  # a ViT's patch embedding
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.depthwise = nn.Conv2d(8, 8, 5, padding=2, groups=8)
+        self.pointwise = nn.Conv2d(8, 6, 1)
+        self.tall = nn.Conv2d(8, 8, (3, 1), padding=(1, 0), groups=8, bias=False)  # Nystromformer's
+
+    def forward(self, x):  # x: [B, 3, H, W]
+        p = self.patch(x)
+        y = self.pointwise(self.depthwise(self.stem(x).relu()))
+        return p.flatten(2).transpose(1, 2), y, self.tall(p)
+
+spec = ModelSpec(
+    module=M, inputs=[Input("x", (Dim("batch", 1, 3), 3, Dim("height", 8, 40), Dim("width", 8, 40)))]
+)
+"""
+
+
+def test_two_d_convolutions_over_a_symbolic_map_are_kernels(tmp_path):
+    """A 2-D convolution's height and width may be symbolic (images of a declared range of sizes):
+    the sizes and strides they enter are call-time arguments and the grid's position blocks are
+    counted per call. Library-free build of a patch embedding, a strided stem, a depthwise and a
+    pointwise convolution and a tall depthwise window; the CPU path agrees with eager and every
+    kernel with its reference in the interpreter at an odd, unequal size (the patches and the
+    stride leave rows and columns over) and the smallest."""
+    from tests.codegen.conftest import library_free_checked
+
+    sizes = [
+        {"batch": 2, "height": 13, "width": 27},
+        {"batch": 1, "height": 8, "width": 8},
+        {"batch": 3, "height": 40, "width": 40},
+    ]
+    inputs = lambda s, g: (torch.randn(s["batch"], 3, s["height"], s["width"], generator=g),)  # noqa: E731
+    compiled, _ = library_free_checked(tmp_path, IMAGES, inputs, sizes)
+    program = compiled.program
+    assert CONV not in {s.target for s in program.steps}
+    kernels = {k.id: k for k in program.kernels}
+    convs = [
+        s for s in program.steps if s.kind.value == "kernel" and kernels[s.target].name.startswith("conv_")
+    ]
+    assert len(convs) == 5, [kernels[s.target].name for s in program.steps if s.kind.value == "kernel"]
+    assert all("height" in " ".join(s.grid) and "width" in " ".join(s.grid) for s in convs)
