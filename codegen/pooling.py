@@ -13,11 +13,11 @@ clipped to the padded image (``count_include_pad``), to the image itself, or by
 ``divisor_override``.
 
 The input and output keep whatever layout the program gives them (``TensorSpec.order``, NCHW or
-NHWC): the kernel indexes both by their strides. Channels and height must be static; the batch may
-be symbolic (the grid's first axis), and so may the width, where no window passes the padded image
-at the declared range's narrowest (a 1-D pool over time as a 2-D one of height 1: SEW's squeeze of
-its frames, an ``AvgPool1d`` over a symbolic sample count): the sizes and strides it enters are
-arguments the call evaluates.
+NHWC): the kernel indexes both by their strides. Channels must be static; the batch may be
+symbolic (the grid's first axis), and so may the height and width (images of a declared range of
+sizes; a 1-D pool over time as a 2-D one of height 1: SEW's squeeze of its frames, an
+``AvgPool1d`` over a symbolic sample count), where no window passes the padded map at the declared
+range's narrowest: the sizes and strides they enter are arguments the call evaluates.
 """
 
 from __future__ import annotations
@@ -70,12 +70,15 @@ def _window(
     return None if kernel[0] * kernel[1] > MAX_WINDOW else (kernel, stride, padding, dilation)
 
 
-def _width_fits(window, width: sympy.Expr, ranges: dict[str, tuple[int, int]]) -> bool:
-    """Whether a pool's ``window`` (``_window``'s) over a symbolic ``width`` never passes the padded
-    image in the declared ``ranges`` (so none needs the clip ``_window`` makes of a static one's):
-    the window's extent at most the narrowest padded width."""
-    (_, kw), _, (_, pw), (_, dw) = window
-    return (kw - 1) * dw + 1 <= min_value(width, ranges) + 2 * pw
+def _fits(window, image: tuple[sympy.Expr, sympy.Expr], ranges: dict[str, tuple[int, int]]) -> bool:
+    """Whether a pool's ``window`` (``_window``'s) never passes the padded image in the declared
+    ``ranges`` along a symbolic height or width (so none needs the clip ``_window`` makes of a
+    static one's): the window's extent at most the narrowest padded size."""
+    kernel, _, padding, dilation = window
+    return all(
+        n.is_Integer or (k - 1) * d + 1 <= min_value(n, ranges) + 2 * p
+        for k, n, p, d in zip(kernel, image, padding, dilation)
+    )
 
 
 def _max_window(step: Step) -> tuple[list[int], list[int], list[int], list[int]] | None:
@@ -158,10 +161,9 @@ def _strides(spec: TensorSpec) -> list[sympy.Expr]:
 
 
 def pool_sites(program: Program, ranges: dict[str, tuple[int, int]] | None = None) -> list[Step]:
-    """The pool steps the kernel can replace: a 4-D float input with static channels and height
-    and a static width (or, with the dims' ``ranges``, a symbolic one whose windows fit its
-    narrowest: ``_width_fits``), an output of the same dtype, a max pool's indices that nothing
-    reads."""
+    """The pool steps the kernel can replace: a 4-D float input with static channels and a static
+    map (or, with the dims' ``ranges``, a symbolic height or width whose windows fit its narrowest:
+    ``_fits``), an output of the same dtype, a max pool's indices that nothing reads."""
     specs = tensor_specs(program)
     read = {r for s in program.steps for r in step_reads(s)} | set(program.outputs)
     out = []
@@ -180,18 +182,19 @@ def pool_sites(program: Program, ranges: dict[str, tuple[int, int]] | None = Non
             continue
         if x.dtype not in FLOAT_DTYPES or o.dtype != x.dtype:
             continue
-        if not all(d.isdigit() for d in (*x.shape[1:3], *o.shape[1:3])) or x.shape[0] != o.shape[0]:
+        if not x.shape[1].isdigit() or x.shape[1] != o.shape[1] or x.shape[0] != o.shape[0]:
             continue
-        width = ix.parse_size(x.shape[3])
-        if width.is_Integer:
-            if not o.shape[3].isdigit() or _window(s, (int(x.shape[2]), int(width))) is None:
+        image = (ix.parse_size(x.shape[2]), ix.parse_size(x.shape[3]))
+        static = tuple(int(n) if n.is_Integer else None for n in image)
+        if None not in static:
+            if not (o.shape[2].isdigit() and o.shape[3].isdigit()) or _window(s, static) is None:
                 continue
         else:
-            window = None if ranges is None else _window(s, (int(x.shape[2]), None))
-            if window is None or not _width_fits(window, width, ranges):
+            window = None if ranges is None else _window(s, static)
+            if window is None or not _fits(window, image, ranges):
                 continue
         positions = ix.parse_size(o.shape[2]) * ix.parse_size(o.shape[3])
-        if x.shape[1] != o.shape[1] or (positions.is_Integer and int(positions) == 0):
+        if positions.is_Integer and int(positions) == 0:
             continue
         out.append(s)
     return out
@@ -202,10 +205,12 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     CUDA's limits."""
     specs = tensor_specs(program)
     x, o = specs[step.args[0].name], specs[step.outputs[0]]
-    c, h = int(x.shape[1]), int(x.shape[2])
-    w, ow = ix.parse_size(x.shape[3]), ix.parse_size(o.shape[3])  # symbolic where the width is
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(step, (h, int(w) if w.is_Integer else None))
-    oh = int(o.shape[2])
+    c = int(x.shape[1])
+    h, w = ix.parse_size(x.shape[2]), ix.parse_size(x.shape[3])  # symbolic where the map is
+    oh, ow = ix.parse_size(o.shape[2]), ix.parse_size(o.shape[3])
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(
+        step, tuple(int(n) if n.is_Integer else None for n in (h, w))
+    )
     positions = sympy.expand(oh * ow)
     most = max_value(positions, ranges)
     block_c = min(128, 1 << max(0, (c - 1).bit_length()))
@@ -249,7 +254,7 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
         "BLOCK_P": block_p, "BLOCK_C": block_c,
     }  # fmt: skip
-    # a symbolic width: the sizes and strides it enters are arguments the call evaluates
+    # a symbolic map: the sizes and strides it enters are arguments the call evaluates
     consts, size_params, size_args = size_arguments(consts, index)
     params = (
         KernelParam("x_ptr", ParamKind.PTR, x.dtype),

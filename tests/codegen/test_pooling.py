@@ -373,3 +373,54 @@ def test_pools_over_a_symbolic_length_are_kernels(tmp_path):
     narrow = pool_sites(compiled.traced.program, {"batch": (1, 3), "samples": (5, 40)})
     assert len(narrow) == 2
     assert len(pool_sites(compiled.traced.program, {"batch": (1, 3), "samples": (9, 40)})) == 3
+
+
+IMAGES = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)  # a ResNet's stem pool
+        self.down = nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False)  # ResNet-D's shortcut
+        self.wide = nn.AvgPool2d((1, 3), stride=1, padding=(0, 1))
+
+    def forward(self, x):  # x: [B, 3, H, W]
+        y = self.pool(self.stem(x).relu())
+        return self.down(y), self.wide(y).sum(dim=(2, 3))
+
+spec = ModelSpec(
+    module=M, inputs=[Input("x", (Dim("batch", 1, 3), 3, Dim("height", 8, 40), Dim("width", 8, 40)))]
+)
+"""
+
+
+def test_pools_over_a_symbolic_map_are_kernels(tmp_path):
+    """2-D pools over a symbolic height and width (images of a declared range of sizes: a ResNet's
+    stem max pool, ResNet-D's average shortcut with ceil_mode, a window along the width only) are
+    kernels whose sizes and strides are arguments: library-free, the CPU path equals eager and every
+    kernel its reference in the interpreter at an odd, unequal size and the smallest. A window that
+    may pass the narrowest padded map is not taken."""
+    from aot.codegen.pooling import pool_sites
+    from tests.codegen.conftest import library_free_checked
+
+    sizes = [
+        {"batch": 2, "height": 13, "width": 27},
+        {"batch": 1, "height": 8, "width": 8},
+        {"batch": 3, "height": 40, "width": 40},
+    ]
+    inputs = lambda s, g: (torch.randn(s["batch"], 3, s["height"], s["width"], generator=g),)  # noqa: E731
+    compiled, _ = library_free_checked(tmp_path, IMAGES, inputs, sizes)
+    program = compiled.program
+    kernels = {k.id: k for k in program.kernels}
+    pools = [s for s in program.steps if s.kind.value == "kernel" and "pool2d" in kernels[s.target].name]
+    assert len(pools) == 3
+    assert all(any(p.name == "H" for p in kernels[s.target].params) for s in pools[:2])  # arguments
+    traced = compiled.traced.program
+    # from a 1-pixel image the stem makes a 1x1 map: the 3x3 window with padding 1 still fits it
+    # (3 <= 1 + 2), the 2x2 one with no padding passes it; along the width the 1x3 fits
+    assert len(pool_sites(traced, {"batch": (1, 3), "height": (1, 40), "width": (8, 40)})) == 2
+    assert len(pool_sites(traced, {"batch": (1, 3), "height": (8, 40), "width": (8, 40)})) == 3
