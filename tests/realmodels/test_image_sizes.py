@@ -234,3 +234,72 @@ def test_swin_without_the_multiple_fails_naming_it_and_the_model_lines():
         "the model needs width to be a multiple of 8: declare Dim('width', 16, 64, multiple_of=8)" in msg
     ), msg
     assert "transformers/models/swin/modeling_swin.py:272: if height % self.patch_size[0] != 0:" in msg, msg
+
+
+def _timm_any_size(name: str) -> ModelSpec:
+    from tests.realmodels.zoo import timm_model
+
+    return ModelSpec(
+        module=lambda: timm_model(name, 48, num_classes=10),
+        inputs=[Input("x", (Dim("batch", 1, 2), 3, Dim("height", 32, 64), Dim("width", 32, 64)))],
+        name=f"timm-{name}",
+    )
+
+
+# library-free at declared image sizes: the convolutions' and pools' maps symbolic (2026-12-05)
+LIBRARY_FREE = {
+    "swin": ("transformers", "CASES['swin'][0]()", CASES["swin"][1]),
+    "timm-resnet26d": (  # a deep stem, its max pool, ResNet-D's average-pooled shortcuts
+        "timm",
+        "_timm_any_size('resnet26d')",
+        ({"batch": 1, "height": 32, "width": 32}, {"batch": 2, "height": 45, "width": 61}),
+    ),
+    "timm-mobilenetv3_small_050": (  # depthwise convolutions, squeeze-excitation, hard-swish
+        "timm",
+        "_timm_any_size('mobilenetv3_small_050')",
+        ({"batch": 1, "height": 32, "width": 32}, {"batch": 2, "height": 45, "width": 61}),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_FREE))
+def test_library_free_builds_at_declared_image_sizes(tmp_path, name):
+    """A vision model whose height and width are declared dynamic builds ``--library-free`` (what
+    aotpack-rt runs without torch): every convolution and pool a kernel over a symbolic map. The
+    CPU path equals eager at the sizes, and every kernel its reference in Triton's interpreter at
+    the smallest size and an odd, unequal one."""
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.program import is_view, live_steps
+    from aot.schema import StepKind
+    from aot.tracer import example_inputs, instantiate, load_model_file, trace
+    from aot.verify.interpret import interpret_in_subprocess
+    from tests.realmodels.conftest import ROOT
+
+    library, made, sizes = LIBRARY_FREE[name]
+    require(library)
+    model = tmp_path / f"{name.replace('-', '_')}.py"
+    model.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests.realmodels.test_image_sizes import CASES, _timm_any_size\n"
+        f"spec = {made}\n"
+    )
+    spec = load_model_file(model)
+    compiled = generate(trace(spec), ("sm_90",), gemm_candidates=True, library_free=True)
+    live = live_steps(compiled.program)
+    assert all(s.kind == StepKind.KERNEL or is_view(s) for s in live), [s.target for s in live]
+    pack(compiled, tmp_path / "model.tpk")
+    runner, module = load(tmp_path / "model.tpk"), instantiate(spec)
+    for s in sizes:
+        inputs = example_inputs(spec, s, seed=sum(s.values()))
+        assert (why := difference(runner(**inputs), eager(spec, module, inputs))) is None, (
+            f"{name} at {s}: {why}"
+        )
+    (results,) = interpret_in_subprocess([(tmp_path / "model.tpk", model, list(sizes[:2]), 1)])
+    for size, checks in results.items():
+        assert {c.kernel for c in checks} == {k.id for k in compiled.program.kernels}, size
+        bad = [
+            f"{c.name} {c.output}: {c.max_abs_error:.3g} ({c.worst_ratio:.2f}x)" for c in checks if not c.ok
+        ]
+        assert not bad, f"{name} at {size}: " + "; ".join(bad)
