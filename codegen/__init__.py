@@ -489,14 +489,16 @@ def _fuse(program, ranges, say: Callable[[str], None], start: float, library_fre
     standalone: dict[str, tuple[str, Any, Any]] = {}
     sites = [(s, render_gather(s, program, ranges)) for s in gather_sites(program)]
     sites += [(s, render_pool(s, program, ranges)) for s in pool_sites(program, ranges)]
-    # where a library-free bundle has no other way: convolutions (cuDNN's elsewhere) and cumsums
-    # (ATen's elsewhere, until the scan kernel has run on a GPU)
+    # where a library-free bundle has no other way: convolutions (cuDNN's elsewhere), cumsums and
+    # bilinear resizes (ATen's elsewhere, until their kernels have run on a GPU)
     if library_free:
         from aot.codegen.convolution import conv_sites, render_convolution
+        from aot.codegen.resize import render_resize, resize_sites
         from aot.codegen.scans import render_scan, scan_sites
 
         sites += [(s, render_convolution(s, program, ranges)) for s in conv_sites(program)]
         sites += [(s, render_scan(s, program, ranges)) for s in scan_sites(program)]
+        sites += [(s, render_resize(s, program, ranges)) for s in resize_sites(program)]
     for step, r in sites:
         if r is not None:
             k = kernel_id(r.source, r.signature, r.config)

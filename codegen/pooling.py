@@ -150,9 +150,9 @@ def _average(divisor: int | None, include_pad: bool) -> list[str]:
     return [*lines, "acc = acc / tl.maximum(count, 1).to(tl.float32)[:, None]"]
 
 
-def _strides(spec: TensorSpec) -> list[sympy.Expr]:
+def map_strides(spec: TensorSpec) -> list[sympy.Expr]:
     """Element strides of a 4-D tensor laid out in ``spec.order`` (row-major when empty), the
-    batch outermost: symbolic where the width is."""
+    batch outermost: symbolic where the map is."""
     order = list(spec.order) or list(range(len(spec.shape)))
     out = [sympy.Integer(0)] * len(order)
     for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
@@ -224,7 +224,7 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         max_value(sympy.expand(batch * c * h * w), ranges), max_value(batch * c * positions, ranges)
     )
     index = "i64" if biggest >= 2**31 - 1 else "i32"
-    xs, os_ = _strides(x), _strides(o)
+    xs, os_ = map_strides(x), map_strides(o)
     kind = "avg" if step.target in AVG_POOLS else "max"
     name = f"{kind}_pool2d"
     grid = (ix.size_text(batch), grid_p, str(grid_c))

@@ -1,0 +1,209 @@
+"""Bilinear resizes without ATen kernels (``F.interpolate(mode="bilinear")``: SegFormer's and
+MobileViT's decoder heads, DPT's and UperNet's feature pyramids), for library-free programs.
+
+``aten.upsample_bilinear2d.vec`` (an output size, or scale factors) becomes one Triton kernel:
+each program takes one image, a block of output positions and a block of channels, and blends the
+four input pixels around each position's source point as ATen does. The source point is
+``scale * (dst + 0.5) - 0.5`` clamped at 0 (``align_corners=False``; ``scale`` the input's size
+over the output's, or one over a given scale factor) or ``scale * dst`` with ``scale`` the
+input's size less one over the output's less one (``align_corners=True``); its floor and the pixel
+after it (the last pixel's own where none is), weighted by the fraction, in float32, rounded once
+to the output dtype. Input and output are indexed by their strides (NCHW or NHWC); channels must
+be static, the batch and the map may be symbolic (their sizes and strides arguments, the scale
+then computed in the kernel from them, divided correctly rounded as ATen's float division is).
+The antialiased form (``antialias=True``) stays ATen's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from aot.codegen import index as ix
+from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
+from aot.codegen.launch import MAX_GRID_YZ, cdiv_text, max_value
+from aot.codegen.pooling import map_strides
+from aot.codegen.render import Rendered
+from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
+from aot.dtypes import ITEMSIZE
+from aot.program import tensor_specs
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
+
+BILINEAR = "aten.upsample_bilinear2d.vec"
+HEURISTIC = "bilinear-v1"
+TILE = 2048  # positions x channels per program instance
+
+
+def _arguments(step: Step) -> tuple[bool, list[float] | None] | None:
+    """(align_corners, the scale factors or None) of a resize step; None where they are not
+    plain values."""
+    names = ("output_size", "align_corners", "scale_factors")
+    given = dict(zip(names, step.args[1:])) | dict(step.kwargs)
+    if step.kwargs.keys() - set(names) or type(given.get("align_corners")) is not bool:
+        return None
+    factors = given.get("scale_factors")
+    if factors is None:
+        return given["align_corners"], None
+    if not (isinstance(factors, (list, tuple)) and len(factors) == 2):
+        return None
+    if not all(type(f) in (int, float) and f > 0 for f in factors):
+        return None
+    return given["align_corners"], [float(f) for f in factors]
+
+
+def resize_sites(program: Program) -> list[Step]:
+    """The bilinear resizes the kernel can replace: a 4-D float input with static channels, an
+    output of the same dtype and channels, plain arguments."""
+    specs = tensor_specs(program)
+    out = []
+    for s in program.steps:
+        if s.kind != StepKind.ATEN or s.target != BILINEAR or not s.args or not isinstance(s.args[0], Buf):
+            continue
+        if not s.outputs or s.outputs[0] is None or _arguments(s) is None:
+            continue
+        x, o = specs.get(s.args[0].name), specs.get(s.outputs[0])
+        if x is None or o is None or len(x.shape) != 4 or len(o.shape) != 4:
+            continue
+        if x.dtype not in FLOAT_DTYPES or o.dtype != x.dtype or x.shape[0] != o.shape[0]:
+            continue
+        if not x.shape[1].isdigit() or x.shape[1] != o.shape[1] or x.shape[1] == "0":
+            continue
+        positions = ix.parse_size(o.shape[2]) * ix.parse_size(o.shape[3])
+        if positions.is_Integer and int(positions) == 0:
+            continue
+        out.append(s)
+    return out
+
+
+def _f32(value: float) -> str:
+    """A float32 constant as Triton source: the value rounded to float32 first."""
+    return f"{float(np.float32(value))!r}"
+
+
+def _scale(n_in: sympy.Expr, n_out: sympy.Expr, name: str, align: bool, factor: float | None) -> str:
+    """The source-index scale of one dim as ATen computes it in float32 (``area_pixel_compute_scale``):
+    source text, a constant where the sizes are static."""
+    if align:
+        if n_in.is_Integer and n_out.is_Integer:
+            return _f32(np.float32(int(n_in) - 1) / np.float32(int(n_out) - 1)) if int(n_out) > 1 else "0.0"
+        return (
+            f"tl.where(O{name} > 1, tl.math.div_rn(({name} - 1).to(tl.float32), "
+            f"tl.maximum(O{name} - 1, 1).to(tl.float32)), 0.0)"
+        )
+    if factor is not None:
+        return _f32(1.0 / factor)
+    if n_in.is_Integer and n_out.is_Integer:
+        return _f32(np.float32(int(n_in)) / np.float32(int(n_out)))
+    f = lambda n, text: _f32(int(n)) if n.is_Integer else f"{text}.to(tl.float32)"  # noqa: E731
+    return f"tl.math.div_rn({f(n_in, name)}, {f(n_out, 'O' + name)})"
+
+
+def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered | None:
+    """The Triton kernel for one step of ``resize_sites``; None where its grid would pass CUDA's
+    limits."""
+    specs = tensor_specs(program)
+    x, o = specs[step.args[0].name], specs[step.outputs[0]]
+    align, factors = _arguments(step)
+    c = int(x.shape[1])
+    h, w = ix.parse_size(x.shape[2]), ix.parse_size(x.shape[3])
+    oh, ow = ix.parse_size(o.shape[2]), ix.parse_size(o.shape[3])
+    positions = sympy.expand(oh * ow)
+    most = max_value(positions, ranges)
+    block_c = min(128, 1 << max(0, (c - 1).bit_length()))
+    block_p = min(max(1, TILE // block_c), 1 << max(0, (most - 1).bit_length()))
+    grid_c = -(-c // block_c)
+    if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
+        return None
+    batch = ix.parse_size(x.shape[0])
+    biggest = max(
+        max_value(sympy.expand(batch * c * h * w), ranges), max_value(batch * c * positions, ranges)
+    )
+    index = "i64" if biggest >= 2**31 - 1 else "i32"
+    xs, os_ = map_strides(x), map_strides(o)
+    consts = {
+        "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
+        "XN": xs[0], "XC": xs[1], "XH": xs[2], "XW": xs[3],
+        "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
+        "BLOCK_P": block_p, "BLOCK_C": block_c,
+    }  # fmt: skip
+    consts, size_params, size_args = size_arguments(consts, index)
+    params = (
+        KernelParam("x_ptr", ParamKind.PTR, x.dtype),
+        KernelParam("out_ptr", ParamKind.PTR, x.dtype),
+        *size_params,
+    )
+    signature = signature_of(params, index)
+    wide = ".to(tl.int64)" if index == "i64" else ""
+    fy, fx = factors if factors is not None else (None, None)
+    if align:
+        source = ["sy = oy.to(tl.float32) * scale_h", "sx = ox.to(tl.float32) * scale_w"]
+    else:
+        source = [
+            "sy = tl.maximum(scale_h * (oy.to(tl.float32) + 0.5) - 0.5, 0.0)",
+            "sx = tl.maximum(scale_w * (ox.to(tl.float32) + 0.5) - 0.5, 0.0)",
+        ]
+    store = TL_TYPE[STORAGE[x.dtype]]
+    body = [
+        f"n = tl.program_id(0){wide}",
+        f"p = tl.program_id(1){wide} * BLOCK_P + tl.arange(0, BLOCK_P)",
+        f"ch = tl.program_id(2){wide} * BLOCK_C + tl.arange(0, BLOCK_C)",
+        "p_ok = p < OH * OW",
+        "c_ok = ch < C",
+        "ok = p_ok[:, None] & c_ok[None, :]",
+        "oy = p // OW",
+        "ox = p % OW",
+        f"scale_h = {_scale(h, oh, 'H', align, fy)}",
+        f"scale_w = {_scale(w, ow, 'W', align, fx)}",
+        *source,
+        f"y0 = sy.to({TL_TYPE[index]})",  # the source point is at least 0: its floor
+        f"x0 = sx.to({TL_TYPE[index]})",
+        "y1 = y0 + (y0 < H - 1).to(y0.dtype)",
+        "x1 = x0 + (x0 < W - 1).to(x0.dtype)",
+        "ly = tl.minimum(tl.maximum(sy - y0.to(tl.float32), 0.0), 1.0)[:, None]",
+        "lx = tl.minimum(tl.maximum(sx - x0.to(tl.float32), 0.0), 1.0)[:, None]",
+        "base = x_ptr + n * XN + ch[None, :] * XC",
+        "v00 = tl.load(base + (y0 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "v01 = tl.load(base + (y0 * XH + x1 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "v10 = tl.load(base + (y1 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "v11 = tl.load(base + (y1 * XH + x1 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "top = (1.0 - lx) * v00 + lx * v01",
+        "bottom = (1.0 - lx) * v10 + lx * v11",
+        "tl.store(",
+        "    out_ptr + n * ON + (oy * OH_S + ox * OW_S)[:, None] + ch[None, :] * OC,",
+        f"    ((1.0 - ly) * top + ly * bottom).to({store}),",
+        "    mask=ok,",
+        ")",
+    ]
+    grid = (ix.size_text(batch), cdiv_text(positions, block_p), str(grid_c))
+    how = "the corners aligned" if align else "half-pixel centers"
+    scaled = f", scale factors {factors}" if factors is not None else ""
+    doc = [
+        f"Bilinear resize ({how}{scaled}): [{', '.join(x.shape)}] {x.dtype} "
+        f"({'NHWC' if x.order else 'NCHW'}) -> [{', '.join(o.shape)}] ({'NHWC' if o.order else 'NCHW'}).",
+        "",
+        "The four pixels around each source point blended in float32 and rounded once, as ATen's.",
+        f"grid: ({', '.join(grid)},)",
+    ]
+    source_text = kernel_module(doc, consts, "bilinear2d", signature, body)
+    traffic = batch * (c * h * w + c * positions) * ITEMSIZE[x.dtype]
+    return Rendered(
+        name="bilinear2d",
+        source=source_text,
+        signature=signature,
+        params=params,
+        args=(step.args[0], Buf(step.outputs[0]), *size_args),
+        outputs=(step.outputs[0],),
+        grid=grid,
+        num_warps=4,
+        num_stages=1,
+        config={
+            "kind": "resize",
+            "BLOCK_P": block_p,
+            "BLOCK_C": block_c,
+            "heuristic": HEURISTIC,
+            "num_warps": 4,
+            "num_stages": 1,
+        },
+        ops=(step.target,),
+        bytes_moved=ix.size_text(sympy.expand(traffic)),
+    )

@@ -1,0 +1,55 @@
+"""Bilinear resizes as kernels in library-free builds (``aot.codegen.resize``:
+``F.interpolate(mode="bilinear")``, SegFormer's and MobileViT's heads): to another tensor's
+symbolic size, to a static size with the corners aligned, by scale factors, and into a
+channels-last input. The CPU path agrees with eager and every kernel with its ATen reference in
+Triton's interpreter at three sizes: upsampling and downsampling, a one-pixel output, a
+one-pixel-wide input's neighbours."""
+
+from __future__ import annotations
+
+import torch
+
+MODEL = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def forward(self, x, y):  # x: [B, 4, H, W], y: [B, 4, H2, W2]
+        a = F.interpolate(x, size=y.shape[2:], mode="bilinear", align_corners=False)
+        b = F.interpolate(x * 2, size=(7, 5), mode="bilinear", align_corners=True)
+        c = F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
+        d = F.interpolate(x.contiguous(memory_format=torch.channels_last), size=(5, 9), mode="bilinear")
+        e = F.interpolate(y, size=x.shape[2:], mode="bilinear", align_corners=True)
+        return a + y, b, c, d, e
+
+batch = Dim("batch", 1, 3)
+spec = ModelSpec(
+    module=M,
+    inputs=[
+        Input("x", (batch, 4, Dim("h", 1, 12), Dim("w", 3, 12))),
+        Input("y", (batch, 4, Dim("h2", 1, 20), Dim("w2", 1, 20))),
+    ],
+)
+"""
+
+
+def test_bilinear_resizes_are_kernels(tmp_path):
+    from aot.codegen.resize import BILINEAR
+    from tests.codegen.conftest import library_free_checked
+
+    sizes = [
+        {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
+        {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
+        {"batch": 3, "h": 12, "w": 12, "h2": 20, "w2": 7},
+    ]
+
+    def inputs(s, g):
+        x = torch.randn(s["batch"], 4, s["h"], s["w"], generator=g)
+        return x, torch.randn(s["batch"], 4, s["h2"], s["w2"], generator=g)
+
+    compiled, _ = library_free_checked(tmp_path, MODEL, inputs, sizes, interpret_at=3)
+    program = compiled.program
+    assert BILINEAR not in {s.target for s in program.steps}
+    assert sum(k.name == "bilinear2d" for k in program.kernels) == 5
