@@ -150,6 +150,26 @@ def _average(divisor: int | None, include_pad: bool) -> list[str]:
     return [*lines, "acc = acc / tl.maximum(count, 1).to(tl.float32)[:, None]"]
 
 
+def map_tiles(
+    batch: sympy.Expr, c: int, pixels: sympy.Expr, positions: sympy.Expr, ranges: dict[str, tuple[int, int]]
+) -> tuple[int, int, tuple[str, str, str], str] | None:
+    """(positions a program, channels a program, the grid, the index type) of a kernel over an
+    image's output ``positions`` and ``c`` channels, each program a block of both (pools, resizes);
+    None where the grid would pass CUDA's limits at the declared ``ranges``."""
+    most = max_value(positions, ranges)
+    block_c = min(128, 1 << max(0, (c - 1).bit_length()))
+    block_p = min(max(1, TILE // block_c), 1 << max(0, (most - 1).bit_length()))
+    grid_c = -(-c // block_c)
+    if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
+        return None
+    biggest = max(
+        max_value(sympy.expand(batch * c * pixels), ranges),
+        max_value(sympy.expand(batch * c * positions), ranges),
+    )
+    index = "i64" if biggest >= 2**31 - 1 else "i32"
+    return block_p, block_c, (ix.size_text(batch), cdiv_text(positions, block_p), str(grid_c)), index
+
+
 def map_strides(spec: TensorSpec) -> list[sympy.Expr]:
     """Element strides of a 4-D tensor laid out in ``spec.order`` (row-major when empty), the
     batch outermost: symbolic where the map is."""
@@ -212,22 +232,14 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         step, tuple(int(n) if n.is_Integer else None for n in (h, w))
     )
     positions = sympy.expand(oh * ow)
-    most = max_value(positions, ranges)
-    block_c = min(128, 1 << max(0, (c - 1).bit_length()))
-    block_p = min(max(1, TILE // block_c), 1 << max(0, (most - 1).bit_length()))
-    grid_c = -(-c // block_c)
-    if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
-        return None
-    grid_p = cdiv_text(positions, block_p)
     batch = ix.parse_size(x.shape[0])
-    biggest = max(
-        max_value(sympy.expand(batch * c * h * w), ranges), max_value(batch * c * positions, ranges)
-    )
-    index = "i64" if biggest >= 2**31 - 1 else "i32"
+    tiles = map_tiles(batch, c, h * w, positions, ranges)
+    if tiles is None:
+        return None
+    block_p, block_c, grid, index = tiles
     xs, os_ = map_strides(x), map_strides(o)
     kind = "avg" if step.target in AVG_POOLS else "max"
     name = f"{kind}_pool2d"
-    grid = (ix.size_text(batch), grid_p, str(grid_c))
     layout = "NHWC" if x.order else "NCHW"
     divisor, include_pad = (_divisor(step), _count_include_pad(step)) if kind == "avg" else (None, False)
     divided = (

@@ -21,8 +21,7 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
-from aot.codegen.launch import MAX_GRID_YZ, cdiv_text, max_value
-from aot.codegen.pooling import map_strides
+from aot.codegen.pooling import map_strides, map_tiles
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
@@ -31,7 +30,6 @@ from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
 
 BILINEAR = "aten.upsample_bilinear2d.vec"
 HEURISTIC = "bilinear-v1"
-TILE = 2048  # positions x channels per program instance
 
 
 def _arguments(step: Step) -> tuple[bool, list[float] | None] | None:
@@ -108,17 +106,11 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
     h, w = ix.parse_size(x.shape[2]), ix.parse_size(x.shape[3])
     oh, ow = ix.parse_size(o.shape[2]), ix.parse_size(o.shape[3])
     positions = sympy.expand(oh * ow)
-    most = max_value(positions, ranges)
-    block_c = min(128, 1 << max(0, (c - 1).bit_length()))
-    block_p = min(max(1, TILE // block_c), 1 << max(0, (most - 1).bit_length()))
-    grid_c = -(-c // block_c)
-    if -(-most // block_p) > MAX_GRID_YZ or grid_c > MAX_GRID_YZ:
-        return None
     batch = ix.parse_size(x.shape[0])
-    biggest = max(
-        max_value(sympy.expand(batch * c * h * w), ranges), max_value(batch * c * positions, ranges)
-    )
-    index = "i64" if biggest >= 2**31 - 1 else "i32"
+    tiles = map_tiles(batch, c, h * w, positions, ranges)
+    if tiles is None:
+        return None
+    block_p, block_c, grid, index = tiles
     xs, os_ = map_strides(x), map_strides(o)
     consts = {
         "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
@@ -174,7 +166,6 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         "    mask=ok,",
         ")",
     ]
-    grid = (ix.size_text(batch), cdiv_text(positions, block_p), str(grid_c))
     how = "the corners aligned" if align else "half-pixel centers"
     scaled = f", scale factors {factors}" if factors is not None else ""
     doc = [
