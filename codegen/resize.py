@@ -8,7 +8,9 @@ four input pixels around each position's source point as ATen does. The source p
 over the output's, or one over a given scale factor) or ``scale * dst`` with ``scale`` the
 input's size less one over the output's less one (``align_corners=True``); its floor and the pixel
 after it (the last pixel's own where none is), weighted by the fraction, in float32, rounded once
-to the output dtype. Input and output are indexed by their strides (NCHW or NHWC); channels must
+to the output dtype. Input and output are indexed by their strides (NCHW or NHWC; an input that
+is a view of another buffer, SegFormer's head's permute of its MLP's rows, read in place through
+its views, ``cache_writes.strided_view``); channels must
 be static, the batch and the map may be symbolic (their sizes and strides arguments, the scale
 then computed in the kernel from them, divided correctly rounded as ATen's float division is).
 The antialiased form (``antialias=True``) stays ATen's.
@@ -20,6 +22,7 @@ import numpy as np
 import sympy
 
 from aot.codegen import index as ix
+from aot.codegen.cache_writes import strided_view
 from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
 from aot.codegen.pooling import map_strides, map_tiles
 from aot.codegen.render import Rendered
@@ -112,8 +115,12 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         return None
     block_p, block_c, grid, index = tiles
     xs, os_ = map_strides(x), map_strides(o)
+    x_buf, x_offset = step.args[0], sympy.Integer(0)
+    view = None if x.order else strided_view(x_buf.name, program)
+    if view is not None and view.base != x_buf.name:  # read in place through its views
+        x_buf, xs, x_offset = Buf(view.base), list(view.strides), view.offset
     consts = {
-        "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
+        "C": c, "H": h, "W": w, "OH": oh, "OW": ow, "XOFF": x_offset,
         "XN": xs[0], "XC": xs[1], "XH": xs[2], "XW": xs[3],
         "ON": os_[0], "OC": os_[1], "OH_S": os_[2], "OW_S": os_[3],
         "BLOCK_P": block_p, "BLOCK_C": block_c,
@@ -153,7 +160,7 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         "x1 = x0 + (x0 < W - 1).to(x0.dtype)",
         "ly = tl.minimum(tl.maximum(sy - y0.to(tl.float32), 0.0), 1.0)[:, None]",
         "lx = tl.minimum(tl.maximum(sx - x0.to(tl.float32), 0.0), 1.0)[:, None]",
-        "base = x_ptr + n * XN + ch[None, :] * XC",
+        "base = x_ptr + XOFF + n * XN + ch[None, :] * XC",
         "v00 = tl.load(base + (y0 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
         "v01 = tl.load(base + (y0 * XH + x1 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
         "v10 = tl.load(base + (y1 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
@@ -182,7 +189,7 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         source=source_text,
         signature=signature,
         params=params,
-        args=(step.args[0], Buf(step.outputs[0]), *size_args),
+        args=(x_buf, Buf(step.outputs[0]), *size_args),
         outputs=(step.outputs[0],),
         grid=grid,
         num_warps=4,

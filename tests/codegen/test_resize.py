@@ -1,7 +1,7 @@
 """Bilinear resizes as kernels in library-free builds (``aot.codegen.resize``:
 ``F.interpolate(mode="bilinear")``, SegFormer's and MobileViT's heads): to another tensor's
 symbolic size, to a static size with the corners aligned, by scale factors, and into a
-channels-last input. The CPU path agrees with eager and every kernel with its ATen reference in
+channels-last input, from a permuted view of an MLP's rows (read in place). The CPU path agrees with eager and every kernel with its ATen reference in
 Triton's interpreter at three sizes: upsampling and downsampling, a one-pixel output, a
 one-pixel-wide input's neighbours."""
 
@@ -22,7 +22,10 @@ class M(nn.Module):
         c = F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
         d = F.interpolate(x.contiguous(memory_format=torch.channels_last), size=(5, 9), mode="bilinear")
         e = F.interpolate(y, size=x.shape[2:], mode="bilinear", align_corners=True)
-        return a + y, b, c, d, e
+        # SegFormer's head: an MLP's rows [B, H*W, C] permuted and viewed as a map, read in place
+        rows = x.flatten(2).transpose(1, 2) * 3
+        f = F.interpolate(rows.permute(0, 2, 1).reshape(x.shape), size=(4, 6), mode="bilinear")
+        return a + y, b, c, d, e, f
 
 batch = Dim("batch", 1, 3)
 spec = ModelSpec(
@@ -52,4 +55,4 @@ def test_bilinear_resizes_are_kernels(tmp_path):
     compiled, _ = library_free_checked(tmp_path, MODEL, inputs, sizes, interpret_at=3)
     program = compiled.program
     assert BILINEAR not in {s.target for s in program.steps}
-    assert sum(k.name == "bilinear2d" for k in program.kernels) == 5
+    assert sum(k.name == "bilinear2d" for k in program.kernels) == 6
