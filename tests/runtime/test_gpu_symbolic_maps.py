@@ -1,0 +1,75 @@
+"""On a GPU: the library-free kernels over symbolic maps of 2026-12-05 (CPU-checked there, in
+Triton's interpreter): 2-D convolutions and pools over a declared range of image sizes, bilinear
+resizes (one read in place through a permute and a view), pads by a symbolic amount of either
+sign, ``sign``. Each unit model of ``tests/codegen`` built ``--library-free`` for this GPU: the
+torch loader on CUDA equals eager (float32, 1e-4 of the output's scale; convolutions and resizes
+sum in another order) at an odd size, the smallest and the largest, and the runtime without torch
+equals the torch loader bit for bit (the same cubins)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.codegen.test_convolution import IMAGES as CONVOLUTIONS
+from tests.codegen.test_padding import OVER_TIME as PADS
+from tests.codegen.test_pooling import IMAGES as POOLS
+from tests.codegen.test_resize import MODEL as RESIZES
+from tests.codegen.test_sign import MODEL as SIGNS
+
+pytestmark = pytest.mark.gpu
+
+IMAGE_SIZES = [
+    {"batch": 2, "height": 13, "width": 27},
+    {"batch": 1, "height": 8, "width": 8},
+    {"batch": 3, "height": 40, "width": 40},
+]
+CASES = {
+    "convolutions": (CONVOLUTIONS, IMAGE_SIZES),
+    "pools": (POOLS, IMAGE_SIZES),
+    "resizes": (
+        RESIZES,
+        [
+            {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
+            {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
+            {"batch": 3, "h": 12, "w": 12, "h2": 20, "w2": 7},
+        ],
+    ),
+    "pads": (PADS, [{"batch": 2, "samples": 13}, {"batch": 1, "samples": 5}, {"batch": 3, "samples": 40}]),
+    "signs": (SIGNS, [{"batch": 2, "seq": 7}, {"batch": 1, "seq": 2}, {"batch": 3, "seq": 12}]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernels_over_symbolic_maps_equal_eager_on_the_gpu(name, tmp_path):
+    import torch
+
+    import aot.runtime
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+
+    text, sizes = CASES[name]
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    spec = load_model_file(path)
+    major, minor = torch.cuda.get_device_capability()
+    compiled = generate(trace(spec), (f"sm_{major}{minor}",), gemm_candidates=True, library_free=True)
+    pack(compiled, tmp_path / f"{name}.tpk")
+    module = spec.module().eval()
+    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
+    rt, ref = aot.runtime.load(tmp_path / f"{name}.tpk"), load(tmp_path / f"{name}.tpk", device="cuda")
+    for size in sizes:
+        inputs = {k: v.cuda() for k, v in ref.inputs_at(size).items()}
+        with torch.no_grad():
+            want = module(*[v.cpu() for v in inputs.values()])
+        got = ref(**inputs)
+        got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape, (name, size)
+            scale = max(1.0, float(w.float().abs().nan_to_num().max()))
+            torch.testing.assert_close(g.cpu().float(), w.float(), rtol=0, atol=1e-4 * scale, equal_nan=True)
+        mine = rt(**inputs)
+        mine = mine if isinstance(mine, (tuple, list)) else (mine,)
+        for m, g in zip(mine, got, strict=True):
+            assert torch.equal(torch.from_dlpack(m), g), (name, size)
