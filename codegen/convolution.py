@@ -29,7 +29,7 @@ from __future__ import annotations
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
+from aot.codegen.kernel_source import kernel_module, memory_strides, signature_of, size_arguments
 from aot.codegen.launch import MAX_GRID_YZ, cdiv_text, max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
@@ -172,10 +172,7 @@ def _input_strides(conv: Conv, step: Step, program: Program, specs) -> tuple[Buf
 def _strides(spec: TensorSpec, one_d: bool) -> list[sympy.Expr]:
     """Element strides of a 3-D or 4-D tensor in its memory order, as 4 (a 1-D one's height: 0);
     symbolic where the map's sizes are."""
-    order = list(spec.order) or list(range(len(spec.shape)))
-    out = [sympy.Integer(0)] * len(order)
-    for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
-        out[dim] = stride
+    out = memory_strides(spec)
     return [out[0], out[1], sympy.Integer(0), out[2]] if one_d else out
 
 

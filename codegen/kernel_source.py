@@ -30,7 +30,7 @@ from aot.codegen.launch import Launch
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Node, NotFusible
 from aot.errors import CodegenError
-from aot.schema import KernelParam, ParamKind, Step, Sym
+from aot.schema import KernelParam, ParamKind, Step, Sym, TensorSpec
 
 _REDUCE_FN = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
 
@@ -536,6 +536,16 @@ def module_head(doc: list[str], consts: dict[str, Any]) -> list[str]:
         "",
         "",
     ]
+
+
+def memory_strides(spec: TensorSpec) -> list[sympy.Expr]:
+    """Element strides of each dim of a tensor laid out in ``spec.order`` (row-major when empty):
+    size expressions where its sizes are symbolic."""
+    order = list(spec.order) or list(range(len(spec.shape)))
+    out = [sympy.Integer(0)] * len(order)
+    for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
+        out[dim] = sympy.expand(stride)
+    return out
 
 
 def size_arguments(

@@ -25,13 +25,13 @@ from __future__ import annotations
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
+from aot.codegen.kernel_source import kernel_module, memory_strides, signature_of, size_arguments
 from aot.codegen.launch import MAX_GRID_YZ, cdiv_text, max_value, min_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
 from aot.program import step_reads, tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, TensorSpec
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
 
 MAX_POOLS = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
 AVG_POOLS = ("aten.avg_pool2d.default",)
@@ -170,16 +170,6 @@ def map_tiles(
     return block_p, block_c, (ix.size_text(batch), cdiv_text(positions, block_p), str(grid_c)), index
 
 
-def map_strides(spec: TensorSpec) -> list[sympy.Expr]:
-    """Element strides of a 4-D tensor laid out in ``spec.order`` (row-major when empty), the
-    batch outermost: symbolic where the map is."""
-    order = list(spec.order) or list(range(len(spec.shape)))
-    out = [sympy.Integer(0)] * len(order)
-    for dim, stride in zip(order, ix.strides(tuple(ix.parse_size(spec.shape[d]) for d in order))):
-        out[dim] = sympy.expand(stride)
-    return out
-
-
 def pool_sites(program: Program, ranges: dict[str, tuple[int, int]] | None = None) -> list[Step]:
     """The pool steps the kernel can replace: a 4-D float input with static channels and a static
     map (or, with the dims' ``ranges``, a symbolic height or width whose windows fit its narrowest:
@@ -237,7 +227,7 @@ def render_pool(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     if tiles is None:
         return None
     block_p, block_c, grid, index = tiles
-    xs, os_ = map_strides(x), map_strides(o)
+    xs, os_ = memory_strides(x), memory_strides(o)
     kind = "avg" if step.target in AVG_POOLS else "max"
     name = f"{kind}_pool2d"
     layout = "NHWC" if x.order else "NCHW"

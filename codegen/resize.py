@@ -23,8 +23,8 @@ import sympy
 
 from aot.codegen import index as ix
 from aot.codegen.cache_writes import strided_view
-from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
-from aot.codegen.pooling import map_strides, map_tiles
+from aot.codegen.kernel_source import kernel_module, memory_strides, signature_of, size_arguments
+from aot.codegen.pooling import map_tiles
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
 from aot.dtypes import ITEMSIZE
@@ -114,7 +114,7 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
     if tiles is None:
         return None
     block_p, block_c, grid, index = tiles
-    xs, os_ = map_strides(x), map_strides(o)
+    xs, os_ = memory_strides(x), memory_strides(o)
     x_buf, x_offset = step.args[0], sympy.Integer(0)
     view = None if x.order else strided_view(x_buf.name, program)
     if view is not None and view.base != x_buf.name:  # read in place through its views
