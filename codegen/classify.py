@@ -21,6 +21,7 @@ The partitioner reads ``classify``; ``render`` calls ``lower`` for every step of
 from __future__ import annotations
 
 from aot.codegen import index as ix
+from aot.codegen.lower_gather import INDEX, adjacent_indices, lower_index
 from aot.codegen.lower_pointwise import POINTWISE
 from aot.codegen.lower_reduction import lower_reduction
 from aot.codegen.lower_views import FOLDED_VIEWS, lower_generator, lower_view
@@ -99,6 +100,8 @@ def classify(step: Step, buffers: dict[str, TensorSpec]) -> str:
         return "generator"
     if name in POINTWISE:
         return "pointwise"
+    if name == INDEX and adjacent_indices(step) is not None:  # x[:, i, j]: a gather node
+        return "pointwise"
     if name in REDUCTION_OPS:
         return "reduction"
     return "library"
@@ -113,7 +116,7 @@ def lower(b: Builder, step: Step) -> None:
         elif kind == "generator":
             lower_generator(b, step)
         elif kind == "pointwise":
-            POINTWISE[step.target](b, step)
+            (lower_index if step.target == INDEX else POINTWISE[step.target])(b, step)
         elif kind == "reduction":
             lower_reduction(b, step)
         else:

@@ -158,6 +158,56 @@ def triton_size(e: Size) -> str:
     raise InexpressibleIndex(f"cannot render size {e} ({type(e).__name__}) in a kernel")
 
 
+class _FloatSource:
+    """The algebra of ``aot.symexpr.fold`` for a float computed from sizes (``aot.schema.SymFloat``,
+    an interpolation's scale ``4 / (h // 7)``) as kernel source: integer parts stay sympy sizes
+    (rendered by ``triton_size``), a part holding a float constant or a true division becomes
+    float64 source, so the kernel computes the value as the loaders do in Python (float64, each
+    operation rounded once)."""
+
+    def const(self, value: int | float) -> Size | str:
+        return sympy.Integer(value) if isinstance(value, int) else repr(float(value))
+
+    def name(self, name: str) -> Size:
+        return symbol(name)
+
+    @staticmethod
+    def _f64(v: Size | str) -> str:
+        if isinstance(v, str):
+            return v
+        return repr(float(int(v))) if v.is_Integer else f"({triton_size(v)}).to(tl.float64)"
+
+    def binary(self, op: str, a: Size | str, b: Size | str) -> Size | str:
+        if op != "/" and not isinstance(a, str) and not isinstance(b, str):
+            return _Sizes.BINARY[op](a, b)
+        if op in ("//", "%"):
+            raise InexpressibleIndex(f"{op} of a float computed from sizes")
+        return f"({self._f64(a)} {op} {self._f64(b)})"
+
+    def neg(self, a: Size | str) -> Size | str:
+        return f"(-{a})" if isinstance(a, str) else -a
+
+    def call(self, fn: str, args: list[Size | str]) -> Size:
+        if any(isinstance(a, str) for a in args):
+            raise InexpressibleIndex(f"{fn} of a float computed from sizes")
+        return _Sizes().call(fn, args)
+
+    def _not_a_float(self, *args) -> Size:
+        raise InexpressibleIndex("a float computed from sizes holds a comparison or boolean")
+
+    compare = not_ = boolean = _not_a_float
+
+
+def triton_float(text: str) -> str:
+    """A float computed from sizes (``aot.schema.SymFloat``'s text) → float64 Triton source over the
+    kernel's size parameters; ``InexpressibleIndex`` outside the grammar."""
+    try:
+        value = fold(parse(text), _FloatSource(), floats=True)
+    except BundleError as e:
+        raise InexpressibleIndex(f"float expression {text!r} is outside the float grammar: {e}") from None
+    return _FloatSource._f64(value)
+
+
 @functools.lru_cache(maxsize=65536)
 def divides(b: Size, a: Size) -> bool:
     """Whether ``b`` divides ``a`` for every value of the symbols (as polynomials)."""

@@ -122,6 +122,8 @@ class SourceWriter:
             val = self._reduced(node, lin)
         elif node.kind == "cat":
             val = self._cat(node, lin)
+        elif node.kind == "gather":
+            val = self._gather(node, lin)
         else:
             raise NotFusible(f"unknown node kind {node.kind}")
         (self.cache_body if val.in_loop else self.cache_outer)[key] = val
@@ -182,6 +184,36 @@ class SourceWriter:
         for i in range(last - 1, -1, -1):
             expr = f"tl.where({where} < {ix.triton_size(node.cat_ends[i])}, {values[i]}, {expr})"
         return self.emit(expr, node.ty, in_loop)
+
+    def _gather(self, node: Node, lin: Lin) -> Val:
+        """The input read at the index values: each value (a negative one counted from the end,
+        as ATen does) becomes a fragment of the input's index, so its views map it to memory as
+        they map the kernel's own index. A value still outside its dim reads nothing and gives
+        NaN (-1 for integers), as the library-free gathers do (``codegen/gathers.py``)."""
+        x, indices = node.inputs[0], node.inputs[1:]
+        per = ix.unflatten(lin, node.shape)
+        d, shape = node.gather_dim, node.gather_shape
+        at = ix.flatten(per[d : d + len(shape)], shape)
+        coords, valid = list(per[:d]), []
+        for j, inp in enumerate(indices):
+            v = self.value(inp, ix.broadcast_in(at, shape, inp.shape))
+            if v.in_loop:
+                raise NotFusible("a gather's index computed inside a reduction's loop")
+            size = x.shape[d + j]
+            n = ix.triton_size(size)
+            k = self.emit(f"tl.where({v.name} < 0, {v.name} + {n}, {v.name})", v.ty, False)
+            valid.append(f"({k.name} >= 0) & ({k.name} < {n})")
+            coords.append(ix.make_lin([(ix.ONE, Frag(k.name, size))]))
+        coords += per[d + len(shape) :]
+        ok = self.emit(" & ".join(valid), "i1", False)
+        saved = self.conds
+        self.conds = self.conds + (ok.name,)
+        try:
+            val = self.value(x, ix.flatten(coords, x.shape))
+        finally:
+            self.conds = saved
+        missing = 'float("nan")' if node.ty in ("fp32", "fp64") else "-1"
+        return self.emit(f"tl.where({ok.name}, {self.cast(val, node.ty)}, {missing})", node.ty, val.in_loop)
 
     def _op(self, node: Node, lin: Lin) -> Val:
         uses_idx = "$idx" in node.fmt

@@ -18,14 +18,14 @@ from aot.codegen.step_args import arg, is_tensor, literal, norm_dim, operand
 from aot.codegen.triton_types import COMPUTE, STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Builder, Node, Unsupported, pointwise_node, same_index
 from aot.dtypes import FLOATS
-from aot.schema import SpecialFloat, Step
+from aot.schema import SpecialFloat, Step, SymFloat
 
 
 def _common_type(operands: list[tuple[Node | None, str]], scalars: list[Any]) -> str:
     tys = [n.dtype for n, _ in operands if n is not None]
     if any(t == "float64" for t in tys):
         return "fp64"
-    if any(t in FLOATS for t in tys) or any(isinstance(s, (float, SpecialFloat)) for s in scalars):
+    if any(t in FLOATS for t in tys) or any(isinstance(s, (float, SpecialFloat, SymFloat)) for s in scalars):
         return "fp32"
     if any(t == "int64" for t in tys) or not tys:
         return "i64"

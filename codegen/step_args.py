@@ -12,7 +12,8 @@ from typing import Any
 
 from aot.codegen import index as ix
 from aot.codegen.valuegraph import Builder, Node, Unsupported
-from aot.schema import Buf, SpecialFloat, Step, Sym
+from aot.schema import Buf, SpecialFloat, Step, Sym, SymFloat
+from aot.symexpr import compile_expr
 
 
 def is_tensor(arg: Any) -> bool:
@@ -43,6 +44,13 @@ def literal(value: Any, ty: str) -> str:
             return literal(int(size), ty)
         text = ix.triton_size(size)
         return f"({text})" if ty.startswith("i") else f"({text}).to(tl.float32)" if ty == "fp32" else text
+    if isinstance(value, SymFloat):  # a scale computed from sizes, per call (ATen: float64, then ty)
+        if compile_expr(value.text, floats=True).is_constant:
+            return literal(compile_expr(value.text, floats=True)({}), ty)
+        if ty not in ("fp32", "fp64"):
+            raise Unsupported(f"float {value.text} computed from sizes in {ty} arithmetic")
+        text = ix.triton_float(value.text)
+        return f"({text}).to(tl.float32)" if ty == "fp32" else text
     if isinstance(value, bool):
         value = int(value)
     if not isinstance(value, (int, float)):

@@ -42,7 +42,10 @@ class Node:
     the node's own flat index;
     ``remap``: the input at ``remap(index)`` (``order``: a permutation back, below); ``reduce``: ``reduce`` ("sum", "max", "min") of the
     input over its last ``width`` elements per row; ``cat``: the inputs laid end to end along
-    dim ``cat_dim`` (input i ends at ``cat_ends[i]``), each read only where it is the one chosen.
+    dim ``cat_dim`` (input i ends at ``cat_ends[i]``), each read only where it is the one chosen;
+    ``gather``: advanced indexing (``x[:, i, j]``): input 0 read where its dims ``gather_dim`` on
+    hold the values of the index inputs after it, broadcast to ``gather_shape`` (the dims that
+    replace them in this node's shape).
     """
 
     kind: str
@@ -62,6 +65,8 @@ class Node:
     # input in that order (``render_kernel``): a softmax over another dim than the last keeps its
     # rows the kernel's.
     order: tuple[int, ...] = ()
+    gather_dim: int = 0
+    gather_shape: tuple[Size, ...] = ()
 
     @property
     def ty(self) -> str:

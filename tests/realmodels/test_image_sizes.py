@@ -259,6 +259,16 @@ LIBRARY_FREE = {
         "_timm_any_size('mobilenetv3_small_050')",
         ({"batch": 1, "height": 32, "width": 32}, {"batch": 2, "height": 45, "width": 61}),
     ),
+    "dinov2": (  # its position embeddings resized bicubically to the patch grid (a gather kernel)
+        "transformers",
+        "CASES['dinov2'][0]()",
+        (
+            {"batch": 1, "height": 14, "width": 14},
+            {"batch": 2, "height": 30, "width": 33},
+            {"batch": 1, "height": 28, "width": 28},
+            {"batch": 3, "height": 56, "width": 56},
+        ),
+    ),
 }
 
 

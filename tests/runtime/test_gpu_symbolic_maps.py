@@ -1,7 +1,9 @@
 """On a GPU: the library-free kernels over symbolic maps of 2026-12-05 (CPU-checked there, in
 Triton's interpreter): 2-D convolutions and pools over a declared range of image sizes, bilinear
 resizes (one read in place through a permute and a view), pads by a symbolic amount of either
-sign, ``sign``. Each unit model of ``tests/codegen`` built ``--library-free`` for this GPU: the
+sign, ``sign``; and (2026-12-06) index reads by two or more index tensors inside kernels, with
+floats of the sizes as kernel values (bicubic resizes as ``torch.export`` decomposes them, a
+caller's ``x[:, :, i, j]``). Each unit model of ``tests/codegen`` built ``--library-free`` for this GPU: the
 torch loader on CUDA equals eager (float32, 1e-4 of the output's scale; convolutions and resizes
 sum in another order) at an odd size, the smallest and the largest, and the runtime without torch
 equals the torch loader bit for bit (the same cubins)."""
@@ -11,6 +13,8 @@ from __future__ import annotations
 import pytest
 
 from tests.codegen.test_convolution import IMAGES as CONVOLUTIONS
+from tests.codegen.test_gather_index import MODEL as GATHERS
+from tests.codegen.test_gather_index import index_inputs
 from tests.codegen.test_padding import OVER_TIME as PADS
 from tests.codegen.test_pooling import IMAGES as POOLS
 from tests.codegen.test_resize import MODEL as RESIZES
@@ -36,7 +40,16 @@ CASES = {
     ),
     "pads": (PADS, [{"batch": 2, "samples": 13}, {"batch": 1, "samples": 5}, {"batch": 3, "samples": 40}]),
     "signs": (SIGNS, [{"batch": 2, "seq": 7}, {"batch": 1, "seq": 2}, {"batch": 3, "seq": 12}]),
+    "gathers": (
+        GATHERS,
+        [
+            {"batch": 2, "h": 5, "w": 11, "k": 3, "l": 5},
+            {"batch": 1, "h": 2, "w": 2, "k": 1, "l": 1},
+            {"batch": 3, "h": 12, "w": 7, "k": 4, "l": 2},
+        ],
+    ),
 }
+MAKE_INPUTS = {"gathers": index_inputs}  # indices inside their dims (eager raises outside)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -60,7 +73,11 @@ def test_kernels_over_symbolic_maps_equal_eager_on_the_gpu(name, tmp_path):
     module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
     rt, ref = aot.runtime.load(tmp_path / f"{name}.tpk"), load(tmp_path / f"{name}.tpk", device="cuda")
     for size in sizes:
-        inputs = {k: v.cuda() for k, v in ref.inputs_at(size).items()}
+        if name in MAKE_INPUTS:
+            made = MAKE_INPUTS[name](size, torch.Generator().manual_seed(0))
+            inputs = {i.name: v.cuda() for i, v in zip(spec.inputs, made, strict=True)}
+        else:
+            inputs = {k: v.cuda() for k, v in ref.inputs_at(size).items()}
         with torch.no_grad():
             want = module(*[v.cpu() for v in inputs.values()])
         got = ref(**inputs)
