@@ -54,6 +54,28 @@ def to_float_text(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     )
 
 
+def _scaled_size(e: sympy.Basic) -> tuple[tuple[int, int], sympy.Basic] | None:
+    """((p, q), x) where ``e`` rounds a positive float constant c = p / q times a size x to an
+    integer (``TruncToInt(1.5 * ToFloat(h))``: ``F.interpolate``'s output size by a scale
+    factor), else None. Every float is p / 2**k; with p below 2**20 the float product is exact for
+    every size below 2**33, so its floor is ``(p * x) // q`` (truncation is floor: sizes are
+    non-negative)."""
+    if not isinstance(e, (tfn.TruncToInt, tfn.FloorToInt, tfn.CeilToInt)) or not isinstance(
+        e.args[0], sympy.Mul
+    ):
+        return None
+    factors = sympy.Mul.make_args(e.args[0])
+    floats = [f for f in factors if isinstance(f, sympy.Float)]
+    sizes = [f for f in factors if isinstance(f, tfn.ToFloat)]
+    if len(floats) != 1 or len(sizes) != 1 or len(factors) != 2:
+        return None
+    c = float(floats[0])
+    if not 0 < c < float(1 << 20):
+        return None
+    p, q = c.as_integer_ratio()
+    return ((p, q), sizes[0].args[0]) if p < (1 << 20) else None
+
+
 def _paren(expr: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
     text = _render(expr, names)
     if isinstance(expr, (sympy.Symbol, sympy.Integer)) and not text.startswith("-"):
@@ -119,6 +141,11 @@ def _render(e: sympy.Basic, names: Mapping[sympy.Symbol, str]) -> str:
         if isinstance(e, tfn.CeilToInt):
             return f"-((-{a})//{b})"
         return f"{a}//{b}"  # sizes are non-negative: truncation is floor division
+    scaled = _scaled_size(e)
+    if scaled is not None:  # floor(1.5 * h): an interpolation's size by a fractional scale factor
+        (p, q), x = scaled
+        a = f"{p}*{_paren(x, names)}" if p != 1 else _paren(x, names)
+        return f"-((-{a})//{q})" if isinstance(e, tfn.CeilToInt) else f"({a})//{q}"
     if isinstance(e, (sympy.Max, sympy.Min, tfn.Max, tfn.Min)):
         fn = "max" if isinstance(e, (sympy.Max, tfn.Max)) else "min"
         args = sorted(e.args, key=sympy.default_sort_key)

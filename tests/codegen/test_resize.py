@@ -56,3 +56,50 @@ def test_bilinear_resizes_are_kernels(tmp_path):
     program = compiled.program
     assert BILINEAR not in {s.target for s in program.steps}
     assert sum(k.name == "bilinear2d" for k in program.kernels) == 6
+
+
+NEAREST = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def forward(self, x, y):  # x: [B, 4, H, W], y: [B, 4, H2, W2]
+        a = F.interpolate(x, size=y.shape[2:], mode="nearest")  # up or down by the sizes
+        b = F.interpolate(x, scale_factor=2.0, mode="nearest")  # a U-Net's, a feature pyramid's
+        c = F.interpolate(y * 2, scale_factor=(1.5, 0.5), mode="nearest")
+        d = F.interpolate(x.contiguous(memory_format=torch.channels_last), size=(5, 9), mode="nearest")
+        rows = x.flatten(2).transpose(1, 2) * 3  # a view of an MLP's rows, read in place
+        e = F.interpolate(rows.permute(0, 2, 1).reshape(x.shape), size=(3, 7), mode="nearest")
+        return a + y, b, c, d, e
+
+batch = Dim("batch", 1, 3)
+spec = ModelSpec(
+    module=M,
+    inputs=[
+        Input("x", (batch, 4, Dim("h", 1, 12), Dim("w", 3, 12))),
+        Input("y", (batch, 4, Dim("h2", 1, 20), Dim("w2", 1, 20))),
+    ],
+)
+"""
+
+
+def test_nearest_resizes_are_kernels(tmp_path):
+    from aot.codegen.resize import NEAREST as TARGET
+    from tests.codegen.conftest import library_free_checked
+
+    sizes = [
+        {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
+        {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
+        {"batch": 3, "h": 12, "w": 12, "h2": 7, "w2": 17},
+    ]
+
+    def inputs(s, g):
+        x = torch.randn(s["batch"], 4, s["h"], s["w"], generator=g)
+        return x, torch.randn(s["batch"], 4, s["h2"], s["w2"], generator=g)
+
+    compiled, _ = library_free_checked(tmp_path, NEAREST, inputs, sizes, interpret_at=3)
+    program = compiled.program
+    assert TARGET not in {s.target for s in program.steps}
+    assert sum(k.name == "nearest2d" for k in program.kernels) == 5

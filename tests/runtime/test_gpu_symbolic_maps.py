@@ -3,7 +3,7 @@ Triton's interpreter): 2-D convolutions and pools over a declared range of image
 resizes (one read in place through a permute and a view), pads by a symbolic amount of either
 sign, ``sign``; and (2026-12-06) index reads by two or more index tensors inside kernels, with
 floats of the sizes as kernel values (bicubic resizes as ``torch.export`` decomposes them, a
-caller's ``x[:, :, i, j]``). Each unit model of ``tests/codegen`` built ``--library-free`` for this GPU: the
+caller's ``x[:, :, i, j]``), and nearest resizes. Each unit model of ``tests/codegen`` built ``--library-free`` for this GPU: the
 torch loader on CUDA equals eager (float32, 1e-4 of the output's scale; convolutions and resizes
 sum in another order) at an odd size, the smallest and the largest, and the runtime without torch
 equals the torch loader bit for bit (the same cubins)."""
@@ -18,6 +18,7 @@ from tests.codegen.test_gather_index import index_inputs
 from tests.codegen.test_padding import OVER_TIME as PADS
 from tests.codegen.test_pooling import IMAGES as POOLS
 from tests.codegen.test_resize import MODEL as RESIZES
+from tests.codegen.test_resize import NEAREST
 from tests.codegen.test_sign import MODEL as SIGNS
 
 pytestmark = pytest.mark.gpu
@@ -36,6 +37,14 @@ CASES = {
             {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
             {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
             {"batch": 3, "h": 12, "w": 12, "h2": 20, "w2": 7},
+        ],
+    ),
+    "nearest": (
+        NEAREST,
+        [
+            {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
+            {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
+            {"batch": 3, "h": 12, "w": 12, "h2": 7, "w2": 17},
         ],
     ),
     "pads": (PADS, [{"batch": 2, "samples": 13}, {"batch": 1, "samples": 5}, {"batch": 3, "samples": 40}]),
