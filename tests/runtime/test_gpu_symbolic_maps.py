@@ -1,12 +1,13 @@
 """On a GPU: the library-free kernels over symbolic maps of 2026-12-05 (CPU-checked there, in
 Triton's interpreter): 2-D convolutions and pools over a declared range of image sizes, bilinear
 resizes (one read in place through a permute and a view), pads by a symbolic amount of either
-sign, ``sign``; and (2026-12-06) index reads by two or more index tensors inside kernels, with
-floats of the sizes as kernel values (bicubic resizes as ``torch.export`` decomposes them, a
-caller's ``x[:, :, i, j]``), and nearest resizes. Each unit model of ``tests/codegen`` built ``--library-free`` for this GPU: the
-torch loader on CUDA equals eager (float32, 1e-4 of the output's scale; convolutions and resizes
-sum in another order) at an odd size, the smallest and the largest, and the runtime without torch
-equals the torch loader bit for bit (the same cubins)."""
+sign, ``sign``; and those of 2026-12-06: index reads by two or more index tensors inside
+kernels, with floats of the sizes as kernel values (bicubic resizes as ``torch.export``
+decomposes them, a caller's ``x[:, :, i, j]``), and nearest resizes. Each unit model of
+``tests/codegen`` built ``--library-free`` for this GPU: the torch loader on CUDA equals eager
+(float32, 1e-4 of the output's scale; convolutions and resizes sum in another order) at an odd
+size, the smallest and the largest, and the runtime without torch equals the torch loader bit
+for bit (the same cubins)."""
 
 from __future__ import annotations
 
