@@ -527,16 +527,20 @@ def _with_kernels(program, graph, groups, standalone, by_id, results, failed, ar
         kept, steps = [], program.steps
     alone = {out: site for out, site in standalone.items() if site[0] not in failed}
 
+    used: list[str] = []  # standalone kernels whose step the fusion left (a nearest resize it
+    # read inside a kernel needs none)
+
     def on_its_own(s):  # the ATen step a standalone kernel replaces, as that kernel's step
         site = alone.get(s.outputs[0]) if s.kind == StepKind.ATEN and s.outputs else None
         if site is None or s.target != site[2].target:
             return s
         k, r, source = site
+        used.append(k)
         return standalone_step(s, r, k, source)
 
     steps = tuple(map(on_its_own, steps))
     kernels, cubins = [], {}
-    for k in dict.fromkeys([*(i for _, i in kept), *(k for k, _, _ in alone.values())]):
+    for k in dict.fromkeys([*(i for _, i in kept), *used]):
         kernels.append(kernel_record(k, by_id[k], results, archs))
         for a in archs:
             cubins[(k, a)] = results[(k, a)].cubin

@@ -519,7 +519,8 @@ def _lower_upsample_nearest(b: Builder, step: Step) -> None:
     for i, d in enumerate((2, 3)):
         n_in, n_out = x.shape[d], shape[d]
         if not (n_in.is_Integer and n_out.is_Integer) or int(n_in) == 0 or int(n_out) % int(n_in):
-            raise Unsupported("upsample_nearest2d to a size that is not a whole multiple")
+            _nearest_rows(b, step, x, shape, scales)  # any other size: the rows it reads, computed
+            return
         k = int(n_out) // int(n_in)
         if scales is not None and (type(scales[i]) not in (int, float) or float(scales[i]) != k):
             raise Unsupported(f"upsample_nearest2d by {scales[i]!r} to {n_out} rows of {n_in}")
@@ -535,6 +536,41 @@ def _lower_upsample_nearest(b: Builder, step: Step) -> None:
         return ix.flatten(per, in_shape)
 
     b.set(name, Node("remap", shape, dtype, (x,), remap=remap))
+
+
+def _nearest_rows(b: Builder, step: Step, x: Node, shape: tuple, scales) -> None:
+    """``upsample_nearest2d`` to any size (symbolic, fewer rows, a fractional factor: DETR's
+    masks, U-Nets at declared image sizes): a ``gather`` of ``x`` at the row and column each
+    output position reads, ``min(floor(dst * scale), size - 1)`` with the product in float32 and
+    ``scale`` the input's size over the output's (float32 division) or one over a given factor,
+    as ATen's kernels compute it."""
+    import numpy as np
+
+    if x.dtype == "float64":
+        raise Unsupported("upsample_nearest2d of float64 to a size that is not a whole multiple")
+    if scales is not None and not (
+        isinstance(scales, (list, tuple))
+        and len(scales) == 2
+        and all(type(f) in (int, float) and f > 0 for f in scales)
+    ):
+        raise Unsupported(f"upsample_nearest2d by {str(scales)[:40]}")
+    indices = []
+    for i, d in enumerate((2, 3)):
+        n_in, n_out = x.shape[d], shape[d]
+        if scales is not None:
+            scale = repr(float(np.float32(1.0 / float(scales[i]))))
+        elif n_in.is_Integer and n_out.is_Integer:
+            scale = repr(float(np.float32(int(n_in)) / np.float32(max(int(n_out), 1))))
+        else:
+            f32 = lambda n: repr(float(int(n))) if n.is_Integer else f"({ix.triton_size(n)}).to(tl.float32)"  # noqa: E731
+            scale = f"tl.math.div_rn({f32(n_in)}, {f32(n_out)})"
+        last = ix.triton_size(ix.canon(n_in - 1))
+        fmt = f"tl.minimum((($idx).to(tl.float32) * {scale}).to(tl.int64), {last})"
+        indices.append(Node("op", (n_out, ix.ONE) if d == 2 else (n_out,), "int64", (), fmt))
+    gather_shape = (shape[2], shape[3])
+    b.set(
+        b.out(step)[0], Node("gather", shape, x.dtype, (x, *indices), gather_dim=2, gather_shape=gather_shape)
+    )
 
 
 def _lower_repeat(b: Builder, step: Step) -> None:

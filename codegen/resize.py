@@ -1,7 +1,5 @@
-"""Bilinear and nearest resizes without ATen kernels (``F.interpolate(mode="bilinear")``:
-SegFormer's and MobileViT's decoder heads, DPT's and UperNet's feature pyramids;
-``mode="nearest"``: U-Nets' and feature pyramids' upsampling, RT-DETR's and MaskFormer's), for
-library-free programs.
+"""Bilinear resizes without ATen kernels (``F.interpolate(mode="bilinear")``: SegFormer's and
+MobileViT's decoder heads, DPT's and UperNet's feature pyramids), for library-free programs.
 
 ``aten.upsample_bilinear2d.vec`` (an output size, or scale factors) becomes one Triton kernel:
 each program takes one image, a block of output positions and a block of channels, and blends the
@@ -16,12 +14,8 @@ its views, ``cache_writes.strided_view``); channels must
 be static, the batch and the map may be symbolic (their sizes and strides arguments, the scale
 then computed in the kernel from them, divided correctly rounded as ATen's float division is).
 The antialiased form (``antialias=True``) stays ATen's; the bicubic one is no ATen op in a
-program (``torch.export`` decomposes it into index arithmetic, ``codegen/lower_gather.py``).
-
-``aten.upsample_nearest2d.vec`` (the legacy ``"nearest"``, not ``"nearest-exact"``, which export
-decomposes) reads, for each output position, the input pixel at ``min(floor(dst * scale),
-size - 1)``, the product in float32 with ``scale`` the input's size over the output's (float32
-division) or one over a given scale factor, as ATen's kernels compute it.
+program (``torch.export`` decomposes it into index arithmetic, ``codegen/lower_gather.py``), and a
+nearest one is read inside the kernel that uses it (``lower_pointwise._lower_upsample_nearest``).
 """
 
 from __future__ import annotations
@@ -40,18 +34,14 @@ from aot.program import tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
 
 BILINEAR = "aten.upsample_bilinear2d.vec"
-NEAREST = "aten.upsample_nearest2d.vec"
 HEURISTIC = "bilinear-v1"
 
 
 def _arguments(step: Step) -> tuple[bool, list[float] | None] | None:
-    """(align_corners, the scale factors or None) of a resize step (a nearest one's corners never
-    aligned); None where they are not plain values."""
-    nearest = step.target == NEAREST
-    names = ("output_size", "scale_factors") if nearest else ("output_size", "align_corners", "scale_factors")
+    """(align_corners, the scale factors or None) of a resize step; None where they are not
+    plain values."""
+    names = ("output_size", "align_corners", "scale_factors")
     given = dict(zip(names, step.args[1:])) | dict(step.kwargs)
-    if nearest:
-        given["align_corners"] = False
     if step.kwargs.keys() - set(names) or type(given.get("align_corners")) is not bool:
         return None
     factors = given.get("scale_factors")
@@ -65,17 +55,12 @@ def _arguments(step: Step) -> tuple[bool, list[float] | None] | None:
 
 
 def resize_sites(program: Program) -> list[Step]:
-    """The bilinear and nearest resizes the kernels can replace: a 4-D float input with static channels, an
+    """The bilinear resizes the kernel can replace: a 4-D float input with static channels, an
     output of the same dtype and channels, plain arguments."""
     specs = tensor_specs(program)
     out = []
     for s in program.steps:
-        if (
-            s.kind != StepKind.ATEN
-            or s.target not in (BILINEAR, NEAREST)
-            or not s.args
-            or not isinstance(s.args[0], Buf)
-        ):
+        if s.kind != StepKind.ATEN or s.target != BILINEAR or not s.args or not isinstance(s.args[0], Buf):
             continue
         if not s.outputs or s.outputs[0] is None or _arguments(s) is None:
             continue
@@ -159,7 +144,7 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
             "sx = tl.maximum(scale_w * (ox.to(tl.float32) + 0.5) - 0.5, 0.0)",
         ]
     store = TL_TYPE[STORAGE[x.dtype]]
-    head = [
+    body = [
         f"n = tl.program_id(0){wide}",
         f"p = tl.program_id(1){wide} * BLOCK_P + tl.arange(0, BLOCK_P)",
         f"ch = tl.program_id(2){wide} * BLOCK_C + tl.arange(0, BLOCK_C)",
@@ -170,62 +155,39 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         "ox = p % OW",
         f"scale_h = {_scale(h, oh, 'H', align, fy)}",
         f"scale_w = {_scale(w, ow, 'W', align, fx)}",
+        *source,
+        f"y0 = sy.to({TL_TYPE[index]})",  # the source point is at least 0: its floor
+        f"x0 = sx.to({TL_TYPE[index]})",
+        "y1 = y0 + (y0 < H - 1).to(y0.dtype)",
+        "x1 = x0 + (x0 < W - 1).to(x0.dtype)",
+        "ly = tl.minimum(tl.maximum(sy - y0.to(tl.float32), 0.0), 1.0)[:, None]",
+        "lx = tl.minimum(tl.maximum(sx - x0.to(tl.float32), 0.0), 1.0)[:, None]",
+        "base = x_ptr + XOFF + n * XN + ch[None, :] * XC",
+        "v00 = tl.load(base + (y0 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "v01 = tl.load(base + (y0 * XH + x1 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "v10 = tl.load(base + (y1 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "v11 = tl.load(base + (y1 * XH + x1 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
+        "top = (1.0 - lx) * v00 + lx * v01",
+        "bottom = (1.0 - lx) * v10 + lx * v11",
+        "tl.store(",
+        "    out_ptr + n * ON + (oy * OH_S + ox * OW_S)[:, None] + ch[None, :] * OC,",
+        f"    ((1.0 - ly) * top + ly * bottom).to({store}),",
+        "    mask=ok,",
+        ")",
     ]
-    out_at = "    out_ptr + n * ON + (oy * OH_S + ox * OW_S)[:, None] + ch[None, :] * OC,"
-    if step.target == NEAREST:  # the pixel at floor(dst * scale), the last one's where that passes it
-        name, what = "nearest2d", "Nearest resize"
-        blend = "The pixel at min(floor(dst * scale), size - 1) of each output position, as ATen's."
-        body = [
-            *head,
-            f"y0 = tl.minimum((oy.to(tl.float32) * scale_h).to({TL_TYPE[index]}), H - 1)",
-            f"x0 = tl.minimum((ox.to(tl.float32) * scale_w).to({TL_TYPE[index]}), W - 1)",
-            "v = tl.load(x_ptr + XOFF + n * XN + ch[None, :] * XC + (y0 * XH + x0 * XW)[:, None], mask=ok)",
-            f"tl.store({out_at.strip()} v, mask=ok)",
-        ]
-    else:
-        name, what = "bilinear2d", "Bilinear resize"
-        blend = "The four pixels around each source point blended in float32 and rounded once, as ATen's."
-        body = [
-            *head,
-            *source,
-            f"y0 = sy.to({TL_TYPE[index]})",  # the source point is at least 0: its floor
-            f"x0 = sx.to({TL_TYPE[index]})",
-            "y1 = y0 + (y0 < H - 1).to(y0.dtype)",
-            "x1 = x0 + (x0 < W - 1).to(x0.dtype)",
-            "ly = tl.minimum(tl.maximum(sy - y0.to(tl.float32), 0.0), 1.0)[:, None]",
-            "lx = tl.minimum(tl.maximum(sx - x0.to(tl.float32), 0.0), 1.0)[:, None]",
-            "base = x_ptr + XOFF + n * XN + ch[None, :] * XC",
-            "v00 = tl.load(base + (y0 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
-            "v01 = tl.load(base + (y0 * XH + x1 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
-            "v10 = tl.load(base + (y1 * XH + x0 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
-            "v11 = tl.load(base + (y1 * XH + x1 * XW)[:, None], mask=ok, other=0.0).to(tl.float32)",
-            "top = (1.0 - lx) * v00 + lx * v01",
-            "bottom = (1.0 - lx) * v10 + lx * v11",
-            "tl.store(",
-            out_at,
-            f"    ((1.0 - ly) * top + ly * bottom).to({store}),",
-            "    mask=ok,",
-            ")",
-        ]
-    how = (
-        "floor(dst * scale)"
-        if step.target == NEAREST
-        else "the corners aligned"
-        if align
-        else "half-pixel centers"
-    )
+    how = "the corners aligned" if align else "half-pixel centers"
     scaled = f", scale factors {factors}" if factors is not None else ""
     doc = [
-        f"{what} ({how}{scaled}): [{', '.join(x.shape)}] {x.dtype} "
+        f"Bilinear resize ({how}{scaled}): [{', '.join(x.shape)}] {x.dtype} "
         f"({'NHWC' if x.order else 'NCHW'}) -> [{', '.join(o.shape)}] ({'NHWC' if o.order else 'NCHW'}).",
         "",
-        blend,
+        "The four pixels around each source point blended in float32 and rounded once, as ATen's.",
         f"grid: ({', '.join(grid)},)",
     ]
-    source_text = kernel_module(doc, consts, name, signature, body)
+    source_text = kernel_module(doc, consts, "bilinear2d", signature, body)
     traffic = batch * (c * h * w + c * positions) * ITEMSIZE[x.dtype]
     return Rendered(
-        name=name,
+        name="bilinear2d",
         source=source_text,
         signature=signature,
         params=params,

@@ -6,9 +6,10 @@ A row-major ``[outer..., L, inner...]`` tensor is ``outer * inner`` runs of ``L`
 elements a step (``tl.cumsum`` over a ``[BLOCK_L, BLOCK_R]`` tile, the inner runs side by side so
 their loads coalesce), each step's sums carried into the next: one step where ``L`` fits
 ``MAX_RUN``. Sums in fp32 for floats and bools (as ATen accumulates half types), int64 for
-integers. The dims after the scanned one are static; the scanned dim (a padded batch's positions
-along the sequence: RoBERTa's ``cumsum(mask, dim=1)``) and those before it may be symbolic.
-Anything else stays ATen's.
+integers. Every dim may be symbolic: the scanned one (a padded batch's positions along the
+sequence: RoBERTa's ``cumsum(mask, dim=1)``), those before it, and those after it (DETR's sine
+position encoding sums its mask along the rows of an image of a declared range of sizes); their
+sizes are then call-time arguments. Anything else stays ATen's.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from __future__ import annotations
 import sympy
 
 from aot.codegen import index as ix
-from aot.codegen.kernel_source import kernel_module, signature_of
-from aot.codegen.launch import MAX_GRID_YZ, max_value
+from aot.codegen.kernel_source import kernel_module, signature_of, size_arguments
+from aot.codegen.launch import MAX_GRID_YZ, cdiv_text, max_value
 from aot.codegen.render import Rendered
 from aot.codegen.step_args import norm_dim
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.codegen.valuegraph import Unsupported
 from aot.dtypes import ITEMSIZE
 from aot.program import tensor_specs
-from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind, Sym
+from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
 
 CUMSUM = "aten.cumsum.default"
 MAX_RUN = 2048  # a run's elements a step, in registers at once
@@ -43,7 +44,7 @@ def _dim(step: Step, rank: int) -> int | None:
 
 def scan_sites(program: Program) -> list[Step]:
     """The cumsum steps the kernel can replace (module docstring): a row-major input and output
-    of a dtype it sums, the dims after the scanned one static."""
+    of a dtype it sums."""
     specs = tensor_specs(program)
     out = []
     for s in program.steps:
@@ -57,7 +58,7 @@ def scan_sites(program: Program) -> list[Step]:
         if x.dtype not in SCANNED or o.dtype not in SCANNED or o.dtype == "bool":
             continue
         dim = _dim(s, len(x.shape))
-        if dim is None or not all(d.isdigit() for d in x.shape[dim + 1 :]):
+        if dim is None:
             continue
         if x.shape and x.shape[dim] == "0":
             continue
@@ -72,34 +73,32 @@ def render_scan(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
     dim = _dim(step, len(x.shape))
     run = ix.parse_size(x.shape[dim]) if x.shape else sympy.Integer(1)
     longest = max_value(run, ranges)
-    inner = 1
-    for d in x.shape[dim + 1 :]:
-        inner *= int(d)
+    inner = ix.numel(tuple(ix.parse_size(d) for d in x.shape[dim + 1 :]))
     outer = ix.numel(tuple(ix.parse_size(d) for d in x.shape[:dim]))
+    most_inner = max_value(inner, ranges)
     block_l = max(2, min(MAX_RUN, 1 << max(0, (longest - 1).bit_length())))
-    block_r = max(2, min(TILE // block_l, 1 << max(0, (inner - 1).bit_length())))
-    inner_blocks = -(-inner // block_r)
-    if inner_blocks > MAX_GRID_YZ:
+    block_r = max(2, min(TILE // block_l, 1 << max(0, (most_inner - 1).bit_length())))
+    if -(-most_inner // block_r) > MAX_GRID_YZ:
         return None
-    index = "i64" if max_value(outer, ranges) * longest * inner >= 2**31 - 1 else "i32"
+    index = "i64" if max_value(outer, ranges) * longest * most_inner >= 2**31 - 1 else "i32"
     floats = o.dtype in ("float16", "bfloat16", "float32")
     acc = "tl.float32" if floats else "tl.int64"
     name = "cumsum"
-    static = run.is_Integer
+    consts, size_params, size_args = size_arguments({"L": run, "INNER": inner}, index)
     params = (
         KernelParam("x_ptr", ParamKind.PTR, x.dtype),
         KernelParam("out_ptr", ParamKind.PTR, o.dtype),
-        *(() if static else (KernelParam("L", ParamKind(index), ""),)),
+        *size_params,
     )
     signature = signature_of(params, index)
-    grid = (ix.size_text(outer), str(inner_blocks))
+    grid = (ix.size_text(outer), cdiv_text(inner, block_r))
     doc = [
         f"Cumulative sum over dim {dim} of [{', '.join(x.shape)}] {x.dtype} -> {o.dtype}: "
-        f"runs of {ix.size_text(run)} elements {inner} apart, {block_r} runs a program, {block_l} "
-        f"elements a step, summed in {acc[3:]}.",
+        f"runs of {ix.size_text(run)} elements {ix.size_text(inner)} apart, {block_r} runs a program, "
+        f"{block_l} elements a step, summed in {acc[3:]}.",
         f"grid: ({', '.join(grid)},)",
     ]
-    consts = {**({"L": int(run)} if static else {}), "INNER": inner, "BLOCK_L": block_l, "BLOCK_R": block_r}
+    consts = {**consts, "BLOCK_L": block_l, "BLOCK_R": block_r}
     wide = ".to(tl.int64)" if index == "i64" else ""
     body = [
         f"n = tl.program_id(0){wide}",
@@ -121,7 +120,7 @@ def render_scan(step: Step, program: Program, ranges: dict[str, tuple[int, int]]
         source=source,
         signature=signature,
         params=params,
-        args=(step.args[0], Buf(step.outputs[0]), *(() if static else (Sym(x.shape[dim]),))),
+        args=(step.args[0], Buf(step.outputs[0]), *size_args),
         outputs=(step.outputs[0],),
         grid=grid,
         num_warps=4,

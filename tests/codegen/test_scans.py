@@ -132,3 +132,58 @@ def test_a_cumsum_along_a_symbolic_sequence_steps_through_it(tmp_path):
             c for c in checks if c.kernel in scanned and "int64" in kernels[c.kernel].source.split("\n")[0]
         ]
         assert exact and all(c.max_abs_error == 0.0 for c in exact), (size, exact)
+
+
+DETR = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def forward(self, x, f):  # x: [B, 3, H, W] pixels, f: [B, 4, H2, W2] features
+        mask = x[:, 0] > -1.0
+        # DETR: the pixel mask resized (nearest) to the features' map, then its sine position
+        # encoding's sums along rows and columns, every dim symbolic
+        small = F.interpolate(mask[None].float(), size=f.shape[-2:]).to(torch.bool)[0]
+        rows = small.cumsum(1, dtype=torch.float32)
+        cols = small.cumsum(2, dtype=torch.float32)
+        half = F.interpolate(f * 2, scale_factor=0.5, mode="nearest")  # a computed map, halved
+        return rows / (rows[:, -1:, :] + 1e-6), cols, half
+
+batch = Dim("batch", 1, 3)
+spec = ModelSpec(
+    module=M,
+    inputs=[
+        Input("x", (batch, 3, Dim("h", 4, 24), Dim("w", 4, 24))),
+        Input("f", (batch, 4, Dim("h2", 2, 12), Dim("w2", 2, 12))),
+    ],
+)
+"""
+
+
+def test_sums_over_a_symbolic_map_and_nearest_resizes_read_in_kernels(tmp_path):
+    """DETR's position encoding at declared image sizes: the dims after a scanned one symbolic
+    (their sizes call-time arguments), and nearest resizes to sizes that are no whole multiple
+    (the mask to the features' map, a computed map by 0.5) read inside the kernels that use them
+    (``lower_pointwise._nearest_rows``)."""
+    from aot.codegen.scans import CUMSUM
+    from tests.codegen.conftest import library_free_checked
+
+    sizes = [
+        {"batch": 2, "h": 13, "w": 7, "h2": 5, "w2": 9},
+        {"batch": 1, "h": 4, "w": 24, "h2": 12, "w2": 2},
+        {"batch": 3, "h": 24, "w": 11, "h2": 3, "w2": 3},
+    ]
+
+    def inputs(s, g):
+        x = torch.randn(s["batch"], 3, s["h"], s["w"], generator=g)
+        return x, torch.randn(s["batch"], 4, s["h2"], s["w2"], generator=g)
+
+    compiled, _ = library_free_checked(tmp_path, DETR, inputs, sizes, interpret_at=3)
+    kernels = {k.id: k for k in compiled.program.kernels}
+    steps = [s for s in compiled.program.steps if s.kind == StepKind.KERNEL]
+    assert sum(kernels[s.target].name == "cumsum" for s in steps) == 2
+    fused = [k for k in kernels.values() if "aten.upsample_nearest2d.vec" in k.ops]
+    assert len(fused) == 2, [k.name for k in kernels.values()]  # each read in the kernel using it
+    assert CUMSUM not in {s.target for s in compiled.program.steps if s.kind == StepKind.ATEN}

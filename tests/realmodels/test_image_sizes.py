@@ -246,6 +246,43 @@ def _timm_any_size(name: str) -> ModelSpec:
     )
 
 
+def _detr() -> ModelSpec:
+    """DETR with a small ResNet of transformers' own as its backbone, at declared image sizes."""
+
+    def make():
+        transformers = _transformers()
+        backbone = transformers.ResNetConfig(
+            embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], out_features=["stage4"]
+        )
+        config = transformers.DetrConfig(
+            use_timm_backbone=False,
+            use_pretrained_backbone=False,
+            backbone_config=backbone,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            num_queries=5,
+            num_labels=3,
+        )
+        return transformers.DetrForObjectDetection(config)
+
+    size = dict(multiple_of=32)
+    return ModelSpec(
+        module=make,
+        inputs=[
+            Input(
+                "pixel_values",
+                (Dim("batch", 1, 2), 3, Dim("height", 64, 128, **size), Dim("width", 64, 128, **size)),
+            )
+        ],
+        name="detr",
+    )
+
+
 # library-free at declared image sizes: the convolutions' and pools' maps symbolic (2026-12-05)
 LIBRARY_FREE = {
     "swin": ("transformers", "CASES['swin'][0]()", CASES["swin"][1]),
@@ -258,6 +295,11 @@ LIBRARY_FREE = {
         "timm",
         "_timm_any_size('mobilenetv3_small_050')",
         ({"batch": 1, "height": 32, "width": 32}, {"batch": 2, "height": 45, "width": 61}),
+    ),
+    "detr": (  # its pixel mask resized (nearest) to the features' map, sums of it along the map
+        "transformers",
+        "_detr()",
+        ({"batch": 1, "height": 64, "width": 64}, {"batch": 2, "height": 96, "width": 128}),
     ),
     "dinov2": (  # its position embeddings resized bicubically to the patch grid (a gather kernel)
         "transformers",
@@ -292,7 +334,7 @@ def test_library_free_builds_at_declared_image_sizes(tmp_path, name):
     model = tmp_path / f"{name.replace('-', '_')}.py"
     model.write_text(
         f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-        "from tests.realmodels.test_image_sizes import CASES, _timm_any_size\n"
+        "from tests.realmodels.test_image_sizes import CASES, _detr, _timm_any_size\n"
         f"spec = {made}\n"
     )
     spec = load_model_file(model)
