@@ -174,6 +174,9 @@ for item in "$@"; do
     # gpu-k: the GPU tests of tests/gpu whose ids match GPU_K (pytest's -k), e.g. "gemma2 or copy",
     # a line per test as it ends (a run cut off by its step's limit still names what passed)
     # zoo-k: the GPU tests of tests/runtime whose ids match ZOO_K (pytest's -k), e.g. "nf_resnet26"
+    # prebuilt: the library-free bundles of real models built on the build box (.bundles/lf-*.tpk,
+    # bench/gpu_test_bundles.py --image-sizes ...) against their CPU path, and the runtime against the torch loader
+    prebuilt) cmd=(python3 -m pytest -m gpu -v -rs -rf tests/runtime/test_gpu_prebuilt.py) ;;
     zoo-k) cmd=(python3 -m pytest -m gpu -v -rs -rf tests/runtime -k "${ZOO_K:?set ZOO_K}") ;;
     gpu-k) cmd=(python3 -m pytest -m gpu -v -rs -rf tests/gpu -k "${GPU_K:?set GPU_K}") ;;
     # the torch loader's CUDA-graph calls against eager (inputs and outputs copied by the driver),
