@@ -362,7 +362,12 @@ def _rewrite_for_kernels(
     ``eager``: where given, capped eager attention of one query becomes an SDPA step only the
     decode attention kernel computes, its own steps kept there (``restore_eager_attention``)."""
     from aot.codegen.activation_folding import fold_activations
-    from aot.codegen.attention import eager_attention_as_sdpa, fold_gqa_repeats, simplify_attention_masks
+    from aot.codegen.attention import (
+        eager_attention_as_sdpa,
+        fold_gqa_repeats,
+        merge_batch_dims,
+        simplify_attention_masks,
+    )
     from aot.codegen.embeddings import positions_as_slices
     from aot.codegen.gemm_pairs import tile_stats
     from aot.codegen.gemm_prologue import factored_one_row
@@ -421,6 +426,7 @@ def _rewrite_for_kernels(
     ranges = _ranges(traced)
     if options.decode_attention and not options.library_free:  # eager attention at one query: SDPA
         program, _ = eager_attention_as_sdpa(program, log=say, originals=eager)
+    program, _ = merge_batch_dims(program, log=say)
     program, _ = simplify_attention_masks(program, traced.weights, ranges, log=say)
     program, _ = fold_gqa_repeats(program, log=say, any_length=options.library_free)
     program, folded = fold_activations(program)

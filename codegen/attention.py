@@ -757,3 +757,73 @@ def _softcap(name: str, back: Callable[[str, Any], Step | None]) -> tuple[str, f
     if not math.isclose(by, c, rel_tol=1e-6):
         return None
     return over.args[0].name, float(c)
+
+
+def merge_batch_dims(program: Program, log: Callable[[str], None] | None = None) -> tuple[Program, int]:
+    """Attention over more than one batch dim (Twins' windows: ``[B, windows, heads, L, D]``)
+    as attention over one: ``q``, ``k`` and ``v`` viewed ``[B * windows, heads, L, D]``, the output
+    viewed back, so every attention kernel (which takes 4-D operands) can take it. Only where each
+    operand's leading dims merge as a view does (each one's stride the next one's size times its
+    stride: a copy would be needed otherwise) and no mask is given."""
+    from aot.codegen import index as ix
+    from aot.codegen.cache_writes import strided_view
+    from aot.errors import counted
+
+    buffers = dict(program.buffers)
+    specs = tensor_specs(program)
+    steps: list[Step] = []
+    merged = 0
+    for step in program.steps:
+        call = sdpa_call(step) if step.kind == StepKind.ATEN and step.target == SDPA else None
+        out = step.outputs[0] if step.outputs else None
+        operands = [call.query, call.key, call.value] if call is not None else []
+        shapes = [specs[a.name].shape if isinstance(a, Buf) and a.name in specs else None for a in operands]
+        if (
+            call is None
+            or call.mask is not None
+            or out not in buffers
+            or any(s is None or len(s) < 5 or len(s) != len(shapes[0]) for s in shapes)
+            or shapes[0][:-3] != shapes[1][:-3]
+            or shapes[0][:-3] != shapes[2][:-3]
+        ):
+            steps.append(step)
+            continue
+        lead = len(shapes[0]) - 3
+        views = [strided_view(a.name, program) for a in operands]
+        if not all(
+            v is not None
+            and all(ix.same(v.strides[i], v.shape[i + 1] * v.strides[i + 1]) for i in range(lead - 1))
+            for v in views
+        ):
+            steps.append(step)
+            continue
+        rows = ix.size_text(ix.numel(tuple(ix.parse_size(d) for d in shapes[0][:lead])))
+        new = []
+        for a, shape in zip(operands, shapes):
+            flat = f"{a.name}__batch"
+            buffers[flat] = TensorSpec(dtype=specs[a.name].dtype, shape=(rows, *shape[lead:]))
+            size = [_size_arg(s) for s in buffers[flat].shape]
+            new.append(
+                Step(kind=step.kind, target="aten.view.default", args=(a, size), kwargs={}, outputs=(flat,))
+            )
+        o_spec = buffers[out]
+        flat_out = f"{out}__batch"
+        buffers[flat_out] = TensorSpec(dtype=o_spec.dtype, shape=(rows, *o_spec.shape[lead:]))
+        args = (*(Buf(s.outputs[0]) for s in new), *step.args[3:])
+        steps += [
+            *new,
+            replace(step, args=args, outputs=(flat_out, *step.outputs[1:])),
+            Step(
+                kind=step.kind,
+                target="aten.view.default",
+                args=(Buf(flat_out), [_size_arg(s) for s in o_spec.shape]),
+                kwargs={},
+                outputs=(out,),
+            ),
+        ]
+        merged += 1
+    if merged and log:
+        log(
+            f"  {counted(merged, 'attention call')} over several batch dims run over one (their views merged)"
+        )
+    return (replace(program, steps=tuple(steps), buffers=buffers), merged) if merged else (program, 0)
