@@ -194,26 +194,33 @@ class SourceWriter:
         per = ix.unflatten(lin, node.shape)
         d, shape = node.gather_dim, node.gather_shape
         at = ix.flatten(per[d : d + len(shape)], shape)
-        coords, valid = list(per[:d]), []
+        coords, valid = list(per[:d]), {True: [], False: []}  # by whether the index varies by lane
         for j, inp in enumerate(indices):
-            v = self.value(inp, ix.broadcast_in(at, shape, inp.shape))
+            where = ix.broadcast_in(at, shape, inp.shape)
+            v = self.value(inp, where)
             if v.in_loop:
                 raise NotFusible("a gather's index computed inside a reduction's loop")
             size = x.shape[d + j]
             n = ix.triton_size(size)
             k = self.emit(f"tl.where({v.name} < 0, {v.name} + {n}, {v.name})", v.ty, False)
-            valid.append(f"({k.name} >= 0) & ({k.name} < {n})")
+            ok = f"({k.name} >= 0) & ({k.name} < {n})"
+            if not where.atoms:  # one index for every lane: kept inside its dim, no lane mask
+                k = self.emit(f"tl.where({ok}, {k.name}, 0)", v.ty, False)
+            valid[bool(where.atoms)].append(ok)
             coords.append(ix.make_lin([(ix.ONE, Frag(k.name, size))]))
         coords += per[d + len(shape) :]
-        ok = self.emit(" & ".join(valid), "i1", False)
+        lanes = self.emit(" & ".join(valid[True]), "i1", False) if valid[True] else None
         saved = self.conds
-        self.conds = self.conds + (ok.name,)
+        self.conds = self.conds + ((lanes.name,) if lanes else ())
         try:
             val = self.value(x, ix.flatten(coords, x.shape))
         finally:
             self.conds = saved
         missing = 'float("nan")' if node.ty in ("fp32", "fp64") else "-1"
-        return self.emit(f"tl.where({ok.name}, {self.cast(val, node.ty)}, {missing})", node.ty, val.in_loop)
+        out = self.cast(val, node.ty)
+        for ok in ([lanes.name] if lanes else []) + valid[False]:
+            out = self.emit(f"tl.where({ok}, {out}, {missing})", node.ty, val.in_loop).name
+        return Val(out, node.ty, val.in_loop)
 
     def _op(self, node: Node, lin: Lin) -> Val:
         uses_idx = "$idx" in node.fmt
