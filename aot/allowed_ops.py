@@ -202,6 +202,10 @@ CORE_OPS = frozenset(
 EMITTED_OPS = frozenset(
     {
         "aten._addmm_activation.default",
+        # antialiased resizes (timm's position embeddings resampled to the image's patch grid,
+        # DINOv2 with registers): what their .vec forms decompose to; sizes validated by ATen
+        "aten._upsample_bicubic2d_aa.default",
+        "aten._upsample_bilinear2d_aa.default",
         "aten._unsafe_view.default",
         "aten.arange.default",
         "aten.arange.start",

@@ -567,6 +567,8 @@ CONTRACTS: dict[str, Contract] = {
     "aten.unbind.int": _DIM,
     "aten.unsqueeze.default": Contract(validated="the dim within rank + 1 (ATen)"),
     "aten.upsample_bilinear2d.vec": Contract((sizes("output_size"),), "scale factors (ATen)"),
+    "aten._upsample_bicubic2d_aa.default": Contract((sizes("output_size"),), "scale factors (ATen)"),
+    "aten._upsample_bilinear2d_aa.default": Contract((sizes("output_size"),), "scale factors (ATen)"),
     "aten.upsample_nearest2d.vec": Contract((sizes("output_size"),), "scale factors (ATen)"),
     "aten.var.correction": _DIM_LIST,
     "aten.var.dim": _DIM_LIST,

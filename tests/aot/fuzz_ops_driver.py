@@ -116,6 +116,8 @@ SAMPLES: dict[str, tuple[list, dict]] = {
     "aten.squeeze.dims": ([_t(2, 1, 3), [1]], {}),
     "aten.topk.default": ([X, 2, 1], {}),
     "aten.upsample_bilinear2d.vec": ([IMG, [8, 8], False, None], {}),
+    "aten._upsample_bicubic2d_aa.default": ([IMG, [8, 8], False], {}),
+    "aten._upsample_bilinear2d_aa.default": ([IMG, [3, 3], True], {}),
     "aten.upsample_nearest2d.vec": ([IMG, [8, 8], None], {}),
     "aten.where.self": ([X > 0.5, X, X], {}),
     "aten.masked_fill.Tensor": ([X, X > 0.5, torch.tensor(2.0)], {}),

@@ -355,3 +355,37 @@ def test_library_free_builds_at_declared_image_sizes(tmp_path, name):
             f"{c.name} {c.output}: {c.max_abs_error:.3g} ({c.worst_ratio:.2f}x)" for c in checks if not c.ok
         ]
         assert not bad, f"{name} at {size}: " + "; ".join(bad)
+
+
+def _timm_vit() -> ModelSpec:
+    """timm's ViT with ``dynamic_img_size``: its position embeddings resampled to the patch grid
+    with an antialiased bicubic resize (``aten._upsample_bicubic2d_aa``)."""
+    from tests.realmodels.zoo import timm_model
+
+    size = dict(multiple_of=16)
+    return ModelSpec(
+        module=lambda: timm_model(
+            "vit_tiny_patch16_224", 64, img_size=64, dynamic_img_size=True, num_classes=10
+        ),
+        inputs=[
+            Input("x", (Dim("batch", 1, 3), 3, Dim("height", 32, 96, **size), Dim("width", 32, 96, **size)))
+        ],
+        name="timm-vit-dynamic",
+    )
+
+
+def test_timm_vit_resamples_its_position_embeddings_at_declared_sizes(zoo_build):
+    require("timm")
+    from aot.tracer import example_inputs
+
+    b = zoo_build("image-sizes-timm-vit", _timm_vit).ok()
+    for s in (
+        {"batch": 1, "height": 32, "width": 32},
+        {"batch": 2, "height": 48, "width": 96},
+        {"batch": 3, "height": 96, "width": 96},
+    ):
+        inputs = example_inputs(b.spec, s, seed=sum(s.values()))
+        assert (why := difference(b.runner(**inputs), eager(b.spec, b.module, inputs))) is None, (
+            f"at {s}: {why}"
+        )
+    assert "aten._upsample_bicubic2d_aa.default" in {s.target for s in b.runner.program.steps}
