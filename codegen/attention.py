@@ -305,6 +305,14 @@ def _size_arg(text: str):
     return int(text) if text.isdigit() else Sym(text)
 
 
+def _view(src: str, shape: tuple[str, ...], out: str) -> Step:
+    """``out = src.view(shape)`` as a program step (sizes as the program writes them)."""
+    size = [_size_arg(s) for s in shape]
+    return Step(
+        kind=StepKind.ATEN, target="aten.view.default", args=(Buf(src), size), kwargs={}, outputs=(out,)
+    )
+
+
 def fold_gqa_repeats(
     program: Program, log: Callable[[str], None] | None = None, any_length: bool = False
 ) -> tuple[Program, int]:
@@ -405,13 +413,7 @@ def _fold_one(program: Program, step: Step, producer: dict[str, int], buffers: d
     return [
         Step(kind=step.kind, target="aten.view.default", args=(q, grouped), kwargs={}, outputs=(rows,)),
         replace(step, args=tuple(args), outputs=(folded,)),
-        Step(
-            kind=step.kind,
-            target="aten.view.default",
-            args=(Buf(folded), [_size_arg(s) for s in out_spec.shape]),
-            kwargs={},
-            outputs=(out,),
-        ),
+        _view(folded, out_spec.shape, out),
     ]
 
 
@@ -802,10 +804,7 @@ def merge_batch_dims(program: Program, log: Callable[[str], None] | None = None)
         for a, shape in zip(operands, shapes):
             flat = f"{a.name}__batch"
             buffers[flat] = TensorSpec(dtype=specs[a.name].dtype, shape=(rows, *shape[lead:]))
-            size = [_size_arg(s) for s in buffers[flat].shape]
-            new.append(
-                Step(kind=step.kind, target="aten.view.default", args=(a, size), kwargs={}, outputs=(flat,))
-            )
+            new.append(_view(a.name, buffers[flat].shape, flat))
         o_spec = buffers[out]
         flat_out = f"{out}__batch"
         buffers[flat_out] = TensorSpec(dtype=o_spec.dtype, shape=(rows, *o_spec.shape[lead:]))
@@ -813,13 +812,7 @@ def merge_batch_dims(program: Program, log: Callable[[str], None] | None = None)
         steps += [
             *new,
             replace(step, args=args, outputs=(flat_out, *step.outputs[1:])),
-            Step(
-                kind=step.kind,
-                target="aten.view.default",
-                args=(Buf(flat_out), [_size_arg(s) for s in o_spec.shape]),
-                kwargs={},
-                outputs=(out,),
-            ),
+            _view(flat_out, o_spec.shape, out),
         ]
         merged += 1
     if merged and log:

@@ -38,21 +38,24 @@ spec = ModelSpec(
 """
 
 
+SIZES = [
+    {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
+    {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
+    {"batch": 3, "h": 12, "w": 12, "h2": 20, "w2": 7},
+]
+
+
+def maps(s: dict, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two maps ``MODEL`` and ``NEAREST`` take, at sizes ``s``."""
+    x = torch.randn(s["batch"], 4, s["h"], s["w"], generator=g)
+    return x, torch.randn(s["batch"], 4, s["h2"], s["w2"], generator=g)
+
+
 def test_bilinear_resizes_are_kernels(tmp_path):
     from aot.codegen.resize import BILINEAR
     from tests.codegen.conftest import library_free_checked
 
-    sizes = [
-        {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
-        {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
-        {"batch": 3, "h": 12, "w": 12, "h2": 20, "w2": 7},
-    ]
-
-    def inputs(s, g):
-        x = torch.randn(s["batch"], 4, s["h"], s["w"], generator=g)
-        return x, torch.randn(s["batch"], 4, s["h2"], s["w2"], generator=g)
-
-    compiled, _ = library_free_checked(tmp_path, MODEL, inputs, sizes, interpret_at=3)
+    compiled, _ = library_free_checked(tmp_path, MODEL, maps, SIZES, interpret_at=3)
     program = compiled.program
     assert BILINEAR not in {s.target for s in program.steps}
     assert sum(k.name == "bilinear2d" for k in program.kernels) == 6
@@ -92,18 +95,8 @@ def test_nearest_resizes_are_read_inside_kernels(tmp_path):
     from tests.codegen.conftest import library_free_checked
 
     target = "aten.upsample_nearest2d.vec"
-
-    sizes = [
-        {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
-        {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
-        {"batch": 3, "h": 12, "w": 12, "h2": 7, "w2": 17},
-    ]
-
-    def inputs(s, g):
-        x = torch.randn(s["batch"], 4, s["h"], s["w"], generator=g)
-        return x, torch.randn(s["batch"], 4, s["h2"], s["w2"], generator=g)
-
-    compiled, _ = library_free_checked(tmp_path, NEAREST, inputs, sizes, interpret_at=3)
+    sizes = [*SIZES[:2], {"batch": 3, "h": 12, "w": 12, "h2": 7, "w2": 17}]  # fewer rows too
+    compiled, _ = library_free_checked(tmp_path, NEAREST, maps, sizes, interpret_at=3)
     program = compiled.program
     assert target not in {s.target for s in program.steps}
     assert sum(k.ops.count(target) for k in program.kernels) == 5, [k.name for k in program.kernels]

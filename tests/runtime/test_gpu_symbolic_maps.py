@@ -25,6 +25,7 @@ from tests.codegen.test_padding import OVER_TIME as PADS
 from tests.codegen.test_pooling import IMAGES as POOLS
 from tests.codegen.test_resize import MODEL as RESIZES
 from tests.codegen.test_resize import NEAREST
+from tests.codegen.test_resize import SIZES as RESIZE_SIZES
 from tests.codegen.test_sign import MODEL as SIGNS
 
 pytestmark = pytest.mark.gpu
@@ -37,22 +38,8 @@ IMAGE_SIZES = [
 CASES = {
     "convolutions": (CONVOLUTIONS, IMAGE_SIZES),
     "pools": (POOLS, IMAGE_SIZES),
-    "resizes": (
-        RESIZES,
-        [
-            {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
-            {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
-            {"batch": 3, "h": 12, "w": 12, "h2": 20, "w2": 7},
-        ],
-    ),
-    "nearest": (
-        NEAREST,
-        [
-            {"batch": 2, "h": 5, "w": 11, "h2": 13, "w2": 3},
-            {"batch": 1, "h": 1, "w": 3, "h2": 1, "w2": 20},
-            {"batch": 3, "h": 12, "w": 12, "h2": 7, "w2": 17},
-        ],
-    ),
+    "resizes": (RESIZES, RESIZE_SIZES),
+    "nearest": (NEAREST, RESIZE_SIZES),
     "pads": (PADS, [{"batch": 2, "samples": 13}, {"batch": 1, "samples": 5}, {"batch": 3, "samples": 40}]),
     "signs": (SIGNS, [{"batch": 2, "seq": 7}, {"batch": 1, "seq": 2}, {"batch": 3, "seq": 12}]),
     "gathers": (
