@@ -13,8 +13,9 @@ is a view of another buffer, SegFormer's head's permute of its MLP's rows, read 
 its views, ``cache_writes.strided_view``); channels must
 be static, the batch and the map may be symbolic (their sizes and strides arguments, the scale
 then computed in the kernel from them, divided correctly rounded as ATen's float division is).
-The antialiased form (``antialias=True``) stays ATen's; the bicubic one is no ATen op in a
-program (``torch.export`` decomposes it into index arithmetic, ``codegen/lower_gather.py``), and a
+The antialiased forms (``antialias=True``: ``_upsample_bicubic2d_aa``, ``_upsample_bilinear2d_aa``;
+timm's position embeddings resampled to the patch grid) are kernels too, to a size with the
+corners not aligned; the plain bicubic one is no ATen op in a program (``torch.export`` decomposes it into index arithmetic, ``codegen/lower_gather.py``), and a
 nearest one is read inside the kernel that uses it (``lower_pointwise._lower_upsample_nearest``).
 """
 
@@ -34,12 +35,24 @@ from aot.program import tensor_specs
 from aot.schema import Buf, KernelParam, ParamKind, Program, Step, StepKind
 
 BILINEAR = "aten.upsample_bilinear2d.vec"
+# antialiased resizes (timm's position embeddings resampled to the patch grid): the taps of a
+# filter of a = -0.5 (bicubic) or a triangle (bilinear), as wide as the scale where it shrinks
+AA = {"aten._upsample_bicubic2d_aa.default": 2.0, "aten._upsample_bilinear2d_aa.default": 1.0}  # support
 HEURISTIC = "bilinear-v1"
 
 
 def _arguments(step: Step) -> tuple[bool, list[float] | None] | None:
     """(align_corners, the scale factors or None) of a resize step; None where they are not
-    plain values."""
+    plain values (an antialiased one: its corners not aligned, no scales given)."""
+    if step.target in AA:
+        names = ("output_size", "align_corners", "scales_h", "scales_w")
+        given = dict(zip(names, step.args[1:])) | dict(step.kwargs)
+        plain = (
+            given.get("align_corners") is False
+            and given.get("scales_h") is None
+            and given.get("scales_w") is None
+        )
+        return (False, None) if plain and not step.kwargs.keys() - set(names) else None
     names = ("output_size", "align_corners", "scale_factors")
     given = dict(zip(names, step.args[1:])) | dict(step.kwargs)
     if step.kwargs.keys() - set(names) or type(given.get("align_corners")) is not bool:
@@ -60,7 +73,12 @@ def resize_sites(program: Program) -> list[Step]:
     specs = tensor_specs(program)
     out = []
     for s in program.steps:
-        if s.kind != StepKind.ATEN or s.target != BILINEAR or not s.args or not isinstance(s.args[0], Buf):
+        if (
+            s.kind != StepKind.ATEN
+            or s.target not in (BILINEAR, *AA)
+            or not s.args
+            or not isinstance(s.args[0], Buf)
+        ):
             continue
         if not s.outputs or s.outputs[0] is None or _arguments(s) is None:
             continue
@@ -99,6 +117,84 @@ def _scale(n_in: sympy.Expr, n_out: sympy.Expr, name: str, align: bool, factor: 
         return _f32(np.float32(int(n_in)) / np.float32(int(n_out)))
     f = lambda n, text: _f32(int(n)) if n.is_Integer else f"{text}.to(tl.float32)"  # noqa: E731
     return f"tl.math.div_rn({f(n_in, name)}, {f(n_out, 'O' + name)})"
+
+
+def _aa_taps(target: str, n_in: sympy.Expr, n_out: sympy.Expr, axis: str, ranges) -> dict[str, int]:
+    """The most input pixels one output pixel of an antialiased resize reads along an axis: its
+    filter's support, times the scale where it shrinks, at the declared sizes' largest scale."""
+    from aot.codegen.launch import max_value, min_value
+
+    scale = max(1.0, max_value(n_in, ranges) / max(1, min_value(n_out, ranges)))
+    return {f"TAPS_{axis}": int(np.ceil(AA[target] * scale)) * 2 + 1}
+
+
+def _weight(target: str, var: str, distance: str, taken: str) -> list[str]:
+    """Source setting ``var`` to the filter of an antialiased resize at ``distance`` (0 where
+    ``taken`` is false): PIL's bicubic (a = -0.5) or a triangle."""
+    t = f"{var}_t"
+    if AA[target] == 2.0:
+        value = (
+            f"tl.where({t} < 1.0, (1.5 * {t} - 2.5) * {t} * {t} + 1.0, "
+            f"tl.where({t} < 2.0, ((-0.5 * {t} + 2.5) * {t} - 4.0) * {t} + 2.0, 0.0))"
+        )
+    else:
+        value = f"tl.maximum(1.0 - {t}, 0.0)"
+    return [f"{t} = tl.abs({distance})", f"{var} = tl.where({taken}, {value}, 0.0)"]
+
+
+def _aa_body(target: str, store: str) -> list[str]:
+    """An antialiased resize's blend as ATen computes it (``_compute_weights_aa``, in float32):
+    along each axis the taps from ``int(center - support + 0.5)`` (at least 0) to ``int(center +
+    support + 0.5)`` (at most the size), each weighed by the filter at its distance from the
+    center (in output pixels where the resize shrinks), the weights normalized by their sum."""
+    support = AA[target]
+    lines = []
+    for axis, o, n, sc in (("y", "oy", "H", "scale_h"), ("x", "ox", "W", "scale_w")):
+        lines += [
+            f"sup_{axis} = tl.where({sc} >= 1.0, {support} * {sc}, {support})",
+            f"inv_{axis} = tl.where({sc} >= 1.0, 1.0 / {sc}, 1.0)",
+            f"c_{axis} = {sc} * ({o}.to(tl.float32) + 0.5)",
+            f"lo_{axis} = tl.maximum((c_{axis} - sup_{axis} + 0.5).to(tl.int32), 0)",
+            f"hi_{axis} = tl.minimum((c_{axis} + sup_{axis} + 0.5).to(tl.int32), {n})",
+            f"tot_{axis} = tl.zeros_like(c_{axis})",
+            f"for t in range(0, TAPS_{axis.upper()}):",
+            *(
+                "    " + line
+                for line in _weight(
+                    target,
+                    "w",
+                    f"(t + lo_{axis} - c_{axis} + 0.5) * inv_{axis}",
+                    f"lo_{axis} + t < hi_{axis}",
+                )
+            ),
+            f"    tot_{axis} += w",
+            f"tot_{axis} = tl.where(tot_{axis} != 0.0, tot_{axis}, 1.0)",
+        ]
+    return [
+        *lines,
+        "base = x_ptr + XOFF + n * XN + ch[None, :] * XC",
+        "acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)",
+        "for ty in range(0, TAPS_Y):",
+        "    yy = lo_y + ty",
+        *("    " + line for line in _weight(target, "wy", "(ty + lo_y - c_y + 0.5) * inv_y", "yy < hi_y")),
+        "    row = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)",
+        "    for tx in range(0, TAPS_X):",
+        "        xx = lo_x + tx",
+        *(
+            "        " + line
+            for line in _weight(target, "wx", "(tx + lo_x - c_x + 0.5) * inv_x", "xx < hi_x")
+        ),
+        "        take = ok & ((yy < hi_y) & (xx < hi_x))[:, None]",
+        "        at = (tl.minimum(yy, H - 1) * XH + tl.minimum(xx, W - 1) * XW)[:, None]",
+        "        v = tl.load(base + at, mask=take, other=0.0)",
+        "        row += (wx / tot_x)[:, None] * v.to(tl.float32)",
+        "    acc += (wy / tot_y)[:, None] * row",
+        "tl.store(",
+        "    out_ptr + n * ON + (oy * OH_S + ox * OW_S)[:, None] + ch[None, :] * OC,",
+        f"    acc.to({store}),",
+        "    mask=ok,",
+        ")",
+    ]
 
 
 def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int]]) -> Rendered | None:
@@ -144,7 +240,7 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
             "sx = tl.maximum(scale_w * (ox.to(tl.float32) + 0.5) - 0.5, 0.0)",
         ]
     store = TL_TYPE[STORAGE[x.dtype]]
-    body = [
+    head = [
         f"n = tl.program_id(0){wide}",
         f"p = tl.program_id(1){wide} * BLOCK_P + tl.arange(0, BLOCK_P)",
         f"ch = tl.program_id(2){wide} * BLOCK_C + tl.arange(0, BLOCK_C)",
@@ -155,6 +251,9 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         "ox = p % OW",
         f"scale_h = {_scale(h, oh, 'H', align, fy)}",
         f"scale_w = {_scale(w, ow, 'W', align, fx)}",
+    ]
+    body = [
+        *head,
         *source,
         f"y0 = sy.to({TL_TYPE[index]})",  # the source point is at least 0: its floor
         f"x0 = sx.to({TL_TYPE[index]})",
@@ -175,19 +274,28 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         "    mask=ok,",
         ")",
     ]
+    name, what = "bilinear2d", "Bilinear resize"
+    if step.target in AA:
+        name, what = (
+            ("bicubic2d_aa", "Antialiased bicubic resize")
+            if AA[step.target] == 2.0
+            else ("bilinear2d_aa", "Antialiased bilinear resize")
+        )
+        consts.update(_aa_taps(step.target, h, oh, "Y", ranges) | _aa_taps(step.target, w, ow, "X", ranges))
+        body = [*head, *_aa_body(step.target, store)]
     how = "the corners aligned" if align else "half-pixel centers"
     scaled = f", scale factors {factors}" if factors is not None else ""
     doc = [
-        f"Bilinear resize ({how}{scaled}): [{', '.join(x.shape)}] {x.dtype} "
+        f"{what} ({how}{scaled}): [{', '.join(x.shape)}] {x.dtype} "
         f"({'NHWC' if x.order else 'NCHW'}) -> [{', '.join(o.shape)}] ({'NHWC' if o.order else 'NCHW'}).",
         "",
         "The four pixels around each source point blended in float32 and rounded once, as ATen's.",
         f"grid: ({', '.join(grid)},)",
     ]
-    source_text = kernel_module(doc, consts, "bilinear2d", signature, body)
+    source_text = kernel_module(doc, consts, name, signature, body)
     traffic = batch * (c * h * w + c * positions) * ITEMSIZE[x.dtype]
     return Rendered(
-        name="bilinear2d",
+        name=name,
         source=source_text,
         signature=signature,
         params=params,

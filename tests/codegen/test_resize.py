@@ -100,3 +100,45 @@ def test_nearest_resizes_are_read_inside_kernels(tmp_path):
     program = compiled.program
     assert target not in {s.target for s in program.steps}
     assert sum(k.ops.count(target) for k in program.kernels) == 5, [k.name for k in program.kernels]
+
+
+ANTIALIASED = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(1, 6, 4, 4))  # timm's position embeddings, resampled
+
+    def forward(self, x, y):  # x: [B, 4, H, W], y: [B, 4, H2, W2]
+        pos = F.interpolate(self.pos, size=x.shape[2:], mode="bicubic", antialias=True, align_corners=False)
+        down = F.interpolate(y, size=(6, 8), mode="bicubic", antialias=True)  # shrinks: wider taps
+        tri = F.interpolate(x * 2, size=y.shape[2:], mode="bilinear", antialias=True)
+        return pos[:, :4] + x, down, tri
+
+batch = Dim("batch", 1, 3)
+spec = ModelSpec(
+    module=M,
+    inputs=[
+        Input("x", (batch, 4, Dim("h", 1, 12), Dim("w", 3, 12))),
+        Input("y", (batch, 4, Dim("h2", 1, 20), Dim("w2", 1, 20))),
+    ],
+)
+"""
+
+
+def test_antialiased_resizes_are_kernels(tmp_path):
+    """Antialiased bicubic and bilinear resizes (``aten._upsample_bicubic2d_aa``, timm's position
+    embeddings at dynamic image sizes), growing and shrinking, as kernels: PIL's filters, the
+    taps as wide as the scale where the map shrinks, the weights normalized, as ATen's."""
+    from aot.codegen.resize import AA
+    from tests.codegen.conftest import library_free_checked
+
+    compiled, _ = library_free_checked(tmp_path, ANTIALIASED, maps, SIZES, interpret_at=3)
+    program = compiled.program
+    assert not set(AA) & {s.target for s in program.steps}
+    names = sorted(k.name for k in program.kernels if k.name.endswith("_aa"))
+    assert names == ["bicubic2d_aa", "bicubic2d_aa", "bilinear2d_aa"], names

@@ -3,7 +3,7 @@ Triton's interpreter): 2-D convolutions and pools over a declared range of image
 resizes (one read in place through a permute and a view), pads by a symbolic amount of either
 sign, ``sign``; and those of 2026-12-06: index reads by two or more index tensors inside
 kernels, with floats of the sizes as kernel values (bicubic resizes as ``torch.export``
-decomposes them, a caller's ``x[:, :, i, j]``), and nearest resizes. Each unit model of
+decomposes them, a caller's ``x[:, :, i, j]``), nearest resizes and antialiased ones. Each unit model of
 ``tests/codegen`` built ``--library-free`` for this GPU: the torch loader on CUDA equals eager
 (float32, 1e-4 of the output's scale; convolutions and resizes sum in another order) at an odd
 size, the smallest and the largest, and the runtime without torch equals the torch loader bit
@@ -24,7 +24,7 @@ from tests.codegen.test_gather_index import index_inputs
 from tests.codegen.test_padding import OVER_TIME as PADS
 from tests.codegen.test_pooling import IMAGES as POOLS
 from tests.codegen.test_resize import MODEL as RESIZES
-from tests.codegen.test_resize import NEAREST
+from tests.codegen.test_resize import ANTIALIASED, NEAREST
 from tests.codegen.test_resize import SIZES as RESIZE_SIZES
 from tests.codegen.test_sign import MODEL as SIGNS
 
@@ -40,6 +40,7 @@ CASES = {
     "pools": (POOLS, IMAGE_SIZES),
     "resizes": (RESIZES, RESIZE_SIZES),
     "nearest": (NEAREST, RESIZE_SIZES),
+    "antialiased": (ANTIALIASED, RESIZE_SIZES),
     "pads": (PADS, [{"batch": 2, "samples": 13}, {"batch": 1, "samples": 5}, {"batch": 3, "samples": 40}]),
     "signs": (SIGNS, [{"batch": 2, "seq": 7}, {"batch": 1, "seq": 2}, {"batch": 3, "seq": 12}]),
     "gathers": (
