@@ -23,8 +23,8 @@ from tests.codegen.test_gather_index import MODEL as GATHERS
 from tests.codegen.test_gather_index import index_inputs
 from tests.codegen.test_padding import OVER_TIME as PADS
 from tests.codegen.test_pooling import IMAGES as POOLS
-from tests.codegen.test_resize import MODEL as RESIZES
 from tests.codegen.test_resize import ANTIALIASED, NEAREST
+from tests.codegen.test_resize import MODEL as RESIZES
 from tests.codegen.test_resize import SIZES as RESIZE_SIZES
 from tests.codegen.test_sign import MODEL as SIGNS
 
