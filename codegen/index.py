@@ -17,6 +17,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import sympy
 from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
 
@@ -206,6 +207,30 @@ def triton_float(text: str) -> str:
     except BundleError as e:
         raise InexpressibleIndex(f"float expression {text!r} is outside the float grammar: {e}") from None
     return _FloatSource._f64(value)
+
+
+def float32_literal(value: float) -> str:
+    """A float32 constant as Triton source: the value rounded to float32 first."""
+    return f"{float(np.float32(value))!r}"
+
+
+def pixel_scale(n_in: Size, n_out: Size, factor: float | None, in_text: str, out_text: str) -> str:
+    """Triton source of an image dim's source-index scale as ATen computes it without aligned
+    corners (``area_pixel_compute_scale``): one over a given factor (in float64, then rounded to
+    float32), else the input's size over the output's in float32, correctly rounded; a constant
+    where both sizes are static, else over ``in_text`` and ``out_text`` (the symbolic sizes as the
+    kernel names them)."""
+    if factor is not None:
+        return float32_literal(1.0 / factor)
+    if n_in.is_Integer and n_out.is_Integer:
+        return float32_literal(np.float32(int(n_in)) / np.float32(max(int(n_out), 1)))
+
+    def f32(n: Size, text: str) -> str:
+        if n.is_Integer:
+            return float32_literal(int(n))
+        return f"{text if text.isidentifier() else f'({text})'}.to(tl.float32)"
+
+    return f"tl.math.div_rn({f32(n_in, in_text)}, {f32(n_out, out_text)})"
 
 
 @functools.lru_cache(maxsize=65536)

@@ -544,8 +544,6 @@ def _nearest_rows(b: Builder, step: Step, x: Node, shape: tuple, scales) -> None
     output position reads, ``min(floor(dst * scale), size - 1)`` with the product in float32 and
     ``scale`` the input's size over the output's (float32 division) or one over a given factor,
     as ATen's kernels compute it."""
-    import numpy as np
-
     if x.dtype == "float64":
         raise Unsupported("upsample_nearest2d of float64 to a size that is not a whole multiple")
     if scales is not None and not (
@@ -557,13 +555,8 @@ def _nearest_rows(b: Builder, step: Step, x: Node, shape: tuple, scales) -> None
     indices = []
     for i, d in enumerate((2, 3)):
         n_in, n_out = x.shape[d], shape[d]
-        if scales is not None:
-            scale = repr(float(np.float32(1.0 / float(scales[i]))))
-        elif n_in.is_Integer and n_out.is_Integer:
-            scale = repr(float(np.float32(int(n_in)) / np.float32(max(int(n_out), 1))))
-        else:
-            f32 = lambda n: repr(float(int(n))) if n.is_Integer else f"({ix.triton_size(n)}).to(tl.float32)"  # noqa: E731
-            scale = f"tl.math.div_rn({f32(n_in)}, {f32(n_out)})"
+        factor = None if scales is None else float(scales[i])
+        scale = ix.pixel_scale(n_in, n_out, factor, ix.triton_size(n_in), ix.triton_size(n_out))
         last = ix.triton_size(ix.canon(n_in - 1))
         fmt = f"tl.minimum((($idx).to(tl.float32) * {scale}).to(tl.int64), {last})"
         indices.append(Node("op", (n_out, ix.ONE) if d == 2 else (n_out,), "int64", (), fmt))

@@ -15,8 +15,9 @@ be static, the batch and the map may be symbolic (their sizes and strides argume
 then computed in the kernel from them, divided correctly rounded as ATen's float division is).
 The antialiased forms (``antialias=True``: ``_upsample_bicubic2d_aa``, ``_upsample_bilinear2d_aa``;
 timm's position embeddings resampled to the patch grid) are kernels too, to a size with the
-corners not aligned; the plain bicubic one is no ATen op in a program (``torch.export`` decomposes it into index arithmetic, ``codegen/lower_gather.py``), and a
-nearest one is read inside the kernel that uses it (``lower_pointwise._lower_upsample_nearest``).
+corners not aligned. The plain bicubic one is no ATen op in a program (``torch.export``
+decomposes it into index arithmetic, ``codegen/lower_gather.py``), and a nearest one is read
+inside the kernel that uses it (``lower_pointwise._lower_upsample_nearest``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sympy
 from aot.codegen import index as ix
 from aot.codegen.cache_writes import strided_view
 from aot.codegen.kernel_source import kernel_module, memory_strides, signature_of, size_arguments
+from aot.codegen.launch import max_value, min_value
 from aot.codegen.pooling import map_tiles
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import FLOAT_DTYPES, STORAGE, TL_TYPE
@@ -96,34 +98,26 @@ def resize_sites(program: Program) -> list[Step]:
     return out
 
 
-def _f32(value: float) -> str:
-    """A float32 constant as Triton source: the value rounded to float32 first."""
-    return f"{float(np.float32(value))!r}"
-
-
 def _scale(n_in: sympy.Expr, n_out: sympy.Expr, name: str, align: bool, factor: float | None) -> str:
     """The source-index scale of one dim as ATen computes it in float32 (``area_pixel_compute_scale``):
     source text, a constant where the sizes are static."""
-    if align:
-        if n_in.is_Integer and n_out.is_Integer:
-            return _f32(np.float32(int(n_in) - 1) / np.float32(int(n_out) - 1)) if int(n_out) > 1 else "0.0"
-        return (
-            f"tl.where(O{name} > 1, tl.math.div_rn(({name} - 1).to(tl.float32), "
-            f"tl.maximum(O{name} - 1, 1).to(tl.float32)), 0.0)"
-        )
-    if factor is not None:
-        return _f32(1.0 / factor)
+    if not align:
+        return ix.pixel_scale(n_in, n_out, factor, name, "O" + name)
     if n_in.is_Integer and n_out.is_Integer:
-        return _f32(np.float32(int(n_in)) / np.float32(int(n_out)))
-    f = lambda n, text: _f32(int(n)) if n.is_Integer else f"{text}.to(tl.float32)"  # noqa: E731
-    return f"tl.math.div_rn({f(n_in, name)}, {f(n_out, 'O' + name)})"
+        return (
+            ix.float32_literal(np.float32(int(n_in) - 1) / np.float32(int(n_out) - 1))
+            if int(n_out) > 1
+            else "0.0"
+        )
+    return (
+        f"tl.where(O{name} > 1, tl.math.div_rn(({name} - 1).to(tl.float32), "
+        f"tl.maximum(O{name} - 1, 1).to(tl.float32)), 0.0)"
+    )
 
 
 def _aa_taps(target: str, n_in: sympy.Expr, n_out: sympy.Expr, axis: str, ranges) -> dict[str, int]:
     """The most input pixels one output pixel of an antialiased resize reads along an axis: its
     filter's support, times the scale where it shrinks, at the declared sizes' largest scale."""
-    from aot.codegen.launch import max_value, min_value
-
     scale = max(1.0, max_value(n_in, ranges) / max(1, min_value(n_out, ranges)))
     return {f"TAPS_{axis}": int(np.ceil(AA[target] * scale)) * 2 + 1}
 
@@ -275,7 +269,11 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         ")",
     ]
     name, what = "bilinear2d", "Bilinear resize"
+    blend = "The four pixels around each source point blended in float32 and rounded once, as ATen's."
     if step.target in AA:
+        blend = (
+            "The taps of each output pixel weighed by the filter, normalized, summed in float32, as ATen's."
+        )
         name, what = (
             ("bicubic2d_aa", "Antialiased bicubic resize")
             if AA[step.target] == 2.0
@@ -289,7 +287,7 @@ def render_resize(step: Step, program: Program, ranges: dict[str, tuple[int, int
         f"{what} ({how}{scaled}): [{', '.join(x.shape)}] {x.dtype} "
         f"({'NHWC' if x.order else 'NCHW'}) -> [{', '.join(o.shape)}] ({'NHWC' if o.order else 'NCHW'}).",
         "",
-        "The four pixels around each source point blended in float32 and rounded once, as ATen's.",
+        blend,
         f"grid: ({', '.join(grid)},)",
     ]
     source_text = kernel_module(doc, consts, name, signature, body)

@@ -45,8 +45,9 @@ def literal(value: Any, ty: str) -> str:
         text = ix.triton_size(size)
         return f"({text})" if ty.startswith("i") else f"({text}).to(tl.float32)" if ty == "fp32" else text
     if isinstance(value, SymFloat):  # a scale computed from sizes, per call (ATen: float64, then ty)
-        if compile_expr(value.text, floats=True).is_constant:
-            return literal(compile_expr(value.text, floats=True)({}), ty)
+        expr = compile_expr(value.text, floats=True)
+        if expr.is_constant:
+            return literal(expr({}), ty)
         if ty not in ("fp32", "fp64"):
             raise Unsupported(f"float {value.text} computed from sizes in {ty} arithmetic")
         text = ix.triton_float(value.text)
