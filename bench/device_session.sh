@@ -119,6 +119,8 @@ for item in "$@"; do
     hash) cmd=(python3 bench/hash_threads.py --threads 1,2,4,8) ;;
     rt-size) cmd=(python3 bench/rt_install_size.py --json) ;;
     gemv) cmd=(python3 bench/gemv_sweep.py --chain --json "$RES/gemv-sweep.json") ;;
+    # what a one-row norm prologue's reads beside W cost in the step's GEMV chain (bench/prologue_reads.py)
+    prologue-reads) cmd=(bash -c "python3 bench/prologue_reads.py --check && python3 bench/prologue_reads.py --json $RES/prologue-reads.json") ;;
     # few-row (2-16 rows) tensor-core GEMM forms against cuBLAS, alone and chained (bench/fewrow_sweep.py)
     fewrow) cmd=(python3 bench/fewrow_sweep.py --chain --json "$RES/fewrow-sweep.json") ;;
     fewrow-quick) cmd=(python3 bench/fewrow_sweep.py --quick --chain --json "$RES/fewrow-quick.json") ;;
