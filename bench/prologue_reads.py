@@ -34,39 +34,31 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _norm_gemv(x0_ptr, x1_ptr, sum_ptr, g_ptr, w_ptr, out_ptr, N, K: tl.constexpr, BK: tl.constexpr,
+def _norm_gemv(x0_ptr, x1_ptr, sum_ptr, g_ptr, w_ptr, out_ptr, N, K: tl.constexpr,
                ROWS: tl.constexpr, G: tl.constexpr, HALVES: tl.constexpr, GDC: tl.constexpr):  # fmt: skip
-    """Two rows of W a block (both halves of a stacked gate/up where ``HALVES``), every K step
-    loaded before the wait; the prologue sums ``ROWS`` input rows (the first block writing the
-    sum, as the build's form does) and takes ``g`` where ``G``."""
+    """Two rows of W a block (both halves of a stacked gate/up where ``HALVES``), all of K
+    loaded before the wait (as the build's K steps are); the prologue sums ``ROWS`` input rows (the
+    first block writing the sum, as the build's form does) and takes ``g`` where ``G``."""
     rn = tl.program_id(0) * 2 + tl.arange(0, 2)
-    part0 = tl.zeros((2, BK), dtype=tl.float32)
-    part1 = tl.zeros((2, BK), dtype=tl.float32)
-    ss = tl.zeros((1, BK), dtype=tl.float32)
-    w0s = []
-    w1s = []
-    for i in tl.static_range(0, K, BK):
-        rk = i + tl.arange(0, BK)
-        w0s.append(tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]))
-        if HALVES:
-            w1s.append(tl.load(w_ptr + (rn[:, None].to(tl.int64) + N) * K + rk[None, :]))
+    rk = tl.arange(0, K)
+    w0 = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :])
+    if HALVES:
+        w1 = tl.load(w_ptr + (rn[:, None].to(tl.int64) + N) * K + rk[None, :])
     if GDC:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    for j in tl.static_range(0, K // BK):
-        rk = j * BK + tl.arange(0, BK)
-        r = tl.load(x0_ptr + rk).to(tl.float32)[None, :]
-        if ROWS == 2:
-            r = (r + tl.load(x1_ptr + rk).to(tl.float32)[None, :]).to(tl.bfloat16).to(tl.float32)
-            if tl.program_id(0) == 0:
-                tl.store(sum_ptr + rk[None, :], r.to(tl.bfloat16))
-        ss += r * r
-        a = r
-        if G:
-            a = tl.load(g_ptr + rk).to(tl.float32)[None, :] * r
-        part0 += w0s[j].to(tl.float32) * a
-        if HALVES:
-            part1 += w1s[j].to(tl.float32) * a
+    r = tl.load(x0_ptr + rk).to(tl.float32)[None, :]
+    if ROWS == 2:
+        r = (r + tl.load(x1_ptr + rk).to(tl.float32)[None, :]).to(tl.bfloat16).to(tl.float32)
+        if tl.program_id(0) == 0:
+            tl.store(sum_ptr + rk[None, :], r.to(tl.bfloat16))
+    a = r
+    if G:
+        a = tl.load(g_ptr + rk).to(tl.float32)[None, :] * r
+    ss = r * r
+    part0 = w0.to(tl.float32) * a
+    if HALVES:
+        part1 = w1.to(tl.float32) * a
     rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + 1e-5)
     acc0 = tl.sum(part0, axis=1) * rstd
     if HALVES:
@@ -78,22 +70,17 @@ def _norm_gemv(x0_ptr, x1_ptr, sum_ptr, g_ptr, w_ptr, out_ptr, N, K: tl.constexp
 
 
 @triton.jit
-def _gemv(a_ptr, w_ptr, res_ptr, out_ptr, K: tl.constexpr, BK: tl.constexpr, RES: tl.constexpr,
+def _gemv(a_ptr, w_ptr, res_ptr, out_ptr, K: tl.constexpr, RES: tl.constexpr,
           GDC: tl.constexpr):  # fmt: skip
     """The default table's one-row form (two rows of W a block); ``RES``: the residual added to the
     rounded product in the epilogue (the sum the next prologue reads)."""
     rn = tl.program_id(0) * 2 + tl.arange(0, 2)
-    part = tl.zeros((2, BK), dtype=tl.float32)
-    ws = []
-    for i in tl.static_range(0, K, BK):
-        rk = i + tl.arange(0, BK)
-        ws.append(tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]))
+    rk = tl.arange(0, K)
+    w = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :])
     if GDC:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    for j in tl.static_range(0, K // BK):
-        rk = j * BK + tl.arange(0, BK)
-        part += ws[j].to(tl.float32) * tl.load(a_ptr + rk).to(tl.float32)[None, :]
+    part = w.to(tl.float32) * tl.load(a_ptr + rk).to(tl.float32)[None, :]
     y = tl.sum(part, axis=1).to(tl.bfloat16)
     if RES:
         y = (y.to(tl.float32) + tl.load(res_ptr + rn).to(tl.float32)).to(tl.bfloat16)
@@ -101,12 +88,12 @@ def _gemv(a_ptr, w_ptr, res_ptr, out_ptr, K: tl.constexpr, BK: tl.constexpr, RES
 
 
 VARIANTS = {"two rows": (2, True), "one row": (1, True), "g folded": (1, False)}
-LLAMA_1B = (2048, 8192, 3072, 1024)  # hidden, intermediate, q + k + v rows (32 + 8 + 8 heads of 64), K step
-SMALL = (256, 512, 384, 128)  # for the interpreter
+LLAMA_1B = (2048, 8192, 3072)  # hidden, intermediate, q + k + v rows (32 + 8 + 8 heads of 64)
+SMALL = (256, 512, 384)  # for the interpreter
 
 
 def _weights(layers: int, dims, device: str) -> list[dict[str, torch.Tensor]]:
-    d, ff, qkv, _ = dims
+    d, ff, qkv = dims
     gen = torch.Generator(device="cpu").manual_seed(0)
 
     def w(n: int, k: int) -> torch.Tensor:
@@ -134,7 +121,7 @@ class Chain:
     def __init__(self, weights, dims, variant: str, device: str):
         self.rows, self.g = VARIANTS[variant]
         self.w, self.dims = weights, dims
-        d, ff, qkv, _ = dims
+        d, ff, qkv = dims
         z = lambda n: torch.zeros(n, dtype=torch.bfloat16, device=device)  # noqa: E731
         self.h0 = _first_row(d, device)
         self.h, self.h1 = self.h0.clone(), z(d)  # the residual's sums, in turn
@@ -143,26 +130,26 @@ class Chain:
     def __call__(self, pdl: bool) -> None:
         kw = {"launch_pdl": True} if pdl and not INTERPRET else {}
         gdc = pdl and not INTERPRET
-        d, ff, nqkv, bk = self.dims
+        d, ff, nqkv = self.dims
         two = self.rows == 2
         h, h1 = self.h, self.h1
         for lw in self.w:
             # q/k/v of norm(h + d) (two rows: the prologue adds and writes the sum into h1) or of
             # norm(h) (one row: down added it)
             wq = lw["qkv"] if self.g else lw["qkv_g"]
-            _norm_gemv[(nqkv // 2,)](h, self.d, h1, lw["g1"], wq, self.qkv, nqkv, d, bk, self.rows, self.g,
+            _norm_gemv[(nqkv // 2,)](h, self.d, h1, lw["g1"], wq, self.qkv, nqkv, d, self.rows, self.g,
                                      False, gdc, num_warps=2, num_stages=1, **kw)  # fmt: skip
             r = h1 if two else h  # the residual after this layer's first add
             # o (the attention's output stands in: the first d of q/k/v); one row: plus r, into h1
-            _gemv[(d // 2,)](self.qkv, lw["o"], r, self.o if two else h1, d, bk, not two, gdc,
+            _gemv[(d // 2,)](self.qkv, lw["o"], r, self.o if two else h1, d, not two, gdc,
                              num_warps=2, num_stages=1, **kw)  # fmt: skip
             wg = lw["gu"] if self.g else lw["gu_g"]
             # gate/up of norm(r + o) (two rows: writing the sum into h) or of norm(h1)
             x0 = r if two else h1
-            _norm_gemv[(ff // 2,)](x0, self.o, h, lw["g2"], wg, self.act, ff, d, bk, self.rows, self.g,
+            _norm_gemv[(ff // 2,)](x0, self.o, h, lw["g2"], wg, self.act, ff, d, self.rows, self.g,
                                    True, gdc, num_warps=2, num_stages=1, **kw)  # fmt: skip
             # down: plain (two rows) or plus h1, into h (one row)
-            _gemv[(d // 2,)](self.act, lw["down"], h1, self.d if two else h, ff, bk, not two, gdc,
+            _gemv[(d // 2,)](self.act, lw["down"], h1, self.d if two else h, ff, not two, gdc,
                              num_warps=2, num_stages=1, **kw)  # fmt: skip
 
     def out(self) -> torch.Tensor:
