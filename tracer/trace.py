@@ -75,6 +75,7 @@ def _lower(
     from aot.tracer.complex_parts import split_complex
     from aot.tracer.filled import cat_filled_empties
     from aot.tracer.lower import Lowering, symbol_sources
+    from aot.tracer.norm_scales import fold_norm_scales
     from aot.tracer.padding import check_padding
 
     # keep attention (and friends) whole; everything else to core ATen
@@ -95,6 +96,7 @@ def _lower(
         raise export_error(e, spec) from None
     rewritten = split_complex(ep.graph)  # complex tensors (rotary embeddings) as real pairs
     rewritten += cat_filled_empties(ep.graph)  # an empty tensor filled slice by slice: a cat
+    rewritten += fold_norm_scales(ep)  # a norm's scale multiplied into the projections' weights
     if rewritten:
         ep.graph_module.recompile()
     static = {n: lo for n, (lo, hi) in exported.ranges.items() if lo == hi}

@@ -1,0 +1,117 @@
+"""A norm's per-column scale folded into the weights of the projections that read it
+(``aot.tracer.norm_scales``): ``(g * y) @ W^T = y @ (W * g)^T``, ``W * g`` computed once by the
+build (a ``folded.`` weight; the original W leaves the bundle).
+
+The unit model has three RMSNorms whose scale ``g`` meets three cases: ``norm1`` feeds q/k/v
+linears alone (folded: its weights become folded ones and the multiply leaves the program);
+``norm2`` feeds a linear and, beside it, an add (not folded: the add would see the unscaled
+row); ``norm3`` feeds a head tied to the embedding (not folded: the embedding reads the same
+weight). Each bundle equals eager on the CPU at batch 1, 3 and 4 (float32: 1e-5 of the output's
+scale; bfloat16: the rounding of ``W * g`` against the reference's of ``g * y``, 2e-2 of scale),
+and equals the unfolded build's. A mutation that scales W's rows instead of its columns, or
+folds where another reader sees the norm's output, fails the comparison.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+MODEL = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+DTYPE = torch.{dtype}
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.3 * torch.randn(d))
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(40, 24)
+        self.norm1, self.norm2, self.norm3 = RMSNorm(24), RMSNorm(24), RMSNorm(24)
+        self.q, self.k, self.v = nn.Linear(24, 24, bias=False), nn.Linear(24, 8), nn.Linear(24, 8, bias=False)
+        self.up = nn.Linear(24, 24, bias=False)
+        self.head = nn.Linear(24, 40, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        h = self.norm1(x)
+        x = x + self.q(h) + torch.cat([self.k(h), self.v(h), self.k(h)], -1)
+        h = self.norm2(x)
+        x = x + self.up(h) + h  # the norm's output read beside the linear
+        return self.head(self.norm3(x))
+
+spec = ModelSpec(module=M, inputs=[Input("ids", (Dim("batch", 1, 4), 5), dtype="int64", low=0, high=40)], dtype="{dtype}")
+"""
+
+
+def _build(tmp_path, dtype: str, fold: str):
+    from aot.codegen import generate
+    from aot.packager import pack
+    from aot.tracer import load_model_file, trace
+    from aot.tracer.norm_scales import ENV
+
+    path = tmp_path / f"norms_{dtype}.py"
+    path.write_text(MODEL.replace("{dtype}", dtype))
+    spec = load_model_file(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV, fold)
+        traced = trace(spec)
+    bundle = tmp_path / f"norms_{dtype}_{fold}.tpk"
+    pack(generate(traced, ("sm_90",)), bundle)
+    return spec, traced, bundle
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_norms_scale_folds_into_the_projections_that_alone_read_it(tmp_path, dtype):
+    from aot.loader import load
+    from aot.tracer.folding import FOLDED_PREFIX
+    from aot.tracer.model import instantiate
+
+    spec, traced, bundle = _build(tmp_path, dtype, "on")
+    _, apart, apart_bundle = _build(tmp_path, dtype, "off")
+    names = {w.name for w in traced.program.weights}
+    # norm1's q/k/v weights are folded and leave the bundle; norm1's weight too (read by nothing)
+    assert not names & {"q.weight", "k.weight", "v.weight", "norm1.weight"}, sorted(names)
+    assert sum(n.startswith(FOLDED_PREFIX) for n in names) == 3, sorted(names)
+    # norm2 (read beside its linear) and norm3 (before the tied head) keep their scales
+    assert {"up.weight", "norm2.weight", "norm3.weight", "embed.weight", "k.bias"} <= names, sorted(names)
+    assert not any(n.startswith(FOLDED_PREFIX) for n in {w.name for w in apart.program.weights})
+    muls = lambda t: sum(s.target == "aten.mul.Tensor" for s in t.program.steps)  # noqa: E731
+    assert muls(traced) == muls(apart) - 1
+
+    module = instantiate(spec)
+    runner, unfolded = load(bundle), load(apart_bundle)
+    for batch in (1, 3, 4):
+        ids = torch.randint(0, 40, (batch, 5), generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected = module(ids).float()
+        got, other = runner(ids).float(), unfolded(ids).float()
+        scale = max(1.0, expected.abs().max().item())
+        tol = 1e-5 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(got, expected, rtol=0, atol=tol * scale)
+        torch.testing.assert_close(got, other, rtol=0, atol=tol * scale)
+
+
+def test_the_fold_is_a_setting(tmp_path, monkeypatch):
+    from aot.errors import CodegenError
+    from aot.tracer.norm_scales import ENV, enabled
+
+    monkeypatch.setenv(ENV, "of")
+    with pytest.raises(CodegenError, match=ENV):
+        enabled()
+    monkeypatch.setenv(ENV, "OFF")
+    assert not enabled()
+    monkeypatch.delenv(ENV)
+    assert enabled()
