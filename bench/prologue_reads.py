@@ -238,8 +238,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.check or INTERPRET:
         check("cpu" if INTERPRET else "cuda")
-        if INTERPRET:
-            return
+        return
     rows = measure(args.layers, args.rounds, True) + measure(args.layers, args.rounds, False)
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
