@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from aot.codegen import row_sum
 from aot.codegen.gemm_forms import ONE_PASS_DTYPES
 from aot.codegen.gemm_render import render_reduce_norm, split_index
 from aot.codegen.gemm_sites import Site
@@ -308,6 +309,9 @@ def join(
                 fused = render_reduce_norm(pair.first, f.cfg, ws, pair.second, a_out, buffers, known, index)
                 fid = kernel_id(fused.source, fused.signature, fused.config)
                 parts = ((f.kernels[0], f.ids[0]), (fused, fid), *zip(s.kernels, s.ids))
+                fused_any = True
+            elif row_sum.joins(pair, f, s):  # one-row GEMVs: the first writes the residual's sum
+                parts = row_sum.render(pair, f, s, buffers, known, ranges)
                 fused_any = True
             elif _tiles_join(pair, f, s, known):  # two tiles, the norm kernel between: through the statistics
                 parts, more = _tiles_joined(pair, f, s, buffers, known, ranges)

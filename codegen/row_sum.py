@@ -1,0 +1,192 @@
+"""Two one-row GEMVs joined across a residual add: the first adds the residual to its products
+and writes the sum; the second's norm prologue reads that one row.
+
+At one row (a decode step at batch 1) a pre-norm decoder layer's o and down projections hand their
+products to the next GEMV (gate/up, the next layer's q/k/v), whose row-norm prologue
+(``gemm_render._vec_steps_norm``) adds the residual to them (two row inputs), rounds the sum as
+the reference does, writes it for the steps after (its first N tile) and normalizes it. So every
+block of that GEMV (1,536 of q/k/v and 4,096 of gate/up at Llama-3.2-1B's shapes) loads two rows
+after its wait for the kernel before. Joined, the first GEMV's epilogue adds the residual to its
+products as it would have stored them, one element per output, and stores the sum rounded as the
+norm kernel rounds it; the second's prologue loads that row alone and writes nothing. The same
+numbers, bit for bit: the add and its rounding are the norm kernel's own steps
+(``RowNorm.row_ops`` before the sum), evaluated over the first's columns instead of the second's
+K. Measured on an H100 in a chain of Llama-3.2-1B's 16 layers of GEMVs under dependent launch
+(``bench/prologue_reads.py``, 2026-12-06): 44.2 against 45.9 us a layer (0.963).
+
+Taken where the second's norm is one mean (``RowNorm.more`` empty) whose sum later steps read
+(``RowNorm.sum_out``, before the statistics), computed from the row inputs alone and rounded to its
+dtype, no other step of the norm reading the inputs or the values that make the sum, and both
+sites' forms are one-row GEMVs (``vec_*``: the second with its norm prologue). ``AOTPACK_ROW_SUM``
+("on", the default; "off") for measuring.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from aot.codegen.gemm_prologue import RowNorm, row_load
+from aot.codegen.gemm_render import (
+    _early_biases,
+    _epilogue_lines,
+    _k_loop,
+    _opening,
+    _render_fused,
+    _site_epilogue,
+    _tag,
+    split_index,
+)
+from aot.codegen.gemm_sites import Site
+from aot.codegen.gemm_stats import _join_kernel
+from aot.codegen.kernel_source import on_off
+from aot.codegen.render import Rendered, kernel_id
+from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.schema import TensorSpec
+
+ENV = "AOTPACK_ROW_SUM"
+DEFAULT = "on"
+_ROW_VAR = re.compile(r"\b[a-z]\w*_@")
+
+
+def enabled() -> bool:
+    """``AOTPACK_ROW_SUM`` ("on"/"off") where set, else ``DEFAULT``."""
+    return on_off(ENV, DEFAULT)
+
+
+def _refs(expr: str) -> set[str]:
+    return set(_ROW_VAR.findall(expr))
+
+
+def _sum_ops(norm: RowNorm) -> list[tuple[str, str, int]] | None:
+    """The row ops that make the norm's sum (``sum_out``'s variable) from its row inputs, in order;
+    None where the sum is not such a value (it reads a vector, is not rounded to its dtype, or
+    another step of the norm reads what makes it)."""
+    if norm.sum_out is None or norm.more or norm.stage_of(norm.sum_out[1]) != 0:
+        return None
+    _, var, dtype = norm.sum_out
+    ops = {v: (v, e, st) for v, e, st in norm.row_ops}
+    need, stack = set(), [var]
+    while stack:
+        v = stack.pop()
+        if v in need:
+            continue
+        if v not in ops:
+            return None
+        need.add(v)
+        if not v.startswith("x"):  # an input's load reads no row variable
+            stack.extend(_refs(ops[v][1]))
+    if any(v.startswith("v") for v in need) or ops[var][1].startswith("x"):
+        return None  # a vector (the norm's weight) in the sum, or the sum is an input as loaded
+    if not ops[var][1].endswith(f".to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)"):
+        return None  # the second's statistics read the sum unrounded: a stored one would differ
+    inputs = {f"x{i}_@" for i in range(len(norm.inputs))}
+    if not inputs <= need:
+        return None  # an input the sum does not read: the second would still load it
+    rest = [e for v, e, _ in norm.row_ops if v not in need]
+    rest += [norm.reduced, norm.out, *(norm.factored or ())]
+    if any(_refs(e) & (need - {var}) for e in rest):
+        return None
+    return [ops[v] for v, _, _ in norm.row_ops if v in need]
+
+
+def joins(pair: Any, f: Any, s: Any) -> bool:
+    """Whether forms ``f`` (the first site's) and ``s`` (the second's) of ``pair`` join here."""
+    first, second = pair.first, pair.second
+    pro = second.prologue
+    return (
+        enabled()
+        and not f.cfg.dot
+        and not s.cfg.dot
+        and len(f.kernels) == 1
+        and len(s.kernels) == 1
+        and not f.pre
+        and not s.pre
+        and first.prologue is None
+        and pro.norm is not None
+        and not pro.gathered
+        and pro.sum_out is not None
+        and f.cfg.split_k == 1
+        and s.cfg.split_k == 1
+        and not any(c.rows_apart for c in (f.cfg, s.cfg))
+        and _sum_ops(pro.norm) is not None
+    )
+
+
+def render(
+    pair: Any,
+    f: Any,
+    s: Any,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    ranges: dict[str, tuple[int, int]],
+) -> tuple[tuple[Rendered, str], ...]:
+    """The two kernels of the join (``joins`` holds), each with its id."""
+    first, second = pair.first, pair.second
+    norm = second.prologue.norm
+    ops = _sum_ops(norm)
+    sum_buf, var, dtype = norm.sum_out
+    one = _first_with_sum(first, f.cfg, norm, ops, buffers, known, split_index(first, f.cfg, ranges))
+    # the second: one row input, the sum as stored (its load, in fp32, is the rounded sum)
+    need = {v for v, _, _ in ops}
+    row_ops = (
+        ("x0_@", row_load("x0", second.k, "rk@", "kmask@"), 0),
+        (var, "x0_@", 0),
+        *((v, e, st) for v, e, st in norm.row_ops if v not in need),
+    )
+    one_input = replace(norm, inputs=((sum_buf, dtype),), row_ops=row_ops, sum_out=None)
+    pro = replace(second.prologue, norm=one_input, x=sum_buf, y=None, sum_out=None)
+    site = replace(second, prologue=pro, outputs=tuple(o for o in second.outputs if o != sum_buf))
+    cfg = replace(s.cfg, name=s.cfg.name.removesuffix("_rms"))
+    two = _render_fused(site, _site_epilogue(site, buffers, known), cfg, split_index(site, cfg, ranges))
+    return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two))
+
+
+def _first_with_sum(
+    site: Site,
+    cfg: Any,
+    norm: RowNorm,
+    ops: list[tuple[str, str, int]],
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    index: str,
+) -> Rendered:
+    """``site``'s one-row form whose epilogue ends in the next GEMV's residual add: what it would
+    store (read by nothing but the norm: ``gemm_pairs.Pair``) stays in registers, rounded as the
+    store would round it; the add's other row inputs are loaded at the block's columns; the sum,
+    rounded as the norm kernel rounds it, is stored."""
+    ep = _site_epilogue(site, buffers, known)
+    held = {buf: (val, dtype) for buf, val, dtype in ep.stores}
+    early, body = _opening(site, cfg, index, "0", site.k)
+    biases, bias = _early_biases(site) if early else ([], None)
+    early += biases
+    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
+    ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
+    body += ["# the next GEMV's residual add over this block's columns, its sum stored", "rkn = rn", "kmaskn = mask"]
+    for var, expr, _ in ops:
+        if var in ours:  # the epilogue's value, rounded as its store would round it
+            val, dtype = held[ours[var]]
+            body.append(f"{var.replace('@', 'n')} = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
+        else:
+            body.append(f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}")
+    sum_buf, var, dtype = norm.sum_out
+    body.append(
+        f"tl.store(sum_ptr + rm[:, None] * {site.n} + rn[None, :], "
+        f"{var.replace('@', 'n')}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"
+    )
+    more = [(f"x{i}_ptr", buf, dt) for i, (buf, dt) in enumerate(norm.inputs) if buf not in held]
+    more.append(("sum_ptr", sum_buf, dtype))
+    return _join_kernel(
+        site,
+        cfg,
+        ep,
+        f"gemm_{_tag(site)}_{cfg.name}_sum",
+        "fused, then the next GEMV's residual add, its sum stored",
+        body,
+        more,
+        [sum_buf],
+        index,
+        early,
+        stores=False,
+    )

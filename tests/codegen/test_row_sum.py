@@ -1,0 +1,104 @@
+"""Two one-row GEMVs joined across a residual add (``codegen/row_sum.py``): the first GEMV's
+epilogue adds the residual to its products and stores the sum rounded as the norm kernel rounds
+it; the next GEMV's norm prologue reads that one row and writes nothing.
+
+``gemm_rms16.py`` (float16): the down projection hands its products to the next RMSNorm's
+prologue (the residual add before it, the sum a model output). (Its bfloat16 twin ``gemm_rms.py``
+is not interpreted: the interpreter's bfloat16 tensor-core products of its 8-row forms fail their
+comparison with or without this join; on the GPU ``aotpack verify`` checks them.) At one row,
+joined: the down GEMV is a ``_sum`` kernel and the projection's prologue loads one row input (no
+``x1_ptr``, no ``sum_ptr``); apart (``AOTPACK_ROW_SUM=off``), as before. Every kernel of the joined
+one-row plan matches the library steps it replaces in Triton's interpreter (``aot.dtypes.TOLERANCE``),
+and the sum is exact (the reference's add, rounded once). A ``_sum`` kernel that drops the
+residual fails the comparison.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aot.codegen import row_sum
+from tests.codegen.conftest import failing_candidates
+from tests.codegen.test_factored_one_row import _one_row_plan
+from tests.conftest import HANG_GUARD_S
+
+MODELS = Path(__file__).resolve().parent / "gemm_models"
+ARCHS = ("sm_90",)
+ONE_ROW = {"batch": 1}
+
+
+def _build(model: str, setting: str):
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(row_sum.ENV, setting)
+        return generate(trace(load_model_file(MODELS / f"{model}.py")), ARCHS)
+
+
+def _source(compiled, kernel_id: str) -> str:
+    return next(k.source for k in compiled.program.kernels if k.id == kernel_id)
+
+
+def test_the_gemv_before_a_norm_prologue_writes_the_residual_sum(tmp_path):
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    model = "gemm_rms16"
+    apart, joined = _build(model, "off"), _build(model, "on")
+    before, after = _one_row_plan(apart), _one_row_plan(joined)
+    assert len(before) == len(after)
+    assert not any(n.endswith("_sum") for n, _ in before)
+    (summed,) = [k for n, k in after if n.endswith("_sum")]
+    (second,) = [k for n, k in after if n.startswith("gemm_norm_mm_")]
+    assert "tl.store(sum_ptr" in _source(joined, summed)
+    source = _source(joined, second)
+    assert "x0_ptr" in source and "x1_ptr" not in source and "sum_ptr" not in source, source
+    (old_second,) = [k for n, k in before if n.startswith("gemm_norm_mm_")]
+    assert "x1_ptr" in _source(apart, old_second) and "sum_ptr" in _source(apart, old_second)
+
+    pack(joined, tmp_path / "joined.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "joined.tpk", MODELS / f"{model}.py", [ONE_ROW], None, True)], timeout=HANG_GUARD_S
+    )
+    comparisons = result[next(iter(result))]
+    assert not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+    # the pair's candidate is checked at its last kernel, against both sites' steps: the
+    # projection's product within the tolerance, the sum (written by the first kernel) exact
+    (step,) = [
+        st
+        for site in joined.program.alternatives
+        for c in site.candidates
+        for st in c.steps
+        if st.target == summed
+    ]
+    (sum_buf,) = step.outputs
+    checked = {c.output: c for c in comparisons if c.kernel == second and not c.name.endswith("/rerun")}
+    assert sum_buf in checked and len(checked) == 2, checked
+    assert checked[sum_buf].max_abs_error == 0.0, checked[sum_buf]
+
+
+@pytest.mark.slow  # another interpreter run
+def test_a_sum_without_the_residual_is_caught(tmp_path):
+    compiled = _build("gemm_rms16", "on")
+    (kernel,) = [k for n, k in _one_row_plan(compiled) if n.endswith("_sum")]
+    old = "(x0_n + x1_n)"
+    assert old in _source(compiled, kernel)
+    failed = failing_candidates(
+        compiled, MODELS / "gemm_rms16.py", kernel, old, "(x1_n + x1_n)", ONE_ROW, tmp_path / "bad.tpk"
+    )
+    assert failed, "a sum without the residual passed"
+
+
+def test_the_join_is_a_setting(monkeypatch):
+    from aot.errors import CodegenError
+
+    monkeypatch.setenv(row_sum.ENV, "yes")
+    with pytest.raises(CodegenError, match="AOTPACK_ROW_SUM"):
+        row_sum.enabled()
+    monkeypatch.setenv(row_sum.ENV, "OFF")
+    assert not row_sum.enabled()
+    monkeypatch.delenv(row_sum.ENV)
+    assert row_sum.enabled()
