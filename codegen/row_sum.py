@@ -163,7 +163,11 @@ def _first_with_sum(
     early += biases
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
     ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
-    body += ["# the next GEMV's residual add over this block's columns, its sum stored", "rkn = rn", "kmaskn = mask"]
+    body += [
+        "# the next GEMV's residual add over this block's columns, its sum stored",
+        "rkn = rn",
+        "kmaskn = mask",
+    ]
     for var, expr, _ in ops:
         if var in ours:  # the epilogue's value, rounded as its store would round it
             val, dtype = held[ours[var]]
