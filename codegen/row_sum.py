@@ -2,8 +2,8 @@
 and writes the sum; the second's norm prologue reads that one row.
 
 At one row (a decode step at batch 1) a pre-norm decoder layer's o and down projections hand their
-products to the next GEMV (gate/up, the next layer's q/k/v), whose row-norm prologue
-(``gemm_render._vec_steps_norm``) adds the residual to them (two row inputs), rounds the sum as
+products to the next GEMV (gate/up, the next layer's q/k/v), whose norm prologue
+(``gemm_render._vec_steps_norm``, ``_vec_steps_ln``) adds the residual to them (two row inputs), rounds the sum as
 the reference does, writes it for the steps after (its first N tile) and normalizes it. So every
 block of that GEMV (1,536 of q/k/v and 4,096 of gate/up at Llama-3.2-1B's shapes) loads two rows
 after its wait for the kernel before. Joined, the first GEMV's epilogue adds the residual to its
@@ -11,14 +11,16 @@ products as it would have stored them, one element per output, and stores the su
 norm kernel rounds it; the second's prologue loads that row alone and writes nothing. The same
 numbers, bit for bit: the add and its rounding are the norm kernel's own steps
 (``RowNorm.row_ops`` before the sum), evaluated over the first's columns instead of the second's
-K. Measured on an H100 in a chain of Llama-3.2-1B's 16 layers of GEMVs under dependent launch
-(``bench/prologue_reads.py``, 2026-12-06): 44.2 against 45.9 us a layer (0.963).
+K. A chain of plain GEMVs measured it 3.7% faster (``bench/prologue_reads.py``); the build's forms
+were not (``DEFAULT``: off).
 
-Taken where the second's norm is one mean (``RowNorm.more`` empty) whose sum later steps read
-(``RowNorm.sum_out``, before the statistics), computed from the row inputs alone and rounded to its
-dtype, no other step of the norm reading the inputs or the values that make the sum, and both
-sites' forms are one-row GEMVs (``vec_*``: the second with its norm prologue). ``AOTPACK_ROW_SUM``
-("on", the default; "off") for measuring.
+Taken where both sites' forms are one-row GEMVs (``vec_*``: the second with its norm prologue)
+and the second's norm is an RMSNorm-like row norm of one mean (``RowNorm.more`` empty) whose sum
+later steps read (``RowNorm.sum_out``, before the statistics), computed from the row inputs alone
+and rounded to its dtype, no other step of the norm reading the inputs or the values that make
+the sum; or a LayerNorm of ``x + y`` whose sum later steps read (GPT-2's ``ln_1`` and ``ln_2``
+after the mlp out and o projections, their biases added first). ``AOTPACK_ROW_SUM``
+("off", the default; "on") for measuring.
 """
 
 from __future__ import annotations
@@ -46,7 +48,15 @@ from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.schema import TensorSpec
 
 ENV = "AOTPACK_ROW_SUM"
-DEFAULT = "on"
+# Off: measured no faster. Llama-3.2-1B's first 8 layers at batch 1 on an H100 (bf16, 32 + 128
+# tokens, both bundles in one process, ``bench/decode_paired.py``, 12 rounds, 2026-12-06;
+# decode/paired-llama-3.2-1b-8layers-b1-row-sum-h100-2026-12-06b.json): joined 0.5707 against
+# 0.5698 ms a token apart (0.2% slower, apart faster in 12 of 12 rounds), the same tokens. The
+# chain of plain GEMVs had promised 3.7% (``bench/prologue_reads.py``); in the build's forms the
+# second's two row loads issue together, so dropping one saves little of its wait, while the first
+# now loads the residual after its products (a memory latency at its end, on the step's chain).
+# Untried: that load issued right after the wait, beside A's.
+DEFAULT = "off"
 _ROW_VAR = re.compile(r"\b[a-z]\w*_@")
 
 
@@ -104,13 +114,16 @@ def joins(pair: Any, f: Any, s: Any) -> bool:
         and not f.pre
         and not s.pre
         and first.prologue is None
-        and pro.norm is not None
         and not pro.gathered
         and pro.sum_out is not None
         and f.cfg.split_k == 1
         and s.cfg.split_k == 1
         and not any(c.rows_apart for c in (f.cfg, s.cfg))
-        and _sum_ops(pro.norm) is not None
+        and (
+            _sum_ops(pro.norm) is not None
+            if pro.norm is not None
+            else pro.y is not None  # a LayerNorm of x + y (``gemm_pairs.layer_norms`` allowed it)
+        )
     )
 
 
@@ -124,6 +137,8 @@ def render(
 ) -> tuple[tuple[Rendered, str], ...]:
     """The two kernels of the join (``joins`` holds), each with its id."""
     first, second = pair.first, pair.second
+    if second.prologue.norm is None:
+        return _render_layer_norm(pair, f, s, buffers, known, ranges)
     norm = second.prologue.norm
     ops = _sum_ops(norm)
     sum_buf, var, dtype = norm.sum_out
@@ -194,3 +209,64 @@ def _first_with_sum(
         early,
         stores=False,
     )
+
+
+def _render_layer_norm(
+    pair: Any,
+    f: Any,
+    s: Any,
+    buffers: dict[str, TensorSpec],
+    known: dict[str, TensorSpec],
+    ranges: dict[str, tuple[int, int]],
+) -> tuple[tuple[Rendered, str], ...]:
+    """``render`` where the second's prologue is a LayerNorm of ``x + y`` (GPT-2's ``ln_1``,
+    ``ln_2``): the first adds the other row to its products and stores the sum, rounded as the
+    prologue rounds it (``gemm_render._prologue_rows``); the second's prologue reads it as ``x``."""
+    first, second = pair.first, pair.second
+    pro = second.prologue
+    index = split_index(first, f.cfg, ranges)
+    ep = _site_epilogue(first, buffers, known)
+    held = {buf: (val, dtype) for buf, val, dtype in ep.stores}
+    early, body = _opening(first, f.cfg, index, "0", first.k)
+    biases, bias = _early_biases(first) if early else ([], None)
+    early += biases
+    body += _k_loop(first, f.cfg, "0", first.k, index) + _epilogue_lines(first, ep, store=False, bias=bias)
+    body.append("# the next GEMV's residual add over this block's columns, its sum stored")
+    terms, more = [], []
+    for name, buf in (("x", pro.x), ("y", pro.y)):
+        if buf in held:  # the epilogue's value, rounded as its store would round it
+            val, dtype = held[buf]
+            body.append(f"{name}_t = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
+        else:
+            body.append(
+                f"{name}_t = tl.load({name}_ptr + rm[:, None] * {first.n} + rn[None, :], mask=mask, other=0.0)"
+                ".to(tl.float32)"
+            )
+            more.append((f"{name}_ptr", buf, first.dtype))
+        terms.append(f"{name}_t")
+    body.append(f"xs = {' + '.join(terms)}")
+    body.append(
+        f"tl.store(sum_ptr + rm[:, None] * {first.n} + rn[None, :], xs.to({TL_TYPE[STORAGE[first.dtype]]}), mask=mask)"
+    )
+    more.append(("sum_ptr", pro.sum_out, first.dtype))
+    one = _join_kernel(
+        first,
+        f.cfg,
+        ep,
+        f"gemm_{_tag(first)}_{f.cfg.name}_sum",
+        "fused, then the next GEMV's residual add, its sum stored",
+        body,
+        more,
+        [pro.sum_out],
+        index,
+        early,
+        stores=False,
+    )
+    site = replace(
+        second,
+        prologue=replace(pro, x=pro.sum_out, y=None, sum_out=None),
+        outputs=tuple(o for o in second.outputs if o != pro.sum_out),
+    )
+    cfg = replace(s.cfg, name=s.cfg.name.removesuffix("_ln"))
+    two = _render_fused(site, _site_epilogue(site, buffers, known), cfg, split_index(site, cfg, ranges))
+    return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two))

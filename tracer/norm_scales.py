@@ -5,8 +5,11 @@ Mistral's, Qwen's RMSNorm: ``g * (x * rstd).to(dtype)``) and hands the product t
 layers that follow (q, k, v; gate, up). Each of those computes ``(g * y) @ W^T = y @ (W * g)^T``,
 so the build may multiply ``g`` into every such ``W``'s columns once and drop the multiply from
 the program: a one-row GEMV whose prologue runs the norm then loads no ``g`` beside its weights
-(measured on an H100, ``bench/prologue_reads.py``: the step's GEMV chain 2-5% faster), and every
-other form runs one multiply fewer.
+and every other form runs one multiply fewer. On an H100 (2026-12-06, Llama-3.2-1B's first 8
+layers, bf16, batch 1, both bundles in one process, ``bench/decode_paired.py``, 12 rounds;
+decode/paired-llama-3.2-1b-8layers-b1-fold-norm-scales-h100-2026-12-06b.json): 0.5733 against
+0.5780 ms a token (0.8% faster, 12 of 12 rounds), the same greedy tokens; ``aotpack verify``
+passes on Llama-3.2-1B's and GPT-2's shapes.
 
 The pass rewrites the exported graph, so every entry point and bucket sees the same program: the
 ``mul`` goes, and each weight is read through ``mul(W, g)``, a step of weights alone that

@@ -47,7 +47,7 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
     """``gemm_reduce_norm.py`` (a down projection's shape, then the norm and a projection): at 8
     and 32 rows the first runs in K slices and the second its swapped form after the norm kernel;
     joined, the reduce runs the norm and the norm kernel goes (one launch fewer); at one row the
-    norm is the GEMV's prologue, as without, its residual added by the GEMV before."""
+    norm is the GEMV's prologue, as without."""
     compiled = _build("gemm_reduce_norm.py")
     separate = _build("gemm_reduce_norm.py", "off")
     (site,) = compiled.program.alternatives  # the two sites as one
@@ -62,10 +62,8 @@ def test_the_reduce_runs_the_norm_at_the_buckets_of_plain_forms():
     }
     plans = _plans(compiled)
     apart = _plans(separate)
-    # (the RMSNorm applied after the GEMV's products: ``gemm_prologue.FACTORED``'s default); joined,
-    # the first GEMV adds the residual and writes the sum the norm reads (``row_sum``)
-    assert apart[1] == ["gemm_mm_vec_1x2x1024", "gemm_norm_mm_vec_1x2x1024_factored"]
-    assert plans[1] == ["gemm_mm_vec_1x2x1024_sum", "gemm_norm_mm_vec_1x2x1024_factored"]
+    # (the RMSNorm applied after the GEMV's products: ``gemm_prologue.FACTORED``'s default)
+    assert plans[1] == apart[1] == ["gemm_mm_vec_1x2x1024", "gemm_norm_mm_vec_1x2x1024_factored"]
     for rows, tile in ((8, "16"), (32, "32")):
         assert apart[rows] == [
             f"gemm_mm_fews_splitk4_{tile}x64x128_partial",

@@ -3,14 +3,15 @@ epilogue adds the residual to its products and stores the sum rounded as the nor
 it; the next GEMV's norm prologue reads that one row and writes nothing.
 
 ``gemm_rms16.py`` (float16): the down projection hands its products to the next RMSNorm's
-prologue (the residual add before it, the sum a model output). (Its bfloat16 twin ``gemm_rms.py``
-is not interpreted: the interpreter's bfloat16 tensor-core products of its 8-row forms fail their
-comparison with or without this join; on the GPU ``aotpack verify`` checks them.) At one row,
-joined: the down GEMV is a ``_sum`` kernel and the projection's prologue loads one row input (no
-``x1_ptr``, no ``sum_ptr``); apart (``AOTPACK_ROW_SUM=off``), as before. Every kernel of the joined
-one-row plan matches the library steps it replaces in Triton's interpreter (``aot.dtypes.TOLERANCE``),
-and the sum is exact (the reference's add, rounded once). A ``_sum`` kernel that drops the
-residual fails the comparison.
+prologue (the residual add before it, the sum a model output); ``gemm_reduce_ln.py`` (float16,
+GPT-2's mlp out with its bias, then ``ln_1`` of the sum and q/k/v) to a LayerNorm's. (The
+bfloat16 twin ``gemm_rms.py`` is not interpreted: the interpreter's bfloat16 tensor-core products
+of its 8-row forms fail their comparison with or without this join; on the GPU ``aotpack verify``
+checks them.) At one row, joined: the first GEMV is a ``_sum`` kernel and the next one's prologue
+loads one row input (no second row's pointer, no ``sum_ptr``); apart (``AOTPACK_ROW_SUM=off``), as
+before. Every kernel of the joined one-row plan matches the library steps it replaces in Triton's
+interpreter (``aot.dtypes.TOLERANCE``), and the sum is exact (the reference's add, rounded once).
+A ``_sum`` kernel that drops the residual fails the comparison.
 """
 
 from __future__ import annotations
@@ -42,22 +43,27 @@ def _source(compiled, kernel_id: str) -> str:
     return next(k.source for k in compiled.program.kernels if k.id == kernel_id)
 
 
-def test_the_gemv_before_a_norm_prologue_writes_the_residual_sum(tmp_path):
+# model: the second GEMV's kernel name's start, its second row input's pointer
+CASES = {"gemm_rms16": ("gemm_norm_mm_", "x1_ptr"), "gemm_reduce_ln": ("gemm_ln_addmm_", "y_ptr")}
+
+
+@pytest.mark.parametrize("model", list(CASES))
+def test_the_gemv_before_a_norm_prologue_writes_the_residual_sum(model, tmp_path):
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    model = "gemm_rms16"
+    prefix, other = CASES[model]
     apart, joined = _build(model, "off"), _build(model, "on")
     before, after = _one_row_plan(apart), _one_row_plan(joined)
     assert len(before) == len(after)
     assert not any(n.endswith("_sum") for n, _ in before)
     (summed,) = [k for n, k in after if n.endswith("_sum")]
-    (second,) = [k for n, k in after if n.startswith("gemm_norm_mm_")]
+    (second,) = [k for n, k in after if n.startswith(prefix)]
     assert "tl.store(sum_ptr" in _source(joined, summed)
     source = _source(joined, second)
-    assert "x0_ptr" in source and "x1_ptr" not in source and "sum_ptr" not in source, source
-    (old_second,) = [k for n, k in before if n.startswith("gemm_norm_mm_")]
-    assert "x1_ptr" in _source(apart, old_second) and "sum_ptr" in _source(apart, old_second)
+    assert other not in source and "sum_ptr" not in source, source
+    (old_second,) = [k for n, k in before if n.startswith(prefix)]
+    assert other in _source(apart, old_second) and "sum_ptr" in _source(apart, old_second)
 
     pack(joined, tmp_path / "joined.tpk")
     (result,) = interpret_in_subprocess(
@@ -98,7 +104,7 @@ def test_the_join_is_a_setting(monkeypatch):
     monkeypatch.setenv(row_sum.ENV, "yes")
     with pytest.raises(CodegenError, match="AOTPACK_ROW_SUM"):
         row_sum.enabled()
-    monkeypatch.setenv(row_sum.ENV, "OFF")
-    assert not row_sum.enabled()
-    monkeypatch.delenv(row_sum.ENV)
+    monkeypatch.setenv(row_sum.ENV, "ON")
     assert row_sum.enabled()
+    monkeypatch.delenv(row_sum.ENV)
+    assert not row_sum.enabled()  # off by default: measured no faster
