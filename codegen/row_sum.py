@@ -54,8 +54,8 @@ ENV = "AOTPACK_ROW_SUM"
 # 0.5698 ms a token apart (0.2% slower, apart faster in 12 of 12 rounds), the same tokens. The
 # chain of plain GEMVs had promised 3.7% (``bench/prologue_reads.py``); in the build's forms the
 # second's two row loads issue together, so dropping one saves little of its wait, while the first
-# now loads the residual after its products (a memory latency at its end, on the step's chain).
-# Untried: that load issued right after the wait, beside A's.
+# loaded the residual after its products (a memory latency at its end, on the step's chain). It
+# now loads it right after the wait, beside A's row: not yet timed.
 DEFAULT = "off"
 _ROW_VAR = re.compile(r"\b[a-z]\w*_@")
 
@@ -176,18 +176,19 @@ def _first_with_sum(
     early, body = _opening(site, cfg, index, "0", site.k)
     biases, bias = _early_biases(site) if early else ([], None)
     early += biases
-    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
     ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
-    body += [
-        "# the next GEMV's residual add over this block's columns, its sum stored",
-        "rkn = rn",
-        "kmaskn = mask",
-    ]
+    # the other row inputs (the residual) loaded right after the wait, beside A's row, so that no
+    # memory latency follows the products
+    loads = [(v, e) for v, e, _ in ops if v.startswith("x") and v not in ours]
+    body += ["# the next GEMV's residual at this block's columns", "rkn = rn", "kmaskn = mask"]
+    body += [f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}" for var, expr in loads]
+    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
+    body.append("# the next GEMV's residual add over this block's columns, its sum stored")
     for var, expr, _ in ops:
         if var in ours:  # the epilogue's value, rounded as its store would round it
             val, dtype = held[ours[var]]
             body.append(f"{var.replace('@', 'n')} = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
-        else:
+        elif (var, expr) not in loads:
             body.append(f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}")
     sum_buf, var, dtype = norm.sum_out
     body.append(
@@ -230,13 +231,12 @@ def _render_layer_norm(
     early, body = _opening(first, f.cfg, index, "0", first.k)
     biases, bias = _early_biases(first) if early else ([], None)
     early += biases
-    body += _k_loop(first, f.cfg, "0", first.k, index) + _epilogue_lines(first, ep, store=False, bias=bias)
-    body.append("# the next GEMV's residual add over this block's columns, its sum stored")
-    terms, more = [], []
+    terms, more, after = [], [], []
+    body.append("# the next GEMV's residual at this block's columns, loaded beside A's row")
     for name, buf in (("x", pro.x), ("y", pro.y)):
         if buf in held:  # the epilogue's value, rounded as its store would round it
             val, dtype = held[buf]
-            body.append(f"{name}_t = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
+            after.append(f"{name}_t = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
         else:
             body.append(
                 f"{name}_t = tl.load({name}_ptr + rm[:, None] * {first.n} + rn[None, :], mask=mask, other=0.0)"
@@ -244,6 +244,9 @@ def _render_layer_norm(
             )
             more.append((f"{name}_ptr", buf, first.dtype))
         terms.append(f"{name}_t")
+    body += _k_loop(first, f.cfg, "0", first.k, index) + _epilogue_lines(first, ep, store=False, bias=bias)
+    body.append("# the next GEMV's residual add over this block's columns, its sum stored")
+    body += after
     body.append(f"xs = {' + '.join(terms)}")
     body.append(
         f"tl.store(sum_ptr + rm[:, None] * {first.n} + rn[None, :], xs.to({TL_TYPE[STORAGE[first.dtype]]}), mask=mask)"
