@@ -11,8 +11,8 @@ products as it would have stored them, one element per output, and stores the su
 norm kernel rounds it; the second's prologue loads that row alone and writes nothing. The same
 numbers, bit for bit: the add and its rounding are the norm kernel's own steps
 (``RowNorm.row_ops`` before the sum), evaluated over the first's columns instead of the second's
-K. A chain of plain GEMVs measured it 3.7% faster (``bench/prologue_reads.py``); the build's forms
-were not (``DEFAULT``: off).
+K. A chain of plain GEMVs measured it 3.7% faster (``bench/prologue_reads.py``); in the build's
+forms it gains 0.2% at most (``DEFAULT``: off).
 
 Taken where both sites' forms are one-row GEMVs (``vec_*``: the second with its norm prologue)
 and the second's norm is an RMSNorm-like row norm of one mean (``RowNorm.more`` empty) whose sum
@@ -55,7 +55,11 @@ ENV = "AOTPACK_ROW_SUM"
 # chain of plain GEMVs had promised 3.7% (``bench/prologue_reads.py``); in the build's forms the
 # second's two row loads issue together, so dropping one saves little of its wait, while the first
 # loaded the residual after its products (a memory latency at its end, on the step's chain). It
-# now loads it right after the wait, beside A's row: not yet timed.
+# now loads it right after the wait, beside A's row: the first 4 layers, paired the same way
+# (decode/paired-llama-3.2-1b-4layers-b1-row-sum-early-h100-2026-12-06b.json), 0.3752 joined
+# against 0.3761 apart (0.2% faster, 10 of 12 rounds), the same tokens. Too small a gain for the
+# join's other effect (joined sites take a form at a bucket only where both have one) to be
+# turned on unmeasured at 16 layers and on an H200.
 DEFAULT = "off"
 _ROW_VAR = re.compile(r"\b[a-z]\w*_@")
 
