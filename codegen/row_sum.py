@@ -26,6 +26,7 @@ after the mlp out and o projections, their biases added first). ``AOTPACK_ROW_SU
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -141,66 +142,105 @@ def render(
 ) -> tuple[tuple[Rendered, str], ...]:
     """The two kernels of the join (``joins`` holds), each with its id."""
     first, second = pair.first, pair.second
-    if second.prologue.norm is None:
-        return _render_layer_norm(pair, f, s, buffers, known, ranges)
-    norm = second.prologue.norm
-    ops = _sum_ops(norm)
-    sum_buf, var, dtype = norm.sum_out
-    one = _first_with_sum(first, f.cfg, norm, ops, buffers, known, split_index(first, f.cfg, ranges))
-    # the second: one row input, the sum as stored (its load, in fp32, is the rounded sum)
-    need = {v for v, _, _ in ops}
-    row_ops = (
-        ("x0_@", row_load("x0", second.k, "rk@", "kmask@"), 0),
-        (var, "x0_@", 0),
-        *((v, e, st) for v, e, st in norm.row_ops if v not in need),
-    )
-    one_input = replace(norm, inputs=((sum_buf, dtype),), row_ops=row_ops, sum_out=None)
-    pro = replace(second.prologue, norm=one_input, x=sum_buf, y=None, sum_out=None)
-    site = replace(second, prologue=pro, outputs=tuple(o for o in second.outputs if o != sum_buf))
-    cfg = replace(s.cfg, name=s.cfg.name.removesuffix("_rms"))
-    two = _render_fused(site, _site_epilogue(site, buffers, known), cfg, split_index(site, cfg, ranges))
+    pro = second.prologue
+    at = (buffers, known, ranges)
+    if pro.norm is None:  # a LayerNorm of x + y: the second reads the sum as x
+        one = _first_kernel(
+            first, f.cfg, lambda held: _layer_norm_sum(pro, first, held), pro.sum_out, first.dtype, *at
+        )
+        two = _second_kernel(second, s.cfg, replace(pro, x=pro.sum_out, y=None, sum_out=None), "_ln", *at)
+    else:
+        norm = pro.norm
+        ops = _sum_ops(norm)
+        sum_buf, var, dtype = norm.sum_out
+        one = _first_kernel(first, f.cfg, lambda held: _row_norm_sum(norm, ops, held), sum_buf, dtype, *at)
+        # the second: one row input, the sum as stored (its load, in fp32, is the rounded sum)
+        need = {v for v, _, _ in ops}
+        row_ops = (
+            ("x0_@", row_load("x0", second.k, "rk@", "kmask@"), 0),
+            (var, "x0_@", 0),
+            *((v, e, st) for v, e, st in norm.row_ops if v not in need),
+        )
+        one_input = replace(norm, inputs=((sum_buf, dtype),), row_ops=row_ops, sum_out=None)
+        two = _second_kernel(
+            second, s.cfg, replace(pro, norm=one_input, x=sum_buf, y=None, sum_out=None), "_rms", *at
+        )
     return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two))
 
 
-def _first_with_sum(
+# (lines right after the wait: the other row inputs' loads, beside A's row, so that no memory
+# latency follows the products; lines after the epilogue; the loads' parameters; the sum's value)
+_SumLines = tuple[list[str], list[str], list[tuple[str, str, str]], str]
+
+
+def _as_stored(held: tuple[str, str]) -> str:
+    """The epilogue's value as its store would round it, in fp32."""
+    val, dtype = held
+    return f"{val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)"
+
+
+def _row_norm_sum(norm: RowNorm, ops: list[tuple[str, str, int]], held: dict) -> _SumLines:
+    """A row norm's sum over the block's columns: its own row ops (``_sum_ops``), ``@`` as ``n``."""
+    ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
+    loads = [(v, e) for v, e, _ in ops if v.startswith("x") and v not in ours]
+    before = [
+        "rkn = rn",
+        "kmaskn = mask",
+        *(f"{v.replace('@', 'n')} = {e.replace('@', 'n')}" for v, e in loads),
+    ]
+    after = [
+        f"{v.replace('@', 'n')} = {_as_stored(held[ours[v]]) if v in ours else e.replace('@', 'n')}"
+        for v, e, _ in ops
+        if (v, e) not in loads
+    ]
+    more = [(f"x{i}_ptr", buf, dt) for i, (buf, dt) in enumerate(norm.inputs) if buf not in held]
+    return before, after, more, norm.sum_out[1].replace("@", "n")
+
+
+def _layer_norm_sum(pro: Any, first: Site, held: dict) -> _SumLines:
+    """A LayerNorm prologue's ``x + y`` over the block's columns, as ``gemm_render._prologue_rows``
+    adds them."""
+    before, after, more = [], [], []
+    for name, buf in (("x", pro.x), ("y", pro.y)):
+        if buf in held:
+            after.append(f"{name}_t = {_as_stored(held[buf])}")
+        else:
+            before.append(
+                f"{name}_t = tl.load({name}_ptr + rm[:, None] * {first.n} + rn[None, :], mask=mask, other=0.0)"
+                ".to(tl.float32)"
+            )
+            more.append((f"{name}_ptr", buf, first.dtype))
+    after.append("xs = x_t + y_t")
+    return before, after, more, "xs"
+
+
+def _first_kernel(
     site: Site,
     cfg: Any,
-    norm: RowNorm,
-    ops: list[tuple[str, str, int]],
+    lines: Callable[[dict[str, tuple[str, str]]], _SumLines],
+    sum_buf: str,
+    dtype: str,
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
-    index: str,
+    ranges: dict[str, tuple[int, int]],
 ) -> Rendered:
     """``site``'s one-row form whose epilogue ends in the next GEMV's residual add: what it would
     store (read by nothing but the norm: ``gemm_pairs.Pair``) stays in registers, rounded as the
-    store would round it; the add's other row inputs are loaded at the block's columns; the sum,
-    rounded as the norm kernel rounds it, is stored."""
+    store would round it (``lines`` takes those values by buffer); the add's other row inputs are
+    loaded at the block's columns right after the wait; the sum, rounded to ``dtype``, is stored
+    to ``sum_buf``."""
+    index = split_index(site, cfg, ranges)
     ep = _site_epilogue(site, buffers, known)
-    held = {buf: (val, dtype) for buf, val, dtype in ep.stores}
+    before, after, more, value = lines({buf: (val, dt) for buf, val, dt in ep.stores})
     early, body = _opening(site, cfg, index, "0", site.k)
     biases, bias = _early_biases(site) if early else ([], None)
     early += biases
-    ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
-    # the other row inputs (the residual) loaded right after the wait, beside A's row, so that no
-    # memory latency follows the products
-    loads = [(v, e) for v, e, _ in ops if v.startswith("x") and v not in ours]
-    body += ["# the next GEMV's residual at this block's columns", "rkn = rn", "kmaskn = mask"]
-    body += [f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}" for var, expr in loads]
+    body += ["# the next GEMV's residual at this block's columns, loaded beside A's row", *before]
     body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
-    body.append("# the next GEMV's residual add over this block's columns, its sum stored")
-    for var, expr, _ in ops:
-        if var in ours:  # the epilogue's value, rounded as its store would round it
-            val, dtype = held[ours[var]]
-            body.append(f"{var.replace('@', 'n')} = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
-        elif (var, expr) not in loads:
-            body.append(f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}")
-    sum_buf, var, dtype = norm.sum_out
+    body += ["# the next GEMV's residual add over this block's columns, its sum stored", *after]
     body.append(
-        f"tl.store(sum_ptr + rm[:, None] * {site.n} + rn[None, :], "
-        f"{var.replace('@', 'n')}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"
+        f"tl.store(sum_ptr + rm[:, None] * {site.n} + rn[None, :], {value}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"
     )
-    more = [(f"x{i}_ptr", buf, dt) for i, (buf, dt) in enumerate(norm.inputs) if buf not in held]
-    more.append(("sum_ptr", sum_buf, dtype))
     return _join_kernel(
         site,
         cfg,
@@ -208,7 +248,7 @@ def _first_with_sum(
         f"gemm_{_tag(site)}_{cfg.name}_sum",
         "fused, then the next GEMV's residual add, its sum stored",
         body,
-        more,
+        [*more, ("sum_ptr", sum_buf, dtype)],
         [sum_buf],
         index,
         early,
@@ -216,64 +256,17 @@ def _first_with_sum(
     )
 
 
-def _render_layer_norm(
-    pair: Any,
-    f: Any,
-    s: Any,
+def _second_kernel(
+    second: Site,
+    cfg: Any,
+    prologue: Any,
+    suffix: str,
     buffers: dict[str, TensorSpec],
     known: dict[str, TensorSpec],
     ranges: dict[str, tuple[int, int]],
-) -> tuple[tuple[Rendered, str], ...]:
-    """``render`` where the second's prologue is a LayerNorm of ``x + y`` (GPT-2's ``ln_1``,
-    ``ln_2``): the first adds the other row to its products and stores the sum, rounded as the
-    prologue rounds it (``gemm_render._prologue_rows``); the second's prologue reads it as ``x``."""
-    first, second = pair.first, pair.second
-    pro = second.prologue
-    index = split_index(first, f.cfg, ranges)
-    ep = _site_epilogue(first, buffers, known)
-    held = {buf: (val, dtype) for buf, val, dtype in ep.stores}
-    early, body = _opening(first, f.cfg, index, "0", first.k)
-    biases, bias = _early_biases(first) if early else ([], None)
-    early += biases
-    terms, more, after = [], [], []
-    body.append("# the next GEMV's residual at this block's columns, loaded beside A's row")
-    for name, buf in (("x", pro.x), ("y", pro.y)):
-        if buf in held:  # the epilogue's value, rounded as its store would round it
-            val, dtype = held[buf]
-            after.append(f"{name}_t = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
-        else:
-            body.append(
-                f"{name}_t = tl.load({name}_ptr + rm[:, None] * {first.n} + rn[None, :], mask=mask, other=0.0)"
-                ".to(tl.float32)"
-            )
-            more.append((f"{name}_ptr", buf, first.dtype))
-        terms.append(f"{name}_t")
-    body += _k_loop(first, f.cfg, "0", first.k, index) + _epilogue_lines(first, ep, store=False, bias=bias)
-    body.append("# the next GEMV's residual add over this block's columns, its sum stored")
-    body += after
-    body.append(f"xs = {' + '.join(terms)}")
-    body.append(
-        f"tl.store(sum_ptr + rm[:, None] * {first.n} + rn[None, :], xs.to({TL_TYPE[STORAGE[first.dtype]]}), mask=mask)"
-    )
-    more.append(("sum_ptr", pro.sum_out, first.dtype))
-    one = _join_kernel(
-        first,
-        f.cfg,
-        ep,
-        f"gemm_{_tag(first)}_{f.cfg.name}_sum",
-        "fused, then the next GEMV's residual add, its sum stored",
-        body,
-        more,
-        [pro.sum_out],
-        index,
-        early,
-        stores=False,
-    )
-    site = replace(
-        second,
-        prologue=replace(pro, x=pro.sum_out, y=None, sum_out=None),
-        outputs=tuple(o for o in second.outputs if o != pro.sum_out),
-    )
-    cfg = replace(s.cfg, name=s.cfg.name.removesuffix("_ln"))
-    two = _render_fused(site, _site_epilogue(site, buffers, known), cfg, split_index(site, cfg, ranges))
-    return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two))
+) -> Rendered:
+    """``second``'s one-row form (``cfg``, named with its prologue's ``suffix``) with ``prologue``:
+    one row input, the sum the first stored, which it no longer writes."""
+    site = replace(second, prologue=prologue, outputs=tuple(o for o in second.outputs if o != prologue.x))
+    cfg = replace(cfg, name=cfg.name.removesuffix(suffix))
+    return _render_fused(site, _site_epilogue(site, buffers, known), cfg, split_index(site, cfg, ranges))
