@@ -36,6 +36,10 @@
 #     the default: 0.7% slower, GPU_K=qkv_in_attention; PAIRED_MAY_DIFFER scores each arm's tokens against float32)
 #   DEADLINE=300 AB_ENV_gpt=AOTPACK_ROWS32_EARLY=on AB_SIZES_gpt="batch=1,seq=32 batch=32,seq=1 batch=1,seq=24" bash bench/device_session.sh ab-gpt:280
 #     (BUILT_IN_32's tile with its first W step before the wait, tilee_64x32x128, against the default; untimed as of 2026-12-03)
+#   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1 DECODE_ENV1=AOTPACK_ROW_SUM=on PAIRED_BATCH=1 bash bench/device_session.sh decode-llama-3.2-1b:200 env1-llama-3.2-1b:200 paired10-llama-3.2-1b:120
+#     (the residual's sum written by the GEMV before, codegen/row_sum.py, against the default at 16 layers; 0.2% faster at 4
+#     layers on an H100, 2026-12-06; AOTPACK_FOLD_NORM_SCALES=off in DECODE_ENV1 measures the norm-scale fold the same way)
+#   DEADLINE=250 bash bench/device_session.sh prologue-reads:230   (what a one-row norm prologue's reads cost, bench/prologue_reads.py)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per
