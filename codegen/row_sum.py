@@ -76,8 +76,8 @@ def _refs(expr: str) -> set[str]:
 
 def _sum_ops(norm: RowNorm) -> list[tuple[str, str, int]] | None:
     """The row ops that make the norm's sum (``sum_out``'s variable) from its row inputs, in order;
-    None where the sum is not such a value (it reads a vector, is not rounded to its dtype, or
-    another step of the norm reads what makes it)."""
+    None where the sum is not such a value (it reads a vector, is not rounded to its dtype, as an
+    input as loaded is not, or another step of the norm reads what makes it)."""
     if norm.sum_out is None or norm.more or norm.stage_of(norm.sum_out[1]) != 0:
         return None
     _, var, dtype = norm.sum_out
@@ -92,8 +92,8 @@ def _sum_ops(norm: RowNorm) -> list[tuple[str, str, int]] | None:
         need.add(v)
         if not v.startswith("x"):  # an input's load reads no row variable
             stack.extend(_refs(ops[v][1]))
-    if any(v.startswith("v") for v in need) or ops[var][1].startswith("x"):
-        return None  # a vector (the norm's weight) in the sum, or the sum is an input as loaded
+    if any(v.startswith("v") for v in need):
+        return None  # a vector (the norm's weight) in the sum
     if not ops[var][1].endswith(f".to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)"):
         return None  # the second's statistics read the sum unrounded: a stored one would differ
     inputs = {f"x{i}_@" for i in range(len(norm.inputs))}

@@ -21,7 +21,7 @@ one unit in the last place of a weight), as two libraries' do.
 Folded only where nothing else could see the difference:
 
 - ``g`` is a weight of one dim, the row's last (K), of the row's dtype and the product's;
-- the product reaches only matmuls (``mm``, ``addmm``, ``bmm`` through views that keep K the
+- the product reaches only matmuls (``mm``, ``addmm``, through views that keep K the
   last dim) as their left operand, whose right operand is a weight ``W`` [N, K] through its
   transpose;
 - each such ``W`` is read by nothing else and shares its tensor with no other weight (a tied
@@ -80,6 +80,8 @@ def _transposed_weight(node, weights) -> torch.fx.Node | None:
         return None
     if node.target is ATEN.permute.default and list(node.args[1]) != [1, 0]:
         return None
+    if node.target is ATEN.transpose.int and node.args[1] % 2 == node.args[2] % 2:
+        return None  # transpose(W, d, d): W as it is
     w = node.args[0]
     val = _val(w)
     return w if w in weights and val is not None and val.dim() == 2 else None
@@ -99,7 +101,7 @@ def _readers(node, k: int, weights, found: list) -> bool:
             continue
         if user.target is ATEN.addmm.default:
             left, right = user.args[1], user.args[2]
-        elif user.target in (ATEN.mm.default, ATEN.bmm.default):
+        elif user.target is ATEN.mm.default:
             left, right = user.args[0], user.args[1]
         else:
             return False

@@ -9,7 +9,20 @@ from __future__ import annotations
 
 import torch
 
-MODEL = """
+# the two maps every model here takes (``maps`` makes them): x [B, 4, H, W], y [B, 4, H2, W2]
+MAPS_SPEC = """
+batch = Dim("batch", 1, 3)
+spec = ModelSpec(
+    module=M,
+    inputs=[
+        Input("x", (batch, 4, Dim("h", 1, 12), Dim("w", 3, 12))),
+        Input("y", (batch, 4, Dim("h2", 1, 20), Dim("w2", 1, 20))),
+    ],
+)
+"""
+
+MODEL = (
+    """
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -27,15 +40,9 @@ class M(nn.Module):
         f = F.interpolate(rows.permute(0, 2, 1).reshape(x.shape), size=(4, 6), mode="bilinear")
         return a + y, b, c, d, e, f
 
-batch = Dim("batch", 1, 3)
-spec = ModelSpec(
-    module=M,
-    inputs=[
-        Input("x", (batch, 4, Dim("h", 1, 12), Dim("w", 3, 12))),
-        Input("y", (batch, 4, Dim("h2", 1, 20), Dim("w2", 1, 20))),
-    ],
-)
 """
+    + MAPS_SPEC
+)
 
 
 SIZES = [
@@ -61,7 +68,8 @@ def test_bilinear_resizes_are_kernels(tmp_path):
     assert sum(k.name == "bilinear2d" for k in program.kernels) == 6
 
 
-NEAREST = """
+NEAREST = (
+    """
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -77,15 +85,9 @@ class M(nn.Module):
         e = F.interpolate(rows.permute(0, 2, 1).reshape(x.shape), size=(3, 7), mode="nearest")
         return a + y, b, c, d, e
 
-batch = Dim("batch", 1, 3)
-spec = ModelSpec(
-    module=M,
-    inputs=[
-        Input("x", (batch, 4, Dim("h", 1, 12), Dim("w", 3, 12))),
-        Input("y", (batch, 4, Dim("h2", 1, 20), Dim("w2", 1, 20))),
-    ],
-)
 """
+    + MAPS_SPEC
+)
 
 
 def test_nearest_resizes_are_read_inside_kernels(tmp_path):
@@ -102,7 +104,8 @@ def test_nearest_resizes_are_read_inside_kernels(tmp_path):
     assert sum(k.ops.count(target) for k in program.kernels) == 5, [k.name for k in program.kernels]
 
 
-ANTIALIASED = """
+ANTIALIASED = (
+    """
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -119,15 +122,9 @@ class M(nn.Module):
         tri = F.interpolate(x * 2, size=y.shape[2:], mode="bilinear", antialias=True)
         return pos[:, :4] + x, down, tri
 
-batch = Dim("batch", 1, 3)
-spec = ModelSpec(
-    module=M,
-    inputs=[
-        Input("x", (batch, 4, Dim("h", 1, 12), Dim("w", 3, 12))),
-        Input("y", (batch, 4, Dim("h2", 1, 20), Dim("w2", 1, 20))),
-    ],
-)
 """
+    + MAPS_SPEC
+)
 
 
 def test_antialiased_resizes_are_kernels(tmp_path):

@@ -115,3 +115,21 @@ def test_the_fold_is_a_setting(tmp_path, monkeypatch):
     assert not enabled()
     monkeypatch.delenv(ENV)
     assert enabled()
+
+
+def test_only_a_transpose_that_swaps_the_dims_reads_w_transposed():
+    """``transpose(W, d, d)`` is W as it is: a matmul over it reads W's rows along K, where the
+    fold would scale the wrong dim."""
+    from aot.tracer.norm_scales import ATEN, _transposed_weight
+
+    graph = torch.fx.Graph()
+    w = graph.placeholder("w")
+    w.meta["val"] = torch.empty(3, 3)
+    weights = {w: torch.empty(3, 3)}
+    same = graph.call_function(ATEN.transpose.int, (w, 1, 1))
+    swapped = graph.call_function(ATEN.transpose.int, (w, 0, -1))
+    t = graph.call_function(ATEN.t.default, (w,))
+    kept = graph.call_function(ATEN.permute.default, (w, [0, 1]))
+    assert _transposed_weight(same, weights) is None
+    assert _transposed_weight(kept, weights) is None
+    assert _transposed_weight(swapped, weights) is w and _transposed_weight(t, weights) is w
