@@ -501,7 +501,8 @@ def _vec_steps_ln(site: Site, cfg: TileConfig, k_offset: str, k_extent: int) -> 
         # the products of the scaled row, which do not wait for the statistics above; the
         # LayerNorm applied to their sums: rstd * (S - mean * (W @ scale)) + W @ shift
         for i in range(len(steps)):
-            lines.append(f"part0 += w0_{i}.to(tl.float32) * (xs{i} * lnw_{i})  # [BLOCK_N, BLOCK_K]")
+            scaled = f"(xs{i} * lnw_{i})" if pro.weight is not None else f"xs{i}"
+            lines.append(f"part0 += w0_{i}.to(tl.float32) * {scaled}  # [BLOCK_N, BLOCK_K]")
         shift = " + lnc" if site.ln_sums[1] is not None else ""
         lines.append(f"acc0 = rstd[:, None] * (tl.sum(part0, axis=1)[None, :] - mean[:, None] * lnu){shift}")
         return lines

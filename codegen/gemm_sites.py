@@ -401,7 +401,7 @@ def _ln_sums(
 ) -> tuple[str, str | None] | None:
     """``Site.ln_sums`` of a site of ``gemms`` after ``prologue``: the column sums of its one W
     (stored [N, K]) with the LayerNorm's scale and shift, where the build computed them."""
-    if prologue is None or prologue.norm is not None or prologue.weight is None or len(gemms) != 1:
+    if prologue is None or prologue.norm is not None or len(gemms) != 1:
         return None
     (g,) = gemms
     scale, shift = g["w"] + SCALE_SUM, g["w"] + SHIFT_SUM

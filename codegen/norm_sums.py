@@ -11,7 +11,8 @@ qualifies, before it knows which will join, and drops those no kernel reads once
 forms are chosen (``drop_unread_sums``).
 
 A GEMM qualifies where its A is, through views, the normalized output of a
-``native_layer_norm`` over the last dim whose scale is a weight, and its W a 2-D weight of
+``native_layer_norm`` over the last dim whose scale is a weight or absent (folded into W by the
+trace: u is then W's row sums), and its W a 2-D weight of
 static shape read as ``permute(W, [1, 0])`` (``weight_layout``'s ``[N, K]`` form).
 """
 
@@ -50,12 +51,11 @@ def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Prog
             x, shape, scale, shift = args[0], args[1], args[2], args[3]
             if (
                 isinstance(x, Buf)
-                and isinstance(scale, Buf)
-                and scale.name in specs
+                and (scale is None or (isinstance(scale, Buf) and scale.name in specs))
                 and (shift is None or (isinstance(shift, Buf) and shift.name in specs))
                 and len(shape) == 1
             ):
-                made[out] = (scale.name, shift.name if shift is not None else None)
+                made[out] = tuple(v.name if v is not None else None for v in (scale, shift))
         elif step.target in RESHAPE_VIEWS and args and isinstance(args[0], Buf):
             src = args[0].name
             if src in made or src in root:
@@ -80,13 +80,16 @@ def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Prog
             continue
         ((scale, shift),) = of
         n, k = (int(d) for d in specs[weight].shape)
-        if tuple(specs[scale].shape) != (str(k),):
+        if any(v is not None and tuple(specs[v].shape) != (str(k),) for v in (scale, shift)):
             continue
         wt = weights[weight].float()
-        for suffix, vec in ((SCALE_SUM, scale), (SHIFT_SUM, shift)):
-            if vec is not None:
-                added[weight + suffix] = (wt @ weights[vec].float()).contiguous()  # [N]
-                new.append(NamedTensor(weight + suffix, TensorSpec("float32", (str(n),))))
+        # u: W @ scale, or W's row sums where the scale is folded into W (``tracer.norm_scales``)
+        sums = {SCALE_SUM: wt @ weights[scale].float() if scale is not None else wt.sum(1)}
+        if shift is not None:
+            sums[SHIFT_SUM] = wt @ weights[shift].float()
+        for suffix, vec in sums.items():
+            added[weight + suffix] = vec.contiguous()  # [N]
+            new.append(NamedTensor(weight + suffix, TensorSpec("float32", (str(n),))))
         gemms += 1
     if not new:
         return program, weights, 0

@@ -4,8 +4,10 @@ cuBLAS picks fast Hopper/Ampere kernels only for aligned leading dimensions: GPT
 vocabulary projection (N = 50257) ran in a legacy sm_75 CUTLASS kernel that took more than half
 of a B=8 T=128 forward. The build pads such a weight with zero rows to a multiple of ``PAD_TO``
 (+72 KB for GPT-2), computes ``mm`` into the padded width and slices the real columns back out
-(a view). Only weights whose every use is ``permute([1, 0]) → mm`` or ``embedding`` are padded,
-so nothing else can see the extra rows; a lookup reads a slice of the real rows (a view), so an id
+(a view). Only weights whose every use is ``permute([1, 0]) → mm`` (or ``addmm`` whose bias is a
+weight [N] that it alone reads: the bias is padded with zeros too; a LayerNorm's shift folded
+into a head, ``tracer.norm_scales``, makes one) or ``embedding`` are padded, so nothing else can
+see the extra rows; a lookup reads a slice of the real rows (a view), so an id
 past the vocabulary is refused as before (``IndexError`` on the CPU, a row of NaN from the gather
 kernel), never a zero row from the padding.
 """
@@ -49,10 +51,7 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
                 consumers = [program.steps[i] for i in readers.get(u.outputs[0], [])]
                 if (
                     consumers
-                    and all(
-                        c.target == "aten.mm.default" and step_reads(c) == [step_reads(c)[0], u.outputs[0]]
-                        for c in consumers
-                    )
+                    and all(_padded_reader(c, u.outputs[0], n, specs, readers, program) for c in consumers)
                     and u.outputs[0] not in program.outputs
                 ):
                     mms += [(u, c) for c in consumers]
@@ -65,6 +64,10 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
         weights[name] = torch.cat([w, w.new_zeros(npad - n, w.shape[1])]).contiguous()
         specs[name] = TensorSpec(spec.dtype, (str(npad), k))
         for perm, mm in mms:
+            if mm.target == "aten.addmm.default":  # its bias padded with zeros (read by this addmm alone)
+                bias = step_reads(mm)[0]
+                weights[bias] = torch.cat([weights[bias], weights[bias].new_zeros(npad - n)]).contiguous()
+                specs[bias] = TensorSpec(specs[bias].dtype, (str(npad),))
             buffers[perm.outputs[0]] = TensorSpec(spec.dtype, (k, str(npad)))
             out = mm.outputs[0]
             wide = f"{out}_padded"
@@ -92,3 +95,23 @@ def pad_matmul_weights(program: Program, weights: dict[str, Any]) -> tuple[Progr
         flat.extend(s if isinstance(s, tuple) else (s,))
     new_weights = tuple(NamedTensor(w.name, specs[w.name]) for w in program.weights)
     return replace(program, steps=tuple(flat), buffers=buffers, weights=new_weights), weights, padded
+
+
+def _padded_reader(step: Step, wt: str, n: int, specs: dict, readers: dict, program: Program) -> bool:
+    """Whether ``step`` reads the transposed weight ``wt`` only as a matmul's right operand whose
+    output columns may run past ``n``: ``mm(a, wt)``, or ``addmm(bias, a, wt)`` with a 1-D weight
+    bias of ``n`` that no other step reads and no output is."""
+    reads = step_reads(step)
+    if step.kwargs:
+        return False
+    if step.target == "aten.mm.default":
+        return len(reads) == 2 and reads[1] == wt and reads[0] != wt
+    if step.target != "aten.addmm.default" or len(reads) != 3 or reads[2] != wt or wt in reads[:2]:
+        return False
+    bias = reads[0]
+    return (
+        bias in specs
+        and tuple(specs[bias].shape) == (str(n),)
+        and len(readers.get(bias, [])) == 1
+        and bias not in program.outputs
+    )

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from aot.codegen import gemm_prologue
+from aot.tracer import norm_scales
 from tests.codegen.conftest import failing_candidates
 from tests.conftest import HANG_GUARD_S
 
@@ -29,12 +30,14 @@ ARCHS = ("sm_90",)
 ONE_ROW = {"batch": 1}
 
 
-def _build(model: str, factored: str | None):
-    """``model`` built by default with ``AOTPACK_ONE_ROW_FACTORED=factored`` (None: unset)."""
+def _build(model: str, factored: str | None, fold: str = "rms"):
+    """``model`` built by default with ``AOTPACK_ONE_ROW_FACTORED=factored`` (None: unset) and
+    ``AOTPACK_FOLD_NORM_SCALES=fold`` ("rms": GPT-2's LayerNorm keeps its scale and shift)."""
     from aot.codegen import generate
     from aot.tracer import load_model_file, trace
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(norm_scales.ENV, fold)
         if factored is None:
             mp.delenv(gemm_prologue.FACTORED_ENV, raising=False)
         else:
@@ -104,6 +107,34 @@ def test_factored_one_row_forms_match_in_the_interpreter(model, tmp_path):
     # the residual sum the forms write (an output of their site besides the product) is exact
     written = [c for c in comparisons if c.kernel in factored and c.output in _sum_outputs(program)]
     assert written and all(c.max_abs_error == 0.0 for c in written)
+
+
+def test_a_folded_layer_norm_factors_with_ws_row_sums(tmp_path):
+    """GPT-2's LayerNorm with its scale and shift folded into fc (``AOTPACK_FOLD_NORM_SCALES=on``):
+    the factored one-row form applies the statistics with u, the row sums of W as folded (no c:
+    the shift is in fc's bias), and matches the library in Triton's interpreter at one row."""
+    import torch
+
+    from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
+    from aot.packager import pack
+    from aot.tracer.folding import FOLDED_PREFIX
+    from aot.verify.interpret import interpret_in_subprocess
+
+    compiled = _build("gemm_gpt2", "on", fold="on")
+    (form,) = [n for n, _ in _one_row_plan(compiled) if n.startswith("gemm_ln_")]
+    assert form == "gemm_ln_addmm_epilogue_vec_1x4x1024_factored"
+    (u,) = _sums(compiled)
+    assert u.startswith(FOLDED_PREFIX) and u.endswith(SCALE_SUM) and not u.endswith(SHIFT_SUM), u
+    weights = compiled.traced.weights
+    torch.testing.assert_close(weights[u], weights[u[: -len(SCALE_SUM)]].float().sum(1), rtol=1e-6, atol=1e-6)
+    pack(compiled, tmp_path / "folded.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "folded.tpk", MODELS / "gemm_gpt2.py", [ONE_ROW], None, True)], timeout=HANG_GUARD_S
+    )
+    comparisons = result[next(iter(result))]
+    assert comparisons and not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+    factored = {k for n, k in _one_row_plan(compiled) if n.endswith("_factored")}
+    assert factored and {c.kernel for c in comparisons} >= factored
 
 
 def _sum_outputs(program) -> set[str]:

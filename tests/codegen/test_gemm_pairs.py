@@ -267,8 +267,11 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
     from aot.loader import weights_read
     from aot.packager import pack
+    from aot.tracer import norm_scales
     from aot.verify.interpret import interpret_in_subprocess
 
+    # the LayerNorm as exported, its scale and shift its own (folded into W: test_norm_scales.py)
+    monkeypatch.setenv(norm_scales.ENV, "rms")
     monkeypatch.setenv(gemm_pairs.TILE_STATS_ENV, "off")
     separate = _build(model)
     apart, apart_weights = _plans(separate), {w.name for w in separate.program.weights}
@@ -319,7 +322,7 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
             assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
 
 
-def test_column_sums_only_where_one_layer_norm_precedes_every_use_of_the_weight():
+def test_column_sums_only_where_one_layer_norm_precedes_every_use_of_the_weight(monkeypatch):
     """``norm_sums``: a weight read by GEMMs after two different LayerNorms gets no column sums
     (named by the weight, one pair could not serve both), one after a single LayerNorm does, with
     its values W @ scale and W @ shift in fp32; the pass leaves the program's steps as they are."""
@@ -328,7 +331,9 @@ def test_column_sums_only_where_one_layer_norm_precedes_every_use_of_the_weight(
 
     from aot import Dim, Input, ModelSpec
     from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM, add_layer_norm_sums
-    from aot.tracer import trace
+    from aot.tracer import norm_scales, trace
+
+    monkeypatch.setenv(norm_scales.ENV, "rms")  # the LayerNorms keep their scales and shifts
 
     class TwoNorms(nn.Module):
         def __init__(self):
@@ -370,7 +375,7 @@ def test_a_bundle_holds_the_column_sums_its_forms_read_and_no_others(tmp_path):
     from aot.errors import CodegenError
     from aot.hf import causal_lm
     from aot.packager import pack
-    from aot.tracer import trace
+    from aot.tracer import norm_scales, trace
 
     cfg = tf.GPT2Config(
         n_embd=128, n_layer=2, n_head=2, n_positions=64, vocab_size=96, bos_token_id=None, eos_token_id=None
@@ -380,6 +385,7 @@ def test_a_bundle_holds_the_column_sums_its_forms_read_and_no_others(tmp_path):
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)
+        mp.setenv(norm_scales.ENV, "rms")  # the LayerNorms keep their scales and shifts
         compiled = generate(trace(spec), ARCHS)
     decode = next(p for p in compiled.program.variants if p.inputs[0].spec.shape[1:] == ("1",))
     names = {k.id: k.name for k in decode.kernels}
@@ -472,3 +478,54 @@ def test_a_row_norm_join_without_its_statistic_is_caught(tmp_path, monkeypatch):
         tmp_path / "bad.tpk",
     )
     assert failed == {f"{site.id}/{cand.name}"}
+
+
+def test_a_layer_norm_folded_into_w_joins_two_tiles_through_ws_row_sums(tmp_path, monkeypatch):
+    """``gemm_tile_ln_few.py`` with its LayerNorm's scale and shift folded into the projection
+    after it (``tracer.norm_scales``, ``AOTPACK_FOLD_NORM_SCALES=on``): the two tiles still join
+    through the first's row statistics at 8 and 32 rows (``AOTPACK_TILE_STATS=on``), the first now
+    storing the residual sum alone (no scaled copy), the second reading the build's column sums of
+    W as folded: u its row sums, and no c (the shift is in the projection's bias). Both kernels
+    match the library in Triton's interpreter at 5 and 20 rows (padded), and repeat bit for bit."""
+    import torch
+
+    from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
+    from aot.packager import pack
+    from aot.tracer import norm_scales
+    from aot.tracer.folding import FOLDED_PREFIX
+    from aot.verify.interpret import interpret_in_subprocess
+
+    monkeypatch.setenv(norm_scales.ENV, "on")
+    monkeypatch.setenv(gemm_pairs.TILE_STATS_ENV, "on")
+    compiled = _build("gemm_tile_ln_few.py")
+    tiles = {8: "gemv_16x32x128", 32: "tile_64x32x128"}
+    assert _plans(compiled) == {
+        rows: [f"gemm_addmm_{t}_stats", f"gemm_ln_addmm_{t}_from_stats"] for rows, t in tiles.items()
+    }
+    (layer_norm,) = [s for s in compiled.traced.program.steps if s.target == "aten.native_layer_norm.default"]
+    assert layer_norm.args[2] is None and layer_norm.args[3] is None
+    weights = compiled.traced.weights
+    (u,) = [n for n in weights if n.endswith((SCALE_SUM, SHIFT_SUM))]
+    assert u.startswith(FOLDED_PREFIX) and u.endswith(SCALE_SUM), u
+    w = weights[u[: -len(SCALE_SUM)]].float()
+    torch.testing.assert_close(weights[u], w.sum(1), rtol=1e-6, atol=1e-6)
+    assert not [b for b in compiled.program.buffers if b.endswith("_scaled")]
+    pack(compiled, tmp_path / "folded.tpk")
+    (result,) = interpret_in_subprocess(
+        [
+            (
+                tmp_path / "folded.tpk",
+                MODELS / "gemm_tile_ln_few.py",
+                [{"batch": 5}, {"batch": 20}],
+                None,
+                True,
+            )
+        ],
+        timeout=HANG_GUARD_S,
+    )
+    comparisons = [c for per_size in result.values() for c in per_size]
+    assert comparisons and not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+    (site,) = compiled.program.alternatives
+    checked = {c.name for c in comparisons}
+    assert {f"{site.id}/{c.name}" for c in site.candidates} <= checked
+    assert {f"{site.id}/{c.name}/rerun" for c in site.candidates} <= checked

@@ -92,3 +92,47 @@ fn[(3, 1)](w, ids, out)
 print(json.dumps([bool(torch.equal(out[0], w[1029])), bool(out[1].isnan().all()), bool(out[2].isnan().all())]))
 """
     assert interpreted_json(script) == [True, True, True]
+
+
+BIASED = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+class M(nn.Module):  # heads of 1030 outputs with biases: padded to 1088 where the bias is theirs alone
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(16, 1030)
+        self.other = nn.Linear(16, 1030)
+
+    def forward(self, x):
+        return self.head(x), self.other(x) + self.other.bias  # other's bias read twice
+
+batch = Dim("batch", 1, 4)
+spec = ModelSpec(module=M, inputs=[Input("x", (batch, 16))])
+"""
+
+
+def test_a_head_with_a_bias_it_alone_reads_is_padded_with_its_bias(tmp_path):
+    """``addmm(bias, x, W^T)`` (a LayerNorm's shift folded into a head makes one): W and its bias
+    padded with zero rows to 1088, the product sliced back, the outputs as before (float32: the
+    CPU's GEMM may block a wider product otherwise, 1e-6); a head whose bias another step reads
+    too is left alone."""
+    from aot.tracer import trace
+
+    path = tmp_path / "biased.py"
+    path.write_text(BIASED)
+    spec = load_model_file(path)
+    traced = trace(spec)
+    program, weights, n = pad_matmul_weights(traced.program, dict(traced.weights))
+    assert n == 1
+    assert weights["head.weight"].shape == (1088, 16) and weights["head.bias"].shape == (1088,)
+    assert weights["head.weight"][1030:].abs().max() == 0 and weights["head.bias"][1030:].abs().max() == 0
+    assert weights["other.weight"].shape == (1030, 16) and weights["other.bias"].shape == (1030,)
+    sizes = {"batch": 3}
+    inputs = example_inputs(spec, sizes, seed=1)
+    want = AtenProgram(traced.program, dict(traced.weights), torch.device("cpu"))(inputs, sizes)
+    got = AtenProgram(program, weights, torch.device("cpu"))(inputs, sizes)
+    assert [g.shape for g in got] == [w.shape for w in want] == [(3, 1030), (3, 1030)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)

@@ -130,7 +130,9 @@ def test_gpt2_conv1d_weights_are_stored_transposed_once_for_both_entry_points(hf
     """GPT-2's Conv1D weights ([K, N], read by ``addmm(b, x, W)`` alone) are stored [N, K] under
     a new name (``aot.codegen.weight_layout``), by prefill and decode alike: the bundle holds each
     once, the original layout not at all (its attention output projection is square: a shape
-    check alone could not tell the layouts apart)."""
+    check alone could not tell the layouts apart). The two after a LayerNorm (``c_attn`` after
+    ``ln_1``, ``c_fc`` after ``ln_2``) are stored with the LayerNorm's scale folded into their
+    rows (``aot.tracer.norm_scales``: a ``folded.`` weight, as [N, K] too)."""
     from safetensors.torch import load
 
     from aot.loader.bundle import open_bundle
@@ -145,13 +147,23 @@ def test_gpt2_conv1d_weights_are_stored_transposed_once_for_both_entry_points(hf
     params = dict(model.named_parameters())
     conv1d = [n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"]
     assert len(conv1d) == 4 * 2  # c_attn, c_proj, c_fc, mlp c_proj; 2 layers
+    after_norm = {m: m.rsplit(".", 2)[0] + (".ln_1" if m.endswith("c_attn") else ".ln_2") for m in conv1d}
+    after_norm = {m: ln for m, ln in after_norm.items() if m.endswith(("c_attn", "c_fc"))}
+    folded = {n: t for n, t in stored.items() if n.startswith("folded.") and n.endswith(".nk")}
     for program in (runner.program, *runner.program.variants):
         names = {w.name for w in program.weights}
         for module in conv1d:
-            assert f"model.{module}.weight.nk" in names and f"model.{module}.weight" not in names
+            assert f"model.{module}.weight" not in names
+            assert (f"model.{module}.weight.nk" in names) == (module not in after_norm)
     for module in conv1d:
         assert f"model.{module}.weight" not in stored
-        assert torch.equal(stored[f"model.{module}.weight.nk"], params[f"{module}.weight"].detach().t())
+        w = params[f"{module}.weight"].detach()
+        if module in after_norm:  # W * scale along K, [N, K]: one stored weight equals it
+            scaled = (w * params[f"{after_norm[module]}.weight"].detach()[:, None]).t()
+            assert sum(torch.equal(t, scaled) for t in folded.values()) == 1, module
+        else:
+            assert torch.equal(stored[f"model.{module}.weight.nk"], w.t())
+    assert all(t.is_contiguous() for t in folded.values())
     square = stored["model.transformer.h.0.attn.c_proj.weight.nk"]
     assert square.shape == (32, 32) and square.is_contiguous()
 

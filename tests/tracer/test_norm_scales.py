@@ -56,14 +56,14 @@ spec = ModelSpec(module=M, inputs=[Input("ids", (Dim("batch", 1, 4), 5), dtype="
 """
 
 
-def _build(tmp_path, dtype: str, fold: str):
+def _build(tmp_path, dtype: str, fold: str, model: str = MODEL):
     from aot.codegen import generate
     from aot.packager import pack
     from aot.tracer import load_model_file, trace
     from aot.tracer.norm_scales import ENV
 
     path = tmp_path / f"norms_{dtype}.py"
-    path.write_text(MODEL.replace("{dtype}", dtype))
+    path.write_text(model.replace("{dtype}", dtype))
     spec = load_model_file(path)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV, fold)
@@ -106,15 +106,15 @@ def test_a_norms_scale_folds_into_the_projections_that_alone_read_it(tmp_path, d
 
 def test_the_fold_is_a_setting(tmp_path, monkeypatch):
     from aot.errors import CodegenError
-    from aot.tracer.norm_scales import ENV, enabled
+    from aot.tracer.norm_scales import DEFAULT, ENV, mode
 
     monkeypatch.setenv(ENV, "of")
     with pytest.raises(CodegenError, match=ENV):
-        enabled()
+        mode()
     monkeypatch.setenv(ENV, "OFF")
-    assert not enabled()
+    assert mode() == "off"
     monkeypatch.delenv(ENV)
-    assert enabled()
+    assert mode() == DEFAULT
 
 
 def test_only_a_transpose_that_swaps_the_dims_reads_w_transposed():
@@ -133,3 +133,79 @@ def test_only_a_transpose_that_swaps_the_dims_reads_w_transposed():
     assert _transposed_weight(same, weights) is None
     assert _transposed_weight(kept, weights) is None
     assert _transposed_weight(swapped, weights) is w and _transposed_weight(t, weights) is w
+
+
+LAYER_NORMS = """
+import torch
+from torch import nn
+from aot import Dim, Input, ModelSpec
+
+def norm(d):
+    ln = nn.LayerNorm(d)
+    with torch.no_grad():
+        ln.weight.copy_(1 + 0.3 * torch.randn(d))
+        ln.bias.copy_(0.5 * torch.randn(d))
+    return ln
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(40, 24)
+        self.ln1, self.ln2, self.ln3 = norm(24), norm(24), norm(24)
+        self.qkv = nn.Linear(24, 48)
+        self.conv_w = nn.Parameter(0.2 * torch.randn(24, 16))  # GPT-2's Conv1D: W [K, N], read as is
+        self.conv_b = nn.Parameter(torch.randn(16))
+        self.plain = nn.Linear(24, 8, bias=False)
+        self.up = nn.Linear(24, 24)
+        self.head = nn.Linear(24, 40, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        h = self.ln1(x)
+        conv = torch.addmm(self.conv_b, h.view(-1, 24), self.conv_w).view(*h.shape[:-1], 16)
+        x = x + self.qkv(h)[..., :24] + torch.cat([conv, self.plain(h)], -1)
+        h = self.ln2(x)
+        x = x + self.up(h) + h  # the norm's output read beside the linear
+        return self.head(self.ln3(x))
+
+spec = ModelSpec(module=M, inputs=[Input("ids", (Dim("batch", 1, 4), 5), dtype="int64", low=0, high=40)], dtype="{dtype}")
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_layer_norms_scale_and_shift_fold_into_the_projections_that_alone_read_it(tmp_path, dtype):
+    """``LN(x) @ W^T + b = norm(x) @ (W * scale)^T + (b + W @ shift)``: ``ln1`` feeds a linear with
+    a bias, a Conv1D-style ``addmm`` over W [K, N] and a linear without a bias (which becomes an
+    ``addmm`` of ``W @ shift``); all fold and ``ln1`` keeps no scale or shift. ``ln2`` (read beside
+    its linear) and ``ln3`` (before the tied head) keep theirs. Against eager: float32 1e-5 of the
+    output's scale, float16 2e-2 (``W * scale`` and ``b + W @ shift`` rounded once where the
+    reference rounds the LayerNorm's output each call). A mutation that reads W scaled in
+    ``W @ shift``, or scales W's other dim, fails it."""
+    from aot.loader import load
+    from aot.tracer.folding import FOLDED_PREFIX
+    from aot.tracer.model import instantiate
+
+    spec, traced, bundle = _build(tmp_path, dtype, "on", LAYER_NORMS)
+    _, apart, apart_bundle = _build(tmp_path, dtype, "rms", LAYER_NORMS)
+    names = {w.name for w in traced.program.weights}
+    folded_away = {"qkv.weight", "qkv.bias", "conv_w", "conv_b", "plain.weight", "ln1.weight", "ln1.bias"}
+    assert not names & folded_away, sorted(names)
+    # W * scale for the three; b + W @ shift for qkv and conv, W @ shift alone for plain
+    assert sum(n.startswith(FOLDED_PREFIX) for n in names) == 6, sorted(names)
+    assert {"ln2.weight", "ln2.bias", "up.weight", "ln3.weight", "ln3.bias", "embed.weight"} <= names
+    assert folded_away <= {w.name for w in apart.program.weights}
+    (ln1,) = [s for s in traced.program.steps if s.target == "aten.native_layer_norm.default"][:1]
+    assert ln1.args[2] is None and ln1.args[3] is None
+
+    module = instantiate(spec)
+    runner, unfolded = load(bundle), load(apart_bundle)
+    for batch in (1, 3, 4):
+        ids = torch.randint(0, 40, (batch, 5), generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected = module(ids).float()
+        got, other = runner(ids).float(), unfolded(ids).float()
+        scale = max(1.0, expected.abs().max().item())
+        tol = 1e-5 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(got, expected, rtol=0, atol=tol * scale)
+        torch.testing.assert_close(got, other, rtol=0, atol=tol * scale)
