@@ -12,7 +12,7 @@ norm kernel rounds it; the second's prologue loads that row alone and writes not
 numbers, bit for bit: the add and its rounding are the norm kernel's own steps
 (``RowNorm.row_ops`` before the sum), evaluated over the first's columns instead of the second's
 K. A chain of plain GEMVs measured it 3.7% faster (``bench/prologue_reads.py``); in the build's
-forms it gains 0.2% at most (``DEFAULT``: off).
+forms Llama-3.2-1B's whole step 0.4% (``DEFAULT``: on).
 
 Taken where both sites' forms are one-row GEMVs (``vec_*``: the second with its norm prologue)
 and the second's norm is an RMSNorm-like row norm of one mean (``RowNorm.more`` empty) whose sum
@@ -20,7 +20,9 @@ later steps read (``RowNorm.sum_out``, before the statistics), computed from the
 and rounded to its dtype, no other step of the norm reading the inputs or the values that make
 the sum; or a LayerNorm of ``x + y`` whose sum later steps read (GPT-2's ``ln_1`` and ``ln_2``
 after the mlp out and o projections, their biases added first). ``AOTPACK_ROW_SUM``
-("off", the default; "on") for measuring.
+("on", the default; "off") for measuring. Only one-row buckets change: the sites of the models
+measured (the example mlp and GPT, transformers' GPT-2 and Llama as causal LMs) keep every other
+bucket's plan.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.schema import TensorSpec
 
 ENV = "AOTPACK_ROW_SUM"
-# Off: measured no faster. Llama-3.2-1B's first 8 layers at batch 1 on an H100 (bf16, 32 + 128
+# On: Llama-3.2-1B's 16 layers at batch 1 on an H100 (the residual loaded beside A's row; paired
+# as below; decode/paired-llama-3.2-1b-b1-row-sum-h100-2026-12-06c.json): 0.9599 joined against
+# 0.9637 ms a token apart (0.4% faster, 12 of 12 rounds), the same tokens; batches 8 and 32 run
+# the same plans (1.098 / 1.095 and 1.218 / 1.214 in processes of their own). Before: Llama-3.2-1B's first 8 layers at batch 1 on an H100 (bf16, 32 + 128
 # tokens, both bundles in one process, ``bench/decode_paired.py``, 12 rounds, 2026-12-06;
 # decode/paired-llama-3.2-1b-8layers-b1-row-sum-h100-2026-12-06b.json): joined 0.5707 against
 # 0.5698 ms a token apart (0.2% slower, apart faster in 12 of 12 rounds), the same tokens. The
@@ -58,10 +63,10 @@ ENV = "AOTPACK_ROW_SUM"
 # loaded the residual after its products (a memory latency at its end, on the step's chain). It
 # now loads it right after the wait, beside A's row: the first 4 layers, paired the same way
 # (decode/paired-llama-3.2-1b-4layers-b1-row-sum-early-h100-2026-12-06b.json), 0.3752 joined
-# against 0.3761 apart (0.2% faster, 10 of 12 rounds), the same tokens. Too small a gain for the
-# join's other effect (joined sites take a form at a bucket only where both have one) to be
-# turned on unmeasured at 16 layers and on an H200.
-DEFAULT = "off"
+# against 0.3761 apart (0.2% faster, 10 of 12 rounds), the same tokens. The join's other effect
+# (joined sites take a form at a bucket only where both have one) leaves the plans of every
+# bucket but one row's as they were in the models above; an H200 has not measured it.
+DEFAULT = "on"
 _ROW_VAR = re.compile(r"\b[a-z]\w*_@")
 
 

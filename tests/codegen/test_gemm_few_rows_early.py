@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from aot.codegen import gemm, gemm_defaults, gemm_forms, gemm_render
+from aot.codegen import gemm, gemm_defaults, gemm_forms, gemm_render, row_sum
 from aot.codegen.gemm_defaults import FEW_ROWS_ENV, FEW_ROWS_PROLOGUE_ENV, default_form
 from tests.conftest import HANG_GUARD_S
 
@@ -35,6 +35,9 @@ SPLIT = "fewe_splitk_16x16x128"  # a test config: K = 600 in two slices
 def _no_override(monkeypatch):
     monkeypatch.delenv(FEW_ROWS_ENV, raising=False)
     monkeypatch.delenv(FEW_ROWS_PROLOGUE_ENV, raising=False)
+    # the few-row forms' sites as they stand apart: the one-row join (``row_sum``) would make
+    # gemm_rms16's down projection and the projection after it one site at every bucket
+    monkeypatch.setenv(row_sum.ENV, "off")
 
 
 def test_the_new_forms_and_the_override(monkeypatch):
@@ -58,6 +61,7 @@ def _build(tmp_path_factory, form: str, configs=None):
     from aot.tracer import load_model_file, trace
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(row_sum.ENV, "off")  # as ``_no_override``
         mp.setattr(gemm_defaults, "FEW_ROWS", form)
         mp.setattr(gemm_render, "ONE_PASS_DTYPES", ("bfloat16", "float16"))
         if configs is not None:

@@ -104,7 +104,7 @@ def test_the_join_is_a_setting(monkeypatch):
     monkeypatch.setenv(row_sum.ENV, "yes")
     with pytest.raises(CodegenError, match="AOTPACK_ROW_SUM"):
         row_sum.enabled()
-    monkeypatch.setenv(row_sum.ENV, "ON")
-    assert row_sum.enabled()
+    monkeypatch.setenv(row_sum.ENV, "OFF")
+    assert not row_sum.enabled()
     monkeypatch.delenv(row_sum.ENV)
-    assert not row_sum.enabled()  # off by default: measured no faster
+    assert row_sum.enabled()  # on by default: Llama-3.2-1B 0.4% faster at batch 1 (H100)
