@@ -73,11 +73,29 @@ def _build(tmp_path, dtype: str, fold: str, model: str = MODEL):
     return spec, traced, bundle
 
 
+def _compare(spec, bundle, apart_bundle, dtype: str) -> None:
+    """The folded ``bundle`` against eager and the unfolded build at batch 1, 3 and 4: float32
+    1e-5 of the output's scale, half precision 2e-2 (the weights' one rounding against the
+    reference's rounding of the norm's output)."""
+    from aot.loader import load
+    from aot.tracer.model import instantiate
+
+    module = instantiate(spec)
+    runner, unfolded = load(bundle), load(apart_bundle)
+    for batch in (1, 3, 4):
+        ids = torch.randint(0, 40, (batch, 5), generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected = module(ids).float()
+        got, other = runner(ids).float(), unfolded(ids).float()
+        scale = max(1.0, expected.abs().max().item())
+        tol = 1e-5 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(got, expected, rtol=0, atol=tol * scale)
+        torch.testing.assert_close(got, other, rtol=0, atol=tol * scale)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_norms_scale_folds_into_the_projections_that_alone_read_it(tmp_path, dtype):
-    from aot.loader import load
     from aot.tracer.folding import FOLDED_PREFIX
-    from aot.tracer.model import instantiate
 
     spec, traced, bundle = _build(tmp_path, dtype, "on")
     _, apart, apart_bundle = _build(tmp_path, dtype, "off")
@@ -91,17 +109,7 @@ def test_a_norms_scale_folds_into_the_projections_that_alone_read_it(tmp_path, d
     muls = lambda t: sum(s.target == "aten.mul.Tensor" for s in t.program.steps)  # noqa: E731
     assert muls(traced) == muls(apart) - 1
 
-    module = instantiate(spec)
-    runner, unfolded = load(bundle), load(apart_bundle)
-    for batch in (1, 3, 4):
-        ids = torch.randint(0, 40, (batch, 5), generator=torch.Generator().manual_seed(batch))
-        with torch.no_grad():
-            expected = module(ids).float()
-        got, other = runner(ids).float(), unfolded(ids).float()
-        scale = max(1.0, expected.abs().max().item())
-        tol = 1e-5 if dtype == "float32" else 2e-2
-        torch.testing.assert_close(got, expected, rtol=0, atol=tol * scale)
-        torch.testing.assert_close(got, other, rtol=0, atol=tol * scale)
+    _compare(spec, bundle, apart_bundle, dtype)
 
 
 def test_the_fold_is_a_setting(tmp_path, monkeypatch):
@@ -182,9 +190,7 @@ def test_a_layer_norms_scale_and_shift_fold_into_the_projections_that_alone_read
     output's scale, float16 2e-2 (``W * scale`` and ``b + W @ shift`` rounded once where the
     reference rounds the LayerNorm's output each call). A mutation that reads W scaled in
     ``W @ shift``, or scales W's other dim, fails it."""
-    from aot.loader import load
     from aot.tracer.folding import FOLDED_PREFIX
-    from aot.tracer.model import instantiate
 
     spec, traced, bundle = _build(tmp_path, dtype, "on", LAYER_NORMS)
     _, apart, apart_bundle = _build(tmp_path, dtype, "rms", LAYER_NORMS)
@@ -198,14 +204,4 @@ def test_a_layer_norms_scale_and_shift_fold_into_the_projections_that_alone_read
     (ln1,) = [s for s in traced.program.steps if s.target == "aten.native_layer_norm.default"][:1]
     assert ln1.args[2] is None and ln1.args[3] is None
 
-    module = instantiate(spec)
-    runner, unfolded = load(bundle), load(apart_bundle)
-    for batch in (1, 3, 4):
-        ids = torch.randint(0, 40, (batch, 5), generator=torch.Generator().manual_seed(batch))
-        with torch.no_grad():
-            expected = module(ids).float()
-        got, other = runner(ids).float(), unfolded(ids).float()
-        scale = max(1.0, expected.abs().max().item())
-        tol = 1e-5 if dtype == "float32" else 2e-2
-        torch.testing.assert_close(got, expected, rtol=0, atol=tol * scale)
-        torch.testing.assert_close(got, other, rtol=0, atol=tol * scale)
+    _compare(spec, bundle, apart_bundle, dtype)
