@@ -12,17 +12,17 @@ norm kernel rounds it; the second's prologue loads that row alone and writes not
 numbers, bit for bit: the add and its rounding are the norm kernel's own steps
 (``RowNorm.row_ops`` before the sum), evaluated over the first's columns instead of the second's
 K. A chain of plain GEMVs measured it 3.7% faster (``bench/prologue_reads.py``); in the build's
-forms Llama-3.2-1B's whole step 0.4% (``DEFAULT``: on).
+forms Llama-3.2-1B's whole step 0.4%, where GPT-2's (LayerNorms) lost 3% (``DEFAULT``: "rms").
 
 Taken where both sites' forms are one-row GEMVs (``vec_*``: the second with its norm prologue)
 and the second's norm is an RMSNorm-like row norm of one mean (``RowNorm.more`` empty) whose sum
 later steps read (``RowNorm.sum_out``, before the statistics), computed from the row inputs alone
 and rounded to its dtype, no other step of the norm reading the inputs or the values that make
 the sum; or a LayerNorm of ``x + y`` whose sum later steps read (GPT-2's ``ln_1`` and ``ln_2``
-after the mlp out and o projections, their biases added first). ``AOTPACK_ROW_SUM``
-("on", the default; "off") for measuring. Only one-row buckets change: the sites of the models
-measured (the example mlp and GPT, transformers' GPT-2 and Llama as causal LMs) keep every other
-bucket's plan.
+after the mlp out and o projections, their biases added first). ``AOTPACK_ROW_SUM``: "rms"
+(the default) joins before row norms (RMSNorms) alone, "on" before LayerNorms too, "off" nowhere.
+Only one-row buckets change: the sites of the models measured (the example mlp and GPT,
+transformers' GPT-2 and Llama as causal LMs) keep every other bucket's plan.
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ from aot.codegen.gemm_render import (
 )
 from aot.codegen.gemm_sites import Site
 from aot.codegen.gemm_stats import _join_kernel
-from aot.codegen.kernel_source import on_off
 from aot.codegen.render import Rendered, kernel_id
 from aot.codegen.triton_types import STORAGE, TL_TYPE
+from aot.errors import CodegenError
 from aot.schema import TensorSpec
+from aot.settings import setting
 
 ENV = "AOTPACK_ROW_SUM"
 # On: Llama-3.2-1B's 16 layers at batch 1 on an H100 (the residual loaded beside A's row; paired
@@ -66,13 +67,18 @@ ENV = "AOTPACK_ROW_SUM"
 # against 0.3761 apart (0.2% faster, 10 of 12 rounds), the same tokens. The join's other effect
 # (joined sites take a form at a bucket only where both have one) leaves the plans of every
 # bucket but one row's as they were in the models above; an H200 has not measured it.
-DEFAULT = "on"
+# Not before LayerNorms: GPT-2's decode (fp16, 448 + 64 tokens, batch 1, paired as above, H100,
+# 2026-12-06; decode/paired-gpt2-b1-row-sum-h100-2026-12-06d.json) took 0.2140 ms a token joined
+# against 0.2075 apart (3.2% slower, apart faster in 12 of 12 rounds), the same tokens.
+DEFAULT = "rms"
+SETTINGS = ("rms", "on", "off")
 _ROW_VAR = re.compile(r"\b[a-z]\w*_@")
 
 
-def enabled() -> bool:
-    """``AOTPACK_ROW_SUM`` ("on"/"off") where set, else ``DEFAULT``."""
-    return on_off(ENV, DEFAULT)
+def mode() -> str:
+    """``AOTPACK_ROW_SUM`` where set (one of ``SETTINGS``), else ``DEFAULT``; any other value is
+    a ``CodegenError`` naming them."""
+    return setting(ENV, DEFAULT, SETTINGS, error=CodegenError)
 
 
 def _refs(expr: str) -> set[str]:
@@ -115,8 +121,9 @@ def joins(pair: Any, f: Any, s: Any) -> bool:
     """Whether forms ``f`` (the first site's) and ``s`` (the second's) of ``pair`` join here."""
     first, second = pair.first, pair.second
     pro = second.prologue
+    what = mode()
     return (
-        enabled()
+        (what == "on" or (what == "rms" and pro.norm is not None))
         and not f.cfg.dot
         and not s.cfg.dot
         and len(f.kernels) == 1

@@ -86,8 +86,8 @@ def test_the_reduce_runs_a_layer_norm():
     """``gemm_reduce_ln.py`` (GPT-2's MLP down projection, the next ``ln_1`` and q/k/v, with
     biases): at 8 and 32 rows the first runs in K slices and the second its plain form after the
     add + LayerNorm kernel; by default the reduce runs the LayerNorm and that kernel goes; at one
-    row the LayerNorm is the GEMV's prologue, as without, its residual added by the GEMV before
-    (``row_sum``). ``AOTPACK_REDUCE_NORM=rms`` (row norms only) keeps these sites apart, as
+    row the LayerNorm is the GEMV's prologue, as without (``row_sum`` joins before RMSNorms
+    alone by default). ``AOTPACK_REDUCE_NORM=rms`` (row norms only) keeps these sites apart, as
     ``off`` does."""
     compiled = _build("gemm_reduce_ln.py")
     separate = _build("gemm_reduce_ln.py", "rms")
@@ -98,10 +98,8 @@ def test_the_reduce_runs_a_layer_norm():
     assert site.library == (*first.library, *second.library)
     plans = _plans(compiled)
     apart = _plans(separate)
-    # K 768: the LayerNorm's GEMV on four rows of W a block (gemm_defaults.PROLOGUE_ROWS); joined,
-    # the first GEMV adds the residual and writes the sum the LayerNorm reads (``row_sum``)
-    assert apart[1] == ["gemm_addmm_vec_1x1x512", "gemm_ln_addmm_vec_1x4x1024"]
-    assert plans[1] == ["gemm_addmm_vec_1x1x512_sum", "gemm_ln_addmm_vec_1x4x1024"]
+    # K 768: the LayerNorm's GEMV on four rows of W a block (gemm_defaults.PROLOGUE_ROWS)
+    assert plans[1] == apart[1] == ["gemm_addmm_vec_1x1x512", "gemm_ln_addmm_vec_1x4x1024"]
     for rows, tile, form in ((8, "16", "gemv_16x32x128"), (32, "32", "tile_64x32x128")):
         split = f"gemm_addmm_fews_splitk8_{tile}x64x64"
         assert apart[rows] == [
