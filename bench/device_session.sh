@@ -40,6 +40,10 @@
 #     (the residual's sum written by the GEMV before, codegen/row_sum.py, against the default at 16 layers; 0.2% faster at 4
 #     layers on an H100, 2026-12-06; AOTPACK_FOLD_NORM_SCALES=off in DECODE_ENV1 measures the norm-scale fold the same way)
 #   DEADLINE=250 bash bench/device_session.sh prologue-reads:230   (what a one-row norm prologue's reads cost, bench/prologue_reads.py)
+#   DEADLINE=575 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8 DECODE_ENV1=AOTPACK_FOLD_NORM_SCALES=rms PAIRED_BATCH=1,8 AB_ENV_gpt=AOTPACK_FOLD_NORM_SCALES=rms AB_SIZES_gpt="batch=1,seq=1 batch=1,seq=128" bash bench/device_session.sh decode-gpt2:140 env1-gpt2:140 paired10-gpt2:80 ab-gpt:130
+#     (the default, a LayerNorm's scale and shift folded into the projections after it, tracer/norm_scales.py, against the
+#     RMSNorm fold alone: GPT-2's decode 1.4% faster at batch 1, the example GPT 1.5-2.1%, H100, 2026-12-06;
+#     DECODE_ENV1=AOTPACK_ROW_SUM=on with decode-gpt2 measures the sum join before LayerNorms: 3.2% slower)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per

@@ -55,8 +55,9 @@ ENV = "AOTPACK_ROW_SUM"
 # On: Llama-3.2-1B's 16 layers at batch 1 on an H100 (the residual loaded beside A's row; paired
 # as below; decode/paired-llama-3.2-1b-b1-row-sum-h100-2026-12-06c.json): 0.9599 joined against
 # 0.9637 ms a token apart (0.4% faster, 12 of 12 rounds), the same tokens; batches 8 and 32 run
-# the same plans (1.098 / 1.095 and 1.218 / 1.214 in processes of their own). Before: Llama-3.2-1B's first 8 layers at batch 1 on an H100 (bf16, 32 + 128
-# tokens, both bundles in one process, ``bench/decode_paired.py``, 12 rounds, 2026-12-06;
+# the same plans (1.098 / 1.095 and 1.218 / 1.214 in processes of their own). Before that:
+# Llama-3.2-1B's first 8 layers at batch 1 on an H100 (bf16, 32 + 128 tokens, both bundles in
+# one process, ``bench/decode_paired.py``, 12 rounds, 2026-12-06;
 # decode/paired-llama-3.2-1b-8layers-b1-row-sum-h100-2026-12-06b.json): joined 0.5707 against
 # 0.5698 ms a token apart (0.2% slower, apart faster in 12 of 12 rounds), the same tokens. The
 # chain of plain GEMVs had promised 3.7% (``bench/prologue_reads.py``); in the build's forms the
