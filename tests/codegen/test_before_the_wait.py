@@ -156,8 +156,13 @@ def test_gemvs_launch_first_but_before_the_decode_attention():
                     continue  # the norm kernel before a form without the norm in its prologue
                 dot = "tl.dot(" in kernel.source
                 first = _indented(GDC_LAUNCH_FIRST) in kernel.source
-                assert first is not (before_state or dot), (site.id, cand.name)
-                launched["dot" if dot else "waits" if before_state else "first"].add((site.id, cand.name))
+                # a joined pair's kernels (``row_sum``: down's, then the next q/k/v's): the last is
+                # the one before the site's next launch
+                before = before_state and step is cand.steps[-1]
+                assert first is not (before or dot), (site.id, cand.name, kernel.name)
+                launched["dot" if dot else "waits" if before else "first"].add(
+                    (site.id, cand.name, kernel.name)
+                )
     # the one-row forms: q/k/v's of both layers wait first; o's, gate/up's and down's of both and
     # the head's launch first
     assert len(launched["waits"]) == 2 and len(launched["first"]) == 7 and launched["dot"], launched

@@ -211,11 +211,10 @@ def test_the_torch_loader_runs_the_library_free_bundle_on_the_cpu_as_eager(built
     from aot.loader import load
     from aot.runtime import check
     from aot.tracer import load_model_file
+    from aot.tracer.model import instantiate
 
     compiled, bundle, path = built
-    module = load_model_file(path).module()
-    module.load_state_dict({k: v for k, v in compiled.traced.weights.items() if k in module.state_dict()})
-    module.eval()
+    module = instantiate(load_model_file(path))  # the build's weights (its LayerNorm folded into pw's)
     x = torch.randn(3, 3, 20, 18, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(load(bundle)(x), module(x), rtol=1e-5, atol=1e-5)
     assert [e.name for e in check(bundle).entries] == ["general"]  # aotpack-rt accepts it

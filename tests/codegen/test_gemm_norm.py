@@ -553,7 +553,7 @@ def test_decode_plan_matches_its_reference_in_the_interpreter(kind, fused_prefix
     # pair of sites joined at other buckets (GPT-2's o and fc: their 16-row tiles join at 2-16
     # rows, ``gemm_pairs``) runs its two one-row forms apart here, each with its site's steps
     assert sorted({r[0] for r in results}) == launched
-    assert len(results) >= 20
+    assert len(results) >= 15  # (fewer where ``row_sum`` joins a pair: its first kernel has no rows)
     bad = [r for r in results if not r[3]]
     assert not bad, bad[:3]
 

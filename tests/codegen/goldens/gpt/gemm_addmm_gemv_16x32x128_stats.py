@@ -14,8 +14,8 @@ GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the k
 
 
 @triton.jit
-def gemm_addmm_gemv_16x32x128_stats(a_ptr, w0_ptr, b0_ptr, x_ptr, lnw_ptr, scaled_ptr, sum_ptr, stats_ptr, M):
-    # a_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, x_ptr: *fp16, lnw_ptr: *fp16, scaled_ptr: *fp16, sum_ptr: *fp16, stats_ptr: *fp32, M: i32
+def gemm_addmm_gemv_16x32x128_stats(a_ptr, w0_ptr, b0_ptr, x_ptr, sum_ptr, stats_ptr, M):
+    # a_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, x_ptr: *fp16, sum_ptr: *fp16, stats_ptr: *fp32, M: i32
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -36,8 +36,6 @@ def gemm_addmm_gemv_16x32x128_stats(a_ptr, w0_ptr, b0_ptr, x_ptr, lnw_ptr, scale
     y_t = acc0.to(tl.float16).to(tl.float32)
     xs = x_t + y_t
     xs = xs.to(tl.float16).to(tl.float32)
-    lnw_t = tl.load(lnw_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(scaled_ptr + rm[:, None] * 768 + rn[None, :], (xs * lnw_t).to(tl.float16), mask=mask)
     tl.store(sum_ptr + rm[:, None] * 768 + rn[None, :], xs.to(tl.float16), mask=mask)
     # the rows' statistics over this tile's columns: the sum, the squared deviations from its mean
     xs = tl.where(mask, xs, 0.0)

@@ -14,8 +14,8 @@ GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the k
 
 
 @triton.jit
-def gemm_ln_addmm_gelu_tanh_vec_1x4x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, sum_ptr, w0_ptr, b0_ptr, out0_ptr, M):
-    # x_ptr: *fp16, y_ptr: *fp16, lnw_ptr: *fp16, lnb_ptr: *fp16, sum_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, out0_ptr: *fp16, M: i32
+def gemm_ln_addmm_gelu_tanh_vec_1x4x1024(x_ptr, y_ptr, sum_ptr, w0_ptr, b0_ptr, out0_ptr, M):
+    # x_ptr: *fp16, y_ptr: *fp16, sum_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, out0_ptr: *fp16, M: i32
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < M
@@ -24,8 +24,6 @@ def gemm_ln_addmm_gelu_tanh_vec_1x4x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, sum_ptr
     # this block's rows of W, every K step, before the wait (see kernel_module)
     rk = 0 + tl.arange(0, BLOCK_K)
     w0_0 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 768), other=0.0)  # [BLOCK_N, BLOCK_K]
-    lnw_0 = tl.load(lnw_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
-    lnb_0 = tl.load(lnb_ptr + rk, mask=rk < 768, other=0.0).to(tl.float32)[None, :]
     # the biases (weights) before the wait, in registers for the epilogue
     b0_e = tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if GDC:  # let the kernel after start (and load its weights), then wait for the kernel before
@@ -45,8 +43,6 @@ def gemm_ln_addmm_gelu_tanh_vec_1x4x1024(x_ptr, y_ptr, lnw_ptr, lnb_ptr, sum_ptr
     rstd = 1.0 / tl.sqrt(var + 1e-05)
     part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     a = dev0 * rstd[:, None]
-    a = a * lnw_0
-    a = a + lnb_0
     a = tl.where(kmask0, a, 0.0).to(tl.float16)  # A: [1, BLOCK_K]
     part0 += w0_0.to(tl.float32) * a.to(tl.float32)
     acc0 = tl.sum(part0, axis=1)[None, :]

@@ -14,15 +14,13 @@ GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the k
 
 
 @triton.jit
-def gemm_addmm_fews_splitk8_32x64x64_reduce_norm(ws_ptr, b0_ptr, x_ptr, lnw_ptr, lnb_ptr, sum_ptr, a_ptr, M):
-    # ws_ptr: *fp32, b0_ptr: *fp16, x_ptr: *fp16, lnw_ptr: *fp16, lnb_ptr: *fp16, sum_ptr: *fp16, a_ptr: *fp16, M: i32
+def gemm_addmm_fews_splitk8_32x64x64_reduce_norm(ws_ptr, b0_ptr, x_ptr, sum_ptr, a_ptr, M):
+    # ws_ptr: *fp32, b0_ptr: *fp16, x_ptr: *fp16, sum_ptr: *fp16, a_ptr: *fp16, M: i32
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = rm < M
     rn0 = 0 + tl.arange(0, BLOCK_N)
     mask0 = mask_m[:, None] & (rn0 < 1024)[None, :]
     b0_0 = tl.load(b0_ptr + rn0, mask=rn0 < 1024, other=0.0).to(tl.float32)[None, :]
-    lnw_0 = tl.load(lnw_ptr + rn0, mask=rn0 < 1024, other=0.0).to(tl.float32)[None, :]
-    lnb_0 = tl.load(lnb_ptr + rn0, mask=rn0 < 1024, other=0.0).to(tl.float32)[None, :]
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -53,6 +51,4 @@ def gemm_addmm_fews_splitk8_32x64x64_reduce_norm(ws_ptr, b0_ptr, x_ptr, lnw_ptr,
     var = (tl.sum(dev0 * dev0, axis=1)) / 1024
     rstd = 1.0 / tl.sqrt(var + 1e-05)
     a = dev0 * rstd[:, None]
-    a = a * lnw_0
-    a = a + lnb_0
     tl.store(a_ptr + rm[:, None] * 1024 + rn0[None, :], a.to(tl.float16), mask=mask0)
