@@ -205,3 +205,56 @@ def test_a_layer_norms_scale_and_shift_fold_into_the_projections_that_alone_read
     assert ln1.args[2] is None and ln1.args[3] is None
 
     _compare(spec, bundle, apart_bundle, dtype)
+
+
+def test_transformers_gpt2_with_trained_looking_layer_norms_equals_eager(tmp_path):
+    """transformers' GPT-2 (two layers, 64 wide, float32) whose LayerNorms carry random scales and
+    shifts (its initialization gives 1 and 0, where the fold would change no value): ``ln_1``
+    folds into each layer's ``c_attn``, ``ln_2`` into ``c_fc`` (Conv1D weights [K, N]); ``ln_f``
+    before the tied head does not. The bundle equals eager (1e-5 of the logits' scale)."""
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    import transformers as tf
+
+    from aot import Dim, Input, ModelSpec
+    from aot.codegen import generate
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+    from aot.tracer.folding import FOLDED_PREFIX
+    from aot.tracer.model import instantiate
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=96)
+            self.model = tf.GPT2LMHeadModel(cfg).eval()
+            gen = torch.Generator().manual_seed(3)
+            with torch.no_grad():
+                for m in self.model.modules():
+                    if isinstance(m, torch.nn.LayerNorm):
+                        m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+                        m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=gen))
+
+        def forward(self, ids):
+            return self.model(input_ids=ids, use_cache=False).logits
+
+    spec = ModelSpec(
+        module=Logits, inputs=[Input("ids", (Dim("batch", 1, 3), 7), dtype="int64", low=0, high=96)]
+    )
+    traced = trace(spec)
+    names = {w.name for w in traced.program.weights}
+    assert not {n for n in names if ".ln_1." in n or ".ln_2." in n}, sorted(names)
+    assert {"model.transformer.ln_f.weight", "model.transformer.ln_f.bias"} <= names
+    assert sum(n.startswith(FOLDED_PREFIX) for n in names) == 8  # c_attn, c_fc: W and bias, 2 layers
+    pack(generate(traced, ("sm_90",)), tmp_path / "gpt2.tpk")
+    module = instantiate(spec)
+    runner = load(tmp_path / "gpt2.tpk")
+    for batch in (1, 3):
+        ids = torch.randint(0, 96, (batch, 7), generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected = module(ids)
+        got = runner(ids)
+        scale = max(1.0, expected.abs().max().item())
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * scale)
