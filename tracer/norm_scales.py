@@ -169,7 +169,7 @@ def _fits(tensor: torch.Tensor) -> bool:
 def _scale_fits(w: torch.Tensor, g: torch.Tensor, transposed: bool) -> bool:
     """Whether ``W * g`` (g along K) stays finite in W's dtype: the largest |W| of each K times
     |g|, exact in the dtype's own arithmetic up to the product's rounding."""
-    if w.dtype not in (torch.float16,):  # bfloat16 and float32 share float32's range
+    if w.dtype != torch.float16:  # bfloat16 and float32 share float32's range
         return True
     col = w.abs().amax(dim=0 if transposed else 1).float()
     return bool((col * g.abs().float()).amax() <= torch.finfo(w.dtype).max)
@@ -184,6 +184,12 @@ def _node(graph, fake, target, args: tuple, before):
     return node
 
 
+def _along_k(graph, fake, vec, transposed: bool, before):
+    """``vec`` [K] as it multiplies W along K: as it is against W [N, K] (``transposed``), a column
+    ``vec[:, None]`` against W [K, N]."""
+    return vec if transposed else _node(graph, fake, ATEN.unsqueeze.default, (vec, 1), before)
+
+
 def _scale_weights(graph, fake, found: list, g) -> None:
     """Each W of ``found`` read as ``W * g`` (g along K) by its matmuls (through their transposes):
     a step of weights alone, which the build folds, before the first of those readers."""
@@ -193,8 +199,7 @@ def _scale_weights(graph, fake, found: list, g) -> None:
         readers.setdefault((w, transposed), set()).add(right if transposed else matmul)
     for (w, transposed), nodes in readers.items():
         first = min(nodes, key=order.__getitem__)
-        column = g if transposed else _node(graph, fake, ATEN.unsqueeze.default, (g, 1), first)
-        scaled = _node(graph, fake, ATEN.mul.Tensor, (w, column), first)
+        scaled = _node(graph, fake, ATEN.mul.Tensor, (w, _along_k(graph, fake, g, transposed, first)), first)
         for r in nodes:
             r.replace_input_with(w, scaled)
 
@@ -203,14 +208,15 @@ def _shift_biases(graph, fake, found: list, shift) -> None:
     """Each matmul of ``found`` given ``W @ shift`` (W as [N, K], unscaled) in its bias:
     ``addmm(b, y, Wt)`` takes ``b + W @ shift``, ``mm(y, Wt)`` becomes ``addmm(W @ shift, y, Wt)``."""
     for matmul, _, w, transposed in found:
-        column = shift if transposed else _node(graph, fake, ATEN.unsqueeze.default, (shift, 1), matmul)
+        column = _along_k(graph, fake, shift, transposed, matmul)
         products = _node(graph, fake, ATEN.mul.Tensor, (w, column), matmul)
-        column = _node(graph, fake, ATEN.sum.dim_IntList, (products, [1 if transposed else 0]), matmul)
+        # W @ shift: [N]
+        shifted = _node(graph, fake, ATEN.sum.dim_IntList, (products, [1 if transposed else 0]), matmul)
         if matmul.target is ATEN.addmm.default:
-            bias = _node(graph, fake, ATEN.add.Tensor, (matmul.args[0], column), matmul)
+            bias = _node(graph, fake, ATEN.add.Tensor, (matmul.args[0], shifted), matmul)
             matmul.args = (bias, *matmul.args[1:])
             continue
-        biased = _node(graph, fake, ATEN.addmm.default, (column, *matmul.args), matmul)
+        biased = _node(graph, fake, ATEN.addmm.default, (shifted, *matmul.args), matmul)
         matmul.replace_all_uses_with(biased)
         graph.erase_node(matmul)
 
@@ -248,11 +254,9 @@ def _fold_layer_norm(graph, fake, node, weights, shared: Counter) -> bool:
     if xv is None or not xv.is_floating_point() or len(shape) != 1 or (scale is None and shift is None):
         return False
     k = xv.shape[-1]
-    for vec in (scale, shift):
-        val = _val(vec) if vec is not None else None
-        if vec is not None and (
-            vec not in weights or val is None or val.shape != (k,) or val.dtype != xv.dtype
-        ):
+    for vec in (v for v in (scale, shift) if v is not None):
+        val = _val(vec)
+        if vec not in weights or val is None or val.shape != (k,) or val.dtype != xv.dtype:
             return False
     outs = list(node.users)
     if any(u.target is not operator.getitem for u in outs):
