@@ -44,6 +44,10 @@
 #     (the default, a LayerNorm's scale and shift folded into the projections after it, tracer/norm_scales.py, against the
 #     RMSNorm fold alone: GPT-2's decode 1.4% faster at batch 1, the example GPT 1.5-2.1%, H100, 2026-12-06;
 #     DECODE_ENV1=AOTPACK_ROW_SUM=on with decode-gpt2 measures the sum join before LayerNorms: 3.2% slower)
+#   DEADLINE=560 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1 DECODE_ENV1="AOTPACK_ROW_SUM=on" DECODE_ENV2="AOTPACK_ROW_SUM=on AOTPACK_ROW_SUM_TIE=off" PAIRED_BATCH=1 bash bench/device_session.sh decode-gpt2:110 env1-gpt2:110 env2-gpt2:110 paired10-gpt2:80 paired12-gpt2:80
+#     (the residual's sum written by the GEMV before a LayerNorm, its loads tied to the first product (codegen/row_sum.py's
+#     _tied), against the default (apart) and against the join untied; DECODE_ENV1=AOTPACK_ROW_SUM_TIE=off with
+#     decode-llama-3.2-1b / env1- / paired10- measures the tie before RMSNorms)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per

@@ -45,6 +45,7 @@ from aot.codegen.gemm_render import (
 )
 from aot.codegen.gemm_sites import Site
 from aot.codegen.gemm_stats import _join_kernel
+from aot.codegen.kernel_source import on_off
 from aot.codegen.render import Rendered, kernel_id
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.errors import CodegenError
@@ -73,6 +74,12 @@ ENV = "AOTPACK_ROW_SUM"
 # against 0.2075 apart (3.2% slower, apart faster in 12 of 12 rounds), the same tokens.
 DEFAULT = "rms"
 SETTINGS = ("rms", "on", "off")
+# ptxas issues a global load where its value is first read: the residual, read by the epilogue
+# alone, was issued after the products (from sm_90 SASS, ``bench/sass_waves.py``: GPT-2's o and
+# mlp out 2 waves of loads after the wait against 1 apart, Llama-3.2-1B's down 3 against 2), a
+# memory latency at the kernel's end. Tied (``_tied``), its loads issue beside A's row.
+# ``AOTPACK_ROW_SUM_TIE=off`` for measuring.
+TIE_ENV = "AOTPACK_ROW_SUM_TIE"
 _ROW_VAR = re.compile(r"\b[a-z]\w*_@")
 
 
@@ -80,6 +87,25 @@ def mode() -> str:
     """``AOTPACK_ROW_SUM`` where set (one of ``SETTINGS``), else ``DEFAULT``; any other value is
     a ``CodegenError`` naming them."""
     return setting(ENV, DEFAULT, SETTINGS, error=CodegenError)
+
+
+def tie() -> bool:
+    """Whether the residual's loads are tied to the first product (``TIE_ENV``, on by default)."""
+    return on_off(TIE_ENV, "on")
+
+
+def _tied(loop: list[str], loaded: list[str], cfg: Any) -> list[str]:
+    """``loop`` (a one-row form's K steps, its partial sums starting at zero) with the first
+    partial sums starting from ``tie``: the residual rows ``loaded`` where M (the rows) is negative,
+    which it never is, else 0.0. The same zero, but a value ptxas cannot tell from the loads, so
+    it issues them before the first product, beside A's row, not after the products."""
+    if cfg.block_m != 1:
+        raise CodegenError(f"{cfg.name}: a residual tied to the first product needs one row a block")
+    start = "part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)"
+    i = loop.index(start)
+    rows = " + ".join(loaded)
+    tie_line = f"tie = tl.where(M < 0, tl.reshape({rows}, (BLOCK_N, 1)), 0.0)  # 0.0: M is never negative"
+    return [*loop[:i], tie_line, f"{start} + tie", *loop[i + 1 :]]
 
 
 def _refs(expr: str) -> set[str]:
@@ -182,8 +208,9 @@ def render(
 
 
 # (lines right after the wait: the other row inputs' loads, beside A's row, so that no memory
-# latency follows the products; lines after the epilogue; the loads' parameters; the sum's value)
-_SumLines = tuple[list[str], list[str], list[tuple[str, str, str]], str]
+# latency follows the products; the variables they load; lines after the epilogue; the loads'
+# parameters; the sum's value)
+_SumLines = tuple[list[str], list[str], list[str], list[tuple[str, str, str]], str]
 
 
 def _as_stored(held: tuple[str, str]) -> str:
@@ -196,10 +223,11 @@ def _row_norm_sum(norm: RowNorm, ops: list[tuple[str, str, int]], held: dict) ->
     """A row norm's sum over the block's columns: its own row ops (``_sum_ops``), ``@`` as ``n``."""
     ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
     loads = [(v, e) for v, e, _ in ops if v.startswith("x") and v not in ours]
+    loaded = [v.replace("@", "n") for v, _ in loads]
     before = [
         "rkn = rn",
         "kmaskn = mask",
-        *(f"{v.replace('@', 'n')} = {e.replace('@', 'n')}" for v, e in loads),
+        *(f"{v} = {e.replace('@', 'n')}" for v, (_, e) in zip(loaded, loads)),
     ]
     after = [
         f"{v.replace('@', 'n')} = {_as_stored(held[ours[v]]) if v in ours else e.replace('@', 'n')}"
@@ -207,13 +235,13 @@ def _row_norm_sum(norm: RowNorm, ops: list[tuple[str, str, int]], held: dict) ->
         if (v, e) not in loads
     ]
     more = [(f"x{i}_ptr", buf, dt) for i, (buf, dt) in enumerate(norm.inputs) if buf not in held]
-    return before, after, more, norm.sum_out[1].replace("@", "n")
+    return before, loaded, after, more, norm.sum_out[1].replace("@", "n")
 
 
 def _layer_norm_sum(pro: Any, first: Site, held: dict) -> _SumLines:
     """A LayerNorm prologue's ``x + y`` over the block's columns, as ``gemm_render._prologue_rows``
     adds them."""
-    before, after, more = [], [], []
+    before, loaded, after, more = [], [], [], []
     for name, buf in (("x", pro.x), ("y", pro.y)):
         if buf in held:
             after.append(f"{name}_t = {_as_stored(held[buf])}")
@@ -222,9 +250,10 @@ def _layer_norm_sum(pro: Any, first: Site, held: dict) -> _SumLines:
                 f"{name}_t = tl.load({name}_ptr + rm[:, None] * {first.n} + rn[None, :], mask=mask, other=0.0)"
                 ".to(tl.float32)"
             )
+            loaded.append(f"{name}_t")
             more.append((f"{name}_ptr", buf, first.dtype))
     after.append("xs = x_t + y_t")
-    return before, after, more, "xs"
+    return before, loaded, after, more, "xs"
 
 
 def _first_kernel(
@@ -244,12 +273,15 @@ def _first_kernel(
     to ``sum_buf``."""
     index = split_index(site, cfg, ranges)
     ep = _site_epilogue(site, buffers, known)
-    before, after, more, value = lines({buf: (val, dt) for buf, val, dt in ep.stores})
+    before, loaded, after, more, value = lines({buf: (val, dt) for buf, val, dt in ep.stores})
     early, body = _opening(site, cfg, index, "0", site.k)
     biases, bias = _early_biases(site) if early else ([], None)
     early += biases
     body += ["# the next GEMV's residual at this block's columns, loaded beside A's row", *before]
-    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
+    loop = _k_loop(site, cfg, "0", site.k, index)
+    if loaded and tie():
+        loop = _tied(loop, loaded, cfg)
+    body += loop + _epilogue_lines(site, ep, store=False, bias=bias)
     body += ["# the next GEMV's residual add over this block's columns, its sum stored", *after]
     body.append(
         f"tl.store(sum_ptr + rm[:, None] * {site.n} + rn[None, :], {value}.to({TL_TYPE[STORAGE[dtype]]}), mask=mask)"

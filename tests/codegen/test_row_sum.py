@@ -125,3 +125,36 @@ def test_the_join_is_a_setting(monkeypatch):
     monkeypatch.delenv(row_sum.ENV)
     # RMSNorms by default: Llama-3.2-1B 0.4% faster at batch 1, GPT-2's LayerNorms 3.2% slower (H100)
     assert row_sum.mode() == "rms"
+
+
+
+def _waves_after_the_wait(compiled, kernel_id: str, tmp_path: Path) -> int:
+    """The waves of global loads after the dependent-launch wait in ``kernel_id``'s sm_90 cubin
+    (``bench/sass_waves.py``: runs of loads that end at the first instruction reading one)."""
+    import subprocess
+
+    from bench.sass_waves import _nvdisasm, waves
+
+    path = tmp_path / f"{kernel_id}.cubin"
+    path.write_bytes(compiled.cubins[(kernel_id, "sm_90")])
+    sass = subprocess.run([_nvdisasm(), "-c", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "ACQBULK" in sass, "no dependent-launch wait in the sm_90 cubin"
+    return waves(sass)[2]
+
+
+@pytest.mark.parametrize("model", list(CASES))
+def test_the_residual_loads_issue_beside_as_row(model, tmp_path, monkeypatch):
+    """ptxas issues a load where its value is first read: untied, the residual that only the
+    ``_sum`` kernel's epilogue reads is loaded after the products, a second wave of loads after
+    the wait; tied to the first product (``row_sum._tied``, by default) it issues with A's row:
+    one wave, the least a kernel reading the kernel before's output can have. (At
+    ``gemm_rms16``'s K of 600 ptxas issues it early either way; at GPT-2's mlp out, K 3072, not.)"""
+    counts = {}
+    for setting in ("on", "off"):
+        monkeypatch.setenv(row_sum.TIE_ENV, setting)
+        compiled = _build(model, "on")
+        (summed,) = [k for n, k in _one_row_plan(compiled) if n.endswith("_sum")]
+        assert ("tie = tl.where(M < 0" in _source(compiled, summed)) == (setting == "on")
+        counts[setting] = _waves_after_the_wait(compiled, summed, tmp_path)
+    assert counts["on"] == 1, counts
+    assert counts["off"] == (2 if model == "gemm_reduce_ln" else 1), counts
