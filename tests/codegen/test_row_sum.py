@@ -127,7 +127,6 @@ def test_the_join_is_a_setting(monkeypatch):
     assert row_sum.mode() == "rms"
 
 
-
 def _waves_after_the_wait(compiled, kernel_id: str, tmp_path: Path) -> int:
     """The waves of global loads after the dependent-launch wait in ``kernel_id``'s sm_90 cubin
     (``bench/sass_waves.py``: runs of loads that end at the first instruction reading one)."""
