@@ -75,10 +75,18 @@ ENV = "AOTPACK_ROW_SUM"
 DEFAULT = "rms"
 SETTINGS = ("rms", "on", "off")
 # ptxas issues a global load where its value is first read: the residual, read by the epilogue
-# alone, was issued after the products (from sm_90 SASS, ``bench/sass_waves.py``: GPT-2's o and
-# mlp out 2 waves of loads after the wait against 1 apart, Llama-3.2-1B's down 3 against 2), a
-# memory latency at the kernel's end. Tied (``_tied``), its loads issue beside A's row.
-# ``AOTPACK_ROW_SUM_TIE=off`` for measuring.
+# alone, is issued after the products (sm_90 SASS, ``bench/sass_waves.py``: GPT-2's o and mlp out
+# 2 waves of loads after the wait where 1 is the least, Llama-3.2-1B's o 2 and down 3), a memory
+# latency at the kernel's end. Tied (``_tied``, ``AOTPACK_ROW_SUM_TIE=on``), its loads issue with
+# A's row: GPT-2's o and mlp out 1 wave, Llama-3.2-1B's o 1 and down 2; but Qwen3-0.6B's down
+# (K 3072, one row of W a block) 4 against 2, ptxas then interleaving A's loads with the
+# products. Timed at batch 1 on an H100 (bf16/fp16, both bundles in one process, 12 rounds,
+# 2026-12-06; decode/paired-gpt2-b1-row-sum-*-h100-2026-12-06e.json,
+# decode/paired-llama-3.2-1b-b1-tie-off-vs-on-h100-2026-12-06e.json): GPT-2 joined before its
+# LayerNorms 0.2067 tied against 0.2131 untied (the join's 3% loss gone) and 0.2067 apart (a tie:
+# apart faster in 10 of 12 rounds by 0.2%); Llama-3.2-1B (16 layers) 0.9622 tied against 0.9586
+# untied (0.3% slower, 0 of 12 rounds faster). Tokens equal. So off: it makes the LayerNorm join
+# even, not a gain, and costs the RMSNorm join that is on.
 TIE_ENV = "AOTPACK_ROW_SUM_TIE"
 _ROW_VAR = re.compile(r"\b[a-z]\w*_@")
 
@@ -90,8 +98,8 @@ def mode() -> str:
 
 
 def tie() -> bool:
-    """Whether the residual's loads are tied to the first product (``TIE_ENV``, on by default)."""
-    return on_off(TIE_ENV, "on")
+    """Whether the residual's loads are tied to the first product (``TIE_ENV``, off by default)."""
+    return on_off(TIE_ENV, "off")
 
 
 def _tied(loop: list[str], loaded: list[str], cfg: Any) -> list[str]:
