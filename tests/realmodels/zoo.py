@@ -68,7 +68,7 @@ def _causal_lm(config_cls, model_cls, inputs=("input_ids",), **cfg) -> Callable[
         config = getattr(transformers, config_cls)(vocab_size=VOCAB, **cfg)
         batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
         return ModelSpec(
-            module=lambda: getattr(transformers, model_cls)(config),
+            module=lambda: trained_norms(getattr(transformers, model_cls)(config)),
             inputs=_tokens(*inputs, batch=batch, seq=seq),
             name=model_cls,
         )
@@ -109,7 +109,7 @@ def _bert(minilm: bool = False) -> ModelSpec:
         return {"attention_mask": mask}
 
     return ModelSpec(
-        module=lambda: BertModel(config),
+        module=lambda: trained_norms(BertModel(config)),
         inputs=_tokens(*names, batch=batch, seq=seq),
         name="MiniLM" if minilm else "BertModel",
         example_inputs=padded,
@@ -132,7 +132,7 @@ def _t5() -> ModelSpec:
     )
     batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
     return ModelSpec(
-        module=lambda: T5EncoderModel(config),
+        module=lambda: trained_norms(T5EncoderModel(config)),
         inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq),
         name="T5EncoderModel",
     )
@@ -155,7 +155,7 @@ def _roberta() -> ModelSpec:
     )
     batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
     return ModelSpec(
-        module=lambda: RobertaModel(config),
+        module=lambda: trained_norms(RobertaModel(config)),
         inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq),
         name="RobertaModel",
     )
@@ -183,7 +183,7 @@ def _deberta_v2() -> ModelSpec:
     )
     batch, seq = Dim("batch", 1, 4), Dim("seq", 1, 32)
     return ModelSpec(
-        module=lambda: DebertaV2Model(config),
+        module=lambda: trained_norms(DebertaV2Model(config)),
         inputs=_tokens("input_ids", "attention_mask", batch=batch, seq=seq),
         name="DebertaV2Model",
     )
@@ -203,7 +203,7 @@ def _vit() -> ModelSpec:
         num_labels=5,
     )
     return ModelSpec(
-        module=lambda: ViTForImageClassification(config),
+        module=lambda: trained_norms(ViTForImageClassification(config)),
         inputs=[Input("pixel_values", (Dim("batch", 1, 4), 3, 32, 32))],
         name="ViTForImageClassification",
     )
@@ -229,7 +229,7 @@ def _whisper() -> ModelSpec:
     )
     # the encoder takes 2 * max_source_positions mel frames, no other length
     return ModelSpec(
-        module=lambda: WhisperEncoder(config),
+        module=lambda: trained_norms(WhisperEncoder(config)),
         inputs=[Input("input_features", (Dim("batch", 1, 4), 16, 48))],
         name="WhisperEncoder",
     )
@@ -260,7 +260,7 @@ def _audio(config: str, model: str, **extra) -> Callable[[], ModelSpec]:
             **extra,
         )
         return ModelSpec(
-            module=lambda: getattr(transformers, model)(cfg),
+            module=lambda: trained_norms(getattr(transformers, model)(cfg)),
             inputs=[Input("input_values", (Dim("batch", 1, 4), Dim("samples", 400, 431)))],
             name=model,
         )
@@ -271,9 +271,37 @@ def _audio(config: str, model: str, **extra) -> Callable[[], ModelSpec]:
 AUDIO_SIZES = ({"batch": 1, "samples": 400}, {"batch": 3, "samples": 417}, {"batch": 4, "samples": 431})
 
 
+def trained_norms(module: torch.nn.Module) -> torch.nn.Module:
+    """Trained-looking normalization layers (LayerNorm, RMSNorm, GroupNorm, ... but BatchNorm,
+    ``lively``'s): random scales in [0.5, 1.5) and shifts of about 0.1, seeded, as after training.
+
+    Freshly built models initialize them to scale 1 and shift 0, where the build's fold of a norm's
+    scale and shift into the projections after it (``tracer/norm_scales.py``) changes no value: a
+    fold that read them wrongly would still match eager. Like loading a checkpoint, this changes
+    values only, never the architecture."""
+    if any(p.is_meta for p in module.parameters()):  # shapes-only builds
+        return module
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for m in module.modules():
+            weight, bias = getattr(m, "weight", None), getattr(m, "bias", None)
+            if (
+                "Norm" not in type(m).__name__
+                or isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                or not isinstance(weight, torch.nn.Parameter)
+                or weight.dim() != 1
+            ):
+                continue
+            weight.copy_(torch.rand(weight.shape, generator=gen) + 0.5)
+            if isinstance(bias, torch.nn.Parameter):
+                bias.copy_(torch.randn(bias.shape, generator=gen) * 0.1)
+    return module
+
+
 def lively(module: torch.nn.Module, size: int = 64) -> torch.nn.Module:
     """Trained-looking BatchNorm for a freshly built vision model: random affine parameters, and
-    running statistics measured on random ``size`` x ``size`` images, as after training.
+    running statistics measured on random ``size`` x ``size`` images, as after training (its other
+    norms first, ``trained_norms``).
 
     At initialization these networks are nearly degenerate in eval mode: zero-initialized last
     BatchNorm of each residual block, and unit statistics that do not match the activations, so
@@ -281,6 +309,7 @@ def lively(module: torch.nn.Module, size: int = 64) -> torch.nn.Module:
     contributes still shrinks ~30x per stage and every image gives the same logits to 1e-7. A
     comparison with eager proves nothing then (``test_outputs_depend_on_the_inputs`` checks).
     Like loading a checkpoint, this changes values only, never the architecture."""
+    module = trained_norms(module)  # first: the statistics below are measured through them
     norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not norms or any(p.is_meta for p in module.parameters()):  # shapes-only builds: nothing to measure
         return module
