@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from aot.codegen.gemm_prologue import RowNorm, row_load
 from aot.codegen.gemm_render import (
@@ -215,10 +215,17 @@ def render(
     return tuple((r, kernel_id(r.source, r.signature, r.config)) for r in (one, two))
 
 
-# (lines right after the wait: the other row inputs' loads, beside A's row, so that no memory
-# latency follows the products; the variables they load; lines after the epilogue; the loads'
-# parameters; the sum's value)
-_SumLines = tuple[list[str], list[str], list[str], list[tuple[str, str, str]], str]
+class _SumLines(NamedTuple):
+    """What a ``_sum`` kernel adds to the first GEMV: ``before``, lines right after the wait (the
+    other row inputs' loads, beside A's row, so that no memory latency follows the products);
+    ``loaded``, the variables they load; ``after``, lines after the epilogue; ``params``, the
+    loads' parameters (name, buffer, dtype); ``value``, the sum's variable."""
+
+    before: list[str]
+    loaded: list[str]
+    after: list[str]
+    params: list[tuple[str, str, str]]
+    value: str
 
 
 def _as_stored(held: tuple[str, str]) -> str:
@@ -243,7 +250,7 @@ def _row_norm_sum(norm: RowNorm, ops: list[tuple[str, str, int]], held: dict) ->
         if (v, e) not in loads
     ]
     more = [(f"x{i}_ptr", buf, dt) for i, (buf, dt) in enumerate(norm.inputs) if buf not in held]
-    return before, loaded, after, more, norm.sum_out[1].replace("@", "n")
+    return _SumLines(before, loaded, after, more, norm.sum_out[1].replace("@", "n"))
 
 
 def _layer_norm_sum(pro: Any, first: Site, held: dict) -> _SumLines:
@@ -261,7 +268,7 @@ def _layer_norm_sum(pro: Any, first: Site, held: dict) -> _SumLines:
             loaded.append(f"{name}_t")
             more.append((f"{name}_ptr", buf, first.dtype))
     after.append("xs = x_t + y_t")
-    return before, loaded, after, more, "xs"
+    return _SumLines(before, loaded, after, more, "xs")
 
 
 def _first_kernel(

@@ -255,8 +255,13 @@ def tiny_llama(**overrides):
 
 
 def factory(kind: str):
+    """``kind``'s model with random weights and trained-looking norms (``trained_norms``: at
+    initialization a norm's scale 1 and shift 0 would hide a wrong fold of them into the
+    projections after it)."""
+    from tests.realmodels.zoo import trained_norms
+
     cls, config = _config(kind)
-    return lambda: cls(config)
+    return lambda: trained_norms(cls(config))
 
 
 def built(kind: str, seed: int = 0):
