@@ -370,6 +370,10 @@ def test_llama_decode_runs_the_few_row_forms_at_2_to_8_rows(llama_few):
 
 @pytest.mark.slow  # the interpreter over a decode step's every kernel, three times
 def test_llama_decode_at_2_to_8_rows_equals_eager_in_the_interpreter(llama_few):
+    """The decode step at 2, 4 and 8 rows, every kernel in Triton's interpreter: eager's tokens,
+    its cache writes within the float16 tolerance, and logits within it of float32's or no further
+    from them than eager's own in float16 (with trained-looking norms the folded scales round in
+    other places than eager: at 8 rows 0.95 of the tolerance from float32's against eager's 1.74)."""
     path, _, index = llama_few
     script = f"""
 import json
@@ -402,6 +406,7 @@ model = built("llama").to(torch.float16)  # the model as the spec builds it, in 
 embed = model.get_input_embeddings().weight
 assert any(w.shape == embed.shape and torch.equal(w, embed) for w in weights.values())
 eager = Decoder(model, 16).eval()
+exact = Decoder(built("llama"), 16).eval()  # float32: what both float16 computations approximate
 out = []
 for batch in {BATCHES!r}:
     g = torch.Generator().manual_seed(batch)
@@ -419,8 +424,10 @@ for batch in {BATCHES!r}:
     env = {{}}
     fused = replace(program, steps=plans[(batch,)])
     results = interpret_kernels(fused, weights, {{k: v.clone() for k, v in inputs.items()}}, {{"batch": batch}}, from_kernels=env)
+    plain = {{k: v for k, v in inputs.items() if k not in state}}
     with torch.no_grad():
-        want = eager(**{{k: v for k, v in inputs.items() if k not in state}}, **state)
+        truth = exact(**plain, **{{k: v.float() for k, v in state.items()}}).float()
+        want = eager(**plain, **state)
     got = env[program.outputs[0]].float()
     want = want.float()
     tol = (1e-2, 1e-2)  # aot.dtypes.TOLERANCE["float16"]
@@ -430,7 +437,8 @@ for batch in {BATCHES!r}:
     ran = sorted({{kernels[s.target] for s in fused.steps if s.kind.value == "kernel"}})
     out.append({{
         "batch": batch,
-        "logits": worst(got, want),
+        "logits": worst(got, truth),
+        "eager_logits": worst(want, truth),
         "cache": max(worst(env[k].float(), state[k].float()) for k in state),
         "tokens_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
         "bad": [r.name for r in results if not r.ok],
@@ -444,7 +452,9 @@ print(json.dumps(out))
     for r in results:
         assert r["shape"] == [r["batch"], 96]
         assert any(n.endswith(FEW) for n in r["kernels"]), r["kernels"]
-        assert r["logits"] <= 1.0 and r["cache"] <= 1.0, r  # within the float16 tolerance
+        # the logits within the float16 tolerance of float32's, or no further from them than eager's
+        # own float16 logits (the folded norm scales round elsewhere than eager does)
+        assert r["logits"] <= max(1.0, r["eager_logits"]) and r["cache"] <= 1.0, r
         assert r["tokens_equal"] and not r["bad"], r
 
 
