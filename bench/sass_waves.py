@@ -76,6 +76,16 @@ def _nvdisasm() -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
 
 
+def sass(cubin: bytes) -> str:
+    """``cubin``'s machine code as ``nvdisasm`` prints it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run(
+            [_nvdisasm(), "-c", str(path)], capture_output=True, text=True, check=True
+        ).stdout
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="gpt2", help="one of bench/decode.py's models")
@@ -117,25 +127,20 @@ def main() -> None:
     print(f"{args.model}, {args.layers} layers, decode plan at {args.rows} rows (sm_90)")
     print(f"{'kernel':64s} {'warps':>5s} {'loads before the wait':>22s} {'after':>6s} {'waves after':>12s}")
     seen: set[str] = set()
-    with tempfile.TemporaryDirectory() as tmp:
-        for step in steps:
-            if step.kind != StepKind.KERNEL or step.target in seen:
-                continue
-            seen.add(step.target)
-            k = kernels[step.target]
-            sig = {
-                p.name: "*" + STORAGE[p.dtype] if p.kind == ParamKind.PTR else p.kind.value for p in k.params
-            }
-            cubin, _ = _compile(Job(k.id, k.name, k.source, sig, k.num_warps, k.num_stages, "sm_90"))
-            path = Path(tmp) / "k.cubin"
-            path.write_bytes(cubin)
-            sass = subprocess.run([_nvdisasm(), "-c", str(path)], capture_output=True, text=True, check=True)
-            pre, post, count = waves(sass.stdout)
-            if args.dump:
-                args.dump.mkdir(parents=True, exist_ok=True)
-                (args.dump / f"{k.name}.py").write_text(k.source)
-                (args.dump / f"{k.name}.sass").write_text(sass.stdout)
-            print(f"{k.name[:64]:64s} {k.num_warps:5d} {pre:22d} {post:6d} {count:12d}")
+    for step in steps:
+        if step.kind != StepKind.KERNEL or step.target in seen:
+            continue
+        seen.add(step.target)
+        k = kernels[step.target]
+        sig = {p.name: "*" + STORAGE[p.dtype] if p.kind == ParamKind.PTR else p.kind.value for p in k.params}
+        cubin, _ = _compile(Job(k.id, k.name, k.source, sig, k.num_warps, k.num_stages, "sm_90"))
+        text = sass(cubin)
+        pre, post, count = waves(text)
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            (args.dump / f"{k.name}.py").write_text(k.source)
+            (args.dump / f"{k.name}.sass").write_text(text)
+        print(f"{k.name[:64]:64s} {k.num_warps:5d} {pre:22d} {post:6d} {count:12d}")
 
 
 if __name__ == "__main__":

@@ -132,22 +132,18 @@ def test_the_join_is_a_setting(monkeypatch):
     assert row_sum.mode() == "rms"
 
 
-def _waves_after_the_wait(compiled, kernel_id: str, tmp_path: Path) -> int:
+def _waves_after_the_wait(compiled, kernel_id: str) -> int:
     """The waves of global loads after the dependent-launch wait in ``kernel_id``'s sm_90 cubin
     (``bench/sass_waves.py``: runs of loads that end at the first instruction reading one)."""
-    import subprocess
+    from bench.sass_waves import sass, waves
 
-    from bench.sass_waves import _nvdisasm, waves
-
-    path = tmp_path / f"{kernel_id}.cubin"
-    path.write_bytes(compiled.cubins[(kernel_id, "sm_90")])
-    sass = subprocess.run([_nvdisasm(), "-c", str(path)], capture_output=True, text=True, check=True).stdout
-    assert "ACQBULK" in sass, "no dependent-launch wait in the sm_90 cubin"
-    return waves(sass)[2]
+    text = sass(compiled.cubins[(kernel_id, "sm_90")])
+    assert "ACQBULK" in text, "no dependent-launch wait in the sm_90 cubin"
+    return waves(text)[2]
 
 
 @pytest.mark.parametrize("model", list(CASES))
-def test_the_residual_loads_issue_beside_as_row(model, tmp_path, monkeypatch):
+def test_the_residual_loads_issue_beside_as_row(model, monkeypatch):
     """ptxas issues a load where its value is first read: untied, the residual that only the
     ``_sum`` kernel's epilogue reads is loaded after the products, a second wave of loads after
     the wait; tied to the first product (``row_sum._tied``, ``AOTPACK_ROW_SUM_TIE=on``; off by
@@ -160,6 +156,6 @@ def test_the_residual_loads_issue_beside_as_row(model, tmp_path, monkeypatch):
         compiled = _build(model, "on")
         (summed,) = [k for n, k in _one_row_plan(compiled) if n.endswith("_sum")]
         assert ("tie = tl.where(M < 0" in _source(compiled, summed)) == (setting == "on")
-        counts[setting] = _waves_after_the_wait(compiled, summed, tmp_path)
+        counts[setting] = _waves_after_the_wait(compiled, summed)
     assert counts["on"] == 1, counts
     assert counts["off"] == (2 if model == "gemm_reduce_ln" else 1), counts

@@ -224,18 +224,13 @@ def test_transformers_gpt2_with_trained_looking_layer_norms_equals_eager(tmp_pat
     from aot.tracer import trace
     from aot.tracer.folding import FOLDED_PREFIX
     from aot.tracer.model import instantiate
+    from tests.realmodels.zoo import trained_norms
 
     class Logits(torch.nn.Module):
         def __init__(self):
             super().__init__()
             cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=96)
-            self.model = tf.GPT2LMHeadModel(cfg).eval()
-            gen = torch.Generator().manual_seed(3)
-            with torch.no_grad():
-                for m in self.model.modules():
-                    if isinstance(m, torch.nn.LayerNorm):
-                        m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=gen))
-                        m.bias.copy_(0.2 * torch.randn(m.bias.shape, generator=gen))
+            self.model = trained_norms(tf.GPT2LMHeadModel(cfg).eval())
 
         def forward(self, ids):
             return self.model(input_ids=ids, use_cache=False).logits
