@@ -900,6 +900,9 @@ def main() -> None:
         "tiny": args.tiny,
         "workload": {m: workload(m, args.tiny) for m in args.models.split(",")},
         "dtype": {m: dtype_name(m, args.device) for m in args.models.split(",")},
+        # the build and load switches this run's bundles and workers see (an A/B arm's, e.g.
+        # AOTPACK_FORM_STAGES, which changes no kernel name), so each file says which arm it is
+        "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("AOTPACK_")},
     }
     if args.device.startswith("cuda"):
         import triton

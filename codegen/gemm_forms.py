@@ -27,7 +27,7 @@ class TileConfig:
     split_k: int = 1
     min_m: int = 1
     max_m: int = 1 << 62
-    min_k: int = 1  # split-K: each slice must keep at least a couple of K blocks
+    min_k: int = 1  # a candidate only where K is at least this (split-K: a couple of K blocks a slice)
     min_n: int = 0  # a candidate only where N is at least this (a vocabulary head's form)
     dot: bool = True  # False: a dot-free GEMV body for one row (BLOCK_M = 1), products summed over K
     target_blocks: int = 0  # split-K: blocks to aim for (0: SPLIT_TARGET_BLOCKS)
@@ -77,6 +77,12 @@ CONFIGS: tuple[TileConfig, ...] = (
     TileConfig("vec_1x2x512", 1, 2, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
     TileConfig("vec_1x1x512", 1, 1, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
     TileConfig("vec_1x2x1024", 1, 2, 1024, num_warps=2, num_stages=1, max_m=1, dot=False),
+    # The same on 4 warps at long K (Llama-3.2-1B's down, 8192 -> 2048): on 2 warps a thread holds
+    # its two rows' 32 K steps of W (128 registers, loaded before the wait) and A's row (64), and
+    # ptxas, at 243 registers, issues A's loads in two waves after the wait (bench/sass_waves.py,
+    # sm_90); on 4 warps each holds half of both and A's row loads in one wave
+    # (gemm_defaults.ONE_ROW_LONG_K).
+    TileConfig("vec_1x2x1024w4", 1, 2, 1024, num_warps=4, num_stages=1, max_m=1, dot=False, min_k=4096),
     # A vocabulary head of short K (GPT-2's LM head, 768 -> 50257): two rows of W per block make
     # 25k blocks of 3 KiB each, whose fixed cost the stream does not cover; four rows per block
     # streamed the 77 MB in 21.6 µs alone (3.57 TB/s; vec_1x2x512 25.7, one row per block 34.4)

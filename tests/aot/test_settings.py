@@ -128,6 +128,12 @@ SWITCHES = [
         CodegenError,
     ),
     (
+        "AOTPACK_ONE_ROW_LONG_K",
+        _call("codegen.gemm_defaults", "default_form", 1, 8192, "bfloat16"),
+        {None: "vec_1x2x1024", "VEC_1x2x1024W4": "vec_1x2x1024w4", "vec_1x2x1024": "vec_1x2x1024"},
+        CodegenError,
+    ),
+    (
         "AOTPACK_DECODE_VECTOR",
         _call("codegen.decode_attention_render", "vector_form"),
         {None: False, "on": True, "OFF": False},
@@ -204,6 +210,7 @@ def test_the_names_match_the_modules():
         decode_attention_render.VECTOR_ENV,
         gemm_defaults.MANY_ROWS_EARLY_ENV,
         gemm_defaults.MANY_ROWS_ENV,
+        gemm_defaults.ONE_ROW_LONG_K_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
         decode_blocks.GREEDY_ENV,
