@@ -110,6 +110,8 @@ def _tied(loop: list[str], loaded: list[str], cfg: Any) -> list[str]:
     if cfg.block_m != 1:
         raise CodegenError(f"{cfg.name}: a residual tied to the first product needs one row a block")
     start = "part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)"
+    if start not in loop:  # gemm_render._vec_steps writes it; a change there must come here too
+        raise CodegenError(f"{cfg.name}: no line {start!r} to tie the residual to in its K steps")
     i = loop.index(start)
     rows = " + ".join(loaded)
     tie_line = f"tie = tl.where(M < 0, tl.reshape({rows}, (BLOCK_N, 1)), 0.0)  # 0.0: M is never negative"

@@ -159,3 +159,18 @@ def test_the_residual_loads_issue_beside_as_row(model, monkeypatch):
         counts[setting] = _waves_after_the_wait(compiled, summed)
     assert counts["on"] == 1, counts
     assert counts["off"] == (2 if model == "gemm_reduce_ln" else 1), counts
+
+
+def test_the_tie_names_a_k_loop_it_cannot_tie_to():
+    """``_tied`` finds the first partial sum by the line ``gemm_render._vec_steps`` writes; K
+    steps without it are refused with a ``CodegenError`` naming the form, not a bare ValueError."""
+    from aot.codegen.gemm_forms import CONFIGS
+    from aot.errors import CodegenError
+
+    cfg = next(c for c in CONFIGS if c.name == "vec_1x2x1024")
+    steps = ["part0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)", "part0 += w0_0 * a"]
+    tied = row_sum._tied(steps, ["r0"], cfg)
+    assert tied[0].startswith("tie = tl.where(M < 0, tl.reshape(r0, (BLOCK_N, 1)), 0.0)")
+    assert tied[1:] == [steps[0] + " + tie", steps[1]]
+    with pytest.raises(CodegenError, match="vec_1x2x1024: no line 'part0 = tl.zeros"):
+        row_sum._tied(["acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)"], ["r0"], cfg)
