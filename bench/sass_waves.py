@@ -70,20 +70,31 @@ def waves(sass: str) -> tuple[int, int, int]:
     return sum(_counted_load(op) for op, _ in _INSTR.findall(before)), loads, count
 
 
-def _nvdisasm() -> str:
+def _tool(name: str) -> str:
     import triton
 
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm")
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _run_on(cubin: bytes, *args: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([*args, str(path)], capture_output=True, text=True, check=True).stdout
 
 
 def sass(cubin: bytes) -> str:
     """``cubin``'s machine code as ``nvdisasm`` prints it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(cubin)
-        return subprocess.run(
-            [_nvdisasm(), "-c", str(path)], capture_output=True, text=True, check=True
-        ).stdout
+    return _run_on(cubin, _tool("nvdisasm"), "-c")
+
+
+def registers(cubin: bytes) -> int:
+    """The registers a thread of ``cubin``'s kernel takes (``cuobjdump -res-usage``): with the
+    warps, how many of its blocks an SM holds at once."""
+    found = re.search(r"\bREG:(\d+)", _run_on(cubin, _tool("cuobjdump"), "-res-usage"))
+    if found is None:
+        raise ValueError("cuobjdump -res-usage printed no register count")
+    return int(found.group(1))
 
 
 def main() -> None:
@@ -125,7 +136,10 @@ def main() -> None:
     plan = tuned_plans(compiled.tuning, index, decode_program, "sm_90")
     (steps,) = [p for key, p in plan.items() if key[-1] == args.rows]  # a key ends with its batch bucket
     print(f"{args.model}, {args.layers} layers, decode plan at {args.rows} rows (sm_90)")
-    print(f"{'kernel':64s} {'warps':>5s} {'loads before the wait':>22s} {'after':>6s} {'waves after':>12s}")
+    print(
+        f"{'kernel':64s} {'warps':>5s} {'registers':>9s} {'loads before the wait':>22s} {'after':>6s} "
+        f"{'waves after':>12s}"
+    )
     seen: set[str] = set()
     for step in steps:
         if step.kind != StepKind.KERNEL or step.target in seen:
@@ -140,7 +154,7 @@ def main() -> None:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / f"{k.name}.py").write_text(k.source)
             (args.dump / f"{k.name}.sass").write_text(text)
-        print(f"{k.name[:64]:64s} {k.num_warps:5d} {pre:22d} {post:6d} {count:12d}")
+        print(f"{k.name[:64]:64s} {k.num_warps:5d} {registers(cubin):9d} {pre:22d} {post:6d} {count:12d}")
 
 
 if __name__ == "__main__":
