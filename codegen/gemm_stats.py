@@ -278,14 +278,23 @@ def _tiles_of(first: Site, first_cfg: TileConfig, what: str) -> list[str]:
     ]
 
 
-def _combined_stats(first: Site, first_cfg: TileConfig, k: int, eps: float) -> list[str]:
-    """``mean`` and ``rstd`` of the block's rows from the first GEMM's statistics per column tile
-    (Chan's pairwise update, in tile order)."""
-    first_n, bn = first.n, first_cfg.block_n
+def _stats_loads(first: Site, first_cfg: TileConfig) -> list[str]:
+    """The first GEMM's statistics per column tile for the block's rows (``t_sum``, ``t_m2``):
+    loaded before the K loop, combined after it (``_combined_stats``), so that their loads'
+    latency and the reductions across the block's threads do not hold back the K loop's first
+    loads of A and W."""
     return [
         *_tiles_of(first, first_cfg, "the LayerNorm's statistics"),
         "t_sum = tl.load(stats_ptr + (tiles[:, None] * 2) * M + rm[None, :], mask=tmask, other=0.0)",
         "t_m2 = tl.load(stats_ptr + (tiles[:, None] * 2 + 1) * M + rm[None, :], mask=tmask, other=0.0)",
+    ]
+
+
+def _combined_stats(first: Site, first_cfg: TileConfig, k: int, eps: float) -> list[str]:
+    """``mean`` and ``rstd`` of the block's rows from ``_stats_loads``' statistics per column
+    tile (Chan's pairwise update, in tile order)."""
+    first_n, bn = first.n, first_cfg.block_n
+    return [
         f"count = tl.minimum({first_n} - tiles * {bn}, {bn}).to(tl.float32)[:, None]",
         f"mean = tl.sum(t_sum, axis=0) / {k}",
         "dm = tl.where(tmask, t_sum / tl.maximum(count, 1.0) - mean[None, :], 0.0)",
@@ -329,8 +338,9 @@ def render_tile_from_stats(
         "c = tl.load(c_ptr + rn, mask=mask_n, other=0.0)" if sums[1] is not None else "c = tl.zeros_like(u)"
     )
     early += biases + (loads if early else [])
-    body += ([] if early else loads) + _combined_stats(first, first_cfg, plain.k, pro.eps)
+    body += ([] if early else loads) + _stats_loads(first, first_cfg)
     body += _k_loop(plain, cfg, "0", plain.k, index)
+    body += _combined_stats(first, first_cfg, plain.k, pro.eps)
     body += [
         "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
         "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
@@ -371,12 +381,12 @@ def _tile_from_row_norm_stats(
     epilogue; each GEMM of a stacked pair (``Site.halves``) the same."""
     norm = norm_site.prologue.norm
     _, stat = norm.factored
-    body += [
+    body += [  # loaded before the K loop, summed after it (see _stats_loads)
         *_tiles_of(first, first_cfg, "the row norm's statistic"),
-        "s_sum = tl.sum(tl.load(stats_ptr + tiles[:, None] * M + rm[None, :], mask=tmask, other=0.0), axis=0)",
-        *(f"{var} = {expr}" for var, expr in norm.stat_ops),
+        "t_sum = tl.load(stats_ptr + tiles[:, None] * M + rm[None, :], mask=tmask, other=0.0)",
     ]
     body += _k_loop(plain, cfg, "0", plain.k, index)
+    body += ["s_sum = tl.sum(t_sum, axis=0)", *(f"{var} = {expr}" for var, expr in norm.stat_ops)]
     body.append(f"# A @ W^T = {stat} * (the scaled rows @ W^T): the row norm applied once")
     body += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in range(len(plain.weights))]
     body += _epilogue_lines(plain, ep, bias=bias)

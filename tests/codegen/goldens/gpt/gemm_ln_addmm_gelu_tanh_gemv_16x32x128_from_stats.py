@@ -32,17 +32,17 @@ def gemm_ln_addmm_gelu_tanh_gemv_16x32x128_from_stats(a_ptr, w0_ptr, b0_ptr, out
     tmask = (tiles < 24)[:, None] & mask_m[None, :]
     t_sum = tl.load(stats_ptr + (tiles[:, None] * 2) * M + rm[None, :], mask=tmask, other=0.0)
     t_m2 = tl.load(stats_ptr + (tiles[:, None] * 2 + 1) * M + rm[None, :], mask=tmask, other=0.0)
-    count = tl.minimum(768 - tiles * 32, 32).to(tl.float32)[:, None]
-    mean = tl.sum(t_sum, axis=0) / 768
-    dm = tl.where(tmask, t_sum / tl.maximum(count, 1.0) - mean[None, :], 0.0)
-    var = (tl.sum(t_m2, axis=0) + tl.sum(count * dm * dm, axis=0)) / 768
-    rstd = 1.0 / tl.sqrt(var + 1e-05)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, 768, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
         w0 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
         acc0 = tl.dot(a, w0, acc0)
+    count = tl.minimum(768 - tiles * 32, 32).to(tl.float32)[:, None]
+    mean = tl.sum(t_sum, axis=0) / 768
+    dm = tl.where(tmask, t_sum / tl.maximum(count, 1.0) - mean[None, :], 0.0)
+    var = (tl.sum(t_m2, axis=0) + tl.sum(count * dm * dm, axis=0)) / 768
+    rstd = 1.0 / tl.sqrt(var + 1e-05)
     # A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once
     acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]
     acc0 = acc0 + tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
