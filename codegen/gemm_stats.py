@@ -43,14 +43,27 @@ from aot.codegen.gemm_render import (
     _tag,
 )
 from aot.codegen.gemm_sites import Site
-from aot.codegen.kernel_source import signature_of
+from aot.codegen.kernel_source import on_off, signature_of
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.schema import Buf, KernelParam, ParamKind, TensorSpec
 
+# The second tile loads the first's statistics before its K loop and combines them after it
+# (True), or combines them before the loop (False, the form before 2026-12-06): compiled for sm_90,
+# GPT-2's fc tile at 128 rows then ran 413 instructions and 12 block barriers after the wait before
+# its first asynchronous copy of A or W (220 and none with True), at 16 rows 205 and 5 (66 and
+# none). STATS_AFTER_LOOP_ENV ("on"/"off") sets it for a build, for measuring.
+STATS_AFTER_LOOP = True
+STATS_AFTER_LOOP_ENV = "AOTPACK_STATS_AFTER_LOOP"
+
 # The most column tiles of the first GEMM whose statistics the second loads for its rows at once
 # (a [tiles, BLOCK_M] pair of fp32 tiles in registers): GPT-2's o projection makes 24 of 32 columns.
 MAX_TILES = 64
+
+
+def stats_after_loop() -> bool:
+    """Whether the second tile combines the first's statistics after its K loop (STATS_AFTER_LOOP)."""
+    return on_off(STATS_AFTER_LOOP_ENV, "on" if STATS_AFTER_LOOP else "off")
 
 
 def stats_tiles(first: Site, cfg: TileConfig) -> int:
@@ -339,8 +352,11 @@ def render_tile_from_stats(
     )
     early += biases + (loads if early else [])
     body += ([] if early else loads) + _stats_loads(first, first_cfg)
+    if not stats_after_loop():
+        body += _combined_stats(first, first_cfg, plain.k, pro.eps)
     body += _k_loop(plain, cfg, "0", plain.k, index)
-    body += _combined_stats(first, first_cfg, plain.k, pro.eps)
+    if stats_after_loop():
+        body += _combined_stats(first, first_cfg, plain.k, pro.eps)
     body += [
         "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
         "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
@@ -385,8 +401,9 @@ def _tile_from_row_norm_stats(
         *_tiles_of(first, first_cfg, "the row norm's statistic"),
         "t_sum = tl.load(stats_ptr + tiles[:, None] * M + rm[None, :], mask=tmask, other=0.0)",
     ]
-    body += _k_loop(plain, cfg, "0", plain.k, index)
-    body += ["s_sum = tl.sum(t_sum, axis=0)", *(f"{var} = {expr}" for var, expr in norm.stat_ops)]
+    combine = ["s_sum = tl.sum(t_sum, axis=0)", *(f"{var} = {expr}" for var, expr in norm.stat_ops)]
+    after = stats_after_loop()
+    body += ([] if after else combine) + _k_loop(plain, cfg, "0", plain.k, index) + (combine if after else [])
     body.append(f"# A @ W^T = {stat} * (the scaled rows @ W^T): the row norm applied once")
     body += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in range(len(plain.weights))]
     body += _epilogue_lines(plain, ep, bias=bias)

@@ -134,6 +134,12 @@ SWITCHES = [
         CodegenError,
     ),
     (
+        "AOTPACK_STATS_AFTER_LOOP",
+        _call("codegen.gemm_stats", "stats_after_loop"),
+        {None: True, "on": True, "OFF": False},
+        CodegenError,
+    ),
+    (
         "AOTPACK_DECODE_VECTOR",
         _call("codegen.decode_attention_render", "vector_form"),
         {None: False, "on": True, "OFF": False},
@@ -194,6 +200,7 @@ def test_the_names_match_the_modules():
         gemm_pairs,
         gemm_prologue,
         gemm_sites,
+        gemm_stats,
         kernel_source,
     )
     from aot.loader import bindings, cuda, decode_blocks
@@ -211,6 +218,7 @@ def test_the_names_match_the_modules():
         gemm_defaults.MANY_ROWS_EARLY_ENV,
         gemm_defaults.MANY_ROWS_ENV,
         gemm_defaults.ONE_ROW_LONG_K_ENV,
+        gemm_stats.STATS_AFTER_LOOP_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
         decode_blocks.GREEDY_ENV,
