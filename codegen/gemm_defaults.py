@@ -304,12 +304,6 @@ FEW_ROWS_PROLOGUE_ENV = "AOTPACK_FEW_ROWS_PROLOGUE"
 PROLOGUE_ROWS = {"vec_1x2x1024": "vec_1x4x1024", "vec_1x2x512": "vec_1x4x1024"}
 ONE_ROW_PROLOGUE: str | None = None
 ONE_ROW_PROLOGUE_ENV = "AOTPACK_ONE_ROW_PROLOGUE"
-# One row at K of LONG_K or more (a down projection): two rows of W a block in K steps of 1024, on
-# 2 warps (``vec_1x2x1024``) or 4 (``vec_1x2x1024w4``: A's row in one wave of loads after the
-# wait instead of two, see gemm_forms). ONE_ROW_LONG_K_ENV names it for a build, for measuring.
-ONE_ROW_LONG_K = "vec_1x2x1024"
-ONE_ROW_LONG_K_ENV = "AOTPACK_ONE_ROW_LONG_K"
-LONG_K_FORMS = ("vec_1x2x1024", "vec_1x2x1024w4")
 
 
 # Attention (``aot.codegen.flash``: an SDPA call without a mask over heads of row-major
@@ -498,7 +492,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             return "vec_1x2x512" if k <= 512 or k % 512 == 0 else "vec_1x2x1024"
         if k < LONG_K and k % 2048:
             return "vec_1x1x512"
-        return one_row_long_k_form() if k >= LONG_K else "vec_1x2x1024"
+        return "vec_1x2x1024"
     if 2 <= rows <= FEW_ROWS_MAX:
         few = few_row_forms()
         if not few.every_site:  # the built-in entry: vocabulary heads, small and large weights
@@ -547,7 +541,7 @@ FORMS = (
     "vec_1x1x512",
     "vec_1x2x1024",
     "vec_1x4x512",
-)  # every form ``default_form`` names at one row (ONE_ROW_LONG_K's choices: LONG_K_FORMS)
+)  # every form ``default_form`` names at one row
 PROLOGUE_FORMS = tuple(c.name for c in PROLOGUE_CONFIGS)  # what ONE_ROW_PROLOGUE may name besides FORMS
 
 
@@ -561,11 +555,6 @@ def one_row_prologue_form() -> str | None:
             f"expected one of {', '.join((*FORMS, *PROLOGUE_FORMS))}"
         )
     return name
-
-
-def one_row_long_k_form() -> str:
-    """The one-row form at K of LONG_K or more: the environment's, else ONE_ROW_LONG_K."""
-    return setting(ONE_ROW_LONG_K_ENV, ONE_ROW_LONG_K, LONG_K_FORMS)
 
 
 def _one_row(site: Site) -> str | None:

@@ -76,13 +76,12 @@ CONFIGS: tuple[TileConfig, ...] = (
     # 5-16% slower at every site alone.
     TileConfig("vec_1x2x512", 1, 2, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
     TileConfig("vec_1x1x512", 1, 1, 512, num_warps=4, num_stages=1, max_m=1, dot=False),
+    # At Llama-3.2-1B's down (K 8192) a thread of it holds its two rows' W for all of K (loaded
+    # before the wait) and A's row: 243 registers, and ptxas issues A's loads in two waves after
+    # the wait (bench/sass_waves.py). On 4 warps (120 registers, one wave) the first 8 layers at
+    # batch 1 took 0.5899 ms a token against 0.5770 (2.2% slower, 12 of 12 rounds), NVIDIA H100,
+    # 2026-12-06 (bench/results/decode/paired-llama-3.2-1b-8layers-b1-down-4-warps-h100-2026-12-06f.json).
     TileConfig("vec_1x2x1024", 1, 2, 1024, num_warps=2, num_stages=1, max_m=1, dot=False),
-    # The same on 4 warps at long K (Llama-3.2-1B's down, 8192 -> 2048): on 2 warps a thread holds
-    # its two rows' 32 K steps of W (128 registers, loaded before the wait) and A's row (64), and
-    # ptxas, at 243 registers, issues A's loads in two waves after the wait (bench/sass_waves.py,
-    # sm_90); on 4 warps each holds half of both and A's row loads in one wave
-    # (gemm_defaults.ONE_ROW_LONG_K).
-    TileConfig("vec_1x2x1024w4", 1, 2, 1024, num_warps=4, num_stages=1, max_m=1, dot=False, min_k=4096),
     # A vocabulary head of short K (GPT-2's LM head, 768 -> 50257): two rows of W per block make
     # 25k blocks of 3 KiB each, whose fixed cost the stream does not cover; four rows per block
     # streamed the 77 MB in 21.6 µs alone (3.57 TB/s; vec_1x2x512 25.7, one row per block 34.4)

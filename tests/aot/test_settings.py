@@ -128,12 +128,6 @@ SWITCHES = [
         CodegenError,
     ),
     (
-        "AOTPACK_ONE_ROW_LONG_K",
-        _call("codegen.gemm_defaults", "default_form", 1, 8192, "bfloat16"),
-        {None: "vec_1x2x1024", "VEC_1x2x1024W4": "vec_1x2x1024w4", "vec_1x2x1024": "vec_1x2x1024"},
-        CodegenError,
-    ),
-    (
         "AOTPACK_STATS_AFTER_LOOP",
         _call("codegen.gemm_stats", "stats_after_loop"),
         {None: True, "on": True, "OFF": False},
@@ -217,7 +211,6 @@ def test_the_names_match_the_modules():
         decode_attention_render.VECTOR_ENV,
         gemm_defaults.MANY_ROWS_EARLY_ENV,
         gemm_defaults.MANY_ROWS_ENV,
-        gemm_defaults.ONE_ROW_LONG_K_ENV,
         gemm_stats.STATS_AFTER_LOOP_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
