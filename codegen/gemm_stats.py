@@ -52,7 +52,15 @@ from aot.schema import Buf, KernelParam, ParamKind, TensorSpec
 # (True), or combines them before the loop (False, the form before 2026-12-06): compiled for sm_90,
 # GPT-2's fc tile at 128 rows then ran 413 instructions and 12 block barriers after the wait before
 # its first asynchronous copy of A or W (220 and none with True), at 16 rows 205 and 5 (66 and
-# none). STATS_AFTER_LOOP_ENV ("on"/"off") sets it for a build, for measuring.
+# none). Timed on an H100 (2026-12-06, both bundles in one process, 12 rounds; the older form
+# against this one): the example GPT 1.3% slower at 1 x 16 tokens (9 of 12 rounds) and 1.5% at
+# batch 8 (12 of 12), GPT-2's decode at batch 8 (8 layers) 2.5% (0.2653 against 0.2588 ms a token),
+# Llama-3.2-1B's (8 layers, the RMSNorm join) 0.3% (11 of 12); the same numbers bit for bit
+# (bench/results/ab-gpt-stats-after-loop-off-h100-2026-12-06f.json,
+# decode/paired-*-b8-stats-after-loop-off-h100-2026-12-06f.json). With it the 64-row tiles of
+# 33-128 rows joined (TILE_STATS "on") tie with the LayerNorm kernel (1.001 at 128 tokens, 0.998
+# at 64; 1.013 slower before), so they stay apart. STATS_AFTER_LOOP_ENV ("on"/"off") sets it for
+# a build, for measuring.
 STATS_AFTER_LOOP = True
 STATS_AFTER_LOOP_ENV = "AOTPACK_STATS_AFTER_LOOP"
 
