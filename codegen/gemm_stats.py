@@ -54,7 +54,7 @@ from aot.schema import Buf, KernelParam, ParamKind, TensorSpec
 # its first asynchronous copy of A or W (220 and none with True), at 16 rows 205 and 5 (66 and
 # none). Timed on an H100 (2026-12-06, both bundles in one process, 12 rounds; the older form
 # against this one): the example GPT 1.3% slower at 1 x 16 tokens (9 of 12 rounds) and 1.5% at
-# batch 8 (12 of 12), GPT-2's decode at batch 8 (8 layers) 2.5% (0.2653 against 0.2588 ms a token),
+# batch 8 (12 of 12), GPT-2's decode at batch 8 (8 layers) 2.0% (0.2653 against 0.2588 ms a token),
 # Llama-3.2-1B's (8 layers, the RMSNorm join) 0.3% (11 of 12); the same numbers bit for bit
 # (bench/results/ab-gpt-stats-after-loop-off-h100-2026-12-06f.json,
 # decode/paired-*-b8-stats-after-loop-off-h100-2026-12-06f.json). With it the 64-row tiles of
