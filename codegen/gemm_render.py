@@ -28,7 +28,7 @@ from aot.codegen.gemm_forms import (
 )
 from aot.codegen.gemm_prologue import factored_one_row, row_load
 from aot.codegen.gemm_sites import Prologue, Site
-from aot.codegen.kernel_source import kernel_module, signature_of
+from aot.codegen.kernel_source import kernel_module, on_off, signature_of
 from aot.codegen.launch import max_value
 from aot.codegen.render import Rendered
 from aot.codegen.triton_types import STORAGE, TL_TYPE
@@ -214,6 +214,20 @@ def _indices(site: Site, cfg: TileConfig, index: str) -> list[str]:
     ]
 
 
+# A tensor-core form whose first W tiles load before the wait (``TileConfig.w_early``) takes their
+# products before its K loop, so the loop's first asynchronous copies of A and W issue only once
+# A's first tiles are back and multiplied; EARLY_STEPS_LAST puts those products after the loop
+# instead (its copies issue right after the wait; the early tiles stay in registers through it;
+# the sum over K in another order). EARLY_STEPS_LAST_ENV ("on"/"off") sets it for a build.
+EARLY_STEPS_LAST = False
+EARLY_STEPS_LAST_ENV = "AOTPACK_EARLY_STEPS_LAST"
+
+
+def early_steps_last() -> bool:
+    """Whether the early-loaded W steps' products come after the K loop (EARLY_STEPS_LAST)."""
+    return on_off(EARLY_STEPS_LAST_ENV, "on" if EARLY_STEPS_LAST else "off")
+
+
 def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str = "i32") -> list[str]:
     """Accumulate ``acc{g}`` over ``k_offset <= k < k_offset + k_extent`` (and ``k < K``) in
     BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads (a dot's)
@@ -232,11 +246,14 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         )
     kmasks = _k_masks(site, cfg, k_offset)
     first = _w_early_steps(cfg, k_extent)
+    early = []
     for i in range(first):  # the steps whose W tiles were loaded before the wait
         base = _k_base(k_offset, i * cfg.block_k)
-        lines.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
-        lines += _a_tile(site, cfg, kmasks)
-        lines += [_dot(site, cfg, g, f"w{g}_e{i}", precision) for g in weights]
+        early.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
+        early += _a_tile(site, cfg, kmasks)
+        early += [_dot(site, cfg, g, f"w{g}_e{i}", precision) for g in weights]
+    last = early_steps_last()
+    lines += [] if last else early
     lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
     lines.append(
         f"    rk = {k_offset} + k0 + tl.arange(0, BLOCK_K)"
@@ -248,6 +265,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         tile = "W tile: [BLOCK_N, BLOCK_K]" if cfg.swap else "W^T tile: [BLOCK_K, BLOCK_N]"
         lines.append(f"    w{g} = {_w_tile(site, cfg, g, index, kmasks)}  # {tile}")
         lines.append("    " + _dot(site, cfg, g, f"w{g}", precision))
+    lines += early if last else []
     if cfg.swap:
         lines += [f"acc{g} = tl.trans(acc{g})  # C^T's tile back to [BLOCK_M, BLOCK_N]" for g in weights]
     if one_pass:

@@ -128,6 +128,12 @@ SWITCHES = [
         CodegenError,
     ),
     (
+        "AOTPACK_EARLY_STEPS_LAST",
+        _call("codegen.gemm_render", "early_steps_last"),
+        {None: False, "ON": True, "off": False},
+        CodegenError,
+    ),
+    (
         "AOTPACK_STATS_AFTER_LOOP",
         _call("codegen.gemm_stats", "stats_after_loop"),
         {None: True, "on": True, "OFF": False},
@@ -193,6 +199,7 @@ def test_the_names_match_the_modules():
         gemm_defaults,
         gemm_pairs,
         gemm_prologue,
+        gemm_render,
         gemm_sites,
         gemm_stats,
         kernel_source,
@@ -212,6 +219,7 @@ def test_the_names_match_the_modules():
         gemm_defaults.MANY_ROWS_EARLY_ENV,
         gemm_defaults.MANY_ROWS_ENV,
         gemm_stats.STATS_AFTER_LOOP_ENV,
+        gemm_render.EARLY_STEPS_LAST_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
         decode_blocks.GREEDY_ENV,

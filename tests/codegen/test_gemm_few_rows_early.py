@@ -189,3 +189,28 @@ def test_a_one_pass_form_without_its_statistic_is_caught(early, tmp_path):
         tmp_path / "bad.tpk",
     )
     assert failed == {f"{site.id}/{cand.name}"}
+
+
+@pytest.mark.slow  # another build and the interpreter
+def test_the_early_steps_products_after_the_loop_match_their_reference(tmp_path_factory, monkeypatch):
+    """``AOTPACK_EARLY_STEPS_LAST=on`` (``gemm_render.EARLY_STEPS_LAST``): the products of the W
+    tiles loaded before the wait come after the K loop, so the loop's first copies issue right
+    after the wait; the same loads before the wait, the sums over K in another order, every form
+    within the interpreter's tolerance of the library and the residual sums exact."""
+    monkeypatch.setenv(gemm_render.EARLY_STEPS_LAST_ENV, "on")
+    compiled, path = _build(tmp_path_factory, EARLY)
+    kernels = {k.id: k for k in compiled.program.kernels}
+    sources = [
+        kernels[c.steps[-1].target].source
+        for site in compiled.program.alternatives
+        for c in site.candidates
+        if EARLY in c.name
+    ]
+    assert len(sources) == 3
+    for source in sources:
+        assert "w0_e0 = tl.load" in _before_wait(source)
+        assert source.index("for k0 in range(") < source.index("# K step 0: W loaded early")
+    few = _interpret(compiled, path, EARLY)
+    sums = {site.outputs[-1] for site in compiled.program.alternatives if len(site.outputs) == 2}
+    written = [c for c in few if c.output in sums]
+    assert written and all(c.max_abs_error == 0.0 for c in written)
