@@ -49,10 +49,10 @@ from aot.codegen.triton_types import STORAGE, TL_TYPE
 from aot.schema import Buf, KernelParam, ParamKind, TensorSpec
 
 # The second tile loads the first's statistics before its K loop and combines them after it
-# (True), or combines them before the loop (False, the form before 2026-12-06): compiled for sm_90,
-# GPT-2's fc tile at 128 rows then ran 413 instructions and 12 block barriers after the wait before
-# its first asynchronous copy of A or W (220 and none with True), at 16 rows 205 and 5 (66 and
-# none). Timed on an H100 (2026-12-06, both bundles in one process, 12 rounds; the older form
+# (True), or combines them before the loop (False, the form before 2026-12-06): compiled for
+# sm_90, the example GPT's fc tile at 128 rows then ran 413 instructions and 12 block barriers after
+# the wait before its first asynchronous copy of A or W (220 and none with True), at 16 rows 205
+# and 5 (66 and none). Timed on an H100 (2026-12-06, both bundles in one process, 12 rounds; the older form
 # against this one): the example GPT 1.3% slower at 1 x 16 tokens (9 of 12 rounds) and 1.5% at
 # batch 8 (12 of 12), GPT-2's decode at batch 8 (8 layers) 2.0% (0.2653 against 0.2588 ms a token),
 # Llama-3.2-1B's (8 layers, the RMSNorm join) 0.3% (11 of 12); the same numbers bit for bit
@@ -360,11 +360,8 @@ def render_tile_from_stats(
     )
     early += biases + (loads if early else [])
     body += ([] if early else loads) + _stats_loads(first, first_cfg)
-    if not stats_after_loop():
-        body += _combined_stats(first, first_cfg, plain.k, pro.eps)
-    body += _k_loop(plain, cfg, "0", plain.k, index)
-    if stats_after_loop():
-        body += _combined_stats(first, first_cfg, plain.k, pro.eps)
+    combine, after = _combined_stats(first, first_cfg, plain.k, pro.eps), stats_after_loop()
+    body += ([] if after else combine) + _k_loop(plain, cfg, "0", plain.k, index) + (combine if after else [])
     body += [
         "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
         "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
