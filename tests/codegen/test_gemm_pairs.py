@@ -458,34 +458,45 @@ def test_a_row_norm_joins_two_tiles_through_the_first_tiles_sums_of_squares(tmp_
         assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
 
 
-@pytest.mark.parametrize("after", [None, "off"])
-def test_the_second_tile_combines_the_statistics_after_its_k_loop(after, monkeypatch):
+def test_the_second_tile_combines_the_statistics_after_its_k_loop(monkeypatch):
     """By default (``gemm_stats.STATS_AFTER_LOOP``) the second tile of a join loads the first's
     statistics before its K loop and combines them after it, so its first copies of A and W do
     not wait for them; ``AOTPACK_STATS_AFTER_LOOP=off`` combines them before the loop (the older
     form). Both joins: a LayerNorm's mean and 1/std (``gemm_tile_ln_few.py``), an RMSNorm's sum of
-    squares (``gemm_tile_rms.py``). The interpreter tests above run the default."""
+    squares (``gemm_tile_rms.py``). Compiled for sm_90, the default runs fewer instructions and
+    block barriers after the wait before the loop's first copy (``bench/sass_waves.py``), none of
+    them at the LayerNorm's tile. The interpreter tests above run the default."""
     from aot.codegen import gemm_stats
+    from bench.sass_waves import before_first_copy, sass
 
-    if after is None:
-        monkeypatch.delenv(gemm_stats.STATS_AFTER_LOOP_ENV, raising=False)
-    else:
-        monkeypatch.setenv(gemm_stats.STATS_AFTER_LOOP_ENV, after)
     monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)  # the default: 16-row tiles join
     monkeypatch.setattr(gemm_pairs, "ONE_PASS_DTYPES", ("bfloat16", "float16"))  # as above
     for model, combine in (
         ("gemm_tile_ln_few.py", "mean = tl.sum(t_sum"),
         ("gemm_tile_rms.py", "s_sum = tl.sum(t_sum"),
     ):
-        sources = [k.source for k in _build(model).program.kernels if k.name.endswith("_from_stats")]
-        assert sources, model
-        for source in sources:
-            lines = [line.strip() for line in source.splitlines()]
-            load = next(i for i, line in enumerate(lines) if line.startswith("t_sum = tl.load("))
-            loop = next(i for i, line in enumerate(lines) if line.startswith("for k0 in range("))
-            (stat,) = [i for i, line in enumerate(lines) if line.startswith(combine)]
-            assert load < loop, model
-            assert (stat > loop) if after is None else (load < stat < loop), (model, after)
+        copies = {}
+        for after in (None, "off"):
+            if after is None:
+                monkeypatch.delenv(gemm_stats.STATS_AFTER_LOOP_ENV, raising=False)
+            else:
+                monkeypatch.setenv(gemm_stats.STATS_AFTER_LOOP_ENV, after)
+            compiled = _build(model)
+            joined = [k for k in compiled.program.kernels if k.name.endswith("_from_stats")]
+            assert joined, model
+            for kernel in joined:
+                lines = [line.strip() for line in kernel.source.splitlines()]
+                load = next(i for i, line in enumerate(lines) if line.startswith("t_sum = tl.load("))
+                loop = next(i for i, line in enumerate(lines) if line.startswith("for k0 in range("))
+                (stat,) = [i for i, line in enumerate(lines) if line.startswith(combine)]
+                assert load < loop, model
+                assert (stat > loop) if after is None else (load < stat < loop), (model, after)
+                copies[kernel.name, after] = before_first_copy(sass(compiled.cubins[(kernel.id, "sm_90")]))
+        for (name, after), copy in copies.items():
+            if after is None:
+                older = copies[name, "off"]
+                assert copy[0] < older[0] and copy[1] < older[1], (name, copy, older)
+                assert copy[1] == 0 or "norm" in name, (name, copy)  # the RMSNorm form: its early W step
 
 
 @pytest.mark.slow  # one more interpreter run
