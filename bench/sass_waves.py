@@ -51,9 +51,16 @@ def _counted_load(op: str) -> bool:
     return (op == "LDG" or op.startswith("LDG.")) and ".CONSTANT" not in op
 
 
+def _at_the_wait(sass: str) -> tuple[str, str]:
+    """A kernel's SASS before and after the wait for the kernel before (``ACQBULK``); all of it
+    after where it has none."""
+    before, _, after = sass.partition("ACQBULK") if "ACQBULK" in sass else ("", "", sass)
+    return before, after
+
+
 def waves(sass: str) -> tuple[int, int, int]:
     """(loads before ``ACQBULK``, loads after it, waves after it) of a kernel's SASS."""
-    before, _, after = sass.partition("ACQBULK") if "ACQBULK" in sass else ("", "", sass)
+    before, after = _at_the_wait(sass)
     pending: set[int] = set()
     count, loads, in_wave = 0, 0, False
     for op, args in _INSTR.findall(after):
@@ -81,8 +88,7 @@ def before_first_copy(sass: str) -> tuple[int, int] | None:
     whose data it waits for, reductions across its threads) holds the loop's first copies back:
     the statistics join's second tile ran 205-413 instructions and 5-12 barriers there before
     2026-12-06, 66-220 and none after, and timed 0.3-2.0% faster at 8-16 rows."""
-    after = sass.partition("ACQBULK")[2] if "ACQBULK" in sass else sass
-    ops = [op for op, _ in _INSTR.findall(after)]
+    ops = [op for op, _ in _INSTR.findall(_at_the_wait(sass)[1])]
     first = next((i for i, op in enumerate(ops) if op.startswith(_ASYNC)), None)
     if first is None:
         return None

@@ -129,7 +129,7 @@ def _render_forms(
     ep = _site_epilogue(site, buffers, known)
     out = []
     for cfg in configs:
-        if site.k < cfg.min_k or site.n < cfg.min_n:  # split-K: a couple of K blocks a slice
+        if site.k < cfg.min_k or site.n < cfg.min_n:
             continue
         if site.w_kn and not cfg.dot:
             continue  # a one-row form reads W's rows along K: strided where W is [K, N]

@@ -491,7 +491,9 @@ def test_the_second_tile_combines_the_statistics_after_its_k_loop(monkeypatch):
                 (stat,) = [i for i, line in enumerate(lines) if line.startswith(combine)]
                 assert load < loop, model
                 assert (stat > loop) if after is None else (load < stat < loop), (model, after)
-                copies[kernel.name, after] = before_first_copy(sass(compiled.cubins[(kernel.id, "sm_90")]))
+                copy = before_first_copy(sass(compiled.cubins[(kernel.id, "sm_90")]))
+                assert copy is not None, (kernel.name, after)  # a tensor-core loop's copies
+                copies[kernel.name, after] = copy
         for (name, after), copy in copies.items():
             if after is None:
                 older = copies[name, "off"]
