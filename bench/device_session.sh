@@ -52,8 +52,9 @@
 #     (a statistics join's second tile combining them after its K loop, codegen/gemm_stats.py, against the older order:
 #     GPT-2 2.0% and Llama-3.2-1B 0.3% faster at batch 8, H100, 2026-12-06; AB1_ENV_gpt=AOTPACK_STATS_AFTER_LOOP=off ab1-gpt for forwards)
 #   DEADLINE=330 AB_ENV_gpt=AOTPACK_EARLY_STEPS_LAST=on AB_SIZES_gpt="batch=8,seq=1 batch=1,seq=128 batch=32,seq=1" DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1="AOTPACK_EARLY_STEPS_LAST=on" PAIRED_BATCH=8 PAIRED_MAY_DIFFER=1 bash bench/device_session.sh ab-gpt:80 decode-llama-3.2-1b:90 env1-llama-3.2-1b:90 paired01-llama-3.2-1b:40
-#     (the early-loaded W steps' products after the K loop, codegen/gemm_render.EARLY_STEPS_LAST: the loop's first copies
-#     no longer wait for them; built 2026-12-06, untimed; tokens may part: the sum over K in another order)
+#     (the early-loaded W steps' products after the K loop, codegen/gemm_render.EARLY_STEPS_LAST, against the older order:
+#     the example GPT's 128-token forward 5.2% faster, the 8-row decodes the same, H100, 2026-12-06; on by default since,
+#     so set the switch to off in the B arms to measure it again; tokens may part: the sum over K in another order)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per

@@ -215,11 +215,16 @@ def _indices(site: Site, cfg: TileConfig, index: str) -> list[str]:
 
 
 # A tensor-core form whose first W tiles load before the wait (``TileConfig.w_early``) takes their
-# products before its K loop, so the loop's first asynchronous copies of A and W issue only once
-# A's first tiles are back and multiplied; EARLY_STEPS_LAST puts those products after the loop
-# instead (its copies issue right after the wait; the early tiles stay in registers through it;
-# the sum over K in another order). EARLY_STEPS_LAST_ENV ("on"/"off") sets it for a build.
-EARLY_STEPS_LAST = False
+# products after its K loop (EARLY_STEPS_LAST): the early tiles stay in registers through the loop,
+# whose first asynchronous copies of A and W issue right after the wait. Before the loop, those
+# copies issued only once A's first tiles were back and multiplied (compiled for sm_90: 87-172
+# instructions after the wait before the first copy, no barrier, where there were 149-182 and one
+# at the example GPT's 128-row tiles). The sum over K runs in another order. Timed on an H100
+# (2026-12-06, bench/RESULTS.md, "the early-loaded W steps' products after the K loop"): the
+# example GPT's 128-token forward 5.2% faster (12 of 12 rounds), 8 and 32 rows 0.4-0.5%, the
+# 8-row decodes of GPT-2 and Llama-3.2-1B the same. EARLY_STEPS_LAST_ENV ("on"/"off") sets it for
+# a build.
+EARLY_STEPS_LAST = True
 EARLY_STEPS_LAST_ENV = "AOTPACK_EARLY_STEPS_LAST"
 
 

@@ -130,7 +130,7 @@ SWITCHES = [
     (
         "AOTPACK_EARLY_STEPS_LAST",
         _call("codegen.gemm_render", "early_steps_last"),
-        {None: False, "ON": True, "off": False},
+        {None: True, "ON": True, "off": False},
         CodegenError,
     ),
     (

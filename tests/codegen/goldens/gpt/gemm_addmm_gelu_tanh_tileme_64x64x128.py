@@ -30,14 +30,14 @@ def gemm_addmm_gelu_tanh_tileme_64x64x128(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
-    a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
-    acc0 = tl.dot(a, w0_e0, acc0)
     for k0 in range(128, 768, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
         w0 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
         acc0 = tl.dot(a, w0, acc0)
+    rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
+    a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+    acc0 = tl.dot(a, w0_e0, acc0)
     acc0 = acc0 + b0_e
     acc0 = (0.5 * acc0 * (1.0 + (1.0 - 2.0 / (tl.exp(2.0 * (0.7978845608028654 * (acc0 + 0.044715 * acc0 * acc0 * acc0))) + 1.0))))
     tl.store(out0_ptr + rm[:, None] * 3072 + rn[None, :], acc0.to(tl.float16), mask=mask)

@@ -30,15 +30,15 @@ def gemm_mm_fewe_16x64x128(a_ptr, w0_ptr, out0_ptr, M):
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(256, 768, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+        w0 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
+        acc0 = tl.dot(a, w0, acc0)
     rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
     a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
     acc0 = tl.dot(a, w0_e0, acc0)
     rk = 128 + tl.arange(0, BLOCK_K)  # K step 1: W loaded early
     a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
     acc0 = tl.dot(a, w0_e1, acc0)
-    for k0 in range(256, 768, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
-        w0 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
-        acc0 = tl.dot(a, w0, acc0)
     tl.store(out0_ptr + rm[:, None] * 50304 + rn[None, :], acc0.to(tl.float16), mask=mask)

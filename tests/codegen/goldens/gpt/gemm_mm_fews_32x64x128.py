@@ -28,13 +28,13 @@ def gemm_mm_fews_32x64x128(a_ptr, w0_ptr, out0_ptr, M):
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc0 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
-    a_t = tl.load(a_ptr + rm[None, :] * 768 + rk[:, None], mask=mask_m[None, :], other=0.0)
-    acc0 = tl.dot(w0_e0, a_t, acc0)
     for k0 in range(128, 768, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         a_t = tl.load(a_ptr + rm[None, :] * 768 + rk[:, None], mask=mask_m[None, :], other=0.0)
         w0 = tl.load(w0_ptr + rn[:, None] * 768 + rk[None, :], mask=mask_n[:, None], other=0.0)  # W tile: [BLOCK_N, BLOCK_K]
         acc0 = tl.dot(w0, a_t, acc0)
+    rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
+    a_t = tl.load(a_ptr + rm[None, :] * 768 + rk[:, None], mask=mask_m[None, :], other=0.0)
+    acc0 = tl.dot(w0_e0, a_t, acc0)
     acc0 = tl.trans(acc0)  # C^T's tile back to [BLOCK_M, BLOCK_N]
     tl.store(out0_ptr + rm[:, None] * 50304 + rn[None, :], acc0.to(tl.float16), mask=mask)

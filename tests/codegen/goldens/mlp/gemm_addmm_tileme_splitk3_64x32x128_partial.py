@@ -29,13 +29,13 @@ def gemm_addmm_tileme_splitk3_64x32x128_partial(a_ptr, w0_ptr, ws_ptr, M):
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    rk = ks * 1408 + 0 + tl.arange(0, BLOCK_K)  # K step 0: W loaded early
-    a = tl.load(a_ptr + rm[:, None] * 4096 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 4096), other=0.0)
-    acc0 = tl.dot(a, w0_e0, acc0)
     for k0 in range(128, 1408, BLOCK_K):
         rk = ks * 1408 + k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rm[:, None] * 4096 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 4096), other=0.0)
         w0 = tl.load(w0_ptr + rn[None, :] * 4096 + rk[:, None], mask=mask_n[None, :] & (rk[:, None] < 4096), other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
         acc0 = tl.dot(a, w0, acc0)
+    rk = ks * 1408 + 0 + tl.arange(0, BLOCK_K)  # K step 0: W loaded early
+    a = tl.load(a_ptr + rm[:, None] * 4096 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 4096), other=0.0)
+    acc0 = tl.dot(a, w0_e0, acc0)
     # each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order
     tl.store(ws_ptr + ((ks * 1 + 0) * M + rm[:, None]) * 1024 + rn[None, :], acc0, mask=mask)

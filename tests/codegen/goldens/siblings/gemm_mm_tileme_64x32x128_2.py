@@ -28,12 +28,12 @@ def gemm_mm_tileme_64x32x128(a_ptr, w0_ptr, out0_ptr, M):
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
-    a = tl.load(a_ptr + rm[:, None] * 48 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 48), other=0.0)
-    acc0 = tl.dot(a, w0_e0, acc0)
     for k0 in range(128, 48, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rm[:, None] * 48 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 48), other=0.0)
         w0 = tl.load(w0_ptr + rn[None, :] * 48 + rk[:, None], mask=mask_n[None, :] & (rk[:, None] < 48), other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
         acc0 = tl.dot(a, w0, acc0)
+    rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
+    a = tl.load(a_ptr + rm[:, None] * 48 + rk[None, :], mask=mask_m[:, None] & (rk[None, :] < 48), other=0.0)
+    acc0 = tl.dot(a, w0_e0, acc0)
     tl.store(out0_ptr + rm[:, None] * 32 + rn[None, :], acc0.to(tl.float16), mask=mask)
