@@ -22,6 +22,7 @@ faster, while the biases' second wave (``EARLY_BIAS``) was 7-10% of GPT-2's step
 
     python3 bench/sass_waves.py --model gpt2 --rows 1          # about a minute on the CPU box
     python3 bench/sass_waves.py --model llama-3.2-1b --rows 8 --layers 2
+    python3 bench/sass_waves.py --model-file models/gpt.py --bucket 1,128   # a forward's plan
 
 Found with it (2026-12-02): the split-K reduce that runs the next norm took 4 waves at
 Llama-3.2-1B's rows and 13 at GPT-2's (now 1-4, ``gemm_render.render_reduce_norm``); every
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -122,22 +124,13 @@ def registers(cubin: bytes) -> int:
     return int(found.group(1))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="gpt2", help="one of bench/decode.py's models")
-    ap.add_argument("--rows", type=int, default=1, help="the batch bucket whose decode plan is read")
-    ap.add_argument("--layers", type=int, default=2, help="the model's first N layers")
-    ap.add_argument("--context", type=int, default=512, help="the cache's slots")
-    ap.add_argument("--dump", type=Path, help="also write each kernel's source and SASS into this folder")
-    args = ap.parse_args()
-    sys.path[:0] = [str(HERE), str(ROOT)]
+def _decode_plan(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """The decode program of one of ``bench/decode.py``'s models (its first ``--layers``) and
+    its plan at ``--rows``."""
     import decode
 
     from aot.codegen import generate
-    from aot.codegen.compile import Job, _compile
-    from aot.codegen.triton_types import STORAGE
     from aot.hf import causal_lm
-    from aot.schema import ParamKind, StepKind
     from aot.tracer import trace
     from aot.tuning import tuned_plans
 
@@ -155,12 +148,48 @@ def main() -> None:
         attn_implementation=decode.ATTENTION.get(args.model),
     )
     compiled = generate(trace(spec), ("sm_90",))
-    decode_program = compiled.program.variants[-1] if compiled.program.variants else compiled.program
-    index = [compiled.program, *compiled.program.variants].index(decode_program)
-    kernels = {k.id: k for k in decode_program.kernels}
-    plan = tuned_plans(compiled.tuning, index, decode_program, "sm_90")
+    program = compiled.program.variants[-1] if compiled.program.variants else compiled.program
+    index = [compiled.program, *compiled.program.variants].index(program)
+    plan = tuned_plans(compiled.tuning, index, program, "sm_90")
     (steps,) = [p for key, p in plan.items() if key[-1] == args.rows]  # a key ends with its batch bucket
-    print(f"{args.model}, {args.layers} layers, decode plan at {args.rows} rows (sm_90)")
+    return program, steps, f"{args.model}, {args.layers} layers, decode plan at {args.rows} rows (sm_90)"
+
+
+def _file_plan(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """The (first) program of a model file, as ``aotpack build`` traces it, and its plan at the
+    bucket ``--bucket`` (one size per symbol, in the program's order, e.g. ``1,128`` for
+    models/gpt.py's batch and sequence)."""
+    from aot.codegen import generate
+    from aot.tracer import load_model_file, trace
+    from aot.tuning import tuned_plans
+
+    compiled = generate(trace(load_model_file(args.model_file)), ("sm_90",))
+    plan = tuned_plans(compiled.tuning, 0, compiled.program, "sm_90")
+    key = tuple(int(v) for v in args.bucket.split(","))
+    if key not in plan:
+        raise SystemExit(f"--bucket {args.bucket}: the plans' buckets are {sorted(plan)}")
+    return compiled.program, plan[key], f"{args.model_file}, plan at bucket {key} (sm_90)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="gpt2", help="one of bench/decode.py's models")
+    ap.add_argument("--rows", type=int, default=1, help="the batch bucket whose decode plan is read")
+    ap.add_argument("--layers", type=int, default=2, help="the model's first N layers")
+    ap.add_argument("--context", type=int, default=512, help="the cache's slots")
+    ap.add_argument("--model-file", type=Path, help="a model file's forward instead (e.g. models/gpt.py)")
+    ap.add_argument("--bucket", default="1,128", help="with --model-file: the plan's bucket, a size a symbol")
+    ap.add_argument("--dump", type=Path, help="also write each kernel's source and SASS into this folder")
+    args = ap.parse_args()
+    sys.path[:0] = [str(HERE), str(ROOT)]
+
+    from aot.codegen.compile import Job, _compile
+    from aot.codegen.triton_types import STORAGE
+    from aot.schema import ParamKind, StepKind
+
+    program, steps, title = _file_plan(args) if args.model_file else _decode_plan(args)
+    kernels = {k.id: k for k in program.kernels}
+    print(title)
     print(
         f"{'kernel':64s} {'warps':>5s} {'registers':>9s} {'loads before the wait':>22s} {'after':>6s} "
         f"{'waves after':>12s} {'before the first copy':>22s}"

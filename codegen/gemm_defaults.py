@@ -154,6 +154,15 @@ BUILT_IN_FEW_ROWS = (
 # 16-wide-128-tiles-h200-2026-12-04d.json). Whether o's twice the blocks gained and gate/up's
 # twice the statistics tiles (a [128, 16] pair in its registers) took it back was not separated.
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
+# BUILT_IN_FEW_ROWS's small form with W's first two K steps loaded before the wait for the kernel
+# before (``gemve_16x32x128``), as the swapped forms and the tiles of 33-128 rows load theirs, where
+# SMALL_EARLY (or AOTPACK_SMALL_EARLY) says "on". Without them each of the form's blocks (64 at
+# Llama-3.2-1B's o) issues its first copies of W only after the wait, from memory. Built
+# 2026-12-06, not timed; off until it is (bench/device_session.sh has the A/B's usage line).
+SMALL_EARLY = "off"
+SMALL_EARLY_ENV = "AOTPACK_SMALL_EARLY"
+SMALL_EARLY_FORM = "gemve_16x32x128"
+SMALL_EARLY_STEPS = 2
 # ... but where N is under SLICED_SMALL_N and K at least SLICED_SMALL_K (a down projection: GPT-2's
 # mlp out, 3072 -> 768; the example mlp's 4096 -> 1024), tune's tile of 32 rows makes 24-32 blocks
 # each streaming long rows: the swapped form in K slices instead (SMALL_SLICED). On an H200 at 8
@@ -382,9 +391,23 @@ def default_configs() -> tuple[TileConfig, ...]:
         *(c for c in CONFIGS if not c.dot),
         *PROLOGUE_CONFIGS,
         *few_row_configs(),
+        small_early_config(),
         *tiles,
         *MANY_ROW_TILES,
     )  # one-row forms first, as sites list them
+
+
+def small_early() -> bool:
+    """Whether the built-in small form of 2-16 rows loads W early (SMALL_EARLY, or
+    AOTPACK_SMALL_EARLY where set)."""
+    return on_off(SMALL_EARLY_ENV, SMALL_EARLY)
+
+
+def small_early_config() -> TileConfig:
+    """``SMALL_EARLY_FORM``: BUILT_IN_FEW_ROWS's small form with W's first SMALL_EARLY_STEPS K
+    steps loaded before the wait, held to 2-FEW_ROWS_MAX rows."""
+    (small,) = [c for c in CONFIGS if c.name == BUILT_IN_FEW_ROWS[0]]
+    return replace(small, name=SMALL_EARLY_FORM, w_early=SMALL_EARLY_STEPS, min_m=2, max_m=FEW_ROWS_MAX)
 
 
 class FewRows(NamedTuple):
@@ -429,6 +452,8 @@ def few_row_forms() -> FewRows:
             )
     if not every:
         forms = list(BUILT_IN_FEW_ROWS)
+        if small_early():
+            forms[0] = SMALL_EARLY_FORM
     return FewRows(*forms, prologue=prologue, every_site=every)
 
 
@@ -473,7 +498,7 @@ def built_in_configs(site: Site) -> tuple[TileConfig, ...]:
         _one_row(site),
         *(default_form(rows, site.k, site.dtype, site.n, site.halves) for rows in (2, FEW_ROWS_MAX + 1)),
     } - {None, *plain}
-    return tuple(c for c in (*PROLOGUE_CONFIGS, *FEW_ROW_CONFIGS) if c.name in forms)
+    return tuple(c for c in (*PROLOGUE_CONFIGS, *FEW_ROW_CONFIGS, small_early_config()) if c.name in forms)
 
 
 def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False) -> str | None:

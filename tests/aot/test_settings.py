@@ -128,6 +128,12 @@ SWITCHES = [
         CodegenError,
     ),
     (
+        "AOTPACK_SMALL_EARLY",
+        _call("codegen.gemm_defaults", "small_early"),
+        {None: False, "ON": True, "off": False},
+        CodegenError,
+    ),
+    (
         "AOTPACK_EARLY_STEPS_LAST",
         _call("codegen.gemm_render", "early_steps_last"),
         {None: True, "ON": True, "off": False},
@@ -220,6 +226,7 @@ def test_the_names_match_the_modules():
         gemm_defaults.MANY_ROWS_ENV,
         gemm_stats.STATS_AFTER_LOOP_ENV,
         gemm_render.EARLY_STEPS_LAST_ENV,
+        gemm_defaults.SMALL_EARLY_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
         decode_blocks.GREEDY_ENV,

@@ -458,6 +458,50 @@ def test_a_row_norm_joins_two_tiles_through_the_first_tiles_sums_of_squares(tmp_
         assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
 
 
+@pytest.mark.slow  # three builds and the interpreter
+def test_the_small_form_loads_w_early_where_switched_on_and_joins(tmp_path, monkeypatch):
+    """``AOTPACK_SMALL_EARLY=on`` (``gemm_defaults.SMALL_EARLY``, off by default): the built-in
+    small form of 2-16 rows is ``gemve_16x32x128``, W's first two K steps loaded before the wait
+    for the kernel before and nothing else; the LayerNorm statistics join takes it as it takes
+    ``gemv_16x32x128`` (``gemm_tile_ln_few.py``: GPT-2's o, ``ln_2`` and fc at 8 rows), 32 rows
+    keep their tile. Both joined kernels match the library in Triton's interpreter at 5 rows
+    (float16's tolerance), and bit for bit from run to run."""
+    from aot.codegen import gemm_defaults
+    from aot.errors import CodegenError
+    from aot.packager import pack
+    from aot.verify.interpret import interpret_in_subprocess
+
+    monkeypatch.delenv(gemm_defaults.SMALL_EARLY_ENV, raising=False)
+    default = _plans(_build("gemm_tile_ln_few.py"))
+    assert default[8] == ["gemm_addmm_gemv_16x32x128_stats", "gemm_ln_addmm_gemv_16x32x128_from_stats"]
+    monkeypatch.setenv(gemm_defaults.SMALL_EARLY_ENV, "on")
+    compiled = _build("gemm_tile_ln_few.py")
+    plans = _plans(compiled)
+    assert plans == {**default, 8: [name.replace("_gemv_", "_gemve_") for name in default[8]]}
+    sources = {k.name: k.source for k in compiled.program.kernels}
+    for name in plans[8]:
+        head = sources[name].split("@triton.jit")[1].split("if GDC:")[0]
+        loads = sorted(ln.strip().split(" =")[0] for ln in head.splitlines() if "tl.load(" in ln)
+        assert [ln for ln in loads if ln.startswith("w0_")] == ["w0_e0", "w0_e1"], head
+        # weights only (W's tiles, the bias, the column sums): nothing a kernel before writes
+        assert not any(p in head for p in ("a_ptr +", "x_ptr +", "sum_ptr +", "stats_ptr +")), head
+    monkeypatch.setenv(gemm_defaults.SMALL_EARLY_ENV, "nope")
+    with pytest.raises(CodegenError, match="AOTPACK_SMALL_EARLY"):
+        _build("gemm_tile_ln_few.py")
+    (site,) = compiled.program.alternatives
+    pack(compiled, tmp_path / "early.tpk")
+    (result,) = interpret_in_subprocess(
+        [(tmp_path / "early.tpk", MODELS / "gemm_tile_ln_few.py", [{"batch": 5}], None, True)],
+        timeout=HANG_GUARD_S,
+    )
+    comparisons = [c for per_size in result.values() for c in per_size]
+    assert not [c for c in comparisons if not c.ok], [c for c in comparisons if not c.ok][:3]
+    names = {(c.name, c.output) for c in comparisons}
+    (cand,) = [c for c in site.candidates if "gemve_" in c.name]
+    for out in site.outputs:
+        assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
+
+
 def test_the_second_tile_combines_the_statistics_after_its_k_loop(monkeypatch):
     """By default (``gemm_stats.STATS_AFTER_LOOP``) the second tile of a join loads the first's
     statistics before its K loop and combines them after it, so its first copies of A and W do
