@@ -74,6 +74,13 @@ def stats_after_loop() -> bool:
     return on_off(STATS_AFTER_LOOP_ENV, "on" if STATS_AFTER_LOOP else "off")
 
 
+def _loop_and_combine(plain: Site, cfg: TileConfig, index: str, combine: list[str]) -> list[str]:
+    """The second tile's K loop over ``plain``, with ``combine`` (the lines that combine the
+    first tile's loaded statistics) after it, or before it where ``stats_after_loop()`` is off."""
+    loop = _k_loop(plain, cfg, "0", plain.k, index)
+    return loop + combine if stats_after_loop() else combine + loop
+
+
 def stats_tiles(first: Site, cfg: TileConfig) -> int:
     """How many column tiles (statistics per row) ``first`` in form ``cfg`` writes."""
     return -(-first.n // cfg.block_n)
@@ -360,8 +367,7 @@ def render_tile_from_stats(
     )
     early += biases + (loads if early else [])
     body += ([] if early else loads) + _stats_loads(first, first_cfg)
-    combine, after = _combined_stats(first, first_cfg, plain.k, pro.eps), stats_after_loop()
-    body += ([] if after else combine) + _k_loop(plain, cfg, "0", plain.k, index) + (combine if after else [])
+    body += _loop_and_combine(plain, cfg, index, _combined_stats(first, first_cfg, plain.k, pro.eps))
     body += [
         "# A @ W^T = rstd * (scaled sum @ W^T) - rstd * mean * u + c: the LayerNorm applied once",
         "acc0 = acc0 * rstd[:, None] - (rstd * mean)[:, None] * u[None, :] + c[None, :]",
@@ -407,8 +413,7 @@ def _tile_from_row_norm_stats(
         "t_sum = tl.load(stats_ptr + tiles[:, None] * M + rm[None, :], mask=tmask, other=0.0)",
     ]
     combine = ["s_sum = tl.sum(t_sum, axis=0)", *(f"{var} = {expr}" for var, expr in norm.stat_ops)]
-    after = stats_after_loop()
-    body += ([] if after else combine) + _k_loop(plain, cfg, "0", plain.k, index) + (combine if after else [])
+    body += _loop_and_combine(plain, cfg, index, combine)
     body.append(f"# A @ W^T = {stat} * (the scaled rows @ W^T): the row norm applied once")
     body += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in range(len(plain.weights))]
     body += _epilogue_lines(plain, ep, bias=bias)
