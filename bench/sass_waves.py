@@ -97,6 +97,18 @@ def before_first_copy(sass: str) -> tuple[int, int] | None:
     return first, sum(op.startswith("BAR") for op in ops[:first])
 
 
+def after_the_copies(sass: str) -> int | None:
+    """Global loads after a kernel's last asynchronous copy (its K loop's last tiles, looped or
+    unrolled): a load there is a round trip to memory at the kernel's end (an early-loaded W
+    step's A tile, read after the loop unless ``gemm_render.HOLD_EARLY_A`` holds it from the wait
+    on; an epilogue's operand); None where the kernel makes no asynchronous copy."""
+    found = _INSTR.findall(_at_the_wait(sass)[1])
+    last = max((i for i, (op, _) in enumerate(found) if op.startswith(_ASYNC)), default=None)
+    if last is None:
+        return None
+    return sum(_counted_load(op) for op, _ in found[last + 1 :])
+
+
 def _tool(name: str) -> str:
     import triton
 
@@ -192,7 +204,7 @@ def main() -> None:
     print(title)
     print(
         f"{'kernel':64s} {'warps':>5s} {'registers':>9s} {'loads before the wait':>22s} {'after':>6s} "
-        f"{'waves after':>12s} {'before the first copy':>22s}"
+        f"{'waves after':>12s} {'before the first copy':>22s} {'after the copies':>16s}"
     )
     seen: set[str] = set()
     for step in steps:
@@ -210,8 +222,10 @@ def main() -> None:
             (args.dump / f"{k.name}.sass").write_text(text)
         copy = before_first_copy(text)
         start = "-" if copy is None else f"{copy[0]} ({copy[1]} barriers)"
+        tail = after_the_copies(text)
         print(
-            f"{k.name[:64]:64s} {k.num_warps:5d} {registers(cubin):9d} {pre:22d} {post:6d} {count:12d} {start:>22s}"
+            f"{k.name[:64]:64s} {k.num_warps:5d} {registers(cubin):9d} {pre:22d} {post:6d} {count:12d} "
+            f"{start:>22s} {'-' if tail is None else str(tail):>16s}"
         )
 
 

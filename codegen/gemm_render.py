@@ -235,11 +235,64 @@ def early_steps_last() -> bool:
     return on_off(EARLY_STEPS_LAST_ENV, "on" if EARLY_STEPS_LAST else "off")
 
 
+# With their products after the loop (EARLY_STEPS_LAST), the early steps' A tiles load right after
+# the wait and stay in registers through the loop (HOLD_EARLY_A), where a form reads A as stored
+# (no prologue): no round trip to L2 at the tile's end. Written plainly before the loop, Triton
+# stages such a tile into shared memory where it is loaded, and the loop's first copies wait for
+# it; an opaque identity (inline PTX, ``_held``) at its use after the loop keeps the tile in
+# registers until then. Compiled for sm_90 (the example GPT's fc at 128 rows): the A tile's loads
+# issue after the loop's first copies, its product reads A from registers, no global load after
+# the loop, the same instructions before the first copy (86 against 87), 126 registers (114). The
+# same products in the same order: the same bits. Only where the kernel waits for the kernel
+# before (``GDC``, sm_90+ cubins); Triton's interpreter and sm_80 load the tile after the loop as
+# before. HOLD_EARLY_A_ENV ("on"/"off") sets it for a build.
+HOLD_EARLY_A = False
+HOLD_EARLY_A_ENV = "AOTPACK_HOLD_EARLY_A"
+
+
+def hold_early_a() -> bool:
+    """Whether the early steps' plain A tiles load after the wait and stay in registers (HOLD_EARLY_A)."""
+    return on_off(HOLD_EARLY_A_ENV, "on" if HOLD_EARLY_A else "off")
+
+
+_ASM_TYPES = {"float16": ("tl.float16", 2), "bfloat16": ("tl.bfloat16", 2), "float32": ("tl.float32", 1)}
+
+
+def _held(var: str, dtype: str) -> str:
+    """``var`` through an opaque identity (a PTX move the compiler keeps where it stands): the
+    tile stays in registers until here, and its layout conversion for the dot happens here."""
+    ty, pack = _ASM_TYPES[dtype]
+    return f'tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [{var}], dtype={ty}, is_pure=False, pack={pack})'
+
+
+def _early_a_held(site: Site, cfg: TileConfig, k_offset: str, first: int, kmasks: tuple[str, str]):
+    """(lines after the wait that load the early steps' A tiles into ``a_e{i}``, the early steps'
+    lines after the loop that take them) where HOLD_EARLY_A applies; None elsewhere."""
+    if not (first and hold_early_a() and site.prologue is None and site.dtype in _ASM_TYPES):
+        return None
+    pre = ["if GDC:  # the early steps' A tiles now, held in registers through the loop (HOLD_EARLY_A)"]
+    after = []
+    for i in range(first):
+        rk = f"rk = {_plus(_k_base(k_offset, i * cfg.block_k))}tl.arange(0, BLOCK_K)"
+        (load,) = _a_tile(site, cfg, kmasks)
+        var, expr = load.split(" = ", 1)
+        pre += ["    " + rk, f"    {var}_e{i} = {expr}"]
+        after += [
+            f"{rk}  # K step {i}: W loaded early",
+            "if GDC:",
+            f"    {var} = {_held(f'{var}_e{i}', site.dtype)}",
+            "else:",
+            f"    {load}",
+        ]
+        after += [_dot(site, cfg, g, f"w{g}_e{i}", _precision(site)) for g in range(len(site.weights))]
+    return pre, after
+
+
 def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str = "i32") -> list[str]:
     """Accumulate ``acc{g}`` over ``k_offset <= k < k_offset + k_extent`` (and ``k < K``) in
     BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads (a dot's)
     or unroll the steps (the dot-free form's). ``index``: "i64" where W's offsets may pass 2**31."""
-    precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
+    precision = _precision(site)
     weights = range(len(site.weights))
     if not cfg.dot:
         return _vec_steps(site, cfg, k_offset, k_extent)
@@ -260,6 +313,10 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         early += _a_tile(site, cfg, kmasks)
         early += [_dot(site, cfg, g, f"w{g}_e{i}", precision) for g in weights]
     last = early_steps_last()
+    held = _early_a_held(site, cfg, k_offset, first, kmasks) if last else None
+    if held is not None:
+        lines[:0] = held[0]
+        early = held[1]
     lines += [] if last else early
     lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
     lines.append(
@@ -281,6 +338,11 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append(f"# the norm's statistic, applied once: A = {stat} * (the products above)")
         lines += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in weights]
     return lines
+
+
+def _precision(site: Site) -> str:
+    """A dot's precision argument: IEEE products for float32 (the library's), the default else."""
+    return ", input_precision='ieee'" if site.dtype == "float32" else ""
 
 
 def _dot(site: Site, cfg: TileConfig, g: int, w: str, precision: str) -> str:

@@ -1,7 +1,8 @@
 """``bench/sass_waves.py`` on a model file's forward (``--model-file``, ``--bucket``), no GPU: the
 plan's kernels at the bucket compiled for sm_90 and read, one row each, with the built-in small
-form's early W loads counted before the wait where ``AOTPACK_SMALL_EARLY=on``; a bucket the
-plans lack names the ones they have."""
+form's early W loads counted before the wait where ``AOTPACK_SMALL_EARLY=on``, and the 128-row
+tiles' loads after their last asynchronous copy gone where ``AOTPACK_HOLD_EARLY_A=on``; a bucket
+the plans lack names the ones they have."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import pytest
 
 from tests.conftest import HANG_GUARD_S, ROOT
 
-MODEL = ROOT / "tests" / "codegen" / "gemm_models" / "gemm_tile_ln_few.py"
+MODELS = ROOT / "tests" / "codegen" / "gemm_models"
+MODEL = MODELS / "gemm_tile_ln_few.py"
 
 
-def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+def _run(*args: str, model=MODEL, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sass_waves.py"), "--model-file", str(MODEL), *args],
+        [sys.executable, str(ROOT / "bench" / "sass_waves.py"), "--model-file", str(model), *args],
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
@@ -44,3 +46,18 @@ def test_a_model_files_plan_is_read_at_its_bucket():
     assert all(int(cols[2]) > 0 for cols in early.values())  # W's first steps before the wait
     wrong = _run("--bucket", "7")
     assert wrong.returncode != 0 and "the plans' buckets are [(8,), (32,)]" in wrong.stderr
+
+
+@pytest.mark.slow  # six kernels compiled for sm_90
+def test_the_held_a_tiles_leave_no_load_after_the_copies():
+    """gemm_tile_ln_many at 128 rows: two 64-row tiles with W's first K step before the wait; by
+    default each reads that step's A tile after its K loop's copies (8 loads there, a round trip
+    at the tile's end), with ``AOTPACK_HOLD_EARLY_A=on`` none (the tile loaded after the wait)."""
+    model = MODELS / "gemm_tile_ln_many.py"
+    plain, held = (_run("--bucket", "128", model=model, AOTPACK_HOLD_EARLY_A=v) for v in ("off", "on"))
+    assert plain.returncode == 0 and held.returncode == 0, plain.stderr[-2000:] + held.stderr[-2000:]
+    tiles = [line.split() for line in plain.stdout.splitlines()[2:] if "tileme_" in line]
+    assert len(tiles) == 2 and all(cols[-1] == "8" for cols in tiles)
+    held_tiles = [line.split() for line in held.stdout.splitlines()[2:] if "tileme_" in line]
+    assert len(held_tiles) == 2 and all(cols[-1] == "0" for cols in held_tiles)
+    assert all(cols[3] == "8" for cols in held_tiles)  # W's step and the bias before the wait, as before

@@ -200,7 +200,7 @@ def test_biases_loaded_before_the_wait_match_in_the_interpreter(tmp_path):
     ][:3]
 
 
-@pytest.mark.parametrize("early", ["off", "on"])
+@pytest.mark.parametrize("early", ["off", "on", pytest.param("held", marks=pytest.mark.slow)])
 def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_path, monkeypatch):
     """``gemm_reduce_ln_many.py`` (buckets 64 and 128), a default build (``AOTPACK_MANY_ROWS``
     "split"): the first GEMM (K 2048, N 640) in K slices of the 64-row tile
@@ -208,14 +208,19 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
     tile, joined: the slices' reduce runs the add + LayerNorm and that kernel goes; with "short"
     the first keeps the library (K 2048) and the second runs its tile after the add + LayerNorm
     kernel. ``AOTPACK_MANY_ROWS_EARLY``: ``tileme_`` forms (W's first K step
-    before the wait). Every kernel matches the library steps in Triton's interpreter at 100 rows
-    (the bucket of 128, padded) within float16's tolerance, and bit for bit from run to run."""
+    before the wait); "held": those with ``AOTPACK_HOLD_EARLY_A`` too (the first step's A tile
+    loaded after the wait, where the kernel waits, and its product after the loop from
+    registers; the interpreter runs the plain load after the loop). Every kernel matches the
+    library steps in Triton's interpreter at 100 rows (the bucket of 128, padded) within
+    float16's tolerance, and bit for bit from run to run."""
+    from aot.codegen import gemm_render
     from aot.codegen.gemm_defaults import MANY_ROWS_EARLY_ENV, MANY_ROWS_ENV
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    tile = "tileme_" if early == "on" else "tilem_"
-    monkeypatch.setenv(MANY_ROWS_EARLY_ENV, early)
+    tile = "tilem_" if early == "off" else "tileme_"
+    monkeypatch.setenv(MANY_ROWS_EARLY_ENV, "off" if early == "off" else "on")
+    monkeypatch.setenv(gemm_render.HOLD_EARLY_A_ENV, "on" if early == "held" else "off")
     monkeypatch.setenv(MANY_ROWS_ENV, "short")
     short = _plans(_build("gemm_reduce_ln_many.py"))
     assert short == {rows: ["fused_add_layer_norm", f"gemm_addmm_{tile}64x32x128"] for rows in (64, 128)}
@@ -233,6 +238,19 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
             f"gemm_addmm_{split}_reduce_norm",
             f"gemm_addmm_{tile}64x32x128",
         ], plans
+    kernels = {k.id: k for k in compiled.program.kernels}
+    tiles = [
+        kernels[s.target].source for s in site.candidates[0].steps if "_reduce" not in kernels[s.target].name
+    ]
+    assert len(tiles) == 2
+    for source in tiles:  # the partial kernel and the second GEMM's tile
+        held = "a_e0 = tl.load(" in source
+        assert held == (early == "held")
+        if held:  # loaded after the wait, before the loop; taken after it
+            wait, load, loop = (
+                source.index(t) for t in ("gdc_wait()", "a_e0 = tl.load(", "for k0 in range(")
+            )
+            assert wait < load < loop < source.index("[a_e0], dtype=tl.float16")
     pack(compiled, tmp_path / "many.tpk")
     (result,) = interpret_in_subprocess(
         [(tmp_path / "many.tpk", MODELS / "gemm_reduce_ln_many.py", [{"batch": 100}], None, True)],
