@@ -59,6 +59,9 @@
 #     (the small sites' form at 2-16 rows with W's first two K steps before the wait, gemm_defaults.SMALL_EARLY, built
 #     2026-12-06, untimed: GPT-2's q/k/v, o and fc at 8 rows, the mlp's up, Llama's o; and the 17-32-row tile's early W
 #     step again, ROWS32_EARLY, last timed before the early steps' products moved after the loop)
+#   DEADLINE=575 AB_ENV_gpt=AOTPACK_HOLD_EARLY_A=on AB1_ENV_gpt=AOTPACK_SMALL_EARLY=on AB_SIZES_gpt="batch=1,seq=128 batch=8,seq=1 batch=1,seq=64 batch=32,seq=1" DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1="AOTPACK_HOLD_EARLY_A=on" DECODE_ENV2="AOTPACK_SMALL_EARLY=on" PAIRED_BATCH=8 PAIRED_MAY_DIFFER=1 bash bench/device_session.sh ab-gpt:95 ab1-gpt:80 decode-llama-3.2-1b:90 env1-llama-3.2-1b:90 env2-llama-3.2-1b:90 paired01-llama-3.2-1b:45 paired02-llama-3.2-1b:45
+#     (the early steps' A tiles held in registers through the K loop, gemm_render.HOLD_EARLY_A, built 2026-12-06,
+#     untimed: the same bits, so the paired tokens should be equal; and SMALL_EARLY as above)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per

@@ -155,13 +155,22 @@ BUILT_IN_FEW_ROWS = (
 # twice the statistics tiles (a [128, 16] pair in its registers) took it back was not separated.
 SMALL_WEIGHT_BYTES = 8 << 20  # a site's weight of at most this many bytes
 # BUILT_IN_FEW_ROWS's small form with W's first two K steps loaded before the wait for the kernel
-# before (``gemve_16x32x128``), as the swapped forms and the tiles of 33-128 rows load theirs, where
-# SMALL_EARLY (or AOTPACK_SMALL_EARLY) says "on". Without them each of the form's blocks (64 at
-# Llama-3.2-1B's o) issues its first copies of W only after the wait, from memory. Built
-# 2026-12-06, not timed; off until it is (bench/device_session.sh has the A/B's usage line).
-SMALL_EARLY = "off"
+# before (``gemve_16x32x128``), as the swapped forms and the tiles of 33-128 rows load theirs.
+# Without them each of the form's blocks issues its first copies of W only after the wait, from
+# memory. SMALL_EARLY (or AOTPACK_SMALL_EARLY): "short" (the default) where K is at most
+# SMALL_EARLY_MAX_K, the two steps a third of K or more; "on" at every small site; "off" none.
+# Measured on an H100 (2026-12-06, torch 2.11, triton 3.6; both bundles in one process round by
+# round, 12 rounds, B / A the median of rounds; bench/RESULTS.md, "the early steps' A tiles held"):
+# - K 768 (GPT-2's q/k/v, o, fc): the example GPT at batch 8 x 1 token 0.960 (ab-gpt-small-early-
+#   h100-2026-12-06h.json), GPT-2's decode at batch 8, first 8 layers, 0.937 (11 of 12 rounds, the
+#   same tokens; decode/paired-gpt2-8layers-b8-small-early-h100-2026-12-06h.json);
+# - K 1024 (the example mlp's up): batch 8 1.013, batch 2 1.010 (ab-mlp-small-early-h100-...);
+# - K 2048 (Llama-3.2-1B's o): its decode at batch 8, first 8 layers, 1.006 (0 of 12 rounds).
+# Two steps of 128 are a third of K 768 and an eighth of 2048, for 50 more registers a thread.
+SMALL_EARLY = "short"
 SMALL_EARLY_ENV = "AOTPACK_SMALL_EARLY"
 SMALL_EARLY_FORM = "gemve_16x32x128"
+SMALL_EARLY_MAX_K = 768
 SMALL_EARLY_STEPS = 2
 # ... but where N is under SLICED_SMALL_N and K at least SLICED_SMALL_K (a down projection: GPT-2's
 # mlp out, 3072 -> 768; the example mlp's 4096 -> 1024), tune's tile of 32 rows makes 24-32 blocks
@@ -397,10 +406,16 @@ def default_configs() -> tuple[TileConfig, ...]:
     )  # one-row forms first, as sites list them
 
 
-def small_early() -> bool:
-    """Whether the built-in small form of 2-16 rows loads W early (SMALL_EARLY, or
-    AOTPACK_SMALL_EARLY where set)."""
-    return on_off(SMALL_EARLY_ENV, SMALL_EARLY)
+def small_early() -> str:
+    """Where the built-in small form of 2-16 rows loads W early: "short", "on" or "off"
+    (SMALL_EARLY, or AOTPACK_SMALL_EARLY where set)."""
+    return setting(SMALL_EARLY_ENV, SMALL_EARLY, ("short", "on", "off"))
+
+
+def small_early_at(k: int) -> bool:
+    """Whether a small site of inner dimension ``k`` runs SMALL_EARLY_FORM at 2-16 rows."""
+    where = small_early()
+    return where == "on" or (where == "short" and k <= SMALL_EARLY_MAX_K)
 
 
 def small_early_config() -> TileConfig:
@@ -452,8 +467,6 @@ def few_row_forms() -> FewRows:
             )
     if not every:
         forms = list(BUILT_IN_FEW_ROWS)
-        if small_early():
-            forms[0] = SMALL_EARLY_FORM
     return FewRows(*forms, prologue=prologue, every_site=every)
 
 
@@ -528,7 +541,7 @@ def default_form(rows: int, k: int, dtype: str, n: int = 0, halves: bool = False
             if k * n * ITEMSIZE[dtype] <= SMALL_WEIGHT_BYTES:  # a half's bytes (see BUILT_IN_LARGE)
                 if n < SLICED_SMALL_N and k >= SLICED_SMALL_K:  # tune's tile: too few blocks
                     return SMALL_SLICED
-                return few.form
+                return SMALL_EARLY_FORM if small_early_at(k) else few.form
             form, long_k, wide = BUILT_IN_LARGE
             return long_k if k >= LONG_K else wide if w_rows >= WIDE_N else form
         if few.long_k is not None and k >= LONG_K:

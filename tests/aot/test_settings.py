@@ -130,7 +130,7 @@ SWITCHES = [
     (
         "AOTPACK_SMALL_EARLY",
         _call("codegen.gemm_defaults", "small_early"),
-        {None: False, "ON": True, "off": False},
+        {None: "short", "ON": "on", "off": "off"},
         CodegenError,
     ),
     (
@@ -142,7 +142,7 @@ SWITCHES = [
     (
         "AOTPACK_HOLD_EARLY_A",
         _call("codegen.gemm_render", "hold_early_a"),
-        {None: False, "On": True, "off": False},
+        {None: True, "On": True, "off": False},
         CodegenError,
     ),
     (

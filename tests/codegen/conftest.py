@@ -62,15 +62,18 @@ def pattern(tmp_path_factory) -> PatternFactory:
 def forms_offered(configs: tuple) -> Iterator[None]:
     """Builds inside the block offer the GEMM forms ``configs`` (``aot.codegen.gemm_forms.TileConfig``)
     in place of the built-in ones, where ``configs`` is not given by the caller
-    (``aot.codegen.gemm_render`` reads them)."""
-    from aot.codegen import gemm_render
+    (``aot.codegen.gemm_render`` reads them); the small sites' form with W early at 2-16 rows
+    (``gemm_defaults.SMALL_EARLY``, a form CONFIGS lacks that a candidates build offers beside
+    them) is not offered either."""
+    from aot.codegen import gemm_defaults, gemm_render
 
-    saved = gemm_render.CONFIGS
+    saved = gemm_render.CONFIGS, gemm_defaults.SMALL_EARLY
     gemm_render.CONFIGS = tuple(configs)
+    gemm_defaults.SMALL_EARLY = "off"
     try:
         yield
     finally:
-        gemm_render.CONFIGS = saved
+        gemm_render.CONFIGS, gemm_defaults.SMALL_EARLY = saved
 
 
 def failing_candidates(

@@ -72,11 +72,7 @@ def _build(path: Path, out: Path, gemm_candidates: bool = True, stack_siblings: 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name → (compiled, bundle path, model path), built with every config eligible."""
-    from aot.codegen import gemm_render
-
-    saved = gemm_render.CONFIGS
-    gemm_render.CONFIGS = _all_configs()
-    try:
+    with forms_offered(_all_configs()):
         base = tmp_path_factory.mktemp("gemm")
         out = {}
         for name in ("gemm_mlp", "gemm_mlp32", "gemm_swiglu", "gemm_acts", "gemm_ln", "gemm_conv1d"):
@@ -86,8 +82,6 @@ def built(tmp_path_factory):
             compiled = _build(model, base / f"{name}.tpk", stack_siblings=not apart)
             out[name] = (compiled, base / f"{name}.tpk", model)
         return out
-    finally:
-        gemm_render.CONFIGS = saved
 
 
 SIZES = {  # every candidate (the default run: the first size)
@@ -287,7 +281,13 @@ def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
     and at 33-64 rows a tile held to 33-128 rows: its K is below 1024), and the whole candidate
     set never; the table names exactly the candidates there are, each at its buckets."""
     from aot.codegen import gemm, gemm_render
-    from aot.codegen.gemm_defaults import BUILT_IN_32, BUILT_IN_FEW_ROWS, FORMS, SMALL_SLICED
+    from aot.codegen.gemm_defaults import (
+        BUILT_IN_32,
+        BUILT_IN_FEW_ROWS,
+        FORMS,
+        SMALL_EARLY_FORM,
+        SMALL_SLICED,
+    )
     from aot.codegen.gemm_forms import MANY_ROW_TILES
 
     model = ROOT / "tests" / "data" / "small_mlp.py"
@@ -304,7 +304,8 @@ def test_default_build_compiles_only_the_built_in_forms(tmp_path, monkeypatch):
     assert rendered and all(
         sum(n in FORMS for n in names) == 1
         and set(names) - set(FORMS)
-        <= {*BUILT_IN_FEW_ROWS, SMALL_SLICED, *BUILT_IN_32} | {c.name for c in MANY_ROW_TILES}
+        <= {*BUILT_IN_FEW_ROWS, SMALL_EARLY_FORM, SMALL_SLICED, *BUILT_IN_32}
+        | {c.name for c in MANY_ROW_TILES}
         and len(names) <= 4
         for names in rendered
     )
@@ -906,7 +907,8 @@ def test_long_k_candidates_match_in_the_interpreter(tmp_path, forms, rows, expec
     at 64 columns in and out the interpreter runs a sixteenth of their programs' work (it took
     about 5 of this test's CPU minutes each at the mlp's shapes). ``expected`` counts the forms
     of CONFIGS; the candidates build also offers the built-in entry's swapped form in K slices
-    at the down projection, compared beside them."""
+    at the down projection and its small form with W early at the up projection (K 64:
+    ``gemm_defaults.SMALL_EARLY``), compared beside them."""
     from aot.codegen import gemm, gemm_render
     from aot.verify.interpret import interpret_in_subprocess
 
@@ -933,9 +935,9 @@ def test_long_k_candidates_match_in_the_interpreter(tmp_path, forms, rows, expec
     assert len(result) == len(rows)
     for sizes, comparisons in result.items():
         names = {c.name for c in comparisons if not c.name.endswith("/rerun")}
-        built_in = {n for n in names if "/fews_" in n}
+        built_in = {n for n in names if "/fews_" in n or "/gemve_" in n}
         assert len(names - built_in) == expected, (sizes, sorted(names))
-        assert len(built_in) <= 1, sorted(built_in)
+        assert len(built_in) <= 2, sorted(built_in)
         assert all(c.ok for c in comparisons), [c for c in comparisons if not c.ok][:3]
 
 
@@ -959,14 +961,8 @@ def test_inspect_reports_candidates_and_tuning(built, tmp_path):
 
 
 def test_candidate_builds_are_byte_identical(built, tmp_path):
-    from aot.codegen import gemm_render
-
-    saved = gemm_render.CONFIGS
-    gemm_render.CONFIGS = _all_configs()
-    try:
+    with forms_offered(_all_configs()):
         _build(MODELS / "gemm_swiglu.py", tmp_path / "again.tpk", stack_siblings=False)  # as `built`
-    finally:
-        gemm_render.CONFIGS = saved
     assert (tmp_path / "again.tpk").read_bytes() == built["gemm_swiglu"][1].read_bytes()
 
 

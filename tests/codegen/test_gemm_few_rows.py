@@ -56,8 +56,9 @@ def _no_override(monkeypatch):
 
 def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads():
     """With no form named for every site, a half-precision site at 2-16 rows runs tune's few-row
-    tile where its weight is at most 8 MiB (``gemv_16x32x128``: GPT-2's q/k/v, the example mlp's
-    up, Llama-3.2-1B's o projection), or where that tile makes too few blocks (N under 2048, K from
+    tile where its weight is at most 8 MiB (``gemv_16x32x128``: the example mlp's up, Llama-3.2-1B's
+    o projection; at K up to 768, GPT-2's q/k/v and o, with W's first steps before the wait,
+    ``gemve_16x32x128``: ``gemm_defaults.SMALL_EARLY``), or where that tile makes too few blocks (N under 2048, K from
     2048: GPT-2's mlp out, the mlp's down) the swapped form in K slices, ``fewe_16x64x128``
     where its N is a vocabulary's (an LM head, at any size), and past 8 MiB the swapped forms
     (``BUILT_IN_LARGE``: Llama-3.2-1B's q/k/v in K slices, gate/up whole, down in K slices); the
@@ -65,7 +66,7 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
     assert gemm_defaults.FEW_ROWS is None and gemm_defaults.FEW_ROWS_LONG_K is None
     for rows in (2, 3, 8, 16):
         assert default_form(rows, 2048, "bfloat16") is None  # N not known
-        assert default_form(rows, 768, "float16", n=2304) == "gemv_16x32x128"  # GPT-2 q/k/v
+        assert default_form(rows, 768, "float16", n=2304) == "gemve_16x32x128"  # GPT-2 q/k/v
         assert default_form(rows, 3072, "float16", n=768) == "fews_splitk_16x64x64"  # its mlp out: few tiles
         assert default_form(rows, 768, "float16", n=50257) == "fewe_16x64x128"  # its LM head
         assert default_form(rows, 2048, "bfloat16", n=128256) == "fewe_16x64x128"  # Llama's
@@ -74,7 +75,7 @@ def test_the_built_in_entry_takes_small_and_large_weights_and_vocabulary_heads()
         )  # a vocabulary at long K too
         assert default_form(rows, 1024, "float16", n=4096) == "gemv_16x32x128"  # the mlp's up, 8 MiB
         assert default_form(rows, 4096, "float16", n=1024) == "fews_splitk_16x64x64"  # its down: few tiles
-        assert default_form(rows, 768, "float16", n=768) == "gemv_16x32x128"  # GPT-2's o: short K
+        assert default_form(rows, 768, "float16", n=768) == "gemve_16x32x128"  # GPT-2's o: short K
         assert default_form(rows, 4096, "float16", n=2048) == "fews_splitk_16x64x128"  # 16 MiB, long K
         assert default_form(rows, 2048, "bfloat16", n=2048) == "gemv_16x32x128"  # Llama-3.2-1B's o
         for k, n, form in (
@@ -268,8 +269,9 @@ def test_gpt2_layer_norm_runs_in_the_few_row_form_and_matches(setting, tmp_path,
     """``gemm_gpt2.py`` (LayerNorm of a sum before fc, GELU after it; float16, K = 600; buckets 1,
     3, 4) with the entry on: where ``FEW_ROWS`` names a ``few_`` form, fc runs ``<few>_ln`` at 3
     and 4 rows (the sum r + x written exactly), proj the plain form; with the built-in entry (its
-    weights are small) both run tune's ``gemv_16x32x128``, the LayerNorm kernel kept before fc
-    (its K steps of 128 take no prologue). Every form matches its reference in the interpreter at 3
+    weights are small) both run tune's few-row tile with W early (K 600: ``gemve_16x32x128``,
+    ``gemm_defaults.SMALL_EARLY``), the LayerNorm kernel kept before fc (its K steps of 128 take no
+    prologue). Every form matches its reference in the interpreter at 3
     rows."""
     from aot.codegen import generate
     from aot.packager import pack
@@ -279,7 +281,7 @@ def test_gpt2_layer_norm_runs_in_the_few_row_form_and_matches(setting, tmp_path,
 
     model = MODELS / "gemm_gpt2.py"
     monkeypatch.setattr(gemm_defaults, "FEW_ROWS", setting)
-    few_form = setting or gemm_defaults.BUILT_IN_FEW_ROWS[0]
+    few_form = setting or gemm_defaults.SMALL_EARLY_FORM
     fc_form = few_form + "_ln" if setting else few_form
     compiled = generate(trace(load_model_file(model)), ARCHS)
     pack(compiled, tmp_path / "gpt2.tpk")
@@ -603,7 +605,7 @@ def test_the_forms_for_17_to_32_rows_match_in_the_interpreter(early, tmp_path, m
         (1024, 8): "gemv_16x32x128",
         (1024, 32): "fews_splitk8_32x64x64",
         (96, 1): "vec_1x2x512",
-        (96, 8): "gemv_16x32x128",
+        (96, 8): "gemve_16x32x128",  # K at most 768: W early (SMALL_EARLY)
         (96, 32): tile,
     }, forms
     pack(compiled, tmp_path / "rows32.tpk")
@@ -713,8 +715,9 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     """A ``--gemm-candidates`` build renders, for a site the built-in entry gives a swapped form
     (``gemm_wide16.py``: 12 MiB), CONFIGS and that form, so that ``aotpack tune`` chooses among
     the forms a default build would run too; for a vocabulary head (``gemm_vocab_head.py``)
-    CONFIGS and ``fewe_16x64x128``; for a small site (``gemm_rms16.py``) CONFIGS alone, and at its
-    norm-prologue sites the one-row form of four rows a block (``PROLOGUE_ROWS``); the forms
+    CONFIGS and ``fewe_16x64x128``; for a small site (``gemm_rms16.py``, K 600) CONFIGS and the
+    small form with W early (``gemm_defaults.SMALL_EARLY``), and at its norm-prologue sites the
+    one-row form of four rows a block (``PROLOGUE_ROWS``); the forms
     for 17-32 rows where a bucket takes them (``gemm_rows32.py``). (Rendering is recorded, not
     compiled.)"""
     from aot.codegen import gemm, generate
@@ -734,7 +737,9 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     offered.clear()
     generate(trace(load_model_file(MODELS / "gemm_rms16.py")), ARCHS, gemm_candidates=True)
     # and, where the norm is the prologue (gate/up, the projection after; K 600), four rows a block
-    assert sorted(offered) == sorted([plain, (*plain, "vec_1x4x1024"), (*plain, "vec_1x4x1024")])
+    early = "gemve_16x32x128"
+    expected = [(*plain, early), (*plain, "vec_1x4x1024", early), (*plain, "vec_1x4x1024", early)]
+    assert sorted(offered) == sorted(expected)
     offered.clear()  # a vocabulary head: the built-in entry's fewe_ form at 2-16 rows
     generate(trace(load_model_file(MODELS / "gemm_vocab_head.py")), ARCHS, gemm_candidates=True)
     assert offered == [(*plain, "fewe_16x64x128")]
@@ -742,6 +747,6 @@ def test_a_candidates_build_offers_tune_the_built_in_large_weight_form(monkeypat
     generate(trace(load_model_file(MODELS / "gemm_rows32.py")), ARCHS, gemm_candidates=True)
     assert offered == [
         (*plain, "fews_splitk_16x64x64", "fews_splitk_32x64x64"),  # K 4096, N 96
-        plain,  # K 96: the tile of CONFIGS at 32 rows
+        (*plain, "gemve_16x32x128"),  # K 96: W early at 8 rows, the tile of CONFIGS at 32
         (*plain, "fews_splitk_32x64x64"),  # K 1024
     ], offered

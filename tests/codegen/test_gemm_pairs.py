@@ -99,8 +99,9 @@ def test_the_reduce_runs_a_layer_norm():
     plans = _plans(compiled)
     apart = _plans(separate)
     # K 768: the LayerNorm's GEMV on four rows of W a block (gemm_defaults.PROLOGUE_ROWS)
+    # (and at 8 rows the small form with W early at K 768: gemm_defaults.SMALL_EARLY)
     assert plans[1] == apart[1] == ["gemm_addmm_vec_1x1x512", "gemm_ln_addmm_vec_1x4x1024"]
-    for rows, tile, form in ((8, "16", "gemv_16x32x128"), (32, "32", "tile_64x32x128")):
+    for rows, tile, form in ((8, "16", "gemve_16x32x128"), (32, "32", "tile_64x32x128")):
         split = f"gemm_addmm_fews_splitk8_{tile}x64x64"
         assert apart[rows] == [
             f"{split}_partial",
@@ -167,8 +168,8 @@ def test_biases_loaded_before_the_wait_match_in_the_interpreter(tmp_path):
     """``gemm_render.EARLY_BIAS`` (the default since it was timed on an H200): the forms whose
     indices come before the wait for the kernel before load their biases there too.
     ``gemm_bias_small.py`` (both GEMMs with a bias) built with the sites apart: at one row both
-    GEMVs, at 8 rows the first's split-K reduce, take the bias before the wait (the second's tile
-    form at 8 rows keeps it after its K loop); every candidate matches the library steps in
+    GEMVs, at 8 rows the first's split-K reduce and the second's small form with W early
+    (``gemm_defaults.SMALL_EARLY``, K 768), take the bias before the wait; every candidate matches the library steps in
     Triton's interpreter at 1 and 3 rows within float16's tolerance."""
     from aot.codegen import gemm_render
     from aot.packager import pack
@@ -185,7 +186,7 @@ def test_biases_loaded_before_the_wait_match_in_the_interpreter(tmp_path):
                 assert "tl.load(b0_ptr" not in after and "acc0 + b0_e" in after, k.name
             else:
                 assert "tl.dot" in k.source and "acc0 + tl.load(b0_ptr" in after, k.name
-    assert len(early) == 3 and sum(n.endswith("_reduce") for n in early) == 1, early
+    assert len(early) == 4 and sum(n.endswith("_reduce") for n in early) == 1, early
     pack(compiled, tmp_path / "bias.tpk")
     (result,) = interpret_in_subprocess(
         [(tmp_path / "bias.tpk", MODELS / "gemm_bias_small.py", [{"batch": 1}, {"batch": 3}], None, True)],
@@ -200,7 +201,7 @@ def test_biases_loaded_before_the_wait_match_in_the_interpreter(tmp_path):
     ][:3]
 
 
-@pytest.mark.parametrize("early", ["off", "on", pytest.param("held", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("early", ["off", "on", pytest.param("unheld", marks=pytest.mark.slow)])
 def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_path, monkeypatch):
     """``gemm_reduce_ln_many.py`` (buckets 64 and 128), a default build (``AOTPACK_MANY_ROWS``
     "split"): the first GEMM (K 2048, N 640) in K slices of the 64-row tile
@@ -208,9 +209,10 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
     tile, joined: the slices' reduce runs the add + LayerNorm and that kernel goes; with "short"
     the first keeps the library (K 2048) and the second runs its tile after the add + LayerNorm
     kernel. ``AOTPACK_MANY_ROWS_EARLY``: ``tileme_`` forms (W's first K step
-    before the wait); "held": those with ``AOTPACK_HOLD_EARLY_A`` too (the first step's A tile
+    before the wait), with ``gemm_render.HOLD_EARLY_A`` (the default: the first step's A tile
     loaded after the wait, where the kernel waits, and its product after the loop from
-    registers; the interpreter runs the plain load after the loop). Every kernel matches the
+    registers; the interpreter runs the plain load after the loop); "unheld": those with
+    ``AOTPACK_HOLD_EARLY_A=off`` (A's tile loaded after the loop everywhere). Every kernel matches the
     library steps in Triton's interpreter at 100 rows (the bucket of 128, padded) within
     float16's tolerance, and bit for bit from run to run."""
     from aot.codegen import gemm_render
@@ -220,7 +222,7 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
 
     tile = "tilem_" if early == "off" else "tileme_"
     monkeypatch.setenv(MANY_ROWS_EARLY_ENV, "off" if early == "off" else "on")
-    monkeypatch.setenv(gemm_render.HOLD_EARLY_A_ENV, "on" if early == "held" else "off")
+    monkeypatch.setenv(gemm_render.HOLD_EARLY_A_ENV, "off" if early == "unheld" else "on")
     monkeypatch.setenv(MANY_ROWS_ENV, "short")
     short = _plans(_build("gemm_reduce_ln_many.py"))
     assert short == {rows: ["fused_add_layer_norm", f"gemm_addmm_{tile}64x32x128"] for rows in (64, 128)}
@@ -245,7 +247,7 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
     assert len(tiles) == 2
     for source in tiles:  # the partial kernel and the second GEMM's tile
         held = "a_e0 = tl.load(" in source
-        assert held == (early == "held")
+        assert held == (early == "on")
         if held:  # loaded after the wait, before the loop; taken after it
             wait, load, loop = (
                 source.index(t) for t in ("gdc_wait()", "a_e0 = tl.load(", "for k0 in range(")
@@ -268,7 +270,7 @@ def test_the_sliced_tiles_of_33_to_128_rows_run_the_next_layer_norm(early, tmp_p
     "model, tiles, sizes",
     [
         ("gemm_tile_ln_many.py", {64: "tileme_64x32x128", 128: "tileme_64x32x128"}, [{"batch": 100}]),
-        ("gemm_tile_ln_few.py", {8: "gemv_16x32x128", 32: "tile_64x32x128"}, [{"batch": 5}, {"batch": 20}]),
+        ("gemm_tile_ln_few.py", {8: "gemve_16x32x128", 32: "tile_64x32x128"}, [{"batch": 5}, {"batch": 20}]),
     ],
 )
 def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, sizes, tmp_path, monkeypatch):
@@ -303,7 +305,7 @@ def test_two_tiles_join_through_the_first_tiles_row_statistics(model, tiles, siz
     default = _plans(_build(model))
     assert default == {
         rows: [f"gemm_addmm_{t}_stats", f"gemm_ln_addmm_{t}_from_stats"]
-        if t.startswith("gemv_16x")
+        if t.startswith(("gemv_16x", "gemve_16x"))
         else apart[rows]
         for rows, t in tiles.items()
     }
@@ -443,7 +445,7 @@ def test_a_row_norm_joins_two_tiles_through_the_first_tiles_sums_of_squares(tmp_
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
-    tile, swapped = "gemv_16x32x128", "fews_16x64x128"
+    tile, swapped = "gemve_16x32x128", "fews_16x64x128"
     norm = "fused_add_cast_pow_mean_etc"
     apart = {r: [f"gemm_mm_{tile}", norm, f"gemm_halves_epilogue_{swapped}"] for r in (8, 16)}
     monkeypatch.delenv(gemm_pairs.TILE_STATS_ENV, raising=False)
@@ -476,26 +478,46 @@ def test_a_row_norm_joins_two_tiles_through_the_first_tiles_sums_of_squares(tmp_
         assert {(f"{site.id}/{cand.name}", out), (f"{site.id}/{cand.name}/rerun", out)} <= names
 
 
+def test_the_small_form_loads_w_early_at_short_k():
+    """``gemm_defaults.SMALL_EARLY`` "short" (the default): the built-in small form of 2-16 rows
+    loads W's first two K steps before the wait (``gemve_16x32x128``) where K is at most
+    SMALL_EARLY_MAX_K (768: GPT-2's q/k/v, o, fc), else ``gemv_16x32x128`` (the example mlp's up
+    at K 1024, Llama-3.2-1B's o at 2048); "on" at every small site, "off" at none."""
+    from aot.codegen import gemm_defaults
+    from aot.codegen.gemm_defaults import default_form
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(gemm_defaults.SMALL_EARLY_ENV, raising=False)
+        assert [default_form(r, 768, "float16", n=768) for r in (2, 8, 16)] == ["gemve_16x32x128"] * 3
+        assert default_form(8, 1024, "float16", n=1024) == "gemv_16x32x128"
+        assert default_form(8, 2048, "bfloat16", n=2048) == "gemv_16x32x128"
+        assert default_form(17, 768, "float16", n=768) != "gemve_16x32x128"  # 17-32 rows: a tile
+        mp.setenv(gemm_defaults.SMALL_EARLY_ENV, "on")
+        assert default_form(8, 2048, "bfloat16", n=2048) == "gemve_16x32x128"
+        mp.setenv(gemm_defaults.SMALL_EARLY_ENV, "off")
+        assert default_form(8, 768, "float16", n=768) == "gemv_16x32x128"
+
+
 @pytest.mark.slow  # three builds and the interpreter
-def test_the_small_form_loads_w_early_where_switched_on_and_joins(tmp_path, monkeypatch):
-    """``AOTPACK_SMALL_EARLY=on`` (``gemm_defaults.SMALL_EARLY``, off by default): the built-in
-    small form of 2-16 rows is ``gemve_16x32x128``, W's first two K steps loaded before the wait
-    for the kernel before and nothing else; the LayerNorm statistics join takes it as it takes
-    ``gemv_16x32x128`` (``gemm_tile_ln_few.py``: GPT-2's o, ``ln_2`` and fc at 8 rows), 32 rows
-    keep their tile. Both joined kernels match the library in Triton's interpreter at 5 rows
-    (float16's tolerance), and bit for bit from run to run."""
+def test_the_small_form_loads_w_early_and_joins(tmp_path, monkeypatch):
+    """The built-in small form of 2-16 rows at K 768 is ``gemve_16x32x128`` (SMALL_EARLY "short",
+    the default): W's first two K steps loaded before the wait for the kernel before and nothing
+    else; the LayerNorm statistics join takes it as it takes ``gemv_16x32x128``
+    (``gemm_tile_ln_few.py``: GPT-2's o, ``ln_2`` and fc at 8 rows, the plain form where
+    ``AOTPACK_SMALL_EARLY=off``), 32 rows keep their tile. Both joined kernels match the library in
+    Triton's interpreter at 5 rows (float16's tolerance), and bit for bit from run to run."""
     from aot.codegen import gemm_defaults
     from aot.errors import CodegenError
     from aot.packager import pack
     from aot.verify.interpret import interpret_in_subprocess
 
+    monkeypatch.setenv(gemm_defaults.SMALL_EARLY_ENV, "off")
+    plain = _plans(_build("gemm_tile_ln_few.py"))
+    assert plain[8] == ["gemm_addmm_gemv_16x32x128_stats", "gemm_ln_addmm_gemv_16x32x128_from_stats"]
     monkeypatch.delenv(gemm_defaults.SMALL_EARLY_ENV, raising=False)
-    default = _plans(_build("gemm_tile_ln_few.py"))
-    assert default[8] == ["gemm_addmm_gemv_16x32x128_stats", "gemm_ln_addmm_gemv_16x32x128_from_stats"]
-    monkeypatch.setenv(gemm_defaults.SMALL_EARLY_ENV, "on")
     compiled = _build("gemm_tile_ln_few.py")
     plans = _plans(compiled)
-    assert plans == {**default, 8: [name.replace("_gemv_", "_gemve_") for name in default[8]]}
+    assert plans == {**plain, 8: [name.replace("_gemv_", "_gemve_") for name in plain[8]]}
     sources = {k.name: k.source for k in compiled.program.kernels}
     for name in plans[8]:
         head = sources[name].split("@triton.jit")[1].split("if GDC:")[0]
@@ -606,7 +628,7 @@ def test_a_layer_norm_folded_into_w_joins_two_tiles_through_ws_row_sums(tmp_path
     monkeypatch.setenv(norm_scales.ENV, "on")
     monkeypatch.setenv(gemm_pairs.TILE_STATS_ENV, "on")
     compiled = _build("gemm_tile_ln_few.py")
-    tiles = {8: "gemv_16x32x128", 32: "tile_64x32x128"}
+    tiles = {8: "gemve_16x32x128", 32: "tile_64x32x128"}
     assert _plans(compiled) == {
         rows: [f"gemm_addmm_{t}_stats", f"gemm_ln_addmm_{t}_from_stats"] for rows, t in tiles.items()
     }

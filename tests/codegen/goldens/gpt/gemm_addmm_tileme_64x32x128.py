@@ -29,6 +29,9 @@ def gemm_addmm_tileme_64x32x128(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    if GDC:  # the early steps' A tiles now, held in registers through the loop (HOLD_EARLY_A)
+        rk = tl.arange(0, BLOCK_K)
+        a_e0 = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
     acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(128, 768, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -36,7 +39,10 @@ def gemm_addmm_tileme_64x32x128(a_ptr, w0_ptr, b0_ptr, out0_ptr, M):
         w0 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
         acc0 = tl.dot(a, w0, acc0)
     rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
-    a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+    if GDC:
+        a = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [a_e0], dtype=tl.float16, is_pure=False, pack=2)
+    else:
+        a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
     acc0 = tl.dot(a, w0_e0, acc0)
     acc0 = acc0 + b0_e
     tl.store(out0_ptr + rm[:, None] * 768 + rn[None, :], acc0.to(tl.float16), mask=mask)

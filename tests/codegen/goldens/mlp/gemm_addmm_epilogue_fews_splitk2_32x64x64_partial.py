@@ -28,6 +28,9 @@ def gemm_addmm_epilogue_fews_splitk2_32x64x64_partial(a_ptr, w0_ptr, ws_ptr, M):
     if GDC:  # wait for the kernel before (its writes), then let the kernel after start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    if GDC:  # the early steps' A tiles now, held in registers through the loop (HOLD_EARLY_A)
+        rk = ks * 512 + 0 + tl.arange(0, BLOCK_K)
+        a_t_e0 = tl.load(a_ptr + rm[None, :] * 1024 + rk[:, None], mask=mask_m[None, :] & (rk[:, None] < 1024), other=0.0)
     acc0 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(64, 512, BLOCK_K):
         rk = ks * 512 + k0 + tl.arange(0, BLOCK_K)
@@ -35,7 +38,10 @@ def gemm_addmm_epilogue_fews_splitk2_32x64x64_partial(a_ptr, w0_ptr, ws_ptr, M):
         w0 = tl.load(w0_ptr + rn[:, None] * 1024 + rk[None, :], mask=mask_n[:, None] & (rk[None, :] < 1024), other=0.0)  # W tile: [BLOCK_N, BLOCK_K]
         acc0 = tl.dot(w0, a_t, acc0)
     rk = ks * 512 + 0 + tl.arange(0, BLOCK_K)  # K step 0: W loaded early
-    a_t = tl.load(a_ptr + rm[None, :] * 1024 + rk[:, None], mask=mask_m[None, :] & (rk[:, None] < 1024), other=0.0)
+    if GDC:
+        a_t = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [a_t_e0], dtype=tl.float16, is_pure=False, pack=2)
+    else:
+        a_t = tl.load(a_ptr + rm[None, :] * 1024 + rk[:, None], mask=mask_m[None, :] & (rk[:, None] < 1024), other=0.0)
     acc0 = tl.dot(w0_e0, a_t, acc0)
     acc0 = tl.trans(acc0)  # C^T's tile back to [BLOCK_M, BLOCK_N]
     # each K slice writes its own slab: ws[ks, g, m, n]; the reduce kernel adds them in order

@@ -1,0 +1,71 @@
+"""GEMM candidate gemve_16x32x128 (fused, then the next GEMM's residual add and its rows' statistics per tile): GEMM + bias.
+
+C[M, N] = A[M, K] @ W[N, K]^T with M = batch*seq, N = 768, K = 768, float16;
+grid: ((batch*seq + 15)//16, 24,)
+"""
+
+import triton
+import triton.language as tl
+
+BLOCK_M = tl.constexpr(16)
+BLOCK_N = tl.constexpr(32)
+BLOCK_K = tl.constexpr(128)
+GDC = tl.constexpr(False)  # true in sm_90+ cubins: see the first lines of the kernel
+
+
+@triton.jit
+def gemm_addmm_gemve_16x32x128_stats(a_ptr, w0_ptr, b0_ptr, x_ptr, sum_ptr, stats_ptr, M):
+    # a_ptr: *fp16, w0_ptr: *fp16, b0_ptr: *fp16, x_ptr: *fp16, sum_ptr: *fp16, stats_ptr: *fp32, M: i32
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = rm < M
+    mask_n = rn < 768
+    mask = mask_m[:, None] & mask_n[None, :]
+    # W's first K steps, before the wait (see kernel_module)
+    rk = tl.arange(0, BLOCK_K)
+    w0_e0 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)
+    rk = 128 + tl.arange(0, BLOCK_K)
+    w0_e1 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)
+    # the biases (weights) before the wait, in registers for the epilogue
+    b0_e = tl.load(b0_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if GDC:  # wait for the kernel before (its writes), then let the kernel after start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if GDC:  # the early steps' A tiles now, held in registers through the loop (HOLD_EARLY_A)
+        rk = tl.arange(0, BLOCK_K)
+        a_e0 = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+        rk = 128 + tl.arange(0, BLOCK_K)
+        a_e1 = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(256, 768, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+        w0 = tl.load(w0_ptr + rn[None, :] * 768 + rk[:, None], mask=mask_n[None, :], other=0.0)  # W^T tile: [BLOCK_K, BLOCK_N]
+        acc0 = tl.dot(a, w0, acc0)
+    rk = tl.arange(0, BLOCK_K)  # K step 0: W loaded early
+    if GDC:
+        a = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [a_e0], dtype=tl.float16, is_pure=False, pack=2)
+    else:
+        a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+    acc0 = tl.dot(a, w0_e0, acc0)
+    rk = 128 + tl.arange(0, BLOCK_K)  # K step 1: W loaded early
+    if GDC:
+        a = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [a_e1], dtype=tl.float16, is_pure=False, pack=2)
+    else:
+        a = tl.load(a_ptr + rm[:, None] * 768 + rk[None, :], mask=mask_m[:, None], other=0.0)
+    acc0 = tl.dot(a, w0_e1, acc0)
+    acc0 = acc0 + b0_e
+    # the next GEMM's residual add: the epilogue's value kept, rounded as stored
+    x_t = tl.load(x_ptr + rm[:, None] * 768 + rn[None, :], mask=mask, other=0.0).to(tl.float32)
+    y_t = acc0.to(tl.float16).to(tl.float32)
+    xs = x_t + y_t
+    xs = xs.to(tl.float16).to(tl.float32)
+    tl.store(sum_ptr + rm[:, None] * 768 + rn[None, :], xs.to(tl.float16), mask=mask)
+    # the rows' statistics over this tile's columns: the sum, the squared deviations from its mean
+    xs = tl.where(mask, xs, 0.0)
+    count = tl.minimum(768 - tl.program_id(1) * BLOCK_N, BLOCK_N).to(tl.float32)
+    t_sum = tl.sum(xs, axis=1)
+    dev = tl.where(mask, xs - (t_sum / count)[:, None], 0.0)
+    t_m2 = tl.sum(dev * dev, axis=1)
+    tl.store(stats_ptr + (tl.program_id(1) * 2) * M + rm, t_sum, mask=mask_m)
+    tl.store(stats_ptr + (tl.program_id(1) * 2 + 1) * M + rm, t_m2, mask=mask_m)
