@@ -270,7 +270,9 @@ def _held(var: str, dtype: str) -> str:
     return f'tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [{var}], dtype={ty}, is_pure=False, pack={pack})'
 
 
-def _early_a_held(site: Site, cfg: TileConfig, k_offset: str, first: int, kmasks: tuple[str, str]):
+def _early_a_held(
+    site: Site, cfg: TileConfig, k_offset: str, first: int, kmasks: tuple[str, str]
+) -> tuple[list[str], list[str]] | None:
     """(lines after the wait that load the early steps' A tiles into ``a_e{i}``, the early steps'
     lines after the loop that take them) where HOLD_EARLY_A applies; None elsewhere."""
     if not (first and hold_early_a() and site.prologue is None and site.dtype in _ASM_TYPES):
