@@ -56,12 +56,16 @@
 #     the example GPT's 128-token forward 5.2% faster, the 8-row decodes the same, H100, 2026-12-06; on by default since,
 #     so set the switch to off in the B arms to measure it again; tokens may part: the sum over K in another order)
 #   DEADLINE=570 AB_ENV_gpt=AOTPACK_SMALL_EARLY=on AB1_ENV_gpt=AOTPACK_ROWS32_EARLY=on AB_SIZES_gpt="batch=8,seq=1 batch=1,seq=16 batch=1,seq=32 batch=32,seq=1" AB_ENV_mlp=AOTPACK_SMALL_EARLY=on AB_SIZES_mlp="batch=8" DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1="AOTPACK_SMALL_EARLY=on" PAIRED_BATCH=8 PAIRED_MAY_DIFFER=1 bash bench/device_session.sh ab-gpt:90 ab1-gpt:90 ab-mlp:60 decode-llama-3.2-1b:100 env1-llama-3.2-1b:100 paired01-llama-3.2-1b:50
-#     (the small sites' form at 2-16 rows with W's first two K steps before the wait, gemm_defaults.SMALL_EARLY, built
-#     2026-12-06, untimed: GPT-2's q/k/v, o and fc at 8 rows, the mlp's up, Llama's o; and the 17-32-row tile's early W
-#     step again, ROWS32_EARLY, last timed before the early steps' products moved after the loop)
+#     (the small sites' form at 2-16 rows with W's first two K steps before the wait, gemm_defaults.SMALL_EARLY: timed
+#     2026-12-06, on where K <= 768 by default since ("short"); the 17-32-row tile's early W step, ROWS32_EARLY, still
+#     untimed since the early steps' products moved after the loop: run ab1-gpt with it alone)
 #   DEADLINE=575 AB_ENV_gpt=AOTPACK_HOLD_EARLY_A=on AB1_ENV_gpt=AOTPACK_SMALL_EARLY=on AB_SIZES_gpt="batch=1,seq=128 batch=8,seq=1 batch=1,seq=64 batch=32,seq=1" DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1="AOTPACK_HOLD_EARLY_A=on" DECODE_ENV2="AOTPACK_SMALL_EARLY=on" PAIRED_BATCH=8 PAIRED_MAY_DIFFER=1 bash bench/device_session.sh ab-gpt:95 ab1-gpt:80 decode-llama-3.2-1b:90 env1-llama-3.2-1b:90 env2-llama-3.2-1b:90 paired01-llama-3.2-1b:45 paired02-llama-3.2-1b:45
-#     (the early steps' A tiles held in registers through the K loop, gemm_render.HOLD_EARLY_A, built 2026-12-06,
-#     untimed: the same bits, so the paired tokens should be equal; and SMALL_EARLY as above)
+#     (the early steps' A tiles held in registers through the K loop, gemm_render.HOLD_EARLY_A: the example GPT's
+#     128-token forward 2.8% faster, Llama-3.2-1B batch 8 1%, the same bits, H100, 2026-12-06; on by default since, so
+#     set it off in the B arms to measure it again; and SMALL_EARLY as above)
+#   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8,32 bash bench/device_session.sh decode-llama-3.2-1b:300 decode-gpt2:130 decode-llama:140
+#     (the whole models at every batch with the defaults: the first command on an H200, where no figure exists since
+#     2026-12-04; run-gpt:570 in a command of its own for the forward beside the other systems)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per
