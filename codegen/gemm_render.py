@@ -222,10 +222,9 @@ def _indices(site: Site, cfg: TileConfig, index: str) -> list[str]:
 # at the example GPT's 128-row tiles). The sum over K runs in another order. Timed on an H100
 # (2026-12-06, bench/RESULTS.md, "the early-loaded W steps' products after the K loop"): the
 # example GPT's 128-token forward 5.2% faster (12 of 12 rounds), 8 and 32 rows 0.4-0.5%, the
-# 8-row decodes of GPT-2 and Llama-3.2-1B the same. Those steps' A tiles load after the loop too, a
-# round trip to L2 at the tile's end: written before the loop, Triton stages each in shared memory
-# where it is loaded, and the loop's first copies wait for it again (sm_90, read 2026-12-06).
-# EARLY_STEPS_LAST_ENV ("on"/"off") sets it for a build.
+# 8-row decodes of GPT-2 and Llama-3.2-1B the same. Those steps' A tiles load after the wait and
+# stay in registers through the loop where HOLD_EARLY_A holds (below), else after the loop (a round
+# trip to L2 at the tile's end). EARLY_STEPS_LAST_ENV ("on"/"off") sets it for a build.
 EARLY_STEPS_LAST = True
 EARLY_STEPS_LAST_ENV = "AOTPACK_EARLY_STEPS_LAST"
 
