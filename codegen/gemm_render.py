@@ -269,36 +269,23 @@ def _held(var: str, dtype: str) -> str:
     return f'tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [{var}], dtype={ty}, is_pure=False, pack={pack})'
 
 
-def _early_a_held(
-    site: Site, cfg: TileConfig, k_offset: str, first: int, kmasks: tuple[str, str]
-) -> tuple[list[str], list[str]] | None:
-    """(lines after the wait that load the early steps' A tiles into ``a_e{i}``, the early steps'
-    lines after the loop that take them) where HOLD_EARLY_A applies; None elsewhere."""
-    if not (first and hold_early_a() and site.prologue is None and site.dtype in _ASM_TYPES):
-        return None
-    pre = ["if GDC:  # the early steps' A tiles now, held in registers through the loop (HOLD_EARLY_A)"]
-    after = []
-    for i in range(first):
-        rk = f"rk = {_plus(_k_base(k_offset, i * cfg.block_k))}tl.arange(0, BLOCK_K)"
-        (load,) = _a_tile(site, cfg, kmasks)
-        var, expr = load.split(" = ", 1)
-        pre += ["    " + rk, f"    {var}_e{i} = {expr}"]
-        after += [
-            f"{rk}  # K step {i}: W loaded early",
-            "if GDC:",
-            f"    {var} = {_held(f'{var}_e{i}', site.dtype)}",
-            "else:",
-            f"    {load}",
-        ]
-        after += [_dot(site, cfg, g, f"w{g}_e{i}", _precision(site)) for g in range(len(site.weights))]
-    return pre, after
+def _holds_early_a(site: Site, first: int) -> bool:
+    """Whether the ``first`` early steps' A tiles load after the wait and stay in registers through
+    the K loop (HOLD_EARLY_A, with their products after it): A read as stored, a dtype ``_held`` moves."""
+    return (
+        bool(first)
+        and early_steps_last()
+        and hold_early_a()
+        and site.prologue is None
+        and site.dtype in _ASM_TYPES
+    )
 
 
 def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: str = "i32") -> list[str]:
     """Accumulate ``acc{g}`` over ``k_offset <= k < k_offset + k_extent`` (and ``k < K``) in
     BLOCK_K steps; the loop bounds are constants, so the compiler can pipeline the loads (a dot's)
     or unroll the steps (the dot-free form's). ``index``: "i64" where W's offsets may pass 2**31."""
-    precision = _precision(site)
+    precision = ", input_precision='ieee'" if site.dtype == "float32" else ""
     weights = range(len(site.weights))
     if not cfg.dot:
         return _vec_steps(site, cfg, k_offset, k_extent)
@@ -312,17 +299,25 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         )
     kmasks = _k_masks(site, cfg, k_offset)
     first = _w_early_steps(cfg, k_extent)
-    early = []
+    held = _holds_early_a(site, first)
+    early, loads = [], []  # loads: the held A tiles' lines after the wait
     for i in range(first):  # the steps whose W tiles were loaded before the wait
-        base = _k_base(k_offset, i * cfg.block_k)
-        early.append(f"rk = {_plus(base)}tl.arange(0, BLOCK_K)  # K step {i}: W loaded early")
-        early += _a_tile(site, cfg, kmasks)
+        rk = f"rk = {_plus(_k_base(k_offset, i * cfg.block_k))}tl.arange(0, BLOCK_K)"
+        early.append(f"{rk}  # K step {i}: W loaded early")
+        tile = _a_tile(site, cfg, kmasks)
+        if held:
+            (load,) = tile
+            var, expr = load.split(" = ", 1)
+            loads += ["    " + rk, f"    {var}_e{i} = {expr}"]
+            tile = ["if GDC:", f"    {var} = {_held(f'{var}_e{i}', site.dtype)}", "else:", f"    {load}"]
+        early += tile
         early += [_dot(site, cfg, g, f"w{g}_e{i}", precision) for g in weights]
+    if loads:
+        lines[:0] = [
+            "if GDC:  # the early steps' A tiles now, held in registers through the loop (HOLD_EARLY_A)",
+            *loads,
+        ]
     last = early_steps_last()
-    held = _early_a_held(site, cfg, k_offset, first, kmasks) if last else None
-    if held is not None:
-        lines[:0] = held[0]
-        early = held[1]
     lines += [] if last else early
     lines.append(f"for k0 in range({first * cfg.block_k}, {k_extent}, BLOCK_K):")
     lines.append(
@@ -344,11 +339,6 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
         lines.append(f"# the norm's statistic, applied once: A = {stat} * (the products above)")
         lines += [f"acc{g} = acc{g} * ({stat})[:, None]" for g in weights]
     return lines
-
-
-def _precision(site: Site) -> str:
-    """A dot's precision argument: IEEE products for float32 (the library's), the default else."""
-    return ", input_precision='ieee'" if site.dtype == "float32" else ""
 
 
 def _dot(site: Site, cfg: TileConfig, g: int, w: str, precision: str) -> str:
