@@ -154,7 +154,7 @@ def _decode_plan(args: argparse.Namespace) -> tuple[Any, Any, str]:
         lambda: decode.instantiate(cls, cfg),
         max_batch=max(buckets),
         max_context=args.context,
-        dtype="float16",
+        dtype=decode.dtype_name(args.model, "cuda"),  # as bench/decode.py builds it for the GPU
         name=args.model,
         batch_buckets=buckets,
         attn_implementation=decode.ATTENTION.get(args.model),
