@@ -259,6 +259,7 @@ def hold_early_a() -> bool:
     return on_off(HOLD_EARLY_A_ENV, "on" if HOLD_EARLY_A else "off")
 
 
+_TO_FP32 = ".to(tl.float32)"
 _ASM_TYPES = {"float16": ("tl.float16", 2), "bfloat16": ("tl.bfloat16", 2), "float32": ("tl.float32", 1)}
 
 
@@ -267,6 +268,49 @@ def _held(var: str, dtype: str) -> str:
     tile stays in registers until here, and its layout conversion for the dot happens here."""
     ty, pack = _ASM_TYPES[dtype]
     return f'tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [{var}], dtype={ty}, is_pure=False, pack={pack})'
+
+
+# A tensor-core form's epilogue reads rows that a kernel before wrote (the residual of an add, a
+# statistics join's other row input) only after its K loop: the tile's last memory latency. With
+# HOLD_EPILOGUE_LOADS the form loads them right after the wait, beside the early steps' A tiles,
+# and keeps them in registers through the loop (``_held``), as the one-row forms load the residual
+# beside A's row (``row_sum``). The same values, the same sums: the same bits. Only where the
+# kernel waits for the kernel before (``GDC``, sm_90+ cubins); Triton's interpreter and sm_80 load
+# after the loop as before. HOLD_EPILOGUE_LOADS_ENV ("on"/"off") sets it for a build.
+HOLD_EPILOGUE_LOADS = False
+HOLD_EPILOGUE_LOADS_ENV = "AOTPACK_HOLD_EPILOGUE_LOADS"
+
+
+def hold_epilogue_loads() -> bool:
+    """Whether a tensor-core form's epilogue row loads come right after the wait (HOLD_EPILOGUE_LOADS)."""
+    return on_off(HOLD_EPILOGUE_LOADS_ENV, "on" if HOLD_EPILOGUE_LOADS else "off")
+
+
+def held_loads(cfg: TileConfig, loads: list[tuple[str, str, str]]) -> tuple[list[str], dict[str, list[str]]]:
+    """``loads`` ((variable, expression, dtype stored) of a tensor-core form's loads after its K
+    loop: ``tl.load(...)``, then ``.to(tl.float32)`` and a ``[None, :]``, or not) held through the
+    loop where HOLD_EPILOGUE_LOADS holds: (the lines right after the wait that load them as stored;
+    per variable, the lines after the loop that read it back, else loaded as before). No lines and
+    no variables where they are not held (a form without tensor cores: its loads already come
+    beside A's; a dtype ``_held`` does not move)."""
+    if not (cfg.dot and hold_epilogue_loads() and loads):
+        return [], {}
+    if not all(dtype in _ASM_TYPES and expr.startswith("tl.load(") for _, expr, dtype in loads):
+        return [], {}
+    after_wait = [
+        "if GDC:  # the epilogue's row loads now, held in registers through the loop (HOLD_EPILOGUE_LOADS)"
+    ]
+    reads = {}
+    for var, expr, dtype in loads:
+        load, to_fp32, post = expr.partition(_TO_FP32)
+        after_wait.append(f"    held_{var} = {load}")
+        reads[var] = [
+            "if GDC:",
+            f"    {var} = {_held(f'held_{var}', dtype)}{to_fp32}{post}",
+            "else:",
+            f"    {var} = {expr}",
+        ]
+    return after_wait, reads
 
 
 def _holds_early_a(site: Site, first: int) -> bool:
@@ -1092,7 +1136,7 @@ def _gemm_outputs(site: Site) -> tuple[str, ...]:
 
 def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rendered:
     grid = _grid(site, cfg)
-    early, body = _opening(site, cfg, index, "0", site.k)
+    early, body = opening_for_biases(site, cfg, index)
     biases, bias = _early_biases(site) if early else ([], None)  # where the indices come early
     early += biases
     body += _lookup_rows(site)
@@ -1103,7 +1147,15 @@ def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rend
             body += _prologue_stats(site, write_sum)
         else:
             body += _norm_stats(site, write_sum)
-    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, bias=bias)
+    loads = [
+        (f"{ld.param}_h", _ep_load(site, ld, "rn", "mask_n", "mask"), ld.dtype)
+        for ld in ep.loads.values()
+        if ld.layout != "scalar"
+    ]
+    after_wait, reads = held_loads(cfg, loads if len(loads) == len(ep.loads) else [])
+    body += after_wait + _k_loop(site, cfg, "0", site.k, index)
+    body += [ln for lines in reads.values() for ln in lines]
+    body += _epilogue_lines(site, ep, loaded="h" if reads else None, bias=bias)
     factored = _factored(site, cfg)
     params, signature, args = _params(site, ep, index, None, "fused", factored)
     outputs = [buf for buf, _, _ in ep.stores] + _prologue_outputs(site)
@@ -1125,6 +1177,16 @@ def _opening(
             return opening + _dot_w_early(site, cfg, k_offset, k_extent, index), []
         return [], opening
     return opening + _vec_w_early(site, cfg, k_offset, k_extent), []
+
+
+def opening_for_biases(site: Site, cfg: TileConfig, index: str) -> tuple[list[str], list[str]]:
+    """``_opening`` of a form without K slices; a tensor-core form's indices before the wait
+    wherever HOLD_EPILOGUE_LOADS holds, so that its biases (weights) load there too
+    (``_early_biases``), not after its K loop."""
+    early, body = _opening(site, cfg, index, "0", site.k)
+    if not early and cfg.dot and hold_epilogue_loads() and _early_biases(site)[0]:
+        return body, []
+    return early, body
 
 
 def _render_partial(site: Site, cfg: TileConfig, index: str, ws: str) -> Rendered:

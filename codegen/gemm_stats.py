@@ -36,11 +36,12 @@ from aot.codegen.gemm_render import (
     _epilogue_lines,
     _grid,
     _k_loop,
-    _opening,
     _params,
     _rendered,
     _site_epilogue,
     _tag,
+    held_loads,
+    opening_for_biases,
 )
 from aot.codegen.gemm_sites import Site
 from aot.codegen.kernel_source import on_off, signature_of
@@ -125,14 +126,31 @@ def render_tile_stats(
     ep = _site_epilogue(site, buffers, known)
     pro = norm_site.prologue
     held = {buf: (val, dtype) for buf, val, dtype in ep.stores}
-    early, body = _opening(site, cfg, index, "0", site.k)
+    early, body = opening_for_biases(site, cfg, index)
     biases, bias = _early_biases(site) if early else ([], None)
     early += biases
-    body += _k_loop(site, cfg, "0", site.k, index) + _epilogue_lines(site, ep, store=False, bias=bias)
     if pro.norm is not None:
-        return _tile_row_norm_stats(site, cfg, norm_site, ep, held, early, body, stats, scaled, index)
+        return _tile_row_norm_stats(site, cfg, norm_site, ep, held, early, body, stats, scaled, index, bias)
+    # the add's other row input: loaded (right after the wait where held_loads holds it)
+    loaded = [
+        (name, buf) for name, buf in (("x", pro.x), ("y", pro.y)) if buf is not None and buf not in held
+    ]
+    loads = [
+        (
+            f"{name}_t",
+            f"tl.load({name}_ptr + rm[:, None] * {n} + rn[None, :], mask=mask, other=0.0).to(tl.float32)",
+            site.dtype,
+        )
+        for name, _ in loaded
+    ]
+    after_wait, reads = held_loads(cfg, loads)
+    body += (
+        after_wait
+        + _k_loop(site, cfg, "0", site.k, index)
+        + _epilogue_lines(site, ep, store=False, bias=bias)
+    )
     body.append("# the next GEMM's residual add: the epilogue's value kept, rounded as stored")
-    terms, loaded = [], []
+    terms = []
     for name, buf in (("x", pro.x), ("y", pro.y)):
         if buf is None:
             continue
@@ -140,10 +158,8 @@ def render_tile_stats(
             val, dtype = held[buf]
             body.append(f"{name}_t = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
         else:
-            body.append(
-                f"{name}_t = tl.load({name}_ptr + rm[:, None] * {n} + rn[None, :], mask=mask, other=0.0).to(tl.float32)"
-            )
-            loaded.append((name, buf))
+            (expr,) = [e for v, e, _ in loads if v == f"{name}_t"]
+            body += reads.get(f"{name}_t", [f"{name}_t = {expr}"])
         terms.append(f"{name}_t")
     body.append(f"xs = {' + '.join(terms)}")
     if len(terms) == 2 and site.dtype in ROUND:
@@ -236,6 +252,7 @@ def _tile_row_norm_stats(
     stats: str,
     scaled: str,
     index: str,
+    bias: str | None,
 ) -> Rendered:
     """``render_tile_stats`` where ``norm_site``'s prologue is a row norm that factors out of A
     (an RMSNorm: ``RowNorm.factored``, A = s * p, s a statistic of the row): the norm's values
@@ -247,6 +264,19 @@ def _tile_row_norm_stats(
     part, _ = norm.factored
     dt = TL_TYPE[STORAGE[site.dtype]]
     ours = {f"x{i}_@": buf for i, (buf, _) in enumerate(norm.inputs) if buf in held}
+    # the norm's other row inputs at the block's columns (right after the wait where held_loads holds them)
+    inputs = {f"x{i}_@": dtype for i, (_, dtype) in enumerate(norm.inputs)}
+    loads = [
+        (var.replace("@", "n"), expr.replace("kmask@", "mask").replace("rk@", "rn"), inputs[var])
+        for var, expr, stage in norm.row_ops
+        if not stage and var in inputs and var not in ours and expr.startswith("tl.load(")
+    ]
+    after_wait, reads = held_loads(cfg, loads)
+    body += (
+        after_wait
+        + _k_loop(site, cfg, "0", site.k, index)
+        + _epilogue_lines(site, ep, store=False, bias=bias)
+    )
     body += [
         "# the next GEMM's row norm over this tile's columns (its values before the statistic)",
         "rkn = rn",
@@ -259,7 +289,7 @@ def _tile_row_norm_stats(
             val, dtype = held[ours[var]]
             body.append(f"{var.replace('@', 'n')} = {val}.to({TL_TYPE[STORAGE[dtype]]}).to(tl.float32)")
         else:
-            body.append(f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}")
+            body += reads.get(var.replace("@", "n"), [f"{var.replace('@', 'n')} = {expr.replace('@', 'n')}"])
     outputs = [stats, scaled]
     if norm.sum_out is not None:
         sum_buf, var, dtype = norm.sum_out
@@ -354,7 +384,7 @@ def render_tile_from_stats(
     pro = norm_site.prologue
     plain = replace(norm_site, prologue=None, a=scaled)
     ep = _site_epilogue(norm_site, buffers, known)
-    early, body = _opening(plain, cfg, index, "0", plain.k)
+    early, body = opening_for_biases(plain, cfg, index)
     biases, bias = _early_biases(plain) if early else ([], None)
     if pro.norm is not None:
         return _tile_from_row_norm_stats(

@@ -146,6 +146,12 @@ SWITCHES = [
         CodegenError,
     ),
     (
+        "AOTPACK_HOLD_EPILOGUE_LOADS",
+        _call("codegen.gemm_render", "hold_epilogue_loads"),
+        {None: False, "On": True, "off": False},
+        CodegenError,
+    ),
+    (
         "AOTPACK_STATS_AFTER_LOOP",
         _call("codegen.gemm_stats", "stats_after_loop"),
         {None: True, "on": True, "OFF": False},
@@ -233,6 +239,7 @@ def test_the_names_match_the_modules():
         gemm_stats.STATS_AFTER_LOOP_ENV,
         gemm_render.EARLY_STEPS_LAST_ENV,
         gemm_render.HOLD_EARLY_A_ENV,
+        gemm_render.HOLD_EPILOGUE_LOADS_ENV,
         gemm_defaults.SMALL_EARLY_ENV,
         gemm_sites.SLICED_PROLOGUE_ENV,
         bindings.DIRECT_BINDING_ENV,
