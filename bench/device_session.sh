@@ -64,9 +64,11 @@
 #     128-token forward 2.8% faster, Llama-3.2-1B batch 8 1%, the same bits, H100, 2026-12-06; on by default since, so
 #     set it off in the B arms to measure it again; and SMALL_EARLY as above)
 #   DEADLINE=575 AB_ENV_gpt=AOTPACK_HOLD_EPILOGUE_LOADS=on AB_SIZES_gpt="batch=8,seq=1 batch=1,seq=16 batch=1,seq=32 batch=32,seq=1" AB_ENV_mlp=AOTPACK_HOLD_EPILOGUE_LOADS=on AB_SIZES_mlp="batch=8 batch=2" DECODE_LAYERS=8 DECODE_SYSTEMS=aotpack DECODE_BATCHES=8 DECODE_ENV1="AOTPACK_HOLD_EPILOGUE_LOADS=on" PAIRED_BATCH=8 bash bench/device_session.sh ab-gpt:95 ab-mlp:60 decode-gpt2:70 env1-gpt2:70 paired01-gpt2:45 decode-llama-3.2-1b:85 env1-llama-3.2-1b:85 paired01-llama-3.2-1b:45
-#     (a tensor-core form's epilogue rows held through its K loop and its biases before the wait, gemm_render.HOLD_EPILOGUE_LOADS,
-#     against the default: the statistics joins' first tiles at 2-16 rows, the 32-row tiles, the example mlp's fc at 8 rows;
-#     GPU_K="row_statistics or o_and_gate_up_join" with AOTPACK_HOLD_EPILOGUE_LOADS=on gpu-k:200 checks the held kernels)
+#     (a tensor-core form's epilogue rows held through its K loop, gemm_render.HOLD_EPILOGUE_LOADS, against the default:
+#     the statistics joins' first tiles at 2-16 rows, the same speed on an H100, 2026-12-07, so off; that command's B arm also
+#     loaded the 32-row tiles' bias before the wait: 4.6% faster at 32 rows, on by default since under EARLY_BIAS; give the
+#     Llama steps 100 s each and PAIRED_MAY_DIFFER=1; GPU_K="row_statistics or o_and_gate_up_join" with
+#     AOTPACK_HOLD_EPILOGUE_LOADS=on gpu-k:200 checks the held kernels)
 #   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8,32 bash bench/device_session.sh decode-llama-3.2-1b:300 decode-gpt2:130 decode-llama:140
 #     (the whole models at every batch with the defaults: the first command on an H200, where no figure exists since
 #     2026-12-04; run-gpt:570 in a command of its own for the forward beside the other systems)

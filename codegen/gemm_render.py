@@ -274,9 +274,16 @@ def _held(var: str, dtype: str) -> str:
 # statistics join's other row input) only after its K loop: the tile's last memory latency. With
 # HOLD_EPILOGUE_LOADS the form loads them right after the wait, beside the early steps' A tiles,
 # and keeps them in registers through the loop (``_held``), as the one-row forms load the residual
-# beside A's row (``row_sum``). The same values, the same sums: the same bits. Only where the
-# kernel waits for the kernel before (``GDC``, sm_90+ cubins); Triton's interpreter and sm_80 load
-# after the loop as before. HOLD_EPILOGUE_LOADS_ENV ("on"/"off") sets it for a build.
+# beside A's row (``row_sum``). Only where the kernel waits for the kernel before (``GDC``, sm_90+
+# cubins); Triton's interpreter and sm_80 load after the loop as before. The same values, but the
+# epilogue's arithmetic may then run in another register layout, and with it a statistics join's
+# sums over the tile's columns in another order. Compiled for sm_90, the statistics joins' first
+# tiles at 2-16 rows have no load after their last copy (1 before) and one wave of memory latency
+# after the wait (2). Timed on an H100 (2026-12-07, 12 rounds each, bench/RESULTS.md, "the bias
+# before the wait"): the example GPT at batch 8 x 1 1.001 and 1 x 16 tokens 1.001, GPT-2's decode
+# at batch 8 (first 8 layers) 1.000 (7 of 12 rounds), the same tokens; Llama-3.2-1B's tokens at
+# batch 8 part at step 15 (the RMSNorm statistics' order). No gain: off. HOLD_EPILOGUE_LOADS_ENV
+# ("on"/"off") sets it for a build, for measuring.
 HOLD_EPILOGUE_LOADS = False
 HOLD_EPILOGUE_LOADS_ENV = "AOTPACK_HOLD_EPILOGUE_LOADS"
 
@@ -926,7 +933,14 @@ def _bias_load(g: int, rn: str, mask_n: str) -> str:
 # memory latency at the end of every GEMM with a bias: the SASS of GPT-2's one-row GEMVs (sm_90)
 # had the bias load after the sum's block barrier, a second wait for memory after A's. Timed on an
 # H200 (2026-12-02): GPT-2 decode at batch 1 0.237-0.244 -> 0.220 ms/token, the example MLP's
-# forward at batch 1 4% faster. False renders the late loads (an A/B by ``sitecustomize``).
+# forward at batch 1 4% faster. A tensor-core form that loads no W early (its indices after the
+# wait) moves its indices before the wait where it has a bias, so the bias loads there too
+# (``opening_for_biases``): sm_90 code of the 17-32-row tile (``tile_64x32x128``, the example
+# GPT's q/k/v, o and fc) then issues its first copies 121 instructions after the wait where it
+# issued them after 153, and no load follows its last copy (4 before). Timed on an H100
+# (2026-12-07, both bundles in one process round by round, 12 rounds; bench/RESULTS.md, "the
+# bias before the wait"): the example GPT at batch 1 x 32 tokens 0.954 and batch 32 x 1 0.953
+# (12 of 12 rounds each), bit for bit. False renders the late loads (an A/B by ``sitecustomize``).
 EARLY_BIAS = True
 
 
@@ -1181,10 +1195,10 @@ def _opening(
 
 def opening_for_biases(site: Site, cfg: TileConfig, index: str) -> tuple[list[str], list[str]]:
     """``_opening`` of a form without K slices; a tensor-core form's indices before the wait
-    wherever HOLD_EPILOGUE_LOADS holds, so that its biases (weights) load there too
+    where it has a bias (and EARLY_BIAS holds), so that its biases (weights) load there too
     (``_early_biases``), not after its K loop."""
     early, body = _opening(site, cfg, index, "0", site.k)
-    if not early and cfg.dot and hold_epilogue_loads() and _early_biases(site)[0]:
+    if not early and cfg.dot and _early_biases(site)[0]:
         return body, []
     return early, body
 
