@@ -311,13 +311,14 @@ def held_loads(cfg: TileConfig, loads: list[tuple[str, str, str]]) -> tuple[list
     for var, expr, dtype in loads:
         load, to_fp32, post = expr.partition(_TO_FP32)
         after_wait.append(f"    held_{var} = {load}")
-        reads[var] = [
-            "if GDC:",
-            f"    {var} = {_held(f'held_{var}', dtype)}{to_fp32}{post}",
-            "else:",
-            f"    {var} = {expr}",
-        ]
+        reads[var] = _held_read(var, f"held_{var}", dtype, f"{var} = {expr}", to_fp32 + post)
     return after_wait, reads
+
+
+def _held_read(var: str, raw: str, dtype: str, load: str, post: str = "") -> list[str]:
+    """``var`` after the K loop: the tile ``raw`` loaded after the wait, through ``_held`` (then
+    ``post``), where the kernel waits for the one before (GDC); else ``load``, the plain line."""
+    return ["if GDC:", f"    {var} = {_held(raw, dtype)}{post}", "else:", f"    {load}"]
 
 
 def _holds_early_a(site: Site, first: int) -> bool:
@@ -360,7 +361,7 @@ def _k_loop(site: Site, cfg: TileConfig, k_offset: str, k_extent: int, index: st
             (load,) = tile
             var, expr = load.split(" = ", 1)
             loads += ["    " + rk, f"    {var}_e{i} = {expr}"]
-            tile = ["if GDC:", f"    {var} = {_held(f'{var}_e{i}', site.dtype)}", "else:", f"    {load}"]
+            tile = _held_read(var, f"{var}_e{i}", site.dtype, load)
         early += tile
         early += [_dot(site, cfg, g, f"w{g}_e{i}", precision) for g in weights]
     if loads:
