@@ -86,6 +86,7 @@ class GuardCore:
         _validate(guards)
         self.guards = guards
         self.names = tuple(i.name for i in guards.inputs if not i.state)
+        self._name_set = frozenset(self.names)
         self.state_names = frozenset(i.name for i in guards.inputs if i.state)
         if not self.names:
             raise BundleError("every input of the guards is state; a call needs at least one input")
@@ -121,6 +122,10 @@ class GuardCore:
 
     def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """Order positional and keyword arguments as the bundle's inputs."""
+        if not kwargs and len(args) == len(self.names):  # every input by position: nothing to order
+            return list(args)
+        if not args and kwargs.keys() == self._name_set:  # every input by name, nothing else
+            return [kwargs[n] for n in self.names]
         if len(args) > len(self.names):
             raise GuardError(f"expected at most {len(self.names)} inputs {list(self.names)}, got {len(args)}")
         twice = [n for n in self.names[: len(args)] if n in kwargs]

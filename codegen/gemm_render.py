@@ -1162,12 +1162,14 @@ def _render_fused(site: Site, ep: Epilogue, cfg: TileConfig, index: str) -> Rend
             body += _prologue_stats(site, write_sum)
         else:
             body += _norm_stats(site, write_sum)
+    # the epilogue's row loads held through the K loop, where none of them is a scalar (the
+    # epilogue reads its loads all held or all in place)
+    all_rows = all(ld.layout != "scalar" for ld in ep.loads.values())
     loads = [
         (f"{ld.param}_h", _ep_load(site, ld, "rn", "mask_n", "mask"), ld.dtype)
-        for ld in ep.loads.values()
-        if ld.layout != "scalar"
+        for ld in (ep.loads.values() if all_rows else ())
     ]
-    after_wait, reads = held_loads(cfg, loads if len(loads) == len(ep.loads) else [])
+    after_wait, reads = held_loads(cfg, loads)
     body += after_wait + _k_loop(site, cfg, "0", site.k, index)
     body += [ln for lines in reads.values() for ln in lines]
     body += _epilogue_lines(site, ep, loaded="h" if reads else None, bias=bias)

@@ -38,6 +38,10 @@ __all__ = ["MAX_RELATIONS", "MAX_RELATION_NODES", "MAX_SIZE", "GuardChecker"]
 class GuardChecker(GuardCore):
     """The guards' checks on torch tensors: kind, dtype, rank and device, then the shared dims."""
 
+    def __init__(self, guards: Any, dtypes: dict[str, Any]):
+        super().__init__(guards, dtypes)
+        self._placements: dict[Any, Any] = {}  # device -> its test of a tensor (``_placement``)
+
     def check(self, values: Sequence[Any], device: Any = None) -> dict[str, int]:
         """Validate inputs; returns the symbol values. Raises ``GuardError``.
 
@@ -46,31 +50,76 @@ class GuardChecker(GuardCore):
         """
         sizes: dict[str, int] = {}
         where: dict[str, tuple[str, int]] = {}  # symbol -> the input and dim that bound it
-        index = None
-        if device is not None and device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
+        on_device = self._placement(device)
         for k, ((name, dtype, dtype_name, dims), value) in enumerate(zip(self.inputs, values)):
-            if not isinstance(value, torch.Tensor):
-                raise GuardError(f"input {name!r}: expected a tensor, got {type(value).__name__}")
-            if value.layout != torch.strided or value.is_nested:
-                kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
-                raise GuardError(f"input {name!r}: expected a dense (strided) tensor, got a {kind} one")
-            if value.dtype != dtype:
-                raise GuardError(
-                    f"input {name!r}: expected dtype {dtype_name}, got {str(value.dtype).removeprefix('torch.')}"
-                )
-            if value.dim() != len(dims):
-                raise GuardError(
-                    f"input {name!r}: expected rank {len(dims)} [{', '.join(map(str, dims))}], "
-                    f"got rank {value.dim()} {list(value.shape)}"
-                )
-            if device is not None and (
-                value.device.type != device.type or (index is not None and value.device.index != index)
+            # the common case in the tests torch answers fastest (no torch.device made per call);
+            # the first that fails leads to the one that says what was expected
+            if not (
+                isinstance(value, torch.Tensor)
+                and value.layout is torch.strided
+                and not value.is_nested
+                and value.dtype == dtype
+                and value.ndim == len(dims)
+                and on_device(value)
             ):
-                want = device.type if index is None else f"{device.type}:{index}"
-                raise GuardError(f"input {name!r}: expected a tensor on {want}, got one on {value.device}")
+                self._refuse(name, dtype, dtype_name, dims, value, device)
             self.bind_dims(name, dims, value.shape, sizes, where)
             if not value.is_contiguous() and isinstance(values, list):
                 values[k] = value.contiguous()
-        self.check_relations(sizes)
+        if self._relations:
+            self.check_relations(sizes)
         return sizes
+
+    def _placement(self, device: Any) -> Any:
+        """A test of a tensor's device against ``device`` (a CUDA one with its index, as the
+        loader makes it), made once per device."""
+        test = self._placements.get(device)
+        if test is None:
+            if device is None:
+                test = _anywhere
+            elif device.type == "cpu":
+                test = _on_cpu
+            elif device.type == "cuda" and device.index is not None:
+                index = device.index
+                test = lambda value: value.is_cuda and value.get_device() == index  # noqa: E731
+            elif device.type == "cuda":  # the GPU current at the call
+                test = _on_current_gpu
+            else:
+                test = lambda value: value.device.type == device.type  # noqa: E731
+            self._placements[device] = test
+        return test
+
+    @staticmethod
+    def _refuse(name: str, dtype: Any, dtype_name: str, dims: tuple, value: Any, device: Any) -> None:
+        """The ``GuardError`` for an input that failed ``check``'s test: what was expected."""
+        if not isinstance(value, torch.Tensor):
+            raise GuardError(f"input {name!r}: expected a tensor, got {type(value).__name__}")
+        if value.layout != torch.strided or value.is_nested:
+            kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+            raise GuardError(f"input {name!r}: expected a dense (strided) tensor, got a {kind} one")
+        if value.dtype != dtype:
+            raise GuardError(
+                f"input {name!r}: expected dtype {dtype_name}, got {str(value.dtype).removeprefix('torch.')}"
+            )
+        if value.dim() != len(dims):
+            raise GuardError(
+                f"input {name!r}: expected rank {len(dims)} [{', '.join(map(str, dims))}], "
+                f"got rank {value.dim()} {list(value.shape)}"
+            )
+        index = None
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+        want = device.type if index is None else f"{device.type}:{index}"
+        raise GuardError(f"input {name!r}: expected a tensor on {want}, got one on {value.device}")
+
+
+def _anywhere(value: torch.Tensor) -> bool:
+    return True
+
+
+def _on_cpu(value: torch.Tensor) -> bool:
+    return value.is_cpu
+
+
+def _on_current_gpu(value: torch.Tensor) -> bool:
+    return value.is_cuda and value.get_device() == torch.cuda.current_device()
