@@ -198,8 +198,9 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
         )
     if not _is_causal_lm(model):
         raise SpecError(
-            f"causal_lm supports decoder-only causal LMs (AutoModelForCausalLM classes: GPT2LMHeadModel, "
-            f"LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, ...); {cls} ({config.model_type}) is not one"
+            f"causal_lm supports decoder-only causal LMs (AutoModelForCausalLM classes and other ...ForCausalLM "
+            f"classes that generate: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, ...); {cls} "
+            f"({config.model_type}) is not one"
         )
     params = inspect.signature(model.forward).parameters
     missing = [p for p in REQUIRED_PARAMETERS if p not in params]
@@ -347,12 +348,17 @@ def _config_shapes(config: Any, num_layers: int) -> Shapes:
 
 
 def _is_causal_lm(model: Any) -> bool:
+    """An ``AutoModelForCausalLM`` class, or a ``...ForCausalLM`` class the auto mapping does not
+    list (Mistral 4's text model in transformers 5.23), that generates; what it cannot run with
+    a static cache is refused by the checks after this one."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     names = set()
     for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         names.update([value] if isinstance(value, str) else value)
-    return any(c.__name__ in names for c in type(model).__mro__) and model.can_generate()
+    mro = type(model).__mro__
+    named = any(c.__name__ in names or c.__name__.endswith("ForCausalLM") for c in mro)
+    return named and model.can_generate()
 
 
 # The kinds of layer a mask mapping serves (transformers' ``causal_mask_mapping`` keys)

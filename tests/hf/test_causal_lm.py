@@ -184,6 +184,21 @@ MORE = {
         ),
     ),
     "cohere2": ("Cohere2", dict(_GQA, sliding_window=4, layer_types=["sliding_attention", "full_attention"])),
+    # a ...ForCausalLM class that transformers' auto mapping does not list (5.23): multi-head
+    # latent attention as DeepSeek-V3's, without experts
+    "mistral4": (
+        "Mistral4",
+        dict(
+            _GQA,
+            num_key_value_heads=4,
+            head_dim=4,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+        ),
+    ),
     # Llama 4's chunked attention (chunks of 4 slots) beside a full-attention layer
     "llama4_chunked": (
         "Llama4",
@@ -551,6 +566,8 @@ def test_models_it_cannot_serve_are_refused_by_name():
     bloom = tf.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4)
     with pytest.raises(SpecError, match=r"cannot drive BloomForCausalLM: its forward takes no position_ids"):
         causal_lm(lambda: tf.BloomForCausalLM(bloom), max_batch=2, max_context=MAX_CONTEXT)
+    # a causal LM class the auto mapping does not list is served, not refused by name
+    assert causal_lm(factory("mistral4"), max_batch=2, max_context=MAX_CONTEXT).name == "Mistral4ForCausalLM"
     with pytest.raises(SpecError, match=r"needs a transformers causal LM .*; the factory returned a Linear"):
         causal_lm(lambda: torch.nn.Linear(2, 2), max_batch=2, max_context=MAX_CONTEXT)
     with pytest.raises(
