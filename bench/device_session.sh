@@ -69,6 +69,9 @@
 #     loaded the 32-row tiles' bias before the wait: 4.6% faster at 32 rows, on by default since under EARLY_BIAS; give the
 #     Llama steps 100 s each and PAIRED_MAY_DIFFER=1; GPU_K="row_statistics or o_and_gate_up_join" with
 #     AOTPACK_HOLD_EPILOGUE_LOADS=on gpu-k:200 checks the held kernels)
+#   DEADLINE=200 HOST_SIZES_mlp="batch=1 batch=8" HOST_SIZES_gpt="batch=1,seq=1" bash bench/device_session.sh probe-mlp:90 probe-gpt:100
+#     (a call's host time piece by piece: bind_and_check_same against probe-mlp-batch-1-h200-2026-11-30.json's 6.0 us,
+#     before the guards' cheaper tests of 2026-12-07, 9.4 -> 4.5 us on the CPU box)
 #   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8,32 bash bench/device_session.sh decode-llama-3.2-1b:300 decode-gpt2:130 decode-llama:140
 #     (the whole models at every batch with the defaults: the first command on an H200, where no figure exists since
 #     2026-12-04; run-gpt:570 in a command of its own for the forward beside the other systems)
@@ -209,6 +212,9 @@ for item in "$@"; do
     # batch=1), MODEL's bundle from .bundles, else built here from models/; HOST_AB=N: N rounds of
     # calls bound to their own tensors against a runner that copies them (aot.loader.bindings)
     host-*) m=${step#host-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; b=.bundles/$m.tpk; [ -f "$b" ] || b=/tmp/host/$m.tpk; cmd=(bash -c "test -f $b || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o $b; for s in $sizes; do python3 bench/host_path.py $m $b --sizes \$s ${HOST_AB:+--ab $HOST_AB} --json $RES/host-$m-\${s//[=,]/-}.json || exit 1; done") ;;
+    # probe-MODEL: where a forward call's host time goes, piece by piece (bench/call_probe.py: the
+    # guards' bind and check, the copies, the replay), at HOST_SIZES_MODEL / HOST_SIZES (default batch=1)
+    probe-*) m=${step#probe-}; v=HOST_SIZES_$m; sizes=${!v:-${HOST_SIZES:-batch=1}}; mkdir -p /tmp/host; b=.bundles/$m.tpk; [ -f "$b" ] || b=/tmp/host/$m.tpk; cmd=(bash -c "test -f $b || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o $b; for s in $sizes; do python3 bench/call_probe.py $m $b --sizes \$s --json $RES/probe-$m-\${s//[=,]/-}.json || exit 1; done") ;;
     # gpu-k: the GPU tests of tests/gpu whose ids match GPU_K (pytest's -k), e.g. "gemma2 or copy",
     # a line per test as it ends (a run cut off by its step's limit still names what passed)
     # zoo-k: the GPU tests of tests/runtime whose ids match ZOO_K (pytest's -k), e.g. "nf_resnet26"
