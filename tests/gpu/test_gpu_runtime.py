@@ -355,3 +355,25 @@ def test_bound_calls_equal_copied_calls(name, eager, monkeypatch):
     assert all(same), same
     lent = [torch.equal(a, b) for a, b in zip(results["borrow"], results["0"])]
     assert all(lent), lent
+
+
+def test_an_input_off_the_runners_gpu_is_refused_and_one_on_it_runs(eager):
+    """The guards' device test on a CUDA runner (``GuardChecker._placement``: ``is_cuda`` and the
+    index, no ``torch.device`` made per input): a CPU tensor is refused with what was expected, a
+    tensor on the runner's GPU (the runner loaded on plain "cuda" or on its index) runs and matches
+    eager."""
+    from aot.errors import GuardError
+    from aot.loader import load
+    from aot.tracer import example_inputs
+
+    spec, module = eager("mlp")
+    x = example_inputs(spec, {"batch": 3}, seed=5)["x"]
+    with torch.no_grad():
+        want = module(x.cuda()).float()
+    for device in ("cuda", f"cuda:{torch.cuda.current_device()}"):
+        runner = load(_bundle("mlp"), device=device)
+        with pytest.raises(GuardError, match=r"input 'x': expected a tensor on cuda:\d+, got one on cpu"):
+            runner(x)
+        got = runner(x.cuda()).float()
+        err = (got - want).abs().max().item()
+        assert err <= TOLERANCE["mlp"] * max(1.0, want.abs().max().item()), f"{device}: {err}"
