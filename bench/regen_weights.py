@@ -22,6 +22,9 @@ from aot.tracer import instantiate, load_model_file
 
 def main(model: str, bundle_path: str) -> None:
     bundle = open_bundle(bundle_path)
+    if not bundle.manifest.external_weights:  # its weights are inside it: nothing to re-create
+        print(f"{bundle_path}: its weights are inside the bundle")
+        return
     program = bundle.program()
     state = instantiate(load_model_file(model)).state_dict()
     tensors = {}
