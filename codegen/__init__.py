@@ -418,7 +418,7 @@ def _rewrite_for_kernels(
     # a LayerNorm's column sums with the weight after it, for the forms that apply the norm after
     # their products: the joined tiles (only a default build joins: tune's candidates keep sites
     # apart) and the factored one-row forms
-    sums = tile_stats() or factored_one_row(layer_norm=True)
+    sums = tile_stats() or factored_one_row(layer_norm=True, head=True)
     if sums and options.fuse and not options.gemm_candidates and not options.library_free:
         program, weights, summed = add_layer_norm_sums(program, dict(traced.weights))
         if summed:  # kept where a chosen form reads them (``drop_unread_sums``, after the table)

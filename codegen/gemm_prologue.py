@@ -59,9 +59,13 @@ MAX_MEANS = 2
 # gate/up 18.51 -> 18.31; its greedy tokens scored against float32 2 of 128 steps off float32's
 # choice against 9 (``bench/decode_paired.py --score``). ``test_factored_one_row_forms_verify``
 # passed on the GPU (GPT-2, Llama).
+# "head": the RMSNorms, and a LayerNorm where the site is a vocabulary head (N at least
+# ``gemm_forms.VOCAB_N``): a decode step's final norm in the head's prologue
+# (``gemm_sites.SLICED_PROLOGUE_ENV``), whose 25k blocks would otherwise each wait for the row's
+# statistics before their products.
 FACTORED = "rms"
 FACTORED_ENV = "AOTPACK_ONE_ROW_FACTORED"
-FACTORED_SETTINGS = ("on", "rms", "off")
+FACTORED_SETTINGS = ("on", "rms", "head", "off")
 
 
 @dataclass(frozen=True)
@@ -115,12 +119,15 @@ def is_copy(step: Step) -> bool:
     )
 
 
-def factored_one_row(layer_norm: bool) -> bool:
+def factored_one_row(layer_norm: bool, head: bool = False) -> bool:
     """Whether the one-row forms apply a LayerNorm (``layer_norm``) or a row norm (an RMSNorm)
-    after their products: ``AOTPACK_ONE_ROW_FACTORED`` where set, else ``FACTORED``; a value
-    other than ``FACTORED_SETTINGS`` is a ``CodegenError``."""
+    after their products, at a vocabulary head (``head``) or another site:
+    ``AOTPACK_ONE_ROW_FACTORED`` where set, else ``FACTORED``; a value other than
+    ``FACTORED_SETTINGS`` is a ``CodegenError``."""
     text = setting(FACTORED_ENV, FACTORED, FACTORED_SETTINGS)
-    return text == "on" or (text == "rms" and not layer_norm)
+    if not layer_norm:
+        return text != "off"
+    return text == "on" or (text == "head" and head)
 
 
 def _max_means() -> int:

@@ -24,6 +24,7 @@ from aot.codegen.gemm_forms import (
     ROUND,
     SPLIT_TARGET_BLOCKS,
     STATS_CHUNK,
+    VOCAB_N,
     TileConfig,
 )
 from aot.codegen.gemm_prologue import factored_one_row, row_load
@@ -538,7 +539,7 @@ def _factored(site: Site, cfg: TileConfig) -> bool:
     if cfg.dot or cfg.rows_apart or cfg.split_k != 1 or pro is None:
         return False
     norm = pro.norm
-    if not factored_one_row(layer_norm=norm is None):
+    if not factored_one_row(layer_norm=norm is None, head=site.n >= VOCAB_N):
         return False
     if norm is None:
         return site.ln_sums is not None

@@ -177,8 +177,17 @@ def test_a_wrong_setting_is_a_clear_error(monkeypatch):
     from aot.errors import CodegenError
 
     monkeypatch.setenv(gemm_prologue.FACTORED_ENV, "yes")
-    with pytest.raises(CodegenError, match="AOTPACK_ONE_ROW_FACTORED='yes': expected 'on', 'rms' or 'off'"):
+    with pytest.raises(
+        CodegenError, match="AOTPACK_ONE_ROW_FACTORED='yes': expected 'on', 'rms', 'head' or 'off'"
+    ):
         gemm_prologue.factored_one_row(layer_norm=False)
     monkeypatch.setenv(gemm_prologue.FACTORED_ENV, "RMS")  # any case
     assert gemm_prologue.factored_one_row(layer_norm=False)
     assert not gemm_prologue.factored_one_row(layer_norm=True)
+    assert not gemm_prologue.factored_one_row(layer_norm=True, head=True)
+    monkeypatch.setenv(gemm_prologue.FACTORED_ENV, "head")  # LayerNorms at vocabulary heads only
+    assert gemm_prologue.factored_one_row(layer_norm=False)
+    assert gemm_prologue.factored_one_row(layer_norm=True, head=True)
+    assert not gemm_prologue.factored_one_row(layer_norm=True)
+    monkeypatch.setenv(gemm_prologue.FACTORED_ENV, "off")
+    assert not gemm_prologue.factored_one_row(layer_norm=False)

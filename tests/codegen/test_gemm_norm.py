@@ -482,6 +482,49 @@ def test_olmo2s_post_norms_run_inside_the_gemvs(olmo2_decode):
     assert "tl.store(sum_ptr" in gate_up.source
 
 
+@pytest.mark.slow  # a transformers GPT-2 traced and built twice, its decode step interpreted
+def test_gpt2s_final_layer_norm_runs_after_the_heads_products_where_asked(tmp_path_factory, monkeypatch):
+    """``AOTPACK_SLICED_PROLOGUE=on`` with ``AOTPACK_ONE_ROW_FACTORED=head``: GPT-2's final
+    LayerNorm (the last layer's residual add in it) runs in the vocabulary head's one-row GEMV,
+    applied after the products through the column sums the build computed through the
+    ``[:, -1:]`` slice (``norm_sums``), while q/k/v's and fc's LayerNorms stay statistics-first:
+    one launch fewer than the default plan, and every kernel of the step matches its reference
+    in Triton's interpreter. The tiny model's 200-token vocabulary counts as one
+    (``gemm_render.VOCAB_N`` lowered to 150 for the build: q/k/v's 96 and fc's 128 columns do not)."""
+    from aot.codegen import gemm_render
+    from aot.codegen.gemm_prologue import FACTORED_ENV
+    from aot.codegen.gemm_sites import SLICED_PROLOGUE_ENV
+    from aot.codegen.norm_sums import SCALE_SUM, SHIFT_SUM
+    from tests.hf import test_causal_lm
+
+    config = test_causal_lm._config
+
+    def wide_vocabulary(kind: str):
+        cls, cfg = config(kind)
+        cfg.vocab_size = 200
+        return cls, cfg
+
+    monkeypatch.setattr(test_causal_lm, "_config", wide_vocabulary)
+    monkeypatch.setattr(gemm_render, "VOCAB_N", 150)
+    default = _decode_build("gpt2", tmp_path_factory)
+    head = _decode_build("gpt2", tmp_path_factory, {SLICED_PROLOGUE_ENV: "on", FACTORED_ENV: "head"})
+    (_, kernels, plan, names), (program, head_kernels, head_plan, head_names) = map(
+        _one_row_plan, (default, head)
+    )
+    assert names[-1].startswith("gemm_mm_vec") and "layer_norm" in names[-2], names[-3:]
+    assert head_names[-1].startswith("gemm_ln_mm_vec") and head_names[-1].endswith("_factored"), head_names
+    assert not any(n.endswith("_factored") for n in head_names[:-1]), head_names  # q/k/v and fc
+    assert _launches(head_plan, head_kernels) == _launches(plan, kernels) - 1
+    sums = {w.name for w in program.weights if w.name.endswith((SCALE_SUM, SHIFT_SUM))}
+    assert "model.transformer.wte.weight" + SCALE_SUM in sums, sums
+    path, _, index = head
+    launched, results = interpreted_one_row_decode(path, index)
+    assert sorted({r[0] for r in results}) == launched
+    bad = [r for r in results if not r[3]]
+    assert not bad, bad[:3]
+    assert any(r[0] == launched[-1] and r[3] for r in results)  # the head's logits
+
+
 @pytest.mark.slow  # a transformers GPT-2 traced and built; gemm_gpt2's forms are interpreted by default
 def test_gpt2_decode_runs_fewer_kernels_per_layer(gpt2_decode):
     """GPT-2's Conv1D weights are stored [N, K] (``weight_layout``), so its decode GEMMs take the
