@@ -34,20 +34,29 @@ from aot.schema import Buf, KernelParam, ParamKind, Sym, TensorSpec
 HEURISTIC = "decode-attention-v1"
 MAX_BLOCK_N = 256  # cache slots per step of the one-kernel form's loop
 LOG2E = 1.4426950408889634
-WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps, else 4
+WIDE_TILE = 128 * 64  # key tile (slots x head dim) from which a program gets 8 warps
+SMALL_TILE = 64 * 64  # a key tile up to this gets 2 warps; one between them 4
 # 2, 4, 8 or 16: every decode attention program's warps, for measuring. 4 instead of the rule's 8
 # (Llama-3.2-1B's 160-slot cache, one 256 x 64 key tile a program) took its first 8 layers at
 # batch 1 from 0.452 to 0.479 ms a token on an H200 (2026-12-04); 16 took them to 0.4605 against
 # 0.4512 (paired, 12 of 12 rounds slower; bench/results/decode/paired-llama-3.2-1b-8layers-b1-
-# attention-16-warps-h200-2026-12-04d.json).
+# attention-16-warps-h200-2026-12-04d.json). At GPT-2's split form (a 512-slot cache in 8 ranges
+# of one 64 x 64 tile each) 2 warps instead of 4 took its whole decode from 0.2077 to 0.2015 ms a
+# token at batch 1 (12 of 12 rounds faster, the same tokens) and 0.3335 to 0.3319 at batch 8
+# (9 of 12), 8 warps to 0.2274 and 0.3808 (H100, 2026-12-07, both bundles in one process;
+# bench/results/decode/paired-gpt2-b1-b8-attention-{2,8}-warps-h100-2026-12-07b.json): at one query
+# a KV head the program's few products leave its warps waiting at the barriers between its
+# phases, which fewer warps cross sooner. The 0.58B Llama's split form (the same tile) takes 2 too,
+# not measured there; ``tests/gpu/test_decode_attention_gpu.py`` passed with every form at 2.
 WARPS_ENV = "AOTPACK_DECODE_WARPS"
 
 
 def _warps(tile: int) -> int:
-    """A program's warps: ``WARPS_ENV`` where set, else by its key tile (``WIDE_TILE``)."""
+    """A program's warps: ``WARPS_ENV`` where set, else by its key tile (``WIDE_TILE``,
+    ``SMALL_TILE``)."""
     given = setting(WARPS_ENV, None, ("2", "4", "8", "16"))
     if given is None:
-        return 8 if tile >= WIDE_TILE else 4
+        return 8 if tile >= WIDE_TILE else 2 if tile <= SMALL_TILE else 4
     return int(given)
 
 

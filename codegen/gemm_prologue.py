@@ -62,7 +62,11 @@ MAX_MEANS = 2
 # "head": the RMSNorms, and a LayerNorm where the site is a vocabulary head (N at least
 # ``gemm_forms.VOCAB_N``): a decode step's final norm in the head's prologue
 # (``gemm_sites.SLICED_PROLOGUE_ENV``), whose 25k blocks would otherwise each wait for the row's
-# statistics before their products.
+# statistics before their products. Measured with the sliced prologue against the default (the
+# norm kernel kept) on GPT-2's whole decode (H100, 2026-12-07, both bundles in one process, 12
+# rounds; bench/results/decode/paired-gpt2-b1-b8-head-factored-h100-2026-12-07b.json): batch 1
+# 0.2256 against 0.2197 ms a token (slower; 4 of 12 rounds faster, a noisy pair), batch 8 0.3343
+# against 0.3377 (faster in 10 of 12), the same tokens; so not the default.
 FACTORED = "rms"
 FACTORED_ENV = "AOTPACK_ONE_ROW_FACTORED"
 FACTORED_SETTINGS = ("on", "rms", "head", "off")

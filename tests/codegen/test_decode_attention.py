@@ -470,13 +470,15 @@ def test_capped_scores_and_sinks_split_across_the_cache(kind, tmp_path, monkeypa
 
 def test_the_decode_attention_warps_setting(monkeypatch):
     """``AOTPACK_DECODE_WARPS`` sets every decode attention program's warps (for measuring); unset,
-    a key tile of ``WIDE_TILE`` elements or more gets 8 and a smaller one 4; another value is a
-    ``CodegenError`` naming the ones it takes."""
+    a key tile of ``WIDE_TILE`` elements or more gets 8, one of ``SMALL_TILE`` or fewer (GPT-2's
+    split form: 64 slots x 64) 2, one between them 4; another value is a ``CodegenError`` naming
+    the ones it takes."""
     from aot.codegen import decode_attention_render as r
     from aot.errors import CodegenError
 
     monkeypatch.delenv(r.WARPS_ENV, raising=False)
     assert (r._warps(r.WIDE_TILE), r._warps(r.WIDE_TILE - 1)) == (8, 4)
+    assert (r._warps(64 * 64), r._warps(r.SMALL_TILE), r._warps(r.SMALL_TILE + 1)) == (2, 2, 4)
     monkeypatch.setenv(r.WARPS_ENV, "4")
     assert r._warps(r.WIDE_TILE * 4) == 4
     monkeypatch.setenv(r.WARPS_ENV, "3")
