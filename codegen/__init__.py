@@ -371,6 +371,7 @@ def _rewrite_for_kernels(
     from aot.codegen.embeddings import positions_as_slices
     from aot.codegen.gemm_pairs import tile_stats
     from aot.codegen.gemm_prologue import factored_one_row
+    from aot.codegen.gemm_sites import through_slices
     from aot.codegen.index_views import (
         extremes_as_amax,
         gathers_as_slices,
@@ -420,7 +421,8 @@ def _rewrite_for_kernels(
     # apart) and the factored one-row forms
     sums = tile_stats() or factored_one_row(layer_norm=True, head=True)
     if sums and options.fuse and not options.gemm_candidates and not options.library_free:
-        program, weights, summed = add_layer_norm_sums(program, dict(traced.weights))
+        # through slices only where a norm prologue is found through them (the head's final norm)
+        program, weights, summed = add_layer_norm_sums(program, dict(traced.weights), through_slices())
         if summed:  # kept where a chosen form reads them (``drop_unread_sums``, after the table)
             traced = replace(traced, program=program, weights=weights)
     ranges = _ranges(traced)

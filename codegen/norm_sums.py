@@ -10,7 +10,7 @@ absent the two GEMMs are not joined (``gemm_pairs``). The build computes them fo
 qualifies, before it knows which will join, and drops those no kernel reads once the sites'
 forms are chosen (``drop_unread_sums``).
 
-A GEMM qualifies where its A is, through views and slices of rows, the normalized output of a
+A GEMM qualifies where its A is, through views (and slices of rows, where asked), the normalized output of a
 ``native_layer_norm`` over the last dim whose scale is a weight or absent (folded into W by the
 trace: u is then W's row sums), and its W a 2-D weight of
 static shape read as ``permute(W, [1, 0])`` (``weight_layout``'s ``[N, K]`` form).
@@ -29,9 +29,13 @@ SHIFT_SUM = ".ln_shift_sum"
 _A_AT = {"aten.mm.default": 0, "aten.addmm.default": 1, "aten._addmm_activation.default": 1}
 
 
-def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
+def add_layer_norm_sums(
+    program: Program, weights: dict[str, Any], slices: bool = False
+) -> tuple[Program, dict[str, Any], int]:
     """The program and weights with the column sums of each qualifying GEMM added, and how many
-    GEMMs got them."""
+    GEMMs got them. ``slices``: A may also be a slice of the normalized rows (a decode step's
+    final norm before the vocabulary head), which only a norm prologue found through slices
+    reads (``gemm_sites.through_slices``)."""
     import torch
 
     specs = {w.name: w.spec for w in program.weights}
@@ -62,7 +66,7 @@ def add_layer_norm_sums(program: Program, weights: dict[str, Any]) -> tuple[Prog
                 root[out] = root.get(src, src)
         elif step.target == "aten.slice.Tensor" and args and isinstance(args[0], Buf):
             src = args[0].name  # rows of the normalized rows (a decode step's ``hidden[:, -1:]``)
-            if (src in made or src in root) and _rows_only(args, program.buffers.get(src)):
+            if slices and (src in made or src in root) and _rows_only(args, program.buffers.get(src)):
                 root[out] = root.get(src, src)
         elif step.target == "aten.permute.default" and isinstance(args[0], Buf) and list(args[1]) == [1, 0]:
             if args[0].name in specs and len(specs[args[0].name].shape) == 2:
