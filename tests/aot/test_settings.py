@@ -112,7 +112,7 @@ SWITCHES = [
     (
         "AOTPACK_DECODE_WARPS",
         _call("codegen.decode_attention_render", "_warps", 1),
-        {None: 4, "2": 2, "16": 16},
+        {None: 2, "4": 4, "16": 16},
         CodegenError,
     ),
     (
