@@ -10,7 +10,7 @@ absent the two GEMMs are not joined (``gemm_pairs``). The build computes them fo
 qualifies, before it knows which will join, and drops those no kernel reads once the sites'
 forms are chosen (``drop_unread_sums``).
 
-A GEMM qualifies where its A is, through views (and slices of rows, where asked), the normalized output of a
+A GEMM qualifies where its A is, through views (and slices that keep every value, where asked), the normalized output of a
 ``native_layer_norm`` over the last dim whose scale is a weight or absent (folded into W by the
 trace: u is then W's row sums), and its W a 2-D weight of
 static shape read as ``permute(W, [1, 0])`` (``weight_layout``'s ``[N, K]`` form).
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from aot.codegen.splice import whole_slice
 from aot.program import RESHAPE_VIEWS, all_steps, buffers_read
 from aot.schema import Buf, NamedTensor, Program, StepKind, TensorSpec
 
@@ -64,9 +65,9 @@ def add_layer_norm_sums(
             src = args[0].name
             if src in made or src in root:
                 root[out] = root.get(src, src)
-        elif step.target == "aten.slice.Tensor" and args and isinstance(args[0], Buf):
-            src = args[0].name  # rows of the normalized rows (a decode step's ``hidden[:, -1:]``)
-            if slices and (src in made or src in root) and _rows_only(args, program.buffers.get(src)):
+        elif slices and whole_slice(step, program.buffers):  # as a prologue is found (``[:, -1:]`` of one)
+            src = args[0].name
+            if src in made or src in root:
                 root[out] = root.get(src, src)
         elif step.target == "aten.permute.default" and isinstance(args[0], Buf) and list(args[1]) == [1, 0]:
             if args[0].name in specs and len(specs[args[0].name].shape) == 2:
@@ -102,15 +103,6 @@ def add_layer_norm_sums(
     if not new:
         return program, weights, 0
     return replace(program, weights=(*program.weights, *new)), {**weights, **added}, gemms
-
-
-def _rows_only(args: tuple, spec: TensorSpec | None) -> bool:
-    """A ``slice.Tensor`` of a tensor of ``spec`` keeps whole rows: it cuts a dim before the last
-    (the one the LayerNorm normalized), so its rows are rows of the LayerNorm's output."""
-    dim = args[1] if len(args) > 1 else 0
-    if spec is None or not spec.shape or type(dim) is not int:
-        return False
-    return dim % len(spec.shape) != len(spec.shape) - 1
 
 
 def drop_unread_sums(program: Program, weights: dict[str, Any]) -> tuple[Program, dict[str, Any], int]:
