@@ -44,9 +44,9 @@ SMALL_TILE = 64 * 64  # a key tile up to this gets 2 warps; one between them 4
 # of one 64 x 64 tile each) 2 warps instead of 4 took its whole decode from 0.2077 to 0.2015 ms a
 # token at batch 1 (12 of 12 rounds faster, the same tokens) and 0.3335 to 0.3319 at batch 8
 # (9 of 12), 8 warps to 0.2274 and 0.3808 (H100, 2026-12-07, both bundles in one process;
-# bench/results/decode/paired-gpt2-b1-b8-attention-{2,8}-warps-h100-2026-12-07b.json): at one query
-# a KV head the program's few products leave its warps waiting at the barriers between its
-# phases, which fewer warps cross sooner. The 0.58B Llama's split form (the same tile) takes 2 too,
+# bench/results/decode/paired-gpt2-b1-b8-attention-{2,8}-warps-h100-2026-12-07b.json). A likely
+# reading, not profiled: at one query a KV head the program's few products leave its warps waiting
+# at the barriers between its phases, which fewer warps cross sooner. The 0.58B Llama's split form (the same tile) takes 2 too,
 # not measured there; ``tests/gpu/test_decode_attention_gpu.py`` passed with every form at 2.
 WARPS_ENV = "AOTPACK_DECODE_WARPS"
 
