@@ -281,6 +281,8 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
     seen = [layer.shapes for layer in recorder.layers]
     shared = _kv_shared_layers(model)
     if any(len(s) != (0 if i in shared else 1) for i, s in enumerate(seen)):
+        if _other_state_kinds(model.config, num_layers):  # RecurrentGemma's recurrent blocks: say so
+            raise SpecError(_no_key_value_cache(cls, model.config, num_layers, None))
         calls = [len(s) for s in seen]
         reused = f" (layers {sorted(shared)} read an earlier layer's and write none)" if shared else ""
         raise SpecError(
@@ -306,9 +308,10 @@ def _kv_shared_layers(model: Any) -> frozenset[int]:
 
 
 # Words in a kind of layer (``config.layer_types``; Jamba's and Bamba's ``layers_block_type``)
-# that name a state other than keys and values: state-space (Mamba), convolution (LFM2) and
-# linear-attention (Qwen3-Next, MiniMax) layers.
-OTHER_STATE_WORDS = ("mamba", "ssm", "conv", "linear", "recurrent", "rwkv")
+# that name a state other than keys and values: state-space (Mamba), convolution (LFM2),
+# linear-attention (Qwen3-Next, MiniMax; RecurrentGemma's recurrent blocks) and hybrid layers
+# (Falcon-H1: attention and a Mamba mixer side by side in every layer).
+OTHER_STATE_WORDS = ("mamba", "ssm", "conv", "linear", "recurrent", "rwkv", "hybrid")
 
 
 def _other_state_kinds(config: Any, num_layers: int) -> list[str]:

@@ -77,7 +77,7 @@
 #     2026-12-04; run-gpt:570 in a command of its own for the forward beside the other systems)
 #   DEADLINE=580 DECODE_SYSTEMS=aotpack DECODE_BATCHES=1,8 DECODE_ENV1="AOTPACK_DECODE_WARPS=4" PAIRED_BATCH=1,8 PAIRED_MAY_DIFFER=1 bash bench/device_session.sh decode-llama:170 env1-llama:170 paired10-llama:120
 #     (the decode attention's split form on 2 warps, the default since 2026-12-07 for key tiles up to 64 x 64, against the
-#     4 of before on the 0.58B Llama, whose split form has GPT-2's tile: measured on GPT-2 only, 3% faster at batch 1)
+#     4 of before on the 0.58B Llama, whose split form has GPT-2's tile: 1.6% faster at batch 1, even at 8, H100, 2026-12-07)
 # (DEADLINE: seconds after the start by which every step must end: the command's own limit less a margin)
 # decode-MODEL steps read DECODE_SYSTEMS (e.g. aotpack,aotpack-tuned,hf_static_compile), DECODE_TIMEOUT
 # (seconds per system), DECODE_BATCHES (e.g. 1 or 1,8,32), DECODE_PROFILE=1 (kernel tables per

@@ -46,8 +46,11 @@ SMALL_TILE = 64 * 64  # a key tile up to this gets 2 warps; one between them 4
 # (9 of 12), 8 warps to 0.2274 and 0.3808 (H100, 2026-12-07, both bundles in one process;
 # bench/results/decode/paired-gpt2-b1-b8-attention-{2,8}-warps-h100-2026-12-07b.json). A likely
 # reading, not profiled: at one query a KV head the program's few products leave its warps waiting
-# at the barriers between its phases, which fewer warps cross sooner. The 0.58B Llama's split form (the same tile) takes 2 too,
-# not measured there; ``tests/gpu/test_decode_attention_gpu.py`` passed with every form at 2.
+# at the barriers between its phases, which fewer warps cross sooner. The 0.58B Llama's split form
+# (4 query heads a KV head, the same tile): 0.4316 against 0.4387 with 4 warps at batch 1 (12 of 12
+# rounds faster, the same tokens), 0.5898 against 0.5890 at batch 8 (even; H100, 2026-12-07,
+# paired-llama-b1-b8-attention-4-warps-h100-2026-12-07c.json). ``tests/gpu/test_decode_attention_gpu.py``
+# passed with every form at 2.
 WARPS_ENV = "AOTPACK_DECODE_WARPS"
 
 

@@ -642,6 +642,23 @@ OTHER_STATE = {
         dict(_GQA, head_dim=8, num_local_experts=2, num_experts_per_tok=1, layer_types=["full_attention"] * 2),
         r"MiniMaxForCausalLM: one token through it .* fails \(ValueError: MiniMax uses cache of its own",
     ),
+    # attention and a Mamba mixer side by side in every layer, which its config calls "hybrid"
+    "falcon_h1": (
+        "FalconH1",
+        dict(_GQA, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1,
+             mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16),
+        r"FalconH1ForCausalLM: one token through it .* fails \(ValueError: .*conv state.*\); "
+        r"its layers of kind 'hybrid' keep a state other than keys and values",
+    ),
+    # a recurrent block that runs without asking the cache for its state: it writes no keys and
+    # values, and the config names its kind
+    "recurrent_gemma": (
+        "RecurrentGemma",
+        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=1, head_dim=8, lru_width=32, attention_window_size=16,
+             block_types=["recurrent", "attention"], conv1d_width=4),
+        r"RecurrentGemmaForCausalLM: its layers of kind 'linear_attention' keep a state other than keys and values",
+    ),
 }  # fmt: skip
 
 
