@@ -20,7 +20,9 @@ into their slots in place and hands the whole cache back. The attention mask is 
 after the query's slot, nor outside a sliding window); transformers passes a 4-D mask through its
 mask code unchanged, so no version-specific mask logic is involved. The cache's shape per layer
 is read from the model itself: one token through it on the meta device, with a ``past_key_values``
-that records what each attention layer writes.
+that records what each attention layer writes. A model whose ALiBi biases come from the 2-D mask
+(Bloom) takes no ``position_ids``: it gets the 4-D mask too, and its ``build_alibi_tensor`` reads
+the call's 2-D ``attention_mask`` (``_alibi_over``).
 
 transformers is imported inside functions only: a serving host that loads a bundle never needs it.
 """
@@ -30,7 +32,8 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,6 +207,8 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
         )
     params = inspect.signature(model.forward).parameters
     missing = [p for p in REQUIRED_PARAMETERS if p not in params]
+    if missing == ["position_ids"] and _alibi_from_mask(model):
+        missing = []  # Bloom: its positions are the mask's (``_alibi_from_mask``)
     if missing:
         raise SpecError(
             f"causal_lm cannot drive {cls}: its forward takes no {', '.join(missing)} "
@@ -253,7 +258,9 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(
                 input_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
-                attention_mask=torch.zeros(1, 1, 1, 1, dtype=weight.dtype, device=weight.device),
+                attention_mask=torch.ones(1, 1, dtype=torch.int64, device=weight.device)
+                if _alibi_from_mask(model)
+                else torch.zeros(1, 1, 1, 1, dtype=weight.dtype, device=weight.device),
                 position_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
                 past_key_values=recorder,
                 use_cache=True,
@@ -348,6 +355,31 @@ def _config_shapes(config: Any, num_layers: int) -> Shapes:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     every = tuple((kv_heads, head_dim) for _ in range(num_layers))
     return every, every
+
+
+def _alibi_from_mask(model: Any) -> bool:
+    """Whether ``model``'s base builds its ALiBi biases from the 2-D attention mask through a method
+    ``build_alibi_tensor(attention_mask, num_heads, dtype)`` (Bloom): each key's position is its count
+    of attended slots, so the model takes no ``position_ids``. ``Decoder`` hands such a model a 4-D
+    mask and has that method read the call's 2-D mask instead (``_alibi_over``)."""
+    return callable(getattr(getattr(model, "base_model", None), "build_alibi_tensor", None))
+
+
+@contextmanager
+def _alibi_over(model: Any, attention_mask: torch.Tensor) -> Iterator[None]:
+    """While the call runs, ``model``'s ``build_alibi_tensor`` builds from ``attention_mask`` ([B, C],
+    1 where a slot is attended) whatever mask the model passes it; the model is left as it was."""
+    base = model.base_model
+    own = vars(base).get("build_alibi_tensor")  # an attribute of the instance's own, where one was set
+    build = base.build_alibi_tensor
+    base.build_alibi_tensor = lambda _mask, num_heads, dtype: build(attention_mask, num_heads, dtype)
+    try:
+        yield
+    finally:
+        if own is None:
+            del base.build_alibi_tensor  # the class's method again
+        else:
+            base.build_alibi_tensor = own
 
 
 def _is_causal_lm(model: Any) -> bool:
@@ -460,6 +492,8 @@ class Decoder(torch.nn.Module):
         # transformers 5 takes no cache_position (the cache knows its slots here); a model that
         # still does gets it, so it never derives one from the cache's length.
         self._takes_cache_position = "cache_position" in params
+        self._takes_positions = "position_ids" in params  # not Bloom's (``_alibi_from_mask``)
+        self._alibi = _alibi_from_mask(model)
 
         self.__class__ = _decoder_class(self.layout.cached)
 
@@ -508,15 +542,17 @@ class Decoder(torch.nn.Module):
         extra = {"logits_to_keep": last} if self._keep_last else {}
         if self._takes_cache_position:
             extra["cache_position"] = cache_position
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            return_dict=True,
-            **extra,
-        )
+        if self._takes_positions:
+            extra["position_ids"] = position_ids
+        with _alibi_over(self.model, attention_mask) if self._alibi else nullcontext():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+                return_dict=True,
+                **extra,
+            )
         unwritten = [i for i in cached if cache.layers[i].writes != 1]
         if unwritten:
             raise TraceError(

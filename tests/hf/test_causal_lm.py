@@ -130,6 +130,9 @@ MORE = {
         ),
     ),  # fmt: skip
     "codegen": ("CodeGen", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64)),
+    # ALiBi from the mask: no position_ids, each key's bias from its count of attended slots (left
+    # padding shifts it), the scores through baddbmm
+    "bloom": ("Bloom", dict(hidden_size=32, n_layer=2, n_head=4)),
     # a parallel block: attention and MLP beside each other, the next LayerNorm over three rows
     "phi": ("Phi", dict(_GQA, head_dim=8)),
     # multi-head latent attention: the cache holds the compressed keys and values (one head of
@@ -563,9 +566,10 @@ def test_models_it_cannot_serve_are_refused_by_name():
         SpecError, match=r"decoder-only models; T5ForConditionalGeneration \(t5\) is an encoder-decoder"
     ):
         causal_lm(lambda: tf.T5ForConditionalGeneration(t5), max_batch=2, max_context=MAX_CONTEXT)
-    bloom = tf.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4)
-    with pytest.raises(SpecError, match=r"cannot drive BloomForCausalLM: its forward takes no position_ids"):
-        causal_lm(lambda: tf.BloomForCausalLM(bloom), max_batch=2, max_context=MAX_CONTEXT)
+    # MPT's ALiBi comes from the cache's length, not the mask (Bloom's: served, ``MORE``)
+    mpt = tf.MptConfig(vocab_size=96, d_model=32, n_heads=4, n_layers=1, max_seq_len=64, expansion_ratio=2)
+    with pytest.raises(SpecError, match=r"cannot drive MptForCausalLM: its forward takes no position_ids"):
+        causal_lm(lambda: tf.MptForCausalLM(mpt), max_batch=2, max_context=MAX_CONTEXT)
     # a causal LM class the auto mapping does not list is served, not refused by name
     assert causal_lm(factory("mistral4"), max_batch=2, max_context=MAX_CONTEXT).name == "Mistral4ForCausalLM"
     with pytest.raises(SpecError, match=r"needs a transformers causal LM .*; the factory returned a Linear"):
@@ -724,7 +728,7 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
 # eos, sampling, CLI); this one is the tracer-level check, for every kind.
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kind", ["llama", "gpt2", *SLOW, "llama_dynamic_rope", "phi3_longrope", "gemma3n_shared"]
+    "kind", ["llama", "gpt2", *SLOW, "llama_dynamic_rope", "phi3_longrope", "gemma3n_shared", "bloom"]
 )
 def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
     """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
