@@ -185,6 +185,7 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
         "qwen3",
         "phi3",
         "olmo2",
+        "bloom",
     ],
 )
 def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
@@ -198,7 +199,8 @@ def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
     normed before the rotary, in the decode attention kernel; Gemma 3's queries too), Phi-3 (its
     norms, after a dropout's copy, in the GEMVs' prologues, its split gate/up product in the
     epilogue), OLMo 2 (its post-norms with their adds in the next GEMV's prologue, which also
-    stores the sum: the next residual): the GPU's greedy
+    stores the sum: the next residual), Bloom (ALiBi biases from the 2-D mask, scores through
+    ``baddbmm``: general kernels, no decode attention site): the GPU's greedy
     tokens, in blocks of steps and one step per launch, equal the CPU's (which equal
     transformers', tests/lm)."""
     if not torch.cuda.is_available():
