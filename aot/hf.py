@@ -22,7 +22,8 @@ mask code unchanged, so no version-specific mask logic is involved. The cache's 
 is read from the model itself: one token through it on the meta device, with a ``past_key_values``
 that records what each attention layer writes. A model whose ALiBi biases come from the 2-D mask
 (Bloom) takes no ``position_ids``: it gets the 4-D mask too, and its ``build_alibi_tensor`` reads
-the call's 2-D ``attention_mask`` (``_alibi_over``).
+the call's 2-D ``attention_mask`` (``_alibi_over``). One whose ALiBi biases follow the slot index
+(MPT) takes none either: the cache tells it a length of 0 (``_alibi_by_cache_length``).
 
 transformers is imported inside functions only: a serving host that loads a bundle never needs it.
 """
@@ -207,17 +208,19 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
         )
     params = inspect.signature(model.forward).parameters
     missing = [p for p in REQUIRED_PARAMETERS if p not in params]
-    if missing == ["position_ids"] and _alibi_from_mask(model):
-        missing = []  # Bloom: its positions are the mask's (``_alibi_from_mask``)
+    if missing == ["position_ids"] and (_alibi_from_mask(model) or _alibi_by_cache_length(model)):
+        missing = []  # Bloom, MPT: ALiBi, no positions of their own
     if missing:
         raise SpecError(
             f"causal_lm cannot drive {cls}: its forward takes no {', '.join(missing)} "
             f"(a static cache needs explicit positions and a past_key_values cache)"
         )
-    limit = getattr(config, "max_position_embeddings", None)
+    # MPT's ALiBi biases span max_seq_len slots, which its config names instead
+    limit_name = "max_position_embeddings" if hasattr(config, "max_position_embeddings") else "max_seq_len"
+    limit = getattr(config, limit_name, None)
     if isinstance(limit, int) and max_context > limit:
         raise SpecError(
-            f"causal_lm: max_context {max_context} exceeds {cls}'s max_position_embeddings {limit}; "
+            f"causal_lm: max_context {max_context} exceeds {cls}'s {limit_name} {limit}; "
             f"use max_context <= {limit}"
         )
     num_layers = config.num_hidden_layers
@@ -365,6 +368,17 @@ def _alibi_from_mask(model: Any) -> bool:
     return callable(getattr(getattr(model, "base_model", None), "build_alibi_tensor", None))
 
 
+def _alibi_by_cache_length(model: Any) -> bool:
+    """Whether ``model``'s base builds one row of ALiBi biases over ``max_seq_len`` slots
+    (``build_mpt_alibi_tensor``: MPT), each slot's bias by its index, which its attention cuts to
+    the keys it is handed and to the query length it reads from ``past_key_values.get_seq_length()``
+    as a Python number. Over a static cache of C slots a key's bias is (slot - C + 1) × slope, a
+    shift of the dynamic cache's (slot - length + 1) × slope by the same amount for every key of
+    a query, which softmax does not see; and the query cut is 0 for any length, so the cache
+    answers 0 (``Decoder``) rather than the tensor of its slots, which export cannot compare."""
+    return callable(getattr(getattr(model, "base_model", None), "build_mpt_alibi_tensor", None))
+
+
 @contextmanager
 def _alibi_over(model: Any, attention_mask: torch.Tensor) -> Iterator[None]:
     """While the call runs, ``model``'s ``build_alibi_tensor`` builds from ``attention_mask`` ([B, C],
@@ -494,6 +508,7 @@ class Decoder(torch.nn.Module):
         self._takes_cache_position = "cache_position" in params
         self._takes_positions = "position_ids" in params  # not Bloom's (``_alibi_from_mask``)
         self._alibi = _alibi_from_mask(model)
+        self._cache_length = 0 if _alibi_by_cache_length(model) else None  # MPT's
 
         self.__class__ = _decoder_class(self.layout.cached)
 
@@ -517,7 +532,7 @@ class Decoder(torch.nn.Module):
         StateCache, _, _ = state_cache_classes()
         # context buckets: the mask's length says which slots attention reads (0..context-1)
         context = attention_mask.shape[1] if self.sized_context else None
-        cache = StateCache(keys, values, cache_position, self.layout.model_class, context)
+        cache = StateCache(keys, values, cache_position, self.layout.model_class, context, self._cache_length)
         window, chunk, dtype = self.layout.window, self.layout.chunk, keys[cached[0]].dtype
         if self.layout.mixed:  # a mask per kind of layer: the full layers see the whole context
             full = additive_mask(attention_mask, cache_position, dtype)

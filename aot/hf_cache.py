@@ -85,6 +85,7 @@ def state_cache_classes() -> tuple[type, type, type]:
             owner: str,
             context: Any = None,
             own: bool = True,
+            length: int | None = None,
         ):
             super().__init__()
             self.keys, self.values = keys, values
@@ -95,6 +96,9 @@ def state_cache_classes() -> tuple[type, type, type]:
             self.owner = owner
             # the slots attention reads: 0..context-1 (the attention mask's length), or all (None)
             self.context = context
+            # what get_seq_length answers: None, the tensor of the slots before this call's first
+            # one; a number for a model that reads it as one (``aot.hf._alibi_by_cache_length``)
+            self.length = length
             self.writes = 0
             self.is_initialized = True
 
@@ -131,7 +135,7 @@ def state_cache_classes() -> tuple[type, type, type]:
 
         def get_seq_length(self) -> int:
             # The slots before this call's first one (callers pass positions, so it is only a hint).
-            return self.cache_position[0]
+            return self.cache_position[0] if self.length is None else self.length
 
         def get_max_length(self) -> int:
             return self.keys.shape[2] if self.context is None else self.context
@@ -148,13 +152,14 @@ def state_cache_classes() -> tuple[type, type, type]:
             cache_position: torch.Tensor,
             owner: str,
             context: Any = None,
+            length: int | None = None,
         ):
             layers, last = [], None
             for k, v in zip(keys, values):
                 own = k is not None
                 if own:
                     last = (k, v)
-                layers.append(StateLayer(*last, cache_position, owner, context, own))
+                layers.append(StateLayer(*last, cache_position, owner, context, own, length))
             super().__init__(layers=layers)
 
     class RecordingLayer(CacheLayerMixin):

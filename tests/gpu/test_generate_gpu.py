@@ -186,6 +186,7 @@ def test_models_the_decode_kernel_newly_takes_give_the_cpu_tokens(kind, tmp_path
         "phi3",
         "olmo2",
         "bloom",
+        "mpt",
     ],
 )
 def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):

@@ -133,6 +133,9 @@ MORE = {
     # ALiBi from the mask: no position_ids, each key's bias from its count of attended slots (left
     # padding shifts it), the scores through baddbmm
     "bloom": ("Bloom", dict(hidden_size=32, n_layer=2, n_head=4)),
+    # ALiBi by the slot index over max_seq_len slots, cut by the cache's length read as a number:
+    # no position_ids either; over the static cache a query's biases are generate's, shifted
+    "mpt": ("Mpt", dict(d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=2)),
     # a parallel block: attention and MLP beside each other, the next LayerNorm over three rows
     "phi": ("Phi", dict(_GQA, head_dim=8)),
     # multi-head latent attention: the cache holds the compressed keys and values (one head of
@@ -566,10 +569,15 @@ def test_models_it_cannot_serve_are_refused_by_name():
         SpecError, match=r"decoder-only models; T5ForConditionalGeneration \(t5\) is an encoder-decoder"
     ):
         causal_lm(lambda: tf.T5ForConditionalGeneration(t5), max_batch=2, max_context=MAX_CONTEXT)
-    # MPT's ALiBi comes from the cache's length, not the mask (Bloom's: served, ``MORE``)
-    mpt = tf.MptConfig(vocab_size=96, d_model=32, n_heads=4, n_layers=1, max_seq_len=64, expansion_ratio=2)
-    with pytest.raises(SpecError, match=r"cannot drive MptForCausalLM: its forward takes no position_ids"):
-        causal_lm(lambda: tf.MptForCausalLM(mpt), max_batch=2, max_context=MAX_CONTEXT)
+    # GPT-1 keeps no cache (Bloom and MPT, which take no position_ids, are served: ``MORE``)
+    gpt1 = tf.OpenAIGPTConfig(vocab_size=96, n_embd=32, n_layer=1, n_head=4, n_positions=64)
+    with pytest.raises(
+        SpecError, match=r"cannot drive OpenAIGPTLMHeadModel: its forward takes no past_key_values"
+    ):
+        causal_lm(lambda: tf.OpenAIGPTLMHeadModel(gpt1), max_batch=2, max_context=MAX_CONTEXT)
+    # MPT's biases span max_seq_len slots, its config's name for the limit
+    with pytest.raises(SpecError, match=r"max_context 128 exceeds MptForCausalLM's max_seq_len 64"):
+        causal_lm(factory("mpt"), max_batch=2, max_context=128)
     # a causal LM class the auto mapping does not list is served, not refused by name
     assert causal_lm(factory("mistral4"), max_batch=2, max_context=MAX_CONTEXT).name == "Mistral4ForCausalLM"
     with pytest.raises(SpecError, match=r"needs a transformers causal LM .*; the factory returned a Linear"):
@@ -728,7 +736,7 @@ def test_the_loader_needs_neither_this_module_nor_transformers():
 # eos, sampling, CLI); this one is the tracer-level check, for every kind.
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kind", ["llama", "gpt2", *SLOW, "llama_dynamic_rope", "phi3_longrope", "gemma3n_shared", "bloom"]
+    "kind", ["llama", "gpt2", *SLOW, "llama_dynamic_rope", "phi3_longrope", "gemma3n_shared", "bloom", "mpt"]
 )
 def test_a_bundle_writes_the_cache_in_place_and_generates_what_transformers_generates(kind, tmp_path):
     """aotpack's own tracer on the spec: one program per entry point, each writing every layer's
