@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aot.allowed_ops import STATE_WRITE_OPS
+from aot.codegen import index as ix
 from aot.program import RESHAPE_VIEWS, producer_of, readers_of, step_reads, tensor_specs
 from aot.schema import Buf, DType, Program, Step, StepKind, Sym, TensorSpec
 
@@ -45,11 +46,12 @@ _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", 
 # The keywords an SDPA step carries between ``eager_attention_as_sdpa`` and the decode attention
 # kernels where the model's attention is more than SDPA: scores capped (Gemma 2's ``c * tanh(s /
 # c)``; the keyword's value c) or a learned logit per head in the softmax's denominator (GPT-OSS's
-# attention sinks; the keyword's value the [H] weight). No library SDPA takes them, so such a step
-# exists only inside a build; ``restore_eager_attention`` puts the model's own steps back wherever
-# no kernel took it.
-SOFTCAP, SINKS = "softcap", "sinks"
-EXTENSIONS = (SOFTCAP, SINKS)
+# attention sinks; the keyword's value the [H] weight) or a bias per head added to the scaled
+# scores (Bloom's and MPT's ALiBi; the keyword's value a [B or 1, H, 1, C] tensor, float32 or
+# the operands' dtype). No library SDPA takes them, so such a step exists only inside a build;
+# ``restore_eager_attention`` puts the model's own steps back wherever no kernel took it.
+SOFTCAP, SINKS, BIAS = "softcap", "sinks", "bias"
+EXTENSIONS = (SOFTCAP, SINKS, BIAS)
 
 
 def extended(step: Step) -> bool:
@@ -71,6 +73,7 @@ class SdpaCall:
     enable_gqa: bool
     softcap: float | None = None  # scores capped: c * tanh(s / c) before the mask (``SOFTCAP``)
     sinks: Any = None  # a Buf: [H] logits in the softmax's denominator, one per head (``SINKS``)
+    bias: Any = None  # a Buf: [B or 1, H, 1, C] added to the scaled scores (``BIAS``)
 
 
 def sdpa_call(step: Step, extensions: bool = False) -> SdpaCall | None:
@@ -84,9 +87,10 @@ def sdpa_call(step: Step, extensions: bool = False) -> SdpaCall | None:
     given.update(step.kwargs)
     cap = given.pop(SOFTCAP, None) if extensions else None
     sinks = given.pop(SINKS, None) if extensions else None
+    bias = given.pop(BIAS, None) if extensions else None
     if set(given) - set(_SDPA_PARAMS) or not (cap is None or (type(cap) is float and cap > 0)):
         return None
-    if not (sinks is None or isinstance(sinks, Buf)):
+    if not all(x is None or isinstance(x, Buf) for x in (sinks, bias)):
         return None
     causal, gqa, scale = given.get("is_causal", False), given.get("enable_gqa", False), given.get("scale")
     if given.get("dropout_p", 0.0) not in (0, 0.0, None) or causal not in (False, True, None):
@@ -103,6 +107,7 @@ def sdpa_call(step: Step, extensions: bool = False) -> SdpaCall | None:
         enable_gqa=bool(gqa),
         softcap=cap,
         sinks=sinks,
+        bias=bias,
     )
 
 
@@ -466,17 +471,57 @@ def eager_attention_as_sdpa(
     buffers = dict(program.buffers)
     out_steps: dict[int, list[Step]] = {}
     scaled_masks: dict[tuple[str, float], str] = {}  # one scaled mask for the layers that share it
+    derived: dict[tuple[str, ...], str] = {}  # one negated mask, one bias view, for the layers sharing them
     for i, step in enumerate(steps):
         if step.target == _SOFTMAX and step.outputs:
             found = _eager_attention(steps, i, producer, readers, specs)
             if found is None:
                 continue
-            at, sdpa, mask_scaled = found
+            at, sdpa, mask_scaled, hidden, bias_shape = found
             if extended(sdpa):
                 if originals is None:
                     continue
                 originals[sdpa.outputs[0]] = _own_steps(program, steps, producer, sdpa)
             before: list[Step] = []
+
+            def derive(
+                src: str, target: str, args: tuple, shape: tuple[str, ...] | None, before=before
+            ) -> str:
+                """The result of ``target(src, *args)`` as a step before the SDPA step (one for the
+                layers that share it), of ``shape`` (``src``'s where None)."""
+                key = (src, target, repr(args))
+                name = derived.get(key)
+                if name is None:
+                    name = derived[key] = f"{src}_{target.split('.')[1]}_{len(derived)}"
+                    spec = specs[src]
+                    buffers[name] = replace(spec, shape=shape or spec.shape)
+                    before.append(Step(StepKind.ATEN, target, (Buf(src), *args), {}, (name,)))
+                return name
+
+            if (
+                hidden is not None
+            ):  # MPT's where(hidden, lowest, s): SDPA's bool mask attends where not hidden
+                negated = derive(hidden, "aten.bitwise_not.default", (), None)
+                sdpa = replace(sdpa, args=(*sdpa.args[:3], Buf(negated), *sdpa.args[4:]))
+                if originals is not None and sdpa.outputs[0] in originals:
+                    # the model's steps read the negated mask negated back: what the kernel reads
+                    # (the hidden mask itself may live only inside the kernel that negates it)
+                    own, again = originals[sdpa.outputs[0]], f"{negated}_back"
+                    back_step = Step(StepKind.ATEN, "aten.bitwise_not.default", (Buf(negated),), {}, (again,))
+                    renamed = tuple(
+                        replace(t, args=tuple(Buf(again) if a == Buf(hidden) else a for a in t.args))
+                        for t in own.steps
+                    )
+                    originals[sdpa.outputs[0]] = EagerAttention(
+                        (back_step, *renamed), {**own.buffers, again: specs[hidden]}
+                    )
+            if bias_shape is not None:  # the bias viewed [B or 1, H, 1, C]
+                src = sdpa.kwargs[BIAS].name
+                if bias_shape[0] == "1":  # [H, 1, C]
+                    viewed = derive(src, "aten.unsqueeze.default", (0,), bias_shape)
+                else:  # [B * H, 1, C], contiguous
+                    viewed = derive(src, _VIEW, ([_size_arg(d) for d in bias_shape],), bias_shape)
+                sdpa = replace(sdpa, kwargs={**sdpa.kwargs, BIAS: Buf(viewed)})
             if mask_scaled:  # (s + m) * c == s * c + m * c: SDPA adds m * c after its scale c
                 mask, scale = sdpa.args[3], sdpa.kwargs["scale"]
                 name = scaled_masks.get((mask.name, scale))
@@ -497,7 +542,7 @@ def eager_attention_as_sdpa(
 def _own_steps(program: Program, steps: list[Step], producer: dict[str, int], sdpa: Step) -> EagerAttention:
     """The steps that compute ``sdpa``'s output from its operands (query, keys, values, mask), in
     program order, and the specs of their results."""
-    stops = {a.name for a in sdpa.args[:4] if isinstance(a, Buf)}
+    stops = {a.name for a in (*sdpa.args[:4], *sdpa.kwargs.values()) if isinstance(a, Buf)}
     seen: set[int] = set()
     todo = list(sdpa.outputs)
     while todo:
@@ -547,7 +592,7 @@ def restore_eager_attention(
             steps.extend(own(step))
     if restored and log:
         log(
-            f"  {restored} attention calls beyond SDPA (capped scores, sinks) kept their own steps "
+            f"  {restored} attention calls beyond SDPA (capped scores, sinks, biases) kept their own steps "
             "(no decode attention kernel took them)"
         )
     return replace(program, steps=tuple(steps), buffers=buffers)
@@ -595,10 +640,12 @@ def _operand(name: str, producer, steps, transposed: bool) -> str | None:
     return cast.args[0].name if cast is not None and set(cast.kwargs) <= {"dtype"} else src
 
 
-def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bool] | None:
+def _eager_attention(steps, at, producer, readers, specs) -> tuple | None:
     """(the index of the output's view step, the SDPA step in its place, whether the mask was
-    added before the scale) for the eager attention whose softmax is ``steps[at]``; None where it
-    is not one (``eager_attention_as_sdpa``)."""
+    added before the scale, the bool mask of what is hidden where the model fills it (MPT's
+    ``where(hidden, lowest, s)``: the step's mask until it is negated), the shape the bias must be
+    viewed as where it needs one) for the eager attention whose softmax is ``steps[at]``; None
+    where it is not one (``eager_attention_as_sdpa``)."""
     softmax = steps[at]
     if not isinstance(softmax.args[0], Buf) or list(softmax.args[1:]) not in ([-1, False], [3, False]):
         return None
@@ -617,6 +664,9 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
             return score
         if len(add.args) != 2 or not isinstance(add.args[1], Buf) or add.kwargs:
             return None
+        shape = specs[add.args[1].name].shape if add.args[1].name in specs else ()
+        if len(shape) != 4 or shape[1:3] != ("1", "1"):
+            return score  # not a mask's shape: a bias per head, perhaps (``_bias``)
         mask = add.args[1]
         return add.args[0].name
 
@@ -632,27 +682,40 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
     sinks = None
     if (found_sinks := _sinks(scores, producer, readers, steps, specs)) is not None:
         scores, sinks = found_sinks
-    score = add_mask(scores)
+    hidden = _hidden(scores, back, producer, steps, specs)
+    if hidden is not None:  # MPT's masked_fill: the mask is that, no mask is added
+        hidden, score = hidden
+    else:
+        score = add_mask(scores)
     cap = None
     if score is not None and (found_cap := _softcap(score, back)) is not None:
         score, cap = found_cap
+    bias = viewed = None
+    if score is not None and cap is None and sinks is None and (found_bias := _bias(score, back)) is not None:
+        score, bias, viewed = found_bias
     scaled = score and back(score, _SCALE_OPS)
     if scaled is not None:
         c = scaled.args[1] if len(scaled.args) == 2 else None
         if type(c) not in (int, float) or not c or scaled.kwargs:
             return None
         scale, score = (1.0 / c if scaled.target == "aten.div.Tensor" else float(c)), scaled.args[0].name
-        if mask is None and cap is None:  # CodeGen's (scores + mask) / c: the mask is scaled too
-            score = add_mask(score)
+        if mask is None and cap is None and hidden is None and bias is None:
+            score = add_mask(score)  # CodeGen's (scores + mask) / c: the mask is scaled too
             mask_scaled = mask is not None
     if score is None:
         return None
-    view = back(score, _VIEW)
-    bmm = view and back(view.args[0].name, _BMM)
+    # Bloom's bmm is over [B * H, 1, C] scores viewed back after its bias (``viewed``); the others'
+    # are viewed [B, H, 1, C] right after it
+    view = None if viewed else back(score, _VIEW)
+    bmm = back(score, _BMM) if viewed else view and back(view.args[0].name, _BMM)
     if bmm is None or not all(isinstance(a, Buf) for a in bmm.args[:2]):
         return None
-    q = _operand(bmm.args[0].name, producer, steps, transposed=False)
-    k = _operand(bmm.args[1].name, producer, steps, transposed=True)
+    q = _operand(bmm.args[0].name, producer, steps, transposed=False) or _merged(
+        bmm.args[0].name, producer, steps, specs, transposed=False
+    )
+    k = _operand(bmm.args[1].name, producer, steps, transposed=True) or _merged(
+        bmm.args[1].name, producer, steps, specs, transposed=True
+    )
     # forward: cast back, dropout's clone (eval), then view(expand(p)) @ view(expand(v)), viewed back
     name = softmax.outputs[0]
     if sinks is not None:  # the sink's column dropped: probs[..., :-1]
@@ -664,12 +727,14 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
         step = _only_reader(name, readers, steps, target)
         if step is not None:
             name = step.outputs[0]
-    expand = _only_reader(name, readers, steps, _EXPAND)
-    pview = expand and _only_reader(expand.outputs[0], readers, steps, _VIEW)
+    expand = _only_reader(name, readers, steps, _EXPAND)  # (Bloom views the probabilities alone)
+    pview = _only_reader(expand.outputs[0] if expand else name, readers, steps, _VIEW)
     pv = pview and _only_reader(pview.outputs[0], readers, steps, _BMM)
     if pv is None or not isinstance(pv.args[1], Buf) or pv.args[0] != Buf(pview.outputs[0]):
         return None
-    v = _operand(pv.args[1].name, producer, steps, transposed=False)
+    v = _operand(pv.args[1].name, producer, steps, transposed=False) or _merged(
+        pv.args[1].name, producer, steps, specs, transposed=False
+    )
     out = _only_reader(pv.outputs[0], readers, steps, _VIEW)
     if q is None or k is None or v is None or out is None:
         return None
@@ -681,13 +746,35 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
         return None
     if tuple(os_.shape) != tuple(qs.shape) or len({qs.dtype, ks.dtype, vs.dtype, os_.dtype}) != 1:
         return None
+    if hidden is not None:
+        mask = Buf(hidden)
     if mask is not None:
         ms = specs.get(mask.name)
-        if ms is None or ms.dtype != qs.dtype or tuple(ms.shape[1:]) != ("1", "1", ks.shape[2]):
+        dtype = "bool" if hidden is not None else qs.dtype
+        if ms is None or ms.dtype != dtype or tuple(ms.shape[1:]) != ("1", "1", ks.shape[2]):
             return None
         if ms.shape[0] not in (batch, "1"):
             return None
+    bias_shape = None
+    if bias is not None:
+        bias = _widened(bias, producer, steps, specs)
+        bs, context = specs.get(bias), ks.shape[2]
+        if bs is None or bs.dtype not in ("float32", qs.dtype):
+            return None
+        if viewed:  # [B * H, 1, C], the bmm's
+            merged = ix.parse_size(batch) * ix.parse_size(heads)
+            if len(bs.shape) != 3 or bs.shape[1:] != ("1", context):
+                return None
+            if not ix.same(ix.parse_size(bs.shape[0]), merged):
+                return None
+            bias_shape = (batch, heads, "1", context)
+        elif tuple(bs.shape) == (heads, "1", context):  # MPT's, one row a head for every batch row
+            bias_shape = ("1", heads, "1", context)
+        elif len(bs.shape) != 4 or bs.shape[0] not in (batch, "1") or bs.shape[1:] != (heads, "1", context):
+            return None
     kwargs: dict[str, Any] = {"scale": 1.0 if scale is None else scale}  # unscaled: not SDPA's 1/sqrt(D)
+    if bias is not None:
+        kwargs[BIAS] = Buf(bias)
     if cap is not None:
         kwargs[SOFTCAP] = cap
     if sinks is not None:
@@ -702,7 +789,91 @@ def _eager_attention(steps, at, producer, readers, specs) -> tuple[int, Step, bo
         kwargs=kwargs,
         outputs=out.outputs,
     )
-    return producer[out.outputs[0]], sdpa, mask_scaled
+    return producer[out.outputs[0]], sdpa, mask_scaled, hidden, bias_shape
+
+
+# A fill at or below this hides a score as -inf does: exp(fill - max) is 0 in float32 (MPT's
+# masked_fill with the dtype's lowest value)
+HIDING_FILL = -1.0e4
+
+
+def _hidden(name: str, back, producer, steps, specs) -> tuple[str, str] | None:
+    """(the bool mask, the scores) where ``name`` is ``where(hidden, fill, scores)`` (MPT's
+    ``masked_fill``: True hides a slot), ``fill`` a scalar (or a ``scalar_tensor``) at or below
+    ``HIDING_FILL``; None otherwise."""
+    where = back(name, "aten.where.self")
+    if where is None or len(where.args) != 3 or where.kwargs:
+        return None
+    hidden, fill, scores = where.args
+    if not isinstance(hidden, Buf) or not isinstance(scores, Buf) or hidden.name not in specs:
+        return None
+    if specs[hidden.name].dtype != "bool":
+        return None
+    if isinstance(fill, Buf):
+        made = producer.get(fill.name)
+        step = steps[made] if made is not None else None
+        if step is None or step.target != "aten.scalar_tensor.default" or not step.args:
+            return None
+        fill = step.args[0]
+    if type(fill) not in (int, float) or not fill <= HIDING_FILL:
+        return None
+    return hidden.name, scores.name
+
+
+def _bias(name: str, back) -> tuple[str, str, bool] | None:
+    """(the scaled scores, the bias, whether the scores are viewed after it) where ``name`` is the
+    scaled scores plus a bias (MPT's ``s * c + alibi``), or that in a cast and a view (Bloom's
+    ``baddbmm(alibi, q, k, alpha=c)`` over [B * H, 1, C], cast to its dtype and viewed [B, H, 1, C]);
+    None otherwise (the bias's shape is checked by the caller)."""
+    viewed = False
+    for _ in range(2):
+        view, cast = back(name, _VIEW), back(name, _CAST)
+        if view is not None and not viewed:
+            name, viewed = view.args[0].name, True
+        elif cast is not None and set(cast.kwargs) <= {"dtype"}:
+            name = cast.args[0].name
+    add = back(name, "aten.add.Tensor")
+    if add is None or len(add.args) != 2 or add.kwargs or not all(isinstance(a, Buf) for a in add.args):
+        return None
+    for scores, bias in (add.args, add.args[::-1]):
+        if back(scores.name, _SCALE_OPS) is not None:
+            return scores.name, bias.name, viewed
+    return None
+
+
+def _widened(name: str, producer, steps, specs) -> str:
+    """``name``, or what it widens where it is a cast of a 16-bit float to float32 (exact: a kernel
+    reads the narrower one as it is and widens it itself)."""
+    cast = _made_by(name, producer, steps, _CAST)
+    if cast is None or set(cast.kwargs) != {"dtype"} or cast.kwargs["dtype"] != DType("float32"):
+        return name
+    src = specs.get(cast.args[0].name)
+    return cast.args[0].name if src is not None and src.dtype in ("float16", "bfloat16") else name
+
+
+def _merged(name: str, producer, steps, specs, transposed: bool) -> str | None:
+    """The [B, H, L, D] tensor a ``bmm`` operand views as [B * H, L, D] (Bloom's: ``view(x)``, the
+    keys ``view(x).permute(0, 2, 1)``), through a cast where there is one; None otherwise."""
+    cast = _made_by(name, producer, steps, _CAST)
+    if cast is not None:
+        if set(cast.kwargs) != {"dtype"}:
+            return None
+        name = cast.args[0].name
+    if transposed:
+        permute = _made_by(name, producer, steps, _PERMUTE)
+        if permute is None or list(permute.args[1]) != [0, 2, 1]:
+            return None
+        name = permute.args[0].name
+    view = _made_by(name, producer, steps, _VIEW)
+    if view is None:
+        return None
+    src, merged = specs.get(view.args[0].name), specs.get(name)
+    if src is None or merged is None or len(src.shape) != 4 or len(merged.shape) != 3:
+        return None
+    both = ix.parse_size(src.shape[0]) * ix.parse_size(src.shape[1])
+    if not ix.same(ix.parse_size(merged.shape[0]), both) or tuple(merged.shape[1:]) != tuple(src.shape[2:]):
+        return None
+    return view.args[0].name
 
 
 def _sinks(name: str, producer, readers, steps, specs) -> tuple[str, str] | None:

@@ -323,7 +323,11 @@ def _split_block_n(site: DecodeSite, splits: int) -> int:
 def row_sources(site: DecodeSite) -> tuple[NewRows, ...]:
     """Where the kernel of ``site`` reads its queries, and its new keys and values where it
     appends them (``rows`` of their rotary embedding where it rotates them)."""
-    q = site.q_rotary.rows if site.q_rotary else NewRows(site.q, site.q_batch_stride, site.q_column)
+    q = (
+        site.q_rotary.rows
+        if site.q_rotary
+        else NewRows(site.q, site.q_batch_stride, site.q_column, site.q_head_stride)
+    )
     a = site.append
     if a is None:
         return (q,)
@@ -408,6 +412,7 @@ def _render_attention(
     name += ("_split_combined" if combined else "_split") if split else ""
     name += "_capped" if site.softcap is not None else ""
     name += "_sinks" if site.sinks is not None else ""
+    name += "_biased" if site.bias is not None else ""
     name += f"_sums{slices.slices}" if slices else ""
     name += "_vector" if vector else ""
     # a query head's tile and its broadcasts: [BLOCK_G, BLOCK_D] (the tile form) or [BLOCK_D] (the
@@ -417,7 +422,7 @@ def _render_attention(
     lanes_ = "" if vector else "[None, :]"
     rows = "1" if vector else "BLOCK_G"  # the scores' rows: the running max's and sum's length
     # elements between the heads of the rows the queries and new keys are read from
-    q_head = "Q_HEAD" if qr and qr.head_stride else "HEAD_DIM"
+    q_head = "Q_HEAD" if (qr.head_stride if qr else site.q_head_stride) else "HEAD_DIM"
     k_head = "K_HEAD" if kr and kr.head_stride else "HEAD_DIM"
     if a and not kr and a.k_new.head_stride:
         k_head = "KN_HEAD"
@@ -606,6 +611,11 @@ def _render_attention(
             "s = SOFTCAP * (2.0 / (1.0 + tl.exp2(s * (-2.0 * LOG2E / SOFTCAP))) - 1.0)  # capped",
             "s = s * LOG2E  # scores in log2 units",
         ]
+    if site.bias is not None:  # each head's bias row (ALiBi), added to the scaled scores
+        at = f"bias_ptr + BIAS_OFFSET + b * BIAS_BATCH + h{heads_} * BIAS_HEAD + rn{lanes_}"
+        valid = "valid_n" if vector else "valid_g[:, None] & valid_n[None, :]"
+        loaded = f"tl.load({at}, mask={valid}, other=0.0).to(tl.float32)"
+        block.append(f"s = s + {loaded}{'[None, :]' if vector else ''} * LOG2E")
     bool_mask = site.mask is not None and site.mask_dtype == "bool"
     if bool_mask:
         block.append("keep = valid_n & (tl.load(mask_ptr + b * MASK_BATCH + rn, mask=valid_n, other=0) != 0)")
@@ -701,6 +711,7 @@ def _render_attention(
             else []
         ),
         *([KernelParam("sinks_ptr", ParamKind.PTR, site.dtype)] if site.sinks is not None else []),
+        *([KernelParam("bias_ptr", ParamKind.PTR, site.bias.dtype)] if site.bias is not None else []),
         *([KernelParam("ws_ptr", ParamKind.PTR, "float32")] if split else []),
         *([KernelParam("out_ptr", ParamKind.PTR, site.dtype)] if combined or not split else []),
         *([KernelParam("count_ptr", ParamKind.PTR, "int32")] if combined else []),
@@ -727,6 +738,7 @@ def _render_attention(
         *(Buf(v) for v, _ in (kr.norm.vectors if kn_ptrs else ())),
         *([Buf(site.mask)] if site.mask is not None else []),
         *([Buf(site.sinks)] if site.sinks is not None else []),
+        *([Buf(site.bias.base)] if site.bias is not None else []),
         *((Buf(ws),) if split else ()),
         *((Buf(site.out),) if combined or not split else ()),
         *((Buf(counts),) if combined else ()),
@@ -750,6 +762,9 @@ def _render_attention(
     }
     if site.softcap is not None:
         consts.update(SCALE=repr(site.scale), SOFTCAP=repr(site.softcap))
+    if site.bias is not None:
+        bias = site.bias
+        consts.update(BIAS_OFFSET=bias.offset, BIAS_BATCH=bias.batch_stride, BIAS_HEAD=bias.head_stride)
     if slices:
         consts.update(ROWS_WIDTH=slices.width)
     if split:
@@ -771,6 +786,8 @@ def _render_attention(
         consts.update(Q_ROT=qr.dim, Q_ROT_BATCH=qr.batch_stride)
         if qr.head_stride:
             consts.update(Q_HEAD=qr.head_stride)
+    elif site.q_head_stride:
+        consts.update(Q_HEAD=site.q_head_stride)
     if kr:
         consts.update(K_ROT=kr.dim)
         if kr.head_stride:
@@ -788,6 +805,8 @@ def _render_attention(
     scores = f"q k^T * {site.scale!r}"
     if site.softcap is not None:
         scores = f"{site.softcap!r} * tanh({scores} / {site.softcap!r})"
+    if site.bias is not None:
+        scores = f"{scores} + bias[b, h]"
     if site.sinks is not None:
         scores = f"[{scores}, sinks[h]] (the sink's weight dropped after)"
     doc = [

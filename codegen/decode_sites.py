@@ -123,6 +123,24 @@ class DecodeSite:
     q_rotary: Rotary | None = None  # the queries: rotated from the projection's rows in the kernel
     softcap: float | None = None  # scores capped as c * tanh(s / c) before the mask (Gemma 2's)
     sinks: str | None = None  # [H] logits in each head's softmax denominator (GPT-OSS's sinks)
+    # added to the scaled scores, row b's head h's at bias_offset + b * bias_batch_stride + h *
+    # bias_head_stride + slot of ``bias`` (Bloom's and MPT's ALiBi; ``BiasRows``)
+    bias: BiasRows | None = None
+    # elements between a row's query heads where they are not side by side (Bloom's fused
+    # projection interleaves each head's query, key and value); 0: the head dim
+    q_head_stride: int = 0
+
+
+@dataclass(frozen=True)
+class BiasRows:
+    """Where a bias per head is: row b's head h's slots at ``offset + b * batch_stride + h *
+    head_stride`` of ``base``, one apart, of ``dtype``."""
+
+    base: str
+    batch_stride: int
+    head_stride: int
+    offset: int
+    dtype: str
 
 
 class _Program:
@@ -623,6 +641,7 @@ def find_decode_sites(
         if not all(isinstance(x, Buf) for x in (q, k, v)) or not (m is None or isinstance(m, Buf)):
             continue
         qs, out, spec = p.shape(q.name), step.outputs[0], p.specs.get(q.name)
+        q_head_stride = 0
         if qs is None or len(qs) != 4 or not all(d.isdigit() for d in qs[1:]) or enable_gqa:
             continue
         # [B, Hq, L, D]: one query per head (L == 1), or the L query heads sharing a KV head as
@@ -662,15 +681,29 @@ def find_decode_sites(
                 q_base, q_stride, q_column = found[0].base, found[0].width, found[0].column
         elif (relabel := _heads_first(p, q.name, (batch, "1", str(heads), str(head_dim)))) is not None:
             q_base, q_stride, q_column = relabel, heads * head_dim, 0
-        else:  # a head view of a projection's rows (GPT-2's fused QKV)
-            flash = flash or _Finder(program)
-            found = flash.operand(q.name, dtype)
-            if found is None or found[2] != "1" or found[3] != heads or found[4] != head_dim:
+        elif (
+            found := (flash := flash or _Finder(program)).operand(q.name, dtype)
+        ) is not None:  # a head view of a projection's rows (GPT-2's fused QKV)
+            if found[2] != "1" or found[3] != heads or found[4] != head_dim:
                 continue
             q_base, q_stride, q_column = found[0].base, found[0].width, found[0].column
+        elif (
+            interleaved := _head_rows(strided_view(q.name, program), batch, heads, head_dim)
+        ) is not None and p.materialized(interleaved[0].base):
+            # heads further apart than their size (Bloom's projection: each head's q, k and v)
+            at, q_head_stride = interleaved
+            q_base, q_stride, q_column = at.base, at.batch_stride, at.column
+            if heads == 1 or q_head_stride == head_dim:
+                q_head_stride = 0
+            elif q_head_stride < head_dim:
+                continue
+        else:
+            continue
         sinks = call.sinks.name if call.sinks is not None else None
         if sinks is not None and (p.shape(sinks) != (str(heads),) or p.specs[sinks].dtype != dtype):
             continue
+        if call.bias is not None and rows != 1:
+            continue  # a bias per query head, the heads folded into rows: not taken
         kc, vc = p.cache(k.name, batch, heads, head_dim), p.cache(v.name, batch, heads, head_dim)
         if kc is None or vc is None or kc[1:] != vc[1:] or not kc[2].isdigit():
             continue
@@ -691,6 +724,11 @@ def find_decode_sites(
                 continue
             mask, mask_stride = found_mask
             mask_dtype = p.specs[m.name].dtype
+        bias = None
+        if call.bias is not None:
+            bias = _bias_rows(program, p, call.bias.name, batch, heads, context, dtype)
+            if bias is None:
+                continue
         append = None
         if fold_writes:
             flash = flash or _Finder(program)
@@ -742,6 +780,30 @@ def find_decode_sites(
                 q_rotary=q_rotary,
                 softcap=call.softcap,
                 sinks=sinks,
+                bias=bias,
+                q_head_stride=q_head_stride,
             )
         )
     return sites
+
+
+def _bias_rows(
+    program: Program, p: _Program, name: str, batch: str, heads: int, context: int, dtype: str
+) -> BiasRows | None:
+    """Where ``name``, a ``[B or 1, H, 1, C]`` bias of float32 or ``dtype``, is: a strided view of
+    a row-major buffer of its own, its slots one apart (None otherwise)."""
+    spec = p.specs.get(name)
+    if spec is None or spec.dtype not in ("float32", dtype) or len(spec.shape) != 4:
+        return None
+    if spec.shape[1:] != (str(heads), "1", str(context)) or spec.shape[0] not in (batch, "1"):
+        return None
+    view = strided_view(name, program)
+    if view is None or not p.materialized(view.base):
+        return None
+    if not all(isinstance(x, sympy.Integer) for x in (*view.strides, view.offset)):
+        return None
+    stride_b, stride_h, _, stride_c = (int(x) for x in view.strides)
+    if stride_c != 1 or min(stride_b, stride_h) < 0:
+        return None
+    batch_stride = 0 if spec.shape[0] == "1" else stride_b
+    return BiasRows(view.base, batch_stride, stride_h if heads > 1 else 0, int(view.offset), spec.dtype)

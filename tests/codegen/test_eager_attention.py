@@ -65,9 +65,10 @@ def test_codegen_decode_attention_becomes_sdpa_over_its_mask_scaled_once():
     assert steps.index(scaled) < min(steps.index(s) for s in sdpa)
 
 
-def _logits(program, weights, position: int, padding: int, seed: int = 0):
+def _logits(program, weights, position: int, padding: int, seed: int = 0, extended_step=None):
     """``program``'s first output, its ATen steps run one by one on the CPU at batch 2 (row 1
-    left-padded by ``padding``), this step's token at ``position``, the cache random."""
+    left-padded by ``padding``), this step's token at ``position``, the cache random
+    (``extended_step(step, env)``: runs the SDPA steps with keywords no library call takes)."""
     import torch
 
     torch.manual_seed(seed)
@@ -87,17 +88,21 @@ def _logits(program, weights, position: int, padding: int, seed: int = 0):
             env[i.name] = mask
         else:  # the KV cache as earlier steps left it
             env[i.name] = torch.randn(shape, dtype=getattr(torch, i.spec.dtype))
-    return _run(program, env, sizes)
+    return _run(program, env, sizes, extended_step)
 
 
-def _run(program, env: dict, sizes: dict):
+def _run(program, env: dict, sizes: dict, extended_step=None):
     """``program``'s first output, its ATen steps run one by one on the CPU over ``env``."""
     import torch
 
     from aot.aten import AtenCall
+    from aot.codegen.attention import extended
 
     env = dict(env)
     for step in program.steps:
+        if extended_step is not None and extended(step):
+            extended_step(step, env)
+            continue
         AtenCall(step, torch.device("cpu"), state_aliases=frozenset(program.state))(env, sizes)
     return env[program.outputs[0]]
 
@@ -173,7 +178,7 @@ def test_a_mask_added_before_the_scale_is_scaled_as_the_model_scales_it(divide):
 
 
 @pytest.mark.slow  # a build, then the decode program's kernels in the interpreter
-@pytest.mark.parametrize("kind", ["gptj", "codegen"])
+@pytest.mark.parametrize("kind", ["gptj", "codegen", "bloom", "mpt"])
 def test_eager_attention_decodes_with_the_decode_kernel(tmp_path, kind):
     from tests.realmodels.conftest import require
 
@@ -237,11 +242,12 @@ def test_gemma2s_capped_attention_becomes_sdpa_only_for_the_decode_kernel():
         assert originals[s.outputs[0]].steps[-1].outputs == s.outputs  # ends at the output it stands for
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss", "bloom", "mpt"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_restored_attention_computes_what_the_traced_steps_did(kind, dtype):
     """``restore_eager_attention`` over the rewritten program (no kernel took the steps beyond
-    SDPA: Gemma 2's capped scores, GPT-OSS's sinks): none is left, and its ATen steps, run on the
+    SDPA: Gemma 2's capped scores, GPT-OSS's sinks, Bloom's and MPT's ALiBi biases; MPT's mask
+    read negated back): none is left, and its ATen steps, run on the
     CPU with one row left-padded, give the traced program's logits exactly (the same steps, the
     same order)."""
     import torch
@@ -261,9 +267,12 @@ def test_restored_attention_computes_what_the_traced_steps_did(kind, dtype):
     restored = restore_eager_attention(rewritten, originals, said.append)
     assert n == 2 and not any(extended(s) for s in restored.steps)
     assert said == [
-        "  2 attention calls beyond SDPA (capped scores, sinks) kept their own steps "
+        "  2 attention calls beyond SDPA (capped scores, sinks, biases) kept their own steps "
         "(no decode attention kernel took them)"
     ]
+    if kind == "mpt":  # its mask negated for SDPA, then back for its own steps
+        negations = [s for s in restored.steps if s.target == "aten.bitwise_not.default"]
+        assert len(negations) == 3 and len({s.args[0].name for s in negations}) == 2
     weights = dict(traced.weights)
     want, got = (_logits(p, weights, position=20, padding=3) for p in (decode, restored))
     torch.testing.assert_close(got, want, atol=0, rtol=0)
@@ -323,5 +332,74 @@ def test_a_capped_attention_no_kernel_takes_keeps_its_own_steps(monkeypatch):
     # the caps' tanh steps back as library calls, one per layer (the GELU's is in a fused kernel)
     assert sum(s.target == "aten.tanh.default" for s in refused.steps) == 2
     assert any(
-        "2 attention calls beyond SDPA (capped scores, sinks) kept their own steps" in m for m in said
+        "2 attention calls beyond SDPA (capped scores, sinks, biases) kept their own steps" in m for m in said
     ), said
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mpt"])
+def test_alibi_attention_becomes_sdpa_with_a_bias_only_for_the_decode_kernel(kind):
+    """Bloom's eager attention (``baddbmm(alibi, q, k)`` over [B * H, 1, C], cast to half precision,
+    viewed [B, H, 1, C], the mask added, softmax in float32) and MPT's (``q k^T * c + alibi`` of
+    [H, 1, C] float32 biases, ``masked_fill`` by a bool mask): with ``originals`` each layer's becomes
+    an SDPA step carrying its bias as ``bias`` ([B or 1, H, 1, C]: Bloom's the half-precision biases
+    its cast widens, MPT's its float32 ones), MPT's mask negated (SDPA attends where True) once for
+    both layers; without, nothing changes."""
+    from aot.codegen.attention import BIAS
+
+    _, rewritten, sdpa, _ = _extended_rewrite(kind)
+    biases = {s.kwargs[BIAS].name for s in sdpa}
+    specs = [rewritten.buffers[b] for b in biases]
+    if kind == "bloom":  # one bias for both layers, built once from the 2-D mask
+        assert len(biases) == 1 and [(b.shape, b.dtype) for b in specs] == [
+            (("batch", "4", "1", "32"), "float16")
+        ]
+        assert {rewritten.buffers[s.args[3].name].dtype for s in sdpa} == {"float16"}  # the additive mask
+    else:  # each layer slices its own from the [H, 1, max_seq_len] row
+        assert len(biases) == 2 and {(b.shape, b.dtype) for b in specs} == {
+            (("1", "4", "1", "32"), "float32")
+        }
+        (mask,) = {s.args[3].name for s in sdpa}
+        made = [s for s in rewritten.steps if mask in s.outputs]
+        assert [s.target for s in made] == ["aten.bitwise_not.default"] and rewritten.buffers[
+            mask
+        ].dtype == "bool"
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mpt"])
+def test_an_sdpa_step_with_a_bias_computes_what_the_models_steps_did(kind):
+    """The rewritten program, each SDPA step with a ``bias`` computed as its meaning says (the
+    library's SDPA over its mask plus the bias: a bool mask as 0 or -inf), against the traced
+    program, one row left-padded: the same logits within 1e-5 (float32). The bias's slots are
+    the model's: added the wrong way round or to the wrong head, the logits move."""
+    import torch
+
+    from aot.codegen.attention import BIAS, extended
+    from aot.hf import causal_lm
+    from aot.tracer import trace
+    from tests.hf.test_causal_lm import factory
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    traced = trace(causal_lm(factory(kind), max_batch=2, max_context=32, name=kind, dtype="float32"))
+    decode = traced.programs[1].program
+    rewritten, n = eager_attention_as_sdpa(decode, originals={})
+    assert n == 2
+
+    assert sum(extended(s) for s in rewritten.steps) == 2
+
+    def run(flip_heads: bool) -> torch.Tensor:
+        def sdpa(step, env):
+            q, k, v, mask = (env[a.name] for a in step.args[:4])
+            if mask.dtype == torch.bool:
+                mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+            bias = env[step.kwargs[BIAS].name].float()
+            bias = bias.flip(1) if flip_heads else bias
+            env[step.outputs[0]] = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask + bias, scale=step.kwargs["scale"]
+            )
+
+        return _logits(rewritten, dict(traced.weights), position=20, padding=3, extended_step=sdpa)
+
+    want = _logits(decode, dict(traced.weights), position=20, padding=3)
+    torch.testing.assert_close(run(flip_heads=False), want, atol=1e-5, rtol=0)
+    assert not torch.allclose(run(flip_heads=True), want, atol=1e-3)
