@@ -200,8 +200,10 @@ def test_newer_architectures_give_the_cpu_tokens(kind, tmp_path):
     normed before the rotary, in the decode attention kernel; Gemma 3's queries too), Phi-3 (its
     norms, after a dropout's copy, in the GEMVs' prologues, its split gate/up product in the
     epilogue), OLMo 2 (its post-norms with their adds in the next GEMV's prologue, which also
-    stores the sum: the next residual), Bloom (ALiBi biases from the 2-D mask, scores through
-    ``baddbmm``: general kernels, no decode attention site): the GPU's greedy
+    stores the sum: the next residual), Bloom and MPT (ALiBi: each head's bias row added to the
+    scaled scores in the decode attention kernel; Bloom's from the 2-D mask, its scores through
+    ``baddbmm``, its queries interleaved with keys and values in its projection; MPT's a slice of
+    a row over ``max_seq_len``, its mask a ``masked_fill``): the GPU's greedy
     tokens, in blocks of steps and one step per launch, equal the CPU's (which equal
     transformers', tests/lm)."""
     if not torch.cuda.is_available():
