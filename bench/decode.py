@@ -69,7 +69,8 @@ MODELS = ("gpt2", "llama", "llama-3.2-1b")
 # before the rotary), "phi-3-mini", shaped as Phi-3-mini-4k-instruct (32 layers, 32 heads of 96,
 # q/k/v one projection, gate/up one split in halves), and "olmo-2-1b", shaped as OLMo-2-0425-1B
 # (16 layers, 16 heads of 128, post-norms, q and k normed over all heads), in bfloat16 at
-# llama-3.2-1b's workload
+# llama-3.2-1b's workload; and "bloom-560m", shaped as BLOOM-560m (24 layers, 16 heads of 64, ALiBi
+# biases from the mask, q/k/v interleaved per head in one projection), in float16 at that workload
 # Full-size runs: a 512-token context (448-token prompt + 64 new tokens) at batch 1, 8 and 32.
 BATCHES = (1, 8, 32)
 PROMPT, NEW_TOKENS = 448, 64
@@ -87,6 +88,7 @@ WORKLOAD = {
     "qwen3-0.6b": (32, 128),
     "phi-3-mini": (32, 128),
     "olmo-2-1b": (32, 128),
+    "bloom-560m": (32, 128),
 }
 # Gemma 2 in eager attention, its scores capped (some transformers versions pick SDPA for it,
 # which drops the cap)
@@ -97,6 +99,7 @@ GPU_DTYPE = {
     "qwen3-0.6b": "bfloat16",
     "phi-3-mini": "bfloat16",
     "olmo-2-1b": "bfloat16",
+    "bloom-560m": "float16",
 }
 LAUNCH_STEPS = 8  # launches per step: generates of LAUNCH_STEPS and 2 * LAUNCH_STEPS new tokens
 BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}  # bytes/s by device name
@@ -148,6 +151,8 @@ def _config(model: str, tiny: bool):
         return tf.Phi3ForCausalLM, tf.Phi3Config(**phi_3_mini(tiny))
     if model == "olmo-2-1b":
         return tf.Olmo2ForCausalLM, tf.Olmo2Config(**olmo_2_1b(tiny))
+    if model == "bloom-560m":
+        return tf.BloomForCausalLM, tf.BloomConfig(**bloom_560m(tiny))
     if model == "llama-3.2-1b":
         cfg = tf.LlamaConfig(**llama_3_2_1b(tiny))
         cfg.tie_word_embeddings = True  # whatever the config class makes of the keyword
@@ -336,6 +341,21 @@ def olmo_2_1b(tiny: bool) -> dict:
     return dict(
         shape, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_parameters=rope, attention_bias=False
     )
+
+
+def bloom_560m(tiny: bool) -> dict:
+    """BLOOM-560m's configuration (its ``config.json``), random weights: 24 layers of 16 heads of 64,
+    ALiBi biases built from the 2-D mask (no positions), a LayerNorm on the embeddings, q/k/v one
+    projection interleaved per head, tied embeddings; tiny: ``TINY``'s sizes."""
+    shape = dict(hidden_size=1024, n_layer=24, n_head=16, vocab_size=250880)
+    if tiny:
+        shape = dict(
+            hidden_size=TINY["hidden_size"],
+            n_layer=TINY["num_hidden_layers"],
+            n_head=TINY["num_attention_heads"],
+            vocab_size=TINY["vocab_size"],
+        )
+    return dict(shape, tie_word_embeddings=True, layer_norm_epsilon=1e-5, bos_token_id=1, pad_token_id=0)
 
 
 # "PROMPT,NEW" (``--workload``): every model's prompt and new tokens instead, e.g. a long cache;

@@ -99,8 +99,32 @@ def test_models_build_their_published_shapes(model):
         assert (tiny.kv_heads == tiny.heads, tiny.tied) == (want.kv_heads == want.heads, want.tied)
 
 
+def test_bloom_560m_builds_its_published_shape():
+    """BLOOM-560m (bigscience/bloom-560m's config.json): 24 layers, hidden 1024, 16 heads of 64, a
+    vocabulary of 250880, the head tied to the embedding, 0.56B parameters; float16 at
+    llama-3.2-1b's workload."""
+    import torch
+
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from decode import GPU_DTYPE, WORKLOAD, config, instantiate
+
+    cls, cfg = config("bloom-560m", tiny=False)
+    with torch.device("meta"):
+        module = instantiate(cls, cfg)
+    body = module.transformer
+    attention = body.h[0].self_attention
+    shape = (len(body.h), body.word_embeddings.weight.shape, attention.num_heads, attention.head_dim)
+    assert shape == (24, (250880, 1024), 16, 64)
+    assert module.lm_head.weight is body.word_embeddings.weight
+    assert round(sum(p.numel() for p in module.parameters()) / 1e9, 2) == 0.56
+    assert (WORKLOAD["bloom-560m"], GPU_DTYPE["bloom-560m"]) == ((32, 128), "float16")
+
+
 @pytest.mark.slow  # a trace and a build, then two fresh processes, per model
-@pytest.mark.parametrize("model", TINY_SHAPED)
+@pytest.mark.parametrize("model", [*TINY_SHAPED, "bloom-560m"])
 def test_tiny_config_decodes_as_transformers_does(model, tmp_path):
     from tests.realmodels.conftest import require
 
