@@ -215,9 +215,9 @@ def cache_layout(model: Any, max_context: int) -> CacheLayout:
             f"causal_lm cannot drive {cls}: its forward takes no {', '.join(missing)} "
             f"(a static cache needs explicit positions and a past_key_values cache)"
         )
-    # MPT's ALiBi biases span max_seq_len slots, which its config names instead
-    limit_name = "max_position_embeddings" if hasattr(config, "max_position_embeddings") else "max_seq_len"
-    limit = getattr(config, limit_name, None)
+    limit, limit_name = getattr(config, "max_position_embeddings", None), "max_position_embeddings"
+    if limit is None and _alibi_by_cache_length(model):  # MPT's biases span max_seq_len slots
+        limit, limit_name = getattr(config, "max_seq_len", None), "max_seq_len"
     if isinstance(limit, int) and max_context > limit:
         raise SpecError(
             f"causal_lm: max_context {max_context} exceeds {cls}'s {limit_name} {limit}; "
