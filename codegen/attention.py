@@ -472,6 +472,19 @@ def eager_attention_as_sdpa(
     out_steps: dict[int, list[Step]] = {}
     scaled_masks: dict[tuple[str, float], str] = {}  # one scaled mask for the layers that share it
     derived: dict[tuple[str, ...], str] = {}  # one negated mask, one bias view, for the layers sharing them
+
+    def derive(before: list[Step], src: str, target: str, args: tuple, shape: tuple[str, ...] | None) -> str:
+        """The result of ``target(src, *args)``, of ``shape`` (``src``'s where None), as a step in
+        ``before`` (the steps before an SDPA step), or the one an earlier layer's made."""
+        key = (src, target, repr(args))
+        name = derived.get(key)
+        if name is None:
+            name = derived[key] = f"{src}_{target.split('.')[1]}_{len(derived)}"
+            spec = specs[src]
+            buffers[name] = replace(spec, shape=shape or spec.shape)
+            before.append(Step(StepKind.ATEN, target, (Buf(src), *args), {}, (name,)))
+        return name
+
     for i, step in enumerate(steps):
         if step.target == _SOFTMAX and step.outputs:
             found = _eager_attention(steps, i, producer, readers, specs)
@@ -483,25 +496,9 @@ def eager_attention_as_sdpa(
                     continue
                 originals[sdpa.outputs[0]] = _own_steps(program, steps, producer, sdpa)
             before: list[Step] = []
-
-            def derive(
-                src: str, target: str, args: tuple, shape: tuple[str, ...] | None, before=before
-            ) -> str:
-                """The result of ``target(src, *args)`` as a step before the SDPA step (one for the
-                layers that share it), of ``shape`` (``src``'s where None)."""
-                key = (src, target, repr(args))
-                name = derived.get(key)
-                if name is None:
-                    name = derived[key] = f"{src}_{target.split('.')[1]}_{len(derived)}"
-                    spec = specs[src]
-                    buffers[name] = replace(spec, shape=shape or spec.shape)
-                    before.append(Step(StepKind.ATEN, target, (Buf(src), *args), {}, (name,)))
-                return name
-
-            if (
-                hidden is not None
-            ):  # MPT's where(hidden, lowest, s): SDPA's bool mask attends where not hidden
-                negated = derive(hidden, "aten.bitwise_not.default", (), None)
+            # MPT's where(hidden, lowest, s): SDPA's bool mask attends where nothing is hidden
+            if hidden is not None:
+                negated = derive(before, hidden, "aten.bitwise_not.default", (), None)
                 sdpa = replace(sdpa, args=(*sdpa.args[:3], Buf(negated), *sdpa.args[4:]))
                 if originals is not None and sdpa.outputs[0] in originals:
                     # the model's steps read the negated mask negated back: what the kernel reads
@@ -518,9 +515,9 @@ def eager_attention_as_sdpa(
             if bias_shape is not None:  # the bias viewed [B or 1, H, 1, C]
                 src = sdpa.kwargs[BIAS].name
                 if bias_shape[0] == "1":  # [H, 1, C]
-                    viewed = derive(src, "aten.unsqueeze.default", (0,), bias_shape)
+                    viewed = derive(before, src, "aten.unsqueeze.default", (0,), bias_shape)
                 else:  # [B * H, 1, C], contiguous
-                    viewed = derive(src, _VIEW, ([_size_arg(d) for d in bias_shape],), bias_shape)
+                    viewed = derive(before, src, _VIEW, ([_size_arg(d) for d in bias_shape],), bias_shape)
                 sdpa = replace(sdpa, kwargs={**sdpa.kwargs, BIAS: Buf(viewed)})
             if mask_scaled:  # (s + m) * c == s * c + m * c: SDPA adds m * c after its scale c
                 mask, scale = sdpa.args[3], sdpa.kwargs["scale"]
