@@ -123,8 +123,7 @@ class DecodeSite:
     q_rotary: Rotary | None = None  # the queries: rotated from the projection's rows in the kernel
     softcap: float | None = None  # scores capped as c * tanh(s / c) before the mask (Gemma 2's)
     sinks: str | None = None  # [H] logits in each head's softmax denominator (GPT-OSS's sinks)
-    # added to the scaled scores, row b's head h's at bias_offset + b * bias_batch_stride + h *
-    # bias_head_stride + slot of ``bias`` (Bloom's and MPT's ALiBi; ``BiasRows``)
+    # added to the scaled scores: each row's and head's bias row (Bloom's and MPT's ALiBi)
     bias: BiasRows | None = None
     # elements between a row's query heads where they are not side by side (Bloom's fused
     # projection interleaves each head's query, key and value); 0: the head dim
@@ -272,17 +271,26 @@ class _Program:
             if not rows.row_major(base, ix.parse_size(batch), width, dtype):
                 return None
             at = NewRows(base, width, column)
-        elif (heads := _head_rows(strided_view(new.name, self.program), batch, kv, head_dim)) is not None:
+        elif (heads := self.head_rows(new.name, batch, kv, head_dim)) is not None:
             # a head view of what a kernel wrote: GPT-J's new keys after its rotary ([B, 1, H, D]
             # permuted heads first), and heads further apart than their size (GPT-NeoX's and
             # CodeGen's projections interleave each head's query, key and value)
-            at, stride = heads
-            if not self.materialized(at.base) or (kv > 1 and stride < head_dim):
-                return None
-            at = replace(at, head_stride=0 if kv == 1 or stride == head_dim else stride)
+            at = heads
         else:
             return None
         return i, state.name, pos, pos_spec.dtype, at
+
+    def head_rows(self, name: str, batch: str, heads: int, head_dim: int) -> NewRows | None:
+        """Where ``name``, a ``[B, heads, 1, head_dim]`` head view of what a step wrote, reads its
+        rows: heads side by side (``head_stride`` 0) or further apart than their size; None
+        otherwise."""
+        found = _head_rows(strided_view(name, self.program), batch, heads, head_dim)
+        if found is None:
+            return None
+        at, stride = found
+        if not self.materialized(at.base) or (heads > 1 and stride < head_dim):
+            return None
+        return replace(at, head_stride=0 if heads == 1 or stride == head_dim else stride)
 
     def mask(self, name: str, batch: str, context: int) -> tuple[str, int] | None:
         """(the row-major buffer an additive ``[B or 1, 1, 1, C]`` mask views, its batch stride)."""
@@ -687,16 +695,9 @@ def find_decode_sites(
             if found[2] != "1" or found[3] != heads or found[4] != head_dim:
                 continue
             q_base, q_stride, q_column = found[0].base, found[0].width, found[0].column
-        elif (
-            interleaved := _head_rows(strided_view(q.name, program), batch, heads, head_dim)
-        ) is not None and p.materialized(interleaved[0].base):
+        elif (at := p.head_rows(q.name, batch, heads, head_dim)) is not None:
             # heads further apart than their size (Bloom's projection: each head's q, k and v)
-            at, q_head_stride = interleaved
-            q_base, q_stride, q_column = at.base, at.batch_stride, at.column
-            if heads == 1 or q_head_stride == head_dim:
-                q_head_stride = 0
-            elif q_head_stride < head_dim:
-                continue
+            q_base, q_stride, q_column, q_head_stride = at.base, at.batch_stride, at.column, at.head_stride
         else:
             continue
         sinks = call.sinks.name if call.sinks is not None else None
