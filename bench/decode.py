@@ -28,7 +28,10 @@ tokens, over N (the prefill and the set-up cancel out).
     python bench/decode.py --out bench/results/decode              # on a GPU: GPT-2 small, Llama-style
     python bench/decode.py --device cpu --tiny --out /tmp/decode   # tiny configs, end to end on a CPU
 
-Writes ``decode.json`` (one row per model, system and batch) and ``decode.md`` (the table).
+Writes ``decode.json`` (one row per model, system and batch) and ``decode.md`` (the table). A
+bundle stays in ``--bundles`` with its ``build_key`` beside it; a later run of the same code,
+switches and sizes takes it as it is instead of tracing and building again (``--rebuild``: always
+build).
 """
 
 from __future__ import annotations
@@ -731,12 +734,73 @@ def rt_row(runner, row: dict, prompts: list[list[int]], new_tokens: int) -> dict
 # The parent: builds bundles, spawns one process per system and model, writes the table.
 
 
+# Each aotpack system's bundle, by the name after the model's stem; systems that only run the
+# "aotpack" bundle differently (NO_EARLY_LAUNCH, STEPS_PER_LAUNCH) are not here.
+BUILT_AS = {
+    "aotpack": ".tpk",
+    "aotpack-rt": "-lf.tpk",
+    "aotpack-sdpa": "-sdpa.tpk",
+    "aotpack-tuned": "-tuned.tpk",
+}
+# The folders whose code makes a bundle: a change to any file in them builds it again.
+BUILD_CODE = ("aot", "tracer", "codegen", "packager", "verify")
+
+
+def build_key(model: str, tiny: bool, batches: tuple[int, ...], archs: tuple[str, ...], context: int) -> str:
+    """What a bundle of ``build_bundles`` is a function of: the model and its sizes, the archs, the
+    layers (``--layers``), every ``AOTPACK_`` switch set, the versions of torch, triton and
+    transformers, and the content of every source file of the build (``BUILD_CODE``). A bundle kept
+    under an equal key is the bundle this run would build (the weights are seeded), so it is reused
+    instead of traced and built again (a Llama-3.2-1B trace and build takes 2-3 minutes)."""
+    import hashlib
+
+    import torch
+    import triton
+
+    digest = hashlib.sha256()
+    for folder in BUILD_CODE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return json.dumps(
+        {
+            "model": model,
+            "tiny": tiny,
+            "batches": list(batches),
+            "archs": list(archs),
+            "context": context,
+            "layers": os.environ.get(LAYERS_ENV, "").strip(),
+            "attention": ATTENTION.get(model),
+            "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("AOTPACK_")},
+            "versions": [torch.__version__, triton.__version__, _transformers().__version__],
+            "code": digest.hexdigest(),
+        },
+        sort_keys=True,
+    )
+
+
+def _kept(bundle: Path, key: str) -> bool:
+    """``bundle`` exists and was built under ``key`` (its ``.key`` file beside it)."""
+    mark = bundle.with_name(bundle.name + ".key")
+    return bundle.is_file() and mark.is_file() and mark.read_text() == key
+
+
+def _keep(bundle: Path, key: str) -> None:
+    bundle.with_name(bundle.name + ".key").write_text(key)
+
+
 def build_bundles(
-    model: str, tiny: bool, device: str, out: Path, systems: list[str], batches: tuple[int, ...] | None = None
+    model: str,
+    tiny: bool,
+    device: str,
+    out: Path,
+    systems: list[str],
+    batches: tuple[int, ...] | None = None,
+    reuse: bool = True,
 ) -> dict[str, Path]:
     """The bundle of each aotpack system: ``aotpack`` the default build, ``aotpack-tuned`` a build
     with GEMM candidates tuned on this GPU at the decode entry point (``aotpack tune --entry
-    decode``). One trace serves both."""
+    decode``). One trace serves both. ``reuse``: a bundle already in ``out`` under this run's
+    ``build_key`` is taken as it is (no trace where every wanted bundle is)."""
     from aot.codegen import generate
     from aot.hf import causal_lm
     from aot.packager import pack
@@ -775,17 +839,34 @@ def build_bundles(
         if "decode attention" in message:
             print(message.strip(), file=sys.stderr)
 
+    if set(wanted) & {"aotpack-nopdl", "aotpack-step", "aotpack-aten-greedy"} and "aotpack" not in wanted:
+        wanted.append("aotpack")
+    key = build_key(model, tiny, batches, archs, prompt + new_tokens)
+    paths = {}
+    for system, name in BUILT_AS.items():  # bundles this code built before under the same key
+        if system in wanted and reuse and _kept(out / f"{stem}{name}", key):
+            paths[system] = out / f"{stem}{name}"
+            print(
+                f"reused {paths[system]} (built before with this code, these switches and sizes)",
+                file=sys.stderr,
+            )
+    if "aotpack" in paths:
+        paths["aotpack-nopdl"] = paths["aotpack-step"] = paths["aotpack-aten-greedy"] = paths["aotpack"]
+    wanted = [s for s in wanted if s not in paths and (s != "aotpack-tuned" or device.startswith("cuda"))]
+    if not wanted:
+        return paths
+    for system in wanted:  # a build cut off half way leaves no key that would claim it
+        if system in BUILT_AS:
+            (out / f"{stem}{BUILT_AS[system]}.key").unlink(missing_ok=True)
     start = time.perf_counter()
     traced = trace(spec)
     print(f"traced {model} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
-    paths = {}
-    if set(wanted) & {"aotpack-nopdl", "aotpack-step", "aotpack-aten-greedy"} and "aotpack" not in wanted:
-        wanted.append("aotpack")
     if "aotpack" in wanted:
         start = time.perf_counter()
         paths["aotpack"] = out / f"{stem}.tpk"
         # split weights: a bundle over 2 GiB of weights (llama-3.2-1b) as one zip member does not load
         pack(generate(traced, archs, progress=say), paths["aotpack"], split_weights=True)
+        _keep(paths["aotpack"], key)
         print(f"built {paths['aotpack']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
         # the same bundle: every kernel launched after the one before; one step per launch
         paths["aotpack-nopdl"] = paths["aotpack-step"] = paths["aotpack-aten-greedy"] = paths["aotpack"]
@@ -794,11 +875,13 @@ def build_bundles(
         paths["aotpack-rt"] = out / f"{stem}-lf.tpk"
         compiled = generate(traced, archs, gemm_candidates=True, library_free=True)
         pack(compiled, paths["aotpack-rt"], split_weights=True)
+        _keep(paths["aotpack-rt"], key)
         print(f"built {paths['aotpack-rt']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-sdpa" in wanted:
         start = time.perf_counter()
         paths["aotpack-sdpa"] = out / f"{stem}-sdpa.tpk"
         pack(generate(traced, archs, decode_attention=False), paths["aotpack-sdpa"], split_weights=True)
+        _keep(paths["aotpack-sdpa"], key)
         print(f"built {paths['aotpack-sdpa']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-tuned" in wanted and device.startswith("cuda"):  # tuning needs the GPU
         from aot.verify.tune import tune
@@ -809,6 +892,7 @@ def build_bundles(
         built = time.perf_counter() - start
         paths["aotpack-tuned"] = out / f"{stem}-tuned.tpk"
         result = tune(untuned, paths["aotpack-tuned"], repeats=20, entries=("decode",))
+        _keep(paths["aotpack-tuned"], key)
         chosen = sum(c.choice != "library" for c in result.table.choices)
         from aot.verify.tuning_table import tuning_bytes
 
@@ -873,6 +957,11 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, help="bytes/s for the floor [default: by device name]")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode"))
     ap.add_argument("--bundles", help="where to build the bundles [default: OUT]")
+    ap.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="trace and build every bundle, even one kept in --bundles under this run's build key",
+    )
     ap.add_argument(
         "--workload",
         metavar="PROMPT,NEW",
@@ -945,7 +1034,9 @@ def main() -> None:
     for model in args.models.split(","):
         bundles = Path(args.bundles or out)
         bundles.mkdir(parents=True, exist_ok=True)
-        built = build_bundles(model, args.tiny, args.device, bundles, args.systems.split(","), batches)
+        built = build_bundles(
+            model, args.tiny, args.device, bundles, args.systems.split(","), batches, reuse=not args.rebuild
+        )
         module = make_model(model, args.tiny, getattr(torch, dtype_name(model, args.device)), "meta")
         context = sum(workload(model, args.tiny))
         for system in args.systems.split(","):

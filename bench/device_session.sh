@@ -88,6 +88,10 @@
 set -uo pipefail
 OUT=${OUT:-out}
 RES=/tmp/res
+# bench/decode.py's bundles: in the checkout's ignored .bundles, which a warm machine keeps between
+# calls, so a later call of the same code, switches and sizes reuses them (decode.py's build_key)
+# instead of tracing and building again
+BUNDLES=${DECODE_BUNDLES:-.bundles/decode}
 mkdir -p "$RES" "$OUT"
 T0=$(date +%s)
 bash bench/device_setup.sh > "$RES/setup.log" 2>&1 || { cat "$RES/setup.log"; exit 1; }
@@ -104,8 +108,8 @@ for name in ("transformers", "timm", "torchvision", "zstandard", "safetensors", 
 PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/env.txt" 2>&1
 cat "$RES/env.txt"
-bundles_of() { if [ "$1" = 0 ]; then echo /tmp/bundles; else echo "/tmp/bundles-env$1"; fi; }  # a paired step's arm
-pack() { cp /tmp/bundles/*-tuning.json "$RES/" 2>/dev/null; tar czf "$OUT/results.tgz" -C "$RES" . ; }
+bundles_of() { if [ "$1" = 0 ]; then echo $BUNDLES; else echo "$BUNDLES-env$1"; fi; }  # a paired step's arm
+pack() { cp $BUNDLES/*-tuning.json "$RES/" 2>/dev/null; tar czf "$OUT/results.tgz" -C "$RES" . ; }
 pack
 for item in "$@"; do
   step=${item%%:*}
@@ -128,8 +132,8 @@ for item in "$@"; do
     gemm) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_gpu.py) ;;
     realmodels) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_realmodels_gpu.py) ;;
     # nopdl-MODEL: decode-MODEL with dependent launch off (AOTPACK_DEPENDENT_LAUNCH=0), the same bundles
-    nopdl-*) cmd=(env AOTPACK_DEPENDENT_LAUNCH=0 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#nopdl-}" --out "$RES/decode-nopdl-${step#nopdl-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
-    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles /tmp/bundles ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
+    nopdl-*) cmd=(env AOTPACK_DEPENDENT_LAUNCH=0 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#nopdl-}" --out "$RES/decode-nopdl-${step#nopdl-}" --bundles $BUNDLES ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
+    decode-*) cmd=(python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#decode-}" --out "$RES/decode-${step#decode-}" --bundles $BUNDLES ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # run-MODELS (comma-separated): bench/run.py builds what .bundles lacks here (real models always)
     run-*) cmd=(python3 bench/run.py --models "${step#run-}" --bundles .bundles --out "$RES/run" ${RUN_SYSTEMS:+--systems "$RUN_SYSTEMS"} ${RUN_JOBS:+--jobs "$RUN_JOBS"}) ;;
     tune) cmd=(env OUT="$RES" AOTPACK_GPU_BUNDLES=.bundles bash bench/gemm_tune.sh tune bench verify) ;;
@@ -185,7 +189,7 @@ for item in "$@"; do
     swap-rows) cmd=(python3 bench/swap_rows.py ${SWAP_ARGS:---rows 8,1} --json "$RES/swap-rows.json") ;;
     # few-MODEL: decode-MODEL with the built-in table's few-row entry on (AOTPACK_FEW_ROWS=$FEW_ROWS,
     # default few_16x16x256; FEW_PROLOGUE=0: the plain forms after the norm kernels), bundles of its own
-    few-*) cmd=(env AOTPACK_FEW_ROWS="${FEW_ROWS:-few_16x16x256}" AOTPACK_FEW_ROWS_PROLOGUE="${FEW_PROLOGUE:-1}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#few-}" --out "$RES/decode-few-${step#few-}" --bundles /tmp/bundles-few ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
+    few-*) cmd=(env AOTPACK_FEW_ROWS="${FEW_ROWS:-few_16x16x256}" AOTPACK_FEW_ROWS_PROLOGUE="${FEW_PROLOGUE:-1}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#few-}" --out "$RES/decode-few-${step#few-}" --bundles $BUNDLES-few ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     # the split-KV decode attention against SDPA on the GPU (512 and 4096 slots, fp16/bf16, batch 1 and 8)
     split-tests) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_decode_attention_gpu.py) ;;
     # the GPU checks written without a GPU (2026-11-29): verify over the split form's cache write,
@@ -193,17 +197,17 @@ for item in "$@"; do
     unrun-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_decode_attention_gpu.py::test_verify_checks_the_split_forms_cache_write tests/gpu/test_gemm_gpu.py::test_default_flash_forms_match_the_library_on_the_gpu) ;;
     # split-MODEL: decode-MODEL with the split-KV decode attention at every cache (AOTPACK_DECODE_SPLIT=$DECODE_SPLIT, default 8), bundles and results of its own
     # splitN-MODEL: the same with N splits (bundles of their own), SPLIT_SYSTEMS (default aotpack) only
-    split[0-9]*-*) n=${step%%-*}; n=${n#split}; cmd=(env AOTPACK_DECODE_SPLIT="$n" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#*-}" --out "$RES/decode-split$n-${step#*-}" --bundles "/tmp/bundles-split$n" --systems "${SPLIT_SYSTEMS:-aotpack}" ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
+    split[0-9]*-*) n=${step%%-*}; n=${n#split}; cmd=(env AOTPACK_DECODE_SPLIT="$n" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#*-}" --out "$RES/decode-split$n-${step#*-}" --bundles "$BUNDLES-split$n" --systems "${SPLIT_SYSTEMS:-aotpack}" ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # aotpack-rt's stateful decode on the GPU (blocks, the steps after the last whole block, bf16 logits)
     rt-state) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/runtime/test_gpu_state.py ${RT_K:+-k "$RT_K"}) ;;
-    split-*) cmd=(env AOTPACK_DECODE_SPLIT="${DECODE_SPLIT:-8}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#split-}" --out "$RES/decode-split-${step#split-}" --bundles /tmp/bundles-split ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
+    split-*) cmd=(env AOTPACK_DECODE_SPLIT="${DECODE_SPLIT:-8}" python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#split-}" --out "$RES/decode-split-${step#split-}" --bundles $BUNDLES-split ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # sep-MODEL: decode-MODEL with the split-KV decode attention's combine as a kernel of its own
     # (AOTPACK_DECODE_COMBINE=separate; the default combines in the one kernel), bundles of its own
-    sep-*) cmd=(env AOTPACK_DECODE_COMBINE=separate ${DECODE_SPLIT:+AOTPACK_DECODE_SPLIT=$DECODE_SPLIT} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#sep-}" --out "$RES/decode-sep-${step#sep-}" --bundles /tmp/bundles-sep ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
+    sep-*) cmd=(env AOTPACK_DECODE_COMBINE=separate ${DECODE_SPLIT:+AOTPACK_DECODE_SPLIT=$DECODE_SPLIT} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#sep-}" --out "$RES/decode-sep-${step#sep-}" --bundles $BUNDLES-sep ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"}) ;;
     # the greedy step's kernel, generate in blocks, and aotpack-rt's scratch (the split decode attention), on the GPU
     greedy-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_greedy_gpu.py tests/gpu/test_generate_gpu.py tests/runtime/test_gpu_state.py) ;;
     # fewe-MODEL: few-MODEL with the fewe_ forms (AOTPACK_FEW_ROWS=$FEWE_ROWS), bundles and results of its own
-    fewe-*) cmd=(env AOTPACK_FEW_ROWS="${FEWE_ROWS:-fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128}" AOTPACK_FEW_ROWS_PROLOGUE=1 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#fewe-}" --out "$RES/decode-fewe-${step#fewe-}" --bundles /tmp/bundles-fewe ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
+    fewe-*) cmd=(env AOTPACK_FEW_ROWS="${FEWE_ROWS:-fewe_16x32x256,fewe_splitk_16x64x128,fewe_16x64x128}" AOTPACK_FEW_ROWS_PROLOGUE=1 python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#fewe-}" --out "$RES/decode-fewe-${step#fewe-}" --bundles $BUNDLES-fewe ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile}) ;;
     gemv-chain) cmd=(python3 bench/gemv_sweep.py --chain-only --json "$RES/gemv-chain.json") ;;
     # a decode step's GEMVs as one persistent kernel (grid barriers) against one kernel per GEMV
     persistent) cmd=(python3 bench/persistent_chain.py --json "$RES/persistent.json") ;;
@@ -233,7 +237,7 @@ for item in "$@"; do
     # AOTPACK_SLICED_PROLOGUE=off), bundles and results of their own: an A/B beside decode-MODEL
     # envN-MODEL (N a digit): envdecode-MODEL with DECODE_ENV<N>, bundles and results of its own
     # (several arms of one model in one command, e.g. DECODE_ENV1="AOTPACK_REDUCE_NORM=off")
-    env[0-9]-*) n=${step:3:1}; var=DECODE_ENV$n; cmd=(env ${!var:?set $var} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#env?-}" --out "$RES/decode-env$n-${step#env?-}" --bundles "/tmp/bundles-env$n" ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
+    env[0-9]-*) n=${step:3:1}; var=DECODE_ENV$n; cmd=(env ${!var:?set $var} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#env?-}" --out "$RES/decode-env$n-${step#env?-}" --bundles "$BUNDLES-env$n" ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # kprofile-MODEL: bench/kernel_profile.py at KPROFILE_SIZES="BATCH SEQ" (default 1 128): the
     # kernels one by one, then the calls through their graphs with each kernel's share of the chain
     kprofile-*) m=${step#kprofile-}; mkdir -p .bundles; cmd=(bash -c "test -f .bundles/$m.tpk || python3 -m aot.cli build --arch sm_90 -q models/$m.py -o .bundles/$m.tpk; python3 bench/kernel_profile.py $m ${KPROFILE_SIZES:-1 128} 30 > $RES/kprofile-$m.txt") ;;
@@ -244,7 +248,7 @@ for item in "$@"; do
     # pairedAB-MODEL: envA-MODEL's bundles (A) against envB-MODEL's, a digit each (0: decode-MODEL's);
     # paired-MODEL is paired10-MODEL (its JSON named paired-MODEL)
     paired-*|paired[0-9][0-9]-*) ab=${step%%-*}; ab=${ab#paired}; m=${step#*-}; s=$m${DECODE_LAYERS:+-${DECODE_LAYERS}layers}; da=${ab:0:1}; db=${ab:1:1}; [ -n "$ab" ] || { da=1; db=0; }; cmd=(python3 bench/decode_paired.py "$m" "$(bundles_of "$da")/$s.tpk" "$(bundles_of "$db")/$s.tpk" --batch "${PAIRED_BATCH:-1}" --rounds "${PAIRED_ROUNDS:-12}" ${PAIRED_MAY_DIFFER:+--tokens-may-differ --score} ${DECODE_LAYERS:+--layers $DECODE_LAYERS} --json "$RES/paired$ab-$m.json") ;;
-    envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles /tmp/bundles-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
+    envdecode-*) cmd=(env ${DECODE_ENV:?set DECODE_ENV} python3 bench/decode.py --timeout "${DECODE_TIMEOUT:-200}" --models "${step#envdecode-}" --out "$RES/decode-env-${step#envdecode-}" --bundles $BUNDLES-env ${DECODE_SYSTEMS:+--systems "$DECODE_SYSTEMS"} ${DECODE_BATCHES:+--batches "$DECODE_BATCHES"} ${DECODE_PROFILE:+--profile} ${DECODE_WORKLOAD:+--workload "$DECODE_WORKLOAD"} ${DECODE_LAYERS:+--layers "$DECODE_LAYERS"}) ;;
     # newer architectures (DeepSeek-V3/V2, Llama 4, sliding and full layers mixed) generate the CPU's tokens on the GPU
     newer-tests) cmd=(python3 -m pytest -m gpu -q -rs -rf tests/gpu/test_generate_gpu.py -k newer_architectures) ;;
     # batch-1 GEMVs whose weights stream through TMA (tensor descriptors), against the default form

@@ -244,6 +244,49 @@ def test_the_decode_profile_charges_each_kernel_with_how_far_it_moved_the_chains
     assert "charged 6.0 us a token over 4 kernels" in table and overlapped == pytest.approx(2 / 3)
 
 
+def test_the_decode_bench_reuses_a_bundle_only_under_an_equal_build_key(monkeypatch, tmp_path):
+    """``decode.build_key``: what a kept bundle was built from. It changes with a source file of the
+    build, an ``AOTPACK_`` switch, the layers, the batch buckets, the archs and the context, and not
+    with the environment's other variables; ``_kept`` takes a bundle only with its key beside it,
+    and only that key."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import decode
+
+    pytest.importorskip("transformers")
+    for folder in decode.BUILD_CODE:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(decode, "ROOT", tmp_path)
+    for name in [k for k in os.environ if k.startswith("AOTPACK_")] + [decode.LAYERS_ENV]:
+        monkeypatch.delenv(name, raising=False)
+
+    def key(**over):
+        args = {"model": "gpt2", "tiny": True, "batches": (1, 2), "archs": ("sm_90",), "context": 32, **over}
+        return decode.build_key(**args)
+
+    base = key()
+    monkeypatch.setenv("UNRELATED_VARIABLE", "1")
+    assert key() == base
+    changed = [key(batches=(1, 8)), key(archs=("sm_80",)), key(context=160), key(model="llama")]
+    monkeypatch.setenv(decode.LAYERS_ENV, "4")
+    changed.append(key())
+    monkeypatch.delenv(decode.LAYERS_ENV)
+    monkeypatch.setenv("AOTPACK_DECODE_SPLIT", "4")
+    changed.append(key())
+    monkeypatch.delenv("AOTPACK_DECODE_SPLIT")
+    assert key() == base
+    (tmp_path / "codegen" / "a.py").write_text("x = 2\n")
+    changed.append(key())
+    assert len({base, *changed}) == 1 + len(changed)
+
+    bundle = tmp_path / "gpt2-tiny.tpk"
+    assert not decode._kept(bundle, base)  # no bundle
+    bundle.write_bytes(b"bundle")
+    assert not decode._kept(bundle, base)  # no key beside it: built by an older bench
+    decode._keep(bundle, base)
+    assert decode._kept(bundle, base) and not decode._kept(bundle, changed[0])
+
+
 @pytest.mark.slow  # builds the example mlp
 def test_bundle_paired_pairs_two_bundles_and_compares_their_outputs(tmp_path):
     """``bench/bundle_paired.py`` on the CPU (smoke shapes): one row per shape with both bundles'
@@ -289,8 +332,15 @@ def test_decode_paired_times_two_decode_bundles_round_by_round(tmp_path):
         "--bundles",
         str(bundles),
     ]
-    assert subprocess.run(build, cwd=ROOT, capture_output=True, timeout=HANG_GUARD_S).returncode == 0
+    first = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert first.returncode == 0 and "traced gpt2" in first.stderr, first.stderr[-2000:]
     bundle = str(bundles / "gpt2-tiny.tpk")
+    # the same code, switches and sizes again: the kept bundle is taken, nothing traced or written
+    built_at = os.stat(bundle).st_mtime_ns
+    again = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert again.returncode == 0 and "traced" not in again.stderr, again.stderr[-2000:]
+    assert f"reused {bundle}" in again.stderr and os.stat(bundle).st_mtime_ns == built_at
+    assert json.loads((tmp_path / "res" / "decode.json").read_text())["rows"][0]["ms_per_token"] > 0
     paired = [sys.executable, "bench/decode_paired.py", "gpt2", bundle, bundle, "--device", "cpu", "--tiny"]
     done = subprocess.run(
         [*paired, "--rounds", "3", "--json", str(out)],
