@@ -256,6 +256,8 @@ for item in "$@"; do
     tma) cmd=(python3 bench/tma_gemv.py ${TMA_ARGS:-} --json "$RES/tma-gemv.json") ;;
     # the decode step's GEMV chain with the next GEMV's weights prefetched into L2 (bench/persistent_chain.py --quick)
     l2chain) cmd=(python3 bench/persistent_chain.py --quick --json "$RES/l2-prefetch-chain.json") ;;
+    # the attention's window streaming gate/up's weights into L2 (bench/persistent_chain.py --ahead)
+    l2ahead) cmd=(python3 bench/persistent_chain.py --ahead --json "$RES/l2-ahead-chain.json") ;;
     # aotpack verify on a 2-layer Llama-3.2-1B with the fused one-row forms
     verify-llama) cmd=(python3 -m pytest -m gpu -q -rs tests/gpu/test_gemm_norm_gpu.py) ;;
     argmax) cmd=(python3 bench/argmax_sweep.py --json "$RES/argmax.json") ;;

@@ -34,6 +34,7 @@ a bounded number of polls and the run reports it instead of hanging.
 
     python3 bench/persistent_chain.py --json out/persistent.json
     python3 bench/persistent_chain.py --quick --json out/l2-prefetch.json  # the prefetch rows, ~1 min
+    python3 bench/persistent_chain.py --ahead --json out/l2-ahead.json  # gate/up's W in the attention's window
     python3 bench/persistent_chain.py --compile-only  # the prefetch kernels for sm_90, no GPU
 """
 
@@ -129,8 +130,13 @@ def _l2_prefetch(pf_ptr, pf_bytes, pf_chunk, pf_blocks, NT: tl.constexpr, MODE: 
     ``pf_ptr``'s first ``pf_bytes`` into L2, ``pf_chunk`` per thread (a multiple of 128).
     MODE 0: nothing; 1: one bulk prefetch per thread; 2: the same under an evict_last policy;
     3: ``prefetch.global.L2`` per line; 4: per line, evict_last."""
+    _l2_prefetch_as(tl.program_id(0), pf_ptr, pf_bytes, pf_chunk, pf_blocks, NT, MODE)
+
+
+@triton.jit
+def _l2_prefetch_as(pid, pf_ptr, pf_bytes, pf_chunk, pf_blocks, NT: tl.constexpr, MODE: tl.constexpr):
+    """``_l2_prefetch`` by the block that stands ``pid``-th among the prefetching blocks."""
     if MODE != 0:
-        pid = tl.program_id(0)
         if pid < pf_blocks:
             base = pf_ptr.to(tl.pointer_type(tl.int8))
             off = (pid * NT + tl.arange(0, NT)) * pf_chunk
@@ -170,13 +176,28 @@ def _gemv_pf(w_ptr, a_ptr, o_ptr, N, pf_ptr, pf_bytes, pf_chunk, pf_blocks, K: t
 
 @triton.jit
 def _attn_standin(qkv_ptr, k_ptr, v_ptr, o_ptr, S, pf_ptr, pf_bytes, pf_chunk, pf_blocks, HD: tl.constexpr,
-                  GROUP: tl.constexpr, BS: tl.constexpr, NT: tl.constexpr, PF: tl.constexpr):  # fmt: skip
+                  GROUP: tl.constexpr, BS: tl.constexpr, NT: tl.constexpr, PF: tl.constexpr,
+                  SIDE: tl.constexpr = False, HEADS: tl.constexpr = 32):  # fmt: skip
     """A decode attention kernel's shape in the chain: one block per query head over its KV head's
     ``S`` cached keys and values (loaded before the wait, as the real kernel reads a cache no
     kernel of the step writes), softmax in fp32, the head's output row; the q/k/v GEMV's first
-    outputs are the queries. Prefetches its slice of the o projection's W first."""
-    _l2_prefetch(pf_ptr, pf_bytes, pf_chunk, pf_blocks, NT, PF)
+    outputs are the queries. Prefetches its slice of a later GEMV's W first; with ``SIDE``, the
+    grid's blocks past the ``HEADS`` heads' prefetch instead, and the heads' blocks do not."""
     h = tl.program_id(0)
+    if SIDE:
+        if h >= HEADS:  # after the q/k/v GEMV, in the attention's window, not during its stream
+            tl.extra.cuda.gdc_wait()
+            _l2_prefetch_as(h - HEADS, pf_ptr, pf_bytes, pf_chunk, pf_blocks, NT, PF)
+        else:
+            _attn_head(qkv_ptr, k_ptr, v_ptr, o_ptr, S, h, HD, GROUP, BS)
+    else:
+        _l2_prefetch(pf_ptr, pf_bytes, pf_chunk, pf_blocks, NT, PF)
+        _attn_head(qkv_ptr, k_ptr, v_ptr, o_ptr, S, h, HD, GROUP, BS)
+
+
+@triton.jit
+def _attn_head(qkv_ptr, k_ptr, v_ptr, o_ptr, S, h, HD: tl.constexpr, GROUP: tl.constexpr, BS: tl.constexpr):
+    """Query head ``h``'s attention over its KV head's cache (``_attn_standin``'s body)."""
     rs = tl.arange(0, BS)
     rd = tl.arange(0, HD)
     at = (h // GROUP) * S * HD + rs[:, None] * HD + rd[None, :]
@@ -312,12 +333,21 @@ class Prefetch:
     evict: str = ""
     blocks: int = 128
     cap_mb: int = 16
+    # the attention's prefetch: the W of the GEMV right after it (1: o) or the one after that
+    # (2: gate/up, whose W no kernel is loading while the attention runs; o loads its own before
+    # its wait); ``side``: by that many blocks of their own beside the heads' (0: the heads')
+    ahead: int = 1
+    side: int = 0
 
     @property
     def name(self) -> str:
         if self.plan == "none":
             return "attn_pdl" + ("_ef" if self.evict else "")
-        name = f"l2pf_{self.plan}_{self.mode}" + ("_ef" if self.evict else "")
+        name = f"l2pf_{self.plan}{'' if self.ahead == 1 else self.ahead}_{self.mode}" + (
+            "_ef" if self.evict else ""
+        )
+        if self.side:
+            name += f"_side{self.side}"
         if self.blocks != 128:
             name += f"_blocks{self.blocks or 'all'}"
         return name + (f"_cap{self.cap_mb}" if self.cap_mb != 16 else "")
@@ -352,6 +382,24 @@ def prefetch_variants(quick: bool) -> list[Prefetch]:
             Prefetch("ab", "bulk_el", ef, cap_mb=32),
         ]
     return out
+
+
+def ahead_variants() -> list[Prefetch]:
+    """The attention kernel's window, where HBM idles but for o's early loads, streaming the W of
+    gate/up (the GEMV after o) into L2: by the heads' blocks or by blocks of their own, a cap of
+    8-32 MiB of its 64 MiB; beside the chain without a prefetch and the attention prefetching o's."""
+    ef = "evict_first"
+    return [
+        Prefetch(),
+        Prefetch(evict=ef),
+        Prefetch("b", evict=ef),
+        Prefetch("b", evict=ef, side=64),
+        *(Prefetch("b", evict=ef, ahead=2, cap_mb=c) for c in (8, 16, 24)),
+        *(Prefetch("b", evict=ef, ahead=2, side=64, cap_mb=c) for c in (8, 16, 24, 32)),
+        Prefetch("b", ahead=2, side=64, cap_mb=16),
+        Prefetch("b", "bulk_el", ef, ahead=2, side=64, cap_mb=16),
+        Prefetch("b", evict=ef, ahead=2, side=128, cap_mb=24),
+    ]
 
 
 def pf_args(target, cap: int, blocks: int, nt: int, dummy) -> tuple:
@@ -402,8 +450,10 @@ def prefetch_chain(v: Prefetch, w: dict, x, bufs: dict, cache: tuple, layers: in
         )
 
     def attn(layer, nxt):
-        grid = ATTN["heads"]
-        pf = pf_args(nxt if "attn" in plan else None, cap, min(grid, v.blocks or grid), attn_nt, dummy)
+        heads = ATTN["heads"]
+        grid = heads + v.side if "attn" in plan else heads
+        blocks = v.side or min(heads, v.blocks or heads)
+        pf = pf_args(nxt if "attn" in plan else None, cap, blocks, attn_nt, dummy)
         kl, vl = kc[layer * per : (layer + 1) * per], vc[layer * per : (layer + 1) * per]
         launches.append(
             lambda: _attn_standin[(grid,)](
@@ -418,6 +468,8 @@ def prefetch_chain(v: Prefetch, w: dict, x, bufs: dict, cache: tuple, layers: in
                 triton.next_power_of_2(ATTN["slots"]),
                 attn_nt,
                 mode if pf[1] else 0,
+                bool(v.side) and pf[1] > 0,
+                heads,
                 num_warps=ATTN_WARPS,
                 num_stages=1,
                 launch_pdl=True,
@@ -431,7 +483,7 @@ def prefetch_chain(v: Prefetch, w: dict, x, bufs: dict, cache: tuple, layers: in
     for layer in range(layers):
         wo, wg, wd = layer_w("o", no, layer), layer_w("g", ng, layer), layer_w("d", nd, layer)
         gemv("q", layer_w("q", nq, layer), a, bufs["q"], nq, h, wo)
-        attn(layer, wo)
+        attn(layer, wo if v.ahead == 1 else wg)
         gemv("o", wo, bufs["att"], bufs["o"], no, h, wg)
         gemv("g", wg, bufs["o"], bufs["g"], ng, h, wd)
         gemv("d", wd, bufs["g"], bufs["d"], nd, kd, layer_w("q", nq, layer + 1))
@@ -478,7 +530,10 @@ def compile_only(arch: int) -> int:
         sig = {"qkv_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "o_ptr": ptr, "S": "i32", "pf_ptr": ptr,
                "pf_bytes": "i32", "pf_chunk": "i32", "pf_blocks": "i32"}  # fmt: skip
         consts = {"HD": ATTN["head_dim"], "GROUP": 4, "BS": 256, "NT": 32 * ATTN_WARPS, "PF": mode}
+        consts.update(SIDE=False, HEADS=ATTN["heads"])
         jobs.append((_attn_standin, sig, consts, ATTN_WARPS))
+        if mode:  # the prefetch by blocks of their own beside the heads'
+            jobs.append((_attn_standin, sig, {**consts, "SIDE": True}, ATTN_WARPS))
     failed = 0
     for fn, sig, consts, warps in jobs:
         full = {**sig, **{k: "constexpr" for k in consts}}
@@ -519,6 +574,11 @@ def main() -> int:
         "--quick",
         action="store_true",
         help="the plain chains and the main L2 prefetch variants only (no persistent)",
+    )
+    p.add_argument(
+        "--ahead",
+        action="store_true",
+        help="the plain chains and the attention's prefetch of gate/up's W alone (ahead_variants)",
     )
     p.add_argument("--repeats", type=int, default=20, help="graph replays per variant (median)")
     p.add_argument(
@@ -602,20 +662,22 @@ def main() -> int:
     want = {}
     # (name, the chain it computes: outputs compare within one, fields of the row, run)
     variants = [("kernels", "gemv", {}, per_gemv(False)), ("kernels_pdl", "gemv", {}, per_gemv(True))]
-    if not args.quick:
+    if not (args.quick or args.ahead):
         for b in args.blocks_per_sm or (2, 4):
             for warps in (2, 4):
                 for prefetch in (True, False):
                     name = f"persistent_{b}x{warps}w" + ("" if prefetch else "_no_prefetch")
                     variants.append((name, "gemv", {}, persistent(b, warps, prefetch)))
-    if args.quick or args.prefetch:
-        for v in prefetch_variants(args.quick):
+    if args.quick or args.prefetch or args.ahead:
+        for v in ahead_variants() if args.ahead else prefetch_variants(args.quick):
             fields = {
                 "plan": v.plan,
                 "mode": v.mode,
                 "evict": v.evict,
                 "pf_blocks": v.blocks,
                 "cap_mb": v.cap_mb,
+                "ahead": v.ahead,
+                "side": v.side,
             }
             variants.append((v.name, "attn", fields, prefetch_chain(v, w, x, bufs, cache, layers)))
     attn_bytes = 2 * cache[0].numel() * cache[0].element_size()
@@ -638,7 +700,7 @@ def main() -> int:
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         print(json.dumps(row), flush=True)
         result["rows"].append(row)
-    if args.quick or args.prefetch:
+    if args.quick or args.prefetch or args.ahead:
         result["attention_standin_us"] = attention_alone_us(bufs, cache, layers, dev, args.repeats)
         print(json.dumps({"attention_standin_us": result["attention_standin_us"]}), flush=True)
     if args.json:

@@ -2,7 +2,7 @@
 (each prefetch mode, with and without ``evict_first`` W loads, the GEMV at K 2048 and 8192 and the
 stand-in attention kernel) compiles for sm_90, and its PTX holds the prefetch the mode names
 (``cp.async.bulk.prefetch.L2`` or ``prefetch.global.L2``), none where the mode is off, and the
-dependent-launch wait."""
+dependent-launch wait; the attention also with its prefetch by blocks of their own (``SIDE``)."""
 
 from __future__ import annotations
 
@@ -24,4 +24,4 @@ def test_prefetch_kernels_compile_for_sm90():
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert len(lines) == 25 and all(line.startswith("ok") for line in lines), done.stdout[-3000:]
+    assert len(lines) == 29 and all(line.startswith("ok") for line in lines), done.stdout[-3000:]
