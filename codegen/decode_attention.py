@@ -112,6 +112,7 @@ combine add to the step's chain what its 16 or 32 programs save.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -120,6 +121,7 @@ from aot.codegen import index as ix
 from aot.codegen.decode_attention_render import (
     MIN_SPLIT_BLOCK_N,
     SPLIT_BLOCK_N,
+    Ahead,
     render_decode_attention,
     render_split_combined_decode_attention,
     render_split_decode_attention,
@@ -127,6 +129,7 @@ from aot.codegen.decode_attention_render import (
 from aot.codegen.decode_sites import DecodeSite, find_decode_sites
 from aot.codegen.kernel_source import launch_first, setting
 from aot.codegen.render import Rendered, compile_site_kernels, kernel_step
+from aot.dtypes import ITEMSIZE
 from aot.errors import CodegenError, counted
 from aot.program import VIEW_OPS, readers_of, state_aliases, state_next, step_reads, step_writes
 from aot.schema import Program, Step, StepKind, TensorSpec
@@ -161,6 +164,64 @@ def split_setting() -> str | int | None:
         f"{ONE_KERNEL_MAX_CONTEXT} slots keep the library's SDPA) or a number of splits from 2 to "
         f"{MAX_SPLITS}; unset it for the built-in choice"
     )
+
+
+# The one-kernel form's side programs (``decode_attention_render.Ahead``): while the attention
+# runs, HBM idles but for the o projection's early loads, so programs of the attention's grid
+# beyond its own stream the first AHEAD_MIB of the weight of the kernel after next (gate/up in a
+# Llama layer, which no kernel loads yet) into L2. ``AOTPACK_ATTENTION_AHEAD``: "off" (the default
+# until timed on a GPU), "on" (AHEAD_MIB), or a number of MiB (1 to 256).
+AHEAD_ENV = "AOTPACK_ATTENTION_AHEAD"
+AHEAD_MIB = 16
+AHEAD_MAX_MIB = 256
+
+
+def ahead_setting() -> int:
+    """``AOTPACK_ATTENTION_AHEAD`` as read now: MiB of a later weight the side programs stream into
+    L2 (0: none)."""
+    given = os.environ.get(AHEAD_ENV, "").strip()
+    text = given.lower()
+    if text in ("", "off", "0"):
+        return 0
+    if text == "on":
+        return AHEAD_MIB
+    if text.isdigit() and 1 <= int(text) <= AHEAD_MAX_MIB:
+        return int(text)
+    raise CodegenError(
+        f"{AHEAD_ENV}={given!r}: expected 'off', 'on' ({AHEAD_MIB} MiB) or MiB from 1 to {AHEAD_MAX_MIB} "
+        "of the later kernel's weight that the decode attention streams into L2"
+    )
+
+
+def ahead_weight(program: Program, at: int, mib: int) -> Ahead | None:
+    """What the decode attention at step ``at`` streams into L2 (``AOTPACK_ATTENTION_AHEAD``): the
+    largest weight of the second step after it that reads weights (as stored or through views of
+    them: a GEMM's ``permute``), its first ``mib`` MiB (all of it where smaller). The first such
+    step (the o projection) loads its own weight early under dependent launch; the second's no
+    kernel loads while the attention runs. None where no second step reads a weight."""
+    sizes = {w.name: w.spec for w in program.weights}
+    views: dict[str, str] = {name: name for name in sizes}  # a view of a weight -> the weight
+    seen = 0
+    for step in program.steps[at + 1 :]:
+        read = {views[name] for name in step_reads(step) if name in views}
+        if step.kind == StepKind.ATEN and step.target in VIEW_OPS:
+            if len(read) == 1:
+                views.update((out, next(iter(read))) for out in step.outputs if out is not None)
+            continue
+        if not read:
+            continue
+        seen += 1
+        if seen < 2:
+            continue
+
+        def size(name: str) -> int:
+            spec = sizes[name]
+            return math.prod(int(d) for d in spec.shape) * ITEMSIZE[spec.dtype]
+
+        biggest = max(sorted(read), key=size)
+        nbytes = min(size(biggest), mib << 20) // 128 * 128
+        return Ahead(biggest, sizes[biggest].dtype, nbytes) if nbytes else None
+    return None
 
 
 def combine_in_kernel() -> bool:
@@ -317,13 +378,15 @@ def decode_attention_kernels(
     first = launch_first()
     state = state_aliases(program) if first else set()
     afters: dict[int, bool] = {}
+    mib = ahead_setting()
     for s in sites:
         splits = decode_splits(s, setting)
         # the kernel after it may start first where it does not touch the state
         after = first and not state_next(program, s.step, state)
         afters[s.step] = after
         if splits == 1:
-            forms.append(([render_decode_attention(s, after)], {}, {}))
+            ahead = ahead_weight(program, s.step, mib) if mib else None
+            forms.append(([render_decode_attention(s, after, ahead=ahead)], {}, {}))
         elif combine and (rows := max_rows(s, ranges or {})) is not None:
             kernel, workspace, (counts, spec) = render_split_combined_decode_attention(s, splits, rows, after)
             assert not {*workspace, counts} & set(program.buffers), (workspace, counts)

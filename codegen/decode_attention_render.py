@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -215,18 +215,65 @@ LAUNCH_FIRST_ROWS = "B == 1"
 COMBINED_FIRST = True
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A later kernel's weight that the one-kernel form's own programs stream into L2 while the
+    attention runs (``decode_attention.ahead_weight``): ``PROGRAMS`` programs past the grid's
+    ``B * KV_HEADS`` wait for the kernel before, then each thread issues one bulk prefetch
+    (``cp.async.bulk.prefetch.L2``) of its ``chunk`` of the weight's first ``nbytes``, and they
+    end. The attention's programs do not touch it. A hint only: nothing reads the prefetched
+    lines but that kernel, which reads them from L2 where they still are, from HBM where not."""
+
+    weight: str
+    dtype: str
+    nbytes: int  # a multiple of 128, at most the weight's size
+    programs: int = 128  # at most; fewer where each thread would take less than AHEAD_CHUNK bytes
+
+    def chunk(self, threads: int) -> int:
+        """Bytes a thread prefetches: a multiple of 128 (the bulk prefetch's 16-byte grain)."""
+        return -(-self.nbytes // (self.programs * threads * 128)) * 128
+
+
+AHEAD_CHUNK = 512  # bytes a side program's thread prefetches at least (16 MiB: 128 programs of 256)
+# One thread's bulk prefetch of its chunk, where the chunk's size is positive (Hopper, PTX 8.0):
+# ``$0`` is a dummy result (inline asm returns a value)
+BULK_PREFETCH = (
+    "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }"
+)
+
+
+def _ahead_lines(ahead: Ahead) -> list[str]:
+    """The side programs' lines, first in the kernel: under ``GDC`` (sm_90+ cubins; in Triton's
+    interpreter and elsewhere they only end)."""
+    return [
+        "if tl.program_id(0) >= B * KV_HEADS:  # a side program: a later kernel's weight into L2",
+        "    if GDC:  # after the kernel before: in this kernel's window, not during its stream",
+        "        tl.extra.cuda.gdc_wait()",
+        "        at = ((tl.program_id(0) - B * KV_HEADS) * PF_THREADS + tl.arange(0, PF_THREADS)) * PF_CHUNK",
+        "        tl.inline_asm_elementwise(",
+        f'            "{BULK_PREFETCH}",',
+        '            "=r,l,r",',
+        "            [pf_ptr.to(tl.pointer_type(tl.int8)) + at, tl.minimum(PF_BYTES - at, PF_CHUNK)],",
+        "            dtype=tl.int32,",
+        "            is_pure=False,",
+        "            pack=1,",
+        "        )",
+        "    return",
+    ]
+
+
 def render_decode_attention(
-    site: DecodeSite, launch_first: bool = False, vector: bool | None = None
+    site: DecodeSite, launch_first: bool = False, vector: bool | None = None, ahead: Ahead | None = None
 ) -> Rendered:
     """The kernel of one site: grid (B * KV,), one program per row and KV head; or, ``vector``
     (``vector_form()`` where None), grid (B * KV, G), one program per row and query head, without
     tensor cores. ``launch_first``: at ``LAUNCH_FIRST_ROWS`` it lets the kernel after start before
     its own wait (``kernel_source.launch_first_where``; only where the step after it does not touch
-    the program's state)."""
+    the program's state). ``ahead``: ``Ahead.programs`` more programs, streaming a later kernel's
+    weight into L2 (the tile form only)."""
     first = LAUNCH_FIRST_ROWS if launch_first else False
-    return _render_attention(
-        site, 1, "", launch_first=first, vector=vector_form() if vector is None else vector
-    )
+    vector = vector_form() if vector is None else vector
+    return _render_attention(site, 1, "", launch_first=first, vector=vector, ahead=None if vector else ahead)
 
 
 def render_split_decode_attention(
@@ -372,6 +419,7 @@ def _render_attention(
     vector: bool = False,
     rows_load: str = "",
     max_block_n: int = 0,
+    ahead: Ahead | None = None,
 ) -> Rendered:
     """The one-kernel form (``splits`` 1) or the split form's partial kernel (``ws`` its
     workspace), which also combines where ``counts`` names its arrival counters (the split form
@@ -384,6 +432,7 @@ def _render_attention(
     split = splits > 1
     assert slices is None or not split
     assert not (vector and (split or slices))
+    assert ahead is None or not (split or vector)
     combined = bool(counts)
     assert split or not combined
     d, groups = site.head_dim, site.heads // site.kv_heads
@@ -415,6 +464,7 @@ def _render_attention(
     name += "_biased" if site.bias is not None else ""
     name += f"_sums{slices.slices}" if slices else ""
     name += "_vector" if vector else ""
+    name += "_ahead" if ahead else ""
     # a query head's tile and its broadcasts: [BLOCK_G, BLOCK_D] (the tile form) or [BLOCK_D] (the
     # vector form's one head); the cache's values as loaded: [BLOCK_N, BLOCK_D], or as the keys,
     # [BLOCK_D, BLOCK_N], in the vector form (so that the scores' layout weighs them as it is)
@@ -715,6 +765,7 @@ def _render_attention(
         *([KernelParam("ws_ptr", ParamKind.PTR, "float32")] if split else []),
         *([KernelParam("out_ptr", ParamKind.PTR, site.dtype)] if combined or not split else []),
         *([KernelParam("count_ptr", ParamKind.PTR, "int32")] if combined else []),
+        *([KernelParam("pf_ptr", ParamKind.PTR, ahead.dtype)] if ahead else []),
         KernelParam("B", ParamKind("i32"), ""),
     ]
     batch = ix.size_text(ix.parse_size(site.batch))
@@ -742,6 +793,7 @@ def _render_attention(
         *((Buf(ws),) if split else ()),
         *((Buf(site.out),) if combined or not split else ()),
         *((Buf(counts),) if combined else ()),
+        *((Buf(ahead.weight),) if ahead else ()),
         Sym(batch),
     )
     signature = signature_of(params, "i32")
@@ -767,6 +819,14 @@ def _render_attention(
         consts.update(BIAS_OFFSET=bias.offset, BIAS_BATCH=bias.batch_stride, BIAS_HEAD=bias.head_stride)
     if slices:
         consts.update(ROWS_WIDTH=slices.width)
+    if ahead:
+        threads = 32 * num_warps
+        # programs enough for AHEAD_CHUNK bytes a thread, at most ``Ahead.programs``
+        ahead = replace(
+            ahead, programs=max(1, min(ahead.programs, -(-ahead.nbytes // (threads * AHEAD_CHUNK))))
+        )
+        consts.update(PF_THREADS=threads, PF_CHUNK=ahead.chunk(threads), PF_BYTES=ahead.nbytes)
+        early[:0] = _ahead_lines(ahead)
     if split:
         consts.update(SPLITS=splits, BLOCKS=blocks)
     if combined:
@@ -795,7 +855,7 @@ def _render_attention(
         if not shared_tables:
             consts.update(K_ROT_BATCH=kr.batch_stride)
     grid = (
-        ix.size_text(ix.parse_size(site.batch) * site.kv_heads),
+        ix.size_text(ix.parse_size(site.batch) * site.kv_heads + (ahead.programs if ahead else 0)),
         *((str(splits),) if split else ()),
         *((str(groups),) if vector else ()),
     )
@@ -818,6 +878,11 @@ def _render_attention(
         + f"B = {batch}, {site.dtype}.",
         f"grid: ({', '.join(grid)},)",
     ]
+    if ahead:
+        doc[-1:-1] = [
+            f"The {ahead.programs} programs past B * {site.kv_heads} stream the first {ahead.nbytes} bytes of {ahead.weight}, a later",
+            "kernel's weight, into L2 once the kernel before has ended (sm_90+), and end: they touch nothing else.",
+        ]
     if vector:
         doc[-1:-1] = [
             "One program per row and query head (grid's second dim), without tensor cores: its KV head's keys and",

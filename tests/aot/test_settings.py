@@ -86,6 +86,12 @@ SWITCHES = [
         CodegenError,
     ),
     (
+        "AOTPACK_ATTENTION_AHEAD",
+        _call("codegen.decode_attention", "ahead_setting"),
+        {None: 0, "off": 0, "0": 0, "on": 16, "ON": 16, "24": 24, "256": 256},
+        CodegenError,
+    ),
+    (
         "AOTPACK_LAUNCH_FIRST",
         _call("codegen.kernel_source", "launch_first"),
         {"on": True, "Off": False},
@@ -232,6 +238,7 @@ def test_the_names_match_the_modules():
         gemm_prologue.MEANS_ENV,
         gemm_prologue.FACTORED_ENV,
         decode_attention.COMBINE_ENV,
+        decode_attention.AHEAD_ENV,
         decode_attention_render.WARPS_ENV,
         decode_attention_render.VECTOR_ENV,
         gemm_defaults.MANY_ROWS_EARLY_ENV,
@@ -255,6 +262,7 @@ OTHER_READS = {
     ("aot/signature.py", "TRUST_ENV"),  # key files, a path list
     ("codegen/compile.py", "CACHE_ENV"),  # a cache folder
     ("codegen/decode_attention.py", "SPLIT_ENV"),  # "off" or 2-MAX_SPLITS: refused past them
+    ("codegen/decode_attention.py", "AHEAD_ENV"),  # "off", "on" or 1-AHEAD_MAX_MIB: refused past them
     ("codegen/gemm_defaults.py", "FEW_ROWS_ENV"),  # form names: refused unless forms
     ("codegen/gemm_defaults.py", "ONE_ROW_PROLOGUE_ENV"),  # a form name: refused unless a form
     ("codegen/gemm_defaults.py", "FORM_STAGES_ENV"),  # form names and counts: refused unless both
