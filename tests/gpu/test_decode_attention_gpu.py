@@ -386,3 +386,46 @@ def test_verify_checks_the_split_forms_cache_write(combine, tmp_path, monkeypatc
     want = cpu.generate(prompts, 12)
     assert gpu.generate(prompts, 12) == want
     assert gpu.generate(prompts, 12) == want  # the graphs replayed, the counters as they were left
+
+
+def test_the_side_programs_prefetch_and_the_tokens_stay_the_cpus(tmp_path, monkeypatch):
+    """``AOTPACK_ATTENTION_AHEAD=on``: the decode attention kernels with side programs streaming
+    gate/up's weight into L2 (a tiny Llama, bfloat16, Llama-3.2-1B's head shape); ``aotpack verify``
+    passes, and the GPU's greedy tokens, in blocks of steps and one step a launch, are the CPU's."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from tests.realmodels.conftest import require
+
+    require("transformers")
+    import transformers
+
+    from aot.codegen import generate
+    from aot.hf import causal_lm
+    from aot.loader import load
+    from aot.packager import pack
+    from aot.tracer import trace
+    from aot.verify.device import passed, verify
+
+    monkeypatch.setenv("AOTPACK_ATTENTION_AHEAD", "on")
+    cfg = transformers.LlamaConfig(
+        hidden_size=512, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=64, vocab_size=512, tie_word_embeddings=True,
+    )  # fmt: skip
+    spec = causal_lm(
+        lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=160, name="t", dtype="bfloat16"
+    )
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    compiled = generate(trace(spec), (arch,))
+    kernels = [k.name for p in (compiled.program, *compiled.program.variants) for k in p.kernels]
+    assert sum(name.startswith("decode_attention") and name.endswith("_ahead") for name in kernels) == 2, (
+        kernels
+    )
+    path = tmp_path / "t.tpk"
+    pack(compiled, path)
+    reports = verify(str(path))
+    assert reports and all(passed(r, "bfloat16") for r in reports), reports[:2]
+    prompts = [list(range(3, 40)), [7, 8, 9]]
+    want = load(path, device="cpu").generate(prompts, 16)
+    gpu = load(path, device="cuda")
+    assert gpu.generate(prompts, 16) == want
+    assert gpu.generate(prompts, 16, steps_per_launch=1) == want
