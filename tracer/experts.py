@@ -14,7 +14,11 @@ projection (``aten._grouped_mm``: each row multiplied by its own expert's weight
 the experts' work per token, never all of them), the routing weights applied, and the rows put back
 in token order and summed over the top-k. The module is found by its structure (stacked expert
 weights ``[E, ...]`` and a ``(hidden_states, top_k_index, top_k_weights)`` forward), not its name,
-and the build's reference check still runs the library's own forward.
+and the build's reference check still runs the library's own forward. DBRX keeps its experts'
+weights flat instead (``mlp.w1``, ``v1``, ``w2``: ``[E * F, H]`` each, the gate's and the up
+projection's ``[F, H]`` per expert as a linear layer's, the down projection's ``[F, H]`` applied
+as ``h @ w2``) and loops over the experts hit like the ``eager`` implementation: the same grouped
+GEMMs over views of them (``flat_glu``).
 """
 
 from __future__ import annotations
@@ -43,20 +47,41 @@ FORWARD_PARAMETERS = (
 
 def is_experts_module(module: torch.nn.Module) -> bool:
     """A module of stacked expert weights (``gate_up_proj`` or ``up_proj``, and ``down_proj``,
-    each ``[E, ...]`` with E its ``num_experts``) whose forward takes the routing as computed:
-    ``(hidden_states, top_k_index, top_k_weights)`` (or GPT-OSS's names for them)."""
+    each ``[E, ...]`` with E its ``num_experts``; or DBRX's flat ones, ``flat_glu``) whose forward
+    takes the routing as computed: ``(hidden_states, top_k_index, top_k_weights)`` (or GPT-OSS's
+    names for them)."""
     experts = getattr(module, "num_experts", None)
     if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
         return False
     up = getattr(module, "gate_up_proj" if _has_gate(module) else "up_proj", None)
     down = getattr(module, "down_proj", None)
-    if not all(isinstance(w, torch.Tensor) and w.dim() == 3 and w.shape[0] == experts for w in (up, down)):
+    stacked = all(isinstance(w, torch.Tensor) and w.dim() == 3 and w.shape[0] == experts for w in (up, down))
+    if not stacked and flat_glu(module) is None:
         return False
     try:
         params = tuple(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         return False
     return params[:3] in FORWARD_PARAMETERS
+
+
+def flat_glu(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """DBRX's experts weights (its ``DbrxExpertGLU`` as ``module.mlp``): the gate's, the up
+    projection's and the down projection's, each viewed ``[E, F, H]`` from ``[E * F, H]``; the
+    gate's and up's ``[F, H]`` per expert as a linear layer's weight, the down's applied as
+    ``h @ w2`` (``[F, H]``: input by output). None where ``module`` keeps no such weights."""
+    experts, mlp = getattr(module, "num_experts", None), getattr(module, "mlp", None)
+    weights = [getattr(mlp, name, None) for name in ("w1", "v1", "w2")]
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts < 1:
+        return None
+    if not all(isinstance(w, torch.Tensor) and w.dim() == 2 for w in weights):
+        return None
+    if len({tuple(w.shape) for w in weights}) != 1 or weights[0].shape[0] % experts:
+        return None
+    if not callable(getattr(mlp, "activation_fn", None)):
+        return None
+    hidden = weights[0].shape[1]
+    return tuple(w.view(experts, -1, hidden) for w in weights)  # type: ignore[return-value]
 
 
 def _has_gate(module: torch.nn.Module) -> bool:
@@ -112,6 +137,9 @@ def grouped_experts_forward(
     of its k routed experts e with weight w, ``w * down_e(gate(up_e(x_t)))``, summed over the k.
     The products are summed in the order transformers' ``grouped_mm`` sums them."""
     # hidden_states: [T, H]; top_k_index, top_k_weights: [T, k]; S = T * k routed rows
+    flat = flat_glu(self)
+    if flat is not None:
+        return _flat_glu_forward(self, flat, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
     experts = self.num_experts
     transposed = getattr(self, "is_transposed", False)
@@ -120,13 +148,9 @@ def grouped_experts_forward(
     up_weight = self.gate_up_proj if has_gate else self.up_proj
     _check_alignment(self, up_weight, self.down_proj)
 
-    expert_ids = top_k_index.reshape(-1)  # [S]
-    expert_ids, order = torch.sort(expert_ids)  # rows grouped by expert (any order within one)
-    rows = hidden_states[order // top_k]  # [S, H]: each routed row's token
+    # rows [S, H] grouped by expert, each its token's; offsets [E]: the end of each expert's rows
+    expert_ids, order, rows, offsets = _routed_rows(hidden_states, top_k_index, experts)
     row_weights = top_k_weights.reshape(-1)[order]  # [S]
-    # offsets[e]: the rows routed to experts 0..e, the end of expert e's group (on the device)
-    experts_range = torch.arange(experts, device=expert_ids.device)
-    offsets = (expert_ids[None, :] <= experts_range[:, None]).sum(1, dtype=torch.int32)  # [E]
 
     up_bias = (self.gate_up_proj_bias if has_gate else self.up_proj_bias)[expert_ids] if has_bias else None
     projected = _grouped_linear(rows, up_weight, offsets, up_bias, transposed)  # [S, 2I] or [S, I]
@@ -144,12 +168,43 @@ def grouped_experts_forward(
     if getattr(self, "has_post_expert_norm", False):
         out = self.post_expert_norm(out)
     weighted = out * row_weights.unsqueeze(-1)  # [S, H]
+    return _token_order(weighted, order, tokens, top_k).to(hidden_states.dtype)
 
-    # back to token order: routed row `order[j]` sits at j
+
+def _routed_rows(hidden_states: torch.Tensor, top_k_index: torch.Tensor, experts: int):
+    """The routed rows grouped by expert: (expert ids sorted, the order they came in, each row's
+    token's hidden state, the end of each expert's group of rows on the device)."""
+    top_k = top_k_index.shape[1]
+    expert_ids, order = torch.sort(top_k_index.reshape(-1))  # any order within one expert
+    rows = hidden_states[order // top_k]
+    experts_range = torch.arange(experts, device=expert_ids.device)
+    offsets = (expert_ids[None, :] <= experts_range[:, None]).sum(1, dtype=torch.int32)
+    return expert_ids, order, rows, offsets
+
+
+def _token_order(weighted: torch.Tensor, order: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
+    """Routed rows back in token order (``order[j]`` sits at j), summed over the top-k: [T, H]."""
     routed = torch.arange(order.shape[0], device=order.device)
     inverse = torch.zeros_like(order).scatter(0, order, routed)
-    weighted = weighted[inverse].view(tokens, top_k, -1)  # [T, k, H]
-    return weighted.sum(dim=1).to(hidden_states.dtype)
+    return weighted[inverse].view(tokens, top_k, -1).sum(dim=1)
+
+
+def _flat_glu_forward(self: Any, flat, hidden_states, top_k_index, top_k_weights) -> torch.Tensor:
+    """DBRX's mixture (``flat_glu``): each routed row through its expert's gate and up projections,
+    ``act(gate) * up``, then ``@ w2``, weighted and summed over the top-k; the output viewed as its
+    forward views it, ``[hidden_states.shape[0], -1, H]``."""
+    gate_weight, up_weight, down_weight = flat
+    hidden = gate_weight.shape[2]
+    tokens, top_k = top_k_index.shape
+    _check_alignment(self, gate_weight, down_weight)
+    flat_states = hidden_states.reshape(-1, hidden)
+    expert_ids, order, rows, offsets = _routed_rows(flat_states, top_k_index, self.num_experts)
+    gate = _grouped_linear(rows, gate_weight, offsets, None, False)  # [S, F]
+    up = _grouped_linear(rows, up_weight, offsets, None, False)
+    down = _grouped_linear(self.mlp.activation_fn(gate) * up, down_weight, offsets, None, True)  # [S, H]
+    weighted = down * top_k_weights.reshape(-1)[order].unsqueeze(-1)
+    out = _token_order(weighted, order, tokens, top_k).to(hidden_states.dtype)
+    return out.view(hidden_states.shape[0], -1, hidden)
 
 
 @torch.library.custom_op("aotpack::grouped_mm", mutates_args=())

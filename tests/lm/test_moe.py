@@ -58,11 +58,23 @@ MOE = {
         ),
     ),
 }
+# DBRX: flat expert weights ([E * F, H] each, tracer.experts.flat_glu), its own loop over the
+# experts hit, q/k/v clipped; its config names its sizes its own way (its clip must be set: with
+# none, transformers' own forward fails)
+DBRX = dict(
+    d_model=32,
+    n_heads=4,
+    n_layers=2,
+    max_seq_len=64,
+    attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+    ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2),
+)
 KINDS = [
     "mixtral",
     pytest.param("qwen2_moe", marks=pytest.mark.slow),
     pytest.param("qwen3_moe", marks=pytest.mark.slow),
     pytest.param("gpt_oss", marks=pytest.mark.slow),
+    pytest.param("dbrx", marks=pytest.mark.slow),
 ]
 
 
@@ -78,6 +90,10 @@ def factory(kind: str, experts_implementation: str | None = None):
 
     if kind == "gpt_oss":
         return lambda: experts_models(kind, experts_implementation)
+    if kind == "dbrx":
+        keep = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range")
+        config = tf.DbrxConfig(**{k: COMMON[k] for k in keep}, **DBRX)
+        return lambda: tf.DbrxForCausalLM(config)
 
     name, fields = MOE[kind]
     config = getattr(tf, f"{name}Config")(**{**COMMON, **fields})
@@ -213,6 +229,41 @@ def test_experts_are_found_by_structure_and_restored_after_export():
     torch.testing.assert_close(got, want, atol=EXACT, rtol=EXACT)
 
 
+def test_dbrx_flat_experts_are_found_and_the_grouped_form_equals_their_loop():
+    """DBRX's experts (``DbrxExperts``: flat ``[E * F, H]`` weights under ``mlp``, no
+    ``gate_up_proj``, a loop over the experts hit): found by structure, and the grouped form equals
+    its own forward and the mixture written out, token by token, for 2-D and 3-D hidden states (it
+    returns ``[hidden_states.shape[0], -1, H]`` either way), where some experts get no row and
+    where one gets every row."""
+    from aot.tracer.experts import flat_glu, grouped_experts, replaceable
+
+    model = built("dbrx")
+    experts = model.transformer.blocks[0].ffn.experts
+    assert replaceable(experts) and not hasattr(experts, "gate_up_proj")
+    gate, up, down = flat_glu(experts)
+    assert gate.shape == up.shape == down.shape == (4, 64, 32)
+    gen = torch.Generator().manual_seed(5)
+    for shape in ((1, 32), (7, 32), (2, 9, 32)):
+        hidden = torch.randn(*shape, generator=gen)
+        tokens = hidden.numel() // 32
+        for index, weights in routings(tokens, 4, 2, gen):
+            with torch.no_grad():
+                want = experts(hidden, index, weights)
+                with grouped_experts(model) as found:
+                    assert found == DBRX["n_layers"]
+                    got = experts(hidden, index, weights)
+                rows = hidden.reshape(-1, 32)
+                written = torch.zeros_like(rows)
+                for t in range(tokens):
+                    for j in range(2):
+                        e = int(index[t, j])
+                        h = nn.functional.silu(rows[t] @ gate[e].T) * (rows[t] @ up[e].T)
+                        written[t] += weights[t, j] * (h @ down[e])
+            assert got.shape == want.shape == (shape[0], tokens // shape[0], 32)
+            torch.testing.assert_close(got, want, atol=EXACT, rtol=EXACT)
+            torch.testing.assert_close(got.reshape(-1, 32), written, atol=EXACT, rtol=EXACT)
+
+
 def test_expert_sizes_the_grouped_gemm_cannot_read_are_refused_with_the_sizes():
     from aot.tracer.experts import grouped_experts_forward
 
@@ -303,7 +354,8 @@ def test_generate_equals_transformers_greedy_generate(moe_bundles, kind):
 
     runner, _ = moe_bundles(kind)
     model = built(kind)
-    assert model.config._experts_implementation == "grouped_mm"  # transformers' default
+    if kind != "dbrx":  # DBRX's experts have one implementation, its loop
+        assert model.config._experts_implementation == "grouped_mm"  # transformers' default
     ids, mask = prompts(3)  # rows 1 and 2 left-padded
     want, _ = hf_greedy(model, ids, mask, NEW_TOKENS)
     assert runner.generate(ids, NEW_TOKENS, attention_mask=mask) == want.tolist()
