@@ -307,6 +307,10 @@ def _measured_shapes(model: Any, cls: str, num_layers: int) -> Shapes | None:
     return tuple(s[0][0] if s else None for s in seen), tuple(s[0][1] if s else None for s in seen)
 
 
+def _first_line(failure: BaseException) -> str:
+    return f"{type(failure).__name__}: {(str(failure).splitlines() or [''])[0][:200]}"
+
+
 def _kv_shared_layers(model: Any) -> frozenset[int]:
     """The layers whose attention reuses an earlier layer's keys and values and writes no cache of
     its own (transformers marks them ``is_kv_shared_layer``: Gemma 3n's last layers)."""
@@ -341,15 +345,19 @@ def _no_key_value_cache(cls: str, config: Any, num_layers: int, failure: BaseExc
     ``past_key_values`` failed (``failure``), or its config lists layers of other state."""
     kinds = _other_state_kinds(config, num_layers)
     why = f"its layers of kind {', '.join(map(repr, kinds))} keep a state other than keys and values"
-    if failure is not None:
-        first = (str(failure).splitlines() or [""])[0][:200]
-        ran = f"one token through it with a key/value cache as past_key_values fails ({type(failure).__name__}: {first})"
-        why = f"{ran}; {why}" if kinds else ran
-    return (
-        f"causal_lm cannot serve {cls}: {why}. causal_lm serves models whose every layer keeps keys and values "
-        f"alone, written through past_key_values.update (state-space, convolution and linear-attention layers "
-        f"keep other state)"
+    serves = (
+        "causal_lm serves models whose every layer keeps keys and values alone, written through "
+        "past_key_values.update (state-space, convolution and linear-attention layers keep other state)"
     )
+    if failure is not None:
+        ran = f"one token through it with a key/value cache as past_key_values fails ({_first_line(failure)})"
+        if not kinds:  # no layer kind says why: the model itself, or a state its config does not list
+            return (
+                f"causal_lm cannot serve {cls}: {ran}. Either the model fails as configured (run one token "
+                f"through it to see), or a layer keeps a state other than keys and values: {serves}"
+            )
+        why = f"{ran}; {why}"
+    return f"causal_lm cannot serve {cls}: {why}. {serves}"
 
 
 def _config_shapes(config: Any, num_layers: int) -> Shapes:

@@ -264,6 +264,29 @@ def test_dbrx_flat_experts_are_found_and_the_grouped_form_equals_their_loop():
             torch.testing.assert_close(got.reshape(-1, 32), written, atol=EXACT, rtol=EXACT)
 
 
+def test_a_model_that_fails_as_configured_is_refused_as_such():
+    """DBRX without its q/k/v clip fails in transformers' own forward (a clamp given no bounds).
+    ``causal_lm`` probes it on the meta device, where the model without a cache stops first at a
+    value it reads, so it cannot tell the model's failure from a state the cache lacks: it says
+    both, the model's first (its config names no layer kind of other state)."""
+    import transformers as tf
+
+    from aot.errors import SpecError
+    from aot.hf import causal_lm
+
+    keep = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range")
+    fields = {**DBRX, "attn_config": {**DBRX["attn_config"], "clip_qkv": None}}
+    config = tf.DbrxConfig(**{k: COMMON[k] for k in keep}, **fields)
+    with pytest.raises(SpecError) as e:
+        causal_lm(lambda: tf.DbrxForCausalLM(config), max_batch=2, max_context=MAX_CONTEXT)
+    message = str(e.value)
+    assert message.startswith(
+        "causal_lm cannot serve DbrxForCausalLM: one token through it with a key/value cache as past_key_values "
+        "fails (ValueError: clamp called but both min and max are none!). Either the model fails as configured "
+        "(run one token through it to see), or a layer keeps a state other than keys and values: causal_lm serves"
+    ), message
+
+
 def test_expert_sizes_the_grouped_gemm_cannot_read_are_refused_with_the_sizes():
     from aot.tracer.experts import grouped_experts_forward
 
