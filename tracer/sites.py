@@ -50,8 +50,8 @@ def value_dependent_size(symbol: str, where: str = "", code: str = "") -> TraceE
     code = f" ({code})" if code else ""
     return TraceError(
         f"{where}a size depends on tensor values, not on input shapes{code}: {symbol} is the size of a "
-        f"result such as torch.nonzero's, masked_select's, unique's or a number read with .item(); "
-        + VALUE_SHAPES
+        f"result such as torch.nonzero's, masked_select's, unique's or a number read with .item() or .tolist() "
+        "(a mixture of experts' slices sized by its routing); " + VALUE_SHAPES
     )
 
 
