@@ -778,14 +778,19 @@ def build_key(model: str, tiny: bool, batches: tuple[int, ...], archs: tuple[str
     )
 
 
+def _key_file(bundle: Path) -> Path:
+    """Where ``bundle``'s build key lies: beside it."""
+    return bundle.with_name(bundle.name + ".key")
+
+
 def _kept(bundle: Path, key: str) -> bool:
-    """``bundle`` exists and was built under ``key`` (its ``.key`` file beside it)."""
-    mark = bundle.with_name(bundle.name + ".key")
+    """``bundle`` exists and was built under ``key``."""
+    mark = _key_file(bundle)
     return bundle.is_file() and mark.is_file() and mark.read_text() == key
 
 
 def _keep(bundle: Path, key: str) -> None:
-    bundle.with_name(bundle.name + ".key").write_text(key)
+    _key_file(bundle).write_text(key)
 
 
 def build_bundles(
@@ -842,10 +847,11 @@ def build_bundles(
     if set(wanted) & {"aotpack-nopdl", "aotpack-step", "aotpack-aten-greedy"} and "aotpack" not in wanted:
         wanted.append("aotpack")
     key = build_key(model, tiny, batches, archs, prompt + new_tokens)
+    built_as = {system: out / f"{stem}{name}" for system, name in BUILT_AS.items()}
     paths = {}
-    for system, name in BUILT_AS.items():  # bundles this code built before under the same key
-        if system in wanted and reuse and _kept(out / f"{stem}{name}", key):
-            paths[system] = out / f"{stem}{name}"
+    for system, path in built_as.items():  # bundles this code built before under the same key
+        if system in wanted and reuse and _kept(path, key):
+            paths[system] = path
             print(
                 f"reused {paths[system]} (built before with this code, these switches and sizes)",
                 file=sys.stderr,
@@ -856,14 +862,14 @@ def build_bundles(
     if not wanted:
         return paths
     for system in wanted:  # a build cut off half way leaves no key that would claim it
-        if system in BUILT_AS:
-            (out / f"{stem}{BUILT_AS[system]}.key").unlink(missing_ok=True)
+        if system in built_as:
+            _key_file(built_as[system]).unlink(missing_ok=True)
     start = time.perf_counter()
     traced = trace(spec)
     print(f"traced {model} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack" in wanted:
         start = time.perf_counter()
-        paths["aotpack"] = out / f"{stem}.tpk"
+        paths["aotpack"] = built_as["aotpack"]
         # split weights: a bundle over 2 GiB of weights (llama-3.2-1b) as one zip member does not load
         pack(generate(traced, archs, progress=say), paths["aotpack"], split_weights=True)
         _keep(paths["aotpack"], key)
@@ -872,14 +878,14 @@ def build_bundles(
         paths["aotpack-nopdl"] = paths["aotpack-step"] = paths["aotpack-aten-greedy"] = paths["aotpack"]
     if "aotpack-rt" in wanted:
         start = time.perf_counter()
-        paths["aotpack-rt"] = out / f"{stem}-lf.tpk"
+        paths["aotpack-rt"] = built_as["aotpack-rt"]
         compiled = generate(traced, archs, gemm_candidates=True, library_free=True)
         pack(compiled, paths["aotpack-rt"], split_weights=True)
         _keep(paths["aotpack-rt"], key)
         print(f"built {paths['aotpack-rt']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if "aotpack-sdpa" in wanted:
         start = time.perf_counter()
-        paths["aotpack-sdpa"] = out / f"{stem}-sdpa.tpk"
+        paths["aotpack-sdpa"] = built_as["aotpack-sdpa"]
         pack(generate(traced, archs, decode_attention=False), paths["aotpack-sdpa"], split_weights=True)
         _keep(paths["aotpack-sdpa"], key)
         print(f"built {paths['aotpack-sdpa']} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
@@ -890,7 +896,7 @@ def build_bundles(
         untuned = out / f"{stem}-gemm.tpk"
         pack(generate(traced, archs, gemm_candidates=True), untuned, split_weights=True)
         built = time.perf_counter() - start
-        paths["aotpack-tuned"] = out / f"{stem}-tuned.tpk"
+        paths["aotpack-tuned"] = built_as["aotpack-tuned"]
         result = tune(untuned, paths["aotpack-tuned"], repeats=20, entries=("decode",))
         _keep(paths["aotpack-tuned"], key)
         chosen = sum(c.choice != "library" for c in result.table.choices)
