@@ -19,6 +19,13 @@ weights flat instead (``mlp.w1``, ``v1``, ``w2``: ``[E * F, H]`` each, the gate'
 projection's ``[F, H]`` per expert as a linear layer's, the down projection's ``[F, H]`` applied
 as ``h @ w2``) and loops over the experts hit like the ``eager`` implementation: the same grouped
 GEMMs over views of them (``flat_glu``).
+
+JetMoE routes its own way (``split_experts``): its router counts each expert's rows and reads the
+counts into Python (``.tolist()``), and its "parallel experts" modules split the rows grouped by
+expert by those counts, one linear layer per expert. For the export the counts stay on the device
+(``DeviceCounts``, what ``.tolist()`` gives in the router's forward alone) and each parallel experts
+module is one grouped GEMM over the offsets they sum to; the router's code, the gather of the rows
+and their way back are the library's own.
 """
 
 from __future__ import annotations
@@ -101,14 +108,21 @@ def replaceable(module: torch.nn.Module) -> bool:
 @contextlib.contextmanager
 def grouped_experts(model: torch.nn.Module) -> Iterator[int]:
     """Every replaceable experts module of ``model`` computes as ``grouped_experts_forward`` for
-    the duration; yields how many there are."""
+    the duration, and every split experts module as one grouped GEMM over its router's counts
+    (``split_experts``); yields how many experts modules there are."""
     found = [m for m in model.modules() if replaceable(m)]
     for m in found:
         m.forward = _routed_forward(m)
+    split = split_experts(model)
+    for m in split:
+        m.forward = _grouped_split_forward(m)
+    routers = {id(r): r for m in split for r in split[m]}.values()
+    for r in routers:
+        r.forward = _counting_forward(r)
     try:
-        yield len(found)
+        yield len(found) + len(split)
     finally:
-        for m in found:
+        for m in (*found, *split, *routers):
             del m.forward
 
 
@@ -124,6 +138,131 @@ def _routed_forward(module: torch.nn.Module):
                 f"{type(module).__name__}.forward takes {names}, got {len(args)} and {sorted(kwargs)}"
             )
         return grouped_experts_forward(module, *values)
+
+    return forward
+
+
+def is_split_experts(module: torch.nn.Module) -> bool:
+    """A module of stacked expert weights (``weight``, ``[E, N, K]`` with E its ``num_experts``)
+    whose forward takes the rows grouped by expert and how many rows each expert has,
+    ``(inputs, expert_size)``: JetMoE's ``JetMoeParallelExperts``, a linear layer per expert over
+    its slice of the rows."""
+    experts, weight = getattr(module, "num_experts", None), getattr(module, "weight", None)
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+        return False
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 3 and weight.shape[0] == experts):
+        return False
+    try:
+        params = tuple(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params == SPLIT_PARAMETERS
+
+
+# How a split experts module names its forward's parameters: the grouped rows, the rows per expert.
+SPLIT_PARAMETERS = ("inputs", "expert_size")
+
+
+def split_experts(model: torch.nn.Module) -> dict[torch.nn.Module, list[torch.nn.Module]]:
+    """Each split experts module of ``model`` (``is_split_experts``) with the routers that count
+    its rows: the modules beside it (children of its parent) with as many experts that hold no
+    expert weights themselves. One with no router beside it is left as it is (the export then
+    names the line that reads sizes from values)."""
+    found: dict[torch.nn.Module, list[torch.nn.Module]] = {}
+    for parent in model.modules():
+        children = list(parent.children())
+        for m in children:
+            if not is_split_experts(m):
+                continue
+            routers = [
+                r
+                for r in children
+                if r is not m
+                and getattr(r, "num_experts", None) == m.num_experts
+                and not is_split_experts(r)
+                and not is_experts_module(r)
+            ]
+            if routers:
+                found[m] = routers
+    return found
+
+
+class DeviceCounts:
+    """What ``.tolist()`` of a router's rows-per-expert counts gives while the model is exported:
+    the counts kept on the device (``counts``, ``[E]`` integers), which a split experts module takes
+    as the end of each expert's group of rows (``offsets``). Read as a Python list, it says why not."""
+
+    def __init__(self, counts: torch.Tensor) -> None:
+        self.counts = counts
+
+    def offsets(self) -> torch.Tensor:
+        return torch.cumsum(self.counts, 0).to(torch.int32)
+
+    def _refuse(self, *_: Any) -> Any:
+        raise TraceError(
+            "a router's rows per expert were read into Python (.tolist()) and used beyond the experts "
+            "modules that take them: a bundle's shapes cannot depend on them; keep the counts a tensor"
+        )
+
+    __iter__ = __len__ = __getitem__ = _refuse
+
+
+def _counting_forward(module: torch.nn.Module):
+    """``module``'s own forward, in which ``.tolist()`` of a 1-D integer tensor of one count per
+    expert gives ``DeviceCounts``; every other ``.tolist()`` is torch's. (The export's own tensor
+    classes define their ``tolist``: each is replaced alike, for the forward's duration.)"""
+    forward, experts = module.forward, module.num_experts
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        # torch.Tensor inherits its tolist from the C base class: given one for the duration
+        classes = [c for c in _tensor_classes() if c is torch.Tensor or "tolist" in vars(c)]
+        originals = [vars(c).get("tolist") for c in classes]
+        for c in classes:
+            c.tolist = _counted(c.tolist, experts)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            for c, tolist in zip(classes, originals):
+                if tolist is None:
+                    del c.tolist
+                else:
+                    c.tolist = tolist
+
+    return counting
+
+
+def _counted(tolist: Any, experts: int) -> Any:
+    def counted(self: torch.Tensor) -> Any:
+        if self.dim() == 1 and self.shape[0] == experts and not self.is_floating_point():
+            return DeviceCounts(self)
+        return tolist(self)
+
+    return counted
+
+
+def _tensor_classes() -> list[type]:
+    """torch.Tensor and every class derived from it that is loaded."""
+    found, todo = [], [torch.Tensor]
+    while todo:
+        c = todo.pop()
+        if c not in found:
+            found.append(c)
+            todo.extend(c.__subclasses__())
+    return found
+
+
+def _grouped_split_forward(module: torch.nn.Module):
+    """A split experts module's forward as one grouped GEMM: the rows grouped by expert, each
+    through its own expert's ``[N, K]`` weight as a linear layer; the counts from its router."""
+
+    def forward(inputs: torch.Tensor, expert_size: Any) -> torch.Tensor:
+        if not isinstance(expert_size, DeviceCounts):
+            raise TraceError(
+                f"{type(module).__name__} was given its rows per expert as {type(expert_size).__name__}, "
+                "not as its router's counts: the router beside it is not the one that counted them"
+            )
+        _check_alignment(module, module.weight)
+        return _grouped_linear(inputs, module.weight, expert_size.offsets(), None, False)
 
     return forward
 

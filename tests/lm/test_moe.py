@@ -69,12 +69,22 @@ DBRX = dict(
     attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
     ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2),
 )
+# JetMoE: a router that reads its rows per expert with .tolist(), experts that split the rows by
+# them (tracer.experts.split_experts), in the MLP and in the attention's query/output projections
+# (a mixture of attention heads); its attention heads are its KV heads times top-k
+JETMOE = dict(
+    kv_channels=8,
+    intermediate_size=64,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+)
 KINDS = [
     "mixtral",
     pytest.param("qwen2_moe", marks=pytest.mark.slow),
     pytest.param("qwen3_moe", marks=pytest.mark.slow),
     pytest.param("gpt_oss", marks=pytest.mark.slow),
     pytest.param("dbrx", marks=pytest.mark.slow),
+    pytest.param("jetmoe", marks=pytest.mark.slow),
 ]
 
 
@@ -94,6 +104,9 @@ def factory(kind: str, experts_implementation: str | None = None):
         keep = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range")
         config = tf.DbrxConfig(**{k: COMMON[k] for k in keep}, **DBRX)
         return lambda: tf.DbrxForCausalLM(config)
+    if kind == "jetmoe":
+        fields = {k: v for k, v in COMMON.items() if k != "num_attention_heads"}
+        return lambda: tf.JetMoeForCausalLM(tf.JetMoeConfig(**fields, **JETMOE))
 
     name, fields = MOE[kind]
     config = getattr(tf, f"{name}Config")(**{**COMMON, **fields})
@@ -264,6 +277,92 @@ def test_dbrx_flat_experts_are_found_and_the_grouped_form_equals_their_loop():
             torch.testing.assert_close(got.reshape(-1, 32), written, atol=EXACT, rtol=EXACT)
 
 
+def test_jetmoe_split_experts_are_found_and_their_grouped_gemms_equal_the_library():
+    """JetMoE's parallel experts (``[E, N, K]`` weights, ``forward(inputs, expert_size)``) are
+    found with the router beside each, in the MLP and the attention alike. Under
+    ``grouped_experts`` the router's counts stay a tensor and each experts module is one grouped
+    GEMM: the MLP's and the attention's outputs equal the library's (1e-5) at 1, 3 and 17 tokens
+    (at one token two of the four experts get no row), and with a router that sends every token to
+    the same two experts."""
+    from aot.tracer.experts import grouped_experts, is_split_experts, split_experts
+
+    model = built("jetmoe")
+    layer = model.model.layers[0]
+    moe, moa = layer.mlp, layer.self_attention.experts
+    found = split_experts(model)
+    assert set(map(id, found)) == {
+        id(m)
+        for block in model.model.layers
+        for m in (block.mlp, block.self_attention.experts)
+        for m in (m.input_linear, m.output_linear)
+    }
+    assert found[moe.input_linear] == [moe.router] and found[moa.output_linear] == [moa.router]
+    assert not is_split_experts(moe.router)
+
+    gen = torch.Generator().manual_seed(7)
+    for same in (False, True):
+        if same:  # every logit equal: top-k picks the first two experts for every token
+            for block in model.model.layers:
+                for m in (block.mlp, block.self_attention.experts):
+                    m.router.layer.weight.data.zero_()
+        for tokens in (1, 3, 17):
+            hidden = torch.randn(1, tokens, COMMON["hidden_size"], generator=gen)
+            with torch.no_grad():
+                want = (
+                    moe(hidden),
+                    layer.self_attention(hidden, position_embeddings=_rope(model, tokens))[0],
+                )
+                with grouped_experts(model) as count:
+                    assert count == 4 * COMMON["num_hidden_layers"]
+                    assert all("forward" in vars(m) for m in (moe.input_linear, moe.router))
+                    got = (
+                        moe(hidden),
+                        layer.self_attention(hidden, position_embeddings=_rope(model, tokens))[0],
+                    )
+                assert not any("forward" in vars(m) for m in (moe.input_linear, moe.router))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=EXACT, rtol=EXACT)
+
+
+def _rope(model, tokens: int):
+    positions = torch.arange(tokens)[None]
+    return model.model.rotary_emb(torch.zeros(1, tokens, COMMON["hidden_size"]), positions)
+
+
+def test_split_experts_without_their_router_or_read_as_a_list_are_refused():
+    """The counts ``.tolist()`` gives in a router's forward under ``grouped_experts`` are a tensor:
+    read as a list they say why not; and experts given a plain list of sizes (a router that is not
+    the one beside them) say so. A module of 3-D weights whose forward does not take the sizes is
+    not a split experts module, and one with no router beside it is left alone."""
+    from aot.tracer.experts import DeviceCounts, grouped_experts, is_split_experts, split_experts
+
+    model = built("jetmoe")
+    moe = model.model.layers[0].mlp
+    counts = DeviceCounts(torch.tensor([1, 0, 2, 3]))
+    assert counts.offsets().tolist() == [1, 1, 3, 6] and counts.offsets().dtype == torch.int32
+    with pytest.raises(TraceError, match=r"rows per expert were read into Python \(\.tolist\(\)\)"):
+        list(counts)
+    with grouped_experts(model), pytest.raises(TraceError) as e:
+        moe.input_linear(torch.randn(6, 32), [1, 0, 2, 3])
+    assert str(e.value) == (
+        "JetMoeParallelExperts was given its rows per expert as list, not as its router's counts: the router "
+        "beside it is not the one that counted them"
+    )
+
+    class Plain(nn.Module):  # stacked weights, a forward of one argument
+        def __init__(self):
+            super().__init__()
+            self.num_experts = 2
+            self.weight = nn.Parameter(torch.zeros(2, 4, 4))
+
+        def forward(self, x):
+            return x
+
+    alone = nn.ModuleDict({"experts": moe.input_linear, "plain": Plain()})
+    assert is_split_experts(moe.input_linear) and not is_split_experts(alone["plain"])
+    assert split_experts(alone) == {}
+
+
 def test_a_model_that_fails_as_configured_is_refused_as_such():
     """DBRX without its q/k/v clip fails in transformers' own forward (a clamp given no bounds).
     ``causal_lm`` probes it on the meta device, where the model without a cache stops first at a
@@ -377,7 +476,7 @@ def test_generate_equals_transformers_greedy_generate(moe_bundles, kind):
 
     runner, _ = moe_bundles(kind)
     model = built(kind)
-    if kind != "dbrx":  # DBRX's experts have one implementation, its loop
+    if kind not in ("dbrx", "jetmoe"):  # their experts have one implementation each
         assert model.config._experts_implementation == "grouped_mm"  # transformers' default
     ids, mask = prompts(3)  # rows 1 and 2 left-padded
     want, _ = hf_greedy(model, ids, mask, NEW_TOKENS)
