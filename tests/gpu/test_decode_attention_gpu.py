@@ -388,10 +388,14 @@ def test_verify_checks_the_split_forms_cache_write(combine, tmp_path, monkeypatc
     assert gpu.generate(prompts, 12) == want  # the graphs replayed, the counters as they were left
 
 
-def test_the_side_programs_prefetch_and_the_tokens_stay_the_cpus(tmp_path, monkeypatch):
+def test_the_side_programs_prefetch_and_change_no_token(tmp_path, monkeypatch):
     """``AOTPACK_ATTENTION_AHEAD=on``: the decode attention kernels with side programs streaming
     gate/up's weight into L2 (a tiny Llama, bfloat16, Llama-3.2-1B's head shape); ``aotpack verify``
-    passes, and the GPU's greedy tokens, in blocks of steps and one step a launch, are the CPU's."""
+    passes, and the GPU's greedy tokens, in blocks of steps and one step a launch, are those of the
+    same model built without the side programs (which load into L2 alone and write nothing: the
+    same kernels otherwise, so the same bits). Against the CPU's tokens this bfloat16 model
+    parts at a near tie (H100, 2026-12-07: one step later, in one row of two), as any other
+    build of it may."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from tests.realmodels.conftest import require
@@ -406,7 +410,6 @@ def test_the_side_programs_prefetch_and_the_tokens_stay_the_cpus(tmp_path, monke
     from aot.tracer import trace
     from aot.verify.device import passed, verify
 
-    monkeypatch.setenv("AOTPACK_ATTENTION_AHEAD", "on")
     cfg = transformers.LlamaConfig(
         hidden_size=512, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, head_dim=64, vocab_size=512, tie_word_embeddings=True,
@@ -415,17 +418,23 @@ def test_the_side_programs_prefetch_and_the_tokens_stay_the_cpus(tmp_path, monke
         lambda: transformers.LlamaForCausalLM(cfg), max_batch=2, max_context=160, name="t", dtype="bfloat16"
     )
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
-    compiled = generate(trace(spec), (arch,))
-    kernels = [k.name for p in (compiled.program, *compiled.program.variants) for k in p.kernels]
-    assert sum(name.startswith("decode_attention") and name.endswith("_ahead") for name in kernels) == 2, (
-        kernels
-    )
-    path = tmp_path / "t.tpk"
-    pack(compiled, path)
-    reports = verify(str(path))
+    traced = trace(spec)
+    paths = {}
+    for setting in ("off", "on"):
+        monkeypatch.setenv("AOTPACK_ATTENTION_AHEAD", setting)
+        compiled = generate(traced, (arch,))
+        kernels = [k.name for p in (compiled.program, *compiled.program.variants) for k in p.kernels]
+        ahead = sum(name.startswith("decode_attention") and name.endswith("_ahead") for name in kernels)
+        assert ahead == (2 if setting == "on" else 0), kernels
+        paths[setting] = tmp_path / f"t-{setting}.tpk"
+        pack(compiled, paths[setting])
+    reports = verify(str(paths["on"]))
     assert reports and all(passed(r, "bfloat16") for r in reports), reports[:2]
     prompts = [list(range(3, 40)), [7, 8, 9]]
-    want = load(path, device="cpu").generate(prompts, 16)
-    gpu = load(path, device="cuda")
+    want = load(paths["off"], device="cuda").generate(prompts, 16)
+    assert len({t for row in want for t in row}) > 2, (
+        "the tokens barely vary; the comparison would prove little"
+    )
+    gpu = load(paths["on"], device="cuda")
     assert gpu.generate(prompts, 16) == want
     assert gpu.generate(prompts, 16, steps_per_launch=1) == want
