@@ -448,6 +448,7 @@ class Runner:
         input_features: Any = None,
         decoder_prompt_ids: Sequence[int] | None = None,
         steps_per_launch: int | None = None,
+        input_ids: Any = None,
     ) -> list[list[int]] | list[int]:
         """Generate up to ``max_new_tokens`` tokens after each prompt, with a bundle of a causal LM
         (``aot.hf.causal_lm``: entry points ``prefill`` and ``decode`` over a KV cache) or of an
@@ -455,7 +456,8 @@ class Runner:
 
         ``prompt_ids``: one prompt (a list of ints: the result is a list of ints), several (a list
         of lists, left-padded here), or an int tensor [batch, seq] whose ``attention_mask`` marks
-        left padding with 0. Greedy unless ``do_sample`` (softmax of ``logits / temperature`` over
+        left padding with 0. ``input_ids`` is another name for it, transformers': a tokenizer's
+        output passes as ``generate(**batch, max_new_tokens=n)``. Greedy unless ``do_sample`` (softmax of ``logits / temperature`` over
         the ``top_k`` most likely, drawn from a generator seeded with ``seed``). A row stops after
         ``eos_token_id`` (which it keeps); rows that stopped are fed ``pad_token_id``. Returns each
         prompt's new tokens; ``on_token(step, tokens)`` sees each step's tokens as they come.
@@ -476,6 +478,13 @@ class Runner:
         """
         from aot.loader.generate import generate, is_seq2seq, seq2seq_generate
 
+        if input_ids is not None:
+            if prompt_ids is not None:
+                raise GuardError(
+                    "generate takes the prompts once: prompt_ids, or input_ids (transformers' name for "
+                    "them), not both"
+                )
+            prompt_ids = input_ids
         with self._generate_lock:
             if is_seq2seq(self):
                 if steps_per_launch not in (None, 1):

@@ -105,6 +105,24 @@ def test_generate_equals_transformers_greedy_generate(hf_bundles, kind):
     assert runner.generate(ids[0].tolist(), NEW_TOKENS) == one[0].tolist()
 
 
+def test_a_tokenizers_batch_passes_as_transformers_generate_takes_it(hf_bundles):
+    """``generate(**batch, max_new_tokens=n)`` with a tokenizer's output (``input_ids`` and
+    ``attention_mask``, left-padded) gives transformers' greedy tokens; the prompts given twice
+    (``prompt_ids`` and ``input_ids``) are refused."""
+    from tests.hf.test_causal_lm import hf_greedy, prompts
+
+    _, runner, model = hf_bundles("llama")
+    ids, mask = prompts(3)
+    want, _ = hf_greedy(model, ids, mask, NEW_TOKENS)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    assert runner.generate(**batch, max_new_tokens=NEW_TOKENS) == want.tolist()
+    with pytest.raises(GuardError) as e:
+        runner.generate(ids, NEW_TOKENS, input_ids=ids)
+    assert str(e.value) == (
+        "generate takes the prompts once: prompt_ids, or input_ids (transformers' name for them), not both"
+    )
+
+
 def test_eos_and_sampling(hf_bundles):
     _, runner, model = hf_bundles("llama")
     prompt = [5, 17, 33, 2]
