@@ -283,12 +283,22 @@ def seq2seq_layout(model: Any, max_source: int, max_target: int) -> Seq2SeqLayou
     )
 
 
+def encoded(hidden: torch.Tensor) -> Any:
+    """The encoder's output as the decoder's forward takes it: ``MoEModelOutput`` has
+    ``BaseModelOutput``'s fields and the router's (None here), which Switch Transformers reads from
+    it."""
+    from transformers.modeling_outputs import MoEModelOutput
+
+    return MoEModelOutput(last_hidden_state=hidden)
+
+
 def _measured_shapes(model: Any, cls: str, config: Any) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Each decoder layer's ``(heads, head_dim)`` of self-attention keys and values and of
     cross-attention keys and values, as its attention hands them to the caches' ``update`` for
     one token over one encoder position (on the meta device, nothing is computed)."""
     from transformers.cache_utils import EncoderDecoderCache
-    from transformers.modeling_outputs import BaseModelOutput
+
+    from aot.tracer.experts import grouped_experts  # experts that loop over those hit cannot run on meta
 
     _, _, RecordingCache = state_cache_classes()
     layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)
@@ -303,12 +313,10 @@ def _measured_shapes(model: Any, cls: str, config: Any) -> tuple[tuple[tuple[int
     if getattr(model, "main_input_name", TOKEN_INPUT) == TOKEN_INPUT:
         masks["attention_mask"] = mask
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), grouped_experts(model):
             model(
-                encoder_outputs=BaseModelOutput(
-                    last_hidden_state=torch.zeros(
-                        1, 1, config.d_model, dtype=weight.dtype, device=weight.device
-                    )
+                encoder_outputs=encoded(
+                    torch.zeros(1, 1, config.d_model, dtype=weight.dtype, device=weight.device)
                 ),
                 decoder_input_ids=torch.zeros(1, 1, dtype=torch.int64, device=weight.device),
                 past_key_values=cache,
@@ -411,7 +419,6 @@ class Seq2Seq(torch.nn.Module):
                 f"Seq2Seq({self.layout.model_class}): phase must be one of {PHASES}, got {phase!r}"
             )
         from transformers.cache_utils import EncoderDecoderCache
-        from transformers.modeling_outputs import BaseModelOutput
 
         n, layout = self.layout.num_layers, self.layout
         self_keys = [inputs[f"key_cache_{i}"] for i in range(n)]
@@ -458,7 +465,7 @@ class Seq2Seq(torch.nn.Module):
             cross_mask = torch.where(visible > 0.5, 0.0, lowest).to(dtype)[:, None, None, :]
             extra["attention_mask"] = cross_mask.expand(-1, -1, decoder_ids.shape[1], -1)
         out = self.model(
-            encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+            encoder_outputs=encoded(hidden),
             decoder_input_ids=decoder_ids,
             decoder_attention_mask=self_mask,
             past_key_values=cache,

@@ -26,6 +26,12 @@ expert by those counts, one linear layer per expert. For the export the counts s
 (``DeviceCounts``, what ``.tolist()`` gives in the router's forward alone) and each parallel experts
 module is one grouped GEMM over the offsets they sum to; the router's code, the gather of the rows
 and their way back are the library's own.
+
+Switch Transformers keeps each expert as a module of its own (``expert_0`` ... beside each other,
+each ``wi``, an activation, ``wo``) and takes the router's top-1 choice as a one-hot dispatch mask
+``[T, 1, E]``, zero for a token past its expert's capacity, looping over the experts hit: the same
+grouped GEMMs over the experts' weights stacked (``module_experts``; the stack is of weights alone,
+which the build folds into one weight of its own), a token past capacity weighing 0.
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ def grouped_experts(model: torch.nn.Module) -> Iterator[int]:
     found = [m for m in model.modules() if replaceable(m)]
     for m in found:
         m.forward = _routed_forward(m)
+    for m in (owned := [m for m in model.modules() if module_experts(m) is not None]):
+        m.forward = _module_experts_forward(m)
     split = split_experts(model)
     for m in split:
         m.forward = _grouped_split_forward(m)
@@ -120,9 +128,9 @@ def grouped_experts(model: torch.nn.Module) -> Iterator[int]:
     for r in routers:
         r.forward = _counting_forward(r)
     try:
-        yield len(found) + len(split)
+        yield len(found) + len(owned) + len(split)
     finally:
-        for m in (*found, *split, *routers):
+        for m in (*found, *owned, *split, *routers):
             del m.forward
 
 
@@ -138,6 +146,74 @@ def _routed_forward(module: torch.nn.Module):
                 f"{type(module).__name__}.forward takes {names}, got {len(args)} and {sorted(kwargs)}"
             )
         return grouped_experts_forward(module, *values)
+
+    return forward
+
+
+# How experts kept as modules name their forward's parameters: the hidden states, the one-hot
+# dispatch mask [T, 1, E], each token's weight [T, 1] (Switch Transformers').
+DISPATCH_PARAMETERS = ("hidden_states", "selected_experts", "routing_weights")
+
+
+def module_experts(module: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any, torch.nn.Linear]] | None:
+    """Each expert's (in projection, activation, out projection) where ``module`` keeps its
+    ``num_experts`` experts as modules ``expert_0`` ... of their own, each two linear layers with an
+    ``act`` between them (Switch Transformers' ``SwitchTransformersExperts``), and its forward takes
+    ``(hidden_states, selected_experts, routing_weights)``; None otherwise."""
+    experts = getattr(module, "num_experts", None)
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+        return None
+    children = dict(module.named_children())
+    if sorted(children) != sorted(f"expert_{e}" for e in range(experts)):
+        return None
+    found = []
+    for e in range(experts):
+        expert = children[f"expert_{e}"]
+        linears = [m for m in expert.children() if isinstance(m, torch.nn.Linear)]
+        act = getattr(expert, "act", None)
+        if len(linears) != 2 or not callable(act):
+            return None
+        up, down = linears
+        if up.out_features != down.in_features or up.in_features != down.out_features:
+            return None
+        found.append((up, act, down))
+    shapes = {(up.weight.shape, up.bias is None, down.bias is None) for up, _, down in found}
+    if len(shapes) != 1 or len({type(act) for _, act, _ in found}) != 1:
+        return None
+    try:
+        params = tuple(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    return found if params == DISPATCH_PARAMETERS else None
+
+
+def _module_experts_forward(module: torch.nn.Module):
+    """The top-1 mixture of experts kept as modules (``module_experts``), as grouped GEMMs over
+    their stacked weights: a token's expert is its dispatch mask's one, its weight its routing
+    weight, or 0 where the mask is all zero (past its expert's capacity: the library leaves its row
+    0)."""
+    experts = module_experts(module)
+    assert experts is not None
+
+    def forward(hidden_states: torch.Tensor, selected_experts: torch.Tensor, routing_weights: torch.Tensor):
+        ups = [up for up, _, _ in experts]
+        downs = [down for _, _, down in experts]
+        act = experts[0][1]
+        tokens = hidden_states.shape[0]
+        dispatch = selected_experts.reshape(tokens, -1)  # [T, E], one-hot or all zero
+        index = dispatch.argmax(-1, keepdim=True)  # [T, 1]
+        weights = routing_weights.reshape(tokens, 1) * dispatch.sum(-1, keepdim=True).to(routing_weights.dtype)
+        up_weight = torch.stack([m.weight for m in ups])  # [E, I, H]
+        down_weight = torch.stack([m.weight for m in downs])  # [E, H, I]
+        _check_alignment(module, up_weight, down_weight)
+        expert_ids, order, rows, offsets = _routed_rows(hidden_states, index, len(experts))
+        up_bias = torch.stack([m.bias for m in ups])[expert_ids] if ups[0].bias is not None else None
+        projected = act(_grouped_linear(rows, up_weight, offsets, up_bias, False))
+        down_bias = torch.stack([m.bias for m in downs])[expert_ids] if downs[0].bias is not None else None
+        out = _grouped_linear(projected.to(down_weight.dtype), down_weight, offsets, down_bias, False)
+        row_weights = weights.reshape(-1)[order].unsqueeze(-1)
+        weighted = torch.where(row_weights != 0, out * row_weights, 0)  # a row past capacity: 0, never NaN
+        return _token_order(weighted, order, tokens, 1).to(hidden_states.dtype)
 
     return forward
 

@@ -64,6 +64,34 @@ def quiet_torch():
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def unchanged_module_to():
+    """While a model is exported, ``Module.to`` that changes nothing (every parameter and buffer
+    already of that dtype and on that device) returns the module as it is. A forward that casts a
+    submodule to the dtype it has (Switch Transformers' router: ``self.classifier =
+    self.classifier.to(self.dtype)``) would otherwise swap each parameter for itself, which the
+    export's parameters refuse; a cast that changes something still does what it did."""
+    import torch
+
+    original = torch.nn.Module.to
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = [*self.parameters(), *self.buffers()]
+        unchanged = memory_format is None and all(
+            (dtype is None or not (t.is_floating_point() or t.is_complex()) or t.dtype == dtype)
+            and (device is None or t.device == device)
+            for t in tensors
+        )
+        return self if unchanged else original(self, *args, **kwargs)
+
+    torch.nn.Module.to = to  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original  # type: ignore[method-assign]
+
+
 # torch.export's item for a dynamic dim the code turned into a constant
 SPECIALIZED = re.compile(
     r"L\['(\w+)'\]\.size\(\)\[(\d+)\] as dynamic but your code specialized it to be a constant \((\d+)\)"
@@ -257,6 +285,7 @@ def export_model(
             torch.no_grad(),
             bound_forward(module, bound),
             grouped_experts(module),
+            unchanged_module_to(),
             polar_from_parts(),
             quiet_torch(),
         ):

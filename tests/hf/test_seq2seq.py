@@ -64,6 +64,28 @@ def _config(kind: str):
             initializer_factor=3.0,
             **_COMMON,
         )
+    if kind == "switch":  # T5 with top-1 experts kept as modules of their own, every other layer; a
+        # capacity of 3 tokens an expert a row drops some of the 7-token sources' tokens in the
+        # encoder, none of a 3-token decoder prompt's (untied embeddings: the tied head's rescaling
+        # leaves these tiny models' tokens all alike)
+        return tf.SwitchTransformersForConditionalGeneration, tf.SwitchTransformersConfig(
+            d_model=32,
+            d_kv=8,
+            d_ff=128,
+            expert_capacity=3,
+            num_experts=4,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_sparse_encoder_layers=1,
+            num_sparse_decoder_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            pad_token_id=0,
+            decoder_start_token_id=0,
+            tie_word_embeddings=False,
+            **_COMMON,
+        )
     if kind == "whisper":  # log-mel features in, no source mask
         return tf.WhisperForConditionalGeneration, tf.WhisperConfig(
             num_mel_bins=MEL_BINS,
@@ -170,7 +192,12 @@ def eager_greedy(wrapper: Seq2Seq, source: dict[str, torch.Tensor], new_tokens: 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(
     "kind",
-    ["bart", pytest.param("t5", marks=pytest.mark.slow), pytest.param("whisper", marks=pytest.mark.slow)],
+    [
+        "bart",
+        "switch",
+        pytest.param("t5", marks=pytest.mark.slow),
+        pytest.param("whisper", marks=pytest.mark.slow),
+    ],
 )
 def test_greedy_tokens_equal_generate(kind, batch):
     wrapper = Seq2Seq(built(kind), max_source(kind), MAX_TARGET).eval()
@@ -179,6 +206,19 @@ def test_greedy_tokens_equal_generate(kind, batch):
     got = eager_greedy(wrapper, source, NEW_TOKENS)
     assert got.tolist() == want.tolist()
     assert len(set(got.flatten().tolist())) > 2, "the tokens barely vary; the comparison would prove little"
+
+
+def test_the_switch_sources_overflow_an_experts_capacity():
+    """The Switch config's sources (``sources``) send more tokens of a row to one expert than its
+    capacity in the encoder's sparse layer: the dropped tokens' path (a dispatch mask all zero) is
+    what the generate tests compare, not only the routed one."""
+    model = built("switch")
+    dropped = []
+    router = next(m for m in model.encoder.modules() if type(m).__name__ == "SwitchTransformersTop1Router")
+    router.register_forward_hook(lambda m, args, out: dropped.append(int((out[0].sum(-1) == 0).sum())))
+    with torch.no_grad():
+        model.encoder(**sources("switch", 3))
+    assert dropped and dropped[0] > 0, dropped
 
 
 def test_the_spec_has_three_entry_points_over_two_caches():

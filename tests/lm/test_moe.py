@@ -363,6 +363,48 @@ def test_split_experts_without_their_router_or_read_as_a_list_are_refused():
     assert split_experts(alone) == {}
 
 
+def test_switch_experts_kept_as_modules_are_found_and_their_grouped_gemms_equal_the_library():
+    """Switch Transformers' experts (``expert_0`` ... as modules of their own, ``wi``, act, ``wo``;
+    a one-hot dispatch mask ``[T, 1, E]``, all zero for a token past its expert's capacity) are
+    found by structure; under ``grouped_experts`` the mixture runs as grouped GEMMs over the
+    stacked weights and equals the library's loop (1e-5) with tokens on every expert, on one, and
+    past capacity (their rows 0)."""
+    import transformers as tf
+
+    from aot.tracer.experts import grouped_experts, module_experts
+
+    config = tf.SwitchTransformersConfig(
+        d_model=32, d_kv=8, d_ff=64, num_experts=4, expert_capacity=2, num_layers=2, num_decoder_layers=2,
+        num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, num_heads=4, vocab_size=96,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.SwitchTransformersForConditionalGeneration(config).eval()
+    mlp = next(m for m in model.modules() if type(m).__name__ == "SwitchTransformersSparseMLP")
+    experts = mlp.experts
+    found = module_experts(experts)
+    assert found is not None and [up for up, _, _ in found] == [experts[f"expert_{e}"].wi for e in range(4)]
+    assert module_experts(mlp) is None  # the router's and the experts' parent
+    gen = torch.Generator().manual_seed(9)
+    for tokens in (1, 6, 13):
+        hidden = torch.randn(tokens, 32, generator=gen)
+        choice = torch.randint(0, 4, (tokens,), generator=gen)
+        for dispatch in (
+            nn.functional.one_hot(choice, 4),  # each token on its own expert
+            nn.functional.one_hot(torch.zeros_like(choice), 4),  # every token on expert 0
+            nn.functional.one_hot(choice, 4) * (torch.arange(tokens) % 3 != 1)[:, None],  # some past capacity
+        ):
+            weights = torch.rand(tokens, 1, generator=gen)
+            with torch.no_grad():
+                want = experts(hidden, dispatch[:, None, :], weights)
+                with grouped_experts(model) as count:
+                    assert count == 2  # one sparse layer in the encoder, one in the decoder
+                    got = experts(hidden, dispatch[:, None, :], weights)
+            assert "forward" not in vars(experts)
+            torch.testing.assert_close(got, want, atol=EXACT, rtol=EXACT)
+            dropped = dispatch.sum(-1) == 0
+            assert dropped.any() == (got[dropped].numel() > 0) and not got[dropped].any()
+
+
 def test_a_model_that_fails_as_configured_is_refused_as_such():
     """DBRX without its q/k/v clip fails in transformers' own forward (a clamp given no bounds).
     ``causal_lm`` probes it on the meta device, where the model without a cache stops first at a

@@ -60,7 +60,12 @@ def seq2seq_bundles(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "kind",
-    ["bart", pytest.param("t5", marks=pytest.mark.slow), pytest.param("whisper", marks=pytest.mark.slow)],
+    [
+        "bart",
+        pytest.param("t5", marks=pytest.mark.slow),
+        pytest.param("whisper", marks=pytest.mark.slow),
+        pytest.param("switch", marks=pytest.mark.slow),
+    ],
 )
 def test_generate_equals_transformers_greedy_generate(seq2seq_bundles, kind):
     from tests.hf.test_seq2seq import hf_greedy, sources
