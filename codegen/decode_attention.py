@@ -169,8 +169,9 @@ def split_setting() -> str | int | None:
 # The one-kernel form's side programs (``decode_attention_render.Ahead``): while the attention
 # runs, HBM idles but for the o projection's early loads, so programs of the attention's grid
 # beyond its own stream the first AHEAD_MIB of the weight of the kernel after next (gate/up in a
-# Llama layer, which no kernel loads yet) into L2. ``AOTPACK_ATTENTION_AHEAD``: "off" (the default
-# until timed on a GPU), "on" (AHEAD_MIB), or a number of MiB (1 to 256).
+# Llama layer, which no kernel loads yet) into L2. ``AOTPACK_ATTENTION_AHEAD``: "off" (the default:
+# Llama-3.2-1B's first 8 layers at batch 1 were 1.3% slower with it, H100, 2026-12-07, seventh
+# session, bench/RESULTS.md), "on" (AHEAD_MIB), or a number of MiB (1 to 256), for measuring.
 AHEAD_ENV = "AOTPACK_ATTENTION_AHEAD"
 AHEAD_MIB = 16
 AHEAD_MAX_MIB = 256
