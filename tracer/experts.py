@@ -202,7 +202,8 @@ def _module_experts_forward(module: torch.nn.Module):
         tokens = hidden_states.shape[0]
         dispatch = selected_experts.reshape(tokens, -1)  # [T, E], one-hot or all zero
         index = dispatch.argmax(-1, keepdim=True)  # [T, 1]
-        weights = routing_weights.reshape(tokens, 1) * dispatch.sum(-1, keepdim=True).to(routing_weights.dtype)
+        routed = dispatch.sum(-1, keepdim=True).to(routing_weights.dtype)  # 0 past capacity
+        weights = routing_weights.reshape(tokens, 1) * routed
         up_weight = torch.stack([m.weight for m in ups])  # [E, I, H]
         down_weight = torch.stack([m.weight for m in downs])  # [E, H, I]
         _check_alignment(module, up_weight, down_weight)
