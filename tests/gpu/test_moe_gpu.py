@@ -106,7 +106,7 @@ def test_grouped_gemm_matches_a_matmul_per_expert_on_gpu(shape, tmp_path):
     )
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "dbrx", "jetmoe"])
 def bundle(request, tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
