@@ -261,7 +261,7 @@ def attention_shapes() -> Check:
 def grouped_mm_operands() -> Check:
     """Rows [S, K] grouped by expert, stacked weights [E, K, N] and ``offs``: E int32 ends of the
     groups, non-decreasing, the last S; no bias, the rows' dtype out. What a Mixture-of-Experts
-    layer calls (``aot.tracer.experts``). The ends are values a call computes: on the CPU they are
+    layer calls (``aot.experts``). The ends are values a call computes: on the CPU they are
     checked per call (E values), since the kernel takes its row ranges from them and leaves the
     rows past the last end unwritten."""
 

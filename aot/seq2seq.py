@@ -298,7 +298,7 @@ def _measured_shapes(model: Any, cls: str, config: Any) -> tuple[tuple[tuple[int
     one token over one encoder position (on the meta device, nothing is computed)."""
     from transformers.cache_utils import EncoderDecoderCache
 
-    from aot.tracer.experts import grouped_experts  # experts that loop over those hit cannot run on meta
+    from aot.experts import grouped_experts  # experts that loop over those hit cannot run on meta
 
     _, _, RecordingCache = state_cache_classes()
     layers = getattr(config, "decoder_layers", None) or getattr(config, "num_decoder_layers", None)

@@ -1,6 +1,6 @@
 """Grouped GEMMs of Mixture-of-Experts layers as one Triton kernel each.
 
-A Mixture-of-Experts layer (``aot.tracer.experts``) multiplies the routed rows, grouped by expert,
+A Mixture-of-Experts layer (``aot.experts``) multiplies the routed rows, grouped by expert,
 by their own expert's weights: ``aten._grouped_mm(rows, weights, offsets)`` with rows [S, K] whose
 group e is ``offsets[e-1]..offsets[e]-1``, weights [E, K, N] and ``offsets`` int32 [E] computed on
 the device. The library's CUDA kernel takes bfloat16 alone (other dtypes fall back to a loop that

@@ -22,7 +22,7 @@ from aot.errors import TraceError
 from aot.schema import Bucket, Guards, InputGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
 from aot.tracer.complex_parts import polar_from_parts
-from aot.tracer.experts import grouped_experts
+from aot.experts import grouped_experts
 from aot.tracer.model import (
     bound_forward,
     call_plan,

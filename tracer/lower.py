@@ -60,7 +60,7 @@ DROPPED_OPS = {
     "aten._assert_async.msg",
     "aten._assert_async.default",
 }
-# Ops of aotpack's own that stand for an ATen op during export only (``aot.tracer.experts``): the
+# Ops of aotpack's own that stand for an ATen op during export only (``aot.experts``): the
 # program calls the ATen op.
 STANDS_FOR = {"aotpack.grouped_mm.default": "aten._grouped_mm.default"}
 

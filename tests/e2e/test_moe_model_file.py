@@ -1,6 +1,6 @@
 """A model file's own Mixture-of-Experts layer (no transformers: a router with top-k and an experts
 module of stacked weights whose forward loops over the tokens, which export cannot hold) builds as
-grouped GEMMs (``aot.tracer.experts`` finds it by its structure), loads and matches eager on the CPU
+grouped GEMMs (``aot.experts`` finds it by its structure), loads and matches eager on the CPU
 at batch 1, odd sizes and the maximum (fp32: 1e-4 absolute + 1e-4 relative, ``aot.dtypes.TOLERANCE``)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 Qwen2-MoE with its shared expert, Qwen3-MoE, GPT-OSS with expert biases and its own gate; tiny
 random-weight configs, fp32, CPU).
 
-``aot.tracer.experts`` exports each experts module as static-shape grouped GEMMs over the routed
+``aot.experts`` exports each experts module as static-shape grouped GEMMs over the routed
 rows sorted by expert; the build's reference check and every comparison here run the library's own
 forward. Checked: the grouped form equals the library's ``eager`` loop and ``grouped_mm`` at token
 counts where some experts get no row or one expert gets all (1e-5); the bundle's prefill and decode
@@ -58,7 +58,7 @@ MOE = {
         ),
     ),
 }
-# DBRX: flat expert weights ([E * F, H] each, tracer.experts.flat_glu), its own loop over the
+# DBRX: flat expert weights ([E * F, H] each, aot.experts.flat_glu), its own loop over the
 # experts hit, q/k/v clipped; its config names its sizes its own way (its clip must be set: with
 # none, transformers' own forward fails)
 DBRX = dict(
@@ -70,7 +70,7 @@ DBRX = dict(
     ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2),
 )
 # JetMoE: a router that reads its rows per expert with .tolist(), experts that split the rows by
-# them (tracer.experts.split_experts), in the MLP and in the attention's query/output projections
+# them (aot.experts.split_experts), in the MLP and in the attention's query/output projections
 # (a mixture of attention heads); its attention heads are its KV heads times top-k
 JETMOE = dict(
     kv_channels=8,
@@ -174,7 +174,7 @@ def experts_models(kind: str, implementation: str | None):
 
 @pytest.mark.parametrize("kind", [*MOE, "gpt_oss"])
 def test_the_grouped_form_equals_the_library_experts_forward(kind):
-    from aot.tracer.experts import grouped_experts, replaceable
+    from aot.experts import grouped_experts, replaceable
 
     for implementation in ("eager", "grouped_mm"):
         model = experts_models(kind, implementation)
@@ -216,7 +216,7 @@ class StackedExperts(nn.Module):
 
 
 def test_experts_are_found_by_structure_and_restored_after_export():
-    from aot.tracer.experts import grouped_experts, is_experts_module
+    from aot.experts import grouped_experts, is_experts_module
 
     class Other(nn.Module):  # stacked weights, but no routing in its forward
         def __init__(self):
@@ -248,7 +248,7 @@ def test_dbrx_flat_experts_are_found_and_the_grouped_form_equals_their_loop():
     its own forward and the mixture written out, token by token, for 2-D and 3-D hidden states (it
     returns ``[hidden_states.shape[0], -1, H]`` either way), where some experts get no row and
     where one gets every row."""
-    from aot.tracer.experts import flat_glu, grouped_experts, replaceable
+    from aot.experts import flat_glu, grouped_experts, replaceable
 
     model = built("dbrx")
     experts = model.transformer.blocks[0].ffn.experts
@@ -284,7 +284,7 @@ def test_jetmoe_split_experts_are_found_and_their_grouped_gemms_equal_the_librar
     GEMM: the MLP's and the attention's outputs equal the library's (1e-5) at 1, 3 and 17 tokens
     (at one token two of the four experts get no row), and with a router that sends every token to
     the same two experts."""
-    from aot.tracer.experts import grouped_experts, is_split_experts, split_experts
+    from aot.experts import grouped_experts, is_split_experts, split_experts
 
     model = built("jetmoe")
     layer = model.model.layers[0]
@@ -334,7 +334,7 @@ def test_split_experts_without_their_router_or_read_as_a_list_are_refused():
     read as a list they say why not; and experts given a plain list of sizes (a router that is not
     the one beside them) say so. A module of 3-D weights whose forward does not take the sizes is
     not a split experts module, and one with no router beside it is left alone."""
-    from aot.tracer.experts import DeviceCounts, grouped_experts, is_split_experts, split_experts
+    from aot.experts import DeviceCounts, grouped_experts, is_split_experts, split_experts
 
     model = built("jetmoe")
     moe = model.model.layers[0].mlp
@@ -371,7 +371,7 @@ def test_switch_experts_kept_as_modules_are_found_and_their_grouped_gemms_equal_
     past capacity (their rows 0)."""
     import transformers as tf
 
-    from aot.tracer.experts import grouped_experts, module_experts
+    from aot.experts import grouped_experts, module_experts
 
     config = tf.SwitchTransformersConfig(
         d_model=32, d_kv=8, d_ff=64, num_experts=4, expert_capacity=2, num_layers=2, num_decoder_layers=2,
@@ -429,7 +429,7 @@ def test_a_model_that_fails_as_configured_is_refused_as_such():
 
 
 def test_expert_sizes_the_grouped_gemm_cannot_read_are_refused_with_the_sizes():
-    from aot.tracer.experts import grouped_experts_forward
+    from aot.experts import grouped_experts_forward
 
     experts = StackedExperts(4, 6, 8)  # hidden 6: 24-byte rows
     with pytest.raises(TraceError) as e:
