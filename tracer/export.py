@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from aot.errors import TraceError
+from aot.experts import grouped_experts
 from aot.schema import Bucket, Guards, InputGuard
 from aot.spec import Dim, ModelSpec, plan_buckets
 from aot.tracer.complex_parts import polar_from_parts
-from aot.experts import grouped_experts
 from aot.tracer.model import (
     bound_forward,
     call_plan,
