@@ -66,7 +66,7 @@ def is_experts_module(module: torch.nn.Module) -> bool:
     experts = getattr(module, "num_experts", None)
     if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
         return False
-    up = getattr(module, "gate_up_proj" if _has_gate(module) else "up_proj", None)
+    up = getattr(module, "gate_up_proj", None) if _has_gate(module) else getattr(module, "up_proj", None)
     down = getattr(module, "down_proj", None)
     stacked = all(isinstance(w, torch.Tensor) and w.dim() == 3 and w.shape[0] == experts for w in (up, down))
     if not stacked and flat_glu(module) is None:
@@ -84,7 +84,7 @@ def flat_glu(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch
     gate's and up's ``[F, H]`` per expert as a linear layer's weight, the down's applied as
     ``h @ w2`` (``[F, H]``: input by output). None where ``module`` keeps no such weights."""
     experts, mlp = getattr(module, "num_experts", None), getattr(module, "mlp", None)
-    weights = [getattr(mlp, name, None) for name in ("w1", "v1", "w2")]
+    weights = [getattr(mlp, "w1", None), getattr(mlp, "v1", None), getattr(mlp, "w2", None)]
     if not isinstance(experts, int) or isinstance(experts, bool) or experts < 1:
         return None
     if not all(isinstance(w, torch.Tensor) and w.dim() == 2 for w in weights):
@@ -292,7 +292,7 @@ def _counting_forward(module: torch.nn.Module):
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         # torch.Tensor inherits its tolist from the C base class: given one for the duration
-        classes = [c for c in _tensor_classes() if c is torch.Tensor or "tolist" in vars(c)]
+        classes = _tensor_classes()
         originals = [vars(c).get("tolist") for c in classes]
         for c in classes:
             c.tolist = _counted(c.tolist, experts)
@@ -318,14 +318,12 @@ def _counted(tolist: Any, experts: int) -> Any:
 
 
 def _tensor_classes() -> list[type]:
-    """torch.Tensor and every class derived from it that is loaded."""
-    found, todo = [], [torch.Tensor]
-    while todo:
-        c = todo.pop()
-        if c not in found:
-            found.append(c)
-            todo.extend(c.__subclasses__())
-    return found
+    """torch.Tensor and the tensor classes the export computes with (its fake and functional
+    tensors, which define their own ``tolist``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return [torch.Tensor, FakeTensor, FunctionalTensor]
 
 
 def _grouped_split_forward(module: torch.nn.Module):
