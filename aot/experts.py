@@ -58,24 +58,37 @@ FORWARD_PARAMETERS = (
 )
 
 
+def _expert_count(module: Any) -> int | None:
+    """``module``'s ``num_experts`` where it is a positive int (not a bool), else None."""
+    experts = getattr(module, "num_experts", None)
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+        return None
+    return experts
+
+
+def _forward_parameters(module: torch.nn.Module) -> tuple[str, ...] | None:
+    """The names of ``module.forward``'s parameters; None where its signature cannot be read."""
+    try:
+        return tuple(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
 def is_experts_module(module: torch.nn.Module) -> bool:
     """A module of stacked expert weights (``gate_up_proj`` or ``up_proj``, and ``down_proj``,
     each ``[E, ...]`` with E its ``num_experts``; or DBRX's flat ones, ``flat_glu``) whose forward
     takes the routing as computed: ``(hidden_states, top_k_index, top_k_weights)`` (or GPT-OSS's
     names for them)."""
-    experts = getattr(module, "num_experts", None)
-    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+    experts = _expert_count(module)
+    if experts is None:
         return False
     up = getattr(module, "gate_up_proj", None) if _has_gate(module) else getattr(module, "up_proj", None)
     down = getattr(module, "down_proj", None)
     stacked = all(isinstance(w, torch.Tensor) and w.dim() == 3 and w.shape[0] == experts for w in (up, down))
     if not stacked and flat_glu(module) is None:
         return False
-    try:
-        params = tuple(inspect.signature(module.forward).parameters)
-    except (TypeError, ValueError):
-        return False
-    return params[:3] in FORWARD_PARAMETERS
+    params = _forward_parameters(module)
+    return params is not None and params[:3] in FORWARD_PARAMETERS
 
 
 def flat_glu(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -83,9 +96,9 @@ def flat_glu(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch
     projection's and the down projection's, each viewed ``[E, F, H]`` from ``[E * F, H]``; the
     gate's and up's ``[F, H]`` per expert as a linear layer's weight, the down's applied as
     ``h @ w2`` (``[F, H]``: input by output). None where ``module`` keeps no such weights."""
-    experts, mlp = getattr(module, "num_experts", None), getattr(module, "mlp", None)
+    experts, mlp = _expert_count(module), getattr(module, "mlp", None)
     weights = [getattr(mlp, "w1", None), getattr(mlp, "v1", None), getattr(mlp, "w2", None)]
-    if not isinstance(experts, int) or isinstance(experts, bool) or experts < 1:
+    if experts is None:
         return None
     if not all(isinstance(w, torch.Tensor) and w.dim() == 2 for w in weights):
         return None
@@ -119,8 +132,9 @@ def grouped_experts(model: torch.nn.Module) -> Iterator[int]:
     found = [m for m in model.modules() if replaceable(m)]
     for m in found:
         m.forward = _routed_forward(m)
-    for m in (owned := [m for m in model.modules() if module_experts(m) is not None]):
-        m.forward = _module_experts_forward(m)
+    owned = {m: e for m in model.modules() if (e := module_experts(m)) is not None}
+    for m, experts in owned.items():
+        m.forward = _module_experts_forward(m, experts)
     split = split_experts(model)
     for m in split:
         m.forward = _grouped_split_forward(m)
@@ -160,8 +174,8 @@ def module_experts(module: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any, 
     ``num_experts`` experts as modules ``expert_0`` ... of their own, each two linear layers with an
     ``act`` between them (Switch Transformers' ``SwitchTransformersExperts``), and its forward takes
     ``(hidden_states, selected_experts, routing_weights)``; None otherwise."""
-    experts = getattr(module, "num_experts", None)
-    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+    experts = _expert_count(module)
+    if experts is None:
         return None
     children = dict(module.named_children())
     if sorted(children) != sorted(f"expert_{e}" for e in range(experts)):
@@ -180,20 +194,16 @@ def module_experts(module: torch.nn.Module) -> list[tuple[torch.nn.Linear, Any, 
     shapes = {(up.weight.shape, up.bias is None, down.bias is None) for up, _, down in found}
     if len(shapes) != 1 or len({type(act) for _, act, _ in found}) != 1:
         return None
-    try:
-        params = tuple(inspect.signature(module.forward).parameters)
-    except (TypeError, ValueError):
-        return None
-    return found if params == DISPATCH_PARAMETERS else None
+    return found if _forward_parameters(module) == DISPATCH_PARAMETERS else None
 
 
-def _module_experts_forward(module: torch.nn.Module):
-    """The top-1 mixture of experts kept as modules (``module_experts``), as grouped GEMMs over
-    their stacked weights: a token's expert is its dispatch mask's one, its weight its routing
-    weight, or 0 where the mask is all zero (past its expert's capacity: the library leaves its row
-    0)."""
-    experts = module_experts(module)
-    assert experts is not None
+def _module_experts_forward(
+    module: torch.nn.Module, experts: list[tuple[torch.nn.Linear, Any, torch.nn.Linear]]
+):
+    """The top-1 mixture of ``module``'s experts kept as modules (``experts``: ``module_experts``'s),
+    as grouped GEMMs over their stacked weights: a token's expert is its dispatch mask's one, its
+    weight its routing weight, or 0 where the mask is all zero (past its expert's capacity: the
+    library leaves its row 0)."""
 
     def forward(hidden_states: torch.Tensor, selected_experts: torch.Tensor, routing_weights: torch.Tensor):
         ups = [up for up, _, _ in experts]
@@ -219,25 +229,21 @@ def _module_experts_forward(module: torch.nn.Module):
     return forward
 
 
+# How a split experts module names its forward's parameters: the grouped rows, the rows per expert.
+SPLIT_PARAMETERS = ("inputs", "expert_size")
+
+
 def is_split_experts(module: torch.nn.Module) -> bool:
     """A module of stacked expert weights (``weight``, ``[E, N, K]`` with E its ``num_experts``)
     whose forward takes the rows grouped by expert and how many rows each expert has,
     ``(inputs, expert_size)``: JetMoE's ``JetMoeParallelExperts``, a linear layer per expert over
     its slice of the rows."""
-    experts, weight = getattr(module, "num_experts", None), getattr(module, "weight", None)
-    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
+    experts, weight = _expert_count(module), getattr(module, "weight", None)
+    if experts is None:
         return False
     if not (isinstance(weight, torch.Tensor) and weight.dim() == 3 and weight.shape[0] == experts):
         return False
-    try:
-        params = tuple(inspect.signature(module.forward).parameters)
-    except (TypeError, ValueError):
-        return False
-    return params == SPLIT_PARAMETERS
-
-
-# How a split experts module names its forward's parameters: the grouped rows, the rows per expert.
-SPLIT_PARAMETERS = ("inputs", "expert_size")
+    return _forward_parameters(module) == SPLIT_PARAMETERS
 
 
 def split_experts(model: torch.nn.Module) -> dict[torch.nn.Module, list[torch.nn.Module]]:

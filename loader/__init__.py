@@ -457,8 +457,9 @@ class Runner:
         ``prompt_ids``: one prompt (a list of ints: the result is a list of ints), several (a list
         of lists, left-padded here), or an int tensor [batch, seq] whose ``attention_mask`` marks
         left padding with 0. ``input_ids`` is another name for it, transformers': a tokenizer's
-        output passes as ``generate(**batch, max_new_tokens=n)``. Greedy unless ``do_sample`` (softmax of ``logits / temperature`` over
-        the ``top_k`` most likely, drawn from a generator seeded with ``seed``). A row stops after
+        output passes as ``generate(**batch, max_new_tokens=n)``. Greedy unless ``do_sample``
+        (softmax of ``logits / temperature`` over the ``top_k`` most likely, drawn from a generator
+        seeded with ``seed``). A row stops after
         ``eos_token_id`` (which it keeps); rows that stopped are fed ``pad_token_id``. Returns each
         prompt's new tokens; ``on_token(step, tokens)`` sees each step's tokens as they come.
         ``GuardError`` before anything runs when the prompts and new tokens overflow the context

@@ -34,6 +34,18 @@ _BART_LIKE = dict(
     decoder_ffn_dim=64,
 )
 
+# T5 and Switch Transformers (T5 with experts): relative position buckets in self-attention
+_T5_LIKE = dict(
+    d_model=32,
+    d_kv=8,
+    num_layers=2,
+    num_heads=4,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=16,
+    pad_token_id=0,
+    decoder_start_token_id=0,
+)
+
 
 def _config(kind: str):
     import transformers as tf
@@ -52,38 +64,21 @@ def _config(kind: str):
         )
     if kind == "t5":  # relative position buckets in self-attention; cross-attention has none
         return tf.T5ForConditionalGeneration, tf.T5Config(
-            d_model=32,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            relative_attention_max_distance=16,
-            pad_token_id=0,
-            decoder_start_token_id=0,
-            initializer_factor=3.0,
-            **_COMMON,
+            d_ff=64, initializer_factor=3.0, **_T5_LIKE, **_COMMON
         )
     if kind == "switch":  # T5 with top-1 experts kept as modules of their own, every other layer; a
         # capacity of 3 tokens an expert a row drops some of the 7-token sources' tokens in the
         # encoder, none of a 3-token decoder prompt's (untied embeddings: the tied head's rescaling
         # leaves these tiny models' tokens all alike)
         return tf.SwitchTransformersForConditionalGeneration, tf.SwitchTransformersConfig(
-            d_model=32,
-            d_kv=8,
             d_ff=128,
             expert_capacity=3,
             num_experts=4,
-            num_layers=2,
             num_decoder_layers=2,
             num_sparse_encoder_layers=1,
             num_sparse_decoder_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            relative_attention_max_distance=16,
-            pad_token_id=0,
-            decoder_start_token_id=0,
             tie_word_embeddings=False,
+            **_T5_LIKE,
             **_COMMON,
         )
     if kind == "whisper":  # log-mel features in, no source mask

@@ -369,16 +369,10 @@ def test_switch_experts_kept_as_modules_are_found_and_their_grouped_gemms_equal_
     found by structure; under ``grouped_experts`` the mixture runs as grouped GEMMs over the
     stacked weights and equals the library's loop (1e-5) with tokens on every expert, on one, and
     past capacity (their rows 0)."""
-    import transformers as tf
-
     from aot.experts import grouped_experts, module_experts
+    from tests.hf.test_seq2seq import built as built_seq2seq
 
-    config = tf.SwitchTransformersConfig(
-        d_model=32, d_kv=8, d_ff=64, num_experts=4, expert_capacity=2, num_layers=2, num_decoder_layers=2,
-        num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, num_heads=4, vocab_size=96,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = tf.SwitchTransformersForConditionalGeneration(config).eval()
+    model = built_seq2seq("switch")  # d_model 32, 4 experts, one sparse layer each side
     mlp = next(m for m in model.modules() if type(m).__name__ == "SwitchTransformersSparseMLP")
     experts = mlp.experts
     found = module_experts(experts)
